@@ -1,0 +1,632 @@
+"""The CommitLog record codec, byte-compatible with RocketMQ 4.x (spec §2, §3, §17).
+
+Pure functions over bytes: no I/O, no clocks, no threads. A writer produces only the
+4.4.0 V1 form (IPv6 hosts use the 4.6.0 sysflag bits, as every later 4.x broker does);
+a reader accepts V1, IPv6 hosts and the 5.1 V2 form (2-byte topic length).
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final, Iterable, Mapping
+
+MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7
+MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, upstream 5.1+
+BLANK_MAGIC_CODE: Final = -875286124  # 0xCBD43194
+END_FILE_MIN_BLANK_LENGTH: Final = 8
+
+MAX_TOPIC_BYTES: Final = 127
+MAX_PROPERTIES_BYTES: Final = 32767
+DEFAULT_MAX_MESSAGE_SIZE: Final = 4 * 1024 * 1024
+
+# SYSFLAG bits (§3.3)
+COMPRESSED_FLAG: Final = 0x01
+MULTI_TAGS_FLAG: Final = 0x02
+TRANSACTION_MASK: Final = 0x0C
+TRANSACTION_NOT_TYPE: Final = 0x00
+TRANSACTION_PREPARED_TYPE: Final = 0x04
+TRANSACTION_COMMIT_TYPE: Final = 0x08
+TRANSACTION_ROLLBACK_TYPE: Final = 0x0C
+BORNHOST_V6_FLAG: Final = 0x10
+STOREHOSTADDRESS_V6_FLAG: Final = 0x20
+
+# Fixed positions inside a record whose born host is IPv4 (§3.1).
+QUEUE_OFFSET_POSITION: Final = 20
+PHYSICAL_OFFSET_POSITION: Final = 28
+SYSFLAG_POSITION: Final = 36
+STORE_TIMESTAMP_POSITION_V4: Final = 56
+BODY_SIZE_POSITION_V4: Final = 84
+
+NAME_VALUE_SEPARATOR: Final = "\x01"
+PROPERTY_SEPARATOR: Final = "\x02"
+KEY_SEPARATOR: Final = " "
+
+PROPERTY_KEYS: Final = "KEYS"
+PROPERTY_TAGS: Final = "TAGS"
+PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
+PROPERTY_WAIT_STORE_MSG_OK: Final = "WAIT"
+PROPERTY_DELAY_TIME_LEVEL: Final = "DELAY"
+PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
+
+SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
+DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+# RocketMQ's TopicValidator: the allowed characters and the topics a client may not send to.
+_VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+RESERVED_TOPICS: Final = frozenset(
+    {
+        "TBW102",
+        SCHEDULE_TOPIC,
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "RMQ_SYS_TRACE_TOPIC",
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+        "BenchmarkTest",
+    }
+)
+
+
+class TopicError(ValueError):
+    """A topic that RocketMQ would refuse, or that is unsafe as a directory name."""
+
+
+# ---------------------------------------------------------------------------------------
+# Java integer arithmetic (§0)
+
+
+def to_int32(x: int) -> int:
+    x &= 0xFFFFFFFF
+    return x - 0x100000000 if x & 0x80000000 else x
+
+
+def to_int64(x: int) -> int:
+    x &= 0xFFFFFFFFFFFFFFFF
+    return x - 0x10000000000000000 if x & 0x8000000000000000 else x
+
+
+def jdiv(a: int, b: int) -> int:
+    """Java integer division: truncates toward zero."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def jmod(a: int, b: int) -> int:
+    """Java `%`: the result takes the sign of the dividend."""
+    return a - b * jdiv(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# Primitive encodings (§2)
+
+
+@functools.lru_cache(maxsize=65536)
+def java_string_hash(s: str) -> int:
+    """Java `String.hashCode`: over UTF-16 code units, wrapped to a signed 32-bit int."""
+    h = 0
+    if s.isascii():
+        for ch in s.encode("ascii"):
+            h = (31 * h + ch) & 0xFFFFFFFF
+    else:
+        units = s.encode("utf-16-be", "surrogatepass")
+        for i in range(0, len(units), 2):
+            h = (31 * h + ((units[i] << 8) | units[i + 1])) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """ConsumeQueue tagsCode of a normal message: the tag's Java hash, sign-extended."""
+    return java_string_hash(tags) if tags else 0
+
+
+def index_key_hash(key: str) -> int:
+    """IndexFile keyHash: `Math.abs(hashCode)`, with Java's overflow case mapped to 0."""
+    h = java_string_hash(key)
+    return 0 if h == -2147483648 else abs(h)
+
+
+def body_crc(body: bytes | bytearray | memoryview | None) -> int:
+    return zlib.crc32(body) & 0x7FFFFFFF if body else 0
+
+
+def java_split(s: str, sep: str) -> list[str]:
+    """`String.split` with a one-character literal separator and limit 0."""
+    if sep not in s:
+        return [s]
+    parts = s.split(sep)
+    while parts and parts[-1] == "":
+        parts.pop()
+    return parts
+
+
+def parse_properties(s: str) -> dict[str, str]:
+    """`string2messageProperties`: pairs that do not split into exactly two are dropped."""
+    props: dict[str, str] = {}
+    if not s:
+        return props
+    for item in java_split(s, PROPERTY_SEPARATOR):
+        nv = java_split(item, NAME_VALUE_SEPARATOR)
+        if len(nv) == 2:
+            props[nv[0]] = nv[1]
+    return props
+
+
+def java_hashmap_order(names: Iterable[str]) -> list[str]:
+    """The iteration order of a default `java.util.HashMap` holding these names (§2.3.3).
+
+    Bucket order at the final capacity, insertion order within a bucket: Java's resize
+    splits each bucket preserving relative order, so this holds for any insertion history.
+    """
+    ordered = list(dict.fromkeys(names))
+    capacity = 16
+    while len(ordered) > capacity * 0.75:
+        capacity *= 2
+
+    def bucket(name: str) -> int:
+        h = java_string_hash(name) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (capacity - 1)
+
+    return sorted(ordered, key=bucket)  # sorted() is stable: insertion order within a bucket
+
+
+def properties_to_string(props: Mapping[str, str], *, java_order: bool = True) -> str:
+    """Serialize as a Java producer would: HashMap iteration order unless told otherwise.
+
+    Names or values holding a separator would not survive the round trip, so they are refused.
+    """
+    names = java_hashmap_order(props) if java_order else list(props)
+    parts = []
+    for name in names:
+        value = props[name]
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"property {name!r}: names and values must be str")
+        for text in (name, value):
+            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+                raise ValueError(f"property {name!r} contains a reserved separator character")
+        parts.append(f"{name}\x01{value}\x02")
+    return "".join(parts)
+
+
+def parse_delay_levels(spec: str = DEFAULT_MESSAGE_DELAY_LEVEL) -> list[int]:
+    """`messageDelayLevel` ("1s 5s ... 2h") as milliseconds; level n is element n-1."""
+    units = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    levels = []
+    for token in spec.split():
+        unit = units.get(token[-1:])
+        if unit is None or not token[:-1].isdigit():
+            raise ValueError(f"bad delay level {token!r} in {spec!r}")
+        levels.append(int(token[:-1]) * unit)
+    return levels
+
+
+def validate_topic(topic: object) -> str:
+    """RocketMQ's topic rules; the topic becomes a directory name, so be strict."""
+    if not isinstance(topic, str):
+        raise TopicError(f"topic must be a str, not {type(topic).__name__}")
+    if not topic:
+        raise TopicError("topic is empty")
+    if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES:
+        raise TopicError(f"topic is longer than {MAX_TOPIC_BYTES} bytes: {topic[:40]!r}...")
+    if not _VALID_TOPIC.match(topic):
+        raise TopicError(f"topic {topic!r} has characters outside [a-zA-Z0-9%|_-]")
+    if topic in RESERVED_TOPICS:
+        raise TopicError(f"topic {topic!r} is reserved by RocketMQ")
+    return topic
+
+
+# ---------------------------------------------------------------------------------------
+# Hosts and message ids (§2.5, §3.5)
+
+
+@dataclass(frozen=True, slots=True)
+class HostAddress:
+    ip: str
+    port: int
+
+    @property
+    def is_ipv6(self) -> bool:
+        return ":" in self.ip
+
+    def address_bytes(self) -> bytes:
+        return ipaddress.ip_address(self.ip).packed
+
+    @classmethod
+    def parse(cls, text: str | tuple[str, int] | HostAddress) -> HostAddress:
+        if isinstance(text, HostAddress):
+            return text
+        if isinstance(text, tuple):
+            ip, port = text
+        else:
+            ip, sep, port_text = text.rpartition(":")
+            if not sep or not port_text.isdigit():
+                raise ValueError(f"host {text!r} is not ip:port")
+            ip, port = ip.strip("[]"), int(port_text)
+        ip = str(ipaddress.ip_address(ip))
+        if not 0 <= int(port) <= 0x7FFFFFFF:
+            raise ValueError(f"port {port} out of range")
+        return cls(ip, int(port))
+
+    @classmethod
+    def from_bytes(cls, address: bytes, port: int) -> HostAddress:
+        return cls(str(ipaddress.ip_address(address)), port)
+
+    def __str__(self) -> str:
+        return f"[{self.ip}]:{self.port}" if self.is_ipv6 else f"{self.ip}:{self.port}"
+
+
+def msg_id(store_host: HostAddress, commitlog_offset: int) -> str:
+    return (store_host.address_bytes() + struct.pack(">iq", store_host.port, commitlog_offset)).hex().upper()
+
+
+def decode_msg_id(text: str) -> tuple[HostAddress, int]:
+    """The store host and commitlog offset an offset message id names."""
+    raw = bytes.fromhex(text)
+    if len(raw) not in (16, 28):
+        raise ValueError(f"msgId {text!r} is neither 32 nor 56 hex digits")
+    alen = len(raw) - 12
+    port, offset = struct.unpack_from(">iq", raw, alen)
+    return HostAddress.from_bytes(raw[:alen], port), offset
+
+
+# ---------------------------------------------------------------------------------------
+# Record sizes and encoding (§3)
+
+
+def cal_msg_length(body_len: int, topic_len: int, props_len: int, sys_flag: int = 0, v2: bool = False) -> int:
+    born = 20 if sys_flag & BORNHOST_V6_FLAG else 8
+    store = 20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8
+    return 74 + born + store + max(body_len, 0) + (2 if v2 else 1) + topic_len + max(props_len, 0)
+
+
+def store_timestamp_position(sys_flag: int) -> int:
+    return STORE_TIMESTAMP_POSITION_V4 + (12 if sys_flag & BORNHOST_V6_FLAG else 0)
+
+
+_HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
+_HEAD_V4V4 = struct.Struct(">iiiiiqqiq4siq4siiqi")  # the whole fixed part with IPv4 hosts
+_HOST_PORT = struct.Struct(">i")
+_TAIL = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH
+_Q = struct.Struct(">q")
+_I = struct.Struct(">i")
+_II = struct.Struct(">ii")
+_H = struct.Struct(">h")
+_B = struct.Struct(">b")
+
+
+class MessageTooLarge(ValueError):
+    """The encoded record exceeds maxMessageSize (MESSAGE_SIZE_EXCEEDED)."""
+
+
+class PropertiesTooLarge(ValueError):
+    """The properties string exceeds 32767 UTF-8 bytes (PROPERTIES_SIZE_EXCEEDED)."""
+
+
+def encode_message(
+    *,
+    topic: str,
+    queue_id: int,
+    body: bytes,
+    properties: str,
+    flag: int = 0,
+    sys_flag: int = 0,
+    born_timestamp: int = 0,
+    born_host: HostAddress,
+    store_host: HostAddress,
+    store_timestamp: int = 0,
+    queue_offset: int = 0,
+    commitlog_offset: int = 0,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> bytes:
+    """Encode one V1 record (§3.1). Offsets and the store timestamp may be patched later."""
+    topic_bytes = topic.encode("utf-8")
+    if not 0 < len(topic_bytes) <= MAX_TOPIC_BYTES:
+        raise TopicError(f"topic must be 1..{MAX_TOPIC_BYTES} UTF-8 bytes")
+    props_bytes = properties.encode("utf-8")
+    if len(props_bytes) > MAX_PROPERTIES_BYTES:
+        raise PropertiesTooLarge(f"properties are {len(props_bytes)} bytes, more than {MAX_PROPERTIES_BYTES}")
+    sys_flag &= ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
+    if born_host.is_ipv6:
+        sys_flag |= BORNHOST_V6_FLAG
+    if store_host.is_ipv6:
+        sys_flag |= STOREHOSTADDRESS_V6_FLAG
+    total = cal_msg_length(len(body), len(topic_bytes), len(props_bytes), sys_flag)
+    if total > max_message_size:
+        raise MessageTooLarge(f"record of {total} bytes exceeds maxMessageSize {max_message_size}")
+    crc = zlib.crc32(body) & 0x7FFFFFFF if body else 0
+    if not sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG):
+        head = _HEAD_V4V4.pack(
+            total, MESSAGE_MAGIC_CODE, crc, queue_id, flag, queue_offset, commitlog_offset, sys_flag,
+            born_timestamp, _ipv4_bytes(born_host.ip), born_host.port, store_timestamp,
+            _ipv4_bytes(store_host.ip), store_host.port, reconsume_times, prepared_transaction_offset, len(body),
+        )  # fmt: skip
+    else:
+        head = b"".join(
+            (
+                _HEAD.pack(total, MESSAGE_MAGIC_CODE, crc, queue_id, flag, queue_offset, commitlog_offset,
+                           sys_flag, born_timestamp),  # fmt: skip
+                born_host.address_bytes(),
+                _HOST_PORT.pack(born_host.port),
+                _Q.pack(store_timestamp),
+                store_host.address_bytes(),
+                _HOST_PORT.pack(store_host.port),
+                _TAIL.pack(reconsume_times, prepared_transaction_offset, len(body)),
+            )
+        )
+    return b"".join((head, body, _B.pack(len(topic_bytes)), topic_bytes, _H.pack(len(props_bytes)), props_bytes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _ipv4_bytes(ip: str) -> bytes:
+    return ipaddress.IPv4Address(ip).packed
+
+
+def blank_record_header(max_blank: int) -> bytes:
+    """The END_OF_FILE filler's 8 header bytes (§3.7); the rest of the file is left zero."""
+    return _II.pack(max_blank, BLANK_MAGIC_CODE)
+
+
+def patch_record(
+    buf: bytearray | memoryview, pos: int, *, queue_offset: int, commitlog_offset: int, store_timestamp: int | None
+) -> None:
+    """Fill in what only the writer knows, as RocketMQ 4.9.3+ does inside its put lock."""
+    _Q.pack_into(buf, pos + QUEUE_OFFSET_POSITION, queue_offset)
+    _Q.pack_into(buf, pos + PHYSICAL_OFFSET_POSITION, commitlog_offset)
+    if store_timestamp is not None:
+        sys_flag = _I.unpack_from(buf, pos + SYSFLAG_POSITION)[0]
+        _Q.pack_into(buf, pos + store_timestamp_position(sys_flag), store_timestamp)
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding (§8.3, Appendix E)
+
+
+class RecordKind(Enum):
+    MESSAGE = "message"
+    BLANK = "blank"  # END_OF_FILE filler: continue at the next segment
+    END_OF_DATA = "end_of_data"  # unwritten (zero) space: the log ends here
+    CORRUPT = "corrupt"  # something that is neither a record nor clean unwritten space
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A decoded CommitLog message record (the fields of §3.1)."""
+
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commitlog_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: HostAddress
+    store_timestamp: int
+    store_host: HostAddress
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties_raw: str
+    properties: dict[str, str] = field(hash=False, compare=False)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(PROPERTY_KEYS)
+
+    @property
+    def key_list(self) -> list[str]:
+        keys = self.properties.get(PROPERTY_KEYS)
+        return [k for k in java_split(keys, KEY_SEPARATOR) if k] if keys else []
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def transaction_type(self) -> int:
+        return self.sys_flag & TRANSACTION_MASK
+
+    @property
+    def msg_id(self) -> str:
+        return msg_id(self.store_host, self.commitlog_offset)
+
+    @property
+    def is_v2(self) -> bool:
+        return self.magic == MESSAGE_MAGIC_CODE_V2
+
+    def tags_code(self, delay_levels_ms: list[int] | None = None) -> int:
+        return compute_tags_code(self.topic, self.properties, self.store_timestamp, delay_levels_ms)
+
+
+def compute_tags_code(
+    topic: str, properties: Mapping[str, str], store_timestamp: int, delay_levels_ms: list[int] | None = None
+) -> int:
+    """§8.3: the tag hash, or for a delayed message in the schedule topic its delivery time."""
+    if topic == SCHEDULE_TOPIC:
+        delay = properties.get(PROPERTY_DELAY_TIME_LEVEL)
+        if delay is not None:
+            levels = delay_levels_ms if delay_levels_ms is not None else _default_delay_levels()
+            try:
+                level = min(int(delay), len(levels))
+            except ValueError:
+                level = 0
+            if level > 0:
+                return store_timestamp + levels[level - 1]
+    return tags_code(properties.get(PROPERTY_TAGS))
+
+
+@functools.lru_cache(maxsize=1)
+def _default_delay_levels() -> list[int]:
+    return parse_delay_levels()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRead:
+    """What a reader found at `offset` (a position in the buffer it was given).
+
+    `size` is how far to advance for MESSAGE; for CORRUPT it is the header's size when that
+    size was plausible, else 0. `reason` says what was wrong, for people.
+    """
+
+    kind: RecordKind
+    offset: int
+    size: int
+    record: MessageRecord | None = None
+    reason: str = ""
+
+
+_FIXED_AFTER_BORN = struct.Struct(">iq")  # born port, store timestamp
+_STORE_TAIL = struct.Struct(">iiqi")  # store port, reconsume, prepared offset, body length
+
+
+def read_record(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    limit: int | None = None,
+    *,
+    check_crc: bool = False,
+    read_body: bool = True,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> RecordRead:
+    """Decode the record at `pos`, never reading at or past `limit` (default: len(buf)).
+
+    Every malformed input yields CORRUPT (or END_OF_DATA for zeroed space) rather than an
+    exception, and a corrupt size is bounded by `max_message_size` and `limit`, so a damaged
+    file can neither crash nor make the reader allocate or loop.
+    """
+    end = len(buf) if limit is None else min(limit, len(buf))
+    if pos + 8 > end:
+        if pos >= end or not any(buf[pos:end]):
+            return RecordRead(RecordKind.END_OF_DATA, pos, 0, reason="end of readable data")
+        return RecordRead(RecordKind.CORRUPT, pos, 0, reason=f"{end - pos} trailing bytes, too short for a header")
+    total, magic = _II.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return RecordRead(RecordKind.BLANK, pos, total)
+    if magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2:
+        if total == 0 and magic == 0:
+            return RecordRead(RecordKind.END_OF_DATA, pos, 0, reason="unwritten space")
+        return RecordRead(RecordKind.CORRUPT, pos, 0, reason=f"bad magic code 0x{magic & 0xFFFFFFFF:08X}")
+    v2 = magic == MESSAGE_MAGIC_CODE_V2
+    min_len = cal_msg_length(0, 0, 0, 0, v2)
+    if total < min_len or total > max_message_size:
+        return RecordRead(RecordKind.CORRUPT, pos, 0, reason=f"record size {total} outside [{min_len}, {max_message_size}]")
+    if pos + total > end:
+        return RecordRead(RecordKind.CORRUPT, pos, 0, reason=f"record size {total} runs past the readable end")
+    try:
+        return _decode_message(buf, pos, total, magic, v2, check_crc, read_body)
+    except (struct.error, ValueError, IndexError) as exc:
+        return RecordRead(RecordKind.CORRUPT, pos, 0, reason=f"undecodable record: {exc}")
+
+
+def _decode_message(
+    buf: bytes | bytearray | memoryview, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
+) -> RecordRead:
+    rec_end = pos + total
+    _, _, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(buf, pos)
+    p = pos + 48
+    alen = 16 if sys_flag & BORNHOST_V6_FLAG else 4
+    born_addr = bytes(buf[p : p + alen])
+    born_port, store_ts = _FIXED_AFTER_BORN.unpack_from(buf, p + alen)
+    p += alen + 12
+    alen = 16 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 4
+    store_addr = bytes(buf[p : p + alen])
+    store_port, reconsume, prepared, body_len = _STORE_TAIL.unpack_from(buf, p + alen)
+    p += alen + 20
+    if body_len < 0 or p + body_len > rec_end:
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"body length {body_len} does not fit the record")
+    body = bytes(buf[p : p + body_len]) if read_body else b""
+    if check_crc and read_body and body_len > 0 and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason="body CRC mismatch")
+    p += body_len
+    if v2:
+        topic_len = _H.unpack_from(buf, p)[0]
+        p += 2
+    else:
+        topic_len = _B.unpack_from(buf, p)[0]
+        p += 1
+    if topic_len <= 0 or p + topic_len + 2 > rec_end:
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"topic length {topic_len} does not fit the record")
+    topic = bytes(buf[p : p + topic_len]).decode("utf-8", "replace")
+    p += topic_len
+    props_len = _H.unpack_from(buf, p)[0]
+    p += 2
+    if props_len < 0 or p + props_len > rec_end:
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"properties length {props_len} does not fit")
+    props_raw = bytes(buf[p : p + props_len]).decode("utf-8", "replace") if props_len > 0 else ""
+    if total != cal_msg_length(body_len, topic_len, props_len, sys_flag, v2):
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason="TOTALSIZE disagrees with the field lengths")
+    record = MessageRecord(
+        total_size=total,
+        magic=magic,
+        body_crc=crc,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        commitlog_offset=phys,
+        sys_flag=sys_flag,
+        born_timestamp=born_ts,
+        born_host=HostAddress.from_bytes(born_addr, born_port),
+        store_timestamp=store_ts,
+        store_host=HostAddress.from_bytes(store_addr, store_port),
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        body=body,
+        topic=topic,
+        properties_raw=props_raw,
+        properties=parse_properties(props_raw),
+    )
+    return RecordRead(RecordKind.MESSAGE, pos, total, record)
+
+
+def encode_record(record: MessageRecord) -> bytes:
+    """Re-encode a decoded record; for a V1 record this reproduces its bytes exactly."""
+    if record.is_v2:
+        raise ValueError("this store writes V1 records only")
+    return encode_message(
+        topic=record.topic,
+        queue_id=record.queue_id,
+        body=record.body,
+        properties=record.properties_raw,
+        flag=record.flag,
+        sys_flag=record.sys_flag,
+        born_timestamp=record.born_timestamp,
+        born_host=record.born_host,
+        store_host=record.store_host,
+        store_timestamp=record.store_timestamp,
+        queue_offset=record.queue_offset,
+        commitlog_offset=record.commitlog_offset,
+        reconsume_times=record.reconsume_times,
+        prepared_transaction_offset=record.prepared_transaction_offset,
+        max_message_size=max(DEFAULT_MAX_MESSAGE_SIZE, record.total_size),
+    )
+
+
+def segment_file_name(offset: int) -> str:
+    """CommitLog and ConsumeQueue segment names: the start offset, 20 zero-padded digits."""
+    return "%020d" % offset
+
+
+# ---------------------------------------------------------------------------------------
+# ConsumeQueue units (§9.1)
+
+CQ_STORE_UNIT_SIZE: Final = 20
+CQ_UNIT: Final = struct.Struct(">qiq")
+
+
+def encode_cq_unit(commitlog_offset: int, size: int, tags_code_value: int) -> bytes:
+    return CQ_UNIT.pack(commitlog_offset, size, tags_code_value)
