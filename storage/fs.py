@@ -1,0 +1,406 @@
+"""The file layer every storage class is given: real files, or a simulated disk for tests.
+
+Storage code never calls `os` or `mmap` itself; it asks a `FileSystem`. `RealFileSystem`
+maps files with mmap. `SimulatedFileSystem` keeps, per file, a volatile image (the page
+cache) and a durable image (what survived the last fsync/msync), and `crash()` returns the
+disk as a power loss would leave it: unsynced pages dropped or torn, chosen by a seeded RNG,
+so a failing run can be replayed from its seed (TigerBeetle's simulated storage, in small).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+import random
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+OS_PAGE_SIZE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class DiskUsage:
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+
+    @property
+    def used_ratio(self) -> float:
+        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+class MappedRegion(Protocol):
+    """A file mapped in memory. `buf` supports slicing, slice assignment and struct *_from/_into."""
+
+    buf: mmap.mmap | bytearray
+    size: int
+    path: str
+
+    def flush(self, start: int = 0, end: int | None = None) -> None: ...
+    def close(self) -> None: ...
+    def advise_willneed(self) -> None: ...
+    def lock_in_memory(self) -> bool: ...
+    def unlock_from_memory(self) -> None: ...
+
+
+class FileSystem(Protocol):
+    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> MappedRegion: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def exists(self, path: str) -> bool: ...
+    def isdir(self, path: str) -> bool: ...
+    def getsize(self, path: str) -> int: ...
+    def makedirs(self, path: str) -> None: ...
+    def remove(self, path: str) -> None: ...
+    def rmtree(self, path: str) -> None: ...
+    def mtime_ms(self, path: str) -> int: ...
+    def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
+    def read_bytes(self, path: str) -> bytes: ...
+    def write_atomic(self, path: str, data: bytes) -> None: ...
+    def disk_usage(self, path: str) -> DiskUsage: ...
+
+
+# ---------------------------------------------------------------------------------------
+# Real files
+
+_libc: ctypes.CDLL | None = None
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        if name:
+            _libc = ctypes.CDLL(name, use_errno=True)
+    return _libc
+
+
+class RealMappedRegion:
+    def __init__(self, path: str, size: int, *, create: bool, readonly: bool) -> None:
+        self.path = path
+        self.size = size
+        flags = os.O_RDONLY if readonly else os.O_RDWR | (os.O_CREAT if create else 0)
+        fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size:
+                if readonly or not create:
+                    raise OSError(errno.EINVAL, f"file is {actual} bytes, expected {size}", path)
+                os.ftruncate(fd, size)  # sparse: reads as zeros until written
+            access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
+            self.buf: mmap.mmap = mmap.mmap(fd, size, access=access)
+        finally:
+            os.close(fd)  # the mapping keeps the file alive
+        self._locked = False
+
+    def flush(self, start: int = 0, end: int | None = None) -> None:
+        end = self.size if end is None else min(end, self.size)
+        start -= start % mmap.PAGESIZE  # msync needs a page-aligned start
+        if end > start:
+            self.buf.flush(start, end - start)
+
+    def close(self) -> None:
+        if self._locked:
+            self.unlock_from_memory()
+        if not self.buf.closed:
+            self.buf.close()
+
+    def advise_willneed(self) -> None:
+        if hasattr(self.buf, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
+            self.buf.madvise(mmap.MADV_WILLNEED)
+
+    def _address(self) -> int:
+        # ctypes cannot take the address of a read-only buffer; our writable maps are fine.
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.buf))
+
+    def lock_in_memory(self) -> bool:
+        """mlock, best effort: an unprivileged process usually has a small RLIMIT_MEMLOCK."""
+        libc = _load_libc()
+        if libc is None:
+            return False
+        try:
+            ok = libc.mlock(ctypes.c_void_p(self._address()), ctypes.c_size_t(self.size)) == 0
+        except (TypeError, ValueError, BufferError):
+            return False
+        self._locked = ok
+        return ok
+
+    def unlock_from_memory(self) -> None:
+        libc = _load_libc()
+        if libc is not None and self._locked:
+            try:
+                libc.munlock(ctypes.c_void_p(self._address()), ctypes.c_size_t(self.size))
+            except (TypeError, ValueError, BufferError):
+                pass
+        self._locked = False
+
+
+class RealFileSystem:
+    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
+        return RealMappedRegion(path, size, create=create, readonly=readonly)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def getsize(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def mtime_ms(self, path: str) -> int:
+        return os.stat(path).st_mtime_ns // 1_000_000
+
+    def set_mtime_ms(self, path: str, mtime_ms: int) -> None:
+        os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write a temporary file, fsync it, rename it over `path`, fsync the directory."""
+        directory = os.path.dirname(os.path.abspath(path))
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def disk_usage(self, path: str) -> DiskUsage:
+        usage = shutil.disk_usage(path)
+        return DiskUsage(usage.total, usage.used, usage.free)
+
+
+# ---------------------------------------------------------------------------------------
+# Simulated disk
+
+
+class _SimFile:
+    __slots__ = ("volatile", "durable", "mtime_ms")
+
+    def __init__(self, size: int, mtime_ms: int) -> None:
+        self.volatile = bytearray(size)
+        self.durable = bytearray(size)
+        self.mtime_ms = mtime_ms
+
+
+class SimulatedRegion:
+    def __init__(self, fs: SimulatedFileSystem, path: str, file: _SimFile) -> None:
+        self._fs = fs
+        self._file = file
+        self.path = path
+        self.size = len(file.volatile)
+        self.buf: bytearray = file.volatile  # shared, like the page cache
+
+    def flush(self, start: int = 0, end: int | None = None) -> None:
+        self._fs._check_fault("flush", self.path)
+        end = self.size if end is None else min(end, self.size)
+        start -= start % OS_PAGE_SIZE
+        self._file.durable[start:end] = self._file.volatile[start:end]
+        self._file.mtime_ms = self._fs.clock_ms()
+
+    def close(self) -> None:
+        pass
+
+    def advise_willneed(self) -> None:
+        pass
+
+    def lock_in_memory(self) -> bool:
+        return True
+
+    def unlock_from_memory(self) -> None:
+        pass
+
+
+@dataclass
+class _Fault:
+    op: str
+    path_contains: str
+    err: int
+    remaining: int
+
+
+class SimulatedFileSystem:
+    """An in-memory disk with separate volatile and durable images. Thread-safe for metadata.
+
+    Paths are plain strings; directories exist implicitly through `makedirs`. File creation and
+    removal are durable at once (metadata journaling); file *contents* are durable only up to
+    the last `flush` of each page.
+    """
+
+    def __init__(self, *, clock_ms: Callable[[], int] | None = None, total_bytes: int = 1 << 40) -> None:
+        self._files: dict[str, _SimFile] = {}
+        self._dirs: set[str] = {"/"}
+        self._lock = threading.Lock()
+        self._faults: list[_Fault] = []
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.total_bytes = total_bytes
+        self.used_ratio_override: float | None = None
+
+    # fault injection -------------------------------------------------------------------
+    def inject_fault(self, op: str, *, path_contains: str = "", err: int = errno.EIO, count: int = 1) -> None:
+        """Make the next `count` calls of `op` ("map", "flush", "write", "remove") on a matching path fail."""
+        with self._lock:
+            self._faults.append(_Fault(op, path_contains, err, count))
+
+    def _check_fault(self, op: str, path: str) -> None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.op == op and fault.path_contains in path and fault.remaining > 0:
+                    fault.remaining -= 1
+                    raise OSError(fault.err, os.strerror(fault.err), path)
+
+    # FileSystem ------------------------------------------------------------------------
+    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> SimulatedRegion:
+        path = os.path.normpath(path)
+        self._check_fault("map", path)
+        with self._lock:
+            if os.path.dirname(path) not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", os.path.dirname(path))
+            file = self._files.get(path)
+            if file is None:
+                if not create or readonly:
+                    raise FileNotFoundError(errno.ENOENT, "no such file", path)
+                file = self._files[path] = _SimFile(size, self.clock_ms())
+            elif len(file.volatile) != size:
+                raise OSError(errno.EINVAL, f"file is {len(file.volatile)} bytes, expected {size}", path)
+        return SimulatedRegion(self, path, file)
+
+    def listdir(self, path: str) -> list[str]:
+        path = os.path.normpath(path)
+        with self._lock:
+            if path not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+            names = {os.path.basename(p) for p in self._files if os.path.dirname(p) == path}
+            names |= {os.path.basename(d) for d in self._dirs if d != path and os.path.dirname(d) == path}
+        return sorted(names)
+
+    def exists(self, path: str) -> bool:
+        path = os.path.normpath(path)
+        return path in self._files or path in self._dirs
+
+    def isdir(self, path: str) -> bool:
+        return os.path.normpath(path) in self._dirs
+
+    def getsize(self, path: str) -> int:
+        file = self._files.get(os.path.normpath(path))
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return len(file.volatile)
+
+    def makedirs(self, path: str) -> None:
+        path = os.path.normpath(path)
+        with self._lock:
+            while path not in self._dirs:
+                self._dirs.add(path)
+                path = os.path.dirname(path)
+
+    def remove(self, path: str) -> None:
+        path = os.path.normpath(path)
+        self._check_fault("remove", path)
+        with self._lock:
+            if self._files.pop(path, None) is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+
+    def rmtree(self, path: str) -> None:
+        path = os.path.normpath(path)
+        prefix = path + os.sep
+        with self._lock:
+            for p in [p for p in self._files if p.startswith(prefix)]:
+                del self._files[p]
+            self._dirs = {d for d in self._dirs if d != path and not d.startswith(prefix)}
+
+    def mtime_ms(self, path: str) -> int:
+        file = self._files.get(os.path.normpath(path))
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return file.mtime_ms
+
+    def set_mtime_ms(self, path: str, mtime_ms: int) -> None:
+        self._files[os.path.normpath(path)].mtime_ms = mtime_ms
+
+    def read_bytes(self, path: str) -> bytes:
+        file = self._files.get(os.path.normpath(path))
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return bytes(file.volatile)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        path = os.path.normpath(path)
+        self._check_fault("write", path)
+        file = _SimFile(len(data), self.clock_ms())
+        file.volatile[:] = data
+        file.durable[:] = data
+        with self._lock:
+            if os.path.dirname(path) not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", os.path.dirname(path))
+            self._files[path] = file
+
+    def disk_usage(self, path: str) -> DiskUsage:
+        if self.used_ratio_override is not None:
+            used = int(self.total_bytes * self.used_ratio_override)
+        else:
+            used = sum(len(f.volatile) for f in self._files.values())
+        return DiskUsage(self.total_bytes, used, max(self.total_bytes - used, 0))
+
+    # power loss ------------------------------------------------------------------------
+    def crash(self, seed: int, *, tear: bool = True) -> SimulatedFileSystem:
+        """The disk after a power loss: durable bytes, plus (if `tear`) a random subset of the
+        unsynced pages, some of them torn at 512-byte sector granularity, as writeback may
+        have reached the platter in any order. Reproducible from `seed`."""
+        rng = random.Random(seed)
+        after = SimulatedFileSystem(clock_ms=self.clock_ms, total_bytes=self.total_bytes)
+        with self._lock:
+            after._dirs = set(self._dirs)
+            for path, file in sorted(self._files.items()):
+                image = bytearray(file.durable)
+                if tear:
+                    for page in range(0, len(image), OS_PAGE_SIZE):
+                        end = page + OS_PAGE_SIZE
+                        if file.volatile[page:end] == image[page:end]:
+                            continue
+                        fate = rng.random()
+                        if fate < 0.35:
+                            image[page:end] = file.volatile[page:end]  # written back before the crash
+                        elif fate < 0.6:
+                            for sector in range(page, min(end, len(image)), 512):
+                                if rng.random() < 0.5:
+                                    image[sector : sector + 512] = file.volatile[sector : sector + 512]
+                copy = _SimFile(len(image), file.mtime_ms)
+                copy.volatile[:] = image
+                copy.durable[:] = image
+                after._files[path] = copy
+        return after
+
+    def unsynced_pages(self) -> int:
+        with self._lock:
+            return sum(
+                1
+                for f in self._files.values()
+                for page in range(0, len(f.volatile), OS_PAGE_SIZE)
+                if f.volatile[page : page + OS_PAGE_SIZE] != f.durable[page : page + OS_PAGE_SIZE]
+            )
