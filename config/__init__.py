@@ -1,0 +1,524 @@
+"""The store's configuration: one frozen `StoreConfig`, its defaults kept as data in defaults.toml.
+
+Every RocketMQ 4.4.0 `MessageStoreConfig` setting (spec §15) is here in snake_case with its unit
+in the name; the RocketMQ camelCase names are accepted as aliases so a broker's configuration
+can be reused. Two getters of RocketMQ normalise values, and we apply them once, at
+construction, so every service sees the value RocketMQ's services would see:
+
+* `mapped_file_size_consume_queue_bytes` is rounded up to a multiple of 20 (a CQ unit);
+* `disk_max_used_space_ratio_percent` is clamped to [10, 95].
+
+Loading order (later wins): defaults.toml, a TOML or Java .properties file, `MQSTORE_<KEY>`
+environment variables, then an overrides mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final, Mapping
+
+from ..storage.codec import HostAddress, parse_delay_levels
+
+__all__ = ["ConfigError", "StoreConfig", "ENV_PREFIX", "ROCKETMQ_ALIASES", "load_defaults"]
+
+ENV_PREFIX: Final = "MQSTORE_"
+CQ_STORE_UNIT_SIZE: Final = 20
+JAVA_INT_MAX: Final = 2**31 - 1
+JAVA_LONG_MAX: Final = 2**63 - 1
+FLUSH_DISK_TYPES: Final = ("ASYNC_FLUSH", "SYNC_FLUSH")
+BROKER_ROLES: Final = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+
+class ConfigError(ValueError):
+    """A setting that is unknown or has a bad value; the message names the key and the value."""
+
+    def __init__(self, key: str, value: object, problem: str) -> None:
+        super().__init__(f"config {key}={value!r}: {problem}")
+        self.key = key
+        self.value = value
+
+
+def load_defaults() -> dict[str, Any]:
+    """The raw contents of the packaged defaults.toml."""
+    text = resources.files(__package__).joinpath("defaults.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+_D: Final[dict[str, Any]] = load_defaults()
+# TOML has no null: an empty string in these means "not set".
+_OPTIONAL_STR: Final = frozenset({"store_path_commitlog", "ha_master_address"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """All store settings. Construct with `load`, `from_dict`, or keywords; values are checked."""
+
+    # paths
+    store_path_root_dir: str = _D["store_path_root_dir"]
+    store_path_commitlog: str | None = _D["store_path_commitlog"] or None
+    # segment sizes
+    mapped_file_size_commitlog_bytes: int = _D["mapped_file_size_commitlog_bytes"]
+    mapped_file_size_consume_queue_bytes: int = _D["mapped_file_size_consume_queue_bytes"]
+    enable_consume_queue_ext: bool = _D["enable_consume_queue_ext"]
+    mapped_file_size_consume_queue_ext_bytes: int = _D["mapped_file_size_consume_queue_ext_bytes"]
+    bit_map_length_consume_queue_ext_bits: int = _D["bit_map_length_consume_queue_ext_bits"]
+    # flush and commit
+    flush_disk_type: str = _D["flush_disk_type"]
+    flush_interval_commitlog_ms: int = _D["flush_interval_commitlog_ms"]
+    commit_interval_commitlog_ms: int = _D["commit_interval_commitlog_ms"]
+    use_reentrant_lock_when_put_message: bool = _D["use_reentrant_lock_when_put_message"]
+    flush_commitlog_timed: bool = _D["flush_commitlog_timed"]
+    flush_interval_consume_queue_ms: int = _D["flush_interval_consume_queue_ms"]
+    flush_commitlog_least_pages: int = _D["flush_commitlog_least_pages"]
+    commit_commitlog_least_pages: int = _D["commit_commitlog_least_pages"]
+    flush_least_pages_when_warm_mapped_file: int = _D["flush_least_pages_when_warm_mapped_file"]
+    flush_consume_queue_least_pages: int = _D["flush_consume_queue_least_pages"]
+    flush_commitlog_thorough_interval_ms: int = _D["flush_commitlog_thorough_interval_ms"]
+    commit_commitlog_thorough_interval_ms: int = _D["commit_commitlog_thorough_interval_ms"]
+    flush_consume_queue_thorough_interval_ms: int = _D["flush_consume_queue_thorough_interval_ms"]
+    sync_flush_timeout_ms: int = _D["sync_flush_timeout_ms"]
+    flush_delay_offset_interval_ms: int = _D["flush_delay_offset_interval_ms"]
+    # cleaning
+    clean_resource_interval_ms: int = _D["clean_resource_interval_ms"]
+    delete_commitlog_files_interval_ms: int = _D["delete_commitlog_files_interval_ms"]
+    delete_consume_queue_files_interval_ms: int = _D["delete_consume_queue_files_interval_ms"]
+    destroy_mapped_file_interval_forcibly_ms: int = _D["destroy_mapped_file_interval_forcibly_ms"]
+    redelete_hanged_file_interval_ms: int = _D["redelete_hanged_file_interval_ms"]
+    delete_when: str = _D["delete_when"]
+    disk_max_used_space_ratio_percent: int = _D["disk_max_used_space_ratio_percent"]
+    file_reserved_time_hours: int = _D["file_reserved_time_hours"]
+    clean_file_forcibly_enable: bool = _D["clean_file_forcibly_enable"]
+    disk_space_warning_level_ratio: float = _D["disk_space_warning_level_ratio"]
+    disk_space_clean_forcibly_ratio: float = _D["disk_space_clean_forcibly_ratio"]
+    # messages and reads
+    max_message_size_bytes: int = _D["max_message_size_bytes"]
+    check_crc_on_recover: bool = _D["check_crc_on_recover"]
+    put_msg_index_high_water: int = _D["put_msg_index_high_water"]
+    max_transfer_bytes_on_message_in_memory: int = _D["max_transfer_bytes_on_message_in_memory"]
+    max_transfer_count_on_message_in_memory: int = _D["max_transfer_count_on_message_in_memory"]
+    max_transfer_bytes_on_message_in_disk: int = _D["max_transfer_bytes_on_message_in_disk"]
+    max_transfer_count_on_message_in_disk: int = _D["max_transfer_count_on_message_in_disk"]
+    access_message_in_memory_max_ratio_percent: int = _D["access_message_in_memory_max_ratio_percent"]
+    message_delay_level: str = _D["message_delay_level"]
+    default_query_max_num: int = _D["default_query_max_num"]
+    long_polling_enable: bool = _D["long_polling_enable"]
+    # index
+    message_index_enable: bool = _D["message_index_enable"]
+    max_hash_slot_num: int = _D["max_hash_slot_num"]
+    max_index_num: int = _D["max_index_num"]
+    max_msgs_num_batch: int = _D["max_msgs_num_batch"]
+    message_index_safe: bool = _D["message_index_safe"]
+    # memory and files
+    transient_store_pool_enable: bool = _D["transient_store_pool_enable"]
+    transient_store_pool_size: int = _D["transient_store_pool_size"]
+    fast_fail_if_no_buffer_in_store_pool: bool = _D["fast_fail_if_no_buffer_in_store_pool"]
+    warm_mapped_file_enable: bool = _D["warm_mapped_file_enable"]
+    os_page_cache_busy_timeout_ms: int = _D["os_page_cache_busy_timeout_ms"]
+    debug_lock_enable: bool = _D["debug_lock_enable"]
+    disk_fall_recorded: bool = _D["disk_fall_recorded"]
+    # roles and HA (kept for config-file compatibility)
+    broker_role: str = _D["broker_role"]
+    broker_id: int = _D["broker_id"]
+    ha_listen_port: int = _D["ha_listen_port"]
+    ha_send_heartbeat_interval_ms: int = _D["ha_send_heartbeat_interval_ms"]
+    ha_housekeeping_interval_ms: int = _D["ha_housekeeping_interval_ms"]
+    ha_transfer_batch_size_bytes: int = _D["ha_transfer_batch_size_bytes"]
+    ha_master_address: str | None = _D["ha_master_address"] or None
+    ha_slave_fallbehind_max_bytes: int = _D["ha_slave_fallbehind_max_bytes"]
+    offset_check_in_slave: bool = _D["offset_check_in_slave"]
+    duplication_enable: bool = _D["duplication_enable"]
+    # mqstore's own
+    store_host: str = _D["store_host"]
+    allocate_wait_timeout_ms: int = _D["allocate_wait_timeout_ms"]
+    log_json: bool = _D["log_json"]
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            checked = _check(f.name, value)
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] = os.environ,
+    ) -> StoreConfig:
+        """defaults.toml, then the file at `path`, then MQSTORE_* variables, then `overrides`."""
+        merged: dict[str, Any] = {}
+        if path is not None:
+            merged.update(_canonical_keys(_read_file(Path(path))))
+        merged.update(_from_env(env))
+        if overrides:
+            merged.update(_canonical_keys(overrides))
+        return cls._build(merged)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StoreConfig:
+        """Settings by snake_case or RocketMQ name; the others keep their defaults."""
+        return cls._build(_canonical_keys(d))
+
+    def replace(self, **changes: Any) -> StoreConfig:
+        merged = self.to_dict()
+        merged.update(_canonical_keys(changes))
+        return self._build(merged)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def _build(cls, values: Mapping[str, Any]) -> StoreConfig:
+        return cls(**{key: _parse(key, value) for key, value in values.items()})
+
+    # -- derived values used by the services ----------------------------------------------
+
+    @property
+    def root_dir(self) -> Path:
+        return Path(self.store_path_root_dir).expanduser()
+
+    @property
+    def commitlog_dir(self) -> Path:
+        if self.store_path_commitlog:
+            return Path(self.store_path_commitlog).expanduser()
+        return self.root_dir / "commitlog"
+
+    @property
+    def consume_queue_dir(self) -> Path:
+        return self.root_dir / "consumequeue"
+
+    @property
+    def consume_queue_ext_dir(self) -> Path:
+        return self.root_dir / "consumequeue_ext"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.root_dir / "index"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.root_dir / "checkpoint"
+
+    @property
+    def abort_path(self) -> Path:
+        return self.root_dir / "abort"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root_dir / "lock"
+
+    @property
+    def config_dir(self) -> Path:
+        return self.root_dir / "config"
+
+    @property
+    def store_host_address(self) -> HostAddress:
+        return HostAddress.parse(self.store_host)
+
+    @property
+    def delay_levels_ms(self) -> list[int]:
+        """`message_delay_level` in milliseconds; level n is element n - 1."""
+        return parse_delay_levels(self.message_delay_level)
+
+    @property
+    def delete_when_hours(self) -> tuple[int, ...]:
+        return tuple(int(h) for h in self.delete_when.split(";"))
+
+    @property
+    def file_reserved_time_ms(self) -> int:
+        return self.file_reserved_time_hours * 3_600_000
+
+    @property
+    def index_file_size_bytes(self) -> int:
+        """40-byte header + slot table + entries (§10.1)."""
+        return 40 + self.max_hash_slot_num * 4 + self.max_index_num * 20
+
+    @property
+    def is_sync_flush(self) -> bool:
+        return self.flush_disk_type == "SYNC_FLUSH"
+
+    @property
+    def is_transient_store_pool_active(self) -> bool:
+        """RocketMQ uses the pool only with ASYNC_FLUSH on a master (§4.6)."""
+        return self.transient_store_pool_enable and not self.is_sync_flush and self.broker_role != "SLAVE"
+
+
+_FIELDS: Final[dict[str, dataclasses.Field[Any]]] = {f.name: f for f in dataclasses.fields(StoreConfig)}
+assert set(_D) == set(_FIELDS), f"defaults.toml and StoreConfig disagree: {set(_D) ^ set(_FIELDS)}"
+
+# RocketMQ's names (4.4.0, plus the "Mapped" spelling of 4.5+ and the JVM property names).
+ROCKETMQ_ALIASES: Final[dict[str, str]] = {
+    "storePathRootDir": "store_path_root_dir",
+    "storePathCommitLog": "store_path_commitlog",
+    "mapedFileSizeCommitLog": "mapped_file_size_commitlog_bytes",
+    "mapedFileSizeConsumeQueue": "mapped_file_size_consume_queue_bytes",
+    "enableConsumeQueueExt": "enable_consume_queue_ext",
+    "mappedFileSizeConsumeQueueExt": "mapped_file_size_consume_queue_ext_bytes",
+    "bitMapLengthConsumeQueueExt": "bit_map_length_consume_queue_ext_bits",
+    "flushIntervalCommitLog": "flush_interval_commitlog_ms",
+    "commitIntervalCommitLog": "commit_interval_commitlog_ms",
+    "useReentrantLockWhenPutMessage": "use_reentrant_lock_when_put_message",
+    "flushCommitLogTimed": "flush_commitlog_timed",
+    "flushIntervalConsumeQueue": "flush_interval_consume_queue_ms",
+    "cleanResourceInterval": "clean_resource_interval_ms",
+    "deleteCommitLogFilesInterval": "delete_commitlog_files_interval_ms",
+    "deleteConsumeQueueFilesInterval": "delete_consume_queue_files_interval_ms",
+    "destroyMapedFileIntervalForcibly": "destroy_mapped_file_interval_forcibly_ms",
+    "redeleteHangedFileInterval": "redelete_hanged_file_interval_ms",
+    "deleteWhen": "delete_when",
+    "diskMaxUsedSpaceRatio": "disk_max_used_space_ratio_percent",
+    "fileReservedTime": "file_reserved_time_hours",
+    "putMsgIndexHightWater": "put_msg_index_high_water",
+    "maxMessageSize": "max_message_size_bytes",
+    "checkCRCOnRecover": "check_crc_on_recover",
+    "flushCommitLogLeastPages": "flush_commitlog_least_pages",
+    "commitCommitLogLeastPages": "commit_commitlog_least_pages",
+    "flushLeastPagesWhenWarmMapedFile": "flush_least_pages_when_warm_mapped_file",
+    "flushConsumeQueueLeastPages": "flush_consume_queue_least_pages",
+    "flushCommitLogThoroughInterval": "flush_commitlog_thorough_interval_ms",
+    "commitCommitLogThoroughInterval": "commit_commitlog_thorough_interval_ms",
+    "flushConsumeQueueThoroughInterval": "flush_consume_queue_thorough_interval_ms",
+    "maxTransferBytesOnMessageInMemory": "max_transfer_bytes_on_message_in_memory",
+    "maxTransferCountOnMessageInMemory": "max_transfer_count_on_message_in_memory",
+    "maxTransferBytesOnMessageInDisk": "max_transfer_bytes_on_message_in_disk",
+    "maxTransferCountOnMessageInDisk": "max_transfer_count_on_message_in_disk",
+    "accessMessageInMemoryMaxRatio": "access_message_in_memory_max_ratio_percent",
+    "messageIndexEnable": "message_index_enable",
+    "maxHashSlotNum": "max_hash_slot_num",
+    "maxIndexNum": "max_index_num",
+    "maxMsgsNumBatch": "max_msgs_num_batch",
+    "messageIndexSafe": "message_index_safe",
+    "haListenPort": "ha_listen_port",
+    "haSendHeartbeatInterval": "ha_send_heartbeat_interval_ms",
+    "haHousekeepingInterval": "ha_housekeeping_interval_ms",
+    "haTransferBatchSize": "ha_transfer_batch_size_bytes",
+    "haMasterAddress": "ha_master_address",
+    "haSlaveFallbehindMax": "ha_slave_fallbehind_max_bytes",
+    "brokerRole": "broker_role",
+    "flushDiskType": "flush_disk_type",
+    "syncFlushTimeout": "sync_flush_timeout_ms",
+    "messageDelayLevel": "message_delay_level",
+    "flushDelayOffsetInterval": "flush_delay_offset_interval_ms",
+    "cleanFileForciblyEnable": "clean_file_forcibly_enable",
+    "warmMapedFileEnable": "warm_mapped_file_enable",
+    "offsetCheckInSlave": "offset_check_in_slave",
+    "debugLockEnable": "debug_lock_enable",
+    "duplicationEnable": "duplication_enable",
+    "diskFallRecorded": "disk_fall_recorded",
+    "osPageCacheBusyTimeOutMills": "os_page_cache_busy_timeout_ms",
+    "defaultQueryMaxNum": "default_query_max_num",
+    "transientStorePoolEnable": "transient_store_pool_enable",
+    "transientStorePoolSize": "transient_store_pool_size",
+    "fastFailIfNoBufferInStorePool": "fast_fail_if_no_buffer_in_store_pool",
+    "longPollingEnable": "long_polling_enable",
+    "brokerId": "broker_id",
+    "diskSpaceWarningLevelRatio": "disk_space_warning_level_ratio",
+    "diskSpaceCleanForciblyRatio": "disk_space_clean_forcibly_ratio",
+    "rocketmq.broker.diskSpaceWarningLevelRatio": "disk_space_warning_level_ratio",
+    "rocketmq.broker.diskSpaceCleanForciblyRatio": "disk_space_clean_forcibly_ratio",
+}
+# RocketMQ 4.5 fixed the "Maped" spelling; accept both.
+ROCKETMQ_ALIASES.update(
+    {re.sub("([mM])aped", r"\1apped", k): v for k, v in list(ROCKETMQ_ALIASES.items()) if "aped" in k}
+)
+assert set(ROCKETMQ_ALIASES.values()) <= set(_FIELDS)
+
+
+def _canonical_keys(d: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for raw_key, value in d.items():
+        key = ROCKETMQ_ALIASES.get(raw_key, raw_key)
+        if key not in _FIELDS:
+            raise ConfigError(raw_key, value, "unknown setting")
+        if key in out:
+            raise ConfigError(raw_key, value, f"given twice (also as {key})")
+        out[key] = value
+    return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        key = var[len(ENV_PREFIX) :].lower()
+        if key not in _FIELDS:
+            # A typo in a variable name must not pass silently.
+            raise ConfigError(var, value, "unknown setting (environment variable)")
+        out[key] = value
+    return out
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("path", str(path), f"cannot read config file: {exc.strerror or exc}") from exc
+    if path.suffix in (".properties", ".conf"):
+        return _parse_properties(text)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("path", str(path), f"not valid TOML: {exc}") from exc
+
+
+_PROPERTY_LINE: Final = re.compile(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$")
+
+
+def _parse_properties(text: str) -> dict[str, str]:
+    """A broker.conf / .properties file: `key=value` lines, `#` or `!` comments (no continuations)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        match = _PROPERTY_LINE.match(line)
+        if match is None:
+            raise ConfigError(line, "", "a properties line must be key=value")
+        out[match.group(1)] = match.group(2)
+    return out
+
+
+_TRUE: Final = frozenset({"true", "yes", "on", "1"})
+_FALSE: Final = frozenset({"false", "no", "off", "0"})
+
+
+def _parse(key: str, value: Any) -> Any:
+    """Turn text (environment, .properties) into the field's type; other values pass through."""
+    if not isinstance(value, str):
+        return value
+    kind = _kind(key)
+    text = value.strip()
+    if kind is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ConfigError(key, value, "expected true or false")
+    if kind is int:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise ConfigError(key, value, "expected an integer") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(key, value, "expected a number") from None
+    return value
+
+
+def _kind(key: str) -> type:
+    annotation = str(_FIELDS[key].type)
+    return {"int": int, "bool": bool, "float": float}.get(annotation, str)
+
+
+_DELETE_WHEN = re.compile(r"^\d{1,2}(;\d{1,2})*$")
+
+
+def _check(key: str, value: Any) -> Any:
+    """Validate one value of the right field; return it, normalised where RocketMQ's getter would."""
+    kind = _kind(key)
+    if key in _OPTIONAL_STR:
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected a string")
+        return value
+    # bool is an int in Python; neither may stand in for the other here.
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, "expected true or false")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "expected a number")
+        if not 0.0 < float(value) <= 1.0:
+            raise ConfigError(key, value, "must be a ratio in (0, 1]")
+        return float(value)
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, value, "expected an integer")
+        return _check_int(key, value)
+    if not isinstance(value, str):
+        raise ConfigError(key, value, "expected a string")
+    return _check_str(key, value)
+
+
+def _check_int(key: str, value: int) -> int:
+    if key == "disk_max_used_space_ratio_percent":
+        return min(max(value, 10), 95)  # MessageStoreConfig.getDiskMaxUsedSpaceRatio
+    if value < 0:
+        raise ConfigError(key, value, "must not be negative")
+    if key.endswith("_bytes"):
+        if value == 0:
+            raise ConfigError(key, value, "a size must be positive")
+        if value > JAVA_INT_MAX:
+            raise ConfigError(key, value, f"a size must fit a Java int (<= {JAVA_INT_MAX})")
+    elif value > JAVA_LONG_MAX:
+        raise ConfigError(key, value, "too large")
+    if key == "mapped_file_size_consume_queue_bytes":
+        # MessageStoreConfig.getMapedFileSizeConsumeQueue: whole 20-byte units.
+        return -(-value // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+    if key.endswith("_percent") and value > 100:
+        raise ConfigError(key, value, "a percentage must be at most 100")
+    if key.endswith("_port") and value > 65535:
+        raise ConfigError(key, value, "a port must be at most 65535")
+    if key in _POSITIVE_INTS and value == 0:
+        raise ConfigError(key, value, "must be positive")
+    return value
+
+
+_POSITIVE_INTS: Final = frozenset(
+    {
+        "bit_map_length_consume_queue_ext_bits",
+        "flush_interval_commitlog_ms",
+        "commit_interval_commitlog_ms",
+        "flush_interval_consume_queue_ms",
+        "clean_resource_interval_ms",
+        "max_transfer_bytes_on_message_in_memory",
+        "max_transfer_count_on_message_in_memory",
+        "max_transfer_bytes_on_message_in_disk",
+        "max_transfer_count_on_message_in_disk",
+        "max_hash_slot_num",
+        "max_index_num",
+        "max_msgs_num_batch",
+        "default_query_max_num",
+        "transient_store_pool_size",
+        "allocate_wait_timeout_ms",
+    }
+)
+
+
+def _check_str(key: str, value: str) -> str:
+    if key == "flush_disk_type" and value not in FLUSH_DISK_TYPES:
+        raise ConfigError(key, value, f"must be one of {', '.join(FLUSH_DISK_TYPES)}")
+    if key == "broker_role" and value not in BROKER_ROLES:
+        raise ConfigError(key, value, f"must be one of {', '.join(BROKER_ROLES)}")
+    if key == "store_path_root_dir" and not value:
+        raise ConfigError(key, value, "must not be empty")
+    if key == "delete_when":
+        if not _DELETE_WHEN.match(value) or any(int(h) > 23 for h in value.split(";")):
+            raise ConfigError(key, value, 'expected hours of the day separated by ";", e.g. "04" or "02;14"')
+    if key == "message_delay_level":
+        try:
+            levels = parse_delay_levels(value)
+        except ValueError as exc:
+            raise ConfigError(key, value, str(exc)) from None
+        if not levels:
+            raise ConfigError(key, value, "needs at least one delay level")
+    if key == "store_host":
+        try:
+            HostAddress.parse(value)
+        except ValueError as exc:
+            raise ConfigError(key, value, f"expected ip:port ({exc})") from None
+    return value

@@ -1,0 +1,275 @@
+"""StoreConfig: every §15 setting with its 4.4.0 default, precedence, aliases, and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from mqstore.config import ROCKETMQ_ALIASES, ConfigError, StoreConfig, load_defaults
+
+# (RocketMQ name, our field, 4.4.0 default) straight from the spec §15 table.
+SPEC_DEFAULTS = [
+    ("mapedFileSizeCommitLog", "mapped_file_size_commitlog_bytes", 1073741824),
+    ("mapedFileSizeConsumeQueue", "mapped_file_size_consume_queue_bytes", 6000000),
+    ("enableConsumeQueueExt", "enable_consume_queue_ext", False),
+    ("mappedFileSizeConsumeQueueExt", "mapped_file_size_consume_queue_ext_bytes", 50331648),
+    ("bitMapLengthConsumeQueueExt", "bit_map_length_consume_queue_ext_bits", 64),
+    ("flushIntervalCommitLog", "flush_interval_commitlog_ms", 500),
+    ("commitIntervalCommitLog", "commit_interval_commitlog_ms", 200),
+    ("useReentrantLockWhenPutMessage", "use_reentrant_lock_when_put_message", False),
+    ("flushCommitLogTimed", "flush_commitlog_timed", False),
+    ("flushIntervalConsumeQueue", "flush_interval_consume_queue_ms", 1000),
+    ("cleanResourceInterval", "clean_resource_interval_ms", 10000),
+    ("deleteCommitLogFilesInterval", "delete_commitlog_files_interval_ms", 100),
+    ("deleteConsumeQueueFilesInterval", "delete_consume_queue_files_interval_ms", 100),
+    ("destroyMapedFileIntervalForcibly", "destroy_mapped_file_interval_forcibly_ms", 120000),
+    ("redeleteHangedFileInterval", "redelete_hanged_file_interval_ms", 120000),
+    ("deleteWhen", "delete_when", "04"),
+    ("diskMaxUsedSpaceRatio", "disk_max_used_space_ratio_percent", 75),
+    ("fileReservedTime", "file_reserved_time_hours", 72),
+    ("putMsgIndexHightWater", "put_msg_index_high_water", 600000),
+    ("maxMessageSize", "max_message_size_bytes", 4194304),
+    ("checkCRCOnRecover", "check_crc_on_recover", True),
+    ("flushCommitLogLeastPages", "flush_commitlog_least_pages", 4),
+    ("commitCommitLogLeastPages", "commit_commitlog_least_pages", 4),
+    ("flushLeastPagesWhenWarmMapedFile", "flush_least_pages_when_warm_mapped_file", 4096),
+    ("flushConsumeQueueLeastPages", "flush_consume_queue_least_pages", 2),
+    ("flushCommitLogThoroughInterval", "flush_commitlog_thorough_interval_ms", 10000),
+    ("commitCommitLogThoroughInterval", "commit_commitlog_thorough_interval_ms", 200),
+    ("flushConsumeQueueThoroughInterval", "flush_consume_queue_thorough_interval_ms", 60000),
+    ("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", 262144),
+    ("maxTransferCountOnMessageInMemory", "max_transfer_count_on_message_in_memory", 32),
+    ("maxTransferBytesOnMessageInDisk", "max_transfer_bytes_on_message_in_disk", 65536),
+    ("maxTransferCountOnMessageInDisk", "max_transfer_count_on_message_in_disk", 8),
+    ("accessMessageInMemoryMaxRatio", "access_message_in_memory_max_ratio_percent", 40),
+    ("messageIndexEnable", "message_index_enable", True),
+    ("maxHashSlotNum", "max_hash_slot_num", 5000000),
+    ("maxIndexNum", "max_index_num", 20000000),
+    ("maxMsgsNumBatch", "max_msgs_num_batch", 64),
+    ("messageIndexSafe", "message_index_safe", False),
+    ("haListenPort", "ha_listen_port", 10912),
+    ("haSendHeartbeatInterval", "ha_send_heartbeat_interval_ms", 5000),
+    ("haHousekeepingInterval", "ha_housekeeping_interval_ms", 20000),
+    ("haTransferBatchSize", "ha_transfer_batch_size_bytes", 32768),
+    ("haMasterAddress", "ha_master_address", None),
+    ("haSlaveFallbehindMax", "ha_slave_fallbehind_max_bytes", 268435456),
+    ("brokerRole", "broker_role", "ASYNC_MASTER"),
+    ("flushDiskType", "flush_disk_type", "ASYNC_FLUSH"),
+    ("syncFlushTimeout", "sync_flush_timeout_ms", 5000),
+    ("messageDelayLevel", "message_delay_level", "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"),
+    ("flushDelayOffsetInterval", "flush_delay_offset_interval_ms", 10000),
+    ("cleanFileForciblyEnable", "clean_file_forcibly_enable", True),
+    ("warmMapedFileEnable", "warm_mapped_file_enable", False),
+    ("offsetCheckInSlave", "offset_check_in_slave", False),
+    ("debugLockEnable", "debug_lock_enable", False),
+    ("duplicationEnable", "duplication_enable", False),
+    ("diskFallRecorded", "disk_fall_recorded", True),
+    ("osPageCacheBusyTimeOutMills", "os_page_cache_busy_timeout_ms", 1000),
+    ("defaultQueryMaxNum", "default_query_max_num", 32),
+    ("transientStorePoolEnable", "transient_store_pool_enable", False),
+    ("transientStorePoolSize", "transient_store_pool_size", 5),
+    ("fastFailIfNoBufferInStorePool", "fast_fail_if_no_buffer_in_store_pool", False),
+    ("rocketmq.broker.diskSpaceWarningLevelRatio", "disk_space_warning_level_ratio", 0.90),
+    ("rocketmq.broker.diskSpaceCleanForciblyRatio", "disk_space_clean_forcibly_ratio", 0.85),
+    ("longPollingEnable", "long_polling_enable", True),
+    ("brokerId", "broker_id", 0),
+]
+
+
+@pytest.fixture
+def defaults() -> StoreConfig:
+    return StoreConfig.load(env={})
+
+
+@pytest.mark.parametrize(("rocketmq_name", "field", "default"), SPEC_DEFAULTS)
+def test_every_spec_setting_has_its_4_4_0_default_and_its_rocketmq_alias(
+    defaults: StoreConfig, rocketmq_name: str, field: str, default: object
+) -> None:
+    assert getattr(defaults, field) == default
+    assert ROCKETMQ_ALIASES[rocketmq_name] == field
+
+
+def test_our_own_settings_have_their_documented_defaults(defaults: StoreConfig) -> None:
+    assert defaults.store_path_root_dir == "./mqstore-data"
+    assert defaults.store_path_commitlog is None
+    assert defaults.store_host == "127.0.0.1:10911"
+    assert defaults.allocate_wait_timeout_ms == 5000
+    assert defaults.log_json is False
+
+
+def test_defaults_file_is_the_single_source_of_the_field_set() -> None:
+    names = {f.name for f in dataclasses.fields(StoreConfig)}
+    assert names == set(load_defaults())
+    # every §15 setting is covered (the storePath* pair is checked separately)
+    assert {field for _, field, _ in SPEC_DEFAULTS} | {"store_path_root_dir", "store_path_commitlog"} <= names
+
+
+def test_config_is_frozen_and_slotted(defaults: StoreConfig) -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        defaults.flush_interval_commitlog_ms = 1  # type: ignore[misc]
+    assert not hasattr(defaults, "__dict__")
+
+
+def test_derived_paths_live_under_the_root(tmp_path: Path) -> None:
+    cfg = StoreConfig(store_path_root_dir=str(tmp_path))
+    assert cfg.commitlog_dir == tmp_path / "commitlog"
+    assert cfg.consume_queue_dir == tmp_path / "consumequeue"
+    assert cfg.index_dir == tmp_path / "index"
+    assert cfg.checkpoint_path == tmp_path / "checkpoint"
+    assert cfg.abort_path == tmp_path / "abort"
+    assert cfg.lock_path == tmp_path / "lock"
+    assert cfg.config_dir == tmp_path / "config"
+    other = cfg.replace(store_path_commitlog=str(tmp_path / "elsewhere"))
+    assert other.commitlog_dir == tmp_path / "elsewhere"
+
+
+def test_derived_values(defaults: StoreConfig) -> None:
+    assert defaults.delay_levels_ms[0] == 1000 and defaults.delay_levels_ms[-1] == 7_200_000
+    assert len(defaults.delay_levels_ms) == 18
+    assert defaults.index_file_size_bytes == 420_000_040
+    assert str(defaults.store_host_address) == "127.0.0.1:10911"
+    assert defaults.delete_when_hours == (4,)
+    assert not defaults.is_sync_flush
+
+
+def test_consume_queue_size_is_rounded_up_to_whole_units() -> None:
+    assert StoreConfig(mapped_file_size_consume_queue_bytes=1001).mapped_file_size_consume_queue_bytes == 1020
+    assert StoreConfig(mapped_file_size_consume_queue_bytes=1000).mapped_file_size_consume_queue_bytes == 1000
+
+
+@pytest.mark.parametrize(("given", "effective"), [(5, 10), (75, 75), (99, 95)])
+def test_disk_max_used_space_ratio_is_clamped_like_the_getter(given: int, effective: int) -> None:
+    assert StoreConfig(disk_max_used_space_ratio_percent=given).disk_max_used_space_ratio_percent == effective
+
+
+def test_environment_overrides_defaults_and_values_are_parsed() -> None:
+    env = {
+        "MQSTORE_FLUSH_DISK_TYPE": "SYNC_FLUSH",
+        "MQSTORE_FLUSH_INTERVAL_COMMITLOG_MS": "250",
+        "MQSTORE_WARM_MAPPED_FILE_ENABLE": "true",
+        "MQSTORE_DISK_SPACE_WARNING_LEVEL_RATIO": "0.8",
+        "PATH": "/usr/bin",
+    }
+    cfg = StoreConfig.load(env=env)
+    assert cfg.flush_disk_type == "SYNC_FLUSH"
+    assert cfg.flush_interval_commitlog_ms == 250
+    assert cfg.warm_mapped_file_enable is True
+    assert cfg.disk_space_warning_level_ratio == 0.8
+
+
+def test_unknown_environment_variable_is_an_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match="MQSTORE_FLUSH_INTERVAL_COMMITLOG"):
+        StoreConfig.load(env={"MQSTORE_FLUSH_INTERVAL_COMMITLOG": "1"})
+
+
+def test_precedence_is_file_then_environment_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "store.toml"
+    path.write_text('flush_interval_commitlog_ms = 100\nsync_flush_timeout_ms = 100\ndelete_when = "02;14"\n')
+    env = {"MQSTORE_SYNC_FLUSH_TIMEOUT_MS": "200", "MQSTORE_DELETE_WHEN": "03"}
+    cfg = StoreConfig.load(path, overrides={"delete_when": "05"}, env=env)
+    assert cfg.flush_interval_commitlog_ms == 100  # file
+    assert cfg.sync_flush_timeout_ms == 200  # env beats file
+    assert cfg.delete_when == "05"  # overrides beat env
+    assert cfg.max_message_size_bytes == 4194304  # untouched default
+
+
+def test_broker_properties_file_with_rocketmq_names(tmp_path: Path) -> None:
+    path = tmp_path / "broker.properties"
+    path.write_text(
+        "# a broker's store settings\n"
+        "mapedFileSizeCommitLog=8192\n"
+        "flushDiskType = SYNC_FLUSH\n"
+        "fileReservedTime=48\n"
+        "warmMapedFileEnable=true\n"
+        "rocketmq.broker.diskSpaceCleanForciblyRatio=0.8\n"
+    )
+    cfg = StoreConfig.load(path, env={})
+    assert cfg.mapped_file_size_commitlog_bytes == 8192
+    assert cfg.flush_disk_type == "SYNC_FLUSH"
+    assert cfg.file_reserved_time_hours == 48
+    assert cfg.warm_mapped_file_enable is True
+    assert cfg.disk_space_clean_forcibly_ratio == 0.8
+
+
+def test_camel_case_aliases_in_a_dict_and_in_toml(tmp_path: Path) -> None:
+    cfg = StoreConfig.from_dict({"mapedFileSizeCommitLog": 8192, "flushIntervalCommitLog": 300, "brokerRole": "SLAVE"})
+    assert cfg.mapped_file_size_commitlog_bytes == 8192
+    assert cfg.flush_interval_commitlog_ms == 300
+    assert cfg.broker_role == "SLAVE"
+    # RocketMQ 4.5+ spells it "mapped"
+    assert StoreConfig.from_dict({"mappedFileSizeCommitLog": 4096}).mapped_file_size_commitlog_bytes == 4096
+    path = tmp_path / "s.toml"
+    path.write_text("osPageCacheBusyTimeOutMills = 2000\n")
+    assert StoreConfig.load(path, env={}).os_page_cache_busy_timeout_ms == 2000
+
+
+def test_same_setting_under_two_names_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="twice"):
+        StoreConfig.from_dict({"flushIntervalCommitLog": 1, "flush_interval_commitlog_ms": 2})
+
+
+def test_unknown_key_is_an_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match="flush_interval_commitlog\\b") as err:
+        StoreConfig.from_dict({"flush_interval_commitlog": 500})
+    assert err.value.key == "flush_interval_commitlog"
+    assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("flush_interval_commitlog_ms", "fast"),
+        ("flush_interval_commitlog_ms", -1),
+        ("max_message_size_bytes", True),
+        ("mapped_file_size_commitlog_bytes", 0),
+        ("mapped_file_size_commitlog_bytes", -8192),
+        ("mapped_file_size_commitlog_bytes", 2**31),
+        ("flush_disk_type", "FAST_FLUSH"),
+        ("broker_role", "MASTER"),
+        ("warm_mapped_file_enable", "maybe"),
+        ("warm_mapped_file_enable", 1),
+        ("delete_when", "4am"),
+        ("delete_when", "25"),
+        ("message_delay_level", "1s 5x"),
+        ("store_host", "localhost"),
+        ("disk_space_warning_level_ratio", 1.5),
+        ("ha_listen_port", 70000),
+        ("max_index_num", 0),
+        ("store_path_root_dir", ""),
+    ],
+)
+def test_bad_value_is_an_error_naming_the_key_and_value(key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        StoreConfig.from_dict({key: value})
+    assert key in str(err.value)
+    assert repr(value) in str(err.value)
+
+
+def test_bad_value_from_the_environment_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="sync_flush_timeout_ms='soon'"):
+        StoreConfig.load(env={"MQSTORE_SYNC_FLUSH_TIMEOUT_MS": "soon"})
+
+
+def test_direct_construction_is_validated_too() -> None:
+    with pytest.raises(ConfigError, match="flush_disk_type"):
+        StoreConfig(flush_disk_type="NEVER")
+
+
+def test_round_trip_and_replace(defaults: StoreConfig) -> None:
+    assert StoreConfig.from_dict(defaults.to_dict()) == defaults
+    changed = defaults.replace(flush_disk_type="SYNC_FLUSH", flushIntervalCommitLog=50)
+    assert changed.is_sync_flush and changed.flush_interval_commitlog_ms == 50
+    assert defaults.flush_disk_type == "ASYNC_FLUSH"
+    with pytest.raises(ConfigError, match="no_such_setting"):
+        defaults.replace(no_such_setting=1)
+
+
+def test_missing_or_malformed_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="missing.toml"):
+        StoreConfig.load(tmp_path / "missing.toml", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        StoreConfig.load(bad, env={})
