@@ -1,0 +1,439 @@
+"""The `mqstore` command line.
+
+Subcommands are argparse subparsers whose defaults carry `handler=<function(args) -> int>`.
+Built-in ones are added by the `_add_*` functions listed in `_BUILTIN_COMMANDS`; optional groups
+live in other packages and plug in through a module-level function
+`add_subcommands(subparsers) -> None` (see `PLUGIN_MODULES`). A group whose module, or one of
+its dependencies such as pyspark, cannot be imported is left out, so the rest still works.
+
+Exit codes (also in README.md) are `ExitCode`; handlers return them, and raise `CliError` to
+stop with a message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import enum
+import importlib
+import importlib.util
+import json
+import mmap
+import os
+import re
+import struct
+import sys
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import IO, Any, Final
+
+from . import __version__
+from .config import ConfigError, StoreConfig
+from .log import configure_logging, get_logger
+from .storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, MessageRecord, RecordKind, read_record
+
+__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "load_config", "main"]
+
+log = get_logger(__name__)
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILURE = 1
+    USAGE = 2  # bad arguments or configuration (argparse also exits with 2)
+    CORRUPT = 3  # corrupt data found; everything valid before it was still processed
+    LOCKED = 4  # the store is locked by a running process
+    NOT_A_STORE = 5  # the directory is missing or is not a store
+
+
+class CliError(Exception):
+    """Stops a command: `message` goes to stderr, `code` becomes the exit status."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Optional subcommand groups, each a module with `add_subcommands(subparsers)`. Such a module
+# should import heavy dependencies (pyspark) inside its handlers, to keep `mqstore --help` fast.
+PLUGIN_MODULES: Final = ("mqstore.pipeline.cli", "mqstore.bench.cli")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): return, never raise
+        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    level = {0: "WARNING", 1: "INFO"}.get(args.verbose, "DEBUG")
+    configure_logging(level, json=args.log_json)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return ExitCode.USAGE
+    try:
+        return int(handler(args))
+    except CliError as exc:
+        sys.stdout.flush()  # the valid records first, then the reason we stopped
+        print(f"mqstore {args.command}: {exc.message}", file=sys.stderr)
+        return exc.code
+    except BrokenPipeError:
+        # `mqstore dump ... | head`: the reader left; that is not our failure.
+        _silence_stdout()
+        return ExitCode.OK
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mqstore",
+        description="An embedded message store byte-compatible with Apache RocketMQ 4.x.",
+        epilog="Exit codes: 0 ok, 1 failure, 2 usage, 3 corrupt data found, "
+        "4 store locked by a running process, 5 not a store or missing directory.",
+    )
+    parser.add_argument("--version", action="version", version=f"mqstore {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line on stderr")
+    parser.add_argument(
+        "--config", metavar="FILE", type=Path, help="a TOML or RocketMQ .properties file of store settings"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _BUILTIN_COMMANDS:
+        add(subparsers)
+    _add_plugin_groups(subparsers)
+    return parser
+
+
+def load_config(args: argparse.Namespace, **overrides: Any) -> StoreConfig:
+    """The store settings for a command: --config, MQSTORE_* variables, then `overrides`."""
+    try:
+        return StoreConfig.load(getattr(args, "config", None), overrides=overrides)
+    except ConfigError as exc:
+        raise CliError(ExitCode.USAGE, str(exc)) from None
+
+
+def _add_plugin_groups(subparsers: Any) -> None:
+    for name in PLUGIN_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                continue
+            module = importlib.import_module(name)
+        except ImportError as exc:  # e.g. pyspark is not installed: leave that group out
+            log.debug("subcommand group unavailable", module=name, error=str(exc))
+            continue
+        module.add_subcommands(subparsers)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout has no file descriptor (e.g. captured in tests)
+
+
+# ---------------------------------------------------------------------------------------------
+# dump
+
+
+def _add_dump(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "dump",
+        help="print a store's records as JSON lines (no running store needed)",
+        description="Print the records of a store directory, ours or a RocketMQ broker's, one JSON "
+        "object per line. Reads only; safe while a store is running. Stops at the first corrupt "
+        "record with exit code 3, after printing every valid record before it.",
+    )
+    p.add_argument("store_dir", metavar="STORE_DIR", type=Path, help="the store root (holding commitlog/ ...)")
+    p.add_argument(
+        "--what",
+        choices=("commitlog", "consumequeue", "index", "checkpoint"),
+        default="commitlog",
+        help="which files to dump (default: commitlog)",
+    )
+    p.add_argument("--commitlog-dir", type=Path, help="the commitlog directory if not STORE_DIR/commitlog")
+    p.add_argument("--topic", help="consumequeue: only this topic")
+    p.add_argument("--queue-id", type=int, help="consumequeue: only this queue")
+    p.add_argument(
+        "--max-hash-slot-num", type=int, default=None, help="index: slots per file (default: the configured value)"
+    )
+    p.add_argument(
+        "--max-message-size-bytes",
+        type=int,
+        default=None,
+        help="commitlog: larger records are corrupt (default: the configured value)",
+    )
+    p.set_defaults(handler=_run_dump)
+
+
+def _run_dump(args: argparse.Namespace) -> int:
+    root: Path = args.store_dir
+    if not root.is_dir():
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
+    out = sys.stdout
+    config = load_config(args)
+    if args.what == "commitlog":
+        directory = args.commitlog_dir or _commitlog_dir_of(root)
+        rows = dump_commitlog(directory, max_message_size_bytes=args.max_message_size_bytes or config.max_message_size_bytes)
+    elif args.what == "consumequeue":
+        rows = dump_consume_queues(root / "consumequeue", topic=args.topic, queue_id=args.queue_id)
+    elif args.what == "index":
+        rows = dump_index(root / "index", max_hash_slot_num=args.max_hash_slot_num or config.max_hash_slot_num)
+    else:
+        rows = dump_checkpoint(root / "checkpoint")
+    count = _write_json_lines(rows, out)
+    log.info("dump finished", what=args.what, records=count)
+    return ExitCode.OK
+
+
+def _commitlog_dir_of(root: Path) -> Path:
+    if (root / "commitlog").is_dir():
+        return root / "commitlog"
+    if any(_SEGMENT_NAME.match(p.name) for p in root.iterdir()):
+        return root  # given the commitlog directory itself
+    raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog/ directory")
+
+
+def _write_json_lines(rows: Iterator[dict[str, Any]], out: IO[str]) -> int:
+    count = 0
+    for row in rows:
+        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        count += 1
+    out.flush()
+    return count
+
+
+_SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
+
+
+def _segment_files(directory: Path) -> list[Path]:
+    """A segment directory's files in offset order; anything else there is ignored."""
+    return sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name) and p.is_file()), key=lambda p: p.name)
+
+
+def _map_readonly(path: Path) -> mmap.mmap | None:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
+
+
+def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
+    """The dump's view of one message; the field set is part of the CLI's contract."""
+    return {
+        "topic": rec.topic,
+        "queue_id": rec.queue_id,
+        "queue_offset": rec.queue_offset,
+        "commitlog_offset": rec.commitlog_offset,
+        "size": rec.total_size,
+        "store_timestamp": rec.store_timestamp,
+        "born_timestamp": rec.born_timestamp,
+        "born_host": str(rec.born_host),
+        "store_host": str(rec.store_host),
+        "sys_flag": rec.sys_flag,
+        "flag": rec.flag,
+        "reconsume_times": rec.reconsume_times,
+        "tags": rec.tags,
+        "keys": rec.keys,
+        "properties": rec.properties,
+        "body_base64": base64.b64encode(rec.body).decode("ascii"),
+        "msg_id": rec.msg_id,
+        "tags_code": rec.tags_code(),
+    }
+
+
+def dump_commitlog(directory: Path, *, max_message_size_bytes: int) -> Iterator[dict[str, Any]]:
+    """Every message of a commitlog directory, in offset order; CliError(CORRUPT) at bad data.
+
+    The segment size is the first file's length, so a broker's directory with any segment size
+    reads as well as ours. A blank END_OF_FILE record moves on to the next file; unwritten
+    (zero) space ends the log.
+    """
+    if not directory.is_dir():
+        raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
+    files = _segment_files(directory)
+    if not files:
+        return
+    segment_size = files[0].stat().st_size
+    first_start = int(files[0].name)
+    for index, path in enumerate(files):
+        start = int(path.name)
+        if start != first_start + index * segment_size:
+            raise CliError(ExitCode.CORRUPT, f"{path}: expected a segment starting at {first_start + index * segment_size}")
+        buf = _map_readonly(path)
+        if buf is None:
+            return  # an empty file: nothing was ever written here
+        try:
+            ended = yield from _dump_segment(path, start, buf, max_message_size_bytes)
+        finally:
+            buf.close()
+        if ended:
+            _expect_no_data_after(files[index + 1 :], path)
+            return
+
+
+def _dump_segment(
+    path: Path, start: int, buf: mmap.mmap, max_message_size_bytes: int
+) -> Generator[dict[str, Any], None, bool]:
+    """Yield the segment's messages; return True if the log ends inside this segment."""
+    pos = 0
+    while True:
+        found = read_record(buf, pos, check_crc=True, max_message_size=max_message_size_bytes)
+        if found.kind is RecordKind.MESSAGE:
+            assert found.record is not None and found.size > 0
+            yield commitlog_row(found.record)
+            pos += found.size
+        elif found.kind is RecordKind.BLANK:
+            return False
+        elif found.kind is RecordKind.END_OF_DATA:
+            return True
+        else:
+            raise CliError(
+                ExitCode.CORRUPT,
+                f"corrupt record in {path} at file position {pos} (commitlog offset {start + pos}): {found.reason}",
+            )
+
+
+def _expect_no_data_after(rest: list[Path], last: Path) -> None:
+    """After the end of the log, later segments may exist (pre-allocated) but must be unwritten."""
+    for path in rest:
+        buf = _map_readonly(path)
+        if buf is None:
+            continue
+        try:
+            kind = read_record(buf, 0).kind
+        finally:
+            buf.close()
+        if kind is not RecordKind.END_OF_DATA:
+            raise CliError(ExitCode.CORRUPT, f"{path} holds data although the log ended in {last}")
+
+
+def dump_consume_queues(
+    directory: Path, *, topic: str | None = None, queue_id: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every valid 20-byte unit of every (or the chosen) consume queue (§9.1)."""
+    if not directory.is_dir():
+        raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
+    for topic_dir in sorted(p for p in directory.iterdir() if p.is_dir()):
+        if topic is not None and topic_dir.name != topic:
+            continue
+        queue_dirs = sorted((p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+        for queue_dir in queue_dirs:
+            if queue_id is not None and int(queue_dir.name) != queue_id:
+                continue
+            yield from _dump_one_queue(topic_dir.name, int(queue_dir.name), queue_dir)
+
+
+def _dump_one_queue(topic: str, queue_id: int, directory: Path) -> Iterator[dict[str, Any]]:
+    for path in _segment_files(directory):
+        start = int(path.name)
+        buf = _map_readonly(path)
+        if buf is None:
+            return
+        try:
+            for pos in range(0, len(buf) - len(buf) % CQ_STORE_UNIT_SIZE, CQ_STORE_UNIT_SIZE):
+                offset, size, tags = CQ_UNIT.unpack_from(buf, pos)
+                if offset == 0 and size == 0 and tags == 0:
+                    return  # unwritten space: the queue ends here
+                if offset < 0 or size <= 0:
+                    raise CliError(ExitCode.CORRUPT, f"corrupt unit in {path} at file position {pos}")
+                yield {
+                    "topic": topic,
+                    "queue_id": queue_id,
+                    "queue_offset": (start + pos) // CQ_STORE_UNIT_SIZE,
+                    "commitlog_offset": offset,
+                    "size": size,
+                    "tags_code": tags,
+                }
+        finally:
+            buf.close()
+
+
+_INDEX_HEADER: Final = struct.Struct(">qqqqii")
+_INDEX_ENTRY: Final = struct.Struct(">iqii")
+_INDEX_NAME: Final = re.compile(r"^\d{17}$")
+
+
+def dump_index(directory: Path, *, max_hash_slot_num: int) -> Iterator[dict[str, Any]]:
+    """Each index file's header, then its entries 1 .. indexCount-1 (§10.2, §10.4)."""
+    if not directory.is_dir():
+        raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
+    for path in sorted(p for p in directory.iterdir() if _INDEX_NAME.match(p.name)):
+        buf = _map_readonly(path)
+        if buf is None or len(buf) < _INDEX_HEADER.size:
+            raise CliError(ExitCode.CORRUPT, f"{path} is shorter than an index header")
+        try:
+            begin_ts, end_ts, begin_phy, end_phy, slots_used, index_count = _INDEX_HEADER.unpack_from(buf, 0)
+            index_count = max(index_count, 1)  # IndexHeader.load: a value <= 0 means 1
+            yield {
+                "file": path.name,
+                "kind": "header",
+                "begin_timestamp": begin_ts,
+                "end_timestamp": end_ts,
+                "begin_phy_offset": begin_phy,
+                "end_phy_offset": end_phy,
+                "hash_slot_count": slots_used,
+                "index_count": index_count,
+            }
+            entries_at = _INDEX_HEADER.size + max_hash_slot_num * 4
+            if entries_at + index_count * _INDEX_ENTRY.size > len(buf):
+                raise CliError(
+                    ExitCode.CORRUPT,
+                    f"{path}: index_count {index_count} does not fit the file with {max_hash_slot_num} hash slots",
+                )
+            for number in range(1, index_count):
+                key_hash, phy, time_diff_s, prev = _INDEX_ENTRY.unpack_from(buf, entries_at + number * _INDEX_ENTRY.size)
+                yield {
+                    "file": path.name,
+                    "kind": "entry",
+                    "index": number,
+                    "key_hash": key_hash,
+                    "commitlog_offset": phy,
+                    "time_diff_s": time_diff_s,
+                    "prev_index": prev,
+                }
+        finally:
+            buf.close()
+
+
+_CHECKPOINT: Final = struct.Struct(">qqq")
+
+
+def dump_checkpoint(path: Path) -> Iterator[dict[str, Any]]:
+    """The three timestamps of the checkpoint file (§11.1) and the values derived from them."""
+    if not path.is_file():
+        raise CliError(ExitCode.NOT_A_STORE, f"{path} does not exist")
+    data = path.read_bytes()
+    if len(data) < _CHECKPOINT.size:
+        raise CliError(ExitCode.CORRUPT, f"{path} is {len(data)} bytes, shorter than the 3 longs of a checkpoint")
+    physic, logics, index = _CHECKPOINT.unpack_from(data, 0)
+    min_ts = max(0, min(physic, logics) - 3000)
+    yield {
+        "physic_msg_timestamp": physic,
+        "logics_msg_timestamp": logics,
+        "index_msg_timestamp": index,
+        "min_timestamp": min_ts,
+        "min_timestamp_index": min(min_ts, index),
+        "file_size": len(data),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in commands, in the order `mqstore --help` lists them. The lead adds demo, recover,
+# verify, inspect, stats, get and query here, each as an `_add_<name>(subparsers)` function that
+# sets `handler=`; handlers raise CliError with ExitCode.LOCKED / NOT_A_STORE / CORRUPT.
+
+_BUILTIN_COMMANDS: Final[list[Callable[[Any], None]]] = [
+    _add_dump,
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
