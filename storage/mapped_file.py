@@ -1,0 +1,388 @@
+"""One fixed-size segment file, memory-mapped (spec §4.3-§4.8).
+
+A `MappedFile` tracks how far it was written, committed (write-buffer path only) and
+flushed, and is reference counted so that a file being deleted is only unmapped once nobody
+reads it (or a forcible interval has passed). All I/O goes through the `FileSystem` it is
+given; all times are passed in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from collections import deque
+from typing import Callable, Final
+
+from mqstore.log import get_logger
+from mqstore.storage.fs import OS_PAGE_SIZE, FileSystem, MappedRegion
+from mqstore.storage.status import AppendMessageResult, AppendMessageStatus
+
+__all__ = [
+    "AppendCallback",
+    "MappedFile",
+    "OS_PAGE_SIZE",
+    "TransientStorePool",
+    "WriteBufferPool",
+    "parse_segment_offset",
+]
+
+log = get_logger(__name__)
+
+_ZERO_CHUNK_BYTES: Final = 1 << 20
+_ZERO_CHUNK: Final = bytes(_ZERO_CHUNK_BYTES)
+_Q = struct.Struct(">q")
+
+# (buffer, file_from_offset, position, max_blank) -> result. The callback writes into
+# `buffer` at `position` (never beyond position + max_blank) and says how much it wrote.
+AppendCallback = Callable[[bytearray, int, int, int], AppendMessageResult]
+
+
+def parse_segment_offset(path: str) -> int:
+    """The start offset a segment's 20-digit name encodes (§2.4)."""
+    name = os.path.basename(path)
+    assert len(name) == 20 and name.isdigit(), f"not a segment file name: {name!r}"
+    return int(name)
+
+
+class MappedFile:
+    """One segment: positions, commit/flush, warm-up and reference counting. Not thread-safe.
+
+    The owner (one writer) appends and flushes; readers in other threads map the file
+    themselves (`CommitLogReader`). `hold`/`release` guard the mapping against `destroy`
+    within the owner's own code paths.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        path: str,
+        file_size: int,
+        *,
+        write_buffer: bytearray | None = None,
+        on_write_buffer_released: Callable[[bytearray], None] | None = None,
+        create: bool = True,
+    ) -> None:
+        assert file_size > 0
+        assert write_buffer is None or len(write_buffer) >= file_size
+        self.fs = fs
+        self.file_name = path
+        self.file_from_offset = parse_segment_offset(path)
+        self.file_size = file_size
+        if create:
+            fs.makedirs(os.path.dirname(path) or ".")
+        self._region: MappedRegion | None = fs.map_file(path, file_size, create=create)
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self.store_timestamp = 0
+        self.first_create_in_queue = False
+        self.write_buffer = write_buffer
+        self._on_write_buffer_released = on_write_buffer_released
+        # §4.8 reference counting
+        self.ref_count = 1
+        self.available = True
+        self.cleanup_over = False
+        self.first_shutdown_timestamp_ms = 0
+        self.last_io_error: OSError | None = None
+        self.locked_in_memory = False
+
+    def __repr__(self) -> str:
+        return (
+            f"MappedFile({os.path.basename(self.file_name)}, wrote={self.wrote_position}, "
+            f"committed={self.committed_position}, flushed={self.flushed_position})"
+        )
+
+    # positions ---------------------------------------------------------------------------
+    @property
+    def read_position(self) -> int:
+        """Highest position readers may see: with a write buffer only committed bytes count."""
+        return self.wrote_position if self.write_buffer is None else self.committed_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position == self.file_size
+
+    def set_positions(self, position: int) -> None:
+        """Truncation/recovery: wrote = committed = flushed = `position`."""
+        assert 0 <= position <= self.file_size
+        self.wrote_position = self.committed_position = self.flushed_position = position
+
+    @property
+    def mapped_buffer(self) -> bytearray:
+        """The mapping itself, for scans by the owner (recovery). Do not keep it."""
+        assert self._region is not None, f"{self.file_name} is already unmapped"
+        return self._region.buf  # type: ignore[return-value]
+
+    def _target(self) -> bytearray:
+        """Where appends go: the write buffer if there is one, else the mapping."""
+        if self.write_buffer is not None:
+            return self.write_buffer
+        return self.mapped_buffer
+
+    # appending (§4.4) --------------------------------------------------------------------
+    def append_message(self, callback: AppendCallback) -> AppendMessageResult:
+        """Let `callback` write at wrote_position, then advance by what it says it wrote."""
+        pos = self.wrote_position
+        if pos >= self.file_size:
+            log.error("append to a full mapped file", file=self.file_name, wrote=pos)
+            return AppendMessageResult(status=AppendMessageStatus.UNKNOWN_ERROR)
+        result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
+        assert pos + result.wrote_bytes <= self.file_size, "append callback wrote past the file end"
+        self.wrote_position = pos + result.wrote_bytes
+        if result.store_timestamp:
+            self.store_timestamp = result.store_timestamp
+        return result
+
+    def append_bytes(self, data: bytes | bytearray | memoryview) -> bool:
+        """Raw append (ConsumeQueue units, replicated data): all of `data` or nothing."""
+        pos = self.wrote_position
+        if pos + len(data) > self.file_size:
+            return False
+        self._target()[pos : pos + len(data)] = data
+        self.wrote_position = pos + len(data)
+        return True
+
+    # commit and flush (§4.5) ---------------------------------------------------------------
+    def is_able_to_commit(self, least_pages: int) -> bool:
+        if self.is_full():
+            return True
+        if least_pages > 0:
+            return self.wrote_position // OS_PAGE_SIZE - self.committed_position // OS_PAGE_SIZE >= least_pages
+        return self.wrote_position > self.committed_position
+
+    def is_able_to_flush(self, least_pages: int) -> bool:
+        if self.is_full():
+            return True
+        read = self.read_position
+        if least_pages > 0:
+            return read // OS_PAGE_SIZE - self.flushed_position // OS_PAGE_SIZE >= least_pages
+        return read > self.flushed_position
+
+    def commit(self, least_pages: int) -> int:
+        """Copy written-but-uncommitted bytes from the write buffer into the mapping."""
+        if self.write_buffer is None:
+            return self.wrote_position  # direct path: nothing to copy, everything is visible
+        if self.is_able_to_commit(least_pages) and self.hold():
+            try:
+                start, end = self.committed_position, self.wrote_position
+                self.mapped_buffer[start:end] = self.write_buffer[start:end]
+                self.committed_position = end
+            finally:
+                self.release()
+        if self.committed_position == self.file_size and self.write_buffer is not None:
+            buffer, self.write_buffer = self.write_buffer, None
+            if self._on_write_buffer_released is not None:
+                self._on_write_buffer_released(buffer)
+        return self.committed_position
+
+    def flush(self, least_pages: int) -> int:
+        """Force [flushed, read_position) to disk; an I/O error leaves flushed where it was."""
+        if not self.is_able_to_flush(least_pages):
+            return self.flushed_position
+        value = self.read_position  # captured before forcing: later appends are not covered
+        if self.hold():
+            try:
+                assert self._region is not None
+                self._region.flush(self.flushed_position, value)
+                self.flushed_position = value
+                self.last_io_error = None
+            except OSError as exc:
+                self.last_io_error = exc
+                log.error("flush failed", file=self.file_name, error=str(exc))
+            finally:
+                self.release()
+        else:
+            # Being destroyed: Java records the position without forcing.
+            self.flushed_position = value
+        return self.flushed_position
+
+    # truncation ----------------------------------------------------------------------------
+    def zero_from(self, position: int) -> None:
+        """Zero [position, file_size) and force it, so stale bytes never look like records.
+
+        Only chunks that hold non-zero bytes are written: zeroing an untouched sparse tail
+        would allocate it.
+        """
+        assert 0 <= position <= self.file_size
+        buf = self.mapped_buffer
+        dirty_end = position
+        pos = position
+        while pos < self.file_size:
+            end = min(pos + _ZERO_CHUNK_BYTES, self.file_size)
+            if buf[pos:end] != _ZERO_CHUNK[: end - pos]:
+                buf[pos:end] = _ZERO_CHUNK[: end - pos]
+                dirty_end = end
+            pos = end
+        if self.write_buffer is not None:
+            self.write_buffer[position : self.file_size] = bytes(self.file_size - position)
+        if dirty_end > position:
+            assert self._region is not None
+            try:
+                self._region.flush(position, dirty_end)
+            except OSError as exc:
+                self.last_io_error = exc
+                log.error("flush of a zeroed tail failed", file=self.file_name, error=str(exc))
+
+    # reading -------------------------------------------------------------------------------
+    def select(self, pos: int, size: int | None = None) -> bytes | None:
+        """A copy of [pos, pos+size) (or [pos, read_position)), only below read_position."""
+        read = self.read_position
+        if size is None:
+            if not 0 <= pos < read:
+                return None
+            end = read
+        else:
+            if pos < 0 or size < 0 or pos + size > read:
+                return None
+            end = pos + size
+        if not self.hold():
+            return None
+        try:
+            return bytes(self.mapped_buffer[pos:end])
+        finally:
+            self.release()
+
+    def read_long(self, pos: int) -> int | None:
+        """The 8-byte big-endian value at `pos` if it lies below read_position."""
+        if pos < 0 or pos + 8 > self.read_position or not self.hold():
+            return None
+        try:
+            return int(_Q.unpack_from(self.mapped_buffer, pos)[0])
+        finally:
+            self.release()
+
+    def last_modified_ms(self) -> int:
+        try:
+            return self.fs.mtime_ms(self.file_name)
+        except OSError:
+            return 0
+
+    # warm-up (§4.7) --------------------------------------------------------------------------
+    def warm_up(self, sync_flush: bool, flush_least_pages: int) -> None:
+        """Touch every page with a zero byte (forcing every N pages with sync flush), then
+        madvise WILLNEED and mlock, best effort. Only for a fresh, unwritten file."""
+        assert self.wrote_position == 0, "warm-up would overwrite data"
+        buf = self.mapped_buffer
+        region = self._region
+        assert region is not None
+        last_flush = 0
+        for i in range(0, self.file_size, OS_PAGE_SIZE):
+            buf[i] = 0
+            if sync_flush and i // OS_PAGE_SIZE - last_flush // OS_PAGE_SIZE >= flush_least_pages:
+                region.flush(last_flush, i)
+                last_flush = i
+        if sync_flush:
+            region.flush(last_flush, self.file_size)
+        self.locked_in_memory = region.lock_in_memory()
+        if not self.locked_in_memory:
+            log.info("mlock refused by the OS; continuing without it", file=self.file_name, size=self.file_size)
+        region.advise_willneed()
+
+    def munlock(self) -> None:
+        if self._region is not None and self.locked_in_memory:
+            self._region.unlock_from_memory()
+            self.locked_in_memory = False
+
+    # reference counting (§4.8) ------------------------------------------------------------------
+    def hold(self) -> bool:
+        if self.available:
+            self.ref_count += 1
+            if self.ref_count - 1 > 0:
+                return True
+            self.ref_count -= 1
+        return False
+
+    def release(self) -> None:
+        self.ref_count -= 1
+        if self.ref_count > 0:
+            return
+        self.cleanup_over = self._cleanup()
+
+    def _cleanup(self) -> bool:
+        if self.available:
+            log.error("refusing to unmap a mapped file that was not shut down", file=self.file_name)
+            return False
+        if self.cleanup_over:
+            return True
+        if self._region is not None:
+            self._region.close()
+            self._region = None
+        if self.write_buffer is not None:
+            buffer, self.write_buffer = self.write_buffer, None
+            if self._on_write_buffer_released is not None:
+                self._on_write_buffer_released(buffer)
+        return True
+
+    def shutdown(self, interval_forcibly_ms: int, now_ms: int) -> None:
+        if self.available:
+            self.available = False
+            self.first_shutdown_timestamp_ms = now_ms
+            self.release()
+        elif self.ref_count > 0 and now_ms - self.first_shutdown_timestamp_ms >= interval_forcibly_ms:
+            # Readers kept it too long: force the count below zero so release() unmaps.
+            self.ref_count = -1000 - self.ref_count
+            self.release()
+
+    def is_available(self) -> bool:
+        return self.available
+
+    def is_cleanup_over(self) -> bool:
+        return self.ref_count <= 0 and self.cleanup_over
+
+    def destroy(self, interval_forcibly_ms: int, now_ms: int) -> bool:
+        """Shut down and, once nobody holds the file, delete it. False: try again later."""
+        self.shutdown(interval_forcibly_ms, now_ms)
+        if not self.is_cleanup_over():
+            log.warning("mapped file still referenced; delete later", file=self.file_name, refs=self.ref_count)
+            return False
+        try:
+            self.fs.remove(self.file_name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.last_io_error = exc
+            log.error("deleting a mapped file failed", file=self.file_name, error=str(exc))
+            return False
+        log.info("mapped file destroyed", file=self.file_name, wrote=self.wrote_position)
+        return True
+
+
+class WriteBufferPool:
+    """What `MappedFileQueue` needs from a TransientStorePool."""
+
+    def borrow_buffer(self) -> bytearray | None:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def return_buffer(self, buffer: bytearray) -> None:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+class TransientStorePool(WriteBufferPool):
+    """`transientStorePoolSize` write buffers of one segment each (§4.6). Not thread-safe.
+
+    Buffers are plain bytearrays (the spec allows it); a returned buffer is zeroed so that
+    the bytes after a blank record, copied by the final commit, are zeros as on the mmap path.
+    """
+
+    def __init__(self, pool_size: int, file_size: int) -> None:
+        assert pool_size >= 0 and file_size > 0
+        self.pool_size = pool_size
+        self.file_size = file_size
+        self._free: deque[bytearray] = deque(bytearray(file_size) for _ in range(pool_size))
+
+    def borrow_buffer(self) -> bytearray | None:
+        if not self._free:
+            log.warning("TransientStorePool has no buffer left")
+            return None
+        buffer = self._free.popleft()
+        if self.pool_size and len(self._free) / self.pool_size < 0.4:
+            log.warning("TransientStorePool running low", remain=len(self._free), size=self.pool_size)
+        return buffer
+
+    def return_buffer(self, buffer: bytearray) -> None:
+        assert len(buffer) == self.file_size
+        ctypes.memset((ctypes.c_char * len(buffer)).from_buffer(buffer), 0, len(buffer))
+        self._free.appendleft(buffer)
+
+    def remain_buffer_numbs(self) -> int:
+        return len(self._free)

@@ -1,0 +1,375 @@
+"""The ordered segment files of one directory: a virtual endless file (spec §4.2, §4.9, §12).
+
+Used by the CommitLog (with an optional allocator and write-buffer pool) and by every
+ConsumeQueue. Operating errors are return values (None / False / a count); the list of
+files always stays contiguous.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Final
+
+from mqstore.log import get_logger
+from mqstore.storage.codec import segment_file_name
+from mqstore.storage.fs import FileSystem
+from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
+
+__all__ = [
+    "Allocator",
+    "DELETE_FILES_BATCH_MAX",
+    "MappedFileQueue",
+]
+
+log = get_logger(__name__)
+
+DELETE_FILES_BATCH_MAX: Final = 10
+# Intervals Java uses when it destroys files outside the cleaning services (§4.8).
+TRUNCATE_DESTROY_INTERVAL_MS: Final = 1000
+QUEUE_DESTROY_INTERVAL_MS: Final = 3000
+CQ_DELETE_DESTROY_INTERVAL_MS: Final = 60_000
+
+# (next_path, next_next_path, file_size) -> the file for next_path, or None on failure.
+Allocator = Callable[[str, str, int], "MappedFile | None"]
+
+
+class MappedFileQueue:
+    """Segments of `mapped_file_size` bytes in `store_path`, ordered by start offset. Not thread-safe."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        store_path: str,
+        mapped_file_size: int,
+        *,
+        clock_ms: Callable[[], int],
+        allocator: Allocator | None = None,
+        create_on_allocator_failure: bool = False,
+        write_buffer_pool: WriteBufferPool | None = None,
+    ) -> None:
+        assert mapped_file_size > 0
+        self.fs = fs
+        self.store_path = store_path
+        self.mapped_file_size = mapped_file_size
+        self.clock_ms = clock_ms
+        self.allocator = allocator
+        self.create_on_allocator_failure = create_on_allocator_failure
+        self.write_buffer_pool = write_buffer_pool
+        self.mapped_files: list[MappedFile] = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        self.store_timestamp = 0  # of the last file flushed by a thorough flush(0)
+
+    # loading -----------------------------------------------------------------------------
+    def load(self) -> bool:
+        """Map every segment as full; a wrong-sized file stops loading (files after it are
+        ignored, as in Java). False only on an I/O error."""
+        if not self.fs.isdir(self.store_path):
+            return True
+        try:
+            names = sorted(self.fs.listdir(self.store_path))
+        except OSError as exc:
+            log.error("listing segment directory failed", path=self.store_path, error=str(exc))
+            return False
+        for name in names:
+            path = os.path.join(self.store_path, name)
+            if self.fs.isdir(path):
+                continue
+            if len(name) != 20 or not name.isdigit():
+                log.warning("ignoring a file that is not a segment", path=path)
+                continue
+            try:
+                size = self.fs.getsize(path)
+                if size != self.mapped_file_size:
+                    log.warning(
+                        "segment has the wrong length; it and later files are ignored",
+                        path=path, size=size, expected=self.mapped_file_size,
+                    )  # fmt: skip
+                    return True
+                mapped_file = MappedFile(self.fs, path, self.mapped_file_size, create=False)
+            except OSError as exc:
+                log.error("loading a segment failed", path=path, error=str(exc))
+                return False
+            mapped_file.set_positions(self.mapped_file_size)
+            self.mapped_files.append(mapped_file)
+            log.info("segment loaded", path=path)
+        return True
+
+    # lookup ------------------------------------------------------------------------------
+    @property
+    def first_mapped_file(self) -> MappedFile | None:
+        return self.mapped_files[0] if self.mapped_files else None
+
+    @property
+    def last_mapped_file(self) -> MappedFile | None:
+        return self.mapped_files[-1] if self.mapped_files else None
+
+    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+        files = self.mapped_files
+        if not files:
+            return None
+        first, last = files[0], files[-1]
+        size = self.mapped_file_size
+        if offset < first.file_from_offset or offset >= last.file_from_offset + size:
+            if offset != last.file_from_offset + size:  # the end of a full log is routine, not news
+                log.debug(
+                    "offset not in any segment", offset=offset,
+                    first=first.file_from_offset, last_end=last.file_from_offset + size,
+                )  # fmt: skip
+            return first if return_first_on_not_found else None
+        index = offset // size - first.file_from_offset // size
+        if 0 <= index < len(files):
+            candidate = files[index]
+            if candidate.file_from_offset <= offset < candidate.file_from_offset + size:
+                return candidate
+        for candidate in files:  # defensive: only reached if the list has a hole
+            if candidate.file_from_offset <= offset < candidate.file_from_offset + size:
+                return candidate
+        return first if return_first_on_not_found else None
+
+    def get_last_mapped_file(self, start_offset: int = 0, need_create: bool = True) -> MappedFile | None:
+        """The last file, creating the first/next one when the list is empty or the last is full."""
+        last = self.last_mapped_file
+        create_offset = -1
+        if last is None:
+            create_offset = start_offset - start_offset % self.mapped_file_size
+        elif last.is_full():
+            create_offset = last.file_from_offset + self.mapped_file_size
+        if create_offset == -1 or not need_create:
+            return last
+        mapped_file = self._create(create_offset)
+        if mapped_file is not None:
+            mapped_file.first_create_in_queue = not self.mapped_files
+            self.mapped_files.append(mapped_file)
+        return mapped_file
+
+    def _create(self, offset: int) -> MappedFile | None:
+        next_path = os.path.join(self.store_path, segment_file_name(offset))
+        next_next_path = os.path.join(self.store_path, segment_file_name(offset + self.mapped_file_size))
+        if self.allocator is not None:
+            mapped_file = self.allocator(next_path, next_next_path, self.mapped_file_size)
+            if mapped_file is not None:
+                assert mapped_file.file_from_offset == offset and mapped_file.file_size == self.mapped_file_size
+                return mapped_file
+            if not self.create_on_allocator_failure:
+                log.error("allocator gave no segment", path=next_path)
+                return None
+            log.warning("allocator gave no segment; creating it here", path=next_path)
+        buffer = self.write_buffer_pool.borrow_buffer() if self.write_buffer_pool is not None else None
+        try:
+            return MappedFile(
+                self.fs, next_path, self.mapped_file_size, write_buffer=buffer,
+                on_write_buffer_released=self.write_buffer_pool.return_buffer if buffer is not None else None,
+            )  # fmt: skip
+        except OSError as exc:
+            if buffer is not None:
+                self.write_buffer_pool.return_buffer(buffer)  # type: ignore[union-attr]
+            log.error("creating a segment failed", path=next_path, error=str(exc))
+            return None
+
+    def get_mapped_file_by_time(self, timestamp_ms: int) -> MappedFile | None:
+        """The first file modified at or after `timestamp_ms`, else the last file."""
+        for mapped_file in self.mapped_files:
+            if mapped_file.last_modified_ms() >= timestamp_ms:
+                return mapped_file
+        return self.last_mapped_file
+
+    # offsets -----------------------------------------------------------------------------
+    def min_offset(self) -> int:
+        return self.mapped_files[0].file_from_offset if self.mapped_files else -1
+
+    def max_offset(self) -> int:
+        last = self.last_mapped_file
+        return last.file_from_offset + last.read_position if last is not None else 0
+
+    def max_wrote_position(self) -> int:
+        last = self.last_mapped_file
+        return last.file_from_offset + last.wrote_position if last is not None else 0
+
+    def remain_how_many_data_to_commit(self) -> int:
+        return self.max_wrote_position() - self.committed_where
+
+    def remain_how_many_data_to_flush(self) -> int:
+        return self.max_offset() - self.flushed_where
+
+    # commit / flush (§4.9) ---------------------------------------------------------------------
+    def flush(self, least_pages: int) -> bool:
+        """Flush the one file holding flushed_where. True when nothing moved."""
+        mapped_file = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+        if mapped_file is None:
+            return True
+        timestamp = mapped_file.store_timestamp  # captured before flushing
+        where = mapped_file.file_from_offset + mapped_file.flush(least_pages)
+        no_progress = where == self.flushed_where
+        self.flushed_where = where
+        if least_pages == 0:
+            self.store_timestamp = timestamp
+        return no_progress
+
+    def commit(self, least_pages: int) -> bool:
+        """Commit the one file holding committed_where. True when nothing moved."""
+        mapped_file = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
+        if mapped_file is None:
+            return True
+        where = mapped_file.file_from_offset + mapped_file.commit(least_pages)
+        no_progress = where == self.committed_where
+        self.committed_where = where
+        return no_progress
+
+    @property
+    def last_io_error(self) -> OSError | None:
+        """The I/O error of the last flush of the file at flushed_where, if it failed."""
+        mapped_file = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+        return mapped_file.last_io_error if mapped_file is not None else None
+
+    # truncation --------------------------------------------------------------------------
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Forget everything at and after `offset`: lower positions, zero the tail, delete
+        later files (§4.9, zeroing per §11.7)."""
+        now_ms = self.clock_ms()
+        keep: list[MappedFile] = []
+        for mapped_file in self.mapped_files:
+            tail = mapped_file.file_from_offset + self.mapped_file_size
+            if tail <= offset:
+                keep.append(mapped_file)
+            elif offset >= mapped_file.file_from_offset:
+                position = offset % self.mapped_file_size
+                mapped_file.set_positions(position)
+                mapped_file.zero_from(position)
+                keep.append(mapped_file)
+            else:
+                if not mapped_file.destroy(TRUNCATE_DESTROY_INTERVAL_MS, now_ms):
+                    log.warning("dirty segment not deleted yet", path=mapped_file.file_name)
+        self.mapped_files = keep
+        self.flushed_where = min(self.flushed_where, offset)
+        self.committed_where = min(self.committed_where, offset)
+
+    def reset_offset(self, offset: int) -> bool:
+        """Move the end back to `offset` (HA/admin); refuses to drop more than two files' worth.
+
+        4.4.0's loop is a no-op (bug); this is the intended behaviour, as upstream fixed it.
+        """
+        last = self.last_mapped_file
+        if last is not None:
+            last_offset = last.file_from_offset + last.wrote_position
+            if last_offset - offset > 2 * self.mapped_file_size:
+                return False
+        now_ms = self.clock_ms()
+        while self.mapped_files:
+            mapped_file = self.mapped_files[-1]
+            if mapped_file.file_from_offset + self.mapped_file_size <= offset:
+                break
+            if mapped_file.file_from_offset <= offset:
+                position = offset - mapped_file.file_from_offset
+                mapped_file.set_positions(position)
+                mapped_file.zero_from(position)
+                break
+            mapped_file.destroy(TRUNCATE_DESTROY_INTERVAL_MS, now_ms)
+            self.mapped_files.pop()
+        self.flushed_where = min(self.flushed_where, offset)
+        self.committed_where = min(self.committed_where, offset)
+        return True
+
+    def delete_last_mapped_file(self) -> None:
+        last = self.last_mapped_file
+        if last is not None:
+            last.destroy(TRUNCATE_DESTROY_INTERVAL_MS, self.clock_ms())
+            self.mapped_files.pop()
+            log.info("last segment deleted", path=last.file_name)
+
+    # cleaning (§12) ----------------------------------------------------------------------
+    def delete_expired_file_by_time(
+        self,
+        expired_ms: int,
+        interval_ms: int,
+        forcibly_ms: int,
+        clean_immediately: bool,
+        now_ms: int,
+        sleep_ms: Callable[[int], None],
+    ) -> int:
+        """Delete the oldest files older than `expired_ms` (any age if `clean_immediately`),
+        at most DELETE_FILES_BATCH_MAX, stopping at the first one that is not; the newest
+        file is always kept. Returns how many were deleted."""
+        files = list(self.mapped_files)
+        deleted: list[MappedFile] = []
+        for i in range(len(files) - 1):
+            mapped_file = files[i]
+            if not (clean_immediately or now_ms >= mapped_file.last_modified_ms() + expired_ms):
+                break  # never delete a file in the middle
+            if not mapped_file.destroy(forcibly_ms, now_ms):
+                break  # still referenced: the next round retries
+            deleted.append(mapped_file)
+            if len(deleted) >= DELETE_FILES_BATCH_MAX:
+                break
+            if interval_ms > 0 and i + 1 < len(files) - 1:
+                sleep_ms(interval_ms)
+        self._remove(deleted)
+        return len(deleted)
+
+    def delete_expired_file_by_offset(self, min_offset: int, unit_size: int) -> int:
+        """ConsumeQueue cleaning: delete files whose last unit points below `min_offset`."""
+        deleted: list[MappedFile] = []
+        files = list(self.mapped_files)
+        for i in range(len(files) - 1):
+            mapped_file = files[i]
+            last_unit_offset = mapped_file.read_long(self.mapped_file_size - unit_size)
+            if last_unit_offset is not None:
+                destroy = last_unit_offset < min_offset
+            elif not mapped_file.is_available():
+                destroy = True  # hung from an earlier attempt
+            else:
+                log.warning("segment not full; cannot judge it", path=mapped_file.file_name)
+                break
+            if destroy and mapped_file.destroy(CQ_DELETE_DESTROY_INTERVAL_MS, self.clock_ms()):
+                deleted.append(mapped_file)
+            else:
+                break
+        self._remove(deleted)
+        return len(deleted)
+
+    def retry_delete_first_file(self, interval_ms: int, now_ms: int) -> bool:
+        """Re-destroy a first file that was shut down but could not be deleted yet."""
+        first = self.first_mapped_file
+        if first is None or first.is_available():
+            return False
+        log.warning("retrying to delete a hung segment", path=first.file_name)
+        if first.destroy(interval_ms, now_ms):
+            self._remove([first])
+            return True
+        return False
+
+    def _remove(self, files: list[MappedFile]) -> None:
+        if files:
+            gone = {id(f) for f in files}
+            self.mapped_files = [f for f in self.mapped_files if id(f) not in gone]
+
+    # housekeeping ----------------------------------------------------------------------------
+    def check_self(self) -> list[str]:
+        """Adjacent files that are not exactly one segment apart (logged, and returned)."""
+        problems = []
+        for previous, current in zip(self.mapped_files, self.mapped_files[1:]):
+            if current.file_from_offset - previous.file_from_offset != self.mapped_file_size:
+                problem = f"{previous.file_name} and {current.file_name} are not {self.mapped_file_size} bytes apart"
+                log.error("segment list has a hole", problem=problem)
+                problems.append(problem)
+        return problems
+
+    def destroy(self) -> None:
+        """Delete every file, and the directory if that leaves it empty."""
+        now_ms = self.clock_ms()
+        for mapped_file in self.mapped_files:
+            mapped_file.destroy(QUEUE_DESTROY_INTERVAL_MS, now_ms)
+        self.mapped_files = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        try:
+            if self.fs.isdir(self.store_path) and not self.fs.listdir(self.store_path):
+                self.fs.rmtree(self.store_path)
+        except OSError as exc:
+            log.warning("removing segment directory failed", path=self.store_path, error=str(exc))
+
+    def shutdown(self, interval_forcibly_ms: int) -> None:
+        """Unmap every file without deleting it (store shutdown)."""
+        now_ms = self.clock_ms()
+        for mapped_file in self.mapped_files:
+            mapped_file.shutdown(interval_forcibly_ms, now_ms)

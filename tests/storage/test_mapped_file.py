@@ -1,0 +1,178 @@
+"""MappedFile: positions, commit/flush page arithmetic, write buffers, ref counting (§4.3-§4.8)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mqstore.storage.codec import segment_file_name
+from mqstore.storage.fs import FileSystem, SimulatedFileSystem
+from mqstore.storage.mapped_file import OS_PAGE_SIZE, MappedFile, TransientStorePool
+
+SIZE = 64 * 1024
+
+
+def make(fs: FileSystem, root: str, offset: int = 0, size: int = SIZE, **kw: object) -> MappedFile:
+    return MappedFile(fs, os.path.join(root, "cl", segment_file_name(offset)), size, **kw)  # type: ignore[arg-type]
+
+
+def test_name_gives_start_offset_and_file_has_full_size(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root, offset=3 * SIZE)
+    assert mf.file_from_offset == 3 * SIZE
+    assert fs.getsize(mf.file_name) == SIZE
+    assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (0, 0, 0)
+
+
+def test_append_bytes_never_partial_and_is_full(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root, size=100)
+    assert mf.append_bytes(b"a" * 60)
+    assert not mf.append_bytes(b"b" * 41)
+    assert mf.wrote_position == 60
+    assert mf.append_bytes(b"c" * 40)
+    assert mf.is_full()
+    assert mf.select(50, 20) == b"a" * 10 + b"c" * 10
+
+
+def test_select_only_below_read_position(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root)
+    mf.append_bytes(b"xyz")
+    assert mf.select(0) == b"xyz"
+    assert mf.select(1, 2) == b"yz"
+    assert mf.select(1, 3) is None
+    assert mf.select(3) is None
+
+
+def test_flush_least_pages_counts_crossed_page_boundaries(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root)
+    mf.append_bytes(b"x" * (OS_PAGE_SIZE * 2 - 1))  # 1 boundary crossed
+    assert not mf.is_able_to_flush(2)
+    assert mf.flush(2) == 0
+    mf.append_bytes(b"x")  # now 2 boundaries
+    assert mf.is_able_to_flush(2)
+    assert mf.flush(2) == OS_PAGE_SIZE * 2
+    mf.append_bytes(b"y" * 10)
+    assert not mf.is_able_to_flush(1)
+    assert mf.is_able_to_flush(0)
+    assert mf.flush(0) == OS_PAGE_SIZE * 2 + 10
+
+
+def test_full_file_is_always_able_to_flush(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root, size=OS_PAGE_SIZE)
+    mf.append_bytes(b"z" * OS_PAGE_SIZE)
+    assert mf.is_able_to_flush(100)
+    assert mf.flush(100) == OS_PAGE_SIZE
+
+
+def test_flush_makes_bytes_durable_on_simulated_disk(clock: object) -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/s")
+    mf = make(fs, "/s")
+    mf.append_bytes(b"durable")
+    mf.flush(0)
+    mf.append_bytes(b"volatile")
+    after = fs.crash(seed=1, tear=False)
+    data = after.read_bytes(mf.file_name)
+    assert data[:7] == b"durable"
+    assert data[7:15] == bytes(8)
+
+
+def test_flush_error_is_recorded_not_raised() -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/s")
+    mf = make(fs, "/s")
+    mf.append_bytes(b"abc")
+    fs.inject_fault("flush", path_contains="cl")
+    assert mf.flush(0) == 0
+    assert isinstance(mf.last_io_error, OSError)
+    assert mf.flush(0) == 3
+    assert mf.last_io_error is None
+
+
+def test_write_buffer_readers_see_only_committed_and_buffer_returned_when_full(
+    any_fs: tuple[FileSystem, str],
+) -> None:
+    fs, root = any_fs
+    size = OS_PAGE_SIZE * 4
+    pool = TransientStorePool(2, size)
+    buf = pool.borrow_buffer()
+    assert buf is not None and pool.remain_buffer_numbs() == 1
+    mf = make(fs, root, size=size, write_buffer=buf, on_write_buffer_released=pool.return_buffer)
+    mf.append_bytes(b"q" * 100)
+    assert mf.read_position == 0 and mf.select(0) is None
+    assert fs.read_bytes(mf.file_name)[:100] == bytes(100)
+    assert mf.commit(1) == 0  # not a whole page yet
+    assert mf.commit(0) == 100
+    assert mf.select(0) == b"q" * 100
+    mf.append_bytes(b"r" * (size - 100))
+    assert mf.commit(4) == size
+    assert mf.write_buffer is None and pool.remain_buffer_numbs() == 2
+    assert mf.read_position == size
+    assert mf.flush(0) == size
+
+
+def test_zero_from_clears_the_tail(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root)
+    mf.append_bytes(b"k" * 5000)
+    mf.flush(0)
+    mf.set_positions(1000)
+    mf.zero_from(1000)
+    data = fs.read_bytes(mf.file_name)
+    assert data[:1000] == b"k" * 1000 and data[1000:] == bytes(SIZE - 1000)
+
+
+def test_ref_counting_destroy_waits_for_readers_until_forced(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root)
+    assert mf.hold()  # a reader
+    assert not mf.destroy(interval_forcibly_ms=1000, now_ms=10_000)
+    assert not mf.is_available() and fs.exists(mf.file_name)
+    assert not mf.hold()  # no new readers once shut down
+    assert not mf.destroy(1000, 10_500)  # not yet forcible
+    assert mf.destroy(1000, 11_000)  # forced: the reader's reference no longer counts
+    assert mf.is_cleanup_over()
+    assert not fs.exists(mf.file_name)
+
+
+def test_destroy_after_reader_released(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root)
+    assert mf.hold()
+    assert not mf.destroy(120_000, 0)
+    mf.release()
+    assert mf.is_cleanup_over()
+    assert mf.destroy(120_000, 1)
+    assert not fs.exists(mf.file_name)
+
+
+def test_warm_up_small_file_sync_and_async(any_fs: tuple[FileSystem, str]) -> None:
+    fs, root = any_fs
+    mf = make(fs, root, size=OS_PAGE_SIZE * 8)
+    mf.warm_up(sync_flush=True, flush_least_pages=2)
+    assert fs.read_bytes(mf.file_name) == bytes(OS_PAGE_SIZE * 8)
+    mf.munlock()
+    mf2 = make(fs, root, offset=OS_PAGE_SIZE * 8, size=OS_PAGE_SIZE * 8)
+    mf2.warm_up(sync_flush=False, flush_least_pages=2)
+    assert mf2.append_bytes(b"after warm-up")
+
+
+def test_warm_up_sync_forces_pages_on_simulated_disk() -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/s")
+    mf = make(fs, "/s", size=OS_PAGE_SIZE * 8)
+    mf.warm_up(sync_flush=True, flush_least_pages=3)
+    assert fs.unsynced_pages() == 0
+
+
+@pytest.mark.parametrize("least", [0, 1, 4])
+def test_commit_without_write_buffer_returns_wrote(any_fs: tuple[FileSystem, str], least: int) -> None:
+    fs, root = any_fs
+    mf = make(fs, root)
+    mf.append_bytes(b"d" * 10)
+    assert mf.commit(least) == 10
