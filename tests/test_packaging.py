@@ -1,0 +1,132 @@
+"""The built wheel, installed into a clean venv, next to a host app with its own `config` etc.
+
+The repository root is the `mqstore` package, so the check that matters is that nothing of ours
+lands at the top level of site-packages: a host application's own `config`, `messages`,
+`storage` and `actors` packages must stay the host's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import mqstore
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(mqstore.__file__).resolve().parent
+HOST_PACKAGES = ("config", "messages", "storage", "actors")
+_COPY_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "mqstore-data"
+)
+
+
+def _run(cmd: list[str], cwd: Path | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MQSTORE_", "PYTHON"))}
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, f"{cmd} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Build from a copy: other work in the checkout must not race setuptools' build/ directory.
+    source = tmp_path_factory.mktemp("src") / "mqstore"
+    shutil.copytree(REPO, source, ignore=_COPY_IGNORE)
+    dist = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)])
+    (built,) = dist.glob("mqstore-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def clean_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    """A venv without system site-packages holding only the wheel and its declared dependencies."""
+    root = tmp_path_factory.mktemp("venv") / "venv"
+    venv.EnvBuilder(system_site_packages=False, with_pip=True, clear=True).create(root)
+    python = root / "bin" / "python"
+    _run([str(python), "-m", "pip", "install", "--quiet", str(wheel)])
+    return root
+
+
+@pytest.fixture(scope="module")
+def host_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    app = tmp_path_factory.mktemp("hostapp")
+    for name in HOST_PACKAGES:
+        (app / name).mkdir()
+        (app / name / "__init__.py").write_text(f'MARKER = "host-{name}"\n')
+    return app
+
+
+def test_wheel_holds_only_the_mqstore_package_and_its_defaults(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/", 1)[0] for name in names}
+    assert top == {"mqstore", f"mqstore-{mqstore.__version__}.dist-info"}
+    assert "mqstore/config/defaults.toml" in names
+    assert "mqstore/cli.py" in names and "mqstore/storage/codec.py" in names
+    assert not any(name.startswith("mqstore/tests/") for name in names)
+
+
+def test_host_packages_named_like_ours_stay_the_hosts(clean_venv: Path, host_app: Path) -> None:
+    script = host_app / "check_imports.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import mqstore  # first, so any top-level module it leaked would shadow the host's
+            from mqstore.config import StoreConfig
+            import mqstore.storage.codec
+            import mqstore.cli
+            import config, messages, storage, actors
+            for module, name in ((config, "config"), (messages, "messages"), (storage, "storage"), (actors, "actors")):
+                assert module.MARKER == "host-" + name, (name, module.__file__)
+            assert "site-packages" in mqstore.__file__, mqstore.__file__
+            assert mqstore.config.StoreConfig is StoreConfig
+            cfg = StoreConfig.load(env={})  # defaults.toml is package data of the wheel
+            assert cfg.mapped_file_size_commitlog_bytes == 1073741824
+            assert not hasattr(config, "StoreConfig")
+            print("ok")
+            """
+        )
+    )
+    result = _run([str(clean_venv / "bin" / "python"), str(script)], cwd=host_app)
+    assert result.stdout.strip() == "ok"
+
+
+def test_console_script_runs_from_the_clean_venv(clean_venv: Path, host_app: Path) -> None:
+    result = _run([str(clean_venv / "bin" / "mqstore"), "--help"], cwd=host_app)
+    assert "dump" in result.stdout
+    result = _run([str(clean_venv / "bin" / "mqstore"), "dump", "--help"], cwd=host_app)
+    assert "--what" in result.stdout
+
+
+def test_host_app_puts_and_reads_a_message_through_the_public_api(clean_venv: Path, host_app: Path) -> None:
+    script = host_app / "use_store.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import config  # the host's own package, imported before the store
+            import mqstore
+
+            path = sys.argv[1]
+            with mqstore.open(path) as store:
+                r = store.put(mqstore.Message(topic="T", body=b"x"))
+                assert r.ok, r
+                g = store.get("T", 0, 0, 32)
+                assert g.messages[0].body == b"x", g
+            assert config.MARKER == "host-config"
+            print("ok")
+            """
+        )
+    )
+    result = _run([str(clean_venv / "bin" / "python"), str(script), str(host_app / "data")], cwd=host_app, timeout_s=120)
+    assert result.stdout.strip() == "ok"
