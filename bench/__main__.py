@@ -1,0 +1,7 @@
+"""`python -m mqstore.bench [--quick] [--out DIR]`."""
+
+import sys
+
+from mqstore.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,264 @@
+"""Our store through its public API only (`mqstore.open`, put/put_batch/get/query/...).
+
+If the API is missing the cases fail loudly (status "failed", exit code 1): a benchmark
+that silently drops our own row would report only the competition.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mqstore.bench.harness import ASYNC, Outcome, Recorder, percentile, throughput_metrics, timed
+from mqstore.bench.workload import BATCH_SIZE_MSGS, BenchConfig, BenchMessage
+
+SETTLE_TIMEOUT_S = 60.0  # dispatch (ConsumeQueue + index) catch-up before reads are timed
+LAG_POLL_TIMEOUT_S = 5.0
+PUT_THREADS = 4
+RECOVERY_MODULE = "mqstore.storage.recovery"
+# Entry points we accept in the recovery module, each called as fn(commitlog_dir) and
+# expected to return the recovered max offset (bytes scanned).
+RECOVERY_ENTRY_POINTS = ("scan_commitlog", "recover_commitlog", "recover_normally")
+
+
+def _api() -> Any:
+    import mqstore
+
+    return mqstore
+
+
+def _message(m: BenchMessage) -> Any:
+    return _api().Message(topic=m.topic, queue_id=m.queue_id, body=m.body, tags=m.tag, keys=[m.key])
+
+
+def _check_put(r: Any, what: str) -> None:
+    if not r.ok:
+        raise RuntimeError(f"{what} failed: {r.status}")
+
+
+def _run_threads(work: Sequence[Sequence[BenchMessage]], fn: Callable[[BenchMessage], None]) -> None:
+    from mqstore.bench.alternatives import run_threads
+
+    run_threads(work, lambda _t, m: fn(m))
+
+
+class OursAsync:
+    def __init__(self, path: Path, config: dict[str, Any]) -> None:
+        self.path = path
+        self.store = _api().open(path, flush_disk_type="ASYNC_FLUSH", **config)
+        self.store.__enter__()
+        self.last_key: tuple[str, str] | None = None
+
+    def append(self, batches: Sequence[Sequence[BenchMessage]]) -> None:
+        put_batch = self.store.put_batch
+        for batch in batches:
+            rs = put_batch([_message(m) for m in batch])
+            _check_put(rs, "put_batch")
+        self.last_key = (batches[-1][-1].topic, batches[-1][-1].key)
+
+    def settle(self, per_queue: dict[tuple[str, int], int]) -> None:
+        """Waits (untimed) until the reput has dispatched everything: reads then measure reads."""
+        for (topic, queue_id), count in per_queue.items():
+            if not self.store.wait_for_messages(topic, queue_id, count - 1, SETTLE_TIMEOUT_S):
+                raise RuntimeError(f"{topic}/{queue_id}: message {count - 1} not visible after {SETTLE_TIMEOUT_S}s")
+        if self.last_key is not None:
+            # The index has no long poll; poll it, bounded.
+            deadline = time.monotonic() + SETTLE_TIMEOUT_S
+            while not self.store.query(self.last_key[0], self.last_key[1], 1).messages:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"key {self.last_key[1]!r} not indexed after {SETTLE_TIMEOUT_S}s")
+                time.sleep(0.005)
+
+    def read_all(self, per_queue: dict[tuple[str, int], int]) -> int:
+        read = 0
+        get = self.store.get
+        for (topic, queue_id), count in per_queue.items():
+            offset = 0
+            while offset < count:
+                g = get(topic, queue_id, offset, BATCH_SIZE_MSGS)
+                if not g.messages:
+                    raise RuntimeError(f"get {topic}/{queue_id}@{offset}: {g.status}")
+                read += len(g.messages)
+                offset = g.next_begin_offset
+        return read
+
+    def lookup(self, keys: Sequence[str]) -> list[float]:
+        lat: list[float] = []
+        query = self.store.query
+        for k in keys:
+            start = time.perf_counter()
+            if not query("BenchTopic", k, 32).messages:
+                raise LookupError(f"key {k!r} not found")
+            lat.append(time.perf_counter() - start)
+        return lat
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class OursSync:
+    def __init__(self, path: Path, config: dict[str, Any]) -> None:
+        self.store = _api().open(path, flush_disk_type="SYNC_FLUSH", **config)
+        self.store.__enter__()
+        self.not_put_ok = 0
+
+    def append_sync(self, per_thread: Sequence[Sequence[BenchMessage]]) -> int:
+        put_ok = _api().PutMessageStatus.PUT_OK
+        lock = threading.Lock()
+
+        def put(m: BenchMessage) -> None:
+            r = self.store.put(_message(m))
+            _check_put(r, "put")
+            if r.status != put_ok:  # e.g. FLUSH_DISK_TIMEOUT: stored but not acknowledged as flushed
+                with lock:
+                    self.not_put_ok += 1
+
+        _run_threads(per_thread, put)
+        if self.not_put_ok:
+            raise RuntimeError(f"{self.not_put_ok} sync puts were not PUT_OK (flush not confirmed)")
+        return len(per_thread)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def recovery_entry_point() -> tuple[Callable[[Path], Any] | None, str]:
+    """The recovery scan if the module exists at run time; else why not (never a fake number)."""
+    if importlib.util.find_spec(RECOVERY_MODULE) is None:
+        return None, f"not available: {RECOVERY_MODULE} does not exist"
+    mod = importlib.import_module(RECOVERY_MODULE)
+    for name in RECOVERY_ENTRY_POINTS:
+        fn = getattr(mod, name, None)
+        if callable(fn):
+            return fn, f"{RECOVERY_MODULE}.{name}(commitlog_dir)"
+    return None, f"not available: {RECOVERY_MODULE} has none of {', '.join(RECOVERY_ENTRY_POINTS)}"
+
+
+class OursSystem:
+    name = "ours"
+    required = True  # missing API = failure, not a skip
+    case_names = {"append": "put_batch", "read": "get", "lookup": "query", "append_sync": "sync_put_16"}
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+        self.notes = {
+            "put_batch": "put_batch of 32 (same topic+queue), one thread; get in batches of 32; query one key per call",
+            "sync_put_16": "SYNC_FLUSH (group commit), 16 producer threads, one put per message; any non-PUT_OK fails the case",
+            "lag": "one producer at ~half its measured max single-put rate, one consumer long-polling wait_for_messages + get; lag = visible - put call start",
+        }
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            api = _api()
+        except ImportError as e:
+            return f"mqstore not importable: {e}"
+        missing = [n for n in ("open", "Message", "PutMessageStatus") if not hasattr(api, n)]
+        if missing:
+            return f"mqstore public API missing: {', '.join('mqstore.' + n for n in missing)}"
+        return None
+
+    def durability(self) -> dict[str, str]:
+        return {"async": "flush_disk_type=ASYNC_FLUSH", "sync": "flush_disk_type=SYNC_FLUSH, 16 producers"}
+
+    def versions(self) -> dict[str, str]:
+        return {"mqstore": str(getattr(_api(), "__version__", "?"))}
+
+    def open_async(self, path: Path, size_hint_bytes: int) -> OursAsync:
+        return OursAsync(path, self.config)
+
+    def open_sync(self, path: Path, size_hint_bytes: int) -> OursSync:
+        return OursSync(path, self.config)
+
+    # ---- cases only we have
+
+    def extra_cases(
+        self, rec: Recorder, cfg: BenchConfig, body: int, messages: Sequence[BenchMessage], work_dir: Path
+    ) -> None:
+        """put from 4 threads, put-to-visible lag and the recovery scan, one repeat each call."""
+        from mqstore.bench.harness import run_case
+
+        run_case(rec, self.name, "put_4threads", ASYNC, body, lambda: self._put_threads(messages, work_dir / "put4"))
+        run_case(rec, self.name, "lag", ASYNC, body, lambda: self._lag(cfg, messages, work_dir / "lag"))
+        fn, how = recovery_entry_point()
+        if fn is None:
+            rec.mark(self.name, "recovery", ASYNC, body, "not_available", how)
+        else:
+            run_case(rec, self.name, "recovery", ASYNC, body, lambda: self._recovery(fn, messages, work_dir / "rec"), note=how)
+
+    def _put_threads(self, messages: Sequence[BenchMessage], path: Path) -> Outcome:
+        per_thread = [[m._replace(queue_id=t) for m in messages[t::PUT_THREADS]] for t in range(PUT_THREADS)]
+        payload = sum(len(m.body) for m in messages)
+        with _api().open(path, flush_disk_type="ASYNC_FLUSH", **self.config) as store:
+
+            def put(m: BenchMessage) -> None:
+                _check_put(store.put(_message(m)), "put")
+
+            with timed() as t:
+                _run_threads(per_thread, put)
+        return Outcome(throughput_metrics(len(messages), payload, t.elapsed_s), t.peak_rss_mb)
+
+    def _lag(self, cfg: BenchConfig, messages: Sequence[BenchMessage], path: Path) -> Outcome:
+        n = min(cfg.lag_messages, len(messages))
+        msgs = [_message(m._replace(topic="LagTopic", queue_id=0)) for m in messages[:n]]
+        warm = [_message(m._replace(topic="LagWarm", queue_id=0)) for m in messages[:n]]
+        with _api().open(path, flush_disk_type="ASYNC_FLUSH", **self.config) as store:
+            start = time.perf_counter()
+            for m in warm:
+                _check_put(store.put(m), "put")
+            interval_s = 2.0 * (time.perf_counter() - start) / n  # half the measured max rate
+            put_at = [0.0] * n
+            lags: list[float] = []
+            errors: list[str] = []
+
+            def consume() -> None:
+                offset = 0
+                while offset < n:
+                    if not store.wait_for_messages("LagTopic", 0, offset, LAG_POLL_TIMEOUT_S):
+                        errors.append(f"offset {offset} not visible within {LAG_POLL_TIMEOUT_S}s")
+                        return
+                    g = store.get("LagTopic", 0, offset, BATCH_SIZE_MSGS)
+                    now = time.perf_counter()
+                    lags.extend(now - put_at[m.queue_offset] for m in g.messages)
+                    offset = g.next_begin_offset
+
+            consumer = threading.Thread(target=consume, name="bench-lag-consumer")
+            with timed() as t:
+                consumer.start()
+                t0 = time.perf_counter()
+                for i, m in enumerate(msgs):
+                    wait = t0 + i * interval_s - time.perf_counter()
+                    if wait > 0:
+                        time.sleep(wait)  # pacing the producer is the point here
+                    put_at[i] = time.perf_counter()
+                    _check_put(store.put(m), "put")
+                consumer.join()
+        if errors:
+            raise RuntimeError(errors[0])
+        metrics = {
+            "msgs_per_s": n / t.elapsed_s,
+            "p50_us": percentile(lags, 50) * 1e6,
+            "p99_us": percentile(lags, 99) * 1e6,
+        }
+        return Outcome(metrics, t.peak_rss_mb, f"paced at {1 / interval_s:,.0f} msg/s")
+
+    def _recovery(
+        self, fn: Callable[[Path], Any], messages: Sequence[BenchMessage], path: Path
+    ) -> Outcome:
+        h = OursAsync(path, self.config)
+        try:
+            from mqstore.bench.workload import batches
+
+            h.append(batches(list(messages)))
+        finally:
+            h.close()
+        with timed() as t:
+            scanned = fn(path / "commitlog")
+        if not isinstance(scanned, int) or scanned <= 0:
+            raise RuntimeError(f"recovery entry point returned {scanned!r}, expected the recovered max offset")
+        return Outcome({"gb_per_s": scanned / t.elapsed_s / 1e9}, t.peak_rss_mb)
+
