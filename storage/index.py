@@ -1,0 +1,787 @@
+"""IndexFile and IndexService: query-by-key files, byte-compatible with RocketMQ 4.4.0 (spec §10).
+
+An index file is a fixed-size hash table on disk: a 40-byte header, `max_hash_slot_num` 4-byte
+slots each holding the number of the newest entry of its chain, and `max_index_num` 20-byte
+entries (entry 0 unused) linked newest-to-oldest through `prevIndex`. Files are named by their
+creation time (local `yyyyMMddHHmmssSSS`) and kept oldest first.
+
+Everything here is synchronous and not thread-safe: one owner (the Index actor) calls it.
+Readers that are not the owner use `IndexFile.open_readonly` / the module-level helpers.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import re
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from operator import mul
+from typing import Callable, Final, Iterator, NamedTuple
+
+from mqstore.log import get_logger
+from mqstore.storage.codec import (
+    KEY_SEPARATOR,
+    TRANSACTION_MASK,
+    TRANSACTION_ROLLBACK_TYPE,
+    index_key_hash,
+    java_split,
+)
+from mqstore.storage.fs import FileSystem, MappedRegion
+
+__all__ = [
+    "DEFAULT_MAX_HASH_SLOT_NUM",
+    "DEFAULT_MAX_INDEX_NUM",
+    "DEFAULT_MAX_MSGS_NUM_BATCH",
+    "INDEX_HEADER_SIZE",
+    "INDEX_ENTRY_SIZE",
+    "HASH_SLOT_SIZE",
+    "MAX_TRY_IDX_CREATE",
+    "IndexEntry",
+    "IndexHeader",
+    "IndexFile",
+    "IndexService",
+    "QueryOffsetResult",
+    "index_file_name",
+    "index_file_size",
+    "iter_index_entries",
+    "iter_index_slots",
+    "key_hash_and_slot",
+    "read_index_header",
+    "read_index_slot",
+]
+
+log = get_logger(__name__)
+
+INDEX_HEADER_SIZE: Final = 40
+HASH_SLOT_SIZE: Final = 4
+INDEX_ENTRY_SIZE: Final = 20
+INVALID_INDEX: Final = 0
+DEFAULT_MAX_HASH_SLOT_NUM: Final = 5_000_000
+DEFAULT_MAX_INDEX_NUM: Final = 20_000_000
+DEFAULT_MAX_MSGS_NUM_BATCH: Final = 64
+MAX_TRY_IDX_CREATE: Final = 3
+_INT_MAX: Final = 2_147_483_647
+
+_HEADER = struct.Struct(">qqqqii")  # beginTs, endTs, beginPhy, endPhy, hashSlotCount, indexCount
+_HEADER_FROM_END_TS = struct.Struct(">qqqii")  # the same header from offset 8 (endTs onwards)
+_HEADER_FROM_END_TS_POS: Final = 8
+_HEADER_TIMES_AND_OFFSETS = struct.Struct(">qqqq")
+_ENTRY = struct.Struct(">iqii")  # keyHash, phyOffset, timeDiff (s), prevIndex
+_INT = struct.Struct(">i")
+_LONG = struct.Struct(">q")
+_ZERO_ENTRY: Final = bytes(INDEX_ENTRY_SIZE)
+
+_NAME_RE = re.compile(r"^\d{17}$")
+
+
+# ---------------------------------------------------------------------------------------
+# Key hash (§10.5)
+
+# 31**k mod 2**32, lowest power first; a key's hash is sum(unit_i * 31**(n-1-i)).
+_POW31_LEN: Final = 512
+_POW31: Final = [pow(31, k, 1 << 32) for k in range(_POW31_LEN)]
+
+
+def key_hash_and_slot(key: str, max_hash_slot_num: int) -> tuple[int, int]:
+    """(keyHash, slot) of an index key: `abs(String.hashCode)`, 0 for Integer.MIN_VALUE.
+
+    ASCII keys take a C-speed path (map/sum over a power table) because unique keys miss the
+    codec's lru_cache and the dispatcher hashes one key per UNIQ_KEY and KEYS token.
+    """
+    if key.isascii() and len(key) <= _POW31_LEN:
+        u = sum(map(mul, key.encode("ascii")[::-1], _POW31)) & 0xFFFFFFFF
+        if u < 0x80000000:
+            key_hash = u
+        elif u == 0x80000000:
+            key_hash = 0  # Math.abs(Integer.MIN_VALUE) stays negative; RocketMQ maps it to 0
+        else:
+            key_hash = 0x100000000 - u
+    else:
+        key_hash = index_key_hash(key)
+    return key_hash, key_hash % max_hash_slot_num
+
+
+def build_key(topic: str, key: str) -> str:
+    return f"{topic}#{key}"
+
+
+# ---------------------------------------------------------------------------------------
+# Names and sizes (§10.1)
+
+
+def index_file_size(max_hash_slot_num: int, max_index_num: int) -> int:
+    return INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE + max_index_num * INDEX_ENTRY_SIZE
+
+
+def index_file_name(timestamp_ms: int) -> str:
+    """`UtilAll.timeMillisToHumanString`: yyyyMMddHHmmssSSS in the local time zone."""
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(timestamp_ms // 1000)) + "%03d" % (timestamp_ms % 1000)
+
+
+def index_file_name_to_ms(name: str) -> int:
+    """Inverse of `index_file_name` (ambiguous in a DST fall-back hour: either reading is fine)."""
+    return int(time.mktime(time.strptime(name[:14], "%Y%m%d%H%M%S"))) * 1000 + int(name[14:17])
+
+
+# ---------------------------------------------------------------------------------------
+# Values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexHeader:
+    """The 40-byte header as stored (index_count raw: a fresh file may hold 0 there)."""
+
+    begin_timestamp: int
+    end_timestamp: int
+    begin_phy_offset: int
+    end_phy_offset: int
+    hash_slot_count: int
+    index_count: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | bytearray | memoryview) -> IndexHeader:
+        bt, et, bp, ep, hsc, ic = _HEADER.unpack_from(buf, 0)
+        return cls(
+            begin_timestamp=bt,
+            end_timestamp=et,
+            begin_phy_offset=bp,
+            end_phy_offset=ep,
+            hash_slot_count=hsc,
+            index_count=ic,
+        )
+
+
+class IndexEntry(NamedTuple):
+    entry_no: int
+    key_hash: int
+    phy_offset: int
+    time_diff: int  # seconds since the header's beginTimestamp
+    prev_index: int
+
+
+class QueryOffsetResult(NamedTuple):
+    phy_offsets: list[int]  # newest first within each file, newest file first
+    index_last_update_timestamp: int
+    index_last_update_phy_offset: int
+
+
+# ---------------------------------------------------------------------------------------
+# IndexFile (§10.2-§10.7)
+
+
+class IndexFile:
+    """One index file, mapped. Not thread-safe.
+
+    Header fields live in memory and every setter writes through to the mapped header, as
+    4.4.0's IndexHeader does; `flush()` rewrites all six and forces the whole file.
+    """
+
+    def __init__(
+        self,
+        region: MappedRegion,
+        *,
+        max_hash_slot_num: int,
+        max_index_num: int,
+        readonly: bool = False,
+    ) -> None:
+        assert max_hash_slot_num > 0 and max_index_num > 1
+        assert region.size == index_file_size(max_hash_slot_num, max_index_num), (region.path, region.size)
+        self._region = region
+        self._buf = region.buf
+        self.path: str = region.path
+        self.name: str = os.path.basename(region.path)
+        self.max_hash_slot_num: Final = max_hash_slot_num
+        self.max_index_num: Final = max_index_num
+        self.readonly: Final = readonly
+        self._entries_pos: Final = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
+        header = IndexHeader.unpack(self._buf)
+        self.begin_timestamp = header.begin_timestamp
+        self.end_timestamp = header.end_timestamp
+        self.begin_phy_offset = header.begin_phy_offset
+        self.end_phy_offset = header.end_phy_offset
+        self.hash_slot_count = header.hash_slot_count
+        # A fresh file holds 0 here until its first put; entry 0 is never used.
+        self.index_count = header.index_count if header.index_count > 0 else 1
+
+    # construction -----------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        fs: FileSystem,
+        path: str,
+        *,
+        max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM,
+        max_index_num: int = DEFAULT_MAX_INDEX_NUM,
+        end_phy_offset: int = 0,
+        end_timestamp: int = 0,
+    ) -> IndexFile:
+        """A new, empty file. `end_*` are the previous file's end values (the §10.6 quirk):
+        they pre-set both begin and end header fields, exactly like 4.4.0's constructor."""
+        assert not fs.exists(path), path
+        region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num))
+        f = cls(region, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        if end_phy_offset > 0:
+            f.begin_phy_offset = f.end_phy_offset = end_phy_offset
+        if end_timestamp > 0:
+            f.begin_timestamp = f.end_timestamp = end_timestamp
+        if end_phy_offset > 0 or end_timestamp > 0:
+            # Java writes these four through; the counts stay 0 on disk until the first put.
+            _HEADER_TIMES_AND_OFFSETS.pack_into(
+                f._buf, 0, f.begin_timestamp, f.end_timestamp, f.begin_phy_offset, f.end_phy_offset
+            )
+        return f
+
+    @classmethod
+    def load(
+        cls,
+        fs: FileSystem,
+        path: str,
+        *,
+        max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM,
+        max_index_num: int = DEFAULT_MAX_INDEX_NUM,
+    ) -> IndexFile:
+        """Map an existing file for writing. Raises OSError if missing or of another size."""
+        region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num), create=False)
+        return cls(region, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+
+    @classmethod
+    def open_readonly(
+        cls, fs: FileSystem, path: str, *, max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM
+    ) -> IndexFile:
+        """Map a file read-only for tools; the entry count is derived from the file size."""
+        size = fs.getsize(path)
+        entries_bytes = size - INDEX_HEADER_SIZE - max_hash_slot_num * HASH_SLOT_SIZE
+        if entries_bytes <= INDEX_ENTRY_SIZE or entries_bytes % INDEX_ENTRY_SIZE:
+            raise ValueError(f"{path}: size {size} does not fit max_hash_slot_num={max_hash_slot_num}")
+        region = fs.map_file(path, size, create=False, readonly=True)
+        return cls(
+            region,
+            max_hash_slot_num=max_hash_slot_num,
+            max_index_num=entries_bytes // INDEX_ENTRY_SIZE,
+            readonly=True,
+        )
+
+    # header -----------------------------------------------------------------------------
+    def _write_header(self) -> None:
+        _HEADER.pack_into(
+            self._buf,
+            0,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        )
+
+    def header(self) -> IndexHeader:
+        return IndexHeader(
+            begin_timestamp=self.begin_timestamp,
+            end_timestamp=self.end_timestamp,
+            begin_phy_offset=self.begin_phy_offset,
+            end_phy_offset=self.end_phy_offset,
+            hash_slot_count=self.hash_slot_count,
+            index_count=self.index_count,
+        )
+
+    @property
+    def file_size(self) -> int:
+        return self._region.size
+
+    def is_write_full(self) -> bool:
+        return self.index_count >= self.max_index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        fb, fe = self.begin_timestamp, self.end_timestamp
+        return (begin < fb and end > fe) or (fb <= begin <= fe) or (fb <= end <= fe)
+
+    # writing (§10.6) --------------------------------------------------------------------
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """Head-insert `key` → `phy_offset`. False only when the file is full."""
+        index_count = self.index_count
+        if index_count >= self.max_index_num:
+            return False
+        buf = self._buf
+        key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
+        slot_pos = INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE
+        slot_value = _INT.unpack_from(buf, slot_pos)[0]
+        if slot_value <= INVALID_INDEX or slot_value > index_count:
+            slot_value = INVALID_INDEX
+        begin_timestamp = self.begin_timestamp
+        diff_ms = store_timestamp - begin_timestamp
+        # Java: long division truncating toward zero, then clamp to [0, Integer.MAX_VALUE].
+        if begin_timestamp <= 0 or diff_ms < 0:
+            time_diff = 0
+        else:
+            time_diff = diff_ms // 1000
+            if time_diff > _INT_MAX:
+                time_diff = _INT_MAX
+        _ENTRY.pack_into(
+            buf, self._entries_pos + index_count * INDEX_ENTRY_SIZE, key_hash, phy_offset, time_diff, slot_value
+        )
+        _INT.pack_into(buf, slot_pos, index_count)
+        self.hash_slot_count += 1  # 4.4.0 counts every put, not only newly used slots
+        self.index_count = index_count + 1
+        self.end_phy_offset = phy_offset
+        self.end_timestamp = store_timestamp
+        if index_count <= 1:
+            # After the entry was written against the pre-set begin (the §10.6 quirk).
+            self.begin_phy_offset = phy_offset
+            self.begin_timestamp = store_timestamp
+            self._write_header()
+        else:
+            _HEADER_FROM_END_TS.pack_into(
+                buf,
+                _HEADER_FROM_END_TS_POS,
+                store_timestamp,
+                self.begin_phy_offset,
+                phy_offset,
+                self.hash_slot_count,
+                index_count + 1,
+            )
+        return True
+
+    # reading (§10.7) --------------------------------------------------------------------
+    def slot_value(self, slot: int) -> int:
+        assert 0 <= slot < self.max_hash_slot_num, slot
+        return _INT.unpack_from(self._buf, INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE)[0]
+
+    def entry(self, entry_no: int) -> IndexEntry:
+        assert 0 <= entry_no < self.max_index_num, entry_no
+        kh, phy, td, prev = _ENTRY.unpack_from(self._buf, self._entries_pos + entry_no * INDEX_ENTRY_SIZE)
+        return IndexEntry(entry_no, kh, phy, td, prev)
+
+    def select_phy_offset(
+        self, key: str, max_num: int, begin: int, end: int, result: list[int] | None = None
+    ) -> list[int]:
+        """Offsets of entries whose keyHash equals `key`'s and whose time is in [begin, end],
+        in chain order (newest first), appended to `result` until it holds `max_num`.
+
+        Hash collisions are returned too: callers must compare the message's keys."""
+        if result is None:
+            result = []
+        key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
+        index_count = self.index_count
+        n = self.slot_value(slot)
+        if n <= INVALID_INDEX or n > index_count or index_count <= 1:
+            return result
+        buf = self._buf
+        entries_pos = self._entries_pos
+        begin_timestamp = self.begin_timestamp
+        # Bound the walk: a well-formed chain only goes backwards, a corrupt one may cycle.
+        for _ in range(index_count):
+            if len(result) >= max_num:
+                break
+            kh, phy, time_diff, prev = _ENTRY.unpack_from(buf, entries_pos + n * INDEX_ENTRY_SIZE)
+            if time_diff < 0:
+                break
+            time_read = begin_timestamp + time_diff * 1000
+            if kh == key_hash and begin <= time_read <= end:
+                result.append(phy)
+            if prev <= INVALID_INDEX or prev > index_count or prev == n or time_read < begin:
+                break
+            n = prev
+        return result
+
+    def iter_entries(self) -> Iterator[IndexEntry]:
+        """Entries 1 .. indexCount-1 in write order."""
+        for n in range(1, min(self.index_count, self.max_index_num)):
+            yield self.entry(n)
+
+    def iter_slots(self) -> Iterator[tuple[int, int]]:
+        """(slot, head entry number) for every non-zero slot."""
+        slots = array.array("i")
+        assert slots.itemsize == 4
+        slots.frombytes(bytes(self._buf[INDEX_HEADER_SIZE : self._entries_pos]))
+        if sys.byteorder == "little":
+            slots.byteswap()
+        for slot, value in enumerate(slots):
+            if value:
+                yield slot, value
+
+    # recovery support -------------------------------------------------------------------
+    def truncate_entries_from(self, phy_offset: int) -> bool:
+        """Undo the newest entries whose phyOffset >= `phy_offset` (they are a suffix: entries
+        are written in commitlog order). Restores their slots to the previous heads, zeroes
+        them and rewinds the header. Returns False, changing nothing, if that would leave the
+        file empty or the chains do not agree with the entries (a torn file): the caller then
+        deletes the whole file, to be rebuilt from the commitlog."""
+        assert not self.readonly
+        count = self.index_count
+        first_removed = count
+        while first_removed > 1 and self.entry(first_removed - 1).phy_offset >= phy_offset:
+            first_removed -= 1
+        if first_removed == count:
+            return True
+        if first_removed <= 1:
+            return False
+        overlay: dict[int, int] = {}
+        for n in range(count - 1, first_removed - 1, -1):
+            e = self.entry(n)
+            slot = e.key_hash % self.max_hash_slot_num
+            if overlay.get(slot, self.slot_value(slot)) != n or not (0 <= e.prev_index < n):
+                return False
+            overlay[slot] = e.prev_index
+        for slot, head in overlay.items():
+            _INT.pack_into(self._buf, INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE, head)
+        start = self._entries_pos + first_removed * INDEX_ENTRY_SIZE
+        self._buf[start : self._entries_pos + count * INDEX_ENTRY_SIZE] = _ZERO_ENTRY * (count - first_removed)
+        last = self.entry(first_removed - 1)
+        self.end_phy_offset = last.phy_offset
+        # Only second precision survives; rounding down keeps the file's time range honest.
+        self.end_timestamp = self.begin_timestamp + last.time_diff * 1000
+        self.hash_slot_count = max(0, self.hash_slot_count - (count - first_removed))
+        self.index_count = first_removed
+        self._write_header()
+        return True
+
+    # durability and lifetime ------------------------------------------------------------
+    def flush(self) -> None:
+        """Rewrite the header and force the whole file (slots are scattered, so no ranges)."""
+        assert not self.readonly
+        self._write_header()
+        self._region.flush(0, self._region.size)
+
+    def close(self) -> None:
+        self._region.close()
+
+    def destroy(self, fs: FileSystem) -> None:
+        """Unmap and delete. Raises OSError if the file cannot be removed."""
+        self._region.close()
+        fs.remove(self.path)
+
+
+# ---------------------------------------------------------------------------------------
+# Read-only helpers for tools (dump, verify)
+
+
+def read_index_header(fs: FileSystem, path: str) -> IndexHeader:
+    """The header as stored, without any knowledge of the file's slot and entry counts."""
+    size = fs.getsize(path)
+    if size < INDEX_HEADER_SIZE:
+        raise ValueError(f"{path}: shorter than the {INDEX_HEADER_SIZE}-byte index header")
+    region = fs.map_file(path, size, create=False, readonly=True)  # not read_bytes: 420 MB
+    try:
+        return IndexHeader.unpack(region.buf)
+    finally:
+        region.close()
+
+
+def iter_index_entries(
+    fs: FileSystem, path: str, *, max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM
+) -> Iterator[IndexEntry]:
+    f = IndexFile.open_readonly(fs, path, max_hash_slot_num=max_hash_slot_num)
+    try:
+        yield from f.iter_entries()
+    finally:
+        f.close()
+
+
+def iter_index_slots(
+    fs: FileSystem, path: str, *, max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM
+) -> Iterator[tuple[int, int]]:
+    f = IndexFile.open_readonly(fs, path, max_hash_slot_num=max_hash_slot_num)
+    try:
+        yield from f.iter_slots()
+    finally:
+        f.close()
+
+
+def read_index_slot(
+    fs: FileSystem, path: str, slot: int, *, max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM
+) -> int:
+    f = IndexFile.open_readonly(fs, path, max_hash_slot_num=max_hash_slot_num)
+    try:
+        return f.slot_value(slot)
+    finally:
+        f.close()
+
+
+# ---------------------------------------------------------------------------------------
+# IndexService (§10.8)
+
+
+def _no_sleep(_ms: int) -> None:
+    return None
+
+
+class IndexService:
+    """The ordered list of index files (oldest first) and the dispatcher's entry point.
+
+    Not thread-safe: the owning actor is the only caller (4.4.0 guards the list with a
+    read-write lock because its dispatcher, query and cleaner threads share it).
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        index_dir: str,
+        *,
+        clock_ms: Callable[[], int],
+        max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM,
+        max_index_num: int = DEFAULT_MAX_INDEX_NUM,
+        max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH,
+        on_index_file_full: Callable[[int], None] | None = None,
+        sleep_ms: Callable[[int], None] = _no_sleep,
+        retry_interval_ms: int = 1000,
+    ) -> None:
+        self._fs = fs
+        self.index_dir = index_dir
+        self._clock_ms = clock_ms
+        self.max_hash_slot_num = max_hash_slot_num
+        self.max_index_num = max_index_num
+        self.max_msgs_num_batch = max_msgs_num_batch
+        self._on_index_file_full = on_index_file_full
+        self._sleep_ms = sleep_ms
+        self.retry_interval_ms = retry_interval_ms
+        self.files: list[IndexFile] = []
+        # Set when no index file could be created after MAX_TRY_IDX_CREATE tries; the owner
+        # maps it to RunningFlags.WRITE_INDEX_FILE_ERROR. Never cleared (restart), as in 4.4.0.
+        self.index_error = False
+
+    # loading ----------------------------------------------------------------------------
+    def load(self, last_exit_ok: bool, index_msg_timestamp: int) -> bool:
+        """Map every file of the index directory, oldest first. After an abnormal exit, files
+        whose endTimestamp is newer than the checkpoint's indexMsgTimestamp are deleted: they
+        may be torn, and recovery re-dispatches their messages. False on an I/O error or a file
+        of the wrong size (other max_hash_slot_num / max_index_num settings)."""
+        assert not self.files
+        fs = self._fs
+        if not fs.exists(self.index_dir):
+            return True
+        expected = index_file_size(self.max_hash_slot_num, self.max_index_num)
+        try:
+            for name in fs.listdir(self.index_dir):
+                path = os.path.join(self.index_dir, name)
+                if not _NAME_RE.match(name):
+                    log.warning("index_load_skip_foreign_file", path=path)
+                    continue
+                size = fs.getsize(path)
+                if size != expected:
+                    log.error("index_load_wrong_size", path=path, size=size, expected=expected)
+                    return False
+                f = IndexFile.load(
+                    fs, path, max_hash_slot_num=self.max_hash_slot_num, max_index_num=self.max_index_num
+                )
+                if not last_exit_ok and f.end_timestamp > index_msg_timestamp:
+                    log.info(
+                        "index_load_drop_unflushed_file",
+                        path=path,
+                        end_timestamp=f.end_timestamp,
+                        index_msg_timestamp=index_msg_timestamp,
+                    )
+                    f.destroy(fs)
+                    continue
+                self.files.append(f)
+        except OSError as e:
+            log.error("index_load_failed", dir=self.index_dir, error=str(e))
+            return False
+        return True
+
+    # writing ----------------------------------------------------------------------------
+    def build_index(
+        self,
+        *,
+        topic: str,
+        commitlog_offset: int,
+        store_timestamp: int,
+        sys_flag: int,
+        keys: str | None,
+        uniq_key: str | None,
+    ) -> bool:
+        """Index one dispatched message: UNIQ_KEY first, then each KEYS token.
+
+        True when indexed or deliberately skipped (already indexed, rollback message); False
+        when no index file could be had (then `index_error` is set)."""
+        f = self.retry_get_and_create_index_file()
+        if f is None:
+            log.error("index_build_no_file", commitlog_offset=commitlog_offset)
+            return False
+        # Re-dispatch after recovery; note `<`: the message at endPhyOffset is indexed again.
+        if commitlog_offset < f.end_phy_offset:
+            return True
+        if sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK_TYPE:
+            return True
+        if uniq_key is not None:
+            f = self._put_key(f, f"{topic}#{uniq_key}", commitlog_offset, store_timestamp)
+            if f is None:
+                return False
+        if keys:
+            for k in java_split(keys, KEY_SEPARATOR):
+                if k:
+                    f = self._put_key(f, f"{topic}#{k}", commitlog_offset, store_timestamp)
+                    if f is None:
+                        return False
+        return True
+
+    def _put_key(self, f: IndexFile, key: str, phy_offset: int, store_timestamp: int) -> IndexFile | None:
+        while not f.put_key(key, phy_offset, store_timestamp):
+            nf = self.retry_get_and_create_index_file()
+            if nf is None:
+                return None
+            assert nf is not f, "a full index file was handed back"
+            f = nf
+        return f
+
+    def retry_get_and_create_index_file(self) -> IndexFile | None:
+        for attempt in range(MAX_TRY_IDX_CREATE):
+            f = self.get_and_create_last_index_file()
+            if f is not None:
+                return f
+            if attempt + 1 < MAX_TRY_IDX_CREATE:
+                self._sleep_ms(self.retry_interval_ms)
+        self.index_error = True
+        log.error("index_file_create_failed", tries=MAX_TRY_IDX_CREATE)
+        return None
+
+    def get_and_create_last_index_file(self) -> IndexFile | None:
+        """The last file if it has room, else a new one (None on an I/O error).
+
+        A new file starts from the previous file's end values; a full previous file is then
+        flushed and `on_index_file_full(end_timestamp)` tells the owner to advance the
+        checkpoint's indexMsgTimestamp (4.4.0 does this on a new thread; here it is inline)."""
+        prev: IndexFile | None = None
+        if self.files:
+            last = self.files[-1]
+            if not last.is_write_full():
+                return last
+            prev = last
+        try:
+            self._fs.makedirs(self.index_dir)
+            name = self._new_file_name(prev)
+            if name is None:
+                return None
+            f = IndexFile.create(
+                self._fs,
+                os.path.join(self.index_dir, name),
+                max_hash_slot_num=self.max_hash_slot_num,
+                max_index_num=self.max_index_num,
+                end_phy_offset=prev.end_phy_offset if prev else 0,
+                end_timestamp=prev.end_timestamp if prev else 0,
+            )
+        except OSError as e:
+            log.error("index_file_create_error", dir=self.index_dir, error=str(e))
+            return None
+        self.files.append(f)
+        log.info("index_file_created", path=f.path, begin_phy_offset=f.begin_phy_offset)
+        if prev is not None:
+            self.flush_file(prev)
+        return f
+
+    def _new_file_name(self, prev: IndexFile | None) -> str | None:
+        """Named by the clock; bumped by 1 ms past an existing name and past the last file's
+        name, so two files never collide and name order stays creation order."""
+        ms = self._clock_ms()
+        last_name = self.files[-1].name if self.files else ""
+        if last_name:
+            ms = max(ms, index_file_name_to_ms(last_name) + 1)
+        for _ in range(1000):  # bounded: a DST fall-back could otherwise walk for an hour
+            name = index_file_name(ms)
+            if name > last_name and not self._fs.exists(os.path.join(self.index_dir, name)):
+                return name
+            ms += 1
+        log.error("index_file_no_free_name", dir=self.index_dir, last=last_name)
+        return None
+
+    def flush_file(self, f: IndexFile) -> bool:
+        """`IndexService.flush(f)`: force the file; if it is full, report its endTimestamp."""
+        full_end_timestamp = f.end_timestamp if f.is_write_full() else 0
+        try:
+            f.flush()
+        except OSError as e:
+            log.error("index_file_flush_error", path=f.path, error=str(e))
+            return False
+        if full_end_timestamp > 0 and self._on_index_file_full is not None:
+            self._on_index_file_full(full_end_timestamp)
+        return True
+
+    def flush_all(self) -> bool:
+        """Force every file (at shutdown; 4.4.0 leaves the current file to the OS)."""
+        ok = True
+        for f in self.files:
+            ok = self.flush_file(f) and ok
+        return ok
+
+    # querying ---------------------------------------------------------------------------
+    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
+        max_num = min(max_num, self.max_msgs_num_batch)
+        result: list[int] = []
+        last_ts = 0
+        last_phy = 0
+        full_key = build_key(topic, key)
+        for i in range(len(self.files) - 1, -1, -1):
+            f = self.files[i]
+            if i == len(self.files) - 1:
+                last_ts = f.end_timestamp
+                last_phy = f.end_phy_offset
+            if f.is_time_matched(begin, end):
+                f.select_phy_offset(full_key, max_num, begin, end, result)
+            if f.begin_timestamp < begin:
+                break
+            if len(result) >= max_num:
+                break
+        return QueryOffsetResult(result, last_ts, last_phy)
+
+    # deleting ---------------------------------------------------------------------------
+    def delete_expired_file(self, min_phy_offset: int) -> int:
+        """Delete the oldest files whose every entry is below `min_phy_offset` (the commitlog's
+        new head). The newest file is never deleted. Returns how many were deleted."""
+        if not self.files or self.files[0].end_phy_offset >= min_phy_offset:
+            return 0
+        expired: list[IndexFile] = []
+        for f in self.files[:-1]:
+            if f.end_phy_offset < min_phy_offset:
+                expired.append(f)
+            else:
+                break
+        deleted = 0
+        for f in expired:
+            try:
+                f.destroy(self._fs)
+            except OSError as e:
+                log.error("index_file_delete_error", path=f.path, error=str(e))
+                break
+            deleted += 1
+        del self.files[:deleted]
+        if deleted:
+            log.info("index_files_expired", count=deleted, min_phy_offset=min_phy_offset)
+        return deleted
+
+    def drop_files_after(self, phy_offset: int) -> int:
+        """Make the index consistent with a commitlog truncated to `phy_offset` (recovery).
+
+        Not in 4.4.0 (§11.7 leaves index files alone), but there the stale endPhyOffset makes
+        `build_index` skip new messages written below it. Files whose beginPhyOffset >=
+        `phy_offset` are deleted; in the new last file, entries at or past `phy_offset` are
+        undone (`IndexFile.truncate_entries_from`), or the whole file is deleted if it would be
+        left empty or its chains are torn. Older files only hold smaller offsets. Readers still
+        verify the message an offset points to. Returns the number of files deleted; raises
+        OSError if one cannot be deleted (recovery cannot go on)."""
+        deleted = 0
+        while self.files:
+            last = self.files[-1]
+            if last.begin_phy_offset < phy_offset and last.truncate_entries_from(phy_offset):
+                break
+            last.destroy(self._fs)
+            self.files.pop()
+            deleted += 1
+        if deleted:
+            log.info("index_files_dropped_after", phy_offset=phy_offset, count=deleted)
+        return deleted
+
+    def destroy(self) -> None:
+        for f in self.files:
+            f.destroy(self._fs)
+        self.files.clear()
+
+    def close(self) -> None:
+        """Unmap every file (no flush: call flush_all first)."""
+        for f in self.files:
+            f.close()
+        self.files.clear()
+
+    def file_headers(self) -> list[tuple[str, IndexHeader]]:
+        return [(f.name, f.header()) for f in self.files]
