@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import enum
 import importlib
 import importlib.util
@@ -31,6 +32,8 @@ from . import __version__
 from .config import ConfigError, StoreConfig
 from .log import configure_logging, get_logger
 from .storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, MessageRecord, RecordKind, read_record
+from .storage.fs import RealFileSystem
+from .storage.index import IndexFile
 
 __all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "load_config", "main"]
 
@@ -356,8 +359,6 @@ def _dump_one_queue(topic: str, queue_id: int, directory: Path) -> Iterator[dict
             buf.close()
 
 
-_INDEX_HEADER: Final = struct.Struct(">qqqqii")
-_INDEX_ENTRY: Final = struct.Struct(">iqii")
 _INDEX_NAME: Final = re.compile(r"^\d{17}$")
 
 
@@ -365,42 +366,32 @@ def dump_index(directory: Path, *, max_hash_slot_num: int) -> Iterator[dict[str,
     """Each index file's header, then its entries 1 .. indexCount-1 (§10.2, §10.4)."""
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
+    fs = RealFileSystem()
     for path in sorted(p for p in directory.iterdir() if _INDEX_NAME.match(p.name)):
-        buf = _map_readonly(path)
-        if buf is None or len(buf) < _INDEX_HEADER.size:
-            raise CliError(ExitCode.CORRUPT, f"{path} is shorter than an index header")
         try:
-            begin_ts, end_ts, begin_phy, end_phy, slots_used, index_count = _INDEX_HEADER.unpack_from(buf, 0)
-            index_count = max(index_count, 1)  # IndexHeader.load: a value <= 0 means 1
-            yield {
-                "file": path.name,
-                "kind": "header",
-                "begin_timestamp": begin_ts,
-                "end_timestamp": end_ts,
-                "begin_phy_offset": begin_phy,
-                "end_phy_offset": end_phy,
-                "hash_slot_count": slots_used,
-                "index_count": index_count,
-            }
-            entries_at = _INDEX_HEADER.size + max_hash_slot_num * 4
-            if entries_at + index_count * _INDEX_ENTRY.size > len(buf):
+            index_file = IndexFile.open_readonly(fs, str(path), max_hash_slot_num=max_hash_slot_num)
+        except ValueError as exc:
+            raise CliError(ExitCode.CORRUPT, f"{exc} (is --max-hash-slot-num right?)") from None
+        try:
+            header = index_file.header()
+            yield {"file": path.name, "kind": "header", **dataclasses.asdict(header)}
+            if header.index_count > index_file.max_index_num:
                 raise CliError(
                     ExitCode.CORRUPT,
-                    f"{path}: index_count {index_count} does not fit the file with {max_hash_slot_num} hash slots",
+                    f"{path}: index_count {header.index_count} exceeds the file's {index_file.max_index_num} entries",
                 )
-            for number in range(1, index_count):
-                key_hash, phy, time_diff_s, prev = _INDEX_ENTRY.unpack_from(buf, entries_at + number * _INDEX_ENTRY.size)
+            for entry in index_file.iter_entries():
                 yield {
                     "file": path.name,
                     "kind": "entry",
-                    "index": number,
-                    "key_hash": key_hash,
-                    "commitlog_offset": phy,
-                    "time_diff_s": time_diff_s,
-                    "prev_index": prev,
+                    "index": entry.entry_no,
+                    "key_hash": entry.key_hash,
+                    "commitlog_offset": entry.phy_offset,
+                    "time_diff_s": entry.time_diff,
+                    "prev_index": entry.prev_index,
                 }
         finally:
-            buf.close()
+            index_file.close()
 
 
 _CHECKPOINT: Final = struct.Struct(">qqq")

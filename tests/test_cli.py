@@ -264,3 +264,13 @@ def test_log_json_flag_logs_json_to_stderr(capsys: pytest.CaptureFixture[str]) -
     assert main(["-v", "--log-json", "dump", str(FIXTURES / "broker-sample-b"), "--what", "checkpoint"]) == 0
     err_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     assert any(json.loads(line)["event"] == "dump finished" for line in err_lines)
+
+
+def test_dump_index_with_the_wrong_slot_count_is_reported_not_misread(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "index").mkdir()
+    (tmp_path / "index" / "20210928092559372").write_bytes(bytes(40 + 8 * 4 + 4 * 20))
+    code, rows, err = run(capsys, "dump", str(tmp_path), "--what", "index", "--max-hash-slot-num", "9")
+    assert code == 3 and rows == []
+    assert "20210928092559372" in err
