@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,10 +47,15 @@ def real_fs() -> RealFileSystem:
     return RealFileSystem()
 
 
-def copy_fixture_commitlog(sample: str, dest: Path) -> str:
-    """A private copy of a broker sample's commitlog dir (fixtures are never modified)."""
-    target = dest / "commitlog"
-    shutil.copytree(FIXTURES / sample / "commitlog", target)
-    for name in os.listdir(target):
-        os.chmod(target / name, 0o644)
-    return str(target)
+@pytest.fixture
+def copy_commitlog(tmp_path: Path) -> Callable[[str], str]:
+    """Makes a private copy of a broker sample's commitlog dir (fixtures are never modified)."""
+
+    def copy(sample: str) -> str:
+        target = tmp_path / sample / "commitlog"
+        shutil.copytree(FIXTURES / sample / "commitlog", target)
+        for name in os.listdir(target):
+            os.chmod(target / name, 0o644)
+        return str(target)
+
+    return copy

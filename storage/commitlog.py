@@ -1,0 +1,637 @@
+"""The CommitLog: the writer side, recovery scans, and read-only views (spec §3.7, §6, §11).
+
+`CommitLog` is owned by one actor, the only writer of commitlog/. Records arrive already
+encoded (by `codec.encode_message` in the producer's thread, offsets 0); the writer only
+assigns the queue offset, the physical offset and the store timestamp, in place.
+
+`CommitLogReader` is for every other thread: its own read-only maps, reading only below a
+watermark it was told. `scan_commitlog_dir` walks a directory for tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Callable, Final
+
+from mqstore.log import get_logger
+from mqstore.storage.codec import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    END_FILE_MIN_BLANK_LENGTH,
+    MESSAGE_MAGIC_CODE,
+    SYSFLAG_POSITION,
+    TRANSACTION_MASK,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    HostAddress,
+    MessageRecord,
+    RecordKind,
+    RecordRead,
+    blank_record_header,
+    patch_record,
+    read_record,
+    store_timestamp_position,
+)
+from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
+from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
+from mqstore.storage.mapped_file_queue import Allocator, MappedFileQueue
+from mqstore.storage.status import (
+    AppendMessageResult,
+    AppendMessageStatus,
+    PutMessageResult,
+    PutMessageStatus,
+)
+
+__all__ = [
+    "CommitLog",
+    "CommitLogReader",
+    "EncodedRecord",
+    "ProgressCallback",
+    "scan_commitlog_dir",
+]
+
+log = get_logger(__name__)
+
+_II = struct.Struct(">ii")
+_I = struct.Struct(">i")
+_Q = struct.Struct(">q")
+_PROGRESS_STEP_BYTES: Final = 4 << 20
+
+# (bytes scanned so far, bytes to scan in total), for a progress bar.
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRecord:
+    """A V1 record encoded outside the writer, with the facts the writer needs to place it."""
+
+    data: bytes
+    topic: str
+    queue_id: int
+    sys_flag: int
+    store_host: HostAddress
+
+    @property
+    def queue_key(self) -> str:
+        return f"{self.topic}-{self.queue_id}"
+
+
+@functools.lru_cache(maxsize=64)
+def _msg_id_prefix(host: HostAddress) -> bytes:
+    return host.address_bytes() + _I.pack(host.port)
+
+
+def _msg_id(host: HostAddress, offset: int) -> str:
+    return (_msg_id_prefix(host) + _Q.pack(offset)).hex().upper()
+
+
+def _absolute(read: RecordRead, base: int) -> RecordRead:
+    return dataclasses.replace(read, offset=base + read.offset) if base else read
+
+
+def _put_status(append: AppendMessageStatus) -> PutMessageStatus:
+    if append is AppendMessageStatus.PUT_OK:
+        return PutMessageStatus.PUT_OK
+    if append in (AppendMessageStatus.MESSAGE_SIZE_EXCEEDED, AppendMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+        return PutMessageStatus.MESSAGE_ILLEGAL
+    return PutMessageStatus.UNKNOWN_ERROR
+
+
+class CommitLog:
+    """The commitlog directory, written by its owner only. Not thread-safe."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        store_path: str,
+        *,
+        mapped_file_size: int,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        clock_ms: Callable[[], int],
+        allocator: Allocator | None = None,
+        write_buffer_pool: WriteBufferPool | None = None,
+        create_on_allocator_failure: bool = False,
+        check_crc_on_recover: bool = True,
+    ) -> None:
+        assert mapped_file_size > END_FILE_MIN_BLANK_LENGTH
+        self.fs = fs
+        self.store_path = store_path
+        self.mapped_file_size = mapped_file_size
+        self.max_message_size = max_message_size
+        self.clock_ms = clock_ms
+        self.check_crc_on_recover = check_crc_on_recover
+        self.mapped_file_queue = MappedFileQueue(
+            fs, store_path, mapped_file_size, clock_ms=clock_ms, allocator=allocator,
+            create_on_allocator_failure=create_on_allocator_failure, write_buffer_pool=write_buffer_pool,
+        )  # fmt: skip
+        # "topic-queueId" -> the next queue offset (§6.4); recovery's caller fills it (§11.8).
+        self.topic_queue_table: dict[str, int] = {}
+        # The file a put left full, for the owner to munlock later (§6.5); it clears this.
+        self.last_full_file: MappedFile | None = None
+
+    def load(self) -> bool:
+        ok = self.mapped_file_queue.load()
+        log.info("commitlog loaded", ok=ok, files=len(self.mapped_file_queue.mapped_files))
+        return ok
+
+    # put path (§6.4, §6.7) ------------------------------------------------------------------
+    def put_message(self, record: EncodedRecord, now_ms: int) -> PutMessageResult:
+        """Append one record; `now_ms` becomes its store timestamp."""
+        size = len(record.data)
+        assert size >= 8 and _I.unpack_from(record.data, 0)[0] == size, "record TOTALSIZE disagrees with its bytes"
+        if size > self.max_message_size or size + END_FILE_MIN_BLANK_LENGTH > self.mapped_file_size:
+            log.warning("message too large", size=size, max_message_size=self.max_message_size)
+            return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
+        return self._put((record,), now_ms, batch=False)
+
+    def put_messages(self, records: Sequence[EncodedRecord], now_ms: int) -> PutMessageResult:
+        """Append a batch of one topic-queue contiguously in one file (never split)."""
+        assert records, "empty batch"
+        first = records[0]
+        assert all(r.topic == first.topic and r.queue_id == first.queue_id for r in records), "mixed batch"
+        if any(r.sys_flag & TRANSACTION_MASK != TRANSACTION_NOT_TYPE for r in records):
+            return PutMessageResult(status=PutMessageStatus.MESSAGE_ILLEGAL)
+        total = 0
+        for r in records:
+            size = len(r.data)
+            assert size >= 8 and _I.unpack_from(r.data, 0)[0] == size, "record TOTALSIZE disagrees with its bytes"
+            if size > self.max_message_size:
+                return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
+            total += size
+        # Java's encoder refuses a batch whose records sum past maxMessageSize; it must also
+        # fit a fresh file, or END_OF_FILE would repeat forever.
+        if total > self.max_message_size or total + END_FILE_MIN_BLANK_LENGTH > self.mapped_file_size:
+            log.warning("batch too large", size=total, max_message_size=self.max_message_size)
+            return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
+        return self._put(records, now_ms, batch=True)
+
+    @staticmethod
+    def _illegal(status: AppendMessageStatus) -> PutMessageResult:
+        return PutMessageResult(status=PutMessageStatus.MESSAGE_ILLEGAL, append_result=AppendMessageResult(status=status))
+
+    def _put(self, records: Sequence[EncodedRecord], now_ms: int, *, batch: bool) -> PutMessageResult:
+        queue = self.mapped_file_queue
+        mapped_file = queue.last_mapped_file
+        if mapped_file is None or mapped_file.is_full():
+            mapped_file = queue.get_last_mapped_file(0)
+        if mapped_file is None:
+            log.error("no commitlog file for a put")
+            return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+
+        def append(buf: bytearray, file_from_offset: int, position: int, max_blank: int) -> AppendMessageResult:
+            return self._do_append(buf, file_from_offset, position, max_blank, records, now_ms, batch)
+
+        result = mapped_file.append_message(append)
+        if result.status is AppendMessageStatus.END_OF_FILE:
+            self.last_full_file = mapped_file
+            mapped_file = queue.get_last_mapped_file(0)
+            if mapped_file is None:
+                log.error("no commitlog file after roll-over")
+                return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result)
+            result = mapped_file.append_message(append)
+        return PutMessageResult(status=_put_status(result.status), append_result=result)
+
+    def _do_append(
+        self,
+        buf: bytearray,
+        file_from_offset: int,
+        position: int,
+        max_blank: int,
+        records: Sequence[EncodedRecord],
+        now_ms: int,
+        batch: bool,
+    ) -> AppendMessageResult:
+        wrote_offset = file_from_offset + position
+        first = records[0]
+        key = first.queue_key
+        queue_offset = self.topic_queue_table.setdefault(key, 0)
+        total = sum(len(r.data) for r in records)
+        if total + END_FILE_MIN_BLANK_LENGTH > max_blank:
+            # §3.7: only the 8-byte header; the rest of the file stays zero.
+            buf[position : position + END_FILE_MIN_BLANK_LENGTH] = blank_record_header(max_blank)
+            return AppendMessageResult(
+                status=AppendMessageStatus.END_OF_FILE, wrote_offset=wrote_offset, wrote_bytes=max_blank,
+                store_timestamp=now_ms, logics_offset=queue_offset, msg_num=0,
+            )  # fmt: skip
+        tran_type = first.sys_flag & TRANSACTION_MASK
+        advances = batch or tran_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+        first_queue_offset = queue_offset if advances else 0
+        msg_ids = []
+        pos = position
+        next_queue_offset = queue_offset
+        for r in records:
+            size = len(r.data)
+            buf[pos : pos + size] = r.data
+            # PREPARED/ROLLBACK are stored with queue offset 0 and do not advance the counter (§3.9).
+            patch_record(
+                buf, pos, queue_offset=next_queue_offset if advances else 0,
+                commitlog_offset=file_from_offset + pos, store_timestamp=now_ms,
+            )  # fmt: skip
+            msg_ids.append(_msg_id(r.store_host, file_from_offset + pos))
+            if advances:
+                next_queue_offset += 1
+            pos += size
+        if advances:
+            self.topic_queue_table[key] = next_queue_offset
+        return AppendMessageResult(
+            status=AppendMessageStatus.PUT_OK, wrote_offset=wrote_offset, wrote_bytes=total,
+            msg_id=",".join(msg_ids), store_timestamp=now_ms, logics_offset=first_queue_offset,
+            msg_num=len(records), page_cache_rt_ms=max(self.clock_ms() - now_ms, 0),
+        )  # fmt: skip
+
+    # offsets, flush, commit ---------------------------------------------------------------
+    def get_max_offset(self) -> int:
+        return self.mapped_file_queue.max_offset()
+
+    def get_min_offset(self) -> int:
+        """§11.8: the first file's start, or the next file's if the first is being deleted."""
+        first = self.mapped_file_queue.first_mapped_file
+        if first is None:
+            return -1
+        return first.file_from_offset if first.is_available() else self.roll_next_file(first.file_from_offset)
+
+    def roll_next_file(self, offset: int) -> int:
+        return offset + self.mapped_file_size - offset % self.mapped_file_size
+
+    @property
+    def flushed_where(self) -> int:
+        return self.mapped_file_queue.flushed_where
+
+    @property
+    def committed_where(self) -> int:
+        return self.mapped_file_queue.committed_where
+
+    def flush(self, least_pages: int) -> bool:
+        """True when nothing moved (one file per call)."""
+        return self.mapped_file_queue.flush(least_pages)
+
+    def commit(self, least_pages: int) -> bool:
+        return self.mapped_file_queue.commit(least_pages)
+
+    # cleaning (delegated; the cleaner decides, the owner deletes) ----------------------------
+    def delete_expired_file(
+        self, expired_ms: int, interval_ms: int, forcibly_ms: int, clean_immediately: bool, now_ms: int,
+        sleep_ms: Callable[[int], None],
+    ) -> int:  # fmt: skip
+        return self.mapped_file_queue.delete_expired_file_by_time(
+            expired_ms, interval_ms, forcibly_ms, clean_immediately, now_ms, sleep_ms
+        )
+
+    def retry_delete_first_file(self, interval_ms: int, now_ms: int) -> bool:
+        return self.mapped_file_queue.retry_delete_first_file(interval_ms, now_ms)
+
+    def destroy(self) -> None:
+        self.mapped_file_queue.destroy()
+
+    def shutdown(self) -> None:
+        self.mapped_file_queue.shutdown(0)
+
+    # reading (owner side) ------------------------------------------------------------------
+    def get_data(self, offset: int, max_bytes: int | None = None) -> tuple[int, bytes] | None:
+        """(start offset, bytes) from `offset` to its file's readable end (§13.5); reading offset
+        0 after old files were deleted starts at the first existing file."""
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset, offset == 0)
+        if mapped_file is None:
+            return None
+        pos = offset % self.mapped_file_size
+        if max_bytes is not None:
+            size = min(max_bytes, mapped_file.read_position - pos)
+            data = mapped_file.select(pos, size) if size > 0 else None
+        else:
+            data = mapped_file.select(pos)
+        return (mapped_file.file_from_offset + pos, data) if data is not None else None
+
+    def get_message(self, offset: int, size: int) -> bytes | None:
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset, offset == 0)
+        if mapped_file is None:
+            return None
+        return mapped_file.select(offset % self.mapped_file_size, size)
+
+    def pickup_store_timestamp(self, offset: int, size: int) -> int:
+        """STORETIMESTAMP of the message at [offset, offset+size), or -1 if not readable (§9.5)."""
+        if offset < self.get_min_offset():
+            return -1
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset, offset == 0)
+        if mapped_file is None:
+            return -1
+        pos = offset % self.mapped_file_size
+        header = mapped_file.select(pos, size)
+        if header is None or size < SYSFLAG_POSITION + 4:
+            return -1
+        sys_flag = _I.unpack_from(header, SYSFLAG_POSITION)[0]
+        ts_pos = store_timestamp_position(sys_flag)
+        if ts_pos + 8 > size:
+            return -1
+        return int(_Q.unpack_from(header, ts_pos)[0])
+
+    def read_record_at(self, offset: int, check_crc: bool = False, read_body: bool = True) -> RecordRead | None:
+        """The record at `offset` (absolute offset in the result); None if no file holds it."""
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        if mapped_file is None:
+            return None
+        return self._read_in(mapped_file, offset - mapped_file.file_from_offset, mapped_file.read_position,
+                             check_crc, read_body)  # fmt: skip
+
+    def _read_in(self, mapped_file: MappedFile, pos: int, limit: int, check_crc: bool, read_body: bool) -> RecordRead | None:
+        if not mapped_file.hold():
+            return None
+        try:
+            read = read_record(
+                mapped_file.mapped_buffer, pos, limit, check_crc=check_crc, read_body=read_body,
+                max_message_size=self.max_message_size,
+            )  # fmt: skip
+        finally:
+            mapped_file.release()
+        return _absolute(read, mapped_file.file_from_offset)
+
+    def iter_records(
+        self, from_offset: int, to_offset: int | None = None, *, check_crc: bool = False, read_body: bool = True
+    ) -> Iterator[RecordRead]:
+        """Records from `from_offset` with absolute offsets: MESSAGE and BLANK (then the next
+        file); ends with END_OF_DATA or CORRUPT, or silently at `to_offset` / a missing file."""
+        offset = from_offset
+        queue = self.mapped_file_queue
+        while to_offset is None or offset < to_offset:
+            mapped_file = queue.find_mapped_file_by_offset(offset)
+            if mapped_file is None:
+                if offset == queue.max_offset():
+                    yield RecordRead(RecordKind.END_OF_DATA, offset, 0, reason="end of the commitlog")
+                return
+            limit = mapped_file.read_position
+            if to_offset is not None:
+                limit = min(limit, to_offset - mapped_file.file_from_offset)
+            read = self._read_in(mapped_file, offset - mapped_file.file_from_offset, limit, check_crc, read_body)
+            if read is None:
+                return
+            yield read
+            if read.kind is RecordKind.MESSAGE:
+                offset += read.size
+            elif read.kind is RecordKind.BLANK:
+                offset = self.roll_next_file(offset)
+            else:
+                return
+
+    # recovery (§11.5, §11.6) --------------------------------------------------------------------
+    def recover_normally(self, max_phy_offset_of_consume_queue: int, progress: ProgressCallback | None = None) -> int:
+        """After a clean shutdown: scan the last three files, truncate after the last valid
+        record, and return that offset (the caller truncates queues if they reach past it)."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return 0
+        index = max(0, len(files) - 3)
+        process_offset = self._scan_for_recovery(index, None, progress)
+        self._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
+        return process_offset
+
+    def recover_abnormally(
+        self,
+        min_timestamp: int,
+        dispatch: Callable[[MessageRecord], None],
+        progress: ProgressCallback | None = None,
+        max_phy_offset_of_consume_queue: int = -1,
+    ) -> int:
+        """After a crash: start at the newest file whose first message is not newer than
+        `min_timestamp` (the checkpoint's), dispatch every valid message from there, truncate
+        after the last one and return its end. No files: returns 0 (destroy the queues)."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            self.mapped_file_queue.flushed_where = self.mapped_file_queue.committed_where = 0
+            return 0
+        index = 0
+        for i in range(len(files) - 1, -1, -1):
+            if self.is_mapped_file_matched_recover(files[i], min_timestamp):
+                index = i
+                log.info("abnormal recovery starts at", file=files[i].file_name)
+                break
+        process_offset = self._scan_for_recovery(index, dispatch, progress)
+        self._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
+        return process_offset
+
+    @staticmethod
+    def is_mapped_file_matched_recover(mapped_file: MappedFile, min_timestamp: int) -> bool:
+        buf = mapped_file.mapped_buffer
+        magic = _I.unpack_from(buf, 4)[0]
+        if magic != MESSAGE_MAGIC_CODE:
+            return False
+        sys_flag = _I.unpack_from(buf, SYSFLAG_POSITION)[0]
+        store_ts = _Q.unpack_from(buf, store_timestamp_position(sys_flag))[0]
+        return store_ts != 0 and store_ts <= min_timestamp
+
+    def _scan_for_recovery(
+        self, index: int, dispatch: Callable[[MessageRecord], None] | None, progress: ProgressCallback | None
+    ) -> int:
+        files = self.mapped_file_queue.mapped_files
+        total_bytes = (len(files) - index) * self.mapped_file_size
+        scanned_before = 0
+        next_report = 0
+        mapped_file = files[index]
+        file_offset = 0
+        while True:
+            read = read_record(
+                mapped_file.mapped_buffer, file_offset, self.mapped_file_size, check_crc=self.check_crc_on_recover,
+                read_body=True, max_message_size=self.max_message_size,
+            )  # fmt: skip
+            if read.kind is RecordKind.MESSAGE:
+                if dispatch is not None:
+                    assert read.record is not None
+                    dispatch(read.record)
+                file_offset += read.size
+                if progress is not None and scanned_before + file_offset >= next_report:
+                    progress(scanned_before + file_offset, total_bytes)
+                    next_report = scanned_before + file_offset + _PROGRESS_STEP_BYTES
+            elif read.kind is RecordKind.BLANK:
+                index += 1
+                scanned_before += self.mapped_file_size
+                if index >= len(files):
+                    log.info("recovery reached the last file's end", file=mapped_file.file_name)
+                    break
+                mapped_file = files[index]
+                file_offset = 0
+            else:
+                if read.kind is RecordKind.CORRUPT:
+                    log.warning("recovery stops at a damaged record", file=mapped_file.file_name,
+                                position=file_offset, reason=read.reason)  # fmt: skip
+                break
+        if progress is not None:
+            progress(total_bytes, total_bytes)
+        return mapped_file.file_from_offset + file_offset
+
+    def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
+        queue = self.mapped_file_queue
+        queue.flushed_where = queue.committed_where = process_offset
+        queue.truncate_dirty_files(process_offset)
+        log.info("commitlog recovered", max_offset=process_offset,
+                 consume_queue_past_end=max_phy_offset_of_consume_queue >= process_offset)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers for other threads and tools
+
+
+class CommitLogReader:
+    """A read-only view of a commitlog directory for one reader thread. Not thread-safe.
+
+    Reads only below `limit` (the watermark its owner was told). A segment deleted underneath
+    reads as None, never as an exception.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        store_path: str,
+        *,
+        mapped_file_size: int,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        limit: int = 0,
+    ) -> None:
+        self.fs = fs
+        self.store_path = store_path
+        self.mapped_file_size = mapped_file_size
+        self.max_message_size = max_message_size
+        self.limit = limit
+        self._regions: dict[int, MappedRegion] = {}
+        self.refresh()
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+
+    def refresh(self) -> None:
+        """Map new segment files and drop the ones that were deleted."""
+        try:
+            names = self.fs.listdir(self.store_path) if self.fs.isdir(self.store_path) else []
+        except OSError:
+            names = []
+        present: set[int] = set()
+        for name in names:
+            if len(name) != 20 or not name.isdigit():
+                continue
+            start = int(name)
+            present.add(start)
+            if start in self._regions:
+                continue
+            try:
+                self._regions[start] = self.fs.map_file(
+                    os.path.join(self.store_path, name), self.mapped_file_size, create=False, readonly=True
+                )
+            except (OSError, ValueError):
+                present.discard(start)  # being created (not yet full size) or just deleted
+        for start in [s for s in self._regions if s not in present]:
+            self._regions.pop(start).close()
+
+    def close(self) -> None:
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
+
+    def min_offset(self) -> int:
+        return min(self._regions) if self._regions else -1
+
+    def _region_for(self, offset: int) -> tuple[int, MappedRegion] | None:
+        start = offset - offset % self.mapped_file_size
+        region = self._regions.get(start)
+        if region is None:
+            self.refresh()
+            region = self._regions.get(start)
+        return (start, region) if region is not None else None
+
+    def _limit(self, limit: int | None) -> int:
+        return self.limit if limit is None else limit
+
+    def read(self, offset: int, size: int, *, limit: int | None = None) -> bytes | None:
+        """Bytes [offset, offset+size) if all below the limit and in one existing segment."""
+        found = self._region_for(offset)
+        if found is None or size < 0 or offset + size > self._limit(limit):
+            return None
+        start, region = found
+        pos = offset - start
+        if pos + size > self.mapped_file_size:
+            return None
+        try:
+            return bytes(region.buf[pos : pos + size])
+        except ValueError:  # unmapped underneath
+            return None
+
+    def read_record(
+        self, offset: int, *, limit: int | None = None, check_crc: bool = False, read_body: bool = True
+    ) -> RecordRead | None:
+        found = self._region_for(offset)
+        if found is None:
+            return None
+        start, region = found
+        end = min(self._limit(limit) - start, self.mapped_file_size)
+        try:
+            read = read_record(region.buf, offset - start, max(end, 0), check_crc=check_crc, read_body=read_body,
+                               max_message_size=self.max_message_size)  # fmt: skip
+        except ValueError:
+            return None
+        return _absolute(read, start)
+
+    def iter_records(
+        self, from_offset: int, to_offset: int | None = None, *, check_crc: bool = False, read_body: bool = True
+    ) -> Iterator[RecordRead]:
+        """As `CommitLog.iter_records`, bounded by `to_offset` (default: the limit)."""
+        end = self._limit(to_offset)
+        offset = from_offset
+        while offset < end:
+            read = self.read_record(offset, limit=end, check_crc=check_crc, read_body=read_body)
+            if read is None:
+                return
+            yield read
+            if read.kind is RecordKind.MESSAGE:
+                offset += read.size
+            elif read.kind is RecordKind.BLANK:
+                offset += self.mapped_file_size - offset % self.mapped_file_size
+            else:
+                return
+
+
+def scan_commitlog_dir(
+    path: str,
+    *,
+    check_crc: bool = False,
+    read_body: bool = True,
+    segment_size: int | None = None,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    fs: FileSystem | None = None,
+) -> Iterator[RecordRead]:
+    """Every record of every segment in `path`, for tools (absolute offsets).
+
+    Each file is read from its start until a BLANK, END_OF_DATA or CORRUPT record (which is
+    yielded too), then the next file follows. A file of the wrong size is reported as CORRUPT
+    at its start offset. The segment size defaults to the first file's length.
+    """
+    fs = fs or RealFileSystem()
+    names = [n for n in fs.listdir(path) if len(n) == 20 and n.isdigit()]
+    if not names:
+        return
+    if segment_size is None:
+        segment_size = fs.getsize(os.path.join(path, names[0]))
+    for name in names:
+        start = int(name)
+        file_path = os.path.join(path, name)
+        try:
+            size = fs.getsize(file_path)
+            if size != segment_size:
+                yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"file is {size} bytes, expected {segment_size}")
+                continue
+            region = fs.map_file(file_path, segment_size, create=False, readonly=True)
+        except OSError as exc:
+            yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
+            continue
+        try:
+            pos = 0
+            while True:
+                read = read_record(region.buf, pos, segment_size, check_crc=check_crc, read_body=read_body,
+                                   max_message_size=max_message_size)  # fmt: skip
+                yield _absolute(read, start)
+                if read.kind is not RecordKind.MESSAGE:
+                    break
+                pos += read.size
+        finally:
+            region.close()
+
