@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.OK
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug or an unexpected OS error: traceback in the log, exit 1
+        log.exception("command failed", command=args.command)
+        print(f"mqstore {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return ExitCode.FAILURE
 
 
 def build_parser() -> argparse.ArgumentParser:

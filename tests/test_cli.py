@@ -274,3 +274,16 @@ def test_dump_index_with_the_wrong_slot_count_is_reported_not_misread(
     code, rows, err = run(capsys, "dump", str(tmp_path), "--what", "index", "--max-hash-slot-num", "9")
     assert code == 3 and rows == []
     assert "20210928092559372" in err
+
+
+def test_an_unexpected_error_is_exit_1_with_a_message(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "commitlog").mkdir()
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cli, "dump_commitlog", broken)
+    assert main(["dump", str(tmp_path)]) == ExitCode.FAILURE == 1
+    assert "Permission denied" in capsys.readouterr().err
