@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import bisect
+import contextlib
 import dataclasses
 import enum
 import importlib
@@ -24,14 +26,15 @@ import os
 import re
 import struct
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
 
 from . import __version__
 from .config import ConfigError, StoreConfig
 from .log import configure_logging, get_logger
-from .storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, MessageRecord, RecordKind, read_record
+from .storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, MessageRecord, RecordKind
+from .storage.commitlog import scan_commitlog_dir
 from .storage.fs import RealFileSystem
 from .storage.index import IndexFile
 
@@ -261,65 +264,43 @@ def dump_commitlog(directory: Path, *, max_message_size_bytes: int) -> Iterator[
 
     The segment size is the first file's length, so a broker's directory with any segment size
     reads as well as ours. A blank END_OF_FILE record moves on to the next file; unwritten
-    (zero) space ends the log.
+    (zero) space ends the log, and later files (pre-allocated ones) must then be unwritten too.
     """
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
     files = _segment_files(directory)
-    if not files:
+    if not files or files[0].stat().st_size == 0:
         return
     segment_size = files[0].stat().st_size
-    first_start = int(files[0].name)
-    for index, path in enumerate(files):
-        start = int(path.name)
-        if start != first_start + index * segment_size:
-            raise CliError(ExitCode.CORRUPT, f"{path}: expected a segment starting at {first_start + index * segment_size}")
-        buf = _map_readonly(path)
-        if buf is None:
-            return  # an empty file: nothing was ever written here
-        try:
-            ended = yield from _dump_segment(path, start, buf, max_message_size_bytes)
-        finally:
-            buf.close()
-        if ended:
-            _expect_no_data_after(files[index + 1 :], path)
-            return
+    starts = [int(p.name) for p in files]
+    for k, start in enumerate(starts):
+        if start != starts[0] + k * segment_size:
+            raise CliError(ExitCode.CORRUPT, f"{files[k]}: expected a segment starting at {starts[0] + k * segment_size}")
 
+    def file_of(offset: int) -> Path:
+        return files[bisect.bisect_right(starts, offset) - 1]
 
-def _dump_segment(
-    path: Path, start: int, buf: mmap.mmap, max_message_size_bytes: int
-) -> Generator[dict[str, Any], None, bool]:
-    """Yield the segment's messages; return True if the log ends inside this segment."""
-    pos = 0
-    while True:
-        found = read_record(buf, pos, check_crc=True, max_message_size=max_message_size_bytes)
-        if found.kind is RecordKind.MESSAGE:
-            assert found.record is not None and found.size > 0
-            yield commitlog_row(found.record)
-            pos += found.size
-        elif found.kind is RecordKind.BLANK:
-            return False
-        elif found.kind is RecordKind.END_OF_DATA:
-            return True
-        else:
-            raise CliError(
-                ExitCode.CORRUPT,
-                f"corrupt record in {path} at file position {pos} (commitlog offset {start + pos}): {found.reason}",
-            )
-
-
-def _expect_no_data_after(rest: list[Path], last: Path) -> None:
-    """After the end of the log, later segments may exist (pre-allocated) but must be unwritten."""
-    for path in rest:
-        buf = _map_readonly(path)
-        if buf is None:
-            continue
-        try:
-            kind = read_record(buf, 0).kind
-        finally:
-            buf.close()
-        if kind is not RecordKind.END_OF_DATA:
-            raise CliError(ExitCode.CORRUPT, f"{path} holds data although the log ended in {last}")
+    ended_in: Path | None = None
+    scan = scan_commitlog_dir(
+        str(directory), check_crc=True, segment_size=segment_size, max_message_size=max_message_size_bytes
+    )
+    with contextlib.closing(scan):
+        for found in scan:
+            path = file_of(found.offset)
+            if ended_in is not None and found.kind is not RecordKind.END_OF_DATA:
+                raise CliError(ExitCode.CORRUPT, f"{path} holds data although the log ended in {ended_in}")
+            if found.kind is RecordKind.MESSAGE:
+                assert found.record is not None
+                yield commitlog_row(found.record)
+            elif found.kind is RecordKind.END_OF_DATA:
+                ended_in = path
+            elif found.kind is RecordKind.CORRUPT:
+                position = found.offset - int(path.name)
+                raise CliError(
+                    ExitCode.CORRUPT,
+                    f"corrupt record in {path} at file position {position} "
+                    f"(commitlog offset {found.offset}): {found.reason}",
+                )
 
 
 def dump_consume_queues(
