@@ -1,0 +1,115 @@
+"""The store checkpoint file `<root>/checkpoint` (spec §11.1).
+
+A mapped 4096-byte file whose first three longs say up to which store timestamp the
+CommitLog, the ConsumeQueues and the index files were durable. Recovery after a crash starts
+from the commitlog file whose first message is older than `get_min_timestamp()`.
+RocketMQ 5.x adds masterFlushedOffset (offset 24) and confirmPhyOffset (offset 32): we read
+them when present and never write them, so a 5.x file keeps its values.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from mqstore.storage.fs import FileSystem
+
+__all__ = ["CHECKPOINT_FILE_SIZE", "CheckpointValues", "StoreCheckpoint", "read_checkpoint"]
+
+CHECKPOINT_FILE_SIZE: Final = 4096
+_THREE_LONGS = struct.Struct(">qqq")
+_FIVE_LONGS = struct.Struct(">qqqqq")
+# Recovery starts this far before the older of the commitlog/consume-queue timestamps.
+_MIN_TIMESTAMP_MARGIN_MS: Final = 3000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointValues:
+    physic_msg_timestamp: int
+    logics_msg_timestamp: int
+    index_msg_timestamp: int
+    master_flushed_offset: int | None = None  # 5.x only; None when zero
+    confirm_phy_offset: int | None = None  # 5.x only; None when zero
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview) -> CheckpointValues:
+        if len(data) < _FIVE_LONGS.size:
+            data = bytes(data) + bytes(_FIVE_LONGS.size - len(data))  # a short file reads as zeros
+        phy, logics, index, master_flushed, confirm = _FIVE_LONGS.unpack_from(data, 0)
+        return cls(
+            physic_msg_timestamp=phy,
+            logics_msg_timestamp=logics,
+            index_msg_timestamp=index,
+            master_flushed_offset=master_flushed or None,
+            confirm_phy_offset=confirm or None,
+        )
+
+    def min_timestamp(self) -> int:
+        return max(0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - _MIN_TIMESTAMP_MARGIN_MS)
+
+    def min_timestamp_index(self) -> int:
+        return min(self.min_timestamp(), self.index_msg_timestamp)
+
+
+def read_checkpoint(fs: FileSystem, path: str) -> CheckpointValues:
+    """The values of a checkpoint file, read-only (for tools). Raises FileNotFoundError."""
+    return CheckpointValues.unpack(fs.read_bytes(path)[: _FIVE_LONGS.size])
+
+
+class StoreCheckpoint:
+    """The checkpoint, mapped. The timestamps change in memory; `flush()` writes and forces
+    them. Not thread-safe: the flush actor owns it and the others report to it."""
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self.path = path
+        existed = fs.exists(path)
+        values = CheckpointValues(physic_msg_timestamp=0, logics_msg_timestamp=0, index_msg_timestamp=0)
+        if existed and fs.getsize(path) != CHECKPOINT_FILE_SIZE:
+            # Java's map() silently extends a short file; our file layer maps exact sizes only,
+            # so re-create it at 4096 bytes with the old content in front.
+            old = fs.read_bytes(path)[:CHECKPOINT_FILE_SIZE]
+            values = CheckpointValues.unpack(old)
+            fs.write_atomic(path, old + bytes(CHECKPOINT_FILE_SIZE - len(old)))
+        self._region = fs.map_file(path, CHECKPOINT_FILE_SIZE)
+        if existed:
+            values = CheckpointValues.unpack(self._region.buf[: _FIVE_LONGS.size])
+        self.physic_msg_timestamp: int = values.physic_msg_timestamp
+        self.logics_msg_timestamp: int = values.logics_msg_timestamp
+        self.index_msg_timestamp: int = values.index_msg_timestamp
+        self.master_flushed_offset: Final = values.master_flushed_offset
+        self.confirm_phy_offset: Final = values.confirm_phy_offset
+        self._closed = False
+
+    def values(self) -> CheckpointValues:
+        return CheckpointValues(
+            physic_msg_timestamp=self.physic_msg_timestamp,
+            logics_msg_timestamp=self.logics_msg_timestamp,
+            index_msg_timestamp=self.index_msg_timestamp,
+            master_flushed_offset=self.master_flushed_offset,
+            confirm_phy_offset=self.confirm_phy_offset,
+        )
+
+    def get_min_timestamp(self) -> int:
+        """max(0, min(physic, logics) - 3 s): where crash recovery may start."""
+        return self.values().min_timestamp()
+
+    def get_min_timestamp_index(self) -> int:
+        """min(get_min_timestamp(), index): the start when messageIndexSafe is on."""
+        return self.values().min_timestamp_index()
+
+    def flush(self) -> None:
+        """Write the three longs (never the 5.x ones) and force. Raises OSError on I/O error."""
+        if self._closed:
+            raise OSError(errno.EBADF, "checkpoint is closed", self.path)
+        _THREE_LONGS.pack_into(
+            self._region.buf, 0, self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
+        )
+        self._region.flush(0, CHECKPOINT_FILE_SIZE)
+
+    def close(self) -> None:
+        """Unmap without flushing (4.4.0's shutdown flushes first, then closes)."""
+        if not self._closed:
+            self._closed = True
+            self._region.close()

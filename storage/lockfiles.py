@@ -1,0 +1,181 @@
+"""The `lock` and `abort` files of a store root (spec §11.2).
+
+`lock` keeps a second store (another process, or another store object in this process) off
+the same directory: an exclusive lock on byte range [0, 1), then the ASCII bytes "lock",
+forced. Classic POSIX record locks belong to the process, so a second `lockf` from the same
+process would succeed silently; an in-process registry keyed by the real path catches that
+case (and we use Linux OFD locks where available, see `_lock_byte_zero`). On a `SimulatedFileSystem` the registry alone is the lock (keyed by the fs object too).
+
+`abort` exists while a store runs; finding it at start means the last run crashed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import sys
+import threading
+from typing import Final
+
+from mqstore.log import get_logger
+from mqstore.storage.fs import FileSystem, RealFileSystem
+
+__all__ = ["ABORT_FILE_NAME", "LOCK_FILE_NAME", "AbortFile", "StoreLock", "StoreLockedError"]
+
+LOCK_FILE_NAME: Final = "lock"
+ABORT_FILE_NAME: Final = "abort"
+_LOCK_CONTENT: Final = b"lock"
+
+log = get_logger(__name__)
+
+# (id of the fs object or 0 for real files, real path) of every lock held in this process.
+_held: set[tuple[int, str]] = set()
+_held_guard = threading.Lock()
+
+
+class StoreLockedError(RuntimeError):
+    """Another store holds the lock file: "Lock failed, MQ already started" in RocketMQ."""
+
+
+# A classic POSIX record lock (lockf) is dropped when the process closes *any* descriptor of
+# the file, e.g. a tool in the host process reading `lock`. Linux open-file-description locks
+# (F_OFD_SETLK) belong to our descriptor only, and still conflict with the classic locks that
+# Java's FileChannel.tryLock and other processes take. So: OFD where we know the struct flock
+# layout (64-bit Linux), lockf elsewhere.
+_OFD_SETLK: Final[int | None] = getattr(fcntl, "F_OFD_SETLK", None)
+_FLOCK = struct.Struct("@hhqqi4x")  # l_type, l_whence, l_start, l_len, l_pid (must be 0 for OFD)
+_USE_OFD: Final = (
+    _OFD_SETLK is not None and sys.platform.startswith("linux") and sys.maxsize > 2**32 and _FLOCK.size == 32
+)
+
+
+def _lock_byte_zero(fd: int) -> None:
+    """Exclusive, non-blocking lock on byte range [0, 1); OSError (EAGAIN/EACCES) if taken."""
+    if _USE_OFD:
+        assert _OFD_SETLK is not None
+        fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+
+
+def _unlock_byte_zero(fd: int) -> None:
+    if _USE_OFD:
+        assert _OFD_SETLK is not None
+        fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StoreLock:
+    """The store's `lock` file. Not thread-safe; `acquire` once, `release` once.
+
+    Usage: `with StoreLock(fs, os.path.join(root, "lock")): ...` or `acquire()`/`release()`.
+    """
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self._fs = fs
+        self.path = path
+        self._real = isinstance(fs, RealFileSystem)
+        self._key: tuple[int, str] | None = None
+        self._fd: int | None = None
+
+    @property
+    def locked(self) -> bool:
+        return self._key is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise StoreLockedError naming the path. OSError on I/O errors."""
+        assert self._key is None, "already acquired"
+        self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
+        key = (0, os.path.realpath(self.path)) if self._real else (id(self._fs), os.path.normpath(self.path))
+        with _held_guard:
+            if key in _held:
+                raise StoreLockedError(f"lock failed, store already started in this process: {self.path}")
+            _held.add(key)
+        try:
+            if self._real:
+                self._fd = self._lock_real()
+            else:
+                self._fs.write_atomic(self.path, _LOCK_CONTENT)
+        except BaseException:
+            with _held_guard:
+                _held.discard(key)
+            raise
+        self._key = key
+        log.info("store_lock_acquired", path=self.path)
+
+    def _lock_real(self) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                _lock_byte_zero(fd)
+            except OSError as e:
+                # EACCES or EAGAIN: another process holds it.
+                raise StoreLockedError(
+                    f"lock failed, store already started by another process: {self.path} ({e.strerror})"
+                ) from e
+            os.pwrite(fd, _LOCK_CONTENT, 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)  # closing drops the record lock too
+            raise
+        return fd
+
+    def release(self) -> None:
+        """Unlock and close; the file stays (RocketMQ never deletes it). Idempotent."""
+        if self._key is None:
+            return
+        if self._fd is not None:
+            try:
+                _unlock_byte_zero(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+        with _held_guard:
+            _held.discard(self._key)
+        self._key = None
+        log.info("store_lock_released", path=self.path)
+
+    close = release
+
+    def __enter__(self) -> StoreLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
+class AbortFile:
+    """The `abort` marker. Creation is durable (file and directory fsynced) because its
+    presence after a crash is what makes the next start recover abnormally."""
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self._fs = fs
+        self.path = path
+
+    def exists(self) -> bool:
+        return self._fs.exists(self.path)
+
+    def create(self) -> None:
+        """Create (or keep) the empty marker. Raises OSError on I/O errors."""
+        self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
+        self._fs.write_atomic(self.path, b"")  # temp file, fsync, rename, fsync directory
+
+    def remove(self) -> None:
+        """Delete the marker after a clean shutdown. A missing marker is fine."""
+        if not self._fs.exists(self.path):
+            return
+        self._fs.remove(self.path)
+        if isinstance(self._fs, RealFileSystem):
+            # Not strictly needed (a lost removal only costs an abnormal recovery), but cheap.
+            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))

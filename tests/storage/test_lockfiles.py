@@ -1,0 +1,130 @@
+"""The `lock` and `abort` files (spec §11.2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mqstore.storage.fs import RealFileSystem, SimulatedFileSystem
+from mqstore.storage.lockfiles import AbortFile, StoreLock, StoreLockedError
+
+TRY_LOCK_IN_ANOTHER_PROCESS = """
+import sys
+from mqstore.storage.fs import RealFileSystem
+from mqstore.storage.lockfiles import StoreLock, StoreLockedError
+try:
+    StoreLock(RealFileSystem(), sys.argv[1]).acquire()
+except StoreLockedError as e:
+    print("LOCKED", e)
+else:
+    print("ACQUIRED")
+"""
+
+
+def other_process_tries(path: Path) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", TRY_LOCK_IN_ANOTHER_PROCESS, str(path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_lock_writes_lock_bytes_and_keeps_another_process_out(tmp_path: Path) -> None:
+    path = tmp_path / "lock"
+    with StoreLock(RealFileSystem(), str(path)) as lock:
+        assert lock.locked
+        assert path.read_bytes() == b"lock"  # opening and closing the file must not drop the lock
+        answer = other_process_tries(path)
+        assert answer.startswith("LOCKED") and str(path) in answer
+    assert other_process_tries(path) == "ACQUIRED"  # released on close
+
+
+HOLD_CLASSIC_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)  # what Java's FileChannel.tryLock(0, 1) takes
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_classic_posix_lock_held_elsewhere_keeps_us_out(tmp_path: Path) -> None:
+    path = tmp_path / "lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CLASSIC_LOCK, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreLockedError, match="another process"):
+            StoreLock(RealFileSystem(), str(path)).acquire()
+    finally:
+        holder.communicate("\n", timeout=60)
+    with StoreLock(RealFileSystem(), str(path)):
+        pass
+
+
+def test_second_lock_in_the_same_process_fails_with_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "lock"
+    first = StoreLock(RealFileSystem(), str(path))
+    first.acquire()
+    # A different spelling of the same file is the same lock (keyed by real path).
+    alias = tmp_path / "." / "lock"
+    with pytest.raises(StoreLockedError, match=str(tmp_path)):
+        StoreLock(RealFileSystem(), str(alias)).acquire()
+    first.release()
+    second = StoreLock(RealFileSystem(), str(alias))
+    second.acquire()
+    second.release()
+    second.release()  # idempotent
+
+
+def test_lock_keeps_existing_content_beyond_the_four_bytes_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "lock"
+    path.write_bytes(b"xxxxyz")
+    with StoreLock(RealFileSystem(), str(path)):
+        assert path.read_bytes() == b"lockyz"  # Java writes 4 bytes at position 0, no truncation
+
+
+def test_simulated_fs_lock_is_an_in_process_registry_per_fs() -> None:
+    fs = SimulatedFileSystem()
+    other_fs = SimulatedFileSystem()
+    with StoreLock(fs, "/store/lock"):
+        assert fs.read_bytes("/store/lock") == b"lock"
+        with pytest.raises(StoreLockedError, match="/store/lock"):
+            StoreLock(fs, "/store/lock").acquire()
+        with StoreLock(other_fs, "/store/lock"):  # another simulated disk: another file
+            pass
+    with StoreLock(fs, "/store/lock"):
+        pass
+
+
+def test_failed_lock_write_leaves_no_registration() -> None:
+    fs = SimulatedFileSystem()
+    fs.inject_fault("write", path_contains="lock")
+    with pytest.raises(OSError):
+        StoreLock(fs, "/s/lock").acquire()
+    with StoreLock(fs, "/s/lock"):
+        pass
+
+
+@pytest.mark.parametrize("real", [True, False])
+def test_abort_file_create_exists_remove(real: bool, tmp_path: Path) -> None:
+    fs = RealFileSystem() if real else SimulatedFileSystem()
+    path = str(tmp_path / "abort") if real else "/store/abort"
+    abort = AbortFile(fs, path)
+    assert not abort.exists()
+    abort.create()
+    assert abort.exists() and fs.read_bytes(path) == b""
+    abort.create()  # idempotent
+    abort.remove()
+    assert not abort.exists()
+    abort.remove()  # a missing marker is fine
+
+
+def test_abort_file_survives_a_crash_once_created() -> None:
+    fs = SimulatedFileSystem()
+    AbortFile(fs, "/store/abort").create()
+    assert AbortFile(fs.crash(seed=5), "/store/abort").exists()
