@@ -1,0 +1,253 @@
+"""Consumer offsets (`config/consumerOffset.json`) and RocketMQ's config-file protocol (§11.10).
+
+RocketMQ writes these files with fastjson, whose output is not strict JSON: integer map keys
+are bare (`{0:250,1:250}`). `load_fastjson` quotes them before `json.loads`; we write strict
+JSON (quoted keys), which fastjson reads as well.
+
+Persisting follows `MixAll.string2File`: the previous content goes to `<name>.bak`, the new
+content to `<name>.tmp`, which is fsynced and renamed over `<name>`. Loading falls back to
+`.bak` when the main file is missing, empty or unparsable; a stray `.tmp` is never read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Final, TypeVar
+
+from mqstore.log import get_logger
+from mqstore.storage.codec import java_split
+from mqstore.storage.fs import FileSystem
+
+__all__ = [
+    "CONSUMER_OFFSET_FILE",
+    "DELAY_OFFSET_FILE",
+    "ConfigFileError",
+    "ConsumerOffsetStore",
+    "load_config_file",
+    "load_delay_offsets",
+    "load_fastjson",
+    "parse_delay_offset_table",
+    "persist_config_file",
+]
+
+CONSUMER_OFFSET_FILE: Final = "consumerOffset.json"
+DELAY_OFFSET_FILE: Final = "delayOffset.json"
+TOPIC_GROUP_SEPARATOR: Final = "@"
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+
+class ConfigFileError(ValueError):
+    """Neither a config file nor its .bak could be read."""
+
+
+# ---------------------------------------------------------------------------------------
+# fastjson text
+
+
+def _quote_bare_keys(text: str) -> str:
+    """Quote bare integer object keys (`{0:1}` → `{"0":1}`), never touching string contents.
+
+    A key position is right after `{` or `,` (whitespace aside); a bare token there that is
+    followed by `:` is a key. Array elements are followed by `,` or `]`, so they are left alone.
+    """
+    out: list[str] = []
+    i = 0
+    n = len(text)
+    expect_key = False  # just after `{` or `,`
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+            expect_key = False
+            continue
+        if c in "{,":
+            expect_key = True
+            out.append(c)
+            i += 1
+            continue
+        if c in " \t\r\n":
+            out.append(c)
+            i += 1
+            continue
+        if expect_key and (c == "-" or c.isdigit()):
+            j = i + 1
+            while j < n and text[j].isdigit():
+                j += 1
+            k = j
+            while k < n and text[k] in " \t\r\n":
+                k += 1
+            if k < n and text[k] == ":":
+                out.append('"')
+                out.append(text[i:j])
+                out.append('"')
+                i = j
+                expect_key = False
+                continue
+        expect_key = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def load_fastjson(text: str) -> Any:
+    """Parse fastjson output (strict JSON, or with bare integer keys). Raises ValueError."""
+    return json.loads(_quote_bare_keys(text))
+
+
+# ---------------------------------------------------------------------------------------
+# The string2File / file2String protocol
+
+
+def persist_config_file(fs: FileSystem, path: str, text: str) -> None:
+    """`MixAll.string2File`: previous content → `.bak`, new content → `.tmp`, fsync, rename.
+
+    Unlike RocketMQ, an empty or unparsable previous file is not copied over a good `.bak`.
+    Raises OSError on I/O errors (the previous file is then still intact)."""
+    fs.makedirs(os.path.dirname(path))
+    if fs.exists(path):
+        previous = fs.read_bytes(path)
+        if previous.strip() and _parses(previous):
+            fs.write_atomic(path + ".bak", previous)
+    fs.write_atomic(path, text.encode("utf-8"))  # writes <path>.tmp, fsyncs, renames, fsyncs dir
+
+
+def _parses(data: bytes) -> bool:
+    try:
+        load_fastjson(data.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return False
+    return True
+
+
+def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T]) -> T | None:
+    """Read `path` (fallback `path.bak`) and `decode` its parsed JSON.
+
+    None if neither file exists. Raises ConfigFileError if what exists cannot be decoded."""
+    errors: list[str] = []
+    any_exists = False
+    for candidate in (path, path + ".bak"):
+        if not fs.exists(candidate):
+            continue
+        any_exists = True
+        try:
+            text = fs.read_bytes(candidate).decode("utf-8")
+            if not text.strip():
+                errors.append(f"{candidate}: empty")
+                continue
+            value = decode(load_fastjson(text))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            errors.append(f"{candidate}: {e}")
+            continue
+        if candidate != path:
+            log.warning("config_file_loaded_from_bak", path=candidate, errors=errors)
+        return value
+    if not any_exists:
+        return None
+    raise ConfigFileError("cannot load " + path + ": " + "; ".join(errors))
+
+
+def _int_table(obj: Any) -> dict[int, int]:
+    if not isinstance(obj, dict):
+        raise TypeError(f"expected an object, got {type(obj).__name__}")
+    return {int(k): _as_int(v) for k, v in obj.items()}
+
+
+def _as_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected an integer, got {v!r}")
+    return v
+
+
+def parse_delay_offset_table(doc: Any) -> dict[int, int]:
+    """`{"offsetTable":{<delayLevel>:<offset>}}` → {level: offset}."""
+    return _int_table(doc.get("offsetTable", {}))
+
+
+def load_delay_offsets(fs: FileSystem, root_dir: str) -> dict[int, int] | None:
+    """`config/delayOffset.json` of a store root (None if absent). Raises ConfigFileError."""
+    return load_config_file(fs, os.path.join(root_dir, "config", DELAY_OFFSET_FILE), parse_delay_offset_table)
+
+
+# ---------------------------------------------------------------------------------------
+# ConsumerOffsetStore
+
+
+def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
+    table = doc["offsetTable"]
+    if not isinstance(table, dict):
+        raise TypeError("offsetTable is not an object")
+    return {str(topic_at_group): _int_table(queues) for topic_at_group, queues in table.items()}
+
+
+class ConsumerOffsetStore:
+    """Committed consume offsets per (group, topic, queue id), like the broker's
+    ConsumerOffsetManager. Keys are RocketMQ's `topic@group`. Not thread-safe."""
+
+    def __init__(self, fs: FileSystem, root_dir: str) -> None:
+        self._fs = fs
+        self.path = os.path.join(root_dir, "config", CONSUMER_OFFSET_FILE)
+        self._table: dict[str, dict[int, int]] = {}
+
+    @staticmethod
+    def _key(group: str, topic: str) -> str:
+        return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+    def load(self) -> bool:
+        """Read the file (fallback .bak). False if neither exists (an empty table);
+        raises ConfigFileError if they exist but neither parses."""
+        table = load_config_file(self._fs, self.path, _parse_offset_table)
+        if table is None:
+            self._table = {}
+            return False
+        self._table = table
+        return True
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        assert queue_id >= 0 and offset >= 0, (queue_id, offset)
+        queues = self._table.setdefault(self._key(group, topic), {})
+        previous = queues.get(queue_id)
+        if previous is not None and offset < previous:
+            # RocketMQ accepts it (a consumer may reset backwards) and only logs.
+            log.info("consumer_offset_moved_back", group=group, topic=topic, queue_id=queue_id,
+                     previous=previous, offset=offset)
+        queues[queue_id] = offset
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 if none (RocketMQ's convention)."""
+        return self._table.get(self._key(group, topic), {}).get(queue_id, -1)
+
+    def query_all(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self._table.get(self._key(group, topic), {}))
+
+    def table(self) -> dict[str, dict[int, int]]:
+        """A copy of the whole table, keyed `topic@group`."""
+        return {k: dict(v) for k, v in self._table.items()}
+
+    def groups_of_topic(self, topic: str) -> list[str]:
+        out = []
+        for key in self._table:
+            parts = java_split(key, TOPIC_GROUP_SEPARATOR)
+            if len(parts) == 2 and parts[0] == topic:
+                out.append(parts[1])
+        return out
+
+    def encode(self) -> str:
+        """Strict JSON in RocketMQ's shape, tab-indented like fastjson's pretty format."""
+        doc = {
+            "offsetTable": {
+                key: {str(q): off for q, off in sorted(queues.items())} for key, queues in sorted(self._table.items())
+            }
+        }
+        return json.dumps(doc, indent="\t", separators=(",", ":"), ensure_ascii=False)
+
+    def persist(self) -> None:
+        """Write the table with the string2File protocol. Raises OSError on I/O errors."""
+        persist_config_file(self._fs, self.path, self.encode())

@@ -1,0 +1,175 @@
+"""ConsumerOffsetStore, fastjson parsing and the string2File protocol (spec §11.10)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mqstore.storage.consumer_offsets import (
+    ConfigFileError,
+    ConsumerOffsetStore,
+    load_delay_offsets,
+    load_fastjson,
+)
+from mqstore.storage.fs import RealFileSystem, SimulatedFileSystem
+
+FIXTURE_CONFIG = Path("/work/shared/fixtures/broker-sample-c/config")
+GROUP = "please_rename_unique_group_name_4"
+PATH = "/store/config/consumerOffset.json"
+
+
+def copy_fixture_root(tmp_path: Path) -> Path:
+    config = tmp_path / "config"
+    config.mkdir()
+    for name in ("consumerOffset.json", "delayOffset.json"):
+        shutil.copyfile(FIXTURE_CONFIG / name, config / name)
+    return tmp_path
+
+
+def test_fixture_consumer_offsets_with_bare_integer_keys(tmp_path: Path) -> None:
+    root = copy_fixture_root(tmp_path)
+    store = ConsumerOffsetStore(RealFileSystem(), str(root))
+    assert store.load()
+    assert store.table() == {
+        f"TopicTest@{GROUP}": {0: 250, 1: 250, 2: 250, 3: 250},
+        f"%RETRY%{GROUP}@{GROUP}": {0: 0},
+    }
+    assert store.query_offset(GROUP, "TopicTest", 3) == 250
+    assert store.query_offset(GROUP, "TopicTest", 4) == -1
+    assert store.query_all(GROUP, f"%RETRY%{GROUP}") == {0: 0}
+    assert store.groups_of_topic("TopicTest") == [GROUP]
+
+
+def test_fixture_delay_offsets(tmp_path: Path) -> None:
+    root = copy_fixture_root(tmp_path)
+    assert load_delay_offsets(RealFileSystem(), str(root)) == {}
+    assert load_delay_offsets(RealFileSystem(), str(tmp_path / "nowhere")) is None
+
+
+def test_load_fastjson_quotes_keys_but_never_string_contents() -> None:
+    text = '{"offsetTable":{"a{0:1}, 2:3@g":{0:250,\n\t-1 :7},"arr":[1, 2 ,3],"s":"x,4:5"}}'
+    assert load_fastjson(text) == {
+        "offsetTable": {"a{0:1}, 2:3@g": {"0": 250, "-1": 7}, "arr": [1, 2, 3], "s": "x,4:5"}
+    }
+    assert load_fastjson('{"e":"quote \\" {1:2}"}') == {"e": 'quote " {1:2}'}
+    with pytest.raises(ValueError):
+        load_fastjson("{0:")
+
+
+@given(st.dictionaries(st.text(max_size=8), st.dictionaries(st.integers(0, 10_000), st.integers(0, 2**62))))
+def test_load_fastjson_reads_its_bare_key_form_and_strict_json(table: dict[str, dict[int, int]]) -> None:
+    strict = json.dumps({"offsetTable": table})
+    expected = json.loads(strict)
+    assert load_fastjson(strict) == expected
+    bare = "{" + ",".join(
+        json.dumps(k) + ":{" + ",".join(f"{q}:{o}" for q, o in v.items()) + "}" for k, v in table.items()
+    ) + "}"
+    assert load_fastjson('{"offsetTable":' + bare + "}") == expected
+
+
+def test_round_trip_writes_strict_json_in_rocketmq_shape() -> None:
+    fs = SimulatedFileSystem()
+    store = ConsumerOffsetStore(fs, "/store")
+    assert not store.load()  # nothing yet: empty table
+    store.commit_offset("g1", "TopicA", 0, 10)
+    store.commit_offset("g1", "TopicA", 1, 11)
+    store.commit_offset("g2", "TopicA", 0, 5)
+    store.commit_offset("g1", "TopicA", 0, 12)
+    store.persist()
+    doc = json.loads(fs.read_bytes(PATH))  # strict JSON
+    assert doc == {"offsetTable": {"TopicA@g1": {"0": 12, "1": 11}, "TopicA@g2": {"0": 5}}}
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load()
+    assert again.table() == store.table()
+    assert sorted(again.groups_of_topic("TopicA")) == ["g1", "g2"]
+
+
+def test_persist_keeps_the_previous_version_as_bak() -> None:
+    fs = SimulatedFileSystem()
+    store = ConsumerOffsetStore(fs, "/store")
+    store.commit_offset("g", "T", 0, 1)
+    store.persist()
+    assert not fs.exists(PATH + ".bak")
+    store.commit_offset("g", "T", 0, 2)
+    store.persist()
+    assert json.loads(fs.read_bytes(PATH + ".bak"))["offsetTable"]["T@g"] == {"0": 1}
+    assert json.loads(fs.read_bytes(PATH))["offsetTable"]["T@g"] == {"0": 2}
+
+
+@pytest.mark.parametrize("damage", [b"", b"{\"offsetTable\":{\"T@g\":{0:", b"\xff\xfe"])
+def test_corrupt_or_empty_main_file_falls_back_to_bak(damage: bytes) -> None:
+    fs = SimulatedFileSystem()
+    store = ConsumerOffsetStore(fs, "/store")
+    store.commit_offset("g", "T", 0, 1)
+    store.persist()
+    store.commit_offset("g", "T", 0, 2)
+    store.persist()
+    fs.write_atomic(PATH, damage)
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load()
+    assert again.query_offset("g", "T", 0) == 1
+
+
+def test_missing_main_file_falls_back_to_bak_and_a_stray_tmp_is_ignored() -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g":{0:7}}}')
+    fs.write_atomic(PATH + ".tmp", b'{"offsetTable":{"T@g":{0:999}}}')  # a crash mid-persist
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load()
+    assert store.query_offset("g", "T", 0) == 7
+
+
+def test_both_files_bad_is_a_clear_error() -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, b"garbage")
+    fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g":{0:"x"}}}')
+    with pytest.raises(ConfigFileError, match="consumerOffset.json.bak") as info:
+        ConsumerOffsetStore(fs, "/store").load()
+    assert PATH in str(info.value)
+
+
+def test_a_corrupt_main_file_is_not_copied_over_a_good_bak() -> None:
+    fs = SimulatedFileSystem()
+    store = ConsumerOffsetStore(fs, "/store")
+    store.commit_offset("g", "T", 0, 1)
+    store.persist()
+    store.persist()  # .bak := the good file
+    fs.write_atomic(PATH, b"garbage")
+    store.commit_offset("g", "T", 0, 3)
+    store.persist()
+    assert json.loads(fs.read_bytes(PATH + ".bak"))["offsetTable"]["T@g"] == {"0": 1}
+
+
+def test_persist_survives_a_crash_with_old_or_new_content() -> None:
+    fs = SimulatedFileSystem()
+    store = ConsumerOffsetStore(fs, "/store")
+    store.commit_offset("g", "T", 0, 1)
+    store.persist()
+    store.commit_offset("g", "T", 0, 2)
+    fs.inject_fault("write", path_contains="consumerOffset.json")  # the .bak write fails
+    with pytest.raises(OSError):
+        store.persist()
+    after = ConsumerOffsetStore(fs.crash(seed=4), "/store")
+    assert after.load() and after.query_offset("g", "T", 0) == 1
+
+
+def test_real_file_system_round_trip_and_fastjson_file_from_rocketmq(tmp_path: Path) -> None:
+    root = copy_fixture_root(tmp_path)
+    fs = RealFileSystem()
+    store = ConsumerOffsetStore(fs, str(root))
+    store.load()
+    store.commit_offset(GROUP, "TopicTest", 0, 300)
+    store.persist()
+    assert not (root / "config" / "consumerOffset.json.tmp").exists()
+    bak = (root / "config" / "consumerOffset.json.bak").read_text()
+    assert "{0:250" in bak  # the original fastjson text, copied verbatim
+    again = ConsumerOffsetStore(fs, str(root))
+    again.load()
+    assert again.query_all(GROUP, "TopicTest") == {0: 300, 1: 250, 2: 250, 3: 250}
