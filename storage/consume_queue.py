@@ -1,0 +1,351 @@
+"""A ConsumeQueue: dense 20-byte units per (topic, queueId) (spec §9, §11.4, §12.6).
+
+<root>/consumequeue/<topic>/<queueId>/<20-digit start offset>; unit q lives at byte q * 20
+of the virtual stream: (commitlog offset: long, size: int, tagsCode: long). No header, no
+blank records. Derived data: rebuilt from the CommitLog when they disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from typing import Callable, Final
+
+from mqstore.log import get_logger
+from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, jdiv
+from mqstore.storage.fs import FileSystem, RealFileSystem
+from mqstore.storage.mapped_file import MappedFile
+from mqstore.storage.mapped_file_queue import MappedFileQueue
+
+__all__ = [
+    "ConsumeQueue",
+    "FILLER_UNIT",
+    "cq_file_size",
+    "iter_cq_units",
+    "list_consume_queues",
+]
+
+log = get_logger(__name__)
+
+# fillPreBlank's unit: valid by the offset >= 0 && size > 0 rule, pointing nowhere.
+FILLER_UNIT: Final = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
+_Q = struct.Struct(">q")
+
+
+def cq_file_size(configured: int) -> int:
+    """`getMapedFileSizeConsumeQueue`: rounded up to a whole number of units."""
+    return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+
+
+def _valid(offset: int, size: int) -> bool:
+    return offset >= 0 and size > 0
+
+
+class ConsumeQueue:
+    """One (topic, queueId) queue, written by its owner only. Not thread-safe."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        topic: str,
+        queue_id: int,
+        consume_queue_root: str,
+        *,
+        mapped_file_size: int,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.fs = fs
+        self.topic = topic
+        self.queue_id = queue_id
+        self.store_path = os.path.join(consume_queue_root, topic, str(queue_id))
+        self.mapped_file_size = cq_file_size(mapped_file_size)
+        self.mapped_file_queue = MappedFileQueue(fs, self.store_path, self.mapped_file_size, clock_ms=clock_ms)
+        # 4.4.0: the commitlog offset (start) of the last unit written; the duplicate guard.
+        self.max_physic_offset = -1
+        # Smallest valid logical byte offset (units below it point at deleted data).
+        self.min_logic_offset = 0
+
+    def __repr__(self) -> str:
+        return f"ConsumeQueue({self.topic}-{self.queue_id})"
+
+    def load(self) -> bool:
+        ok = self.mapped_file_queue.load()
+        log.info("consume queue loaded", topic=self.topic, queue_id=self.queue_id, ok=ok)
+        return ok
+
+    # recovery (§11.4) -----------------------------------------------------------------------
+    def recover(self) -> None:
+        """From the third-last file on, keep the units up to the first invalid one."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return
+        index = max(0, len(files) - 3)
+        mapped_file = files[index]
+        process_offset = mapped_file.file_from_offset
+        while True:
+            file_offset = 0
+            for offset, size, _tags in CQ_UNIT.iter_unpack(bytes(mapped_file.mapped_buffer)):
+                if not _valid(offset, size):
+                    break
+                file_offset += CQ_STORE_UNIT_SIZE
+                self.max_physic_offset = offset
+            if file_offset == self.mapped_file_size:
+                index += 1
+                if index >= len(files):
+                    process_offset = mapped_file.file_from_offset + file_offset
+                    break
+                mapped_file = files[index]
+                continue
+            process_offset = mapped_file.file_from_offset + file_offset
+            break
+        queue = self.mapped_file_queue
+        queue.flushed_where = queue.committed_where = process_offset
+        queue.truncate_dirty_files(process_offset)
+        log.info("consume queue recovered", topic=self.topic, queue_id=self.queue_id, process_offset=process_offset)
+
+    # writing (§9.3) ---------------------------------------------------------------------------
+    def put_message_position_info(self, commitlog_offset: int, size: int, tags_code: int, cq_offset: int) -> bool:
+        """Append the unit for queue offset `cq_offset`. False: no file could be had / no room
+        (the caller retries, then marks the logic queue broken)."""
+        if commitlog_offset <= self.max_physic_offset:
+            return True  # already there (re-dispatch during recovery)
+        expect = cq_offset * CQ_STORE_UNIT_SIZE
+        mapped_file = self.mapped_file_queue.get_last_mapped_file(expect)
+        if mapped_file is None:
+            log.error("no consume queue file", topic=self.topic, queue_id=self.queue_id, cq_offset=cq_offset)
+            return False
+        if mapped_file.first_create_in_queue and cq_offset != 0 and mapped_file.wrote_position == 0:
+            # The queue's first file does not start at 0 (files removed, counter kept).
+            self.min_logic_offset = expect
+            self.mapped_file_queue.flushed_where = self.mapped_file_queue.committed_where = expect
+            self._fill_pre_blank(mapped_file, expect)
+            log.info("filled pre-blank units", topic=self.topic, queue_id=self.queue_id, until=expect)
+        if cq_offset != 0:
+            current = mapped_file.wrote_position + mapped_file.file_from_offset
+            if expect < current:
+                log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
+                            expect=expect, current=current)  # fmt: skip
+                return True
+            if expect != current:
+                # Java logs and appends at `current` anyway; the unit lands at the wrong offset.
+                log.error("[BUG] logic queue order maybe wrong", topic=self.topic, queue_id=self.queue_id,
+                          expect=expect, current=current)  # fmt: skip
+        self.max_physic_offset = commitlog_offset
+        return mapped_file.append_bytes(CQ_UNIT.pack(commitlog_offset, size, tags_code))
+
+    def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
+        until = until_where % self.mapped_file_size
+        assert mapped_file.append_bytes(FILLER_UNIT * (until // CQ_STORE_UNIT_SIZE))
+
+    # reading (§9.4) ---------------------------------------------------------------------------
+    def get_min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    def get_max_offset_in_queue(self) -> int:
+        return self.mapped_file_queue.max_offset() // CQ_STORE_UNIT_SIZE
+
+    def get_message_total_in_queue(self) -> int:
+        return self.get_max_offset_in_queue() - self.get_min_offset_in_queue()
+
+    def get_index_buffer(self, start_index: int) -> bytes | None:
+        """The units from `start_index` to the end of that one file's readable data."""
+        offset = start_index * CQ_STORE_UNIT_SIZE
+        if offset < self.min_logic_offset:
+            return None
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        if mapped_file is None:
+            return None
+        return mapped_file.select(offset % self.mapped_file_size)
+
+    def get_unit(self, index: int) -> tuple[int, int, int] | None:
+        """(commitlog offset, size, tagsCode) of unit `index`, if readable."""
+        offset = index * CQ_STORE_UNIT_SIZE
+        if offset < self.min_logic_offset:
+            return None
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        if mapped_file is None:
+            return None
+        data = mapped_file.select(offset % self.mapped_file_size, CQ_STORE_UNIT_SIZE)
+        if data is None:
+            return None
+        phy, size, tags = CQ_UNIT.unpack(data)
+        return int(phy), int(size), int(tags)
+
+    def roll_next_file(self, index: int) -> int:
+        """The first queue offset of the file after the one holding `index`."""
+        units_per_file = self.mapped_file_size // CQ_STORE_UNIT_SIZE
+        return index + units_per_file - index % units_per_file
+
+    def get_last_offset(self) -> int:
+        """End (offset + size) of the message the last unit points at, or -1."""
+        mapped_file = self.mapped_file_queue.last_mapped_file
+        if mapped_file is None:
+            return -1
+        last_offset = -1
+        position = max(mapped_file.wrote_position - CQ_STORE_UNIT_SIZE, 0)
+        buf = mapped_file.mapped_buffer
+        while position + CQ_STORE_UNIT_SIZE <= self.mapped_file_size:
+            offset, size, _tags = CQ_UNIT.unpack_from(buf, position)
+            if not _valid(offset, size):
+                break
+            last_offset = offset + size
+            position += CQ_STORE_UNIT_SIZE
+        return last_offset
+
+    def get_offset_in_queue_by_time(
+        self, timestamp: int, pickup_store_timestamp: Callable[[int, int], int], min_phy_offset: int
+    ) -> int:
+        """The queue offset of the message stored at `timestamp`, else its nearest neighbour
+        (the earlier one on ties), by binary search in one file (§9.5)."""
+        mapped_file = self.mapped_file_queue.get_mapped_file_by_time(timestamp)
+        if mapped_file is None:
+            return 0
+        unit = CQ_STORE_UNIT_SIZE
+        low = max(self.min_logic_offset - mapped_file.file_from_offset, 0)
+        buf = mapped_file.select(0)
+        if buf is None:
+            return 0
+        high = len(buf) - unit
+        left = right = target = -1
+        left_value = right_value = -1
+        while high >= low:
+            mid = (low + high) // (2 * unit) * unit
+            phy, size, _tags = CQ_UNIT.unpack_from(buf, mid)
+            if phy < min_phy_offset:  # the message is already deleted
+                low = mid + unit
+                left = mid
+                continue
+            store_time = pickup_store_timestamp(phy, size)
+            if store_time < 0:
+                return 0
+            if store_time == timestamp:
+                target = mid
+                break
+            if store_time > timestamp:
+                high = mid - unit
+                right = mid
+                right_value = store_time
+            else:
+                low = mid + unit
+                left = mid
+                left_value = store_time
+        if target == -1:
+            if left_value == -1:
+                target = right
+            elif right_value == -1:
+                target = left
+            else:
+                target = right if abs(timestamp - left_value) > abs(timestamp - right_value) else left
+        # Java truncating division: target may be -1 (then start 0 gives 0, not -1).
+        return jdiv(mapped_file.file_from_offset + target, unit)
+
+    # maintenance (§9.6, §12.6) ---------------------------------------------------------------
+    def truncate_dirty_logic_files(self, phy_offset: int) -> None:
+        """Remove units pointing at or beyond `phy_offset` (the commitlog was truncated) and
+        zero what they occupied."""
+        unit = CQ_STORE_UNIT_SIZE
+        self.max_physic_offset = phy_offset - 1
+        queue = self.mapped_file_queue
+        while True:
+            mapped_file = queue.last_mapped_file
+            if mapped_file is None:
+                break
+            buf = mapped_file.mapped_buffer
+            mapped_file.set_positions(0)
+            delete_file = False
+            for i in range(0, self.mapped_file_size, unit):
+                offset, size, _tags = CQ_UNIT.unpack_from(buf, i)
+                if i == 0:
+                    if offset >= phy_offset:
+                        delete_file = True
+                        break
+                    mapped_file.set_positions(unit)
+                    self.max_physic_offset = offset
+                elif _valid(offset, size):
+                    if offset >= phy_offset:
+                        break
+                    mapped_file.set_positions(i + unit)
+                    self.max_physic_offset = offset
+                else:
+                    break
+            if delete_file:
+                queue.delete_last_mapped_file()
+                continue
+            mapped_file.zero_from(mapped_file.wrote_position)
+            break
+        queue.flushed_where = min(queue.flushed_where, queue.max_offset())
+        queue.committed_where = min(queue.committed_where, queue.max_offset())
+
+    def correct_min_offset(self, phy_min_offset: int) -> None:
+        """min_logic_offset := the first unit of the first file pointing at or after
+        `phy_min_offset` (unchanged if none does)."""
+        mapped_file = self.mapped_file_queue.first_mapped_file
+        if mapped_file is None:
+            return
+        data = mapped_file.select(0)
+        if data is None:
+            return
+        for i, (offset, _size, _tags) in enumerate(CQ_UNIT.iter_unpack(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE])):
+            if offset >= phy_min_offset:
+                self.min_logic_offset = mapped_file.file_from_offset + i * CQ_STORE_UNIT_SIZE
+                log.info("consume queue min offset corrected", topic=self.topic, queue_id=self.queue_id,
+                         min_logic_offset=self.min_logic_offset)  # fmt: skip
+                return
+
+    def delete_expired_file(self, min_phy_offset: int) -> int:
+        """Delete files whose messages are all gone from the commitlog; returns how many."""
+        count = self.mapped_file_queue.delete_expired_file_by_offset(min_phy_offset, CQ_STORE_UNIT_SIZE)
+        self.correct_min_offset(min_phy_offset)
+        return count
+
+    def flush(self, least_pages: int) -> bool:
+        """True when nothing moved."""
+        return self.mapped_file_queue.flush(least_pages)
+
+    def destroy(self) -> None:
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+        self.mapped_file_queue.destroy()
+
+
+# -------------------------------------------------------------------------------------------
+# Tools
+
+
+def iter_cq_units(queue_dir: str, fs: FileSystem | None = None) -> Iterator[tuple[int, int, int, int]]:
+    """(queue offset, commitlog offset, size, tagsCode) of every valid unit in a queue dir.
+
+    Each file is read until its first invalid (unwritten) unit; filler units
+    (0, 0x7FFFFFFF, 0) are valid and yielded. Files are read whatever their size.
+    """
+    fs = fs or RealFileSystem()
+    names = [n for n in fs.listdir(queue_dir) if len(n) == 20 and n.isdigit()]
+    for name in names:
+        start = int(name)
+        data = fs.read_bytes(os.path.join(queue_dir, name))
+        data = data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE]
+        for i, (offset, size, tags) in enumerate(CQ_UNIT.iter_unpack(data)):
+            if not _valid(offset, size):
+                break
+            yield (start + i * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE, offset, size, tags
+
+
+def list_consume_queues(consume_queue_root: str, fs: FileSystem) -> list[tuple[str, int]]:
+    """(topic, queueId) of every queue dir; sub-dirs whose name is not an int are skipped (§11.3)."""
+    found: list[tuple[str, int]] = []
+    if not fs.isdir(consume_queue_root):
+        return found
+    for topic in fs.listdir(consume_queue_root):
+        topic_dir = os.path.join(consume_queue_root, topic)
+        if not fs.isdir(topic_dir):
+            continue
+        for name in fs.listdir(topic_dir):
+            try:
+                queue_id = int(name)
+            except ValueError:
+                log.warning("skipping a non-numeric queue dir", path=os.path.join(topic_dir, name))
+                continue
+            if fs.isdir(os.path.join(topic_dir, name)):
+                found.append((topic, queue_id))
+    return sorted(found)

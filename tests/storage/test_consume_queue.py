@@ -1,0 +1,249 @@
+"""ConsumeQueue: writing rules, reads, offset-by-time, truncation, recovery (§9, §11.4, §12.6)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import pytest
+
+from mqstore.storage.codec import CQ_UNIT, segment_file_name
+from mqstore.storage.consume_queue import (
+    FILLER_UNIT,
+    ConsumeQueue,
+    cq_file_size,
+    iter_cq_units,
+    list_consume_queues,
+)
+from mqstore.storage.fs import FileSystem, SimulatedFileSystem
+
+UNITS_PER_FILE = 10
+SIZE = UNITS_PER_FILE * 20
+
+
+def make_cq(fs: FileSystem, root: str, clock: Any, topic: str = "T", queue_id: int = 0, size: int = SIZE) -> ConsumeQueue:
+    return ConsumeQueue(fs, topic, queue_id, os.path.join(root, "consumequeue"), mapped_file_size=size, clock_ms=clock)
+
+
+def units(cq: ConsumeQueue) -> list[tuple[int, int, int] | None]:
+    return [cq.get_unit(i) for i in range(cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue())]
+
+
+def test_file_size_rounds_up_to_units() -> None:
+    assert cq_file_size(6_000_000) == 6_000_000
+    assert cq_file_size(101) == 120
+
+
+def test_put_and_get_units_across_files(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    for q in range(25):
+        assert cq.put_message_position_info(1000 + q * 100, 100, -q, q)
+    assert cq.get_max_offset_in_queue() == 25 and cq.get_min_offset_in_queue() == 0
+    assert cq.get_unit(7) == (1700, 100, -7)
+    assert cq.get_unit(25) is None
+    assert fs.listdir(cq.store_path) == [segment_file_name(0), segment_file_name(SIZE), segment_file_name(2 * SIZE)]
+    buf = cq.get_index_buffer(8)
+    assert buf is not None and len(buf) == 40  # to the end of the first file
+    assert CQ_UNIT.unpack_from(buf, 0) == (1800, 100, -8)
+    assert cq.roll_next_file(8) == 10 and cq.roll_next_file(10) == 20
+    assert cq.max_physic_offset == 1000 + 24 * 100
+    assert cq.get_last_offset() == 1000 + 24 * 100 + 100
+    assert os.path.join("consumequeue", "T", "0") in cq.store_path
+
+
+def test_unit_bytes_match_appendix_b(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock, topic="abc", queue_id=1, size=6_000_000)
+    for q in range(7):
+        cq.put_message_position_info(q * 10, 10, 0, q)
+    cq.put_message_position_info(1073742336, 182, 2598919, 7)
+    raw = fs.read_bytes(os.path.join(cq.store_path, segment_file_name(0)))
+    assert raw[140:160] == bytes.fromhex("0000000040000200000000B60000000000 27A807".replace(" ", ""))
+    assert cq.get_max_offset_in_queue() == 8
+
+
+def test_duplicate_guard_and_already_written_units(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    assert cq.put_message_position_info(100, 10, 0, 0)
+    assert cq.put_message_position_info(200, 10, 0, 1)
+    assert cq.put_message_position_info(200, 10, 0, 1)  # offset <= maxPhysicOffset: ignored
+    assert cq.put_message_position_info(150, 10, 0, 5)  # also ignored (guard is on the phy offset)
+    assert cq.get_max_offset_in_queue() == 2
+    cq.max_physic_offset = -1  # as after a restart without recovery: the position check catches it
+    assert cq.put_message_position_info(300, 10, 0, 1)
+    assert cq.get_max_offset_in_queue() == 2 and cq.get_unit(1) == (200, 10, 0)
+
+
+def test_gap_is_logged_and_unit_appended_at_current(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    cq.put_message_position_info(100, 10, 0, 0)
+    assert cq.put_message_position_info(200, 10, 0, 3)  # expected 1: a gap
+    assert cq.get_max_offset_in_queue() == 2
+    assert cq.get_unit(1) == (200, 10, 0)
+
+
+def test_first_file_not_at_zero_fills_pre_blank(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    assert cq.put_message_position_info(5000, 50, 9, 23)
+    assert fs.listdir(cq.store_path) == [segment_file_name(2 * SIZE)]
+    assert cq.min_logic_offset == 23 * 20 and cq.get_min_offset_in_queue() == 23
+    assert cq.get_max_offset_in_queue() == 24
+    assert cq.mapped_file_queue.flushed_where == 23 * 20
+    raw = fs.read_bytes(os.path.join(cq.store_path, segment_file_name(2 * SIZE)))
+    assert raw[:60] == FILLER_UNIT * 3
+    assert struct.unpack_from(">qiq", raw, 60) == (5000, 50, 9)
+    assert cq.get_unit(22) is None and cq.get_unit(23) == (5000, 50, 9)
+
+
+def _fake_log(times: dict[int, int]) -> Any:
+    def pickup(offset: int, size: int) -> int:
+        return times.get(offset, -1)
+
+    return pickup
+
+
+def test_offset_by_time_exact_neighbours_and_ends(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock, size=6_000_000)
+    times = {}
+    for q in range(8):
+        cq.put_message_position_info(q * 100, 100, 0, q)
+        times[q * 100] = 1000 + q * 10  # 1000, 1010, ..., 1070
+    pickup = _fake_log(times)
+    assert cq.get_offset_in_queue_by_time(1030, pickup, 0) == 3
+    assert cq.get_offset_in_queue_by_time(1033, pickup, 0) == 3  # nearer to 1030
+    assert cq.get_offset_in_queue_by_time(1037, pickup, 0) == 4
+    assert cq.get_offset_in_queue_by_time(1035, pickup, 0) == 3  # tie -> earlier
+    assert cq.get_offset_in_queue_by_time(1, pickup, 0) == 0
+    assert cq.get_offset_in_queue_by_time(99_999, pickup, 0) == 7  # last message, not max offset
+    # units pointing below the commitlog min are skipped
+    assert cq.get_offset_in_queue_by_time(1, pickup, 250) == 3
+    # unreadable message -> 0
+    assert cq.get_offset_in_queue_by_time(1030, lambda o, s: -1, 0) == 0
+
+
+def test_offset_by_time_empty_queue_is_zero(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    assert cq.get_offset_in_queue_by_time(5, lambda o, s: 1, 0) == 0
+
+
+def test_truncate_dirty_logic_files_zeroes_and_deletes(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    for q in range(25):
+        cq.put_message_position_info(q * 100, 100, 0, q)
+    cq.truncate_dirty_logic_files(1250)  # units 0..12 point below 1250
+    assert cq.get_max_offset_in_queue() == 13
+    assert len(cq.mapped_file_queue.mapped_files) == 2
+    assert cq.max_physic_offset == 1200
+    raw = fs.read_bytes(os.path.join(cq.store_path, segment_file_name(SIZE)))
+    assert raw[60:] == bytes(SIZE - 60)
+    assert cq.put_message_position_info(1250, 100, 0, 13)
+    assert cq.get_unit(13) == (1250, 100, 0)
+    cq.truncate_dirty_logic_files(0)
+    assert cq.get_max_offset_in_queue() == 0 and cq.mapped_file_queue.mapped_files == []
+
+
+def test_correct_min_offset_and_delete_expired(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    for q in range(25):
+        cq.put_message_position_info(q * 100, 100, 0, q)
+    cq.correct_min_offset(350)
+    assert cq.get_min_offset_in_queue() == 4
+    cq.correct_min_offset(10**9)  # nothing qualifies in the first file: unchanged
+    assert cq.get_min_offset_in_queue() == 4
+    assert cq.delete_expired_file(1500) == 1  # file 0 (units 0..9) all below 1500
+    assert cq.get_min_offset_in_queue() == 15
+    assert cq.get_unit(14) is None
+    assert cq.delete_expired_file(10**9) == 1  # newest kept
+    assert len(cq.mapped_file_queue.mapped_files) == 1
+
+
+def test_recover_truncates_a_torn_last_unit(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    for q in range(23):
+        cq.put_message_position_info(q * 100, 100, 0, q)
+    last = cq.mapped_file_queue.last_mapped_file
+    assert last is not None
+    # a torn unit: the offset arrived, the size did not
+    last.mapped_buffer[60:68] = struct.pack(">q", 2300)
+    while not cq.flush(0):
+        pass
+    cq2 = make_cq(fs, root, clock)
+    assert cq2.load()
+    cq2.recover()
+    assert cq2.get_max_offset_in_queue() == 23
+    assert cq2.max_physic_offset == 2200
+    raw = fs.read_bytes(last.file_name)
+    assert raw[60:] == bytes(SIZE - 60)
+    assert cq2.put_message_position_info(2300, 100, 0, 23)
+    assert cq2.get_max_offset_in_queue() == 24
+
+
+def test_recover_of_full_files(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    for q in range(40):
+        cq.put_message_position_info(q * 100 + 1, 100, 0, q)
+    cq2 = make_cq(fs, root, clock)
+    cq2.load()
+    cq2.recover()
+    assert cq2.get_max_offset_in_queue() == 40 and cq2.max_physic_offset == 3901
+    assert cq2.mapped_file_queue.flushed_where == 40 * 20
+
+
+def test_destroy(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    cq.put_message_position_info(1, 1, 0, 0)
+    cq.destroy()
+    assert cq.max_physic_offset == -1 and not fs.exists(cq.store_path)
+
+
+def test_iter_units_and_list_queues(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    a = make_cq(fs, root, clock, topic="A", queue_id=0)
+    b = make_cq(fs, root, clock, topic="A", queue_id=3)
+    c = make_cq(fs, root, clock, topic="B", queue_id=1)
+    for q in range(12):
+        a.put_message_position_info(q * 10, 10, q, q)
+    b.put_message_position_info(5, 5, 5, 0)
+    c.put_message_position_info(7, 7, 7, 0)
+    fs.makedirs(os.path.join(root, "consumequeue", "A", "junk"))
+    assert list_consume_queues(os.path.join(root, "consumequeue"), fs) == [("A", 0), ("A", 3), ("B", 1)]
+    assert list(iter_cq_units(a.store_path, fs)) == [(q, q * 10, 10, q) for q in range(12)]
+
+
+def test_flush_then_crash_keeps_units() -> None:
+    clock = lambda: 1  # noqa: E731
+    fs = SimulatedFileSystem(clock_ms=clock)
+    fs.makedirs("/s")
+    cq = make_cq(fs, "/s", clock, size=6_000_000)
+    for q in range(50):
+        cq.put_message_position_info(q * 100, 100, 0, q)
+    assert not cq.flush(0)
+    for q in range(50, 60):
+        cq.put_message_position_info(q * 100, 100, 0, q)
+    after = fs.crash(seed=3)
+    cq2 = make_cq(after, "/s", clock, size=6_000_000)
+    assert cq2.load()
+    cq2.recover()
+    assert cq2.get_max_offset_in_queue() >= 50
+    assert [u[0] for u in units(cq2)[:50]] == [q * 100 for q in range(50)]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("start_q", [0, 5])
+def test_get_last_offset(any_fs: tuple[FileSystem, str], clock: Any, start_q: int) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    assert cq.get_last_offset() == -1
+    cq.put_message_position_info(500, 70, 0, start_q)
+    assert cq.get_last_offset() == 570
