@@ -183,12 +183,14 @@ class IndexFile:
         self,
         region: MappedRegion,
         *,
+        fs: FileSystem,
         max_hash_slot_num: int,
         max_index_num: int,
         readonly: bool = False,
     ) -> None:
         assert max_hash_slot_num > 0 and max_index_num > 1
         assert region.size == index_file_size(max_hash_slot_num, max_index_num), (region.path, region.size)
+        self._fs = fs
         self._region = region
         self._buf = region.buf
         self.path: str = region.path
@@ -222,7 +224,7 @@ class IndexFile:
         they pre-set both begin and end header fields, exactly like 4.4.0's constructor."""
         assert not fs.exists(path), path
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num))
-        f = cls(region, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
         if end_phy_offset > 0:
             f.begin_phy_offset = f.end_phy_offset = end_phy_offset
         if end_timestamp > 0:
@@ -245,7 +247,7 @@ class IndexFile:
     ) -> IndexFile:
         """Map an existing file for writing. Raises OSError if missing or of another size."""
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num), create=False)
-        return cls(region, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        return cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
 
     @classmethod
     def open_readonly(
@@ -259,6 +261,7 @@ class IndexFile:
         region = fs.map_file(path, size, create=False, readonly=True)
         return cls(
             region,
+            fs=fs,
             max_hash_slot_num=max_hash_slot_num,
             max_index_num=entries_bytes // INDEX_ENTRY_SIZE,
             readonly=True,
@@ -448,10 +451,11 @@ class IndexFile:
     def close(self) -> None:
         self._region.close()
 
-    def destroy(self, fs: FileSystem) -> None:
+    def destroy(self) -> None:
         """Unmap and delete. Raises OSError if the file cannot be removed."""
+        assert not self.readonly
         self._region.close()
-        fs.remove(self.path)
+        self._fs.remove(self.path)
 
 
 # ---------------------------------------------------------------------------------------
@@ -573,7 +577,7 @@ class IndexService:
                         end_timestamp=f.end_timestamp,
                         index_msg_timestamp=index_msg_timestamp,
                     )
-                    f.destroy(fs)
+                    f.destroy()
                     continue
                 self.files.append(f)
         except OSError as e:
@@ -740,7 +744,7 @@ class IndexService:
         deleted = 0
         for f in expired:
             try:
-                f.destroy(self._fs)
+                f.destroy()
             except OSError as e:
                 log.error("index_file_delete_error", path=f.path, error=str(e))
                 break
@@ -765,7 +769,7 @@ class IndexService:
             last = self.files[-1]
             if last.begin_phy_offset < phy_offset and last.truncate_entries_from(phy_offset):
                 break
-            last.destroy(self._fs)
+            last.destroy()
             self.files.pop()
             deleted += 1
         if deleted:
@@ -774,7 +778,7 @@ class IndexService:
 
     def destroy(self) -> None:
         for f in self.files:
-            f.destroy(self._fs)
+            f.destroy()
         self.files.clear()
 
     def close(self) -> None:
