@@ -310,6 +310,14 @@ def test_build_index_skips_already_indexed_offsets_but_reindexes_the_end_offset(
     assert service.query_offset("abc", "b", 10, 0, T0).phy_offsets == [200, 200]
 
 
+def test_resume_offset_is_the_newest_files_end_phy_offset() -> None:
+    service, _, _ = make_service()
+    assert service.resume_offset() == 0
+    index_message(service, 100, T0, keys="a")
+    index_message(service, 200, T0, keys="b")
+    assert service.resume_offset() == 200
+
+
 def test_rollback_messages_are_not_indexed_and_other_transaction_types_are() -> None:
     service, _, _ = make_service()
     index_message(service, 100, T0, keys="p", sys_flag=TRANSACTION_PREPARED_TYPE)
