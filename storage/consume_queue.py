@@ -8,7 +8,6 @@ blank records. Derived data: rebuilt from the CommitLog when they disagree.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
 from typing import Callable, Final
 
@@ -30,7 +29,6 @@ log = get_logger(__name__)
 
 # fillPreBlank's unit: valid by the offset >= 0 && size > 0 rule, pointing nowhere.
 FILLER_UNIT: Final = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
-_Q = struct.Struct(">q")
 
 
 def cq_file_size(configured: int) -> int:

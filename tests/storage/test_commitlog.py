@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import struct
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -21,7 +19,6 @@ from mqstore.storage.codec import (
     RecordKind,
     encode_message,
     msg_id,
-    read_record,
     segment_file_name,
 )
 from mqstore.storage.commitlog import CommitLog, CommitLogReader, EncodedRecord, scan_commitlog_dir
@@ -472,3 +469,19 @@ def test_random_appends_read_back(ops: list[tuple[int, bytes, bool, int]]) -> No
     assert cl2.load()
     assert cl2.recover_normally(-1) == cl.get_max_offset()
     assert [(m.queue_id, m.queue_offset, m.body) for m in messages(cl2)] == expected
+
+
+def test_min_offset_skips_a_first_file_being_deleted_and_iter_stops_at_to_offset(
+    any_fs: tuple[FileSystem, str], clock: ManualClock
+) -> None:
+    fs, root = any_fs
+    cl = make_log(fs, root, clock)
+    offsets = [cl.put_message(rec(body=b"e" * 700), 1).append_result.wrote_offset for _ in range(12)]  # type: ignore[union-attr]
+    assert [r.offset for r in cl.iter_records(0, offsets[3])] == offsets[:3]
+    first = cl.mapped_file_queue.first_mapped_file
+    assert first is not None and first.hold()
+    assert cl.delete_expired_file(0, 0, 120_000, True, clock(), lambda ms: None) == 0  # still held
+    assert cl.get_min_offset() == SEG
+    first.release()
+    assert cl.retry_delete_first_file(120_000, clock())
+    assert cl.get_min_offset() == SEG and cl.mapped_file_queue.min_offset() == SEG

@@ -160,6 +160,7 @@ def test_warm_up_small_file_sync_and_async(any_fs: tuple[FileSystem, str]) -> No
     mf2 = make(fs, root, offset=OS_PAGE_SIZE * 8, size=OS_PAGE_SIZE * 8)
     mf2.warm_up(sync_flush=False, flush_least_pages=2)
     assert mf2.append_bytes(b"after warm-up")
+    assert mf2.destroy(0, 0) and not fs.exists(mf2.file_name)  # unmaps even when mlocked
 
 
 def test_warm_up_sync_forces_pages_on_simulated_disk() -> None:
