@@ -47,12 +47,9 @@ from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE
 from .columnar import COLUMNS, corrupt_values, decode_batch, rows_to_batch
 from .segments import Segment, Step, discover_segments, open_segment, parse_size, plan_segment, walk
 
-try:
-    from mqstore.log import get_logger  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # the shared logging module is still being written
-    from structlog import get_logger
+from mqstore.log import get_logger
 
-log = get_logger("mqstore.pipeline.datasource")
+log = get_logger(__name__)
 
 FORMAT_NAME = "rocketmq"
 DEFAULT_SPLIT_SIZE = "64m"
@@ -262,17 +259,15 @@ def _check_decoded(
     max_message_size: int,
 ) -> None:
     """Records whose header was fine but whose fields do not add up (found by full decode)."""
-    if "error" in batch.schema.names:
-        errors = batch.column("error")
-        if errors.null_count == len(errors):
-            return
-        rows = [r for r in batch.select(["commitlog_offset", "size", "error"]).to_pylist() if r["error"] is not None]
-    else:
-        from .columnar import arrow_schema
+    if "error" in batch.schema.names and batch.column("error").null_count == batch.num_rows:
+        return  # the common case: nothing to report, nothing decoded twice
+    from .columnar import arrow_schema
 
-        check = decode_batch(buf, seg, positions, arrow_schema(["commitlog_offset", "size", "error"]),
-                             fast=fast, max_message_size=max_message_size)  # fmt: skip
-        rows = [r for r in check.to_pylist() if r["error"] is not None]
+    check = decode_batch(buf, seg, positions, arrow_schema(["commitlog_offset", "size", "error"]),
+                         fast=fast, max_message_size=max_message_size)  # fmt: skip
+    if check.column("error").null_count == check.num_rows:
+        return
+    rows = [r for r in check.to_pylist() if r["error"] is not None]
     for r in rows:
         if strict:
             raise CorruptRecordError(f"corrupt record in {seg.path} at commitlog offset {r['commitlog_offset']}: {r['error']}")

@@ -1,0 +1,54 @@
+"""Arguments of the Spark jobs, shared by the scripts (spark-submit) and `mqstore spark ...`.
+
+No pyspark import here: the mqstore CLI builds its parser from these.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", default=None, help="Spark master URL (default: spark-submit's, else local[*])")
+    p.add_argument("--split-size", default=None, metavar="SIZE", help="bytes per read partition, e.g. 64m")
+    p.add_argument("--strict", action="store_true", help="fail on the first corrupt record instead of reporting it")
+
+
+def stats_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="STORE_DIR", help="store dirs, commitlog dirs or segment files")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the JSON here instead of stdout")
+    add_common_args(p)
+
+
+def export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="STORE_DIR")
+    p.add_argument("out", metavar="OUT", help="output directory (replaced)")
+    p.add_argument("--compression", default="snappy", help="Parquet codec (snappy, zstd, none, ...)")
+    add_common_args(p)
+
+
+def lookup_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="STORE_DIR")
+    p.add_argument("--key", required=True, help="a UNIQ_KEY or one KEYS token")
+    p.add_argument("--topic", default=None)
+    p.add_argument("--with-body", action="store_true", help="include bodies (base64)")
+    p.add_argument("--limit", type=int, default=None)
+    add_common_args(p)
+
+
+def reindex_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", metavar="STORE_DIR", help="a store dir (or its commitlog dir)")
+    p.add_argument("out", metavar="OUT_DIR", help="where consumequeue/ and index/ are written")
+    p.add_argument("--cq-file-size", type=int, default=6_000_000,
+                   help="mapped_file_size_consume_queue_bytes (rounded up to a multiple of 20)")  # fmt: skip
+    p.add_argument("--max-hash-slot-num", type=int, default=5_000_000)
+    p.add_argument("--max-index-num", type=int, default=20_000_000)
+    p.add_argument("--no-index", action="store_true", help="rebuild the consume queues only")
+    add_common_args(p)
+
+
+def parser_for(name: str, doc: str | None, add: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=name, description=(doc or "").strip().splitlines()[0] if doc else None)
+    add(p)
+    return p

@@ -1,0 +1,54 @@
+"""`mqstore spark ...`: the Spark jobs as subcommands of the mqstore CLI.
+
+The CLI imports this module to build its parser, so nothing here imports pyspark: each
+handler imports its job module when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+from . import args
+
+# subcommand -> (job module, one-line help)
+JOBS: dict[str, tuple[str, str]] = {
+    "stats": ("mqstore.pipeline.stats", "per topic/queue counts, bytes, first/last store time, hourly histogram (JSON)"),
+    "export": ("mqstore.pipeline.export", "messages to Parquet partitioned by topic and date"),
+    "reindex": ("mqstore.pipeline.reindex", "rebuild consumequeue/ and index/ from the commitlog alone"),
+    "lookup": ("mqstore.pipeline.lookup", "find messages by UNIQ_KEY or KEYS token, without an index"),
+}
+
+
+def _handler(module_name: str) -> Any:
+    def handle(ns: argparse.Namespace) -> int:
+        module = importlib.import_module(module_name)
+        return int(module.run(ns))
+
+    return handle
+
+
+def _no_subcommand(parser: argparse.ArgumentParser) -> Any:
+    def handle(ns: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    return handle
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register `spark` with one sub-subcommand per job; handlers return exit codes."""
+    spark = subparsers.add_parser("spark", help="batch jobs over commitlog segments on Spark (needs pyspark)")
+    spark.set_defaults(handler=_no_subcommand(spark))
+    sub = spark.add_subparsers(dest="spark_command", metavar="JOB")
+    for name, (module_name, help_text) in JOBS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # The job modules import pyspark, so their arguments live in the light args module.
+        _ARGUMENTS[name](p)
+        p.set_defaults(handler=_handler(module_name))
+
+
+_ARGUMENTS = {"stats": args.stats_args, "export": args.export_args, "reindex": args.reindex_args,
+              "lookup": args.lookup_args}  # fmt: skip

@@ -1,0 +1,131 @@
+"""Per topic and queue: messages, bytes, first/last store time and a per-hour histogram.
+
+    spark-submit pipeline/stats.py STORE_DIR... [--out FILE]
+    mqstore spark stats STORE_DIR... [--master URL]
+
+One pass over the commitlog, decoding only topic, queue_id, size and store_timestamp (plus
+the error column): hourly buckets are aggregated in Spark and rolled up on the driver, since
+counts, sums, minima and maxima compose. Hours are UTC.
+Times in the JSON are ISO-8601 UTC with milliseconds; `*_ms` fields carry the epoch ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from mqstore.log import get_logger
+from mqstore.pipeline.args import stats_args, parser_for
+from mqstore.pipeline.datasource import read_commitlog
+from mqstore.pipeline.session import get_spark
+
+log = get_logger(__name__)
+
+STATS_COLUMNS = ["topic", "queue_id", "size", "store_timestamp", "segment_file", "commitlog_offset", "error"]
+MAX_CORRUPT_LISTED = 100  # per distinct reason; the count is always exact
+
+
+def _iso(ms: int | None) -> str | None:
+    """Epoch ms as ISO-8601 UTC. Spark hands back naive datetimes in the *Python* process's
+    zone, so the job moves epoch milliseconds instead of datetimes."""
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def compute_stats(
+    spark: SparkSession, paths: Sequence[str], *, split_size: str | None = None, strict: bool = False
+) -> dict[str, Any]:
+    df = read_commitlog(spark, paths, columns=STATS_COLUMNS, split_size=split_size, strict=strict)
+    hourly = (
+        df.groupBy("topic", "queue_id", F.unix_millis(F.date_trunc("hour", "store_timestamp")).alias("hour"), "error")
+        .agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.sum("size").alias("bytes"),
+            F.unix_millis(F.min("store_timestamp")).alias("first"),
+            F.unix_millis(F.max("store_timestamp")).alias("last"),
+            # only corrupt rows have a non-null struct; collect_list skips nulls
+            F.slice(
+                F.collect_list(F.when(F.col("error").isNotNull(), F.struct("segment_file", "commitlog_offset", "size"))),
+                1,
+                MAX_CORRUPT_LISTED,
+            ).alias("where"),
+        )
+        .collect()
+    )
+    queues: dict[tuple[str, int], dict[str, Any]] = {}
+    corrupt_count = 0
+    corrupt_bytes = 0
+    corrupt: list[dict[str, Any]] = []
+    for row in hourly:
+        if row["error"] is not None:
+            corrupt_count += row["messages"]
+            corrupt_bytes += row["bytes"] or 0
+            corrupt.extend({"reason": row["error"], **w.asDict()} for w in row["where"])
+            continue
+        q = queues.setdefault(
+            (row["topic"], row["queue_id"]),
+            {"topic": row["topic"], "queue_id": row["queue_id"], "messages": 0, "bytes": 0, "first": None, "last": None, "hourly": {}},
+        )
+        q["messages"] += row["messages"]
+        q["bytes"] += row["bytes"]
+        q["first"] = row["first"] if q["first"] is None else min(q["first"], row["first"])
+        q["last"] = row["last"] if q["last"] is None else max(q["last"], row["last"])
+        q["hourly"][_iso(row["hour"])] = row["messages"]
+    out_queues = []
+    for key in sorted(queues):
+        q = queues[key]
+        out_queues.append(
+            {
+                "topic": q["topic"],
+                "queue_id": q["queue_id"],
+                "messages": q["messages"],
+                "bytes": q["bytes"],
+                "first_store_time": _iso(q["first"]),
+                "last_store_time": _iso(q["last"]),
+                "first_store_time_ms": q["first"],
+                "last_store_time_ms": q["last"],
+                "hourly": dict(sorted(q["hourly"].items())),
+            }
+        )
+    corrupt.sort(key=lambda c: (c["segment_file"], c["commitlog_offset"]))
+    return {
+        "paths": list(paths),
+        "messages": sum(q["messages"] for q in out_queues),
+        "bytes": sum(q["bytes"] for q in out_queues),
+        "queues": out_queues,
+        "corrupt_records": corrupt_count,
+        "corrupt_bytes": corrupt_bytes,
+        "corrupt": corrupt,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return parser_for("stats", __doc__, stats_args)
+
+
+def run(args: argparse.Namespace) -> int:
+    spark = get_spark(args.master, app_name="mqstore-stats")
+    result = compute_stats(spark, args.paths, split_size=args.split_size, strict=args.strict)
+    text = json.dumps(result, indent=2, sort_keys=False)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+    log.info("stats done", messages=result["messages"], corrupt=result["corrupt_records"])
+    return 3 if result["corrupt_records"] else 0  # 3 = mqstore's "corrupt data found"
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
