@@ -1,1 +1,420 @@
+"""The actors' vocabulary: frozen, slotted, keyword-only values. No I/O here.
 
+Public values (`Message`, `PutResult`, `GetResult`, `QueryResult`) are what users put and get;
+requests (`Put`, `Get`, `Query`, `Subscribe`) are what a user's own pykka actor sends to the
+store; the rest is what the store's actors say to each other. Names follow RocketMQ.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from ..storage.codec import DispatchFields, HostAddress, MessageRecord
+from ..storage.status import GetMessageStatus, PutMessageStatus
+
+if TYPE_CHECKING:
+    import pykka
+
+__all__ = [
+    "Message",
+    "PutResult",
+    "GetResult",
+    "QueryResult",
+    "Reply",
+    "Put",
+    "Get",
+    "Query",
+    "Subscribe",
+    "Unsubscribe",
+    "MessageArrived",
+    "EncodedPut",
+    "CommitLogAdvanced",
+    "GroupCommitRequest",
+    "DispatchRequest",
+    "DispatchBatch",
+    "Tick",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Public values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """A message to put. `keys` are indexed for `query`; `tags` are filterable on `get`."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    tags: str | None = None
+    keys: Sequence[str] | str = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_host: str | None = None
+    born_timestamp_ms: int | None = None
+    wait_store_msg_ok: bool = True  # RocketMQ's WAIT property: under sync flush, wait for the disk
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PutResult:
+    """The answer to a put. `ok` means PUT_OK; `stored` means the bytes are in the log
+    (PUT_OK, or FLUSH_DISK_TIMEOUT where RocketMQ also keeps the message)."""
+
+    status: PutMessageStatus
+    commitlog_offset: int = -1
+    wrote_bytes: int = 0
+    queue_offset: int = -1
+    msg_ids: tuple[str, ...] = ()
+    store_timestamp: int = 0
+    msg_num: int = 0
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+    @property
+    def stored(self) -> bool:
+        return self.status in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT)
+
+    @property
+    def msg_id(self) -> str:
+        return ",".join(self.msg_ids)
+
+    def with_status(self, status: PutMessageStatus, detail: str = "") -> PutResult:
+        return PutResult(
+            status=status,
+            commitlog_offset=self.commitlog_offset,
+            wrote_bytes=self.wrote_bytes,
+            queue_offset=self.queue_offset,
+            msg_ids=self.msg_ids,
+            store_timestamp=self.store_timestamp,
+            msg_num=self.msg_num,
+            detail=detail or self.detail,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetResult:
+    status: GetMessageStatus
+    messages: tuple[MessageRecord, ...] = ()
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+    raw: tuple[bytes, ...] = ()
+
+    @property
+    def found(self) -> bool:
+        return self.status is GetMessageStatus.FOUND
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryResult:
+    messages: tuple[MessageRecord, ...] = ()
+    index_last_update_timestamp: int = 0
+    index_last_update_phy_offset: int = 0
+
+
+# ---------------------------------------------------------------------------------------
+# Replies: a future, or an actor address with a correlation id
+
+
+class Reply:
+    """Where an answer goes: a pykka future, an actor (told `(correlation_id, answer)` as a
+    `Replied` message), or a plain callback. Completing twice is ignored, so a crash path and
+    a normal path can both try without harm."""
+
+    __slots__ = ("_future", "_actor", "_callback", "_correlation_id", "_done", "_lock")
+
+    def __init__(
+        self,
+        *,
+        future: pykka.Future[Any] | None = None,
+        actor: pykka.ActorRef[Any] | None = None,
+        callback: Callable[[Any], None] | None = None,
+        correlation_id: Any = None,
+    ) -> None:
+        self._future = future
+        self._actor = actor
+        self._callback = callback
+        self._correlation_id = correlation_id
+        self._done = False
+        self._lock = threading.Lock()
+
+    def send(self, answer: Any) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        if self._future is not None:
+            self._future.set(answer)
+        if self._actor is not None:
+            self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
+        if self._callback is not None:
+            self._callback(answer)
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        if self._future is not None:
+            self._future.set_exception((type(exc), exc, exc.__traceback__))
+        if self._actor is not None:
+            self._actor.tell(Replied(correlation_id=self._correlation_id, answer=exc))
+        if self._callback is not None:
+            self._callback(exc)
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replied:
+    """What an actor that asked with `reply_to` receives back."""
+
+    correlation_id: Any
+    answer: Any
+
+
+# ---------------------------------------------------------------------------------------
+# Requests a user's actor sends to the store's gateway
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Put:
+    messages: tuple[Message, ...]
+    reply: Reply
+    batch: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Get:
+    topic: str
+    queue_id: int
+    offset: int
+    max_count: int
+    reply: Reply
+    tags: str | None = None
+    max_total_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Query:
+    topic: str
+    key: str
+    max_count: int
+    reply: Reply
+    begin_ms: int = 0
+    end_ms: int = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Subscribe:
+    """Be told `MessageArrived` for every dispatch into this queue (None: every queue)."""
+
+    subscriber: pykka.ActorRef[Any] | Callable[[MessageArrived], None]
+    topic: str | None = None
+    queue_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unsubscribe:
+    subscriber: pykka.ActorRef[Any] | Callable[[MessageArrived], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageArrived:
+    """RocketMQ's arriving hook: `max_offset` is one past the newest queue offset dispatched."""
+
+    topic: str
+    queue_id: int
+    max_offset: int
+    store_timestamp: int
+
+
+# ---------------------------------------------------------------------------------------
+# Between the store's own actors
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EncodedPut:
+    """Records encoded in the caller's thread; the writer fills in offsets and the timestamp."""
+
+    records: tuple[bytes, ...]
+    topic: str
+    queue_id: int
+    sys_flag: int
+    batch: bool
+    sync_wait: bool
+    reply: Reply
+    enqueued_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitLogAdvanced:
+    """Absolute positions, so a lost or repeated notice costs nothing (STYLE habit 4)."""
+
+    max_offset: int  # readable end (wrote, or committed with the transient store pool)
+    wrote_offset: int
+    store_timestamp: int  # of the newest record at or below max_offset
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupCommitRequest:
+    next_offset: int
+    result: PutResult
+    reply: Reply
+    deadline_ns: int
+
+
+# One per record on the dispatch hot path, so an immutable NamedTuple (the codec builds it
+# directly) rather than a frozen dataclass, which costs several times more to construct.
+DispatchRequest = DispatchFields
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchBatch:
+    requests: tuple[DispatchRequest, ...]
+    end_offset: int  # commitlog offset just past the last record read for this batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick:
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ping:
+    """The start handshake: an actor answers with the facts its dependents need."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriterReady:
+    max_offset: int
+    wrote_offset: int
+    min_offset: int
+    store_timestamp: int
+    topic_queue_table: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetWriteable:
+    """RunningFlags, as the writer sees them: refuse puts while not writeable or closing."""
+
+    writeable: bool
+    closing: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocateRequest:
+    """Ask for the segment needed now (`next_path`) and pre-create the one after it."""
+
+    next_path: str
+    next_next_path: str
+    file_size: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitWriteBuffers:
+    least_pages: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlushAll:
+    """Flush everything now (store.flush(), shutdown) and answer when it is on disk."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumeQueueFlushed:
+    logics_msg_timestamp: int
+    thorough: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexFileFlushed:
+    index_msg_timestamp: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetUnits:
+    """Ask the ConsumeQueue actor for units from `offset` (at most `max_units`, one file)."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    max_units: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitsReply:
+    exists: bool
+    min_offset: int
+    max_offset: int
+    units: bytes | None  # None: the file holding `offset` is gone (OFFSET_FOUND_NULL)
+    next_file_offset: int
+    commitlog_head: int  # how far dispatch has read the log: "in memory" is measured from here
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueSnapshot:
+    """The ConsumeQueue actor's facts: max offset per "topic-queueId", and where dispatch may resume."""
+
+    topic_queue_table: dict[str, int]
+    resume_offset: int
+    logics_msg_timestamp: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryOffsets:
+    topic: str
+    key: str
+    max_num: int
+    begin_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryOffsetsReply:
+    offsets: tuple[int, ...]
+    last_update_timestamp: int
+    last_update_phy_offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexSnapshot:
+    resume_offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReputStatus:
+    reput_offset: int
+    max_offset: int
+
+
+__all__ += [
+    "Replied",
+    "HostAddress",
+    "Ping",
+    "WriterReady",
+    "SetWriteable",
+    "AllocateRequest",
+    "CommitWriteBuffers",
+    "FlushAll",
+    "ConsumeQueueFlushed",
+    "IndexFileFlushed",
+    "GetUnits",
+    "UnitsReply",
+    "QueueSnapshot",
+    "QueryOffsets",
+    "QueryOffsetsReply",
+    "IndexSnapshot",
+    "ReputStatus",
+]

@@ -14,7 +14,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final, Iterable, Mapping
+from typing import Any, Final, Iterable, Mapping, NamedTuple
 
 MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, upstream 5.1+
@@ -152,8 +152,11 @@ def parse_properties(s: str) -> dict[str, str]:
     props: dict[str, str] = {}
     if not s:
         return props
-    for item in java_split(s, PROPERTY_SEPARATOR):
-        nv = java_split(item, NAME_VALUE_SEPARATOR)
+    # Equivalent to java_split on both separators: trailing empty items of the outer split
+    # would be dropped anyway (an empty item never has two parts), and stripping trailing
+    # NAME_VALUE_SEPARATORs is exactly Java's removal of trailing empty strings.
+    for item in s.split(PROPERTY_SEPARATOR):
+        nv = item.rstrip(NAME_VALUE_SEPARATOR).split(NAME_VALUE_SEPARATOR)
         if len(nv) == 2:
             props[nv[0]] = nv[1]
     return props
@@ -630,3 +633,74 @@ CQ_UNIT: Final = struct.Struct(">qiq")
 
 def encode_cq_unit(commitlog_offset: int, size: int, tags_code_value: int) -> bytes:
     return CQ_UNIT.pack(commitlog_offset, size, tags_code_value)
+
+
+# ---------------------------------------------------------------------------------------
+# The dispatcher's partial decode (§8.3 with readBody=false): only what ConsumeQueue and
+# index building need, without copying bodies or building host objects.
+
+_DISPATCH_HEAD_V4 = struct.Struct(">iiiiiqqiq8xq8xiqi")  # fixed part, IPv4 hosts skipped
+
+
+class DispatchFields(NamedTuple):
+    topic: str
+    queue_id: int
+    commitlog_offset: int
+    msg_size: int
+    tags_code: int
+    store_timestamp: int
+    consume_queue_offset: int
+    keys: str | None
+    uniq_key: str | None
+    sys_flag: int
+    prepared_transaction_offset: int
+
+
+def read_dispatch(
+    buf: Any,
+    pos: int,
+    limit: int,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    delay_levels_ms: list[int] | None = None,
+) -> tuple[RecordKind, int, DispatchFields | None]:
+    """(kind, size, fields) of the record at `pos`: checkMessageAndReturnSize without the body.
+
+    Falls back to the full decoder for IPv6 hosts and V2 records (rare; correctness first).
+    """
+    if pos + 8 > limit:
+        return RecordKind.END_OF_DATA, 0, None
+    total, magic = _II.unpack_from(buf, pos)
+    if magic == MESSAGE_MAGIC_CODE and 91 <= total <= max_message_size and pos + total <= limit:
+        (_, _, _, queue_id, _, queue_offset, phys, sys_flag, _, store_ts, _, prepared, body_len) = (
+            _DISPATCH_HEAD_V4.unpack_from(buf, pos)
+        )
+        if not sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) and 0 <= body_len <= total - 91:
+            p = pos + 88 + body_len
+            topic_len = buf[p]
+            if topic_len > 127:
+                return RecordKind.CORRUPT, 0, None
+            props_len = _H.unpack_from(buf, p + 1 + topic_len)[0]
+            if total != 91 + body_len + topic_len + props_len or props_len < 0:
+                return RecordKind.CORRUPT, 0, None
+            topic = str(buf[p + 1 : p + 1 + topic_len], "utf-8", "replace")
+            keys = uniq = None
+            code = 0
+            if props_len:
+                start = p + 3 + topic_len
+                props = parse_properties(str(buf[start : start + props_len], "utf-8", "replace"))
+                keys = props.get(PROPERTY_KEYS)
+                uniq = props.get(PROPERTY_UNIQ_KEY)
+                code = compute_tags_code(topic, props, store_ts, delay_levels_ms)
+            else:
+                keys = ""  # §8.4: a record without properties has keys "" and no uniq key
+            return RecordKind.MESSAGE, total, DispatchFields(
+                topic, queue_id, phys, total, code, store_ts, queue_offset, keys, uniq, sys_flag, prepared
+            )
+    read = read_record(buf, pos, limit, read_body=False, max_message_size=max_message_size)
+    if read.kind is not RecordKind.MESSAGE or read.record is None:
+        return read.kind, read.size, None
+    r = read.record
+    return RecordKind.MESSAGE, r.total_size, DispatchFields(
+        r.topic, r.queue_id, r.commitlog_offset, r.total_size, r.tags_code(delay_levels_ms), r.store_timestamp,
+        r.queue_offset, r.keys if r.properties_raw else "", r.uniq_key, r.sys_flag, r.prepared_transaction_offset,
+    )  # fmt: skip

@@ -117,8 +117,10 @@ class CommitLog:
         write_buffer_pool: WriteBufferPool | None = None,
         create_on_allocator_failure: bool = False,
         check_crc_on_recover: bool = True,
+        fault_hook: Callable[[str], None] | None = None,
     ) -> None:
         assert mapped_file_size > END_FILE_MIN_BLANK_LENGTH
+        self._fault_hook = fault_hook
         self.fs = fs
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
@@ -226,7 +228,13 @@ class CommitLog:
         next_queue_offset = queue_offset
         for r in records:
             size = len(r.data)
-            buf[pos : pos + size] = r.data
+            if pos == position:
+                # The first record's TOTALSIZE and MAGIC go in last (below): until then the log
+                # ends at `position` for any reader or recovery, so a crash in the middle of a
+                # batch leaves none of it rather than half of it.
+                buf[pos + 8 : pos + size] = r.data[8:]
+            else:
+                buf[pos : pos + size] = r.data
             # PREPARED/ROLLBACK are stored with queue offset 0 and do not advance the counter (§3.9).
             patch_record(
                 buf, pos, queue_offset=next_queue_offset if advances else 0,
@@ -236,6 +244,9 @@ class CommitLog:
             if advances:
                 next_queue_offset += 1
             pos += size
+        if self._fault_hook is not None:
+            self._fault_hook("writer.mid_batch_append")
+        buf[position : position + 8] = first.data[:8]
         if advances:
             self.topic_queue_table[key] = next_queue_offset
         return AppendMessageResult(
@@ -247,6 +258,56 @@ class CommitLog:
     # offsets, flush, commit ---------------------------------------------------------------
     def get_max_offset(self) -> int:
         return self.mapped_file_queue.max_offset()
+
+    def get_max_wrote_offset(self) -> int:
+        return self.mapped_file_queue.max_wrote_position()
+
+    @property
+    def store_timestamp(self) -> int:
+        """The store time of the newest record appended (0 before the first)."""
+        last = self.mapped_file_queue.last_mapped_file
+        return last.store_timestamp if last is not None else 0
+
+    def recover_tail(
+        self, scan_from: int, topic_queue_table: dict[str, int], *, check_crc: bool = True
+    ) -> tuple[int, dict[str, int]]:
+        """The restarted writer's recovery: from `scan_from` (a point below which the queues
+        are known), walk valid records to the end of the log, continue the queue offsets past
+        them, and truncate (zeroing) whatever follows the last valid record, e.g. a record the
+        previous writer died writing. Returns (end offset, topic-queue table)."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return 0, topic_queue_table
+        first = files[0].file_from_offset
+        offset = max(scan_from, first)
+        if offset >= files[-1].file_from_offset + self.mapped_file_size:
+            offset = files[-1].file_from_offset
+        end = offset
+        store_ts = 0
+        for read in self.iter_records(offset, None, check_crc=check_crc, read_body=check_crc):
+            if read.kind is RecordKind.BLANK:
+                end = self.roll_next_file(read.offset)
+                continue
+            if read.kind is not RecordKind.MESSAGE or read.record is None:
+                break
+            record = read.record
+            end = read.offset + read.size
+            store_ts = record.store_timestamp
+            if record.transaction_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+                key = f"{record.topic}-{record.queue_id}"
+                topic_queue_table[key] = max(topic_queue_table.get(key, 0), record.queue_offset + 1)
+        queue = self.mapped_file_queue
+        queue.truncate_dirty_files(end)
+        queue.flushed_where = min(queue.flushed_where, end) if queue.flushed_where else end
+        queue.committed_where = end
+        last = queue.last_mapped_file
+        if last is not None and store_ts:
+            last.store_timestamp = store_ts
+        return end, topic_queue_table
+
+    def close(self) -> None:
+        """Unmap every segment (the files stay)."""
+        self.mapped_file_queue.shutdown(0)
 
     def get_min_offset(self) -> int:
         """§11.8: the first file's start, or the next file's if the first is being deleted."""

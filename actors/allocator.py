@@ -1,0 +1,108 @@
+"""AllocateMappedFileService (spec §5): creates CommitLog segments ahead of the writer.
+
+Each request names the segment needed now and the one after it; the needed one is usually
+ready already (it was the previous request's next-next), so a roll-over costs the writer one
+round trip instead of a file creation (and, with warm-up, touching a whole segment).
+Handed-over files belong to the writer from then on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..messages import AllocateRequest, Ping, Reply
+from ..storage.mapped_file import MappedFile, parse_segment_offset
+from .base import ActorContext, StoreActor
+
+__all__ = ["AllocateMappedFileService"]
+
+MAX_ATTEMPTS_PER_FILE = 3  # a bound on I/O retries: after that the writer creates the file itself
+
+
+@dataclass(order=True)
+class _Pending:
+    # Larger files first, then smaller start offsets (AllocateRequest.compareTo).
+    sort_key: tuple[int, int]
+    path: str = field(compare=False)
+    file_size: int = field(compare=False)
+    waiters: list[Reply] = field(default_factory=list, compare=False)
+    mapped_file: MappedFile | None = field(default=None, compare=False)
+    attempts: int = field(default=0, compare=False)
+
+
+class AllocateMappedFileService(StoreActor):
+    name = "allocator"
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self._table: dict[str, _Pending] = {}
+        self._queue: list[_Pending] = []
+
+    def handle(self, message: Any) -> Any:
+        match message:
+            case AllocateRequest():
+                self._request(message)
+            case Ping():
+                return len(self._table)
+            case _:
+                raise AssertionError(f"allocator cannot handle {message!r}")
+        return None
+
+    def _request(self, request: AllocateRequest) -> None:
+        for path in (request.next_path, request.next_next_path):
+            if path not in self._table:
+                pending = _Pending((-request.file_size, parse_segment_offset(path)), path, request.file_size)
+                self._table[path] = pending
+                heapq.heappush(self._queue, pending)
+        needed = self._table[request.next_path]
+        needed.waiters.append(request.reply)
+        self._work()
+
+    def _work(self) -> None:
+        while self._queue:
+            pending = heapq.heappop(self._queue)
+            if self._table.get(pending.path) is not pending:
+                continue  # expired or superseded
+            if pending.mapped_file is None:
+                try:
+                    pending.mapped_file = self._create(pending)
+                except OSError as exc:
+                    pending.attempts += 1
+                    self.log.warning("segment allocation failed", path=pending.path, error=str(exc))
+                    if pending.attempts < MAX_ATTEMPTS_PER_FILE:
+                        heapq.heappush(self._queue, pending)
+                        continue
+                    del self._table[pending.path]
+                    for waiter in pending.waiters:
+                        waiter.send(None)
+                    continue
+            if pending.waiters:
+                del self._table[pending.path]
+                waiters, pending.waiters = pending.waiters, []
+                waiters[0].send(pending.mapped_file)  # one writer: the first waiter owns it now
+                for waiter in waiters[1:]:
+                    waiter.send(None)
+
+    def _create(self, pending: _Pending) -> MappedFile:
+        cfg = self.config
+        self.ctx.fs.makedirs(os.path.dirname(pending.path))
+        mapped = MappedFile(self.ctx.fs, pending.path, pending.file_size)
+        self.ctx.faults.hit("allocator.mid_allocation")
+        if cfg.warm_mapped_file_enable and pending.file_size >= cfg.mapped_file_size_commitlog_bytes:
+            mapped.warm_up(cfg.flush_disk_type == "SYNC_FLUSH", cfg.flush_least_pages_when_warm_mapped_file)
+        return mapped
+
+    def release(self) -> None:
+        # Shutdown deletes pre-created segments nobody took (§5.3): a half-made next-next file
+        # must not look like data to the next start.
+        now = self.ctx.clock_ms()
+        for pending in self._table.values():
+            if pending.mapped_file is not None:
+                pending.mapped_file.destroy(1000, now)
+            for waiter in pending.waiters:
+                waiter.send(None)
+        self._table.clear()
+        self._queue.clear()

@@ -1,0 +1,115 @@
+"""What every store actor shares: its context, crash reporting, and peer lookup.
+
+An actor crashes on a broken invariant or an injected fault (STYLE habit 6): before its
+thread ends it fails every `Reply` still waiting in its inbox, so no caller hangs, and tells
+the supervisor, which restarts it (and its dependents) from disk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import pykka
+
+from ..config import StoreConfig
+from ..faults import FaultPlan
+from ..log import get_logger
+from ..messages import Reply
+from ..storage.fs import FileSystem
+
+__all__ = ["ActorContext", "StoreActor", "ServiceUnavailable", "ChildFailed"]
+
+
+class ServiceUnavailable(RuntimeError):
+    """The actor that held this request crashed or stopped before answering it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildFailed:
+    name: str
+    error: BaseException
+
+
+@dataclass(kw_only=True)
+class ActorContext:
+    """What the supervisor hands every child. `peers` always holds the live refs."""
+
+    config: StoreConfig
+    fs: FileSystem
+    clock_ms: Callable[[], int]
+    faults: FaultPlan
+    report: Callable[[ChildFailed], None]
+    peers: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
+    # Where the reput actor hands arrival notices (the store's long polling and subscribers
+    # live outside the actors, so they survive a reput restart).
+    on_arrivals: Callable[[list[Any]], None] = lambda _events: None
+
+    def tell(self, peer: str, message: Any) -> bool:
+        """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""
+        ref = self.peers.get(peer)
+        if ref is None:
+            return False
+        try:
+            ref.tell(message)
+            return True
+        except pykka.ActorDeadError:
+            return False
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class StoreActor(pykka.ThreadingActor):
+    """Base of every store actor: daemon thread (a host that forgets close() still exits),
+    typed `handle`, and crash reporting."""
+
+    use_daemon_thread = True
+    name: ClassVar[str] = "actor"
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.config = ctx.config
+        self.log = get_logger(f"mqstore.actors.{self.name}", actor=self.name, store=ctx.config.store_path_root_dir)
+
+    def handle(self, message: Any) -> Any:
+        raise NotImplementedError
+
+    def on_receive(self, message: Any) -> Any:
+        try:
+            return self.handle(message)
+        except Exception as exc:
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, Reply):
+                reply.fail(ServiceUnavailable(f"{self.name} failed: {exc}"))
+            raise
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self.log.error("actor crashed", error=repr(exception_value))
+        self._fail_queued()
+        try:
+            self.release()
+        finally:
+            self.ctx.report(ChildFailed(name=self.name, error=exception_value))
+
+    def on_stop(self) -> None:
+        self._fail_queued()
+        self.release()
+
+    def release(self) -> None:
+        """Close what the actor owns (mappings); called on stop and after a crash."""
+
+    def _fail_queued(self) -> None:
+        inbox = self.actor_inbox
+        while not inbox.empty():
+            envelope = inbox.get()
+            reply = getattr(envelope.message, "reply", None)
+            if isinstance(reply, Reply):
+                reply.fail(ServiceUnavailable(f"{self.name} stopped before handling the request"))
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception(
+                    exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{self.name} stopped"), None)
+                )

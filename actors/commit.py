@@ -1,0 +1,37 @@
+"""CommitRealTimeService (spec §7.4), for the transient store pool only.
+
+The writer owns both the write buffers and the segments, so committing (copying buffered
+bytes into the file) is the writer's act; this actor is the clock that asks for it, with
+RocketMQ's least-pages and thorough-interval rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import CommitWriteBuffers, Ping, Tick
+from .base import ActorContext, StoreActor
+
+__all__ = ["CommitRealTimeService"]
+
+
+class CommitRealTimeService(StoreActor):
+    name = "commit"
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self._last_thorough_ms = 0
+
+    def handle(self, message: Any) -> Any:
+        match message:
+            case Tick(now_ms=now):
+                least_pages = self.config.commit_commitlog_least_pages
+                if now >= self._last_thorough_ms + self.config.commit_commitlog_thorough_interval_ms:
+                    self._last_thorough_ms = now
+                    least_pages = 0
+                self.ctx.tell("writer", CommitWriteBuffers(least_pages=least_pages))
+            case Ping():
+                return True
+            case _:
+                raise AssertionError(f"commit cannot handle {message!r}")
+        return None

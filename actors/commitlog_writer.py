@@ -1,0 +1,208 @@
+"""The CommitLog writer: the only writer of commitlog/ (spec §6.4-§6.7).
+
+Records arrive already encoded (the caller's thread did that, as RocketMQ builds the record
+before taking its put lock); the writer assigns queue offsets, physical offsets and the store
+timestamp, appends, and tells the flush and reput actors where the log now ends.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from ..messages import (
+    AllocateRequest,
+    CommitLogAdvanced,
+    CommitWriteBuffers,
+    EncodedPut,
+    GroupCommitRequest,
+    Ping,
+    PutResult,
+    Reply,
+    SetWriteable,
+    WriterReady,
+)
+from ..storage import codec
+from ..storage.commitlog import CommitLog, EncodedRecord
+from ..storage.mapped_file import MappedFile
+from ..storage.status import PutMessageStatus
+from .base import ActorContext, StoreActor
+
+__all__ = ["CommitLogWriter", "ResumePoint"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumePoint:
+    """Where the writer's tail scan starts, and the queue offsets known below that point."""
+
+    scan_from: int
+    topic_queue_table: dict[str, int] = field(default_factory=dict)
+
+
+class CommitLogWriter(StoreActor):
+    name = "writer"
+
+    def __init__(self, ctx: ActorContext, *, resume: ResumePoint, store_host: codec.HostAddress) -> None:
+        super().__init__(ctx)
+        self._resume = resume
+        self._store_host = store_host
+        self._commitlog: CommitLog | None = None
+        self._writeable = True
+        self._closing = False
+        self._sync_flush = ctx.config.flush_disk_type == "SYNC_FLUSH"
+        self._busy_timeout_ns = ctx.config.os_page_cache_busy_timeout_ms * 1_000_000
+        self._sync_timeout_ns = ctx.config.sync_flush_timeout_ms * 1_000_000
+
+    # lifecycle ---------------------------------------------------------------------------
+    def on_start(self) -> None:
+        cfg = self.config
+        self._commitlog = CommitLog(
+            self.ctx.fs,
+            cfg.commitlog_dir,
+            mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+            max_message_size=cfg.max_message_size_bytes,
+            clock_ms=self.ctx.clock_ms,
+            allocator=self._allocate,
+            create_on_allocator_failure=True,
+            check_crc_on_recover=cfg.check_crc_on_recover,
+            fault_hook=self.ctx.faults.hit,
+        )
+        if not self._commitlog.load():
+            raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}")
+        end, table = self._commitlog.recover_tail(
+            self._resume.scan_from, dict(self._resume.topic_queue_table), check_crc=cfg.check_crc_on_recover
+        )
+        self._commitlog.topic_queue_table = table
+        self.log.info("writer ready", max_offset=end, queues=len(table))
+
+    def release(self) -> None:
+        if self._commitlog is not None:
+            self._commitlog.close()
+            self._commitlog = None
+
+    # messages ----------------------------------------------------------------------------
+    def handle(self, message: Any) -> Any:
+        match message:
+            case EncodedPut():
+                self._put(message)
+            case Ping():
+                return self._ready()
+            case SetWriteable(writeable=writeable, closing=closing):
+                self._writeable = writeable
+                self._closing = self._closing or closing
+                return self._ready()
+            case CommitWriteBuffers(least_pages=least_pages):
+                self._commit(least_pages)
+            case _:
+                raise AssertionError(f"writer cannot handle {message!r}")
+        return None
+
+    def _ready(self) -> WriterReady:
+        assert self._commitlog is not None
+        return WriterReady(
+            max_offset=self._commitlog.get_max_offset(),
+            wrote_offset=self._commitlog.get_max_wrote_offset(),
+            min_offset=self._commitlog.get_min_offset(),
+            store_timestamp=self._commitlog.store_timestamp,
+            topic_queue_table=dict(self._commitlog.topic_queue_table),
+        )
+
+    def _put(self, put: EncodedPut) -> None:
+        commitlog = self._commitlog
+        assert commitlog is not None
+        if self._closing or not self._writeable:
+            put.reply.send(PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable"))
+            return
+        # RocketMQ rejects a put while another has held the put lock too long; the actor's
+        # equivalent is a request that waited in the mailbox too long behind a slow append.
+        if time.monotonic_ns() - put.enqueued_ns > self._busy_timeout_ns:
+            put.reply.send(PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy"))
+            return
+        host = self._store_host
+        records = [EncodedRecord(data, put.topic, put.queue_id, put.sys_flag, host) for data in put.records]
+        now = self.ctx.clock_ms()
+        if put.batch:
+            outcome = commitlog.put_messages(records, now)
+        else:
+            outcome = commitlog.put_message(records[0], now)
+        append = outcome.append_result
+        if outcome.status is not PutMessageStatus.PUT_OK or append is None:
+            detail = append.status.value if append is not None else ""
+            put.reply.send(PutResult(status=outcome.status, detail=detail))
+            return
+        self.ctx.faults.hit("writer.after_append")
+        ids = tuple(append.msg_id.split(",")) if append.msg_id else ()
+        result = PutResult(
+            status=PutMessageStatus.PUT_OK,
+            commitlog_offset=append.wrote_offset,
+            wrote_bytes=append.wrote_bytes,
+            queue_offset=append.logics_offset,
+            msg_ids=ids,
+            store_timestamp=append.store_timestamp,
+            msg_num=append.msg_num,
+        )
+        advanced = CommitLogAdvanced(
+            max_offset=commitlog.get_max_offset(),
+            wrote_offset=append.wrote_offset + append.wrote_bytes,
+            store_timestamp=append.store_timestamp,
+        )
+        self.ctx.tell("reput", advanced)
+        if self._sync_flush and put.sync_wait:
+            request = GroupCommitRequest(
+                next_offset=append.wrote_offset + append.wrote_bytes,
+                result=result,
+                reply=put.reply,
+                deadline_ns=time.monotonic_ns() + self._sync_timeout_ns,
+            )
+            if not self.ctx.tell("flush", request):
+                put.reply.send(result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
+            self.ctx.tell("flush", advanced)
+        else:
+            put.reply.send(result)
+            self.ctx.tell("flush", advanced)
+
+    def _commit(self, least_pages: int) -> None:
+        """The commit service's request (transient store pool): copy write buffers to files."""
+        commitlog = self._commitlog
+        assert commitlog is not None
+        if not commitlog.commit(least_pages):  # False: progress was made
+            self.ctx.tell(
+                "flush",
+                CommitLogAdvanced(
+                    max_offset=commitlog.get_max_offset(),
+                    wrote_offset=commitlog.get_max_wrote_offset(),
+                    store_timestamp=commitlog.store_timestamp,
+                ),
+            )
+            self.ctx.tell(
+                "reput",
+                CommitLogAdvanced(
+                    max_offset=commitlog.get_max_offset(),
+                    wrote_offset=commitlog.get_max_wrote_offset(),
+                    store_timestamp=commitlog.store_timestamp,
+                ),
+            )
+
+    # allocation --------------------------------------------------------------------------
+    def _allocate(self, next_path: str, next_next_path: str, file_size: int) -> MappedFile | None:
+        """Ask the allocate actor for the next segment; wait at most the configured timeout,
+        then the queue creates the file itself (the allocator is slow or down)."""
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        request = AllocateRequest(
+            next_path=next_path, next_next_path=next_next_path, file_size=file_size, reply=Reply(future=future)
+        )
+        if not self.ctx.tell("allocator", request):
+            return None
+        try:
+            mapped = future.get(timeout=self.config.allocate_wait_timeout_ms / 1000)
+        except pykka.Timeout:
+            self.log.warning("allocator too slow, creating the segment in the writer", path=next_path)
+            return None
+        except Exception as exc:  # the allocator crashed holding our request
+            self.log.warning("allocator failed, creating the segment in the writer", path=next_path, error=repr(exc))
+            return None
+        return mapped if isinstance(mapped, MappedFile) else None
+

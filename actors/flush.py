@@ -1,0 +1,176 @@
+"""Flush service and checkpoint owner (spec §7.1-§7.3, §7.5 checkpoint part, §11.1).
+
+ASYNC_FLUSH: FlushRealTimeService, woken by puts and ticks, flushes once enough dirty pages
+piled up, and thoroughly every `flush_commitlog_thorough_interval_ms`. SYNC_FLUSH:
+GroupCommitService; requests that arrive while an fsync runs wait in the mailbox and are then
+covered by that one fsync, which is the whole point of group commit.
+
+The writer owns the segments; this actor maps them itself and msyncs its own mapping of the
+same file, which forces the shared page-cache pages the writer dirtied. It owns `checkpoint`;
+the ConsumeQueue and index actors report their timestamps to it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..messages import CommitLogAdvanced, ConsumeQueueFlushed, FlushAll, GroupCommitRequest, IndexFileFlushed, Ping, Tick
+from ..storage.checkpoint import StoreCheckpoint
+from ..storage.codec import segment_file_name
+from ..storage.fs import OS_PAGE_SIZE, MappedRegion
+from ..storage.status import PutMessageStatus
+from .base import ActorContext, StoreActor
+
+__all__ = ["FlushCommitLogService"]
+
+
+class FlushCommitLogService(StoreActor):
+    name = "flush"
+
+    def __init__(self, ctx: ActorContext, *, flushed_offset: int, max_offset: int, store_timestamp: int) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        self._segment_size = cfg.mapped_file_size_commitlog_bytes
+        self._sync = cfg.flush_disk_type == "SYNC_FLUSH"
+        self._flushed = flushed_offset
+        self._max_offset = max_offset  # readable end the writer reported
+        self._store_timestamp = store_timestamp  # of the newest record at or below _max_offset
+        self._last_thorough_ms = 0
+        self._pending: list[GroupCommitRequest] = []
+        self._regions: dict[int, MappedRegion] = {}
+        self._checkpoint: StoreCheckpoint | None = None
+
+    def on_start(self) -> None:
+        self._checkpoint = StoreCheckpoint(self.ctx.fs, self.config.checkpoint_path)
+
+    def release(self) -> None:
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+            self._checkpoint = None
+
+    # messages ----------------------------------------------------------------------------
+    def handle(self, message: Any) -> Any:
+        match message:
+            case CommitLogAdvanced(max_offset=max_offset, store_timestamp=ts):
+                if max_offset > self._max_offset:
+                    self._max_offset = max_offset
+                    self._store_timestamp = ts
+                if not self._sync and not self.config.flush_commitlog_timed:
+                    self._flush_if_due(self.ctx.clock_ms())
+            case GroupCommitRequest():
+                self._pending.append(message)
+                self._group_commit()
+            case Tick(now_ms=now):
+                if self._sync:
+                    self._group_commit()
+                    self._expire_pending()
+                else:
+                    self._flush_if_due(now)
+            case FlushAll(reply=reply):
+                self._flush_to(self._max_offset)
+                self._answer_pending()
+                self._write_checkpoint()
+                reply.send(self._flushed)
+            case ConsumeQueueFlushed(logics_msg_timestamp=ts, thorough=thorough):
+                assert self._checkpoint is not None
+                if ts > 0:
+                    self._checkpoint.logics_msg_timestamp = ts
+                if thorough:
+                    self._write_checkpoint()
+            case IndexFileFlushed(index_msg_timestamp=ts):
+                assert self._checkpoint is not None
+                self._checkpoint.index_msg_timestamp = ts
+                self._write_checkpoint()
+            case Ping():
+                return self._flushed
+            case _:
+                raise AssertionError(f"flush cannot handle {message!r}")
+        return None
+
+    # async flush (§7.2) ------------------------------------------------------------------
+    def _flush_if_due(self, now_ms: int) -> None:
+        least_pages = self.config.flush_commitlog_least_pages
+        if now_ms >= self._last_thorough_ms + self.config.flush_commitlog_thorough_interval_ms:
+            self._last_thorough_ms = now_ms
+            least_pages = 0
+        dirty_pages = self._max_offset // OS_PAGE_SIZE - self._flushed // OS_PAGE_SIZE
+        crosses_segment = self._max_offset // self._segment_size != self._flushed // self._segment_size
+        if (least_pages == 0 and self._max_offset > self._flushed) or dirty_pages >= max(least_pages, 1) or (
+            crosses_segment and self._max_offset > self._flushed
+        ):
+            self._flush_to(self._max_offset)
+
+    # group commit (§7.3) -----------------------------------------------------------------
+    def _group_commit(self) -> None:
+        if not self._pending:
+            return
+        target = max(self._max_offset, max(r.next_offset for r in self._pending))
+        if any(r.next_offset > self._flushed for r in self._pending):
+            self._flush_to(target)
+        self._answer_pending()
+
+    def _answer_pending(self) -> None:
+        still: list[GroupCommitRequest] = []
+        for request in self._pending:
+            if self._flushed >= request.next_offset:
+                request.reply.send(request.result)
+            else:
+                still.append(request)
+        self._pending = still
+
+    def _expire_pending(self) -> None:
+        now_ns = time.monotonic_ns()
+        still: list[GroupCommitRequest] = []
+        for request in self._pending:
+            if now_ns >= request.deadline_ns:
+                request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush too slow"))
+            else:
+                still.append(request)
+        self._pending = still
+
+    # the flush itself --------------------------------------------------------------------
+    def _flush_to(self, target: int) -> None:
+        """Force [flushed, target) to disk, segment by segment. An I/O error leaves `flushed`
+        where it was: waiting sync puts then time out with FLUSH_DISK_TIMEOUT, as in Java."""
+        target = max(target, self._flushed)
+        while self._flushed < target:
+            start = self._flushed
+            segment = start - start % self._segment_size
+            end = min(target, segment + self._segment_size)
+            try:
+                region = self._region(segment)
+                self.ctx.faults.hit("flush.mid_fsync")
+                region.flush(start - segment, end - segment)
+            except FileNotFoundError:
+                # The cleaner removed it (only ever below the min offset): nothing to force.
+                self._regions.pop(segment, None)
+            except OSError as exc:
+                self.log.error("commitlog flush failed", offset=start, error=str(exc))
+                return
+            self._flushed = end
+            if end == segment + self._segment_size:
+                region = self._regions.pop(segment, None)
+                if region is not None:
+                    region.close()
+        if self._checkpoint is not None and self._flushed >= self._max_offset and self._store_timestamp > 0:
+            self._checkpoint.physic_msg_timestamp = self._store_timestamp
+
+    def _region(self, segment: int) -> MappedRegion:
+        region = self._regions.get(segment)
+        if region is None:
+            path = os.path.join(self.config.commitlog_dir, segment_file_name(segment))
+            region = self.ctx.fs.map_file(path, self._segment_size, create=False)
+            self._regions[segment] = region
+        return region
+
+    def _write_checkpoint(self) -> None:
+        if self._checkpoint is not None:
+            try:
+                self._checkpoint.flush()
+            except OSError as exc:
+                self.log.error("checkpoint flush failed", error=str(exc))

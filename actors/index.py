@@ -1,0 +1,86 @@
+"""The index actor: owns index/ (spec §10.8). Keys are `topic#UNIQ_KEY` and `topic#<each KEYS token>`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import (
+    DispatchBatch,
+    FlushAll,
+    IndexFileFlushed,
+    IndexSnapshot,
+    Ping,
+    QueryOffsets,
+    QueryOffsetsReply,
+)
+from ..storage.index import IndexService
+from .base import ActorContext, StoreActor
+
+__all__ = ["IndexActor"]
+
+
+class IndexActor(StoreActor):
+    name = "index"
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self._service: IndexService | None = None
+        self._dispatched_offset = 0
+
+    def on_start(self) -> None:
+        cfg = self.config
+        self._service = IndexService(
+            self.ctx.fs,
+            cfg.index_dir,
+            clock_ms=self.ctx.clock_ms,
+            max_hash_slot_num=cfg.max_hash_slot_num,
+            max_index_num=cfg.max_index_num,
+            max_msgs_num_batch=cfg.max_msgs_num_batch,
+            on_index_file_full=self._file_full,
+        )
+        # Recovery already dropped files that were not safe to keep (§10.8 load).
+        if not self._service.load(last_exit_ok=True, index_msg_timestamp=0):
+            raise RuntimeError(f"cannot load the index in {cfg.index_dir}")
+        self._dispatched_offset = self._service.resume_offset()
+
+    def release(self) -> None:
+        if self._service is not None:
+            self._service.close()
+            self._service = None
+
+    def _file_full(self, end_timestamp: int) -> None:
+        self.ctx.tell("flush", IndexFileFlushed(index_msg_timestamp=end_timestamp))
+
+    def handle(self, message: Any) -> Any:
+        service = self._service
+        assert service is not None
+        match message:
+            case DispatchBatch(requests=requests, end_offset=end_offset):
+                hit = self.ctx.faults.hit
+                middle = len(requests) // 2
+                for i, r in enumerate(requests):
+                    if i == middle:
+                        hit("index.mid_write")
+                    if not service.build_index(
+                        topic=r.topic,
+                        commitlog_offset=r.commitlog_offset,
+                        store_timestamp=r.store_timestamp,
+                        sys_flag=r.sys_flag,
+                        keys=r.keys,
+                        uniq_key=r.uniq_key,
+                    ) and service.index_error:
+                        raise OSError("cannot create an index file")
+                self._dispatched_offset = max(self._dispatched_offset, end_offset)
+            case QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin, end_ms=end):
+                offsets, last_ts, last_phy = service.query_offset(topic, key, max_num, begin, end)
+                return QueryOffsetsReply(
+                    offsets=tuple(offsets), last_update_timestamp=last_ts, last_update_phy_offset=last_phy
+                )
+            case Ping():
+                return IndexSnapshot(resume_offset=self._dispatched_offset)
+            case FlushAll(reply=reply):
+                service.flush_all()
+                reply.send(self._dispatched_offset)
+            case _:
+                raise AssertionError(f"index cannot handle {message!r}")
+        return None

@@ -1,0 +1,592 @@
+"""The embedded API: `mqstore.open(path)` gives a `MessageStore`, safe to use from many threads.
+
+Puts are encoded in the caller's thread and told to the writer with a future; reads ask the
+ConsumeQueue and index actors for positions and read the CommitLog through the calling
+thread's own read-only maps. `MessageStore.actor_ref` is the same store for pykka actors:
+send it `mqstore.messages.Put/Get/Query/Subscribe` with a `Reply`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, Sequence
+
+import psutil
+import pykka
+
+from .actors.base import ServiceUnavailable
+from .config import StoreConfig
+from .faults import NO_FAULTS, FaultPlan
+from .log import get_logger
+from .messages import (
+    EncodedPut,
+    FlushAll,
+    Get,
+    GetResult,
+    GetUnits,
+    Message,
+    MessageArrived,
+    Put,
+    PutResult,
+    Query,
+    QueryOffsets,
+    QueryOffsetsReply,
+    QueryResult,
+    Reply,
+    Subscribe,
+    UnitsReply,
+    Unsubscribe,
+)
+from .storage import codec
+from .storage.codec import MessageRecord, RecordKind
+from .storage.commitlog import CommitLogReader
+from .storage.fs import FileSystem
+from .storage.status import GetMessageStatus, PutMessageStatus
+from .supervisor import Supervisor, SupervisorState
+
+__all__ = ["MessageStore", "open_store"]
+
+_DEFAULT_BORN_HOST = codec.HostAddress("127.0.0.1", 0)
+_TOTAL_RAM_BYTES = psutil.virtual_memory().total or 24 * 1024**3
+_REPLY_MARGIN_S = 10.0
+_open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
+
+
+def open_store(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    config: StoreConfig | None = None,
+    fs: FileSystem | None = None,
+    clock_ms: Callable[[], int] | None = None,
+    faults: FaultPlan = NO_FAULTS,
+    on_fatal: Callable[[BaseException], None] | None = None,
+    **settings: Any,
+) -> MessageStore:
+    """Open (or create) the store at `path` and start its actors. `settings` are StoreConfig
+    keys (`flush_disk_type="SYNC_FLUSH"`, ...) applied over `config` (or the defaults, a
+    config file and MQSTORE_* variables)."""
+    overrides = dict(settings)
+    if path is not None:
+        overrides["store_path_root_dir"] = os.fspath(path)
+    if config is None:
+        config = StoreConfig.load(overrides=overrides)
+    elif overrides:
+        config = config.replace(**overrides)
+    store = MessageStore(config, fs=fs, clock_ms=clock_ms, faults=faults, on_fatal=on_fatal)
+    store._start()
+    return store
+
+
+class MessageStore:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        fs: FileSystem | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        faults: FaultPlan = NO_FAULTS,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.supervisor = Supervisor(config, fs=fs, clock_ms=clock_ms, faults=faults, on_fatal=on_fatal)
+        self.fs = self.supervisor.fs
+        self.clock_ms = self.supervisor.clock_ms
+        self.store_host = self.supervisor.store_host
+        self._local = threading.local()
+        self._readers: list[CommitLogReader] = []
+        self._readers_lock = threading.Lock()
+        self._arrived: dict[tuple[str, int], int] = {}
+        self._arrival_cond = threading.Condition()
+        self._subscribers: list[tuple[Any, str | None, int | None]] = []
+        self._subscribers_lock = threading.Lock()
+        self._reply_timeout_s = (config.sync_flush_timeout_ms + config.allocate_wait_timeout_ms) / 1000 + _REPLY_MARGIN_S
+        self._gateway: pykka.ActorRef[Any] | None = None
+        self._closed = False
+        self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
+        self.supervisor.ctx.on_arrivals = self._on_arrivals
+
+    # lifecycle ---------------------------------------------------------------------------
+    def _start(self) -> None:
+        self.supervisor.start()
+        self._gateway = StoreGateway.start(self)
+        _open_stores.add(self)
+
+    def close(self) -> bool:
+        """Stop cleanly (dispatch caught up, everything flushed, abort file removed).
+        Returns True if the stop was clean. Idempotent."""
+        if self._closed:
+            return self.supervisor.clean_stop
+        self._closed = True
+        if self._gateway is not None:
+            try:
+                self._gateway.stop(block=True, timeout=5)
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass
+        clean = self.supervisor.stop()
+        with self._readers_lock:
+            for reader in self._readers:
+                reader.close()
+            self._readers.clear()
+        with self._arrival_cond:
+            self._arrival_cond.notify_all()
+        _open_stores.discard(self)
+        return clean
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self.supervisor.state is SupervisorState.RUNNING and not self._closed
+
+    @property
+    def actor_ref(self) -> pykka.ActorRef[Any]:
+        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe."""
+        assert self._gateway is not None, "store not started"
+        return self._gateway
+
+    # put ---------------------------------------------------------------------------------
+    def put(self, message: Message) -> PutResult:
+        return self._wait(self.submit_put((message,), batch=False))
+
+    def put_batch(self, messages: Sequence[Message]) -> PutResult:
+        """Put messages of one topic and queue as one contiguous batch (RocketMQ's putMessages):
+        consecutive queue offsets, never split across segments, one result."""
+        return self._wait(self.submit_put(tuple(messages), batch=True))
+
+    def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> pykka.ThreadingFuture[Any] | PutResult:
+        """Encode here, tell the writer, return at once: a future (or the early result when
+        the put was refused before reaching the writer). With `reply`, the answer goes there."""
+        future: pykka.ThreadingFuture[Any] | None = None
+        if reply is None:
+            future = pykka.ThreadingFuture()
+            reply = Reply(future=future)
+        refused = self._precheck(messages, batch)
+        if isinstance(refused, PutResult):
+            reply.send(refused)
+            return refused
+        records, sys_flag, sync_wait = refused
+        first = messages[0]
+        put = EncodedPut(
+            records=records,
+            topic=first.topic,
+            queue_id=first.queue_id,
+            sys_flag=sys_flag,
+            batch=batch,
+            sync_wait=sync_wait,
+            reply=reply,
+            enqueued_ns=time.monotonic_ns(),
+        )
+        if not self.supervisor.ctx.tell("writer", put):
+            result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
+            reply.send(result)
+            return result
+        assert future is not None or reply is not None
+        return future if future is not None else PutResult(status=PutMessageStatus.PUT_OK, detail="submitted")
+
+    def _wait(self, submitted: pykka.ThreadingFuture[Any] | PutResult) -> PutResult:
+        if isinstance(submitted, PutResult):
+            return submitted
+        try:
+            return submitted.get(timeout=self._reply_timeout_s)
+        except pykka.Timeout:
+            return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="no answer from the writer in time")
+        except ServiceUnavailable as exc:
+            return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=str(exc))
+
+    def _precheck(self, messages: Sequence[Message], batch: bool) -> PutResult | tuple[tuple[bytes, ...], int, bool]:
+        """DefaultMessageStore.putMessage(s) pre-checks (§6.1), then encoding (§6.2)."""
+        if not self.running:
+            return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store is not running")
+        if not messages:
+            raise ValueError("no messages to put")
+        first = messages[0]
+        try:
+            codec.validate_topic(first.topic)
+        except codec.TopicError as exc:
+            return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail=str(exc))
+        if batch and any(m.topic != first.topic or m.queue_id != first.queue_id for m in messages):
+            return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail="a batch must have one topic and queue")
+        now = self.clock_ms()
+        max_size = self.config.max_message_size_bytes
+        records = []
+        total = 0
+        for message in messages:
+            if not isinstance(message.body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"message body must be bytes, not {type(message.body).__name__}")
+            if not isinstance(message.queue_id, int) or message.queue_id < 0:
+                raise ValueError(f"queue_id must be a non-negative int, not {message.queue_id!r}")
+            try:
+                props = self._properties(message)
+            except ValueError as exc:
+                return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail=str(exc))
+            if len(props) > codec.MAX_PROPERTIES_BYTES:  # Java's pre-check counts UTF-16 chars
+                return PutResult(status=PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, detail=f"{len(props)} chars")
+            born = codec.HostAddress.parse(message.born_host) if message.born_host else _DEFAULT_BORN_HOST
+            try:
+                data = codec.encode_message(
+                    topic=message.topic,
+                    queue_id=message.queue_id,
+                    body=bytes(message.body),
+                    properties=props,
+                    flag=message.flag,
+                    born_timestamp=message.born_timestamp_ms if message.born_timestamp_ms is not None else now,
+                    born_host=born,
+                    store_host=self.store_host,
+                    max_message_size=max_size,
+                )
+            except (codec.MessageTooLarge, codec.PropertiesTooLarge) as exc:
+                return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail=str(exc))
+            total += len(data)
+            records.append(data)
+        if batch and total > max_size:
+            return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail=f"batch of {total} bytes > {max_size}")
+        sync_wait = all(m.wait_store_msg_ok for m in messages)
+        return tuple(records), 0, sync_wait
+
+    @staticmethod
+    def _properties(message: Message) -> str:
+        props = dict(message.properties)
+        if message.tags:
+            props[codec.PROPERTY_TAGS] = message.tags
+        keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
+        if keys:
+            for key in keys:
+                if not key or codec.KEY_SEPARATOR in key:
+                    raise ValueError(f"key {key!r} is empty or contains a space (KEYS are space-separated)")
+            props[codec.PROPERTY_KEYS] = codec.KEY_SEPARATOR.join(keys)
+        if not message.wait_store_msg_ok:
+            props[codec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+        return codec.properties_to_string(props) if props else ""
+
+    # reads -------------------------------------------------------------------------------
+    def _reader(self) -> CommitLogReader:
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = CommitLogReader(
+                self.fs,
+                self.config.commitlog_dir,
+                mapped_file_size=self.config.mapped_file_size_commitlog_bytes,
+                max_message_size=self.config.max_message_size_bytes,
+            )
+            self._local.reader = reader
+            with self._readers_lock:
+                self._readers.append(reader)
+        return reader
+
+    def _ask(self, peer: str, message: Any) -> Any:
+        ref = self.supervisor.ctx.peers.get(peer)
+        if ref is None or not self.running:
+            raise ServiceUnavailable(f"{peer} is not running")
+        try:
+            return ref.ask(message, timeout=self._reply_timeout_s)
+        except (pykka.ActorDeadError, pykka.Timeout) as exc:
+            raise ServiceUnavailable(f"{peer} did not answer: {exc}") from exc
+
+    def _units(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply:
+        return self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self._units(topic, queue_id, -1, 0).min_offset
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._units(topic, queue_id, -1, 0).max_offset
+
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        *,
+        max_total_bytes: int | None = None,
+        tags: str | None = None,
+        raw: bool = False,
+    ) -> GetResult:
+        """getMessage (§13.1): every GetMessageStatus under RocketMQ's exact conditions. `tags`
+        is a subscription expression ("A||B", "*"); the ConsumeQueue's tag hash filters first
+        and the record's real tag confirms, so hash collisions never deliver a wrong tag."""
+        try:
+            reply = self._units(topic, queue_id, offset, max(max_count, 1) * 2 + 800)
+        except ServiceUnavailable:
+            return GetResult(status=GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=offset)
+        if not reply.exists:
+            # 4.4.0 creates the queue on demand, so an unknown queue reads as an empty one.
+            return GetResult(status=GetMessageStatus.NO_MESSAGE_IN_QUEUE, next_begin_offset=0)
+        min_offset, max_offset = reply.min_offset, reply.max_offset
+        common = {"min_offset": min_offset, "max_offset": max_offset}
+        if max_offset == 0:
+            return GetResult(status=GetMessageStatus.NO_MESSAGE_IN_QUEUE, next_begin_offset=0, **common)
+        if offset < min_offset:
+            return GetResult(status=GetMessageStatus.OFFSET_TOO_SMALL, next_begin_offset=min_offset, **common)
+        if offset == max_offset:
+            return GetResult(status=GetMessageStatus.OFFSET_OVERFLOW_ONE, next_begin_offset=offset, **common)
+        if offset > max_offset:
+            nxt = 0 if min_offset == 0 else max_offset
+            return GetResult(status=GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_begin_offset=nxt, **common)
+        if reply.units is None:
+            return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset, **common)
+        return self._collect(reply.units, reply.commitlog_head, offset, max_count, max_total_bytes, tags, raw, common)
+
+    def _collect(
+        self,
+        units: bytes,
+        head: int,
+        offset: int,
+        max_count: int,
+        max_total_bytes: int | None,
+        tags: str | None,
+        raw: bool,
+        common: dict[str, int],
+    ) -> GetResult:
+        cfg = self.config
+        reader = self._reader()
+        wanted = _subscription(tags)
+        in_memory_bytes = _TOTAL_RAM_BYTES * cfg.access_message_in_memory_max_ratio_percent // 100
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        found_raw: list[bytes] = []
+        found: list[MessageRecord] = []
+        total_bytes = 0
+        next_phy_file_start = -1
+        limit = max(16000, max_count * 20)
+        unpack = codec.CQ_UNIT.unpack_from
+        i = 0
+        while i < len(units) and i < limit:
+            phy, size, tags_code = unpack(units, i)
+            if next_phy_file_start >= 0 and phy < next_phy_file_start:
+                i += 20
+                continue
+            in_disk = head - phy > in_memory_bytes
+            if _batch_full(cfg, size, max_count, total_bytes, len(found_raw), in_disk, max_total_bytes):
+                break
+            if wanted is not None and codec.to_int32(tags_code) not in wanted[0]:
+                if total_bytes == 0:
+                    status = GetMessageStatus.NO_MATCHED_MESSAGE
+                i += 20
+                continue
+            data = reader.read(phy, size, limit=phy + size)
+            if data is None:
+                if total_bytes == 0:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                next_phy_file_start = phy + cfg.mapped_file_size_commitlog_bytes - phy % cfg.mapped_file_size_commitlog_bytes
+                i += 20
+                continue
+            record = None
+            if wanted is not None or not raw:
+                read = codec.read_record(data, 0, read_body=True, max_message_size=cfg.max_message_size_bytes)
+                record = read.record if read.kind is RecordKind.MESSAGE else None
+                if record is None or (wanted is not None and record.tags not in wanted[1]):
+                    if total_bytes == 0:
+                        status = GetMessageStatus.NO_MATCHED_MESSAGE
+                    i += 20
+                    continue
+            found_raw.append(data)
+            if record is not None:
+                found.append(record)
+            total_bytes += size
+            status = GetMessageStatus.FOUND
+            next_phy_file_start = -1
+            i += 20
+        return GetResult(
+            status=status,
+            messages=tuple(found) if not raw else (),
+            raw=tuple(found_raw) if raw else (),
+            next_begin_offset=offset + i // 20,
+            **common,
+        )
+
+    def query(
+        self, topic: str, key: str, max_count: int = 32, begin_ms: int = 0, end_ms: int = 2**63 - 1
+    ) -> QueryResult:
+        """queryMessage (§13.2): messages whose UNIQ_KEY or a KEYS token equals `key`, stored
+        within [begin_ms, end_ms], oldest first. Unlike the Java store, which leaves hash
+        collisions to the client, each hit is checked against the record's real keys."""
+        last_query_ms = end_ms
+        messages: list[MessageRecord] = []
+        last_ts = last_phy = 0
+        reader = self._reader()
+        for _ in range(3):
+            reply: QueryOffsetsReply = self._ask(
+                "index",
+                QueryOffsets(topic=topic, key=key, max_num=max_count, begin_ms=begin_ms, end_ms=last_query_ms),
+            )
+            if not reply.offsets:
+                break
+            last_ts, last_phy = reply.last_update_timestamp, reply.last_update_phy_offset
+            for n, phy in enumerate(sorted(reply.offsets)):
+                record = self._record_at(reader, phy)
+                if record is None:
+                    continue
+                if n == 0:
+                    last_query_ms = record.store_timestamp
+                if record.topic == topic and (record.uniq_key == key or key in record.key_list):
+                    messages.append(record)
+            if messages or last_query_ms < begin_ms:
+                break
+        return QueryResult(
+            messages=tuple(messages[:max_count]),
+            index_last_update_timestamp=last_ts,
+            index_last_update_phy_offset=last_phy,
+        )
+
+    def _record_at(self, reader: CommitLogReader, offset: int) -> MessageRecord | None:
+        head = reader.read(offset, 4, limit=offset + 4)
+        if head is None:
+            return None
+        size = int.from_bytes(head, "big", signed=True)
+        if not 0 < size <= self.config.max_message_size_bytes:
+            return None
+        data = reader.read(offset, size, limit=offset + size)
+        if data is None:
+            return None
+        read = codec.read_record(data, 0, max_message_size=self.config.max_message_size_bytes)
+        return read.record if read.kind is RecordKind.MESSAGE else None
+
+    def lookup(self, commitlog_offset: int) -> MessageRecord | None:
+        """lookMessageByOffset (§13.3)."""
+        return self._record_at(self._reader(), commitlog_offset)
+
+    def lookup_msg_id(self, msg_id: str) -> MessageRecord | None:
+        """The message an offset message id names (§2.5), if it is this store's."""
+        host, offset = codec.decode_msg_id(msg_id)
+        record = self.lookup(offset)
+        return record if record is not None and record.store_host == host else None
+
+    def flush(self) -> None:
+        """Force the CommitLog (and the queues, index and checkpoint) to disk now."""
+        for peer in ("flush", "consume_queue", "index"):
+            ref = self.supervisor.ctx.peers.get(peer)
+            if ref is None:
+                continue
+            future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+            ref.tell(FlushAll(reply=Reply(future=future)))
+            future.get(timeout=self._reply_timeout_s)
+
+    # arrivals and long polling -------------------------------------------------------------
+    def _on_arrivals(self, events: Iterable[MessageArrived]) -> None:
+        """Called in the reput thread after each dispatch batch: cheap, never blocks."""
+        events = list(events)
+        with self._arrival_cond:
+            for event in events:
+                key = (event.topic, event.queue_id)
+                if event.max_offset > self._arrived.get(key, 0):
+                    self._arrived[key] = event.max_offset
+            self._arrival_cond.notify_all()
+        with self._subscribers_lock:
+            subscribers = list(self._subscribers)
+        for subscriber, topic, queue_id in subscribers:
+            for event in events:
+                if (topic is None or topic == event.topic) and (queue_id is None or queue_id == event.queue_id):
+                    try:
+                        subscriber.tell(event) if isinstance(subscriber, pykka.ActorRef) else subscriber(event)
+                    except pykka.ActorDeadError:
+                        self.unsubscribe(subscriber)
+                        break
+
+    def subscribe(self, subscriber: Any, topic: str | None = None, queue_id: int | None = None) -> None:
+        """Be told `MessageArrived` (an actor ref is told; a callable is called in the
+        dispatcher's thread and must return quickly)."""
+        with self._subscribers_lock:
+            self._subscribers.append((subscriber, topic, queue_id))
+
+    def unsubscribe(self, subscriber: Any) -> None:
+        with self._subscribers_lock:
+            self._subscribers = [s for s in self._subscribers if s[0] is not subscriber]
+
+    def wait_for_messages(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        """Long polling: block until the queue has a message at `offset` (True) or the timeout
+        passes (False). Woken by the dispatcher's arrival notice, never by polling."""
+        key = (topic, queue_id)
+        deadline = time.monotonic() + timeout_s
+        with self._arrival_cond:
+            if self._arrived.get(key, 0) > offset:
+                return True
+        if self.max_offset(topic, queue_id) > offset:
+            return True
+        with self._arrival_cond:
+            while self._arrived.get(key, 0) <= offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return False
+                self._arrival_cond.wait(remaining)
+        return True
+
+
+def _subscription(tags: str | None) -> tuple[frozenset[int], frozenset[str]] | None:
+    """A subscription expression as (tag hash codes, tag strings); None matches everything."""
+    if tags is None or tags.strip() in ("", "*"):
+        return None
+    names = frozenset(t.strip() for t in tags.split("||") if t.strip())
+    return frozenset(codec.java_string_hash(t) for t in names), names
+
+
+def _batch_full(
+    cfg: StoreConfig, size: int, max_count: int, total_bytes: int, count: int, in_disk: bool, max_total: int | None
+) -> bool:
+    """isTheBatchFull (§13.1), plus the caller's own byte limit."""
+    if total_bytes == 0 or count == 0:
+        return False
+    if count >= max_count:
+        return True
+    if max_total is not None and total_bytes + size > max_total:
+        return True
+    if in_disk:
+        return (
+            total_bytes + size > cfg.max_transfer_bytes_on_message_in_disk
+            or count > cfg.max_transfer_count_on_message_in_disk - 1
+        )
+    return (
+        total_bytes + size > cfg.max_transfer_bytes_on_message_in_memory
+        or count > cfg.max_transfer_count_on_message_in_memory - 1
+    )
+
+
+class StoreGateway(pykka.ThreadingActor):
+    """The store's face for other pykka actors: typed requests in, typed replies out."""
+
+    use_daemon_thread = True
+
+    def __init__(self, store: MessageStore) -> None:
+        super().__init__()
+        self._store = store
+
+    def on_receive(self, message: Any) -> Any:
+        store = self._store
+        match message:
+            case Put(messages=messages, reply=reply, batch=batch):
+                store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
+            case Get(topic=topic, queue_id=queue_id, offset=offset, max_count=n, reply=reply, tags=tags,
+                     max_total_bytes=max_total):  # fmt: skip
+                try:
+                    reply.send(store.get(topic, queue_id, offset, n, tags=tags, max_total_bytes=max_total))
+                except Exception as exc:
+                    reply.fail(exc)
+            case Query(topic=topic, key=key, max_count=n, reply=reply, begin_ms=begin, end_ms=end):
+                try:
+                    reply.send(store.query(topic, key, n, begin, end))
+                except Exception as exc:
+                    reply.fail(exc)
+            case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
+                store.subscribe(subscriber, topic, queue_id)
+            case Unsubscribe(subscriber=subscriber):
+                store.unsubscribe(subscriber)
+            case _:
+                raise AssertionError(f"the store gateway cannot handle {message!r}")
+        return None
+
+
+@atexit.register
+def _close_forgotten_stores() -> None:
+    """A host that forgets close(): stop cleanly if it can, bounded, never hang the exit."""
+    for store in list(_open_stores):
+        try:
+            store.close()
+        except Exception:  # exiting anyway; the abort file makes the next start recover
+            pass

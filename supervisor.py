@@ -1,0 +1,354 @@
+"""The supervision tree: start in dependency order, stop in reverse, restart what failed.
+
+The tree is data (`TREE`). A failed child is restarted together with its dependents
+(Erlang's rest_for_one, narrowed to the children that really read its output); the others
+restart alone. More than `MAX_RESTARTS` restarts within `RESTART_PERIOD_MS` means the fault
+is not transient (a full disk, a broken file): the supervisor then stops every child
+cleanly, keeps the abort file so the next start recovers, and tells the host through
+`on_fatal`. One thread does all of it and also drives the periodic services (the ticker).
+
+It never stops pykka's global registry, never interrupts the main thread, and runs on a
+daemon thread, so a host that forgets `close()` still exits (acknowledged data is already in
+the page cache or on disk, so nothing acknowledged is lost).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pykka
+
+from .actors.allocator import AllocateMappedFileService
+from .actors.base import ActorContext, ChildFailed
+from .actors.commit import CommitRealTimeService
+from .actors.commitlog_writer import CommitLogWriter, ResumePoint
+from .actors.consume_queue import ConsumeQueueService
+from .actors.flush import FlushCommitLogService
+from .actors.index import IndexActor
+from .actors.reput import ReputMessageService
+from .config import StoreConfig
+from .faults import NO_FAULTS, FaultPlan
+from .log import get_logger
+from .messages import FlushAll, Ping, QueueSnapshot, Reply, ReputStatus, SetWriteable, Tick, WriterReady
+from .storage import codec
+from .storage.fs import FileSystem, RealFileSystem
+from .storage.lockfiles import AbortFile, StoreLock
+from .storage.recovery import RecoveryReport, recover_store
+
+__all__ = ["Supervisor", "SupervisorState", "ChildSpec", "TREE", "MAX_RESTARTS", "RESTART_PERIOD_MS"]
+
+MAX_RESTARTS = 10
+RESTART_PERIOD_MS = 60_000
+BACKOFF_FIRST_MS = 10
+BACKOFF_MAX_MS = 1_000
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+DISPATCH_CATCH_UP_TIMEOUT_MS = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    name: str
+    dependents: tuple[str, ...]  # restarted with this child
+    tick_interval_ms: Callable[[StoreConfig], int | None] = lambda _: None
+    enabled: Callable[[StoreConfig], bool] = lambda _: True
+
+
+def _flush_tick(cfg: StoreConfig) -> int:
+    # Group commit checks deadlines often; async flush wakes at its interval.
+    return 10 if cfg.flush_disk_type == "SYNC_FLUSH" else cfg.flush_interval_commitlog_ms
+
+
+def _transient_pool(cfg: StoreConfig) -> bool:
+    return cfg.transient_store_pool_enable and cfg.flush_disk_type == "ASYNC_FLUSH" and cfg.broker_role != "SLAVE"
+
+
+# Start order is tuple order: each child's facts come from those before it.
+TREE: tuple[ChildSpec, ...] = (
+    ChildSpec("allocator", ()),
+    ChildSpec("flush", (), _flush_tick),
+    ChildSpec("consume_queue", ("reput",), lambda c: c.flush_interval_consume_queue_ms),
+    ChildSpec("index", ("reput",), enabled=lambda c: c.message_index_enable),
+    ChildSpec("writer", ("commit", "reput")),
+    ChildSpec("commit", (), lambda c: c.commit_interval_commitlog_ms, enabled=_transient_pool),
+    ChildSpec("reput", (), lambda _: 100),
+)
+
+
+class SupervisorState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"  # gave up after too many restarts
+
+
+@dataclass
+class RestartRecord:
+    failed: str
+    restarted: tuple[str, ...]
+    error: str
+    at_ms: int
+
+
+@dataclass
+class _Stop:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        fs: FileSystem | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        faults: FaultPlan = NO_FAULTS,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.fs = fs or RealFileSystem()
+        self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.faults = faults
+        self.on_fatal = on_fatal
+        self.state = SupervisorState.NEW
+        self.restarts: list[RestartRecord] = []
+        self.recovery: RecoveryReport | None = None
+        self.store_host = codec.HostAddress.parse(config.store_host)
+        self._specs = [spec for spec in TREE if spec.enabled(config)]
+        self._events: queue.Queue[Any] = queue.Queue()
+        self.ctx = ActorContext(
+            config=config, fs=self.fs, clock_ms=self.clock_ms, faults=faults, report=self._events.put
+        )
+        self._lock: StoreLock | None = None
+        self._abort: AbortFile | None = None
+        self._thread: threading.Thread | None = None
+        self._recent_failures: collections.deque[int] = collections.deque()
+        self.fatal_error: BaseException | None = None
+        self.log = get_logger("mqstore.supervisor", store=config.store_path_root_dir)
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def peers(self) -> dict[str, pykka.ActorRef[Any]]:
+        return self.ctx.peers
+
+    def start(self) -> None:
+        assert self.state is SupervisorState.NEW
+        cfg = self.config
+        self.fs.makedirs(cfg.store_path_root_dir)
+        self._lock = StoreLock(self.fs, cfg.lock_path)
+        self._lock.acquire()  # raises StoreLockedError if another process holds the store
+        try:
+            self._abort = AbortFile(self.fs, cfg.abort_path)
+            last_exit_ok = not self._abort.exists()
+            self.recovery = recover_store(cfg, self.fs, last_exit_ok=last_exit_ok, clock_ms=self.clock_ms)
+            self._abort.create()
+            for spec in self._specs:
+                self._start_child(spec.name, first=True)
+        except BaseException:
+            self._stop_children(clean=False)
+            self._lock.release()
+            raise
+        self.state = SupervisorState.RUNNING
+        self._thread = threading.Thread(target=self._run, name="mqstore-supervisor", daemon=True)
+        self._thread.start()
+        self.log.info("store started", recovery=self.recovery.summary() if self.recovery else None)
+
+    def stop(self) -> bool:
+        """Stop cleanly; True if the stop was clean (abort file removed)."""
+        if self.state in (SupervisorState.STOPPED, SupervisorState.NEW):
+            return self.state is SupervisorState.STOPPED
+        if self.state is SupervisorState.FAILED:
+            return False
+        stop = _Stop()
+        self._events.put(stop)
+        if threading.current_thread() is not self._thread:
+            stop.done.wait(STOP_TIMEOUT_S * 3)
+        return self.clean_stop
+
+    clean_stop = False
+
+    # ---------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        due = {spec.name: 0 for spec in self._specs if spec.tick_interval_ms(self.config)}
+        while True:
+            now = time.monotonic_ns() // 1_000_000
+            wait_ms = min((t - now for t in due.values()), default=1000)
+            try:
+                event = self._events.get(timeout=max(wait_ms, 0) / 1000)
+            except queue.Empty:
+                event = None
+            if isinstance(event, _Stop):
+                self._shutdown()
+                event.done.set()
+                return
+            if isinstance(event, ChildFailed):
+                if not self._handle_failure(event):
+                    return
+                continue
+            now = time.monotonic_ns() // 1_000_000
+            wall = self.clock_ms()
+            for spec in self._specs:
+                interval = spec.tick_interval_ms(self.config)
+                if interval and due.get(spec.name, 0) <= now:
+                    due[spec.name] = now + interval
+                    self.ctx.tell(spec.name, Tick(now_ms=wall))
+
+    def _handle_failure(self, event: ChildFailed) -> bool:
+        now = time.monotonic_ns() // 1_000_000
+        self._recent_failures.append(now)
+        while self._recent_failures and self._recent_failures[0] < now - RESTART_PERIOD_MS:
+            self._recent_failures.popleft()
+        if len(self._recent_failures) > MAX_RESTARTS:
+            self._give_up(event.error)
+            return False
+        # Back-off: a fault such as a full disk hits the same wall if retried at once.
+        backoff = min(BACKOFF_FIRST_MS * 2 ** (len(self._recent_failures) - 1), BACKOFF_MAX_MS)
+        time.sleep(backoff / 1000)
+        group = self._restart_group(event.name)
+        self.log.warning("restarting", failed=event.name, group=group, error=repr(event.error))
+        try:
+            for name in reversed(group):
+                self._stop_child(name)
+            for name in group:
+                self._start_child(name, first=False)
+        except Exception as exc:  # a child that cannot start counts as another failure
+            self._events.put(ChildFailed(name=event.name, error=exc))
+            return True
+        self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.clock_ms()))
+        return True
+
+    def _restart_group(self, name: str) -> list[str]:
+        wanted = {name}
+        changed = True
+        while changed:
+            changed = False
+            for spec in self._specs:
+                if spec.name in wanted:
+                    for dep in spec.dependents:
+                        if dep not in wanted and any(s.name == dep for s in self._specs):
+                            wanted.add(dep)
+                            changed = True
+        return [spec.name for spec in self._specs if spec.name in wanted]
+
+    def _give_up(self, error: BaseException) -> None:
+        self.log.error("too many restarts, stopping the store", error=repr(error))
+        self.state = SupervisorState.FAILED
+        self.fatal_error = error
+        self._stop_children(clean=False)
+        if self._lock is not None:
+            self._lock.release()
+        if self.on_fatal is not None:
+            try:
+                self.on_fatal(error)
+            except Exception as exc:  # the host's callback must not kill the supervisor
+                self.log.error("on_fatal callback failed", error=repr(exc))
+
+    # children ----------------------------------------------------------------------------
+    def _ask(self, name: str, message: Any, timeout: float = START_TIMEOUT_S) -> Any:
+        ref = self.ctx.peers[name]
+        return ref.ask(message, timeout=timeout)
+
+    def _start_child(self, name: str, *, first: bool) -> None:
+        """Start one child and wait for its ready handshake (an actor that failed in on_start
+        answers the ping with ActorDeadError, so nobody talks to a half-started actor)."""
+        ctx = self.ctx
+        rec = self.recovery
+        assert rec is not None
+        actor: Any
+        match name:
+            case "allocator":
+                ref = AllocateMappedFileService.start(ctx)
+            case "flush":
+                if first:
+                    max_offset, ts = rec.max_offset, rec.store_timestamp
+                else:
+                    ready: WriterReady = self._ask("writer", Ping())
+                    max_offset, ts = ready.max_offset, ready.store_timestamp
+                seg = self.config.mapped_file_size_commitlog_bytes
+                flushed = max(max_offset - max_offset % seg, rec.min_offset, 0)
+                ref = FlushCommitLogService.start(ctx, flushed_offset=flushed, max_offset=max_offset, store_timestamp=ts)
+            case "consume_queue":
+                ref = ConsumeQueueService.start(ctx)
+            case "index":
+                ref = IndexActor.start(ctx)
+            case "writer":
+                if first:
+                    resume = ResumePoint(scan_from=rec.max_offset, topic_queue_table=dict(rec.topic_queue_table))
+                else:
+                    snap: QueueSnapshot = self._ask("consume_queue", Ping())
+                    resume = ResumePoint(scan_from=snap.resume_offset, topic_queue_table=snap.topic_queue_table)
+                ref = CommitLogWriter.start(ctx, resume=resume, store_host=self.store_host)
+            case "commit":
+                ref = CommitRealTimeService.start(ctx)
+            case "reput":
+                ready = self._ask("writer", Ping())
+                if first:
+                    reput_offset = rec.dispatch_from
+                else:
+                    reput_offset = self._ask("consume_queue", Ping()).resume_offset
+                    if "index" in ctx.peers:
+                        reput_offset = min(reput_offset, self._ask("index", Ping()).resume_offset)
+                    reput_offset = max(reput_offset, ready.min_offset, 0)
+                ref = ReputMessageService.start(ctx, reput_offset=reput_offset, max_offset=ready.max_offset)
+            case _:
+                raise AssertionError(f"unknown child {name}")
+        ctx.peers[name] = ref
+        try:
+            ref.ask(Ping(), timeout=START_TIMEOUT_S)
+        except Exception:
+            ctx.peers.pop(name, None)
+            raise
+
+    def _stop_child(self, name: str) -> None:
+        ref = self.ctx.peers.pop(name, None)
+        if ref is not None:
+            try:
+                ref.stop(block=True, timeout=STOP_TIMEOUT_S)
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass
+
+    def _stop_children(self, *, clean: bool) -> None:
+        for spec in reversed(self._specs):
+            self._stop_child(spec.name)
+
+    def _shutdown(self) -> None:
+        """RocketMQ's shutdown (§11.9): refuse puts, let dispatch catch up, flush, stop in
+        reverse order, and remove the abort file only if all of that went well."""
+        self.state = SupervisorState.STOPPING
+        clean = True
+        try:
+            self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
+            deadline = time.monotonic() + DISPATCH_CATCH_UP_TIMEOUT_MS / 1000
+            while True:
+                status: ReputStatus = self._ask("reput", Ping(), timeout=STOP_TIMEOUT_S)
+                writer: WriterReady = self._ask("writer", Ping(), timeout=STOP_TIMEOUT_S)
+                if status.reput_offset >= writer.max_offset:
+                    break
+                if time.monotonic() > deadline:
+                    self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
+                    clean = False
+                    break
+                time.sleep(0.005)
+            for name in ("consume_queue", "index", "flush"):
+                if name in self.ctx.peers:
+                    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+                    self.ctx.peers[name].tell(FlushAll(reply=Reply(future=future)))
+                    future.get(timeout=STOP_TIMEOUT_S)
+        except Exception as exc:
+            self.log.error("unclean shutdown", error=repr(exc))
+            clean = False
+        self._stop_children(clean=clean)
+        if clean and self._abort is not None:
+            self._abort.remove()
+        if self._lock is not None:
+            self._lock.release()
+        self.clean_stop = clean
+        self.state = SupervisorState.STOPPED
+        self.log.info("store stopped", clean=clean)
