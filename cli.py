@@ -63,7 +63,14 @@ class CliError(Exception):
 
 # Optional subcommand groups, each a module with `add_subcommands(subparsers)`. Such a module
 # should import heavy dependencies (pyspark) inside its handlers, to keep `mqstore --help` fast.
-PLUGIN_MODULES: Final = ("mqstore.pipeline.cli", "mqstore.bench.cli")
+PLUGIN_MODULES: Final = (
+    "mqstore.tools.demo",  # demo: the main job
+    "mqstore.tools.recovery_cli",  # recover, verify
+    "mqstore.tools.read_cli",  # get, query
+    "mqstore.tools.inspect_cli",  # inspect, stats
+    "mqstore.pipeline.cli",
+    "mqstore.bench.cli",
+)
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -1,0 +1,1 @@
+"""Operational tools behind the CLI: recover, verify, inspect, stats, get, query, demo."""
