@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import enum
+import importlib
+import importlib.util
 import queue
 import threading
 import time
@@ -65,6 +67,10 @@ def _flush_tick(cfg: StoreConfig) -> int:
     return 10 if cfg.flush_disk_type == "SYNC_FLUSH" else cfg.flush_interval_commitlog_ms
 
 
+def _cleaner_available() -> bool:
+    return importlib.util.find_spec("mqstore.actors.cleaner") is not None
+
+
 def _transient_pool(cfg: StoreConfig) -> bool:
     return cfg.transient_store_pool_enable and cfg.flush_disk_type == "ASYNC_FLUSH" and cfg.broker_role != "SLAVE"
 
@@ -78,6 +84,7 @@ TREE: tuple[ChildSpec, ...] = (
     ChildSpec("writer", ("commit", "reput")),
     ChildSpec("commit", (), lambda c: c.commit_interval_commitlog_ms, enabled=_transient_pool),
     ChildSpec("reput", (), lambda _: 100),
+    ChildSpec("cleaner", (), lambda c: c.clean_resource_interval_ms, enabled=lambda _: _cleaner_available()),
 )
 
 
@@ -287,6 +294,9 @@ class Supervisor:
                 ref = CommitLogWriter.start(ctx, resume=resume, store_host=self.store_host)
             case "commit":
                 ref = CommitRealTimeService.start(ctx)
+            case "cleaner":
+                cleaner = importlib.import_module("mqstore.actors.cleaner")
+                ref = cleaner.CleanerActor.start(ctx)
             case "reput":
                 ready = self._ask("writer", Ping())
                 if first:
