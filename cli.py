@@ -21,10 +21,8 @@ import enum
 import importlib
 import importlib.util
 import json
-import mmap
 import os
 import re
-import struct
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,8 +31,10 @@ from typing import IO, Any, Final
 from . import __version__
 from .config import ConfigError, StoreConfig
 from .log import configure_logging, get_logger
-from .storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, MessageRecord, RecordKind
+from .storage.codec import MessageRecord, RecordKind
+from .storage.checkpoint import read_checkpoint
 from .storage.commitlog import scan_commitlog_dir
+from .storage.consume_queue import iter_cq_units, list_consume_queues
 from .storage.fs import RealFileSystem
 from .storage.index import IndexFile
 
@@ -236,12 +236,6 @@ def _segment_files(directory: Path) -> list[Path]:
     return sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name) and p.is_file()), key=lambda p: p.name)
 
 
-def _map_readonly(path: Path) -> mmap.mmap | None:
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
-
-
 def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
     """The dump's view of one message; the field set is part of the CLI's contract."""
     return {
@@ -316,39 +310,19 @@ def dump_consume_queues(
     """Every valid 20-byte unit of every (or the chosen) consume queue (§9.1)."""
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
-    for topic_dir in sorted(p for p in directory.iterdir() if p.is_dir()):
-        if topic is not None and topic_dir.name != topic:
+    fs = RealFileSystem()
+    for queue_topic, queue_no in list_consume_queues(str(directory), fs):
+        if (topic is not None and queue_topic != topic) or (queue_id is not None and queue_no != queue_id):
             continue
-        queue_dirs = sorted((p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-        for queue_dir in queue_dirs:
-            if queue_id is not None and int(queue_dir.name) != queue_id:
-                continue
-            yield from _dump_one_queue(topic_dir.name, int(queue_dir.name), queue_dir)
-
-
-def _dump_one_queue(topic: str, queue_id: int, directory: Path) -> Iterator[dict[str, Any]]:
-    for path in _segment_files(directory):
-        start = int(path.name)
-        buf = _map_readonly(path)
-        if buf is None:
-            return
-        try:
-            for pos in range(0, len(buf) - len(buf) % CQ_STORE_UNIT_SIZE, CQ_STORE_UNIT_SIZE):
-                offset, size, tags = CQ_UNIT.unpack_from(buf, pos)
-                if offset == 0 and size == 0 and tags == 0:
-                    return  # unwritten space: the queue ends here
-                if offset < 0 or size <= 0:
-                    raise CliError(ExitCode.CORRUPT, f"corrupt unit in {path} at file position {pos}")
-                yield {
-                    "topic": topic,
-                    "queue_id": queue_id,
-                    "queue_offset": (start + pos) // CQ_STORE_UNIT_SIZE,
-                    "commitlog_offset": offset,
-                    "size": size,
-                    "tags_code": tags,
-                }
-        finally:
-            buf.close()
+        for queue_offset, commitlog_offset, size, tags in iter_cq_units(str(directory / queue_topic / str(queue_no)), fs):
+            yield {
+                "topic": queue_topic,
+                "queue_id": queue_no,
+                "queue_offset": queue_offset,
+                "commitlog_offset": commitlog_offset,
+                "size": size,
+                "tags_code": tags,
+            }
 
 
 _INDEX_NAME: Final = re.compile(r"^\d{17}$")
@@ -386,25 +360,22 @@ def dump_index(directory: Path, *, max_hash_slot_num: int) -> Iterator[dict[str,
             index_file.close()
 
 
-_CHECKPOINT: Final = struct.Struct(">qqq")
+_CHECKPOINT_LONGS_BYTES: Final = 24
 
 
 def dump_checkpoint(path: Path) -> Iterator[dict[str, Any]]:
-    """The three timestamps of the checkpoint file (§11.1) and the values derived from them."""
+    """The timestamps of the checkpoint file (§11.1) and the values derived from them."""
     if not path.is_file():
         raise CliError(ExitCode.NOT_A_STORE, f"{path} does not exist")
-    data = path.read_bytes()
-    if len(data) < _CHECKPOINT.size:
-        raise CliError(ExitCode.CORRUPT, f"{path} is {len(data)} bytes, shorter than the 3 longs of a checkpoint")
-    physic, logics, index = _CHECKPOINT.unpack_from(data, 0)
-    min_ts = max(0, min(physic, logics) - 3000)
+    file_size = path.stat().st_size
+    if file_size < _CHECKPOINT_LONGS_BYTES:
+        raise CliError(ExitCode.CORRUPT, f"{path} is {file_size} bytes, shorter than the 3 longs of a checkpoint")
+    values = read_checkpoint(RealFileSystem(), str(path))
     yield {
-        "physic_msg_timestamp": physic,
-        "logics_msg_timestamp": logics,
-        "index_msg_timestamp": index,
-        "min_timestamp": min_ts,
-        "min_timestamp_index": min(min_ts, index),
-        "file_size": len(data),
+        **dataclasses.asdict(values),
+        "min_timestamp": values.min_timestamp(),
+        "min_timestamp_index": values.min_timestamp_index(),
+        "file_size": file_size,
     }
 
 

@@ -287,3 +287,9 @@ def test_an_unexpected_error_is_exit_1_with_a_message(
     monkeypatch.setattr(cli, "dump_commitlog", broken)
     assert main(["dump", str(tmp_path)]) == ExitCode.FAILURE == 1
     assert "Permission denied" in capsys.readouterr().err
+
+
+def test_dump_checkpoint_shorter_than_three_longs_is_corrupt(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "checkpoint").write_bytes(bytes(16))
+    code, rows, err = run(capsys, "dump", str(tmp_path), "--what", "checkpoint")
+    assert code == 3 and rows == [] and "16 bytes" in err
