@@ -33,6 +33,8 @@ from .base import ActorContext, StoreActor
 
 __all__ = ["CommitLogWriter", "ResumePoint"]
 
+NOTICE_EVERY_PUTS_MAX = 64
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResumePoint:
@@ -55,6 +57,8 @@ class CommitLogWriter(StoreActor):
         self._sync_flush = ctx.config.flush_disk_type == "SYNC_FLUSH"
         self._busy_timeout_ns = ctx.config.os_page_cache_busy_timeout_ms * 1_000_000
         self._sync_timeout_ns = ctx.config.sync_flush_timeout_ms * 1_000_000
+        self._pending_advance: CommitLogAdvanced | None = None
+        self._puts_since_notice = 0
 
     # lifecycle ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -85,6 +89,13 @@ class CommitLogWriter(StoreActor):
 
     # messages ----------------------------------------------------------------------------
     def handle(self, message: Any) -> Any:
+        try:
+            return self._handle(message)
+        finally:
+            if self._pending_advance is not None and self.actor_inbox.empty():
+                self._notify_advance()
+
+    def _handle(self, message: Any) -> Any:
         match message:
             case EncodedPut():
                 self._put(message)
@@ -144,12 +155,12 @@ class CommitLogWriter(StoreActor):
             store_timestamp=append.store_timestamp,
             msg_num=append.msg_num,
         )
-        advanced = CommitLogAdvanced(
+        self._pending_advance = CommitLogAdvanced(
             max_offset=commitlog.get_max_offset(),
             wrote_offset=append.wrote_offset + append.wrote_bytes,
             store_timestamp=append.store_timestamp,
         )
-        self.ctx.tell("reput", advanced)
+        self._puts_since_notice += 1
         if self._sync_flush and put.sync_wait:
             request = GroupCommitRequest(
                 next_offset=append.wrote_offset + append.wrote_bytes,
@@ -157,12 +168,25 @@ class CommitLogWriter(StoreActor):
                 reply=put.reply,
                 deadline_ns=time.monotonic_ns() + self._sync_timeout_ns,
             )
+            self._notify_advance()  # the flush actor must know the data it is asked to force
             if not self.ctx.tell("flush", request):
                 put.reply.send(result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
-            self.ctx.tell("flush", advanced)
         else:
             put.reply.send(result)
-            self.ctx.tell("flush", advanced)
+            # Each notice wakes two threads; while more puts wait in the inbox, one notice
+            # after them covers them all (positions are absolute), bounded so dispatch lags
+            # at most NOTICE_EVERY_PUTS_MAX puts under a constant stream.
+            if self.actor_inbox.empty() or self._puts_since_notice >= NOTICE_EVERY_PUTS_MAX:
+                self._notify_advance()
+
+    def _notify_advance(self) -> None:
+        advanced = self._pending_advance
+        if advanced is None:
+            return
+        self._pending_advance = None
+        self._puts_since_notice = 0
+        self.ctx.tell("reput", advanced)
+        self.ctx.tell("flush", advanced)
 
     def _commit(self, least_pages: int) -> None:
         """The commit service's request (transient store pool): copy write buffers to files."""
