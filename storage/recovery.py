@@ -14,6 +14,7 @@ recovery just does not hold the store closed while indexes are rebuilt.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -46,6 +47,12 @@ class RecoveryReport:
     truncated_consume_queues: int = 0
     dropped_index_files: int = 0
     messages_scanned: int = 0
+    # What the scan stopped at and what truncation removed (for people: the CLI and the log).
+    stop_reason: str = ""  # "end of data", "end of the last file", or the damaged record's reason
+    damaged_at: int = -1  # commitlog offset of a damaged record (-1: the log ended cleanly)
+    truncated_commitlog_bytes: int = 0  # non-zero bytes zeroed after the new end in its file
+    removed_commitlog_files: list[str] = field(default_factory=list)  # later files deleted
+    checkpoint_ahead_of_data: bool = False  # its physic timestamp is newer than the last record
 
     def summary(self) -> dict[str, object]:
         return {
@@ -58,6 +65,11 @@ class RecoveryReport:
             "truncated_consume_queues": self.truncated_consume_queues,
             "dropped_index_files": self.dropped_index_files,
             "messages_scanned": self.messages_scanned,
+            "stop_reason": self.stop_reason,
+            "damaged_at": self.damaged_at,
+            "truncated_commitlog_bytes": self.truncated_commitlog_bytes,
+            "removed_commitlog_files": list(self.removed_commitlog_files),
+            "checkpoint_ahead_of_data": self.checkpoint_ahead_of_data,
         }
 
 
@@ -74,7 +86,7 @@ def recover_store(
     checkpoint = read_checkpoint(fs, cfg.checkpoint_path) if fs.exists(cfg.checkpoint_path) else None
 
     queues: list[ConsumeQueue] = []
-    commitlog = CommitLog(
+    commitlog = _InspectingCommitLog(
         fs,
         cfg.commitlog_dir,
         mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
@@ -114,7 +126,7 @@ def recover_store(
             min_ts = 0
             if checkpoint is not None:
                 index_safe = cfg.message_index_enable and cfg.message_index_safe
-                min_ts = checkpoint.min_timestamp_index if index_safe else checkpoint.min_timestamp
+                min_ts = checkpoint.min_timestamp_index() if index_safe else checkpoint.min_timestamp()
             end = commitlog.recover_abnormally(min_ts, seen, progress, max_cq)
             dispatch_from = first_dispatched[0] if first_dispatched else end
         if not files:
@@ -131,7 +143,17 @@ def recover_store(
             consume_queues=len(queues),
             consume_queue_max_physic_offset=max_cq,
             messages_scanned=scanned[0],
+            stop_reason=commitlog.stop_reason,
+            damaged_at=commitlog.damaged_at,
+            truncated_commitlog_bytes=commitlog.dirty_bytes,
+            removed_commitlog_files=commitlog.removed_files,
         )
+        if checkpoint is not None and report.store_timestamp:
+            report.checkpoint_ahead_of_data = checkpoint.physic_msg_timestamp > report.store_timestamp
+        if report.damaged_at >= 0 or report.truncated_commitlog_bytes or report.removed_commitlog_files:
+            log.warning("recovery truncated the commitlog", max_offset=end, stop_reason=report.stop_reason,
+                        damaged_at=report.damaged_at, truncated_bytes=report.truncated_commitlog_bytes,
+                        removed_files=report.removed_commitlog_files)  # fmt: skip
         # §11.6 step 1: no log at all means no queue can be right.
         if not commitlog.mapped_file_queue.mapped_files:
             for cq in queues:
@@ -168,6 +190,50 @@ def recover_store(
         commitlog.shutdown()
     log.info("recovery done", **report.summary())
     return report
+
+
+_TAIL_CHUNK_BYTES = 1 << 20
+
+
+class _InspectingCommitLog(CommitLog):
+    """A CommitLog that notes, just before recovery truncates, why its scan stopped and what
+    the truncation is about to remove (the bytes are zeroed, so afterwards nobody can tell)."""
+
+    stop_reason = ""
+    damaged_at = -1
+    dirty_bytes = 0
+    removed_files: list[str]
+
+    def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
+        self.removed_files = []
+        self.stop_reason = "end of the last file"
+        for mapped_file in self.mapped_file_queue.mapped_files:
+            start = mapped_file.file_from_offset
+            if start > process_offset:
+                self.removed_files.append(os.path.basename(mapped_file.file_name))
+            elif process_offset < start + self.mapped_file_size:
+                self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start)
+        super()._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
+
+    def _inspect_tail(self, buf: memoryview, start: int, pos: int) -> None:
+        read = codec.read_record(buf, pos, self.mapped_file_size, check_crc=self.check_crc_on_recover,
+                                 read_body=False, max_message_size=self.max_message_size)  # fmt: skip
+        if read.kind is codec.RecordKind.CORRUPT:
+            self.stop_reason = read.reason
+            self.damaged_at = start + pos
+        elif read.kind is codec.RecordKind.MESSAGE:
+            self.stop_reason = "a valid record after the scan's end (left by an earlier crash?)"
+        else:
+            self.stop_reason = "end of data"
+        # The last non-zero byte after pos, found backwards in bounded chunks.
+        end = self.mapped_file_size
+        while end > pos:
+            begin = max(pos, end - _TAIL_CHUNK_BYTES)
+            chunk = bytes(buf[begin:end]).rstrip(b"\0")
+            if chunk:
+                self.dirty_bytes = begin + len(chunk) - pos
+                break
+            end = begin
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:
