@@ -182,43 +182,44 @@ class StoreConfig:
 
     # -- derived values used by the services ----------------------------------------------
 
+    # Paths are str, like the FileSystem layer (storage.fs) that every service hands them to.
     @property
-    def root_dir(self) -> Path:
-        return Path(self.store_path_root_dir).expanduser()
+    def root_dir(self) -> str:
+        return os.path.expanduser(self.store_path_root_dir)
 
     @property
-    def commitlog_dir(self) -> Path:
+    def commitlog_dir(self) -> str:
         if self.store_path_commitlog:
-            return Path(self.store_path_commitlog).expanduser()
-        return self.root_dir / "commitlog"
+            return os.path.expanduser(self.store_path_commitlog)
+        return os.path.join(self.root_dir, "commitlog")
 
     @property
-    def consume_queue_dir(self) -> Path:
-        return self.root_dir / "consumequeue"
+    def consume_queue_dir(self) -> str:
+        return os.path.join(self.root_dir, "consumequeue")
 
     @property
-    def consume_queue_ext_dir(self) -> Path:
-        return self.root_dir / "consumequeue_ext"
+    def consume_queue_ext_dir(self) -> str:
+        return os.path.join(self.root_dir, "consumequeue_ext")
 
     @property
-    def index_dir(self) -> Path:
-        return self.root_dir / "index"
+    def index_dir(self) -> str:
+        return os.path.join(self.root_dir, "index")
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.root_dir / "checkpoint"
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.root_dir, "checkpoint")
 
     @property
-    def abort_path(self) -> Path:
-        return self.root_dir / "abort"
+    def abort_path(self) -> str:
+        return os.path.join(self.root_dir, "abort")
 
     @property
-    def lock_path(self) -> Path:
-        return self.root_dir / "lock"
+    def lock_path(self) -> str:
+        return os.path.join(self.root_dir, "lock")
 
     @property
-    def config_dir(self) -> Path:
-        return self.root_dir / "config"
+    def config_dir(self) -> str:
+        return os.path.join(self.root_dir, "config")
 
     @property
     def store_host_address(self) -> HostAddress:

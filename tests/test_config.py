@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -114,15 +115,16 @@ def test_config_is_frozen_and_slotted(defaults: StoreConfig) -> None:
 
 def test_derived_paths_live_under_the_root(tmp_path: Path) -> None:
     cfg = StoreConfig(store_path_root_dir=str(tmp_path))
-    assert cfg.commitlog_dir == tmp_path / "commitlog"
-    assert cfg.consume_queue_dir == tmp_path / "consumequeue"
-    assert cfg.index_dir == tmp_path / "index"
-    assert cfg.checkpoint_path == tmp_path / "checkpoint"
-    assert cfg.abort_path == tmp_path / "abort"
-    assert cfg.lock_path == tmp_path / "lock"
-    assert cfg.config_dir == tmp_path / "config"
+    assert cfg.commitlog_dir == str(tmp_path / "commitlog")
+    assert cfg.consume_queue_dir == str(tmp_path / "consumequeue")
+    assert cfg.index_dir == str(tmp_path / "index")
+    assert cfg.checkpoint_path == str(tmp_path / "checkpoint")
+    assert cfg.abort_path == str(tmp_path / "abort")
+    assert cfg.lock_path == str(tmp_path / "lock")
+    assert cfg.config_dir == str(tmp_path / "config")
     other = cfg.replace(store_path_commitlog=str(tmp_path / "elsewhere"))
-    assert other.commitlog_dir == tmp_path / "elsewhere"
+    assert other.commitlog_dir == str(tmp_path / "elsewhere")
+    assert StoreConfig(store_path_root_dir="~/store").root_dir == os.path.expanduser("~/store")
 
 
 def test_derived_values(defaults: StoreConfig) -> None:
