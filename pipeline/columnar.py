@@ -149,6 +149,26 @@ def _map_array(dicts: list[dict[str, str] | None], typ: pa.DataType) -> pa.Array
     return arr if arr.type == typ else arr.cast(typ)
 
 
+def _parse_properties(s: str) -> dict[str, str]:
+    """codec.parse_properties (Java split semantics), inlined: it runs once per record.
+
+    Python's split keeps trailing empty strings where Java's drops them, which matters only
+    for a pair whose value is empty or that has extra separators; those go to the codec."""
+    props: dict[str, str] = {}
+    if not s:
+        return props
+    for item in s.split("\x02"):
+        nv = item.split("\x01")
+        if len(nv) == 2 and nv[1]:
+            props[nv[0]] = nv[1]
+        elif len(nv) > 1:
+            while nv and nv[-1] == "":
+                nv.pop()
+            if len(nv) == 2:
+                props[nv[0]] = nv[1]
+    return props
+
+
 def decode_batch(
     buf: Buffer,
     seg: Segment,
@@ -211,7 +231,7 @@ def _decode_fast(
     if _PROPS_COLUMNS.intersection(names):
         o, data = _varlen(a, props_len_pos + 2, props_len)
         ol = o.tolist()
-        props = [parse_properties(data[ol[i] : ol[i + 1]].decode("utf-8", "replace")) for i in range(n)]
+        props = [_parse_properties(data[ol[i] : ol[i + 1]].decode("utf-8", "replace")) for i in range(n)]
 
     ts_ms: np.ndarray | None = None
     phys: np.ndarray | None = None

@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE
 
 from .columnar import COLUMNS, corrupt_values, decode_batch, rows_to_batch
-from .segments import Segment, Step, discover_segments, open_segment, parse_size, plan_segment, walk
+from .segments import Segment, discover_segments, message_runs, open_segment, parse_size, plan_segment
 
 from mqstore.log import get_logger
 
@@ -214,7 +214,6 @@ def read_split(
         return
     a = np.frombuffer(buf, dtype=np.uint8)
     positions: list[int] = []
-    batch_bytes = 0
     corrupt: list[dict[str, Any]] = []
     check = strict or bool(corrupt_log) or "error" in columns
 
@@ -224,26 +223,19 @@ def read_split(
             _check_decoded(batch, buf, seg, positions, strict, corrupt, fast, max_message_size)
         return batch
 
-    for res in walk(buf, seg, split.start, split.end, max_message_size):
-        if res.step is Step.MESSAGE:
-            positions.append(res.pos)
-            batch_bytes += res.next_pos - res.pos
-            if len(positions) >= batch_rows or batch_bytes >= MAX_BATCH_BYTES:
-                yield decoded()
-                positions, batch_bytes = [], 0
+    for item in message_runs(buf, seg, split.start, split.end, max_message_size, batch_rows, MAX_BATCH_BYTES):
+        if isinstance(item, list):
+            positions = item
+            yield decoded()
             continue
+        res = item
         where = f"{seg.path} at position {res.pos} (commitlog offset {(seg.base_offset or 0) + res.pos})"
         if strict:
             raise CorruptRecordError(f"corrupt record in {where}: {res.reason}")
         log.warning("corrupt_record", segment=seg.path, position=res.pos, length=res.next_pos - res.pos, reason=res.reason)
         row = corrupt_values(seg, res.pos, res.next_pos - res.pos, res.reason)
         corrupt.append(row)
-        if positions:
-            yield decoded()
-            positions, batch_bytes = [], 0
         yield rows_to_batch([row], schema)
-    if positions:
-        yield decoded()
     if corrupt_log and corrupt:
         _write_corrupt_log(corrupt_log, split, corrupt)
 

@@ -11,6 +11,7 @@ therefore visits exactly the positions the planner would have visited after it.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
@@ -112,6 +113,35 @@ def header_ok(buf: mmap.mmap | bytes, pos: int, limit: int, max_message_size: in
     return total
 
 
+def _data_follows(path: str, pos: int) -> bool:
+    """False when everything after pos is a hole: a preallocated (sparse) segment's unwritten
+    tail. Saves scanning, and faulting in, up to a GiB of zeros; True when unsure."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        os.lseek(fd, pos, os.SEEK_DATA)
+        return True
+    except OSError as exc:  # ENXIO: no data at or after pos; anything else: unsure
+        return exc.errno != errno.ENXIO
+    finally:
+        os.close(fd)
+
+
+def _nonzero_follows(buf: mmap.mmap | bytes, pos: int, limit: int, chunk: int = 16 << 20) -> bool:
+    """Whether any byte in [pos, limit) is non-zero: one pass at memory speed, instead of
+    three magic-code searches over a zero-filled tail."""
+    import numpy as np
+
+    while pos < limit:
+        n = min(chunk, limit - pos)
+        if np.frombuffer(buf, np.uint8, n, pos).any():
+            return True
+        pos += n
+    return False
+
+
 def _resync(buf: mmap.mmap | bytes, pos: int, seg: Segment, max_message_size: int) -> tuple[int, bool]:
     """The first position after pos where a record verifiably starts: (position, is_blank).
 
@@ -120,6 +150,8 @@ def _resync(buf: mmap.mmap | bytes, pos: int, seg: Segment, max_message_size: in
     record. (-1, False) when nothing valid follows. Bounded by the segment size.
     """
     limit = seg.file_size
+    if not _data_follows(seg.path, pos + 8) or not _nonzero_follows(buf, pos + 8, limit):
+        return -1, False
     best_blank = -1
     i = buf.find(_BLANK_BYTES, pos + 5)
     while i != -1:
@@ -187,6 +219,52 @@ def walk(
             return
         yield res
         pos = res.next_pos
+
+
+def message_runs(
+    buf: mmap.mmap | bytes,
+    seg: Segment,
+    start: int,
+    end: int,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    max_rows: int = 8192,
+    max_bytes: int = 64 << 20,
+) -> Iterator[list[int] | StepResult]:
+    """`walk` for readers, in bulk: lists of message positions (at most max_rows records or
+    max_bytes), with a non-message StepResult (CORRUPT) yielded between them where met.
+
+    Same steps as `walk`; the common case (a plausible header) is inlined, since this loop
+    runs once per record."""
+    unpack = _II.unpack_from
+    v1, v2 = MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2
+    limit = min(seg.file_size, len(buf))
+    pos = start
+    run: list[int] = []
+    run_start = pos
+    while pos < end:
+        if pos + 8 <= limit:
+            total, magic = unpack(buf, pos)
+            if (
+                (magic == v1 and _MIN_RECORD_V1 <= total or magic == v2 and _MIN_RECORD_V2 <= total)
+                and total <= max_message_size
+                and pos + total <= limit
+            ):
+                run.append(pos)
+                pos += total
+                if len(run) >= max_rows or pos - run_start >= max_bytes:
+                    yield run
+                    run, run_start = [], pos
+                continue
+        res = step_at(buf, pos, seg, max_message_size)
+        if res.step is Step.END:
+            break
+        if run:
+            yield run
+        yield res
+        pos = res.next_pos
+        run, run_start = [], pos
+    if run:
+        yield run
 
 
 def plan_segment(
