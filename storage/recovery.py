@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..config import StoreConfig
 from ..log import get_logger
@@ -199,10 +199,12 @@ class _InspectingCommitLog(CommitLog):
     """A CommitLog that notes, just before recovery truncates, why its scan stopped and what
     the truncation is about to remove (the bytes are zeroed, so afterwards nobody can tell)."""
 
-    stop_reason = ""
-    damaged_at = -1
-    dirty_bytes = 0
-    removed_files: list[str]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_reason = "no commitlog files"
+        self.damaged_at = -1
+        self.dirty_bytes = 0
+        self.removed_files: list[str] = []
 
     def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
         self.removed_files = []

@@ -1,0 +1,312 @@
+"""`mqstore verify`: check that a stopped store's ConsumeQueues and index agree with its CommitLog.
+
+Read-only: the CommitLog is scanned (CRC-checked) through `scan_commitlog_dir`, queues through
+`iter_cq_units`, index files through `IndexFile.open_readonly`; nothing is mapped writable and
+nothing is created, so it is safe on a store that is not running (and on a broker's copy).
+
+What it checks (each failure is a `Problem` with a kind, a place and a detail):
+
+* the CommitLog: every segment is whole and readable up to its end of data; a damaged record
+  or data after the end is `commitlog_corrupt` / `commitlog_data_after_end`;
+* every ConsumeQueue unit points at a valid record that matches it (topic, queue id, queue
+  offset, size, tags code), `cq_*`; units at or past the log end are `cq_past_end`;
+* every index entry points at a valid record whose UNIQ_KEY or a KEYS token, as
+  `topic#key`, has the entry's hash (`index_*`); entries past the log end are `index_past_end`;
+* nothing is missing: each record that is not PREPARED/ROLLBACK has its unit
+  (`cq_missing`), unless its queue file was cleaned; each key of each record in the range an
+  index file covers has an entry (`index_missing`). Records outside every index file's
+  [beginPhyOffset, endPhyOffset] (a file dropped at crash recovery, or expired) are not
+  expected, and are counted in `VerifyReport.not_indexed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Final, Iterator, NamedTuple
+
+from ..config import StoreConfig
+from ..storage import codec
+from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind
+from ..storage.commitlog import scan_commitlog_dir
+from ..storage.consume_queue import iter_cq_units, list_consume_queues
+from ..storage.fs import FileSystem, RealFileSystem
+from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
+
+__all__ = ["Problem", "VerifyReport", "verify_store"]
+
+# A filler unit written before a queue's first real unit (§9.3): valid, points at nothing.
+_FILLER_SIZE: Final = 0x7FFFFFFF
+_SKIPPED_TRAN: Final = (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    kind: str
+    where: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.where}: {self.detail}"
+
+
+class _Rec(NamedTuple):
+    topic: str
+    queue_id: int
+    queue_offset: int
+    size: int
+    tags_code: int
+    tran_type: int
+    key_hashes: frozenset[int]
+
+
+@dataclass
+class VerifyReport:
+    store_dir: str
+    min_offset: int = 0
+    max_offset: int = 0  # end of the last valid record
+    messages: int = 0
+    consume_queues: int = 0
+    cq_units: int = 0
+    index_files: int = 0
+    index_entries: int = 0
+    not_indexed: int = 0  # records with keys outside every index file's range
+    problems: list[Problem] = field(default_factory=list)
+    problem_count: int = 0
+    max_problems: int = 1000
+
+    @property
+    def ok(self) -> bool:
+        return self.problem_count == 0
+
+    def add(self, kind: str, where: str, detail: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < self.max_problems:
+            self.problems.append(Problem(kind, where, detail))
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "store_dir": self.store_dir,
+            "ok": self.ok,
+            "min_offset": self.min_offset,
+            "max_offset": self.max_offset,
+            "messages": self.messages,
+            "consume_queues": self.consume_queues,
+            "cq_units": self.cq_units,
+            "index_files": self.index_files,
+            "index_entries": self.index_entries,
+            "not_indexed": self.not_indexed,
+            "problem_count": self.problem_count,
+        }
+
+
+def verify_store(
+    store_dir: str | os.PathLike[str],
+    *,
+    config: StoreConfig | None = None,
+    fs: FileSystem | None = None,
+    max_problems: int = 1000,
+) -> VerifyReport:
+    """Check the store at `store_dir` (not running, or at least not writing) and report."""
+    root = os.fspath(store_dir)
+    cfg = (config or StoreConfig()).replace(store_path_root_dir=root)
+    fs = fs or RealFileSystem()
+    report = VerifyReport(store_dir=root, max_problems=max_problems)
+    records = _scan_commitlog(cfg, fs, report)
+    _check_consume_queues(cfg, fs, records, report)
+    _check_index(cfg, fs, records, report)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# CommitLog
+
+
+def _key_hashes(record: codec.MessageRecord, slots: int) -> frozenset[int]:
+    keys = []
+    if record.uniq_key is not None:
+        keys.append(build_key(record.topic, record.uniq_key))
+    keys.extend(build_key(record.topic, k) for k in record.key_list)
+    return frozenset(key_hash_and_slot(k, slots)[0] for k in keys)
+
+
+def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> dict[int, _Rec]:
+    directory = os.fspath(cfg.commitlog_dir)
+    records: dict[int, _Rec] = {}
+    if not fs.isdir(directory):
+        report.add("commitlog_missing", directory, "no commitlog directory")
+        return records
+    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
+    if not names:
+        return records
+    segment = fs.getsize(os.path.join(directory, names[0]))
+    starts = [int(n) for n in names]
+    for k, start in enumerate(starts):
+        if start != starts[0] + k * segment:
+            report.add("commitlog_gap", os.path.join(directory, names[k]), f"expected a segment at {starts[0] + k * segment}")
+    report.min_offset = report.max_offset = starts[0]
+    delay_levels = codec.parse_delay_levels(cfg.message_delay_level)
+    ended_at: int | None = None  # the end of data; later files must hold nothing
+    scan = scan_commitlog_dir(directory, check_crc=True, segment_size=segment,
+                              max_message_size=cfg.max_message_size_bytes, fs=fs)  # fmt: skip
+    with contextlib.closing(scan):
+        for found in scan:
+            if ended_at is not None:
+                if found.kind is RecordKind.END_OF_DATA and found.offset % segment == 0:
+                    continue  # an empty (pre-allocated) file after the end: fine
+                report.add("commitlog_data_after_end", f"offset {found.offset}",
+                           f"{found.kind.value} after the log ended at {ended_at}")  # fmt: skip
+                continue
+            if found.kind is RecordKind.MESSAGE:
+                rec = found.record
+                assert rec is not None
+                if rec.commitlog_offset != found.offset:
+                    report.add("commitlog_offset_mismatch", f"offset {found.offset}",
+                               f"record says it is at {rec.commitlog_offset}")  # fmt: skip
+                records[found.offset] = _Rec(
+                    rec.topic, rec.queue_id, rec.queue_offset, rec.total_size, rec.tags_code(delay_levels),
+                    rec.transaction_type, _key_hashes(rec, cfg.max_hash_slot_num),
+                )  # fmt: skip
+                report.max_offset = found.offset + found.size
+            elif found.kind is RecordKind.BLANK:
+                report.max_offset = found.offset - found.offset % segment + segment
+            elif found.kind is RecordKind.END_OF_DATA:
+                ended_at = found.offset
+            else:
+                report.add("commitlog_corrupt", f"offset {found.offset}", found.reason)
+                ended_at = found.offset
+    report.messages = len(records)
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# ConsumeQueues
+
+
+def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], report: VerifyReport) -> None:
+    root = os.fspath(cfg.consume_queue_dir)
+    units: dict[tuple[str, int, int], int] = {}  # (topic, queue, queue offset) -> commitlog offset
+    first_offset: dict[tuple[str, int], int] = {}  # the first queue offset still on disk
+    for topic, queue_id in list_consume_queues(root, fs):
+        report.consume_queues += 1
+        queue_dir = os.path.join(root, topic, str(queue_id))
+        where = f"{topic}/{queue_id}"
+        names = sorted(n for n in fs.listdir(queue_dir) if len(n) == 20 and n.isdigit())
+        first_offset[(topic, queue_id)] = int(names[0]) // CQ_STORE_UNIT_SIZE if names else 0
+        expected_next: int | None = None
+        for queue_offset, phy, size, tags in iter_cq_units(queue_dir, fs):
+            if expected_next is not None and queue_offset != expected_next:
+                report.add("cq_gap", where, f"units jump from queue offset {expected_next - 1} to {queue_offset}")
+            expected_next = queue_offset + 1
+            if size == _FILLER_SIZE and phy == 0:
+                continue
+            report.cq_units += 1
+            units[(topic, queue_id, queue_offset)] = phy
+            here = f"{where} queue offset {queue_offset}"
+            if phy < report.min_offset:
+                continue  # its segment was cleaned
+            if phy >= report.max_offset:
+                report.add("cq_past_end", here, f"points at {phy}, the commitlog ends at {report.max_offset}")
+                continue
+            rec = records.get(phy)
+            if rec is None:
+                report.add("cq_bad_offset", here, f"no record starts at commitlog offset {phy}")
+                continue
+            mismatch = [
+                f"{name} {unit!r} != record's {actual!r}"
+                for name, unit, actual in (
+                    ("topic", topic, rec.topic),
+                    ("queue_id", queue_id, rec.queue_id),
+                    ("queue_offset", queue_offset, rec.queue_offset),
+                    ("size", size, rec.size),
+                    ("tags_code", tags, rec.tags_code),
+                )
+                if unit != actual
+            ]
+            if mismatch:
+                report.add("cq_mismatch", here, f"unit -> {phy}: " + "; ".join(mismatch))
+    for phy, rec in records.items():
+        if rec.tran_type in _SKIPPED_TRAN:
+            continue
+        key = (rec.topic, rec.queue_id)
+        if key not in first_offset:
+            report.add("cq_missing", f"{rec.topic}/{rec.queue_id}", f"no queue for the record at {phy}")
+            first_offset[key] = 1 << 62  # report a missing queue once
+            continue
+        if rec.queue_offset < first_offset[key]:
+            continue  # the queue's file holding it was cleaned
+        if units.get((rec.topic, rec.queue_id, rec.queue_offset)) != phy:
+            report.add("cq_missing", f"{rec.topic}/{rec.queue_id} queue offset {rec.queue_offset}",
+                       f"no unit for the record at {phy}")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Index
+
+
+def _index_files(cfg: StoreConfig, fs: FileSystem) -> list[str]:
+    directory = os.fspath(cfg.index_dir)
+    if not fs.isdir(directory):
+        return []
+    return [os.path.join(directory, n) for n in sorted(fs.listdir(directory)) if len(n) == 17 and n.isdigit()]
+
+
+def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], report: VerifyReport) -> None:
+    if not cfg.message_index_enable:
+        return
+    entries: set[tuple[int, int]] = set()
+    covered: list[tuple[int, int]] = []
+    for path in _index_files(cfg, fs):
+        report.index_files += 1
+        try:
+            header = read_index_header(fs, path)
+            f = IndexFile.open_readonly(fs, path, max_hash_slot_num=cfg.max_hash_slot_num)
+        except (OSError, ValueError) as exc:
+            report.add("index_unreadable", path, str(exc))
+            continue
+        try:
+            if not 0 <= header.index_count <= f.max_index_num:
+                report.add("index_bad_header", path, f"index_count {header.index_count} not in [0, {f.max_index_num}]")
+                continue
+            if header.index_count > 1:
+                if header.begin_phy_offset > header.end_phy_offset:
+                    report.add("index_bad_header", path,
+                               f"beginPhyOffset {header.begin_phy_offset} > endPhyOffset {header.end_phy_offset}")  # fmt: skip
+                covered.append((header.begin_phy_offset, header.end_phy_offset))
+            for entry in f.iter_entries():
+                report.index_entries += 1
+                phy = entry.phy_offset
+                entries.add((phy, entry.key_hash))
+                here = f"{os.path.basename(path)} entry {entry.entry_no}"
+                if phy < report.min_offset:
+                    continue  # expired
+                if phy >= report.max_offset:
+                    report.add("index_past_end", here, f"points at {phy}, the commitlog ends at {report.max_offset}")
+                    continue
+                rec = records.get(phy)
+                if rec is None:
+                    report.add("index_bad_offset", here, f"no record starts at commitlog offset {phy}")
+                elif entry.key_hash not in rec.key_hashes:
+                    report.add("index_wrong_key", here, f"hash {entry.key_hash} is not a key of the record at {phy}")
+                if not (0 <= entry.prev_index < entry.entry_no):
+                    report.add("index_bad_chain", here, f"prevIndex {entry.prev_index}")
+        finally:
+            f.close()
+    for phy, rec in records.items():
+        if not rec.key_hashes or rec.tran_type == codec.TRANSACTION_ROLLBACK_TYPE:
+            continue
+        if not any(begin <= phy <= end for begin, end in covered):
+            report.not_indexed += 1
+            continue
+        for key_hash in rec.key_hashes:
+            if (phy, key_hash) not in entries:
+                report.add("index_missing", f"commitlog offset {phy}", f"no index entry with key hash {key_hash}")
+
+
+def iter_problem_lines(report: VerifyReport) -> Iterator[str]:
+    for problem in report.problems:
+        yield str(problem)
+    if report.problem_count > len(report.problems):
+        yield f"... and {report.problem_count - len(report.problems)} more"
+
