@@ -418,3 +418,20 @@ __all__ += [
     "IndexSnapshot",
     "ReputStatus",
 ]
+
+
+# ---------------------------------------------------------------------------------------
+# Read side: offset by time
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetOffsetByTime:
+    """Ask the ConsumeQueue actor for getOffsetInQueueByTime (§9.5). The answer is a queue
+    offset: the message stored at `timestamp_ms`, else its nearest neighbour; 0 if nothing."""
+
+    topic: str
+    queue_id: int
+    timestamp_ms: int
+
+
+__all__ += ["GetOffsetByTime"]
