@@ -435,3 +435,98 @@ class GetOffsetByTime:
 
 
 __all__ += ["GetOffsetByTime"]
+
+
+# ---------------------------------------------------------------------------------------
+# Cleaning (§12): the cleaner decides, each file's owner deletes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteExpiredCommitLogFiles:
+    """To the writer (§12.4): delete at most `max_files` of the oldest segments that are older
+    than `expired_ms` (any age if `clean_immediately`), the newest always kept. The cleaner
+    spaces successive requests, so the writer never sleeps. Answered with CommitLogFilesDeleted."""
+
+    expired_ms: int
+    forcibly_ms: int
+    clean_immediately: bool
+    now_ms: int
+    max_files: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedeleteHangedCommitLogFile:
+    """To the writer (§12.5): destroy again a first segment that was shut down but still held."""
+
+    forcibly_ms: int
+    now_ms: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitLogFilesDeleted:
+    deleted: int
+    min_offset: int  # the commitlog's min offset after the deletion (-1: no file)
+    file_count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteExpiredConsumeQueueFiles:
+    """To the ConsumeQueue actor (§12.6): walk the queues in (topic, queue_id) order after
+    `start_after`, delete files whose units all point below `min_phy_offset` and correct each
+    queue's min offset; stop after the first queue that deleted files (the cleaner pauses)."""
+
+    min_phy_offset: int
+    start_after: tuple[str, int] | None
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumeQueueFilesDeleted:
+    deleted: int
+    last_queue: tuple[str, int] | None  # where to resume; None when every queue was visited
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteExpiredIndexFiles:
+    """To the index actor (§10.8): delete index files whose entries all point below the offset."""
+
+    min_phy_offset: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteFilesManually:
+    """executeDeleteFilesManually (§12.5): the next 20 rounds delete at any hour; one runs now."""
+
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanRound:
+    """What one cleaning round decided and did (the cleaner's answer to Tick and to DeleteFilesManually)."""
+
+    ran: bool  # False before the first delay passed
+    timeup: bool = False
+    spacefull: bool = False
+    manual: bool = False
+    clean_immediately: bool = False
+    disk_full: bool = False
+    commitlog_deleted: int = 0
+    hanged_deleted: int = 0
+    consume_queue_deleted: int = 0
+    index_deleted: int = 0
+    min_offset: int = -1
+
+
+__all__ += [
+    "DeleteExpiredCommitLogFiles",
+    "RedeleteHangedCommitLogFile",
+    "CommitLogFilesDeleted",
+    "DeleteExpiredConsumeQueueFiles",
+    "ConsumeQueueFilesDeleted",
+    "DeleteExpiredIndexFiles",
+    "DeleteFilesManually",
+    "CleanRound",
+]
