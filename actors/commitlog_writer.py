@@ -16,11 +16,14 @@ import pykka
 from ..messages import (
     AllocateRequest,
     CommitLogAdvanced,
+    CommitLogFilesDeleted,
     CommitWriteBuffers,
+    DeleteExpiredCommitLogFiles,
     EncodedPut,
     GroupCommitRequest,
     Ping,
     PutResult,
+    RedeleteHangedCommitLogFile,
     Reply,
     SetWriteable,
     WriterReady,
@@ -107,6 +110,12 @@ class CommitLogWriter(StoreActor):
                 return self._ready()
             case CommitWriteBuffers(least_pages=least_pages):
                 self._commit(least_pages)
+            case DeleteExpiredCommitLogFiles():
+                message.reply.send(self._delete_expired(message))
+            case RedeleteHangedCommitLogFile(forcibly_ms=forcibly_ms, now_ms=now_ms, reply=reply):
+                assert self._commitlog is not None
+                deleted = self._commitlog.retry_delete_first_file(forcibly_ms, now_ms)
+                reply.send(self._files_deleted(int(deleted)))
             case _:
                 raise AssertionError(f"writer cannot handle {message!r}")
         return None
@@ -210,6 +219,38 @@ class CommitLogWriter(StoreActor):
                 ),
             )
 
+    # cleaning (§12.4): the cleaner decided, the owner deletes ----------------------------------
+    def _delete_expired(self, request: DeleteExpiredCommitLogFiles) -> CommitLogFilesDeleted:
+        commitlog = self._commitlog
+        assert commitlog is not None
+        queue = commitlog.mapped_file_queue
+        files = queue.mapped_files
+        window = max(request.max_files, 0) + 1
+        if len(files) > window:
+            # The storage loop keeps the last file of the list it is given: give it only the
+            # oldest max_files + 1, so it deletes at most max_files. The cleaner sends the next
+            # request after its pause, so the put path never sleeps between deletions.
+            queue.mapped_files = files[:window]
+            try:
+                deleted = commitlog.delete_expired_file(
+                    request.expired_ms, 0, request.forcibly_ms, request.clean_immediately, request.now_ms, _no_sleep
+                )
+            finally:
+                queue.mapped_files = queue.mapped_files + files[window:]
+        else:
+            deleted = commitlog.delete_expired_file(
+                request.expired_ms, 0, request.forcibly_ms, request.clean_immediately, request.now_ms, _no_sleep
+            )
+        return self._files_deleted(deleted)
+
+    def _files_deleted(self, deleted: int) -> CommitLogFilesDeleted:
+        assert self._commitlog is not None
+        return CommitLogFilesDeleted(
+            deleted=deleted,
+            min_offset=self._commitlog.get_min_offset(),
+            file_count=len(self._commitlog.mapped_file_queue.mapped_files),
+        )
+
     # allocation --------------------------------------------------------------------------
     def _allocate(self, next_path: str, next_next_path: str, file_size: int) -> MappedFile | None:
         """Ask the allocate actor for the next segment; wait at most the configured timeout,
@@ -230,3 +271,6 @@ class CommitLogWriter(StoreActor):
             return None
         return mapped if isinstance(mapped, MappedFile) else None
 
+
+def _no_sleep(_ms: int) -> None:
+    raise AssertionError("the writer never sleeps between deletions (interval 0)")
