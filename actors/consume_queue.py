@@ -9,9 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..messages import (
+    ConsumeQueueFilesDeleted,
     ConsumeQueueFlushed,
+    DeleteExpiredConsumeQueueFiles,
     DispatchBatch,
     FlushAll,
+    GetOffsetByTime,
     GetUnits,
     Ping,
     QueueSnapshot,
@@ -19,6 +22,7 @@ from ..messages import (
     UnitsReply,
 )
 from ..storage import codec
+from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from .base import ActorContext, StoreActor
 
@@ -36,13 +40,17 @@ class ConsumeQueueService(StoreActor):
         self._dispatched_offset = 0
         self._logics_msg_timestamp = 0
         self._last_thorough_ms = 0
+        self._reader: CommitLogReader | None = None  # read-only maps for offset-by-time lookups
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
         self.ctx.fs.makedirs(root)
+        min_phy_offset = self._commitlog().min_offset()
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
             cq = self._open(topic, queue_id)
             cq.recover()
+            if min_phy_offset >= 0:
+                cq.correct_min_offset(min_phy_offset)  # recoverTopicQueueTable (§11.8)
             end = cq.max_physic_offset
             if end >= 0:
                 unit = cq.get_unit(cq.get_max_offset_in_queue() - 1)
@@ -53,6 +61,18 @@ class ConsumeQueueService(StoreActor):
         for cq in self._queues.values():
             cq.mapped_file_queue.shutdown(0)
         self._queues.clear()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _commitlog(self) -> CommitLogReader:
+        if self._reader is None:
+            cfg = self.config
+            self._reader = CommitLogReader(
+                self.ctx.fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+                max_message_size=cfg.max_message_size_bytes,
+            )  # fmt: skip
+        return self._reader
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
@@ -73,6 +93,8 @@ class ConsumeQueueService(StoreActor):
                 self._dispatch(message)
             case GetUnits():
                 return self._get_units(message)
+            case GetOffsetByTime():
+                return self._offset_by_time(message)
             case Ping():
                 return self._snapshot()
             case Tick(now_ms=now):
@@ -80,6 +102,8 @@ class ConsumeQueueService(StoreActor):
             case FlushAll(reply=reply):
                 self._flush(self.ctx.clock_ms(), thorough=True)
                 reply.send(self._dispatched_offset)
+            case DeleteExpiredConsumeQueueFiles(min_phy_offset=min_phy_offset, start_after=start_after, reply=reply):
+                reply.send(self._delete_expired(min_phy_offset, start_after))
             case _:
                 raise AssertionError(f"consume_queue cannot handle {message!r}")
         return None
@@ -125,6 +149,31 @@ class ConsumeQueueService(StoreActor):
             commitlog_head=self._dispatched_offset,
         )
 
+    def _offset_by_time(self, request: GetOffsetByTime) -> int:
+        """getOffsetInQueueByTime (§9.5), reading store times through this actor's own maps."""
+        cq = self._queues.get((request.topic, request.queue_id))
+        if cq is None:
+            return 0
+        reader = self._commitlog()
+        reader.refresh()  # segments deleted since the last lookup must read as deleted
+        return cq.get_offset_in_queue_by_time(request.timestamp_ms, self._pickup_store_timestamp, reader.min_offset())
+
+    def _pickup_store_timestamp(self, offset: int, size: int) -> int:
+        """CommitLog.pickupStoreTimestamp: the record's STORETIMESTAMP if [offset, offset+size)
+        is readable, else -1."""
+        return pickup_store_timestamp(self._commitlog(), offset, size)
+
+    def _delete_expired(self, min_phy_offset: int, start_after: tuple[str, int] | None) -> ConsumeQueueFilesDeleted:
+        """CleanConsumeQueueService (§12.6) for the queues after `start_after`, up to and
+        including the first one that deleted files (the cleaner pauses, then resumes there)."""
+        for key in sorted(self._queues):
+            if start_after is not None and key <= start_after:
+                continue
+            deleted = self._queues[key].delete_expired_file(min_phy_offset)  # also corrects its min offset
+            if deleted > 0:
+                return ConsumeQueueFilesDeleted(deleted=deleted, last_queue=key)
+        return ConsumeQueueFilesDeleted(deleted=0, last_queue=None)
+
     def _snapshot(self) -> QueueSnapshot:
         return QueueSnapshot(
             topic_queue_table={f"{t}-{q}": cq.get_max_offset_in_queue() for (t, q), cq in self._queues.items()},
@@ -147,3 +196,17 @@ class ConsumeQueueService(StoreActor):
         if least_pages == 0:
             self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True))
 
+
+
+def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> int:
+    """STORETIMESTAMP of the record at `offset` if all `size` bytes from there are readable
+    (in one existing segment), else -1 (§9.5). Reads the head only, not the whole record."""
+    head = codec.store_timestamp_position(codec.BORNHOST_V6_FLAG) + 8
+    if offset < 0 or size < head or offset % reader.mapped_file_size + size > reader.mapped_file_size:
+        return -1
+    data = reader.read(offset, head, limit=offset + size)
+    if data is None:
+        return -1
+    sys_flag = int.from_bytes(data[codec.SYSFLAG_POSITION : codec.SYSFLAG_POSITION + 4], "big")
+    position = codec.store_timestamp_position(sys_flag)
+    return int.from_bytes(data[position : position + 8], "big", signed=True)
