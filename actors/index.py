@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..messages import (
+    DeleteExpiredIndexFiles,
     DispatchBatch,
     FlushAll,
     IndexFileFlushed,
@@ -81,6 +82,8 @@ class IndexActor(StoreActor):
             case FlushAll(reply=reply):
                 service.flush_all()
                 reply.send(self._dispatched_offset)
+            case DeleteExpiredIndexFiles(min_phy_offset=min_phy_offset, reply=reply):
+                reply.send(service.delete_expired_file(min_phy_offset))
             case _:
                 raise AssertionError(f"index cannot handle {message!r}")
         return None
