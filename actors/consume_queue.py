@@ -6,6 +6,8 @@ writes nothing twice. Readers ask for units; they never touch the files.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any
 
 from ..messages import (
@@ -26,7 +28,7 @@ from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from .base import ActorContext, StoreActor
 
-__all__ = ["ConsumeQueueService"]
+__all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 
 FLUSH_CALLS_PER_QUEUE_MAX = 8  # one call flushes one file; a bound, not a loop until done
 
@@ -40,12 +42,12 @@ class ConsumeQueueService(StoreActor):
         self._dispatched_offset = 0
         self._logics_msg_timestamp = 0
         self._last_thorough_ms = 0
-        self._reader: CommitLogReader | None = None  # read-only maps for offset-by-time lookups
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
         self.ctx.fs.makedirs(root)
-        min_phy_offset = self._commitlog().min_offset()
+        with contextlib.closing(self._commitlog()) as reader:
+            min_phy_offset = reader.min_offset()
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
             cq = self._open(topic, queue_id)
             cq.recover()
@@ -61,18 +63,15 @@ class ConsumeQueueService(StoreActor):
         for cq in self._queues.values():
             cq.mapped_file_queue.shutdown(0)
         self._queues.clear()
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
 
     def _commitlog(self) -> CommitLogReader:
-        if self._reader is None:
-            cfg = self.config
-            self._reader = CommitLogReader(
-                self.ctx.fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
-                max_message_size=cfg.max_message_size_bytes,
-            )  # fmt: skip
-        return self._reader
+        """Read-only maps of the commitlog, for one lookup: closed right after, so this actor
+        never keeps a segment the cleaner deleted (and its disk space) alive."""
+        cfg = self.config
+        return CommitLogReader(
+            self.ctx.fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+            max_message_size=cfg.max_message_size_bytes,
+        )  # fmt: skip
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
@@ -154,14 +153,9 @@ class ConsumeQueueService(StoreActor):
         cq = self._queues.get((request.topic, request.queue_id))
         if cq is None:
             return 0
-        reader = self._commitlog()
-        reader.refresh()  # segments deleted since the last lookup must read as deleted
-        return cq.get_offset_in_queue_by_time(request.timestamp_ms, self._pickup_store_timestamp, reader.min_offset())
-
-    def _pickup_store_timestamp(self, offset: int, size: int) -> int:
-        """CommitLog.pickupStoreTimestamp: the record's STORETIMESTAMP if [offset, offset+size)
-        is readable, else -1."""
-        return pickup_store_timestamp(self._commitlog(), offset, size)
+        with contextlib.closing(self._commitlog()) as reader:
+            pickup = functools.partial(pickup_store_timestamp, reader)
+            return cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
 
     def _delete_expired(self, min_phy_offset: int, start_after: tuple[str, int] | None) -> ConsumeQueueFilesDeleted:
         """CleanConsumeQueueService (§12.6) for the queues after `start_after`, up to and
@@ -195,7 +189,6 @@ class ConsumeQueueService(StoreActor):
                     break
         if least_pages == 0:
             self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True))
-
 
 
 def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> int:
