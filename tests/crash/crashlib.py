@@ -1,0 +1,79 @@
+"""Helpers for the crash tests (imported by them; conftest.py puts this directory on sys.path)."""
+
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import mqstore
+from mqstore.storage.status import GetMessageStatus
+from mqstore.tools.verify import verify_store
+
+TOPIC = "crash"
+QUEUES = 4
+PRODUCER = os.path.join(os.path.dirname(__file__), "producer.py")
+
+
+@dataclass(frozen=True)
+class Ack:
+    key: str
+    queue_id: int
+    queue_offset: int
+
+
+def read_all(store: mqstore.MessageStore, topic: str, queue_id: int) -> list[mqstore.MessageRecord]:
+    """Every message of a queue, from offset 0, bounded by the queue's max offset."""
+    out: list[mqstore.MessageRecord] = []
+    offset = 0
+    max_offset = store.max_offset(topic, queue_id)
+    while offset < max_offset:
+        result = store.get(topic, queue_id, offset, 64)
+        assert result.status is GetMessageStatus.FOUND, (topic, queue_id, offset, result.status)
+        out.extend(result.messages)
+        assert result.next_begin_offset > offset
+        offset = result.next_begin_offset
+    return out
+
+
+def check_store(store: mqstore.MessageStore, acks: dict[str, Ack], context: str, *, query_sample: int = 200) -> int:
+    """Acknowledged messages present exactly once at their acknowledged queue offsets; queue
+    offsets dense; batches all or nothing; keys queryable. Returns the number of messages."""
+    seen: collections.Counter[str] = collections.Counter()
+    batches: dict[str, list[int]] = collections.defaultdict(list)
+    where: dict[str, tuple[int, int]] = {}
+    total = 0
+    for queue_id in range(QUEUES):
+        records = read_all(store, TOPIC, queue_id)
+        for n, rec in enumerate(records):
+            assert rec.queue_offset == n, f"{context}: queue {queue_id} offsets not dense at {n}: {rec.queue_offset}"
+            key = rec.key_list[0]
+            seen[key] += 1
+            where[key] = (queue_id, rec.queue_offset)
+            if "batch" in rec.properties:
+                batches[rec.properties["batch"]].append(rec.queue_offset)
+            elif not rec.body.startswith(key.encode()):
+                raise AssertionError(f"{context}: body of {key} is wrong: {rec.body[:40]!r}")
+        total += len(records)
+    dup = [k for k, c in seen.items() if c > 1]
+    assert not dup, f"{context}: duplicated messages {dup[:5]}"
+    missing = [k for k in acks if k not in seen]
+    assert not missing, f"{context}: {len(missing)} acknowledged messages lost, e.g. {missing[:5]}"
+    moved = [k for k, a in acks.items() if where[k] != (a.queue_id, a.queue_offset)]
+    assert not moved, f"{context}: acknowledged at other queue offsets: {[(k, acks[k], where[k]) for k in moved[:5]]}"
+    for batch, offsets in batches.items():
+        count = int(batch.rsplit("/", 1)[1])
+        offsets.sort()
+        assert len(offsets) == count, f"{context}: batch {batch} half present: {len(offsets)} of {count}"
+        assert offsets == list(range(offsets[0], offsets[0] + count)), f"{context}: batch {batch} not contiguous"
+    for key in sorted(acks)[:: max(1, len(acks) // query_sample)]:
+        found = store.query(TOPIC, key, 4)
+        assert [m.key_list[0] for m in found.messages] == [key], f"{context}: query by key {key}: {found.messages}"
+    return total
+
+
+def assert_verified(store_dir: str, context: str, **kwargs: Any) -> None:
+    report = verify_store(store_dir, **kwargs)
+    assert report.ok, f"{context}: verify found {report.problem_count} problems: {[str(p) for p in report.problems[:10]]}"
+
