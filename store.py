@@ -469,6 +469,21 @@ class MessageStore:
             ref.tell(FlushAll(reply=Reply(future=future)))
             future.get(timeout=self._reply_timeout_s)
 
+    def delete_expired_files_now(self) -> int:
+        """executeDeleteFilesManually (§12.5): the next 20 cleaning rounds delete expired
+        commitlog files at any hour (at any age above the forced-clean disk ratio); the first
+        round runs now. Returns how many commitlog files it deleted (0 if the cleaner is down)."""
+        from .messages import CleanRound, DeleteFilesManually
+
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        if not self.supervisor.ctx.tell("cleaner", DeleteFilesManually(reply=Reply(future=future))):
+            return 0
+        try:
+            result: CleanRound = future.get(timeout=self._reply_timeout_s)
+        except (pykka.Timeout, ServiceUnavailable):
+            return 0
+        return result.commitlog_deleted
+
     # arrivals and long polling -------------------------------------------------------------
     def _on_arrivals(self, events: Iterable[MessageArrived]) -> None:
         """Called in the reput thread after each dispatch batch: cheap, never blocks."""
