@@ -46,6 +46,7 @@ from .storage.codec import MessageRecord, RecordKind
 from .storage.commitlog import CommitLogReader
 from .storage.fs import FileSystem
 from .storage.status import GetMessageStatus, PutMessageStatus
+from .stats import StoreStats, records_get, store_snapshot
 from .supervisor import Supervisor, SupervisorState
 
 __all__ = ["MessageStore", "open_store"]
@@ -100,6 +101,7 @@ class MessageStore:
         self._readers: list[CommitLogReader] = []
         self._readers_lock = threading.Lock()
         self._arrived: dict[tuple[str, int], int] = {}
+        self._dispatched_end = 0  # commitlog offset the reput actor has dispatched up to
         self._arrival_cond = threading.Condition()
         self._subscribers: list[tuple[Any, str | None, int | None]] = []
         self._subscribers_lock = threading.Lock()
@@ -108,6 +110,7 @@ class MessageStore:
         self._closed = False
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
+        self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
 
     # lifecycle ---------------------------------------------------------------------------
     def _start(self) -> None:
@@ -164,6 +167,7 @@ class MessageStore:
     def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> pykka.ThreadingFuture[Any] | PutResult:
         """Encode here, tell the writer, return at once: a future (or the early result when
         the put was refused before reaching the writer). With `reply`, the answer goes there."""
+        started_ns = time.monotonic_ns()
         future: pykka.ThreadingFuture[Any] | None = None
         if reply is None:
             future = pykka.ThreadingFuture()
@@ -174,6 +178,7 @@ class MessageStore:
             return refused
         records, sys_flag, sync_wait = refused
         first = messages[0]
+        reply = self.stats_service.timed_reply(first.topic, reply, started_ns)
         put = EncodedPut(
             records=records,
             topic=first.topic,
@@ -195,7 +200,10 @@ class MessageStore:
         if isinstance(submitted, PutResult):
             return submitted
         try:
-            return submitted.get(timeout=self._reply_timeout_s)
+            result: PutResult = submitted.get(timeout=self._reply_timeout_s)
+            if result.stored:
+                self._local.last_put_end = result.commitlog_offset + result.wrote_bytes
+            return result
         except pykka.Timeout:
             return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="no answer from the writer in time")
         except ServiceUnavailable as exc:
@@ -299,6 +307,7 @@ class MessageStore:
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self._units(topic, queue_id, -1, 0).max_offset
 
+    @records_get
     def get(
         self,
         topic: str,
@@ -312,7 +321,9 @@ class MessageStore:
     ) -> GetResult:
         """getMessage (§13.1): every GetMessageStatus under RocketMQ's exact conditions. `tags`
         is a subscription expression ("A||B", "*"); the ConsumeQueue's tag hash filters first
-        and the record's real tag confirms, so hash collisions never deliver a wrong tag."""
+        and the record's real tag confirms, so hash collisions never deliver a wrong tag.
+        A thread reads its own writes: what it put is dispatched before its get runs."""
+        self._await_own_writes()
         try:
             reply = self._units(topic, queue_id, offset, max(max_count, 1) * 2 + 800)
         except ServiceUnavailable:
@@ -408,6 +419,7 @@ class MessageStore:
         """queryMessage (§13.2): messages whose UNIQ_KEY or a KEYS token equals `key`, stored
         within [begin_ms, end_ms], oldest first. Unlike the Java store, which leaves hash
         collisions to the client, each hit is checked against the record's real keys."""
+        self._await_own_writes()
         last_query_ms = end_ms
         messages: list[MessageRecord] = []
         last_ts = last_phy = 0
@@ -459,6 +471,10 @@ class MessageStore:
         record = self.lookup(offset)
         return record if record is not None and record.store_host == host else None
 
+    def stats(self) -> dict[str, Any]:
+        """StoreStatsService's figures (§16) plus dispatch lag, process RSS/open files, disk use."""
+        return store_snapshot(self)
+
     def flush(self) -> None:
         """Force the CommitLog (and the queues, index and checkpoint) to disk now."""
         for peer in ("flush", "consume_queue", "index"):
@@ -485,10 +501,12 @@ class MessageStore:
         return result.commitlog_deleted
 
     # arrivals and long polling -------------------------------------------------------------
-    def _on_arrivals(self, events: Iterable[MessageArrived]) -> None:
+    def _on_arrivals(self, events: Iterable[MessageArrived], dispatched_end: int) -> None:
         """Called in the reput thread after each dispatch batch: cheap, never blocks."""
         events = list(events)
         with self._arrival_cond:
+            if dispatched_end > self._dispatched_end:
+                self._dispatched_end = dispatched_end
             for event in events:
                 key = (event.topic, event.queue_id)
                 if event.max_offset > self._arrived.get(key, 0):
@@ -514,6 +532,21 @@ class MessageStore:
     def unsubscribe(self, subscriber: Any) -> None:
         with self._subscribers_lock:
             self._subscribers = [s for s in self._subscribers if s[0] is not subscriber]
+
+    def _await_own_writes(self, timeout_s: float = 5.0) -> None:
+        """Read-your-writes for the calling thread: wait until dispatch has passed the end of
+        its last acknowledged put (RocketMQ dispatches asynchronously; an embedded user
+        expects to get what it just put). Woken by the arrival hook, never by polling."""
+        target = getattr(self._local, "last_put_end", 0)
+        if target <= self._dispatched_end:
+            return
+        deadline = time.monotonic() + timeout_s
+        with self._arrival_cond:
+            while self._dispatched_end < target and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._arrival_cond.wait(remaining)
 
     def wait_for_messages(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """Long polling: block until the queue has a message at `offset` (True) or the timeout

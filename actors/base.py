@@ -44,7 +44,7 @@ class ActorContext:
     peers: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
     # live outside the actors, so they survive a reput restart).
-    on_arrivals: Callable[[list[Any]], None] = lambda _events: None
+    on_arrivals: Callable[[list[Any], int], None] = lambda _events, _end_offset: None
 
     def tell(self, peer: str, message: Any) -> bool:
         """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""

@@ -121,9 +121,11 @@ class ReputMessageService(StoreActor):
         if self.config.message_index_enable:
             self.ctx.tell("index", batch)
         if requests and self.config.long_polling_enable:
-            self._notify(requests)
+            self._notify(requests, end_offset)
+        elif requests:
+            self.ctx.on_arrivals([], end_offset)
 
-    def _notify(self, requests: list[DispatchRequest]) -> None:
+    def _notify(self, requests: list[DispatchRequest], end_offset: int) -> None:
         newest: dict[tuple[str, int], tuple[int, int]] = {}
         for r in requests:
             if r.sys_flag & codec.TRANSACTION_MASK in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
@@ -133,4 +135,4 @@ class ReputMessageService(StoreActor):
             MessageArrived(topic=topic, queue_id=queue_id, max_offset=max_offset, store_timestamp=ts)
             for (topic, queue_id), (max_offset, ts) in newest.items()
         ]
-        self.ctx.on_arrivals(events)
+        self.ctx.on_arrivals(events, end_offset)

@@ -1,0 +1,316 @@
+"""StoreStats: what RocketMQ's StoreStatsService measures (spec §16), for one running store.
+
+Counters only, under one lock: put count and bytes per topic, put failures (and the status of
+each), the put latency distribution in RocketMQ's 13 buckets, get found/miss counts and the
+messages transferred, the largest put and get latencies. `sample(now_ms)` takes a snapshot at
+most once a second (at most 601 are kept, about 10 minutes), and the TPS over the last 10, 60
+and 600 s come from those snapshots: `(count_now - count_then) / (t_now - t_then) * 1000`.
+Whoever owns a ticker may call `sample`; every read samples too, so a store nobody ticks still
+answers with rates over the samples its readers caused. Every 60 s a sample logs the bucket
+counters and the TPS through structlog and resets the buckets, as RocketMQ does.
+
+Time is passed in (`clock_ms`), latencies are measured by the caller in nanoseconds.
+`store_snapshot(store)` adds what only the running store and the OS know: dispatch lag (asked
+of the reput actor), process RSS and open files, disk usage of each store path (psutil).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Final
+
+import psutil
+
+from .log import get_logger
+from .messages import GetResult, Ping, PutResult, Reply
+
+if TYPE_CHECKING:
+    from .store import MessageStore
+
+__all__ = [
+    "BUCKET_NAMES",
+    "BUCKET_UPPER_BOUNDS_MS",
+    "TPS_WINDOWS_S",
+    "StoreStats",
+    "bucket_of",
+    "disk_allocated_bytes",
+    "records_get",
+    "store_snapshot",
+]
+
+log = get_logger(__name__)
+
+# RocketMQ's putMessageDistributeTime: a latency of v ms goes to the first bucket whose bound
+# it is below (the first bucket is v <= 0, i.e. under a millisecond); the last is 10 s and up.
+BUCKET_UPPER_BOUNDS_MS: Final = (10, 50, 100, 200, 500, 1000, 2000, 3000, 4000, 5000, 10000)
+BUCKET_NAMES: Final = (
+    "<=0ms", "0~10ms", "10~50ms", "50~100ms", "100~200ms", "200~500ms", "500ms~1s",
+    "1~2s", "2~3s", "3~4s", "4~5s", "5~10s", "10s~",
+)  # fmt: skip
+TPS_WINDOWS_S: Final = (10, 60, 600)
+SAMPLE_INTERVAL_MS: Final = 1000
+MAX_SAMPLES: Final = 601  # 10 minutes of 1 s samples, plus the one the window starts from
+DISTRIBUTION_RESET_INTERVAL_MS: Final = 60_000
+
+_NS_PER_MS: Final = 1_000_000
+
+
+def bucket_of(latency_ms: int) -> int:
+    """The index of RocketMQ's bucket for a latency in whole milliseconds."""
+    if latency_ms <= 0:
+        return 0
+    for i, bound in enumerate(BUCKET_UPPER_BOUNDS_MS):
+        if latency_ms < bound:
+            return i + 1
+    return len(BUCKET_NAMES) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    at_ms: int
+    put_times: int
+    get_found: int
+    get_miss: int
+    transferred: int
+
+
+class StoreStats:
+    """Thread-safe counters; every method is a lock and a few additions."""
+
+    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
+        self._clock_ms = clock_ms or (lambda: time.time_ns() // _NS_PER_MS)
+        self._lock = threading.Lock()
+        self.boot_timestamp_ms = self._clock_ms()
+        self._put_topic_times: dict[str, int] = collections.defaultdict(int)
+        self._put_topic_bytes: dict[str, int] = collections.defaultdict(int)
+        self._put_times_total = 0
+        self._put_bytes_total = 0
+        self._put_failed_times = 0
+        self._put_status_times: dict[str, int] = collections.defaultdict(int)
+        self._put_max_ns = 0
+        self._buckets = [0] * len(BUCKET_NAMES)  # reset every 60 s, as RocketMQ does
+        self._buckets_total = [0] * len(BUCKET_NAMES)  # never reset
+        self._get_found = 0
+        self._get_miss = 0
+        self._get_transferred = 0
+        self._get_max_ns = 0
+        self._dispatch_max_behind_bytes = 0
+        self._samples: collections.deque[_Sample] = collections.deque(maxlen=MAX_SAMPLES)
+        self._last_reset_ms = self.boot_timestamp_ms
+        self._samples.append(self._snapshot_locked(self.boot_timestamp_ms))
+
+    # recording ---------------------------------------------------------------------------
+    def record_put(self, topic: str, result: PutResult | BaseException, latency_ns: int) -> None:
+        """One put (or batch) answered after `latency_ns`: PUT_OK counts its messages and bytes
+        for the topic; anything else (or an exception) is a failure, counted by status."""
+        bucket = bucket_of(latency_ns // _NS_PER_MS)
+        with self._lock:
+            self._buckets[bucket] += 1
+            self._buckets_total[bucket] += 1
+            if latency_ns > self._put_max_ns:
+                self._put_max_ns = latency_ns
+            if isinstance(result, PutResult) and result.ok:
+                n = max(result.msg_num, 1)
+                self._put_topic_times[topic] += n
+                self._put_topic_bytes[topic] += result.wrote_bytes
+                self._put_times_total += n
+                self._put_bytes_total += result.wrote_bytes
+                self._put_status_times["PUT_OK"] += 1
+            else:
+                self._put_failed_times += 1
+                name = result.status.name if isinstance(result, PutResult) else type(result).__name__
+                self._put_status_times[name] += 1
+
+    def timed_reply(self, topic: str, reply: Reply, started_ns: int | None = None) -> Reply:
+        """A Reply that records the put's answer and latency, then forwards it to `reply`."""
+        started = time.monotonic_ns() if started_ns is None else started_ns
+
+        def done(answer: Any) -> None:
+            self.record_put(topic, answer, time.monotonic_ns() - started)
+            if isinstance(answer, BaseException):
+                reply.fail(answer)
+            else:
+                reply.send(answer)
+
+        return Reply(callback=done)
+
+    def record_get(self, result: GetResult, latency_ns: int) -> None:
+        """One getMessage call: FOUND counts as found with its messages transferred."""
+        with self._lock:
+            if latency_ns > self._get_max_ns:
+                self._get_max_ns = latency_ns
+            if result.found:
+                self._get_found += 1
+                self._get_transferred += len(result.raw) if result.raw else len(result.messages)
+            else:
+                self._get_miss += 1
+
+    def record_dispatch_behind(self, behind_bytes: int) -> None:
+        """dispatchMaxBuffer: the largest dispatch lag seen (bytes of log not yet dispatched)."""
+        with self._lock:
+            if behind_bytes > self._dispatch_max_behind_bytes:
+                self._dispatch_max_behind_bytes = behind_bytes
+
+    # sampling ----------------------------------------------------------------------------
+    def _snapshot_locked(self, now_ms: int) -> _Sample:
+        return _Sample(now_ms, self._put_times_total, self._get_found, self._get_miss, self._get_transferred)
+
+    def sample(self, now_ms: int | None = None) -> bool:
+        """Take a snapshot if a second has passed since the last one; every 60 s also log the
+        latency buckets and TPS and reset the buckets. True if a snapshot was taken."""
+        now = self._clock_ms() if now_ms is None else now_ms
+        report: dict[str, Any] | None = None
+        with self._lock:
+            if now - self._samples[-1].at_ms < SAMPLE_INTERVAL_MS:
+                return False
+            self._samples.append(self._snapshot_locked(now))
+            if now - self._last_reset_ms >= DISTRIBUTION_RESET_INTERVAL_MS:
+                report = {
+                    "put_distribution": dict(zip(BUCKET_NAMES, self._buckets)),
+                    "put_tps": self._tps_locked(now, "put_times"),
+                }
+                self._buckets = [0] * len(BUCKET_NAMES)
+                self._last_reset_ms = now
+        if report is not None:
+            log.info("store stats", **report)
+        return True
+
+    def _tps_locked(self, now_ms: int, field: str) -> dict[str, float]:
+        """TPS over each window: from the newest sample at least `window` old (else the oldest)
+        to the counters now."""
+        current = getattr(self._snapshot_locked(now_ms), field)
+        out: dict[str, float] = {}
+        for window in TPS_WINDOWS_S:
+            then = self._samples[0]
+            for s in reversed(self._samples):
+                if now_ms - s.at_ms >= window * 1000:
+                    then = s
+                    break
+            elapsed = now_ms - then.at_ms
+            out[f"{window}s"] = (current - getattr(then, field)) / elapsed * 1000 if elapsed > 0 else 0.0
+        return out
+
+    # reading -----------------------------------------------------------------------------
+    def put_tps(self, now_ms: int | None = None) -> dict[str, float]:
+        now = self._clock_ms() if now_ms is None else now_ms
+        self.sample(now)
+        with self._lock:
+            return self._tps_locked(now, "put_times")
+
+    def snapshot(self, now_ms: int | None = None) -> dict[str, Any]:
+        """Everything counted, with RocketMQ's getRuntimeInfo meaning under snake_case names."""
+        now = self._clock_ms() if now_ms is None else now_ms
+        self.sample(now)
+        with self._lock:
+            found, miss = self._get_found, self._get_miss
+            tps_found = self._tps_locked(now, "get_found")
+            tps_miss = self._tps_locked(now, "get_miss")
+            return {
+                "boot_timestamp_ms": self.boot_timestamp_ms,
+                "runtime_ms": now - self.boot_timestamp_ms,
+                "put_message_times_total": self._put_times_total,
+                "put_message_size_total": self._put_bytes_total,
+                "put_message_average_size": self._put_bytes_total / self._put_times_total if self._put_times_total else 0.0,
+                "put_message_failed_times": self._put_failed_times,
+                "put_message_status_times": dict(self._put_status_times),
+                "put_message_entire_time_max_ms": self._put_max_ns / _NS_PER_MS,
+                "put_message_distribute_time": dict(zip(BUCKET_NAMES, self._buckets)),
+                "put_message_distribute_time_total": dict(zip(BUCKET_NAMES, self._buckets_total)),
+                "put_topic": {
+                    topic: {"messages": self._put_topic_times[topic], "bytes": self._put_topic_bytes[topic]}
+                    for topic in sorted(self._put_topic_times)
+                },
+                "get_message_times_total_found": found,
+                "get_message_times_total_miss": miss,
+                "get_message_transfered_msg_count": self._get_transferred,
+                "get_message_entire_time_max_ms": self._get_max_ns / _NS_PER_MS,
+                "dispatch_max_buffer_bytes": self._dispatch_max_behind_bytes,
+                "put_tps": self._tps_locked(now, "put_times"),
+                "get_found_tps": tps_found,
+                "get_miss_tps": tps_miss,
+                "get_total_tps": {k: tps_found[k] + tps_miss[k] for k in tps_found},
+                "get_transfered_tps": self._tps_locked(now, "transferred"),
+            }
+
+
+def records_get(method: Callable[..., GetResult]) -> Callable[..., GetResult]:
+    """Decorates `MessageStore.get` so each call's outcome and latency reach its StoreStats."""
+
+    @functools.wraps(method)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> GetResult:
+        started = time.monotonic_ns()
+        result = method(self, *args, **kwargs)
+        stats: StoreStats | None = getattr(self, "stats_service", None)
+        if stats is not None:
+            stats.record_get(result, time.monotonic_ns() - started)
+        return result
+
+    return timed
+
+
+def disk_allocated_bytes(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """(bytes allocated on disk, apparent bytes) of the files under `path`. Segments are
+    sparse until written, so the first number is what the store really uses."""
+    allocated = apparent = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:
+                continue  # deleted while we walked
+            allocated += st.st_blocks * 512
+            apparent += st.st_size
+    return allocated, apparent
+
+
+def _disk_usage(path: str) -> dict[str, Any]:
+    try:
+        usage = psutil.disk_usage(path)
+    except OSError as exc:
+        return {"path": path, "error": str(exc)}
+    allocated, apparent = disk_allocated_bytes(path)
+    return {
+        "path": path,
+        "store_allocated_bytes": allocated,
+        "store_apparent_bytes": apparent,
+        "fs_total_bytes": usage.total,
+        "fs_used_bytes": usage.used,
+        "fs_used_ratio": usage.percent / 100,
+    }
+
+
+def store_snapshot(store: MessageStore) -> dict[str, Any]:
+    """`MessageStore.stats()`: the counters, dispatch lag, process and disk figures."""
+    stats = store.stats_service
+    out = stats.snapshot(store.clock_ms())
+    behind: int | None = None
+    reput = store.supervisor.ctx.peers.get("reput")
+    if reput is not None and store.running:
+        try:
+            status = reput.ask(Ping(), timeout=2)
+            behind = max(status.max_offset - status.reput_offset, 0)
+            stats.record_dispatch_behind(behind)
+            out["commitlog_max_offset"] = status.max_offset
+            out["reput_offset"] = status.reput_offset
+        except Exception:  # the reput actor is restarting: lag unknown this time
+            behind = None
+    out["dispatch_behind_bytes"] = behind
+    proc = psutil.Process()
+    try:
+        open_files = len(proc.open_files())
+    except (psutil.Error, OSError):
+        open_files = -1
+    out["process"] = {"rss_bytes": proc.memory_info().rss, "open_files": open_files, "threads": proc.num_threads()}
+    cfg = store.config
+    paths = {"root": str(cfg.root_dir), "commitlog": str(cfg.commitlog_dir), "consumequeue": str(cfg.consume_queue_dir),
+             "index": str(cfg.index_dir)}  # fmt: skip
+    out["disk"] = {name: _disk_usage(path) for name, path in paths.items() if os.path.isdir(path)}
+    if "commitlog" in out["disk"] and "fs_used_ratio" in out["disk"]["commitlog"]:
+        out["commitlog_disk_ratio"] = out["disk"]["commitlog"]["fs_used_ratio"]
+    return out
+
