@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         # Warm-up: one task per core over the first MB, so JVM start-up and the Python
         # workers' imports are not counted as throughput. The first timed run is still
         # reported separately ("#1"): it is what a one-shot spark-submit sees.
-        compute_stats(spark, [store], split_size=str(max(1, (1 << 20) // (2 * cores))))
+        warm = os.path.join(work, "warm")
+        generate(warm, 1, 1, args.msg_size)
+        compute_stats(spark, [warm], split_size="64k")
         for i in range(1, args.repeat + 1):
             if "spark-stats" not in skip:
                 stats = timed(f"spark-stats#{i}", lambda: compute_stats(spark, [store], split_size=args.split_size),

@@ -1,0 +1,227 @@
+"""Rebuild consumequeue/ and index/ from the commitlog alone, in parallel (spec §8.5, §9, §10).
+
+    spark-submit pipeline/reindex.py STORE_DIR OUT_DIR [--cq-file-size B] [--max-index-num N]
+    mqstore spark reindex STORE_DIR OUT_DIR [--master URL]
+
+The bytes are written by the store's own writers (`storage.consume_queue.ConsumeQueue`,
+`storage.index.IndexFile`) fed in dispatch order, so the formats live in one place; Spark
+decides who writes what:
+* ConsumeQueue: one task per (topic, queueId), units in commitlog order. PREPARED and
+  ROLLBACK messages are not queued (§8.5). Byte-identical to what the store builds.
+* Index: entries are numbered in commitlog order (UNIQ_KEY, then each KEYS token; ROLLBACK
+  not indexed) and file k takes entries [k*(maxIndexNum-1), (k+1)*(maxIndexNum-1)), which is
+  how IndexService fills files. One task per index file; each file starts from the previous
+  file's last entry (§10.6 quirk), computed on the driver. File names are the first entry's
+  store time (the store names files by its clock, which a rebuild cannot know), kept strictly
+  increasing as IndexService does.
+
+Tasks write to OUT_DIR directly, so OUT_DIR must be on a file system every executor shares
+with the driver (local mode, or one host, or a shared mount).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from mqstore.log import get_logger
+from mqstore.pipeline.args import parser_for, reindex_args
+from mqstore.pipeline.datasource import read_commitlog
+from mqstore.pipeline.session import get_spark
+from mqstore.storage.codec import (
+    TRANSACTION_MASK,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+)
+from mqstore.storage.consume_queue import ConsumeQueue
+from mqstore.storage.fs import RealFileSystem
+from mqstore.storage.index import IndexFile, index_file_name, index_file_name_to_ms
+
+log = get_logger(__name__)
+
+REINDEX_COLUMNS = [
+    "commitlog_offset", "size", "topic", "queue_id", "queue_offset", "sys_flag", "store_timestamp",
+    "tags_code", "keys", "uniq_key", "error",
+]  # fmt: skip
+
+_CQ_RESULT = "topic string, queue_id int, units long, max_offset long"
+_INDEX_RESULT = "file_no long, name string, entries long"
+
+
+def _messages(spark: SparkSession, store: str, split_size: str | None, strict: bool) -> DataFrame:
+    df = read_commitlog(spark, [store], columns=REINDEX_COLUMNS, split_size=split_size, strict=strict)
+    # Timestamps as epoch ms (the writers take ms); corrupt ranges are not messages.
+    return df.where(F.col("error").isNull()).withColumn("store_ms", F.unix_millis("store_timestamp"))
+
+
+def build_consume_queues(messages: DataFrame, out_dir: str, mapped_file_size: int) -> list[dict[str, Any]]:
+    root = os.path.join(out_dir, "consumequeue")
+    tx = F.col("sys_flag").bitwiseAND(TRANSACTION_MASK)
+    queued = messages.where(~tx.isin(TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)).select(
+        "topic", "queue_id", "commitlog_offset", "size", "tags_code", "queue_offset"
+    )
+
+    def write_queue(table: pa.Table) -> pa.Table:
+        t = table.sort_by("commitlog_offset")  # dispatch order is commitlog order
+        topic, queue_id = t["topic"][0].as_py(), t["queue_id"][0].as_py()
+        cq = ConsumeQueue(RealFileSystem(), topic, queue_id, root, mapped_file_size=mapped_file_size,
+                          clock_ms=lambda: int(time.time() * 1000))  # fmt: skip
+        cq.load()
+        for off, size, tags, qoff in zip(
+            t["commitlog_offset"].to_pylist(), t["size"].to_pylist(), t["tags_code"].to_pylist(), t["queue_offset"].to_pylist()
+        ):
+            if not cq.put_message_position_info(off, size, tags, qoff):
+                raise OSError(f"cannot write consume queue {topic}/{queue_id} at queue offset {qoff}")
+        cq.flush(0)
+        max_offset = cq.get_max_offset_in_queue()
+        cq.mapped_file_queue.shutdown(0)
+        return pa.table({"topic": [topic], "queue_id": [queue_id], "units": [t.num_rows], "max_offset": [max_offset]},
+                        schema=pa.schema([("topic", pa.string()), ("queue_id", pa.int32()), ("units", pa.int64()),
+                                          ("max_offset", pa.int64())]))  # fmt: skip
+
+    rows = queued.groupBy("topic", "queue_id").applyInArrow(write_queue, _CQ_RESULT).collect()
+    return sorted((r.asDict() for r in rows), key=lambda r: (r["topic"], r["queue_id"]))
+
+
+def index_entries(messages: DataFrame, max_index_num: int) -> DataFrame:
+    """One row per index entry: rank (global, commitlog order), file_no, key, phy, store_ms."""
+    tx = F.col("sys_flag").bitwiseAND(TRANSACTION_MASK)
+    tokens = F.filter(F.split(F.coalesce(F.col("keys"), F.lit("")), " "), lambda k: k != "")
+    keys = F.concat(F.when(F.col("uniq_key").isNotNull(), F.array(F.col("uniq_key"))).otherwise(F.array()), tokens)
+    per_msg = (
+        messages.where(tx != TRANSACTION_ROLLBACK_TYPE)
+        .select("topic", "commitlog_offset", "store_ms", keys.alias("keys"))
+        .withColumn("n", F.size("keys"))
+        .where(F.col("n") > 0)
+    )
+    # The running count needs one global order; it is one long per message, so a single
+    # partition is fine at commitlog scale (a GiB of 1 KiB messages is a million rows).
+    w = Window.orderBy("commitlog_offset").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    ranked = per_msg.withColumn("first_rank", F.sum("n").over(w) - F.col("n"))
+    entries = ranked.select(
+        "topic", "commitlog_offset", "store_ms", "first_rank", F.posexplode("keys").alias("pos", "k")
+    ).withColumn("rank", F.col("first_rank") + F.col("pos"))
+    per_file = max_index_num - 1  # entry 0 is never used
+    return entries.select(
+        "rank",
+        (F.col("rank") / F.lit(per_file)).cast("long").alias("file_no"),
+        F.concat(F.col("topic"), F.lit("#"), F.col("k")).alias("key"),
+        F.col("commitlog_offset").alias("phy"),
+        "store_ms",
+    )
+
+
+def _file_plan(entries: DataFrame) -> dict[int, dict[str, int | str]]:
+    """Per index file: the previous file's last entry (begin values) and a name."""
+    rows = (
+        entries.groupBy("file_no")
+        .agg(
+            F.min_by("store_ms", "rank").alias("first_ms"),
+            F.max_by("phy", "rank").alias("last_phy"),
+            F.max_by("store_ms", "rank").alias("last_ms"),
+        )
+        .orderBy("file_no")
+        .collect()
+    )
+    plan: dict[int, dict[str, int | str]] = {}
+    prev_phy, prev_ms, last_name = 0, 0, ""
+    for r in rows:
+        ms = r["first_ms"]
+        if last_name:
+            ms = max(ms, index_file_name_to_ms(last_name) + 1)
+        name = index_file_name(ms)
+        while name <= last_name:  # bounded by DST oddities only
+            ms += 1
+            name = index_file_name(ms)
+        plan[r["file_no"]] = {"name": name, "prev_phy": prev_phy, "prev_ms": prev_ms}
+        prev_phy, prev_ms, last_name = r["last_phy"], r["last_ms"], name
+    return plan
+
+
+def build_index(messages: DataFrame, out_dir: str, max_hash_slot_num: int, max_index_num: int) -> list[dict[str, Any]]:
+    index_dir = os.path.join(out_dir, "index")
+    entries = index_entries(messages, max_index_num).cache()
+    try:
+        plan = _file_plan(entries)
+        if not plan:
+            return []
+
+        def write_file(table: pa.Table) -> pa.Table:
+            t = table.sort_by("rank")
+            file_no = t["file_no"][0].as_py()
+            p = plan[file_no]
+            fs = RealFileSystem()
+            fs.makedirs(index_dir)
+            f = IndexFile.create(fs, os.path.join(index_dir, str(p["name"])), max_hash_slot_num=max_hash_slot_num,
+                                 max_index_num=max_index_num, end_phy_offset=int(p["prev_phy"]),
+                                 end_timestamp=int(p["prev_ms"]))  # fmt: skip
+            try:
+                for key, phy, ms in zip(t["key"].to_pylist(), t["phy"].to_pylist(), t["store_ms"].to_pylist()):
+                    if not f.put_key(key, phy, ms):
+                        raise AssertionError(f"index file {p['name']} full before its planned entries")
+                f.flush()
+            finally:
+                f.close()
+            return pa.table({"file_no": [file_no], "name": [str(p["name"])], "entries": [t.num_rows]},
+                            schema=pa.schema([("file_no", pa.int64()), ("name", pa.string()), ("entries", pa.int64())]))  # fmt: skip
+
+        rows = entries.groupBy("file_no").applyInArrow(write_file, _INDEX_RESULT).collect()
+    finally:
+        entries.unpersist()
+    return sorted((r.asDict() for r in rows), key=lambda r: r["file_no"])
+
+
+def reindex(
+    spark: SparkSession,
+    store: str,
+    out_dir: str,
+    *,
+    cq_file_size: int = 6_000_000,
+    max_hash_slot_num: int = 5_000_000,
+    max_index_num: int = 20_000_000,
+    with_index: bool = True,
+    split_size: str | None = None,
+    strict: bool = False,
+) -> dict[str, Any]:
+    out_dir = os.path.abspath(out_dir)
+    for sub in ("consumequeue", "index"):
+        shutil.rmtree(os.path.join(out_dir, sub), ignore_errors=True)  # a rebuild replaces them
+    os.makedirs(out_dir, exist_ok=True)
+    messages = _messages(spark, store, split_size, strict).cache()
+    try:
+        queues = build_consume_queues(messages, out_dir, cq_file_size)
+        files = build_index(messages, out_dir, max_hash_slot_num, max_index_num) if with_index else []
+    finally:
+        messages.unpersist()
+    log.info("reindex done", queues=len(queues), index_files=len(files))
+    return {"out": out_dir, "consume_queues": queues, "index_files": files}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return parser_for("reindex", __doc__, reindex_args)
+
+
+def run(args: argparse.Namespace) -> int:
+    spark = get_spark(args.master, app_name="mqstore-reindex")
+    summary = reindex(spark, args.store, args.out, cq_file_size=args.cq_file_size,
+                      max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num,
+                      with_index=not args.no_index, split_size=args.split_size, strict=args.strict)  # fmt: skip
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
