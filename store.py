@@ -19,6 +19,7 @@ import psutil
 import pykka
 
 from .actors.base import ServiceUnavailable
+from .actors.consume_queue import pickup_store_timestamp
 from .config import StoreConfig
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
@@ -26,10 +27,12 @@ from .messages import (
     EncodedPut,
     FlushAll,
     Get,
+    GetOffsetByTime,
     GetResult,
     GetUnits,
     Message,
     MessageArrived,
+    Ping,
     Put,
     PutResult,
     Query,
@@ -44,6 +47,7 @@ from .messages import (
 from .storage import codec
 from .storage.codec import MessageRecord, RecordKind
 from .storage.commitlog import CommitLogReader
+from .storage.consumer_offsets import ConsumerOffsetStore
 from .storage.fs import FileSystem
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StoreStats, records_get, store_snapshot
@@ -54,6 +58,11 @@ __all__ = ["MessageStore", "open_store"]
 _DEFAULT_BORN_HOST = codec.HostAddress("127.0.0.1", 0)
 _TOTAL_RAM_BYTES = psutil.virtual_memory().total or 24 * 1024**3
 _REPLY_MARGIN_S = 10.0
+# A reader thread re-lists the commitlog at least this often, so a segment the cleaner deleted
+# reads as deleted (MESSAGE_WAS_REMOVING) and its disk space is not kept alive by our maps.
+READER_REFRESH_INTERVAL_MS = 1_000
+# The broker's flushConsumerOffsetInterval: committed offsets reach the disk this often.
+CONSUMER_OFFSET_PERSIST_INTERVAL_MS = 5_000
 _open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
 
 
@@ -111,12 +120,24 @@ class MessageStore:
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
+        # Consumer offsets (the broker's ConsumerOffsetManager): committed in memory, persisted
+        # by a timer thread (started by the first commit) and at close.
+        self._offsets = ConsumerOffsetStore(self.fs, config.store_path_root_dir)
+        self._offsets_lock = threading.Lock()
+        self._offsets_dirty = False
+        self._offsets_stop = threading.Event()
+        self._offsets_thread: threading.Thread | None = None
 
     # lifecycle ---------------------------------------------------------------------------
     def _start(self) -> None:
         self.supervisor.start()
         self._gateway = StoreGateway.start(self)
         _open_stores.add(self)
+        try:
+            self._offsets.load()  # neither file nor .bak parses: fail the open, like the broker
+        except Exception:
+            self.close()
+            raise
 
     def close(self) -> bool:
         """Stop cleanly (dispatch caught up, everything flushed, abort file removed).
@@ -124,6 +145,7 @@ class MessageStore:
         if self._closed:
             return self.supervisor.clean_stop
         self._closed = True
+        self._stop_offsets_timer()
         if self._gateway is not None:
             try:
                 self._gateway.stop(block=True, timeout=5)
@@ -277,7 +299,13 @@ class MessageStore:
     # reads -------------------------------------------------------------------------------
     def _reader(self) -> CommitLogReader:
         reader = getattr(self._local, "reader", None)
-        if reader is None:
+        if reader is not None:
+            now_ms = time.monotonic_ns() // 1_000_000
+            if now_ms - self._local.refreshed_ms >= READER_REFRESH_INTERVAL_MS:
+                reader.refresh()
+                self._local.refreshed_ms = now_ms
+        else:
+            self._local.refreshed_ms = time.monotonic_ns() // 1_000_000
             reader = CommitLogReader(
                 self.fs,
                 self.config.commitlog_dir,
@@ -325,8 +353,13 @@ class MessageStore:
         A thread reads its own writes: what it put is dispatched before its get runs."""
         self._await_own_writes()
         try:
-            reply = self._units(topic, queue_id, offset, max(max_count, 1) * 2 + 800)
+            # The scan reads at most max(16000, maxMsgNums * 20) bytes of units (§13.1).
+            reply = self._units(topic, queue_id, offset, max(800, max_count))
         except ServiceUnavailable:
+            # 4.4.0 cannot reach NO_MATCHED_LOGIC_QUEUE (queues are created on demand); we
+            # report it when the ConsumeQueue actor cannot answer (the store is closed, or the
+            # actor crashed and is being restarted). Java would move the consumer to 0; a
+            # transient outage must not rewind anyone, so the offset stays where it was.
             return GetResult(status=GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=offset)
         if not reply.exists:
             # 4.4.0 creates the queue on demand, so an unknown queue reads as an empty one.
@@ -470,6 +503,110 @@ class MessageStore:
         host, offset = codec.decode_msg_id(msg_id)
         record = self.lookup(offset)
         return record if record is not None and record.store_host == host else None
+
+    # offsets and times (§13.4, §9.5) ------------------------------------------------------
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """getOffsetInQueueByTime (§9.5): the queue offset of the message stored at
+        `timestamp_ms`, else its nearest neighbour (the earlier one on ties); before the first
+        message the first offset, after the last the last one (not max); 0 if nothing."""
+        return self._ask("consume_queue", GetOffsetByTime(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms))
+
+    def earliest_message_time(self, topic: str | None = None, queue_id: int | None = None) -> int:
+        """getEarliestMessageTime (§13.4), -1 on failure. For a queue: the store time of its
+        message at the min offset. For the store: the store time of the first record of the
+        commitlog, which like 4.4.0 needs 2 * max_message_size_bytes readable from there."""
+        reader = self._reader()
+        if topic is None:
+            if queue_id is not None:
+                raise ValueError("queue_id needs a topic")
+            head = self._units("", 0, -1, 0).commitlog_head  # dispatched data is readable
+            start = reader.min_offset()
+            size = 2 * self.config.max_message_size_bytes
+            if start < 0 or start + size > head:
+                return -1
+            return pickup_store_timestamp(reader, start, size)
+        if queue_id is None:
+            raise ValueError("a topic needs its queue_id")
+        reply = self._units(topic, queue_id, -1, 0)
+        return self.message_store_time(topic, queue_id, reply.min_offset) if reply.max_offset > reply.min_offset else -1
+
+    def message_store_time(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """getMessageStoreTimeStamp (§13.4): the store time of that unit's message, -1 on failure."""
+        reply = self._units(topic, queue_id, queue_offset, 1)
+        if not reply.units:
+            return -1
+        phy, size, _tags = codec.CQ_UNIT.unpack_from(reply.units, 0)
+        return pickup_store_timestamp(self._reader(), phy, size)
+
+    def get_commitlog_data(self, offset: int, max_bytes: int | None = None) -> tuple[int, bytes] | None:
+        """getCommitLogData (§13.5), the replication source: (start offset, the bytes from
+        `offset` up to the readable end of its segment), at most `max_bytes`. Offset 0 in a
+        log whose first segment is gone reads from the first segment there is. None if the
+        offset is not readable (deleted, or at/after the end of the log)."""
+        writer: Any = self._ask("writer", Ping())
+        readable_end = writer.max_offset
+        reader = self._reader()
+        seg = self.config.mapped_file_size_commitlog_bytes
+        start = offset
+        if offset == 0 and reader.read(0, 0, limit=0) is None:
+            first = reader.min_offset()
+            if first < 0:
+                return None
+            start = first  # returnFirstOnNotFound: from the first file's position 0
+        end = min(start - start % seg + seg, readable_end)
+        if max_bytes is not None:
+            end = min(end, start + max_bytes)
+        if start >= end:
+            return None
+        data = reader.read(start, end - start, limit=end)
+        return (start, data) if data is not None else None
+
+    # consumer offsets (§11.10) -------------------------------------------------------------
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Remember `group`'s next offset to consume in topic/queue_id. Persisted to
+        <root>/config/consumerOffset.json within CONSUMER_OFFSET_PERSIST_INTERVAL_MS, and at close."""
+        with self._offsets_lock:
+            self._offsets.commit_offset(group, topic, queue_id, offset)
+            self._offsets_dirty = True
+            if self._offsets_thread is None and not self._closed:
+                self._offsets_thread = threading.Thread(
+                    target=self._persist_offsets_loop, name="mqstore-consumer-offsets", daemon=True
+                )
+                self._offsets_thread.start()
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 if `group` never committed one there."""
+        with self._offsets_lock:
+            return self._offsets.query_offset(group, topic, queue_id)
+
+    def persist_offsets(self) -> None:
+        """Write the consumer offsets now (string2File protocol: .tmp, .bak, rename)."""
+        with self._offsets_lock:
+            if not self._offsets_dirty:
+                return
+            self._offsets_dirty = False
+            try:
+                self._offsets.persist()
+            except OSError:
+                self._offsets_dirty = True  # retried by the next round or close
+                raise
+
+    def _persist_offsets_loop(self) -> None:
+        while not self._offsets_stop.wait(CONSUMER_OFFSET_PERSIST_INTERVAL_MS / 1000):
+            try:
+                self.persist_offsets()
+            except OSError as exc:
+                self.log.error("persisting consumer offsets failed", error=str(exc))
+
+    def _stop_offsets_timer(self) -> None:
+        self._offsets_stop.set()
+        thread = self._offsets_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        try:
+            self.persist_offsets()
+        except OSError as exc:
+            self.log.error("persisting consumer offsets at close failed", error=str(exc))
 
     def stats(self) -> dict[str, Any]:
         """StoreStatsService's figures (§16) plus dispatch lag, process RSS/open files, disk use."""
