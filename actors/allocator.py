@@ -59,6 +59,7 @@ class AllocateMappedFileService(StoreActor):
                 heapq.heappush(self._queue, pending)
         needed = self._table[request.next_path]
         needed.waiters.append(request.reply)
+        heapq.heappush(self._queue, needed)  # a pre-created next-next file left the heap unanswered
         self._work()
 
     def _work(self) -> None:
