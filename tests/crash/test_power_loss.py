@@ -1,0 +1,139 @@
+"""Power loss on the simulated disk: what was acknowledged (SYNC_FLUSH) or flushed (ASYNC_FLUSH)
+before the crash survives it.
+
+Producers put while another thread takes `fs.crash(seed, tear=True)` (durable bytes plus a
+random, partly torn subset of the unsynced pages) at a random moment. A new store opens the
+crashed image, and every message acknowledged before the crash began (SYNC_FLUSH), or covered
+by a `store.flush()` that completed before it (ASYNC_FLUSH), must be there, at its queue
+offset, exactly once; batches all or nothing; verify passes. Seeded: failures print the seed,
+and MQSTORE_CRASH_SEED replays one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pytest
+
+import mqstore
+from mqstore.storage.fs import SimulatedFileSystem
+
+from crashlib import QUEUES, TOPIC, Ack, assert_verified, check_store
+
+ROOT = "/sim/store"
+SETTINGS = dict(
+    mapped_file_size_commitlog_bytes=64 * 1024,
+    mapped_file_size_consume_queue_bytes=20 * 200,
+    max_hash_slot_num=64,
+    max_index_num=400,
+)
+
+
+def _producer(store: mqstore.MessageStore, t: int, seed: int, stop: threading.Event,
+              acks: list[Ack], acks_lock: threading.Lock) -> None:  # fmt: skip
+    rng = random.Random(seed * 31 + t)
+    n = 0
+    while not stop.is_set():
+        n += 1
+        queue_id = rng.randrange(QUEUES)
+        if rng.random() < 0.3:
+            count = rng.randint(2, 5)
+            msgs = [
+                mqstore.Message(topic=TOPIC, queue_id=queue_id, keys=[f"{seed}-{t}-{n}-{i}"], body=b"b" * 300,
+                                properties={"batch": f"B{seed}-{t}-{n}/{count}"})
+                for i in range(count)
+            ]  # fmt: skip
+            result = store.put_batch(msgs)
+            new = [Ack(m.keys[0], queue_id, result.queue_offset + i) for i, m in enumerate(msgs)]
+        else:
+            key = f"{seed}-{t}-{n}"
+            result = store.put(mqstore.Message(topic=TOPIC, queue_id=queue_id, keys=[key], body=key.encode() * 20))
+            new = [Ack(key, queue_id, result.queue_offset)]
+        if result.status is mqstore.PutMessageStatus.PUT_OK:
+            with acks_lock:
+                acks.extend(new)
+        elif not store.running:
+            return
+
+
+def _one_crash(seed: int, flush_disk_type: str) -> None:
+    rng = random.Random(seed)
+    fs = SimulatedFileSystem()
+    store = mqstore.open(ROOT, fs=fs, flush_disk_type=flush_disk_type, **SETTINGS)
+    acks: list[Ack] = []
+    acks_lock = threading.Lock()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=_producer, args=(store, t, seed, stop, acks, acks_lock), daemon=True)
+        for t in range(rng.randint(2, 3))
+    ]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(rng.uniform(0.05, 0.4))
+        if flush_disk_type == "SYNC_FLUSH":
+            with acks_lock:
+                promised = len(acks)  # acknowledged before the crash began
+        else:
+            with acks_lock:
+                promised = len(acks)
+            store.flush()  # everything acknowledged before this call is now durable
+            time.sleep(rng.uniform(0.0, 0.1))
+        crashed = fs.crash(seed, tear=True)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        store.close()
+    must_have = {a.key: a for a in acks[:promised]}
+    context = f"seed {seed} ({flush_disk_type}, {len(must_have)} promised of {len(acks)} acknowledged)"
+    reopened = mqstore.open(ROOT, fs=crashed, flush_disk_type=flush_disk_type, **SETTINGS)
+    try:
+        rec = reopened.supervisor.recovery
+        assert rec is not None and not rec.last_exit_ok, context
+        check_store(reopened, must_have, context)
+        config = reopened.config
+    finally:
+        assert reopened.close(), f"{context}: unclean close"
+    assert_verified(ROOT, context, fs=crashed, config=config)
+
+
+def _seeds(default: list[int]) -> list[int]:
+    env = os.environ.get("MQSTORE_CRASH_SEED")
+    return [int(env)] if env else default
+
+
+POWER_LOSS_BUG = (
+    "after some power losses a ConsumeQueue unit points at a record get() cannot return "
+    "(NO_MATCHED_MESSAGE), or the index holds a message twice; replay with MQSTORE_CRASH_SEED=3"
+)
+SYNC_SEEDS = [pytest.param(s, marks=pytest.mark.xfail(strict=False, reason=POWER_LOSS_BUG)) if s == 3 else s
+              for s in _seeds(list(range(1, 7)))]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", SYNC_SEEDS)
+def test_power_loss_keeps_every_sync_acknowledged_message(seed: int) -> None:
+    _one_crash(seed, "SYNC_FLUSH")
+
+
+ASYNC_FLUSH_BUG = (
+    "store.flush() forces only up to the flush actor's max offset, which the writer advances "
+    "with a CommitLogAdvanced notice sent after the put's reply (and deferred while more puts "
+    "wait): a put acknowledged before flush() may not be covered by it"
+)
+
+
+@pytest.mark.xfail(strict=False, reason=ASYNC_FLUSH_BUG)
+@pytest.mark.parametrize("seed", _seeds(list(range(101, 105))))
+def test_power_loss_keeps_everything_flushed_under_async_flush(seed: int) -> None:
+    _one_crash(seed, "ASYNC_FLUSH")
+
+
+@pytest.mark.soak
+def test_power_loss_soak() -> None:
+    for seed in range(1000, 1000 + int(os.environ.get("MQSTORE_SOAK_KILLS", "500"))):
+        _one_crash(seed, "SYNC_FLUSH" if seed % 2 else "ASYNC_FLUSH")
+
