@@ -190,3 +190,23 @@ def test_message_record_topic_matches(open_store: Open) -> None:
     store.put(Message(topic="Other", body=b"z"))
     put_n(store, 1)
     assert [m.topic for m in store.get("T", 0, 0, 32).messages] == ["T"]
+
+
+def test_after_a_restart_units_into_a_deleted_first_segment_are_message_was_removing(
+    tmp_path: Path, open_store: Open
+) -> None:
+    """correctMinOffset at start scans only the first ConsumeQueue file; when all its units
+    point into the deleted segment the min offset stays, and reading there gives a status."""
+    root = tmp_path / "store"
+    settings = {"mapped_file_size_commitlog_bytes": 4096, **TINY_CQ}
+    store = open_store(root, **settings)
+    results = []
+    while not results or results[-1].commitlog_offset < 4096:
+        results += put_n(store, 1)
+    assert store.close()
+    os.remove(root / "commitlog" / "00000000000000000000")
+    store = open_store(root, **settings)
+    r = store.get("T", 0, 0, 32)
+    assert (r.status, r.next_begin_offset, r.min_offset) == (S.MESSAGE_WAS_REMOVING, 4, 0)
+    last = results[-1].queue_offset
+    assert offsets(store.get("T", 0, last, 32)) == [last]

@@ -1,0 +1,124 @@
+"""query across index files with a time filter (§13.2), lookups (§13.3), offsets and times
+(§9.5, §13.4) and getCommitLogData (§13.5)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from mqstore import Message, MessageStore
+from mqstore.storage import codec
+
+h = sys.modules["mqstore_read_test_helpers"]
+Open = Callable[..., MessageStore]
+T0 = 1_700_000_000_000
+
+
+@dataclass
+class ManualClock:
+    now_ms: int = T0
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def put_at(store: MessageStore, clock: ManualClock, ms: int, key: str, body: bytes = b"b") -> int:
+    clock.now_ms = ms
+    result = store.put(Message(topic="T", body=body, keys=[key]))
+    assert result.ok and result.store_timestamp == ms
+    return result.queue_offset
+
+
+def test_query_finds_a_key_across_several_index_files_within_the_time_range(tmp_path: Path, open_store: Open) -> None:
+    clock = ManualClock()
+    store = open_store(clock_ms=clock, max_index_num=4, max_hash_slot_num=8)
+    for i in range(12):  # "k" every second; other keys fill the index files
+        put_at(store, clock, T0 + i * 1000, "k" if i % 2 == 0 else f"other{i}")
+    assert store.wait_for_messages("T", 0, 11, timeout_s=10)
+    assert len(os.listdir(tmp_path / "store" / "index")) >= 3
+    everything = store.query("T", "k", 32)
+    assert [m.store_timestamp for m in everything.messages] == [T0 + i * 1000 for i in range(0, 12, 2)]
+    window = store.query("T", "k", 32, T0 + 3000, T0 + 8000)
+    assert [m.store_timestamp for m in window.messages] == [T0 + 4000, T0 + 6000, T0 + 8000]
+    assert all(m.key_list == ["k"] and m.topic == "T" for m in window.messages)
+    assert store.query("T", "k", 2).messages and len(store.query("T", "k", 2).messages) <= 2
+    assert store.query("T", "absent", 32).messages == ()
+    assert store.query("Other", "k", 32).messages == ()
+
+
+def test_lookup_by_msg_id_and_by_offset(open_store: Open) -> None:
+    store = open_store()
+    results = h.put_n(store, 3)
+    record = store.lookup_msg_id(results[1].msg_id)
+    assert record is not None and record.queue_offset == 1 and record.commitlog_offset == results[1].commitlog_offset
+    assert store.lookup(results[2].commitlog_offset).queue_offset == 2
+    other_host = codec.msg_id(codec.HostAddress("10.0.0.9", 10911), results[1].commitlog_offset)
+    assert store.lookup_msg_id(other_host) is None
+    assert store.lookup(results[2].commitlog_offset + results[2].wrote_bytes) is None
+
+
+def test_offset_for_time_is_the_exact_or_nearest_message(open_store: Open) -> None:
+    clock = ManualClock()
+    store = open_store(clock_ms=clock)
+    for i in range(10):
+        put_at(store, clock, T0 + i * 1000, f"k{i}")
+    assert store.wait_for_messages("T", 0, 9, timeout_s=10)
+    assert store.offset_for_time("T", 0, T0 + 4000) == 4  # exact
+    assert store.offset_for_time("T", 0, T0 + 4300) == 4  # nearer the earlier one
+    assert store.offset_for_time("T", 0, T0 + 4700) == 5  # nearer the later one
+    assert store.offset_for_time("T", 0, T0 + 4500) == 4  # a tie goes to the earlier one
+    assert store.offset_for_time("T", 0, 0) == 0  # before the first: the first
+    assert store.offset_for_time("T", 0, T0 + 99_000) == 9  # after the last: the last, not max
+    assert store.offset_for_time("T", 1, T0) == 0  # no such queue
+
+
+def test_earliest_message_time_and_message_store_time(tmp_path: Path, open_store: Open) -> None:
+    clock = ManualClock()
+    root = tmp_path / "store"
+    settings = {"clock_ms": clock, "mapped_file_size_consume_queue_bytes": 4 * h.UNIT, "max_message_size_bytes": 1024}
+    store = open_store(root, **settings)
+    for i in range(12):
+        put_at(store, clock, T0 + i * 1000, f"k{i}", body=b"z" * 100)
+    assert store.wait_for_messages("T", 0, 11, timeout_s=10)
+    assert store.earliest_message_time("T", 0) == T0
+    assert store.message_store_time("T", 0, 7) == T0 + 7000
+    assert store.message_store_time("T", 0, 12) == -1
+    assert store.earliest_message_time("T", 5) == -1  # empty queue
+    # The store-wide one needs 2 * max_message_size readable at the log's start (as 4.4.0).
+    assert store.earliest_message_time() == T0
+    assert store.close()
+    os.remove(h.cq_dir(root) / "00000000000000000000")
+    store = open_store(root, **settings)
+    assert store.earliest_message_time("T", 0) == T0 + 4000  # the message at the new min offset
+
+
+def test_earliest_message_time_of_a_store_with_little_data_is_minus_one(open_store: Open) -> None:
+    store = open_store()  # 4 MiB max message size: 8 MiB must be readable, as in 4.4.0
+    h.put_n(store, 2)
+    assert store.earliest_message_time() == -1
+
+
+def test_commitlog_data_runs_from_an_offset_to_the_readable_end_of_its_segment(tmp_path: Path, open_store: Open) -> None:
+    root = tmp_path / "store"
+    store = open_store(root, mapped_file_size_commitlog_bytes=4096)
+    results = []
+    while not results or results[-1].commitlog_offset < 4096:
+        results += h.put_n(store, 1)
+    last = results[-1]
+    end = last.commitlog_offset + last.wrote_bytes
+    start, data = store.get_commitlog_data(results[1].commitlog_offset)
+    assert start == results[1].commitlog_offset and len(data) == 4096 - start  # up to the segment's end
+    assert codec.read_record(data, 0).record.queue_offset == 1
+    start, data = store.get_commitlog_data(4096)
+    assert (start, len(data)) == (4096, end - 4096)  # the last segment: up to what is written
+    assert store.get_commitlog_data(4096, max_bytes=10) == (4096, data[:10])
+    assert store.get_commitlog_data(end) is None
+    os.remove(root / "commitlog" / "00000000000000000000")
+    assert store.close()
+    store = open_store(root, mapped_file_size_commitlog_bytes=4096)
+    start, data = store.get_commitlog_data(0)  # offset 0 reads from the first segment there is
+    assert start == 4096 and codec.read_record(data, 0).record.queue_offset == last.queue_offset
+    assert store.get_commitlog_data(100) is None
