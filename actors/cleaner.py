@@ -1,0 +1,327 @@
+"""The cleaner: RocketMQ's CleanCommitLogService and CleanConsumeQueueService (spec §12).
+
+It decides; each file's owner deletes (STYLE habit 1). Every `Tick` (clean_resource_interval_ms)
+runs one round, in RocketMQ's order:
+
+1. `deleteExpiredFiles` (§12.2-§12.4): time-up (the local hour of the injected clock is one of
+   `delete_when`), space-full (a store partition above `disk_max_used_space_ratio_percent`) or a
+   manual round left; above the forced ratio, files go regardless of age. The writer is asked to
+   delete one segment at a time, at most DELETE_FILES_BATCH_MAX per round, and the cleaner
+   pauses `delete_commitlog_files_interval_ms` between two of them, so the put path never sleeps.
+   The disk check also drives DISK_FULL (§12.3, §14): above the warning ratio the writer refuses
+   puts (`SetWriteable(writeable=False)`); at or below the forced ratio it takes them again.
+2. `redeleteHangedFile` (§12.5): at most every `redelete_hanged_file_interval_ms`.
+3. CleanConsumeQueueService (§12.6): when the commitlog's min offset moved, the ConsumeQueue
+   actor deletes queue files (pausing `delete_consume_queue_files_interval_ms` after each queue
+   that deleted some) and corrects min offsets, then the index actor deletes index files.
+
+Time comes from the Tick (the store's injected clock); the disk level from a `DiskGauge`; the
+pause from a sleep function. Both are per store: set `disk_gauge` / `cleaner_sleep_ms` on the
+store's ActorContext (`store.supervisor.ctx`), or leave them for psutil and `time.sleep`.
+Operating trouble (a peer restarting, a slow answer) skips the rest of the round; the next
+Tick retries. Nothing here raises into the supervisor for a full disk.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import pykka
+
+from ..messages import (
+    CleanRound,
+    CommitLogFilesDeleted,
+    ConsumeQueueFilesDeleted,
+    DeleteExpiredCommitLogFiles,
+    DeleteExpiredConsumeQueueFiles,
+    DeleteExpiredIndexFiles,
+    DeleteFilesManually,
+    Ping,
+    RedeleteHangedCommitLogFile,
+    Reply,
+    SetWriteable,
+    Tick,
+    WriterReady,
+)
+from ..storage.disk import DiskGauge, default_disk_gauge
+from .base import ActorContext, ServiceUnavailable, StoreActor
+
+__all__ = [
+    "CleanerActor",
+    "DELETE_FILES_BATCH_MAX",
+    "MANUAL_DELETE_ROUNDS",
+    "CLEAN_FIRST_DELAY_MS",
+    "is_time_to_delete",
+    "SpaceCheck",
+    "check_space",
+]
+
+DELETE_FILES_BATCH_MAX = 10  # MappedFileQueue.DELETE_FILES_BATCH_MAX
+MANUAL_DELETE_ROUNDS = 20  # executeDeleteFilesManually
+CLEAN_FIRST_DELAY_MS = 60_000  # cleanFilesPeriodically first runs 60 s after start
+PEER_ANSWER_TIMEOUT_S = 30.0
+CQ_DELETE_REQUESTS_MAX = 1_000_000  # one per queue that deleted files; a bound, not a loop until done
+
+
+def _real_sleep_ms(ms: int) -> None:
+    time.sleep(ms / 1000)
+
+
+class _PeerDown(Exception):
+    """A peer is restarting or did not answer: the round stops here, the next one retries."""
+
+
+def is_time_to_delete(delete_when: str, now_ms: int) -> bool:
+    """isTimeToDelete (§12.2): the local hour of `now_ms` is one of the ";"-separated hours."""
+    hour = time.localtime(now_ms / 1000).tm_hour
+    for part in delete_when.split(";"):
+        part = part.strip()
+        try:
+            if int(part) == hour:
+                return True
+        except ValueError:
+            continue  # Java logs the NumberFormatException and checks the next part
+    return False
+
+
+class SpaceCheck:
+    """isSpaceToDelete's outcome: whether to delete, at any age, and the new DISK_FULL bit."""
+
+    __slots__ = ("spacefull", "clean_immediately", "disk_full", "ratios")
+
+    def __init__(self, spacefull: bool, clean_immediately: bool, disk_full: bool, ratios: tuple[float, ...]) -> None:
+        self.spacefull = spacefull
+        self.clean_immediately = clean_immediately
+        self.disk_full = disk_full
+        self.ratios = ratios
+
+
+def check_space(
+    paths: tuple[str, ...],
+    gauge: DiskGauge,
+    *,
+    disk_full: bool,
+    max_used_ratio: float,
+    warning_ratio: float,
+    forced_ratio: float,
+) -> SpaceCheck:
+    """isSpaceToDelete (§12.3), quirk included: each partition in turn sets or clears DISK_FULL,
+    and the first one above `max_used_ratio` (or unreadable) ends the check. So a commitlog
+    partition above the warning ratio but below `max_used_ratio` (possible only with a ratio
+    above 90 %) is followed by the consume-queue partition, which clears DISK_FULL if healthy."""
+    clean_immediately = False
+    ratios: list[float] = []
+    for path in paths:
+        used = gauge.used_ratio(path)
+        ratios.append(used)
+        if used > warning_ratio:
+            disk_full = True
+            clean_immediately = True
+        elif used > forced_ratio:
+            clean_immediately = True
+        else:
+            disk_full = False
+        if used < 0 or used > max_used_ratio:
+            return SpaceCheck(True, clean_immediately, disk_full, tuple(ratios))
+    return SpaceCheck(False, clean_immediately, disk_full, tuple(ratios))
+
+
+class CleanerActor(StoreActor):
+    name = "cleaner"
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self._manual_rounds_left = 0
+        self._last_redelete_ms = 0
+        self._last_physical_min_offset = 0
+        self._disk_full = False
+        self._first_run_ms = 0
+        self._default_gauge: DiskGauge | None = None
+        self.last_round: CleanRound | None = None
+
+    def on_start(self) -> None:
+        self._first_run_ms = self.ctx.clock_ms() + CLEAN_FIRST_DELAY_MS
+        self._default_gauge = default_disk_gauge(self.ctx.fs)
+
+    # injected per store ----------------------------------------------------------------------
+    @property
+    def gauge(self) -> DiskGauge:
+        gauge: DiskGauge | None = getattr(self.ctx, "disk_gauge", None)
+        if gauge is not None:
+            return gauge
+        assert self._default_gauge is not None
+        return self._default_gauge
+
+    def _sleep_ms(self, ms: int) -> None:
+        sleep: Callable[[int], None] = getattr(self.ctx, "cleaner_sleep_ms", None) or _real_sleep_ms
+        sleep(ms)
+
+    # messages -----------------------------------------------------------------------------------
+    def handle(self, message: Any) -> Any:
+        match message:
+            case Tick(now_ms=now_ms):
+                if now_ms < self._first_run_ms:
+                    return CleanRound(ran=False)
+                return self._round(now_ms)
+            case DeleteFilesManually(reply=reply):
+                self._manual_rounds_left = MANUAL_DELETE_ROUNDS
+                self.log.info("manual deletion requested", rounds=MANUAL_DELETE_ROUNDS)
+                result = self._round(self.ctx.clock_ms())
+                if reply is not None:
+                    reply.send(result)
+                return result
+            case Ping():
+                return self.last_round
+            case _:
+                raise AssertionError(f"cleaner cannot handle {message!r}")
+
+    # one round: cleanFilesPeriodically ---------------------------------------------------------
+    def _round(self, now_ms: int) -> CleanRound:
+        cfg = self.config
+        timeup = is_time_to_delete(cfg.delete_when, now_ms)
+        space = check_space(
+            (os.fspath(cfg.commitlog_dir), os.fspath(cfg.consume_queue_dir)),
+            self.gauge,
+            disk_full=self._disk_full,
+            max_used_ratio=cfg.disk_max_used_space_ratio_percent / 100.0,
+            warning_ratio=cfg.disk_space_warning_level_ratio,
+            forced_ratio=cfg.disk_space_clean_forcibly_ratio,
+        )
+        self._set_disk_full(space.disk_full, space.ratios)
+        manual = self._manual_rounds_left > 0
+        clean_at_once = cfg.clean_file_forcibly_enable and space.clean_immediately
+        commitlog_deleted = hanged_deleted = cq_deleted = index_deleted = 0
+        min_offset = -1
+        try:
+            if timeup or space.spacefull or manual:
+                if manual:
+                    self._manual_rounds_left -= 1
+                commitlog_deleted = self._delete_commitlog_files(clean_at_once)
+                if commitlog_deleted == 0 and space.spacefull:
+                    self.log.warning("disk space will be full soon, but delete file failed", ratios=space.ratios)
+            hanged_deleted = self._redelete_hanged_file(now_ms)
+            min_offset = self._writer_min_offset()
+            cq_deleted, index_deleted = self._clean_consume_queues(min_offset)
+        except _PeerDown as exc:
+            self.log.warning("cleaning round cut short", reason=str(exc))
+        result = CleanRound(
+            ran=True,
+            timeup=timeup,
+            spacefull=space.spacefull,
+            manual=manual,
+            clean_immediately=clean_at_once,
+            disk_full=self._disk_full,
+            commitlog_deleted=commitlog_deleted,
+            hanged_deleted=hanged_deleted,
+            consume_queue_deleted=cq_deleted,
+            index_deleted=index_deleted,
+            min_offset=min_offset,
+        )
+        if commitlog_deleted or hanged_deleted or cq_deleted or index_deleted:
+            self.log.info("expired files deleted", commitlog=commitlog_deleted, hanged=hanged_deleted,
+                          consume_queue=cq_deleted, index=index_deleted, min_offset=min_offset)  # fmt: skip
+        self.last_round = result
+        return result
+
+    def _set_disk_full(self, disk_full: bool, ratios: tuple[float, ...]) -> None:
+        """RunningFlags.DISK_FULL, held by the writer as "not writeable". Re-told every round
+        while set, so a writer that restarted (writeable again) is told again."""
+        if disk_full != self._disk_full:
+            if disk_full:
+                self.log.error("disk full, the store refuses puts", ratios=ratios)
+            else:
+                self.log.info("disk space ok, the store takes puts again", ratios=ratios)
+        if disk_full or disk_full != self._disk_full:
+            self.ctx.tell("writer", SetWriteable(writeable=not disk_full))
+        self._disk_full = disk_full
+
+    # CleanCommitLogService ------------------------------------------------------------------------
+    def _delete_commitlog_files(self, clean_immediately: bool) -> int:
+        """deleteExpiredFileByTime (§12.4), one segment per request, paused between two."""
+        cfg = self.config
+        deleted = 0
+        while deleted < DELETE_FILES_BATCH_MAX:
+            answer: CommitLogFilesDeleted = self._ask(
+                "writer",
+                lambda reply: DeleteExpiredCommitLogFiles(
+                    expired_ms=cfg.file_reserved_time_ms,
+                    forcibly_ms=cfg.destroy_mapped_file_interval_forcibly_ms,
+                    clean_immediately=clean_immediately,
+                    now_ms=self.ctx.clock_ms(),
+                    max_files=1,
+                    reply=reply,
+                ),
+            )
+            if answer.deleted == 0:
+                break
+            deleted += answer.deleted
+            # Java pauses only when another file that may be deleted follows (not the newest).
+            if deleted < DELETE_FILES_BATCH_MAX and answer.file_count > 1 and cfg.delete_commitlog_files_interval_ms > 0:
+                self._sleep_ms(cfg.delete_commitlog_files_interval_ms)
+        return deleted
+
+    def _redelete_hanged_file(self, now_ms: int) -> int:
+        cfg = self.config
+        if now_ms - self._last_redelete_ms <= cfg.redelete_hanged_file_interval_ms:
+            return 0
+        self._last_redelete_ms = now_ms
+        answer: CommitLogFilesDeleted = self._ask(
+            "writer",
+            lambda reply: RedeleteHangedCommitLogFile(
+                forcibly_ms=cfg.destroy_mapped_file_interval_forcibly_ms, now_ms=self.ctx.clock_ms(), reply=reply
+            ),
+        )
+        return answer.deleted
+
+    def _writer_min_offset(self) -> int:
+        ref = self.ctx.peers.get("writer")
+        if ref is None:
+            raise _PeerDown("writer is not running")
+        try:
+            ready: WriterReady = ref.ask(Ping(), timeout=PEER_ANSWER_TIMEOUT_S)
+        except (pykka.ActorDeadError, pykka.Timeout) as exc:
+            raise _PeerDown(f"writer: {exc!r}") from exc
+        return ready.min_offset
+
+    # CleanConsumeQueueService ---------------------------------------------------------------------
+    def _clean_consume_queues(self, min_offset: int) -> tuple[int, int]:
+        if min_offset <= self._last_physical_min_offset:
+            return 0, 0  # the commitlog's head did not move
+        cfg = self.config
+        cq_deleted = 0
+        start_after: tuple[str, int] | None = None
+        for _ in range(CQ_DELETE_REQUESTS_MAX):
+            answer: ConsumeQueueFilesDeleted = self._ask(
+                "consume_queue",
+                lambda reply: DeleteExpiredConsumeQueueFiles(min_phy_offset=min_offset, start_after=start_after, reply=reply),
+            )
+            if answer.last_queue is None:
+                break
+            cq_deleted += answer.deleted
+            start_after = answer.last_queue
+            if cfg.delete_consume_queue_files_interval_ms > 0:
+                self._sleep_ms(cfg.delete_consume_queue_files_interval_ms)
+        index_deleted = 0
+        if "index" in self.ctx.peers:
+            index_deleted = self._ask(
+                "index", lambda reply: DeleteExpiredIndexFiles(min_phy_offset=min_offset, reply=reply)
+            )
+        # Only once every owner has done it: a peer that was restarting is asked again next round.
+        self._last_physical_min_offset = min_offset
+        return cq_deleted, index_deleted
+
+    # asking a file's owner --------------------------------------------------------------------
+    def _ask(self, peer: str, build: Callable[[Reply], Any]) -> Any:
+        """Tell `peer` a request carrying a reply, and wait for the answer (the owner changes its
+        files; we only wait). A peer that is down or failed raises _PeerDown."""
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        if not self.ctx.tell(peer, build(Reply(future=future))):
+            raise _PeerDown(f"{peer} is not running")
+        try:
+            return future.get(timeout=PEER_ANSWER_TIMEOUT_S)
+        except pykka.Timeout as exc:
+            raise _PeerDown(f"{peer} did not answer in {PEER_ANSWER_TIMEOUT_S} s") from exc
+        except ServiceUnavailable as exc:  # the owner crashed or stopped holding the request
+            raise _PeerDown(f"{peer} failed: {exc!r}") from exc

@@ -1,0 +1,51 @@
+"""Fixtures of the cleaner tests. The helper module is loaded by path, once, as
+`mqstore_cleaner_test_helpers` (tests/ has no packages); test modules take it from sys.modules."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore.storage.disk import FixedDiskGauge
+from mqstore.storage.fs import SimulatedFileSystem
+
+HELPERS = "mqstore_cleaner_test_helpers"
+
+
+def load_helpers() -> Any:
+    if HELPERS not in sys.modules:
+        spec = importlib.util.spec_from_file_location(HELPERS, Path(__file__).with_name("cleaner_helpers.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[HELPERS] = module
+        spec.loader.exec_module(module)
+    return sys.modules[HELPERS]
+
+
+H = load_helpers()
+
+
+@pytest.fixture
+def clock() -> Any:
+    return H.ManualClock()
+
+
+@pytest.fixture
+def harness(clock: Any) -> Iterator[Any]:
+    fs = SimulatedFileSystem(clock_ms=clock)
+    fs.makedirs("/store")
+    store = mqstore.open("/store", fs=fs, clock_ms=clock, **H.SMALL)
+    gauge = FixedDiskGauge(0.10)
+    sleeps: list[int] = []
+    store.supervisor.ctx.disk_gauge = gauge  # type: ignore[attr-defined]
+    store.supervisor.ctx.cleaner_sleep_ms = sleeps.append  # type: ignore[attr-defined]
+    try:
+        yield H.Harness(store, fs, clock, gauge, sleeps)
+    finally:
+        store.close()
