@@ -108,6 +108,29 @@ class SegmentSplit(InputPartition):
         return Segment(self.path, self.base_offset, self.file_size)
 
 
+@dataclass(frozen=True)
+class CommitLogPartition(InputPartition):
+    """One Spark task: consecutive splits, packed up to splitSize so that many small
+    segments (8 KiB test brokers, archives of small files) do not each cost a task."""
+
+    splits: tuple[SegmentSplit, ...]
+
+
+def pack_splits(splits: Sequence[SegmentSplit], split_size: int) -> list[CommitLogPartition]:
+    parts: list[CommitLogPartition] = []
+    current: list[SegmentSplit] = []
+    size = 0
+    for split in splits:
+        if current and size + (split.end - split.start) > split_size:
+            parts.append(CommitLogPartition(tuple(current)))
+            current, size = [], 0
+        current.append(split)
+        size += split.end - split.start
+    if current:
+        parts.append(CommitLogPartition(tuple(current)))
+    return parts
+
+
 def _bool(options: dict[str, str], key: str) -> bool:
     return str(options.get(key, "false")).strip().lower() in ("1", "true", "yes", "on")
 
@@ -176,20 +199,23 @@ class RocketMQReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         splits = plan_splits(self.paths, self.split_size, self.max_message_size)
-        log.info("planned", segments=len({s.path for s in splits}), splits=len(splits), split_size=self.split_size)
-        return list(splits)
+        parts = pack_splits(splits, self.split_size)
+        log.info("planned", segments=len({s.path for s in splits}), splits=len(splits), partitions=len(parts),
+                 split_size=self.split_size)  # fmt: skip
+        return list(parts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentSplit)
-        return read_split(
-            partition,
-            self.columns,
-            strict=self.strict,
-            fast=self.fast,
-            max_message_size=self.max_message_size,
-            batch_rows=self.batch_rows,
-            corrupt_log=self.corrupt_log,
-        )
+        assert isinstance(partition, CommitLogPartition)
+        for split in partition.splits:
+            yield from read_split(
+                split,
+                self.columns,
+                strict=self.strict,
+                fast=self.fast,
+                max_message_size=self.max_message_size,
+                batch_rows=self.batch_rows,
+                corrupt_log=self.corrupt_log,
+            )
 
 
 def read_split(
