@@ -122,6 +122,10 @@ def recover_store(
         if last_exit_ok:
             end = commitlog.recover_normally(max_cq, progress)
             dispatch_from = end
+            if max_cq < 0 and files:
+                # No queue at all beside a log (a broker's commitlog copied alone, or the
+                # consumequeue dir deleted): rebuild them from the start, not from the end.
+                dispatch_from = max(commitlog.get_min_offset(), 0)
         else:
             min_ts = 0
             if checkpoint is not None:
@@ -171,7 +175,7 @@ def recover_store(
                 cq.correct_min_offset(min_phy)
         # Queue offsets of records the queues have not caught up with yet (crash recovery
         # re-dispatches them); the writer must continue after them, not reuse them.
-        if not last_exit_ok and report.dispatch_from < end:
+        if report.dispatch_from < end:
             for read in commitlog.iter_records(report.dispatch_from, end, read_body=False):
                 record = read.record
                 if record is None:
@@ -219,7 +223,7 @@ class _InspectingCommitLog(CommitLog):
 
     def _inspect_tail(self, buf: memoryview, start: int, pos: int) -> None:
         read = codec.read_record(buf, pos, self.mapped_file_size, check_crc=self.check_crc_on_recover,
-                                 read_body=False, max_message_size=self.max_message_size)  # fmt: skip
+                                 read_body=True, max_message_size=self.max_message_size)  # fmt: skip
         if read.kind is codec.RecordKind.CORRUPT:
             self.stop_reason = read.reason
             self.damaged_at = start + pos
