@@ -1,0 +1,142 @@
+"""A real store on real files, filled past a disk budget, shrinks while a producer and a
+consumer keep running, and loses nothing that is not expired."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import mqstore
+from mqstore import GetMessageStatus, Message
+from mqstore.actors import cleaner as cleaner_module
+
+H = sys.modules["mqstore_cleaner_test_helpers"]
+BUDGET_RUN_S = 20.0
+
+
+def store_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except OSError:
+                pass  # deleted while we walked
+    return total
+
+
+class BudgetGauge:
+    """The used ratio of a disk of `budget` bytes holding only this store's files."""
+
+    def __init__(self, root: Path, budget: int) -> None:
+        self.root = root
+        self.budget = budget
+
+    def used_ratio(self, path: str) -> float:
+        return store_bytes(self.root) / self.budget
+
+
+def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cleaner_module, "CLEAN_FIRST_DELAY_MS", 0)
+    root = tmp_path / "store"
+    seg = H.SEGMENT_BYTES
+    settings = {**H.SMALL, "clean_resource_interval_ms": 20, "delete_commitlog_files_interval_ms": 5,
+                "delete_consume_queue_files_interval_ms": 1, "file_reserved_time_hours": 1,
+                "delete_when": f"{(time.localtime().tm_hour + 12) % 24:02d}"}  # not now: space rules only  # fmt: skip
+    store = mqstore.open(root, **settings)
+    try:
+        ctx = store.supervisor.ctx
+        ctx.disk_gauge = H.FixedDiskGauge(0.10)  # quiet while the old data is written
+        body = b"y" * 900
+        # Phase 1: 24 segments of "old" data, then aged 4 days by their file times.
+        while True:
+            ready = ctx.peers["writer"].ask(mqstore.messages.Ping())
+            if ready.max_offset >= 24 * seg:
+                break
+            assert store.put(Message(topic=H.TOPIC, queue_id=0, body=body)).ok
+        store.flush()
+        ready = ctx.peers["writer"].ask(mqstore.messages.Ping())
+        full_end = ready.max_offset - ready.max_offset % seg  # segments below are complete
+        old_time = time.time() - 4 * 24 * 3600
+        for name in os.listdir(root / "commitlog"):
+            if name.isdigit() and int(name) + seg <= full_end:
+                os.utime(root / "commitlog" / name, (old_time, old_time))
+        used_then = store_bytes(root)
+        budget = int(used_then / 0.80)  # 80 %: above the 75 % ratio, below the forced 85 %
+        gauge = BudgetGauge(root, budget)
+
+        # Phase 2: a producer and a consumer run while the cleaner works against the budget.
+        acked: list[tuple[int, int]] = []  # (queue offset, commitlog offset) of each new put
+        errors: list[BaseException] = []
+        refused = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                while not stop.is_set():
+                    r = store.put(Message(topic=H.TOPIC, queue_id=0, body=body))
+                    if r.ok:
+                        acked.append((r.queue_offset, r.commitlog_offset))
+                    else:
+                        refused.append(r.status)
+                    time.sleep(0.001)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        seen_statuses: set[GetMessageStatus] = set()
+
+        def consume() -> None:
+            offset = 0
+            try:
+                while not stop.is_set():
+                    r = store.get(H.TOPIC, 0, offset, 32)
+                    seen_statuses.add(r.status)
+                    if r.status is GetMessageStatus.FOUND:
+                        offset = r.next_begin_offset
+                    elif r.status in (GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.MESSAGE_WAS_REMOVING,
+                                      GetMessageStatus.OFFSET_FOUND_NULL):  # fmt: skip
+                        offset = r.next_begin_offset
+                    else:
+                        time.sleep(0.002)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+        for t in threads:
+            t.start()
+        ctx.disk_gauge = gauge
+        deadline = time.monotonic() + BUDGET_RUN_S
+        shrunk = False
+        while time.monotonic() < deadline:
+            first = ctx.peers["writer"].ask(mqstore.messages.Ping()).min_offset
+            if first >= full_end and gauge.used_ratio("") < 0.75:
+                shrunk = True
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few more rounds under load
+        stop.set()
+        for t in threads:
+            t.join(10)
+        assert not errors, errors
+        assert shrunk, f"still at {gauge.used_ratio(''):.2f} of the budget"
+        assert not refused, refused[:3]
+        assert len(acked) > 50
+        # Every old segment went, and nothing unexpired did.
+        ready = ctx.peers["writer"].ask(mqstore.messages.Ping())
+        assert ready.min_offset == full_end
+        assert store.min_offset(H.TOPIC, 0) > 0
+        for queue_offset, phy in acked:
+            got = store.get(H.TOPIC, 0, queue_offset, 1)
+            assert got.status is GetMessageStatus.FOUND, (queue_offset, phy, got.status)
+            assert got.messages[0].commitlog_offset == phy
+        assert GetMessageStatus.FOUND in seen_statuses
+        assert not (root / "commitlog" / "00000000000000000000").exists()
+    finally:
+        store.close()
