@@ -1,0 +1,121 @@
+"""Consumer offsets through the store (§11.10) and the `mqstore get` / `mqstore query` commands."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from mqstore import MessageStore
+from mqstore import store as store_module
+from mqstore.cli import ExitCode, main
+
+h = sys.modules["mqstore_read_test_helpers"]
+Open = Callable[..., MessageStore]
+
+
+def test_committed_offsets_survive_a_restart(tmp_path: Path, open_store: Open) -> None:
+    root = tmp_path / "store"
+    store = open_store(root)
+    assert store.query_offset("g", "T", 0) == -1
+    store.commit_offset("g", "T", 0, 7)
+    store.commit_offset("g", "T", 3, 2)
+    assert store.query_offset("g", "T", 0) == 7
+    assert store.close()
+    doc = json.loads((root / "config" / "consumerOffset.json").read_text())
+    assert doc == {"offsetTable": {"T@g": {"0": 7, "3": 2}}}
+    store = open_store(root)
+    assert (store.query_offset("g", "T", 0), store.query_offset("g", "T", 3), store.query_offset("h", "T", 0)) == (7, 2, -1)
+
+
+def test_offsets_are_persisted_by_the_timer_without_a_close(
+    tmp_path: Path, open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "CONSUMER_OFFSET_PERSIST_INTERVAL_MS", 20)
+    store = open_store(tmp_path / "store")
+    store.commit_offset("g", "T", 0, 5)
+    path = tmp_path / "store" / "config" / "consumerOffset.json"
+    for _ in range(200):
+        if path.exists():
+            break
+        store._offsets_stop.wait(0.02)
+    assert json.loads(path.read_text())["offsetTable"]["T@g"] == {"0": 5}
+
+
+def test_a_brokers_fastjson_offset_file_is_read(tmp_path: Path, open_store: Open) -> None:
+    root = tmp_path / "store"
+    shutil.copytree(h.FIXTURES / "broker-sample-c" / "config", root / "config")
+    store = open_store(root)
+    assert [store.query_offset("please_rename_unique_group_name_4", "TopicTest", q) for q in range(4)] == [250] * 4
+    retry = "%RETRY%please_rename_unique_group_name_4"
+    assert store.query_offset("please_rename_unique_group_name_4", retry, 0) == 0
+    store.commit_offset("please_rename_unique_group_name_4", "TopicTest", 1, 260)
+    assert store.close()
+    store = open_store(root)
+    assert store.query_offset("please_rename_unique_group_name_4", "TopicTest", 1) == 260
+    assert store.query_offset("please_rename_unique_group_name_4", "TopicTest", 2) == 250
+
+
+def _filled_store(root: Path, open_store: Open) -> None:
+    store = open_store(root)
+    h.put_n(store, 6, tags=lambda i: "A" if i % 2 else "B")
+    assert store.close()
+
+
+def test_cli_get_prints_dump_rows_and_the_status(tmp_path: Path, open_store: Open, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "store"
+    _filled_store(root, open_store)
+    settings = ["--config", str(_config(tmp_path))]
+    assert main([*settings, "get", str(root), "--topic", "T", "--queue", "0", "--offset", "1", "--max", "4", "--tags", "A"]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["queue_offset"], r["tags"]) for r in rows] == [(1, "A"), (3, "A"), (5, "A")]  # --max counts hits
+    assert {"msg_id", "body_base64", "commitlog_offset", "store_timestamp", "tags_code"} <= set(rows[0])
+    summary = json.loads(err.strip().splitlines()[-1])
+    assert summary["status"] == "FOUND" and summary["next_begin_offset"] == 6
+    assert main([*settings, "get", str(root), "--topic", "T", "--queue", "0", "--offset", "9"]) == 0
+    assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["status"] == "OFFSET_OVERFLOW_BADLY"
+
+
+def test_cli_query_finds_by_key_within_the_time_range(tmp_path: Path, open_store: Open, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "store"
+    _filled_store(root, open_store)
+    settings = ["--config", str(_config(tmp_path))]
+    assert main([*settings, "query", str(root), "--topic", "T", "--key", "k4"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["queue_offset"] for r in rows] == [4] and rows[0]["keys"] == "k4"
+    assert main([*settings, "query", str(root), "--topic", "T", "--key", "k4", "--begin", "0", "--end", "1"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_refuses_a_locked_store_with_exit_4_and_a_missing_one_with_5(
+    tmp_path: Path, open_store: Open, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "store"
+    open_store(root)  # running: holds the lock
+    code = main(["get", str(root), "--topic", "T", "--queue", "0", "--offset", "0"])
+    assert code == ExitCode.LOCKED == 4 and "locked" in capsys.readouterr().err
+    assert main(["query", str(root), "--topic", "T", "--key", "k"]) == ExitCode.LOCKED
+    assert main(["get", str(tmp_path / "nope"), "--topic", "T", "--queue", "0", "--offset", "0"]) == ExitCode.NOT_A_STORE
+
+
+def _config(tmp_path: Path) -> Path:
+    """The tests' small commitlog segments, so a reopen scans little."""
+    path = tmp_path / "small.toml"
+    path.write_text("".join(f"{k} = {v}\n" for k, v in h.SMALL.items()))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> object:
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
