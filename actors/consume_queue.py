@@ -136,9 +136,15 @@ class ConsumeQueueService(StoreActor):
         max_offset = cq.get_max_offset_in_queue()
         units = None
         if min_offset <= request.offset < max_offset:
-            data = cq.get_index_buffer(request.offset)
-            if data is not None:
-                units = data[: request.max_units * codec.CQ_STORE_UNIT_SIZE]
+            # getIndexBuffer (§9.4) bounded to what the reader scans: copying the rest of a
+            # 6 MB file per ask cost more than the whole read.
+            unit = codec.CQ_STORE_UNIT_SIZE
+            offset = request.offset * unit
+            mapped_file = cq.mapped_file_queue.find_mapped_file_by_offset(offset) if offset >= cq.min_logic_offset else None
+            if mapped_file is not None:
+                pos = offset % cq.mapped_file_size
+                size = min(mapped_file.read_position - pos, request.max_units * unit)
+                units = mapped_file.select(pos, size) if size > 0 else None
         return UnitsReply(
             exists=True,
             min_offset=min_offset,
