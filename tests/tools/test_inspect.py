@@ -1,0 +1,179 @@
+"""`mqstore inspect` and `mqstore stats` on broker samples and on stores we write, healthy and damaged."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import mqstore
+from mqstore.cli import ExitCode, main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict | str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if "--json" in argv and out.strip() else out), err
+
+
+# Small files so a store spans several segments.
+SMALL_STORE = {
+    "mapped_file_size_commitlog_bytes": 64 * 1024,
+    "mapped_file_size_consume_queue_bytes": 20 * 100,
+    "max_hash_slot_num": 1000,
+    "max_index_num": 4000,
+}
+
+
+def write_store(root: Path, messages: int = 600, *, close: bool = True) -> mqstore.MessageStore:
+    store = mqstore.open(root, **SMALL_STORE)
+    for i in range(messages):
+        body = f"BODY-{i:06d}-".encode() + b"p" * 200
+        assert store.put(mqstore.Message(topic=f"T{i % 2}", body=body, queue_id=i % 3, keys=[f"key-{i}"])).ok
+    if close:
+        assert store.close()
+    return store
+
+
+@pytest.mark.parametrize("sample", ["broker-sample-a", "broker-sample-b"])
+def test_inspect_reads_a_real_broker_segment_as_healthy(copy_fixture, capsys: pytest.CaptureFixture[str], sample: str) -> None:  # type: ignore[no-untyped-def]
+    root = copy_fixture(sample)
+    code, report, err = run(capsys, "inspect", str(root), "--json")
+    assert code == ExitCode.OK, err
+    assert report["verdict"] == "healthy"
+    cl = report["commitlog"]
+    assert cl["messages"] == 47 and cl["topics"] == {"abc": {"messages": 47, "bytes": 47 * 172}}
+    assert cl["min_offset"] == 0 and cl["max_offset"] == 8084  # the blank record at 8084 ends the data
+    assert cl["segments"][0]["end"] == "blank" and cl["segments"][0]["size"] == 8192
+    assert report["lock"] == {"lock_file": False, "held": False, "holder_pid": None, "abort_file": False}
+    if sample == "broker-sample-b":
+        assert report["checkpoint"]["physic_msg_timestamp"] == 1551626238066
+        assert report["checkpoint"]["physic_msg_time"] == "2019-03-03T15:17:18.066Z"
+    else:
+        assert report["checkpoint"] is None
+    code, text, _ = run(capsys, "inspect", str(root))
+    assert code == 0 and "HEALTHY" in text and "00000000000000000000" in text
+
+
+def test_stats_of_a_broker_sample_without_queues(copy_fixture, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    root = copy_fixture("broker-sample-b")
+    code, report, _ = run(capsys, "stats", str(root), "--json")
+    assert code == 0
+    assert report["commitlog"] == {"segments": 1, "segment_size": 8192, "min_offset": 0, "max_offset": 8084, "data_bytes": 8084}
+    assert report["running"] is False and report["messages"] == 0
+
+
+def test_inspect_of_our_closed_store_lists_segments_queues_and_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "s"
+    write_store(root)
+    code, r, err = run(capsys, "inspect", str(root), "--json")
+    assert code == 0, err
+    assert r["verdict"] == "healthy", r["problems"]
+    cl = r["commitlog"]
+    assert cl["messages"] == 600 and len(cl["segments"]) >= 3
+    assert [s["start_offset"] for s in cl["segments"]] == [i * 65536 for i in range(len(cl["segments"]))]
+    assert sum(s["messages"] for s in cl["segments"]) == 600
+    queues = {(q["topic"], q["queue_id"]): q for q in r["consume_queues"]}
+    assert len(queues) == 6 and sum(q["messages"] for q in queues.values()) == 600
+    assert all(q["min_offset"] == 0 and q["max_offset"] == 100 for q in queues.values())
+    assert all(q["files"] == 1 for q in queues.values())  # 100 units of 20 bytes fill one 2000-byte file
+    assert sum(f["entries"] for f in r["index"]) >= 600  # one entry per key, plus the UNIQ_KEYs
+    assert r["checkpoint"]["physic_msg_timestamp"] > 0
+    assert r["lock"]["lock_file"] and not r["lock"]["held"] and not r["lock"]["abort_file"]
+    code, s, _ = run(capsys, "stats", str(root), "--json")
+    assert code == 0
+    assert s["messages"] == 600 and s["topics"] == {"T0": {"queues": 3, "messages": 300}, "T1": {"queues": 3, "messages": 300}}
+    assert s["commitlog"]["max_offset"] == cl["max_offset"]
+    assert s["checkpoint"]["physic_msg_timestamp"] == r["checkpoint"]["physic_msg_timestamp"]
+
+
+def test_a_running_store_is_reported_running_with_the_lock_holder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "s"
+    store = write_store(root, 50, close=False)
+    try:
+        code, r, _ = run(capsys, "inspect", str(root), "--json")
+        assert code == 0 and r["verdict"] == "running"
+        assert r["lock"]["held"] and r["lock"]["abort_file"]
+        assert r["lock"]["holder_pid"] == os.getpid()
+        code, text, _ = run(capsys, "stats", str(root))
+        assert code == 0 and "the store is running" in text
+    finally:
+        store.close()
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert r["verdict"] == "healthy" and not r["lock"]["held"]
+
+
+def test_an_abort_file_means_needs_recovery(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "s"
+    write_store(root, 30)
+    (root / "abort").write_bytes(b"")
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert code == 0 and r["verdict"] == "needs recovery"
+    assert any(p["kind"] == "abort_file" for p in r["problems"])
+
+
+def test_a_flipped_body_byte_is_named_by_file_and_offset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "s"
+    write_store(root, 600)
+    seg = root / "commitlog" / "00000000000000000000"
+    data = bytearray(seg.read_bytes())
+    pos = data.index(b"BODY-000010-")
+    data[pos + 15] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    code, r, err = run(capsys, "inspect", str(root), "--json")
+    assert code == ExitCode.CORRUPT
+    assert r["verdict"] == "damaged"
+    bad = [p for p in r["problems"] if p["kind"] == "corrupt_record"]
+    assert len(bad) == 1 and bad[0]["file"] == str(seg)
+    assert bad[0]["file_position"] < pos < bad[0]["file_position"] + 300  # the record holding the byte
+    assert "crc" in bad[0]["reason"].lower()
+    assert str(seg) in err and f"file position {bad[0]['file_position']}" in err
+
+
+def test_a_segment_of_the_wrong_size_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "s"
+    write_store(root, 600)
+    seg = sorted((root / "commitlog").iterdir())[1]
+    with open(seg, "r+b") as f:
+        f.truncate(1000)
+    code, r, err = run(capsys, "inspect", str(root), "--json")
+    assert code == ExitCode.CORRUPT and r["verdict"] == "damaged"
+    assert any(p["kind"] == "segment_size" and p["file"] == str(seg) for p in r["problems"])
+    assert seg.name in err
+
+
+def test_a_queue_unit_pointing_elsewhere_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "s"
+    write_store(root, 60)
+    cq = root / "consumequeue" / "T0" / "0" / "00000000000000000000"
+    data = bytearray(cq.read_bytes())
+    data[20:40], data[40:60] = data[40:60], data[20:40]  # units 1 and 2 swapped
+    cq.write_bytes(bytes(data))
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert code == ExitCode.CORRUPT
+    bad = [p for p in r["problems"] if p["kind"] == "cq_unit_mismatch"]
+    assert bad and bad[0]["topic"] == "T0" and bad[0]["queue_offset"] == 1
+
+
+def test_a_truncated_log_with_queues_ahead_needs_recovery(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "s"
+    write_store(root, 60)
+    seg = root / "commitlog" / "00000000000000000000"
+    data = bytearray(seg.read_bytes())
+    end = data.index(b"BODY-000050-") - 200  # zero the last records, as if never flushed
+    data[end:] = bytes(len(data) - end)
+    seg.write_bytes(bytes(data))
+    (root / "abort").write_bytes(b"")
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert code == 0 and r["verdict"] == "needs recovery"
+    assert any(p["kind"] == "cq_past_log_end" for p in r["problems"])
+
+
+def test_missing_or_empty_directory_exits_5(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("inspect", "stats"):
+        code, _, err = run(capsys, command, str(tmp_path / "nope"))
+        assert code == ExitCode.NOT_A_STORE and "does not exist" in err
+        code, _, err = run(capsys, command, str(tmp_path))
+        assert code == ExitCode.NOT_A_STORE and "is not a store" in err

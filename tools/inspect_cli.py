@@ -1,0 +1,677 @@
+"""`mqstore inspect STORE_DIR` and `mqstore stats STORE_DIR`: what a store's files say.
+
+Both only read (never take the lock, never map anything writable), so they are safe on a
+running store and on a broker's directory. `inspect` scans the whole CommitLog (with CRCs)
+and every ConsumeQueue, checks that they agree, and ends in a verdict:
+
+* healthy: clean shutdown, every record and unit valid;
+* running: a live process holds the lock (the files are in flux; problems are still listed);
+* needs recovery: the abort file is there (the last run crashed), or the queues disagree with
+  the log in a way the next start's recovery repairs (units past the log's end, a torn tail);
+* damaged: a segment of the wrong size or missing, a corrupt record with valid data after it,
+  a consume queue unit that points at something else than its message.
+
+`stats` is the cheap view: segments and bytes, message counts per topic and queue from the
+ConsumeQueue offsets, the end of the log from the last segment only, checkpoint times.
+
+Exit codes: 0, 3 when `inspect` finds the store damaged, 5 when STORE_DIR is missing or holds
+no store files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import struct
+import sys
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final, Iterable
+
+import psutil
+
+from ..cli import CliError, ExitCode, load_config
+from ..config import StoreConfig
+from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
+from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
+from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
+from ..storage.consume_queue import iter_cq_units, list_consume_queues
+from ..storage.fs import RealFileSystem
+from ..storage.index import INDEX_HEADER_SIZE, index_file_size, read_index_header
+from ..storage.lockfiles import ABORT_FILE_NAME, LOCK_FILE_NAME
+from ..stats import disk_allocated_bytes
+
+__all__ = ["add_subcommands", "inspect_store", "store_file_stats", "lock_state"]
+
+HEALTHY: Final = "healthy"
+RUNNING: Final = "running"
+NEEDS_RECOVERY: Final = "needs recovery"
+DAMAGED: Final = "damaged"
+
+# Above this many messages, inspect stops remembering each record to check the queues' units
+# against (the counts and ranges are still exact).
+MAX_CROSS_CHECKED_MESSAGES: Final = 2_000_000
+MAX_PROBLEMS_LISTED: Final = 100
+
+_FLOCK: Final = struct.Struct("@hhqqi4x")  # struct flock on 64-bit Linux (as storage.lockfiles)
+
+
+def _iso(ms: int | None) -> str | None:
+    if not ms or ms <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _digits(name: str, width: int) -> bool:
+    return len(name) == width and name.isdigit()
+
+
+# ---------------------------------------------------------------------------------------------
+# lock and abort
+
+
+def lock_state(root: Path) -> dict[str, Any]:
+    """Is the store's lock held by a live process (ours too: the store takes an OFD lock, which
+    conflicts with this process's test)? F_GETLK only asks; it never takes the lock."""
+    lock_path = root / LOCK_FILE_NAME
+    state: dict[str, Any] = {
+        "lock_file": lock_path.is_file(),
+        "held": False,
+        "holder_pid": None,
+        "abort_file": (root / ABORT_FILE_NAME).exists(),
+    }
+    if not state["lock_file"]:
+        return state
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError as exc:
+        state["error"] = f"cannot open {lock_path}: {exc.strerror}"
+        return state
+    try:
+        query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+        l_type, _whence, _start, _len, pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))
+        if l_type != fcntl.F_UNLCK:
+            state["held"] = True
+            state["holder_pid"] = pid if pid > 0 else None
+    except OSError as exc:
+        state["error"] = f"cannot test the lock on {lock_path}: {exc.strerror}"
+    finally:
+        os.close(fd)
+    if state["held"] and state["holder_pid"] is None:
+        state["holder_pid"] = _ofd_lock_holder(lock_path) or _process_with_open(lock_path)
+    return state
+
+
+def _process_with_open(path: Path) -> int | None:
+    """The process that has the lock file open (an OFD lock has no owner pid to report)."""
+    real = os.path.realpath(path)
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if any(f.path == real for f in proc.open_files()):
+                return int(proc.info["pid"])
+        except (psutil.Error, OSError):
+            continue
+    return None
+
+
+def _ofd_lock_holder(path: Path) -> int | None:
+    """An OFD lock reports pid -1 to F_GETLK; /proc/locks names the process that took it."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        parts = line.split()
+        if "->" in parts:
+            continue  # a blocked waiter, not the holder
+        if len(parts) >= 8 and parts[5].lower() == wanted.lower():
+            try:
+                pid = int(parts[4])
+            except ValueError:
+                continue
+            if pid > 0:
+                return pid
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the commitlog
+
+
+def _segment_files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _digits(p.name, 20) and p.is_file())
+
+
+def _problem(kind: str, severity: str, message: str, **where: Any) -> dict[str, Any]:
+    return {"kind": kind, "severity": severity, "message": message, **where}
+
+
+def _inspect_commitlog(
+    directory: Path, *, max_message_size: int, check_crc: bool, abort: bool
+) -> tuple[dict[str, Any], dict[int, tuple[str, int, int, int]] | None, list[dict[str, Any]]]:
+    """Segments with their records; a map offset -> (topic, queue, queue offset, size) of
+    every message (None when there are too many to remember); the problems found."""
+    problems: list[dict[str, Any]] = []
+    files = _segment_files(directory)
+    out: dict[str, Any] = {"dir": str(directory), "segment_size": None, "segments": [], "min_offset": -1,
+                           "max_offset": -1, "messages": 0, "bytes": 0, "topics": {}}  # fmt: skip
+    if not files:
+        return out, {}, problems
+    segment_size = files[0].stat().st_size
+    out["segment_size"] = segment_size
+    out["min_offset"] = int(files[0].name)
+    segments: dict[int, dict[str, Any]] = {}
+    for k, path in enumerate(files):
+        start = int(path.name)
+        size = path.stat().st_size
+        allocated, _ = disk_allocated_bytes_of(path)
+        seg = {"file": path.name, "path": str(path), "start_offset": start, "size": size, "allocated_bytes": allocated,
+               "messages": 0, "used_bytes": 0, "end": None}  # fmt: skip
+        segments[start] = seg
+        out["segments"].append(seg)
+        expected = out["min_offset"] + k * segment_size
+        if start != expected:
+            problems.append(_problem("segment_gap", DAMAGED, f"{path}: expected a segment starting at {expected}",
+                                     file=str(path), commitlog_offset=expected))  # fmt: skip
+    starts = sorted(segments)
+    remembered: dict[int, tuple[str, int, int, int]] | None = {}
+    topics: dict[str, dict[str, int]] = defaultdict(lambda: {"messages": 0, "bytes": 0})
+    corrupt: list[tuple[int, int, str]] = []  # (segment start, offset, reason)
+    last_data_end = out["min_offset"]
+    data_after_end: list[int] = []
+    ended_in: int | None = None
+    for read in scan_commitlog_dir(str(directory), check_crc=check_crc, read_body=check_crc, segment_size=segment_size,
+                                   max_message_size=max_message_size):  # fmt: skip
+        seg_start = read.offset - read.offset % segment_size if segment_size else 0
+        seg = segments.get(seg_start) or segments[max(s for s in starts if s <= read.offset)]
+        if read.kind is RecordKind.MESSAGE:
+            assert read.record is not None
+            rec = read.record
+            if ended_in is not None:
+                data_after_end.append(read.offset)
+            seg["messages"] += 1
+            seg["used_bytes"] += read.size
+            topics[rec.topic]["messages"] += 1
+            topics[rec.topic]["bytes"] += read.size
+            out["messages"] += 1
+            out["bytes"] += read.size
+            last_data_end = read.offset + read.size
+            if remembered is not None:
+                if len(remembered) >= MAX_CROSS_CHECKED_MESSAGES:
+                    remembered = None
+                else:
+                    remembered[read.offset] = (rec.topic, rec.queue_id, rec.queue_offset, read.size)
+        elif read.kind is RecordKind.BLANK:
+            seg["end"] = "blank"
+            seg["used_bytes"] = read.offset - seg["start_offset"]
+        elif read.kind is RecordKind.END_OF_DATA:
+            seg["end"] = "end_of_data"
+            seg["used_bytes"] = read.offset - seg["start_offset"]
+            if ended_in is None:
+                ended_in = seg["start_offset"]
+        else:
+            seg["end"] = "corrupt"
+            corrupt.append((seg["start_offset"], read.offset, read.reason))
+            if ended_in is None:
+                ended_in = seg["start_offset"]
+    out["max_offset"] = last_data_end
+    out["topics"] = {t: topics[t] for t in sorted(topics)}
+    for seg_start, offset, reason in corrupt:
+        path = directory / segments[seg_start]["file"]
+        position = offset - seg_start
+        tail = offset >= last_data_end
+        if "expected" in reason and "bytes" in reason and position == 0:
+            problems.append(_problem("segment_size", DAMAGED, f"{path}: {reason}", file=str(path), file_position=0,
+                                     commitlog_offset=offset))  # fmt: skip
+            continue
+        severity = NEEDS_RECOVERY if tail and abort else DAMAGED
+        what = "torn record at the end of the log (recovery truncates it)" if severity == NEEDS_RECOVERY else "corrupt record"
+        problems.append(_problem("corrupt_record", severity,
+                                 f"{what} in {path} at file position {position} (commitlog offset {offset}): {reason}",
+                                 file=str(path), file_position=position, commitlog_offset=offset, reason=reason))  # fmt: skip
+    if data_after_end:
+        first = data_after_end[0]
+        problems.append(_problem("data_after_end", DAMAGED,
+                                 f"{len(data_after_end)} records after the end of the log, first at commitlog offset {first}",
+                                 commitlog_offset=first))  # fmt: skip
+    return out, remembered, problems
+
+
+def disk_allocated_bytes_of(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_blocks * 512, st.st_size
+
+
+# ---------------------------------------------------------------------------------------------
+# consume queues
+
+
+def _inspect_consume_queues(
+    root: Path,
+    *,
+    commitlog_min: int,
+    commitlog_max: int,
+    remembered: dict[int, tuple[str, int, int, int]] | None,
+    full: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    fs = RealFileSystem()
+    cq_root = root / "consumequeue"
+    queues: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = []
+    for topic, queue_id in list_consume_queues(str(cq_root), fs):
+        qdir = cq_root / topic / str(queue_id)
+        files = _segment_files(qdir)
+        info: dict[str, Any] = {"topic": topic, "queue_id": queue_id, "files": len(files),
+                                "bytes": sum(p.stat().st_size for p in files), "min_offset": 0, "max_offset": 0,
+                                "messages": 0, "min_commitlog_offset": None, "max_commitlog_offset": None}  # fmt: skip
+        queues.append(info)
+        if not files:
+            continue
+        file_size = files[0].stat().st_size
+        for p in files:
+            if p.stat().st_size != file_size or file_size % CQ_STORE_UNIT_SIZE:
+                problems.append(_problem("cq_file_size", DAMAGED, f"{p}: {p.stat().st_size} bytes, expected {file_size}"
+                                         " (a multiple of 20)", file=str(p)))  # fmt: skip
+        if full:
+            units: Iterable[tuple[int, int, int, int]] = iter_cq_units(str(qdir), fs)
+        else:
+            units = _edge_units(files)
+        first_q = last_q = None
+        past_end = 0
+        mismatches: list[tuple[int, int]] = []
+        for q_off, phy, size, _tags in units:
+            if phy < commitlog_min and size != 0x7FFFFFFF:
+                continue  # below the log's min offset: the message was cleaned (correctMinOffset)
+            if first_q is None:
+                first_q = q_off
+                info["min_commitlog_offset"] = phy
+            last_q = q_off
+            info["max_commitlog_offset"] = phy
+            if phy + size > commitlog_max and size != 0x7FFFFFFF:
+                past_end += 1
+            elif remembered is not None and full:
+                seen = remembered.get(phy)
+                if seen is None or seen[0] != topic or seen[1] != queue_id or seen[2] != q_off or seen[3] != size:
+                    mismatches.append((q_off, phy))
+        if first_q is not None and last_q is not None:
+            info["min_offset"], info["max_offset"] = first_q, last_q + 1
+            info["messages"] = last_q + 1 - first_q
+        elif files:
+            info["min_offset"] = info["max_offset"] = int(files[-1].name) // CQ_STORE_UNIT_SIZE
+        if past_end:
+            problems.append(_problem("cq_past_log_end", NEEDS_RECOVERY,
+                                     f"{topic}/{queue_id}: {past_end} units point past the commitlog's end {commitlog_max}"
+                                     " (recovery truncates them)", topic=topic, queue_id=queue_id))  # fmt: skip
+        if mismatches:
+            q_off, phy = mismatches[0]
+            problems.append(_problem("cq_unit_mismatch", DAMAGED,
+                                     f"{topic}/{queue_id}: {len(mismatches)} units do not point at their message, first at "
+                                     f"queue offset {q_off} (commitlog offset {phy})",
+                                     topic=topic, queue_id=queue_id, queue_offset=q_off, commitlog_offset=phy))  # fmt: skip
+    return queues, problems
+
+
+def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
+    """The first valid unit of the first file and the last valid unit of the queue, without
+    reading the files in between (for `stats`)."""
+    unpack = CQ_UNIT.unpack_from
+    first = files[0]
+    data = first.read_bytes()
+    if len(data) >= CQ_STORE_UNIT_SIZE:
+        phy, size, tags = unpack(data, 0)
+        if phy >= 0 and size > 0:
+            yield int(first.name) // CQ_STORE_UNIT_SIZE, phy, size, tags
+    for path in reversed(files):
+        data = path.read_bytes() if path != first else data
+        n = len(data) // CQ_STORE_UNIT_SIZE
+        lo, hi = 0, n  # units are written in order: find the first invalid one by bisection
+        while lo < hi:
+            mid = (lo + hi) // 2
+            phy, size, _ = unpack(data, mid * CQ_STORE_UNIT_SIZE)
+            if phy >= 0 and size > 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo > 0:
+            phy, size, tags = unpack(data, (lo - 1) * CQ_STORE_UNIT_SIZE)
+            yield (int(path.name) + (lo - 1) * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE, phy, size, tags
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# index files and checkpoint
+
+
+def _inspect_index(root: Path, config: StoreConfig, commitlog_max: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    fs = RealFileSystem()
+    directory = root / "index"
+    files: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = []
+    if not directory.is_dir():
+        return files, problems
+    expected = index_file_size(config.max_hash_slot_num, config.max_index_num)
+    for path in sorted(p for p in directory.iterdir() if _digits(p.name, 17) and p.is_file()):
+        size = path.stat().st_size
+        try:
+            h = read_index_header(fs, str(path))
+        except (ValueError, OSError) as exc:
+            problems.append(_problem("index_header", DAMAGED, f"{path}: {exc}", file=str(path)))
+            files.append({"file": path.name, "size": size, "error": str(exc)})
+            continue
+        capacity = (size - INDEX_HEADER_SIZE - max(h.hash_slot_count, 0) * 4) // 20
+        entries = max(h.index_count - 1, 0)
+        files.append({
+            "file": path.name, "size": size, "entries": entries,
+            "begin_timestamp": h.begin_timestamp, "end_timestamp": h.end_timestamp,
+            "begin_time": _iso(h.begin_timestamp), "end_time": _iso(h.end_timestamp),
+            "begin_phy_offset": h.begin_phy_offset, "end_phy_offset": h.end_phy_offset,
+            "hash_slot_count": h.hash_slot_count, "full": capacity > 0 and h.index_count >= capacity,
+        })  # fmt: skip
+        if h.index_count > capacity + 1 or h.index_count < 0:
+            problems.append(_problem("index_count", DAMAGED, f"{path}: index_count {h.index_count} exceeds the file's "
+                                     f"{capacity} entries", file=str(path), file_position=36))  # fmt: skip
+        elif size != expected:
+            problems.append(_problem("index_size", "warning", f"{path}: {size} bytes, the configured size is {expected}"
+                                     " (written with other max_hash_slot_num/max_index_num)", file=str(path)))  # fmt: skip
+        if commitlog_max >= 0 and h.end_phy_offset > commitlog_max:
+            problems.append(_problem("index_past_log_end", "warning", f"{path}: entries up to commitlog offset "
+                                     f"{h.end_phy_offset}, past the log's end {commitlog_max} (harmless, §11.7)",
+                                     file=str(path)))  # fmt: skip
+    return files, problems
+
+
+def _inspect_checkpoint(root: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    path = root / "checkpoint"
+    if not path.is_file():
+        return None, []
+    problems: list[dict[str, Any]] = []
+    size = path.stat().st_size
+    if size != CHECKPOINT_FILE_SIZE:
+        problems.append(_problem("checkpoint_size", "warning", f"{path}: {size} bytes, expected {CHECKPOINT_FILE_SIZE}",
+                                 file=str(path)))  # fmt: skip
+    v = read_checkpoint(RealFileSystem(), str(path))
+    out = {
+        "file_size": size,
+        "physic_msg_timestamp": v.physic_msg_timestamp, "physic_msg_time": _iso(v.physic_msg_timestamp),
+        "logics_msg_timestamp": v.logics_msg_timestamp, "logics_msg_time": _iso(v.logics_msg_timestamp),
+        "index_msg_timestamp": v.index_msg_timestamp, "index_msg_time": _iso(v.index_msg_timestamp),
+        "min_timestamp": v.min_timestamp(), "min_timestamp_index": v.min_timestamp_index(),
+        "master_flushed_offset": v.master_flushed_offset, "confirm_phy_offset": v.confirm_phy_offset,
+    }  # fmt: skip
+    return out, problems
+
+
+# ---------------------------------------------------------------------------------------------
+# the two reports
+
+
+def _check_store_dir(root: Path) -> None:
+    if not root.exists():
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} does not exist")
+    if not root.is_dir():
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
+    markers = ("commitlog", "consumequeue", "index", "checkpoint", LOCK_FILE_NAME, ABORT_FILE_NAME)
+    if not any((root / m).exists() for m in markers):
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a store (no commitlog/, consumequeue/, index/ or checkpoint)")
+
+
+def _verdict(lock: dict[str, Any], problems: list[dict[str, Any]]) -> str:
+    severities = {p["severity"] for p in problems}
+    if lock["held"]:
+        return RUNNING
+    if DAMAGED in severities:
+        return DAMAGED
+    if lock["abort_file"] or NEEDS_RECOVERY in severities:
+        return NEEDS_RECOVERY
+    return HEALTHY
+
+
+def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) -> dict[str, Any]:
+    """The whole report of `mqstore inspect` as a dict (what --json prints)."""
+    _check_store_dir(root)
+    lock = lock_state(root)
+    commitlog_dir = root / "commitlog"
+    commitlog, remembered, problems = _inspect_commitlog(
+        commitlog_dir, max_message_size=config.max_message_size_bytes, check_crc=check_crc, abort=lock["abort_file"]
+    )
+    queues, cq_problems = _inspect_consume_queues(
+        root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True
+    )
+    problems += cq_problems
+    index, index_problems = _inspect_index(root, config, commitlog["max_offset"])
+    problems += index_problems
+    checkpoint, cp_problems = _inspect_checkpoint(root)
+    problems += cp_problems
+    if lock["abort_file"] and not lock["held"]:
+        problems.append(_problem("abort_file", NEEDS_RECOVERY, "the abort file is present: the last run did not stop "
+                                 "cleanly; the next start recovers abnormally"))  # fmt: skip
+    dispatched_to = max((q["max_commitlog_offset"] or 0) for q in queues) if queues else None
+    verdict = _verdict(lock, problems)
+    return {
+        "store_dir": str(root),
+        "verdict": verdict,
+        "lock": lock,
+        "commitlog": commitlog,
+        "consume_queues": queues,
+        "index": index,
+        "checkpoint": checkpoint,
+        "config_files": sorted(p.name for p in (root / "config").iterdir()) if (root / "config").is_dir() else [],
+        "dispatched_to_commitlog_offset": dispatched_to,
+        "problems": problems[:MAX_PROBLEMS_LISTED],
+        "problem_count": len(problems),
+    }
+
+
+def _last_data_segment(files: list[Path]) -> Path | None:
+    for path in reversed(files):
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if head.strip(b"\0"):
+            return path
+    return None
+
+
+def store_file_stats(root: Path, config: StoreConfig) -> dict[str, Any]:
+    """`mqstore stats`: the cheap figures, without scanning the whole log."""
+    _check_store_dir(root)
+    lock = lock_state(root)
+    files = _segment_files(root / "commitlog")
+    min_offset = int(files[0].name) if files else -1
+    max_offset = min_offset
+    last = _last_data_segment(files)
+    if last is not None:
+        seg_size = files[0].stat().st_size
+        start = int(last.name)
+        reader = CommitLogReader(RealFileSystem(), str(root / "commitlog"), mapped_file_size=seg_size,
+                                 max_message_size=config.max_message_size_bytes, limit=start + seg_size)  # fmt: skip
+        try:
+            max_offset = start
+            for read in reader.iter_records(start, start + seg_size, read_body=False):
+                if read.kind is RecordKind.MESSAGE:
+                    max_offset = read.offset + read.size
+                elif read.kind is RecordKind.BLANK:
+                    max_offset = read.offset  # where RocketMQ's recovery leaves the end (§11.5)
+                    break
+        finally:
+            reader.close()
+    queues, _ = _inspect_consume_queues(root, commitlog_min=min_offset, commitlog_max=2**62, remembered=None, full=False)
+    topics: dict[str, dict[str, int]] = {}
+    for q in queues:
+        t = topics.setdefault(q["topic"], {"queues": 0, "messages": 0})
+        t["queues"] += 1
+        t["messages"] += q["messages"]
+    checkpoint, _ = _inspect_checkpoint(root)
+    allocated, apparent = disk_allocated_bytes(root)
+    index_dir = root / "index"
+    return {
+        "store_dir": str(root),
+        "running": lock["held"],
+        "lock": lock,
+        "commitlog": {
+            "segments": len(files),
+            "segment_size": files[0].stat().st_size if files else None,
+            "min_offset": min_offset,
+            "max_offset": max_offset,
+            "data_bytes": max(max_offset - min_offset, 0),
+        },
+        "topics": topics,
+        "queues": [{k: q[k] for k in ("topic", "queue_id", "min_offset", "max_offset", "messages")} for q in queues],
+        "messages": sum(t["messages"] for t in topics.values()),
+        "index_files": len([p for p in index_dir.iterdir() if _digits(p.name, 17)]) if index_dir.is_dir() else 0,
+        "checkpoint": checkpoint,
+        "disk": {"allocated_bytes": allocated, "apparent_bytes": apparent},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# printing
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header] + [[("-" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join("  " + line for line in lines)
+
+
+def _lock_line(lock: dict[str, Any]) -> str:
+    if lock["held"]:
+        who = f"pid {lock['holder_pid']}" if lock["holder_pid"] else "a live process"
+        return f"held by {who} (the store is running)"
+    return "free" if lock["lock_file"] else "no lock file"
+
+
+def _print_inspect(report: dict[str, Any], out: Any) -> None:
+    w = out.write
+    cl = report["commitlog"]
+    w(f"store {report['store_dir']}: {report['verdict'].upper()}\n")
+    w(f"  lock: {_lock_line(report['lock'])}; abort file: {'present' if report['lock']['abort_file'] else 'absent'}\n")
+    if report["lock"]["held"]:
+        w("  note: a running store owns these files; what follows is what the files say right now\n")
+    w(f"\ncommitlog {cl['dir']}: {len(cl['segments'])} segments of {_size(cl['segment_size'])}, offsets "
+      f"{cl['min_offset']} .. {cl['max_offset']}, {cl['messages']} messages, {_size(cl['bytes'])}\n")  # fmt: skip
+    if cl["segments"]:
+        rows = [[s["file"], s["start_offset"], _size(s["size"]), _size(s["allocated_bytes"]), s["messages"],
+                 s["used_bytes"], s["end"]] for s in cl["segments"]]  # fmt: skip
+        w(_table(rows, ["segment", "start", "size", "on disk", "messages", "used bytes", "ends with"]) + "\n")
+    if report["consume_queues"]:
+        w(f"\nconsume queues ({len(report['consume_queues'])}):\n")
+        rows = [[q["topic"], q["queue_id"], q["min_offset"], q["max_offset"], q["messages"], q["files"],
+                 q["min_commitlog_offset"], q["max_commitlog_offset"]] for q in report["consume_queues"]]  # fmt: skip
+        w(_table(rows, ["topic", "queue", "min offset", "max offset", "messages", "files", "first phy", "last phy"]) + "\n")
+    if report["index"]:
+        w(f"\nindex files ({len(report['index'])}):\n")
+        rows = [[f["file"], f.get("entries"), f.get("begin_time"), f.get("end_time"), f.get("begin_phy_offset"),
+                 f.get("end_phy_offset"), _size(f["size"])] for f in report["index"]]  # fmt: skip
+        w(_table(rows, ["file", "entries", "begin time", "end time", "begin phy", "end phy", "size"]) + "\n")
+    cp = report["checkpoint"]
+    if cp is None:
+        w("\ncheckpoint: none\n")
+    else:
+        w(f"\ncheckpoint: physic {cp['physic_msg_time']} ({cp['physic_msg_timestamp']}), logics {cp['logics_msg_time']} "
+          f"({cp['logics_msg_timestamp']}), index {cp['index_msg_time']} ({cp['index_msg_timestamp']})\n")  # fmt: skip
+    if report["config_files"]:
+        w(f"config/: {', '.join(report['config_files'])}\n")
+    if report["problems"]:
+        w(f"\nproblems ({report['problem_count']}):\n")
+        for p in report["problems"]:
+            w(f"  [{p['severity']}] {p['message']}\n")
+    else:
+        w("\nno problems found\n")
+
+
+def _print_stats(report: dict[str, Any], out: Any) -> None:
+    w = out.write
+    cl = report["commitlog"]
+    w(f"store {report['store_dir']}\n")
+    if report["running"]:
+        w(f"  the store is running (lock {_lock_line(report['lock'])}); these figures are what its files say now, "
+          "which may lag the store's memory (its live counters: MessageStore.stats())\n")  # fmt: skip
+    elif report["lock"]["abort_file"]:
+        w("  the abort file is present: the last run did not stop cleanly (the queues may lag the log)\n")
+    w(f"  commitlog: {cl['segments']} segments of {_size(cl['segment_size'])}, offsets {cl['min_offset']} .. "
+      f"{cl['max_offset']} ({_size(cl['data_bytes'])} of records)\n")  # fmt: skip
+    w(f"  messages (from the consume queues): {report['messages']} in {len(report['topics'])} topics\n")
+    w(f"  index files: {report['index_files']}\n")
+    w(f"  disk: {_size(report['disk']['allocated_bytes'])} allocated ({_size(report['disk']['apparent_bytes'])} apparent, "
+      "segments are sparse until written)\n")  # fmt: skip
+    cp = report["checkpoint"]
+    if cp:
+        w(f"  checkpoint: physic {cp['physic_msg_time']}, logics {cp['logics_msg_time']}, index {cp['index_msg_time']}\n")
+    if report["queues"]:
+        rows = [[q["topic"], q["queue_id"], q["min_offset"], q["max_offset"], q["messages"]] for q in report["queues"]]
+        w(_table(rows, ["topic", "queue", "min offset", "max offset", "messages"]) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# the subcommands
+
+
+def add_subcommands(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "inspect",
+        help="segments, queues, index files, checkpoint, lock/abort state and a health verdict",
+        description="Read a store directory (ours or a broker's; safe while it runs) and report its segments, "
+        "offset ranges, consume queues, index files, checkpoint, lock and abort state, and a verdict: healthy, "
+        "running, needs recovery or damaged (exit 3), naming the file and offset of any corrupt data.",
+    )
+    p.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--no-crc", action="store_true", help="skip the body CRC check (faster on large logs)")
+    p.set_defaults(handler=_run_inspect)
+
+    s = subparsers.add_parser(
+        "stats",
+        help="what a store's files say: segments, bytes, messages per topic/queue, checkpoint times",
+        description="Cheap figures from a store's files (closed or running): segments and bytes, the end of the "
+        "log, message counts per topic and queue from the consume queue offsets, checkpoint times.",
+    )
+    s.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    s.add_argument("--json", action="store_true", help="print one JSON document")
+    s.set_defaults(handler=_run_stats)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    report = inspect_store(args.store_dir, load_config(args), check_crc=not args.no_crc)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        _print_inspect(report, sys.stdout)
+    sys.stdout.flush()
+    if report["verdict"] == DAMAGED:
+        first = next(p for p in report["problems"] if p["severity"] == DAMAGED)
+        print(f"mqstore inspect: damaged: {first['message']}", file=sys.stderr)
+        return ExitCode.CORRUPT
+    return ExitCode.OK
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    report = store_file_stats(args.store_dir, load_config(args))
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        _print_stats(report, sys.stdout)
+    return ExitCode.OK
