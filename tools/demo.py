@@ -134,6 +134,9 @@ class ProducerActor(pykka.ThreadingActor):
     def on_start(self) -> None:
         self.actor_ref.tell(_SendNext())
 
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self._done.set_exception((exception_type, exception_value, traceback))  # the coordinator re-raises
+
     def _more(self) -> bool:
         if self._quota is not None:
             return self._seq < self._quota
@@ -532,12 +535,17 @@ def _run_spark(root: str, enabled: bool, master: str, in_store: dict[str, int], 
     except ImportError as exc:
         return {"ran": False, "note": f"skipped: pyspark is not importable ({exc})"}
     started = time.monotonic()
-    spark = get_spark(master, app_name="mqstore-demo", progress=False)
     try:
-        ready_s = time.monotonic() - started
-        result = compute_stats(spark, [root])
-    finally:
-        spark.stop()
+        spark = get_spark(master, app_name="mqstore-demo", progress=False)
+        try:
+            ready_s = time.monotonic() - started
+            result = compute_stats(spark, [root])
+        finally:
+            spark.stop()
+    except Exception as exc:  # no Java, a job error: the report says so and the demo fails
+        log.error("spark stats job failed", error=repr(exc))
+        failures.append(f"the Spark stats job failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return {"ran": False, "note": f"failed: {type(exc).__name__}"}
     topics: dict[str, int] = defaultdict(int)
     for q in result["queues"]:
         topics[q["topic"]] += q["messages"]
