@@ -283,15 +283,35 @@ class MessageStore:
 
     @staticmethod
     def _properties(message: Message) -> str:
+        keys = message.keys
+        if keys:
+            joined = keys if isinstance(keys, str) else codec.KEY_SEPARATOR.join(keys)
+            count = 1 if isinstance(keys, str) else len(keys)
+            # KEYS are space-separated on disk: a key with a space (or an empty one) would
+            # come back as different keys.
+            if joined.count(codec.KEY_SEPARATOR) != count - 1 or (count > 1 and "" in keys) or not joined:
+                raise ValueError(f"keys {keys!r}: each key must be non-empty and without spaces")
+        else:
+            joined = ""
+        if not message.properties and message.wait_store_msg_ok:
+            # The common case, in the order a Java producer's HashMap gives (KEYS before TAGS).
+            tags = message.tags
+            if joined and tags:
+                text = f"KEYS\x01{joined}\x02TAGS\x01{tags}\x02"
+            elif joined:
+                text = f"KEYS\x01{joined}\x02"
+            elif tags:
+                text = f"TAGS\x01{tags}\x02"
+            else:
+                return ""
+            if text.count("\x01") != text.count("\x02") or text.count("\x01") != 1 + (bool(joined) and bool(tags)):
+                raise ValueError("tags or keys contain a reserved separator character (\\x01 or \\x02)")
+            return text
         props = dict(message.properties)
         if message.tags:
             props[codec.PROPERTY_TAGS] = message.tags
-        keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
-        if keys:
-            for key in keys:
-                if not key or codec.KEY_SEPARATOR in key:
-                    raise ValueError(f"key {key!r} is empty or contains a space (KEYS are space-separated)")
-            props[codec.PROPERTY_KEYS] = codec.KEY_SEPARATOR.join(keys)
+        if joined:
+            props[codec.PROPERTY_KEYS] = joined
         if not message.wait_store_msg_ok:
             props[codec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
         return codec.properties_to_string(props) if props else ""
@@ -614,12 +634,15 @@ class MessageStore:
 
     def flush(self) -> None:
         """Force the CommitLog (and the queues, index and checkpoint) to disk now."""
+        # The writer's own word on where the log ends: its notices to the flush actor are
+        # coalesced and may trail the last acknowledged put.
+        end = self._ask("writer", Ping()).max_offset
         for peer in ("flush", "consume_queue", "index"):
             ref = self.supervisor.ctx.peers.get(peer)
             if ref is None:
                 continue
             future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-            ref.tell(FlushAll(reply=Reply(future=future)))
+            ref.tell(FlushAll(reply=Reply(future=future), up_to=end))
             future.get(timeout=self._reply_timeout_s)
 
     def delete_expired_files_now(self) -> int:

@@ -81,7 +81,9 @@ TREE: tuple[ChildSpec, ...] = (
     ChildSpec("flush", (), _flush_tick),
     ChildSpec("consume_queue", ("reput",), lambda c: c.flush_interval_consume_queue_ms),
     ChildSpec("index", ("reput",), enabled=lambda c: c.message_index_enable),
-    ChildSpec("writer", ("commit", "reput")),
+    # The allocator's pre-created segments are the writer's future files: a restarted writer
+    # truncates its tail, which may delete them, so the allocator restarts with it.
+    ChildSpec("writer", ("allocator", "commit", "reput")),
     ChildSpec("commit", (), lambda c: c.commit_interval_commitlog_ms, enabled=_transient_pool),
     ChildSpec("reput", (), lambda _: 100),
     ChildSpec("cleaner", (), lambda c: c.clean_resource_interval_ms, enabled=lambda _: _cleaner_available()),

@@ -80,6 +80,13 @@ class AllocateMappedFileService(StoreActor):
                     for waiter in pending.waiters:
                         waiter.send(None)
                     continue
+            if pending.waiters and not self.ctx.fs.exists(pending.path):
+                # Deleted underneath us (a truncation after a crash): never hand out an
+                # unlinked file, whatever is written there would be lost.
+                self.log.warning("pre-created segment vanished, creating it again", path=pending.path)
+                pending.mapped_file = None
+                heapq.heappush(self._queue, pending)
+                continue
             if pending.waiters:
                 del self._table[pending.path]
                 waiters, pending.waiters = pending.waiters, []

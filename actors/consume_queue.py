@@ -108,21 +108,31 @@ class ConsumeQueueService(StoreActor):
         return None
 
     def _dispatch(self, batch: DispatchBatch) -> None:
-        hit = self.ctx.faults.hit
-        for i, req in enumerate(batch.requests):
+        # Consecutive records of one queue become one append, but writes stay in commitlog
+        # order: after a crash, "everything below the newest unit's end is written" must hold,
+        # because that is where dispatch resumes.
+        runs: list[tuple[tuple[str, int], list[tuple[int, int, int, int]]]] = []
+        for req in batch.requests:
             tran = req.sys_flag & codec.TRANSACTION_MASK
             if tran == codec.TRANSACTION_PREPARED_TYPE or tran == codec.TRANSACTION_ROLLBACK_TYPE:
                 continue
-            cq = self._queues.get((req.topic, req.queue_id))
+            key = (req.topic, req.queue_id)
+            unit = (req.commitlog_offset, req.msg_size, req.tags_code, req.consume_queue_offset)
+            if runs and runs[-1][0] == key:
+                runs[-1][1].append(unit)
+            else:
+                runs.append((key, [unit]))
+        hit = self.ctx.faults.hit
+        for n, ((topic, queue_id), units) in enumerate(runs):
+            cq = self._queues.get((topic, queue_id))
             if cq is None:
-                cq = self._open(req.topic, req.queue_id)
-            if i == len(batch.requests) // 2:
+                cq = self._open(topic, queue_id)
+            if n == len(runs) // 2:
                 hit("consume_queue.mid_write")
-            if not cq.put_message_position_info(
-                req.commitlog_offset, req.msg_size, req.tags_code, req.consume_queue_offset
-            ):
-                raise OSError(f"cannot write consume queue {req.topic}/{req.queue_id}")
-            self._logics_msg_timestamp = req.store_timestamp
+            if not cq.put_message_position_infos(units):
+                raise OSError(f"cannot write consume queue {topic}/{queue_id}")
+        if batch.requests:
+            self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
 
     def _get_units(self, request: GetUnits) -> UnitsReply:

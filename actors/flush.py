@@ -71,7 +71,9 @@ class FlushCommitLogService(StoreActor):
                     self._expire_pending()
                 else:
                     self._flush_if_due(now)
-            case FlushAll(reply=reply):
+            case FlushAll(reply=reply, up_to=up_to):
+                if up_to > self._max_offset:
+                    self._max_offset = up_to
                 self._flush_to(self._max_offset)
                 self._answer_pending()
                 self._write_checkpoint()

@@ -27,6 +27,7 @@ class IndexActor(StoreActor):
         super().__init__(ctx)
         self._service: IndexService | None = None
         self._dispatched_offset = 0
+        self._indexed_below = 0
 
     def on_start(self) -> None:
         cfg = self.config
@@ -43,6 +44,12 @@ class IndexActor(StoreActor):
         if not self._service.load(last_exit_ok=True, index_msg_timestamp=0):
             raise RuntimeError(f"cannot load the index in {cfg.index_dir}")
         self._dispatched_offset = self._service.resume_offset()
+        # Records below this offset are indexed already. The newest file's endPhyOffset is
+        # the START of the last indexed message, so that message counts as done too; Java's
+        # `offset < endPhyOffset` rule would index it again on every re-dispatch.
+        files = self._service.files
+        indexed_any = bool(files) and (len(files) > 1 or files[-1].index_count > 1)
+        self._indexed_below = self._dispatched_offset + 1 if indexed_any else 0
 
     def release(self) -> None:
         if self._service is not None:
@@ -62,6 +69,8 @@ class IndexActor(StoreActor):
                 for i, r in enumerate(requests):
                     if i == middle:
                         hit("index.mid_write")
+                    if r.commitlog_offset < self._indexed_below:
+                        continue  # a replay after a restart
                     if not service.build_index(
                         topic=r.topic,
                         commitlog_offset=r.commitlog_offset,
@@ -72,6 +81,7 @@ class IndexActor(StoreActor):
                     ) and service.index_error:
                         raise OSError("cannot create an index file")
                 self._dispatched_offset = max(self._dispatched_offset, end_offset)
+                self._indexed_below = max(self._indexed_below, end_offset)
             case QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin, end_ms=end):
                 offsets, last_ts, last_phy = service.query_offset(topic, key, max_num, begin, end)
                 return QueryOffsetsReply(

@@ -327,9 +327,11 @@ class CommitWriteBuffers:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlushAll:
-    """Flush everything now (store.flush(), shutdown) and answer when it is on disk."""
+    """Flush everything now (store.flush(), shutdown) and answer when it is on disk.
+    `up_to`: the log end the asker learnt from the writer (notices may lag behind it)."""
 
     reply: Reply
+    up_to: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -168,7 +168,12 @@ def java_hashmap_order(names: Iterable[str]) -> list[str]:
     Bucket order at the final capacity, insertion order within a bucket: Java's resize
     splits each bucket preserving relative order, so this holds for any insertion history.
     """
-    ordered = list(dict.fromkeys(names))
+    return list(_hashmap_order(tuple(dict.fromkeys(names))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _hashmap_order(ordered: tuple[str, ...]) -> tuple[str, ...]:
+    # Messages of one application carry the same few property-name sets: cache per set.
     capacity = 16
     while len(ordered) > capacity * 0.75:
         capacity *= 2
@@ -177,7 +182,7 @@ def java_hashmap_order(names: Iterable[str]) -> list[str]:
         h = java_string_hash(name) & 0xFFFFFFFF
         return (h ^ (h >> 16)) & (capacity - 1)
 
-    return sorted(ordered, key=bucket)  # sorted() is stable: insertion order within a bucket
+    return tuple(sorted(ordered, key=bucket))  # sorted() is stable: insertion order within a bucket
 
 
 def properties_to_string(props: Mapping[str, str], *, java_order: bool = True) -> str:
@@ -185,17 +190,15 @@ def properties_to_string(props: Mapping[str, str], *, java_order: bool = True) -
 
     Names or values holding a separator would not survive the round trip, so they are refused.
     """
-    names = java_hashmap_order(props) if java_order else list(props)
-    parts = []
-    for name in names:
-        value = props[name]
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise TypeError(f"property {name!r}: names and values must be str")
-        for text in (name, value):
-            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-                raise ValueError(f"property {name!r} contains a reserved separator character")
-        parts.append(f"{name}\x01{value}\x02")
-    return "".join(parts)
+    names = _hashmap_order(tuple(props)) if java_order else tuple(props)
+    if not all(type(name) is str and type(props[name]) is str for name in names):
+        raise TypeError("property names and values must be str")
+    text = "".join([f"{name}\x01{props[name]}\x02" for name in names])
+    # Exactly one separator of each kind per pair: no name or value smuggled one in (one
+    # count over the result is cheaper than testing every name and value).
+    if text.count(NAME_VALUE_SEPARATOR) != len(names) or text.count(PROPERTY_SEPARATOR) != len(names):
+        raise ValueError("a property name or value contains a reserved separator character (\\x01 or \\x02)")
+    return text
 
 
 def parse_delay_levels(spec: str = DEFAULT_MESSAGE_DELAY_LEVEL) -> list[int]:
@@ -259,10 +262,16 @@ class HostAddress:
 
     @classmethod
     def from_bytes(cls, address: bytes, port: int) -> HostAddress:
-        return cls(str(ipaddress.ip_address(address)), port)
+        return _host_from_bytes(address, port)
 
     def __str__(self) -> str:
         return f"[{self.ip}]:{self.port}" if self.is_ipv6 else f"{self.ip}:{self.port}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _host_from_bytes(address: bytes, port: int) -> HostAddress:
+    # A store sees few distinct hosts; `ipaddress` costs more than the rest of a decode.
+    return HostAddress(str(ipaddress.ip_address(address)), port)
 
 
 def msg_id(store_host: HostAddress, commitlog_offset: int) -> str:

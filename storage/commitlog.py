@@ -23,6 +23,7 @@ from mqstore.storage.codec import (
     DEFAULT_MAX_MESSAGE_SIZE,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
+    QUEUE_OFFSET_POSITION,
     SYSFLAG_POSITION,
     TRANSACTION_MASK,
     TRANSACTION_NOT_TYPE,
@@ -60,6 +61,7 @@ log = get_logger(__name__)
 _II = struct.Struct(">ii")
 _I = struct.Struct(">i")
 _Q = struct.Struct(">q")
+_QQ = struct.Struct(">qq")  # QUEUEOFFSET and PHYSICALOFFSET sit side by side
 _PROGRESS_STEP_BYTES: Final = 4 << 20
 
 # (bytes scanned so far, bytes to scan in total), for a progress bar.
@@ -84,6 +86,11 @@ class EncodedRecord:
 @functools.lru_cache(maxsize=64)
 def _msg_id_prefix(host: HostAddress) -> bytes:
     return host.address_bytes() + _I.pack(host.port)
+
+
+@functools.lru_cache(maxsize=64)
+def _msg_id_prefix_hex(host: HostAddress) -> str:
+    return _msg_id_prefix(host).hex().upper()
 
 
 def _msg_id(host: HostAddress, offset: int) -> str:
@@ -131,6 +138,9 @@ class CommitLog:
             fs, store_path, mapped_file_size, clock_ms=clock_ms, allocator=allocator,
             create_on_allocator_failure=create_on_allocator_failure, write_buffer_pool=write_buffer_pool,
         )  # fmt: skip
+        # How much of a truncated tail recovery zeroes: None = all of it (crash recovery);
+        # after a clean stop the tail is already zero and its owner sets 0.
+        self.zero_tail_bytes: int | None = None
         # "topic-queueId" -> the next queue offset (§6.4); recovery's caller fills it (§11.8).
         self.topic_queue_table: dict[str, int] = {}
         # The file a put left full, for the owner to munlock later (§6.5); it clears this.
@@ -223,27 +233,26 @@ class CommitLog:
         tran_type = first.sys_flag & TRANSACTION_MASK
         advances = batch or tran_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
         first_queue_offset = queue_offset if advances else 0
+        # One copy for the whole batch, except the first record's TOTALSIZE and MAGIC, which go
+        # in last (below): until then the log ends at `position` for any reader or recovery, so
+        # a crash in the middle of a batch leaves none of it rather than half of it.
+        blob = first.data if len(records) == 1 else b"".join([r.data for r in records])
+        buf[position + 8 : position + total] = memoryview(blob)[8:]
+        # Records of one put share their hosts, hence the store timestamp's position.
+        ts_position = store_timestamp_position(_I.unpack_from(blob, SYSFLAG_POSITION)[0])
+        id_prefix = _msg_id_prefix_hex(first.store_host)
         msg_ids = []
         pos = position
         next_queue_offset = queue_offset
         for r in records:
-            size = len(r.data)
-            if pos == position:
-                # The first record's TOTALSIZE and MAGIC go in last (below): until then the log
-                # ends at `position` for any reader or recovery, so a crash in the middle of a
-                # batch leaves none of it rather than half of it.
-                buf[pos + 8 : pos + size] = r.data[8:]
-            else:
-                buf[pos : pos + size] = r.data
+            offset = file_from_offset + pos
             # PREPARED/ROLLBACK are stored with queue offset 0 and do not advance the counter (§3.9).
-            patch_record(
-                buf, pos, queue_offset=next_queue_offset if advances else 0,
-                commitlog_offset=file_from_offset + pos, store_timestamp=now_ms,
-            )  # fmt: skip
-            msg_ids.append(_msg_id(r.store_host, file_from_offset + pos))
+            _QQ.pack_into(buf, pos + QUEUE_OFFSET_POSITION, next_queue_offset if advances else 0, offset)
+            _Q.pack_into(buf, pos + ts_position, now_ms)
+            msg_ids.append(f"{id_prefix}{offset:016X}")
             if advances:
                 next_queue_offset += 1
-            pos += size
+            pos += len(r.data)
         if self._fault_hook is not None:
             self._fault_hook("writer.mid_batch_append")
         buf[position : position + 8] = first.data[:8]
@@ -297,7 +306,8 @@ class CommitLog:
                 key = f"{record.topic}-{record.queue_id}"
                 topic_queue_table[key] = max(topic_queue_table.get(key, 0), record.queue_offset + 1)
         queue = self.mapped_file_queue
-        queue.truncate_dirty_files(end)
+        # Only the put the previous writer died in can have left bytes past the end.
+        queue.truncate_dirty_files(end, 2 * self.max_message_size)
         queue.flushed_where = min(queue.flushed_where, end) if queue.flushed_where else end
         queue.committed_where = end
         last = queue.last_mapped_file
@@ -525,7 +535,7 @@ class CommitLog:
     def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
         queue = self.mapped_file_queue
         queue.flushed_where = queue.committed_where = process_offset
-        queue.truncate_dirty_files(process_offset)
+        queue.truncate_dirty_files(process_offset, self.zero_tail_bytes)
         log.info("commitlog recovered", max_offset=process_offset,
                  consume_queue_past_end=max_phy_offset_of_consume_queue >= process_offset)  # fmt: skip
 

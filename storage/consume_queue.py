@@ -7,6 +7,8 @@ blank records. Derived data: rebuilt from the CommitLog when they disagree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import os
 from collections.abc import Iterator
 from typing import Callable, Final
@@ -131,6 +133,27 @@ class ConsumeQueue:
                           expect=expect, current=current)  # fmt: skip
         self.max_physic_offset = commitlog_offset
         return mapped_file.append_bytes(CQ_UNIT.pack(commitlog_offset, size, tags_code))
+
+    def put_message_position_infos(self, units: Sequence[tuple[int, int, int, int]]) -> bool:
+        """Units (commitlog offset, size, tags code, queue offset) of this queue, in dispatch
+        order. A run that continues the queue exactly, is new and fits the current file is
+        one append; anything else takes the unit-by-unit path with all of §9.3's rules."""
+        first_offset, _, _, first_cq = units[0]
+        mapped_file = self.mapped_file_queue.last_mapped_file
+        if (
+            mapped_file is not None
+            and first_offset > self.max_physic_offset
+            and units[-1][3] - first_cq == len(units) - 1
+            and mapped_file.file_from_offset + mapped_file.wrote_position == first_cq * CQ_STORE_UNIT_SIZE
+            and mapped_file.wrote_position + CQ_STORE_UNIT_SIZE * len(units) <= mapped_file.file_size
+            and mapped_file.wrote_position > 0
+            and all(units[i][0] < units[i + 1][0] for i in range(len(units) - 1))
+        ):
+            data = b"".join([CQ_UNIT.pack(offset, size, tags) for offset, size, tags, _ in units])
+            if mapped_file.append_bytes(data):
+                self.max_physic_offset = units[-1][0]
+                return True
+        return all(self.put_message_position_info(*unit) for unit in units)
 
     def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
         until = until_where % self.mapped_file_size

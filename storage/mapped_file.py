@@ -197,18 +197,21 @@ class MappedFile:
         return self.flushed_position
 
     # truncation ----------------------------------------------------------------------------
-    def zero_from(self, position: int) -> None:
-        """Zero [position, file_size) and force it, so stale bytes never look like records.
+    def zero_from(self, position: int, limit: int | None = None) -> None:
+        """Zero [position, limit or file_size) and force it, so stale bytes never look like
+        records. Callers that know junk can only sit just past `position` pass a `limit`:
+        reading the rest of a 1 GiB segment costs seconds.
 
         Only chunks that hold non-zero bytes are written: zeroing an untouched sparse tail
         would allocate it.
         """
         assert 0 <= position <= self.file_size
+        stop = self.file_size if limit is None else min(limit, self.file_size)
         buf = self.mapped_buffer
         dirty_end = position
         pos = position
-        while pos < self.file_size:
-            end = min(pos + _ZERO_CHUNK_BYTES, self.file_size)
+        while pos < stop:
+            end = min(pos + _ZERO_CHUNK_BYTES, stop)
             if buf[pos:end] != _ZERO_CHUNK[: end - pos]:
                 buf[pos:end] = _ZERO_CHUNK[: end - pos]
                 dirty_end = end

@@ -223,9 +223,10 @@ class MappedFileQueue:
         return mapped_file.last_io_error if mapped_file is not None else None
 
     # truncation --------------------------------------------------------------------------
-    def truncate_dirty_files(self, offset: int) -> None:
+    def truncate_dirty_files(self, offset: int, zero_bytes: int | None = None) -> None:
         """Forget everything at and after `offset`: lower positions, zero the tail, delete
-        later files (§4.9, zeroing per §11.7)."""
+        later files (§4.9, zeroing per §11.7). `zero_bytes` bounds the zeroing (None: to
+        the end of the file; 0: none, when the caller knows the tail is clean)."""
         now_ms = self.clock_ms()
         keep: list[MappedFile] = []
         for mapped_file in self.mapped_files:
@@ -235,7 +236,8 @@ class MappedFileQueue:
             elif offset >= mapped_file.file_from_offset:
                 position = offset % self.mapped_file_size
                 mapped_file.set_positions(position)
-                mapped_file.zero_from(position)
+                if zero_bytes is None or zero_bytes > 0:
+                    mapped_file.zero_from(position, None if zero_bytes is None else position + zero_bytes)
                 keep.append(mapped_file)
             else:
                 if not mapped_file.destroy(TRUNCATE_DESTROY_INTERVAL_MS, now_ms):

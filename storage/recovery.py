@@ -94,6 +94,8 @@ def recover_store(
         clock_ms=clock_ms,
         check_crc_on_recover=cfg.check_crc_on_recover,
     )
+    # After a clean stop every truncation had already zeroed what followed the end.
+    commitlog.zero_tail_bytes = 0 if last_exit_ok else None
     try:
         max_cq = -1
         for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
@@ -231,6 +233,8 @@ class _InspectingCommitLog(CommitLog):
             self.stop_reason = "a valid record after the scan's end (left by an earlier crash?)"
         else:
             self.stop_reason = "end of data"
+        if self.zero_tail_bytes == 0:
+            return  # a clean stop leaves a zero tail; reading a 1 GiB remainder costs seconds
         # The last non-zero byte after pos, found backwards in bounded chunks.
         end = self.mapped_file_size
         while end > pos:
