@@ -90,6 +90,10 @@ TREE: tuple[ChildSpec, ...] = (
 )
 
 
+def _is_dead(exc: BaseException) -> bool:
+    return isinstance(exc, pykka.ActorDeadError)
+
+
 class SupervisorState(enum.Enum):
     NEW = "new"
     RUNNING = "running"
@@ -227,11 +231,18 @@ class Supervisor:
                 self._stop_child(name)
             for name in group:
                 self._start_child(name, first=False)
-        except Exception as exc:  # a child that cannot start counts as another failure
-            self._events.put(ChildFailed(name=event.name, error=exc))
+        except Exception as exc:  # a child that cannot start counts as another failure...
+            # ...once: a child that crashed (rather than failed in on_start) has reported
+            # itself already, and counting it twice would halve the restart budget.
+            if not self._failure_pending(group):
+                self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc))
             return True
         self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.clock_ms()))
         return True
+
+    def _failure_pending(self, names: list[str]) -> bool:
+        with self._events.mutex:  # a peek; only this thread takes events out
+            return any(isinstance(e, ChildFailed) and e.name in names for e in self._events.queue)
 
     def _restart_group(self, name: str) -> list[str]:
         wanted = {name}

@@ -113,9 +113,9 @@ def test_a_child_failing_to_restart_counts_as_another_failure_and_is_retried(
         h.wait_until(lambda: len(store.supervisor.restarts) == 1, what="the writer's restart")
         record = store.supervisor.restarts[0]
         assert record.failed == "writer" and record.restarted == tuple(store.supervisor._restart_group("writer"))
-        # The second failure (the failed start) is what this restart cured; pykka reports an
-        # on_start failure to the handshake as ActorDeadError (the OSError is only logged).
-        assert "ActorDeadError" in record.error or "segment busy" in record.error
+        # The restart that worked cured the original fault; the failed start in between is
+        # retried under the same failure rather than counted as a second one.
+        assert "InjectedFault" in record.error or "segment busy" in record.error
         assert failures == [0]
         assert store.running
         after = store.put(Message(topic="t", body=b"after", keys=["after"]))
@@ -166,11 +166,12 @@ def test_too_many_restarts_fail_the_store_cleanly(store_dir: Path) -> None:
     # handshake) is one more, so there are at most MAX_RESTARTS restarts and crashes + 1.
     crashes = plan.fired["writer.mid_batch_append"]
     assert 2 <= len(sup.restarts) <= MAX_RESTARTS and crashes <= MAX_RESTARTS + 1, (len(sup.restarts), crashes)
-    # Back-off grows (10, 20, 40 ms ... up to BACKOFF_MAX_MS): restarts spread out.
+    # Back-off grows (10, 20, 40 ms ... up to BACKOFF_MAX_MS): restarts spread out. Once it
+    # reaches the cap the gaps only hover around it (restart time and the machine's noise).
     gaps = [b.at_ms - a.at_ms for a, b in zip(sup.restarts, sup.restarts[1:])]
     print("restart gaps (ms):", gaps)
-    assert gaps == sorted(gaps) or all(b >= a * 0.8 for a, b in zip(gaps, gaps[1:])), gaps
-    assert gaps[-1] >= supervisor_module.BACKOFF_MAX_MS * 0.5, gaps
+    assert gaps[0] <= min(gaps[1:]) + 50, gaps
+    assert max(gaps) >= supervisor_module.BACKOFF_MAX_MS * 0.5, gaps
     assert not sup.peers, "children left running after giving up"
 
     started = time.monotonic()
