@@ -22,10 +22,27 @@ JOBS: dict[str, tuple[str, str]] = {
 }
 
 
+EXIT_CORRUPT = 3  # mqstore's "corrupt data found" (mqstore.cli.ExitCode.CORRUPT)
+EXIT_FAILURE = 1
+
+
 def _handler(module_name: str) -> Any:
     def handle(ns: argparse.Namespace) -> int:
         module = importlib.import_module(module_name)
-        return int(module.run(ns))
+        try:
+            return int(module.run(ns))
+        except Exception as exc:  # noqa: BLE001 - a failed Spark job becomes an exit code
+            # Spark wraps the task's exception (strict mode's CorruptRecordError) in its own;
+            # the first line naming the record is what a person needs, not a JVM trace.
+            text = str(exc)
+            for line in text.splitlines():
+                if "corrupt record in" in line:
+                    sys.stderr.write(f"mqstore spark {ns.spark_command}: {line.strip()}\n")
+                    return EXIT_CORRUPT
+            if type(exc).__module__.startswith(("pyspark", "py4j")):
+                sys.stderr.write(f"mqstore spark {ns.spark_command}: job failed: {text.splitlines()[0] if text else exc!r}\n")
+                return EXIT_FAILURE
+            raise
 
     return handle
 

@@ -172,3 +172,35 @@ def test_cli_stats_prints_json(spark: Any, capsys: pytest.CaptureFixture[str]) -
 
     assert main(["spark", "stats", str(h.BROKER_SAMPLES[0]), "--master", "local[2]"]) == 0
     assert json.loads(capsys.readouterr().out)["messages"] == 47
+
+
+def _damaged_sample(tmp_path: Path) -> tuple[Path, int]:
+    """broker-sample-a with the magic code of its 11th record flipped."""
+    seg = tmp_path / "store" / "commitlog" / "00000000000000000000"
+    seg.parent.mkdir(parents=True)
+    data = bytearray((h.BROKER_SAMPLES[0] / "commitlog" / "00000000000000000000").read_bytes())
+    data[10 * 172 + 4] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    return tmp_path / "store", 10 * 172
+
+
+def test_export_skips_and_counts_a_corrupt_record(spark: Any, tmp_path: Path) -> None:
+    from mqstore.pipeline.export import export
+
+    store, offset = _damaged_sample(tmp_path)
+    summary = export(spark, [str(store)], str(tmp_path / "out"))
+    assert summary["corrupt_records"] == 1
+    (line,) = (tmp_path / "out" / "_corrupt").glob("*.jsonl")
+    assert json.loads(line.read_text())["commitlog_offset"] == offset
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 46
+
+
+def test_cli_strict_stats_exits_3_naming_the_record(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mqstore.cli import main
+
+    store, offset = _damaged_sample(tmp_path)
+    assert main(["spark", "stats", str(store), "--strict"]) == 3
+    err = capsys.readouterr().err
+    assert f"commitlog offset {offset}" in err and "00000000000000000000" in err
+    assert main(["spark", "stats", str(store)]) == 3  # reported, not failed: exit says "corrupt found"
+    assert json.loads(capsys.readouterr().out)["corrupt_records"] == 1
