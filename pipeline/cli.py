@@ -36,8 +36,9 @@ def _handler(module_name: str) -> Any:
             # the first line naming the record is what a person needs, not a JVM trace.
             text = str(exc)
             for line in text.splitlines():
-                if "corrupt record in" in line:
-                    sys.stderr.write(f"mqstore spark {ns.spark_command}: {line.strip()}\n")
+                if "CorruptRecordError: corrupt record in" in line:
+                    reason = line.split("CorruptRecordError: ", 1)[1].strip()
+                    sys.stderr.write(f"mqstore spark {ns.spark_command}: {reason}\n")
                     return EXIT_CORRUPT
             if type(exc).__module__.startswith(("pyspark", "py4j")):
                 sys.stderr.write(f"mqstore spark {ns.spark_command}: job failed: {text.splitlines()[0] if text else exc!r}\n")
