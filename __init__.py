@@ -6,13 +6,15 @@
         batch = store.get("orders", 0, 0, 32)
 """
 
-from .config import ConfigError, StoreConfig
-from .faults import FaultPlan, InjectedFault
-from .messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
-from .storage.codec import HostAddress, MessageRecord, TopicError
-from .storage.lockfiles import StoreLockedError
-from .storage.status import GetMessageStatus, PutMessageStatus
-from .store import MessageStore, open_store
+# Absolute imports: pytest imports this file by path (the repository root is the package),
+# under the checkout directory's name, where relative imports have no parent package.
+from mqstore.config import ConfigError, StoreConfig
+from mqstore.faults import FaultPlan, InjectedFault
+from mqstore.messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
+from mqstore.storage.codec import HostAddress, MessageRecord, TopicError
+from mqstore.storage.lockfiles import StoreLockedError
+from mqstore.storage.status import GetMessageStatus, PutMessageStatus
+from mqstore.store import MessageStore, open_store
 
 open = open_store  # `mqstore.open(path, **settings)`, the way users spell it
 
