@@ -5,9 +5,14 @@ each), the put latency distribution in RocketMQ's 13 buckets, get found/miss cou
 messages transferred, the largest put and get latencies. `sample(now_ms)` takes a snapshot at
 most once a second (at most 601 are kept, about 10 minutes), and the TPS over the last 10, 60
 and 600 s come from those snapshots: `(count_now - count_then) / (t_now - t_then) * 1000`.
-Whoever owns a ticker may call `sample`; every read samples too, so a store nobody ticks still
-answers with rates over the samples its readers caused. Every 60 s a sample logs the bucket
-counters and the TPS through structlog and resets the buckets, as RocketMQ does.
+The supervisor's ticker calls `sample` every second (through `StatsTicker`, a tick hook); every
+read samples too. Every 60 s a sample logs the §16 figures through structlog at INFO (put TPS
+over 10/60/600 s, the latency buckets, get found/miss counts and TPS) and resets the buckets,
+as RocketMQ does.
+
+`StatsTicker` also writes the running store's figures to `<root>/stats.msgpack` every
+`stats_snapshot_interval_ms` and at close, so `mqstore stats` (another process) can show live
+figures; `read_snapshot` reads that file back.
 
 Time is passed in (`clock_ms`), latencies are measured by the caller in nanoseconds.
 `store_snapshot(store)` adds what only the running store and the OS know: dispatch lag (asked
@@ -24,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Final
 
+import msgpack
 import psutil
 
 from .log import get_logger
@@ -33,6 +39,9 @@ if TYPE_CHECKING:
     from .store import MessageStore
 
 __all__ = [
+    "SNAPSHOT_FILE_NAME",
+    "StatsTicker",
+    "read_snapshot",
     "BUCKET_NAMES",
     "BUCKET_UPPER_BOUNDS_MS",
     "TPS_WINDOWS_S",
@@ -170,9 +179,19 @@ class StoreStats:
                 return False
             self._samples.append(self._snapshot_locked(now))
             if now - self._last_reset_ms >= DISTRIBUTION_RESET_INTERVAL_MS:
+                found_tps = self._tps_locked(now, "get_found")
+                miss_tps = self._tps_locked(now, "get_miss")
                 report = {
-                    "put_distribution": dict(zip(BUCKET_NAMES, self._buckets)),
                     "put_tps": self._tps_locked(now, "put_times"),
+                    "put_distribution": dict(zip(BUCKET_NAMES, self._buckets)),
+                    "put_message_times_total": self._put_times_total,
+                    "put_message_failed_times": self._put_failed_times,
+                    "get_found": self._get_found,
+                    "get_miss": self._get_miss,
+                    "get_found_tps": found_tps,
+                    "get_miss_tps": miss_tps,
+                    "get_total_tps": {k: found_tps[k] + miss_tps[k] for k in found_tps},
+                    "get_transfered_tps": self._tps_locked(now, "transferred"),
                 }
                 self._buckets = [0] * len(BUCKET_NAMES)
                 self._last_reset_ms = now
@@ -314,3 +333,115 @@ def store_snapshot(store: MessageStore) -> dict[str, Any]:
         out["commitlog_disk_ratio"] = out["disk"]["commitlog"]["fs_used_ratio"]
     return out
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The running store's snapshot file
+
+SNAPSHOT_FILE_NAME: Final = "stats.msgpack"
+SNAPSHOT_FORMAT_VERSION: Final = 1
+SNAPSHOT_MAX_BYTES: Final = 16 * 1024 * 1024  # a bound on what `read_snapshot` accepts
+SNAPSHOT_REPUT_ANSWER_TIMEOUT_S: Final = 0.5  # the ticker's thread waits at most this for the lag
+
+
+class StatsTicker:
+    """The store's tick hook (`ActorContext.on_tick_ms`): `sample` every tick (once a second) and,
+    every `stats_snapshot_interval_ms` of the store's clock (the first at the first tick), write
+    the snapshot file. `close()` writes a last one, marked final. Thread-safe: the supervisor's
+    thread ticks while the host's thread may close."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self._store = store
+        self._interval_ms = store.config.stats_snapshot_interval_ms
+        self._path = os.path.join(os.fspath(store.config.store_path_root_dir), SNAPSHOT_FILE_NAME)
+        self._next_snapshot_ms: int | None = None  # None: write at the first tick
+        self._lock = threading.Lock()
+        self._closed = False
+        self.snapshots_written = 0
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def __call__(self, now_ms: int) -> None:
+        self._store.stats_service.sample(now_ms)
+        with self._lock:
+            if self._closed or (self._next_snapshot_ms is not None and now_ms < self._next_snapshot_ms):
+                return
+            self._next_snapshot_ms = now_ms + self._interval_ms
+            self._write_locked(now_ms, final=False)
+
+    def close(self) -> None:
+        """The last snapshot of this run (before the actors stop, so the lag is still known)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._write_locked(self._store.clock_ms(), final=True)
+            except Exception as exc:  # a full disk at close must not fail the close
+                log.warning("last stats snapshot not written", path=self._path, error=repr(exc))
+
+    def _write_locked(self, now_ms: int, *, final: bool) -> None:
+        store = self._store
+        figures = store.stats_service.snapshot(now_ms)
+        lag = self._dispatch_lag()
+        if lag.get("behind_bytes") is not None:
+            store.stats_service.record_dispatch_behind(lag["behind_bytes"])
+        try:
+            rss = psutil.Process().memory_info().rss
+        except psutil.Error:
+            rss = -1
+        document = {
+            "format": SNAPSHOT_FORMAT_VERSION,
+            "pid": os.getpid(),
+            "timestamp_ms": now_ms,
+            "interval_ms": self._interval_ms,
+            "final": final,
+            "store_dir": os.fspath(store.config.store_path_root_dir),
+            "dispatch": lag,
+            "rss_bytes": rss,
+            "stats": figures,
+        }
+        # msgpack, the project's declared binary format: compact, typed and fast to write every
+        # few seconds. JSON would also do for these figures, but msgpack keeps ints exact (no
+        # float round trip of a 64-bit offset in other readers) and carries bytes as bytes.
+        store.fs.write_atomic(self._path, msgpack.packb(document, use_bin_type=True))
+        self.snapshots_written += 1
+
+    def _dispatch_lag(self) -> dict[str, int | None]:
+        """How far the reput actor is behind the log, asked with a short timeout: this runs on
+        the supervisor's thread, which must not wait long (a restarting reput: unknown)."""
+        store = self._store
+        reput = store.supervisor.ctx.peers.get("reput")
+        if reput is None:
+            return {"behind_bytes": None, "commitlog_max_offset": None, "reput_offset": None}
+        try:
+            status = reput.ask(Ping(), timeout=SNAPSHOT_REPUT_ANSWER_TIMEOUT_S)
+        except Exception:  # dead, stopping or busy: the lag is unknown this time
+            return {"behind_bytes": None, "commitlog_max_offset": None, "reput_offset": None}
+        return {
+            "behind_bytes": max(status.max_offset - status.reput_offset, 0),
+            "commitlog_max_offset": status.max_offset,
+            "reput_offset": status.reput_offset,
+        }
+
+
+def read_snapshot(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The snapshot a store at `root` wrote (None if there is none); ValueError if the file is
+    not a snapshot we understand (torn files cannot happen: it is replaced atomically)."""
+    path = os.path.join(os.fspath(root), SNAPSHOT_FILE_NAME)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SNAPSHOT_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > SNAPSHOT_MAX_BYTES:
+        raise ValueError(f"{path} is larger than {SNAPSHOT_MAX_BYTES} bytes")
+    try:
+        document = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ValueError(f"{path} is not a msgpack snapshot: {exc}") from None
+    if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT_VERSION:
+        raise ValueError(f"{path}: unknown snapshot format {document.get('format') if isinstance(document, dict) else None!r}")
+    return document

@@ -48,9 +48,10 @@ from .storage import codec
 from .storage.codec import MessageRecord, RecordKind
 from .storage.commitlog import CommitLogReader
 from .storage.consumer_offsets import ConsumerOffsetStore
+from .storage.disk import DiskGauge
 from .storage.fs import FileSystem
 from .storage.status import GetMessageStatus, PutMessageStatus
-from .stats import StoreStats, records_get, store_snapshot
+from .stats import StatsTicker, StoreStats, records_get, store_snapshot
 from .supervisor import Supervisor, SupervisorState
 
 __all__ = ["MessageStore", "open_store"]
@@ -74,11 +75,15 @@ def open_store(
     clock_ms: Callable[[], int] | None = None,
     faults: FaultPlan = NO_FAULTS,
     on_fatal: Callable[[BaseException], None] | None = None,
+    disk_gauge: DiskGauge | None = None,
+    cleaner_sleep_ms: Callable[[int], None] | None = None,
     **settings: Any,
 ) -> MessageStore:
     """Open (or create) the store at `path` and start its actors. `settings` are StoreConfig
     keys (`flush_disk_type="SYNC_FLUSH"`, ...) applied over `config` (or the defaults, a
-    config file and MQSTORE_* variables)."""
+    config file and MQSTORE_* variables). `disk_gauge` is what the cleaner reads the disk
+    level from (default: psutil over the store paths) and `cleaner_sleep_ms` its pause between
+    two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep."""
     overrides = dict(settings)
     if path is not None:
         overrides["store_path_root_dir"] = os.fspath(path)
@@ -86,7 +91,15 @@ def open_store(
         config = StoreConfig.load(overrides=overrides)
     elif overrides:
         config = config.replace(**overrides)
-    store = MessageStore(config, fs=fs, clock_ms=clock_ms, faults=faults, on_fatal=on_fatal)
+    store = MessageStore(
+        config,
+        fs=fs,
+        clock_ms=clock_ms,
+        faults=faults,
+        on_fatal=on_fatal,
+        disk_gauge=disk_gauge,
+        cleaner_sleep_ms=cleaner_sleep_ms,
+    )
     store._start()
     return store
 
@@ -100,9 +113,19 @@ class MessageStore:
         clock_ms: Callable[[], int] | None = None,
         faults: FaultPlan = NO_FAULTS,
         on_fatal: Callable[[BaseException], None] | None = None,
+        disk_gauge: DiskGauge | None = None,
+        cleaner_sleep_ms: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
-        self.supervisor = Supervisor(config, fs=fs, clock_ms=clock_ms, faults=faults, on_fatal=on_fatal)
+        self.supervisor = Supervisor(
+            config,
+            fs=fs,
+            clock_ms=clock_ms,
+            faults=faults,
+            on_fatal=on_fatal,
+            disk_gauge=disk_gauge,
+            cleaner_sleep_ms=cleaner_sleep_ms,
+        )
         self.fs = self.supervisor.fs
         self.clock_ms = self.supervisor.clock_ms
         self.store_host = self.supervisor.store_host
@@ -120,6 +143,9 @@ class MessageStore:
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
+        # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
+        self._stats_ticker = StatsTicker(self)
+        self.supervisor.ctx.on_tick_ms.append(self._stats_ticker)
         # Consumer offsets (the broker's ConsumerOffsetManager): committed in memory, persisted
         # by a timer thread (started by the first commit) and at close.
         self._offsets = ConsumerOffsetStore(self.fs, config.store_path_root_dir)
@@ -145,6 +171,8 @@ class MessageStore:
         if self._closed:
             return self.supervisor.clean_stop
         self._closed = True
+        if self.supervisor.state is SupervisorState.RUNNING:
+            self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
         self._stop_offsets_timer()
         if self._gateway is not None:
             try:

@@ -5,7 +5,10 @@ The tree is data (`TREE`). A failed child is restarted together with its depende
 restart alone. More than `MAX_RESTARTS` restarts within `RESTART_PERIOD_MS` means the fault
 is not transient (a full disk, a broken file): the supervisor then stops every child
 cleanly, keeps the abort file so the next start recovers, and tells the host through
-`on_fatal`. One thread does all of it and also drives the periodic services (the ticker).
+`on_fatal`. One thread does all of it and also drives the periodic services (the ticker):
+each child's `Tick` at its interval, and every TICK_HOOK_INTERVAL_MS the store's tick hooks
+(`ActorContext.on_tick_ms`: StoreStats sampling, the stats snapshot). A hook that raises is
+logged (at most once a minute per hook) and never ends the thread.
 
 It never stops pykka's global registry, never interrupts the main thread, and runs on a
 daemon thread, so a host that forgets `close()` still exits (acknowledged data is already in
@@ -27,7 +30,7 @@ from typing import Any, Callable
 import pykka
 
 from .actors.allocator import AllocateMappedFileService
-from .actors.base import ActorContext, ChildFailed
+from .actors.base import ActorContext, ChildFailed, real_sleep_ms
 from .actors.commit import CommitRealTimeService
 from .actors.commitlog_writer import CommitLogWriter, ResumePoint
 from .actors.consume_queue import ConsumeQueueService
@@ -39,6 +42,7 @@ from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
 from .messages import FlushAll, Ping, QueueSnapshot, Reply, ReputStatus, SetWriteable, Tick, WriterReady
 from .storage import codec
+from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreLock
 from .storage.recovery import RecoveryReport, recover_store
@@ -52,6 +56,9 @@ BACKOFF_MAX_MS = 1_000
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 DISPATCH_CATCH_UP_TIMEOUT_MS = 5_000
+TICK_HOOK_INTERVAL_MS = 1_000  # StoreStatsService samples once a second (§16)
+HOOK_FAILURE_LOG_INTERVAL_MS = 60_000  # a hook failing every second is logged once a minute
+_HOOKS = "\0hooks"  # the tick hooks' slot in the ticker's due table (no child has this name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +131,8 @@ class Supervisor:
         clock_ms: Callable[[], int] | None = None,
         faults: FaultPlan = NO_FAULTS,
         on_fatal: Callable[[BaseException], None] | None = None,
+        disk_gauge: DiskGauge | None = None,
+        cleaner_sleep_ms: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
         self.fs = fs or RealFileSystem()
@@ -137,8 +146,15 @@ class Supervisor:
         self._specs = [spec for spec in TREE if spec.enabled(config)]
         self._events: queue.Queue[Any] = queue.Queue()
         self.ctx = ActorContext(
-            config=config, fs=self.fs, clock_ms=self.clock_ms, faults=faults, report=self._events.put
+            config=config,
+            fs=self.fs,
+            clock_ms=self.clock_ms,
+            faults=faults,
+            report=self._events.put,
+            disk_gauge=disk_gauge or default_disk_gauge(self.fs),
+            cleaner_sleep_ms=cleaner_sleep_ms or real_sleep_ms,
         )
+        self._hook_failures_logged_ms: dict[int, int] = {}
         self._lock: StoreLock | None = None
         self._abort: AbortFile | None = None
         self._thread: threading.Thread | None = None
@@ -190,6 +206,7 @@ class Supervisor:
     # ---------------------------------------------------------------------------------------
     def _run(self) -> None:
         due = {spec.name: 0 for spec in self._specs if spec.tick_interval_ms(self.config)}
+        due[_HOOKS] = 0
         while True:
             now = time.monotonic_ns() // 1_000_000
             wait_ms = min((t - now for t in due.values()), default=1000)
@@ -212,6 +229,21 @@ class Supervisor:
                 if interval and due.get(spec.name, 0) <= now:
                     due[spec.name] = now + interval
                     self.ctx.tell(spec.name, Tick(now_ms=wall))
+            if due[_HOOKS] <= now:
+                due[_HOOKS] = now + TICK_HOOK_INTERVAL_MS
+                self._run_tick_hooks(wall, now)
+
+    def _run_tick_hooks(self, wall_ms: int, now_ms: int) -> None:
+        """Call each tick hook; one that raises is logged, never ends the supervisor's thread
+        (it is the host's code, and the supervisor must go on restarting children)."""
+        for hook in list(self.ctx.on_tick_ms):
+            try:
+                hook(wall_ms)
+            except Exception as exc:
+                last = self._hook_failures_logged_ms.get(id(hook))
+                if last is None or now_ms - last >= HOOK_FAILURE_LOG_INTERVAL_MS:
+                    self._hook_failures_logged_ms[id(hook)] = now_ms
+                    self.log.error("tick hook failed", hook=getattr(hook, "__qualname__", repr(hook)), error=repr(exc))
 
     def _handle_failure(self, event: ChildFailed) -> bool:
         now = time.monotonic_ns() // 1_000_000

@@ -17,9 +17,15 @@ from ..config import StoreConfig
 from ..faults import FaultPlan
 from ..log import get_logger
 from ..messages import Reply
+from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
 
-__all__ = ["ActorContext", "StoreActor", "ServiceUnavailable", "ChildFailed"]
+__all__ = ["ActorContext", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
+
+
+def real_sleep_ms(ms: int) -> None:
+    """The production pause: the calling actor's thread sleeps `ms` milliseconds."""
+    time.sleep(ms / 1000)
 
 
 class ServiceUnavailable(RuntimeError):
@@ -45,6 +51,16 @@ class ActorContext:
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
     # live outside the actors, so they survive a reput restart).
     on_arrivals: Callable[[list[Any], int], None] = lambda _events, _end_offset: None
+    # The cleaner's view of the disk (§12.3) and its pause between two deletions, per store
+    # (passed in like `clock_ms`, habit 9): a test gives a FixedDiskGauge and a recording sleep
+    # and never fills a disk nor waits. The supervisor's default gauge is psutil over the store
+    # paths (the simulated disk's own report when the store runs on one).
+    disk_gauge: DiskGauge = field(default_factory=PsutilDiskGauge)
+    cleaner_sleep_ms: Callable[[int], None] = real_sleep_ms
+    # Called on the supervisor's thread every TICK_HOOK_INTERVAL_MS with the store clock's ms
+    # (StoreStats sampling, the stats snapshot). Each must be cheap; one that raises is logged
+    # and called again next time.
+    on_tick_ms: list[Callable[[int], None]] = field(default_factory=list)
 
     def tell(self, peer: str, message: Any) -> bool:
         """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""

@@ -16,8 +16,9 @@ runs one round, in RocketMQ's order:
    that deleted some) and corrects min offsets, then the index actor deletes index files.
 
 Time comes from the Tick (the store's injected clock); the disk level from a `DiskGauge`; the
-pause from a sleep function. Both are per store: set `disk_gauge` / `cleaner_sleep_ms` on the
-store's ActorContext (`store.supervisor.ctx`), or leave them for psutil and `time.sleep`.
+pause from a sleep function. Both are per store, typed fields of the ActorContext set by
+`mqstore.open(..., disk_gauge=..., cleaner_sleep_ms=...)`; by default psutil over the store
+paths and a real sleep.
 Operating trouble (a peer restarting, a slow answer) skips the rest of the round; the next
 Tick retries. Nothing here raises into the supervisor for a full disk.
 """
@@ -45,7 +46,7 @@ from ..messages import (
     Tick,
     WriterReady,
 )
-from ..storage.disk import DiskGauge, default_disk_gauge
+from ..storage.disk import DiskGauge
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
 __all__ = [
@@ -63,10 +64,6 @@ MANUAL_DELETE_ROUNDS = 20  # executeDeleteFilesManually
 CLEAN_FIRST_DELAY_MS = 60_000  # cleanFilesPeriodically first runs 60 s after start
 PEER_ANSWER_TIMEOUT_S = 30.0
 CQ_DELETE_REQUESTS_MAX = 1_000_000  # one per queue that deleted files; a bound, not a loop until done
-
-
-def _real_sleep_ms(ms: int) -> None:
-    time.sleep(ms / 1000)
 
 
 class _PeerDown(Exception):
@@ -138,25 +135,18 @@ class CleanerActor(StoreActor):
         self._last_physical_min_offset = 0
         self._disk_full = False
         self._first_run_ms = 0
-        self._default_gauge: DiskGauge | None = None
         self.last_round: CleanRound | None = None
 
     def on_start(self) -> None:
         self._first_run_ms = self.ctx.clock_ms() + CLEAN_FIRST_DELAY_MS
-        self._default_gauge = default_disk_gauge(self.ctx.fs)
 
     # injected per store ----------------------------------------------------------------------
     @property
     def gauge(self) -> DiskGauge:
-        gauge: DiskGauge | None = getattr(self.ctx, "disk_gauge", None)
-        if gauge is not None:
-            return gauge
-        assert self._default_gauge is not None
-        return self._default_gauge
+        return self.ctx.disk_gauge
 
     def _sleep_ms(self, ms: int) -> None:
-        sleep: Callable[[int], None] = getattr(self.ctx, "cleaner_sleep_ms", None) or _real_sleep_ms
-        sleep(ms)
+        self.ctx.cleaner_sleep_ms(ms)
 
     # messages -----------------------------------------------------------------------------------
     def handle(self, message: Any) -> Any:

@@ -137,6 +137,7 @@ class StoreConfig:
     store_host: str = _D["store_host"]
     allocate_wait_timeout_ms: int = _D["allocate_wait_timeout_ms"]
     log_json: bool = _D["log_json"]
+    stats_snapshot_interval_ms: int = _D["stats_snapshot_interval_ms"]
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -496,6 +497,7 @@ _POSITIVE_INTS: Final = frozenset(
         "default_query_max_num",
         "transient_store_pool_size",
         "allocate_wait_timeout_ms",
+        "stats_snapshot_interval_ms",
     }
 )
 
