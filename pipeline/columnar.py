@@ -19,6 +19,7 @@ from typing import Any, Final, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mqstore.storage.codec import (
     BORNHOST_V6_FLAG,
@@ -169,6 +170,92 @@ def _parse_properties(s: str) -> dict[str, str]:
     return props
 
 
+_PROP_OF_COLUMN: Final = {"tags": PROPERTY_TAGS, "keys": PROPERTY_KEYS, "uniq_key": PROPERTY_UNIQ_KEY}
+
+
+def _properties_columns(
+    offsets: np.ndarray,
+    data: bytes,
+    n: int,
+    names: Sequence[str],
+    topics: pa.Array | None,
+    store_ms: np.ndarray | None,
+    map_type: pa.DataType,
+) -> dict[str, pa.Array]:
+    """tags, keys, uniq_key, properties and tags_code from the batch's raw property strings.
+
+    Vectorised with pyarrow compute when every pair is plain (one separator, non-empty value,
+    no repeated name); otherwise per record with Java split semantics."""
+    out: dict[str, pa.Array] = {}
+    vec = _split_properties(offsets, data, n)
+    if vec is None:
+        ol = offsets.tolist()
+        dicts = [_parse_properties(data[ol[i] : ol[i + 1]].decode("utf-8", "replace")) for i in range(n)]
+        for col, prop in _PROP_OF_COLUMN.items():
+            if col in names or (col == "tags" and "tags_code" in names):
+                out[col] = pa.array([d.get(prop) for d in dicts], pa.string())
+        if "properties" in names:
+            out["properties"] = _map_array(dicts, map_type)  # type: ignore[arg-type]
+    else:
+        rows, keys, values = vec
+        for col, prop in _PROP_OF_COLUMN.items():
+            if col in names or (col == "tags" and "tags_code" in names):
+                mask = pc.equal(keys, prop)
+                where = rows.filter(mask).to_numpy()
+                take = np.full(n, -1, dtype=np.int64)
+                take[where] = np.arange(len(where))
+                out[col] = values.filter(mask).take(pa.array(take, mask=take < 0))
+        if "properties" in names:
+            map_offsets = np.zeros(n + 1, dtype=np.int32)
+            np.cumsum(np.bincount(rows.to_numpy(), minlength=n), out=map_offsets[1:])
+            arr = pa.MapArray.from_arrays(pa.array(map_offsets), keys, values)
+            out["properties"] = arr if arr.type == map_type else arr.cast(map_type)
+        dicts = None
+    if "tags_code" in names:
+        assert topics is not None and store_ms is not None
+        tags = out["tags"].to_pylist()
+        codes = [tags_code(t) for t in tags]  # java_string_hash is cached: tags repeat
+        topic_list = topics.to_pylist()
+        if SCHEDULE_TOPIC in topic_list:  # delayed messages: tagsCode is the delivery time (§9.2)
+            ol = offsets.tolist()
+            for i, t in enumerate(topic_list):
+                if t == SCHEDULE_TOPIC:
+                    props = _parse_properties(data[ol[i] : ol[i + 1]].decode("utf-8", "replace"))
+                    codes[i] = compute_tags_code(t, props, int(store_ms[i]))
+        out["tags_code"] = pa.array(codes, pa.int64())
+    return {k: v for k, v in out.items() if k in names}
+
+
+def _split_properties(offsets: np.ndarray, data: bytes, n: int) -> tuple[pa.Array, pa.Array, pa.Array] | None:
+    """(row of each pair, names, values), or None when the batch needs the exact parser."""
+    raw = _strings(offsets, data, pa.string())
+    try:
+        raw.validate(full=True)
+    except pa.ArrowInvalid:
+        return None  # invalid UTF-8: decode with replacement, per record
+    items = pc.split_pattern(raw, "\x02")
+    parent = pc.list_parent_indices(items)
+    flat = pc.list_flatten(items)
+    parts = pc.split_pattern(flat, "\x01")
+    nparts = pc.list_value_length(parts)
+    is_pair = pc.equal(nparts, 2)
+    # Empty items (the one after the final separator) are dropped by Java too; any other
+    # item that is not exactly "name\x01value" has Java-specific semantics.
+    if pc.any(pc.and_(pc.invert(is_pair), pc.greater(pc.binary_length(flat), 0))).as_py():
+        return None
+    pairs = parts.filter(is_pair)
+    keys = pc.list_element(pairs, 0)
+    values = pc.list_element(pairs, 1)
+    if len(values) and pc.min(pc.binary_length(values)).as_py() == 0:
+        return None  # "name\x01" is dropped by Java's split
+    rows = parent.filter(is_pair)
+    if len(keys):
+        tagged = pc.binary_join_element_wise(pc.cast(rows, pa.string()), keys, "\x00")
+        if pc.count_distinct(tagged).as_py() != len(keys):
+            return None  # a repeated name: the later value wins, as in a Java map
+    return rows, keys, values
+
+
 def decode_batch(
     buf: Buffer,
     seg: Segment,
@@ -227,11 +314,10 @@ def _decode_fast(
         except pa.ArrowInvalid:
             return None
         cols["topic"] = topic_arr
-    props: list[dict[str, str]] | None = None
     if _PROPS_COLUMNS.intersection(names):
         o, data = _varlen(a, props_len_pos + 2, props_len)
-        ol = o.tolist()
-        props = [_parse_properties(data[ol[i] : ol[i + 1]].decode("utf-8", "replace")) for i in range(n)]
+        ts_for_tags = _be64(a, offs + STORE_TIMESTAMP_POSITION_V4) if "tags_code" in names else None
+        cols.update(_properties_columns(o, data, n, names, topic_arr, ts_for_tags, COLUMNS["properties"]))
 
     ts_ms: np.ndarray | None = None
     phys: np.ndarray | None = None
@@ -284,25 +370,6 @@ def _decode_fast(
             cols[name] = pa.array([seg.path], pa.string()).take(pa.array(np.zeros(n, dtype=np.int32)))
         elif name == "error":
             cols[name] = pa.nulls(n, pa.string())
-        elif name in ("tags", "keys", "uniq_key"):
-            assert props is not None
-            prop = {"tags": PROPERTY_TAGS, "keys": PROPERTY_KEYS, "uniq_key": PROPERTY_UNIQ_KEY}[name]
-            cols[name] = pa.array([p.get(prop) for p in props], pa.string())
-        elif name == "properties":
-            assert props is not None
-            cols[name] = _map_array(props, schema.field(name).type)  # type: ignore[arg-type]
-        elif name == "tags_code":
-            assert props is not None and topic_arr is not None
-            ts_ms = _be64(a, offs + STORE_TIMESTAMP_POSITION_V4) if ts_ms is None else ts_ms
-            topics = topic_arr.to_pylist()
-            tsl = ts_ms.tolist()
-            cols[name] = pa.array(
-                [
-                    compute_tags_code(t, p, s) if t == SCHEDULE_TOPIC else tags_code(p.get(PROPERTY_TAGS))
-                    for t, p, s in zip(topics, props, tsl)
-                ],
-                pa.int64(),
-            )
         else:
             raise KeyError(f"unknown column {name!r}")
     return pa.RecordBatch.from_arrays([cols[c] for c in names], schema=schema)
