@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from datetime import datetime, timedelta, timezone
 import struct
 from pathlib import Path
 from typing import Any, Callable
@@ -207,3 +208,22 @@ def test_split_partitions_pickle(generated_store: Written) -> None:
 
     split = plan_splits([str(generated_store.store)], 10_000, 1 << 22)[3]
     assert isinstance(split, SegmentSplit) and pickle.loads(pickle.dumps(split)) == split
+
+
+@pytest.mark.parametrize(
+    "odd",
+    ["K\x01\x02TAGS\x01T\x02", "TAGS\x01a\x02TAGS\x01b\x02", "a\x01b\x01c\x02KEYS\x01x y\x02", "\x01v\x02", "TAGS\x01\u00e9\u4e2d\x02"],
+    ids=["empty-value", "repeated-name", "extra-separator", "empty-name", "non-ascii"],
+)
+def test_odd_property_strings_decode_as_java_does(tmp_path: Path, odd: str) -> None:
+    specs = h.make_specs(40)
+    specs[7]["properties"] = odd
+    w = h.write_commitlog(tmp_path / "store", specs)
+    expected = [expected_row(p, rec) for p, _, rec in reference_records([w.store])]
+    got = local_rows([w.store], 1 << 20, list(COLUMNS))
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    for row in got:
+        for c in TS_COLUMNS:
+            row[c] = (row[c] - epoch) // timedelta(milliseconds=1)  # exact, unlike float seconds
+        row["properties"] = dict(row["properties"])
+    assert got == expected
