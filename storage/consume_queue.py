@@ -278,7 +278,9 @@ class ConsumeQueue:
             for i in range(0, self.mapped_file_size, unit):
                 offset, size, _tags = CQ_UNIT.unpack_from(buf, i)
                 if i == 0:
-                    if offset >= phy_offset:
+                    # An invalid first unit: the file holds nothing (created, never durably
+                    # written); keeping it would turn its zero unit into a phantom unit.
+                    if offset >= phy_offset or not _valid(offset, size):
                         delete_file = True
                         break
                     mapped_file.set_positions(unit)
