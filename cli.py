@@ -68,6 +68,7 @@ PLUGIN_MODULES: Final = (
     "mqstore.tools.recovery_cli",  # recover, verify
     "mqstore.tools.read_cli",  # get, query
     "mqstore.tools.inspect_cli",  # inspect, stats
+    "mqstore.tools.clean_cli",  # clean
     "mqstore.pipeline.cli",
     "mqstore.bench.cli",
 )

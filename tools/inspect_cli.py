@@ -12,7 +12,10 @@ and every ConsumeQueue, checks that they agree, and ends in a verdict:
   a consume queue unit that points at something else than its message.
 
 `stats` is the cheap view: segments and bytes, message counts per topic and queue from the
-ConsumeQueue offsets, the end of the log from the last segment only, checkpoint times.
+ConsumeQueue offsets, the end of the log from the last segment only, checkpoint times. A
+running store also writes its StoreStatsService figures to `stats.msgpack` every
+`stats_snapshot_interval_ms` (and at close): on a running store `stats` shows them as live
+figures with their age; on a closed one, as the figures of the last run.
 
 Exit codes: 0, 3 when `inspect` finds the store damaged, 5 when STORE_DIR is missing or holds
 no store files.
@@ -42,9 +45,9 @@ from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import RealFileSystem
 from ..storage.index import INDEX_HEADER_SIZE, index_file_size, read_index_header
 from ..storage.lockfiles import ABORT_FILE_NAME, LOCK_FILE_NAME
-from ..stats import disk_allocated_bytes
+from ..stats import BUCKET_NAMES, SNAPSHOT_FILE_NAME, TPS_WINDOWS_S, disk_allocated_bytes, read_snapshot
 
-__all__ = ["add_subcommands", "inspect_store", "store_file_stats", "lock_state"]
+__all__ = ["add_subcommands", "inspect_store", "store_file_stats", "lock_state", "snapshot_view"]
 
 HEALTHY: Final = "healthy"
 RUNNING: Final = "running"
@@ -55,6 +58,8 @@ DAMAGED: Final = "damaged"
 # against (the counts and ranges are still exact).
 MAX_CROSS_CHECKED_MESSAGES: Final = 2_000_000
 MAX_PROBLEMS_LISTED: Final = 100
+# A live snapshot older than this many intervals is called stale (a stuck ticker, a full disk).
+SNAPSHOT_STALE_INTERVALS: Final = 3
 
 _FLOCK: Final = struct.Struct("@hhqqi4x")  # struct flock on 64-bit Linux (as storage.lockfiles)
 
@@ -531,6 +536,31 @@ def store_file_stats(root: Path, config: StoreConfig) -> dict[str, Any]:
         "index_files": len([p for p in index_dir.iterdir() if _digits(p.name, 17)]) if index_dir.is_dir() else 0,
         "checkpoint": checkpoint,
         "disk": {"allocated_bytes": allocated, "apparent_bytes": apparent},
+        "snapshot": snapshot_view(root, lock),
+    }
+
+
+def snapshot_view(root: Path, lock: dict[str, Any], now_ms: int | None = None) -> dict[str, Any] | None:
+    """The store's stats.msgpack with where it comes from: "live" when the process holding the
+    lock wrote it during this run, else "last run"; its age in ms (None if there is none)."""
+    try:
+        document = read_snapshot(root)
+    except (ValueError, OSError) as exc:
+        return {"source": None, "error": str(exc)}
+    if document is None:
+        return None
+    now = int(datetime.now(timezone.utc).timestamp() * 1000) if now_ms is None else now_ms
+    pid = document.get("pid")
+    live = bool(lock["held"]) and not document.get("final") and lock.get("holder_pid") in (None, pid)
+    age_ms = max(now - int(document.get("timestamp_ms", 0)), 0)
+    interval = int(document.get("interval_ms") or 0)
+    return {
+        "source": "live" if live else "last run",
+        "file": str(root / SNAPSHOT_FILE_NAME),
+        "age_ms": age_ms,
+        "written_at": _iso(document.get("timestamp_ms")),
+        "stale": live and interval > 0 and age_ms > SNAPSHOT_STALE_INTERVALS * interval,
+        **document,
     }
 
 
@@ -607,9 +637,10 @@ def _print_stats(report: dict[str, Any], out: Any) -> None:
     w = out.write
     cl = report["commitlog"]
     w(f"store {report['store_dir']}\n")
+    snap = report.get("snapshot")
     if report["running"]:
-        w(f"  the store is running (lock {_lock_line(report['lock'])}); these figures are what its files say now, "
-          "which may lag the store's memory (its live counters: MessageStore.stats())\n")  # fmt: skip
+        w(f"  the store is running (lock {_lock_line(report['lock'])}); the file figures below are what its files "
+          "say now, which may lag the store's memory\n")  # fmt: skip
     elif report["lock"]["abort_file"]:
         w("  the abort file is present: the last run did not stop cleanly (the queues may lag the log)\n")
     w(f"  commitlog: {cl['segments']} segments of {_size(cl['segment_size'])}, offsets {cl['min_offset']} .. "
@@ -624,6 +655,54 @@ def _print_stats(report: dict[str, Any], out: Any) -> None:
     if report["queues"]:
         rows = [[q["topic"], q["queue_id"], q["min_offset"], q["max_offset"], q["messages"]] for q in report["queues"]]
         w(_table(rows, ["topic", "queue", "min offset", "max offset", "messages"]) + "\n")
+    _print_snapshot(report, snap, w)
+
+
+def _age(ms: int) -> str:
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 7_200_000:
+        return f"{ms / 60_000:.0f} min"
+    return f"{ms / 3_600_000:.1f} h"
+
+
+def _tps(tps: dict[str, float]) -> str:
+    return " / ".join(f"{tps.get(f'{w}s', 0.0):.1f}" for w in TPS_WINDOWS_S)
+
+
+def _print_snapshot(report: dict[str, Any], snap: dict[str, Any] | None, w: Any) -> None:
+    if snap is None:
+        if report["running"]:
+            w("\n  no live figures yet: the store has not written its stats snapshot (it writes one every "
+              "stats_snapshot_interval_ms)\n")  # fmt: skip
+        return
+    if snap.get("error"):
+        w(f"\n  stats snapshot unreadable: {snap['error']}\n")
+        return
+    age = _age(snap["age_ms"])
+    if snap["source"] == "live":
+        w(f"\nlive figures (pid {snap['pid']}'s snapshot, written {age} ago at {snap['written_at']}; "
+          f"one every {snap['interval_ms'] / 1000:g} s):\n")  # fmt: skip
+        if snap["stale"]:
+            w(f"  note: older than {SNAPSHOT_STALE_INTERVALS} intervals; the store may be stuck or unable to write\n")
+    else:
+        how = "at its close" if snap.get("final") else "before it stopped (it did not close: a crash or a kill)"
+        w(f"\nlast run's figures (pid {snap['pid']}, written {how}, {age} ago at {snap['written_at']}):\n")
+    st = snap["stats"]
+    w(f"  puts: {st['put_message_times_total']} messages, {_size(st['put_message_size_total'])}, "
+      f"{st['put_message_failed_times']} failed; TPS 10/60/600 s: {_tps(st['put_tps'])}; "
+      f"max latency {st['put_message_entire_time_max_ms']:.1f} ms\n")  # fmt: skip
+    buckets = st.get("put_message_distribute_time_total", {})
+    shown = [f"{name} {buckets[name]}" for name in BUCKET_NAMES if buckets.get(name)]
+    w(f"  put latency (since start): {', '.join(shown) if shown else 'no puts'}\n")
+    w(f"  gets: {st['get_message_times_total_found']} found, {st['get_message_times_total_miss']} missed, "
+      f"{st['get_message_transfered_msg_count']} messages transferred; found TPS 10/60/600 s: "
+      f"{_tps(st['get_found_tps'])}, miss {_tps(st['get_miss_tps'])}\n")  # fmt: skip
+    lag = snap.get("dispatch") or {}
+    behind = lag.get("behind_bytes")
+    w(f"  dispatch: {'unknown' if behind is None else _size(behind)} behind the log "
+      f"(log end {lag.get('commitlog_max_offset')}, dispatched to {lag.get('reput_offset')}); "
+      f"process RSS {_size(snap.get('rss_bytes'))}; up {_age(st['runtime_ms'])}\n")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,11 +40,9 @@ def clock() -> Any:
 def harness(clock: Any) -> Iterator[Any]:
     fs = SimulatedFileSystem(clock_ms=clock)
     fs.makedirs("/store")
-    store = mqstore.open("/store", fs=fs, clock_ms=clock, **H.SMALL)
     gauge = FixedDiskGauge(0.10)
     sleeps: list[int] = []
-    store.supervisor.ctx.disk_gauge = gauge  # type: ignore[attr-defined]
-    store.supervisor.ctx.cleaner_sleep_ms = sleeps.append  # type: ignore[attr-defined]
+    store = mqstore.open("/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=sleeps.append, **H.SMALL)
     try:
         yield H.Harness(store, fs, clock, gauge, sleeps)
     finally:

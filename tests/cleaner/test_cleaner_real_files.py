@@ -31,13 +31,16 @@ def store_bytes(root: Path) -> int:
 
 
 class BudgetGauge:
-    """The used ratio of a disk of `budget` bytes holding only this store's files."""
+    """The used ratio of a disk of `budget` bytes holding only this store's files; until a
+    budget is set, a quiet 10 %."""
 
-    def __init__(self, root: Path, budget: int) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
-        self.budget = budget
+        self.budget: int | None = None
 
     def used_ratio(self, path: str) -> float:
+        if self.budget is None:
+            return 0.10
         return store_bytes(self.root) / self.budget
 
 
@@ -50,10 +53,10 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
     settings = {**H.SMALL, "clean_resource_interval_ms": 20, "delete_commitlog_files_interval_ms": 5,
                 "delete_consume_queue_files_interval_ms": 1, "file_reserved_time_hours": 1,
                 "delete_when": f"{(time.localtime().tm_hour + 12) % 24:02d}"}  # not now: space rules only  # fmt: skip
-    store = mqstore.open(root, **settings)
+    gauge = BudgetGauge(root)  # quiet while the old data is written
+    store = mqstore.open(root, disk_gauge=gauge, **settings)
     try:
         ctx = store.supervisor.ctx
-        ctx.disk_gauge = H.FixedDiskGauge(0.10)  # quiet while the old data is written
         body = b"y" * 900
         # Phase 1: 24 segments of "old" data, then aged 4 days by their file times.
         while True:
@@ -70,7 +73,6 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
                 os.utime(root / "commitlog" / name, (old_time, old_time))
         used_then = store_bytes(root)
         budget = int(used_then / 0.80)  # 80 %: above the 75 % ratio, below the forced 85 %
-        gauge = BudgetGauge(root, budget)
 
         # Phase 2: a producer and a consumer run while the cleaner works against the budget.
         acked: list[tuple[int, int]] = []  # (queue offset, commitlog offset) of each new put
@@ -111,7 +113,7 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
         threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
         for t in threads:
             t.start()
-        ctx.disk_gauge = gauge
+        gauge.budget = budget
         deadline = time.monotonic() + BUDGET_RUN_S
         shrunk = False
         while time.monotonic() < deadline:

@@ -121,10 +121,9 @@ def test_time_up_with_two_hours_in_delete_when(harness: Harness) -> None:
     # Reopen the same simulated disk with "01;04": 01:30 is now a deletion hour.
     import mqstore
 
-    store = mqstore.open("/store", fs=h.fs, clock_ms=h.clock, **{**SMALL, "delete_when": "01;04"})
+    store = mqstore.open("/store", fs=h.fs, clock_ms=h.clock, disk_gauge=FixedDiskGauge(0.1),
+                         cleaner_sleep_ms=lambda _ms: None, **{**SMALL, "delete_when": "01;04"})  # fmt: skip
     try:
-        store.supervisor.ctx.disk_gauge = FixedDiskGauge(0.1)  # type: ignore[attr-defined]
-        store.supervisor.ctx.cleaner_sleep_ms = lambda _ms: None  # type: ignore[attr-defined]
         h.store = store
         h.clock.set(local_ms(5, 1) + CLEAN_FIRST_DELAY_MS)
         r = h.tick()
@@ -167,10 +166,11 @@ def test_forced_clean_is_off_without_clean_file_forcibly_enable(harness: Harness
 
     fs = SimulatedFileSystem(clock_ms=clock)
     fs.makedirs("/other")
-    store = mqstore.open("/other", fs=fs, clock_ms=clock, **{**SMALL, "clean_file_forcibly_enable": False})
+    gauge = FixedDiskGauge(0.88)
+    store = mqstore.open("/other", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None,
+                         **{**SMALL, "clean_file_forcibly_enable": False})  # fmt: skip
     try:
-        store.supervisor.ctx.disk_gauge = FixedDiskGauge(0.88)  # type: ignore[attr-defined]
-        h = H.Harness(store, fs, clock, store.supervisor.ctx.disk_gauge, [])
+        h = H.Harness(store, fs, clock, gauge, [])
         h.fill_segments(3)
         clock.set(clock() + CLEAN_FIRST_DELAY_MS)
         r = h.tick()

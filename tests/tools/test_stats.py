@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import threading
+import time
 from pathlib import Path
 
+import msgpack
 import pykka
+import pytest
 
 import mqstore
+from mqstore import supervisor as supervisor_module
+from mqstore.cli import main
 from mqstore.messages import Get, GetResult, Put, Reply
-from mqstore.stats import BUCKET_NAMES, StoreStats, bucket_of
+from mqstore.stats import BUCKET_NAMES, SNAPSHOT_FILE_NAME, StoreStats, bucket_of, read_snapshot
+from mqstore.tools import inspect_cli
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
 
 
@@ -117,3 +127,136 @@ def test_store_records_embedded_and_actor_puts_and_gets(tmp_path: Path) -> None:
     assert snap["process"]["rss_bytes"] > 0 and snap["process"]["open_files"] >= 1
     assert snap["disk"]["commitlog"]["store_allocated_bytes"] > 0
     assert 0 <= snap["commitlog_disk_ratio"] <= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# on the ticker: sampling, the 60 s log, the snapshot file, `mqstore stats` on a running store
+
+
+def wait_for(predicate, timeout_s: float = 10.0):  # type: ignore[no-untyped-def]
+    """Poll a condition of another thread's making (a file the ticker writes), bounded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def fast_ticker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tick hooks every 20 ms instead of every second, so a test waits milliseconds."""
+    monkeypatch.setattr(supervisor_module, "TICK_HOOK_INTERVAL_MS", 20)
+
+
+def test_every_60_s_sample_logs_put_tps_buckets_and_get_found_miss_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    stats = StoreStats(clock)
+    for _ in range(3):
+        stats.record_put("t", ok(), 2_000_000)
+    stats.record_get(GetResult(status=GetMessageStatus.FOUND, raw=(b"x",)), 1_000)
+    stats.record_get(GetResult(status=GetMessageStatus.NO_MATCHED_MESSAGE), 1_000)
+    with caplog.at_level(logging.INFO, logger="mqstore"):
+        for _ in range(60):
+            clock.now_ms += 1000
+            stats.sample(clock.now_ms)
+    logged = [r for r in caplog.records if r.getMessage() == "store stats"]
+    assert len(logged) == 1 and logged[0].levelno == logging.INFO
+    event = logged[0].mqstore_event
+    assert set(event["put_tps"]) == {"10s", "60s", "600s"}
+    assert event["put_distribution"]["0~10ms"] == 3 and set(event["put_distribution"]) == set(BUCKET_NAMES)
+    assert (event["get_found"], event["get_miss"]) == (1, 1)
+    assert set(event["get_found_tps"]) == set(event["get_miss_tps"]) == {"10s", "60s", "600s"}
+
+
+def test_the_supervisor_ticker_samples_the_stats_every_tick_and_survives_a_failing_hook(
+    tmp_path: Path, fast_ticker: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+    reached = threading.Event()
+
+    def broken(_now_ms: int) -> None:
+        raise RuntimeError("a broken hook")
+
+    def counting(now_ms: int) -> None:
+        calls.append(now_ms)
+        if len(calls) >= 5:
+            reached.set()
+
+    with mqstore.open(tmp_path / "s") as store:
+        store.supervisor.ctx.on_tick_ms[:0] = [broken]  # before the others: it must not stop them
+        store.supervisor.ctx.on_tick_ms.append(counting)
+        assert reached.wait(10), calls
+        assert store.supervisor._thread is not None and store.supervisor._thread.is_alive()
+        assert store.put(mqstore.Message(topic="T", body=b"x")).ok  # the store still works
+        # Nobody reads the stats: only the ticker can take the second sample (a second later).
+        wait_for(lambda: len(store.stats_service._samples) >= 2)  # noqa: SLF001 - the ticker's effect
+    failures = [r for r in caplog.records if r.getMessage() == "tick hook failed"]
+    assert len(failures) == 1  # failing every tick, logged once a minute
+
+
+def test_a_store_with_a_short_interval_writes_its_snapshot_within_an_interval(tmp_path: Path, fast_ticker: None) -> None:
+    root = tmp_path / "s"
+    with mqstore.open(root, stats_snapshot_interval_ms=100) as store:
+        for i in range(10):
+            assert store.put(mqstore.Message(topic="T", body=b"x" * 10, queue_id=i % 2)).ok
+        put_at = time.monotonic()
+        snap = wait_for(lambda: (s := read_snapshot(root)) and s["stats"]["put_message_times_total"] == 10 and s)
+        assert time.monotonic() - put_at < 2.0  # an interval plus a few ticks, with a margin
+        raw = (root / SNAPSHOT_FILE_NAME).read_bytes()
+        assert msgpack.unpackb(raw, raw=False) == snap
+        assert snap["pid"] == os.getpid() and snap["final"] is False and snap["interval_ms"] == 100
+        assert snap["stats"]["put_topic"] == {"T": {"messages": 10, "bytes": snap["stats"]["put_message_size_total"]}}
+        assert snap["dispatch"]["commitlog_max_offset"] > 0 and snap["dispatch"]["behind_bytes"] >= 0
+        assert abs(snap["timestamp_ms"] - time.time() * 1000) < 10_000
+    last = read_snapshot(root)
+    assert last is not None and last["final"] is True and last["stats"]["put_message_times_total"] == 10
+
+
+def test_mqstore_stats_on_a_running_store_shows_the_live_figures_and_their_age(
+    tmp_path: Path, fast_ticker: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "s"
+    store = mqstore.open(root, stats_snapshot_interval_ms=100)
+    try:
+        for _ in range(20):
+            assert store.put(mqstore.Message(topic="Live", body=b"y" * 32)).ok
+        assert store.get("Live", 0, 0, 32).found
+        wait_for(lambda: (s := read_snapshot(root)) and s["stats"]["get_message_times_total_found"] == 1)
+        code = main(["stats", str(root), "--json"])
+        out, _ = capsys.readouterr()
+        assert code == 0
+        report = json.loads(out)
+        assert report["running"] is True
+        snap = report["snapshot"]
+        assert snap["source"] == "live" and snap["pid"] == os.getpid() and not snap["stale"]
+        assert 0 <= snap["age_ms"] < 5_000
+        assert snap["stats"]["put_message_times_total"] == 20
+        assert snap["stats"]["get_message_times_total_found"] == 1
+        code = main(["stats", str(root)])
+        text, _ = capsys.readouterr()
+        assert code == 0 and "the store is running" in text
+        assert f"live figures (pid {os.getpid()}'s snapshot, written" in text and " ago" in text
+        assert "puts: 20 messages" in text and "gets: 1 found" in text
+    finally:
+        store.close()
+    code = main(["stats", str(root)])
+    text, _ = capsys.readouterr()
+    assert code == 0 and "last run's figures" in text and "at its close" in text and "live figures" not in text
+
+
+def test_a_snapshot_left_by_a_dead_process_is_the_last_runs_not_live(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "commitlog").mkdir()
+    document = {"format": 1, "pid": 999_999_999, "timestamp_ms": 1_000, "interval_ms": 10_000, "final": False,
+                "store_dir": str(root), "dispatch": {}, "rss_bytes": 1, "stats": {}}  # fmt: skip
+    (root / SNAPSHOT_FILE_NAME).write_bytes(msgpack.packb(document, use_bin_type=True))
+    lock = inspect_cli.lock_state(root)
+    view = inspect_cli.snapshot_view(root, lock, now_ms=61_000)
+    assert view is not None and view["source"] == "last run" and view["age_ms"] == 60_000 and not view["stale"]
+    held = {**lock, "held": True, "holder_pid": 999_999_999}
+    assert inspect_cli.snapshot_view(root, held, now_ms=61_000)["stale"] is True  # live, 6 intervals old
+    (root / SNAPSHOT_FILE_NAME).write_bytes(b"\xc1 not msgpack")
+    assert "not a msgpack snapshot" in inspect_cli.snapshot_view(root, lock)["error"]
