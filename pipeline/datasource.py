@@ -149,6 +149,7 @@ def _paths(options: dict[str, str]) -> list[str]:
 # (path, size, mtime_ns, split_size, max_message_size) -> ranges; the planner process is
 # reused across queries (spark.python.worker.reuse), so a second query skips the walk.
 _PLAN_CACHE: dict[tuple[str, int, int, int, int], list[tuple[int, int]]] = {}
+PLAN_CACHE_MAX_SEGMENTS = 16384  # about 16 TiB of 1 GiB segments; then start over
 
 
 def plan_splits(paths: Sequence[str], split_size: int, max_message_size: int) -> list[SegmentSplit]:
@@ -160,6 +161,8 @@ def plan_splits(paths: Sequence[str], split_size: int, max_message_size: int) ->
         if ranges is None:
             buf = open_segment(seg.path)
             ranges = plan_segment(buf, seg, split_size, max_message_size) if len(buf) else []
+            if len(_PLAN_CACHE) >= PLAN_CACHE_MAX_SEGMENTS:
+                _PLAN_CACHE.clear()
             _PLAN_CACHE[key] = ranges
         splits.extend(SegmentSplit(seg.path, seg.base_offset, seg.file_size, s, e) for s, e in ranges)
     return splits
@@ -202,7 +205,8 @@ class RocketMQReader(DataSourceReader):
         parts = pack_splits(splits, self.split_size)
         log.info("planned", segments=len({s.path for s in splits}), splits=len(splits), partitions=len(parts),
                  split_size=self.split_size)  # fmt: skip
-        return list(parts)
+        # Spark substitutes a partition of its own for an empty list; give it ours.
+        return list(parts) or [CommitLogPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, CommitLogPartition)

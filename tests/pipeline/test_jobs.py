@@ -204,3 +204,13 @@ def test_cli_strict_stats_exits_3_naming_the_record(spark: Any, tmp_path: Path, 
     assert f"commitlog offset {offset}" in err and "00000000000000000000" in err
     assert main(["spark", "stats", str(store)]) == 3  # reported, not failed: exit says "corrupt found"
     assert json.loads(capsys.readouterr().out)["corrupt_records"] == 1
+
+
+def test_stats_of_a_store_with_no_messages(spark: Any, tmp_path: Path) -> None:
+    from mqstore.pipeline.stats import compute_stats
+
+    (tmp_path / "commitlog").mkdir()
+    with open(tmp_path / "commitlog" / "00000000000000000000", "wb") as f:
+        f.truncate(64 * 1024)  # a freshly preallocated segment
+    got = compute_stats(spark, [str(tmp_path)])
+    assert (got["messages"], got["queues"], got["corrupt_records"]) == (0, [], 0)
