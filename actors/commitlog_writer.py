@@ -176,6 +176,7 @@ class CommitLogWriter(StoreActor):
                 result=result,
                 reply=put.reply,
                 deadline_ns=time.monotonic_ns() + self._sync_timeout_ns,
+                appended_ns=time.monotonic_ns(),
             )
             self._notify_advance()  # the flush actor must know the data it is asked to force
             if not self.ctx.tell("flush", request):

@@ -39,6 +39,10 @@ class FlushCommitLogService(StoreActor):
         self._store_timestamp = store_timestamp  # of the newest record at or below _max_offset
         self._last_thorough_ms = 0
         self._pending: list[GroupCommitRequest] = []
+        # The last group commit forced its segment(s) through to the end: every byte appended
+        # before it started (in page cache by then) is durable up to `_synced_through`.
+        self._sync_started_ns = 0
+        self._synced_through = 0
         self._regions: dict[int, MappedRegion] = {}
         self._checkpoint: StoreCheckpoint | None = None
 
@@ -109,17 +113,52 @@ class FlushCommitLogService(StoreActor):
 
     # group commit (§7.3) -----------------------------------------------------------------
     def _group_commit(self) -> None:
+        """Requests reach us one by one, but the writer keeps appending while we msync: so
+        force whole segment tails (msync writes only the pages that are dirty) and let one
+        msync cover every request whose bytes were appended before it started."""
         if not self._pending:
             return
-        target = max(self._max_offset, max(r.next_offset for r in self._pending))
-        if any(r.next_offset > self._flushed for r in self._pending):
-            self._flush_to(target)
+        if not any(not self._covered(r) for r in self._pending):
+            self._answer_pending()
+            return
+        newest = max(r.next_offset for r in self._pending)
+        target = max(self._max_offset, newest)
+        segment_end = (newest - 1) // self._segment_size * self._segment_size + self._segment_size
+        started = time.monotonic_ns()
+        if self._force_through(segment_end):
+            self._sync_started_ns = started
+            self._synced_through = segment_end
+            # Only what was forced: the writer may already be in the next segment.
+            self._flushed = max(self._flushed, min(target, segment_end))
         self._answer_pending()
+
+    def _covered(self, request: GroupCommitRequest) -> bool:
+        return request.next_offset <= self._flushed or (
+            request.appended_ns < self._sync_started_ns and request.next_offset <= self._synced_through
+        )
+
+    def _force_through(self, end: int) -> bool:
+        """Force [flushed, end) segment by segment; False on an I/O error (nothing claimed)."""
+        position = self._flushed
+        while position < end:
+            segment = position - position % self._segment_size
+            stop = min(end, segment + self._segment_size)
+            try:
+                region = self._region(segment)
+                self.ctx.faults.hit("flush.mid_fsync")
+                region.flush(position - segment, stop - segment)
+            except FileNotFoundError:
+                self._regions.pop(segment, None)
+            except OSError as exc:
+                self.log.error("commitlog flush failed", offset=position, error=str(exc))
+                return False
+            position = stop
+        return True
 
     def _answer_pending(self) -> None:
         still: list[GroupCommitRequest] = []
         for request in self._pending:
-            if self._flushed >= request.next_offset:
+            if self._covered(request):
                 request.reply.send(request.result)
             else:
                 still.append(request)

@@ -270,6 +270,7 @@ class GroupCommitRequest:
     result: PutResult
     reply: Reply
     deadline_ns: int
+    appended_ns: int  # monotonic time the writer finished appending these bytes
 
 
 # One per record on the dispatch hot path, so an immutable NamedTuple (the codec builds it
