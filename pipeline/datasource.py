@@ -9,6 +9,10 @@ Options:
   corruptLog      a directory: each task writes the corrupt ranges it met as JSON lines there
   decoder         "fast" (default) or "exact" (the codec per record; for tests and doubts)
   batchRows       rows per Arrow batch (default 8192)
+  topics          comma-separated topics: only their records are decoded past the topic
+                  (corrupt ranges are still reported). Not filter pushdown on purpose: a
+                  reader with pushFilters fails in sessions without
+                  spark.sql.python.filterPushdown.enabled, and this source must work anywhere.
 
 Columns: see `SCHEMA`. Pass a narrower schema (`.schema("topic string, size int")` or
 `read_commitlog(spark, paths, columns=[...])`) and only those fields are decoded: the Python
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import (
@@ -199,6 +204,8 @@ class RocketMQReader(DataSourceReader):
         self.corrupt_log = options.get("corruptlog")
         self.fast = options.get("decoder", "fast").lower() != "exact"
         self.batch_rows = int(options.get("batchrows", DEFAULT_BATCH_ROWS))
+        topics = options.get("topics")
+        self.topics = tuple(t for t in topics.split(",") if t) if topics else None
 
     def partitions(self) -> list[InputPartition]:
         splits = plan_splits(self.paths, self.split_size, self.max_message_size)
@@ -219,6 +226,7 @@ class RocketMQReader(DataSourceReader):
                 max_message_size=self.max_message_size,
                 batch_rows=self.batch_rows,
                 corrupt_log=self.corrupt_log,
+                topics=self.topics,
             )
 
 
@@ -231,6 +239,7 @@ def read_split(
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     corrupt_log: str | None = None,
+    topics: Sequence[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of one split: message rows, and one row per corrupt range."""
     from .columnar import arrow_schema
@@ -247,7 +256,20 @@ def read_split(
     corrupt: list[dict[str, Any]] = []
     check = strict or bool(corrupt_log) or "error" in columns
 
+    topic_schema = arrow_schema(["topic"])
+    wanted = pa.array(list(topics), pa.string()) if topics else None
+
     def decoded() -> pa.RecordBatch:
+        nonlocal positions
+        if wanted is not None:
+            # Topic first (cheap), then everything else for the records that match.
+            got = decode_batch(buf, seg, positions, topic_schema, fast=fast, max_message_size=max_message_size, a=a)
+            col = got.column(0)
+            # A null topic is a record that failed decoding: keep it, so it is reported.
+            keep = pc.or_kleene(pc.is_in(col, value_set=wanted), pc.is_null(col)).to_numpy(zero_copy_only=False)
+            positions = [p for p, k in zip(positions, keep) if k]
+            if not positions:
+                return pa.RecordBatch.from_pylist([], schema=schema)
         batch = decode_batch(buf, seg, positions, schema, fast=fast, max_message_size=max_message_size, a=a)
         if check:
             _check_decoded(batch, buf, seg, positions, strict, corrupt, fast, max_message_size)
@@ -256,7 +278,9 @@ def read_split(
     for item in message_runs(buf, seg, split.start, split.end, max_message_size, batch_rows, MAX_BATCH_BYTES):
         if isinstance(item, list):
             positions = item
-            yield decoded()
+            batch = decoded()
+            if batch.num_rows:
+                yield batch
             continue
         res = item
         where = f"{seg.path} at position {res.pos} (commitlog offset {(seg.base_offset or 0) + res.pos})"
@@ -335,6 +359,7 @@ def read_commitlog(
     split_size: str | int | None = None,
     strict: bool = False,
     corrupt_log: str | None = None,
+    topics: Sequence[str] | None = None,
     options: dict[str, str] | None = None,
 ) -> DataFrame:
     """A DataFrame of the records under `paths`, decoding only `columns` (default: all)."""
@@ -351,6 +376,8 @@ def read_commitlog(
         reader = reader.option("strict", "true")
     if corrupt_log:
         reader = reader.option("corruptLog", corrupt_log)
+    if topics:
+        reader = reader.option("topics", ",".join(topics))
     for k, v in (options or {}).items():
         reader = reader.option(k, v)
     path_list = [paths] if isinstance(paths, str) else list(paths)

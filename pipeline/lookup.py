@@ -39,7 +39,8 @@ def lookup(
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
     columns = LOOKUP_COLUMNS + (["body"] if with_body else [])
-    df = read_commitlog(spark, paths, columns=columns, split_size=split_size)
+    # With a topic, the reader decodes other topics' records no further than their topic.
+    df = read_commitlog(spark, paths, columns=columns, split_size=split_size, topics=[topic] if topic else None)
     # KEYS is split like Java's String.split(" "): a token equal to the key matches (§10.8).
     hit = (F.col("uniq_key") == key) | F.array_contains(F.split(F.coalesce(F.col("keys"), F.lit("")), " "), key)
     if topic is not None:

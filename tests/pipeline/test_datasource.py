@@ -227,3 +227,18 @@ def test_odd_property_strings_decode_as_java_does(tmp_path: Path, odd: str) -> N
             row[c] = (row[c] - epoch) // timedelta(milliseconds=1)  # exact, unlike float seconds
         row["properties"] = dict(row["properties"])
     assert got == expected
+
+
+def test_the_topics_option_keeps_only_those_topics_and_still_reports_corruption(generated_store: Written, tmp_path: Path) -> None:
+    cols = ["commitlog_offset", "topic", "keys", "error"]
+    everything = local_rows([generated_store.store], 1 << 20, cols)
+    only: list[dict[str, Any]] = []
+    for split in plan_splits([str(generated_store.store)], 1 << 20, 4 * 1024 * 1024):
+        for batch in read_split(split, cols, topics=["orders", "audit-log"]):
+            only.extend(batch.to_pylist())
+    assert only == [r for r in everything if r["topic"] in ("orders", "audit-log")] and len(only) > 1000
+    idx = _middle_of_a_segment(generated_store)
+    store, offset = _damaged_copy(generated_store, tmp_path / "store", _flip_magic, idx)
+    damaged = [r for s in plan_splits([str(store)], 1 << 20, 1 << 22) for b in read_split(s, cols, topics=["orders"])
+               for r in b.to_pylist()]  # fmt: skip
+    assert [r["commitlog_offset"] for r in damaged if r["error"]] == [offset]
