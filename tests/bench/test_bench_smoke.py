@@ -14,14 +14,12 @@ from typing import Any
 
 import pytest
 
-import mqstore
 from mqstore.bench import cli
 from mqstore.bench.alternatives import SERVERLESS
 from mqstore.bench.harness import COMPARISONS, OURS, compute_ratios, write_table
 from mqstore.bench.workload import BenchConfig
 
 GENERIC_CASES = ("append", "read", "lookup", "append_sync")
-API_LANDED = hasattr(mqstore, "open")
 
 
 @pytest.fixture(scope="module")
@@ -108,22 +106,12 @@ def test_table_shows_every_system(tiny_run: tuple[int, dict[str, Any], Path]) ->
         assert system in out.getvalue()
 
 
-@pytest.mark.skipif(API_LANDED, reason="mqstore.open exists: the loud-failure path cannot be reached")
-def test_ours_fails_loudly_while_the_public_api_is_missing(tmp_path: Path) -> None:
-    code, result, _ = cli.run(BenchConfig.tiny(), ["ours", "floor_mmap"], tmp_path / "out", tmp_path, table=False)
-    assert code == 1
-    ours = [c for c in result["cases"] if c["system"] == OURS]
-    assert ours and all(c["status"] == "failed" and "mqstore.open" in c["error"] for c in ours)
-    assert _case(result, "floor_mmap", "append", 128)["status"] == "ok"
-
-
-@pytest.mark.skipif(not API_LANDED, reason="mqstore.open has not landed yet")
 def test_ours_cases_and_ratios_when_the_public_api_exists(tmp_path: Path) -> None:
     code, result, _ = cli.run(BenchConfig.tiny(), ["ours", "sqlite"], tmp_path / "out", tmp_path, table=False)
     assert code == 0, result["failed"]
     for case in ("put_batch", "get", "query", "sync_put_16", "put_4threads", "lag"):
         assert _case(result, OURS, case, 128)["status"] == "ok"
-    assert _case(result, OURS, "recovery", 128)["status"] in ("ok", "not_available")
+    assert _case(result, OURS, "recovery", 128)["status"] == "ok"
     assert {r["ours_case"] for r in result["ratios"]} == {o for o, _, _ in COMPARISONS}
 
 
