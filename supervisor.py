@@ -313,7 +313,6 @@ class Supervisor:
         ctx = self.ctx
         rec = self.recovery
         assert rec is not None
-        actor: Any
         match name:
             case "allocator":
                 ref = AllocateMappedFileService.start(ctx)

@@ -34,7 +34,6 @@ from mqstore.storage.codec import (
     RecordKind,
     RecordRead,
     blank_record_header,
-    patch_record,
     read_record,
     store_timestamp_position,
 )
