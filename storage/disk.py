@@ -3,7 +3,9 @@
 RocketMQ's `UtilAll.getDiskPartitionSpaceUsedPercent(path)` is `(total - free) / total` of
 the path's partition, or -1 when the path does not exist or cannot be read. Each store path
 is measured on its own, since the commitlog and the consume queues may live on different
-disks. The cleaner is given a gauge, so tests drive any disk level without filling a disk.
+disks. The cleaner is given a gauge (`mqstore.open(..., disk_gauge=...)`, kept in the
+ActorContext; `default_disk_gauge` otherwise), so tests drive any disk level without filling a
+disk; `mqstore clean` reads the same gauge to decide whether the disk forces a deletion.
 """
 
 from __future__ import annotations
