@@ -639,8 +639,9 @@ def _print_stats(report: dict[str, Any], out: Any) -> None:
     w(f"store {report['store_dir']}\n")
     snap = report.get("snapshot")
     if report["running"]:
-        w(f"  the store is running (lock {_lock_line(report['lock'])}); the file figures below are what its files "
-          "say now, which may lag the store's memory\n")  # fmt: skip
+        holder = report["lock"]["holder_pid"]
+        w(f"  the store is running ({f'pid {holder}' if holder else 'a live process'} holds the lock); the file figures "
+          "below are what its files say now, which may lag the store's memory\n")  # fmt: skip
     elif report["lock"]["abort_file"]:
         w("  the abort file is present: the last run did not stop cleanly (the queues may lag the log)\n")
     w(f"  commitlog: {cl['segments']} segments of {_size(cl['segment_size'])}, offsets {cl['min_offset']} .. "
