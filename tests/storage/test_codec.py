@@ -182,3 +182,26 @@ def test_round_trip_of_arbitrary_messages(
     assert (r.queue_offset, r.commitlog_offset, r.store_timestamp) == offsets
     assert r.properties == props
     assert codec.encode_record(r) == bytes(data)
+
+
+def _as_v2(v1: bytes) -> bytes:
+    """A 5.1+ V2 record (§17): V2 magic, 2-byte TOPICLENGTH, TOTALSIZE one larger."""
+    body_len = struct.unpack_from(">i", v1, 84)[0]
+    topic_at = 88 + body_len
+    total = len(v1) + 1
+    return (struct.pack(">ii", total, codec.MESSAGE_MAGIC_CODE_V2) + v1[8:topic_at]
+            + struct.pack(">h", v1[topic_at]) + v1[topic_at + 1 :])  # fmt: skip
+
+
+def test_v2_records_from_later_brokers_decode() -> None:
+    v1 = _first_record()
+    read = codec.read_record(_as_v2(v1), 0, check_crc=True)
+    assert read.kind is RecordKind.MESSAGE and read.record is not None and read.record.is_v2
+    original = codec.read_record(v1, 0).record
+    assert original is not None
+    assert (read.record.topic, read.record.body, read.record.properties) == (
+        original.topic, original.body, original.properties)  # fmt: skip
+    kind, size, fields = codec.read_dispatch(_as_v2(v1), 0, len(v1) + 1)
+    assert (kind, size) == (RecordKind.MESSAGE, 173) and fields is not None and fields.keys == original.keys
+    with pytest.raises(ValueError, match="V1"):
+        codec.encode_record(read.record)  # a 4.4.0-compatible writer never writes V2
