@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import pytest
 
+pytest.importorskip("pyspark")  # an optional extra: without it these tests are skipped, not errors
+
 from mqstore.pipeline.columnar import COLUMNS, arrow_schema, decode_batch
 from mqstore.pipeline.datasource import SegmentSplit, plan_splits, read_split
 from mqstore.pipeline.segments import Step, discover_segments, open_segment, walk
