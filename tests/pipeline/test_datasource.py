@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shutil
-from datetime import datetime, timedelta, timezone
 import struct
+import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,18 +13,13 @@ import pytest
 
 pytest.importorskip("pyspark")  # an optional extra: without it these tests are skipped, not errors
 
-from mqstore.pipeline.columnar import COLUMNS, arrow_schema, decode_batch
-from mqstore.pipeline.datasource import SegmentSplit, plan_splits, read_split
-from mqstore.pipeline.segments import Step, discover_segments, open_segment, walk
+from mqstore.pipeline.columnar import COLUMNS, arrow_schema, decode_batch  # noqa: E402
+from mqstore.pipeline.datasource import SegmentSplit, plan_splits, read_split  # noqa: E402
+from mqstore.pipeline.segments import Step, discover_segments, open_segment, walk  # noqa: E402
 
-import importlib.util
-import sys
-
-if "mqstore_pipeline_test_helpers" not in sys.modules:  # conftest loads it; keep mypy/IDE happy
-    raise ImportError("run through pytest: conftest.py loads the helpers")
-h = sys.modules["mqstore_pipeline_test_helpers"]
+h = sys.modules["mqstore_pipeline_test_helpers"]  # loaded by conftest.py (tests/ has no packages)
 BROKER_SAMPLES = h.BROKER_SAMPLES
-Written = Any
+Written = Any  # pipeline_helpers.Written
 expected_row, reference_records = h.expected_row, h.reference_records
 
 pytestmark = pytest.mark.spark
