@@ -115,6 +115,7 @@ class RestartRecord:
     restarted: tuple[str, ...]
     error: str
     at_ms: int
+    backoff_ms: int  # slept before this restart
 
 
 @dataclass
@@ -269,7 +270,7 @@ class Supervisor:
             if not self._failure_pending(group):
                 self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc))
             return True
-        self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.clock_ms()))
+        self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.clock_ms(), backoff))
         return True
 
     def _failure_pending(self, names: list[str]) -> bool:
