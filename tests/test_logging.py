@@ -84,7 +84,7 @@ def test_unconfigured_library_logging_goes_only_through_the_hosts_logging(caplog
     root = logging.getLogger(ROOT_LOGGER_NAME)
     # Unconfigured: in-process CLI tests earlier in the session may have configured it (the
     # autouse fixture puts their handlers back afterwards).
-    root.handlers[:] = [h for h in root.handlers if type(h).__name__ != "_OurHandler"]
+    root.handlers[:] = [h for h in root.handlers if isinstance(h, logging.NullHandler)]
     root.propagate = True
     root.setLevel(logging.NOTSET)
     host_root_handlers = list(logging.getLogger().handlers)
