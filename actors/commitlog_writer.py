@@ -30,7 +30,7 @@ from ..messages import (
 )
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecord
-from ..storage.mapped_file import MappedFile
+from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
 from .base import ActorContext, StoreActor
 
@@ -61,18 +61,31 @@ class CommitLogWriter(StoreActor):
         self._busy_timeout_ns = ctx.config.os_page_cache_busy_timeout_ms * 1_000_000
         self._sync_timeout_ns = ctx.config.sync_flush_timeout_ms * 1_000_000
         self._pending_advance: CommitLogAdvanced | None = None
+        self._pooled = False
         self._puts_since_notice = 0
 
     # lifecycle ---------------------------------------------------------------------------
     def on_start(self) -> None:
         cfg = self.config
+        # TransientStorePool (§4.6): appends go to write buffers that the commit service's
+        # ticks copy into the files. The pool is the writer's alone (it is not thread-safe),
+        # so in this mode the writer creates its segments itself rather than through the
+        # allocator. As in RocketMQ, acknowledged bytes not yet committed (at most
+        # commit_interval_commitlog_ms) are lost if the writer or the process dies.
+        pool = (
+            TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commitlog_bytes)
+            if cfg.is_transient_store_pool_active
+            else None
+        )
+        self._pooled = pool is not None
         self._commitlog = CommitLog(
             self.ctx.fs,
             cfg.commitlog_dir,
             mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
             max_message_size=cfg.max_message_size_bytes,
             clock_ms=self.ctx.clock_ms,
-            allocator=self._allocate,
+            allocator=None if pool is not None else self._allocate,
+            write_buffer_pool=pool,
             create_on_allocator_failure=True,
             check_crc_on_recover=cfg.check_crc_on_recover,
             fault_hook=self.ctx.faults.hit,
@@ -123,7 +136,7 @@ class CommitLogWriter(StoreActor):
     def _ready(self) -> WriterReady:
         assert self._commitlog is not None
         return WriterReady(
-            max_offset=self._commitlog.get_max_offset(),
+            max_offset=self._readable_end(),
             wrote_offset=self._commitlog.get_max_wrote_offset(),
             min_offset=self._commitlog.get_min_offset(),
             store_timestamp=self._commitlog.store_timestamp,
@@ -165,7 +178,7 @@ class CommitLogWriter(StoreActor):
             msg_num=append.msg_num,
         )
         self._pending_advance = CommitLogAdvanced(
-            max_offset=commitlog.get_max_offset(),
+            max_offset=self._readable_end(),
             wrote_offset=append.wrote_offset + append.wrote_bytes,
             store_timestamp=append.store_timestamp,
         )
@@ -198,59 +211,28 @@ class CommitLogWriter(StoreActor):
         self.ctx.tell("reput", advanced)
         self.ctx.tell("flush", advanced)
 
+    def _readable_end(self) -> int:
+        """Where readers may read up to. With write buffers, not the last file's committed
+        end: an earlier file's tail may still wait for its commit, and our readers are bounded
+        by this one watermark, not by each file's own position (as Java's are)."""
+        commitlog = self._commitlog
+        assert commitlog is not None
+        if self._pooled:
+            return commitlog.committed_where
+        return commitlog.get_max_offset()
+
     def _commit(self, least_pages: int) -> None:
         """The commit service's request (transient store pool): copy write buffers to files."""
         commitlog = self._commitlog
         assert commitlog is not None
         if not commitlog.commit(least_pages):  # False: progress was made
-            self.ctx.tell(
-                "flush",
-                CommitLogAdvanced(
-                    max_offset=commitlog.get_max_offset(),
-                    wrote_offset=commitlog.get_max_wrote_offset(),
-                    store_timestamp=commitlog.store_timestamp,
-                ),
+            advanced = CommitLogAdvanced(
+                max_offset=self._readable_end(),
+                wrote_offset=commitlog.get_max_wrote_offset(),
+                store_timestamp=commitlog.store_timestamp,
             )
-            self.ctx.tell(
-                "reput",
-                CommitLogAdvanced(
-                    max_offset=commitlog.get_max_offset(),
-                    wrote_offset=commitlog.get_max_wrote_offset(),
-                    store_timestamp=commitlog.store_timestamp,
-                ),
-            )
-
-    # cleaning (§12.4): the cleaner decided, the owner deletes ----------------------------------
-    def _delete_expired(self, request: DeleteExpiredCommitLogFiles) -> CommitLogFilesDeleted:
-        commitlog = self._commitlog
-        assert commitlog is not None
-        queue = commitlog.mapped_file_queue
-        files = queue.mapped_files
-        window = max(request.max_files, 0) + 1
-        if len(files) > window:
-            # The storage loop keeps the last file of the list it is given: give it only the
-            # oldest max_files + 1, so it deletes at most max_files. The cleaner sends the next
-            # request after its pause, so the put path never sleeps between deletions.
-            queue.mapped_files = files[:window]
-            try:
-                deleted = commitlog.delete_expired_file(
-                    request.expired_ms, 0, request.forcibly_ms, request.clean_immediately, request.now_ms, _no_sleep
-                )
-            finally:
-                queue.mapped_files = queue.mapped_files + files[window:]
-        else:
-            deleted = commitlog.delete_expired_file(
-                request.expired_ms, 0, request.forcibly_ms, request.clean_immediately, request.now_ms, _no_sleep
-            )
-        return self._files_deleted(deleted)
-
-    def _files_deleted(self, deleted: int) -> CommitLogFilesDeleted:
-        assert self._commitlog is not None
-        return CommitLogFilesDeleted(
-            deleted=deleted,
-            min_offset=self._commitlog.get_min_offset(),
-            file_count=len(self._commitlog.mapped_file_queue.mapped_files),
-        )
+            self.ctx.tell("flush", advanced)
+            self.ctx.tell("reput", advanced)
 
     # allocation --------------------------------------------------------------------------
     def _allocate(self, next_path: str, next_next_path: str, file_size: int) -> MappedFile | None:
