@@ -234,6 +234,38 @@ class CommitLogWriter(StoreActor):
             self.ctx.tell("flush", advanced)
             self.ctx.tell("reput", advanced)
 
+    # cleaning (§12.4): the cleaner decided, the owner deletes ----------------------------------
+    def _delete_expired(self, request: DeleteExpiredCommitLogFiles) -> CommitLogFilesDeleted:
+        commitlog = self._commitlog
+        assert commitlog is not None
+        queue = commitlog.mapped_file_queue
+        files = queue.mapped_files
+        window = max(request.max_files, 0) + 1
+        if len(files) > window:
+            # The storage loop keeps the last file of the list it is given: give it only the
+            # oldest max_files + 1, so it deletes at most max_files. The cleaner sends the next
+            # request after its pause, so the put path never sleeps between deletions.
+            queue.mapped_files = files[:window]
+            try:
+                deleted = commitlog.delete_expired_file(
+                    request.expired_ms, 0, request.forcibly_ms, request.clean_immediately, request.now_ms, _no_sleep
+                )
+            finally:
+                queue.mapped_files = queue.mapped_files + files[window:]
+        else:
+            deleted = commitlog.delete_expired_file(
+                request.expired_ms, 0, request.forcibly_ms, request.clean_immediately, request.now_ms, _no_sleep
+            )
+        return self._files_deleted(deleted)
+
+    def _files_deleted(self, deleted: int) -> CommitLogFilesDeleted:
+        assert self._commitlog is not None
+        return CommitLogFilesDeleted(
+            deleted=deleted,
+            min_offset=self._commitlog.get_min_offset(),
+            file_count=len(self._commitlog.mapped_file_queue.mapped_files),
+        )
+
     # allocation --------------------------------------------------------------------------
     def _allocate(self, next_path: str, next_next_path: str, file_size: int) -> MappedFile | None:
         """Ask the allocate actor for the next segment; wait at most the configured timeout,
