@@ -23,9 +23,9 @@ from ..log import get_logger
 from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, ProgressCallback
-from .consume_queue import ConsumeQueue, list_consume_queues
+from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem
-from .index import IndexService
+from .index import IndexFile, IndexService, read_index_header
 
 __all__ = ["RecoveryReport", "recover_store"]
 
@@ -53,6 +53,14 @@ class RecoveryReport:
     truncated_commitlog_bytes: int = 0  # non-zero bytes zeroed after the new end in its file
     removed_commitlog_files: list[str] = field(default_factory=list)  # later files deleted
     checkpoint_ahead_of_data: bool = False  # its physic timestamp is newer than the last record
+    # Index files removed as unsafe (torn or damaged header, not full after a crash), with why.
+    dropped_index_reasons: list[str] = field(default_factory=list)
+    # Where re-dispatch starts for the index's sake (-1: the index needs none); dispatch_from
+    # is lowered to it, so no key of a message before the crash-recovery start file is lost.
+    index_dispatch_from: int = -1
+    # ConsumeQueue files of the wrong length (cut short), deleted with the files after them;
+    # their queues are rebuilt by re-dispatch.
+    damaged_consume_queue_files: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -70,6 +78,9 @@ class RecoveryReport:
             "truncated_commitlog_bytes": self.truncated_commitlog_bytes,
             "removed_commitlog_files": list(self.removed_commitlog_files),
             "checkpoint_ahead_of_data": self.checkpoint_ahead_of_data,
+            "dropped_index_reasons": list(self.dropped_index_reasons),
+            "index_dispatch_from": self.index_dispatch_from,
+            "damaged_consume_queue_files": list(self.damaged_consume_queue_files),
         }
 
 
@@ -98,7 +109,11 @@ def recover_store(
     commitlog.zero_tail_bytes = 0 if last_exit_ok else None
     try:
         max_cq = -1
+        damaged_cq_files: list[str] = []
+        damaged_queues: list[ConsumeQueue] = []
         for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
+            cut_short = _remove_wrong_length_cq_files(cfg, fs, topic, queue_id)
+            damaged_cq_files.extend(cut_short)
             cq = ConsumeQueue(
                 fs, topic, queue_id, cfg.consume_queue_dir,
                 mapped_file_size=cfg.mapped_file_size_consume_queue_bytes, clock_ms=clock_ms,
@@ -107,7 +122,10 @@ def recover_store(
                 raise OSError(f"cannot load consume queue {topic}/{queue_id}")
             cq.recover()
             queues.append(cq)
+            if cut_short:
+                damaged_queues.append(cq)
             max_cq = max(max_cq, cq.max_physic_offset)
+        partial = _remove_partial_last_segments(cfg, fs)
         if not commitlog.load():
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         files = commitlog.mapped_file_queue.mapped_files
@@ -152,8 +170,16 @@ def recover_store(
             stop_reason=commitlog.stop_reason,
             damaged_at=commitlog.damaged_at,
             truncated_commitlog_bytes=commitlog.dirty_bytes,
-            removed_commitlog_files=commitlog.removed_files,
+            removed_commitlog_files=commitlog.removed_files + partial,
+            damaged_consume_queue_files=damaged_cq_files,
         )
+        # A queue that lost files is rebuilt from the record after its last unit left.
+        for cq in damaged_queues:
+            last = cq.get_unit(cq.get_max_offset_in_queue() - 1) if cq.get_max_offset_in_queue() > 0 else None
+            resume = last[0] + last[1] if last is not None and last[1] != 0x7FFFFFFF else max(commitlog.get_min_offset(), 0)
+            report.dispatch_from = min(report.dispatch_from, max(resume, max(commitlog.get_min_offset(), 0)))
+            log.warning("consume queue files cut short were removed; re-dispatch rebuilds them",
+                        topic=cq.topic, queue_id=cq.queue_id, files=damaged_cq_files, dispatch_from=report.dispatch_from)  # fmt: skip
         if checkpoint is not None and report.store_timestamp:
             report.checkpoint_ahead_of_data = checkpoint.physic_msg_timestamp > report.store_timestamp
         if report.damaged_at >= 0 or report.truncated_commitlog_bytes or report.removed_commitlog_files:
@@ -165,11 +191,35 @@ def recover_store(
             for cq in queues:
                 cq.destroy()
             queues = []
-        elif max_cq >= end:
-            for cq in queues:
-                if cq.max_physic_offset >= end:
-                    cq.truncate_dirty_logic_files(end)
-                    report.truncated_consume_queues += 1
+        # The index first: after a crash it may need an earlier re-dispatch than the
+        # checkpoint's start file (the messageIndexSafe rule, always on here).
+        dropped, reasons, index_from = _recover_index(cfg, fs, clock_ms, last_exit_ok, checkpoint, end,
+                                                      max(commitlog.get_min_offset(), 0))  # fmt: skip
+        report.dropped_index_files = dropped
+        report.dropped_index_reasons = reasons
+        if commitlog.mapped_file_queue.mapped_files:
+            if index_from is not None and index_from < report.dispatch_from:
+                report.index_dispatch_from = index_from
+                report.dispatch_from = index_from
+                log.warning("re-dispatching from the index's last safe point", index_dispatch_from=index_from,
+                            reasons=reasons)  # fmt: skip
+        # ConsumeQueues are derived data: after a crash no unit at or past the re-dispatch
+        # start is trusted. A power loss writes pages back in any order, so a queue can hold
+        # later units while earlier ones (a whole file, or a torn sector of one) never reached
+        # the disk, and the duplicate guard would then skip the missing ones forever. Removing
+        # them lets re-dispatch write every one again, in order. Units below the start were
+        # flushed before the checkpoint that chose it was written.
+        cut = report.dispatch_from if not last_exit_ok else end
+        for cq in queues:
+            if last_exit_ok and cq.max_physic_offset < end:
+                continue
+            before = cq.get_max_offset_in_queue()
+            cq.truncate_dirty_logic_files(cut)
+            if cq.get_max_offset_in_queue() != before:
+                report.truncated_consume_queues += 1
+        if report.truncated_consume_queues:
+            log.info("consume queues truncated for re-dispatch", truncated=report.truncated_consume_queues,
+                     before_commitlog_offset=cut)  # fmt: skip
         min_phy = commitlog.get_min_offset()
         for cq in queues:
             report.topic_queue_table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
@@ -187,7 +237,6 @@ def recover_store(
                     continue
                 key = f"{record.topic}-{record.queue_id}"
                 report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), record.queue_offset + 1)
-        report.dropped_index_files = _recover_index(cfg, fs, clock_ms, last_exit_ok, checkpoint, end)
         for cq in queues:
             cq.flush(0)
             cq.mapped_file_queue.shutdown(0)
@@ -246,6 +295,45 @@ class _InspectingCommitLog(CommitLog):
             end = begin
 
 
+def _remove_wrong_length_cq_files(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int) -> list[str]:
+    """Delete a queue's first file of the wrong length and every file after it (loading stops
+    at it and would leave it in the way of the queue's next file). Derived data: re-dispatch
+    rebuilds what they held."""
+    directory = os.path.join(cfg.consume_queue_dir, topic, str(queue_id))
+    size = cq_file_size(cfg.mapped_file_size_consume_queue_bytes)
+    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
+    removed: list[str] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if removed or fs.getsize(path) != size:
+            why = "after a file of the wrong length" if removed else f"{fs.getsize(path)} bytes, not {size}"
+            fs.remove(path)
+            removed.append(f"{topic}/{queue_id}/{name} ({why})")
+    return removed
+
+
+def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]:
+    """Delete commitlog files at the end of the directory that are shorter or longer than a
+    segment and hold only zeros: a segment the allocator was creating when the process died
+    (created, not yet sized). Loading stops at a wrong-sized file, so left in place it would
+    hide nothing but block the writer's next roll and fail `verify`. One with data is left for
+    a person to look at (loading ignores it and everything after it, and says so)."""
+    directory = cfg.commitlog_dir
+    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
+    removed: list[str] = []
+    for name in reversed(names):
+        path = os.path.join(directory, name)
+        if fs.getsize(path) == cfg.mapped_file_size_commitlog_bytes:
+            break
+        if fs.getsize(path) > cfg.mapped_file_size_commitlog_bytes or any(fs.read_bytes(path)):
+            log.error("a commitlog file of the wrong length holds data; it and later files are ignored", path=path)
+            break
+        fs.remove(path)
+        removed.append(f"{name} (empty, wrong length: a segment being created at the crash)")
+        log.warning("removed a partly created commitlog segment", path=path)
+    return removed
+
+
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:
     """The store time of the last record before `end` (for the checkpoint), or 0."""
     last = 0
@@ -264,11 +352,23 @@ def _recover_index(
     last_exit_ok: bool,
     checkpoint: CheckpointValues | None,
     end: int,
-) -> int:
-    """§10.8 load: after a crash, index files newer than the checkpoint go (they are rebuilt
-    by re-dispatch); files that begin past the new log end go too."""
+    min_offset: int,
+) -> tuple[int, list[str], int | None]:
+    """§10.8 load, made safe. Returns (files deleted, why, where re-dispatch must start for
+    the index or None if it needs none).
+
+    After a crash, files newer than the checkpoint's indexMsgTimestamp go (load does that),
+    and so does any file that is not full: only a full file is flushed before the checkpoint
+    moves past it, so a power loss may have torn a non-full one (a stale or zero header over
+    newer entries chains one message twice or loses keys). A file whose header does not hold
+    together goes too, after any exit, with every later file. What is dropped is rebuilt by
+    re-dispatching from the last kept file's endPhyOffset (the start of its last indexed
+    message, which the index actor does not index twice), or from the log's start: 4.4.0
+    re-dispatches only from the checkpoint's start file, losing the keys of messages before
+    it unless messageIndexSafe. Files that begin past the new log end go as well."""
     if not cfg.message_index_enable or not fs.exists(cfg.index_dir):
-        return 0
+        return 0, [], None
+    names_before = set(fs.listdir(cfg.index_dir))
     service = IndexService(
         fs, cfg.index_dir, clock_ms=clock_ms, max_hash_slot_num=cfg.max_hash_slot_num,
         max_index_num=cfg.max_index_num, max_msgs_num_batch=cfg.max_msgs_num_batch,
@@ -276,6 +376,41 @@ def _recover_index(
     try:
         if not service.load(last_exit_ok, checkpoint.index_msg_timestamp if checkpoint else 0):
             raise OSError(f"cannot load the index in {cfg.index_dir}")
-        return service.drop_files_after(end)
+        reasons = [f"{name}: newer than the checkpoint's index timestamp"
+                   for name in sorted(names_before - set(fs.listdir(cfg.index_dir)))]  # fmt: skip
+        dropped = len(reasons)
+        files = service.files
+        for i, f in enumerate(files):
+            why = _index_file_unsafe(fs, f, last_exit_ok=last_exit_ok, last=i == len(files) - 1)
+            if why is None:
+                continue
+            for bad in files[i:]:
+                reasons.append(f"{bad.name}: {why if bad is f else 'after a dropped file'}")
+                bad.destroy()
+                dropped += 1
+            del files[i:]
+            log.warning("unsafe index files dropped; re-dispatch rebuilds them", reasons=reasons)
+            break
+        index_from: int | None = None
+        if dropped or not last_exit_ok:
+            index_from = max(files[-1].end_phy_offset, min_offset) if files else min_offset
+        dropped += service.drop_files_after(end)
+        return dropped, reasons, index_from
     finally:
         service.close()
+
+
+def _index_file_unsafe(fs: FileSystem, f: IndexFile, *, last_exit_ok: bool, last: bool) -> str | None:
+    """Why an index file cannot be kept, or None."""
+    h = read_index_header(fs, f.path)
+    if not 0 <= h.index_count <= f.max_index_num:
+        return f"corrupt header: indexCount {h.index_count} not in [0, {f.max_index_num}]"
+    if h.index_count > 1 and (h.begin_phy_offset > h.end_phy_offset or h.begin_timestamp > h.end_timestamp
+                              or h.begin_phy_offset < 0 or h.begin_timestamp <= 0):  # fmt: skip
+        return (f"corrupt header: phy offsets {h.begin_phy_offset}..{h.end_phy_offset}, "
+                f"timestamps {h.begin_timestamp}..{h.end_timestamp}")  # fmt: skip
+    if not last and h.index_count != f.max_index_num:
+        return f"corrupt header: indexCount {h.index_count} in a file that is not the newest (should be full)"
+    if not last_exit_ok and h.index_count != f.max_index_num:
+        return "not full after a crash: its unflushed pages may be torn"
+    return None

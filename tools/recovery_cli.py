@@ -5,8 +5,9 @@ progress bar on stderr for the CommitLog scan, then, after a crash, opens the st
 reput actor re-dispatches the ConsumeQueues and index from the recovery point and the store
 stops cleanly (abort file removed). Prints what was found and fixed.
 
-verify: read-only consistency check (`mqstore.tools.verify`); exit 0 if consistent, else the
-problems on stdout and exit 3.
+verify: read-only consistency check (`mqstore.tools.verify`) of a stopped store (a running
+one: exit 4; the lock is only tested, never taken); exit 0 if consistent, else the problems on
+stdout and exit 3.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def add_subcommands(subparsers: Any) -> None:
         help="check that ConsumeQueues and index agree with the CommitLog (read-only)",
         description="Check every ConsumeQueue unit and index entry against the CommitLog record it "
         "points to, and that no record lacks its unit or index entry. Read-only. Exit 0 if "
-        "consistent, 3 if not (the problems are printed).",
+        "consistent, 3 if not (the problems are printed), 4 if a running store holds the lock.",
     )
     v.add_argument("store_dir", metavar="STORE_DIR", type=Path)
     v.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -161,6 +162,13 @@ def _ping() -> Any:
 def run_verify(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
     _check_store_dir(root)
+    from .inspect_cli import lock_state  # F_GETLK only asks: verify stays read-only
+
+    state = lock_state(root)
+    if state["held"]:
+        holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
+        raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; verify checks a "
+                       "stopped store (its files are in flux while it runs), stop it first")  # fmt: skip
     cfg = load_config(args, store_path_root_dir=str(root), **_sizes_on_disk(root))
     report = verify_store(os.fspath(root), config=cfg, max_problems=args.max_problems)
     if args.json:

@@ -16,7 +16,9 @@ What it checks (each failure is a `Problem` with a kind, a place and a detail):
   (`cq_missing`), unless its queue file was cleaned; each key of each record in the range an
   index file covers has an entry (`index_missing`). Records outside every index file's
   [beginPhyOffset, endPhyOffset] (a file dropped at crash recovery, or expired) are not
-  expected, and are counted in `VerifyReport.not_indexed`.
+  expected, and are counted in `VerifyReport.not_indexed`;
+* nothing is indexed twice: a second entry for the same record and key hash, across all
+  files, is `index_duplicate` (unless the record carries that key twice).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class _Rec(NamedTuple):
     tags_code: int
     tran_type: int
     key_hashes: frozenset[int]
+    repeated_hashes: frozenset[int]  # hashes of keys the record carries more than once (legit twice)
 
 
 @dataclass
@@ -123,12 +126,14 @@ def verify_store(
 # CommitLog
 
 
-def _key_hashes(record: codec.MessageRecord, slots: int) -> frozenset[int]:
+def _key_hashes(record: codec.MessageRecord, slots: int) -> tuple[frozenset[int], frozenset[int]]:
+    """(the hashes of the record's index keys, those of them that occur more than once)."""
     keys = []
     if record.uniq_key is not None:
         keys.append(build_key(record.topic, record.uniq_key))
     keys.extend(build_key(record.topic, k) for k in record.key_list)
-    return frozenset(key_hash_and_slot(k, slots)[0] for k in keys)
+    hashes = [key_hash_and_slot(k, slots)[0] for k in keys]
+    return frozenset(hashes), frozenset(h for h in hashes if hashes.count(h) > 1)
 
 
 def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> dict[int, _Rec]:
@@ -166,7 +171,7 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
                                f"record says it is at {rec.commitlog_offset}")  # fmt: skip
                 records[found.offset] = _Rec(
                     rec.topic, rec.queue_id, rec.queue_offset, rec.total_size, rec.tags_code(delay_levels),
-                    rec.transaction_type, _key_hashes(rec, cfg.max_hash_slot_num),
+                    rec.transaction_type, *_key_hashes(rec, cfg.max_hash_slot_num),
                 )  # fmt: skip
                 report.max_offset = found.offset + found.size
             elif found.kind is RecordKind.BLANK:
@@ -277,8 +282,13 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
             for entry in f.iter_entries():
                 report.index_entries += 1
                 phy = entry.phy_offset
-                entries.add((phy, entry.key_hash))
                 here = f"{os.path.basename(path)} entry {entry.entry_no}"
+                if (phy, entry.key_hash) in entries:
+                    rec = records.get(phy)
+                    if rec is None or entry.key_hash not in rec.repeated_hashes:
+                        report.add("index_duplicate", here,
+                                   f"a second entry for commitlog offset {phy} with key hash {entry.key_hash}")  # fmt: skip
+                entries.add((phy, entry.key_hash))
                 if phy < report.min_offset:
                     continue  # expired
                 if phy >= report.max_offset:

@@ -37,11 +37,15 @@ def read_all(store: mqstore.MessageStore, topic: str, queue_id: int) -> list[mqs
     return out
 
 
-def check_store(store: mqstore.MessageStore, acks: dict[str, Ack], context: str, *, query_sample: int = 200) -> int:
+def check_store(store: mqstore.MessageStore, acks: dict[str, Ack], context: str, *, query_sample: int = 200,
+                unacked_batches_whole: bool = True) -> int:  # fmt: skip
     """Acknowledged messages present exactly once at their acknowledged queue offsets; queue
-    offsets dense; batches all or nothing; keys queryable. Returns the number of messages."""
+    offsets dense; batches all or nothing (unacknowledged ones too, unless
+    `unacked_batches_whole` is False: see test_power_loss's known limitation); keys queryable.
+    Returns the number of messages."""
     seen: collections.Counter[str] = collections.Counter()
     batches: dict[str, list[int]] = collections.defaultdict(list)
+    batch_keys: dict[str, list[str]] = collections.defaultdict(list)
     where: dict[str, tuple[int, int]] = {}
     total = 0
     for queue_id in range(QUEUES):
@@ -53,6 +57,7 @@ def check_store(store: mqstore.MessageStore, acks: dict[str, Ack], context: str,
             where[key] = (queue_id, rec.queue_offset)
             if "batch" in rec.properties:
                 batches[rec.properties["batch"]].append(rec.queue_offset)
+                batch_keys[rec.properties["batch"]].append(key)
             elif not rec.body.startswith(key.encode()):
                 raise AssertionError(f"{context}: body of {key} is wrong: {rec.body[:40]!r}")
         total += len(records)
@@ -62,17 +67,19 @@ def check_store(store: mqstore.MessageStore, acks: dict[str, Ack], context: str,
     assert not missing, f"{context}: {len(missing)} acknowledged messages lost, e.g. {missing[:5]}"
     moved = [k for k, a in acks.items() if where[k] != (a.queue_id, a.queue_offset)]
     assert not moved, f"{context}: acknowledged at other queue offsets: {[(k, acks[k], where[k]) for k in moved[:5]]}"
+    acked_batches = {b for b, offsets in batches.items() if any(k in acks for k in batch_keys[b])}
     for batch, offsets in batches.items():
+        if not unacked_batches_whole and batch not in acked_batches:
+            continue
         count = int(batch.rsplit("/", 1)[1])
         offsets.sort()
         assert len(offsets) == count, f"{context}: batch {batch} half present: {len(offsets)} of {count}"
         assert offsets == list(range(offsets[0], offsets[0] + count)), f"{context}: batch {batch} not contiguous"
     for key in sorted(acks)[:: max(1, len(acks) // query_sample)]:
         found = store.query(TOPIC, key, 4)
-        # Deduplicated by offset: after power-loss recovery the index can hold one message twice
-        # (a known bug, see the crash tests' report); the key must still find exactly it.
-        hits = {m.commitlog_offset: m.key_list[0] for m in found.messages}
-        assert list(hits.values()) == [key], f"{context}: query by key {key}: {found.messages}"
+        # Exactly one hit: an index holding the message twice fails here, and in verify.
+        hits = [(m.commitlog_offset, m.key_list[0]) for m in found.messages]
+        assert [k for _, k in hits] == [key], f"{context}: query by key {key}: {hits}"
     return total
 
 

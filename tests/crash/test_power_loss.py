@@ -6,7 +6,7 @@ random, partly torn subset of the unsynced pages) at a random moment. A new stor
 crashed image, and every message acknowledged before the crash began (SYNC_FLUSH), or covered
 by a `store.flush()` that completed before it (ASYNC_FLUSH), must be there, at its queue
 offset, exactly once; batches all or nothing; verify passes. Seeded: failures print the seed,
-and MQSTORE_CRASH_SEED replays one.
+and CRASH_SEED replays one.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _one_crash(seed: int, flush_disk_type: str) -> None:
     try:
         rec = reopened.supervisor.recovery
         assert rec is not None and not rec.last_exit_ok, context
-        check_store(reopened, must_have, context)
+        check_store(reopened, must_have, context, unacked_batches_whole=False)
         config = reopened.config
     finally:
         assert reopened.close(), f"{context}: unclean close"
@@ -102,16 +102,14 @@ def _one_crash(seed: int, flush_disk_type: str) -> None:
 
 
 def _seeds(default: list[int]) -> list[int]:
-    env = os.environ.get("MQSTORE_CRASH_SEED")
+    env = os.environ.get("CRASH_SEED")
     return [int(env)] if env else default
 
 
-POWER_LOSS_BUG = (
-    "after some power losses a ConsumeQueue unit points at a record get() cannot return "
-    "(NO_MATCHED_MESSAGE), or the index holds a message twice; replay with MQSTORE_CRASH_SEED=3"
-)
-SYNC_SEEDS = [pytest.param(s, marks=pytest.mark.xfail(strict=False, reason=POWER_LOSS_BUG)) if s in (3, 5) else s
-              for s in _seeds(list(range(1, 7)))]  # fmt: skip
+# Seeds 3, 5, 7, 9, 10, 11, 14, 16 once failed: ConsumeQueue files with holes after a power loss
+# (get() NO_MATCHED_MESSAGE at a file boundary, queue offsets not dense, half batches), and
+# one message indexed twice. Kept as regression cases (timing still varies from run to run).
+SYNC_SEEDS = _seeds(list(range(1, 17)))
 
 
 @pytest.mark.parametrize("seed", SYNC_SEEDS)
@@ -119,14 +117,6 @@ def test_power_loss_keeps_every_sync_acknowledged_message(seed: int) -> None:
     _one_crash(seed, "SYNC_FLUSH")
 
 
-ASYNC_FLUSH_BUG = (
-    "store.flush() forces only up to the flush actor's max offset, which the writer advances "
-    "with a CommitLogAdvanced notice sent after the put's reply (and deferred while more puts "
-    "wait): a put acknowledged before flush() may not be covered by it"
-)
-
-
-@pytest.mark.xfail(strict=False, reason=ASYNC_FLUSH_BUG)
 @pytest.mark.parametrize("seed", _seeds(list(range(101, 105))))
 def test_power_loss_keeps_everything_flushed_under_async_flush(seed: int) -> None:
     _one_crash(seed, "ASYNC_FLUSH")
@@ -134,6 +124,46 @@ def test_power_loss_keeps_everything_flushed_under_async_flush(seed: int) -> Non
 
 @pytest.mark.soak
 def test_power_loss_soak() -> None:
-    for seed in range(1000, 1000 + int(os.environ.get("MQSTORE_SOAK_KILLS", "500"))):
+    for seed in range(1000, 1000 + int(os.environ.get("CRASH_SOAK_KILLS", "500"))):
         _one_crash(seed, "SYNC_FLUSH" if seed % 2 else "ASYNC_FLUSH")
+
+
+UNACKED_BATCH_TEAR = (
+    "known limitation, not fixed: a power loss can keep the first records of an UNACKNOWLEDGED "
+    "batch and tear the rest (sector-level write-back). The writer stores the first record's "
+    "size and magic last, which makes a batch atomic against a process crash (page cache "
+    "intact), not against a torn write-back; the 4.x record format has no batch marker for "
+    "recovery to find the batch's extent, and a fix needs either one (a sysflag bit, as "
+    "RocketMQ 5's INNER_BATCH) or a flush of the batch's body before its header is written"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=UNACKED_BATCH_TEAR)
+def test_power_loss_never_keeps_half_of_an_unacknowledged_batch() -> None:
+    """Deterministic: a batch appended but not flushed; the crash keeps the page holding the
+    batch's start (with the header written last) and loses the sectors after it."""
+    fs = SimulatedFileSystem()
+    settings = dict(SETTINGS, flush_disk_type="ASYNC_FLUSH", flush_interval_commitlog_ms=3_600_000)
+    store = mqstore.open(ROOT, fs=fs, **settings)
+    try:
+        store.put(mqstore.Message(topic=TOPIC, queue_id=0, keys=["single"], body=b"single" * 20))
+        store.flush()
+        msgs = [mqstore.Message(topic=TOPIC, queue_id=0, keys=[f"b{i}"], body=b"b" * 900,
+                                properties={"batch": f"B/4"}) for i in range(4)]  # fmt: skip
+        result = store.put_batch(msgs)
+        assert result.status is mqstore.PutMessageStatus.PUT_OK
+        crashed = fs.crash(0, tear=False)  # durable bytes only
+        seg = ROOT + "/commitlog/" + "0" * 20
+        with fs._lock:  # write back the batch's first 1024 bytes, as a torn page would
+            start = result.commitlog_offset
+            src = fs._files[seg].volatile
+            crashed._files[seg].volatile[start : start + 1024] = src[start : start + 1024]
+            crashed._files[seg].durable[start : start + 1024] = src[start : start + 1024]
+    finally:
+        store.close()
+    reopened = mqstore.open(ROOT, fs=crashed, **settings)
+    try:
+        check_store(reopened, {}, "torn unacknowledged batch")
+    finally:
+        reopened.close()
 
