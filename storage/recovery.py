@@ -130,6 +130,7 @@ def recover_store(
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         files = commitlog.mapped_file_queue.mapped_files
         scanned = [0]
+        scanned_next: dict[str, int] = {}  # next queue offset per queue, from the crash scan
         first_dispatched: list[int] = []
         last_ts = [0]
 
@@ -138,6 +139,10 @@ def recover_store(
                 first_dispatched.append(record.commitlog_offset)
             scanned[0] += 1
             last_ts[0] = record.store_timestamp
+            if record.transaction_type not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+                key = f"{record.topic}-{record.queue_id}"
+                if record.queue_offset >= scanned_next.get(key, 0):
+                    scanned_next[key] = record.queue_offset + 1
 
         if last_exit_ok:
             end = commitlog.recover_normally(max_cq, progress)
@@ -227,8 +232,14 @@ def recover_store(
                 cq.correct_min_offset(min_phy)
         # Queue offsets of records the queues have not caught up with yet (crash recovery
         # re-dispatches them); the writer must continue after them, not reuse them.
+        # The crash scan saw every record from its start on (no second decode of the whole
+        # log: it doubled crash recovery); only a start lowered below it is read again.
+        scan_start = first_dispatched[0] if first_dispatched else end
+        for key, next_offset in scanned_next.items():
+            report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), next_offset)
         if report.dispatch_from < end:
-            for read in commitlog.iter_records(report.dispatch_from, end, read_body=False):
+            stop = scan_start if scanned_next or first_dispatched else end
+            for read in commitlog.iter_records(report.dispatch_from, min(stop, end), read_body=False):
                 record = read.record
                 if record is None:
                     break
