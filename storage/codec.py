@@ -671,8 +671,10 @@ def read_dispatch(
     limit: int,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     delay_levels_ms: list[int] | None = None,
+    check_crc: bool = False,
 ) -> tuple[RecordKind, int, DispatchFields | None]:
-    """(kind, size, fields) of the record at `pos`: checkMessageAndReturnSize without the body.
+    """(kind, size, fields) of the record at `pos`: checkMessageAndReturnSize without copying
+    the body (with `check_crc`, the body CRC is checked in place, as recovery needs).
 
     Falls back to the full decoder for IPv6 hosts and V2 records (rare; correctness first).
     """
@@ -680,10 +682,12 @@ def read_dispatch(
         return RecordKind.END_OF_DATA, 0, None
     total, magic = _II.unpack_from(buf, pos)
     if magic == MESSAGE_MAGIC_CODE and 91 <= total <= max_message_size and pos + total <= limit:
-        (_, _, _, queue_id, _, queue_offset, phys, sys_flag, _, store_ts, _, prepared, body_len) = (
+        (_, _, crc, queue_id, _, queue_offset, phys, sys_flag, _, store_ts, _, prepared, body_len) = (
             _DISPATCH_HEAD_V4.unpack_from(buf, pos)
         )
         if not sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) and 0 <= body_len <= total - 91:
+            if check_crc and body_len and zlib.crc32(memoryview(buf)[pos + 88 : pos + 88 + body_len]) & 0x7FFFFFFF != crc:
+                return RecordKind.CORRUPT, 0, None
             p = pos + 88 + body_len
             topic_len = buf[p]
             if topic_len > 127:
@@ -705,7 +709,7 @@ def read_dispatch(
             return RecordKind.MESSAGE, total, DispatchFields(
                 topic, queue_id, phys, total, code, store_ts, queue_offset, keys, uniq, sys_flag, prepared
             )
-    read = read_record(buf, pos, limit, read_body=False, max_message_size=max_message_size)
+    read = read_record(buf, pos, limit, check_crc=check_crc, read_body=check_crc, max_message_size=max_message_size)
     if read.kind is not RecordKind.MESSAGE or read.record is None:
         return read.kind, read.size, None
     r = read.record

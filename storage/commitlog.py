@@ -21,6 +21,7 @@ from typing import Callable, Final
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
     DEFAULT_MAX_MESSAGE_SIZE,
+    DispatchFields,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
     QUEUE_OFFSET_POSITION,
@@ -30,10 +31,10 @@ from mqstore.storage.codec import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     HostAddress,
-    MessageRecord,
     RecordKind,
     RecordRead,
     blank_record_header,
+    read_dispatch,
     read_record,
     store_timestamp_position,
 )
@@ -461,7 +462,7 @@ class CommitLog:
     def recover_abnormally(
         self,
         min_timestamp: int,
-        dispatch: Callable[[MessageRecord], None],
+        dispatch: Callable[[DispatchFields], None],
         progress: ProgressCallback | None = None,
         max_phy_offset_of_consume_queue: int = -1,
     ) -> int:
@@ -493,8 +494,10 @@ class CommitLog:
         return store_ts != 0 and store_ts <= min_timestamp
 
     def _scan_for_recovery(
-        self, index: int, dispatch: Callable[[MessageRecord], None] | None, progress: ProgressCallback | None
+        self, index: int, dispatch: Callable[[DispatchFields], None] | None, progress: ProgressCallback | None
     ) -> int:
+        """Walk valid records from file `index`. Uses the dispatcher's decoder with the body CRC
+        checked in place: a full MessageRecord per record made recovery ~3x slower."""
         files = self.mapped_file_queue.mapped_files
         total_bytes = (len(files) - index) * self.mapped_file_size
         scanned_before = 0
@@ -502,19 +505,19 @@ class CommitLog:
         mapped_file = files[index]
         file_offset = 0
         while True:
-            read = read_record(
-                mapped_file.mapped_buffer, file_offset, self.mapped_file_size, check_crc=self.check_crc_on_recover,
-                read_body=True, max_message_size=self.max_message_size,
+            kind, size, fields = read_dispatch(
+                mapped_file.mapped_buffer, file_offset, self.mapped_file_size, self.max_message_size,
+                None, self.check_crc_on_recover,
             )  # fmt: skip
-            if read.kind is RecordKind.MESSAGE:
+            if kind is RecordKind.MESSAGE:
                 if dispatch is not None:
-                    assert read.record is not None
-                    dispatch(read.record)
-                file_offset += read.size
+                    assert fields is not None
+                    dispatch(fields)
+                file_offset += size
                 if progress is not None and scanned_before + file_offset >= next_report:
                     progress(scanned_before + file_offset, total_bytes)
                     next_report = scanned_before + file_offset + _PROGRESS_STEP_BYTES
-            elif read.kind is RecordKind.BLANK:
+            elif kind is RecordKind.BLANK:
                 index += 1
                 scanned_before += self.mapped_file_size
                 if index >= len(files):
@@ -523,9 +526,12 @@ class CommitLog:
                 mapped_file = files[index]
                 file_offset = 0
             else:
-                if read.kind is RecordKind.CORRUPT:
+                if kind is RecordKind.CORRUPT:
+                    reason = read_record(mapped_file.mapped_buffer, file_offset, self.mapped_file_size,
+                                         check_crc=self.check_crc_on_recover,
+                                         max_message_size=self.max_message_size).reason  # fmt: skip
                     log.warning("recovery stops at a damaged record", file=mapped_file.file_name,
-                                position=file_offset, reason=read.reason)  # fmt: skip
+                                position=file_offset, reason=reason)  # fmt: skip
                 break
         if progress is not None:
             progress(total_bytes, total_bytes)

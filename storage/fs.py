@@ -63,6 +63,7 @@ class FileSystem(Protocol):
     def read_bytes(self, path: str) -> bytes: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
     def disk_usage(self, path: str) -> DiskUsage: ...
+    def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]: ...
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,6 +194,32 @@ class RealFileSystem:
     def disk_usage(self, path: str) -> DiskUsage:
         usage = shutil.disk_usage(path)
         return DiskUsage(usage.total, usage.used, usage.free)
+
+    def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of [start, end) that may hold data: holes of a sparse file are skipped
+        (SEEK_DATA/SEEK_HOLE; the page cache's dirty pages count as data). Where the file
+        system cannot tell, the whole range."""
+        if start >= end:
+            return []
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            extents: list[tuple[int, int]] = []
+            pos = start
+            while pos < end:
+                try:
+                    data = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # no data at or after pos
+                        break
+                    return [(start, end)]
+                if data >= end:
+                    break
+                hole = os.lseek(fd, data, os.SEEK_HOLE)
+                extents.append((data, min(hole, end)))
+                pos = hole
+            return extents
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------
@@ -366,6 +393,9 @@ class SimulatedFileSystem:
         else:
             used = sum(len(f.volatile) for f in self._files.values())
         return DiskUsage(self.total_bytes, used, max(self.total_bytes - used, 0))
+
+    def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]:
+        return [(start, end)] if start < end else []  # the simulated disk has no holes
 
     # power loss ------------------------------------------------------------------------
     def crash(self, seed: int, *, tear: bool = True) -> SimulatedFileSystem:

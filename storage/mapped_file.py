@@ -12,7 +12,7 @@ import ctypes
 import os
 import struct
 from collections import deque
-from typing import Callable, Final
+from typing import Any, Callable, Final
 
 from mqstore.log import get_logger
 from mqstore.storage.fs import OS_PAGE_SIZE, FileSystem, MappedRegion
@@ -209,13 +209,8 @@ class MappedFile:
         stop = self.file_size if limit is None else min(limit, self.file_size)
         buf = self.mapped_buffer
         dirty_end = position
-        pos = position
-        while pos < stop:
-            end = min(pos + _ZERO_CHUNK_BYTES, stop)
-            if buf[pos:end] != _ZERO_CHUNK[: end - pos]:
-                buf[pos:end] = _ZERO_CHUNK[: end - pos]
-                dirty_end = end
-            pos = end
+        for extent_start, extent_end in self.fs.data_extents(self.file_name, position, stop):
+            dirty_end = max(dirty_end, self._zero_chunks(buf, extent_start, extent_end))
         if self.write_buffer is not None:
             self.write_buffer[position : self.file_size] = bytes(self.file_size - position)
         if dirty_end > position:
@@ -225,6 +220,19 @@ class MappedFile:
             except OSError as exc:
                 self.last_io_error = exc
                 log.error("flush of a zeroed tail failed", file=self.file_name, error=str(exc))
+
+    @staticmethod
+    def _zero_chunks(buf: Any, start: int, stop: int) -> int:
+        """Zero the non-zero chunks of [start, stop); the end of the last one written."""
+        dirty_end = start
+        pos = start
+        while pos < stop:
+            end = min(pos + _ZERO_CHUNK_BYTES, stop)
+            if buf[pos:end] != _ZERO_CHUNK[: end - pos]:
+                buf[pos:end] = _ZERO_CHUNK[: end - pos]
+                dirty_end = end
+            pos = end
+        return dirty_end
 
     # reading -------------------------------------------------------------------------------
     def select(self, pos: int, size: int | None = None) -> bytes | None:

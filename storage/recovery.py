@@ -134,15 +134,16 @@ def recover_store(
         first_dispatched: list[int] = []
         last_ts = [0]
 
-        def seen(record: codec.MessageRecord) -> None:
+        def seen(record: codec.DispatchFields) -> None:
             if not first_dispatched:
                 first_dispatched.append(record.commitlog_offset)
             scanned[0] += 1
             last_ts[0] = record.store_timestamp
-            if record.transaction_type not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+            tran = record.sys_flag & codec.TRANSACTION_MASK
+            if tran not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
                 key = f"{record.topic}-{record.queue_id}"
-                if record.queue_offset >= scanned_next.get(key, 0):
-                    scanned_next[key] = record.queue_offset + 1
+                if record.consume_queue_offset >= scanned_next.get(key, 0):
+                    scanned_next[key] = record.consume_queue_offset + 1
 
         if last_exit_ok:
             end = commitlog.recover_normally(max_cq, progress)
@@ -280,10 +281,10 @@ class _InspectingCommitLog(CommitLog):
             if start > process_offset:
                 self.removed_files.append(os.path.basename(mapped_file.file_name))
             elif process_offset < start + self.mapped_file_size:
-                self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start)
+                self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start, mapped_file.file_name)
         super()._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
 
-    def _inspect_tail(self, buf: memoryview, start: int, pos: int) -> None:
+    def _inspect_tail(self, buf: memoryview, start: int, pos: int, path: str) -> None:
         read = codec.read_record(buf, pos, self.mapped_file_size, check_crc=self.check_crc_on_recover,
                                  read_body=True, max_message_size=self.max_message_size)  # fmt: skip
         if read.kind is codec.RecordKind.CORRUPT:
@@ -295,15 +296,17 @@ class _InspectingCommitLog(CommitLog):
             self.stop_reason = "end of data"
         if self.zero_tail_bytes == 0:
             return  # a clean stop leaves a zero tail; reading a 1 GiB remainder costs seconds
-        # The last non-zero byte after pos, found backwards in bounded chunks.
-        end = self.mapped_file_size
-        while end > pos:
-            begin = max(pos, end - _TAIL_CHUNK_BYTES)
-            chunk = bytes(buf[begin:end]).rstrip(b"\0")
-            if chunk:
-                self.dirty_bytes = begin + len(chunk) - pos
-                break
-            end = begin
+        # The last non-zero byte after pos, found backwards in bounded chunks, within the parts
+        # of the file that hold data (the untouched rest of a sparse segment is a hole).
+        for extent_start, extent_end in reversed(self.fs.data_extents(path, pos, self.mapped_file_size)):
+            end = extent_end
+            while end > extent_start:
+                begin = max(extent_start, end - _TAIL_CHUNK_BYTES)
+                chunk = bytes(buf[begin:end]).rstrip(b"\0")
+                if chunk:
+                    self.dirty_bytes = begin + len(chunk) - pos
+                    return
+                end = begin
 
 
 def _remove_wrong_length_cq_files(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int) -> list[str]:

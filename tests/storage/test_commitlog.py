@@ -15,6 +15,7 @@ from mqstore.storage.codec import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     HostAddress,
+    DispatchFields,
     MessageRecord,
     RecordKind,
     encode_message,
@@ -333,7 +334,7 @@ def test_recover_abnormally_dispatches_truncates_and_zeroes_dirty_tail(any_fs: t
         pass
     cl2 = make_log(fs, root, clock)
     assert cl2.load()
-    dispatched: list[MessageRecord] = []
+    dispatched: list[DispatchFields] = []
     assert cl2.recover_abnormally(min_timestamp=10**15, dispatch=dispatched.append) == end
     # started at the newest matching file: its messages only
     assert dispatched and dispatched[0].commitlog_offset == last_file.file_from_offset
