@@ -120,3 +120,17 @@ def test_add_subcommands_registers_bench_with_its_options() -> None:
     cli.add_subcommands(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--quick", "--out", "/tmp/x"])
     assert args.quick and args.out == Path("/tmp/x") and args.handler is cli.handle
+
+
+def test_markdown_report_has_a_row_per_compared_case_and_the_figures_of_the_json(
+    tiny_run: tuple[int, dict[str, Any], Path],
+) -> None:
+    from mqstore.bench.report import ROWS, render_markdown
+
+    _, result, _ = tiny_run
+    text = render_markdown(result)
+    bodies = sorted({c["body_bytes"] for c in result["cases"] if c["body_bytes"] is not None})
+    for _, _, _, label in ROWS:
+        assert text.count(f"| {label} |") == len(bodies)  # one row per body size
+    sqlite_append = _case(result, "sqlite", "append", bodies[-1])["metrics"]["msgs_per_s"]["median"]
+    assert f"{sqlite_append:,.0f}" in text
