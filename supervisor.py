@@ -90,7 +90,7 @@ TREE: tuple[ChildSpec, ...] = (
     ChildSpec("index", ("reput",), enabled=lambda c: c.message_index_enable),
     # The allocator's pre-created segments are the writer's future files: a restarted writer
     # truncates its tail, which may delete them, so the allocator restarts with it.
-    ChildSpec("writer", ("allocator", "commit", "reput")),
+    ChildSpec("writer", ("allocator", "commit", "reput"), lambda c: c.flush_interval_commitlog_ms),
     ChildSpec("commit", (), lambda c: c.commit_interval_commitlog_ms, enabled=_transient_pool),
     ChildSpec("reput", (), lambda _: 100),
     ChildSpec("cleaner", (), lambda c: c.clean_resource_interval_ms, enabled=lambda _: _cleaner_available()),

@@ -118,6 +118,19 @@ class StoreActor(pykka.ThreadingActor):
     def release(self) -> None:
         """Close what the actor owns (mappings); called on stop and after a crash."""
 
+    def newest_of_queued(self, message: Any) -> Any:
+        """`message` or, if more told messages of its type wait at the head of the inbox, the
+        newest of them (taken out). Only for notices with absolute positions, where the newest
+        says everything the older ones said (STYLE habit 4): one pass of work instead of many."""
+        inbox = self.actor_inbox
+        kind = type(message)
+        with inbox.mutex:  # type: ignore[attr-defined]  # a queue.Queue: peek, then take
+            pending = inbox.queue  # type: ignore[attr-defined]
+            while pending and pending[0].reply_to is None and type(pending[0].message) is kind:
+                message = pending.popleft().message
+                inbox.not_full.notify()  # type: ignore[attr-defined]
+        return message
+
     def _fail_queued(self) -> None:
         inbox = self.actor_inbox
         while not inbox.empty():

@@ -26,10 +26,12 @@ from ..messages import (
     RedeleteHangedCommitLogFile,
     Reply,
     SetWriteable,
+    Tick,
     WriterReady,
 )
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecord
+from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
 from .base import ActorContext, StoreActor
@@ -61,6 +63,7 @@ class CommitLogWriter(StoreActor):
         self._busy_timeout_ns = ctx.config.os_page_cache_busy_timeout_ms * 1_000_000
         self._sync_timeout_ns = ctx.config.sync_flush_timeout_ms * 1_000_000
         self._pending_advance: CommitLogAdvanced | None = None
+        self._flush_told = 0  # the last log end the flush actor was told
         self._pooled = False
         self._puts_since_notice = 0
 
@@ -123,6 +126,8 @@ class CommitLogWriter(StoreActor):
                 return self._ready()
             case CommitWriteBuffers(least_pages=least_pages):
                 self._commit(least_pages)
+            case Tick():
+                self._tell_flush_the_end()
             case DeleteExpiredCommitLogFiles():
                 message.reply.send(self._delete_expired(message))
             case RedeleteHangedCommitLogFile(forcibly_ms=forcibly_ms, now_ms=now_ms, reply=reply):
@@ -209,7 +214,34 @@ class CommitLogWriter(StoreActor):
         self._pending_advance = None
         self._puts_since_notice = 0
         self.ctx.tell("reput", advanced)
-        self.ctx.tell("flush", advanced)
+        # Async flush acts only once flush_commitlog_least_pages dirty pages piled up (its own
+        # tick does the thorough flush): waking it for less is a thread switch for nothing.
+        # Sync flush (group commit) and segment ends always need to know.
+        page = OS_PAGE_SIZE
+        dirty_pages = advanced.max_offset // page - self._flush_told // page
+        crossed_segment = (
+            advanced.max_offset // self.config.mapped_file_size_commitlog_bytes
+            != self._flush_told // self.config.mapped_file_size_commitlog_bytes
+        )
+        if self._sync_flush or dirty_pages >= self.config.flush_commitlog_least_pages or crossed_segment:
+            self._flush_told = advanced.max_offset
+            self.ctx.tell("flush", advanced)
+
+    def _tell_flush_the_end(self) -> None:
+        """On the ticker: the flush actor hears of bytes too few to have woken it, so its
+        thorough flush (every flush_commitlog_thorough_interval_ms) covers everything."""
+        end = self._readable_end()
+        if end > self._flush_told:
+            self._flush_told = end
+            assert self._commitlog is not None
+            self.ctx.tell(
+                "flush",
+                CommitLogAdvanced(
+                    max_offset=end,
+                    wrote_offset=self._commitlog.get_max_wrote_offset(),
+                    store_timestamp=self._commitlog.store_timestamp,
+                ),
+            )
 
     def _readable_end(self) -> int:
         """Where readers may read up to. With write buffers, not the last file's committed

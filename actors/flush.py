@@ -60,7 +60,9 @@ class FlushCommitLogService(StoreActor):
     # messages ----------------------------------------------------------------------------
     def handle(self, message: Any) -> Any:
         match message:
-            case CommitLogAdvanced(max_offset=max_offset, store_timestamp=ts):
+            case CommitLogAdvanced():
+                newest = self.newest_of_queued(message)
+                max_offset, ts = newest.max_offset, newest.store_timestamp
                 if max_offset > self._max_offset:
                     self._max_offset = max_offset
                     self._store_timestamp = ts

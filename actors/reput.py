@@ -10,6 +10,7 @@ subscriptions outlive a restart of this actor.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..messages import (
@@ -29,6 +30,7 @@ from .base import ActorContext, StoreActor
 __all__ = ["ReputMessageService"]
 
 DISPATCH_BATCH_MAX_RECORDS = 1024
+REPUT_LINGER_S = 0.0005
 READ_CHUNK_BYTES = 4 * 1024 * 1024
 
 
@@ -59,9 +61,14 @@ class ReputMessageService(StoreActor):
 
     def handle(self, message: Any) -> Any:
         match message:
-            case CommitLogAdvanced(max_offset=max_offset):
-                if max_offset > self._max_offset:
-                    self._max_offset = max_offset
+            case CommitLogAdvanced():
+                # Let a stream of puts gather first: one dispatch batch for many puts wakes the
+                # ConsumeQueue and index actors once instead of per put (the GIL makes every
+                # wake-up cost the producers too). Bounded, and far below any lag target.
+                time.sleep(REPUT_LINGER_S)
+                newest = self.newest_of_queued(message)
+                if newest.max_offset > self._max_offset:
+                    self._max_offset = newest.max_offset
                 self._reput()
             case Tick():
                 self._reput()
