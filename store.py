@@ -664,13 +664,13 @@ class MessageStore:
         """Force the CommitLog (and the queues, index and checkpoint) to disk now."""
         # The writer's own word on where the log ends: its notices to the flush actor are
         # coalesced and may trail the last acknowledged put.
-        end = self._ask("writer", Ping()).max_offset
+        writer = self._ask("writer", Ping())
         for peer in ("flush", "consume_queue", "index"):
             ref = self.supervisor.ctx.peers.get(peer)
             if ref is None:
                 continue
             future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-            ref.tell(FlushAll(reply=Reply(future=future), up_to=end))
+            ref.tell(FlushAll(reply=Reply(future=future), up_to=writer.max_offset, store_timestamp=writer.store_timestamp))
             future.get(timeout=self._reply_timeout_s)
 
     def delete_expired_files_now(self) -> int:

@@ -394,7 +394,11 @@ class Supervisor:
             for name in ("consume_queue", "index", "flush"):
                 if name in self.ctx.peers:
                     future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-                    self.ctx.peers[name].tell(FlushAll(reply=Reply(future=future)))
+                    # The writer's own end and time: its notices to flush are sparse.
+                    flush_all = FlushAll(
+                        reply=Reply(future=future), up_to=writer.max_offset, store_timestamp=writer.store_timestamp
+                    )
+                    self.ctx.peers[name].tell(flush_all)
                     future.get(timeout=STOP_TIMEOUT_S)
         except Exception as exc:
             self.log.error("unclean shutdown", error=repr(exc))

@@ -77,9 +77,10 @@ class FlushCommitLogService(StoreActor):
                     self._expire_pending()
                 else:
                     self._flush_if_due(now)
-            case FlushAll(reply=reply, up_to=up_to):
+            case FlushAll(reply=reply, up_to=up_to, store_timestamp=up_to_ts):
                 if up_to > self._max_offset:
                     self._max_offset = up_to
+                    self._store_timestamp = max(self._store_timestamp, up_to_ts)
                 self._flush_to(self._max_offset)
                 self._answer_pending()
                 self._write_checkpoint()

@@ -333,6 +333,7 @@ class FlushAll:
 
     reply: Reply
     up_to: int = 0
+    store_timestamp: int = 0  # of the record ending at `up_to`, for the checkpoint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
