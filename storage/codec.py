@@ -487,9 +487,9 @@ def _default_delay_levels() -> list[int]:
     return parse_delay_levels()
 
 
-@dataclass(frozen=True, slots=True)
-class RecordRead:
-    """What a reader found at `offset` (a position in the buffer it was given).
+class RecordRead(NamedTuple):
+    """What a reader found at `offset` (a position in the buffer it was given). A NamedTuple:
+    one is built per record read.
 
     `size` is how far to advance for MESSAGE; for CORRUPT it is the header's size when that
     size was plausible, else 0. `reason` says what was wrong, for people.

@@ -10,7 +10,6 @@ watermark it was told. `scan_commitlog_dir` walks a directory for tools.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import struct
@@ -98,7 +97,7 @@ def _msg_id(host: HostAddress, offset: int) -> str:
 
 
 def _absolute(read: RecordRead, base: int) -> RecordRead:
-    return dataclasses.replace(read, offset=base + read.offset) if base else read
+    return read._replace(offset=base + read.offset) if base else read
 
 
 def _put_status(append: AppendMessageStatus) -> PutMessageStatus:
