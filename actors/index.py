@@ -7,6 +7,7 @@ from typing import Any
 from ..messages import (
     DeleteExpiredIndexFiles,
     DispatchBatch,
+    DispatchRequest,
     FlushAll,
     IndexFileFlushed,
     IndexSnapshot,
@@ -59,27 +60,21 @@ class IndexActor(StoreActor):
     def _file_full(self, end_timestamp: int) -> None:
         self.ctx.tell("flush", IndexFileFlushed(index_msg_timestamp=end_timestamp))
 
+    def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> None:
+        if not service.build_index_batch(requests, start, stop, self._indexed_below) and service.index_error:
+            raise OSError("cannot create an index file")
+
     def handle(self, message: Any) -> Any:
         service = self._service
         assert service is not None
         match message:
             case DispatchBatch(requests=requests, end_offset=end_offset):
-                hit = self.ctx.faults.hit
+                # Records below _indexed_below are a replay after a restart.
                 middle = len(requests) // 2
-                for i, r in enumerate(requests):
-                    if i == middle:
-                        hit("index.mid_write")
-                    if r.commitlog_offset < self._indexed_below:
-                        continue  # a replay after a restart
-                    if not service.build_index(
-                        topic=r.topic,
-                        commitlog_offset=r.commitlog_offset,
-                        store_timestamp=r.store_timestamp,
-                        sys_flag=r.sys_flag,
-                        keys=r.keys,
-                        uniq_key=r.uniq_key,
-                    ) and service.index_error:
-                        raise OSError("cannot create an index file")
+                self._build(service, requests, 0, middle)
+                if requests:
+                    self.ctx.faults.hit("index.mid_write")
+                self._build(service, requests, middle, len(requests))
                 self._dispatched_offset = max(self._dispatched_offset, end_offset)
                 self._indexed_below = max(self._indexed_below, end_offset)
             case QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin, end_ms=end):

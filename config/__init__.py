@@ -28,6 +28,8 @@ from ..storage.codec import HostAddress, parse_delay_levels
 __all__ = ["ConfigError", "StoreConfig", "ENV_PREFIX", "ROCKETMQ_ALIASES", "load_defaults"]
 
 ENV_PREFIX: Final = "MQSTORE_"
+# MQSTORE_* variables that are not store settings (read elsewhere, process-wide).
+PROCESS_ENV_VARS: Final = frozenset({"MQSTORE_PURE_PYTHON"})
 CQ_STORE_UNIT_SIZE: Final = 20
 JAVA_INT_MAX: Final = 2**31 - 1
 JAVA_LONG_MAX: Final = 2**63 - 1
@@ -350,7 +352,7 @@ def _canonical_keys(d: Mapping[str, Any]) -> dict[str, Any]:
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for var, value in env.items():
-        if not var.startswith(ENV_PREFIX):
+        if not var.startswith(ENV_PREFIX) or var in PROCESS_ENV_VARS:
             continue
         key = var[len(ENV_PREFIX) :].lower()
         if key not in _FIELDS:

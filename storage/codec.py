@@ -690,7 +690,7 @@ def read_dispatch(
                 return RecordKind.CORRUPT, 0, None
             p = pos + 88 + body_len
             topic_len = buf[p]
-            if topic_len > 127:
+            if topic_len > 127 or 91 + body_len + topic_len > total:
                 return RecordKind.CORRUPT, 0, None
             props_len = _H.unpack_from(buf, p + 1 + topic_len)[0]
             if total != 91 + body_len + topic_len + props_len or props_len < 0:

@@ -37,6 +37,7 @@ from mqstore.storage.codec import (
     read_record,
     store_timestamp_position,
 )
+from mqstore.storage import speedups
 from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
 from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
 from mqstore.storage.mapped_file_queue import Allocator, MappedFileQueue
@@ -232,26 +233,23 @@ class CommitLog:
         tran_type = first.sys_flag & TRANSACTION_MASK
         advances = batch or tran_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
         first_queue_offset = queue_offset if advances else 0
-        # One copy for the whole batch, except the first record's TOTALSIZE and MAGIC, which go
-        # in last (below): until then the log ends at `position` for any reader or recovery, so
-        # a crash in the middle of a batch leaves none of it rather than half of it.
-        blob = first.data if len(records) == 1 else b"".join([r.data for r in records])
-        buf[position + 8 : position + total] = memoryview(blob)[8:]
+        # Everything but the first record's TOTALSIZE and MAGIC, which go in last (below):
+        # until then the log ends at `position` for any reader or recovery, so a crash in the
+        # middle of a batch leaves none of it rather than half of it.
         # Records of one put share their hosts, hence the store timestamp's position.
-        ts_position = store_timestamp_position(_I.unpack_from(blob, SYSFLAG_POSITION)[0])
+        ts_position = store_timestamp_position(_I.unpack_from(first.data, SYSFLAG_POSITION)[0])
         id_prefix = _msg_id_prefix_hex(first.store_host)
-        msg_ids = []
-        pos = position
-        next_queue_offset = queue_offset
-        for r in records:
-            offset = file_from_offset + pos
-            # PREPARED/ROLLBACK are stored with queue offset 0 and do not advance the counter (§3.9).
-            _QQ.pack_into(buf, pos + QUEUE_OFFSET_POSITION, next_queue_offset if advances else 0, offset)
-            _Q.pack_into(buf, pos + ts_position, now_ms)
-            msg_ids.append(f"{id_prefix}{offset:016X}")
-            if advances:
-                next_queue_offset += 1
-            pos += len(r.data)
+        # PREPARED/ROLLBACK are stored with queue offset 0 and do not advance the counter (§3.9).
+        next_queue_offset = queue_offset + len(records) if advances else queue_offset
+        fast = speedups.native
+        if fast is not None:
+            msg_id = fast.append_records(
+                buf, position, tuple([r.data for r in records]), file_from_offset, queue_offset, advances, now_ms,
+                ts_position, id_prefix,
+            )  # fmt: skip
+        else:
+            msg_id = self._copy_and_patch(buf, position, records, file_from_offset, queue_offset, advances, now_ms,
+                                          ts_position, id_prefix)  # fmt: skip
         if self._fault_hook is not None:
             self._fault_hook("writer.mid_batch_append")
         buf[position : position + 8] = first.data[:8]
@@ -259,9 +257,37 @@ class CommitLog:
             self.topic_queue_table[key] = next_queue_offset
         return AppendMessageResult(
             status=AppendMessageStatus.PUT_OK, wrote_offset=wrote_offset, wrote_bytes=total,
-            msg_id=",".join(msg_ids), store_timestamp=now_ms, logics_offset=first_queue_offset,
+            msg_id=msg_id, store_timestamp=now_ms, logics_offset=first_queue_offset,
             msg_num=len(records), page_cache_rt_ms=max(self.clock_ms() - now_ms, 0),
         )  # fmt: skip
+
+    @staticmethod
+    def _copy_and_patch(
+        buf: bytearray,
+        position: int,
+        records: Sequence[EncodedRecord],
+        file_from_offset: int,
+        queue_offset: int,
+        advances: bool,
+        now_ms: int,
+        ts_position: int,
+        id_prefix: str,
+    ) -> str:
+        """The reference for `_native.append_records`: copy all but the first 8 bytes, fill
+        in each record's offsets and store time; the msgIds joined by ','."""
+        blob = records[0].data if len(records) == 1 else b"".join([r.data for r in records])
+        buf[position + 8 : position + len(blob)] = memoryview(blob)[8:]
+        msg_ids = []
+        pos = position
+        for r in records:
+            offset = file_from_offset + pos
+            _QQ.pack_into(buf, pos + QUEUE_OFFSET_POSITION, queue_offset if advances else 0, offset)
+            _Q.pack_into(buf, pos + ts_position, now_ms)
+            msg_ids.append(f"{id_prefix}{offset:016X}")
+            if advances:
+                queue_offset += 1
+            pos += len(r.data)
+        return ",".join(msg_ids)
 
     # offsets, flush, commit ---------------------------------------------------------------
     def get_max_offset(self) -> int:

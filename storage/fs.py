@@ -21,6 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from mqstore.log import get_logger
+from mqstore.storage import speedups
+
+log = get_logger(__name__)
+
 OS_PAGE_SIZE = 4096
 
 
@@ -81,6 +86,31 @@ def _load_libc() -> ctypes.CDLL | None:
     return _libc
 
 
+_preallocate_failed_logged = False
+
+
+def _preallocate(fd: int, size: int, path: str) -> None:
+    """Reserve the file's blocks (fallocate(2), mode 0: unwritten extents, contents still zero).
+
+    A write fault on a sparse page makes the filesystem allocate inside the fault: measured on
+    ext4 here, 8.6 us of kernel time per 4 KiB page against 0.9 us once the blocks exist; for
+    1 KiB messages that was a third of a put's cost. The call itself takes ~1.5 ms per GiB.
+    Unwritten extents still read as holes to SEEK_DATA, so recovery's skip of untouched tails
+    is unchanged. Where the filesystem cannot (EOPNOTSUPP) or the disk has no room for the
+    whole file (ENOSPC), the file stays sparse, as RocketMQ's are: slower, nothing lost.
+    """
+    global _preallocate_failed_logged
+    libc = _load_libc()
+    fallocate = getattr(libc, "fallocate", None) if libc is not None else None
+    if fallocate is None:
+        return
+    if fallocate(fd, 0, ctypes.c_long(0), ctypes.c_long(size)) != 0:
+        err = ctypes.get_errno()
+        if not _preallocate_failed_logged:
+            _preallocate_failed_logged = True
+            log.warning("fallocate_failed_file_stays_sparse", path=path, error=os.strerror(err))
+
+
 class RealMappedRegion:
     def __init__(self, path: str, size: int, *, create: bool, readonly: bool) -> None:
         self.path = path
@@ -92,7 +122,8 @@ class RealMappedRegion:
             if actual != size:
                 if readonly or not create:
                     raise OSError(errno.EINVAL, f"file is {actual} bytes, expected {size}", path)
-                os.ftruncate(fd, size)  # sparse: reads as zeros until written
+                os.ftruncate(fd, size)  # reads as zeros until written
+                _preallocate(fd, size, path)
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap = mmap.mmap(fd, size, access=access)
         finally:
@@ -103,7 +134,11 @@ class RealMappedRegion:
         end = self.size if end is None else min(end, self.size)
         start -= start % mmap.PAGESIZE  # msync needs a page-aligned start
         if end > start:
-            self.buf.flush(start, end - start)
+            native = speedups.native
+            if native is not None:
+                native.msync(self.buf, start, end - start)  # without the GIL
+            else:
+                self.buf.flush(start, end - start)
 
     def close(self) -> None:
         if self._locked:

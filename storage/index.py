@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from operator import mul
-from typing import Callable, Final, Iterator, NamedTuple
+from typing import Any, Callable, Final, Iterator, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
@@ -29,6 +29,7 @@ from mqstore.storage.codec import (
     index_key_hash,
     java_split,
 )
+from mqstore.storage import speedups
 from mqstore.storage.fs import FileSystem, MappedRegion
 
 __all__ = [
@@ -347,6 +348,25 @@ class IndexFile:
             )
         return True
 
+    def put_batch(self, requests: tuple[Any, ...], start: int, stop: int, indexed_below: int) -> int:
+        """`IndexService.build_index` for requests[start:stop] in C, into this file only; the
+        index of the first request it left (stop, or one that needs the next file)."""
+        native = speedups.native
+        assert native is not None and not self.readonly
+        state = [
+            self.index_count, self.hash_slot_count, self.begin_phy_offset,
+            self.begin_timestamp, self.end_phy_offset, self.end_timestamp,
+        ]  # fmt: skip
+        done: int = native.index_put_batch(
+            self._buf, self.max_hash_slot_num, self.max_index_num, state, requests, start, stop, indexed_below
+        )
+        if state[0] != self.index_count:
+            (self.index_count, self.hash_slot_count, self.begin_phy_offset,
+             self.begin_timestamp, self.end_phy_offset, self.end_timestamp) = state  # fmt: skip
+            # One header write for the batch: the same bytes as put_key's per-key writes.
+            self._write_header()
+        return done
+
     # reading (§10.7) --------------------------------------------------------------------
     def slot_value(self, slot: int) -> int:
         assert 0 <= slot < self.max_hash_slot_num, slot
@@ -619,6 +639,30 @@ class IndexService:
                     f = self._put_key(f, f"{topic}#{k}", commitlog_offset, store_timestamp)
                     if f is None:
                         return False
+        return True
+
+    def build_index_batch(self, requests: tuple[Any, ...], start: int, stop: int, indexed_below: int) -> bool:
+        """`build_index` for each of requests[start:stop] (DispatchFields) at or above
+        `indexed_below`; False as build_index. Plain runs go through the C kernel, which
+        leaves file roll-overs to the Python path."""
+        native = speedups.native
+        i = start
+        while i < stop:
+            if native is not None and self.files:
+                i = self.files[-1].put_batch(requests, i, stop, indexed_below)
+                if i >= stop:
+                    break
+            r = requests[i]
+            if r.commitlog_offset >= indexed_below and not self.build_index(
+                topic=r.topic,
+                commitlog_offset=r.commitlog_offset,
+                store_timestamp=r.store_timestamp,
+                sys_flag=r.sys_flag,
+                keys=r.keys,
+                uniq_key=r.uniq_key,
+            ):
+                return False
+            i += 1
         return True
 
     def _put_key(self, f: IndexFile, key: str, phy_offset: int, store_timestamp: int) -> IndexFile | None:

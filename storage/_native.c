@@ -1,0 +1,821 @@
+/*
+ * The store's hot loops in C: encoding a batch of plain messages, appending encoded records
+ * into a CommitLog segment, the dispatcher's partial decode, and index-file writes.
+ *
+ * Each function is an exact, byte-for-byte equivalent of a pure-Python path in storage/
+ * (codec.encode_message, CommitLog._do_append, codec.read_dispatch, IndexFile.put_key); the
+ * Python code stays the reference and the fallback. A function that meets anything outside
+ * its fast path (IPv6 hosts, V2 records, custom properties, damage, the schedule topic...)
+ * stops and lets the Python path handle that record, so every corner case keeps one
+ * implementation. tests/storage/test_native.py checks each against its Python twin.
+ *
+ * Big-endian throughout, as Java's ByteBuffer. Buffers come through the buffer protocol
+ * (mmap, bytearray, bytes); bounds are checked against the exported length, never trusted.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define MESSAGE_MAGIC_CODE ((int32_t)0xDAA320A7)
+#define BORNHOST_V6_FLAG 0x10
+#define STOREHOSTADDRESS_V6_FLAG 0x20
+#define TRANSACTION_MASK 0x0C
+#define TRANSACTION_ROLLBACK_TYPE 0x0C
+#define FIXED_V4_LEN 91 /* a V1 record with IPv4 hosts, empty body, topic and properties */
+#define BODY_POS_V4 88
+#define MAX_PROPERTIES_BYTES 32767
+#define INDEX_HEADER_SIZE 40
+#define HASH_SLOT_SIZE 4
+#define INDEX_ENTRY_SIZE 20
+#define NAME_VALUE_SEPARATOR 1
+#define PROPERTY_SEPARATOR 2
+
+static PyObject *crc32_fn;   /* zlib.crc32 */
+static PyObject *empty_str;  /* "" */
+static PyObject *str_body, *str_queue_id, *str_tags, *str_keys, *str_properties, *str_flag, *str_born_host,
+    *str_born_timestamp_ms, *str_wait_store_msg_ok;
+
+/* ---- big-endian access --------------------------------------------------------------- */
+
+static inline void put_i32(unsigned char *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)(u >> 24);
+    p[1] = (unsigned char)(u >> 16);
+    p[2] = (unsigned char)(u >> 8);
+    p[3] = (unsigned char)u;
+}
+
+static inline void put_i64(unsigned char *p, int64_t v) {
+    uint64_t u = (uint64_t)v;
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (unsigned char)u;
+        u >>= 8;
+    }
+}
+
+static inline void put_i16(unsigned char *p, int16_t v) {
+    uint16_t u = (uint16_t)v;
+    p[0] = (unsigned char)(u >> 8);
+    p[1] = (unsigned char)u;
+}
+
+static inline int32_t get_i32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
+}
+
+static inline int64_t get_i64(const unsigned char *p) {
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++) u = (u << 8) | p[i];
+    return (int64_t)u;
+}
+
+static inline int16_t get_i16(const unsigned char *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
+
+/* ---- Java String.hashCode over UTF-16 code units --------------------------------------- */
+
+static inline uint32_t jhash_unit(uint32_t h, Py_UCS4 c) {
+    if (c >= 0x10000) { /* a surrogate pair in Java's UTF-16 */
+        c -= 0x10000;
+        h = 31u * h + (uint32_t)(0xD800 + (c >> 10));
+        return 31u * h + (uint32_t)(0xDC00 + (c & 0x3FF));
+    }
+    return 31u * h + (uint32_t)c;
+}
+
+/* h continued over s[start:stop] */
+static uint32_t jhash_str(uint32_t h, PyObject *s, Py_ssize_t start, Py_ssize_t stop) {
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *d = (const Py_UCS1 *)data;
+        for (Py_ssize_t i = start; i < stop; i++) h = 31u * h + d[i];
+        return h;
+    }
+    for (Py_ssize_t i = start; i < stop; i++) h = jhash_unit(h, PyUnicode_READ(kind, data, i));
+    return h;
+}
+
+static inline int is_ascii(const unsigned char *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (p[i] & 0x80) return 0;
+    return 1;
+}
+
+/* The Java hash of UTF-8 bytes decoded with errors="replace" (a tag's tagsCode). -1 on error. */
+static int jhash_utf8(const unsigned char *p, Py_ssize_t n, uint32_t *out) {
+    if (is_ascii(p, n)) {
+        uint32_t h = 0;
+        for (Py_ssize_t i = 0; i < n; i++) h = 31u * h + p[i];
+        *out = h;
+        return 0;
+    }
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "replace");
+    if (s == NULL) return -1;
+    *out = jhash_str(0, s, 0, PyUnicode_GET_LENGTH(s));
+    Py_DECREF(s);
+    return 0;
+}
+
+static int crc31(PyObject *body, int32_t *out) {
+    PyObject *r = PyObject_CallOneArg(crc32_fn, body);
+    if (r == NULL) return -1;
+    unsigned long v = PyLong_AsUnsignedLong(r);
+    Py_DECREF(r);
+    if (v == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    *out = (int32_t)(v & 0x7FFFFFFFul);
+    return 0;
+}
+
+/* ---- encode_batch ------------------------------------------------------------------------ */
+
+/* The UTF-8 of a tag or key: fills p and n; 0 if outside the fast path (not a str, or holds a
+ * separator the Python path must reject), -1 on error. `no_space` also refuses ' '. */
+static int plain_text(PyObject *o, const char **p, Py_ssize_t *n, int no_space) {
+    if (!PyUnicode_CheckExact(o)) return 0;
+    const char *s = PyUnicode_AsUTF8AndSize(o, n);
+    if (s == NULL) {
+        PyErr_Clear(); /* lone surrogates: the Python path reports them */
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        char c = s[i];
+        if (c == NAME_VALUE_SEPARATOR || c == PROPERTY_SEPARATOR || (no_space && c == ' ')) return 0;
+    }
+    *p = s;
+    return 1;
+}
+
+/* 1 if o is falsy, 0 if truthy, -1 on error. */
+static int is_falsy(PyObject *o) {
+    if (o == Py_None) return 1;
+    int truth = PyObject_IsTrue(o);
+    return truth < 0 ? -1 : !truth;
+}
+
+/* A bounded attribute as a C integer: 1 ok, 0 outside the fast path, -1 error. */
+static int small_int(PyObject *o, long long lo, long long hi, long long *out) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+#define MAX_KEYS_FAST 64
+
+/* One message → one V1 record with IPv4 hosts and the properties the store builds itself
+ * ("KEYS\1k1 k2\2TAGS\1t\2", as a Java producer's HashMap orders them). Returns a new bytes
+ * object, Py_None (borrowed, not incremented: outside the fast path) or NULL on error. */
+static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len, long long now_ms,
+                            const unsigned char *born_ip, int32_t born_port, const unsigned char *store_ip,
+                            int32_t store_port, long long max_size) {
+    PyObject *body = NULL, *qid = NULL, *tags = NULL, *keys = NULL, *props = NULL, *flag = NULL, *born_host = NULL,
+             *born_ts = NULL, *wait = NULL, *result = Py_None;
+    long long queue_id, flag_v, born_ts_v = now_ms;
+    const char *tags_p = NULL, *key_p[MAX_KEYS_FAST];
+    Py_ssize_t tags_n = 0, key_n[MAX_KEYS_FAST], nkeys = 0;
+    int r;
+
+#define GET(var, name)                       \
+    var = PyObject_GetAttr(m, name);         \
+    if (var == NULL) {                       \
+        result = NULL;                       \
+        goto done;                           \
+    }
+    GET(body, str_body)
+    GET(qid, str_queue_id)
+    GET(tags, str_tags)
+    GET(keys, str_keys)
+    GET(props, str_properties)
+    GET(flag, str_flag)
+    GET(born_host, str_born_host)
+    GET(born_ts, str_born_timestamp_ms)
+    GET(wait, str_wait_store_msg_ok)
+#undef GET
+#define CHECK(expr)            \
+    r = (expr);                \
+    if (r < 0) {               \
+        result = NULL;         \
+        goto done;             \
+    }                          \
+    if (r == 0) goto done;
+
+    if (!PyBytes_CheckExact(body)) goto done;
+    CHECK(small_int(qid, 0, INT32_MAX, &queue_id))
+    CHECK(small_int(flag, INT32_MIN, INT32_MAX, &flag_v))
+    if (born_ts != Py_None) {
+        CHECK(small_int(born_ts, INT64_MIN, INT64_MAX, &born_ts_v))
+    }
+    if (wait != Py_True) goto done;
+    CHECK(is_falsy(born_host))
+    CHECK(is_falsy(props))
+    if (tags != Py_None && tags != empty_str) {
+        CHECK(plain_text(tags, &tags_p, &tags_n, 0))
+        if (tags_n == 0) tags_p = NULL;
+    }
+    if (PyUnicode_CheckExact(keys)) {
+        if (PyUnicode_GET_LENGTH(keys) > 0) {
+            CHECK(plain_text(keys, &key_p[0], &key_n[0], 1))
+            nkeys = 1;
+        }
+    } else if (PyTuple_CheckExact(keys) || PyList_CheckExact(keys)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+        if (n > MAX_KEYS_FAST) goto done;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            CHECK(plain_text(PySequence_Fast_GET_ITEM(keys, i), &key_p[i], &key_n[i], 1))
+            if (key_n[i] == 0) goto done; /* an empty key: the Python path rejects it */
+        }
+        nkeys = n;
+    } else if (keys != Py_None) {
+        goto done;
+    }
+#undef CHECK
+
+    Py_ssize_t keys_len = 0;
+    for (Py_ssize_t i = 0; i < nkeys; i++) keys_len += key_n[i] + (i > 0);
+    Py_ssize_t props_len = (nkeys ? 4 + 1 + keys_len + 1 : 0) + (tags_p ? 4 + 1 + tags_n + 1 : 0);
+    if (props_len > MAX_PROPERTIES_BYTES) goto done;
+    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
+    long long total = FIXED_V4_LEN + (long long)body_len + topic_len + props_len;
+    if (total > max_size || total > INT32_MAX) goto done;
+    int32_t crc = 0;
+    if (body_len > 0 && crc31(body, &crc) < 0) {
+        result = NULL;
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result == NULL) goto done;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(result);
+    put_i32(o, (int32_t)total);
+    put_i32(o + 4, MESSAGE_MAGIC_CODE);
+    put_i32(o + 8, crc);
+    put_i32(o + 12, (int32_t)queue_id);
+    put_i32(o + 16, (int32_t)flag_v);
+    put_i64(o + 20, 0); /* queue offset: the writer's */
+    put_i64(o + 28, 0); /* physical offset: the writer's */
+    put_i32(o + 36, 0); /* sys flag */
+    put_i64(o + 40, born_ts_v);
+    memcpy(o + 48, born_ip, 4);
+    put_i32(o + 52, born_port);
+    put_i64(o + 56, 0); /* store timestamp: the writer's */
+    memcpy(o + 64, store_ip, 4);
+    put_i32(o + 68, store_port);
+    put_i32(o + 72, 0);
+    put_i64(o + 76, 0);
+    put_i32(o + 84, (int32_t)body_len);
+    unsigned char *w = o + BODY_POS_V4;
+    memcpy(w, PyBytes_AS_STRING(body), body_len);
+    w += body_len;
+    *w++ = (unsigned char)topic_len;
+    memcpy(w, topic, topic_len);
+    w += topic_len;
+    put_i16(w, (int16_t)props_len);
+    w += 2;
+    if (nkeys) {
+        memcpy(w, "KEYS\x01", 5);
+        w += 5;
+        for (Py_ssize_t i = 0; i < nkeys; i++) {
+            if (i > 0) *w++ = ' ';
+            memcpy(w, key_p[i], key_n[i]);
+            w += key_n[i];
+        }
+        *w++ = PROPERTY_SEPARATOR;
+    }
+    if (tags_p) {
+        memcpy(w, "TAGS\x01", 5);
+        w += 5;
+        memcpy(w, tags_p, tags_n);
+        w += tags_n;
+        *w++ = PROPERTY_SEPARATOR;
+    }
+done:
+    Py_XDECREF(body);
+    Py_XDECREF(qid);
+    Py_XDECREF(tags);
+    Py_XDECREF(keys);
+    Py_XDECREF(props);
+    Py_XDECREF(flag);
+    Py_XDECREF(born_host);
+    Py_XDECREF(born_ts);
+    Py_XDECREF(wait);
+    return result;
+}
+
+static int ip4_arg(PyObject *o, const unsigned char **out) {
+    if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) != 4) {
+        PyErr_SetString(PyExc_ValueError, "an IPv4 address must be 4 bytes");
+        return -1;
+    }
+    *out = (const unsigned char *)PyBytes_AS_STRING(o);
+    return 0;
+}
+
+PyDoc_STRVAR(encode_batch_doc,
+             "encode_batch(messages, topic_utf8, now_ms, born_ip4, born_port, store_ip4, store_port, "
+             "max_message_size) -> tuple[bytes, ...] | None\n\n"
+             "Each message as codec.encode_message would encode it after MessageStore._properties, "
+             "or None when any message needs the general path (custom properties, IPv6, a born "
+             "host, wait_store_msg_ok=False, anything to be rejected).");
+
+static PyObject *encode_batch(PyObject *self, PyObject *args) {
+    PyObject *messages, *born_ip_o, *store_ip_o;
+    const char *topic;
+    Py_ssize_t topic_len;
+    long long now_ms, max_size;
+    int born_port, store_port;
+    if (!PyArg_ParseTuple(args, "Oy#LOiOiL", &messages, &topic, &topic_len, &now_ms, &born_ip_o, &born_port,
+                          &store_ip_o, &store_port, &max_size))
+        return NULL;
+    const unsigned char *born_ip, *store_ip;
+    if (ip4_arg(born_ip_o, &born_ip) < 0 || ip4_arg(store_ip_o, &store_ip) < 0) return NULL;
+    if (topic_len <= 0 || topic_len > 127) Py_RETURN_NONE;
+    PyObject *seq = PySequence_Fast(messages, "messages must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = encode_one(PySequence_Fast_GET_ITEM(seq, i), topic, topic_len, now_ms, born_ip, born_port,
+                                   store_ip, store_port, max_size);
+        if (rec == NULL || rec == Py_None) {
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            if (rec == NULL) return NULL;
+            Py_RETURN_NONE;
+        }
+        PyTuple_SET_ITEM(out, i, rec);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* ---- append_records ---------------------------------------------------------------------- */
+
+PyDoc_STRVAR(append_records_doc,
+             "append_records(buf, position, records, file_from_offset, queue_offset, advances, now_ms, "
+             "ts_position, id_prefix) -> str\n\n"
+             "CommitLog._do_append's copy-and-patch: the records go to buf[position:], each with its "
+             "queue offset, physical offset and store timestamp, except the first record's first 8 "
+             "bytes (TOTALSIZE, MAGIC), which the caller writes last. Returns the msgIds joined by ','.");
+
+static PyObject *append_records(PyObject *self, PyObject *args) {
+    PyObject *buf_o, *records, *id_prefix;
+    Py_ssize_t position, ts_position;
+    long long file_from, queue_offset, now_ms;
+    int advances;
+    if (!PyArg_ParseTuple(args, "OnOLLpLnU", &buf_o, &position, &records, &file_from, &queue_offset, &advances,
+                          &now_ms, &ts_position, &id_prefix))
+        return NULL;
+    if (!PyTuple_Check(records) || PyTuple_GET_SIZE(records) == 0) {
+        PyErr_SetString(PyExc_TypeError, "records must be a non-empty tuple of bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(records), total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyTuple_GET_ITEM(records, i);
+        if (!PyBytes_Check(r) || PyBytes_GET_SIZE(r) < ts_position + 8 || PyBytes_GET_SIZE(r) < 36) {
+            PyErr_SetString(PyExc_ValueError, "a record is not bytes or too short");
+            return NULL;
+        }
+        total += PyBytes_GET_SIZE(r);
+    }
+    const char *prefix = PyUnicode_AsUTF8(id_prefix);
+    if (prefix == NULL) return NULL;
+    size_t prefix_len = strlen(prefix);
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_WRITABLE) < 0) return NULL;
+    if (position < 0 || position + total > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "records do not fit the buffer");
+        return NULL;
+    }
+    unsigned char *base = (unsigned char *)view.buf;
+    Py_ssize_t ids_len = n * (Py_ssize_t)(prefix_len + 16) + (n - 1);
+    PyObject *ids = PyUnicode_New(ids_len, 127);
+    if (ids == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    char *id = (char *)PyUnicode_DATA(ids);
+    static const char hex[] = "0123456789ABCDEF";
+    Py_ssize_t pos = position;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyTuple_GET_ITEM(records, i);
+        Py_ssize_t size = PyBytes_GET_SIZE(r);
+        const unsigned char *src = (const unsigned char *)PyBytes_AS_STRING(r);
+        if (i == 0)
+            memcpy(base + pos + 8, src + 8, size - 8);
+        else
+            memcpy(base + pos, src, size);
+        long long offset = file_from + pos;
+        put_i64(base + pos + 20, advances ? queue_offset++ : 0);
+        put_i64(base + pos + 28, offset);
+        put_i64(base + pos + ts_position, now_ms);
+        if (i > 0) *id++ = ',';
+        memcpy(id, prefix, prefix_len);
+        id += prefix_len;
+        for (int k = 15; k >= 0; k--) {
+            id[k] = hex[offset & 0xF];
+            offset >>= 4;
+        }
+        id += 16;
+        pos += size;
+    }
+    PyBuffer_Release(&view);
+    return ids;
+}
+
+/* ---- scan_dispatch ----------------------------------------------------------------------- */
+
+static inline int span_is(const unsigned char *p, Py_ssize_t n, const char *lit, Py_ssize_t lit_n) {
+    return n == lit_n && memcmp(p, lit, lit_n) == 0;
+}
+
+static PyObject *decode_span(const unsigned char *p, Py_ssize_t n) {
+    return PyUnicode_DecodeUTF8((const char *)p, n, "replace");
+}
+
+/* A tuple-subclass instance (a NamedTuple) holding `n` new references from `items`. */
+static PyObject *make_fields(PyTypeObject *cls, PyObject **items, Py_ssize_t n) {
+    PyObject *t = cls->tp_alloc(cls, n);
+    if (t == NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, items[i]);
+    return t;
+}
+
+PyDoc_STRVAR(scan_dispatch_doc,
+             "scan_dispatch(buf, pos, limit, max_records, max_message_size, fields_cls, schedule_topic) "
+             "-> (list[DispatchFields], pos)\n\n"
+             "codec.read_dispatch over consecutive records from pos, while each is a plain V1 record "
+             "with IPv4 hosts outside the schedule topic. Stops before the first record it leaves to "
+             "the Python decoder (blank, end of data, damage, IPv6, V2, delayed), at limit, or after "
+             "max_records.");
+
+static PyObject *scan_dispatch(PyObject *self, PyObject *args) {
+    PyObject *buf_o, *fields_cls_o;
+    Py_ssize_t pos, limit, max_records;
+    long long max_size;
+    const char *schedule;
+    Py_ssize_t schedule_len;
+    if (!PyArg_ParseTuple(args, "OnnnLOy#", &buf_o, &pos, &limit, &max_records, &max_size, &fields_cls_o, &schedule,
+                          &schedule_len))
+        return NULL;
+    if (!PyType_Check(fields_cls_o) || !PyType_IsSubtype((PyTypeObject *)fields_cls_o, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "fields_cls must be a tuple subclass");
+        return NULL;
+    }
+    PyTypeObject *fields_cls = (PyTypeObject *)fields_cls_o;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (limit > view.len) limit = view.len;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    PyObject *out = PyList_New(0);
+    PyObject *topic = NULL; /* the last topic decoded, reused while records repeat it */
+    const unsigned char *topic_bytes = NULL;
+    Py_ssize_t topic_len = -1;
+    if (out == NULL) goto fail;
+    while (pos >= 0 && pos + 8 <= limit && PyList_GET_SIZE(out) < max_records) {
+        const unsigned char *r = buf + pos;
+        int32_t total = get_i32(r);
+        if (get_i32(r + 4) != MESSAGE_MAGIC_CODE || total < FIXED_V4_LEN || total > max_size || pos + total > limit)
+            break;
+        int32_t sys_flag = get_i32(r + 36);
+        int32_t body_len = get_i32(r + 84);
+        if ((sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) || body_len < 0 || body_len > total - FIXED_V4_LEN)
+            break;
+        const unsigned char *t = r + BODY_POS_V4 + body_len;
+        Py_ssize_t tlen = t[0];
+        if (tlen > 127 || FIXED_V4_LEN + body_len + tlen > total) break;
+        int16_t props_len = get_i16(t + 1 + tlen);
+        if (props_len < 0 || total != FIXED_V4_LEN + body_len + tlen + props_len) break;
+        if (span_is(t + 1, tlen, schedule, schedule_len)) break; /* delay levels: the Python path */
+        if (topic == NULL || tlen != topic_len || memcmp(topic_bytes, t + 1, tlen) != 0) {
+            PyObject *decoded = decode_span(t + 1, tlen);
+            if (decoded == NULL) goto fail;
+            Py_XSETREF(topic, decoded);
+            topic_bytes = t + 1;
+            topic_len = tlen;
+        }
+        const unsigned char *props = t + 3 + tlen;
+        const unsigned char *keys_p = NULL, *uniq_p = NULL, *tags_p = NULL;
+        Py_ssize_t keys_n = 0, uniq_n = 0, tags_n = 0;
+        /* string2messageProperties: items split on \2; an item splits on \1 into exactly two
+         * parts after Java drops trailing empty strings (= stripping trailing \1s). */
+        Py_ssize_t a = 0;
+        while (a < props_len) {
+            Py_ssize_t b = a;
+            while (b < props_len && props[b] != PROPERTY_SEPARATOR) b++;
+            Py_ssize_t e = b;
+            while (e > a && props[e - 1] == NAME_VALUE_SEPARATOR) e--;
+            Py_ssize_t sep = -1, count = 0;
+            for (Py_ssize_t k = a; k < e; k++)
+                if (props[k] == NAME_VALUE_SEPARATOR) {
+                    count++;
+                    sep = k;
+                }
+            if (count == 1) {
+                const unsigned char *name = props + a, *value = props + sep + 1;
+                Py_ssize_t name_n = sep - a, value_n = e - sep - 1;
+                if (span_is(name, name_n, "KEYS", 4)) {
+                    keys_p = value;
+                    keys_n = value_n;
+                } else if (span_is(name, name_n, "UNIQ_KEY", 8)) {
+                    uniq_p = value;
+                    uniq_n = value_n;
+                } else if (span_is(name, name_n, "TAGS", 4)) {
+                    tags_p = value;
+                    tags_n = value_n;
+                }
+            }
+            a = b + 1;
+        }
+        uint32_t code = 0;
+        if (tags_p != NULL && jhash_utf8(tags_p, tags_n, &code) < 0) goto fail;
+        PyObject *items[11];
+        Py_INCREF(topic);
+        items[0] = topic;
+        items[1] = PyLong_FromLong(get_i32(r + 12));
+        items[2] = PyLong_FromLongLong(get_i64(r + 28));
+        items[3] = PyLong_FromLong(total);
+        items[4] = PyLong_FromLong((int32_t)code);
+        items[5] = PyLong_FromLongLong(get_i64(r + 56));
+        items[6] = PyLong_FromLongLong(get_i64(r + 20));
+        if (props_len == 0) {
+            Py_INCREF(empty_str); /* §8.4: no properties means keys "" */
+            items[7] = empty_str;
+        } else if (keys_p != NULL) {
+            items[7] = decode_span(keys_p, keys_n);
+        } else {
+            Py_INCREF(Py_None);
+            items[7] = Py_None;
+        }
+        if (uniq_p != NULL) {
+            items[8] = decode_span(uniq_p, uniq_n);
+        } else {
+            Py_INCREF(Py_None);
+            items[8] = Py_None;
+        }
+        items[9] = PyLong_FromLong(sys_flag);
+        items[10] = PyLong_FromLongLong(get_i64(r + 76));
+        int failed = 0;
+        for (int k = 0; k < 11; k++) failed |= items[k] == NULL;
+        if (failed) {
+            for (int k = 0; k < 11; k++) Py_XDECREF(items[k]);
+            goto fail;
+        }
+        PyObject *fields = make_fields(fields_cls, items, 11);
+        if (fields == NULL) goto fail;
+        int appended = PyList_Append(out, fields);
+        Py_DECREF(fields);
+        if (appended < 0) goto fail;
+        pos += total;
+    }
+    Py_XDECREF(topic);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(Nn)", out, pos);
+fail:
+    Py_XDECREF(topic);
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---- index_put_batch --------------------------------------------------------------------- */
+
+/* One key's entry (IndexFile.put_key with room known to exist). */
+static void index_put(unsigned char *buf, Py_ssize_t entries_pos, long long max_slots, long long *st, uint32_t h,
+                      long long phy, long long ts) {
+    /* st: index_count, hash_slot_count, begin_phy, begin_ts, end_phy, end_ts */
+    int32_t key_hash;
+    if (h == 0x80000000u)
+        key_hash = 0; /* Math.abs(Integer.MIN_VALUE) stays negative; RocketMQ maps it to 0 */
+    else
+        key_hash = (int32_t)h < 0 ? -(int32_t)h : (int32_t)h;
+    long long slot = key_hash % max_slots;
+    unsigned char *slot_p = buf + INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE;
+    long long index_count = st[0];
+    int32_t slot_value = get_i32(slot_p);
+    if (slot_value <= 0 || slot_value > index_count) slot_value = 0;
+    long long begin_ts = st[3], diff_ms = ts - begin_ts, time_diff;
+    if (begin_ts <= 0 || diff_ms < 0)
+        time_diff = 0;
+    else {
+        time_diff = diff_ms / 1000;
+        if (time_diff > INT32_MAX) time_diff = INT32_MAX;
+    }
+    unsigned char *e = buf + entries_pos + index_count * INDEX_ENTRY_SIZE;
+    put_i32(e, key_hash);
+    put_i64(e + 4, phy);
+    put_i32(e + 12, (int32_t)time_diff);
+    put_i32(e + 16, slot_value);
+    put_i32(slot_p, (int32_t)index_count);
+    st[1] += 1; /* 4.4.0 counts every put, not only newly used slots */
+    st[0] = index_count + 1;
+    st[4] = phy;
+    st[5] = ts;
+    if (index_count <= 1) { /* after the entry was written against the pre-set begin (§10.6) */
+        st[2] = phy;
+        st[3] = ts;
+    }
+}
+
+static Py_ssize_t count_tokens(PyObject *keys) {
+    int kind = PyUnicode_KIND(keys);
+    const void *data = PyUnicode_DATA(keys);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(keys), count = 0;
+    int in_token = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int space = PyUnicode_READ(kind, data, i) == ' ';
+        if (!space && !in_token) count++;
+        in_token = !space;
+    }
+    return count;
+}
+
+PyDoc_STRVAR(index_put_batch_doc,
+             "index_put_batch(buf, max_hash_slot_num, max_index_num, state, requests, start, stop, "
+             "indexed_below) -> int\n\n"
+             "IndexService.build_index for requests[start:stop] into one file: UNIQ_KEY, then each "
+             "KEYS token, as 'topic#key'. `state` is the list [index_count, hash_slot_count, "
+             "begin_phy_offset, begin_timestamp, end_phy_offset, end_timestamp], updated in place; "
+             "the caller writes the header. Returns the index of the first request not handled: "
+             "stop, or one whose keys do not all fit this file (the caller rolls the file).");
+
+static PyObject *index_put_batch(PyObject *self, PyObject *args) {
+    PyObject *buf_o, *state, *requests;
+    long long max_slots, max_index, indexed_below;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "OLLO!O!nnL", &buf_o, &max_slots, &max_index, &PyList_Type, &state, &PyTuple_Type,
+                          &requests, &start, &stop, &indexed_below))
+        return NULL;
+    if (max_slots <= 0 || max_index <= 1 || PyList_GET_SIZE(state) != 6) {
+        PyErr_SetString(PyExc_ValueError, "bad index geometry or state");
+        return NULL;
+    }
+    if (stop > PyTuple_GET_SIZE(requests)) stop = PyTuple_GET_SIZE(requests);
+    long long st[6];
+    for (int k = 0; k < 6; k++) {
+        st[k] = PyLong_AsLongLong(PyList_GET_ITEM(state, k));
+        if (st[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_ssize_t entries_pos = INDEX_HEADER_SIZE + (Py_ssize_t)max_slots * HASH_SLOT_SIZE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_WRITABLE) < 0) return NULL;
+    if (view.len < entries_pos + (Py_ssize_t)max_index * INDEX_ENTRY_SIZE || st[0] < 1 || st[0] > max_index) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the buffer does not hold an index file of this geometry");
+        return NULL;
+    }
+    unsigned char *buf = (unsigned char *)view.buf;
+    Py_ssize_t i = start;
+    for (; i < stop; i++) {
+        PyObject *r = PyTuple_GET_ITEM(requests, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 10) {
+            PyErr_SetString(PyExc_TypeError, "a request is not DispatchFields");
+            goto fail;
+        }
+        PyObject *topic = PyTuple_GET_ITEM(r, 0), *keys = PyTuple_GET_ITEM(r, 7), *uniq = PyTuple_GET_ITEM(r, 8);
+        long long phy = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2));
+        long long ts = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 5));
+        long sys_flag = PyLong_AsLong(PyTuple_GET_ITEM(r, 9));
+        if (PyErr_Occurred()) goto fail;
+        if (!PyUnicode_Check(topic) || (keys != Py_None && !PyUnicode_Check(keys)) ||
+            (uniq != Py_None && !PyUnicode_Check(uniq))) {
+            PyErr_SetString(PyExc_TypeError, "topic, keys and uniq key must be str (or None)");
+            goto fail;
+        }
+        /* a replay after a restart; and build_index's `offset < endPhyOffset` */
+        if (phy < indexed_below) continue;
+        if (st[0] >= max_index) break; /* full: the caller makes the next file first, as Python does */
+        if (phy < st[4]) continue;
+        if ((sys_flag & TRANSACTION_MASK) == TRANSACTION_ROLLBACK_TYPE) continue;
+        Py_ssize_t needed = (uniq != Py_None) + (keys != Py_None ? count_tokens(keys) : 0);
+        if (needed == 0) continue;
+        if (st[0] + needed > max_index) break; /* the caller rolls to a new file */
+        uint32_t topic_h = 31u * jhash_str(0, topic, 0, PyUnicode_GET_LENGTH(topic)) + '#';
+        if (uniq != Py_None)
+            index_put(buf, entries_pos, max_slots, st, jhash_str(topic_h, uniq, 0, PyUnicode_GET_LENGTH(uniq)), phy, ts);
+        if (keys != Py_None) {
+            int kind = PyUnicode_KIND(keys);
+            const void *data = PyUnicode_DATA(keys);
+            Py_ssize_t n = PyUnicode_GET_LENGTH(keys), a = 0;
+            while (a < n) {
+                while (a < n && PyUnicode_READ(kind, data, a) == ' ') a++;
+                Py_ssize_t b = a;
+                while (b < n && PyUnicode_READ(kind, data, b) != ' ') b++;
+                if (b > a) index_put(buf, entries_pos, max_slots, st, jhash_str(topic_h, keys, a, b), phy, ts);
+                a = b;
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    for (int k = 0; k < 6; k++) {
+        PyObject *v = PyLong_FromLongLong(st[k]);
+        if (v == NULL) return NULL;
+        PyList_SetItem(state, k, v);
+    }
+    return PyLong_FromSsize_t(i);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---- msync without the GIL --------------------------------------------------------------- */
+
+PyDoc_STRVAR(msync_doc,
+             "msync(buf, offset, length) -> None\n\n"
+             "msync(MS_SYNC) of buf[offset:offset+length] (offset page-aligned) with the GIL released. "
+             "CPython's mmap.flush holds the GIL for the whole write-back, stalling every thread of "
+             "the store for as long as the disk takes.");
+
+static PyObject *msync_range(PyObject *self, PyObject *args) {
+    PyObject *buf_o;
+    Py_ssize_t offset, length;
+    if (!PyArg_ParseTuple(args, "Onn", &buf_o, &offset, &length)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    char *start = (char *)view.buf + offset;
+    if (offset < 0 || length < 0 || offset + length > view.len || ((uintptr_t)start) % (uintptr_t)page != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "msync range outside the buffer or not page-aligned");
+        return NULL;
+    }
+    int rc = 0, err = 0;
+    if (length > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = msync(start, (size_t)length, MS_SYNC);
+        err = errno;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    if (rc != 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- java_hash --------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(java_hash_doc, "java_hash(s) -> int: String.hashCode, a signed 32-bit int.");
+
+static PyObject *java_hash(PyObject *self, PyObject *s) {
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "java_hash takes a str");
+        return NULL;
+    }
+    return PyLong_FromLong((int32_t)jhash_str(0, s, 0, PyUnicode_GET_LENGTH(s)));
+}
+
+/* ---- module ------------------------------------------------------------------------------ */
+
+static PyMethodDef methods[] = {
+    {"encode_batch", encode_batch, METH_VARARGS, encode_batch_doc},
+    {"append_records", append_records, METH_VARARGS, append_records_doc},
+    {"scan_dispatch", scan_dispatch, METH_VARARGS, scan_dispatch_doc},
+    {"index_put_batch", index_put_batch, METH_VARARGS, index_put_batch_doc},
+    {"java_hash", java_hash, METH_O, java_hash_doc},
+    {"msync", msync_range, METH_VARARGS, msync_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The store's hot loops in C (see storage/_native.c).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *zlib = PyImport_ImportModule("zlib");
+    if (zlib == NULL) return NULL;
+    crc32_fn = PyObject_GetAttrString(zlib, "crc32");
+    Py_DECREF(zlib);
+    if (crc32_fn == NULL) return NULL;
+    empty_str = PyUnicode_InternFromString("");
+#define INTERN(var, text)                            \
+    var = PyUnicode_InternFromString(text);          \
+    if (var == NULL) return NULL;
+    INTERN(str_body, "body")
+    INTERN(str_queue_id, "queue_id")
+    INTERN(str_tags, "tags")
+    INTERN(str_keys, "keys")
+    INTERN(str_properties, "properties")
+    INTERN(str_flag, "flag")
+    INTERN(str_born_host, "born_host")
+    INTERN(str_born_timestamp_ms, "born_timestamp_ms")
+    INTERN(str_wait_store_msg_ok, "wait_store_msg_ok")
+#undef INTERN
+    if (empty_str == NULL) return NULL;
+    return PyModule_Create(&module);
+}
