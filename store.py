@@ -43,6 +43,7 @@ from .messages import (
     Subscribe,
     UnitsReply,
     Unsubscribe,
+    Waiter,
 )
 from .storage import codec
 from .storage.codec import MessageRecord, RecordKind
@@ -59,6 +60,7 @@ __all__ = ["MessageStore", "open_store"]
 
 _DEFAULT_BORN_HOST = codec.HostAddress("127.0.0.1", 0)
 _DEFAULT_BORN_IP4 = _DEFAULT_BORN_HOST.address_bytes()
+WRITER_DOWN = "writer is restarting"
 _TOTAL_RAM_BYTES = psutil.virtual_memory().total or 24 * 1024**3
 _REPLY_MARGIN_S = 10.0
 # A reader thread re-lists the commitlog at least this often, so a segment the cleaner deleted
@@ -210,28 +212,51 @@ class MessageStore:
 
     # put ---------------------------------------------------------------------------------
     def put(self, message: Message) -> PutResult:
-        return self._wait(self.submit_put((message,), batch=False))
+        return self._put_and_wait((message,), batch=False)
 
     def put_batch(self, messages: Sequence[Message]) -> PutResult:
         """Put messages of one topic and queue as one contiguous batch (RocketMQ's putMessages):
         consecutive queue offsets, never split across segments, one result."""
-        return self._wait(self.submit_put(tuple(messages), batch=True))
+        return self._put_and_wait(tuple(messages), batch=True)
 
-    def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> pykka.ThreadingFuture[Any] | PutResult:
-        """Encode here, tell the writer, return at once: a future (or the early result when
-        the put was refused before reaching the writer). With `reply`, the answer goes there."""
+    def _put_and_wait(self, messages: Sequence[Message], *, batch: bool) -> PutResult:
         started_ns = time.monotonic_ns()
-        future: pykka.ThreadingFuture[Any] | None = None
+        waiter = Waiter()
+        refused = self._submit(messages, batch, Reply(future=waiter))
+        if refused is not None:
+            if refused.detail == WRITER_DOWN:
+                self.stats_service.record_put(messages[0].topic, refused, time.monotonic_ns() - started_ns)
+            return refused
+        result = self._wait(waiter)
+        self.stats_service.record_put(messages[0].topic, result, time.monotonic_ns() - started_ns)
+        return result
+
+    def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> Waiter | PutResult:
+        """Encode here, tell the writer, return at once: a waiter for the answer (or the early
+        result when the put was refused before reaching the writer). With `reply`, the answer
+        goes there (and stats are recorded when it arrives)."""
+        started_ns = time.monotonic_ns()
+        waiter: Waiter | None = None
         if reply is None:
-            future = pykka.ThreadingFuture()
-            reply = Reply(future=future)
+            waiter = Waiter()
+            reply = Reply(future=waiter)
+        # Refusals before the writer are answered on `reply` unrecorded; the writer's answers
+        # (and "writer is restarting") pass the stats on the way.
+        timed = self.stats_service.timed_reply(messages[0].topic if messages else "", reply, started_ns)
+        refused = self._submit(messages, batch, timed, plain=reply)
+        if refused is not None:
+            return refused
+        return waiter if waiter is not None else PutResult(status=PutMessageStatus.PUT_OK, detail="submitted")
+
+    def _submit(self, messages: Sequence[Message], batch: bool, reply: Reply, plain: Reply | None = None) -> PutResult | None:
+        """None once the writer was told (it answers `reply`); else the refusal, also sent to
+        `plain` (or `reply`) for a refusal before the writer, to `reply` when the writer is down."""
         refused = self._precheck(messages, batch)
         if isinstance(refused, PutResult):
-            reply.send(refused)
+            (plain or reply).send(refused)
             return refused
         records, sys_flag, sync_wait = refused
         first = messages[0]
-        reply = self.stats_service.timed_reply(first.topic, reply, started_ns)
         put = EncodedPut(
             records=records,
             topic=first.topic,
@@ -243,13 +268,12 @@ class MessageStore:
             enqueued_ns=time.monotonic_ns(),
         )
         if not self.supervisor.ctx.tell("writer", put):
-            result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
+            result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=WRITER_DOWN)
             reply.send(result)
             return result
-        assert future is not None or reply is not None
-        return future if future is not None else PutResult(status=PutMessageStatus.PUT_OK, detail="submitted")
+        return None
 
-    def _wait(self, submitted: pykka.ThreadingFuture[Any] | PutResult) -> PutResult:
+    def _wait(self, submitted: Waiter | PutResult) -> PutResult:
         if isinstance(submitted, PutResult):
             return submitted
         try:

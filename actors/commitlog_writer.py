@@ -30,7 +30,7 @@ from ..messages import (
     WriterReady,
 )
 from ..storage import codec
-from ..storage.commitlog import CommitLog, EncodedRecord
+from ..storage.commitlog import CommitLog, EncodedRecords
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
@@ -159,13 +159,8 @@ class CommitLogWriter(StoreActor):
         if time.monotonic_ns() - put.enqueued_ns > self._busy_timeout_ns:
             put.reply.send(PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy"))
             return
-        host = self._store_host
-        records = [EncodedRecord(data, put.topic, put.queue_id, put.sys_flag, host) for data in put.records]
-        now = self.ctx.clock_ms()
-        if put.batch:
-            outcome = commitlog.put_messages(records, now)
-        else:
-            outcome = commitlog.put_message(records[0], now)
+        records = EncodedRecords(put.records, put.topic, put.queue_id, put.sys_flag, self._store_host)
+        outcome = commitlog.put_encoded(records, self.ctx.clock_ms(), batch=put.batch)
         append = outcome.append_result
         if outcome.status is not PutMessageStatus.PUT_OK or append is None:
             detail = append.status.value if append is not None else ""

@@ -17,7 +17,9 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <semaphore.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MESSAGE_MAGIC_CODE ((int32_t)0xDAA320A7)
@@ -384,6 +386,10 @@ static PyObject *append_records(PyObject *self, PyObject *args) {
         PyObject *r = PyTuple_GET_ITEM(records, i);
         if (!PyBytes_Check(r) || PyBytes_GET_SIZE(r) < ts_position + 8 || PyBytes_GET_SIZE(r) < 36) {
             PyErr_SetString(PyExc_ValueError, "a record is not bytes or too short");
+            return NULL;
+        }
+        if (get_i32((const unsigned char *)PyBytes_AS_STRING(r)) != PyBytes_GET_SIZE(r)) {
+            PyErr_SetString(PyExc_ValueError, "record TOTALSIZE disagrees with its bytes");
             return NULL;
         }
         total += PyBytes_GET_SIZE(r);
@@ -780,6 +786,96 @@ static PyObject *java_hash(PyObject *self, PyObject *s) {
     return PyLong_FromLong((int32_t)jhash_str(0, s, 0, PyUnicode_GET_LENGTH(s)));
 }
 
+/* ---- Signal: a counting semaphore whose post and wait release the GIL ---------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    sem_t sem;
+    int ready;
+} SignalObject;
+
+static int Signal_init(SignalObject *self, PyObject *args, PyObject *kwds) {
+    if (!PyArg_ParseTuple(args, "")) return -1;
+    if (self->ready) sem_destroy(&self->sem);
+    if (sem_init(&self->sem, 0, 0) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->ready = 1;
+    return 0;
+}
+
+static void Signal_dealloc(SignalObject *self) {
+    if (self->ready) sem_destroy(&self->sem);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Signal_post(SignalObject *self, PyObject *noargs) {
+    int rc;
+    /* Without the GIL: a woken thread that preempts us on this CPU can run at once instead
+     * of finding the GIL held and sleeping again (a convoy measured on this 2-CPU machine). */
+    Py_BEGIN_ALLOW_THREADS
+    rc = sem_post(&self->sem);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Signal_post_holding_gil(SignalObject *self, PyObject *noargs) {
+    if (sem_post(&self->sem) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
+    double timeout = -1.0;
+    if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
+    if (sem_trywait(&self->sem) == 0) Py_RETURN_TRUE;
+    struct timespec deadline;
+    if (timeout >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        double whole = (double)(long long)timeout;
+        deadline.tv_sec += (time_t)whole;
+        deadline.tv_nsec += (long)((timeout - whole) * 1e9);
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec += 1;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    for (;;) {
+        int rc, err;
+        Py_BEGIN_ALLOW_THREADS
+        rc = timeout >= 0 ? sem_clockwait(&self->sem, CLOCK_MONOTONIC, &deadline) : sem_wait(&self->sem);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (rc == 0) Py_RETURN_TRUE;
+        if (err == ETIMEDOUT) Py_RETURN_FALSE;
+        if (err != EINTR) {
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        if (PyErr_CheckSignals() < 0) return NULL;
+    }
+}
+
+static PyMethodDef Signal_methods[] = {
+    {"post", (PyCFunction)Signal_post, METH_NOARGS, "Add one to the count, waking one waiter."},
+    {"post_holding_gil", (PyCFunction)Signal_post_holding_gil, METH_NOARGS, "post() without releasing the GIL."},
+    {"wait", (PyCFunction)Signal_wait, METH_VARARGS,
+     "wait(timeout=-1) -> bool: take one from the count, blocking without the GIL; False on timeout."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SignalType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mqstore.storage._native.Signal",
+    .tp_basicsize = sizeof(SignalObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A counting semaphore (POSIX sem_t) whose post and wait release the GIL.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Signal_init,
+    .tp_dealloc = (destructor)Signal_dealloc,
+    .tp_methods = Signal_methods,
+};
+
 /* ---- module ------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -817,5 +913,14 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(str_wait_store_msg_ok, "wait_store_msg_ok")
 #undef INTERN
     if (empty_str == NULL) return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&SignalType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&SignalType);
+    if (PyModule_AddObject(m, "Signal", (PyObject *)&SignalType) < 0) {
+        Py_DECREF(&SignalType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Final
+from typing import Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
@@ -73,6 +73,21 @@ class EncodedRecord:
     """A V1 record encoded outside the writer, with the facts the writer needs to place it."""
 
     data: bytes
+    topic: str
+    queue_id: int
+    sys_flag: int
+    store_host: HostAddress
+
+    @property
+    def queue_key(self) -> str:
+        return f"{self.topic}-{self.queue_id}"
+
+
+class EncodedRecords(NamedTuple):
+    """The records of one put, encoded outside the writer: one topic-queue, one sys flag,
+    one store host (as RocketMQ's batch encoder requires)."""
+
+    datas: tuple[bytes, ...]
     topic: str
     queue_id: int
     sys_flag: int
@@ -154,12 +169,11 @@ class CommitLog:
     # put path (§6.4, §6.7) ------------------------------------------------------------------
     def put_message(self, record: EncodedRecord, now_ms: int) -> PutMessageResult:
         """Append one record; `now_ms` becomes its store timestamp."""
-        size = len(record.data)
-        assert size >= 8 and _I.unpack_from(record.data, 0)[0] == size, "record TOTALSIZE disagrees with its bytes"
-        if size > self.max_message_size or size + END_FILE_MIN_BLANK_LENGTH > self.mapped_file_size:
-            log.warning("message too large", size=size, max_message_size=self.max_message_size)
-            return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
-        return self._put((record,), now_ms, batch=False)
+        return self.put_encoded(
+            EncodedRecords((record.data,), record.topic, record.queue_id, record.sys_flag, record.store_host),
+            now_ms,
+            batch=False,
+        )
 
     def put_messages(self, records: Sequence[EncodedRecord], now_ms: int) -> PutMessageResult:
         """Append a batch of one topic-queue contiguously in one file (never split)."""
@@ -168,25 +182,32 @@ class CommitLog:
         assert all(r.topic == first.topic and r.queue_id == first.queue_id for r in records), "mixed batch"
         if any(r.sys_flag & TRANSACTION_MASK != TRANSACTION_NOT_TYPE for r in records):
             return PutMessageResult(status=PutMessageStatus.MESSAGE_ILLEGAL)
-        total = 0
-        for r in records:
-            size = len(r.data)
-            assert size >= 8 and _I.unpack_from(r.data, 0)[0] == size, "record TOTALSIZE disagrees with its bytes"
-            if size > self.max_message_size:
-                return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
-            total += size
+        datas = tuple([r.data for r in records])
+        encoded = EncodedRecords(datas, first.topic, first.queue_id, first.sys_flag, first.store_host)
+        return self.put_encoded(encoded, now_ms, batch=True)
+
+    def put_encoded(self, records: EncodedRecords, now_ms: int, *, batch: bool) -> PutMessageResult:
+        """The writer's put: one record (`batch` False) or a batch, checked as a whole."""
+        datas = records.datas
+        assert datas, "empty put"
+        if batch and records.sys_flag & TRANSACTION_MASK != TRANSACTION_NOT_TYPE:
+            return PutMessageResult(status=PutMessageStatus.MESSAGE_ILLEGAL)
+        if speedups.native is None:  # the C append checks these itself
+            for data in datas:
+                assert len(data) >= 8 and _I.unpack_from(data, 0)[0] == len(data), "record TOTALSIZE disagrees"
+        total = sum(map(len, datas))
         # Java's encoder refuses a batch whose records sum past maxMessageSize; it must also
         # fit a fresh file, or END_OF_FILE would repeat forever.
         if total > self.max_message_size or total + END_FILE_MIN_BLANK_LENGTH > self.mapped_file_size:
-            log.warning("batch too large", size=total, max_message_size=self.max_message_size)
+            log.warning("message too large", size=total, max_message_size=self.max_message_size, batch=batch)
             return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
-        return self._put(records, now_ms, batch=True)
+        return self._put(records, now_ms, batch=batch)
 
     @staticmethod
     def _illegal(status: AppendMessageStatus) -> PutMessageResult:
         return PutMessageResult(status=PutMessageStatus.MESSAGE_ILLEGAL, append_result=AppendMessageResult(status=status))
 
-    def _put(self, records: Sequence[EncodedRecord], now_ms: int, *, batch: bool) -> PutMessageResult:
+    def _put(self, records: EncodedRecords, now_ms: int, *, batch: bool) -> PutMessageResult:
         queue = self.mapped_file_queue
         mapped_file = queue.last_mapped_file
         if mapped_file is None or mapped_file.is_full():
@@ -214,15 +235,15 @@ class CommitLog:
         file_from_offset: int,
         position: int,
         max_blank: int,
-        records: Sequence[EncodedRecord],
+        records: EncodedRecords,
         now_ms: int,
         batch: bool,
     ) -> AppendMessageResult:
         wrote_offset = file_from_offset + position
-        first = records[0]
-        key = first.queue_key
+        datas = records.datas
+        key = records.queue_key
         queue_offset = self.topic_queue_table.setdefault(key, 0)
-        total = sum(len(r.data) for r in records)
+        total = sum(map(len, datas))
         if total + END_FILE_MIN_BLANK_LENGTH > max_blank:
             # §3.7: only the 8-byte header; the rest of the file stays zero.
             buf[position : position + END_FILE_MIN_BLANK_LENGTH] = blank_record_header(max_blank)
@@ -230,42 +251,42 @@ class CommitLog:
                 status=AppendMessageStatus.END_OF_FILE, wrote_offset=wrote_offset, wrote_bytes=max_blank,
                 store_timestamp=now_ms, logics_offset=queue_offset, msg_num=0,
             )  # fmt: skip
-        tran_type = first.sys_flag & TRANSACTION_MASK
+        tran_type = records.sys_flag & TRANSACTION_MASK
         advances = batch or tran_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
         first_queue_offset = queue_offset if advances else 0
         # Everything but the first record's TOTALSIZE and MAGIC, which go in last (below):
         # until then the log ends at `position` for any reader or recovery, so a crash in the
         # middle of a batch leaves none of it rather than half of it.
         # Records of one put share their hosts, hence the store timestamp's position.
-        ts_position = store_timestamp_position(_I.unpack_from(first.data, SYSFLAG_POSITION)[0])
-        id_prefix = _msg_id_prefix_hex(first.store_host)
+        first = datas[0]
+        ts_position = store_timestamp_position(_I.unpack_from(first, SYSFLAG_POSITION)[0])
+        id_prefix = _msg_id_prefix_hex(records.store_host)
         # PREPARED/ROLLBACK are stored with queue offset 0 and do not advance the counter (§3.9).
-        next_queue_offset = queue_offset + len(records) if advances else queue_offset
+        next_queue_offset = queue_offset + len(datas) if advances else queue_offset
         fast = speedups.native
         if fast is not None:
             msg_id = fast.append_records(
-                buf, position, tuple([r.data for r in records]), file_from_offset, queue_offset, advances, now_ms,
-                ts_position, id_prefix,
-            )  # fmt: skip
+                buf, position, datas, file_from_offset, queue_offset, advances, now_ms, ts_position, id_prefix
+            )
         else:
-            msg_id = self._copy_and_patch(buf, position, records, file_from_offset, queue_offset, advances, now_ms,
+            msg_id = self._copy_and_patch(buf, position, datas, file_from_offset, queue_offset, advances, now_ms,
                                           ts_position, id_prefix)  # fmt: skip
         if self._fault_hook is not None:
             self._fault_hook("writer.mid_batch_append")
-        buf[position : position + 8] = first.data[:8]
+        buf[position : position + 8] = first[:8]
         if advances:
             self.topic_queue_table[key] = next_queue_offset
         return AppendMessageResult(
             status=AppendMessageStatus.PUT_OK, wrote_offset=wrote_offset, wrote_bytes=total,
             msg_id=msg_id, store_timestamp=now_ms, logics_offset=first_queue_offset,
-            msg_num=len(records), page_cache_rt_ms=max(self.clock_ms() - now_ms, 0),
+            msg_num=len(datas), page_cache_rt_ms=max(self.clock_ms() - now_ms, 0),
         )  # fmt: skip
 
     @staticmethod
     def _copy_and_patch(
         buf: bytearray,
         position: int,
-        records: Sequence[EncodedRecord],
+        datas: Sequence[bytes],
         file_from_offset: int,
         queue_offset: int,
         advances: bool,
@@ -275,18 +296,18 @@ class CommitLog:
     ) -> str:
         """The reference for `_native.append_records`: copy all but the first 8 bytes, fill
         in each record's offsets and store time; the msgIds joined by ','."""
-        blob = records[0].data if len(records) == 1 else b"".join([r.data for r in records])
+        blob = datas[0] if len(datas) == 1 else b"".join(datas)
         buf[position + 8 : position + len(blob)] = memoryview(blob)[8:]
         msg_ids = []
         pos = position
-        for r in records:
+        for data in datas:
             offset = file_from_offset + pos
             _QQ.pack_into(buf, pos + QUEUE_OFFSET_POSITION, queue_offset if advances else 0, offset)
             _Q.pack_into(buf, pos + ts_position, now_ms)
             msg_ids.append(f"{id_prefix}{offset:016X}")
             if advances:
                 queue_offset += 1
-            pos += len(r.data)
+            pos += len(data)
         return ",".join(msg_ids)
 
     # offsets, flush, commit ---------------------------------------------------------------

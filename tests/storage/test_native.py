@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mqstore.messages import Message
 from mqstore.storage import codec, speedups
 from mqstore.storage.codec import DispatchFields, RecordKind
-from mqstore.storage.commitlog import CommitLog, EncodedRecord
+from mqstore.storage.commitlog import CommitLog
 from mqstore.storage.fs import RealFileSystem, SimulatedFileSystem
 from mqstore.storage.index import IndexService
 from mqstore.store import MessageStore
@@ -145,7 +145,6 @@ def test_append_records_writes_what_the_python_copy_writes(
         codec.encode_message(topic="T", queue_id=1, body=b, properties="", born_host=BORN_HOST, store_host=STORE_HOST)
         for b in bodies
     )
-    records = [EncodedRecord(d, "T", 1, 0, STORE_HOST) for d in datas]
     size = position + sum(map(len, datas)) + 16
     ours, theirs = bytearray(os.urandom(size)), bytearray(size)
     theirs[:] = ours
@@ -154,7 +153,7 @@ def test_append_records_writes_what_the_python_copy_writes(
     prefix = "0A01020300002A9F"
     ids = native.append_records(ours, position, datas, file_from, queue_offset, advances, NOW, ts_position, prefix)
     expected_ids = CommitLog._copy_and_patch(
-        theirs, position, records, file_from, queue_offset, advances, NOW, ts_position, prefix
+        theirs, position, datas, file_from, queue_offset, advances, NOW, ts_position, prefix
     )
     assert ids == expected_ids
     assert ours == theirs

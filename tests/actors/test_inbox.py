@@ -1,0 +1,108 @@
+"""The store's actor plumbing: FastInbox (pykka inbox) and Waiter (blocking reply slot)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import pykka
+import pytest
+
+from mqstore.actors.base import FastInbox
+from mqstore.messages import Waiter
+from mqstore.messages import _LockSignal as LockSignal
+from mqstore.storage import speedups
+
+
+class Notice:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class Other:
+    pass
+
+
+class Envelope:
+    def __init__(self, message: Any, reply_to: Any = None) -> None:
+        self.message = message
+        self.reply_to = reply_to
+
+
+def test_fast_inbox_is_fifo_and_merges_only_told_notices_at_its_head() -> None:
+    inbox = FastInbox()
+    assert inbox.empty()
+    for n in (1, 2, 3):
+        inbox.put(Envelope(Notice(n)))
+    inbox.put(Envelope(Notice(4), reply_to=object()))  # asked: never merged away
+    inbox.put(Envelope(Notice(5)))
+    first = inbox.get().message
+    assert first.n == 1
+    assert inbox.take_newest_of_kind(first).n == 3  # 2 and 3 taken, tokens with them
+    assert inbox.qsize() == 2
+    assert inbox.get().message.n == 4
+    assert inbox.take_newest_of_kind(Other()).__class__ is Other  # other kinds stay
+    assert inbox.get().message.n == 5
+    assert inbox.empty()
+    with pytest.raises(queue.Empty):  # no token left: a merge did not leave one behind
+        inbox.get(timeout=0.01)
+
+
+def test_fast_inbox_under_concurrent_producers_loses_and_duplicates_nothing() -> None:
+    inbox = FastInbox()
+    per_thread = 5000
+
+    def produce(t: int) -> None:
+        for i in range(per_thread):
+            inbox.put(Envelope((t, i)))
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    seen = [inbox.get().message for _ in range(4 * per_thread)]
+    for t in threads:
+        t.join()
+    assert sorted(seen) == sorted((t, i) for t in range(4) for i in range(per_thread))
+    for t in range(4):
+        mine = [i for (tt, i) in seen if tt == t]
+        assert mine == sorted(mine)  # each producer's order kept
+    assert inbox.empty()
+
+
+SIGNALS = [pytest.param(LockSignal, id="lock")]
+if speedups.native is not None:
+    SIGNALS.append(pytest.param(speedups.native.Signal, id="native"))
+
+
+@pytest.mark.parametrize("signal_cls", SIGNALS)
+def test_waiter_answers_once_and_times_out(signal_cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    if signal_cls is LockSignal:
+        monkeypatch.setattr(speedups, "native", None)
+    w = Waiter()
+    with pytest.raises(pykka.Timeout):
+        w.get(timeout=0.01)
+    threading.Timer(0.01, w.set, args=("answer",)).start()
+    assert w.get(timeout=5) == "answer"
+    w.set("late")  # a second answer is ignored
+    assert w.get(timeout=0) == "answer"  # and get() can be repeated
+
+    failed = Waiter()
+    failed.set_exception((RuntimeError, RuntimeError("boom"), None))
+    with pytest.raises(RuntimeError, match="boom"):
+        failed.get(timeout=1)
+
+
+@pytest.mark.skipif(speedups.native is None, reason="C extension not built")
+def test_native_signal_counts_and_waits_without_the_gil() -> None:
+    assert speedups.native is not None
+    s = speedups.native.Signal()
+    s.post()
+    s.post()
+    assert s.wait(0) and s.wait(0)
+    assert not s.wait(0.01)
+    started = time.monotonic()
+    threading.Timer(0.05, s.post).start()
+    assert s.wait(5)
+    assert time.monotonic() - started >= 0.04
