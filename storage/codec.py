@@ -506,6 +506,14 @@ _FIXED_AFTER_BORN = struct.Struct(">iq")  # born port, store timestamp
 _STORE_TAIL = struct.Struct(">iiqi")  # store port, reconsume, prepared offset, body length
 
 
+# The body CRC is the only checksum of a 4.x record: a torn write that keeps the header and
+# body but not the end of the properties passes it. Every writer (Java's
+# messageProperties2String, ours) ends non-empty properties with PROPERTY_SEPARATOR, so
+# the integrity checks (check_crc: recovery, verify) also require that last byte.
+_PROPERTY_SEPARATOR_BYTE: Final = 0x02
+_TORN_PROPERTIES: Final = "properties do not end with their separator (a torn write)"
+
+
 def read_record(
     buf: bytes | bytearray | memoryview,
     pos: int,
@@ -579,6 +587,8 @@ def _decode_message(
     p += 2
     if props_len < 0 or p + props_len > rec_end:
         return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"properties length {props_len} does not fit")
+    if check_crc and props_len > 0 and buf[p + props_len - 1] != _PROPERTY_SEPARATOR_BYTE:
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason=_TORN_PROPERTIES)
     props_raw = bytes(buf[p : p + props_len]).decode("utf-8", "replace") if props_len > 0 else ""
     if total != cal_msg_length(body_len, topic_len, props_len, sys_flag, v2):
         return RecordRead(RecordKind.CORRUPT, pos, total, reason="TOTALSIZE disagrees with the field lengths")
@@ -694,6 +704,8 @@ def read_dispatch(
                 return RecordKind.CORRUPT, 0, None
             props_len = _H.unpack_from(buf, p + 1 + topic_len)[0]
             if total != 91 + body_len + topic_len + props_len or props_len < 0:
+                return RecordKind.CORRUPT, 0, None
+            if check_crc and props_len and buf[p + 2 + topic_len + props_len] != _PROPERTY_SEPARATOR_BYTE:
                 return RecordKind.CORRUPT, 0, None
             topic = str(buf[p + 1 : p + 1 + topic_len], "utf-8", "replace")
             keys = uniq = None

@@ -45,6 +45,12 @@ def parse_segment_offset(path: str) -> int:
     return int(name)
 
 
+# Message appends reserve file blocks this far ahead, topped up when fewer than the low
+# water mark remain: fallocate costs ~1.5 ms per GiB, a write fault on a sparse page ~8 us.
+RESERVE_AHEAD_BYTES: Final = 32 * 1024 * 1024
+RESERVE_LOW_WATER_BYTES: Final = 16 * 1024 * 1024
+
+
 class MappedFile:
     """One segment: positions, commit/flush, warm-up and reference counting. Not thread-safe.
 
@@ -86,6 +92,7 @@ class MappedFile:
         self.first_shutdown_timestamp_ms = 0
         self.last_io_error: OSError | None = None
         self.locked_in_memory = False
+        self._reserved_until = 0
 
     def __repr__(self) -> str:
         return (
@@ -126,12 +133,24 @@ class MappedFile:
         if pos >= self.file_size:
             log.error("append to a full mapped file", file=self.file_name, wrote=pos)
             return AppendMessageResult(status=AppendMessageStatus.UNKNOWN_ERROR)
+        if pos + RESERVE_LOW_WATER_BYTES > self._reserved_until:
+            self._reserve_ahead(pos)
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
         assert pos + result.wrote_bytes <= self.file_size, "append callback wrote past the file end"
         self.wrote_position = pos + result.wrote_bytes
         if result.store_timestamp:
             self.store_timestamp = result.store_timestamp
         return result
+
+    def _reserve_ahead(self, pos: int) -> None:
+        """Blocks for the next RESERVE_AHEAD_BYTES of appends (fs.RealMappedRegion.reserve)."""
+        region = self._region
+        self._reserved_until = min(self.file_size, pos + RESERVE_AHEAD_BYTES)
+        if region is not None:
+            try:
+                region.reserve(self._reserved_until)
+            except OSError as exc:  # an optimisation only: appends go on into the sparse file
+                log.warning("reserve ahead failed", file=self.file_name, error=str(exc))
 
     def append_bytes(self, data: bytes | bytearray | memoryview) -> bool:
         """Raw append (ConsumeQueue units, replicated data): all of `data` or nothing."""

@@ -205,3 +205,21 @@ def test_v2_records_from_later_brokers_decode() -> None:
     assert (kind, size) == (RecordKind.MESSAGE, 173) and fields is not None and fields.keys == original.keys
     with pytest.raises(ValueError, match="V1"):
         codec.encode_record(read.record)  # a 4.4.0-compatible writer never writes V2
+
+
+def test_integrity_checks_refuse_a_record_whose_properties_end_was_torn() -> None:
+    """A power loss can persist the sectors holding header and body but not the one ending the
+    properties (the body CRC still matches). Writers always end properties with \\x02."""
+    host = codec.HostAddress("10.0.0.1", 10911)
+    data = bytearray(
+        codec.encode_message(
+            topic="T", queue_id=0, body=b"body", properties="KEYS\x01order-17\x02TAGS\x01a\x02",
+            born_host=host, store_host=host,
+        )
+    )  # fmt: skip
+    data[-6:] = bytes(6)  # the tail of the properties never reached the disk
+    assert codec.read_record(data, 0).kind is codec.RecordKind.MESSAGE  # readers are not stricter than Java
+    torn = codec.read_record(data, 0, check_crc=True, read_body=True)
+    assert torn.kind is codec.RecordKind.CORRUPT and "torn" in torn.reason
+    assert codec.read_dispatch(data, 0, len(data), check_crc=True)[0] is codec.RecordKind.CORRUPT
+    assert codec.read_dispatch(data, 0, len(data))[0] is codec.RecordKind.MESSAGE

@@ -60,6 +60,7 @@ _MESSAGES = st.builds(
     properties=st.one_of(st.just({}), st.just({"a": "b"})),
     flag=st.one_of(st.just(0), st.integers(-(2**31), 2**31 - 1)),
     born_timestamp_ms=st.one_of(st.none(), st.integers(0, 2**41)),
+    born_host=st.one_of(st.none(), st.just(""), st.just("10.0.0.1:5")),
     wait_store_msg_ok=st.booleans(),
 )
 
@@ -98,7 +99,7 @@ def test_encode_batch_is_the_python_encoding_or_declines(messages: list[Message]
     if got is None:
         # Declining is right only for what the fast path does not cover.
         assert any(
-            m.properties or not m.wait_store_msg_ok or _python_encode(m) is None
+            m.properties or not m.wait_store_msg_ok or m.born_host or _python_encode(m) is None
             or any(c in (m.tags or "") for c in "\x01\x02")
             or (isinstance(m.keys, str) and any(c in m.keys for c in " \x01\x02"))
             or (not isinstance(m.keys, str) and any(not k or any(c in k for c in " \x01\x02") for k in (m.keys or ())))
