@@ -164,12 +164,16 @@ def test_too_many_restarts_fail_the_store_cleanly(store_dir: Path) -> None:
     assert isinstance(fatal[0], (InjectedFault, pykka.ActorDeadError)), repr(fatal[0])
     # Each crash is one failure; a restart that fails (the new writer crashed before reput's
     # handshake) is one more, so there are at most MAX_RESTARTS restarts and crashes + 1.
+    # A restarted writer that a queued put crashes before its group finished starting makes
+    # that restart fail (no record): with fast producers most of them can, so only one
+    # completed restart is certain.
     crashes = plan.fired["writer.mid_batch_append"]
-    assert 2 <= len(sup.restarts) <= MAX_RESTARTS and crashes <= MAX_RESTARTS + 1, (len(sup.restarts), crashes)
+    assert 1 <= len(sup.restarts) <= MAX_RESTARTS and crashes <= MAX_RESTARTS + 1, (len(sup.restarts), crashes)
     # Back-off grows (10, 20, 40 ms ... up to BACKOFF_MAX_MS) with the failures in the period:
     # the supervisor's own choice, not wall-clock gaps, which carry the machine's noise.
     backoffs = [r.backoff_ms for r in sup.restarts]
-    assert backoffs == sorted(backoffs) and backoffs[-1] > backoffs[0], backoffs
+    assert backoffs == sorted(backoffs), backoffs
+    assert len(backoffs) < 2 or backoffs[-1] > backoffs[0], backoffs
     assert backoffs[0] >= supervisor_module.BACKOFF_FIRST_MS and backoffs[-1] <= supervisor_module.BACKOFF_MAX_MS
     gaps = [b.at_ms - a.at_ms for a, b in zip(sup.restarts, sup.restarts[1:])]
     assert all(gap >= backoff for gap, backoff in zip(gaps, backoffs[1:])), (gaps, backoffs)
