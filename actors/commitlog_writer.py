@@ -163,7 +163,7 @@ class CommitLogWriter(StoreActor):
         outcome = commitlog.put_encoded(records, self.ctx.clock_ms(), batch=put.batch)
         append = outcome.append_result
         if outcome.status is not PutMessageStatus.PUT_OK or append is None:
-            detail = append.status.value if append is not None else ""
+            detail = outcome.detail or (append.status.value if append is not None else "")
             put.reply.send(PutResult(status=outcome.status, detail=detail))
             return
         self.ctx.faults.hit("writer.after_append")

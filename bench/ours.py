@@ -26,8 +26,9 @@ def _api() -> Any:
     return mqstore
 
 
-def _message(m: BenchMessage) -> Any:
-    return _api().Message(topic=m.topic, queue_id=m.queue_id, body=m.body, tags=m.tag, keys=[m.key])
+def _message(m: BenchMessage, message_cls: Any = None) -> Any:
+    cls = message_cls if message_cls is not None else _api().Message
+    return cls(topic=m.topic, queue_id=m.queue_id, body=m.body, tags=m.tag, keys=[m.key])
 
 
 def _check_put(r: Any, what: str) -> None:
@@ -52,9 +53,10 @@ class OursAsync:
         """Timed: every batch put, then every message visible through get (issue 3 counts a
         put_batch done end to end: dispatch to the ConsumeQueue included)."""
         put_batch = self.store.put_batch
+        message_cls = _api().Message
         newest: dict[tuple[str, int], int] = {}
         for batch in batches:
-            rs = put_batch([_message(m) for m in batch])
+            rs = put_batch([_message(m, message_cls) for m in batch])
             _check_put(rs, "put_batch")
             newest[(batch[0].topic, batch[0].queue_id)] = rs.queue_offset + rs.msg_num - 1
         for (topic, queue_id), offset in newest.items():

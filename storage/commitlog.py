@@ -39,7 +39,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage import speedups
 from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
-from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
+from mqstore.storage.mapped_file import DiskFullError, MappedFile, WriteBufferPool
 from mqstore.storage.mapped_file_queue import Allocator, MappedFileQueue
 from mqstore.storage.status import (
     AppendMessageResult,
@@ -219,14 +219,19 @@ class CommitLog:
         def append(buf: bytearray, file_from_offset: int, position: int, max_blank: int) -> AppendMessageResult:
             return self._do_append(buf, file_from_offset, position, max_blank, records, now_ms, batch)
 
-        result = mapped_file.append_message(append)
-        if result.status is AppendMessageStatus.END_OF_FILE:
-            self.last_full_file = mapped_file
-            mapped_file = queue.get_last_mapped_file(0)
-            if mapped_file is None:
-                log.error("no commitlog file after roll-over")
-                return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result)
+        try:
             result = mapped_file.append_message(append)
+            if result.status is AppendMessageStatus.END_OF_FILE:
+                self.last_full_file = mapped_file
+                mapped_file = queue.get_last_mapped_file(0)
+                if mapped_file is None:
+                    log.error("no commitlog file after roll-over")
+                    return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result)
+                result = mapped_file.append_message(append)
+        except DiskFullError as exc:
+            # Nothing of this put was written; the next put tries to reserve again.
+            log.error("disk full, put refused", error=str(exc))
+            return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"disk full: {exc}")
         return PutMessageResult(status=_put_status(result.status), append_result=result)
 
     def _do_append(

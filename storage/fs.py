@@ -49,7 +49,7 @@ class MappedRegion(Protocol):
 
     def flush(self, start: int = 0, end: int | None = None) -> None: ...
     def close(self) -> None: ...
-    def reserve(self, end: int) -> None: ...
+    def reserve(self, end: int) -> bool: ...
     def advise_willneed(self) -> None: ...
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
@@ -134,21 +134,28 @@ class RealMappedRegion:
         messages a third of a put's cost). Reserving a window ahead of the writer (not the
         whole segment) keeps that gain without taking a segment's worth of disk on open.
         Unwritten extents still read as holes to SEEK_DATA (recovery's skip of untouched
-        tails is unchanged). Where the filesystem cannot, or the disk is full, the file stays
-        sparse, as RocketMQ's are: slower, nothing lost, and said once in the log.
+        tails is unchanged). Where the filesystem cannot, the file stays sparse, as
+        RocketMQ's are: slower, and said once in the log.
+
+        False only when the disk has no room (ENOSPC): writing there would fault with SIGBUS
+        and kill the process, so the owner refuses the append instead (and tries again later,
+        once the cleaner freed space).
         """
         global _reserve_failed_logged
         end = min(end, self.size)
         if self._fd is None or end <= self._reserved:
-            return
+            return True
         err = _fallocate(self._fd, self._reserved, end - self._reserved)
+        if err == errno.ENOSPC:
+            return False
         if err:
-            self._reserved = self.size  # do not retry on every append
+            self._reserved = self.size  # unsupported here: do not retry on every append
             if not _reserve_failed_logged:
                 _reserve_failed_logged = True
                 log.warning("fallocate_failed_file_stays_sparse", path=self.path, error=os.strerror(err))
-            return
+            return True
         self._reserved = end
+        return True
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         end = self.size if end is None else min(end, self.size)
@@ -311,8 +318,15 @@ class SimulatedRegion:
     def close(self) -> None:
         pass
 
-    def reserve(self, end: int) -> None:
-        pass  # the simulated disk has no block allocation
+    def reserve(self, end: int) -> bool:
+        """No block allocation here; an injected "reserve" fault with ENOSPC plays a full disk."""
+        try:
+            self._fs._check_fault("reserve", self.path)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                return False
+            raise
+        return True
 
     def advise_willneed(self) -> None:
         pass
@@ -351,9 +365,15 @@ class SimulatedFileSystem:
 
     # fault injection -------------------------------------------------------------------
     def inject_fault(self, op: str, *, path_contains: str = "", err: int = errno.EIO, count: int = 1) -> None:
-        """Make the next `count` calls of `op` ("map", "flush", "write", "remove") on a matching path fail."""
+        """Make the next `count` calls of `op` ("map", "flush", "write", "remove", "reserve") on a
+        matching path fail."""
         with self._lock:
             self._faults.append(_Fault(op, path_contains, err, count))
+
+    def clear_faults(self) -> None:
+        """Remove every injected fault still armed (the disk got its space back)."""
+        with self._lock:
+            self._faults.clear()
 
     def _check_fault(self, op: str, path: str) -> None:
         with self._lock:

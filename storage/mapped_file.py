@@ -45,6 +45,11 @@ def parse_segment_offset(path: str) -> int:
     return int(name)
 
 
+class DiskFullError(OSError):
+    """No room on the disk for the blocks the next appends need: the append is refused
+    (SERVICE_NOT_AVAILABLE) rather than faulting on an unbacked page."""
+
+
 # Message appends reserve file blocks this far ahead, topped up when fewer than the low
 # water mark remain: fallocate costs ~1.5 ms per GiB, a write fault on a sparse page ~8 us.
 RESERVE_AHEAD_BYTES: Final = 32 * 1024 * 1024
@@ -133,8 +138,8 @@ class MappedFile:
         if pos >= self.file_size:
             log.error("append to a full mapped file", file=self.file_name, wrote=pos)
             return AppendMessageResult(status=AppendMessageStatus.UNKNOWN_ERROR)
-        if pos + RESERVE_LOW_WATER_BYTES > self._reserved_until:
-            self._reserve_ahead(pos)
+        if pos + RESERVE_LOW_WATER_BYTES > self._reserved_until and not self._reserve_ahead(pos):
+            raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
         assert pos + result.wrote_bytes <= self.file_size, "append callback wrote past the file end"
         self.wrote_position = pos + result.wrote_bytes
@@ -142,15 +147,20 @@ class MappedFile:
             self.store_timestamp = result.store_timestamp
         return result
 
-    def _reserve_ahead(self, pos: int) -> None:
-        """Blocks for the next RESERVE_AHEAD_BYTES of appends (fs.RealMappedRegion.reserve)."""
+    def _reserve_ahead(self, pos: int) -> bool:
+        """Blocks for the next RESERVE_AHEAD_BYTES of appends (fs.RealMappedRegion.reserve).
+        False when the disk is full and less than the low-water mark is reserved ahead."""
         region = self._region
-        self._reserved_until = min(self.file_size, pos + RESERVE_AHEAD_BYTES)
-        if region is not None:
-            try:
-                region.reserve(self._reserved_until)
-            except OSError as exc:  # an optimisation only: appends go on into the sparse file
-                log.warning("reserve ahead failed", file=self.file_name, error=str(exc))
+        until = min(self.file_size, pos + RESERVE_AHEAD_BYTES)
+        if region is None:
+            return True
+        try:
+            if not region.reserve(until):
+                return False
+        except OSError as exc:  # an optimisation only: appends go on into the sparse file
+            log.warning("reserve ahead failed", file=self.file_name, error=str(exc))
+        self._reserved_until = until
+        return True
 
     def append_bytes(self, data: bytes | bytearray | memoryview) -> bool:
         """Raw append (ConsumeQueue units, replicated data): all of `data` or nothing."""

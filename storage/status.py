@@ -84,6 +84,7 @@ class PutMessageResult:
 
     status: PutMessageStatus
     append_result: AppendMessageResult | None = None
+    detail: str = ""
 
     @property
     def is_ok(self) -> bool:

@@ -203,3 +203,25 @@ def test_appends_reserve_blocks_a_window_ahead_not_the_whole_segment(tmp_path: P
         pytest.skip("this filesystem does not support fallocate (the file stays sparse)")
     assert allocated < size  # a window, not the segment
     mf.destroy(0, 0)
+
+
+def test_a_full_disk_makes_the_append_refuse_and_an_unsupported_filesystem_stays_sparse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from mqstore.storage import fs as fs_module
+    from mqstore.storage.mapped_file import DiskFullError
+
+    def write_4k(buf: Any, file_from_offset: int, position: int, max_blank: int) -> AppendMessageResult:
+        buf[position : position + 4096] = b"\x01" * 4096
+        return AppendMessageResult(status=AppendMessageStatus.PUT_OK, wrote_offset=position, wrote_bytes=4096)
+
+    monkeypatch.setattr(fs_module, "_fallocate", lambda fd, offset, length: errno.ENOSPC)
+    mf = MappedFile(RealFileSystem(), str(tmp_path / "00000000000000000000"), 1 << 20)
+    with pytest.raises(DiskFullError):
+        mf.append_message(write_4k)
+    assert mf.wrote_position == 0  # nothing written
+    monkeypatch.setattr(fs_module, "_fallocate", lambda fd, offset, length: errno.EOPNOTSUPP)
+    assert mf.append_message(write_4k).status is AppendMessageStatus.PUT_OK  # sparse, as before
+    mf.destroy(0, 0)

@@ -1,0 +1,53 @@
+"""A disk with no room for the next commitlog blocks: puts are refused with a clear status,
+nothing acknowledged is lost, and puts succeed again once space is back.
+
+Without the reservation, the writer's memcpy into a page of a sparse file whose block cannot
+be allocated would fault with SIGBUS and kill the process."""
+
+from __future__ import annotations
+
+import errno
+
+import mqstore
+from mqstore.storage.fs import SimulatedFileSystem
+
+SETTINGS = dict(
+    mapped_file_size_commitlog_bytes=64 * 1024,
+    mapped_file_size_consume_queue_bytes=20 * 200,
+    max_hash_slot_num=64,
+    max_index_num=400,
+)
+
+
+def test_a_full_disk_refuses_puts_cleanly_and_loses_nothing() -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    body = b"x" * 1000
+    acked: list[str] = []
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        for i in range(10):
+            assert store.put(mqstore.Message(topic="T", body=body, keys=[f"k{i}"])).ok
+            acked.append(f"k{i}")
+        # From now on the disk has no room: the current segment's reservation covers it whole
+        # (64 KiB < the window), so the refusal comes with the next segment.
+        fs.inject_fault("reserve", err=errno.ENOSPC, count=1_000_000)
+        refused = None
+        for i in range(10, 200):
+            result = store.put(mqstore.Message(topic="T", body=body, keys=[f"k{i}"]))
+            if not result.ok:
+                refused = result
+                break
+            acked.append(f"k{i}")
+        assert refused is not None, "the full disk was never noticed"
+        assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "disk full" in refused.detail
+        assert store.supervisor.state.name == "RUNNING"  # refused, not crashed
+        # Still refused while full; accepted again once space is back (the cleaner freed some).
+        assert store.put(mqstore.Message(topic="T", body=body, keys=["again"])).status is refused.status
+        fs.clear_faults()
+        result = store.put(mqstore.Message(topic="T", body=body, keys=["after"]))
+        assert result.ok, result
+        acked.append("after")
+        got = store.get("T", 0, 0, 1000)
+        keys = [m.key_list[0] for m in got.messages]
+        assert keys == acked  # every acknowledged message, in order, none of the refused ones
