@@ -120,12 +120,15 @@ class FastInbox:
     def qsize(self) -> int:
         return len(self._items)
 
-    def take_newest_of_kind(self, message: Any) -> Any:
-        """`message`, or the newest of the told messages of its type waiting at the head."""
+    def take_newest_of_kind(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
+        """`message`, or the newest of the told messages of its type waiting at the head (all
+        of them taken out); with `key`, the one with the highest key (the newest of equals)."""
         items = self._items
         kind = type(message)
         while items and items[0].reply_to is None and type(items[0].message) is kind:
-            message = items.popleft().message
+            taken = items.popleft().message
+            if key is None or key(taken) >= key(message):
+                message = taken
             # Its token was put right after the message (or is about to be): take it.
             if self._signal is not None:
                 self._signal.wait(-1.0)
@@ -178,13 +181,13 @@ class StoreActor(pykka.ThreadingActor):
     def release(self) -> None:
         """Close what the actor owns (mappings); called on stop and after a crash."""
 
-    def newest_of_queued(self, message: Any) -> Any:
+    def newest_of_queued(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
         """`message` or, if more told messages of its type wait at the head of the inbox, the
         newest of them (taken out). Only for notices with absolute positions, where the newest
         says everything the older ones said (STYLE habit 4): one pass of work instead of many."""
         inbox = self.actor_inbox
         assert isinstance(inbox, FastInbox)
-        return inbox.take_newest_of_kind(message)
+        return inbox.take_newest_of_kind(message, key)
 
     def _fail_queued(self) -> None:
         inbox = self.actor_inbox

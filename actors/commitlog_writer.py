@@ -203,9 +203,17 @@ class CommitLogWriter(StoreActor):
                 self._notify_advance()
 
     def _notify_advance(self) -> None:
-        advanced = self._pending_advance
-        if advanced is None:
+        pending = self._pending_advance
+        if pending is None:
             return
+        # The readable end now, not when the put was appended: with write buffers a commit
+        # may have moved it since and told reput already; a lower notice after that one
+        # would be the newest in reput's inbox and hide it (a put stayed invisible).
+        advanced = CommitLogAdvanced(
+            max_offset=max(pending.max_offset, self._readable_end()),
+            wrote_offset=pending.wrote_offset,
+            store_timestamp=pending.store_timestamp,
+        )
         self._pending_advance = None
         self._puts_since_notice = 0
         self.ctx.tell("reput", advanced)

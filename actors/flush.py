@@ -61,7 +61,7 @@ class FlushCommitLogService(StoreActor):
     def handle(self, message: Any) -> Any:
         match message:
             case CommitLogAdvanced():
-                newest = self.newest_of_queued(message)
+                newest = self.newest_of_queued(message, key=_max_offset)
                 max_offset, ts = newest.max_offset, newest.store_timestamp
                 if max_offset > self._max_offset:
                     self._max_offset = max_offset
@@ -218,3 +218,7 @@ class FlushCommitLogService(StoreActor):
                 self._checkpoint.flush()
             except OSError as exc:
                 self.log.error("checkpoint flush failed", error=str(exc))
+
+
+def _max_offset(advanced: CommitLogAdvanced) -> int:
+    return advanced.max_offset

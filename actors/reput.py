@@ -67,7 +67,7 @@ class ReputMessageService(StoreActor):
                 # ConsumeQueue and index actors once instead of per put (the GIL makes every
                 # wake-up cost the producers too). Bounded, and far below any lag target.
                 time.sleep(REPUT_LINGER_S)
-                newest = self.newest_of_queued(message)
+                newest = self.newest_of_queued(message, key=_max_offset)
                 if newest.max_offset > self._max_offset:
                     self._max_offset = newest.max_offset
                 self._reput()
@@ -158,3 +158,7 @@ class ReputMessageService(StoreActor):
             for (topic, queue_id), (max_offset, ts) in newest.items()
         ]
         self.ctx.on_arrivals(events, end_offset)
+
+
+def _max_offset(advanced: CommitLogAdvanced) -> int:
+    return advanced.max_offset

@@ -117,3 +117,14 @@ def test_native_signal_counts_and_waits_without_the_gil() -> None:
     threading.Timer(0.05, s.post).start()
     assert s.wait(5)
     assert time.monotonic() - started >= 0.04
+
+
+def test_merging_by_key_keeps_the_highest_position_not_the_last_told(make_inbox: Any) -> None:
+    """Write-buffer commits and puts both tell reput where the log ends; one notice computed
+    before a commit could arrive after it. Merged by position, the higher one wins."""
+    inbox = make_inbox()
+    for n in (5, 9, 7):
+        inbox.put(Envelope(Notice(n)))
+    first = inbox.get().message
+    assert inbox.take_newest_of_kind(first, key=lambda m: m.n).n == 9
+    assert inbox.empty()
