@@ -86,7 +86,9 @@ class ReputMessageService(StoreActor):
             offset = self._reput_offset
             segment = offset - offset % self._segment_size
             end = min(self._max_offset, segment + self._segment_size, offset + READ_CHUNK_BYTES)
-            chunk = reader.read(offset, end - offset, limit=self._max_offset)
+            # A view into the reader's own map, not a copy (the copy was a fifth of this
+            # actor's time); released before anything here can unmap.
+            chunk = reader.view(offset, end - offset, limit=self._max_offset)
             if chunk is None:
                 first = reader.min_offset()
                 if first > offset:  # the cleaner removed it: continue at the first file left
@@ -94,47 +96,55 @@ class ReputMessageService(StoreActor):
                     continue
                 self.log.warning("commitlog data not readable yet", offset=offset, size=end - offset)
                 return
-            requests: list[DispatchRequest] = []
-            max_size = self.config.max_message_size_bytes
-            pos = 0
-            limit = len(chunk)
-            next_offset = offset
-            fast = speedups.native
-            while pos < limit and len(requests) < DISPATCH_BATCH_MAX_RECORDS:
-                if fast is not None:
-                    # Plain records in C; it stops before anything else, which the Python
-                    # decoder below classifies (blank, end of data, damage, IPv6, delayed).
-                    decoded, fast_pos = fast.scan_dispatch(
-                        chunk, pos, limit, DISPATCH_BATCH_MAX_RECORDS - len(requests), max_size,
-                        codec.DispatchFields, _SCHEDULE_TOPIC_UTF8,
-                    )  # fmt: skip
-                    if decoded:
-                        requests += decoded
-                        pos = fast_pos
-                        next_offset = offset + pos
-                        continue
-                kind, size, fields = codec.read_dispatch(
-                    chunk, pos, limit, self.config.max_message_size_bytes, self._delay_levels
-                )
-                if kind is RecordKind.MESSAGE and fields is not None:
-                    requests.append(fields)
-                    pos += size
-                    next_offset = offset + pos
-                elif kind is RecordKind.BLANK:
-                    next_offset = segment + self._segment_size  # rollNextFile
-                    break
-                elif pos > 0 and end < min(self._max_offset, segment + self._segment_size):
-                    break  # a record cut by our chunk boundary: read again from its start
-                else:
-                    # Below the writer's watermark every record is whole, so this is damage
-                    # (or a bug): skip the rest of this file's readable data, as a master does.
-                    self.log.error("[BUG] unreadable record below the watermark", offset=offset + pos, kind=kind.value)
-                    next_offset = min(self._max_offset, segment + self._segment_size)
-                    break
+            try:
+                requests, next_offset = self._decode(chunk, offset, segment, end)
+            finally:
+                chunk.release()
             if next_offset == offset and not requests:
                 return  # a partial record at the watermark's edge: wait for more
             self._dispatch(requests, next_offset)
             self._reput_offset = next_offset
+
+    def _decode(self, chunk: memoryview, offset: int, segment: int, end: int) -> tuple[list[DispatchRequest], int]:
+        """The dispatch requests in `chunk` (the log from `offset`) and where the next read starts."""
+        requests: list[DispatchRequest] = []
+        max_size = self.config.max_message_size_bytes
+        pos = 0
+        limit = len(chunk)
+        next_offset = offset
+        fast = speedups.native
+        while pos < limit and len(requests) < DISPATCH_BATCH_MAX_RECORDS:
+            if fast is not None:
+                # Plain records in C; it stops before anything else, which the Python
+                # decoder below classifies (blank, end of data, damage, IPv6, delayed).
+                decoded, fast_pos = fast.scan_dispatch(
+                    chunk, pos, limit, DISPATCH_BATCH_MAX_RECORDS - len(requests), max_size,
+                    codec.DispatchFields, _SCHEDULE_TOPIC_UTF8,
+                )  # fmt: skip
+                if decoded:
+                    requests += decoded
+                    pos = fast_pos
+                    next_offset = offset + pos
+                    continue
+            kind, size, fields = codec.read_dispatch(
+                chunk, pos, limit, self.config.max_message_size_bytes, self._delay_levels
+            )
+            if kind is RecordKind.MESSAGE and fields is not None:
+                requests.append(fields)
+                pos += size
+                next_offset = offset + pos
+            elif kind is RecordKind.BLANK:
+                next_offset = segment + self._segment_size  # rollNextFile
+                break
+            elif pos > 0 and end < min(self._max_offset, segment + self._segment_size):
+                break  # a record cut by our chunk boundary: read again from its start
+            else:
+                # Below the writer's watermark every record is whole, so this is damage
+                # (or a bug): skip the rest of this file's readable data, as a master does.
+                self.log.error("[BUG] unreadable record below the watermark", offset=offset + pos, kind=kind.value)
+                next_offset = min(self._max_offset, segment + self._segment_size)
+                break
+        return requests, next_offset
 
     def _dispatch(self, requests: list[DispatchRequest], end_offset: int) -> None:
         batch = DispatchBatch(requests=tuple(requests), end_offset=end_offset)

@@ -683,6 +683,22 @@ class CommitLogReader:
         except ValueError:  # unmapped underneath
             return None
 
+    def view(self, offset: int, size: int, *, limit: int | None = None) -> memoryview | None:
+        """`read` without the copy: a view into this reader's own mapping. The caller must
+        `release()` it before anything of this reader can unmap (refresh, close) - reading
+        and releasing in one call on the reader's thread keeps that true."""
+        found = self._region_for(offset)
+        if found is None or size < 0 or offset + size > self._limit(limit):
+            return None
+        start, region = found
+        pos = offset - start
+        if pos + size > self.mapped_file_size:
+            return None
+        try:
+            return memoryview(region.buf)[pos : pos + size]
+        except ValueError:  # unmapped underneath
+            return None
+
     def read_record(
         self, offset: int, *, limit: int | None = None, check_crc: bool = False, read_body: bool = True
     ) -> RecordRead | None:
