@@ -738,6 +738,111 @@ fail:
     return NULL;
 }
 
+/* ---- cq_runs ------------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(cq_runs_doc,
+             "cq_runs(requests) -> list[(topic, queue_id, units, first_phy, last_phy, first_cq, count)]\n\n"
+             "The ConsumeQueue units of DispatchFields in dispatch order, as runs of one queue with "
+             "consecutive queue offsets and rising commitlog offsets, each packed as 20-byte units "
+             "(offset, size, tags code). PREPARED and ROLLBACK messages have no unit.");
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} growbuf;
+
+static int growbuf_add(growbuf *g, const unsigned char *unit) {
+    if (g->len + 20 > g->cap) {
+        Py_ssize_t cap = g->cap ? g->cap * 2 : 20 * 64;
+        char *data = PyMem_Realloc(g->data, cap);
+        if (data == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        g->data = data;
+        g->cap = cap;
+    }
+    memcpy(g->data + g->len, unit, 20);
+    g->len += 20;
+    return 0;
+}
+
+static PyObject *cq_runs(PyObject *self, PyObject *requests) {
+    PyObject *seq = PySequence_Fast(requests, "requests must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *out = PyList_New(0);
+    growbuf g = {NULL, 0, 0};
+    PyObject *topic = NULL;
+    long long qid = 0, first_phy = 0, last_phy = 0, first_cq = 0, last_cq = 0, count = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        PyObject *r = NULL, *r_topic = NULL;
+        long long r_qid = 0, phy = 0, size = 0, tags = 0, cq = 0;
+        if (i < n) {
+            r = PySequence_Fast_GET_ITEM(seq, i);
+            if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 10) {
+                PyErr_SetString(PyExc_TypeError, "a request is not DispatchFields");
+                goto fail;
+            }
+            long sys_flag = PyLong_AsLong(PyTuple_GET_ITEM(r, 9));
+            if (sys_flag == -1 && PyErr_Occurred()) goto fail;
+            long tran = sys_flag & TRANSACTION_MASK;
+            if (tran == 0x04 || tran == TRANSACTION_ROLLBACK_TYPE) continue;
+            r_topic = PyTuple_GET_ITEM(r, 0);
+            r_qid = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
+            phy = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2));
+            size = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 3));
+            tags = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 4));
+            cq = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 6));
+            if (PyErr_Occurred()) goto fail;
+        }
+        int same = 0;
+        if (r != NULL && topic != NULL && r_qid == qid && cq == last_cq + 1 && phy > last_phy) {
+            int eq = PyObject_RichCompareBool(r_topic, topic, Py_EQ);
+            if (eq < 0) goto fail;
+            same = eq;
+        }
+        if (!same && topic != NULL) { /* close the current run */
+            PyObject *units = PyBytes_FromStringAndSize(g.data, g.len);
+            if (units == NULL) goto fail;
+            PyObject *run = Py_BuildValue("(OLNLLLL)", topic, qid, units, first_phy, last_phy, first_cq, count);
+            if (run == NULL) goto fail;
+            int appended = PyList_Append(out, run);
+            Py_DECREF(run);
+            if (appended < 0) goto fail;
+            Py_CLEAR(topic);
+            g.len = 0;
+        }
+        if (r == NULL) break;
+        if (topic == NULL) {
+            Py_INCREF(r_topic);
+            topic = r_topic;
+            qid = r_qid;
+            first_phy = phy;
+            first_cq = cq;
+            count = 0;
+        }
+        unsigned char unit[20];
+        put_i64(unit, phy);
+        put_i32(unit + 8, (int32_t)size);
+        put_i64(unit + 12, tags);
+        if (growbuf_add(&g, unit) < 0) goto fail;
+        last_phy = phy;
+        last_cq = cq;
+        count++;
+    }
+    PyMem_Free(g.data);
+    Py_DECREF(seq);
+    return out;
+fail:
+    PyMem_Free(g.data);
+    Py_XDECREF(topic);
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 /* ---- msync without the GIL --------------------------------------------------------------- */
 
 PyDoc_STRVAR(msync_doc,
@@ -885,6 +990,7 @@ static PyMethodDef methods[] = {
     {"index_put_batch", index_put_batch, METH_VARARGS, index_put_batch_doc},
     {"java_hash", java_hash, METH_O, java_hash_doc},
     {"msync", msync_range, METH_VARARGS, msync_doc},
+    {"cq_runs", cq_runs, METH_O, cq_runs_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -155,6 +155,25 @@ class ConsumeQueue:
                 return True
         return all(self.put_message_position_info(*unit) for unit in units)
 
+    def put_dense_run(self, units: bytes, first_phy: int, last_phy: int, first_cq: int, count: int) -> bool:
+        """`put_message_position_infos` for packed units with queue offsets first_cq.. and
+        strictly rising commitlog offsets (as `_native.cq_runs` makes them)."""
+        mapped_file = self.mapped_file_queue.last_mapped_file
+        if (
+            mapped_file is not None
+            and first_phy > self.max_physic_offset
+            and mapped_file.wrote_position > 0
+            and mapped_file.file_from_offset + mapped_file.wrote_position == first_cq * CQ_STORE_UNIT_SIZE
+            and mapped_file.wrote_position + len(units) <= mapped_file.file_size
+            and mapped_file.append_bytes(units)
+        ):
+            self.max_physic_offset = last_phy
+            return True
+        return all(
+            self.put_message_position_info(phy, size, tags, first_cq + i)
+            for i, (phy, size, tags) in enumerate(CQ_UNIT.iter_unpack(units))
+        )
+
     def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
         until = until_where % self.mapped_file_size
         assert mapped_file.append_bytes(FILLER_UNIT * (until // CQ_STORE_UNIT_SIZE))

@@ -332,3 +332,56 @@ def test_msync_writes_back_and_checks_its_range(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         native.msync(region.buf, 0, 17 * mmap.PAGESIZE)
     region.close()
+
+
+# ---- cq_runs ------------------------------------------------------------------------------
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(8))
+def test_cq_runs_write_the_units_of_one_by_one_dispatch(seed: int) -> None:
+    from mqstore.storage.consume_queue import ConsumeQueue
+
+    assert native is not None
+    rng = random.Random(seed)
+    requests = []
+    phy = 0
+    next_cq = {("T", 0): 0, ("T", 1): 0, ("Ü", 0): 0}
+    for _ in range(400):
+        key = rng.choice(list(next_cq))
+        cq = next_cq[key]
+        roll = rng.random()
+        if roll < 0.05:
+            cq += rng.randrange(1, 4)  # a gap in the queue offsets
+        elif roll < 0.08:
+            cq = max(cq - 2, 0)  # a replayed, lower offset
+        sys_flag = rng.choice([0] * 8 + [codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE, 0x08])
+        if rng.random() < 0.05:
+            phy -= 100  # a commitlog offset that does not rise (replay)
+        requests.append(DispatchFields(key[0], key[1], phy, 120, rng.randrange(-5, 5), NOW, cq, None, None, sys_flag, 0))
+        if sys_flag & codec.TRANSACTION_MASK not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+            next_cq[key] = cq + 1
+        phy += 120
+    images = []
+    for use_runs in (True, False):
+        clock = ManualClock()
+        fs = SimulatedFileSystem(clock_ms=clock)
+        fs.makedirs("/s")
+        queues = {
+            key: ConsumeQueue(fs, key[0], key[1], "/s/cq", mapped_file_size=20 * 37, clock_ms=clock) for key in next_cq
+        }
+        if use_runs:
+            for i in range(0, len(requests), 50):  # dispatch batches
+                for topic, queue_id, units, first_phy, last_phy, first_cq, count in native.cq_runs(tuple(requests[i : i + 50])):
+                    assert len(units) == 20 * count
+                    assert queues[(topic, queue_id)].put_dense_run(units, first_phy, last_phy, first_cq, count)
+        else:
+            for r in requests:
+                if r.sys_flag & codec.TRANSACTION_MASK in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+                    continue
+                queues[(r.topic, r.queue_id)].put_message_position_info(
+                    r.commitlog_offset, r.msg_size, r.tags_code, r.consume_queue_offset
+                )
+        images.append({f"{t}/{q}/{n}": fs.read_bytes(f"/s/cq/{t}/{q}/{n}") for (t, q) in next_cq for n in fs.listdir(f"/s/cq/{t}/{q}")})
+    assert images[0] == images[1]
+    assert sum(len(v) for v in images[0].values()) > 20 * 300
