@@ -297,23 +297,24 @@ class MessageStore:
             codec.validate_topic(first.topic)
         except codec.TopicError as exc:
             return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail=str(exc))
-        if batch and any(m.topic != first.topic or m.queue_id != first.queue_id for m in messages):
-            return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail="a batch must have one topic and queue")
         now = self.clock_ms()
         max_size = self.config.max_message_size_bytes
         fast = speedups.native
-        if fast is not None and self._store_host_ip4 is not None:
-            # The C encoder takes plain messages whole or none; anything it declines (custom
-            # properties, a born host, an error to report) goes through the loop below.
+        if fast is not None and self._store_host_ip4 is not None and type(first.queue_id) is int and 0 <= first.queue_id <= 0x7FFFFFFF:
+            # The C encoder takes plain messages of the first one's topic and queue whole or
+            # none; anything it declines (custom properties, a born host, a mixed batch, an
+            # error to report) goes through the checks and the loop below.
             encoded = fast.encode_batch(
                 messages, first.topic.encode("utf-8"), now, _DEFAULT_BORN_IP4, _DEFAULT_BORN_HOST.port,
-                self._store_host_ip4, self.store_host.port, max_size,
+                self._store_host_ip4, self.store_host.port, max_size, first.topic, first.queue_id,
             )  # fmt: skip
             if encoded is not None:
                 total = sum(map(len, encoded))
                 if batch and total > max_size:
                     return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail=f"batch of {total} bytes > {max_size}")
                 return encoded, 0, True
+        if batch and any(m.topic != first.topic or m.queue_id != first.queue_id for m in messages):
+            return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail="a batch must have one topic and queue")
         records = []
         total = 0
         for message in messages:

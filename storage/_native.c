@@ -174,11 +174,13 @@ static int small_int(PyObject *o, long long lo, long long hi, long long *out) {
 /* One message → one V1 record with IPv4 hosts and the properties the store builds itself
  * ("KEYS\1k1 k2\2TAGS\1t\2", as a Java producer's HashMap orders them). Returns a new bytes
  * object, Py_None (borrowed, not incremented: outside the fast path) or NULL on error. */
+static PyObject *str_topic;
+
 static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len, long long now_ms,
                             const unsigned char *born_ip, int32_t born_port, const unsigned char *store_ip,
-                            int32_t store_port, long long max_size) {
+                            int32_t store_port, long long max_size, PyObject *topic_str, long long topic_qid) {
     PyObject *body = NULL, *qid = NULL, *tags = NULL, *keys = NULL, *props = NULL, *flag = NULL, *born_host = NULL,
-             *born_ts = NULL, *wait = NULL, *result = Py_None;
+             *born_ts = NULL, *wait = NULL, *m_topic = NULL, *result = Py_None;
     long long queue_id, flag_v, born_ts_v = now_ms;
     const char *tags_p = NULL, *key_p[MAX_KEYS_FAST];
     Py_ssize_t tags_n = 0, key_n[MAX_KEYS_FAST], nkeys = 0;
@@ -199,6 +201,7 @@ static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len
     GET(born_host, str_born_host)
     GET(born_ts, str_born_timestamp_ms)
     GET(wait, str_wait_store_msg_ok)
+    GET(m_topic, str_topic)
 #undef GET
 #define CHECK(expr)            \
     r = (expr);                \
@@ -209,7 +212,9 @@ static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len
     if (r == 0) goto done;
 
     if (!PyBytes_CheckExact(body)) goto done;
+    CHECK(m_topic == topic_str ? 1 : PyObject_RichCompareBool(m_topic, topic_str, Py_EQ))
     CHECK(small_int(qid, 0, INT32_MAX, &queue_id))
+    if (queue_id != topic_qid) goto done; /* one topic and queue per call (a batch's rule) */
     CHECK(small_int(flag, INT32_MIN, INT32_MAX, &flag_v))
     if (born_ts != Py_None) {
         CHECK(small_int(born_ts, INT64_MIN, INT64_MAX, &born_ts_v))
@@ -306,6 +311,7 @@ done:
     Py_XDECREF(born_host);
     Py_XDECREF(born_ts);
     Py_XDECREF(wait);
+    Py_XDECREF(m_topic);
     return result;
 }
 
@@ -320,19 +326,20 @@ static int ip4_arg(PyObject *o, const unsigned char **out) {
 
 PyDoc_STRVAR(encode_batch_doc,
              "encode_batch(messages, topic_utf8, now_ms, born_ip4, born_port, store_ip4, store_port, "
-             "max_message_size) -> tuple[bytes, ...] | None\n\n"
+             "max_message_size, topic, queue_id) -> tuple[bytes, ...] | None\n\n"
              "Each message as codec.encode_message would encode it after MessageStore._properties, "
              "or None when any message needs the general path (custom properties, IPv6, a born "
-             "host, wait_store_msg_ok=False, anything to be rejected).");
+             "host, wait_store_msg_ok=False, another topic or queue than `topic`/`queue_id`, "
+             "anything to be rejected).");
 
 static PyObject *encode_batch(PyObject *self, PyObject *args) {
-    PyObject *messages, *born_ip_o, *store_ip_o;
+    PyObject *messages, *born_ip_o, *store_ip_o, *topic_str;
     const char *topic;
     Py_ssize_t topic_len;
-    long long now_ms, max_size;
+    long long now_ms, max_size, topic_qid;
     int born_port, store_port;
-    if (!PyArg_ParseTuple(args, "Oy#LOiOiL", &messages, &topic, &topic_len, &now_ms, &born_ip_o, &born_port,
-                          &store_ip_o, &store_port, &max_size))
+    if (!PyArg_ParseTuple(args, "Oy#LOiOiLUL", &messages, &topic, &topic_len, &now_ms, &born_ip_o, &born_port,
+                          &store_ip_o, &store_port, &max_size, &topic_str, &topic_qid))
         return NULL;
     const unsigned char *born_ip, *store_ip;
     if (ip4_arg(born_ip_o, &born_ip) < 0 || ip4_arg(store_ip_o, &store_ip) < 0) return NULL;
@@ -347,7 +354,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *rec = encode_one(PySequence_Fast_GET_ITEM(seq, i), topic, topic_len, now_ms, born_ip, born_port,
-                                   store_ip, store_port, max_size);
+                                   store_ip, store_port, max_size, topic_str, topic_qid);
         if (rec == NULL || rec == Py_None) {
             Py_DECREF(out);
             Py_DECREF(seq);
@@ -1009,6 +1016,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     var = PyUnicode_InternFromString(text);          \
     if (var == NULL) return NULL;
     INTERN(str_body, "body")
+    INTERN(str_topic, "topic")
     INTERN(str_queue_id, "queue_id")
     INTERN(str_tags, "tags")
     INTERN(str_keys, "keys")

@@ -213,8 +213,13 @@ def parse_delay_levels(spec: str = DEFAULT_MESSAGE_DELAY_LEVEL) -> list[int]:
     return levels
 
 
+_VALID_TOPICS_SEEN: set[str] = set()  # a store sees few topics; every put checks one
+
+
 def validate_topic(topic: object) -> str:
     """RocketMQ's topic rules; the topic becomes a directory name, so be strict."""
+    if type(topic) is str and topic in _VALID_TOPICS_SEEN:
+        return topic
     if not isinstance(topic, str):
         raise TopicError(f"topic must be a str, not {type(topic).__name__}")
     if not topic:
@@ -225,6 +230,8 @@ def validate_topic(topic: object) -> str:
         raise TopicError(f"topic {topic!r} has characters outside [a-zA-Z0-9%|_-]")
     if topic in RESERVED_TOPICS:
         raise TopicError(f"topic {topic!r} is reserved by RocketMQ")
+    if len(_VALID_TOPICS_SEEN) < 65536:
+        _VALID_TOPICS_SEEN.add(topic)
     return topic
 
 

@@ -51,3 +51,28 @@ def test_a_full_disk_refuses_puts_cleanly_and_loses_nothing() -> None:
         got = store.get("T", 0, 0, 1000)
         keys = [m.key_list[0] for m in got.messages]
         assert keys == acked  # every acknowledged message, in order, none of the refused ones
+
+
+def test_bad_puts_get_message_illegal_on_either_encoder() -> None:
+    """Mixed batches and bad topics are refused whichever encoder (C or Python) saw them first."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        ok = [mqstore.Message(topic="T", body=b"a"), mqstore.Message(topic="T", body=b"b")]
+        assert store.put_batch(ok).ok
+        illegal = mqstore.PutMessageStatus.MESSAGE_ILLEGAL
+        for bad in (
+            [mqstore.Message(topic="T", body=b"a"), mqstore.Message(topic="U", body=b"b")],
+            [mqstore.Message(topic="T", body=b"a"), mqstore.Message(topic="T", body=b"b", queue_id=1)],
+            [mqstore.Message(topic="T", body=b"a", keys=["has space"])],
+            [mqstore.Message(topic="bad topic!", body=b"a")],
+            [mqstore.Message(topic="T", body=b"a", queue_id=-1)],
+        ):
+            try:
+                result = store.put_batch(bad)
+            except ValueError:
+                assert bad[0].queue_id == -1  # a negative queue id is a programming error
+                continue
+            assert result.status is illegal, (bad, result)
+        assert store.get("T", 0, 0, 10).messages[-1].body == b"b"  # nothing of the bad puts
+        assert store.max_offset("T", 0) == 2

@@ -87,7 +87,7 @@ def _native_encode(messages: list[Message], max_size: int = MAX_SIZE) -> tuple[b
     assert native is not None
     return native.encode_batch(  # type: ignore[no-any-return]
         messages, b"TopicA", NOW, BORN_HOST.address_bytes(), BORN_HOST.port, STORE_HOST.address_bytes(),
-        STORE_HOST.port, max_size,
+        STORE_HOST.port, max_size, "TopicA", messages[0].queue_id,
     )  # fmt: skip
 
 
@@ -100,6 +100,7 @@ def test_encode_batch_is_the_python_encoding_or_declines(messages: list[Message]
         # Declining is right only for what the fast path does not cover.
         assert any(
             m.properties or not m.wait_store_msg_ok or m.born_host or _python_encode(m) is None
+            or m.queue_id != messages[0].queue_id
             or any(c in (m.tags or "") for c in "\x01\x02")
             or (isinstance(m.keys, str) and any(c in m.keys for c in " \x01\x02"))
             or (not isinstance(m.keys, str) and any(not k or any(c in k for c in " \x01\x02") for k in (m.keys or ())))
@@ -123,6 +124,8 @@ def test_encode_batch_declines_what_the_python_path_reports() -> None:
         Message(topic="TopicA", body=bytearray(b"x")),  # not bytes: the general path converts
         Message(topic="TopicA", body=b"x", born_host="10.0.0.1:1"),
         Message(topic="TopicA", body=b"x" * 100, tags="t"),  # too large for max_size below
+        Message(topic="TopicB", body=b"x"),  # another topic: a mixed batch
+        Message(topic="TopicA", body=b"x", queue_id=3),  # another queue
     ):
         assert _native_encode([plain, bad], max_size=150) is None, bad
 
