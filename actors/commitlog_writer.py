@@ -160,7 +160,8 @@ class CommitLogWriter(StoreActor):
             put.reply.send(PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy"))
             return
         records = EncodedRecords(put.records, put.topic, put.queue_id, put.sys_flag, self._store_host)
-        outcome = commitlog.put_encoded(records, self.ctx.clock_ms(), batch=put.batch)
+        now = self.ctx.clock_ms()
+        outcome = commitlog.put_messages(records, now) if put.batch else commitlog.put_message(records, now)
         append = outcome.append_result
         if outcome.status is not PutMessageStatus.PUT_OK or append is None:
             detail = outcome.detail or (append.status.value if append is not None else "")

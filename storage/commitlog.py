@@ -14,7 +14,6 @@ import functools
 import os
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
@@ -51,7 +50,7 @@ from mqstore.storage.status import (
 __all__ = [
     "CommitLog",
     "CommitLogReader",
-    "EncodedRecord",
+    "EncodedRecords",
     "ProgressCallback",
     "scan_commitlog_dir",
 ]
@@ -68,24 +67,10 @@ _PROGRESS_STEP_BYTES: Final = 4 << 20
 ProgressCallback = Callable[[int, int], None]
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedRecord:
-    """A V1 record encoded outside the writer, with the facts the writer needs to place it."""
-
-    data: bytes
-    topic: str
-    queue_id: int
-    sys_flag: int
-    store_host: HostAddress
-
-    @property
-    def queue_key(self) -> str:
-        return f"{self.topic}-{self.queue_id}"
-
-
 class EncodedRecords(NamedTuple):
-    """The records of one put, encoded outside the writer: one topic-queue, one sys flag,
-    one store host (as RocketMQ's batch encoder requires)."""
+    """The records of one put (one record, or a batch), encoded outside the writer, with
+    what the writer needs to place them: one topic-queue, one sys flag, one store host (as
+    RocketMQ's batch encoder requires)."""
 
     datas: tuple[bytes, ...]
     topic: str
@@ -167,27 +152,17 @@ class CommitLog:
         return ok
 
     # put path (§6.4, §6.7) ------------------------------------------------------------------
-    def put_message(self, record: EncodedRecord, now_ms: int) -> PutMessageResult:
+    def put_message(self, record: EncodedRecords, now_ms: int) -> PutMessageResult:
         """Append one record; `now_ms` becomes its store timestamp."""
-        return self.put_encoded(
-            EncodedRecords((record.data,), record.topic, record.queue_id, record.sys_flag, record.store_host),
-            now_ms,
-            batch=False,
-        )
+        assert len(record.datas) == 1, "put_message takes one record"
+        return self._check_and_put(record, now_ms, batch=False)
 
-    def put_messages(self, records: Sequence[EncodedRecord], now_ms: int) -> PutMessageResult:
+    def put_messages(self, records: EncodedRecords, now_ms: int) -> PutMessageResult:
         """Append a batch of one topic-queue contiguously in one file (never split)."""
-        assert records, "empty batch"
-        first = records[0]
-        assert all(r.topic == first.topic and r.queue_id == first.queue_id for r in records), "mixed batch"
-        if any(r.sys_flag & TRANSACTION_MASK != TRANSACTION_NOT_TYPE for r in records):
-            return PutMessageResult(status=PutMessageStatus.MESSAGE_ILLEGAL)
-        datas = tuple([r.data for r in records])
-        encoded = EncodedRecords(datas, first.topic, first.queue_id, first.sys_flag, first.store_host)
-        return self.put_encoded(encoded, now_ms, batch=True)
+        return self._check_and_put(records, now_ms, batch=True)
 
-    def put_encoded(self, records: EncodedRecords, now_ms: int, *, batch: bool) -> PutMessageResult:
-        """The writer's put: one record (`batch` False) or a batch, checked as a whole."""
+    def _check_and_put(self, records: EncodedRecords, now_ms: int, *, batch: bool) -> PutMessageResult:
+        """The checks of putMessage(s), on the put as a whole, then the append."""
         datas = records.datas
         assert datas, "empty put"
         if batch and records.sys_flag & TRANSACTION_MASK != TRANSACTION_NOT_TYPE:
@@ -671,17 +646,11 @@ class CommitLogReader:
 
     def read(self, offset: int, size: int, *, limit: int | None = None) -> bytes | None:
         """Bytes [offset, offset+size) if all below the limit and in one existing segment."""
-        found = self._region_for(offset)
-        if found is None or size < 0 or offset + size > self._limit(limit):
+        view = self.view(offset, size, limit=limit)
+        if view is None:
             return None
-        start, region = found
-        pos = offset - start
-        if pos + size > self.mapped_file_size:
-            return None
-        try:
-            return bytes(region.buf[pos : pos + size])
-        except ValueError:  # unmapped underneath
-            return None
+        with view:
+            return bytes(view)
 
     def view(self, offset: int, size: int, *, limit: int | None = None) -> memoryview | None:
         """`read` without the copy: a view into this reader's own mapping. The caller must

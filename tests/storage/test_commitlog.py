@@ -22,7 +22,7 @@ from mqstore.storage.codec import (
     msg_id,
     segment_file_name,
 )
-from mqstore.storage.commitlog import CommitLog, CommitLogReader, EncodedRecord, scan_commitlog_dir
+from mqstore.storage.commitlog import CommitLog, CommitLogReader, EncodedRecords, scan_commitlog_dir
 from mqstore.storage.fs import FileSystem, RealFileSystem, SimulatedFileSystem
 from mqstore.storage.mapped_file import TransientStorePool
 from mqstore.storage.status import AppendMessageStatus, PutMessageStatus
@@ -46,10 +46,15 @@ BORN = HostAddress("10.0.0.2", 5555)
 STORE = HostAddress("192.168.1.10", 10911)
 
 
-def rec(topic: str = "TopicA", queue_id: int = 0, body: bytes = b"hello", sys_flag: int = 0, props: str = "TAGS\x01t\x02") -> EncodedRecord:
+def rec(topic: str = "TopicA", queue_id: int = 0, body: bytes = b"hello", sys_flag: int = 0, props: str = "TAGS\x01t\x02") -> EncodedRecords:
     data = encode_message(topic=topic, queue_id=queue_id, body=body, properties=props, sys_flag=sys_flag,
                           born_timestamp=1, born_host=BORN, store_host=STORE)
-    return EncodedRecord(data=data, topic=topic, queue_id=queue_id, sys_flag=sys_flag, store_host=STORE)
+    return EncodedRecords((data,), topic, queue_id, sys_flag, STORE)
+
+
+def batch(records: list[EncodedRecords]) -> EncodedRecords:
+    """One put of several records (they share topic, queue, sys flag and host)."""
+    return records[0]._replace(datas=tuple(r.datas[0] for r in records))
 
 
 def make_log(fs: FileSystem, root: str, clock: ManualClock, size: int = SEG, **kw: object) -> CommitLog:
@@ -101,7 +106,7 @@ def test_batch_assigns_consecutive_offsets_and_comma_joined_ids(any_fs: tuple[Fi
     fs, root = any_fs
     cl = make_log(fs, root, clock)
     cl.put_message(rec(queue_id=3), 10)
-    res = cl.put_messages([rec(queue_id=3, body=b"b%d" % i) for i in range(4)], 20)
+    res = cl.put_messages(batch([rec(queue_id=3, body=b"b%d" % i) for i in range(4)]), 20)
     a = res.append_result
     assert res.status is PutMessageStatus.PUT_OK and a is not None
     assert a.msg_num == 4 and a.logics_offset == 1
@@ -115,7 +120,7 @@ def test_batch_assigns_consecutive_offsets_and_comma_joined_ids(any_fs: tuple[Fi
 def test_batch_with_transaction_type_or_mixed_is_illegal(any_fs: tuple[FileSystem, str], clock: ManualClock) -> None:
     fs, root = any_fs
     cl = make_log(fs, root, clock)
-    res = cl.put_messages([rec(sys_flag=TRANSACTION_PREPARED_TYPE)], 1)
+    res = cl.put_messages(batch([rec(sys_flag=TRANSACTION_PREPARED_TYPE)]), 1)
     assert res.status is PutMessageStatus.MESSAGE_ILLEGAL and not res.is_ok
     assert cl.get_max_offset() == 0
 
@@ -124,7 +129,7 @@ def test_roll_over_writes_exact_blank_header_and_zero_rest(any_fs: tuple[FileSys
     fs, root = any_fs
     cl = make_log(fs, root, clock)
     one = rec(body=b"x" * 200)
-    size = len(one.data)
+    size = len(one.datas[0])
     n = 0
     while (n + 1) * size + 8 <= SEG:
         assert cl.put_message(one, 1).status is PutMessageStatus.PUT_OK
@@ -147,7 +152,7 @@ def test_blank_header_matches_fixture_style_for_108_bytes(any_fs: tuple[FileSyst
     fs, root = any_fs
     cl = make_log(fs, root, clock, size=8192)
     filler = rec(body=b"f" * (8084 - 91 - 6 - 7), props="TAGS\x01t\x02")
-    assert len(filler.data) == 8084
+    assert len(filler.datas[0]) == 8084
     assert cl.put_message(filler, 1).is_ok
     cl.put_message(rec(), 2)
     raw = fs.read_bytes(os.path.join(cl.store_path, segment_file_name(0)))
@@ -159,8 +164,8 @@ def test_batch_that_does_not_fit_moves_whole_to_next_file(any_fs: tuple[FileSyst
     cl = make_log(fs, root, clock)
     big = rec(body=b"y" * 3000)
     cl.put_message(big, 1)
-    batch = [rec(body=b"z" * 300) for _ in range(3)]
-    res = cl.put_messages(batch, 2)
+    records = [rec(body=b"z" * 300) for _ in range(3)]
+    res = cl.put_messages(batch(records), 2)
     assert res.is_ok and res.append_result.wrote_offset == SEG  # type: ignore[union-attr]
     recs = messages(cl)
     assert [m.commitlog_offset // SEG for m in recs] == [0, 1, 1, 1]
@@ -173,7 +178,7 @@ def test_oversized_records_are_illegal_and_nothing_is_written(any_fs: tuple[File
     res = cl.put_message(rec(body=b"q" * 2000), 1)
     assert res.status is PutMessageStatus.MESSAGE_ILLEGAL
     assert res.append_result is not None and res.append_result.status is AppendMessageStatus.MESSAGE_SIZE_EXCEEDED
-    res = cl.put_messages([rec(body=b"q" * 600), rec(body=b"q" * 600)], 1)  # sum > max
+    res = cl.put_messages(batch([rec(body=b"q" * 600), rec(body=b"q" * 600)]), 1)  # sum > max
     assert res.status is PutMessageStatus.MESSAGE_ILLEGAL
     small = make_log(fs, root + "/x" if root != "/store" else "/store/x", clock, size=512)
     fs.makedirs(small.store_path)
@@ -328,7 +333,7 @@ def test_recover_abnormally_dispatches_truncates_and_zeroes_dirty_tail(any_fs: t
     # a dirty tail: half a record after the last good one
     buf = last_file.mapped_buffer
     tail_pos = last_file.wrote_position
-    garbage = rec(body=b"g" * 50).data[:60]
+    garbage = rec(body=b"g" * 50).datas[0][:60]
     buf[tail_pos : tail_pos + 60] = garbage
     while not cl.flush(0):
         pass
@@ -449,7 +454,7 @@ def test_random_appends_read_back(ops: list[tuple[int, bytes, bool, int]]) -> No
     counters: dict[int, int] = {}
     for queue_id, body, as_batch, n in ops:
         if as_batch:
-            res = cl.put_messages([rec(queue_id=queue_id, body=body) for _ in range(n)], clock())
+            res = cl.put_messages(batch([rec(queue_id=queue_id, body=body) for _ in range(n)]), clock())
             count = n
         else:
             res = cl.put_message(rec(queue_id=queue_id, body=body), clock())
