@@ -60,7 +60,6 @@ __all__ = ["MessageStore", "open_store"]
 
 _DEFAULT_BORN_HOST = codec.HostAddress("127.0.0.1", 0)
 _DEFAULT_BORN_IP4 = _DEFAULT_BORN_HOST.address_bytes()
-WRITER_DOWN = "writer is restarting"
 _TOTAL_RAM_BYTES = psutil.virtual_memory().total or 24 * 1024**3
 _REPLY_MARGIN_S = 10.0
 # A reader thread re-lists the commitlog at least this often, so a segment the cleaner deleted
@@ -221,13 +220,12 @@ class MessageStore:
 
     def _put_and_wait(self, messages: Sequence[Message], *, batch: bool) -> PutResult:
         started_ns = time.monotonic_ns()
+        checked = self._precheck(messages, batch)
+        if isinstance(checked, PutResult):
+            return checked  # refused before the writer: not a put in the stats
         waiter = Waiter()
-        refused = self._submit(messages, batch, Reply(future=waiter))
-        if refused is not None:
-            if refused.detail == WRITER_DOWN:
-                self.stats_service.record_put(messages[0].topic, refused, time.monotonic_ns() - started_ns)
-            return refused
-        result = self._wait(waiter)
+        down = self._tell_writer(messages, batch, checked, Reply(future=waiter))
+        result = down if down is not None else self._wait(waiter)
         self.stats_service.record_put(messages[0].topic, result, time.monotonic_ns() - started_ns)
         return result
 
@@ -240,22 +238,21 @@ class MessageStore:
         if reply is None:
             waiter = Waiter()
             reply = Reply(future=waiter)
-        # Refusals before the writer are answered on `reply` unrecorded; the writer's answers
-        # (and "writer is restarting") pass the stats on the way.
-        timed = self.stats_service.timed_reply(messages[0].topic if messages else "", reply, started_ns)
-        refused = self._submit(messages, batch, timed, plain=reply)
-        if refused is not None:
-            return refused
+        checked = self._precheck(messages, batch)
+        if isinstance(checked, PutResult):
+            reply.send(checked)
+            return checked
+        down = self._tell_writer(messages, batch, checked, self.stats_service.timed_reply(messages[0].topic, reply, started_ns))
+        if down is not None:
+            return down
         return waiter if waiter is not None else PutResult(status=PutMessageStatus.PUT_OK, detail="submitted")
 
-    def _submit(self, messages: Sequence[Message], batch: bool, reply: Reply, plain: Reply | None = None) -> PutResult | None:
-        """None once the writer was told (it answers `reply`); else the refusal, also sent to
-        `plain` (or `reply`) for a refusal before the writer, to `reply` when the writer is down."""
-        refused = self._precheck(messages, batch)
-        if isinstance(refused, PutResult):
-            (plain or reply).send(refused)
-            return refused
-        records, sys_flag, sync_wait = refused
+    def _tell_writer(
+        self, messages: Sequence[Message], batch: bool, checked: tuple[tuple[bytes, ...], int, bool], reply: Reply
+    ) -> PutResult | None:
+        """Hand the encoded put to the writer, which answers `reply`; if the writer is down
+        (being restarted), answer `reply` with SERVICE_NOT_AVAILABLE here and return that."""
+        records, sys_flag, sync_wait = checked
         first = messages[0]
         put = EncodedPut(
             records=records,
@@ -268,7 +265,7 @@ class MessageStore:
             enqueued_ns=time.monotonic_ns(),
         )
         if not self.supervisor.ctx.tell("writer", put):
-            result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=WRITER_DOWN)
+            result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
             reply.send(result)
             return result
         return None
