@@ -180,10 +180,25 @@ def test_append_records_refuses_what_does_not_fit() -> None:
 SCHEDULE = codec.SCHEDULE_TOPIC.encode()
 
 
-def _python_scan(buf: Any, limit: int) -> list[tuple[RecordKind, int, DispatchFields | None]]:
-    out = []
+Scanned = list[tuple[RecordKind, int, "DispatchFields | None"]]
+
+
+def _scan(buf: Any, limit: int, *, use_native: bool, max_records: int = 7) -> Scanned:
+    """Records from 0 to the first non-message: by the Python decoder alone, or the reput
+    loop's way (C while it can, the Python decoder for what it leaves)."""
+    out: Scanned = []
     pos = 0
     while pos < limit:
+        if use_native:
+            assert native is not None
+            decoded, end = native.scan_dispatch(buf, pos, limit, max_records, MAX_SIZE, DispatchFields, SCHEDULE)
+            for fields in decoded:
+                assert type(fields) is DispatchFields
+                out.append((RecordKind.MESSAGE, pos, fields))
+                pos += fields.msg_size
+            assert pos == end
+            if decoded:
+                continue
         kind, size, fields = codec.read_dispatch(buf, pos, limit, MAX_SIZE)
         out.append((kind, pos, fields))
         if kind is not RecordKind.MESSAGE:
@@ -192,26 +207,12 @@ def _python_scan(buf: Any, limit: int) -> list[tuple[RecordKind, int, DispatchFi
     return out
 
 
-def _mixed_scan(buf: Any, limit: int, max_records: int = 7) -> list[tuple[RecordKind, int, DispatchFields | None]]:
-    """The reput loop's way: C while it can, the Python decoder for what it leaves."""
-    assert native is not None
-    out: list[tuple[RecordKind, int, DispatchFields | None]] = []
-    pos = 0
-    while pos < limit:
-        decoded, end = native.scan_dispatch(buf, pos, limit, max_records, MAX_SIZE, DispatchFields, SCHEDULE)
-        for fields in decoded:
-            assert type(fields) is DispatchFields
-            out.append((RecordKind.MESSAGE, pos, fields))
-            pos += fields.msg_size
-        assert pos == end
-        if decoded:
-            continue
-        kind, size, fields = codec.read_dispatch(buf, pos, limit, MAX_SIZE)
-        out.append((kind, pos, fields))
-        if kind is not RecordKind.MESSAGE:
-            break
-        pos += size
-    return out
+def _python_scan(buf: Any, limit: int) -> Scanned:
+    return _scan(buf, limit, use_native=False)
+
+
+def _mixed_scan(buf: Any, limit: int, max_records: int = 7) -> Scanned:
+    return _scan(buf, limit, use_native=True, max_records=max_records)
 
 
 _PROPS = st.lists(
