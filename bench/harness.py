@@ -111,23 +111,28 @@ class RssSampler:
 
     ru_maxrss is a lifetime high-water mark, useless per case; sampling every 10 ms misses
     short spikes but sees the steady working set of each case.
+
+    The children are listed once, when the phase starts (the systems start their servers
+    before it): listing them walks all of /proc, ~0.5 ms of CPU a sample, and at 100 samples/s
+    that cost the measured store 10-25% of its put_batch rate through the GIL.
     """
 
     interval_s = 0.01
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
+        self._children: list[psutil.Process] = []
         self._peak_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _rss_bytes(self) -> int:
         total = self._proc.memory_info().rss
-        for child in self._proc.children(recursive=True):
+        for child in self._children:
             try:
                 total += child.memory_info().rss
             except psutil.Error:
-                pass  # a child that exited between listing and reading
+                pass  # a child that exited since the phase started
         return total
 
     def _run(self) -> None:
@@ -135,6 +140,7 @@ class RssSampler:
             self._peak_bytes = max(self._peak_bytes, self._rss_bytes())
 
     def __enter__(self) -> RssSampler:
+        self._children = self._proc.children(recursive=True)
         self._peak_bytes = self._rss_bytes()
         self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
         self._thread.start()
@@ -421,6 +427,9 @@ def machine_info(data_dir: Path) -> dict[str, Any]:
     return {
         "cpu_model": _cpu_model(),
         "logical_cores": os.cpu_count(),
+        # `taskset -c 0 mqstore bench` runs every system on one CPU (threads and child
+        # servers inherit the mask): the README's one-CPU table.
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "physical_cores": psutil.cpu_count(logical=False),
         "ram_bytes": vm.total,
         "disk": _filesystem_of(data_dir),
@@ -443,6 +452,14 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+def pinned_note(machine: dict[str, Any]) -> str:
+    """' (process on CPU 0)' when the run was confined to fewer CPUs than the machine has."""
+    cpus = machine.get("cpu_affinity")
+    if not cpus or len(cpus) >= (machine.get("logical_cores") or 0):
+        return ""
+    return f" (process on CPU{'s' if len(cpus) > 1 else ''} {','.join(map(str, cpus))})"
+
+
 def write_table(result: dict[str, Any], out: TextIO) -> None:
     """Absolute figures (median [min-max]) and, for our comparable cases, ours/theirs."""
     ratio_of: dict[tuple[str, str, str, int | None, str], float] = {
@@ -452,7 +469,8 @@ def write_table(result: dict[str, Any], out: TextIO) -> None:
     disk = result["disk"]
     out.write(
         f"\nmqstore bench ({result['mode']}) on {result['machine']['cpu_model']}, "
-        f"{result['machine']['logical_cores']} cores, {result['machine']['disk'].get('fstype')}\n"
+        f"{result['machine']['logical_cores']} cores{pinned_note(result['machine'])}, "
+        f"{result['machine']['disk'].get('fstype')}\n"
         f"disk: seq write+fsync {_fmt(disk['seq_write_fsync_mb_s']['median'])} MB/s, "
         f"append+fdatasync p50 {_fmt(disk['append_fdatasync_p50_us']['median'])} us "
         f"p99 {_fmt(disk['append_fdatasync_p99_us']['median'])} us; "

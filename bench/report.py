@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mqstore.bench.harness import pinned_note
+
 __all__ = ["render_markdown"]
 
 # (our case, their case, headline metric, how to print it)
@@ -64,7 +66,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     machine = result.get("machine", {})
     lines = [
         f"Measured {machine.get('date', '?')[:16].replace('T', ' ')} UTC on {machine.get('cpu_model', '?')}, "
-        f"{machine.get('logical_cores', '?')} cores, {machine.get('disk', {}).get('fstype', '?')}; "
+        f"{machine.get('logical_cores', '?')} cores{pinned_note(machine)}, {machine.get('disk', {}).get('fstype', '?')}; "
         f"`mqstore bench` ({result.get('mode', '?')} mode, median of the repeats). Ratio: mqstore over "
         "the best alternative of the same durability class (above 1 is better for mqstore; for "
         "latency, the alternative's over ours).",

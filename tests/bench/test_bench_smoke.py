@@ -16,7 +16,7 @@ import pytest
 
 from mqstore.bench import cli
 from mqstore.bench.alternatives import SERVERLESS
-from mqstore.bench.harness import COMPARISONS, OURS, compute_ratios, write_table
+from mqstore.bench.harness import COMPARISONS, OURS, compute_ratios, pinned_note, write_table
 from mqstore.bench.workload import BenchConfig
 
 GENERIC_CASES = ("append", "read", "lookup", "append_sync")
@@ -134,3 +134,12 @@ def test_markdown_report_has_a_row_per_compared_case_and_the_figures_of_the_json
         assert text.count(f"| {label} |") == len(bodies)  # one row per body size
     sqlite_append = _case(result, "sqlite", "append", bodies[-1])["metrics"]["msgs_per_s"]["median"]
     assert f"{sqlite_append:,.0f}" in text
+
+
+def test_a_run_confined_to_fewer_cpus_says_so(tiny_run: tuple[int, dict[str, Any], Path]) -> None:
+    _, result, _ = tiny_run
+    assert result["machine"]["cpu_affinity"], "the JSON records the CPUs the run could use"
+    assert pinned_note({"cpu_affinity": [0], "logical_cores": 2}) == " (process on CPU 0)"
+    assert pinned_note({"cpu_affinity": [0, 2], "logical_cores": 4}) == " (process on CPUs 0,2)"
+    assert pinned_note({"cpu_affinity": [0, 1], "logical_cores": 2}) == ""
+    assert pinned_note({}) == "", "results written before the field existed"
