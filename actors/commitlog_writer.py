@@ -196,7 +196,7 @@ class CommitLogWriter(StoreActor):
             if not self.ctx.tell("flush", request):
                 put.reply.send(result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
         else:
-            put.reply.send(result)
+            put.reply.send(result, hand_over=True)
             # Each notice wakes two threads; while more puts wait in the inbox, one notice
             # after them covers them all (positions are absolute), bounded so dispatch lags
             # at most NOTICE_EVERY_PUTS_MAX puts under a constant stream.

@@ -158,6 +158,17 @@ class Waiter:
         self._value = value
         self._signal.post_holding_gil()
 
+    def hand_over(self, value: Any) -> None:
+        """`set`, dropping the GIL while the caller is woken, so it can run at once instead
+        of waking only to wait for the GIL. For an answerer with one answer to give (the
+        writer: 4 put threads +10%, on one CPU or two); a burst of answers (group commit)
+        keeps `set` (16 SYNC_FLUSH producers measured 14% slower with this)."""
+        if self._answered:
+            return
+        self._answered = True
+        self._value = value
+        self._signal.post()
+
     def set_exception(self, exc_info: Any = None) -> None:
         if self._answered:
             return
@@ -222,13 +233,19 @@ class Reply:
         self._done = False
         self._lock = threading.Lock()
 
-    def send(self, answer: Any) -> None:
+    def send(self, answer: Any, *, hand_over: bool = False) -> None:
+        """Deliver `answer`. `hand_over`: the sender has nothing more to answer right now,
+        so a waiting thread may take the GIL at once (`Waiter.hand_over`)."""
         with self._lock:
             if self._done:
                 return
             self._done = True
-        if self._future is not None:
-            self._future.set(answer)
+        future = self._future
+        if future is not None:
+            if hand_over and isinstance(future, Waiter):
+                future.hand_over(answer)
+            else:
+                future.set(answer)
         if self._actor is not None:
             self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
         if self._callback is not None:

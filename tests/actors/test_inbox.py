@@ -11,7 +11,7 @@ import pykka
 import pytest
 
 from mqstore.actors.base import FastInbox
-from mqstore.messages import Waiter
+from mqstore.messages import Reply, Waiter
 from mqstore.messages import _LockSignal as LockSignal
 from mqstore.storage import speedups
 
@@ -103,6 +103,23 @@ def test_waiter_answers_once_and_times_out(signal_cls: Any, monkeypatch: pytest.
     failed.set_exception((RuntimeError, RuntimeError("boom"), None))
     with pytest.raises(RuntimeError, match="boom"):
         failed.get(timeout=1)
+
+
+@pytest.mark.parametrize("signal_cls", SIGNALS)
+def test_a_handed_over_answer_reaches_its_waiter_once(signal_cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    if signal_cls is LockSignal:
+        monkeypatch.setattr(speedups, "native", None)
+    w = Waiter()
+    reply = Reply(future=w)
+    threading.Timer(0.01, lambda: reply.send("answer", hand_over=True)).start()
+    assert w.get(timeout=5) == "answer"
+    reply.send("late", hand_over=True)
+    w.hand_over("later")
+    assert w.get(timeout=0) == "answer"
+    # hand_over only changes how a Waiter is woken: other futures get the plain answer
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    Reply(future=future).send("answer", hand_over=True)
+    assert future.get(timeout=1) == "answer"
 
 
 @pytest.mark.skipif(speedups.native is None, reason="C extension not built")
