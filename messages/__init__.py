@@ -67,10 +67,10 @@ class Message(NamedTuple):
     wait_store_msg_ok: bool = True  # RocketMQ's WAIT property: under sync flush, wait for the disk
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PutResult:
+class PutResult(NamedTuple):
     """The answer to a put. `ok` means PUT_OK; `stored` means the bytes are in the log
-    (PUT_OK, or FLUSH_DISK_TIMEOUT where RocketMQ also keeps the message)."""
+    (PUT_OK, or FLUSH_DISK_TIMEOUT where RocketMQ also keeps the message). Immutable; a
+    NamedTuple, like `Message`, because one is built per put (0.4 us against 1.2 us)."""
 
     status: PutMessageStatus
     commitlog_offset: int = -1
@@ -350,8 +350,7 @@ class EncodedPut:
     enqueued_ns: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommitLogAdvanced:
+class CommitLogAdvanced(NamedTuple):
     """Absolute positions, so a lost or repeated notice costs nothing (STYLE habit 4)."""
 
     max_offset: int  # readable end (wrote, or committed with the transient store pool)

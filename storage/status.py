@@ -6,7 +6,7 @@ name; the Java spelling, where it differs, is in the comment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 from enum import Enum
 
 __all__ = [
@@ -51,8 +51,7 @@ class GetMessageStatus(str, Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppendMessageResult:
+class AppendMessageResult(NamedTuple):
     """What one append into one segment did (§6.4 step 4).
 
     For END_OF_FILE, `wrote_bytes` is the blank's size (the rest of the file) and the
@@ -78,8 +77,7 @@ class AppendMessageResult:
         return self.wrote_offset + self.wrote_bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PutMessageResult:
+class PutMessageResult(NamedTuple):
     """A put's status for the producer plus the append facts (None when nothing was appended)."""
 
     status: PutMessageStatus
