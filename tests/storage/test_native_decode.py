@@ -20,8 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import mqstore
+from mqstore import Message, MessageStore
 from mqstore.storage import codec, speedups
 from mqstore.storage.codec import MessageRecord, RecordKind
+from mqstore.storage.commitlog import CommitLogReader
+from mqstore.storage.fs import RealFileSystem
 
 from .conftest import FIXTURES
 
@@ -390,7 +394,7 @@ def test_refuses_a_record_class_that_is_not_a_tuple() -> None:
         native.decode_message(_raw_record(), 0, None, MAX_SIZE, dict, codec._host_from_bytes)
 
 
-# ---- codec.read_message ------------------------------------------------
+# ---- codec.read_message and CommitLogReader.select ------------------------------------------------
 
 
 @pytest.fixture(params=["native", "python"])
@@ -409,3 +413,68 @@ def test_read_message_is_read_records_message_on_either_path(either_path: str) -
         for start in starts:
             read = codec.read_record(damaged, start, limit)
             assert codec.read_message(damaged, start, limit) == (read.record if read.kind is RecordKind.MESSAGE else None)
+
+
+def test_select_locates_what_read_reads(tmp_path: Path) -> None:
+    fs = RealFileSystem()
+    size = 4096
+    for start in (0, size * 2):  # a gap: the middle segment is missing
+        with open(tmp_path / codec.segment_file_name(start), "wb") as f:
+            f.write(random.Random(start).randbytes(size))
+    reader = CommitLogReader(fs, str(tmp_path), mapped_file_size=size)
+    try:
+        for offset, n in [(0, 10), (100, 0), (size - 4, 4), (size - 4, 5), (size, 4), (2 * size + 5, 100),
+                          (3 * size, 1), (7, -1), (3 * size - 1, 1)]:  # fmt: skip
+            place = reader.select(offset, n)
+            data = reader.read(offset, n, limit=offset + n)
+            if data is None:
+                assert place is None, (offset, n)
+            else:
+                assert place is not None
+                buf, pos = place
+                assert bytes(buf[pos : pos + n]) == data
+        reader._regions[0].close()  # unmapped underneath: read and select both say so
+        assert reader.read(0, 4, limit=4) is None and reader.select(0, 4) is None
+    finally:
+        reader.close()
+
+
+# ---- the store's reads on both paths --------------------------------------------------------------
+
+
+def _store_reads(store: MessageStore) -> list[object]:
+    out: list[object] = []
+    for offset in range(0, 40, 7):
+        for tags in (None, "A", "B||C", "*"):
+            for raw in (False, True):
+                out.append(store.get("T", 0, offset, 8, tags=tags, raw=raw))
+    out.append(store.query("T", "k3"))
+    out.append(store.query("T", "U-7"))
+    first = store.get("T", 0, 0, 64).messages
+    for record in first:
+        out.append(store.lookup(record.commitlog_offset))
+        out.append(store.lookup_msg_id(record.msg_id))
+    out.extend(store.lookup(record.commitlog_offset + 1) for record in first[:5])  # not a record start
+    return out
+
+
+@needs_native
+def test_get_query_and_lookup_give_the_same_results_on_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = mqstore.open(tmp_path / "store", mapped_file_size_commitlog_bytes=1 << 20)
+    try:
+        for i in range(40):
+            message = Message(
+                topic="T", body=bytes([i]) * (i * 7), tags=["A", "B", "C", None][i % 4], keys=[f"k{i}", f"k{i % 5}"],
+                properties={"UNIQ_KEY": f"U-{i}", "note": "中文"} if i % 3 else {},
+            )  # fmt: skip
+            assert store.put(message).ok
+        assert store.wait_for_messages("T", 0, 39, timeout_s=10)
+        fast = _store_reads(store)
+        monkeypatch.setattr(speedups, "native", None)
+        reference = _store_reads(store)
+    finally:
+        store.close()
+    assert fast == reference
+    looked_up = [r for r in fast if isinstance(r, MessageRecord)]
+    assert len(looked_up) >= 2 * 32 and all(type(r.body) is bytes for r in looked_up)
+    assert sum(1 for r in fast if r is None) == 5  # the lookups between record starts
