@@ -46,7 +46,7 @@ from .messages import (
     Waiter,
 )
 from .storage import codec
-from .storage.codec import MessageRecord, RecordKind
+from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
 from .storage.consumer_offsets import ConsumerOffsetStore
 from .storage.disk import DiskGauge
@@ -483,10 +483,12 @@ class MessageStore:
         status = GetMessageStatus.NO_MATCHED_MESSAGE
         found_raw: list[bytes] = []
         found: list[MessageRecord] = []
-        total_bytes = 0
+        count = total_bytes = 0
         next_phy_file_start = -1
         limit = max(16000, max_count * 20)
         unpack = codec.CQ_UNIT.unpack_from
+        read_message = codec.read_message
+        max_message_size = cfg.max_message_size_bytes
         i = 0
         while i < len(units) and i < limit:
             phy, size, tags_code = unpack(units, i)
@@ -494,32 +496,38 @@ class MessageStore:
                 i += 20
                 continue
             in_disk = head - phy > in_memory_bytes
-            if _batch_full(cfg, size, max_count, total_bytes, len(found_raw), in_disk, max_total_bytes):
+            if _batch_full(cfg, size, max_count, total_bytes, count, in_disk, max_total_bytes):
                 break
             if wanted is not None and codec.to_int32(tags_code) not in wanted[0]:
                 if total_bytes == 0:
                     status = GetMessageStatus.NO_MATCHED_MESSAGE
                 i += 20
                 continue
-            data = reader.read(phy, size, limit=phy + size)
-            if data is None:
+            # Raw mode hands out copies of the records; decoding reads them in place in the map.
+            data = None
+            if raw:
+                data = reader.read(phy, size, limit=phy + size)
+                place = None if data is None else (data, 0)
+            else:
+                place = reader.select(phy, size)
+            if place is None:
                 if total_bytes == 0:
                     status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 next_phy_file_start = phy + cfg.mapped_file_size_commitlog_bytes - phy % cfg.mapped_file_size_commitlog_bytes
                 i += 20
                 continue
-            record = None
             if wanted is not None or not raw:
-                read = codec.read_record(data, 0, read_body=True, max_message_size=cfg.max_message_size_bytes)
-                record = read.record if read.kind is RecordKind.MESSAGE else None
+                buf, pos = place
+                record = read_message(buf, pos, pos + size, max_message_size=max_message_size)
                 if record is None or (wanted is not None and record.tags not in wanted[1]):
                     if total_bytes == 0:
                         status = GetMessageStatus.NO_MATCHED_MESSAGE
                     i += 20
                     continue
-            found_raw.append(data)
-            if record is not None:
                 found.append(record)
+            if data is not None:
+                found_raw.append(data)
+            count += 1
             total_bytes += size
             status = GetMessageStatus.FOUND
             next_phy_file_start = -1
@@ -568,17 +576,13 @@ class MessageStore:
         )
 
     def _record_at(self, reader: CommitLogReader, offset: int) -> MessageRecord | None:
-        head = reader.read(offset, 4, limit=offset + 4)
-        if head is None:
+        """The message record at `offset`, decoded in place in the reader's map. Its own
+        TOTALSIZE bounds it: within max_message_size and the segment, or None."""
+        place = reader.select(offset, 4)
+        if place is None:
             return None
-        size = int.from_bytes(head, "big", signed=True)
-        if not 0 < size <= self.config.max_message_size_bytes:
-            return None
-        data = reader.read(offset, size, limit=offset + size)
-        if data is None:
-            return None
-        read = codec.read_record(data, 0, max_message_size=self.config.max_message_size_bytes)
-        return read.record if read.kind is RecordKind.MESSAGE else None
+        buf, pos = place
+        return codec.read_message(buf, pos, max_message_size=self.config.max_message_size_bytes)
 
     def lookup(self, commitlog_offset: int) -> MessageRecord | None:
         """lookMessageByOffset (§13.3)."""

@@ -988,6 +988,252 @@ static PyTypeObject SignalType = {
     .tp_methods = Signal_methods,
 };
 
+/* ==========================================================================================
+ * ---- decode_message: the read path's record decoder --------------------------------------
+ *
+ * codec.read_record(buf, pos, limit, max_message_size=...) for a record it would return as
+ * MESSAGE (check_crc off, body read): the same MessageRecord, built straight from the buffer
+ * without copying the record first. Everything else (blank, unwritten space, any damage or
+ * disagreement between lengths) returns None, and the caller runs read_record, which stays
+ * the reference and the only place those cases are decided. The checks below mirror
+ * read_record and codec._decode_message in their order; where Python would read past the
+ * record and only then find it CORRUPT (a fixed part or topic length beyond TOTALSIZE), this
+ * declines before reading.
+ * ========================================================================================== */
+
+#define MESSAGE_MAGIC_CODE_V2 ((int32_t)0xDAA320AB)
+#define MESSAGE_RECORD_FIELDS 18
+#define DECODE_TOPIC_CACHE_BYTES 255
+
+/* One decoded value per slot, reused while consecutive records repeat its bytes: a store's
+ * records share their hosts and a queue's records their topic. Both values are immutable
+ * (HostAddress is a frozen dataclass, and codec caches hosts the same way). */
+typedef struct {
+    PyObject *factory; /* the host factory that made `value` (hosts only) */
+    unsigned char key[DECODE_TOPIC_CACHE_BYTES];
+    Py_ssize_t key_len; /* -1: empty slot */
+    int32_t port;
+    PyObject *value;
+} decode_slot;
+
+static decode_slot decode_born_slot = {NULL, {0}, -1, 0, NULL};
+static decode_slot decode_store_slot = {NULL, {0}, -1, 0, NULL};
+static decode_slot decode_topic_slot = {NULL, {0}, -1, 0, NULL};
+
+static inline int decode_slot_hit(const decode_slot *s, PyObject *factory, const unsigned char *key, Py_ssize_t n,
+                                  int32_t port) {
+    return s->value != NULL && s->factory == factory && s->key_len == n && s->port == port &&
+           memcmp(s->key, key, (size_t)n) == 0;
+}
+
+static void decode_slot_fill(decode_slot *s, PyObject *factory, const unsigned char *key, Py_ssize_t n, int32_t port,
+                             PyObject *value) {
+    if (n > DECODE_TOPIC_CACHE_BYTES) return;
+    Py_XINCREF(factory);
+    Py_XSETREF(s->factory, factory);
+    Py_INCREF(value);
+    Py_XSETREF(s->value, value);
+    memcpy(s->key, key, (size_t)n);
+    s->key_len = n;
+    s->port = port;
+}
+
+/* host_factory(address bytes, port), i.e. codec._host_from_bytes, for a 4- or 16-byte
+ * address. A new reference, NULL on error. */
+static PyObject *decode_host(decode_slot *slot, PyObject *factory, const unsigned char *addr, Py_ssize_t n,
+                             int32_t port) {
+    if (decode_slot_hit(slot, factory, addr, n, port)) {
+        Py_INCREF(slot->value);
+        return slot->value;
+    }
+    /* The factory runs Python code, during which another thread may write the buffer or
+     * decode too: the slot is filled afterwards, from a copy of the key taken now. */
+    unsigned char key[16];
+    memcpy(key, addr, (size_t)n);
+    PyObject *addr_o = PyBytes_FromStringAndSize((const char *)key, n);
+    PyObject *port_o = PyLong_FromLong(port);
+    PyObject *host = NULL;
+    if (addr_o != NULL && port_o != NULL) host = PyObject_CallFunctionObjArgs(factory, addr_o, port_o, NULL);
+    Py_XDECREF(addr_o);
+    Py_XDECREF(port_o);
+    if (host != NULL) decode_slot_fill(slot, factory, key, n, port, host);
+    return host;
+}
+
+/* bytes.decode("utf-8", "replace"), as _decode_message decodes the topic. */
+static PyObject *decode_topic(const unsigned char *p, Py_ssize_t n) {
+    if (decode_slot_hit(&decode_topic_slot, NULL, p, n, 0)) {
+        Py_INCREF(decode_topic_slot.value);
+        return decode_topic_slot.value;
+    }
+    PyObject *topic = PyUnicode_DecodeUTF8((const char *)p, n, "replace");
+    if (topic != NULL) decode_slot_fill(&decode_topic_slot, NULL, p, n, 0, topic);
+    return topic;
+}
+
+/* codec.parse_properties over the decoded str itself (not its bytes), so every code point,
+ * replacement characters included, splits exactly as str.split does: items on \2; an item
+ * counts only if, once its trailing \1s are stripped, exactly one \1 remains. A later
+ * duplicate name overwrites the value and keeps the first one's place, as a dict does. */
+static PyObject *decode_properties(PyObject *s) {
+    PyObject *props = PyDict_New();
+    if (props == NULL) return NULL;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (n == 0) return props;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    Py_ssize_t a = 0;
+    for (;;) {
+        Py_ssize_t b = a;
+        while (b < n && PyUnicode_READ(kind, data, b) != PROPERTY_SEPARATOR) b++;
+        Py_ssize_t e = b;
+        while (e > a && PyUnicode_READ(kind, data, e - 1) == NAME_VALUE_SEPARATOR) e--;
+        Py_ssize_t sep = -1, count = 0;
+        for (Py_ssize_t k = a; k < e && count < 2; k++)
+            if (PyUnicode_READ(kind, data, k) == NAME_VALUE_SEPARATOR) {
+                count++;
+                sep = k;
+            }
+        if (count == 1) {
+            PyObject *name = PyUnicode_Substring(s, a, sep);
+            PyObject *value = name != NULL ? PyUnicode_Substring(s, sep + 1, e) : NULL;
+            int rc = value != NULL ? PyDict_SetItem(props, name, value) : -1;
+            Py_XDECREF(name);
+            Py_XDECREF(value);
+            if (rc < 0) {
+                Py_DECREF(props);
+                return NULL;
+            }
+        }
+        if (b >= n) break;
+        a = b + 1;
+    }
+    return props;
+}
+
+PyDoc_STRVAR(decode_message_doc,
+             "decode_message(buf, pos, limit, max_message_size, record_cls, host_factory) -> record | None\n\n"
+             "The MessageRecord codec.read_record(buf, pos, limit, max_message_size=...) would return "
+             "(limit None: the buffer's end), built from the buffer in place; bytes fields are copies. "
+             "None for anything read_record does not report as MESSAGE: the caller runs it for those.");
+
+static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "decode_message takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t limit = PY_SSIZE_T_MAX;
+    if (args[2] != Py_None) {
+        limit = PyLong_AsSsize_t(args[2]);
+        if (limit == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long max_size = PyLong_AsLongLong(args[3]);
+    if (max_size == -1 && PyErr_Occurred()) return NULL;
+    PyObject *cls_o = args[4], *host_factory = args[5];
+    if (!PyType_Check(cls_o) || !PyType_IsSubtype((PyTypeObject *)cls_o, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record_cls must be a tuple subclass");
+        return NULL;
+    }
+    if (!PyCallable_Check(host_factory)) {
+        PyErr_SetString(PyExc_TypeError, "host_factory must be callable");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *items[MESSAGE_RECORD_FIELDS] = {NULL};
+    PyObject *result = Py_None;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t end = limit < view.len ? limit : view.len;
+
+    /* read_record: a header, a message magic code, a size within bounds and the buffer. */
+    if (pos < 0 || pos + 8 > end) goto decline;
+    const unsigned char *r = buf + pos;
+    int32_t total = get_i32(r);
+    int32_t magic = get_i32(r + 4);
+    if (magic != MESSAGE_MAGIC_CODE && magic != MESSAGE_MAGIC_CODE_V2) goto decline;
+    int v2 = magic == MESSAGE_MAGIC_CODE_V2;
+    if (total < (v2 ? 92 : 91) || total > max_size || pos + total > end) goto decline;
+    const Py_ssize_t rec_end = pos + total;
+
+    /* _decode_message: the fixed part, whose length the host flags set. Where it overruns
+     * the record, the body length check below could never pass in Python either. */
+    int32_t sys_flag = get_i32(r + 36);
+    Py_ssize_t born_len = (sys_flag & BORNHOST_V6_FLAG) ? 16 : 4;
+    Py_ssize_t store_len = (sys_flag & STOREHOSTADDRESS_V6_FLAG) ? 16 : 4;
+    Py_ssize_t p = pos + 48 + born_len + 12 + store_len + 20;
+    if (p > rec_end) goto decline;
+    const unsigned char *born = r + 48;
+    const unsigned char *store = born + born_len + 12;
+    int32_t body_len = get_i32(store + store_len + 16);
+    if (body_len < 0 || p + body_len > rec_end) goto decline;
+    const unsigned char *body = buf + p;
+    p += body_len;
+    Py_ssize_t topic_len;
+    if (v2) {
+        if (p + 2 > rec_end) goto decline;
+        topic_len = get_i16(buf + p);
+        p += 2;
+    } else {
+        if (p + 1 > rec_end) goto decline;
+        topic_len = (int8_t)buf[p];
+        p += 1;
+    }
+    if (topic_len <= 0 || p + topic_len + 2 > rec_end) goto decline;
+    const unsigned char *topic = buf + p;
+    p += topic_len;
+    Py_ssize_t props_len = get_i16(buf + p);
+    p += 2;
+    if (props_len < 0 || p + props_len > rec_end) goto decline;
+    const unsigned char *props = buf + p;
+    /* calMsgLength with the hosts' sizes, as cal_msg_length(..., sys_flag, v2) */
+    if ((Py_ssize_t)total != 74 + (born_len + 4) + (store_len + 4) + body_len + (v2 ? 2 : 1) + topic_len + props_len)
+        goto decline;
+
+    /* A MESSAGE: the fields of MessageRecord, in its order; stop at the first failure (a
+     * host factory must not be called with an exception set). */
+#define DECODE_FIELD(k, value) \
+    if ((items[k] = (value)) == NULL) goto fail;
+    DECODE_FIELD(0, PyLong_FromLong(total))
+    DECODE_FIELD(1, PyLong_FromLong(magic))
+    DECODE_FIELD(2, PyLong_FromLong(get_i32(r + 8)))
+    DECODE_FIELD(3, PyLong_FromLong(get_i32(r + 12)))
+    DECODE_FIELD(4, PyLong_FromLong(get_i32(r + 16)))
+    DECODE_FIELD(5, PyLong_FromLongLong(get_i64(r + 20)))
+    DECODE_FIELD(6, PyLong_FromLongLong(get_i64(r + 28)))
+    DECODE_FIELD(7, PyLong_FromLong(sys_flag))
+    DECODE_FIELD(8, PyLong_FromLongLong(get_i64(r + 40)))
+    DECODE_FIELD(9, decode_host(&decode_born_slot, host_factory, born, born_len, get_i32(born + born_len)))
+    DECODE_FIELD(10, PyLong_FromLongLong(get_i64(born + born_len + 4)))
+    DECODE_FIELD(11, decode_host(&decode_store_slot, host_factory, store, store_len, get_i32(store + store_len)))
+    DECODE_FIELD(12, PyLong_FromLong(get_i32(store + store_len + 4)))
+    DECODE_FIELD(13, PyLong_FromLongLong(get_i64(store + store_len + 8)))
+    DECODE_FIELD(14, PyBytes_FromStringAndSize((const char *)body, body_len))
+    DECODE_FIELD(15, decode_topic(topic, topic_len))
+    if (props_len > 0) {
+        DECODE_FIELD(16, PyUnicode_DecodeUTF8((const char *)props, props_len, "replace"))
+    } else {
+        Py_INCREF(empty_str);
+        items[16] = empty_str;
+    }
+    DECODE_FIELD(17, decode_properties(items[16]))
+#undef DECODE_FIELD
+    PyBuffer_Release(&view);
+    return make_fields((PyTypeObject *)cls_o, items, MESSAGE_RECORD_FIELDS);
+
+decline:
+    PyBuffer_Release(&view);
+    Py_INCREF(result);
+    return result;
+fail:
+    for (int k = 0; k < MESSAGE_RECORD_FIELDS; k++) Py_XDECREF(items[k]);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---- end of decode_message ----------------------------------------------------------------- */
+
 /* ---- module ------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -998,6 +1244,8 @@ static PyMethodDef methods[] = {
     {"java_hash", java_hash, METH_O, java_hash_doc},
     {"msync", msync_range, METH_VARARGS, msync_doc},
     {"cq_runs", cq_runs, METH_O, cq_runs_doc},
+    /* read path */
+    {"decode_message", (PyCFunction)(void (*)(void))decode_message, METH_FASTCALL, decode_message_doc},
     {NULL, NULL, 0, NULL},
 };
 

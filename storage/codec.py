@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import mmap
 import re
 import struct
 import zlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Iterable, Mapping, NamedTuple
+
+from . import speedups
 
 MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, upstream 5.1+
@@ -620,6 +623,28 @@ def _decode_message(
         properties=parse_properties(props_raw),
     )
     return RecordRead(RecordKind.MESSAGE, pos, total, record)
+
+
+def read_message(
+    buf: bytes | bytearray | memoryview | mmap.mmap,
+    pos: int,
+    limit: int | None = None,
+    *,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> MessageRecord | None:
+    """The message record `read_record` finds at `pos`, or None where it finds anything else.
+
+    The read path's entry (get, query, lookup): the C decoder builds the record straight from
+    `buf`, and whatever it declines (damage, blank, end of data) goes through `read_record`,
+    the reference. `buf` may be a map: nothing of it is kept past this call.
+    """
+    fast = speedups.native
+    if fast is not None:
+        record: MessageRecord | None = fast.decode_message(buf, pos, limit, max_message_size, MessageRecord, _host_from_bytes)
+        if record is not None:
+            return record
+    read = read_record(buf, pos, limit, max_message_size=max_message_size)
+    return read.record if read.kind is RecordKind.MESSAGE else None
 
 
 def encode_record(record: MessageRecord) -> bytes:

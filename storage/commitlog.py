@@ -11,6 +11,7 @@ watermark it was told. `scan_commitlog_dir` walks a directory for tools.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -667,6 +668,22 @@ class CommitLogReader:
             return memoryview(region.buf)[pos : pos + size]
         except ValueError:  # unmapped underneath
             return None
+
+    def select(self, offset: int, size: int) -> tuple[mmap.mmap | bytearray, int] | None:
+        """selectMappedBuffer without a buffer object: the map that holds [offset, offset+size)
+        and the position there, None where `read(offset, size, limit=offset + size)` gives None.
+
+        For a decoder that reads in place within one call (`codec.read_message`): it holds the
+        map only while it runs, so nothing outlives the call and no record is copied. The
+        caller must not keep the map: a refresh or close of this reader unmaps it."""
+        found = self._region_for(offset)
+        if found is None or size < 0:
+            return None
+        start, region = found
+        pos = offset - start
+        if pos + size > self.mapped_file_size or getattr(region.buf, "closed", False):
+            return None
+        return region.buf, pos
 
     def read_record(
         self, offset: int, *, limit: int | None = None, check_crc: bool = False, read_body: bool = True
