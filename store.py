@@ -487,7 +487,7 @@ class MessageStore:
         next_phy_file_start = -1
         limit = max(16000, max_count * 20)
         unpack = codec.CQ_UNIT.unpack_from
-        read_message = codec.read_message
+        read_message = _read_in_place
         max_message_size = cfg.max_message_size_bytes
         i = 0
         while i < len(units) and i < limit:
@@ -518,7 +518,13 @@ class MessageStore:
                 continue
             if wanted is not None or not raw:
                 buf, pos = place
-                record = read_message(buf, pos, pos + size, max_message_size=max_message_size)
+                try:
+                    record = read_message(buf, pos, pos + size, max_message_size)
+                except _Unmapped:
+                    if total_bytes == 0:
+                        status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    i += 20
+                    continue
                 if record is None or (wanted is not None and record.tags not in wanted[1]):
                     if total_bytes == 0:
                         status = GetMessageStatus.NO_MATCHED_MESSAGE
@@ -582,7 +588,10 @@ class MessageStore:
         if place is None:
             return None
         buf, pos = place
-        return codec.read_message(buf, pos, max_message_size=self.config.max_message_size_bytes)
+        try:
+            return _read_in_place(buf, pos, None, self.config.max_message_size_bytes)
+        except _Unmapped:
+            return None
 
     def lookup(self, commitlog_offset: int) -> MessageRecord | None:
         """lookMessageByOffset (§13.3)."""
@@ -795,6 +804,21 @@ class MessageStore:
                     return False
                 self._arrival_cond.wait(remaining)
         return True
+
+
+class _Unmapped(Exception):
+    """The reader's map was closed between finding it and decoding (the store closing, or
+    the segment removed): the record is as unreadable as if `select` had not found it."""
+
+
+def _read_in_place(buf: Any, pos: int, limit: int | None, max_message_size: int) -> MessageRecord | None:
+    """`codec.read_message` on a map of the reader's; _Unmapped if that map is closed."""
+    try:
+        return codec.read_message(buf, pos, limit, max_message_size=max_message_size)
+    except ValueError as exc:
+        if getattr(buf, "closed", False):
+            raise _Unmapped from exc
+        raise
 
 
 def _subscription(tags: str | None) -> tuple[frozenset[int], frozenset[str]] | None:

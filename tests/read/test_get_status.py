@@ -133,6 +133,32 @@ def test_units_whose_commitlog_segment_was_deleted_are_message_was_removing(tmp_
     assert store.lookup(0) is None
 
 
+def test_a_map_closed_between_finding_and_decoding_reads_as_removed(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """get/lookup decode in place in the reader's map; a close racing them (store closing,
+    segment removed) reads as the segment being removed, never as an exception."""
+    import mmap
+
+    store = open_store()
+    put_n(store, 3)
+    closed = mmap.mmap(-1, 4096)
+    closed.close()
+    monkeypatch.setattr(store_module.CommitLogReader, "select", lambda self, offset, size: (closed, 0))
+    r = store.get("T", 0, 0, 32)
+    assert (r.status, r.messages) == (S.MESSAGE_WAS_REMOVING, ())
+    assert store.lookup(0) is None
+    # Other errors are not hidden.
+    monkeypatch.setattr(store_module.CommitLogReader, "select", lambda self, offset, size: (b"\0" * 8, -9))
+    monkeypatch.setattr(store_module.codec, "read_message", _raise_value_error)
+    with pytest.raises(ValueError, match="not a closed map"):
+        store.lookup(0)
+
+
+def _raise_value_error(*args: object, **kwargs: object) -> None:
+    raise ValueError("not a closed map")
+
+
 def test_no_matched_logic_queue_when_the_consume_queue_service_cannot_answer(open_store: Open) -> None:
     """4.4.0 never returns it (queues are created on demand); we do when the ConsumeQueue actor
     is down (between its crash and its restart, or after close). The offset is kept."""
