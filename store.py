@@ -24,6 +24,7 @@ from .config import StoreConfig
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
 from .messages import (
+    Asked,
     EncodedPut,
     FlushAll,
     Get,
@@ -407,8 +408,10 @@ class MessageStore:
         ref = self.supervisor.ctx.peers.get(peer)
         if ref is None or not self.running:
             raise ServiceUnavailable(f"{peer} is not running")
+        waiter = Waiter()
         try:
-            return ref.ask(message, timeout=self._reply_timeout_s)
+            ref.tell(Asked(message, Reply(future=waiter)))
+            return waiter.get(timeout=self._reply_timeout_s)
         except (pykka.ActorDeadError, pykka.Timeout) as exc:
             raise ServiceUnavailable(f"{peer} did not answer: {exc}") from exc
 

@@ -18,7 +18,7 @@ import pykka
 from ..config import StoreConfig
 from ..faults import FaultPlan
 from ..log import get_logger
-from ..messages import Reply
+from ..messages import Asked, Reply
 from ..storage import speedups
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
@@ -158,6 +158,8 @@ class StoreActor(pykka.ThreadingActor):
         raise NotImplementedError
 
     def on_receive(self, message: Any) -> Any:
+        if type(message) is Asked:
+            return self._answer(message)
         try:
             return self.handle(message)
         except Exception as exc:
@@ -165,6 +167,18 @@ class StoreActor(pykka.ThreadingActor):
             if isinstance(reply, Reply):
                 reply.fail(ServiceUnavailable(f"{self.name} failed: {exc}"))
             raise
+
+    def _answer(self, asked: Asked) -> None:
+        """An ask as pykka treats one: the handler's exception goes to the asker (a bad
+        request is the asker's error) and the actor carries on."""
+        try:
+            answer = self.handle(asked.message)
+        except Exception as exc:
+            self.log.info("exception returned to the asker", request=type(asked.message).__name__, error=repr(exc))
+            asked.reply.fail(exc)
+            return None
+        asked.reply.send(answer, hand_over=True)
+        return None
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         self.log.error("actor crashed", error=repr(exception_value))
