@@ -165,10 +165,10 @@ def test_too_many_restarts_fail_the_store_cleanly(store_dir: Path) -> None:
     # Each crash is one failure; a restart that fails (the new writer crashed before reput's
     # handshake) is one more, so there are at most MAX_RESTARTS restarts and crashes + 1.
     # A restarted writer that a queued put crashes before its group finished starting makes
-    # that restart fail (no record): with fast producers most of them can, so only one
-    # completed restart is certain.
+    # that restart fail (no record). Whether any restart completes first is a race with the
+    # producer (none did in 3 of 12 runs on a loaded 2-vCPU machine): not asserted.
     crashes = plan.fired["writer.mid_batch_append"]
-    assert 1 <= len(sup.restarts) <= MAX_RESTARTS and crashes <= MAX_RESTARTS + 1, (len(sup.restarts), crashes)
+    assert 1 <= crashes <= MAX_RESTARTS + 1 and len(sup.restarts) <= MAX_RESTARTS, (len(sup.restarts), crashes)
     # Back-off grows (10, 20, 40 ms ... up to BACKOFF_MAX_MS) with the failures in the period:
     # the supervisor's own choice, not wall-clock gaps, which carry the machine's noise.
     backoffs = [r.backoff_ms for r in sup.restarts]
