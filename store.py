@@ -40,6 +40,7 @@ from .messages import (
     QueryOffsets,
     QueryOffsetsReply,
     QueryResult,
+    QueueBounds,
     Reply,
     Subscribe,
     UnitsReply,
@@ -49,6 +50,7 @@ from .messages import (
 from .storage import codec
 from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
+from .storage.consume_queue import ConsumeQueueReader
 from .storage.consumer_offsets import ConsumerOffsetStore
 from .storage.disk import DiskGauge
 from .storage.fs import FileSystem
@@ -147,6 +149,14 @@ class MessageStore:
         self._closed = False
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
+        # What the ConsumeQueue actor published (QueueBounds): `get` reads units through each
+        # thread's own maps below these bounds instead of asking the actor.
+        self._queue_bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        self._queue_bounds_live = False
+        self._queue_units_written = 0  # commitlog offset below which every dispatched unit is written
+        self._queue_maps_generation = 0  # bumped when files may be gone: readers drop their maps
+        self._queue_readers: list[ConsumeQueueReader] = []
+        self.supervisor.ctx.on_queue_bounds = self._on_queue_bounds
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
         # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
         self._stats_ticker = StatsTicker(self)
@@ -189,6 +199,9 @@ class MessageStore:
             for reader in self._readers:
                 reader.close()
             self._readers.clear()
+            for queue_reader in self._queue_readers:
+                queue_reader.close()
+            self._queue_readers.clear()
         with self._arrival_cond:
             self._arrival_cond.notify_all()
         _open_stores.discard(self)
@@ -418,6 +431,66 @@ class MessageStore:
     def _units(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply:
         return self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))
 
+    def _units_direct(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply | None:
+        """`_units` through this thread's own maps, for an offset inside the published bounds
+        (every other status is decided by the actor), once the units of the thread's own
+        last put are written; None when any of that does not hold."""
+        bounds = self._queue_bounds.get((topic, queue_id))
+        written = self._queue_units_written
+        if bounds is None or not self._queue_bounds_live or getattr(self._local, "last_put_end", 0) > written:
+            return None
+        min_offset, max_offset = bounds
+        if not min_offset <= offset < max_offset:
+            return None
+        reader = self._queue_reader()
+        units = reader.read_units(topic, queue_id, offset, min(max_units, max_offset - offset))
+        if units is None:
+            return None
+        units_per_file = reader.mapped_file_size // codec.CQ_STORE_UNIT_SIZE
+        return UnitsReply(
+            exists=True,
+            min_offset=min_offset,
+            max_offset=max_offset,
+            units=units,
+            next_file_offset=offset + units_per_file - offset % units_per_file,
+            commitlog_head=written,
+        )
+
+    def _queue_reader(self) -> ConsumeQueueReader:
+        reader: ConsumeQueueReader | None = getattr(self._local, "queue_reader", None)
+        if reader is None:
+            reader = ConsumeQueueReader(
+                self.fs, self.config.consume_queue_dir, mapped_file_size=self.config.mapped_file_size_consume_queue_bytes
+            )
+            self._local.queue_reader = reader
+            self._local.queue_maps_generation = self._queue_maps_generation
+            with self._readers_lock:
+                self._queue_readers.append(reader)
+        elif self._local.queue_maps_generation != self._queue_maps_generation:
+            self._local.queue_maps_generation = self._queue_maps_generation
+            reader.forget()
+        return reader
+
+    def _on_queue_bounds(self, published: QueueBounds | None) -> None:
+        """Called in the ConsumeQueue actor's thread: cheap, never blocks."""
+        with self._arrival_cond:
+            if published is None:
+                self._queue_bounds_live = False
+                self._queue_bounds = {}
+                self._queue_maps_generation += 1
+                return
+            table = self._queue_bounds
+            if published.complete:
+                table = self._queue_bounds = {}
+                self._queue_maps_generation += 1
+            for key, (min_offset, max_offset) in published.bounds.items():
+                previous = table.get(key)
+                if previous is not None and min_offset > previous[0]:
+                    self._queue_maps_generation += 1  # files below the new min may be deleted
+                table[key] = (min_offset, max_offset)
+            self._queue_units_written = published.dispatched_offset
+            self._queue_bounds_live = True
+
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self._units(topic, queue_id, -1, 0).min_offset
 
@@ -441,9 +514,18 @@ class MessageStore:
         and the record's real tag confirms, so hash collisions never deliver a wrong tag.
         A thread reads its own writes: what it put is dispatched before its get runs."""
         self._await_own_writes()
+        # The scan reads at most max(16000, maxMsgNums * 20) bytes of units (§13.1).
+        max_units = max(800, max_count)
+        if not raw:
+            direct = self._units_direct(topic, queue_id, offset, max_units)
+            if direct is not None:
+                found = self._collect(direct.units or b"", direct.commitlog_head, offset, max_count, max_total_bytes,
+                                      tags, raw, {"min_offset": direct.min_offset, "max_offset": direct.max_offset},
+                                      expect=(topic, queue_id))  # fmt: skip
+                if found is not None:
+                    return found
         try:
-            # The scan reads at most max(16000, maxMsgNums * 20) bytes of units (§13.1).
-            reply = self._units(topic, queue_id, offset, max(800, max_count))
+            reply = self._units(topic, queue_id, offset, max_units)
         except ServiceUnavailable:
             # 4.4.0 cannot reach NO_MATCHED_LOGIC_QUEUE (queues are created on demand); we
             # report it when the ConsumeQueue actor cannot answer (the store is closed, or the
@@ -466,7 +548,9 @@ class MessageStore:
             return GetResult(status=GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_begin_offset=nxt, **common)
         if reply.units is None:
             return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset, **common)
-        return self._collect(reply.units, reply.commitlog_head, offset, max_count, max_total_bytes, tags, raw, common)
+        result = self._collect(reply.units, reply.commitlog_head, offset, max_count, max_total_bytes, tags, raw, common)
+        assert result is not None
+        return result
 
     def _collect(
         self,
@@ -478,7 +562,12 @@ class MessageStore:
         tags: str | None,
         raw: bool,
         common: dict[str, int],
-    ) -> GetResult:
+        *,
+        expect: tuple[str, int] | None = None,
+    ) -> GetResult | None:
+        """The messages the units point at (§13.1's loop). With `expect` (units read through
+        this thread's maps), each record must be that (topic, queueId)'s at its queue offset,
+        else None: the caller asks the actor, the owner, instead."""
         cfg = self.config
         reader = self._reader()
         wanted = _subscription(tags)
@@ -528,6 +617,13 @@ class MessageStore:
                         status = GetMessageStatus.MESSAGE_WAS_REMOVING
                     i += 20
                     continue
+                if expect is not None and (
+                    record is None
+                    or record.queue_offset != offset + i // 20
+                    or record.queue_id != expect[1]
+                    or record.topic != expect[0]
+                ):
+                    return None
                 if record is None or (wanted is not None and record.tags not in wanted[1]):
                     if total_bytes == 0:
                         status = GetMessageStatus.NO_MATCHED_MESSAGE

@@ -64,6 +64,10 @@ class ActorContext:
     # (StoreStats sampling, the stats snapshot). Each must be cheap; one that raises is logged
     # and called again next time.
     on_tick_ms: list[Callable[[int], None]] = field(default_factory=list)
+    # Where the ConsumeQueue actor publishes what readers of consumequeue/ need (QueueBounds;
+    # None when it stops: until its successor publishes, readers ask it). Called in its
+    # thread; it must be cheap and never block.
+    on_queue_bounds: Callable[[Any], None] = lambda _bounds: None
 
     def tell(self, peer: str, message: Any) -> bool:
         """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
+from typing import Any, Iterable
 
 from ..messages import (
     ConsumeQueueFilesDeleted,
@@ -19,6 +19,7 @@ from ..messages import (
     GetOffsetByTime,
     GetUnits,
     Ping,
+    QueueBounds,
     QueueSnapshot,
     Tick,
     UnitsReply,
@@ -58,11 +59,27 @@ class ConsumeQueueService(StoreActor):
                 unit = cq.get_unit(cq.get_max_offset_in_queue() - 1)
                 if unit is not None:
                     self._dispatched_offset = max(self._dispatched_offset, unit[0] + unit[1])
+        self._publish(self._queues, complete=True)
 
     def release(self) -> None:
+        # Withdrawn first: a restarted actor may truncate what it recovers, and readers must
+        # not trust these bounds until the successor publishes its own.
+        self.ctx.on_queue_bounds(None)
         for cq in self._queues.values():
             cq.mapped_file_queue.shutdown(0)
         self._queues.clear()
+
+    def _publish(self, keys: Iterable[tuple[str, int]], *, complete: bool = False) -> None:
+        """Tell readers of consumequeue/ the bounds of `keys` (after the units are written)."""
+        queues = self._queues
+        bounds = {}
+        for key in keys:
+            cq = queues.get(key)
+            if cq is not None:
+                bounds[key] = (cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue())
+        self.ctx.on_queue_bounds(
+            QueueBounds(bounds=bounds, dispatched_offset=self._dispatched_offset, complete=complete)
+        )
 
     def _commitlog(self) -> CommitLogReader:
         """Read-only maps of the commitlog, for one lookup: closed right after, so this actor
@@ -138,6 +155,7 @@ class ConsumeQueueService(StoreActor):
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
+        self._publish(key for key, _ in runs)
 
     def _dispatch_runs(self, batch: DispatchBatch, runs: list[tuple[str, int, bytes, int, int, int, int]]) -> None:
         """`_dispatch` with the runs built in C: each run one queue, dense queue offsets,
@@ -155,6 +173,7 @@ class ConsumeQueueService(StoreActor):
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
+        self._publish((run[0], run[1]) for run in runs)
 
     def _get_units(self, request: GetUnits) -> UnitsReply:
         cq = self._queues.get((request.topic, request.queue_id))
@@ -197,13 +216,18 @@ class ConsumeQueueService(StoreActor):
     def _delete_expired(self, min_phy_offset: int, start_after: tuple[str, int] | None) -> ConsumeQueueFilesDeleted:
         """CleanConsumeQueueService (§12.6) for the queues after `start_after`, up to and
         including the first one that deleted files (the cleaner pauses, then resumes there)."""
-        for key in sorted(self._queues):
-            if start_after is not None and key <= start_after:
-                continue
-            deleted = self._queues[key].delete_expired_file(min_phy_offset)  # also corrects its min offset
-            if deleted > 0:
-                return ConsumeQueueFilesDeleted(deleted=deleted, last_queue=key)
-        return ConsumeQueueFilesDeleted(deleted=0, last_queue=None)
+        visited: list[tuple[str, int]] = []
+        try:
+            for key in sorted(self._queues):
+                if start_after is not None and key <= start_after:
+                    continue
+                visited.append(key)
+                deleted = self._queues[key].delete_expired_file(min_phy_offset)  # also corrects its min offset
+                if deleted > 0:
+                    return ConsumeQueueFilesDeleted(deleted=deleted, last_queue=key)
+            return ConsumeQueueFilesDeleted(deleted=0, last_queue=None)
+        finally:
+            self._publish(visited)  # their min offsets may have moved
 
     def _snapshot(self) -> QueueSnapshot:
         return QueueSnapshot(

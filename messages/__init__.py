@@ -474,6 +474,19 @@ class UnitsReply:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class QueueBounds:
+    """What the ConsumeQueue actor publishes for readers of consumequeue/ (`get` reads the
+    units through its own maps): per (topic, queueId), the first and the next readable queue
+    offset, every unit below the latter written; and the commitlog offset up to which every
+    dispatched unit is written. `complete`: the whole table (after the actor's start), else
+    only the queues that changed."""
+
+    bounds: Mapping[tuple[str, int], tuple[int, int]]
+    dispatched_offset: int
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class QueueSnapshot:
     """The ConsumeQueue actor's facts: max offset per "topic-queueId", and where dispatch may resume."""
 
@@ -523,6 +536,7 @@ __all__ += [
     "IndexFileFlushed",
     "GetUnits",
     "UnitsReply",
+    "QueueBounds",
     "QueueSnapshot",
     "QueryOffsets",
     "QueryOffsetsReply",

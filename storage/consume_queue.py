@@ -15,12 +15,13 @@ from typing import Callable, Final
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, jdiv
-from mqstore.storage.fs import FileSystem, RealFileSystem
+from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 
 __all__ = [
     "ConsumeQueue",
+    "ConsumeQueueReader",
     "FILLER_UNIT",
     "cq_file_size",
     "iter_cq_units",
@@ -352,6 +353,51 @@ class ConsumeQueue:
 
 
 # -------------------------------------------------------------------------------------------
+class ConsumeQueueReader:
+    """Read-only maps of consumequeue/ files for one reading thread (the store's `get`), as
+    CommitLogReader is for the commitlog: no round trip to the owner. It knows nothing of
+    which units are written; its caller reads only below the bounds the owner published.
+    Not thread-safe."""
+
+    MAPS_MAX: Final = 64  # files kept mapped; the least recently used beyond this are closed
+
+    def __init__(self, fs: FileSystem, consume_queue_root: str, *, mapped_file_size: int) -> None:
+        self.fs = fs
+        self.root = consume_queue_root
+        self.mapped_file_size = cq_file_size(mapped_file_size)
+        self._maps: dict[tuple[str, int, int], MappedRegion] = {}  # insertion order = use order
+
+    def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> bytes | None:
+        """Up to `max_units` units from queue offset `offset`, within its file; None if that
+        file cannot be mapped (deleted, or not yet created at its full size)."""
+        start = offset * CQ_STORE_UNIT_SIZE
+        file_from = start - start % self.mapped_file_size
+        key = (topic, queue_id, file_from)
+        region = self._maps.pop(key, None)
+        if region is None:
+            path = os.path.join(self.root, topic, str(queue_id), f"{file_from:020d}")
+            try:
+                region = self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
+            except (OSError, ValueError):
+                return None
+            while len(self._maps) >= self.MAPS_MAX:
+                self._maps.pop(next(iter(self._maps))).close()
+        self._maps[key] = region
+        pos = start - file_from
+        try:
+            return bytes(region.buf[pos : pos + min(max_units * CQ_STORE_UNIT_SIZE, self.mapped_file_size - pos)])
+        except ValueError:  # closed underneath (the store closing)
+            return None
+
+    def forget(self) -> None:
+        """Close every map: files were deleted (their space is freed once unmapped)."""
+        for region in self._maps.values():
+            region.close()
+        self._maps.clear()
+
+    close = forget
+
+
 # Tools
 
 
