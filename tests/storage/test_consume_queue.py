@@ -12,6 +12,7 @@ from mqstore.storage.codec import CQ_UNIT, segment_file_name
 from mqstore.storage.consume_queue import (
     FILLER_UNIT,
     ConsumeQueue,
+    ConsumeQueueReader,
     cq_file_size,
     iter_cq_units,
     list_consume_queues,
@@ -51,6 +52,31 @@ def test_put_and_get_units_across_files(any_fs: tuple[FileSystem, str], clock: A
     assert cq.max_physic_offset == 1000 + 24 * 100
     assert cq.get_last_offset() == 1000 + 24 * 100 + 100
     assert os.path.join("consumequeue", "T", "0") in cq.store_path
+
+
+def test_a_reader_sees_the_owners_units_through_its_own_maps(
+    any_fs: tuple[FileSystem, str], clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    reader = ConsumeQueueReader(fs, os.path.join(root, "consumequeue"), mapped_file_size=SIZE)
+    assert reader.read_units("T", 0, 0, 4) is None  # no file yet
+    for q in range(25):
+        assert cq.put_message_position_info(1000 + q * 100, 100, -q, q)
+    assert reader.read_units("T", 0, 8, 800) == cq.get_index_buffer(8)  # to the file's end
+    assert reader.read_units("T", 0, 20, 3) == b"".join(CQ_UNIT.pack(1000 + q * 100, 100, -q) for q in (20, 21, 22))
+    assert cq.put_message_position_info(1000 + 25 * 100, 100, -25, 25)
+    assert reader.read_units("T", 0, 25, 1) == CQ_UNIT.pack(3500, 100, -25), "a mapped file shows later writes"
+    assert reader.read_units("T", 1, 0, 1) is None and reader.read_units("X", 0, 0, 1) is None
+    # At most MAPS_MAX maps: the least recently used is closed.
+    monkeypatch.setattr(ConsumeQueueReader, "MAPS_MAX", 2)
+    reader.read_units("T", 0, 0, 1)
+    assert [key[2] for key in reader._maps] == [2 * SIZE, 0]  # most recently used last
+    assert reader.read_units("T", 0, 10, 1) == CQ_UNIT.pack(2000, 100, -10)
+    assert [key[2] for key in reader._maps] == [0, SIZE]
+    reader.forget()
+    assert reader._maps == {} and reader.read_units("T", 0, 3, 1) == CQ_UNIT.pack(1300, 100, -3)
+    reader.close()
 
 
 def test_unit_bytes_match_appendix_b(any_fs: tuple[FileSystem, str], clock: Any) -> None:
