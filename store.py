@@ -431,13 +431,22 @@ class MessageStore:
     def _units(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply:
         return self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))
 
+    def _published_bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """The queue's (min, max) offsets as the ConsumeQueue actor last published them, if
+        they cover the calling thread's own last put (read-your-writes); else None: ask."""
+        bounds = self._queue_bounds.get((topic, queue_id))
+        if bounds is None or not self._queue_bounds_live:
+            return None
+        if getattr(self._local, "last_put_end", 0) > self._queue_units_written:
+            return None
+        return bounds
+
     def _units_direct(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply | None:
         """`_units` through this thread's own maps, for an offset inside the published bounds
-        (every other status is decided by the actor), once the units of the thread's own
-        last put are written; None when any of that does not hold."""
-        bounds = self._queue_bounds.get((topic, queue_id))
+        (every other status is decided by the actor); None when that does not hold."""
         written = self._queue_units_written
-        if bounds is None or not self._queue_bounds_live or getattr(self._local, "last_put_end", 0) > written:
+        bounds = self._published_bounds(topic, queue_id)
+        if bounds is None:
             return None
         min_offset, max_offset = bounds
         if not min_offset <= offset < max_offset:
@@ -492,10 +501,12 @@ class MessageStore:
             self._queue_bounds_live = True
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        return self._units(topic, queue_id, -1, 0).min_offset
+        bounds = self._published_bounds(topic, queue_id)
+        return bounds[0] if bounds is not None else self._units(topic, queue_id, -1, 0).min_offset
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        return self._units(topic, queue_id, -1, 0).max_offset
+        bounds = self._published_bounds(topic, queue_id)
+        return bounds[1] if bounds is not None else self._units(topic, queue_id, -1, 0).max_offset
 
     @records_get
     def get(

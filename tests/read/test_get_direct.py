@@ -64,6 +64,18 @@ def test_direct_gets_equal_the_actors_answers(open_store: Open, monkeypatch: pyt
     assert direct == by_actor
 
 
+def test_min_and_max_offsets_from_the_bounds_equal_the_actors(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(**TINY_CQ)
+    put_n(store, 13)
+    put_n(store, 2, queue_id=1)
+    caught_up(store)
+    asked = counting_asks(store, monkeypatch)
+    direct = [(store.min_offset("T", q), store.max_offset("T", q)) for q in range(3)]
+    assert len(asked) == 2, "only the unknown queue asks (twice)"
+    monkeypatch.setattr(store, "_published_bounds", lambda *args: None)
+    assert direct == [(store.min_offset("T", q), store.max_offset("T", q)) for q in range(3)] == [(0, 13), (0, 2), (0, 0)]
+
+
 def test_bounds_that_claim_unwritten_units_fall_back_to_the_actor(open_store: Open) -> None:
     """A stale or wrong bound can only cost a round trip: every record read directly must be
     the queue's own at its offset."""
