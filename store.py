@@ -431,13 +431,16 @@ class MessageStore:
     def _units(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply:
         return self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))
 
-    def _published_bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+    def _published_bounds(self, topic: str, queue_id: int, *, all_dispatched: bool = False) -> tuple[int, int] | None:
         """The queue's (min, max) offsets as the ConsumeQueue actor last published them, if
-        they cover the calling thread's own last put (read-your-writes); else None: ask."""
+        they cover the calling thread's own last put (read-your-writes); else None: ask.
+        `all_dispatched`: only if they also cover everything dispatch has reported (arrivals,
+        long polling), as an ask queued behind those dispatch batches would."""
         bounds = self._queue_bounds.get((topic, queue_id))
         if bounds is None or not self._queue_bounds_live:
             return None
-        if getattr(self._local, "last_put_end", 0) > self._queue_units_written:
+        written = self._queue_units_written
+        if getattr(self._local, "last_put_end", 0) > written or (all_dispatched and self._dispatched_end > written):
             return None
         return bounds
 
@@ -501,11 +504,11 @@ class MessageStore:
             self._queue_bounds_live = True
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        bounds = self._published_bounds(topic, queue_id)
+        bounds = self._published_bounds(topic, queue_id, all_dispatched=True)
         return bounds[0] if bounds is not None else self._units(topic, queue_id, -1, 0).min_offset
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        bounds = self._published_bounds(topic, queue_id)
+        bounds = self._published_bounds(topic, queue_id, all_dispatched=True)
         return bounds[1] if bounds is not None else self._units(topic, queue_id, -1, 0).max_offset
 
     @records_get
