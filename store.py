@@ -137,7 +137,10 @@ class MessageStore:
         self.store_host = self.supervisor.store_host
         self._store_host_ip4 = None if self.store_host.is_ipv6 else self.store_host.address_bytes()
         self._local = threading.local()
-        self._readers: list[CommitLogReader] = []
+        # Each reading thread's own readers (thread-local); held weakly, so a thread that ends
+        # takes its maps with it (a host that starts a thread per request would otherwise pile
+        # up maps until close()), and close() closes those of the living threads.
+        self._readers: weakref.WeakSet[CommitLogReader] = weakref.WeakSet()
         self._readers_lock = threading.Lock()
         self._arrived: dict[tuple[str, int], int] = {}
         self._dispatched_end = 0  # commitlog offset the reput actor has dispatched up to
@@ -155,7 +158,7 @@ class MessageStore:
         self._queue_bounds_live = False
         self._queue_units_written = 0  # commitlog offset below which every dispatched unit is written
         self._queue_maps_generation = 0  # bumped when files may be gone: readers drop their maps
-        self._queue_readers: list[ConsumeQueueReader] = []
+        self._queue_readers: weakref.WeakSet[ConsumeQueueReader] = weakref.WeakSet()
         self.supervisor.ctx.on_queue_bounds = self._on_queue_bounds
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
         # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
@@ -196,10 +199,10 @@ class MessageStore:
                 pass
         clean = self.supervisor.stop()
         with self._readers_lock:
-            for reader in self._readers:
+            for reader in list(self._readers):
                 reader.close()
             self._readers.clear()
-            for queue_reader in self._queue_readers:
+            for queue_reader in list(self._queue_readers):
                 queue_reader.close()
             self._queue_readers.clear()
         with self._arrival_cond:
@@ -414,7 +417,7 @@ class MessageStore:
             )
             self._local.reader = reader
             with self._readers_lock:
-                self._readers.append(reader)
+                self._readers.add(reader)
         return reader
 
     def _ask(self, peer: str, message: Any) -> Any:
@@ -477,7 +480,7 @@ class MessageStore:
             self._local.queue_reader = reader
             self._local.queue_maps_generation = self._queue_maps_generation
             with self._readers_lock:
-                self._queue_readers.append(reader)
+                self._queue_readers.add(reader)
         elif self._local.queue_maps_generation != self._queue_maps_generation:
             self._local.queue_maps_generation = self._queue_maps_generation
             reader.forget()

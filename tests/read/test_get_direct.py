@@ -5,6 +5,7 @@ actor's answers, and check it is taken, withdrawn and refreshed when it should b
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import threading
@@ -167,3 +168,22 @@ def test_a_stopping_consume_queue_actor_withdraws_its_bounds(open_store: Open) -
     assert published[-1] is None
     assert not store._queue_bounds_live and store._queue_bounds == {}
     assert store.get("T", 0, 0, 4).status is S.NO_MATCHED_LOGIC_QUEUE, "the owner decides while it is down"
+
+
+def test_a_reading_thread_that_ends_takes_its_maps_with_it(open_store: Open) -> None:
+    store = open_store(**TINY_CQ)
+    put_n(store, 20)
+
+    def read() -> None:
+        assert len(store.get("T", 0, 0, 32).messages) == 8
+
+    for _ in range(5):
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+    gc.collect()
+    assert len(store._queue_readers) == 0 and len(store._readers) == 0
+    read()  # this thread's readers stay until close()
+    assert len(store._queue_readers) == 1 and len(store._readers) == 1
+    store.close()
+    assert len(store._queue_readers) == 0
