@@ -611,11 +611,11 @@ class MessageStore:
     def _index_reader(self) -> IndexReader | None:
         """This thread's index reader, mapping the files the index actor last published, once
         everything this thread put is indexed (read-your-writes); None when the actor must be
-        asked instead: nothing published yet, the store not running, or a file not mappable.
-        In that case the thread has waited for dispatch only: the actor's inbox is FIFO, so
-        the dispatch it was sent before the question is indexed before the answer."""
+        asked instead: nothing published yet, not caught up in time, the store not running,
+        or a file not mappable. Then the thread waits for dispatch only: the actor's inbox is
+        FIFO, so the dispatch it was sent before the question is indexed before the answer."""
         progress = self._await_own_index()
-        if progress is None or not self.running:
+        if progress is None or progress[1] < getattr(self._local, "last_put_end", 0) or not self.running:
             self._await_own_writes()
             return None
         index_reader: IndexReader | None = getattr(self._local, "index_reader", None)
@@ -637,8 +637,8 @@ class MessageStore:
 
     def _await_own_index(self, timeout_s: float = 5.0) -> tuple[tuple[str, ...], int] | None:
         """The index actor's last publication, once it covers the end of the calling thread's
-        last acknowledged put (woken by the publication hook, never by polling); after
-        `timeout_s` the latest one anyway. None if the actor has published nothing."""
+        last acknowledged put (woken by the publication hook, never by polling), or the latest
+        one after `timeout_s` or once the store closes. None if the actor has published nothing."""
         target = getattr(self._local, "last_put_end", 0)
         progress = self._index_progress
         if progress is None or progress[1] >= target:

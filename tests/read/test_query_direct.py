@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import pykka
 import pytest
 
 from mqstore import FaultPlan, Message, MessageStore
@@ -105,6 +106,7 @@ def test_direct_query_answers_exactly_as_the_index_actor_across_roll_overs_windo
         topic = "T" if rng.random() < 0.8 else "U"
         last = put_ok(store, picked, topic)
     assert last is not None
+    wait_indexed(store, last.commitlog_offset + last.wrote_bytes)
     assert len(index_names(tmp_path / "store")) >= 20  # ~700 keys in files of 23 entries
     counter = AskCounter(store, monkeypatch)
     queries = 0
@@ -236,7 +238,7 @@ def test_queries_beside_puts_and_roll_overs_find_every_key_indexed_before_them(t
     def producer(t: int) -> Callable[[], None]:
         def run() -> None:
             try:
-                for i in range(400):
+                for i in range(250):  # ~1000 index keys: ~25 files of 39 entries
                     key = f"p{t}-{i}"
                     result = put_ok(store, [key, f"hot{i % 3}"])
                     with lock:
@@ -284,7 +286,7 @@ def test_files_the_owner_deletes_are_unmapped_and_queries_still_answer_as_the_ac
     assert len(before) >= 8 and before == index_names(tmp_path / "store")
     held = {name: reader._by_name[name] for name in before}
     # The cleaner's request, as after a commitlog head moved to the 60th message.
-    waiter: Any = __import__("pykka").ThreadingFuture()
+    waiter: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
     head = results[60].commitlog_offset
     store.supervisor.ctx.peers["index"].tell(DeleteExpiredIndexFiles(min_phy_offset=head, reply=Reply(future=waiter)))
     deleted = waiter.get(timeout=WAIT_S)
@@ -356,15 +358,15 @@ def test_a_reader_closed_under_a_walk_answers_none_and_close_unmaps_every_reader
     store = open_store(**SMALL_INDEX)
     for i in range(60):
         put_ok(store, [f"k{i}"])
+    assert store.query("T", "k1").messages  # this thread's puts are indexed: so files exist
+    mine = thread_index_reader(store)
     readers: list[IndexReader] = []
 
     def query_in_thread() -> None:
-        store.query("T", "k1")
+        assert store.query("T", "k1").messages
         readers.append(thread_index_reader(store))
 
     assert not run_threads([query_in_thread, query_in_thread])
-    store.query("T", "k1")
-    mine = thread_index_reader(store)
     assert all(r.mapped_names for r in readers + [mine])
     # close() from another thread while this one is inside the walk.
     files = list(mine._files)
