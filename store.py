@@ -610,12 +610,14 @@ class MessageStore:
 
     def _index_reader(self) -> IndexReader | None:
         """This thread's index reader, mapping the files the index actor last published, once
-        everything this thread put is indexed (read-your-writes); None when the actor must be
-        asked instead: nothing published yet, not caught up in time, the store not running,
-        or a file not mappable. Then the thread waits for dispatch only: the actor's inbox is
-        FIFO, so the dispatch it was sent before the question is indexed before the answer."""
-        progress = self._await_own_index()
-        if progress is None or progress[1] < getattr(self._local, "last_put_end", 0) or not self.running:
+        the index covers what a question to the actor would have found (`_index_target`);
+        None when the actor must be asked instead: nothing published yet, not caught up in
+        time, the store not running, or a file not mappable. Then the thread waits for
+        dispatch only: the actor's inbox is FIFO, so the dispatch it was sent before the
+        question is indexed before the answer."""
+        target = self._index_target()
+        progress = self._await_index(target)
+        if progress is None or progress[1] < target or not self.running:
             self._await_own_writes()
             return None
         index_reader: IndexReader | None = getattr(self._local, "index_reader", None)
@@ -635,11 +637,17 @@ class MessageStore:
             self._local.index_reader = index_reader
         return index_reader if index_reader.sync(progress[0]) else None
 
-    def _await_own_index(self, timeout_s: float = 5.0) -> tuple[tuple[str, ...], int] | None:
-        """The index actor's last publication, once it covers the end of the calling thread's
-        last acknowledged put (woken by the publication hook, never by polling), or the latest
-        one after `timeout_s` or once the store closes. None if the actor has published nothing."""
-        target = getattr(self._local, "last_put_end", 0)
+    def _index_target(self) -> int:
+        """The commitlog offset the index must cover before this thread reads it: the end of
+        the thread's last acknowledged put (read-your-writes), and everything dispatch has
+        reported so far. A question to the actor queued behind every dispatch sent before it;
+        so a query after `wait_for_messages`, a get, or a reopen's replay finds what they saw."""
+        return max(getattr(self._local, "last_put_end", 0), self._dispatched_end)
+
+    def _await_index(self, target: int, timeout_s: float = 5.0) -> tuple[tuple[str, ...], int] | None:
+        """The index actor's last publication, once its indexed end reaches `target` (woken by
+        the publication hook, never by polling), or the latest one after `timeout_s` or once
+        the store closes. None if the actor has published nothing."""
         progress = self._index_progress
         if progress is None or progress[1] >= target:
             return progress

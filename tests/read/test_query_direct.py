@@ -227,6 +227,28 @@ def test_each_thread_finds_what_it_just_put(open_store: Open) -> None:
     assert not errors, errors[:3]
 
 
+def test_a_query_finds_what_dispatch_reported_before_it_even_from_a_thread_that_did_not_put(
+    open_store: Open,
+) -> None:
+    """A question to the actor queued behind every dispatch sent before it; the direct path
+    waits for the index to cover what dispatch reported (here the index publishes late)."""
+    store = open_store(**SMALL_INDEX)
+    publish = store.supervisor.ctx.on_index_progress
+
+    def publish_late(files: tuple[str, ...], indexed_end: int) -> None:
+        time.sleep(0.05)
+        publish(files, indexed_end)
+
+    store.supervisor.ctx.on_index_progress = publish_late
+    for i in range(4):
+        results: list[Any] = []
+        assert not run_threads([lambda: results.append(put_ok(store, [f"x{i}"]))])
+        assert store.wait_for_messages("T", 0, results[0].queue_offset, timeout_s=WAIT_S)
+        found = store.query("T", f"x{i}")
+        assert [m.commitlog_offset for m in found.messages] == [results[0].commitlog_offset]
+    thread_index_reader(store)
+
+
 def test_queries_beside_puts_and_roll_overs_find_every_key_indexed_before_them(tmp_path: Path, open_store: Open) -> None:
     """Everything below the published indexed_end must be found, whatever the owner is writing."""
     store = open_store(max_index_num=40, max_hash_slot_num=5)
