@@ -4,6 +4,7 @@ and no maps left behind when the owner deletes files, restarts or the store clos
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import sys
@@ -16,9 +17,12 @@ from typing import Any, Callable
 import pykka
 import pytest
 
+import mqstore
 from mqstore import FaultPlan, Message, MessageStore
 from mqstore.actors.base import ServiceUnavailable
+from mqstore.actors.cleaner import CLEAN_FIRST_DELAY_MS
 from mqstore.messages import DeleteExpiredIndexFiles, QueryOffsets, QueryResult, Reply
+from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
 from mqstore.storage.index import (
     INDEX_ENTRY_SIZE,
@@ -322,6 +326,54 @@ def test_files_the_owner_deletes_are_unmapped_and_queries_still_answer_as_the_ac
     assert reader.mapped_names == remaining
     for name, f in held.items():
         assert f._region.buf.closed == (name not in remaining), name
+
+
+def cleaner_helpers() -> Any:
+    """tests/cleaner's harness module (a store on the simulated disk whose files age with a
+    manual clock), loaded by path once under the name its own conftest uses."""
+    name = "mqstore_cleaner_test_helpers"
+    if name not in sys.modules:
+        path = Path(__file__).parent.parent / "cleaner" / "cleaner_helpers.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def test_after_the_cleaner_deletes_index_files_queries_answer_as_the_actor_with_no_stale_maps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    H = cleaner_helpers()
+    clock = H.ManualClock()
+    fs = SimulatedFileSystem(clock_ms=clock)
+    fs.makedirs("/store")
+    gauge = FixedDiskGauge(0.10)
+    store = mqstore.open("/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None, **H.SMALL)
+    try:
+        h = H.Harness(store, fs, clock, gauge, [])
+        clock.set(H.local_ms(0, 10))
+        h.fill_segments(8)
+        keys = [r.keys for off in range(0, store.max_offset(H.TOPIC, 0), 32) for r in store.get(H.TOPIC, 0, off, 32).messages]
+        assert store.query(H.TOPIC, keys[0]).messages
+        reader = thread_index_reader(store)
+        before = reader.mapped_names
+        assert before == tuple(sorted(h.index_files())) and len(before) >= 2
+        clock.set(H.local_ms(0, 10) + CLEAN_FIRST_DELAY_MS)
+        gauge.set(0.86)  # above the forced-clean ratio: expired or not, the oldest files go
+        r = h.tick()
+        assert r.commitlog_deleted >= 1 and r.index_deleted >= 1
+        remaining = tuple(sorted(h.index_files()))
+        found_any = 0
+        for key in keys[:: max(1, len(keys) // 40)] + keys[-3:]:
+            direct = store.query(H.TOPIC, key)
+            assert direct == query_via_actor(store, monkeypatch, H.TOPIC, key), key
+            found_any += bool(direct.messages)
+        assert found_any and not store.query(H.TOPIC, keys[0]).messages  # its segment is gone
+        assert reader.mapped_names == remaining and len(remaining) < len(before)
+    finally:
+        store.close()
+    assert reader.closed and not reader.mapped_names
 
 
 def test_queries_answer_after_the_index_actor_crashes_mid_write_and_restarts(
