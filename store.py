@@ -1,9 +1,10 @@
 """The embedded API: `mqstore.open(path)` gives a `MessageStore`, safe to use from many threads.
 
-Puts are encoded in the caller's thread and told to the writer with a future; reads ask the
-ConsumeQueue actor for positions, find keys in the index files the index actor publishes, and
-read both through the calling thread's own read-only maps. `MessageStore.actor_ref` is the same store for pykka actors:
-send it `mqstore.messages.Put/Get/Query/Subscribe` with a `Reply`.
+Puts are encoded in the caller's thread and told to the writer with a future; gets ask the
+ConsumeQueue actor for positions, queries find keys in the index files the index actor
+publishes, and both read through the calling thread's own read-only maps.
+`MessageStore.actor_ref` is the same store for pykka actors: send it
+`mqstore.messages.Put/Get/Query/Subscribe` with a `Reply`.
 """
 
 from __future__ import annotations

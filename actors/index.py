@@ -56,8 +56,8 @@ class IndexActor(StoreActor):
 
     def _publish(self) -> None:
         """Tell readers which files there are and how far indexing has got (the hook on the
-        context); the names tuple is rebuilt only when the files changed, so a reader that
-        holds it can tell "unchanged" by identity."""
+        context). The same names tuple is handed on while the files are unchanged, so a
+        reader tells "nothing to map or unmap" by identity."""
         assert self._service is not None
         names = tuple(f.name for f in self._service.files)
         if names != self._published_names:

@@ -87,6 +87,17 @@ def wait_indexed(store: MessageStore, end_offset: int) -> None:
         time.sleep(0.001)
 
 
+def index_one(service: IndexService, offset: int, keys: str) -> None:
+    assert service.build_index(
+        topic="T", commitlog_offset=offset, store_timestamp=T0, sys_flag=0, keys=keys, uniq_key=None
+    )
+
+
+def set_prev_index(f: Any, entries_pos: int, entry_no: int, prev: int) -> None:
+    at = entries_pos + entry_no * INDEX_ENTRY_SIZE + 16  # keyHash 4, phyOffset 8, timeDiff 4
+    f._buf[at : at + 4] = prev.to_bytes(4, "big")
+
+
 def put_ok(store: MessageStore, key_list: list[str], topic: str = "T") -> Any:
     result = store.put(Message(topic=topic, body=f"body-{key_list[0]}".encode(), keys=key_list))
     assert result.ok, result
@@ -103,18 +114,11 @@ def test_direct_query_answers_exactly_as_the_index_actor_across_roll_overs_windo
     clock = ManualClock()
     store = open_store(clock_ms=clock, **SMALL_INDEX)
     keys = [f"k{i}" for i in range(25)]
-    last = None
-    for i in range(400):
-        clock.now_ms = T0 + i * 250  # four puts a second: windows cut through seconds
-        picked = rng.sample(keys, rng.choice((1, 1, 2, 3)))
-        topic = "T" if rng.random() < 0.8 else "U"
-        last = put_ok(store, picked, topic)
-    assert last is not None
-    wait_indexed(store, last.commitlog_offset + last.wrote_bytes)
-    assert len(index_names(tmp_path / "store")) >= 20  # ~700 keys in files of 23 entries
     counter = AskCounter(store, monkeypatch)
-    queries = 0
-    for _ in range(300):
+    compared = 0
+
+    def compare_one() -> None:
+        nonlocal compared
         key = rng.choice(keys + ["absent"])
         topic = rng.choice(("T", "T", "U", "Nope"))
         max_count = rng.choice((1, 2, 5, 32, 64, 100))
@@ -128,16 +132,29 @@ def test_direct_query_answers_exactly_as_the_index_actor_across_roll_overs_windo
         via_actor = query_via_actor(store, monkeypatch, topic, key, max_count, begin, end)
         assert counter.index_asks > asks_before  # the reference really asked the actor
         assert direct == via_actor, (topic, key, max_count, begin, end)
-        queries += 1
         # The offsets themselves, order and header fields included, not only the records.
         found = thread_index_reader(store).query_offset(topic, key, max_count, begin, end)
-        reply = store._ask("index", QueryOffsets(topic=topic, key=key, max_num=max_count, begin_ms=begin, end_ms=end))
+        question = QueryOffsets(topic=topic, key=key, max_num=max_count, begin_ms=begin, end_ms=end)
+        reply = store._ask("index", question)
         assert found is not None
         assert tuple(found.phy_offsets) == reply.offsets
         assert (found.index_last_update_timestamp, found.index_last_update_phy_offset) == (
             reply.last_update_timestamp,
             reply.last_update_phy_offset,
         )
+        compared += 1
+
+    for i in range(400):
+        clock.now_ms = T0 + i * 250  # four puts a second: windows cut through seconds
+        picked = rng.sample(keys, rng.choice((1, 1, 2, 3)))
+        topic = "T" if rng.random() < 0.8 else "U"
+        put_ok(store, picked, topic)
+        if i % 7 == 0:  # also while the newest file, mapped already, is still filling
+            compare_one()
+    assert len(index_names(tmp_path / "store")) >= 20  # ~700 keys in files of 23 entries
+    for _ in range(300):
+        compare_one()
+    assert compared == 358
     # Some answers were non-trivial, and the direct queries asked nothing.
     assert store.query("T", "k1", 64).messages
     direct_asks = counter.index_asks
@@ -151,11 +168,11 @@ def test_reader_follows_chains_past_a_header_the_owner_has_not_rewritten_yet() -
     would drop a whole chain whose head is newer than the header it read."""
     fs = SimulatedFileSystem()
     service = IndexService(fs, "/s/index", clock_ms=lambda: T0, max_hash_slot_num=1, max_index_num=10)
-    assert service.build_index(topic="T", commitlog_offset=100, store_timestamp=T0, sys_flag=0, keys="a", uniq_key=None)
+    index_one(service, 100, "a")
     f = service.files[0]
     header_after_one = bytes(f._buf[:INDEX_HEADER_SIZE])
     for offset, key in ((200, "b"), (300, "a")):
-        assert service.build_index(topic="T", commitlog_offset=offset, store_timestamp=T0, sys_flag=0, keys=key, uniq_key=None)
+        index_one(service, offset, key)
     f._buf[:INDEX_HEADER_SIZE] = header_after_one  # the header as a reader may still see it
     reader = IndexReader(fs, "/s/index", max_hash_slot_num=1, max_index_num=10)
     assert reader.sync((f.name,))
@@ -168,14 +185,14 @@ def test_reader_walks_of_corrupt_slots_and_chains_end_without_error() -> None:
     slots, entries = 3, 10
     service = IndexService(fs, "/s/index", clock_ms=lambda: T0, max_hash_slot_num=slots, max_index_num=entries)
     for offset in (100, 200, 300):
-        assert service.build_index(topic="T", commitlog_offset=offset, store_timestamp=T0, sys_flag=0, keys="a", uniq_key=None)
+        index_one(service, offset, "a")
     f = service.files[0]
     _hash, slot = key_hash_and_slot("T#a", slots)
     entries_pos = INDEX_HEADER_SIZE + slots * 4
     reader = IndexReader(fs, "/s/index", max_hash_slot_num=slots, max_index_num=entries)
     assert reader.sync((f.name,))
     # A cycle 3 -> 2 -> 3 -> ...: the walk is bounded.
-    f._buf[entries_pos + 2 * INDEX_ENTRY_SIZE + 16 : entries_pos + 2 * INDEX_ENTRY_SIZE + 20] = (3).to_bytes(4, "big")
+    set_prev_index(f, entries_pos, 2, 3)
     found = reader.query_offset("T", "a", 10**6, 0, 2**63 - 1)
     assert found is not None and len(found.phy_offsets) <= entries
     # Slot values and chain links outside the file are not followed.
@@ -184,7 +201,7 @@ def test_reader_walks_of_corrupt_slots_and_chains_end_without_error() -> None:
         found = reader.query_offset("T", "a", 32, 0, 2**63 - 1)
         assert found is not None and found.phy_offsets == []
     f._buf[INDEX_HEADER_SIZE + slot * 4 : INDEX_HEADER_SIZE + slot * 4 + 4] = (3).to_bytes(4, "big")
-    f._buf[entries_pos + 3 * INDEX_ENTRY_SIZE + 16 : entries_pos + 3 * INDEX_ENTRY_SIZE + 20] = (10**6).to_bytes(4, "big")
+    set_prev_index(f, entries_pos, 3, 10**6)
     found = reader.query_offset("T", "a", 32, 0, 2**63 - 1)
     assert found is not None and found.phy_offsets == [300]
 
@@ -253,7 +270,9 @@ def test_a_query_finds_what_dispatch_reported_before_it_even_from_a_thread_that_
     thread_index_reader(store)
 
 
-def test_queries_beside_puts_and_roll_overs_find_every_key_indexed_before_them(tmp_path: Path, open_store: Open) -> None:
+def test_queries_beside_puts_and_roll_overs_find_every_key_indexed_before_them(
+    tmp_path: Path, open_store: Open
+) -> None:
     """Everything below the published indexed_end must be found, whatever the owner is writing."""
     store = open_store(max_index_num=40, max_hash_slot_num=5)
     acked: list[tuple[str, int, int]] = []  # (key, commitlog offset, end offset)
@@ -349,12 +368,15 @@ def test_after_the_cleaner_deletes_index_files_queries_answer_as_the_actor_with_
     fs = SimulatedFileSystem(clock_ms=clock)
     fs.makedirs("/store")
     gauge = FixedDiskGauge(0.10)
-    store = mqstore.open("/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None, **H.SMALL)
+    store = mqstore.open(
+        "/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None, **H.SMALL
+    )
     try:
         h = H.Harness(store, fs, clock, gauge, [])
         clock.set(H.local_ms(0, 10))
         h.fill_segments(8)
-        keys = [r.keys for off in range(0, store.max_offset(H.TOPIC, 0), 32) for r in store.get(H.TOPIC, 0, off, 32).messages]
+        end = store.max_offset(H.TOPIC, 0)
+        keys = [r.keys for off in range(0, end, 32) for r in store.get(H.TOPIC, 0, off, 32).messages]
         assert store.query(H.TOPIC, keys[0]).messages
         reader = thread_index_reader(store)
         before = reader.mapped_names
