@@ -1,9 +1,10 @@
 """The embedded API: `mqstore.open(path)` gives a `MessageStore`, safe to use from many threads.
 
-Puts are encoded in the caller's thread and told to the writer with a future; reads ask the
-ConsumeQueue and index actors for positions and read the CommitLog through the calling
-thread's own read-only maps. `MessageStore.actor_ref` is the same store for pykka actors:
-send it `mqstore.messages.Put/Get/Query/Subscribe` with a `Reply`.
+Puts are encoded in the caller's thread and told to the writer with a future; gets ask the
+ConsumeQueue actor for positions, queries find keys in the index files the index actor
+publishes, and both read through the calling thread's own read-only maps.
+`MessageStore.actor_ref` is the same store for pykka actors: send it
+`mqstore.messages.Put/Get/Query/Subscribe` with a `Reply`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from .storage.commitlog import CommitLogReader
 from .storage.consume_queue import ConsumeQueueReader
 from .storage.consumer_offsets import ConsumerOffsetStore
 from .storage.disk import DiskGauge
+from .storage.index import IndexReader
 from .storage.fs import FileSystem
 from .storage import speedups
 from .storage.status import GetMessageStatus, PutMessageStatus
@@ -152,6 +154,13 @@ class MessageStore:
         self._closed = False
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
+        # The index actor's last published (file names oldest first, indexed end offset); None
+        # until it published once, and then queries ask the actor. One attribute, so a reader
+        # never pairs the names of one publication with the offset of another.
+        self._index_progress: tuple[tuple[str, ...], int] | None = None
+        self._index_cond = threading.Condition()
+        self._index_readers: weakref.WeakSet[IndexReader] = weakref.WeakSet()
+        self.supervisor.ctx.on_index_progress = self._on_index_progress
         # What the ConsumeQueue actor published (QueueBounds): `get` reads units through each
         # thread's own maps below these bounds instead of asking the actor.
         self._queue_bounds: dict[tuple[str, int], tuple[int, int]] = {}
@@ -202,11 +211,16 @@ class MessageStore:
             for reader in list(self._readers):
                 reader.close()
             self._readers.clear()
+            for index_reader in list(self._index_readers):
+                index_reader.close()
+            self._index_readers.clear()
             for queue_reader in list(self._queue_readers):
                 queue_reader.close()
             self._queue_readers.clear()
         with self._arrival_cond:
             self._arrival_cond.notify_all()
+        with self._index_cond:
+            self._index_cond.notify_all()
         _open_stores.discard(self)
         return clean
 
@@ -667,21 +681,20 @@ class MessageStore:
     ) -> QueryResult:
         """queryMessage (§13.2): messages whose UNIQ_KEY or a KEYS token equals `key`, stored
         within [begin_ms, end_ms], oldest first. Unlike the Java store, which leaves hash
-        collisions to the client, each hit is checked against the record's real keys."""
-        self._await_own_writes()
+        collisions to the client, each hit is checked against the record's real keys.
+        The index files are read through this thread's own read-only maps (the index actor
+        is asked only until it has published its files, or when they cannot be mapped)."""
+        index_reader = self._index_reader()
         last_query_ms = end_ms
         messages: list[MessageRecord] = []
         last_ts = last_phy = 0
         reader = self._reader()
         for _ in range(3):
-            reply: QueryOffsetsReply = self._ask(
-                "index",
-                QueryOffsets(topic=topic, key=key, max_num=max_count, begin_ms=begin_ms, end_ms=last_query_ms),
-            )
-            if not reply.offsets:
+            offsets, ts, phy = self._index_offsets(index_reader, topic, key, max_count, begin_ms, last_query_ms)
+            if not offsets:
                 break
-            last_ts, last_phy = reply.last_update_timestamp, reply.last_update_phy_offset
-            for n, phy in enumerate(sorted(reply.offsets)):
+            last_ts, last_phy = ts, phy
+            for n, phy in enumerate(sorted(offsets)):
                 record = self._record_at(reader, phy)
                 if record is None:
                     continue
@@ -696,6 +709,80 @@ class MessageStore:
             index_last_update_timestamp=last_ts,
             index_last_update_phy_offset=last_phy,
         )
+
+    def _index_offsets(
+        self, index_reader: IndexReader | None, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
+    ) -> tuple[Sequence[int], int, int]:
+        """(commitlog offsets of `key`'s index hits, the newest file's endTimestamp and
+        endPhyOffset): read from `index_reader`'s maps, else (None, or a map closed under the
+        read) answered by the index actor."""
+        if index_reader is not None:
+            found = index_reader.query_offset(topic, key, max_num, begin_ms, end_ms)
+            if found is not None:
+                return found
+        reply: QueryOffsetsReply = self._ask(
+            "index", QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin_ms, end_ms=end_ms)
+        )
+        return reply.offsets, reply.last_update_timestamp, reply.last_update_phy_offset
+
+    def _index_reader(self) -> IndexReader | None:
+        """This thread's index reader, mapping the files the index actor last published, once
+        the index covers what a question to the actor would have found (`_index_target`);
+        None when the actor must be asked instead: nothing published yet, not caught up in
+        time, the store not running, or a file not mappable. Then the thread waits for
+        dispatch only: the actor's inbox is FIFO, so the dispatch it was sent before the
+        question is indexed before the answer."""
+        target = self._index_target()
+        progress = self._await_index(target)
+        if progress is None or progress[1] < target or not self.running:
+            self._await_own_writes()
+            return None
+        index_reader: IndexReader | None = getattr(self._local, "index_reader", None)
+        if index_reader is None:
+            cfg = self.config
+            index_reader = IndexReader(
+                self.fs,
+                cfg.index_dir,
+                max_hash_slot_num=cfg.max_hash_slot_num,
+                max_index_num=cfg.max_index_num,
+                max_msgs_num_batch=cfg.max_msgs_num_batch,
+            )
+            with self._readers_lock:
+                if self._closed:
+                    return None
+                self._index_readers.add(index_reader)
+            self._local.index_reader = index_reader
+        return index_reader if index_reader.sync(progress[0]) else None
+
+    def _index_target(self) -> int:
+        """The commitlog offset the index must cover before this thread reads it: the end of
+        the thread's last acknowledged put (read-your-writes), and everything dispatch has
+        reported so far. A question to the actor queued behind every dispatch sent before it;
+        so a query after `wait_for_messages`, a get, or a reopen's replay finds what they saw."""
+        return max(getattr(self._local, "last_put_end", 0), self._dispatched_end)
+
+    def _await_index(self, target: int, timeout_s: float = 5.0) -> tuple[tuple[str, ...], int] | None:
+        """The index actor's last publication, once its indexed end reaches `target` (woken by
+        the publication hook, never by polling), or the latest one after `timeout_s` or once
+        the store closes. None if the actor has published nothing."""
+        progress = self._index_progress
+        if progress is None or progress[1] >= target:
+            return progress
+        deadline = time.monotonic() + timeout_s
+        with self._index_cond:
+            while True:
+                progress = self._index_progress
+                assert progress is not None
+                remaining = deadline - time.monotonic()
+                if progress[1] >= target or self._closed or remaining <= 0:
+                    return progress
+                self._index_cond.wait(remaining)
+
+    def _on_index_progress(self, files: tuple[str, ...], indexed_end: int) -> None:
+        """Called in the index actor's thread after each publication: cheap, never blocks long."""
+        with self._index_cond:
+            self._index_progress = (files, indexed_end)
+            self._index_cond.notify_all()
 
     def _record_at(self, reader: CommitLogReader, offset: int) -> MessageRecord | None:
         """The message record at `offset`, decoded in place in the reader's map. Its own

@@ -54,6 +54,11 @@ class ActorContext:
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
     # live outside the actors, so they survive a reput restart).
     on_arrivals: Callable[[list[Any], int], None] = lambda _events, _end_offset: None
+    # Where the index actor publishes what readers of index/ need: the names of its files,
+    # oldest first, and the commitlog offset below which every dispatched record is indexed.
+    # Called in the index actor's thread after its start, each dispatch batch and each
+    # deletion; it must be cheap and never block (the store only records it and wakes waiters).
+    on_index_progress: Callable[[tuple[str, ...], int], None] = lambda _files, _indexed_end: None
     # The cleaner's view of the disk (§12.3) and its pause between two deletions, per store
     # (passed in like `clock_ms`, habit 9): a test gives a FixedDiskGauge and a recording sleep
     # and never fills a disk nor waits. The supervisor's default gauge is psutil over the store

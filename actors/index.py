@@ -29,6 +29,7 @@ class IndexActor(StoreActor):
         self._service: IndexService | None = None
         self._dispatched_offset = 0
         self._indexed_below = 0
+        self._published_names: tuple[str, ...] = ()
 
     def on_start(self) -> None:
         cfg = self.config
@@ -51,6 +52,17 @@ class IndexActor(StoreActor):
         files = self._service.files
         indexed_any = bool(files) and (len(files) > 1 or files[-1].index_count > 1)
         self._indexed_below = self._dispatched_offset + 1 if indexed_any else 0
+        self._publish()
+
+    def _publish(self) -> None:
+        """Tell readers which files there are and how far indexing has got (the hook on the
+        context). The same names tuple is handed on while the files are unchanged, so a
+        reader tells "nothing to map or unmap" by identity."""
+        assert self._service is not None
+        names = tuple(f.name for f in self._service.files)
+        if names != self._published_names:
+            self._published_names = names
+        self.ctx.on_index_progress(self._published_names, self._indexed_below)
 
     def release(self) -> None:
         if self._service is not None:
@@ -77,6 +89,7 @@ class IndexActor(StoreActor):
                 self._build(service, requests, middle, len(requests))
                 self._dispatched_offset = max(self._dispatched_offset, end_offset)
                 self._indexed_below = max(self._indexed_below, end_offset)
+                self._publish()
             case QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin, end_ms=end):
                 offsets, last_ts, last_phy = service.query_offset(topic, key, max_num, begin, end)
                 return QueryOffsetsReply(
@@ -88,7 +101,10 @@ class IndexActor(StoreActor):
                 service.flush_all()
                 reply.send(self._dispatched_offset)
             case DeleteExpiredIndexFiles(min_phy_offset=min_phy_offset, reply=reply):
-                reply.send(service.delete_expired_file(min_phy_offset))
+                deleted = service.delete_expired_file(min_phy_offset)
+                if deleted:
+                    self._publish()
+                reply.send(deleted)
             case _:
                 raise AssertionError(f"index cannot handle {message!r}")
         return None

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from operator import mul
-from typing import Any, Callable, Final, Iterator, NamedTuple
+from typing import Any, Callable, Final, Iterator, NamedTuple, Sequence
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
@@ -43,6 +43,7 @@ __all__ = [
     "IndexEntry",
     "IndexHeader",
     "IndexFile",
+    "IndexReader",
     "IndexService",
     "QueryOffsetResult",
     "index_file_name",
@@ -50,6 +51,7 @@ __all__ = [
     "iter_index_entries",
     "iter_index_slots",
     "key_hash_and_slot",
+    "query_offset_in_files",
     "read_index_header",
     "read_index_slot",
 ]
@@ -188,8 +190,10 @@ class IndexFile:
         max_hash_slot_num: int,
         max_index_num: int,
         readonly: bool = False,
+        follows_owner: bool = False,
     ) -> None:
         assert max_hash_slot_num > 0 and max_index_num > 1
+        assert readonly or not follows_owner
         assert region.size == index_file_size(max_hash_slot_num, max_index_num), (region.path, region.size)
         self._fs = fs
         self._region = region
@@ -199,15 +203,12 @@ class IndexFile:
         self.max_hash_slot_num: Final = max_hash_slot_num
         self.max_index_num: Final = max_index_num
         self.readonly: Final = readonly
+        # A reader of a file the owner is still writing: see `reload_header` and `_chain_bound`.
+        self.follows_owner: Final = follows_owner
         self._entries_pos: Final = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
-        header = IndexHeader.unpack(self._buf)
-        self.begin_timestamp = header.begin_timestamp
-        self.end_timestamp = header.end_timestamp
-        self.begin_phy_offset = header.begin_phy_offset
-        self.end_phy_offset = header.end_phy_offset
-        self.hash_slot_count = header.hash_slot_count
-        # A fresh file holds 0 here until its first put; entry 0 is never used.
-        self.index_count = header.index_count if header.index_count > 0 else 1
+        self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
+        self.hash_slot_count = self.index_count = 0
+        self.reload_header()
 
     # construction -----------------------------------------------------------------------
     @classmethod
@@ -252,9 +253,16 @@ class IndexFile:
 
     @classmethod
     def open_readonly(
-        cls, fs: FileSystem, path: str, *, max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM
+        cls,
+        fs: FileSystem,
+        path: str,
+        *,
+        max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM,
+        follows_owner: bool = False,
     ) -> IndexFile:
-        """Map a file read-only for tools; the entry count is derived from the file size."""
+        """Map a file read-only; the entry count is derived from the file size. With
+        `follows_owner` the file may be written meanwhile: call `reload_header` before each
+        read, and chains are walked within the map rather than within the header's count."""
         size = fs.getsize(path)
         entries_bytes = size - INDEX_HEADER_SIZE - max_hash_slot_num * HASH_SLOT_SIZE
         if entries_bytes <= INDEX_ENTRY_SIZE or entries_bytes % INDEX_ENTRY_SIZE:
@@ -266,9 +274,17 @@ class IndexFile:
             max_hash_slot_num=max_hash_slot_num,
             max_index_num=entries_bytes // INDEX_ENTRY_SIZE,
             readonly=True,
+            follows_owner=follows_owner,
         )
 
     # header -----------------------------------------------------------------------------
+    def reload_header(self) -> None:
+        """Take the header fields from the map (a reader's view of the owner's progress)."""
+        (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+         self.hash_slot_count, index_count) = _HEADER.unpack_from(self._buf, 0)  # fmt: skip
+        # A fresh file holds 0 here until its first put; entry 0 is never used.
+        self.index_count = index_count if index_count > 0 else 1
+
     def _write_header(self) -> None:
         _HEADER.pack_into(
             self._buf,
@@ -387,15 +403,15 @@ class IndexFile:
         if result is None:
             result = []
         key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
-        index_count = self.index_count
+        bound = self._chain_bound()
         n = self.slot_value(slot)
-        if n <= INVALID_INDEX or n > index_count or index_count <= 1:
+        if n <= INVALID_INDEX or n > bound or self.index_count <= 1:
             return result
         buf = self._buf
         entries_pos = self._entries_pos
         begin_timestamp = self.begin_timestamp
         # Bound the walk: a well-formed chain only goes backwards, a corrupt one may cycle.
-        for _ in range(index_count):
+        for _ in range(bound):
             if len(result) >= max_num:
                 break
             kh, phy, time_diff, prev = _ENTRY.unpack_from(buf, entries_pos + n * INDEX_ENTRY_SIZE)
@@ -404,10 +420,18 @@ class IndexFile:
             time_read = begin_timestamp + time_diff * 1000
             if kh == key_hash and begin <= time_read <= end:
                 result.append(phy)
-            if prev <= INVALID_INDEX or prev > index_count or prev == n or time_read < begin:
+            if prev <= INVALID_INDEX or prev > bound or prev == n or time_read < begin:
                 break
             n = prev
         return result
+
+    def _chain_bound(self) -> int:
+        """The highest entry number a slot or prevIndex may name. The owner's count is exact.
+        A reader's header may trail what the owner has written (entry, then slot, then the
+        header, once per batch): a slot can name an entry past the header's count whose chain
+        leads to entries the reader must find, so a reader follows any entry inside the map;
+        a torn read then only misses or yields an offset the caller's check rejects."""
+        return self.max_index_num - 1 if self.follows_owner else self.index_count
 
     def iter_entries(self) -> Iterator[IndexEntry]:
         """Entries 1 .. indexCount-1 in write order."""
@@ -522,6 +546,121 @@ def read_index_slot(
         return f.slot_value(slot)
     finally:
         f.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Querying (§10.8 queryOffset): one walk for the owner and for readers
+
+
+def query_offset_in_files(
+    files: Sequence[IndexFile], topic: str, key: str, max_num: int, begin: int, end: int
+) -> QueryOffsetResult:
+    """`IndexService.queryOffset` over `files` (oldest first): newest file first, each file's
+    chain newest first, until `max_num` offsets or a file that begins before `begin`. The
+    last-update fields are the newest file's endTimestamp and endPhyOffset."""
+    result: list[int] = []
+    last_ts = 0
+    last_phy = 0
+    full_key = build_key(topic, key)
+    for i in range(len(files) - 1, -1, -1):
+        f = files[i]
+        if i == len(files) - 1:
+            last_ts = f.end_timestamp
+            last_phy = f.end_phy_offset
+        if f.is_time_matched(begin, end):
+            f.select_phy_offset(full_key, max_num, begin, end, result)
+        if f.begin_timestamp < begin:
+            break
+        if len(result) >= max_num:
+            break
+    return QueryOffsetResult(result, last_ts, last_phy)
+
+
+class IndexReader:
+    """A read-only view of the index directory for one reader thread. Not thread-safe,
+    except `close`, which another thread may call (the store closing).
+
+    It maps the files the owner last published (`sync`), each through
+    `IndexFile.open_readonly(follows_owner=True)`, and answers `query_offset` with the
+    owner's own walk (`query_offset_in_files`). Files the owner no longer lists (deleted by
+    the cleaner, dropped by recovery) are unmapped at the next `sync`.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        index_dir: str,
+        *,
+        max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM,
+        max_index_num: int = DEFAULT_MAX_INDEX_NUM,
+        max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH,
+    ) -> None:
+        self._fs = fs
+        self.index_dir = index_dir
+        self.max_hash_slot_num = max_hash_slot_num
+        self.max_index_num = max_index_num
+        self.max_msgs_num_batch = max_msgs_num_batch
+        self._expected_size = index_file_size(max_hash_slot_num, max_index_num)
+        self._by_name: dict[str, IndexFile] = {}
+        self._files: list[IndexFile] = []  # in the order of the synced names (oldest first)
+        self._synced: tuple[str, ...] | None = None
+        self.closed = False
+
+    @property
+    def mapped_names(self) -> tuple[str, ...]:
+        """The files this reader holds mapped (tests count them to catch leaked maps)."""
+        return tuple(self._by_name)
+
+    def sync(self, names: tuple[str, ...]) -> bool:
+        """Map the files `names` lists (oldest first) and unmap the others. False if one
+        cannot be mapped (just deleted, another size): then ask the owner instead."""
+        if names is self._synced:
+            return not self.closed
+        by_name = self._by_name
+        self._files = []
+        self._synced = None
+        wanted = set(names)
+        for name in [n for n in by_name if n not in wanted]:
+            by_name.pop(name).close()
+        try:
+            for name in names:
+                if name not in by_name and not self.closed:
+                    path = os.path.join(self.index_dir, name)
+                    if self._fs.getsize(path) != self._expected_size:
+                        return False
+                    by_name[name] = IndexFile.open_readonly(
+                        self._fs, path, max_hash_slot_num=self.max_hash_slot_num, follows_owner=True
+                    )
+        except (OSError, ValueError):
+            return False
+        if self.closed:  # `close` ran meanwhile and may have missed a map made here
+            for f in by_name.values():
+                f.close()
+            return False
+        self._files = [by_name[name] for name in names]
+        self._synced = names
+        return True
+
+    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult | None:
+        """`IndexService.query_offset` read from this reader's maps; None if a map was closed
+        under the read (the store closing)."""
+        files = self._files
+        try:
+            for f in files:
+                f.reload_header()
+            return query_offset_in_files(files, topic, key, min(max_num, self.max_msgs_num_batch), begin, end)
+        except ValueError:
+            if self.closed:
+                return None
+            raise
+
+    def close(self) -> None:
+        self.closed = True
+        files = self._by_name
+        self._by_name = {}
+        self._files = []
+        for f in files.values():
+            f.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -755,23 +894,7 @@ class IndexService:
 
     # querying ---------------------------------------------------------------------------
     def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
-        max_num = min(max_num, self.max_msgs_num_batch)
-        result: list[int] = []
-        last_ts = 0
-        last_phy = 0
-        full_key = build_key(topic, key)
-        for i in range(len(self.files) - 1, -1, -1):
-            f = self.files[i]
-            if i == len(self.files) - 1:
-                last_ts = f.end_timestamp
-                last_phy = f.end_phy_offset
-            if f.is_time_matched(begin, end):
-                f.select_phy_offset(full_key, max_num, begin, end, result)
-            if f.begin_timestamp < begin:
-                break
-            if len(result) >= max_num:
-                break
-        return QueryOffsetResult(result, last_ts, last_phy)
+        return query_offset_in_files(self.files, topic, key, min(max_num, self.max_msgs_num_batch), begin, end)
 
     # deleting ---------------------------------------------------------------------------
     def delete_expired_file(self, min_phy_offset: int) -> int:

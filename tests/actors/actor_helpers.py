@@ -55,7 +55,8 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_TIMEOUT_S,
 
 def wait_dispatched(store: MessageStore, timeout_s: float = 5.0) -> int:
     """Wait until dispatch has read everything the writer wrote; returns the commitlog end.
-    Reads asked after this see it: the ConsumeQueue and index mailboxes are FIFO."""
+    Reads after this see it: the ConsumeQueue mailbox is FIFO, and query waits until the
+    index covers the dispatched end."""
     peers = store.supervisor.ctx.peers
 
     def caught_up() -> bool:

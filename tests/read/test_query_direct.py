@@ -1,0 +1,481 @@
+"""query reads index/ through the caller's own read-only maps (IndexReader), not by asking the
+index actor: the same answers as the actor's, read-your-writes, safe beside a writing owner,
+and no maps left behind when the owner deletes files, restarts or the store closes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pykka
+import pytest
+
+import mqstore
+from mqstore import FaultPlan, Message, MessageStore
+from mqstore.actors.base import ServiceUnavailable
+from mqstore.actors.cleaner import CLEAN_FIRST_DELAY_MS
+from mqstore.messages import DeleteExpiredIndexFiles, QueryOffsets, QueryResult, Reply
+from mqstore.storage.disk import FixedDiskGauge
+from mqstore.storage.fs import SimulatedFileSystem
+from mqstore.storage.index import (
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER_SIZE,
+    IndexReader,
+    IndexService,
+    key_hash_and_slot,
+)
+
+h = sys.modules["mqstore_read_test_helpers"]
+Open = Callable[..., MessageStore]
+T0 = 1_700_000_000_000
+# Small index files: a few hundred puts roll many of them, and chains share slots.
+SMALL_INDEX = {"max_index_num": 24, "max_hash_slot_num": 7}
+WAIT_S = 10.0
+
+
+@dataclass
+class ManualClock:
+    now_ms: int = T0
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+class AskCounter:
+    """Counts the store's questions to the index actor (the path the direct reads avoid)."""
+
+    def __init__(self, store: MessageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.index_asks = 0
+        real_ask = store._ask
+
+        def counting_ask(peer: str, message: Any) -> Any:
+            if peer == "index":
+                self.index_asks += 1
+            return real_ask(peer, message)
+
+        monkeypatch.setattr(store, "_ask", counting_ask)
+
+
+def query_via_actor(store: MessageStore, monkeypatch: pytest.MonkeyPatch, *args: Any) -> QueryResult:
+    """The query as it was before the direct path: every lookup asks the index actor."""
+    with monkeypatch.context() as m:
+        m.setattr(store, "_index_reader", lambda: None)
+        return store.query(*args)
+
+
+def thread_index_reader(store: MessageStore) -> IndexReader:
+    reader = getattr(store._local, "index_reader", None)
+    assert reader is not None, "this thread's query did not use the direct path"
+    return reader
+
+
+def index_names(root: Path) -> tuple[str, ...]:
+    return tuple(sorted(os.listdir(root / "index")))
+
+
+def wait_indexed(store: MessageStore, end_offset: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while (p := store._index_progress) is None or p[1] < end_offset:
+        assert time.monotonic() < deadline, f"index did not reach {end_offset}: {p}"
+        time.sleep(0.001)
+
+
+def index_one(service: IndexService, offset: int, keys: str) -> None:
+    assert service.build_index(
+        topic="T", commitlog_offset=offset, store_timestamp=T0, sys_flag=0, keys=keys, uniq_key=None
+    )
+
+
+def set_prev_index(f: Any, entries_pos: int, entry_no: int, prev: int) -> None:
+    at = entries_pos + entry_no * INDEX_ENTRY_SIZE + 16  # keyHash 4, phyOffset 8, timeDiff 4
+    f._buf[at : at + 4] = prev.to_bytes(4, "big")
+
+
+def put_ok(store: MessageStore, key_list: list[str], topic: str = "T") -> Any:
+    result = store.put(Message(topic=topic, body=f"body-{key_list[0]}".encode(), keys=key_list))
+    assert result.ok, result
+    return result
+
+
+# -- equality with the actor's answers ---------------------------------------------------------
+
+
+def test_direct_query_answers_exactly_as_the_index_actor_across_roll_overs_windows_and_counts(
+    tmp_path: Path, open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(20261122)
+    clock = ManualClock()
+    store = open_store(clock_ms=clock, **SMALL_INDEX)
+    keys = [f"k{i}" for i in range(25)]
+    counter = AskCounter(store, monkeypatch)
+    compared = 0
+
+    def compare_one() -> None:
+        nonlocal compared
+        key = rng.choice(keys + ["absent"])
+        topic = rng.choice(("T", "T", "U", "Nope"))
+        max_count = rng.choice((1, 2, 5, 32, 64, 100))
+        if rng.random() < 0.3:
+            begin, end = 0, 2**63 - 1
+        else:
+            begin = T0 + rng.randrange(-2_000, 100_000)
+            end = begin + rng.randrange(0, 40_000)
+        direct = store.query(topic, key, max_count, begin, end)
+        asks_before = counter.index_asks
+        via_actor = query_via_actor(store, monkeypatch, topic, key, max_count, begin, end)
+        assert counter.index_asks > asks_before  # the reference really asked the actor
+        assert direct == via_actor, (topic, key, max_count, begin, end)
+        # The offsets themselves, order and header fields included, not only the records.
+        found = thread_index_reader(store).query_offset(topic, key, max_count, begin, end)
+        question = QueryOffsets(topic=topic, key=key, max_num=max_count, begin_ms=begin, end_ms=end)
+        reply = store._ask("index", question)
+        assert found is not None
+        assert tuple(found.phy_offsets) == reply.offsets
+        assert (found.index_last_update_timestamp, found.index_last_update_phy_offset) == (
+            reply.last_update_timestamp,
+            reply.last_update_phy_offset,
+        )
+        compared += 1
+
+    for i in range(400):
+        clock.now_ms = T0 + i * 250  # four puts a second: windows cut through seconds
+        picked = rng.sample(keys, rng.choice((1, 1, 2, 3)))
+        topic = "T" if rng.random() < 0.8 else "U"
+        put_ok(store, picked, topic)
+        if i % 7 == 0:  # also while the newest file, mapped already, is still filling
+            compare_one()
+    assert len(index_names(tmp_path / "store")) >= 20  # ~700 keys in files of 23 entries
+    for _ in range(300):
+        compare_one()
+    assert compared == 358
+    # Some answers were non-trivial, and the direct queries asked nothing.
+    assert store.query("T", "k1", 64).messages
+    direct_asks = counter.index_asks
+    store.query("T", "k2")
+    assert counter.index_asks == direct_asks
+    assert thread_index_reader(store).mapped_names == index_names(tmp_path / "store")
+
+
+def test_reader_follows_chains_past_a_header_the_owner_has_not_rewritten_yet() -> None:
+    """The owner writes entry, slot, then header; a reader that trusted the header's count
+    would drop a whole chain whose head is newer than the header it read."""
+    fs = SimulatedFileSystem()
+    service = IndexService(fs, "/s/index", clock_ms=lambda: T0, max_hash_slot_num=1, max_index_num=10)
+    index_one(service, 100, "a")
+    f = service.files[0]
+    header_after_one = bytes(f._buf[:INDEX_HEADER_SIZE])
+    for offset, key in ((200, "b"), (300, "a")):
+        index_one(service, offset, key)
+    f._buf[:INDEX_HEADER_SIZE] = header_after_one  # the header as a reader may still see it
+    reader = IndexReader(fs, "/s/index", max_hash_slot_num=1, max_index_num=10)
+    assert reader.sync((f.name,))
+    found = reader.query_offset("T", "a", 32, 0, 2**63 - 1)
+    assert found is not None and found.phy_offsets == [300, 100]
+
+
+def test_reader_walks_of_corrupt_slots_and_chains_end_without_error() -> None:
+    fs = SimulatedFileSystem()
+    slots, entries = 3, 10
+    service = IndexService(fs, "/s/index", clock_ms=lambda: T0, max_hash_slot_num=slots, max_index_num=entries)
+    for offset in (100, 200, 300):
+        index_one(service, offset, "a")
+    f = service.files[0]
+    _hash, slot = key_hash_and_slot("T#a", slots)
+    entries_pos = INDEX_HEADER_SIZE + slots * 4
+    reader = IndexReader(fs, "/s/index", max_hash_slot_num=slots, max_index_num=entries)
+    assert reader.sync((f.name,))
+    # A cycle 3 -> 2 -> 3 -> ...: the walk is bounded.
+    set_prev_index(f, entries_pos, 2, 3)
+    found = reader.query_offset("T", "a", 10**6, 0, 2**63 - 1)
+    assert found is not None and len(found.phy_offsets) <= entries
+    # Slot values and chain links outside the file are not followed.
+    for bad in (entries, 2**31 - 1, -5):
+        f._buf[INDEX_HEADER_SIZE + slot * 4 : INDEX_HEADER_SIZE + slot * 4 + 4] = bad.to_bytes(4, "big", signed=True)
+        found = reader.query_offset("T", "a", 32, 0, 2**63 - 1)
+        assert found is not None and found.phy_offsets == []
+    f._buf[INDEX_HEADER_SIZE + slot * 4 : INDEX_HEADER_SIZE + slot * 4 + 4] = (3).to_bytes(4, "big")
+    set_prev_index(f, entries_pos, 3, 10**6)
+    found = reader.query_offset("T", "a", 32, 0, 2**63 - 1)
+    assert found is not None and found.phy_offsets == [300]
+
+
+# -- read-your-writes and concurrency ----------------------------------------------------------
+
+
+def run_threads(targets: list[Callable[[], None]]) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:  # reported to the test below
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=guarded(t)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return errors
+
+
+def test_each_thread_finds_what_it_just_put(open_store: Open) -> None:
+    store = open_store(**SMALL_INDEX)
+
+    def put_then_query(t: int) -> Callable[[], None]:
+        def run() -> None:
+            for i in range(150):
+                key = f"t{t}-{i}"
+                result = put_ok(store, [key, "shared"])
+                found = store.query("T", key)
+                assert [m.commitlog_offset for m in found.messages] == [result.commitlog_offset], key
+            thread_index_reader(store)  # the direct path answered
+
+        return run
+
+    errors = run_threads([put_then_query(t) for t in range(4)])
+    assert not errors, errors[:3]
+
+
+def test_a_query_finds_what_dispatch_reported_before_it_even_from_a_thread_that_did_not_put(
+    open_store: Open,
+) -> None:
+    """A question to the actor queued behind every dispatch sent before it; the direct path
+    waits for the index to cover what dispatch reported (here the index publishes late)."""
+    store = open_store(**SMALL_INDEX)
+    publish = store.supervisor.ctx.on_index_progress
+
+    def publish_late(files: tuple[str, ...], indexed_end: int) -> None:
+        time.sleep(0.05)
+        publish(files, indexed_end)
+
+    store.supervisor.ctx.on_index_progress = publish_late
+    for i in range(4):
+        results: list[Any] = []
+        assert not run_threads([lambda: results.append(put_ok(store, [f"x{i}"]))])
+        assert store.wait_for_messages("T", 0, results[0].queue_offset, timeout_s=WAIT_S)
+        found = store.query("T", f"x{i}")
+        assert [m.commitlog_offset for m in found.messages] == [results[0].commitlog_offset]
+    thread_index_reader(store)
+
+
+def test_queries_beside_puts_and_roll_overs_find_every_key_indexed_before_them(
+    tmp_path: Path, open_store: Open
+) -> None:
+    """Everything below the published indexed_end must be found, whatever the owner is writing."""
+    store = open_store(max_index_num=40, max_hash_slot_num=5)
+    acked: list[tuple[str, int, int]] = []  # (key, commitlog offset, end offset)
+    lock = threading.Lock()
+    stop = threading.Event()
+    checked = [0]
+
+    def producer(t: int) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                for i in range(250):  # ~1000 index keys: ~25 files of 39 entries
+                    key = f"p{t}-{i}"
+                    result = put_ok(store, [key, f"hot{i % 3}"])
+                    with lock:
+                        acked.append((key, result.commitlog_offset, result.commitlog_offset + result.wrote_bytes))
+            finally:
+                stop.set()
+
+        return run
+
+    def querier() -> None:
+        rng = random.Random(5)
+        while not stop.is_set() or checked[0] == 0:
+            with lock:
+                candidates = list(acked)
+            progress = store._index_progress
+            if progress is None:
+                continue
+            covered = [a for a in candidates if a[2] <= progress[1]]
+            for key, offset, _end in rng.sample(covered, min(20, len(covered))):
+                found = store.query("T", key)
+                assert [m.commitlog_offset for m in found.messages] == [offset], (key, progress)
+                checked[0] += 1
+            store.query("T", rng.choice(("hot0", "hot1", "hot2")), 64)
+
+    errors = run_threads([producer(0), producer(1), querier, querier])
+    assert not errors, errors[:3]
+    assert checked[0] > 0
+    assert len(index_names(tmp_path / "store")) > 10
+    key, offset, end = acked[-1]
+    wait_indexed(store, end)
+    assert [m.commitlog_offset for m in store.query("T", key).messages] == [offset]
+
+
+# -- files deleted, owner restarted, store closed ----------------------------------------------
+
+
+def test_files_the_owner_deletes_are_unmapped_and_queries_still_answer_as_the_actor(
+    tmp_path: Path, open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(**SMALL_INDEX)
+    results = [put_ok(store, [f"k{i}", "all"]) for i in range(120)]
+    store.query("T", "k0")
+    reader = thread_index_reader(store)
+    before = reader.mapped_names
+    assert len(before) >= 8 and before == index_names(tmp_path / "store")
+    held = {name: reader._by_name[name] for name in before}
+    # The cleaner's request, as after a commitlog head moved to the 60th message.
+    waiter: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
+    head = results[60].commitlog_offset
+    store.supervisor.ctx.peers["index"].tell(DeleteExpiredIndexFiles(min_phy_offset=head, reply=Reply(future=waiter)))
+    deleted = waiter.get(timeout=WAIT_S)
+    assert deleted >= 3
+    remaining = index_names(tmp_path / "store")
+    assert len(remaining) == len(before) - deleted
+    for i in (0, 30, 59, 60, 90, 119):
+        assert store.query("T", f"k{i}") == query_via_actor(store, monkeypatch, "T", f"k{i}")
+    assert [m.commitlog_offset for m in store.query("T", "k119").messages] == [results[119].commitlog_offset]
+    assert store.query("T", "all", 64) == query_via_actor(store, monkeypatch, "T", "all", 64)
+    assert reader.mapped_names == remaining
+    for name, f in held.items():
+        assert f._region.buf.closed == (name not in remaining), name
+
+
+def cleaner_helpers() -> Any:
+    """tests/cleaner's harness module (a store on the simulated disk whose files age with a
+    manual clock), loaded by path once under the name its own conftest uses."""
+    name = "mqstore_cleaner_test_helpers"
+    if name not in sys.modules:
+        path = Path(__file__).parent.parent / "cleaner" / "cleaner_helpers.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def test_after_the_cleaner_deletes_index_files_queries_answer_as_the_actor_with_no_stale_maps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    H = cleaner_helpers()
+    clock = H.ManualClock()
+    fs = SimulatedFileSystem(clock_ms=clock)
+    fs.makedirs("/store")
+    gauge = FixedDiskGauge(0.10)
+    store = mqstore.open(
+        "/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None, **H.SMALL
+    )
+    try:
+        h = H.Harness(store, fs, clock, gauge, [])
+        clock.set(H.local_ms(0, 10))
+        h.fill_segments(8)
+        end = store.max_offset(H.TOPIC, 0)
+        keys = [r.keys for off in range(0, end, 32) for r in store.get(H.TOPIC, 0, off, 32).messages]
+        assert store.query(H.TOPIC, keys[0]).messages
+        reader = thread_index_reader(store)
+        before = reader.mapped_names
+        assert before == tuple(sorted(h.index_files())) and len(before) >= 2
+        clock.set(H.local_ms(0, 10) + CLEAN_FIRST_DELAY_MS)
+        gauge.set(0.86)  # above the forced-clean ratio: expired or not, the oldest files go
+        r = h.tick()
+        assert r.commitlog_deleted >= 1 and r.index_deleted >= 1
+        remaining = tuple(sorted(h.index_files()))
+        found_any = 0
+        for key in keys[:: max(1, len(keys) // 40)] + keys[-3:]:
+            direct = store.query(H.TOPIC, key)
+            assert direct == query_via_actor(store, monkeypatch, H.TOPIC, key), key
+            found_any += bool(direct.messages)
+        assert found_any and not store.query(H.TOPIC, keys[0]).messages  # its segment is gone
+        assert reader.mapped_names == remaining and len(remaining) < len(before)
+    finally:
+        store.close()
+    assert reader.closed and not reader.mapped_names
+
+
+def test_queries_answer_after_the_index_actor_crashes_mid_write_and_restarts(
+    tmp_path: Path, open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = FaultPlan()
+    store = open_store(faults=plan, **SMALL_INDEX)
+    results = {f"k{i}": put_ok(store, [f"k{i}"]) for i in range(40)}
+    assert store.query("T", "k0").messages
+    first_progress = store._index_progress
+    for crash in range(1, 3):
+        plan.arm("index.mid_write", 1)
+        i = len(results)
+        while len(store.supervisor.restarts) < crash:
+            results[f"k{i}"] = put_ok(store, [f"k{i}"])
+            i += 1
+            assert i < 5_000, "the fault never fired"
+        for _ in range(20):  # after the restart, with dispatch replaying
+            results[f"k{i}"] = put_ok(store, [f"k{i}"])
+            i += 1
+        for key, result in results.items():
+            found = store.query("T", key)
+            assert [m.commitlog_offset for m in found.messages] == [result.commitlog_offset], key
+    assert plan.fired["index.mid_write"] == 2
+    assert store._index_progress is not first_progress  # the restarted actor published
+    assert store.query("T", "k3") == query_via_actor(store, monkeypatch, "T", "k3")
+    assert thread_index_reader(store).mapped_names == index_names(tmp_path / "store")
+
+
+def test_without_a_publication_or_a_mappable_file_queries_ask_the_actor(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store")
+    store = open_store(Path("/store"), fs=fs, **SMALL_INDEX)
+    counter = AskCounter(store, monkeypatch)
+    assert store.query("T", "a").messages == ()
+    assert counter.index_asks == 0  # the actor published its (empty) index at start
+    monkeypatch.undo()
+    result = put_ok(store, ["a"])
+    wait_indexed(store, result.commitlog_offset + result.wrote_bytes)  # nothing publishes below
+    counter = AskCounter(store, monkeypatch)
+    monkeypatch.setattr(store, "_index_progress", None)
+    assert [m.commitlog_offset for m in store.query("T", "a").messages] == [result.commitlog_offset]
+    assert counter.index_asks == 1
+    monkeypatch.undo()
+    counter = AskCounter(store, monkeypatch)
+    fs.inject_fault("map", path_contains="/index/", count=1)
+    assert [m.commitlog_offset for m in store.query("T", "a").messages] == [result.commitlog_offset]
+    assert counter.index_asks == 1  # the map failed: the actor answered
+    assert [m.commitlog_offset for m in store.query("T", "a").messages] == [result.commitlog_offset]
+    assert counter.index_asks == 1  # mapped now: read directly
+
+
+def test_a_reader_closed_under_a_walk_answers_none_and_close_unmaps_every_reader(open_store: Open) -> None:
+    store = open_store(**SMALL_INDEX)
+    for i in range(60):
+        put_ok(store, [f"k{i}"])
+    assert store.query("T", "k1").messages  # this thread's puts are indexed: so files exist
+    mine = thread_index_reader(store)
+    readers: list[IndexReader] = []
+
+    def query_in_thread() -> None:
+        assert store.query("T", "k1").messages
+        readers.append(thread_index_reader(store))
+
+    assert not run_threads([query_in_thread, query_in_thread])
+    assert all(r.mapped_names for r in readers + [mine])
+    # close() from another thread while this one is inside the walk.
+    files = list(mine._files)
+    real_reload = files[-1].reload_header
+
+    def close_then_reload() -> None:
+        mine.close()
+        real_reload()
+
+    files[-1].reload_header = close_then_reload  # type: ignore[method-assign]
+    assert mine.query_offset("T", "k1", 32, 0, 2**63 - 1) is None
+    store.close()
+    assert all(r.closed and not r.mapped_names for r in readers)
+    assert all(f._region.buf.closed for f in files)
+    with pytest.raises(ServiceUnavailable):
+        store.query("T", "k1")
