@@ -19,6 +19,7 @@ import pytest
 from mqstore import GetMessageStatus as S
 from mqstore import Message, MessageStore
 from mqstore.messages import DeleteExpiredConsumeQueueFiles, Reply
+from mqstore import store as store_module
 
 h = sys.modules["mqstore_read_test_helpers"]  # loaded by conftest.py
 UNIT, put_n = h.UNIT, h.put_n
@@ -26,6 +27,13 @@ UNIT, put_n = h.UNIT, h.put_n
 Open = Callable[..., MessageStore]
 TINY_CQ = {"mapped_file_size_consume_queue_bytes": 8 * UNIT}  # 8 units per ConsumeQueue file
 
+
+
+@pytest.fixture(autouse=True)
+def reads_never_give_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests put and read at once; the reads must take the direct path all the same
+    (giving way to flowing puts has its own test in test_get_direct.py)."""
+    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 0)
 
 def counting_asks(store: MessageStore, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     asked: list[Any] = []
@@ -187,3 +195,24 @@ def test_a_reading_thread_that_ends_takes_its_maps_with_it(open_store: Open) -> 
     assert len(store._queue_readers) == 1 and len(store._readers) == 1
     store.close()
     assert len(store._queue_readers) == 0
+
+
+def test_reads_give_way_to_flowing_puts(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read through the caller's maps never blocks; while puts flow, gets, max_offset and
+    queries ask the owners instead (blocking, so a reading loop cannot starve the puts)."""
+    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 60_000_000_000)
+    store = open_store(**TINY_CQ)
+    put_n(store, 10)
+    caught_up(store)
+    asked = counting_asks(store, monkeypatch)
+    assert [m.queue_offset for m in store.get("T", 0, 0, 4).messages] == [0, 1, 2, 3]
+    assert len(asked) == 1, "the get asked the ConsumeQueue actor"
+    queried: list[Any] = []
+    original = store._index_offsets
+    monkeypatch.setattr(store, "_index_offsets", lambda reader, *a: (queried.append(reader), original(reader, *a))[1])
+    assert store.query("T", "k3").messages[0].queue_offset == 3
+    assert queried == [None], "the query asked the index actor"
+    store._last_put_ns = 0  # no put for a while: the direct paths again
+    assert [m.queue_offset for m in store.get("T", 0, 4, 4).messages] == [4, 5, 6, 7]
+    assert store.query("T", "k5").messages[0].queue_offset == 5
+    assert len(asked) == 1 and queried[-1] is not None

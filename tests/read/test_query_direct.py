@@ -24,6 +24,7 @@ from mqstore.actors.cleaner import CLEAN_FIRST_DELAY_MS
 from mqstore.messages import DeleteExpiredIndexFiles, QueryOffsets, QueryResult, Reply
 from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
+from mqstore import store as store_module
 from mqstore.storage.index import (
     INDEX_ENTRY_SIZE,
     INDEX_HEADER_SIZE,
@@ -62,6 +63,13 @@ class AskCounter:
 
         monkeypatch.setattr(store, "_ask", counting_ask)
 
+
+
+@pytest.fixture(autouse=True)
+def reads_never_give_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests put and read at once; the reads must take the direct path all the same
+    (giving way to flowing puts has its own test in test_get_direct.py)."""
+    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 0)
 
 def query_via_actor(store: MessageStore, monkeypatch: pytest.MonkeyPatch, *args: Any) -> QueryResult:
     """The query as it was before the direct path: every lookup asks the index actor."""
@@ -435,6 +443,7 @@ def test_without_a_publication_or_a_mappable_file_queries_ask_the_actor(
     assert store.query("T", "a").messages == ()
     assert counter.index_asks == 0  # the actor published its (empty) index at start
     monkeypatch.undo()
+    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 0)  # undone with the rest
     result = put_ok(store, ["a"])
     wait_indexed(store, result.commitlog_offset + result.wrote_bytes)  # nothing publishes below
     counter = AskCounter(store, monkeypatch)
@@ -442,6 +451,7 @@ def test_without_a_publication_or_a_mappable_file_queries_ask_the_actor(
     assert [m.commitlog_offset for m in store.query("T", "a").messages] == [result.commitlog_offset]
     assert counter.index_asks == 1
     monkeypatch.undo()
+    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 0)
     counter = AskCounter(store, monkeypatch)
     fs.inject_fault("map", path_contains="/index/", count=1)
     assert [m.commitlog_offset for m in store.query("T", "a").messages] == [result.commitlog_offset]
