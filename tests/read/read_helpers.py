@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +15,17 @@ FIXTURES = Path("/work/shared/fixtures")
 UNIT = 20  # ConsumeQueue unit size
 # Small segments (a reopen scans the last one); a roll-over waits at most 200 ms for the allocator.
 SMALL = {"allocate_wait_timeout_ms": 200, "mapped_file_size_commitlog_bytes": 1 << 20}
+T0 = 1_700_000_000_000
+
+
+@dataclass
+class ManualClock:
+    """A store clock the test moves by hand (`mqstore.open(..., clock_ms=clock)`)."""
+
+    now_ms: int = T0
+
+    def __call__(self) -> int:
+        return self.now_ms
 
 
 def put_n(store: MessageStore, n: int, *, topic: str = "T", queue_id: int = 0, body: bytes = b"x" * 100,

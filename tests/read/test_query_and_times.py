@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -14,15 +13,8 @@ from mqstore.storage import codec
 
 h = sys.modules["mqstore_read_test_helpers"]
 Open = Callable[..., MessageStore]
-T0 = 1_700_000_000_000
 
-
-@dataclass
-class ManualClock:
-    now_ms: int = T0
-
-    def __call__(self) -> int:
-        return self.now_ms
+ManualClock, T0 = h.ManualClock, h.T0
 
 
 def put_at(store: MessageStore, clock: ManualClock, ms: int, key: str, body: bytes = b"b") -> int:

@@ -10,7 +10,6 @@ import random
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,18 +34,11 @@ from mqstore.storage.index import (
 
 h = sys.modules["mqstore_read_test_helpers"]
 Open = Callable[..., MessageStore]
-T0 = 1_700_000_000_000
 # Small index files: a few hundred puts roll many of them, and chains share slots.
 SMALL_INDEX = {"max_index_num": 24, "max_hash_slot_num": 7}
 WAIT_S = 10.0
 
-
-@dataclass
-class ManualClock:
-    now_ms: int = T0
-
-    def __call__(self) -> int:
-        return self.now_ms
+ManualClock, T0 = h.ManualClock, h.T0
 
 
 class AskCounter:
