@@ -141,10 +141,11 @@ class MessageStore:
         self.store_host = self.supervisor.store_host
         self._store_host_ip4 = None if self.store_host.is_ipv6 else self.store_host.address_bytes()
         self._local = threading.local()
-        # Each reading thread's own readers (thread-local); held weakly, so a thread that ends
-        # takes its maps with it (a host that starts a thread per request would otherwise pile
-        # up maps until close()), and close() closes those of the living threads.
-        self._readers: weakref.WeakSet[CommitLogReader] = weakref.WeakSet()
+        # Each reading thread's own readers of the commitlog, consumequeue/ and index/
+        # (thread-local); held weakly, so a thread that ends takes its maps with it (a host
+        # that starts a thread per request would otherwise pile up maps until close()), and
+        # close() closes those of the living threads.
+        self._readers: weakref.WeakSet[CommitLogReader | ConsumeQueueReader | IndexReader] = weakref.WeakSet()
         self._readers_lock = threading.Lock()
         self._arrived: dict[tuple[str, int], int] = {}
         self._dispatched_end = 0  # commitlog offset the reput actor has dispatched up to
@@ -161,7 +162,6 @@ class MessageStore:
         # never pairs the names of one publication with the offset of another.
         self._index_progress: tuple[tuple[str, ...], int] | None = None
         self._index_cond = threading.Condition()
-        self._index_readers: weakref.WeakSet[IndexReader] = weakref.WeakSet()
         self.supervisor.ctx.on_index_progress = self._on_index_progress
         # What the ConsumeQueue actor published (QueueBounds): `get` reads units through each
         # thread's own maps below these bounds instead of asking the actor.
@@ -169,7 +169,6 @@ class MessageStore:
         self._queue_bounds_live = False
         self._queue_units_written = 0  # commitlog offset below which every dispatched unit is written
         self._queue_maps_generation = 0  # bumped when files may be gone: readers drop their maps
-        self._queue_readers: weakref.WeakSet[ConsumeQueueReader] = weakref.WeakSet()
         self._last_put_ns = 0  # when the newest put started: readers give way while puts flow
         self.supervisor.ctx.on_queue_bounds = self._on_queue_bounds
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
@@ -214,12 +213,6 @@ class MessageStore:
             for reader in list(self._readers):
                 reader.close()
             self._readers.clear()
-            for index_reader in list(self._index_readers):
-                index_reader.close()
-            self._index_readers.clear()
-            for queue_reader in list(self._queue_readers):
-                queue_reader.close()
-            self._queue_readers.clear()
         with self._arrival_cond:
             self._arrival_cond.notify_all()
         with self._index_cond:
@@ -452,11 +445,11 @@ class MessageStore:
         return self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))
 
     def _puts_flowing(self) -> bool:
-        """Whether a put started within PUTS_FLOWING_NS. Gets and queries through the caller's own maps
-        never block, so a thread reading in a loop holds the GIL for CPython's whole switch
-        interval (5 ms) at a time, and every put hand-off (caller -> writer -> caller) waits
-        that long: a consumer catching up cut a producer from 90k to 8k msgs/s. While puts
-        flow, reads ask the owning actor instead, blocking as they always did (same run:
+        """Whether a put started within PUTS_FLOWING_NS. Gets and queries through the caller's
+        own maps never block, so a thread reading in a loop holds the GIL for CPython's whole
+        switch interval (5 ms) at a time, and every put hand-off (caller -> writer -> caller)
+        waits that long: a consumer catching up cut a producer from 90k to 8k msgs/s. While
+        puts flow, reads ask the owning actor instead, blocking as they always did (same run:
         consumer 61-77k, producer 87-95k msgs/s)."""
         return time.monotonic_ns() - self._last_put_ns < PUTS_FLOWING_NS
 
@@ -506,7 +499,7 @@ class MessageStore:
             self._local.queue_reader = reader
             self._local.queue_maps_generation = self._queue_maps_generation
             with self._readers_lock:
-                self._queue_readers.add(reader)
+                self._readers.add(reader)
         elif self._local.queue_maps_generation != self._queue_maps_generation:
             self._local.queue_maps_generation = self._queue_maps_generation
             reader.forget()
@@ -561,8 +554,8 @@ class MessageStore:
         max_units = max(800, max_count)
         if not raw and not self._puts_flowing():
             direct = self._units_direct(topic, queue_id, offset, max_units)
-            if direct is not None:
-                found = self._collect(direct.units or b"", direct.commitlog_head, offset, max_count, max_total_bytes,
+            if direct is not None and direct.units is not None:
+                found = self._collect(direct.units, direct.commitlog_head, offset, max_count, max_total_bytes,
                                       tags, raw, {"min_offset": direct.min_offset, "max_offset": direct.max_offset},
                                       expect=(topic, queue_id))  # fmt: skip
                 if found is not None:
@@ -765,7 +758,7 @@ class MessageStore:
             with self._readers_lock:
                 if self._closed:
                     return None
-                self._index_readers.add(index_reader)
+                self._readers.add(index_reader)
             self._local.index_reader = index_reader
         return index_reader if index_reader.sync(progress[0]) else None
 

@@ -190,11 +190,11 @@ def test_a_reading_thread_that_ends_takes_its_maps_with_it(open_store: Open) -> 
         thread.start()
         thread.join()
     gc.collect()
-    assert len(store._queue_readers) == 0 and len(store._readers) == 0
+    assert list(store._readers) == []
     read()  # this thread's readers stay until close()
-    assert len(store._queue_readers) == 1 and len(store._readers) == 1
+    assert sorted(type(r).__name__ for r in store._readers) == ["CommitLogReader", "ConsumeQueueReader"]
     store.close()
-    assert len(store._queue_readers) == 0
+    assert list(store._readers) == []
 
 
 def test_reads_give_way_to_flowing_puts(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
