@@ -154,6 +154,7 @@ class ReputMessageService(StoreActor):
         self.ctx.faults.hit("reput.mid_dispatch")
         if self.config.message_index_enable:
             self.ctx.tell("index", batch)
+        self.ctx.read_view.publish_dispatched(end_offset)
         if requests and self.config.long_polling_enable:
             self._notify(requests, end_offset)
         elif requests:
