@@ -139,8 +139,8 @@ class MessageStore:
     """A running store: RocketMQ 4.4.0's DefaultMessageStore for one process, safe to use from
     many threads. Open it with `mqstore.open(path, **settings)`; close it (or use `with`).
 
-    The read contract, for every read (get, query, min_offset/max_offset, offset_for_time,
-    message_store_time, wait_for_messages, get_commitlog_data): after a thread's put is
+    The read contract (read-your-writes), for every read (get, query, min_offset/max_offset,
+    offset_for_time, message_store_time, wait_for_messages, get_commitlog_data): after a thread's put is
     acknowledged as stored, its next read reflects that put. Dispatch is asynchronous, so a
     read first waits (up to `read_your_writes_timeout_ms`) for the published read view to
     cover the thread's last put; if it does not in time, the read answers a status

@@ -192,7 +192,7 @@ def test_a_reading_thread_that_ends_takes_its_maps_with_it(open_store: Open) -> 
     assert sorted(type(r).__name__ for r in store._readers.open_readers) == ["CommitLogReader", "ConsumeQueueReader"]
     readers = store._readers.get()
     store.close()
-    assert store._readers.open_readers == [] and readers.closed
+    assert store._readers.open_readers == [] and readers._queues is not None and readers._queues._maps == {}
 
 
 def test_a_get_through_the_maps_yields_the_gil_once(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
