@@ -353,8 +353,12 @@ class MessageStore:
 
     def _view_covering(self, covers: Callable[[ReadView], bool]) -> ReadView | None:
         """The read view once `covers(view)` holds, waiting at most read_your_writes_timeout_ms
-        (woken by the owners' publications); None if it did not in time or the store closed."""
-        return self.read_view.await_view(covers, self._ryw_timeout_s)
+        (woken by the owners' publications); None if it did not in time, or at once if the store
+        stopped running (its supervisor gave up: nothing will publish again)."""
+        view = self.read_view.view
+        if covers(view):
+            return view
+        return self.read_view.await_view(covers, self._ryw_timeout_s) if self.running else None
 
     def _queue_view(self, *, with_dispatched: bool = False) -> ReadView | None:
         """The view for a queue read: its queue bounds cover the thread's own last put (and,
