@@ -289,6 +289,7 @@ def collect(
             continue
         # Raw mode hands out copies of the records; decoding reads them in place in the map.
         data = None
+        place: tuple[Any, int] | None
         if raw:
             data = reader.read(phy, size, limit=phy + size)
             place = None if data is None else (data, 0)

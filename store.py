@@ -384,7 +384,8 @@ class MessageStore:
             raise ServiceUnavailable(f"{peer} did not answer: {exc}") from exc
 
     def _units(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply:
-        return self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))
+        reply: UnitsReply = self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))
+        return reply
 
     # reads -------------------------------------------------------------------------------
     @records_get
@@ -647,7 +648,8 @@ class MessageStore:
 
     def dispatch_progress(self) -> tuple[int, int]:
         """(the commitlog's readable end, the end of what reput dispatched), from the read
-        view: their difference is the dispatch lag (stats)."""
+        view: their difference is the dispatch lag (stats). Answers after close too (the
+        view as the actors left it), for the last stats snapshot."""
         view = self.read_view.view
         return view.readable_end, view.dispatched_end
 
@@ -695,7 +697,7 @@ class MessageStore:
                     try:
                         subscriber.tell(event) if isinstance(subscriber, pykka.ActorRef) else subscriber(event)
                     except pykka.ActorDeadError:
-                        self.unsubscribe(subscriber)
+                        self._remove_subscriber(subscriber)
                         break
 
     def subscribe(self, subscriber: Any, topic: str | None = None, queue_id: int | None = None) -> None:
@@ -707,6 +709,10 @@ class MessageStore:
 
     def unsubscribe(self, subscriber: Any) -> None:
         """Stop telling `subscriber` (every subscription it has)."""
+        self._check_open()
+        self._remove_subscriber(subscriber)
+
+    def _remove_subscriber(self, subscriber: Any) -> None:
         with self._subscribers_lock:
             self._subscribers = [s for s in self._subscribers if s[0] is not subscriber]
 
@@ -741,6 +747,15 @@ class StoreGateway(pykka.ThreadingActor):
         self._store = store
 
     def on_receive(self, message: Any) -> Any:
+        try:
+            return self._handle(message)
+        except StoreClosedError as exc:  # a request still queued when the store closed
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, Reply):
+                reply.fail(exc)
+            return None
+
+    def _handle(self, message: Any) -> Any:
         store = self._store
         match message:
             case Put(messages=messages, reply=reply, batch=batch):
@@ -759,7 +774,7 @@ class StoreGateway(pykka.ThreadingActor):
             case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
                 store.subscribe(subscriber, topic, queue_id)
             case Unsubscribe(subscriber=subscriber):
-                store.unsubscribe(subscriber)
+                store._remove_subscriber(subscriber)
             case _:
                 raise AssertionError(f"the store gateway cannot handle {message!r}")
         return None

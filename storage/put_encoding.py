@@ -75,7 +75,8 @@ class PutEncoder:
             return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
         max_size = self.max_message_size
         fast = speedups.native
-        if fast is not None and self._store_host_ip4 is not None and type(first.queue_id) is int and 0 <= first.queue_id <= 0x7FFFFFFF:
+        plain_queue = type(first.queue_id) is int and 0 <= first.queue_id <= 0x7FFFFFFF
+        if fast is not None and self._store_host_ip4 is not None and plain_queue:
             # The C encoder takes plain messages of the first one's topic and queue whole or
             # none; anything it declines (custom properties, a born host, a mixed batch, an
             # error to report) goes through the checks and the loop below.
