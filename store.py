@@ -16,7 +16,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Iterable
 
 import pykka
 
@@ -265,8 +266,8 @@ class MessageStore:
         """Put messages of one topic and queue as one contiguous batch (RocketMQ's putMessages):
         consecutive queue offsets, never split across segments, one result."""
         self._check_open()
-        if isinstance(messages, Message) or not isinstance(messages, (list, tuple)):
-            raise TypeError(f"messages must be a list or tuple of mqstore.Message, not {type(messages).__name__}")
+        if isinstance(messages, (Message, str, bytes)) or not isinstance(messages, Sequence):
+            raise TypeError(f"messages must be a sequence of mqstore.Message, not {type(messages).__name__}")
         _check_messages(messages, "messages")
         if not messages:
             raise ValueError("messages must not be empty")
@@ -413,6 +414,8 @@ class MessageStore:
         _check_int("max_count", max_count, 1)
         if max_total_bytes is not None:
             _check_int("max_total_bytes", max_total_bytes, 1)
+        if tags is not None and not isinstance(tags, str):
+            raise TypeError(f"tags must be a str or None, not {type(tags).__name__}")
         view = self._queue_view()
         if view is None:
             return self._not_readable(offset, "dispatch did not reach this thread's last put in time")
@@ -547,6 +550,8 @@ class MessageStore:
         message at the min offset. For the store: the store time of the first record of the
         commitlog, which like 4.4.0 needs 2 * max_message_size_bytes readable from there."""
         self._check_open()
+        if topic is not None:
+            _check_queue(topic, 0 if queue_id is None else queue_id)
         if topic is None:
             if queue_id is not None:
                 raise ValueError("queue_id needs a topic")
