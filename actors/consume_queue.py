@@ -71,7 +71,7 @@ class ConsumeQueueService(StoreActor):
     def release(self) -> None:
         # Withdrawn first: a restarted actor may truncate what it recovers, and readers must
         # not trust these bounds until the successor publishes its own.
-        self.ctx.on_queue_bounds(None)
+        self.ctx.read_view.publish_queues(None)
         for cq in self._queues.values():
             cq.mapped_file_queue.shutdown(0)
         self._queues.clear()
@@ -84,7 +84,7 @@ class ConsumeQueueService(StoreActor):
             cq = queues.get(key)
             if cq is not None:
                 bounds[key] = (cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue())
-        self.ctx.on_queue_bounds(
+        self.ctx.read_view.publish_queues(
             QueueBounds(bounds=bounds, dispatched_offset=self._dispatched_offset, complete=complete)
         )
 

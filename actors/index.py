@@ -64,14 +64,13 @@ class IndexActor(StoreActor):
         self._publish()
 
     def _publish(self) -> None:
-        """Tell readers which files there are and how far indexing has got (the hook on the
-        context). The same names tuple is handed on while the files are unchanged, so a
+        """Tell readers which files there are and how far indexing has got (the read view). The same names tuple is handed on while the files are unchanged, so a
         reader tells "nothing to map or unmap" by identity."""
         assert self._service is not None
         names = tuple(f.name for f in self._service.files)
         if names != self._published_names:
             self._published_names = names
-        self.ctx.on_index_progress(self._published_names, self._indexed_below)
+        self.ctx.read_view.publish_index(self._published_names, self._indexed_below)
 
     def release(self) -> None:
         if self._service is not None:
