@@ -144,7 +144,9 @@ class RealMappedRegion:
         True are reserved.
         """
         global _reserve_failed_logged
-        end = min(end, self.size)
+        # Whole pages: a write through the map dirties a page, and the filesystem must back
+        # all of it (with 1 KiB blocks, a page's other blocks would be allocated in the fault).
+        end = min(end + (-end) % OS_PAGE_SIZE, self.size)
         if self._fd is None or end <= self._reserved:
             return True
         err = _fallocate(self._fd, self._reserved, end - self._reserved)

@@ -31,7 +31,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage import speedups
 from mqstore.storage.fs import FileSystem, MappedRegion
-from mqstore.storage.mapped_file import DiskFullError
+from mqstore.storage.mapped_file import KEEP_FREE_FOR_DERIVED_BYTES, DiskFullError, free_bytes
 
 __all__ = [
     "DEFAULT_MAX_HASH_SLOT_NUM",
@@ -342,8 +342,11 @@ class IndexFile:
         need_end = self._entries_pos + min(count, self.max_index_num) * INDEX_ENTRY_SIZE
         if need_end > self._reserved_end:
             window_end = min(need_end + ENTRIES_RESERVE_AHEAD * INDEX_ENTRY_SIZE, self._region.size)
+            free = free_bytes(self._fs, self.path)
             try:
                 for end in (window_end, need_end):
+                    if free is not None and free - (end - self._reserved_end) < KEEP_FREE_FOR_DERIVED_BYTES:
+                        continue  # never the filesystem's last blocks (see mapped_file)
                     if self._region.reserve(end):
                         self._reserved_end = end
                         break
