@@ -189,7 +189,7 @@ class MessageStore:
         self._gateway = StoreGateway.start(self)
         _open_stores.add(self)
         try:
-            self._offsets.load()  # neither file nor .bak parses: fail the open, like the broker
+            self._offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
         except Exception:
             self.close()
             raise
@@ -337,6 +337,8 @@ class MessageStore:
                 if batch and total > max_size:
                     return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail=f"batch of {total} bytes > {max_size}")
                 return encoded, 0, True
+        for message in messages:
+            codec.check_message_ints(message)  # TypeError/ValueError: programming errors
         if batch and any(m.topic != first.topic or m.queue_id != first.queue_id for m in messages):
             return PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL, detail="a batch must have one topic and queue")
         records = []
@@ -344,8 +346,6 @@ class MessageStore:
         for message in messages:
             if not isinstance(message.body, (bytes, bytearray, memoryview)):
                 raise TypeError(f"message body must be bytes, not {type(message.body).__name__}")
-            if not isinstance(message.queue_id, int) or message.queue_id < 0:
-                raise ValueError(f"queue_id must be a non-negative int, not {message.queue_id!r}")
             try:
                 props = self._properties(message)
             except ValueError as exc:
@@ -400,6 +400,7 @@ class MessageStore:
             if text.count("\x01") != text.count("\x02") or text.count("\x01") != 1 + (bool(joined) and bool(tags)):
                 raise ValueError("tags or keys contain a reserved separator character (\\x01 or \\x02)")
             return text
+        codec.check_user_properties(message.properties)
         props = dict(message.properties)
         if message.tags:
             props[codec.PROPERTY_TAGS] = message.tags

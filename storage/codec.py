@@ -58,6 +58,53 @@ PROPERTY_DELAY_TIME_LEVEL: Final = "DELAY"
 PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
 
+# RocketMQ 4.4.0 MessageConst's names (spec §2.3.4): the store and the broker own them, so a
+# user property may not carry one (Java's Message.putUserProperty refuses its systemKeySet).
+# A spoofed UNIQ_KEY would be found by `query`, and a DELAY or TRAN_MSG changes delivery.
+RESERVED_PROPERTY_NAMES: Final = frozenset(
+    {
+        PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_DELAY_TIME_LEVEL,
+        PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, "RETRY_TOPIC", "TRAN_MSG", "PGROUP", "MIN_OFFSET",
+        "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
+        "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME",
+        "TRAN_PREPARED_QUEUE_OFFSET", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    }
+)  # fmt: skip
+
+JAVA_INT_MAX: Final = 0x7FFFFFFF
+JAVA_INT_MIN: Final = -0x80000000
+JAVA_LONG_MAX: Final = 0x7FFFFFFFFFFFFFFF
+JAVA_LONG_MIN: Final = -0x8000000000000000
+
+
+def java_int(name: str, value: object, low: int = JAVA_INT_MIN, high: int = JAVA_INT_MAX) -> int:
+    """`value` as an int field stored in a Java int or long, within [low, high]: TypeError
+    for a non-int (a bool is not a queue id), ValueError naming `name` when out of range
+    (rather than struct.error from deep in the encoder, or a value Java cannot read back)."""
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} {value} is outside [{low}, {high}]")
+    return value
+
+
+def check_message_ints(message: Any) -> None:
+    """A Message's int fields as the record stores them: queue id a non-negative Java int,
+    flag a Java int, born timestamp a Java long (TypeError or ValueError naming the field)."""
+    java_int("queue_id", message.queue_id, 0, JAVA_INT_MAX)
+    java_int("flag", message.flag)
+    if message.born_timestamp_ms is not None:
+        java_int("born_timestamp_ms", message.born_timestamp_ms, JAVA_LONG_MIN, JAVA_LONG_MAX)
+
+
+def check_user_properties(properties: Mapping[str, str]) -> None:
+    """ValueError naming the first reserved name among a message's user properties."""
+    reserved = RESERVED_PROPERTY_NAMES.intersection(properties)
+    if reserved:
+        names = ", ".join(sorted(reserved))
+        raise ValueError(f"property names reserved by RocketMQ (MessageConst): {names}; use the Message fields for keys and tags")
+
+
 SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
