@@ -618,6 +618,8 @@ class MessageStore:
         unpack = codec.CQ_UNIT.unpack_from
         read_message = _read_in_place
         max_message_size = cfg.max_message_size_bytes
+        check_crc = cfg.check_crc_on_read
+        skipped = ""
         i = 0
         while i < len(units) and i < limit:
             phy, size, tags_code = unpack(units, i)
@@ -637,6 +639,14 @@ class MessageStore:
             if raw:
                 data = reader.read(phy, size, limit=phy + size)
                 place = None if data is None else (data, 0)
+                if data is not None and check_crc and wanted is None:  # else decoded (and checked) below
+                    reason = codec.body_crc_mismatch(data, 0)
+                    if reason in codec.INTEGRITY_FAILURES:
+                        if expect is not None:
+                            return None  # decided by the owner's answer, and counted once there
+                        skipped = self._corrupt_on_read(phy, reason, queue_offset=offset + i // 20)
+                        i += 20
+                        continue
             else:
                 place = reader.select(phy, size)
             if place is None:
@@ -648,12 +658,18 @@ class MessageStore:
             if wanted is not None or not raw:
                 buf, pos = place
                 try:
-                    record = read_message(buf, pos, pos + size, max_message_size)
+                    served = read_message(buf, pos, pos + size, max_message_size, check_crc)
                 except _Unmapped:
                     if total_bytes == 0:
                         status = GetMessageStatus.MESSAGE_WAS_REMOVING
                     i += 20
                     continue
+                if isinstance(served, MessageRecord):
+                    record: MessageRecord | None = served
+                else:
+                    record = None
+                    if expect is None and codec.failed_integrity(served):
+                        skipped = self._corrupt_on_read(phy, served.reason, queue_offset=offset + i // 20)
                 if expect is not None and (
                     record is None
                     or record.queue_offset != offset + i // 20
@@ -679,8 +695,17 @@ class MessageStore:
             messages=tuple(found) if not raw else (),
             raw=tuple(found_raw) if raw else (),
             next_begin_offset=offset + i // 20,
+            detail=skipped,
             **common,
         )
+
+    def _corrupt_on_read(self, commitlog_offset: int, reason: str, *, queue_offset: int | None = None) -> str:
+        """A damaged record where a queue or the index pointed: never served; logged, counted,
+        and described for the result's `detail`."""
+        self.stats_service.record_corrupt_on_read()
+        self.log.error("corrupt_record_on_read", commitlog_offset=commitlog_offset, reason=reason,
+                       queue_offset=queue_offset)  # fmt: skip
+        return f"skipped the corrupt record at commitlog offset {commitlog_offset} ({reason}); run `mqstore verify`"
 
     def query(
         self, topic: str, key: str, max_count: int = 32, begin_ms: int = 0, end_ms: int = 2**63 - 1
@@ -696,6 +721,7 @@ class MessageStore:
         last_ts = last_phy = 0
         reader = self._reader()
         for _ in range(3):
+            asked_ms = last_query_ms
             offsets, ts, phy = self._index_offsets(index_reader, topic, key, max_count, begin_ms, last_query_ms)
             if not offsets:
                 break
@@ -708,8 +734,8 @@ class MessageStore:
                     last_query_ms = record.store_timestamp
                 if record.topic == topic and (record.uniq_key == key or key in record.key_list):
                     messages.append(record)
-            if messages or last_query_ms < begin_ms:
-                break
+            if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
+                break  # (the same question again would read the same records)
         return QueryResult(
             messages=tuple(messages[:max_count]),
             index_last_update_timestamp=last_ts,
@@ -801,9 +827,14 @@ class MessageStore:
             return None
         buf, pos = place
         try:
-            return _read_in_place(buf, pos, None, self.config.max_message_size_bytes)
+            served = _read_in_place(buf, pos, None, self.config.max_message_size_bytes, self.config.check_crc_on_read)
         except _Unmapped:
             return None
+        if isinstance(served, MessageRecord):
+            return served
+        if codec.failed_integrity(served):
+            self._corrupt_on_read(offset, served.reason)
+        return None
 
     def lookup(self, commitlog_offset: int) -> MessageRecord | None:
         """lookMessageByOffset (§13.3)."""
@@ -1023,10 +1054,12 @@ class _Unmapped(Exception):
     the segment removed): the record is as unreadable as if `select` had not found it."""
 
 
-def _read_in_place(buf: Any, pos: int, limit: int | None, max_message_size: int) -> MessageRecord | None:
-    """`codec.read_message` on a map of the reader's; _Unmapped if that map is closed."""
+def _read_in_place(
+    buf: Any, pos: int, limit: int | None, max_message_size: int, check_crc: bool = False
+) -> MessageRecord | codec.RecordRead:
+    """`codec.read_served` on a map of the reader's; _Unmapped if that map is closed."""
     try:
-        return codec.read_message(buf, pos, limit, max_message_size=max_message_size)
+        return codec.read_served(buf, pos, limit, max_message_size=max_message_size, check_crc=check_crc)
     except ValueError as exc:
         if getattr(buf, "closed", False):
             raise _Unmapped from exc

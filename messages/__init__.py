@@ -114,6 +114,7 @@ class GetResult:
     min_offset: int = 0
     max_offset: int = 0
     raw: tuple[bytes, ...] = ()
+    detail: str = ""  # what was skipped, e.g. a record whose body failed its CRC
 
     @property
     def found(self) -> bool:
