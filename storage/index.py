@@ -78,6 +78,7 @@ _LONG = struct.Struct(">q")
 _ZERO_ENTRY: Final = bytes(INDEX_ENTRY_SIZE)
 
 _NAME_RE = re.compile(r"^\d{17}$")
+DAMAGED_SUFFIX: Final = ".damaged"  # a derived file set aside, for a person to look at
 
 
 # ---------------------------------------------------------------------------------------
@@ -704,28 +705,45 @@ class IndexService:
         # Set when no index file could be created after MAX_TRY_IDX_CREATE tries; the owner
         # maps it to RunningFlags.WRITE_INDEX_FILE_ERROR. Never cleared (restart), as in 4.4.0.
         self.index_error = False
+        self.set_aside: list[str] = []  # what `load` found damaged and set aside, for people
 
     # loading ----------------------------------------------------------------------------
     def load(self, last_exit_ok: bool, index_msg_timestamp: int) -> bool:
         """Map every file of the index directory, oldest first. After an abnormal exit, files
         whose endTimestamp is newer than the checkpoint's indexMsgTimestamp are deleted: they
-        may be torn, and recovery re-dispatches their messages. False on an I/O error or a file
-        of the wrong size (other max_hash_slot_num / max_index_num settings)."""
-        assert not self.files
+        may be torn, and recovery re-dispatches their messages.
+
+        An index file is derived data: one that is empty, short, of a size its siblings do not
+        share, is set aside as `<name>.damaged` (never deleted) with every
+        later file (deleted: the re-dispatch writes them again), listed in `set_aside`, and
+        the caller rebuilds from the last kept file. False on an I/O error, or when every file
+        holds together at one other size (a store of other max_hash_slot_num/max_index_num
+        settings: not damage, so refused rather than "repaired")."""
+        if self.files:
+            raise ValueError("load() on an index service that already has files")
         fs = self._fs
+        self.set_aside = []
         if not fs.exists(self.index_dir):
             return True
         expected = index_file_size(self.max_hash_slot_num, self.max_index_num)
         try:
+            names = []
             for name in fs.listdir(self.index_dir):
                 path = os.path.join(self.index_dir, name)
-                if not _NAME_RE.match(name):
+                if not _NAME_RE.match(name) or fs.isdir(path):
                     log.warning("index_load_skip_foreign_file", path=path)
                     continue
-                size = fs.getsize(path)
-                if size != expected:
-                    log.error("index_load_wrong_size", path=path, size=size, expected=expected)
-                    return False
+                names.append(name)
+            sizes = {name: fs.getsize(os.path.join(self.index_dir, name)) for name in names}
+            if sizes and expected not in sizes.values() and self._other_geometry(sizes):
+                size = next(iter(sizes.values()))
+                log.error("index_load_wrong_size", dir=self.index_dir, size=size, expected=expected)
+                return False
+            for n, name in enumerate(names):
+                path = os.path.join(self.index_dir, name)
+                if sizes[name] != expected:
+                    self._set_aside_from(names[n:], sizes, expected)
+                    break
                 f = IndexFile.load(
                     fs, path, max_hash_slot_num=self.max_hash_slot_num, max_index_num=self.max_index_num
                 )
@@ -743,6 +761,40 @@ class IndexService:
             log.error("index_load_failed", dir=self.index_dir, error=str(e))
             return False
         return True
+
+    def _other_geometry(self, sizes: dict[str, int]) -> bool:
+        """Whether the index files were written with another max_index_num: all of one size,
+        a whole number of entries after this max_hash_slot_num's slots, each header's count
+        within them, and one of them full at that size (the evidence that a writer of that
+        geometry filled it and rolled over, which a file cut short cannot give: a lone file
+        of another size is damage, and is rebuilt from the log)."""
+        if len(set(sizes.values())) != 1:
+            return False
+        size = next(iter(sizes.values()))
+        entries = size - INDEX_HEADER_SIZE - self.max_hash_slot_num * HASH_SLOT_SIZE
+        if entries <= INDEX_ENTRY_SIZE or entries % INDEX_ENTRY_SIZE:
+            return False
+        capacity = entries // INDEX_ENTRY_SIZE
+        full = False
+        for name in sizes:
+            header = read_index_header(self._fs, os.path.join(self.index_dir, name))
+            if not 0 <= header.index_count <= capacity:
+                return False
+            full = full or header.index_count == capacity
+        return full
+
+    def _set_aside_from(self, names: list[str], sizes: dict[str, int], expected: int) -> None:
+        """The first of `names` is damaged: keep it as `.damaged`; its successors go (their
+        keys are re-dispatched, and a kept later file would make build_index skip them)."""
+        fs = self._fs
+        first = os.path.join(self.index_dir, names[0])
+        kept = fs.set_aside(first, DAMAGED_SUFFIX)
+        why = f"{sizes[names[0]]} bytes, not {expected}"
+        self.set_aside.append(f"{names[0]}: {why}; kept as {os.path.basename(kept)}")
+        log.error("index_file_set_aside", path=first, reason=why, kept_as=kept)
+        for name in names[1:]:
+            fs.remove(os.path.join(self.index_dir, name))
+            self.set_aside.append(f"{name}: after a damaged file")
 
     # writing ----------------------------------------------------------------------------
     def build_index(
