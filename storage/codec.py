@@ -580,7 +580,7 @@ def failed_integrity(read: RecordRead) -> bool:
 
 
 def read_record(
-    buf: bytes | bytearray | memoryview,
+    buf: bytes | bytearray | memoryview | mmap.mmap,
     pos: int,
     limit: int | None = None,
     *,
@@ -621,7 +621,7 @@ def read_record(
 
 
 def _decode_message(
-    buf: bytes | bytearray | memoryview, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
+    buf: bytes | bytearray | memoryview | mmap.mmap, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
 ) -> RecordRead:
     rec_end = pos + total
     _, _, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(buf, pos)

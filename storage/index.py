@@ -763,25 +763,22 @@ class IndexService:
         return True
 
     def _other_geometry(self, sizes: dict[str, int]) -> bool:
-        """Whether the index files were written with another max_index_num: all of one size,
-        a whole number of entries after this max_hash_slot_num's slots, each header's count
-        within them, and one of them full at that size (the evidence that a writer of that
-        geometry filled it and rolled over, which a file cut short cannot give: a lone file
-        of another size is damage, and is rebuilt from the log)."""
+        """Whether the index files hold together at one size that is not this service's: a
+        store written with another max_index_num, which is not damage (refused, not rebuilt).
+        Each file is a whole number of entries after this max_hash_slot_num's slots, and its
+        header's count fits them (a file cut into its entries keeps a count they no longer
+        have). A file of a size its siblings do not share is damage."""
         if len(set(sizes.values())) != 1:
             return False
         size = next(iter(sizes.values()))
         entries = size - INDEX_HEADER_SIZE - self.max_hash_slot_num * HASH_SLOT_SIZE
         if entries <= INDEX_ENTRY_SIZE or entries % INDEX_ENTRY_SIZE:
             return False
-        capacity = entries // INDEX_ENTRY_SIZE
-        full = False
         for name in sizes:
             header = read_index_header(self._fs, os.path.join(self.index_dir, name))
-            if not 0 <= header.index_count <= capacity:
+            if not 0 <= header.index_count <= entries // INDEX_ENTRY_SIZE:
                 return False
-            full = full or header.index_count == capacity
-        return full
+        return True
 
     def _set_aside_from(self, names: list[str], sizes: dict[str, int], expected: int) -> None:
         """The first of `names` is damaged: keep it as `.damaged`; its successors go (their

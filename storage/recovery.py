@@ -329,25 +329,24 @@ def _cq_segment_names(fs: FileSystem, directory: str) -> list[str]:
 def _cq_other_geometry(cfg: StoreConfig, fs: FileSystem, queues: list[tuple[str, int]]) -> str | None:
     """Why the ConsumeQueue files look written with another mapped_file_size_consume_queue_bytes,
     or None. That is not damage, and it is refused rather than rebuilt: every file of every
-    queue has one size that is a whole number of units, and the names of a queue's files are
-    that size apart (the evidence a lone short file cannot give: that one is damage)."""
+    queue has one size that is a whole number of units, and where a queue has several files
+    their names are that size apart. A file its siblings disagree with is damage."""
     expected = cq_file_size(cfg.mapped_file_size_consume_queue_bytes)
     sizes: set[int] = set()
-    spaced = False
     for topic, queue_id in queues:
         directory = os.path.join(cfg.consume_queue_dir, topic, str(queue_id))
         names = _cq_segment_names(fs, directory)
         sizes.update(fs.getsize(os.path.join(directory, name)) for name in names)
         if len(sizes) > 1:
             return None
-        if len(names) >= 2 and sizes:
-            spaced = spaced or all(int(b) - int(a) == next(iter(sizes)) for a, b in zip(names, names[1:]))
+        if sizes and any(int(b) - int(a) != next(iter(sizes)) for a, b in zip(names, names[1:])):
+            return None
     if len(sizes) != 1:
         return None
     size = next(iter(sizes))
-    if size == expected or size <= 0 or size % codec.CQ_STORE_UNIT_SIZE or not spaced:
+    if size == expected or size <= 0 or size % codec.CQ_STORE_UNIT_SIZE:
         return None
-    return (f"consume queue files are {size} bytes apart and long, the settings make {expected} "
+    return (f"every consume queue file is {size} bytes, the settings make {expected} "
             f"(mapped_file_size_consume_queue_bytes={cfg.mapped_file_size_consume_queue_bytes})")
 
 

@@ -66,7 +66,6 @@ DAMAGE: dict[str, Callable[[Path], Path]] = {
     "index_empty": lambda r: (_truncate(_index_file(r), 0), _index_file(r))[1],
     "index_short": lambda r: (_truncate(_index_file(r), 5000), _index_file(r))[1],
     "index_header_only": lambda r: (_truncate(_index_file(r), 40), _index_file(r))[1],
-    "index_longer": lambda r: (open(_index_file(r), "ab").write(b"\0" * 20), _index_file(r))[1],
     "cq_first_empty": lambda r: (_truncate(_cq_file(r, 0), 0), _cq_file(r, 0))[1],
     "cq_middle_short": lambda r: (_truncate(_cq_file(r, 1), 500), _cq_file(r, 1))[1],
     "cq_last_short": lambda r: (_truncate(_cq_file(r, 2), 333), _cq_file(r, 2))[1],
@@ -83,6 +82,19 @@ def test_a_damaged_derived_file_is_set_aside_and_rebuilt_at_open(tmp_path: Path,
     set_aside = damaged.with_name(damaged.name + ".damaged")
     assert set_aside.read_bytes() == kept  # never deleted, byte for byte
     _assert_whole(root)  # and the next open is clean too
+
+
+def test_files_that_hold_together_at_another_geometry_are_refused_not_rebuilt(tmp_path: Path) -> None:
+    """A consistent store written with other sizes is not damage (its sizes are read from the
+    files by the CLI): the open refuses, loudly, and renames nothing."""
+    root = tmp_path / "store"
+    _make(root)
+    with pytest.raises(OSError, match="max_index_num=401"):
+        mqstore.open(root, **{**SETTINGS, "max_index_num": 401})
+    with pytest.raises(OSError, match="every consume queue file is 1000 bytes"):
+        mqstore.open(root, **{**SETTINGS, "mapped_file_size_consume_queue_bytes": 20 * 60})
+    assert not list(root.rglob("*.damaged"))
+    _assert_whole(root)
 
 
 @pytest.mark.parametrize("text", [b"garbage", b"[" * 100_000, b"\xff\xfe", b""])
