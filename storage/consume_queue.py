@@ -177,7 +177,8 @@ class ConsumeQueue:
 
     def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
         until = until_where % self.mapped_file_size
-        assert mapped_file.append_bytes(FILLER_UNIT * (until // CQ_STORE_UNIT_SIZE))
+        appended = mapped_file.append_bytes(FILLER_UNIT * (until // CQ_STORE_UNIT_SIZE))  # not inside an assert: -O
+        assert appended, "a new ConsumeQueue file has room for its filler"
 
     # reading (§9.4) ---------------------------------------------------------------------------
     def get_min_offset_in_queue(self) -> int:

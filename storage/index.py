@@ -193,9 +193,13 @@ class IndexFile:
         readonly: bool = False,
         follows_owner: bool = False,
     ) -> None:
-        assert max_hash_slot_num > 0 and max_index_num > 1
-        assert readonly or not follows_owner
-        assert region.size == index_file_size(max_hash_slot_num, max_index_num), (region.path, region.size)
+        if max_hash_slot_num <= 0 or max_index_num <= 1:
+            raise ValueError(f"max_hash_slot_num must be > 0 and max_index_num > 1, not {max_hash_slot_num} and {max_index_num}")
+        if follows_owner and not readonly:
+            raise ValueError("follows_owner is for read-only maps")
+        if region.size != index_file_size(max_hash_slot_num, max_index_num):
+            raise ValueError(f"{region.path}: {region.size} bytes, not the {index_file_size(max_hash_slot_num, max_index_num)} "
+                             f"that max_hash_slot_num={max_hash_slot_num}, max_index_num={max_index_num} make")  # fmt: skip
         self._fs = fs
         self._region = region
         self._buf = region.buf
@@ -225,7 +229,8 @@ class IndexFile:
     ) -> IndexFile:
         """A new, empty file. `end_*` are the previous file's end values (the §10.6 quirk):
         they pre-set both begin and end header fields, exactly like 4.4.0's constructor."""
-        assert not fs.exists(path), path
+        if fs.exists(path):  # never map over an existing file: kept under python -O
+            raise FileExistsError(f"index file {path} already exists")
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num))
         f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
         if end_phy_offset > 0:
