@@ -1108,7 +1108,10 @@ class StoreGateway(pykka.ThreadingActor):
         store = self._store
         match message:
             case Put(messages=messages, reply=reply, batch=batch):
-                store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
+                try:
+                    store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
+                except Exception as exc:  # a programming error of the sender's (TypeError, ValueError)
+                    reply.fail(exc)
             case Get(topic=topic, queue_id=queue_id, offset=offset, max_count=n, reply=reply, tags=tags,
                      max_total_bytes=max_total):  # fmt: skip
                 try:

@@ -141,3 +141,17 @@ def test_commit_offset_minus_five_is_refused_under_python_dash_o() -> None:
     )
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "refused", out
+
+
+def test_a_bad_put_through_the_message_api_fails_its_reply_and_the_gateway_stays(store: mqstore.MessageStore) -> None:
+    from mqstore.messages import Put, Reply, Waiter
+
+    for bad, error in ((mqstore.Message(topic="T", body=b"a", queue_id=True), TypeError),  # type: ignore[arg-type]
+                       (mqstore.Message(topic="T", body=b"a", flag=2**40), ValueError)):  # fmt: skip
+        waiter = Waiter()
+        store.actor_ref.tell(Put(messages=(bad,), reply=Reply(future=waiter)))
+        with pytest.raises(error):
+            waiter.get(timeout=10)
+    waiter = Waiter()
+    store.actor_ref.tell(Put(messages=(mqstore.Message(topic="T", body=b"ok"),), reply=Reply(future=waiter)))
+    assert waiter.get(timeout=10).ok
