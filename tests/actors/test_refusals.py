@@ -82,9 +82,10 @@ def test_bad_ints_are_programming_errors_naming_the_field(
     store: mqstore.MessageStore, field: str, value: object, error: type[Exception]
 ) -> None:
     bad = mqstore.Message(topic="T", body=b"a", **{field: value})  # type: ignore[arg-type]
-    for put in (lambda: store.put(bad), lambda: store.put_batch([bad])):
-        with pytest.raises(error, match=field):
-            put()
+    with pytest.raises(error, match=field):
+        store.put(bad)
+    with pytest.raises(error, match=field):
+        store.put_batch([bad])
     # the same after a good first message (the C encoder sees the batch first)
     with pytest.raises(error, match=field):
         store.put_batch([mqstore.Message(topic="T", body=b"a"), bad])
@@ -146,8 +147,11 @@ def test_commit_offset_minus_five_is_refused_under_python_dash_o() -> None:
 def test_a_bad_put_through_the_message_api_fails_its_reply_and_the_gateway_stays(store: mqstore.MessageStore) -> None:
     from mqstore.messages import Put, Reply, Waiter
 
-    for bad, error in ((mqstore.Message(topic="T", body=b"a", queue_id=True), TypeError),  # type: ignore[arg-type]
-                       (mqstore.Message(topic="T", body=b"a", flag=2**40), ValueError)):  # fmt: skip
+    cases: list[tuple[mqstore.Message, type[Exception]]] = [
+        (mqstore.Message(topic="T", body=b"a", queue_id=True), TypeError),
+        (mqstore.Message(topic="T", body=b"a", flag=2**40), ValueError),
+    ]
+    for bad, error in cases:
         waiter = Waiter()
         store.actor_ref.tell(Put(messages=(bad,), reply=Reply(future=waiter)))
         with pytest.raises(error):

@@ -57,18 +57,19 @@ def _cq_file(root: Path, n: int) -> Path:
     return directory / sorted(os.listdir(directory))[n]
 
 
-def _truncate(path: Path, size: int) -> None:
+def _truncate(path: Path, size: int) -> Path:
     with open(path, "r+b") as f:
         f.truncate(size)
+    return path
 
 
 DAMAGE: dict[str, Callable[[Path], Path]] = {
-    "index_empty": lambda r: (_truncate(_index_file(r), 0), _index_file(r))[1],
-    "index_short": lambda r: (_truncate(_index_file(r), 5000), _index_file(r))[1],
-    "index_header_only": lambda r: (_truncate(_index_file(r), 40), _index_file(r))[1],
-    "cq_first_empty": lambda r: (_truncate(_cq_file(r, 0), 0), _cq_file(r, 0))[1],
-    "cq_middle_short": lambda r: (_truncate(_cq_file(r, 1), 500), _cq_file(r, 1))[1],
-    "cq_last_short": lambda r: (_truncate(_cq_file(r, 2), 333), _cq_file(r, 2))[1],
+    "index_empty": lambda r: _truncate(_index_file(r), 0),
+    "index_short": lambda r: _truncate(_index_file(r), 5000),
+    "index_header_only": lambda r: _truncate(_index_file(r), 40),
+    "cq_first_empty": lambda r: _truncate(_cq_file(r, 0), 0),
+    "cq_middle_short": lambda r: _truncate(_cq_file(r, 1), 500),
+    "cq_last_short": lambda r: _truncate(_cq_file(r, 2), 333),
 }
 
 
