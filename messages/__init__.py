@@ -114,7 +114,7 @@ class GetResult:
     min_offset: int = 0
     max_offset: int = 0
     raw: tuple[bytes, ...] = ()
-    detail: str = ""  # what was skipped, e.g. a record whose body failed its CRC
+    detail: str = ""  # why nothing or less was read: the queue unreadable (NO_MATCHED_LOGIC_QUEUE), a corrupt record skipped
 
     @property
     def found(self) -> bool:
@@ -126,6 +126,7 @@ class QueryResult:
     messages: tuple[MessageRecord, ...] = ()
     index_last_update_timestamp: int = 0
     index_last_update_phy_offset: int = 0
+    detail: str = ""  # set when the index could not be read: the result is not a complete answer
 
 
 # ---------------------------------------------------------------------------------------
