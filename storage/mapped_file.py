@@ -42,7 +42,8 @@ AppendCallback = Callable[[bytearray, int, int, int], AppendMessageResult]
 def parse_segment_offset(path: str) -> int:
     """The start offset a segment's 20-digit name encodes (§2.4)."""
     name = os.path.basename(path)
-    assert len(name) == 20 and name.isdigit(), f"not a segment file name: {name!r}"
+    if len(name) != 20 or not name.isdigit():
+        raise ValueError(f"not a segment file name: {name!r}")
     return int(name)
 
 
@@ -104,8 +105,10 @@ class MappedFile:
         on_write_buffer_released: Callable[[bytearray], None] | None = None,
         create: bool = True,
     ) -> None:
-        assert file_size > 0
-        assert write_buffer is None or len(write_buffer) >= file_size
+        if file_size <= 0:
+            raise ValueError(f"file_size must be positive, not {file_size}")
+        if write_buffer is not None and len(write_buffer) < file_size:
+            raise ValueError(f"write_buffer of {len(write_buffer)} bytes is smaller than file_size {file_size}")
         self.fs = fs
         self.file_name = path
         self.file_from_offset = parse_segment_offset(path)
@@ -405,7 +408,8 @@ class MappedFile:
     def warm_up(self, sync_flush: bool, flush_least_pages: int) -> None:
         """Touch every page with a zero byte (forcing every N pages with sync flush), then
         madvise WILLNEED and mlock, best effort. Only for a fresh, unwritten file."""
-        assert self.wrote_position == 0, "warm-up would overwrite data"
+        if self.wrote_position != 0:  # a guard against overwriting data: kept under python -O
+            raise RuntimeError(f"warm-up of {self.file_name} would overwrite data")
         buf = self.mapped_buffer
         region = self._region
         assert region is not None
@@ -513,7 +517,8 @@ class TransientStorePool(WriteBufferPool):
     """
 
     def __init__(self, pool_size: int, file_size: int) -> None:
-        assert pool_size >= 0 and file_size > 0
+        if pool_size < 0 or file_size <= 0:
+            raise ValueError(f"pool_size must be >= 0 and file_size > 0, not {pool_size} and {file_size}")
         self.pool_size = pool_size
         self.file_size = file_size
         self._free: deque[bytearray] = deque(bytearray(file_size) for _ in range(pool_size))
