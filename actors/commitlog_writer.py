@@ -31,6 +31,7 @@ from ..messages import (
 )
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecords
+from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
@@ -166,8 +167,11 @@ class CommitLogWriter(StoreActor):
         answers: list[tuple[Reply, PutResult]] = []
         group_commits: list[GroupCommitRequest] = []
         try:
-            for put in puts:
-                self._append(put, answers, group_commits)
+            for unit in self._units(puts, answers):
+                if len(unit) == 1:
+                    self._append(unit[0], answers, group_commits)
+                else:
+                    self._append_group(unit, answers, group_commits)
         except BaseException as exc:
             # The puts of this pass are out of the inbox, so the crash handler cannot see them:
             # fail every one not answered yet (those already appended are stored, but their
@@ -190,19 +194,108 @@ class CommitLogWriter(StoreActor):
             reply.send(result, hand_over=i == last)
         self._notify_advance()
 
+    def _units(self, puts: list[EncodedPut], answers: list[tuple[Reply, PutResult]]) -> list[list[EncodedPut]]:
+        """The pass's puts to append, refused ones answered: single records of one queue
+        grouped (in their order, where the queue's first one stood) for one append each,
+        the rest alone. Each queue keeps its puts' order; puts to different queues that are
+        in flight together have no order between them, as with any concurrent callers."""
+        now_ns = time.monotonic_ns()
+        units: list[list[EncodedPut]] = []
+        singles: dict[tuple[str, int], list[EncodedPut]] = {}
+        for put in puts:
+            if self._closing or not self._writeable:
+                answers.append((put.reply, _NOT_WRITEABLE))
+            # RocketMQ rejects a put while another has held the put lock too long; the actor's
+            # equivalent is a request that waited in the mailbox too long behind slow appends.
+            elif now_ns - put.enqueued_ns > self._busy_timeout_ns:
+                answers.append((put.reply, _BUSY))
+            elif put.batch or put.sys_flag or len(put.records) != 1:
+                singles.pop((put.topic, put.queue_id), None)  # later singles go after it
+                units.append([put])
+            else:
+                group = singles.get((put.topic, put.queue_id))
+                if group is None:
+                    singles[(put.topic, put.queue_id)] = group = []
+                    units.append(group)
+                group.append(put)
+        return units
+
+    def _append_group(
+        self, group: list[EncodedPut], answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+    ) -> None:
+        """Single puts of one queue appended together: one contiguous run of records (as a
+        batch is: consecutive queue offsets, one C call, the first header written last), each
+        answered with its own offsets and msgId. Split where a run would pass the size a
+        batch may have."""
+        commitlog = self._commitlog
+        assert commitlog is not None
+        limit = min(commitlog.max_message_size, commitlog.mapped_file_size - END_FILE_MIN_BLANK_LENGTH)
+        start = 0
+        while start < len(group):
+            end, total = start, 0
+            while end < len(group) and (end == start or total + len(group[end].records[0]) <= limit):
+                total += len(group[end].records[0])
+                end += 1
+            chunk = group[start:end]
+            start = end
+            if len(chunk) == 1:
+                self._append(chunk[0], answers, group_commits)
+                continue
+            first = chunk[0]
+            records = EncodedRecords(tuple(p.records[0] for p in chunk), first.topic, first.queue_id, 0, self._store_host)
+            outcome = commitlog.put_messages(records, self.ctx.clock_ms())
+            append = outcome.append_result
+            if outcome.status is not PutMessageStatus.PUT_OK or append is None:
+                detail = outcome.detail or (append.status.value if append is not None else "")
+                refused = PutResult(status=outcome.status, detail=detail)
+                answers.extend((p.reply, refused) for p in chunk)
+                continue
+            self.ctx.faults.hit("writer.after_append")
+            ids = append.msg_id.split(",")
+            offset = append.wrote_offset
+            for k, put in enumerate(chunk):
+                size = len(put.records[0])
+                result = PutResult(
+                    status=PutMessageStatus.PUT_OK,
+                    commitlog_offset=offset,
+                    wrote_bytes=size,
+                    queue_offset=append.logics_offset + k,
+                    msg_ids=(ids[k],),
+                    store_timestamp=append.store_timestamp,
+                    msg_num=1,
+                )
+                offset += size
+                self._answer_stored(put, result, answers, group_commits)
+            self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
+
+    def _answer_stored(
+        self, put: EncodedPut, result: PutResult, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+    ) -> None:
+        """A stored put's answer: now, or (sync flush) once the flush actor covered it."""
+        if self._sync_flush and put.sync_wait:
+            now_ns = time.monotonic_ns()
+            group_commits.append(
+                GroupCommitRequest(
+                    next_offset=result.commitlog_offset + result.wrote_bytes,
+                    result=result,
+                    reply=put.reply,
+                    deadline_ns=now_ns + self._sync_timeout_ns,
+                    appended_ns=now_ns,
+                )
+            )
+        else:
+            answers.append((put.reply, result))
+
+    def _advanced(self, wrote_offset: int, store_timestamp: int) -> None:
+        self._pending_advance = CommitLogAdvanced(
+            max_offset=self._readable_end(), wrote_offset=wrote_offset, store_timestamp=store_timestamp
+        )
+
     def _append(self, put: EncodedPut, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]) -> None:
         """Append one put of a pass; its answer goes to `answers`, or (sync flush) its group
         commit request to `group_commits`."""
         commitlog = self._commitlog
         assert commitlog is not None
-        if self._closing or not self._writeable:
-            answers.append((put.reply, _NOT_WRITEABLE))
-            return
-        # RocketMQ rejects a put while another has held the put lock too long; the actor's
-        # equivalent is a request that waited in the mailbox too long behind a slow append.
-        if time.monotonic_ns() - put.enqueued_ns > self._busy_timeout_ns:
-            answers.append((put.reply, _BUSY))
-            return
         records = EncodedRecords(put.records, put.topic, put.queue_id, put.sys_flag, self._store_host)
         now = self.ctx.clock_ms()
         outcome = commitlog.put_messages(records, now) if put.batch else commitlog.put_message(records, now)
@@ -222,24 +315,8 @@ class CommitLogWriter(StoreActor):
             store_timestamp=append.store_timestamp,
             msg_num=append.msg_num,
         )
-        self._pending_advance = CommitLogAdvanced(
-            max_offset=self._readable_end(),
-            wrote_offset=append.wrote_offset + append.wrote_bytes,
-            store_timestamp=append.store_timestamp,
-        )
-        if self._sync_flush and put.sync_wait:
-            now_ns = time.monotonic_ns()
-            group_commits.append(
-                GroupCommitRequest(
-                    next_offset=append.wrote_offset + append.wrote_bytes,
-                    result=result,
-                    reply=put.reply,
-                    deadline_ns=now_ns + self._sync_timeout_ns,
-                    appended_ns=now_ns,
-                )
-            )
-        else:
-            answers.append((put.reply, result))
+        self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
+        self._answer_stored(put, result, answers, group_commits)
 
     def _notify_advance(self) -> None:
         pending = self._pending_advance
