@@ -73,6 +73,7 @@ class CommitLogWriter(StoreActor):
         # Puts appended and passes made, for the tests and the bench (puts per pass).
         self.passes = 0
         self.passed_puts = 0
+        self._reput_missed = False  # the last notice found no reput (see _notify_advance)
 
     # lifecycle ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -135,6 +136,8 @@ class CommitLogWriter(StoreActor):
                 self._commit(least_pages)
             case Tick():
                 self._tell_flush_the_end()
+                if self._reput_missed:
+                    self._tell_reput_the_end()
             case DeleteExpiredCommitLogFiles():
                 message.reply.send(self._delete_expired(message))
             case RedeleteHangedCommitLogFile(forcibly_ms=forcibly_ms, now_ms=now_ms, reply=reply):
@@ -331,7 +334,10 @@ class CommitLogWriter(StoreActor):
             store_timestamp=pending.store_timestamp,
         )
         self._pending_advance = None
-        self.ctx.tell("reput", advanced)
+        # Reput down (being restarted): its successor learns the end from our Ping at its
+        # start, but a put appended between that Ping and its registration would be told to
+        # nobody and stay undispatched until the next put. The next tick tells it again.
+        self._reput_missed = not self.ctx.tell("reput", advanced)
         # Async flush acts only once flush_commitlog_least_pages dirty pages piled up (its own
         # tick does the thorough flush): waking it for less is a thread switch for nothing.
         # Sync flush (group commit) and segment ends always need to know.
@@ -360,6 +366,16 @@ class CommitLogWriter(StoreActor):
                     store_timestamp=self._commitlog.store_timestamp,
                 ),
             )
+
+    def _tell_reput_the_end(self) -> None:
+        commitlog = self._commitlog
+        assert commitlog is not None
+        advanced = CommitLogAdvanced(
+            max_offset=self._readable_end(),
+            wrote_offset=commitlog.get_max_wrote_offset(),
+            store_timestamp=commitlog.store_timestamp,
+        )
+        self._reput_missed = not self.ctx.tell("reput", advanced)
 
     def _readable_end(self) -> int:
         """Where readers may read up to. With write buffers, not the last file's committed

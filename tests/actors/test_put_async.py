@@ -53,8 +53,9 @@ def _read_queue(store: Any, topic: str, queue_id: int) -> list[Any]:
     return out
 
 
-def test_futures_complete_off_the_writer_thread_with_exact_offsets(store_dir: Path) -> None:
-    with helpers.open_small(store_dir) as store:
+@pytest.mark.parametrize("flush_disk_type", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_futures_complete_off_the_writer_thread_with_exact_offsets(store_dir: Path, flush_disk_type: str) -> None:
+    with helpers.open_small(store_dir, flush_disk_type=flush_disk_type) as store:
         threads: list[str] = []
         futures = []
         for i in range(300):
@@ -273,3 +274,20 @@ def test_actor_client_window_batch_and_fire_and_forget(store_dir: Path) -> None:
             sink.stop()
         with pytest.raises(TypeError):
             store.actor_client("not a ref")  # type: ignore[arg-type]
+
+
+def test_a_notice_that_found_reput_restarting_is_told_again_on_the_next_tick(store_dir: Path) -> None:
+    """Reput learns the log end from the writer's Ping when it starts, and is a peer only after
+    its handshake: a put appended in between was told to nobody (seen with put_async streams
+    across a writer crash) and stayed undispatched until another put came."""
+    with helpers.open_small(store_dir) as store:
+        assert store.put(Message(topic="orders", body=b"before")).ok
+        helpers.wait_dispatched(store)
+        peers = store.supervisor.ctx.peers
+        reput = peers.pop("reput")  # the window between reput's start Ping and its registration
+        try:
+            assert store.put(Message(topic="orders", body=b"unheard")).ok
+        finally:
+            peers["reput"] = reput
+        helpers.wait_dispatched(store)  # the writer's tick (flush_interval_commitlog_ms) tells it
+        assert [m.body for m in store.get("orders", 0, 0, 10).messages] == [b"before", b"unheard"]
