@@ -152,7 +152,10 @@ class PutPipeline:
             future, answer, topic, started = item
             release()
             result = as_put_result(answer)
-            record(topic, result, time.monotonic_ns() - started)
+            try:
+                record(topic, result, time.monotonic_ns() - started)
+            except Exception as exc:  # the figures are not worth a future that never completes
+                self.log.error("recording a put in the stats failed", error=repr(exc))
             if future is None:  # fire and forget
                 if not result.stored:
                     self.log.warning("fire-and-forget put failed", topic=topic, status=result.status.name, detail=result.detail)
