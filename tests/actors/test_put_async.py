@@ -291,3 +291,23 @@ def test_a_notice_that_found_reput_restarting_is_told_again_on_the_next_tick(sto
             peers["reput"] = reput
         helpers.wait_dispatched(store)  # the writer's tick (flush_interval_commitlog_ms) tells it
         assert [m.body for m in store.get("orders", 0, 0, 10).messages] == [b"before", b"unheard"]
+
+
+def test_a_failed_fire_and_forget_put_goes_to_the_stats(store_dir: Path) -> None:
+    from mqstore.messages import SetWriteable
+
+    with helpers.open_small(store_dir) as store:
+
+        class Quiet(pykka.ThreadingActor):
+            pass
+
+        ref = Quiet.start()
+        try:
+            client = store.actor_client(ref)
+            assert not client.put_and_forget(Message(topic="bad topic!", body=b"x"))  # refused here
+            store.supervisor.ctx.peers["writer"].ask(SetWriteable(writeable=False))
+            assert client.put_and_forget(Message(topic="orders", body=b"refused by the writer"))
+            helpers.wait_until(lambda: store.stats()["put_message_failed_times"] == 1, what="the failure counted")
+            assert store.stats()["put_message_status_times"] == {"SERVICE_NOT_AVAILABLE": 1}
+        finally:
+            ref.stop()
