@@ -46,6 +46,23 @@ def as_put_result(answer: Any) -> PutResult:
     return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=str(answer) or type(answer).__name__)
 
 
+class _ToCompletion:
+    """A future's Reply callback (in the writer's thread): queue the answer for the completion
+    thread. One slotted object rather than a closure and its cells: fewer objects per put for
+    the garbage collector, whose passes were a third of put_async's cost in the caller."""
+
+    __slots__ = ("_completions", "_future", "_topic", "_started")
+
+    def __init__(self, completions: queue.SimpleQueue[_Completion | None], future: Future[PutResult], topic: str, started: int) -> None:
+        self._completions = completions
+        self._future = future
+        self._topic = topic
+        self._started = started
+
+    def __call__(self, answer: Any) -> None:
+        self._completions.put((self._future, answer, self._topic, self._started))
+
+
 class PutPipeline:
     """One per store: the in-flight bound, the futures handed out, the completion thread."""
 
@@ -72,10 +89,8 @@ class PutPipeline:
         future: Future[PutResult] = Future()
         future.set_running_or_notify_cancel()  # handed to the writer: it cannot be cancelled
         topic = messages[0].topic if messages else ""
-        started = time.monotonic_ns()
-        completions = self._completions
         self._pending.add(future)
-        reply = self._submit(messages, batch, topic, lambda answer: completions.put((future, answer, topic, started)))
+        reply = self._submit(messages, batch, topic, _ToCompletion(self._completions, future, topic, time.monotonic_ns()))
         if isinstance(reply, PutResult):
             self._pending.discard(future)
             future.set_result(reply)  # refused before the writer, in the caller's thread
