@@ -194,7 +194,10 @@ class CommitLogWriter(StoreActor):
         for i, (reply, result) in enumerate(answers):
             # The last answer drops the GIL while its caller wakes (Waiter.hand_over); the
             # others keep it, or the writer would switch out once per answer of the burst.
-            reply.send(result, hand_over=i == last)
+            try:
+                reply.send(result, hand_over=i == last)
+            except Exception as exc:  # a Reply to a dead actor, a raising callback: theirs, not ours
+                self.log.warning("a put's answer could not be delivered", status=result.status.name, error=repr(exc))
         self._notify_advance()
 
     def _units(self, puts: list[EncodedPut], answers: list[tuple[Reply, PutResult]]) -> list[list[EncodedPut]]:

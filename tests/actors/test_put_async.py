@@ -311,3 +311,20 @@ def test_a_failed_fire_and_forget_put_goes_to_the_stats(store_dir: Path) -> None
             assert store.stats()["put_message_status_times"] == {"SERVICE_NOT_AVAILABLE": 1}
         finally:
             ref.stop()
+
+
+def test_an_answer_that_cannot_be_delivered_does_not_crash_the_writer(store_dir: Path) -> None:
+    from mqstore import Reply
+    from mqstore.messages import Put
+
+    with helpers.open_small(store_dir) as store:
+
+        def broken(_answer: Any) -> None:
+            raise RuntimeError("the host's callback is broken")
+
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        store.actor_ref.tell(Put(messages=(Message(topic="orders", body=b"a"),), reply=Reply(callback=broken)))
+        store.actor_ref.tell(Put(messages=(Message(topic="orders", body=b"b"),), reply=Reply(future=future)))
+        assert future.get(timeout=TIMEOUT_S).ok
+        assert store.put(Message(topic="orders", body=b"c")).ok
+        assert store.supervisor.restarts == []
