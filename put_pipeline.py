@@ -263,7 +263,12 @@ class ActorClient:
     one pass. `put_and_forget` asks no answer; a failure goes to the store's stats and log.
 
     In the sending actor: `self.client = store.actor_client(self.actor_ref)`. Methods return
-    False if the put was refused before reaching the writer (its Replied is already sent)."""
+    False if the put was refused before reaching the writer (its Replied is already sent).
+    The puts count against the store's `max_puts_in_flight`: when it is reached the sending
+    actor's thread blocks until an answer frees a slot, or with
+    `put_fail_fast_when_in_flight_full` gets OS_PAGE_CACHE_BUSY at once (a window keeps an
+    actor well below it). The gateway's `Put` (told to `store.actor_ref`) still works, one
+    thread hop more, and is not counted."""
 
     __slots__ = ("_pipeline", "_sender")
 
