@@ -53,7 +53,9 @@ class _ToCompletion:
 
     __slots__ = ("_completions", "_future", "_topic", "_started")
 
-    def __init__(self, completions: queue.SimpleQueue[_Completion | None], future: Future[PutResult], topic: str, started: int) -> None:
+    def __init__(
+        self, completions: queue.SimpleQueue[_Completion | None], future: Future[PutResult], topic: str, started: int
+    ) -> None:
         self._completions = completions
         self._future = future
         self._topic = topic

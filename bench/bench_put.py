@@ -307,8 +307,8 @@ def run(quick: bool) -> dict[str, Any]:
             finally:
                 f.close()
         rows.append((name, ours_rate, floor_rate))
-        print(f"{name:<28}{ours_rate:>12,.0f}{'' if floor_rate is None else f'{floor_rate:>14,.0f}{ours_rate / floor_rate:>8.2f}'}",
-              flush=True)  # fmt: skip
+        floor_text = "" if floor_rate is None else f"{floor_rate:>14,.0f}{ours_rate / floor_rate:>8.2f}"
+        print(f"{name:<28}{ours_rate:>12,.0f}{floor_text}", flush=True)
         return ours_rate
 
     print(f"{'case (msgs/s, until visible)':<28}{'mqstore':>12}{'floor':>14}{'ratio':>8}")

@@ -77,7 +77,8 @@ def test_futures_complete_off_the_writer_thread_with_exact_offsets(store_dir: Pa
         result = batch.result(TIMEOUT_S)
         assert result.ok and result.msg_num == 5 and result.queue_offset == 100
         helpers.wait_dispatched(store)
-        assert [m.body for m in _read_queue(store, "orders", 1)] == [b"m%d" % i for i in range(1, 300, 3)] + [b"b%d" % i for i in range(5)]
+        expected = [b"m%d" % i for i in range(1, 300, 3)] + [b"b%d" % i for i in range(5)]
+        assert [m.body for m in _read_queue(store, "orders", 1)] == expected
 
 
 def test_a_future_cannot_be_cancelled_and_errors_are_statuses(store_dir: Path) -> None:
