@@ -92,7 +92,11 @@ class PutPipeline:
         future.set_running_or_notify_cancel()  # handed to the writer: it cannot be cancelled
         topic = messages[0].topic if messages else ""
         self._pending.add(future)
-        reply = self._submit(messages, batch, topic, _ToCompletion(self._completions, future, topic, time.monotonic_ns()))
+        try:
+            reply = self._submit(messages, batch, topic, _ToCompletion(self._completions, future, topic, time.monotonic_ns()))
+        except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
+            self._pending.discard(future)
+            raise
         if isinstance(reply, PutResult):
             self._pending.discard(future)
             future.set_result(reply)  # refused before the writer, in the caller's thread

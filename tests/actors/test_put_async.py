@@ -90,6 +90,9 @@ def test_a_future_cannot_be_cancelled_and_errors_are_statuses(store_dir: Path) -
         assert illegal.done() and illegal.result().status is PutMessageStatus.MESSAGE_ILLEGAL
         with pytest.raises(TypeError):
             store.put_async(Message(topic="orders", body="not bytes"))  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            store.put_batch_async([])
+        assert not store._puts._pending  # nothing handed out for flush() to wait for
     closed = store.put_async(Message(topic="orders", body=b"x"))
     assert closed.result(0).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
 
