@@ -100,7 +100,10 @@ class PutPipeline:
         if isinstance(reply, PutResult):
             self._pending.discard(future)
             future.set_result(reply)  # refused before the writer, in the caller's thread
-        elif self._closed:
+            return future
+        # Read-your-writes: once this thread saw the future done, its reads cover the put.
+        self._store._local.last_async_put = future
+        if self._closed:
             self._complete_closed()  # closed meanwhile: no completion thread to do it
         return future
 
@@ -113,8 +116,8 @@ class PutPipeline:
         completion thread took the answer: a slow done-callback holds the slots, so the
         completion queue stays bounded too)."""
         store = self._store
-        started = store._last_put_ns = time.monotonic_ns()
-        checked = store._precheck(messages, batch)
+        started = time.monotonic_ns()
+        checked = store._encode(messages, batch)
         if isinstance(checked, PutResult):
             return checked
         if not self._take_slot():

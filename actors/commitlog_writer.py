@@ -107,6 +107,7 @@ class CommitLogWriter(StoreActor):
             self._resume.scan_from, dict(self._resume.topic_queue_table), check_crc=cfg.check_crc_on_recover
         )
         self._commitlog.topic_queue_table = table
+        self.ctx.read_view.publish_commitlog(self._readable_end())
         self.log.info("writer ready", max_offset=end, queues=len(table))
 
     def release(self) -> None:
@@ -337,6 +338,7 @@ class CommitLogWriter(StoreActor):
             store_timestamp=pending.store_timestamp,
         )
         self._pending_advance = None
+        self.ctx.read_view.publish_commitlog(advanced.max_offset)
         # Reput down (being restarted): its successor learns the end from our Ping at its
         # start, but a put appended between that Ping and its registration would be told to
         # nobody and stay undispatched until the next put. The next tick tells it again.
@@ -400,6 +402,7 @@ class CommitLogWriter(StoreActor):
                 wrote_offset=commitlog.get_max_wrote_offset(),
                 store_timestamp=commitlog.store_timestamp,
             )
+            self.ctx.read_view.publish_commitlog(advanced.max_offset)
             self.ctx.tell("flush", advanced)
             self.ctx.tell("reput", advanced)
 

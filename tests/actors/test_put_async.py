@@ -14,6 +14,7 @@ import pykka
 import pytest
 
 from mqstore import FaultPlan, Message, PutMessageStatus, PutResult
+from mqstore.errors import StoreClosedError
 from mqstore.messages import Replied
 
 helpers = sys.modules["mqstore_actor_test_helpers"]
@@ -92,9 +93,13 @@ def test_a_future_cannot_be_cancelled_and_errors_are_statuses(store_dir: Path) -
             store.put_async(Message(topic="orders", body="not bytes"))  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             store.put_batch_async([])
+        with pytest.raises(TypeError):
+            store.put_async("not a message")  # type: ignore[arg-type]
         assert not store._puts._pending  # nothing handed out for flush() to wait for
-    closed = store.put_async(Message(topic="orders", body=b"x"))
-    assert closed.result(0).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    with pytest.raises(StoreClosedError):  # as every call after close()
+        store.put_async(Message(topic="orders", body=b"x"))
+    with pytest.raises(StoreClosedError):
+        store.actor_client(pykka.ActorRef)  # type: ignore[arg-type]
 
 
 def test_flush_waits_for_every_future_handed_out_before_it(store_dir: Path) -> None:
