@@ -337,3 +337,13 @@ def test_an_answer_that_cannot_be_delivered_does_not_crash_the_writer(store_dir:
         assert future.get(timeout=TIMEOUT_S).ok
         assert store.put(Message(topic="orders", body=b"c")).ok
         assert store.supervisor.restarts == []
+
+
+def test_a_thread_reads_its_own_put_async_once_it_saw_it_done(store_dir: Path) -> None:
+    with helpers.open_small(store_dir, mapped_file_size_commitlog_bytes=1 << 20) as store:
+        for i in range(50):
+            result = store.put_async(Message(topic="ryw", body=b"r%d" % i)).result(TIMEOUT_S)
+            assert result.ok
+            got = store.get("ryw", 0, result.queue_offset, 1)  # no wait: the read contract waits
+            assert got.found and got.messages[0].body == b"r%d" % i
+            assert store.max_offset("ryw", 0) == i + 1
