@@ -141,6 +141,8 @@ class StoreConfig:
     allocate_wait_timeout_ms: int = _D["allocate_wait_timeout_ms"]
     log_json: bool = _D["log_json"]
     stats_snapshot_interval_ms: int = _D["stats_snapshot_interval_ms"]
+    max_puts_in_flight: int = _D["max_puts_in_flight"]
+    put_fail_fast_when_in_flight_full: bool = _D["put_fail_fast_when_in_flight_full"]
     read_your_writes_timeout_ms: int = _D["read_your_writes_timeout_ms"]
 
     def __post_init__(self) -> None:
@@ -502,6 +504,7 @@ _POSITIVE_INTS: Final = frozenset(
         "transient_store_pool_size",
         "allocate_wait_timeout_ms",
         "stats_snapshot_interval_ms",
+        "max_puts_in_flight",
         "read_your_writes_timeout_ms",
     }
 )
