@@ -110,6 +110,16 @@ class FastInbox:
         else:
             self._tokens.put(None)
 
+    def put_keeping_gil(self, item: Any) -> None:
+        """`put`, but the caller keeps the GIL while the actor wakes: for a producer that is
+        about to put again (put_async), so puts pile up for the actor to drain in one pass
+        instead of the producer switching out to the actor once per put."""
+        self._items.append(item)
+        if self._signal is not None:
+            self._signal.post_holding_gil()
+        else:
+            self._tokens.put(None)
+
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         if self._signal is not None:
             wait_s = (-1.0 if timeout is None else max(timeout, 0.0)) if block else 0.0
@@ -124,6 +134,20 @@ class FastInbox:
 
     def qsize(self) -> int:
         return len(self._items)
+
+    def take_all_of_kind(self, kind: type, limit: int) -> list[Any]:
+        """The told messages of type `kind` waiting at the head (at most `limit`), taken out
+        in order: an actor that can handle many at once (the writer's put pass) drains them."""
+        items = self._items
+        taken: list[Any] = []
+        while items and len(taken) < limit and items[0].reply_to is None and type(items[0].message) is kind:
+            taken.append(items.popleft().message)
+            # Its token was put right after the message (or is about to be): take it.
+            if self._signal is not None:
+                self._signal.wait(-1.0)
+            else:
+                self._tokens.get()
+        return taken
 
     def take_newest_of_kind(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
         """`message`, or the newest of the told messages of its type waiting at the head (all
