@@ -28,24 +28,20 @@ from .messages import (
     Asked,
     EncodedPut,
     FlushAll,
-    Get,
     GetOffsetByTime,
     GetResult,
     GetUnits,
     Message,
     MessageArrived,
     Ping,
-    Put,
     PutResult,
-    Query,
     QueryOffsets,
     QueryOffsetsReply,
     QueryResult,
     QueueBounds,
     Reply,
-    Subscribe,
+    Subscriber,
     UnitsReply,
-    Unsubscribe,
     Waiter,
 )
 from .storage import codec
@@ -59,6 +55,7 @@ from .storage.fs import FileSystem
 from .storage import speedups
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
+from .runtime import FollowingRef, Subscriptions
 from .supervisor import Supervisor, SupervisorState
 
 __all__ = ["MessageStore", "open_store"]
@@ -135,6 +132,7 @@ class MessageStore:
             on_fatal=on_fatal,
             disk_gauge=disk_gauge,
             cleaner_sleep_ms=cleaner_sleep_ms,
+            backend=self,
         )
         self.fs = self.supervisor.fs
         self.clock_ms = self.supervisor.clock_ms
@@ -150,10 +148,10 @@ class MessageStore:
         self._arrived: dict[tuple[str, int], int] = {}
         self._dispatched_end = 0  # commitlog offset the reput actor has dispatched up to
         self._arrival_cond = threading.Condition()
-        self._subscribers: list[tuple[Any, str | None, int | None]] = []
-        self._subscribers_lock = threading.Lock()
+        self._subscriptions = Subscriptions()
         self._reply_timeout_s = (config.sync_flush_timeout_ms + config.allocate_wait_timeout_ms) / 1000 + _REPLY_MARGIN_S
-        self._gateway: pykka.ActorRef[Any] | None = None
+        # The supervised gateway's current incarnation, whichever it is (it may be restarted).
+        self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
         self._closed = False
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
@@ -186,7 +184,6 @@ class MessageStore:
     # lifecycle ---------------------------------------------------------------------------
     def _start(self) -> None:
         self.supervisor.start()
-        self._gateway = StoreGateway.start(self)
         _open_stores.add(self)
         try:
             self._offsets.load()  # neither file nor .bak parses: fail the open, like the broker
@@ -203,12 +200,8 @@ class MessageStore:
         if self.supervisor.state is SupervisorState.RUNNING:
             self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
         self._stop_offsets_timer()
-        if self._gateway is not None:
-            try:
-                self._gateway.stop(block=True, timeout=5)
-            except (pykka.ActorDeadError, pykka.Timeout):
-                pass
         clean = self.supervisor.stop()
+        self._subscriptions.close()
         with self._readers_lock:
             for reader in list(self._readers):
                 reader.close()
@@ -232,9 +225,9 @@ class MessageStore:
 
     @property
     def actor_ref(self) -> pykka.ActorRef[Any]:
-        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe."""
-        assert self._gateway is not None, "store not started"
-        return self._gateway
+        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe. Follows the
+        supervised gateway across its restarts; a tell while it restarts raises ActorDeadError."""
+        return self._actor_ref
 
     # put ---------------------------------------------------------------------------------
     def put(self, message: Message) -> PutResult:
@@ -962,26 +955,16 @@ class MessageStore:
                 if event.max_offset > self._arrived.get(key, 0):
                     self._arrived[key] = event.max_offset
             self._arrival_cond.notify_all()
-        with self._subscribers_lock:
-            subscribers = list(self._subscribers)
-        for subscriber, topic, queue_id in subscribers:
-            for event in events:
-                if (topic is None or topic == event.topic) and (queue_id is None or queue_id == event.queue_id):
-                    try:
-                        subscriber.tell(event) if isinstance(subscriber, pykka.ActorRef) else subscriber(event)
-                    except pykka.ActorDeadError:
-                        self.unsubscribe(subscriber)
-                        break
+        self._subscriptions.publish(events)
 
-    def subscribe(self, subscriber: Any, topic: str | None = None, queue_id: int | None = None) -> None:
-        """Be told `MessageArrived` (an actor ref is told; a callable is called in the
-        dispatcher's thread and must return quickly)."""
-        with self._subscribers_lock:
-            self._subscribers.append((subscriber, topic, queue_id))
+    def subscribe(self, subscriber: Subscriber, topic: str | None = None, queue_id: int | None = None) -> None:
+        """Be told `MessageArrived` (an actor ref is told; a callable is called on its own
+        listener thread, never a store actor's: one that raises is logged, one that is slow
+        delays only its own later events)."""
+        self._subscriptions.add(subscriber, topic, queue_id)
 
-    def unsubscribe(self, subscriber: Any) -> None:
-        with self._subscribers_lock:
-            self._subscribers = [s for s in self._subscribers if s[0] is not subscriber]
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscriptions.remove(subscriber)
 
     def _await_own_writes(self, timeout_s: float = 5.0) -> None:
         """Read-your-writes for the calling thread: wait until dispatch has passed the end of
@@ -1059,40 +1042,6 @@ def _batch_full(
         total_bytes + size > cfg.max_transfer_bytes_on_message_in_memory
         or count > cfg.max_transfer_count_on_message_in_memory - 1
     )
-
-
-class StoreGateway(pykka.ThreadingActor):
-    """The store's face for other pykka actors: typed requests in, typed replies out."""
-
-    use_daemon_thread = True
-
-    def __init__(self, store: MessageStore) -> None:
-        super().__init__()
-        self._store = store
-
-    def on_receive(self, message: Any) -> Any:
-        store = self._store
-        match message:
-            case Put(messages=messages, reply=reply, batch=batch):
-                store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
-            case Get(topic=topic, queue_id=queue_id, offset=offset, max_count=n, reply=reply, tags=tags,
-                     max_total_bytes=max_total):  # fmt: skip
-                try:
-                    reply.send(store.get(topic, queue_id, offset, n, tags=tags, max_total_bytes=max_total))
-                except Exception as exc:
-                    reply.fail(exc)
-            case Query(topic=topic, key=key, max_count=n, reply=reply, begin_ms=begin, end_ms=end):
-                try:
-                    reply.send(store.query(topic, key, n, begin, end))
-                except Exception as exc:
-                    reply.fail(exc)
-            case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
-                store.subscribe(subscriber, topic, queue_id)
-            case Unsubscribe(subscriber=subscriber):
-                store.unsubscribe(subscriber)
-            case _:
-                raise AssertionError(f"the store gateway cannot handle {message!r}")
-        return None
 
 
 @atexit.register

@@ -35,6 +35,7 @@ from .actors.commit import CommitRealTimeService
 from .actors.commitlog_writer import CommitLogWriter, ResumePoint
 from .actors.consume_queue import ConsumeQueueService
 from .actors.flush import FlushCommitLogService
+from .actors.gateway import StoreBackend, StoreGateway
 from .actors.index import IndexActor
 from .actors.reput import ReputMessageService
 from .config import StoreConfig
@@ -94,6 +95,9 @@ TREE: tuple[ChildSpec, ...] = (
     ChildSpec("commit", (), lambda c: c.commit_interval_commitlog_ms, enabled=_transient_pool),
     ChildSpec("reput", (), lambda _: 100),
     ChildSpec("cleaner", (), lambda c: c.clean_resource_interval_ms, enabled=lambda _: _cleaner_available()),
+    # The actor API (store.actor_ref), last: it reaches every other actor. Only with a store
+    # behind it (a Supervisor run alone has no gateway).
+    ChildSpec("gateway", ()),
 )
 
 
@@ -134,8 +138,10 @@ class Supervisor:
         on_fatal: Callable[[BaseException], None] | None = None,
         disk_gauge: DiskGauge | None = None,
         cleaner_sleep_ms: Callable[[int], None] | None = None,
+        backend: StoreBackend | None = None,
     ) -> None:
         self.config = config
+        self.backend = backend
         self.fs = fs or RealFileSystem()
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self.faults = faults
@@ -144,7 +150,7 @@ class Supervisor:
         self.restarts: list[RestartRecord] = []
         self.recovery: RecoveryReport | None = None
         self.store_host = codec.HostAddress.parse(config.store_host)
-        self._specs = [spec for spec in TREE if spec.enabled(config)]
+        self._specs = [spec for spec in TREE if spec.enabled(config) and (spec.name != "gateway" or backend is not None)]
         self._events: queue.Queue[Any] = queue.Queue()
         self.ctx = ActorContext(
             config=config,
@@ -339,6 +345,10 @@ class Supervisor:
                 ref = CommitLogWriter.start(ctx, resume=resume, store_host=self.store_host)
             case "commit":
                 ref = CommitRealTimeService.start(ctx)
+            case "gateway":
+                if self.backend is None:
+                    raise RuntimeError("the gateway needs a store behind it")
+                ref = StoreGateway.start(ctx, self.backend)
             case "cleaner":
                 cleaner = importlib.import_module("mqstore.actors.cleaner")
                 ref = cleaner.CleanerActor.start(ctx)

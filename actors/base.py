@@ -7,9 +7,7 @@ the supervisor, which restarts it (and its dependents) from disk.
 
 from __future__ import annotations
 
-import queue
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -19,11 +17,11 @@ from ..config import StoreConfig
 from ..faults import FaultPlan
 from ..log import get_logger
 from ..messages import Asked, Reply
-from ..storage import speedups
+from ..runtime import RuntimeActor
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
 
-__all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
+__all__ = ["ActorContext", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
 
 
 def real_sleep_ms(ms: int) -> None:
@@ -90,72 +88,13 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class FastInbox:
-    """An actor inbox in C-backed parts: a deque for the messages and wake tokens (one per
-    message) that the actor's thread blocks on without the GIL. pykka's own
-    inbox is a queue.Queue, several Python-level lock operations per put and get; with this
-    inbox and `Waiter` replies a 4-client echo actor went from 28k to 50k round trips/s.
-    Any thread may put; only the actor's thread takes."""
-
-    __slots__ = ("_items", "_tokens", "_signal")
-
-    def __init__(self) -> None:
-        self._items: deque[Any] = deque()
-        native = speedups.native
-        # With the C extension the tokens are a semaphore whose post drops the GIL while it
-        # wakes the actor (see messages.Waiter); else a SimpleQueue of Nones.
-        self._signal: Any = native.Signal() if native is not None else None
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        self._items.append(item)
-        if self._signal is not None:
-            self._signal.post()
-        else:
-            self._tokens.put(None)
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        if self._signal is not None:
-            wait_s = (-1.0 if timeout is None else max(timeout, 0.0)) if block else 0.0
-            if not self._signal.wait(wait_s):
-                raise queue.Empty
-        else:
-            self._tokens.get(block, timeout)
-        return self._items.popleft()
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def qsize(self) -> int:
-        return len(self._items)
-
-    def take_newest_of_kind(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
-        """`message`, or the newest of the told messages of its type waiting at the head (all
-        of them taken out); with `key`, the one with the highest key (the newest of equals)."""
-        items = self._items
-        kind = type(message)
-        while items and items[0].reply_to is None and type(items[0].message) is kind:
-            taken = items.popleft().message
-            if key is None or key(taken) >= key(message):
-                message = taken
-            # Its token was put right after the message (or is about to be): take it.
-            if self._signal is not None:
-                self._signal.wait(-1.0)
-            else:
-                self._tokens.get()
-        return message
-
-
-class StoreActor(pykka.ThreadingActor):
+class StoreActor(RuntimeActor):
     """Base of every store actor: daemon thread (a host that forgets close() still exits),
-    typed `handle`, and crash reporting."""
+    the fast inbox, typed `handle`, and crash reporting."""
 
-    use_daemon_thread = True
     name: ClassVar[str] = "actor"
-
-    @staticmethod
-    def _create_actor_inbox() -> Any:
-        return FastInbox()
+    # The supervised child a crash is reported as (an actor its child started: the child).
+    supervised_as: ClassVar[str | None] = None
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__()
@@ -195,7 +134,7 @@ class StoreActor(pykka.ThreadingActor):
         try:
             self.release()
         finally:
-            self.ctx.report(ChildFailed(name=self.name, error=exception_value))
+            self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=exception_value))
 
     def on_stop(self) -> None:
         self._fail_queued()
@@ -204,22 +143,8 @@ class StoreActor(pykka.ThreadingActor):
     def release(self) -> None:
         """Close what the actor owns (mappings); called on stop and after a crash."""
 
-    def newest_of_queued(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
-        """`message` or, if more told messages of its type wait at the head of the inbox, the
-        newest of them (taken out). Only for notices with absolute positions, where the newest
-        says everything the older ones said (STYLE habit 4): one pass of work instead of many."""
-        inbox = self.actor_inbox
-        assert isinstance(inbox, FastInbox)
-        return inbox.take_newest_of_kind(message, key)
-
     def _fail_queued(self) -> None:
-        inbox = self.actor_inbox
-        while not inbox.empty():
-            envelope = inbox.get()
-            reply = getattr(envelope.message, "reply", None)
+        for queued in self.drain_queued(f"{self.name} stopped"):
+            reply = getattr(queued.message, "reply", None)
             if isinstance(reply, Reply):
                 reply.fail(ServiceUnavailable(f"{self.name} stopped before handling the request"))
-            if envelope.reply_to is not None:
-                envelope.reply_to.set_exception(
-                    exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{self.name} stopped"), None)
-                )

@@ -111,7 +111,7 @@ class CommitLogWriter(StoreActor):
         try:
             return self._handle(message)
         finally:
-            if self._pending_advance is not None and self.actor_inbox.empty():
+            if self._pending_advance is not None and self.inbox_empty():
                 self._notify_advance()
 
     def _handle(self, message: Any) -> Any:
@@ -200,7 +200,7 @@ class CommitLogWriter(StoreActor):
             # Each notice wakes two threads; while more puts wait in the inbox, one notice
             # after them covers them all (positions are absolute), bounded so dispatch lags
             # at most NOTICE_EVERY_PUTS_MAX puts under a constant stream.
-            if self.actor_inbox.empty() or self._puts_since_notice >= NOTICE_EVERY_PUTS_MAX:
+            if self.inbox_empty() or self._puts_since_notice >= NOTICE_EVERY_PUTS_MAX:
                 self._notify_advance()
 
     def _notify_advance(self) -> None:

@@ -12,7 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeAlias
 
 from ..storage import speedups
 from ..storage.codec import DispatchFields, HostAddress, MessageRecord
@@ -211,12 +211,20 @@ class _LockSignal:
         return self._lock.acquire(timeout=timeout)
 
 
+def _call_soon(callback: Callable[[Any], None], answer: Any) -> None:
+    """Host code never runs on the answering store actor's thread: the notifier calls it."""
+    from ..runtime import call_soon  # runtime imports this package's siblings: import late
+
+    call_soon(callback, answer)
+
+
 class Reply:
     """Where an answer goes: a pykka future, an actor (told `(correlation_id, answer)` as a
-    `Replied` message), or a plain callback. Completing twice is ignored, so a crash path and
-    a normal path can both try without harm."""
+    `Replied` message), or a plain callback, which the notifier calls on its own thread (a
+    slow or raising callback never stalls or crashes the store actor that answered).
+    Completing twice is ignored, so a crash path and a normal path can both try without harm."""
 
-    __slots__ = ("_future", "_actor", "_callback", "_correlation_id", "_done", "_lock")
+    __slots__ = ("_future", "_actor", "_callback", "_inline", "_correlation_id", "_done", "_lock")
 
     def __init__(
         self,
@@ -225,10 +233,14 @@ class Reply:
         actor: pykka.ActorRef[Any] | None = None,
         callback: Callable[[Any], None] | None = None,
         correlation_id: Any = None,
+        store_internal_callback: bool = False,
     ) -> None:
+        """`store_internal_callback`: the callback is the store's own, cheap and not raising
+        (stats bookkeeping), so it runs on the answering thread; never for host code."""
         self._future = future
         self._actor = actor
         self._callback = callback
+        self._inline = store_internal_callback
         self._correlation_id = correlation_id
         self._done = False
         self._lock = threading.Lock()
@@ -249,7 +261,7 @@ class Reply:
         if self._actor is not None:
             self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
         if self._callback is not None:
-            self._callback(answer)
+            self._run_callback(answer)
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -261,7 +273,14 @@ class Reply:
         if self._actor is not None:
             self._actor.tell(Replied(correlation_id=self._correlation_id, answer=exc))
         if self._callback is not None:
-            self._callback(exc)
+            self._run_callback(exc)
+
+    def _run_callback(self, answer: Any) -> None:
+        assert self._callback is not None
+        if self._inline:
+            self._callback(answer)
+        else:
+            _call_soon(self._callback, answer)
 
     @property
     def done(self) -> bool:
@@ -320,18 +339,22 @@ class Query:
     end_ms: int = 2**63 - 1
 
 
+Subscriber: TypeAlias = "pykka.ActorRef[Any] | Callable[[MessageArrived], object]"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Subscribe:
-    """Be told `MessageArrived` for every dispatch into this queue (None: every queue)."""
+    """Be told `MessageArrived` for every dispatch into this queue (None: every queue). An
+    actor is told; a callable is called on its own listener thread (never a store actor's)."""
 
-    subscriber: pykka.ActorRef[Any] | Callable[[MessageArrived], None]
+    subscriber: Subscriber
     topic: str | None = None
     queue_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Unsubscribe:
-    subscriber: pykka.ActorRef[Any] | Callable[[MessageArrived], None]
+    subscriber: Subscriber
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -397,7 +420,13 @@ class Tick:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ping:
-    """The start handshake: an actor answers with the facts its dependents need."""
+    """The start handshake: every actor answers `Pong` once it started (status queries have
+    their own messages)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pong:
+    """The answer to `Ping`: the actor is up."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -527,6 +556,8 @@ __all__ += [
     "Replied",
     "HostAddress",
     "Ping",
+    "Pong",
+    "Subscriber",
     "WriterReady",
     "SetWriteable",
     "AllocateRequest",
