@@ -57,6 +57,7 @@ from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
 from .runtime import FollowingRef, Subscriptions
 from .supervisor import Supervisor, SupervisorState
+from .ticker import Ticker
 
 __all__ = ["MessageStore", "open_store"]
 
@@ -84,13 +85,16 @@ def open_store(
     on_fatal: Callable[[BaseException], None] | None = None,
     disk_gauge: DiskGauge | None = None,
     cleaner_sleep_ms: Callable[[int], None] | None = None,
+    ticker: Ticker | None = None,
     **settings: Any,
 ) -> MessageStore:
     """Open (or create) the store at `path` and start its actors. `settings` are StoreConfig
     keys (`flush_disk_type="SYNC_FLUSH"`, ...) applied over `config` (or the defaults, a
     config file and MQSTORE_* variables). `disk_gauge` is what the cleaner reads the disk
     level from (default: psutil over the store paths) and `cleaner_sleep_ms` its pause between
-    two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep."""
+    two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep.
+    `ticker` is the monotonic time the actors pace by (default: the real one; tests pass a
+    ManualTicker)."""
     overrides = dict(settings)
     if path is not None:
         overrides["store_path_root_dir"] = os.fspath(path)
@@ -106,6 +110,7 @@ def open_store(
         on_fatal=on_fatal,
         disk_gauge=disk_gauge,
         cleaner_sleep_ms=cleaner_sleep_ms,
+        ticker=ticker,
     )
     store._start()
     return store
@@ -122,6 +127,7 @@ class MessageStore:
         on_fatal: Callable[[BaseException], None] | None = None,
         disk_gauge: DiskGauge | None = None,
         cleaner_sleep_ms: Callable[[int], None] | None = None,
+        ticker: Ticker | None = None,
     ) -> None:
         self.config = config
         self.supervisor = Supervisor(
@@ -133,6 +139,7 @@ class MessageStore:
             disk_gauge=disk_gauge,
             cleaner_sleep_ms=cleaner_sleep_ms,
             backend=self,
+            ticker=ticker,
         )
         self.fs = self.supervisor.fs
         self.clock_ms = self.supervisor.clock_ms

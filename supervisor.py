@@ -41,12 +41,24 @@ from .actors.reput import ReputMessageService
 from .config import StoreConfig
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
-from .messages import FlushAll, Ping, QueueSnapshot, Reply, ReputStatus, SetWriteable, Tick, WriterReady
+from .messages import (
+    AwaitDispatched,
+    FlushAll,
+    Ping,
+    QueueSnapshot,
+    Reply,
+    ReputStatus,
+    SetWriteable,
+    Tick,
+    Waiter,
+    WriterReady,
+)
 from .storage import codec
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreLock
 from .storage.recovery import RecoveryReport, recover_store
+from .ticker import RealTicker, Ticker
 
 __all__ = ["Supervisor", "SupervisorState", "ChildSpec", "TREE", "MAX_RESTARTS", "RESTART_PERIOD_MS"]
 
@@ -118,8 +130,15 @@ class RestartRecord:
     failed: str
     restarted: tuple[str, ...]
     error: str
-    at_ms: int
+    at_ms: int  # on the supervisor's ticker
     backoff_ms: int  # slept before this restart
+
+
+class _Wake:
+    """The ticker's time jumped (a manual ticker): recompute what is due."""
+
+
+_WAKE = _Wake()
 
 
 @dataclass
@@ -139,11 +158,13 @@ class Supervisor:
         disk_gauge: DiskGauge | None = None,
         cleaner_sleep_ms: Callable[[int], None] | None = None,
         backend: StoreBackend | None = None,
+        ticker: Ticker | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
         self.fs = fs or RealFileSystem()
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.ticker: Ticker = ticker or RealTicker()
         self.faults = faults
         self.on_fatal = on_fatal
         self.state = SupervisorState.NEW
@@ -156,6 +177,7 @@ class Supervisor:
             config=config,
             fs=self.fs,
             clock_ms=self.clock_ms,
+            ticker=self.ticker,
             faults=faults,
             report=self._events.put,
             disk_gauge=disk_gauge or default_disk_gauge(self.fs),
@@ -192,6 +214,7 @@ class Supervisor:
             self._lock.release()
             raise
         self.state = SupervisorState.RUNNING
+        self.ticker.on_advance(lambda: self._events.put(_WAKE))
         self._thread = threading.Thread(target=self._run, name="mqstore-supervisor", daemon=True)
         self._thread.start()
         self.log.info("store started", recovery=self.recovery.summary() if self.recovery else None)
@@ -214,11 +237,12 @@ class Supervisor:
     def _run(self) -> None:
         due = {spec.name: 0 for spec in self._specs if spec.tick_interval_ms(self.config)}
         due[_HOOKS] = 0
+        ticker = self.ticker
         while True:
-            now = time.monotonic_ns() // 1_000_000
+            now = ticker.now_ms()
             wait_ms = min((t - now for t in due.values()), default=1000)
             try:
-                event = self._events.get(timeout=max(wait_ms, 0) / 1000)
+                event = self._events.get(timeout=ticker.wait_s(wait_ms) if wait_ms > 0 else 0)
             except queue.Empty:
                 event = None
             if isinstance(event, _Stop):
@@ -229,7 +253,7 @@ class Supervisor:
                 if not self._handle_failure(event):
                     return
                 continue
-            now = time.monotonic_ns() // 1_000_000
+            now = ticker.now_ms()
             wall = self.clock_ms()
             for spec in self._specs:
                 interval = spec.tick_interval_ms(self.config)
@@ -253,7 +277,7 @@ class Supervisor:
                     self.log.error("tick hook failed", hook=getattr(hook, "__qualname__", repr(hook)), error=repr(exc))
 
     def _handle_failure(self, event: ChildFailed) -> bool:
-        now = time.monotonic_ns() // 1_000_000
+        now = self.ticker.now_ms()
         self._recent_failures.append(now)
         while self._recent_failures and self._recent_failures[0] < now - RESTART_PERIOD_MS:
             self._recent_failures.popleft()
@@ -262,7 +286,7 @@ class Supervisor:
             return False
         # Back-off: a fault such as a full disk hits the same wall if retried at once.
         backoff = min(BACKOFF_FIRST_MS * 2 ** (len(self._recent_failures) - 1), BACKOFF_MAX_MS)
-        time.sleep(backoff / 1000)
+        self.ticker.sleep_ms(backoff)
         group = self._restart_group(event.name)
         self.log.warning("restarting", failed=event.name, group=group, error=repr(event.error))
         try:
@@ -276,7 +300,7 @@ class Supervisor:
             if not self._failure_pending(group):
                 self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc))
             return True
-        self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.clock_ms(), backoff))
+        self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.ticker.now_ms(), backoff))
         return True
 
     def _failure_pending(self, names: list[str]) -> bool:
@@ -389,18 +413,16 @@ class Supervisor:
         self.state = SupervisorState.STOPPING
         clean = True
         try:
-            self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
-            deadline = time.monotonic() + DISPATCH_CATCH_UP_TIMEOUT_MS / 1000
-            while True:
+            writer: WriterReady = self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
+            # Woken by reput when dispatch passes the writer's end (no polling); bounded.
+            caught_up = Waiter()
+            self.ctx.tell("reput", AwaitDispatched(up_to=writer.max_offset, reply=Reply(future=caught_up)))
+            try:
+                caught_up.get(timeout=DISPATCH_CATCH_UP_TIMEOUT_MS / 1000)
+            except pykka.Timeout:
                 status: ReputStatus = self._ask("reput", Ping(), timeout=STOP_TIMEOUT_S)
-                writer: WriterReady = self._ask("writer", Ping(), timeout=STOP_TIMEOUT_S)
-                if status.reput_offset >= writer.max_offset:
-                    break
-                if time.monotonic() > deadline:
-                    self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
-                    clean = False
-                    break
-                time.sleep(0.005)
+                self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
+                clean = False
             for name in ("consume_queue", "index", "flush"):
                 if name in self.ctx.peers:
                     future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()

@@ -20,6 +20,7 @@ from ..messages import Asked, Reply
 from ..runtime import RuntimeActor
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
+from ..ticker import RealTicker, Ticker
 
 __all__ = ["ActorContext", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
 
@@ -49,6 +50,8 @@ class ActorContext:
     faults: FaultPlan
     report: Callable[[ChildFailed], None]
     peers: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
+    # Monotonic time to pace by (linger, back-off): a ManualTicker in tests.
+    ticker: Ticker = field(default_factory=RealTicker)
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
     # live outside the actors, so they survive a reput restart).
     on_arrivals: Callable[[list[Any], int], None] = lambda _events, _end_offset: None

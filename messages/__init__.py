@@ -546,6 +546,15 @@ class IndexSnapshot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AwaitDispatched:
+    """To reput: answer `reply` (with ReputStatus) once dispatch has passed `up_to`, the
+    readable end the asker learnt from the writer (shutdown waits on this, never polls)."""
+
+    up_to: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReputStatus:
     reput_offset: int
     max_offset: int
@@ -573,6 +582,7 @@ __all__ += [
     "QueryOffsetsReply",
     "IndexSnapshot",
     "ReputStatus",
+    "AwaitDispatched",
 ]
 
 
