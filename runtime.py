@@ -23,6 +23,7 @@ import pykka
 from pykka._envelope import Envelope
 
 from .log import get_logger
+from .messages import AskFor
 from .storage import speedups
 
 __all__ = [
@@ -34,10 +35,18 @@ __all__ = [
     "call_listener",
     "start_listener",
     "call_soon",
+    "ask",
     "Subscriptions",
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ask(ref: pykka.ActorRef[Any], request: AskFor[R], *, timeout_s: float | None) -> R:
+    """pykka's ask, typed by the request: the answer is the request's one reply type."""
+    answer: R = ref.ask(request, timeout=timeout_s)
+    return answer
 
 
 class FastInbox:

@@ -33,7 +33,7 @@ import msgpack
 import psutil
 
 from .log import get_logger
-from .messages import GetResult, Ping, PutResult, Reply
+from .messages import GetReputStatus, GetResult, PutResult, Reply
 
 if TYPE_CHECKING:
     from .store import MessageStore
@@ -311,7 +311,7 @@ def store_snapshot(store: MessageStore) -> dict[str, Any]:
     reput = store.supervisor.ctx.peers.get("reput")
     if reput is not None and store.running:
         try:
-            status = reput.ask(Ping(), timeout=2)
+            status = reput.ask(GetReputStatus(), timeout=2)
             behind = max(status.max_offset - status.reput_offset, 0)
             stats.record_dispatch_behind(behind)
             out["commitlog_max_offset"] = status.max_offset
@@ -417,7 +417,7 @@ class StatsTicker:
         if reput is None:
             return {"behind_bytes": None, "commitlog_max_offset": None, "reput_offset": None}
         try:
-            status = reput.ask(Ping(), timeout=SNAPSHOT_REPUT_ANSWER_TIMEOUT_S)
+            status = reput.ask(GetReputStatus(), timeout=SNAPSHOT_REPUT_ANSWER_TIMEOUT_S)
         except Exception:  # dead, stopping or busy: the lag is unknown this time
             return {"behind_bytes": None, "commitlog_max_offset": None, "reput_offset": None}
         return {

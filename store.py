@@ -33,7 +33,7 @@ from .messages import (
     GetUnits,
     Message,
     MessageArrived,
-    Ping,
+    GetWriterStatus,
     PutResult,
     QueryOffsets,
     QueryOffsetsReply,
@@ -853,7 +853,7 @@ class MessageStore:
         `offset` up to the readable end of its segment), at most `max_bytes`. Offset 0 in a
         log whose first segment is gone reads from the first segment there is. None if the
         offset is not readable (deleted, or at/after the end of the log)."""
-        writer: Any = self._ask("writer", Ping())
+        writer: Any = self._ask("writer", GetWriterStatus())
         readable_end = writer.max_offset
         reader = self._reader()
         seg = self.config.mapped_file_size_commitlog_bytes
@@ -926,7 +926,7 @@ class MessageStore:
         """Force the CommitLog (and the queues, index and checkpoint) to disk now."""
         # The writer's own word on where the log ends: its notices to the flush actor are
         # coalesced and may trail the last acknowledged put.
-        writer = self._ask("writer", Ping())
+        writer = self._ask("writer", GetWriterStatus())
         for peer in ("flush", "consume_queue", "index"):
             ref = self.supervisor.ctx.peers.get(peer)
             if ref is None:

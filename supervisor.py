@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import pykka
 
@@ -42,23 +42,28 @@ from .config import StoreConfig
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
 from .messages import (
+    AskFor,
     AwaitDispatched,
+    GetIndexSnapshot,
+    GetQueueSnapshot,
+    GetReputStatus,
+    GetWriterStatus,
     FlushAll,
     Ping,
-    QueueSnapshot,
     Reply,
-    ReputStatus,
     SetWriteable,
     Tick,
     Waiter,
-    WriterReady,
 )
 from .storage import codec
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreLock
 from .storage.recovery import RecoveryReport, recover_store
+from .runtime import ask
 from .ticker import RealTicker, Ticker
+
+R = TypeVar("R")
 
 __all__ = ["Supervisor", "SupervisorState", "ChildSpec", "TREE", "MAX_RESTARTS", "RESTART_PERIOD_MS"]
 
@@ -334,9 +339,8 @@ class Supervisor:
                 self.log.error("on_fatal callback failed", error=repr(exc))
 
     # children ----------------------------------------------------------------------------
-    def _ask(self, name: str, message: Any, timeout: float = START_TIMEOUT_S) -> Any:
-        ref = self.ctx.peers[name]
-        return ref.ask(message, timeout=timeout)
+    def _ask(self, name: str, message: AskFor[R], timeout: float = START_TIMEOUT_S) -> R:
+        return ask(self.ctx.peers[name], message, timeout_s=timeout)
 
     def _start_child(self, name: str, *, first: bool) -> None:
         """Start one child and wait for its ready handshake (an actor that failed in on_start
@@ -351,7 +355,7 @@ class Supervisor:
                 if first:
                     max_offset, ts = rec.max_offset, rec.store_timestamp
                 else:
-                    ready: WriterReady = self._ask("writer", Ping())
+                    ready = self._ask("writer", GetWriterStatus())
                     max_offset, ts = ready.max_offset, ready.store_timestamp
                 seg = self.config.mapped_file_size_commitlog_bytes
                 flushed = max(max_offset - max_offset % seg, rec.min_offset, 0)
@@ -364,7 +368,7 @@ class Supervisor:
                 if first:
                     resume = ResumePoint(scan_from=rec.max_offset, topic_queue_table=dict(rec.topic_queue_table))
                 else:
-                    snap: QueueSnapshot = self._ask("consume_queue", Ping())
+                    snap = self._ask("consume_queue", GetQueueSnapshot())
                     resume = ResumePoint(scan_from=snap.resume_offset, topic_queue_table=snap.topic_queue_table)
                 ref = CommitLogWriter.start(ctx, resume=resume, store_host=self.store_host)
             case "commit":
@@ -377,13 +381,13 @@ class Supervisor:
                 cleaner = importlib.import_module("mqstore.actors.cleaner")
                 ref = cleaner.CleanerActor.start(ctx)
             case "reput":
-                ready = self._ask("writer", Ping())
+                ready = self._ask("writer", GetWriterStatus())
                 if first:
                     reput_offset = rec.dispatch_from
                 else:
-                    reput_offset = self._ask("consume_queue", Ping()).resume_offset
+                    reput_offset = self._ask("consume_queue", GetQueueSnapshot()).resume_offset
                     if "index" in ctx.peers:
-                        reput_offset = min(reput_offset, self._ask("index", Ping()).resume_offset)
+                        reput_offset = min(reput_offset, self._ask("index", GetIndexSnapshot()).resume_offset)
                     reput_offset = max(reput_offset, ready.min_offset, 0)
                 ref = ReputMessageService.start(ctx, reput_offset=reput_offset, max_offset=ready.max_offset)
             case _:
@@ -413,14 +417,14 @@ class Supervisor:
         self.state = SupervisorState.STOPPING
         clean = True
         try:
-            writer: WriterReady = self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
+            writer = self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
             # Woken by reput when dispatch passes the writer's end (no polling); bounded.
             caught_up = Waiter()
             self.ctx.tell("reput", AwaitDispatched(up_to=writer.max_offset, reply=Reply(future=caught_up)))
             try:
                 caught_up.get(timeout=DISPATCH_CATCH_UP_TIMEOUT_MS / 1000)
             except pykka.Timeout:
-                status: ReputStatus = self._ask("reput", Ping(), timeout=STOP_TIMEOUT_S)
+                status = self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S)
                 self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
                 clean = False
             for name in ("consume_queue", "index", "flush"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Generic, TypeVar, get_args
 
 import pykka
 
@@ -91,11 +91,19 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class StoreActor(RuntimeActor):
+RequestT = TypeVar("RequestT")
+
+
+class StoreActor(RuntimeActor, Generic[RequestT]):
     """Base of every store actor: daemon thread (a host that forgets close() still exits),
-    the fast inbox, typed `handle`, and crash reporting."""
+    the fast inbox, typed `handle`, and crash reporting.
+
+    `RequestT` is the union of the requests the actor takes; its `handle` matches each and
+    ends in `assert_never`. Anything else is refused before `handle`: an error for an asker,
+    a crash (a broken invariant: only the store's own code tells its actors) for a tell."""
 
     name: ClassVar[str] = "actor"
+    accepts: ClassVar[tuple[type, ...]] = ()
     # The supervised child a crash is reported as (an actor its child started: the child).
     supervised_as: ClassVar[str | None] = None
 
@@ -105,14 +113,27 @@ class StoreActor(RuntimeActor):
         self.config = ctx.config
         self.log = get_logger(f"mqstore.actors.{self.name}", actor=self.name, store=ctx.config.store_path_root_dir)
 
-    def handle(self, message: Any) -> Any:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            args = get_args(base)
+            if args and not isinstance(args[0], TypeVar):
+                union = args[0]
+                cls.accepts = get_args(union) or (union,)
+
+    def handle(self, message: RequestT) -> object:
         raise NotImplementedError
+
+    def _checked(self, message: object) -> RequestT:
+        if not isinstance(message, self.accepts):
+            raise AssertionError(f"{self.name} cannot handle {message!r}")
+        return message  # type: ignore[return-value]  # isinstance over the union's members
 
     def on_receive(self, message: Any) -> Any:
         if type(message) is Asked:
             return self._answer(message)
         try:
-            return self.handle(message)
+            return self.handle(self._checked(message))
         except Exception as exc:
             reply = getattr(message, "reply", None)
             if isinstance(reply, Reply):
@@ -123,7 +144,7 @@ class StoreActor(RuntimeActor):
         """An ask as pykka treats one: the handler's exception goes to the asker (a bad
         request is the asker's error) and the actor carries on."""
         try:
-            answer = self.handle(asked.message)
+            answer = self.handle(self._checked(asked.message))
         except Exception as exc:
             self.log.info("exception returned to the asker", request=type(asked.message).__name__, error=repr(exc))
             asked.reply.fail(exc)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import pykka
 
@@ -20,8 +20,10 @@ from ..messages import (
     CommitWriteBuffers,
     DeleteExpiredCommitLogFiles,
     EncodedPut,
+    GetWriterStatus,
     GroupCommitRequest,
     Ping,
+    Pong,
     PutResult,
     RedeleteHangedCommitLogFile,
     Reply,
@@ -49,7 +51,20 @@ class ResumePoint:
     topic_queue_table: dict[str, int] = field(default_factory=dict)
 
 
-class CommitLogWriter(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+WriterRequest = (
+    EncodedPut
+    | Ping
+    | GetWriterStatus
+    | SetWriteable
+    | CommitWriteBuffers
+    | Tick
+    | DeleteExpiredCommitLogFiles
+    | RedeleteHangedCommitLogFile
+)
+
+
+class CommitLogWriter(StoreActor[WriterRequest]):
     name = "writer"
 
     def __init__(self, ctx: ActorContext, *, resume: ResumePoint, store_host: codec.HostAddress) -> None:
@@ -107,19 +122,21 @@ class CommitLogWriter(StoreActor):
             self._commitlog = None
 
     # messages ----------------------------------------------------------------------------
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: WriterRequest) -> WriterReady | Pong | None:
         try:
             return self._handle(message)
         finally:
             if self._pending_advance is not None and self.inbox_empty():
                 self._notify_advance()
 
-    def _handle(self, message: Any) -> Any:
+    def _handle(self, message: WriterRequest) -> WriterReady | Pong | None:
         match message:
             case EncodedPut():
                 self._put(message)
-            case Ping():
+            case GetWriterStatus():
                 return self._ready()
+            case Ping():
+                return Pong()
             case SetWriteable(writeable=writeable, closing=closing):
                 self._writeable = writeable
                 self._closing = self._closing or closing
@@ -135,7 +152,7 @@ class CommitLogWriter(StoreActor):
                 deleted = self._commitlog.retry_delete_first_file(forcibly_ms, now_ms)
                 reply.send(self._files_deleted(int(deleted)))
             case _:
-                raise AssertionError(f"writer cannot handle {message!r}")
+                assert_never(message)
         return None
 
     def _ready(self) -> WriterReady:

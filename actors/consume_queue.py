@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterable
+from typing import Iterable, assert_never
 
 from ..messages import (
     ConsumeQueueFilesDeleted,
@@ -17,8 +17,10 @@ from ..messages import (
     DispatchBatch,
     FlushAll,
     GetOffsetByTime,
+    GetQueueSnapshot,
     GetUnits,
     Ping,
+    Pong,
     QueueBounds,
     QueueSnapshot,
     Tick,
@@ -34,7 +36,20 @@ __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 FLUSH_CALLS_PER_QUEUE_MAX = 8  # one call flushes one file; a bound, not a loop until done
 
 
-class ConsumeQueueService(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+ConsumeQueueRequest = (
+    DispatchBatch
+    | GetUnits
+    | GetOffsetByTime
+    | GetQueueSnapshot
+    | Tick
+    | FlushAll
+    | DeleteExpiredConsumeQueueFiles
+    | Ping
+)
+
+
+class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
     name = "consume_queue"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -103,7 +118,7 @@ class ConsumeQueueService(StoreActor):
         self._queues[(topic, queue_id)] = cq
         return cq
 
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: ConsumeQueueRequest) -> UnitsReply | int | QueueSnapshot | Pong | None:
         match message:
             case DispatchBatch():
                 self._dispatch(message)
@@ -111,8 +126,10 @@ class ConsumeQueueService(StoreActor):
                 return self._get_units(message)
             case GetOffsetByTime():
                 return self._offset_by_time(message)
-            case Ping():
+            case GetQueueSnapshot():
                 return self._snapshot()
+            case Ping():
+                return Pong()
             case Tick(now_ms=now):
                 self._flush(now, thorough=False)
             case FlushAll(reply=reply):
@@ -121,7 +138,7 @@ class ConsumeQueueService(StoreActor):
             case DeleteExpiredConsumeQueueFiles(min_phy_offset=min_phy_offset, start_after=start_after, reply=reply):
                 reply.send(self._delete_expired(min_phy_offset, start_after))
             case _:
-                raise AssertionError(f"consume_queue cannot handle {message!r}")
+                assert_never(message)
         return None
 
     def _dispatch(self, batch: DispatchBatch) -> None:

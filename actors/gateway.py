@@ -31,7 +31,7 @@ from ..messages import (
     Unsubscribe,
     Waiter,
 )
-from .base import ActorContext, StoreActor
+from .base import ActorContext, RequestT, StoreActor
 
 __all__ = ["StoreBackend", "StoreGateway", "GatewayReader", "GatewayRequest", "GATEWAY_READERS", "request_error"]
 
@@ -134,7 +134,7 @@ def request_error(request: GatewayRequest) -> Exception | None:
     return None
 
 
-class _Routed(StoreActor):
+class _Routed(StoreActor[RequestT]):
     """A gateway-side actor: its backend is the store, and a crash restarts the gateway."""
 
     supervised_as: ClassVar[str | None] = "gateway"
@@ -153,7 +153,7 @@ class _Routed(StoreActor):
             self.log.warning("unanswerable request dropped", request=type(message).__name__, why=why)
 
 
-class GatewayReader(_Routed):
+class GatewayReader(_Routed[ReaderRequest]):
     """Answers actor clients' gets and queries on its own thread (and its own read maps)."""
 
     name = "gateway_reader"
@@ -192,7 +192,7 @@ class _Read(Protocol):
     def __call__(self) -> GetResult | QueryResult: ...
 
 
-class StoreGateway(_Routed):
+class StoreGateway(_Routed[GatewayRequest]):
     name = "gateway"
 
     def __init__(self, ctx: ActorContext, backend: StoreBackend) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import assert_never
 
 from ..messages import (
     DeleteExpiredIndexFiles,
     DispatchBatch,
     DispatchRequest,
     FlushAll,
+    GetIndexSnapshot,
     IndexFileFlushed,
     IndexSnapshot,
     Ping,
+    Pong,
     QueryOffsets,
     QueryOffsetsReply,
 )
@@ -21,7 +23,11 @@ from .base import ActorContext, StoreActor
 __all__ = ["IndexActor"]
 
 
-class IndexActor(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+IndexRequest = DispatchBatch | QueryOffsets | GetIndexSnapshot | FlushAll | DeleteExpiredIndexFiles | Ping
+
+
+class IndexActor(StoreActor[IndexRequest]):
     name = "index"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -76,7 +82,7 @@ class IndexActor(StoreActor):
         if not service.build_index_batch(requests, start, stop, self._indexed_below) and service.index_error:
             raise OSError("cannot create an index file")
 
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: IndexRequest) -> QueryOffsetsReply | IndexSnapshot | Pong | None:
         service = self._service
         assert service is not None
         match message:
@@ -95,8 +101,10 @@ class IndexActor(StoreActor):
                 return QueryOffsetsReply(
                     offsets=tuple(offsets), last_update_timestamp=last_ts, last_update_phy_offset=last_phy
                 )
-            case Ping():
+            case GetIndexSnapshot():
                 return IndexSnapshot(resume_offset=self._dispatched_offset)
+            case Ping():
+                return Pong()
             case FlushAll(reply=reply):
                 service.flush_all()
                 reply.send(self._dispatched_offset)
@@ -106,5 +114,5 @@ class IndexActor(StoreActor):
                     self._publish()
                 reply.send(deleted)
             case _:
-                raise AssertionError(f"index cannot handle {message!r}")
+                assert_never(message)
         return None

@@ -10,15 +10,17 @@ subscriptions outlive a restart of this actor.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import assert_never
 
 from ..messages import (
     AwaitDispatched,
     CommitLogAdvanced,
     DispatchBatch,
     DispatchRequest,
+    GetReputStatus,
     MessageArrived,
     Ping,
+    Pong,
     ReputStatus,
     Tick,
 )
@@ -37,7 +39,11 @@ READ_CHUNK_BYTES = 4 * 1024 * 1024
 _SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
 
 
-class ReputMessageService(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+ReputRequest = CommitLogAdvanced | Tick | AwaitDispatched | GetReputStatus | Ping
+
+
+class ReputMessageService(StoreActor[ReputRequest]):
     name = "reput"
 
     def __init__(self, ctx: ActorContext, *, reput_offset: int, max_offset: int) -> None:
@@ -66,7 +72,7 @@ class ReputMessageService(StoreActor):
             self._reader.close()
             self._reader = None
 
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: ReputRequest) -> ReputStatus | Pong | None:
         match message:
             case CommitLogAdvanced():
                 # Let a stream of puts gather first: one dispatch batch for many puts wakes the
@@ -85,10 +91,12 @@ class ReputMessageService(StoreActor):
                     self._max_offset = up_to
                 self._awaiting.append(message)
                 self._reput()
-            case Ping():
+            case GetReputStatus():
                 return ReputStatus(reput_offset=self._reput_offset, max_offset=self._max_offset)
+            case Ping():
+                return Pong()
             case _:
-                raise AssertionError(f"reput cannot handle {message!r}")
+                assert_never(message)
         self._answer_awaiting()
         return None
 

@@ -12,7 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeAlias
+from typing import Any, Callable, Generic, Mapping, NamedTuple, Sequence, TypeAlias, TypeVar
 
 from ..storage import speedups
 from ..storage.codec import DispatchFields, HostAddress, MessageRecord
@@ -287,6 +287,17 @@ class Reply:
         return self._done
 
 
+R_co = TypeVar("R_co", covariant=True)
+
+
+class AskFor(Generic[R_co]):
+    """Base of a request that is answered: `R_co` is its one reply type, so a typed ask
+    (`runtime.ask`, `Supervisor._ask`) returns it, and a handler that answers something else
+    fails mypy. Told-only messages (notices, and requests carrying their own `Reply`) are not."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Asked:
     """A request told together with where its answer goes: a store actor sends `reply` what
@@ -419,7 +430,7 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Ping:
+class Ping(AskFor["Pong"]):
     """The start handshake: every actor answers `Pong` once it started (status queries have
     their own messages)."""
 
@@ -439,7 +450,7 @@ class WriterReady:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SetWriteable:
+class SetWriteable(AskFor["WriterReady"]):
     """RunningFlags, as the writer sees them: refuse puts while not writeable or closing."""
 
     writeable: bool
@@ -483,7 +494,7 @@ class IndexFileFlushed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GetUnits:
+class GetUnits(AskFor["UnitsReply"]):
     """Ask the ConsumeQueue actor for units from `offset` (at most `max_units`, one file)."""
 
     topic: str
@@ -525,7 +536,7 @@ class QueueSnapshot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QueryOffsets:
+class QueryOffsets(AskFor["QueryOffsetsReply"]):
     topic: str
     key: str
     max_num: int
@@ -543,6 +554,26 @@ class QueryOffsetsReply:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IndexSnapshot:
     resume_offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetWriterStatus(AskFor["WriterReady"]):
+    """Status query to the writer: where the log ends, its min offset, its queue table."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetQueueSnapshot(AskFor["QueueSnapshot"]):
+    """Status query to the ConsumeQueue actor."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetIndexSnapshot(AskFor["IndexSnapshot"]):
+    """Status query to the index actor."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetReputStatus(AskFor["ReputStatus"]):
+    """Status query to reput: how far dispatch has read, and the end it knows of."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -583,6 +614,11 @@ __all__ += [
     "IndexSnapshot",
     "ReputStatus",
     "AwaitDispatched",
+    "AskFor",
+    "GetWriterStatus",
+    "GetQueueSnapshot",
+    "GetIndexSnapshot",
+    "GetReputStatus",
 ]
 
 
@@ -591,7 +627,7 @@ __all__ += [
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GetOffsetByTime:
+class GetOffsetByTime(AskFor[int]):
     """Ask the ConsumeQueue actor for getOffsetInQueueByTime (§9.5). The answer is a queue
     offset: the message stored at `timestamp_ms`, else its nearest neighbour; 0 if nothing."""
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
 
 from mqstore import FaultPlan, InjectedFault, Message

@@ -10,7 +10,6 @@ import random
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import pykka
