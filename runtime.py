@@ -45,7 +45,7 @@ R = TypeVar("R")
 
 def ask(ref: pykka.ActorRef[Any], request: AskFor[R], *, timeout_s: float | None) -> R:
     """pykka's ask, typed by the request: the answer is the request's one reply type."""
-    answer: R = ref.ask(request, timeout=timeout_s)
+    answer: R = ref.ask(request, block=True, timeout=timeout_s)
     return answer
 
 
@@ -172,25 +172,26 @@ class FollowingRef(pykka.ActorRef[Any]):
     def _current(self) -> pykka.ActorRef[Any] | None:
         return self._resolve()
 
-    @property  # type: ignore[override]  # pykka declares plain attributes; these follow restarts
-    def actor_class(self) -> type[Any]:
+    # pykka declares these as plain attributes; here they follow the restarts.
+    @property
+    def actor_class(self) -> type[Any]:  # type: ignore[override]
         ref = self._current()
         return ref.actor_class if ref is not None else pykka.ThreadingActor
 
-    @property  # type: ignore[override]
-    def actor_urn(self) -> str:
+    @property
+    def actor_urn(self) -> str:  # type: ignore[override]
         ref = self._current()
         return ref.actor_urn if ref is not None else f"urn:mqstore:{self._label}:restarting"
 
-    @property  # type: ignore[override]
-    def actor_inbox(self) -> Any:
+    @property
+    def actor_inbox(self) -> Any:  # type: ignore[override]
         ref = self._current()
         if ref is None:
             raise pykka.ActorDeadError(f"{self._label} is being restarted")
         return ref.actor_inbox
 
-    @property  # type: ignore[override]
-    def actor_stopped(self) -> threading.Event:
+    @property
+    def actor_stopped(self) -> threading.Event:  # type: ignore[override]
         ref = self._current()
         return ref.actor_stopped if ref is not None else _Stopped()
 

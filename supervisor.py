@@ -346,6 +346,7 @@ class Supervisor:
         """Start one child and wait for its ready handshake (an actor that failed in on_start
         answers the ping with ActorDeadError, so nobody talks to a half-started actor)."""
         ctx = self.ctx
+        ref: pykka.ActorRef[Any]
         rec = self.recovery
         assert rec is not None
         match name:

@@ -211,9 +211,9 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 return
             self._flushed = end
             if end == segment + self._segment_size:
-                region = self._regions.pop(segment, None)
-                if region is not None:
-                    region.close()
+                done = self._regions.pop(segment, None)
+                if done is not None:
+                    done.close()
         if self._checkpoint is not None and self._flushed >= self._max_offset and self._store_timestamp > 0:
             self._checkpoint.physic_msg_timestamp = self._store_timestamp
 

@@ -19,6 +19,9 @@ from typing import Any, Final, Iterable, Mapping, NamedTuple
 
 from . import speedups
 
+# What the decoders read from: bytes, a view, or a segment's map (read-only or writable).
+ReadBuffer = bytes | bytearray | memoryview | mmap.mmap
+
 MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, upstream 5.1+
 BLANK_MAGIC_CODE: Final = -875286124  # 0xCBD43194
@@ -525,7 +528,7 @@ _TORN_PROPERTIES: Final = "properties do not end with their separator (a torn wr
 
 
 def read_record(
-    buf: bytes | bytearray | memoryview,
+    buf: ReadBuffer,
     pos: int,
     limit: int | None = None,
     *,
@@ -564,7 +567,7 @@ def read_record(
 
 
 def _decode_message(
-    buf: bytes | bytearray | memoryview, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
+    buf: ReadBuffer, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
 ) -> RecordRead:
     rec_end = pos + total
     _, _, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(buf, pos)
