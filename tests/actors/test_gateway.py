@@ -170,3 +170,22 @@ def test_a_subscriber_actor_that_died_is_dropped(store_dir: Path) -> None:
         h.wait_dispatched(store)
         h.wait_until(lambda: not store._subscriptions.subscribers(), what="the dead subscriber dropped")
         assert store.supervisor.restarts == []
+
+
+def test_a_raising_reply_callback_is_logged_and_restarts_nothing(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    called = threading.Event()
+
+    def raising_callback(_answer: Any) -> None:
+        called.set()
+        raise RuntimeError("host bug in a callback")
+
+    with caplog.at_level(logging.ERROR, logger="mqstore"), h.open_small(store_dir) as store:
+        store.actor_ref.tell(Put(messages=(GOOD,), reply=Reply(callback=raising_callback)))
+        assert called.wait(TIMEOUT_S)
+        assert store.put(Message(topic="t", body=b"next")).ok
+        assert store.supervisor.restarts == [] and store.running
+    h.wait_until(lambda: any(r.getMessage() == "listener raised" for r in caplog.records), what="the log line")
+    raised = [r for r in caplog.records if r.getMessage() == "listener raised"]
+    assert "raising_callback" in raised[0].mqstore_event["listener"]
