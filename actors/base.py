@@ -87,10 +87,6 @@ class ActorContext:
             return False
 
 
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
 RequestT = TypeVar("RequestT")
 
 
