@@ -195,6 +195,11 @@ class FollowingRef(pykka.ActorRef[Any]):
         ref = self._current()
         return ref.actor_stopped if ref is not None else _Stopped()
 
+    def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
+        """Refused: the supervisor owns the actor's life (a stopped gateway would not be
+        restarted, and the store's actor API would be gone until the store reopens)."""
+        raise TypeError(f"{self._label} belongs to its supervisor: close the store to stop it")
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, FollowingRef):
             return self._resolve is other._resolve

@@ -84,6 +84,9 @@ def test_the_gateway_is_supervised_and_actor_ref_follows_its_restart(store_dir: 
         assert store.actor_ref is ref  # the host's address did not change
         assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
         assert store.running
+        with pytest.raises(TypeError, match="close the store"):
+            ref.stop()  # its life is the supervisor's: a stopped gateway would never come back
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
 
 
 def test_an_actor_clients_get_does_not_hold_up_puts(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
