@@ -140,6 +140,7 @@ class StoreConfig:
     allocate_wait_timeout_ms: int = _D["allocate_wait_timeout_ms"]
     log_json: bool = _D["log_json"]
     stats_snapshot_interval_ms: int = _D["stats_snapshot_interval_ms"]
+    read_your_writes_timeout_ms: int = _D["read_your_writes_timeout_ms"]
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -500,6 +501,7 @@ _POSITIVE_INTS: Final = frozenset(
         "transient_store_pool_size",
         "allocate_wait_timeout_ms",
         "stats_snapshot_interval_ms",
+        "read_your_writes_timeout_ms",
     }
 )
 

@@ -114,6 +114,7 @@ class GetResult:
     min_offset: int = 0
     max_offset: int = 0
     raw: tuple[bytes, ...] = ()
+    detail: str = ""  # why, when the store could not read the queue (NO_MATCHED_LOGIC_QUEUE)
 
     @property
     def found(self) -> bool:
@@ -125,6 +126,7 @@ class QueryResult:
     messages: tuple[MessageRecord, ...] = ()
     index_last_update_timestamp: int = 0
     index_last_update_phy_offset: int = 0
+    detail: str = ""  # set when the index could not be read: the result is not a complete answer
 
 
 # ---------------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ class Waiter:
     def __init__(self) -> None:
         native = speedups.native
         # A C semaphore (a raw lock without the extension). Its post keeps the GIL here,
-        # unlike the inboxes' (actors.base.FastInbox): answers often go out in bursts (a
+        # unlike the inboxes' (runtime.FastInbox): answers often go out in bursts (a
         # group commit answers up to one per producer), and a GIL hand-off per answer made
         # 16 SYNC_FLUSH producers 13% slower; single answers measured the same either way.
         self._signal: Any = native.Signal() if native is not None else _LockSignal()
