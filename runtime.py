@@ -35,6 +35,7 @@ __all__ = [
     "call_listener",
     "start_listener",
     "call_soon",
+    "tell_keeping_gil",
     "ask",
     "Subscriptions",
 ]
@@ -73,6 +74,16 @@ class FastInbox:
         else:
             self._tokens.put(None)
 
+    def put_keeping_gil(self, item: Any) -> None:
+        """`put`, but the caller keeps the GIL while the actor wakes: for a producer that is
+        about to put again (put_async), so puts pile up for the actor to drain in one pass
+        instead of the producer switching out to the actor once per put."""
+        self._items.append(item)
+        if self._signal is not None:
+            self._signal.post_holding_gil()
+        else:
+            self._tokens.put(None)
+
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         if self._signal is not None:
             wait_s = (-1.0 if timeout is None else max(timeout, 0.0)) if block else 0.0
@@ -87,6 +98,20 @@ class FastInbox:
 
     def qsize(self) -> int:
         return len(self._items)
+
+    def take_all_of_kind(self, kind: type[T], limit: int) -> list[T]:
+        """The told messages of type `kind` waiting at the head (at most `limit`), taken out
+        in order: an actor that can handle many at once (the writer's put pass) drains them."""
+        items = self._items
+        taken: list[T] = []
+        while items and len(taken) < limit and items[0].reply_to is None and type(items[0].message) is kind:
+            taken.append(items.popleft().message)
+            # Its token was put right after the message (or is about to be): take it.
+            if self._signal is not None:
+                self._signal.wait(-1.0)
+            else:
+                self._tokens.get()
+        return taken
 
     def take_newest_of_kind(self, message: T, key: Callable[[T], int] | None = None) -> T:
         """`message`, or the newest of the told messages of its type waiting at the head (all
@@ -140,6 +165,10 @@ class RuntimeActor(pykka.ThreadingActor):
         says everything the older ones said (STYLE habit 4): one pass of work instead of many."""
         return self._fast_inbox().take_newest_of_kind(message, key)
 
+    def take_all_queued(self, kind: type[T], limit: int) -> list[T]:
+        """The told messages of type `kind` waiting at the head of the inbox (at most `limit`)."""
+        return self._fast_inbox().take_all_of_kind(kind, limit)
+
     def drain_queued(self, why: str) -> list[QueuedRequest]:
         """Take every message left in the inbox: pykka asks among them fail with
         ActorDeadError(`why`) here; the caller fails the store's own replies they carry."""
@@ -151,6 +180,16 @@ class RuntimeActor(pykka.ThreadingActor):
                 envelope.reply_to.set_exception(exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(why), None))
             left.append(QueuedRequest(envelope.message))
         return left
+
+
+def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
+    """Tell an actor on a FastInbox without handing it the GIL (FastInbox.put_keeping_gil);
+    False if it is stopped (or not on a FastInbox, where the caller tells it as usual)."""
+    inbox = ref.actor_inbox
+    if not isinstance(inbox, FastInbox) or ref.actor_stopped.is_set():
+        return False
+    inbox.put_keeping_gil(Envelope(message))
+    return True
 
 
 class _Stopped(threading.Event):

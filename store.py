@@ -17,15 +17,18 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, Callable, Iterable
 
 import pykka
+
 
 from .actors.base import ServiceUnavailable
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
+from .put_pipeline import ActorClient, PutPipeline
 from .messages import (
     Asked,
     EncodedPut,
@@ -55,7 +58,7 @@ from .storage.fs import FileSystem
 from .storage.put_encoding import PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
-from .runtime import FollowingRef, Subscriptions
+from .runtime import FollowingRef, Subscriptions, tell_keeping_gil
 from .supervisor import Supervisor, SupervisorState
 from .ticker import Ticker
 
@@ -194,6 +197,7 @@ class MessageStore:
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
+        self._puts = PutPipeline(self)  # put_async futures, the actor client, the in-flight bound
         # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
         self._stats_ticker = StatsTicker(self)
         self.supervisor.ctx.on_tick_ms.append(self._stats_ticker)
@@ -205,7 +209,7 @@ class MessageStore:
         self.supervisor.start()
         _open_stores.add(self)
         try:
-            self.offsets.load()  # neither file nor .bak parses: fail the open, like the broker
+            self.offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
         except Exception:
             self.close()
             raise
@@ -220,6 +224,7 @@ class MessageStore:
             self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
         clean = self.supervisor.stop()
         self._subscriptions.close()
+        self._puts.close()  # after the writer: every future handed out is completed
         self.offsets.close()
         self.read_view.close()  # wakes every waiting reader
         self._readers.close()
@@ -284,6 +289,35 @@ class MessageStore:
         self.stats_service.record_put(messages[0].topic, result, time.monotonic_ns() - started_ns)
         return result
 
+    # pipelined puts (put_pipeline.py) ----------------------------------------------------------
+    def put_async(self, message: Message) -> Future[PutResult]:
+        """Put without waiting: encoded in this thread, answered through the future (completed
+        on the store's completion thread, where its done-callbacks run; never the writer's).
+        Operating errors are results (SERVICE_NOT_AVAILABLE, OS_PAGE_CACHE_BUSY when
+        `max_puts_in_flight` is reached with `put_fail_fast_when_in_flight_full`), not
+        exceptions. `flush()` waits for every future handed out before it. Read-your-writes:
+        once this thread has seen its newest future done, its reads cover that put."""
+        self._check_open()
+        if not isinstance(message, Message):
+            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+        return self._puts.put_async((message,), batch=False)
+
+    def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
+        """`put_batch` without waiting: one future for the batch."""
+        self._check_open()
+        if isinstance(messages, (Message, str, bytes)) or not isinstance(messages, Sequence):
+            raise TypeError(f"messages must be a sequence of mqstore.Message, not {type(messages).__name__}")
+        _check_messages(messages, "messages")
+        if not messages:
+            raise ValueError("messages must not be empty")
+        return self._puts.put_async(tuple(messages), batch=True)
+
+    def actor_client(self, sender: pykka.ActorRef[Any]) -> ActorClient:
+        """Puts for the pykka actor `sender`, told straight to the writer (no gateway hop);
+        answers arrive in its inbox as `Replied(correlation_id, PutResult)` (put_pipeline.ActorClient)."""
+        self._check_open()
+        return ActorClient(self._puts, sender)
+
     def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> Waiter | PutResult:
         """Encode here, tell the writer, return at once: a waiter for the answer (or the early
         result when the put was refused before reaching the writer). With `reply`, the answer
@@ -312,10 +346,21 @@ class MessageStore:
         return encoded.records, encoded.sys_flag, encoded.sync_wait
 
     def _tell_writer(
-        self, messages: Sequence[Message], batch: bool, checked: tuple[tuple[bytes, ...], int, bool], reply: Reply
+        self,
+        messages: Sequence[Message],
+        batch: bool,
+        checked: tuple[tuple[bytes, ...], int, bool],
+        reply: Reply,
+        *,
+        keep_gil: bool = False,
     ) -> PutResult | None:
         """Hand the encoded put to the writer, which answers `reply`; if the writer is down
-        (being restarted), answer `reply` with SERVICE_NOT_AVAILABLE here and return that."""
+        (being restarted), answer `reply` with SERVICE_NOT_AVAILABLE here and return that.
+        `keep_gil`: the caller does not wait for the answer and keeps running (put_async):
+        waking the writer without handing it the GIL lets puts pile up for one pass instead
+        of a switch to the writer per put (one thread's put_async: ~15k -> ~20k msgs/s on the
+        shared 2-vCPU machine, measured before the writer grouped puts by queue). A caller
+        that waits for its answer (`put`) hands the GIL over: keeping it measured slower."""
         records, sys_flag, sync_wait = checked
         first = messages[0]
         put = EncodedPut(
@@ -328,6 +373,10 @@ class MessageStore:
             reply=reply,
             enqueued_ns=time.monotonic_ns(),
         )
+        if keep_gil:
+            writer = self.supervisor.ctx.peers.get("writer")
+            if writer is not None and tell_keeping_gil(writer, put):
+                return None
         if not self.supervisor.ctx.tell("writer", put):
             result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
             reply.send(result)
@@ -350,7 +399,13 @@ class MessageStore:
     # the read contract ---------------------------------------------------------------------
     def _own_put_end(self) -> int:
         """The commitlog offset just past the calling thread's last stored put (0: none)."""
-        return getattr(self._local, "last_put_end", 0)
+        end: int = getattr(self._local, "last_put_end", 0)
+        future = getattr(self._local, "last_async_put", None)  # the thread's newest put_async
+        if future is not None and future.done():
+            result: PutResult = future.result()
+            if result.stored:
+                end = max(end, result.commitlog_offset + result.wrote_bytes)
+        return end
 
     def _view_covering(self, covers: Callable[[ReadView], bool]) -> ReadView | None:
         """The read view once `covers(view)` holds, waiting at most read_your_writes_timeout_ms
@@ -420,7 +475,8 @@ class MessageStore:
         if view is None:
             return self._not_readable(offset, "dispatch did not reach this thread's last put in time")
         readers = self._readers.get()
-        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw}
+        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
+                                  "on_corrupt": self._corrupt_on_read}  # fmt: skip
         found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count, **kwargs)
         if found is not None and found.status in _AT_THE_END and view.dispatched_end > view.queues_written:
             later = self._queue_view(with_dispatched=True)
@@ -506,7 +562,8 @@ class MessageStore:
             return reply.offsets, reply.last_update_timestamp, reply.last_update_phy_offset
 
         try:
-            result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms, end_ms)
+            result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms,
+                                          end_ms, on_corrupt=self._corrupt_on_read)  # fmt: skip
         except ServiceUnavailable as exc:
             return QueryResult(detail=str(exc))
         reads.yield_gil()
@@ -516,7 +573,13 @@ class MessageStore:
         """lookMessageByOffset (§13.3): the message at that commitlog offset, or None."""
         self._check_open()
         _check_int("commitlog_offset", commitlog_offset, 0)
-        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes)
+        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes,
+                               check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read)  # fmt: skip
+
+    def _corrupt_on_read(self, commitlog_offset: int, reason: str) -> None:
+        """A record a read skipped because its body fails its CRC: logged and counted."""
+        self.stats_service.record_corrupt_on_read()
+        self.log.error("corrupt_record_on_read", commitlog_offset=commitlog_offset, reason=reason)
 
     def lookup_msg_id(self, msg_id: str) -> MessageRecord | None:
         """The message an offset message id names (§2.5), if it is this store's."""
@@ -659,8 +722,10 @@ class MessageStore:
         return view.readable_end, view.dispatched_end
 
     def flush(self) -> None:
-        """Force the CommitLog (and the queues, index and checkpoint) to disk now."""
+        """Force the CommitLog (and the queues, index and checkpoint) to disk now, after
+        every put_async future handed out before this call is done."""
         self._check_open()
+        self._puts.wait_handed_out(self._reply_timeout_s)
         # The writer's own word on where the log ends: its notices to the flush actor are
         # coalesced and may trail the last acknowledged put.
         writer = self._ask("writer", GetWriterStatus())

@@ -18,12 +18,12 @@ from ..faults import FaultPlan
 from ..log import get_logger
 from ..messages import Asked, Reply
 from ..read_view import ReadViewPublisher
-from ..runtime import RuntimeActor
+from ..runtime import FastInbox, RuntimeActor
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
 from ..ticker import RealTicker, Ticker
 
-__all__ = ["ActorContext", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
+__all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
 
 
 def real_sleep_ms(ms: int) -> None:
