@@ -10,11 +10,12 @@ and the supervisor then restarts it (the host's `store.actor_ref` follows the ne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol, assert_never
 
 import pykka
 
+from ..errors import StoreClosedError
 from ..messages import (
     Get,
     GetResult,
@@ -238,19 +239,26 @@ class StoreGateway(_Routed[GatewayRequest]):
             case Put(messages=messages, reply=reply, batch=batch):
                 try:  # the writer answers `reply`; only a refusal before it is answered here
                     self.backend.submit_put(tuple(messages), batch=batch, reply=reply)
-                except (TypeError, ValueError) as exc:
+                except (TypeError, ValueError, StoreClosedError) as exc:
                     reply.fail(exc)
             case Get() | Query():
                 self._route_read(message)
             case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
-                self.backend.subscribe(subscriber, topic, queue_id)
+                self._closed_is_fine(lambda: self.backend.subscribe(subscriber, topic, queue_id))
             case Unsubscribe(subscriber=subscriber):
-                self.backend.unsubscribe(subscriber)
+                self._closed_is_fine(lambda: self.backend.unsubscribe(subscriber))
             case Ping():
                 return Pong()
             case _:
                 assert_never(message)
         return None
+
+    def _closed_is_fine(self, change: Callable[[], None]) -> None:
+        """A (un)subscription still queued when the store closed: nothing left to change."""
+        try:
+            change()
+        except StoreClosedError:
+            self.log.info("subscription change after close ignored")
 
     def _route_read(self, request: Get | Query) -> None:
         readers = self._readers

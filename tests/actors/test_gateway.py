@@ -16,6 +16,7 @@ import pytest
 
 from mqstore import FaultPlan, GetResult, Message, MessageArrived, PutResult, Reply
 from mqstore.actors.base import ServiceUnavailable
+from mqstore.errors import StoreClosedError
 from mqstore.messages import Get, Put, Query, Subscribe, Waiter
 
 h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
@@ -192,3 +193,21 @@ def test_a_raising_reply_callback_is_logged_and_restarts_nothing(
     h.wait_until(lambda: any(r.getMessage() == "listener raised" for r in caplog.records), what="the log line")
     raised = [r for r in caplog.records if r.getMessage() == "listener raised"]
     assert "raising_callback" in raised[0].mqstore_event["listener"]
+
+
+def test_a_put_the_gateway_meets_after_close_began_fails_with_store_closed(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with h.open_small(store_dir) as store:
+
+        def closed(*_args: Any, **_kwargs: Any) -> Any:  # what submit_put raises once close() began
+            raise StoreClosedError("the store is closed")
+
+        monkeypatch.setattr(store, "submit_put", closed)
+        monkeypatch.setattr(store, "subscribe", closed)
+        with pytest.raises(StoreClosedError):
+            _ask(store, lambda r: Put(messages=(GOOD,), reply=r))
+        store.actor_ref.tell(Subscribe(subscriber=lambda _e: None, topic="t"))
+        monkeypatch.undo()
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        assert store.supervisor.restarts == []
