@@ -55,7 +55,8 @@ from .storage.consume_queue import ConsumeQueueReader
 from .storage.consumer_offsets import ConsumerOffsetStore
 from .storage.disk import DiskGauge
 from .storage.index import IndexReader
-from .storage.fs import FileSystem
+from .storage.fs import FileSystem, RealFileSystem
+from .storage.geometry import adopt_geometry
 from .storage import speedups
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
@@ -101,6 +102,8 @@ def open_store(
         config = StoreConfig.load(overrides=overrides)
     elif overrides:
         config = config.replace(**overrides)
+    # The files decide the store's shape: adopt it, or refuse an explicit setting against it.
+    config, _geometry = adopt_geometry(fs if fs is not None else RealFileSystem(), config)
     store = MessageStore(
         config,
         fs=fs,
