@@ -138,6 +138,26 @@ def load_config(args: argparse.Namespace, **overrides: Any) -> StoreConfig:
         raise CliError(ExitCode.USAGE, str(exc)) from None
 
 
+def store_config(args: argparse.Namespace, root: Path, **overrides: Any) -> StoreConfig:
+    """The settings of the store at `root` (--config, MQSTORE_* variables, `overrides`), with
+    the geometry its files have: adopted where not given, exit 2 where contradicted. Exit 5
+    if `root` or its commitlog directory (store_path_commitlog, else root/commitlog) is missing.
+    Reads only."""
+    from .storage.fs import RealFileSystem
+    from .storage.geometry import adopt_geometry
+
+    if not root.is_dir():
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
+    config = load_config(args, store_path_root_dir=str(root), **overrides)
+    if not os.path.isdir(config.commitlog_dir):
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
+    try:
+        config, _ = adopt_geometry(RealFileSystem(), config)
+    except ConfigError as exc:
+        raise CliError(ExitCode.USAGE, str(exc)) from None
+    return config
+
+
 def _add_plugin_groups(subparsers: Any) -> None:
     for name in PLUGIN_MODULES:
         try:
