@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # the valid records first, then the reason we stopped
         print(f"mqstore {args.command}: {exc.message}", file=sys.stderr)
         return exc.code
+    except ConfigError as exc:  # StoreConfigMismatch from a store a command opened
+        print(f"mqstore {args.command}: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
     except BrokenPipeError:
         # `mqstore dump ... | head`: the reader left; that is not our failure.
         _silence_stdout()
@@ -138,7 +141,9 @@ def load_config(args: argparse.Namespace, **overrides: Any) -> StoreConfig:
         raise CliError(ExitCode.USAGE, str(exc)) from None
 
 
-def store_config(args: argparse.Namespace, root: Path, **overrides: Any) -> StoreConfig:
+def store_config(
+    args: argparse.Namespace, root: Path, *, require_commitlog: bool = True, **overrides: Any
+) -> StoreConfig:
     """The settings of the store at `root` (--config, MQSTORE_* variables, `overrides`), with
     the geometry its files have: adopted where not given, exit 2 where contradicted. Exit 5
     if `root` or its commitlog directory (store_path_commitlog, else root/commitlog) is missing.
@@ -149,7 +154,7 @@ def store_config(args: argparse.Namespace, root: Path, **overrides: Any) -> Stor
     if not root.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
     config = load_config(args, store_path_root_dir=str(root), **overrides)
-    if not os.path.isdir(config.commitlog_dir):
+    if require_commitlog and not os.path.isdir(config.commitlog_dir):
         raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
     try:
         config, _ = adopt_geometry(RealFileSystem(), config)
@@ -217,7 +222,7 @@ def _run_dump(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
     out = sys.stdout
-    config = load_config(args)
+    config = store_config(args, root, require_commitlog=False)
     if args.what == "commitlog":
         directory = args.commitlog_dir or _commitlog_dir_of(root)
         rows = dump_commitlog(directory, max_message_size_bytes=args.max_message_size_bytes or config.max_message_size_bytes)

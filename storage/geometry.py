@@ -15,7 +15,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Final
 
-from ..config import StoreConfig, StoreConfigMismatch
+from ..config import (
+    CQ_STORE_UNIT_SIZE,
+    MIN_COMMITLOG_SEGMENT_BYTES,
+    MIN_CONSUME_QUEUE_FILE_BYTES,
+    StoreConfig,
+    StoreConfigMismatch,
+)
 from ..log import get_logger
 from .fs import FileSystem
 from .index import HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, read_index_header
@@ -85,6 +91,9 @@ def _common_size(fs: FileSystem, paths: list[str], odd: list[str]) -> int | None
 def _commitlog_segment_size(fs: FileSystem, directory: str, odd: list[str]) -> int | None:
     paths = _digit_files(fs, directory, 20)
     size = _common_size(fs, paths, odd)
+    if size is not None and size < MIN_COMMITLOG_SEGMENT_BYTES:  # no geometry: a cut file
+        odd.extend(p for p in paths if p not in odd)
+        return None
     if size is not None:
         # Segments start at multiples of the size (named by their first offset, §2.4).
         odd.extend(p for p in paths if p not in odd and int(os.path.basename(p)) % size)
@@ -102,7 +111,11 @@ def _consume_queue_file_size(fs: FileSystem, directory: str, odd: list[str]) -> 
         for queue in sorted(fs.listdir(topic_dir)):
             if queue.isdigit():
                 paths.extend(_digit_files(fs, os.path.join(topic_dir, queue), 20))
-    return _common_size(fs, paths, odd)
+    size = _common_size(fs, paths, odd)
+    if size is not None and (size < MIN_CONSUME_QUEUE_FILE_BYTES or size % CQ_STORE_UNIT_SIZE):
+        odd.extend(p for p in paths if p not in odd)  # no geometry: cut files
+        return None
+    return size
 
 
 def _fits(size: int, slots: int, entries: int) -> bool:
@@ -203,12 +216,9 @@ def adopt_geometry(fs: FileSystem, config: StoreConfig) -> tuple[StoreConfig, St
         "max_index_num": config.index_dir,
     }
     if geometry.index_file_bytes is not None and geometry.index is None:
-        # No geometry fits the index files: refuse rather than read (or write) them wrongly.
-        key = "max_hash_slot_num"
-        raise StoreConfigMismatch(
-            key, getattr(config, key), f"unknown (files of {geometry.index_file_bytes} bytes fit no "
-            "max_hash_slot_num/max_index_num pair; give both)", config.index_dir,
-        )  # fmt: skip
+        # Nothing fits: adopt nothing; loading the index then refuses these files loudly.
+        log.warning("no max_hash_slot_num/max_index_num pair fits the index files",
+                    index_dir=config.index_dir, size=geometry.index_file_bytes)  # fmt: skip
     adopted: dict[str, int] = {}
     for key, on_disk in geometry.settings().items():
         given = getattr(config, key)
