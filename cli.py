@@ -142,12 +142,18 @@ def load_config(args: argparse.Namespace, **overrides: Any) -> StoreConfig:
 
 
 def store_config(
-    args: argparse.Namespace, root: Path, *, require_commitlog: bool = True, **overrides: Any
+    args: argparse.Namespace,
+    root: Path,
+    *,
+    require_commitlog: bool = True,
+    read_only: bool = True,
+    **overrides: Any,
 ) -> StoreConfig:
     """The settings of the store at `root` (--config, MQSTORE_* variables, `overrides`), with
     the geometry its files have: adopted where not given, exit 2 where contradicted. Exit 5
     if `root` or its commitlog directory (store_path_commitlog, else root/commitlog) is missing.
-    Reads only."""
+    Reads only. A `read_only` command on a store that did not stop cleanly says so on stderr
+    and names `mqstore recover`: it reads what is valid and repairs nothing."""
     from .storage.fs import RealFileSystem
     from .storage.geometry import adopt_geometry
 
@@ -160,6 +166,10 @@ def store_config(
         config, _ = adopt_geometry(RealFileSystem(), config)
     except ConfigError as exc:
         raise CliError(ExitCode.USAGE, str(exc)) from None
+    if read_only and os.path.exists(config.abort_path):
+        print(f"mqstore {getattr(args, 'command', '')}: {root} did not stop cleanly (abort file present): "
+              f"reading what is valid, changing nothing; run `mqstore recover {root}` to recover it",
+              file=sys.stderr)  # fmt: skip
     return config
 
 

@@ -61,7 +61,7 @@ def add_subcommands(subparsers: Any) -> None:
 
 def _run_clean(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
-    report = clean_store(root, store_config(args, root, require_commitlog=False), now=args.now)
+    report = clean_store(root, store_config(args, root, require_commitlog=False, read_only=False), now=args.now)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:

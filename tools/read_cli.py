@@ -181,9 +181,6 @@ def _opened(args: argparse.Namespace) -> Iterator[_ReadOnlyStore]:
     state = lock_state(root)
     if state["held"]:
         raise CliError(ExitCode.LOCKED, f"{root} is locked by a running store; stop it first")
-    if state["abort_file"]:
-        print(f"mqstore {args.command}: {root} did not stop cleanly (abort file present); showing what is "
-              f"valid, run `mqstore recover {root}` to recover it", file=sys.stderr)  # fmt: skip
     store = _ReadOnlyStore(config)
     try:
         yield store

@@ -77,7 +77,7 @@ def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Cal
 def run_recover(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
     # The store's geometry from its files (recovery with another size would ignore them all).
-    cfg = store_config(args, root)
+    cfg = store_config(args, root, read_only=False)
     fs = RealFileSystem()
     lock = StoreLock(fs, str(cfg.lock_path))
     try:
