@@ -56,7 +56,7 @@ GEOMETRY_SETTINGS: Final = (
 )
 # Below these a segment cannot hold a useful record: a typo (a 100-byte segment), not a choice.
 MIN_COMMITLOG_SEGMENT_BYTES: Final = 4096
-MIN_CONSUME_QUEUE_FILE_BYTES: Final = 20 * 20
+MIN_CONSUME_QUEUE_FILE_BYTES: Final = 2 * 20
 
 
 class ConfigError(ValueError):
