@@ -217,3 +217,19 @@ def test_verify_recover_inspect_honour_store_path_commitlog(
     capsys.readouterr()
     assert main([*prefix, "query", str(root), "--topic", "t", "--key", "k3"]) == ExitCode.OK
     assert [json.loads(line)["keys"] for line in capsys.readouterr().out.splitlines()] == ["k3"]
+
+
+def test_inspect_calls_a_full_4_4_0_index_file_healthy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 14 item 4: 4.4.0 writes hashSlotCount = indexCount - 1 (every put counts), so the
+    # header's slot count says nothing about the file's capacity; the geometry does.
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, max_hash_slot_num=64, max_index_num=256,
+                      **FAST) as store:  # fmt: skip
+        for i in range(300):
+            assert store.put(mqstore.Message(topic="t", body=b"b", keys=[f"k{i}"])).ok
+    capsys.readouterr()
+    assert main(["inspect", str(root), "--json"]) == ExitCode.OK
+    report = json.loads(capsys.readouterr().out)
+    full = [f for f in report["index"] if f["full"]]
+    assert len(full) == 1 and full[0]["entries"] == 255 and full[0]["hash_slot_count"] == 255
+    assert report["verdict"] == "healthy", report["problems"]
