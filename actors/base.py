@@ -19,6 +19,7 @@ from ..config import StoreConfig
 from ..faults import FaultPlan
 from ..log import get_logger
 from ..messages import Asked, Reply
+from ..read_view import ReadViewPublisher
 from ..storage import speedups
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
@@ -54,11 +55,10 @@ class ActorContext:
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
     # live outside the actors, so they survive a reput restart).
     on_arrivals: Callable[[list[Any], int], None] = lambda _events, _end_offset: None
-    # Where the index actor publishes what readers of index/ need: the names of its files,
-    # oldest first, and the commitlog offset below which every dispatched record is indexed.
-    # Called in the index actor's thread after its start, each dispatch batch and each
-    # deletion; it must be cheap and never block (the store only records it and wakes waiters).
-    on_index_progress: Callable[[tuple[str, ...], int], None] = lambda _files, _indexed_end: None
+    # Where owners publish what readers need (read_view.py): the writer its readable end, reput
+    # the dispatched end, the ConsumeQueue actor the queue bounds, the index actor its files
+    # and indexed end. One frozen view swapped per publication; cheap, never blocks long.
+    read_view: ReadViewPublisher = field(default_factory=ReadViewPublisher)
     # The cleaner's view of the disk (§12.3) and its pause between two deletions, per store
     # (passed in like `clock_ms`, habit 9): a test gives a FixedDiskGauge and a recording sleep
     # and never fills a disk nor waits. The supervisor's default gauge is psutil over the store
@@ -69,10 +69,6 @@ class ActorContext:
     # (StoreStats sampling, the stats snapshot). Each must be cheap; one that raises is logged
     # and called again next time.
     on_tick_ms: list[Callable[[int], None]] = field(default_factory=list)
-    # Where the ConsumeQueue actor publishes what readers of consumequeue/ need (QueueBounds;
-    # None when it stops: until its successor publishes, readers ask it). Called in its
-    # thread; it must be cheap and never block.
-    on_queue_bounds: Callable[[Any], None] = lambda _bounds: None
 
     def tell(self, peer: str, message: Any) -> bool:
         """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""

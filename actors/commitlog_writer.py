@@ -99,6 +99,7 @@ class CommitLogWriter(StoreActor):
             self._resume.scan_from, dict(self._resume.topic_queue_table), check_crc=cfg.check_crc_on_recover
         )
         self._commitlog.topic_queue_table = table
+        self.ctx.read_view.publish_commitlog(self._readable_end())
         self.log.info("writer ready", max_offset=end, queues=len(table))
 
     def release(self) -> None:
@@ -217,6 +218,7 @@ class CommitLogWriter(StoreActor):
         )
         self._pending_advance = None
         self._puts_since_notice = 0
+        self.ctx.read_view.publish_commitlog(advanced.max_offset)
         self.ctx.tell("reput", advanced)
         # Async flush acts only once flush_commitlog_least_pages dirty pages piled up (its own
         # tick does the thorough flush): waking it for less is a thread switch for nothing.
@@ -267,6 +269,7 @@ class CommitLogWriter(StoreActor):
                 wrote_offset=commitlog.get_max_wrote_offset(),
                 store_timestamp=commitlog.store_timestamp,
             )
+            self.ctx.read_view.publish_commitlog(advanced.max_offset)
             self.ctx.tell("flush", advanced)
             self.ctx.tell("reput", advanced)
 

@@ -177,6 +177,7 @@ class StoreConfig:
     allocate_wait_timeout_ms: int = _D["allocate_wait_timeout_ms"]
     log_json: bool = _D["log_json"]
     stats_snapshot_interval_ms: int = _D["stats_snapshot_interval_ms"]
+    read_your_writes_timeout_ms: int = _D["read_your_writes_timeout_ms"]
     # Which settings the caller set (a file, MQSTORE_* variables, overrides or keywords), as
     # opposed to defaults: a store's files may override a default, never an explicit value.
     # Not a setting. None (keyword construction) means "those that differ from the default".
@@ -617,6 +618,7 @@ _POSITIVE_INTS: Final = frozenset(
         "transient_store_pool_size",
         "allocate_wait_timeout_ms",
         "stats_snapshot_interval_ms",
+        "read_your_writes_timeout_ms",
     }
 )
 

@@ -114,6 +114,7 @@ class GetResult:
     min_offset: int = 0
     max_offset: int = 0
     raw: tuple[bytes, ...] = ()
+    detail: str = ""  # why, when the store could not read the queue (NO_MATCHED_LOGIC_QUEUE)
 
     @property
     def found(self) -> bool:
@@ -125,6 +126,7 @@ class QueryResult:
     messages: tuple[MessageRecord, ...] = ()
     index_last_update_timestamp: int = 0
     index_last_update_phy_offset: int = 0
+    detail: str = ""  # set when the index could not be read: the result is not a complete answer
 
 
 # ---------------------------------------------------------------------------------------

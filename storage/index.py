@@ -31,6 +31,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage import speedups
 from mqstore.storage.fs import FileSystem, MappedRegion
+from mqstore.storage.mapped_file import DiskFullError
 
 __all__ = [
     "DEFAULT_MAX_HASH_SLOT_NUM",
@@ -66,6 +67,8 @@ DEFAULT_MAX_HASH_SLOT_NUM: Final = 5_000_000
 DEFAULT_MAX_INDEX_NUM: Final = 20_000_000
 DEFAULT_MAX_MSGS_NUM_BATCH: Final = 64
 MAX_TRY_IDX_CREATE: Final = 3
+# Entries get their blocks reserved this many at a time (1 MiB), ahead of the writes.
+ENTRIES_RESERVE_AHEAD: Final = 52_428
 _INT_MAX: Final = 2_147_483_647
 
 _HEADER = struct.Struct(">qqqqii")  # beginTs, endTs, beginPhy, endPhy, hashSlotCount, indexCount
@@ -208,6 +211,10 @@ class IndexFile:
         self._entries_pos: Final = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
         self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
         self.hash_slot_count = self.index_count = 0
+        # Every write through the map lies below this: blocks reserved (fallocate). The
+        # header and the slots are reserved whole (slots are written and read anywhere, and a
+        # read fault on a hole of a full tmpfs dies with SIGBUS too); entries a window ahead.
+        self._reserved_end = 0
         self.reload_header()
 
     # construction -----------------------------------------------------------------------
@@ -227,6 +234,10 @@ class IndexFile:
         assert not fs.exists(path), path
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num))
         f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        if f.reserve_entries(2) < 2:  # the header, every slot and the first entry
+            region.close()
+            fs.remove(path)  # nothing was written: no file is better than a sparse one
+            raise DiskFullError(f"no disk space for a new index file {path}")
         if end_phy_offset > 0:
             f.begin_phy_offset = f.end_phy_offset = end_phy_offset
         if end_timestamp > 0:
@@ -249,7 +260,11 @@ class IndexFile:
     ) -> IndexFile:
         """Map an existing file for writing. Raises OSError if missing or of another size."""
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num), create=False)
-        return cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        # Best effort: a file this store made has its slots reserved already; if the disk is
+        # full the writes ask again, and refuse, before writing.
+        f.reserve_entries(f.index_count)
+        return f
 
     @classmethod
     def open_readonly(
@@ -319,11 +334,32 @@ class IndexFile:
         return (begin < fb and end > fe) or (fb <= begin <= fe) or (fb <= end <= fe)
 
     # writing (§10.6) --------------------------------------------------------------------
+    def reserve_entries(self, count: int) -> int:
+        """Reserve blocks for the header, the slots and entries below `count` (a window more
+        if the disk has room); how many entries have blocks behind them now."""
+        if self.readonly:
+            return 0
+        need_end = self._entries_pos + min(count, self.max_index_num) * INDEX_ENTRY_SIZE
+        if need_end > self._reserved_end:
+            window_end = min(need_end + ENTRIES_RESERVE_AHEAD * INDEX_ENTRY_SIZE, self._region.size)
+            try:
+                for end in (window_end, need_end):
+                    if self._region.reserve(end):
+                        self._reserved_end = end
+                        break
+            except OSError as exc:  # not ENOSPC: the file stays sparse, as it always was
+                log.warning("index_reserve_failed", path=self.path, error=str(exc))
+                self._reserved_end = self._region.size
+        return max(self._reserved_end - self._entries_pos, 0) // INDEX_ENTRY_SIZE
+
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
-        """Head-insert `key` → `phy_offset`. False only when the file is full."""
+        """Head-insert `key` → `phy_offset`. False only when the file is full; DiskFullError
+        (nothing written) when the disk has no blocks for the entry."""
         index_count = self.index_count
         if index_count >= self.max_index_num:
             return False
+        if self.reserve_entries(index_count + 1) <= index_count:
+            raise DiskFullError(f"no disk space for index entry {index_count} of {self.path}")
         buf = self._buf
         key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
         slot_pos = INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE
@@ -373,9 +409,15 @@ class IndexFile:
             self.index_count, self.hash_slot_count, self.begin_phy_offset,
             self.begin_timestamp, self.end_phy_offset, self.end_timestamp,
         ]  # fmt: skip
+        # The kernel writes no entry at or past its max_index_num: give it only what has
+        # blocks behind it. Where that stops it, the Python path reserves (or refuses).
+        reserved = self.reserve_entries(self.index_count + ENTRIES_RESERVE_AHEAD)
+        if reserved <= self.index_count:
+            return start
         done: int = native.index_put_batch(
-            self._buf, self.max_hash_slot_num, self.max_index_num, state, requests, start, stop, indexed_below
-        )
+            self._buf, self.max_hash_slot_num, min(reserved, self.max_index_num), state, requests, start, stop,
+            indexed_below,
+        )  # fmt: skip
         if state[0] != self.index_count:
             (self.index_count, self.hash_slot_count, self.begin_phy_offset,
              self.begin_timestamp, self.end_phy_offset, self.end_timestamp) = state  # fmt: skip
@@ -721,6 +763,9 @@ class IndexService:
         # Set when no index file could be created after MAX_TRY_IDX_CREATE tries; the owner
         # maps it to RunningFlags.WRITE_INDEX_FILE_ERROR. Never cleared (restart), as in 4.4.0.
         self.index_error = False
+        # Why the last build_index_until_full stopped early, if the disk was full: not an
+        # error of the index, the owner retries once there is space.
+        self.disk_full: DiskFullError | None = None
 
     # loading ----------------------------------------------------------------------------
     def load(self, last_exit_ok: bool, index_msg_timestamp: int) -> bool:
@@ -787,6 +832,11 @@ class IndexService:
             return True
         if sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK_TYPE:
             return True
+        # All of a message's entries or none: a retry after DiskFullError must not index
+        # its first keys twice.
+        needed = (uniq_key is not None) + (len([k for k in java_split(keys, KEY_SEPARATOR) if k]) if keys else 0)
+        if needed and f.reserve_entries(f.index_count + needed) < min(f.index_count + needed, f.max_index_num):
+            raise DiskFullError(f"no disk space for index entries of {f.path}")
         indexed = [g for g in self.files[-2:] if g.end_phy_offset == commitlog_offset and g.index_count > 1]
         if uniq_key is not None:
             f = self._put_key_once(f, indexed, f"{topic}#{uniq_key}", commitlog_offset, store_timestamp)
@@ -810,29 +860,40 @@ class IndexService:
 
     def build_index_batch(self, requests: tuple[Any, ...], start: int, stop: int, indexed_below: int) -> bool:
         """`build_index` for each of requests[start:stop] (DispatchFields) at or above
-        `indexed_below`; False as build_index. Plain runs go through the C kernel, which
-        leaves file roll-overs to the Python path."""
+        `indexed_below`; False as build_index, or when the disk is full (`disk_full`)."""
+        return self.build_index_until_full(requests, start, stop, indexed_below) == stop and not self.index_error
+
+    def build_index_until_full(self, requests: tuple[Any, ...], start: int, stop: int, indexed_below: int) -> int:
+        """Index requests[start:stop]; the position of the first request not indexed: `stop`
+        when all are, less when the disk had no blocks for it (then `disk_full` says why;
+        requests before it are indexed whole, it and those after are untouched) or no index
+        file could be had (`index_error`). Plain runs go through the C kernel, which leaves
+        file roll-overs and reservation edges to the Python path."""
         native = speedups.native
+        self.disk_full = None
         i = start
-        while i < stop:
-            # The message at the newest file's endPhyOffset may be indexed in part: Python's
-            # build_index skips the keys already there; the kernel would add them again.
-            if native is not None and self.files and requests[i].commitlog_offset > self.files[-1].end_phy_offset:
-                i = self.files[-1].put_batch(requests, i, stop, indexed_below)
-                if i >= stop:
-                    break
-            r = requests[i]
-            if r.commitlog_offset >= indexed_below and not self.build_index(
-                topic=r.topic,
-                commitlog_offset=r.commitlog_offset,
-                store_timestamp=r.store_timestamp,
-                sys_flag=r.sys_flag,
-                keys=r.keys,
-                uniq_key=r.uniq_key,
-            ):
-                return False
-            i += 1
-        return True
+        try:
+            while i < stop:
+                # The message at the newest file's endPhyOffset may be indexed in part: Python's
+                # build_index skips the keys already there; the kernel would add them again.
+                if native is not None and self.files and requests[i].commitlog_offset > self.files[-1].end_phy_offset:
+                    i = self.files[-1].put_batch(requests, i, stop, indexed_below)
+                    if i >= stop:
+                        break
+                r = requests[i]
+                if r.commitlog_offset >= indexed_below and not self.build_index(
+                    topic=r.topic,
+                    commitlog_offset=r.commitlog_offset,
+                    store_timestamp=r.store_timestamp,
+                    sys_flag=r.sys_flag,
+                    keys=r.keys,
+                    uniq_key=r.uniq_key,
+                ):
+                    return i
+                i += 1
+        except DiskFullError as exc:
+            self.disk_full = exc
+        return i
 
     def _put_key(self, f: IndexFile, key: str, phy_offset: int, store_timestamp: int) -> IndexFile | None:
         while not f.put_key(key, phy_offset, store_timestamp):
@@ -879,6 +940,8 @@ class IndexService:
                 end_phy_offset=prev.end_phy_offset if prev else 0,
                 end_timestamp=prev.end_timestamp if prev else 0,
             )
+        except DiskFullError:
+            raise  # not an error of the index: the owner waits for space and retries
         except OSError as e:
             log.error("index_file_create_error", dir=self.index_dir, error=str(e))
             return None

@@ -22,7 +22,8 @@ from typing import Any
 from ..cli import CliError, ExitCode, commitlog_row, store_config
 from ..config import StoreConfig
 from ..log import get_logger
-from ..storage.codec import MessageRecord, RecordKind, java_string_hash, to_int32
+from ..reads import status_ladder, subscription
+from ..storage.codec import MessageRecord, RecordKind, to_int32
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import iter_cq_units
 from ..storage.fs import RealFileSystem
@@ -113,17 +114,11 @@ class _ReadOnlyStore:
         found: list[MessageRecord] = []
         summary: dict[str, Any] = {"min_offset": units[0][0] if units else 0,
                                    "max_offset": units[-1][0] + 1 if units else 0}  # fmt: skip
-        lo, hi = summary["min_offset"], summary["max_offset"]
-        if not units:
-            status, nxt = GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0
-        elif offset < lo:
-            status, nxt = GetMessageStatus.OFFSET_TOO_SMALL, lo
-        elif offset == hi:
-            status, nxt = GetMessageStatus.OFFSET_OVERFLOW_ONE, offset
-        elif offset > hi:
-            status, nxt = GetMessageStatus.OFFSET_OVERFLOW_BADLY, 0 if lo == 0 else hi
+        ladder = status_ladder(bool(units), summary["min_offset"], summary["max_offset"], offset)
+        if ladder is not None:
+            status, nxt = ladder.status, ladder.next_begin_offset
         else:
-            wanted = _subscription(tags)
+            wanted = subscription(tags)
             status, nxt = GetMessageStatus.NO_MATCHED_MESSAGE, offset
             for queue_offset, phy, size, tags_code in (u for u in units if u[0] >= offset):
                 if len(found) >= max_count or queue_offset >= offset + max(800, max_count):
@@ -162,14 +157,6 @@ class _ReadOnlyStore:
                 messages.append(record)
         return {"messages": messages[:max_count], "index_last_update_timestamp": last_ts,
                 "index_last_update_phy_offset": last_phy}  # fmt: skip
-
-
-def _subscription(tags: str | None) -> tuple[frozenset[int], frozenset[str]] | None:
-    """A subscription expression as (tag hash codes, tag strings); None matches everything."""
-    if tags is None or tags.strip() in ("", "*"):
-        return None
-    names = frozenset(t.strip() for t in tags.split("||") if t.strip())
-    return frozenset(java_string_hash(t) for t in names), names
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from mqstore.storage.codec import DispatchFields, RecordKind
 from mqstore.storage.commitlog import CommitLog
 from mqstore.storage.fs import RealFileSystem, SimulatedFileSystem
 from mqstore.storage.index import IndexService
-from mqstore.store import MessageStore
+from mqstore.storage.put_encoding import message_properties
 
 from .conftest import FIXTURES, ManualClock
 
@@ -66,9 +66,9 @@ _MESSAGES = st.builds(
 
 
 def _python_encode(m: Message) -> bytes | None:
-    """The general path of MessageStore._precheck for one message; None where it rejects."""
+    """The general path of storage.put_encoding.PutEncoder for one message; None where it rejects."""
     try:
-        props = MessageStore._properties(m)
+        props = message_properties(m)
     except ValueError:
         return None
     if len(props) > codec.MAX_PROPERTIES_BYTES:
