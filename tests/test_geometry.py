@@ -233,3 +233,15 @@ def test_inspect_calls_a_full_4_4_0_index_file_healthy(tmp_path: Path, capsys: p
     full = [f for f in report["index"] if f["full"]]
     assert len(full) == 1 and full[0]["entries"] == 255 and full[0]["hash_slot_count"] == 255
     assert report["verdict"] == "healthy", report["problems"]
+
+
+def test_a_segment_of_another_size_is_damage_reported_not_a_geometry(tmp_path: Path) -> None:
+    commitlog = tmp_path / "commitlog"
+    commitlog.mkdir()
+    for start in (0, MiB, 2 * MiB):
+        (commitlog / f"{start:020d}").write_bytes(b"\1" * (MiB if start < 2 * MiB else 4096))
+    before = _files(tmp_path)
+    geometry = detect_geometry(RealFileSystem(), StoreConfig(store_path_root_dir=str(tmp_path)))
+    assert geometry.commitlog_segment_bytes == MiB
+    assert geometry.odd_files == (str(commitlog / f"{2 * MiB:020d}"),)
+    assert _files(tmp_path) == before  # detection reads only
