@@ -17,36 +17,35 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, Callable, Iterable
 
 import pykka
+
 
 from .actors.base import ServiceUnavailable
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
+from .put_pipeline import ActorClient, PutPipeline
 from .messages import (
     Asked,
     EncodedPut,
     FlushAll,
-    Get,
     GetOffsetByTime,
     GetResult,
     GetUnits,
     Message,
     MessageArrived,
-    Ping,
-    Put,
+    GetWriterStatus,
     PutResult,
-    Query,
     QueryOffsets,
     QueryOffsetsReply,
     QueryResult,
     Reply,
-    Subscribe,
+    Subscriber,
     UnitsReply,
-    Unsubscribe,
     Waiter,
 )
 from . import reads
@@ -60,7 +59,9 @@ from .storage.geometry import adopt_geometry
 from .storage.put_encoding import PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
+from .runtime import FollowingRef, Subscriptions, tell_keeping_gil
 from .supervisor import Supervisor, SupervisorState
+from .ticker import Ticker
 
 __all__ = ["MessageStore", "StoreClosedError", "open_store"]
 
@@ -88,13 +89,16 @@ def open_store(
     on_fatal: Callable[[BaseException], None] | None = None,
     disk_gauge: DiskGauge | None = None,
     cleaner_sleep_ms: Callable[[int], None] | None = None,
+    ticker: Ticker | None = None,
     **settings: Any,
 ) -> MessageStore:
     """Open (or create) the store at `path` and start its actors. `settings` are StoreConfig
     keys (`flush_disk_type="SYNC_FLUSH"`, ...) applied over `config` (or the defaults, a
     config file and MQSTORE_* variables). `disk_gauge` is what the cleaner reads the disk
     level from (default: psutil over the store paths) and `cleaner_sleep_ms` its pause between
-    two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep."""
+    two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep.
+    `ticker` is the monotonic time the actors pace by (default: the real one; tests pass a
+    ManualTicker)."""
     overrides = dict(settings)
     if path is not None:
         overrides["store_path_root_dir"] = os.fspath(path)
@@ -112,6 +116,7 @@ def open_store(
         on_fatal=on_fatal,
         disk_gauge=disk_gauge,
         cleaner_sleep_ms=cleaner_sleep_ms,
+        ticker=ticker,
     )
     store._start()
     return store
@@ -165,6 +170,7 @@ class MessageStore:
         on_fatal: Callable[[BaseException], None] | None = None,
         disk_gauge: DiskGauge | None = None,
         cleaner_sleep_ms: Callable[[int], None] | None = None,
+        ticker: Ticker | None = None,
     ) -> None:
         self.config = config
         self.supervisor = Supervisor(
@@ -175,6 +181,8 @@ class MessageStore:
             on_fatal=on_fatal,
             disk_gauge=disk_gauge,
             cleaner_sleep_ms=cleaner_sleep_ms,
+            backend=self,
+            ticker=ticker,
         )
         self.fs = self.supervisor.fs
         self.clock_ms = self.supervisor.clock_ms
@@ -184,14 +192,15 @@ class MessageStore:
         self._encoder = PutEncoder(self.store_host, config.max_message_size_bytes)
         self._local = threading.local()  # last_put_end: the end of the thread's last stored put
         self._ryw_timeout_s = config.read_your_writes_timeout_ms / 1000
-        self._subscribers: list[tuple[Any, str | None, int | None]] = []
-        self._subscribers_lock = threading.Lock()
+        self._subscriptions = Subscriptions()
         self._reply_timeout_s = (config.sync_flush_timeout_ms + config.allocate_wait_timeout_ms) / 1000 + _REPLY_MARGIN_S
-        self._gateway: pykka.ActorRef[Any] | None = None
+        # The supervised gateway's current incarnation, whichever it is (it may be restarted).
+        self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
         self._closed = False
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
+        self._puts = PutPipeline(self)  # put_async futures, the actor client, the in-flight bound
         # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
         self._stats_ticker = StatsTicker(self)
         self.supervisor.ctx.on_tick_ms.append(self._stats_ticker)
@@ -201,10 +210,9 @@ class MessageStore:
     # lifecycle ---------------------------------------------------------------------------
     def _start(self) -> None:
         self.supervisor.start()
-        self._gateway = StoreGateway.start(self)
         _open_stores.add(self)
         try:
-            self.offsets.load()  # neither file nor .bak parses: fail the open, like the broker
+            self.offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
         except Exception:
             self.close()
             raise
@@ -217,12 +225,9 @@ class MessageStore:
         self._closed = True
         if self.supervisor.state is SupervisorState.RUNNING:
             self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
-        if self._gateway is not None:
-            try:
-                self._gateway.stop(block=True, timeout=5)
-            except (pykka.ActorDeadError, pykka.Timeout):
-                pass
         clean = self.supervisor.stop()
+        self._subscriptions.close()
+        self._puts.close()  # after the writer: every future handed out is completed
         self.offsets.close()
         self.read_view.close()  # wakes every waiting reader
         self._readers.close()
@@ -247,10 +252,10 @@ class MessageStore:
 
     @property
     def actor_ref(self) -> pykka.ActorRef[Any]:
-        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe."""
+        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe. Follows the
+        supervised gateway across its restarts; a tell while it restarts raises ActorDeadError."""
         self._check_open()
-        assert self._gateway is not None, "store not started"
-        return self._gateway
+        return self._actor_ref
 
     def _check_open(self) -> None:
         if self._closed:
@@ -287,6 +292,35 @@ class MessageStore:
         self.stats_service.record_put(messages[0].topic, result, time.monotonic_ns() - started_ns)
         return result
 
+    # pipelined puts (put_pipeline.py) ----------------------------------------------------------
+    def put_async(self, message: Message) -> Future[PutResult]:
+        """Put without waiting: encoded in this thread, answered through the future (completed
+        on the store's completion thread, where its done-callbacks run; never the writer's).
+        Operating errors are results (SERVICE_NOT_AVAILABLE, OS_PAGE_CACHE_BUSY when
+        `max_puts_in_flight` is reached with `put_fail_fast_when_in_flight_full`), not
+        exceptions. `flush()` waits for every future handed out before it. Read-your-writes:
+        once this thread has seen its newest future done, its reads cover that put."""
+        self._check_open()
+        if not isinstance(message, Message):
+            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+        return self._puts.put_async((message,), batch=False)
+
+    def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
+        """`put_batch` without waiting: one future for the batch."""
+        self._check_open()
+        if isinstance(messages, (Message, str, bytes)) or not isinstance(messages, Sequence):
+            raise TypeError(f"messages must be a sequence of mqstore.Message, not {type(messages).__name__}")
+        _check_messages(messages, "messages")
+        if not messages:
+            raise ValueError("messages must not be empty")
+        return self._puts.put_async(tuple(messages), batch=True)
+
+    def actor_client(self, sender: pykka.ActorRef[Any]) -> ActorClient:
+        """Puts for the pykka actor `sender`, told straight to the writer (no gateway hop);
+        answers arrive in its inbox as `Replied(correlation_id, PutResult)` (put_pipeline.ActorClient)."""
+        self._check_open()
+        return ActorClient(self._puts, sender)
+
     def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> Waiter | PutResult:
         """Encode here, tell the writer, return at once: a waiter for the answer (or the early
         result when the put was refused before reaching the writer). With `reply`, the answer
@@ -315,10 +349,21 @@ class MessageStore:
         return encoded.records, encoded.sys_flag, encoded.sync_wait
 
     def _tell_writer(
-        self, messages: Sequence[Message], batch: bool, checked: tuple[tuple[bytes, ...], int, bool], reply: Reply
+        self,
+        messages: Sequence[Message],
+        batch: bool,
+        checked: tuple[tuple[bytes, ...], int, bool],
+        reply: Reply,
+        *,
+        keep_gil: bool = False,
     ) -> PutResult | None:
         """Hand the encoded put to the writer, which answers `reply`; if the writer is down
-        (being restarted), answer `reply` with SERVICE_NOT_AVAILABLE here and return that."""
+        (being restarted), answer `reply` with SERVICE_NOT_AVAILABLE here and return that.
+        `keep_gil`: the caller does not wait for the answer and keeps running (put_async):
+        waking the writer without handing it the GIL lets puts pile up for one pass instead
+        of a switch to the writer per put (one thread's put_async: ~15k -> ~20k msgs/s on the
+        shared 2-vCPU machine, measured before the writer grouped puts by queue). A caller
+        that waits for its answer (`put`) hands the GIL over: keeping it measured slower."""
         records, sys_flag, sync_wait = checked
         first = messages[0]
         put = EncodedPut(
@@ -331,6 +376,10 @@ class MessageStore:
             reply=reply,
             enqueued_ns=time.monotonic_ns(),
         )
+        if keep_gil:
+            writer = self.supervisor.ctx.peers.get("writer")
+            if writer is not None and tell_keeping_gil(writer, put):
+                return None
         if not self.supervisor.ctx.tell("writer", put):
             result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
             reply.send(result)
@@ -353,7 +402,13 @@ class MessageStore:
     # the read contract ---------------------------------------------------------------------
     def _own_put_end(self) -> int:
         """The commitlog offset just past the calling thread's last stored put (0: none)."""
-        return getattr(self._local, "last_put_end", 0)
+        end: int = getattr(self._local, "last_put_end", 0)
+        future = getattr(self._local, "last_async_put", None)  # the thread's newest put_async
+        if future is not None and future.done():
+            result: PutResult = future.result()
+            if result.stored:
+                end = max(end, result.commitlog_offset + result.wrote_bytes)
+        return end
 
     def _view_covering(self, covers: Callable[[ReadView], bool]) -> ReadView | None:
         """The read view once `covers(view)` holds, waiting at most read_your_writes_timeout_ms
@@ -423,7 +478,8 @@ class MessageStore:
         if view is None:
             return self._not_readable(offset, "dispatch did not reach this thread's last put in time")
         readers = self._readers.get()
-        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw}
+        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
+                                  "on_corrupt": self._corrupt_on_read}  # fmt: skip
         found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count, **kwargs)
         if found is not None and found.status in _AT_THE_END and view.dispatched_end > view.queues_written:
             later = self._queue_view(with_dispatched=True)
@@ -509,7 +565,8 @@ class MessageStore:
             return reply.offsets, reply.last_update_timestamp, reply.last_update_phy_offset
 
         try:
-            result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms, end_ms)
+            result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms,
+                                          end_ms, on_corrupt=self._corrupt_on_read)  # fmt: skip
         except ServiceUnavailable as exc:
             return QueryResult(detail=str(exc))
         reads.yield_gil()
@@ -519,7 +576,13 @@ class MessageStore:
         """lookMessageByOffset (§13.3): the message at that commitlog offset, or None."""
         self._check_open()
         _check_int("commitlog_offset", commitlog_offset, 0)
-        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes)
+        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes,
+                               check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read)  # fmt: skip
+
+    def _corrupt_on_read(self, commitlog_offset: int, reason: str) -> None:
+        """A record a read skipped because its body fails its CRC: logged and counted."""
+        self.stats_service.record_corrupt_on_read()
+        self.log.error("corrupt_record_on_read", commitlog_offset=commitlog_offset, reason=reason)
 
     def lookup_msg_id(self, msg_id: str) -> MessageRecord | None:
         """The message an offset message id names (§2.5), if it is this store's."""
@@ -662,11 +725,13 @@ class MessageStore:
         return view.readable_end, view.dispatched_end
 
     def flush(self) -> None:
-        """Force the CommitLog (and the queues, index and checkpoint) to disk now."""
+        """Force the CommitLog (and the queues, index and checkpoint) to disk now, after
+        every put_async future handed out before this call is done."""
         self._check_open()
+        self._puts.wait_handed_out(self._reply_timeout_s)
         # The writer's own word on where the log ends: its notices to the flush actor are
         # coalesced and may trail the last acknowledged put.
-        writer = self._ask("writer", Ping())
+        writer = self._ask("writer", GetWriterStatus())
         for peer in ("flush", "consume_queue", "index"):
             ref = self.supervisor.ctx.peers.get(peer)
             if ref is None:
@@ -694,35 +759,19 @@ class MessageStore:
     # arrivals and long polling -------------------------------------------------------------
     def _on_arrivals(self, events: Iterable[MessageArrived], dispatched_end: int) -> None:
         """Called in the reput thread after each dispatch batch: cheap, never blocks."""
-        with self._subscribers_lock:
-            subscribers = list(self._subscribers)
-        if not subscribers:
-            return
-        events = list(events)
-        for subscriber, topic, queue_id in subscribers:
-            for event in events:
-                if (topic is None or topic == event.topic) and (queue_id is None or queue_id == event.queue_id):
-                    try:
-                        subscriber.tell(event) if isinstance(subscriber, pykka.ActorRef) else subscriber(event)
-                    except pykka.ActorDeadError:
-                        self._remove_subscriber(subscriber)
-                        break
+        self._subscriptions.publish(list(events))
 
-    def subscribe(self, subscriber: Any, topic: str | None = None, queue_id: int | None = None) -> None:
-        """Be told `MessageArrived` (an actor ref is told; a callable is called in the
-        dispatcher's thread and must return quickly)."""
+    def subscribe(self, subscriber: Subscriber, topic: str | None = None, queue_id: int | None = None) -> None:
+        """Be told `MessageArrived` (an actor ref is told; a callable is called on its own
+        listener thread, never a store actor's: one that raises is logged, one that is slow
+        delays only its own later events)."""
         self._check_open()
-        with self._subscribers_lock:
-            self._subscribers.append((subscriber, topic, queue_id))
+        self._subscriptions.add(subscriber, topic, queue_id)
 
-    def unsubscribe(self, subscriber: Any) -> None:
+    def unsubscribe(self, subscriber: Subscriber) -> None:
         """Stop telling `subscriber` (every subscription it has)."""
         self._check_open()
-        self._remove_subscriber(subscriber)
-
-    def _remove_subscriber(self, subscriber: Any) -> None:
-        with self._subscribers_lock:
-            self._subscribers = [s for s in self._subscribers if s[0] is not subscriber]
+        self._subscriptions.remove(subscriber)
 
     def wait_for_messages(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """Long polling: block until the queue has a message at `offset` (True) or `timeout_s`
@@ -743,49 +792,6 @@ class MessageStore:
             return view.queues_live and view.queues_written >= own and bounds is not None and bounds[1] > offset
 
         return self.read_view.await_view(arrived, timeout_s) is not None
-
-
-class StoreGateway(pykka.ThreadingActor):
-    """The store's face for other pykka actors: typed requests in, typed replies out."""
-
-    use_daemon_thread = True
-
-    def __init__(self, store: MessageStore) -> None:
-        super().__init__()
-        self._store = store
-
-    def on_receive(self, message: Any) -> Any:
-        try:
-            return self._handle(message)
-        except StoreClosedError as exc:  # a request still queued when the store closed
-            reply = getattr(message, "reply", None)
-            if isinstance(reply, Reply):
-                reply.fail(exc)
-            return None
-
-    def _handle(self, message: Any) -> Any:
-        store = self._store
-        match message:
-            case Put(messages=messages, reply=reply, batch=batch):
-                store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
-            case Get(topic=topic, queue_id=queue_id, offset=offset, max_count=n, reply=reply, tags=tags,
-                     max_total_bytes=max_total):  # fmt: skip
-                try:
-                    reply.send(store.get(topic, queue_id, offset, n, tags=tags, max_total_bytes=max_total))
-                except Exception as exc:
-                    reply.fail(exc)
-            case Query(topic=topic, key=key, max_count=n, reply=reply, begin_ms=begin, end_ms=end):
-                try:
-                    reply.send(store.query(topic, key, n, begin, end))
-                except Exception as exc:
-                    reply.fail(exc)
-            case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
-                store.subscribe(subscriber, topic, queue_id)
-            case Unsubscribe(subscriber=subscriber):
-                store._remove_subscriber(subscriber)
-            case _:
-                raise AssertionError(f"the store gateway cannot handle {message!r}")
-        return None
 
 
 @atexit.register

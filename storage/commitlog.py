@@ -127,7 +127,8 @@ class CommitLog:
         check_crc_on_recover: bool = True,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
-        assert mapped_file_size > END_FILE_MIN_BLANK_LENGTH
+        if mapped_file_size <= END_FILE_MIN_BLANK_LENGTH:
+            raise ValueError(f"mapped_file_size must exceed {END_FILE_MIN_BLANK_LENGTH} bytes, not {mapped_file_size}")
         self._fault_hook = fault_hook
         self.fs = fs
         self.store_path = store_path
@@ -521,7 +522,7 @@ class CommitLog:
             return False
         sys_flag = _I.unpack_from(buf, SYSFLAG_POSITION)[0]
         store_ts = _Q.unpack_from(buf, store_timestamp_position(sys_flag))[0]
-        return store_ts != 0 and store_ts <= min_timestamp
+        return bool(store_ts != 0 and store_ts <= min_timestamp)
 
     def _scan_for_recovery(
         self, index: int, dispatch: Callable[[DispatchFields], None] | None, progress: ProgressCallback | None

@@ -43,10 +43,11 @@ class DiskUsage:
 class MappedRegion(Protocol):
     """A file mapped in memory. `buf` supports slicing, slice assignment and struct *_from/_into."""
 
-    buf: mmap.mmap | bytearray
     size: int
     path: str
 
+    @property
+    def buf(self) -> mmap.mmap | bytearray: ...  # read-only here, so a region may narrow it
     def flush(self, start: int = 0, end: int | None = None) -> None: ...
     def close(self) -> None: ...
     def reserve(self, end: int) -> bool: ...
@@ -68,6 +69,7 @@ class FileSystem(Protocol):
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
     def read_bytes(self, path: str) -> bytes: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
+    def set_aside(self, path: str, suffix: str) -> str: ...
     def disk_usage(self, path: str) -> DiskUsage: ...
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]: ...
 
@@ -144,7 +146,9 @@ class RealMappedRegion:
         True are reserved.
         """
         global _reserve_failed_logged
-        end = min(end, self.size)
+        # Whole pages: a write through the map dirties a page, and the filesystem must back
+        # all of it (with 1 KiB blocks, a page's other blocks would be allocated in the fault).
+        end = min(end + (-end) % OS_PAGE_SIZE, self.size)
         if self._fd is None or end <= self._reserved:
             return True
         err = _fallocate(self._fd, self._reserved, end - self._reserved)
@@ -192,7 +196,7 @@ class RealMappedRegion:
         if libc is None:
             return False
         try:
-            ok = libc.mlock(ctypes.c_void_p(self._address()), ctypes.c_size_t(self.size)) == 0
+            ok = bool(libc.mlock(ctypes.c_void_p(self._address()), ctypes.c_size_t(self.size)) == 0)
         except (TypeError, ValueError, BufferError):
             return False
         self._locked = ok
@@ -206,6 +210,23 @@ class RealMappedRegion:
             except (TypeError, ValueError, BufferError):
                 pass
         self._locked = False
+
+
+def _free_name(exists: Callable[[str], bool], wanted: str) -> str:
+    """`wanted`, or `wanted.1`, `wanted.2`, ...: the first name not taken."""
+    name, n = wanted, 0
+    while exists(name):
+        n += 1
+        name = f"{wanted}.{n}"
+    return name
+
+
+def _fsync_dir(directory: str) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class RealFileSystem:
@@ -257,6 +278,14 @@ class RealFileSystem:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def set_aside(self, path: str, suffix: str) -> str:
+        """Rename `path` to `path + suffix` (or `path + suffix + ".N"` if taken), never over
+        another file; returns the new path. For a damaged file kept for a person to look at."""
+        target = _free_name(self.exists, path + suffix)
+        os.rename(path, target)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        return target
 
     def disk_usage(self, path: str) -> DiskUsage:
         usage = shutil.disk_usage(path)
@@ -547,6 +576,17 @@ class SimulatedFileSystem:
                 if self._used_locked() - old_bytes + len(data) > self.capacity_bytes:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
             self._files[path] = file
+
+    def set_aside(self, path: str, suffix: str) -> str:
+        path = os.path.normpath(path)
+        self._check_fault("rename", path)
+        with self._lock:
+            target = _free_name(lambda p: p in self._files or p in self._dirs, path + suffix)
+            file = self._files.pop(path, None)
+            if file is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            self._files[target] = file
+        return target
 
     def disk_usage(self, path: str) -> DiskUsage:
         if self.used_ratio_override is not None:

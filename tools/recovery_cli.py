@@ -95,7 +95,7 @@ def run_recover(args: argparse.Namespace) -> int:
         lock.release()
     result: dict[str, Any] = {"store_dir": str(root), **report.summary()}
     result["scan_seconds"] = round(time.monotonic() - started, 3)
-    if not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files:
+    if not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files or report.damaged_consume_queue_files:
         result["redispatch"] = _redispatch(cfg)
     _print(result, args.json)
     return ExitCode.OK
@@ -131,9 +131,9 @@ def _redispatch(cfg: Any) -> dict[str, Any]:
 
 
 def _ping() -> Any:
-    from ..messages import Ping
+    from ..messages import GetReputStatus
 
-    return Ping()
+    return GetReputStatus()
 
 
 def run_verify(args: argparse.Namespace) -> int:
