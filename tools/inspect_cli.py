@@ -43,7 +43,7 @@ from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
 from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import RealFileSystem
-from ..storage.index import INDEX_HEADER_SIZE, index_file_size, read_index_header
+from ..storage.index import index_file_size, read_index_header
 from ..storage.lockfiles import ABORT_FILE_NAME, LOCK_FILE_NAME
 from ..stats import BUCKET_NAMES, SNAPSHOT_FILE_NAME, TPS_WINDOWS_S, disk_allocated_bytes, read_snapshot
 
