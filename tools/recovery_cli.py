@@ -13,7 +13,6 @@ stdout and exit 3.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cli import CliError, ExitCode, load_config
+from ..cli import CliError, ExitCode, store_config
 from ..log import get_logger
 from ..storage.fs import RealFileSystem
 from ..storage.lockfiles import AbortFile, StoreLock, StoreLockedError
@@ -60,31 +59,6 @@ def add_subcommands(subparsers: Any) -> None:
     v.set_defaults(handler=run_verify)
 
 
-def _check_store_dir(root: Path) -> None:
-    if not root.is_dir():
-        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
-    if not (root / "commitlog").is_dir():
-        raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog/ directory")
-
-
-def _sizes_on_disk(root: Path) -> dict[str, int]:
-    """Segment sizes as the files have them, so a store (or a broker's copy) written with other
-    settings is read as written: recovery with a wrong size would ignore every file."""
-    sizes: dict[str, int] = {}
-    segments = sorted(p for p in (root / "commitlog").iterdir() if p.name.isdigit() and len(p.name) == 20)
-    if segments and segments[0].stat().st_size > 0:
-        sizes["mapped_file_size_commitlog_bytes"] = segments[0].stat().st_size
-    cq_root = root / "consumequeue"
-    if cq_root.is_dir():
-        # The size most files have: one file cut short must not set it (recovery would then
-        # take every intact file for damage).
-        found = collections.Counter(path.stat().st_size for path in cq_root.glob("*/*/" + "[0-9]" * 20)
-                                    if path.is_file() and path.stat().st_size > 0)  # fmt: skip
-        if found:
-            sizes["mapped_file_size_consume_queue_bytes"] = max(found, key=lambda size: (found[size], size))
-    return sizes
-
-
 def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
     if not enabled:
         return None, lambda: None
@@ -102,8 +76,8 @@ def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Cal
 
 def run_recover(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
-    _check_store_dir(root)
-    cfg = load_config(args, store_path_root_dir=str(root), **_sizes_on_disk(root))
+    # The store's geometry from its files (recovery with another size would ignore them all).
+    cfg = store_config(args, root, read_only=False)
     fs = RealFileSystem()
     lock = StoreLock(fs, str(cfg.lock_path))
     try:
@@ -164,7 +138,7 @@ def _ping() -> Any:
 
 def run_verify(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
-    _check_store_dir(root)
+    cfg = store_config(args, root)
     from .inspect_cli import lock_state  # F_GETLK only asks: verify stays read-only
 
     state = lock_state(root)
@@ -172,7 +146,6 @@ def run_verify(args: argparse.Namespace) -> int:
         holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
         raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; verify checks a "
                        "stopped store (its files are in flux while it runs), stop it first")  # fmt: skip
-    cfg = load_config(args, store_path_root_dir=str(root), **_sizes_on_disk(root))
     report = verify_store(os.fspath(root), config=cfg, max_problems=args.max_problems)
     if args.json:
         out = report.summary()
