@@ -620,6 +620,9 @@ class MessageStore:
         i = 0
         while i < len(units) and i < limit:
             phy, size, tags_code = unpack(units, i)
+            if size == _FILLER_SIZE and phy == 0:
+                i += 20  # a queue offset whose record was lost or damaged: nothing to serve
+                continue
             if next_phy_file_start >= 0 and phy < next_phy_file_start:
                 i += 20
                 continue
@@ -1038,6 +1041,9 @@ def _subscription(tags: str | None) -> tuple[frozenset[int], frozenset[str]] | N
         return None
     names = frozenset(t.strip() for t in tags.split("||") if t.strip())
     return frozenset(codec.java_string_hash(t) for t in names), names
+
+
+_FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.FILLER_UNIT
 
 
 def _batch_full(

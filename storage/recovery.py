@@ -22,7 +22,7 @@ from ..config import StoreConfig
 from ..log import get_logger
 from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
-from .commitlog import CommitLog, ProgressCallback
+from .commitlog import CommitLog, ProgressCallback, Quarantined
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem
 from .index import IndexFile, IndexService, read_index_header
@@ -61,6 +61,8 @@ class RecoveryReport:
     # ConsumeQueue files of the wrong length (cut short), deleted with the files after them;
     # their queues are rebuilt by re-dispatch.
     damaged_consume_queue_files: list[str] = field(default_factory=list)
+    # Damaged commitlog bytes with valid records after them: left in place, skipped (not cut).
+    quarantined: list[Quarantined] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -81,6 +83,7 @@ class RecoveryReport:
             "dropped_index_reasons": list(self.dropped_index_reasons),
             "index_dispatch_from": self.index_dispatch_from,
             "damaged_consume_queue_files": list(self.damaged_consume_queue_files),
+            "quarantined": [q._asdict() for q in self.quarantined],
         }
 
 
@@ -107,6 +110,8 @@ def recover_store(
     )
     # After a clean stop every truncation had already zeroed what followed the end.
     commitlog.zero_tail_bytes = 0 if last_exit_ok else None
+    if not last_exit_ok:  # damage past the last flush is a torn tail (see the attribute)
+        commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
     try:
         max_cq = -1
         damaged_cq_files: list[str] = []
@@ -178,6 +183,7 @@ def recover_store(
             truncated_commitlog_bytes=commitlog.dirty_bytes,
             removed_commitlog_files=commitlog.removed_files + partial,
             damaged_consume_queue_files=damaged_cq_files,
+            quarantined=list(commitlog.quarantined),
         )
         # A queue that lost files is rebuilt from the record after its last unit left.
         for cq in damaged_queues:

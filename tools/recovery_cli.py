@@ -121,6 +121,13 @@ def run_recover(args: argparse.Namespace) -> int:
     if not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files:
         result["redispatch"] = _redispatch(cfg)
     _print(result, args.json)
+    if report.quarantined:
+        # Damaged records with valid ones after them cannot be repaired (their bytes are gone);
+        # they stay in place, skipped, and `verify` reports them too.
+        for damaged in report.quarantined:
+            print(f"damaged commitlog bytes {damaged.start}..{damaged.end}: {damaged.reason} "
+                  "(quarantined: left in place and skipped; the records after them are kept)", file=sys.stderr)  # fmt: skip
+        return ExitCode.CORRUPT
     return ExitCode.OK
 
 
