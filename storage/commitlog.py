@@ -235,6 +235,8 @@ class CommitLog:
         # checkpoint's physic timestamp, only records stored before it (certainly flushed)
         # count as "valid records after the damage"; None trusts any valid record.
         self.trusted_after_damage_before_ms: int | None = None
+        # False after a clean stop: every put was finished, so a zeroed header is damage.
+        self.unfinished_put_possible = True
 
     def load(self) -> bool:
         ok = self.mapped_file_queue.load()
@@ -673,7 +675,7 @@ class CommitLog:
                 file_offset = 0
                 continue
             damaged_at = mapped_file.file_from_offset + file_offset
-            if self._unfinished_put_at(mapped_file, file_offset):
+            if self.unfinished_put_possible and self._unfinished_put_at(mapped_file, file_offset):
                 log.warning("recovery stops at a put the writer did not finish", offset=damaged_at)
                 break
             resume = self._look_past(index, file_offset)

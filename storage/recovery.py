@@ -110,6 +110,7 @@ def recover_store(
     )
     # After a clean stop every truncation had already zeroed what followed the end.
     commitlog.zero_tail_bytes = 0 if last_exit_ok else None
+    commitlog.unfinished_put_possible = not last_exit_ok
     if not last_exit_ok:  # damage past the last flush is a torn tail (see the attribute)
         commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
     try:
