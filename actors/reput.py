@@ -96,6 +96,13 @@ class ReputMessageService(StoreActor):
                 if first > offset:  # the cleaner removed it: continue at the first file left
                     self._reput_offset = first
                     continue
+                later = reader.next_segment_after(offset)
+                if later is not None and later <= self._max_offset and not reader.has_segment(offset):
+                    # A missing or wrong-sized segment (a hole the store opened degraded with):
+                    # nothing to dispatch there, and waiting would spin forever.
+                    self.log.error("skipping a commitlog hole", offset=offset, resume=later)
+                    self._reput_offset = later
+                    continue
                 self.log.warning("commitlog data not readable yet", offset=offset, size=end - offset)
                 return
             try:

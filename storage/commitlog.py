@@ -239,9 +239,23 @@ class CommitLog:
         self.unfinished_put_possible = True
 
     def load(self) -> bool:
-        ok = self.mapped_file_queue.load()
+        ok = self.mapped_file_queue.load(skip_damaged=True)
         log.info("commitlog loaded", ok=ok, files=len(self.mapped_file_queue.mapped_files))
+        if self.degraded_reason:
+            log.error("commitlog opened degraded: puts are refused", reason=self.degraded_reason)
         return ok
+
+    @property
+    def degraded_reason(self) -> str:
+        """Why puts are refused ("" when they are not): a missing or wrong-sized segment. The
+        writer never writes over or beyond one; `mqstore recover` makes the log whole."""
+        holes = self.mapped_file_queue.holes()
+        if not holes:
+            return ""
+        ranges = ", ".join(f"{start}..{end}" for start, end in holes)
+        damaged = self.mapped_file_queue.damaged_files
+        what = f"; wrong-sized segments: {', '.join(damaged)}" if damaged else ""
+        return f"commitlog has holes at offsets {ranges}{what}; run `mqstore recover` to make it whole"
 
     # put path (§6.4, §6.7) ------------------------------------------------------------------
     def put_message(self, record: EncodedRecords, now_ms: int) -> PutMessageResult:
@@ -276,6 +290,8 @@ class CommitLog:
 
     def _put(self, records: EncodedRecords, now_ms: int, *, batch: bool) -> PutMessageResult:
         queue = self.mapped_file_queue
+        if queue.damaged_files or queue.holes():
+            return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=self.degraded_reason)
         mapped_file = queue.last_mapped_file
         if mapped_file is None or mapped_file.is_full():
             mapped_file = queue.get_last_mapped_file(0)
@@ -554,6 +570,10 @@ class CommitLog:
         while to_offset is None or offset < to_offset:
             mapped_file = queue.find_mapped_file_by_offset(offset)
             if mapped_file is None:
+                after = [f.file_from_offset for f in queue.mapped_files if f.file_from_offset > offset]
+                if after and offset >= max(queue.min_offset(), 0):
+                    offset = after[0]  # a hole (a missing segment): the next file goes on
+                    continue
                 if offset == queue.max_offset():
                     yield RecordRead(RecordKind.END_OF_DATA, offset, 0, reason="end of the commitlog")
                 return
@@ -809,6 +829,15 @@ class CommitLogReader:
 
     def min_offset(self) -> int:
         return min(self._regions) if self._regions else -1
+
+    def has_segment(self, offset: int) -> bool:
+        """Whether the segment holding `offset` exists (full-sized) and is mapped."""
+        return self._region_for(offset) is not None
+
+    def next_segment_after(self, offset: int) -> int | None:
+        """The start of the first mapped segment after `offset` (past a hole), or None."""
+        later = [start for start in self._regions if start > offset]
+        return min(later) if later else None
 
     def _region_for(self, offset: int) -> tuple[int, MappedRegion] | None:
         start = offset - offset % self.mapped_file_size

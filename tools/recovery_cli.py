@@ -112,13 +112,17 @@ def run_recover(args: argparse.Namespace) -> int:
     try:
         last_exit_ok = not AbortFile(fs, str(cfg.abort_path)).exists()
         report = recover_store(cfg, fs, last_exit_ok=last_exit_ok, clock_ms=lambda: time.time_ns() // 1_000_000,
-                               progress=progress)  # fmt: skip
+                               progress=progress, repair_holes=True)  # fmt: skip
     finally:
         close_bar()
         lock.release()
     result: dict[str, Any] = {"store_dir": str(root), **report.summary()}
     result["scan_seconds"] = round(time.monotonic() - started, 3)
-    if not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files:
+    for start, end in report.lost_ranges:
+        print(f"commitlog bytes {start}..{end} were lost (a missing or cut segment); the log continues "
+              "after them", file=sys.stderr)  # fmt: skip
+    if (not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files or report.lost_ranges
+            or report.dispatch_from < report.max_offset):  # fmt: skip
         result["redispatch"] = _redispatch(cfg)
     _print(result, args.json)
     if report.quarantined:

@@ -82,6 +82,14 @@ class VerifyReport:
     # into one are its consequence, not further problems.
     damaged_ranges: list[tuple[int, int]] = field(default_factory=list)
 
+    # The blank ends of segments [start, end): where `recover` filled a hole, the lost records'
+    # index entries point here (the index is append-only; a query checks every record).
+    blank_tails: list[tuple[int, int]] = field(default_factory=list)
+    stale_index_entries: int = 0
+
+    def in_blank_tail(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.blank_tails)
+
     def in_damaged_range(self, offset: int) -> bool:
         return any(start <= offset < end for start, end in self.damaged_ranges)
 
@@ -106,6 +114,7 @@ class VerifyReport:
             "index_files": self.index_files,
             "index_entries": self.index_entries,
             "not_indexed": self.not_indexed,
+            "stale_index_entries": self.stale_index_entries,
             "problem_count": self.problem_count,
         }
 
@@ -183,6 +192,7 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
                 report.max_offset = found.offset + found.size
             elif found.kind is RecordKind.BLANK:
                 report.max_offset = found.offset - found.offset % segment + segment
+                report.blank_tails.append((found.offset, report.max_offset))
             elif found.kind is RecordKind.CORRUPT and found.reason.startswith(QUARANTINED_PREFIX):
                 # Damage inside a file with a trusted record after it (the scan went on there).
                 report.add("commitlog_damaged", f"offset {found.offset}",
@@ -312,7 +322,9 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
                     continue
                 rec = records.get(phy)
                 if rec is None:
-                    if not report.in_damaged_range(phy):
+                    if report.in_blank_tail(phy):
+                        report.stale_index_entries += 1  # into bytes a filled hole lost
+                    elif not report.in_damaged_range(phy):
                         report.add("index_bad_offset", here, f"no record starts at commitlog offset {phy}")
                 elif entry.key_hash not in rec.key_hashes:
                     report.add("index_wrong_key", here, f"hash {entry.key_hash} is not a key of the record at {phy}")

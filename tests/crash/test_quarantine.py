@@ -111,3 +111,105 @@ def test_a_torn_tail_is_still_cut(tmp_path: object) -> None:
         rec = store.supervisor.recovery
         assert rec is not None and rec.max_offset == offsets[49] and not rec.quarantined, rec.summary()
     assert verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS)).ok
+
+
+# -------------------------------------------------------------------------------------------
+# Holes: a missing or wrong-sized segment (never overwrite, never hide)
+
+SMALL = dict(SETTINGS, mapped_file_size_commitlog_bytes=8 * 1024)
+
+
+def _fill_small(store_dir: str, n: int) -> list[int]:
+    offsets = []
+    with mqstore.open(store_dir, **SMALL) as store:
+        for i in range(n):
+            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"]))
+            assert r.status is mqstore.PutMessageStatus.PUT_OK
+            offsets.append(r.commitlog_offset)
+    return offsets
+
+
+def _segments(store_dir: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(store_dir, "commitlog")))
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "truncated"])
+def test_a_hole_opens_degraded_serves_both_sides_and_never_overwrites(tmp_path: object, damage: str) -> None:
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)  # ~ 10 segments of 8 KiB
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    if damage == "missing":
+        os.remove(victim)
+    else:
+        with open(victim, "r+b") as f:
+            f.truncate(0 if damage == "empty" else 1000)
+    seg = SMALL["mapped_file_size_commitlog_bytes"]
+    hole = (int(names[3]), int(names[3]) + seg)
+    later = {n: open(os.path.join(store_dir, "commitlog", n), "rb").read() for n in names[4:]}
+    import time
+
+    started = time.monotonic()
+    store = mqstore.open(store_dir, **SMALL)
+    try:
+        bodies = _all_bodies_skipping(store)
+        for i, off in enumerate(offsets):
+            if not hole[0] <= off < hole[1]:
+                assert bodies.get(i) == _body(i), (i, off)
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
+        assert "mqstore recover" in r.detail and str(hole[0]) in r.detail, r.detail
+    finally:
+        assert store.close()
+    assert time.monotonic() - started < 30
+    for n, data in later.items():  # never written over
+        assert open(os.path.join(store_dir, "commitlog", n), "rb").read() == data, n
+
+
+def _all_bodies_skipping(store: mqstore.MessageStore) -> dict[int, bytes]:
+    got: dict[int, bytes] = {}
+    for offset in range(store.max_offset(TOPIC, 0)):
+        r = store.get(TOPIC, 0, offset, 1)
+        if r.status is GetMessageStatus.FOUND and r.messages[0].queue_offset == offset:
+            got[offset] = r.messages[0].body
+    return got
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: str) -> None:
+    import subprocess
+    import sys
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    if damage == "missing":
+        os.remove(victim)
+    else:
+        with open(victim, "r+b") as f:
+            f.truncate(1000)
+    seg = SMALL["mapped_file_size_commitlog_bytes"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    done = subprocess.run([sys.executable, "-m", "mqstore", "recover", "--no-progress", "--json", store_dir],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    import json
+
+    out = json.loads(done.stdout)
+    [(lost_from, lost_to)] = out["lost_ranges"]
+    assert lost_to == int(names[3]) + seg and int(names[3]) <= lost_from < lost_to, out
+    if damage == "truncated":
+        assert os.path.exists(victim + ".damaged")
+    done = subprocess.run([sys.executable, "-m", "mqstore", "verify", store_dir], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    with mqstore.open(store_dir, **SMALL) as store:
+        bodies = _all_bodies_skipping(store)
+        for i, off in enumerate(offsets):
+            if not lost_from <= off < lost_to:
+                assert bodies.get(i) == _body(i), (i, off)
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 400, r
+        assert r.commitlog_offset >= int(names[-1]), r
