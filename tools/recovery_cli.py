@@ -32,6 +32,7 @@ __all__ = ["add_subcommands", "run_recover", "run_verify"]
 log = get_logger(__name__)
 
 DISPATCH_WAIT_S = 600.0
+STALL_S = 10.0  # re-dispatch that stands still this long will not finish: stop, do not wait it out
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -125,6 +126,11 @@ def run_recover(args: argparse.Namespace) -> int:
             or report.dispatch_from < report.max_offset):  # fmt: skip
         result["redispatch"] = _redispatch(cfg)
     _print(result, args.json)
+    redispatch = result.get("redispatch")
+    if redispatch is not None and not (redispatch["caught_up"] and redispatch["clean_stop"]):
+        print("re-dispatch did not finish: queues or index may still lag the commitlog; run recover again",
+              file=sys.stderr)  # fmt: skip
+        return ExitCode.FAILURE
     if report.quarantined:
         # Damaged records with valid ones after them cannot be repaired (their bytes are gone);
         # they stay in place, skipped, and `verify` reports them too.
@@ -149,9 +155,18 @@ def _redispatch(cfg: Any) -> dict[str, Any]:
         sup = store.supervisor
         rec = sup.recovery
         deadline = time.monotonic() + DISPATCH_WAIT_S
+        last_progress, last_offset = time.monotonic(), -1
+        caught_up = False
         while True:
             status = sup._ask("reput", _ping())
-            if status.reput_offset >= status.max_offset or time.monotonic() > deadline:
+            caught_up = status.reput_offset >= status.max_offset
+            if caught_up or time.monotonic() > deadline:
+                break
+            if status.reput_offset != last_offset:
+                last_progress, last_offset = time.monotonic(), status.reput_offset
+            elif time.monotonic() - last_progress > STALL_S:
+                log.error("re-dispatch made no progress; stopping", reput_offset=status.reput_offset,
+                          max_offset=status.max_offset)  # fmt: skip
                 break
             time.sleep(0.01)
     finally:
@@ -159,6 +174,7 @@ def _redispatch(cfg: Any) -> dict[str, Any]:
     return {
         "from_offset": rec.dispatch_from if rec else None,
         "to_offset": rec.max_offset if rec else None,
+        "caught_up": caught_up,
         "clean_stop": clean,
         "seconds": round(time.monotonic() - started, 3),
     }
