@@ -92,7 +92,7 @@ def _valid_record_at(buf: Any, pos: int, limit: int, file_from_offset: int, segm
                      max_message_size: int, stored_before_ms: int | None) -> bool:  # fmt: skip
     """A record that can be trusted to start at `pos`: a CRC-checked message whose own
     physical-offset field says it lies here (segments are never reused, so a stale record
-    cannot pass), stored before `stored_before_ms` if given, or (without that bound) the
+    cannot pass), stored at or before `stored_before_ms` if given, or (without that bound) the
     blank that ends this segment exactly."""
     if pos + 8 > limit:
         return False
@@ -105,7 +105,7 @@ def _valid_record_at(buf: Any, pos: int, limit: int, file_from_offset: int, segm
         read.kind is RecordKind.MESSAGE
         and record is not None
         and record.commitlog_offset == file_from_offset + pos
-        and (stored_before_ms is None or record.store_timestamp < stored_before_ms)
+        and (stored_before_ms is None or record.store_timestamp <= stored_before_ms)
     )
 
 
@@ -232,8 +232,8 @@ class CommitLog:
         self._scan_ended_on_blank = False
         # After a power loss, bytes past the last flush may be torn while later pages reached
         # the disk: such damage is a torn tail, not corruption. Set (by crash recovery) to the
-        # checkpoint's physic timestamp, only records stored before it (certainly flushed)
-        # count as "valid records after the damage"; None trusts any valid record.
+        # checkpoint's physic timestamp, only records stored up to it (flushed, but for the rest
+        # of that millisecond) count as "valid records after the damage"; None trusts any.
         self.trusted_after_damage_before_ms: int | None = None
         # False after a clean stop: every put was finished, so a zeroed header is damage.
         self.unfinished_put_possible = True
@@ -603,13 +603,16 @@ class CommitLog:
         return None
 
     # recovery (§11.5, §11.6) --------------------------------------------------------------------
-    def recover_normally(self, max_phy_offset_of_consume_queue: int, progress: ProgressCallback | None = None) -> int:
-        """After a clean shutdown: scan the last three files, truncate after the last valid
-        record, and return that offset (the caller truncates queues if they reach past it)."""
+    def recover_normally(
+        self, max_phy_offset_of_consume_queue: int, progress: ProgressCallback | None = None, *, all_files: bool = False
+    ) -> int:
+        """After a clean shutdown: scan the last three files (every file with `all_files`, as
+        `mqstore recover` does to find damage anywhere), truncate after the last valid record,
+        and return that offset (the caller truncates queues if they reach past it)."""
         files = self.mapped_file_queue.mapped_files
         if not files:
             return 0
-        index = max(0, len(files) - 3)
+        index = 0 if all_files else max(0, len(files) - 3)
         process_offset = self._scan_for_recovery(index, None, progress)
         self._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
         return process_offset

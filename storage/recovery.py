@@ -102,7 +102,8 @@ def recover_store(
     repair_holes: bool = False,
 ) -> RecoveryReport:
     """With `repair_holes` (only `mqstore recover`: an open never changes damaged data), a
-    missing or wrong-sized commitlog segment is made whole (see `_fill_commitlog_holes`)."""
+    missing or wrong-sized commitlog segment is made whole (see `_fill_commitlog_holes`), and
+    a clean store's whole log is scanned for damage, not only its last three files."""
     for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
         fs.makedirs(path)
     checkpoint = read_checkpoint(fs, cfg.checkpoint_path) if fs.exists(cfg.checkpoint_path) else None
@@ -161,7 +162,7 @@ def recover_store(
                     scanned_next[key] = record.consume_queue_offset + 1
 
         if last_exit_ok:
-            end = commitlog.recover_normally(max_cq, progress)
+            end = commitlog.recover_normally(max_cq, progress, all_files=repair_holes)
             dispatch_from = end
             if 0 <= max_cq < end:
                 # The queues stop short of the log (`recover` cut them at a filled hole):
