@@ -69,7 +69,9 @@ def host_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_holds_only_the_mqstore_package_and_its_defaults(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/", 1)[0] for name in names}
-    assert top == {"mqstore", f"mqstore-{mqstore.__version__}.dist-info"}
+    # pyspark_rocketmq: Spark finds format("rocketmq") by that top-level name (issue 17).
+    assert top == {"mqstore", "pyspark_rocketmq", f"mqstore-{mqstore.__version__}.dist-info"}
+    assert "pyspark_rocketmq/__init__.py" in names
     assert "mqstore/config/defaults.toml" in names
     assert "mqstore/cli.py" in names and "mqstore/storage/codec.py" in names
     assert not any(name.startswith("mqstore/tests/") for name in names)

@@ -13,6 +13,7 @@ stdout and exit 3.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -76,10 +77,12 @@ def _sizes_on_disk(root: Path) -> dict[str, int]:
         sizes["mapped_file_size_commitlog_bytes"] = segments[0].stat().st_size
     cq_root = root / "consumequeue"
     if cq_root.is_dir():
-        for path in sorted(cq_root.glob("*/*/" + "[0-9]" * 20)):
-            if path.stat().st_size > 0:
-                sizes["mapped_file_size_consume_queue_bytes"] = path.stat().st_size
-                break
+        # The size most files have: one file cut short must not set it (recovery would then
+        # take every intact file for damage).
+        found = collections.Counter(path.stat().st_size for path in cq_root.glob("*/*/" + "[0-9]" * 20)
+                                    if path.is_file() and path.stat().st_size > 0)  # fmt: skip
+        if found:
+            sizes["mapped_file_size_consume_queue_bytes"] = max(found, key=lambda size: (found[size], size))
     return sizes
 
 
@@ -123,7 +126,7 @@ def run_recover(args: argparse.Namespace) -> int:
         print(f"commitlog bytes {start}..{end} were lost (a missing or cut segment); the log continues "
               "after them", file=sys.stderr)  # fmt: skip
     if (not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files or report.lost_ranges
-            or report.dispatch_from < report.max_offset):  # fmt: skip
+            or report.damaged_consume_queue_files or report.dispatch_from < report.max_offset):  # fmt: skip
         result["redispatch"] = _redispatch(cfg)
     _print(result, args.json)
     redispatch = result.get("redispatch")
