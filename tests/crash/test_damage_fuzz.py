@@ -150,6 +150,7 @@ class Tally:
     overwrites: int = 0
     intact_lost_to_cut: int = 0
     disagreements: int = 0
+    damaged_properties_served: int = 0  # the body is right; the format cannot check properties
     recover_codes: collections.Counter[int] = field(default_factory=collections.Counter)
     failures: list[str] = field(default_factory=list)
 
@@ -160,7 +161,9 @@ class Tally:
     def line(self) -> str:
         return (f"{self.cases} cases: {self.crashes} crashes, {self.hangs} hangs, {self.wrong_bodies} wrong bodies "
                 f"served, {self.overwrites} overwrites, {self.intact_lost_to_cut} intact records lost to a cut, "
-                f"{self.disagreements} recover/verify disagreements; recover exit codes {dict(self.recover_codes)}")
+                f"{self.disagreements} recover/verify disagreements; recover exit codes "
+                f"{ {int(k): v for k, v in sorted(self.recover_codes.items())} }; "
+                f"{self.damaged_properties_served} reads of a right body with damaged properties (no CRC covers them)")
 
 
 def _intact(t: Template, damage: Damage) -> dict[int, tuple[int, int]]:
@@ -198,10 +201,14 @@ def _read_all(store: mqstore.MessageStore, tally: Tally, ctx: str) -> None:
             guard += 1
             r = store.get(TOPIC, q, offset, 32)
             for m in r.messages:
-                n = m.properties.get("n")
-                if n is None or not n.isdigit() or m.body != _body(int(n)):
+                # A body names its message ("body-NNNN|" repeated): identity from the body, as
+                # properties are outside the 4.x body CRC (their damage cannot be detected).
+                n = m.body[5:9]
+                if not (m.body.startswith(b"body-") and n.isdigit() and m.body == _body(int(n))):
                     tally.wrong_bodies += 1
                     tally.fail(f"{ctx}: wrong body served at queue {q} offset {m.queue_offset}: {m.body[:30]!r}")
+                elif m.properties.get("n") != str(int(n)):
+                    tally.damaged_properties_served += 1  # noted, not a failure: see above
             offset = r.next_begin_offset if r.next_begin_offset > offset else offset + 1
 
 
@@ -289,7 +296,7 @@ def _seeds(default: range) -> list[int]:
 
 
 def test_damage_fuzz_ci_slice(template: Template, tmp_path: object) -> None:
-    _assert_clean(_run(_seeds(range(0, 60)), template, str(tmp_path)))
+    _assert_clean(_run(_seeds(range(0, 100)), template, str(tmp_path)))
 
 
 @pytest.mark.soak
