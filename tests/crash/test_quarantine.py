@@ -180,9 +180,9 @@ def test_a_hole_opens_degraded_serves_both_sides_and_never_overwrites(tmp_path: 
 
 
 def _ping() -> Any:
-    from mqstore.messages import Ping
+    from mqstore.messages import GetReputStatus
 
-    return Ping()
+    return GetReputStatus()
 
 
 def _all_bodies_skipping(store: mqstore.MessageStore) -> dict[int, bytes]:
