@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,6 @@ import pytest
 
 import mqstore
 from mqstore.cli import main as cli_main
-from mqstore.storage.status import GetMessageStatus
 
 SEG = 8 * 1024
 SETTINGS: dict[str, Any] = dict(
@@ -296,7 +294,7 @@ def _seeds(default: range) -> list[int]:
 
 
 def test_damage_fuzz_ci_slice(template: Template, tmp_path: object) -> None:
-    _assert_clean(_run(_seeds(range(0, 100)), template, str(tmp_path)))
+    _assert_clean(_run(_seeds(range(100)), template, str(tmp_path)))
 
 
 @pytest.mark.soak
