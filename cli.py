@@ -111,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.OK
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a bug or an unexpected OS error: traceback in the log, exit 1
-        log.exception("command failed", command=args.command)
+    except Exception as exc:  # a bug or an unexpected OS error: a clear line, exit 1
+        # The traceback only with -vv: no traceback leaves a command otherwise (issue 19).
+        if args.verbose >= 2:
+            log.exception("command failed", command=args.command)
         print(f"mqstore {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
 
