@@ -42,7 +42,9 @@ __all__ = [
     "READER_REFRESH_INTERVAL_MS",
     "ReaderRegistry",
     "ThreadReaders",
+    "CorruptSink",
     "batch_full",
+    "corrupt_detail",
     "bounds_from_view",
     "collect",
     "get_from_units",
@@ -186,10 +188,22 @@ class _Unmapped(Exception):
     the segment removed): the record is as unreadable as if `select` had not found it."""
 
 
-def _read_in_place(buf: Any, pos: int, limit: int | None, max_message_size: int) -> MessageRecord | None:
-    """`codec.read_message` on a map of the reader's; _Unmapped if that map is closed."""
+# Told of each record a read skips because it fails its CRC (commitlog offset, reason): the
+# store logs and counts it (stats "corrupt_records_on_read").
+CorruptSink = Callable[[int, str], None]
+
+
+def corrupt_detail(commitlog_offset: int, reason: str) -> str:
+    """A GetResult's `detail` for a record skipped as corrupt."""
+    return f"skipped the corrupt record at commitlog offset {commitlog_offset} ({reason}); run `mqstore verify`"
+
+
+def _read_in_place(
+    buf: Any, pos: int, limit: int | None, max_message_size: int, check_crc: bool = False
+) -> MessageRecord | codec.RecordRead:
+    """`codec.read_served` on a map of the reader's; _Unmapped if that map is closed."""
     try:
-        return codec.read_message(buf, pos, limit, max_message_size=max_message_size)
+        return codec.read_served(buf, pos, limit, max_message_size=max_message_size, check_crc=check_crc)
     except ValueError as exc:
         if getattr(buf, "closed", False):
             raise _Unmapped from exc
@@ -258,10 +272,14 @@ def collect(
     bounds: tuple[int, int],
     *,
     expect: tuple[str, int] | None = None,
+    on_corrupt: CorruptSink | None = None,
 ) -> GetResult | None:
     """The messages the units point at (§13.1's loop); `head` is where "in memory" is measured
     from. With `expect` (units read through the thread's own maps), each record must be that
-    (topic, queueId)'s at its queue offset, else None: the caller asks the owner instead."""
+    (topic, queueId)'s at its queue offset, else None: the caller asks the owner instead.
+    With `cfg.check_crc_on_read`, a record whose body fails its CRC is never returned: it is
+    skipped (told to `on_corrupt`, named in the result's `detail`); with `expect`, the owner's
+    answer decides, so it is told once."""
     wanted = subscription(tags)
     in_memory_bytes = _TOTAL_RAM_BYTES * cfg.access_message_in_memory_max_ratio_percent // 100
     status = GetMessageStatus.NO_MATCHED_MESSAGE
@@ -273,6 +291,8 @@ def collect(
     unpack = codec.CQ_UNIT.unpack_from
     max_message_size = cfg.max_message_size_bytes
     segment = cfg.mapped_file_size_commitlog_bytes
+    check_crc = cfg.check_crc_on_read
+    skipped = ""
     i = 0
     while i < len(units) and i < limit:
         phy, size, tags_code = unpack(units, i)
@@ -293,6 +313,14 @@ def collect(
         if raw:
             data = reader.read(phy, size, limit=phy + size)
             place = None if data is None else (data, 0)
+            if data is not None and check_crc and wanted is None:  # else decoded (and checked) below
+                reason = codec.body_crc_mismatch(data, 0)
+                if reason in codec.INTEGRITY_FAILURES:
+                    if expect is not None:
+                        return None
+                    skipped = _skip_corrupt(phy, reason, on_corrupt)
+                    i += 20
+                    continue
         else:
             place = reader.select(phy, size)
         if place is None:
@@ -304,12 +332,18 @@ def collect(
         if wanted is not None or not raw:
             buf, pos = place
             try:
-                record = _read_in_place(buf, pos, pos + size, max_message_size)
+                served = _read_in_place(buf, pos, pos + size, max_message_size, check_crc)
             except _Unmapped:
                 if total_bytes == 0:
                     status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 i += 20
                 continue
+            if isinstance(served, MessageRecord):
+                record: MessageRecord | None = served
+            else:
+                record = None
+                if expect is None and codec.failed_integrity(served):
+                    skipped = _skip_corrupt(phy, served.reason, on_corrupt)
             if expect is not None and (
                 record is None
                 or record.queue_offset != offset + i // 20
@@ -337,7 +371,14 @@ def collect(
         next_begin_offset=offset + i // 20,
         min_offset=bounds[0],
         max_offset=bounds[1],
+        detail=skipped,
     )
+
+
+def _skip_corrupt(commitlog_offset: int, reason: str, on_corrupt: CorruptSink | None) -> str:
+    if on_corrupt is not None:
+        on_corrupt(commitlog_offset, reason)
+    return corrupt_detail(commitlog_offset, reason)
 
 
 def max_units(max_count: int) -> int:
@@ -357,6 +398,7 @@ def get_from_view(
     max_total_bytes: int | None = None,
     tags: str | None = None,
     raw: bool = False,
+    on_corrupt: CorruptSink | None = None,
 ) -> GetResult | None:
     """getMessage decided by the view and read through the thread's maps; None when the view
     cannot decide (not live, a unit file not mappable, a record not the queue's own)."""
@@ -371,7 +413,7 @@ def get_from_view(
     if units is None:
         return None  # the owner decides (OFFSET_FOUND_NULL: the file is gone)
     found = collect(cfg, readers.commitlog_reader(), units, view.queues_written, offset, max_count,
-                    max_total_bytes, tags, raw, bounds, expect=(topic, queue_id))  # fmt: skip
+                    max_total_bytes, tags, raw, bounds, expect=(topic, queue_id), on_corrupt=on_corrupt)  # fmt: skip
     yield_gil()
     return found
 
@@ -386,6 +428,7 @@ def get_from_units(
     max_total_bytes: int | None = None,
     tags: str | None = None,
     raw: bool = False,
+    on_corrupt: CorruptSink | None = None,
 ) -> GetResult:
     """getMessage decided by the ConsumeQueue actor's answer (`GetUnits`)."""
     early = status_ladder(reply.exists, reply.min_offset, reply.max_offset, offset)
@@ -396,7 +439,7 @@ def get_from_units(
         return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,
                          min_offset=bounds[0], max_offset=bounds[1])  # fmt: skip
     found = collect(cfg, readers.commitlog_reader(), reply.units, reply.commitlog_head, offset, max_count,
-                    max_total_bytes, tags, raw, bounds)  # fmt: skip
+                    max_total_bytes, tags, raw, bounds, on_corrupt=on_corrupt)  # fmt: skip
     assert found is not None  # without `expect` every unit is decided
     return found
 
@@ -432,22 +475,35 @@ def unit_store_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id
 IndexHits = Callable[[str, str, int, int, int], "tuple[Sequence[int], int, int]"]
 
 
-def record_at(reader: CommitLogReader, offset: int, max_message_size: int) -> MessageRecord | None:
+def record_at(
+    reader: CommitLogReader,
+    offset: int,
+    max_message_size: int,
+    *,
+    check_crc: bool = False,
+    on_corrupt: CorruptSink | None = None,
+) -> MessageRecord | None:
     """The message record at `offset`, decoded in place in the reader's map. Its own
-    TOTALSIZE bounds it: within max_message_size and the segment, or None."""
+    TOTALSIZE bounds it: within max_message_size and the segment, or None. With `check_crc`,
+    None for a record whose body fails its CRC too (told to `on_corrupt`)."""
     place = reader.select(offset, 4)
     if place is None:
         return None
     buf, pos = place
     try:
-        return _read_in_place(buf, pos, None, max_message_size)
+        served = _read_in_place(buf, pos, None, max_message_size, check_crc)
     except _Unmapped:
         return None
+    if isinstance(served, MessageRecord):
+        return served
+    if on_corrupt is not None and codec.failed_integrity(served):
+        on_corrupt(offset, served.reason)
+    return None
 
 
 def query_messages(
     hits: IndexHits, reader: CommitLogReader, cfg: StoreConfig, topic: str, key: str, max_count: int, begin_ms: int,
-    end_ms: int,
+    end_ms: int, on_corrupt: CorruptSink | None = None,
 ) -> QueryResult:  # fmt: skip
     """queryMessage's loop (§13.2) over `hits(topic, key, max_num, begin_ms, end_ms)` (the
     commitlog offsets of the key's index hits, the newest file's endTimestamp and endPhyOffset):
@@ -458,20 +514,22 @@ def query_messages(
     messages: list[MessageRecord] = []
     last_ts = last_phy = 0
     for _ in range(QUERY_ROUNDS_MAX):
+        asked_ms = last_query_ms
         offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
         if not offsets:
             break
         last_ts, last_phy = ts, phy_end
         for n, phy in enumerate(sorted(offsets)):
-            record = record_at(reader, phy, cfg.max_message_size_bytes)
+            record = record_at(reader, phy, cfg.max_message_size_bytes, check_crc=cfg.check_crc_on_read,
+                               on_corrupt=on_corrupt)  # fmt: skip
             if record is None:
                 continue
             if n == 0:
                 last_query_ms = record.store_timestamp
             if record.topic == topic and (record.uniq_key == key or key in record.key_list):
                 messages.append(record)
-        if messages or last_query_ms < begin_ms:
-            break
+        if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
+            break  # (the same question again would read the same records)
     return QueryResult(
         messages=tuple(messages[:max_count]),
         index_last_update_timestamp=last_ts,

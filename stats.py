@@ -127,6 +127,7 @@ class StoreStats:
         self._get_transferred = 0
         self._get_max_ns = 0
         self._dispatch_max_behind_bytes = 0
+        self._corrupt_records_on_read = 0
         self._samples: collections.deque[_Sample] = collections.deque(maxlen=MAX_SAMPLES)
         self._last_reset_ms = self.boot_timestamp_ms
         self._samples.append(self._snapshot_locked(self.boot_timestamp_ms))
@@ -176,6 +177,12 @@ class StoreStats:
                 self._get_transferred += len(result.raw) if result.raw else len(result.messages)
             else:
                 self._get_miss += 1
+
+    def record_corrupt_on_read(self) -> None:
+        """A record that a read found damaged (body CRC, or not a record where a queue or
+        index pointed) and skipped instead of serving."""
+        with self._lock:
+            self._corrupt_records_on_read += 1
 
     def record_dispatch_behind(self, behind_bytes: int) -> None:
         """dispatchMaxBuffer: the largest dispatch lag seen (bytes of log not yet dispatched)."""
@@ -267,6 +274,7 @@ class StoreStats:
                 "get_message_transfered_msg_count": self._get_transferred,
                 "get_message_entire_time_max_ms": self._get_max_ns / _NS_PER_MS,
                 "dispatch_max_buffer_bytes": self._dispatch_max_behind_bytes,
+                "corrupt_records_on_read": self._corrupt_records_on_read,
                 "put_tps": self._tps_locked(now, "put_times"),
                 "get_found_tps": tps_found,
                 "get_miss_tps": tps_miss,

@@ -206,7 +206,7 @@ class MessageStore:
         self._gateway = StoreGateway.start(self)
         _open_stores.add(self)
         try:
-            self.offsets.load()  # neither file nor .bak parses: fail the open, like the broker
+            self.offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
         except Exception:
             self.close()
             raise
@@ -478,7 +478,8 @@ class MessageStore:
         if view is None:
             return self._not_readable(offset, "dispatch did not reach this thread's last put in time")
         readers = self._readers.get()
-        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw}
+        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
+                                  "on_corrupt": self._corrupt_on_read}  # fmt: skip
         found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count, **kwargs)
         if found is not None and found.status in _AT_THE_END and view.dispatched_end > view.queues_written:
             later = self._queue_view(with_dispatched=True)
@@ -564,7 +565,8 @@ class MessageStore:
             return reply.offsets, reply.last_update_timestamp, reply.last_update_phy_offset
 
         try:
-            result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms, end_ms)
+            result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms,
+                                          end_ms, on_corrupt=self._corrupt_on_read)  # fmt: skip
         except ServiceUnavailable as exc:
             return QueryResult(detail=str(exc))
         reads.yield_gil()
@@ -574,7 +576,13 @@ class MessageStore:
         """lookMessageByOffset (§13.3): the message at that commitlog offset, or None."""
         self._check_open()
         _check_int("commitlog_offset", commitlog_offset, 0)
-        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes)
+        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes,
+                               check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read)  # fmt: skip
+
+    def _corrupt_on_read(self, commitlog_offset: int, reason: str) -> None:
+        """A record a read skipped because its body fails its CRC: logged and counted."""
+        self.stats_service.record_corrupt_on_read()
+        self.log.error("corrupt_record_on_read", commitlog_offset=commitlog_offset, reason=reason)
 
     def lookup_msg_id(self, msg_id: str) -> MessageRecord | None:
         """The message an offset message id names (§2.5), if it is this store's."""
@@ -824,7 +832,10 @@ class StoreGateway(pykka.ThreadingActor):
         store = self._store
         match message:
             case Put(messages=messages, reply=reply, batch=batch):
-                store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
+                try:
+                    store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
+                except Exception as exc:  # a programming error of the sender's (TypeError, ValueError)
+                    reply.fail(exc)
             case Get(topic=topic, queue_id=queue_id, offset=offset, max_count=n, reply=reply, tags=tags,
                      max_total_bytes=max_total):  # fmt: skip
                 try:

@@ -74,10 +74,10 @@ def _producer_rate(store: mqstore.MessageStore, seconds: float, stop: threading.
     return count / elapsed
 
 
-def _catch_up(store: mqstore.MessageStore, n: int) -> dict[str, float]:
+def _catch_up(store: mqstore.MessageStore, n: int, seconds: float = CATCH_UP_SECONDS) -> dict[str, float]:
     """The case the read path must not spoil: a consumer reading a backlog of `n` messages
     through its own maps (never blocking) while a producer puts single messages."""
-    alone = _producer_rate(store, CATCH_UP_SECONDS)
+    alone = _producer_rate(store, seconds)
     stop = threading.Event()
     consumed = [0]
 
@@ -91,7 +91,7 @@ def _catch_up(store: mqstore.MessageStore, n: int) -> dict[str, float]:
     started = time.perf_counter()
     consumer.start()
     try:
-        together = _producer_rate(store, CATCH_UP_SECONDS, stop)
+        together = _producer_rate(store, seconds, stop)
     finally:
         stop.set()
         consumer.join()

@@ -101,6 +101,7 @@ class StoreConfig:
     # messages and reads
     max_message_size_bytes: int = _D["max_message_size_bytes"]
     check_crc_on_recover: bool = _D["check_crc_on_recover"]
+    check_crc_on_read: bool = _D["check_crc_on_read"]
     put_msg_index_high_water: int = _D["put_msg_index_high_water"]
     max_transfer_bytes_on_message_in_memory: int = _D["max_transfer_bytes_on_message_in_memory"]
     max_transfer_count_on_message_in_memory: int = _D["max_transfer_count_on_message_in_memory"]

@@ -114,7 +114,7 @@ class GetResult:
     min_offset: int = 0
     max_offset: int = 0
     raw: tuple[bytes, ...] = ()
-    detail: str = ""  # why, when the store could not read the queue (NO_MATCHED_LOGIC_QUEUE)
+    detail: str = ""  # why nothing or less was read: the queue unreadable (NO_MATCHED_LOGIC_QUEUE), a corrupt record skipped
 
     @property
     def found(self) -> bool:

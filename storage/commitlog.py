@@ -127,7 +127,8 @@ class CommitLog:
         check_crc_on_recover: bool = True,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
-        assert mapped_file_size > END_FILE_MIN_BLANK_LENGTH
+        if mapped_file_size <= END_FILE_MIN_BLANK_LENGTH:
+            raise ValueError(f"mapped_file_size must exceed {END_FILE_MIN_BLANK_LENGTH} bytes, not {mapped_file_size}")
         self._fault_hook = fault_hook
         self.fs = fs
         self.store_path = store_path

@@ -440,11 +440,13 @@ def list_consume_queues(consume_queue_root: str, fs: FileSystem) -> list[tuple[s
         if not fs.isdir(topic_dir):
             continue
         for name in fs.listdir(topic_dir):
-            try:
-                queue_id = int(name)
-            except ValueError:
-                log.warning("skipping a non-numeric queue dir", path=os.path.join(topic_dir, name))
+            # Only a queue id's own spelling: "01" or "-1" would open another directory
+            # (str(queue_id)) than the one found.
+            if not name.isdigit() or name != str(int(name)) or int(name) > 0x7FFFFFFF:
+                log.warning("skipping a dir that is not a queue id", path=os.path.join(topic_dir, name))
                 continue
             if fs.isdir(os.path.join(topic_dir, name)):
-                found.append((topic, queue_id))
+                found.append((topic, int(name)))
+            else:
+                log.warning("skipping a file where a queue dir would be", path=os.path.join(topic_dir, name))
     return sorted(found)

@@ -68,6 +68,7 @@ class FileSystem(Protocol):
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
     def read_bytes(self, path: str) -> bytes: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
+    def set_aside(self, path: str, suffix: str) -> str: ...
     def disk_usage(self, path: str) -> DiskUsage: ...
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]: ...
 
@@ -144,7 +145,9 @@ class RealMappedRegion:
         True are reserved.
         """
         global _reserve_failed_logged
-        end = min(end, self.size)
+        # Whole pages: a write through the map dirties a page, and the filesystem must back
+        # all of it (with 1 KiB blocks, a page's other blocks would be allocated in the fault).
+        end = min(end + (-end) % OS_PAGE_SIZE, self.size)
         if self._fd is None or end <= self._reserved:
             return True
         err = _fallocate(self._fd, self._reserved, end - self._reserved)
@@ -208,6 +211,23 @@ class RealMappedRegion:
         self._locked = False
 
 
+def _free_name(exists: Callable[[str], bool], wanted: str) -> str:
+    """`wanted`, or `wanted.1`, `wanted.2`, ...: the first name not taken."""
+    name, n = wanted, 0
+    while exists(name):
+        n += 1
+        name = f"{wanted}.{n}"
+    return name
+
+
+def _fsync_dir(directory: str) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 class RealFileSystem:
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
         return RealMappedRegion(path, size, create=create, readonly=readonly)
@@ -257,6 +277,14 @@ class RealFileSystem:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def set_aside(self, path: str, suffix: str) -> str:
+        """Rename `path` to `path + suffix` (or `path + suffix + ".N"` if taken), never over
+        another file; returns the new path. For a damaged file kept for a person to look at."""
+        target = _free_name(self.exists, path + suffix)
+        os.rename(path, target)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        return target
 
     def disk_usage(self, path: str) -> DiskUsage:
         usage = shutil.disk_usage(path)
@@ -547,6 +575,17 @@ class SimulatedFileSystem:
                 if self._used_locked() - old_bytes + len(data) > self.capacity_bytes:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
             self._files[path] = file
+
+    def set_aside(self, path: str, suffix: str) -> str:
+        path = os.path.normpath(path)
+        self._check_fault("rename", path)
+        with self._lock:
+            target = _free_name(lambda p: p in self._files or p in self._dirs, path + suffix)
+            file = self._files.pop(path, None)
+            if file is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            self._files[target] = file
+        return target
 
     def disk_usage(self, path: str) -> DiskUsage:
         if self.used_ratio_override is not None:

@@ -31,7 +31,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage import speedups
 from mqstore.storage.fs import FileSystem, MappedRegion
-from mqstore.storage.mapped_file import DiskFullError
+from mqstore.storage.mapped_file import KEEP_FREE_FOR_DERIVED_BYTES, DiskFullError, free_bytes
 
 __all__ = [
     "DEFAULT_MAX_HASH_SLOT_NUM",
@@ -81,6 +81,7 @@ _LONG = struct.Struct(">q")
 _ZERO_ENTRY: Final = bytes(INDEX_ENTRY_SIZE)
 
 _NAME_RE = re.compile(r"^\d{17}$")
+DAMAGED_SUFFIX: Final = ".damaged"  # a derived file set aside, for a person to look at
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,9 +196,13 @@ class IndexFile:
         readonly: bool = False,
         follows_owner: bool = False,
     ) -> None:
-        assert max_hash_slot_num > 0 and max_index_num > 1
-        assert readonly or not follows_owner
-        assert region.size == index_file_size(max_hash_slot_num, max_index_num), (region.path, region.size)
+        if max_hash_slot_num <= 0 or max_index_num <= 1:
+            raise ValueError(f"max_hash_slot_num must be > 0 and max_index_num > 1, not {max_hash_slot_num} and {max_index_num}")
+        if follows_owner and not readonly:
+            raise ValueError("follows_owner is for read-only maps")
+        if region.size != index_file_size(max_hash_slot_num, max_index_num):
+            raise ValueError(f"{region.path}: {region.size} bytes, not the {index_file_size(max_hash_slot_num, max_index_num)} "
+                             f"that max_hash_slot_num={max_hash_slot_num}, max_index_num={max_index_num} make")  # fmt: skip
         self._fs = fs
         self._region = region
         self._buf = region.buf
@@ -231,7 +236,8 @@ class IndexFile:
     ) -> IndexFile:
         """A new, empty file. `end_*` are the previous file's end values (the §10.6 quirk):
         they pre-set both begin and end header fields, exactly like 4.4.0's constructor."""
-        assert not fs.exists(path), path
+        if fs.exists(path):  # never map over an existing file: kept under python -O
+            raise FileExistsError(f"index file {path} already exists")
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num))
         f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
         if f.reserve_entries(2) < 2:  # the header, every slot and the first entry
@@ -342,8 +348,11 @@ class IndexFile:
         need_end = self._entries_pos + min(count, self.max_index_num) * INDEX_ENTRY_SIZE
         if need_end > self._reserved_end:
             window_end = min(need_end + ENTRIES_RESERVE_AHEAD * INDEX_ENTRY_SIZE, self._region.size)
+            free = free_bytes(self._fs, self.path)
             try:
                 for end in (window_end, need_end):
+                    if free is not None and free - (end - self._reserved_end) < KEEP_FREE_FOR_DERIVED_BYTES:
+                        continue  # never the filesystem's last blocks (see mapped_file)
                     if self._region.reserve(end):
                         self._reserved_end = end
                         break
@@ -746,6 +755,7 @@ class IndexService:
         # Set when no index file could be created after MAX_TRY_IDX_CREATE tries; the owner
         # maps it to RunningFlags.WRITE_INDEX_FILE_ERROR. Never cleared (restart), as in 4.4.0.
         self.index_error = False
+        self.set_aside: list[str] = []  # what `load` found damaged and set aside, for people
         # Why the last build_index_until_full stopped early, if the disk was full: not an
         # error of the index, the owner retries once there is space.
         self.disk_full: DiskFullError | None = None
@@ -754,23 +764,39 @@ class IndexService:
     def load(self, last_exit_ok: bool, index_msg_timestamp: int) -> bool:
         """Map every file of the index directory, oldest first. After an abnormal exit, files
         whose endTimestamp is newer than the checkpoint's indexMsgTimestamp are deleted: they
-        may be torn, and recovery re-dispatches their messages. False on an I/O error or a file
-        of the wrong size (other max_hash_slot_num / max_index_num settings)."""
-        assert not self.files
+        may be torn, and recovery re-dispatches their messages.
+
+        An index file is derived data: one that is empty, short, of a size its siblings do not
+        share, is set aside as `<name>.damaged` (never deleted) with every
+        later file (deleted: the re-dispatch writes them again), listed in `set_aside`, and
+        the caller rebuilds from the last kept file. False on an I/O error, or when every file
+        holds together at one other size (a store of other max_hash_slot_num/max_index_num
+        settings: not damage, so refused rather than "repaired")."""
+        if self.files:
+            raise ValueError("load() on an index service that already has files")
         fs = self._fs
+        self.set_aside = []
         if not fs.exists(self.index_dir):
             return True
         expected = index_file_size(self.max_hash_slot_num, self.max_index_num)
         try:
+            names = []
             for name in fs.listdir(self.index_dir):
                 path = os.path.join(self.index_dir, name)
-                if not _NAME_RE.match(name):
+                if not _NAME_RE.match(name) or fs.isdir(path):
                     log.warning("index_load_skip_foreign_file", path=path)
                     continue
-                size = fs.getsize(path)
-                if size != expected:
-                    log.error("index_load_wrong_size", path=path, size=size, expected=expected)
-                    return False
+                names.append(name)
+            sizes = {name: fs.getsize(os.path.join(self.index_dir, name)) for name in names}
+            if sizes and expected not in sizes.values() and self._other_geometry(sizes):
+                size = next(iter(sizes.values()))
+                log.error("index_load_wrong_size", dir=self.index_dir, size=size, expected=expected)
+                return False
+            for n, name in enumerate(names):
+                path = os.path.join(self.index_dir, name)
+                if sizes[name] != expected:
+                    self._set_aside_from(names[n:], sizes, expected)
+                    break
                 f = IndexFile.load(
                     fs, path, max_hash_slot_num=self.max_hash_slot_num, max_index_num=self.max_index_num
                 )
@@ -788,6 +814,37 @@ class IndexService:
             log.error("index_load_failed", dir=self.index_dir, error=str(e))
             return False
         return True
+
+    def _other_geometry(self, sizes: dict[str, int]) -> bool:
+        """Whether the index files hold together at one size that is not this service's: a
+        store written with another max_index_num, which is not damage (refused, not rebuilt).
+        Each file is a whole number of entries after this max_hash_slot_num's slots, and its
+        header's count fits them (a file cut into its entries keeps a count they no longer
+        have). A file of a size its siblings do not share is damage."""
+        if len(set(sizes.values())) != 1:
+            return False
+        size = next(iter(sizes.values()))
+        entries = size - INDEX_HEADER_SIZE - self.max_hash_slot_num * HASH_SLOT_SIZE
+        if entries <= INDEX_ENTRY_SIZE or entries % INDEX_ENTRY_SIZE:
+            return False
+        for name in sizes:
+            header = read_index_header(self._fs, os.path.join(self.index_dir, name))
+            if not 0 <= header.index_count <= entries // INDEX_ENTRY_SIZE:
+                return False
+        return True
+
+    def _set_aside_from(self, names: list[str], sizes: dict[str, int], expected: int) -> None:
+        """The first of `names` is damaged: keep it as `.damaged`; its successors go (their
+        keys are re-dispatched, and a kept later file would make build_index skip them)."""
+        fs = self._fs
+        first = os.path.join(self.index_dir, names[0])
+        kept = fs.set_aside(first, DAMAGED_SUFFIX)
+        why = f"{sizes[names[0]]} bytes, not {expected}"
+        self.set_aside.append(f"{names[0]}: {why}; kept as {os.path.basename(kept)}")
+        log.error("index_file_set_aside", path=first, reason=why, kept_as=kept)
+        for name in names[1:]:
+            fs.remove(os.path.join(self.index_dir, name))
+            self.set_aside.append(f"{name}: after a damaged file")
 
     # writing ----------------------------------------------------------------------------
     def build_index(

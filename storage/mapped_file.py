@@ -42,7 +42,8 @@ AppendCallback = Callable[[bytearray, int, int, int], AppendMessageResult]
 def parse_segment_offset(path: str) -> int:
     """The start offset a segment's 20-digit name encodes (§2.4)."""
     name = os.path.basename(path)
-    assert len(name) == 20 and name.isdigit(), f"not a segment file name: {name!r}"
+    if len(name) != 20 or not name.isdigit():
+        raise ValueError(f"not a segment file name: {name!r}")
     return int(name)
 
 
@@ -70,6 +71,20 @@ RESERVE_RETRY_AFTER_BYTES: Final = 1024 * 1024
 # A shrunk window takes at most this share of the free space: the rest stays for the
 # derived files (ConsumeQueue units, index entries) of what is appended meanwhile.
 RESERVE_SHARE_OF_FREE_SPACE: Final = 2
+# Never reserved, so the store itself never takes a filesystem to 100%: on a full ext4, a
+# write fault into fallocated (unwritten) blocks was seen to die with SIGBUS all the same
+# (tests/crash/test_small_filesystem.py). Messages stop first; their derived files (CQ
+# units, index entries) may go further, down to the smaller margin.
+KEEP_FREE_FOR_MESSAGES_BYTES: Final = 1024 * 1024
+KEEP_FREE_FOR_DERIVED_BYTES: Final = 256 * 1024
+
+
+def free_bytes(fs: FileSystem, path: str) -> int | None:
+    """Free space of the filesystem holding `path` (None if it cannot be told)."""
+    try:
+        return fs.disk_usage(os.path.dirname(path) or ".").free_bytes
+    except OSError:
+        return None
 
 
 class MappedFile:
@@ -90,8 +105,10 @@ class MappedFile:
         on_write_buffer_released: Callable[[bytearray], None] | None = None,
         create: bool = True,
     ) -> None:
-        assert file_size > 0
-        assert write_buffer is None or len(write_buffer) >= file_size
+        if file_size <= 0:
+            raise ValueError(f"file_size must be positive, not {file_size}")
+        if write_buffer is not None and len(write_buffer) < file_size:
+            raise ValueError(f"write_buffer of {len(write_buffer)} bytes is smaller than file_size {file_size}")
         self.fs = fs
         self.file_name = path
         self.file_from_offset = parse_segment_offset(path)
@@ -136,6 +153,9 @@ class MappedFile:
         """Truncation/recovery: wrote = committed = flushed = `position`."""
         assert 0 <= position <= self.file_size
         self.wrote_position = self.committed_position = self.flushed_position = position
+        # What was written has its blocks (whole pages: a page holding data is backed on
+        # tmpfs; the free-space estimate of the next reservation must not count it again).
+        self._reserved_until = position - position % OS_PAGE_SIZE
 
     @property
     def mapped_buffer(self) -> bytearray:
@@ -164,7 +184,7 @@ class MappedFile:
         window_end = min(self.file_size, pos + RESERVE_AHEAD_BYTES)
         if pos + RESERVE_LOW_WATER_BYTES > self._reserved_until and window_end > self._reserved_until:
             if need_end > self._reserved_until or pos >= self._retry_full_window_at:
-                if not self._reserve(need_end, window_end):
+                if not self._reserve(need_end, window_end, KEEP_FREE_FOR_MESSAGES_BYTES):
                     raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
                 if self._reserved_until < window_end:  # shrunk to what fits: retry the window later
                     self._retry_full_window_at = pos + RESERVE_RETRY_AFTER_BYTES
@@ -180,7 +200,7 @@ class MappedFile:
             self.store_timestamp = result.store_timestamp
         return result
 
-    def _reserve(self, need_end: int, window_end: int) -> bool:
+    def _reserve(self, need_end: int, window_end: int, keep_free: int = 0) -> bool:
         """Blocks up to `need_end` at least, up to `window_end` if the disk has room for it
         (fs.RealMappedRegion.reserve). When it has not, the window shrinks to a share of the
         free space, then to `need_end` itself: appends go on while anything fits. False
@@ -196,10 +216,13 @@ class MappedFile:
             target = window_end
             wanted = window_end - self._reserved_until
             free = self._free_bytes()
-            if free is not None and free < wanted * RESERVE_SHARE_OF_FREE_SPACE:
+            spare = None if free is None else free - keep_free
+            if spare is not None and spare < need_end - self._reserved_until:
+                return False
+            if spare is not None and spare < wanted * RESERVE_SHARE_OF_FREE_SPACE:
                 # Do not ask for what is not there: ext4 keeps the blocks of a failed
                 # fallocate, and the derived files would find the disk taken.
-                share = free // RESERVE_SHARE_OF_FREE_SPACE
+                share = spare // RESERVE_SHARE_OF_FREE_SPACE
                 target = max(need_end, min(window_end, self._reserved_until + share - share % OS_PAGE_SIZE))
             for end in (target, need_end) if target > need_end else (need_end,):
                 if end <= self._reserved_until or region.reserve(end):
@@ -212,17 +235,14 @@ class MappedFile:
             return True
 
     def _free_bytes(self) -> int | None:
-        try:
-            return self.fs.disk_usage(os.path.dirname(self.file_name) or ".").free_bytes
-        except OSError:
-            return None
+        return free_bytes(self.fs, self.file_name)
 
     def reserve(self, end: int, ahead: int = 0) -> bool:
         """Blocks for every byte below `end` (and `ahead` more if there is room) before
         anything is written there through the map; False when the disk has no room."""
         if end <= self._reserved_until:
             return True
-        return self._reserve(end, end + ahead)
+        return self._reserve(end, end + ahead, KEEP_FREE_FOR_DERIVED_BYTES)
 
     @property
     def reserved_until(self) -> int:
@@ -237,7 +257,9 @@ class MappedFile:
         end = pos + len(data)
         if end > self.file_size:
             return False
-        if end > self._reserved_until and not self._reserve(end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES):
+        if end > self._reserved_until and not self._reserve(
+            end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES, KEEP_FREE_FOR_DERIVED_BYTES
+        ):
             raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
         self._target()[pos:end] = data
         self.wrote_position = end
@@ -386,11 +408,12 @@ class MappedFile:
     def warm_up(self, sync_flush: bool, flush_least_pages: int) -> None:
         """Touch every page with a zero byte (forcing every N pages with sync flush), then
         madvise WILLNEED and mlock, best effort. Only for a fresh, unwritten file."""
-        assert self.wrote_position == 0, "warm-up would overwrite data"
+        if self.wrote_position != 0:  # a guard against overwriting data: kept under python -O
+            raise RuntimeError(f"warm-up of {self.file_name} would overwrite data")
         buf = self.mapped_buffer
         region = self._region
         assert region is not None
-        if not self._reserve(self.file_size, self.file_size):
+        if not self._reserve(self.file_size, self.file_size, KEEP_FREE_FOR_MESSAGES_BYTES):
             # Touching pages with no blocks behind them would die with SIGBUS.
             log.warning("no disk space to warm up a new file; it stays cold", file=self.file_name)
             return
@@ -494,7 +517,8 @@ class TransientStorePool(WriteBufferPool):
     """
 
     def __init__(self, pool_size: int, file_size: int) -> None:
-        assert pool_size >= 0 and file_size > 0
+        if pool_size < 0 or file_size <= 0:
+            raise ValueError(f"pool_size must be >= 0 and file_size > 0, not {pool_size} and {file_size}")
         self.pool_size = pool_size
         self.file_size = file_size
         self._free: deque[bytearray] = deque(bytearray(file_size) for _ in range(pool_size))

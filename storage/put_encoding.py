@@ -89,6 +89,8 @@ class PutEncoder:
                 if batch and total > max_size:
                     return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"batch of {total} bytes > {max_size}")
                 return EncodedBatch(encoded, 0, True)
+        for message in messages:
+            codec.check_message_ints(message)  # TypeError/ValueError naming the field: the caller's mistake
         if batch and any(m.topic != first.topic or m.queue_id != first.queue_id for m in messages):
             return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, "a batch must have one topic and queue")
         records = []
@@ -96,8 +98,6 @@ class PutEncoder:
         for message in messages:
             if not isinstance(message.body, (bytes, bytearray, memoryview)):
                 raise TypeError(f"message body must be bytes, not {type(message.body).__name__}")
-            if not isinstance(message.queue_id, int) or isinstance(message.queue_id, bool) or message.queue_id < 0:
-                raise ValueError(f"queue_id must be a non-negative int, not {message.queue_id!r}")
             try:
                 props = message_properties(message)
             except ValueError as exc:
@@ -153,6 +153,7 @@ def message_properties(message: PutMessageLike) -> str:
         if text.count("\x01") != text.count("\x02") or text.count("\x01") != 1 + (bool(joined) and bool(tags)):
             raise ValueError("tags or keys contain a reserved separator character (\\x01 or \\x02)")
         return text
+    codec.check_user_properties(message.properties)
     props = dict(message.properties)
     if message.tags:
         props[codec.PROPERTY_TAGS] = message.tags

@@ -12,6 +12,7 @@ import pytest
 
 import mqstore
 from mqstore.storage.fs import SimulatedFileSystem
+from mqstore.storage.mapped_file import KEEP_FREE_FOR_MESSAGES_BYTES
 from mqstore.store import MessageStore
 
 SETTINGS = dict(
@@ -112,7 +113,7 @@ def _put_until_refused(store: MessageStore, acked: list[str], prefix: str, limit
     return None
 
 
-@pytest.mark.parametrize("segment_bytes", [64 * 1024, 1024 * 1024], ids=["segment-fits", "segment-larger-than-disk"])
+@pytest.mark.parametrize("segment_bytes", [64 * 1024, 4 * 1024 * 1024], ids=["segment-fits", "segment-larger-than-disk"])
 def test_a_small_simulated_disk_fills_without_sigbus_and_takes_puts_again_when_space_returns(
     segment_bytes: int,
 ) -> None:
@@ -121,28 +122,29 @@ def test_a_small_simulated_disk_fills_without_sigbus_and_takes_puts_again_when_s
     disk itself; commitlog, ConsumeQueue, index and checkpoint must all reserve first. With a
     segment larger than the disk the reservation window must shrink to what fits."""
     settings = dict(SMALL_DISK, mapped_file_size_commitlog_bytes=segment_bytes)
-    fs = SimulatedFileSystem(capacity_bytes=600 * 1024)
+    fs = SimulatedFileSystem(capacity_bytes=3 * 1024 * 1024)
     fs.makedirs("/sim")
-    fs.write_atomic("/sim/filler", bytes(100 * 1024))  # the space the user frees later
+    fs.write_atomic("/sim/filler", bytes(1536 * 1024))  # the space the user frees later
     acked: list[str] = []
     with mqstore.open("/sim/store", fs=fs, **settings) as store:
-        refused = _put_until_refused(store, acked, "a", 2000)
+        refused = _put_until_refused(store, acked, "a", 10_000)
         assert refused is not None, "the disk never filled"
         assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE
         assert "disk full" in refused.detail
         assert len(acked) > 100
         assert store.supervisor.state.name == "RUNNING"
-        assert fs.free_bytes() < 64 * 1024  # really full: less than one segment left
+        # Full as far as the store goes: it leaves the filesystem's last blocks alone.
+        assert fs.free_bytes() < 2 * KEEP_FREE_FOR_MESSAGES_BYTES
     fs.assert_no_sigbus()
     # Reopened on the full disk: recovery reads, and nothing faults; every ack is there.
     with mqstore.open("/sim/store", fs=fs, **settings) as store:
         assert all_keys(store) == acked
         assert store.query("T", acked[-1]).messages[0].key_list == [acked[-1]]
         assert not store.put(mqstore.Message(topic="T", body=b"y" * 700, keys=["full"])).ok
-        # Space comes back (less than a 32 MiB window, less than a segment here even
-        # counting what is reserved): puts succeed again, without a restart.
+        # Space comes back (less than a 32 MiB window; with the larger segment, less than
+        # the segment): puts succeed again, without a restart.
         fs.remove("/sim/filler")
-        refused = _put_until_refused(store, acked, "b", 2000)
+        refused = _put_until_refused(store, acked, "b", 10_000)
         assert refused is not None and "disk full" in refused.detail
         assert any(key.startswith("b") for key in acked)
         assert all_keys(store) == acked

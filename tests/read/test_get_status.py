@@ -152,7 +152,7 @@ def test_a_map_closed_between_finding_and_decoding_reads_as_removed(
     assert store.lookup(0) is None
     # Other errors are not hidden.
     monkeypatch.setattr(CommitLogReader, "select", lambda self, offset, size: (b"\0" * 8, -9))
-    monkeypatch.setattr(codec, "read_message", _raise_value_error)
+    monkeypatch.setattr(codec, "read_served", _raise_value_error)
     with pytest.raises(ValueError, match="not a closed map"):
         store.lookup(0)
 
