@@ -9,6 +9,7 @@
 # Absolute imports: pytest imports this file by path (the repository root is the package),
 # under the checkout directory's name, where relative imports have no parent package.
 from mqstore.config import ConfigError, StoreConfig
+from mqstore.errors import StoreClosedError
 from mqstore.faults import FaultPlan, InjectedFault
 from mqstore.messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
 from mqstore.storage.codec import HostAddress, MessageRecord, TopicError
@@ -37,6 +38,7 @@ __all__ = [
     "ConfigError",
     "TopicError",
     "StoreLockedError",
+    "StoreClosedError",
     "HostAddress",
     "FaultPlan",
     "InjectedFault",

@@ -37,6 +37,7 @@ from .storage.commitlog import scan_commitlog_dir
 from .storage.consume_queue import iter_cq_units, list_consume_queues
 from .storage.fs import RealFileSystem
 from .storage.index import IndexFile
+from .storage.lockfiles import StoreDirectoryError
 
 __all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "load_config", "main"]
 
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # the valid records first, then the reason we stopped
         print(f"mqstore {args.command}: {exc.message}", file=sys.stderr)
         return exc.code
+    except StoreDirectoryError as exc:  # something in the way of the store's own files
+        print(f"mqstore {args.command}: {exc}", file=sys.stderr)
+        return ExitCode.NOT_A_STORE
     except BrokenPipeError:
         # `mqstore dump ... | head`: the reader left; that is not our failure.
         _silence_stdout()

@@ -15,8 +15,9 @@ as RocketMQ does.
 figures; `read_snapshot` reads that file back.
 
 Time is passed in (`clock_ms`), latencies are measured by the caller in nanoseconds.
-`store_snapshot(store)` adds what only the running store and the OS know: dispatch lag (asked
-of the reput actor), process RSS and open files, disk usage of each store path (psutil).
+`store_snapshot(source)` adds what only the running store and the OS know: dispatch lag (from
+the store's read view), process RSS and open files, disk usage of each store path (psutil).
+Both take a `StatsSource`, the narrow protocol a store offers them, not the store itself.
 """
 
 from __future__ import annotations
@@ -27,19 +28,19 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Final
+from typing import Any, Callable, Final, Protocol
 
 import msgpack
 import psutil
 
+from .config import StoreConfig
 from .log import get_logger
-from .messages import GetResult, Ping, PutResult, Reply
-
-if TYPE_CHECKING:
-    from .store import MessageStore
+from .messages import GetResult, PutResult, Reply
+from .storage.fs import FileSystem
 
 __all__ = [
     "SNAPSHOT_FILE_NAME",
+    "StatsSource",
     "StatsTicker",
     "read_snapshot",
     "BUCKET_NAMES",
@@ -67,6 +68,23 @@ MAX_SAMPLES: Final = 601  # 10 minutes of 1 s samples, plus the one the window s
 DISTRIBUTION_RESET_INTERVAL_MS: Final = 60_000
 
 _NS_PER_MS: Final = 1_000_000
+
+
+class StatsSource(Protocol):
+    """What the stats need of a running store (MessageStore is one)."""
+
+    @property
+    def config(self) -> StoreConfig: ...
+    @property
+    def fs(self) -> FileSystem: ...
+    @property
+    def stats_service(self) -> StoreStats: ...
+    @property
+    def running(self) -> bool: ...
+    def clock_ms(self) -> int: ...
+    def dispatch_progress(self) -> tuple[int, int]:
+        """(the commitlog's readable end, the end of what was dispatched)."""
+        ...
 
 
 def bucket_of(latency_ms: int) -> int:
@@ -109,6 +127,7 @@ class StoreStats:
         self._get_transferred = 0
         self._get_max_ns = 0
         self._dispatch_max_behind_bytes = 0
+        self._corrupt_records_on_read = 0
         self._samples: collections.deque[_Sample] = collections.deque(maxlen=MAX_SAMPLES)
         self._last_reset_ms = self.boot_timestamp_ms
         self._samples.append(self._snapshot_locked(self.boot_timestamp_ms))
@@ -158,6 +177,12 @@ class StoreStats:
                 self._get_transferred += len(result.raw) if result.raw else len(result.messages)
             else:
                 self._get_miss += 1
+
+    def record_corrupt_on_read(self) -> None:
+        """A record that a read found damaged (body CRC, or not a record where a queue or
+        index pointed) and skipped instead of serving."""
+        with self._lock:
+            self._corrupt_records_on_read += 1
 
     def record_dispatch_behind(self, behind_bytes: int) -> None:
         """dispatchMaxBuffer: the largest dispatch lag seen (bytes of log not yet dispatched)."""
@@ -249,6 +274,7 @@ class StoreStats:
                 "get_message_transfered_msg_count": self._get_transferred,
                 "get_message_entire_time_max_ms": self._get_max_ns / _NS_PER_MS,
                 "dispatch_max_buffer_bytes": self._dispatch_max_behind_bytes,
+                "corrupt_records_on_read": self._corrupt_records_on_read,
                 "put_tps": self._tps_locked(now, "put_times"),
                 "get_found_tps": tps_found,
                 "get_miss_tps": tps_miss,
@@ -303,21 +329,17 @@ def _disk_usage(path: str) -> dict[str, Any]:
     }
 
 
-def store_snapshot(store: MessageStore) -> dict[str, Any]:
+def store_snapshot(store: StatsSource) -> dict[str, Any]:
     """`MessageStore.stats()`: the counters, dispatch lag, process and disk figures."""
     stats = store.stats_service
     out = stats.snapshot(store.clock_ms())
     behind: int | None = None
-    reput = store.supervisor.ctx.peers.get("reput")
-    if reput is not None and store.running:
-        try:
-            status = reput.ask(Ping(), timeout=2)
-            behind = max(status.max_offset - status.reput_offset, 0)
-            stats.record_dispatch_behind(behind)
-            out["commitlog_max_offset"] = status.max_offset
-            out["reput_offset"] = status.reput_offset
-        except Exception:  # the reput actor is restarting: lag unknown this time
-            behind = None
+    if store.running:
+        log_end, dispatched = store.dispatch_progress()
+        behind = max(log_end - dispatched, 0)
+        stats.record_dispatch_behind(behind)
+        out["commitlog_max_offset"] = log_end
+        out["reput_offset"] = dispatched
     out["dispatch_behind_bytes"] = behind
     proc = psutil.Process()
     try:
@@ -341,7 +363,6 @@ def store_snapshot(store: MessageStore) -> dict[str, Any]:
 SNAPSHOT_FILE_NAME: Final = "stats.msgpack"
 SNAPSHOT_FORMAT_VERSION: Final = 1
 SNAPSHOT_MAX_BYTES: Final = 16 * 1024 * 1024  # a bound on what `read_snapshot` accepts
-SNAPSHOT_REPUT_ANSWER_TIMEOUT_S: Final = 0.5  # the ticker's thread waits at most this for the lag
 
 
 class StatsTicker:
@@ -350,7 +371,7 @@ class StatsTicker:
     the snapshot file. `close()` writes a last one, marked final. Thread-safe: the supervisor's
     thread ticks while the host's thread may close."""
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: StatsSource) -> None:
         self._store = store
         self._interval_ms = store.config.stats_snapshot_interval_ms
         self._path = os.path.join(os.fspath(store.config.store_path_root_dir), SNAPSHOT_FILE_NAME)
@@ -386,8 +407,9 @@ class StatsTicker:
         store = self._store
         figures = store.stats_service.snapshot(now_ms)
         lag = self._dispatch_lag()
-        if lag.get("behind_bytes") is not None:
-            store.stats_service.record_dispatch_behind(lag["behind_bytes"])
+        behind = lag.get("behind_bytes")
+        if behind is not None:
+            store.stats_service.record_dispatch_behind(behind)
         try:
             rss = psutil.Process().memory_info().rss
         except psutil.Error:
@@ -410,21 +432,10 @@ class StatsTicker:
         self.snapshots_written += 1
 
     def _dispatch_lag(self) -> dict[str, int | None]:
-        """How far the reput actor is behind the log, asked with a short timeout: this runs on
-        the supervisor's thread, which must not wait long (a restarting reput: unknown)."""
-        store = self._store
-        reput = store.supervisor.ctx.peers.get("reput")
-        if reput is None:
-            return {"behind_bytes": None, "commitlog_max_offset": None, "reput_offset": None}
-        try:
-            status = reput.ask(Ping(), timeout=SNAPSHOT_REPUT_ANSWER_TIMEOUT_S)
-        except Exception:  # dead, stopping or busy: the lag is unknown this time
-            return {"behind_bytes": None, "commitlog_max_offset": None, "reput_offset": None}
-        return {
-            "behind_bytes": max(status.max_offset - status.reput_offset, 0),
-            "commitlog_max_offset": status.max_offset,
-            "reput_offset": status.reput_offset,
-        }
+        """How far dispatch is behind the log, from the store's read view (no ask: this runs on
+        the supervisor's thread; at close, the view as the actors left it)."""
+        log_end, dispatched = self._store.dispatch_progress()
+        return {"behind_bytes": max(log_end - dispatched, 0), "commitlog_max_offset": log_end, "reput_offset": dispatched}
 
 
 def read_snapshot(root: str | os.PathLike[str]) -> dict[str, Any] | None:

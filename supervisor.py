@@ -87,7 +87,8 @@ TREE: tuple[ChildSpec, ...] = (
     ChildSpec("allocator", ()),
     ChildSpec("flush", (), _flush_tick),
     ChildSpec("consume_queue", ("reput",), lambda c: c.flush_interval_consume_queue_ms),
-    ChildSpec("index", ("reput",), enabled=lambda c: c.message_index_enable),
+    # Ticks retry dispatch that waits for disk space.
+    ChildSpec("index", ("reput",), lambda c: c.flush_interval_consume_queue_ms, enabled=lambda c: c.message_index_enable),
     # The allocator's pre-created segments are the writer's future files: a restarted writer
     # truncates its tail, which may delete them, so the allocator restarts with it.
     ChildSpec("writer", ("allocator", "commit", "reput"), lambda c: c.flush_interval_commitlog_ms),

@@ -19,6 +19,7 @@ from ..config import StoreConfig
 from ..faults import FaultPlan
 from ..log import get_logger
 from ..messages import Asked, Reply
+from ..read_view import ReadViewPublisher
 from ..storage import speedups
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
@@ -54,11 +55,10 @@ class ActorContext:
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
     # live outside the actors, so they survive a reput restart).
     on_arrivals: Callable[[list[Any], int], None] = lambda _events, _end_offset: None
-    # Where the index actor publishes what readers of index/ need: the names of its files,
-    # oldest first, and the commitlog offset below which every dispatched record is indexed.
-    # Called in the index actor's thread after its start, each dispatch batch and each
-    # deletion; it must be cheap and never block (the store only records it and wakes waiters).
-    on_index_progress: Callable[[tuple[str, ...], int], None] = lambda _files, _indexed_end: None
+    # Where owners publish what readers need (read_view.py): the writer its readable end, reput
+    # the dispatched end, the ConsumeQueue actor the queue bounds, the index actor its files
+    # and indexed end. One frozen view swapped per publication; cheap, never blocks long.
+    read_view: ReadViewPublisher = field(default_factory=ReadViewPublisher)
     # The cleaner's view of the disk (§12.3) and its pause between two deletions, per store
     # (passed in like `clock_ms`, habit 9): a test gives a FixedDiskGauge and a recording sleep
     # and never fills a disk nor waits. The supervisor's default gauge is psutil over the store
@@ -69,10 +69,6 @@ class ActorContext:
     # (StoreStats sampling, the stats snapshot). Each must be cheap; one that raises is logged
     # and called again next time.
     on_tick_ms: list[Callable[[int], None]] = field(default_factory=list)
-    # Where the ConsumeQueue actor publishes what readers of consumequeue/ need (QueueBounds;
-    # None when it stops: until its successor publishes, readers ask it). Called in its
-    # thread; it must be cheap and never block.
-    on_queue_bounds: Callable[[Any], None] = lambda _bounds: None
 
     def tell(self, peer: str, message: Any) -> bool:
         """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""
@@ -114,6 +110,16 @@ class FastInbox:
         else:
             self._tokens.put(None)
 
+    def put_keeping_gil(self, item: Any) -> None:
+        """`put`, but the caller keeps the GIL while the actor wakes: for a producer that is
+        about to put again (put_async), so puts pile up for the actor to drain in one pass
+        instead of the producer switching out to the actor once per put."""
+        self._items.append(item)
+        if self._signal is not None:
+            self._signal.post_holding_gil()
+        else:
+            self._tokens.put(None)
+
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         if self._signal is not None:
             wait_s = (-1.0 if timeout is None else max(timeout, 0.0)) if block else 0.0
@@ -128,6 +134,20 @@ class FastInbox:
 
     def qsize(self) -> int:
         return len(self._items)
+
+    def take_all_of_kind(self, kind: type, limit: int) -> list[Any]:
+        """The told messages of type `kind` waiting at the head (at most `limit`), taken out
+        in order: an actor that can handle many at once (the writer's put pass) drains them."""
+        items = self._items
+        taken: list[Any] = []
+        while items and len(taken) < limit and items[0].reply_to is None and type(items[0].message) is kind:
+            taken.append(items.popleft().message)
+            # Its token was put right after the message (or is about to be): take it.
+            if self._signal is not None:
+                self._signal.wait(-1.0)
+            else:
+                self._tokens.get()
+        return taken
 
     def take_newest_of_kind(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
         """`message`, or the newest of the told messages of its type waiting at the head (all

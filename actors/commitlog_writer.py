@@ -31,14 +31,19 @@ from ..messages import (
 )
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecords
+from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
-from .base import ActorContext, StoreActor
+from .base import ActorContext, FastInbox, ServiceUnavailable, StoreActor
 
 __all__ = ["CommitLogWriter", "ResumePoint"]
 
-NOTICE_EVERY_PUTS_MAX = 64
+# A pass appends at most this many puts before it answers them and tells reput: bounds an
+# answer's wait and the dispatch lag under a constant stream.
+PASS_MAX_PUTS = 256
+_NOT_WRITEABLE = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable")
+_BUSY = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +70,10 @@ class CommitLogWriter(StoreActor):
         self._pending_advance: CommitLogAdvanced | None = None
         self._flush_told = 0  # the last log end the flush actor was told
         self._pooled = False
-        self._puts_since_notice = 0
+        # Puts appended and passes made, for the tests and the bench (puts per pass).
+        self.passes = 0
+        self.passed_puts = 0
+        self._reput_missed = False  # the last notice found no reput (see _notify_advance)
 
     # lifecycle ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -99,6 +107,7 @@ class CommitLogWriter(StoreActor):
             self._resume.scan_from, dict(self._resume.topic_queue_table), check_crc=cfg.check_crc_on_recover
         )
         self._commitlog.topic_queue_table = table
+        self.ctx.read_view.publish_commitlog(self._readable_end())
         self.log.info("writer ready", max_offset=end, queues=len(table))
 
     def release(self) -> None:
@@ -117,7 +126,7 @@ class CommitLogWriter(StoreActor):
     def _handle(self, message: Any) -> Any:
         match message:
             case EncodedPut():
-                self._put(message)
+                self._put_pass(message)
             case Ping():
                 return self._ready()
             case SetWriteable(writeable=writeable, closing=closing):
@@ -128,6 +137,8 @@ class CommitLogWriter(StoreActor):
                 self._commit(least_pages)
             case Tick():
                 self._tell_flush_the_end()
+                if self._reput_missed:
+                    self._tell_reput_the_end()
             case DeleteExpiredCommitLogFiles():
                 message.reply.send(self._delete_expired(message))
             case RedeleteHangedCommitLogFile(forcibly_ms=forcibly_ms, now_ms=now_ms, reply=reply):
@@ -148,24 +159,157 @@ class CommitLogWriter(StoreActor):
             topic_queue_table=dict(self._commitlog.topic_queue_table),
         )
 
-    def _put(self, put: EncodedPut) -> None:
+    def _put_pass(self, first: EncodedPut) -> None:
+        """Append `first` and every put waiting behind it (at most PASS_MAX_PUTS) in one pass,
+        then tell reput and flush once and hand all the answers out together: a wake-up of
+        this thread, of reput and of each caller is paid per pass, not per put (RocketMQ's
+        group commit does this for sync flush; here async flush gets it too)."""
+        inbox = self.actor_inbox
+        assert isinstance(inbox, FastInbox)
+        puts = [first]
+        puts.extend(inbox.take_all_of_kind(EncodedPut, PASS_MAX_PUTS - 1))
+        answers: list[tuple[Reply, PutResult]] = []
+        group_commits: list[GroupCommitRequest] = []
+        try:
+            for unit in self._units(puts, answers):
+                if len(unit) == 1:
+                    self._append(unit[0], answers, group_commits)
+                else:
+                    self._append_group(unit, answers, group_commits)
+        except BaseException as exc:
+            # The puts of this pass are out of the inbox, so the crash handler cannot see them:
+            # fail every one not answered yet (those already appended are stored, but their
+            # callers learn only that the writer failed, as for a crash after any append).
+            failure = ServiceUnavailable(f"{self.name} failed: {exc!r}")
+            for put in puts:
+                put.reply.fail(failure)
+            raise
+        self.passes += 1
+        self.passed_puts += len(puts)
+        if group_commits:
+            self._notify_advance()  # the flush actor must know the data it is asked to force
+            for request in group_commits:
+                if not self.ctx.tell("flush", request):
+                    request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
+        last = len(answers) - 1
+        for i, (reply, result) in enumerate(answers):
+            # The last answer drops the GIL while its caller wakes (Waiter.hand_over); the
+            # others keep it, or the writer would switch out once per answer of the burst.
+            try:
+                reply.send(result, hand_over=i == last)
+            except Exception as exc:  # a Reply to a dead actor, a raising callback: theirs, not ours
+                self.log.warning("a put's answer could not be delivered", status=result.status.name, error=repr(exc))
+        self._notify_advance()
+
+    def _units(self, puts: list[EncodedPut], answers: list[tuple[Reply, PutResult]]) -> list[list[EncodedPut]]:
+        """The pass's puts to append, refused ones answered: single records of one queue
+        grouped (in their order, where the queue's first one stood) for one append each,
+        the rest alone. Each queue keeps its puts' order; puts to different queues that are
+        in flight together have no order between them, as with any concurrent callers."""
+        now_ns = time.monotonic_ns()
+        units: list[list[EncodedPut]] = []
+        singles: dict[tuple[str, int], list[EncodedPut]] = {}
+        for put in puts:
+            if self._closing or not self._writeable:
+                answers.append((put.reply, _NOT_WRITEABLE))
+            # RocketMQ rejects a put while another has held the put lock too long; the actor's
+            # equivalent is a request that waited in the mailbox too long behind slow appends.
+            elif now_ns - put.enqueued_ns > self._busy_timeout_ns:
+                answers.append((put.reply, _BUSY))
+            elif put.batch or put.sys_flag or len(put.records) != 1:
+                singles.pop((put.topic, put.queue_id), None)  # later singles go after it
+                units.append([put])
+            else:
+                group = singles.get((put.topic, put.queue_id))
+                if group is None:
+                    singles[(put.topic, put.queue_id)] = group = []
+                    units.append(group)
+                group.append(put)
+        return units
+
+    def _append_group(
+        self, group: list[EncodedPut], answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+    ) -> None:
+        """Single puts of one queue appended together: one contiguous run of records (as a
+        batch is: consecutive queue offsets, one C call, the first header written last), each
+        answered with its own offsets and msgId. Split where a run would pass the size a
+        batch may have."""
         commitlog = self._commitlog
         assert commitlog is not None
-        if self._closing or not self._writeable:
-            put.reply.send(PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable"))
-            return
-        # RocketMQ rejects a put while another has held the put lock too long; the actor's
-        # equivalent is a request that waited in the mailbox too long behind a slow append.
-        if time.monotonic_ns() - put.enqueued_ns > self._busy_timeout_ns:
-            put.reply.send(PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy"))
-            return
+        limit = min(commitlog.max_message_size, commitlog.mapped_file_size - END_FILE_MIN_BLANK_LENGTH)
+        start = 0
+        while start < len(group):
+            end, total = start, 0
+            while end < len(group) and (end == start or total + len(group[end].records[0]) <= limit):
+                total += len(group[end].records[0])
+                end += 1
+            chunk = group[start:end]
+            start = end
+            if len(chunk) == 1:
+                self._append(chunk[0], answers, group_commits)
+                continue
+            first = chunk[0]
+            records = EncodedRecords(tuple(p.records[0] for p in chunk), first.topic, first.queue_id, 0, self._store_host)
+            outcome = commitlog.put_messages(records, self.ctx.clock_ms())
+            append = outcome.append_result
+            if outcome.status is not PutMessageStatus.PUT_OK or append is None:
+                detail = outcome.detail or (append.status.value if append is not None else "")
+                refused = PutResult(status=outcome.status, detail=detail)
+                answers.extend((p.reply, refused) for p in chunk)
+                continue
+            self.ctx.faults.hit("writer.after_append")
+            ids = append.msg_id.split(",")
+            offset = append.wrote_offset
+            for k, put in enumerate(chunk):
+                size = len(put.records[0])
+                result = PutResult(
+                    status=PutMessageStatus.PUT_OK,
+                    commitlog_offset=offset,
+                    wrote_bytes=size,
+                    queue_offset=append.logics_offset + k,
+                    msg_ids=(ids[k],),
+                    store_timestamp=append.store_timestamp,
+                    msg_num=1,
+                )
+                offset += size
+                self._answer_stored(put, result, answers, group_commits)
+            self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
+
+    def _answer_stored(
+        self, put: EncodedPut, result: PutResult, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+    ) -> None:
+        """A stored put's answer: now, or (sync flush) once the flush actor covered it."""
+        if self._sync_flush and put.sync_wait:
+            now_ns = time.monotonic_ns()
+            group_commits.append(
+                GroupCommitRequest(
+                    next_offset=result.commitlog_offset + result.wrote_bytes,
+                    result=result,
+                    reply=put.reply,
+                    deadline_ns=now_ns + self._sync_timeout_ns,
+                    appended_ns=now_ns,
+                )
+            )
+        else:
+            answers.append((put.reply, result))
+
+    def _advanced(self, wrote_offset: int, store_timestamp: int) -> None:
+        self._pending_advance = CommitLogAdvanced(
+            max_offset=self._readable_end(), wrote_offset=wrote_offset, store_timestamp=store_timestamp
+        )
+
+    def _append(self, put: EncodedPut, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]) -> None:
+        """Append one put of a pass; its answer goes to `answers`, or (sync flush) its group
+        commit request to `group_commits`."""
+        commitlog = self._commitlog
+        assert commitlog is not None
         records = EncodedRecords(put.records, put.topic, put.queue_id, put.sys_flag, self._store_host)
         now = self.ctx.clock_ms()
         outcome = commitlog.put_messages(records, now) if put.batch else commitlog.put_message(records, now)
         append = outcome.append_result
         if outcome.status is not PutMessageStatus.PUT_OK or append is None:
             detail = outcome.detail or (append.status.value if append is not None else "")
-            put.reply.send(PutResult(status=outcome.status, detail=detail))
+            answers.append((put.reply, PutResult(status=outcome.status, detail=detail)))
             return
         self.ctx.faults.hit("writer.after_append")
         ids = tuple(append.msg_id.split(",")) if append.msg_id else ()
@@ -178,30 +322,8 @@ class CommitLogWriter(StoreActor):
             store_timestamp=append.store_timestamp,
             msg_num=append.msg_num,
         )
-        self._pending_advance = CommitLogAdvanced(
-            max_offset=self._readable_end(),
-            wrote_offset=append.wrote_offset + append.wrote_bytes,
-            store_timestamp=append.store_timestamp,
-        )
-        self._puts_since_notice += 1
-        if self._sync_flush and put.sync_wait:
-            request = GroupCommitRequest(
-                next_offset=append.wrote_offset + append.wrote_bytes,
-                result=result,
-                reply=put.reply,
-                deadline_ns=time.monotonic_ns() + self._sync_timeout_ns,
-                appended_ns=time.monotonic_ns(),
-            )
-            self._notify_advance()  # the flush actor must know the data it is asked to force
-            if not self.ctx.tell("flush", request):
-                put.reply.send(result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
-        else:
-            put.reply.send(result, hand_over=True)
-            # Each notice wakes two threads; while more puts wait in the inbox, one notice
-            # after them covers them all (positions are absolute), bounded so dispatch lags
-            # at most NOTICE_EVERY_PUTS_MAX puts under a constant stream.
-            if self.actor_inbox.empty() or self._puts_since_notice >= NOTICE_EVERY_PUTS_MAX:
-                self._notify_advance()
+        self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
+        self._answer_stored(put, result, answers, group_commits)
 
     def _notify_advance(self) -> None:
         pending = self._pending_advance
@@ -216,8 +338,11 @@ class CommitLogWriter(StoreActor):
             store_timestamp=pending.store_timestamp,
         )
         self._pending_advance = None
-        self._puts_since_notice = 0
-        self.ctx.tell("reput", advanced)
+        self.ctx.read_view.publish_commitlog(advanced.max_offset)
+        # Reput down (being restarted): its successor learns the end from our Ping at its
+        # start, but a put appended between that Ping and its registration would be told to
+        # nobody and stay undispatched until the next put. The next tick tells it again.
+        self._reput_missed = not self.ctx.tell("reput", advanced)
         # Async flush acts only once flush_commitlog_least_pages dirty pages piled up (its own
         # tick does the thorough flush): waking it for less is a thread switch for nothing.
         # Sync flush (group commit) and segment ends always need to know.
@@ -247,6 +372,16 @@ class CommitLogWriter(StoreActor):
                 ),
             )
 
+    def _tell_reput_the_end(self) -> None:
+        commitlog = self._commitlog
+        assert commitlog is not None
+        advanced = CommitLogAdvanced(
+            max_offset=self._readable_end(),
+            wrote_offset=commitlog.get_max_wrote_offset(),
+            store_timestamp=commitlog.store_timestamp,
+        )
+        self._reput_missed = not self.ctx.tell("reput", advanced)
+
     def _readable_end(self) -> int:
         """Where readers may read up to. With write buffers, not the last file's committed
         end: an earlier file's tail may still wait for its commit, and our readers are bounded
@@ -267,6 +402,7 @@ class CommitLogWriter(StoreActor):
                 wrote_offset=commitlog.get_max_wrote_offset(),
                 store_timestamp=commitlog.store_timestamp,
             )
+            self.ctx.read_view.publish_commitlog(advanced.max_offset)
             self.ctx.tell("flush", advanced)
             self.ctx.tell("reput", advanced)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections import deque
 from typing import Any, Iterable
 
 from ..messages import (
@@ -27,6 +28,7 @@ from ..messages import (
 from ..storage import codec, speedups
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
+from ..storage.mapped_file import DiskFullError
 from .base import ActorContext, StoreActor
 
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
@@ -43,6 +45,11 @@ class ConsumeQueueService(StoreActor):
         self._dispatched_offset = 0
         self._logics_msg_timestamp = 0
         self._last_thorough_ms = 0
+        # Batches not yet written because the disk had no blocks for their units: retried in
+        # order on every tick and batch (a unit already written is skipped by the duplicate
+        # guard), so dispatch waits for space instead of crashing and restarting.
+        self._waiting: deque[DispatchBatch] = deque()
+        self._disk_full_since_ms = 0
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
@@ -64,7 +71,7 @@ class ConsumeQueueService(StoreActor):
     def release(self) -> None:
         # Withdrawn first: a restarted actor may truncate what it recovers, and readers must
         # not trust these bounds until the successor publishes its own.
-        self.ctx.on_queue_bounds(None)
+        self.ctx.read_view.publish_queues(None)
         for cq in self._queues.values():
             cq.mapped_file_queue.shutdown(0)
         self._queues.clear()
@@ -77,7 +84,7 @@ class ConsumeQueueService(StoreActor):
             cq = queues.get(key)
             if cq is not None:
                 bounds[key] = (cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue())
-        self.ctx.on_queue_bounds(
+        self.ctx.read_view.publish_queues(
             QueueBounds(bounds=bounds, dispatched_offset=self._dispatched_offset, complete=complete)
         )
 
@@ -106,7 +113,8 @@ class ConsumeQueueService(StoreActor):
     def handle(self, message: Any) -> Any:
         match message:
             case DispatchBatch():
-                self._dispatch(message)
+                self._waiting.append(message)
+                self._dispatch_waiting()
             case GetUnits():
                 return self._get_units(message)
             case GetOffsetByTime():
@@ -114,8 +122,10 @@ class ConsumeQueueService(StoreActor):
             case Ping():
                 return self._snapshot()
             case Tick(now_ms=now):
+                self._dispatch_waiting()
                 self._flush(now, thorough=False)
             case FlushAll(reply=reply):
+                self._dispatch_waiting()  # once: close() is not held up by a full disk
                 self._flush(self.ctx.clock_ms(), thorough=True)
                 reply.send(self._dispatched_offset)
             case DeleteExpiredConsumeQueueFiles(min_phy_offset=min_phy_offset, start_after=start_after, reply=reply):
@@ -123,6 +133,24 @@ class ConsumeQueueService(StoreActor):
             case _:
                 raise AssertionError(f"consume_queue cannot handle {message!r}")
         return None
+
+    def _dispatch_waiting(self) -> None:
+        """Write the waiting batches in order; stop at the first the disk has no room for."""
+        waiting = self._waiting
+        while waiting:
+            try:
+                self._dispatch(waiting[0])
+            except DiskFullError as exc:
+                if not self._disk_full_since_ms:
+                    self._disk_full_since_ms = self.ctx.clock_ms() or 1
+                    self.log.error("disk full: consume queue dispatch waits for space", error=str(exc),
+                                   waiting_batches=len(waiting))  # fmt: skip
+                return
+            waiting.popleft()
+        if self._disk_full_since_ms:
+            self.log.info("disk has room again: consume queue dispatch resumed",
+                          waited_ms=self.ctx.clock_ms() - self._disk_full_since_ms)  # fmt: skip
+            self._disk_full_since_ms = 0
 
     def _dispatch(self, batch: DispatchBatch) -> None:
         # Consecutive records of one queue become one append, but writes stay in commitlog

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from ..messages import (
@@ -14,6 +15,7 @@ from ..messages import (
     Ping,
     QueryOffsets,
     QueryOffsetsReply,
+    Tick,
 )
 from ..storage.index import IndexService
 from .base import ActorContext, StoreActor
@@ -30,6 +32,13 @@ class IndexActor(StoreActor):
         self._dispatched_offset = 0
         self._indexed_below = 0
         self._published_names: tuple[str, ...] = ()
+        # Batches not yet indexed because the disk had no blocks for their entries, oldest
+        # first; the first is done below `_resume_at` (and past its middle if `_middle_done`).
+        # Retried on every tick and batch: dispatch waits for space, it does not crash.
+        self._waiting: deque[DispatchBatch] = deque()
+        self._resume_at = 0
+        self._middle_done = False
+        self._disk_full_since_ms = 0
 
     def on_start(self) -> None:
         cfg = self.config
@@ -55,14 +64,13 @@ class IndexActor(StoreActor):
         self._publish()
 
     def _publish(self) -> None:
-        """Tell readers which files there are and how far indexing has got (the hook on the
-        context). The same names tuple is handed on while the files are unchanged, so a
+        """Tell readers which files there are and how far indexing has got (the read view). The same names tuple is handed on while the files are unchanged, so a
         reader tells "nothing to map or unmap" by identity."""
         assert self._service is not None
         names = tuple(f.name for f in self._service.files)
         if names != self._published_names:
             self._published_names = names
-        self.ctx.on_index_progress(self._published_names, self._indexed_below)
+        self.ctx.read_view.publish_index(self._published_names, self._indexed_below)
 
     def release(self) -> None:
         if self._service is not None:
@@ -72,24 +80,59 @@ class IndexActor(StoreActor):
     def _file_full(self, end_timestamp: int) -> None:
         self.ctx.tell("flush", IndexFileFlushed(index_msg_timestamp=end_timestamp))
 
-    def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> None:
-        if not service.build_index_batch(requests, start, stop, self._indexed_below) and service.index_error:
+    def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> int:
+        """Index requests[start:stop]; where it stopped (`stop` unless the disk is full)."""
+        done = service.build_index_until_full(requests, start, stop, self._indexed_below)
+        if done < stop and service.disk_full is None and service.index_error:
             raise OSError("cannot create an index file")
+        return done if service.disk_full is not None else stop
+
+    def _index_waiting(self, service: IndexService) -> None:
+        """Index the waiting batches in order; stop where the disk has no room."""
+        waiting = self._waiting
+        while waiting:
+            batch = waiting[0]
+            requests = batch.requests
+            middle = len(requests) // 2
+            if not self._middle_done:
+                self._resume_at = self._build(service, requests, self._resume_at, middle)
+                if self._resume_at < middle:
+                    self._wait_for_space(service)
+                    return
+                if requests:
+                    self.ctx.faults.hit("index.mid_write")
+                self._middle_done = True
+            self._resume_at = self._build(service, requests, max(self._resume_at, middle), len(requests))
+            if self._resume_at < len(requests):
+                self._wait_for_space(service)
+                return
+            waiting.popleft()
+            self._resume_at = 0
+            self._middle_done = False
+            self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
+            self._indexed_below = max(self._indexed_below, batch.end_offset)
+            self._publish()
+        if self._disk_full_since_ms:
+            self.log.info("disk has room again: indexing resumed",
+                          waited_ms=self.ctx.clock_ms() - self._disk_full_since_ms)  # fmt: skip
+            self._disk_full_since_ms = 0
+
+    def _wait_for_space(self, service: IndexService) -> None:
+        if not self._disk_full_since_ms:
+            self._disk_full_since_ms = self.ctx.clock_ms() or 1
+            self.log.error("disk full: indexing waits for space", error=str(service.disk_full),
+                           waiting_batches=len(self._waiting))  # fmt: skip
 
     def handle(self, message: Any) -> Any:
         service = self._service
         assert service is not None
         match message:
-            case DispatchBatch(requests=requests, end_offset=end_offset):
+            case DispatchBatch():
                 # Records below _indexed_below are a replay after a restart.
-                middle = len(requests) // 2
-                self._build(service, requests, 0, middle)
-                if requests:
-                    self.ctx.faults.hit("index.mid_write")
-                self._build(service, requests, middle, len(requests))
-                self._dispatched_offset = max(self._dispatched_offset, end_offset)
-                self._indexed_below = max(self._indexed_below, end_offset)
-                self._publish()
+                self._waiting.append(message)
+                self._index_waiting(service)
+            case Tick():
+                self._index_waiting(service)
             case QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin, end_ms=end):
                 offsets, last_ts, last_phy = service.query_offset(topic, key, max_num, begin, end)
                 return QueryOffsetsReply(
@@ -98,6 +141,7 @@ class IndexActor(StoreActor):
             case Ping():
                 return IndexSnapshot(resume_offset=self._dispatched_offset)
             case FlushAll(reply=reply):
+                self._index_waiting(service)  # once: close() is not held up by a full disk
                 service.flush_all()
                 reply.send(self._dispatched_offset)
             case DeleteExpiredIndexFiles(min_phy_offset=min_phy_offset, reply=reply):

@@ -150,6 +150,9 @@ class ReputMessageService(StoreActor):
 
     def _dispatch(self, requests: list[DispatchRequest], end_offset: int) -> None:
         batch = DispatchBatch(requests=tuple(requests), end_offset=end_offset)
+        # Published before the dispatchers hear of it, so a view whose queues cover an offset
+        # always has the dispatched end past it too (a query waits for the index up to there).
+        self.ctx.read_view.publish_dispatched(end_offset)
         self.ctx.tell("consume_queue", batch)
         self.ctx.faults.hit("reput.mid_dispatch")
         if self.config.message_index_enable:

@@ -101,6 +101,7 @@ class StoreConfig:
     # messages and reads
     max_message_size_bytes: int = _D["max_message_size_bytes"]
     check_crc_on_recover: bool = _D["check_crc_on_recover"]
+    check_crc_on_read: bool = _D["check_crc_on_read"]
     put_msg_index_high_water: int = _D["put_msg_index_high_water"]
     max_transfer_bytes_on_message_in_memory: int = _D["max_transfer_bytes_on_message_in_memory"]
     max_transfer_count_on_message_in_memory: int = _D["max_transfer_count_on_message_in_memory"]
@@ -140,6 +141,9 @@ class StoreConfig:
     allocate_wait_timeout_ms: int = _D["allocate_wait_timeout_ms"]
     log_json: bool = _D["log_json"]
     stats_snapshot_interval_ms: int = _D["stats_snapshot_interval_ms"]
+    max_puts_in_flight: int = _D["max_puts_in_flight"]
+    put_fail_fast_when_in_flight_full: bool = _D["put_fail_fast_when_in_flight_full"]
+    read_your_writes_timeout_ms: int = _D["read_your_writes_timeout_ms"]
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -500,6 +504,8 @@ _POSITIVE_INTS: Final = frozenset(
         "transient_store_pool_size",
         "allocate_wait_timeout_ms",
         "stats_snapshot_interval_ms",
+        "max_puts_in_flight",
+        "read_your_writes_timeout_ms",
     }
 )
 

@@ -1,5 +1,7 @@
-"""The message-passing API: a pykka actor sends Put/Get/Query/Subscribe to `store.actor_ref`
-and receives the answers as `Replied(correlation_id, answer)` messages; no thread blocks.
+"""The message-passing API: a pykka actor puts through `store.actor_client(self.actor_ref)`
+(encoded in the actor's own thread, told straight to the store's writer) keeping a window of
+puts in flight, and sends Get/Query/Subscribe to `store.actor_ref`. Every answer arrives as a
+`Replied(correlation_id, answer)` message; no thread blocks.
 
 Run: python examples/actor_client.py   (uses a temporary directory)
 """
@@ -12,33 +14,62 @@ import pykka
 
 import mqstore
 from mqstore import Message, MessageArrived, Reply
-from mqstore.messages import Get, Put, Query, Replied, Subscribe
+from mqstore.messages import Get, Query, Replied, Subscribe
+
+ORDERS = 1000
+WINDOW = 32  # puts in flight: the writer appends every put waiting in one pass
 
 
-class OrderClient(pykka.ThreadingActor):
-    def __init__(self, store_ref: pykka.ActorRef[Any], done: threading.Event) -> None:
+class OrderProducer(pykka.ThreadingActor):
+    def __init__(self, store: mqstore.MessageStore, done: threading.Event) -> None:
         super().__init__()
-        self.store = store_ref
+        self.store = store
         self.done = done
+        self.sent = 0
+        self.answered = 0
+        self.stored = 0
+        self.arrived = False
+        self.asked = False
 
     def on_start(self) -> None:
+        self.client = self.store.actor_client(self.actor_ref)
         # Hear about every message dispatched to the "orders" topic.
-        self.store.tell(Subscribe(subscriber=self.actor_ref, topic="orders"))
-        # Ask for a put; the answer comes back to us tagged "put".
-        reply = Reply(actor=self.actor_ref, correlation_id="put")
-        self.store.tell(Put(messages=(Message(topic="orders", body=b"order 1", keys=["order-1"]),), reply=reply))
+        self.store.actor_ref.tell(Subscribe(subscriber=self.actor_ref, topic="orders"))
+        for _ in range(WINDOW):
+            self.send_next()
+
+    def send_next(self) -> None:
+        if self.sent < ORDERS:
+            message = Message(topic="orders", body=b"order %d" % self.sent, keys=["order-%d" % self.sent])
+            self.client.put(message, correlation_id=("put", self.sent))  # answered as Replied
+            self.sent += 1
 
     def on_receive(self, message: Any) -> None:
         match message:
-            case Replied(correlation_id="put", answer=result):
-                print("put", result.status.name, "queue offset", result.queue_offset)
+            case Replied(correlation_id=("put", _n), answer=result):
+                self.answered += 1
+                self.stored += result.ok
+                if self.sent < ORDERS:
+                    self.send_next()  # one answer in, one more put out: the window stays full
+                elif self.answered == ORDERS:
+                    print("put PUT_OK" if self.stored == ORDERS else "put FAILED", self.stored, "messages, window", WINDOW)
+                    # A batch: one topic and queue, consecutive offsets, one answer.
+                    batch = [Message(topic="orders", body=b"bulk %d" % i) for i in range(3)]
+                    self.client.put_batch(batch, correlation_id="batch")
+                    # Fire and forget: no answer; a failure goes to the store's stats and log.
+                    self.client.put_and_forget(Message(topic="audit", body=b"orders sent"))
+            case Replied(correlation_id="batch", answer=result):
+                print("batch", result.status.name, "messages", result.msg_num)
             case MessageArrived(topic=topic, queue_id=queue_id, max_offset=max_offset):
-                # The message is readable now: read it, and look it up by key.
-                print("arrived", topic, queue_id, "max offset", max_offset)
-                reply = Reply(actor=self.actor_ref, correlation_id="get")
-                self.store.tell(Get(topic=topic, queue_id=queue_id, offset=0, max_count=10, reply=reply))
-                reply = Reply(actor=self.actor_ref, correlation_id="query")
-                self.store.tell(Query(topic=topic, key="order-1", max_count=10, reply=reply))
+                if not self.arrived:  # readable now (told after every dispatch)
+                    self.arrived = True
+                    print("arrived", topic, queue_id, "max offset", max_offset)
+                if max_offset >= ORDERS + 3 and not self.asked:  # the orders and the batch
+                    self.asked = True
+                    reply = Reply(actor=self.actor_ref, correlation_id="get")
+                    self.store.actor_ref.tell(Get(topic="orders", queue_id=0, offset=0, max_count=3, reply=reply))
+                    reply = Reply(actor=self.actor_ref, correlation_id="query")
+                    self.store.actor_ref.tell(Query(topic="orders", key="order-1", max_count=10, reply=reply))
             case Replied(correlation_id="get", answer=got):
                 print("get", got.status.name, [m.body.decode() for m in got.messages])
             case Replied(correlation_id="query", answer=found):
@@ -47,9 +78,9 @@ class OrderClient(pykka.ThreadingActor):
 
 
 with tempfile.TemporaryDirectory() as path:
-    with mqstore.open(path, mapped_file_size_commitlog_bytes=1024 * 1024) as store:
+    with mqstore.open(path, mapped_file_size_commitlog_bytes=4 * 1024 * 1024) as store:
         done = threading.Event()
-        client = OrderClient.start(store.actor_ref, done)
-        finished = done.wait(timeout=10)
-        client.stop()
+        producer = OrderProducer.start(store, done)
+        finished = done.wait(timeout=30)
+        producer.stop()
     print("done" if finished else "timed out")

@@ -114,6 +114,7 @@ class GetResult:
     min_offset: int = 0
     max_offset: int = 0
     raw: tuple[bytes, ...] = ()
+    detail: str = ""  # why nothing or less was read: the queue unreadable (NO_MATCHED_LOGIC_QUEUE), a corrupt record skipped
 
     @property
     def found(self) -> bool:
@@ -125,6 +126,7 @@ class QueryResult:
     messages: tuple[MessageRecord, ...] = ()
     index_last_update_timestamp: int = 0
     index_last_update_phy_offset: int = 0
+    detail: str = ""  # set when the index could not be read: the result is not a complete answer
 
 
 # ---------------------------------------------------------------------------------------
@@ -348,9 +350,9 @@ class MessageArrived:
 # Between the store's own actors
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EncodedPut:
-    """Records encoded in the caller's thread; the writer fills in offsets and the timestamp."""
+class EncodedPut(NamedTuple):
+    """Records encoded in the caller's thread; the writer fills in offsets and the timestamp.
+    A NamedTuple: one is built per put (0.4 us against 1.2 us for the frozen dataclass)."""
 
     records: tuple[bytes, ...]
     topic: str

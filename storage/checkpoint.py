@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from mqstore.storage.fs import FileSystem
+from mqstore.storage.mapped_file import DiskFullError
 
 __all__ = ["CHECKPOINT_FILE_SIZE", "CheckpointValues", "StoreCheckpoint", "read_checkpoint"]
 
@@ -73,6 +74,15 @@ class StoreCheckpoint:
             values = CheckpointValues.unpack(old)
             fs.write_atomic(path, old + bytes(CHECKPOINT_FILE_SIZE - len(old)))
         self._region = fs.map_file(path, CHECKPOINT_FILE_SIZE)
+        # flush() writes through the map: with no block behind the page, that is SIGBUS. A
+        # page that holds data has its block.
+        self._backed = self._region.reserve(CHECKPOINT_FILE_SIZE) or bool(
+            existed and fs.data_extents(path, 0, CHECKPOINT_FILE_SIZE)
+        )
+        if not self._backed and not existed:
+            self._region.close()
+            fs.remove(path)
+            raise DiskFullError(f"no disk space for a new checkpoint file {path}")
         if existed:
             values = CheckpointValues.unpack(self._region.buf[: _FIVE_LONGS.size])
         self.physic_msg_timestamp: int = values.physic_msg_timestamp
@@ -103,6 +113,10 @@ class StoreCheckpoint:
         """Write the three longs (never the 5.x ones) and force. Raises OSError on I/O error."""
         if self._closed:
             raise OSError(errno.EBADF, "checkpoint is closed", self.path)
+        if not self._backed:
+            self._backed = self._region.reserve(CHECKPOINT_FILE_SIZE)
+            if not self._backed:
+                raise DiskFullError(f"no disk space for the checkpoint {self.path}")
         _THREE_LONGS.pack_into(
             self._region.buf, 0, self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
         )

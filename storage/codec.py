@@ -58,6 +58,53 @@ PROPERTY_DELAY_TIME_LEVEL: Final = "DELAY"
 PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
 
+# RocketMQ 4.4.0 MessageConst's names (spec §2.3.4): the store and the broker own them, so a
+# user property may not carry one (Java's Message.putUserProperty refuses its systemKeySet).
+# A spoofed UNIQ_KEY would be found by `query`, and a DELAY or TRAN_MSG changes delivery.
+RESERVED_PROPERTY_NAMES: Final = frozenset(
+    {
+        PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_DELAY_TIME_LEVEL,
+        PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, "RETRY_TOPIC", "TRAN_MSG", "PGROUP", "MIN_OFFSET",
+        "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
+        "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME",
+        "TRAN_PREPARED_QUEUE_OFFSET", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    }
+)  # fmt: skip
+
+JAVA_INT_MAX: Final = 0x7FFFFFFF
+JAVA_INT_MIN: Final = -0x80000000
+JAVA_LONG_MAX: Final = 0x7FFFFFFFFFFFFFFF
+JAVA_LONG_MIN: Final = -0x8000000000000000
+
+
+def java_int(name: str, value: object, low: int = JAVA_INT_MIN, high: int = JAVA_INT_MAX) -> int:
+    """`value` as an int field stored in a Java int or long, within [low, high]: TypeError
+    for a non-int (a bool is not a queue id), ValueError naming `name` when out of range
+    (rather than struct.error from deep in the encoder, or a value Java cannot read back)."""
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} {value} is outside [{low}, {high}]")
+    return value
+
+
+def check_message_ints(message: Any) -> None:
+    """A Message's int fields as the record stores them: queue id a non-negative Java int,
+    flag a Java int, born timestamp a Java long (TypeError or ValueError naming the field)."""
+    java_int("queue_id", message.queue_id, 0, JAVA_INT_MAX)
+    java_int("flag", message.flag)
+    if message.born_timestamp_ms is not None:
+        java_int("born_timestamp_ms", message.born_timestamp_ms, JAVA_LONG_MIN, JAVA_LONG_MAX)
+
+
+def check_user_properties(properties: Mapping[str, str]) -> None:
+    """ValueError naming the first reserved name among a message's user properties."""
+    reserved = RESERVED_PROPERTY_NAMES.intersection(properties)
+    if reserved:
+        names = ", ".join(sorted(reserved))
+        raise ValueError(f"property names reserved by RocketMQ (MessageConst): {names}; use the Message fields for keys and tags")
+
+
 SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
@@ -522,10 +569,18 @@ _STORE_TAIL = struct.Struct(">iiqi")  # store port, reconsume, prepared offset, 
 # the integrity checks (check_crc: recovery, verify) also require that last byte.
 _PROPERTY_SEPARATOR_BYTE: Final = 0x02
 _TORN_PROPERTIES: Final = "properties do not end with their separator (a torn write)"
+CRC_MISMATCH: Final = "body CRC mismatch"
+INTEGRITY_FAILURES: Final = frozenset({CRC_MISMATCH, _TORN_PROPERTIES})  # what `check_crc` adds
+
+
+def failed_integrity(read: RecordRead) -> bool:
+    """Whether `read` is a well-formed record that fails the checks of `check_crc` (a body
+    CRC mismatch or torn properties): damage, as opposed to a position that is no record."""
+    return read.kind is RecordKind.CORRUPT and read.reason in INTEGRITY_FAILURES
 
 
 def read_record(
-    buf: bytes | bytearray | memoryview,
+    buf: bytes | bytearray | memoryview | mmap.mmap,
     pos: int,
     limit: int | None = None,
     *,
@@ -540,6 +595,8 @@ def read_record(
     file can neither crash nor make the reader allocate or loop.
     """
     end = len(buf) if limit is None else min(limit, len(buf))
+    if pos < 0:
+        return RecordRead(RecordKind.CORRUPT, pos, 0, reason=f"position {pos} is before the buffer")
     if pos + 8 > end:
         if pos >= end or not any(buf[pos:end]):
             return RecordRead(RecordKind.END_OF_DATA, pos, 0, reason="end of readable data")
@@ -564,7 +621,7 @@ def read_record(
 
 
 def _decode_message(
-    buf: bytes | bytearray | memoryview, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
+    buf: bytes | bytearray | memoryview | mmap.mmap, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
 ) -> RecordRead:
     rec_end = pos + total
     _, _, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(buf, pos)
@@ -581,7 +638,7 @@ def _decode_message(
         return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"body length {body_len} does not fit the record")
     body = bytes(buf[p : p + body_len]) if read_body else b""
     if check_crc and read_body and body_len > 0 and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
-        return RecordRead(RecordKind.CORRUPT, pos, total, reason="body CRC mismatch")
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason=CRC_MISMATCH)
     p += body_len
     if v2:
         topic_len = _H.unpack_from(buf, p)[0]
@@ -631,20 +688,59 @@ def read_message(
     limit: int | None = None,
     *,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    check_crc: bool = False,
 ) -> MessageRecord | None:
-    """The message record `read_record` finds at `pos`, or None where it finds anything else.
+    """The message record `read_record` finds at `pos`, or None where it finds anything else
+    (`read_served` says what that was)."""
+    found = read_served(buf, pos, limit, max_message_size=max_message_size, check_crc=check_crc)
+    return found if type(found) is MessageRecord else None
 
-    The read path's entry (get, query, lookup): the C decoder builds the record straight from
-    `buf`, and whatever it declines (damage, blank, end of data) goes through `read_record`,
-    the reference. `buf` may be a map: nothing of it is kept past this call.
+
+def read_served(
+    buf: bytes | bytearray | memoryview | mmap.mmap,
+    pos: int,
+    limit: int | None = None,
+    *,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    check_crc: bool = False,
+) -> MessageRecord | RecordRead:
+    """The read path's entry (get, query, lookup): the message record at `pos`, or the
+    RecordRead of what lies there instead (kind CORRUPT with its reason for a record whose body
+    fails its CRC under `check_crc`, or any other damage; BLANK; END_OF_DATA).
+
+    The C decoder builds the record straight from `buf` (checking the CRC itself), and
+    whatever it declines goes through `read_record`, the reference. `buf` may be a map:
+    nothing of it is kept past this call.
     """
     fast = speedups.native
     if fast is not None:
-        record: MessageRecord | None = fast.decode_message(buf, pos, limit, max_message_size, MessageRecord, _host_from_bytes)
+        record: MessageRecord | None = fast.decode_message(
+            buf, pos, limit, max_message_size, MessageRecord, _host_from_bytes, check_crc
+        )
         if record is not None:
             return record
-    read = read_record(buf, pos, limit, max_message_size=max_message_size)
-    return read.record if read.kind is RecordKind.MESSAGE else None
+    read = read_record(buf, pos, limit, check_crc=check_crc, max_message_size=max_message_size)
+    return read.record if read.kind is RecordKind.MESSAGE and read.record is not None else read
+
+
+def body_crc_mismatch(buf: Any, pos: int, limit: int | None = None) -> str:
+    """For a reader that decodes records itself (the Spark reader) or serves them raw: "" if
+    the record at `pos` passes the integrity checks of `read_record(check_crc=True)` (body CRC,
+    properties ending in their separator), else the reason it fails (CRC_MISMATCH, or the
+    reason whatever lies at `pos` is not a well-formed record). The C kernel checks a V1 record
+    with IPv4 hosts in place (zlib's CRC over the map, no copy); the rest goes to the reference."""
+    fast = speedups.native
+    if fast is not None:
+        ok: bool | None = fast.check_record_crc(buf, pos, limit)
+        if ok is not None:
+            return "" if ok else _integrity_reason(buf, pos, limit)
+    read = read_record(buf, pos, limit, check_crc=True)
+    return "" if read.kind is RecordKind.MESSAGE else read.reason or read.kind.value
+
+
+def _integrity_reason(buf: Any, pos: int, limit: int | None) -> str:
+    """Which integrity check a record the C kernel failed fails (rare: damage only)."""
+    return read_record(buf, pos, limit, check_crc=True).reason or CRC_MISMATCH
 
 
 def encode_record(record: MessageRecord) -> bytes:

@@ -127,7 +127,8 @@ class CommitLog:
         check_crc_on_recover: bool = True,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
-        assert mapped_file_size > END_FILE_MIN_BLANK_LENGTH
+        if mapped_file_size <= END_FILE_MIN_BLANK_LENGTH:
+            raise ValueError(f"mapped_file_size must exceed {END_FILE_MIN_BLANK_LENGTH} bytes, not {mapped_file_size}")
         self._fault_hook = fault_hook
         self.fs = fs
         self.store_path = store_path
@@ -195,15 +196,18 @@ class CommitLog:
         def append(buf: bytearray, file_from_offset: int, position: int, max_blank: int) -> AppendMessageResult:
             return self._do_append(buf, file_from_offset, position, max_blank, records, now_ms, batch)
 
+        # The most an append writes: the records, or a blank record's header (§3.7). Blocks
+        # for it are reserved first; on a nearly full disk that is all that gets reserved.
+        need = sum(map(len, records.datas)) + END_FILE_MIN_BLANK_LENGTH
         try:
-            result = mapped_file.append_message(append)
+            result = mapped_file.append_message(append, need)
             if result.status is AppendMessageStatus.END_OF_FILE:
                 self.last_full_file = mapped_file
                 mapped_file = queue.get_last_mapped_file(0)
                 if mapped_file is None:
                     log.error("no commitlog file after roll-over")
                     return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result)
-                result = mapped_file.append_message(append)
+                result = mapped_file.append_message(append, need)
         except DiskFullError as exc:
             # Nothing of this put was written; the next put tries to reserve again.
             log.error("disk full, put refused", error=str(exc))

@@ -34,6 +34,9 @@ log = get_logger(__name__)
 FILLER_UNIT: Final = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
 
 
+_SCAN_CHUNK_BYTES: Final = 200 * CQ_STORE_UNIT_SIZE
+
+
 def cq_file_size(configured: int) -> int:
     """`getMapedFileSizeConsumeQueue`: rounded up to a whole number of units."""
     return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
@@ -86,7 +89,10 @@ class ConsumeQueue:
         process_offset = mapped_file.file_from_offset
         while True:
             file_offset = 0
-            for offset, size, _tags in CQ_UNIT.iter_unpack(bytes(mapped_file.mapped_buffer)):
+            # Not the map itself: the unwritten tail is a hole, and on a full tmpfs a read
+            # fault there dies with SIGBUS.
+            data = mapped_file.read_data(0, self.mapped_file_size)
+            for offset, size, _tags in CQ_UNIT.iter_unpack(data):
                 if not _valid(offset, size):
                     break
                 file_offset += CQ_STORE_UNIT_SIZE
@@ -132,8 +138,11 @@ class ConsumeQueue:
                 # Java logs and appends at `current` anyway; the unit lands at the wrong offset.
                 log.error("[BUG] logic queue order maybe wrong", topic=self.topic, queue_id=self.queue_id,
                           expect=expect, current=current)  # fmt: skip
+        # Only once the unit is in: after a DiskFullError the same unit is dispatched again.
+        if not mapped_file.append_bytes(CQ_UNIT.pack(commitlog_offset, size, tags_code)):
+            return False
         self.max_physic_offset = commitlog_offset
-        return mapped_file.append_bytes(CQ_UNIT.pack(commitlog_offset, size, tags_code))
+        return True
 
     def put_message_position_infos(self, units: Sequence[tuple[int, int, int, int]]) -> bool:
         """Units (commitlog offset, size, tags code, queue offset) of this queue, in dispatch
@@ -177,7 +186,8 @@ class ConsumeQueue:
 
     def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
         until = until_where % self.mapped_file_size
-        assert mapped_file.append_bytes(FILLER_UNIT * (until // CQ_STORE_UNIT_SIZE))
+        if not mapped_file.append_bytes(FILLER_UNIT * (until // CQ_STORE_UNIT_SIZE)):
+            raise ValueError(f"filler units up to {until_where} do not fit {mapped_file.file_name}")
 
     # reading (§9.4) ---------------------------------------------------------------------------
     def get_min_offset_in_queue(self) -> int:
@@ -225,13 +235,14 @@ class ConsumeQueue:
             return -1
         last_offset = -1
         position = max(mapped_file.wrote_position - CQ_STORE_UNIT_SIZE, 0)
-        buf = mapped_file.mapped_buffer
         while position + CQ_STORE_UNIT_SIZE <= self.mapped_file_size:
-            offset, size, _tags = CQ_UNIT.unpack_from(buf, position)
-            if not _valid(offset, size):
-                break
-            last_offset = offset + size
-            position += CQ_STORE_UNIT_SIZE
+            # Past wrote_position lies a hole: read_data, not the map (SIGBUS on a full tmpfs).
+            chunk = mapped_file.read_data(position, position + _SCAN_CHUNK_BYTES)
+            for offset, size, _tags in CQ_UNIT.iter_unpack(chunk[: len(chunk) - len(chunk) % CQ_STORE_UNIT_SIZE]):
+                if not _valid(offset, size):
+                    return last_offset
+                last_offset = offset + size
+                position += CQ_STORE_UNIT_SIZE
         return last_offset
 
     def get_offset_in_queue_by_time(
@@ -292,7 +303,7 @@ class ConsumeQueue:
             mapped_file = queue.last_mapped_file
             if mapped_file is None:
                 break
-            buf = mapped_file.mapped_buffer
+            buf = mapped_file.read_data(0, self.mapped_file_size)  # holes unread: see recover()
             mapped_file.set_positions(0)
             delete_file = False
             for i in range(0, self.mapped_file_size, unit):
@@ -429,11 +440,13 @@ def list_consume_queues(consume_queue_root: str, fs: FileSystem) -> list[tuple[s
         if not fs.isdir(topic_dir):
             continue
         for name in fs.listdir(topic_dir):
-            try:
-                queue_id = int(name)
-            except ValueError:
-                log.warning("skipping a non-numeric queue dir", path=os.path.join(topic_dir, name))
+            # Only a queue id's own spelling: "01" or "-1" would open another directory
+            # (str(queue_id)) than the one found.
+            if not name.isdigit() or name != str(int(name)) or int(name) > 0x7FFFFFFF:
+                log.warning("skipping a dir that is not a queue id", path=os.path.join(topic_dir, name))
                 continue
             if fs.isdir(os.path.join(topic_dir, name)):
-                found.append((topic, queue_id))
+                found.append((topic, int(name)))
+            else:
+                log.warning("skipping a file where a queue dir would be", path=os.path.join(topic_dir, name))
     return sorted(found)

@@ -16,7 +16,7 @@ import os
 from typing import Any, Callable, Final, TypeVar
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import java_split
+from mqstore.storage.codec import JAVA_INT_MAX, JAVA_LONG_MAX, java_int, java_split
 from mqstore.storage.fs import FileSystem
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 CONSUMER_OFFSET_FILE: Final = "consumerOffset.json"
+DAMAGED_SUFFIX: Final = ".damaged"
 DELAY_OFFSET_FILE: Final = "delayOffset.json"
 TOPIC_GROUP_SEPARATOR: Final = "@"
 
@@ -116,13 +117,17 @@ def persist_config_file(fs: FileSystem, path: str, text: str) -> None:
         previous = fs.read_bytes(path)
         if previous.strip() and _parses(previous):
             fs.write_atomic(path + ".bak", previous)
+        elif previous.strip() and not fs.exists(path + DAMAGED_SUFFIX):
+            # Set aside, never lost: the first unreadable version is kept for a person to look at.
+            fs.write_atomic(path + DAMAGED_SUFFIX, previous)
+            log.error("config_file_set_aside", path=path, damaged=path + DAMAGED_SUFFIX)
     fs.write_atomic(path, text.encode("utf-8"))  # writes <path>.tmp, fsyncs, renames, fsyncs dir
 
 
 def _parses(data: bytes) -> bool:
     try:
         load_fastjson(data.decode("utf-8"))
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return False
     return True
 
@@ -143,7 +148,7 @@ def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T]) -> T
                 errors.append(f"{candidate}: empty")
                 continue
             value = decode(load_fastjson(text))
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # deep nesting: RecursionError
             errors.append(f"{candidate}: {e}")
             continue
         if candidate != path:
@@ -201,9 +206,15 @@ class ConsumerOffsetStore:
         return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
 
     def load(self) -> bool:
-        """Read the file (fallback .bak). False if neither exists (an empty table);
-        raises ConfigFileError if they exist but neither parses."""
-        table = load_config_file(self._fs, self.path, _parse_offset_table)
+        """Read the file (fallback .bak). False if neither exists or neither parses (an empty
+        table, with an error naming the file: consumers restart from their own reset policy,
+        as after a lost file, rather than the store refusing to open; the unreadable file is
+        kept as `.damaged` on the next persist)."""
+        try:
+            table = load_config_file(self._fs, self.path, _parse_offset_table)
+        except ConfigFileError as exc:
+            log.error("consumer_offsets_unreadable", path=self.path, error=str(exc)[:500])
+            table = None
         if table is None:
             self._table = {}
             return False
@@ -211,7 +222,15 @@ class ConsumerOffsetStore:
         return True
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        assert queue_id >= 0 and offset >= 0, (queue_id, offset)
+        # Programming errors, refused before anything is kept: the file is read by Java, whose
+        # queue ids are ints and offsets longs (2**70 would be persisted and unreadable there).
+        for name, text in (("group", group), ("topic", topic)):
+            if type(text) is not str:
+                raise TypeError(f"{name} must be a str, not {type(text).__name__}")
+            if not text or TOPIC_GROUP_SEPARATOR in text:
+                raise ValueError(f"{name} {text!r} must be non-empty and without {TOPIC_GROUP_SEPARATOR!r}")
+        java_int("queue_id", queue_id, 0, JAVA_INT_MAX)
+        java_int("offset", offset, 0, JAVA_LONG_MAX)
         queues = self._table.setdefault(self._key(group, topic), {})
         previous = queues.get(queue_id)
         if previous is not None and offset < previous:

@@ -68,6 +68,7 @@ class FileSystem(Protocol):
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
     def read_bytes(self, path: str) -> bytes: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
+    def set_aside(self, path: str, suffix: str) -> str: ...
     def disk_usage(self, path: str) -> DiskUsage: ...
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]: ...
 
@@ -126,7 +127,7 @@ class RealMappedRegion:
         self._reserved = 0
         self._locked = False
 
-    def reserve(self, end: int) -> None:
+    def reserve(self, end: int) -> bool:
         """Reserve the file's blocks up to `end` ahead of the writes that will fill them.
 
         A write fault on a sparse page makes the filesystem allocate inside the fault: on ext4
@@ -139,10 +140,14 @@ class RealMappedRegion:
 
         False only when the disk has no room (ENOSPC): writing there would fault with SIGBUS
         and kill the process, so the owner refuses the append instead (and tries again later,
-        once the cleaner freed space).
+        once the cleaner freed space). A failed call reserves nothing the caller may count on
+        (ext4 may keep part of the range; tmpfs undoes it): only `end` values that returned
+        True are reserved.
         """
         global _reserve_failed_logged
-        end = min(end, self.size)
+        # Whole pages: a write through the map dirties a page, and the filesystem must back
+        # all of it (with 1 KiB blocks, a page's other blocks would be allocated in the fault).
+        end = min(end + (-end) % OS_PAGE_SIZE, self.size)
         if self._fd is None or end <= self._reserved:
             return True
         err = _fallocate(self._fd, self._reserved, end - self._reserved)
@@ -206,6 +211,23 @@ class RealMappedRegion:
         self._locked = False
 
 
+def _free_name(exists: Callable[[str], bool], wanted: str) -> str:
+    """`wanted`, or `wanted.1`, `wanted.2`, ...: the first name not taken."""
+    name, n = wanted, 0
+    while exists(name):
+        n += 1
+        name = f"{wanted}.{n}"
+    return name
+
+
+def _fsync_dir(directory: str) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 class RealFileSystem:
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
         return RealMappedRegion(path, size, create=create, readonly=readonly)
@@ -256,6 +278,14 @@ class RealFileSystem:
         finally:
             os.close(dir_fd)
 
+    def set_aside(self, path: str, suffix: str) -> str:
+        """Rename `path` to `path + suffix` (or `path + suffix + ".N"` if taken), never over
+        another file; returns the new path. For a damaged file kept for a person to look at."""
+        target = _free_name(self.exists, path + suffix)
+        os.rename(path, target)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        return target
+
     def disk_usage(self, path: str) -> DiskUsage:
         usage = shutil.disk_usage(path)
         return DiskUsage(usage.total, usage.used, usage.free)
@@ -292,12 +322,20 @@ class RealFileSystem:
 
 
 class _SimFile:
-    __slots__ = ("volatile", "durable", "mtime_ms")
+    __slots__ = ("volatile", "durable", "mtime_ms", "backed", "atomic")
 
-    def __init__(self, size: int, mtime_ms: int) -> None:
+    def __init__(self, size: int, mtime_ms: int, *, atomic: bool = False) -> None:
         self.volatile = bytearray(size)
         self.durable = bytearray(size)
         self.mtime_ms = mtime_ms
+        # Pages with blocks behind them (reserved, or written while there was room). A mapped
+        # file starts sparse; a file written with write_atomic is backed whole.
+        self.backed = bytearray(b"\x01" if atomic else b"\x00") * _pages(size)
+        self.atomic = atomic
+
+
+def _pages(size: int) -> int:
+    return -(-size // OS_PAGE_SIZE)
 
 
 class SimulatedRegion:
@@ -310,6 +348,7 @@ class SimulatedRegion:
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         self._fs._check_fault("flush", self.path)
+        self._fs._check_backing(self.path, self._file)
         end = self.size if end is None else min(end, self.size)
         start -= start % OS_PAGE_SIZE
         self._file.durable[start:end] = self._file.volatile[start:end]
@@ -319,14 +358,15 @@ class SimulatedRegion:
         pass
 
     def reserve(self, end: int) -> bool:
-        """No block allocation here; an injected "reserve" fault with ENOSPC plays a full disk."""
+        """Back the pages below `end` with blocks, as fallocate does: False (nothing reserved)
+        when the disk's capacity cannot hold them, or an injected "reserve" fault with ENOSPC."""
         try:
             self._fs._check_fault("reserve", self.path)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 return False
             raise
-        return True
+        return self._fs._back_pages(self._file, min(end, self.size))
 
     def advise_willneed(self) -> None:
         pass
@@ -354,14 +394,77 @@ class SimulatedFileSystem:
     the last `flush` of each page.
     """
 
-    def __init__(self, *, clock_ms: Callable[[], int] | None = None, total_bytes: int = 1 << 40) -> None:
+    def __init__(
+        self,
+        *,
+        clock_ms: Callable[[], int] | None = None,
+        total_bytes: int = 1 << 40,
+        capacity_bytes: int | None = None,
+    ) -> None:
+        """`capacity_bytes` makes a small disk: reservations and write_atomic count against
+        it, and a write through a map into a page with no blocks behind it is recorded as
+        the SIGBUS it would be on a real disk (`sigbus_writes`, checked on every flush and
+        by `assert_no_sigbus`)."""
         self._files: dict[str, _SimFile] = {}
         self._dirs: set[str] = {"/"}
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
-        self.total_bytes = total_bytes
+        self.total_bytes = total_bytes if capacity_bytes is None else capacity_bytes
+        self.capacity_bytes = capacity_bytes
         self.used_ratio_override: float | None = None
+        self.sigbus_writes: list[tuple[str, int]] = []  # (path, page offset)
+
+    # capacity --------------------------------------------------------------------------
+    def _used_locked(self) -> int:
+        return sum(
+            len(f.volatile) if f.atomic else f.backed.count(1) * OS_PAGE_SIZE for f in self._files.values()
+        )
+
+    def _back_pages(self, file: _SimFile, end: int) -> bool:
+        """Back file's pages below `end`; all or nothing."""
+        with self._lock:
+            missing = file.backed[: _pages(end)].count(0)
+            if self.capacity_bytes is not None and missing:
+                if self._used_locked() + missing * OS_PAGE_SIZE > self.capacity_bytes:
+                    return False
+            file.backed[: _pages(end)] = b"\x01" * _pages(end)
+        return True
+
+    def _check_backing(self, path: str, file: _SimFile) -> None:
+        """Written (non-zero) pages with no blocks behind them get blocks if the disk has room,
+        as a page fault would allocate them; with no room the write faulted with SIGBUS and
+        killed the process on a real disk: recorded in `sigbus_writes`."""
+        if self.capacity_bytes is None or file.atomic:
+            return
+        volatile, backed = file.volatile, file.backed
+        with self._lock:
+            for page in range(len(backed)):
+                if backed[page]:
+                    continue
+                start = page * OS_PAGE_SIZE
+                chunk = volatile[start : start + OS_PAGE_SIZE]
+                if chunk.count(0) == len(chunk):
+                    continue
+                if self._used_locked() + OS_PAGE_SIZE <= self.capacity_bytes:
+                    backed[page] = 1
+                else:
+                    self.sigbus_writes.append((path, start))
+                    log.error("simulated_sigbus_write_to_unbacked_page", path=path, offset=start)
+
+    def assert_no_sigbus(self) -> None:
+        """Fail (AssertionError: this is for tests) if any write went where a real disk had
+        no blocks to give it."""
+        with self._lock:
+            files = list(self._files.items())
+        for path, file in files:
+            self._check_backing(path, file)
+        assert not self.sigbus_writes, f"writes that would have died with SIGBUS: {self.sigbus_writes[:10]}"
+
+    def free_bytes(self) -> int:
+        """Room left on a disk with a capacity (the free space of `disk_usage`)."""
+        with self._lock:
+            return max(self.total_bytes - self._used_locked(), 0)
 
     # fault injection -------------------------------------------------------------------
     def inject_fault(self, op: str, *, path_contains: str = "", err: int = errno.EIO, count: int = 1) -> None:
@@ -460,17 +563,36 @@ class SimulatedFileSystem:
     def write_atomic(self, path: str, data: bytes) -> None:
         path = os.path.normpath(path)
         self._check_fault("write", path)
-        file = _SimFile(len(data), self.clock_ms())
+        file = _SimFile(len(data), self.clock_ms(), atomic=True)
         file.volatile[:] = data
         file.durable[:] = data
         with self._lock:
             if os.path.dirname(path) not in self._dirs:
                 raise FileNotFoundError(errno.ENOENT, "no such directory", os.path.dirname(path))
+            if self.capacity_bytes is not None:
+                old = self._files.get(path)
+                old_bytes = 0 if old is None else (len(old.volatile) if old.atomic else old.backed.count(1) * OS_PAGE_SIZE)
+                if self._used_locked() - old_bytes + len(data) > self.capacity_bytes:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
             self._files[path] = file
+
+    def set_aside(self, path: str, suffix: str) -> str:
+        path = os.path.normpath(path)
+        self._check_fault("rename", path)
+        with self._lock:
+            target = _free_name(lambda p: p in self._files or p in self._dirs, path + suffix)
+            file = self._files.pop(path, None)
+            if file is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            self._files[target] = file
+        return target
 
     def disk_usage(self, path: str) -> DiskUsage:
         if self.used_ratio_override is not None:
             used = int(self.total_bytes * self.used_ratio_override)
+        elif self.capacity_bytes is not None:
+            with self._lock:
+                used = self._used_locked()
         else:
             used = sum(len(f.volatile) for f in self._files.values())
         return DiskUsage(self.total_bytes, used, max(self.total_bytes - used, 0))
@@ -484,7 +606,7 @@ class SimulatedFileSystem:
         unsynced pages, some of them torn at 512-byte sector granularity, as writeback may
         have reached the platter in any order. Reproducible from `seed`."""
         rng = random.Random(seed)
-        after = SimulatedFileSystem(clock_ms=self.clock_ms, total_bytes=self.total_bytes)
+        after = SimulatedFileSystem(clock_ms=self.clock_ms, total_bytes=self.total_bytes, capacity_bytes=self.capacity_bytes)
         with self._lock:
             after._dirs = set(self._dirs)
             for path, file in sorted(self._files.items()):
@@ -501,9 +623,10 @@ class SimulatedFileSystem:
                             for sector in range(page, min(end, len(image)), 512):
                                 if rng.random() < 0.5:
                                     image[sector : sector + 512] = file.volatile[sector : sector + 512]
-                copy = _SimFile(len(image), file.mtime_ms)
+                copy = _SimFile(len(image), file.mtime_ms, atomic=file.atomic)
                 copy.volatile[:] = image
                 copy.durable[:] = image
+                copy.backed[:] = file.backed
                 after._files[path] = copy
         return after
 

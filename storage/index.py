@@ -31,6 +31,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage import speedups
 from mqstore.storage.fs import FileSystem, MappedRegion
+from mqstore.storage.mapped_file import KEEP_FREE_FOR_DERIVED_BYTES, DiskFullError, free_bytes
 
 __all__ = [
     "DEFAULT_MAX_HASH_SLOT_NUM",
@@ -66,6 +67,8 @@ DEFAULT_MAX_HASH_SLOT_NUM: Final = 5_000_000
 DEFAULT_MAX_INDEX_NUM: Final = 20_000_000
 DEFAULT_MAX_MSGS_NUM_BATCH: Final = 64
 MAX_TRY_IDX_CREATE: Final = 3
+# Entries get their blocks reserved this many at a time (1 MiB), ahead of the writes.
+ENTRIES_RESERVE_AHEAD: Final = 52_428
 _INT_MAX: Final = 2_147_483_647
 
 _HEADER = struct.Struct(">qqqqii")  # beginTs, endTs, beginPhy, endPhy, hashSlotCount, indexCount
@@ -78,6 +81,7 @@ _LONG = struct.Struct(">q")
 _ZERO_ENTRY: Final = bytes(INDEX_ENTRY_SIZE)
 
 _NAME_RE = re.compile(r"^\d{17}$")
+DAMAGED_SUFFIX: Final = ".damaged"  # a derived file set aside, for a person to look at
 
 
 # ---------------------------------------------------------------------------------------
@@ -192,9 +196,13 @@ class IndexFile:
         readonly: bool = False,
         follows_owner: bool = False,
     ) -> None:
-        assert max_hash_slot_num > 0 and max_index_num > 1
-        assert readonly or not follows_owner
-        assert region.size == index_file_size(max_hash_slot_num, max_index_num), (region.path, region.size)
+        if max_hash_slot_num <= 0 or max_index_num <= 1:
+            raise ValueError(f"max_hash_slot_num must be > 0 and max_index_num > 1, not {max_hash_slot_num} and {max_index_num}")
+        if follows_owner and not readonly:
+            raise ValueError("follows_owner is for read-only maps")
+        if region.size != index_file_size(max_hash_slot_num, max_index_num):
+            raise ValueError(f"{region.path}: {region.size} bytes, not the {index_file_size(max_hash_slot_num, max_index_num)} "
+                             f"that max_hash_slot_num={max_hash_slot_num}, max_index_num={max_index_num} make")  # fmt: skip
         self._fs = fs
         self._region = region
         self._buf = region.buf
@@ -208,6 +216,10 @@ class IndexFile:
         self._entries_pos: Final = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
         self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
         self.hash_slot_count = self.index_count = 0
+        # Every write through the map lies below this: blocks reserved (fallocate). The
+        # header and the slots are reserved whole (slots are written and read anywhere, and a
+        # read fault on a hole of a full tmpfs dies with SIGBUS too); entries a window ahead.
+        self._reserved_end = 0
         self.reload_header()
 
     # construction -----------------------------------------------------------------------
@@ -224,9 +236,14 @@ class IndexFile:
     ) -> IndexFile:
         """A new, empty file. `end_*` are the previous file's end values (the §10.6 quirk):
         they pre-set both begin and end header fields, exactly like 4.4.0's constructor."""
-        assert not fs.exists(path), path
+        if fs.exists(path):  # never map over an existing file: kept under python -O
+            raise FileExistsError(f"index file {path} already exists")
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num))
         f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        if f.reserve_entries(2) < 2:  # the header, every slot and the first entry
+            region.close()
+            fs.remove(path)  # nothing was written: no file is better than a sparse one
+            raise DiskFullError(f"no disk space for a new index file {path}")
         if end_phy_offset > 0:
             f.begin_phy_offset = f.end_phy_offset = end_phy_offset
         if end_timestamp > 0:
@@ -249,7 +266,11 @@ class IndexFile:
     ) -> IndexFile:
         """Map an existing file for writing. Raises OSError if missing or of another size."""
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num), create=False)
-        return cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        # Best effort: a file this store made has its slots reserved already; if the disk is
+        # full the writes ask again, and refuse, before writing.
+        f.reserve_entries(f.index_count)
+        return f
 
     @classmethod
     def open_readonly(
@@ -319,11 +340,35 @@ class IndexFile:
         return (begin < fb and end > fe) or (fb <= begin <= fe) or (fb <= end <= fe)
 
     # writing (§10.6) --------------------------------------------------------------------
+    def reserve_entries(self, count: int) -> int:
+        """Reserve blocks for the header, the slots and entries below `count` (a window more
+        if the disk has room); how many entries have blocks behind them now."""
+        if self.readonly:
+            return 0
+        need_end = self._entries_pos + min(count, self.max_index_num) * INDEX_ENTRY_SIZE
+        if need_end > self._reserved_end:
+            window_end = min(need_end + ENTRIES_RESERVE_AHEAD * INDEX_ENTRY_SIZE, self._region.size)
+            free = free_bytes(self._fs, self.path)
+            try:
+                for end in (window_end, need_end):
+                    if free is not None and free - (end - self._reserved_end) < KEEP_FREE_FOR_DERIVED_BYTES:
+                        continue  # never the filesystem's last blocks (see mapped_file)
+                    if self._region.reserve(end):
+                        self._reserved_end = end
+                        break
+            except OSError as exc:  # not ENOSPC: the file stays sparse, as it always was
+                log.warning("index_reserve_failed", path=self.path, error=str(exc))
+                self._reserved_end = self._region.size
+        return max(self._reserved_end - self._entries_pos, 0) // INDEX_ENTRY_SIZE
+
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
-        """Head-insert `key` → `phy_offset`. False only when the file is full."""
+        """Head-insert `key` → `phy_offset`. False only when the file is full; DiskFullError
+        (nothing written) when the disk has no blocks for the entry."""
         index_count = self.index_count
         if index_count >= self.max_index_num:
             return False
+        if self.reserve_entries(index_count + 1) <= index_count:
+            raise DiskFullError(f"no disk space for index entry {index_count} of {self.path}")
         buf = self._buf
         key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
         slot_pos = INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE
@@ -373,9 +418,15 @@ class IndexFile:
             self.index_count, self.hash_slot_count, self.begin_phy_offset,
             self.begin_timestamp, self.end_phy_offset, self.end_timestamp,
         ]  # fmt: skip
+        # The kernel writes no entry at or past its max_index_num: give it only what has
+        # blocks behind it. Where that stops it, the Python path reserves (or refuses).
+        reserved = self.reserve_entries(self.index_count + ENTRIES_RESERVE_AHEAD)
+        if reserved <= self.index_count:
+            return start
         done: int = native.index_put_batch(
-            self._buf, self.max_hash_slot_num, self.max_index_num, state, requests, start, stop, indexed_below
-        )
+            self._buf, self.max_hash_slot_num, min(reserved, self.max_index_num), state, requests, start, stop,
+            indexed_below,
+        )  # fmt: skip
         if state[0] != self.index_count:
             (self.index_count, self.hash_slot_count, self.begin_phy_offset,
              self.begin_timestamp, self.end_phy_offset, self.end_timestamp) = state  # fmt: skip
@@ -704,28 +755,48 @@ class IndexService:
         # Set when no index file could be created after MAX_TRY_IDX_CREATE tries; the owner
         # maps it to RunningFlags.WRITE_INDEX_FILE_ERROR. Never cleared (restart), as in 4.4.0.
         self.index_error = False
+        self.set_aside: list[str] = []  # what `load` found damaged and set aside, for people
+        # Why the last build_index_until_full stopped early, if the disk was full: not an
+        # error of the index, the owner retries once there is space.
+        self.disk_full: DiskFullError | None = None
 
     # loading ----------------------------------------------------------------------------
     def load(self, last_exit_ok: bool, index_msg_timestamp: int) -> bool:
         """Map every file of the index directory, oldest first. After an abnormal exit, files
         whose endTimestamp is newer than the checkpoint's indexMsgTimestamp are deleted: they
-        may be torn, and recovery re-dispatches their messages. False on an I/O error or a file
-        of the wrong size (other max_hash_slot_num / max_index_num settings)."""
-        assert not self.files
+        may be torn, and recovery re-dispatches their messages.
+
+        An index file is derived data: one that is empty, short, of a size its siblings do not
+        share, is set aside as `<name>.damaged` (never deleted) with every
+        later file (deleted: the re-dispatch writes them again), listed in `set_aside`, and
+        the caller rebuilds from the last kept file. False on an I/O error, or when every file
+        holds together at one other size (a store of other max_hash_slot_num/max_index_num
+        settings: not damage, so refused rather than "repaired")."""
+        if self.files:
+            raise ValueError("load() on an index service that already has files")
         fs = self._fs
+        self.set_aside = []
         if not fs.exists(self.index_dir):
             return True
         expected = index_file_size(self.max_hash_slot_num, self.max_index_num)
         try:
+            names = []
             for name in fs.listdir(self.index_dir):
                 path = os.path.join(self.index_dir, name)
-                if not _NAME_RE.match(name):
+                if not _NAME_RE.match(name) or fs.isdir(path):
                     log.warning("index_load_skip_foreign_file", path=path)
                     continue
-                size = fs.getsize(path)
-                if size != expected:
-                    log.error("index_load_wrong_size", path=path, size=size, expected=expected)
-                    return False
+                names.append(name)
+            sizes = {name: fs.getsize(os.path.join(self.index_dir, name)) for name in names}
+            if sizes and expected not in sizes.values() and self._other_geometry(sizes):
+                size = next(iter(sizes.values()))
+                log.error("index_load_wrong_size", dir=self.index_dir, size=size, expected=expected)
+                return False
+            for n, name in enumerate(names):
+                path = os.path.join(self.index_dir, name)
+                if sizes[name] != expected:
+                    self._set_aside_from(names[n:], sizes, expected)
+                    break
                 f = IndexFile.load(
                     fs, path, max_hash_slot_num=self.max_hash_slot_num, max_index_num=self.max_index_num
                 )
@@ -743,6 +814,37 @@ class IndexService:
             log.error("index_load_failed", dir=self.index_dir, error=str(e))
             return False
         return True
+
+    def _other_geometry(self, sizes: dict[str, int]) -> bool:
+        """Whether the index files hold together at one size that is not this service's: a
+        store written with another max_index_num, which is not damage (refused, not rebuilt).
+        Each file is a whole number of entries after this max_hash_slot_num's slots, and its
+        header's count fits them (a file cut into its entries keeps a count they no longer
+        have). A file of a size its siblings do not share is damage."""
+        if len(set(sizes.values())) != 1:
+            return False
+        size = next(iter(sizes.values()))
+        entries = size - INDEX_HEADER_SIZE - self.max_hash_slot_num * HASH_SLOT_SIZE
+        if entries <= INDEX_ENTRY_SIZE or entries % INDEX_ENTRY_SIZE:
+            return False
+        for name in sizes:
+            header = read_index_header(self._fs, os.path.join(self.index_dir, name))
+            if not 0 <= header.index_count <= entries // INDEX_ENTRY_SIZE:
+                return False
+        return True
+
+    def _set_aside_from(self, names: list[str], sizes: dict[str, int], expected: int) -> None:
+        """The first of `names` is damaged: keep it as `.damaged`; its successors go (their
+        keys are re-dispatched, and a kept later file would make build_index skip them)."""
+        fs = self._fs
+        first = os.path.join(self.index_dir, names[0])
+        kept = fs.set_aside(first, DAMAGED_SUFFIX)
+        why = f"{sizes[names[0]]} bytes, not {expected}"
+        self.set_aside.append(f"{names[0]}: {why}; kept as {os.path.basename(kept)}")
+        log.error("index_file_set_aside", path=first, reason=why, kept_as=kept)
+        for name in names[1:]:
+            fs.remove(os.path.join(self.index_dir, name))
+            self.set_aside.append(f"{name}: after a damaged file")
 
     # writing ----------------------------------------------------------------------------
     def build_index(
@@ -768,6 +870,11 @@ class IndexService:
             return True
         if sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK_TYPE:
             return True
+        # All of a message's entries or none: a retry after DiskFullError must not index
+        # its first keys twice.
+        needed = (uniq_key is not None) + (len([k for k in java_split(keys, KEY_SEPARATOR) if k]) if keys else 0)
+        if needed and f.reserve_entries(f.index_count + needed) < min(f.index_count + needed, f.max_index_num):
+            raise DiskFullError(f"no disk space for index entries of {f.path}")
         if uniq_key is not None:
             f = self._put_key(f, f"{topic}#{uniq_key}", commitlog_offset, store_timestamp)
             if f is None:
@@ -782,27 +889,38 @@ class IndexService:
 
     def build_index_batch(self, requests: tuple[Any, ...], start: int, stop: int, indexed_below: int) -> bool:
         """`build_index` for each of requests[start:stop] (DispatchFields) at or above
-        `indexed_below`; False as build_index. Plain runs go through the C kernel, which
-        leaves file roll-overs to the Python path."""
+        `indexed_below`; False as build_index, or when the disk is full (`disk_full`)."""
+        return self.build_index_until_full(requests, start, stop, indexed_below) == stop and not self.index_error
+
+    def build_index_until_full(self, requests: tuple[Any, ...], start: int, stop: int, indexed_below: int) -> int:
+        """Index requests[start:stop]; the position of the first request not indexed: `stop`
+        when all are, less when the disk had no blocks for it (then `disk_full` says why;
+        requests before it are indexed whole, it and those after are untouched) or no index
+        file could be had (`index_error`). Plain runs go through the C kernel, which leaves
+        file roll-overs and reservation edges to the Python path."""
         native = speedups.native
+        self.disk_full = None
         i = start
-        while i < stop:
-            if native is not None and self.files:
-                i = self.files[-1].put_batch(requests, i, stop, indexed_below)
-                if i >= stop:
-                    break
-            r = requests[i]
-            if r.commitlog_offset >= indexed_below and not self.build_index(
-                topic=r.topic,
-                commitlog_offset=r.commitlog_offset,
-                store_timestamp=r.store_timestamp,
-                sys_flag=r.sys_flag,
-                keys=r.keys,
-                uniq_key=r.uniq_key,
-            ):
-                return False
-            i += 1
-        return True
+        try:
+            while i < stop:
+                if native is not None and self.files:
+                    i = self.files[-1].put_batch(requests, i, stop, indexed_below)
+                    if i >= stop:
+                        break
+                r = requests[i]
+                if r.commitlog_offset >= indexed_below and not self.build_index(
+                    topic=r.topic,
+                    commitlog_offset=r.commitlog_offset,
+                    store_timestamp=r.store_timestamp,
+                    sys_flag=r.sys_flag,
+                    keys=r.keys,
+                    uniq_key=r.uniq_key,
+                ):
+                    return i
+                i += 1
+        except DiskFullError as exc:
+            self.disk_full = exc
+        return i
 
     def _put_key(self, f: IndexFile, key: str, phy_offset: int, store_timestamp: int) -> IndexFile | None:
         while not f.put_key(key, phy_offset, store_timestamp):
@@ -849,6 +967,8 @@ class IndexService:
                 end_phy_offset=prev.end_phy_offset if prev else 0,
                 end_timestamp=prev.end_timestamp if prev else 0,
             )
+        except DiskFullError:
+            raise  # not an error of the index: the owner waits for space and retries
         except OSError as e:
             log.error("index_file_create_error", dir=self.index_dir, error=str(e))
             return None

@@ -21,7 +21,7 @@ from typing import Final
 from mqstore.log import get_logger
 from mqstore.storage.fs import FileSystem, RealFileSystem
 
-__all__ = ["ABORT_FILE_NAME", "LOCK_FILE_NAME", "AbortFile", "StoreLock", "StoreLockedError"]
+__all__ = ["ABORT_FILE_NAME", "LOCK_FILE_NAME", "AbortFile", "StoreDirectoryError", "StoreLock", "StoreLockedError"]
 
 LOCK_FILE_NAME: Final = "lock"
 ABORT_FILE_NAME: Final = "abort"
@@ -32,6 +32,11 @@ log = get_logger(__name__)
 # (id of the fs object or 0 for real files, real path) of every lock held in this process.
 _held: set[tuple[int, str]] = set()
 _held_guard = threading.Lock()
+
+
+class StoreDirectoryError(RuntimeError):
+    """Something in the store root is in the way of the store's own files (a directory
+    where the `abort` or `lock` file belongs): the store does not guess what it is."""
 
 
 class StoreLockedError(RuntimeError):
@@ -94,8 +99,10 @@ class StoreLock:
 
     def acquire(self) -> None:
         """Take the lock or raise StoreLockedError naming the path. OSError on I/O errors."""
-        assert self._key is None, "already acquired"
+        if self._key is not None:
+            raise RuntimeError(f"the store lock {self.path} is already acquired by this object")
         self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
+        _refuse_directory(self._fs, self.path, "lock file")
         key = (0, os.path.realpath(self.path)) if self._real else (id(self._fs), os.path.normpath(self.path))
         with _held_guard:
             if key in _held:
@@ -164,6 +171,9 @@ class AbortFile:
         self.path = path
 
     def exists(self) -> bool:
+        """Whether the marker is there. StoreDirectoryError if a directory is in its place
+        (checked before recovery runs, not when the marker is written after it)."""
+        _refuse_directory(self._fs, self.path, "abort marker")
         return self._fs.exists(self.path)
 
     def create(self) -> None:
@@ -179,3 +189,10 @@ class AbortFile:
         if isinstance(self._fs, RealFileSystem):
             # Not strictly needed (a lost removal only costs an abnormal recovery), but cheap.
             _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+
+def _refuse_directory(fs: FileSystem, path: str, what: str) -> None:
+    if fs.isdir(path):
+        raise StoreDirectoryError(
+            f"{path} is a directory where the store keeps its {what}; move it out of the store root and start again"
+        )

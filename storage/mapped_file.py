@@ -9,6 +9,7 @@ given; all times are passed in.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 from collections import deque
@@ -41,19 +42,49 @@ AppendCallback = Callable[[bytearray, int, int, int], AppendMessageResult]
 def parse_segment_offset(path: str) -> int:
     """The start offset a segment's 20-digit name encodes (§2.4)."""
     name = os.path.basename(path)
-    assert len(name) == 20 and name.isdigit(), f"not a segment file name: {name!r}"
+    if len(name) != 20 or not name.isdigit():
+        raise ValueError(f"not a segment file name: {name!r}")
     return int(name)
 
 
 class DiskFullError(OSError):
     """No room on the disk for the blocks the next appends need: the append is refused
-    (SERVICE_NOT_AVAILABLE) rather than faulting on an unbacked page."""
+    (SERVICE_NOT_AVAILABLE, or dispatch waits) rather than faulting on an unbacked page."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 # Message appends reserve file blocks this far ahead, topped up when fewer than the low
 # water mark remain: fallocate costs ~1.5 ms per GiB, a write fault on a sparse page ~8 us.
 RESERVE_AHEAD_BYTES: Final = 32 * 1024 * 1024
 RESERVE_LOW_WATER_BYTES: Final = 16 * 1024 * 1024
+# Raw appends (ConsumeQueue units) reserve a smaller window: there may be thousands of
+# queues, each filling its file slowly.
+APPEND_BYTES_RESERVE_AHEAD_BYTES: Final = 256 * 1024
+# After a window had to shrink to fit the free space, the full window is tried again only
+# after this many more bytes were appended (not on every append of a nearly full disk).
+RESERVE_RETRY_AFTER_BYTES: Final = 1024 * 1024
+# A shrunk window takes at most this share of the free space: the rest stays for the
+# derived files (ConsumeQueue units, index entries) of what is appended meanwhile.
+RESERVE_SHARE_OF_FREE_SPACE: Final = 2
+# Never reserved, so the store itself never takes a filesystem to 100%: on a full ext4, a
+# write fault into fallocated (unwritten) blocks was seen to die with SIGBUS all the same
+# (tests/crash/test_small_filesystem.py). Messages stop first; their derived files (CQ
+# units, index entries) may go further, down to the smaller margin.
+KEEP_FREE_FOR_MESSAGES_BYTES: Final = 1024 * 1024
+KEEP_FREE_FOR_DERIVED_BYTES: Final = 256 * 1024
+
+
+def free_bytes(fs: FileSystem, path: str) -> int | None:
+    """Free space of the filesystem holding `path` (None if it cannot be told)."""
+    try:
+        return fs.disk_usage(os.path.dirname(path) or ".").free_bytes
+    except OSError:
+        return None
 
 
 class MappedFile:
@@ -74,8 +105,10 @@ class MappedFile:
         on_write_buffer_released: Callable[[bytearray], None] | None = None,
         create: bool = True,
     ) -> None:
-        assert file_size > 0
-        assert write_buffer is None or len(write_buffer) >= file_size
+        if file_size <= 0:
+            raise ValueError(f"file_size must be positive, not {file_size}")
+        if write_buffer is not None and len(write_buffer) < file_size:
+            raise ValueError(f"write_buffer of {len(write_buffer)} bytes is smaller than file_size {file_size}")
         self.fs = fs
         self.file_name = path
         self.file_from_offset = parse_segment_offset(path)
@@ -97,7 +130,9 @@ class MappedFile:
         self.first_shutdown_timestamp_ms = 0
         self.last_io_error: OSError | None = None
         self.locked_in_memory = False
+        # Every byte written through the map lies below this (blocks reserved by fallocate).
         self._reserved_until = 0
+        self._retry_full_window_at = 0
 
     def __repr__(self) -> str:
         return (
@@ -118,6 +153,9 @@ class MappedFile:
         """Truncation/recovery: wrote = committed = flushed = `position`."""
         assert 0 <= position <= self.file_size
         self.wrote_position = self.committed_position = self.flushed_position = position
+        # What was written has its blocks (whole pages: a page holding data is backed on
+        # tmpfs; the free-space estimate of the next reservation must not count it again).
+        self._reserved_until = position - position % OS_PAGE_SIZE
 
     @property
     def mapped_buffer(self) -> bytearray:
@@ -132,44 +170,113 @@ class MappedFile:
         return self.mapped_buffer
 
     # appending (§4.4) --------------------------------------------------------------------
-    def append_message(self, callback: AppendCallback) -> AppendMessageResult:
-        """Let `callback` write at wrote_position, then advance by what it says it wrote."""
+    def append_message(self, callback: AppendCallback, need: int | None = None) -> AppendMessageResult:
+        """Let `callback` write at wrote_position, then advance by what it says it wrote.
+
+        `need`: the most the callback may write (it must stay below it); blocks for it are
+        reserved first, DiskFullError when they cannot be. Without it the low-water mark
+        (more than any record) is what must be reserved."""
         pos = self.wrote_position
         if pos >= self.file_size:
             log.error("append to a full mapped file", file=self.file_name, wrote=pos)
             return AppendMessageResult(status=AppendMessageStatus.UNKNOWN_ERROR)
-        if pos + RESERVE_LOW_WATER_BYTES > self._reserved_until and not self._reserve_ahead(pos):
-            raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
+        need_end = min(self.file_size, pos + (RESERVE_LOW_WATER_BYTES if need is None else need))
+        window_end = min(self.file_size, pos + RESERVE_AHEAD_BYTES)
+        if pos + RESERVE_LOW_WATER_BYTES > self._reserved_until and window_end > self._reserved_until:
+            if need_end > self._reserved_until or pos >= self._retry_full_window_at:
+                if not self._reserve(need_end, window_end, KEEP_FREE_FOR_MESSAGES_BYTES):
+                    raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
+                if self._reserved_until < window_end:  # shrunk to what fits: retry the window later
+                    self._retry_full_window_at = pos + RESERVE_RETRY_AFTER_BYTES
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
+        if pos + result.wrote_bytes > self._reserved_until and result.status is not AppendMessageStatus.END_OF_FILE:
+            # Too late to refuse (the bytes are in the map); a caller bug, said loudly. (A
+            # blank record counts the whole rest of the file but writes only its header.)
+            log.error("append wrote past its reservation", file=self.file_name, position=pos,
+                      wrote=result.wrote_bytes, reserved_until=self._reserved_until)  # fmt: skip
         assert pos + result.wrote_bytes <= self.file_size, "append callback wrote past the file end"
         self.wrote_position = pos + result.wrote_bytes
         if result.store_timestamp:
             self.store_timestamp = result.store_timestamp
         return result
 
-    def _reserve_ahead(self, pos: int) -> bool:
-        """Blocks for the next RESERVE_AHEAD_BYTES of appends (fs.RealMappedRegion.reserve).
-        False when the disk is full and less than the low-water mark is reserved ahead."""
+    def _reserve(self, need_end: int, window_end: int, keep_free: int = 0) -> bool:
+        """Blocks up to `need_end` at least, up to `window_end` if the disk has room for it
+        (fs.RealMappedRegion.reserve). When it has not, the window shrinks to a share of the
+        free space, then to `need_end` itself: appends go on while anything fits. False
+        (nothing more reserved) only when not even `need_end` fits."""
         region = self._region
-        until = min(self.file_size, pos + RESERVE_AHEAD_BYTES)
-        if region is None:
+        need_end = min(need_end, self.file_size)
+        window_end = min(max(window_end, need_end), self.file_size)
+        if need_end <= self._reserved_until and window_end <= self._reserved_until:
             return True
+        if region is None:
+            return False  # unmapped: nothing can be written anyway
         try:
-            if not region.reserve(until):
+            target = window_end
+            wanted = window_end - self._reserved_until
+            free = self._free_bytes()
+            spare = None if free is None else free - keep_free
+            if spare is not None and spare < need_end - self._reserved_until:
                 return False
+            if spare is not None and spare < wanted * RESERVE_SHARE_OF_FREE_SPACE:
+                # Do not ask for what is not there: ext4 keeps the blocks of a failed
+                # fallocate, and the derived files would find the disk taken.
+                share = spare // RESERVE_SHARE_OF_FREE_SPACE
+                target = max(need_end, min(window_end, self._reserved_until + share - share % OS_PAGE_SIZE))
+            for end in (target, need_end) if target > need_end else (need_end,):
+                if end <= self._reserved_until or region.reserve(end):
+                    self._reserved_until = max(self._reserved_until, end)
+                    return True
+            return False
         except OSError as exc:  # an optimisation only: appends go on into the sparse file
             log.warning("reserve ahead failed", file=self.file_name, error=str(exc))
-        self._reserved_until = until
-        return True
+            self._reserved_until = max(self._reserved_until, window_end)
+            return True
+
+    def _free_bytes(self) -> int | None:
+        return free_bytes(self.fs, self.file_name)
+
+    def reserve(self, end: int, ahead: int = 0) -> bool:
+        """Blocks for every byte below `end` (and `ahead` more if there is room) before
+        anything is written there through the map; False when the disk has no room."""
+        if end <= self._reserved_until:
+            return True
+        return self._reserve(end, end + ahead, KEEP_FREE_FOR_DERIVED_BYTES)
+
+    @property
+    def reserved_until(self) -> int:
+        """Below this, writes through the map have blocks behind them."""
+        return self._reserved_until
 
     def append_bytes(self, data: bytes | bytearray | memoryview) -> bool:
-        """Raw append (ConsumeQueue units, replicated data): all of `data` or nothing."""
+        """Raw append (ConsumeQueue units, replicated data): all of `data` or nothing. False
+        when it does not fit the file; DiskFullError (nothing written) when the disk has no
+        blocks for it."""
         pos = self.wrote_position
-        if pos + len(data) > self.file_size:
+        end = pos + len(data)
+        if end > self.file_size:
             return False
-        self._target()[pos : pos + len(data)] = data
-        self.wrote_position = pos + len(data)
+        if end > self._reserved_until and not self._reserve(
+            end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES, KEEP_FREE_FOR_DERIVED_BYTES
+        ):
+            raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
+        self._target()[pos:end] = data
+        self.wrote_position = end
         return True
+
+    def read_data(self, start: int, end: int) -> bytes:
+        """A copy of [start, end) that reads only where the file has data; holes read as the
+        zeros they are. A read fault on a hole of a full tmpfs must allocate a page, cannot,
+        and kills the process with SIGBUS; the file's unwritten tail is such a hole."""
+        end = min(end, self.file_size)
+        if start >= end:
+            return b""
+        buf = self.mapped_buffer
+        out = bytearray(end - start)
+        for extent_start, extent_end in self.fs.data_extents(self.file_name, start, end):
+            out[extent_start - start : extent_end - start] = buf[extent_start:extent_end]
+        return bytes(out)
 
     # commit and flush (§4.5) ---------------------------------------------------------------
     def is_able_to_commit(self, least_pages: int) -> bool:
@@ -301,10 +408,15 @@ class MappedFile:
     def warm_up(self, sync_flush: bool, flush_least_pages: int) -> None:
         """Touch every page with a zero byte (forcing every N pages with sync flush), then
         madvise WILLNEED and mlock, best effort. Only for a fresh, unwritten file."""
-        assert self.wrote_position == 0, "warm-up would overwrite data"
+        if self.wrote_position != 0:  # a guard against overwriting data: kept under python -O
+            raise RuntimeError(f"warm-up of {self.file_name} would overwrite data")
         buf = self.mapped_buffer
         region = self._region
         assert region is not None
+        if not self._reserve(self.file_size, self.file_size, KEEP_FREE_FOR_MESSAGES_BYTES):
+            # Touching pages with no blocks behind them would die with SIGBUS.
+            log.warning("no disk space to warm up a new file; it stays cold", file=self.file_name)
+            return
         last_flush = 0
         for i in range(0, self.file_size, OS_PAGE_SIZE):
             buf[i] = 0
@@ -405,7 +517,8 @@ class TransientStorePool(WriteBufferPool):
     """
 
     def __init__(self, pool_size: int, file_size: int) -> None:
-        assert pool_size >= 0 and file_size > 0
+        if pool_size < 0 or file_size <= 0:
+            raise ValueError(f"pool_size must be >= 0 and file_size > 0, not {pool_size} and {file_size}")
         self.pool_size = pool_size
         self.file_size = file_size
         self._free: deque[bytearray] = deque(bytearray(file_size) for _ in range(pool_size))

@@ -47,7 +47,8 @@ class MappedFileQueue:
         create_on_allocator_failure: bool = False,
         write_buffer_pool: WriteBufferPool | None = None,
     ) -> None:
-        assert mapped_file_size > 0
+        if mapped_file_size <= 0:
+            raise ValueError(f"mapped_file_size must be positive, not {mapped_file_size}")
         self.fs = fs
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size

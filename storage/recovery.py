@@ -25,7 +25,7 @@ from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, ProgressCallback
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem
-from .index import IndexFile, IndexService, read_index_header
+from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
 __all__ = ["RecoveryReport", "recover_store"]
 
@@ -111,7 +111,11 @@ def recover_store(
         max_cq = -1
         damaged_cq_files: list[str] = []
         damaged_queues: list[ConsumeQueue] = []
-        for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
+        queue_dirs = list_consume_queues(cfg.consume_queue_dir, fs)
+        other_geometry = _cq_other_geometry(cfg, fs, queue_dirs)
+        if other_geometry is not None:
+            raise OSError(f"cannot load the consume queues in {cfg.consume_queue_dir}: {other_geometry}")
+        for topic, queue_id in queue_dirs:
             cut_short = _remove_wrong_length_cq_files(cfg, fs, topic, queue_id)
             damaged_cq_files.extend(cut_short)
             cq = ConsumeQueue(
@@ -309,20 +313,59 @@ class _InspectingCommitLog(CommitLog):
                 end = begin
 
 
+def _cq_segment_names(fs: FileSystem, directory: str) -> list[str]:
+    """A queue directory's segment files (20 digits); anything else is ignored with a warning."""
+    names = []
+    for name in fs.listdir(directory):
+        path = os.path.join(directory, name)
+        if len(name) != 20 or not name.isdigit() or fs.isdir(path):
+            if not name.endswith(DAMAGED_SUFFIX) and ".damaged." not in name:
+                log.warning("ignoring a file that is not a consume queue segment", path=path)
+            continue
+        names.append(name)
+    return sorted(names)
+
+
+def _cq_other_geometry(cfg: StoreConfig, fs: FileSystem, queues: list[tuple[str, int]]) -> str | None:
+    """Why the ConsumeQueue files look written with another mapped_file_size_consume_queue_bytes,
+    or None. That is not damage, and it is refused rather than rebuilt: every file of every
+    queue has one size that is a whole number of units, and where a queue has several files
+    their names are that size apart. A file its siblings disagree with is damage."""
+    expected = cq_file_size(cfg.mapped_file_size_consume_queue_bytes)
+    sizes: set[int] = set()
+    for topic, queue_id in queues:
+        directory = os.path.join(cfg.consume_queue_dir, topic, str(queue_id))
+        names = _cq_segment_names(fs, directory)
+        sizes.update(fs.getsize(os.path.join(directory, name)) for name in names)
+        if len(sizes) > 1:
+            return None
+        if sizes and any(int(b) - int(a) != next(iter(sizes)) for a, b in zip(names, names[1:])):
+            return None
+    if len(sizes) != 1:
+        return None
+    size = next(iter(sizes))
+    if size == expected or size <= 0 or size % codec.CQ_STORE_UNIT_SIZE:
+        return None
+    return (f"every consume queue file is {size} bytes, the settings make {expected} "
+            f"(mapped_file_size_consume_queue_bytes={cfg.mapped_file_size_consume_queue_bytes})")
+
+
 def _remove_wrong_length_cq_files(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int) -> list[str]:
-    """Delete a queue's first file of the wrong length and every file after it (loading stops
-    at it and would leave it in the way of the queue's next file). Derived data: re-dispatch
-    rebuilds what they held."""
+    """Set aside a queue's first file of the wrong length (renamed `<name>.damaged`, never
+    deleted) and delete every file after it (loading stops at it and would leave it in the way
+    of the queue's next file). Derived data: re-dispatch rebuilds what they held."""
     directory = os.path.join(cfg.consume_queue_dir, topic, str(queue_id))
     size = cq_file_size(cfg.mapped_file_size_consume_queue_bytes)
-    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
     removed: list[str] = []
-    for name in names:
+    for name in _cq_segment_names(fs, directory):
         path = os.path.join(directory, name)
-        if removed or fs.getsize(path) != size:
-            why = "after a file of the wrong length" if removed else f"{fs.getsize(path)} bytes, not {size}"
+        if removed:
             fs.remove(path)
-            removed.append(f"{topic}/{queue_id}/{name} ({why})")
+            removed.append(f"{topic}/{queue_id}/{name} (after a file of the wrong length)")
+        elif (actual := fs.getsize(path)) != size:
+            kept = fs.set_aside(path, DAMAGED_SUFFIX)
+            removed.append(f"{topic}/{queue_id}/{name} ({actual} bytes, not {size}; kept as {os.path.basename(kept)})")
+            log.error("consume_queue_file_set_aside", path=path, size=actual, expected=size, kept_as=kept)
     return removed
 
 
@@ -333,7 +376,8 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]
     hide nothing but block the writer's next roll and fail `verify`. One with data is left for
     a person to look at (loading ignores it and everything after it, and says so)."""
     directory = cfg.commitlog_dir
-    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
+    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit()
+                   and not fs.isdir(os.path.join(directory, n)))  # fmt: skip
     removed: list[str] = []
     for name in reversed(names):
         path = os.path.join(directory, name)
@@ -389,9 +433,13 @@ def _recover_index(
     )  # fmt: skip
     try:
         if not service.load(last_exit_ok, checkpoint.index_msg_timestamp if checkpoint else 0):
-            raise OSError(f"cannot load the index in {cfg.index_dir}")
-        reasons = [f"{name}: newer than the checkpoint's index timestamp"
-                   for name in sorted(names_before - set(fs.listdir(cfg.index_dir)))]  # fmt: skip
+            raise OSError(f"cannot load the index in {cfg.index_dir}: an I/O error, or its files hold together at "
+                          f"another size than max_hash_slot_num={cfg.max_hash_slot_num}, "
+                          f"max_index_num={cfg.max_index_num} give (see the log)")  # fmt: skip
+        gone = names_before - set(fs.listdir(cfg.index_dir))
+        reasons = list(service.set_aside)
+        reasons += [f"{name}: newer than the checkpoint's index timestamp"
+                    for name in sorted(gone) if not any(r.startswith(name) for r in service.set_aside)]  # fmt: skip
         dropped = len(reasons)
         files = service.files
         for i, f in enumerate(files):
@@ -399,8 +447,15 @@ def _recover_index(
             if why is None:
                 continue
             for bad in files[i:]:
-                reasons.append(f"{bad.name}: {why if bad is f else 'after a dropped file'}")
-                bad.destroy()
+                if bad is f and why.startswith("corrupt header"):
+                    # Damage, not a routine drop: kept for a person to look at, never deleted.
+                    bad.close()
+                    kept = fs.set_aside(bad.path, DAMAGED_SUFFIX)
+                    reasons.append(f"{bad.name}: {why}; kept as {os.path.basename(kept)}")
+                    log.error("index_file_set_aside", path=bad.path, reason=why, kept_as=kept)
+                else:
+                    reasons.append(f"{bad.name}: {why if bad is f else 'after a dropped file'}")
+                    bad.destroy()
                 dropped += 1
             del files[i:]
             log.warning("unsafe index files dropped; re-dispatch rebuilds them", reasons=reasons)

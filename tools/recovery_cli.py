@@ -13,6 +13,7 @@ stdout and exit 3.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -75,10 +76,12 @@ def _sizes_on_disk(root: Path) -> dict[str, int]:
         sizes["mapped_file_size_commitlog_bytes"] = segments[0].stat().st_size
     cq_root = root / "consumequeue"
     if cq_root.is_dir():
-        for path in sorted(cq_root.glob("*/*/" + "[0-9]" * 20)):
-            if path.stat().st_size > 0:
-                sizes["mapped_file_size_consume_queue_bytes"] = path.stat().st_size
-                break
+        # The size most files have: one file cut short must not set it (recovery would then
+        # take every intact file for damage).
+        found = collections.Counter(path.stat().st_size for path in cq_root.glob("*/*/" + "[0-9]" * 20)
+                                    if path.is_file() and path.stat().st_size > 0)  # fmt: skip
+        if found:
+            sizes["mapped_file_size_consume_queue_bytes"] = max(found, key=lambda size: (found[size], size))
     return sizes
 
 
@@ -118,7 +121,7 @@ def run_recover(args: argparse.Namespace) -> int:
         lock.release()
     result: dict[str, Any] = {"store_dir": str(root), **report.summary()}
     result["scan_seconds"] = round(time.monotonic() - started, 3)
-    if not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files:
+    if not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files or report.damaged_consume_queue_files:
         result["redispatch"] = _redispatch(cfg)
     _print(result, args.json)
     return ExitCode.OK

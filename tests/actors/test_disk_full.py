@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import errno
 
+import pytest
+
 import mqstore
 from mqstore.storage.fs import SimulatedFileSystem
+from mqstore.storage.mapped_file import KEEP_FREE_FOR_MESSAGES_BYTES
+from mqstore.store import MessageStore
 
 SETTINGS = dict(
     mapped_file_size_commitlog_bytes=64 * 1024,
@@ -48,9 +52,21 @@ def test_a_full_disk_refuses_puts_cleanly_and_loses_nothing() -> None:
         result = store.put(mqstore.Message(topic="T", body=body, keys=["after"]))
         assert result.ok, result
         acked.append("after")
-        got = store.get("T", 0, 0, 1000)
-        keys = [m.key_list[0] for m in got.messages]
-        assert keys == acked  # every acknowledged message, in order, none of the refused ones
+        assert all_keys(store) == acked  # every acknowledged message, in order, none of the refused ones
+    fs.assert_no_sigbus()
+
+
+def all_keys(store: MessageStore, topic: str = "T", queue_id: int = 0) -> list[str]:
+    """Every message's first key, paging (a get returns at most 32 messages from memory).
+    `get` waits for this thread's own puts to be dispatched; `max_offset` does not."""
+    keys: list[str] = []
+    offset = 0
+    while True:
+        got = store.get(topic, queue_id, offset, 1000)
+        if not got.messages:
+            return keys
+        keys += [m.key_list[0] for m in got.messages]
+        offset = got.next_begin_offset
 
 
 def test_bad_puts_get_message_illegal_on_either_encoder() -> None:
@@ -76,3 +92,92 @@ def test_bad_puts_get_message_illegal_on_either_encoder() -> None:
             assert result.status is illegal, (bad, result)
         assert store.get("T", 0, 0, 10).messages[-1].body == b"b"  # nothing of the bad puts
         assert store.max_offset("T", 0) == 2
+
+
+SMALL_DISK = dict(
+    SETTINGS,
+    # The physical limit is what is tested here, not the cleaner's ratios.
+    disk_space_warning_level_ratio=1.0,
+    disk_space_clean_forcibly_ratio=1.0,
+    clean_file_forcibly_enable=False,
+)
+
+
+def _put_until_refused(store: MessageStore, acked: list[str], prefix: str, limit: int) -> mqstore.PutResult | None:
+    for i in range(limit):
+        key = f"{prefix}{i}"
+        result = store.put(mqstore.Message(topic="T", body=b"y" * 700, keys=[key]))
+        if not result.ok:
+            return result
+        acked.append(key)
+    return None
+
+
+@pytest.mark.parametrize("segment_bytes", [64 * 1024, 4 * 1024 * 1024], ids=["segment-fits", "segment-larger-than-disk"])
+def test_a_small_simulated_disk_fills_without_sigbus_and_takes_puts_again_when_space_returns(
+    segment_bytes: int,
+) -> None:
+    """The simulated disk has a capacity: every write through a map into a page without
+    blocks, once the disk is full, is recorded as the SIGBUS it would be. The store fills the
+    disk itself; commitlog, ConsumeQueue, index and checkpoint must all reserve first. With a
+    segment larger than the disk the reservation window must shrink to what fits."""
+    settings = dict(SMALL_DISK, mapped_file_size_commitlog_bytes=segment_bytes)
+    fs = SimulatedFileSystem(capacity_bytes=3 * 1024 * 1024)
+    fs.makedirs("/sim")
+    fs.write_atomic("/sim/filler", bytes(1536 * 1024))  # the space the user frees later
+    acked: list[str] = []
+    with mqstore.open("/sim/store", fs=fs, **settings) as store:
+        refused = _put_until_refused(store, acked, "a", 10_000)
+        assert refused is not None, "the disk never filled"
+        assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "disk full" in refused.detail
+        assert len(acked) > 100
+        assert store.supervisor.state.name == "RUNNING"
+        # Full as far as the store goes: it leaves the filesystem's last blocks alone.
+        assert fs.free_bytes() < 2 * KEEP_FREE_FOR_MESSAGES_BYTES
+    fs.assert_no_sigbus()
+    # Reopened on the full disk: recovery reads, and nothing faults; every ack is there.
+    with mqstore.open("/sim/store", fs=fs, **settings) as store:
+        assert all_keys(store) == acked
+        assert store.query("T", acked[-1]).messages[0].key_list == [acked[-1]]
+        assert not store.put(mqstore.Message(topic="T", body=b"y" * 700, keys=["full"])).ok
+        # Space comes back (less than a 32 MiB window; with the larger segment, less than
+        # the segment): puts succeed again, without a restart.
+        fs.remove("/sim/filler")
+        refused = _put_until_refused(store, acked, "b", 10_000)
+        assert refused is not None and "disk full" in refused.detail
+        assert any(key.startswith("b") for key in acked)
+        assert all_keys(store) == acked
+    fs.assert_no_sigbus()
+    with mqstore.open("/sim/store", fs=fs, **settings) as store:
+        assert all_keys(store) == acked  # nothing acknowledged lost
+        assert store.query("T", acked[-1]).messages[0].key_list == [acked[-1]]
+    fs.assert_no_sigbus()
+
+
+def test_dispatch_waits_for_space_and_resumes_without_a_restart() -> None:
+    """The commitlog has its blocks but the ConsumeQueue and index cannot get theirs: the
+    units wait (no crash, no restart storm) and are written once space returns."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
+        assert all_keys(store) == ["k0"]
+        fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
+        fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
+        acked = ["k0"]
+        for i in range(1, 600):  # past the first CQ file (200 units) and index file (400)
+            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+            acked.append(f"k{i}")
+        store.get("T", 0, 0, 1)  # dispatch has seen every put
+        assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
+        assert store.supervisor.state.name == "RUNNING"
+        assert store.supervisor.restarts == []  # waited, never crashed
+        fs.clear_faults()
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["last"])).ok
+        acked.append("last")
+        assert all_keys(store) == acked
+        for key in ("k1", "k599", "last"):
+            assert [m.key_list for m in store.query("T", key).messages] == [[key]]
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert all_keys(store) == acked

@@ -20,9 +20,10 @@ EXPECTED = {
         "closed",
     ],
     "actor_client.py": [
-        "put PUT_OK queue offset 0",
-        "arrived orders 0 max offset 1",
-        "get FOUND ['order 1']",
+        "put PUT_OK 1000 messages, window 32",
+        "batch PUT_OK messages 3",
+        "arrived orders 0 max offset",
+        "get FOUND ['order 0', 'order 1', 'order 2']",
         "query ['order 1']",
         "done",
     ],

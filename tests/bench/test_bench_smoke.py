@@ -143,3 +143,18 @@ def test_a_run_confined_to_fewer_cpus_says_so(tiny_run: tuple[int, dict[str, Any
     assert pinned_note({"cpu_affinity": [0, 2], "logical_cores": 4}) == " (process on CPUs 0,2)"
     assert pinned_note({"cpu_affinity": [0, 1], "logical_cores": 2}) == ""
     assert pinned_note({}) == "", "results written before the field existed"
+
+
+def test_the_read_benchmarks_catch_up_case_reports_both_rates_from_one_run(tmp_path: Path) -> None:
+    """bench_read's catch-up case: a producer alone, then beside a consumer catching up."""
+    import mqstore
+    from mqstore.bench import bench_read
+
+    with mqstore.open(tmp_path / "store") as store:
+        bench_read._fill(store, 200)
+        figures = bench_read._catch_up(store, 200, seconds=0.2)
+    assert set(figures) == {"catch_up_producer_alone_msgs_per_s", "catch_up_producer_with_consumer_msgs_per_s",
+                            "catch_up_consumer_msgs_per_s", "catch_up_producer_ratio"}  # fmt: skip
+    assert figures["catch_up_producer_alone_msgs_per_s"] > 0 and figures["catch_up_consumer_msgs_per_s"] > 0
+    ratio = figures["catch_up_producer_with_consumer_msgs_per_s"] / figures["catch_up_producer_alone_msgs_per_s"]
+    assert figures["catch_up_producer_ratio"] == pytest.approx(ratio, abs=0.01)

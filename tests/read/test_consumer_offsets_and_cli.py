@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from mqstore import MessageStore
-from mqstore import store as store_module
+from mqstore.offsets import CONSUMER_OFFSET_PERSIST_INTERVAL_MS, ConsumerOffsets
 from mqstore.cli import ExitCode, main
 
 h = sys.modules["mqstore_read_test_helpers"]
@@ -32,18 +33,24 @@ def test_committed_offsets_survive_a_restart(tmp_path: Path, open_store: Open) -
     assert (store.query_offset("g", "T", 0), store.query_offset("g", "T", 3), store.query_offset("h", "T", 0)) == (7, 2, -1)
 
 
-def test_offsets_are_persisted_by_the_timer_without_a_close(
-    tmp_path: Path, open_store: Open, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(store_module, "CONSUMER_OFFSET_PERSIST_INTERVAL_MS", 20)
+def test_offsets_are_persisted_by_the_supervisors_ticker_without_a_close(tmp_path: Path, open_store: Open) -> None:
+    """No thread of their own: the offsets are a tick hook, persisted once
+    CONSUMER_OFFSET_PERSIST_INTERVAL_MS of the store's clock passed after a commit."""
     store = open_store(tmp_path / "store")
-    store.commit_offset("g", "T", 0, 5)
+    assert store.offsets in store.supervisor.ctx.on_tick_ms
+    assert not any(t.name == "mqstore-consumer-offsets" for t in threading.enumerate())
     path = tmp_path / "store" / "config" / "consumerOffset.json"
-    for _ in range(200):
-        if path.exists():
-            break
-        store._offsets_stop.wait(0.02)
+    offsets = ConsumerOffsets(store.fs, str(tmp_path / "store"), interval_ms=CONSUMER_OFFSET_PERSIST_INTERVAL_MS)
+    offsets.load()
+    offsets.commit("g", "T", 0, 5)
+    offsets(1_000)  # the first tick that sees the commit starts the interval
+    offsets(1_000 + CONSUMER_OFFSET_PERSIST_INTERVAL_MS - 1)
+    assert not path.exists()
+    offsets(1_000 + CONSUMER_OFFSET_PERSIST_INTERVAL_MS)
     assert json.loads(path.read_text())["offsetTable"]["T@g"] == {"0": 5}
+    path.unlink()
+    offsets(10**9)  # nothing committed since: nothing written
+    assert not path.exists()
 
 
 def test_a_brokers_fastjson_offset_file_is_read(tmp_path: Path, open_store: Open) -> None:

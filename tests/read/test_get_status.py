@@ -9,10 +9,12 @@ from typing import Callable
 
 import pytest
 
+import mqstore
 from mqstore import GetMessageStatus as S
 from mqstore import Message, MessageStore
-from mqstore import store as store_module
+from mqstore import reads
 from mqstore.storage import codec
+from mqstore.storage.commitlog import CommitLogReader
 
 h = sys.modules["mqstore_read_test_helpers"]  # loaded by conftest.py
 UNIT, cq_dir, put_n = h.UNIT, h.cq_dir, h.put_n
@@ -144,13 +146,13 @@ def test_a_map_closed_between_finding_and_decoding_reads_as_removed(
     put_n(store, 3)
     closed = mmap.mmap(-1, 4096)
     closed.close()
-    monkeypatch.setattr(store_module.CommitLogReader, "select", lambda self, offset, size: (closed, 0))
+    monkeypatch.setattr(CommitLogReader, "select", lambda self, offset, size: (closed, 0))
     r = store.get("T", 0, 0, 32)
     assert (r.status, r.messages) == (S.MESSAGE_WAS_REMOVING, ())
     assert store.lookup(0) is None
     # Other errors are not hidden.
-    monkeypatch.setattr(store_module.CommitLogReader, "select", lambda self, offset, size: (b"\0" * 8, -9))
-    monkeypatch.setattr(store_module.codec, "read_message", _raise_value_error)
+    monkeypatch.setattr(CommitLogReader, "select", lambda self, offset, size: (b"\0" * 8, -9))
+    monkeypatch.setattr(codec, "read_served", _raise_value_error)
     with pytest.raises(ValueError, match="not a closed map"):
         store.lookup(0)
 
@@ -161,15 +163,17 @@ def _raise_value_error(*args: object, **kwargs: object) -> None:
 
 def test_no_matched_logic_queue_when_the_consume_queue_service_cannot_answer(open_store: Open) -> None:
     """4.4.0 never returns it (queues are created on demand); we do when the ConsumeQueue actor
-    is down (between its crash and its restart, or after close). The offset is kept."""
-    store = open_store()
+    is down (between its crash and its restart) for longer than read_your_writes_timeout_ms.
+    The offset is kept. After close() every call raises StoreClosedError."""
+    store = open_store(read_your_writes_timeout_ms=50)
     put_n(store, 3)
     store.supervisor.peers["consume_queue"].stop()  # the state between a crash and its restart
     r = store.get("T", 0, 2, 32)
     assert (r.status, r.next_begin_offset, r.messages) == (S.NO_MATCHED_LOGIC_QUEUE, 2, ())
+    assert r.detail
     store.close()
-    r = store.get("T", 0, 1, 32)
-    assert (r.status, r.next_begin_offset) == (S.NO_MATCHED_LOGIC_QUEUE, 1)
+    with pytest.raises(mqstore.StoreClosedError):
+        store.get("T", 0, 1, 32)
 
 
 def test_a_batch_stops_at_max_count_and_at_32_messages_in_memory(open_store: Open) -> None:
@@ -194,7 +198,7 @@ def test_messages_far_behind_the_head_count_as_in_disk_and_cap_at_8(
 ) -> None:
     store = open_store()
     put_n(store, 20)
-    monkeypatch.setattr(store_module, "_TOTAL_RAM_BYTES", 1)  # everything is "not in the page cache"
+    monkeypatch.setattr(reads, "_TOTAL_RAM_BYTES", 1)  # everything is "not in the page cache"
     r = store.get("T", 0, 0, 32)
     assert offsets(r) == list(range(8)) and r.next_begin_offset == 8
 

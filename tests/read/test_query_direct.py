@@ -18,12 +18,11 @@ import pytest
 
 import mqstore
 from mqstore import FaultPlan, Message, MessageStore
-from mqstore.actors.base import ServiceUnavailable
 from mqstore.actors.cleaner import CLEAN_FIRST_DELAY_MS
 from mqstore.messages import DeleteExpiredIndexFiles, QueryOffsets, QueryResult, Reply
 from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
-from mqstore import store as store_module
+from mqstore import reads
 from mqstore.storage.index import (
     INDEX_ENTRY_SIZE,
     INDEX_HEADER_SIZE,
@@ -57,21 +56,15 @@ class AskCounter:
 
 
 
-@pytest.fixture(autouse=True)
-def reads_never_give_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests put and read at once; the reads must take the direct path all the same
-    (giving way to flowing puts has its own test in test_get_direct.py)."""
-    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 0)
-
 def query_via_actor(store: MessageStore, monkeypatch: pytest.MonkeyPatch, *args: Any) -> QueryResult:
     """The query as it was before the direct path: every lookup asks the index actor."""
     with monkeypatch.context() as m:
-        m.setattr(store, "_index_reader", lambda: None)
+        m.setattr(reads.ThreadReaders, "index_reader", lambda self, view: None)
         return store.query(*args)
 
 
 def thread_index_reader(store: MessageStore) -> IndexReader:
-    reader = getattr(store._local, "index_reader", None)
+    reader = store._readers.get()._index
     assert reader is not None, "this thread's query did not use the direct path"
     return reader
 
@@ -82,7 +75,7 @@ def index_names(root: Path) -> tuple[str, ...]:
 
 def wait_indexed(store: MessageStore, end_offset: int) -> None:
     deadline = time.monotonic() + WAIT_S
-    while (p := store._index_progress) is None or p[1] < end_offset:
+    while (p := store.read_view.view).indexed_end < end_offset:
         assert time.monotonic() < deadline, f"index did not reach {end_offset}: {p}"
         time.sleep(0.001)
 
@@ -254,13 +247,13 @@ def test_a_query_finds_what_dispatch_reported_before_it_even_from_a_thread_that_
     """A question to the actor queued behind every dispatch sent before it; the direct path
     waits for the index to cover what dispatch reported (here the index publishes late)."""
     store = open_store(**SMALL_INDEX)
-    publish = store.supervisor.ctx.on_index_progress
+    publish = store.read_view.publish_index
 
     def publish_late(files: tuple[str, ...], indexed_end: int) -> None:
         time.sleep(0.05)
         publish(files, indexed_end)
 
-    store.supervisor.ctx.on_index_progress = publish_late
+    store.read_view.publish_index = publish_late  # type: ignore[method-assign]
     for i in range(4):
         results: list[Any] = []
         assert not run_threads([lambda: results.append(put_ok(store, [f"x{i}"]))])
@@ -298,10 +291,10 @@ def test_queries_beside_puts_and_roll_overs_find_every_key_indexed_before_them(
         while not stop.is_set() or checked[0] == 0:
             with lock:
                 candidates = list(acked)
-            progress = store._index_progress
-            if progress is None:
+            progress = store.read_view.view
+            if progress.index_files is None:
                 continue
-            covered = [a for a in candidates if a[2] <= progress[1]]
+            covered = [a for a in candidates if a[2] <= progress.indexed_end]
             for key, offset, _end in rng.sample(covered, min(20, len(covered))):
                 found = store.query("T", key)
                 assert [m.commitlog_offset for m in found.messages] == [offset], (key, progress)
@@ -405,7 +398,7 @@ def test_queries_answer_after_the_index_actor_crashes_mid_write_and_restarts(
     store = open_store(faults=plan, **SMALL_INDEX)
     results = {f"k{i}": put_ok(store, [f"k{i}"]) for i in range(40)}
     assert store.query("T", "k0").messages
-    first_progress = store._index_progress
+    first_view = store.read_view.view
     for crash in range(1, 3):
         plan.arm("index.mid_write", 1)
         i = len(results)
@@ -420,31 +413,20 @@ def test_queries_answer_after_the_index_actor_crashes_mid_write_and_restarts(
             found = store.query("T", key)
             assert [m.commitlog_offset for m in found.messages] == [result.commitlog_offset], key
     assert plan.fired["index.mid_write"] == 2
-    assert store._index_progress is not first_progress  # the restarted actor published
+    assert store.read_view.view.index_files != first_view.index_files  # the restarted actor published
     assert store.query("T", "k3") == query_via_actor(store, monkeypatch, "T", "k3")
     assert thread_index_reader(store).mapped_names == index_names(tmp_path / "store")
 
 
-def test_without_a_publication_or_a_mappable_file_queries_ask_the_actor(
-    open_store: Open, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_a_mappable_file_queries_ask_the_actor(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
     fs = SimulatedFileSystem()
     fs.makedirs("/store")
     store = open_store(Path("/store"), fs=fs, **SMALL_INDEX)
     counter = AskCounter(store, monkeypatch)
     assert store.query("T", "a").messages == ()
     assert counter.index_asks == 0  # the actor published its (empty) index at start
-    monkeypatch.undo()
-    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 0)  # undone with the rest
     result = put_ok(store, ["a"])
-    wait_indexed(store, result.commitlog_offset + result.wrote_bytes)  # nothing publishes below
-    counter = AskCounter(store, monkeypatch)
-    monkeypatch.setattr(store, "_index_progress", None)
-    assert [m.commitlog_offset for m in store.query("T", "a").messages] == [result.commitlog_offset]
-    assert counter.index_asks == 1
-    monkeypatch.undo()
-    monkeypatch.setattr(store_module, "PUTS_FLOWING_NS", 0)
-    counter = AskCounter(store, monkeypatch)
+    wait_indexed(store, result.commitlog_offset + result.wrote_bytes)  # the owner mapped its file
     fs.inject_fault("map", path_contains="/index/", count=1)
     assert [m.commitlog_offset for m in store.query("T", "a").messages] == [result.commitlog_offset]
     assert counter.index_asks == 1  # the map failed: the actor answered
@@ -479,5 +461,5 @@ def test_a_reader_closed_under_a_walk_answers_none_and_close_unmaps_every_reader
     store.close()
     assert all(r.closed and not r.mapped_names for r in readers)
     assert all(f._region.buf.closed for f in files)
-    with pytest.raises(ServiceUnavailable):
+    with pytest.raises(mqstore.StoreClosedError):
         store.query("T", "k1")

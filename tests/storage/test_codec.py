@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from mqstore.storage import codec
 from mqstore.storage.codec import HostAddress, RecordKind
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path("/work/shared/fixtures")  # as conftest.py: a worktree is not two levels under /work
 SAMPLES = [FIXTURES / "broker-sample-a" / "commitlog" / "00000000000000000000",
            FIXTURES / "broker-sample-b" / "commitlog" / "00000000000000000000"]  # fmt: skip
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -11,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mqstore.storage.consumer_offsets import (
-    ConfigFileError,
     ConsumerOffsetStore,
     load_delay_offsets,
     load_fastjson,
@@ -125,14 +125,41 @@ def test_missing_main_file_falls_back_to_bak_and_a_stray_tmp_is_ignored() -> Non
     assert store.query_offset("g", "T", 0) == 7
 
 
-def test_both_files_bad_is_a_clear_error() -> None:
+@pytest.mark.parametrize(
+    "bad_main",
+    [b"garbage", b"[" * 100_000 + b"]" * 100_000, b'{"offsetTable":' * 50_000 + b"{}" + b"}" * 50_000, b"\xff\xfe"],
+    ids=["garbage", "deep_list", "deep_object", "not_utf8"],
+)
+def test_both_files_bad_fall_back_to_an_empty_table_with_an_error_naming_the_file(
+    bad_main: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 19 item 6: never ConfigFileError or RecursionError out of load (and so out of
+    open()); the unreadable file is kept as `.damaged` when the table is next persisted."""
     fs = SimulatedFileSystem()
     fs.makedirs("/store/config")
-    fs.write_atomic(PATH, b"garbage")
+    fs.write_atomic(PATH, bad_main)
     fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g":{0:"x"}}}')
-    with pytest.raises(ConfigFileError, match="consumerOffset.json.bak") as info:
-        ConsumerOffsetStore(fs, "/store").load()
-    assert PATH in str(info.value)
+    store = ConsumerOffsetStore(fs, "/store")
+    with caplog.at_level(logging.ERROR, logger="mqstore"):
+        assert not store.load()
+    assert store.table() == {}
+    logged = [r for r in caplog.records if r.getMessage() == "consumer_offsets_unreadable"]
+    assert logged and PATH in logged[0].mqstore_event["path"]  # type: ignore[attr-defined]
+    assert "consumerOffset.json.bak" in logged[0].mqstore_event["error"]  # type: ignore[attr-defined]
+    store.commit_offset("g", "T", 0, 4)
+    store.persist()
+    assert fs.read_bytes(PATH + ".damaged") == bad_main  # set aside, never lost
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load() and again.query_offset("g", "T", 0) == 4
+
+
+def test_a_bad_main_file_falls_back_to_its_bak() -> None:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, b"[" * 100_000)
+    fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g":{0:9}}}')
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load() and store.query_offset("g", "T", 0) == 9
 
 
 def test_a_corrupt_main_file_is_not_copied_over_a_good_bak() -> None:

@@ -479,14 +479,53 @@ def test_load_after_abnormal_exit_deletes_files_newer_than_the_checkpoint() -> N
     assert len(after.listdir(INDEX_DIR)) == 2
 
 
-def test_load_fails_on_a_file_of_another_size_and_skips_foreign_names() -> None:
+def test_load_refuses_files_of_another_geometry_and_skips_foreign_names() -> None:
+    """Files that hold together at another max_index_num (one of them full: a writer of that
+    geometry rolled over) are not damage: refused, nothing renamed (issue 19)."""
+    service, fs, clock = make_service(entries=2)
+    fill_files(service, clock, [T0, T0 + 10_000, T0 + 20_000])
+    fs.write_atomic(INDEX_DIR + "/notes.txt", b"x")
+    fs.makedirs(INDEX_DIR + "/20990101000000000")  # a directory with a file's name: ignored
+    ok, _, _ = make_service(fs, entries=2)
+    assert ok.load(True, 0) and len(ok.files) == 3
+    ok.close()
+    before = fs.listdir(INDEX_DIR)
+    wrong, _, _ = make_service(fs, entries=3)
+    assert not wrong.load(True, 0)
+    assert fs.listdir(INDEX_DIR) == before
+
+
+@pytest.mark.parametrize("damage", ["empty", "short", "longer", "header_only"])
+def test_a_damaged_index_file_is_set_aside_and_later_files_dropped(damage: str) -> None:
+    """Issue 19 item 6: an index file of a size its siblings do not share is kept as
+    `.damaged` (never deleted), later files go, and the caller re-dispatches (the service
+    loads what is left instead of failing the open)."""
+    service, fs, clock = make_service(entries=2)
+    fill_files(service, clock, [T0, T0 + 10_000, T0 + 20_000])
+    names = sorted(fs.listdir(INDEX_DIR))
+    service.close()
+    middle = f"{INDEX_DIR}/{names[1]}"
+    data = fs.read_bytes(middle)
+    bad = {"empty": b"", "short": data[: len(data) // 2 + 3], "longer": data + b"\0" * 20,
+           "header_only": data[:40]}[damage]  # fmt: skip
+    fs.write_atomic(middle, bad)
+    reloaded, _, _ = make_service(fs, entries=2)
+    assert reloaded.load(True, 0)
+    assert [f.name for f in reloaded.files] == [names[0]]
+    assert sorted(fs.listdir(INDEX_DIR)) == [names[0], names[1] + ".damaged"]
+    assert fs.read_bytes(middle + ".damaged") == bad
+    assert len(reloaded.set_aside) == 2 and names[1] in reloaded.set_aside[0]
+
+
+def test_a_lone_index_file_cut_short_is_set_aside() -> None:
     service, fs, _ = make_service()
     index_message(service, 100, T0, keys="a")
-    fs.write_atomic(INDEX_DIR + "/notes.txt", b"x")
-    ok, _, _ = make_service(fs)
-    assert ok.load(True, 0) and len(ok.files) == 1
-    wrong, _, _ = make_service(fs, entries=65)
-    assert not wrong.load(True, 0)
+    name = fs.listdir(INDEX_DIR)[0]
+    service.close()
+    fs.write_atomic(f"{INDEX_DIR}/{name}", fs.read_bytes(f"{INDEX_DIR}/{name}")[:1000])
+    reloaded, _, _ = make_service(fs)
+    assert reloaded.load(True, 0) and reloaded.files == []
+    assert fs.listdir(INDEX_DIR) == [name + ".damaged"]
 
 
 def test_load_of_a_missing_directory_is_an_empty_index() -> None:

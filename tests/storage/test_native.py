@@ -23,7 +23,7 @@ from mqstore.storage.codec import DispatchFields, RecordKind
 from mqstore.storage.commitlog import CommitLog
 from mqstore.storage.fs import RealFileSystem, SimulatedFileSystem
 from mqstore.storage.index import IndexService
-from mqstore.store import MessageStore
+from mqstore.storage.put_encoding import message_properties
 
 from .conftest import FIXTURES, ManualClock
 
@@ -66,9 +66,9 @@ _MESSAGES = st.builds(
 
 
 def _python_encode(m: Message) -> bytes | None:
-    """The general path of MessageStore._precheck for one message; None where it rejects."""
+    """The general path of storage.put_encoding.PutEncoder for one message; None where it rejects."""
     try:
-        props = MessageStore._properties(m)
+        props = message_properties(m)
     except ValueError:
         return None
     if len(props) > codec.MAX_PROPERTIES_BYTES:
@@ -389,3 +389,30 @@ def test_cq_runs_write_the_units_of_one_by_one_dispatch(seed: int) -> None:
         images.append({f"{t}/{q}/{n}": fs.read_bytes(f"/s/cq/{t}/{q}/{n}") for (t, q) in next_cq for n in fs.listdir(f"/s/cq/{t}/{q}")})
     assert images[0] == images[1]
     assert sum(len(v) for v in images[0].values()) > 20 * 300
+
+
+# ---- crc32: the CRC on read's kernel (issue 19) ---------------------------------------------
+
+
+@needs_native
+def test_crc32_is_zlibs_on_every_length_and_alignment() -> None:
+    import zlib
+
+    assert native is not None
+    rng = random.Random(19)
+    data = rng.randbytes(70_000)
+    for length in [*range(0, 300), 1023, 1024, 1025, 4096, 16_384, 65_536 + 7]:
+        for start in range(0, 17, 5):
+            view = memoryview(data)[start : start + length]
+            assert native.crc32(view) == zlib.crc32(view), (length, start)
+    assert native.crc32(b"\xff" * 1000) == zlib.crc32(b"\xff" * 1000)
+    assert native.crc32(bytes(1000)) == zlib.crc32(bytes(1000))
+
+
+@needs_native
+@given(st.binary(max_size=3000))
+def test_crc32_is_zlibs_on_generated_bytes(data: bytes) -> None:
+    import zlib
+
+    assert native is not None
+    assert native.crc32(data) == zlib.crc32(data)

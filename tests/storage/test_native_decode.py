@@ -36,16 +36,28 @@ MAX_SIZE = 4 * 1024 * 1024
 SAMPLES = [FIXTURES / s / "commitlog" / "00000000000000000000" for s in ("broker-sample-a", "broker-sample-b")]
 
 
-def _c_decode(buf: Any, pos: int, limit: int | None = None, max_size: int = MAX_SIZE) -> MessageRecord | None:
+def _c_decode(
+    buf: Any, pos: int, limit: int | None = None, max_size: int = MAX_SIZE, check_crc: bool = False
+) -> MessageRecord | None:
     assert native is not None
-    return native.decode_message(buf, pos, limit, max_size, MessageRecord, codec._host_from_bytes)  # type: ignore[no-any-return]
+    return native.decode_message(buf, pos, limit, max_size, MessageRecord, codec._host_from_bytes, check_crc)  # type: ignore[no-any-return]
 
 
 def _assert_same_or_declined(buf: Any, pos: int, limit: int | None = None, max_size: int = MAX_SIZE) -> RecordKind:
     """The C decoder gives read_record's record exactly, and declines exactly what read_record
-    does not report as MESSAGE (declining a good record would silently cost the fast path)."""
-    expected = codec.read_record(buf, pos, limit, max_message_size=max_size)
-    got = _c_decode(buf, pos, limit, max_size)
+    does not report as MESSAGE (declining a good record would silently cost the fast path);
+    with check_crc as without (the CRC on read, issue 19)."""
+    _assert_same_or_declined_crc(buf, pos, limit, max_size, check_crc=True)
+    return _assert_same_or_declined_crc(buf, pos, limit, max_size, check_crc=False)
+
+
+def _assert_same_or_declined_crc(buf: Any, pos: int, limit: int | None, max_size: int, *, check_crc: bool) -> RecordKind:
+    expected = codec.read_record(buf, pos, limit, max_message_size=max_size, check_crc=check_crc)
+    got = _c_decode(buf, pos, limit, max_size, check_crc)
+    if check_crc and expected.kind is RecordKind.MESSAGE:
+        assert codec.body_crc_mismatch(buf, pos, limit) == "", expected
+    if check_crc and codec.failed_integrity(expected):
+        assert codec.body_crc_mismatch(buf, pos, limit) == expected.reason, expected
     if expected.kind is not RecordKind.MESSAGE:
         assert got is None, (expected, got)
         return expected.kind
@@ -449,7 +461,7 @@ def _store_reads(store: MessageStore) -> list[object]:
             for raw in (False, True):
                 out.append(store.get("T", 0, offset, 8, tags=tags, raw=raw))
     out.append(store.query("T", "k3"))
-    out.append(store.query("T", "U-7"))
+    out.append(store.query("T", "k7"))
     first = store.get("T", 0, 0, 64).messages
     for record in first:
         out.append(store.lookup(record.commitlog_offset))
@@ -465,7 +477,7 @@ def test_get_query_and_lookup_give_the_same_results_on_both_paths(tmp_path: Path
         for i in range(40):
             message = Message(
                 topic="T", body=bytes([i]) * (i * 7), tags=["A", "B", "C", None][i % 4], keys=[f"k{i}", f"k{i % 5}"],
-                properties={"UNIQ_KEY": f"U-{i}", "note": "中文"} if i % 3 else {},
+                properties={"uid": f"U-{i}", "note": "中文"} if i % 3 else {},  # UNIQ_KEY is the store's (issue 19)
             )  # fmt: skip
             assert store.put(message).ok
         assert store.wait_for_messages("T", 0, 39, timeout_s=10)
@@ -478,3 +490,41 @@ def test_get_query_and_lookup_give_the_same_results_on_both_paths(tmp_path: Path
     looked_up = [r for r in fast if isinstance(r, MessageRecord)]
     assert len(looked_up) >= 2 * 32 and all(type(r.body) is bytes for r in looked_up)
     assert sum(1 for r in fast if r is None) == 5  # the lookups between record starts
+
+
+# ---- the CRC on read (issue 19 item 4) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("either_path", ["native", "python"])
+def test_a_flipped_body_byte_is_served_only_without_check_crc(either_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if either_path == "python":
+        monkeypatch.setattr(speedups, "native", None)
+    elif native is None:
+        pytest.skip("C extension not built")
+    good = _raw_record(body=b"hello world" * 10, props=b"KEYS\x01k\x02")
+    assert codec.read_message(good, 0, check_crc=True) is not None
+    assert codec.body_crc_mismatch(good, 0) == ""
+    bad = bytearray(good)
+    bad[88 + 5] ^= 0x01  # a bit of the body
+    assert codec.read_message(bad, 0) is not None  # the CRC is not read unless asked for
+    assert codec.read_message(bad, 0, check_crc=True) is None
+    served = codec.read_served(bad, 0, check_crc=True)
+    assert isinstance(served, codec.RecordRead) and served.kind is RecordKind.CORRUPT
+    assert served.reason == "body CRC mismatch"
+    assert codec.body_crc_mismatch(bad, 0) == "body CRC mismatch"
+    torn = bytearray(good)
+    torn[-1] = 0  # the properties' last separator: a torn write the body CRC cannot see
+    assert codec.read_message(torn, 0) is not None and codec.read_message(torn, 0, check_crc=True) is None
+    assert codec.body_crc_mismatch(torn, 0) != ""
+    zeroed = bytearray(good)
+    zeroed[88 : 88 + 20] = bytes(20)
+    assert codec.read_message(zeroed, 0, check_crc=True) is None
+
+
+def test_body_crc_mismatch_reports_what_is_not_a_record() -> None:
+    assert codec.body_crc_mismatch(bytes(200), 0) != ""
+    v6 = _raw_record(born=(bytes(15) + b"\x01", 1), props=b"a\x01b\x02")
+    assert codec.body_crc_mismatch(v6, 0) == ""
+    bad = bytearray(v6)
+    bad[100] ^= 0xFF
+    assert codec.body_crc_mismatch(bad, 0) != ""

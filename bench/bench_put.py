@@ -1,0 +1,352 @@
+"""Put-side benchmark of issue 16 (not in CI): every way of putting, each timed until the last
+message is visible through get, beside a same-run floor (the same load on a do-nothing actor:
+the hand-offs between threads without the store's work) and the ratio to it.
+
+    .venv/bin/python -m mqstore.bench.bench_put [--quick] [--json out.json]
+
+Cases (1 KiB bodies unless said): put_async from one thread with at most 1,024 in flight; 4
+producer actors putting single messages through the actor client with a window of 32; put
+from 4 and from 16 threads; put_batch of 32 from one thread at 1 KiB and 128 B; and the
+put-to-visible lag (p50/p99) with put_async paced at half the rate put_async reached.
+On a shared machine the absolute figures move with the neighbours' load; the ratio to the
+floor measured in the same run moves much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import queue
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import pykka
+
+import mqstore
+from mqstore import Message
+from mqstore.actors.base import FastInbox
+from mqstore.messages import Replied, Waiter
+
+BODY_1K = b"v" * 1024
+BODY_128 = b"v" * 128
+QUEUES = 4
+WINDOW_ASYNC = 1024
+WINDOW_ACTOR = 32
+BATCH = 32
+SETTLE_TIMEOUT_S = 120.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the floor: a do-nothing actor with the store's inbox, answering the way the store answers
+
+
+class _NullActor(pykka.ThreadingActor):
+    """Answers every request at once: a Waiter (hand_over, as the writer), an actor (Replied),
+    or a future through a completion thread (as put_async's futures are completed)."""
+
+    use_daemon_thread = True
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        return FastInbox()
+
+    def __init__(self, completions: queue.SimpleQueue[Any]) -> None:
+        super().__init__()
+        self._completions = completions
+
+    def on_receive(self, message: Any) -> Any:
+        kind, target, payload = message
+        if kind == "waiter":
+            target.hand_over(payload)
+        elif kind == "actor":
+            target.tell(Replied(correlation_id=payload, answer=payload))
+        else:
+            self._completions.put(target)
+        return None
+
+
+class _Floor:
+    def __init__(self) -> None:
+        self.completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.ref = _NullActor.start(self.completions)
+        self.inbox: FastInbox = self.ref.actor_inbox  # type: ignore[assignment]
+        self._thread = threading.Thread(target=self._complete, daemon=True)
+        self._thread.start()
+
+    def _complete(self) -> None:
+        while (future := self.completions.get()) is not None:
+            future.set_result(None)
+
+    def put_async(self, message: Any) -> Future[Any]:
+        from pykka._envelope import Envelope
+
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()
+        self.inbox.put_keeping_gil(Envelope(("future", future, message)))
+        return future
+
+    def put(self, message: Any) -> Any:
+        waiter = Waiter()
+        self.ref.tell(("waiter", waiter, message))
+        return waiter.get()
+
+    def close(self) -> None:
+        self.completions.put(None)
+        self.ref.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# the load, against the store or the floor
+
+
+def _messages(n: int, body: bytes) -> list[Message]:
+    return [Message(topic="bench", body=body, queue_id=i % QUEUES, keys=[f"k{i}"]) for i in range(n)]
+
+
+def _await_visible(store: mqstore.MessageStore, last: dict[int, int]) -> None:
+    for queue_id, offset in last.items():
+        if not store.wait_for_messages("bench", queue_id, offset, SETTLE_TIMEOUT_S):
+            raise RuntimeError(f"bench/{queue_id}: offset {offset} not visible after {SETTLE_TIMEOUT_S}s")
+
+
+def _windowed(put_async: Callable[[Message], Future[Any]], messages: list[Message], window: int) -> list[Any]:
+    pending: collections.deque[Future[Any]] = collections.deque()
+    results = []
+    for m in messages:
+        pending.append(put_async(m))
+        if len(pending) >= window:
+            results.append(pending.popleft().result())
+    results.extend(f.result() for f in pending)
+    return results
+
+
+def case_put_async(store: Any, messages: list[Message]) -> float:
+    started = time.perf_counter()
+    results = _windowed(store.put_async, messages, WINDOW_ASYNC)
+    if isinstance(store, mqstore.MessageStore):
+        _await_visible(store, _newest(messages, results))
+    return len(messages) / (time.perf_counter() - started)
+
+
+def _newest(messages: list[Message], results: list[Any]) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for m, r in zip(messages, results):
+        if not r.ok:
+            raise RuntimeError(f"put failed: {r.status.name} {r.detail}")
+        last[m.queue_id] = max(last.get(m.queue_id, -1), r.queue_offset + max(r.msg_num, 1) - 1)
+    return last
+
+
+def case_put_threads(store: Any, messages: list[Message], threads: int) -> float:
+    shares = [messages[t::threads] for t in range(threads)]
+    results: list[list[Any]] = [[] for _ in range(threads)]
+
+    def work(t: int) -> None:
+        put = store.put
+        results[t] = [put(m) for m in shares[t]]
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    started = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if isinstance(store, mqstore.MessageStore):
+        last: dict[int, int] = {}
+        for share, rs in zip(shares, results):
+            for q, off in _newest(share, rs).items():
+                last[q] = max(last.get(q, -1), off)
+        _await_visible(store, last)
+    return len(messages) / (time.perf_counter() - started)
+
+
+def case_put_batch(store: Any, messages: list[Message]) -> float:
+    by_queue: dict[int, list[Message]] = collections.defaultdict(list)
+    for m in messages:
+        by_queue[m.queue_id].append(m)
+    batches = [ms[i : i + BATCH] for ms in by_queue.values() for i in range(0, len(ms), BATCH)]
+    started = time.perf_counter()
+    if isinstance(store, mqstore.MessageStore):
+        last: dict[int, int] = {}
+        for b in batches:
+            r = store.put_batch(b)
+            if not r.ok:
+                raise RuntimeError(f"put_batch failed: {r.status.name} {r.detail}")
+            last[b[0].queue_id] = r.queue_offset + r.msg_num - 1
+        _await_visible(store, last)
+    else:
+        for b in batches:
+            store.put(b)
+    return len(messages) / (time.perf_counter() - started)
+
+
+class _Producer(pykka.ThreadingActor):
+    """Puts `messages` single, `window` in flight; sets `done` when all are answered."""
+
+    use_daemon_thread = True
+
+    def __init__(self, target: Any, messages: list[Message], window: int, done: Future[list[Any]]) -> None:
+        super().__init__()
+        self.target, self.messages, self.window, self.done = target, messages, window, done
+        self.sent = 0
+        self.results: list[Any] = [None] * len(messages)
+        self.answered = 0
+
+    def on_start(self) -> None:
+        if isinstance(self.target, mqstore.MessageStore):
+            client = self.target.actor_client(self.actor_ref)
+            self.send: Callable[[int], None] = lambda i: client.put(self.messages[i], correlation_id=i)
+        else:
+            ref = self.target.ref
+            self.send = lambda i: ref.tell(("actor", self.actor_ref, i))
+        for _ in range(self.window):
+            self._next()
+
+    def _next(self) -> None:
+        if self.sent < len(self.messages):
+            self.send(self.sent)
+            self.sent += 1
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Replied):
+            self.results[message.correlation_id] = message.answer
+            self.answered += 1
+            if self.answered == len(self.messages):
+                self.done.set_result(self.results)
+            else:
+                self._next()
+        return None
+
+
+def case_actors(store: Any, messages: list[Message], producers: int = 4) -> float:
+    shares = [messages[p::producers] for p in range(producers)]
+    dones: list[Future[list[Any]]] = [Future() for _ in range(producers)]
+    started = time.perf_counter()
+    refs = [_Producer.start(store, shares[p], WINDOW_ACTOR, dones[p]) for p in range(producers)]
+    try:
+        outcomes = [d.result(timeout=SETTLE_TIMEOUT_S) for d in dones]
+        if isinstance(store, mqstore.MessageStore):
+            last: dict[int, int] = {}
+            for share, rs in zip(shares, outcomes):
+                for q, off in _newest(share, rs).items():
+                    last[q] = max(last.get(q, -1), off)
+            _await_visible(store, last)
+        return len(messages) / (time.perf_counter() - started)
+    finally:
+        for r in refs:
+            r.stop()
+
+
+def case_lag(store: mqstore.MessageStore, messages: list[Message], rate: float) -> tuple[float, float]:
+    """put_async paced at `rate` msgs/s to queue 0; a consumer long-polls and gets; lag =
+    visible through get - put_async call."""
+    n = len(messages)
+    put_at: dict[int, float] = {}
+    lags: list[float] = []
+    base = store.max_offset("bench", 0)
+
+    def consume() -> None:
+        offset = base
+        while offset < base + n:
+            if not store.wait_for_messages("bench", 0, offset, SETTLE_TIMEOUT_S):
+                return
+            got = store.get("bench", 0, offset, 32)
+            now = time.perf_counter()
+            for m in got.messages:
+                lags.append(now - put_at[m.queue_offset])
+            offset = got.next_begin_offset
+
+    consumer = threading.Thread(target=consume)
+    futures = []
+    consumer.start()
+    # Paced in 1 ms ticks (a producer that sleeps between bursts, as a server does between
+    # requests): a busy-waiting producer would hold the GIL and measure the GIL, not the store.
+    per_tick = max(1, round(rate / 1000))
+    started = time.perf_counter()
+    for i, m in enumerate(messages):
+        if i % per_tick == 0:
+            due = started + (i // per_tick) / 1000
+            if (gap := due - time.perf_counter()) > 0:
+                time.sleep(gap)
+        put_at[base + i] = time.perf_counter()
+        futures.append(store.put_async(m._replace(queue_id=0)))
+    for f in futures:
+        if not f.result().ok:
+            raise RuntimeError("lag put failed")
+    consumer.join(SETTLE_TIMEOUT_S)
+    lags.sort()
+    return lags[len(lags) // 2] * 1000, lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1000
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def run(quick: bool) -> dict[str, Any]:
+    n = 20_000 if quick else 100_000
+    threads_n = 8_000 if quick else 40_000
+    figures: dict[str, Any] = {"messages": n, "machine_note": "2 vCPUs shared with other sessions: compare ratios"}
+    rows: list[tuple[str, float, float | None]] = []
+
+    def measure(name: str, ours: Callable[[Any], float], floor: Callable[[Any], float] | None) -> float:
+        with tempfile.TemporaryDirectory() as root:
+            store = mqstore.open(root, mapped_file_size_commitlog_bytes=512 << 20, max_puts_in_flight=WINDOW_ASYNC)
+            try:
+                ours_rate = ours(store)
+            finally:
+                store.close()
+        floor_rate = None
+        if floor is not None:
+            f = _Floor()
+            try:
+                floor_rate = floor(f)
+            finally:
+                f.close()
+        rows.append((name, ours_rate, floor_rate))
+        floor_text = "" if floor_rate is None else f"{floor_rate:>14,.0f}{ours_rate / floor_rate:>8.2f}"
+        print(f"{name:<28}{ours_rate:>12,.0f}{floor_text}", flush=True)
+        return ours_rate
+
+    print(f"{'case (msgs/s, until visible)':<28}{'mqstore':>12}{'floor':>14}{'ratio':>8}")
+    m1k = _messages(n, BODY_1K)
+    async_rate = measure("put_async 1 thread, 1024", lambda s: case_put_async(s, m1k), lambda f: case_put_async(f, m1k))
+    measure("4 actors, window 32", lambda s: case_actors(s, m1k), lambda f: case_actors(f, m1k))
+    mt = m1k[:threads_n]
+    single = measure("put 1 thread", lambda s: case_put_threads(s, mt, 1), lambda f: case_put_threads(f, mt, 1))
+    measure("put 4 threads", lambda s: case_put_threads(s, mt, 4), lambda f: case_put_threads(f, mt, 4))
+    measure("put 16 threads", lambda s: case_put_threads(s, mt, 16), lambda f: case_put_threads(f, mt, 16))
+    measure("put_batch 32, 1 KiB", lambda s: case_put_batch(s, m1k), lambda f: case_put_batch(f, m1k))
+    m128 = _messages(n, BODY_128)
+    measure("put_batch 32, 128 B", lambda s: case_put_batch(s, m128), lambda f: case_put_batch(f, m128))
+    lag_n = 5_000 if quick else 20_000
+    with tempfile.TemporaryDirectory() as root:
+        store = mqstore.open(root, mapped_file_size_commitlog_bytes=512 << 20, max_puts_in_flight=WINDOW_ASYNC)
+        try:
+            p50, p99 = case_lag(store, _messages(lag_n, BODY_1K), async_rate / 2)
+        finally:
+            store.close()
+    print(f"lag at half load ({async_rate / 2:,.0f}/s): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    figures["cases"] = [{"case": c, "msgs_per_s": round(o), "floor_msgs_per_s": None if f is None else round(f),
+                         "ratio_to_floor": None if f is None else round(o / f, 3)} for c, o, f in rows]  # fmt: skip
+    figures["lag_half_load"] = {"rate": round(async_rate / 2), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
+    figures["single_put_one_thread"] = round(single)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller counts (about a minute)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    figures = run(args.quick)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

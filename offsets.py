@@ -1,0 +1,76 @@
+"""Consumer offsets as a store component (the broker's ConsumerOffsetManager, §11.10): committed
+in memory, persisted by the supervisor's ticker (a tick hook, no thread of its own) every
+CONSUMER_OFFSET_PERSIST_INTERVAL_MS of the store's clock, and at close."""
+
+from __future__ import annotations
+
+import threading
+
+from .log import get_logger
+from .storage.consumer_offsets import ConsumerOffsetStore
+from .storage.fs import FileSystem
+
+__all__ = ["CONSUMER_OFFSET_PERSIST_INTERVAL_MS", "ConsumerOffsets"]
+
+# The broker's flushConsumerOffsetInterval: committed offsets reach the disk this often.
+CONSUMER_OFFSET_PERSIST_INTERVAL_MS = 5_000
+
+
+class ConsumerOffsets:
+    """Thread-safe: host threads commit and query, the supervisor's thread ticks."""
+
+    def __init__(self, fs: FileSystem, root_dir: str, *, interval_ms: int = CONSUMER_OFFSET_PERSIST_INTERVAL_MS) -> None:
+        self._offsets = ConsumerOffsetStore(fs, root_dir)
+        self._interval_ms = interval_ms
+        self._lock = threading.Lock()
+        self._dirty = False
+        self._next_persist_ms: int | None = None  # set by the first tick after a commit
+        self.log = get_logger("mqstore.offsets", store=root_dir)
+
+    def load(self) -> None:
+        """Read config/consumerOffset.json (or its .bak); raises if neither parses."""
+        with self._lock:
+            self._offsets.load()
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        with self._lock:
+            self._offsets.commit_offset(group, topic, queue_id, offset)
+            self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        with self._lock:
+            return self._offsets.query_offset(group, topic, queue_id)
+
+    def persist(self) -> None:
+        """Write the offsets now if any changed (string2File: .tmp, .bak, rename); OSError
+        leaves them dirty, so the next tick or close retries."""
+        with self._lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            try:
+                self._offsets.persist()
+            except OSError:
+                self._dirty = True
+                raise
+
+    def __call__(self, now_ms: int) -> None:
+        """The tick hook: persist once `interval_ms` passed since the first tick that saw a
+        commit pending (the supervisor logs what this raises and ticks again)."""
+        with self._lock:
+            if not self._dirty:
+                self._next_persist_ms = None
+                return
+            if self._next_persist_ms is None:
+                self._next_persist_ms = now_ms + self._interval_ms
+            if now_ms < self._next_persist_ms:
+                return
+            self._next_persist_ms = None
+        self.persist()
+
+    def close(self) -> None:
+        """The last write, at the store's close; an error is logged (the close goes on)."""
+        try:
+            self.persist()
+        except OSError as exc:
+            self.log.error("persisting consumer offsets at close failed", error=str(exc))

@@ -1,0 +1,142 @@
+"""The read view: one frozen value holding every fact a reader of the store's files needs.
+
+Owners publish, readers take. The writer publishes the commitlog's readable end, the reput
+actor the dispatched end, the ConsumeQueue actor each queue's bounds (and the commitlog offset
+below which every dispatched unit is written), the index actor its file names and indexed end.
+Each publication builds a new `ReadView` and swaps it in with one reference assignment, so a
+reader that takes `publisher.view` once per call sees the facts of one moment together: no
+torn pairs are possible by construction, and readers take no lock.
+
+Owners publish from their own threads, so publications are serialised by one lock (a swap is
+read-copy-update); the same lock's condition wakes readers waiting for the view to cover a
+target (read-your-writes, long polling). Publishing never blocks beyond that lock and never
+calls out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from .messages import QueueBounds
+
+__all__ = ["ReadView", "ReadViewPublisher", "QueueKey"]
+
+QueueKey = tuple[str, int]
+_NO_BOUNDS: Mapping[QueueKey, tuple[int, int]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ReadView:
+    """What readers may rely on, as of one publication.
+
+    - `readable_end`: the commitlog may be read below this offset (the writer's watermark).
+    - `dispatched_end`: the reput actor has dispatched every record below this offset.
+    - `queues_live`: the ConsumeQueue actor has published since its (re)start; until then
+      `queue_bounds` decide nothing and readers ask the actor.
+    - `queue_bounds`: per (topic, queueId) the (min, max) queue offsets, every unit below max
+      written. A live table is complete: a queue not in it does not exist.
+    - `queues_written`: every unit of a record below this commitlog offset is in `queue_bounds`.
+    - `index_files`: the index file names, oldest first (None: not published since start).
+    - `indexed_end`: every record below this commitlog offset is indexed.
+    - `map_generation`: bumped when files a reader maps may be gone (deleted or truncated by a
+      restarted owner); a reader seeing a new generation drops its maps.
+    - `closed`: the store is closing; waiters return at once.
+    """
+
+    readable_end: int = 0
+    dispatched_end: int = 0
+    queues_live: bool = False
+    queue_bounds: Mapping[QueueKey, tuple[int, int]] = field(default_factory=lambda: _NO_BOUNDS)
+    queues_written: int = 0
+    index_files: tuple[str, ...] | None = None
+    indexed_end: int = 0
+    map_generation: int = 0
+    closed: bool = False
+
+
+class ReadViewPublisher:
+    """The one place the read view is published and waited on (one per store)."""
+
+    def __init__(self) -> None:
+        self.view = ReadView()
+        self._cond = threading.Condition(threading.Lock())
+
+    def _swap(self, view: ReadView) -> None:
+        # Called with the lock held: the one reference assignment readers see.
+        self.view = view
+        self._cond.notify_all()
+
+    # publications (each from its owner's thread) ----------------------------------------
+    def publish_commitlog(self, readable_end: int) -> None:
+        """The writer: the commitlog is readable below `readable_end`."""
+        with self._cond:
+            if readable_end > self.view.readable_end:
+                self._swap(replace(self.view, readable_end=readable_end))
+
+    def publish_dispatched(self, dispatched_end: int) -> None:
+        """The reput actor: every record below `dispatched_end` was handed to its dispatchers."""
+        with self._cond:
+            if dispatched_end > self.view.dispatched_end:
+                self._swap(replace(self.view, dispatched_end=dispatched_end))
+
+    def publish_queues(self, published: QueueBounds | None) -> None:
+        """The ConsumeQueue actor, after writing units (None: it stops, withdraw its bounds)."""
+        with self._cond:
+            view = self.view
+            if published is None:
+                self._swap(replace(view, queues_live=False, queue_bounds=_NO_BOUNDS,
+                                   map_generation=view.map_generation + 1))  # fmt: skip
+                return
+            generation = view.map_generation
+            if published.complete:
+                table: dict[QueueKey, tuple[int, int]] = {}
+                generation += 1  # a restarted actor may have truncated what readers map
+            else:
+                table = dict(view.queue_bounds)
+            for key, bounds in published.bounds.items():
+                previous = table.get(key)
+                if previous is not None and bounds[0] > previous[0]:
+                    generation += 1  # files below the new min may be deleted
+                table[key] = bounds
+            self._swap(replace(
+                view,
+                queues_live=True,
+                queue_bounds=MappingProxyType(table),
+                queues_written=max(view.queues_written, published.dispatched_offset)
+                if not published.complete else published.dispatched_offset,
+                map_generation=generation,
+            ))  # fmt: skip
+
+    def publish_index(self, files: tuple[str, ...], indexed_end: int) -> None:
+        """The index actor: its files (oldest first) and the end of what it indexed."""
+        with self._cond:
+            self._swap(replace(self.view, index_files=files, indexed_end=indexed_end))
+
+    def close(self) -> None:
+        """The store closes: every waiter returns."""
+        with self._cond:
+            self._swap(replace(self.view, closed=True))
+
+    # waiting ----------------------------------------------------------------------------
+    def await_view(self, covers: Callable[[ReadView], bool], timeout_s: float) -> ReadView | None:
+        """The current view once `covers(view)` holds (woken by publications, never by
+        polling); None when `timeout_s` passed first or the store closed."""
+        view = self.view
+        if covers(view):
+            return view
+        if view.closed or timeout_s <= 0:
+            return None
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                view = self.view
+                if covers(view):
+                    return view
+                remaining = deadline - time.monotonic()
+                if view.closed or remaining <= 0:
+                    return None
+                self._cond.wait(remaining)

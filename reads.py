@@ -1,0 +1,537 @@
+"""The read logic: plain functions of (a `ReadView`, the calling thread's `ThreadReaders`, the
+config). No actors and no waiting here: the store takes the view (after the read-your-writes
+wait), calls these, and asks an owner only when one returns None, i.e. when the view cannot
+decide (the ConsumeQueue actor not live, a file that cannot be mapped, a unit that is not its
+queue's own at its offset).
+
+- `get_from_view` / `get_from_units`: RocketMQ's getMessage (§13.1): `status_ladder`, then
+  `collect` (isTheBatchFull, tag-hash filtering confirmed by the record's real tag).
+- `query_messages`: queryMessage's loop (§13.2) over index hits, each checked against the
+  record's real keys.
+- `bounds_from_view`, `unit_store_time`: min/max offsets and getMessageStoreTimeStamp.
+
+A read through the thread's maps never blocks, so a thread reading in a loop would keep the GIL
+for CPython's whole switch interval (5 ms) at a time and make every put hand-off wait that long
+(a consumer catching up cut a producer from 90k to 8k msgs/s). So each get and query that read
+through the maps ends with one `yield_gil()`: a bounded yield, one per call, that lets a thread
+waiting for the GIL run first. The catch-up case of bench/bench_read.py measures it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Callable, Sequence
+
+import psutil
+
+from .actors.consume_queue import pickup_store_timestamp
+from .config import StoreConfig
+from .messages import GetResult, QueryResult, UnitsReply
+from .read_view import ReadView
+from .storage import codec
+from .storage.codec import MessageRecord
+from .storage.commitlog import CommitLogReader
+from .storage.consume_queue import ConsumeQueueReader
+from .storage.fs import FileSystem
+from .storage.index import IndexReader
+from .storage.status import GetMessageStatus
+
+__all__ = [
+    "READER_REFRESH_INTERVAL_MS",
+    "ReaderRegistry",
+    "ThreadReaders",
+    "CorruptSink",
+    "batch_full",
+    "corrupt_detail",
+    "bounds_from_view",
+    "collect",
+    "get_from_units",
+    "get_from_view",
+    "max_units",
+    "pickup_store_timestamp",
+    "query_messages",
+    "record_at",
+    "status_ladder",
+    "subscription",
+    "unit_store_time",
+    "yield_gil",
+]
+
+_TOTAL_RAM_BYTES = psutil.virtual_memory().total or 24 * 1024**3
+# A reader thread re-lists the commitlog at least this often, so a segment the cleaner deleted
+# reads as deleted (MESSAGE_WAS_REMOVING) and its disk space is not kept alive by our maps.
+READER_REFRESH_INTERVAL_MS = 1_000
+QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the end time back
+
+
+def yield_gil() -> None:
+    """Release the GIL once (`time.sleep(0)`): a thread waiting for it runs now, not after the
+    switch interval. Costs a syscall (~1 us), no waiting."""
+    time.sleep(0)
+
+
+_Closable = CommitLogReader | ConsumeQueueReader | IndexReader
+
+
+class ThreadReaders:
+    """One thread's read-only maps: of the commitlog, of consumequeue/ and of index/. Not
+    thread-safe, except `close` (the store closing, from another thread)."""
+
+    def __init__(
+        self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int], on_reader: Callable[[_Closable], None]
+    ) -> None:
+        self._fs = fs
+        self._cfg = cfg
+        self._now_ms = now_ms
+        self._on_reader = on_reader  # each reader made is registered, to be closed at close()
+        self._refreshed_ms = now_ms()
+        self.commitlog = CommitLogReader(
+            fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+            max_message_size=cfg.max_message_size_bytes,
+        )  # fmt: skip
+        on_reader(self.commitlog)
+        self._queues: ConsumeQueueReader | None = None
+        self._queue_generation = 0
+        self._index: IndexReader | None = None
+        self.closed = False
+
+    def commitlog_reader(self) -> CommitLogReader:
+        """The commitlog reader, re-listed at least every READER_REFRESH_INTERVAL_MS."""
+        now = self._now_ms()
+        if now - self._refreshed_ms >= READER_REFRESH_INTERVAL_MS:
+            self.commitlog.refresh()
+            self._refreshed_ms = now
+        return self.commitlog
+
+    def queue_reader(self, view: ReadView) -> ConsumeQueueReader:
+        """The consumequeue/ reader, its maps dropped if the view's map generation moved."""
+        reader = self._queues
+        if reader is None:
+            reader = self._queues = ConsumeQueueReader(
+                self._fs, self._cfg.consume_queue_dir, mapped_file_size=self._cfg.mapped_file_size_consume_queue_bytes
+            )
+            self._on_reader(reader)
+        elif self._queue_generation != view.map_generation:
+            reader.forget()
+        self._queue_generation = view.map_generation
+        return reader
+
+    def index_reader(self, view: ReadView) -> IndexReader | None:
+        """The index/ reader mapping the view's index files; None if they cannot be mapped."""
+        if view.index_files is None or self.closed:
+            return None
+        reader = self._index
+        if reader is None:
+            cfg = self._cfg
+            reader = self._index = IndexReader(
+                self._fs, cfg.index_dir, max_hash_slot_num=cfg.max_hash_slot_num,
+                max_index_num=cfg.max_index_num, max_msgs_num_batch=cfg.max_msgs_num_batch,
+            )  # fmt: skip
+            self._on_reader(reader)
+        return reader if reader.sync(view.index_files) else None
+
+    def close(self) -> None:
+        self.closed = True
+        self.commitlog.close()
+        if self._queues is not None:
+            self._queues.close()
+        if self._index is not None:
+            self._index.close()
+
+
+class ReaderRegistry:
+    """Each thread's `ThreadReaders`, made on its first read. Its readers are held weakly, so a
+    thread that ends takes its maps with it (a host starting a thread per request would
+    otherwise pile up maps until close); `close` closes those still alive."""
+
+    def __init__(self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int]) -> None:
+        self._fs, self._cfg, self._now_ms = fs, cfg, now_ms
+        self._local = threading.local()
+        self._open: weakref.WeakSet[_Closable] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self) -> ThreadReaders:
+        readers: ThreadReaders | None = getattr(self._local, "readers", None)
+        if readers is None:
+            readers = self._local.readers = ThreadReaders(self._fs, self._cfg, self._now_ms, self._register)
+        return readers
+
+    def _register(self, reader: _Closable) -> None:
+        with self._lock:
+            if self._closed:
+                reader.close()
+            else:
+                self._open.add(reader)
+
+    @property
+    def open_readers(self) -> list[_Closable]:
+        """The readers not yet closed nor collected (tests count them)."""
+        return list(self._open)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for reader in list(self._open):
+                reader.close()
+            self._open.clear()
+
+
+# --------------------------------------------------------------------------------------
+# getMessage (§13.1)
+
+
+class _Unmapped(Exception):
+    """The reader's map was closed between finding it and decoding (the store closing, or
+    the segment removed): the record is as unreadable as if `select` had not found it."""
+
+
+# Told of each record a read skips because it fails its CRC (commitlog offset, reason): the
+# store logs and counts it (stats "corrupt_records_on_read").
+CorruptSink = Callable[[int, str], None]
+
+
+def corrupt_detail(commitlog_offset: int, reason: str) -> str:
+    """A GetResult's `detail` for a record skipped as corrupt."""
+    return f"skipped the corrupt record at commitlog offset {commitlog_offset} ({reason}); run `mqstore verify`"
+
+
+def _read_in_place(
+    buf: Any, pos: int, limit: int | None, max_message_size: int, check_crc: bool = False
+) -> MessageRecord | codec.RecordRead:
+    """`codec.read_served` on a map of the reader's; _Unmapped if that map is closed."""
+    try:
+        return codec.read_served(buf, pos, limit, max_message_size=max_message_size, check_crc=check_crc)
+    except ValueError as exc:
+        if getattr(buf, "closed", False):
+            raise _Unmapped from exc
+        raise
+
+
+def subscription(tags: str | None) -> tuple[frozenset[int], frozenset[str]] | None:
+    """A subscription expression as (tag hash codes, tag strings); None matches everything."""
+    if tags is None or tags.strip() in ("", "*"):
+        return None
+    names = frozenset(t.strip() for t in tags.split("||") if t.strip())
+    return frozenset(codec.java_string_hash(t) for t in names), names
+
+
+def batch_full(
+    cfg: StoreConfig, size: int, max_count: int, total_bytes: int, count: int, in_disk: bool, max_total: int | None
+) -> bool:
+    """isTheBatchFull (§13.1), plus the caller's own byte limit."""
+    if total_bytes == 0 or count == 0:
+        return False
+    if count >= max_count:
+        return True
+    if max_total is not None and total_bytes + size > max_total:
+        return True
+    if in_disk:
+        return (
+            total_bytes + size > cfg.max_transfer_bytes_on_message_in_disk
+            or count > cfg.max_transfer_count_on_message_in_disk - 1
+        )
+    return (
+        total_bytes + size > cfg.max_transfer_bytes_on_message_in_memory
+        or count > cfg.max_transfer_count_on_message_in_memory - 1
+    )
+
+
+def status_ladder(exists: bool, min_offset: int, max_offset: int, offset: int) -> GetResult | None:
+    """getMessage's answer when `offset` is not readable in the queue; None when it is
+    (min_offset <= offset < max_offset), and the units decide."""
+    if not exists:
+        # 4.4.0 creates the queue on demand, so an unknown queue reads as an empty one.
+        return GetResult(status=GetMessageStatus.NO_MESSAGE_IN_QUEUE, next_begin_offset=0)
+    if max_offset == 0:
+        return GetResult(status=GetMessageStatus.NO_MESSAGE_IN_QUEUE, next_begin_offset=0, min_offset=min_offset, max_offset=0)
+    if offset < min_offset:
+        return GetResult(status=GetMessageStatus.OFFSET_TOO_SMALL, next_begin_offset=min_offset,
+                         min_offset=min_offset, max_offset=max_offset)  # fmt: skip
+    if offset == max_offset:
+        return GetResult(status=GetMessageStatus.OFFSET_OVERFLOW_ONE, next_begin_offset=offset,
+                         min_offset=min_offset, max_offset=max_offset)  # fmt: skip
+    if offset > max_offset:
+        return GetResult(status=GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_begin_offset=0 if min_offset == 0 else max_offset,
+                         min_offset=min_offset, max_offset=max_offset)  # fmt: skip
+    return None
+
+
+def collect(
+    cfg: StoreConfig,
+    reader: CommitLogReader,
+    units: bytes,
+    head: int,
+    offset: int,
+    max_count: int,
+    max_total_bytes: int | None,
+    tags: str | None,
+    raw: bool,
+    bounds: tuple[int, int],
+    *,
+    expect: tuple[str, int] | None = None,
+    on_corrupt: CorruptSink | None = None,
+) -> GetResult | None:
+    """The messages the units point at (§13.1's loop); `head` is where "in memory" is measured
+    from. With `expect` (units read through the thread's own maps), each record must be that
+    (topic, queueId)'s at its queue offset, else None: the caller asks the owner instead.
+    With `cfg.check_crc_on_read`, a record whose body fails its CRC is never returned: it is
+    skipped (told to `on_corrupt`, named in the result's `detail`); with `expect`, the owner's
+    answer decides, so it is told once."""
+    wanted = subscription(tags)
+    in_memory_bytes = _TOTAL_RAM_BYTES * cfg.access_message_in_memory_max_ratio_percent // 100
+    status = GetMessageStatus.NO_MATCHED_MESSAGE
+    found_raw: list[bytes] = []
+    found: list[MessageRecord] = []
+    count = total_bytes = 0
+    next_phy_file_start = -1
+    limit = max(16000, max_count * 20)
+    unpack = codec.CQ_UNIT.unpack_from
+    max_message_size = cfg.max_message_size_bytes
+    segment = cfg.mapped_file_size_commitlog_bytes
+    check_crc = cfg.check_crc_on_read
+    skipped = ""
+    i = 0
+    while i < len(units) and i < limit:
+        phy, size, tags_code = unpack(units, i)
+        if next_phy_file_start >= 0 and phy < next_phy_file_start:
+            i += 20
+            continue
+        in_disk = head - phy > in_memory_bytes
+        if batch_full(cfg, size, max_count, total_bytes, count, in_disk, max_total_bytes):
+            break
+        if wanted is not None and codec.to_int32(tags_code) not in wanted[0]:
+            if total_bytes == 0:
+                status = GetMessageStatus.NO_MATCHED_MESSAGE
+            i += 20
+            continue
+        # Raw mode hands out copies of the records; decoding reads them in place in the map.
+        data = None
+        place: tuple[Any, int] | None
+        if raw:
+            data = reader.read(phy, size, limit=phy + size)
+            place = None if data is None else (data, 0)
+            if data is not None and check_crc and wanted is None:  # else decoded (and checked) below
+                reason = codec.body_crc_mismatch(data, 0)
+                if reason in codec.INTEGRITY_FAILURES:
+                    if expect is not None:
+                        return None
+                    skipped = _skip_corrupt(phy, reason, on_corrupt)
+                    i += 20
+                    continue
+        else:
+            place = reader.select(phy, size)
+        if place is None:
+            if total_bytes == 0:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+            next_phy_file_start = phy + segment - phy % segment
+            i += 20
+            continue
+        if wanted is not None or not raw:
+            buf, pos = place
+            try:
+                served = _read_in_place(buf, pos, pos + size, max_message_size, check_crc)
+            except _Unmapped:
+                if total_bytes == 0:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                i += 20
+                continue
+            if isinstance(served, MessageRecord):
+                record: MessageRecord | None = served
+            else:
+                record = None
+                if expect is None and codec.failed_integrity(served):
+                    skipped = _skip_corrupt(phy, served.reason, on_corrupt)
+            if expect is not None and (
+                record is None
+                or record.queue_offset != offset + i // 20
+                or record.queue_id != expect[1]
+                or record.topic != expect[0]
+            ):
+                return None
+            if record is None or (wanted is not None and record.tags not in wanted[1]):
+                if total_bytes == 0:
+                    status = GetMessageStatus.NO_MATCHED_MESSAGE
+                i += 20
+                continue
+            found.append(record)
+        if data is not None:
+            found_raw.append(data)
+        count += 1
+        total_bytes += size
+        status = GetMessageStatus.FOUND
+        next_phy_file_start = -1
+        i += 20
+    return GetResult(
+        status=status,
+        messages=tuple(found) if not raw else (),
+        raw=tuple(found_raw) if raw else (),
+        next_begin_offset=offset + i // 20,
+        min_offset=bounds[0],
+        max_offset=bounds[1],
+        detail=skipped,
+    )
+
+
+def _skip_corrupt(commitlog_offset: int, reason: str, on_corrupt: CorruptSink | None) -> str:
+    if on_corrupt is not None:
+        on_corrupt(commitlog_offset, reason)
+    return corrupt_detail(commitlog_offset, reason)
+
+
+def max_units(max_count: int) -> int:
+    # The scan reads at most max(16000, maxMsgNums * 20) bytes of units (§13.1).
+    return max(800, max_count)
+
+
+def get_from_view(
+    view: ReadView,
+    readers: ThreadReaders,
+    cfg: StoreConfig,
+    topic: str,
+    queue_id: int,
+    offset: int,
+    max_count: int,
+    *,
+    max_total_bytes: int | None = None,
+    tags: str | None = None,
+    raw: bool = False,
+    on_corrupt: CorruptSink | None = None,
+) -> GetResult | None:
+    """getMessage decided by the view and read through the thread's maps; None when the view
+    cannot decide (not live, a unit file not mappable, a record not the queue's own)."""
+    if not view.queues_live:
+        return None
+    bounds = view.queue_bounds.get((topic, queue_id))
+    early = status_ladder(bounds is not None, *(bounds or (0, 0)), offset)
+    if early is not None or bounds is None:
+        return early
+    queue_reader = readers.queue_reader(view)
+    units = queue_reader.read_units(topic, queue_id, offset, min(max_units(max_count), bounds[1] - offset))
+    if units is None:
+        return None  # the owner decides (OFFSET_FOUND_NULL: the file is gone)
+    found = collect(cfg, readers.commitlog_reader(), units, view.queues_written, offset, max_count,
+                    max_total_bytes, tags, raw, bounds, expect=(topic, queue_id), on_corrupt=on_corrupt)  # fmt: skip
+    yield_gil()
+    return found
+
+
+def get_from_units(
+    reply: UnitsReply,
+    readers: ThreadReaders,
+    cfg: StoreConfig,
+    offset: int,
+    max_count: int,
+    *,
+    max_total_bytes: int | None = None,
+    tags: str | None = None,
+    raw: bool = False,
+    on_corrupt: CorruptSink | None = None,
+) -> GetResult:
+    """getMessage decided by the ConsumeQueue actor's answer (`GetUnits`)."""
+    early = status_ladder(reply.exists, reply.min_offset, reply.max_offset, offset)
+    if early is not None:
+        return early
+    bounds = (reply.min_offset, reply.max_offset)
+    if reply.units is None:
+        return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,
+                         min_offset=bounds[0], max_offset=bounds[1])  # fmt: skip
+    found = collect(cfg, readers.commitlog_reader(), reply.units, reply.commitlog_head, offset, max_count,
+                    max_total_bytes, tags, raw, bounds, on_corrupt=on_corrupt)  # fmt: skip
+    assert found is not None  # without `expect` every unit is decided
+    return found
+
+
+def bounds_from_view(view: ReadView, topic: str, queue_id: int) -> tuple[int, int] | None:
+    """The queue's (min, max) offsets by the view: (0, 0) for a queue that does not exist
+    (4.4.0's answer for a queue it would create), None when the view is not live."""
+    if not view.queues_live:
+        return None
+    return view.queue_bounds.get((topic, queue_id), (0, 0))
+
+
+def unit_store_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id: int, queue_offset: int) -> int | None:
+    """getMessageStoreTimeStamp (§13.4) through the thread's maps: the store time of that unit's
+    message, -1 if the unit is outside the queue or its message is gone; None when the view
+    cannot decide."""
+    bounds = bounds_from_view(view, topic, queue_id)
+    if bounds is None:
+        return None
+    if not bounds[0] <= queue_offset < bounds[1]:
+        return -1
+    units = readers.queue_reader(view).read_units(topic, queue_id, queue_offset, 1)
+    if units is None:
+        return None
+    phy, size, _tags = codec.CQ_UNIT.unpack_from(units, 0)
+    return pickup_store_timestamp(readers.commitlog_reader(), phy, size)
+
+
+# --------------------------------------------------------------------------------------
+# queryMessage (§13.2)
+
+
+IndexHits = Callable[[str, str, int, int, int], "tuple[Sequence[int], int, int]"]
+
+
+def record_at(
+    reader: CommitLogReader,
+    offset: int,
+    max_message_size: int,
+    *,
+    check_crc: bool = False,
+    on_corrupt: CorruptSink | None = None,
+) -> MessageRecord | None:
+    """The message record at `offset`, decoded in place in the reader's map. Its own
+    TOTALSIZE bounds it: within max_message_size and the segment, or None. With `check_crc`,
+    None for a record whose body fails its CRC too (told to `on_corrupt`)."""
+    place = reader.select(offset, 4)
+    if place is None:
+        return None
+    buf, pos = place
+    try:
+        served = _read_in_place(buf, pos, None, max_message_size, check_crc)
+    except _Unmapped:
+        return None
+    if isinstance(served, MessageRecord):
+        return served
+    if on_corrupt is not None and codec.failed_integrity(served):
+        on_corrupt(offset, served.reason)
+    return None
+
+
+def query_messages(
+    hits: IndexHits, reader: CommitLogReader, cfg: StoreConfig, topic: str, key: str, max_count: int, begin_ms: int,
+    end_ms: int, on_corrupt: CorruptSink | None = None,
+) -> QueryResult:  # fmt: skip
+    """queryMessage's loop (§13.2) over `hits(topic, key, max_num, begin_ms, end_ms)` (the
+    commitlog offsets of the key's index hits, the newest file's endTimestamp and endPhyOffset):
+    up to 3 rounds, each moving the end time back to the oldest hit's store time. Unlike the
+    Java store, which leaves hash collisions to the client, each hit is checked against the
+    record's real keys."""
+    last_query_ms = end_ms
+    messages: list[MessageRecord] = []
+    last_ts = last_phy = 0
+    for _ in range(QUERY_ROUNDS_MAX):
+        asked_ms = last_query_ms
+        offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
+        if not offsets:
+            break
+        last_ts, last_phy = ts, phy_end
+        for n, phy in enumerate(sorted(offsets)):
+            record = record_at(reader, phy, cfg.max_message_size_bytes, check_crc=cfg.check_crc_on_read,
+                               on_corrupt=on_corrupt)  # fmt: skip
+            if record is None:
+                continue
+            if n == 0:
+                last_query_ms = record.store_timestamp
+            if record.topic == topic and (record.uniq_key == key or key in record.key_list):
+                messages.append(record)
+        if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
+            break  # (the same question again would read the same records)
+    return QueryResult(
+        messages=tuple(messages[:max_count]),
+        index_last_update_timestamp=last_ts,
+        index_last_update_phy_offset=last_phy,
+    )

@@ -1,0 +1,164 @@
+"""A put's pre-checks and encoding (DefaultMessageStore.putMessage(s) §6.1, the record §6.2),
+done in the caller's thread before the writer sees it (as RocketMQ builds the record before
+its put lock). Pure: the time and the hosts are passed in; no I/O, no actors.
+
+The answer is either the encoded records or a `PutRefused` (an operating outcome: the caller
+turns it into a PutResult without reaching the writer). Wrong types raise TypeError naming
+the argument, out-of-range values ValueError: those are the caller's mistakes.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple, Protocol, Sequence
+
+from . import codec, speedups
+from .status import PutMessageStatus
+
+__all__ = ["EncodedBatch", "PutEncoder", "PutRefused", "PutMessageLike", "message_properties"]
+
+_DEFAULT_BORN_HOST = codec.HostAddress("127.0.0.1", 0)
+_DEFAULT_BORN_IP4 = _DEFAULT_BORN_HOST.address_bytes()
+
+
+class PutMessageLike(Protocol):
+    """What a put needs of a message (`mqstore.Message` is one)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def queue_id(self) -> int: ...
+    @property
+    def tags(self) -> str | None: ...
+    @property
+    def keys(self) -> Sequence[str] | str: ...
+    @property
+    def properties(self) -> Mapping[str, str]: ...
+    @property
+    def flag(self) -> int: ...
+    @property
+    def born_timestamp_ms(self) -> int | None: ...
+    @property
+    def born_host(self) -> str | None: ...
+    @property
+    def wait_store_msg_ok(self) -> bool: ...
+
+
+class PutRefused(NamedTuple):
+    status: PutMessageStatus
+    detail: str
+
+
+class EncodedBatch(NamedTuple):
+    records: tuple[bytes, ...]
+    sys_flag: int
+    sync_wait: bool  # every message waits for the store's answer (WAIT property not "false")
+
+
+class PutEncoder:
+    """Encodes puts for one store (its host address and message size limit)."""
+
+    def __init__(self, store_host: codec.HostAddress, max_message_size: int) -> None:
+        self.store_host = store_host
+        self.max_message_size = max_message_size
+        self._store_host_ip4 = None if store_host.is_ipv6 else store_host.address_bytes()
+
+    def encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:
+        """The pre-checks, then the records (the C encoder for plain messages)."""
+        if not messages:
+            raise ValueError("messages: no messages to put")
+        first = messages[0]
+        try:
+            codec.validate_topic(first.topic)
+        except codec.TopicError as exc:
+            return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
+        max_size = self.max_message_size
+        fast = speedups.native
+        plain_queue = type(first.queue_id) is int and 0 <= first.queue_id <= 0x7FFFFFFF
+        if fast is not None and self._store_host_ip4 is not None and plain_queue:
+            # The C encoder takes plain messages of the first one's topic and queue whole or
+            # none; anything it declines (custom properties, a born host, a mixed batch, an
+            # error to report) goes through the checks and the loop below.
+            encoded = fast.encode_batch(
+                messages, first.topic.encode("utf-8"), now_ms, _DEFAULT_BORN_IP4, _DEFAULT_BORN_HOST.port,
+                self._store_host_ip4, self.store_host.port, max_size, first.topic, first.queue_id,
+            )  # fmt: skip
+            if encoded is not None:
+                total = sum(map(len, encoded))
+                if batch and total > max_size:
+                    return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"batch of {total} bytes > {max_size}")
+                return EncodedBatch(encoded, 0, True)
+        for message in messages:
+            codec.check_message_ints(message)  # TypeError/ValueError naming the field: the caller's mistake
+        if batch and any(m.topic != first.topic or m.queue_id != first.queue_id for m in messages):
+            return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, "a batch must have one topic and queue")
+        records = []
+        total = 0
+        for message in messages:
+            if not isinstance(message.body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"message body must be bytes, not {type(message.body).__name__}")
+            try:
+                props = message_properties(message)
+            except ValueError as exc:
+                return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
+            if len(props) > codec.MAX_PROPERTIES_BYTES:  # Java's pre-check counts UTF-16 chars
+                return PutRefused(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, f"{len(props)} chars")
+            born = codec.HostAddress.parse(message.born_host) if message.born_host else _DEFAULT_BORN_HOST
+            try:
+                data = codec.encode_message(
+                    topic=message.topic,
+                    queue_id=message.queue_id,
+                    body=bytes(message.body),
+                    properties=props,
+                    flag=message.flag,
+                    born_timestamp=message.born_timestamp_ms if message.born_timestamp_ms is not None else now_ms,
+                    born_host=born,
+                    store_host=self.store_host,
+                    max_message_size=max_size,
+                )
+            except (codec.MessageTooLarge, codec.PropertiesTooLarge) as exc:
+                return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
+            total += len(data)
+            records.append(data)
+        if batch and total > max_size:
+            return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"batch of {total} bytes > {max_size}")
+        return EncodedBatch(tuple(records), 0, all(m.wait_store_msg_ok for m in messages))
+
+
+def message_properties(message: PutMessageLike) -> str:
+    """The record's properties string: KEYS and TAGS (and WAIT=false) over the message's own
+    properties. ValueError if a key or tag cannot round-trip (a space in a key, a separator)."""
+    keys = message.keys
+    if keys:
+        joined = keys if isinstance(keys, str) else codec.KEY_SEPARATOR.join(keys)
+        count = 1 if isinstance(keys, str) else len(keys)
+        # KEYS are space-separated on disk: a key with a space (or an empty one) would
+        # come back as different keys.
+        if joined.count(codec.KEY_SEPARATOR) != count - 1 or (count > 1 and "" in keys) or not joined:
+            raise ValueError(f"keys {keys!r}: each key must be non-empty and without spaces")
+    else:
+        joined = ""
+    if not message.properties and message.wait_store_msg_ok:
+        # The common case, in the order a Java producer's HashMap gives (KEYS before TAGS).
+        tags = message.tags
+        if joined and tags:
+            text = f"KEYS\x01{joined}\x02TAGS\x01{tags}\x02"
+        elif joined:
+            text = f"KEYS\x01{joined}\x02"
+        elif tags:
+            text = f"TAGS\x01{tags}\x02"
+        else:
+            return ""
+        if text.count("\x01") != text.count("\x02") or text.count("\x01") != 1 + (bool(joined) and bool(tags)):
+            raise ValueError("tags or keys contain a reserved separator character (\\x01 or \\x02)")
+        return text
+    codec.check_user_properties(message.properties)
+    props = dict(message.properties)
+    if message.tags:
+        props[codec.PROPERTY_TAGS] = message.tags
+    if joined:
+        props[codec.PROPERTY_KEYS] = joined
+    if not message.wait_store_msg_ok:
+        props[codec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
+    return codec.properties_to_string(props) if props else ""

@@ -1,0 +1,349 @@
+"""Pipelined puts (issue 16): put_async futures, the draining writer, the in-flight bound,
+the writer crashing mid-pass, and the actor client."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import defaultdict
+from concurrent.futures import Future, as_completed, wait
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from mqstore import FaultPlan, Message, PutMessageStatus, PutResult
+from mqstore.errors import StoreClosedError
+from mqstore.messages import Replied
+
+helpers = sys.modules["mqstore_actor_test_helpers"]
+
+COMPLETION_THREAD = "mqstore-put-completions"
+TIMEOUT_S = 15.0
+
+
+def _writer(store: Any) -> Any:
+    return store.supervisor.ctx.peers["writer"]._actor_weakref()
+
+
+def _block_completions(store: Any, gate: threading.Event) -> None:
+    """Park the completion thread in a done-callback until `gate` is set. A callback added
+    to a future already done runs in the adding thread, so retry until one runs there."""
+    entered = threading.Event()
+
+    def park(_future: Future[PutResult]) -> None:
+        if threading.current_thread().name == COMPLETION_THREAD:
+            entered.set()
+            gate.wait(TIMEOUT_S)
+
+    while not entered.is_set():
+        store.put_async(Message(topic="gate", body=b"g")).add_done_callback(park)
+        entered.wait(0.05)
+
+
+def _read_queue(store: Any, topic: str, queue_id: int) -> list[Any]:
+    """Every message of the queue from offset 0 (a get returns at most 32)."""
+    out: list[Any] = []
+    offset = 0
+    while offset < store.max_offset(topic, queue_id):
+        got = store.get(topic, queue_id, offset, 32)
+        assert got.found, got.status
+        out.extend(got.messages)
+        offset = got.next_begin_offset
+    return out
+
+
+@pytest.mark.parametrize("flush_disk_type", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_futures_complete_off_the_writer_thread_with_exact_offsets(store_dir: Path, flush_disk_type: str) -> None:
+    with helpers.open_small(store_dir, flush_disk_type=flush_disk_type) as store:
+        threads: list[str] = []
+        futures = []
+        for i in range(300):
+            future = store.put_async(Message(topic="orders", body=b"m%d" % i, queue_id=i % 3))
+            future.add_done_callback(lambda _f: threads.append(threading.current_thread().name))
+            futures.append(future)
+        done = {f.result(TIMEOUT_S) for f in as_completed(futures, timeout=TIMEOUT_S)}
+        assert all(r.ok for r in done)
+        # Each queue got consecutive offsets in the order its puts were made.
+        for q in range(3):
+            assert [futures[i].result().queue_offset for i in range(q, 300, 3)] == list(range(100))
+        # Callbacks added while pending run on the completion thread; those added after the
+        # future was done run in this thread. Never in an actor's thread.
+        assert threads and all(name in (COMPLETION_THREAD, threading.current_thread().name) for name in threads)
+        assert COMPLETION_THREAD in threads
+        writer_threads = [t.name for t in threading.enumerate() if t.name.startswith("CommitLogWriter")]
+        assert writer_threads and not set(writer_threads) & set(threads)
+        batch = store.put_batch_async([Message(topic="orders", body=b"b%d" % i, queue_id=1) for i in range(5)])
+        result = batch.result(TIMEOUT_S)
+        assert result.ok and result.msg_num == 5 and result.queue_offset == 100
+        helpers.wait_dispatched(store)
+        expected = [b"m%d" % i for i in range(1, 300, 3)] + [b"b%d" % i for i in range(5)]
+        assert [m.body for m in _read_queue(store, "orders", 1)] == expected
+
+
+def test_a_future_cannot_be_cancelled_and_errors_are_statuses(store_dir: Path) -> None:
+    with helpers.open_small(store_dir) as store:
+        future = store.put_async(Message(topic="orders", body=b"x"))
+        assert not future.cancel()
+        assert future.result(TIMEOUT_S).ok
+        illegal = store.put_async(Message(topic="bad topic!", body=b"x"))
+        assert illegal.done() and illegal.result().status is PutMessageStatus.MESSAGE_ILLEGAL
+        with pytest.raises(TypeError):
+            store.put_async(Message(topic="orders", body="not bytes"))  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            store.put_batch_async([])
+        with pytest.raises(TypeError):
+            store.put_async("not a message")  # type: ignore[arg-type]
+        assert not store._puts._pending  # nothing handed out for flush() to wait for
+    with pytest.raises(StoreClosedError):  # as every call after close()
+        store.put_async(Message(topic="orders", body=b"x"))
+    with pytest.raises(StoreClosedError):
+        store.actor_client(pykka.ActorRef)  # type: ignore[arg-type]
+
+
+def test_flush_waits_for_every_future_handed_out_before_it(store_dir: Path) -> None:
+    with helpers.open_small(store_dir) as store:
+        gate = threading.Event()
+        _block_completions(store, gate)
+        futures = [store.put_async(Message(topic="orders", body=b"f%d" % i)) for i in range(20)]
+        flusher = threading.Thread(target=store.flush)
+        flusher.start()
+        flusher.join(0.3)
+        assert flusher.is_alive(), "flush returned while futures handed out before it were pending"
+        assert not any(f.done() for f in futures)
+        gate.set()
+        flusher.join(TIMEOUT_S)
+        assert not flusher.is_alive()
+        assert all(f.done() and f.result().ok for f in futures)
+
+
+def test_in_flight_bound_fails_fast_with_os_page_cache_busy(store_dir: Path) -> None:
+    with helpers.open_small(store_dir, max_puts_in_flight=2, put_fail_fast_when_in_flight_full=True) as store:
+        gate = threading.Event()
+        _block_completions(store, gate)
+        held = [store.put_async(Message(topic="orders", body=b"h%d" % i)) for i in range(2)]
+        refused = store.put_async(Message(topic="orders", body=b"over"))
+        assert refused.done()
+        assert refused.result().status is PutMessageStatus.OS_PAGE_CACHE_BUSY
+        gate.set()
+        assert all(f.result(TIMEOUT_S).ok for f in held)
+        assert store.put_async(Message(topic="orders", body=b"again")).result(TIMEOUT_S).ok
+        helpers.wait_dispatched(store)
+        bodies = [m.body for m in _read_queue(store, "orders", 0)]
+        assert b"over" not in bodies and bodies[-1] == b"again"
+
+
+def test_in_flight_bound_blocks_until_an_answer_frees_a_slot(store_dir: Path) -> None:
+    with helpers.open_small(store_dir, max_puts_in_flight=2) as store:
+        gate = threading.Event()
+        _block_completions(store, gate)
+        held = [store.put_async(Message(topic="orders", body=b"h%d" % i)) for i in range(2)]
+        third: list[Future[PutResult]] = []
+        putter = threading.Thread(target=lambda: third.append(store.put_async(Message(topic="orders", body=b"3"))))
+        putter.start()
+        putter.join(0.3)
+        assert putter.is_alive() and not third, "put_async did not block at max_puts_in_flight"
+        gate.set()
+        putter.join(TIMEOUT_S)
+        assert not putter.is_alive()
+        assert all(f.result(TIMEOUT_S).ok for f in held) and third[0].result(TIMEOUT_S).ok
+
+
+def test_concurrent_producers_get_exact_per_queue_offsets_in_their_order(store_dir: Path) -> None:
+    per_thread = 400
+    with helpers.open_small(store_dir, mapped_file_size_commitlog_bytes=1 << 20) as store:
+        results: dict[int, list[tuple[int, Future[PutResult]]]] = {}
+
+        def produce(t: int) -> None:
+            mine = []
+            for i in range(per_thread):
+                q = i % 2
+                mine.append((q, store.put_async(Message(topic="orders", body=b"%d-%d" % (t, i), queue_id=q))))
+                if i % 50 == 0:
+                    store.put(Message(topic="orders", body=b"%d-%d-sync" % (t, i), queue_id=q))
+            results[t] = mine
+
+        producers = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+        for p in producers:
+            p.start()
+        for p in producers:
+            p.join(TIMEOUT_S * 4)
+        all_futures = [f for mine in results.values() for _q, f in mine]
+        assert not wait(all_futures, timeout=TIMEOUT_S).not_done
+        offsets: dict[int, list[int]] = defaultdict(list)
+        for mine in results.values():
+            last = {0: -1, 1: -1}
+            for q, future in mine:
+                r = future.result()
+                assert r.ok
+                assert r.queue_offset > last[q], "a thread's puts to one queue out of order"
+                last[q] = r.queue_offset
+                offsets[q].append(r.queue_offset)
+        helpers.wait_dispatched(store)
+        for q in (0, 1):
+            total = store.max_offset("orders", q)
+            synced = 4 * (per_thread // 50) if q == 0 else 0  # i % 50 == 0 is even: queue 0
+            assert total == 4 * per_thread // 2 + synced
+            assert len(set(offsets[q])) == len(offsets[q])
+            seen = {m.queue_offset: m.body for m in _read_queue(store, "orders", q)}
+            assert sorted(seen) == list(range(total))
+        writer = _writer(store)
+        assert writer.passed_puts >= 4 * per_thread and writer.passes <= writer.passed_puts
+
+
+def test_writer_crash_mid_pass_completes_every_pending_future(store_dir: Path) -> None:
+    plan = FaultPlan()
+    with helpers.open_small(store_dir, faults=plan) as store:
+        assert store.put(Message(topic="orders", body=b"warm")).ok
+        plan.arm("writer.after_append", 1)
+        futures = [store.put_async(Message(topic="orders", body=b"c%d" % i, keys=["c%d" % i])) for i in range(200)]
+        done, not_done = wait(futures, timeout=TIMEOUT_S)
+        assert not not_done, "a future hung after the writer crashed"
+        statuses = [f.result().status for f in futures]
+        assert PutMessageStatus.SERVICE_NOT_AVAILABLE in statuses
+        assert set(statuses) <= {PutMessageStatus.PUT_OK, PutMessageStatus.SERVICE_NOT_AVAILABLE}
+        helpers.wait_until(lambda: store.put(Message(topic="orders", body=b"after")).ok, what="writer restarted")
+        helpers.wait_dispatched(store)
+        for i, f in enumerate(futures):
+            if f.result().ok:  # every acknowledged put is there, once
+                assert len(store.query("orders", "c%d" % i).messages) == 1
+
+
+class _WindowedProducer(pykka.ThreadingActor):
+    """Keeps `window` single puts in flight through the actor client."""
+
+    def __init__(self, store: Any, total: int, window: int, done: threading.Event) -> None:
+        super().__init__()
+        self.store, self.total, self.window, self.done = store, total, window, done
+        self.sent = 0
+        self.results: dict[int, PutResult] = {}
+        self.threads: set[str] = set()
+
+    def on_start(self) -> None:
+        self.client = self.store.actor_client(self.actor_ref)
+        for _ in range(self.window):
+            self._send()
+
+    def _send(self) -> None:
+        if self.sent < self.total:
+            self.client.put(Message(topic="actors", body=b"a%d" % self.sent), correlation_id=self.sent)
+            self.sent += 1
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Replied):
+            self.threads.add(threading.current_thread().name)
+            self.results[message.correlation_id] = message.answer
+            if len(self.results) == self.total:
+                self.done.set()
+            self._send()
+        elif message == "results":
+            return dict(self.results)
+        return None
+
+
+def test_actor_client_window_batch_and_fire_and_forget(store_dir: Path) -> None:
+    with helpers.open_small(store_dir) as store:
+        done = threading.Event()
+        producer = _WindowedProducer.start(store, 300, 16, done)
+        try:
+            assert done.wait(TIMEOUT_S)
+            results: dict[int, PutResult] = producer.ask("results")
+        finally:
+            producer.stop()
+        assert sorted(results) == list(range(300))
+        assert [results[i].queue_offset for i in range(300)] == list(range(300))
+        assert all(r.ok for r in results.values())
+
+        class Sink(pykka.ThreadingActor):
+            def __init__(self) -> None:
+                super().__init__()
+                self.got: list[Any] = []
+
+            def on_receive(self, message: Any) -> Any:
+                if isinstance(message, Replied):
+                    self.got.append(message)
+                    return None
+                return list(self.got)
+
+        sink = Sink.start()
+        try:
+            client = store.actor_client(sink)
+            assert client.put_batch([Message(topic="actors", body=b"b%d" % i) for i in range(4)], correlation_id="b")
+            assert not client.put(Message(topic="bad topic!", body=b"x"), correlation_id="bad")
+            assert client.put_and_forget(Message(topic="actors", body=b"forgotten"))
+            helpers.wait_until(lambda: len(sink.ask("list")) == 2, what="two replies")
+            replies = {r.correlation_id: r.answer for r in sink.ask("list")}
+            assert replies["b"].ok and replies["b"].msg_num == 4 and replies["b"].queue_offset == 300
+            assert replies["bad"].status is PutMessageStatus.MESSAGE_ILLEGAL
+            helpers.wait_dispatched(store)
+            assert store.max_offset("actors", 0) == 305
+            assert store.get("actors", 0, 304, 1).messages[0].body == b"forgotten"
+        finally:
+            sink.stop()
+        with pytest.raises(TypeError):
+            store.actor_client("not a ref")  # type: ignore[arg-type]
+
+
+def test_a_notice_that_found_reput_restarting_is_told_again_on_the_next_tick(store_dir: Path) -> None:
+    """Reput learns the log end from the writer's Ping when it starts, and is a peer only after
+    its handshake: a put appended in between was told to nobody (seen with put_async streams
+    across a writer crash) and stayed undispatched until another put came."""
+    with helpers.open_small(store_dir) as store:
+        assert store.put(Message(topic="orders", body=b"before")).ok
+        helpers.wait_dispatched(store)
+        peers = store.supervisor.ctx.peers
+        reput = peers.pop("reput")  # the window between reput's start Ping and its registration
+        try:
+            assert store.put(Message(topic="orders", body=b"unheard")).ok
+        finally:
+            peers["reput"] = reput
+        helpers.wait_dispatched(store)  # the writer's tick (flush_interval_commitlog_ms) tells it
+        assert [m.body for m in store.get("orders", 0, 0, 10).messages] == [b"before", b"unheard"]
+
+
+def test_a_failed_fire_and_forget_put_goes_to_the_stats(store_dir: Path) -> None:
+    from mqstore.messages import SetWriteable
+
+    with helpers.open_small(store_dir) as store:
+
+        class Quiet(pykka.ThreadingActor):
+            pass
+
+        ref = Quiet.start()
+        try:
+            client = store.actor_client(ref)
+            assert not client.put_and_forget(Message(topic="bad topic!", body=b"x"))  # refused here
+            store.supervisor.ctx.peers["writer"].ask(SetWriteable(writeable=False))
+            assert client.put_and_forget(Message(topic="orders", body=b"refused by the writer"))
+            helpers.wait_until(lambda: store.stats()["put_message_failed_times"] == 1, what="the failure counted")
+            assert store.stats()["put_message_status_times"] == {"SERVICE_NOT_AVAILABLE": 1}
+        finally:
+            ref.stop()
+
+
+def test_an_answer_that_cannot_be_delivered_does_not_crash_the_writer(store_dir: Path) -> None:
+    from mqstore import Reply
+    from mqstore.messages import Put
+
+    with helpers.open_small(store_dir) as store:
+
+        def broken(_answer: Any) -> None:
+            raise RuntimeError("the host's callback is broken")
+
+        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        store.actor_ref.tell(Put(messages=(Message(topic="orders", body=b"a"),), reply=Reply(callback=broken)))
+        store.actor_ref.tell(Put(messages=(Message(topic="orders", body=b"b"),), reply=Reply(future=future)))
+        assert future.get(timeout=TIMEOUT_S).ok
+        assert store.put(Message(topic="orders", body=b"c")).ok
+        assert store.supervisor.restarts == []
+
+
+def test_a_thread_reads_its_own_put_async_once_it_saw_it_done(store_dir: Path) -> None:
+    with helpers.open_small(store_dir, mapped_file_size_commitlog_bytes=1 << 20) as store:
+        for i in range(50):
+            result = store.put_async(Message(topic="ryw", body=b"r%d" % i)).result(TIMEOUT_S)
+            assert result.ok
+            got = store.get("ryw", 0, result.queue_offset, 1)  # no wait: the read contract waits
+            assert got.found and got.messages[0].body == b"r%d" % i
+            assert store.max_offset("ryw", 0) == i + 1

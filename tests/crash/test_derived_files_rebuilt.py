@@ -1,0 +1,161 @@
+"""Derived files are rebuilt, never fatal (issue 19 item 6): an index or ConsumeQueue file
+that is empty, short or of the wrong size is set aside as `<name>.damaged` (never deleted)
+and rebuilt from the log at open; a bad consumerOffset.json falls back to an empty table;
+junk in the store directory is ignored with a warning or refused with a clear error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+import mqstore
+from mqstore import Message
+from mqstore.storage.lockfiles import StoreDirectoryError
+
+SETTINGS = dict(
+    mapped_file_size_commitlog_bytes=1 << 20,
+    mapped_file_size_consume_queue_bytes=20 * 50,  # 50 units a file: 120 messages fill 3 files
+    max_hash_slot_num=64,
+    max_index_num=400,
+)
+N = 120
+
+
+def _make(root: Path) -> None:
+    with mqstore.open(root, **SETTINGS) as store:
+        for i in range(N):
+            assert store.put(Message(topic="T", body=b"%d" % i, keys=[f"k{i}"])).ok
+        assert store.wait_for_messages("T", 0, N - 1, timeout_s=10)
+        store.commit_offset("g", "T", 0, 7)
+
+
+def _assert_whole(root: Path) -> None:
+    """Every message readable in order, every key found: what was set aside was rebuilt."""
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.wait_for_messages("T", 0, N - 1, timeout_s=10)
+        bodies: list[bytes] = []
+        offset = 0
+        while offset < N:
+            got = store.get("T", 0, offset, 32)
+            assert got.messages, got
+            bodies += [m.body for m in got.messages]
+            offset = got.next_begin_offset
+        assert bodies == [b"%d" % i for i in range(N)]
+        for i in (0, 57, N - 1):
+            assert [m.body for m in store.query("T", f"k{i}").messages] == [b"%d" % i]
+
+
+def _index_file(root: Path) -> Path:
+    return root / "index" / sorted(os.listdir(root / "index"))[0]
+
+
+def _cq_file(root: Path, n: int) -> Path:
+    directory = root / "consumequeue" / "T" / "0"
+    return directory / sorted(os.listdir(directory))[n]
+
+
+def _truncate(path: Path, size: int) -> Path:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    return path
+
+
+DAMAGE: dict[str, Callable[[Path], Path]] = {
+    "index_empty": lambda r: _truncate(_index_file(r), 0),
+    "index_short": lambda r: _truncate(_index_file(r), 5000),
+    "index_header_only": lambda r: _truncate(_index_file(r), 40),
+    "cq_first_empty": lambda r: _truncate(_cq_file(r, 0), 0),
+    "cq_middle_short": lambda r: _truncate(_cq_file(r, 1), 500),
+    "cq_last_short": lambda r: _truncate(_cq_file(r, 2), 333),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_derived_file_is_set_aside_and_rebuilt_at_open(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    damaged = DAMAGE[damage](root)
+    kept = damaged.read_bytes()
+    _assert_whole(root)
+    set_aside = damaged.with_name(damaged.name + ".damaged")
+    assert set_aside.read_bytes() == kept  # never deleted, byte for byte
+    _assert_whole(root)  # and the next open is clean too
+
+
+def test_files_that_hold_together_at_another_geometry_are_refused_not_rebuilt(tmp_path: Path) -> None:
+    """A consistent store written with other sizes is not damage (its sizes are read from the
+    files by the CLI): the open refuses, loudly, and renames nothing."""
+    root = tmp_path / "store"
+    _make(root)
+    with pytest.raises(OSError, match="max_index_num=401"):
+        mqstore.open(root, **{**SETTINGS, "max_index_num": 401})
+    with pytest.raises(OSError, match="every consume queue file is 1000 bytes"):
+        mqstore.open(root, **{**SETTINGS, "mapped_file_size_consume_queue_bytes": 20 * 60})
+    assert not list(root.rglob("*.damaged"))
+    _assert_whole(root)
+
+
+@pytest.mark.parametrize("text", [b"garbage", b"[" * 100_000, b"\xff\xfe", b""])
+def test_a_bad_consumer_offset_file_opens_with_an_empty_table(tmp_path: Path, text: bytes) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    path = root / "config" / "consumerOffset.json"
+    path.write_bytes(text)
+    for bak in root.glob("config/consumerOffset.json.bak"):
+        bak.write_bytes(b"{")
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.query_offset("g", "T", 0) == -1
+        store.commit_offset("g", "T", 0, 9)
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.query_offset("g", "T", 0) == 9
+    if text.strip():
+        assert (root / "config" / "consumerOffset.json.damaged").read_bytes() == text
+
+
+def test_a_bad_consumer_offset_file_falls_back_to_its_bak(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    with mqstore.open(root, **SETTINGS) as store:
+        store.commit_offset("g", "T", 0, 8)  # the previous file (offset 7) becomes the .bak
+    (root / "config" / "consumerOffset.json").write_bytes(b"{" * 50_000)
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.query_offset("g", "T", 0) == 7
+
+
+JUNK: dict[str, Callable[[Path], object]] = {
+    "stray_file_in_commitlog": lambda r: (r / "commitlog" / "notes.txt").write_text("x"),
+    "short_name_in_commitlog": lambda r: (r / "commitlog" / "123").write_text("x"),
+    "dir_named_as_segment_in_commitlog": lambda r: (r / "commitlog" / ("9" * 20)).mkdir(),
+    "stray_file_in_queue_dir": lambda r: (r / "consumequeue" / "T" / "0" / "junk").write_text("x"),
+    "dir_named_as_segment_in_queue": lambda r: (r / "consumequeue" / "T" / "0" / ("0" * 15 + "99999")).mkdir(),
+    "non_numeric_queue_dir": lambda r: (r / "consumequeue" / "T" / "abc").mkdir(),
+    "zero_padded_queue_dir": lambda r: (r / "consumequeue" / "T" / "00").mkdir(),
+    "file_as_queue_dir": lambda r: (r / "consumequeue" / "T" / "7").write_text("x"),
+    "file_as_topic_dir": lambda r: (r / "consumequeue" / "stray").write_text("x"),
+    "stray_file_in_index": lambda r: (r / "index" / "junk").write_text("x"),
+    "dir_named_as_index_file": lambda r: (r / "index" / ("2" * 17)).mkdir(),
+}
+
+
+@pytest.mark.parametrize("junk", sorted(JUNK))
+def test_junk_in_the_store_directory_is_ignored(tmp_path: Path, junk: str) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    JUNK[junk](root)
+    _assert_whole(root)
+
+
+@pytest.mark.parametrize("name", ["abort", "lock"])
+def test_a_directory_where_a_marker_file_belongs_is_a_clear_error(tmp_path: Path, name: str) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    if name == "lock":
+        (root / "lock").unlink()
+    (root / name).mkdir()
+    with pytest.raises(StoreDirectoryError, match=f"{root / name} is a directory"):
+        mqstore.open(root, **SETTINGS)
+    (root / name).rmdir()
+    _assert_whole(root)  # the refusal changed nothing

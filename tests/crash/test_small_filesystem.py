@@ -1,0 +1,128 @@
+"""A store that fills a real small filesystem (a tmpfs, and a loop-mounted ext4 image) never
+dies with SIGBUS, loses nothing it acknowledged, opens again while the disk is full, and
+takes puts again once space is freed, without a restart (issue 19, item 1).
+
+Each phase runs the store in a child process (small_fs_child.py), so a SIGBUS shows as the
+child's death by that signal instead of killing the test runner. Needs root (mount); skips
+with the reason when the filesystem cannot be mounted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHILD = str(Path(__file__).with_name("small_fs_child.py"))
+PHASES = ("fill", "reopen_full", "free", "verify")
+PHASE_TIMEOUT_S = 60
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def _mount_or_skip(cmd: list[str], mount_point: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    result = _run(cmd + [str(mount_point)])
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount ({' '.join(cmd)}): {result.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def _tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    _mount_or_skip(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs"], mount_point)
+    try:
+        yield mount_point
+    finally:
+        _run(["umount", "-l", str(mount_point)])
+
+
+@contextlib.contextmanager
+def _ext4(tmp_path: Path) -> Iterator[Path]:
+    if shutil.which("mkfs.ext4") is None:
+        pytest.skip("mkfs.ext4 is not installed")
+    image = tmp_path / "ext4.img"
+    with open(image, "wb") as f:
+        f.truncate(16 * 1024 * 1024)
+    made = _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", str(image)])
+    if made.returncode != 0:
+        pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
+    mount_point = tmp_path / "ext4"
+    mount_point.mkdir()
+    _mount_or_skip(["mount", "-o", "loop", str(image)], mount_point)
+    try:
+        yield mount_point
+    finally:
+        _run(["umount", "-l", str(mount_point)])
+
+
+@pytest.mark.parametrize("filesystem", [_tmpfs, _ext4], ids=["tmpfs", "ext4"])
+def test_a_store_filling_a_small_filesystem_never_dies_and_loses_nothing(tmp_path: Path, filesystem: object) -> None:
+    acked = tmp_path / "acked.txt"  # outside the small filesystem: it must never be refused
+    acked.write_text("")
+    with filesystem(tmp_path) as mount_point:  # type: ignore[operator]
+        store_dir = str(mount_point / "store")
+        filler = str(mount_point / "filler")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+        for phase in PHASES:
+            child = subprocess.run(
+                [sys.executable, "-X", "faulthandler", CHILD, phase, store_dir, str(acked), filler],
+                capture_output=True, text=True, timeout=PHASE_TIMEOUT_S, env=env,
+            )  # fmt: skip
+            died = f"phase {phase}: exit {child.returncode}\n{child.stdout[-2000:]}\n{child.stderr[-3000:]}"
+            assert child.returncode != -signal.SIGBUS, "SIGBUS: " + died
+            assert child.returncode == 0, died
+        keys = acked.read_text().split()
+        assert any(k.startswith("a") for k in keys) and any(k.startswith("b") for k in keys)
+
+
+RECOVER_ON_FULL_TMPFS = """
+import sys
+from mqstore.storage.consume_queue import ConsumeQueue
+from mqstore.storage.fs import RealFileSystem
+
+root, fill = sys.argv[1], sys.argv[2]
+fs = RealFileSystem()
+cq = ConsumeQueue(fs, "T", 0, root, mapped_file_size=300_000 * 20, clock_ms=lambda: 0)
+cq.load()
+for q in range(100):
+    assert cq.put_message_position_info(q * 100, 100, 0, q)
+cq.mapped_file_queue.shutdown(0)
+with open(fill, "wb", buffering=0) as f:  # the tmpfs full to its last page
+    try:
+        while True:
+            f.write(bytes(4096))
+    except OSError:
+        pass
+cq = ConsumeQueue(fs, "T", 0, root, mapped_file_size=300_000 * 20, clock_ms=lambda: 0)
+cq.load()
+cq.recover()  # scans the 6 MB file: its unwritten tail is a hole
+assert cq.get_max_offset_in_queue() == 100, cq.get_max_offset_in_queue()
+assert cq.get_last_offset() == 99 * 100 + 100
+print("recovered")
+"""
+
+
+def test_consume_queue_recovery_on_a_full_tmpfs_reads_no_hole(tmp_path: Path) -> None:
+    """A read through a map of a tmpfs hole must allocate a page; on a full tmpfs it cannot,
+    and the process dies with SIGBUS. Recovery scans a ConsumeQueue file whose tail was
+    never written: it must read only where the file has data."""
+    with _tmpfs(tmp_path) as mount_point:
+        child = subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", RECOVER_ON_FULL_TMPFS,
+             str(mount_point / "consumequeue"), str(mount_point / "filler")],
+            capture_output=True, text=True, timeout=PHASE_TIMEOUT_S,
+        )  # fmt: skip
+        assert child.returncode != -signal.SIGBUS, "SIGBUS:\n" + child.stderr[-3000:]
+        assert child.returncode == 0 and "recovered" in child.stdout, child.stderr[-3000:]

@@ -1,0 +1,258 @@
+"""The read contract in one place: one published view (no torn pairs), read-your-writes for every
+read with a stated timeout that ends in a status, and one rule for API mistakes."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import mqstore
+from mqstore import GetMessageStatus as S
+from mqstore import Message, MessageStore, StoreClosedError
+from mqstore.messages import QueueBounds
+from mqstore.read_view import ReadView, ReadViewPublisher
+
+h = sys.modules["mqstore_read_test_helpers"]
+Open = Callable[..., MessageStore]
+RYW_PAIRS = 100_000
+RYW_THREADS = 4
+RYW_BUDGET_S = 240  # the whole 100k pairs on the shared 2-CPU machine; typically far less
+
+
+# -- the publisher --------------------------------------------------------------------------
+
+
+def test_each_publication_swaps_one_frozen_view_and_keeps_the_others_facts() -> None:
+    publisher = ReadViewPublisher()
+    first = publisher.view
+    assert (first.queues_live, first.index_files, first.readable_end) == (False, None, 0)
+    publisher.publish_commitlog(500)
+    publisher.publish_dispatched(400)
+    publisher.publish_queues(QueueBounds(bounds={("T", 0): (0, 3)}, dispatched_offset=300, complete=True))
+    publisher.publish_index(("f1",), 200)
+    view = publisher.view
+    assert (view.readable_end, view.dispatched_end, view.queues_written, view.indexed_end) == (500, 400, 300, 200)
+    assert dict(view.queue_bounds) == {("T", 0): (0, 3)} and view.index_files == ("f1",)
+    assert first.readable_end == 0, "a view once taken never changes"
+    with pytest.raises(AttributeError):
+        view.readable_end = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        view.queue_bounds[("T", 1)] = (0, 1)  # type: ignore[index]
+    publisher.publish_commitlog(100)  # a lower end never moves the view back
+    assert publisher.view.readable_end == 500
+
+
+def test_queue_bounds_merge_and_the_map_generation_moves_when_files_may_be_gone() -> None:
+    publisher = ReadViewPublisher()
+    publisher.publish_queues(QueueBounds(bounds={("T", 0): (0, 3), ("T", 1): (0, 1)}, dispatched_offset=10, complete=True))
+    generation = publisher.view.map_generation
+    publisher.publish_queues(QueueBounds(bounds={("T", 0): (0, 5)}, dispatched_offset=20, complete=False))
+    view = publisher.view
+    assert dict(view.queue_bounds) == {("T", 0): (0, 5), ("T", 1): (0, 1)} and view.queues_written == 20
+    assert view.map_generation == generation, "growing queues keep the maps"
+    publisher.publish_queues(QueueBounds(bounds={("T", 0): (4, 5)}, dispatched_offset=20, complete=False))
+    assert publisher.view.map_generation == generation + 1, "a min that moved up: files may be deleted"
+    publisher.publish_queues(None)
+    view = publisher.view
+    assert (view.queues_live, dict(view.queue_bounds), view.map_generation) == (False, {}, generation + 2)
+
+
+def test_a_waiter_is_woken_by_the_publication_that_covers_it_and_by_close() -> None:
+    publisher = ReadViewPublisher()
+    got: list[ReadView | None] = []
+    waiter = threading.Thread(target=lambda: got.append(publisher.await_view(lambda v: v.readable_end >= 10, 30)))
+    waiter.start()
+    publisher.publish_commitlog(5)
+    publisher.publish_commitlog(10)
+    waiter.join(10)
+    assert got and got[0] is not None and got[0].readable_end == 10
+    assert publisher.await_view(lambda v: v.readable_end >= 99, 0) is None, "no time: not covered, None"
+    closer = threading.Timer(0.05, publisher.close)
+    closer.start()
+    started = time.monotonic()
+    assert publisher.await_view(lambda v: v.readable_end >= 99, 30) is None
+    assert time.monotonic() - started < 10, "close wakes waiters"
+
+
+def test_no_torn_pairs_under_concurrent_publication() -> None:
+    """A reader takes the view once: its queue bound and queues_written come from the same
+    publication, whatever the publisher does meanwhile."""
+    publisher = ReadViewPublisher()
+    stop = threading.Event()
+    torn = [0]
+
+    def read() -> None:
+        while not stop.is_set():
+            view = publisher.view
+            bounds = view.queue_bounds.get(("T", 0))
+            if bounds is not None and bounds[1] * 100 != view.queues_written:
+                torn[0] += 1
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for n in range(1, 20_000):
+        publisher.publish_queues(QueueBounds(bounds={("T", 0): (0, n)}, dispatched_offset=n * 100, complete=False))
+    stop.set()
+    reader.join()
+    assert torn[0] == 0
+
+
+# -- read-your-writes ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_no_read_your_writes_miss_in_100k_put_then_max_offset_pairs_from_4_threads(open_store: Open) -> None:
+    store = open_store()
+    misses: list[tuple[int, int, int]] = []
+    per_thread = RYW_PAIRS // RYW_THREADS
+    done = [0] * RYW_THREADS
+
+    def producer(t: int) -> None:
+        message = Message(topic="RYW", queue_id=t, body=b"r" * 16)
+        for i in range(per_thread):
+            result = store.put(message)
+            assert result.ok, result
+            seen = store.max_offset("RYW", t)
+            if seen <= result.queue_offset:
+                misses.append((t, result.queue_offset, seen))
+            done[t] += 1
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=producer, args=(t,)) for t in range(RYW_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RYW_BUDGET_S)
+    elapsed = time.monotonic() - started
+    assert not any(thread.is_alive() for thread in threads), f"not done in {RYW_BUDGET_S} s: {done}"
+    assert sum(done) == RYW_PAIRS
+    assert misses == [], f"{len(misses)} misses, first {misses[:3]}"
+    print(f"100k put -> max_offset pairs from 4 threads in {elapsed:.1f} s, 0 misses")
+
+
+def test_every_read_reflects_the_threads_own_put(open_store: Open) -> None:
+    store = open_store()
+    for i in range(50):
+        result = store.put(Message(topic="T", queue_id=1, body=b"%d" % i, keys=[f"k{i}"]))
+        assert result.ok
+        offset = result.queue_offset
+        assert store.max_offset("T", 1) == offset + 1
+        assert store.min_offset("T", 1) == 0
+        assert [m.body for m in store.get("T", 1, offset, 1).messages] == [b"%d" % i]
+        assert [m.queue_offset for m in store.query("T", f"k{i}").messages] == [offset]
+        assert store.message_store_time("T", 1, offset) == result.store_timestamp
+        assert store.offset_for_time("T", 1, result.store_timestamp) <= offset
+        assert store.wait_for_messages("T", 1, offset, timeout_s=0)
+        data = store.get_commitlog_data(result.commitlog_offset, result.wrote_bytes)
+        assert data is not None and len(data[1]) == result.wrote_bytes
+
+
+def test_when_dispatch_does_not_reach_the_put_in_time_reads_answer_statuses(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dispatch held back (the ConsumeQueue and index views never cover the put): after
+    read_your_writes_timeout_ms every read answers a status, never the stale view as fresh."""
+    store = open_store(read_your_writes_timeout_ms=30)
+    h.put_n(store, 3)
+    monkeypatch.setattr(store.read_view, "publish_queues", lambda published: None)
+    monkeypatch.setattr(store.read_view, "publish_index", lambda files, end: None)
+    result = store.put(Message(topic="T", body=b"late", keys=["late"]))
+    assert result.ok
+    started = time.monotonic()
+    r = store.get("T", 0, 3, 32)
+    assert (r.status, r.next_begin_offset, r.messages) == (S.NO_MATCHED_LOGIC_QUEUE, 3, ()) and "in time" in r.detail
+    assert store.max_offset("T", 0) == -1 and store.min_offset("T", 0) == -1
+    assert store.message_store_time("T", 0, 0) == -1
+    assert store.offset_for_time("T", 0, 0) == -1
+    assert not store.wait_for_messages("T", 0, 3, timeout_s=0.03)
+    q = store.query("T", "late")
+    assert q.messages == () and q.detail
+    assert time.monotonic() - started < 5
+    other: list[Any] = []
+    thread = threading.Thread(target=lambda: other.append(store.get("T", 0, 0, 32)))
+    thread.start()
+    thread.join(10)
+    assert [m.queue_offset for m in other[0].messages] == [0, 1, 2], "a thread that did not put reads the view as it is"
+
+
+# -- API mistakes -----------------------------------------------------------------------------
+
+
+def test_wrong_types_raise_type_error_naming_the_argument(open_store: Open) -> None:
+    store = open_store()
+    with pytest.raises(TypeError, match="message"):
+        store.put({"topic": "T", "body": b"x"})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="messages"):
+        store.put_batch(Message(topic="T", body=b"x"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="messages"):
+        store.put_batch(["not a message"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="queue_id"):
+        store.get("T", "0", 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="topic"):
+        store.max_offset(b"T", 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="offset"):
+        store.get("T", 0, 1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="key"):
+        store.query("T", 5)  # type: ignore[arg-type]
+    assert store.put(Message(topic="T", body=b"still fine")).ok
+
+
+def test_out_of_range_arguments_raise_value_error(open_store: Open) -> None:
+    store = open_store()
+    h.put_n(store, 2)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_count"):
+            store.get("T", 0, 0, max_count=bad)
+    with pytest.raises(ValueError, match="offset"):
+        store.get("T", 0, -1)
+    with pytest.raises(ValueError, match="queue_id"):
+        store.max_offset("T", -1)
+    with pytest.raises(ValueError, match="messages"):
+        store.put_batch([])
+    with pytest.raises(ValueError, match="max_count"):
+        store.query("T", "k0", 0)
+    assert len(store.get("T", 0, 0, 32).messages) == 2
+
+
+def test_every_call_on_a_closed_store_raises_store_closed_error(tmp_path: Path) -> None:
+    store = mqstore.open(tmp_path / "store", **h.SMALL)
+    assert store.close()
+    assert store.close() is True, "close stays idempotent"
+    calls: list[Callable[[], object]] = [
+        lambda: store.put(Message(topic="T", body=b"x")),
+        lambda: store.put_batch([Message(topic="T", body=b"x")]),
+        lambda: store.get("T", 0, 0),
+        lambda: store.query("T", "k"),
+        lambda: store.flush(),
+        lambda: store.min_offset("T", 0),
+        lambda: store.max_offset("T", 0),
+        lambda: store.offset_for_time("T", 0, 0),
+        lambda: store.message_store_time("T", 0, 0),
+        lambda: store.earliest_message_time(),
+        lambda: store.wait_for_messages("T", 0, 0, 0.0),
+        lambda: store.get_commitlog_data(0),
+        lambda: store.lookup(0),
+        lambda: store.commit_offset("g", "T", 0, 1),
+        lambda: store.query_offset("g", "T", 0),
+        lambda: store.stats(),
+        lambda: store.delete_expired_files_now(),
+        lambda: store.actor_ref,
+    ]
+    for call in calls:
+        with pytest.raises(StoreClosedError):
+            call()
+    assert "StoreClosedError" in mqstore.__all__
+
+
+def test_the_package_is_typed_and_the_store_documented() -> None:
+    root = Path(mqstore.__file__).parent
+    assert (root / "py.typed").exists()
+    assert MessageStore.__doc__ and "read-your-writes" in MessageStore.__doc__.replace("\n", " ")
+    public = [name for name in dir(MessageStore) if not name.startswith("_")]
+    undocumented = [name for name in public if not getattr(MessageStore, name).__doc__]
+    assert undocumented == []
