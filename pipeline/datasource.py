@@ -129,7 +129,8 @@ BATCH_OPTIONS = (
     "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "useConsumeQueue",
     "checkCrc",
 )  # fmt: skip
-STREAM_OPTIONS = BATCH_OPTIONS + ("maxOffsetsPerTrigger",)
+# What the stream honours; the batch-only options would be ignored there, so they are refused.
+STREAM_OPTIONS = ("path", "paths", "topics", "topicPattern", "startingOffsets", "maxOffsetsPerTrigger")
 
 
 def check_options(options: dict[str, str], known: Sequence[str]) -> None:

@@ -5,7 +5,8 @@ micro-batch reads [start, end) of each queue through its ConsumeQueue units (com
 offset and size), so each message is delivered once per queue offset, and a query that
 restarts from its checkpoint goes on where the last committed batch ended.
 
-Options (beside the batch ones that apply: topics, topicPattern, splitSize is ignored):
+Options (any other is refused, the batch-only ones included):
+  topics, topicPattern  as for batch reads
   startingOffsets       "latest" (default, as Kafka's streams), "earliest" or per-queue JSON;
                         only for a new query: a restarted one uses its checkpoint
   maxOffsetsPerTrigger  at most this many messages per micro-batch, shared over the queues
@@ -95,14 +96,14 @@ class RocketMQStreamReader(DataSourceStreamReader):
         self.columns = [f.name for f in schema.fields]
         self.stores = [os.path.abspath(s) for s in stores]
         topics = options.get("topics")
+        if topics is not None and "topicpattern" in options:
+            raise ValueError("rocketmq stream: give topics or topicPattern, not both")
         self.topics = frozenset(t.strip() for t in topics.split(",") if t.strip()) if topics else None
         pattern = options.get("topicpattern")
         self.pattern = re.compile(pattern) if pattern else None
         self.start_default, self.starting = parse_offsets(
             "startingOffsets", options.get("startingoffsets", "latest"), ending=False, streaming=True
         )
-        if "endingoffsets" in options:
-            raise ValueError("rocketmq stream: endingOffsets is for batch reads; a stream has no end")
         raw_max = options.get("maxoffsetspertrigger")
         self.max_per_trigger = int(raw_max) if raw_max is not None else None
         if self.max_per_trigger is not None and self.max_per_trigger <= 0:

@@ -101,3 +101,16 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
     misses = set(put) - set(delivered)
     assert len(put) > 3 * MAX_PER_TRIGGER and len(delivered) == len(put)
     assert (duplicates, len(misses), len(set(delivered) - set(put))) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"endingOffsets": "latest"}, "unknown option"),  # batch-only: a stream would ignore it
+    ({"startingTimestamp": "0"}, "unknown option"),
+    ({"topics": "a", "topicPattern": "b"}, "not both"),
+    ({"maxOffsetsPerTrigger": "0"}, "must be positive"),
+])  # fmt: skip
+def test_a_stream_refuses_options_it_would_ignore(options: dict[str, str], message: str) -> None:
+    from mqstore.pipeline.datasource import SCHEMA, RocketMQDataSource
+
+    with pytest.raises(ValueError, match=message):
+        RocketMQDataSource({"path": "/nonexistent", **options}).streamReader(SCHEMA)
