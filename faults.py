@@ -25,6 +25,7 @@ FAULT_POINTS: Final = frozenset(
         "consume_queue.mid_write",
         "index.mid_write",
         "cleaner.mid_delete",
+        "gateway.mid_request",
     }
 )
 

@@ -124,7 +124,7 @@ class PutPipeline:
             store.stats_service.record_put(topic, IN_FLIGHT_FULL, time.monotonic_ns() - started)
             return IN_FLIGHT_FULL
         self._ensure_thread()
-        reply = Reply(callback=on_answer)
+        reply = Reply(callback=on_answer, store_internal_callback=True)  # the store's own, cheap
         store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
         return reply
 

@@ -165,7 +165,7 @@ class StoreStats:
             else:
                 reply.send(answer)
 
-        return Reply(callback=done)
+        return Reply(callback=done, store_internal_callback=True)
 
     def record_get(self, result: GetResult, latency_ns: int) -> None:
         """One getMessage call: FOUND counts as found with its messages transferred."""

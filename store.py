@@ -22,9 +22,8 @@ from typing import Any, Callable, Iterable
 
 import pykka
 
-from pykka._envelope import Envelope
 
-from .actors.base import FastInbox, ServiceUnavailable
+from .actors.base import ServiceUnavailable
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .faults import NO_FAULTS, FaultPlan
@@ -34,23 +33,19 @@ from .messages import (
     Asked,
     EncodedPut,
     FlushAll,
-    Get,
     GetOffsetByTime,
     GetResult,
     GetUnits,
     Message,
     MessageArrived,
-    Ping,
-    Put,
+    GetWriterStatus,
     PutResult,
-    Query,
     QueryOffsets,
     QueryOffsetsReply,
     QueryResult,
     Reply,
-    Subscribe,
+    Subscriber,
     UnitsReply,
-    Unsubscribe,
     Waiter,
 )
 from . import reads
@@ -63,7 +58,9 @@ from .storage.fs import FileSystem
 from .storage.put_encoding import PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
+from .runtime import FollowingRef, Subscriptions, tell_keeping_gil
 from .supervisor import Supervisor, SupervisorState
+from .ticker import Ticker
 
 __all__ = ["MessageStore", "StoreClosedError", "open_store"]
 
@@ -91,13 +88,16 @@ def open_store(
     on_fatal: Callable[[BaseException], None] | None = None,
     disk_gauge: DiskGauge | None = None,
     cleaner_sleep_ms: Callable[[int], None] | None = None,
+    ticker: Ticker | None = None,
     **settings: Any,
 ) -> MessageStore:
     """Open (or create) the store at `path` and start its actors. `settings` are StoreConfig
     keys (`flush_disk_type="SYNC_FLUSH"`, ...) applied over `config` (or the defaults, a
     config file and MQSTORE_* variables). `disk_gauge` is what the cleaner reads the disk
     level from (default: psutil over the store paths) and `cleaner_sleep_ms` its pause between
-    two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep."""
+    two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep.
+    `ticker` is the monotonic time the actors pace by (default: the real one; tests pass a
+    ManualTicker)."""
     overrides = dict(settings)
     if path is not None:
         overrides["store_path_root_dir"] = os.fspath(path)
@@ -113,6 +113,7 @@ def open_store(
         on_fatal=on_fatal,
         disk_gauge=disk_gauge,
         cleaner_sleep_ms=cleaner_sleep_ms,
+        ticker=ticker,
     )
     store._start()
     return store
@@ -166,6 +167,7 @@ class MessageStore:
         on_fatal: Callable[[BaseException], None] | None = None,
         disk_gauge: DiskGauge | None = None,
         cleaner_sleep_ms: Callable[[int], None] | None = None,
+        ticker: Ticker | None = None,
     ) -> None:
         self.config = config
         self.supervisor = Supervisor(
@@ -176,6 +178,8 @@ class MessageStore:
             on_fatal=on_fatal,
             disk_gauge=disk_gauge,
             cleaner_sleep_ms=cleaner_sleep_ms,
+            backend=self,
+            ticker=ticker,
         )
         self.fs = self.supervisor.fs
         self.clock_ms = self.supervisor.clock_ms
@@ -185,10 +189,10 @@ class MessageStore:
         self._encoder = PutEncoder(self.store_host, config.max_message_size_bytes)
         self._local = threading.local()  # last_put_end: the end of the thread's last stored put
         self._ryw_timeout_s = config.read_your_writes_timeout_ms / 1000
-        self._subscribers: list[tuple[Any, str | None, int | None]] = []
-        self._subscribers_lock = threading.Lock()
+        self._subscriptions = Subscriptions()
         self._reply_timeout_s = (config.sync_flush_timeout_ms + config.allocate_wait_timeout_ms) / 1000 + _REPLY_MARGIN_S
-        self._gateway: pykka.ActorRef[Any] | None = None
+        # The supervised gateway's current incarnation, whichever it is (it may be restarted).
+        self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
         self._closed = False
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
@@ -203,7 +207,6 @@ class MessageStore:
     # lifecycle ---------------------------------------------------------------------------
     def _start(self) -> None:
         self.supervisor.start()
-        self._gateway = StoreGateway.start(self)
         _open_stores.add(self)
         try:
             self.offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
@@ -219,12 +222,8 @@ class MessageStore:
         self._closed = True
         if self.supervisor.state is SupervisorState.RUNNING:
             self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
-        if self._gateway is not None:
-            try:
-                self._gateway.stop(block=True, timeout=5)
-            except (pykka.ActorDeadError, pykka.Timeout):
-                pass
         clean = self.supervisor.stop()
+        self._subscriptions.close()
         self._puts.close()  # after the writer: every future handed out is completed
         self.offsets.close()
         self.read_view.close()  # wakes every waiting reader
@@ -250,10 +249,10 @@ class MessageStore:
 
     @property
     def actor_ref(self) -> pykka.ActorRef[Any]:
-        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe."""
+        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe. Follows the
+        supervised gateway across its restarts; a tell while it restarts raises ActorDeadError."""
         self._check_open()
-        assert self._gateway is not None, "store not started"
-        return self._gateway
+        return self._actor_ref
 
     def _check_open(self) -> None:
         if self._closed:
@@ -376,9 +375,7 @@ class MessageStore:
         )
         if keep_gil:
             writer = self.supervisor.ctx.peers.get("writer")
-            inbox = writer.actor_inbox if writer is not None else None
-            if isinstance(inbox, FastInbox) and not writer.actor_stopped.is_set():  # type: ignore[union-attr]
-                inbox.put_keeping_gil(Envelope(put))
+            if writer is not None and tell_keeping_gil(writer, put):
                 return None
         if not self.supervisor.ctx.tell("writer", put):
             result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
@@ -731,7 +728,7 @@ class MessageStore:
         self._puts.wait_handed_out(self._reply_timeout_s)
         # The writer's own word on where the log ends: its notices to the flush actor are
         # coalesced and may trail the last acknowledged put.
-        writer = self._ask("writer", Ping())
+        writer = self._ask("writer", GetWriterStatus())
         for peer in ("flush", "consume_queue", "index"):
             ref = self.supervisor.ctx.peers.get(peer)
             if ref is None:
@@ -759,35 +756,19 @@ class MessageStore:
     # arrivals and long polling -------------------------------------------------------------
     def _on_arrivals(self, events: Iterable[MessageArrived], dispatched_end: int) -> None:
         """Called in the reput thread after each dispatch batch: cheap, never blocks."""
-        with self._subscribers_lock:
-            subscribers = list(self._subscribers)
-        if not subscribers:
-            return
-        events = list(events)
-        for subscriber, topic, queue_id in subscribers:
-            for event in events:
-                if (topic is None or topic == event.topic) and (queue_id is None or queue_id == event.queue_id):
-                    try:
-                        subscriber.tell(event) if isinstance(subscriber, pykka.ActorRef) else subscriber(event)
-                    except pykka.ActorDeadError:
-                        self._remove_subscriber(subscriber)
-                        break
+        self._subscriptions.publish(list(events))
 
-    def subscribe(self, subscriber: Any, topic: str | None = None, queue_id: int | None = None) -> None:
-        """Be told `MessageArrived` (an actor ref is told; a callable is called in the
-        dispatcher's thread and must return quickly)."""
+    def subscribe(self, subscriber: Subscriber, topic: str | None = None, queue_id: int | None = None) -> None:
+        """Be told `MessageArrived` (an actor ref is told; a callable is called on its own
+        listener thread, never a store actor's: one that raises is logged, one that is slow
+        delays only its own later events)."""
         self._check_open()
-        with self._subscribers_lock:
-            self._subscribers.append((subscriber, topic, queue_id))
+        self._subscriptions.add(subscriber, topic, queue_id)
 
-    def unsubscribe(self, subscriber: Any) -> None:
+    def unsubscribe(self, subscriber: Subscriber) -> None:
         """Stop telling `subscriber` (every subscription it has)."""
         self._check_open()
-        self._remove_subscriber(subscriber)
-
-    def _remove_subscriber(self, subscriber: Any) -> None:
-        with self._subscribers_lock:
-            self._subscribers = [s for s in self._subscribers if s[0] is not subscriber]
+        self._subscriptions.remove(subscriber)
 
     def wait_for_messages(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """Long polling: block until the queue has a message at `offset` (True) or `timeout_s`
@@ -808,52 +789,6 @@ class MessageStore:
             return view.queues_live and view.queues_written >= own and bounds is not None and bounds[1] > offset
 
         return self.read_view.await_view(arrived, timeout_s) is not None
-
-
-class StoreGateway(pykka.ThreadingActor):
-    """The store's face for other pykka actors: typed requests in, typed replies out."""
-
-    use_daemon_thread = True
-
-    def __init__(self, store: MessageStore) -> None:
-        super().__init__()
-        self._store = store
-
-    def on_receive(self, message: Any) -> Any:
-        try:
-            return self._handle(message)
-        except StoreClosedError as exc:  # a request still queued when the store closed
-            reply = getattr(message, "reply", None)
-            if isinstance(reply, Reply):
-                reply.fail(exc)
-            return None
-
-    def _handle(self, message: Any) -> Any:
-        store = self._store
-        match message:
-            case Put(messages=messages, reply=reply, batch=batch):
-                try:
-                    store.submit_put(messages, batch=batch, reply=reply)  # the writer answers `reply`
-                except Exception as exc:  # a programming error of the sender's (TypeError, ValueError)
-                    reply.fail(exc)
-            case Get(topic=topic, queue_id=queue_id, offset=offset, max_count=n, reply=reply, tags=tags,
-                     max_total_bytes=max_total):  # fmt: skip
-                try:
-                    reply.send(store.get(topic, queue_id, offset, n, tags=tags, max_total_bytes=max_total))
-                except Exception as exc:
-                    reply.fail(exc)
-            case Query(topic=topic, key=key, max_count=n, reply=reply, begin_ms=begin, end_ms=end):
-                try:
-                    reply.send(store.query(topic, key, n, begin, end))
-                except Exception as exc:
-                    reply.fail(exc)
-            case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
-                store.subscribe(subscriber, topic, queue_id)
-            case Unsubscribe(subscriber=subscriber):
-                store._remove_subscriber(subscriber)
-            case _:
-                raise AssertionError(f"the store gateway cannot handle {message!r}")
-        return None
 
 
 @atexit.register

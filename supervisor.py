@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import pykka
 
@@ -35,17 +35,35 @@ from .actors.commit import CommitRealTimeService
 from .actors.commitlog_writer import CommitLogWriter, ResumePoint
 from .actors.consume_queue import ConsumeQueueService
 from .actors.flush import FlushCommitLogService
+from .actors.gateway import StoreBackend, StoreGateway
 from .actors.index import IndexActor
 from .actors.reput import ReputMessageService
 from .config import StoreConfig
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
-from .messages import FlushAll, Ping, QueueSnapshot, Reply, ReputStatus, SetWriteable, Tick, WriterReady
+from .messages import (
+    AskFor,
+    AwaitDispatched,
+    GetIndexSnapshot,
+    GetQueueSnapshot,
+    GetReputStatus,
+    GetWriterStatus,
+    FlushAll,
+    Ping,
+    Reply,
+    SetWriteable,
+    Tick,
+    Waiter,
+)
 from .storage import codec
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreLock
 from .storage.recovery import RecoveryReport, recover_store
+from .runtime import ask
+from .ticker import RealTicker, Ticker
+
+R = TypeVar("R")
 
 __all__ = ["Supervisor", "SupervisorState", "ChildSpec", "TREE", "MAX_RESTARTS", "RESTART_PERIOD_MS"]
 
@@ -95,6 +113,9 @@ TREE: tuple[ChildSpec, ...] = (
     ChildSpec("commit", (), lambda c: c.commit_interval_commitlog_ms, enabled=_transient_pool),
     ChildSpec("reput", (), lambda _: 100),
     ChildSpec("cleaner", (), lambda c: c.clean_resource_interval_ms, enabled=lambda _: _cleaner_available()),
+    # The actor API (store.actor_ref), last: it reaches every other actor. Only with a store
+    # behind it (a Supervisor run alone has no gateway).
+    ChildSpec("gateway", ()),
 )
 
 
@@ -115,8 +136,15 @@ class RestartRecord:
     failed: str
     restarted: tuple[str, ...]
     error: str
-    at_ms: int
+    at_ms: int  # on the supervisor's ticker
     backoff_ms: int  # slept before this restart
+
+
+class _Wake:
+    """The ticker's time jumped (a manual ticker): recompute what is due."""
+
+
+_WAKE = _Wake()
 
 
 @dataclass
@@ -135,22 +163,27 @@ class Supervisor:
         on_fatal: Callable[[BaseException], None] | None = None,
         disk_gauge: DiskGauge | None = None,
         cleaner_sleep_ms: Callable[[int], None] | None = None,
+        backend: StoreBackend | None = None,
+        ticker: Ticker | None = None,
     ) -> None:
         self.config = config
+        self.backend = backend
         self.fs = fs or RealFileSystem()
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.ticker: Ticker = ticker or RealTicker()
         self.faults = faults
         self.on_fatal = on_fatal
         self.state = SupervisorState.NEW
         self.restarts: list[RestartRecord] = []
         self.recovery: RecoveryReport | None = None
         self.store_host = codec.HostAddress.parse(config.store_host)
-        self._specs = [spec for spec in TREE if spec.enabled(config)]
+        self._specs = [spec for spec in TREE if spec.enabled(config) and (spec.name != "gateway" or backend is not None)]
         self._events: queue.Queue[Any] = queue.Queue()
         self.ctx = ActorContext(
             config=config,
             fs=self.fs,
             clock_ms=self.clock_ms,
+            ticker=self.ticker,
             faults=faults,
             report=self._events.put,
             disk_gauge=disk_gauge or default_disk_gauge(self.fs),
@@ -187,6 +220,7 @@ class Supervisor:
             self._lock.release()
             raise
         self.state = SupervisorState.RUNNING
+        self.ticker.on_advance(lambda: self._events.put(_WAKE))
         self._thread = threading.Thread(target=self._run, name="mqstore-supervisor", daemon=True)
         self._thread.start()
         self.log.info("store started", recovery=self.recovery.summary() if self.recovery else None)
@@ -209,11 +243,12 @@ class Supervisor:
     def _run(self) -> None:
         due = {spec.name: 0 for spec in self._specs if spec.tick_interval_ms(self.config)}
         due[_HOOKS] = 0
+        ticker = self.ticker
         while True:
-            now = time.monotonic_ns() // 1_000_000
+            now = ticker.now_ms()
             wait_ms = min((t - now for t in due.values()), default=1000)
             try:
-                event = self._events.get(timeout=max(wait_ms, 0) / 1000)
+                event = self._events.get(timeout=ticker.wait_s(wait_ms) if wait_ms > 0 else 0)
             except queue.Empty:
                 event = None
             if isinstance(event, _Stop):
@@ -224,7 +259,7 @@ class Supervisor:
                 if not self._handle_failure(event):
                     return
                 continue
-            now = time.monotonic_ns() // 1_000_000
+            now = ticker.now_ms()
             wall = self.clock_ms()
             for spec in self._specs:
                 interval = spec.tick_interval_ms(self.config)
@@ -248,7 +283,7 @@ class Supervisor:
                     self.log.error("tick hook failed", hook=getattr(hook, "__qualname__", repr(hook)), error=repr(exc))
 
     def _handle_failure(self, event: ChildFailed) -> bool:
-        now = time.monotonic_ns() // 1_000_000
+        now = self.ticker.now_ms()
         self._recent_failures.append(now)
         while self._recent_failures and self._recent_failures[0] < now - RESTART_PERIOD_MS:
             self._recent_failures.popleft()
@@ -257,7 +292,7 @@ class Supervisor:
             return False
         # Back-off: a fault such as a full disk hits the same wall if retried at once.
         backoff = min(BACKOFF_FIRST_MS * 2 ** (len(self._recent_failures) - 1), BACKOFF_MAX_MS)
-        time.sleep(backoff / 1000)
+        self.ticker.sleep_ms(backoff)
         group = self._restart_group(event.name)
         self.log.warning("restarting", failed=event.name, group=group, error=repr(event.error))
         try:
@@ -271,7 +306,7 @@ class Supervisor:
             if not self._failure_pending(group):
                 self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc))
             return True
-        self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.clock_ms(), backoff))
+        self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.ticker.now_ms(), backoff))
         return True
 
     def _failure_pending(self, names: list[str]) -> bool:
@@ -305,14 +340,14 @@ class Supervisor:
                 self.log.error("on_fatal callback failed", error=repr(exc))
 
     # children ----------------------------------------------------------------------------
-    def _ask(self, name: str, message: Any, timeout: float = START_TIMEOUT_S) -> Any:
-        ref = self.ctx.peers[name]
-        return ref.ask(message, timeout=timeout)
+    def _ask(self, name: str, message: AskFor[R], timeout: float = START_TIMEOUT_S) -> R:
+        return ask(self.ctx.peers[name], message, timeout_s=timeout)
 
     def _start_child(self, name: str, *, first: bool) -> None:
         """Start one child and wait for its ready handshake (an actor that failed in on_start
         answers the ping with ActorDeadError, so nobody talks to a half-started actor)."""
         ctx = self.ctx
+        ref: pykka.ActorRef[Any]
         rec = self.recovery
         assert rec is not None
         match name:
@@ -322,7 +357,7 @@ class Supervisor:
                 if first:
                     max_offset, ts = rec.max_offset, rec.store_timestamp
                 else:
-                    ready: WriterReady = self._ask("writer", Ping())
+                    ready = self._ask("writer", GetWriterStatus())
                     max_offset, ts = ready.max_offset, ready.store_timestamp
                 seg = self.config.mapped_file_size_commitlog_bytes
                 flushed = max(max_offset - max_offset % seg, rec.min_offset, 0)
@@ -335,22 +370,26 @@ class Supervisor:
                 if first:
                     resume = ResumePoint(scan_from=rec.max_offset, topic_queue_table=dict(rec.topic_queue_table))
                 else:
-                    snap: QueueSnapshot = self._ask("consume_queue", Ping())
+                    snap = self._ask("consume_queue", GetQueueSnapshot())
                     resume = ResumePoint(scan_from=snap.resume_offset, topic_queue_table=snap.topic_queue_table)
                 ref = CommitLogWriter.start(ctx, resume=resume, store_host=self.store_host)
             case "commit":
                 ref = CommitRealTimeService.start(ctx)
+            case "gateway":
+                if self.backend is None:
+                    raise RuntimeError("the gateway needs a store behind it")
+                ref = StoreGateway.start(ctx, self.backend)
             case "cleaner":
                 cleaner = importlib.import_module("mqstore.actors.cleaner")
                 ref = cleaner.CleanerActor.start(ctx)
             case "reput":
-                ready = self._ask("writer", Ping())
+                ready = self._ask("writer", GetWriterStatus())
                 if first:
                     reput_offset = rec.dispatch_from
                 else:
-                    reput_offset = self._ask("consume_queue", Ping()).resume_offset
+                    reput_offset = self._ask("consume_queue", GetQueueSnapshot()).resume_offset
                     if "index" in ctx.peers:
-                        reput_offset = min(reput_offset, self._ask("index", Ping()).resume_offset)
+                        reput_offset = min(reput_offset, self._ask("index", GetIndexSnapshot()).resume_offset)
                     reput_offset = max(reput_offset, ready.min_offset, 0)
                 ref = ReputMessageService.start(ctx, reput_offset=reput_offset, max_offset=ready.max_offset)
             case _:
@@ -380,18 +419,16 @@ class Supervisor:
         self.state = SupervisorState.STOPPING
         clean = True
         try:
-            self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
-            deadline = time.monotonic() + DISPATCH_CATCH_UP_TIMEOUT_MS / 1000
-            while True:
-                status: ReputStatus = self._ask("reput", Ping(), timeout=STOP_TIMEOUT_S)
-                writer: WriterReady = self._ask("writer", Ping(), timeout=STOP_TIMEOUT_S)
-                if status.reput_offset >= writer.max_offset:
-                    break
-                if time.monotonic() > deadline:
-                    self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
-                    clean = False
-                    break
-                time.sleep(0.005)
+            writer = self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
+            # Woken by reput when dispatch passes the writer's end (no polling); bounded.
+            caught_up = Waiter()
+            self.ctx.tell("reput", AwaitDispatched(up_to=writer.max_offset, reply=Reply(future=caught_up)))
+            try:
+                caught_up.get(timeout=DISPATCH_CATCH_UP_TIMEOUT_MS / 1000)
+            except pykka.Timeout:
+                status = self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S)
+                self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
+                clean = False
             for name in ("consume_queue", "index", "flush"):
                 if name in self.ctx.peers:
                     future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()

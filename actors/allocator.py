@@ -11,9 +11,14 @@ from __future__ import annotations
 import heapq
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import assert_never
 
-from ..messages import AllocateRequest, Ping, Reply
+from ..messages import (
+    AllocateRequest,
+    Ping,
+    Pong,
+    Reply,
+)
 from ..storage.mapped_file import MappedFile, parse_segment_offset
 from .base import ActorContext, StoreActor
 
@@ -33,7 +38,11 @@ class _Pending:
     attempts: int = field(default=0, compare=False)
 
 
-class AllocateMappedFileService(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+AllocatorRequest = AllocateRequest | Ping
+
+
+class AllocateMappedFileService(StoreActor[AllocatorRequest]):
     name = "allocator"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -41,14 +50,14 @@ class AllocateMappedFileService(StoreActor):
         self._table: dict[str, _Pending] = {}
         self._queue: list[_Pending] = []
 
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: AllocatorRequest) -> Pong | None:
         match message:
             case AllocateRequest():
                 self._request(message)
             case Ping():
-                return len(self._table)
+                return Pong()
             case _:
-                raise AssertionError(f"allocator cannot handle {message!r}")
+                assert_never(message)
         return None
 
     def _request(self, request: AllocateRequest) -> None:

@@ -7,11 +7,9 @@ the supervisor, which restarts it (and its dependents) from disk.
 
 from __future__ import annotations
 
-import queue
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Generic, TypeVar, get_args
 
 import pykka
 
@@ -20,9 +18,10 @@ from ..faults import FaultPlan
 from ..log import get_logger
 from ..messages import Asked, Reply
 from ..read_view import ReadViewPublisher
-from ..storage import speedups
+from ..runtime import FastInbox, RuntimeActor
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
+from ..ticker import RealTicker, Ticker
 
 __all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
 
@@ -52,6 +51,8 @@ class ActorContext:
     faults: FaultPlan
     report: Callable[[ChildFailed], None]
     peers: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
+    # Monotonic time to pace by (linger, back-off): a ManualTicker in tests.
+    ticker: Ticker = field(default_factory=RealTicker)
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
     # live outside the actors, so they survive a reput restart).
     on_arrivals: Callable[[list[Any], int], None] = lambda _events, _end_offset: None
@@ -82,100 +83,21 @@ class ActorContext:
             return False
 
 
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+RequestT = TypeVar("RequestT")
 
 
-class FastInbox:
-    """An actor inbox in C-backed parts: a deque for the messages and wake tokens (one per
-    message) that the actor's thread blocks on without the GIL. pykka's own
-    inbox is a queue.Queue, several Python-level lock operations per put and get; with this
-    inbox and `Waiter` replies a 4-client echo actor went from 28k to 50k round trips/s.
-    Any thread may put; only the actor's thread takes."""
-
-    __slots__ = ("_items", "_tokens", "_signal")
-
-    def __init__(self) -> None:
-        self._items: deque[Any] = deque()
-        native = speedups.native
-        # With the C extension the tokens are a semaphore whose post drops the GIL while it
-        # wakes the actor (see messages.Waiter); else a SimpleQueue of Nones.
-        self._signal: Any = native.Signal() if native is not None else None
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        self._items.append(item)
-        if self._signal is not None:
-            self._signal.post()
-        else:
-            self._tokens.put(None)
-
-    def put_keeping_gil(self, item: Any) -> None:
-        """`put`, but the caller keeps the GIL while the actor wakes: for a producer that is
-        about to put again (put_async), so puts pile up for the actor to drain in one pass
-        instead of the producer switching out to the actor once per put."""
-        self._items.append(item)
-        if self._signal is not None:
-            self._signal.post_holding_gil()
-        else:
-            self._tokens.put(None)
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        if self._signal is not None:
-            wait_s = (-1.0 if timeout is None else max(timeout, 0.0)) if block else 0.0
-            if not self._signal.wait(wait_s):
-                raise queue.Empty
-        else:
-            self._tokens.get(block, timeout)
-        return self._items.popleft()
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def qsize(self) -> int:
-        return len(self._items)
-
-    def take_all_of_kind(self, kind: type, limit: int) -> list[Any]:
-        """The told messages of type `kind` waiting at the head (at most `limit`), taken out
-        in order: an actor that can handle many at once (the writer's put pass) drains them."""
-        items = self._items
-        taken: list[Any] = []
-        while items and len(taken) < limit and items[0].reply_to is None and type(items[0].message) is kind:
-            taken.append(items.popleft().message)
-            # Its token was put right after the message (or is about to be): take it.
-            if self._signal is not None:
-                self._signal.wait(-1.0)
-            else:
-                self._tokens.get()
-        return taken
-
-    def take_newest_of_kind(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
-        """`message`, or the newest of the told messages of its type waiting at the head (all
-        of them taken out); with `key`, the one with the highest key (the newest of equals)."""
-        items = self._items
-        kind = type(message)
-        while items and items[0].reply_to is None and type(items[0].message) is kind:
-            taken = items.popleft().message
-            if key is None or key(taken) >= key(message):
-                message = taken
-            # Its token was put right after the message (or is about to be): take it.
-            if self._signal is not None:
-                self._signal.wait(-1.0)
-            else:
-                self._tokens.get()
-        return message
-
-
-class StoreActor(pykka.ThreadingActor):
+class StoreActor(RuntimeActor, Generic[RequestT]):
     """Base of every store actor: daemon thread (a host that forgets close() still exits),
-    typed `handle`, and crash reporting."""
+    the fast inbox, typed `handle`, and crash reporting.
 
-    use_daemon_thread = True
+    `RequestT` is the union of the requests the actor takes; its `handle` matches each and
+    ends in `assert_never`. Anything else is refused before `handle`: an error for an asker,
+    a crash (a broken invariant: only the store's own code tells its actors) for a tell."""
+
     name: ClassVar[str] = "actor"
-
-    @staticmethod
-    def _create_actor_inbox() -> Any:
-        return FastInbox()
+    accepts: ClassVar[tuple[type, ...]] = ()
+    # The supervised child a crash is reported as (an actor its child started: the child).
+    supervised_as: ClassVar[str | None] = None
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__()
@@ -183,14 +105,27 @@ class StoreActor(pykka.ThreadingActor):
         self.config = ctx.config
         self.log = get_logger(f"mqstore.actors.{self.name}", actor=self.name, store=ctx.config.store_path_root_dir)
 
-    def handle(self, message: Any) -> Any:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            args = get_args(base)
+            if args and not isinstance(args[0], TypeVar):
+                union = args[0]
+                cls.accepts = get_args(union) or (union,)
+
+    def handle(self, message: RequestT) -> object:
         raise NotImplementedError
+
+    def _checked(self, message: object) -> RequestT:
+        if not isinstance(message, self.accepts):
+            raise AssertionError(f"{self.name} cannot handle {message!r}")
+        return message  # type: ignore[return-value]  # isinstance over the union's members
 
     def on_receive(self, message: Any) -> Any:
         if type(message) is Asked:
             return self._answer(message)
         try:
-            return self.handle(message)
+            return self.handle(self._checked(message))
         except Exception as exc:
             reply = getattr(message, "reply", None)
             if isinstance(reply, Reply):
@@ -201,7 +136,7 @@ class StoreActor(pykka.ThreadingActor):
         """An ask as pykka treats one: the handler's exception goes to the asker (a bad
         request is the asker's error) and the actor carries on."""
         try:
-            answer = self.handle(asked.message)
+            answer = self.handle(self._checked(asked.message))
         except Exception as exc:
             self.log.info("exception returned to the asker", request=type(asked.message).__name__, error=repr(exc))
             asked.reply.fail(exc)
@@ -215,7 +150,7 @@ class StoreActor(pykka.ThreadingActor):
         try:
             self.release()
         finally:
-            self.ctx.report(ChildFailed(name=self.name, error=exception_value))
+            self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=exception_value))
 
     def on_stop(self) -> None:
         self._fail_queued()
@@ -224,22 +159,8 @@ class StoreActor(pykka.ThreadingActor):
     def release(self) -> None:
         """Close what the actor owns (mappings); called on stop and after a crash."""
 
-    def newest_of_queued(self, message: Any, key: Callable[[Any], int] | None = None) -> Any:
-        """`message` or, if more told messages of its type wait at the head of the inbox, the
-        newest of them (taken out). Only for notices with absolute positions, where the newest
-        says everything the older ones said (STYLE habit 4): one pass of work instead of many."""
-        inbox = self.actor_inbox
-        assert isinstance(inbox, FastInbox)
-        return inbox.take_newest_of_kind(message, key)
-
     def _fail_queued(self) -> None:
-        inbox = self.actor_inbox
-        while not inbox.empty():
-            envelope = inbox.get()
-            reply = getattr(envelope.message, "reply", None)
+        for queued in self.drain_queued(f"{self.name} stopped"):
+            reply = getattr(queued.message, "reply", None)
             if isinstance(reply, Reply):
                 reply.fail(ServiceUnavailable(f"{self.name} stopped before handling the request"))
-            if envelope.reply_to is not None:
-                envelope.reply_to.set_exception(
-                    exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{self.name} stopped"), None)
-                )

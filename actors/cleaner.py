@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, assert_never
 
 import pykka
 
@@ -39,7 +39,9 @@ from ..messages import (
     DeleteExpiredConsumeQueueFiles,
     DeleteExpiredIndexFiles,
     DeleteFilesManually,
+    GetWriterStatus,
     Ping,
+    Pong,
     RedeleteHangedCommitLogFile,
     Reply,
     SetWriteable,
@@ -47,6 +49,7 @@ from ..messages import (
     WriterReady,
 )
 from ..storage.disk import DiskGauge
+from ..runtime import ask
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
 __all__ = [
@@ -125,7 +128,11 @@ def check_space(
     return SpaceCheck(False, clean_immediately, disk_full, tuple(ratios))
 
 
-class CleanerActor(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+CleanerRequest = Tick | DeleteFilesManually | Ping
+
+
+class CleanerActor(StoreActor[CleanerRequest]):
     name = "cleaner"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -149,7 +156,7 @@ class CleanerActor(StoreActor):
         self.ctx.cleaner_sleep_ms(ms)
 
     # messages -----------------------------------------------------------------------------------
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: CleanerRequest) -> CleanRound | Pong:
         match message:
             case Tick(now_ms=now_ms):
                 if now_ms < self._first_run_ms:
@@ -163,9 +170,9 @@ class CleanerActor(StoreActor):
                     reply.send(result)
                 return result
             case Ping():
-                return self.last_round
+                return Pong()
             case _:
-                raise AssertionError(f"cleaner cannot handle {message!r}")
+                assert_never(message)
 
     # one round: cleanFilesPeriodically ---------------------------------------------------------
     def _round(self, now_ms: int) -> CleanRound:
@@ -270,7 +277,7 @@ class CleanerActor(StoreActor):
         if ref is None:
             raise _PeerDown("writer is not running")
         try:
-            ready: WriterReady = ref.ask(Ping(), timeout=PEER_ANSWER_TIMEOUT_S)
+            ready: WriterReady = ask(ref, GetWriterStatus(), timeout_s=PEER_ANSWER_TIMEOUT_S)
         except (pykka.ActorDeadError, pykka.Timeout) as exc:
             raise _PeerDown(f"writer: {exc!r}") from exc
         return ready.min_offset

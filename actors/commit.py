@@ -7,22 +7,31 @@ RocketMQ's least-pages and thorough-interval rule.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import assert_never
 
-from ..messages import CommitWriteBuffers, Ping, Tick
+from ..messages import (
+    CommitWriteBuffers,
+    Ping,
+    Pong,
+    Tick,
+)
 from .base import ActorContext, StoreActor
 
 __all__ = ["CommitRealTimeService"]
 
 
-class CommitRealTimeService(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+CommitRequest = Tick | Ping
+
+
+class CommitRealTimeService(StoreActor[CommitRequest]):
     name = "commit"
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         self._last_thorough_ms = 0
 
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: CommitRequest) -> Pong | None:
         match message:
             case Tick(now_ms=now):
                 least_pages = self.config.commit_commitlog_least_pages
@@ -31,7 +40,7 @@ class CommitRealTimeService(StoreActor):
                     least_pages = 0
                 self.ctx.tell("writer", CommitWriteBuffers(least_pages=least_pages))
             case Ping():
-                return True
+                return Pong()
             case _:
-                raise AssertionError(f"commit cannot handle {message!r}")
+                assert_never(message)
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import pykka
 
@@ -20,8 +20,10 @@ from ..messages import (
     CommitWriteBuffers,
     DeleteExpiredCommitLogFiles,
     EncodedPut,
+    GetWriterStatus,
     GroupCommitRequest,
     Ping,
+    Pong,
     PutResult,
     RedeleteHangedCommitLogFile,
     Reply,
@@ -35,7 +37,7 @@ from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
-from .base import ActorContext, FastInbox, ServiceUnavailable, StoreActor
+from .base import ActorContext, ServiceUnavailable, StoreActor
 
 __all__ = ["CommitLogWriter", "ResumePoint"]
 
@@ -54,7 +56,20 @@ class ResumePoint:
     topic_queue_table: dict[str, int] = field(default_factory=dict)
 
 
-class CommitLogWriter(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+WriterRequest = (
+    EncodedPut
+    | Ping
+    | GetWriterStatus
+    | SetWriteable
+    | CommitWriteBuffers
+    | Tick
+    | DeleteExpiredCommitLogFiles
+    | RedeleteHangedCommitLogFile
+)
+
+
+class CommitLogWriter(StoreActor[WriterRequest]):
     name = "writer"
 
     def __init__(self, ctx: ActorContext, *, resume: ResumePoint, store_host: codec.HostAddress) -> None:
@@ -116,19 +131,21 @@ class CommitLogWriter(StoreActor):
             self._commitlog = None
 
     # messages ----------------------------------------------------------------------------
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: WriterRequest) -> WriterReady | Pong | None:
         try:
             return self._handle(message)
         finally:
-            if self._pending_advance is not None and self.actor_inbox.empty():
+            if self._pending_advance is not None and self.inbox_empty():
                 self._notify_advance()
 
-    def _handle(self, message: Any) -> Any:
+    def _handle(self, message: WriterRequest) -> WriterReady | Pong | None:
         match message:
             case EncodedPut():
                 self._put_pass(message)
-            case Ping():
+            case GetWriterStatus():
                 return self._ready()
+            case Ping():
+                return Pong()
             case SetWriteable(writeable=writeable, closing=closing):
                 self._writeable = writeable
                 self._closing = self._closing or closing
@@ -146,7 +163,7 @@ class CommitLogWriter(StoreActor):
                 deleted = self._commitlog.retry_delete_first_file(forcibly_ms, now_ms)
                 reply.send(self._files_deleted(int(deleted)))
             case _:
-                raise AssertionError(f"writer cannot handle {message!r}")
+                assert_never(message)
         return None
 
     def _ready(self) -> WriterReady:
@@ -164,10 +181,8 @@ class CommitLogWriter(StoreActor):
         then tell reput and flush once and hand all the answers out together: a wake-up of
         this thread, of reput and of each caller is paid per pass, not per put (RocketMQ's
         group commit does this for sync flush; here async flush gets it too)."""
-        inbox = self.actor_inbox
-        assert isinstance(inbox, FastInbox)
         puts = [first]
-        puts.extend(inbox.take_all_of_kind(EncodedPut, PASS_MAX_PUTS - 1))
+        puts.extend(self.take_all_queued(EncodedPut, PASS_MAX_PUTS - 1))
         answers: list[tuple[Reply, PutResult]] = []
         group_commits: list[GroupCommitRequest] = []
         try:

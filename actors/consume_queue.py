@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import deque
-from typing import Any, Iterable
+from typing import Iterable, assert_never
 
 from ..messages import (
     ConsumeQueueFilesDeleted,
@@ -18,8 +18,10 @@ from ..messages import (
     DispatchBatch,
     FlushAll,
     GetOffsetByTime,
+    GetQueueSnapshot,
     GetUnits,
     Ping,
+    Pong,
     QueueBounds,
     QueueSnapshot,
     Tick,
@@ -36,7 +38,20 @@ __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 FLUSH_CALLS_PER_QUEUE_MAX = 8  # one call flushes one file; a bound, not a loop until done
 
 
-class ConsumeQueueService(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+ConsumeQueueRequest = (
+    DispatchBatch
+    | GetUnits
+    | GetOffsetByTime
+    | GetQueueSnapshot
+    | Tick
+    | FlushAll
+    | DeleteExpiredConsumeQueueFiles
+    | Ping
+)
+
+
+class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
     name = "consume_queue"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -110,7 +125,7 @@ class ConsumeQueueService(StoreActor):
         self._queues[(topic, queue_id)] = cq
         return cq
 
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: ConsumeQueueRequest) -> UnitsReply | int | QueueSnapshot | Pong | None:
         match message:
             case DispatchBatch():
                 self._waiting.append(message)
@@ -119,8 +134,10 @@ class ConsumeQueueService(StoreActor):
                 return self._get_units(message)
             case GetOffsetByTime():
                 return self._offset_by_time(message)
-            case Ping():
+            case GetQueueSnapshot():
                 return self._snapshot()
+            case Ping():
+                return Pong()
             case Tick(now_ms=now):
                 self._dispatch_waiting()
                 self._flush(now, thorough=False)
@@ -131,7 +148,7 @@ class ConsumeQueueService(StoreActor):
             case DeleteExpiredConsumeQueueFiles(min_phy_offset=min_phy_offset, start_after=start_after, reply=reply):
                 reply.send(self._delete_expired(min_phy_offset, start_after))
             case _:
-                raise AssertionError(f"consume_queue cannot handle {message!r}")
+                assert_never(message)
         return None
 
     def _dispatch_waiting(self) -> None:

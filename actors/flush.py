@@ -14,9 +14,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import assert_never
 
-from ..messages import CommitLogAdvanced, ConsumeQueueFlushed, FlushAll, GroupCommitRequest, IndexFileFlushed, Ping, Tick
+from ..messages import (
+    CommitLogAdvanced,
+    ConsumeQueueFlushed,
+    FlushAll,
+    GroupCommitRequest,
+    IndexFileFlushed,
+    Ping,
+    Pong,
+    Tick,
+)
 from ..storage.checkpoint import StoreCheckpoint
 from ..storage.codec import segment_file_name
 from ..storage.fs import OS_PAGE_SIZE, MappedRegion
@@ -26,7 +35,11 @@ from .base import ActorContext, StoreActor
 __all__ = ["FlushCommitLogService"]
 
 
-class FlushCommitLogService(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+FlushRequest = CommitLogAdvanced | GroupCommitRequest | Tick | FlushAll | ConsumeQueueFlushed | IndexFileFlushed | Ping
+
+
+class FlushCommitLogService(StoreActor[FlushRequest]):
     name = "flush"
 
     def __init__(self, ctx: ActorContext, *, flushed_offset: int, max_offset: int, store_timestamp: int) -> None:
@@ -58,7 +71,7 @@ class FlushCommitLogService(StoreActor):
             self._checkpoint = None
 
     # messages ----------------------------------------------------------------------------
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: FlushRequest) -> Pong | None:
         match message:
             case CommitLogAdvanced():
                 newest = self.newest_of_queued(message, key=_max_offset)
@@ -96,9 +109,9 @@ class FlushCommitLogService(StoreActor):
                 self._checkpoint.index_msg_timestamp = ts
                 self._write_checkpoint()
             case Ping():
-                return self._flushed
+                return Pong()
             case _:
-                raise AssertionError(f"flush cannot handle {message!r}")
+                assert_never(message)
         return None
 
     # async flush (§7.2) ------------------------------------------------------------------
@@ -198,9 +211,9 @@ class FlushCommitLogService(StoreActor):
                 return
             self._flushed = end
             if end == segment + self._segment_size:
-                region = self._regions.pop(segment, None)
-                if region is not None:
-                    region.close()
+                done = self._regions.pop(segment, None)
+                if done is not None:
+                    done.close()
         if self._checkpoint is not None and self._flushed >= self._max_offset and self._store_timestamp > 0:
             self._checkpoint.physic_msg_timestamp = self._store_timestamp
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import assert_never
 
 from ..messages import (
     DeleteExpiredIndexFiles,
     DispatchBatch,
     DispatchRequest,
     FlushAll,
+    GetIndexSnapshot,
     IndexFileFlushed,
     IndexSnapshot,
     Ping,
+    Pong,
     QueryOffsets,
     QueryOffsetsReply,
     Tick,
@@ -23,7 +25,11 @@ from .base import ActorContext, StoreActor
 __all__ = ["IndexActor"]
 
 
-class IndexActor(StoreActor):
+# What this actor takes; `handle` answers each with one reply type.
+IndexRequest = DispatchBatch | QueryOffsets | GetIndexSnapshot | FlushAll | DeleteExpiredIndexFiles | Tick | Ping
+
+
+class IndexActor(StoreActor[IndexRequest]):
     name = "index"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -123,7 +129,7 @@ class IndexActor(StoreActor):
             self.log.error("disk full: indexing waits for space", error=str(service.disk_full),
                            waiting_batches=len(self._waiting))  # fmt: skip
 
-    def handle(self, message: Any) -> Any:
+    def handle(self, message: IndexRequest) -> QueryOffsetsReply | IndexSnapshot | Pong | None:
         service = self._service
         assert service is not None
         match message:
@@ -138,8 +144,10 @@ class IndexActor(StoreActor):
                 return QueryOffsetsReply(
                     offsets=tuple(offsets), last_update_timestamp=last_ts, last_update_phy_offset=last_phy
                 )
-            case Ping():
+            case GetIndexSnapshot():
                 return IndexSnapshot(resume_offset=self._dispatched_offset)
+            case Ping():
+                return Pong()
             case FlushAll(reply=reply):
                 self._index_waiting(service)  # once: close() is not held up by a full disk
                 service.flush_all()
@@ -150,5 +158,5 @@ class IndexActor(StoreActor):
                     self._publish()
                 reply.send(deleted)
             case _:
-                raise AssertionError(f"index cannot handle {message!r}")
+                assert_never(message)
         return None

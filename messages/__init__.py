@@ -12,7 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Generic, Mapping, NamedTuple, Sequence, TypeAlias, TypeVar
 
 from ..storage import speedups
 from ..storage.codec import DispatchFields, HostAddress, MessageRecord
@@ -144,7 +144,7 @@ class Waiter:
     def __init__(self) -> None:
         native = speedups.native
         # A C semaphore (a raw lock without the extension). Its post keeps the GIL here,
-        # unlike the inboxes' (actors.base.FastInbox): answers often go out in bursts (a
+        # unlike the inboxes' (runtime.FastInbox): answers often go out in bursts (a
         # group commit answers up to one per producer), and a GIL hand-off per answer made
         # 16 SYNC_FLUSH producers 13% slower; single answers measured the same either way.
         self._signal: Any = native.Signal() if native is not None else _LockSignal()
@@ -213,12 +213,20 @@ class _LockSignal:
         return self._lock.acquire(timeout=timeout)
 
 
+def _call_soon(callback: Callable[[Any], None], answer: Any) -> None:
+    """Host code never runs on the answering store actor's thread: the notifier calls it."""
+    from ..runtime import call_soon  # runtime imports this package's siblings: import late
+
+    call_soon(callback, answer)
+
+
 class Reply:
     """Where an answer goes: a pykka future, an actor (told `(correlation_id, answer)` as a
-    `Replied` message), or a plain callback. Completing twice is ignored, so a crash path and
-    a normal path can both try without harm."""
+    `Replied` message), or a plain callback, which the notifier calls on its own thread (a
+    slow or raising callback never stalls or crashes the store actor that answered).
+    Completing twice is ignored, so a crash path and a normal path can both try without harm."""
 
-    __slots__ = ("_future", "_actor", "_callback", "_correlation_id", "_done", "_lock")
+    __slots__ = ("_future", "_actor", "_callback", "_inline", "_correlation_id", "_done", "_lock")
 
     def __init__(
         self,
@@ -227,10 +235,14 @@ class Reply:
         actor: pykka.ActorRef[Any] | None = None,
         callback: Callable[[Any], None] | None = None,
         correlation_id: Any = None,
+        store_internal_callback: bool = False,
     ) -> None:
+        """`store_internal_callback`: the callback is the store's own, cheap and not raising
+        (stats bookkeeping), so it runs on the answering thread; never for host code."""
         self._future = future
         self._actor = actor
         self._callback = callback
+        self._inline = store_internal_callback
         self._correlation_id = correlation_id
         self._done = False
         self._lock = threading.Lock()
@@ -251,7 +263,7 @@ class Reply:
         if self._actor is not None:
             self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
         if self._callback is not None:
-            self._callback(answer)
+            self._run_callback(answer)
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -263,11 +275,31 @@ class Reply:
         if self._actor is not None:
             self._actor.tell(Replied(correlation_id=self._correlation_id, answer=exc))
         if self._callback is not None:
-            self._callback(exc)
+            self._run_callback(exc)
+
+    def _run_callback(self, answer: Any) -> None:
+        callback = self._callback
+        if callback is None:
+            return
+        if self._inline:
+            callback(answer)
+        else:
+            _call_soon(callback, answer)
 
     @property
     def done(self) -> bool:
         return self._done
+
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class AskFor(Generic[R_co]):
+    """Base of a request that is answered: `R_co` is its one reply type, so a typed ask
+    (`runtime.ask`, `Supervisor._ask`) returns it, and a handler that answers something else
+    fails mypy. Told-only messages (notices, and requests carrying their own `Reply`) are not."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,18 +354,22 @@ class Query:
     end_ms: int = 2**63 - 1
 
 
+Subscriber: TypeAlias = "pykka.ActorRef[Any] | Callable[[MessageArrived], object]"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Subscribe:
-    """Be told `MessageArrived` for every dispatch into this queue (None: every queue)."""
+    """Be told `MessageArrived` for every dispatch into this queue (None: every queue). An
+    actor is told; a callable is called on its own listener thread (never a store actor's)."""
 
-    subscriber: pykka.ActorRef[Any] | Callable[[MessageArrived], None]
+    subscriber: Subscriber
     topic: str | None = None
     queue_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Unsubscribe:
-    subscriber: pykka.ActorRef[Any] | Callable[[MessageArrived], None]
+    subscriber: Subscriber
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -398,8 +434,14 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Ping:
-    """The start handshake: an actor answers with the facts its dependents need."""
+class Ping(AskFor["Pong"]):
+    """The start handshake: every actor answers `Pong` once it started (status queries have
+    their own messages)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pong:
+    """The answer to `Ping`: the actor is up."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -412,7 +454,7 @@ class WriterReady:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SetWriteable:
+class SetWriteable(AskFor["WriterReady"]):
     """RunningFlags, as the writer sees them: refuse puts while not writeable or closing."""
 
     writeable: bool
@@ -456,7 +498,7 @@ class IndexFileFlushed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GetUnits:
+class GetUnits(AskFor["UnitsReply"]):
     """Ask the ConsumeQueue actor for units from `offset` (at most `max_units`, one file)."""
 
     topic: str
@@ -498,7 +540,7 @@ class QueueSnapshot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QueryOffsets:
+class QueryOffsets(AskFor["QueryOffsetsReply"]):
     topic: str
     key: str
     max_num: int
@@ -519,6 +561,35 @@ class IndexSnapshot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GetWriterStatus(AskFor["WriterReady"]):
+    """Status query to the writer: where the log ends, its min offset, its queue table."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetQueueSnapshot(AskFor["QueueSnapshot"]):
+    """Status query to the ConsumeQueue actor."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetIndexSnapshot(AskFor["IndexSnapshot"]):
+    """Status query to the index actor."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetReputStatus(AskFor["ReputStatus"]):
+    """Status query to reput: how far dispatch has read, and the end it knows of."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AwaitDispatched:
+    """To reput: answer `reply` (with ReputStatus) once dispatch has passed `up_to`, the
+    readable end the asker learnt from the writer (shutdown waits on this, never polls)."""
+
+    up_to: int
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReputStatus:
     reput_offset: int
     max_offset: int
@@ -529,6 +600,8 @@ __all__ += [
     "Replied",
     "HostAddress",
     "Ping",
+    "Pong",
+    "Subscriber",
     "WriterReady",
     "SetWriteable",
     "AllocateRequest",
@@ -544,6 +617,12 @@ __all__ += [
     "QueryOffsetsReply",
     "IndexSnapshot",
     "ReputStatus",
+    "AwaitDispatched",
+    "AskFor",
+    "GetWriterStatus",
+    "GetQueueSnapshot",
+    "GetIndexSnapshot",
+    "GetReputStatus",
 ]
 
 
@@ -552,7 +631,7 @@ __all__ += [
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GetOffsetByTime:
+class GetOffsetByTime(AskFor[int]):
     """Ask the ConsumeQueue actor for getOffsetInQueueByTime (§9.5). The answer is a queue
     offset: the message stored at `timestamp_ms`, else its nearest neighbour; 0 if nothing."""
 

@@ -38,7 +38,6 @@ from mqstore.storage.codec import (
     MessageRecord,
     RecordKind,
     compute_tags_code,
-    parse_properties,
     read_record,
     tags_code,
 )

@@ -19,6 +19,9 @@ from typing import Any, Final, Iterable, Mapping, NamedTuple
 
 from . import speedups
 
+# What the decoders read from: bytes, a view, or a segment's map (read-only or writable).
+ReadBuffer = bytes | bytearray | memoryview | mmap.mmap
+
 MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, upstream 5.1+
 BLANK_MAGIC_CODE: Final = -875286124  # 0xCBD43194
@@ -580,7 +583,7 @@ def failed_integrity(read: RecordRead) -> bool:
 
 
 def read_record(
-    buf: bytes | bytearray | memoryview | mmap.mmap,
+    buf: ReadBuffer,
     pos: int,
     limit: int | None = None,
     *,
@@ -621,7 +624,7 @@ def read_record(
 
 
 def _decode_message(
-    buf: bytes | bytearray | memoryview | mmap.mmap, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
+    buf: ReadBuffer, pos: int, total: int, magic: int, v2: bool, check_crc: bool, read_body: bool
 ) -> RecordRead:
     rec_end = pos + total
     _, _, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(buf, pos)

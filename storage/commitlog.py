@@ -522,7 +522,7 @@ class CommitLog:
             return False
         sys_flag = _I.unpack_from(buf, SYSFLAG_POSITION)[0]
         store_ts = _Q.unpack_from(buf, store_timestamp_position(sys_flag))[0]
-        return store_ts != 0 and store_ts <= min_timestamp
+        return bool(store_ts != 0 and store_ts <= min_timestamp)
 
     def _scan_for_recovery(
         self, index: int, dispatch: Callable[[DispatchFields], None] | None, progress: ProgressCallback | None

@@ -43,10 +43,11 @@ class DiskUsage:
 class MappedRegion(Protocol):
     """A file mapped in memory. `buf` supports slicing, slice assignment and struct *_from/_into."""
 
-    buf: mmap.mmap | bytearray
     size: int
     path: str
 
+    @property
+    def buf(self) -> mmap.mmap | bytearray: ...  # read-only here, so a region may narrow it
     def flush(self, start: int = 0, end: int | None = None) -> None: ...
     def close(self) -> None: ...
     def reserve(self, end: int) -> bool: ...
@@ -195,7 +196,7 @@ class RealMappedRegion:
         if libc is None:
             return False
         try:
-            ok = libc.mlock(ctypes.c_void_p(self._address()), ctypes.c_size_t(self.size)) == 0
+            ok = bool(libc.mlock(ctypes.c_void_p(self._address()), ctypes.c_size_t(self.size)) == 0)
         except (TypeError, ValueError, BufferError):
             return False
         self._locked = ok

@@ -23,6 +23,7 @@ from typing import Any, Callable, Final, Iterator, NamedTuple, Sequence
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
+    ReadBuffer,
     KEY_SEPARATOR,
     TRANSACTION_MASK,
     TRANSACTION_ROLLBACK_TYPE,
@@ -149,7 +150,7 @@ class IndexHeader:
     index_count: int
 
     @classmethod
-    def unpack(cls, buf: bytes | bytearray | memoryview) -> IndexHeader:
+    def unpack(cls, buf: ReadBuffer) -> IndexHeader:
         bt, et, bp, ep, hsc, ic = _HEADER.unpack_from(buf, 0)
         return cls(
             begin_timestamp=bt,
@@ -437,7 +438,8 @@ class IndexFile:
     # reading (§10.7) --------------------------------------------------------------------
     def slot_value(self, slot: int) -> int:
         assert 0 <= slot < self.max_hash_slot_num, slot
-        return _INT.unpack_from(self._buf, INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE)[0]
+        value: int = _INT.unpack_from(self._buf, INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE)[0]
+        return value
 
     def entry(self, entry_no: int) -> IndexEntry:
         assert 0 <= entry_no < self.max_index_num, entry_no

@@ -156,11 +156,12 @@ class MappedFileQueue:
                 log.error("allocator gave no segment", path=next_path)
                 return None
             log.warning("allocator gave no segment; creating it here", path=next_path)
-        buffer = self.write_buffer_pool.borrow_buffer() if self.write_buffer_pool is not None else None
+        pool = self.write_buffer_pool
+        buffer = pool.borrow_buffer() if pool is not None else None
         try:
             return MappedFile(
                 self.fs, next_path, self.mapped_file_size, write_buffer=buffer,
-                on_write_buffer_released=self.write_buffer_pool.return_buffer if buffer is not None else None,
+                on_write_buffer_released=pool.return_buffer if pool is not None and buffer is not None else None,
             )  # fmt: skip
         except OSError as exc:
             if buffer is not None:

@@ -288,7 +288,7 @@ class _InspectingCommitLog(CommitLog):
                 self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start, mapped_file.file_name)
         super()._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
 
-    def _inspect_tail(self, buf: memoryview, start: int, pos: int, path: str) -> None:
+    def _inspect_tail(self, buf: codec.ReadBuffer, start: int, pos: int, path: str) -> None:
         read = codec.read_record(buf, pos, self.mapped_file_size, check_crc=self.check_crc_on_recover,
                                  read_body=True, max_message_size=self.max_message_size)  # fmt: skip
         if read.kind is codec.RecordKind.CORRUPT:

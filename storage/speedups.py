@@ -7,6 +7,7 @@ Call sites read `speedups.native` at call time, so a test can switch paths per c
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -20,11 +21,10 @@ def pure_python_requested() -> bool:
 def _load() -> ModuleType | None:
     if pure_python_requested():
         return None
-    try:
-        from . import _native
+    try:  # a C extension: no type information, a plain module here
+        return importlib.import_module(f"{__package__}._native")
     except ImportError:
         return None
-    return _native
 
 
 native: ModuleType | None = _load()

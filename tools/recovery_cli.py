@@ -157,9 +157,9 @@ def _redispatch(cfg: Any) -> dict[str, Any]:
 
 
 def _ping() -> Any:
-    from ..messages import Ping
+    from ..messages import GetReputStatus
 
-    return Ping()
+    return GetReputStatus()
 
 
 def run_verify(args: argparse.Namespace) -> int:

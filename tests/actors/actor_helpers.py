@@ -24,7 +24,7 @@ from typing import Any
 
 import mqstore
 from mqstore import Message, MessageStore, PutResult
-from mqstore.messages import Ping
+from mqstore.messages import GetReputStatus, GetWriterStatus
 from mqstore.storage.status import GetMessageStatus
 
 # Tiny files so a few hundred puts roll commitlog segments (and so reach the allocator).
@@ -64,13 +64,13 @@ def wait_dispatched(store: MessageStore, timeout_s: float = 5.0) -> int:
         if writer is None or reput is None:
             return False
         try:
-            end = writer.ask(Ping(), timeout=5).max_offset
-            return bool(reput.ask(Ping(), timeout=5).reput_offset >= end)
+            end = writer.ask(GetWriterStatus(), timeout=5).max_offset
+            return bool(reput.ask(GetReputStatus(), timeout=5).reput_offset >= end)
         except Exception:  # one of them is being restarted
             return False
 
     wait_until(caught_up, timeout_s, "dispatch to catch up with the writer")
-    return int(peers["writer"].ask(Ping(), timeout=5).max_offset)
+    return int(peers["writer"].ask(GetWriterStatus(), timeout=5).max_offset)
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 
 from mqstore import Message
 from mqstore.actors.base import ServiceUnavailable
-from mqstore.messages import Asked, GetUnits, Reply, Waiter
+from mqstore.actors.consume_queue import ConsumeQueueService
+from mqstore.messages import Asked, GetOffsetByTime, GetUnits, Reply, Waiter
 
 h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
 
@@ -36,18 +37,22 @@ def test_an_asked_request_is_answered_and_a_bad_one_fails_only_its_asker(store_d
         assert store.get("T", 0, 0, 8).messages[0].body == b"x"
 
 
-def test_a_request_queued_when_its_actor_crashes_fails_its_asker(store_dir: Path) -> None:
+def test_a_request_queued_when_its_actor_crashes_fails_its_asker(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with h.open_small(store_dir) as store:
         ref = store.supervisor.ctx.peers["consume_queue"]
         release = threading.Event()
         blocked = threading.Event()
 
-        def block(_: Any) -> None:  # keeps the actor busy while more is queued behind
+        def block(_self: Any, _request: Any) -> int:  # keeps the actor busy while more is queued behind
             blocked.set()
             release.wait(10)
+            return 0
 
+        monkeypatch.setattr(ConsumeQueueService, "_offset_by_time", block)
         queued = Waiter()
-        ref.tell(Asked(Unknown(), Reply(callback=block)))
+        ref.tell(Asked(GetOffsetByTime(topic="T", queue_id=0, timestamp_ms=0), Reply(future=Waiter())))
         assert blocked.wait(10)
         ref.tell(Unknown())  # told, not asked: a broken invariant, the actor crashes
         ref.tell(Asked(GetUnits(topic="T", queue_id=0, offset=0, max_units=1), Reply(future=queued)))

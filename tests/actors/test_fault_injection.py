@@ -34,7 +34,8 @@ PUT_LATENCY_MAX_S = 5.0  # far above any restart; a put this slow lost its reply
 
 
 def test_every_existing_fault_point_is_covered() -> None:
-    missing = FAULT_POINTS - set(CASES) - {"cleaner.mid_delete"}  # no cleaner actor yet
+    # The gateway holds no files: its restart is tested in test_gateway.py.
+    missing = FAULT_POINTS - set(CASES) - {"cleaner.mid_delete", "gateway.mid_request"}
     assert not missing, f"fault points without a test: {missing}"
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pykka
 import pytest
 
-from mqstore.actors.base import FastInbox
+from mqstore.runtime import FastInbox
 from mqstore.messages import Reply, Waiter
 from mqstore.messages import _LockSignal as LockSignal
 from mqstore.storage import speedups

@@ -94,7 +94,7 @@ def test_subscribe_delivers_message_arrived_to_an_actor_until_unsubscribed(store
         client = Client.start(store.actor_ref, inbox)
         try:
             client.ask(("subscribe", "news"))  # the ask returns once the client told the store
-            h.wait_until(lambda: any(s[0] == client for s in store._subscribers), what="the subscription")
+            h.wait_until(lambda: client in store._subscriptions.subscribers(), what="the subscription")
             assert store.put(Message(topic="other", body=b"ignored")).ok
             assert store.put(Message(topic="news", body=b"n0")).ok
             arrived = inbox.get(timeout=TIMEOUT_S)
@@ -106,7 +106,7 @@ def test_subscribe_delivers_message_arrived_to_an_actor_until_unsubscribed(store
                 offsets.append(inbox.get(timeout=TIMEOUT_S).max_offset)
             assert offsets == sorted(offsets) and offsets[-1] == 3
             client.ask(("unsubscribe",))
-            h.wait_until(lambda: not store._subscribers, what="the unsubscription")
+            h.wait_until(lambda: not store._subscriptions.subscribers(), what="the unsubscription")
             assert store.put(Message(topic="news", body=b"late")).ok
             h.wait_dispatched(store)
             assert inbox.empty()

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
 
 from mqstore import FaultPlan, InjectedFault, Message
@@ -21,11 +20,15 @@ from mqstore import supervisor as supervisor_module
 from mqstore.actors.commitlog_writer import CommitLogWriter
 from mqstore.actors.consume_queue import ConsumeQueueService
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
+from mqstore.actors.reput import REPUT_LINGER_MS, ReputMessageService
+from mqstore.messages import Tick
 from mqstore.supervisor import MAX_RESTARTS, TREE, Supervisor, SupervisorState
+from mqstore.ticker import ManualTicker
 
 h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
 
 EXIT_WITHOUT_CLOSE_MAX_S = 10.0
+TICK_WAIT_S = 10.0
 
 
 def _record_lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, bool]]:
@@ -78,7 +81,7 @@ def test_a_child_failing_in_on_start_fails_open_and_releases_everything(
         raise OSError("disk on fire")
 
     monkeypatch.setattr(ConsumeQueueService, "on_start", broken_on_start)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017  # the handshake's ActorDeadError or the OSError itself
         h.open_small(store_dir)
     started = [name for event, name, _ in events if event == "started"]
     assert started == ["allocator", "flush"], "a child after the failed one was started"
@@ -129,6 +132,7 @@ def test_a_child_failing_to_restart_counts_as_another_failure_and_is_retried(
 
 def test_too_many_restarts_fail_the_store_cleanly(store_dir: Path) -> None:
     plan = FaultPlan()
+    ticker = ManualTicker()
     fatal: list[BaseException] = []
     fatal_called = threading.Event()
 
@@ -136,47 +140,36 @@ def test_too_many_restarts_fail_the_store_cleanly(store_dir: Path) -> None:
         fatal.append(error)
         fatal_called.set()
 
-    store = h.open_small(store_dir, faults=plan, on_fatal=on_fatal)
+    store = h.open_small(store_dir, faults=plan, on_fatal=on_fatal, ticker=ticker)
     acked: list[str] = []
     for i in range(20):
         assert store.put(Message(topic="t", body=b"ok", keys=[f"k{i}"])).ok
         acked.append(f"k{i}")
-    plan.arm("writer.mid_batch_append", 100)
-    stop = threading.Event()
-
-    def keep_putting() -> None:  # every put reaching the writer crashes it
-        while not stop.is_set() and store.supervisor.state is SupervisorState.RUNNING:
-            store.put(Message(topic="t", body=b"doomed"))
-            time.sleep(0.001)
-
-    producer = threading.Thread(target=keep_putting, daemon=True)
-    producer.start()
-    try:
-        assert fatal_called.wait(30), "the supervisor never gave up"
-    finally:
-        stop.set()
-        producer.join(10)
-    assert not producer.is_alive()
+    h.wait_dispatched(store)
     sup = store.supervisor
-    assert sup.state is SupervisorState.FAILED
-    # The last failure: the injected fault, or the handshake with a writer it killed.
-    assert len(fatal) == 1 and sup.fatal_error is fatal[0]
-    assert isinstance(fatal[0], (InjectedFault, pykka.ActorDeadError)), repr(fatal[0])
-    # Each crash is one failure; a restart that fails (the new writer crashed before reput's
-    # handshake) is one more, so there are at most MAX_RESTARTS restarts and crashes + 1.
-    # A restarted writer that a queued put crashes before its group finished starting makes
-    # that restart fail (no record). Whether any restart completes first is a race with the
-    # producer (none did in 3 of 12 runs on a loaded 2-vCPU machine): not asserted.
-    crashes = plan.fired["writer.mid_batch_append"]
-    assert 1 <= crashes <= MAX_RESTARTS + 1 and len(sup.restarts) <= MAX_RESTARTS, (len(sup.restarts), crashes)
-    # Back-off grows (10, 20, 40 ms ... up to BACKOFF_MAX_MS) with the failures in the period:
-    # the supervisor's own choice, not wall-clock gaps, which carry the machine's noise.
-    backoffs = [r.backoff_ms for r in sup.restarts]
-    assert backoffs == sorted(backoffs), backoffs
-    assert len(backoffs) < 2 or backoffs[-1] > backoffs[0] or backoffs[0] == supervisor_module.BACKOFF_MAX_MS, backoffs
-    assert all(supervisor_module.BACKOFF_FIRST_MS <= b <= supervisor_module.BACKOFF_MAX_MS for b in backoffs), backoffs
-    gaps = [b.at_ms - a.at_ms for a, b in zip(sup.restarts, sup.restarts[1:])]
-    assert all(gap >= backoff for gap, backoff in zip(gaps, backoffs[1:])), (gaps, backoffs)
+    ticker.sleeps.clear()  # the reput lingers of the puts above
+    plan.arm("writer.mid_batch_append", 100)
+    # Every put that reaches the writer crashes it. One at a time, each after the previous
+    # restart finished: no put races a restart, so every count below is exact.
+    for n in range(1, MAX_RESTARTS + 1):
+        crashed = store.put(Message(topic="t", body=b"doomed"))
+        assert crashed.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        h.wait_until(lambda: len(sup.restarts) == n, what=f"restart {n}")
+    assert not fatal_called.is_set() and store.running
+    store.put(Message(topic="t", body=b"doomed"))  # one failure more than the intensity allows
+    assert fatal_called.wait(30), "the supervisor never gave up"
+    assert sup.state is SupervisorState.FAILED and not store.running
+    assert len(fatal) == 1 and sup.fatal_error is fatal[0] and isinstance(fatal[0], InjectedFault)
+    assert plan.fired["writer.mid_batch_append"] == MAX_RESTARTS + 1
+    assert [r.failed for r in sup.restarts] == ["writer"] * MAX_RESTARTS
+    # Back-off doubles from BACKOFF_FIRST_MS up to BACKOFF_MAX_MS with the failures in the
+    # period, on the supervisor's ticker: slept exactly that, and the restarts that far apart.
+    expected = [
+        min(supervisor_module.BACKOFF_FIRST_MS * 2**k, supervisor_module.BACKOFF_MAX_MS) for k in range(MAX_RESTARTS)
+    ]
+    assert [r.backoff_ms for r in sup.restarts] == expected
+    assert ticker.sleeps == expected  # and nothing else slept on it (no linger: nothing dispatched)
+    assert [b.at_ms - a.at_ms for a, b in zip(sup.restarts, sup.restarts[1:])] == expected[1:]
     assert not sup.peers, "children left running after giving up"
 
     started = time.monotonic()
@@ -193,6 +186,53 @@ def test_too_many_restarts_fail_the_store_cleanly(store_dir: Path) -> None:
         h.wait_dispatched(reopened)
         for key in acked:
             assert [m.body for m in reopened.query("t", key).messages] == [b"ok"]
+
+
+def test_failures_further_apart_than_the_restart_period_never_add_up(store_dir: Path) -> None:
+    plan = FaultPlan()
+    ticker = ManualTicker()
+    with h.open_small(store_dir, faults=plan, ticker=ticker) as store:
+        sup = store.supervisor
+        for n in range(1, MAX_RESTARTS + 3):
+            plan.arm("writer.mid_batch_append")
+            assert store.put(Message(topic="t", body=b"doomed")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+            h.wait_until(lambda: len(sup.restarts) == n, what=f"restart {n}")
+            ticker.advance(supervisor_module.RESTART_PERIOD_MS + 1)  # the previous failure leaves the window
+        assert sup.state is SupervisorState.RUNNING
+        assert [r.backoff_ms for r in sup.restarts] == [supervisor_module.BACKOFF_FIRST_MS] * (MAX_RESTARTS + 2)
+        assert store.put(Message(topic="t", body=b"fine")).ok
+
+
+def test_the_ticker_ticks_children_when_its_time_comes(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ticker = ManualTicker()
+    ticks: list[int] = []
+    seen = threading.Event()
+    real_handle = ReputMessageService.handle
+
+    def recording(self: ReputMessageService, message: Any) -> Any:
+        if isinstance(message, Tick):
+            ticks.append(message.now_ms)
+            seen.set()
+        return real_handle(self, message)
+
+    monkeypatch.setattr(ReputMessageService, "handle", recording)
+    with h.open_small(store_dir, ticker=ticker):
+        assert seen.wait(TICK_WAIT_S)  # everything is due at once on the first pass
+        seen.clear()
+        first = len(ticks)
+        ticker.advance(99)  # reput ticks every 100 ms of the ticker
+        assert not seen.wait(0.2) and len(ticks) == first
+        ticker.advance(1)
+        assert seen.wait(TICK_WAIT_S) and len(ticks) == first + 1
+
+
+def test_reput_lingers_one_ticker_ms_per_notice(store_dir: Path) -> None:
+    ticker = ManualTicker()
+    with h.open_small(store_dir, ticker=ticker) as store:
+        for i in range(5):
+            assert store.put(Message(topic="t", body=b"%d" % i)).ok
+            h.wait_dispatched(store)  # one notice per put: nothing to coalesce
+        assert ticker.sleeps == [REPUT_LINGER_MS] * 5
 
 
 CHILD = textwrap.dedent(

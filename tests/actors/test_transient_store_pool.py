@@ -7,7 +7,7 @@ from pathlib import Path
 
 import mqstore
 from mqstore import GetMessageStatus, Message
-from mqstore.messages import Ping
+from mqstore.messages import GetWriterStatus
 from mqstore.tools.verify import verify_store
 
 SEGMENT = 1 << 20
@@ -24,7 +24,7 @@ def test_committed_bytes_only_are_readable_and_every_message_survives_segment_ro
         writer = store.supervisor.ctx.peers["writer"]
         first = store.put(Message(topic="T", body=b"x" * 100))
         assert first.ok
-        ready = writer.ask(Ping())
+        ready = writer.ask(GetWriterStatus())
         assert ready.wrote_offset == first.wrote_bytes
         assert ready.max_offset <= ready.wrote_offset  # readable = committed, not yet the put
         assert store.wait_for_messages("T", 0, 0, 5)

@@ -75,7 +75,7 @@ def test_ratios_are_ours_over_theirs_medians_within_one_class(
     _, result, _ = tiny_run
     # Stand-in figures for ours: sqlite's, doubled, under our case names.
     cases = [c for c in result["cases"] if c["system"] != OURS]
-    for ours_case, their_case, cls in COMPARISONS:
+    for ours_case, their_case, _cls in COMPARISONS:
         for c in [c for c in cases if c["system"] == "sqlite" and c["case"] == their_case]:
             fake = copy.deepcopy(c)
             fake.update(system=OURS, case=ours_case)

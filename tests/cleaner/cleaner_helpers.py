@@ -5,13 +5,11 @@ disk gauge, and a recorded (never sleeping) pause."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import mqstore
 from mqstore import Message, MessageStore
-from mqstore.messages import CleanRound, Ping, Tick, WriterReady
+from mqstore.messages import CleanRound, GetWriterStatus, Tick, WriterReady
 from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
 
@@ -70,7 +68,7 @@ class Harness:
         return result
 
     def writer(self) -> WriterReady:
-        ready: WriterReady = self.ctx.peers["writer"].ask(Ping(), timeout=30)
+        ready: WriterReady = self.ctx.peers["writer"].ask(GetWriterStatus(), timeout=30)
         return ready
 
     def commitlog_files(self) -> list[str]:

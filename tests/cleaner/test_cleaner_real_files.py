@@ -60,12 +60,12 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
         body = b"y" * 900
         # Phase 1: 24 segments of "old" data, then aged 4 days by their file times.
         while True:
-            ready = ctx.peers["writer"].ask(mqstore.messages.Ping())
+            ready = ctx.peers["writer"].ask(mqstore.messages.GetWriterStatus())
             if ready.max_offset >= 24 * seg:
                 break
             assert store.put(Message(topic=H.TOPIC, queue_id=0, body=body)).ok
         store.flush()
-        ready = ctx.peers["writer"].ask(mqstore.messages.Ping())
+        ready = ctx.peers["writer"].ask(mqstore.messages.GetWriterStatus())
         full_end = ready.max_offset - ready.max_offset % seg  # segments below are complete
         old_time = time.time() - 4 * 24 * 3600
         for name in os.listdir(root / "commitlog"):
@@ -117,7 +117,7 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
         deadline = time.monotonic() + BUDGET_RUN_S
         shrunk = False
         while time.monotonic() < deadline:
-            first = ctx.peers["writer"].ask(mqstore.messages.Ping()).min_offset
+            first = ctx.peers["writer"].ask(mqstore.messages.GetWriterStatus()).min_offset
             if first >= full_end and gauge.used_ratio("") < 0.75:
                 shrunk = True
                 break
@@ -131,7 +131,7 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
         assert not refused, refused[:3]
         assert len(acked) > 50
         # Every old segment went, and nothing unexpired did.
-        ready = ctx.peers["writer"].ask(mqstore.messages.Ping())
+        ready = ctx.peers["writer"].ask(mqstore.messages.GetWriterStatus())
         assert ready.min_offset == full_end
         assert store.min_offset(H.TOPIC, 0) > 0
         for queue_offset, phy in acked:

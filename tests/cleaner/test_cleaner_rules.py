@@ -113,7 +113,7 @@ def test_time_up_deletes_only_expired_files_and_only_in_a_delete_when_hour(harne
 
 def test_time_up_with_two_hours_in_delete_when(harness: Harness) -> None:
     h = harness
-    h.store.supervisor.ctx.config  # the config is frozen; the store was opened with "04"
+    # The config is frozen; the store was opened with "04".
     old_then_new(h, 2, 1)
     h.clock.set(local_ms(5, 1))
     assert h.tick().commitlog_deleted == 0  # 01:00 is not in "04"

@@ -79,9 +79,9 @@ def _open_checked(store_dir: str) -> tuple[RecoveryReport, dict[int, list[int]]]
 
 
 def _ping() -> Any:
-    from mqstore.messages import Ping
+    from mqstore.messages import GetReputStatus
 
-    return Ping()
+    return GetReputStatus()
 
 
 def _verified(store_dir: str) -> None:

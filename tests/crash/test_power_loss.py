@@ -149,7 +149,7 @@ def test_power_loss_never_keeps_half_of_an_unacknowledged_batch() -> None:
         store.put(mqstore.Message(topic=TOPIC, queue_id=0, keys=["single"], body=b"single" * 20))
         store.flush()
         msgs = [mqstore.Message(topic=TOPIC, queue_id=0, keys=[f"b{i}"], body=b"b" * 900,
-                                properties={"batch": f"B/4"}) for i in range(4)]  # fmt: skip
+                                properties={"batch": "B/4"}) for i in range(4)]  # fmt: skip
         result = store.put_batch(msgs)
         assert result.status is mqstore.PutMessageStatus.PUT_OK
         crashed = fs.crash(0, tear=False)  # durable bytes only

@@ -114,7 +114,7 @@ def test_no_read_your_writes_miss_in_100k_put_then_max_offset_pairs_from_4_threa
 
     def producer(t: int) -> None:
         message = Message(topic="RYW", queue_id=t, body=b"r" * 16)
-        for i in range(per_thread):
+        for _ in range(per_thread):
             result = store.put(message)
             assert result.ok, result
             seen = store.max_offset("RYW", t)

@@ -401,7 +401,7 @@ def test_crc32_is_zlibs_on_every_length_and_alignment() -> None:
     assert native is not None
     rng = random.Random(19)
     data = rng.randbytes(70_000)
-    for length in [*range(0, 300), 1023, 1024, 1025, 4096, 16_384, 65_536 + 7]:
+    for length in [*range(300), 1023, 1024, 1025, 4096, 16_384, 65_536 + 7]:
         for start in range(0, 17, 5):
             view = memoryview(data)[start : start + length]
             assert native.crc32(view) == zlib.crc32(view), (length, start)

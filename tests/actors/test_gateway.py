@@ -1,0 +1,213 @@
+"""The actor API is supervised (issue 15): a malformed request gets an error reply and the
+gateway carries on; the gateway is restarted like any actor and `store.actor_ref` follows it;
+actor clients' reads never wait behind puts; host code (subscribers, reply callbacks) runs on
+the notifier's threads, never on a store actor's."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from mqstore import FaultPlan, GetResult, Message, MessageArrived, PutResult, Reply
+from mqstore.actors.base import ServiceUnavailable
+from mqstore.errors import StoreClosedError
+from mqstore.messages import Get, Put, Query, Subscribe, Waiter
+
+h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
+TIMEOUT_S = 10.0
+
+GOOD = Message(topic="t", body=b"good")
+
+
+def _ask(store: Any, make: Any) -> Any:
+    """Tell the gateway `make(reply)` and wait for the answer (raises what it failed with)."""
+    waiter = Waiter()
+    store.actor_ref.tell(make(Reply(future=waiter)))
+    return waiter.get(timeout=TIMEOUT_S)
+
+
+MALFORMED: list[tuple[str, Any, type[Exception], str]] = [
+    ("str body", lambda r: Put(messages=(Message(topic="t", body="text"),), reply=r), TypeError, r"messages\[0\]\.body"),  # type: ignore[arg-type]
+    ("no messages", lambda r: Put(messages=(), reply=r), ValueError, "Put.messages is empty"),
+    ("messages not a tuple", lambda r: Put(messages="abc", reply=r), TypeError, "Put.messages"),  # type: ignore[arg-type]
+    ("a dict for a message", lambda r: Put(messages=({"topic": "t"},), reply=r), TypeError, r"messages\[0\]"),  # type: ignore[arg-type]
+    ("str queue id", lambda r: Put(messages=(Message(topic="t", body=b"x", queue_id="0"),), reply=r), TypeError,  # type: ignore[arg-type]
+     r"messages\[0\]\.queue_id"),  # fmt: skip
+    ("two messages, not a batch", lambda r: Put(messages=(GOOD, GOOD), reply=r), ValueError, "batch=True"),
+    ("get max_count 0", lambda r: Get(topic="t", queue_id=0, offset=0, max_count=0, reply=r), ValueError, "max_count"),
+    ("get str queue id", lambda r: Get(topic="t", queue_id="0", offset=0, max_count=1, reply=r), TypeError,  # type: ignore[arg-type]
+     "Get.queue_id"),  # fmt: skip
+    ("query str max_count", lambda r: Query(topic="t", key="k", max_count="1", reply=r), TypeError, "Query.max_count"),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize(("case", "make", "error", "names"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_a_malformed_request_gets_an_error_reply_and_the_next_good_put_succeeds(
+    store_dir: Path, case: str, make: Any, error: type[Exception], names: str
+) -> None:
+    with h.open_small(store_dir) as store:
+        with pytest.raises(error, match=names):
+            _ask(store, make)
+        result = _ask(store, lambda r: Put(messages=(GOOD,), reply=r))
+        assert isinstance(result, PutResult) and result.ok
+        assert store.supervisor.restarts == [] and store.running
+
+
+def test_requests_that_cannot_be_answered_are_dropped_and_the_gateway_carries_on(store_dir: Path) -> None:
+    with h.open_small(store_dir) as store:
+        store.actor_ref.tell("hello")
+        store.actor_ref.tell(Put(messages=(GOOD,), reply=None))  # type: ignore[arg-type]
+        store.actor_ref.tell(Subscribe(subscriber=42))  # type: ignore[arg-type]
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        assert store.supervisor.restarts == [] and store.running
+        h.wait_dispatched(store)
+        assert store.max_offset("t", 0) == 1  # the reply-less put was not stored either
+
+
+def test_the_gateway_is_supervised_and_actor_ref_follows_its_restart(store_dir: Path) -> None:
+    plan = FaultPlan()
+    with h.open_small(store_dir, faults=plan) as store:
+        ref = store.actor_ref
+        first = store.supervisor.peers["gateway"]
+        plan.arm("gateway.mid_request")
+        with pytest.raises(ServiceUnavailable, match="gateway failed"):
+            _ask(store, lambda r: Put(messages=(GOOD,), reply=r))
+        h.wait_until(lambda: len(store.supervisor.restarts) == 1, what="the gateway's restart")
+        record = store.supervisor.restarts[0]
+        assert (record.failed, record.restarted) == ("gateway", ("gateway",))
+        assert store.supervisor.peers["gateway"] != first and not first.is_alive()
+        assert store.actor_ref is ref  # the host's address did not change
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        assert store.running
+        with pytest.raises(TypeError, match="close the store"):
+            ref.stop()  # its life is the supervisor's: a stopped gateway would never come back
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+
+
+def test_an_actor_clients_get_does_not_hold_up_puts(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with h.open_small(store_dir) as store:
+        assert store.put(GOOD).ok
+        h.wait_dispatched(store)
+        real_get = type(store).get
+        entered, release = threading.Event(), threading.Event()
+
+        def slow_get(self: Any, *args: Any, **kwargs: Any) -> GetResult:
+            entered.set()
+            release.wait(TIMEOUT_S)
+            return real_get(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(store), "get", slow_get)
+        get_answer = Waiter()
+        store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(future=get_answer)))
+        assert entered.wait(TIMEOUT_S)
+        try:
+            # The get is stuck in a reader; a put through the same gateway is answered anyway.
+            assert _ask(store, lambda r: Put(messages=(Message(topic="t", body=b"later"),), reply=r)).ok
+            assert not release.is_set()
+        finally:
+            release.set()
+        assert [m.body for m in get_answer.get(timeout=TIMEOUT_S).messages] == [b"good"]
+
+
+def test_a_raising_subscriber_causes_no_restart_and_is_logged_with_its_name(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[MessageArrived] = []
+    all_called = threading.Event()
+
+    def broken_subscriber(event: MessageArrived) -> None:
+        calls.append(event)
+        if len(calls) == 20:
+            all_called.set()
+        raise RuntimeError("host bug")
+
+    with caplog.at_level(logging.ERROR, logger="mqstore"), h.open_small(store_dir) as store:
+        store.subscribe(broken_subscriber, topic="t")
+        for i in range(20):
+            assert store.put(Message(topic="t", body=b"%d" % i)).ok
+            h.wait_dispatched(store)  # one dispatch batch per put: 20 arrivals
+        assert all_called.wait(TIMEOUT_S)
+        assert store.supervisor.restarts == [] and store.running
+        assert [e.max_offset for e in calls] == list(range(1, 21))
+    raised = [r for r in caplog.records if r.getMessage() == "listener raised"]
+    assert len(raised) == 20
+    assert all("broken_subscriber" in r.mqstore_event["listener"] for r in raised)
+
+
+def test_a_slow_reply_callback_does_not_stall_puts(store_dir: Path) -> None:
+    release = threading.Event()
+    callback_saw_release: list[bool] = []
+    answered: list[Any] = []
+
+    def slow_callback(answer: Any) -> None:
+        answered.append(answer)
+        callback_saw_release.append(release.wait(TIMEOUT_S))
+
+    with h.open_small(store_dir) as store:
+        store.actor_ref.tell(Put(messages=(GOOD,), reply=Reply(callback=slow_callback)))
+        h.wait_until(lambda: bool(answered), what="the callback to be called")
+        # The callback is blocked; the writer is not: puts from this thread and through the
+        # gateway are answered while it waits.
+        assert store.put(Message(topic="t", body=b"next")).ok
+        assert _ask(store, lambda r: Put(messages=(Message(topic="t", body=b"via actor"),), reply=r)).ok
+        release.set()
+        h.wait_until(lambda: bool(callback_saw_release), what="the callback to return")
+        assert callback_saw_release == [True] and answered[0].ok
+
+
+def test_a_subscriber_actor_that_died_is_dropped(store_dir: Path) -> None:
+    class Sink(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> None:
+            return None
+
+    with h.open_small(store_dir) as store:
+        sink = Sink.start()
+        store.subscribe(sink, topic="t")
+        sink.stop()
+        assert store.put(GOOD).ok
+        h.wait_dispatched(store)
+        h.wait_until(lambda: not store._subscriptions.subscribers(), what="the dead subscriber dropped")
+        assert store.supervisor.restarts == []
+
+
+def test_a_raising_reply_callback_is_logged_and_restarts_nothing(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    called = threading.Event()
+
+    def raising_callback(_answer: Any) -> None:
+        called.set()
+        raise RuntimeError("host bug in a callback")
+
+    with caplog.at_level(logging.ERROR, logger="mqstore"), h.open_small(store_dir) as store:
+        store.actor_ref.tell(Put(messages=(GOOD,), reply=Reply(callback=raising_callback)))
+        assert called.wait(TIMEOUT_S)
+        assert store.put(Message(topic="t", body=b"next")).ok
+        assert store.supervisor.restarts == [] and store.running
+    h.wait_until(lambda: any(r.getMessage() == "listener raised" for r in caplog.records), what="the log line")
+    raised = [r for r in caplog.records if r.getMessage() == "listener raised"]
+    assert "raising_callback" in raised[0].mqstore_event["listener"]
+
+
+def test_a_put_the_gateway_meets_after_close_began_fails_with_store_closed(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with h.open_small(store_dir) as store:
+
+        def closed(*_args: Any, **_kwargs: Any) -> Any:  # what submit_put raises once close() began
+            raise StoreClosedError("the store is closed")
+
+        monkeypatch.setattr(store, "submit_put", closed)
+        monkeypatch.setattr(store, "subscribe", closed)
+        with pytest.raises(StoreClosedError):
+            _ask(store, lambda r: Put(messages=(GOOD,), reply=r))
+        store.actor_ref.tell(Subscribe(subscriber=lambda _e: None, topic="t"))
+        monkeypatch.undo()
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        assert store.supervisor.restarts == []
