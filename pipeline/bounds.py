@@ -155,7 +155,8 @@ class ReadBounds:
                 keep &= ts >= self.timestamp_from_us
             if self.timestamp_until_us is not None:
                 keep &= ts < self.timestamp_until_us
-        return (keep & ~corrupt) | (corrupt & (not self.drop_corrupt))
+        wanted: np.ndarray = (keep & ~corrupt) | (corrupt & (not self.drop_corrupt))
+        return wanted
 
     def _queue_offset_mask(self, batch: pa.RecordBatch, topic: pa.Array, queue: np.ndarray) -> np.ndarray:
         names = batch.schema.names
