@@ -226,7 +226,11 @@ class PutPipeline:
 
     # flush and close -------------------------------------------------------------------------
     def wait_handed_out(self, timeout_s: float) -> None:
-        """Wait until every future handed out before this call is done (store.flush())."""
+        """Wait until every future handed out before this call is done (store.flush()).
+        From a done-callback (the completion thread) it cannot wait for the futures that
+        thread has still to complete: it waits for none."""
+        if threading.current_thread() is self._thread:
+            return
         handed_out = self._pending.copy()
         if handed_out:
             wait(handed_out, timeout=timeout_s)

@@ -347,3 +347,20 @@ def test_a_thread_reads_its_own_put_async_once_it_saw_it_done(store_dir: Path) -
             got = store.get("ryw", 0, result.queue_offset, 1)  # no wait: the read contract waits
             assert got.found and got.messages[0].body == b"r%d" % i
             assert store.max_offset("ryw", 0) == i + 1
+
+
+def test_flush_from_a_done_callback_does_not_wait_for_its_own_thread(store_dir: Path) -> None:
+    with helpers.open_small(store_dir) as store:
+        entered, flushed = threading.Event(), threading.Event()
+
+        def flush_then_signal(_future: Future[PutResult]) -> None:
+            if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
+                entered.set()
+                store.flush()  # would wait (20 s) for the futures this thread has to complete
+                flushed.set()
+
+        while not entered.is_set():  # until one callback runs on the completion thread
+            store.put_async(Message(topic="orders", body=b"x")).add_done_callback(flush_then_signal)
+            store.put_async(Message(topic="orders", body=b"y"))  # pending behind it
+            entered.wait(0.05)
+        assert flushed.wait(10), "flush in a done-callback waited for its own thread"
