@@ -8,7 +8,7 @@
 
 # Absolute imports: pytest imports this file by path (the repository root is the package),
 # under the checkout directory's name, where relative imports have no parent package.
-from mqstore.config import ConfigError, StoreConfig
+from mqstore.config import ConfigError, StoreConfig, StoreConfigMismatch
 from mqstore.errors import StoreClosedError
 from mqstore.faults import FaultPlan, InjectedFault
 from mqstore.messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
@@ -36,6 +36,7 @@ __all__ = [
     "GetMessageStatus",
     "StoreConfig",
     "ConfigError",
+    "StoreConfigMismatch",
     "TopicError",
     "StoreLockedError",
     "StoreClosedError",

@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # the valid records first, then the reason we stopped
         print(f"mqstore {args.command}: {exc.message}", file=sys.stderr)
         return exc.code
+    except ConfigError as exc:  # StoreConfigMismatch from a store a command opened
+        print(f"mqstore {args.command}: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
     except StoreDirectoryError as exc:  # something in the way of the store's own files
         print(f"mqstore {args.command}: {exc}", file=sys.stderr)
         return ExitCode.NOT_A_STORE
@@ -108,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.OK
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a bug or an unexpected OS error: traceback in the log, exit 1
-        log.exception("command failed", command=args.command)
+    except Exception as exc:  # a bug or an unexpected OS error: a clear line, exit 1
+        # The traceback only with -vv: no traceback leaves a command otherwise (issue 19).
+        if args.verbose >= 2:
+            log.exception("command failed", command=args.command)
         print(f"mqstore {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
 
@@ -140,6 +145,38 @@ def load_config(args: argparse.Namespace, **overrides: Any) -> StoreConfig:
         return StoreConfig.load(getattr(args, "config", None), overrides=overrides)
     except ConfigError as exc:
         raise CliError(ExitCode.USAGE, str(exc)) from None
+
+
+def store_config(
+    args: argparse.Namespace,
+    root: Path,
+    *,
+    require_commitlog: bool = True,
+    read_only: bool = True,
+    **overrides: Any,
+) -> StoreConfig:
+    """The settings of the store at `root` (--config, MQSTORE_* variables, `overrides`), with
+    the geometry its files have: adopted where not given, exit 2 where contradicted. Exit 5
+    if `root` or its commitlog directory (store_path_commitlog, else root/commitlog) is missing.
+    Reads only. A `read_only` command on a store that did not stop cleanly says so on stderr
+    and names `mqstore recover`: it reads what is valid and repairs nothing."""
+    from .storage.fs import RealFileSystem
+    from .storage.geometry import adopt_geometry
+
+    if not root.is_dir():
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
+    config = load_config(args, store_path_root_dir=str(root), **overrides)
+    if require_commitlog and not os.path.isdir(config.commitlog_dir):
+        raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
+    try:
+        config, _ = adopt_geometry(RealFileSystem(), config)
+    except ConfigError as exc:
+        raise CliError(ExitCode.USAGE, str(exc)) from None
+    if read_only and os.path.exists(config.abort_path):
+        print(f"mqstore {getattr(args, 'command', '')}: {root} did not stop cleanly (abort file present): "
+              f"reading what is valid, changing nothing; run `mqstore recover {root}` to recover it",
+              file=sys.stderr)  # fmt: skip
+    return config
 
 
 def _add_plugin_groups(subparsers: Any) -> None:
@@ -201,7 +238,7 @@ def _run_dump(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
     out = sys.stdout
-    config = load_config(args)
+    config = store_config(args, root, require_commitlog=False)
     if args.what == "commitlog":
         directory = args.commitlog_dir or _commitlog_dir_of(root)
         rows = dump_commitlog(directory, max_message_size_bytes=args.max_message_size_bytes or config.max_message_size_bytes)

@@ -66,6 +66,8 @@ READER_REFRESH_INTERVAL_MS = 1_000
 QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the end time back
 
 
+_FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.FILLER_UNIT
+
 def yield_gil() -> None:
     """Release the GIL once (`time.sleep(0)`): a thread waiting for it runs now, not after the
     switch interval. Costs a syscall (~1 us), no waiting."""
@@ -296,6 +298,9 @@ def collect(
     i = 0
     while i < len(units) and i < limit:
         phy, size, tags_code = unpack(units, i)
+        if size == _FILLER_SIZE and phy == 0:
+            i += 20  # a queue offset whose record was lost or damaged (a filler unit): nothing to serve
+            continue
         if next_phy_file_start >= 0 and phy < next_phy_file_start:
             i += 20
             continue

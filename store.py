@@ -54,7 +54,8 @@ from .read_view import ReadView
 from .storage import codec
 from .storage.codec import MessageRecord
 from .storage.disk import DiskGauge
-from .storage.fs import FileSystem
+from .storage.fs import FileSystem, RealFileSystem
+from .storage.geometry import adopt_geometry
 from .storage.put_encoding import PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
@@ -105,6 +106,8 @@ def open_store(
         config = StoreConfig.load(overrides=overrides)
     elif overrides:
         config = config.replace(**overrides)
+    # The files decide the store's shape: adopt it, or refuse an explicit setting against it.
+    config, _geometry = adopt_geometry(fs if fs is not None else RealFileSystem(), config)
     store = MessageStore(
         config,
         fs=fs,

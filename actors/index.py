@@ -61,12 +61,11 @@ class IndexActor(StoreActor[IndexRequest]):
         if not self._service.load(last_exit_ok=True, index_msg_timestamp=0):
             raise RuntimeError(f"cannot load the index in {cfg.index_dir}")
         self._dispatched_offset = self._service.resume_offset()
-        # Records below this offset are indexed already. The newest file's endPhyOffset is
-        # the START of the last indexed message, so that message counts as done too; Java's
-        # `offset < endPhyOffset` rule would index it again on every re-dispatch.
-        files = self._service.files
-        indexed_any = bool(files) and (len(files) > 1 or files[-1].index_count > 1)
-        self._indexed_below = self._dispatched_offset + 1 if indexed_any else 0
+        # Records below this offset are indexed already. The newest file's endPhyOffset is the
+        # START of the last indexed message, which may be indexed only in part (its keys split
+        # across a full file and a newer one recovery dropped): it is indexed again, as in Java,
+        # and build_index skips the keys already there.
+        self._indexed_below = self._dispatched_offset
         self._publish()
 
     def _publish(self) -> None:

@@ -26,7 +26,7 @@ from ..messages import (
 )
 from ..storage import codec, speedups
 from ..storage.codec import RecordKind
-from ..storage.commitlog import CommitLogReader
+from ..storage.commitlog import CommitLogReader, find_next_valid_record
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
 __all__ = ["ReputMessageService"]
@@ -127,6 +127,13 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 if first > offset:  # the cleaner removed it: continue at the first file left
                     self._reput_offset = first
                     continue
+                later = reader.next_segment_after(offset)
+                if later is not None and later <= self._max_offset and not reader.has_segment(offset):
+                    # A missing or wrong-sized segment (a hole the store opened degraded with):
+                    # nothing to dispatch there, and waiting would spin forever.
+                    self.log.error("skipping a commitlog hole", offset=offset, resume=later)
+                    self._reput_offset = later
+                    continue
                 self.log.warning("commitlog data not readable yet", offset=offset, size=end - offset)
                 return
             try:
@@ -172,12 +179,29 @@ class ReputMessageService(StoreActor[ReputRequest]):
             elif pos > 0 and end < min(self._max_offset, segment + self._segment_size):
                 break  # a record cut by our chunk boundary: read again from its start
             else:
-                # Below the writer's watermark every record is whole, so this is damage
-                # (or a bug): skip the rest of this file's readable data, as a master does.
-                self.log.error("[BUG] unreadable record below the watermark", offset=offset + pos, kind=kind.value)
-                next_offset = min(self._max_offset, segment + self._segment_size)
+                # Below the writer's watermark every record is whole, so this is damage that
+                # recovery quarantined: skip to the next valid record (none: the rest of this
+                # file's readable data, as a master does), never past valid ones.
+                next_offset = self._past_damage(offset + pos, segment)
+                self.log.error("skipping damaged commitlog bytes below the watermark", offset=offset + pos,
+                               kind=kind.value, resume=next_offset)  # fmt: skip
                 break
         return requests, next_offset
+
+    def _past_damage(self, damaged: int, segment: int) -> int:
+        """The first trusted record after `damaged` in its segment, below the watermark."""
+        readable_end = min(self._max_offset, segment + self._segment_size)
+        reader = self._reader
+        place = reader.select(segment, readable_end - segment) if reader is not None else None
+        if place is None:
+            return readable_end
+        buf, base = place
+        with memoryview(buf) as whole, whole[base : base + readable_end - segment] as view:
+            found = find_next_valid_record(
+                view, damaged - segment + 1, readable_end - segment, file_from_offset=segment,
+                segment_size=self._segment_size, max_message_size=self.config.max_message_size_bytes,
+            )  # fmt: skip
+        return segment + found if found is not None else readable_end
 
     def _dispatch(self, requests: list[DispatchRequest], end_offset: int) -> None:
         batch = DispatchBatch(requests=tuple(requests), end_offset=end_offset)

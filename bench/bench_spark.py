@@ -8,6 +8,11 @@ END_OF_FILE blank at the end of each full segment, the last one preallocated), t
   python-arrow    one process, the pipeline's columnar decoder (all columns), no Spark
   spark-stats     `mqstore spark stats` (topic, queue_id, size, store_timestamp only)
   spark-export    `mqstore spark export` (all columns to snappy Parquet)
+  rocketmq-*      format("rocketmq") with the default schema: count(), groupBy(topic).count(),
+                  sum(length(body)) (issue 17's goal: >= 250 MB/s on 2 cores)
+  binaryfile-*    floor: Spark's binaryFile scan of the same segment files, sum(length(content))
+  parquet-*       floor: the same three queries over the Parquet `export` wrote
+The report gives each rocketmq query's ratio to the two same-run floors.
 MB/s is commitlog bytes (records only, not the preallocated tail) per wall-clock second.
 Not run in CI.
 """
@@ -115,6 +120,38 @@ def timed(name: str, fn: Callable[[], Any], nbytes: int, rows: int, results: lis
     return out
 
 
+def query_floors(spark: Any, store: str, parquet: str, nbytes: int, rows: int, split_size: str,
+                 results: list[dict[str, Any]]) -> None:  # fmt: skip
+    """Issue 17's three queries on the default schema, beside binaryFile and Parquet floors."""
+    from pyspark.sql import functions as F
+
+    from mqstore.pipeline.datasource import read_commitlog
+    from mqstore.pipeline.export import export
+
+    if not os.path.isdir(parquet):
+        export(spark, [store], parquet, split_size=split_size)
+    queries: dict[str, Callable[[Any], Any]] = {
+        "count": lambda df: df.count(),
+        "groupby": lambda df: df.groupBy("topic").count().collect(),
+        "sumbody": lambda df: df.select(F.sum(F.length("body"))).collect()[0][0],
+    }
+    sources: dict[str, Callable[[], Any]] = {
+        "rocketmq": lambda: read_commitlog(spark, [store], split_size=split_size),
+        "parquet": lambda: spark.read.parquet(parquet),
+    }
+    for src, make in sources.items():
+        for q, run in queries.items():
+            timed(f"{src}-{q}", lambda: run(make()), nbytes, rows, results)
+    clog = os.path.join(store, "commitlog")
+    timed("binaryfile-sum", lambda: spark.read.format("binaryFile").load(clog)
+          .select(F.sum(F.length("content"))).collect()[0][0], nbytes, rows, results)  # fmt: skip
+    by_name = {r["name"]: r for r in results}
+    for q in queries:
+        ours = by_name[f"rocketmq-{q}"]
+        ours["vs_parquet"] = round(by_name[f"parquet-{q}"]["seconds"] / ours["seconds"], 2)
+        ours["vs_binaryfile"] = round(by_name["binaryfile-sum"]["seconds"] / ours["seconds"], 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=int, default=1024)
@@ -162,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = os.path.join(work, "parquet")
                 timed(f"spark-export#{i}", lambda: export(spark, [store], out, split_size=args.split_size), nbytes, rows,
                       results)  # fmt: skip
+        if "queries" not in skip:
+            query_floors(spark, store, os.path.join(work, "parquet"), nbytes, rows, args.split_size, results)
         spark.stop()
         report = {"size_mb": args.size_mb, "records": rows, "record_bytes": nbytes, "msg_size": args.msg_size,
                   "segment_mb": args.segment_mb, "split_size": args.split_size, "spark_cores": cores,
@@ -170,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(report, f, indent=2)
         print(f"\n{'step':<14} {'seconds':>8} {'rows/s':>12} {'MB/s':>8}")
         for r in results:
-            print(f"{r['name']:<14} {r['seconds']:>8.2f} {r['rows_per_s']:>12,} {r['mb_per_s']:>8.1f}")
+            ratios = f"  x{r['vs_parquet']} of parquet, x{r['vs_binaryfile']} of binaryFile" if "vs_parquet" in r else ""
+            print(f"{r['name']:<14} {r['seconds']:>8.2f} {r['rows_per_s']:>12,} {r['mb_per_s']:>8.1f}{ratios}")
         return 0
     finally:
         if args.dir is None:

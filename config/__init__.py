@@ -23,9 +23,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final, Mapping
 
+from ..log import get_logger
 from ..storage.codec import HostAddress, parse_delay_levels
 
-__all__ = ["ConfigError", "StoreConfig", "ENV_PREFIX", "ROCKETMQ_ALIASES", "load_defaults"]
+__all__ = [
+    "ConfigError",
+    "StoreConfigMismatch",
+    "StoreConfig",
+    "ENV_PREFIX",
+    "ROCKETMQ_ALIASES",
+    "BROKER_ONLY_KEYS",
+    "GEOMETRY_SETTINGS",
+    "load_defaults",
+]
 
 ENV_PREFIX: Final = "MQSTORE_"
 # MQSTORE_* variables that are not store settings (read elsewhere, process-wide).
@@ -37,6 +47,18 @@ FLUSH_DISK_TYPES: Final = ("ASYNC_FLUSH", "SYNC_FLUSH")
 BROKER_ROLES: Final = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 
 
+# The settings that fix the store's shape on disk: a store's files decide them (storage.geometry).
+GEOMETRY_SETTINGS: Final = (
+    "mapped_file_size_commitlog_bytes",
+    "mapped_file_size_consume_queue_bytes",
+    "max_hash_slot_num",
+    "max_index_num",
+)
+# Below these a segment cannot hold a useful record: a typo (a 100-byte segment), not a choice.
+MIN_COMMITLOG_SEGMENT_BYTES: Final = 4096
+MIN_CONSUME_QUEUE_FILE_BYTES: Final = 2 * 20
+
+
 class ConfigError(ValueError):
     """A setting that is unknown or has a bad value; the message names the key and the value."""
 
@@ -44,6 +66,20 @@ class ConfigError(ValueError):
         super().__init__(f"config {key}={value!r}: {problem}")
         self.key = key
         self.value = value
+
+
+class StoreConfigMismatch(ConfigError):
+    """A setting the caller gave explicitly contradicts the store's files. The files win: the
+    store refuses to open rather than resize, truncate or ignore them."""
+
+    def __init__(self, key: str, value: object, on_disk: object, where: str) -> None:
+        super().__init__(
+            key, value,
+            f"the store's files at {where} were written with {key}={on_disk!r}; "
+            f"omit the setting to adopt the files' value, or open another directory",
+        )  # fmt: skip
+        self.on_disk = on_disk
+        self.where = where
 
 
 def load_defaults() -> dict[str, Any]:
@@ -55,6 +91,7 @@ def load_defaults() -> dict[str, Any]:
 _D: Final[dict[str, Any]] = load_defaults()
 # TOML has no null: an empty string in these means "not set".
 _OPTIONAL_STR: Final = frozenset({"store_path_commitlog", "ha_master_address"})
+_EXPLICIT: Final = "explicit_settings"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,13 +181,22 @@ class StoreConfig:
     max_puts_in_flight: int = _D["max_puts_in_flight"]
     put_fail_fast_when_in_flight_full: bool = _D["put_fail_fast_when_in_flight_full"]
     read_your_writes_timeout_ms: int = _D["read_your_writes_timeout_ms"]
+    # Which settings the caller set (a file, MQSTORE_* variables, overrides or keywords), as
+    # opposed to defaults: a store's files may override a default, never an explicit value.
+    # Not a setting. None (keyword construction) means "those that differ from the default".
+    explicit_settings: frozenset[str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
+            if f.name == _EXPLICIT:
+                continue
             value = getattr(self, f.name)
             checked = _check(f.name, value)
             if checked is not value:
                 object.__setattr__(self, f.name, checked)
+        if self.explicit_settings is None:
+            differ = frozenset(k for k, f in _FIELDS.items() if getattr(self, k) != _check(k, f.default))
+            object.__setattr__(self, _EXPLICIT, differ)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -164,28 +210,43 @@ class StoreConfig:
         """defaults.toml, then the file at `path`, then MQSTORE_* variables, then `overrides`."""
         merged: dict[str, Any] = {}
         if path is not None:
-            merged.update(_canonical_keys(_read_file(Path(path))))
+            merged.update(_canonical_keys(_store_keys_of_file(Path(path), _read_file(Path(path)))))
         merged.update(_from_env(env))
         if overrides:
             merged.update(_canonical_keys(overrides))
-        return cls._build(merged)
+        return cls._build(merged, frozenset(merged))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StoreConfig:
         """Settings by snake_case or RocketMQ name; the others keep their defaults."""
-        return cls._build(_canonical_keys(d))
+        values = _canonical_keys(d)
+        return cls._build(values, frozenset(values))
 
     def replace(self, **changes: Any) -> StoreConfig:
+        """A copy with `changes` applied; they count as set by the caller."""
+        values = _canonical_keys(changes)
         merged = self.to_dict()
-        merged.update(_canonical_keys(changes))
-        return self._build(merged)
+        merged.update(values)
+        return self._build(merged, self.explicit | frozenset(values))
+
+    def adopt(self, **found: Any) -> StoreConfig:
+        """A copy with values read from the store's files; they do not count as set by the
+        caller (storage.geometry decides when that is allowed)."""
+        merged = self.to_dict()
+        merged.update(_canonical_keys(found))
+        return self._build(merged, self.explicit)
+
+    @property
+    def explicit(self) -> frozenset[str]:
+        """The settings the caller set, as opposed to defaults."""
+        return self.explicit_settings or frozenset()
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != _EXPLICIT}
 
     @classmethod
-    def _build(cls, values: Mapping[str, Any]) -> StoreConfig:
-        return cls(**{key: _parse(key, value) for key, value in values.items()})
+    def _build(cls, values: Mapping[str, Any], explicit: frozenset[str]) -> StoreConfig:
+        return cls(**{key: _parse(key, value) for key, value in values.items()}, explicit_settings=explicit)
 
     # -- derived values used by the services ----------------------------------------------
 
@@ -260,7 +321,9 @@ class StoreConfig:
         return self.transient_store_pool_enable and not self.is_sync_flush and self.broker_role != "SLAVE"
 
 
-_FIELDS: Final[dict[str, dataclasses.Field[Any]]] = {f.name: f for f in dataclasses.fields(StoreConfig)}
+_FIELDS: Final[dict[str, dataclasses.Field[Any]]] = {
+    f.name: f for f in dataclasses.fields(StoreConfig) if f.name != _EXPLICIT
+}
 assert set(_D) == set(_FIELDS), f"defaults.toml and StoreConfig disagree: {set(_D) ^ set(_FIELDS)}"
 
 # RocketMQ's names (4.4.0, plus the "Mapped" spelling of 4.5+ and the JVM property names).
@@ -354,16 +417,64 @@ def _canonical_keys(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """`MQSTORE_<SETTING>` variables. Others with the prefix belong to the host (say
+    MQSTORE_DATA_URL) or to us (MQSTORE_PURE_PYTHON): not settings, and no reason to fail."""
     out: dict[str, Any] = {}
     for var, value in env.items():
         if not var.startswith(ENV_PREFIX) or var in PROCESS_ENV_VARS:
             continue
         key = var[len(ENV_PREFIX) :].lower()
-        if key not in _FIELDS:
-            # A typo in a variable name must not pass silently.
-            raise ConfigError(var, value, "unknown setting (environment variable)")
-        out[key] = value
+        if key in _FIELDS:
+            out[key] = value
+        else:
+            log.debug("environment variable is not a store setting", variable=var)
     return out
+
+
+# Keys of a stock broker.conf that configure the broker around the store (BrokerConfig,
+# NettyServerConfig, NettyClientConfig, DLedger of RocketMQ 4.x): accepted and ignored.
+BROKER_ONLY_KEYS: Final = frozenset(
+    """
+    rocketmqHome namesrvAddr brokerIP1 brokerIP2 brokerName brokerClusterName brokerPermission
+    defaultTopicQueueNums autoCreateTopicEnable clusterTopicEnable brokerTopicEnable
+    autoCreateSubscriptionGroup messageStorePlugIn msgTraceTopicName traceTopicEnable
+    sendMessageThreadPoolNums pullMessageThreadPoolNums processReplyMessageThreadPoolNums
+    queryMessageThreadPoolNums adminBrokerThreadPoolNums clientManageThreadPoolNums
+    consumerManageThreadPoolNums heartbeatThreadPoolNums endTransactionThreadPoolNums
+    flushConsumerOffsetInterval flushConsumerOffsetHistoryInterval rejectTransactionMessage
+    fetchNamesrvAddrByAddressServer sendThreadPoolQueueCapacity pullThreadPoolQueueCapacity
+    replyThreadPoolQueueCapacity queryThreadPoolQueueCapacity clientManagerThreadPoolQueueCapacity
+    consumerManagerThreadPoolQueueCapacity heartbeatThreadPoolQueueCapacity
+    endTransactionPoolQueueCapacity filterServerNums shortPollingTimeMills
+    notifyConsumerIdsChangedEnable highSpeedMode commercialEnable commercialTimerCount
+    commercialTransCount commercialBigCount commercialBaseCount transferMsgByHeap maxDelayTime
+    regionId registerBrokerTimeoutMills slaveReadEnable disableConsumeIfConsumerReadSlowly
+    consumerFallbehindThreshold brokerFastFailureEnable waitTimeMillsInSendQueue
+    waitTimeMillsInPullQueue waitTimeMillsInHeartbeatQueue waitTimeMillsInTransactionQueue
+    startAcceptSendRequestTimeStamp traceOn enableCalcFilterBitMap expectConsumerNumUseFilter
+    maxErrorRateOfBloomFilter filterDataCleanTimeSpan filterSupportRetry enablePropertyFilter
+    compressedRegister forceRegister registerNameServerPeriod transactionTimeOut
+    transactionCheckMax transactionCheckInterval aclEnable storeReplyMessageEnable
+    autoDeleteUnusedStats isEnableBatchPush enableDetailStat
+    listenPort serverWorkerThreads serverCallbackExecutorThreads serverSelectorThreads
+    serverOnewaySemaphoreValue serverAsyncSemaphoreValue serverChannelMaxIdleTimeSeconds
+    serverSocketSndBufSize serverSocketRcvBufSize serverPooledByteBufAllocatorEnable
+    useEpollNativeSelector clientWorkerThreads clientCallbackExecutorThreads
+    clientOnewaySemaphoreValue clientAsyncSemaphoreValue connectTimeoutMillis
+    channelNotActiveInterval clientChannelMaxIdleTimeSeconds clientSocketSndBufSize
+    clientSocketRcvBufSize clientPooledByteBufAllocatorEnable clientCloseSocketIfTimeout useTLS
+    enableDLegerCommitLog dLegerGroup dLegerPeers dLegerSelfId
+    """.split()
+)
+
+
+def _store_keys_of_file(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """A broker.conf's store keys; its broker-only keys are listed once as ignored."""
+    ignored = sorted(k for k in raw if k in BROKER_ONLY_KEYS)
+    if ignored:
+        log.warning("broker settings in the config file are not store settings; ignored",
+                    path=str(path), keys=ignored)  # fmt: skip
+    return {k: v for k, v in raw.items() if k not in BROKER_ONLY_KEYS}
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -395,6 +506,8 @@ def _parse_properties(text: str) -> dict[str, str]:
         out[match.group(1)] = match.group(2)
     return out
 
+
+log = get_logger(__name__)
 
 _TRUE: Final = frozenset({"true", "yes", "on", "1"})
 _FALSE: Final = frozenset({"false", "no", "off", "0"})
@@ -472,6 +585,10 @@ def _check_int(key: str, value: int) -> int:
             raise ConfigError(key, value, "a size must be positive")
         if value > JAVA_INT_MAX:
             raise ConfigError(key, value, f"a size must fit a Java int (<= {JAVA_INT_MAX})")
+        if key == "mapped_file_size_commitlog_bytes" and value < MIN_COMMITLOG_SEGMENT_BYTES:
+            raise ConfigError(key, value, f"a commitlog segment must be at least {MIN_COMMITLOG_SEGMENT_BYTES} bytes")
+        if key == "mapped_file_size_consume_queue_bytes" and value < MIN_CONSUME_QUEUE_FILE_BYTES:
+            raise ConfigError(key, value, f"a ConsumeQueue file must be at least {MIN_CONSUME_QUEUE_FILE_BYTES} bytes")
     elif value > JAVA_LONG_MAX:
         raise ConfigError(key, value, "too large")
     if key == "mapped_file_size_consume_queue_bytes":

@@ -34,6 +34,7 @@ def lookup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", default=None)
     p.add_argument("--with-body", action="store_true", help="include bodies (base64)")
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--scan", action="store_true", help="scan with Spark even where index files could answer")
     add_common_args(p)
 
 

@@ -18,7 +18,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "stats": ("mqstore.pipeline.stats", "per topic/queue counts, bytes, first/last store time, hourly histogram (JSON)"),
     "export": ("mqstore.pipeline.export", "messages to Parquet partitioned by topic and date"),
     "reindex": ("mqstore.pipeline.reindex", "rebuild consumequeue/ and index/ from the commitlog alone"),
-    "lookup": ("mqstore.pipeline.lookup", "find messages by UNIQ_KEY or KEYS token, without an index"),
+    "lookup": ("mqstore.pipeline.lookup", "find messages by UNIQ_KEY or KEYS token (index files when present, else a scan)"),
 }
 
 

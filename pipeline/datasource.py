@@ -10,9 +10,20 @@ Options:
   decoder         "fast" (default) or "exact" (the codec per record; for tests and doubts)
   batchRows       rows per Arrow batch (default 8192)
   topics          comma-separated topics: only their records are decoded past the topic
-                  (corrupt ranges are still reported). Not filter pushdown on purpose: a
-                  reader with pushFilters fails in sessions without
-                  spark.sql.python.filterPushdown.enabled, and this source must work anywhere.
+                  (corrupt ranges are still reported)
+  topicPattern    a regular expression a topic must match whole (instead of `topics`)
+  startingOffsets "earliest" (default), or JSON per topic and queue, Kafka's way:
+                  {"orders":{"0":120,"1":-2}}; -2 earliest, -1 latest; start inclusive
+  endingOffsets   "latest" (default), or JSON as above; end exclusive
+  startingTimestamp, endingTimestamp  epoch ms on store_timestamp: [start, end)
+  useConsumeQueue "true" (default): plan offset bounds from ConsumeQueue files when present
+  checkCrc        "true" (default): a record whose body CRC fails is reported as corrupt
+An unknown option is an error naming the known ones: an ignored option reads the wrong rows.
+
+Filters on topic, queue_id, store_timestamp and commitlog_offset are pushed into planning
+and decoding when spark.sql.python.filterPushdown.enabled is true (`get_spark` sets it).
+A reader that implements pushFilters fails planning in a session where that setting is off,
+so the reader gets it only when Spark asks for pushdown (see `RocketMQDataSource.reader`).
 
 Columns: see `SCHEMA`. Pass a narrower schema (`.schema("topic string, size int")` or
 `read_commitlog(spark, paths, columns=[...])`) and only those fields are decoded: the Python
@@ -27,15 +38,29 @@ use), against walking from the segment start in every task, which costs O(splits
 
 from __future__ import annotations
 
+import glob
 import json
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+)
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -47,8 +72,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE
+import struct
 
+from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE, body_crc_mismatch
+
+from .bounds import ReadBounds, parse_offsets, parse_timestamp_ms, parse_topic_pattern, to_epoch_us
 from .columnar import COLUMNS, corrupt_values, decode_batch, rows_to_batch
 from .segments import Segment, discover_segments, message_runs, open_segment, parse_size, plan_segment
 
@@ -59,6 +87,7 @@ log = get_logger(__name__)
 FORMAT_NAME = "rocketmq"
 DEFAULT_SPLIT_SIZE = "64m"
 DEFAULT_BATCH_ROWS = 8192
+_I32 = struct.Struct(">i")
 MAX_BATCH_BYTES = 64 << 20  # keeps int32 Arrow offsets of a body column far from overflow
 
 _T = {"bigint": LongType(), "int": IntegerType(), "string": StringType(), "timestamp": TimestampType(),
@@ -92,6 +121,66 @@ _COLUMN_TYPES = {
 SCHEMA: StructType = StructType([StructField(n, _T[t], True) for n, t in _COLUMN_TYPES.items()])
 _DDL_BY_NAME = {f.name: f for f in SCHEMA.fields}
 assert list(_DDL_BY_NAME) == list(COLUMNS), "the Spark and Arrow column lists must agree"
+
+
+# Option names as documented; Spark hands them to the source lower-cased.
+BATCH_OPTIONS = (
+    "path", "paths", "splitSize", "strict", "maxMessageSize", "corruptLog", "decoder", "batchRows", "topics",
+    "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "useConsumeQueue",
+    "checkCrc",
+)  # fmt: skip
+# What the stream honours; the batch-only options would be ignored there, so they are refused.
+STREAM_OPTIONS = ("path", "paths", "topics", "topicPattern", "startingOffsets", "maxOffsetsPerTrigger")
+
+
+def check_options(options: dict[str, str], known: Sequence[str]) -> None:
+    """An option we do not know would be silently ignored; refuse it instead."""
+    lower = {k.lower() for k in known}
+    unknown = sorted(k for k in options if k.lower() not in lower)
+    if unknown:
+        raise ValueError(f"rocketmq data source: unknown option(s) {', '.join(unknown)}; known options: {', '.join(known)}")
+
+
+def bounds_from_options(options: dict[str, str], *, streaming: bool = False) -> ReadBounds:
+    """The rows the Kafka-style options ask for (options keyed lower-case)."""
+    bounds = ReadBounds()
+    topics = options.get("topics")
+    pattern = options.get("topicpattern")
+    if topics is not None and pattern is not None:
+        raise ValueError("rocketmq data source: give topics or topicPattern, not both")
+    if topics is not None:
+        bounds = bounds.and_topics([t.strip() for t in topics.split(",") if t.strip()])
+    if pattern is not None:
+        bounds = ReadBounds(topic_pattern=parse_topic_pattern(pattern))
+    start_default, starting = parse_offsets(
+        "startingOffsets", options.get("startingoffsets", "earliest"), ending=False, streaming=streaming
+    )
+    end_default, ending = parse_offsets("endingOffsets", options.get("endingoffsets", "latest"), ending=True, streaming=streaming)
+    from_us = until_us = None
+    if "startingtimestamp" in options:
+        from_us = parse_timestamp_ms("startingTimestamp", options["startingtimestamp"]) * 1000
+    if "endingtimestamp" in options:
+        until_us = parse_timestamp_ms("endingTimestamp", options["endingtimestamp"]) * 1000
+    return ReadBounds(
+        topics=bounds.topics,
+        topic_pattern=bounds.topic_pattern,
+        starting=starting,
+        ending=ending,
+        default_start=start_default,
+        default_end=end_default,
+        timestamp_from_us=from_us,
+        timestamp_until_us=until_us,
+    )
+
+
+def _called_for_pushdown() -> bool:
+    """Whether Spark's filter-pushdown worker is the caller (so pushdown is enabled)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("worker", "data_source_pushdown_filters.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class CorruptRecordError(RuntimeError):
@@ -151,6 +240,28 @@ def _paths(options: dict[str, str]) -> list[str]:
     return [p for p in paths if p]
 
 
+def _store_dirs(paths: Sequence[str]) -> list[str]:
+    """Directories that may hold consumequeue/: the stores named, or those of named segments."""
+    dirs: list[str] = []
+    for p in paths:
+        for path in sorted(glob.glob(p)) if glob.has_magic(p) else [p]:
+            d = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(os.path.abspath(path)))
+            if os.path.basename(os.path.normpath(d)) == "commitlog":
+                d = os.path.dirname(os.path.normpath(d))
+            if d not in dirs:
+                dirs.append(d)
+    return dirs
+
+
+def prune_splits(splits: Sequence[SegmentSplit], lo: int, hi: int) -> list[SegmentSplit]:
+    """The splits that can hold a record at a commitlog offset in [lo, hi); a segment whose
+    name does not give its base offset is always kept."""
+    return [
+        s for s in splits
+        if s.base_offset is None or (s.base_offset + s.end > lo and s.base_offset + s.start < hi)
+    ]  # fmt: skip
+
+
 # (path, size, mtime_ns, split_size, max_message_size) -> ranges; the planner process is
 # reused across queries (spark.python.worker.reuse), so a second query skips the walk.
 _PLAN_CACHE: dict[tuple[str, int, int, int, int], list[tuple[int, int]]] = {}
@@ -185,11 +296,25 @@ class RocketMQDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         # Spark hands options over case-insensitively (lower-cased keys); normalise here.
-        return RocketMQReader({str(k).lower(): str(v) for k, v in self.options.items()}, schema)
+        options = {str(k).lower(): str(v) for k, v in self.options.items()}
+        if _called_for_pushdown():
+            return RocketMQPushdownReader(options, schema)
+        return RocketMQReader(options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from .stream import RocketMQStreamReader
+
+        options = {str(k).lower(): str(v) for k, v in self.options.items()}
+        check_options(options, STREAM_OPTIONS)
+        for f in schema.fields:
+            if _DDL_BY_NAME.get(f.name) is None or _DDL_BY_NAME[f.name].dataType != f.dataType:
+                raise ValueError(f"rocketmq data source: unknown column or type {f.simpleString()}")
+        return RocketMQStreamReader(options, schema, _store_dirs(_paths(options)))
 
 
 class RocketMQReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        check_options(options, BATCH_OPTIONS)
         options = {k.lower(): v for k, v in options.items()}
         for f in schema.fields:
             known = _DDL_BY_NAME.get(f.name)
@@ -204,11 +329,19 @@ class RocketMQReader(DataSourceReader):
         self.corrupt_log = options.get("corruptlog")
         self.fast = options.get("decoder", "fast").lower() != "exact"
         self.batch_rows = int(options.get("batchrows", DEFAULT_BATCH_ROWS))
-        topics = options.get("topics")
-        self.topics = tuple(t for t in topics.split(",") if t) if topics else None
+        self.use_consume_queue = str(options.get("useconsumequeue", "true")).strip().lower() in ("1", "true", "yes", "on")
+        self.bounds = bounds_from_options(options)
+        self.check_crc = str(options.get("checkcrc", "true")).strip().lower() in ("1", "true", "yes", "on")
 
     def partitions(self) -> list[InputPartition]:
+        if self.bounds.empty:
+            return [CommitLogPartition(())]
         splits = plan_splits(self.paths, self.split_size, self.max_message_size)
+        if self.use_consume_queue:
+            lo, hi = self.bounds.commitlog_range(_store_dirs(self.paths))
+        else:
+            lo, hi = self.bounds.commitlog_from or 0, self.bounds.commitlog_until or (1 << 63) - 1
+        splits = prune_splits(splits, lo, hi)
         parts = pack_splits(splits, self.split_size)
         log.info("planned", segments=len({s.path for s in splits}), splits=len(splits), partitions=len(parts),
                  split_size=self.split_size)  # fmt: skip
@@ -226,8 +359,21 @@ class RocketMQReader(DataSourceReader):
                 max_message_size=self.max_message_size,
                 batch_rows=self.batch_rows,
                 corrupt_log=self.corrupt_log,
-                topics=self.topics,
+                bounds=self.bounds,
+                check_crc=self.check_crc,
             )
+
+
+class RocketMQPushdownReader(RocketMQReader):
+    """RocketMQReader that takes the filters Spark pushes (only built when pushdown is on)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        for f in filters:
+            got = push_filter(self.bounds, f)
+            if got is None:
+                yield f  # Spark applies it
+            else:
+                self.bounds = got
 
 
 def read_split(
@@ -240,8 +386,11 @@ def read_split(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     corrupt_log: str | None = None,
     topics: Sequence[str] | None = None,
+    bounds: ReadBounds | None = None,
+    check_crc: bool = True,
 ) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one split: message rows, and one row per corrupt range."""
+    """Arrow batches of one split: the message rows `bounds` (and `topics`) ask for, and one
+    row per corrupt range."""
     from .columnar import arrow_schema
 
     import numpy as np
@@ -256,18 +405,30 @@ def read_split(
     corrupt: list[dict[str, Any]] = []
     check = strict or bool(corrupt_log) or "error" in columns
 
-    topic_schema = arrow_schema(["topic"])
-    wanted = pa.array(list(topics), pa.string()) if topics else None
+    bounds = bounds or ReadBounds()
+    if topics:
+        bounds = bounds.and_topics(topics)
+    filter_schema = arrow_schema(bounds.filter_columns()) if bounds.needs_rows else None
 
     def decoded() -> pa.RecordBatch:
         nonlocal positions
-        if wanted is not None:
-            # Topic first (cheap), then everything else for the records that match.
-            got = decode_batch(buf, seg, positions, topic_schema, fast=fast, max_message_size=max_message_size, a=a)
-            col = got.column(0)
-            # A null topic is a record that failed decoding: keep it, so it is reported.
-            keep = pc.or_kleene(pc.is_in(col, value_set=wanted), pc.is_null(col)).to_numpy(zero_copy_only=False)
-            positions = [p for p, k in zip(positions, keep) if k]
+        if filter_schema is not None:
+            # The filtering columns first (cheap gathers), then the rest for the rows kept.
+            got = decode_batch(buf, seg, positions, filter_schema, fast=fast, max_message_size=max_message_size, a=a)
+            keep = bounds.row_mask(got)
+            if not keep.all():
+                positions = np.asarray(positions, dtype=np.int64)[keep].tolist()
+            if not positions:
+                return pa.RecordBatch.from_pylist([], schema=schema)
+        if check_crc:
+            # The body CRC, in C over the map (refuse19's kernel): a record that fails it is
+            # reported like a corrupt range and never returned as a message.
+            failed = [(p, why) for p in positions if (why := body_crc_mismatch(buf, p, seg.file_size))]
+            if failed:
+                gone = {p for p, _ in failed}
+                positions = [p for p in positions if p not in gone]
+                for p, why in failed:
+                    _report_corrupt(p, _I32.unpack_from(buf, p)[0], why)
             if not positions:
                 return pa.RecordBatch.from_pylist([], schema=schema)
         batch = decode_batch(buf, seg, positions, schema, fast=fast, max_message_size=max_message_size, a=a)
@@ -275,21 +436,30 @@ def read_split(
             _check_decoded(batch, buf, seg, positions, strict, corrupt, fast, max_message_size)
         return batch
 
+    pending: list[pa.RecordBatch] = []
+
+    def _report_corrupt(pos: int, length: int, reason: str) -> None:
+        where = f"{seg.path} at position {pos} (commitlog offset {(seg.base_offset or 0) + pos})"
+        if strict:
+            raise CorruptRecordError(f"corrupt record in {where}: {reason}")
+        log.warning("corrupt_record", segment=seg.path, position=pos, length=length, reason=reason)
+        row = corrupt_values(seg, pos, length, reason)
+        corrupt.append(row)
+        if not bounds.drop_corrupt:  # a pushed filter never matches a corrupt (null) row
+            pending.append(rows_to_batch([row], schema))
+
     for item in message_runs(buf, seg, split.start, split.end, max_message_size, batch_rows, MAX_BATCH_BYTES):
         if isinstance(item, list):
             positions = item
             batch = decoded()
+            yield from pending
+            pending.clear()
             if batch.num_rows:
                 yield batch
             continue
-        res = item
-        where = f"{seg.path} at position {res.pos} (commitlog offset {(seg.base_offset or 0) + res.pos})"
-        if strict:
-            raise CorruptRecordError(f"corrupt record in {where}: {res.reason}")
-        log.warning("corrupt_record", segment=seg.path, position=res.pos, length=res.next_pos - res.pos, reason=res.reason)
-        row = corrupt_values(seg, res.pos, res.next_pos - res.pos, res.reason)
-        corrupt.append(row)
-        yield rows_to_batch([row], schema)
+        _report_corrupt(item.pos, item.next_pos - item.pos, item.reason)
+        yield from pending
+        pending.clear()
     if corrupt_log and corrupt:
         _write_corrupt_log(corrupt_log, split, corrupt)
 
@@ -338,6 +508,55 @@ def count_corrupt_log(directory: str) -> int:
             with open(os.path.join(directory, name), encoding="utf-8") as f:
                 n += sum(1 for _ in f)
     return n
+
+
+def push_filter(bounds: ReadBounds, f: Filter) -> ReadBounds | None:
+    """`bounds` narrowed by the pushed filter `f`, or None when this source cannot apply it
+    exactly (Spark then applies it). Applied filters follow SQL: corrupt rows never match."""
+    if len(f.attribute) != 1:
+        return None
+    col = f.attribute[0]
+    got: ReadBounds | None = None
+    if isinstance(f, IsNotNull) and col in ("topic", "queue_id", "store_timestamp", "commitlog_offset"):
+        got = bounds  # only corrupt rows lack these (commitlog_offset: never null)
+    elif col == "topic":
+        if isinstance(f, EqualTo) and isinstance(f.value, str):
+            got = bounds.and_topics([f.value])
+        elif isinstance(f, In) and all(isinstance(v, str) for v in f.value):
+            got = bounds.and_topics(list(f.value))
+    elif col == "queue_id":
+        if isinstance(f, EqualTo) and _is_int(f.value):
+            got = bounds.and_queue_ids([f.value])
+        elif isinstance(f, In) and all(_is_int(v) for v in f.value):
+            got = bounds.and_queue_ids(list(f.value))
+    elif col == "store_timestamp":
+        us = to_epoch_us(getattr(f, "value", None))
+        if us is not None:
+            lo_hi = _range_of(f, us)
+            got = bounds.and_timestamps(*lo_hi) if lo_hi is not None else None
+    elif col == "commitlog_offset" and _is_int(getattr(f, "value", None)):
+        lo_hi = _range_of(f, f.value)
+        got = bounds.and_commitlog(*lo_hi) if lo_hi is not None else None
+    return replace(got, drop_corrupt=True) if got is not None else None
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _range_of(f: Filter, v: int) -> tuple[int | None, int | None] | None:
+    """[lo, hi) of integers that a comparison with v accepts."""
+    if isinstance(f, EqualTo):
+        return v, v + 1
+    if isinstance(f, GreaterThan):
+        return v + 1, None
+    if isinstance(f, GreaterThanOrEqual):
+        return v, None
+    if isinstance(f, LessThan):
+        return None, v
+    if isinstance(f, LessThanOrEqual):
+        return None, v + 1
+    return None
 
 
 _REGISTERED: set[int] = set()

@@ -12,6 +12,7 @@ therefore visits exactly the positions the planner would have visited after it.
 from __future__ import annotations
 
 import errno
+import glob
 import mmap
 import os
 import re
@@ -64,11 +65,21 @@ def _segment(path: str) -> Segment:
 
 
 def discover_segments(paths: str | list[str]) -> list[Segment]:
-    """Segments under store dirs, commitlog dirs or single files, in offset order per dir."""
+    """Segments under store dirs, commitlog dirs or single files (glob patterns too), in
+    offset order per dir."""
     if isinstance(paths, str):
         paths = [p for p in paths.split(",") if p]
-    found: list[Segment] = []
+    expanded: list[str] = []
     for path in paths:
+        if glob.has_magic(path):  # "store/commitlog/*", "stores/*/commitlog"
+            matches = sorted(glob.glob(path))
+            if not matches:
+                raise SegmentError(f"{path}: the pattern matches nothing")
+            expanded.extend(matches)
+        else:
+            expanded.append(path)
+    found: list[Segment] = []
+    for path in expanded:
         if os.path.isfile(path):
             found.append(_segment(path))
             continue

@@ -58,6 +58,8 @@ def get_spark(
         "spark.ui.showConsoleProgress": "true" if progress else "false",
         "spark.pyspark.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        # topic, queue_id, store_timestamp and commitlog_offset filters reach the reader.
+        "spark.sql.python.filterPushdown.enabled": "true",
     }
     for key, value in defaults.items():
         if not existing.contains(key):

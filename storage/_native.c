@@ -842,6 +842,9 @@ static PyObject *index_put_batch(PyObject *self, PyObject *args) {
         if (phy < indexed_below) continue;
         if (st[0] >= max_index) break; /* full: the caller makes the next file first, as Python does */
         if (phy < st[4]) continue;
+        /* the newest file ends at this message, which may be indexed in part: Python's
+           build_index indexes it again, skipping the keys already there */
+        if (phy == st[4]) break;
         if ((sys_flag & TRANSACTION_MASK) == TRANSACTION_ROLLBACK_TYPE) continue;
         Py_ssize_t needed = (uniq != Py_None) + (keys != Py_None ? count_tokens(keys) : 0);
         if (needed == 0) continue;

@@ -15,14 +15,17 @@ import mmap
 import os
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Callable, Final, NamedTuple
+from typing import Any, Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DispatchFields,
+    BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    PHYSICAL_OFFSET_POSITION,
     QUEUE_OFFSET_POSITION,
     SYSFLAG_POSITION,
     TRANSACTION_MASK,
@@ -53,6 +56,9 @@ __all__ = [
     "CommitLogReader",
     "EncodedRecords",
     "ProgressCallback",
+    "QUARANTINED_PREFIX",
+    "Quarantined",
+    "find_next_valid_record",
     "scan_commitlog_dir",
 ]
 
@@ -66,6 +72,81 @@ _PROGRESS_STEP_BYTES: Final = 4 << 20
 
 # (bytes scanned so far, bytes to scan in total), for a progress bar.
 ProgressCallback = Callable[[int, int], None]
+
+# The reason of a CORRUPT read that `scan_commitlog_dir(look_past_damage=True)` walked past.
+QUARANTINED_PREFIX: Final = "quarantined: "
+_MAGIC_PATTERNS: Final = tuple(_I.pack(m) for m in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, BLANK_MAGIC_CODE))
+_SEARCH_CHUNK_BYTES: Final = 4 << 20
+
+
+class Quarantined(NamedTuple):
+    """Damaged bytes [start, end) of the commitlog with valid records after them: left in place,
+    skipped by readers and dispatch, reported; never a reason to cut what follows."""
+
+    start: int
+    end: int
+    reason: str
+
+
+def _valid_record_at(buf: Any, pos: int, limit: int, file_from_offset: int, segment_size: int,
+                     max_message_size: int, stored_before_ms: int | None) -> bool:  # fmt: skip
+    """A record that can be trusted to start at `pos`: a CRC-checked message whose own
+    physical-offset field says it lies here (segments are never reused, so a stale record
+    cannot pass), stored at or before `stored_before_ms` if given, or (without that bound) the
+    blank that ends this segment exactly."""
+    if pos + 8 > limit:
+        return False
+    total, magic = _II.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return stored_before_ms is None and total == segment_size - pos
+    read = read_record(buf, pos, limit, check_crc=True, read_body=True, max_message_size=max_message_size)
+    record = read.record
+    return (
+        read.kind is RecordKind.MESSAGE
+        and record is not None
+        and record.commitlog_offset == file_from_offset + pos
+        and (stored_before_ms is None or record.store_timestamp <= stored_before_ms)
+    )
+
+
+def find_next_valid_record(
+    buf: Any,
+    start: int,
+    limit: int,
+    *,
+    file_from_offset: int,
+    segment_size: int,
+    max_message_size: int,
+    extents: Sequence[tuple[int, int]] | None = None,
+    stored_before_ms: int | None = None,
+) -> int | None:
+    """The position of the first trusted record (see `_valid_record_at`) in [start, limit) of
+    one segment's buffer, or None. Candidates are found by their magic code, in bounded chunks,
+    only inside `extents` (the parts of the file that hold data; default: all of it)."""
+    for extent_start, extent_end in extents if extents is not None else ((start, limit),):
+        lo = max(start, extent_start - 8)  # a header may start just before a data extent
+        hi = min(limit, extent_end)
+        while lo < hi:
+            chunk_end = min(hi, lo + _SEARCH_CHUNK_BYTES)
+            window = bytes(buf[lo : min(limit, chunk_end + 8)])  # +8: a magic across the chunk edge
+            hits = sorted(
+                h for pattern in _MAGIC_PATTERNS for h in _find_all(window, pattern) if lo + h - 4 >= start
+                and lo + h - 4 < chunk_end  # fmt: skip
+            )
+            for hit in hits:
+                pos = lo + hit - 4
+                if _valid_record_at(buf, pos, limit, file_from_offset, segment_size, max_message_size,
+                                    stored_before_ms):  # fmt: skip
+                    return pos
+            lo = chunk_end
+    return None
+
+
+def _find_all(window: bytes, pattern: bytes) -> Iterator[int]:
+    at = window.find(pattern)
+    while at >= 0:
+        yield at
+        at = window.find(pattern, at + 1)
 
 
 class EncodedRecords(NamedTuple):
@@ -147,11 +228,35 @@ class CommitLog:
         self.topic_queue_table: dict[str, int] = {}
         # The file a put left full, for the owner to munlock later (§6.5); it clears this.
         self.last_full_file: MappedFile | None = None
+        # Damage that recovery found with valid records after it (left in place, skipped).
+        self.quarantined: list[Quarantined] = []
+        self._scan_ended_on_blank = False
+        # After a power loss, bytes past the last flush may be torn while later pages reached
+        # the disk: such damage is a torn tail, not corruption. Set (by crash recovery) to the
+        # checkpoint's physic timestamp, only records stored up to it (flushed, but for the rest
+        # of that millisecond) count as "valid records after the damage"; None trusts any.
+        self.trusted_after_damage_before_ms: int | None = None
+        # False after a clean stop: every put was finished, so a zeroed header is damage.
+        self.unfinished_put_possible = True
 
     def load(self) -> bool:
-        ok = self.mapped_file_queue.load()
+        ok = self.mapped_file_queue.load(skip_damaged=True)
         log.info("commitlog loaded", ok=ok, files=len(self.mapped_file_queue.mapped_files))
+        if self.degraded_reason:
+            log.error("commitlog opened degraded: puts are refused", reason=self.degraded_reason)
         return ok
+
+    @property
+    def degraded_reason(self) -> str:
+        """Why puts are refused ("" when they are not): a missing or wrong-sized segment. The
+        writer never writes over or beyond one; `mqstore recover` makes the log whole."""
+        holes = self.mapped_file_queue.holes()
+        if not holes:
+            return ""
+        ranges = ", ".join(f"{start}..{end}" for start, end in holes)
+        damaged = self.mapped_file_queue.damaged_files
+        what = f"; wrong-sized segments: {', '.join(damaged)}" if damaged else ""
+        return f"commitlog has holes at offsets {ranges}{what}; run `mqstore recover` to make it whole"
 
     # put path (§6.4, §6.7) ------------------------------------------------------------------
     def put_message(self, record: EncodedRecords, now_ms: int) -> PutMessageResult:
@@ -186,6 +291,8 @@ class CommitLog:
 
     def _put(self, records: EncodedRecords, now_ms: int, *, batch: bool) -> PutMessageResult:
         queue = self.mapped_file_queue
+        if queue.damaged_files or queue.holes():
+            return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=self.degraded_reason)
         mapped_file = queue.last_mapped_file
         if mapped_file is None or mapped_file.is_full():
             mapped_file = queue.get_last_mapped_file(0)
@@ -312,31 +419,37 @@ class CommitLog:
         self, scan_from: int, topic_queue_table: dict[str, int], *, check_crc: bool = True
     ) -> tuple[int, dict[str, int]]:
         """The restarted writer's recovery: from `scan_from` (a point below which the queues
-        are known), walk valid records to the end of the log, continue the queue offsets past
-        them, and truncate (zeroing) whatever follows the last valid record, e.g. a record the
-        previous writer died writing. Returns (end offset, topic-queue table)."""
-        files = self.mapped_file_queue.mapped_files
+        are known), walk valid records to the end of the log (past quarantined damage, as
+        start-up recovery does), continue the queue offsets past them, and truncate (zeroing)
+        whatever follows the last valid record, e.g. a record the previous writer died
+        writing. Returns (end offset, topic-queue table)."""
+        queue = self.mapped_file_queue
+        files = queue.mapped_files
         if not files:
             return 0, topic_queue_table
-        first = files[0].file_from_offset
-        offset = max(scan_from, first)
+        offset = max(scan_from, files[0].file_from_offset)
         if offset >= files[-1].file_from_offset + self.mapped_file_size:
             offset = files[-1].file_from_offset
-        end = offset
+        # The file holding `offset`, or the first one after it (a hole: nothing to scan there).
+        index = next(i for i, f in enumerate(files) if offset < f.file_from_offset + self.mapped_file_size)
+        pos = max(offset - files[index].file_from_offset, 0)
         store_ts = 0
-        for read in self.iter_records(offset, None, check_crc=check_crc, read_body=check_crc):
-            if read.kind is RecordKind.BLANK:
-                end = self.roll_next_file(read.offset)
-                continue
-            if read.kind is not RecordKind.MESSAGE or read.record is None:
-                break
-            record = read.record
-            end = read.offset + read.size
-            store_ts = record.store_timestamp
-            if record.transaction_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
-                key = f"{record.topic}-{record.queue_id}"
-                topic_queue_table[key] = max(topic_queue_table.get(key, 0), record.queue_offset + 1)
-        queue = self.mapped_file_queue
+
+        def seen(fields: DispatchFields) -> None:
+            nonlocal store_ts
+            store_ts = fields.store_timestamp
+            if fields.sys_flag & TRANSACTION_MASK not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+                key = f"{fields.topic}-{fields.queue_id}"
+                topic_queue_table[key] = max(topic_queue_table.get(key, 0), fields.consume_queue_offset + 1)
+
+        saved_crc = self.check_crc_on_recover
+        self.check_crc_on_recover = check_crc
+        try:
+            end = self._scan_for_recovery(index, seen, None, start_pos=pos)
+        finally:
+            self.check_crc_on_recover = saved_crc
+        if self._scan_ended_on_blank:
+            end = self.roll_next_file(end)
         # Only the put the previous writer died in can have left bytes past the end.
         queue.truncate_dirty_files(end, 2 * self.max_message_size)
         queue.flushed_where = min(queue.flushed_where, end) if queue.flushed_where else end
@@ -461,6 +574,10 @@ class CommitLog:
         while to_offset is None or offset < to_offset:
             mapped_file = queue.find_mapped_file_by_offset(offset)
             if mapped_file is None:
+                after = [f.file_from_offset for f in queue.mapped_files if f.file_from_offset > offset]
+                if after and offset >= max(queue.min_offset(), 0):
+                    offset = after[0]  # a hole (a missing segment): the next file goes on
+                    continue
                 if offset == queue.max_offset():
                     yield RecordRead(RecordKind.END_OF_DATA, offset, 0, reason="end of the commitlog")
                 return
@@ -470,6 +587,11 @@ class CommitLog:
             read = self._read_in(mapped_file, offset - mapped_file.file_from_offset, limit, check_crc, read_body)
             if read is None:
                 return
+            if read.kind in (RecordKind.CORRUPT, RecordKind.END_OF_DATA):
+                skip_to = self._quarantine_end(offset)
+                if skip_to is not None:
+                    offset = skip_to  # damage recovery left in place: valid records follow it
+                    continue
             yield read
             if read.kind is RecordKind.MESSAGE:
                 offset += read.size
@@ -478,14 +600,23 @@ class CommitLog:
             else:
                 return
 
+    def _quarantine_end(self, offset: int) -> int | None:
+        for quarantined in self.quarantined:
+            if quarantined.start == offset:
+                return quarantined.end
+        return None
+
     # recovery (§11.5, §11.6) --------------------------------------------------------------------
-    def recover_normally(self, max_phy_offset_of_consume_queue: int, progress: ProgressCallback | None = None) -> int:
-        """After a clean shutdown: scan the last three files, truncate after the last valid
-        record, and return that offset (the caller truncates queues if they reach past it)."""
+    def recover_normally(
+        self, max_phy_offset_of_consume_queue: int, progress: ProgressCallback | None = None, *, all_files: bool = False
+    ) -> int:
+        """After a clean shutdown: scan the last three files (every file with `all_files`, as
+        `mqstore recover` does to find damage anywhere), truncate after the last valid record,
+        and return that offset (the caller truncates queues if they reach past it)."""
         files = self.mapped_file_queue.mapped_files
         if not files:
             return 0
-        index = max(0, len(files) - 3)
+        index = 0 if all_files else max(0, len(files) - 3)
         process_offset = self._scan_for_recovery(index, None, progress)
         self._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
         return process_offset
@@ -525,48 +656,110 @@ class CommitLog:
         return bool(store_ts != 0 and store_ts <= min_timestamp)
 
     def _scan_for_recovery(
-        self, index: int, dispatch: Callable[[DispatchFields], None] | None, progress: ProgressCallback | None
+        self,
+        index: int,
+        dispatch: Callable[[DispatchFields], None] | None,
+        progress: ProgressCallback | None,
+        *,
+        start_pos: int = 0,
     ) -> int:
-        """Walk valid records from file `index`. Uses the dispatcher's decoder with the body CRC
-        checked in place: a full MessageRecord per record made recovery ~3x slower."""
+        """Walk valid records from file `index` and return the end of the last one. Uses the
+        dispatcher's decoder with the body CRC checked in place: a full MessageRecord per
+        record made recovery ~3x slower.
+
+        Only a torn tail is cut: damage with a trusted record somewhere after it (this file or
+        a later one) is quarantined (`self.quarantined`) and the walk continues there."""
         files = self.mapped_file_queue.mapped_files
         total_bytes = (len(files) - index) * self.mapped_file_size
         scanned_before = 0
         next_report = 0
         mapped_file = files[index]
-        file_offset = 0
+        file_offset = start_pos
+        self._scan_ended_on_blank = False
         while True:
             kind, size, fields = read_dispatch(
                 mapped_file.mapped_buffer, file_offset, self.mapped_file_size, self.max_message_size,
                 None, self.check_crc_on_recover,
             )  # fmt: skip
-            if kind is RecordKind.MESSAGE:
+            if kind is RecordKind.MESSAGE and fields is not None and (
+                fields.commitlog_offset == mapped_file.file_from_offset + file_offset
+            ):
                 if dispatch is not None:
-                    assert fields is not None
                     dispatch(fields)
                 file_offset += size
                 if progress is not None and scanned_before + file_offset >= next_report:
                     progress(scanned_before + file_offset, total_bytes)
                     next_report = scanned_before + file_offset + _PROGRESS_STEP_BYTES
-            elif kind is RecordKind.BLANK:
+                continue
+            if kind is RecordKind.BLANK:
                 index += 1
                 scanned_before += self.mapped_file_size
                 if index >= len(files):
                     log.info("recovery reached the last file's end", file=mapped_file.file_name)
+                    self._scan_ended_on_blank = True
                     break
                 mapped_file = files[index]
                 file_offset = 0
-            else:
-                if kind is RecordKind.CORRUPT:
-                    reason = read_record(mapped_file.mapped_buffer, file_offset, self.mapped_file_size,
-                                         check_crc=self.check_crc_on_recover,
-                                         max_message_size=self.max_message_size).reason  # fmt: skip
-                    log.warning("recovery stops at a damaged record", file=mapped_file.file_name,
-                                position=file_offset, reason=reason)  # fmt: skip
+                continue
+            damaged_at = mapped_file.file_from_offset + file_offset
+            if self.unfinished_put_possible and self._unfinished_put_at(mapped_file, file_offset):
+                log.warning("recovery stops at a put the writer did not finish", offset=damaged_at)
                 break
+            resume = self._look_past(index, file_offset)
+            if resume is None:
+                if kind is not RecordKind.END_OF_DATA:
+                    log.warning("recovery stops at a damaged record: a torn tail", file=mapped_file.file_name,
+                                position=file_offset, reason=self._damage_reason(mapped_file, file_offset))  # fmt: skip
+                break
+            next_index, next_pos = resume
+            resume_at = files[next_index].file_from_offset + next_pos
+            reason = self._damage_reason(mapped_file, file_offset)
+            self.quarantined.append(Quarantined(damaged_at, resume_at, reason))
+            log.error("damaged commitlog bytes quarantined; valid records follow them", start=damaged_at,
+                      end=resume_at, reason=reason)  # fmt: skip
+            scanned_before += (next_index - index) * self.mapped_file_size
+            index, mapped_file, file_offset = next_index, files[next_index], next_pos
         if progress is not None:
             progress(total_bytes, total_bytes)
         return mapped_file.file_from_offset + file_offset
+
+    def _damage_reason(self, mapped_file: MappedFile, pos: int) -> str:
+        read = read_record(mapped_file.mapped_buffer, pos, self.mapped_file_size, check_crc=True,
+                           max_message_size=self.max_message_size)  # fmt: skip
+        if read.kind is RecordKind.END_OF_DATA:
+            return "zeroed bytes"
+        if read.kind is RecordKind.MESSAGE and read.record is not None:
+            return f"record says it is at {read.record.commitlog_offset}"
+        return read.reason or read.kind.value
+
+    def _unfinished_put_at(self, mapped_file: MappedFile, pos: int) -> bool:
+        """The put the previous writer died in: it writes a record's TOTALSIZE and MAGIC last,
+        so its header is still zero while its own physical-offset field already says where it
+        lies. What follows it belongs to the same unfinished put (a batch): a torn tail."""
+        buf = mapped_file.mapped_buffer
+        if pos + PHYSICAL_OFFSET_POSITION + 8 > self.mapped_file_size or any(buf[pos : pos + 8]):
+            return False
+        return bool(_Q.unpack_from(buf, pos + PHYSICAL_OFFSET_POSITION)[0] == mapped_file.file_from_offset + pos)
+
+    def _look_past(self, index: int, pos: int) -> tuple[int, int] | None:
+        """(file index, position) of the first trusted record after damage at `pos` of file
+        `index`, in it or a later file; None when nothing valid follows (a torn tail)."""
+        files = self.mapped_file_queue.mapped_files
+        for i in range(index, len(files)):
+            mapped_file = files[i]
+            start = pos + 1 if i == index else 0
+            try:
+                extents = self.fs.data_extents(mapped_file.file_name, start, self.mapped_file_size)
+            except OSError:
+                extents = [(start, self.mapped_file_size)]
+            found = find_next_valid_record(
+                mapped_file.mapped_buffer, start, self.mapped_file_size, file_from_offset=mapped_file.file_from_offset,
+                segment_size=self.mapped_file_size, max_message_size=self.max_message_size, extents=extents,
+                stored_before_ms=self.trusted_after_damage_before_ms,
+            )  # fmt: skip
+            if found is not None:
+                return i, found
+        return None
 
     def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
         queue = self.mapped_file_queue
@@ -643,6 +836,15 @@ class CommitLogReader:
 
     def min_offset(self) -> int:
         return min(self._regions) if self._regions else -1
+
+    def has_segment(self, offset: int) -> bool:
+        """Whether the segment holding `offset` exists (full-sized) and is mapped."""
+        return self._region_for(offset) is not None
+
+    def next_segment_after(self, offset: int) -> int | None:
+        """The start of the first mapped segment after `offset` (past a hole), or None."""
+        later = [start for start in self._regions if start > offset]
+        return min(later) if later else None
 
     def _region_for(self, offset: int) -> tuple[int, MappedRegion] | None:
         start = offset - offset % self.mapped_file_size
@@ -737,12 +939,17 @@ def scan_commitlog_dir(
     segment_size: int | None = None,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     fs: FileSystem | None = None,
+    look_past_damage: bool = False,
 ) -> Iterator[RecordRead]:
     """Every record of every segment in `path`, for tools (absolute offsets).
 
     Each file is read from its start until a BLANK, END_OF_DATA or CORRUPT record (which is
     yielded too), then the next file follows. A file of the wrong size is reported as CORRUPT
     at its start offset. The segment size defaults to the first file's length.
+
+    With `look_past_damage` (as recovery does), damage or zeroes followed by a trusted record
+    in the same file are one CORRUPT read whose `size` spans them, and the walk continues;
+    a record whose physical-offset field disagrees with where it lies counts as damage.
     """
     fs = fs or RealFileSystem()
     names = [n for n in fs.listdir(path) if len(n) == 20 and n.isdigit()]
@@ -767,10 +974,34 @@ def scan_commitlog_dir(
             while True:
                 read = read_record(region.buf, pos, segment_size, check_crc=check_crc, read_body=read_body,
                                    max_message_size=max_message_size)  # fmt: skip
+                if read.kind is RecordKind.MESSAGE and look_past_damage and read.record is not None and (
+                    read.record.commitlog_offset != start + pos
+                ):
+                    read = RecordRead(RecordKind.CORRUPT, pos, read.size,
+                                      reason=f"record says it is at {read.record.commitlog_offset}")  # fmt: skip
+                if look_past_damage and read.kind in (RecordKind.CORRUPT, RecordKind.END_OF_DATA):
+                    following = find_next_valid_record(
+                        region.buf, pos + 1, segment_size, file_from_offset=start, segment_size=segment_size,
+                        max_message_size=max_message_size, extents=_extents(fs, file_path, pos + 1, segment_size),
+                    )  # fmt: skip
+                    if following is not None:
+                        # Quarantined: reported with its extent as `size`, and the walk goes on.
+                        reason = read.reason if read.kind is RecordKind.CORRUPT else "zeroed bytes"
+                        yield RecordRead(RecordKind.CORRUPT, start + pos, following - pos,
+                                         reason=QUARANTINED_PREFIX + reason)  # fmt: skip
+                        pos = following
+                        continue
                 yield _absolute(read, start)
                 if read.kind is not RecordKind.MESSAGE:
                     break
                 pos += read.size
         finally:
             region.close()
+
+
+def _extents(fs: FileSystem, path: str, start: int, end: int) -> list[tuple[int, int]]:
+    try:
+        return fs.data_extents(path, start, end)
+    except OSError:
+        return [(start, end)]
 

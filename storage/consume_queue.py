@@ -32,6 +32,9 @@ log = get_logger(__name__)
 
 # fillPreBlank's unit: valid by the offset >= 0 && size > 0 rule, pointing nowhere.
 FILLER_UNIT: Final = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
+# The largest run of skipped queue offsets filled with FILLER_UNITs; a larger jump is a
+# damaged queue-offset field, not lost records.
+MAX_FILLED_GAP_UNITS: Final = 100_000
 
 
 _SCAN_CHUNK_BYTES: Final = 200 * CQ_STORE_UNIT_SIZE
@@ -134,7 +137,20 @@ class ConsumeQueue:
                 log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
                             expect=expect, current=current)  # fmt: skip
                 return True
-            if expect != current:
+            if expect != current and (expect - current) // CQ_STORE_UNIT_SIZE <= MAX_FILLED_GAP_UNITS:
+                # Records the commitlog lost (a hole) or quarantined (damaged header) left queue
+                # offsets unused: filler units keep every later unit at its own queue offset.
+                log.error("queue offsets skipped; filler units keep the queue dense", topic=self.topic,
+                          queue_id=self.queue_id, first=current // CQ_STORE_UNIT_SIZE, until=cq_offset)  # fmt: skip
+                while current < expect:
+                    mapped_file = self.mapped_file_queue.get_last_mapped_file(current)
+                    if mapped_file is None or not mapped_file.append_bytes(FILLER_UNIT):
+                        return False
+                    current += CQ_STORE_UNIT_SIZE
+                mapped_file = self.mapped_file_queue.get_last_mapped_file(expect)
+                if mapped_file is None:
+                    return False
+            elif expect != current:
                 # Java logs and appends at `current` anyway; the unit lands at the wrong offset.
                 log.error("[BUG] logic queue order maybe wrong", topic=self.topic, queue_id=self.queue_id,
                           expect=expect, current=current)  # fmt: skip

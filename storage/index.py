@@ -478,6 +478,23 @@ class IndexFile:
             n = prev
         return result
 
+    def has_entry(self, key: str, phy_offset: int) -> bool:
+        """Does `key`'s chain hold an entry with its hash at `phy_offset`? (Re-indexing a
+        message that may be partly indexed already skips what is there.)"""
+        key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
+        bound = self._chain_bound()
+        n = self.slot_value(slot)
+        for _ in range(bound):  # bounded: a corrupt chain may cycle
+            if n <= INVALID_INDEX or n > bound:
+                return False
+            kh, phy, _time_diff, prev = _ENTRY.unpack_from(self._buf, self._entries_pos + n * INDEX_ENTRY_SIZE)
+            if kh == key_hash and phy == phy_offset:
+                return True
+            if phy < phy_offset or prev == n:  # chains run newest first: past it
+                return False
+            n = prev
+        return False
+
     def _chain_bound(self) -> int:
         """The highest entry number a slot or prevIndex may name. The owner's count is exact.
         A reader's header may trail what the owner has written (entry, then slot, then the
@@ -867,7 +884,9 @@ class IndexService:
         if f is None:
             log.error("index_build_no_file", commitlog_offset=commitlog_offset)
             return False
-        # Re-dispatch after recovery; note `<`: the message at endPhyOffset is indexed again.
+        # Re-dispatch after recovery; note `<`: the message at endPhyOffset is indexed again, as
+        # in Java: its keys may be split across a full file and a newer one that recovery
+        # dropped. Idempotent: a key already there with this offset is skipped, none dropped.
         if commitlog_offset < f.end_phy_offset:
             return True
         if sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK_TYPE:
@@ -877,17 +896,26 @@ class IndexService:
         needed = (uniq_key is not None) + (len([k for k in java_split(keys, KEY_SEPARATOR) if k]) if keys else 0)
         if needed and f.reserve_entries(f.index_count + needed) < min(f.index_count + needed, f.max_index_num):
             raise DiskFullError(f"no disk space for index entries of {f.path}")
+        indexed = [g for g in self.files[-2:] if g.end_phy_offset == commitlog_offset and g.index_count > 1]
         if uniq_key is not None:
-            f = self._put_key(f, f"{topic}#{uniq_key}", commitlog_offset, store_timestamp)
+            f = self._put_key_once(f, indexed, f"{topic}#{uniq_key}", commitlog_offset, store_timestamp)
             if f is None:
                 return False
         if keys:
             for k in java_split(keys, KEY_SEPARATOR):
                 if k:
-                    f = self._put_key(f, f"{topic}#{k}", commitlog_offset, store_timestamp)
+                    f = self._put_key_once(f, indexed, f"{topic}#{k}", commitlog_offset, store_timestamp)
                     if f is None:
                         return False
         return True
+
+    def _put_key_once(
+        self, f: IndexFile, indexed: list[IndexFile], key: str, phy_offset: int, store_timestamp: int
+    ) -> IndexFile | None:
+        """`_put_key` unless one of `indexed` (the files that end at this message) has it."""
+        if any(g.has_entry(key, phy_offset) for g in indexed):
+            return f
+        return self._put_key(f, key, phy_offset, store_timestamp)
 
     def build_index_batch(self, requests: tuple[Any, ...], start: int, stop: int, indexed_below: int) -> bool:
         """`build_index` for each of requests[start:stop] (DispatchFields) at or above
@@ -905,7 +933,9 @@ class IndexService:
         i = start
         try:
             while i < stop:
-                if native is not None and self.files:
+                # The message at the newest file's endPhyOffset may be indexed in part: Python's
+                # build_index skips the keys already there; the kernel would add them again.
+                if native is not None and self.files and requests[i].commitlog_offset > self.files[-1].end_phy_offset:
                     i = self.files[-1].put_batch(requests, i, stop, indexed_below)
                     if i >= stop:
                         break

@@ -60,11 +60,16 @@ class MappedFileQueue:
         self.flushed_where = 0
         self.committed_where = 0
         self.store_timestamp = 0  # of the last file flushed by a thorough flush(0)
+        self.damaged_files: list[str] = []  # wrong-sized files load(skip_damaged=True) left out
 
     # loading -----------------------------------------------------------------------------
-    def load(self) -> bool:
+    def load(self, *, skip_damaged: bool = False) -> bool:
         """Map every segment as full; a wrong-sized file stops loading (files after it are
-        ignored, as in Java). False only on an I/O error."""
+        ignored, as in Java). False only on an I/O error.
+
+        With `skip_damaged` (the commitlog), a wrong-sized file is left out and noted in
+        `damaged_files`, and loading goes on: segment names carry their offsets, so the files
+        after it are served; `holes()` then names what is missing."""
         if not self.fs.isdir(self.store_path):
             return True
         try:
@@ -82,6 +87,11 @@ class MappedFileQueue:
             try:
                 size = self.fs.getsize(path)
                 if size != self.mapped_file_size:
+                    if skip_damaged:
+                        log.error("segment has the wrong length; left out (a hole until `mqstore recover`)",
+                                  path=path, size=size, expected=self.mapped_file_size)  # fmt: skip
+                        self.damaged_files.append(f"{name} ({size} bytes, not {self.mapped_file_size})")
+                        continue
                     log.warning(
                         "segment has the wrong length; it and later files are ignored",
                         path=path, size=size, expected=self.mapped_file_size,
@@ -95,6 +105,19 @@ class MappedFileQueue:
             self.mapped_files.append(mapped_file)
             log.info("segment loaded", path=path)
         return True
+
+    def holes(self) -> list[tuple[int, int]]:
+        """Missing [start, end) ranges between the loaded files, and a left-out damaged file
+        after the last one (the writer must not create a file over it)."""
+        size = self.mapped_file_size
+        found = [(a.file_from_offset + size, b.file_from_offset) for a, b in zip(self.mapped_files, self.mapped_files[1:])
+                 if b.file_from_offset != a.file_from_offset + size]  # fmt: skip
+        end = self.mapped_files[-1].file_from_offset + size if self.mapped_files else 0
+        for name in self.damaged_files:
+            start = int(name[:20])
+            if start >= end:
+                found.append((start, start + size))
+        return found
 
     # lookup ------------------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ from ..config import StoreConfig
 from ..log import get_logger
 from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
-from .commitlog import CommitLog, ProgressCallback
+from .commitlog import CommitLog, ProgressCallback, Quarantined
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
@@ -61,6 +61,11 @@ class RecoveryReport:
     # ConsumeQueue files of the wrong length (cut short), deleted with the files after them;
     # their queues are rebuilt by re-dispatch.
     damaged_consume_queue_files: list[str] = field(default_factory=list)
+    # Damaged commitlog bytes with valid records after them: left in place, skipped (not cut).
+    quarantined: list[Quarantined] = field(default_factory=list)
+    # Commitlog ranges [start, end) lost to a hole that `recover` filled (their records are gone).
+    lost_ranges: list[tuple[int, int]] = field(default_factory=list)
+    filled_commitlog_files: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -81,6 +86,9 @@ class RecoveryReport:
             "dropped_index_reasons": list(self.dropped_index_reasons),
             "index_dispatch_from": self.index_dispatch_from,
             "damaged_consume_queue_files": list(self.damaged_consume_queue_files),
+            "quarantined": [q._asdict() for q in self.quarantined],
+            "lost_ranges": [list(r) for r in self.lost_ranges],
+            "filled_commitlog_files": list(self.filled_commitlog_files),
         }
 
 
@@ -91,7 +99,11 @@ def recover_store(
     last_exit_ok: bool,
     clock_ms: Callable[[], int],
     progress: ProgressCallback | None = None,
+    repair_holes: bool = False,
 ) -> RecoveryReport:
+    """With `repair_holes` (only `mqstore recover`: an open never changes damaged data), a
+    missing or wrong-sized commitlog segment is made whole (see `_fill_commitlog_holes`), and
+    a clean store's whole log is scanned for damage, not only its last three files."""
     for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
         fs.makedirs(path)
     checkpoint = read_checkpoint(fs, cfg.checkpoint_path) if fs.exists(cfg.checkpoint_path) else None
@@ -107,6 +119,9 @@ def recover_store(
     )
     # After a clean stop every truncation had already zeroed what followed the end.
     commitlog.zero_tail_bytes = 0 if last_exit_ok else None
+    commitlog.unfinished_put_possible = not last_exit_ok
+    if not last_exit_ok:  # damage past the last flush is a torn tail (see the attribute)
+        commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
     try:
         max_cq = -1
         damaged_cq_files: list[str] = []
@@ -130,6 +145,7 @@ def recover_store(
                 damaged_queues.append(cq)
             max_cq = max(max_cq, cq.max_physic_offset)
         partial = _remove_partial_last_segments(cfg, fs)
+        lost, filled = _fill_commitlog_holes(cfg, fs) if repair_holes else ([], [])
         if not commitlog.load():
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         files = commitlog.mapped_file_queue.mapped_files
@@ -150,8 +166,12 @@ def recover_store(
                     scanned_next[key] = record.consume_queue_offset + 1
 
         if last_exit_ok:
-            end = commitlog.recover_normally(max_cq, progress)
+            end = commitlog.recover_normally(max_cq, progress, all_files=repair_holes)
             dispatch_from = end
+            if 0 <= max_cq < end:
+                # The queues stop short of the log (`recover` cut them at a filled hole):
+                # re-dispatch from their last unit (the writers skip what they hold).
+                dispatch_from = max_cq
             if max_cq < 0 and files:
                 # No queue at all beside a log (a broker's commitlog copied alone, or the
                 # consumequeue dir deleted): rebuild them from the start, not from the end.
@@ -182,7 +202,19 @@ def recover_store(
             truncated_commitlog_bytes=commitlog.dirty_bytes,
             removed_commitlog_files=commitlog.removed_files + partial,
             damaged_consume_queue_files=damaged_cq_files,
+            quarantined=list(commitlog.quarantined),
+            lost_ranges=lost,
+            filled_commitlog_files=filled,
         )
+        if lost:
+            # Units that point into lost bytes go; re-dispatch from the first loss rebuilds the
+            # queues for every readable record after it (the queue offsets of lost records
+            # become filler units). Index entries into lost bytes stay: a query checks the
+            # record an entry points at, and the index is append-only.
+            first_lost = min(start for start, _ in lost)
+            report.dispatch_from = min(report.dispatch_from, first_lost)
+            for cq in queues:
+                cq.truncate_dirty_logic_files(first_lost)
         # A queue that lost files is rebuilt from the record after its last unit left.
         for cq in damaged_queues:
             last = cq.get_unit(cq.get_max_offset_in_queue() - 1) if cq.get_max_offset_in_queue() > 0 else None
@@ -390,6 +422,59 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]
         removed.append(f"{name} (empty, wrong length: a segment being created at the crash)")
         log.warning("removed a partly created commitlog segment", path=path)
     return removed
+
+
+def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[int, int]], list[str]]:
+    """Make a commitlog with holes whole, for `mqstore recover`: every missing segment between
+    the first and the last file, and every wrong-sized one, becomes a full segment holding the
+    damaged file's valid records (CRC and offset checked, from its start) and then the blank
+    record that ends a segment, so readers, dispatch and the writer go on past it. A damaged
+    file is kept beside it as NAME.damaged (never deleted). Returns the lost [start, end)
+    ranges and what was done, per file."""
+    directory = cfg.commitlog_dir
+    size = cfg.mapped_file_size_commitlog_bytes
+    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
+    if not names:
+        return [], []
+    present = {int(n): fs.getsize(os.path.join(directory, n)) for n in names}
+    first, last = min(present), max(present)
+    lost: list[tuple[int, int]] = []
+    done: list[str] = []
+    for start in range(first - first % size, last + 1, size):
+        if present.get(start) == size:
+            continue
+        name = codec.segment_file_name(start)
+        path = os.path.join(directory, name)
+        old = fs.read_bytes(path)[:size] if start in present else b""
+        if start in present:
+            fs.write_atomic(path + ".damaged", fs.read_bytes(path))
+            fs.remove(path)
+        keep = _valid_prefix(old, start, size, cfg.max_message_size_bytes)
+        region = fs.map_file(path, size, create=True)
+        try:
+            region.buf[:keep] = old[:keep]
+            region.buf[keep : keep + codec.END_FILE_MIN_BLANK_LENGTH] = codec.blank_record_header(size - keep)
+            region.flush()
+        finally:
+            region.close()
+        lost.append((start + keep, start + size))
+        what = "missing" if start not in present else f"{present[start]} bytes, kept as {name}.damaged"
+        done.append(f"{name} ({what}): {keep} bytes of valid records kept, {start + keep}..{start + size} lost")
+        log.error("commitlog hole filled; its records are lost", file=name, lost_from=start + keep, lost_to=start + size)
+    return lost, done
+
+
+def _valid_prefix(data: bytes, start: int, size: int, max_message_size: int) -> int:
+    """The end of the valid records at the start of a damaged segment's bytes (room is left
+    for the closing blank record)."""
+    pos = 0
+    while True:
+        read = codec.read_record(data, pos, len(data), check_crc=True, max_message_size=max_message_size)
+        if read.kind is not codec.RecordKind.MESSAGE or read.record is None or read.record.commitlog_offset != start + pos:
+            return pos
+        if pos + read.size + codec.END_FILE_MIN_BLANK_LENGTH > size:
+            return pos
+        pos += read.size
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:

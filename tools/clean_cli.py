@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..actors.cleaner import MANUAL_DELETE_ROUNDS, check_space, is_time_to_delete
-from ..cli import CliError, ExitCode, load_config
+from ..cli import CliError, ExitCode, store_config
 from ..config import StoreConfig
 from ..storage.lockfiles import StoreLockedError
 
@@ -61,7 +61,7 @@ def add_subcommands(subparsers: Any) -> None:
 
 def _run_clean(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
-    report = clean_store(root, load_config(args, store_path_root_dir=str(root)), now=args.now)
+    report = clean_store(root, store_config(args, root, require_commitlog=False, read_only=False), now=args.now)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:

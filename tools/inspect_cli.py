@@ -36,14 +36,14 @@ from typing import Any, Final, Iterable
 
 import psutil
 
-from ..cli import CliError, ExitCode, load_config
+from ..cli import CliError, ExitCode, store_config
 from ..config import StoreConfig
 from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
 from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import RealFileSystem
-from ..storage.index import INDEX_HEADER_SIZE, index_file_size, read_index_header
+from ..storage.index import index_file_size, read_index_header
 from ..storage.lockfiles import ABORT_FILE_NAME, LOCK_FILE_NAME
 from ..stats import BUCKET_NAMES, SNAPSHOT_FILE_NAME, TPS_WINDOWS_S, disk_allocated_bytes, read_snapshot
 
@@ -360,7 +360,7 @@ def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
 
 def _inspect_index(root: Path, config: StoreConfig, commitlog_max: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     fs = RealFileSystem()
-    directory = root / "index"
+    directory = Path(config.index_dir)
     files: list[dict[str, Any]] = []
     problems: list[dict[str, Any]] = []
     if not directory.is_dir():
@@ -374,7 +374,9 @@ def _inspect_index(root: Path, config: StoreConfig, commitlog_max: int) -> tuple
             problems.append(_problem("index_header", DAMAGED, f"{path}: {exc}", file=str(path)))
             files.append({"file": path.name, "size": size, "error": str(exc)})
             continue
-        capacity = (size - INDEX_HEADER_SIZE - max(h.hash_slot_count, 0) * 4) // 20
+        # The capacity is the geometry's (adopted from the files), never the header's hash-slot
+        # count: 4.4.0 writes index count - 1 there, so a full file looked over-full.
+        capacity = config.max_index_num if size == expected else 0
         entries = max(h.index_count - 1, 0)
         files.append({
             "file": path.name, "size": size, "entries": entries,
@@ -383,12 +385,12 @@ def _inspect_index(root: Path, config: StoreConfig, commitlog_max: int) -> tuple
             "begin_phy_offset": h.begin_phy_offset, "end_phy_offset": h.end_phy_offset,
             "hash_slot_count": h.hash_slot_count, "full": capacity > 0 and h.index_count >= capacity,
         })  # fmt: skip
-        if h.index_count > capacity + 1 or h.index_count < 0:
+        if size != expected:
+            problems.append(_problem("index_size", DAMAGED, f"{path}: {size} bytes, the other index files' size is "
+                                     f"{expected}", file=str(path)))  # fmt: skip
+        elif h.index_count > capacity or h.index_count < 0:
             problems.append(_problem("index_count", DAMAGED, f"{path}: index_count {h.index_count} exceeds the file's "
                                      f"{capacity} entries", file=str(path), file_position=36))  # fmt: skip
-        elif size != expected:
-            problems.append(_problem("index_size", "warning", f"{path}: {size} bytes, the configured size is {expected}"
-                                     " (written with other max_hash_slot_num/max_index_num)", file=str(path)))  # fmt: skip
         if commitlog_max >= 0 and h.end_phy_offset > commitlog_max:
             problems.append(_problem("index_past_log_end", "warning", f"{path}: entries up to commitlog offset "
                                      f"{h.end_phy_offset}, past the log's end {commitlog_max} (harmless, §11.7)",
@@ -446,7 +448,7 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     """The whole report of `mqstore inspect` as a dict (what --json prints)."""
     _check_store_dir(root)
     lock = lock_state(root)
-    commitlog_dir = root / "commitlog"
+    commitlog_dir = Path(config.commitlog_dir)
     commitlog, remembered, problems = _inspect_commitlog(
         commitlog_dir, max_message_size=config.max_message_size_bytes, check_crc=check_crc, abort=lock["abort_file"]
     )
@@ -491,14 +493,14 @@ def store_file_stats(root: Path, config: StoreConfig) -> dict[str, Any]:
     """`mqstore stats`: the cheap figures, without scanning the whole log."""
     _check_store_dir(root)
     lock = lock_state(root)
-    files = _segment_files(root / "commitlog")
+    files = _segment_files(Path(config.commitlog_dir))
     min_offset = int(files[0].name) if files else -1
     max_offset = min_offset
     last = _last_data_segment(files)
     if last is not None:
         seg_size = files[0].stat().st_size
         start = int(last.name)
-        reader = CommitLogReader(RealFileSystem(), str(root / "commitlog"), mapped_file_size=seg_size,
+        reader = CommitLogReader(RealFileSystem(), config.commitlog_dir, mapped_file_size=seg_size,
                                  max_message_size=config.max_message_size_bytes, limit=start + seg_size)  # fmt: skip
         try:
             max_offset = start
@@ -518,7 +520,7 @@ def store_file_stats(root: Path, config: StoreConfig) -> dict[str, Any]:
         t["messages"] += q["messages"]
     checkpoint, _ = _inspect_checkpoint(root)
     allocated, apparent = disk_allocated_bytes(root)
-    index_dir = root / "index"
+    index_dir = Path(config.index_dir)
     return {
         "store_dir": str(root),
         "running": lock["held"],
@@ -735,7 +737,9 @@ def add_subcommands(subparsers: Any) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    report = inspect_store(args.store_dir, load_config(args), check_crc=not args.no_crc)
+    _check_store_dir(args.store_dir)
+    config = store_config(args, args.store_dir, require_commitlog=False)
+    report = inspect_store(args.store_dir, config, check_crc=not args.no_crc)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
@@ -749,7 +753,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 
 def _run_stats(args: argparse.Namespace) -> int:
-    report = store_file_stats(args.store_dir, load_config(args))
+    _check_store_dir(args.store_dir)
+    report = store_file_stats(args.store_dir, store_config(args, args.store_dir, require_commitlog=False))
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:

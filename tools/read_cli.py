@@ -1,9 +1,11 @@
-"""`mqstore get STORE_DIR ...` and `mqstore query STORE_DIR ...`: read through the store's API.
+"""`mqstore get STORE_DIR ...` and `mqstore query STORE_DIR ...`: read a stopped store.
 
-Both open the store (so a store that another process runs is refused with exit 4, and one
-that crashed is recovered first), print one JSON object per message on stdout with the
-fields of `mqstore dump`'s commitlog rows, print a one-line JSON summary (status, next begin
-offset, ...) on stderr, and close the store cleanly.
+Both read the files through the storage layer's read-only readers and never write: no lock or
+abort file, no recovery, nothing truncated (a store that another process runs is refused with
+exit 4). On a store that did not stop cleanly they read what is valid (every record CRC-checked
+and matched to its unit) and say that `mqstore recover` is needed. They print one JSON object
+per message on stdout with the fields of `mqstore dump`'s commitlog rows, and a one-line JSON
+summary (status, next begin offset, ...) on stderr.
 """
 
 from __future__ import annotations
@@ -11,14 +13,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..cli import CliError, ExitCode, commitlog_row, load_config
+from ..cli import CliError, ExitCode, commitlog_row, store_config
+from ..config import StoreConfig
 from ..log import get_logger
-from ..storage.lockfiles import StoreLockedError
+from ..reads import status_ladder, subscription
+from ..storage.codec import MessageRecord, RecordKind, to_int32
+from ..storage.commitlog import CommitLogReader
+from ..storage.consume_queue import iter_cq_units
+from ..storage.fs import RealFileSystem
+from ..storage.index import IndexReader
+from ..storage.status import GetMessageStatus
 
 __all__ = ["add_subcommands", "run_get", "run_query"]
 
@@ -74,20 +84,91 @@ def _positive(text: str) -> int:
     return value
 
 
+class _ReadOnlyStore:
+    """The files of a stopped store, read through read-only maps."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.fs = RealFileSystem()
+        # Read up to the end of the segments: every record is CRC-checked and must be the one
+        # its unit or index entry names, so a torn tail after a crash reads as missing.
+        self.commitlog = CommitLogReader(
+            self.fs, config.commitlog_dir, mapped_file_size=config.mapped_file_size_commitlog_bytes,
+            max_message_size=config.max_message_size_bytes, limit=2**63 - 1,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.commitlog.close()
+
+    def record_at(self, offset: int, size: int | None = None) -> MessageRecord | None:
+        read = self.commitlog.read_record(offset, check_crc=True)
+        if read is None or read.kind is not RecordKind.MESSAGE or read.record is None:
+            return None
+        if size is not None and read.size != size:
+            return None
+        return read.record
+
+    def get(self, topic: str, queue_id: int, offset: int, max_count: int, tags: str | None) -> dict[str, Any]:
+        queue_dir = os.path.join(self.config.consume_queue_dir, topic, str(queue_id))
+        units = sorted(iter_cq_units(queue_dir, self.fs)) if os.path.isdir(queue_dir) else []
+        found: list[MessageRecord] = []
+        summary: dict[str, Any] = {"min_offset": units[0][0] if units else 0,
+                                   "max_offset": units[-1][0] + 1 if units else 0}  # fmt: skip
+        ladder = status_ladder(bool(units), summary["min_offset"], summary["max_offset"], offset)
+        if ladder is not None:
+            status, nxt = ladder.status, ladder.next_begin_offset
+        else:
+            wanted = subscription(tags)
+            status, nxt = GetMessageStatus.NO_MATCHED_MESSAGE, offset
+            for queue_offset, phy, size, tags_code in (u for u in units if u[0] >= offset):
+                if len(found) >= max_count or queue_offset >= offset + max(800, max_count):
+                    break  # as getMessage: at most max(16000, max * 20) bytes of units a call
+                nxt = queue_offset + 1
+                if wanted is not None and to_int32(tags_code) not in wanted[0]:
+                    continue
+                record = self.record_at(phy, size)
+                if record is None or (record.topic, record.queue_id, record.queue_offset) != (topic, queue_id, queue_offset):
+                    continue  # past the valid end after a crash, or a stale unit
+                if wanted is not None and record.tags not in wanted[1]:
+                    continue
+                found.append(record)
+                status = GetMessageStatus.FOUND
+        summary.update(status=status.name, next_begin_offset=nxt)
+        summary["messages"] = found
+        return summary
+
+    def query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> dict[str, Any]:
+        cfg = self.config
+        index = IndexReader(self.fs, cfg.index_dir, max_hash_slot_num=cfg.max_hash_slot_num,
+                            max_index_num=cfg.max_index_num, max_msgs_num_batch=cfg.max_msgs_num_batch)  # fmt: skip
+        try:
+            names = tuple(sorted(n for n in os.listdir(cfg.index_dir) if len(n) == 17 and n.isdigit())) \
+                if os.path.isdir(cfg.index_dir) else ()  # fmt: skip
+            if not index.sync(names):
+                raise CliError(ExitCode.CORRUPT, f"an index file in {cfg.index_dir} cannot be read; run `mqstore inspect`")
+            result = index.query_offset(topic, key, max_count, begin, end)
+        finally:
+            index.close()
+        offsets, last_ts, last_phy = result if result is not None else ((), 0, 0)
+        messages: list[MessageRecord] = []
+        for phy in sorted(set(offsets)):
+            record = self.record_at(phy)
+            if record is not None and record.topic == topic and (record.uniq_key == key or key in record.key_list):
+                messages.append(record)
+        return {"messages": messages[:max_count], "index_last_update_timestamp": last_ts,
+                "index_last_update_phy_offset": last_phy}  # fmt: skip
+
+
 @contextlib.contextmanager
-def _opened(args: argparse.Namespace) -> Iterator[Any]:
-    from ..store import open_store  # the actors only when a read command runs
+def _opened(args: argparse.Namespace) -> Iterator[_ReadOnlyStore]:
+    from .inspect_cli import lock_state  # F_GETLK only asks: nothing is created or taken
 
     root: Path = args.store_dir
-    if not root.is_dir():
-        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
-    if not (root / "commitlog").is_dir():
-        raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog/ directory")
-    config = load_config(args, store_path_root_dir=str(root))
-    try:
-        store = open_store(config=config)
-    except StoreLockedError:
-        raise CliError(ExitCode.LOCKED, f"{root} is locked by a running store; stop it first") from None
+    config = store_config(args, root)
+    state = lock_state(root)
+    if state["held"]:
+        raise CliError(ExitCode.LOCKED, f"{root} is locked by a running store; stop it first")
+    store = _ReadOnlyStore(config)
     try:
         yield store
     finally:
@@ -99,18 +180,17 @@ def _summary(summary: dict[str, Any]) -> None:
     print(json.dumps(summary), file=sys.stderr)
 
 
+def _print_messages(records: list[MessageRecord]) -> None:
+    for record in records:
+        sys.stdout.write(json.dumps(commitlog_row(record), ensure_ascii=False) + "\n")
+
+
 def run_get(args: argparse.Namespace) -> int:
     with _opened(args) as store:
-        result = store.get(args.topic, args.queue, args.offset, args.max, tags=args.tags)
-        for record in result.messages:
-            sys.stdout.write(json.dumps(commitlog_row(record), ensure_ascii=False) + "\n")
-        _summary({
-            "status": result.status.name,
-            "next_begin_offset": result.next_begin_offset,
-            "min_offset": result.min_offset,
-            "max_offset": result.max_offset,
-            "messages": len(result.messages),
-        })  # fmt: skip
+        result = store.get(args.topic, args.queue, args.offset, args.max, args.tags)
+    records = result.pop("messages")
+    _print_messages(records)
+    _summary({**result, "messages": len(records)})
     return ExitCode.OK
 
 
@@ -119,11 +199,7 @@ def run_query(args: argparse.Namespace) -> int:
         raise CliError(ExitCode.USAGE, f"--begin {args.begin} is after --end {args.end}")
     with _opened(args) as store:
         result = store.query(args.topic, args.key, args.max, args.begin, args.end)
-        for record in result.messages:
-            sys.stdout.write(json.dumps(commitlog_row(record), ensure_ascii=False) + "\n")
-        _summary({
-            "messages": len(result.messages),
-            "index_last_update_timestamp": result.index_last_update_timestamp,
-            "index_last_update_phy_offset": result.index_last_update_phy_offset,
-        })  # fmt: skip
+    records = result.pop("messages")
+    _print_messages(records)
+    _summary({"messages": len(records), **result})
     return ExitCode.OK

@@ -13,7 +13,6 @@ stdout and exit 3.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cli import CliError, ExitCode, load_config
+from ..cli import CliError, ExitCode, store_config
 from ..log import get_logger
 from ..storage.fs import RealFileSystem
 from ..storage.lockfiles import AbortFile, StoreLock, StoreLockedError
@@ -33,6 +32,7 @@ __all__ = ["add_subcommands", "run_recover", "run_verify"]
 log = get_logger(__name__)
 
 DISPATCH_WAIT_S = 600.0
+STALL_S = 10.0  # re-dispatch that stands still this long will not finish: stop, do not wait it out
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -60,31 +60,6 @@ def add_subcommands(subparsers: Any) -> None:
     v.set_defaults(handler=run_verify)
 
 
-def _check_store_dir(root: Path) -> None:
-    if not root.is_dir():
-        raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
-    if not (root / "commitlog").is_dir():
-        raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog/ directory")
-
-
-def _sizes_on_disk(root: Path) -> dict[str, int]:
-    """Segment sizes as the files have them, so a store (or a broker's copy) written with other
-    settings is read as written: recovery with a wrong size would ignore every file."""
-    sizes: dict[str, int] = {}
-    segments = sorted(p for p in (root / "commitlog").iterdir() if p.name.isdigit() and len(p.name) == 20)
-    if segments and segments[0].stat().st_size > 0:
-        sizes["mapped_file_size_commitlog_bytes"] = segments[0].stat().st_size
-    cq_root = root / "consumequeue"
-    if cq_root.is_dir():
-        # The size most files have: one file cut short must not set it (recovery would then
-        # take every intact file for damage).
-        found = collections.Counter(path.stat().st_size for path in cq_root.glob("*/*/" + "[0-9]" * 20)
-                                    if path.is_file() and path.stat().st_size > 0)  # fmt: skip
-        if found:
-            sizes["mapped_file_size_consume_queue_bytes"] = max(found, key=lambda size: (found[size], size))
-    return sizes
-
-
 def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
     if not enabled:
         return None, lambda: None
@@ -102,8 +77,8 @@ def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Cal
 
 def run_recover(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
-    _check_store_dir(root)
-    cfg = load_config(args, store_path_root_dir=str(root), **_sizes_on_disk(root))
+    # The store's geometry from its files (recovery with another size would ignore them all).
+    cfg = store_config(args, root, read_only=False)
     fs = RealFileSystem()
     lock = StoreLock(fs, str(cfg.lock_path))
     try:
@@ -115,16 +90,35 @@ def run_recover(args: argparse.Namespace) -> int:
     try:
         last_exit_ok = not AbortFile(fs, str(cfg.abort_path)).exists()
         report = recover_store(cfg, fs, last_exit_ok=last_exit_ok, clock_ms=lambda: time.time_ns() // 1_000_000,
-                               progress=progress)  # fmt: skip
+                               progress=progress, repair_holes=True)  # fmt: skip
     finally:
         close_bar()
         lock.release()
     result: dict[str, Any] = {"store_dir": str(root), **report.summary()}
     result["scan_seconds"] = round(time.monotonic() - started, 3)
-    if not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files or report.damaged_consume_queue_files:
+    for start, end in report.lost_ranges:
+        print(f"commitlog bytes {start}..{end} were lost (a missing or cut segment); the log continues "
+              "after them", file=sys.stderr)  # fmt: skip
+    if (not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files or report.lost_ranges
+            or report.damaged_consume_queue_files or report.dispatch_from < report.max_offset):  # fmt: skip
         result["redispatch"] = _redispatch(cfg)
     _print(result, args.json)
-    return ExitCode.OK
+    redispatch = result.get("redispatch")
+    if redispatch is not None and not (redispatch["caught_up"] and redispatch["clean_stop"]):
+        print("re-dispatch did not finish: queues or index may still lag the commitlog; run recover again",
+              file=sys.stderr)  # fmt: skip
+        return ExitCode.FAILURE
+    for damaged in report.quarantined:
+        # Damaged records with valid ones after them cannot be repaired (their bytes are gone);
+        # they stay in place, skipped, and `verify` reports them too.
+        print(f"damaged commitlog bytes {damaged.start}..{damaged.end}: {damaged.reason} "
+              "(quarantined: left in place and skipped; the records after them are kept)", file=sys.stderr)  # fmt: skip
+    # What recovery could not repair is what `verify` still finds: recover exits 0 only when
+    # verify would, and lists the rest (e.g. a changed key the 4.x body CRC cannot see).
+    check = verify_store(os.fspath(root), config=cfg, max_problems=50)
+    for line in iter_problem_lines(check):
+        print(f"not repaired: {line}", file=sys.stderr)
+    return ExitCode.OK if check.ok and not report.quarantined else ExitCode.CORRUPT
 
 
 def _redispatch(cfg: Any) -> dict[str, Any]:
@@ -141,9 +135,18 @@ def _redispatch(cfg: Any) -> dict[str, Any]:
         sup = store.supervisor
         rec = sup.recovery
         deadline = time.monotonic() + DISPATCH_WAIT_S
+        last_progress, last_offset = time.monotonic(), -1
+        caught_up = False
         while True:
             status = sup._ask("reput", _ping())
-            if status.reput_offset >= status.max_offset or time.monotonic() > deadline:
+            caught_up = status.reput_offset >= status.max_offset
+            if caught_up or time.monotonic() > deadline:
+                break
+            if status.reput_offset != last_offset:
+                last_progress, last_offset = time.monotonic(), status.reput_offset
+            elif time.monotonic() - last_progress > STALL_S:
+                log.error("re-dispatch made no progress; stopping", reput_offset=status.reput_offset,
+                          max_offset=status.max_offset)  # fmt: skip
                 break
             time.sleep(0.01)
     finally:
@@ -151,6 +154,7 @@ def _redispatch(cfg: Any) -> dict[str, Any]:
     return {
         "from_offset": rec.dispatch_from if rec else None,
         "to_offset": rec.max_offset if rec else None,
+        "caught_up": caught_up,
         "clean_stop": clean,
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -164,7 +168,7 @@ def _ping() -> Any:
 
 def run_verify(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
-    _check_store_dir(root)
+    cfg = store_config(args, root)
     from .inspect_cli import lock_state  # F_GETLK only asks: verify stays read-only
 
     state = lock_state(root)
@@ -172,7 +176,6 @@ def run_verify(args: argparse.Namespace) -> int:
         holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
         raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; verify checks a "
                        "stopped store (its files are in flux while it runs), stop it first")  # fmt: skip
-    cfg = load_config(args, store_path_root_dir=str(root), **_sizes_on_disk(root))
     report = verify_store(os.fspath(root), config=cfg, max_problems=args.max_problems)
     if args.json:
         out = report.summary()

@@ -31,7 +31,7 @@ from typing import Final, Iterator, NamedTuple
 from ..config import StoreConfig
 from ..storage import codec
 from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind
-from ..storage.commitlog import scan_commitlog_dir
+from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import FileSystem, RealFileSystem
 from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
@@ -78,6 +78,20 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0
     max_problems: int = 1000
+    # Damaged commitlog ranges [start, end), reported once: units and index entries that point
+    # into one are its consequence, not further problems.
+    damaged_ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    # The blank ends of segments [start, end): where `recover` filled a hole, the lost records'
+    # index entries point here (the index is append-only; a query checks every record).
+    blank_tails: list[tuple[int, int]] = field(default_factory=list)
+    stale_index_entries: int = 0
+
+    def in_blank_tail(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.blank_tails)
+
+    def in_damaged_range(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.damaged_ranges)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +114,7 @@ class VerifyReport:
             "index_files": self.index_files,
             "index_entries": self.index_entries,
             "not_indexed": self.not_indexed,
+            "stale_index_entries": self.stale_index_entries,
             "problem_count": self.problem_count,
         }
 
@@ -152,23 +167,24 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
             report.add("commitlog_gap", os.path.join(directory, names[k]), f"expected a segment at {starts[0] + k * segment}")
     report.min_offset = report.max_offset = starts[0]
     delay_levels = codec.parse_delay_levels(cfg.message_delay_level)
-    ended_at: int | None = None  # the end of data; later files must hold nothing
-    scan = scan_commitlog_dir(directory, check_crc=True, segment_size=segment,
-                              max_message_size=cfg.max_message_size_bytes, fs=fs)  # fmt: skip
+    # Where a file's data stopped early (offset, what was there): the end of the log, unless a
+    # later file holds records; then it was damage with valid records after it.
+    stopped: tuple[int, str] | None = None
+    scan = scan_commitlog_dir(directory, check_crc=True, segment_size=segment, max_message_size=cfg.max_message_size_bytes,
+                              fs=fs, look_past_damage=True)  # fmt: skip
     with contextlib.closing(scan):
         for found in scan:
-            if ended_at is not None:
-                if found.kind is RecordKind.END_OF_DATA and found.offset % segment == 0:
-                    continue  # an empty (pre-allocated) file after the end: fine
-                report.add("commitlog_data_after_end", f"offset {found.offset}",
-                           f"{found.kind.value} after the log ended at {ended_at}")  # fmt: skip
-                continue
+            if found.kind is RecordKind.END_OF_DATA and found.offset % segment == 0:
+                continue  # an empty (pre-allocated) file: fine at the end, a gap's report otherwise
+            if found.kind in (RecordKind.MESSAGE, RecordKind.BLANK) and stopped is not None:
+                at, why = stopped
+                report.add("commitlog_damaged", f"offset {at}",
+                           f"{why}; valid records follow from offset {found.offset} (quarantined, not cut)")  # fmt: skip
+                report.damaged_ranges.append((at, found.offset))
+                stopped = None
             if found.kind is RecordKind.MESSAGE:
                 rec = found.record
                 assert rec is not None
-                if rec.commitlog_offset != found.offset:
-                    report.add("commitlog_offset_mismatch", f"offset {found.offset}",
-                               f"record says it is at {rec.commitlog_offset}")  # fmt: skip
                 records[found.offset] = _Rec(
                     rec.topic, rec.queue_id, rec.queue_offset, rec.total_size, rec.tags_code(delay_levels),
                     rec.transaction_type, *_key_hashes(rec, cfg.max_hash_slot_num),
@@ -176,11 +192,20 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
                 report.max_offset = found.offset + found.size
             elif found.kind is RecordKind.BLANK:
                 report.max_offset = found.offset - found.offset % segment + segment
+                report.blank_tails.append((found.offset, report.max_offset))
+            elif found.kind is RecordKind.CORRUPT and found.reason.startswith(QUARANTINED_PREFIX):
+                # Damage inside a file with a trusted record after it (the scan went on there).
+                report.add("commitlog_damaged", f"offset {found.offset}",
+                           f"{found.reason.removeprefix(QUARANTINED_PREFIX)}; {found.size} bytes up to a valid record")  # fmt: skip
+                report.damaged_ranges.append((found.offset, found.offset + found.size))
             elif found.kind is RecordKind.END_OF_DATA:
-                ended_at = found.offset
+                stopped = (found.offset, "the file's data ends without the blank that closes a segment")
             else:
-                report.add("commitlog_corrupt", f"offset {found.offset}", found.reason)
-                ended_at = found.offset
+                stopped = (found.offset, found.reason)
+    if stopped is not None:
+        at, why = stopped
+        if not why.startswith("the file's data ends"):
+            report.add("commitlog_corrupt", f"offset {at}", f"{why} (a torn tail: recover cuts it)")
     report.messages = len(records)
     return records
 
@@ -216,7 +241,8 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                 continue
             rec = records.get(phy)
             if rec is None:
-                report.add("cq_bad_offset", here, f"no record starts at commitlog offset {phy}")
+                if not report.in_damaged_range(phy):
+                    report.add("cq_bad_offset", here, f"no record starts at commitlog offset {phy}")
                 continue
             mismatch = [
                 f"{name} {unit!r} != record's {actual!r}"
@@ -296,7 +322,10 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
                     continue
                 rec = records.get(phy)
                 if rec is None:
-                    report.add("index_bad_offset", here, f"no record starts at commitlog offset {phy}")
+                    if report.in_blank_tail(phy):
+                        report.stale_index_entries += 1  # into bytes a filled hole lost
+                    elif not report.in_damaged_range(phy):
+                        report.add("index_bad_offset", here, f"no record starts at commitlog offset {phy}")
                 elif entry.key_hash not in rec.key_hashes:
                     report.add("index_wrong_key", here, f"hash {entry.key_hash} is not a key of the record at {phy}")
                 if not (0 <= entry.prev_index < entry.entry_no):

@@ -21,7 +21,8 @@ def _fill(store_dir: str, n: int = 200) -> None:
             store.put(mqstore.Message(topic="d", queue_id=i % 2, body=b"%05d" % i * 20, keys=[f"k{i}"]))
 
 
-def test_flipped_body_byte_truncates_to_the_last_valid_record(tmp_path: object) -> None:
+def test_flipped_body_byte_is_quarantined_and_reported(tmp_path: object) -> None:
+    """Damage with valid records after it is not a torn tail: it stays, reported, nothing cut."""
     store_dir = os.path.join(str(tmp_path), "s")
     _fill(store_dir)
     seg = os.path.join(store_dir, "commitlog", "0" * 20)
@@ -33,10 +34,12 @@ def test_flipped_body_byte_truncates_to_the_last_valid_record(tmp_path: object) 
     open(os.path.join(store_dir, "abort"), "w").close()
     with mqstore.open(store_dir, mapped_file_size_commitlog_bytes=SEG) as store:
         rec = store.supervisor.recovery
-        assert rec is not None and 0 <= rec.damaged_at <= 20000 < rec.damaged_at + 200, rec.summary()
-        assert rec.max_offset == rec.damaged_at and rec.truncated_commitlog_bytes > 0, rec.summary()
-        assert "crc" in rec.stop_reason.lower() or rec.stop_reason, rec.summary()
-    assert verify_store(store_dir).ok
+        assert rec is not None and len(rec.quarantined) == 1, rec.summary()
+        damaged = rec.quarantined[0]
+        assert damaged.start <= 20000 < damaged.end and "crc" in damaged.reason.lower(), rec.summary()
+        assert rec.damaged_at == -1 and rec.truncated_commitlog_bytes == 0, rec.summary()
+    report = verify_store(store_dir)
+    assert [p.kind for p in report.problems] == ["commitlog_damaged"], [str(p) for p in report.problems]
 
 
 @pytest.mark.parametrize("aborted", [False, True])

@@ -234,7 +234,7 @@ def test_a_stray_empty_segment_after_the_last_is_removed(tmp_path: object, lengt
 
 
 @pytest.mark.parametrize("aborted", [False, True])
-def test_a_cut_in_the_middle_of_the_commitlog_truncates_to_the_last_valid_record(tmp_path: object, aborted: bool) -> None:
+def test_damage_in_the_middle_of_the_commitlog_is_quarantined_not_cut(tmp_path: object, aborted: bool) -> None:
     store_dir = os.path.join(str(tmp_path), "s")
     _fill(store_dir, 1000, queues=2)  # ~ 5 segments
     names = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
@@ -245,14 +245,39 @@ def test_a_cut_in_the_middle_of_the_commitlog_truncates_to_the_last_valid_record
         f.write(b"\xab" * 3000)
     if aborted:
         _crashed(store_dir)
-    rec, queues = _open_checked(store_dir)
+    rec, queues = _open_checked_skipping(store_dir)
     start = int(names[-2])
-    assert start <= rec.damaged_at <= start + 20000, rec.summary()
-    assert rec.max_offset == rec.damaged_at and rec.stop_reason, rec.summary()
-    assert names[-1] in rec.removed_commitlog_files, rec.summary()
+    assert len(rec.quarantined) == 1, rec.summary()
+    damaged = rec.quarantined[0]
+    assert start <= damaged.start <= start + 20000 and start + 23000 <= damaged.end, rec.summary()
+    assert rec.damaged_at == -1 and not rec.removed_commitlog_files, rec.summary()
     kept = sorted(queues[0] + queues[1])
-    assert kept == list(range(len(kept))) and 0 < len(kept) < 1000, rec.summary()
-    _verified(store_dir)
+    lost = set(range(1000)) - set(kept)
+    assert 0 < len(lost) < 30 and kept == sorted(set(kept)), rec.summary()  # only the damaged records
+    report = verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS))
+    assert {p.kind for p in report.problems} == {"commitlog_damaged"}, [str(p) for p in report.problems[:10]]
+
+
+def _open_checked_skipping(store_dir: str) -> tuple[RecoveryReport, dict[int, list[int]]]:
+    """As _open_checked, reading past queue offsets whose record is damaged."""
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None
+        for _ in range(500):  # until re-dispatch caught up: bounded
+            if store.supervisor._ask("reput", _ping()).reput_offset >= rec.max_offset:
+                break
+            threading.Event().wait(0.01)
+        queues: dict[int, list[int]] = {}
+        for q in range(2):
+            got: list[int] = []
+            for offset in range(store.max_offset(TOPIC, q)):
+                r = store.get(TOPIC, q, offset, 1)
+                if r.status is not GetMessageStatus.FOUND or r.messages[0].queue_offset != offset:
+                    continue  # the damaged record is skipped
+                if r.messages[0].body == b"%06d" % int(r.messages[0].body[:6]) * 40:
+                    got.append(int(r.messages[0].body[:6]))
+            queues[q] = got
+    return rec, queues
 
 
 # -------------------------------------------------------------------------------------------
@@ -290,14 +315,24 @@ def test_cli_recover_and_verify_on_a_healthy_and_a_damaged_store(tmp_path: objec
     _crashed(store_dir)
     # A torn commitlog tail as well: recover truncates it and says so, then verify passes.
     names = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
-    with open(os.path.join(store_dir, "commitlog", names[-1]), "r+b") as f:
-        f.seek(100)
-        f.write(b"\xff" * 50)
+    last = os.path.join(store_dir, "commitlog", names[-1])
+    with open(last, "r+b") as f:
+        end = len(f.read().rstrip(b"\0"))
+        f.seek(end)
+        f.write(struct.pack(">ii", 300, -626843481) + b"\xff" * 50)  # a record cut short
     done = _cli("recover", store_dir)
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert "damaged_at" in done.stdout and "stop_reason" in done.stdout, done.stdout
     done = _cli("verify", store_dir)
     assert done.returncode == 0, (done.stdout, done.stderr)
+    # Damage with valid records after it cannot be repaired: recover and verify both exit 3.
+    with open(last, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 50)
+    done = _cli("recover", store_dir)
+    assert done.returncode == 3 and "quarantined" in done.stderr, (done.stdout, done.stderr)
+    done = _cli("verify", store_dir)
+    assert done.returncode == 3 and "commitlog_damaged" in done.stdout, (done.stdout, done.stderr)
 
 
 class _Interrupted(Exception):

@@ -256,3 +256,23 @@ def test_the_package_is_typed_and_the_store_documented() -> None:
     public = [name for name in dir(MessageStore) if not name.startswith("_")]
     undocumented = [name for name in public if not getattr(MessageStore, name).__doc__]
     assert undocumented == []
+
+
+def test_a_get_or_max_offset_after_an_arrival_notice_finds_the_message(open_store: Open) -> None:
+    """Reput publishes the dispatched end before it tells the queues and the subscribers, so
+    a read at the queue's end that hears of an arrival from elsewhere (not its own put) waits
+    for the queues to catch up rather than answering OFFSET_OVERFLOW_ONE."""
+    import queue as queue_module
+
+    store = open_store()
+    arrivals: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+    store.subscribe(arrivals.put, topic="N")
+    for i in range(30):
+        producer = threading.Thread(target=lambda: store.put(Message(topic="N", body=b"n")))
+        producer.start()
+        event = arrivals.get(timeout=10)
+        offset = event.max_offset - 1
+        got = store.get("N", 0, offset, 1)
+        assert (got.status, [m.queue_offset for m in got.messages]) == (S.FOUND, [offset]), i
+        assert store.max_offset("N", 0) >= event.max_offset
+        producer.join()

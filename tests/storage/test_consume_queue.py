@@ -103,13 +103,23 @@ def test_duplicate_guard_and_already_written_units(any_fs: tuple[FileSystem, str
     assert cq.get_max_offset_in_queue() == 2 and cq.get_unit(1) == (200, 10, 0)
 
 
-def test_gap_is_logged_and_unit_appended_at_current(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+def test_a_gap_is_filled_so_the_unit_lands_at_its_queue_offset(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    """Queue offsets of records the commitlog lost or quarantined are filler units (Java would
+    append at the current end, putting every later unit at the wrong queue offset)."""
     fs, root = any_fs
     cq = make_cq(fs, root, clock)
     cq.put_message_position_info(100, 10, 0, 0)
     assert cq.put_message_position_info(200, 10, 0, 3)  # expected 1: a gap
-    assert cq.get_max_offset_in_queue() == 2
-    assert cq.get_unit(1) == (200, 10, 0)
+    assert cq.get_max_offset_in_queue() == 4
+    assert [cq.get_unit(i) for i in range(4)] == [(100, 10, 0), (0, 0x7FFFFFFF, 0), (0, 0x7FFFFFFF, 0), (200, 10, 0)]
+
+
+def test_a_huge_gap_is_a_damaged_offset_not_filled(any_fs: tuple[FileSystem, str], clock: Any) -> None:
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    cq.put_message_position_info(100, 10, 0, 0)
+    assert cq.put_message_position_info(200, 10, 0, 1 << 40)
+    assert cq.get_max_offset_in_queue() == 2 and cq.get_unit(1) == (200, 10, 0)
 
 
 def test_first_file_not_at_zero_fills_pre_blank(any_fs: tuple[FileSystem, str], clock: Any) -> None:

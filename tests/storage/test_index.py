@@ -306,8 +306,11 @@ def test_build_index_skips_already_indexed_offsets_but_reindexes_the_end_offset(
     index_message(service, 200, T0, keys="b")
     assert index_message(service, 150, T0, keys="c")  # below endPhyOffset 200: skipped
     assert service.query_offset("abc", "c", 10, 0, T0).phy_offsets == []
-    index_message(service, 200, T0, keys="b")  # == endPhyOffset: indexed again (4.4.0 `<`)
-    assert service.query_offset("abc", "b", 10, 0, T0).phy_offsets == [200, 200]
+    # == endPhyOffset: indexed again (4.4.0 `<`), but idempotently (issue 14): a key already
+    # there with this offset is skipped, a missing one (its file dropped at recovery) added.
+    index_message(service, 200, T0, keys="b d")
+    assert service.query_offset("abc", "b", 10, 0, T0).phy_offsets == [200]
+    assert service.query_offset("abc", "d", 10, 0, T0).phy_offsets == [200]
 
 
 def test_resume_offset_is_the_newest_files_end_phy_offset() -> None:

@@ -1,0 +1,236 @@
+"""A store's geometry as its files have it: commitlog segment size, ConsumeQueue file size,
+index file slots and entries (spec §4.1, §9.1, §10.1).
+
+The files decide. `adopt_geometry` takes each value the caller left at its default from the
+files (and logs it), and refuses with `StoreConfigMismatch` a value the caller set that the
+files contradict. Nothing here writes: a file of another size than its kind's geometry is
+damage, reported in `odd_files` for recovery and `inspect` to deal with, never resized.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from typing import Final
+
+from ..config import (
+    CQ_STORE_UNIT_SIZE,
+    MIN_COMMITLOG_SEGMENT_BYTES,
+    MIN_CONSUME_QUEUE_FILE_BYTES,
+    StoreConfig,
+    StoreConfigMismatch,
+)
+from ..log import get_logger
+from .fs import FileSystem
+from .index import HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, read_index_header
+
+__all__ = ["StoreGeometry", "IndexGeometry", "adopt_geometry", "detect_geometry", "index_geometry_of"]
+
+log = get_logger(__name__)
+
+# RocketMQ's defaults keep max_index_num = 4 * max_hash_slot_num (5M slots, 20M entries).
+DEFAULT_INDEX_RATIO: Final = 4
+# A candidate geometry is checked against at most this many entries of a file (bounded work on
+# every open; a wrong geometry shows itself within the first entries).
+_WALK_ENTRIES: Final = 65_536
+_SLOT_READ_BYTES: Final = 4 << 20
+_ENTRY: Final = struct.Struct(">iqii")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexGeometry:
+    max_hash_slot_num: int
+    max_index_num: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreGeometry:
+    """What the files say; None where there is no file of that kind (a new store)."""
+
+    commitlog_segment_bytes: int | None = None
+    consume_queue_file_bytes: int | None = None
+    index: IndexGeometry | None = None
+    index_file_bytes: int | None = None  # known even when `index` could not be decided
+    odd_files: tuple[str, ...] = ()  # files of another size than their kind's: damage
+
+    def settings(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self.commitlog_segment_bytes is not None:
+            out["mapped_file_size_commitlog_bytes"] = self.commitlog_segment_bytes
+        if self.consume_queue_file_bytes is not None:
+            out["mapped_file_size_consume_queue_bytes"] = self.consume_queue_file_bytes
+        if self.index is not None:
+            out["max_hash_slot_num"] = self.index.max_hash_slot_num
+            out["max_index_num"] = self.index.max_index_num
+        return out
+
+
+def _digit_files(fs: FileSystem, directory: str, width: int) -> list[str]:
+    if not fs.isdir(directory):
+        return []
+    return sorted(
+        os.path.join(directory, n) for n in fs.listdir(directory) if len(n) == width and n.isdigit()
+    )
+
+
+def _common_size(fs: FileSystem, paths: list[str], odd: list[str]) -> int | None:
+    """The size most files share (ties: the first file's); the others are damage."""
+    sizes = {p: fs.getsize(p) for p in paths}
+    counted = Counter(s for s in sizes.values() if s > 0)
+    if not counted:
+        odd.extend(paths)
+        return None
+    top = max(counted.values())
+    size = next(s for p, s in sizes.items() if counted.get(s) == top)
+    odd.extend(p for p, s in sizes.items() if s != size)
+    return size
+
+
+def _commitlog_segment_size(fs: FileSystem, directory: str, odd: list[str]) -> int | None:
+    paths = _digit_files(fs, directory, 20)
+    size = _common_size(fs, paths, odd)
+    if size is not None and size < MIN_COMMITLOG_SEGMENT_BYTES:  # no geometry: a cut file
+        odd.extend(p for p in paths if p not in odd)
+        return None
+    if size is not None:
+        # Segments start at multiples of the size (named by their first offset, §2.4).
+        odd.extend(p for p in paths if p not in odd and int(os.path.basename(p)) % size)
+    return size
+
+
+def _consume_queue_file_size(fs: FileSystem, directory: str, odd: list[str]) -> int | None:
+    if not fs.isdir(directory):
+        return None
+    paths: list[str] = []
+    for topic in sorted(fs.listdir(directory)):
+        topic_dir = os.path.join(directory, topic)
+        if not fs.isdir(topic_dir):
+            continue
+        for queue in sorted(fs.listdir(topic_dir)):
+            if queue.isdigit():
+                paths.extend(_digit_files(fs, os.path.join(topic_dir, queue), 20))
+    size = _common_size(fs, paths, odd)
+    if size is not None and (size < MIN_CONSUME_QUEUE_FILE_BYTES or size % CQ_STORE_UNIT_SIZE):
+        odd.extend(p for p in paths if p not in odd)  # no geometry: cut files
+        return None
+    return size
+
+
+def _fits(size: int, slots: int, entries: int) -> bool:
+    return slots > 0 and entries > 1 and INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE + entries * INDEX_ENTRY_SIZE == size
+
+
+def _walks_cleanly(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
+    """Do the slots and the first entries of `path` make sense read with this geometry? Every
+    slot names an entry below the header's count, and every entry's chain link points back to
+    an earlier entry of the same slot (a wrong slot count scatters hashes across slots)."""
+    header = read_index_header(fs, path)
+    count = header.index_count if header.index_count > 0 else 1
+    if count > entries:
+        return False
+    region = fs.map_file(path, fs.getsize(path), create=False, readonly=True)
+    try:
+        data = region.buf
+        slot_bytes = min(slots * HASH_SLOT_SIZE, _SLOT_READ_BYTES)
+        for (value,) in struct.iter_unpack(">i", data[INDEX_HEADER_SIZE : INDEX_HEADER_SIZE + slot_bytes]):
+            if value < 0 or value >= count:
+                return False
+        base = INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE
+        hashes: dict[int, int] = {}
+        for n in range(1, min(count, _WALK_ENTRIES)):
+            key_hash, _phy, _diff, prev = _ENTRY.unpack_from(data, base + n * INDEX_ENTRY_SIZE)
+            if key_hash < 0 or not 0 <= prev < n:
+                return False
+            if prev and prev in hashes and hashes[prev] % slots != key_hash % slots:
+                return False
+            hashes[n] = key_hash
+        return True
+    finally:
+        region.close()
+
+
+def index_geometry_of(
+    fs: FileSystem, paths: list[str], size: int, hints: list[IndexGeometry]
+) -> IndexGeometry | None:
+    """The (slots, entries) of index files of `size` bytes, the first candidate that fits the
+    size and walks cleanly (in the oldest and the newest file): RocketMQ's 4:1 ratio, the
+    caller's settings (`hints`), then the fullest file's header count taken as max_index_num
+    (a full file's count stops there). None if nothing does."""
+    candidates: list[IndexGeometry] = []
+    per_ratio = HASH_SLOT_SIZE + DEFAULT_INDEX_RATIO * INDEX_ENTRY_SIZE
+    if (size - INDEX_HEADER_SIZE) % per_ratio == 0:
+        slots = (size - INDEX_HEADER_SIZE) // per_ratio
+        candidates.append(IndexGeometry(slots, DEFAULT_INDEX_RATIO * slots))
+    candidates.extend(hints)
+    count = max((read_index_header(fs, p).index_count for p in paths), default=0)
+    slots_bytes = size - INDEX_HEADER_SIZE - count * INDEX_ENTRY_SIZE
+    if count > 1 and slots_bytes > 0 and slots_bytes % HASH_SLOT_SIZE == 0:
+        candidates.append(IndexGeometry(slots_bytes // HASH_SLOT_SIZE, count))
+    sample = list(dict.fromkeys(paths[:1] + paths[-1:]))
+    for c in dict.fromkeys(candidates):  # in order, once each
+        if _fits(size, c.max_hash_slot_num, c.max_index_num) and all(
+            _walks_cleanly(fs, p, c.max_hash_slot_num, c.max_index_num) for p in sample
+        ):
+            return c
+    return None
+
+
+def detect_geometry(fs: FileSystem, config: StoreConfig) -> StoreGeometry:
+    """Read the geometry of the store `config` points at. Reads only."""
+    odd: list[str] = []
+    segment = _commitlog_segment_size(fs, config.commitlog_dir, odd)
+    cq = _consume_queue_file_size(fs, config.consume_queue_dir, odd)
+    index_paths = [
+        os.path.join(config.index_dir, n)
+        for n in (sorted(fs.listdir(config.index_dir)) if fs.isdir(config.index_dir) else [])
+        if len(n) == 17 and n.isdigit()
+    ]
+    index_size = _common_size(fs, index_paths, odd)
+    if index_size is not None and index_size < INDEX_HEADER_SIZE + HASH_SLOT_SIZE + 2 * INDEX_ENTRY_SIZE:
+        odd.extend(p for p in index_paths if p not in odd)  # no index file at all: damage
+        index_size = None
+    index: IndexGeometry | None = None
+    if index_size is not None:
+        same = [p for p in index_paths if p not in odd]
+        hints = [IndexGeometry(config.max_hash_slot_num, config.max_index_num)]
+        if "max_hash_slot_num" in config.explicit or "max_index_num" not in config.explicit:
+            entries = (index_size - INDEX_HEADER_SIZE - config.max_hash_slot_num * HASH_SLOT_SIZE) // INDEX_ENTRY_SIZE
+            hints.append(IndexGeometry(config.max_hash_slot_num, entries))
+        if "max_index_num" in config.explicit:
+            slots = (index_size - INDEX_HEADER_SIZE - config.max_index_num * INDEX_ENTRY_SIZE) // HASH_SLOT_SIZE
+            hints.append(IndexGeometry(slots, config.max_index_num))
+        index = index_geometry_of(fs, same, index_size, hints)
+    return StoreGeometry(segment, cq, index, index_size, tuple(odd))
+
+
+def adopt_geometry(fs: FileSystem, config: StoreConfig) -> tuple[StoreConfig, StoreGeometry]:
+    """`config` with the files' geometry where the caller gave none; StoreConfigMismatch where
+    the caller's explicit value contradicts the files. Reads only."""
+    geometry = detect_geometry(fs, config)
+    where = {
+        "mapped_file_size_commitlog_bytes": config.commitlog_dir,
+        "mapped_file_size_consume_queue_bytes": config.consume_queue_dir,
+        "max_hash_slot_num": config.index_dir,
+        "max_index_num": config.index_dir,
+    }
+    if geometry.index_file_bytes is not None and geometry.index is None:
+        # Nothing fits: adopt nothing; loading the index then refuses these files loudly.
+        log.warning("no max_hash_slot_num/max_index_num pair fits the index files",
+                    index_dir=config.index_dir, size=geometry.index_file_bytes)  # fmt: skip
+    adopted: dict[str, int] = {}
+    for key, on_disk in geometry.settings().items():
+        given = getattr(config, key)
+        if given == on_disk:
+            continue
+        if key in config.explicit:
+            raise StoreConfigMismatch(key, given, on_disk, where[key])
+        adopted[key] = on_disk
+    if adopted:
+        log.info("store geometry adopted from its files", store=config.root_dir, **adopted)
+        config = config.adopt(**adopted)
+    if geometry.odd_files:
+        log.warning("files of another size than the store's geometry (damage; left as they are)",
+                    files=list(geometry.odd_files))  # fmt: skip
+    return config, geometry

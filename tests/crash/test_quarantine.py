@@ -1,0 +1,234 @@
+"""Cut only torn tails (issue 19): a damaged commitlog record with valid records after it is
+quarantined (left in place, reported, skipped), never a reason to cut what follows."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore.storage.status import GetMessageStatus
+from mqstore.tools.verify import verify_store
+
+SEG = 64 * 1024
+SETTINGS: dict[str, Any] = dict(mapped_file_size_commitlog_bytes=SEG, mapped_file_size_consume_queue_bytes=20 * 200)
+TOPIC = "q"
+
+
+def _body(i: int) -> bytes:
+    return b"%05d" % i * 20
+
+
+def _fill(store_dir: str, n: int) -> list[int]:
+    """Put n messages in one queue; their commitlog offsets."""
+    offsets = []
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        for i in range(n):
+            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"]))
+            assert r.status is mqstore.PutMessageStatus.PUT_OK
+            offsets.append(r.commitlog_offset)
+    return offsets
+
+
+def _flip_body_byte(store_dir: str, record_offset: int, body: bytes) -> int:
+    seg = os.path.join(store_dir, "commitlog", "%020d" % (record_offset - record_offset % SEG))
+    with open(seg, "r+b") as f:
+        f.seek(record_offset % SEG)
+        record = f.read(400)
+        at = record_offset % SEG + record.index(body) + 3
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x01]))
+    return record_offset - record_offset % SEG + at
+
+
+def _all_bodies(store: mqstore.MessageStore) -> dict[int, bytes]:
+    got: dict[int, bytes] = {}
+    offset = 0
+    end = store.max_offset(TOPIC, 0)
+    while offset < end:
+        r = store.get(TOPIC, 0, offset, 64)
+        if r.status is not GetMessageStatus.FOUND:
+            break
+        for m in r.messages:
+            got[m.queue_offset] = m.body
+        offset = r.next_begin_offset
+    return got
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+def test_one_flipped_body_byte_loses_nothing_after_it(tmp_path: object, aborted: bool) -> None:
+    """The issue's repro: put 200, close cleanly, flip one body byte of message 3, reopen.
+    Before: recovery cut the log at message 3 and max_offset was 3."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 200)
+    _flip_body_byte(store_dir, offsets[3], _body(3))
+    if aborted:
+        open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None
+        assert rec.max_offset == offsets[-1] + (offsets[-1] - offsets[-2]), rec.summary()
+        assert [(q.start, q.end) for q in rec.quarantined] == [(offsets[3], offsets[4])], rec.summary()
+        assert store.max_offset(TOPIC, 0) == 200
+        bodies = _all_bodies(store)
+        for i in range(200):
+            if i != 3:
+                assert bodies.get(i) == _body(i), i
+        # New puts go after the last record, not over anything.
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 200, r
+        assert r.commitlog_offset == rec.max_offset
+    report = verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS))
+    damaged = [p for p in report.problems if p.kind == "commitlog_damaged"]
+    assert [p.where for p in damaged] == [f"offset {offsets[3]}"], [str(p) for p in report.problems]
+
+
+def test_a_zeroed_range_in_the_middle_is_quarantined_not_cut(tmp_path: object) -> None:
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 200)
+    seg = os.path.join(store_dir, "commitlog", "%020d" % 0)
+    with open(seg, "r+b") as f:  # records 10..12 zeroed, header and all
+        f.seek(offsets[10])
+        f.write(b"\0" * (offsets[13] - offsets[10]))
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None
+        assert [(q.start, q.end) for q in rec.quarantined] == [(offsets[10], offsets[13])], rec.summary()
+        bodies = _all_bodies(store)
+        assert all(bodies.get(i) == _body(i) for i in range(13, 200)), sorted(set(range(200)) - set(bodies))
+
+
+def test_a_torn_tail_is_still_cut(tmp_path: object) -> None:
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 50)
+    _flip_body_byte(store_dir, offsets[49], _body(49))
+    open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and rec.max_offset == offsets[49] and not rec.quarantined, rec.summary()
+    assert verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS)).ok
+
+
+# -------------------------------------------------------------------------------------------
+# Holes: a missing or wrong-sized segment (never overwrite, never hide)
+
+SMALL = dict(SETTINGS, mapped_file_size_commitlog_bytes=8 * 1024)
+
+
+def _fill_small(store_dir: str, n: int) -> list[int]:
+    offsets = []
+    with mqstore.open(store_dir, **SMALL) as store:
+        for i in range(n):
+            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"]))
+            assert r.status is mqstore.PutMessageStatus.PUT_OK
+            offsets.append(r.commitlog_offset)
+    return offsets
+
+
+def _segments(store_dir: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(store_dir, "commitlog")))
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+@pytest.mark.parametrize("damage", ["missing", "empty", "truncated"])
+def test_a_hole_opens_degraded_serves_both_sides_and_never_overwrites(tmp_path: object, damage: str,
+                                                                      aborted: bool) -> None:  # fmt: skip
+    """Before: puts returned PUT_OK and were never readable, reput logged every 100 ms forever,
+    close() took 5 s and returned False, and an emptied segment let puts overwrite later files."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)  # ~ 10 segments of 8 KiB
+    if aborted:  # re-dispatch from the start runs into the hole
+        open(os.path.join(store_dir, "abort"), "w").close()
+        for name in os.listdir(os.path.join(store_dir, "consumequeue", TOPIC, "0")):
+            os.remove(os.path.join(store_dir, "consumequeue", TOPIC, "0", name))
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    if damage == "missing":
+        os.remove(victim)
+    else:
+        with open(victim, "r+b") as f:
+            f.truncate(0 if damage == "empty" else 1000)
+    seg = SMALL["mapped_file_size_commitlog_bytes"]
+    hole = (int(names[3]), int(names[3]) + seg)
+    later = {n: open(os.path.join(store_dir, "commitlog", n), "rb").read() for n in names[4:]}
+    import time
+
+    started = time.monotonic()
+    store = mqstore.open(store_dir, **SMALL)
+    try:
+        for _ in range(500):  # until re-dispatch caught up: bounded
+            status = store.supervisor._ask("reput", _ping())
+            if status.reput_offset >= status.max_offset:
+                break
+            time.sleep(0.01)
+        bodies = _all_bodies_skipping(store)
+        for i, off in enumerate(offsets):
+            if not hole[0] <= off < hole[1]:
+                assert bodies.get(i) == _body(i), (i, off)
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
+        assert "mqstore recover" in r.detail and str(hole[0]) in r.detail, r.detail
+    finally:
+        assert store.close()
+    assert time.monotonic() - started < 30
+    for n, data in later.items():  # never written over
+        assert open(os.path.join(store_dir, "commitlog", n), "rb").read() == data, n
+
+
+def _ping() -> Any:
+    from mqstore.messages import GetReputStatus
+
+    return GetReputStatus()
+
+
+def _all_bodies_skipping(store: mqstore.MessageStore) -> dict[int, bytes]:
+    got: dict[int, bytes] = {}
+    for offset in range(store.max_offset(TOPIC, 0)):
+        r = store.get(TOPIC, 0, offset, 1)
+        if r.status is GetMessageStatus.FOUND and r.messages[0].queue_offset == offset:
+            got[offset] = r.messages[0].body
+    return got
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: str) -> None:
+    import subprocess
+    import sys
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    if damage == "missing":
+        os.remove(victim)
+    else:
+        with open(victim, "r+b") as f:
+            f.truncate(1000)
+    seg = SMALL["mapped_file_size_commitlog_bytes"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    done = subprocess.run([sys.executable, "-m", "mqstore", "recover", "--no-progress", "--json", store_dir],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    import json
+
+    out = json.loads(done.stdout)
+    [(lost_from, lost_to)] = out["lost_ranges"]
+    assert lost_to == int(names[3]) + seg and int(names[3]) <= lost_from < lost_to, out
+    if damage == "truncated":
+        assert os.path.exists(victim + ".damaged")
+    done = subprocess.run([sys.executable, "-m", "mqstore", "verify", store_dir], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    with mqstore.open(store_dir, **SMALL) as store:
+        bodies = _all_bodies_skipping(store)
+        for i, off in enumerate(offsets):
+            if not lost_from <= off < lost_to:
+                assert bodies.get(i) == _body(i), (i, off)
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 400, r
+        assert r.commitlog_offset >= int(names[-1]), r

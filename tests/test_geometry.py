@@ -1,0 +1,247 @@
+"""Issue 14: a store's geometry comes from its files; settings that disagree are refused, and no
+file is ever resized, truncated or deleted because it disagrees with a setting."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore import config as config_module
+from mqstore.cli import ExitCode, main
+from mqstore.config import ConfigError, StoreConfig
+from mqstore.storage.fs import RealFileSystem
+from mqstore.storage.geometry import detect_geometry
+from mqstore.storage.index import IndexFile
+
+MiB = 1 << 20
+FAST = {"allocate_wait_timeout_ms": 200}
+
+
+def _files(root: Path) -> dict[str, tuple[int, str]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in ("lock", "abort", "stats.msgpack")
+    }
+
+
+def _all_messages(store: mqstore.MessageStore, topic: str) -> list[mqstore.MessageRecord]:
+    out: list[mqstore.MessageRecord] = []
+    for queue_id in range(8):
+        offset = 0
+        while True:
+            got = store.get(topic, queue_id, offset, 32)
+            if not got.messages:
+                break
+            out.extend(got.messages)
+            offset = got.next_begin_offset
+    return out
+
+
+def test_a_1_mib_store_reopened_with_defaults_keeps_every_message_and_appends_after_them(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, **FAST) as store:
+        for i in range(1000):
+            assert store.put(mqstore.Message(topic="orders", body=b"x" * 100, keys=[f"order-{i}"])).ok
+        segment = root / "commitlog" / "00000000000000000000"
+    with mqstore.open(root, **FAST) as store:
+        assert store.config.mapped_file_size_commitlog_bytes == MiB  # adopted from the files
+        found = _all_messages(store, "orders")
+        assert len(found) == 1000
+        end = max(r.commitlog_offset + r.total_size for r in found)
+        assert store.query("orders", "order-999").messages
+        result = store.put(mqstore.Message(topic="orders", body=b"after"))
+        assert result.ok and result.commitlog_offset == end  # after the old records, not over them
+    assert segment.stat().st_size == MiB  # never grown to the default 1 GiB
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, **FAST) as store:
+        assert len(_all_messages(store, "orders")) == 1001
+
+
+def test_an_explicit_setting_against_the_files_is_refused_and_nothing_is_touched(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, **FAST) as store:
+        for i in range(100):
+            assert store.put(mqstore.Message(topic="orders", body=b"x" * 100, keys=[f"order-{i}"])).ok
+    before = _files(root)
+    with pytest.raises(mqstore.StoreConfigMismatch) as caught:
+        mqstore.open(root, mapped_file_size_commitlog_bytes=4 * MiB, **FAST)
+    err = caught.value
+    assert (err.key, err.value, err.on_disk) == ("mapped_file_size_commitlog_bytes", 4 * MiB, MiB)
+    assert "mapped_file_size_commitlog_bytes=4194304" in str(err) and "1048576" in str(err)
+    assert isinstance(err, mqstore.ConfigError)
+    assert _files(root) == before
+    assert not (root / "abort").exists()
+
+
+def test_the_cli_refuses_a_contradicting_setting_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, **FAST) as store:
+        assert store.put(mqstore.Message(topic="orders", body=b"x", keys=["k"])).ok
+    capsys.readouterr()
+    before = _files(root)
+    monkeypatch.setenv("MQSTORE_MAPPED_FILE_SIZE_COMMITLOG_BYTES", str(4 * MiB))
+    for argv in (["verify", str(root)], ["recover", str(root), "--no-progress"], ["get", str(root), "--topic", "orders",
+                 "--queue", "0", "--offset", "0"], ["inspect", str(root)], ["dump", str(root)]):  # fmt: skip
+        assert main(argv) == ExitCode.USAGE, argv
+        err = capsys.readouterr().err
+        assert "mapped_file_size_commitlog_bytes=4194304" in err and "1048576" in err, argv
+    assert _files(root) == before
+
+
+def test_consume_queue_and_index_geometry_are_adopted_too(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    custom = {"mapped_file_size_consume_queue_bytes": 20 * 50, "max_hash_slot_num": 7, "max_index_num": 40}
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, **custom, **FAST) as store:
+        for i in range(120):  # more than one CQ file and more than one index file
+            assert store.put(mqstore.Message(topic="t", body=b"b", keys=[f"k{i}"]), ).ok
+    geometry = detect_geometry(RealFileSystem(), StoreConfig(store_path_root_dir=str(root)))
+    assert geometry.settings() == {"mapped_file_size_commitlog_bytes": MiB, **custom}
+    assert geometry.odd_files == ()
+    with mqstore.open(root, **FAST) as store:
+        assert {k: getattr(store.config, k) for k in custom} == custom
+        assert len(_all_messages(store, "t")) == 120
+        assert [r.keys for r in store.query("t", "k7").messages] == ["k7"]
+        assert [r.keys for r in store.query("t", "k119").messages] == ["k119"]
+    with pytest.raises(mqstore.StoreConfigMismatch, match="max_hash_slot_num"):
+        mqstore.open(root, max_hash_slot_num=8, max_index_num=39, **FAST)
+
+
+def test_the_default_index_ratio_is_read_from_the_size_alone(tmp_path: Path) -> None:
+    fs = RealFileSystem()
+    (tmp_path / "index").mkdir()
+    f = IndexFile.create(fs, str(tmp_path / "index" / "20261123000000000"), max_hash_slot_num=100, max_index_num=400)
+    f.close()
+    assert (tmp_path / "index" / "20261123000000000").stat().st_size == 40 + 84 * 100
+    geometry = detect_geometry(fs, StoreConfig(store_path_root_dir=str(tmp_path)))
+    assert geometry.index is not None
+    assert (geometry.index.max_hash_slot_num, geometry.index.max_index_num) == (100, 400)
+
+
+def test_absurdly_small_segments_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="mapped_file_size_commitlog_bytes"):
+        StoreConfig(mapped_file_size_commitlog_bytes=100)
+    with pytest.raises(ConfigError, match="mapped_file_size_consume_queue_bytes"):
+        StoreConfig(mapped_file_size_consume_queue_bytes=20)
+
+
+def test_a_host_mqstore_variable_does_not_break_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MQSTORE_DATA_URL", "postgres://somewhere")
+    monkeypatch.setenv("MQSTORE_PURE_PYTHON", "0")
+    with mqstore.open(tmp_path / "store", mapped_file_size_commitlog_bytes=MiB, **FAST) as store:
+        assert store.put(mqstore.Message(topic="t", body=b"b")).ok
+
+
+STOCK_BROKER_CONF = """\
+brokerClusterName = DefaultCluster
+brokerName = broker-a
+brokerId = 0
+namesrvAddr = 127.0.0.1:9876
+deleteWhen = 04
+fileReservedTime = 48
+brokerRole = ASYNC_MASTER
+flushDiskType = ASYNC_FLUSH
+storePathRootDir = {root}
+storePathCommitLog = {root}/commitlog
+mapedFileSizeCommitLog = 1048576
+autoCreateTopicEnable = true
+listenPort = 10911
+"""
+
+
+def test_a_stock_broker_conf_is_taken_store_keys_applied_broker_keys_listed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[tuple[str, dict[str, Any]]] = []
+
+    class Recorder:
+        def warning(self, event: str, **kw: Any) -> None:
+            warnings.append((event, kw))
+
+        def debug(self, event: str, **kw: Any) -> None:
+            pass
+
+    monkeypatch.setattr(config_module, "log", Recorder())
+    conf = tmp_path / "broker.conf"
+    conf.write_text(STOCK_BROKER_CONF.format(root=tmp_path / "store"))
+    cfg = StoreConfig.load(conf, env={})
+    assert cfg.mapped_file_size_commitlog_bytes == MiB
+    assert cfg.file_reserved_time_hours == 48 and cfg.delete_when == "04"
+    assert cfg.commitlog_dir == f"{tmp_path / 'store'}/commitlog"
+    assert len(warnings) == 1
+    assert warnings[0][1]["keys"] == ["autoCreateTopicEnable", "brokerClusterName", "brokerName", "listenPort",
+                                      "namesrvAddr"]  # fmt: skip
+    assert "mapped_file_size_commitlog_bytes" in cfg.explicit
+
+
+def test_the_cli_takes_a_stock_broker_conf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, **FAST) as store:
+        assert store.put(mqstore.Message(topic="t", body=b"b", keys=["k"])).ok
+    conf = tmp_path / "broker.conf"
+    conf.write_text(STOCK_BROKER_CONF.format(root=root))
+    assert main(["--config", str(conf), "verify", str(root), "--json"]) == ExitCode.OK
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["ok"] is True
+
+
+@pytest.mark.parametrize("source", ["config", "env"])
+def test_verify_recover_inspect_honour_store_path_commitlog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    root, elsewhere = tmp_path / "store", tmp_path / "disk2" / "log"
+    with mqstore.open(root, store_path_commitlog=str(elsewhere), mapped_file_size_commitlog_bytes=MiB, **FAST) as store:
+        for i in range(10):
+            assert store.put(mqstore.Message(topic="t", body=b"b", keys=[f"k{i}"])).ok
+    assert not (root / "commitlog").exists()
+    prefix: list[str] = []
+    if source == "config":
+        conf = tmp_path / "store.toml"
+        conf.write_text(f'store_path_commitlog = "{elsewhere}"\n')
+        prefix = ["--config", str(conf)]
+    else:
+        monkeypatch.setenv("MQSTORE_STORE_PATH_COMMITLOG", str(elsewhere))
+    capsys.readouterr()
+    assert main([*prefix, "verify", str(root), "--json"]) == ExitCode.OK
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["ok"] is True
+    assert main([*prefix, "inspect", str(root), "--json"]) == ExitCode.OK
+    inspected = json.loads(capsys.readouterr().out)
+    assert inspected["verdict"] == "healthy" and inspected["commitlog"]["messages"] == 10
+    assert main([*prefix, "recover", str(root), "--json", "--no-progress"]) == ExitCode.OK
+    capsys.readouterr()
+    assert main([*prefix, "query", str(root), "--topic", "t", "--key", "k3"]) == ExitCode.OK
+    assert [json.loads(line)["keys"] for line in capsys.readouterr().out.splitlines()] == ["k3"]
+
+
+def test_inspect_calls_a_full_4_4_0_index_file_healthy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 14 item 4: 4.4.0 writes hashSlotCount = indexCount - 1 (every put counts), so the
+    # header's slot count says nothing about the file's capacity; the geometry does.
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, max_hash_slot_num=64, max_index_num=256,
+                      **FAST) as store:  # fmt: skip
+        for i in range(300):
+            assert store.put(mqstore.Message(topic="t", body=b"b", keys=[f"k{i}"])).ok
+    capsys.readouterr()
+    assert main(["inspect", str(root), "--json"]) == ExitCode.OK
+    report = json.loads(capsys.readouterr().out)
+    full = [f for f in report["index"] if f["full"]]
+    assert len(full) == 1 and full[0]["entries"] == 255 and full[0]["hash_slot_count"] == 255
+    assert report["verdict"] == "healthy", report["problems"]
+
+
+def test_a_segment_of_another_size_is_damage_reported_not_a_geometry(tmp_path: Path) -> None:
+    commitlog = tmp_path / "commitlog"
+    commitlog.mkdir()
+    for start in (0, MiB, 2 * MiB):
+        (commitlog / f"{start:020d}").write_bytes(b"\1" * (MiB if start < 2 * MiB else 4096))
+    before = _files(tmp_path)
+    geometry = detect_geometry(RealFileSystem(), StoreConfig(store_path_root_dir=str(tmp_path)))
+    assert geometry.commitlog_segment_bytes == MiB
+    assert geometry.odd_files == (str(commitlog / f"{2 * MiB:020d}"),)
+    assert _files(tmp_path) == before  # detection reads only

@@ -1,0 +1,115 @@
+"""Issue 14: the read-only commands (dump, get, query, inspect, stats, verify) never create, write,
+truncate, recover or delete anything, on a clean store and on one killed with kill -9."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mqstore
+from mqstore.cli import main
+
+PRODUCER = Path(__file__).resolve().parents[1] / "crash" / "producer.py"
+MiB = 1 << 20
+
+Snapshot = dict[str, tuple[str, int, str]]
+
+
+def snapshot(root: Path) -> Snapshot:
+    """Every file and directory under `root`: kind, mtime (ns) and, for files, size and hash."""
+    out: Snapshot = {".": ("dir", root.stat().st_mtime_ns, "")}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            rel = str(path.relative_to(root))
+            if path.is_dir():
+                out[rel] = ("dir", st.st_mtime_ns, "")
+            else:
+                out[rel] = ("file", st.st_mtime_ns, f"{st.st_size}:{hashlib.sha256(path.read_bytes()).hexdigest()}")
+    return out
+
+
+def commands(root: Path, key: str) -> list[list[str]]:
+    r = str(root)
+    return [
+        ["dump", r],
+        ["dump", r, "--what", "consumequeue"],
+        ["dump", r, "--what", "index"],
+        ["dump", r, "--what", "checkpoint"],
+        ["get", r, "--topic", "crash", "--queue", "0", "--offset", "0", "--max", "64"],
+        ["get", r, "--topic", "crash", "--queue", "1", "--offset", "0", "--tags", "A||B"],
+        ["query", r, "--topic", "crash", "--key", key],
+        ["inspect", r],
+        ["inspect", r, "--json"],
+        ["stats", r],
+        ["verify", r],
+    ]
+
+
+@pytest.fixture(scope="module")
+def crashed_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A store left by kill -9 of a producer mid-put (SYNC_FLUSH, 64 KiB segments)."""
+    root = tmp_path_factory.mktemp("crashed") / "store"
+    proc = subprocess.Popen([sys.executable, str(PRODUCER), str(root), "7", "3"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    key = ""
+    acked = 0
+    for line in proc.stdout:
+        if line.startswith("OK "):
+            acked += 1
+            key = key or line.split()[1]
+            if acked >= 600:
+                break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert acked >= 600 and (root / "abort").exists()
+    return root, key
+
+
+@pytest.fixture(scope="module")
+def clean_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("clean") / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=MiB, allocate_wait_timeout_ms=200) as store:
+        for i in range(300):
+            msg = mqstore.Message(topic="crash", body=b"x" * 50, tags="AB"[i % 2], keys=[f"k-{i}"], queue_id=i % 4)
+            assert store.put(msg).ok
+    return root, "k-5"
+
+
+def test_read_only_commands_change_nothing_on_a_clean_store(
+    clean_store: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "store"
+    shutil.copytree(clean_store[0], root)
+    before = snapshot(root)
+    for argv in commands(root, clean_store[1]):
+        code = main(argv)
+        out = capsys.readouterr()
+        assert code == 0, (argv, out.err)
+        assert snapshot(root) == before, argv
+
+
+def test_read_only_commands_change_nothing_on_a_crashed_store_and_name_recover(
+    crashed_store: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "store"
+    shutil.copytree(crashed_store[0], root)
+    before = snapshot(root)
+    found_key = False
+    for argv in commands(root, crashed_store[1]):
+        code = main(argv)
+        out = capsys.readouterr()
+        assert code in (0, 3), (argv, code, out.err)  # 3: corrupt data reported, valid data still read
+        assert snapshot(root) == before, argv
+        assert f"mqstore recover {root}" in out.err, (argv, out.err)
+        if argv[0] == "query":
+            found_key = crashed_store[1] in out.out
+    assert found_key  # an acknowledged message is read from the crashed store as it is
