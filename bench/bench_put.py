@@ -200,7 +200,7 @@ class _Producer(pykka.ThreadingActor):
     def on_start(self) -> None:
         if isinstance(self.target, mqstore.MessageStore):
             client = self.target.actor_client(self.actor_ref)
-            self.send: Callable[[int], None] = lambda i: client.put(self.messages[i], correlation_id=i)
+            self.send: Callable[[int], object] = lambda i: client.put(self.messages[i], correlation_id=i)
         else:
             ref = self.target.ref
             self.send = lambda i: ref.tell(("actor", self.actor_ref, i))
