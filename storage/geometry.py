@@ -138,6 +138,13 @@ def _walks_cleanly(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
             if value < 0 or value >= count:
                 return False
         base = INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE
+        if count > 1:
+            # The header names the first and the last entry's offsets: a wrong slot count
+            # shifts the entries, and a damaged file's size (cut or grown) fits no geometry.
+            first_phy = _ENTRY.unpack_from(data, base + INDEX_ENTRY_SIZE)[1]
+            last_phy = _ENTRY.unpack_from(data, base + (count - 1) * INDEX_ENTRY_SIZE)[1]
+            if (first_phy, last_phy) != (header.begin_phy_offset, header.end_phy_offset):
+                return False
         hashes: dict[int, int] = {}
         for n in range(1, min(count, _WALK_ENTRIES)):
             key_hash, _phy, _diff, prev = _ENTRY.unpack_from(data, base + n * INDEX_ENTRY_SIZE)

@@ -90,9 +90,10 @@ def test_files_that_hold_together_at_another_geometry_are_refused_not_rebuilt(tm
     files by the CLI): the open refuses, loudly, and renames nothing."""
     root = tmp_path / "store"
     _make(root)
-    with pytest.raises(OSError, match="max_index_num=401"):
+    # Issue 14: the geometry check refuses it first, naming the setting and both values.
+    with pytest.raises(mqstore.StoreConfigMismatch, match="max_index_num=401.*max_index_num=400"):
         mqstore.open(root, **{**SETTINGS, "max_index_num": 401})
-    with pytest.raises(OSError, match="every consume queue file is 1000 bytes"):
+    with pytest.raises(mqstore.StoreConfigMismatch, match="consume_queue_bytes=1200.*consume_queue_bytes=1000"):
         mqstore.open(root, **{**SETTINGS, "mapped_file_size_consume_queue_bytes": 20 * 60})
     assert not list(root.rglob("*.damaged"))
     _assert_whole(root)
