@@ -70,7 +70,8 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
     thread = threading.Thread(target=producer, daemon=True)
     thread.start()
     try:
-        _wait_for("first puts", lambda: len(put) > 100)
+        # More than one trigger's worth before the first batch, so maxOffsetsPerTrigger must cap it.
+        _wait_for("first puts", lambda: len(put) > MAX_PER_TRIGGER)
         at_start = len(put)
         query = start()
         _wait_for("three batches", lambda: len(list(out.glob("*.json"))) >= 3)
@@ -83,6 +84,8 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
         at_restart = len(put)
         _wait_for("batches after the restart", lambda: len(list(out.glob("*.json"))) >= seen_before + 2)
         assert len(put) > at_restart
+        # Enough puts for several capped batches, however fast the stream caught up.
+        _wait_for("enough puts", lambda: len(put) > 3 * MAX_PER_TRIGGER)
         stop.set()
         thread.join(30)
         store.close()  # every put dispatched to its ConsumeQueue
