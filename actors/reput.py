@@ -131,7 +131,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 end = min(end, damaged[0])  # decode up to it, then skip it
             # A view into the reader's own map, not a copy (the copy was a fifth of this
             # actor's time); released before anything here can unmap.
-            chunk = reader.view(offset, end - offset, limit=self._max_offset)
+            # A short (truncated) segment ends at its valid records: a hole follows, not data.
+            end = min(end, reader.readable_until(offset))
+            chunk = reader.view(offset, end - offset, limit=self._max_offset) if end > offset else None
             if chunk is None:
                 first = reader.min_offset()
                 if first > offset:  # the cleaner removed it: continue at the first file left

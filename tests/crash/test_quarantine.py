@@ -275,3 +275,46 @@ def test_a_unit_written_before_the_damage_is_not_served_without_crc_on_read(tmp_
         assert 3 not in bodies and len(bodies) == 49, sorted(bodies)
         assert store.lookup(offsets[3]) is None
         assert store.query(TOPIC, "k3").messages == ()
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+def test_a_truncated_segment_serves_its_valid_start_before_recover(tmp_path: object, aborted: bool) -> None:
+    """A short segment's valid records from its start are readable after a plain open (get,
+    lookup, query); the hole is only what lies past them, and the store stays degraded
+    (puts refused, nothing written). Before: the whole segment was the hole until `recover`."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)
+    if aborted:  # re-dispatch rebuilds the queue through the short segment
+        open(os.path.join(store_dir, "abort"), "w").close()
+        for name in os.listdir(os.path.join(store_dir, "consumequeue", TOPIC, "0")):
+            os.remove(os.path.join(store_dir, "consumequeue", TOPIC, "0", name))
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    start = int(names[3])
+    with open(victim, "r+b") as f:
+        f.truncate(1000)
+    kept = [i for i in range(len(offsets) - 1) if start <= offsets[i] and offsets[i + 1] <= start + 1000]
+    assert kept, "the truncation keeps some whole records"
+    valid_end = offsets[kept[-1] + 1]
+    before = {n: open(os.path.join(store_dir, "commitlog", n), "rb").read() for n in names}
+    with mqstore.open(store_dir, **SMALL) as store:
+        for _ in range(500):  # until re-dispatch caught up: bounded
+            status = store.supervisor._ask("reput", _ping())
+            if status.reput_offset >= status.max_offset:
+                break
+            import time
+
+            time.sleep(0.01)
+        bodies = _all_bodies_skipping(store)
+        for i in kept:
+            assert bodies.get(i) == _body(i), (i, offsets[i])
+            record = store.lookup(offsets[i])
+            assert record is not None and record.body == _body(i), i
+        assert len(store.query(TOPIC, f"k{kept[0]}").messages) == 1
+        lost = [i for i, off in enumerate(offsets) if valid_end <= off < start + SMALL["mapped_file_size_commitlog_bytes"]]
+        assert all(i not in bodies for i in lost)
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
+        assert f"{valid_end}..{start + SMALL['mapped_file_size_commitlog_bytes']}" in r.detail, r.detail
+    for n, data in before.items():  # nothing written into or after the short file
+        assert open(os.path.join(store_dir, "commitlog", n), "rb").read() == data, n
