@@ -15,6 +15,7 @@ calls out.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,7 @@ from typing import Callable, Mapping
 
 from .messages import QueueBounds
 
-__all__ = ["ReadView", "ReadViewPublisher", "QueueKey"]
+__all__ = ["ReadView", "ReadViewPublisher", "QueueKey", "in_ranges"]
 
 QueueKey = tuple[str, int]
 _NO_BOUNDS: Mapping[QueueKey, tuple[int, int]] = MappingProxyType({})
@@ -45,6 +46,8 @@ class ReadView:
     - `map_generation`: bumped when files a reader maps may be gone (deleted or truncated by a
       restarted owner); a reader seeing a new generation drops its maps.
     - `closed`: the store is closing; waiters return at once.
+    - `quarantined`: commitlog [start, end) ranges recovery found damaged with valid records
+      after them, sorted: never served and never dispatched, whatever `check_crc_on_read` says.
     """
 
     readable_end: int = 0
@@ -56,6 +59,19 @@ class ReadView:
     indexed_end: int = 0
     map_generation: int = 0
     closed: bool = False
+    quarantined: tuple[tuple[int, int], ...] = ()
+
+    def is_quarantined(self, offset: int) -> bool:
+        """Whether a record at `offset` lies in damage recovery quarantined."""
+        return in_ranges(self.quarantined, offset)
+
+
+def in_ranges(ranges: tuple[tuple[int, int], ...], offset: int) -> bool:
+    """Whether `offset` lies in one of the sorted, disjoint [start, end) `ranges`."""
+    if not ranges:
+        return False
+    at = bisect.bisect_right(ranges, (offset, 2**63)) - 1
+    return at >= 0 and ranges[at][0] <= offset < ranges[at][1]
 
 
 class ReadViewPublisher:
@@ -115,6 +131,12 @@ class ReadViewPublisher:
         """The index actor: its files (oldest first) and the end of what it indexed."""
         with self._cond:
             self._swap(replace(self.view, index_files=files, indexed_end=indexed_end))
+
+    def publish_quarantined(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        """Recovery (the supervisor, before any reader or dispatcher starts): the damaged
+        commitlog ranges it quarantined."""
+        with self._cond:
+            self._swap(replace(self.view, quarantined=tuple(sorted(ranges))))
 
     def close(self) -> None:
         """The store closes: every waiter returns."""

@@ -29,7 +29,7 @@ import psutil
 from .actors.consume_queue import pickup_store_timestamp
 from .config import StoreConfig
 from .messages import GetResult, QueryResult, UnitsReply
-from .read_view import ReadView
+from .read_view import ReadView, in_ranges
 from .storage import codec
 from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
@@ -193,6 +193,13 @@ class _Unmapped(Exception):
 # Told of each record a read skips because it fails its CRC (commitlog offset, reason): the
 # store logs and counts it (stats "corrupt_records_on_read").
 CorruptSink = Callable[[int, str], None]
+Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint commitlog [start, end) ranges
+
+
+def quarantined_detail(commitlog_offset: int) -> str:
+    """A GetResult's `detail` for a record skipped as damage recovery quarantined."""
+    return (f"skipped the record at commitlog offset {commitlog_offset}: recovery quarantined it as damaged; "
+            "run `mqstore verify`")  # fmt: skip
 
 
 def corrupt_detail(commitlog_offset: int, reason: str) -> str:
@@ -275,13 +282,15 @@ def collect(
     *,
     expect: tuple[str, int] | None = None,
     on_corrupt: CorruptSink | None = None,
+    quarantined: Ranges = (),
 ) -> GetResult | None:
     """The messages the units point at (§13.1's loop); `head` is where "in memory" is measured
     from. With `expect` (units read through the thread's own maps), each record must be that
     (topic, queueId)'s at its queue offset, else None: the caller asks the owner instead.
     With `cfg.check_crc_on_read`, a record whose body fails its CRC is never returned: it is
     skipped (told to `on_corrupt`, named in the result's `detail`); with `expect`, the owner's
-    answer decides, so it is told once."""
+    answer decides, so it is told once. A unit into a `quarantined` range (damage recovery
+    found) is skipped whatever the setting, with a detail: recovery already knows it is bad."""
     wanted = subscription(tags)
     in_memory_bytes = _TOTAL_RAM_BYTES * cfg.access_message_in_memory_max_ratio_percent // 100
     status = GetMessageStatus.NO_MATCHED_MESSAGE
@@ -300,6 +309,10 @@ def collect(
         phy, size, tags_code = unpack(units, i)
         if size == _FILLER_SIZE and phy == 0:
             i += 20  # a queue offset whose record was lost or damaged (a filler unit): nothing to serve
+            continue
+        if quarantined and in_ranges(quarantined, phy):
+            skipped = quarantined_detail(phy)
+            i += 20
             continue
         if next_phy_file_start >= 0 and phy < next_phy_file_start:
             i += 20
@@ -418,7 +431,8 @@ def get_from_view(
     if units is None:
         return None  # the owner decides (OFFSET_FOUND_NULL: the file is gone)
     found = collect(cfg, readers.commitlog_reader(), units, view.queues_written, offset, max_count,
-                    max_total_bytes, tags, raw, bounds, expect=(topic, queue_id), on_corrupt=on_corrupt)  # fmt: skip
+                    max_total_bytes, tags, raw, bounds, expect=(topic, queue_id), on_corrupt=on_corrupt,
+                    quarantined=view.quarantined)  # fmt: skip
     yield_gil()
     return found
 
@@ -434,6 +448,7 @@ def get_from_units(
     tags: str | None = None,
     raw: bool = False,
     on_corrupt: CorruptSink | None = None,
+    quarantined: Ranges = (),
 ) -> GetResult:
     """getMessage decided by the ConsumeQueue actor's answer (`GetUnits`)."""
     early = status_ladder(reply.exists, reply.min_offset, reply.max_offset, offset)
@@ -444,7 +459,7 @@ def get_from_units(
         return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,
                          min_offset=bounds[0], max_offset=bounds[1])  # fmt: skip
     found = collect(cfg, readers.commitlog_reader(), reply.units, reply.commitlog_head, offset, max_count,
-                    max_total_bytes, tags, raw, bounds, on_corrupt=on_corrupt)  # fmt: skip
+                    max_total_bytes, tags, raw, bounds, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
     assert found is not None  # without `expect` every unit is decided
     return found
 
@@ -487,10 +502,14 @@ def record_at(
     *,
     check_crc: bool = False,
     on_corrupt: CorruptSink | None = None,
+    quarantined: Ranges = (),
 ) -> MessageRecord | None:
     """The message record at `offset`, decoded in place in the reader's map. Its own
     TOTALSIZE bounds it: within max_message_size and the segment, or None. With `check_crc`,
-    None for a record whose body fails its CRC too (told to `on_corrupt`)."""
+    None for a record whose body fails its CRC too (told to `on_corrupt`), and always for one
+    in a `quarantined` range."""
+    if quarantined and in_ranges(quarantined, offset):
+        return None
     place = reader.select(offset, 4)
     if place is None:
         return None
@@ -508,7 +527,7 @@ def record_at(
 
 def query_messages(
     hits: IndexHits, reader: CommitLogReader, cfg: StoreConfig, topic: str, key: str, max_count: int, begin_ms: int,
-    end_ms: int, on_corrupt: CorruptSink | None = None,
+    end_ms: int, on_corrupt: CorruptSink | None = None, quarantined: Ranges = (),
 ) -> QueryResult:  # fmt: skip
     """queryMessage's loop (§13.2) over `hits(topic, key, max_num, begin_ms, end_ms)` (the
     commitlog offsets of the key's index hits, the newest file's endTimestamp and endPhyOffset):
@@ -526,7 +545,7 @@ def query_messages(
         last_ts, last_phy = ts, phy_end
         for n, phy in enumerate(sorted(offsets)):
             record = record_at(reader, phy, cfg.max_message_size_bytes, check_crc=cfg.check_crc_on_read,
-                               on_corrupt=on_corrupt)  # fmt: skip
+                               on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
             if record is None:
                 continue
             if n == 0:

@@ -495,7 +495,8 @@ class MessageStore:
             # actor crashed and is being restarted). Java would move the consumer to 0; a
             # transient outage must not rewind anyone, so the offset stays where it was.
             return self._not_readable(offset, str(exc))
-        return reads.get_from_units(reply, readers, self.config, offset, max_count, **kwargs)
+        return reads.get_from_units(reply, readers, self.config, offset, max_count,
+                                    quarantined=self.read_view.view.quarantined, **kwargs)  # fmt: skip
 
     @staticmethod
     def _not_readable(offset: int, detail: str) -> GetResult:
@@ -566,7 +567,8 @@ class MessageStore:
 
         try:
             result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms,
-                                          end_ms, on_corrupt=self._corrupt_on_read)  # fmt: skip
+                                          end_ms, on_corrupt=self._corrupt_on_read,
+                                          quarantined=self.read_view.view.quarantined)  # fmt: skip
         except ServiceUnavailable as exc:
             return QueryResult(detail=str(exc))
         reads.yield_gil()
@@ -577,7 +579,8 @@ class MessageStore:
         self._check_open()
         _check_int("commitlog_offset", commitlog_offset, 0)
         return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes,
-                               check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read)  # fmt: skip
+                               check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read,
+                               quarantined=self.read_view.view.quarantined)  # fmt: skip
 
     def _corrupt_on_read(self, commitlog_offset: int, reason: str) -> None:
         """A record a read skipped because its body fails its CRC: logged and counted."""

@@ -212,6 +212,7 @@ class Supervisor:
             self._abort = AbortFile(self.fs, cfg.abort_path)
             last_exit_ok = not self._abort.exists()
             self.recovery = recover_store(cfg, self.fs, last_exit_ok=last_exit_ok, clock_ms=self.clock_ms)
+            self.ctx.read_view.publish_quarantined(tuple((q.start, q.end) for q in self.recovery.quarantined))
             self._abort.create()
             for spec in self._specs:
                 self._start_child(spec.name, first=True)

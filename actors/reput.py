@@ -119,9 +119,21 @@ class ReputMessageService(StoreActor[ReputRequest]):
             offset = self._reput_offset
             segment = offset - offset % self._segment_size
             end = min(self._max_offset, segment + self._segment_size, offset + READ_CHUNK_BYTES)
+            damaged = self._quarantined_from(offset)
+            if damaged is not None:
+                if damaged[0] <= offset:
+                    # Damage recovery quarantined: no unit and no index entry for it (the
+                    # queue's next unit brings filler units for its queue offsets), whatever
+                    # check_crc_on_read says: a reader must never get it.
+                    self.log.error("skipping quarantined commitlog bytes", offset=offset, resume=damaged[1])
+                    self._reput_offset = min(damaged[1], self._max_offset)
+                    continue
+                end = min(end, damaged[0])  # decode up to it, then skip it
             # A view into the reader's own map, not a copy (the copy was a fifth of this
             # actor's time); released before anything here can unmap.
-            chunk = reader.view(offset, end - offset, limit=self._max_offset)
+            # A short (truncated) segment ends at its valid records: a hole follows, not data.
+            end = min(end, reader.readable_until(offset))
+            chunk = reader.view(offset, end - offset, limit=self._max_offset) if end > offset else None
             if chunk is None:
                 first = reader.min_offset()
                 if first > offset:  # the cleaner removed it: continue at the first file left
@@ -144,6 +156,13 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 return  # a partial record at the watermark's edge: wait for more
             self._dispatch(requests, next_offset)
             self._reput_offset = next_offset
+
+    def _quarantined_from(self, offset: int) -> tuple[int, int] | None:
+        """The first quarantined range that holds `offset` or lies after it."""
+        for start, stop in self.ctx.read_view.view.quarantined:
+            if stop > offset:
+                return start, stop
+        return None
 
     def _decode(self, chunk: memoryview, offset: int, segment: int, end: int) -> tuple[list[DispatchRequest], int]:
         """The dispatch requests in `chunk` (the log from `offset`) and where the next read starts."""

@@ -59,6 +59,7 @@ __all__ = [
     "QUARANTINED_PREFIX",
     "Quarantined",
     "find_next_valid_record",
+    "valid_prefix_end",
     "scan_commitlog_dir",
 ]
 
@@ -140,6 +141,21 @@ def find_next_valid_record(
                     return pos
             lo = chunk_end
     return None
+
+
+def valid_prefix_end(buf: Any, file_from_offset: int, segment_size: int, max_message_size: int) -> int:
+    """The end of the valid records (CRC and offset checked) at the start of a short (damaged)
+    segment's bytes `buf`. Room is left for the blank record that ends a segment, so what a
+    reader serves before `mqstore recover` is exactly what recover keeps."""
+    pos = 0
+    while True:
+        read = read_record(buf, pos, len(buf), check_crc=True, max_message_size=max_message_size)
+        if (read.kind is not RecordKind.MESSAGE or read.record is None
+                or read.record.commitlog_offset != file_from_offset + pos):  # fmt: skip
+            return pos
+        if pos + read.size + END_FILE_MIN_BLANK_LENGTH > segment_size:
+            return pos
+        pos += read.size
 
 
 def _find_all(window: bytes, pattern: bytes) -> Iterator[int]:
@@ -238,10 +254,23 @@ class CommitLog:
         self.trusted_after_damage_before_ms: int | None = None
         # False after a clean stop: every put was finished, so a zeroed header is damage.
         self.unfinished_put_possible = True
+        # Short (truncated) segments left out of the queue: start -> end of their valid records,
+        # which readers serve (`CommitLogReader`); only the rest of such a segment is a hole.
+        self.short_valid_ends: dict[int, int] = {}
 
     def load(self) -> bool:
         ok = self.mapped_file_queue.load(skip_damaged=True)
         log.info("commitlog loaded", ok=ok, files=len(self.mapped_file_queue.mapped_files))
+        for damaged in self.mapped_file_queue.damaged_files:
+            start = int(damaged[:20])
+            path = os.path.join(self.store_path, damaged[:20])
+            try:
+                data = self.fs.read_bytes(path) if self.fs.getsize(path) < self.mapped_file_size else b""
+            except OSError:
+                data = b""
+            end = valid_prefix_end(data, start, self.mapped_file_size, self.max_message_size) if data else 0
+            if end:
+                self.short_valid_ends[start] = end
         if self.degraded_reason:
             log.error("commitlog opened degraded: puts are refused", reason=self.degraded_reason)
         return ok
@@ -253,7 +282,7 @@ class CommitLog:
         holes = self.mapped_file_queue.holes()
         if not holes:
             return ""
-        ranges = ", ".join(f"{start}..{end}" for start, end in holes)
+        ranges = ", ".join(f"{start + self.short_valid_ends.get(start, 0)}..{end}" for start, end in holes)
         damaged = self.mapped_file_queue.damaged_files
         what = f"; wrong-sized segments: {', '.join(damaged)}" if damaged else ""
         return f"commitlog has holes at offsets {ranges}{what}; run `mqstore recover` to make it whole"
@@ -795,6 +824,8 @@ class CommitLogReader:
         self.max_message_size = max_message_size
         self.limit = limit
         self._regions: dict[int, MappedRegion] = {}
+        # Short (truncated) segments: their valid records' end; the rest is a hole until recover.
+        self._valid_ends: dict[int, int] = {}
         self.refresh()
 
     def set_limit(self, limit: int) -> None:
@@ -814,14 +845,40 @@ class CommitLogReader:
             present.add(start)
             if start in self._regions:
                 continue
-            try:
-                self._regions[start] = self.fs.map_file(
-                    os.path.join(self.store_path, name), self.mapped_file_size, create=False, readonly=True
-                )
-            except (OSError, ValueError):
-                present.discard(start)  # being created (not yet full size) or just deleted
+            region = self._map(os.path.join(self.store_path, name), start)
+            if region is None:
+                present.discard(start)  # being created (not yet full size), just deleted, or empty
+            else:
+                self._regions[start] = region
         for start in [s for s in self._regions if s not in present]:
+            self._valid_ends.pop(start, None)
             self._regions.pop(start).close()
+
+    def _map(self, path: str, start: int) -> MappedRegion | None:
+        try:
+            return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
+        except (OSError, ValueError):
+            pass
+        # A short segment (truncated by damage; files are created full-size at once): mapped
+        # at its own length, its valid records from the start are served until the first
+        # record that is not; past that lies the hole (the store is degraded until recover).
+        try:
+            size = self.fs.getsize(path)
+            if not 0 < size < self.mapped_file_size:
+                return None
+            region = self.fs.map_file(path, size, create=False, readonly=True)
+        except (OSError, ValueError):
+            return None
+        end = valid_prefix_end(region.buf, start, self.mapped_file_size, self.max_message_size)
+        if end == 0:
+            region.close()
+            return None
+        self._valid_ends[start] = end
+        return region
+
+    def _readable_end(self, start: int) -> int:
+        """Where the segment at `start` stops being readable (its end, or a short one's valid end)."""
+        return self._valid_ends.get(start, self.mapped_file_size)
 
     def close(self) -> None:
         for region in self._regions.values():
@@ -833,13 +890,22 @@ class CommitLogReader:
                 # its last reference right after. Closing must not fail for it.
                 pass
         self._regions.clear()
+        self._valid_ends.clear()
 
     def min_offset(self) -> int:
         return min(self._regions) if self._regions else -1
 
     def has_segment(self, offset: int) -> bool:
-        """Whether the segment holding `offset` exists (full-sized) and is mapped."""
-        return self._region_for(offset) is not None
+        """Whether the segment holding `offset` is mapped and readable there (full-sized, or
+        `offset` below a short segment's valid end)."""
+        found = self._region_for(offset)
+        return found is not None and offset - found[0] < self._readable_end(found[0])
+
+    def readable_until(self, offset: int) -> int:
+        """The end of what the segment holding `offset` can serve: its end, or a short
+        segment's valid end (past which lies a hole, not data still to come)."""
+        start = offset - offset % self.mapped_file_size
+        return start + (self._readable_end(start) if self._region_for(offset) is not None else self.mapped_file_size)
 
     def next_segment_after(self, offset: int) -> int | None:
         """The start of the first mapped segment after `offset` (past a hole), or None."""
@@ -874,7 +940,7 @@ class CommitLogReader:
             return None
         start, region = found
         pos = offset - start
-        if pos + size > self.mapped_file_size:
+        if pos + size > self._readable_end(start):
             return None
         try:
             return memoryview(region.buf)[pos : pos + size]
@@ -893,7 +959,7 @@ class CommitLogReader:
             return None
         start, region = found
         pos = offset - start
-        if pos + size > self.mapped_file_size or getattr(region.buf, "closed", False):
+        if pos + size > self._readable_end(start) or getattr(region.buf, "closed", False):
             return None
         return region.buf, pos
 
@@ -904,7 +970,7 @@ class CommitLogReader:
         if found is None:
             return None
         start, region = found
-        end = min(self._limit(limit) - start, self.mapped_file_size)
+        end = min(self._limit(limit) - start, self._readable_end(start))
         try:
             read = read_record(region.buf, offset - start, max(end, 0), check_crc=check_crc, read_body=read_body,
                                max_message_size=self.max_message_size)  # fmt: skip

@@ -22,7 +22,7 @@ from ..config import StoreConfig
 from ..log import get_logger
 from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
-from .commitlog import CommitLog, ProgressCallback, Quarantined
+from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
@@ -449,7 +449,7 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[
         if start in present:
             fs.write_atomic(path + ".damaged", fs.read_bytes(path))
             fs.remove(path)
-        keep = _valid_prefix(old, start, size, cfg.max_message_size_bytes)
+        keep = valid_prefix_end(old, start, size, cfg.max_message_size_bytes)
         region = fs.map_file(path, size, create=True)
         try:
             region.buf[:keep] = old[:keep]
@@ -462,19 +462,6 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[
         done.append(f"{name} ({what}): {keep} bytes of valid records kept, {start + keep}..{start + size} lost")
         log.error("commitlog hole filled; its records are lost", file=name, lost_from=start + keep, lost_to=start + size)
     return lost, done
-
-
-def _valid_prefix(data: bytes, start: int, size: int, max_message_size: int) -> int:
-    """The end of the valid records at the start of a damaged segment's bytes (room is left
-    for the closing blank record)."""
-    pos = 0
-    while True:
-        read = codec.read_record(data, pos, len(data), check_crc=True, max_message_size=max_message_size)
-        if read.kind is not codec.RecordKind.MESSAGE or read.record is None or read.record.commitlog_offset != start + pos:
-            return pos
-        if pos + read.size + codec.END_FILE_MIN_BLANK_LENGTH > size:
-            return pos
-        pos += read.size
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:

@@ -232,3 +232,89 @@ def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: 
         r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
         assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 400, r
         assert r.commitlog_offset >= int(names[-1]), r
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+def test_a_quarantined_record_is_never_served_even_without_crc_on_read(tmp_path: object, aborted: bool) -> None:
+    """Recovery already knows the record is damaged: readers skip it and dispatch writes no
+    unit for it (a filler keeps the queue dense), whatever `check_crc_on_read` says. Before:
+    with the check off, get, lookup and query served the flipped body as good."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 50)
+    _flip_body_byte(store_dir, offsets[3], _body(3))
+    # The queues and the index are rebuilt by dispatch, which must not take the record in.
+    for derived in ("consumequeue", "index"):
+        for root, _, files in os.walk(os.path.join(store_dir, derived)):
+            for name in files:
+                os.remove(os.path.join(root, name))
+    if aborted:
+        open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, check_crc_on_read=False, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None
+        assert [(q.start, q.end) for q in rec.quarantined] == [(offsets[3], offsets[4])], rec.summary()
+        assert store.max_offset(TOPIC, 0) == 50
+        bodies = _all_bodies(store)
+        assert 3 not in bodies, bodies.get(3)
+        assert all(bodies.get(i) == _body(i) for i in range(50) if i != 3), sorted(set(range(50)) - set(bodies))
+        r = store.get(TOPIC, 0, 3, 1)
+        assert [m.queue_offset for m in r.messages] == [4], r
+        assert store.lookup(offsets[3]) is None
+        assert store.lookup(offsets[4]) is not None
+        assert store.query(TOPIC, "k3").messages == ()
+        assert len(store.query(TOPIC, "k4").messages) == 1
+
+
+def test_a_unit_written_before_the_damage_is_not_served_without_crc_on_read(tmp_path: object) -> None:
+    """The queue already held the record's unit when its body was damaged: get skips it."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 50)
+    _flip_body_byte(store_dir, offsets[3], _body(3))
+    with mqstore.open(store_dir, check_crc_on_read=False, **SETTINGS) as store:
+        bodies = _all_bodies(store)
+        assert 3 not in bodies and len(bodies) == 49, sorted(bodies)
+        assert store.lookup(offsets[3]) is None
+        assert store.query(TOPIC, "k3").messages == ()
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+def test_a_truncated_segment_serves_its_valid_start_before_recover(tmp_path: object, aborted: bool) -> None:
+    """A short segment's valid records from its start are readable after a plain open (get,
+    lookup, query); the hole is only what lies past them, and the store stays degraded
+    (puts refused, nothing written). Before: the whole segment was the hole until `recover`."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)
+    if aborted:  # re-dispatch rebuilds the queue through the short segment
+        open(os.path.join(store_dir, "abort"), "w").close()
+        for name in os.listdir(os.path.join(store_dir, "consumequeue", TOPIC, "0")):
+            os.remove(os.path.join(store_dir, "consumequeue", TOPIC, "0", name))
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    start = int(names[3])
+    with open(victim, "r+b") as f:
+        f.truncate(1000)
+    kept = [i for i in range(len(offsets) - 1) if start <= offsets[i] and offsets[i + 1] <= start + 1000]
+    assert kept, "the truncation keeps some whole records"
+    valid_end = offsets[kept[-1] + 1]
+    before = {n: open(os.path.join(store_dir, "commitlog", n), "rb").read() for n in names}
+    with mqstore.open(store_dir, **SMALL) as store:
+        for _ in range(500):  # until re-dispatch caught up: bounded
+            status = store.supervisor._ask("reput", _ping())
+            if status.reput_offset >= status.max_offset:
+                break
+            import time
+
+            time.sleep(0.01)
+        bodies = _all_bodies_skipping(store)
+        for i in kept:
+            assert bodies.get(i) == _body(i), (i, offsets[i])
+            record = store.lookup(offsets[i])
+            assert record is not None and record.body == _body(i), i
+        assert len(store.query(TOPIC, f"k{kept[0]}").messages) == 1
+        lost = [i for i, off in enumerate(offsets) if valid_end <= off < start + SMALL["mapped_file_size_commitlog_bytes"]]
+        assert all(i not in bodies for i in lost)
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
+        assert f"{valid_end}..{start + SMALL['mapped_file_size_commitlog_bytes']}" in r.detail, r.detail
+    for n, data in before.items():  # nothing written into or after the short file
+        assert open(os.path.join(store_dir, "commitlog", n), "rb").read() == data, n
