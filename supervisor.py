@@ -216,7 +216,10 @@ class Supervisor:
     def start(self) -> None:
         assert self.state is SupervisorState.NEW
         cfg = self.config
-        self.fs.makedirs(cfg.store_path_root_dir)
+        try:
+            self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
+        except OSError as exc:
+            raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
         try:
             self._lock.acquire()  # raises StoreLockedError if another process holds the store
@@ -226,7 +229,10 @@ class Supervisor:
         try:
             self._abort = AbortFile(self.fs, cfg.abort_path)
             last_exit_ok = not self._abort.exists()
-            self.recovery = recover_store(cfg, self.fs, last_exit_ok=last_exit_ok, clock_ms=self.clock_ms)
+            try:  # a new store's commitlog/consumequeue/index directories take blocks on ext4
+                self.recovery = recover_store(cfg, self.fs, last_exit_ok=last_exit_ok, clock_ms=self.clock_ms)
+            except OSError as exc:
+                raise _disk_full_or(exc, str(exc.filename or cfg.store_path_root_dir), "the store's files") from exc
             # Before the abort marker and the actors: a new store with no room for its
             # checkpoint is refused here, once, not by the flush actor failing to start
             # until the supervisor gives up.
