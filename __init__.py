@@ -13,7 +13,7 @@ from mqstore.errors import StoreClosedError, StoreDiskFullError
 from mqstore.faults import FaultPlan, InjectedFault
 from mqstore.messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
 from mqstore.storage.codec import HostAddress, MessageRecord, TopicError
-from mqstore.storage.lockfiles import StoreLockedError
+from mqstore.storage.lockfiles import StoreDirectoryError, StoreLockedError
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
 from mqstore.store import MessageStore, open_store
 
@@ -39,6 +39,7 @@ __all__ = [
     "StoreConfigMismatch",
     "TopicError",
     "StoreLockedError",
+    "StoreDirectoryError",
     "StoreClosedError",
     "StoreDiskFullError",
     "HostAddress",
