@@ -9,7 +9,7 @@
 # Absolute imports: pytest imports this file by path (the repository root is the package),
 # under the checkout directory's name, where relative imports have no parent package.
 from mqstore.config import ConfigError, StoreConfig, StoreConfigMismatch
-from mqstore.errors import StoreClosedError
+from mqstore.errors import StoreClosedError, StoreDiskFullError
 from mqstore.faults import FaultPlan, InjectedFault
 from mqstore.messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
 from mqstore.storage.codec import HostAddress, MessageRecord, TopicError
@@ -41,6 +41,7 @@ __all__ = [
     "StoreLockedError",
     "StoreDirectoryError",
     "StoreClosedError",
+    "StoreDiskFullError",
     "HostAddress",
     "FaultPlan",
     "InjectedFault",

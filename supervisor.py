@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import errno
 import importlib
 import importlib.util
 import queue
@@ -39,6 +40,7 @@ from .actors.gateway import StoreBackend, StoreGateway
 from .actors.index import IndexActor
 from .actors.reput import ReputMessageService
 from .config import StoreConfig
+from .errors import StoreDiskFullError
 from .faults import NO_FAULTS, FaultPlan
 from .log import get_logger
 from .messages import (
@@ -56,6 +58,7 @@ from .messages import (
     Waiter,
 )
 from .storage import codec
+from .storage.checkpoint import create_checkpoint_file
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreLock
@@ -117,6 +120,14 @@ TREE: tuple[ChildSpec, ...] = (
     # behind it (a Supervisor run alone has no gateway).
     ChildSpec("gateway", ()),
 )
+
+
+def _disk_full_or(exc: OSError, path: str, what: str) -> OSError:
+    """The open's one error for a full disk (StoreDiskFullError naming the file); any other
+    OSError as it was."""
+    if isinstance(exc, StoreDiskFullError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    return StoreDiskFullError(path, what)
 
 
 def _is_dead(exc: BaseException) -> bool:
@@ -205,19 +216,47 @@ class Supervisor:
     def start(self) -> None:
         assert self.state is SupervisorState.NEW
         cfg = self.config
-        self.fs.makedirs(cfg.store_path_root_dir)
+        try:
+            self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
+        except OSError as exc:
+            raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
-        self._lock.acquire()  # raises StoreLockedError if another process holds the store
+        try:
+            self._lock.acquire()  # raises StoreLockedError if another process holds the store
+        except OSError as exc:
+            raise _disk_full_or(exc, cfg.lock_path, "the store's lock file") from exc
+        created_abort = False
         try:
             self._abort = AbortFile(self.fs, cfg.abort_path)
             last_exit_ok = not self._abort.exists()
-            self.recovery = recover_store(cfg, self.fs, last_exit_ok=last_exit_ok, clock_ms=self.clock_ms)
+            try:  # a new store's commitlog/consumequeue/index directories take blocks on ext4
+                self.recovery = recover_store(cfg, self.fs, last_exit_ok=last_exit_ok, clock_ms=self.clock_ms)
+            except OSError as exc:
+                raise _disk_full_or(exc, str(exc.filename or cfg.store_path_root_dir), "the store's files") from exc
             self.ctx.read_view.publish_quarantined(tuple((q.start, q.end) for q in self.recovery.quarantined))
-            self._abort.create()
+            # Before the abort marker and the actors: a new store with no room for its
+            # checkpoint is refused here, once, not by the flush actor failing to start
+            # until the supervisor gives up.
+            try:
+                create_checkpoint_file(self.fs, cfg.checkpoint_path)
+            except OSError as exc:
+                raise _disk_full_or(exc, cfg.checkpoint_path, "a new store's checkpoint") from exc
+            try:
+                self._abort.create()
+            except OSError as exc:
+                raise _disk_full_or(exc, cfg.abort_path, "the store's abort marker") from exc
+            created_abort = last_exit_ok
             for spec in self._specs:
                 self._start_child(spec.name, first=True)
         except BaseException:
             self._stop_children(clean=False)
+            if created_abort and self._abort is not None:
+                # Nothing ran: the marker would only make the next open recover a crash
+                # that did not happen. (One that was there before this open stays.)
+                try:
+                    self._abort.remove()
+                except OSError as exc:
+                    self.log.warning("abort marker not removed after a failed start", error=repr(exc))
             self._lock.release()
             raise
         self.state = SupervisorState.RUNNING

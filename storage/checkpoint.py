@@ -17,7 +17,7 @@ from typing import Final
 from mqstore.storage.fs import FileSystem
 from mqstore.storage.mapped_file import DiskFullError
 
-__all__ = ["CHECKPOINT_FILE_SIZE", "CheckpointValues", "StoreCheckpoint", "read_checkpoint"]
+__all__ = ["CHECKPOINT_FILE_SIZE", "CheckpointValues", "StoreCheckpoint", "create_checkpoint_file", "read_checkpoint"]
 
 CHECKPOINT_FILE_SIZE: Final = 4096
 _THREE_LONGS = struct.Struct(">qqq")
@@ -57,6 +57,15 @@ class CheckpointValues:
 def read_checkpoint(fs: FileSystem, path: str) -> CheckpointValues:
     """The values of a checkpoint file, read-only (for tools). Raises FileNotFoundError."""
     return CheckpointValues.unpack(fs.read_bytes(path)[: _FIVE_LONGS.size])
+
+
+def create_checkpoint_file(fs: FileSystem, path: str) -> None:
+    """Create a new store's checkpoint with its blocks reserved, if it is not there yet:
+    called before the store starts, so a disk with no room for it refuses the open instead of
+    failing the flush actor's start again and again. DiskFullError, with no file left behind,
+    when the disk has no room."""
+    if not fs.exists(path):
+        StoreCheckpoint(fs, path).close()
 
 
 class StoreCheckpoint:

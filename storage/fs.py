@@ -9,6 +9,7 @@ so a failing run can be replayed from its seed (TigerBeetle's simulated storage,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -268,11 +269,16 @@ class RealFileSystem:
         """Write a temporary file, fsync it, rename it over `path`, fsync the directory."""
         directory = os.path.dirname(os.path.abspath(path))
         tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # a full disk leaves no half-written temp file
+                os.remove(tmp)
+            raise
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

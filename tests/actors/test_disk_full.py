@@ -181,3 +181,82 @@ def test_dispatch_waits_for_space_and_resumes_without_a_restart() -> None:
             assert [m.key_list for m in store.query("T", key).messages] == [[key]]
     with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
         assert all_keys(store) == acked
+
+
+NEW_STORE_DISK_BYTES = 3 * 1024 * 1024  # above the 1 MiB the store always leaves free
+
+
+def _full_disk(free_bytes: int) -> SimulatedFileSystem:
+    """A small simulated disk with only `free_bytes` left, and no store on it yet."""
+    fs = SimulatedFileSystem(capacity_bytes=NEW_STORE_DISK_BYTES)
+    fs.makedirs("/sim")
+    fs.write_atomic("/sim/filler", bytes(NEW_STORE_DISK_BYTES - free_bytes))
+    return fs
+
+
+@pytest.mark.parametrize(
+    ("free_bytes", "missing"), [(0, "lock"), (100, "checkpoint")], ids=["no-room-for-the-lock", "no-room-for-the-checkpoint"]
+)
+def test_a_new_store_on_a_full_disk_refuses_to_open_and_leaves_nothing_behind(free_bytes: int, missing: str) -> None:
+    """A new store whose lock or checkpoint cannot be had: open() refuses with one clear
+    error naming the file, starts no actor (no restart storm, no ActorDeadError), and leaves
+    no abort marker, no checkpoint and no held lock, so the same open works once space is
+    freed."""
+    fs = _full_disk(free_bytes)
+    with pytest.raises(mqstore.StoreDiskFullError) as refused:
+        mqstore.open("/sim/store", fs=fs, **SMALL_DISK)
+    assert "disk full" in str(refused.value) and f"/sim/store/{missing}" in str(refused.value)
+    assert refused.value.filename == f"/sim/store/{missing}"
+    assert not fs.exists("/sim/store/abort") and not fs.exists("/sim/store/checkpoint")
+    fs.assert_no_sigbus()
+    fs.remove("/sim/filler")
+    with mqstore.open("/sim/store", fs=fs, **SMALL_DISK) as store:  # the lock was not left held
+        recovery = store.supervisor.recovery
+        assert recovery is not None and recovery.last_exit_ok  # no abort marker was left behind
+        assert store.put(mqstore.Message(topic="T", body=b"a", keys=["k0"])).ok
+        assert all_keys(store) == ["k0"]
+        assert store.supervisor.restarts == []
+    with mqstore.open("/sim/store", fs=fs, **SMALL_DISK) as store:
+        assert all_keys(store) == ["k0"]
+    fs.assert_no_sigbus()
+
+
+def test_a_new_store_with_no_room_for_its_first_segment_opens_refuses_puts_and_recovers() -> None:
+    """Room for the lock and checkpoint but not for the first commitlog segment's blocks:
+    the store opens (it records its checkpoint) and refuses puts as a full disk; once space
+    is freed, puts succeed without a restart."""
+    fs = _full_disk(5000)
+    with mqstore.open("/sim/store", fs=fs, **SMALL_DISK) as store:
+        refused = store.put(mqstore.Message(topic="T", body=b"a", keys=["no"]))
+        assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE and "disk full" in refused.detail
+        assert store.supervisor.state.name == "RUNNING" and store.supervisor.restarts == []
+        fs.remove("/sim/filler")
+        assert store.put(mqstore.Message(topic="T", body=b"a", keys=["k0"])).ok
+        assert all_keys(store) == ["k0"]
+        assert store.supervisor.restarts == []
+    with mqstore.open("/sim/store", fs=fs, **SMALL_DISK) as store:
+        assert all_keys(store) == ["k0"]
+        assert [m.key_list for m in store.query("T", "k0").messages] == [["k0"]]
+    fs.assert_no_sigbus()
+
+
+def test_a_new_store_with_no_room_for_its_first_queue_and_index_files_waits_then_dispatches() -> None:
+    """The first ConsumeQueue and index files of a new store cannot get blocks: puts are
+    acknowledged (the commitlog has its blocks), dispatch waits without a crash, and catches
+    up once space returns."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
+    fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        for i in range(3):
+            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+        store.get("T", 0, 0, 1)  # dispatch has seen every put
+        assert store.max_offset("T", 0) <= 0  # no unit written (-1: not even the queue)
+        assert store.supervisor.state.name == "RUNNING" and store.supervisor.restarts == []
+        fs.clear_faults()
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k3"])).ok
+        assert all_keys(store) == ["k0", "k1", "k2", "k3"]
+        assert [m.key_list for m in store.query("T", "k1").messages] == [["k1"]]
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert all_keys(store) == ["k0", "k1", "k2", "k3"]
