@@ -196,6 +196,7 @@ class IndexFile:
         max_index_num: int,
         readonly: bool = False,
         follows_owner: bool = False,
+        fresh: bool = False,
     ) -> None:
         if max_hash_slot_num <= 0 or max_index_num <= 1:
             raise ValueError(f"max_hash_slot_num must be > 0 and max_index_num > 1, not {max_hash_slot_num} and {max_index_num}")
@@ -221,7 +222,12 @@ class IndexFile:
         # header and the slots are reserved whole (slots are written and read anywhere, and a
         # read fault on a hole of a full tmpfs dies with SIGBUS too); entries a window ahead.
         self._reserved_end = 0
-        self.reload_header()
+        if fresh:
+            # A file just created is all holes: reading its header before its blocks are
+            # reserved faults (SIGBUS) on a full tmpfs. Its header is zeros anyway.
+            self.index_count = 1
+        else:
+            self.reload_header()
 
     # construction -----------------------------------------------------------------------
     @classmethod
@@ -240,7 +246,7 @@ class IndexFile:
         if fs.exists(path):  # never map over an existing file: kept under python -O
             raise FileExistsError(f"index file {path} already exists")
         region = fs.map_file(path, index_file_size(max_hash_slot_num, max_index_num))
-        f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num)
+        f = cls(region, fs=fs, max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num, fresh=True)
         if f.reserve_entries(2) < 2:  # the header, every slot and the first entry
             region.close()
             fs.remove(path)  # nothing was written: no file is better than a sparse one

@@ -10,6 +10,7 @@ with the reason when the filesystem cannot be mounted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -49,12 +50,12 @@ def _tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _ext4(tmp_path: Path) -> Iterator[Path]:
+def _ext4(tmp_path: Path, size_mib: int = 16) -> Iterator[Path]:
     if shutil.which("mkfs.ext4") is None:
         pytest.skip("mkfs.ext4 is not installed")
     image = tmp_path / "ext4.img"
     with open(image, "wb") as f:
-        f.truncate(16 * 1024 * 1024)
+        f.truncate(size_mib * 1024 * 1024)
     made = _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", str(image)])
     if made.returncode != 0:
         pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
@@ -201,3 +202,35 @@ def test_a_new_store_on_a_full_filesystem_is_refused_or_refuses_puts_in_order(
         if outcome.startswith("refused"):
             assert "disk full: no space for " in child.stdout, child.stdout
             assert str(mount_point / "store") in child.stdout, child.stdout  # the error names the file
+
+
+FOREIGN_FILL_CHILD = str(Path(__file__).with_name("foreign_fill_child.py"))
+
+
+@pytest.mark.parametrize(
+    "filesystem",
+    [_tmpfs,
+     # 32 MiB: on the 16 MiB image the same run survives; on 24 and 32 MiB it dies every time.
+     pytest.param(functools.partial(_ext4, size_mib=32), marks=pytest.mark.xfail(strict=True, reason=(
+         "known, not fixed: on ext4 filled to its last block by another writer, the writer's "
+         "append into blocks it had reserved with fallocate dies with SIGBUS (reproduced every "
+         "run). Likely the unwritten-extent conversion at the page fault needing a block; "
+         "the store's own fills keep a 1 MiB margin, a foreign writer does not. Next design: "
+         "make reservation convert the extents where ENOSPC is an error (write the window "
+         "back through pwrite), then measure its cost on put_batch")))],
+    ids=["tmpfs", "ext4"],
+)  # fmt: skip
+def test_a_filesystem_filled_to_its_last_block_by_another_writer_never_kills_the_store(
+    tmp_path: Path, filesystem: object
+) -> None:
+    """The store did not fill the disk: another process did, to its last byte, while the store
+    ran (a log file gone wild). Puts are refused as a full disk, nothing dies with SIGBUS, puts
+    succeed again once the other file is gone, and every acknowledged message is readable."""
+    with filesystem(tmp_path) as mount_point:  # type: ignore[operator]
+        child = subprocess.run(
+            [sys.executable, "-X", "faulthandler", FOREIGN_FILL_CHILD, str(mount_point)],
+            capture_output=True, text=True, timeout=PHASE_TIMEOUT_S,
+            env={k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")},
+        )  # fmt: skip
+        assert child.returncode != -signal.SIGBUS, "SIGBUS:\n" + child.stderr[-3000:]
+        assert child.returncode == 0 and " lost 0 " in child.stdout, child.stdout + child.stderr[-3000:]

@@ -1,0 +1,87 @@
+"""A store whose filesystem is filled to its last block by *another* writer while it runs
+(test_small_filesystem.py): the store must refuse puts as a full disk, never die with SIGBUS,
+take puts again once the other file is gone, and lose nothing it acknowledged.
+
+    python foreign_fill_child.py MOUNT_POINT
+
+Prints "acked N lost M" and exits 0 when every check holds, 1 with a message when not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import mqstore
+
+SETTINGS = dict(
+    mapped_file_size_commitlog_bytes=64 * 1024 * 1024,
+    mapped_file_size_consume_queue_bytes=20 * 2000,
+    max_hash_slot_num=1000,
+    max_index_num=4000,
+    disk_space_warning_level_ratio=1.0,
+    disk_space_clean_forcibly_ratio=1.0,
+    clean_file_forcibly_enable=False,
+)
+BODY = b"m" * 1000
+
+
+def fill_to_the_last_byte(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    for chunk in (65536, 4096, 512, 1):
+        try:
+            while True:
+                os.write(fd, b"z" * chunk)
+        except OSError:
+            pass
+    os.fsync(fd)
+    os.close(fd)
+
+
+def main(mount_point: str) -> None:
+    store = mqstore.open(os.path.join(mount_point, "store"), **SETTINGS)
+    acked: list[str] = []
+
+    def put(key: str) -> bool:
+        result = store.put(mqstore.Message(topic="T", body=BODY, keys=[key]))
+        if result.ok:
+            acked.append(key)
+        elif result.status is not mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE:
+            print(f"FAIL: {key} answered {result}", flush=True)
+            sys.exit(1)
+        return result.ok
+
+    for i in range(300):
+        put(f"a{i}")
+    filler = os.path.join(mount_point, "filler")
+    fill_to_the_last_byte(filler)
+    refused = 0
+    for i in range(20_000):
+        if not put(f"b{i}"):
+            refused += 1
+            if refused > 50:
+                break
+    if refused == 0:
+        print("FAIL: the full disk never refused a put", flush=True)
+        sys.exit(1)
+    os.remove(filler)
+    if sum(put(f"c{i}") for i in range(100)) == 0:
+        print("FAIL: puts still refused after space was freed", flush=True)
+        sys.exit(1)
+    got: list[str] = []
+    for queue_id in range(4):
+        offset = 0
+        while True:
+            batch = store.get("T", queue_id, offset, 32)
+            if not batch.messages:
+                break
+            got += [m.key_list[0] for m in batch.messages]
+            offset = batch.next_begin_offset
+    closed = store.close()
+    lost = len(set(acked) - set(got))
+    print(f"acked {len(acked)} lost {lost} closed {closed}", flush=True)
+    sys.exit(0 if lost == 0 and closed else 1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
