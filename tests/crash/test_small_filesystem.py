@@ -213,11 +213,12 @@ FOREIGN_FILL_CHILD = str(Path(__file__).with_name("foreign_fill_child.py"))
      # 32 MiB: on the 16 MiB image the same run survives; on 24 and 32 MiB it dies every time.
      pytest.param(functools.partial(_ext4, size_mib=32), marks=pytest.mark.xfail(strict=True, reason=(
          "known, not fixed: on ext4 filled to its last block by another writer, the writer's "
-         "append into blocks it had reserved with fallocate dies with SIGBUS (reproduced every "
-         "run). Likely the unwritten-extent conversion at the page fault needing a block; "
-         "the store's own fills keep a 1 MiB margin, a foreign writer does not. Next design: "
-         "make reservation convert the extents where ENOSPC is an error (write the window "
-         "back through pwrite), then measure its cost on put_batch")))],
+         "append through the map into blocks it had reserved with fallocate dies with SIGBUS "
+         "(every run on 24 and 32 MiB images). Writing the window back with pwrite at "
+         "reservation (to convert unwritten extents) was tried and does not prevent it, so the "
+         "fault is in ext4's page_mkwrite path, not the allocation. The store's own fills keep "
+         "a 1 MiB margin; a foreign writer does not. Next design: below a free-space threshold "
+         "append with pwrite (ENOSPC is an error code there) instead of stores into the map")))],
     ids=["tmpfs", "ext4"],
 )  # fmt: skip
 def test_a_filesystem_filled_to_its_last_block_by_another_writer_never_kills_the_store(
