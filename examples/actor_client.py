@@ -30,6 +30,7 @@ class OrderProducer(pykka.ThreadingActor):
         self.stored = 0
         self.arrived = False
         self.asked = False
+        self.reads_answered = 0
 
     def on_start(self) -> None:
         self.client = self.store.actor_client(self.actor_ref)
@@ -72,9 +73,16 @@ class OrderProducer(pykka.ThreadingActor):
                     self.store.actor_ref.tell(Query(topic="orders", key="order-1", max_count=10, reply=reply))
             case Replied(correlation_id="get", answer=got):
                 print("get", got.status.name, [m.body.decode() for m in got.messages])
+                self.read_answered()
             case Replied(correlation_id="query", answer=found):
                 print("query", [m.body.decode() for m in found.messages])
-                self.done.set()
+                self.read_answered()
+
+    def read_answered(self) -> None:
+        # Reads run on the gateway's reader pool: the get and the query answer in either order.
+        self.reads_answered += 1
+        if self.reads_answered == 2:
+            self.done.set()
 
 
 with tempfile.TemporaryDirectory() as path:
