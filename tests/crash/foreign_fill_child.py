@@ -14,16 +14,8 @@ import sys
 
 import mqstore
 
-SETTINGS = dict(
-    mapped_file_size_commitlog_bytes=64 * 1024 * 1024,
-    mapped_file_size_consume_queue_bytes=20 * 2000,
-    max_hash_slot_num=1000,
-    max_index_num=4000,
-    disk_space_warning_level_ratio=1.0,
-    disk_space_clean_forcibly_ratio=1.0,
-    clean_file_forcibly_enable=False,
-)
-BODY = b"m" * 1000
+# The same store as small_fs_child's: a segment larger than the filesystem, the cleaner off.
+from small_fs_child import BODY, SETTINGS  # this directory is sys.path[0] for a script
 
 
 def fill_to_the_last_byte(path: str) -> None:

@@ -21,10 +21,10 @@ def _body(i: int) -> bytes:
     return b"%05d" % i * 20
 
 
-def _fill(store_dir: str, n: int) -> list[int]:
+def _fill(store_dir: str, n: int, settings: dict[str, Any] | None = None) -> list[int]:
     """Put n messages in one queue; their commitlog offsets."""
     offsets = []
-    with mqstore.open(store_dir, **SETTINGS) as store:
+    with mqstore.open(store_dir, **(SETTINGS if settings is None else settings)) as store:
         for i in range(n):
             r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"]))
             assert r.status is mqstore.PutMessageStatus.PUT_OK
@@ -120,13 +120,7 @@ SMALL = dict(SETTINGS, mapped_file_size_commitlog_bytes=8 * 1024)
 
 
 def _fill_small(store_dir: str, n: int) -> list[int]:
-    offsets = []
-    with mqstore.open(store_dir, **SMALL) as store:
-        for i in range(n):
-            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"]))
-            assert r.status is mqstore.PutMessageStatus.PUT_OK
-            offsets.append(r.commitlog_offset)
-    return offsets
+    return _fill(store_dir, n, SMALL)
 
 
 def _segments(store_dir: str) -> list[str]:
