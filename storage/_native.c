@@ -1431,6 +1431,127 @@ done:
     return result;
 }
 
+/* ---- scan_records: the recovery scan's record walk ----------------------------------------- */
+
+/* Why a run of records ended (storage/scan.py names them). */
+enum {
+    SCAN_LIMIT = 0,        /* fewer than 8 bytes before the limit */
+    SCAN_BUDGET = 1,       /* max_bytes walked: call again from the end */
+    SCAN_BLANK = 2,        /* the END_OF_FILE blank record */
+    SCAN_ZEROES = 3,       /* a zero header: unwritten space */
+    SCAN_BAD_CRC = 4,      /* a well-formed record whose body fails its CRC */
+    SCAN_TORN_PROPS = 5,   /* properties that do not end with their separator */
+    SCAN_WRONG_OFFSET = 6, /* a record whose physical-offset field says it lies elsewhere */
+    SCAN_PAST_LIMIT = 7,   /* a record size that runs past the limit: a torn tail */
+    SCAN_OTHER = 8,        /* anything else: the Python decoder says what it is */
+};
+
+PyDoc_STRVAR(scan_records_doc,
+             "scan_records(buf, pos, limit, file_from_offset, max_message_size, check_crc, check_offset, max_bytes) "
+             "-> (end, records, last_store_timestamp, stop)\n\n"
+             "Walk consecutive records from pos that codec.read_dispatch's V1/IPv4 path and codec.read_record "
+             "both accept as MESSAGE "
+             "(with check_crc: body CRC and the properties' last separator; with check_offset: the "
+             "physical-offset field equals file_from_offset + position), without the GIL. Returns where "
+             "the run ends, how many records it holds, the last one's store timestamp (0 if none) and "
+             "why it ended (see the SCAN_* codes); the record at `end` is left to the Python decoder.");
+
+static PyObject *scan_records(PyObject *self, PyObject *args) {
+    PyObject *buf_o;
+    Py_ssize_t pos, limit, max_bytes;
+    long long file_from, max_size;
+    int check_crc, check_offset;
+    if (!PyArg_ParseTuple(args, "OnnLLppn", &buf_o, &pos, &limit, &file_from, &max_size, &check_crc, &check_offset,
+                          &max_bytes))
+        return NULL;
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (limit > view.len) limit = view.len;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t budget_end = max_bytes > 0 && pos <= PY_SSIZE_T_MAX - max_bytes ? pos + max_bytes : PY_SSIZE_T_MAX;
+    Py_ssize_t records = 0;
+    long long last_ts = 0;
+    int stop = SCAN_LIMIT, failed = 0;
+    /* Without the carry-less multiply the CRC is zlib's, a Python call: keep the GIL then. */
+    int release = !check_crc;
+#ifdef CRC_HAVE_CLMUL
+    release = release || crc_use_clmul;
+#endif
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    while (1) {
+        if (pos + 8 > limit) {
+            stop = SCAN_LIMIT;
+            break;
+        }
+        if (pos >= budget_end) {
+            stop = SCAN_BUDGET;
+            break;
+        }
+        const unsigned char *r = buf + pos;
+        int32_t total = get_i32(r), magic = get_i32(r + 4);
+        if (magic != MESSAGE_MAGIC_CODE) {
+            stop = magic == (int32_t)0xCBD43194 ? SCAN_BLANK : (total == 0 && magic == 0 ? SCAN_ZEROES : SCAN_OTHER);
+            break;
+        }
+        if (total < FIXED_V4_LEN || total > max_size) {
+            stop = SCAN_OTHER;
+            break;
+        }
+        if (pos + total > limit) {
+            stop = SCAN_PAST_LIMIT;
+            break;
+        }
+        int32_t sys_flag = get_i32(r + 36), body_len = get_i32(r + 84);
+        if ((sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) || body_len < 0 || body_len > total - FIXED_V4_LEN) {
+            stop = SCAN_OTHER;
+            break;
+        }
+        const unsigned char *t = r + BODY_POS_V4 + body_len;
+        Py_ssize_t tlen = t[0];
+        if (tlen == 0 || tlen > 127 || FIXED_V4_LEN + body_len + tlen > total) { /* read_record wants a topic */
+            stop = SCAN_OTHER;
+            break;
+        }
+        int16_t props_len = get_i16(t + 1 + tlen);
+        if (props_len < 0 || total != FIXED_V4_LEN + body_len + tlen + props_len) {
+            stop = SCAN_OTHER;
+            break;
+        }
+        if (check_crc) {
+            if (body_len > 0) {
+                int32_t crc = 0;
+                if (crc31_bytes(r + BODY_POS_V4, body_len, &crc) < 0) {
+                    failed = 1;
+                    break;
+                }
+                if (crc != get_i32(r + 8)) {
+                    stop = SCAN_BAD_CRC;
+                    break;
+                }
+            }
+            if (props_len > 0 && r[total - 1] != PROPERTY_SEPARATOR) {
+                stop = SCAN_TORN_PROPS;
+                break;
+            }
+        }
+        if (check_offset && get_i64(r + 28) != file_from + (long long)pos) {
+            stop = SCAN_WRONG_OFFSET;
+            break;
+        }
+        last_ts = get_i64(r + 56);
+        records++;
+        pos += total;
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    PyBuffer_Release(&view);
+    if (failed) return NULL;
+    return Py_BuildValue("(nnLi)", pos, records, last_ts, stop);
+}
+
 /* ---- module ------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1445,6 +1566,8 @@ static PyMethodDef methods[] = {
     {"decode_message", (PyCFunction)(void (*)(void))decode_message, METH_FASTCALL, decode_message_doc},
     {"check_record_crc", (PyCFunction)(void (*)(void))check_record_crc, METH_FASTCALL, check_record_crc_doc},
     {"crc32", crc32_py, METH_O, crc32_doc},
+    /* recovery */
+    {"scan_records", scan_records, METH_VARARGS, scan_records_doc},
     {NULL, NULL, 0, NULL},
 };
 
