@@ -28,6 +28,8 @@ from .fs import FileSystem
 
 __all__ = [
     "ScanProgress",
+    "cq_valid_prefix",
+    "cq_valid_prefix_reference",
     "ScanRun",
     "STOP_REASONS",
     "data_end",
@@ -164,6 +166,30 @@ def scan_run_reference(
         records += 1
         pos += total
     return ScanRun(pos, records, last_ts, stop)
+
+
+def cq_valid_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(units, last commitlog offset) of the valid ConsumeQueue units (offset >= 0, size > 0)
+    at the start of `data`, up to the first invalid one; (0, -1) if none. In C without the GIL
+    where the extension is built (a 2 GiB store's queues hold 2M units)."""
+    if len(data) % codec.CQ_STORE_UNIT_SIZE:
+        raise ValueError(f"data must be a whole number of {codec.CQ_STORE_UNIT_SIZE}-byte units, got {len(data)} bytes")
+    native = speedups.native
+    if native is not None and hasattr(native, "cq_valid_prefix"):
+        units, last = native.cq_valid_prefix(data)
+        return int(units), int(last)
+    return cq_valid_prefix_reference(data)
+
+
+def cq_valid_prefix_reference(data: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """`cq_valid_prefix` in Python (ConsumeQueue.recover's loop as it was)."""
+    units, last = 0, -1
+    for offset, size, _tags in codec.CQ_UNIT.iter_unpack(data):
+        if offset < 0 or size <= 0:
+            break
+        units += 1
+        last = offset
+    return units, last
 
 
 def dispatch_run(

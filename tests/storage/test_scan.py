@@ -410,3 +410,30 @@ def test_a_crashed_store_progress_is_sized_by_its_data(tmp_path: Path) -> None:
     # Its last non-zero byte (a record without properties ends in its zero properties length).
     assert report.max_offset - 2 <= total < report.max_offset + 4096, (total, report.max_offset)
     assert calls[-1] == (total, total) and all(d <= t == total for d, t in calls)
+
+
+# ---- ConsumeQueue recovery's unit walk ------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_cq_valid_prefix_is_the_unit_by_unit_walk(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randrange(0, 400)
+    units = [codec.encode_cq_unit(rng.randrange(1 << 40), rng.randrange(1, 5000), rng.randrange(-(1 << 40), 1 << 40))
+             for _ in range(n)]  # fmt: skip
+    if units and rng.random() < 0.7:  # an invalid unit: negative offset, zero or negative size, or zeros
+        bad = rng.choice((codec.encode_cq_unit(-1, 10, 0), codec.encode_cq_unit(5, 0, 0), codec.encode_cq_unit(5, -3, 0),
+                          bytes(20)))  # fmt: skip
+        units.insert(rng.randrange(len(units) + 1), bad)
+    data = b"".join(units) + bytes(20 * rng.randrange(3))
+    expected = scan.cq_valid_prefix_reference(data)
+    assert scan.cq_valid_prefix(data) == expected
+    assert scan.cq_valid_prefix(bytearray(data)) == expected
+    if native is not None:
+        assert native.cq_valid_prefix(memoryview(data)) == expected
+
+
+def test_cq_valid_prefix_refuses_a_partial_unit() -> None:
+    with pytest.raises(ValueError, match="20-byte units"):
+        scan.cq_valid_prefix(bytes(30))
+    assert scan.cq_valid_prefix(b"") == (0, -1)
