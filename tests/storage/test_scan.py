@@ -437,3 +437,50 @@ def test_cq_valid_prefix_refuses_a_partial_unit() -> None:
     with pytest.raises(ValueError, match="20-byte units"):
         scan.cq_valid_prefix(bytes(30))
     assert scan.cq_valid_prefix(b"") == (0, -1)
+
+
+# ---- looking past damage: the magic-code search -----------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_find_magic_is_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    buf = bytearray(rng.choice((64, 300, 5000)))
+    if seed % 3:
+        buf[:] = rng.randbytes(len(buf))
+    magics = [m.to_bytes(4, "big", signed=True)
+              for m in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2, codec.BLANK_MAGIC_CODE)]  # fmt: skip
+    for _ in range(rng.randrange(4)):
+        at = rng.randrange(len(buf) - 4)
+        buf[at : at + 4] = rng.choice(magics)
+    for _ in range(30):
+        start, stop, limit = (rng.randrange(-5, len(buf) + 5) for _ in range(3))
+        expected = scan.find_magic_reference(buf, start, stop, limit)
+        assert scan.find_magic(buf, start, stop, limit) == expected, (start, stop, limit)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(40))
+def test_find_next_valid_record_is_the_same_with_and_without_the_extension(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mqstore.storage.commitlog import find_next_valid_record
+
+    rng = random.Random(seed)
+    seg = _segments(rng, 1, rng.choice((0.3, 1.0)))[0]
+    for _ in range(rng.randrange(1, 4)):
+        _damage(rng, seg, _record_starts(seg))
+    if seed % 4 == 0:
+        cut = rng.randrange(SEG // 2)
+        seg[cut:] = bytes(SEG - cut)  # a long zero run: the word-at-a-time skip
+    for _ in range(15):
+        start = rng.randrange(SEG)
+        limit = rng.choice((SEG, rng.randrange(start, SEG + 1)))
+        extents = rng.choice((None, [(0, SEG)], [(0, 100), (4096, SEG)], [(start + 13, min(SEG, start + 900))]))
+        kw: dict[str, Any] = dict(file_from_offset=0, segment_size=SEG, max_message_size=1 << 22, extents=extents,
+                                  stored_before_ms=rng.choice((None, 1_700_000_000_100)))  # fmt: skip
+        monkeypatch.setattr(speedups, "native", native)
+        fast = find_next_valid_record(seg, start, limit, **kw)
+        monkeypatch.setattr(speedups, "native", None)
+        ref = find_next_valid_record(seg, start, limit, **kw)
+        assert fast == ref, (start, limit, extents)
