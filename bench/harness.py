@@ -43,6 +43,8 @@ METRICS: dict[str, tuple[str, bool]] = {
     "mb_per_s": ("MB/s", True),
     "keys_per_s": ("key/s", True),
     "gb_per_s": ("GB/s", True),
+    "floor_gb_per_s": ("GB/s", True),
+    "open_s": ("s", False),
     "p50_us": ("us", False),
     "p99_us": ("us", False),
 }
@@ -523,7 +525,7 @@ def write_table(result: dict[str, Any], out: TextIO) -> None:
 
 
 GENERIC_CASES = ("append", "read", "lookup", "append_sync")
-OURS_ONLY_CASES = ("put_4threads", "lag", "recovery")
+OURS_ONLY_CASES = ("put_4threads", "lag", "recovery", "open_clean", "open_crash")
 
 
 def case_name(system: System, generic: str) -> str:
