@@ -51,7 +51,7 @@ class MappedRegion(Protocol):
     def buf(self) -> mmap.mmap | bytearray: ...  # read-only here, so a region may narrow it
     def flush(self, start: int = 0, end: int | None = None) -> None: ...
     def close(self) -> None: ...
-    def reserve(self, end: int) -> bool: ...
+    def reserve(self, end: int, *, unwritten_from: int = 0) -> bool: ...
     def advise_willneed(self) -> None: ...
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
@@ -105,6 +105,17 @@ def _fallocate(fd: int, offset: int, length: int) -> int:
     return 0
 
 
+_ZEROS = bytes(1 << 20)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
 class RealMappedRegion:
     def __init__(self, path: str, size: int, *, create: bool, readonly: bool) -> None:
         self.path = path
@@ -129,22 +140,25 @@ class RealMappedRegion:
         self._reserved = 0
         self._locked = False
 
-    def reserve(self, end: int) -> bool:
+    def reserve(self, end: int, *, unwritten_from: int = 0) -> bool:
         """Reserve the file's blocks up to `end` ahead of the writes that will fill them.
 
         A write fault on a sparse page makes the filesystem allocate inside the fault: on ext4
         here 8.6 us of kernel time per 4 KiB page, 0.9 us once the blocks exist (for 1 KiB
         messages a third of a put's cost). Reserving a window ahead of the writer (not the
         whole segment) keeps that gain without taking a segment's worth of disk on open.
-        Unwritten extents still read as holes to SEEK_DATA (recovery's skip of untouched
-        tails is unchanged). Where the filesystem cannot, the file stays sparse, as
-        RocketMQ's are: slower, and said once in the log.
+        Where the filesystem cannot, the file stays sparse, as RocketMQ's are: slower, and
+        said once in the log.
 
         False only when the disk has no room (ENOSPC): writing there would fault with SIGBUS
         and kill the process, so the owner refuses the append instead (and tries again later,
         once the cleaner freed space). A failed call reserves nothing the caller may count on
         (ext4 may keep part of the range; tmpfs undoes it): only `end` values that returned
         True are reserved.
+
+        `unwritten_from`: where the owner's data ends (nothing at or above it was written
+        through this map). The reserved pages above it are initialised (see _initialise): a
+        fallocated block alone does not make a store through the map safe on ext4.
         """
         global _reserve_failed_logged
         # Whole pages: a write through the map dirties a page, and the filesystem must back
@@ -161,8 +175,40 @@ class RealMappedRegion:
                 _reserve_failed_logged = True
                 log.warning("fallocate_failed_file_stays_sparse", path=self.path, error=os.strerror(err))
             return True
+        try:
+            self._initialise(max(self._reserved, unwritten_from), end)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                return False
+            raise
         self._reserved = end
         return True
+
+    def _initialise(self, start: int, end: int) -> None:
+        """Write zeros with pwrite over the pages of [start, end), which hold no data.
+
+        fallocate leaves unwritten extents. On ext4 filled to its last block by another
+        process, the first store through the map into such a block can still fail with ENOSPC
+        inside the page fault, which kills the process with SIGBUS
+        (tests/crash/test_small_filesystem.py: every run on a 24 or 32 MiB image). A page
+        written once with pwrite before the first store does not: the write path sets up its
+        blocks, and there a failure is an error code (ENOSPC, an orderly refusal). Measured
+        too: it does not help a page already in the page cache from a read, so cached copies
+        of the range are dropped first (best effort: the kernel keeps dirty or busy pages).
+        Only pages at or above the owner's data end are written, and those hold nothing yet.
+        """
+        fd = self._fd
+        assert fd is not None  # only writable maps reserve
+        start += (-start) % OS_PAGE_SIZE
+        if start >= end:
+            return
+        if hasattr(self.buf, "madvise"):
+            self.buf.madvise(mmap.MADV_DONTNEED, start, end - start)
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        while start < end:
+            length = min(len(_ZEROS), end - start)
+            _pwrite_all(fd, _ZEROS[:length], start)
+            start += length
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         end = self.size if end is None else min(end, self.size)
@@ -364,7 +410,7 @@ class SimulatedRegion:
     def close(self) -> None:
         pass
 
-    def reserve(self, end: int) -> bool:
+    def reserve(self, end: int, *, unwritten_from: int = 0) -> bool:
         """Back the pages below `end` with blocks, as fallocate does: False (nothing reserved)
         when the disk's capacity cannot hold them, or an injected "reserve" fault with ENOSPC."""
         try:
