@@ -763,7 +763,10 @@ class CommitLog:
                     check_crc=self.check_crc_on_recover, max_bytes=_PROGRESS_STEP_BYTES,
                 )  # fmt: skip
                 if run.records:
-                    if dispatch is not None:
+                    if isinstance(dispatch, scan.RecordTally):  # no call per record
+                        dispatch.add_run(mapped_file.mapped_buffer, file_offset, mapped_file.file_from_offset, run,
+                                         self.max_message_size)  # fmt: skip
+                    elif dispatch is not None:
                         scan.dispatch_run(mapped_file.mapped_buffer, file_offset, run, self.max_message_size, dispatch)
                     file_offset = run.end
                     if bar is not None:

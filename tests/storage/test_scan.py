@@ -275,6 +275,52 @@ def test_commitlog_recovery_is_the_same_with_and_without_the_extension(
 
 
 @needs_native
+@pytest.mark.parametrize("seed", range(30))
+def test_a_record_tally_is_the_record_by_record_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Crash recovery's tally of runs (C) against the tally of one record at a time (Python),
+    on segments with transactions, the schedule topic, IPv6 hosts, many queues and damage."""
+    rng = random.Random(seed)
+    segs = _segments(rng, rng.randrange(1, 4), rng.choice((0.2, 1.0)))
+    for _ in range(rng.randrange(0, 3)):
+        i = rng.randrange(len(segs))
+        _damage(rng, segs[i], _record_starts(segs[i]))
+    tallies = []
+    for name, use_native in (("c", True), ("py", False)):
+        _write_dir(tmp_path / name, segs)
+        monkeypatch.setattr(speedups, "native", native if use_native else None)
+        cl = CommitLog(RealFileSystem(), str(tmp_path / name), mapped_file_size=SEG, clock_ms=ManualClock())
+        assert cl.load()
+        tally = scan.RecordTally()
+        try:
+            end = cl.recover_abnormally(1_800_000_000_000, tally)
+        finally:
+            cl.shutdown()
+        tallies.append((end, tally.count, tally.first_offset, tally.last_store_timestamp, tally.next_queue_offsets))
+    monkeypatch.setattr(speedups, "native", native)
+    assert tallies[0] == tallies[1]
+
+
+@needs_native
+def test_tally_records_over_many_queues_and_a_bad_run() -> None:
+    """The C table grows past its first 64 slots; a run it was not given is refused."""
+    assert native is not None
+    seg = bytearray()
+    expected: dict[tuple[bytes, int], int] = {}
+    for n in range(3000):
+        topic, queue_id, offset = f"q{n % 700}", n % 3, n // 7
+        rec = codec.encode_message(topic=topic, queue_id=queue_id, body=b"b", properties="", born_host=V4,
+                                   store_host=V4, queue_offset=offset, commitlog_offset=len(seg))  # fmt: skip
+        seg += rec
+        key = (topic.encode(), queue_id)
+        expected[key] = max(expected.get(key, -1), offset)
+    got = native.tally_records(seg, 0, len(seg), 3000)
+    assert {(t, q): m for t, q, m in got} == expected and len(got) == len(expected)
+    assert [(t, q) for t, q, _ in got] == list(expected)  # first-seen order
+    with pytest.raises(ValueError, match="not a run"):
+        native.tally_records(seg, 3, len(seg), 2)
+
+
+@needs_native
 def test_store_timestamp_before_on_a_brokers_commitlog(copy_commitlog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     path = copy_commitlog("broker-sample-a")
     cl = CommitLog(RealFileSystem(), path, mapped_file_size=SEG, clock_ms=ManualClock())
