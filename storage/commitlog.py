@@ -128,17 +128,16 @@ def find_next_valid_record(
     for extent_start, extent_end in extents if extents is not None else ((start, limit),):
         lo = max(start, extent_start - 8)  # a header may start just before a data extent
         hi = min(limit, extent_end)
-        if fast and lo < hi:
-            # The same candidates in the same order, found in C (a zero-filled segment,
-            # e.g. one copied without its holes, was seconds of bytes.find per open).
-            pos = scan.find_magic(buf, max(start, lo - 4), hi, limit)
+        if fast:
+            # The candidates of the chunked search below, in the same order, found in C (a
+            # zero-filled segment, e.g. one copied without its holes, was seconds of
+            # bytes.find per open).
+            pos = scan.find_magic(buf, max(start, lo - 4), hi, limit) if lo < hi else -1
             while pos >= 0:
                 if _valid_record_at(buf, pos, limit, file_from_offset, segment_size, max_message_size,
                                     stored_before_ms):  # fmt: skip
                     return pos
                 pos = scan.find_magic(buf, pos + 1, hi, limit)
-            continue
-        if fast:
             continue
         while lo < hi:
             chunk_end = min(hi, lo + _SEARCH_CHUNK_BYTES)
