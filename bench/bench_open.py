@@ -151,6 +151,7 @@ def scan_and_floor(store: Path, config: dict[str, Any]) -> tuple[int, float, flo
                     check_crc_on_recover=True)  # fmt: skip
     if not log.load():
         raise RuntimeError(f"cannot load {cfg.commitlog_dir}")
+    log.zero_tail_bytes = 0  # as recovery after a clean stop: the tail is already clean, nothing written
     try:
         started = time.perf_counter()
         end = log.recover_normally(-1, all_files=True)
