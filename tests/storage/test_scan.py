@@ -336,6 +336,29 @@ def test_store_timestamp_before_on_a_brokers_commitlog(copy_commitlog: Any, monk
     assert fast == ref and fast[0] == 0 and fast[-1] > 0 and len(set(fast)) > 1
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_store_timestamp_before_is_recoverys_walk(tmp_path: Path, seed: int) -> None:
+    """CommitLog.store_timestamp_before (C runs) answers what recovery's record-by-record
+    `_store_timestamp_before` answers, at every record end and in damage, so recovery can call it."""
+    from mqstore.storage import recovery
+
+    rng = random.Random(seed)
+    segs = _segments(rng, rng.randrange(1, 3), rng.choice((0.3, 1.0)))
+    for _ in range(rng.randrange(0, 3)):
+        i = rng.randrange(len(segs))
+        _damage(rng, segs[i], _record_starts(segs[i]))
+    _write_dir(tmp_path / "c", segs)
+    cl = CommitLog(RealFileSystem(), str(tmp_path / "c"), mapped_file_size=SEG, clock_ms=ManualClock())
+    assert cl.load()
+    try:
+        ends = sorted({i * SEG + p for i, seg in enumerate(segs) for p in _record_starts(seg)}
+                      | {rng.randrange(len(segs) * SEG) for _ in range(20)} | {0, len(segs) * SEG})  # fmt: skip
+        for end in ends:
+            assert cl.store_timestamp_before(end) == recovery._store_timestamp_before(cl, end), end
+    finally:
+        cl.shutdown()
+
+
 # ---- recover_store on damaged stores written through the API ----------------------------------
 
 STORE = dict(mapped_file_size_commitlog_bytes=SEG, mapped_file_size_consume_queue_bytes=20 * 50,
