@@ -15,8 +15,9 @@ recovery just does not hold the store closed while indexes are rebuilt.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from ..config import StoreConfig
 from ..log import get_logger
@@ -27,7 +28,7 @@ from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
-__all__ = ["RecoveryReport", "recover_store"]
+__all__ = ["RecoveryReport", "continue_queues_past_quarantine", "recover_store"]
 
 log = get_logger(__name__)
 
@@ -285,6 +286,8 @@ def recover_store(
                     continue
                 key = f"{record.topic}-{record.queue_id}"
                 report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), record.queue_offset + 1)
+        lost_bytes = sum(stop - start for start, stop in lost)
+        continue_queues_past_quarantine(commitlog, report.quarantined, report.topic_queue_table, slack_bytes=lost_bytes)
         for cq in queues:
             cq.flush(0)
             cq.mapped_file_queue.shutdown(0)
@@ -296,6 +299,86 @@ def recover_store(
 
 
 _TAIL_CHUNK_BYTES = 1 << 20
+_MIN_RECORD_BYTES = codec.cal_msg_length(0, 1, 0)
+_MESSAGE_MAGICS = tuple(struct.pack(">i", m) for m in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2))
+_HEADER_SEARCH_CHUNK_BYTES = 4 << 20
+
+
+def continue_queues_past_quarantine(
+    commitlog: CommitLog, ranges: Sequence[Quarantined], table: dict[str, int], *, slack_bytes: int = 0
+) -> list[tuple[str, int]]:
+    """Raise `table` (the next queue offset per "topic-queueId") past every record in the
+    quarantined `ranges` whose header is still readable, so that no new record is given the
+    queue offset a quarantined one holds (two records in the log claiming one queue offset).
+    The queue's next unit then brings a filler unit for the quarantined offset. Returns the
+    (key, queue offset) pairs that counted.
+
+    A header is readable when a message magic code sits where the record's own physical-offset
+    field says it lies and the record parses without its CRC (a damaged body, the usual case).
+    A queue offset is believed only if it is plausible: below the queue's next offset plus
+    the records the quarantined (and `slack_bytes` of lost) bytes could hold, so a flipped
+    bit in a queue-offset or queue-id field cannot throw a queue far ahead.
+
+    A record whose header is unreadable (zeroed, or its offset field damaged) names no queue,
+    so its queue offset cannot be kept, and if it was its queue's last one the next put takes
+    it. That is safe: no readable record claims the offset any more (readers, dispatch and the
+    crash scan skip quarantined bytes, and nothing can attribute the damaged bytes to a queue),
+    and a ConsumeQueue unit for it survives only where the queue was not rebuilt, in which case
+    the table starts from that queue's units and is already past it."""
+    if not ranges:
+        return []
+    size = commitlog.mapped_file_size
+    slack = (slack_bytes + sum(q.end - q.start for q in ranges)) // _MIN_RECORD_BYTES + 1
+    counted: list[tuple[str, int]] = []
+    for damaged in ranges:
+        seg_start = damaged.start - damaged.start % size
+        while seg_start < damaged.end:
+            mapped_file = commitlog.mapped_file_queue.find_mapped_file_by_offset(seg_start)
+            if mapped_file is not None and mapped_file.file_from_offset == seg_start:
+                lo = max(damaged.start, seg_start) - seg_start
+                hi = min(damaged.end, seg_start + size) - seg_start
+                for pos in _header_candidates(mapped_file.mapped_buffer, lo, hi, size):
+                    read = codec.read_record(mapped_file.mapped_buffer, pos, size, check_crc=False, read_body=False,
+                                             max_message_size=commitlog.max_message_size)  # fmt: skip
+                    record = read.record
+                    if read.kind is not codec.RecordKind.MESSAGE or record is None:
+                        continue
+                    if record.commitlog_offset != seg_start + pos:
+                        continue
+                    if record.transaction_type in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+                        continue
+                    key = f"{record.topic}-{record.queue_id}"
+                    known = table.get(key, 0)
+                    if not 0 <= record.queue_offset < known + slack:
+                        log.warning("a quarantined record's queue offset is implausible; not continued after",
+                                    offset=seg_start + pos, queue=key, queue_offset=record.queue_offset,
+                                    next_offset=known)  # fmt: skip
+                        continue
+                    if record.queue_offset >= known:
+                        table[key] = record.queue_offset + 1
+                        counted.append((key, record.queue_offset))
+            seg_start += size
+    if counted:
+        log.warning("queue offsets of quarantined records are not reused", offsets=counted)
+    return counted
+
+
+def _header_candidates(buf: codec.ReadBuffer, lo: int, hi: int, limit: int) -> Iterator[int]:
+    """Positions in [lo, hi) of a segment's buffer where a message magic code says a record
+    may start, in order, found in bounded chunks."""
+    at = lo
+    while at < hi:
+        chunk_end = min(hi, at + _HEADER_SEARCH_CHUNK_BYTES)
+        window = bytes(buf[at + 4 : min(limit, chunk_end + 4 + 4)])
+        hits: set[int] = set()
+        for magic in _MESSAGE_MAGICS:
+            found = window.find(magic)
+            while found >= 0:
+                if at + found < chunk_end:
+                    hits.add(at + found)
+                found = window.find(magic, found + 1)
+        yield from sorted(hits)
+        at = chunk_end
 
 
 class _InspectingCommitLog(CommitLog):

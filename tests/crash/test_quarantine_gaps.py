@@ -1,0 +1,127 @@
+"""Issue 19's remaining quarantine gaps: the queue offset of a quarantined record that ends its
+queue is never reused, and damage a restarted writer quarantines is published to readers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore.storage import codec
+from mqstore.storage.consume_queue import iter_cq_units
+from mqstore.storage.status import GetMessageStatus
+
+SEG = 64 * 1024
+SETTINGS: dict[str, Any] = dict(mapped_file_size_commitlog_bytes=SEG, mapped_file_size_consume_queue_bytes=20 * 200)
+MAIN, OTHER = "q", "other"
+
+
+def _body(topic: str, i: int) -> bytes:
+    return (topic.encode() + b"%05d" % i) * 10
+
+
+def _put(store: mqstore.MessageStore, topic: str, i: int) -> mqstore.PutResult:
+    r = store.put(mqstore.Message(topic=topic, queue_id=0, body=_body(topic, i), keys=[f"{topic}{i}"]))
+    assert r.status is mqstore.PutMessageStatus.PUT_OK, r
+    return r
+
+
+def _fill(store_dir: str) -> int:
+    """20 of MAIN, 5 of OTHER, 20 of MAIN: OTHER's last record (queue offset 4) has valid
+    records after it. Its commitlog offset."""
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        for i in range(20):
+            _put(store, MAIN, i)
+        last_other = [_put(store, OTHER, i).commitlog_offset for i in range(5)][-1]
+        for i in range(20, 40):
+            _put(store, MAIN, i)
+    return last_other
+
+
+def _damage(store_dir: str, offset: int, how: str) -> None:
+    seg = os.path.join(store_dir, "commitlog", "%020d" % (offset - offset % SEG))
+    with open(seg, "r+b") as f:
+        f.seek(offset % SEG)
+        record = f.read(codec.cal_msg_length(len(_body(OTHER, 4)), len(OTHER), 200))
+        if how == "body":  # the header (topic, queue id, queue offset) stays readable
+            at = offset % SEG + record.index(_body(OTHER, 4)) + 3
+            f.seek(at)
+            f.write(bytes([record[at - offset % SEG] ^ 0x01]))
+        else:  # "header": the whole record zeroed, nothing says which queue it was in
+            size = int.from_bytes(record[:4], "big")
+            f.seek(offset % SEG)
+            f.write(b"\0" * size)
+
+
+def _claims(store_dir: str) -> Counter[tuple[str, int, int]]:
+    """(topic, queue id, queue offset) of every record in the log whose header is readable,
+    damaged or not (CRC unchecked)."""
+    claims: Counter[tuple[str, int, int]] = Counter()
+    directory = os.path.join(store_dir, "commitlog")
+    for name in sorted(os.listdir(directory)):
+        data = open(os.path.join(directory, name), "rb").read()
+        pos = 0
+        while pos < len(data) - 8:
+            read = codec.read_record(data, pos, len(data), check_crc=False)
+            if read.kind is codec.RecordKind.MESSAGE and read.record is not None:
+                claims[(read.record.topic, read.record.queue_id, read.record.queue_offset)] += 1
+                pos += read.size
+            else:
+                pos += 4  # past damage or zeroes: look on
+    return claims
+
+
+def _prepare(store_dir: str, how: str, variant: str) -> int:
+    offset = _fill(store_dir)
+    _damage(store_dir, offset, how)
+    if variant == "crash":  # the queues are rebuilt by the crash scan's re-dispatch
+        open(os.path.join(store_dir, "abort"), "w").close()
+    else:  # a clean stop whose queues were deleted: rebuilt from the log
+        shutil.rmtree(os.path.join(store_dir, "consumequeue"))
+    return offset
+
+
+@pytest.mark.parametrize("variant", ["crash", "queues_deleted"])
+def test_a_quarantined_last_record_of_its_queue_keeps_its_queue_offset(tmp_path: object, variant: str) -> None:
+    """Before: the topic-queue table continued after the last *valid* record of OTHER, so the
+    next put took queue offset 4 again and two records in the log claimed (OTHER, 0, 4)."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    damaged = _prepare(store_dir, "body", variant)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and [q.start for q in rec.quarantined] == [damaged], rec.summary()
+        assert rec.topic_queue_table[f"{OTHER}-0"] == 5, rec.topic_queue_table
+        r = _put(store, OTHER, 5)
+        assert r.queue_offset == 5, r
+        got = store.get(OTHER, 0, 0, 32)
+        assert got.status is GetMessageStatus.FOUND
+        assert [m.queue_offset for m in got.messages] == [0, 1, 2, 3, 5], got
+        assert store.max_offset(OTHER, 0) == 6
+    dup = {k: n for k, n in _claims(store_dir).items() if n > 1}
+    assert not dup, dup
+    # What the queue holds for the damaged record's offset: a filler unit (nothing to serve).
+    units = {u[0]: u[1:] for u in iter_cq_units(os.path.join(store_dir, "consumequeue", OTHER, "0"))}
+    assert units[4] == (0, 0x7FFFFFFF, 0), units
+    assert units[5][0] == r.commitlog_offset
+
+
+@pytest.mark.parametrize("variant", ["crash", "queues_deleted"])
+def test_a_quarantined_record_with_an_unreadable_header_has_its_offset_taken_once(tmp_path: object,
+                                                                                  variant: str) -> None:  # fmt: skip
+    """Nothing says which queue the zeroed record was in, so its queue offset is taken by the
+    next put; no readable record claims it twice, and the new record is served."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    damaged = _prepare(store_dir, "header", variant)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and [q.start for q in rec.quarantined] == [damaged], rec.summary()
+        r = _put(store, OTHER, 5)
+        assert r.queue_offset == 4, r
+        got = store.get(OTHER, 0, 0, 32)
+        assert [(m.queue_offset, m.body) for m in got.messages][-1] == (4, _body(OTHER, 5)), got
+    dup = {k: n for k, n in _claims(store_dir).items() if n > 1}
+    assert not dup, dup
