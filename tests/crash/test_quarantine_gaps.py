@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
 import mqstore
+from mqstore.faults import FaultPlan
 from mqstore.storage import codec
 from mqstore.storage.consume_queue import iter_cq_units
 from mqstore.storage.status import GetMessageStatus
@@ -125,3 +127,61 @@ def test_a_quarantined_record_with_an_unreadable_header_has_its_offset_taken_onc
         assert [(m.queue_offset, m.body) for m in got.messages][-1] == (4, _body(OTHER, 5)), got
     dup = {k: n for k, n in _claims(store_dir).items() if n > 1}
     assert not dup, dup
+
+
+# -------------------------------------------------------------------------------------------
+# Damage a restarted writer quarantines
+
+
+class _DamageThenCrash(FaultPlan):
+    """When the writer has appended the batch at `at`, flip a body byte of its first record on
+    disk, then crash the writer (the restart's tail scan finds the damage)."""
+
+    def __init__(self, store_dir: str, at: int, body: bytes) -> None:
+        super().__init__()
+        self.store_dir, self.at, self.body = store_dir, at, body
+        self.arm("writer.after_append")
+
+    def hit(self, point: str) -> None:
+        if point == "writer.after_append" and self._armed:
+            seg = os.path.join(self.store_dir, "commitlog", "%020d" % (self.at - self.at % SEG))
+            with open(seg, "r+b") as f:
+                f.seek(self.at % SEG)
+                record = f.read(1000)
+                pos = self.at % SEG + record.index(self.body) + 3
+                f.seek(pos)
+                f.write(bytes([record[pos - self.at % SEG] ^ 0x01]))
+        super().hit(point)
+
+
+def test_damage_a_restarted_writer_quarantines_is_published_and_never_served(tmp_path: object) -> None:
+    """Before: the restarted writer's scan quarantined the range in its own CommitLog only; the
+    read view never heard of it, reput dispatched the damaged record, and with
+    check_crc_on_read off `get` served its flipped body as good."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        end = [_put(store, MAIN, i) for i in range(10)][-1]
+        at = end.commitlog_offset + end.wrote_bytes
+    faults = _DamageThenCrash(store_dir, at, _body(MAIN, 10))
+    with mqstore.open(store_dir, check_crc_on_read=False, faults=faults, **SETTINGS) as store:
+        batch = [mqstore.Message(topic=MAIN, queue_id=0, body=_body(MAIN, i)) for i in range(10, 15)]
+        assert store.put_batch(batch).status is not mqstore.PutMessageStatus.PUT_OK  # the writer crashed
+        deadline = time.monotonic() + 10
+        while not store.supervisor.restarts or store.put(mqstore.Message(topic=MAIN, queue_id=0, body=b"after")).status \
+                is not mqstore.PutMessageStatus.PUT_OK:  # fmt: skip
+            assert time.monotonic() < deadline, "the writer was not restarted"
+            time.sleep(0.01)
+        view = store.read_view.view
+        assert any(start == at for start, _ in view.quarantined), view.quarantined
+        store.flush()
+        bodies: dict[int, bytes] = {}
+        offset = 0
+        while offset < store.max_offset(MAIN, 0):
+            got = store.get(MAIN, 0, offset, 64)
+            if got.status is not GetMessageStatus.FOUND:
+                break
+            bodies.update((m.queue_offset, m.body) for m in got.messages)
+            offset = got.next_begin_offset
+        assert 10 not in bodies, bodies[10]
+        assert [bodies.get(i) for i in range(11, 15)] == [_body(MAIN, i) for i in range(11, 15)]
+        assert store.lookup(at) is None
