@@ -3,6 +3,7 @@ queue is never reused, and damage a restarted writer quarantines is published to
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -185,3 +186,38 @@ def test_damage_a_restarted_writer_quarantines_is_published_and_never_served(tmp
         assert 10 not in bodies, bodies[10]
         assert [bodies.get(i) for i in range(11, 15)] == [_body(MAIN, i) for i in range(11, 15)]
         assert store.lookup(at) is None
+
+
+# -------------------------------------------------------------------------------------------
+# Readers without a read view (`mqstore get`/`query`, the Spark reader) apply recovery's rule
+
+
+def _damage_offset_field(store_dir: str, offset: int) -> None:
+    """A record whose own physical-offset field disagrees with where it lies: recovery
+    quarantines it, and the body CRC (which covers the body only) cannot see it."""
+    seg = os.path.join(store_dir, "commitlog", "%020d" % (offset - offset % SEG))
+    with open(seg, "r+b") as f:
+        f.seek(offset % SEG + codec.PHYSICAL_OFFSET_POSITION)
+        f.write((offset + 4096).to_bytes(8, "big"))
+
+
+def test_cli_get_and_query_skip_a_record_recovery_quarantines(tmp_path: object,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Before: `mqstore get` and `mqstore query` served it (its CRC is fine) while the store
+    quarantined it."""
+    from mqstore.cli import main
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    damaged = _fill(store_dir)
+    _damage_offset_field(store_dir, damaged)
+    assert main(["get", store_dir, "--topic", OTHER, "--queue", "0", "--offset", "0"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["queue_offset"] for r in rows] == [0, 1, 2, 3], rows
+    assert main(["query", store_dir, "--topic", OTHER, "--key", f"{OTHER}4"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["query", store_dir, "--topic", OTHER, "--key", f"{OTHER}3"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    with mqstore.open(store_dir, check_crc_on_read=False, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and [q.start for q in rec.quarantined] == [damaged], rec.summary()
+        assert [m.queue_offset for m in store.get(OTHER, 0, 0, 32).messages] == [0, 1, 2, 3]

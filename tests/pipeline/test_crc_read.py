@@ -46,3 +46,24 @@ def test_a_flipped_body_byte_is_reported_not_returned(generated_store: Any, tmp_
     assert count_corrupt_log(str(tmp_path / "corrupt")) == 1
     # checkCrc=false returns it as it is (for a reader who wants to see damaged bytes).
     assert len([r for r in _rows(store, check_crc=False) if r["error"] is None]) == 3000
+
+
+def test_a_record_whose_offset_field_lies_is_reported_not_returned(generated_store: Any, tmp_path: Path) -> None:
+    """The store's recovery quarantines a record whose own physical-offset field disagrees
+    with where it lies; the body CRC cannot see that. Before: returned as a message, with the
+    wrong commitlog_offset."""
+    store = tmp_path / "store"
+    shutil.copytree(generated_store.store, store)
+    seg = discover_segments([str(store)])[3]
+    data = bytearray(Path(seg.path).read_bytes())
+    first = read_record(bytes(data), 0).size
+    PHYS = 28  # PHYSICAL_OFFSET_POSITION
+    data[first + PHYS : first + PHYS + 8] = (seg.base_offset + 4096).to_bytes(8, "big")
+    Path(seg.path).write_bytes(bytes(data))
+    damaged = seg.base_offset + first
+    rows = _rows(store)
+    messages = [r for r in rows if r["error"] is None]
+    errors = [r for r in rows if r["error"] is not None]
+    assert len(messages) == 2999 and seg.base_offset + 4096 not in {r["commitlog_offset"] for r in messages}
+    assert [(r["commitlog_offset"], r["error"]) for r in errors] == [
+        (damaged, f"record says it is at commitlog offset {seg.base_offset + 4096}")]
