@@ -10,6 +10,7 @@ subscriptions outlive a restart of this actor.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import assert_never
 
 from ..messages import (
@@ -36,6 +37,12 @@ DISPATCH_BATCH_MAX_RECORDS = 1024
 # dispatch passes, each waking two actors) and twice the spread between runs.
 REPUT_LINGER_MS = 1
 READ_CHUNK_BYTES = 4 * 1024 * 1024
+# Batches handed to the ConsumeQueue and index actors that they have not written yet (their
+# published ends lag): past this many, reput stops reading ahead, so a full disk that holds
+# their writes never piles the log up in their memory. The commitlog is the source of truth:
+# reput reads on from where it stopped once they catch up (their publications, a tick).
+# At most this many * DISPATCH_BATCH_MAX_RECORDS records wait in memory.
+DISPATCH_BACKLOG_MAX_BATCHES = 32
 _SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
 
 
@@ -54,6 +61,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._reader: CommitLogReader | None = None
         self._delay_levels = codec.parse_delay_levels(ctx.config.message_delay_level)
         self._awaiting: list[AwaitDispatched] = []
+        self._in_flight: deque[int] = deque()  # end offsets of batches handed on, not yet written
+        self._held_back_since_ms = 0  # the backlog is full: reading ahead waits (0: it is not)
 
     def on_start(self) -> None:
         self._reader = CommitLogReader(
@@ -106,7 +115,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
         status = ReputStatus(reput_offset=self._reput_offset, max_offset=self._max_offset)
         waiting = []
         for request in self._awaiting:
-            if self._reput_offset >= request.up_to:
+            # Held back, dispatch cannot get further until the writers find room: the asker
+            # (shutdown) hears where it stands now rather than after its timeout.
+            if self._reput_offset >= request.up_to or self._held_back_since_ms:
                 request.reply.send(status)
             else:
                 waiting.append(request)
@@ -116,6 +127,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
         reader = self._reader
         assert reader is not None
         while self._reput_offset < self._max_offset:
+            if self._backlog_full():
+                return
             offset = self._reput_offset
             segment = offset - offset % self._segment_size
             end = min(self._max_offset, segment + self._segment_size, offset + READ_CHUNK_BYTES)
@@ -156,6 +169,29 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 return  # a partial record at the watermark's edge: wait for more
             self._dispatch(requests, next_offset)
             self._reput_offset = next_offset
+
+    def _backlog_full(self) -> bool:
+        """Whether the dispatchers hold DISPATCH_BACKLOG_MAX_BATCHES batches not yet written
+        (a full disk): then reput reads no further until they catch up."""
+        view = self.ctx.read_view.view
+        written = view.queues_written
+        if self.config.message_index_enable:
+            written = min(written, view.indexed_end)
+        in_flight = self._in_flight
+        while in_flight and in_flight[0] <= written:
+            in_flight.popleft()
+        if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES:
+            if not self._held_back_since_ms:
+                self._held_back_since_ms = self.ctx.clock_ms() or 1
+                self.log.error("dispatch backlog full (disk full?): reput stops reading ahead until it is written",
+                               reput_offset=self._reput_offset, queues_written=view.queues_written,
+                               indexed_end=view.indexed_end, batches=len(in_flight))  # fmt: skip
+            return True
+        if self._held_back_since_ms:
+            self.log.info("dispatch backlog written: reput reads on", reput_offset=self._reput_offset,
+                          waited_ms=self.ctx.clock_ms() - self._held_back_since_ms)  # fmt: skip
+            self._held_back_since_ms = 0
+        return False
 
     def _quarantined_from(self, offset: int) -> tuple[int, int] | None:
         """The first quarantined range that holds `offset` or lies after it."""
@@ -224,6 +260,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
 
     def _dispatch(self, requests: list[DispatchRequest], end_offset: int) -> None:
         batch = DispatchBatch(requests=tuple(requests), end_offset=end_offset)
+        self._in_flight.append(end_offset)
         # Published before the dispatchers hear of it, so a view whose queues cover an offset
         # always has the dispatched end past it too (a query waits for the index up to there).
         self.ctx.read_view.publish_dispatched(end_offset)
