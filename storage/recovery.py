@@ -25,7 +25,8 @@ from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
-from .fs import FileSystem
+from .fs import FileSystem, MappedRegion
+from .mapped_file import DiskFullError
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
 __all__ = ["RecoveryReport", "continue_queues_past_quarantine", "recover_store"]
@@ -507,13 +508,17 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]
     return removed
 
 
+_FILL_COPY_CHUNK_BYTES = 1 << 20
+
+
 def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[int, int]], list[str]]:
     """Make a commitlog with holes whole, for `mqstore recover`: every missing segment between
     the first and the last file, and every wrong-sized one, becomes a full segment holding the
     damaged file's valid records (CRC and offset checked, from its start) and then the blank
     record that ends a segment, so readers, dispatch and the writer go on past it. A damaged
-    file is kept beside it as NAME.damaged (never deleted). Returns the lost [start, end)
-    ranges and what was done, per file."""
+    file is renamed NAME.damaged beside it (never deleted) and read through a map, its valid
+    records copied in bounded chunks: a segment is never read into memory whole. Returns the
+    lost [start, end) ranges and what was done, per file."""
     directory = cfg.commitlog_dir
     size = cfg.mapped_file_size_commitlog_bytes
     names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
@@ -528,23 +533,47 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[
             continue
         name = codec.segment_file_name(start)
         path = os.path.join(directory, name)
-        old = fs.read_bytes(path)[:size] if start in present else b""
+        kept = ""
         if start in present:
-            fs.write_atomic(path + ".damaged", fs.read_bytes(path))
-            fs.remove(path)
-        keep = valid_prefix_end(old, start, size, cfg.max_message_size_bytes)
-        region = fs.map_file(path, size, create=True)
+            kept = fs.set_aside(path, DAMAGED_SUFFIX)
+        elif fs.exists(path + DAMAGED_SUFFIX) and not fs.isdir(path + DAMAGED_SUFFIX):
+            kept = path + DAMAGED_SUFFIX  # set aside by a run that found no room to fill it
+        kept_size = fs.getsize(kept) if kept else 0
+        old = fs.map_file(kept, kept_size, create=False, readonly=True) if kept_size else None
         try:
-            region.buf[:keep] = old[:keep]
-            region.buf[keep : keep + codec.END_FILE_MIN_BLANK_LENGTH] = codec.blank_record_header(size - keep)
-            region.flush()
+            keep = valid_prefix_end(old.buf, start, size, cfg.max_message_size_bytes) if old is not None else 0
+            _write_filled_segment(fs, path, size, old, keep)
         finally:
-            region.close()
+            if old is not None:
+                old.close()
         lost.append((start + keep, start + size))
-        what = "missing" if start not in present else f"{present[start]} bytes, kept as {name}.damaged"
+        what = (f"{present[start]} bytes, kept as {os.path.basename(kept)}" if start in present
+                else f"missing, refilled from {os.path.basename(kept)}" if kept else "missing")  # fmt: skip
         done.append(f"{name} ({what}): {keep} bytes of valid records kept, {start + keep}..{start + size} lost")
         log.error("commitlog hole filled; its records are lost", file=name, lost_from=start + keep, lost_to=start + size)
     return lost, done
+
+
+def _write_filled_segment(fs: FileSystem, path: str, size: int, old: MappedRegion | None, keep: int) -> None:
+    """A new full segment at `path`: the first `keep` bytes of `old` (copied in bounded chunks),
+    then the blank record that ends a segment. On a full disk nothing is written through the
+    map (a page without blocks is a SIGBUS): the new file is removed and DiskFullError raised;
+    the damaged file stays set aside, and the next `recover` fills the hole from it."""
+    region = fs.map_file(path, size, create=True)
+    try:
+        reserved = region.reserve(keep + codec.END_FILE_MIN_BLANK_LENGTH)
+        if reserved:
+            if old is not None:
+                for at in range(0, keep, _FILL_COPY_CHUNK_BYTES):
+                    end = min(keep, at + _FILL_COPY_CHUNK_BYTES)
+                    region.buf[at:end] = old.buf[at:end]
+            region.buf[keep : keep + codec.END_FILE_MIN_BLANK_LENGTH] = codec.blank_record_header(size - keep)
+            region.flush()
+    finally:
+        region.close()
+    if not reserved:
+        fs.remove(path)
+        raise DiskFullError(f"no disk space to fill the commitlog hole {path}")
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:

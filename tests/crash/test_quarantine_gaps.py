@@ -221,3 +221,75 @@ def test_cli_get_and_query_skip_a_record_recovery_quarantines(tmp_path: object,
         rec = store.supervisor.recovery
         assert rec is not None and [q.start for q in rec.quarantined] == [damaged], rec.summary()
         assert [m.queue_offset for m in store.get(OTHER, 0, 0, 32).messages] == [0, 1, 2, 3]
+
+
+# -------------------------------------------------------------------------------------------
+# The hole filler streams
+
+
+def test_recover_fills_a_hole_without_reading_the_segment_into_memory(tmp_path: object) -> None:
+    """A truncated 16 MiB segment whose 12 MiB are valid records: `recover` keeps them, copying
+    through maps in bounded chunks. Before: the file was read whole, twice (the copy set aside
+    and the valid prefix), so memory grew with the segment size."""
+    import tracemalloc
+
+    from mqstore.config import StoreConfig
+    from mqstore.storage.fs import RealFileSystem
+    from mqstore.storage.recovery import recover_store
+
+    seg = 16 * 1024 * 1024
+    settings: dict[str, Any] = dict(mapped_file_size_commitlog_bytes=seg, mapped_file_size_consume_queue_bytes=20 * 200)
+    store_dir = os.path.join(str(tmp_path), "s")
+    body = b"b" * (1024 * 1024)
+    with mqstore.open(store_dir, **settings) as store:
+        for i in range(40):  # three segments
+            assert store.put(mqstore.Message(topic=MAIN, queue_id=0, body=body, keys=[f"k{i}"])).ok
+    victim = os.path.join(store_dir, "commitlog", "%020d" % seg)
+    with open(victim, "r+b") as f:
+        f.truncate(12 * 1024 * 1024)
+    cfg = StoreConfig(store_path_root_dir=store_dir, **settings)
+    tracemalloc.start()
+    try:
+        report = recover_store(cfg, RealFileSystem(), last_exit_ok=True, clock_ms=lambda: 0, repair_holes=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.filled_commitlog_files and report.lost_ranges[0][0] > seg + 11 * 1024 * 1024, report.summary()
+    assert os.path.getsize(victim) == seg and os.path.getsize(victim + ".damaged") == 12 * 1024 * 1024
+    # Recovery's look past damage reads 4 MiB windows, a record read copies its 1 MiB body.
+    assert peak < 9 * 1024 * 1024, peak
+    with mqstore.open(store_dir, **settings) as store:
+        got = store.get(MAIN, 0, 15, 1)
+        assert got.messages and got.messages[0].body == body, got
+
+
+def test_a_hole_recover_has_no_room_to_fill_is_filled_by_the_next_run() -> None:
+    """No blocks for the new segment: nothing is written through its map (no SIGBUS), the
+    short file stays set aside, and the next `recover` keeps its valid records from there."""
+    import errno
+
+    from mqstore.config import StoreConfig
+    from mqstore.storage.fs import SimulatedFileSystem
+    from mqstore.storage.mapped_file import DiskFullError
+    from mqstore.storage.recovery import recover_store
+
+    small = dict(SETTINGS, mapped_file_size_commitlog_bytes=8 * 1024)
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    with mqstore.open("/sim/s", fs=fs, **small) as store:
+        offsets = [_put(store, MAIN, i).commitlog_offset for i in range(200)]
+    victim = "/sim/s/commitlog/%020d" % (8 * 1024)
+    data = fs.read_bytes(victim)
+    fs.remove(victim)
+    fs.write_atomic(victim, data[:3000])
+    kept_records = [o for o in offsets if 8 * 1024 <= o and o + 216 <= 8 * 1024 + 3000]
+    cfg = StoreConfig(store_path_root_dir="/sim/s", **small)
+    fs.inject_fault("reserve", path_contains="commitlog", err=errno.ENOSPC, count=1_000_000)
+    with pytest.raises(DiskFullError):
+        recover_store(cfg, fs, last_exit_ok=True, clock_ms=lambda: 0, repair_holes=True)
+    assert not fs.exists(victim) and fs.getsize(victim + ".damaged") == 3000
+    fs.clear_faults()
+    report = recover_store(cfg, fs, last_exit_ok=True, clock_ms=lambda: 0, repair_holes=True)
+    assert report.lost_ranges and report.lost_ranges[0][0] >= kept_records[-1], report.summary()
+    assert "refilled from" in report.filled_commitlog_files[0], report.filled_commitlog_files
+    fs.assert_no_sigbus()
