@@ -28,6 +28,7 @@ from ..messages import (
 from ..storage import codec, speedups
 from ..storage.codec import RecordKind
 from ..storage.commitlog import CommitLogReader, find_next_valid_record
+from ..read_view import ReadView
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
 __all__ = ["ReputMessageService"]
@@ -38,11 +39,13 @@ DISPATCH_BATCH_MAX_RECORDS = 1024
 REPUT_LINGER_MS = 1
 READ_CHUNK_BYTES = 4 * 1024 * 1024
 # Batches handed to the ConsumeQueue and index actors that they have not written yet (their
-# published ends lag): past this many, reput stops reading ahead, so a full disk that holds
-# their writes never piles the log up in their memory. The commitlog is the source of truth:
-# reput reads on from where it stopped once they catch up (their publications, a tick).
+# published ends lag): past this many, reput waits for them, and if they make no progress
+# within DISPATCH_BACKLOG_WAIT_S (a full disk holds their writes) it stops reading ahead, so
+# the log never piles up in their memory. The commitlog is the source of truth: reput reads on
+# from where it stopped once they catch up (checked on its ticks and the writer's notices).
 # At most this many * DISPATCH_BATCH_MAX_RECORDS records wait in memory.
 DISPATCH_BACKLOG_MAX_BATCHES = 32
+DISPATCH_BACKLOG_WAIT_S = 1.0
 _SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
 
 
@@ -170,20 +173,33 @@ class ReputMessageService(StoreActor[ReputRequest]):
             self._dispatch(requests, next_offset)
             self._reput_offset = next_offset
 
-    def _backlog_full(self) -> bool:
-        """Whether the dispatchers hold DISPATCH_BACKLOG_MAX_BATCHES batches not yet written
-        (a full disk): then reput reads no further until they catch up."""
-        view = self.ctx.read_view.view
-        written = view.queues_written
+    def _written(self, view: ReadView) -> int:
+        """Below this commitlog offset both dispatchers wrote what they were handed."""
         if self.config.message_index_enable:
-            written = min(written, view.indexed_end)
+            return min(view.queues_written, view.indexed_end)
+        return view.queues_written
+
+    def _backlog_full(self) -> bool:
+        """Whether the dispatchers hold DISPATCH_BACKLOG_MAX_BATCHES batches not yet written and
+        made no progress for DISPATCH_BACKLOG_WAIT_S (a full disk): then reput reads no further
+        until they catch up. A backlog that is being written is waited for (its publications
+        wake us): the readers' contract counts on reput handing on every record it may."""
         in_flight = self._in_flight
+        written = self._written(self.ctx.read_view.view)
         while in_flight and in_flight[0] <= written:
             in_flight.popleft()
+        if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES and not self._held_back_since_ms:
+            oldest = in_flight[0]
+            view = self.ctx.read_view.await_view(lambda v: self._written(v) >= oldest, DISPATCH_BACKLOG_WAIT_S)
+            if view is not None:
+                written = self._written(view)
+                while in_flight and in_flight[0] <= written:
+                    in_flight.popleft()
         if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES:
             if not self._held_back_since_ms:
                 self._held_back_since_ms = self.ctx.clock_ms() or 1
-                self.log.error("dispatch backlog full (disk full?): reput stops reading ahead until it is written",
+                view = self.ctx.read_view.view
+                self.log.error("dispatch backlog not written (disk full?): reput stops reading ahead until it is",
                                reput_offset=self._reput_offset, queues_written=view.queues_written,
                                indexed_end=view.indexed_end, batches=len(in_flight))  # fmt: skip
             return True
