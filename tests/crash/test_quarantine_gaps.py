@@ -273,11 +273,12 @@ def test_a_hole_recover_has_no_room_to_fill_is_filled_by_the_next_run() -> None:
     from mqstore.storage.mapped_file import DiskFullError
     from mqstore.storage.recovery import recover_store
 
-    small = dict(SETTINGS, mapped_file_size_commitlog_bytes=8 * 1024)
+    # A long busy timeout: on a loaded machine a put may wait behind a segment roll.
+    small = dict(SETTINGS, mapped_file_size_commitlog_bytes=8 * 1024, os_page_cache_busy_timeout_ms=10_000)
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     with mqstore.open("/sim/s", fs=fs, **small) as store:
-        offsets = [_put(store, MAIN, i).commitlog_offset for i in range(200)]
+        offsets = [_put(store, MAIN, i).commitlog_offset for i in range(120)]
     victim = "/sim/s/commitlog/%020d" % (8 * 1024)
     data = fs.read_bytes(victim)
     fs.remove(victim)
