@@ -173,6 +173,22 @@ def test_clean_unused_topic_removes_the_queues_of_topics_not_kept(open_store: Op
     assert reopened.max_offset("A", 1) == 0 and reopened.max_offset("B", 0) == 1
 
 
+@pytest.mark.xfail(strict=True, reason="recovery re-dispatches from the queues' last unit (storage/recovery.py), "
+                   "so records of a cleaned topic newer than every kept queue's are dispatched again at open; "
+                   "RocketMQ starts reput at the log's end after a clean stop")
+def test_a_cleaned_topic_holding_the_newest_records_stays_cleaned_across_a_clean_reopen(open_store: Open,
+                                                                                         tmp_path: Path) -> None:  # fmt: skip
+    store = open_store()
+    _put(store, "A")
+    _put(store, "B")
+    assert store.wait_for_messages("B", 0, 0, timeout_s=10)
+    assert store.clean_unused_topic({"A"}) == 1
+    assert store.close()
+    reopened = open_store()
+    h.put_n(reopened, 1, topic="A")  # dispatch has caught up at open
+    assert reopened.max_offset("B", 0) == 0
+
+
 def test_clean_unused_topic_checks_its_argument(open_store: Open) -> None:
     store = open_store()
     h.put_n(store, 1)
