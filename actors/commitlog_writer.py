@@ -281,6 +281,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 self._holding_back = True
                 self.log.warning("dispatch is behind the high water: puts are held back", behind_records=behind,
                                  high_water=self._high_water)  # fmt: skip
+            if held == 0:
+                # Reput hears of this pass's records now, not after the hold: they count in the
+                # lag, and Java's dispatcher had them queued while the put slept.
+                self._notify_advance()
             self.ctx.ticker.sleep_ms(1)
             held += 1
         self.held_back_ms += held
