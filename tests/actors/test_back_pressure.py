@@ -61,6 +61,8 @@ def test_puts_are_held_back_while_the_index_is_behind_the_high_water(store_dir: 
         hold.armed.set()
         _put(store, 1)  # dispatched to the queue; reput is held before the index hears of it
         assert hold.entered.wait(10)
+        # The queues wrote put 1 (told before the fault point): only the index is behind.
+        assert store.read_view.await_view(lambda v: v.queues_written >= v.dispatched_end, 10) is not None
         writer = _writer(store)
         assert writer.held_back_ms == 0
         before = len(ticker.sleeps)  # reput is held: from here on only the writer sleeps
@@ -94,8 +96,9 @@ def test_a_lagging_consume_queue_counts_when_the_index_is_off(store_dir: Path) -
     ticker = ManualTicker()
     store = h.open_small(store_dir, put_msg_index_high_water=1, message_index_enable=False, faults=hold, ticker=ticker)
     try:
-        _put(store, 0)
+        end = _put(store, 0)
         h.wait_dispatched(store)
+        assert store.read_view.await_view(lambda v: v.queues_written >= end, 10) is not None
         hold.armed.set()
         _put(store, 1)
         assert hold.entered.wait(10)
