@@ -288,7 +288,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             return removed
         # Withdrawn from readers first (a whole new table, a new map generation: readers drop
         # their maps of these files), then destroyed.
-        survivors = {key: cq for key, cq in self._queues.items() if key not in removed}
+        gone = set(removed)
+        survivors = {key: cq for key, cq in self._queues.items() if key not in gone}
         doomed = [self._queues[key] for key in removed]
         self._queues = survivors
         self._publish(survivors, complete=True)
