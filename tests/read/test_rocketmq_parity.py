@@ -102,7 +102,10 @@ def test_lookup_with_size_still_checks_the_crc(open_store: Open, tmp_path: Path)
 def test_dispatch_behind_bytes_is_what_reput_has_not_dispatched(open_store: Open) -> None:
     hold = HoldAt("reput.mid_dispatch")  # after reput published the batch's end
     store = open_store(faults=hold)
-    h.put_n(store, 1)
+    first = h.put_n(store, 1)[0]
+    # The index hears of a batch after the fault point: reput is past it for put 0.
+    end0 = first.commitlog_offset + first.wrote_bytes
+    assert store.read_view.await_view(lambda v: v.indexed_end >= end0, 10) is not None
     assert store.dispatch_behind_bytes() == 0
     hold.armed.set()
     try:
