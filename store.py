@@ -541,11 +541,11 @@ class MessageStore:
     ) -> QueryResult:
         """queryMessage (§13.2): messages whose UNIQ_KEY or a KEYS token equals `key`, stored
         within [begin_ms, end_ms], oldest first; at most `max_count`, by default
-        `default_query_max_num` (the limit RocketMQ's broker gives a query by key). Unlike the Java store, which leaves hash
-        collisions to the client, each hit is checked against the record's real keys. The
-        index files are read through this thread's own maps once the index covers the
-        thread's last put and everything dispatched when the query started; if it does not
-        in time, an empty result with a `detail`."""
+        `default_query_max_num` (the limit RocketMQ's broker gives a query by key). Unlike the
+        Java store, which leaves hash collisions to the client, each hit is checked against
+        the record's real keys. The index files are read through this thread's own maps once
+        the index covers the thread's last put and everything dispatched when the query
+        started; if it does not in time, an empty result with a `detail`."""
         self._check_open()
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, not {type(topic).__name__}")
@@ -800,10 +800,11 @@ class MessageStore:
         self._check_open()
         if isinstance(keep, (str, bytes)) or not isinstance(keep, Iterable):
             raise TypeError(f"keep must be an iterable of topic names (str), not {type(keep).__name__}")
-        kept = frozenset(keep)
-        for topic in kept:
+        topics = list(keep)
+        for topic in topics:
             if not isinstance(topic, str):
                 raise TypeError(f"keep must hold topic names (str), not {type(topic).__name__}")
+        kept = frozenset(topics)
         try:
             removed: tuple[tuple[str, int], ...] = self._ask("consume_queue", CleanUnusedTopics(keep=kept))
         except ServiceUnavailable as exc:

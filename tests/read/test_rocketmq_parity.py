@@ -201,6 +201,8 @@ def test_clean_unused_topic_checks_its_argument(open_store: Open) -> None:
         store.clean_unused_topic([b"T"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="keep"):
         store.clean_unused_topic(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="keep"):
+        store.clean_unused_topic([["T"]])  # type: ignore[list-item]
     assert store.max_offset("T", 0) == 1  # nothing removed by a refused call
 
 
