@@ -85,7 +85,9 @@ class StoreCheckpoint:
         self._region = fs.map_file(path, CHECKPOINT_FILE_SIZE)
         # flush() writes through the map: with no block behind the page, that is SIGBUS. A
         # page that holds data has its block.
-        self._backed = self._region.reserve(CHECKPOINT_FILE_SIZE) or bool(
+        # A new file's page is initialised by the reservation; an existing one holds data.
+        self._unwritten_from = CHECKPOINT_FILE_SIZE if existed else 0
+        self._backed = self._region.reserve(CHECKPOINT_FILE_SIZE, unwritten_from=self._unwritten_from) or bool(
             existed and fs.data_extents(path, 0, CHECKPOINT_FILE_SIZE)
         )
         if not self._backed and not existed:
@@ -123,7 +125,7 @@ class StoreCheckpoint:
         if self._closed:
             raise OSError(errno.EBADF, "checkpoint is closed", self.path)
         if not self._backed:
-            self._backed = self._region.reserve(CHECKPOINT_FILE_SIZE)
+            self._backed = self._region.reserve(CHECKPOINT_FILE_SIZE, unwritten_from=self._unwritten_from)
             if not self._backed:
                 raise DiskFullError(f"no disk space for the checkpoint {self.path}")
         _THREE_LONGS.pack_into(

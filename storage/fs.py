@@ -13,10 +13,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import mmap
 import os
 import random
 import shutil
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ class MappedRegion(Protocol):
     def buf(self) -> mmap.mmap | bytearray: ...  # read-only here, so a region may narrow it
     def flush(self, start: int = 0, end: int | None = None) -> None: ...
     def close(self) -> None: ...
-    def reserve(self, end: int) -> bool: ...
+    def reserve(self, end: int, *, unwritten_from: int = 0) -> bool: ...
     def advise_willneed(self) -> None: ...
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
@@ -105,6 +107,60 @@ def _fallocate(fd: int, offset: int, length: int) -> int:
     return 0
 
 
+_ZEROS = bytes(1 << 20)
+
+
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_EXTENT_UNWRITTEN = 0x800
+_FIEMAP_EXTENTS_PER_CALL = 128
+_FIEMAP_HEADER = struct.Struct("=QQIIII")
+_FIEMAP_EXTENT = struct.Struct("=QQQ16xI12x")
+
+
+def _unwritten_or_holes(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+    """Ranges of [start, end) that are unwritten extents or holes (FS_IOC_FIEMAP). A hint
+    only, never a reason to write (an unwritten extent may have dirty pages not yet written
+    back); [] where FIEMAP is not supported."""
+    found: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        request = bytearray(_FIEMAP_HEADER.pack(pos, end - pos, 0, 0, _FIEMAP_EXTENTS_PER_CALL, 0))
+        request += bytes(_FIEMAP_EXTENT.size * _FIEMAP_EXTENTS_PER_CALL)
+        try:
+            fcntl.ioctl(fd, _FS_IOC_FIEMAP, request)
+        except OSError:
+            return found
+        mapped = _FIEMAP_HEADER.unpack_from(request)[3]
+        if mapped == 0:
+            found.append((pos, end))
+            return found
+        last_end = pos
+        for i in range(mapped):
+            logical, _physical, length, flags = _FIEMAP_EXTENT.unpack_from(
+                request, _FIEMAP_HEADER.size + i * _FIEMAP_EXTENT.size
+            )
+            if logical > last_end:
+                found.append((last_end, min(logical, end)))  # a hole
+            if flags & _FIEMAP_EXTENT_UNWRITTEN:
+                found.append((max(logical, pos), min(logical + length, end)))
+            last_end = max(last_end, logical + length)
+            if last_end >= end:
+                return found
+        if mapped < _FIEMAP_EXTENTS_PER_CALL:
+            found.append((last_end, end))  # no extent after the last one: a hole to the end
+            return found
+        pos = last_end
+    return found
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
 class RealMappedRegion:
     def __init__(self, path: str, size: int, *, create: bool, readonly: bool) -> None:
         self.path = path
@@ -129,22 +185,25 @@ class RealMappedRegion:
         self._reserved = 0
         self._locked = False
 
-    def reserve(self, end: int) -> bool:
+    def reserve(self, end: int, *, unwritten_from: int = 0) -> bool:
         """Reserve the file's blocks up to `end` ahead of the writes that will fill them.
 
         A write fault on a sparse page makes the filesystem allocate inside the fault: on ext4
         here 8.6 us of kernel time per 4 KiB page, 0.9 us once the blocks exist (for 1 KiB
         messages a third of a put's cost). Reserving a window ahead of the writer (not the
         whole segment) keeps that gain without taking a segment's worth of disk on open.
-        Unwritten extents still read as holes to SEEK_DATA (recovery's skip of untouched
-        tails is unchanged). Where the filesystem cannot, the file stays sparse, as
-        RocketMQ's are: slower, and said once in the log.
+        Where the filesystem cannot, the file stays sparse, as RocketMQ's are: slower, and
+        said once in the log.
 
         False only when the disk has no room (ENOSPC): writing there would fault with SIGBUS
         and kill the process, so the owner refuses the append instead (and tries again later,
         once the cleaner freed space). A failed call reserves nothing the caller may count on
         (ext4 may keep part of the range; tmpfs undoes it): only `end` values that returned
         True are reserved.
+
+        `unwritten_from`: where the owner's data ends (nothing at or above it was written
+        through this map). The reserved pages above it are initialised (see _initialise): a
+        fallocated block alone does not make a store through the map safe on ext4.
         """
         global _reserve_failed_logged
         # Whole pages: a write through the map dirties a page, and the filesystem must back
@@ -161,8 +220,75 @@ class RealMappedRegion:
                 _reserve_failed_logged = True
                 log.warning("fallocate_failed_file_stays_sparse", path=self.path, error=os.strerror(err))
             return True
+        try:
+            self._initialise_holes(self._reserved, min(unwritten_from, end))
+            self._initialise(max(self._reserved, unwritten_from), end)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                return False
+            raise
         self._reserved = end
         return True
+
+    def _initialise_holes(self, start: int, end: int) -> None:
+        """Write zeros over the holes (and unwritten extents) of [start, end), below the data
+        end, where the file may hold data: a file written by RocketMQ (sparse index slots), or
+        reserved by an older version of this store. A hole reads as zeros, so no byte changes;
+        what SEEK_DATA calls data is left alone (its pages are cached or on disk)."""
+        fd = self._fd
+        assert fd is not None
+        if start >= end:
+            return
+        # A clean cached page of an unwritten extent counts as data to SEEK_DATA; dropping
+        # it (it reads as zeros on disk, so nothing is lost) lets the hole show. Only those
+        # ranges are dropped: the cached pages of real data stay.
+        for lo, hi in _unwritten_or_holes(fd, start, end):
+            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        pos = start
+        while pos < end:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    data = end  # no data after pos: the rest is a hole
+                elif exc.errno == errno.EINVAL:
+                    return  # no SEEK_DATA on this filesystem
+                else:
+                    raise
+            hole_end = min(data, end)
+            while pos < hole_end:
+                length = min(len(_ZEROS), hole_end - pos)
+                _pwrite_all(fd, _ZEROS[:length], pos)
+                pos += length
+            if data >= end:
+                return
+            pos = os.lseek(fd, data, os.SEEK_HOLE)
+
+    def _initialise(self, start: int, end: int) -> None:
+        """Write zeros with pwrite over the pages of [start, end), which hold no data.
+
+        fallocate leaves unwritten extents. On ext4 filled to its last block by another
+        process, the first store through the map into such a block can still fail with ENOSPC
+        inside the page fault, which kills the process with SIGBUS
+        (tests/crash/test_small_filesystem.py: every run on a 24 or 32 MiB image). A page
+        written once with pwrite before the first store does not: the write path sets up its
+        blocks, and there a failure is an error code (ENOSPC, an orderly refusal). Measured
+        too: it does not help a page already in the page cache from a read, so cached copies
+        of the range are dropped first (best effort: the kernel keeps dirty or busy pages).
+        Only pages at or above the owner's data end are written, and those hold nothing yet.
+        """
+        fd = self._fd
+        assert fd is not None  # only writable maps reserve
+        start += (-start) % OS_PAGE_SIZE
+        if start >= end:
+            return
+        if hasattr(self.buf, "madvise"):
+            self.buf.madvise(mmap.MADV_DONTNEED, start, end - start)
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        while start < end:
+            length = min(len(_ZEROS), end - start)
+            _pwrite_all(fd, _ZEROS[:length], start)
+            start += length
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         end = self.size if end is None else min(end, self.size)
@@ -364,7 +490,7 @@ class SimulatedRegion:
     def close(self) -> None:
         pass
 
-    def reserve(self, end: int) -> bool:
+    def reserve(self, end: int, *, unwritten_from: int = 0) -> bool:
         """Back the pages below `end` with blocks, as fallocate does: False (nothing reserved)
         when the disk's capacity cannot hold them, or an injected "reserve" fault with ENOSPC."""
         try:

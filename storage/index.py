@@ -228,6 +228,10 @@ class IndexFile:
             self.index_count = 1
         else:
             self.reload_header()
+        # Where reservations start initialising pages (fs.RealMappedRegion._initialise): the
+        # whole of a new file; only past the entries of one reopened (its slots were
+        # initialised when it was created, and reading them all again costs the open time).
+        self._unwritten_from = 0 if fresh else self._entries_pos + self.index_count * INDEX_ENTRY_SIZE
 
     # construction -----------------------------------------------------------------------
     @classmethod
@@ -360,7 +364,7 @@ class IndexFile:
                 for end in (window_end, need_end):
                     if free is not None and free - (end - self._reserved_end) < KEEP_FREE_FOR_DERIVED_BYTES:
                         continue  # never the filesystem's last blocks (see mapped_file)
-                    if self._region.reserve(end):
+                    if self._region.reserve(end, unwritten_from=self._unwritten_from):
                         self._reserved_end = end
                         break
             except OSError as exc:  # not ENOSPC: the file stays sparse, as it always was

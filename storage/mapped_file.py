@@ -225,7 +225,7 @@ class MappedFile:
                 share = spare // RESERVE_SHARE_OF_FREE_SPACE
                 target = max(need_end, min(window_end, self._reserved_until + share - share % OS_PAGE_SIZE))
             for end in (target, need_end) if target > need_end else (need_end,):
-                if end <= self._reserved_until or region.reserve(end):
+                if end <= self._reserved_until or region.reserve(end, unwritten_from=self.wrote_position):
                     self._reserved_until = max(self._reserved_until, end)
                     return True
             return False

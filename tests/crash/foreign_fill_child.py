@@ -2,7 +2,10 @@
 (test_small_filesystem.py): the store must refuse puts as a full disk, never die with SIGBUS,
 take puts again once the other file is gone, and lose nothing it acknowledged.
 
-    python foreign_fill_child.py MOUNT_POINT
+    python foreign_fill_child.py MOUNT_POINT [PUTS_BEFORE_FILL [reopen]]
+
+With `reopen`, the store is closed and opened again before the disk is filled: recovery reads
+the last segment's tail, and the appends after it go into pages that were read first.
 
 Prints "acked N lost M" and exits 0 when every check holds, 1 with a message when not.
 """
@@ -30,7 +33,7 @@ def fill_to_the_last_byte(path: str) -> None:
     os.close(fd)
 
 
-def main(mount_point: str) -> None:
+def main(mount_point: str, puts_before_fill: int, reopen: bool) -> None:
     store = mqstore.open(os.path.join(mount_point, "store"), **SETTINGS)
     acked: list[str] = []
 
@@ -43,8 +46,14 @@ def main(mount_point: str) -> None:
             sys.exit(1)
         return result.ok
 
-    for i in range(300):
+    for i in range(puts_before_fill):
         put(f"a{i}")
+    if reopen:
+        if not store.close():
+            print("FAIL: close before the reopen", flush=True)
+            sys.exit(1)
+        store = mqstore.open(os.path.join(mount_point, "store"), **SETTINGS)
+        put("reopened")
     filler = os.path.join(mount_point, "filler")
     fill_to_the_last_byte(filler)
     refused = 0
@@ -76,4 +85,4 @@ def main(mount_point: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 300, sys.argv[3:4] == ["reopen"])

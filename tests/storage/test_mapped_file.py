@@ -225,3 +225,98 @@ def test_a_full_disk_makes_the_append_refuse_and_an_unsupported_filesystem_stays
     monkeypatch.setattr(fs_module, "_fallocate", lambda fd, offset, length: errno.EOPNOTSUPP)
     assert mf.append_message(write_4k).status is AppendMessageStatus.PUT_OK  # sparse, as before
     mf.destroy(0, 0)
+
+
+def test_a_reservation_initialises_only_pages_above_the_data_and_changes_no_byte_below(tmp_path: Path) -> None:
+    """Reserved pages are written once with zeros by pwrite before the first store through the
+    map (on ext4 a store into a fallocated, unwritten block can fault with SIGBUS when another
+    process filled the disk). The zeros go only at or above the owner's data end: a segment
+    reopened with data must keep every byte of it."""
+    from mqstore.storage.mapped_file import RESERVE_AHEAD_BYTES
+
+    fs = RealFileSystem()
+    size = 4 * RESERVE_AHEAD_BYTES
+    path = str(tmp_path / "00000000000000000000")
+    data = bytes(range(256)) * 64  # 16 KiB, no zero page in it
+    with open(path, "wb") as f:
+        f.truncate(size)
+        f.write(data + b"\x07" * 100)  # data, then a partial page past it
+    mf = MappedFile(fs, path, size)
+    mf.wrote_position = len(data) + 100  # as recovery leaves it: the data end, mid-page
+
+    def write_4k(buf: Any, file_from_offset: int, position: int, max_blank: int) -> AppendMessageResult:
+        buf[position : position + 4096] = b"\x01" * 4096
+        return AppendMessageResult(status=AppendMessageStatus.PUT_OK, wrote_offset=position, wrote_bytes=4096)
+
+    mf.append_message(write_4k)
+    if os.stat(path).st_blocks * 512 < RESERVE_AHEAD_BYTES:
+        pytest.skip("this filesystem does not support fallocate (the file stays sparse)")
+    mf.flush(0)
+    with open(path, "rb") as f:
+        on_disk = f.read(RESERVE_AHEAD_BYTES)
+    assert on_disk[: len(data) + 100] == data + b"\x07" * 100
+    assert on_disk[len(data) + 100 : len(data) + 4196] == b"\x01" * 4096
+    assert on_disk[len(data) + 4196 :] == bytes(RESERVE_AHEAD_BYTES - len(data) - 4196)
+    # The window above the data holds written blocks, not unwritten (fallocated) extents.
+    unwritten = _unwritten_extents(path)
+    if unwritten is None:
+        pytest.skip("FIEMAP is not supported here")
+    assert not [e for e in unwritten if e[0] < mf.reserved_until], unwritten
+    mf.destroy(0, 0)
+
+
+def _unwritten_extents(path: str) -> list[tuple[int, int]] | None:
+    """(logical, length) of the file's unwritten extents, after a sync (FS_IOC_FIEMAP); None
+    when the filesystem has no FIEMAP."""
+    import fcntl
+    import struct
+
+    count = 64
+    header = struct.pack("=QQIIII", 0, 2**64 - 1, 1, 0, count, 0)  # FIEMAP_FLAG_SYNC
+    buf = bytearray(header + bytes(56 * count))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, 0xC020660B, buf)  # FS_IOC_FIEMAP
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    mapped = struct.unpack_from("=I", buf, 20)[0]
+    extents = []
+    for i in range(mapped):
+        logical, _physical, length = struct.unpack_from("=QQQ", buf, 32 + 56 * i)
+        flags = struct.unpack_from("=I", buf, 32 + 56 * i + 40)[0]
+        if flags & 0x800:  # FIEMAP_EXTENT_UNWRITTEN
+            extents.append((logical, length))
+    return extents
+
+
+def test_a_reservation_fills_the_holes_below_the_data_end_without_changing_a_byte(tmp_path: Path) -> None:
+    """A file written by RocketMQ is sparse (an index's untouched slots are holes): a later store
+    into such a hole must not allocate in the page fault. The reservation writes zeros into the
+    holes below the data end (they read as zeros: no byte changes) and leaves the data alone."""
+    from mqstore.storage.fs import RealMappedRegion
+
+    path = str(tmp_path / "sparse")
+    first, second = b"\x05" * 4096, b"\x06" * 4096
+    with open(path, "wb") as f:
+        f.truncate(64 * 1024)
+        f.write(first)
+        f.seek(32 * 1024)
+        f.write(second)
+    before = open(path, "rb").read()
+    region = RealMappedRegion(path, 64 * 1024, create=False, readonly=False)
+    try:
+        assert region.reserve(48 * 1024, unwritten_from=36 * 1024)
+    finally:
+        region.close()
+    assert open(path, "rb").read() == before
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        assert os.lseek(fd, 0, os.SEEK_HOLE) >= 48 * 1024  # no hole below the reservation's end
+    finally:
+        os.close(fd)
+    unwritten = _unwritten_extents(path)
+    if unwritten is not None:
+        assert not [e for e in unwritten if e[0] < 48 * 1024], unwritten
