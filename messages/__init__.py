@@ -537,6 +537,7 @@ class QueueSnapshot:
     topic_queue_table: dict[str, int]
     resume_offset: int
     logics_msg_timestamp: int
+    waiting_batches: int = 0  # dispatched to it, not yet written (a full disk)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -558,6 +559,7 @@ class QueryOffsetsReply:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IndexSnapshot:
     resume_offset: int
+    waiting_batches: int = 0  # dispatched to it, not yet written (a full disk)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -641,6 +643,31 @@ class GetOffsetByTime(AskFor[int]):
 
 
 __all__ += ["GetOffsetByTime"]
+
+
+# ---------------------------------------------------------------------------------------
+# cleanUnusedTopic: each structure's owner removes its part
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanUnusedTopics(AskFor["tuple[tuple[str, int], ...]"]):
+    """To the ConsumeQueue actor (DefaultMessageStore.cleanUnusedTopic): destroy every queue
+    (files and table entry) of each topic not in `keep`, except the schedule topic; answered
+    with the (topic, queue_id) of the queues removed."""
+
+    keep: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoveQueuesFromTopicQueueTable(AskFor[int]):
+    """To the writer (CommitLog.removeQueueFromTopicQueueTable): forget the next queue offset
+    of these queues, so a later put to one starts its new queue at 0; answered with how many
+    it knew."""
+
+    queues: tuple[tuple[str, int], ...]
+
+
+__all__ += ["CleanUnusedTopics", "RemoveQueuesFromTopicQueueTable"]
 
 
 # ---------------------------------------------------------------------------------------
