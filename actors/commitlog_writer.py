@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, Protocol, assert_never
 
 import pykka
 
@@ -39,7 +39,7 @@ from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
-__all__ = ["CommitLogWriter", "ResumePoint"]
+__all__ = ["CommitLogWriter", "ResumePoint", "PassReply", "PassSink"]
 
 # A pass appends at most this many puts before it answers them and tells reput: bounds an
 # answer's wait and the dispatch lag under a constant stream.
@@ -54,6 +54,26 @@ class ResumePoint:
 
     scan_from: int
     topic_queue_table: dict[str, int] = field(default_factory=dict)
+
+
+class PassSink(Protocol):
+    """Takes a pass's answers of its PassReplies at once (in the writer's thread: it must be
+    the store's own cheap code, never host code)."""
+
+    def answer_pass(self, answers: list[tuple[PassReply, PutResult]]) -> None: ...
+
+
+class PassReply(Reply):
+    """A Reply the writer answers together with the others of its pass that share its `sink`:
+    one call per pass instead of one per put (the pipelined puts: one wake-up of the
+    completion thread, one in-flight release per pass). Any other path (a crash, a drain,
+    a writer that is down) answers it one by one through `send`/`fail`, as any Reply."""
+
+    __slots__ = ()
+
+    @property
+    def sink(self) -> PassSink:
+        raise NotImplementedError
 
 
 # What this actor takes; `handle` answers each with one reply type.
@@ -206,14 +226,27 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             for request in group_commits:
                 if not self.ctx.tell("flush", request):
                     request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
+        by_sink: dict[int, tuple[PassSink, list[tuple[PassReply, PutResult]]]] = {}
         last = len(answers) - 1
         for i, (reply, result) in enumerate(answers):
+            if isinstance(reply, PassReply):
+                sink = reply.sink
+                entry = by_sink.get(id(sink))
+                if entry is None:
+                    by_sink[id(sink)] = entry = (sink, [])
+                entry[1].append((reply, result))
+                continue
             # The last answer drops the GIL while its caller wakes (Waiter.hand_over); the
             # others keep it, or the writer would switch out once per answer of the burst.
             try:
                 reply.send(result, hand_over=i == last)
             except Exception as exc:  # a Reply to a dead actor, a raising callback: theirs, not ours
                 self.log.warning("a put's answer could not be delivered", status=result.status.name, error=repr(exc))
+        for sink, sunk in by_sink.values():
+            try:
+                sink.answer_pass(sunk)
+            except Exception as exc:  # the pipeline's own code; never worth the writer
+                self.log.error("a pass's answers could not be handed over", puts=len(sunk), error=repr(exc))
         self._notify_advance()
 
     def _units(self, puts: list[EncodedPut], answers: list[tuple[Reply, PutResult]]) -> list[list[EncodedPut]]:

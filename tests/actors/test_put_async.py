@@ -82,6 +82,31 @@ def test_futures_complete_off_the_writer_thread_with_exact_offsets(store_dir: Pa
         assert [m.body for m in _read_queue(store, "orders", 1)] == expected
 
 
+def test_a_writer_pass_hands_its_answers_to_the_completion_thread_at_once(store_dir: Path) -> None:
+    """One wake-up of the completion thread per writer pass, not one per put."""
+    with helpers.open_small(store_dir) as store:
+        assert store.put_async(Message(topic="orders", body=b"warm")).result(TIMEOUT_S).ok
+        sink = store._puts._to_completion
+        real = sink._completions
+        handed: list[int] = []
+
+        class Counting:
+            def put(self, answers: Any) -> None:
+                handed.append(len(answers))
+                real.put(answers)
+
+        writer = _writer(store)
+        passes_before = writer.passes
+        sink._completions = Counting()
+        try:
+            futures = [store.put_async(Message(topic="orders", body=b"p%d" % i, queue_id=i % 2)) for i in range(500)]
+            assert all(f.result(TIMEOUT_S).ok for f in futures)
+        finally:
+            sink._completions = real
+        assert sum(handed) == 500
+        assert len(handed) == writer.passes - passes_before < 500
+
+
 def test_a_future_cannot_be_cancelled_and_errors_are_statuses(store_dir: Path) -> None:
     with helpers.open_small(store_dir) as store:
         future = store.put_async(Message(topic="orders", body=b"x"))
