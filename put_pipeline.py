@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, InvalidStateError, wait
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 import pykka
@@ -42,6 +42,18 @@ def as_put_result(answer: Any) -> PutResult:
     if isinstance(answer, PutResult):
         return answer
     return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=str(answer) or type(answer).__name__)
+
+
+class _PutFuture(Future[PutResult]):
+    """A put's future. The put is handed to the writer at once, so it can never be cancelled
+    and is running from the start: said by these two methods rather than by
+    set_running_or_notify_cancel, which took the future's lock once more per put."""
+
+    def cancel(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return not self.done()
 
 
 class _PutReply(PassReply):
@@ -173,8 +185,7 @@ class PutPipeline:
 
     # threads ---------------------------------------------------------------------------------
     def put_async(self, messages: Sequence[Message], *, batch: bool) -> Future[PutResult]:
-        future: Future[PutResult] = Future()
-        future.set_running_or_notify_cancel()  # handed to the writer: it cannot be cancelled
+        future = _PutFuture()
         topic = messages[0].topic if messages else ""
         self._pending.add(future)
         try:
@@ -275,8 +286,10 @@ class PutPipeline:
                     )
                 continue
             pending.discard(future)
-            if not future.done():
+            try:
                 future.set_result(result)
+            except InvalidStateError:  # completed meanwhile by close() (_complete_closed)
+                pass
 
     # actors ----------------------------------------------------------------------------------
     def tell_put(
