@@ -31,6 +31,7 @@ import mqstore
 from mqstore import Message
 from mqstore.actors.base import FastInbox
 from mqstore.messages import Replied, Waiter
+from mqstore.runtime import RuntimeActor
 
 BODY_1K = b"v" * 1024
 BODY_128 = b"v" * 128
@@ -185,10 +186,9 @@ def case_put_batch(store: Any, messages: list[Message]) -> float:
     return len(messages) / (time.perf_counter() - started)
 
 
-class _Producer(pykka.ThreadingActor):
-    """Puts `messages` single, `window` in flight; sets `done` when all are answered."""
-
-    use_daemon_thread = True
+class _Producer(RuntimeActor):
+    """Puts `messages` single, `window` in flight; sets `done` when all are answered. On the
+    store's runtime inbox (FastInbox), as the demo's producers: each answer is a tell into it."""
 
     def __init__(self, target: Any, messages: list[Message], window: int, done: Future[list[Any]]) -> None:
         super().__init__()
