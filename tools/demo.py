@@ -134,7 +134,7 @@ class ProducerActor(RuntimeActor):
         self._tally = tally
         self._done = done
         self._result = ProducerResult(producer_id)
-        self._in_flight: dict[int, tuple[str, int, int]] = {}  # seq -> (send ns, topic index, queue)
+        self._in_flight: dict[int, tuple[int, str, int, int]] = {}  # seq -> (send ns, key, topic index, queue)
         self._seq = 0
         self._padding = b"." * plan.body_bytes
         self._untallied = 0  # PUT_OK answers not yet added to the tally
@@ -164,7 +164,7 @@ class ProducerActor(RuntimeActor):
         head = f"{key}|{sent_ns}|".encode()
         body = head + self._padding[: max(plan.body_bytes - len(head), 0)]
         message = Message(topic=plan.topics[topic_index], body=body, queue_id=queue_id, tags="demo", keys=[key])
-        self._in_flight[seq] = (sent_ns, topic_index, queue_id)
+        self._in_flight[seq] = (sent_ns, key, topic_index, queue_id)
         self._result.sent += 1
         self._client.put(message, correlation_id=seq)
 
@@ -182,9 +182,8 @@ class ProducerActor(RuntimeActor):
             case _SendNext():
                 self._fill()
             case Replied(correlation_id=seq, answer=answer):
-                sent_ns, topic_index, queue_id = self._in_flight.pop(seq)
+                sent_ns, key, topic_index, queue_id = self._in_flight.pop(seq)
                 self._result.put_latency_us.append((time.monotonic_ns() - sent_ns) / 1000)
-                key = f"{self._run_id}-{self._result.producer_id}-{seq}"
                 if isinstance(answer, PutResult) and answer.ok:
                     self._result.statuses["PUT_OK"] += 1
                     self._result.acked[key] = (self._plan.topics[topic_index], queue_id, answer.queue_offset)
