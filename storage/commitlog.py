@@ -14,7 +14,7 @@ import functools
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any, Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
@@ -1006,7 +1006,7 @@ def scan_commitlog_dir(
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     fs: FileSystem | None = None,
     look_past_damage: bool = False,
-) -> Iterator[RecordRead]:
+) -> Generator[RecordRead, None, None]:
     """Every record of every segment in `path`, for tools (absolute offsets).
 
     Each file is read from its start until a BLANK, END_OF_DATA or CORRUPT record (which is
