@@ -150,12 +150,14 @@ class _ToActors(_Sink):
                     )
                 continue
             replied = Replied(correlation_id=reply.correlation_id, answer=result)
-            # All but the last keep the GIL: one switch per pass, not one per answer.
-            if i == last or not tell_keeping_gil(sender, replied):
-                try:
+            try:
+                # All but the last keep the GIL: one switch per pass, not one per answer.
+                if i == last or not tell_keeping_gil(sender, replied):
                     sender.tell(replied)
-                except pykka.ActorDeadError:
-                    pass  # the asker is gone; the put itself stands
+            except pykka.ActorDeadError:
+                pass  # the asker is gone; the put itself stands
+            except Exception as exc:  # never let one answer keep the rest of the pass from theirs
+                pipeline.log.warning("a put's answer could not be delivered", status=result.status.name, error=repr(exc))
 
 
 class PutPipeline:
