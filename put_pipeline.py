@@ -36,6 +36,7 @@ __all__ = ["PutPipeline", "ActorClient"]
 
 IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_puts_in_flight reached")
 
+
 def as_put_result(answer: Any) -> PutResult:
     """The writer's answer as a PutResult: a failure (the writer crashed or stopped holding
     the put) is SERVICE_NOT_AVAILABLE, an operating error like any other."""
@@ -101,6 +102,8 @@ class _PutReply(PassReply):
 
 class _Sink:
     """Where a pass's answers of one kind go (PassSink)."""
+
+    __slots__ = ()
 
     def answer_pass(self, answers: list[tuple[PassReply, Any]]) -> None:
         raise NotImplementedError
