@@ -309,13 +309,13 @@ def run(quick: bool) -> dict[str, Any]:
                 f.close()
         rows.append((name, ours_rate, floor_rate, target))
         floor_text = f"{'-':>14}{'-':>8}" if floor_rate is None else f"{floor_rate:>14,.0f}{ours_rate / floor_rate:>8.2f}"
-        target_text = "" if target is None else f"{target:>10,.0f}{ours_rate / target:>9.2f}"
+        target_text = "" if target is None else f"{target:>10,.0f}{ours_rate / target:>11.2f}"
         print(f"{name:<28}{ours_rate:>12,.0f}{floor_text}{target_text}", flush=True)
         return ours_rate
 
     # The ratio is to the same-run floor (issue 16 asks >= 0.8 of it where the target is not
     # met); "of target" is the rate over issue 16's target on an idle 2-vCPU machine.
-    print(f"{'case (msgs/s, until visible)':<28}{'mqstore':>12}{'floor':>14}{'ratio':>8}{'target':>10}{'of target':>9}")
+    print(f"{'case (msgs/s, until visible)':<28}{'mqstore':>12}{'floor':>14}{'ratio':>8}{'target':>10}{'of target':>11}")
     m1k = _messages(n, BODY_1K)
     async_rate = measure("put_async 1 thread, 1024", lambda s: case_put_async(s, m1k), lambda f: case_put_async(f, m1k), 100_000)
     measure("4 actors, window 32", lambda s: case_actors(s, m1k), lambda f: case_actors(f, m1k), 60_000)
