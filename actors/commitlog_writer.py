@@ -39,6 +39,7 @@ from ..storage.commitlog import CommitLog, EncodedRecords
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
+from ..storage.recovery import continue_queues_past_quarantine
 from ..storage.status import PutMessageStatus
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
@@ -180,6 +181,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         end, table = self._commitlog.recover_tail(
             self._resume.scan_from, dict(self._resume.topic_queue_table), check_crc=cfg.check_crc_on_recover
         )
+        found = self._commitlog.quarantined
+        if found:
+            # Damage the tail scan walked past: published before the readable end, so reput
+            # and readers skip it (not only CRC, which covers the body alone); queue offsets
+            # of quarantined records whose header is readable are not given out again.
+            known = self.ctx.read_view.view.quarantined
+            continue_queues_past_quarantine(self._commitlog, found, table,
+                                            slack_bytes=sum(end - start for start, end in known))  # fmt: skip
+            self.ctx.read_view.add_quarantined(tuple((q.start, q.end) for q in found))
         self._commitlog.topic_queue_table = table
         self.ctx.read_view.publish_commitlog(self._readable_end())
         self.log.info("writer ready", max_offset=end, queues=len(table))
