@@ -298,3 +298,29 @@ def test_the_dispatch_backlog_held_while_the_disk_is_full_is_capped() -> None:
     with mqstore.open("/sim/store", fs=fs, **settings) as store:
         assert all_keys(store) == acked
     fs.assert_no_sigbus()
+
+
+def test_a_close_while_dispatch_waits_for_space_is_not_a_clean_stop() -> None:
+    """Closing while ConsumeQueue and index batches wait for blocks: the queues and the index do
+    not hold what was acknowledged, so the stop must not be marked clean (the abort marker
+    stays); the next open recovers as after a crash and dispatches the rest from the log."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    store = mqstore.open("/sim/store", fs=fs, **SETTINGS)
+    assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
+    assert all_keys(store) == ["k0"]
+    fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
+    fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
+    acked = ["k0"]
+    for i in range(1, 600):  # past the first CQ file (200 units) and index file (400)
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+        acked.append(f"k{i}")
+    store.get("T", 0, 0, 1)
+    assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
+    assert store.close() is False  # not clean
+    assert fs.exists("/sim/store/abort")
+    fs.clear_faults()
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert all_keys(store) == acked
+        for key in ("k1", "k599"):
+            assert [m.key_list for m in store.query("T", key).messages] == [[key]]
