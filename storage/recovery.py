@@ -145,6 +145,13 @@ def recover_store(
             queues.append(cq)
             if cut_short:
                 damaged_queues.append(cq)
+            elif not cq.mapped_file_queue.mapped_files:
+                # Its directory is there, its files are gone (deleted by hand, or never
+                # written): rebuilt from the log like a queue that lost files. Left empty, its
+                # queue offsets would start again at 0 and the next put would claim one that a
+                # record in the log holds.
+                damaged_queues.append(cq)
+                log.warning("a consume queue has no files; re-dispatch rebuilds it", topic=topic, queue_id=queue_id)
             max_cq = max(max_cq, cq.max_physic_offset)
         partial = _remove_partial_last_segments(cfg, fs)
         lost, filled = _fill_commitlog_holes(cfg, fs) if repair_holes else ([], [])
