@@ -27,6 +27,7 @@ from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_en
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
+from .scan import RecordTally
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
 __all__ = ["RecoveryReport", "continue_queues_past_quarantine", "recover_store"]
@@ -158,21 +159,9 @@ def recover_store(
         if not commitlog.load():
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         files = commitlog.mapped_file_queue.mapped_files
-        scanned = [0]
-        scanned_next: dict[str, int] = {}  # next queue offset per queue, from the crash scan
-        first_dispatched: list[int] = []
-        last_ts = [0]
-
-        def seen(record: codec.DispatchFields) -> None:
-            if not first_dispatched:
-                first_dispatched.append(record.commitlog_offset)
-            scanned[0] += 1
-            last_ts[0] = record.store_timestamp
-            tran = record.sys_flag & codec.TRANSACTION_MASK
-            if tran not in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
-                key = f"{record.topic}-{record.queue_id}"
-                if record.consume_queue_offset >= scanned_next.get(key, 0):
-                    scanned_next[key] = record.consume_queue_offset + 1
+        # What the crash scan keeps of each record (count, first offset, last store time, next
+        # queue offset per queue), gathered per run of records in C (storage/scan.py).
+        seen = RecordTally()
 
         if last_exit_ok:
             end = commitlog.recover_normally(max_cq, progress, all_files=repair_holes)
@@ -191,7 +180,7 @@ def recover_store(
                 index_safe = cfg.message_index_enable and cfg.message_index_safe
                 min_ts = checkpoint.min_timestamp_index() if index_safe else checkpoint.min_timestamp()
             end = commitlog.recover_abnormally(min_ts, seen, progress, max_cq)
-            dispatch_from = first_dispatched[0] if first_dispatched else end
+            dispatch_from = seen.first_offset if seen.count else end
         if not files:
             dispatch_from = end = 0
 
@@ -200,12 +189,12 @@ def recover_store(
             min_offset=max(commitlog.get_min_offset(), 0),
             max_offset=end,
             dispatch_from=min(dispatch_from, end),
-            store_timestamp=last_ts[0] or _store_timestamp_before(commitlog, end),
+            store_timestamp=seen.last_store_timestamp or _store_timestamp_before(commitlog, end),
             checkpoint=checkpoint,
             commitlog_files=len(commitlog.mapped_file_queue.mapped_files),
             consume_queues=len(queues),
             consume_queue_max_physic_offset=max_cq,
-            messages_scanned=scanned[0],
+            messages_scanned=seen.count,
             stop_reason=commitlog.stop_reason,
             damaged_at=commitlog.damaged_at,
             truncated_commitlog_bytes=commitlog.dirty_bytes,
@@ -280,11 +269,11 @@ def recover_store(
         # re-dispatches them); the writer must continue after them, not reuse them.
         # The crash scan saw every record from its start on (no second decode of the whole
         # log: it doubled crash recovery); only a start lowered below it is read again.
-        scan_start = first_dispatched[0] if first_dispatched else end
-        for key, next_offset in scanned_next.items():
+        scan_start = seen.first_offset if seen.count else end
+        for key, next_offset in seen.next_queue_offsets.items():
             report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), next_offset)
         if report.dispatch_from < end:
-            stop = scan_start if scanned_next or first_dispatched else end
+            stop = scan_start if seen.next_queue_offsets or seen.count else end
             for read in commitlog.iter_records(report.dispatch_from, min(stop, end), read_body=False):
                 record = read.record
                 if record is None:
@@ -584,14 +573,8 @@ def _write_filled_segment(fs: FileSystem, path: str, size: int, old: MappedRegio
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:
-    """The store time of the last record before `end` (for the checkpoint), or 0."""
-    last = 0
-    start = max(end - end % commitlog.mapped_file_size, max(commitlog.get_min_offset(), 0))
-    for read in commitlog.iter_records(start, end, read_body=False):
-        if read.record is None:
-            break
-        last = read.record.store_timestamp
-    return last
+    """The store time of the last record before `end` (for the checkpoint), or 0 (walked in C)."""
+    return commitlog.store_timestamp_before(end)
 
 
 def _recover_index(
