@@ -162,10 +162,16 @@ def test_a_directory_where_a_marker_file_belongs_is_a_clear_error(tmp_path: Path
     _assert_whole(root)  # the refusal changed nothing
 
 
-def test_a_queue_whose_files_were_all_deleted_is_rebuilt_and_its_offsets_are_not_reused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("segment_bytes", [1 << 20, 4096], ids=["one-segment", "many-segments"])
+def test_a_queue_whose_files_were_all_deleted_is_rebuilt_and_its_offsets_are_not_reused(
+    tmp_path: Path, segment_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After a clean stop, every file of one queue is deleted (its directory left): the queue is
     rebuilt from the log at open, and the next put continues its queue offsets. Before, the
-    queue restarted at 0, so the next put took queue offset 0 and two records claimed it."""
+    queue restarted at 0, so the next put took queue offset 0 and two records claimed it; and
+    over many segments, recovery's re-count of queue offsets stopped at the first segment's end
+    (the next put took the offset of the first record of the second segment)."""
+    monkeypatch.setitem(SETTINGS, "mapped_file_size_commitlog_bytes", segment_bytes)
     root = tmp_path / "store"
     _make(root)
     with mqstore.open(root, **SETTINGS) as store:  # another queue, written last, stays whole

@@ -405,6 +405,12 @@ def test_recover_store_is_the_same_with_and_without_the_extension(
     (cl_dir / name).write_bytes(bytes(seg))
     if crashed:
         (roots[0] / "abort").write_bytes(b"")
+    if seed % 3 == 0:
+        # One queue's files gone: dispatch starts at the log's beginning, below the crash
+        # scan, so the queue offsets before the scan are tallied again (in C runs, or not).
+        queue_dir = roots[0] / "consumequeue" / "sc" / "1"
+        for f in os.listdir(queue_dir):
+            (queue_dir / f).unlink()
     shutil.copytree(roots[0], roots[1])
     results = []
     for root, use_native in zip(roots, (True, False)):
