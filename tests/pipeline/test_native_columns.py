@@ -239,3 +239,19 @@ def test_mqstore_pure_python_reads_the_same(generated_store: Written) -> None:
     out = subprocess.run([sys.executable, "-c", code, str(generated_store.store)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == 3000
+
+
+@needs_native
+@pytest.mark.parametrize("damage", [None, _flip_magic, _zero_header, _bad_body_len], ids=["clean", "magic", "zeroed", "body-length"])
+def test_the_planner_cuts_the_same_splits_with_and_without_the_c_walk(
+    generated_store: Written, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: Callable[[bytearray, int], None] | None
+) -> None:
+    from mqstore.pipeline.segments import plan_segment
+
+    store = generated_store.store if damage is None else _damaged(generated_store, tmp_path / "s", damage, [3, 1501])
+    segments = discover_segments([str(store)])
+    for split_size in (1, 5_000, 20_000, 1 << 20):
+        fast = [plan_segment(open_segment(s.path), s, split_size) for s in segments]
+        monkeypatch.setattr(speedups, "native", None)
+        assert [plan_segment(open_segment(s.path), s, split_size) for s in segments] == fast
+        monkeypatch.setattr(speedups, "native", native)
