@@ -31,6 +31,7 @@ from .log import get_logger
 from .put_pipeline import ActorClient, PutPipeline
 from .messages import (
     Asked,
+    CleanUnusedTopics,
     EncodedPut,
     FlushAll,
     GetOffsetByTime,
@@ -43,6 +44,7 @@ from .messages import (
     QueryOffsets,
     QueryOffsetsReply,
     QueryResult,
+    RemoveQueuesFromTopicQueueTable,
     Reply,
     Subscriber,
     UnitsReply,
@@ -209,6 +211,11 @@ class MessageStore:
 
     # lifecycle ---------------------------------------------------------------------------
     def _start(self) -> None:
+        no_effect = self.config.no_effect_settings()
+        if no_effect:
+            # Once per open, not per put: a broker.conf carries these for the broker's sake.
+            self.log.warning("settings that have no effect in this store", settings=sorted(no_effect),
+                             why=no_effect)  # fmt: skip
         self.supervisor.start()
         _open_stores.add(self)
         try:
@@ -530,19 +537,22 @@ class MessageStore:
         return reply.min_offset, reply.max_offset
 
     def query(
-        self, topic: str, key: str, max_count: int = 32, begin_ms: int = 0, end_ms: int = 2**63 - 1
+        self, topic: str, key: str, max_count: int | None = None, begin_ms: int = 0, end_ms: int = 2**63 - 1
     ) -> QueryResult:
         """queryMessage (§13.2): messages whose UNIQ_KEY or a KEYS token equals `key`, stored
-        within [begin_ms, end_ms], oldest first. Unlike the Java store, which leaves hash
-        collisions to the client, each hit is checked against the record's real keys. The
-        index files are read through this thread's own maps once the index covers the
-        thread's last put and everything dispatched when the query started; if it does not
-        in time, an empty result with a `detail`."""
+        within [begin_ms, end_ms], oldest first; at most `max_count`, by default
+        `default_query_max_num` (the limit RocketMQ's broker gives a query by key). Unlike the
+        Java store, which leaves hash collisions to the client, each hit is checked against
+        the record's real keys. The index files are read through this thread's own maps once
+        the index covers the thread's last put and everything dispatched when the query
+        started; if it does not in time, an empty result with a `detail`."""
         self._check_open()
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, not {type(topic).__name__}")
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, not {type(key).__name__}")
+        if max_count is None:
+            max_count = self.config.default_query_max_num
         _check_int("max_count", max_count, 1)
         _check_int("begin_ms", begin_ms, 0)
         _check_int("end_ms", end_ms, 0)
@@ -574,11 +584,37 @@ class MessageStore:
         reads.yield_gil()
         return result
 
-    def lookup(self, commitlog_offset: int) -> MessageRecord | None:
-        """lookMessageByOffset (§13.3): the message at that commitlog offset, or None."""
+    def lookup(self, commitlog_offset: int, size: int | None = None) -> MessageRecord | None:
+        """lookMessageByOffset (§13.3): the message at that commitlog offset, or None. With
+        `size` (lookMessageByOffset(offset, size), as a ConsumeQueue unit gives it), exactly
+        `size` bytes are read: a record whose own TOTALSIZE disagrees is None and logged as an
+        error (Java decodes whatever lies there), and the CRC is still checked."""
         self._check_open()
         _check_int("commitlog_offset", commitlog_offset, 0)
+        if size is not None:
+            _check_int("size", size, 1)
+            return self._record_of_size(commitlog_offset, size)
         return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes,
+                               check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read,
+                               quarantined=self.read_view.view.quarantined)  # fmt: skip
+
+    def _record_of_size(self, commitlog_offset: int, size: int) -> MessageRecord | None:
+        reader = self._readers.get().commitlog_reader()
+        place = reader.select(commitlog_offset, size)  # all `size` bytes readable, in one segment
+        if place is None:
+            return None
+        buf, pos = place
+        try:
+            total_size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
+        except ValueError:  # unmapped underneath (the segment was deleted)
+            return None
+        if total_size != size:
+            # A unit or a caller's size that disagrees with the record: never serve the bytes
+            # as another record (or a record cut short).
+            self.log.error("lookup_size_disagrees_with_record", commitlog_offset=commitlog_offset, size=size,
+                           record_total_size=total_size)  # fmt: skip
+            return None
+        return reads.record_at(reader, commitlog_offset, self.config.max_message_size_bytes,
                                check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read,
                                quarantined=self.read_view.view.quarantined)  # fmt: skip
 
@@ -727,6 +763,13 @@ class MessageStore:
         view = self.read_view.view
         return view.readable_end, view.dispatched_end
 
+    def dispatch_behind_bytes(self) -> int:
+        """dispatchBehindBytes: how many bytes of the commitlog reput has not dispatched yet
+        (the writer's readable end minus reput's dispatched end, from the read view)."""
+        self._check_open()
+        view = self.read_view.view
+        return max(view.readable_end - view.dispatched_end, 0)
+
     def flush(self) -> None:
         """Force the CommitLog (and the queues, index and checkpoint) to disk now, after
         every put_async future handed out before this call is done."""
@@ -742,6 +785,38 @@ class MessageStore:
             future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
             ref.tell(FlushAll(reply=Reply(future=future), up_to=writer.max_offset, store_timestamp=writer.store_timestamp))
             future.get(timeout=self._reply_timeout_s)
+
+    def clean_unused_topic(self, keep: Iterable[str]) -> int:
+        """cleanUnusedTopic: destroy the ConsumeQueues (files and table entries) of every topic
+        not in `keep`, except SCHEDULE_TOPIC_XXXX (4.4.0 keeps it whatever `keep` says), and
+        forget their next queue offsets, so a later put to such a topic starts a new queue at
+        offset 0. The messages stay in the commitlog (lookup, query) until it is cleaned.
+        Returns how many queues were removed (4.4.0 returns 0 always). For topics no longer
+        written: a put in flight to one may bring its queue back, as in RocketMQ, and so does
+        dispatching its records again: after a crash (RocketMQ too), and, unlike RocketMQ, at
+        the next open when they are the newest records of the log (recovery re-dispatches from
+        the queues' last unit). If the ConsumeQueue actor cannot answer (it is being
+        restarted), nothing is removed: 0."""
+        self._check_open()
+        if isinstance(keep, (str, bytes)) or not isinstance(keep, Iterable):
+            raise TypeError(f"keep must be an iterable of topic names (str), not {type(keep).__name__}")
+        topics = list(keep)
+        for topic in topics:
+            if not isinstance(topic, str):
+                raise TypeError(f"keep must hold topic names (str), not {type(topic).__name__}")
+        kept = frozenset(topics)
+        try:
+            removed: tuple[tuple[str, int], ...] = self._ask("consume_queue", CleanUnusedTopics(keep=kept))
+        except ServiceUnavailable as exc:
+            self.log.warning("clean_unused_topic: the ConsumeQueue actor did not answer", error=str(exc))
+            return 0
+        if removed:
+            try:
+                self._ask("writer", RemoveQueuesFromTopicQueueTable(queues=removed))
+            except ServiceUnavailable as exc:
+                # A restarted writer takes its table from the queues, which no longer hold these.
+                self.log.warning("clean_unused_topic: the writer did not answer", error=str(exc))
+        return len(removed)
 
     def delete_expired_files_now(self) -> int:
         """executeDeleteFilesManually (§12.5): the next 20 cleaning rounds delete expired

@@ -8,6 +8,7 @@ timestamp, appends, and tells the flush and reput actors where the log now ends.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
@@ -26,6 +27,7 @@ from ..messages import (
     Pong,
     PutResult,
     RedeleteHangedCommitLogFile,
+    RemoveQueuesFromTopicQueueTable,
     Reply,
     SetWriteable,
     Tick,
@@ -39,13 +41,42 @@ from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.status import PutMessageStatus
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
-__all__ = ["CommitLogWriter", "ResumePoint"]
+__all__ = ["CommitLogWriter", "DispatchLag", "ResumePoint"]
 
 # A pass appends at most this many puts before it answers them and tells reput: bounds an
 # answer's wait and the dispatch lag under a constant stream.
 PASS_MAX_PUTS = 256
 _NOT_WRITEABLE = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable")
 _BUSY = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy")
+
+
+class DispatchLag:
+    """How many appended records dispatch has not written into the ConsumeQueues and the index
+    yet, for put_msg_index_high_water. Dispatch publishes offsets, not counts, so the writer
+    marks where each pass ended with the running count of records appended: the records done
+    are those of the last mark at or below the offset dispatch reached. A pass dispatched in
+    part counts as not dispatched, and past MARKS_MAX marks every second one is dropped: both
+    can only overstate the lag, never hide it."""
+
+    MARKS_MAX = 4096
+
+    def __init__(self) -> None:
+        self._marks: deque[tuple[int, int]] = deque()  # (end offset, records appended up to it)
+        self._appended = 0
+        self._done = 0  # records of the marks dispatch passed
+
+    def appended(self, end_offset: int, records: int) -> None:
+        self._appended += records
+        self._marks.append((end_offset, self._appended))
+        if len(self._marks) > self.MARKS_MAX:
+            marks = list(self._marks)
+            self._marks = deque(marks[len(marks) % 2 == 0 :: 2])  # the newest mark stays
+
+    def behind(self, dispatched_offset: int) -> int:
+        marks = self._marks
+        while marks and marks[0][0] <= dispatched_offset:
+            self._done = marks.popleft()[1]
+        return self._appended - self._done
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +97,7 @@ WriterRequest = (
     | Tick
     | DeleteExpiredCommitLogFiles
     | RedeleteHangedCommitLogFile
+    | RemoveQueuesFromTopicQueueTable
 )
 
 
@@ -88,6 +120,12 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # Puts appended and passes made, for the tests and the bench (puts per pass).
         self.passes = 0
         self.passed_puts = 0
+        # put_msg_index_high_water: records appended and not yet dispatched, and how long puts
+        # were held back for it (ms of the ticker).
+        self._lag = DispatchLag()
+        self._high_water = ctx.config.put_msg_index_high_water
+        self.held_back_ms = 0
+        self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
 
     # lifecycle ---------------------------------------------------------------------------
@@ -131,14 +169,14 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             self._commitlog = None
 
     # messages ----------------------------------------------------------------------------
-    def handle(self, message: WriterRequest) -> WriterReady | Pong | None:
+    def handle(self, message: WriterRequest) -> WriterReady | Pong | int | None:
         try:
             return self._handle(message)
         finally:
             if self._pending_advance is not None and self.inbox_empty():
                 self._notify_advance()
 
-    def _handle(self, message: WriterRequest) -> WriterReady | Pong | None:
+    def _handle(self, message: WriterRequest) -> WriterReady | Pong | int | None:
         match message:
             case EncodedPut():
                 self._put_pass(message)
@@ -162,6 +200,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 assert self._commitlog is not None
                 deleted = self._commitlog.retry_delete_first_file(forcibly_ms, now_ms)
                 reply.send(self._files_deleted(int(deleted)))
+            case RemoveQueuesFromTopicQueueTable(queues=queues):
+                assert self._commitlog is not None
+                table = self._commitlog.topic_queue_table
+                return sum(table.pop(f"{topic}-{queue_id}", None) is not None for topic, queue_id in queues)
             case _:
                 assert_never(message)
         return None
@@ -201,6 +243,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             raise
         self.passes += 1
         self.passed_puts += len(puts)
+        self._hold_back(answers, group_commits)
         if group_commits:
             self._notify_advance()  # the flush actor must know the data it is asked to force
             for request in group_commits:
@@ -215,6 +258,46 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             except Exception as exc:  # a Reply to a dead actor, a raising callback: theirs, not ours
                 self.log.warning("a put's answer could not be delivered", status=result.status.name, error=repr(exc))
         self._notify_advance()
+
+    def _hold_back(self, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]) -> None:
+        """put_msg_index_high_water, RocketMQ's dispatch back-pressure (3.x's DispatchMessageService
+        .putRequest; 4.4.0 kept the setting and dropped its use): while more records than the
+        high water are appended but not yet in the ConsumeQueues and the index, each put of
+        the pass holds the writer 1 ms before it is answered, as Java's put slept 1 ms holding
+        the put lock. Puts stay stored; callers wait longer, and one that waited past
+        os_page_cache_busy_timeout_ms in the inbox is answered OS_PAGE_CACHE_BUSY, unstored."""
+        stored = [r for _, r in answers if r.stored] + [g.result for g in group_commits]
+        if not stored:
+            return
+        commitlog = self._commitlog
+        assert commitlog is not None
+        self._lag.appended(commitlog.get_max_offset(), sum(r.msg_num for r in stored))
+        held = behind = 0
+        for _ in stored:
+            behind = self._lag.behind(self._dispatched_offset())
+            if behind <= self._high_water:
+                break
+            if not self._holding_back:
+                self._holding_back = True
+                self.log.warning("dispatch is behind the high water: puts are held back", behind_records=behind,
+                                 high_water=self._high_water)  # fmt: skip
+            if held == 0:
+                # Reput hears of this pass's records now, not after the hold: they count in the
+                # lag, and Java's dispatcher had them queued while the put slept.
+                self._notify_advance()
+            self.ctx.ticker.sleep_ms(1)
+            held += 1
+        self.held_back_ms += held
+        if self._holding_back and behind <= self._high_water:
+            self._holding_back = False
+            self.log.info("dispatch is below the high water again", behind_records=behind, high_water=self._high_water)
+
+    def _dispatched_offset(self) -> int:
+        """Below this commitlog offset every record is in the ConsumeQueues and (if enabled) the index."""
+        view = self.ctx.read_view.view
+        if self.config.message_index_enable:
+            return min(view.queues_written, view.indexed_end)
+        return view.queues_written
 
     def _units(self, puts: list[EncodedPut], answers: list[tuple[Reply, PutResult]]) -> list[list[EncodedPut]]:
         """The pass's puts to append, refused ones answered: single records of one queue

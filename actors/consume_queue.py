@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections import deque
 from typing import Iterable, assert_never
 
 from ..messages import (
+    CleanUnusedTopics,
     ConsumeQueueFilesDeleted,
     ConsumeQueueFlushed,
     DeleteExpiredConsumeQueueFiles,
@@ -47,6 +49,7 @@ ConsumeQueueRequest = (
     | Tick
     | FlushAll
     | DeleteExpiredConsumeQueueFiles
+    | CleanUnusedTopics
     | Ping
 )
 
@@ -125,7 +128,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._queues[(topic, queue_id)] = cq
         return cq
 
-    def handle(self, message: ConsumeQueueRequest) -> UnitsReply | int | QueueSnapshot | Pong | None:
+    def handle(
+        self, message: ConsumeQueueRequest
+    ) -> UnitsReply | int | QueueSnapshot | tuple[tuple[str, int], ...] | Pong | None:
         match message:
             case DispatchBatch():
                 self._waiting.append(message)
@@ -147,6 +152,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 reply.send(self._dispatched_offset)
             case DeleteExpiredConsumeQueueFiles(min_phy_offset=min_phy_offset, start_after=start_after, reply=reply):
                 reply.send(self._delete_expired(min_phy_offset, start_after))
+            case CleanUnusedTopics(keep=keep):
+                return self._clean_unused_topics(keep)
             case _:
                 assert_never(message)
         return None
@@ -273,6 +280,35 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             return ConsumeQueueFilesDeleted(deleted=0, last_queue=None)
         finally:
             self._publish(visited)  # their min offsets may have moved
+
+    def _clean_unused_topics(self, keep: frozenset[str]) -> tuple[tuple[str, int], ...]:
+        """cleanUnusedTopic (4.4.0 keeps the schedule topic whatever `keep` says)."""
+        removed = tuple(sorted(key for key in self._queues if key[0] not in keep and key[0] != codec.SCHEDULE_TOPIC))
+        if not removed:
+            return removed
+        # Withdrawn from readers first (a whole new table, a new map generation: readers drop
+        # their maps of these files), then destroyed.
+        gone = set(removed)
+        survivors = {key: cq for key, cq in self._queues.items() if key not in gone}
+        doomed = [self._queues[key] for key in removed]
+        self._queues = survivors
+        self._publish(survivors, complete=True)
+        for (topic, queue_id), cq in zip(removed, doomed):
+            cq.destroy()
+            self.log.info("cleanUnusedTopic: ConsumeQueue cleaned", topic=topic, queue_id=queue_id)
+        for topic in sorted({topic for topic, _ in removed}):
+            self._remove_topic_dir(topic)
+        return removed
+
+    def _remove_topic_dir(self, topic: str) -> None:
+        """consumequeue/<topic>/ once its queues' directories are gone (Java leaves it empty;
+        an empty one would be listed as a topic by every tool)."""
+        path = os.path.join(self.config.consume_queue_dir, topic)
+        try:
+            if self.ctx.fs.isdir(path) and not self.ctx.fs.listdir(path):
+                self.ctx.fs.rmtree(path)
+        except OSError as exc:
+            self.log.warning("removing a cleaned topic's directory failed", path=path, error=str(exc))
 
     def _snapshot(self) -> QueueSnapshot:
         return QueueSnapshot(

@@ -34,6 +34,7 @@ __all__ = [
     "ROCKETMQ_ALIASES",
     "BROKER_ONLY_KEYS",
     "GEOMETRY_SETTINGS",
+    "NO_EFFECT_SETTINGS",
     "load_defaults",
 ]
 
@@ -54,6 +55,27 @@ GEOMETRY_SETTINGS: Final = (
     "max_hash_slot_num",
     "max_index_num",
 )
+# Settings kept so a broker's configuration loads unchanged, that change nothing in this store
+# (no replication, no put lock, no schedule service, no ConsumeQueueExt), with why: a store
+# opened with one of them away from its default says so once (`StoreConfig.no_effect_settings`).
+NO_EFFECT_SETTINGS: Final[dict[str, str]] = {
+    "ha_listen_port": "this store does not replicate (no HA service)",
+    "ha_send_heartbeat_interval_ms": "this store does not replicate (no HA service)",
+    "ha_housekeeping_interval_ms": "this store does not replicate (no HA service)",
+    "ha_transfer_batch_size_bytes": "this store does not replicate (no HA service)",
+    "ha_master_address": "this store does not replicate (no HA service)",
+    "ha_slave_fallbehind_max_bytes": "this store does not replicate (no HA service)",
+    "offset_check_in_slave": "this store does not replicate (no slave)",
+    "duplication_enable": "this store does not replicate (no confirm offset to dispatch below)",
+    "broker_id": "the broker's id; the store has no use for it",
+    "use_reentrant_lock_when_put_message": "the writer is one actor: there is no put lock to choose",
+    "debug_lock_enable": "the writer is one actor: there is no put lock to watch",
+    "fast_fail_if_no_buffer_in_store_pool": "the writer owns its write buffers and never waits for one",
+    "flush_delay_offset_interval_ms": "there is no schedule service (config/delayOffset.json is not written)",
+    "disk_fall_recorded": "gets keep no disk-fall-behind statistics",
+    "mapped_file_size_consume_queue_ext_bytes": "ConsumeQueueExt is not supported",
+    "bit_map_length_consume_queue_ext_bits": "ConsumeQueueExt is not supported",
+}
 # Below these a segment cannot hold a useful record: a typo (a 100-byte segment), not a choice.
 MIN_COMMITLOG_SEGMENT_BYTES: Final = 4096
 MIN_CONSUME_QUEUE_FILE_BYTES: Final = 2 * 20
@@ -236,6 +258,14 @@ class StoreConfig:
         merged.update(_canonical_keys(found))
         return self._build(merged, self.explicit)
 
+    def no_effect_settings(self) -> dict[str, str]:
+        """The settings of NO_EFFECT_SETTINGS whose value here is not the default, with why
+        each does nothing: the store warns about them once, at open."""
+        return {
+            key: why for key, why in NO_EFFECT_SETTINGS.items()
+            if getattr(self, key) != _check(key, _FIELDS[key].default)
+        }  # fmt: skip
+
     @property
     def explicit(self) -> frozenset[str]:
         """The settings the caller set, as opposed to defaults."""
@@ -325,6 +355,7 @@ _FIELDS: Final[dict[str, dataclasses.Field[Any]]] = {
     f.name: f for f in dataclasses.fields(StoreConfig) if f.name != _EXPLICIT
 }
 assert set(_D) == set(_FIELDS), f"defaults.toml and StoreConfig disagree: {set(_D) ^ set(_FIELDS)}"
+assert set(NO_EFFECT_SETTINGS) <= set(_FIELDS)
 
 # RocketMQ's names (4.4.0, plus the "Mapped" spelling of 4.5+ and the JVM property names).
 ROCKETMQ_ALIASES: Final[dict[str, str]] = {
@@ -559,6 +590,10 @@ def _check(key: str, value: Any) -> Any:
     if kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(key, value, "expected true or false")
+        if key == "enable_consume_queue_ext" and value:
+            # Units would be written without their ext entries, and a broker's ext-enabled
+            # queues (tagsCode holding ext addresses) read as plain tag hashes: refuse.
+            raise ConfigError(key, value, "ConsumeQueueExt is not supported by this store; leave it false")
         return value
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

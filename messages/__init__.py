@@ -644,6 +644,31 @@ __all__ += ["GetOffsetByTime"]
 
 
 # ---------------------------------------------------------------------------------------
+# cleanUnusedTopic: each structure's owner removes its part
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanUnusedTopics(AskFor["tuple[tuple[str, int], ...]"]):
+    """To the ConsumeQueue actor (DefaultMessageStore.cleanUnusedTopic): destroy every queue
+    (files and table entry) of each topic not in `keep`, except the schedule topic; answered
+    with the (topic, queue_id) of the queues removed."""
+
+    keep: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoveQueuesFromTopicQueueTable(AskFor[int]):
+    """To the writer (CommitLog.removeQueueFromTopicQueueTable): forget the next queue offset
+    of these queues, so a later put to one starts its new queue at 0; answered with how many
+    it knew."""
+
+    queues: tuple[tuple[str, int], ...]
+
+
+__all__ += ["CleanUnusedTopics", "RemoveQueuesFromTopicQueueTable"]
+
+
+# ---------------------------------------------------------------------------------------
 # Cleaning (§12): the cleaner decides, each file's owner deletes
 
 

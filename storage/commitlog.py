@@ -14,7 +14,7 @@ import functools
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any, Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
@@ -195,6 +195,24 @@ def _msg_id(host: HostAddress, offset: int) -> str:
     return (_msg_id_prefix(host) + _Q.pack(offset)).hex().upper()
 
 
+def _ids_before_overflow(host: HostAddress, wrote_offset: int, datas: Sequence[bytes], max_blank: int, batch: bool) -> str:
+    """The msgId DefaultAppendMessageCallback.doAppend puts in an END_OF_FILE result: a single
+    message's own id at `wrote_offset` (computed before the space check); for a batch
+    (MessageExtBatch), the ids of the records built before the one that overflowed, at the
+    offsets they would have had in this file. None of them was written there: the put goes
+    on in the next file, where the ids are given again."""
+    if not batch:
+        return _msg_id(host, wrote_offset)
+    ids = []
+    total = 0
+    for data in datas:
+        total += len(data)
+        if total + END_FILE_MIN_BLANK_LENGTH > max_blank:
+            break
+        ids.append(_msg_id(host, wrote_offset + total - len(data)))
+    return ",".join(ids)
+
+
 def _absolute(read: RecordRead, base: int) -> RecordRead:
     return read._replace(offset=base + read.offset) if base else read
 
@@ -370,6 +388,7 @@ class CommitLog:
             buf[position : position + END_FILE_MIN_BLANK_LENGTH] = blank_record_header(max_blank)
             return AppendMessageResult(
                 status=AppendMessageStatus.END_OF_FILE, wrote_offset=wrote_offset, wrote_bytes=max_blank,
+                msg_id=_ids_before_overflow(records.store_host, wrote_offset, datas, max_blank, batch),
                 store_timestamp=now_ms, logics_offset=queue_offset, msg_num=0,
             )  # fmt: skip
         tran_type = records.sys_flag & TRANSACTION_MASK
@@ -1006,7 +1025,7 @@ def scan_commitlog_dir(
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     fs: FileSystem | None = None,
     look_past_damage: bool = False,
-) -> Iterator[RecordRead]:
+) -> Generator[RecordRead, None, None]:
     """Every record of every segment in `path`, for tools (absolute offsets).
 
     Each file is read from its start until a BLANK, END_OF_DATA or CORRUPT record (which is

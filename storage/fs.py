@@ -13,10 +13,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import mmap
 import os
 import random
 import shutil
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -108,6 +110,49 @@ def _fallocate(fd: int, offset: int, length: int) -> int:
 _ZEROS = bytes(1 << 20)
 
 
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_EXTENT_UNWRITTEN = 0x800
+_FIEMAP_EXTENTS_PER_CALL = 128
+_FIEMAP_HEADER = struct.Struct("=QQIIII")
+_FIEMAP_EXTENT = struct.Struct("=QQQ16xI12x")
+
+
+def _unwritten_or_holes(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+    """Ranges of [start, end) that are unwritten extents or holes (FS_IOC_FIEMAP). A hint
+    only, never a reason to write (an unwritten extent may have dirty pages not yet written
+    back); [] where FIEMAP is not supported."""
+    found: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        request = bytearray(_FIEMAP_HEADER.pack(pos, end - pos, 0, 0, _FIEMAP_EXTENTS_PER_CALL, 0))
+        request += bytes(_FIEMAP_EXTENT.size * _FIEMAP_EXTENTS_PER_CALL)
+        try:
+            fcntl.ioctl(fd, _FS_IOC_FIEMAP, request)
+        except OSError:
+            return found
+        mapped = _FIEMAP_HEADER.unpack_from(request)[3]
+        if mapped == 0:
+            found.append((pos, end))
+            return found
+        last_end = pos
+        for i in range(mapped):
+            logical, _physical, length, flags = _FIEMAP_EXTENT.unpack_from(
+                request, _FIEMAP_HEADER.size + i * _FIEMAP_EXTENT.size
+            )
+            if logical > last_end:
+                found.append((last_end, min(logical, end)))  # a hole
+            if flags & _FIEMAP_EXTENT_UNWRITTEN:
+                found.append((max(logical, pos), min(logical + length, end)))
+            last_end = max(last_end, logical + length)
+            if last_end >= end:
+                return found
+        if mapped < _FIEMAP_EXTENTS_PER_CALL:
+            found.append((last_end, end))  # no extent after the last one: a hole to the end
+            return found
+        pos = last_end
+    return found
+
+
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -176,6 +221,7 @@ class RealMappedRegion:
                 log.warning("fallocate_failed_file_stays_sparse", path=self.path, error=os.strerror(err))
             return True
         try:
+            self._initialise_holes(self._reserved, min(unwritten_from, end))
             self._initialise(max(self._reserved, unwritten_from), end)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
@@ -183,6 +229,40 @@ class RealMappedRegion:
             raise
         self._reserved = end
         return True
+
+    def _initialise_holes(self, start: int, end: int) -> None:
+        """Write zeros over the holes (and unwritten extents) of [start, end), below the data
+        end, where the file may hold data: a file written by RocketMQ (sparse index slots), or
+        reserved by an older version of this store. A hole reads as zeros, so no byte changes;
+        what SEEK_DATA calls data is left alone (its pages are cached or on disk)."""
+        fd = self._fd
+        assert fd is not None
+        if start >= end:
+            return
+        # A clean cached page of an unwritten extent counts as data to SEEK_DATA; dropping
+        # it (it reads as zeros on disk, so nothing is lost) lets the hole show. Only those
+        # ranges are dropped: the cached pages of real data stay.
+        for lo, hi in _unwritten_or_holes(fd, start, end):
+            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        pos = start
+        while pos < end:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    data = end  # no data after pos: the rest is a hole
+                elif exc.errno == errno.EINVAL:
+                    return  # no SEEK_DATA on this filesystem
+                else:
+                    raise
+            hole_end = min(data, end)
+            while pos < hole_end:
+                length = min(len(_ZEROS), hole_end - pos)
+                _pwrite_all(fd, _ZEROS[:length], pos)
+                pos += length
+            if data >= end:
+                return
+            pos = os.lseek(fd, data, os.SEEK_HOLE)
 
     def _initialise(self, start: int, end: int) -> None:
         """Write zeros with pwrite over the pages of [start, end), which hold no data.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from mqstore.config import ROCKETMQ_ALIASES, ConfigError, StoreConfig, load_defaults
+from mqstore.config import NO_EFFECT_SETTINGS, ROCKETMQ_ALIASES, ConfigError, StoreConfig, load_defaults
 
 # (RocketMQ name, our field, 4.4.0 default) straight from the spec §15 table.
 SPEC_DEFAULTS = [
@@ -278,3 +279,39 @@ def test_missing_or_malformed_file_is_a_config_error(tmp_path: Path) -> None:
     bad.write_text("this is = = not toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         StoreConfig.load(bad, env={})
+
+
+def test_consume_queue_ext_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    # Accepted and silently ignored before: units would be written without their ext entries.
+    with pytest.raises(ConfigError, match="enable_consume_queue_ext.*not supported"):
+        StoreConfig(enable_consume_queue_ext=True)
+    conf = tmp_path / "broker.conf"
+    conf.write_text("enableConsumeQueueExt=true\n")
+    with pytest.raises(ConfigError, match="not supported"):
+        StoreConfig.load(conf)
+    with pytest.raises(ConfigError, match="enable_consume_queue_ext"):
+        StoreConfig.load(env={"MQSTORE_ENABLE_CONSUME_QUEUE_EXT": "true"})
+    assert StoreConfig.from_dict({"enableConsumeQueueExt": "false"}).enable_consume_queue_ext is False
+
+
+def test_every_setting_has_an_effect_or_is_listed_as_having_none() -> None:
+    # A setting nothing reads is either given a behaviour or named by the open-time warning.
+    package = Path(__file__).resolve().parents[1]
+    sources = [
+        p.read_text(encoding="utf-8")
+        for p in package.rglob("*.py")
+        if not {"tests", "config", "build", ".venv"} & set(p.relative_to(package).parts)
+    ]
+    text = "\n".join(sources)
+    unread = sorted(name for name in load_defaults() if not re.search(rf"\b{name}\b", text))
+    # (enable_consume_queue_ext: refused when true, by the config itself.)
+    assert set(unread) == set(NO_EFFECT_SETTINGS) | {"enable_consume_queue_ext"}
+
+
+def test_no_effect_settings_are_those_set_away_from_their_default() -> None:
+    assert StoreConfig().no_effect_settings() == {}
+    cfg = StoreConfig.from_dict({"haListenPort": 10999, "use_reentrant_lock_when_put_message": True,
+                                 "haMasterAddress": "10.0.0.1:10912", "brokerRole": "SYNC_MASTER"})  # fmt: skip
+    assert sorted(cfg.no_effect_settings()) == ["ha_listen_port", "ha_master_address", "use_reentrant_lock_when_put_message"]
+    # Set explicitly to the default value: it changes nothing, so it is not worth a warning.
+    assert StoreConfig.from_dict({"haListenPort": 10912}).no_effect_settings() == {}

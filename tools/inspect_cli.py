@@ -181,7 +181,7 @@ def _inspect_commitlog(
         start = int(path.name)
         size = path.stat().st_size
         allocated, _ = disk_allocated_bytes_of(path)
-        seg = {"file": path.name, "path": str(path), "start_offset": start, "size": size, "allocated_bytes": allocated,
+        seg: dict[str, Any] = {"file": path.name, "path": str(path), "start_offset": start, "size": size, "allocated_bytes": allocated,
                "messages": 0, "used_bytes": 0, "end": None}  # fmt: skip
         segments[start] = seg
         out["segments"].append(seg)

@@ -516,3 +516,49 @@ def test_min_offset_skips_a_first_file_being_deleted_and_iter_stops_at_to_offset
     first.release()
     assert cl.retry_delete_first_file(120_000, clock())
     assert cl.get_min_offset() == SEG and cl.mapped_file_queue.min_offset() == SEG
+
+
+def _log_whose_next_file_cannot_be_mapped() -> tuple[CommitLog, int]:
+    """A log with one file filled up to `free` bytes before its end, whose next file fails
+    to map once: the put that overflows answers CREATE_MAPPED_FILE_FAILED with the
+    END_OF_FILE result of the callback, as RocketMQ's putMessage(s) does."""
+    clock = _Clock()
+    fs = SimulatedFileSystem(clock_ms=clock)
+    fs.makedirs("/s")
+    cl = make_log(fs, "/s", clock)
+    assert cl.put_message(rec(body=b"y" * 3000), 1).is_ok
+    fs.inject_fault("map", path_contains=segment_file_name(SEG))
+    return cl, SEG - cl.get_max_offset()
+
+
+def test_batch_end_of_file_returns_the_ids_of_the_records_built_before_the_overflow() -> None:
+    # DefaultAppendMessageCallback.doAppend(MessageExtBatch): ids of the records whose running
+    # total (plus the 8-byte blank header) still fitted, at the offsets they would have had.
+    cl, free = _log_whose_next_file_cannot_be_mapped()
+    start = SEG - free
+    one = rec(body=b"z" * 300)
+    size = len(one.datas[0])
+    fitting = (free - 8) // size
+    assert fitting >= 2
+    res = cl.put_messages(batch([one] * (fitting + 2)), 2)
+    eof = res.append_result
+    assert res.status is PutMessageStatus.CREATE_MAPPED_FILE_FAILED and eof is not None
+    assert eof.status is AppendMessageStatus.END_OF_FILE
+    assert eof.msg_id == ",".join(msg_id(STORE, start + k * size) for k in range(fitting))
+    assert eof.wrote_offset == start and eof.wrote_bytes == free and eof.logics_offset == 1
+    assert cl.topic_queue_table == {"TopicA-0": 1}  # nothing of the batch counted
+
+
+def test_batch_whose_first_record_overflows_and_single_put_end_of_file_ids() -> None:
+    cl, free = _log_whose_next_file_cannot_be_mapped()
+    start = SEG - free
+    big = rec(body=b"w" * (free - 8 - 100))
+    res = cl.put_messages(batch([big]), 2)
+    assert res.append_result is not None and res.append_result.status is AppendMessageStatus.END_OF_FILE
+    assert res.append_result.msg_id == ""  # no record was built before the overflow
+    # A single message: its own id at the write position, computed before the space check.
+    cl2, free2 = _log_whose_next_file_cannot_be_mapped()
+    res = cl2.put_message(big, 3)
+    assert res.status is PutMessageStatus.CREATE_MAPPED_FILE_FAILED
+    assert res.append_result is not None and res.append_result.msg_id == msg_id(STORE, SEG - free2)
+    assert start == SEG - free2

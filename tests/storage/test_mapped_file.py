@@ -289,3 +289,34 @@ def _unwritten_extents(path: str) -> list[tuple[int, int]] | None:
         if flags & 0x800:  # FIEMAP_EXTENT_UNWRITTEN
             extents.append((logical, length))
     return extents
+
+
+def test_a_reservation_fills_the_holes_below_the_data_end_without_changing_a_byte(tmp_path: Path) -> None:
+    """A file written by RocketMQ is sparse (an index's untouched slots are holes): a later store
+    into such a hole must not allocate in the page fault. The reservation writes zeros into the
+    holes below the data end (they read as zeros: no byte changes) and leaves the data alone."""
+    from mqstore.storage.fs import RealMappedRegion
+
+    path = str(tmp_path / "sparse")
+    first, second = b"\x05" * 4096, b"\x06" * 4096
+    with open(path, "wb") as f:
+        f.truncate(64 * 1024)
+        f.write(first)
+        f.seek(32 * 1024)
+        f.write(second)
+    before = open(path, "rb").read()
+    region = RealMappedRegion(path, 64 * 1024, create=False, readonly=False)
+    try:
+        assert region.reserve(48 * 1024, unwritten_from=36 * 1024)
+    finally:
+        region.close()
+    assert open(path, "rb").read() == before
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        assert os.lseek(fd, 0, os.SEEK_HOLE) >= 48 * 1024  # no hole below the reservation's end
+    finally:
+        os.close(fd)
+    unwritten = _unwritten_extents(path)
+    if unwritten is not None:
+        assert not [e for e in unwritten if e[0] < 48 * 1024], unwritten
