@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--msg-size", type=int, default=1024, help="bytes per record")
     p.add_argument("--master", default=None)
     p.add_argument("--split-size", default="64m")
-    p.add_argument("--driver-memory", default="4g", help="binaryFile holds a whole segment in one array")
+    p.add_argument("--driver-memory", default="8g", help="binaryFile holds whole segments in arrays, twice")
     p.add_argument("--dir", default=None, help="work dir (default: a temp dir, removed after)")
     p.add_argument("--json", default="bench_spark.json", help="where to write the results")
     p.add_argument("--repeat", type=int, default=None, help="timed runs of each Spark job (default 3; 1 with --quick)")

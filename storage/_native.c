@@ -1661,6 +1661,10 @@ static PyObject *decode_arrow_run(PyObject *self, PyObject *args) {
     Py_DECREF(seq);
     const int want_props = want[AR_TAGS] || want[AR_KEYS] || want[AR_PROPERTIES] || want[AR_UNIQ_KEY] ||
                            want[AR_TAGS_CODE];
+    /* Arrow's offsets are int32: no column's bytes outgrow the records taken (a host is at most
+     * 21 bytes, a msgId 32, a record at least 91), so a run stops before 2 GiB of records. */
+    const int want_varlen = want[AR_TOPIC] || want[AR_BORN_HOST] || want[AR_STORE_HOST] || want_props ||
+                            want[AR_BODY] || want[AR_MSG_ID];
 
     Py_buffer view;
     if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -1697,6 +1701,7 @@ static PyObject *decode_arrow_run(PyObject *self, PyObject *args) {
         int32_t total = get_i32(r);
         if (get_i32(r + 4) != MESSAGE_MAGIC_CODE || total < FIXED_V4_LEN || total > max_size || pos + total > limit)
             break;
+        if (want_varlen && pos - start + total > INT32_MAX) break;
         int32_t sys_flag = get_i32(r + 36);
         if (sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) break;
         int32_t body_len = get_i32(r + 84);
