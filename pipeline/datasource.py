@@ -32,6 +32,13 @@ Columns: see `SCHEMA`. Pass a narrower schema (`.schema("topic string, size int"
 `read_commitlog(spark, paths, columns=[...])`) and only those fields are decoded: the Python
 data source API has no column pruning, so the user schema is the pruning.
 
+Decoding: each task maps its segment and storage/_native.c (decode_arrow_run) builds the
+Arrow columns of a run of records in one C pass (CRC checked in place, bodies copied once,
+columns not in the schema never built); any record it does not take goes to the reference
+path (numpy gathers, then the codec). Spark's Python data source then ships every column of
+the schema to the JVM, which converts each row: with the default schema that conversion, not
+the decode, is most of a query's CPU (bench/bench_spark.py reports both).
+
 Planning (why the driver walks): records are only self-describing from a segment's start, so
 the planner walks every segment once, reading 8-byte headers and jumping by TOTALSIZE, and
 cuts splits at positions the walk visits. That costs one header read per record on the
