@@ -18,13 +18,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent.futures import Future, wait
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from concurrent.futures import Future, InvalidStateError, wait
+from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 import pykka
 
+from .actors.commitlog_writer import PassReply
 from .log import get_logger
-from .messages import Message, PutResult, Replied, Reply
+from .messages import Message, PutResult, Replied
+from .runtime import tell_keeping_gil
 from .storage.status import PutMessageStatus
 
 if TYPE_CHECKING:
@@ -33,9 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["PutPipeline", "ActorClient"]
 
 IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_puts_in_flight reached")
-
-# (future or None for fire-and-forget, answer, topic, started_ns); None stops the thread.
-_Completion = tuple["Future[PutResult] | None", Any, str, int]
 
 
 def as_put_result(answer: Any) -> PutResult:
@@ -46,23 +45,122 @@ def as_put_result(answer: Any) -> PutResult:
     return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=str(answer) or type(answer).__name__)
 
 
-class _ToCompletion:
-    """A future's Reply callback (in the writer's thread): queue the answer for the completion
-    thread. One slotted object rather than a closure and its cells: fewer objects per put for
-    the garbage collector, whose passes were a third of put_async's cost in the caller."""
+class _PutFuture(Future[PutResult]):
+    """A put's future. The put is handed to the writer at once, so it can never be cancelled
+    and is running from the start: said by these two methods rather than by
+    set_running_or_notify_cancel, which took the future's lock once more per put."""
 
-    __slots__ = ("_completions", "_future", "_topic", "_started")
+    def cancel(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return not self.done()
+
+
+class _PutReply(PassReply):
+    """One pipelined put's Reply: where its answer goes (a future, an actor, or nowhere for
+    fire and forget) and what the stats need. The writer hands a pass's answers to the sink
+    at once (PassReply); a crash or drain answers it alone through `send`/`fail`. One slotted
+    object per put, no lock, no closure: fewer objects for the garbage collector, whose passes
+    were a third of put_async's cost in the caller."""
+
+    __slots__ = ("_sink", "future", "sender", "correlation_id", "topic", "started")
 
     def __init__(
-        self, completions: queue.SimpleQueue[_Completion | None], future: Future[PutResult], topic: str, started: int
+        self,
+        sink: _Sink,
+        future: Future[PutResult] | None,
+        sender: pykka.ActorRef[Any] | None,
+        correlation_id: Hashable,
+        topic: str,
+        started: int,
     ) -> None:
-        self._completions = completions
-        self._future = future
-        self._topic = topic
-        self._started = started
+        # Not Reply.__init__: its lock guards answering twice from two threads, which cannot
+        # happen here (a put is answered by the writer's pass, or else by whoever holds it
+        # after the writer stopped: its crash handler, the drain, or the caller when the
+        # writer was down); `_done` still makes a second answer a no-op.
+        self._done = False
+        self._sink = sink
+        self.future = future
+        self.sender = sender
+        self.correlation_id = correlation_id
+        self.topic = topic
+        self.started = started
 
-    def __call__(self, answer: Any) -> None:
-        self._completions.put((self._future, answer, self._topic, self._started))
+    @property
+    def sink(self) -> _Sink:
+        return self._sink
+
+    def send(self, answer: Any, *, hand_over: bool = False) -> None:
+        if not self._done:
+            self._done = True
+            self._sink.answer_pass([(self, answer)])
+
+    def fail(self, exc: BaseException) -> None:
+        self.send(exc)
+
+
+class _Sink:
+    """Where a pass's answers of one kind go (PassSink)."""
+
+    __slots__ = ()
+
+    def answer_pass(self, answers: list[tuple[PassReply, Any]]) -> None:
+        raise NotImplementedError
+
+
+class _ToCompletion(_Sink):
+    """Futures (and threads' fire-and-forget): the pass's answers go to the completion thread
+    as one item, one wake-up per pass; their done-callbacks are host code, which the writer
+    must not run."""
+
+    __slots__ = ("_completions",)
+
+    def __init__(self, completions: queue.SimpleQueue[list[tuple[PassReply, Any]] | None]) -> None:
+        self._completions = completions
+
+    def answer_pass(self, answers: list[tuple[PassReply, Any]]) -> None:
+        self._completions.put(answers)
+
+
+class _ToActors(_Sink):
+    """Actor clients: each answer is told to its sender as Replied, from the answering thread
+    (a tell only enqueues); a pass gives its in-flight slots back at once."""
+
+    __slots__ = ("_pipeline",)
+
+    def __init__(self, pipeline: PutPipeline) -> None:
+        self._pipeline = pipeline
+
+    def answer_pass(self, answers: list[tuple[PassReply, Any]]) -> None:
+        pipeline = self._pipeline
+        pipeline._release_slots(len(answers))
+        record = pipeline._store.stats_service.record_put
+        now = time.monotonic_ns()
+        last = len(answers) - 1
+        for i, (reply, answer) in enumerate(answers):
+            assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
+            result = as_put_result(answer)
+            try:
+                record(reply.topic, result, now - reply.started)
+            except Exception as exc:  # the figures are not worth an answer never sent
+                pipeline.log.error("recording a put in the stats failed", error=repr(exc))
+            sender = reply.sender
+            if sender is None:  # fire and forget
+                if not result.stored:
+                    pipeline.log.warning(
+                        "fire-and-forget put failed", topic=reply.topic, status=result.status.name, detail=result.detail
+                    )
+                continue
+            replied = Replied(correlation_id=reply.correlation_id, answer=result)
+            try:
+                # All but the last keep the GIL: one switch per pass, not one per answer.
+                if i == last or not tell_keeping_gil(sender, replied):
+                    sender.tell(replied)
+            except pykka.ActorDeadError:
+                pass  # the asker is gone; the put itself stands
+            except Exception as exc:  # never let one answer keep the rest of the pass from theirs
+                pipeline.log.warning("a put's answer could not be delivered", status=result.status.name, error=repr(exc))
 
 
 class PutPipeline:
@@ -80,7 +178,11 @@ class PutPipeline:
         # Futures handed out and not completed, so flush() can wait for them. set.add/discard
         # and copy() are single C calls under the GIL.
         self._pending: set[Future[PutResult]] = set()
-        self._completions: queue.SimpleQueue[_Completion | None] = queue.SimpleQueue()
+        # Answers for the completion thread: a list per writer pass (or one per put answered
+        # outside a pass); None stops the thread.
+        self._completions: queue.SimpleQueue[list[tuple[PassReply, Any]] | None] = queue.SimpleQueue()
+        self._to_completion = _ToCompletion(self._completions)
+        self._to_actors = _ToActors(self)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._closed = False
@@ -88,16 +190,15 @@ class PutPipeline:
 
     # threads ---------------------------------------------------------------------------------
     def put_async(self, messages: Sequence[Message], *, batch: bool) -> Future[PutResult]:
-        future: Future[PutResult] = Future()
-        future.set_running_or_notify_cancel()  # handed to the writer: it cannot be cancelled
+        future = _PutFuture()
         topic = messages[0].topic if messages else ""
         self._pending.add(future)
         try:
-            reply = self._submit(messages, batch, topic, _ToCompletion(self._completions, future, topic, time.monotonic_ns()))
+            reply = self._submit(messages, batch, _PutReply(self._to_completion, future, None, None, topic, time.monotonic_ns()))
         except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
             self._pending.discard(future)
             raise
-        if isinstance(reply, PutResult):
+        if reply is not None:
             self._pending.discard(future)
             future.set_result(reply)  # refused before the writer, in the caller's thread
             return future
@@ -107,26 +208,23 @@ class PutPipeline:
             self._complete_closed()  # closed meanwhile: no completion thread to do it
         return future
 
-    def _submit(
-        self, messages: Sequence[Message], batch: bool, topic: str, on_answer: Callable[[Any], None]
-    ) -> PutResult | Reply:
-        """Encode here, take an in-flight slot, tell the writer. A PutResult if refused before
-        the writer (no slot taken); else the Reply whose callback `on_answer` gets the writer's
-        answer in the writer's thread, and must give the slot back (for a future, once the
-        completion thread took the answer: a slow done-callback holds the slots, so the
-        completion queue stays bounded too)."""
+    def _submit(self, messages: Sequence[Message], batch: bool, reply: _PutReply) -> PutResult | None:
+        """Encode here, take an in-flight slot, tell the writer, which answers `reply`. A
+        PutResult if refused before the writer (no slot taken, `reply` not answered); else None.
+        The slot is given back once the answer is delivered (for a future, once the completion
+        thread took it: a slow done-callback holds the slots, so the completion queue stays
+        bounded too)."""
         store = self._store
-        started = time.monotonic_ns()
         checked = store._encode(messages, batch)
         if isinstance(checked, PutResult):
             return checked
         if not self._take_slot():
-            store.stats_service.record_put(topic, IN_FLIGHT_FULL, time.monotonic_ns() - started)
+            store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
             return IN_FLIGHT_FULL
-        self._ensure_thread()
-        reply = Reply(callback=on_answer, store_internal_callback=True)  # the store's own, cheap
+        if reply.sink is self._to_completion:
+            self._ensure_thread()
         store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
-        return reply
+        return None
 
     def _take_slot(self) -> bool:
         with self._slot_lock:
@@ -150,11 +248,11 @@ class PutPipeline:
             self._free_slots -= 1
             return True
 
-    def _release_slot(self) -> None:
+    def _release_slots(self, n: int) -> None:
         with self._slot_lock:
-            self._free_slots += 1
+            self._free_slots += n
             if self._slot_waiters:
-                self._slot_freed.notify()
+                self._slot_freed.notify(n)
 
     def _ensure_thread(self) -> bool:
         if self._thread is not None:
@@ -169,23 +267,34 @@ class PutPipeline:
 
     def _complete_loop(self) -> None:
         get = self._completions.get
+        while (answers := get()) is not None:
+            self._complete(answers)
+
+    def _complete(self, answers: list[tuple[PassReply, Any]]) -> None:
+        """Complete a pass's futures (their done-callbacks run here), give their slots back."""
+        self._release_slots(len(answers))
         record = self._store.stats_service.record_put
         pending = self._pending
-        release = self._release_slot
-        while (item := get()) is not None:
-            future, answer, topic, started = item
-            release()
+        now = time.monotonic_ns()
+        for reply, answer in answers:
+            assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
             result = as_put_result(answer)
             try:
-                record(topic, result, time.monotonic_ns() - started)
+                record(reply.topic, result, now - reply.started)
             except Exception as exc:  # the figures are not worth a future that never completes
                 self.log.error("recording a put in the stats failed", error=repr(exc))
+            future = reply.future
             if future is None:  # fire and forget
                 if not result.stored:
-                    self.log.warning("fire-and-forget put failed", topic=topic, status=result.status.name, detail=result.detail)
+                    self.log.warning(
+                        "fire-and-forget put failed", topic=reply.topic, status=result.status.name, detail=result.detail
+                    )
                 continue
             pending.discard(future)
-            future.set_result(result)  # its done-callbacks run here, in this thread
+            try:
+                future.set_result(result)
+            except InvalidStateError:  # completed meanwhile by close() (_complete_closed)
+                pass
 
     # actors ----------------------------------------------------------------------------------
     def tell_put(
@@ -195,34 +304,15 @@ class PutPipeline:
         (told from the writer's thread: a tell only enqueues), or with no sender to the stats
         and the log. False if the put was refused before reaching the writer."""
         topic = messages[0].topic if messages else ""
-        started = time.monotonic_ns()
-        if sender is None:
-            completions = self._completions
-
-            def on_answer(answer: Any) -> None:
-                completions.put((None, answer, topic, started))
-
-        else:
-            record = self._store.stats_service.record_put
-            release = self._release_slot
-
-            def on_answer(answer: Any) -> None:
-                release()
-                result = as_put_result(answer)
-                record(topic, result, time.monotonic_ns() - started)
-                try:
-                    sender.tell(Replied(correlation_id=correlation_id, answer=result))
-                except pykka.ActorDeadError:
-                    pass  # the asker is gone; the put itself stands
-
-        reply = self._submit(messages, batch, topic, on_answer)
-        if isinstance(reply, PutResult):  # refused here: no slot was taken, none to give back
-            if sender is not None:
-                sender.tell(Replied(correlation_id=correlation_id, answer=reply))
-            elif not reply.stored:
-                self.log.warning("fire-and-forget put refused", topic=topic, status=reply.status.name, detail=reply.detail)
-            return False
-        return True
+        reply = _PutReply(self._to_actors, None, sender, correlation_id, topic, time.monotonic_ns())
+        refused = self._submit(messages, batch, reply)
+        if refused is None:
+            return True
+        if sender is not None:  # refused here: no slot was taken, none to give back
+            sender.tell(Replied(correlation_id=correlation_id, answer=refused))
+        elif not refused.stored:
+            self.log.warning("fire-and-forget put refused", topic=topic, status=refused.status.name, detail=refused.detail)
+        return False
 
     # flush and close -------------------------------------------------------------------------
     def wait_handed_out(self, timeout_s: float) -> None:
@@ -251,16 +341,11 @@ class PutPipeline:
         """No completion thread (closed): complete what is queued and pending here."""
         while True:
             try:
-                item = self._completions.get_nowait()
+                answers = self._completions.get_nowait()
             except queue.Empty:
                 break
-            if item is None:
-                continue
-            self._release_slot()
-            if item[0] is not None:
-                self._pending.discard(item[0])
-                if not item[0].done():
-                    item[0].set_result(as_put_result(item[1]))
+            if answers is not None:
+                self._complete(answers)
         closed = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store closed")
         for future in self._pending.copy():
             self._pending.discard(future)

@@ -138,6 +138,18 @@ class ReadViewPublisher:
         with self._cond:
             self._swap(replace(self.view, quarantined=tuple(sorted(ranges))))
 
+    def add_quarantined(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        """The writer, after its restart's tail scan quarantined `ranges`: added to what is
+        known (overlaps merged, so the ranges stay sorted and disjoint for `in_ranges`)."""
+        with self._cond:
+            merged: list[tuple[int, int]] = []
+            for start, end in sorted(set(self.view.quarantined) | set(ranges)):
+                if merged and start <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+                else:
+                    merged.append((start, end))
+            self._swap(replace(self.view, quarantined=tuple(merged)))
+
     def close(self) -> None:
         """The store closes: every waiter returns."""
         with self._cond:

@@ -478,6 +478,16 @@ class Supervisor:
                     )
                     self.ctx.peers[name].tell(flush_all)
                     future.get(timeout=STOP_TIMEOUT_S)
+            # Batches still waiting for blocks (a full disk) are acknowledged puts that the
+            # queues and the index do not hold: the next open must recover as after a crash.
+            waiting = 0
+            if "consume_queue" in self.ctx.peers:
+                waiting += self._ask("consume_queue", GetQueueSnapshot(), timeout=STOP_TIMEOUT_S).waiting_batches
+            if "index" in self.ctx.peers:
+                waiting += self._ask("index", GetIndexSnapshot(), timeout=STOP_TIMEOUT_S).waiting_batches
+            if waiting:
+                self.log.warning("dispatch batches still wait for disk space at shutdown", batches=waiting)
+                clean = False
         except Exception as exc:
             self.log.error("unclean shutdown", error=repr(exc))
             clean = False

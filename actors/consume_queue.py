@@ -315,6 +315,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             topic_queue_table={f"{t}-{q}": cq.get_max_offset_in_queue() for (t, q), cq in self._queues.items()},
             resume_offset=self._dispatched_offset,
             logics_msg_timestamp=self._logics_msg_timestamp,
+            waiting_batches=len(self._waiting),
         )
 
     def _flush(self, now_ms: int, *, thorough: bool) -> None:

@@ -144,7 +144,7 @@ class IndexActor(StoreActor[IndexRequest]):
                     offsets=tuple(offsets), last_update_timestamp=last_ts, last_update_phy_offset=last_phy
                 )
             case GetIndexSnapshot():
-                return IndexSnapshot(resume_offset=self._dispatched_offset)
+                return IndexSnapshot(resume_offset=self._dispatched_offset, waiting_batches=len(self._waiting))
             case Ping():
                 return Pong()
             case FlushAll(reply=reply):

@@ -10,6 +10,7 @@ subscriptions outlive a restart of this actor.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import assert_never
 
 from ..messages import (
@@ -27,6 +28,7 @@ from ..messages import (
 from ..storage import codec, speedups
 from ..storage.codec import RecordKind
 from ..storage.commitlog import CommitLogReader, find_next_valid_record
+from ..read_view import ReadView
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
 __all__ = ["ReputMessageService"]
@@ -36,6 +38,14 @@ DISPATCH_BATCH_MAX_RECORDS = 1024
 # dispatch passes, each waking two actors) and twice the spread between runs.
 REPUT_LINGER_MS = 1
 READ_CHUNK_BYTES = 4 * 1024 * 1024
+# Batches handed to the ConsumeQueue and index actors that they have not written yet (their
+# published ends lag): past this many, reput waits for them, and if they make no progress
+# within DISPATCH_BACKLOG_WAIT_S (a full disk holds their writes) it stops reading ahead, so
+# the log never piles up in their memory. The commitlog is the source of truth: reput reads on
+# from where it stopped once they catch up (checked on its ticks and the writer's notices).
+# At most this many * DISPATCH_BATCH_MAX_RECORDS records wait in memory.
+DISPATCH_BACKLOG_MAX_BATCHES = 32
+DISPATCH_BACKLOG_WAIT_S = 1.0
 _SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
 
 
@@ -54,6 +64,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._reader: CommitLogReader | None = None
         self._delay_levels = codec.parse_delay_levels(ctx.config.message_delay_level)
         self._awaiting: list[AwaitDispatched] = []
+        self._in_flight: deque[int] = deque()  # end offsets of batches handed on, not yet written
+        self._held_back_since_ms = 0  # the backlog is full: reading ahead waits (0: it is not)
 
     def on_start(self) -> None:
         self._reader = CommitLogReader(
@@ -106,7 +118,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
         status = ReputStatus(reput_offset=self._reput_offset, max_offset=self._max_offset)
         waiting = []
         for request in self._awaiting:
-            if self._reput_offset >= request.up_to:
+            # Held back, dispatch cannot get further until the writers find room: the asker
+            # (shutdown) hears where it stands now rather than after its timeout.
+            if self._reput_offset >= request.up_to or self._held_back_since_ms:
                 request.reply.send(status)
             else:
                 waiting.append(request)
@@ -116,6 +130,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
         reader = self._reader
         assert reader is not None
         while self._reput_offset < self._max_offset:
+            if self._backlog_full():
+                return
             offset = self._reput_offset
             segment = offset - offset % self._segment_size
             end = min(self._max_offset, segment + self._segment_size, offset + READ_CHUNK_BYTES)
@@ -156,6 +172,42 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 return  # a partial record at the watermark's edge: wait for more
             self._dispatch(requests, next_offset)
             self._reput_offset = next_offset
+
+    def _written(self, view: ReadView) -> int:
+        """Below this commitlog offset both dispatchers wrote what they were handed."""
+        if self.config.message_index_enable:
+            return min(view.queues_written, view.indexed_end)
+        return view.queues_written
+
+    def _backlog_full(self) -> bool:
+        """Whether the dispatchers hold DISPATCH_BACKLOG_MAX_BATCHES batches not yet written and
+        made no progress for DISPATCH_BACKLOG_WAIT_S (a full disk): then reput reads no further
+        until they catch up. A backlog that is being written is waited for (its publications
+        wake us): the readers' contract counts on reput handing on every record it may."""
+        in_flight = self._in_flight
+        written = self._written(self.ctx.read_view.view)
+        while in_flight and in_flight[0] <= written:
+            in_flight.popleft()
+        if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES and not self._held_back_since_ms:
+            oldest = in_flight[0]
+            view = self.ctx.read_view.await_view(lambda v: self._written(v) >= oldest, DISPATCH_BACKLOG_WAIT_S)
+            if view is not None:
+                written = self._written(view)
+                while in_flight and in_flight[0] <= written:
+                    in_flight.popleft()
+        if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES:
+            if not self._held_back_since_ms:
+                self._held_back_since_ms = self.ctx.clock_ms() or 1
+                view = self.ctx.read_view.view
+                self.log.error("dispatch backlog not written (disk full?): reput stops reading ahead until it is",
+                               reput_offset=self._reput_offset, queues_written=view.queues_written,
+                               indexed_end=view.indexed_end, batches=len(in_flight))  # fmt: skip
+            return True
+        if self._held_back_since_ms:
+            self.log.info("dispatch backlog written: reput reads on", reput_offset=self._reput_offset,
+                          waited_ms=self.ctx.clock_ms() - self._held_back_since_ms)  # fmt: skip
+            self._held_back_since_ms = 0
+        return False
 
     def _quarantined_from(self, offset: int) -> tuple[int, int] | None:
         """The first quarantined range that holds `offset` or lies after it."""
@@ -224,6 +276,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
 
     def _dispatch(self, requests: list[DispatchRequest], end_offset: int) -> None:
         batch = DispatchBatch(requests=tuple(requests), end_offset=end_offset)
+        self._in_flight.append(end_offset)
         # Published before the dispatchers hear of it, so a view whose queues cover an offset
         # always has the dispatched end past it too (a query waits for the index up to there).
         self.ctx.read_view.publish_dispatched(end_offset)

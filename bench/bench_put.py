@@ -9,7 +9,20 @@ producer actors putting single messages through the actor client with a window o
 from 4 and from 16 threads; put_batch of 32 from one thread at 1 KiB and 128 B; and the
 put-to-visible lag (p50/p99) with put_async paced at half the rate put_async reached.
 On a shared machine the absolute figures move with the neighbours' load; the ratio to the
-floor measured in the same run moves much less.
+floor measured in the same run moves much less. Each row also prints issue 16's target and the
+fraction of it reached.
+
+What the profile shows where a target is not met (per-thread CPU from /proc, 2-vCPU VM shared
+with other sessions, Nov 2026): the store's Python runs under one GIL, so a rate is at most one
+core over the CPU that all its threads spend per message. put_async from one thread spends
+~27 us per put: the caller 12.6 (encoding ~4, the Future ~2.5, garbage collection 2.5-4), the
+writer 5.2, the completion thread 4.2 (set_result, the stats), reput 2.1, flush 1.7 (kernel),
+index and ConsumeQueues 0.8; 100k/s would need 10 us. The floor pays only the Future, one inbox
+hop and the completion thread. The demo spends ~36 us per message (producers 11, writer 9,
+gateway readers 5, consumers 3, dispatch 5). put_batch of 32 at 1 KiB: two thirds of the
+writer's time is kernel time on fresh pages. Wall-clock waits were the other limit, and are
+gone: each notice the writer told reput or flush handed the GIL to a busy producer thread
+for a switch interval (5 ms), twice per pass.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import mqstore
 from mqstore import Message
 from mqstore.actors.base import FastInbox
 from mqstore.messages import Replied, Waiter
+from mqstore.runtime import RuntimeActor
 
 BODY_1K = b"v" * 1024
 BODY_128 = b"v" * 128
@@ -185,10 +199,9 @@ def case_put_batch(store: Any, messages: list[Message]) -> float:
     return len(messages) / (time.perf_counter() - started)
 
 
-class _Producer(pykka.ThreadingActor):
-    """Puts `messages` single, `window` in flight; sets `done` when all are answered."""
-
-    use_daemon_thread = True
+class _Producer(RuntimeActor):
+    """Puts `messages` single, `window` in flight; sets `done` when all are answered. On the
+    store's runtime inbox (FastInbox), as the demo's producers: each answer is a tell into it."""
 
     def __init__(self, target: Any, messages: list[Message], window: int, done: Future[list[Any]]) -> None:
         super().__init__()
@@ -290,9 +303,10 @@ def run(quick: bool) -> dict[str, Any]:
     n = 20_000 if quick else 100_000
     threads_n = 8_000 if quick else 40_000
     figures: dict[str, Any] = {"messages": n, "machine_note": "2 vCPUs shared with other sessions: compare ratios"}
-    rows: list[tuple[str, float, float | None]] = []
+    rows: list[tuple[str, float, float | None, float | None]] = []
 
-    def measure(name: str, ours: Callable[[Any], float], floor: Callable[[Any], float] | None) -> float:
+    def measure(name: str, ours: Callable[[Any], float], floor: Callable[[Any], float] | None,
+                target: float | None = None) -> float:  # fmt: skip
         with tempfile.TemporaryDirectory() as root:
             store = mqstore.open(root, mapped_file_size_commitlog_bytes=512 << 20, max_puts_in_flight=WINDOW_ASYNC)
             try:
@@ -306,22 +320,25 @@ def run(quick: bool) -> dict[str, Any]:
                 floor_rate = floor(f)
             finally:
                 f.close()
-        rows.append((name, ours_rate, floor_rate))
-        floor_text = "" if floor_rate is None else f"{floor_rate:>14,.0f}{ours_rate / floor_rate:>8.2f}"
-        print(f"{name:<28}{ours_rate:>12,.0f}{floor_text}", flush=True)
+        rows.append((name, ours_rate, floor_rate, target))
+        floor_text = f"{'-':>14}{'-':>8}" if floor_rate is None else f"{floor_rate:>14,.0f}{ours_rate / floor_rate:>8.2f}"
+        target_text = "" if target is None else f"{target:>10,.0f}{ours_rate / target:>11.2f}"
+        print(f"{name:<28}{ours_rate:>12,.0f}{floor_text}{target_text}", flush=True)
         return ours_rate
 
-    print(f"{'case (msgs/s, until visible)':<28}{'mqstore':>12}{'floor':>14}{'ratio':>8}")
+    # The ratio is to the same-run floor (issue 16 asks >= 0.8 of it where the target is not
+    # met); "of target" is the rate over issue 16's target on an idle 2-vCPU machine.
+    print(f"{'case (msgs/s, until visible)':<28}{'mqstore':>12}{'floor':>14}{'ratio':>8}{'target':>10}{'of target':>11}")
     m1k = _messages(n, BODY_1K)
-    async_rate = measure("put_async 1 thread, 1024", lambda s: case_put_async(s, m1k), lambda f: case_put_async(f, m1k))
-    measure("4 actors, window 32", lambda s: case_actors(s, m1k), lambda f: case_actors(f, m1k))
+    async_rate = measure("put_async 1 thread, 1024", lambda s: case_put_async(s, m1k), lambda f: case_put_async(f, m1k), 100_000)
+    measure("4 actors, window 32", lambda s: case_actors(s, m1k), lambda f: case_actors(f, m1k), 60_000)
     mt = m1k[:threads_n]
     single = measure("put 1 thread", lambda s: case_put_threads(s, mt, 1), lambda f: case_put_threads(f, mt, 1))
-    measure("put 4 threads", lambda s: case_put_threads(s, mt, 4), lambda f: case_put_threads(f, mt, 4))
-    measure("put 16 threads", lambda s: case_put_threads(s, mt, 16), lambda f: case_put_threads(f, mt, 16))
-    measure("put_batch 32, 1 KiB", lambda s: case_put_batch(s, m1k), lambda f: case_put_batch(f, m1k))
+    four = measure("put 4 threads", lambda s: case_put_threads(s, mt, 4), lambda f: case_put_threads(f, mt, 4), 25_000)
+    measure("put 16 threads", lambda s: case_put_threads(s, mt, 16), lambda f: case_put_threads(f, mt, 16), four)
+    measure("put_batch 32, 1 KiB", lambda s: case_put_batch(s, m1k), lambda f: case_put_batch(f, m1k), 130_000)
     m128 = _messages(n, BODY_128)
-    measure("put_batch 32, 128 B", lambda s: case_put_batch(s, m128), lambda f: case_put_batch(f, m128))
+    measure("put_batch 32, 128 B", lambda s: case_put_batch(s, m128), lambda f: case_put_batch(f, m128), 250_000)
     lag_n = 5_000 if quick else 20_000
     with tempfile.TemporaryDirectory() as root:
         store = mqstore.open(root, mapped_file_size_commitlog_bytes=512 << 20, max_puts_in_flight=WINDOW_ASYNC)
@@ -329,9 +346,11 @@ def run(quick: bool) -> dict[str, Any]:
             p50, p99 = case_lag(store, _messages(lag_n, BODY_1K), async_rate / 2)
         finally:
             store.close()
-    print(f"lag at half load ({async_rate / 2:,.0f}/s): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    print(f"lag at half load ({async_rate / 2:,.0f}/s): p50 {p50:.2f} ms, p99 {p99:.2f} ms (target p99 <= 5 ms)")
     figures["cases"] = [{"case": c, "msgs_per_s": round(o), "floor_msgs_per_s": None if f is None else round(f),
-                         "ratio_to_floor": None if f is None else round(o / f, 3)} for c, o, f in rows]  # fmt: skip
+                         "ratio_to_floor": None if f is None else round(o / f, 3),
+                         "target_msgs_per_s": None if t is None else round(t),
+                         "of_target": None if t is None else round(o / t, 3)} for c, o, f, t in rows]  # fmt: skip
     figures["lag_half_load"] = {"rate": round(async_rate / 2), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
     figures["single_put_one_thread"] = round(single)
     return figures

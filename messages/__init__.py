@@ -537,6 +537,7 @@ class QueueSnapshot:
     topic_queue_table: dict[str, int]
     resume_offset: int
     logics_msg_timestamp: int
+    waiting_batches: int = 0  # dispatched to it, not yet written (a full disk)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -558,6 +559,7 @@ class QueryOffsetsReply:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IndexSnapshot:
     resume_offset: int
+    waiting_batches: int = 0  # dispatched to it, not yet written (a full disk)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

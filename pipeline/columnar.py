@@ -458,13 +458,15 @@ def decode_native_run(
     (where it stopped, the batch, each row's position, the `extra` columns built alongside).
 
     It takes what `_decode_fast` takes (and with check_crc only records passing
-    `body_crc_mismatch`); at the first record it does not take it stops, and the caller hands
+    `body_crc_mismatch` whose physical-offset field says where they lie, as read_split checks); at the first record it does not take it stops, and the caller hands
     that record to the reference path. No Python object per row: the buffers come back whole
     and are wrapped as they are."""
     names = list(schema.names)
     wanted = [c for c in dict.fromkeys([*names, *extra]) if c in NATIVE_COLUMNS]
     limit = min(seg.file_size, len(buf))
-    stop, n, raw = native.decode_arrow_run(buf, start, end, limit, max_message_size, max_rows, max_bytes, check_crc, wanted)
+    base = -1 if seg.base_offset is None else seg.base_offset  # -1: a renamed segment, no offset check
+    stop, n, raw = native.decode_arrow_run(buf, start, end, limit, max_message_size, max_rows, max_bytes, check_crc, wanted,
+                                           base)  # fmt: skip
     built = {c: _native_array(c, n, raw[c]) for c in wanted}
     for name in names:
         if name == "segment_file":

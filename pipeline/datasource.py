@@ -20,7 +20,8 @@ Options:
   endingOffsets   "latest" (default), or JSON as above; end exclusive
   startingTimestamp, endingTimestamp  epoch ms on store_timestamp: [start, end)
   useConsumeQueue "true" (default): plan offset bounds from ConsumeQueue files when present
-  checkCrc        "true" (default): a record whose body CRC fails is reported as corrupt
+  checkCrc        "true" (default): a record whose body CRC fails, or whose physical-offset
+                  field disagrees with where it lies (recovery's rule), is reported as corrupt
 An unknown option is an error naming the known ones: an ignored option reads the wrong rows.
 
 Filters on topic, queue_id, store_timestamp and commitlog_offset are pushed into planning
@@ -84,12 +85,12 @@ from pyspark.sql.types import (
 
 import struct
 
-from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE, body_crc_mismatch
+from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE, PHYSICAL_OFFSET_POSITION, body_crc_mismatch
 
 from .bounds import ReadBounds, parse_offsets, parse_timestamp_ms, parse_topic_pattern, to_epoch_us
 from mqstore.storage import speedups
 
-from .columnar import COLUMNS, corrupt_values, decode_batch, decode_native_run, rows_to_batch
+from .columnar import COLUMNS, _be64, corrupt_values, decode_batch, decode_native_run, rows_to_batch
 from .segments import Segment, StepResult, discover_segments, message_runs, open_segment, parse_size, plan_segment
 
 from mqstore.log import get_logger
@@ -448,6 +449,16 @@ def read_split(
             # The body CRC, in C over the map (refuse19's kernel): a record that fails it is
             # reported like a corrupt range and never returned as a message.
             failed = [(p, why) for p in positions if (why := body_crc_mismatch(buf, p, seg.file_size))]
+            if seg.base_offset is not None and positions:
+                # Recovery's other validity check (the CRC covers the body only): a record's own
+                # physical-offset field must say where it lies. With both, every record the
+                # store quarantines is reported here too (a renamed segment cannot be checked).
+                offs = np.asarray(positions, dtype=np.int64)
+                phys = _be64(a, offs + PHYSICAL_OFFSET_POSITION)
+                crc_failed = {p for p, _ in failed}
+                failed += [(positions[i], f"record says it is at commitlog offset {int(phys[i])}")
+                           for i in np.nonzero(phys != offs + seg.base_offset)[0] if positions[i] not in crc_failed]  # fmt: skip
+                failed.sort()
             if failed:
                 gone = {p for p, _ in failed}
                 positions = [p for p in positions if p not in gone]

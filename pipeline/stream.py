@@ -12,15 +12,18 @@ Options (any other is refused, the batch-only ones included):
   maxOffsetsPerTrigger  at most this many messages per micro-batch, shared over the queues
 
 Only what a ConsumeQueue holds is streamed: a ConsumeQueue unit is written after its record,
-so a unit that is visible names bytes that are complete.
+so a unit that is visible names bytes that are complete. A filler unit (a queue offset whose
+record was lost or quarantined) delivers nothing, and a record that fails recovery's validity
+rule (body CRC, its own physical-offset field) is skipped with a warning, never delivered.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import struct
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +32,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import CQ_STORE_UNIT_SIZE
+from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, PHYSICAL_OFFSET_POSITION, body_crc_mismatch
 
 from .bounds import EARLIEST, LATEST, parse_offsets
 from .columnar import arrow_schema, decode_batch
@@ -39,6 +42,9 @@ log = get_logger(__name__)
 
 _CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 BATCH_ROWS = 8192
+_FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (commitlog offset 0), ConsumeQueue.FILLER_UNIT
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
 Offsets = dict[str, dict[str, int]]  # JSON keys are strings: {"topic": {"queueId": next offset}}
 
 
@@ -206,16 +212,43 @@ def read_queue_slice(part: QueueSlice, columns: Sequence[str]) -> Iterator[pa.Re
     segments = discover_segments([part.store])
     bases = np.array([s.base_offset or 0 for s in segments], dtype=np.int64)
     phys = units["offset"].astype(np.int64)
+    sizes = units["size"].astype(np.int64)
+    # A filler unit keeps a queue offset whose record was lost or quarantined: no record.
+    real = ~((phys == 0) & (sizes == _FILLER_SIZE))
+    phys, sizes = phys[real], sizes[real]
     which = np.searchsorted(bases, phys, side="right") - 1
     i = 0
     while i < len(phys):
         j = i
         while j < len(phys) and which[j] == which[i] and j - i < BATCH_ROWS:
             j += 1
+        if which[i] < 0:  # before the first segment left (deleted by retention)
+            i = j
+            continue
         seg: Segment = segments[int(which[i])]
         buf = open_segment(seg.path)
-        positions = (phys[i:j] - (seg.base_offset or 0)).tolist()
-        batch = decode_batch(buf, seg, positions, schema)
-        if batch.num_rows:
+        positions = [p for p, size in zip((phys[i:j] - (seg.base_offset or 0)).tolist(), sizes[i:j].tolist())
+                     if _record_ok(buf, seg, p, size, part)]  # fmt: skip
+        batch = decode_batch(buf, seg, positions, schema) if positions else None
+        if batch is not None and batch.num_rows:
             yield batch
         i = j
+
+
+def _record_ok(buf: Any, seg: Segment, pos: int, size: int, part: QueueSlice) -> bool:
+    """Whether the unit's record may be delivered: recovery's validity rule (the body CRC, and
+    the record's own physical-offset field saying it lies here) and the unit's size. A record
+    the store quarantined fails it; it is skipped with a warning, never delivered damaged."""
+    why = "" if 0 <= pos and pos + size <= min(seg.file_size, len(buf)) else "unit points past the segment"
+    if not why and _I32.unpack_from(buf, pos)[0] != size:
+        why = "record size differs from the unit's"
+    if not why:
+        why = body_crc_mismatch(buf, pos, seg.file_size)
+    if not why and seg.base_offset is not None:
+        said = _I64.unpack_from(buf, pos + PHYSICAL_OFFSET_POSITION)[0]
+        if said != seg.base_offset + pos:
+            why = f"record says it is at commitlog offset {said}"
+    if why:
+        log.warning("stream_record_skipped", topic=part.topic, queue_id=part.queue_id, segment=seg.path,
+                    position=pos, reason=why)  # fmt: skip
+    return not why

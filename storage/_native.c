@@ -1617,11 +1617,13 @@ static int ar_put_opt(ar_col *c, Py_ssize_t row, const ar_pair *pr) {
 }
 
 PyDoc_STRVAR(decode_arrow_run_doc,
-             "decode_arrow_run(buf, start, end, limit, max_message_size, max_rows, max_bytes, check_crc, columns)\n"
+             "decode_arrow_run(buf, start, end, limit, max_message_size, max_rows, max_bytes, check_crc, columns,\n"
+             "                 base_offset=-1)\n"
              "    -> (stop, rows, {column: buffers})\n\n"
              "Walk the records from start (before end; none past limit) and build the Arrow buffers of "
              "`columns` for those pipeline.columnar's fast path would decode (and, with check_crc, whose "
-             "body CRC and properties terminator pass). Stops at max_rows records, once max_bytes of "
+             "body CRC and properties terminator pass and, given the segment's base_offset, whose "
+             "PHYSICALOFFSET is base_offset + position). Stops at max_rows records, once max_bytes of "
              "records are taken, or at the first record it does not take; `stop` is where the next "
              "step begins. Buffers per column: (values,) for numbers (timestamps in us), (offsets, data) "
              "for strings and binary, (validity or None, offsets, data) for tags/keys/uniq_key, "
@@ -1631,10 +1633,10 @@ PyDoc_STRVAR(decode_arrow_run_doc,
 static PyObject *decode_arrow_run(PyObject *self, PyObject *args) {
     PyObject *bufobj, *columns;
     Py_ssize_t start, end, limit, max_rows, max_bytes;
-    long long max_size;
+    long long max_size, base = -1;
     int check_crc;
-    if (!PyArg_ParseTuple(args, "OnnnLnnpO", &bufobj, &start, &end, &limit, &max_size, &max_rows, &max_bytes,
-                          &check_crc, &columns))
+    if (!PyArg_ParseTuple(args, "OnnnLnnpO|L", &bufobj, &start, &end, &limit, &max_size, &max_rows, &max_bytes,
+                          &check_crc, &columns, &base))
         return NULL;
     if (start < 0 || end < start || max_rows <= 0 || max_bytes <= 0) {
         PyErr_SetString(PyExc_ValueError, "decode_arrow_run: need 0 <= start <= end, max_rows > 0, max_bytes > 0");
@@ -1719,6 +1721,8 @@ static PyObject *decode_arrow_run(PyObject *self, PyObject *args) {
                 if (crc31_bytes(r + BODY_POS_V4, body_len, &crc) < 0) goto done;
                 if (crc != get_i32(r + 8)) break;
             }
+            /* recovery's other rule: the record's own PHYSICALOFFSET says where it lies */
+            if (base >= 0 && get_i64(r + 28) != base + pos) break;
         }
         if ((want[AR_TOPIC] || want[AR_TAGS_CODE]) && !ar_utf8_ok(topic, topic_len)) break;
         int npairs = 0;

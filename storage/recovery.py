@@ -15,8 +15,9 @@ recovery just does not hold the store closed while indexes are rebuilt.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from ..config import StoreConfig
 from ..log import get_logger
@@ -24,10 +25,11 @@ from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
-from .fs import FileSystem
+from .fs import FileSystem, MappedRegion
+from .mapped_file import DiskFullError
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
-__all__ = ["RecoveryReport", "recover_store"]
+__all__ = ["RecoveryReport", "continue_queues_past_quarantine", "recover_store"]
 
 log = get_logger(__name__)
 
@@ -143,6 +145,13 @@ def recover_store(
             queues.append(cq)
             if cut_short:
                 damaged_queues.append(cq)
+            elif not cq.mapped_file_queue.mapped_files:
+                # Its directory is there, its files are gone (deleted by hand, or never
+                # written): rebuilt from the log like a queue that lost files. Left empty, its
+                # queue offsets would start again at 0 and the next put would claim one that a
+                # record in the log holds.
+                damaged_queues.append(cq)
+                log.warning("a consume queue has no files; re-dispatch rebuilds it", topic=topic, queue_id=queue_id)
             max_cq = max(max_cq, cq.max_physic_offset)
         partial = _remove_partial_last_segments(cfg, fs)
         lost, filled = _fill_commitlog_holes(cfg, fs) if repair_holes else ([], [])
@@ -285,6 +294,8 @@ def recover_store(
                     continue
                 key = f"{record.topic}-{record.queue_id}"
                 report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), record.queue_offset + 1)
+        lost_bytes = sum(stop - start for start, stop in lost)
+        continue_queues_past_quarantine(commitlog, report.quarantined, report.topic_queue_table, slack_bytes=lost_bytes)
         for cq in queues:
             cq.flush(0)
             cq.mapped_file_queue.shutdown(0)
@@ -296,6 +307,86 @@ def recover_store(
 
 
 _TAIL_CHUNK_BYTES = 1 << 20
+_MIN_RECORD_BYTES = codec.cal_msg_length(0, 1, 0)
+_MESSAGE_MAGICS = tuple(struct.pack(">i", m) for m in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2))
+_HEADER_SEARCH_CHUNK_BYTES = 4 << 20
+
+
+def continue_queues_past_quarantine(
+    commitlog: CommitLog, ranges: Sequence[Quarantined], table: dict[str, int], *, slack_bytes: int = 0
+) -> list[tuple[str, int]]:
+    """Raise `table` (the next queue offset per "topic-queueId") past every record in the
+    quarantined `ranges` whose header is still readable, so that no new record is given the
+    queue offset a quarantined one holds (two records in the log claiming one queue offset).
+    The queue's next unit then brings a filler unit for the quarantined offset. Returns the
+    (key, queue offset) pairs that counted.
+
+    A header is readable when a message magic code sits where the record's own physical-offset
+    field says it lies and the record parses without its CRC (a damaged body, the usual case).
+    A queue offset is believed only if it is plausible: below the queue's next offset plus
+    the records the quarantined (and `slack_bytes` of lost) bytes could hold, so a flipped
+    bit in a queue-offset or queue-id field cannot throw a queue far ahead.
+
+    A record whose header is unreadable (zeroed, or its offset field damaged) names no queue,
+    so its queue offset cannot be kept, and if it was its queue's last one the next put takes
+    it. That is safe: no readable record claims the offset any more (readers, dispatch and the
+    crash scan skip quarantined bytes, and nothing can attribute the damaged bytes to a queue),
+    and a ConsumeQueue unit for it survives only where the queue was not rebuilt, in which case
+    the table starts from that queue's units and is already past it."""
+    if not ranges:
+        return []
+    size = commitlog.mapped_file_size
+    slack = (slack_bytes + sum(q.end - q.start for q in ranges)) // _MIN_RECORD_BYTES + 1
+    counted: list[tuple[str, int]] = []
+    for damaged in ranges:
+        seg_start = damaged.start - damaged.start % size
+        while seg_start < damaged.end:
+            mapped_file = commitlog.mapped_file_queue.find_mapped_file_by_offset(seg_start)
+            if mapped_file is not None and mapped_file.file_from_offset == seg_start:
+                lo = max(damaged.start, seg_start) - seg_start
+                hi = min(damaged.end, seg_start + size) - seg_start
+                for pos in _header_candidates(mapped_file.mapped_buffer, lo, hi, size):
+                    read = codec.read_record(mapped_file.mapped_buffer, pos, size, check_crc=False, read_body=False,
+                                             max_message_size=commitlog.max_message_size)  # fmt: skip
+                    record = read.record
+                    if read.kind is not codec.RecordKind.MESSAGE or record is None:
+                        continue
+                    if record.commitlog_offset != seg_start + pos:
+                        continue
+                    if record.transaction_type in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
+                        continue
+                    key = f"{record.topic}-{record.queue_id}"
+                    known = table.get(key, 0)
+                    if not 0 <= record.queue_offset < known + slack:
+                        log.warning("a quarantined record's queue offset is implausible; not continued after",
+                                    offset=seg_start + pos, queue=key, queue_offset=record.queue_offset,
+                                    next_offset=known)  # fmt: skip
+                        continue
+                    if record.queue_offset >= known:
+                        table[key] = record.queue_offset + 1
+                        counted.append((key, record.queue_offset))
+            seg_start += size
+    if counted:
+        log.warning("queue offsets of quarantined records are not reused", offsets=counted)
+    return counted
+
+
+def _header_candidates(buf: codec.ReadBuffer, lo: int, hi: int, limit: int) -> Iterator[int]:
+    """Positions in [lo, hi) of a segment's buffer where a message magic code says a record
+    may start, in order, found in bounded chunks."""
+    at = lo
+    while at < hi:
+        chunk_end = min(hi, at + _HEADER_SEARCH_CHUNK_BYTES)
+        window = bytes(buf[at + 4 : min(limit, chunk_end + 4 + 4)])
+        hits: set[int] = set()
+        for magic in _MESSAGE_MAGICS:
+            found = window.find(magic)
+            while found >= 0:
+                if at + found < chunk_end:
+                    hits.add(at + found)
+                found = window.find(magic, found + 1)
+        yield from sorted(hits)
+        at = chunk_end
 
 
 class _InspectingCommitLog(CommitLog):
@@ -424,13 +515,17 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]
     return removed
 
 
+_FILL_COPY_CHUNK_BYTES = 1 << 20
+
+
 def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[int, int]], list[str]]:
     """Make a commitlog with holes whole, for `mqstore recover`: every missing segment between
     the first and the last file, and every wrong-sized one, becomes a full segment holding the
     damaged file's valid records (CRC and offset checked, from its start) and then the blank
     record that ends a segment, so readers, dispatch and the writer go on past it. A damaged
-    file is kept beside it as NAME.damaged (never deleted). Returns the lost [start, end)
-    ranges and what was done, per file."""
+    file is renamed NAME.damaged beside it (never deleted) and read through a map, its valid
+    records copied in bounded chunks: a segment is never read into memory whole. Returns the
+    lost [start, end) ranges and what was done, per file."""
     directory = cfg.commitlog_dir
     size = cfg.mapped_file_size_commitlog_bytes
     names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
@@ -445,23 +540,47 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[
             continue
         name = codec.segment_file_name(start)
         path = os.path.join(directory, name)
-        old = fs.read_bytes(path)[:size] if start in present else b""
+        kept = ""
         if start in present:
-            fs.write_atomic(path + ".damaged", fs.read_bytes(path))
-            fs.remove(path)
-        keep = valid_prefix_end(old, start, size, cfg.max_message_size_bytes)
-        region = fs.map_file(path, size, create=True)
+            kept = fs.set_aside(path, DAMAGED_SUFFIX)
+        elif fs.exists(path + DAMAGED_SUFFIX) and not fs.isdir(path + DAMAGED_SUFFIX):
+            kept = path + DAMAGED_SUFFIX  # set aside by a run that found no room to fill it
+        kept_size = fs.getsize(kept) if kept else 0
+        old = fs.map_file(kept, kept_size, create=False, readonly=True) if kept_size else None
         try:
-            region.buf[:keep] = old[:keep]
-            region.buf[keep : keep + codec.END_FILE_MIN_BLANK_LENGTH] = codec.blank_record_header(size - keep)
-            region.flush()
+            keep = valid_prefix_end(old.buf, start, size, cfg.max_message_size_bytes) if old is not None else 0
+            _write_filled_segment(fs, path, size, old, keep)
         finally:
-            region.close()
+            if old is not None:
+                old.close()
         lost.append((start + keep, start + size))
-        what = "missing" if start not in present else f"{present[start]} bytes, kept as {name}.damaged"
+        what = (f"{present[start]} bytes, kept as {os.path.basename(kept)}" if start in present
+                else f"missing, refilled from {os.path.basename(kept)}" if kept else "missing")  # fmt: skip
         done.append(f"{name} ({what}): {keep} bytes of valid records kept, {start + keep}..{start + size} lost")
         log.error("commitlog hole filled; its records are lost", file=name, lost_from=start + keep, lost_to=start + size)
     return lost, done
+
+
+def _write_filled_segment(fs: FileSystem, path: str, size: int, old: MappedRegion | None, keep: int) -> None:
+    """A new full segment at `path`: the first `keep` bytes of `old` (copied in bounded chunks),
+    then the blank record that ends a segment. On a full disk nothing is written through the
+    map (a page without blocks is a SIGBUS): the new file is removed and DiskFullError raised;
+    the damaged file stays set aside, and the next `recover` fills the hole from it."""
+    region = fs.map_file(path, size, create=True)
+    try:
+        reserved = region.reserve(keep + codec.END_FILE_MIN_BLANK_LENGTH)
+        if reserved:
+            if old is not None:
+                for at in range(0, keep, _FILL_COPY_CHUNK_BYTES):
+                    end = min(keep, at + _FILL_COPY_CHUNK_BYTES)
+                    region.buf[at:end] = old.buf[at:end]
+            region.buf[keep : keep + codec.END_FILE_MIN_BLANK_LENGTH] = codec.blank_record_header(size - keep)
+            region.flush()
+    finally:
+        region.close()
+    if not reserved:
+        fs.remove(path)
+        raise DiskFullError(f"no disk space to fill the commitlog hole {path}")
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:

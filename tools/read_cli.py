@@ -106,6 +106,13 @@ class _ReadOnlyStore:
             return None
         if size is not None and read.size != size:
             return None
+        if read.record.commitlog_offset != offset:
+            # Recovery's validity rule, whole: the CRC and the record's own physical-offset
+            # field (the CRC covers the body only). A stopped store keeps no list of the ranges
+            # recovery quarantined; every record in them fails this rule (recovery resumes at
+            # the first record that passes it), except, after a crash with the clock stepped
+            # back, a valid record stored later than the checkpoint before an older one.
+            return None
         return read.record
 
     def get(self, topic: str, queue_id: int, offset: int, max_count: int, tags: str | None) -> dict[str, Any]:

@@ -260,3 +260,67 @@ def test_a_new_store_with_no_room_for_its_first_queue_and_index_files_waits_then
         assert [m.key_list for m in store.query("T", "k1").messages] == [["k1"]]
     with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
         assert all_keys(store) == ["k0", "k1", "k2", "k3"]
+
+
+def test_the_dispatch_backlog_held_while_the_disk_is_full_is_capped() -> None:
+    """A small simulated disk filled while the commitlog's segment has its blocks: puts go on,
+    the ConsumeQueue and index cannot get blocks for their next files. Reput stops reading
+    ahead once DISPATCH_BACKLOG_MAX_BATCHES batches wait, so what they hold in memory stays
+    bounded however many puts arrive; the commitlog is re-read once space returns. Before:
+    one waiting batch per put pass, without limit."""
+    from mqstore.actors.reput import DISPATCH_BACKLOG_MAX_BATCHES
+
+    fs = SimulatedFileSystem(capacity_bytes=24 * 1024 * 1024)
+    fs.makedirs("/sim")
+    settings = dict(SETTINGS, mapped_file_size_commitlog_bytes=4 * 1024 * 1024)
+    acked: list[str] = []
+    with mqstore.open("/sim/store", fs=fs, **settings) as store:
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
+        acked.append("k0")
+        assert all_keys(store) == acked
+        fs.write_atomic("/sim/filler", bytes(fs.free_bytes() - 64 * 1024))  # derived files keep 256 KiB
+        peers = store.supervisor.ctx.peers
+        cq, index = peers["consume_queue"].proxy()._actor, peers["index"].proxy()._actor  # reaching in
+        most = 0
+        for i in range(1, 3000):  # far past the first CQ file (200 units) and index file (400)
+            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+            acked.append(f"k{i}")
+            most = max(most, len(cq._waiting), len(index._waiting))
+        assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
+        assert 0 < most <= DISPATCH_BACKLOG_MAX_BATCHES + 1, most
+        assert store.supervisor.state.name == "RUNNING" and store.supervisor.restarts == []
+        fs.remove("/sim/filler")
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["last"])).ok
+        acked.append("last")
+        assert all_keys(store) == acked  # read on from the commitlog, nothing skipped
+        for key in ("k1", "k2999", "last"):
+            assert [m.key_list for m in store.query("T", key).messages] == [[key]]
+    with mqstore.open("/sim/store", fs=fs, **settings) as store:
+        assert all_keys(store) == acked
+    fs.assert_no_sigbus()
+
+
+def test_a_close_while_dispatch_waits_for_space_is_not_a_clean_stop() -> None:
+    """Closing while ConsumeQueue and index batches wait for blocks: the queues and the index do
+    not hold what was acknowledged, so the stop must not be marked clean (the abort marker
+    stays); the next open recovers as after a crash and dispatches the rest from the log."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    store = mqstore.open("/sim/store", fs=fs, **SETTINGS)
+    assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
+    assert all_keys(store) == ["k0"]
+    fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
+    fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
+    acked = ["k0"]
+    for i in range(1, 600):  # past the first CQ file (200 units) and index file (400)
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+        acked.append(f"k{i}")
+    store.get("T", 0, 0, 1)
+    assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
+    assert store.close() is False  # not clean
+    assert fs.exists("/sim/store/abort")
+    fs.clear_faults()
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert all_keys(store) == acked
+        for key in ("k1", "k599"):
+            assert [m.key_list for m in store.query("T", key).messages] == [[key]]

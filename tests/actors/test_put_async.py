@@ -82,6 +82,31 @@ def test_futures_complete_off_the_writer_thread_with_exact_offsets(store_dir: Pa
         assert [m.body for m in _read_queue(store, "orders", 1)] == expected
 
 
+def test_a_writer_pass_hands_its_answers_to_the_completion_thread_at_once(store_dir: Path) -> None:
+    """One wake-up of the completion thread per writer pass, not one per put."""
+    with helpers.open_small(store_dir) as store:
+        assert store.put_async(Message(topic="orders", body=b"warm")).result(TIMEOUT_S).ok
+        sink = store._puts._to_completion
+        real = sink._completions
+        handed: list[int] = []
+
+        class Counting:
+            def put(self, answers: Any) -> None:
+                handed.append(len(answers))
+                real.put(answers)
+
+        writer = _writer(store)
+        passes_before = writer.passes
+        sink._completions = Counting()
+        try:
+            futures = [store.put_async(Message(topic="orders", body=b"p%d" % i, queue_id=i % 2)) for i in range(500)]
+            assert all(f.result(TIMEOUT_S).ok for f in futures)
+        finally:
+            sink._completions = real
+        assert sum(handed) == 500
+        assert len(handed) == writer.passes - passes_before < 500
+
+
 def test_a_future_cannot_be_cancelled_and_errors_are_statuses(store_dir: Path) -> None:
     with helpers.open_small(store_dir) as store:
         future = store.put_async(Message(topic="orders", body=b"x"))
@@ -364,3 +389,21 @@ def test_flush_from_a_done_callback_does_not_wait_for_its_own_thread(store_dir: 
             store.put_async(Message(topic="orders", body=b"y"))  # pending behind it
             entered.wait(0.05)
         assert flushed.wait(10), "flush in a done-callback waited for its own thread"
+
+
+def test_every_in_flight_slot_comes_back_once_its_answer_is_delivered(store_dir: Path) -> None:
+    """Slots are given back per writer pass (futures on the completion thread, actor answers
+    on the writer's): after a burst of both, exactly the configured number is free again."""
+    with helpers.open_small(store_dir, max_puts_in_flight=64) as store:
+        pipeline = store._puts
+        futures = [store.put_async(Message(topic="slots", body=b"f%d" % i, queue_id=i % 3)) for i in range(300)]
+        done = threading.Event()
+        producer = _WindowedProducer.start(store, 300, 16, done)
+        try:
+            assert done.wait(TIMEOUT_S)
+        finally:
+            producer.stop()
+        assert all(f.result(TIMEOUT_S).ok for f in futures)
+        store.flush()
+        helpers.wait_until(lambda: pipeline._free_slots == 64, what="every slot back")
+        assert pipeline._free_slots == 64 and not pipeline._pending

@@ -158,3 +158,30 @@ def test_the_read_benchmarks_catch_up_case_reports_both_rates_from_one_run(tmp_p
     assert figures["catch_up_producer_alone_msgs_per_s"] > 0 and figures["catch_up_consumer_msgs_per_s"] >= 0
     ratio = figures["catch_up_producer_with_consumer_msgs_per_s"] / figures["catch_up_producer_alone_msgs_per_s"]
     assert figures["catch_up_producer_ratio"] == pytest.approx(ratio, abs=0.01)
+
+
+def test_the_put_benchmarks_cases_run_against_the_store_and_the_floor(tmp_path: Path) -> None:
+    """bench_put's cases on a few hundred messages: each returns a rate for the store (every
+    put answered PUT_OK and visible through get) and for its same-run floor."""
+    import mqstore
+    from mqstore.bench import bench_put as bp
+
+    messages = bp._messages(256, bp.BODY_128)
+    cases = {
+        "put_async": bp.case_put_async,
+        "actors": bp.case_actors,
+        "put 4 threads": lambda target, ms: bp.case_put_threads(target, ms, 4),
+        "put_batch": bp.case_put_batch,
+    }
+    for name, case in cases.items():
+        store = mqstore.open(tmp_path / name, mapped_file_size_commitlog_bytes=1 << 20, max_puts_in_flight=64)
+        try:
+            assert case(store, messages) > 0, name
+            assert store.max_offset("bench", 0) == 64  # every put stored once
+        finally:
+            store.close()
+        floor = bp._Floor()
+        try:
+            assert case(floor, messages) > 0, name
+        finally:
+            floor.close()

@@ -160,3 +160,21 @@ def test_a_directory_where_a_marker_file_belongs_is_a_clear_error(tmp_path: Path
         mqstore.open(root, **SETTINGS)
     (root / name).rmdir()
     _assert_whole(root)  # the refusal changed nothing
+
+
+def test_a_queue_whose_files_were_all_deleted_is_rebuilt_and_its_offsets_are_not_reused(tmp_path: Path) -> None:
+    """After a clean stop, every file of one queue is deleted (its directory left): the queue is
+    rebuilt from the log at open, and the next put continues its queue offsets. Before, the
+    queue restarted at 0, so the next put took queue offset 0 and two records claimed it."""
+    root = tmp_path / "store"
+    _make(root)
+    with mqstore.open(root, **SETTINGS) as store:  # another queue, written last, stays whole
+        assert store.put(Message(topic="U", body=b"u")).ok
+        assert store.wait_for_messages("U", 0, 0, timeout_s=10)
+    directory = root / "consumequeue" / "T" / "0"
+    for name in os.listdir(directory):
+        (directory / name).unlink()
+    _assert_whole(root)
+    with mqstore.open(root, **SETTINGS) as store:
+        put = store.put(Message(topic="T", body=b"next"))
+        assert put.ok and put.queue_offset == N, put

@@ -255,3 +255,17 @@ def test_the_planner_cuts_the_same_splits_with_and_without_the_c_walk(
         monkeypatch.setattr(speedups, "native", None)
         assert [plan_segment(open_segment(s.path), s, split_size) for s in segments] == fast
         monkeypatch.setattr(speedups, "native", native)
+
+
+def _wrong_offset_field(data: bytearray, pos: int) -> None:
+    struct.pack_into(">q", data, pos + 28, struct.unpack_from(">q", data, pos + 28)[0] + 4096)
+
+
+def test_a_record_whose_offset_field_lies_reads_the_same_through_every_decoder(generated_store: Written, tmp_path: Path) -> None:
+    """Recovery quarantines such a record; the C builder leaves it to the reference check."""
+    store = _damaged(generated_store, tmp_path / "store", _wrong_offset_field, [100, 1501])
+    got = assert_decoders_agree(store)
+    errors = [(r["commitlog_offset"], r["error"]) for r in got if r["error"] is not None]
+    assert errors == [(o, f"record says it is at commitlog offset {o + 4096}") for o in
+                      (generated_store.offsets[100], generated_store.offsets[1501])]  # fmt: skip
+    assert len(got) == 3000
