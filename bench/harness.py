@@ -43,6 +43,8 @@ METRICS: dict[str, tuple[str, bool]] = {
     "mb_per_s": ("MB/s", True),
     "keys_per_s": ("key/s", True),
     "gb_per_s": ("GB/s", True),
+    "floor_gb_per_s": ("GB/s", True),
+    "open_s": ("s", False),
     "p50_us": ("us", False),
     "p99_us": ("us", False),
 }
@@ -479,7 +481,7 @@ def write_table(result: dict[str, Any], out: TextIO) -> None:
         "ratio = ours/theirs from medians; for msg/s, MB/s, key/s higher is better for us, "
         "for latencies (us) lower is\n\n"
     )
-    header = f"{'class':<6} {'case':<12} {'body':>5} {'system':<13} {'metric':<10} {'median':>12} {'min..max':>23} {'rss MB':>7} {'ours/theirs':>11}\n"
+    header = f"{'class':<6} {'case':<12} {'body':>5} {'system':<13} {'metric':<14} {'median':>12} {'min..max':>23} {'rss MB':>7} {'ours/theirs':>11}\n"
     out.write(header)
     out.write("-" * (len(header) - 1) + "\n")
     order = {s: i for i, s in enumerate(result["systems"])}
@@ -505,7 +507,7 @@ def write_table(result: dict[str, Any], out: TextIO) -> None:
             ratio = ratio_of.get((c["system"], c["case"], c["class"], c["body_bytes"], metric))
             span = f"{_fmt(m['min'])}..{_fmt(m['max'])}"
             out.write(
-                f"{lead} {metric:<10} {_fmt(m['median']):>12} {span:>23} {rss:>7} "
+                f"{lead} {metric:<14} {_fmt(m['median']):>12} {span:>23} {rss:>7} "
                 f"{'' if ratio is None else f'{ratio:.2f}':>11}\n"
             )
     notes = [
@@ -523,7 +525,7 @@ def write_table(result: dict[str, Any], out: TextIO) -> None:
 
 
 GENERIC_CASES = ("append", "read", "lookup", "append_sync")
-OURS_ONLY_CASES = ("put_4threads", "lag", "recovery")
+OURS_ONLY_CASES = ("put_4threads", "lag", "recovery", "open_clean", "open_crash")
 
 
 def case_name(system: System, generic: str) -> str:

@@ -136,7 +136,10 @@ class OursSystem:
     case_names = {"append": "put_batch", "read": "get", "lookup": "query", "append_sync": "sync_put_16"}
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
+        from mqstore.bench.bench_open import OpenCases
+
         self.config = dict(config or {})
+        self._open_cases = OpenCases(self.config)
         self.notes = {
             "put_batch": "put_batch of 32 (same topic+queue), one thread, timed until every message is visible through get; get in batches of 32; query one key per call",
             "sync_put_16": "SYNC_FLUSH (group commit), 16 producer threads, one put per message; any non-PUT_OK fails the case",
@@ -170,15 +173,13 @@ class OursSystem:
     def extra_cases(
         self, rec: Recorder, cfg: BenchConfig, body: int, messages: Sequence[BenchMessage], work_dir: Path
     ) -> None:
-        """put from 4 threads, put-to-visible lag and the recovery scan, one repeat each call."""
+        """put from 4 threads, put-to-visible lag, the recovery scan and opening a store (clean,
+        after kill -9; bench_open.py), one repeat each call."""
         from mqstore.bench.harness import run_case
 
         run_case(rec, self.name, "put_4threads", ASYNC, body, lambda: self._put_threads(messages, work_dir / "put4"))
         run_case(rec, self.name, "lag", ASYNC, body, lambda: self._lag(cfg, messages, work_dir / "lag"))
-        run_case(
-            rec, self.name, "recovery", ASYNC, body, lambda: self._recovery(messages, work_dir / "rec"),
-            note="storage.recovery.recover_store after a clean stop: every record decoded and CRC-checked",
-        )  # fmt: skip
+        self._open_cases.run(rec, cfg, body, work_dir)
 
     def _put_threads(self, messages: Sequence[BenchMessage], path: Path) -> Outcome:
         per_thread = [[m._replace(queue_id=t) for m in messages[t::PUT_THREADS]] for t in range(PUT_THREADS)]
@@ -235,23 +236,3 @@ class OursSystem:
             "p99_us": percentile(lags, 99) * 1e6,
         }
         return Outcome(metrics, t.peak_rss_mb, f"paced at {1 / interval_s:,.0f} msg/s")
-
-    def _recovery(self, messages: Sequence[BenchMessage], path: Path) -> Outcome:
-        from mqstore.bench.workload import batches
-        from mqstore.config import StoreConfig
-        from mqstore.storage.fs import RealFileSystem
-        from mqstore.storage.recovery import recover_store
-
-        h = OursAsync(path, self.config)
-        try:
-            h.append(batches(list(messages)))
-        finally:
-            h.close()
-        cfg = StoreConfig.load(overrides={**self.config, "store_path_root_dir": str(path)})
-        with timed() as t:
-            report = recover_store(cfg, RealFileSystem(), last_exit_ok=True, clock_ms=lambda: int(time.time() * 1000))
-        scanned = report.max_offset - report.min_offset
-        if scanned <= 0:
-            raise RuntimeError(f"recovery scanned nothing: {report.summary()}")
-        return Outcome({"gb_per_s": scanned / t.elapsed_s / 1e9}, t.peak_rss_mb)
-

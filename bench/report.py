@@ -31,6 +31,9 @@ OURS_ONLY = (
     ("lag", "p50_us", "put-to-visible lag p50, µs"),
     ("lag", "p99_us", "put-to-visible lag p99, µs"),
     ("recovery", "gb_per_s", "recovery scan, GB/s"),
+    ("recovery", "floor_gb_per_s", "plain crc32 read of the same bytes, GB/s"),
+    ("open_clean", "open_s", "open a clean store, s"),
+    ("open_crash", "open_s", "open after kill -9, s"),
 )
 NAMES = {
     "ours": "mqstore",

@@ -38,6 +38,7 @@ class BenchConfig:
     lag_messages: int = 2000
     disk_seq_write_bytes: int = 64 * 1024 * 1024
     disk_fdatasync_samples: int = 500
+    open_store_bytes: int = 2 << 30  # commitlog bytes of the store the open and recovery-scan cases use
     seed: int = 20240501
 
     @staticmethod
@@ -61,6 +62,7 @@ class BenchConfig:
             lag_messages=500,
             disk_seq_write_bytes=16 * 1024 * 1024,
             disk_fdatasync_samples=200,
+            open_store_bytes=64 << 20,
         )
 
     @staticmethod
@@ -76,6 +78,7 @@ class BenchConfig:
             lag_messages=50,
             disk_seq_write_bytes=1024 * 1024,
             disk_fdatasync_samples=10,
+            open_store_bytes=2 << 20,
         )
 
 

@@ -1863,6 +1863,321 @@ done:
 
 /* ---- end of decode_arrow_run --------------------------------------------------------------- */
 
+/* ---- scan_records: the recovery scan's record walk ----------------------------------------- */
+
+/* Why a run of records ended (storage/scan.py names them). */
+enum {
+    SCAN_LIMIT = 0,        /* fewer than 8 bytes before the limit */
+    SCAN_BUDGET = 1,       /* max_bytes walked: call again from the end */
+    SCAN_BLANK = 2,        /* the END_OF_FILE blank record */
+    SCAN_ZEROES = 3,       /* a zero header: unwritten space */
+    SCAN_BAD_CRC = 4,      /* a well-formed record whose body fails its CRC */
+    SCAN_TORN_PROPS = 5,   /* properties that do not end with their separator */
+    SCAN_WRONG_OFFSET = 6, /* a record whose physical-offset field says it lies elsewhere */
+    SCAN_PAST_LIMIT = 7,   /* a record size that runs past the limit: a torn tail */
+    SCAN_OTHER = 8,        /* anything else: the Python decoder says what it is */
+};
+
+PyDoc_STRVAR(scan_records_doc,
+             "scan_records(buf, pos, limit, file_from_offset, max_message_size, check_crc, check_offset, max_bytes) "
+             "-> (end, records, last_store_timestamp, stop)\n\n"
+             "Walk consecutive records from pos that codec.read_dispatch's V1/IPv4 path and codec.read_record "
+             "both accept as MESSAGE "
+             "(with check_crc: body CRC and the properties' last separator; with check_offset: the "
+             "physical-offset field equals file_from_offset + position), without the GIL. Returns where "
+             "the run ends, how many records it holds, the last one's store timestamp (0 if none) and "
+             "why it ended (see the SCAN_* codes); the record at `end` is left to the Python decoder.");
+
+static PyObject *scan_records(PyObject *self, PyObject *args) {
+    PyObject *buf_o;
+    Py_ssize_t pos, limit, max_bytes;
+    long long file_from, max_size;
+    int check_crc, check_offset;
+    if (!PyArg_ParseTuple(args, "OnnLLppn", &buf_o, &pos, &limit, &file_from, &max_size, &check_crc, &check_offset,
+                          &max_bytes))
+        return NULL;
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (limit > view.len) limit = view.len;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t budget_end = max_bytes > 0 && pos <= PY_SSIZE_T_MAX - max_bytes ? pos + max_bytes : PY_SSIZE_T_MAX;
+    Py_ssize_t records = 0;
+    long long last_ts = 0;
+    int stop = SCAN_LIMIT, failed = 0;
+    /* Without the carry-less multiply the CRC is zlib's, a Python call: keep the GIL then. */
+    int release = !check_crc;
+#ifdef CRC_HAVE_CLMUL
+    release = release || crc_use_clmul;
+#endif
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    while (1) {
+        if (pos + 8 > limit) {
+            stop = SCAN_LIMIT;
+            break;
+        }
+        if (pos >= budget_end) {
+            stop = SCAN_BUDGET;
+            break;
+        }
+        const unsigned char *r = buf + pos;
+        int32_t total = get_i32(r), magic = get_i32(r + 4);
+        if (magic != MESSAGE_MAGIC_CODE) {
+            stop = magic == (int32_t)0xCBD43194 ? SCAN_BLANK : (total == 0 && magic == 0 ? SCAN_ZEROES : SCAN_OTHER);
+            break;
+        }
+        if (total < FIXED_V4_LEN || total > max_size) {
+            stop = SCAN_OTHER;
+            break;
+        }
+        if (pos + total > limit) {
+            stop = SCAN_PAST_LIMIT;
+            break;
+        }
+        int32_t sys_flag = get_i32(r + 36), body_len = get_i32(r + 84);
+        if ((sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) || body_len < 0 || body_len > total - FIXED_V4_LEN) {
+            stop = SCAN_OTHER;
+            break;
+        }
+        const unsigned char *t = r + BODY_POS_V4 + body_len;
+        Py_ssize_t tlen = t[0];
+        if (tlen == 0 || tlen > 127 || FIXED_V4_LEN + body_len + tlen > total) { /* read_record wants a topic */
+            stop = SCAN_OTHER;
+            break;
+        }
+        int16_t props_len = get_i16(t + 1 + tlen);
+        if (props_len < 0 || total != FIXED_V4_LEN + body_len + tlen + props_len) {
+            stop = SCAN_OTHER;
+            break;
+        }
+        if (check_crc) {
+            if (body_len > 0) {
+                int32_t crc = 0;
+                if (crc31_bytes(r + BODY_POS_V4, body_len, &crc) < 0) {
+                    failed = 1;
+                    break;
+                }
+                if (crc != get_i32(r + 8)) {
+                    stop = SCAN_BAD_CRC;
+                    break;
+                }
+            }
+            if (props_len > 0 && r[total - 1] != PROPERTY_SEPARATOR) {
+                stop = SCAN_TORN_PROPS;
+                break;
+            }
+        }
+        if (check_offset && get_i64(r + 28) != file_from + (long long)pos) {
+            stop = SCAN_WRONG_OFFSET;
+            break;
+        }
+        last_ts = get_i64(r + 56);
+        records++;
+        pos += total;
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    PyBuffer_Release(&view);
+    if (failed) return NULL;
+    return Py_BuildValue("(nnLi)", pos, records, last_ts, stop);
+}
+
+PyDoc_STRVAR(cq_valid_prefix_doc,
+             "cq_valid_prefix(data) -> (units, last_offset)\n\n"
+             "How many 20-byte ConsumeQueue units at the start of data are valid (commitlog offset >= 0, "
+             "size > 0) before the first that is not, and the commitlog offset of the last of them (-1 if "
+             "none): ConsumeQueue.recover's walk, without the GIL. len(data) must be a multiple of 20.");
+
+static PyObject *cq_valid_prefix(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (view.len % 20 != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "data must be a whole number of 20-byte units");
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len / 20, units = 0;
+    long long last = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (; units < n; units++) {
+        const unsigned char *u = p + units * 20;
+        long long offset = get_i64(u);
+        if (offset < 0 || get_i32(u + 8) <= 0) break;
+        last = offset;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nL)", units, last);
+}
+
+PyDoc_STRVAR(find_magic_doc,
+             "find_magic(buf, start, stop, limit) -> int\n\n"
+             "The first position pos in [start, stop) whose bytes pos+4..pos+8 hold a record's magic code "
+             "(message V1 or V2, or the END_OF_FILE blank) with pos + 8 <= limit, or -1: the candidates "
+             "commitlog.find_next_valid_record checks, found without the GIL (zeros are skipped a word "
+             "at a time, so a zero-filled segment costs a memory read, not a search).");
+
+static PyObject *find_magic(PyObject *self, PyObject *args) {
+    PyObject *buf_o;
+    Py_ssize_t start, stop, limit;
+    if (!PyArg_ParseTuple(args, "Onnn", &buf_o, &start, &stop, &limit)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    if (limit > view.len) limit = view.len;
+    if (start < 0) start = 0;
+    /* A magic at pos + 4 must end by limit: pos <= limit - 8. */
+    if (stop > limit - 7) stop = limit - 7;
+    Py_ssize_t found = -1;
+    Py_BEGIN_ALLOW_THREADS
+    /* Scan the magic's first byte at m = pos + 4 (0xDA: messages, 0xCB: the blank). */
+    Py_ssize_t m = start + 4, m_stop = stop + 4;
+    while (m < m_stop) {
+        if ((m & 7) == 0 && m + 8 <= m_stop) {
+            uint64_t word;
+            memcpy(&word, b + m, 8);
+            if (word == 0) {
+                m += 8;
+                continue;
+            }
+        }
+        unsigned char c = b[m];
+        if (c == 0xDA && b[m + 1] == 0xA3 && b[m + 2] == 0x20 && (b[m + 3] == 0xA7 || b[m + 3] == 0xAB)) {
+            found = m - 4;
+            break;
+        }
+        if (c == 0xCB && b[m + 1] == 0xD4 && b[m + 2] == 0x31 && b[m + 3] == 0x94) {
+            found = m - 4;
+            break;
+        }
+        m++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(found);
+}
+
+PyDoc_STRVAR(tally_records_doc,
+             "tally_records(buf, pos, end, records) -> list[(topic: bytes, queue_id, max_queue_offset)]\n\n"
+             "For a run scan_records accepted (`records` records from pos to end): per topic and queue, "
+             "the largest queue offset of its records that are not PREPARED or ROLLBACK transaction "
+             "records, in first-seen order. What crash recovery keeps of each record, without a "
+             "Python call per record; the walk runs without the GIL.");
+
+typedef struct {
+    const unsigned char *topic; /* into the buffer, valid while the view is held */
+    Py_ssize_t topic_len;
+    int32_t queue_id;
+    long long max_offset;
+} tally_entry;
+
+static PyObject *tally_records(PyObject *self, PyObject *args) {
+    PyObject *buf_o;
+    Py_ssize_t pos, end, records;
+    if (!PyArg_ParseTuple(args, "Onnn", &buf_o, &pos, &end, &records)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    if (end > view.len) end = view.len;
+    Py_ssize_t cap = 64, used = 0; /* open addressing, a power of two, at most half full */
+    /* PyMem_Raw*: the table grows without the GIL. */
+    tally_entry *table = PyMem_RawCalloc((size_t)cap, sizeof(tally_entry));
+    Py_ssize_t *order = PyMem_RawMalloc((size_t)cap * sizeof(Py_ssize_t)); /* slot of the n-th key */
+    int bad = 0, nomem = table == NULL || order == NULL;
+    if (!nomem) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t n = 0; n < records; n++) {
+            if (pos < 0 || pos + FIXED_V4_LEN > end) {
+                bad = 1;
+                break;
+            }
+            const unsigned char *r = buf + pos;
+            int32_t total = get_i32(r), body_len = get_i32(r + 84);
+            if (total < FIXED_V4_LEN || pos + total > end || body_len < 0 || body_len > total - FIXED_V4_LEN) {
+                bad = 1;
+                break;
+            }
+            int32_t tran = get_i32(r + 36) & TRANSACTION_MASK;
+            if (tran != 0x04 && tran != TRANSACTION_ROLLBACK_TYPE) {
+                const unsigned char *t = r + BODY_POS_V4 + body_len;
+                Py_ssize_t tlen = t[0];
+                if (FIXED_V4_LEN + body_len + tlen > total) {
+                    bad = 1;
+                    break;
+                }
+                int32_t queue_id = get_i32(r + 12);
+                long long queue_offset = get_i64(r + 20);
+                uint32_t h = 2166136261u ^ (uint32_t)queue_id;
+                for (Py_ssize_t k = 0; k < tlen; k++) h = (h ^ t[1 + k]) * 16777619u;
+                Py_ssize_t slot = (Py_ssize_t)(h & (uint32_t)(cap - 1));
+                while (table[slot].topic != NULL &&
+                       !(table[slot].queue_id == queue_id && table[slot].topic_len == tlen &&
+                         memcmp(table[slot].topic, t + 1, (size_t)tlen) == 0))
+                    slot = (slot + 1) & (cap - 1);
+                if (table[slot].topic == NULL) {
+                    if (2 * (used + 1) > cap) { /* grow, and place this key again */
+                        Py_ssize_t ncap = cap * 2;
+                        tally_entry *nt = PyMem_RawCalloc((size_t)ncap, sizeof(tally_entry));
+                        Py_ssize_t *no = PyMem_RawMalloc((size_t)ncap * sizeof(Py_ssize_t));
+                        if (nt == NULL || no == NULL) {
+                            PyMem_RawFree(nt);
+                            PyMem_RawFree(no);
+                            nomem = 1;
+                            break;
+                        }
+                        for (Py_ssize_t i = 0; i < used; i++) {
+                            tally_entry *e = &table[order[i]];
+                            uint32_t eh = 2166136261u ^ (uint32_t)e->queue_id;
+                            for (Py_ssize_t k = 0; k < e->topic_len; k++) eh = (eh ^ e->topic[k]) * 16777619u;
+                            Py_ssize_t s2 = (Py_ssize_t)(eh & (uint32_t)(ncap - 1));
+                            while (nt[s2].topic != NULL) s2 = (s2 + 1) & (ncap - 1);
+                            nt[s2] = *e;
+                            no[i] = s2;
+                        }
+                        PyMem_RawFree(table);
+                        PyMem_RawFree(order);
+                        table = nt;
+                        order = no;
+                        cap = ncap;
+                        n--; /* this record again, against the new table */
+                        continue;
+                    }
+                    table[slot].topic = t + 1;
+                    table[slot].topic_len = tlen;
+                    table[slot].queue_id = queue_id;
+                    table[slot].max_offset = queue_offset;
+                    order[used++] = slot;
+                } else if (queue_offset > table[slot].max_offset) {
+                    table[slot].max_offset = queue_offset;
+                }
+            }
+            pos += total;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyObject *out = NULL;
+    if (nomem) {
+        PyErr_NoMemory();
+    } else if (bad) {
+        PyErr_SetString(PyExc_ValueError, "tally_records: not a run scan_records accepted");
+    } else {
+        out = PyList_New(used);
+        for (Py_ssize_t i = 0; out != NULL && i < used; i++) {
+            tally_entry *e = &table[order[i]];
+            PyObject *item = Py_BuildValue("(y#iL)", (const char *)e->topic, e->topic_len, e->queue_id, e->max_offset);
+            if (item == NULL) Py_CLEAR(out);
+            else PyList_SET_ITEM(out, i, item);
+        }
+    }
+    PyMem_RawFree(table);
+    PyMem_RawFree(order);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* ---- module ------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1879,6 +2194,11 @@ static PyMethodDef methods[] = {
     {"crc32", crc32_py, METH_O, crc32_doc},
     /* the Spark reader's column builder */
     {"decode_arrow_run", decode_arrow_run, METH_VARARGS, decode_arrow_run_doc},
+    /* recovery */
+    {"scan_records", scan_records, METH_VARARGS, scan_records_doc},
+    {"cq_valid_prefix", cq_valid_prefix, METH_O, cq_valid_prefix_doc},
+    {"find_magic", find_magic, METH_VARARGS, find_magic_doc},
+    {"tally_records", tally_records, METH_VARARGS, tally_records_doc},
     {NULL, NULL, 0, NULL},
 };
 

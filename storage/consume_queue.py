@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Callable, Final
 
 from mqstore.log import get_logger
+from mqstore.storage import scan
 from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, jdiv
 from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
 from mqstore.storage.mapped_file import MappedFile
@@ -95,11 +96,10 @@ class ConsumeQueue:
             # Not the map itself: the unwritten tail is a hole, and on a full tmpfs a read
             # fault there dies with SIGBUS.
             data = mapped_file.read_data(0, self.mapped_file_size)
-            for offset, size, _tags in CQ_UNIT.iter_unpack(data):
-                if not _valid(offset, size):
-                    break
-                file_offset += CQ_STORE_UNIT_SIZE
-                self.max_physic_offset = offset
+            units, last = scan.cq_valid_prefix(data)  # the units up to the first invalid one, in C
+            file_offset = units * CQ_STORE_UNIT_SIZE
+            if units:
+                self.max_physic_offset = last
             if file_offset == self.mapped_file_size:
                 index += 1
                 if index >= len(files):

@@ -9,8 +9,10 @@ damage, reported in `odd_files` for recovery and `inspect` to deal with, never r
 
 from __future__ import annotations
 
+import array
 import os
 import struct
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Final
@@ -134,9 +136,12 @@ def _walks_cleanly(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
     try:
         data = region.buf
         slot_bytes = min(slots * HASH_SLOT_SIZE, _SLOT_READ_BYTES)
-        for (value,) in struct.iter_unpack(">i", data[INDEX_HEADER_SIZE : INDEX_HEADER_SIZE + slot_bytes]):
-            if value < 0 or value >= count:
-                return False
+        # Every slot at once (a 2 GiB store's index has 5M slots: ~0.2 s one by one).
+        slot_values = array.array("i", data[INDEX_HEADER_SIZE : INDEX_HEADER_SIZE + slot_bytes])
+        if sys.byteorder == "little":
+            slot_values.byteswap()  # the file is big-endian
+        if slot_values and (min(slot_values) < 0 or max(slot_values) >= count):
+            return False
         base = INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE
         if count > 1:
             # The header names the first and the last entry's offsets: a wrong slot count

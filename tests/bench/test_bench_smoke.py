@@ -113,6 +113,20 @@ def test_ours_cases_and_ratios_when_the_public_api_exists(tmp_path: Path) -> Non
         assert _case(result, OURS, case, 128)["status"] == "ok"
     assert _case(result, OURS, "recovery", 128)["status"] == "ok"
     assert {r["ours_case"] for r in result["ratios"]} == {o for o, _, _ in COMPARISONS}
+    # Issue 18: the recovery scan beside its plain-read floor, and opening a store clean and
+    # after kill -9, each with the store it measured in its note.
+    assert set(_case(result, OURS, "recovery", 128)["metrics"]) == {"gb_per_s", "floor_gb_per_s"}
+    for case in ("open_clean", "open_crash"):
+        c = _case(result, OURS, case, 128)
+        assert c["status"] == "ok" and set(c["metrics"]) == {"open_s"} and "messages" in c["note"], c
+        assert c["metrics"]["open_s"]["median"] > 0
+    table = io.StringIO()
+    write_table(result, table)
+    assert "open_crash" in table.getvalue() and "floor_gb_per_s" in table.getvalue()
+    from mqstore.bench.report import render_markdown
+
+    assert "open after kill -9, s" in render_markdown(result)
+    assert not list(tmp_path.glob("ours-open-*")), "the open stores are removed after the last repeat"
 
 
 def test_add_subcommands_registers_bench_with_its_options() -> None:
