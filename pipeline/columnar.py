@@ -434,3 +434,64 @@ def _decode_exact(
     return rows_to_batch(rows, schema)
 
 
+
+
+# What decode_arrow_run (storage/_native.c) builds; the rest are constants or nulls here.
+NATIVE_COLUMNS: Final = frozenset(COLUMNS) - {"segment_file", "error"}
+
+
+def decode_native_run(
+    native: Any,
+    buf: Buffer,
+    seg: Segment,
+    start: int,
+    end: int,
+    schema: pa.Schema,
+    *,
+    max_message_size: int,
+    max_rows: int,
+    max_bytes: int,
+    check_crc: bool,
+    extra: Sequence[str] = (),
+) -> tuple[int, pa.RecordBatch, np.ndarray, dict[str, pa.Array]]:
+    """The records from `start` that the C column builder takes, as one batch of `schema`:
+    (where it stopped, the batch, each row's position, the `extra` columns built alongside).
+
+    It takes what `_decode_fast` takes (and with check_crc only records passing
+    `body_crc_mismatch` whose physical-offset field says where they lie, as read_split checks); at the first record it does not take it stops, and the caller hands
+    that record to the reference path. No Python object per row: the buffers come back whole
+    and are wrapped as they are."""
+    names = list(schema.names)
+    wanted = [c for c in dict.fromkeys([*names, *extra]) if c in NATIVE_COLUMNS]
+    limit = min(seg.file_size, len(buf))
+    base = -1 if seg.base_offset is None else seg.base_offset  # -1: a renamed segment, no offset check
+    stop, n, raw = native.decode_arrow_run(buf, start, end, limit, max_message_size, max_rows, max_bytes, check_crc, wanted,
+                                           base)  # fmt: skip
+    built = {c: _native_array(c, n, raw[c]) for c in wanted}
+    for name in names:
+        if name == "segment_file":
+            built[name] = pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), [seg.path]).cast(pa.string())
+        elif name == "error":
+            built[name] = pa.nulls(n, pa.string())
+    batch = pa.RecordBatch.from_arrays([built[c] for c in names], schema=schema)
+    positions = np.frombuffer(raw["_positions"], dtype=np.int64)
+    return stop, batch, positions, {c: built[c] for c in extra}
+
+
+def _native_array(name: str, n: int, bufs: tuple[Any, ...]) -> pa.Array:
+    typ = COLUMNS[name]
+    if name == "properties":
+        pair_off, key_off, key_data, val_off, val_data = bufs
+        npairs = len(key_off) // 4 - 1
+        keys = pa.Array.from_buffers(pa.string(), npairs, [None, pa.py_buffer(key_off), pa.py_buffer(key_data)])
+        values = pa.Array.from_buffers(pa.string(), npairs, [None, pa.py_buffer(val_off), pa.py_buffer(val_data)])
+        arr = pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(pair_off)]), keys, values)
+        return arr if arr.type == typ else arr.cast(typ)
+    if len(bufs) == 3:  # nullable string: validity (None when no nulls), offsets, data
+        validity, offsets, data = bufs
+        return pa.Array.from_buffers(
+            typ, n, [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
+    if len(bufs) == 2:
+        return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(bufs[0]), pa.py_buffer(bufs[1])])
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(bufs[0])])

@@ -7,7 +7,10 @@ Options:
   strict          "true": a corrupt record fails the job, naming file and offset
   maxMessageSize  bound on a plausible TOTALSIZE (default 4 MiB, RocketMQ's maxMessageSize)
   corruptLog      a directory: each task writes the corrupt ranges it met as JSON lines there
-  decoder         "fast" (default) or "exact" (the codec per record; for tests and doubts)
+  decoder         "fast" (default: whole Arrow columns built in C, storage/_native.c, with
+                  numpy gathers where the extension is not built or MQSTORE_PURE_PYTHON=1),
+                  "numpy" (the numpy gathers only), or "exact" (the codec per record); the
+                  last two for tests and doubts
   batchRows       rows per Arrow batch (default 8192)
   topics          comma-separated topics: only their records are decoded past the topic
                   (corrupt ranges are still reported)
@@ -29,6 +32,13 @@ so the reader gets it only when Spark asks for pushdown (see `RocketMQDataSource
 Columns: see `SCHEMA`. Pass a narrower schema (`.schema("topic string, size int")` or
 `read_commitlog(spark, paths, columns=[...])`) and only those fields are decoded: the Python
 data source API has no column pruning, so the user schema is the pruning.
+
+Decoding: each task maps its segment and storage/_native.c (decode_arrow_run) builds the
+Arrow columns of a run of records in one C pass (CRC checked in place, bodies copied once,
+columns not in the schema never built); any record it does not take goes to the reference
+path (numpy gathers, then the codec). Spark's Python data source then ships every column of
+the schema to the JVM, which converts each row: with the default schema that conversion, not
+the decode, is most of a query's CPU (bench/bench_spark.py reports both).
 
 Planning (why the driver walks): records are only self-describing from a segment's start, so
 the planner walks every segment once, reading 8-byte headers and jumping by TOTALSIZE, and
@@ -78,8 +88,10 @@ import struct
 from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE, PHYSICAL_OFFSET_POSITION, body_crc_mismatch
 
 from .bounds import ReadBounds, parse_offsets, parse_timestamp_ms, parse_topic_pattern, to_epoch_us
-from .columnar import COLUMNS, _be64, corrupt_values, decode_batch, rows_to_batch
-from .segments import Segment, discover_segments, message_runs, open_segment, parse_size, plan_segment
+from mqstore.storage import speedups
+
+from .columnar import COLUMNS, _be64, corrupt_values, decode_batch, decode_native_run, rows_to_batch
+from .segments import Segment, StepResult, discover_segments, message_runs, open_segment, parse_size, plan_segment
 
 from mqstore.log import get_logger
 
@@ -88,6 +100,7 @@ log = get_logger(__name__)
 FORMAT_NAME = "rocketmq"
 DEFAULT_SPLIT_SIZE = "64m"
 DEFAULT_BATCH_ROWS = 8192
+DECODERS = ("fast", "numpy", "exact")
 _I32 = struct.Struct(">i")
 MAX_BATCH_BYTES = 64 << 20  # keeps int32 Arrow offsets of a body column far from overflow
 
@@ -328,7 +341,11 @@ class RocketMQReader(DataSourceReader):
         self.strict = _bool(options, "strict")
         self.max_message_size = int(options.get("maxmessagesize", DEFAULT_MAX_MESSAGE_SIZE))
         self.corrupt_log = options.get("corruptlog")
-        self.fast = options.get("decoder", "fast").lower() != "exact"
+        decoder = options.get("decoder", "fast").strip().lower()
+        if decoder not in DECODERS:
+            raise ValueError(f"rocketmq data source: decoder {decoder!r} is not one of {', '.join(DECODERS)}")
+        self.fast = decoder != "exact"
+        self.native_columns = decoder == "fast"
         self.batch_rows = int(options.get("batchrows", DEFAULT_BATCH_ROWS))
         self.use_consume_queue = str(options.get("useconsumequeue", "true")).strip().lower() in ("1", "true", "yes", "on")
         self.bounds = bounds_from_options(options)
@@ -362,6 +379,7 @@ class RocketMQReader(DataSourceReader):
                 corrupt_log=self.corrupt_log,
                 bounds=self.bounds,
                 check_crc=self.check_crc,
+                native_columns=self.native_columns,
             )
 
 
@@ -389,9 +407,15 @@ def read_split(
     topics: Sequence[str] | None = None,
     bounds: ReadBounds | None = None,
     check_crc: bool = True,
+    native_columns: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of one split: the message rows `bounds` (and `topics`) ask for, and one
-    row per corrupt range."""
+    row per corrupt range.
+
+    With `fast`, the C column builder (storage/_native.c decode_arrow_run) takes the common
+    records whole, and the reference walk below (numpy gathers, the codec for odd records)
+    takes every record it declines; `native_columns=False` (or MQSTORE_PURE_PYTHON=1, or no
+    built extension) keeps everything on the reference path."""
     from .columnar import arrow_schema
 
     import numpy as np
@@ -459,7 +483,9 @@ def read_split(
         if not bounds.drop_corrupt:  # a pushed filter never matches a corrupt (null) row
             pending.append(rows_to_batch([row], schema))
 
-    for item in message_runs(buf, seg, split.start, split.end, max_message_size, batch_rows, MAX_BATCH_BYTES):
+    def reference(item: list[int] | StepResult) -> Iterator[pa.RecordBatch]:
+        """One item of the reference walk: a run of positions, or a corrupt range."""
+        nonlocal positions
         if isinstance(item, list):
             positions = item
             batch = decoded()
@@ -467,10 +493,41 @@ def read_split(
             pending.clear()
             if batch.num_rows:
                 yield batch
-            continue
+            return
         _report_corrupt(item.pos, item.next_pos - item.pos, item.reason)
         yield from pending
         pending.clear()
+
+    native = speedups.native if fast and native_columns else None
+    if native is None:
+        for item in message_runs(buf, seg, split.start, split.end, max_message_size, batch_rows, MAX_BATCH_BYTES):
+            yield from reference(item)
+    else:
+        filter_names = filter_schema.names if filter_schema is not None else []
+        pos = split.start
+        while pos < split.end:
+            stop, batch, taken, extra = decode_native_run(
+                native, buf, seg, pos, split.end, schema, max_message_size=max_message_size, max_rows=batch_rows,
+                max_bytes=MAX_BATCH_BYTES, check_crc=check_crc, extra=filter_names,
+            )  # fmt: skip
+            if batch.num_rows:
+                if filter_schema is not None:
+                    keep = bounds.row_mask(pa.RecordBatch.from_arrays([extra[c] for c in filter_names], schema=filter_schema))
+                    if not keep.all():
+                        batch, taken = batch.filter(pa.array(keep)), taken[keep]
+                if check and batch.num_rows:
+                    _check_decoded(batch, buf, seg, taken.tolist(), strict, corrupt, fast, max_message_size)
+                if batch.num_rows:
+                    yield batch
+                pos = stop
+                continue
+            # The C builder does not take the record at pos (damage, a blank, V2, IPv6...):
+            # the reference walk decides it, with at most one run of records after it.
+            step = next(message_runs(buf, seg, pos, split.end, max_message_size, batch_rows, MAX_BATCH_BYTES), None)
+            if step is None:
+                break  # the end of the data
+            yield from reference(step)
+            pos = step[-1] + _I32.unpack_from(buf, step[-1])[0] if isinstance(step, list) else step.next_pos
     if corrupt_log and corrupt:
         _write_corrupt_log(corrupt_log, split, corrupt)
 

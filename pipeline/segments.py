@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Iterator
 
+from mqstore.storage import speedups
+
 from mqstore.storage.codec import (
     BLANK_MAGIC_CODE,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -288,7 +290,19 @@ def plan_segment(
     pos = 0
     limit = seg.file_size
     hdr = header_ok
+    native = speedups.native
     while pos < limit:
+        if native is not None:
+            # The C walk over the plain records up to the next cut (the same steps: every
+            # record it takes has a plausible header); it stops where this loop decides.
+            pos = native.decode_arrow_run(buf, pos, min(target, limit), min(limit, len(buf)), max_message_size,
+                                          1 << 40, 1 << 62, False, ())[0]  # fmt: skip
+            if pos >= target and pos < limit:
+                cuts.append(pos)
+                target = (pos // split_size + 1) * split_size
+                continue
+            if pos >= limit:
+                break
         # Inline fast path of step_at: the planner walks every header of the segment.
         total = hdr(buf, pos, limit, max_message_size)
         if total:

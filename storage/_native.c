@@ -1431,6 +1431,438 @@ done:
     return result;
 }
 
+/* ==========================================================================================
+ * ---- decode_arrow_run: whole Arrow column buffers for the Spark reader ---------------------
+ *
+ * pipeline/columnar.py's numpy fast path, for a byte range at once: walk the records from
+ * `start` and fill the requested columns' Arrow buffers (values, offsets, validity) in one
+ * pass, no Python object per row. It takes exactly the records the numpy path takes (V1,
+ * IPv4 hosts, lengths that add up, valid UTF-8 topic and properties, properties that are
+ * plain name\1value pairs with no repeated name) and, with check_crc, that pass
+ * codec.body_crc_mismatch. At the first record it does not take it stops and returns where:
+ * the caller hands that record (damage, blanks, V2, IPv6, the schedule topic when tags_code
+ * is asked for...) to the reference path, so every odd case keeps one implementation.
+ * ========================================================================================== */
+
+#define AR_MAX_PAIRS 256
+#define AR_SCHEDULE_TOPIC "SCHEDULE_TOPIC_XXXX"
+
+enum {
+    AR_COMMITLOG_OFFSET, AR_SIZE, AR_TOPIC, AR_QUEUE_ID, AR_QUEUE_OFFSET, AR_SYS_FLAG, AR_FLAG,
+    AR_BORN_TS, AR_STORE_TS, AR_BORN_HOST, AR_STORE_HOST, AR_RECONSUME, AR_TAGS, AR_KEYS,
+    AR_PROPERTIES, AR_BODY, AR_MSG_ID, AR_BODY_CRC, AR_PREPARED, AR_UNIQ_KEY, AR_TAGS_CODE, AR_NCOLS
+};
+
+static const char *const ar_names[AR_NCOLS] = {
+    "commitlog_offset", "size", "topic", "queue_id", "queue_offset", "sys_flag", "flag",
+    "born_timestamp", "store_timestamp", "born_host", "store_host", "reconsume_times", "tags", "keys",
+    "properties", "body", "msg_id", "body_crc", "prepared_transaction_offset", "uniq_key", "tags_code",
+};
+
+/* A growable byte buffer (PyMem); copied into a bytes object at the end. */
+typedef struct {
+    unsigned char *p;
+    Py_ssize_t len, cap;
+} ar_buf;
+
+static int ar_reserve(ar_buf *b, Py_ssize_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra) cap *= 2;
+    unsigned char *p = PyMem_Realloc(b->p, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int ar_put(ar_buf *b, const void *src, Py_ssize_t n) {
+    if (ar_reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->len, src, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static inline int ar_put_i32(ar_buf *b, int32_t v) { return ar_put(b, &v, 4); }
+
+static inline int ar_put_i64(ar_buf *b, int64_t v) { return ar_put(b, &v, 8); }
+
+static PyObject *ar_bytes(const ar_buf *b) { return PyBytes_FromStringAndSize((const char *)b->p, b->len); }
+
+/* Strict UTF-8 (what pyarrow's full validation and Python's strict decoder accept): no
+ * overlong forms, no surrogates, nothing above U+10FFFF. */
+static int ar_utf8_ok(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        Py_ssize_t k;
+        uint32_t cp, min;
+        if ((c & 0xE0) == 0xC0) {
+            k = 1, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 2, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            k = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (i + k >= n) return 0; /* truncated sequence */
+        for (Py_ssize_t j = 1; j <= k; j++) {
+            if ((p[i + j] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (p[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+/* Java's String.hashCode of valid UTF-8 bytes (decoded to UTF-16 code units). */
+static uint32_t ar_jhash_utf8(const unsigned char *p, Py_ssize_t n) {
+    uint32_t h = 0;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            h = 31u * h + c;
+            i++;
+            continue;
+        }
+        Py_ssize_t k = (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : 3;
+        Py_UCS4 cp = c & (k == 1 ? 0x1F : k == 2 ? 0x0F : 0x07);
+        for (Py_ssize_t j = 1; j <= k; j++) cp = (cp << 6) | (p[i + j] & 0x3F);
+        h = jhash_unit(h, cp);
+        i += k + 1;
+    }
+    return h;
+}
+
+typedef struct {
+    const unsigned char *name, *value;
+    Py_ssize_t name_n, value_n;
+} ar_pair;
+
+/* The properties as the numpy path splits them: items by \2 (empty ones dropped), each
+ * exactly name\1value with a non-empty value, no name twice. The pair count, or -1 when the
+ * record needs the reference parser (Java split semantics). */
+static int ar_split_props(const unsigned char *p, Py_ssize_t n, ar_pair *out) {
+    int count = 0;
+    Py_ssize_t a = 0;
+    while (a < n) {
+        Py_ssize_t b = a;
+        while (b < n && p[b] != PROPERTY_SEPARATOR) b++;
+        if (b > a) {
+            Py_ssize_t sep = -1;
+            for (Py_ssize_t k = a; k < b; k++)
+                if (p[k] == NAME_VALUE_SEPARATOR) {
+                    if (sep != -1) return -1;
+                    sep = k;
+                }
+            if (sep == -1 || sep == b - 1 || count == AR_MAX_PAIRS) return -1;
+            ar_pair pr = {p + a, p + sep + 1, sep - a, b - sep - 1};
+            for (int i = 0; i < count; i++)
+                if (out[i].name_n == pr.name_n && memcmp(out[i].name, pr.name, (size_t)pr.name_n) == 0) return -1;
+            out[count++] = pr;
+        }
+        a = b + 1;
+    }
+    return count;
+}
+
+static const ar_pair *ar_find(const ar_pair *pairs, int n, const char *name) {
+    size_t len = strlen(name);
+    for (int i = 0; i < n; i++)
+        if ((size_t)pairs[i].name_n == len && memcmp(pairs[i].name, name, len) == 0) return &pairs[i];
+    return NULL;
+}
+
+/* "a.b.c.d:port" of an IPv4 host's 8 bytes (port signed, as codec reads it). */
+static int ar_put_host(ar_buf *b, const unsigned char *h, unsigned char *last, char *text, int *text_n) {
+    if (*text_n < 0 || memcmp(last, h, 8) != 0) {
+        memcpy(last, h, 8);
+        *text_n = snprintf(text, 32, "%u.%u.%u.%u:%d", h[0], h[1], h[2], h[3], (int)get_i32(h + 4));
+    }
+    return ar_put(b, text, *text_n);
+}
+
+typedef struct {
+    ar_buf values, offsets, data, validity, pair_offsets, key_offsets, key_data, val_offsets, val_data;
+    Py_ssize_t nulls;
+} ar_col;
+
+static void ar_col_free(ar_col *c) {
+    ar_buf *all[] = {&c->values, &c->offsets, &c->data, &c->validity, &c->pair_offsets,
+                     &c->key_offsets, &c->key_data, &c->val_offsets, &c->val_data};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) PyMem_Free(all[i]->p);
+}
+
+/* A nullable string value (tags, keys, uniq_key): validity bit, offset, bytes. */
+static int ar_put_opt(ar_col *c, Py_ssize_t row, const ar_pair *pr) {
+    if (ar_reserve(&c->validity, 1) < 0) return -1;
+    if (row % 8 == 0) c->validity.p[c->validity.len++] = 0;
+    if (pr != NULL) {
+        c->validity.p[row / 8] |= (unsigned char)(1u << (row % 8));
+        if (ar_put(&c->data, pr->value, pr->value_n) < 0) return -1;
+    } else {
+        c->nulls++;
+    }
+    return ar_put_i32(&c->offsets, (int32_t)c->data.len);
+}
+
+PyDoc_STRVAR(decode_arrow_run_doc,
+             "decode_arrow_run(buf, start, end, limit, max_message_size, max_rows, max_bytes, check_crc, columns,\n"
+             "                 base_offset=-1)\n"
+             "    -> (stop, rows, {column: buffers})\n\n"
+             "Walk the records from start (before end; none past limit) and build the Arrow buffers of "
+             "`columns` for those pipeline.columnar's fast path would decode (and, with check_crc, whose "
+             "body CRC and properties terminator pass and, given the segment's base_offset, whose "
+             "PHYSICALOFFSET is base_offset + position). Stops at max_rows records, once max_bytes of "
+             "records are taken, or at the first record it does not take; `stop` is where the next "
+             "step begins. Buffers per column: (values,) for numbers (timestamps in us), (offsets, data) "
+             "for strings and binary, (validity or None, offsets, data) for tags/keys/uniq_key, "
+             "(pair_offsets, key_offsets, key_data, value_offsets, value_data) for properties; "
+             "\"_positions\" holds each record's int64 position. Native byte order, int32 offsets.");
+
+static PyObject *decode_arrow_run(PyObject *self, PyObject *args) {
+    PyObject *bufobj, *columns;
+    Py_ssize_t start, end, limit, max_rows, max_bytes;
+    long long max_size, base = -1;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "OnnnLnnpO|L", &bufobj, &start, &end, &limit, &max_size, &max_rows, &max_bytes,
+                          &check_crc, &columns, &base))
+        return NULL;
+    if (start < 0 || end < start || max_rows <= 0 || max_bytes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_arrow_run: need 0 <= start <= end, max_rows > 0, max_bytes > 0");
+        return NULL;
+    }
+    int want[AR_NCOLS] = {0};
+    PyObject *seq = PySequence_Fast(columns, "decode_arrow_run: columns must be a sequence of names");
+    if (seq == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        const char *name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+        if (name == NULL) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        int found = 0;
+        for (int c = 0; c < AR_NCOLS; c++)
+            if (strcmp(name, ar_names[c]) == 0) want[c] = found = 1;
+        if (!found) {
+            PyErr_Format(PyExc_ValueError, "decode_arrow_run: no native column %s", name);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    const int want_props = want[AR_TAGS] || want[AR_KEYS] || want[AR_PROPERTIES] || want[AR_UNIQ_KEY] ||
+                           want[AR_TAGS_CODE];
+    /* Arrow's offsets are int32: no column's bytes outgrow the records taken (a host is at most
+     * 21 bytes, a msgId 32, a record at least 91), so a run stops before 2 GiB of records. */
+    const int want_varlen = want[AR_TOPIC] || want[AR_BORN_HOST] || want[AR_STORE_HOST] || want_props ||
+                            want[AR_BODY] || want[AR_MSG_ID];
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    if (limit > view.len) limit = view.len;
+    if (end > limit) end = limit;
+
+    PyObject *result = NULL;
+    ar_col cols[AR_NCOLS];
+    memset(cols, 0, sizeof cols);
+    ar_buf positions = {0};
+    ar_pair *pairs = PyMem_Malloc(sizeof(ar_pair) * AR_MAX_PAIRS);
+    if (pairs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int c = 0; c < AR_NCOLS; c++)
+        if (want[c] && (c == AR_TOPIC || c == AR_BORN_HOST || c == AR_STORE_HOST || c == AR_TAGS || c == AR_KEYS ||
+                        c == AR_BODY || c == AR_MSG_ID || c == AR_UNIQ_KEY))
+            if (ar_put_i32(&cols[c].offsets, 0) < 0) goto done;
+    if (want[AR_PROPERTIES] &&
+        (ar_put_i32(&cols[AR_PROPERTIES].pair_offsets, 0) < 0 || ar_put_i32(&cols[AR_PROPERTIES].key_offsets, 0) < 0 ||
+         ar_put_i32(&cols[AR_PROPERTIES].val_offsets, 0) < 0))
+        goto done;
+
+    unsigned char born_last[8], store_last[8];
+    char born_text[32], store_text[32];
+    int born_n = -1, store_n = -1;
+    static const char hex[] = "0123456789ABCDEF";
+    Py_ssize_t pos = start, rows = 0;
+    while (pos < end && rows < max_rows && pos - start < max_bytes) {
+        if (pos + FIXED_V4_LEN > limit) break;
+        const unsigned char *r = buf + pos;
+        int32_t total = get_i32(r);
+        if (get_i32(r + 4) != MESSAGE_MAGIC_CODE || total < FIXED_V4_LEN || total > max_size || pos + total > limit)
+            break;
+        if (want_varlen && pos - start + total > INT32_MAX) break;
+        int32_t sys_flag = get_i32(r + 36);
+        if (sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) break;
+        int32_t body_len = get_i32(r + 84);
+        if (body_len < 0 || body_len > total - FIXED_V4_LEN) break;
+        Py_ssize_t topic_len = (int8_t)r[BODY_POS_V4 + body_len];
+        if (topic_len <= 0 || FIXED_V4_LEN + body_len + topic_len > total) break;
+        const unsigned char *topic = r + BODY_POS_V4 + body_len + 1;
+        Py_ssize_t props_len = get_i16(topic + topic_len);
+        if (props_len < 0 || total != FIXED_V4_LEN + body_len + topic_len + props_len) break;
+        const unsigned char *props = topic + topic_len + 2;
+        if (check_crc) { /* codec.body_crc_mismatch's checks, as check_record_crc makes them */
+            if (props_len > 0 && props[props_len - 1] != PROPERTY_SEPARATOR) break;
+            if (body_len > 0) {
+                int32_t crc = 0;
+                if (crc31_bytes(r + BODY_POS_V4, body_len, &crc) < 0) goto done;
+                if (crc != get_i32(r + 8)) break;
+            }
+            /* recovery's other rule: the record's own PHYSICALOFFSET says where it lies */
+            if (base >= 0 && get_i64(r + 28) != base + pos) break;
+        }
+        if ((want[AR_TOPIC] || want[AR_TAGS_CODE]) && !ar_utf8_ok(topic, topic_len)) break;
+        int npairs = 0;
+        if (want_props) {
+            if (!ar_utf8_ok(props, props_len)) break;
+            npairs = ar_split_props(props, props_len, pairs);
+            if (npairs < 0) break;
+            if (want[AR_TAGS_CODE] && topic_len == (Py_ssize_t)strlen(AR_SCHEDULE_TOPIC) &&
+                memcmp(topic, AR_SCHEDULE_TOPIC, (size_t)topic_len) == 0)
+                break; /* a delayed message's tagsCode is its delivery time: the reference decides */
+        }
+        /* Taken: append this record's values. */
+        if (ar_put_i64(&positions, pos) < 0) goto done;
+        for (int c = 0; c < AR_NCOLS; c++) {
+            if (!want[c]) continue;
+            ar_col *col = &cols[c];
+            int rc = 0;
+            switch (c) {
+            case AR_COMMITLOG_OFFSET: rc = ar_put_i64(&col->values, get_i64(r + 28)); break;
+            case AR_SIZE: rc = ar_put_i32(&col->values, total); break;
+            case AR_QUEUE_ID: rc = ar_put_i32(&col->values, get_i32(r + 12)); break;
+            case AR_QUEUE_OFFSET: rc = ar_put_i64(&col->values, get_i64(r + 20)); break;
+            case AR_SYS_FLAG: rc = ar_put_i32(&col->values, sys_flag); break;
+            case AR_FLAG: rc = ar_put_i32(&col->values, get_i32(r + 16)); break;
+            case AR_BORN_TS: rc = ar_put_i64(&col->values, get_i64(r + 40) * 1000); break;
+            case AR_STORE_TS: rc = ar_put_i64(&col->values, get_i64(r + 56) * 1000); break;
+            case AR_RECONSUME: rc = ar_put_i32(&col->values, get_i32(r + 72)); break;
+            case AR_BODY_CRC: rc = ar_put_i32(&col->values, get_i32(r + 8)); break;
+            case AR_PREPARED: rc = ar_put_i64(&col->values, get_i64(r + 76)); break;
+            case AR_TAGS_CODE: {
+                const ar_pair *t = ar_find(pairs, npairs, "TAGS");
+                rc = ar_put_i64(&col->values, t ? (int64_t)(int32_t)ar_jhash_utf8(t->value, t->value_n) : 0);
+                break;
+            }
+            case AR_TOPIC:
+                rc = ar_put(&col->data, topic, topic_len) < 0 ? -1 : ar_put_i32(&col->offsets, (int32_t)col->data.len);
+                break;
+            case AR_BODY: /* the bytes are copied after the walk, into one exact-size buffer */
+                rc = ar_put_i32(&col->offsets, (int32_t)(col->data.len += body_len));
+                break;
+            case AR_BORN_HOST:
+                rc = ar_put_host(&col->data, r + 48, born_last, born_text, &born_n) < 0
+                         ? -1 : ar_put_i32(&col->offsets, (int32_t)col->data.len);
+                break;
+            case AR_STORE_HOST:
+                rc = ar_put_host(&col->data, r + 64, store_last, store_text, &store_n) < 0
+                         ? -1 : ar_put_i32(&col->offsets, (int32_t)col->data.len);
+                break;
+            case AR_MSG_ID: {
+                char id[32];
+                for (int i = 0; i < 8; i++) {
+                    id[2 * i] = hex[r[64 + i] >> 4], id[2 * i + 1] = hex[r[64 + i] & 15];
+                    id[16 + 2 * i] = hex[r[28 + i] >> 4], id[16 + 2 * i + 1] = hex[r[28 + i] & 15];
+                }
+                rc = ar_put(&col->data, id, 32) < 0 ? -1 : ar_put_i32(&col->offsets, (int32_t)col->data.len);
+                break;
+            }
+            case AR_TAGS: rc = ar_put_opt(col, rows, ar_find(pairs, npairs, "TAGS")); break;
+            case AR_KEYS: rc = ar_put_opt(col, rows, ar_find(pairs, npairs, "KEYS")); break;
+            case AR_UNIQ_KEY: rc = ar_put_opt(col, rows, ar_find(pairs, npairs, "UNIQ_KEY")); break;
+            case AR_PROPERTIES:
+                for (int i = 0; i < npairs && rc == 0; i++) {
+                    rc = ar_put(&col->key_data, pairs[i].name, pairs[i].name_n) < 0 ||
+                                 ar_put_i32(&col->key_offsets, (int32_t)col->key_data.len) < 0 ||
+                                 ar_put(&col->val_data, pairs[i].value, pairs[i].value_n) < 0 ||
+                                 ar_put_i32(&col->val_offsets, (int32_t)col->val_data.len) < 0
+                             ? -1 : 0;
+                }
+                if (rc == 0) rc = ar_put_i32(&col->pair_offsets, (int32_t)((col->key_offsets.len / 4) - 1));
+                break;
+            }
+            if (rc < 0) goto done;
+        }
+        rows++;
+        pos += total;
+    }
+
+    PyObject *out = PyDict_New();
+    if (out == NULL) goto done;
+    PyObject *pos_bytes = ar_bytes(&positions);
+    if (pos_bytes == NULL || PyDict_SetItemString(out, "_positions", pos_bytes) < 0) {
+        Py_XDECREF(pos_bytes);
+        Py_DECREF(out);
+        goto done;
+    }
+    Py_DECREF(pos_bytes);
+    for (int c = 0; c < AR_NCOLS; c++) {
+        if (!want[c]) continue;
+        ar_col *col = &cols[c];
+        PyObject *t = NULL;
+        switch (c) {
+        case AR_TOPIC: case AR_BORN_HOST: case AR_STORE_HOST: case AR_MSG_ID:
+            t = Py_BuildValue("(NN)", ar_bytes(&col->offsets), ar_bytes(&col->data));
+            break;
+        case AR_BODY: {
+            PyObject *data = PyBytes_FromStringAndSize(NULL, col->data.len);
+            if (data == NULL) break;
+            char *w = PyBytes_AS_STRING(data);
+            const int64_t *ps = (const int64_t *)positions.p;
+            for (Py_ssize_t i = 0; i < rows; i++) {
+                int32_t n = get_i32(buf + ps[i] + 84);
+                memcpy(w, buf + ps[i] + BODY_POS_V4, (size_t)n);
+                w += n;
+            }
+            t = Py_BuildValue("(NN)", ar_bytes(&col->offsets), data);
+            break;
+        }
+        case AR_TAGS: case AR_KEYS: case AR_UNIQ_KEY:
+            if (col->nulls == 0) {
+                t = Py_BuildValue("(ONN)", Py_None, ar_bytes(&col->offsets), ar_bytes(&col->data));
+            } else {
+                t = Py_BuildValue("(NNN)", ar_bytes(&col->validity), ar_bytes(&col->offsets), ar_bytes(&col->data));
+            }
+            break;
+        case AR_PROPERTIES:
+            t = Py_BuildValue("(NNNNN)", ar_bytes(&col->pair_offsets), ar_bytes(&col->key_offsets),
+                              ar_bytes(&col->key_data), ar_bytes(&col->val_offsets), ar_bytes(&col->val_data));
+            break;
+        default:
+            t = Py_BuildValue("(N)", ar_bytes(&col->values));
+        }
+        if (t == NULL || PyDict_SetItemString(out, ar_names[c], t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(out);
+            goto done;
+        }
+        Py_DECREF(t);
+    }
+    result = Py_BuildValue("(nnN)", pos, rows, out);
+
+done:
+    for (int c = 0; c < AR_NCOLS; c++) ar_col_free(&cols[c]);
+    PyMem_Free(positions.p);
+    PyMem_Free(pairs);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ---- end of decode_arrow_run --------------------------------------------------------------- */
+
 /* ---- scan_records: the recovery scan's record walk ----------------------------------------- */
 
 /* Why a run of records ended (storage/scan.py names them). */
@@ -1760,6 +2192,8 @@ static PyMethodDef methods[] = {
     {"decode_message", (PyCFunction)(void (*)(void))decode_message, METH_FASTCALL, decode_message_doc},
     {"check_record_crc", (PyCFunction)(void (*)(void))check_record_crc, METH_FASTCALL, check_record_crc_doc},
     {"crc32", crc32_py, METH_O, crc32_doc},
+    /* the Spark reader's column builder */
+    {"decode_arrow_run", decode_arrow_run, METH_VARARGS, decode_arrow_run_doc},
     /* recovery */
     {"scan_records", scan_records, METH_VARARGS, scan_records_doc},
     {"cq_valid_prefix", cq_valid_prefix, METH_O, cq_valid_prefix_doc},
