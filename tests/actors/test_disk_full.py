@@ -21,6 +21,9 @@ SETTINGS = dict(
     max_hash_slot_num=64,
     max_index_num=400,
 )
+# Where a test reads while units wait for blocks on purpose, the read-your-writes wait times
+# out: 300 ms instead of the default 5 s keeps those tests short.
+WAITING = dict(SETTINGS, read_your_writes_timeout_ms=300)
 
 
 def test_a_full_disk_refuses_puts_cleanly_and_loses_nothing() -> None:
@@ -160,7 +163,7 @@ def test_dispatch_waits_for_space_and_resumes_without_a_restart() -> None:
     units wait (no crash, no restart storm) and are written once space returns."""
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
-    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+    with mqstore.open("/sim/store", fs=fs, **WAITING) as store:
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
         assert all_keys(store) == ["k0"]
         fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
@@ -176,6 +179,7 @@ def test_dispatch_waits_for_space_and_resumes_without_a_restart() -> None:
         fs.clear_faults()
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=["last"])).ok
         acked.append("last")
+        assert store.wait_for_messages("T", 0, len(acked) - 1, timeout_s=30)  # the backlog is written
         assert all_keys(store) == acked
         for key in ("k1", "k599", "last"):
             assert [m.key_list for m in store.query("T", key).messages] == [[key]]
@@ -248,7 +252,7 @@ def test_a_new_store_with_no_room_for_its_first_queue_and_index_files_waits_then
     fs.makedirs("/sim")
     fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
     fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
-    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+    with mqstore.open("/sim/store", fs=fs, **WAITING) as store:
         for i in range(3):
             assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
         store.get("T", 0, 0, 1)  # dispatch has seen every put
@@ -256,6 +260,7 @@ def test_a_new_store_with_no_room_for_its_first_queue_and_index_files_waits_then
         assert store.supervisor.state.name == "RUNNING" and store.supervisor.restarts == []
         fs.clear_faults()
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k3"])).ok
+        assert store.wait_for_messages("T", 0, 3, timeout_s=30)
         assert all_keys(store) == ["k0", "k1", "k2", "k3"]
         assert [m.key_list for m in store.query("T", "k1").messages] == [["k1"]]
     with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
@@ -272,7 +277,7 @@ def test_the_dispatch_backlog_held_while_the_disk_is_full_is_capped() -> None:
 
     fs = SimulatedFileSystem(capacity_bytes=24 * 1024 * 1024)
     fs.makedirs("/sim")
-    settings = dict(SETTINGS, mapped_file_size_commitlog_bytes=4 * 1024 * 1024)
+    settings = dict(WAITING, mapped_file_size_commitlog_bytes=4 * 1024 * 1024)
     acked: list[str] = []
     with mqstore.open("/sim/store", fs=fs, **settings) as store:
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
@@ -292,6 +297,7 @@ def test_the_dispatch_backlog_held_while_the_disk_is_full_is_capped() -> None:
         fs.remove("/sim/filler")
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=["last"])).ok
         acked.append("last")
+        assert store.wait_for_messages("T", 0, len(acked) - 1, timeout_s=30)
         assert all_keys(store) == acked  # read on from the commitlog, nothing skipped
         for key in ("k1", "k2999", "last"):
             assert [m.key_list for m in store.query("T", key).messages] == [[key]]
@@ -300,13 +306,16 @@ def test_the_dispatch_backlog_held_while_the_disk_is_full_is_capped() -> None:
     fs.assert_no_sigbus()
 
 
-def test_a_close_while_dispatch_waits_for_space_is_not_a_clean_stop() -> None:
+def test_a_close_while_dispatch_waits_for_space_is_not_a_clean_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Closing while ConsumeQueue and index batches wait for blocks: the queues and the index do
     not hold what was acknowledged, so the stop must not be marked clean (the abort marker
     stays); the next open recovers as after a crash and dispatches the rest from the log."""
+    from mqstore import supervisor
+
+    monkeypatch.setattr(supervisor, "DISPATCH_CATCH_UP_TIMEOUT_MS", 300)  # the close waits this long
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
-    store = mqstore.open("/sim/store", fs=fs, **SETTINGS)
+    store = mqstore.open("/sim/store", fs=fs, **WAITING)
     assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
     assert all_keys(store) == ["k0"]
     fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
