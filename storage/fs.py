@@ -153,12 +153,11 @@ def _unwritten_or_holes(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     return found
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
+def _pwrite_zeros(fd: int, start: int, end: int) -> None:
+    """Zeros over [start, end) with pwrite, a chunk at a time; OSError (ENOSPC) as it comes."""
+    zeros = memoryview(_ZEROS)
+    while start < end:
+        start += os.pwrite(fd, zeros[: min(len(zeros), end - start)], start)
 
 
 class RealMappedRegion:
@@ -255,11 +254,7 @@ class RealMappedRegion:
                     return  # no SEEK_DATA on this filesystem
                 else:
                     raise
-            hole_end = min(data, end)
-            while pos < hole_end:
-                length = min(len(_ZEROS), hole_end - pos)
-                _pwrite_all(fd, _ZEROS[:length], pos)
-                pos += length
+            _pwrite_zeros(fd, pos, min(data, end))
             if data >= end:
                 return
             pos = os.lseek(fd, data, os.SEEK_HOLE)
@@ -285,10 +280,7 @@ class RealMappedRegion:
         if hasattr(self.buf, "madvise"):
             self.buf.madvise(mmap.MADV_DONTNEED, start, end - start)
         os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
-        while start < end:
-            length = min(len(_ZEROS), end - start)
-            _pwrite_all(fd, _ZEROS[:length], start)
-            start += length
+        _pwrite_zeros(fd, start, end)
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         end = self.size if end is None else min(end, self.size)
