@@ -689,6 +689,44 @@ class CommitLog:
             offset = read.offset + read.size
         return last
 
+    def next_queue_offsets(self, start: int, end: int) -> dict[str, int]:
+        """Per "topic-queueId", the queue offset after the last record of [start, end) (PREPARED
+        and ROLLBACK records have none): where `iter_records` from `start` ends, past segment
+        ends and quarantined ranges. Runs of plain records are tallied in C; each record a run
+        stops at goes through `iter_records` itself (as `store_timestamp_before`), so both give
+        the same answer. The C walk checks CRCs so that it accepts no record the per-record
+        path would not."""
+        tally = scan.RecordTally()
+        found = tally.next_queue_offsets
+        offset = start
+        fast = scan.fast_scan_available()
+        while offset < end:
+            mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset) if fast else None
+            if mapped_file is not None:
+                base = mapped_file.file_from_offset
+                buf = mapped_file.mapped_buffer
+                run = scan.scan_run(buf, offset - base, min(mapped_file.read_position, end - base),
+                                    file_from_offset=base, max_message_size=self.max_message_size,
+                                    check_crc=True)  # fmt: skip
+                if run.records:
+                    tally.add_run(buf, offset - base, base, run, self.max_message_size)
+                    offset = base + run.end
+                    continue
+            read = next(iter(self.iter_records(offset, end, read_body=False)), None)
+            if read is None:
+                break
+            if read.kind is RecordKind.BLANK:
+                offset = self.roll_next_file(read.offset)
+                continue
+            record = read.record
+            if record is None:
+                break
+            if record.transaction_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+                key = f"{record.topic}-{record.queue_id}"
+                found[key] = max(found.get(key, 0), record.queue_offset + 1)
+            offset = read.offset + read.size
+        return found
+
     def _quarantine_end(self, offset: int) -> int | None:
         for quarantined in self.quarantined:
             if quarantined.start == offset:

@@ -27,7 +27,7 @@ from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_en
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
-from .scan import RecordTally, fast_scan_available, scan_run
+from .scan import RecordTally
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
 __all__ = ["RecoveryReport", "continue_queues_past_quarantine", "recover_store"]
@@ -274,23 +274,10 @@ def recover_store(
             report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), next_offset)
         if report.dispatch_from < end:
             stop = min(scan_start if seen.next_queue_offsets or seen.count else end, end)
-            # Runs of plain records are tallied in C (a dropped index file can lower the start
-            # to the log's beginning: 19 s of a 2 GiB open, record by record); whatever ends a
-            # run other than a segment's blank goes on through the per-record loop below.
-            resume, tallied = _tally_queue_offsets(commitlog, report.dispatch_from, stop)
-            for key, next_offset in tallied.next_queue_offsets.items():
+            # A dropped index file can lower the start to the log's beginning: the re-count
+            # walks runs of records in C (it took 19 s of a 2 GiB open record by record).
+            for key, next_offset in commitlog.next_queue_offsets(report.dispatch_from, stop).items():
                 report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), next_offset)
-            for read in commitlog.iter_records(resume, stop, read_body=False) if resume < stop else ():
-                record = read.record
-                if read.kind is codec.RecordKind.BLANK:
-                    continue  # a segment's end: the next segment follows (it stopped the tally here)
-                if record is None:
-                    break
-                tran = record.transaction_type
-                if tran in (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE):
-                    continue
-                key = f"{record.topic}-{record.queue_id}"
-                report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), record.queue_offset + 1)
         lost_bytes = sum(stop - start for start, stop in lost)
         continue_queues_past_quarantine(commitlog, report.quarantined, report.topic_queue_table, slack_bytes=lost_bytes)
         for cq in queues:
@@ -578,41 +565,6 @@ def _write_filled_segment(fs: FileSystem, path: str, size: int, old: MappedRegio
     if not reserved:
         fs.remove(path)
         raise DiskFullError(f"no disk space to fill the commitlog hole {path}")
-
-
-def _tally_queue_offsets(commitlog: CommitLog, start: int, stop: int) -> tuple[int, RecordTally]:
-    """Tally the records of [start, stop) in C while they come in plain runs (segment ends
-    included); returns where the tally stopped (`stop` when it covered all) and the tally.
-    Without the C walk it tallies nothing and returns `start`. The walk checks CRCs and
-    property separators so that it accepts only records the per-record decoder accepts too:
-    at anything else it stops, and the caller's loop decides as it always did."""
-    tally = RecordTally()
-    if not fast_scan_available():
-        return start, tally
-    pos = start
-    while pos < stop:
-        mapped_file = commitlog.mapped_file_queue.find_mapped_file_by_offset(pos)
-        if mapped_file is None or not mapped_file.hold():
-            return pos, tally
-        try:
-            base = mapped_file.file_from_offset
-            buf = mapped_file.mapped_buffer
-            limit = min(mapped_file.read_position, stop - base)
-            run = scan_run(buf, pos - base, limit, file_from_offset=base,
-                           max_message_size=commitlog.max_message_size, check_crc=True)  # fmt: skip
-            tally.add_run(buf, pos - base, base, run, commitlog.max_message_size)
-        finally:
-            mapped_file.release()
-        pos = base + run.end
-        if run.stop == "blank":
-            pos = commitlog.roll_next_file(pos)
-        elif run.stop == "limit" and pos + codec.END_FILE_MIN_BLANK_LENGTH > base + limit:
-            if base + limit >= stop:
-                return stop, tally
-            return pos, tally  # a segment read short of its end: the per-record loop decides
-        elif run.stop != "budget":
-            return pos, tally
-    return min(pos, stop), tally
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:
