@@ -158,22 +158,29 @@ def test_a_small_simulated_disk_fills_without_sigbus_and_takes_puts_again_when_s
     fs.assert_no_sigbus()
 
 
+def _put_while_derived_files_get_no_blocks(store: MessageStore, fs: SimulatedFileSystem) -> list[str]:
+    """One put dispatched, then 599 more while the ConsumeQueue and index files cannot get
+    blocks (past the first CQ file, 200 units, and index file, 400): the acknowledged keys."""
+    assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
+    assert all_keys(store) == ["k0"]
+    fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
+    fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
+    acked = ["k0"]
+    for i in range(1, 600):
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+        acked.append(f"k{i}")
+    store.get("T", 0, 0, 1)  # dispatch has seen every put
+    assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
+    return acked
+
+
 def test_dispatch_waits_for_space_and_resumes_without_a_restart() -> None:
     """The commitlog has its blocks but the ConsumeQueue and index cannot get theirs: the
     units wait (no crash, no restart storm) and are written once space returns."""
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     with mqstore.open("/sim/store", fs=fs, **WAITING) as store:
-        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
-        assert all_keys(store) == ["k0"]
-        fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
-        fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
-        acked = ["k0"]
-        for i in range(1, 600):  # past the first CQ file (200 units) and index file (400)
-            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
-            acked.append(f"k{i}")
-        store.get("T", 0, 0, 1)  # dispatch has seen every put
-        assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
+        acked = _put_while_derived_files_get_no_blocks(store, fs)
         assert store.supervisor.state.name == "RUNNING"
         assert store.supervisor.restarts == []  # waited, never crashed
         fs.clear_faults()
@@ -316,16 +323,7 @@ def test_a_close_while_dispatch_waits_for_space_is_not_a_clean_stop(monkeypatch:
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     store = mqstore.open("/sim/store", fs=fs, **WAITING)
-    assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
-    assert all_keys(store) == ["k0"]
-    fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
-    fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
-    acked = ["k0"]
-    for i in range(1, 600):  # past the first CQ file (200 units) and index file (400)
-        assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
-        acked.append(f"k{i}")
-    store.get("T", 0, 0, 1)
-    assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
+    acked = _put_while_derived_files_get_no_blocks(store, fs)
     assert store.close() is False  # not clean
     assert fs.exists("/sim/store/abort")
     fs.clear_faults()
