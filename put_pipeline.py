@@ -135,22 +135,14 @@ class _ToActors(_Sink):
     def answer_pass(self, answers: list[tuple[PassReply, Any]]) -> None:
         pipeline = self._pipeline
         pipeline._release_slots(len(answers))
-        record = pipeline._store.stats_service.record_put
         now = time.monotonic_ns()
         last = len(answers) - 1
         for i, (reply, answer) in enumerate(answers):
             assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
             result = as_put_result(answer)
-            try:
-                record(reply.topic, result, now - reply.started)
-            except Exception as exc:  # the figures are not worth an answer never sent
-                pipeline.log.error("recording a put in the stats failed", error=repr(exc))
+            pipeline._account(reply, result, now)
             sender = reply.sender
             if sender is None:  # fire and forget
-                if not result.stored:
-                    pipeline.log.warning(
-                        "fire-and-forget put failed", topic=reply.topic, status=result.status.name, detail=result.detail
-                    )
                 continue
             replied = Replied(correlation_id=reply.correlation_id, answer=result)
             try:
@@ -270,25 +262,28 @@ class PutPipeline:
         while (answers := get()) is not None:
             self._complete(answers)
 
+    def _account(self, reply: _PutReply, result: PutResult, now_ns: int) -> None:
+        """A put's figures into the stats; a fire-and-forget put (no future, no sender) that
+        failed into the log, as nobody else hears of it."""
+        try:
+            self._store.stats_service.record_put(reply.topic, result, now_ns - reply.started)
+        except Exception as exc:  # the figures are not worth an answer never given
+            self.log.error("recording a put in the stats failed", error=repr(exc))
+        if reply.future is None and reply.sender is None and not result.stored:
+            self.log.warning("fire-and-forget put failed", topic=reply.topic, status=result.status.name,
+                             detail=result.detail)  # fmt: skip
+
     def _complete(self, answers: list[tuple[PassReply, Any]]) -> None:
         """Complete a pass's futures (their done-callbacks run here), give their slots back."""
         self._release_slots(len(answers))
-        record = self._store.stats_service.record_put
         pending = self._pending
         now = time.monotonic_ns()
         for reply, answer in answers:
             assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
             result = as_put_result(answer)
-            try:
-                record(reply.topic, result, now - reply.started)
-            except Exception as exc:  # the figures are not worth a future that never completes
-                self.log.error("recording a put in the stats failed", error=repr(exc))
+            self._account(reply, result, now)
             future = reply.future
             if future is None:  # fire and forget
-                if not result.stored:
-                    self.log.warning(
-                        "fire-and-forget put failed", topic=reply.topic, status=result.status.name, detail=result.detail
-                    )
                 continue
             pending.discard(future)
             try:

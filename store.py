@@ -280,13 +280,17 @@ class MessageStore:
     def put_batch(self, messages: Sequence[Message]) -> PutResult:
         """Put messages of one topic and queue as one contiguous batch (RocketMQ's putMessages):
         consecutive queue offsets, never split across segments, one result."""
+        return self._put_and_wait(self._batch(messages), batch=True)
+
+    def _batch(self, messages: Sequence[Message]) -> tuple[Message, ...]:
+        """The argument checks of put_batch and put_batch_async (on an open store)."""
         self._check_open()
         if isinstance(messages, (Message, str, bytes)) or not isinstance(messages, Sequence):
             raise TypeError(f"messages must be a sequence of mqstore.Message, not {type(messages).__name__}")
         _check_messages(messages, "messages")
         if not messages:
             raise ValueError("messages must not be empty")
-        return self._put_and_wait(tuple(messages), batch=True)
+        return tuple(messages)
 
     def _put_and_wait(self, messages: tuple[Message, ...], *, batch: bool) -> PutResult:
         started_ns = time.monotonic_ns()
@@ -314,13 +318,7 @@ class MessageStore:
 
     def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
         """`put_batch` without waiting: one future for the batch."""
-        self._check_open()
-        if isinstance(messages, (Message, str, bytes)) or not isinstance(messages, Sequence):
-            raise TypeError(f"messages must be a sequence of mqstore.Message, not {type(messages).__name__}")
-        _check_messages(messages, "messages")
-        if not messages:
-            raise ValueError("messages must not be empty")
-        return self._puts.put_async(tuple(messages), batch=True)
+        return self._puts.put_async(self._batch(messages), batch=True)
 
     def actor_client(self, sender: pykka.ActorRef[Any]) -> ActorClient:
         """Puts for the pykka actor `sender`, told straight to the writer (no gateway hop);
