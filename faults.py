@@ -68,3 +68,22 @@ class FaultPlan:
 
 
 NO_FAULTS: Final = FaultPlan()
+
+
+class HoldAt(FaultPlan):
+    """Once armed, holds the actor that reaches `point` (its thread waits in `hit`) until
+    `release` is set, at most `hold_s`: for tests that need an actor stopped mid-work."""
+
+    def __init__(self, point: str, hold_s: float = 30.0) -> None:
+        super().__init__()
+        self.point = point
+        self.hold_s = hold_s
+        self.armed = threading.Event()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def hit(self, point: str) -> None:
+        if point == self.point and self.armed.is_set():
+            self.armed.clear()
+            self.entered.set()
+            self.release.wait(self.hold_s)

@@ -13,27 +13,10 @@ from typing import Any
 
 from mqstore import Message, MessageStore
 from mqstore.actors.commitlog_writer import CommitLogWriter, DispatchLag
-from mqstore.faults import FaultPlan
+from mqstore.faults import HoldAt
 from mqstore.ticker import ManualTicker
 
 h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
-
-
-class HoldAt(FaultPlan):
-    """Once armed, holds the actor that reaches `point` until `release` is set."""
-
-    def __init__(self, point: str) -> None:
-        super().__init__()
-        self.point = point
-        self.armed = threading.Event()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def hit(self, point: str) -> None:
-        if point == self.point and self.armed.is_set():
-            self.armed.clear()
-            self.entered.set()
-            self.release.wait(30)
 
 
 def _writer(store: MessageStore) -> CommitLogWriter:

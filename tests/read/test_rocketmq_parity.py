@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +16,7 @@ import mqstore
 from mqstore import GetMessageStatus as S
 from mqstore import Message, MessageStore
 from mqstore.config import ConfigError
-from mqstore.faults import FaultPlan
+from mqstore.faults import HoldAt
 from mqstore.storage import codec
 from mqstore.storage.commitlog import CommitLog, EncodedRecords
 from mqstore.storage.fs import RealFileSystem
@@ -25,23 +24,6 @@ from mqstore.storage.fs import RealFileSystem
 h = sys.modules["mqstore_read_test_helpers"]  # loaded by conftest.py
 Open = Callable[..., MessageStore]
 NO_EFFECT = "settings that have no effect in this store"
-
-
-class HoldAt(FaultPlan):
-    """Once armed, holds the actor that reaches `point` until `release` is set."""
-
-    def __init__(self, point: str) -> None:
-        super().__init__()
-        self.point = point
-        self.armed = threading.Event()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def hit(self, point: str) -> None:
-        if point == self.point and self.armed.is_set():
-            self.armed.clear()
-            self.entered.set()
-            self.release.wait(30)
 
 
 def _put(store: MessageStore, topic: str, queue_id: int = 0, body: bytes = b"x" * 100, **kw: object) -> mqstore.PutResult:
