@@ -340,7 +340,8 @@ def _free_name(exists: Callable[[str], bool], wanted: str) -> str:
     return name
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Make a directory's entries (a file created, renamed or removed in it) durable."""
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -408,7 +409,7 @@ class RealFileSystem:
         another file; returns the new path. For a damaged file kept for a person to look at."""
         target = _free_name(self.exists, path + suffix)
         os.rename(path, target)
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
         return target
 
     def disk_usage(self, path: str) -> DiskUsage:

@@ -19,7 +19,7 @@ import threading
 from typing import Final
 
 from mqstore.log import get_logger
-from mqstore.storage.fs import FileSystem, RealFileSystem
+from mqstore.storage.fs import FileSystem, RealFileSystem, fsync_dir
 
 __all__ = ["ABORT_FILE_NAME", "LOCK_FILE_NAME", "AbortFile", "StoreDirectoryError", "StoreLock", "StoreLockedError"]
 
@@ -70,14 +70,6 @@ def _unlock_byte_zero(fd: int) -> None:
         fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
     else:
         fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StoreLock:
@@ -188,7 +180,7 @@ class AbortFile:
         self._fs.remove(self.path)
         if isinstance(self._fs, RealFileSystem):
             # Not strictly needed (a lost removal only costs an abnormal recovery), but cheap.
-            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
 
 def _refuse_directory(fs: FileSystem, path: str, what: str) -> None:
