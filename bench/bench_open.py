@@ -243,11 +243,13 @@ class OpenCases:
     def _open_copy(self, crashed: Path, target: Path) -> Outcome:
         shutil.rmtree(target, ignore_errors=True)
         copy_store(crashed, target)
+        os.sync()  # the copy's write-back is not the open's: it slowed the open's own writes
         try:
             recover_s = _recover_seconds(target, self.config)
         finally:
             shutil.rmtree(target, ignore_errors=True)
         copy_store(crashed, target)
+        os.sync()
         try:
             outcome = self._open(target)
         finally:
