@@ -73,12 +73,19 @@ class IndexActor(StoreActor[IndexRequest]):
         # Recovery (above) dropped the files that were not safe to keep (§10.8 load).
         if not self._service.load(last_exit_ok=True, index_msg_timestamp=0):
             raise RuntimeError(f"cannot load the index in {cfg.index_dir}")
-        self._dispatched_offset = self._service.resume_offset()
         # Records below this offset are indexed already. The newest file's endPhyOffset is the
         # START of the last indexed message, which may be indexed only in part (its keys split
         # across a full file and a newer one recovery dropped): it is indexed again, as in Java,
         # and build_index skips the keys already there.
-        self._indexed_below = self._dispatched_offset
+        self._indexed_below = self._service.resume_offset()
+        # Where re-dispatch must start for the index (the supervisor starts reput no later).
+        # An open's recovery decided it: a clean stop indexed everything (the log's end), a
+        # crash or a dropped file names its start. A restart in a live process trusts the
+        # files up to the newest entry (messages without keys after it left no trace).
+        self._dispatched_offset = self._indexed_below
+        if self._mode is not RecoveryMode.RESTART:
+            needed = self._recovered.dispatch_from
+            self._dispatched_offset = needed if needed is not None else self._log_facts.max_offset
         self._publish()
 
     def _publish(self) -> None:
