@@ -13,8 +13,9 @@ queue's own at its offset).
 A read through the thread's maps never blocks, so a thread reading in a loop would keep the GIL
 for CPython's whole switch interval (5 ms) at a time and make every put hand-off wait that long
 (a consumer catching up cut a producer from 90k to 8k msgs/s). So each get and query that read
-through the maps ends with one `yield_gil()`: a bounded yield, one per call, that lets a thread
-waiting for the GIL run first. The catch-up case of bench/bench_read.py measures it.
+through the maps ends with one `yield_gil()`: it gives the GIL to the threads the store's
+hand-offs woke (a put's writer, its answer) when there are any, and costs nothing otherwise.
+The catch-up case of bench/bench_read.py measures both.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .actors.consume_queue import pickup_store_timestamp
 from .config import StoreConfig
 from .messages import GetResult, QueryResult, UnitsReply
 from .read_view import ReadView, in_ranges
-from .storage import codec
+from .storage import codec, speedups
 from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
 from .storage.consume_queue import ConsumeQueueReader
@@ -69,9 +70,16 @@ QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the 
 _FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.FILLER_UNIT
 
 def yield_gil() -> None:
-    """Release the GIL once (`time.sleep(0)`): a thread waiting for it runs now, not after the
-    switch interval. Costs a syscall (~1 us), no waiting."""
-    time.sleep(0)
+    """Let the threads the store's hand-offs woke (`_native.Signal`: actor inboxes, answers)
+    take the GIL now rather than after the switch interval, if any is waiting for it: one
+    atomic load when none is. `time.sleep(0)` here cost a scheduler yield per call (~90 us
+    on a busy machine, half a 128 B read loop). Without the C extension it stays that:
+    Python cannot tell whether a thread waits."""
+    fast = speedups.native
+    if fast is not None:
+        fast.yield_gil()
+    else:
+        time.sleep(0)
 
 
 _Closable = CommitLogReader | ConsumeQueueReader | IndexReader
@@ -304,8 +312,38 @@ def collect(
     segment = cfg.mapped_file_size_commitlog_bytes
     check_crc = cfg.check_crc_on_read
     skipped = ""
+    # The C loop takes runs of plain units (no tag filter, no quarantine, units read through
+    # the thread's maps); whatever it stops at goes through the loop below, the reference.
+    run = speedups.native.decode_units if speedups.native is not None and expect is not None else None
+    if run is not None and (raw or wanted is not None or quarantined):
+        run = None
+    limits = (cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory,
+              cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk)  # fmt: skip
+    end = min(len(units), limit)
     i = 0
-    while i < len(units) and i < limit:
+    while i < end:
+        if run is not None and next_phy_file_start < 0:
+            assert expect is not None  # (for mypy: `run` is only set with it)
+            phy = unpack(units, i)[0]
+            place = reader.select(phy, 1)
+            if place is not None and not getattr(place[0], "closed", False):
+                buf, pos = place
+                before = count
+                try:
+                    i, count, total_bytes = run(
+                        units, i, end, buf, phy - pos, reader.readable_until(phy) - (phy - pos), max_message_size,
+                        MessageRecord, codec.host_from_bytes, check_crc, expect[0], expect[1], offset, count,
+                        total_bytes, max_count, -1 if max_total_bytes is None else max_total_bytes, head,
+                        in_memory_bytes, limits, found,
+                    )  # fmt: skip
+                except ValueError:
+                    if not getattr(buf, "closed", False):
+                        raise
+                    # closed since (the store closing): the loop below reads that as removed
+                if count > before:
+                    status = GetMessageStatus.FOUND
+                if i >= end:
+                    break
         phy, size, tags_code = unpack(units, i)
         if size == _FILLER_SIZE and phy == 0:
             i += 20  # a queue offset whose record was lost or damaged (a filler unit): nothing to serve

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -1038,6 +1039,41 @@ typedef struct {
     int ready;
 } SignalObject;
 
+/* How many threads wait for the GIL right now after a Signal hand-off (woken by a post, or
+ * taking the GIL back after posting without it): the store's actors hand off (inboxes,
+ * answers) through Signal only, so this says whether a reader looping with the GIL is
+ * holding up a put. */
+static int woken_awaiting_gil = 0;
+
+/* Longest a yield_gil waits for the woken threads to take the GIL before taking it back. */
+#define YIELD_GIL_MAX_NS 2000000LL
+
+static long long monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+PyDoc_STRVAR(yield_gil_doc,
+             "yield_gil() -> bool\n\n"
+             "If a thread a Signal woke is waiting for the GIL, release the GIL until it has taken it "
+             "(at most 2 ms) and return True; else return False at once, without a system call. "
+             "Releasing the GIL alone would not do: the releasing thread takes it back before the "
+             "woken one runs, and the woken one waits the whole switch interval (5 ms).");
+
+static PyObject *yield_gil(PyObject *self, PyObject *noargs) {
+    if (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) == 0) Py_RETURN_FALSE;
+    Py_BEGIN_ALLOW_THREADS
+    long long deadline = monotonic_ns() + YIELD_GIL_MAX_NS;
+    while (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) > 0 && monotonic_ns() < deadline) sched_yield();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_TRUE;
+}
+
+static PyObject *woken_awaiting_gil_py(PyObject *self, PyObject *noargs) {
+    return PyLong_FromLong(__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED));
+}
+
 static int Signal_init(SignalObject *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(args, "")) return -1;
     if (self->ready) sem_destroy(&self->sem);
@@ -1060,7 +1096,9 @@ static PyObject *Signal_post(SignalObject *self, PyObject *noargs) {
      * of finding the GIL held and sleeping again (a convoy measured on this 2-CPU machine). */
     Py_BEGIN_ALLOW_THREADS
     rc = sem_post(&self->sem);
+    __atomic_fetch_add(&woken_awaiting_gil, 1, __ATOMIC_RELAXED); /* and this thread wants it back */
     Py_END_ALLOW_THREADS
+    __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
     if (rc != 0) return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
 }
@@ -1090,8 +1128,13 @@ static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         rc = timeout >= 0 ? sem_clockwait(&self->sem, CLOCK_MONOTONIC, &deadline) : sem_wait(&self->sem);
         err = errno;
+        /* Woken: counted as waiting for the GIL until it has it (see yield_gil). */
+        if (rc == 0) __atomic_fetch_add(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
         Py_END_ALLOW_THREADS
-        if (rc == 0) Py_RETURN_TRUE;
+        if (rc == 0) {
+            __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
+            Py_RETURN_TRUE;
+        }
         if (err == ETIMEDOUT) Py_RETURN_FALSE;
         if (err != EINTR) {
             errno = err;
@@ -1249,37 +1292,11 @@ PyDoc_STRVAR(decode_message_doc,
              "(limit None: the buffer's end), built from the buffer in place; bytes fields are copies. "
              "None for anything read_record does not report as MESSAGE: the caller runs it for those.");
 
-static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 && nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "decode_message takes 6 or 7 arguments");
-        return NULL;
-    }
-    int check_crc = 0;
-    if (nargs == 7 && (check_crc = PyObject_IsTrue(args[6])) < 0) return NULL;
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t limit = PY_SSIZE_T_MAX;
-    if (args[2] != Py_None) {
-        limit = PyLong_AsSsize_t(args[2]);
-        if (limit == -1 && PyErr_Occurred()) return NULL;
-    }
-    long long max_size = PyLong_AsLongLong(args[3]);
-    if (max_size == -1 && PyErr_Occurred()) return NULL;
-    PyObject *cls_o = args[4], *host_factory = args[5];
-    if (!PyType_Check(cls_o) || !PyType_IsSubtype((PyTypeObject *)cls_o, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "record_cls must be a tuple subclass");
-        return NULL;
-    }
-    if (!PyCallable_Check(host_factory)) {
-        PyErr_SetString(PyExc_TypeError, "host_factory must be callable");
-        return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+/* The record at `pos` of buf[0:end] as decode_message decodes it: a new MessageRecord, a new
+ * reference to None where read_record must decide, or NULL with an exception set. */
+static PyObject *decode_at(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, long long max_size,
+                           PyTypeObject *cls, PyObject *host_factory, int check_crc) {
     PyObject *items[MESSAGE_RECORD_FIELDS] = {NULL};
-    PyObject *result = Py_None;
-    const unsigned char *buf = (const unsigned char *)view.buf;
-    Py_ssize_t end = limit < view.len ? limit : view.len;
 
     /* read_record: a header, a message magic code, a size within bounds and the buffer. */
     if (pos < 0 || pos + 8 > end) goto decline;
@@ -1327,6 +1344,12 @@ static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_
     /* check_crc: read_record's integrity checks. A torn write that kept the body but not the
      * end of the properties passes the CRC; every writer ends properties with \2. */
     if (check_crc && props_len > 0 && props[props_len - 1] != PROPERTY_SEPARATOR) goto decline;
+    if (check_crc && body_len > 0) {
+        /* A mismatch declines: read_record(check_crc=True) reports it as CORRUPT, with its reason. */
+        int32_t crc = 0;
+        if (crc31_bytes(body, body_len, &crc) < 0) return NULL;
+        if (crc != get_i32(r + 8)) goto decline;
+    }
 
     /* A MESSAGE: the fields of MessageRecord, in its order; stop at the first failure (a
      * host factory must not be called with an exception set). */
@@ -1347,15 +1370,6 @@ static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_
     DECODE_FIELD(12, PyLong_FromLong(get_i32(store + store_len + 4)))
     DECODE_FIELD(13, PyLong_FromLongLong(get_i64(store + store_len + 8)))
     DECODE_FIELD(14, PyBytes_FromStringAndSize((const char *)body, body_len))
-    if (check_crc && body_len > 0) {
-        /* A mismatch declines: read_record(check_crc=True) reports it as CORRUPT, with its reason. */
-        int32_t crc = 0;
-        if (crc31_bytes(body, body_len, &crc) < 0) goto fail;
-        if (crc != get_i32(r + 8)) {
-            for (int k = 0; k < MESSAGE_RECORD_FIELDS; k++) Py_CLEAR(items[k]);
-            goto decline;
-        }
-    }
     DECODE_FIELD(15, decode_topic(topic, topic_len))
     if (props_len > 0) {
         DECODE_FIELD(16, PyUnicode_DecodeUTF8((const char *)props, props_len, "replace"))
@@ -1365,19 +1379,159 @@ static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_
     }
     DECODE_FIELD(17, decode_properties(items[16]))
 #undef DECODE_FIELD
-    PyBuffer_Release(&view);
-    return make_fields((PyTypeObject *)cls_o, items, MESSAGE_RECORD_FIELDS);
+    return make_fields(cls, items, MESSAGE_RECORD_FIELDS);
 
 decline:
-    PyBuffer_Release(&view);
-    Py_INCREF(result);
-    return result;
+    Py_RETURN_NONE;
 fail:
     for (int k = 0; k < MESSAGE_RECORD_FIELDS; k++) Py_XDECREF(items[k]);
-    PyBuffer_Release(&view);
     return NULL;
 }
 
+static int check_record_args(PyObject *cls_o, PyObject *host_factory) {
+    if (!PyType_Check(cls_o) || !PyType_IsSubtype((PyTypeObject *)cls_o, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record_cls must be a tuple subclass");
+        return -1;
+    }
+    if (!PyCallable_Check(host_factory)) {
+        PyErr_SetString(PyExc_TypeError, "host_factory must be callable");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "decode_message takes 6 or 7 arguments");
+        return NULL;
+    }
+    int check_crc = 0;
+    if (nargs == 7 && (check_crc = PyObject_IsTrue(args[6])) < 0) return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t limit = PY_SSIZE_T_MAX;
+    if (args[2] != Py_None) {
+        limit = PyLong_AsSsize_t(args[2]);
+        if (limit == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long max_size = PyLong_AsLongLong(args[3]);
+    if (max_size == -1 && PyErr_Occurred()) return NULL;
+    if (check_record_args(args[4], args[5]) < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t end = limit < view.len ? limit : view.len;
+    PyObject *record = decode_at((const unsigned char *)view.buf, end, pos, max_size, (PyTypeObject *)args[4],
+                                 args[5], check_crc);
+    PyBuffer_Release(&view);
+    return record;
+}
+
+/* ---- decode_units: getMessage's loop over a run of ConsumeQueue units ------------------------ */
+
+#define CQ_UNIT_SIZE 20
+#define FILLER_UNIT_SIZE 0x7FFFFFFF
+#define DECODE_UNITS_NARGS 21
+
+PyDoc_STRVAR(decode_units_doc,
+             "decode_units(units, i, end, buf, seg_start, seg_limit, max_message_size, record_cls, host_factory, "
+             "check_crc, topic, queue_id, first_queue_offset, count, total_bytes, max_count, max_total_bytes, head, "
+             "in_memory_bytes, limits, out) -> (i, count, total_bytes)\n\n"
+             "reads.collect's loop for a get without a tag filter, over units[i:end] (20 bytes each) whose "
+             "records lie in the one commitlog segment mapped as buf (its first byte at commitlog offset "
+             "seg_start, readable below buf position seg_limit): each record decode_message decodes is "
+             "appended to `out`, while it is the (topic, queue_id) record at first_queue_offset + i/20. "
+             "Stops before the first unit it leaves to the Python loop: a filler, a record elsewhere or "
+             "cut by seg_limit, one decode_message declines or whose queue place differs, or one at which "
+             "batch_full holds (max_total_bytes -1: none; limits: (in-memory bytes, in-memory count, "
+             "on-disk bytes, on-disk count)). Between records, gives the GIL to threads a Signal woke "
+             "(yield_gil).");
+
+static PyObject *decode_units(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != DECODE_UNITS_NARGS) {
+        PyErr_SetString(PyExc_TypeError, "decode_units takes 21 arguments");
+        return NULL;
+    }
+    long long v[DECODE_UNITS_NARGS];
+    /* the integer arguments, by position */
+    static const int ints[] = {1, 2, 4, 5, 6, 11, 12, 13, 14, 15, 16, 17, 18};
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+        v[ints[k]] = PyLong_AsLongLong(args[ints[k]]);
+        if (v[ints[k]] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long i = v[1], end = v[2], seg_start = v[4], seg_limit = v[5], max_size = v[6], queue_id = v[11],
+              first_queue_offset = v[12], count = v[13], total_bytes = v[14], max_count = v[15],
+              max_total = v[16], head = v[17], in_memory = v[18];
+    int check_crc = PyObject_IsTrue(args[9]);
+    if (check_crc < 0 || check_record_args(args[7], args[8]) < 0) return NULL;
+    PyTypeObject *cls = (PyTypeObject *)args[7];
+    PyObject *host_factory = args[8], *topic = args[10], *out = args[20];
+    if (!PyUnicode_Check(topic) || !PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "topic must be a str and out a list");
+        return NULL;
+    }
+    long long lim[4];
+    if (!PyTuple_Check(args[19]) || PyTuple_GET_SIZE(args[19]) != 4) {
+        PyErr_SetString(PyExc_TypeError, "limits must be a 4-tuple");
+        return NULL;
+    }
+    for (int k = 0; k < 4; k++) {
+        lim[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[19], k));
+        if (lim[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_buffer units, map;
+    if (PyObject_GetBuffer(args[0], &units, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[3], &map, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&units);
+        return NULL;
+    }
+    if (end > units.len) end = units.len;
+    if (seg_limit > map.len) seg_limit = map.len;
+    const unsigned char *u = (const unsigned char *)units.buf, *buf = (const unsigned char *)map.buf;
+    int failed = 0;
+    for (; i >= 0 && i + CQ_UNIT_SIZE <= end; i += CQ_UNIT_SIZE) {
+        long long phy = get_i64(u + i);
+        long long size = get_i32(u + i + 8);
+        if (size <= 0 || size == FILLER_UNIT_SIZE) break; /* a filler, or nothing to read */
+        long long pos = phy - seg_start;
+        if (phy < seg_start || pos + size > seg_limit) break; /* CommitLogReader.select's bounds */
+        if (total_bytes != 0 && count != 0) { /* batch_full */
+            if (count >= max_count || (max_total >= 0 && total_bytes + size > max_total)) break;
+            int in_disk = head - phy > in_memory;
+            if (total_bytes + size > lim[in_disk ? 2 : 0] || count > lim[in_disk ? 3 : 1] - 1) break;
+        }
+        PyObject *record = decode_at(buf, pos + size, pos, max_size, cls, host_factory, check_crc);
+        if (record == NULL) {
+            failed = 1;
+            break;
+        }
+        if (record == Py_None) {
+            Py_DECREF(record);
+            break;
+        }
+        PyObject *qoff = PyTuple_GET_ITEM(record, 5), *qid = PyTuple_GET_ITEM(record, 3),
+                 *rtopic = PyTuple_GET_ITEM(record, 15);
+        int same = PyLong_AsLongLong(qoff) == first_queue_offset + i / CQ_UNIT_SIZE &&
+                   PyLong_AsLongLong(qid) == queue_id &&
+                   (rtopic == topic || PyUnicode_Compare(rtopic, topic) == 0);
+        if (!same || PyList_Append(out, record) < 0) {
+            Py_DECREF(record);
+            if (PyErr_Occurred()) failed = 1;
+            break;
+        }
+        Py_DECREF(record);
+        count++;
+        total_bytes += size;
+        if (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) > 0) {
+            /* The maps stay exported while the GIL is away: a close() from another thread
+             * cannot unmap them under us (CommitLogReader.close tolerates the BufferError). */
+            Py_DECREF(yield_gil(NULL, NULL));
+        }
+    }
+    PyBuffer_Release(&map);
+    PyBuffer_Release(&units);
+    if (failed) return NULL;
+    return Py_BuildValue("LLL", i, count, total_bytes);
+}
 /* ---- end of decode_message ----------------------------------------------------------------- */
 
 PyDoc_STRVAR(check_record_crc_doc,
@@ -2191,7 +2345,11 @@ static PyMethodDef methods[] = {
     /* read path */
     {"decode_message", (PyCFunction)(void (*)(void))decode_message, METH_FASTCALL, decode_message_doc},
     {"check_record_crc", (PyCFunction)(void (*)(void))check_record_crc, METH_FASTCALL, check_record_crc_doc},
+    {"decode_units", (PyCFunction)(void (*)(void))decode_units, METH_FASTCALL, decode_units_doc},
     {"crc32", crc32_py, METH_O, crc32_doc},
+    {"yield_gil", yield_gil, METH_NOARGS, yield_gil_doc},
+    {"woken_awaiting_gil", woken_awaiting_gil_py, METH_NOARGS,
+     "woken_awaiting_gil() -> int: threads a Signal woke that wait for the GIL now (for tests)."},
     /* the Spark reader's column builder */
     {"decode_arrow_run", decode_arrow_run, METH_VARARGS, decode_arrow_run_doc},
     /* recovery */
