@@ -325,19 +325,19 @@ def collect(
         if run is not None and next_phy_file_start < 0:
             assert expect is not None  # (for mypy: `run` is only set with it)
             phy = unpack(units, i)[0]
-            place = reader.select(phy, 1)
-            if place is not None and not getattr(place[0], "closed", False):
-                buf, pos = place
+            segment_place = reader.select(phy, 1)
+            if segment_place is not None and not getattr(segment_place[0], "closed", False):
+                segment_buf, pos = segment_place
                 before = count
                 try:
                     i, count, total_bytes = run(
-                        units, i, end, buf, phy - pos, reader.readable_until(phy) - (phy - pos), max_message_size,
+                        units, i, end, segment_buf, phy - pos, reader.readable_until(phy) - (phy - pos), max_message_size,
                         MessageRecord, codec.host_from_bytes, check_crc, expect[0], expect[1], offset, count,
                         total_bytes, max_count, -1 if max_total_bytes is None else max_total_bytes, head,
                         in_memory_bytes, limits, found,
                     )  # fmt: skip
                 except ValueError:
-                    if not getattr(buf, "closed", False):
+                    if not getattr(segment_buf, "closed", False):
                         raise
                     # closed since (the store closing): the loop below reads that as removed
                 if count > before:
