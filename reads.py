@@ -551,11 +551,12 @@ def record_at(
     place = reader.select(offset, 4)
     if place is None:
         return None
-    buf, pos = place
     try:
-        served = _read_in_place(buf, pos, None, max_message_size, check_crc)
-    except _Unmapped:
-        return None
+        served = codec.read_served(place[0], place[1], None, max_message_size=max_message_size, check_crc=check_crc)
+    except ValueError:
+        if getattr(place[0], "closed", False):
+            return None  # unmapped under the read (the store closing, the segment removed)
+        raise
     if isinstance(served, MessageRecord):
         return served
     if on_corrupt is not None and codec.failed_integrity(served):
@@ -575,19 +576,23 @@ def query_messages(
     last_query_ms = end_ms
     messages: list[MessageRecord] = []
     last_ts = last_phy = 0
+    max_message_size, check_crc = cfg.max_message_size_bytes, cfg.check_crc_on_read
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
         offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
         if not offsets:
             break
         last_ts, last_phy = ts, phy_end
-        for n, phy in enumerate(sorted(offsets)):
-            record = record_at(reader, phy, cfg.max_message_size_bytes, check_crc=cfg.check_crc_on_read,
-                               on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+        first = True
+        for phy in sorted(offsets) if len(offsets) > 1 else offsets:
+            record = record_at(reader, phy, max_message_size, check_crc=check_crc, on_corrupt=on_corrupt,
+                               quarantined=quarantined)  # fmt: skip
             if record is None:
+                first = False
                 continue
-            if n == 0:
+            if first:
                 last_query_ms = record.store_timestamp
+                first = False
             if record.topic == topic and (record.uniq_key == key or key in record.key_list):
                 messages.append(record)
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:

@@ -551,13 +551,18 @@ class MessageStore:
             raise TypeError(f"key must be a str, not {type(key).__name__}")
         if max_count is None:
             max_count = self.config.default_query_max_num
-        _check_int("max_count", max_count, 1)
-        _check_int("begin_ms", begin_ms, 0)
-        _check_int("end_ms", end_ms, 0)
+        if not (type(max_count) is int and max_count >= 1 and type(begin_ms) is int and begin_ms >= 0
+                and type(end_ms) is int and end_ms >= 0):  # fmt: skip
+            _check_int("max_count", max_count, 1)  # (the checks on a key lookup's path: one test when all is well)
+            _check_int("begin_ms", begin_ms, 0)
+            _check_int("end_ms", end_ms, 0)
         if not self.config.message_index_enable:
             return QueryResult(detail="message_index_enable is off: there is no index to query")
-        target = max(self._own_put_end(), self.read_view.view.dispatched_end)
-        view = self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target)
+        now = self.read_view.view
+        target = max(self._own_put_end(), now.dispatched_end)
+        view: ReadView | None = now
+        if now.index_files is None or now.indexed_end < target:
+            view = self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target)
         if view is None:
             return QueryResult(detail="the index did not reach this thread's last put in time")
         readers = self._readers.get()

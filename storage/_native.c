@@ -1031,6 +1031,111 @@ static PyObject *java_hash(PyObject *self, PyObject *s) {
     return PyLong_FromLong((int32_t)jhash_str(0, s, 0, PyUnicode_GET_LENGTH(s)));
 }
 
+/* ---- index_select: IndexFile.select_phy_offset -------------------------------------------- */
+
+PyDoc_STRVAR(index_select_doc,
+             "index_select(buf, key, max_hash_slot_num, entries_pos, bound, begin_timestamp, index_count, max_num, "
+             "begin, end, result) -> bool\n\n"
+             "IndexFile.select_phy_offset over the index file mapped as buf: key's keyHash (abs(String.hashCode), "
+             "0 for Integer.MIN_VALUE) and slot, then the slot's chain, newest first, appending to `result` the "
+             "phyOffset of each entry with that hash stored within [begin, end] until it holds max_num. The "
+             "same stops as the Python walk (bounded by `bound` steps). False, with `result` untouched, "
+             "where an entry would lie outside buf: the Python walk decides (and raises) there.");
+
+static PyObject *index_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "index_select takes 11 arguments");
+        return NULL;
+    }
+    PyObject *key = args[1], *result = args[10];
+    if (!PyUnicode_Check(key) || !PyList_Check(result)) {
+        PyErr_SetString(PyExc_TypeError, "key must be a str and result a list");
+        return NULL;
+    }
+    long long v[10];
+    for (int k = 2; k < 10; k++) {
+        v[k] = PyLong_AsLongLong(args[k]);
+        if (v[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long slots = v[2], entries_pos = v[3], bound = v[4], begin_ts = v[5], index_count = v[6], max_num = v[7],
+              begin = v[8], end = v[9];
+    if (slots <= 0) {
+        PyErr_SetString(PyExc_ValueError, "max_hash_slot_num must be positive");
+        return NULL;
+    }
+    int32_t h = (int32_t)jhash_str(0, key, 0, PyUnicode_GET_LENGTH(key));
+    long long key_hash = h == INT32_MIN ? 0 : (h < 0 ? -(long long)h : h);
+    long long slot = key_hash % slots;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    /* the offsets found, kept here until the walk ends: `result` changes only on success */
+    long long found[64];
+    Py_ssize_t n_found = 0, base = PyList_GET_SIZE(result);
+    PyObject *extra = NULL; /* past 64 offsets */
+    int ok = 1;
+    if (INDEX_HEADER_SIZE + (slot + 1) * HASH_SLOT_SIZE > view.len) {
+        ok = 0;
+        goto done;
+    }
+    long long n = get_i32(buf + INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE);
+    if (n <= 0 || n > bound || index_count <= 1) goto done;
+    for (long long step = 0; step < bound; step++) {
+        if (base + n_found >= max_num) break;
+        long long at = entries_pos + n * INDEX_ENTRY_SIZE;
+        if (at < 0 || at + INDEX_ENTRY_SIZE > view.len) {
+            ok = 0;
+            break;
+        }
+        const unsigned char *e = buf + at;
+        int32_t kh = get_i32(e), time_diff = get_i32(e + 12), prev = get_i32(e + 16);
+        if (time_diff < 0) break;
+        long long time_read = begin_ts + (long long)time_diff * 1000;
+        if (kh == key_hash && begin <= time_read && time_read <= end) {
+            if (n_found < 64) {
+                found[n_found] = get_i64(e + 4);
+            } else {
+                if (extra == NULL && (extra = PyList_New(0)) == NULL) break;
+                PyObject *o = PyLong_FromLongLong(get_i64(e + 4));
+                if (o == NULL || PyList_Append(extra, o) < 0) {
+                    Py_XDECREF(o);
+                    break;
+                }
+                Py_DECREF(o);
+            }
+            n_found++;
+        }
+        if (prev <= 0 || prev > bound || prev == n || time_read < begin) break;
+        n = prev;
+    }
+done:
+    PyBuffer_Release(&view);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(extra);
+        return NULL;
+    }
+    if (!ok) {
+        Py_XDECREF(extra);
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t k = 0; k < n_found && k < 64; k++) {
+        PyObject *o = PyLong_FromLongLong(found[k]);
+        if (o == NULL || PyList_Append(result, o) < 0) {
+            Py_XDECREF(o);
+            Py_XDECREF(extra);
+            return NULL;
+        }
+        Py_DECREF(o);
+    }
+    if (extra != NULL) {
+        Py_ssize_t len = PyList_GET_SIZE(result);
+        int rc = PyList_SetSlice(result, len, len, extra);
+        Py_DECREF(extra);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* ---- Signal: a counting semaphore whose post and wait release the GIL ---------------------- */
 
 typedef struct {
@@ -2340,6 +2445,7 @@ static PyMethodDef methods[] = {
     {"scan_dispatch", scan_dispatch, METH_VARARGS, scan_dispatch_doc},
     {"index_put_batch", index_put_batch, METH_VARARGS, index_put_batch_doc},
     {"java_hash", java_hash, METH_O, java_hash_doc},
+    {"index_select", (PyCFunction)(void (*)(void))index_select, METH_FASTCALL, index_select_doc},
     {"msync", msync_range, METH_VARARGS, msync_doc},
     {"cq_runs", cq_runs, METH_O, cq_runs_doc},
     /* read path */
