@@ -13,8 +13,9 @@ queue's own at its offset).
 A read through the thread's maps never blocks, so a thread reading in a loop would keep the GIL
 for CPython's whole switch interval (5 ms) at a time and make every put hand-off wait that long
 (a consumer catching up cut a producer from 90k to 8k msgs/s). So each get and query that read
-through the maps ends with one `yield_gil()`: it gives the GIL to the threads the store's
-hand-offs woke (a put's writer, its answer) when there are any, and costs nothing otherwise.
+through the maps ends with one `yield_gil()` (and the C read loop checks between records): it
+gives the GIL to the threads the store's hand-offs woke (a put's writer, its answer) when
+there are any, and costs nothing when no one puts.
 The catch-up case of bench/bench_read.py measures both.
 """
 
@@ -71,10 +72,11 @@ _FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.
 
 def yield_gil() -> None:
     """Let the threads the store's hand-offs woke (`_native.Signal`: actor inboxes, answers)
-    take the GIL now rather than after the switch interval, if any is waiting for it: one
-    atomic load when none is. `time.sleep(0)` here cost a scheduler yield per call (~90 us
-    on a busy machine, half a 128 B read loop). Without the C extension it stays that:
-    Python cannot tell whether a thread waits."""
+    take the GIL now rather than after the switch interval, if any is waiting for it, and
+    give the CPU away for a while after one was (a put is a chain of hand-offs); an atomic
+    load and a clock read when no one puts. `time.sleep(0)` here cost a scheduler yield per
+    call (~90 us on a busy machine, half a 128 B read loop). Without the C extension it
+    stays that: Python cannot tell whether a thread waits."""
     fast = speedups.native
     if fast is not None:
         fast.yield_gil()

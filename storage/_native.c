@@ -1152,6 +1152,11 @@ static int woken_awaiting_gil = 0;
 
 /* Longest a yield_gil waits for the woken threads to take the GIL before taking it back. */
 #define YIELD_GIL_MAX_NS 2000000LL
+/* For this long after a yield_gil found a woken thread waiting, each yield_gil also gives the
+ * CPU away (sched_yield without the GIL), as time.sleep(0) did for every read: a producer's
+ * put is a chain of hand-offs (writer, answer, dispatch), and between two of them no thread
+ * is waiting, yet a reader taking the GIL straight back slowed the chain. */
+#define YIELD_GIL_BUSY_NS 20000000LL
 
 static long long monotonic_ns(void) {
     struct timespec t;
@@ -1159,17 +1164,28 @@ static long long monotonic_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
+static long long gil_wanted_at_ns = -YIELD_GIL_BUSY_NS; /* the last time a yield_gil found a waiter */
+
 PyDoc_STRVAR(yield_gil_doc,
              "yield_gil() -> bool\n\n"
              "If a thread a Signal woke is waiting for the GIL, release the GIL until it has taken it "
-             "(at most 2 ms) and return True; else return False at once, without a system call. "
-             "Releasing the GIL alone would not do: the releasing thread takes it back before the "
-             "woken one runs, and the woken one waits the whole switch interval (5 ms).");
+             "(at most 2 ms) and return True. Releasing the GIL alone would not do: the releasing thread "
+             "takes it back before the woken one runs, which then waits the whole switch interval (5 ms). "
+             "Else, within 20 ms of a call that found one, give the CPU away once without the GIL "
+             "(sched_yield) and return True; else return False at once (one atomic load, one clock read).");
 
 static PyObject *yield_gil(PyObject *self, PyObject *noargs) {
-    if (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) == 0) Py_RETURN_FALSE;
+    if (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) == 0) {
+        if (monotonic_ns() - __atomic_load_n(&gil_wanted_at_ns, __ATOMIC_RELAXED) >= YIELD_GIL_BUSY_NS)
+            Py_RETURN_FALSE;
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+        Py_RETURN_TRUE;
+    }
     Py_BEGIN_ALLOW_THREADS
-    long long deadline = monotonic_ns() + YIELD_GIL_MAX_NS;
+    long long now = monotonic_ns(), deadline = now + YIELD_GIL_MAX_NS;
+    __atomic_store_n(&gil_wanted_at_ns, now, __ATOMIC_RELAXED);
     while (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) > 0 && monotonic_ns() < deadline) sched_yield();
     Py_END_ALLOW_THREADS
     Py_RETURN_TRUE;

@@ -170,6 +170,7 @@ def test_yield_gil_hands_the_gil_to_a_woken_thread_and_costs_nothing_otherwise()
     waits for the GIL, and yield_gil lets it take it; with none waiting yield_gil returns False."""
     assert native is not None
     assert native.woken_awaiting_gil() == 0
+    time.sleep(0.05)  # past the busy window of any hand-off before this test (20 ms)
     assert native.yield_gil() is False
     signal = native.Signal()
     ran: list[int] = []
@@ -189,6 +190,8 @@ def test_yield_gil_hands_the_gil_to_a_woken_thread_and_costs_nothing_otherwise()
     assert native.yield_gil() is True
     thread.join(10)
     assert ran == [1] and native.woken_awaiting_gil() == 0
+    time.sleep(0.05)  # (within 20 ms of the hand-off it would give the CPU away once more)
+    assert native.yield_gil() is False
 
 
 def test_reads_work_the_same_without_the_c_extension(tmp_path: Path) -> None:
