@@ -301,7 +301,7 @@ def collect(
     skipped (told to `on_corrupt`, named in the result's `detail`); with `expect`, the owner's
     answer decides, so it is told once. A unit into a `quarantined` range (damage recovery
     found) is skipped whatever the setting, with a detail: recovery already knows it is bad."""
-    wanted = subscription(tags)
+    wanted = None if tags is None else subscription(tags)
     in_memory_bytes = _TOTAL_RAM_BYTES * cfg.access_message_in_memory_max_ratio_percent // 100
     status = GetMessageStatus.NO_MATCHED_MESSAGE
     found_raw: list[bytes] = []
@@ -316,11 +316,8 @@ def collect(
     skipped = ""
     # The C loop takes runs of plain units (no tag filter, no quarantine, units read through
     # the thread's maps); whatever it stops at goes through the loop below, the reference.
-    run = speedups.native.decode_units if speedups.native is not None and expect is not None else None
-    if run is not None and (raw or wanted is not None or quarantined):
-        run = None
-    limits = (cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory,
-              cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk)  # fmt: skip
+    native = speedups.native
+    run = None if native is None or expect is None or raw or wanted is not None or quarantined else native.decode_units
     end = min(len(units), limit)
     i = 0
     while i < end:
@@ -336,7 +333,7 @@ def collect(
                         units, i, end, segment_buf, phy - pos, reader.readable_until(phy) - (phy - pos), max_message_size,
                         MessageRecord, codec.host_from_bytes, check_crc, expect[0], expect[1], offset, count,
                         total_bytes, max_count, -1 if max_total_bytes is None else max_total_bytes, head,
-                        in_memory_bytes, limits, found,
+                        in_memory_bytes, _transfer_limits(cfg), found,
                     )  # fmt: skip
                 except ValueError:
                     if not getattr(segment_buf, "closed", False):
@@ -431,6 +428,12 @@ def collect(
         max_offset=bounds[1],
         detail=skipped,
     )
+
+
+def _transfer_limits(cfg: StoreConfig) -> tuple[int, int, int, int]:
+    """isTheBatchFull's limits as decode_units takes them: in-memory bytes and count, on-disk ones."""
+    return (cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory,
+            cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk)  # fmt: skip
 
 
 def _skip_corrupt(commitlog_offset: int, reason: str, on_corrupt: CorruptSink | None) -> str:

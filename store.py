@@ -472,26 +472,33 @@ class MessageStore:
         (see the class docstring); NO_MATCHED_LOGIC_QUEUE (with a `detail`) when the queue
         cannot be read now (read-your-writes timeout, the ConsumeQueue actor restarting)."""
         self._check_open()
-        _check_queue(topic, queue_id)
-        _check_int("offset", offset, 0)
-        _check_int("max_count", max_count, 1)
-        if max_total_bytes is not None:
-            _check_int("max_total_bytes", max_total_bytes, 1)
-        if tags is not None and not isinstance(tags, str):
-            raise TypeError(f"tags must be a str or None, not {type(tags).__name__}")
+        if not (type(topic) is str and type(queue_id) is int and queue_id >= 0 and type(offset) is int
+                and offset >= 0 and type(max_count) is int and max_count >= 1 and max_total_bytes is None
+                and tags is None):  # fmt: skip
+            _check_queue(topic, queue_id)  # (a plain read in order passes all of them in one test)
+            _check_int("offset", offset, 0)
+            _check_int("max_count", max_count, 1)
+            if max_total_bytes is not None:
+                _check_int("max_total_bytes", max_total_bytes, 1)
+            if tags is not None and not isinstance(tags, str):
+                raise TypeError(f"tags must be a str or None, not {type(tags).__name__}")
         view = self._queue_view()
         if view is None:
             return self._not_readable(offset, "dispatch did not reach this thread's last put in time")
         readers = self._readers.get()
-        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
-                                  "on_corrupt": self._corrupt_on_read}  # fmt: skip
-        found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count, **kwargs)
+        found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count,
+                                    max_total_bytes=max_total_bytes, tags=tags, raw=raw,
+                                    on_corrupt=self._corrupt_on_read)  # fmt: skip
         if found is not None and found.status in _AT_THE_END and view.dispatched_end > view.queues_written:
             later = self._queue_view(with_dispatched=True)
             if later is not None:
-                found = reads.get_from_view(later, readers, self.config, topic, queue_id, offset, max_count, **kwargs)
+                found = reads.get_from_view(later, readers, self.config, topic, queue_id, offset, max_count,
+                                            max_total_bytes=max_total_bytes, tags=tags, raw=raw,
+                                            on_corrupt=self._corrupt_on_read)  # fmt: skip
         if found is not None:
             return found
+        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
+                                  "on_corrupt": self._corrupt_on_read}  # fmt: skip
         try:
             reply = self._units(topic, queue_id, offset, reads.max_units(max_count))
         except ServiceUnavailable as exc:
