@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
 #include <sys/mman.h>
@@ -1165,6 +1166,12 @@ static long long monotonic_ns(void) {
 }
 
 static long long gil_wanted_at_ns = -YIELD_GIL_BUSY_NS; /* the last time a yield_gil found a waiter */
+
+/* A forked child has none of its parent's threads: none of them waits for its GIL. */
+static void yield_gil_after_fork(void) {
+    woken_awaiting_gil = 0;
+    gil_wanted_at_ns = -YIELD_GIL_BUSY_NS;
+}
 
 PyDoc_STRVAR(yield_gil_doc,
              "yield_gil() -> bool\n\n"
@@ -2517,6 +2524,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_table_init();
+    pthread_atfork(NULL, NULL, yield_gil_after_fork);
 #ifdef CRC_HAVE_CLMUL
     __builtin_cpu_init();
     crc_use_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");

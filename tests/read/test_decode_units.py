@@ -215,3 +215,26 @@ def test_reads_work_the_same_without_the_c_extension(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "s")], env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+@needs_native
+def test_a_forked_child_does_not_wait_for_its_parents_threads() -> None:
+    """A fork while a woken thread waits for the GIL: the child has no such thread, so its
+    count is 0 (else every read of a store opened in the child would wait 2 ms to hand over)."""
+    assert native is not None
+    signal = native.Signal()
+    thread = threading.Thread(target=lambda: signal.wait(10.0))
+    thread.start()
+    time.sleep(0.05)
+    signal.post_holding_gil()
+    deadline = time.monotonic() + 5
+    while native.woken_awaiting_gil() == 0 and time.monotonic() < deadline:
+        pass
+    assert native.woken_awaiting_gil() == 1
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once
+        os._exit(0 if native.woken_awaiting_gil() == 0 else 1)
+    native.yield_gil()
+    thread.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
