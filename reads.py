@@ -21,6 +21,8 @@ The catch-up case of bench/bench_read.py measures both.
 
 from __future__ import annotations
 
+import functools
+
 import threading
 import time
 import weakref
@@ -52,6 +54,7 @@ __all__ = [
     "get_from_units",
     "get_from_view",
     "max_units",
+    "offset_for_time",
     "pickup_store_timestamp",
     "query_messages",
     "record_at",
@@ -529,6 +532,18 @@ def unit_store_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id
         return None
     phy, size, _tags = codec.CQ_UNIT.unpack_from(units, 0)
     return pickup_store_timestamp(readers.commitlog_reader(), phy, size)
+
+
+def offset_for_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
+    """getOffsetInQueueByTime (§9.5) through the thread's maps, as the owner would answer it;
+    None when the view cannot decide (the queues are not published, a file went underneath)."""
+    bounds = bounds_from_view(view, topic, queue_id)
+    if bounds is None:
+        return None
+    commitlog = readers.commitlog_reader()
+    return readers.queue_reader(view).offset_by_time(
+        topic, queue_id, bounds, timestamp_ms, functools.partial(pickup_store_timestamp, commitlog), commitlog.min_offset()
+    )
 
 
 # --------------------------------------------------------------------------------------

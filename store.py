@@ -647,13 +647,18 @@ class MessageStore:
         """getOffsetInQueueByTime (§9.5): the queue offset of the message stored at
         `timestamp_ms`, else its nearest neighbour (the earlier one on ties); before the first
         message the first offset, after the last the last one (not max); 0 if nothing.
-        -1 if it cannot be answered now (read-your-writes timeout, owner restarting). The
-        ConsumeQueue actor answers (its files' times decide), once the view covers the put."""
+        -1 if it cannot be answered now (read-your-writes timeout, owner restarting). Read
+        through the thread's maps once the view covers the put; the ConsumeQueue actor answers
+        only what the view cannot decide."""
         self._check_open()
         _check_queue(topic, queue_id)
         _check_int("timestamp_ms", timestamp_ms, 0)
-        if self._queue_view() is None:
+        view = self._queue_view()
+        if view is None:
             return -1
+        found = reads.offset_for_time(view, self._readers.get(), topic, queue_id, timestamp_ms)
+        if found is not None:
+            return found
         try:
             answer: int = self._ask("consume_queue", GetOffsetByTime(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms))
         except ServiceUnavailable:
