@@ -17,6 +17,7 @@ from typing import assert_never
 from ..messages import (
     AwaitDispatched,
     CommitLogAdvanced,
+    ContinueDispatch,
     DispatchBatch,
     DispatchRequest,
     GetReputStatus,
@@ -35,6 +36,9 @@ from .base import ActorContext, ServiceUnavailable, StoreActor
 __all__ = ["ReputMessageService", "newest_per_queue"]
 
 DISPATCH_BATCH_MAX_RECORDS = 1024
+# Batches handed on per message handled: a catch-up after a crash (gigabytes) goes in passes,
+# and between them the actor answers its inbox (the start handshake, AwaitDispatched, status).
+REPUT_PASS_MAX_BATCHES = 16
 # Java's ReputMessageService sleeps 1 ms between passes; 0.5 ms gave put_batch 7% less (more
 # dispatch passes, each waking two actors) and twice the spread between runs.
 REPUT_LINGER_MS = 1
@@ -51,7 +55,7 @@ _SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
 
 
 # What this actor takes; `handle` answers each with one reply type.
-ReputRequest = CommitLogAdvanced | Tick | AwaitDispatched | GetReputStatus | Ping
+ReputRequest = CommitLogAdvanced | ContinueDispatch | Tick | AwaitDispatched | GetReputStatus | Ping
 
 
 class ReputMessageService(StoreActor[ReputRequest]):
@@ -67,6 +71,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._awaiting: list[AwaitDispatched] = []
         self._in_flight: deque[int] = deque()  # end offsets of batches handed on, not yet written
         self._held_back_since_ms = 0  # the backlog is full: reading ahead waits (0: it is not)
+        self._continue_pending = False  # a ContinueDispatch is in the inbox
 
     def on_start(self) -> None:
         self._reader = CommitLogReader(
@@ -75,7 +80,14 @@ class ReputMessageService(StoreActor[ReputRequest]):
             mapped_file_size=self._segment_size,
             max_message_size=self.config.max_message_size_bytes,
         )
-        self._reput()
+        # Not here: on_start holds the start handshake, and re-dispatch after a crash may take
+        # longer than the supervisor waits for it.
+        self._continue_later()
+
+    def _continue_later(self) -> None:
+        if not self._continue_pending:
+            self._continue_pending = True
+            self.actor_ref.tell(ContinueDispatch())
 
     def release(self) -> None:
         awaiting, self._awaiting = self._awaiting, []
@@ -95,6 +107,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 newest = self.newest_of_queued(message, key=_max_offset)
                 if newest.max_offset > self._max_offset:
                     self._max_offset = newest.max_offset
+                self._reput()
+            case ContinueDispatch():
+                self._continue_pending = False
                 self._reput()
             case Tick():
                 self._reput()
@@ -130,7 +145,12 @@ class ReputMessageService(StoreActor[ReputRequest]):
     def _reput(self) -> None:
         reader = self._reader
         assert reader is not None
+        passes = 0
         while self._reput_offset < self._max_offset:
+            if passes == REPUT_PASS_MAX_BATCHES:
+                self._continue_later()
+                return
+            passes += 1
             if self._backlog_full():
                 return
             offset = self._reput_offset

@@ -37,6 +37,7 @@ __all__ = [
     "Unsubscribe",
     "MessageArrived",
     "EncodedPut",
+    "ContinueDispatch",
     "GetLogFacts",
     "GetCommitLogRecovery",
     "ResumeQueues",
@@ -437,6 +438,12 @@ class DispatchBatch:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tick:
     now_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContinueDispatch:
+    """The reput actor to itself: dispatch on from where its last pass stopped (a long
+    catch-up goes in bounded passes, so the actor answers its inbox between them)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -334,10 +334,10 @@ def recover_consume_queues(
                 # `recover` cut them at a filled hole): re-dispatch from their last unit (the
                 # writers skip what they hold).
                 dispatch_from = max_cq
-            if max_cq < 0 and log_facts.has_files:
-                # No queue at all beside a log (a broker's commitlog copied alone, or the
-                # consumequeue dir deleted): rebuild them from the start, not from the end.
-                dispatch_from = min_offset
+        if max_cq < 0 and log_facts.has_files:
+            # No queue at all beside a log (a broker's commitlog copied alone, or the
+            # consumequeue dir deleted, after a crash too): rebuild them from the start.
+            dispatch_from = min_offset
         if not log_facts.has_files:
             dispatch_from = 0
         dispatch_from = min(dispatch_from, end)

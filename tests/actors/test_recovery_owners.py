@@ -5,6 +5,7 @@ recovers a running store's files."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -127,3 +128,72 @@ def test_a_restarted_index_recovers_its_files_in_restart_mode_and_indexes_on(
         h.wait_dispatched(store)
         for key, body in (("ka", b"a"), ("kb", b"b"), ("kc", b"c")):
             assert [r.body for r in store.query("t", key).messages] == [body]
+
+
+class _HoldAtHit(FaultPlan):
+    """Holds the thread that reaches `point` for the `nth` time until released."""
+
+    def __init__(self, point: str, nth: int) -> None:
+        super().__init__()
+        self.point, self.nth, self.hits = point, nth, 0
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def hit(self, point: str) -> None:
+        if point == self.point:
+            self.hits += 1
+            if self.hits == self.nth:
+                self.entered.set()
+                self.release.wait(60)
+
+
+@pytest.mark.parametrize("crashed", [False, True])
+def test_an_open_does_not_wait_for_a_long_re_dispatch(store_dir: Path, crashed: bool) -> None:
+    """Re-dispatch goes in bounded passes after on_start, so the start handshake is answered
+    while it runs: an open of a big store whose queues must be rebuilt returns at once, where
+    a re-dispatch inside on_start ran past the supervisor's start timeout."""
+    from mqstore.actors.reput import DISPATCH_BATCH_MAX_RECORDS, REPUT_PASS_MAX_BATCHES
+
+    records = (REPUT_PASS_MAX_BATCHES + 4) * DISPATCH_BATCH_MAX_RECORDS
+    with h.open_small(store_dir) as store:
+        for start in range(0, records, 256):
+            assert store.put_batch([Message(topic="t", body=b"%d" % i) for i in range(start, start + 256)]).ok
+        root = Path(store.config.store_path_root_dir)
+    shutil.rmtree(root / "consumequeue")  # every queue is rebuilt from the log's start
+    if crashed:
+        (root / "abort").write_bytes(b"")
+    plan = _HoldAtHit("reput.mid_dispatch", nth=REPUT_PASS_MAX_BATCHES + 2)  # in reput's second pass
+    store = h.open_small(store_dir, faults=plan)  # the old code held here until the timeout
+    try:
+        assert plan.entered.wait(30), "re-dispatch reached its second pass"
+        assert store.running and store.max_offset("t", 0) < records  # opened with dispatch still under way
+        plan.release.set()
+        h.wait_dispatched(store, timeout_s=30)
+        assert store.max_offset("t", 0) == records
+        got = store.get("t", 0, records - 2, 2)
+        assert [m.body for m in got.messages] == [b"%d" % (records - 2), b"%d" % (records - 1)]
+    finally:
+        plan.release.set()
+        store.close()
+
+
+def test_a_crashed_store_whose_queues_are_gone_rebuilds_them_from_the_logs_start(store_dir: Path) -> None:
+    """After a crash the re-dispatch starts at the crash scan's file; with no queue left at
+    all it must start at the log's first record (else the records before that file would have
+    no units: unreachable by get). The index is off, so it does not lower the start."""
+    now = [1_800_000_000_000]
+    settings: dict[str, Any] = {"message_index_enable": False, "clock_ms": lambda: now[0]}
+    with h.open_small(store_dir, **settings) as store:
+        for start in range(0, 4096, 256):
+            now[0] += 60_000  # a minute between batches: the checkpoint's start file is a late one
+            assert store.put_batch([Message(topic="t", body=b"%d" % i) for i in range(start, start + 256)]).ok
+        root = Path(store.config.store_path_root_dir)
+    assert len(list((root / "commitlog").iterdir())) > 3
+    shutil.rmtree(root / "consumequeue")
+    (root / "abort").write_bytes(b"")
+    with h.open_small(store_dir, **settings) as store:
+        report = store.supervisor.recovery
+        assert report is not None and report.messages_scanned < 4096, "the crash scan started after the first file"
+        assert report.dispatch_from == report.min_offset
+        h.wait_dispatched(store)
+        assert store.min_offset("t", 0) == 0 and store.max_offset("t", 0) == 4096
+        assert store.get("t", 0, 0, 1).messages[0].body == b"0"
