@@ -182,6 +182,10 @@ def query_floors(spark: Any, store: str, parquet: str, nbytes: int, rows: int, s
     samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in jobs}
     for _ in range(repeat):
         for name, job in jobs.items():
+            if name == "binaryfile-sum":
+                # Each file is a 1 GiB array and a 2 GiB row buffer in the driver's heap: start
+                # from a collected heap (untimed), as an 8g driver once died of the leftovers.
+                spark.sparkContext._jvm.System.gc()
             jvm0, py0 = _cpu_seconds()
             t = time.perf_counter()
             answers[name] = job()
@@ -223,6 +227,74 @@ def _load() -> dict[str, Any]:
     return {"loadavg": [round(load1, 2), round(load5, 2), round(load15, 2)], "at": time.strftime("%H:%M:%S")}
 
 
+def run(
+    *,
+    size_mb: int,
+    segment_mb: int,
+    msg_size: int = 1024,
+    repeat: int,
+    master: str | None = None,
+    split_size: str = "64m",
+    driver_memory: str = "12g",
+    work_dir: str | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Generates the store, runs every step not in `skip`, and returns the report (the JSON
+    `main` writes and `mqstore bench` embeds). The store goes under `work_dir` (default: a
+    temp dir), removed after."""
+    work = tempfile.mkdtemp(prefix="mqstore-bench-spark-", dir=work_dir)
+    store = os.path.join(work, "store")
+    load_before = _load()
+    try:
+        t = time.perf_counter()
+        rows, nbytes = generate(store, size_mb, segment_mb, msg_size)
+        print(f"generated {rows:,} records, {nbytes / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        results: list[dict[str, Any]] = []
+        if "python-codec" not in skip:
+            if timed("python-codec", lambda: python_codec(store), nbytes, rows, results) != rows:
+                raise RuntimeError("python-codec read a different number of records than were written")
+        if "python-arrow" not in skip:
+            import mqstore.pipeline.datasource  # noqa: F401  (pyarrow's import is not the reader's time)
+
+            if timed("python-arrow", lambda: python_arrow(store), nbytes, rows, results) != rows:
+                raise RuntimeError("python-arrow read a different number of records than were written")
+
+        from mqstore.pipeline.export import export
+        from mqstore.pipeline.session import get_spark
+        from mqstore.pipeline.stats import compute_stats
+
+        spark = get_spark(master, app_name="mqstore-bench", progress=False,
+                          conf={"spark.driver.memory": driver_memory})  # fmt: skip
+        try:
+            cores = spark.sparkContext.defaultParallelism
+            # Warm-up: one task per core over the first MB, so JVM start-up and the Python
+            # workers' imports are not counted as throughput. The first timed run is still
+            # reported separately ("#1"): it is what a one-shot spark-submit sees.
+            warm = os.path.join(work, "warm")
+            generate(warm, 1, 1, msg_size)
+            compute_stats(spark, [warm], split_size="64k")
+            for i in range(1, repeat + 1):
+                if "spark-stats" not in skip:
+                    stats = timed(f"spark-stats#{i}", lambda: compute_stats(spark, [store], split_size=split_size),
+                                  nbytes, rows, results)  # fmt: skip
+                    if stats["messages"] != rows:
+                        raise RuntimeError(f"spark-stats counted {stats['messages']} messages of {rows}")
+                if "spark-export" not in skip:
+                    out = os.path.join(work, "parquet")
+                    timed(f"spark-export#{i}", lambda: export(spark, [store], out, split_size=split_size), nbytes,
+                          rows, results)  # fmt: skip
+            if "queries" not in skip:
+                query_floors(spark, store, os.path.join(work, "parquet"), nbytes, rows, split_size, repeat, results)
+        finally:
+            spark.stop()
+        return {"size_mb": size_mb, "records": rows, "record_bytes": nbytes, "msg_size": msg_size,
+                "segment_mb": segment_mb, "split_size": split_size, "repeat": repeat, "spark_cores": cores,
+                "cpu_count": os.cpu_count(), "load_before": load_before, "load_after": _load(),
+                "results": results}  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="64 MB in 64 MB segments, one repeat")
@@ -231,69 +303,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--msg-size", type=int, default=1024, help="bytes per record")
     p.add_argument("--master", default=None)
     p.add_argument("--split-size", default="64m")
-    p.add_argument("--driver-memory", default="8g", help="binaryFile holds a whole segment in an array, and again in its row")
-    p.add_argument("--dir", default=None, help="work dir (default: a temp dir, removed after)")
+    p.add_argument("--driver-memory", default="12g", help="binaryFile holds a whole segment in an array, and again in its row")
+    p.add_argument("--dir", default=None, help="where the store is generated (default: the temp dir); removed after")
     p.add_argument("--json", default="bench_spark.json", help="where to write the results")
     p.add_argument("--repeat", type=int, default=None, help="timed runs of each Spark job (default 3; 1 with --quick)")
     p.add_argument("--skip", default="", help="comma list of steps to skip (python-codec, python-arrow, spark-stats, "
                                               "spark-export, queries)")  # fmt: skip
     args = p.parse_args(argv)
-    size_mb = args.size_mb or (64 if args.quick else 1024)
-    segment_mb = args.segment_mb or (64 if args.quick else 1024)
-    repeat = args.repeat or (1 if args.quick else 3)
-    skip = set(filter(None, args.skip.split(",")))
-
-    work = args.dir or tempfile.mkdtemp(prefix="mqstore-bench-spark-")
-    store = os.path.join(work, "store")
-    load_before = _load()
-    try:
-        t = time.perf_counter()
-        rows, nbytes = generate(store, size_mb, segment_mb, args.msg_size)
-        print(f"generated {rows:,} records, {nbytes / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-        results: list[dict[str, Any]] = []
-        if "python-codec" not in skip:
-            assert timed("python-codec", lambda: python_codec(store), nbytes, rows, results) == rows
-        if "python-arrow" not in skip:
-            import mqstore.pipeline.datasource  # noqa: F401  (pyarrow's import is not the reader's time)
-
-            assert timed("python-arrow", lambda: python_arrow(store), nbytes, rows, results) == rows
-
-        from mqstore.pipeline.export import export
-        from mqstore.pipeline.session import get_spark
-        from mqstore.pipeline.stats import compute_stats
-
-        spark = get_spark(args.master, app_name="mqstore-bench", progress=False,
-                          conf={"spark.driver.memory": args.driver_memory})  # fmt: skip
-        cores = spark.sparkContext.defaultParallelism
-        # Warm-up: one task per core over the first MB, so JVM start-up and the Python
-        # workers' imports are not counted as throughput. The first timed run is still
-        # reported separately ("#1"): it is what a one-shot spark-submit sees.
-        warm = os.path.join(work, "warm")
-        generate(warm, 1, 1, args.msg_size)
-        compute_stats(spark, [warm], split_size="64k")
-        for i in range(1, repeat + 1):
-            if "spark-stats" not in skip:
-                stats = timed(f"spark-stats#{i}", lambda: compute_stats(spark, [store], split_size=args.split_size),
-                              nbytes, rows, results)  # fmt: skip
-                assert stats["messages"] == rows, (stats["messages"], rows)
-            if "spark-export" not in skip:
-                out = os.path.join(work, "parquet")
-                timed(f"spark-export#{i}", lambda: export(spark, [store], out, split_size=args.split_size), nbytes, rows,
-                      results)  # fmt: skip
-        if "queries" not in skip:
-            query_floors(spark, store, os.path.join(work, "parquet"), nbytes, rows, args.split_size, repeat, results)
-        spark.stop()
-        report = {"size_mb": size_mb, "records": rows, "record_bytes": nbytes, "msg_size": args.msg_size,
-                  "segment_mb": segment_mb, "split_size": args.split_size, "repeat": repeat, "spark_cores": cores,
-                  "cpu_count": os.cpu_count(), "load_before": load_before, "load_after": _load(),
-                  "results": results}  # fmt: skip
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-        print(render_table(report))
-        return 0
-    finally:
-        if args.dir is None:
-            shutil.rmtree(work, ignore_errors=True)
+    report = run(
+        size_mb=args.size_mb or (64 if args.quick else 1024),
+        segment_mb=args.segment_mb or (64 if args.quick else 1024),
+        msg_size=args.msg_size,
+        repeat=args.repeat or (1 if args.quick else 3),
+        master=args.master,
+        split_size=args.split_size,
+        driver_memory=args.driver_memory,
+        work_dir=args.dir,
+        skip=frozenset(filter(None, args.skip.split(","))),
+    )
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    print(render_table(report))
+    return 0
 
 
 def render_table(report: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated subset of: ours,sqlite,lmdb,persistqueue,redis_streams,floor_mmap (default: all)",
     )
     p.add_argument("--no-table", action="store_true", help="write the JSON only")
+    p.add_argument("--no-spark", action="store_true", help="leave out the Spark case (full mode runs it: about 10 minutes)")
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -62,22 +64,66 @@ def write_results(result: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
+SPARK_FULL = {"size_mb": 1024, "segment_mb": 1024, "repeat": 3}  # issue 17: a >= 1 GB store, 1 KiB bodies
+
+
+def spark_unavailable_reason() -> str | None:
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (the spark extra)"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no JVM (java on PATH or JAVA_HOME)"
+    return None
+
+
+def spark_case(mode: str, data_dir: Path) -> dict[str, Any]:
+    """The Spark pipeline's case (bench/bench_spark.py: the `rocketmq` source beside its
+    binaryFile and Parquet floors) in full mode; in the other modes a skip with its reason, as
+    the JVM, a 1 GiB store and its Parquet export do not fit their time."""
+    if mode != "full":
+        reason = (f"{mode} mode: the Spark case runs in full mode only (a 1 GiB store, a Parquet export and "
+                  "a JVM); `python -m mqstore.bench.bench_spark --quick` runs a small one")  # fmt: skip
+    else:
+        reason = spark_unavailable_reason()
+    if reason is not None:
+        sys.stderr.write(f"mqstore bench: Spark case skipped: {reason}\n")
+        return {"status": "skipped", "reason": reason}
+    from mqstore.bench import bench_spark
+
+    try:
+        report = bench_spark.run(**SPARK_FULL, work_dir=str(data_dir))
+    except Exception as exc:  # a failed case is reported with the rest, as the harness does
+        sys.stderr.write(f"mqstore bench: Spark case FAILED: {exc!r}\n")
+        return {"status": "failed", "reason": repr(exc)}
+    return {"status": "ok", **report}
+
+
 def run(
     cfg: BenchConfig,
     system_names: Sequence[str] | None,
     out_dir: Path,
     data_dir: Path | None = None,
     table: bool = True,
+    spark: bool = True,
 ) -> tuple[int, dict[str, Any], Path]:
     """Runs the benchmark, writes the JSON (and prints the table); returns (exit code, result, path)."""
+    from mqstore.bench.bench_spark import render_table
     from mqstore.bench.harness import run_benchmark, write_table
 
     systems = build_systems(system_names)
     with tempfile.TemporaryDirectory(prefix="mqstore-bench-", dir=data_dir) as tmp:
         result = run_benchmark(cfg, systems, Path(tmp))
+        if spark:
+            result["spark"] = spark_case(cfg.mode, Path(tmp))
+            if result["spark"]["status"] == "failed":
+                result["failed"].append("spark")
     path = write_results(result, out_dir)
     if table:
         write_table(result, sys.stdout)
+        if result.get("spark", {}).get("status") == "ok":
+            sys.stdout.write("Spark pipeline (bench/bench_spark.py):\n" + render_table(result["spark"]) + "\n\n")
         sys.stdout.write(f"results: {path}\n")
     if result["failed"]:
         sys.stderr.write(f"mqstore bench: FAILED cases: {', '.join(result['failed'])}\n")
@@ -88,7 +134,7 @@ def run(
 def handle(args: argparse.Namespace) -> int:
     cfg = BenchConfig.quick() if args.quick else BenchConfig.full()
     names = None if args.systems is None else [n.strip() for n in args.systems.split(",") if n.strip()]
-    code, _, _ = run(cfg, names, args.out, args.data_dir, table=not args.no_table)
+    code, _, _ = run(cfg, names, args.out, args.data_dir, table=not args.no_table, spark=not args.no_spark)
     return code
 
 

@@ -107,7 +107,20 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"1 KiB append + fdatasync p50 {_fmt(p50)} µs. The Python floor is plain length-prefixed "
             "records in a preallocated mmap (no index, no dispatch): the ceiling for pure Python.",
         ]
+    lines += _spark_lines(result.get("spark"))
     return "\n".join(lines) + "\n"
+
+
+def _spark_lines(spark: dict[str, Any] | None) -> list[str]:
+    """The Spark case (bench/bench_spark.py) as its own table, or why it is not there."""
+    if not spark:
+        return []
+    if spark.get("status") != "ok":
+        return ["", f"Spark pipeline: {spark.get('status', '?')} ({spark.get('reason', '')})"]
+    from mqstore.bench.bench_spark import render_table
+
+    return ["", "Spark pipeline (`format(\"rocketmq\")`, default schema, beside its same-run floors):", "",
+            render_table(spark)]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

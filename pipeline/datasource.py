@@ -22,6 +22,7 @@ Options:
   useConsumeQueue "true" (default): plan offset bounds from ConsumeQueue files when present
   checkCrc        "true" (default): a record whose body CRC fails, or whose physical-offset
                   field disagrees with where it lies (recovery's rule), is reported as corrupt
+  includeAllFields "true": every column (`SCHEMA`) instead of the default `DEFAULT_SCHEMA`
 An unknown option is an error naming the known ones: an ignored option reads the wrong rows.
 
 Filters on topic, queue_id, store_timestamp and commitlog_offset are pushed into planning
@@ -29,16 +30,20 @@ and decoding when spark.sql.python.filterPushdown.enabled is true (`get_spark` s
 A reader that implements pushFilters fails planning in a session where that setting is off,
 so the reader gets it only when Spark asks for pushdown (see `RocketMQDataSource.reader`).
 
-Columns: see `SCHEMA`. Pass a narrower schema (`.schema("topic string, size int")` or
-`read_commitlog(spark, paths, columns=[...])`) and only those fields are decoded: the Python
-data source API has no column pruning, so the user schema is the pruning.
+Columns: `DEFAULT_SCHEMA` unless told otherwise (Kafka's model: the fields a message is read
+for; the hosts, ids, CRC and flags are opt-in), every one of `SCHEMA` with includeAllFields,
+or any of them by a user schema (`.schema("topic string, msg_id string")` or
+`read_commitlog(spark, paths, columns=[...])`). Only the schema's fields are decoded: the
+Python data source API has no column pruning, so the schema is the pruning.
 
 Decoding: each task maps its segment and storage/_native.c (decode_arrow_run) builds the
 Arrow columns of a run of records in one C pass (CRC checked in place, bodies copied once,
 columns not in the schema never built); any record it does not take goes to the reference
 path (numpy gathers, then the codec). Spark's Python data source then ships every column of
-the schema to the JVM, which converts each row: with the default schema that conversion, not
-the decode, is most of a query's CPU (bench/bench_spark.py reports both).
+the schema to the JVM, which converts each row: that conversion, not the decode, is most of a
+query's CPU (bench/bench_spark.py reports both). Batches, not rows: yielding tuples cost six
+times the CPU (1 GiB count(), default schema: 33 s of Python against 1.6-2 s). The batch size
+(batchRows 2048, 8192 or 32768) moved the CPU per GiB by less than the noise of a shared VM.
 
 Planning (why the driver walks): records are only self-describing from a segment's start, so
 the planner walks every segment once, reading 8-byte headers and jumping by TOTALSIZE, and
@@ -132,19 +137,33 @@ _COLUMN_TYPES = {
     "error": "string",
 }
 # Built by hand: parsing DDL needs a running SparkContext, and planner workers have none.
+# Every field (`includeAllFields=true`).
 SCHEMA: StructType = StructType([StructField(n, _T[t], True) for n, t in _COLUMN_TYPES.items()])
 _DDL_BY_NAME = {f.name: f for f in SCHEMA.fields}
 assert list(_DDL_BY_NAME) == list(COLUMNS), "the Spark and Arrow column lists must agree"
+# The default, modelled on Spark's Kafka source (key, value, topic, partition, offset,
+# timestamp; headers opt-in): what a data engineer reads a message for. Spark's Python data
+# source ships every column of the schema to the JVM, which converts it row by row, so each
+# column costs whether the query uses it or not: the hosts, msg_id, segment_file, uniq_key, the
+# CRC and the flags are opt-in. `size` and `error` stay: a corrupt range is a row saying where
+# (commitlog_offset), how long (size) and why (error), never a silent row of nulls.
+DEFAULT_COLUMNS: tuple[str, ...] = (
+    "topic", "queue_id", "queue_offset", "commitlog_offset", "size", "born_timestamp", "store_timestamp",
+    "tags", "keys", "properties", "body", "error",
+)  # fmt: skip
+DEFAULT_SCHEMA: StructType = StructType([_DDL_BY_NAME[n] for n in DEFAULT_COLUMNS])
+_KNOWN_COLUMNS = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in SCHEMA.fields)
 
 
 # Option names as documented; Spark hands them to the source lower-cased.
 BATCH_OPTIONS = (
     "path", "paths", "splitSize", "strict", "maxMessageSize", "corruptLog", "decoder", "batchRows", "topics",
     "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "useConsumeQueue",
-    "checkCrc",
+    "checkCrc", "includeAllFields",
 )  # fmt: skip
 # What the stream honours; the batch-only options would be ignored there, so they are refused.
-STREAM_OPTIONS = ("path", "paths", "topics", "topicPattern", "startingOffsets", "maxOffsetsPerTrigger")
+STREAM_OPTIONS = ("path", "paths", "topics", "topicPattern", "startingOffsets", "maxOffsetsPerTrigger",
+                  "includeAllFields")  # fmt: skip
 
 
 def check_options(options: dict[str, str], known: Sequence[str]) -> None:
@@ -185,6 +204,30 @@ def bounds_from_options(options: dict[str, str], *, streaming: bool = False) -> 
         timestamp_from_us=from_us,
         timestamp_until_us=until_us,
     )
+
+
+def include_all_fields(options: dict[str, str]) -> bool:
+    """The `includeAllFields` option (options keyed lower-case): true, false, or an error."""
+    raw = options.get("includeallfields", "false")
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"rocketmq data source: includeAllFields must be true or false, got {raw!r}")
+    return value == "true"
+
+
+def check_schema(schema: StructType, options: dict[str, str]) -> list[str]:
+    """The column names of a schema Spark hands the reader (ours, or the user's): each must be
+    one of ours with our type, and a user schema narrower than everything cannot also ask
+    for every field."""
+    for f in schema.fields:
+        known = _DDL_BY_NAME.get(f.name)
+        if known is None or known.dataType != f.dataType:
+            raise ValueError(f"rocketmq data source: unknown column or type {f.simpleString()}; "
+                             f"known columns: {_KNOWN_COLUMNS}")  # fmt: skip
+    if include_all_fields(options) and schema.names != SCHEMA.names:
+        raise ValueError("rocketmq data source: give includeAllFields=true or a schema of the columns wanted, not both "
+                         f"(the schema has {', '.join(schema.names)})")  # fmt: skip
+    return list(schema.names)
 
 
 def _called_for_pushdown() -> bool:
@@ -306,7 +349,9 @@ class RocketMQDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        """Used when the read names no schema: the default, or every field on request."""
+        options = {str(k).lower(): str(v) for k, v in self.options.items()}
+        return SCHEMA if include_all_fields(options) else DEFAULT_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         # Spark hands options over case-insensitively (lower-cased keys); normalise here.
@@ -320,9 +365,7 @@ class RocketMQDataSource(DataSource):
 
         options = {str(k).lower(): str(v) for k, v in self.options.items()}
         check_options(options, STREAM_OPTIONS)
-        for f in schema.fields:
-            if _DDL_BY_NAME.get(f.name) is None or _DDL_BY_NAME[f.name].dataType != f.dataType:
-                raise ValueError(f"rocketmq data source: unknown column or type {f.simpleString()}")
+        check_schema(schema, options)
         return RocketMQStreamReader(options, schema, _store_dirs(_paths(options)))
 
 
@@ -330,12 +373,7 @@ class RocketMQReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         check_options(options, BATCH_OPTIONS)
         options = {k.lower(): v for k, v in options.items()}
-        for f in schema.fields:
-            known = _DDL_BY_NAME.get(f.name)
-            if known is None or known.dataType != f.dataType:
-                raise ValueError(f"rocketmq data source: unknown column or type {f.simpleString()}; "
-                                 f"columns are {SCHEMA.simpleString()}")  # fmt: skip
-        self.columns = [f.name for f in schema.fields]
+        self.columns = check_schema(schema, options)
         self.paths = _paths(options)
         self.split_size = parse_size(options.get("splitsize", DEFAULT_SPLIT_SIZE))
         self.strict = _bool(options, "strict")
@@ -649,7 +687,8 @@ def read_commitlog(
     topics: Sequence[str] | None = None,
     options: dict[str, str] | None = None,
 ) -> DataFrame:
-    """A DataFrame of the records under `paths`, decoding only `columns` (default: all)."""
+    """A DataFrame of the records under `paths`, decoding only `columns` (default: the
+    default schema, or every column with options={"includeAllFields": "true"})."""
     register(spark)
     reader = spark.read.format(FORMAT_NAME)
     if columns is not None:

@@ -39,6 +39,7 @@ def test_tiny_run_records_every_case_of_every_serverless_alternative(
 ) -> None:
     code, result, path = tiny_run
     assert code == 0, result["failed"]
+    assert result["spark"]["status"] == "skipped", "the Spark case runs in full mode only"
     for system in SERVERLESS:
         for case in GENERIC_CASES:
             for body in BenchConfig.tiny().body_sizes_bytes:

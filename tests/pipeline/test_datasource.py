@@ -32,7 +32,8 @@ def spark_rows(spark: Any, paths: list[Any], columns: list[str] | None = None, *
 
     from mqstore.pipeline.datasource import read_commitlog
 
-    df = read_commitlog(spark, [str(p) for p in paths], columns=columns, **kw)
+    # Every column unless told otherwise (the source's default schema is a subset).
+    df = read_commitlog(spark, [str(p) for p in paths], columns=list(COLUMNS) if columns is None else columns, **kw)
     # Epoch ms, not datetimes: collect() would convert to the Python process's time zone.
     df = df.select(*[F.unix_millis(c).alias(c) if c in TS_COLUMNS else F.col(c) for c in df.columns])
     rows = [r.asDict() for r in df.collect()]

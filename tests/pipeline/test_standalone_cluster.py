@@ -1,7 +1,14 @@
-"""spark-submit of a job to a real standalone Spark master and worker on 127.0.0.1.
+"""The README's standalone-cluster recipe, from the pip wheel: spark-submit of a job to a real
+standalone Spark master and worker on 127.0.0.1.
 
-Both are started from the installed pyspark (`bin/spark-class`), on free ports, and stopped by
-PID (their process groups, which hold the executors the worker forked) in a finally block.
+mqstore's wheel is built from a copy of the checkout and installed (no deps) into a fresh venv
+that cannot see the source tree; its third-party dependencies (pyspark, pyarrow, pykka...) come
+from this environment's site-packages through a .pth file appended after the venv's own, as
+installing pyspark from an index would take minutes. The master and worker are started from
+that pyspark's `bin/spark-class` (the pip wheel of pyspark has no sbin/start-master.sh), on
+free ports, and stopped by PID (their process groups, which hold the executors the worker
+forked) in a finally block. The job is a user's script that names `format("rocketmq")` and
+imports nothing of mqstore: Spark finds the source through the wheel's `pyspark_rocketmq`.
 """
 
 from __future__ import annotations
@@ -10,8 +17,10 @@ import json
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -19,11 +28,41 @@ from typing import Any
 
 import pytest
 
+import mqstore
+
+h = sys.modules["mqstore_pipeline_test_helpers"]  # loaded by conftest.py (tests/ has no packages)
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 FIXTURE = Path("/work/shared/fixtures/broker-sample-a")
 START_TIMEOUT_S = 90
 SUBMIT_TIMEOUT_S = 240
+REPO = Path(mqstore.__file__).resolve().parent
+_COPY_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "mqstore-data", "*.so"
+)
+
+# A data engineer's job: no mqstore import, no registration call.
+JOB = textwrap.dedent(
+    """
+    import json, sys
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName("rocketmq-from-the-wheel").getOrCreate()
+    df = spark.read.format("rocketmq").load(sys.argv[1])
+    counts = sorted((r["topic"], r["queue_id"], r["count"]) for r in df.groupBy("topic", "queue_id").count().collect())
+    body_bytes = df.selectExpr("sum(length(body))").collect()[0][0]
+
+    def where(_):
+        import mqstore, pyspark_rocketmq
+        return [mqstore.__file__, pyspark_rocketmq.__file__, sys.executable]
+
+    executor = spark.sparkContext.parallelize([0], 1).map(where).collect()[0]
+    with open(sys.argv[2], "w") as f:
+        json.dump({"counts": counts, "body_bytes": body_bytes, "executor": executor, "columns": df.columns}, f)
+    spark.stop()
+    """
+)
 
 
 def _free_port() -> int:
@@ -79,21 +118,45 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
             pass
 
 
-def test_spark_submit_of_stats_to_a_standalone_master(tmp_path: Path) -> None:
+def _venv_from_the_wheel(tmp_path: Path) -> Path:
+    """A fresh venv holding mqstore's wheel (built from a copy of this checkout, so nothing of
+    the checkout is on its path); returns its python."""
+    source = tmp_path / "src" / "mqstore"
+    shutil.copytree(REPO, source, ignore=_COPY_IGNORE)
+    dist = tmp_path / "dist"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MQSTORE_", "PYTHON"))}
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)], env=env, check=True,
+                   capture_output=True, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+    (wheel,) = dist.glob("mqstore-*.whl")
+    root = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    python = root / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+                    "--no-index", str(wheel)], env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
     pyspark = pytest.importorskip("pyspark")
-    spark_home = os.path.dirname(pyspark.__file__)
+    deps = os.path.dirname(os.path.dirname(pyspark.__file__))
+    (site,) = (root / "lib").glob("python3*/site-packages")
+    (site / "zz_deps.pth").write_text(deps + "\n")  # after the venv's own site-packages: the wheel wins
+    shutil.rmtree(tmp_path / "src")  # and the copy it was built from is gone
+    return python
+
+
+def test_spark_submit_of_a_job_to_a_standalone_master_from_the_pip_wheel(tmp_path: Path) -> None:
+    python = _venv_from_the_wheel(tmp_path)
+    venv_root = str(python.parent.parent)
+    spark_home = subprocess.run([str(python), "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"],
+                                check=True, capture_output=True, text=True, cwd=tmp_path).stdout.strip()  # fmt: skip
     spark_class = os.path.join(spark_home, "bin", "spark-class")
     spark_submit = os.path.join(spark_home, "bin", "spark-submit")
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MQSTORE_", "PYTHON", "PYSPARK_", "SPARK_"))}
     env.update(
         SPARK_HOME=spark_home,
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_WORKER_DIR=str(tmp_path / "worker"),  # not inside the venv
-        PYSPARK_PYTHON=sys.executable,
-        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYSPARK_PYTHON=str(python),
+        PYSPARK_DRIVER_PYTHON=str(python),
+        PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}",
     )
-    env.pop("PYSPARK_GATEWAY_PORT", None)
-    env.pop("PYSPARK_GATEWAY_SECRET", None)
     master_port, master_ui, worker_ui = _free_port(), _free_port(), _free_port()
     master_url = f"spark://127.0.0.1:{master_port}"
     logs = {name: tmp_path / f"{name}.log" for name in ("master", "worker", "submit")}
@@ -103,40 +166,48 @@ def test_spark_submit_of_stats_to_a_standalone_master(tmp_path: Path) -> None:
             master = subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                  "--port", str(master_port), "--webui-port", str(master_ui)],  # fmt: skip
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path,
             )  # fmt: skip
         # The worker starts alongside (it retries registering), saving a JVM start-up of wall time.
         with open(logs["worker"], "wb") as out:
             worker = subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                  "--webui-port", str(worker_ui), "--cores", "2", "--memory", "1g", master_url],  # fmt: skip
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path,
             )  # fmt: skip
         _wait_until("the master's port", lambda: master.poll() is None and _port_open(master_port), START_TIMEOUT_S,
                     [logs["master"]])  # fmt: skip
         _wait_until("a registered worker", lambda: _alive_workers(master_ui) >= 1, START_TIMEOUT_S,
                     [logs["master"], logs["worker"]])  # fmt: skip
 
-        import mqstore.pipeline.stats as stats_job
-
-        out_json = tmp_path / "stats.json"
+        job = tmp_path / "my_job.py"
+        job.write_text(JOB)
+        out_json = tmp_path / "result.json"
         cmd = [
             spark_submit, "--master", master_url,
             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-            "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.executor.memory=512m",
+            "--conf", "spark.executor.memory=512m",
             "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
-            stats_job.__file__, str(FIXTURE), "--out", str(out_json),
+            str(job), str(FIXTURE), str(out_json),
         ]  # fmt: skip
         with open(logs["submit"], "wb") as out:
             try:
-                rc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=SUBMIT_TIMEOUT_S).returncode
+                rc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=SUBMIT_TIMEOUT_S,
+                                    cwd=tmp_path).returncode  # fmt: skip
             except subprocess.TimeoutExpired:
                 rc = None
         detail = "\n".join(f"--- {p.name} ---\n{_tail(p)}" for p in logs.values())
         assert rc == 0, f"spark-submit exited with {rc}\n{detail}"
         result = json.loads(out_json.read_text())
-        assert result["messages"] == 47 and result["bytes"] == 47 * 172, detail
-        assert [(q["topic"], q["queue_id"], q["messages"]) for q in result["queues"]] == [("abc", 0, 47)]
+        records = [rec for _, _, rec in h.reference_records([FIXTURE])]
+        assert len(records) == 47 and {(r.topic, r.queue_id) for r in records} == {("abc", 0)}
+        assert result["counts"] == [["abc", 0, 47]], detail
+        assert result["body_bytes"] == sum(len(r.body) for r in records), detail
+        assert "properties" in result["columns"] and "msg_id" not in result["columns"]  # the default schema
+        # The executors ran the wheel's code with the venv's python, never the checkout's.
+        mqstore_file, lookup_file, executable = result["executor"]
+        assert mqstore_file.startswith(venv_root) and lookup_file.startswith(venv_root), result["executor"]
+        assert executable == str(python), result["executor"]
         # The job really ran on the cluster, not in a local fallback.
         assert "app-" in _tail(logs["master"], 200) or "Registered app" in _tail(logs["master"], 200), detail
     finally:
