@@ -104,9 +104,8 @@ class PassReply(Reply):
 
     __slots__ = ()
 
-    @property
-    def sink(self) -> PassSink:
-        raise NotImplementedError
+    # Where the pass's answers of this reply go: a slot of the subclass (read once per put).
+    sink: PassSink
 
 
 # What this actor takes; `handle` answers each with one reply type.
@@ -402,19 +401,20 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             self.ctx.faults.hit("writer.after_append")
             ids = append.msg_id.split(",")
             offset = append.wrote_offset
+            queue_offset = append.logics_offset
+            store_timestamp = append.store_timestamp
+            sync = self._sync_flush
+            ok = PutMessageStatus.PUT_OK
             for k, put in enumerate(chunk):
                 size = len(put.records[0])
-                result = PutResult(
-                    status=PutMessageStatus.PUT_OK,
-                    commitlog_offset=offset,
-                    wrote_bytes=size,
-                    queue_offset=append.logics_offset + k,
-                    msg_ids=(ids[k],),
-                    store_timestamp=append.store_timestamp,
-                    msg_num=1,
-                )
+                # Positional: (status, commitlog_offset, wrote_bytes, queue_offset, msg_ids,
+                # store_timestamp, msg_num), built once per put of the hot path.
+                result = PutResult(ok, offset, size, queue_offset + k, (ids[k],), store_timestamp, 1)
                 offset += size
-                self._answer_stored(put, result, answers, group_commits)
+                if sync:
+                    self._answer_stored(put, result, answers, group_commits)
+                else:
+                    answers.append((put.reply, result))
             self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
 
     def _answer_stored(
