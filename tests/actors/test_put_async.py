@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import Future, as_completed, wait
 from pathlib import Path
@@ -407,3 +408,31 @@ def test_every_in_flight_slot_comes_back_once_its_answer_is_delivered(store_dir:
         store.flush()
         helpers.wait_until(lambda: pipeline._free_slots == 64, what="every slot back")
         assert pipeline._free_slots == 64 and not pipeline._pending
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_in_flight_slots_take_give_and_wake_a_blocked_taker(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound itself, on the C semaphore and on the lock-and-condition fallback."""
+    from mqstore.put_pipeline import _InFlightSlots
+    from mqstore.storage import speedups
+
+    if native and speedups.native is None:
+        pytest.skip("C extension not built")
+    if not native:
+        monkeypatch.setattr(speedups, "native", None)
+    slots = _InFlightSlots(2)
+    assert slots.free == 2
+    assert slots.take(None) and slots.take(None)
+    assert not slots.take(None) and slots.free == 0  # full: refused at once
+    started = time.monotonic()
+    assert not slots.take(0.05)  # full: waited, then refused
+    assert time.monotonic() - started >= 0.04
+    taken = threading.Event()
+    taker = threading.Thread(target=lambda: slots.take(TIMEOUT_S) and taken.set())
+    taker.start()
+    assert not taken.wait(0.05)
+    slots.give(1)
+    taker.join(TIMEOUT_S)
+    assert taken.is_set() and slots.free == 0
+    slots.give(2)
+    assert slots.free == 2
