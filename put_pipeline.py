@@ -274,23 +274,21 @@ class PutPipeline:
         checked = store._encode(messages, batch)
         if isinstance(checked, PutResult):
             return checked
-        if not self._take_slot():
+        if not self._slots.take(None) and not self._take_slot_waiting():  # a free slot: one C call
             store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
             return IN_FLIGHT_FULL
-        if reply.sink is self._to_completion:
+        if self._thread is None and reply.sink is self._to_completion:
             self._ensure_thread()
         store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
         return None
 
-    def _take_slot(self) -> bool:
-        slots = self._slots
-        if slots.take(None):
-            return True
+    def _take_slot_waiting(self) -> bool:
+        """A slot when none was free: waiting for one, unless told to fail fast."""
         # The completion thread (a done-callback putting again) must never block: only it
         # gives slots back to futures.
         if self._fail_fast or threading.current_thread() is self._thread:
             return False
-        return slots.take(self._store._reply_timeout_s)
+        return self._slots.take(self._store._reply_timeout_s)
 
     def _release_slots(self, n: int) -> None:
         self._slots.give(n)

@@ -49,6 +49,7 @@ __all__ = ["CommitLogWriter", "DispatchLag", "ResumePoint", "PassReply", "PassSi
 # answer's wait and the dispatch lag under a constant stream.
 PASS_MAX_PUTS = 256
 _NOT_WRITEABLE = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable")
+_STORED = (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT)  # PutResult.stored
 _BUSY = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy")
 
 
@@ -309,14 +310,22 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         the pass holds the writer 1 ms before it is answered, as Java's put slept 1 ms holding
         the put lock. Puts stay stored; callers wait longer, and one that waited past
         os_page_cache_busy_timeout_ms in the inbox is answered OS_PAGE_CACHE_BUSY, unstored."""
-        stored = [r for _, r in answers if r.stored] + [g.result for g in group_commits]
-        if not stored:
+        # One loop without a property call per put: this runs on every pass.
+        stored_puts = stored_records = 0
+        for _, r in answers:
+            if r.status in _STORED:
+                stored_puts += 1
+                stored_records += r.msg_num
+        for g in group_commits:
+            stored_puts += 1
+            stored_records += g.result.msg_num
+        if not stored_puts:
             return
         commitlog = self._commitlog
         assert commitlog is not None
-        self._lag.appended(commitlog.get_max_offset(), sum(r.msg_num for r in stored))
+        self._lag.appended(commitlog.get_max_offset(), stored_records)
         held = behind = 0
-        for _ in stored:
+        for _ in range(stored_puts):
             behind = self._lag.behind(self._dispatched_offset())
             if behind <= self._high_water:
                 break
