@@ -346,7 +346,7 @@ class MessageStore:
         return waiter if waiter is not None else PutResult(status=PutMessageStatus.PUT_OK, detail="submitted")
 
     def _encode(self, messages: Sequence[Message], batch: bool) -> PutResult | EncodedBatch:
-        if not self.running:
+        if self._closed or self.supervisor.state is not SupervisorState.RUNNING:  # `running`, inline: once per put
             return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store is not running")
         encoded = self._encoder.encode(messages, batch, self.clock_ms())
         if isinstance(encoded, PutRefused):
