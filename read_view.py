@@ -132,15 +132,10 @@ class ReadViewPublisher:
         with self._cond:
             self._swap(replace(self.view, index_files=files, indexed_end=indexed_end))
 
-    def publish_quarantined(self, ranges: tuple[tuple[int, int], ...]) -> None:
-        """Recovery (the supervisor, before any reader or dispatcher starts): the damaged
-        commitlog ranges it quarantined."""
-        with self._cond:
-            self._swap(replace(self.view, quarantined=tuple(sorted(ranges))))
-
     def add_quarantined(self, ranges: tuple[tuple[int, int], ...]) -> None:
-        """The writer, after its restart's tail scan quarantined `ranges`: added to what is
-        known (overlaps merged, so the ranges stay sorted and disjoint for `in_ranges`)."""
+        """The writer, after its recovery quarantined `ranges` (before any reader or dispatcher
+        starts on a first start): added to what is known (overlaps merged, so the ranges stay
+        sorted and disjoint for `in_ranges`)."""
         with self._cond:
             merged: list[tuple[int, int]] = []
             for start, end in sorted(set(self.view.quarantined) | set(ranges)):

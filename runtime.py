@@ -164,6 +164,18 @@ class RuntimeActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> Any:  # pykka's hook; its type is pykka's private inbox
         return FastInbox()
 
+    def _actor_loop_setup(self) -> None:  # pykka's: an on_start failure is only logged there
+        try:
+            self.on_start()
+        except Exception as exc:
+            try:
+                self.on_start_failed(exc)
+            finally:
+                self._handle_failure(type(exc), exc, exc.__traceback__)
+
+    def on_start_failed(self, error: Exception) -> None:
+        """`on_start` raised `error`; the actor stops after this (pykka calls no `on_failure`)."""
+
     def _fast_inbox(self) -> FastInbox:
         inbox = self.actor_inbox
         if not isinstance(inbox, FastInbox):

@@ -33,7 +33,7 @@ import pykka
 from .actors.allocator import AllocateMappedFileService
 from .actors.base import ActorContext, ChildFailed, real_sleep_ms
 from .actors.commit import CommitRealTimeService
-from .actors.commitlog_writer import CommitLogWriter, ResumePoint
+from .actors.commitlog_writer import CommitLogWriter
 from .actors.consume_queue import ConsumeQueueService
 from .actors.flush import FlushCommitLogService
 from .actors.gateway import StoreBackend, StoreGateway
@@ -46,23 +46,33 @@ from .log import get_logger
 from .messages import (
     AskFor,
     AwaitDispatched,
+    GetCommitLogRecovery,
     GetIndexSnapshot,
+    GetLogFacts,
     GetQueueSnapshot,
     GetReputStatus,
     GetWriterStatus,
     FlushAll,
     Ping,
     Reply,
+    ResumeQueues,
     SetWriteable,
     Tick,
     Waiter,
 )
 from .storage import codec
-from .storage.checkpoint import create_checkpoint_file
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreLock
-from .storage.recovery import RecoveryReport, recover_store
+from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
+from .storage.recovery import (
+    IndexRecovery,
+    RecoveryMode,
+    RecoveryReport,
+    assemble_report,
+    check_geometry,
+    mode_at_open,
+)
 from .runtime import ask
 from .ticker import RealTicker, Ticker
 
@@ -103,16 +113,20 @@ def _transient_pool(cfg: StoreConfig) -> bool:
     return cfg.transient_store_pool_enable and cfg.flush_disk_type == "ASYNC_FLUSH" and cfg.broker_role != "SLAVE"
 
 
-# Start order is tuple order: each child's facts come from those before it.
+# Start order is tuple order: each child's facts come from those before it. Each owner
+# recovers its own files in on_start, on the first start and on every restart alike: the
+# writer its log (the others' recovery needs the log's end), the index its files, the
+# ConsumeQueue actor its queues (the re-dispatch start counts what the index needs); then the
+# writer, told the queues' offsets (ResumeQueues), takes puts, and reput dispatches the rest.
 TREE: tuple[ChildSpec, ...] = (
     ChildSpec("allocator", ()),
-    ChildSpec("flush", (), _flush_tick),
-    ChildSpec("consume_queue", ("reput",), lambda c: c.flush_interval_consume_queue_ms),
-    # Ticks retry dispatch that waits for disk space.
-    ChildSpec("index", ("reput",), lambda c: c.flush_interval_consume_queue_ms, enabled=lambda c: c.message_index_enable),
     # The allocator's pre-created segments are the writer's future files: a restarted writer
     # truncates its tail, which may delete them, so the allocator restarts with it.
     ChildSpec("writer", ("allocator", "commit", "reput"), lambda c: c.flush_interval_commitlog_ms),
+    ChildSpec("flush", (), _flush_tick),
+    # Ticks retry dispatch that waits for disk space.
+    ChildSpec("index", ("reput",), lambda c: c.flush_interval_consume_queue_ms, enabled=lambda c: c.message_index_enable),
+    ChildSpec("consume_queue", ("reput",), lambda c: c.flush_interval_consume_queue_ms),
     ChildSpec("commit", (), lambda c: c.commit_interval_commitlog_ms, enabled=_transient_pool),
     ChildSpec("reput", (), lambda _: 100),
     ChildSpec("cleaner", (), lambda c: c.clean_resource_interval_ms, enabled=lambda _: _cleaner_available()),
@@ -187,6 +201,8 @@ class Supervisor:
         self.state = SupervisorState.NEW
         self.restarts: list[RestartRecord] = []
         self.recovery: RecoveryReport | None = None
+        self._mode = RecoveryMode.CLEAN  # how the first start trusts the files (restarts: RESTART)
+        self._checkpoint: CheckpointValues | None = None
         self.store_host = codec.HostAddress.parse(config.store_host)
         self._specs = [spec for spec in TREE if spec.enabled(config) and (spec.name != "gateway" or backend is not None)]
         self._events: queue.Queue[Any] = queue.Queue()
@@ -229,11 +245,16 @@ class Supervisor:
         try:
             self._abort = AbortFile(self.fs, cfg.abort_path)
             last_exit_ok = not self._abort.exists()
+            self._mode = mode_at_open(last_exit_ok)
             try:  # a new store's commitlog/consumequeue/index directories take blocks on ext4
-                self.recovery = recover_store(cfg, self.fs, last_exit_ok=last_exit_ok, clock_ms=self.clock_ms)
+                for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
+                    self.fs.makedirs(path)
+                # Refused before any owner changes a byte (settings that disagree with the files).
+                check_geometry(cfg, self.fs)
+                if self.fs.exists(cfg.checkpoint_path):
+                    self._checkpoint = read_checkpoint(self.fs, cfg.checkpoint_path)
             except OSError as exc:
                 raise _disk_full_or(exc, str(exc.filename or cfg.store_path_root_dir), "the store's files") from exc
-            self.ctx.read_view.publish_quarantined(tuple((q.start, q.end) for q in self.recovery.quarantined))
             # Before the abort marker and the actors: a new store with no room for its
             # checkpoint is refused here, once, not by the flush actor failing to start
             # until the supervisor gives up.
@@ -246,8 +267,10 @@ class Supervisor:
             except OSError as exc:
                 raise _disk_full_or(exc, cfg.abort_path, "the store's abort marker") from exc
             created_abort = last_exit_ok
+            # Each owner recovers its files in on_start, in tree order (see TREE).
             for spec in self._specs:
                 self._start_child(spec.name, first=True)
+            self.recovery = self._recovery_report()
         except BaseException:
             self._stop_children(clean=False)
             if created_abort and self._abort is not None:
@@ -385,34 +408,34 @@ class Supervisor:
 
     def _start_child(self, name: str, *, first: bool) -> None:
         """Start one child and wait for its ready handshake (an actor that failed in on_start
-        answers the ping with ActorDeadError, so nobody talks to a half-started actor)."""
+        answers the ping with ActorDeadError, so nobody talks to a half-started actor). An
+        owner's on_start recovers its files: on the first start as the open found them
+        (`self._mode`), on a restart as a live process left them."""
         ctx = self.ctx
         ref: pykka.ActorRef[Any]
-        rec = self.recovery
-        assert rec is not None
+        mode = self._mode if first else RecoveryMode.RESTART
         match name:
             case "allocator":
                 ref = AllocateMappedFileService.start(ctx)
-            case "flush":
-                if first:
-                    max_offset, ts = rec.max_offset, rec.store_timestamp
-                else:
-                    ready = self._ask("writer", GetWriterStatus())
-                    max_offset, ts = ready.max_offset, ready.store_timestamp
-                seg = self.config.mapped_file_size_commitlog_bytes
-                flushed = max(max_offset - max_offset % seg, rec.min_offset, 0)
-                ref = FlushCommitLogService.start(ctx, flushed_offset=flushed, max_offset=max_offset, store_timestamp=ts)
-            case "consume_queue":
-                ref = ConsumeQueueService.start(ctx)
-            case "index":
-                ref = IndexActor.start(ctx)
             case "writer":
-                if first:
-                    resume = ResumePoint(scan_from=rec.max_offset, topic_queue_table=dict(rec.topic_queue_table))
-                else:
-                    snap = self._ask("consume_queue", GetQueueSnapshot())
-                    resume = ResumePoint(scan_from=snap.resume_offset, topic_queue_table=snap.topic_queue_table)
-                ref = CommitLogWriter.start(ctx, resume=resume, store_host=self.store_host)
+                ref = CommitLogWriter.start(ctx, mode=mode, checkpoint=self._checkpoint, store_host=self.store_host)
+            case "flush":
+                ready = self._ask("writer", GetWriterStatus())
+                seg = self.config.mapped_file_size_commitlog_bytes
+                flushed = max(ready.max_offset - ready.max_offset % seg, ready.min_offset, 0)
+                ref = FlushCommitLogService.start(
+                    ctx, flushed_offset=flushed, max_offset=ready.max_offset, store_timestamp=ready.store_timestamp
+                )
+            case "index":
+                facts = self._ask("writer", GetLogFacts())
+                ref = IndexActor.start(ctx, mode=mode, checkpoint=self._checkpoint, log_facts=facts)
+            case "consume_queue":
+                facts = self._ask("writer", GetLogFacts())
+                index_from = None
+                if first and "index" in ctx.peers:
+                    recovered = self._ask("index", GetIndexSnapshot()).recovered
+                    index_from = recovered.dispatch_from if recovered is not None else None
+                ref = ConsumeQueueService.start(ctx, mode=mode, log_facts=facts, index_dispatch_from=index_from)
             case "commit":
                 ref = CommitRealTimeService.start(ctx)
             case "gateway":
@@ -424,22 +447,51 @@ class Supervisor:
                 ref = cleaner.CleanerActor.start(ctx)
             case "reput":
                 ready = self._ask("writer", GetWriterStatus())
-                if first:
-                    reput_offset = rec.dispatch_from
-                else:
-                    reput_offset = self._ask("consume_queue", GetQueueSnapshot()).resume_offset
-                    if "index" in ctx.peers:
-                        reput_offset = min(reput_offset, self._ask("index", GetIndexSnapshot()).resume_offset)
-                    reput_offset = max(reput_offset, ready.min_offset, 0)
+                reput_offset = self._ask("consume_queue", GetQueueSnapshot()).resume_offset
+                if "index" in ctx.peers:
+                    reput_offset = min(reput_offset, self._ask("index", GetIndexSnapshot()).resume_offset)
+                reput_offset = max(reput_offset, ready.min_offset, 0)
                 ref = ReputMessageService.start(ctx, reput_offset=reput_offset, max_offset=ready.max_offset)
             case _:
                 raise AssertionError(f"unknown child {name}")
         ctx.peers[name] = ref
         try:
             ref.ask(Ping(), timeout=START_TIMEOUT_S)
-        except Exception:
+        except Exception as exc:
             ctx.peers.pop(name, None)
+            failed = self._start_failure(name)
+            if failed is not None and first:
+                raise failed from exc
             raise
+        # Step two of the writer's start, once both it and the queues recovered: on the first
+        # start after the ConsumeQueue actor, on a writer's restart at once (the queues live).
+        if (name == "consume_queue" and first) or (name == "writer" and "consume_queue" in ctx.peers):
+            self._resume_writer()
+
+    def _resume_writer(self) -> None:
+        snapshot = self._ask("consume_queue", GetQueueSnapshot())
+        self._ask("writer", ResumeQueues(topic_queue_table=snapshot.topic_queue_table,
+                                         dispatch_from=snapshot.resume_offset))  # fmt: skip
+
+    def _start_failure(self, name: str) -> BaseException | None:
+        """Why `name` failed in on_start (its report, taken out of the events: an open raises
+        it, so a refusal reads as the owner's own error; a restart counts the failure once,
+        for the group it restarts)."""
+        with self._events.mutex:
+            for event in list(self._events.queue):
+                if isinstance(event, ChildFailed) and event.name == name:
+                    self._events.queue.remove(event)
+                    return event.error
+        return None
+
+    def _recovery_report(self) -> RecoveryReport:
+        """The owners' recovery at this open, as one report."""
+        recovered = self._ask("writer", GetCommitLogRecovery())
+        queues = self._ask("consume_queue", GetQueueSnapshot()).recovered
+        assert queues is not None
+        index = self._ask("index", GetIndexSnapshot()).recovered if "index" in self.ctx.peers else None
+        table = self._ask("writer", GetWriterStatus()).topic_queue_table
+        return assemble_report(self._mode, self._checkpoint, recovered, index or IndexRecovery(), queues, table)
 
     def _stop_child(self, name: str) -> None:
         ref = self.ctx.peers.pop(name, None)

@@ -152,6 +152,14 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
         finally:
             self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=exception_value))
 
+    def on_start_failed(self, error: Exception) -> None:
+        # Reported like a crash, so the supervisor learns why (an open raises the owner's
+        # own error, e.g. a refusal of its files), and what it had opened is closed.
+        try:
+            self.release()
+        finally:
+            self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=error))
+
     def on_stop(self) -> None:
         self._fail_queued()
         self.release()

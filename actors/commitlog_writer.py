@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Protocol, assert_never
 
 import pykka
@@ -22,6 +21,8 @@ from ..messages import (
     CommitWriteBuffers,
     DeleteExpiredCommitLogFiles,
     EncodedPut,
+    GetCommitLogRecovery,
+    GetLogFacts,
     GetWriterStatus,
     GroupCommitRequest,
     Ping,
@@ -30,20 +31,22 @@ from ..messages import (
     RedeleteHangedCommitLogFile,
     RemoveQueuesFromTopicQueueTable,
     Reply,
+    ResumeQueues,
     SetWriteable,
     Tick,
     WriterReady,
 )
 from ..storage import codec
-from ..storage.commitlog import CommitLog, EncodedRecords
+from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
-from ..storage.recovery import continue_queues_past_quarantine
+from ..storage.checkpoint import CheckpointValues
+from ..storage.recovery import CommitLogRecovery, LogFacts, RecoveryMode, recover_commitlog, resume_queue_offsets
 from ..storage.status import PutMessageStatus
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
-__all__ = ["CommitLogWriter", "DispatchLag", "ResumePoint", "PassReply", "PassSink"]
+__all__ = ["CommitLogWriter", "DispatchLag", "PassReply", "PassSink"]
 
 # A pass appends at most this many puts before it answers them and tells reput: bounds an
 # answer's wait and the dispatch lag under a constant stream.
@@ -82,14 +85,6 @@ class DispatchLag:
         return self._appended - self._done
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumePoint:
-    """Where the writer's tail scan starts, and the queue offsets known below that point."""
-
-    scan_from: int
-    topic_queue_table: dict[str, int] = field(default_factory=dict)
-
-
 class PassSink(Protocol):
     """Takes a pass's answers of its PassReplies at once (in the writer's thread: it must be
     the store's own cheap code, never host code)."""
@@ -114,6 +109,9 @@ WriterRequest = (
     EncodedPut
     | Ping
     | GetWriterStatus
+    | ResumeQueues
+    | GetLogFacts
+    | GetCommitLogRecovery
     | SetWriteable
     | CommitWriteBuffers
     | Tick
@@ -126,9 +124,20 @@ WriterRequest = (
 class CommitLogWriter(StoreActor[WriterRequest]):
     name = "writer"
 
-    def __init__(self, ctx: ActorContext, *, resume: ResumePoint, store_host: codec.HostAddress) -> None:
+    def __init__(
+        self,
+        ctx: ActorContext,
+        *,
+        mode: RecoveryMode,
+        checkpoint: CheckpointValues | None,
+        store_host: codec.HostAddress,
+    ) -> None:
         super().__init__(ctx)
-        self._resume = resume
+        self._mode = mode
+        self._checkpoint = checkpoint
+        self._recovered: CommitLogRecovery | None = None
+        # Puts are refused until the queues' offsets are known (ResumeQueues, step two of a start).
+        self._resumed = False
         self._store_host = store_host
         self._commitlog: CommitLog | None = None
         self._writeable = True
@@ -164,6 +173,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             else None
         )
         self._pooled = pool is not None
+        # This owner's part of recovery, the same on a first start and on every restart (the
+        # mode says how far the files are trusted): it truncates a torn tail, quarantines damage.
+        recovered = recover_commitlog(cfg, self.ctx.fs, mode=self._mode, checkpoint=self._checkpoint,
+                                      clock_ms=self.ctx.clock_ms)  # fmt: skip
         self._commitlog = CommitLog(
             self.ctx.fs,
             cfg.commitlog_dir,
@@ -178,21 +191,29 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         )
         if not self._commitlog.load():
             raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}")
-        end, table = self._commitlog.recover_tail(
-            self._resume.scan_from, dict(self._resume.topic_queue_table), check_crc=cfg.check_crc_on_recover
-        )
-        found = self._commitlog.quarantined
-        if found:
-            # Damage the tail scan walked past: published before the readable end, so reput
-            # and readers skip it (not only CRC, which covers the body alone); queue offsets
-            # of quarantined records whose header is readable are not given out again.
-            known = self.ctx.read_view.view.quarantined
-            continue_queues_past_quarantine(self._commitlog, found, table,
-                                            slack_bytes=sum(end - start for start, end in known))  # fmt: skip
-            self.ctx.read_view.add_quarantined(tuple((q.start, q.end) for q in found))
-        self._commitlog.topic_queue_table = table
+        # The tail scan from the recovered end finds nothing: it places the write positions.
+        end, _ = self._commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)
+        self._recovered = recovered
+        if recovered.quarantined:
+            # Damage the scan walked past: published before the readable end, so reput and
+            # readers skip it (not only CRC, which covers the body alone).
+            self.ctx.read_view.add_quarantined(tuple((q.start, q.end) for q in recovered.quarantined))
         self.ctx.read_view.publish_commitlog(self._readable_end())
-        self.log.info("writer ready", max_offset=end, queues=len(table))
+        self.log.info("writer recovered", mode=self._mode.value, max_offset=end)
+
+    def _resume_queues(self, request: ResumeQueues) -> WriterReady:
+        """Step two of a start: continue each queue's offsets after every record in the log
+        (the queues' units cover what lies below `dispatch_from`), and past the readable
+        headers of quarantined records, so no queue offset is given out twice."""
+        assert self._commitlog is not None and self._recovered is not None
+        known = [Quarantined(start, end, "quarantined") for start, end in self.ctx.read_view.view.quarantined]
+        self._commitlog.topic_queue_table = resume_queue_offsets(
+            self._commitlog, self._recovered, dict(request.topic_queue_table), request.dispatch_from, known
+        )
+        self._resumed = True
+        self.log.info("writer ready", max_offset=self._commitlog.get_max_offset(),
+                      queues=len(self._commitlog.topic_queue_table))  # fmt: skip
+        return self._ready()
 
     def release(self) -> None:
         if self._commitlog is not None:
@@ -200,19 +221,26 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             self._commitlog = None
 
     # messages ----------------------------------------------------------------------------
-    def handle(self, message: WriterRequest) -> WriterReady | Pong | int | None:
+    def handle(self, message: WriterRequest) -> WriterReady | LogFacts | CommitLogRecovery | Pong | int | None:
         try:
             return self._handle(message)
         finally:
             if self._pending_advance is not None and self.inbox_empty():
                 self._notify_advance()
 
-    def _handle(self, message: WriterRequest) -> WriterReady | Pong | int | None:
+    def _handle(self, message: WriterRequest) -> WriterReady | LogFacts | CommitLogRecovery | Pong | int | None:
         match message:
             case EncodedPut():
                 self._put_pass(message)
             case GetWriterStatus():
                 return self._ready()
+            case ResumeQueues():
+                return self._resume_queues(message)
+            case GetLogFacts():
+                return self._log_facts()
+            case GetCommitLogRecovery():
+                assert self._recovered is not None
+                return self._recovered
             case Ping():
                 return Pong()
             case SetWriteable(writeable=writeable, closing=closing):
@@ -238,6 +266,14 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             case _:
                 assert_never(message)
         return None
+
+    def _log_facts(self) -> LogFacts:
+        assert self._commitlog is not None and self._recovered is not None
+        first = self._commitlog.get_min_offset()
+        end = self._commitlog.get_max_offset()
+        facts = self._recovered.facts
+        return LogFacts(min_offset=max(first, 0), max_offset=end, has_files=first >= 0,
+                        scan_start=min(facts.scan_start, end), lost_ranges=facts.lost_ranges)  # fmt: skip
 
     def _ready(self) -> WriterReady:
         assert self._commitlog is not None
@@ -360,7 +396,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         units: list[list[EncodedPut]] = []
         singles: dict[tuple[str, int], list[EncodedPut]] = {}
         for put in puts:
-            if self._closing or not self._writeable:
+            if self._closing or not self._writeable or not self._resumed:
                 answers.append((put.reply, _NOT_WRITEABLE))
             # RocketMQ rejects a put while another has held the put lock too long; the actor's
             # equivalent is a request that waited in the mailbox too long behind slow appends.

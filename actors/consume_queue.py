@@ -33,6 +33,7 @@ from ..storage import codec, speedups
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
+from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, recover_consume_queues
 from .base import ActorContext, StoreActor
 
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
@@ -57,8 +58,12 @@ ConsumeQueueRequest = (
 class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
     name = "consume_queue"
 
-    def __init__(self, ctx: ActorContext) -> None:
+    def __init__(self, ctx: ActorContext, *, mode: RecoveryMode, log_facts: LogFacts, index_dispatch_from: int | None) -> None:
         super().__init__(ctx)
+        self._mode = mode
+        self._log_facts = log_facts
+        self._index_dispatch_from = index_dispatch_from
+        self._recovered: ConsumeQueueRecovery | None = None
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._dispatched_offset = 0
         self._logics_msg_timestamp = 0
@@ -71,7 +76,13 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
-        self.ctx.fs.makedirs(root)
+        # This owner's part of recovery, the same on a first start and on every restart:
+        # queue files of the wrong length set aside, units past the log's end (after a crash,
+        # past the re-dispatch start) truncated, and where re-dispatch starts decided.
+        recovered = self._recovered = recover_consume_queues(
+            self.config, self.ctx.fs, mode=self._mode, log_facts=self._log_facts,
+            index_dispatch_from=self._index_dispatch_from, clock_ms=self.ctx.clock_ms,
+        )  # fmt: skip
         with contextlib.closing(self._commitlog()) as reader:
             min_phy_offset = reader.min_offset()
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
@@ -84,6 +95,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 unit = cq.get_unit(cq.get_max_offset_in_queue() - 1)
                 if unit is not None:
                     self._dispatched_offset = max(self._dispatched_offset, unit[0] + unit[1])
+        # Below the re-dispatch start every queue holds its units (a queue rebuilt from the
+        # log's start, or one that lost files, holds fewer than the others).
+        self._dispatched_offset = min(self._dispatched_offset, recovered.dispatch_from)
         self._publish(self._queues, complete=True)
 
     def release(self) -> None:
@@ -316,6 +330,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             resume_offset=self._dispatched_offset,
             logics_msg_timestamp=self._logics_msg_timestamp,
             waiting_batches=len(self._waiting),
+            recovered=self._recovered,
         )
 
     def _flush(self, now_ms: int, *, thorough: bool) -> None:

@@ -19,7 +19,9 @@ from ..messages import (
     QueryOffsetsReply,
     Tick,
 )
+from ..storage.checkpoint import CheckpointValues
 from ..storage.index import IndexService
+from ..storage.recovery import IndexRecovery, LogFacts, RecoveryMode, recover_index
 from .base import ActorContext, StoreActor
 
 __all__ = ["IndexActor"]
@@ -32,8 +34,14 @@ IndexRequest = DispatchBatch | QueryOffsets | GetIndexSnapshot | FlushAll | Dele
 class IndexActor(StoreActor[IndexRequest]):
     name = "index"
 
-    def __init__(self, ctx: ActorContext) -> None:
+    def __init__(
+        self, ctx: ActorContext, *, mode: RecoveryMode, checkpoint: CheckpointValues | None, log_facts: LogFacts
+    ) -> None:
         super().__init__(ctx)
+        self._mode = mode
+        self._checkpoint = checkpoint
+        self._log_facts = log_facts
+        self._recovered: IndexRecovery | None = None
         self._service: IndexService | None = None
         self._dispatched_offset = 0
         self._indexed_below = 0
@@ -48,6 +56,11 @@ class IndexActor(StoreActor[IndexRequest]):
 
     def on_start(self) -> None:
         cfg = self.config
+        # This owner's part of recovery, the same on a first start and on every restart: files
+        # that are not safe to keep go (after a crash, any that is not full), and so do files
+        # past the log's end; what they held is indexed again by re-dispatch.
+        self._recovered = recover_index(cfg, self.ctx.fs, mode=self._mode, checkpoint=self._checkpoint,
+                                        log_facts=self._log_facts, clock_ms=self.ctx.clock_ms)  # fmt: skip
         self._service = IndexService(
             self.ctx.fs,
             cfg.index_dir,
@@ -57,15 +70,22 @@ class IndexActor(StoreActor[IndexRequest]):
             max_msgs_num_batch=cfg.max_msgs_num_batch,
             on_index_file_full=self._file_full,
         )
-        # Recovery already dropped files that were not safe to keep (§10.8 load).
+        # Recovery (above) dropped the files that were not safe to keep (§10.8 load).
         if not self._service.load(last_exit_ok=True, index_msg_timestamp=0):
             raise RuntimeError(f"cannot load the index in {cfg.index_dir}")
-        self._dispatched_offset = self._service.resume_offset()
         # Records below this offset are indexed already. The newest file's endPhyOffset is the
         # START of the last indexed message, which may be indexed only in part (its keys split
         # across a full file and a newer one recovery dropped): it is indexed again, as in Java,
         # and build_index skips the keys already there.
-        self._indexed_below = self._dispatched_offset
+        self._indexed_below = self._service.resume_offset()
+        # Where re-dispatch must start for the index (the supervisor starts reput no later).
+        # An open's recovery decided it: a clean stop indexed everything (the log's end), a
+        # crash or a dropped file names its start. A restart in a live process trusts the
+        # files up to the newest entry (messages without keys after it left no trace).
+        self._dispatched_offset = self._indexed_below
+        if self._mode is not RecoveryMode.RESTART:
+            needed = self._recovered.dispatch_from
+            self._dispatched_offset = needed if needed is not None else self._log_facts.max_offset
         self._publish()
 
     def _publish(self) -> None:
@@ -144,7 +164,8 @@ class IndexActor(StoreActor[IndexRequest]):
                     offsets=tuple(offsets), last_update_timestamp=last_ts, last_update_phy_offset=last_phy
                 )
             case GetIndexSnapshot():
-                return IndexSnapshot(resume_offset=self._dispatched_offset, waiting_batches=len(self._waiting))
+                return IndexSnapshot(resume_offset=self._dispatched_offset, waiting_batches=len(self._waiting),
+                                     recovered=self._recovered)  # fmt: skip
             case Ping():
                 return Pong()
             case FlushAll(reply=reply):

@@ -12,11 +12,14 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Generic, Mapping, NamedTuple, Sequence, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, NamedTuple, Sequence, TypeAlias, TypeVar
 
 from ..storage import speedups
 from ..storage.codec import DispatchFields, HostAddress, MessageRecord
 from ..storage.status import GetMessageStatus, PutMessageStatus
+
+if TYPE_CHECKING:
+    from ..storage.recovery import CommitLogRecovery, ConsumeQueueRecovery, IndexRecovery, LogFacts  # noqa: F401
 
 import pykka
 
@@ -34,6 +37,9 @@ __all__ = [
     "Unsubscribe",
     "MessageArrived",
     "EncodedPut",
+    "GetLogFacts",
+    "GetCommitLogRecovery",
+    "ResumeQueues",
     "CommitLogAdvanced",
     "GroupCommitRequest",
     "DispatchRequest",
@@ -454,6 +460,28 @@ class WriterReady:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GetLogFacts(AskFor["LogFacts"]):
+    """To the writer: what the other owners' recovery needs of the commitlog (its bounds now,
+    and where its recovery's crash scan started)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetCommitLogRecovery(AskFor["CommitLogRecovery"]):
+    """To the writer: what its recovery in on_start found (for the open's report)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeQueues(AskFor["WriterReady"]):
+    """To a writer that recovered its log: the second step of its start, once the ConsumeQueue
+    owner recovered. `topic_queue_table` holds the queues' next offsets from their units, for
+    the records below `dispatch_from`; the writer counts the rest from its log. Puts are
+    refused until this arrives."""
+
+    topic_queue_table: dict[str, int]
+    dispatch_from: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SetWriteable(AskFor["WriterReady"]):
     """RunningFlags, as the writer sees them: refuse puts while not writeable or closing."""
 
@@ -538,6 +566,7 @@ class QueueSnapshot:
     resume_offset: int
     logics_msg_timestamp: int
     waiting_batches: int = 0  # dispatched to it, not yet written (a full disk)
+    recovered: ConsumeQueueRecovery | None = None  # what its recovery in on_start found
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -560,6 +589,7 @@ class QueryOffsetsReply:
 class IndexSnapshot:
     resume_offset: int
     waiting_batches: int = 0  # dispatched to it, not yet written (a full disk)
+    recovered: IndexRecovery | None = None  # what its recovery in on_start found
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,19 +1,30 @@
-"""Start-up recovery (spec §11.3-§11.8), run before any actor starts.
+"""Recovery (spec §11.3-§11.8), one part per owner, run by each owner's actor in `on_start`,
+in the supervisor's tree order, on the first start and on every restart alike:
 
-It brings the directory to a consistent state, then closes everything: each actor reloads
-what it owns. ConsumeQueues are recovered first, the CommitLog is scanned (all of the last
-three files after a clean stop; CRC-checked from the checkpoint's file after a crash), its
-dirty tail is truncated and zeroed, queue units and index files that point past the new end
-are dropped, and the topic-queue table is rebuilt.
+1. the writer, `recover_commitlog`: the last three files are scanned after a clean stop or an
+   actor's restart, every file from the checkpoint's on (CRC-checked) after a crash; the
+   dirty tail is truncated and zeroed, damage with valid records after it is quarantined;
+2. the index actor, `recover_index`: files that are not safe to keep, or that begin past the
+   log's new end, are dropped;
+3. the ConsumeQueue actor, `recover_consume_queues`: queue files of the wrong length set
+   aside, units past the end (after a crash, past the re-dispatch start) truncated, and the
+   re-dispatch start decided, counting what the index needs;
+4. the writer again, `resume_queue_offsets` (its ResumeQueues step): the topic-queue table
+   from the queues' units and the log after them. Puts wait for this step.
+
+`RecoveryMode` says how far the files are trusted: CLEAN after a clean stop, CRASH after the
+process died (a power loss may have torn unflushed pages), RESTART when one actor restarts in
+a live process. `recover_store` runs the same parts in one thread, for `mqstore recover`,
+tools and benchmarks.
 
 One deliberate difference from 4.4.0: abnormal recovery does not dispatch while it scans.
-It reports `dispatch_from`, the start of the scan, and the reput actor re-dispatches from
-there through the idempotent ConsumeQueue and index writers. The log on disk is the same;
-recovery just does not hold the store closed while indexes are rebuilt.
+The re-dispatch start goes to the reput actor, which re-dispatches from there through the
+idempotent ConsumeQueue and index writers. The log on disk is the same; recovery just does
+not hold the store closed while indexes are rebuilt.
 """
-
 from __future__ import annotations
 
+import enum
 import os
 import struct
 from dataclasses import dataclass, field
@@ -30,7 +41,11 @@ from .mapped_file import DiskFullError
 from .scan import RecordTally
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
-__all__ = ["RecoveryReport", "continue_queues_past_quarantine", "recover_store"]
+__all__ = [
+    "CommitLogRecovery", "ConsumeQueueRecovery", "IndexRecovery", "LogFacts", "RecoveryMode", "RecoveryReport",
+    "assemble_report", "check_geometry", "continue_queues_past_quarantine", "mode_at_open", "recover_commitlog",
+    "recover_consume_queues", "recover_index", "recover_store", "resume_queue_offsets",
+]
 
 log = get_logger(__name__)
 
@@ -95,23 +110,99 @@ class RecoveryReport:
         }
 
 
-def recover_store(
+class RecoveryMode(enum.Enum):
+    """What the files may hold, which decides how far each owner trusts them."""
+
+    CLEAN = "clean"  # the store was stopped cleanly (no abort marker): every truncation zeroed its tail
+    CRASH = "crash"  # the process died: a power loss may have torn pages past the last flush
+    RESTART = "restart"  # one actor restarts in a live process: its files are as it left them
+
+
+def mode_at_open(last_exit_ok: bool) -> RecoveryMode:
+    return RecoveryMode.CLEAN if last_exit_ok else RecoveryMode.CRASH
+
+
+@dataclass(frozen=True, slots=True)
+class LogFacts:
+    """What the commitlog's owner tells the other owners' recovery."""
+
+    min_offset: int  # the first file's start (0: no files)
+    max_offset: int  # end of the last valid record
+    has_files: bool
+    # Where the crash scan started (`max_offset` when none ran): nothing before it was seen
+    # after the crash, so a crash's re-dispatch starts no later.
+    scan_start: int
+    # Ranges `recover` filled over lost bytes: no unit may point into them.
+    lost_ranges: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass
+class CommitLogRecovery:
+    """The writer's recovery of commitlog/ (§11.5, §11.6), for the report and the other owners."""
+
+    facts: LogFacts
+    store_timestamp: int
+    # Per "topic-queueId", the queue offset after the last record the crash scan saw.
+    scanned_next_queue_offsets: dict[str, int]
+    messages_scanned: int
+    commitlog_files: int
+    stop_reason: str
+    damaged_at: int
+    truncated_commitlog_bytes: int
+    removed_commitlog_files: list[str]
+    quarantined: list[Quarantined]
+    lost_ranges: list[tuple[int, int]]
+    filled_commitlog_files: list[str]
+
+
+@dataclass(frozen=True)
+class IndexRecovery:
+    """The index actor's recovery of index/ (§10.8)."""
+
+    dropped: int = 0
+    reasons: tuple[str, ...] = ()
+    dispatch_from: int | None = None  # where re-dispatch must start for the index's sake
+
+
+@dataclass(frozen=True)
+class ConsumeQueueRecovery:
+    """The ConsumeQueue actor's recovery of consumequeue/ (§11.3, §11.6, §11.8)."""
+
+    queues: int
+    max_physic_offset: int
+    truncated: int
+    damaged_files: tuple[str, ...]
+    dispatch_from: int  # where re-dispatch starts (every owner's needs counted)
+    topic_queue_table: dict[str, int]  # from the units: next queue offset per "topic-queueId"
+
+
+def check_geometry(cfg: StoreConfig, fs: FileSystem) -> None:
+    """Refuse (OSError) a store whose files were written with other sizes, before any owner
+    changes a byte: that is not damage, and nothing may be "repaired" into the new size."""
+    if not fs.exists(cfg.consume_queue_dir):
+        return
+    other_geometry = _cq_other_geometry(cfg, fs, list_consume_queues(cfg.consume_queue_dir, fs))
+    if other_geometry is not None:
+        raise OSError(f"cannot load the consume queues in {cfg.consume_queue_dir}: {other_geometry}")
+
+
+def recover_commitlog(
     cfg: StoreConfig,
     fs: FileSystem,
     *,
-    last_exit_ok: bool,
+    mode: RecoveryMode,
+    checkpoint: CheckpointValues | None,
     clock_ms: Callable[[], int],
     progress: ProgressCallback | None = None,
     repair_holes: bool = False,
-) -> RecoveryReport:
-    """With `repair_holes` (only `mqstore recover`: an open never changes damaged data), a
-    missing or wrong-sized commitlog segment is made whole (see `_fill_commitlog_holes`), and
-    a clean store's whole log is scanned for damage, not only its last three files."""
-    for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
-        fs.makedirs(path)
-    checkpoint = read_checkpoint(fs, cfg.checkpoint_path) if fs.exists(cfg.checkpoint_path) else None
-
-    queues: list[ConsumeQueue] = []
+) -> CommitLogRecovery:
+    """The commitlog's owner's recovery: after a clean stop or an actor restart, the last
+    three files are scanned; after a crash, every file from the checkpoint's on, CRC-checked.
+    The dirty tail is truncated (zeroed); damage with valid records after it is quarantined.
+    With `repair_holes` (only `mqstore recover`: an open never changes damaged data), a
+    missing or wrong-sized segment is made whole (see `_fill_commitlog_holes`), and a clean
+    store's whole log is scanned for damage, not only its last three files."""
+    fs.makedirs(cfg.commitlog_dir)
     commitlog = _InspectingCommitLog(
         fs,
         cfg.commitlog_dir,
@@ -120,20 +211,99 @@ def recover_store(
         clock_ms=clock_ms,
         check_crc_on_recover=cfg.check_crc_on_recover,
     )
-    # After a clean stop every truncation had already zeroed what followed the end.
-    commitlog.zero_tail_bytes = 0 if last_exit_ok else None
-    commitlog.unfinished_put_possible = not last_exit_ok
-    if not last_exit_ok:  # damage past the last flush is a torn tail (see the attribute)
+    crashed = mode is RecoveryMode.CRASH
+    # After a clean stop every truncation had already zeroed what followed the end; after an
+    # actor's death only the put it died in can have left bytes there.
+    commitlog.zero_tail_bytes = {RecoveryMode.CLEAN: 0, RecoveryMode.CRASH: None,
+                                 RecoveryMode.RESTART: 2 * cfg.max_message_size_bytes}[mode]  # fmt: skip
+    commitlog.unfinished_put_possible = mode is not RecoveryMode.CLEAN
+    if crashed:  # damage past the last flush is a torn tail (see the attribute)
         commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
+    try:
+        partial = _remove_partial_last_segments(cfg, fs)
+        lost, filled = _fill_commitlog_holes(cfg, fs) if repair_holes else ([], [])
+        if not commitlog.load():
+            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
+        files = commitlog.mapped_file_queue.mapped_files
+        # What the crash scan keeps of each record (count, first offset, last store time, next
+        # queue offset per queue), gathered per run of records in C (storage/scan.py).
+        seen = RecordTally()
+        if not crashed:
+            end = commitlog.recover_normally(-1, progress, all_files=repair_holes)
+        else:
+            min_ts = 0
+            if checkpoint is not None:
+                index_safe = cfg.message_index_enable and cfg.message_index_safe
+                min_ts = checkpoint.min_timestamp_index() if index_safe else checkpoint.min_timestamp()
+            end = commitlog.recover_abnormally(min_ts, seen, progress)
+        if not files:
+            end = 0
+        min_offset = max(commitlog.get_min_offset(), 0)
+        recovered = CommitLogRecovery(
+            facts=LogFacts(min_offset=min_offset, max_offset=end, has_files=bool(files),
+                           scan_start=seen.first_offset if seen.count else end, lost_ranges=tuple(lost)),  # fmt: skip
+            store_timestamp=seen.last_store_timestamp or _store_timestamp_before(commitlog, end),
+            scanned_next_queue_offsets=dict(seen.next_queue_offsets),
+            messages_scanned=seen.count,
+            commitlog_files=len(files),
+            stop_reason=commitlog.stop_reason,
+            damaged_at=commitlog.damaged_at,
+            truncated_commitlog_bytes=commitlog.dirty_bytes,
+            removed_commitlog_files=commitlog.removed_files + partial,
+            quarantined=list(commitlog.quarantined),
+            lost_ranges=lost,
+            filled_commitlog_files=filled,
+        )
+        if recovered.damaged_at >= 0 or recovered.truncated_commitlog_bytes or recovered.removed_commitlog_files:
+            log.warning("recovery truncated the commitlog", max_offset=end, stop_reason=recovered.stop_reason,
+                        damaged_at=recovered.damaged_at, truncated_bytes=recovered.truncated_commitlog_bytes,
+                        removed_files=recovered.removed_commitlog_files)  # fmt: skip
+        commitlog.flush(0)
+    finally:
+        commitlog.shutdown()
+    return recovered
+
+
+def recover_index(
+    cfg: StoreConfig,
+    fs: FileSystem,
+    *,
+    mode: RecoveryMode,
+    checkpoint: CheckpointValues | None,
+    log_facts: LogFacts,
+    clock_ms: Callable[[], int],
+) -> IndexRecovery:
+    """The index's owner's recovery (see `_recover_index`): after a crash it may need an
+    earlier re-dispatch than the crash scan's start (the messageIndexSafe rule, always on)."""
+    fs.makedirs(cfg.index_dir)
+    dropped, reasons, index_from = _recover_index(cfg, fs, clock_ms, mode is not RecoveryMode.CRASH, checkpoint,
+                                                  log_facts.max_offset, log_facts.min_offset)  # fmt: skip
+    if not log_facts.has_files:
+        index_from = None
+    return IndexRecovery(dropped=dropped, reasons=tuple(reasons), dispatch_from=index_from)
+
+
+def recover_consume_queues(
+    cfg: StoreConfig,
+    fs: FileSystem,
+    *,
+    mode: RecoveryMode,
+    log_facts: LogFacts,
+    index_dispatch_from: int | None,
+    clock_ms: Callable[[], int],
+) -> ConsumeQueueRecovery:
+    """The ConsumeQueues' owner's recovery: queue files of the wrong length set aside, each
+    queue's valid units found, units past the log's end (after a crash: past the re-dispatch
+    start) truncated, min offsets corrected, and where re-dispatch starts decided."""
+    fs.makedirs(cfg.consume_queue_dir)
+    end = log_facts.max_offset
+    min_offset = log_facts.min_offset
+    queues: list[ConsumeQueue] = []
     try:
         max_cq = -1
         damaged_cq_files: list[str] = []
         damaged_queues: list[ConsumeQueue] = []
-        queue_dirs = list_consume_queues(cfg.consume_queue_dir, fs)
-        other_geometry = _cq_other_geometry(cfg, fs, queue_dirs)
-        if other_geometry is not None:
-            raise OSError(f"cannot load the consume queues in {cfg.consume_queue_dir}: {other_geometry}")
-        for topic, queue_id in queue_dirs:
+        for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
             cut_short = _remove_wrong_length_cq_files(cfg, fs, topic, queue_id)
             damaged_cq_files.extend(cut_short)
             cq = ConsumeQueue(
@@ -154,139 +324,182 @@ def recover_store(
                 damaged_queues.append(cq)
                 log.warning("a consume queue has no files; re-dispatch rebuilds it", topic=topic, queue_id=queue_id)
             max_cq = max(max_cq, cq.max_physic_offset)
-        partial = _remove_partial_last_segments(cfg, fs)
-        lost, filled = _fill_commitlog_holes(cfg, fs) if repair_holes else ([], [])
-        if not commitlog.load():
-            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
-        files = commitlog.mapped_file_queue.mapped_files
-        # What the crash scan keeps of each record (count, first offset, last store time, next
-        # queue offset per queue), gathered per run of records in C (storage/scan.py).
-        seen = RecordTally()
 
-        if last_exit_ok:
-            end = commitlog.recover_normally(max_cq, progress, all_files=repair_holes)
+        if mode is RecoveryMode.CRASH:
+            dispatch_from = log_facts.scan_start
+        else:
             dispatch_from = end
             if 0 <= max_cq < end:
-                # The queues stop short of the log (`recover` cut them at a filled hole):
-                # re-dispatch from their last unit (the writers skip what they hold).
+                # The queues stop short of the log (dispatch was behind when an actor died, or
+                # `recover` cut them at a filled hole): re-dispatch from their last unit (the
+                # writers skip what they hold).
                 dispatch_from = max_cq
-            if max_cq < 0 and files:
+            if max_cq < 0 and log_facts.has_files:
                 # No queue at all beside a log (a broker's commitlog copied alone, or the
                 # consumequeue dir deleted): rebuild them from the start, not from the end.
-                dispatch_from = max(commitlog.get_min_offset(), 0)
-        else:
-            min_ts = 0
-            if checkpoint is not None:
-                index_safe = cfg.message_index_enable and cfg.message_index_safe
-                min_ts = checkpoint.min_timestamp_index() if index_safe else checkpoint.min_timestamp()
-            end = commitlog.recover_abnormally(min_ts, seen, progress, max_cq)
-            dispatch_from = seen.first_offset if seen.count else end
-        if not files:
-            dispatch_from = end = 0
-
-        report = RecoveryReport(
-            last_exit_ok=last_exit_ok,
-            min_offset=max(commitlog.get_min_offset(), 0),
-            max_offset=end,
-            dispatch_from=min(dispatch_from, end),
-            store_timestamp=seen.last_store_timestamp or _store_timestamp_before(commitlog, end),
-            checkpoint=checkpoint,
-            commitlog_files=len(commitlog.mapped_file_queue.mapped_files),
-            consume_queues=len(queues),
-            consume_queue_max_physic_offset=max_cq,
-            messages_scanned=seen.count,
-            stop_reason=commitlog.stop_reason,
-            damaged_at=commitlog.damaged_at,
-            truncated_commitlog_bytes=commitlog.dirty_bytes,
-            removed_commitlog_files=commitlog.removed_files + partial,
-            damaged_consume_queue_files=damaged_cq_files,
-            quarantined=list(commitlog.quarantined),
-            lost_ranges=lost,
-            filled_commitlog_files=filled,
-        )
-        if lost:
+                dispatch_from = min_offset
+        if not log_facts.has_files:
+            dispatch_from = 0
+        dispatch_from = min(dispatch_from, end)
+        if log_facts.lost_ranges:
             # Units that point into lost bytes go; re-dispatch from the first loss rebuilds the
             # queues for every readable record after it (the queue offsets of lost records
             # become filler units). Index entries into lost bytes stay: a query checks the
             # record an entry points at, and the index is append-only.
-            first_lost = min(start for start, _ in lost)
-            report.dispatch_from = min(report.dispatch_from, first_lost)
+            first_lost = min(start for start, _ in log_facts.lost_ranges)
+            dispatch_from = min(dispatch_from, first_lost)
             for cq in queues:
                 cq.truncate_dirty_logic_files(first_lost)
         # A queue that lost files is rebuilt from the record after its last unit left.
         for cq in damaged_queues:
             last = cq.get_unit(cq.get_max_offset_in_queue() - 1) if cq.get_max_offset_in_queue() > 0 else None
-            resume = last[0] + last[1] if last is not None and last[1] != 0x7FFFFFFF else max(commitlog.get_min_offset(), 0)
-            report.dispatch_from = min(report.dispatch_from, max(resume, max(commitlog.get_min_offset(), 0)))
+            resume = last[0] + last[1] if last is not None and last[1] != 0x7FFFFFFF else min_offset
+            dispatch_from = min(dispatch_from, max(resume, min_offset))
             log.warning("consume queue files cut short were removed; re-dispatch rebuilds them",
-                        topic=cq.topic, queue_id=cq.queue_id, files=damaged_cq_files, dispatch_from=report.dispatch_from)  # fmt: skip
-        if checkpoint is not None and report.store_timestamp:
-            report.checkpoint_ahead_of_data = checkpoint.physic_msg_timestamp > report.store_timestamp
-        if report.damaged_at >= 0 or report.truncated_commitlog_bytes or report.removed_commitlog_files:
-            log.warning("recovery truncated the commitlog", max_offset=end, stop_reason=report.stop_reason,
-                        damaged_at=report.damaged_at, truncated_bytes=report.truncated_commitlog_bytes,
-                        removed_files=report.removed_commitlog_files)  # fmt: skip
+                        topic=cq.topic, queue_id=cq.queue_id, files=damaged_cq_files, dispatch_from=dispatch_from)  # fmt: skip
         # §11.6 step 1: no log at all means no queue can be right.
-        if not commitlog.mapped_file_queue.mapped_files:
+        if not log_facts.has_files:
             for cq in queues:
                 cq.destroy()
             queues = []
-        # The index first: after a crash it may need an earlier re-dispatch than the
-        # checkpoint's start file (the messageIndexSafe rule, always on here).
-        dropped, reasons, index_from = _recover_index(cfg, fs, clock_ms, last_exit_ok, checkpoint, end,
-                                                      max(commitlog.get_min_offset(), 0))  # fmt: skip
-        report.dropped_index_files = dropped
-        report.dropped_index_reasons = reasons
-        if commitlog.mapped_file_queue.mapped_files:
-            if index_from is not None and index_from < report.dispatch_from:
-                report.index_dispatch_from = index_from
-                report.dispatch_from = index_from
-                log.warning("re-dispatching from the index's last safe point", index_dispatch_from=index_from,
-                            reasons=reasons)  # fmt: skip
+        elif index_dispatch_from is not None and index_dispatch_from < dispatch_from:
+            dispatch_from = index_dispatch_from
+            log.warning("re-dispatching from the index's last safe point", index_dispatch_from=index_dispatch_from)
         # ConsumeQueues are derived data: after a crash no unit at or past the re-dispatch
         # start is trusted. A power loss writes pages back in any order, so a queue can hold
         # later units while earlier ones (a whole file, or a torn sector of one) never reached
         # the disk, and the duplicate guard would then skip the missing ones forever. Removing
         # them lets re-dispatch write every one again, in order. Units below the start were
         # flushed before the checkpoint that chose it was written.
-        cut = report.dispatch_from if not last_exit_ok else end
+        crashed = mode is RecoveryMode.CRASH
+        cut = dispatch_from if crashed else end
+        truncated = 0
         for cq in queues:
-            if last_exit_ok and cq.max_physic_offset < end:
+            if not crashed and cq.max_physic_offset < end:
                 continue
             before = cq.get_max_offset_in_queue()
             cq.truncate_dirty_logic_files(cut)
             if cq.get_max_offset_in_queue() != before:
-                report.truncated_consume_queues += 1
-        if report.truncated_consume_queues:
-            log.info("consume queues truncated for re-dispatch", truncated=report.truncated_consume_queues,
-                     before_commitlog_offset=cut)  # fmt: skip
-        min_phy = commitlog.get_min_offset()
+                truncated += 1
+        if truncated:
+            log.info("consume queues truncated for re-dispatch", truncated=truncated, before_commitlog_offset=cut)
+        table: dict[str, int] = {}
         for cq in queues:
-            report.topic_queue_table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
-            if min_phy >= 0:
-                cq.correct_min_offset(min_phy)
-        # Queue offsets of records the queues have not caught up with yet (crash recovery
-        # re-dispatches them); the writer must continue after them, not reuse them.
-        # The crash scan saw every record from its start on (no second decode of the whole
-        # log: it doubled crash recovery); only a start lowered below it is read again.
-        scan_start = seen.first_offset if seen.count else end
-        for key, next_offset in seen.next_queue_offsets.items():
-            report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), next_offset)
-        if report.dispatch_from < end:
-            stop = min(scan_start if seen.next_queue_offsets or seen.count else end, end)
-            # A dropped index file can lower the start to the log's beginning: the re-count
-            # walks runs of records in C (it took 19 s of a 2 GiB open record by record).
-            for key, next_offset in commitlog.next_queue_offsets(report.dispatch_from, stop).items():
-                report.topic_queue_table[key] = max(report.topic_queue_table.get(key, 0), next_offset)
-        lost_bytes = sum(stop - start for start, stop in lost)
-        continue_queues_past_quarantine(commitlog, report.quarantined, report.topic_queue_table, slack_bytes=lost_bytes)
+            table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
+            if log_facts.has_files:
+                cq.correct_min_offset(min_offset)
         for cq in queues:
             cq.flush(0)
+        return ConsumeQueueRecovery(queues=len(queues), max_physic_offset=max_cq, truncated=truncated,
+                                    damaged_files=tuple(damaged_cq_files), dispatch_from=dispatch_from,
+                                    topic_queue_table=table)  # fmt: skip
+    finally:
+        for cq in queues:
             cq.mapped_file_queue.shutdown(0)
-        commitlog.flush(0)
+
+
+def resume_queue_offsets(
+    commitlog: CommitLog,
+    recovered: CommitLogRecovery,
+    queue_table: dict[str, int],
+    dispatch_from: int,
+    quarantined: Sequence[Quarantined],
+) -> dict[str, int]:
+    """The writer's topic-queue table (§11.8): the queues' own offsets (`queue_table`, from
+    the ConsumeQueue owner), raised past every record the queues have not caught up with yet
+    (re-dispatch brings their units; the writer must continue after them, not reuse them) and
+    past the readable headers of `quarantined` records. The crash scan's tally covers what it
+    saw; only a start below it is walked again (in C runs)."""
+    table = dict(queue_table)
+    facts = recovered.facts
+    end = facts.max_offset
+    for key, next_offset in recovered.scanned_next_queue_offsets.items():
+        table[key] = max(table.get(key, 0), next_offset)
+    scanned_from = facts.scan_start if recovered.messages_scanned else end
+    stop = min(scanned_from, end)
+    if dispatch_from < stop:
+        for key, next_offset in commitlog.next_queue_offsets(dispatch_from, stop).items():
+            table[key] = max(table.get(key, 0), next_offset)
+    lost_bytes = sum(stop_ - start for start, stop_ in facts.lost_ranges)
+    continue_queues_past_quarantine(commitlog, quarantined, table, slack_bytes=lost_bytes)
+    return table
+
+
+def recover_store(
+    cfg: StoreConfig,
+    fs: FileSystem,
+    *,
+    last_exit_ok: bool,
+    clock_ms: Callable[[], int],
+    progress: ProgressCallback | None = None,
+    repair_holes: bool = False,
+) -> RecoveryReport:
+    """Every owner's recovery in the order a start runs them (the store's actors each run
+    their own part in `on_start`; this runs them all in one thread, for `mqstore recover`,
+    tools and benchmarks), then the closed store's report."""
+    for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
+        fs.makedirs(path)
+    check_geometry(cfg, fs)
+    mode = mode_at_open(last_exit_ok)
+    checkpoint = read_checkpoint(fs, cfg.checkpoint_path) if fs.exists(cfg.checkpoint_path) else None
+    recovered = recover_commitlog(cfg, fs, mode=mode, checkpoint=checkpoint, clock_ms=clock_ms, progress=progress,
+                                  repair_holes=repair_holes)  # fmt: skip
+    index = recover_index(cfg, fs, mode=mode, checkpoint=checkpoint, log_facts=recovered.facts, clock_ms=clock_ms)
+    queues = recover_consume_queues(cfg, fs, mode=mode, log_facts=recovered.facts,
+                                    index_dispatch_from=index.dispatch_from, clock_ms=clock_ms)  # fmt: skip
+    commitlog = CommitLog(fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+                          max_message_size=cfg.max_message_size_bytes, clock_ms=clock_ms)  # fmt: skip
+    try:
+        if not commitlog.load():
+            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
+        commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)  # positions at the end
+        table = resume_queue_offsets(commitlog, recovered, queues.topic_queue_table, queues.dispatch_from,
+                                     recovered.quarantined)  # fmt: skip
     finally:
         commitlog.shutdown()
+    report = assemble_report(mode, checkpoint, recovered, index, queues, table)
     log.info("recovery done", **report.summary())
+    return report
+
+
+def assemble_report(
+    mode: RecoveryMode,
+    checkpoint: CheckpointValues | None,
+    recovered: CommitLogRecovery,
+    index: IndexRecovery,
+    queues: ConsumeQueueRecovery,
+    topic_queue_table: dict[str, int],
+) -> RecoveryReport:
+    """The owners' parts of one open's recovery, as one report (the log, the CLI, tests)."""
+    facts = recovered.facts
+    report = RecoveryReport(
+        last_exit_ok=mode is not RecoveryMode.CRASH,
+        min_offset=facts.min_offset,
+        max_offset=facts.max_offset,
+        dispatch_from=queues.dispatch_from,
+        store_timestamp=recovered.store_timestamp,
+        topic_queue_table=dict(topic_queue_table),
+        checkpoint=checkpoint,
+        commitlog_files=recovered.commitlog_files,
+        consume_queues=queues.queues,
+        consume_queue_max_physic_offset=queues.max_physic_offset,
+        truncated_consume_queues=queues.truncated,
+        dropped_index_files=index.dropped,
+        messages_scanned=recovered.messages_scanned,
+        stop_reason=recovered.stop_reason,
+        damaged_at=recovered.damaged_at,
+        truncated_commitlog_bytes=recovered.truncated_commitlog_bytes,
+        removed_commitlog_files=list(recovered.removed_commitlog_files),
+        dropped_index_reasons=list(index.reasons),
+        damaged_consume_queue_files=list(queues.damaged_files),
+        quarantined=list(recovered.quarantined),
+        lost_ranges=list(recovered.lost_ranges),
+        filled_commitlog_files=list(recovered.filled_commitlog_files),
+    )
+    if index.dispatch_from is not None and index.dispatch_from == queues.dispatch_from and facts.has_files:
+        report.index_dispatch_from = index.dispatch_from
+    if checkpoint is not None and report.store_timestamp:
+        report.checkpoint_ahead_of_data = checkpoint.physic_msg_timestamp > report.store_timestamp
     return report
 
 

@@ -1,0 +1,129 @@
+"""Recovery runs once, by each file's owner in on_start, in tree order, on the first start and
+on every restart alike (issue 15): the writer recovers the log, the index actor its files, the
+ConsumeQueue actor its queues; then the writer is told the queues' offsets. No other path
+recovers a running store's files."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from mqstore import FaultPlan, Message
+from mqstore.actors import commitlog_writer, consume_queue, index
+from mqstore.storage import recovery
+from mqstore.storage.recovery import RecoveryMode
+from mqstore.storage.status import PutMessageStatus
+
+h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
+
+Call = tuple[str, RecoveryMode, str]  # (owner, mode, thread name)
+
+
+def _record_owner_recovery(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
+    calls: list[Call] = []
+
+    def recording(owner: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, mode: RecoveryMode, **kwargs: Any) -> Any:
+            calls.append((owner, mode, threading.current_thread().name))
+            return real(*args, mode=mode, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(commitlog_writer, "recover_commitlog", recording("writer", recovery.recover_commitlog))
+    monkeypatch.setattr(index, "recover_index", recording("index", recovery.recover_index))
+    monkeypatch.setattr(consume_queue, "recover_consume_queues",
+                        recording("consume_queue", recovery.recover_consume_queues))  # fmt: skip
+
+    def no_second_path(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("a store recovered through recover_store, not through its owners")
+
+    monkeypatch.setattr(recovery, "recover_store", no_second_path)
+    return calls
+
+
+def _bodies(store: Any, topic: str) -> list[bytes]:
+    return [m.body for m in store.get(topic, 0, 0, 100).messages]
+
+
+def test_an_open_after_a_crash_has_each_owner_recover_once_on_its_own_thread(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with h.open_small(store_dir) as store:
+        for i in range(5):
+            assert store.put(Message(topic="t", body=b"m%d" % i, keys=[f"k{i}"])).ok
+        abort_path = Path(store.config.abort_path)
+    abort_path.write_bytes(b"")  # as a killed process leaves it
+    calls = _record_owner_recovery(monkeypatch)
+
+    with h.open_small(store_dir) as store:
+        assert [(owner, mode) for owner, mode, _ in calls] == [
+            ("writer", RecoveryMode.CRASH),
+            ("index", RecoveryMode.CRASH),
+            ("consume_queue", RecoveryMode.CRASH),
+        ]
+        threads = {thread for _, _, thread in calls}
+        assert threading.current_thread().name not in threads and len(threads) == 3, "each on its owner's thread"
+        report = store.supervisor.recovery
+        assert report is not None and not report.last_exit_ok
+        assert report.topic_queue_table == {"t-0": 5}
+        # The queues were cut back to the crash scan's start and rebuilt by re-dispatch.
+        assert report.dispatch_from <= report.max_offset
+        result = store.put(Message(topic="t", body=b"after"))
+        assert result.ok and result.queue_offset == 5, "the writer continued after every record"
+        h.wait_dispatched(store)
+        assert _bodies(store, "t") == [b"m0", b"m1", b"m2", b"m3", b"m4", b"after"]
+        assert [r.body for r in store.query("t", "k3").messages] == [b"m3"]
+
+
+def test_a_clean_open_has_each_owner_recover_once_in_clean_mode(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with h.open_small(store_dir) as store:
+        assert store.put(Message(topic="t", body=b"x")).ok
+    calls = _record_owner_recovery(monkeypatch)
+    with h.open_small(store_dir) as store:
+        assert [(owner, mode) for owner, mode, _ in calls] == [
+            ("writer", RecoveryMode.CLEAN),
+            ("index", RecoveryMode.CLEAN),
+            ("consume_queue", RecoveryMode.CLEAN),
+        ]
+        assert store.supervisor.recovery is not None and store.supervisor.recovery.last_exit_ok
+        assert store.put(Message(topic="t", body=b"y")).queue_offset == 1
+
+
+def test_a_restarted_writer_recovers_its_log_again_the_same_way(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = FaultPlan()
+    with h.open_small(store_dir, faults=plan) as store:
+        calls = _record_owner_recovery(monkeypatch)
+        assert store.put(Message(topic="t", body=b"before")).ok
+        plan.arm("writer.after_append")
+        crashed = store.put(Message(topic="t", body=b"crash"))
+        assert crashed.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        h.wait_until(lambda: len(store.supervisor.restarts) == 1, what="the writer's restart")
+        # Only the restarted owner recovered: the queues and the index live on.
+        assert [(owner, mode) for owner, mode, _ in calls] == [("writer", RecoveryMode.RESTART)]
+        after = store.put(Message(topic="t", body=b"after"))
+        # The record appended before the fault is kept; its queue offset is not given out again.
+        assert after.ok and after.queue_offset == 2
+        h.wait_dispatched(store)
+        assert _bodies(store, "t") == [b"before", b"crash", b"after"]
+
+
+def test_a_restarted_index_recovers_its_files_in_restart_mode_and_indexes_on(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = FaultPlan()
+    with h.open_small(store_dir, faults=plan) as store:
+        calls = _record_owner_recovery(monkeypatch)
+        assert store.put(Message(topic="t", body=b"a", keys=["ka"])).ok
+        h.wait_dispatched(store)
+        plan.arm("index.mid_write")
+        assert store.put(Message(topic="t", body=b"b", keys=["kb"])).ok
+        h.wait_until(lambda: len(store.supervisor.restarts) == 1, what="the index's restart")
+        assert [(owner, mode) for owner, mode, _ in calls] == [("index", RecoveryMode.RESTART)]
+        assert store.put(Message(topic="t", body=b"c", keys=["kc"])).ok
+        h.wait_dispatched(store)
+        for key, body in (("ka", b"a"), ("kb", b"b"), ("kc", b"c")):
+            assert [r.body for r in store.query("t", key).messages] == [body]
