@@ -13,11 +13,15 @@ queue's own at its offset).
 A read through the thread's maps never blocks, so a thread reading in a loop would keep the GIL
 for CPython's whole switch interval (5 ms) at a time and make every put hand-off wait that long
 (a consumer catching up cut a producer from 90k to 8k msgs/s). So each get and query that read
-through the maps ends with one `yield_gil()`: a bounded yield, one per call, that lets a thread
-waiting for the GIL run first. The catch-up case of bench/bench_read.py measures it.
+through the maps ends with one `yield_gil()` (and the C read loop checks between records): it
+gives the GIL to the threads the store's hand-offs woke (a put's writer, its answer) when
+there are any, and costs nothing when no one puts.
+The catch-up case of bench/bench_read.py measures both.
 """
 
 from __future__ import annotations
+
+import functools
 
 import threading
 import time
@@ -30,7 +34,7 @@ from .actors.consume_queue import pickup_store_timestamp
 from .config import StoreConfig
 from .messages import GetResult, QueryResult, UnitsReply
 from .read_view import ReadView, in_ranges
-from .storage import codec
+from .storage import codec, speedups
 from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
 from .storage.consume_queue import ConsumeQueueReader
@@ -50,6 +54,7 @@ __all__ = [
     "get_from_units",
     "get_from_view",
     "max_units",
+    "offset_for_time",
     "pickup_store_timestamp",
     "query_messages",
     "record_at",
@@ -69,9 +74,17 @@ QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the 
 _FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.FILLER_UNIT
 
 def yield_gil() -> None:
-    """Release the GIL once (`time.sleep(0)`): a thread waiting for it runs now, not after the
-    switch interval. Costs a syscall (~1 us), no waiting."""
-    time.sleep(0)
+    """Let the threads the store's hand-offs woke (`_native.Signal`: actor inboxes, answers)
+    take the GIL now rather than after the switch interval, if any is waiting for it, and
+    give the CPU away for a while after one was (a put is a chain of hand-offs); an atomic
+    load and a clock read when no one puts. `time.sleep(0)` here cost a scheduler yield per
+    call (~90 us on a busy machine, half a 128 B read loop). Without the C extension it
+    stays that: Python cannot tell whether a thread waits."""
+    fast = speedups.native
+    if fast is not None:
+        fast.yield_gil()
+    else:
+        time.sleep(0)
 
 
 _Closable = CommitLogReader | ConsumeQueueReader | IndexReader
@@ -291,7 +304,7 @@ def collect(
     skipped (told to `on_corrupt`, named in the result's `detail`); with `expect`, the owner's
     answer decides, so it is told once. A unit into a `quarantined` range (damage recovery
     found) is skipped whatever the setting, with a detail: recovery already knows it is bad."""
-    wanted = subscription(tags)
+    wanted = None if tags is None else subscription(tags)
     in_memory_bytes = _TOTAL_RAM_BYTES * cfg.access_message_in_memory_max_ratio_percent // 100
     status = GetMessageStatus.NO_MATCHED_MESSAGE
     found_raw: list[bytes] = []
@@ -304,8 +317,35 @@ def collect(
     segment = cfg.mapped_file_size_commitlog_bytes
     check_crc = cfg.check_crc_on_read
     skipped = ""
+    # The C loop takes runs of plain units (no tag filter, no quarantine, units read through
+    # the thread's maps); whatever it stops at goes through the loop below, the reference.
+    native = speedups.native
+    run = None if native is None or expect is None or raw or wanted is not None or quarantined else native.decode_units
+    end = min(len(units), limit)
     i = 0
-    while i < len(units) and i < limit:
+    while i < end:
+        if run is not None and next_phy_file_start < 0:
+            assert expect is not None  # (for mypy: `run` is only set with it)
+            phy = unpack(units, i)[0]
+            segment_place = reader.select(phy, 1)
+            if segment_place is not None and not getattr(segment_place[0], "closed", False):
+                segment_buf, pos = segment_place
+                before = count
+                try:
+                    i, count, total_bytes = run(
+                        units, i, end, segment_buf, phy - pos, reader.readable_until(phy) - (phy - pos), max_message_size,
+                        MessageRecord, codec.host_from_bytes, check_crc, expect[0], expect[1], offset, count,
+                        total_bytes, max_count, -1 if max_total_bytes is None else max_total_bytes, head,
+                        in_memory_bytes, _transfer_limits(cfg), found,
+                    )  # fmt: skip
+                except ValueError:
+                    if not getattr(segment_buf, "closed", False):
+                        raise
+                    # closed since (the store closing): the loop below reads that as removed
+                if count > before:
+                    status = GetMessageStatus.FOUND
+                if i >= end:
+                    break
         phy, size, tags_code = unpack(units, i)
         if size == _FILLER_SIZE and phy == 0:
             i += 20  # a queue offset whose record was lost or damaged (a filler unit): nothing to serve
@@ -391,6 +431,12 @@ def collect(
         max_offset=bounds[1],
         detail=skipped,
     )
+
+
+def _transfer_limits(cfg: StoreConfig) -> tuple[int, int, int, int]:
+    """isTheBatchFull's limits as decode_units takes them: in-memory bytes and count, on-disk ones."""
+    return (cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory,
+            cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk)  # fmt: skip
 
 
 def _skip_corrupt(commitlog_offset: int, reason: str, on_corrupt: CorruptSink | None) -> str:
@@ -488,6 +534,18 @@ def unit_store_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id
     return pickup_store_timestamp(readers.commitlog_reader(), phy, size)
 
 
+def offset_for_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
+    """getOffsetInQueueByTime (§9.5) through the thread's maps, as the owner would answer it;
+    None when the view cannot decide (the queues are not published, a file went underneath)."""
+    bounds = bounds_from_view(view, topic, queue_id)
+    if bounds is None:
+        return None
+    commitlog = readers.commitlog_reader()
+    return readers.queue_reader(view).offset_by_time(
+        topic, queue_id, bounds, timestamp_ms, functools.partial(pickup_store_timestamp, commitlog), commitlog.min_offset()
+    )
+
+
 # --------------------------------------------------------------------------------------
 # queryMessage (§13.2)
 
@@ -513,11 +571,12 @@ def record_at(
     place = reader.select(offset, 4)
     if place is None:
         return None
-    buf, pos = place
     try:
-        served = _read_in_place(buf, pos, None, max_message_size, check_crc)
-    except _Unmapped:
-        return None
+        served = codec.read_served(place[0], place[1], None, max_message_size=max_message_size, check_crc=check_crc)
+    except ValueError:
+        if getattr(place[0], "closed", False):
+            return None  # unmapped under the read (the store closing, the segment removed)
+        raise
     if isinstance(served, MessageRecord):
         return served
     if on_corrupt is not None and codec.failed_integrity(served):
@@ -537,19 +596,23 @@ def query_messages(
     last_query_ms = end_ms
     messages: list[MessageRecord] = []
     last_ts = last_phy = 0
+    max_message_size, check_crc = cfg.max_message_size_bytes, cfg.check_crc_on_read
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
         offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
         if not offsets:
             break
         last_ts, last_phy = ts, phy_end
-        for n, phy in enumerate(sorted(offsets)):
-            record = record_at(reader, phy, cfg.max_message_size_bytes, check_crc=cfg.check_crc_on_read,
-                               on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+        first = True
+        for phy in sorted(offsets) if len(offsets) > 1 else offsets:
+            record = record_at(reader, phy, max_message_size, check_crc=check_crc, on_corrupt=on_corrupt,
+                               quarantined=quarantined)  # fmt: skip
             if record is None:
+                first = False
                 continue
-            if n == 0:
+            if first:
                 last_query_ms = record.store_timestamp
+                first = False
             if record.topic == topic and (record.uniq_key == key or key in record.key_list):
                 messages.append(record)
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:

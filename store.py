@@ -465,26 +465,33 @@ class MessageStore:
         (see the class docstring); NO_MATCHED_LOGIC_QUEUE (with a `detail`) when the queue
         cannot be read now (read-your-writes timeout, the ConsumeQueue actor restarting)."""
         self._check_open()
-        _check_queue(topic, queue_id)
-        _check_int("offset", offset, 0)
-        _check_int("max_count", max_count, 1)
-        if max_total_bytes is not None:
-            _check_int("max_total_bytes", max_total_bytes, 1)
-        if tags is not None and not isinstance(tags, str):
-            raise TypeError(f"tags must be a str or None, not {type(tags).__name__}")
+        if not (type(topic) is str and type(queue_id) is int and queue_id >= 0 and type(offset) is int
+                and offset >= 0 and type(max_count) is int and max_count >= 1 and max_total_bytes is None
+                and tags is None):  # fmt: skip
+            _check_queue(topic, queue_id)  # (a plain read in order passes all of them in one test)
+            _check_int("offset", offset, 0)
+            _check_int("max_count", max_count, 1)
+            if max_total_bytes is not None:
+                _check_int("max_total_bytes", max_total_bytes, 1)
+            if tags is not None and not isinstance(tags, str):
+                raise TypeError(f"tags must be a str or None, not {type(tags).__name__}")
         view = self._queue_view()
         if view is None:
             return self._not_readable(offset, "dispatch did not reach this thread's last put in time")
         readers = self._readers.get()
-        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
-                                  "on_corrupt": self._corrupt_on_read}  # fmt: skip
-        found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count, **kwargs)
+        found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count,
+                                    max_total_bytes=max_total_bytes, tags=tags, raw=raw,
+                                    on_corrupt=self._corrupt_on_read)  # fmt: skip
         if found is not None and found.status in _AT_THE_END and view.dispatched_end > view.queues_written:
             later = self._queue_view(with_dispatched=True)
             if later is not None:
-                found = reads.get_from_view(later, readers, self.config, topic, queue_id, offset, max_count, **kwargs)
+                found = reads.get_from_view(later, readers, self.config, topic, queue_id, offset, max_count,
+                                            max_total_bytes=max_total_bytes, tags=tags, raw=raw,
+                                            on_corrupt=self._corrupt_on_read)  # fmt: skip
         if found is not None:
             return found
+        kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
+                                  "on_corrupt": self._corrupt_on_read}  # fmt: skip
         try:
             reply = self._units(topic, queue_id, offset, reads.max_units(max_count))
         except ServiceUnavailable as exc:
@@ -544,13 +551,18 @@ class MessageStore:
             raise TypeError(f"key must be a str, not {type(key).__name__}")
         if max_count is None:
             max_count = self.config.default_query_max_num
-        _check_int("max_count", max_count, 1)
-        _check_int("begin_ms", begin_ms, 0)
-        _check_int("end_ms", end_ms, 0)
+        if not (type(max_count) is int and max_count >= 1 and type(begin_ms) is int and begin_ms >= 0
+                and type(end_ms) is int and end_ms >= 0):  # fmt: skip
+            _check_int("max_count", max_count, 1)  # (the checks on a key lookup's path: one test when all is well)
+            _check_int("begin_ms", begin_ms, 0)
+            _check_int("end_ms", end_ms, 0)
         if not self.config.message_index_enable:
             return QueryResult(detail="message_index_enable is off: there is no index to query")
-        target = max(self._own_put_end(), self.read_view.view.dispatched_end)
-        view = self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target)
+        now = self.read_view.view
+        target = max(self._own_put_end(), now.dispatched_end)
+        view: ReadView | None = now
+        if now.index_files is None or now.indexed_end < target:
+            view = self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target)
         if view is None:
             return QueryResult(detail="the index did not reach this thread's last put in time")
         readers = self._readers.get()
@@ -628,13 +640,18 @@ class MessageStore:
         """getOffsetInQueueByTime (§9.5): the queue offset of the message stored at
         `timestamp_ms`, else its nearest neighbour (the earlier one on ties); before the first
         message the first offset, after the last the last one (not max); 0 if nothing.
-        -1 if it cannot be answered now (read-your-writes timeout, owner restarting). The
-        ConsumeQueue actor answers (its files' times decide), once the view covers the put."""
+        -1 if it cannot be answered now (read-your-writes timeout, owner restarting). Read
+        through the thread's maps once the view covers the put; the ConsumeQueue actor answers
+        only what the view cannot decide."""
         self._check_open()
         _check_queue(topic, queue_id)
         _check_int("timestamp_ms", timestamp_ms, 0)
-        if self._queue_view() is None:
+        view = self._queue_view()
+        if view is None:
             return -1
+        found = reads.offset_for_time(view, self._readers.get(), topic, queue_id, timestamp_ms)
+        if found is not None:
+            return found
         try:
             answer: int = self._ask("consume_queue", GetOffsetByTime(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms))
         except ServiceUnavailable:

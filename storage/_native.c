@@ -17,6 +17,8 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -1030,6 +1032,111 @@ static PyObject *java_hash(PyObject *self, PyObject *s) {
     return PyLong_FromLong((int32_t)jhash_str(0, s, 0, PyUnicode_GET_LENGTH(s)));
 }
 
+/* ---- index_select: IndexFile.select_phy_offset -------------------------------------------- */
+
+PyDoc_STRVAR(index_select_doc,
+             "index_select(buf, key, max_hash_slot_num, entries_pos, bound, begin_timestamp, index_count, max_num, "
+             "begin, end, result) -> bool\n\n"
+             "IndexFile.select_phy_offset over the index file mapped as buf: key's keyHash (abs(String.hashCode), "
+             "0 for Integer.MIN_VALUE) and slot, then the slot's chain, newest first, appending to `result` the "
+             "phyOffset of each entry with that hash stored within [begin, end] until it holds max_num. The "
+             "same stops as the Python walk (bounded by `bound` steps). False, with `result` untouched, "
+             "where an entry would lie outside buf: the Python walk decides (and raises) there.");
+
+static PyObject *index_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "index_select takes 11 arguments");
+        return NULL;
+    }
+    PyObject *key = args[1], *result = args[10];
+    if (!PyUnicode_Check(key) || !PyList_Check(result)) {
+        PyErr_SetString(PyExc_TypeError, "key must be a str and result a list");
+        return NULL;
+    }
+    long long v[10];
+    for (int k = 2; k < 10; k++) {
+        v[k] = PyLong_AsLongLong(args[k]);
+        if (v[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long slots = v[2], entries_pos = v[3], bound = v[4], begin_ts = v[5], index_count = v[6], max_num = v[7],
+              begin = v[8], end = v[9];
+    if (slots <= 0) {
+        PyErr_SetString(PyExc_ValueError, "max_hash_slot_num must be positive");
+        return NULL;
+    }
+    int32_t h = (int32_t)jhash_str(0, key, 0, PyUnicode_GET_LENGTH(key));
+    long long key_hash = h == INT32_MIN ? 0 : (h < 0 ? -(long long)h : h);
+    long long slot = key_hash % slots;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    /* the offsets found, kept here until the walk ends: `result` changes only on success */
+    long long found[64];
+    Py_ssize_t n_found = 0, base = PyList_GET_SIZE(result);
+    PyObject *extra = NULL; /* past 64 offsets */
+    int ok = 1;
+    if (INDEX_HEADER_SIZE + (slot + 1) * HASH_SLOT_SIZE > view.len) {
+        ok = 0;
+        goto done;
+    }
+    long long n = get_i32(buf + INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE);
+    if (n <= 0 || n > bound || index_count <= 1) goto done;
+    for (long long step = 0; step < bound; step++) {
+        if (base + n_found >= max_num) break;
+        long long at = entries_pos + n * INDEX_ENTRY_SIZE;
+        if (at < 0 || at + INDEX_ENTRY_SIZE > view.len) {
+            ok = 0;
+            break;
+        }
+        const unsigned char *e = buf + at;
+        int32_t kh = get_i32(e), time_diff = get_i32(e + 12), prev = get_i32(e + 16);
+        if (time_diff < 0) break;
+        long long time_read = begin_ts + (long long)time_diff * 1000;
+        if (kh == key_hash && begin <= time_read && time_read <= end) {
+            if (n_found < 64) {
+                found[n_found] = get_i64(e + 4);
+            } else {
+                if (extra == NULL && (extra = PyList_New(0)) == NULL) break;
+                PyObject *o = PyLong_FromLongLong(get_i64(e + 4));
+                if (o == NULL || PyList_Append(extra, o) < 0) {
+                    Py_XDECREF(o);
+                    break;
+                }
+                Py_DECREF(o);
+            }
+            n_found++;
+        }
+        if (prev <= 0 || prev > bound || prev == n || time_read < begin) break;
+        n = prev;
+    }
+done:
+    PyBuffer_Release(&view);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(extra);
+        return NULL;
+    }
+    if (!ok) {
+        Py_XDECREF(extra);
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t k = 0; k < n_found && k < 64; k++) {
+        PyObject *o = PyLong_FromLongLong(found[k]);
+        if (o == NULL || PyList_Append(result, o) < 0) {
+            Py_XDECREF(o);
+            Py_XDECREF(extra);
+            return NULL;
+        }
+        Py_DECREF(o);
+    }
+    if (extra != NULL) {
+        Py_ssize_t len = PyList_GET_SIZE(result);
+        int rc = PyList_SetSlice(result, len, len, extra);
+        Py_DECREF(extra);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* ---- Signal: a counting semaphore whose post and wait release the GIL ---------------------- */
 
 typedef struct {
@@ -1037,6 +1144,63 @@ typedef struct {
     sem_t sem;
     int ready;
 } SignalObject;
+
+/* How many threads wait for the GIL right now after a Signal hand-off (woken by a post, or
+ * taking the GIL back after posting without it): the store's actors hand off (inboxes,
+ * answers) through Signal only, so this says whether a reader looping with the GIL is
+ * holding up a put. */
+static int woken_awaiting_gil = 0;
+
+/* Longest a yield_gil waits for the woken threads to take the GIL before taking it back. */
+#define YIELD_GIL_MAX_NS 2000000LL
+/* For this long after a yield_gil found a woken thread waiting, each yield_gil also gives the
+ * CPU away (sched_yield without the GIL), as time.sleep(0) did for every read: a producer's
+ * put is a chain of hand-offs (writer, answer, dispatch), and between two of them no thread
+ * is waiting, yet a reader taking the GIL straight back slowed the chain. */
+#define YIELD_GIL_BUSY_NS 20000000LL
+
+static long long monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static long long gil_wanted_at_ns = -YIELD_GIL_BUSY_NS; /* the last time a yield_gil found a waiter */
+
+/* A forked child has none of its parent's threads: none of them waits for its GIL. */
+static void yield_gil_after_fork(void) {
+    woken_awaiting_gil = 0;
+    gil_wanted_at_ns = -YIELD_GIL_BUSY_NS;
+}
+
+PyDoc_STRVAR(yield_gil_doc,
+             "yield_gil() -> bool\n\n"
+             "If a thread a Signal woke is waiting for the GIL, release the GIL until it has taken it "
+             "(at most 2 ms) and return True. Releasing the GIL alone would not do: the releasing thread "
+             "takes it back before the woken one runs, which then waits the whole switch interval (5 ms). "
+             "Else, within 20 ms of a call that found one, give the CPU away once without the GIL "
+             "(sched_yield) and return True; else return False at once (one atomic load, one clock read).");
+
+static PyObject *yield_gil(PyObject *self, PyObject *noargs) {
+    if (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) == 0) {
+        if (monotonic_ns() - __atomic_load_n(&gil_wanted_at_ns, __ATOMIC_RELAXED) >= YIELD_GIL_BUSY_NS)
+            Py_RETURN_FALSE;
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+        Py_RETURN_TRUE;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    long long now = monotonic_ns(), deadline = now + YIELD_GIL_MAX_NS;
+    __atomic_store_n(&gil_wanted_at_ns, now, __ATOMIC_RELAXED);
+    while (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) > 0 && monotonic_ns() < deadline) sched_yield();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_TRUE;
+}
+
+static PyObject *woken_awaiting_gil_py(PyObject *self, PyObject *noargs) {
+    return PyLong_FromLong(__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED));
+}
 
 static int Signal_init(SignalObject *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(args, "")) return -1;
@@ -1060,7 +1224,9 @@ static PyObject *Signal_post(SignalObject *self, PyObject *noargs) {
      * of finding the GIL held and sleeping again (a convoy measured on this 2-CPU machine). */
     Py_BEGIN_ALLOW_THREADS
     rc = sem_post(&self->sem);
+    __atomic_fetch_add(&woken_awaiting_gil, 1, __ATOMIC_RELAXED); /* and this thread wants it back */
     Py_END_ALLOW_THREADS
+    __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
     if (rc != 0) return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
 }
@@ -1090,8 +1256,13 @@ static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         rc = timeout >= 0 ? sem_clockwait(&self->sem, CLOCK_MONOTONIC, &deadline) : sem_wait(&self->sem);
         err = errno;
+        /* Woken: counted as waiting for the GIL until it has it (see yield_gil). */
+        if (rc == 0) __atomic_fetch_add(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
         Py_END_ALLOW_THREADS
-        if (rc == 0) Py_RETURN_TRUE;
+        if (rc == 0) {
+            __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
+            Py_RETURN_TRUE;
+        }
         if (err == ETIMEDOUT) Py_RETURN_FALSE;
         if (err != EINTR) {
             errno = err;
@@ -1214,6 +1385,35 @@ static PyObject *decode_topic(const unsigned char *p, Py_ssize_t n) {
  * replacement characters included, splits exactly as str.split does: items on \2; an item
  * counts only if, once its trailing \1s are stripped, exactly one \1 remains. A later
  * duplicate name overwrites the value and keeps the first one's place, as a dict does. */
+/* Property names and short values repeat from record to record (KEYS, TAGS and a queue's few
+ * tags...): a small direct-mapped cache of those strings (1-byte kinds) saves building each
+ * one again and hashing the names again for the dict (160 of a 400 ns decode went here). */
+#define PROPS_CACHE_SLOTS 64
+#define PROPS_CACHE_VALUE_MAX 16
+static PyObject *props_cache[PROPS_CACHE_SLOTS];
+
+/* s[a:b], from the cache where it can be (a name, or a value of at most 16 characters). */
+static PyObject *props_part(PyObject *s, int kind, const void *data, Py_ssize_t a, Py_ssize_t b, int is_name) {
+    Py_ssize_t n = b - a;
+    if (kind != PyUnicode_1BYTE_KIND || n == 0 || n > 255 || (!is_name && n > PROPS_CACHE_VALUE_MAX))
+        return PyUnicode_Substring(s, a, b);
+    const Py_UCS1 *p = (const Py_UCS1 *)data + a;
+    unsigned h = (unsigned)n * 31u + p[0] * 7u + p[n - 1] * 13u + p[n / 2] + (is_name ? 0u : 17u);
+    PyObject **slot = &props_cache[h % PROPS_CACHE_SLOTS];
+    PyObject *hit = *slot;
+    if (hit != NULL && PyUnicode_GET_LENGTH(hit) == n && PyUnicode_KIND(hit) == PyUnicode_1BYTE_KIND &&
+        memcmp(PyUnicode_1BYTE_DATA(hit), p, (size_t)n) == 0) {
+        Py_INCREF(hit);
+        return hit;
+    }
+    PyObject *made = PyUnicode_Substring(s, a, b);
+    if (made != NULL) {
+        Py_INCREF(made);
+        Py_XSETREF(*slot, made);
+    }
+    return made;
+}
+
 static PyObject *decode_properties(PyObject *s) {
     PyObject *props = PyDict_New();
     if (props == NULL) return NULL;
@@ -1234,8 +1434,8 @@ static PyObject *decode_properties(PyObject *s) {
                 sep = k;
             }
         if (count == 1) {
-            PyObject *name = PyUnicode_Substring(s, a, sep);
-            PyObject *value = name != NULL ? PyUnicode_Substring(s, sep + 1, e) : NULL;
+            PyObject *name = props_part(s, kind, data, a, sep, 1);
+            PyObject *value = name != NULL ? props_part(s, kind, data, sep + 1, e, 0) : NULL;
             int rc = value != NULL ? PyDict_SetItem(props, name, value) : -1;
             Py_XDECREF(name);
             Py_XDECREF(value);
@@ -1256,37 +1456,11 @@ PyDoc_STRVAR(decode_message_doc,
              "(limit None: the buffer's end), built from the buffer in place; bytes fields are copies. "
              "None for anything read_record does not report as MESSAGE: the caller runs it for those.");
 
-static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 && nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "decode_message takes 6 or 7 arguments");
-        return NULL;
-    }
-    int check_crc = 0;
-    if (nargs == 7 && (check_crc = PyObject_IsTrue(args[6])) < 0) return NULL;
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t limit = PY_SSIZE_T_MAX;
-    if (args[2] != Py_None) {
-        limit = PyLong_AsSsize_t(args[2]);
-        if (limit == -1 && PyErr_Occurred()) return NULL;
-    }
-    long long max_size = PyLong_AsLongLong(args[3]);
-    if (max_size == -1 && PyErr_Occurred()) return NULL;
-    PyObject *cls_o = args[4], *host_factory = args[5];
-    if (!PyType_Check(cls_o) || !PyType_IsSubtype((PyTypeObject *)cls_o, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "record_cls must be a tuple subclass");
-        return NULL;
-    }
-    if (!PyCallable_Check(host_factory)) {
-        PyErr_SetString(PyExc_TypeError, "host_factory must be callable");
-        return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+/* The record at `pos` of buf[0:end] as decode_message decodes it: a new MessageRecord, a new
+ * reference to None where read_record must decide, or NULL with an exception set. */
+static PyObject *decode_at(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, long long max_size,
+                           PyTypeObject *cls, PyObject *host_factory, int check_crc) {
     PyObject *items[MESSAGE_RECORD_FIELDS] = {NULL};
-    PyObject *result = Py_None;
-    const unsigned char *buf = (const unsigned char *)view.buf;
-    Py_ssize_t end = limit < view.len ? limit : view.len;
 
     /* read_record: a header, a message magic code, a size within bounds and the buffer. */
     if (pos < 0 || pos + 8 > end) goto decline;
@@ -1334,6 +1508,12 @@ static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_
     /* check_crc: read_record's integrity checks. A torn write that kept the body but not the
      * end of the properties passes the CRC; every writer ends properties with \2. */
     if (check_crc && props_len > 0 && props[props_len - 1] != PROPERTY_SEPARATOR) goto decline;
+    if (check_crc && body_len > 0) {
+        /* A mismatch declines: read_record(check_crc=True) reports it as CORRUPT, with its reason. */
+        int32_t crc = 0;
+        if (crc31_bytes(body, body_len, &crc) < 0) return NULL;
+        if (crc != get_i32(r + 8)) goto decline;
+    }
 
     /* A MESSAGE: the fields of MessageRecord, in its order; stop at the first failure (a
      * host factory must not be called with an exception set). */
@@ -1354,15 +1534,6 @@ static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_
     DECODE_FIELD(12, PyLong_FromLong(get_i32(store + store_len + 4)))
     DECODE_FIELD(13, PyLong_FromLongLong(get_i64(store + store_len + 8)))
     DECODE_FIELD(14, PyBytes_FromStringAndSize((const char *)body, body_len))
-    if (check_crc && body_len > 0) {
-        /* A mismatch declines: read_record(check_crc=True) reports it as CORRUPT, with its reason. */
-        int32_t crc = 0;
-        if (crc31_bytes(body, body_len, &crc) < 0) goto fail;
-        if (crc != get_i32(r + 8)) {
-            for (int k = 0; k < MESSAGE_RECORD_FIELDS; k++) Py_CLEAR(items[k]);
-            goto decline;
-        }
-    }
     DECODE_FIELD(15, decode_topic(topic, topic_len))
     if (props_len > 0) {
         DECODE_FIELD(16, PyUnicode_DecodeUTF8((const char *)props, props_len, "replace"))
@@ -1372,19 +1543,159 @@ static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_
     }
     DECODE_FIELD(17, decode_properties(items[16]))
 #undef DECODE_FIELD
-    PyBuffer_Release(&view);
-    return make_fields((PyTypeObject *)cls_o, items, MESSAGE_RECORD_FIELDS);
+    return make_fields(cls, items, MESSAGE_RECORD_FIELDS);
 
 decline:
-    PyBuffer_Release(&view);
-    Py_INCREF(result);
-    return result;
+    Py_RETURN_NONE;
 fail:
     for (int k = 0; k < MESSAGE_RECORD_FIELDS; k++) Py_XDECREF(items[k]);
-    PyBuffer_Release(&view);
     return NULL;
 }
 
+static int check_record_args(PyObject *cls_o, PyObject *host_factory) {
+    if (!PyType_Check(cls_o) || !PyType_IsSubtype((PyTypeObject *)cls_o, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record_cls must be a tuple subclass");
+        return -1;
+    }
+    if (!PyCallable_Check(host_factory)) {
+        PyErr_SetString(PyExc_TypeError, "host_factory must be callable");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "decode_message takes 6 or 7 arguments");
+        return NULL;
+    }
+    int check_crc = 0;
+    if (nargs == 7 && (check_crc = PyObject_IsTrue(args[6])) < 0) return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t limit = PY_SSIZE_T_MAX;
+    if (args[2] != Py_None) {
+        limit = PyLong_AsSsize_t(args[2]);
+        if (limit == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long max_size = PyLong_AsLongLong(args[3]);
+    if (max_size == -1 && PyErr_Occurred()) return NULL;
+    if (check_record_args(args[4], args[5]) < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t end = limit < view.len ? limit : view.len;
+    PyObject *record = decode_at((const unsigned char *)view.buf, end, pos, max_size, (PyTypeObject *)args[4],
+                                 args[5], check_crc);
+    PyBuffer_Release(&view);
+    return record;
+}
+
+/* ---- decode_units: getMessage's loop over a run of ConsumeQueue units ------------------------ */
+
+#define CQ_UNIT_SIZE 20
+#define FILLER_UNIT_SIZE 0x7FFFFFFF
+#define DECODE_UNITS_NARGS 21
+
+PyDoc_STRVAR(decode_units_doc,
+             "decode_units(units, i, end, buf, seg_start, seg_limit, max_message_size, record_cls, host_factory, "
+             "check_crc, topic, queue_id, first_queue_offset, count, total_bytes, max_count, max_total_bytes, head, "
+             "in_memory_bytes, limits, out) -> (i, count, total_bytes)\n\n"
+             "reads.collect's loop for a get without a tag filter, over units[i:end] (20 bytes each) whose "
+             "records lie in the one commitlog segment mapped as buf (its first byte at commitlog offset "
+             "seg_start, readable below buf position seg_limit): each record decode_message decodes is "
+             "appended to `out`, while it is the (topic, queue_id) record at first_queue_offset + i/20. "
+             "Stops before the first unit it leaves to the Python loop: a filler, a record elsewhere or "
+             "cut by seg_limit, one decode_message declines or whose queue place differs, or one at which "
+             "batch_full holds (max_total_bytes -1: none; limits: (in-memory bytes, in-memory count, "
+             "on-disk bytes, on-disk count)). Between records, gives the GIL to threads a Signal woke "
+             "(yield_gil).");
+
+static PyObject *decode_units(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != DECODE_UNITS_NARGS) {
+        PyErr_SetString(PyExc_TypeError, "decode_units takes 21 arguments");
+        return NULL;
+    }
+    long long v[DECODE_UNITS_NARGS];
+    /* the integer arguments, by position */
+    static const int ints[] = {1, 2, 4, 5, 6, 11, 12, 13, 14, 15, 16, 17, 18};
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+        v[ints[k]] = PyLong_AsLongLong(args[ints[k]]);
+        if (v[ints[k]] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long i = v[1], end = v[2], seg_start = v[4], seg_limit = v[5], max_size = v[6], queue_id = v[11],
+              first_queue_offset = v[12], count = v[13], total_bytes = v[14], max_count = v[15],
+              max_total = v[16], head = v[17], in_memory = v[18];
+    int check_crc = PyObject_IsTrue(args[9]);
+    if (check_crc < 0 || check_record_args(args[7], args[8]) < 0) return NULL;
+    PyTypeObject *cls = (PyTypeObject *)args[7];
+    PyObject *host_factory = args[8], *topic = args[10], *out = args[20];
+    if (!PyUnicode_Check(topic) || !PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "topic must be a str and out a list");
+        return NULL;
+    }
+    long long lim[4];
+    if (!PyTuple_Check(args[19]) || PyTuple_GET_SIZE(args[19]) != 4) {
+        PyErr_SetString(PyExc_TypeError, "limits must be a 4-tuple");
+        return NULL;
+    }
+    for (int k = 0; k < 4; k++) {
+        lim[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[19], k));
+        if (lim[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_buffer units, map;
+    if (PyObject_GetBuffer(args[0], &units, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[3], &map, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&units);
+        return NULL;
+    }
+    if (end > units.len) end = units.len;
+    if (seg_limit > map.len) seg_limit = map.len;
+    const unsigned char *u = (const unsigned char *)units.buf, *buf = (const unsigned char *)map.buf;
+    int failed = 0;
+    for (; i >= 0 && i + CQ_UNIT_SIZE <= end; i += CQ_UNIT_SIZE) {
+        long long phy = get_i64(u + i);
+        long long size = get_i32(u + i + 8);
+        if (size <= 0 || size == FILLER_UNIT_SIZE) break; /* a filler, or nothing to read */
+        long long pos = phy - seg_start;
+        if (phy < seg_start || pos + size > seg_limit) break; /* CommitLogReader.select's bounds */
+        if (total_bytes != 0 && count != 0) { /* batch_full */
+            if (count >= max_count || (max_total >= 0 && total_bytes + size > max_total)) break;
+            int in_disk = head - phy > in_memory;
+            if (total_bytes + size > lim[in_disk ? 2 : 0] || count > lim[in_disk ? 3 : 1] - 1) break;
+        }
+        PyObject *record = decode_at(buf, pos + size, pos, max_size, cls, host_factory, check_crc);
+        if (record == NULL) {
+            failed = 1;
+            break;
+        }
+        if (record == Py_None) {
+            Py_DECREF(record);
+            break;
+        }
+        PyObject *qoff = PyTuple_GET_ITEM(record, 5), *qid = PyTuple_GET_ITEM(record, 3),
+                 *rtopic = PyTuple_GET_ITEM(record, 15);
+        int same = PyLong_AsLongLong(qoff) == first_queue_offset + i / CQ_UNIT_SIZE &&
+                   PyLong_AsLongLong(qid) == queue_id &&
+                   (rtopic == topic || PyUnicode_Compare(rtopic, topic) == 0);
+        if (!same || PyList_Append(out, record) < 0) {
+            Py_DECREF(record);
+            if (PyErr_Occurred()) failed = 1;
+            break;
+        }
+        Py_DECREF(record);
+        count++;
+        total_bytes += size;
+        if (__atomic_load_n(&woken_awaiting_gil, __ATOMIC_RELAXED) > 0) {
+            /* The maps stay exported while the GIL is away: a close() from another thread
+             * cannot unmap them under us (CommitLogReader.close tolerates the BufferError). */
+            Py_DECREF(yield_gil(NULL, NULL));
+        }
+    }
+    PyBuffer_Release(&map);
+    PyBuffer_Release(&units);
+    if (failed) return NULL;
+    return Py_BuildValue("LLL", i, count, total_bytes);
+}
 /* ---- end of decode_message ----------------------------------------------------------------- */
 
 PyDoc_STRVAR(check_record_crc_doc,
@@ -2193,12 +2504,17 @@ static PyMethodDef methods[] = {
     {"scan_dispatch", scan_dispatch, METH_VARARGS, scan_dispatch_doc},
     {"index_put_batch", index_put_batch, METH_VARARGS, index_put_batch_doc},
     {"java_hash", java_hash, METH_O, java_hash_doc},
+    {"index_select", (PyCFunction)(void (*)(void))index_select, METH_FASTCALL, index_select_doc},
     {"msync", msync_range, METH_VARARGS, msync_doc},
     {"cq_runs", cq_runs, METH_O, cq_runs_doc},
     /* read path */
     {"decode_message", (PyCFunction)(void (*)(void))decode_message, METH_FASTCALL, decode_message_doc},
     {"check_record_crc", (PyCFunction)(void (*)(void))check_record_crc, METH_FASTCALL, check_record_crc_doc},
+    {"decode_units", (PyCFunction)(void (*)(void))decode_units, METH_FASTCALL, decode_units_doc},
     {"crc32", crc32_py, METH_O, crc32_doc},
+    {"yield_gil", yield_gil, METH_NOARGS, yield_gil_doc},
+    {"woken_awaiting_gil", woken_awaiting_gil_py, METH_NOARGS,
+     "woken_awaiting_gil() -> int: threads a Signal woke that wait for the GIL now (for tests)."},
     /* the Spark reader's column builder */
     {"decode_arrow_run", decode_arrow_run, METH_VARARGS, decode_arrow_run_doc},
     /* recovery */
@@ -2215,6 +2531,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_table_init();
+    pthread_atfork(NULL, NULL, yield_gil_after_fork);
 #ifdef CRC_HAVE_CLMUL
     __builtin_cpu_init();
     crc_use_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");

@@ -334,6 +334,9 @@ def _host_from_bytes(address: bytes, port: int) -> HostAddress:
     return HostAddress(str(ipaddress.ip_address(address)), port)
 
 
+host_from_bytes = _host_from_bytes  # the host factory the C decoders are given (reads.collect)
+
+
 def msg_id(store_host: HostAddress, commitlog_offset: int) -> str:
     return (store_host.address_bytes() + struct.pack(">iq", store_host.port, commitlog_offset)).hex().upper()
 

@@ -15,7 +15,7 @@ from typing import Callable, Final
 
 from mqstore.log import get_logger
 from mqstore.storage import scan
-from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, jdiv
+from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, ReadBuffer, jdiv
 from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
@@ -269,44 +269,12 @@ class ConsumeQueue:
         mapped_file = self.mapped_file_queue.get_mapped_file_by_time(timestamp)
         if mapped_file is None:
             return 0
-        unit = CQ_STORE_UNIT_SIZE
         low = max(self.min_logic_offset - mapped_file.file_from_offset, 0)
         buf = mapped_file.select(0)
         if buf is None:
             return 0
-        high = len(buf) - unit
-        left = right = target = -1
-        left_value = right_value = -1
-        while high >= low:
-            mid = (low + high) // (2 * unit) * unit
-            phy, size, _tags = CQ_UNIT.unpack_from(buf, mid)
-            if phy < min_phy_offset:  # the message is already deleted
-                low = mid + unit
-                left = mid
-                continue
-            store_time = pickup_store_timestamp(phy, size)
-            if store_time < 0:
-                return 0
-            if store_time == timestamp:
-                target = mid
-                break
-            if store_time > timestamp:
-                high = mid - unit
-                right = mid
-                right_value = store_time
-            else:
-                low = mid + unit
-                left = mid
-                left_value = store_time
-        if target == -1:
-            if left_value == -1:
-                target = right
-            elif right_value == -1:
-                target = left
-            else:
-                target = right if abs(timestamp - left_value) > abs(timestamp - right_value) else left
-        # Java truncating division: target may be -1 (then start 0 gives 0, not -1).
-        return jdiv(mapped_file.file_from_offset + target, unit)
+        return offset_by_time_in_file(buf, mapped_file.file_from_offset, low, timestamp, pickup_store_timestamp,
+                                      min_phy_offset)  # fmt: skip
 
     # maintenance (§9.6, §12.6) ---------------------------------------------------------------
     def truncate_dirty_logic_files(self, phy_offset: int) -> None:
@@ -379,6 +347,54 @@ class ConsumeQueue:
         self.mapped_file_queue.destroy()
 
 
+def offset_by_time_in_file(
+    units: ReadBuffer,
+    file_from_offset: int,
+    low: int,
+    timestamp: int,
+    pickup_store_timestamp: Callable[[int, int], int],
+    min_phy_offset: int,
+) -> int:
+    """getOffsetInQueueByTime's search in one file (§9.5): `units` are the file's written units
+    from its start, `low` the byte position of the queue's first live unit in it. The queue
+    offset of the message stored at `timestamp`, else its nearest neighbour (the earlier one
+    on ties); 0 if a store time cannot be read. The owner and a reading thread both use it."""
+    unit = CQ_STORE_UNIT_SIZE
+    high = len(units) - len(units) % unit - unit
+    left = right = target = -1
+    left_value = right_value = -1
+    while high >= low:
+        mid = (low + high) // (2 * unit) * unit
+        phy, size, _tags = CQ_UNIT.unpack_from(units, mid)
+        if phy < min_phy_offset:  # the message is already deleted
+            low = mid + unit
+            left = mid
+            continue
+        store_time = pickup_store_timestamp(phy, size)
+        if store_time < 0:
+            return 0
+        if store_time == timestamp:
+            target = mid
+            break
+        if store_time > timestamp:
+            high = mid - unit
+            right = mid
+            right_value = store_time
+        else:
+            low = mid + unit
+            left = mid
+            left_value = store_time
+    if target == -1:
+        if left_value == -1:
+            target = right
+        elif right_value == -1:
+            target = left
+        else:
+            target = right if abs(timestamp - left_value) > abs(timestamp - right_value) else left
+    # Java truncating division: target may be -1 (then start 0 gives 0, not -1).
+    return jdiv(file_from_offset + target, unit)
+
+
 # -------------------------------------------------------------------------------------------
 class ConsumeQueueReader:
     """Read-only maps of consumequeue/ files for one reading thread (the store's `get`), as
@@ -415,6 +431,47 @@ class ConsumeQueueReader:
             return bytes(region.buf[pos : pos + min(max_units * CQ_STORE_UNIT_SIZE, self.mapped_file_size - pos)])
         except ValueError:  # closed underneath (the store closing)
             return None
+
+    def offset_by_time(
+        self,
+        topic: str,
+        queue_id: int,
+        bounds: tuple[int, int],
+        timestamp: int,
+        pickup_store_timestamp: Callable[[int, int], int],
+        min_phy_offset: int,
+    ) -> int | None:
+        """getOffsetInQueueByTime (§9.5) within the owner's published `bounds` (min, max queue
+        offset), as the owner answers it: in the first file modified at or after `timestamp`
+        (else the last). None if that file cannot be read now (deleted underneath)."""
+        min_offset, max_offset = bounds
+        if max_offset <= 0:
+            return 0
+        unit = CQ_STORE_UNIT_SIZE
+        directory = os.path.join(self.root, topic, str(queue_id))
+        try:
+            starts = sorted(int(n) for n in self.fs.listdir(directory) if len(n) == 20 and n.isdigit())
+        except OSError:
+            return None
+        if not starts:
+            return 0
+        chosen = starts[-1]
+        for start in starts:
+            try:
+                modified = self.fs.mtime_ms(os.path.join(directory, f"{start:020d}"))
+            except OSError:
+                modified = 0
+            if modified >= timestamp:
+                chosen = start
+                break
+        written = min(self.mapped_file_size, max_offset * unit - chosen)
+        if written <= 0:
+            return 0  # a file with no unit yet (as the owner's empty select answers)
+        units = self.read_units(topic, queue_id, chosen // unit, written // unit)
+        if units is None:
+            return None
+        low = max(min_offset * unit - chosen, 0)
+        return offset_by_time_in_file(units, chosen, low, timestamp, pickup_store_timestamp, min_phy_offset)
 
     def forget(self) -> None:
         """Close every map: files were deleted (their space is freed once unmapped)."""

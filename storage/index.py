@@ -465,8 +465,14 @@ class IndexFile:
         Hash collisions are returned too: callers must compare the message's keys."""
         if result is None:
             result = []
-        key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
         bound = self._chain_bound()
+        native = speedups.native
+        if native is not None and native.index_select(
+            self._buf, key, self.max_hash_slot_num, self._entries_pos, bound, self.begin_timestamp,
+            self.index_count, max_num, begin, end, result,
+        ):  # fmt: skip
+            return result  # the same walk in C (the walk below decides where it declines)
+        key_hash, slot = key_hash_and_slot(key, self.max_hash_slot_num)
         n = self.slot_value(slot)
         if n <= INVALID_INDEX or n > bound or self.index_count <= 1:
             return result

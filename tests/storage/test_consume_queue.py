@@ -283,3 +283,35 @@ def test_get_last_offset(any_fs: tuple[FileSystem, str], clock: Any, start_q: in
     assert cq.get_last_offset() == -1
     cq.put_message_position_info(500, 70, 0, start_q)
     assert cq.get_last_offset() == 570
+
+
+@pytest.mark.parametrize("min_phy", [0, 250, 2_500])
+def test_a_reading_thread_finds_the_offset_by_time_as_the_owner_does(
+    any_fs: tuple[FileSystem, str], clock: Any, min_phy: int
+) -> None:
+    """The reader's getOffsetInQueueByTime (a get's thread, no ask) against the owner's, over
+    several files with their own modification times and a queue whose first file was cleaned."""
+    fs, root = any_fs
+    cq = make_cq(fs, root, clock)
+    times = {}
+    for q in range(3 * UNITS_PER_FILE + 2):  # three full files and two units of a fourth
+        cq.put_message_position_info(q * 100, 100, 0, q)
+        times[q * 100] = 1000 + q * 10
+    cq.flush(0)
+    for i, mapped_file in enumerate(cq.mapped_file_queue.mapped_files):
+        # Each file last written at its last unit's store time (the search picks a file by it).
+        last_unit = min((i + 1) * UNITS_PER_FILE, 3 * UNITS_PER_FILE + 2) - 1
+        fs.set_mtime_ms(mapped_file.file_name, 1000 + last_unit * 10)
+    cq.correct_min_offset(min_phy)
+    pickup = _fake_log(times)
+    reader = ConsumeQueueReader(fs, os.path.join(root, "consumequeue"), mapped_file_size=SIZE)
+    bounds = (cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue())
+    last_time = 1000 + (3 * UNITS_PER_FILE + 1) * 10
+    file_ends = [1000 + ((i + 1) * UNITS_PER_FILE - 1) * 10 for i in range(3)]  # the files' mtimes
+    for timestamp in [0, 999, 1000, 1005, 1015, *file_ends, 1000 + UNITS_PER_FILE * 10, last_time - 5, last_time, 10**6]:
+        owner = cq.get_offset_in_queue_by_time(timestamp, pickup, min_phy)
+        assert reader.offset_by_time("T", 0, bounds, timestamp, pickup, min_phy) == owner, timestamp
+    # A queue with no units, and one whose directory does not exist.
+    assert reader.offset_by_time("T", 0, (0, 0), 1000, pickup, 0) == 0
+    assert reader.offset_by_time("nope", 3, (0, 0), 1000, pickup, 0) == 0
+    reader.forget()
