@@ -221,7 +221,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
-        self._publish(key for key, _ in runs)
+        self._publish({key for key, _ in runs})
 
     def _dispatch_runs(self, batch: DispatchBatch, runs: list[tuple[str, int, bytes, int, int, int, int]]) -> None:
         """`_dispatch` with the runs built in C: each run one queue, dense queue offsets,
@@ -239,7 +239,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
-        self._publish((run[0], run[1]) for run in runs)
+        # Each queue once: a batch of a few queues' interleaved puts holds many runs of each.
+        self._publish({(run[0], run[1]) for run in runs})
 
     def _get_units(self, request: GetUnits) -> UnitsReply:
         cq = self._queues.get((request.topic, request.queue_id))

@@ -5,9 +5,13 @@ One store per body size, `BenchConfig.open_store_bytes` of commitlog (quick: 64 
 SIGKILL once every put is acknowledged and dispatched: the *crashed* store. A copy opened and
 closed once is the *clean* store. Per repeat:
 
-* `open_clean`: `mqstore.open` of the clean store, until it returns (`open_s`).
+* `open_clean`: `mqstore.open` of the clean store, until it returns (`open_s`), and the CPU
+  seconds of the process's threads meanwhile (`open_cpu_s`: the VM's 2 cores are shared, and
+  wall time swings with the load).
 * `open_crash`: `mqstore.open` of a fresh copy of the crashed store (crash recovery and the
-  re-dispatch the store does before `open` returns), until it returns (`open_s`).
+  re-dispatch the store does before `open` returns), until it returns (`open_s`, `open_cpu_s`);
+  and its floor in the same run, the crash recovery alone (`recover_s`: `recover_store` on
+  another fresh copy, no actors, no re-dispatch). Their difference is what re-dispatch adds.
 * `recovery`: the CommitLog recovery scan over every segment of the clean store, body CRC
   checked (`gb_per_s`, data bytes over seconds), and in the same run the plain-read floor:
   zlib.crc32 over the same bytes through a fresh map (`floor_gb_per_s`).
@@ -128,14 +132,31 @@ def copy_store(source: Path, target: Path) -> None:
     shutil.copytree(source, target, copy_function=copy_sparse)
 
 
-def _open_seconds(path: Path, config: dict[str, Any]) -> float:
+def _open_seconds(path: Path, config: dict[str, Any]) -> tuple[float, float]:
+    """(wall, CPU) seconds of `mqstore.open` until it returns; CPU of every thread of the
+    process (the store's actors included)."""
     import mqstore
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     store = mqstore.open(path, **config)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     store.close()
-    return seconds
+    return seconds, cpu_seconds
+
+
+def _recover_seconds(path: Path, config: dict[str, Any]) -> float:
+    """Seconds of the crash recovery alone (what `mqstore.open` runs before its actors start)
+    on a store left by kill -9: the floor of opening it."""
+    from mqstore.config import StoreConfig
+    from mqstore.storage.fs import RealFileSystem
+    from mqstore.storage.recovery import recover_store
+
+    cfg = StoreConfig.load(overrides={**config, "store_path_root_dir": str(path)})
+    if not os.path.exists(cfg.abort_path):
+        raise RuntimeError(f"{path} was stopped cleanly: no crash to recover")
+    started = time.perf_counter()
+    recover_store(cfg, RealFileSystem(), last_exit_ok=False, clock_ms=lambda: time.time_ns() // 1_000_000)
+    return time.perf_counter() - started
 
 
 def scan_and_floor(store: Path, config: dict[str, Any]) -> tuple[int, float, float]:
@@ -216,16 +237,24 @@ class OpenCases:
 
     def _open(self, path: Path) -> Outcome:
         with timed() as t:
-            seconds = _open_seconds(path, self.config)
-        return Outcome({"open_s": seconds}, t.peak_rss_mb)
+            seconds, cpu_seconds = _open_seconds(path, self.config)
+        return Outcome({"open_s": seconds, "open_cpu_s": cpu_seconds}, t.peak_rss_mb)
 
     def _open_copy(self, crashed: Path, target: Path) -> Outcome:
         shutil.rmtree(target, ignore_errors=True)
         copy_store(crashed, target)
+        os.sync()  # the copy's write-back is not the open's: it slowed the open's own writes
         try:
-            return self._open(target)
+            recover_s = _recover_seconds(target, self.config)
         finally:
             shutil.rmtree(target, ignore_errors=True)
+        copy_store(crashed, target)
+        os.sync()
+        try:
+            outcome = self._open(target)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+        return Outcome({**outcome.metrics, "recover_s": recover_s}, outcome.peak_rss_mb)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,8 @@ METRICS: dict[str, tuple[str, bool]] = {
     "gb_per_s": ("GB/s", True),
     "floor_gb_per_s": ("GB/s", True),
     "open_s": ("s", False),
+    "open_cpu_s": ("s", False),
+    "recover_s": ("s", False),
     "p50_us": ("us", False),
     "p99_us": ("us", False),
 }

@@ -34,6 +34,9 @@ OURS_ONLY = (
     ("recovery", "floor_gb_per_s", "plain crc32 read of the same bytes, GB/s"),
     ("open_clean", "open_s", "open a clean store, s"),
     ("open_crash", "open_s", "open after kill -9, s"),
+    ("open_crash", "recover_s", "crash recovery alone (open after kill -9's floor), s"),
+    ("open_clean", "open_cpu_s", "open a clean store, CPU s (all threads)"),
+    ("open_crash", "open_cpu_s", "open after kill -9, CPU s (all threads)"),
 )
 NAMES = {
     "ours": "mqstore",

@@ -2496,6 +2496,272 @@ static PyObject *tally_records(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- re-dispatch: lean records and arrivals (issue 18) ------------------------------------ */
+
+/* The spans of one record dispatch_scan decodes in C (the records scan_dispatch accepts). */
+typedef struct {
+    int32_t total, sys_flag;
+    const unsigned char *topic, *keys, *uniq, *tags;
+    Py_ssize_t topic_len, keys_n, uniq_n, tags_n, props_len;
+} dispatch_spans;
+
+/* 1 and the spans of the record at r (avail bytes readable from it) if it is a plain V1
+ * record with IPv4 hosts outside the schedule topic; 0 (d undefined) for anything else. */
+static int parse_dispatch_spans(const unsigned char *r, Py_ssize_t avail, long long max_size, const char *schedule,
+                                Py_ssize_t schedule_len, dispatch_spans *d) {
+    if (avail < 8) return 0;
+    int32_t total = get_i32(r);
+    if (get_i32(r + 4) != MESSAGE_MAGIC_CODE || total < FIXED_V4_LEN || total > max_size || total > avail) return 0;
+    int32_t sys_flag = get_i32(r + 36);
+    int32_t body_len = get_i32(r + 84);
+    if ((sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) || body_len < 0 || body_len > total - FIXED_V4_LEN)
+        return 0;
+    const unsigned char *t = r + BODY_POS_V4 + body_len;
+    Py_ssize_t tlen = t[0];
+    if (tlen > 127 || FIXED_V4_LEN + body_len + tlen > total) return 0;
+    int16_t props_len = get_i16(t + 1 + tlen);
+    if (props_len < 0 || total != FIXED_V4_LEN + body_len + tlen + props_len) return 0;
+    if (span_is(t + 1, tlen, schedule, schedule_len)) return 0; /* delay levels: the Python path */
+    d->total = total;
+    d->sys_flag = sys_flag;
+    d->topic = t + 1;
+    d->topic_len = tlen;
+    d->props_len = props_len;
+    d->keys = d->uniq = d->tags = NULL;
+    d->keys_n = d->uniq_n = d->tags_n = 0;
+    const unsigned char *props = t + 3 + tlen;
+    /* string2messageProperties: items split on \2; an item splits on \1 into exactly two
+     * parts after Java drops trailing empty strings (= stripping trailing \1s). */
+    Py_ssize_t a = 0;
+    while (a < props_len) {
+        const unsigned char *stop = memchr(props + a, PROPERTY_SEPARATOR, props_len - a);
+        Py_ssize_t b = stop != NULL ? stop - props : props_len;
+        Py_ssize_t e = b;
+        while (e > a && props[e - 1] == NAME_VALUE_SEPARATOR) e--;
+        /* exactly one \1 in [a, e): memchr, not a byte loop (the properties are most of what
+         * a small record's decode reads) */
+        const unsigned char *sep = memchr(props + a, NAME_VALUE_SEPARATOR, e - a);
+        if (sep != NULL && memchr(sep + 1, NAME_VALUE_SEPARATOR, props + e - (sep + 1)) == NULL) {
+            const unsigned char *name = props + a, *value = sep + 1;
+            Py_ssize_t name_n = sep - name, value_n = props + e - value;
+            if (span_is(name, name_n, "KEYS", 4)) {
+                d->keys = value;
+                d->keys_n = value_n;
+            } else if (span_is(name, name_n, "UNIQ_KEY", 8)) {
+                d->uniq = value;
+                d->uniq_n = value_n;
+            } else if (span_is(name, name_n, "TAGS", 4)) {
+                d->tags = value;
+                d->tags_n = value_n;
+            }
+        }
+        a = b + 1;
+    }
+    return 1;
+}
+
+/* An int for `v`: a new reference to *prev when it holds the same value (consecutive records
+ * repeat sizes, tags codes, timestamps and flags), else a new int that replaces *prev. */
+static PyObject *reuse_int(PyObject **prev, long long *prev_v, long long v) {
+    if (*prev == NULL || *prev_v != v) {
+        PyObject *made = PyLong_FromLongLong(v);
+        if (made == NULL) return NULL;
+        Py_XSETREF(*prev, made);
+        *prev_v = v;
+    }
+    Py_INCREF(*prev);
+    return *prev;
+}
+
+PyDoc_STRVAR(dispatch_scan_doc,
+             "dispatch_scan(buf, pos, limit, max_records, max_message_size, fields_cls, schedule_topic) "
+             "-> (list[DispatchFields], pos)\n\n"
+             "scan_dispatch with fewer objects: equal ints of consecutive records are one object, and "
+             "the records are not tracked by the cycle collector (they hold only str, int and None), "
+             "so a batch of them does not set off collections that walk them all.");
+
+static PyObject *dispatch_scan(PyObject *self, PyObject *args) {
+    PyObject *buf_o, *fields_cls_o;
+    Py_ssize_t pos, limit, max_records;
+    long long max_size;
+    const char *schedule;
+    Py_ssize_t schedule_len;
+    if (!PyArg_ParseTuple(args, "OnnnLOy#", &buf_o, &pos, &limit, &max_records, &max_size, &fields_cls_o, &schedule,
+                          &schedule_len))
+        return NULL;
+    if (!PyType_Check(fields_cls_o) || !PyType_IsSubtype((PyTypeObject *)fields_cls_o, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "fields_cls must be a tuple subclass");
+        return NULL;
+    }
+    PyTypeObject *fields_cls = (PyTypeObject *)fields_cls_o;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (limit > view.len) limit = view.len;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    PyObject *out = PyList_New(0);
+    PyObject *topic = NULL; /* the last topic decoded, reused while records repeat it */
+    const unsigned char *topic_bytes = NULL;
+    Py_ssize_t topic_len = -1;
+    /* the previous record's int fields, by DispatchFields position */
+    enum { N_FIELDS = 11 };
+    PyObject *prev[N_FIELDS] = {NULL};
+    long long prev_v[N_FIELDS] = {0};
+    if (out == NULL) goto fail;
+    while (pos >= 0 && PyList_GET_SIZE(out) < max_records) {
+        dispatch_spans d;
+        const unsigned char *r = buf + pos;
+        if (!parse_dispatch_spans(r, limit - pos, max_size, schedule, schedule_len, &d)) break;
+        if (topic == NULL || d.topic_len != topic_len || memcmp(topic_bytes, d.topic, d.topic_len) != 0) {
+            PyObject *decoded = decode_span(d.topic, d.topic_len);
+            if (decoded == NULL) goto fail;
+            Py_XSETREF(topic, decoded);
+            topic_bytes = d.topic;
+            topic_len = d.topic_len;
+        }
+        uint32_t code = 0;
+        if (d.tags != NULL && jhash_utf8(d.tags, d.tags_n, &code) < 0) goto fail;
+        PyObject *items[N_FIELDS];
+        Py_INCREF(topic);
+        items[0] = topic;
+        items[1] = reuse_int(&prev[1], &prev_v[1], get_i32(r + 12));
+        items[2] = PyLong_FromLongLong(get_i64(r + 28));
+        items[3] = reuse_int(&prev[3], &prev_v[3], d.total);
+        items[4] = reuse_int(&prev[4], &prev_v[4], (int32_t)code);
+        items[5] = reuse_int(&prev[5], &prev_v[5], get_i64(r + 56));
+        items[6] = PyLong_FromLongLong(get_i64(r + 20));
+        if (d.props_len == 0) {
+            Py_INCREF(empty_str); /* §8.4: no properties means keys "" */
+            items[7] = empty_str;
+        } else if (d.keys != NULL) {
+            items[7] = decode_span(d.keys, d.keys_n);
+        } else {
+            Py_INCREF(Py_None);
+            items[7] = Py_None;
+        }
+        if (d.uniq != NULL) {
+            items[8] = decode_span(d.uniq, d.uniq_n);
+        } else {
+            Py_INCREF(Py_None);
+            items[8] = Py_None;
+        }
+        items[9] = reuse_int(&prev[9], &prev_v[9], d.sys_flag);
+        items[10] = reuse_int(&prev[10], &prev_v[10], get_i64(r + 76));
+        int failed = 0;
+        for (int k = 0; k < N_FIELDS; k++) failed |= items[k] == NULL;
+        if (failed) {
+            for (int k = 0; k < N_FIELDS; k++) Py_XDECREF(items[k]);
+            goto fail;
+        }
+        PyObject *fields = make_fields(fields_cls, items, N_FIELDS);
+        if (fields == NULL) goto fail;
+        /* Only str, int and None inside: no cycle can run through it (CPython's own collector
+         * untracks such tuples too, but only after walking them once per collection). */
+        if (PyObject_GC_IsTracked(fields)) PyObject_GC_UnTrack(fields);
+        int appended = PyList_Append(out, fields);
+        Py_DECREF(fields);
+        if (appended < 0) goto fail;
+        pos += d.total;
+    }
+    for (int k = 0; k < N_FIELDS; k++) Py_XDECREF(prev[k]);
+    Py_XDECREF(topic);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(Nn)", out, pos);
+fail:
+    for (int k = 0; k < N_FIELDS; k++) Py_XDECREF(prev[k]);
+    Py_XDECREF(topic);
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* PyLong_AsLongLong without its detour: for an int past 30 bits (a timestamp, a commitlog
+ * offset) CPython 3.11 converts through _PyLong_AsByteArray, a tenth of a dispatcher's time. */
+static long long as_long_long(PyObject *v) {
+    int overflow = 0;
+    long long out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) PyErr_SetString(PyExc_OverflowError, "int too large to convert to a 64-bit integer");
+    return out;
+}
+
+PyDoc_STRVAR(dispatch_arrivals_doc,
+             "dispatch_arrivals(requests) -> list[(topic, queue_id, max_offset, store_timestamp)]\n\n"
+             "For each queue of a dispatch batch (DispatchFields in commitlog order), in the order "
+             "the queues first appear: the offset after its newest record and that record's store "
+             "timestamp. PREPARED and ROLLBACK messages do not count (they get no unit).");
+
+static PyObject *dispatch_arrivals(PyObject *self, PyObject *requests) {
+    PyObject *seq = PySequence_Fast(requests, "requests must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *newest = PyDict_New(); /* (topic, queue_id) -> (max_offset, store_timestamp) */
+    PyObject *out = NULL;
+    PyObject *topic = NULL;          /* the run being gathered: consecutive records of one queue */
+    long long qid = 0, max_offset = 0, ts = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (newest == NULL) goto fail;
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        PyObject *r = NULL, *r_topic = NULL;
+        long long r_qid = 0, r_cq = 0, r_ts = 0;
+        if (i < n) {
+            r = PySequence_Fast_GET_ITEM(seq, i);
+            if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 10) {
+                PyErr_SetString(PyExc_TypeError, "a request is not DispatchFields");
+                goto fail;
+            }
+            long sys_flag = PyLong_AsLong(PyTuple_GET_ITEM(r, 9));
+            if (sys_flag == -1 && PyErr_Occurred()) goto fail;
+            long tran = sys_flag & TRANSACTION_MASK;
+            if (tran == 0x04 || tran == TRANSACTION_ROLLBACK_TYPE) continue;
+            r_topic = PyTuple_GET_ITEM(r, 0);
+            r_qid = as_long_long(PyTuple_GET_ITEM(r, 1));
+            r_ts = as_long_long(PyTuple_GET_ITEM(r, 5));
+            r_cq = as_long_long(PyTuple_GET_ITEM(r, 6));
+            if (PyErr_Occurred()) goto fail;
+        }
+        int same = 0;
+        if (r != NULL && topic != NULL && r_qid == qid) {
+            same = r_topic == topic ? 1 : PyObject_RichCompareBool(r_topic, topic, Py_EQ);
+            if (same < 0) goto fail;
+        }
+        if (!same && topic != NULL) { /* the run ends: its newest record is the queue's so far */
+            PyObject *key = Py_BuildValue("(OL)", topic, qid);
+            PyObject *value = key != NULL ? Py_BuildValue("(LL)", max_offset, ts) : NULL;
+            int set = value != NULL ? PyDict_SetItem(newest, key, value) : -1;
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            if (set < 0) goto fail;
+            Py_CLEAR(topic);
+        }
+        if (r == NULL) break;
+        if (topic == NULL) {
+            Py_INCREF(r_topic);
+            topic = r_topic;
+            qid = r_qid;
+        }
+        max_offset = r_cq + 1;
+        ts = r_ts;
+    }
+    out = PyList_New(0);
+    if (out == NULL) goto fail;
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(newest, &at, &key, &value)) {
+        PyObject *item = PyTuple_Pack(4, PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(key, 1), PyTuple_GET_ITEM(value, 0),
+                                      PyTuple_GET_ITEM(value, 1));
+        int appended = item != NULL ? PyList_Append(out, item) : -1;
+        Py_XDECREF(item);
+        if (appended < 0) goto fail;
+    }
+    Py_DECREF(newest);
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(topic);
+    Py_XDECREF(out);
+    Py_XDECREF(newest);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 /* ---- module ------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -2522,6 +2788,9 @@ static PyMethodDef methods[] = {
     {"cq_valid_prefix", cq_valid_prefix, METH_O, cq_valid_prefix_doc},
     {"find_magic", find_magic, METH_VARARGS, find_magic_doc},
     {"tally_records", tally_records, METH_VARARGS, tally_records_doc},
+    /* re-dispatch (issue 18) */
+    {"dispatch_scan", dispatch_scan, METH_VARARGS, dispatch_scan_doc},
+    {"dispatch_arrivals", dispatch_arrivals, METH_O, dispatch_arrivals_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -116,16 +116,21 @@ def test_ours_cases_and_ratios_when_the_public_api_exists(tmp_path: Path) -> Non
     # Issue 18: the recovery scan beside its plain-read floor, and opening a store clean and
     # after kill -9, each with the store it measured in its note.
     assert set(_case(result, OURS, "recovery", 128)["metrics"]) == {"gb_per_s", "floor_gb_per_s"}
-    for case in ("open_clean", "open_crash"):
+    # Beside each open's wall time the process's CPU seconds (the 2-core VM is shared: wall time
+    # swings with the load); beside the open after kill -9 its floor, the crash recovery alone
+    # (recover_store on another copy), so what re-dispatch adds is their difference.
+    expected = {"open_clean": {"open_s", "open_cpu_s"}, "open_crash": {"open_s", "open_cpu_s", "recover_s"}}
+    for case, metrics in expected.items():
         c = _case(result, OURS, case, 128)
-        assert c["status"] == "ok" and set(c["metrics"]) == {"open_s"} and "messages" in c["note"], c
-        assert c["metrics"]["open_s"]["median"] > 0
+        assert c["status"] == "ok" and set(c["metrics"]) == metrics and "messages" in c["note"], c
+        assert all(c["metrics"][m]["median"] > 0 for m in metrics), c
     table = io.StringIO()
     write_table(result, table)
     assert "open_crash" in table.getvalue() and "floor_gb_per_s" in table.getvalue()
     from mqstore.bench.report import render_markdown
 
     assert "open after kill -9, s" in render_markdown(result)
+    assert "crash recovery alone (open after kill -9's floor), s" in render_markdown(result)
     assert not list(tmp_path.glob("ours-open-*")), "the open stores are removed after the last repeat"
 
 

@@ -183,7 +183,11 @@ SCHEDULE = codec.SCHEDULE_TOPIC.encode()
 Scanned = list[tuple[RecordKind, int, "DispatchFields | None"]]
 
 
-def _scan(buf: Any, limit: int, *, use_native: bool, max_records: int = 7) -> Scanned:
+# The dispatcher's two C decoders: scan_dispatch, and dispatch_scan (fewer objects) that reput uses.
+KERNELS = ["scan_dispatch", "dispatch_scan"]
+
+
+def _scan(buf: Any, limit: int, *, use_native: bool, max_records: int = 7, kernel: str = "scan_dispatch") -> Scanned:
     """Records from 0 to the first non-message: by the Python decoder alone, or the reput
     loop's way (C while it can, the Python decoder for what it leaves)."""
     out: Scanned = []
@@ -191,7 +195,8 @@ def _scan(buf: Any, limit: int, *, use_native: bool, max_records: int = 7) -> Sc
     while pos < limit:
         if use_native:
             assert native is not None
-            decoded, end = native.scan_dispatch(buf, pos, limit, max_records, MAX_SIZE, DispatchFields, SCHEDULE)
+            decode = getattr(native, kernel)
+            decoded, end = decode(buf, pos, limit, max_records, MAX_SIZE, DispatchFields, SCHEDULE)
             for fields in decoded:
                 assert type(fields) is DispatchFields
                 out.append((RecordKind.MESSAGE, pos, fields))
@@ -211,8 +216,8 @@ def _python_scan(buf: Any, limit: int) -> Scanned:
     return _scan(buf, limit, use_native=False)
 
 
-def _mixed_scan(buf: Any, limit: int, max_records: int = 7) -> Scanned:
-    return _scan(buf, limit, use_native=True, max_records=max_records)
+def _mixed_scan(buf: Any, limit: int, max_records: int = 7, kernel: str = "scan_dispatch") -> Scanned:
+    return _scan(buf, limit, use_native=True, max_records=max_records, kernel=kernel)
 
 
 _PROPS = st.lists(
@@ -234,7 +239,8 @@ _PROPS = st.lists(
     st.integers(0, 7),
 )
 @settings(max_examples=300, deadline=None)
-def test_scan_dispatch_decodes_as_read_dispatch(records: list[tuple[bytes, str, str, int]], cut: int) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_scan_dispatch_decodes_as_read_dispatch(kernel: str, records: list[tuple[bytes, str, str, int]], cut: int) -> None:
     blob = b"".join(
         codec.encode_message(
             topic=topic, queue_id=qid, body=body, properties=props, born_host=BORN_HOST, store_host=STORE_HOST,
@@ -243,21 +249,23 @@ def test_scan_dispatch_decodes_as_read_dispatch(records: list[tuple[bytes, str, 
         for i, (body, props, topic, qid) in enumerate(records)
     ) + bytes(16)  # fmt: skip
     limit = len(blob) - cut  # sometimes cutting the zero tail, sometimes not
-    assert _mixed_scan(blob, limit) == _python_scan(blob, limit)
+    assert _mixed_scan(blob, limit, kernel=kernel) == _python_scan(blob, limit)
 
 
 @needs_native
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("sample", ["broker-sample-a", "broker-sample-b"])  # c has no commitlog
-def test_scan_dispatch_on_a_brokers_commitlog(sample: str) -> None:
+def test_scan_dispatch_on_a_brokers_commitlog(sample: str, kernel: str) -> None:
     path = FIXTURES / sample / "commitlog" / "00000000000000000000"
     data = path.read_bytes()
     expected = _python_scan(data, len(data))
     assert sum(1 for k, _, _ in expected if k is RecordKind.MESSAGE) > 10
-    assert _mixed_scan(memoryview(data), len(data), max_records=1024) == expected
+    assert _mixed_scan(memoryview(data), len(data), max_records=1024, kernel=kernel) == expected
 
 
 @needs_native
-def test_scan_dispatch_on_damaged_bytes_matches_the_python_decoder() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_scan_dispatch_on_damaged_bytes_matches_the_python_decoder(kernel: str) -> None:
     rng = random.Random(7)
     clean = b"".join(
         codec.encode_message(
@@ -271,7 +279,53 @@ def test_scan_dispatch_on_damaged_bytes_matches_the_python_decoder() -> None:
         for _ in range(rng.randrange(1, 4)):
             damaged[rng.randrange(len(damaged))] = rng.randrange(256)
         limit = rng.randrange(len(damaged) // 2, len(damaged) + 1)
-        assert _mixed_scan(damaged, limit) == _python_scan(damaged, limit)
+        assert _mixed_scan(damaged, limit, kernel=kernel) == _python_scan(damaged, limit)
+
+
+@needs_native
+def test_dispatch_scan_hands_records_the_cycle_collector_need_not_walk() -> None:
+    import gc
+
+    assert native is not None
+    blob = b"".join(
+        codec.encode_message(
+            topic="T", queue_id=1, body=b"x" * 10, properties=f"KEYS\x01k{i}\x02TAGS\x01t\x02", born_host=BORN_HOST,
+            store_host=STORE_HOST, queue_offset=i, commitlog_offset=1000 + 200 * i, store_timestamp=NOW,
+        )
+        for i in range(5)
+    )  # fmt: skip
+    decoded, end = native.dispatch_scan(blob, 0, len(blob), 100, MAX_SIZE, DispatchFields, SCHEDULE)
+    assert end == len(blob) and len(decoded) == 5
+    assert not any(gc.is_tracked(r) for r in decoded)
+    # Equal ints of consecutive records are one object: store time, size, tags code.
+    assert len({id(r.store_timestamp) for r in decoded}) == 1
+    assert len({id(r.msg_size) for r in decoded}) == 1
+    assert len({id(r.tags_code) for r in decoded}) == 1
+    assert [r.consume_queue_offset for r in decoded] == [0, 1, 2, 3, 4]
+
+
+# ---- dispatch_arrivals --------------------------------------------------------------------
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(8))
+def test_dispatch_arrivals_is_the_python_walk(seed: int) -> None:
+    from mqstore.actors.reput import newest_per_queue
+
+    assert native is not None
+    rng = random.Random(seed)
+    topics = ["T", "T", "Topic中", "".join(["T"])]  # an equal topic that is another object
+    requests = []
+    for i in range(rng.randrange(0, 300)):
+        sys_flag = rng.choice([0] * 6 + [codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE, 0x08])
+        topic = rng.choice(topics)
+        requests.append(DispatchFields(topic, rng.randrange(3), 100 * i, 100, 0, NOW + rng.randrange(5),
+                                       rng.randrange(1000), None, None, sys_flag, 0))  # fmt: skip
+        for _ in range(rng.choice([0, 0, 5])):  # runs of one queue, as puts of a batch make them
+            last = requests[-1]
+            requests.append(last._replace(consume_queue_offset=last.consume_queue_offset + 1, store_timestamp=NOW + i))
+    assert native.dispatch_arrivals(requests) == newest_per_queue(requests)
+    assert native.dispatch_arrivals(tuple(requests)) == newest_per_queue(requests)
 
 
 # ---- index_put_batch ----------------------------------------------------------------------
