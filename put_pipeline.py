@@ -26,7 +26,8 @@ import pykka
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
 from .messages import Message, PutResult, Replied
-from .runtime import tell_keeping_gil
+from .runtime import tell_all_keeping_gil
+from .storage import speedups
 from .storage.status import PutMessageStatus
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class _PutReply(PassReply):
     object per put, no lock, no closure: fewer objects for the garbage collector, whose passes
     were a third of put_async's cost in the caller."""
 
-    __slots__ = ("_sink", "future", "sender", "correlation_id", "topic", "started")
+    __slots__ = ("sink", "future", "sender", "correlation_id", "topic", "started")
 
     def __init__(
         self,
@@ -80,21 +81,17 @@ class _PutReply(PassReply):
         # after the writer stopped: its crash handler, the drain, or the caller when the
         # writer was down); `_done` still makes a second answer a no-op.
         self._done = False
-        self._sink = sink
+        self.sink = sink  # a slot, not PassReply's property: the writer reads it once per put
         self.future = future
         self.sender = sender
         self.correlation_id = correlation_id
         self.topic = topic
         self.started = started
 
-    @property
-    def sink(self) -> _Sink:
-        return self._sink
-
     def send(self, answer: Any, *, hand_over: bool = False) -> None:
         if not self._done:
             self._done = True
-            self._sink.answer_pass([(self, answer)])
+            self.sink.answer_pass([(self, answer)])
 
     def fail(self, exc: BaseException) -> None:
         self.send(exc)
@@ -136,23 +133,95 @@ class _ToActors(_Sink):
         pipeline = self._pipeline
         pipeline._release_slots(len(answers))
         now = time.monotonic_ns()
-        last = len(answers) - 1
-        for i, (reply, answer) in enumerate(answers):
+        figures: list[tuple[str, PutResult, int]] = []
+        # Each sender's answers of the pass are told together, in order: one inbox extend.
+        by_sender: dict[int, tuple[pykka.ActorRef[Any], list[Replied]]] = {}
+        for reply, answer in answers:
             assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
-            result = as_put_result(answer)
-            pipeline._account(reply, result, now)
+            result = answer if type(answer) is PutResult else as_put_result(answer)
+            figures.append((reply.topic, result, now - reply.started))
             sender = reply.sender
             if sender is None:  # fire and forget
+                if not result.stored:
+                    pipeline._log_forgotten(reply, result)
                 continue
-            replied = Replied(correlation_id=reply.correlation_id, answer=result)
+            entry = by_sender.get(id(sender))
+            if entry is None:
+                by_sender[id(sender)] = entry = (sender, [])
+            entry[1].append(Replied(correlation_id=reply.correlation_id, answer=result))
+        pipeline._record(figures)
+        last = len(by_sender) - 1
+        for i, (sender, replies) in enumerate(by_sender.values()):
             try:
-                # All but the last keep the GIL: one switch per pass, not one per answer.
-                if i == last or not tell_keeping_gil(sender, replied):
-                    sender.tell(replied)
+                # All but the last sender keep the GIL: one switch per pass, not one per answer.
+                if not tell_all_keeping_gil(sender, replies, hand_over=i == last):
+                    for replied in replies:
+                        sender.tell(replied)
             except pykka.ActorDeadError:
-                pass  # the asker is gone; the put itself stands
-            except Exception as exc:  # never let one answer keep the rest of the pass from theirs
-                pipeline.log.warning("a put's answer could not be delivered", status=result.status.name, error=repr(exc))
+                pass  # the asker is gone; the puts themselves stand
+            except Exception as exc:  # never let one sender keep the rest of the pass from theirs
+                pipeline.log.warning("a put's answers could not be delivered", puts=len(replies), error=repr(exc))
+
+
+class _InFlightSlots:
+    """The in-flight bound as a counting semaphore. With the C extension a Signal holding one
+    count per free slot: a take is one sem_trywait (no Python lock: a lock and a counter cost
+    ~0.8 us a put), a blocked take waits without the GIL. Without it, a raw lock and a
+    condition on it."""
+
+    __slots__ = ("_signal", "_lock", "_freed", "_free", "_waiters")
+
+    def __init__(self, slots: int) -> None:
+        native = speedups.native
+        self._signal: Any = native.Signal() if native is not None else None
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._free = slots
+        self._waiters = 0
+        if self._signal is not None:
+            post = self._signal.post_holding_gil
+            for _ in range(slots):
+                post()
+
+    @property
+    def free(self) -> int:
+        return self._signal.value() if self._signal is not None else self._free
+
+    def take(self, timeout_s: float | None) -> bool:
+        """One slot: at once, else waiting at most `timeout_s` (None: not at all)."""
+        signal = self._signal
+        if signal is not None:
+            return signal.wait(0.0) or (timeout_s is not None and signal.wait(timeout_s))
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return True
+            if timeout_s is None:
+                return False
+            deadline = time.monotonic() + timeout_s
+            self._waiters += 1
+            try:
+                while self._free <= 0:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._freed.wait(remaining)
+            finally:
+                self._waiters -= 1
+            self._free -= 1
+            return True
+
+    def give(self, n: int) -> None:
+        signal = self._signal
+        if signal is not None:
+            post = signal.post_holding_gil
+            for _ in range(n):
+                post()
+            return
+        with self._lock:
+            self._free += n
+            if self._waiters:
+                self._freed.notify(n)
 
 
 class PutPipeline:
@@ -160,12 +229,7 @@ class PutPipeline:
 
     def __init__(self, store: MessageStore) -> None:
         self._store = store
-        # Free in-flight slots, under a raw lock (threading.Semaphore costs ~1 us of Python a
-        # put); the condition on that lock wakes a blocked put_async.
-        self._free_slots = store.config.max_puts_in_flight
-        self._slot_lock = threading.Lock()
-        self._slot_freed = threading.Condition(self._slot_lock)
-        self._slot_waiters = 0
+        self._slots = _InFlightSlots(store.config.max_puts_in_flight)
         self._fail_fast = store.config.put_fail_fast_when_in_flight_full
         # Futures handed out and not completed, so flush() can wait for them. set.add/discard
         # and copy() are single C calls under the GIL.
@@ -210,41 +274,29 @@ class PutPipeline:
         checked = store._encode(messages, batch)
         if isinstance(checked, PutResult):
             return checked
-        if not self._take_slot():
+        if not self._slots.take(None) and not self._take_slot_waiting():  # a free slot: one C call
             store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
             return IN_FLIGHT_FULL
-        if reply.sink is self._to_completion:
+        if self._thread is None and reply.sink is self._to_completion:
             self._ensure_thread()
         store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
         return None
 
-    def _take_slot(self) -> bool:
-        with self._slot_lock:
-            if self._free_slots > 0:
-                self._free_slots -= 1
-                return True
-            # The completion thread (a done-callback putting again) must never block: only
-            # it gives slots back to futures.
-            if self._fail_fast or threading.current_thread() is self._thread:
-                return False
-            deadline = time.monotonic() + self._store._reply_timeout_s
-            self._slot_waiters += 1
-            try:
-                while self._free_slots <= 0:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    self._slot_freed.wait(remaining)
-            finally:
-                self._slot_waiters -= 1
-            self._free_slots -= 1
-            return True
+    def _take_slot_waiting(self) -> bool:
+        """A slot when none was free: waiting for one, unless told to fail fast."""
+        # The completion thread (a done-callback putting again) must never block: only it
+        # gives slots back to futures.
+        if self._fail_fast or threading.current_thread() is self._thread:
+            return False
+        return self._slots.take(self._store._reply_timeout_s)
 
     def _release_slots(self, n: int) -> None:
-        with self._slot_lock:
-            self._free_slots += n
-            if self._slot_waiters:
-                self._slot_freed.notify(n)
+        self._slots.give(n)
+
+    @property
+    def _free_slots(self) -> int:
+        """Slots free now (for tests and figures)."""
+        return self._slots.free
 
     def _ensure_thread(self) -> bool:
         if self._thread is not None:
@@ -262,28 +314,37 @@ class PutPipeline:
         while (answers := get()) is not None:
             self._complete(answers)
 
-    def _account(self, reply: _PutReply, result: PutResult, now_ns: int) -> None:
-        """A put's figures into the stats; a fire-and-forget put (no future, no sender) that
-        failed into the log, as nobody else hears of it."""
+    def _record(self, figures: list[tuple[str, PutResult, int]]) -> None:
+        """A pass's figures (topic, result, latency_ns) into the stats, one call per pass."""
         try:
-            self._store.stats_service.record_put(reply.topic, result, now_ns - reply.started)
+            self._store.stats_service.record_puts(figures)
         except Exception as exc:  # the figures are not worth an answer never given
-            self.log.error("recording a put in the stats failed", error=repr(exc))
-        if reply.future is None and reply.sender is None and not result.stored:
-            self.log.warning("fire-and-forget put failed", topic=reply.topic, status=result.status.name,
-                             detail=result.detail)  # fmt: skip
+            self.log.error("recording puts in the stats failed", puts=len(figures), error=repr(exc))
+
+    def _log_forgotten(self, reply: _PutReply, result: PutResult) -> None:
+        """A fire-and-forget put (no future, no sender) that failed goes to the log, as nobody
+        else hears of it."""
+        self.log.warning("fire-and-forget put failed", topic=reply.topic, status=result.status.name, detail=result.detail)
 
     def _complete(self, answers: list[tuple[PassReply, Any]]) -> None:
         """Complete a pass's futures (their done-callbacks run here), give their slots back."""
         self._release_slots(len(answers))
         pending = self._pending
         now = time.monotonic_ns()
+        results: list[tuple[Future[PutResult] | None, PutResult]] = []
+        figures: list[tuple[str, PutResult, int]] = []
         for reply, answer in answers:
             assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
-            result = as_put_result(answer)
-            self._account(reply, result, now)
-            future = reply.future
+            result = answer if type(answer) is PutResult else as_put_result(answer)
+            figures.append((reply.topic, result, now - reply.started))
+            results.append((reply.future, result))
+        # The stats before any future completes: a caller that saw its put done sees it counted.
+        self._record(figures)
+        for (future, result), (reply, _) in zip(results, answers):
             if future is None:  # fire and forget
+                if not result.stored:
+                    assert isinstance(reply, _PutReply)
+                    self._log_forgotten(reply, result)
                 continue
             pending.discard(future)
             try:

@@ -22,13 +22,14 @@ Both take a `StatsSource`, the narrow protocol a store offers them, not the stor
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Protocol
+from typing import Any, Callable, Final, Iterable, Protocol
 
 import msgpack
 import psutil
@@ -37,6 +38,7 @@ from .config import StoreConfig
 from .log import get_logger
 from .messages import GetResult, PutResult, Reply
 from .storage.fs import FileSystem
+from .storage.status import PutMessageStatus
 
 __all__ = [
     "SNAPSHOT_FILE_NAME",
@@ -91,10 +93,8 @@ def bucket_of(latency_ms: int) -> int:
     """The index of RocketMQ's bucket for a latency in whole milliseconds."""
     if latency_ms <= 0:
         return 0
-    for i, bound in enumerate(BUCKET_UPPER_BOUNDS_MS):
-        if latency_ms < bound:
-            return i + 1
-    return len(BUCKET_NAMES) - 1
+    # Bounds below or at the latency, in C; past the last bound this is the "10s~" bucket.
+    return bisect.bisect_right(BUCKET_UPPER_BOUNDS_MS, latency_ms) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,40 @@ class StoreStats:
                 self._put_failed_times += 1
                 name = result.status.name if isinstance(result, PutResult) else type(result).__name__
                 self._put_status_times[name] += 1
+
+    def record_puts(self, puts: Iterable[tuple[str, PutResult | BaseException, int]]) -> None:
+        """`record_put` for many puts (topic, result, latency_ns) under one lock: a writer pass's
+        answers, counted once per pass instead of one call and one lock per put."""
+        ok = PutMessageStatus.PUT_OK
+        bounds = BUCKET_UPPER_BOUNDS_MS
+        bisect_right = bisect.bisect_right
+        with self._lock:
+            buckets, buckets_total = self._buckets, self._buckets_total
+            topic_times, topic_bytes, status_times = self._put_topic_times, self._put_topic_bytes, self._put_status_times
+            max_ns = self._put_max_ns
+            times = wrote = put_ok = 0
+            for topic, result, latency_ns in puts:
+                bucket = 0 if latency_ns < _NS_PER_MS else bisect_right(bounds, latency_ns // _NS_PER_MS) + 1
+                buckets[bucket] += 1
+                buckets_total[bucket] += 1
+                if latency_ns > max_ns:
+                    max_ns = latency_ns
+                if type(result) is PutResult and result.status is ok:
+                    n = result.msg_num if result.msg_num > 1 else 1
+                    topic_times[topic] += n
+                    topic_bytes[topic] += result.wrote_bytes
+                    times += n
+                    wrote += result.wrote_bytes
+                    put_ok += 1
+                else:
+                    self._put_failed_times += 1
+                    name = result.status.name if isinstance(result, PutResult) else type(result).__name__
+                    status_times[name] += 1
+            self._put_max_ns = max_ns
+            self._put_times_total += times
+            self._put_bytes_total += wrote
+            if put_ok:
+                status_times["PUT_OK"] += put_ok
 
     def timed_reply(self, topic: str, reply: Reply, started_ns: int | None = None) -> Reply:
         """A Reply that records the put's answer and latency, then forwards it to `reply`."""

@@ -58,7 +58,7 @@ from .storage.codec import MessageRecord
 from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.geometry import adopt_geometry
-from .storage.put_encoding import PutEncoder, PutRefused
+from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
 from .runtime import FollowingRef, Subscriptions, tell_keeping_gil
@@ -345,13 +345,13 @@ class MessageStore:
             return down
         return waiter if waiter is not None else PutResult(status=PutMessageStatus.PUT_OK, detail="submitted")
 
-    def _encode(self, messages: Sequence[Message], batch: bool) -> PutResult | tuple[tuple[bytes, ...], int, bool]:
-        if not self.running:
+    def _encode(self, messages: Sequence[Message], batch: bool) -> PutResult | EncodedBatch:
+        if self._closed or self.supervisor.state is not SupervisorState.RUNNING:  # `running`, inline: once per put
             return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store is not running")
         encoded = self._encoder.encode(messages, batch, self.clock_ms())
         if isinstance(encoded, PutRefused):
             return PutResult(status=encoded.status, detail=encoded.detail)
-        return encoded.records, encoded.sys_flag, encoded.sync_wait
+        return encoded  # (records, sys_flag, sync_wait)
 
     def _tell_writer(
         self,
@@ -371,16 +371,9 @@ class MessageStore:
         that waits for its answer (`put`) hands the GIL over: keeping it measured slower."""
         records, sys_flag, sync_wait = checked
         first = messages[0]
-        put = EncodedPut(
-            records=records,
-            topic=first.topic,
-            queue_id=first.queue_id,
-            sys_flag=sys_flag,
-            batch=batch,
-            sync_wait=sync_wait,
-            reply=reply,
-            enqueued_ns=time.monotonic_ns(),
-        )
+        # Positional (records, topic, queue_id, sys_flag, batch, sync_wait, reply, enqueued_ns):
+        # one is built per put.
+        put = EncodedPut(records, first.topic, first.queue_id, sys_flag, batch, sync_wait, reply, time.monotonic_ns())
         if keep_gil:
             writer = self.supervisor.ctx.peers.get("writer")
             if writer is not None and tell_keeping_gil(writer, put):

@@ -52,6 +52,7 @@ __all__ = ["CommitLogWriter", "DispatchLag", "PassReply", "PassSink"]
 # answer's wait and the dispatch lag under a constant stream.
 PASS_MAX_PUTS = 256
 _NOT_WRITEABLE = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable")
+_STORED = (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT)  # PutResult.stored
 _BUSY = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy")
 
 
@@ -99,9 +100,8 @@ class PassReply(Reply):
 
     __slots__ = ()
 
-    @property
-    def sink(self) -> PassSink:
-        raise NotImplementedError
+    # Where the pass's answers of this reply go: a slot of the subclass (read once per put).
+    sink: PassSink
 
 
 # What this actor takes; `handle` answers each with one reply type.
@@ -346,14 +346,22 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         the pass holds the writer 1 ms before it is answered, as Java's put slept 1 ms holding
         the put lock. Puts stay stored; callers wait longer, and one that waited past
         os_page_cache_busy_timeout_ms in the inbox is answered OS_PAGE_CACHE_BUSY, unstored."""
-        stored = [r for _, r in answers if r.stored] + [g.result for g in group_commits]
-        if not stored:
+        # One loop without a property call per put: this runs on every pass.
+        stored_puts = stored_records = 0
+        for _, r in answers:
+            if r.status in _STORED:
+                stored_puts += 1
+                stored_records += r.msg_num
+        for g in group_commits:
+            stored_puts += 1
+            stored_records += g.result.msg_num
+        if not stored_puts:
             return
         commitlog = self._commitlog
         assert commitlog is not None
-        self._lag.appended(commitlog.get_max_offset(), sum(r.msg_num for r in stored))
+        self._lag.appended(commitlog.get_max_offset(), stored_records)
         held = behind = 0
-        for _ in stored:
+        for _ in range(stored_puts):
             behind = self._lag.behind(self._dispatched_offset())
             if behind <= self._high_water:
                 break
@@ -438,19 +446,20 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             self.ctx.faults.hit("writer.after_append")
             ids = append.msg_id.split(",")
             offset = append.wrote_offset
+            queue_offset = append.logics_offset
+            store_timestamp = append.store_timestamp
+            sync = self._sync_flush
+            ok = PutMessageStatus.PUT_OK
             for k, put in enumerate(chunk):
                 size = len(put.records[0])
-                result = PutResult(
-                    status=PutMessageStatus.PUT_OK,
-                    commitlog_offset=offset,
-                    wrote_bytes=size,
-                    queue_offset=append.logics_offset + k,
-                    msg_ids=(ids[k],),
-                    store_timestamp=append.store_timestamp,
-                    msg_num=1,
-                )
+                # Positional: (status, commitlog_offset, wrote_bytes, queue_offset, msg_ids,
+                # store_timestamp, msg_num), built once per put of the hot path.
+                result = PutResult(ok, offset, size, queue_offset + k, (ids[k],), store_timestamp, 1)
                 offset += size
-                self._answer_stored(put, result, answers, group_commits)
+                if sync:
+                    self._answer_stored(put, result, answers, group_commits)
+                else:
+                    answers.append((put.reply, result))
             self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
 
     def _answer_stored(

@@ -12,17 +12,23 @@ On a shared machine the absolute figures move with the neighbours' load; the rat
 floor measured in the same run moves much less. Each row also prints issue 16's target and the
 fraction of it reached.
 
-What the profile shows where a target is not met (per-thread CPU from /proc, 2-vCPU VM shared
-with other sessions, Nov 2026): the store's Python runs under one GIL, so a rate is at most one
-core over the CPU that all its threads spend per message. put_async from one thread spends
-~27 us per put: the caller 12.6 (encoding ~4, the Future ~2.5, garbage collection 2.5-4), the
-writer 5.2, the completion thread 4.2 (set_result, the stats), reput 2.1, flush 1.7 (kernel),
-index and ConsumeQueues 0.8; 100k/s would need 10 us. The floor pays only the Future, one inbox
-hop and the completion thread. The demo spends ~36 us per message (producers 11, writer 9,
-gateway readers 5, consumers 3, dispatch 5). put_batch of 32 at 1 KiB: two thirds of the
-writer's time is kernel time on fresh pages. Wall-clock waits were the other limit, and are
-gone: each notice the writer told reput or flush handed the GIL to a busy producer thread
-for a switch interval (5 ms), twice per pass.
+What the profile shows where a target is not met (per-thread CPU from /proc/<tid>/schedstat,
+2-vCPU VM shared with other sessions, Nov 2026): the store's Python runs under one GIL, so a
+rate is at most one core over the CPU that all its threads spend per message. put_async from
+one thread spends ~23-27 us per put (measured 2026-11-24 at load 7): the caller 11.9 (encoding
+~1.2 after the topic cache, the Future ~2.5: each builds a threading.Condition), the writer 4.4,
+the completion thread 2.7 (set_result; the stats are one call per pass), reput 2.3, flush 1.1
+(kernel), index and ConsumeQueues 0.8; 100k/s would need 10 us. The floor pays only the Future,
+one inbox hop and the completion thread. The demo spends ~40-48 us per message at load 7
+(writer ~10, of it about a third kernel time zero-filling the reserve window ahead of the
+appends; producers ~13 in all, about half the demo's own code; gateway readers ~7; consumers
+~4.5; reput 2.7; index and ConsumeQueues 2.9; flush 1.7). Garbage collection is ~0.5 us a
+message (about 32k tracked objects during the run): not the limit. put_batch of 32 at 1 KiB: two
+thirds of the writer's time is kernel time on fresh pages. Wall-clock waits were the other
+limit, and are gone: each notice the writer told reput or flush handed the GIL to a busy
+producer thread for a switch interval (5 ms), twice per pass. A bounded spin (20-100 us, GIL
+released) before a single `put` sleeps on its answer was measured and dropped: on two shared
+vCPUs it took the core the writer and dispatch needed (1 and 4 threads slower in 8 of 10 runs).
 """
 
 from __future__ import annotations

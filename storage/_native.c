@@ -1272,11 +1272,18 @@ static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
     }
 }
 
+static PyObject *Signal_value(SignalObject *self, PyObject *noargs) {
+    int value = 0;
+    if (sem_getvalue(&self->sem, &value) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(value < 0 ? 0 : value);
+}
+
 static PyMethodDef Signal_methods[] = {
     {"post", (PyCFunction)Signal_post, METH_NOARGS, "Add one to the count, waking one waiter."},
     {"post_holding_gil", (PyCFunction)Signal_post_holding_gil, METH_NOARGS, "post() without releasing the GIL."},
     {"wait", (PyCFunction)Signal_wait, METH_VARARGS,
      "wait(timeout=-1) -> bool: take one from the count, blocking without the GIL; False on timeout."},
+    {"value", (PyCFunction)Signal_value, METH_NOARGS, "The count now (a snapshot, for tests and figures)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,8 @@ __all__ = ["EncodedBatch", "PutEncoder", "PutRefused", "PutMessageLike", "messag
 
 _DEFAULT_BORN_HOST = codec.HostAddress("127.0.0.1", 0)
 _DEFAULT_BORN_IP4 = _DEFAULT_BORN_HOST.address_bytes()
+_DEFAULT_BORN_PORT = _DEFAULT_BORN_HOST.port
+_TOPICS_CACHED = 4096
 
 
 class PutMessageLike(Protocol):
@@ -63,31 +65,44 @@ class PutEncoder:
         self.store_host = store_host
         self.max_message_size = max_message_size
         self._store_host_ip4 = None if store_host.is_ipv6 else store_host.address_bytes()
+        self._store_port = store_host.port
+        # Topics that passed validate_topic, with their UTF-8 bytes: the checks and the encoding
+        # of a topic are paid once, not per put (bounded: a host with endless topic names
+        # validates the ones past the bound on every put, as before).
+        self._topic_utf8: dict[str, bytes] = {}
 
     def encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:
         """The pre-checks, then the records (the C encoder for plain messages)."""
         if not messages:
             raise ValueError("messages: no messages to put")
         first = messages[0]
-        try:
-            codec.validate_topic(first.topic)
-        except codec.TopicError as exc:
-            return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
+        topic = first.topic
+        topic_utf8 = self._topic_utf8.get(topic) if type(topic) is str else None
+        if topic_utf8 is None:
+            try:
+                codec.validate_topic(topic)
+            except codec.TopicError as exc:
+                return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
+            topic_utf8 = topic.encode("utf-8")
+            if len(self._topic_utf8) < _TOPICS_CACHED:
+                self._topic_utf8[topic] = topic_utf8
         max_size = self.max_message_size
         fast = speedups.native
-        plain_queue = type(first.queue_id) is int and 0 <= first.queue_id <= 0x7FFFFFFF
-        if fast is not None and self._store_host_ip4 is not None and plain_queue:
+        queue_id = first.queue_id
+        store_ip4 = self._store_host_ip4
+        if fast is not None and store_ip4 is not None and type(queue_id) is int and 0 <= queue_id <= 0x7FFFFFFF:
             # The C encoder takes plain messages of the first one's topic and queue whole or
             # none; anything it declines (custom properties, a born host, a mixed batch, an
             # error to report) goes through the checks and the loop below.
             encoded = fast.encode_batch(
-                messages, first.topic.encode("utf-8"), now_ms, _DEFAULT_BORN_IP4, _DEFAULT_BORN_HOST.port,
-                self._store_host_ip4, self.store_host.port, max_size, first.topic, first.queue_id,
+                messages, topic_utf8, now_ms, _DEFAULT_BORN_IP4, _DEFAULT_BORN_PORT,
+                store_ip4, self._store_port, max_size, topic, queue_id,
             )  # fmt: skip
             if encoded is not None:
-                total = sum(map(len, encoded))
-                if batch and total > max_size:
-                    return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"batch of {total} bytes > {max_size}")
+                if batch:
+                    total = sum(map(len, encoded))
+                    if total > max_size:
+                        return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"batch of {total} bytes > {max_size}")
                 return EncodedBatch(encoded, 0, True)
         for message in messages:
             codec.check_message_ints(message)  # TypeError/ValueError naming the field: the caller's mistake

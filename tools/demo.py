@@ -44,6 +44,7 @@ from ..log import get_logger
 from ..runtime import RuntimeActor
 from ..messages import Get, GetResult, Message, MessageArrived, PutResult, Replied, Reply, Subscribe, Unsubscribe
 from ..stats import disk_allocated_bytes
+from ..storage.status import PutMessageStatus
 
 __all__ = ["add_subcommands", "run_demo", "DemoPlan"]
 
@@ -137,7 +138,9 @@ class ProducerActor(RuntimeActor):
         self._in_flight: dict[int, tuple[int, str, int, int]] = {}  # seq -> (send ns, key, topic index, queue)
         self._seq = 0
         self._padding = b"." * plan.body_bytes
+        self._key_prefix = f"{run_id}-{producer_id}-"
         self._untallied = 0  # PUT_OK answers not yet added to the tally
+        self._put_ok = 0  # PUT_OK answers, into the result's statuses when the producer is done
 
     def on_start(self) -> None:
         self._client = self._store.actor_client(self.actor_ref)
@@ -159,14 +162,14 @@ class ProducerActor(RuntimeActor):
         n = self._result.producer_id * 1_000_003 + seq  # spreads producers over topics and queues
         topic_index = n % len(plan.topics)
         queue_id = (n // len(plan.topics)) % plan.queues
-        key = f"{self._run_id}-{self._result.producer_id}-{seq}"
+        key = self._key_prefix + str(seq)
         sent_ns = time.monotonic_ns()
         head = f"{key}|{sent_ns}|".encode()
         body = head + self._padding[: max(plan.body_bytes - len(head), 0)]
-        message = Message(topic=plan.topics[topic_index], body=body, queue_id=queue_id, tags="demo", keys=[key])
+        message = Message(plan.topics[topic_index], body, queue_id, "demo", (key,))  # (topic, body, queue_id, tags, keys)
         self._in_flight[seq] = (sent_ns, key, topic_index, queue_id)
         self._result.sent += 1
-        self._client.put(message, correlation_id=seq)
+        self._client.put(message, seq)
 
     def _fill(self) -> None:
         while len(self._in_flight) < self._plan.window and self._more():
@@ -174,6 +177,8 @@ class ProducerActor(RuntimeActor):
         if not self._in_flight and not self._more():
             self._tally.add("put_ok", self._untallied)
             self._untallied = 0
+            self._result.statuses["PUT_OK"] += self._put_ok
+            self._put_ok = 0
             self._done.set(self._result)
             self.actor_ref.stop(block=False)
 
@@ -184,8 +189,8 @@ class ProducerActor(RuntimeActor):
             case Replied(correlation_id=seq, answer=answer):
                 sent_ns, key, topic_index, queue_id = self._in_flight.pop(seq)
                 self._result.put_latency_us.append((time.monotonic_ns() - sent_ns) / 1000)
-                if isinstance(answer, PutResult) and answer.ok:
-                    self._result.statuses["PUT_OK"] += 1
+                if type(answer) is PutResult and answer.status is PutMessageStatus.PUT_OK:
+                    self._put_ok += 1
                     self._result.acked[key] = (self._plan.topics[topic_index], queue_id, answer.queue_offset)
                     self._untallied += 1
                     if self._untallied >= TALLY_EVERY:

@@ -145,3 +145,38 @@ def test_merging_by_key_keeps_the_highest_position_not_the_last_told(make_inbox:
     first = inbox.get().message
     assert inbox.take_newest_of_kind(first, key=lambda m: m.n).n == 9
     assert inbox.empty()
+
+
+@pytest.mark.parametrize("hand_over", [False, True])
+def test_putting_several_at_once_keeps_their_order_and_one_token_each(make_inbox: Any, hand_over: bool) -> None:
+    inbox = make_inbox()
+    inbox.put(Envelope(Notice(0)))
+    inbox.put_all_keeping_gil([Envelope(Notice(n)) for n in (1, 2, 3)], hand_over=hand_over)
+    inbox.put_all_keeping_gil([], hand_over=hand_over)
+    assert [inbox.get(timeout=1).message.n for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(queue.Empty):  # exactly one token per message
+        inbox.get(timeout=0.01)
+
+
+def test_telling_several_at_once_reaches_a_runtime_actor_in_order_and_not_a_stopped_one() -> None:
+    from mqstore.runtime import RuntimeActor, tell_all_keeping_gil
+
+    got: list[int] = []
+    done = threading.Event()
+
+    class Collector(RuntimeActor):
+        def on_receive(self, message: Any) -> Any:
+            got.append(message)
+            if len(got) == 5:
+                done.set()
+            return None
+
+    ref = Collector.start()
+    try:
+        assert tell_all_keeping_gil(ref, [1, 2, 3], hand_over=False)
+        assert tell_all_keeping_gil(ref, [4, 5], hand_over=True)
+        assert done.wait(5)
+        assert got == [1, 2, 3, 4, 5]
+    finally:
+        ref.stop()
+    assert not tell_all_keeping_gil(ref, [6])  # stopped: nothing told, the caller's tell raises

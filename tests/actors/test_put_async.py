@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import Future, as_completed, wait
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from mqstore import FaultPlan, Message, PutMessageStatus, PutResult
 from mqstore.errors import StoreClosedError
 from mqstore.messages import Replied
+from mqstore.runtime import RuntimeActor
 
 helpers = sys.modules["mqstore_actor_test_helpers"]
 
@@ -407,3 +409,69 @@ def test_every_in_flight_slot_comes_back_once_its_answer_is_delivered(store_dir:
         store.flush()
         helpers.wait_until(lambda: pipeline._free_slots == 64, what="every slot back")
         assert pipeline._free_slots == 64 and not pipeline._pending
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_in_flight_slots_take_give_and_wake_a_blocked_taker(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound itself, on the C semaphore and on the lock-and-condition fallback."""
+    from mqstore.put_pipeline import _InFlightSlots
+    from mqstore.storage import speedups
+
+    if native and speedups.native is None:
+        pytest.skip("C extension not built")
+    if not native:
+        monkeypatch.setattr(speedups, "native", None)
+    slots = _InFlightSlots(2)
+    assert slots.free == 2
+    assert slots.take(None) and slots.take(None)
+    assert not slots.take(None) and slots.free == 0  # full: refused at once
+    started = time.monotonic()
+    assert not slots.take(0.05)  # full: waited, then refused
+    assert time.monotonic() - started >= 0.04
+    taken = threading.Event()
+    taker = threading.Thread(target=lambda: slots.take(TIMEOUT_S) and taken.set())
+    taker.start()
+    assert not taken.wait(0.05)
+    slots.give(1)
+    taker.join(TIMEOUT_S)
+    assert taken.is_set() and slots.free == 0
+    slots.give(2)
+    assert slots.free == 2
+
+
+class _FastWindowedProducer(_WindowedProducer, RuntimeActor):
+    """_WindowedProducer on the store's runtime inbox, where a writer pass tells each sender
+    all its answers at once (tell_all_keeping_gil); it notes the order answers arrive in."""
+
+    def __init__(self, store: Any, total: int, window: int, done: threading.Event) -> None:
+        super().__init__(store, total, window, done)
+        self.arrivals: list[int] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Replied):
+            self.arrivals.append(message.correlation_id)
+        elif message == "arrivals":
+            return list(self.arrivals)
+        return super().on_receive(message)
+
+
+def test_a_pass_answers_each_runtime_actor_once_per_put_in_its_order(store_dir: Path) -> None:
+    with helpers.open_small(store_dir) as store:
+        dones = [threading.Event() for _ in range(3)]
+        producers = [_FastWindowedProducer.start(store, 200, 32, done) for done in dones]
+        try:
+            assert all(done.wait(TIMEOUT_S) for done in dones)
+            results: list[dict[int, PutResult]] = [p.ask("results") for p in producers]
+            arrivals: list[list[int]] = [p.ask("arrivals") for p in producers]
+        finally:
+            for p in producers:
+                p.stop()
+        offsets: list[int] = []
+        for got, arrived in zip(results, arrivals):
+            assert sorted(got) == list(range(200)) and all(r.ok for r in got.values())
+            assert arrived == list(range(200))  # each answer once, in the order of the puts
+            mine = [got[i].queue_offset for i in range(200)]
+            assert mine == sorted(mine)  # one sender's puts to a queue keep their order
+            offsets += mine
+        assert sorted(offsets) == list(range(600))  # and no offset given twice
+        assert store._puts._free_slots == store.config.max_puts_in_flight

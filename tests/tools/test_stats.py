@@ -260,3 +260,25 @@ def test_a_snapshot_left_by_a_dead_process_is_the_last_runs_not_live(tmp_path: P
     assert inspect_cli.snapshot_view(root, held, now_ms=61_000)["stale"] is True  # live, 6 intervals old
     (root / SNAPSHOT_FILE_NAME).write_bytes(b"\xc1 not msgpack")
     assert "not a msgpack snapshot" in inspect_cli.snapshot_view(root, lock)["error"]
+
+
+def test_a_pass_recorded_at_once_counts_as_its_puts_one_by_one() -> None:
+    """record_puts (one lock per writer pass) gives the figures record_put gives per put."""
+    puts: list[tuple[str, mqstore.PutResult | BaseException, int]] = [
+        ("a", ok(wrote=100), 500_000),
+        ("a", ok(n=3, wrote=300), 12_000_000),
+        ("b", ok(n=0, wrote=50), 1_000_000),
+        ("b", mqstore.PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL), 2_000_000),
+        ("b", mqstore.PutResult(status=PutMessageStatus.FLUSH_DISK_TIMEOUT, wrote_bytes=9, msg_num=1), 10_000_000),
+        ("c", TimeoutError("no answer"), 20_000_000_000),
+        ("c", ok(), 999_999),
+    ]
+    one_by_one, at_once = StoreStats(Clock()), StoreStats(Clock())
+    for topic, result, latency_ns in puts:
+        one_by_one.record_put(topic, result, latency_ns)
+    at_once.record_puts(puts[:3])
+    at_once.record_puts([])
+    at_once.record_puts(puts[3:])
+    assert at_once.snapshot() == one_by_one.snapshot()
+    assert at_once.snapshot()["put_message_status_times"] == {"PUT_OK": 4, "MESSAGE_ILLEGAL": 1,
+                                                                "FLUSH_DISK_TIMEOUT": 1, "TimeoutError": 1}  # fmt: skip
