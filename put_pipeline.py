@@ -18,6 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future, InvalidStateError, wait
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
@@ -25,7 +26,7 @@ import pykka
 
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
-from .messages import Message, PutResult, Replied
+from .messages import Message, PutResult, Replied, Reply
 from .runtime import tell_all_keeping_gil
 from .storage import speedups
 from .storage.status import PutMessageStatus
@@ -145,6 +146,7 @@ class _ToActors(_Sink):
                 if not result.stored:
                     pipeline._log_forgotten(reply, result)
                 continue
+            pipeline.note_actor_put(sender, result)
             entry = by_sender.get(id(sender))
             if entry is None:
                 by_sender[id(sender)] = entry = (sender, [])
@@ -224,6 +226,9 @@ class _InFlightSlots:
                 self._freed.notify(n)
 
 
+_ACTOR_PUT_ENDS_PRUNE_AT = 1024  # senders remembered before dead ones are dropped
+
+
 class PutPipeline:
     """One per store: the in-flight bound, the futures handed out, the completion thread."""
 
@@ -239,10 +244,48 @@ class PutPipeline:
         self._completions: queue.SimpleQueue[list[tuple[PassReply, Any]] | None] = queue.SimpleQueue()
         self._to_completion = _ToCompletion(self._completions)
         self._to_actors = _ToActors(self)
+        # Per sending actor (by urn): the commitlog end of its newest stored put, noted before
+        # its Replied is told, so the actor's next read through the gateway reflects it.
+        self._actor_put_ends: dict[str, tuple[weakref.ref[pykka.ActorRef[Any]], int]] = {}
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
+
+    # read-your-writes for actors ------------------------------------------------------------
+    def note_actor_put(self, sender: pykka.ActorRef[Any], result: PutResult) -> None:
+        """Before `sender` is told `result`: where its newest stored put ends (the answering
+        thread; entries of actors that stopped are dropped as the table grows)."""
+        if not result.stored:
+            return
+        end = result.commitlog_offset + result.wrote_bytes
+        urn = sender.actor_urn
+        known = self._actor_put_ends.get(urn)
+        if known is not None and known[1] >= end:
+            return
+        ends = self._actor_put_ends
+        if known is None and len(ends) >= _ACTOR_PUT_ENDS_PRUNE_AT:
+            for gone in [u for u, (ref, _) in ends.items() if (r := ref()) is None or not r.is_alive()]:
+                del ends[gone]
+        ends[urn] = (weakref.ref(sender), end)
+
+    def actor_put_end(self, actor: pykka.ActorRef[Any]) -> int:
+        """The end of `actor`'s newest stored put answered so far (0: none)."""
+        known = self._actor_put_ends.get(actor.actor_urn)
+        return known[1] if known is not None else 0
+
+    def noting_reply(self, reply: Reply, sender: pykka.ActorRef[Any]) -> Reply:
+        """`reply` (told to `sender`) that first notes the put's end for read-your-writes."""
+
+        def done(answer: Any) -> None:
+            if isinstance(answer, BaseException):
+                reply.fail(answer)
+                return
+            if type(answer) is PutResult:
+                self.note_actor_put(sender, answer)
+            reply.send(answer)
+
+        return Reply(callback=done, store_internal_callback=True)
 
     # threads ---------------------------------------------------------------------------------
     def put_async(self, messages: Sequence[Message], *, batch: bool) -> Future[PutResult]:

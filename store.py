@@ -12,13 +12,14 @@ what the view cannot decide. Consumer offsets are a tick-driven component (`offs
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pykka
 
@@ -340,6 +341,8 @@ class MessageStore:
         if isinstance(checked, PutResult):
             reply.send(checked)
             return checked
+        if reply.actor is not None:  # the gateway's Put: the actor's next read reflects it
+            reply = self._puts.noting_reply(reply, reply.actor)
         down = self._tell_writer(messages, batch, checked, self.stats_service.timed_reply(messages[0].topic, reply, started_ns))
         if down is not None:
             return down
@@ -401,12 +404,23 @@ class MessageStore:
     def _own_put_end(self) -> int:
         """The commitlog offset just past the calling thread's last stored put (0: none)."""
         end: int = getattr(self._local, "last_put_end", 0)
+        end = max(end, getattr(self._local, "reading_for_end", 0))  # a gateway reader's actor
         future = getattr(self._local, "last_async_put", None)  # the thread's newest put_async
         if future is not None and future.done():
             result: PutResult = future.result()
             if result.stored:
                 end = max(end, result.commitlog_offset + result.wrote_bytes)
         return end
+
+    @contextlib.contextmanager
+    def reading_for(self, actor: pykka.ActorRef[Any] | None) -> Iterator[None]:
+        """Reads in this block (a gateway reader's thread) follow `actor`'s read-your-writes:
+        they reflect every put of `actor` answered as stored before they started."""
+        self._local.reading_for_end = self._puts.actor_put_end(actor) if actor is not None else 0
+        try:
+            yield
+        finally:
+            self._local.reading_for_end = 0
 
     def _view_covering(self, covers: Callable[[ReadView], bool]) -> ReadView | None:
         """The read view once `covers(view)` holds, waiting at most read_your_writes_timeout_ms

@@ -11,7 +11,7 @@ and the supervisor then restarts it (the host's `store.actor_ref` follows the ne
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ClassVar, Protocol, assert_never
+from typing import Any, ClassVar, ContextManager, Protocol, assert_never
 
 import pykka
 
@@ -65,6 +65,8 @@ class StoreBackend(Protocol):
     def subscribe(self, subscriber: Subscriber, topic: str | None = None, queue_id: int | None = None) -> None: ...
 
     def unsubscribe(self, subscriber: Subscriber) -> None: ...
+
+    def reading_for(self, actor: pykka.ActorRef[Any] | None) -> ContextManager[None]: ...
 
 
 def _is_int(value: object) -> bool:
@@ -182,7 +184,10 @@ class GatewayReader(_Routed[ReaderRequest]):
 
     def _answer_read(self, reply: Reply, read: _Read) -> None:
         try:
-            answer = read()
+            # Read-your-writes for the asking actor: its puts answered as stored before this
+            # request are reflected (the actor client notes each before telling Replied).
+            with self.backend.reading_for(reply.actor):
+                answer = read()
         except Exception as exc:  # the reader's exception is the asker's answer (a bad request)
             reply.fail(exc)
             return

@@ -297,6 +297,11 @@ class Reply:
     def done(self) -> bool:
         return self._done
 
+    @property
+    def actor(self) -> pykka.ActorRef[Any] | None:
+        """The actor this answer is told to (None: a future or a callback)."""
+        return self._actor
+
 
 R_co = TypeVar("R_co", covariant=True)
 

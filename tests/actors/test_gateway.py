@@ -17,7 +17,7 @@ import pytest
 from mqstore import FaultPlan, GetResult, Message, MessageArrived, PutResult, Reply
 from mqstore.actors.base import ServiceUnavailable
 from mqstore.errors import StoreClosedError
-from mqstore.messages import Get, Put, Query, Subscribe, Waiter
+from mqstore.messages import Get, Put, Query, Replied, Subscribe, Waiter
 
 h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
 TIMEOUT_S = 10.0
@@ -211,3 +211,65 @@ def test_a_put_the_gateway_meets_after_close_began_fails_with_store_closed(
         monkeypatch.undo()
         assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
         assert store.supervisor.restarts == []
+
+
+class _PutThenRead(pykka.ThreadingActor):
+    """Puts one message through its actor client; when the answer arrives, reads the queue at
+    that message's offset through the actor API (the gateway's readers); then the next."""
+
+    def __init__(self, store: Any, total: int, put_through_gateway: bool, done: threading.Event) -> None:
+        super().__init__()
+        self.store, self.total, self.via_gateway, self.done = store, total, put_through_gateway, done
+        self.sent = 0
+        self.misses: list[int] = []
+        self.failures: list[str] = []
+
+    def on_start(self) -> None:
+        self.client = self.store.actor_client(self.actor_ref)
+        self._put()
+
+    def _put(self) -> None:
+        if self.sent == self.total:
+            self.done.set()
+            return
+        message = Message(topic="ryw", body=b"m%d" % self.sent)
+        if self.via_gateway:
+            self.store.actor_ref.tell(Put(messages=(message,), reply=Reply(actor=self.actor_ref, correlation_id="put")))
+        else:
+            self.client.put(message, correlation_id="put")
+        self.sent += 1
+
+    def on_receive(self, message: Any) -> Any:
+        if not isinstance(message, Replied):
+            return None
+        answer = message.answer
+        if message.correlation_id == "put":
+            if not isinstance(answer, PutResult) or not answer.ok:
+                self.failures.append(repr(answer))
+                self.done.set()
+                return None
+            get = Get(topic="ryw", queue_id=0, offset=answer.queue_offset, max_count=1,
+                      reply=Reply(actor=self.actor_ref, correlation_id=answer.queue_offset))  # fmt: skip
+            self.store.actor_ref.tell(get)
+        else:
+            if not isinstance(answer, GetResult) or [m.body for m in answer.messages] != [b"m%d" % message.correlation_id]:
+                self.misses.append(message.correlation_id)
+            self._put()
+        return None
+
+
+@pytest.mark.parametrize("via_gateway", [False, True], ids=["actor client", "gateway Put"])
+def test_an_actors_read_after_its_put_answered_reflects_the_put(store_dir: Path, via_gateway: bool) -> None:
+    """Read-your-writes holds for actors as for threads: once an actor has its put's answer,
+    its next Get through the actor API finds the message (dispatch to the queues is
+    asynchronous; without the rule most such reads came back empty)."""
+    with h.open_small(store_dir) as store:
+        done = threading.Event()
+        actor = _PutThenRead.start(store, 1000, via_gateway, done)
+        try:
+            assert done.wait(60)
+            state = actor.proxy()
+            assert state.failures.get() == []
+            assert state.misses.get() == [], "reads that left out the actor's own acknowledged put"
+        finally:
+            actor.stop()
