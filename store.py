@@ -200,6 +200,13 @@ class MessageStore:
         # The supervised gateway's current incarnation, whichever it is (it may be restarted).
         self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
         self._closed = False
+        # RocketMQ's putMessage refuses every put on a SLAVE: its log is the master's, copied
+        # by HA replication (which this store does not have).
+        self._slave_refusal = (
+            PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                      detail="the store is a SLAVE (broker_role): puts are forbidden, its log comes from a master")
+            if config.broker_role == "SLAVE" else None
+        )  # fmt: skip
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
@@ -351,6 +358,8 @@ class MessageStore:
     def _encode(self, messages: Sequence[Message], batch: bool) -> PutResult | EncodedBatch:
         if self._closed or self.supervisor.state is not SupervisorState.RUNNING:  # `running`, inline: once per put
             return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store is not running")
+        if self._slave_refusal is not None:
+            return self._slave_refusal
         encoded = self._encoder.encode(messages, batch, self.clock_ms())
         if isinstance(encoded, PutRefused):
             return PutResult(status=encoded.status, detail=encoded.detail)

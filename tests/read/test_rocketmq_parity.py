@@ -14,7 +14,7 @@ import pytest
 
 import mqstore
 from mqstore import GetMessageStatus as S
-from mqstore import Message, MessageStore
+from mqstore import Message, MessageStore, PutMessageStatus
 from mqstore.config import ConfigError
 from mqstore.faults import HoldAt
 from mqstore.storage import codec
@@ -220,3 +220,18 @@ def test_one_warning_at_open_names_every_no_effect_setting(open_store: Open, tmp
     event = warned[0].mqstore_event  # type: ignore[attr-defined]
     assert event["settings"] == ["duplication_enable", "ha_listen_port", "use_reentrant_lock_when_put_message"]
     assert "replicate" in event["why"]["ha_listen_port"] and "put lock" in event["why"]["use_reentrant_lock_when_put_message"]
+
+
+# brokerRole=SLAVE ---------------------------------------------------------------------------------
+def test_a_slave_store_refuses_every_put_and_reads_what_it_holds(open_store: Open) -> None:
+    """4.4.0's putMessage: a SLAVE's log comes from its master (HA), so puts are refused with
+    SERVICE_NOT_AVAILABLE, through every way of putting; reads go on."""
+    store = open_store()
+    _put(store, "T", body=b"from the master")
+    store.close()
+    slave = open_store(broker_role="SLAVE")
+    for result in (slave.put(Message(topic="T", body=b"x")), slave.put_batch([Message(topic="T", body=b"y")]),
+                   slave.put_async(Message(topic="T", body=b"z")).result(timeout=10)):  # fmt: skip
+        assert result.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and "SLAVE" in result.detail
+    assert [m.body for m in slave.get("T", 0, 0).messages] == [b"from the master"]
+    assert slave.max_offset("T", 0) == 1
