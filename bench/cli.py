@@ -113,6 +113,8 @@ def run(
     from mqstore.bench.harness import run_benchmark, write_table
 
     systems = build_systems(system_names)
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)  # a place to put the stores, made if new
     with tempfile.TemporaryDirectory(prefix="mqstore-bench-", dir=data_dir) as tmp:
         result = run_benchmark(cfg, systems, Path(tmp))
         if spark:

@@ -25,7 +25,8 @@ GENERIC_CASES = ("append", "read", "lookup", "append_sync")
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
     base = tmp_path_factory.mktemp("bench")
-    return cli.run(BenchConfig.tiny(), SERVERLESS, base / "out", base, table=False)
+    # The data dir does not exist yet: `mqstore bench --data-dir NEW` makes it.
+    return cli.run(BenchConfig.tiny(), SERVERLESS, base / "out", base / "not" / "yet", table=False)
 
 
 def _case(result: dict[str, Any], system: str, case: str, body: int) -> dict[str, Any]:
