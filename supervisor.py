@@ -512,15 +512,24 @@ class Supervisor:
         clean = True
         try:
             writer = self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
-            # Woken by reput when dispatch passes the writer's end (no polling); bounded.
+            # Woken by reput when dispatch passes the writer's end (no polling). Waited for as
+            # long as it moves (a re-dispatch after a crash runs after the open and may take
+            # a while); DISPATCH_CATCH_UP_TIMEOUT_MS without progress makes the stop unclean.
             caught_up = Waiter()
             self.ctx.tell("reput", AwaitDispatched(up_to=writer.max_offset, reply=Reply(future=caught_up)))
-            try:
-                caught_up.get(timeout=DISPATCH_CATCH_UP_TIMEOUT_MS / 1000)
-            except pykka.Timeout:
-                status = self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S)
-                self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
-                clean = False
+            reached = self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S).reput_offset
+            while True:
+                try:
+                    caught_up.get(timeout=DISPATCH_CATCH_UP_TIMEOUT_MS / 1000)
+                    break
+                except pykka.Timeout:
+                    status = self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S)
+                    if status.reput_offset > reached:
+                        reached = status.reput_offset
+                        continue
+                    self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
+                    clean = False
+                    break
             for name in ("consume_queue", "index", "flush"):
                 if name in self.ctx.peers:
                     future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -197,3 +198,35 @@ def test_a_crashed_store_whose_queues_are_gone_rebuilds_them_from_the_logs_start
         h.wait_dispatched(store)
         assert store.min_offset("t", 0) == 0 and store.max_offset("t", 0) == 4096
         assert store.get("t", 0, 0, 1).messages[0].body == b"0"
+
+
+def test_a_close_during_a_long_re_dispatch_waits_for_it_while_it_moves(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-dispatch runs after the open; a close soon after waits for it as long as it makes
+    progress (each wait slice of DISPATCH_CATCH_UP_TIMEOUT_MS), so the stop is clean and the
+    next open is not a crash recovery again. Here reput is held in its second pass while the
+    close begins (the first slice sees no progress yet), then let go."""
+    from mqstore import supervisor
+    from mqstore.actors.reput import DISPATCH_BATCH_MAX_RECORDS, REPUT_PASS_MAX_BATCHES
+
+    monkeypatch.setattr(supervisor, "DISPATCH_CATCH_UP_TIMEOUT_MS", 100)
+    records = 24 * DISPATCH_BATCH_MAX_RECORDS  # about 40 batches (a batch ends with its 64 KiB segment)
+    with h.open_small(store_dir) as store:
+        for start in range(0, records, 256):
+            assert store.put_batch([Message(topic="t", body=b"%d" % i) for i in range(start, start + 256)]).ok
+        root = Path(store.config.store_path_root_dir)
+    shutil.rmtree(root / "consumequeue")
+    plan = _HoldAtHit("reput.mid_dispatch", nth=REPUT_PASS_MAX_BATCHES + 2)
+    store = h.open_small(store_dir, faults=plan)
+    assert plan.entered.wait(30)
+    closed: list[bool] = []
+    closing = threading.Thread(target=lambda: closed.append(store.close()))
+    closing.start()
+    time.sleep(0.35)  # a few of the close's wait slices pass with reput held
+    plan.release.set()
+    closing.join(60)
+    assert closed == [True], "the stop waited for the moving re-dispatch"
+    with h.open_small(store_dir) as reopened:
+        assert reopened.supervisor.recovery is not None and reopened.supervisor.recovery.last_exit_ok
+        assert reopened.max_offset("t", 0) == records
