@@ -46,6 +46,8 @@ METRICS: dict[str, tuple[str, bool]] = {
     "floor_gb_per_s": ("GB/s", True),
     "open_s": ("s", False),
     "open_cpu_s": ("s", False),
+    "ready_s": ("s", False),
+    "ready_cpu_s": ("s", False),
     "recover_s": ("s", False),
     "p50_us": ("us", False),
     "p99_us": ("us", False),
