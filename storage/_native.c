@@ -578,7 +578,7 @@ static PyObject *append_records(PyObject *self, PyObject *args) {
     return ids;
 }
 
-/* ---- scan_dispatch ----------------------------------------------------------------------- */
+/* ---- dispatch decoding helpers (dispatch_scan, below) -------------------------------------- */
 
 static inline int span_is(const unsigned char *p, Py_ssize_t n, const char *lit, Py_ssize_t lit_n) {
     return n == lit_n && memcmp(p, lit, lit_n) == 0;
@@ -597,143 +597,6 @@ static PyObject *make_fields(PyTypeObject *cls, PyObject **items, Py_ssize_t n) 
     }
     for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, items[i]);
     return t;
-}
-
-PyDoc_STRVAR(scan_dispatch_doc,
-             "scan_dispatch(buf, pos, limit, max_records, max_message_size, fields_cls, schedule_topic) "
-             "-> (list[DispatchFields], pos)\n\n"
-             "codec.read_dispatch over consecutive records from pos, while each is a plain V1 record "
-             "with IPv4 hosts outside the schedule topic. Stops before the first record it leaves to "
-             "the Python decoder (blank, end of data, damage, IPv6, V2, delayed), at limit, or after "
-             "max_records.");
-
-static PyObject *scan_dispatch(PyObject *self, PyObject *args) {
-    PyObject *buf_o, *fields_cls_o;
-    Py_ssize_t pos, limit, max_records;
-    long long max_size;
-    const char *schedule;
-    Py_ssize_t schedule_len;
-    if (!PyArg_ParseTuple(args, "OnnnLOy#", &buf_o, &pos, &limit, &max_records, &max_size, &fields_cls_o, &schedule,
-                          &schedule_len))
-        return NULL;
-    if (!PyType_Check(fields_cls_o) || !PyType_IsSubtype((PyTypeObject *)fields_cls_o, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "fields_cls must be a tuple subclass");
-        return NULL;
-    }
-    PyTypeObject *fields_cls = (PyTypeObject *)fields_cls_o;
-    Py_buffer view;
-    if (PyObject_GetBuffer(buf_o, &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (limit > view.len) limit = view.len;
-    const unsigned char *buf = (const unsigned char *)view.buf;
-    PyObject *out = PyList_New(0);
-    PyObject *topic = NULL; /* the last topic decoded, reused while records repeat it */
-    const unsigned char *topic_bytes = NULL;
-    Py_ssize_t topic_len = -1;
-    if (out == NULL) goto fail;
-    while (pos >= 0 && pos + 8 <= limit && PyList_GET_SIZE(out) < max_records) {
-        const unsigned char *r = buf + pos;
-        int32_t total = get_i32(r);
-        if (get_i32(r + 4) != MESSAGE_MAGIC_CODE || total < FIXED_V4_LEN || total > max_size || pos + total > limit)
-            break;
-        int32_t sys_flag = get_i32(r + 36);
-        int32_t body_len = get_i32(r + 84);
-        if ((sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) || body_len < 0 || body_len > total - FIXED_V4_LEN)
-            break;
-        const unsigned char *t = r + BODY_POS_V4 + body_len;
-        Py_ssize_t tlen = t[0];
-        if (tlen > 127 || FIXED_V4_LEN + body_len + tlen > total) break;
-        int16_t props_len = get_i16(t + 1 + tlen);
-        if (props_len < 0 || total != FIXED_V4_LEN + body_len + tlen + props_len) break;
-        if (span_is(t + 1, tlen, schedule, schedule_len)) break; /* delay levels: the Python path */
-        if (topic == NULL || tlen != topic_len || memcmp(topic_bytes, t + 1, tlen) != 0) {
-            PyObject *decoded = decode_span(t + 1, tlen);
-            if (decoded == NULL) goto fail;
-            Py_XSETREF(topic, decoded);
-            topic_bytes = t + 1;
-            topic_len = tlen;
-        }
-        const unsigned char *props = t + 3 + tlen;
-        const unsigned char *keys_p = NULL, *uniq_p = NULL, *tags_p = NULL;
-        Py_ssize_t keys_n = 0, uniq_n = 0, tags_n = 0;
-        /* string2messageProperties: items split on \2; an item splits on \1 into exactly two
-         * parts after Java drops trailing empty strings (= stripping trailing \1s). */
-        Py_ssize_t a = 0;
-        while (a < props_len) {
-            Py_ssize_t b = a;
-            while (b < props_len && props[b] != PROPERTY_SEPARATOR) b++;
-            Py_ssize_t e = b;
-            while (e > a && props[e - 1] == NAME_VALUE_SEPARATOR) e--;
-            Py_ssize_t sep = -1, count = 0;
-            for (Py_ssize_t k = a; k < e; k++)
-                if (props[k] == NAME_VALUE_SEPARATOR) {
-                    count++;
-                    sep = k;
-                }
-            if (count == 1) {
-                const unsigned char *name = props + a, *value = props + sep + 1;
-                Py_ssize_t name_n = sep - a, value_n = e - sep - 1;
-                if (span_is(name, name_n, "KEYS", 4)) {
-                    keys_p = value;
-                    keys_n = value_n;
-                } else if (span_is(name, name_n, "UNIQ_KEY", 8)) {
-                    uniq_p = value;
-                    uniq_n = value_n;
-                } else if (span_is(name, name_n, "TAGS", 4)) {
-                    tags_p = value;
-                    tags_n = value_n;
-                }
-            }
-            a = b + 1;
-        }
-        uint32_t code = 0;
-        if (tags_p != NULL && jhash_utf8(tags_p, tags_n, &code) < 0) goto fail;
-        PyObject *items[11];
-        Py_INCREF(topic);
-        items[0] = topic;
-        items[1] = PyLong_FromLong(get_i32(r + 12));
-        items[2] = PyLong_FromLongLong(get_i64(r + 28));
-        items[3] = PyLong_FromLong(total);
-        items[4] = PyLong_FromLong((int32_t)code);
-        items[5] = PyLong_FromLongLong(get_i64(r + 56));
-        items[6] = PyLong_FromLongLong(get_i64(r + 20));
-        if (props_len == 0) {
-            Py_INCREF(empty_str); /* §8.4: no properties means keys "" */
-            items[7] = empty_str;
-        } else if (keys_p != NULL) {
-            items[7] = decode_span(keys_p, keys_n);
-        } else {
-            Py_INCREF(Py_None);
-            items[7] = Py_None;
-        }
-        if (uniq_p != NULL) {
-            items[8] = decode_span(uniq_p, uniq_n);
-        } else {
-            Py_INCREF(Py_None);
-            items[8] = Py_None;
-        }
-        items[9] = PyLong_FromLong(sys_flag);
-        items[10] = PyLong_FromLongLong(get_i64(r + 76));
-        int failed = 0;
-        for (int k = 0; k < 11; k++) failed |= items[k] == NULL;
-        if (failed) {
-            for (int k = 0; k < 11; k++) Py_XDECREF(items[k]);
-            goto fail;
-        }
-        PyObject *fields = make_fields(fields_cls, items, 11);
-        if (fields == NULL) goto fail;
-        int appended = PyList_Append(out, fields);
-        Py_DECREF(fields);
-        if (appended < 0) goto fail;
-        pos += total;
-    }
-    Py_XDECREF(topic);
-    PyBuffer_Release(&view);
-    return Py_BuildValue("(Nn)", out, pos);
-fail:
-    Py_XDECREF(topic);
-    Py_XDECREF(out);
-    PyBuffer_Release(&view);
-    return NULL;
 }
 
 /* ---- index_put_batch --------------------------------------------------------------------- */
@@ -2498,7 +2361,8 @@ static PyObject *tally_records(PyObject *self, PyObject *args) {
 
 /* ---- re-dispatch: lean records and arrivals (issue 18) ------------------------------------ */
 
-/* The spans of one record dispatch_scan decodes in C (the records scan_dispatch accepts). */
+/* The spans of one record dispatch_scan decodes in C (a plain V1 record with IPv4 hosts outside
+   the schedule topic; anything else is left to the Python decoder). */
 typedef struct {
     int32_t total, sys_flag;
     const unsigned char *topic, *keys, *uniq, *tags;
@@ -2576,7 +2440,10 @@ static PyObject *reuse_int(PyObject **prev, long long *prev_v, long long v) {
 PyDoc_STRVAR(dispatch_scan_doc,
              "dispatch_scan(buf, pos, limit, max_records, max_message_size, fields_cls, schedule_topic) "
              "-> (list[DispatchFields], pos)\n\n"
-             "scan_dispatch with fewer objects: equal ints of consecutive records are one object, and "
+             "codec.read_dispatch over consecutive records from pos, while each is a plain V1 record "
+             "with IPv4 hosts outside the schedule topic; it stops before the first record it leaves to "
+             "the Python decoder (blank, end of data, damage, IPv6, V2, delayed), at limit, or after "
+             "max_records. Few objects: equal ints of consecutive records are one object, and "
              "the records are not tracked by the cycle collector (they hold only str, int and None), "
              "so a batch of them does not set off collections that walk them all.");
 
@@ -2767,7 +2634,6 @@ fail:
 static PyMethodDef methods[] = {
     {"encode_batch", encode_batch, METH_VARARGS, encode_batch_doc},
     {"append_records", append_records, METH_VARARGS, append_records_doc},
-    {"scan_dispatch", scan_dispatch, METH_VARARGS, scan_dispatch_doc},
     {"index_put_batch", index_put_batch, METH_VARARGS, index_put_batch_doc},
     {"java_hash", java_hash, METH_O, java_hash_doc},
     {"index_select", (PyCFunction)(void (*)(void))index_select, METH_FASTCALL, index_select_doc},

@@ -274,7 +274,7 @@ def dispatch_run(
     pos, end, left = start, run.end, run.records
     while left > 0:
         if native is not None:
-            decoded, pos_after = native.scan_dispatch(buf, pos, end, left, max_message_size, DispatchFields,
+            decoded, pos_after = native.dispatch_scan(buf, pos, end, left, max_message_size, DispatchFields,
                                                       _SCHEDULE_TOPIC_UTF8)  # fmt: skip
             for fields in decoded:
                 dispatch(fields)

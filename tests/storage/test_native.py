@@ -175,7 +175,7 @@ def test_append_records_refuses_what_does_not_fit() -> None:
         native.append_records(bytes(200), 0, (data,), 0, 0, True, NOW, 56, "")  # read-only
 
 
-# ---- scan_dispatch ------------------------------------------------------------------------
+# ---- dispatch_scan ------------------------------------------------------------------------
 
 SCHEDULE = codec.SCHEDULE_TOPIC.encode()
 
@@ -183,11 +183,11 @@ SCHEDULE = codec.SCHEDULE_TOPIC.encode()
 Scanned = list[tuple[RecordKind, int, "DispatchFields | None"]]
 
 
-# The dispatcher's two C decoders: scan_dispatch, and dispatch_scan (fewer objects) that reput uses.
-KERNELS = ["scan_dispatch", "dispatch_scan"]
+# The dispatcher's C decoder (reput's and the recovery tally's).
+KERNELS = ["dispatch_scan"]
 
 
-def _scan(buf: Any, limit: int, *, use_native: bool, max_records: int = 7, kernel: str = "scan_dispatch") -> Scanned:
+def _scan(buf: Any, limit: int, *, use_native: bool, max_records: int = 7, kernel: str = "dispatch_scan") -> Scanned:
     """Records from 0 to the first non-message: by the Python decoder alone, or the reput
     loop's way (C while it can, the Python decoder for what it leaves)."""
     out: Scanned = []
@@ -216,7 +216,7 @@ def _python_scan(buf: Any, limit: int) -> Scanned:
     return _scan(buf, limit, use_native=False)
 
 
-def _mixed_scan(buf: Any, limit: int, max_records: int = 7, kernel: str = "scan_dispatch") -> Scanned:
+def _mixed_scan(buf: Any, limit: int, max_records: int = 7, kernel: str = "dispatch_scan") -> Scanned:
     return _scan(buf, limit, use_native=True, max_records=max_records, kernel=kernel)
 
 
@@ -240,7 +240,7 @@ _PROPS = st.lists(
 )
 @settings(max_examples=300, deadline=None)
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_scan_dispatch_decodes_as_read_dispatch(kernel: str, records: list[tuple[bytes, str, str, int]], cut: int) -> None:
+def test_dispatch_scan_decodes_as_read_dispatch(kernel: str, records: list[tuple[bytes, str, str, int]], cut: int) -> None:
     blob = b"".join(
         codec.encode_message(
             topic=topic, queue_id=qid, body=body, properties=props, born_host=BORN_HOST, store_host=STORE_HOST,
@@ -255,7 +255,7 @@ def test_scan_dispatch_decodes_as_read_dispatch(kernel: str, records: list[tuple
 @needs_native
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("sample", ["broker-sample-a", "broker-sample-b"])  # c has no commitlog
-def test_scan_dispatch_on_a_brokers_commitlog(sample: str, kernel: str) -> None:
+def test_dispatch_scan_on_a_brokers_commitlog(sample: str, kernel: str) -> None:
     path = FIXTURES / sample / "commitlog" / "00000000000000000000"
     data = path.read_bytes()
     expected = _python_scan(data, len(data))
@@ -265,7 +265,7 @@ def test_scan_dispatch_on_a_brokers_commitlog(sample: str, kernel: str) -> None:
 
 @needs_native
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_scan_dispatch_on_damaged_bytes_matches_the_python_decoder(kernel: str) -> None:
+def test_dispatch_scan_on_damaged_bytes_matches_the_python_decoder(kernel: str) -> None:
     rng = random.Random(7)
     clean = b"".join(
         codec.encode_message(
