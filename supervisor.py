@@ -73,6 +73,7 @@ from .storage.recovery import (
     check_geometry,
     mode_at_open,
 )
+from .read_view import ReadView
 from .runtime import ask
 from .ticker import RealTicker, Ticker
 
@@ -270,6 +271,7 @@ class Supervisor:
             # Each owner recovers its files in on_start, in tree order (see TREE).
             for spec in self._specs:
                 self._start_child(spec.name, first=True)
+            self._await_rebuilt()
             self.recovery = self._recovery_report()
         except BaseException:
             self._stop_children(clean=False)
@@ -467,6 +469,29 @@ class Supervisor:
         # start after the ConsumeQueue actor, on a writer's restart at once (the queues live).
         if (name == "consume_queue" and first) or (name == "writer" and "consume_queue" in ctx.peers):
             self._resume_writer()
+
+    def _await_rebuilt(self) -> None:
+        """An open returns once re-dispatch has rebuilt the queues (and the index) up to the
+        log's end, as RocketMQ's recovery dispatches before its store serves: every message
+        acknowledged before a crash is readable when open returns. Reput does it in bounded
+        passes after its start handshake (a big store's re-dispatch outlasts START_TIMEOUT_S);
+        this waits while it moves. A re-dispatch that stops moving for
+        DISPATCH_CATCH_UP_TIMEOUT_MS (a full disk holding the queues' writes) is left to finish
+        in the background, and the open returns with a warning."""
+        end = self._ask("writer", GetWriterStatus()).max_offset
+        indexed = "index" in self.ctx.peers
+
+        def written(view: ReadView) -> int:
+            return min(view.queues_written, view.indexed_end) if indexed else view.queues_written
+
+        reached = -1
+        while self.ctx.read_view.await_view(lambda v: written(v) >= end, DISPATCH_CATCH_UP_TIMEOUT_MS / 1000) is None:
+            now = written(self.ctx.read_view.view)
+            if now <= reached:
+                self.log.warning("re-dispatch is not moving; the store opens with its queues behind the log",
+                                 rebuilt_to=now, log_end=end)  # fmt: skip
+                return
+            reached = now
 
     def _resume_writer(self) -> None:
         snapshot = self._ask("consume_queue", GetQueueSnapshot())
