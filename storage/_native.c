@@ -29,6 +29,7 @@
 #define STOREHOSTADDRESS_V6_FLAG 0x20
 #define TRANSACTION_MASK 0x0C
 #define TRANSACTION_ROLLBACK_TYPE 0x0C
+#define TRANSACTION_PREPARED_TYPE 0x04
 #define FIXED_V4_LEN 91 /* a V1 record with IPv4 hosts, empty body, topic and properties */
 #define BODY_POS_V4 88
 #define MAX_PROPERTIES_BYTES 32767
@@ -744,6 +745,19 @@ fail:
 
 /* ---- cq_runs ------------------------------------------------------------------------------ */
 
+/* A dispatch request (a DispatchFields tuple): 1 if its record gets a ConsumeQueue unit, 0 if
+   not (a PREPARED or ROLLBACK transaction record), -1 with TypeError if it is not one. */
+static int dispatch_gets_unit(PyObject *r) {
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 10) {
+        PyErr_SetString(PyExc_TypeError, "a request is not DispatchFields");
+        return -1;
+    }
+    long sys_flag = PyLong_AsLong(PyTuple_GET_ITEM(r, 9));
+    if (sys_flag == -1 && PyErr_Occurred()) return -1;
+    long tran = sys_flag & TRANSACTION_MASK;
+    return tran != TRANSACTION_PREPARED_TYPE && tran != TRANSACTION_ROLLBACK_TYPE;
+}
+
 PyDoc_STRVAR(cq_runs_doc,
              "cq_runs(requests) -> list[(topic, queue_id, units, first_phy, last_phy, first_cq, count)]\n\n"
              "The ConsumeQueue units of DispatchFields in dispatch order, as runs of one queue with "
@@ -785,14 +799,9 @@ static PyObject *cq_runs(PyObject *self, PyObject *requests) {
         long long r_qid = 0, phy = 0, size = 0, tags = 0, cq = 0;
         if (i < n) {
             r = PySequence_Fast_GET_ITEM(seq, i);
-            if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 10) {
-                PyErr_SetString(PyExc_TypeError, "a request is not DispatchFields");
-                goto fail;
-            }
-            long sys_flag = PyLong_AsLong(PyTuple_GET_ITEM(r, 9));
-            if (sys_flag == -1 && PyErr_Occurred()) goto fail;
-            long tran = sys_flag & TRANSACTION_MASK;
-            if (tran == 0x04 || tran == TRANSACTION_ROLLBACK_TYPE) continue;
+            int gets_unit = dispatch_gets_unit(r);
+            if (gets_unit < 0) goto fail;
+            if (!gets_unit) continue;
             r_topic = PyTuple_GET_ITEM(r, 0);
             r_qid = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
             phy = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2));
@@ -2282,7 +2291,7 @@ static PyObject *tally_records(PyObject *self, PyObject *args) {
                 break;
             }
             int32_t tran = get_i32(r + 36) & TRANSACTION_MASK;
-            if (tran != 0x04 && tran != TRANSACTION_ROLLBACK_TYPE) {
+            if (tran != TRANSACTION_PREPARED_TYPE && tran != TRANSACTION_ROLLBACK_TYPE) {
                 const unsigned char *t = r + BODY_POS_V4 + body_len;
                 Py_ssize_t tlen = t[0];
                 if (FIXED_V4_LEN + body_len + tlen > total) {
@@ -2570,14 +2579,9 @@ static PyObject *dispatch_arrivals(PyObject *self, PyObject *requests) {
         long long r_qid = 0, r_cq = 0, r_ts = 0;
         if (i < n) {
             r = PySequence_Fast_GET_ITEM(seq, i);
-            if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 10) {
-                PyErr_SetString(PyExc_TypeError, "a request is not DispatchFields");
-                goto fail;
-            }
-            long sys_flag = PyLong_AsLong(PyTuple_GET_ITEM(r, 9));
-            if (sys_flag == -1 && PyErr_Occurred()) goto fail;
-            long tran = sys_flag & TRANSACTION_MASK;
-            if (tran == 0x04 || tran == TRANSACTION_ROLLBACK_TYPE) continue;
+            int gets_unit = dispatch_gets_unit(r);
+            if (gets_unit < 0) goto fail;
+            if (!gets_unit) continue;
             r_topic = PyTuple_GET_ITEM(r, 0);
             r_qid = as_long_long(PyTuple_GET_ITEM(r, 1));
             r_ts = as_long_long(PyTuple_GET_ITEM(r, 5));
