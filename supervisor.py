@@ -484,14 +484,27 @@ class Supervisor:
         def written(view: ReadView) -> int:
             return min(view.queues_written, view.indexed_end) if indexed else view.queues_written
 
+        def covered_within(timeout_s: float) -> bool:
+            return self.ctx.read_view.await_view(lambda v: written(v) >= end, timeout_s) is not None
+
+        stuck = self._wait_while_moving(covered_within, lambda: written(self.ctx.read_view.view))
+        if stuck is not None:
+            self.log.warning("re-dispatch is not moving; the store opens with its queues behind the log",
+                             rebuilt_to=stuck, log_end=end)  # fmt: skip
+
+    @staticmethod
+    def _wait_while_moving(arrived_within: Callable[[float], bool], position: Callable[[], int]) -> int | None:
+        """Wait for `arrived_within(timeout_s)` in slices of DISPATCH_CATCH_UP_TIMEOUT_MS for as
+        long as `position()` advances from one slice to the next (the open's and the close's
+        wait for dispatch: a long one is fine, a stuck one is not). None once arrived, else the
+        position it stopped moving at."""
         reached = -1
-        while self.ctx.read_view.await_view(lambda v: written(v) >= end, DISPATCH_CATCH_UP_TIMEOUT_MS / 1000) is None:
-            now = written(self.ctx.read_view.view)
+        while not arrived_within(DISPATCH_CATCH_UP_TIMEOUT_MS / 1000):
+            now = position()
             if now <= reached:
-                self.log.warning("re-dispatch is not moving; the store opens with its queues behind the log",
-                                 rebuilt_to=now, log_end=end)  # fmt: skip
-                return
+                return now
             reached = now
+        return None
 
     def _resume_writer(self) -> None:
         snapshot = self._ask("consume_queue", GetQueueSnapshot())
@@ -537,24 +550,24 @@ class Supervisor:
         clean = True
         try:
             writer = self._ask("writer", SetWriteable(writeable=True, closing=True), timeout=STOP_TIMEOUT_S)
-            # Woken by reput when dispatch passes the writer's end (no polling). Waited for as
-            # long as it moves (a re-dispatch after a crash runs after the open and may take
-            # a while); DISPATCH_CATCH_UP_TIMEOUT_MS without progress makes the stop unclean.
+            # Woken by reput when dispatch passes the writer's end (no polling); waited for while
+            # it moves (a store held back by a full disk, or re-dispatch after a restart).
             caught_up = Waiter()
             self.ctx.tell("reput", AwaitDispatched(up_to=writer.max_offset, reply=Reply(future=caught_up)))
-            reached = self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S).reput_offset
-            while True:
+
+            def caught_up_within(timeout_s: float) -> bool:
                 try:
-                    caught_up.get(timeout=DISPATCH_CATCH_UP_TIMEOUT_MS / 1000)
-                    break
+                    caught_up.get(timeout=timeout_s)
+                    return True
                 except pykka.Timeout:
-                    status = self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S)
-                    if status.reput_offset > reached:
-                        reached = status.reput_offset
-                        continue
-                    self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - status.reput_offset)
-                    clean = False
-                    break
+                    return False
+
+            stuck = self._wait_while_moving(
+                caught_up_within, lambda: self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S).reput_offset
+            )
+            if stuck is not None:
+                self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - stuck)
+                clean = False
             for name in ("consume_queue", "index", "flush"):
                 if name in self.ctx.peers:
                     future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
