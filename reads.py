@@ -605,20 +605,42 @@ def query_messages(
         last_ts, last_phy = ts, phy_end
         first = True
         for phy in sorted(offsets) if len(offsets) > 1 else offsets:
-            record = record_at(reader, phy, max_message_size, check_crc=check_crc, on_corrupt=on_corrupt,
-                               quarantined=quarantined)  # fmt: skip
+            record = _query_hit(reader, phy, max_message_size, check_crc, on_corrupt, quarantined, topic, key, messages)
             if record is None:
                 first = False
                 continue
             if first:
                 last_query_ms = record.store_timestamp
                 first = False
-            if record.topic == topic and (record.uniq_key == key or key in record.key_list):
-                messages.append(record)
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
             break  # (the same question again would read the same records)
-    return QueryResult(
-        messages=tuple(messages[:max_count]),
-        index_last_update_timestamp=last_ts,
-        index_last_update_phy_offset=last_phy,
-    )
+    return QueryResult.of(tuple(messages[:max_count]), last_ts, last_phy)
+
+
+def _query_hit(
+    reader: CommitLogReader, phy: int, max_message_size: int, check_crc: bool, on_corrupt: CorruptSink | None,
+    quarantined: Ranges, topic: str, key: str, found: list[MessageRecord],
+) -> MessageRecord | None:  # fmt: skip
+    """`record_at` for an index hit, the record appended to `found` when it is `topic`'s and
+    `key` is its UNIQ_KEY or one of its KEYS (a hash collision is not). The C decoder checks
+    the keys as it decodes; what it declines goes through record_at, the reference."""
+    native = speedups.native
+    if native is not None and not (quarantined and in_ranges(quarantined, phy)):
+        place = reader.select(phy, 4)
+        if place is None:
+            return None
+        try:
+            decoded: MessageRecord | None = native.decode_keyed(
+                place[0], place[1], None, max_message_size, MessageRecord, codec.host_from_bytes, check_crc, topic,
+                key, found,
+            )  # fmt: skip
+        except ValueError:
+            if getattr(place[0], "closed", False):
+                return None  # unmapped under the read (the store closing, the segment removed)
+            raise
+        if decoded is not None:
+            return decoded
+    record = record_at(reader, phy, max_message_size, check_crc=check_crc, on_corrupt=on_corrupt, quarantined=quarantined)
+    if record is not None and record.topic == topic and (record.uniq_key == key or key in record.key_list):
+        found.append(record)
+    return record

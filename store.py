@@ -412,9 +412,12 @@ class MessageStore:
     # the read contract ---------------------------------------------------------------------
     def _own_put_end(self) -> int:
         """The commitlog offset just past the calling thread's last stored put (0: none)."""
-        end: int = getattr(self._local, "last_put_end", 0)
-        end = max(end, getattr(self._local, "reading_for_end", 0))  # a gateway reader's actor
-        future = getattr(self._local, "last_async_put", None)  # the thread's newest put_async
+        # The thread's own attributes as a dict: getattr with a default on a thread-local
+        # raises and catches AttributeError for each one a thread never set (0.4 us each).
+        local = self._local.__dict__
+        end: int = local.get("last_put_end", 0)
+        end = max(end, local.get("reading_for_end", 0))  # a gateway reader's actor
+        future = local.get("last_async_put")  # the thread's newest put_async
         if future is not None and future.done():
             result: PutResult = future.result()
             if result.stored:

@@ -135,6 +135,21 @@ class QueryResult:
     index_last_update_phy_offset: int = 0
     detail: str = ""  # set when the index could not be read: the result is not a complete answer
 
+    @classmethod
+    def of(cls, messages: tuple[MessageRecord, ...], last_update_timestamp: int, last_update_phy_offset: int) -> QueryResult:
+        """A complete answer (no detail), built without the generated __init__'s keyword
+        handling: half its cost, on a key lookup's path."""
+        result = _new_object(cls)
+        _set_attribute(result, "messages", messages)
+        _set_attribute(result, "index_last_update_timestamp", last_update_timestamp)
+        _set_attribute(result, "index_last_update_phy_offset", last_update_phy_offset)
+        _set_attribute(result, "detail", "")
+        return result
+
+
+_new_object = object.__new__
+_set_attribute = object.__setattr__  # (a frozen dataclass's own __init__ sets its fields so)
+
 
 # ---------------------------------------------------------------------------------------
 # Replies: a future, or an actor address with a correlation id

@@ -904,7 +904,86 @@ static PyObject *java_hash(PyObject *self, PyObject *s) {
     return PyLong_FromLong((int32_t)jhash_str(0, s, 0, PyUnicode_GET_LENGTH(s)));
 }
 
-/* ---- index_select: IndexFile.select_phy_offset -------------------------------------------- */
+/* ---- index_select / index_query: IndexFile.select_phy_offset, query_offset_in_files -------- */
+
+/* The phyOffsets a walk found, kept in C until it ends (the Python list changes only on
+ * success): 64 inline, then on the heap. */
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+    long long small[64];
+} offset_list;
+
+static void offsets_init(offset_list *o) {
+    o->v = o->small;
+    o->n = 0;
+    o->cap = 64;
+}
+
+static void offsets_free(offset_list *o) {
+    if (o->v != o->small) PyMem_Free(o->v);
+}
+
+static int offsets_add(offset_list *o, long long x) {
+    if (o->n == o->cap) {
+        long long *v = PyMem_Malloc((size_t)o->cap * 2 * sizeof *v);
+        if (v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(v, o->v, (size_t)o->n * sizeof *v);
+        offsets_free(o);
+        o->v = v;
+        o->cap *= 2;
+    }
+    o->v[o->n++] = x;
+    return 0;
+}
+
+/* Append `found`'s offsets to the list `result`: 0, or -1 with an exception set. */
+static int offsets_extend(PyObject *result, const offset_list *found) {
+    for (Py_ssize_t k = 0; k < found->n; k++) {
+        PyObject *o = PyLong_FromLongLong(found->v[k]);
+        if (o == NULL || PyList_Append(result, o) < 0) {
+            Py_XDECREF(o);
+            return -1;
+        }
+        Py_DECREF(o);
+    }
+    return 0;
+}
+
+/* keyHash of an index key: abs(String.hashCode), 0 for Integer.MIN_VALUE. */
+static inline long long index_key_hash(uint32_t h) {
+    int32_t s = (int32_t)h;
+    return s == INT32_MIN ? 0 : (s < 0 ? -(long long)s : s);
+}
+
+/* select_phy_offset's walk of key_hash's chain in one mapped index file buf[0:len], appending
+ * to `found` while base + found->n < max_num: 1 when walked, 0 where a slot or an entry lies
+ * outside buf (the Python walk decides, and raises, there), -1 with an exception set. */
+static int index_walk(const unsigned char *buf, Py_ssize_t len, long long key_hash, long long slots,
+                      long long entries_pos, long long bound, long long begin_ts, long long index_count,
+                      long long max_num, long long begin, long long end, Py_ssize_t base, offset_list *found) {
+    long long slot = key_hash % slots;
+    if (INDEX_HEADER_SIZE + (slot + 1) * HASH_SLOT_SIZE > len) return 0;
+    long long n = get_i32(buf + INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE);
+    if (n <= 0 || n > bound || index_count <= 1) return 1;
+    for (long long step = 0; step < bound; step++) {
+        if (base + found->n >= max_num) break;
+        long long at = entries_pos + n * INDEX_ENTRY_SIZE;
+        if (at < 0 || at + INDEX_ENTRY_SIZE > len) return 0;
+        const unsigned char *e = buf + at;
+        int32_t kh = get_i32(e), time_diff = get_i32(e + 12), prev = get_i32(e + 16);
+        if (time_diff < 0) break;
+        long long time_read = begin_ts + (long long)time_diff * 1000;
+        if (kh == key_hash && begin <= time_read && time_read <= end && offsets_add(found, get_i64(e + 4)) < 0)
+            return -1;
+        if (prev <= 0 || prev > bound || prev == n || time_read < begin) break;
+        n = prev;
+    }
+    return 1;
+}
 
 PyDoc_STRVAR(index_select_doc,
              "index_select(buf, key, max_hash_slot_num, entries_pos, bound, begin_timestamp, index_count, max_num, "
@@ -930,83 +1009,101 @@ static PyObject *index_select(PyObject *self, PyObject *const *args, Py_ssize_t 
         v[k] = PyLong_AsLongLong(args[k]);
         if (v[k] == -1 && PyErr_Occurred()) return NULL;
     }
-    long long slots = v[2], entries_pos = v[3], bound = v[4], begin_ts = v[5], index_count = v[6], max_num = v[7],
-              begin = v[8], end = v[9];
+    long long slots = v[2];
     if (slots <= 0) {
         PyErr_SetString(PyExc_ValueError, "max_hash_slot_num must be positive");
         return NULL;
     }
-    int32_t h = (int32_t)jhash_str(0, key, 0, PyUnicode_GET_LENGTH(key));
-    long long key_hash = h == INT32_MIN ? 0 : (h < 0 ? -(long long)h : h);
-    long long slot = key_hash % slots;
+    long long key_hash = index_key_hash(jhash_str(0, key, 0, PyUnicode_GET_LENGTH(key)));
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *buf = (const unsigned char *)view.buf;
-    /* the offsets found, kept here until the walk ends: `result` changes only on success */
-    long long found[64];
-    Py_ssize_t n_found = 0, base = PyList_GET_SIZE(result);
-    PyObject *extra = NULL; /* past 64 offsets */
-    int ok = 1;
-    if (INDEX_HEADER_SIZE + (slot + 1) * HASH_SLOT_SIZE > view.len) {
-        ok = 0;
-        goto done;
-    }
-    long long n = get_i32(buf + INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE);
-    if (n <= 0 || n > bound || index_count <= 1) goto done;
-    for (long long step = 0; step < bound; step++) {
-        if (base + n_found >= max_num) break;
-        long long at = entries_pos + n * INDEX_ENTRY_SIZE;
-        if (at < 0 || at + INDEX_ENTRY_SIZE > view.len) {
-            ok = 0;
-            break;
-        }
-        const unsigned char *e = buf + at;
-        int32_t kh = get_i32(e), time_diff = get_i32(e + 12), prev = get_i32(e + 16);
-        if (time_diff < 0) break;
-        long long time_read = begin_ts + (long long)time_diff * 1000;
-        if (kh == key_hash && begin <= time_read && time_read <= end) {
-            if (n_found < 64) {
-                found[n_found] = get_i64(e + 4);
-            } else {
-                if (extra == NULL && (extra = PyList_New(0)) == NULL) break;
-                PyObject *o = PyLong_FromLongLong(get_i64(e + 4));
-                if (o == NULL || PyList_Append(extra, o) < 0) {
-                    Py_XDECREF(o);
-                    break;
-                }
-                Py_DECREF(o);
-            }
-            n_found++;
-        }
-        if (prev <= 0 || prev > bound || prev == n || time_read < begin) break;
-        n = prev;
-    }
-done:
+    offset_list found;
+    offsets_init(&found);
+    int walked = index_walk((const unsigned char *)view.buf, view.len, key_hash, slots, v[3], v[4], v[5], v[6], v[7],
+                            v[8], v[9], PyList_GET_SIZE(result), &found);
     PyBuffer_Release(&view);
-    if (PyErr_Occurred()) {
-        Py_XDECREF(extra);
+    if (walked > 0 && offsets_extend(result, &found) < 0) walked = -1;
+    offsets_free(&found);
+    if (walked < 0) return NULL;
+    return PyBool_FromLong(walked);
+}
+
+PyDoc_STRVAR(index_query_doc,
+             "index_query(bufs, topic, key, max_hash_slot_num, entries_pos, bound, max_num, begin, end) "
+             "-> (offsets, last_update_timestamp, last_update_phy_offset) | None\n\n"
+             "query_offset_in_files over the index files mapped as the buffers `bufs` (oldest first), each "
+             "header read from its map as IndexFile.reload_header reads it: the key topic#key's chain in the "
+             "newest file first, the offsets of entries with its hash stored within [begin, end], until "
+             "max_num or a file that begins before `begin`; the last-update fields are the newest file's "
+             "endTimestamp and endPhyOffset. None where a header, slot or entry lies outside its buffer: "
+             "the Python walk decides (and raises) there.");
+
+static PyObject *index_query(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "index_query takes 9 arguments");
         return NULL;
     }
-    if (!ok) {
-        Py_XDECREF(extra);
-        Py_RETURN_FALSE;
+    PyObject *bufs = args[0], *topic = args[1], *key = args[2];
+    if (!PyTuple_Check(bufs) || !PyUnicode_Check(topic) || !PyUnicode_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "bufs must be a tuple, topic and key str");
+        return NULL;
     }
-    for (Py_ssize_t k = 0; k < n_found && k < 64; k++) {
-        PyObject *o = PyLong_FromLongLong(found[k]);
-        if (o == NULL || PyList_Append(result, o) < 0) {
-            Py_XDECREF(o);
-            Py_XDECREF(extra);
-            return NULL;
+    long long v[9];
+    for (int k = 3; k < 9; k++) {
+        v[k] = PyLong_AsLongLong(args[k]);
+        if (v[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long slots = v[3], entries_pos = v[4], bound = v[5], max_num = v[6], begin = v[7], end = v[8];
+    if (slots <= 0) {
+        PyErr_SetString(PyExc_ValueError, "max_hash_slot_num must be positive");
+        return NULL;
+    }
+    /* build_key(topic, key) == f"{topic}#{key}", hashed without building it */
+    uint32_t h = jhash_str(0, topic, 0, PyUnicode_GET_LENGTH(topic));
+    h = jhash_str(31u * h + '#', key, 0, PyUnicode_GET_LENGTH(key));
+    long long key_hash = index_key_hash(h);
+    offset_list found;
+    offsets_init(&found);
+    long long last_ts = 0, last_phy = 0;
+    int walked = 1;
+    Py_ssize_t files = PyTuple_GET_SIZE(bufs);
+    for (Py_ssize_t i = files - 1; i >= 0 && walked > 0; i--) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(bufs, i), &view, PyBUF_SIMPLE) < 0) {
+            walked = -1;
+            break;
         }
-        Py_DECREF(o);
+        const unsigned char *buf = (const unsigned char *)view.buf;
+        if (view.len < INDEX_HEADER_SIZE) {
+            PyBuffer_Release(&view);
+            walked = 0;
+            break;
+        }
+        long long fb = get_i64(buf), fe = get_i64(buf + 8), index_count = get_i32(buf + 36);
+        if (index_count <= 0) index_count = 1; /* a fresh file: entry 0 is never used */
+        if (i == files - 1) {
+            last_ts = fe;
+            last_phy = get_i64(buf + 24);
+        }
+        /* IndexFile.is_time_matched */
+        if ((begin < fb && end > fe) || (fb <= begin && begin <= fe) || (fb <= end && end <= fe))
+            walked = index_walk(buf, view.len, key_hash, slots, entries_pos, bound, fb, index_count, max_num, begin,
+                                end, 0, &found);
+        PyBuffer_Release(&view);
+        if (fb < begin || found.n >= max_num) break;
     }
-    if (extra != NULL) {
-        Py_ssize_t len = PyList_GET_SIZE(result);
-        int rc = PyList_SetSlice(result, len, len, extra);
-        Py_DECREF(extra);
-        if (rc < 0) return NULL;
+    PyObject *answer = NULL;
+    if (walked > 0) {
+        PyObject *result = PyList_New(0);
+        if (result != NULL && offsets_extend(result, &found) == 0)
+            answer = Py_BuildValue("(NLL)", result, last_ts, last_phy);
+        else
+            Py_XDECREF(result);
+    } else if (walked == 0) {
+        answer = Py_NewRef(Py_None);
     }
-    Py_RETURN_TRUE;
+    offsets_free(&found);
+    return answer;
 }
 
 /* ---- Signal: a counting semaphore whose post and wait release the GIL ---------------------- */
@@ -1460,6 +1557,67 @@ static PyObject *decode_message(PyObject *self, PyObject *const *args, Py_ssize_
                                  args[5], check_crc);
     PyBuffer_Release(&view);
     return record;
+}
+
+PyDoc_STRVAR(decode_keyed_doc,
+             "decode_keyed(buf, pos, limit, max_message_size, record_cls, host_factory, check_crc, topic, key, out) "
+             "-> record | None\n\n"
+             "decode_message(buf, pos, limit, max_message_size, record_cls, host_factory, check_crc), and the "
+             "record appended to `out` when it is one queryMessage asked for: its topic is `topic` and `key` is "
+             "its UNIQ_KEY or one of the non-empty space-separated tokens of its KEYS (record.uniq_key == key or "
+             "key in record.key_list). None where decode_message declines (nothing appended).");
+
+/* Whether `key` equals one of the non-empty tokens of `keys` split on ' ' (java_split, then
+ * the empty tokens dropped, as MessageRecord.key_list). */
+static int key_in_tokens(PyObject *keys, PyObject *key) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(keys), klen = PyUnicode_GET_LENGTH(key), a = 0;
+    if (klen == 0) return 0;
+    while (a < n) {
+        Py_ssize_t b = PyUnicode_FindChar(keys, ' ', a, n, 1);
+        if (b == -2) return -1;
+        if (b < 0) b = n;
+        if (b - a == klen) {
+            Py_ssize_t same = PyUnicode_Tailmatch(keys, key, a, b, -1);
+            if (same != 0) return (int)same;
+        }
+        a = b + 1;
+    }
+    return 0;
+}
+
+static PyObject *str_prop_keys, *str_prop_uniq_key; /* "KEYS", "UNIQ_KEY" */
+
+static PyObject *decode_keyed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "decode_keyed takes 10 arguments");
+        return NULL;
+    }
+    PyObject *topic = args[7], *key = args[8], *out = args[9];
+    if (!PyUnicode_Check(topic) || !PyUnicode_Check(key) || !PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "topic and key must be str and out a list");
+        return NULL;
+    }
+    PyObject *record = decode_message(self, args, 7);
+    if (record == NULL || record == Py_None) return record;
+    PyObject *rtopic = PyTuple_GET_ITEM(record, 15), *props = PyTuple_GET_ITEM(record, 17);
+    int wanted = rtopic == topic ? 1 : PyUnicode_Compare(rtopic, topic) == 0;
+    if (wanted && PyErr_Occurred()) goto fail;
+    if (wanted) {
+        PyObject *uniq = PyDict_GetItemWithError(props, str_prop_uniq_key);
+        if (uniq == NULL && PyErr_Occurred()) goto fail;
+        wanted = uniq != NULL && PyUnicode_Check(uniq) && PyUnicode_Compare(uniq, key) == 0;
+        if (!wanted) {
+            PyObject *keys = PyDict_GetItemWithError(props, str_prop_keys);
+            if (keys == NULL && PyErr_Occurred()) goto fail;
+            wanted = keys != NULL && PyUnicode_Check(keys) ? key_in_tokens(keys, key) : 0;
+            if (wanted < 0) goto fail;
+        }
+    }
+    if (wanted && PyList_Append(out, record) < 0) goto fail;
+    return record;
+fail:
+    Py_DECREF(record);
+    return NULL;
 }
 
 /* ---- decode_units: getMessage's loop over a run of ConsumeQueue units ------------------------ */
@@ -2641,6 +2799,8 @@ static PyMethodDef methods[] = {
     {"index_put_batch", index_put_batch, METH_VARARGS, index_put_batch_doc},
     {"java_hash", java_hash, METH_O, java_hash_doc},
     {"index_select", (PyCFunction)(void (*)(void))index_select, METH_FASTCALL, index_select_doc},
+    {"index_query", (PyCFunction)(void (*)(void))index_query, METH_FASTCALL, index_query_doc},
+    {"decode_keyed", (PyCFunction)(void (*)(void))decode_keyed, METH_FASTCALL, decode_keyed_doc},
     {"msync", msync_range, METH_VARARGS, msync_doc},
     {"cq_runs", cq_runs, METH_O, cq_runs_doc},
     /* read path */
@@ -2694,6 +2854,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(str_born_host, "born_host")
     INTERN(str_born_timestamp_ms, "born_timestamp_ms")
     INTERN(str_wait_store_msg_ok, "wait_store_msg_ok")
+    INTERN(str_prop_keys, "KEYS")
+    INTERN(str_prop_uniq_key, "UNIQ_KEY")
 #undef INTERN
     if (empty_str == NULL) return NULL;
     if (PyType_Ready(&SignalType) < 0) return NULL;

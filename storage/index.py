@@ -689,6 +689,8 @@ class IndexReader:
         self._expected_size = index_file_size(max_hash_slot_num, max_index_num)
         self._by_name: dict[str, IndexFile] = {}
         self._files: list[IndexFile] = []  # in the order of the synced names (oldest first)
+        self._bufs: tuple[Any, ...] = ()  # their maps, for the C walk (native.index_query)
+        self._entries_pos = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
         self._synced: tuple[str, ...] | None = None
         self.closed = False
 
@@ -704,6 +706,7 @@ class IndexReader:
             return not self.closed
         by_name = self._by_name
         self._files = []
+        self._bufs = ()
         self._synced = None
         wanted = set(names)
         for name in [n for n in by_name if n not in wanted]:
@@ -724,6 +727,7 @@ class IndexReader:
                 f.close()
             return False
         self._files = [by_name[name] for name in names]
+        self._bufs = tuple(f._buf for f in self._files)
         self._synced = names
         return True
 
@@ -731,10 +735,19 @@ class IndexReader:
         """`IndexService.query_offset` read from this reader's maps; None if a map was closed
         under the read (the store closing)."""
         files = self._files
+        max_num = min(max_num, self.max_msgs_num_batch)
+        native = speedups.native
         try:
             for f in files:
                 f.reload_header()
-            return query_offset_in_files(files, topic, key, min(max_num, self.max_msgs_num_batch), begin, end)
+            if native is not None:
+                # The same walk in C over the same maps (it reads each header again, as the
+                # owner may have moved it since: both are a moment of the owner's progress).
+                found = native.index_query(self._bufs, topic, key, self.max_hash_slot_num, self._entries_pos,
+                                           self.max_index_num - 1, max_num, begin, end)  # fmt: skip
+                if found is not None:
+                    return QueryOffsetResult._make(found)
+            return query_offset_in_files(files, topic, key, max_num, begin, end)
         except ValueError:
             if self.closed:
                 return None
@@ -745,6 +758,7 @@ class IndexReader:
         files = self._by_name
         self._by_name = {}
         self._files = []
+        self._bufs = ()
         for f in files.values():
             f.close()
 
