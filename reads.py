@@ -56,6 +56,7 @@ __all__ = [
     "max_units",
     "offset_for_time",
     "pickup_store_timestamp",
+    "query_direct",
     "query_messages",
     "record_at",
     "status_ladder",
@@ -614,6 +615,42 @@ def query_messages(
                 first = False
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
             break  # (the same question again would read the same records)
+    return QueryResult.of(tuple(messages[:max_count]), last_ts, last_phy)
+
+
+def query_direct(
+    walk: tuple[tuple[Any, ...], int, int, int, int], reader: CommitLogReader, cfg: StoreConfig, topic: str, key: str,
+    max_count: int, begin_ms: int, end_ms: int,
+) -> QueryResult | None:  # fmt: skip
+    """`query_messages` over the thread's own index maps (`IndexReader.walk_args`), each round
+    one C call (`native.query_keyed`: the index walk, the records' decode and key check). None
+    where the C path declines (no extension, a record it does not serve, a map closed under
+    it): the caller runs query_messages, the reference, from the start. A store with
+    quarantined ranges always takes the reference (the caller's choice)."""
+    native = speedups.native
+    if native is None:
+        return None
+    messages: list[MessageRecord] = []
+    last_query_ms = end_ms
+    last_ts = last_phy = 0
+    select, max_message_size, check_crc = reader.select, cfg.max_message_size_bytes, cfg.check_crc_on_read
+    for _ in range(QUERY_ROUNDS_MAX):
+        asked_ms = last_query_ms
+        try:
+            found = native.query_keyed(walk, topic, key, max_count, begin_ms, last_query_ms, select, max_message_size,
+                                       MessageRecord, codec.host_from_bytes, check_crc, messages)  # fmt: skip
+        except ValueError:
+            return None  # an index map closed under the read (the store closing): the reference decides
+        if found is None:
+            return None
+        first_ts, hits, ts, phy_end = found
+        if not hits:
+            break
+        last_ts, last_phy = ts, phy_end
+        if first_ts is not None:
+            last_query_ms = first_ts
+        if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
+            break  # (as query_messages: the same question again would read the same records)
     return QueryResult.of(tuple(messages[:max_count]), last_ts, last_phy)
 
 

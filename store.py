@@ -593,6 +593,15 @@ class MessageStore:
             return QueryResult(detail="the index did not reach this thread's last put in time")
         readers = self._readers.get()
         index_reader = readers.index_reader(view)
+        commitlog = readers.commitlog_reader()
+        quarantined = self.read_view.view.quarantined
+        if index_reader is not None and not quarantined:
+            walk = index_reader.walk_args
+            direct = None if walk is None else reads.query_direct(walk, commitlog, self.config, topic, key, max_count,
+                                                                  begin_ms, end_ms)  # fmt: skip
+            if direct is not None:
+                reads.yield_gil()
+                return direct
 
         def hits(topic: str, key: str, max_num: int, begin: int, end: int) -> tuple[Sequence[int], int, int]:
             if index_reader is not None:
@@ -605,9 +614,8 @@ class MessageStore:
             return reply.offsets, reply.last_update_timestamp, reply.last_update_phy_offset
 
         try:
-            result = reads.query_messages(hits, readers.commitlog_reader(), self.config, topic, key, max_count, begin_ms,
-                                          end_ms, on_corrupt=self._corrupt_on_read,
-                                          quarantined=self.read_view.view.quarantined)  # fmt: skip
+            result = reads.query_messages(hits, commitlog, self.config, topic, key, max_count, begin_ms, end_ms,
+                                          on_corrupt=self._corrupt_on_read, quarantined=quarantined)  # fmt: skip
         except ServiceUnavailable as exc:
             return QueryResult(detail=str(exc))
         reads.yield_gil()

@@ -1038,6 +1038,43 @@ PyDoc_STRVAR(index_query_doc,
              "endTimestamp and endPhyOffset. None where a header, slot or entry lies outside its buffer: "
              "the Python walk decides (and raises) there.");
 
+/* query_offset_in_files over the index files mapped as the buffers `bufs` (a tuple, oldest
+ * first): 1 with `found`, *last_ts and *last_phy set, 0 where a header, slot or entry lies
+ * outside its buffer (the Python walk decides there), -1 with an exception set. */
+static int index_files_walk(PyObject *bufs, PyObject *topic, PyObject *key, long long slots, long long entries_pos,
+                            long long bound, long long max_num, long long begin, long long end, offset_list *found,
+                            long long *last_ts, long long *last_phy) {
+    /* build_key(topic, key) == f"{topic}#{key}", hashed without building it */
+    uint32_t h = jhash_str(0, topic, 0, PyUnicode_GET_LENGTH(topic));
+    h = jhash_str(31u * h + '#', key, 0, PyUnicode_GET_LENGTH(key));
+    long long key_hash = index_key_hash(h);
+    *last_ts = *last_phy = 0;
+    int walked = 1;
+    Py_ssize_t files = PyTuple_GET_SIZE(bufs);
+    for (Py_ssize_t i = files - 1; i >= 0 && walked > 0; i--) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(bufs, i), &view, PyBUF_SIMPLE) < 0) return -1;
+        const unsigned char *buf = (const unsigned char *)view.buf;
+        if (view.len < INDEX_HEADER_SIZE) {
+            PyBuffer_Release(&view);
+            return 0;
+        }
+        long long fb = get_i64(buf), fe = get_i64(buf + 8), index_count = get_i32(buf + 36);
+        if (index_count <= 0) index_count = 1; /* a fresh file: entry 0 is never used */
+        if (i == files - 1) {
+            *last_ts = fe;
+            *last_phy = get_i64(buf + 24);
+        }
+        /* IndexFile.is_time_matched */
+        if ((begin < fb && end > fe) || (fb <= begin && begin <= fe) || (fb <= end && end <= fe))
+            walked = index_walk(buf, view.len, key_hash, slots, entries_pos, bound, fb, index_count, max_num, begin,
+                                end, 0, found);
+        PyBuffer_Release(&view);
+        if (fb < begin || found->n >= max_num) break;
+    }
+    return walked;
+}
+
 static PyObject *index_query(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "index_query takes 9 arguments");
@@ -1053,45 +1090,14 @@ static PyObject *index_query(PyObject *self, PyObject *const *args, Py_ssize_t n
         v[k] = PyLong_AsLongLong(args[k]);
         if (v[k] == -1 && PyErr_Occurred()) return NULL;
     }
-    long long slots = v[3], entries_pos = v[4], bound = v[5], max_num = v[6], begin = v[7], end = v[8];
-    if (slots <= 0) {
+    if (v[3] <= 0) {
         PyErr_SetString(PyExc_ValueError, "max_hash_slot_num must be positive");
         return NULL;
     }
-    /* build_key(topic, key) == f"{topic}#{key}", hashed without building it */
-    uint32_t h = jhash_str(0, topic, 0, PyUnicode_GET_LENGTH(topic));
-    h = jhash_str(31u * h + '#', key, 0, PyUnicode_GET_LENGTH(key));
-    long long key_hash = index_key_hash(h);
     offset_list found;
     offsets_init(&found);
-    long long last_ts = 0, last_phy = 0;
-    int walked = 1;
-    Py_ssize_t files = PyTuple_GET_SIZE(bufs);
-    for (Py_ssize_t i = files - 1; i >= 0 && walked > 0; i--) {
-        Py_buffer view;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(bufs, i), &view, PyBUF_SIMPLE) < 0) {
-            walked = -1;
-            break;
-        }
-        const unsigned char *buf = (const unsigned char *)view.buf;
-        if (view.len < INDEX_HEADER_SIZE) {
-            PyBuffer_Release(&view);
-            walked = 0;
-            break;
-        }
-        long long fb = get_i64(buf), fe = get_i64(buf + 8), index_count = get_i32(buf + 36);
-        if (index_count <= 0) index_count = 1; /* a fresh file: entry 0 is never used */
-        if (i == files - 1) {
-            last_ts = fe;
-            last_phy = get_i64(buf + 24);
-        }
-        /* IndexFile.is_time_matched */
-        if ((begin < fb && end > fe) || (fb <= begin && begin <= fe) || (fb <= end && end <= fe))
-            walked = index_walk(buf, view.len, key_hash, slots, entries_pos, bound, fb, index_count, max_num, begin,
-                                end, 0, &found);
-        PyBuffer_Release(&view);
-        if (fb < begin || found.n >= max_num) break;
-    }
+    long long last_ts, last_phy;
+    int walked = index_files_walk(bufs, topic, key, v[3], v[4], v[5], v[6], v[7], v[8], &found, &last_ts, &last_phy);
     PyObject *answer = NULL;
     if (walked > 0) {
         PyObject *result = PyList_New(0);
@@ -1587,6 +1593,27 @@ static int key_in_tokens(PyObject *keys, PyObject *key) {
 
 static PyObject *str_prop_keys, *str_prop_uniq_key; /* "KEYS", "UNIQ_KEY" */
 
+/* Whether the decoded `record` is one queryMessage asked for (record.topic == topic and
+ * (record.uniq_key == key or key in record.key_list)): 1, 0, or -1 with an exception set. */
+static int record_is_keyed(PyObject *record, PyObject *topic, PyObject *key) {
+    PyObject *rtopic = PyTuple_GET_ITEM(record, 15), *props = PyTuple_GET_ITEM(record, 17);
+    if (rtopic != topic) {
+        int same = PyUnicode_Compare(rtopic, topic);
+        if (same == -1 && PyErr_Occurred()) return -1;
+        if (same != 0) return 0;
+    }
+    PyObject *uniq = PyDict_GetItemWithError(props, str_prop_uniq_key);
+    if (uniq == NULL && PyErr_Occurred()) return -1;
+    if (uniq != NULL && PyUnicode_Check(uniq)) {
+        int same = PyUnicode_Compare(uniq, key);
+        if (same == -1 && PyErr_Occurred()) return -1;
+        if (same == 0) return 1;
+    }
+    PyObject *keys = PyDict_GetItemWithError(props, str_prop_keys);
+    if (keys == NULL && PyErr_Occurred()) return -1;
+    return keys != NULL && PyUnicode_Check(keys) ? key_in_tokens(keys, key) : 0;
+}
+
 static PyObject *decode_keyed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "decode_keyed takes 10 arguments");
@@ -1599,25 +1626,127 @@ static PyObject *decode_keyed(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     PyObject *record = decode_message(self, args, 7);
     if (record == NULL || record == Py_None) return record;
-    PyObject *rtopic = PyTuple_GET_ITEM(record, 15), *props = PyTuple_GET_ITEM(record, 17);
-    int wanted = rtopic == topic ? 1 : PyUnicode_Compare(rtopic, topic) == 0;
-    if (wanted && PyErr_Occurred()) goto fail;
-    if (wanted) {
-        PyObject *uniq = PyDict_GetItemWithError(props, str_prop_uniq_key);
-        if (uniq == NULL && PyErr_Occurred()) goto fail;
-        wanted = uniq != NULL && PyUnicode_Check(uniq) && PyUnicode_Compare(uniq, key) == 0;
-        if (!wanted) {
-            PyObject *keys = PyDict_GetItemWithError(props, str_prop_keys);
-            if (keys == NULL && PyErr_Occurred()) goto fail;
-            wanted = keys != NULL && PyUnicode_Check(keys) ? key_in_tokens(keys, key) : 0;
-            if (wanted < 0) goto fail;
-        }
+    int wanted = record_is_keyed(record, topic, key);
+    if (wanted < 0 || (wanted && PyList_Append(out, record) < 0)) {
+        Py_DECREF(record);
+        return NULL;
     }
-    if (wanted && PyList_Append(out, record) < 0) goto fail;
     return record;
-fail:
-    Py_DECREF(record);
-    return NULL;
+}
+
+PyDoc_STRVAR(query_keyed_doc,
+             "query_keyed(walk, topic, key, max_num, begin, end, select, max_message_size, record_cls, host_factory, "
+             "check_crc, out) -> (first_store_timestamp | None, hits, last_update_timestamp, "
+             "last_update_phy_offset) | None\n\n"
+             "One round of reads.query_messages over a reader's own maps: the index walk of index_query (walk: "
+             "IndexReader.walk_args, (bufs, max_hash_slot_num, entries_pos, bound, max_msgs_num_batch)), its "
+             "offsets in ascending order, each record found through select(offset, 4) (CommitLogReader.select: "
+             "None or (map, position)) and decoded as decode_keyed decodes it, appending to `out` the records "
+             "queryMessage asked for. first_store_timestamp: the store time of the first offset's record if it "
+             "was readable; hits: how many offsets the index gave. None where index_query or decode_message "
+             "would decline, or a map is closed: the caller runs query_messages, the reference (`out` may "
+             "hold records of the round by then).");
+
+static int cmp_offsets(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+static PyObject *query_keyed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "query_keyed takes 12 arguments");
+        return NULL;
+    }
+    PyObject *walk = args[0], *topic = args[1], *key = args[2], *select = args[6], *out = args[11];
+    if (!PyTuple_Check(walk) || PyTuple_GET_SIZE(walk) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(walk, 0)) ||
+        !PyUnicode_Check(topic) || !PyUnicode_Check(key) || !PyCallable_Check(select) || !PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "walk must be a 5-tuple of (bufs, ...), topic and key str, select callable "
+                                         "and out a list");
+        return NULL;
+    }
+    long long w[5], v[8];
+    for (int k = 1; k < 5; k++) {
+        w[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(walk, k));
+        if (w[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    for (int k = 3; k < 6; k++) {
+        v[k] = PyLong_AsLongLong(args[k]);
+        if (v[k] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long max_size = PyLong_AsLongLong(args[7]);
+    if (max_size == -1 && PyErr_Occurred()) return NULL;
+    int check_crc = PyObject_IsTrue(args[10]);
+    if (check_crc < 0 || check_record_args(args[8], args[9]) < 0) return NULL;
+    if (w[1] <= 0) {
+        PyErr_SetString(PyExc_ValueError, "max_hash_slot_num must be positive");
+        return NULL;
+    }
+    long long max_num = v[3] < w[4] ? v[3] : w[4]; /* IndexReader.query_offset's min(max_num, batch) */
+    offset_list found;
+    offsets_init(&found);
+    long long last_ts, last_phy;
+    int walked = index_files_walk(PyTuple_GET_ITEM(walk, 0), topic, key, w[1], w[2], w[3], max_num, v[4], v[5], &found,
+                                  &last_ts, &last_phy);
+    if (walked <= 0) {
+        offsets_free(&found);
+        if (walked < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    qsort(found.v, (size_t)found.n, sizeof found.v[0], cmp_offsets);
+    PyObject *first_ts = Py_NewRef(Py_None), *four = PyLong_FromLong(4);
+    int ok = four != NULL, declined = 0;
+    for (Py_ssize_t k = 0; ok && k < found.n; k++) {
+        PyObject *phy = PyLong_FromLongLong(found.v[k]);
+        PyObject *call_args[2] = {phy, four};
+        PyObject *place = phy != NULL ? PyObject_Vectorcall(select, call_args, 2, NULL) : NULL;
+        Py_XDECREF(phy);
+        if (place == NULL) {
+            ok = 0;
+            break;
+        }
+        if (place == Py_None) { /* record_at: nothing readable there */
+            Py_DECREF(place);
+            continue;
+        }
+        Py_ssize_t pos = -1;
+        Py_buffer view;
+        view.obj = NULL;
+        if (!PyTuple_Check(place) || PyTuple_GET_SIZE(place) != 2 ||
+            ((pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(place, 1))) == -1 && PyErr_Occurred()) ||
+            PyObject_GetBuffer(PyTuple_GET_ITEM(place, 0), &view, PyBUF_SIMPLE) < 0) {
+            /* a map closed under the read (or not a map): the reference decides */
+            PyErr_Clear();
+            Py_DECREF(place);
+            declined = 1;
+            break;
+        }
+        PyObject *record = decode_at((const unsigned char *)view.buf, view.len, pos, max_size, (PyTypeObject *)args[8],
+                                     args[9], check_crc);
+        PyBuffer_Release(&view);
+        Py_DECREF(place);
+        if (record == NULL) {
+            ok = 0;
+            break;
+        }
+        if (record == Py_None) { /* not a record decode_message serves: the reference decides */
+            Py_DECREF(record);
+            declined = 1;
+            break;
+        }
+        if (k == 0) Py_SETREF(first_ts, Py_NewRef(PyTuple_GET_ITEM(record, 10)));
+        int wanted = record_is_keyed(record, topic, key);
+        if (wanted < 0 || (wanted && PyList_Append(out, record) < 0)) ok = 0;
+        Py_DECREF(record);
+    }
+    Py_XDECREF(four);
+    PyObject *answer = NULL;
+    if (ok && declined)
+        answer = Py_NewRef(Py_None);
+    else if (ok)
+        answer = Py_BuildValue("(OnLL)", first_ts, found.n, last_ts, last_phy);
+    Py_DECREF(first_ts);
+    offsets_free(&found);
+    return answer;
 }
 
 /* ---- decode_units: getMessage's loop over a run of ConsumeQueue units ------------------------ */
@@ -2801,6 +2930,7 @@ static PyMethodDef methods[] = {
     {"index_select", (PyCFunction)(void (*)(void))index_select, METH_FASTCALL, index_select_doc},
     {"index_query", (PyCFunction)(void (*)(void))index_query, METH_FASTCALL, index_query_doc},
     {"decode_keyed", (PyCFunction)(void (*)(void))decode_keyed, METH_FASTCALL, decode_keyed_doc},
+    {"query_keyed", (PyCFunction)(void (*)(void))query_keyed, METH_FASTCALL, query_keyed_doc},
     {"msync", msync_range, METH_VARARGS, msync_doc},
     {"cq_runs", cq_runs, METH_O, cq_runs_doc},
     /* read path */
