@@ -651,7 +651,7 @@ def query_direct(
             last_query_ms = first_ts
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
             break  # (as query_messages: the same question again would read the same records)
-    return QueryResult.of(tuple(messages[:max_count]), last_ts, last_phy)
+    return QueryResult.of(tuple(messages[:max_count] if len(messages) > max_count else messages), last_ts, last_phy)
 
 
 def _query_hit(

@@ -570,10 +570,11 @@ class MessageStore:
         the record's real keys. The index files are read through this thread's own maps once
         the index covers the thread's last put and everything dispatched when the query
         started; if it does not in time, an empty result with a `detail`."""
-        self._check_open()
-        if not isinstance(topic, str):
-            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
-        if not isinstance(key, str):
+        if self._closed:
+            self._check_open()
+        if not (isinstance(topic, str) and isinstance(key, str)):
+            if not isinstance(topic, str):
+                raise TypeError(f"topic must be a str, not {type(topic).__name__}")
             raise TypeError(f"key must be a str, not {type(key).__name__}")
         if max_count is None:
             max_count = self.config.default_query_max_num
