@@ -56,9 +56,11 @@ from .offsets import ConsumerOffsets
 from .read_view import ReadView
 from .storage import codec
 from .storage.codec import MessageRecord
+from .storage.commitlog import CommitLogReader
 from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.geometry import adopt_geometry
+from .storage.index import IndexReader
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
@@ -589,7 +591,7 @@ class MessageStore:
         target = max(self._own_put_end(), now.dispatched_end)
         view: ReadView | None = now
         if now.index_files is None or now.indexed_end < target:
-            view = self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target)
+            view = self._index_covering(target)
         if view is None:
             return QueryResult(detail="the index did not reach this thread's last put in time")
         readers = self._readers.get()
@@ -603,6 +605,19 @@ class MessageStore:
             if direct is not None:
                 reads.yield_gil()
                 return direct
+        return self._query_reference(index_reader, commitlog, quarantined, topic, key, max_count, begin_ms, end_ms)
+
+    def _index_covering(self, target: int) -> ReadView | None:
+        """The read view once the index covers `target` (in its own frame: a closure's cells
+        would be made on every lookup)."""
+        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target)
+
+    def _query_reference(
+        self, index_reader: IndexReader | None, commitlog: CommitLogReader, quarantined: tuple[tuple[int, int], ...],
+        topic: str, key: str, max_count: int, begin_ms: int, end_ms: int,
+    ) -> QueryResult:  # fmt: skip
+        """The query `reads.query_direct` declined (or could not take): `reads.query_messages`
+        over the thread's index maps, or the index actor's answers where they cannot be read."""
 
         def hits(topic: str, key: str, max_num: int, begin: int, end: int) -> tuple[Sequence[int], int, int]:
             if index_reader is not None:
