@@ -693,7 +693,10 @@ class IndexReader:
         self._by_name: dict[str, IndexFile] = {}
         self._files: list[IndexFile] = []  # in the order of the synced names (oldest first)
         self._bufs: tuple[Any, ...] = ()  # their maps, for the C walk (native.index_query)
-        self._walk_args: tuple[tuple[Any, ...], int, int, int, int] | None = None
+        # What the C query (`native.query_keyed`) walks, as `query_offset` walks it: the synced
+        # files' maps (oldest first), max_hash_slot_num, where the entries start, the highest
+        # entry number a chain may name, max_msgs_num_batch. None when not synced, or closed.
+        self.walk_args: tuple[tuple[Any, ...], int, int, int, int] | None = None
         self._entries_pos = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
         self._synced: tuple[str, ...] | None = None
         self.closed = False
@@ -711,7 +714,7 @@ class IndexReader:
         by_name = self._by_name
         self._files = []
         self._bufs = ()
-        self._walk_args = None
+        self.walk_args = None
         self._synced = None
         wanted = set(names)
         for name in [n for n in by_name if n not in wanted]:
@@ -733,17 +736,10 @@ class IndexReader:
             return False
         self._files = [by_name[name] for name in names]
         self._bufs = tuple(f._buf for f in self._files)
-        self._walk_args = (self._bufs, self.max_hash_slot_num, self._entries_pos, self.max_index_num - 1,
-                           self.max_msgs_num_batch)  # fmt: skip
+        self.walk_args = (self._bufs, self.max_hash_slot_num, self._entries_pos, self.max_index_num - 1,
+                          self.max_msgs_num_batch)  # fmt: skip
         self._synced = names
         return True
-
-    @property
-    def walk_args(self) -> tuple[tuple[Any, ...], int, int, int, int] | None:
-        """What the C query (`native.query_keyed`) walks, as `query_offset` walks it: the synced
-        files' maps (oldest first), max_hash_slot_num, where the entries start, the highest
-        entry number a chain may name, max_msgs_num_batch. None when not synced (or closed)."""
-        return None if self.closed else self._walk_args
 
     def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult | None:
         """`IndexService.query_offset` read from this reader's maps; None if a map was closed
@@ -769,11 +765,11 @@ class IndexReader:
 
     def close(self) -> None:
         self.closed = True
+        self.walk_args = None
         files = self._by_name
         self._by_name = {}
         self._files = []
         self._bufs = ()
-        self._walk_args = None
         for f in files.values():
             f.close()
 
