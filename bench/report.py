@@ -24,6 +24,7 @@ ROWS = (
     ("put_batch", "append", "msgs_per_s", "append, msgs/s"),
     ("get", "read", "msgs_per_s", "read in order, msgs/s"),
     ("query", "lookup", "p50_us", "key lookup p50, µs"),
+    ("query", "lookup", "p99_us", "key lookup p99, µs"),  # issue 18: the tail beside the median
     ("sync_put_16", "append_sync", "msgs_per_s", "sync append, 16 producers, msgs/s"),
 )
 OURS_ONLY = (
