@@ -128,3 +128,19 @@ def test_query_keyed_refuses_wrong_arguments_and_declines_outside_the_maps() -> 
     short = list(args)
     short[0] = ((b"\0" * 39,), 7, 68, 23, 64)  # a header cut short: the reference decides
     assert native.query_keyed(*short) is None
+
+
+def test_index_maps_closed_under_a_query_decline_to_the_reference(open_store: Open) -> None:
+    store = open_store(**SMALL_INDEX)
+    for i in range(40):
+        assert store.put(Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+    assert store.query("T", "k1").messages
+    readers = store._readers.get()
+    index_reader = readers._index
+    assert index_reader is not None and index_reader.walk_args is not None
+    walk = index_reader.walk_args
+    index_reader.close()  # as the store closing does from another thread
+    assert index_reader.walk_args is None
+    # A walk taken before the close reads closed maps: no answer from C, the reference decides.
+    commitlog = readers.commitlog_reader()
+    assert reads.query_direct(walk, commitlog, store.config, "T", "k1", 32, 0, 2**63 - 1) is None
