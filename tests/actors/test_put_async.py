@@ -15,6 +15,7 @@ import pykka
 import pytest
 
 from mqstore import FaultPlan, Message, PutMessageStatus, PutResult
+from mqstore import put_pipeline
 from mqstore.errors import StoreClosedError
 from mqstore.messages import Replied
 from mqstore.runtime import RuntimeActor
@@ -463,6 +464,9 @@ def test_a_pass_answers_each_runtime_actor_once_per_put_in_its_order(store_dir: 
             assert all(done.wait(TIMEOUT_S) for done in dones)
             results: list[dict[int, PutResult]] = [p.ask("results") for p in producers]
             arrivals: list[list[int]] = [p.ask("arrivals") for p in producers]
+            # Read-your-writes: each sender's noted end is that of its furthest stored put.
+            for p, got in zip(producers, results):
+                assert store._puts.actor_put_end(p) == max(r.commitlog_offset + r.wrote_bytes for r in got.values())
         finally:
             for p in producers:
                 p.stop()
@@ -475,3 +479,17 @@ def test_a_pass_answers_each_runtime_actor_once_per_put_in_its_order(store_dir: 
             offsets += mine
         assert sorted(offsets) == list(range(600))  # and no offset given twice
         assert store._puts._free_slots == store.config.max_puts_in_flight
+
+
+def test_the_writer_builds_replied_through_its_slots_as_the_same_value() -> None:
+    """put_pipeline._replied skips the frozen dataclass's __init__ (per put, on the writer's
+    thread): what the sender gets is equal to, hashes and matches as a constructed Replied."""
+    result = PutResult(status=PutMessageStatus.PUT_OK, commitlog_offset=7)
+    built = put_pipeline._replied(("put", 3), result)
+    assert type(built) is Replied and built == Replied(correlation_id=("put", 3), answer=result)
+    assert hash(built) == hash(Replied(correlation_id=("put", 3), answer=result))
+    match built:
+        case Replied(correlation_id=("put", n), answer=answer):
+            assert n == 3 and answer is result
+        case _:
+            pytest.fail("not matched as a Replied")
