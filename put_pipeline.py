@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, InvalidStateError, wait
+from concurrent.futures import _base as _futures_base
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 import pykka
@@ -48,15 +49,69 @@ def as_put_result(answer: Any) -> PutResult:
 
 
 class _PutFuture(Future[PutResult]):
-    """A put's future. The put is handed to the writer at once, so it can never be cancelled
-    and is running from the start: said by these two methods rather than by
-    set_running_or_notify_cancel, which took the future's lock once more per put."""
+    """A put's future: a real concurrent.futures.Future (add_done_callback, result, wait and
+    as_completed work as on any), made cheaper for the one use most get, completed once and
+    polled.
+
+    - Its threading.Condition is made on first use, not in __init__: building one was ~2.5 us
+      of put_async's caller (Future() 2.9 us, this 0.3). Anything that waits or registers a
+      callback goes through `_condition` and makes it; a completion that finds none made
+      completes the future without it (nobody can be waiting). Both happen under one
+      module lock, so a waiter arriving at the same time sees either the completed future or
+      a completion that goes the Condition's way and wakes it.
+    - The put is handed to the writer at once, so it can never be cancelled and is running
+      from the start: said by cancel/running rather than by set_running_or_notify_cancel.
+    - It is only ever completed with a result (failures are statuses), never an exception.
+    """
+
+    def __init__(self) -> None:  # Future.__init__'s fields, without its Condition
+        self._cond: threading.Condition | None = None
+        self._state = _PENDING
+        self._result: PutResult | None = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    @property  # Future's attribute, made on first use
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        condition = self._cond
+        if condition is None:
+            with _CONDITION_MADE:
+                condition = self._cond
+                if condition is None:
+                    condition = self._cond = threading.Condition()
+        return condition
+
+    def set_result(self, result: PutResult) -> None:
+        if self._cond is None:
+            with _CONDITION_MADE:
+                if self._cond is None:  # no waiter, no callback, and none can come in between
+                    if self._state is _FINISHED:  # (not repr(self): it takes this lock)
+                        raise InvalidStateError(f"{self._state}: the put's future is already done")
+                    self._result = result
+                    self._state = _FINISHED
+                    return
+        super().set_result(result)
+
+    def done(self) -> bool:
+        return self._state is _FINISHED
+
+    def result(self, timeout: float | None = None) -> PutResult:
+        if self._state is _FINISHED and self._result is not None:
+            return self._result
+        return super().result(timeout)
 
     def cancel(self) -> bool:
         return False
 
     def running(self) -> bool:
-        return not self.done()
+        return self._state is not _FINISHED
+
+
+# Guards making a _PutFuture's Condition against completing it without one.
+_CONDITION_MADE = threading.Lock()
+_PENDING: str = _futures_base.PENDING
+_FINISHED: str = _futures_base.FINISHED
 
 
 class _PutReply(PassReply):

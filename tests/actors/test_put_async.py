@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future, as_completed, wait
+from concurrent.futures import Future, InvalidStateError, as_completed, wait
 from pathlib import Path
 from typing import Any
 
@@ -493,3 +493,39 @@ def test_the_writer_builds_replied_through_its_slots_as_the_same_value() -> None
             assert n == 3 and answer is result
         case _:
             pytest.fail("not matched as a Replied")
+
+
+def test_a_put_future_makes_its_condition_only_for_those_who_wait_and_never_misses_them() -> None:
+    """_PutFuture builds its threading.Condition on first use (most futures are only polled or
+    completed: the Condition was 2.5 us of put_async's caller): completing one nobody waits on
+    takes no condition, and a waiter (result, wait, as_completed, a callback) racing the
+    completion from another thread is always woken, with the one result."""
+    lone = put_pipeline._PutFuture()
+    ok = PutResult(status=PutMessageStatus.PUT_OK)
+    assert not lone.done() and lone.running() and not lone.cancel()
+    lone.set_result(ok)
+    assert lone._cond is None and lone.done() and not lone.running() and lone.result(0) is ok
+    with pytest.raises(InvalidStateError):
+        lone.set_result(ok)  # a second answer (the close racing the completion thread) is refused
+    for round_ in range(300):
+        futures = [put_pipeline._PutFuture() for _ in range(4)]
+        called: list[Any] = []
+        futures[3].add_done_callback(called.append)
+        go = threading.Barrier(2)
+
+        def complete() -> None:
+            go.wait()
+            for f in futures:
+                f.set_result(ok)
+
+        setter = threading.Thread(target=complete)
+        setter.start()
+        go.wait()
+        if round_ % 3 == 0:
+            assert futures[0].result(TIMEOUT_S) is ok
+        elif round_ % 3 == 1:
+            assert not wait(futures[:3], timeout=TIMEOUT_S).not_done
+        else:
+            assert len(list(as_completed(futures[:3], timeout=TIMEOUT_S))) == 3
+        setter.join(TIMEOUT_S)
+        assert all(f.done() and f.result(0) is ok for f in futures) and called == [futures[3]]
