@@ -135,12 +135,18 @@ class ProducerActor(RuntimeActor):
         self._tally = tally
         self._done = done
         self._result = ProducerResult(producer_id)
+        self._n0 = producer_id * 1_000_003
         self._in_flight: dict[int, tuple[int, str, int, int]] = {}  # seq -> (send ns, key, topic index, queue)
         self._seq = 0
         self._padding = b"." * plan.body_bytes
         self._key_prefix = f"{run_id}-{producer_id}-"
         self._untallied = 0  # PUT_OK answers not yet added to the tally
         self._put_ok = 0  # PUT_OK answers, into the result's statuses when the producer is done
+        self._acked = self._result.acked
+        self._latency_us = self._result.put_latency_us
+        self._topics = plan.topics
+        self._queues = plan.queues
+        self._body_bytes = plan.body_bytes
 
     def on_start(self) -> None:
         self._client = self._store.actor_client(self.actor_ref)
@@ -156,20 +162,18 @@ class ProducerActor(RuntimeActor):
         return time.monotonic() < self._deadline
 
     def _send(self) -> None:
-        plan = self._plan
         seq = self._seq
         self._seq += 1
-        n = self._result.producer_id * 1_000_003 + seq  # spreads producers over topics and queues
-        topic_index = n % len(plan.topics)
-        queue_id = (n // len(plan.topics)) % plan.queues
+        n = self._n0 + seq  # spreads producers over topics and queues
+        topics = self._topics
+        topic_index = n % len(topics)
+        queue_id = (n // len(topics)) % self._queues
         key = self._key_prefix + str(seq)
         sent_ns = time.monotonic_ns()
-        head = f"{key}|{sent_ns}|".encode()
-        body = head + self._padding[: max(plan.body_bytes - len(head), 0)]
-        message = Message(plan.topics[topic_index], body, queue_id, "demo", (key,))  # (topic, body, queue_id, tags, keys)
+        head = b"%s|%d|" % (key.encode(), sent_ns)
+        body = head + self._padding[: max(self._body_bytes - len(head), 0)]
         self._in_flight[seq] = (sent_ns, key, topic_index, queue_id)
-        self._result.sent += 1
-        self._client.put(message, seq)
+        self._client.put(Message(topics[topic_index], body, queue_id, "demo", (key,)), seq)  # (topic, body, queue_id, tags, keys)
 
     def _fill(self) -> None:
         while len(self._in_flight) < self._plan.window and self._more():
@@ -179,33 +183,38 @@ class ProducerActor(RuntimeActor):
             self._untallied = 0
             self._result.statuses["PUT_OK"] += self._put_ok
             self._put_ok = 0
+            self._result.sent = self._seq
             self._done.set(self._result)
             self.actor_ref.stop(block=False)
 
     def on_receive(self, message: Any) -> Any:
-        match message:
-            case _SendNext():
-                self._fill()
-            case Replied(correlation_id=seq, answer=answer):
-                sent_ns, key, topic_index, queue_id = self._in_flight.pop(seq)
-                self._result.put_latency_us.append((time.monotonic_ns() - sent_ns) / 1000)
-                if type(answer) is PutResult and answer.status is PutMessageStatus.PUT_OK:
-                    self._put_ok += 1
-                    self._result.acked[key] = (self._plan.topics[topic_index], queue_id, answer.queue_offset)
-                    self._untallied += 1
-                    if self._untallied >= TALLY_EVERY:
-                        self._tally.add("put_ok", self._untallied)
-                        self._untallied = 0
-                else:
-                    name = answer.status.name if isinstance(answer, PutResult) else type(answer).__name__
-                    self._result.statuses[name] += 1
-                    if len(self._result.failures) < MAX_FAILURES_LISTED:
-                        self._result.failures.append(f"put of {key} failed: {name} {getattr(answer, 'detail', answer)}")
-                    self._tally.add("put_failed")
-                self._fill()
-            case _:
-                raise AssertionError(f"a producer cannot handle {message!r}")
+        # type() tests, not a match on class patterns: this runs once per put.
+        if type(message) is Replied:
+            sent_ns, key, topic_index, queue_id = self._in_flight.pop(message.correlation_id)
+            self._latency_us.append((time.monotonic_ns() - sent_ns) / 1000)
+            answer = message.answer
+            if type(answer) is PutResult and answer.status is _PUT_OK:
+                self._put_ok += 1
+                self._acked[key] = (self._plan.topics[topic_index], queue_id, answer.queue_offset)
+                self._untallied += 1
+                if self._untallied >= TALLY_EVERY:
+                    self._tally.add("put_ok", self._untallied)
+                    self._untallied = 0
+            else:
+                name = answer.status.name if isinstance(answer, PutResult) else type(answer).__name__
+                self._result.statuses[name] += 1
+                if len(self._result.failures) < MAX_FAILURES_LISTED:
+                    self._result.failures.append(f"put of {key} failed: {name} {getattr(answer, 'detail', answer)}")
+                self._tally.add("put_failed")
+            self._fill()
+        elif type(message) is _SendNext:
+            self._fill()
+        else:
+            raise AssertionError(f"a producer cannot handle {message!r}")
         return None
+
+
+_PUT_OK: Final = PutMessageStatus.PUT_OK
 
 
 # ---------------------------------------------------------------------------------------------
