@@ -824,9 +824,10 @@ class MessageStore:
         offset 0. The messages stay in the commitlog (lookup, query) until it is cleaned.
         Returns how many queues were removed (4.4.0 returns 0 always). For topics no longer
         written: a put in flight to one may bring its queue back, as in RocketMQ, and so does
-        dispatching its records again: after a crash (RocketMQ too), and, unlike RocketMQ, at
-        the next open when they are the newest records of the log (recovery re-dispatches from
-        the queues' last unit). If the ConsumeQueue actor cannot answer (it is being
+        dispatching its records again: after a crash, and at the next open when they are the
+        newest records of the log (recovery re-dispatches from the queues' highest unit, as
+        RocketMQ 4.5+ does; 4.4.0 starts at the log's end and so can leave records a stop did
+        not dispatch without units). If the ConsumeQueue actor cannot answer (it is being
         restarted), nothing is removed: 0."""
         self._check_open()
         if isinstance(keep, (str, bytes)) or not isinstance(keep, Iterable):
