@@ -384,10 +384,12 @@ def freeze_reused_worker_heap() -> None:
 
     Spark's daemon runs a full gc.collect() after every task of a reused worker (pyspark
     daemon.py, when SPARK_REUSE_WORKER is set). With pyarrow, numpy and pyspark loaded that
-    scans ~60k long-lived objects: 16-40 ms per task, about a fifth of the worker's CPU for a
-    128 MiB split. Those objects (modules, classes, caches) live as long as the worker, so
-    gc.freeze() loses nothing; objects made later are still collected. Elsewhere (a driver,
-    a test, a worker that is not reused) no collection follows each task: left alone."""
+    scans ~60k long-lived objects: 16-40 ms per task, about 15% of the worker's CPU for a
+    128 MiB split. Those objects (modules, classes, caches) mostly live as long as the worker;
+    one of them that later turns into cyclic garbage stays until the worker exits (freed by
+    reference counting otherwise), and objects made later are collected as before. Elsewhere
+    (a driver, a test, a worker that is not reused) no collection follows each task: left
+    alone."""
     global _HEAP_FROZEN
     if _HEAP_FROZEN or not os.environ.get("SPARK_REUSE_WORKER"):
         return
