@@ -145,7 +145,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._sync_flush = ctx.config.flush_disk_type == "SYNC_FLUSH"
         self._busy_timeout_ns = ctx.config.os_page_cache_busy_timeout_ms * 1_000_000
         self._sync_timeout_ns = ctx.config.sync_flush_timeout_ms * 1_000_000
-        self._pending_advance: CommitLogAdvanced | None = None
+        # (wrote offset, store timestamp) of the newest append not yet told reput and flush:
+        # a tuple per append, the notice itself built once per pass (_notify_advance).
+        self._pending_advance: tuple[int, int] | None = None
         self._flush_told = 0  # the last log end the flush actor was told
         self._pooled = False
         # Puts appended and passes made, for the tests and the bench (puts per pass).
@@ -481,9 +483,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             answers.append((put.reply, result))
 
     def _advanced(self, wrote_offset: int, store_timestamp: int) -> None:
-        self._pending_advance = CommitLogAdvanced(
-            max_offset=self._readable_end(), wrote_offset=wrote_offset, store_timestamp=store_timestamp
-        )
+        self._pending_advance = (wrote_offset, store_timestamp)
 
     def _append(self, put: EncodedPut, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]) -> None:
         """Append one put of a pass; its answer goes to `answers`, or (sync flush) its group
@@ -520,9 +520,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # may have moved it since and told reput already; a lower notice after that one
         # would be the newest in reput's inbox and hide it (a put stayed invisible).
         advanced = CommitLogAdvanced(
-            max_offset=max(pending.max_offset, self._readable_end()),
-            wrote_offset=pending.wrote_offset,
-            store_timestamp=pending.store_timestamp,
+            max_offset=self._readable_end(), wrote_offset=pending[0], store_timestamp=pending[1]
         )
         self._pending_advance = None
         self.ctx.read_view.publish_commitlog(advanced.max_offset)

@@ -15,18 +15,19 @@ fraction of it reached.
 What the profile shows where a target is not met (per-thread CPU from /proc/<tid>/schedstat,
 2-vCPU VM shared with other sessions, Nov 2026): the store's Python runs under one GIL, so a
 rate is at most one core over the CPU that all its threads spend per message. put_async from
-one thread spends ~23-27 us per put (measured 2026-11-24 at load 7): the caller 11.9 (encoding
-~1.2 after the topic cache, the Future ~2.5: each builds a threading.Condition), the writer 4.4,
-the completion thread 2.7 (set_result; the stats are one call per pass), reput 2.3, flush 1.1
-(kernel), index and ConsumeQueues 0.8; 100k/s would need 10 us. The floor pays only the Future,
-one inbox hop and the completion thread. The demo spends ~40-48 us per message at load 7
-(writer ~10, of it about a third kernel time zero-filling the reserve window ahead of the
-appends; producers ~13 in all, about half the demo's own code; gateway readers ~7; consumers
-~4.5; reput 2.7; index and ConsumeQueues 2.9; flush 1.7). Garbage collection is ~0.5 us a
-message (about 32k tracked objects during the run): not the limit. put_batch of 32 at 1 KiB: two
-thirds of the writer's time is kernel time on fresh pages. Wall-clock waits were the other
-limit, and are gone: each notice the writer told reput or flush handed the GIL to a busy
-producer thread for a switch interval (5 ms), twice per pass. A bounded spin (20-100 us, GIL
+one thread spends ~17 us per put (measured 2026-11-24 at load 5.3): the caller 9.8 (encoding
+~1.9, of it the C encoder 1.7; the hand-over to the writer's inbox; the Future, 0.3 since it
+makes its Condition only for a waiter), the writer 3.9, the completion thread 1.5, reput 1.4,
+flush 1.0 (kernel); 100k/s would need 10 us. The floor pays only the Future, one inbox hop and
+the completion thread. put from 4 threads: four threads put four queues, so each put is its
+own append (~20 us of the writer's CPU, the storage call chain run cold after a wake-up), and
+each put costs two cross-vCPU wake-ups (perf: a quarter of the process's CPU in the
+scheduler's switch and wake-up paths). The demo spends ~34 us per message at load 5
+(producers 9.0; writer 8.0, an append per queue of each pass; consumers 7.0, of it ~3.7 kernel
+time in reads.yield_gil's sched_yield loop: 2.5 sched_yield calls per message, and each get of
+32 waits up to 2 ms for the woken threads, so consumers trail the producers; dispatch ~3.6;
+flush 1.1). Garbage collection is ~0.5 us a message: not the limit. put_batch of 32 at 1 KiB:
+two thirds of the writer's time is kernel time on fresh pages. A bounded spin (20-100 us, GIL
 released) before a single `put` sleeps on its answer was measured and dropped: on two shared
 vCPUs it took the core the writer and dispatch needed (1 and 4 threads slower in 8 of 10 runs).
 """

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future, as_completed, wait
+from concurrent.futures import Future, InvalidStateError, as_completed, wait
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pykka
 import pytest
 
 from mqstore import FaultPlan, Message, PutMessageStatus, PutResult
+from mqstore import put_pipeline
 from mqstore.errors import StoreClosedError
 from mqstore.messages import Replied
 from mqstore.runtime import RuntimeActor
@@ -463,6 +464,9 @@ def test_a_pass_answers_each_runtime_actor_once_per_put_in_its_order(store_dir: 
             assert all(done.wait(TIMEOUT_S) for done in dones)
             results: list[dict[int, PutResult]] = [p.ask("results") for p in producers]
             arrivals: list[list[int]] = [p.ask("arrivals") for p in producers]
+            # Read-your-writes: each sender's noted end is that of its furthest stored put.
+            for p, got in zip(producers, results):
+                assert store._puts.actor_put_end(p) == max(r.commitlog_offset + r.wrote_bytes for r in got.values())
         finally:
             for p in producers:
                 p.stop()
@@ -475,3 +479,53 @@ def test_a_pass_answers_each_runtime_actor_once_per_put_in_its_order(store_dir: 
             offsets += mine
         assert sorted(offsets) == list(range(600))  # and no offset given twice
         assert store._puts._free_slots == store.config.max_puts_in_flight
+
+
+def test_the_writer_builds_replied_through_its_slots_as_the_same_value() -> None:
+    """put_pipeline._replied skips the frozen dataclass's __init__ (per put, on the writer's
+    thread): what the sender gets is equal to, hashes and matches as a constructed Replied."""
+    result = PutResult(status=PutMessageStatus.PUT_OK, commitlog_offset=7)
+    built = put_pipeline._replied(("put", 3), result)
+    assert type(built) is Replied and built == Replied(correlation_id=("put", 3), answer=result)
+    assert hash(built) == hash(Replied(correlation_id=("put", 3), answer=result))
+    match built:
+        case Replied(correlation_id=("put", n), answer=answer):
+            assert n == 3 and answer is result
+        case _:
+            pytest.fail("not matched as a Replied")
+
+
+def test_a_put_future_makes_its_condition_only_for_those_who_wait_and_never_misses_them() -> None:
+    """_PutFuture builds its threading.Condition on first use (most futures are only polled or
+    completed: the Condition was 2.5 us of put_async's caller): completing one nobody waits on
+    takes no condition, and a waiter (result, wait, as_completed, a callback) racing the
+    completion from another thread is always woken, with the one result."""
+    lone = put_pipeline._PutFuture()
+    ok = PutResult(status=PutMessageStatus.PUT_OK)
+    assert not lone.done() and lone.running() and not lone.cancel()
+    lone.set_result(ok)
+    assert lone._cond is None and lone.done() and not lone.running() and lone.result(0) is ok
+    with pytest.raises(InvalidStateError):
+        lone.set_result(ok)  # a second answer (the close racing the completion thread) is refused
+    for round_ in range(300):
+        futures = [put_pipeline._PutFuture() for _ in range(4)]
+        called: list[Any] = []
+        futures[3].add_done_callback(called.append)
+        go = threading.Barrier(2)
+
+        def complete() -> None:
+            go.wait()
+            for f in futures:
+                f.set_result(ok)
+
+        setter = threading.Thread(target=complete)
+        setter.start()
+        go.wait()
+        if round_ % 3 == 0:
+            assert futures[0].result(TIMEOUT_S) is ok
+        elif round_ % 3 == 1:
+            assert not wait(futures[:3], timeout=TIMEOUT_S).not_done
+        else:
+            assert len(list(as_completed(futures[:3], timeout=TIMEOUT_S))) == 3
+        setter.join(TIMEOUT_S)
+        assert all(f.done() and f.result(0) is ok for f in futures) and called == [futures[3]]
