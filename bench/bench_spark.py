@@ -153,7 +153,7 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def query_floors(spark: Any, store: str, parquet: str, nbytes: int, rows: int, split_size: str, repeat: int,
+def query_floors(spark: Any, store: str, parquet: str, nbytes: int, rows: int, split_size: str | None, repeat: int,
                  results: list[dict[str, Any]]) -> None:  # fmt: skip
     """Issue 17's three queries on the default schema, beside binaryFile and Parquet floors."""
     from pyspark.sql import functions as F
@@ -234,7 +234,7 @@ def run(
     msg_size: int = 1024,
     repeat: int,
     master: str | None = None,
-    split_size: str = "64m",
+    split_size: str | None = None,
     driver_memory: str = "12g",
     work_dir: str | None = None,
     skip: frozenset[str] = frozenset(),
@@ -259,6 +259,7 @@ def run(
             if timed("python-arrow", lambda: python_arrow(store), nbytes, rows, results) != rows:
                 raise RuntimeError("python-arrow read a different number of records than were written")
 
+        from mqstore.pipeline.datasource import DEFAULT_SPLIT_SIZE
         from mqstore.pipeline.export import export
         from mqstore.pipeline.session import get_spark
         from mqstore.pipeline.stats import compute_stats
@@ -288,7 +289,7 @@ def run(
         finally:
             spark.stop()
         return {"size_mb": size_mb, "records": rows, "record_bytes": nbytes, "msg_size": msg_size,
-                "segment_mb": segment_mb, "split_size": split_size, "repeat": repeat, "spark_cores": cores,
+                "segment_mb": segment_mb, "split_size": split_size or DEFAULT_SPLIT_SIZE, "repeat": repeat, "spark_cores": cores,
                 "cpu_count": os.cpu_count(), "load_before": load_before, "load_after": _load(),
                 "results": results}  # fmt: skip
     finally:
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segment-mb", type=int, default=None, help="segment size (default 1024; 64 with --quick)")
     p.add_argument("--msg-size", type=int, default=1024, help="bytes per record")
     p.add_argument("--master", default=None)
-    p.add_argument("--split-size", default="64m")
+    p.add_argument("--split-size", default=None, help="the data source's splitSize (default: its default)")
     p.add_argument("--driver-memory", default="12g", help="binaryFile holds a whole segment in an array, and again in its row")
     p.add_argument("--dir", default=None, help="where the store is generated (default: the temp dir); removed after")
     p.add_argument("--json", default="bench_spark.json", help="where to write the results")

@@ -11,7 +11,7 @@ from typing import Callable
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default=None, help="Spark master URL (default: spark-submit's, else local[*])")
-    p.add_argument("--split-size", default=None, metavar="SIZE", help="bytes per read partition, e.g. 64m")
+    p.add_argument("--split-size", default=None, metavar="SIZE", help="bytes per read partition (default 128m), e.g. 256m")
     p.add_argument("--strict", action="store_true", help="fail on the first corrupt record instead of reporting it")
 
 

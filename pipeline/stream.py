@@ -36,6 +36,7 @@ from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, PHYSICAL_OFFSET_POSITION, 
 
 from .bounds import EARLIEST, LATEST, parse_offsets
 from .columnar import arrow_schema, decode_batch
+from .datasource import freeze_reused_worker_heap
 from .segments import Segment, discover_segments, open_segment
 
 log = get_logger(__name__)
@@ -190,6 +191,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, QueueSlice):
             raise TypeError(f"partition: a QueueSlice, got {type(partition).__name__}")
+        freeze_reused_worker_heap()  # the daemon collects after each micro-batch task too
         yield from read_queue_slice(partition, self.columns)
 
     def commit(self, end: Offsets) -> None:

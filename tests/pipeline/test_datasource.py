@@ -95,6 +95,53 @@ def test_spark_honours_split_size_in_partitions(spark: Any, generated_store: Wri
     assert 3 <= packed.rdd.getNumPartitions() <= 4 and packed.count() == 3000
 
 
+def test_default_split_size_is_sparks_file_partition_size(generated_store: Written) -> None:
+    """Without splitSize a task reads up to 128 MiB, Spark's own spark.sql.files.maxPartitionBytes:
+    each task costs about 0.1 CPU s of fixed overhead (JVM and Python worker), which at 64 MiB
+    tasks was a fifth of a default-schema scan's CPU (bench_spark)."""
+    from mqstore.pipeline.datasource import DEFAULT_SCHEMA, RocketMQReader
+
+    reader = RocketMQReader({"path": str(generated_store.store)}, DEFAULT_SCHEMA)
+    assert reader.split_size == 128 << 20
+    assert RocketMQReader({"path": "x", "splitSize": "1m"}, DEFAULT_SCHEMA).split_size == 1 << 20
+
+
+_FREEZE_PROBE = """
+import gc, json, sys
+from mqstore.pipeline.datasource import DEFAULT_SCHEMA, RocketMQReader
+reader = RocketMQReader({"path": sys.argv[1], "decoder": sys.argv[2], "splitSize": "256k"}, DEFAULT_SCHEMA)
+counts = []
+for part in reader.partitions():
+    rows = sum(b.num_rows for b in reader.read(part))
+    counts.append(gc.get_freeze_count())
+print(json.dumps([rows, counts]))
+"""
+
+
+@pytest.mark.parametrize("reuse", ["1", None])
+def test_reused_spark_worker_freezes_its_heap_once(generated_store: Written, reuse: str | None) -> None:
+    """Spark's daemon runs a full gc.collect() after every task of a reused worker (pyspark
+    daemon.py); with pyarrow, numpy and pyspark loaded that scans ~60k objects, 16-40 ms a task.
+    A reused worker's reader moves what is alive at its first task out of the collector's
+    sight (gc.freeze) once; any other process (a driver, a test, a worker that is not reused,
+    where no collection follows each task) is left alone."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_REUSE_WORKER"}
+    if reuse is not None:
+        env["SPARK_REUSE_WORKER"] = reuse
+    out = subprocess.run([sys.executable, "-c", _FREEZE_PROBE, str(generated_store.store), "fast"], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    rows, counts = json.loads(out)
+    assert rows > 0 and counts
+    if reuse is None:
+        assert set(counts) == {0}
+    else:
+        assert len(counts) > 1 and counts[0] > 0 and len(set(counts)) == 1  # frozen at the first task only
+
+
 def test_fast_and_exact_decoders_agree_on_every_column(generated_store: Written) -> None:
     cols = list(COLUMNS)
     assert local_rows([generated_store.store], 20_000, cols, fast=True) == local_rows(
