@@ -597,7 +597,7 @@ class MessageStore:
         readers = self._readers.get()
         index_reader = readers.index_reader(view)
         commitlog = readers.commitlog_reader()
-        quarantined = self.read_view.view.quarantined
+        quarantined = view.quarantined  # (`now` or newer: the quarantine only grows)
         if index_reader is not None and not quarantined:
             walk = index_reader.walk_args
             direct = None if walk is None else reads.query_direct(walk, commitlog, self.config, topic, key, max_count,
