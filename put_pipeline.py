@@ -27,7 +27,7 @@ import pykka
 
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
-from .messages import Message, PutResult, Replied, Reply
+from .messages import STORED_STATUSES, Message, PutResult, Replied, Reply
 from .runtime import tell_all_keeping_gil
 from .storage import speedups
 from .storage.status import PutMessageStatus
@@ -193,7 +193,7 @@ class _ToActors(_Sink):
         # Each sender's answers of the pass are told together, in order: one inbox extend;
         # its read-your-writes end is noted once, for the furthest of its stored puts.
         by_sender: dict[int, _SenderAnswers] = {}
-        stored = _STORED
+        stored = STORED_STATUSES
         for reply, answer in answers:
             assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
             result = answer if type(answer) is PutResult else as_put_result(answer)
@@ -237,7 +237,6 @@ class _SenderAnswers:
         self.end = 0
 
 
-_STORED = frozenset((PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT))  # PutResult.stored
 _new_replied = object.__new__
 # The slots' member descriptors (vars(): mypy types the fields as instance attributes).
 _set_correlation_id: Callable[[Replied, Any], None] = vars(Replied)["correlation_id"].__set__

@@ -136,23 +136,7 @@ class StoreStats:
     def record_put(self, topic: str, result: PutResult | BaseException, latency_ns: int) -> None:
         """One put (or batch) answered after `latency_ns`: PUT_OK counts its messages and bytes
         for the topic; anything else (or an exception) is a failure, counted by status."""
-        bucket = bucket_of(latency_ns // _NS_PER_MS)
-        with self._lock:
-            self._buckets[bucket] += 1
-            self._buckets_total[bucket] += 1
-            if latency_ns > self._put_max_ns:
-                self._put_max_ns = latency_ns
-            if isinstance(result, PutResult) and result.ok:
-                n = max(result.msg_num, 1)
-                self._put_topic_times[topic] += n
-                self._put_topic_bytes[topic] += result.wrote_bytes
-                self._put_times_total += n
-                self._put_bytes_total += result.wrote_bytes
-                self._put_status_times["PUT_OK"] += 1
-            else:
-                self._put_failed_times += 1
-                name = result.status.name if isinstance(result, PutResult) else type(result).__name__
-                self._put_status_times[name] += 1
+        self.record_puts(((topic, result, latency_ns),))
 
     def record_puts(self, puts: Iterable[tuple[str, PutResult | BaseException, int]]) -> None:
         """`record_put` for many puts (topic, result, latency_ns) under one lock: a writer pass's
@@ -166,6 +150,7 @@ class StoreStats:
             max_ns = self._put_max_ns
             times = wrote = put_ok = 0
             for topic, result, latency_ns in puts:
+                # bucket_of(latency_ns // _NS_PER_MS), inline: this loop runs per put
                 bucket = 0 if latency_ns < _NS_PER_MS else bisect_right(bounds, latency_ns // _NS_PER_MS) + 1
                 buckets[bucket] += 1
                 buckets_total[bucket] += 1

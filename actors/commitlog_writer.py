@@ -15,6 +15,7 @@ import pykka
 
 from ..runtime import tell_keeping_gil
 from ..messages import (
+    STORED_STATUSES,
     AllocateRequest,
     CommitLogAdvanced,
     CommitLogFilesDeleted,
@@ -52,7 +53,6 @@ __all__ = ["CommitLogWriter", "DispatchLag", "PassReply", "PassSink"]
 # answer's wait and the dispatch lag under a constant stream.
 PASS_MAX_PUTS = 256
 _NOT_WRITEABLE = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable")
-_STORED = (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT)  # PutResult.stored
 _BUSY = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy")
 
 
@@ -351,7 +351,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # One loop without a property call per put: this runs on every pass.
         stored_puts = stored_records = 0
         for _, r in answers:
-            if r.status in _STORED:
+            if r.status in STORED_STATUSES:
                 stored_puts += 1
                 stored_records += r.msg_num
         for g in group_commits:

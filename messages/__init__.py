@@ -37,6 +37,7 @@ __all__ = [
     "Unsubscribe",
     "MessageArrived",
     "EncodedPut",
+    "STORED_STATUSES",
     "ContinueDispatch",
     "GetLogFacts",
     "GetCommitLogRecovery",
@@ -74,6 +75,10 @@ class Message(NamedTuple):
     wait_store_msg_ok: bool = True  # RocketMQ's WAIT property: under sync flush, wait for the disk
 
 
+# The statuses whose message is in the log: `PutResult.stored`, and its hot paths' set test.
+STORED_STATUSES: frozenset[PutMessageStatus] = frozenset((PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT))
+
+
 class PutResult(NamedTuple):
     """The answer to a put. `ok` means PUT_OK; `stored` means the bytes are in the log
     (PUT_OK, or FLUSH_DISK_TIMEOUT where RocketMQ also keeps the message). Immutable; a
@@ -94,7 +99,7 @@ class PutResult(NamedTuple):
 
     @property
     def stored(self) -> bool:
-        return self.status in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT)
+        return self.status in STORED_STATUSES
 
     @property
     def msg_id(self) -> str:
