@@ -27,10 +27,11 @@ import pykka
 
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
-from .messages import STORED_STATUSES, Message, PutResult, Replied, Reply
-from .runtime import tell_all_keeping_gil
+from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply
+from .runtime import INBOX_ENVELOPE, native_inbox, tell_all_keeping_gil
 from .storage import speedups
 from .storage.status import PutMessageStatus
+from .supervisor import SupervisorState
 
 if TYPE_CHECKING:
     from .store import MessageStore
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["PutPipeline", "ActorClient"]
 
 IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_puts_in_flight reached")
+_RUNNING = SupervisorState.RUNNING
+_monotonic_ns = time.monotonic_ns
 
 
 def as_put_result(answer: Any) -> PutResult:
@@ -274,6 +277,11 @@ class _InFlightSlots:
                 post()
 
     @property
+    def native_signal(self) -> Any:
+        """The C Signal counting the free slots (None without the C extension)."""
+        return self._signal
+
+    @property
     def free(self) -> int:
         return self._signal.value() if self._signal is not None else self._free
 
@@ -339,6 +347,15 @@ class PutPipeline:
         self._thread_lock = threading.Lock()
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
+        # A single put's encode and hand-over in one C call (None: the Python path only), and
+        # the writer incarnation it last told: (ref, its stopped event, inbox append, Signal).
+        slots_signal = self._slots.native_signal
+        self._submitter: Any = (
+            store._encoder.native_submitter(store.clock_ms, slots_signal, EncodedPut, INBOX_ENVELOPE)
+            if slots_signal is not None else None
+        )  # fmt: skip
+        self._peers = store.supervisor.ctx.peers
+        self._writer_inbox: tuple[pykka.ActorRef[Any], threading.Event, Callable[[Any], None], Any] | None = None
 
     # read-your-writes for actors ------------------------------------------------------------
     def note_actor_put(self, sender: pykka.ActorRef[Any], result: PutResult) -> None:
@@ -380,22 +397,61 @@ class PutPipeline:
     # threads ---------------------------------------------------------------------------------
     def put_async(self, messages: Sequence[Message], *, batch: bool) -> Future[PutResult]:
         future = _PutFuture()
-        topic = messages[0].topic if messages else ""
-        self._pending.add(future)
+        pending = self._pending
+        pending.add(future)
+        reply = _PutReply(self._to_completion, future, None, None, messages[0].topic if messages else "", _monotonic_ns())
         try:
-            reply = self._submit(messages, batch, _PutReply(self._to_completion, future, None, None, topic, time.monotonic_ns()))
+            if batch or len(messages) != 1:
+                refused = self._submit(messages, batch, reply)
+            else:
+                refused = self._submit_one(messages[0], reply)
         except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
-            self._pending.discard(future)
+            pending.discard(future)
             raise
-        if reply is not None:
-            self._pending.discard(future)
-            future.set_result(reply)  # refused before the writer, in the caller's thread
+        if refused is not None:
+            pending.discard(future)
+            future.set_result(refused)  # refused before the writer, in the caller's thread
             return future
         # Read-your-writes: once this thread saw the future done, its reads cover the put.
         self._store._local.last_async_put = future
         if self._closed:
             self._complete_closed()  # closed meanwhile: no completion thread to do it
         return future
+
+    def _submit_one(self, message: Message, reply: _PutReply) -> PutResult | None:
+        """`_submit` of one message (not a batch): encoded, its slot taken and the writer told
+        in one C call (PutSubmitter) while the store is running and the writer up; whatever
+        that call declines (a topic seen for the first time, a message outside the C
+        encoder's fast path, no free slot) and every refusal go through `_submit`."""
+        submitter = self._submitter
+        store = self._store
+        if (
+            submitter is not None
+            and not store._closed
+            and store.supervisor.state is _RUNNING
+            and store._slave_refusal is None
+            and speedups.native is not None  # (a test may switch the C paths off per case)
+        ):
+            writer = self._peers.get("writer")
+            target = self._writer_inbox
+            if target is None or target[0] is not writer:
+                target = self._writer_inbox = self._native_target(writer)
+            if target is not None and not target[1].is_set():
+                if self._thread is None and reply.sink is self._to_completion:
+                    self._ensure_thread()
+                if submitter.submit(message, reply, target[2], target[3]):
+                    return None
+        return self._submit((message,), False, reply)
+
+    @staticmethod
+    def _native_target(
+        writer: pykka.ActorRef[Any] | None,
+    ) -> tuple[pykka.ActorRef[Any], threading.Event, Callable[[Any], None], Any] | None:
+        """What PutSubmitter needs of this writer incarnation (None: down, or not on a FastInbox)."""
+        inbox = native_inbox(writer) if writer is not None else None
+        if writer is None or inbox is None:
+            return None
+        return writer, writer.actor_stopped, inbox[0], inbox[1]
 
     def _submit(self, messages: Sequence[Message], batch: bool, reply: _PutReply) -> PutResult | None:
         """Encode here, take an in-flight slot, tell the writer, which answers `reply`. A
@@ -493,8 +549,11 @@ class PutPipeline:
         (told from the writer's thread: a tell only enqueues), or with no sender to the stats
         and the log. False if the put was refused before reaching the writer."""
         topic = messages[0].topic if messages else ""
-        reply = _PutReply(self._to_actors, None, sender, correlation_id, topic, time.monotonic_ns())
-        refused = self._submit(messages, batch, reply)
+        reply = _PutReply(self._to_actors, None, sender, correlation_id, topic, _monotonic_ns())
+        if batch or len(messages) != 1:
+            refused = self._submit(messages, batch, reply)
+        else:
+            refused = self._submit_one(messages[0], reply)
         if refused is None:
             return True
         if sender is not None:  # refused here: no slot was taken, none to give back

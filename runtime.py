@@ -37,6 +37,8 @@ __all__ = [
     "call_soon",
     "tell_keeping_gil",
     "tell_all_keeping_gil",
+    "native_inbox",
+    "INBOX_ENVELOPE",
     "ask",
     "Subscriptions",
 ]
@@ -225,6 +227,20 @@ def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
     else:
         inbox._tokens.put(None)
     return True
+
+
+# What a FastInbox holds per message (pykka's Envelope): for PutSubmitter, which builds it in C.
+INBOX_ENVELOPE: type[Envelope[Any]] = Envelope
+
+
+def native_inbox(ref: pykka.ActorRef[Any]) -> tuple[Callable[[Any], None], Any] | None:
+    """The append of an actor's FastInbox and its C Signal, for a native hand-over that does
+    what `tell_keeping_gil` does (storage._native.PutSubmitter); None if it is not on a
+    FastInbox with the C extension (tell it through `tell_keeping_gil`)."""
+    inbox = ref.actor_inbox
+    if not isinstance(inbox, FastInbox) or inbox._signal is None:
+        return None
+    return inbox._items.append, inbox._signal
 
 
 def tell_all_keeping_gil(ref: pykka.ActorRef[Any], messages: list[Any], *, hand_over: bool = False) -> bool:

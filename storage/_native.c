@@ -1273,6 +1273,223 @@ static PyTypeObject SignalType = {
     .tp_methods = Signal_methods,
 };
 
+/* ---- PutSubmitter: a single put's encode and hand-over to the writer in one call ------------
+ *
+ * put_async and the actor client's single puts (put_pipeline.PutPipeline._submit_one): the
+ * message encoded as encode_batch would encode it, an in-flight slot taken, the writer's
+ * messages.EncodedPut built and appended to the writer's inbox inside a pykka Envelope, and
+ * the inbox's Signal posted without releasing the GIL (runtime.FastInbox.put_keeping_gil).
+ * Everything else (a topic not yet validated, a message outside encode_one's fast path, no
+ * free slot) returns before anything is handed out and the Python path does it, so each
+ * refusal keeps one implementation. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *topics;            /* dict: validated topic -> its UTF-8 bytes (PutEncoder's) */
+    PyObject *clock_ms;          /* the store's clock, called once per put as PutEncoder does */
+    PyObject *slots;             /* Signal: one count per free in-flight slot */
+    PyTypeObject *put_type;      /* messages.EncodedPut (a NamedTuple of 8 fields) */
+    PyTypeObject *envelope_type; /* pykka's Envelope (slots message, reply_to) */
+    unsigned char born_ip[4], store_ip[4];
+    int born_port, store_port;
+    long long max_size;
+} PutSubmitterObject;
+
+static PyObject *str_message, *str_reply_to;
+
+static int PutSubmitter_init(PutSubmitterObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *topics, *clock_ms, *slots, *put_type, *envelope_type, *born_ip_o, *store_ip_o;
+    int born_port, store_port;
+    long long max_size;
+    static char *kwlist[] = {"topics", "clock_ms", "slots", "put_type", "envelope_type", "born_ip4", "born_port",
+                             "store_ip4", "store_port", "max_message_size", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!O!O!OiOiL", kwlist, &PyDict_Type, &topics, &clock_ms,
+                                     &SignalType, &slots, &PyType_Type, &put_type, &PyType_Type, &envelope_type,
+                                     &born_ip_o, &born_port, &store_ip_o, &store_port, &max_size))
+        return -1;
+    if (!PyCallable_Check(clock_ms)) {
+        PyErr_SetString(PyExc_TypeError, "clock_ms must be callable");
+        return -1;
+    }
+    if (!PyType_IsSubtype((PyTypeObject *)put_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "put_type must be a tuple type (messages.EncodedPut)");
+        return -1;
+    }
+    const unsigned char *born_ip, *store_ip;
+    if (ip4_arg(born_ip_o, &born_ip) < 0 || ip4_arg(store_ip_o, &store_ip) < 0) return -1;
+    memcpy(self->born_ip, born_ip, 4);
+    memcpy(self->store_ip, store_ip, 4);
+    self->born_port = born_port;
+    self->store_port = store_port;
+    self->max_size = max_size;
+    Py_XSETREF(self->topics, Py_NewRef(topics));
+    Py_XSETREF(self->clock_ms, Py_NewRef(clock_ms));
+    Py_XSETREF(self->slots, Py_NewRef(slots));
+    Py_XSETREF(self->put_type, (PyTypeObject *)Py_NewRef(put_type));
+    Py_XSETREF(self->envelope_type, (PyTypeObject *)Py_NewRef(envelope_type));
+    return 0;
+}
+
+static int PutSubmitter_traverse(PutSubmitterObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->topics);
+    Py_VISIT(self->clock_ms);
+    Py_VISIT(self->slots);
+    Py_VISIT(self->put_type);
+    Py_VISIT(self->envelope_type);
+    return 0;
+}
+
+static int PutSubmitter_clear(PutSubmitterObject *self) {
+    Py_CLEAR(self->topics);
+    Py_CLEAR(self->clock_ms);
+    Py_CLEAR(self->slots);
+    Py_CLEAR(self->put_type);
+    Py_CLEAR(self->envelope_type);
+    return 0;
+}
+
+static void PutSubmitter_dealloc(PutSubmitterObject *self) {
+    PyObject_GC_UnTrack(self);
+    PutSubmitter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* EncodedPut(records, topic, queue_id, 0, False, True, reply, enqueued_ns): allocated and
+ * filled as CPython's tuple_subtype_new does. Steals `records`. */
+static PyObject *encoded_put(PyTypeObject *type, PyObject *records, PyObject *topic, PyObject *queue_id,
+                             PyObject *reply) {
+    PyObject *enqueued = PyLong_FromLongLong(monotonic_ns());
+    if (enqueued == NULL) {
+        Py_DECREF(records);
+        return NULL;
+    }
+    PyObject *put = type->tp_alloc(type, 8);
+    if (put == NULL) {
+        Py_DECREF(records);
+        Py_DECREF(enqueued);
+        return NULL;
+    }
+    PyObject *items[8] = {records, Py_NewRef(topic), Py_NewRef(queue_id), PyLong_FromLong(0), Py_NewRef(Py_False),
+                          Py_NewRef(Py_True), Py_NewRef(reply), enqueued};
+    for (int i = 0; i < 8; i++) PyTuple_SET_ITEM(put, i, items[i]);
+    return put;
+}
+
+/* pykka's Envelope(put) without its Python __init__: object.__new__ and its two slots. */
+static PyObject *envelope(PyTypeObject *type, PyObject *message) {
+    PyObject *env = type->tp_alloc(type, 0);
+    if (env == NULL) return NULL;
+    if (PyObject_SetAttr(env, str_message, message) < 0 || PyObject_SetAttr(env, str_reply_to, Py_None) < 0) {
+        Py_DECREF(env);
+        return NULL;
+    }
+    return env;
+}
+
+PyDoc_STRVAR(PutSubmitter_submit_doc,
+             "submit(message, reply, inbox_append, inbox_signal) -> bool | None\n\n"
+             "True: `message` is encoded, a slot taken and the writer told EncodedPut(..., reply, ...) "
+             "(appended through `inbox_append`, `inbox_signal` posted holding the GIL). None: the encoder "
+             "declines it (a topic not validated yet, anything outside encode_batch's fast path); False: "
+             "no slot is free. Neither takes a slot nor tells anything: the Python path does it.");
+
+static PyObject *PutSubmitter_submit(PutSubmitterObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "submit() takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *m = args[0], *reply = args[1], *append = args[2], *inbox_signal = args[3];
+    if (!PyObject_TypeCheck(inbox_signal, &SignalType)) {
+        PyErr_SetString(PyExc_TypeError, "inbox_signal must be a Signal");
+        return NULL;
+    }
+    PyObject *topic = NULL, *qid = NULL, *rec = NULL, *answer = NULL;
+    long long queue_id;
+    topic = PyObject_GetAttr(m, str_topic);
+    if (topic == NULL) goto done;
+    qid = PyObject_GetAttr(m, str_queue_id);
+    if (qid == NULL) goto done;
+    answer = Py_None;
+    if (!PyUnicode_CheckExact(topic)) goto done;
+    PyObject *topic_utf8 = PyDict_GetItemWithError(self->topics, topic); /* borrowed */
+    if (topic_utf8 == NULL) {
+        if (PyErr_Occurred()) answer = NULL;
+        goto done; /* not validated yet: PutEncoder.encode validates and caches it */
+    }
+    if (!PyBytes_CheckExact(topic_utf8) || PyBytes_GET_SIZE(topic_utf8) <= 0 || PyBytes_GET_SIZE(topic_utf8) > 127)
+        goto done;
+    int r = small_int(qid, 0, INT32_MAX, &queue_id);
+    if (r <= 0) {
+        if (r < 0) answer = NULL;
+        goto done;
+    }
+    PyObject *now = PyObject_CallNoArgs(self->clock_ms);
+    if (now == NULL) {
+        answer = NULL;
+        goto done;
+    }
+    long long now_ms = PyLong_AsLongLong(now);
+    Py_DECREF(now);
+    if (now_ms == -1 && PyErr_Occurred()) {
+        answer = NULL;
+        goto done;
+    }
+    rec = encode_one(m, PyBytes_AS_STRING(topic_utf8), PyBytes_GET_SIZE(topic_utf8), now_ms, self->born_ip,
+                     self->born_port, self->store_ip, self->store_port, self->max_size, topic, queue_id);
+    if (rec == NULL || rec == Py_None) {
+        if (rec == NULL) answer = NULL;
+        rec = NULL; /* Py_None is borrowed */
+        goto done;
+    }
+    /* A slot after the encoding: a put the encoder declines never holds one, even briefly. */
+    if (sem_trywait(&((SignalObject *)self->slots)->sem) != 0) {
+        answer = Py_False;
+        goto done;
+    }
+    PyObject *records = PyTuple_Pack(1, rec);
+    PyObject *put = records != NULL ? encoded_put(self->put_type, records, topic, qid, reply) : NULL;
+    PyObject *env = put != NULL ? envelope(self->envelope_type, put) : NULL;
+    Py_XDECREF(put);
+    PyObject *appended = env != NULL ? PyObject_CallOneArg(append, env) : NULL;
+    Py_XDECREF(env);
+    if (appended == NULL) { /* nothing handed out: the slot goes back */
+        sem_post(&((SignalObject *)self->slots)->sem);
+        answer = NULL;
+        goto done;
+    }
+    Py_DECREF(appended);
+    if (sem_post(&((SignalObject *)inbox_signal)->sem) != 0) { /* as Signal.post_holding_gil */
+        PyErr_SetFromErrno(PyExc_OSError);
+        answer = NULL;
+        goto done;
+    }
+    answer = Py_True;
+done:
+    Py_XDECREF(topic);
+    Py_XDECREF(qid);
+    Py_XDECREF(rec);
+    return Py_XNewRef(answer);
+}
+
+static PyMethodDef PutSubmitter_methods[] = {
+    {"submit", (PyCFunction)(void (*)(void))PutSubmitter_submit, METH_FASTCALL, PutSubmitter_submit_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PutSubmitterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mqstore.storage._native.PutSubmitter",
+    .tp_basicsize = sizeof(PutSubmitterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "PutSubmitter(topics, clock_ms, slots, put_type, envelope_type, born_ip4, born_port, store_ip4, "
+              "store_port, max_message_size): one store's single puts encoded and told to its writer in one call.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PutSubmitter_init,
+    .tp_dealloc = (destructor)PutSubmitter_dealloc,
+    .tp_traverse = (traverseproc)PutSubmitter_traverse,
+    .tp_clear = (inquiry)PutSubmitter_clear,
+    .tp_methods = PutSubmitter_methods,
+};
+
 /* ==========================================================================================
  * ---- decode_message: the read path's record decoder --------------------------------------
  *
@@ -2986,6 +3203,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     INTERN(str_wait_store_msg_ok, "wait_store_msg_ok")
     INTERN(str_prop_keys, "KEYS")
     INTERN(str_prop_uniq_key, "UNIQ_KEY")
+    INTERN(str_message, "message")
+    INTERN(str_reply_to, "reply_to")
 #undef INTERN
     if (empty_str == NULL) return NULL;
     if (PyType_Ready(&SignalType) < 0) return NULL;
@@ -2994,6 +3213,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&SignalType);
     if (PyModule_AddObject(m, "Signal", (PyObject *)&SignalType) < 0) {
         Py_DECREF(&SignalType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyType_Ready(&PutSubmitterType) < 0 || PyModule_AddObjectRef(m, "PutSubmitter", (PyObject *)&PutSubmitterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -9,7 +9,7 @@ the argument, out-of-range values ValueError: those are the caller's mistakes.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from . import codec, speedups
 from .status import PutMessageStatus
@@ -70,6 +70,20 @@ class PutEncoder:
         # of a topic are paid once, not per put (bounded: a host with endless topic names
         # validates the ones past the bound on every put, as before).
         self._topic_utf8: dict[str, bytes] = {}
+
+    def native_submitter(
+        self, clock_ms: Callable[[], int], slots: object, put_type: type, envelope_type: type
+    ) -> Any | None:
+        """A `_native.PutSubmitter` that encodes a single plain message as `encode` does (its
+        C encoder, this encoder's validated topics, hosts and limit) and hands it to the
+        writer in the same call; None without the C extension or with an IPv6 store host."""
+        native = speedups.native
+        if native is None or self._store_host_ip4 is None:
+            return None
+        return native.PutSubmitter(
+            self._topic_utf8, clock_ms, slots, put_type, envelope_type,
+            _DEFAULT_BORN_IP4, _DEFAULT_BORN_PORT, self._store_host_ip4, self._store_port, self.max_message_size,
+        )  # fmt: skip
 
     def encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:
         """The pre-checks, then the records (the C encoder for plain messages)."""
