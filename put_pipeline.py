@@ -62,6 +62,9 @@ class _PutFuture(Future[PutResult]):
       completes the future without it (nobody can be waiting). Both happen under one
       module lock, so a waiter arriving at the same time sees either the completed future or
       a completion that goes the Condition's way and wakes it.
+    - Its lists of waiters (concurrent.futures.wait, as_completed) and done-callbacks too:
+      two lists a put were a fifth of the caller's allocations, and so of its garbage
+      collector passes. Each is only added to under the Condition, so it is made there.
     - The put is handed to the writer at once, so it can never be cancelled and is running
       from the start: said by cancel/running rather than by set_running_or_notify_cancel.
     - It is only ever completed with a result (failures are statuses), never an exception.
@@ -72,8 +75,8 @@ class _PutFuture(Future[PutResult]):
         self._state = _PENDING
         self._result: PutResult | None = None
         self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
+        self._waiter_list: list[Any] | None = None
+        self._callback_list: list[Any] | None = None
 
     @property  # Future's attribute, made on first use
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -84,6 +87,20 @@ class _PutFuture(Future[PutResult]):
                 if condition is None:
                     condition = self._cond = threading.Condition()
         return condition
+
+    @property  # Future's attribute, made on first use
+    def _waiters(self) -> list[Any]:  # type: ignore[override]
+        waiters = self._waiter_list
+        if waiters is None:
+            waiters = self._waiter_list = []
+        return waiters
+
+    @property  # Future's attribute, made on first use
+    def _done_callbacks(self) -> list[Any]:  # type: ignore[override]
+        callbacks = self._callback_list
+        if callbacks is None:
+            callbacks = self._callback_list = []
+        return callbacks
 
     def set_result(self, result: PutResult) -> None:
         if self._cond is None:
@@ -395,24 +412,45 @@ class PutPipeline:
         return Reply(callback=done, store_internal_callback=True)
 
     # threads ---------------------------------------------------------------------------------
-    def put_async(self, messages: Sequence[Message], *, batch: bool) -> Future[PutResult]:
+    def put_async(self, message: Message) -> Future[PutResult]:
+        """store.put_async (one message, `_submit_one`)."""
         future = _PutFuture()
         pending = self._pending
         pending.add(future)
-        reply = _PutReply(self._to_completion, future, None, None, messages[0].topic if messages else "", _monotonic_ns())
         try:
-            if batch or len(messages) != 1:
-                refused = self._submit(messages, batch, reply)
-            else:
-                refused = self._submit_one(messages[0], reply)
+            refused = self._submit_one(message, _PutReply(self._to_completion, future, None, None, message.topic, _monotonic_ns()))
         except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
             pending.discard(future)
             raise
+        # `_handed_out`, inline: once per put.
         if refused is not None:
             pending.discard(future)
             future.set_result(refused)  # refused before the writer, in the caller's thread
             return future
-        # Read-your-writes: once this thread saw the future done, its reads cover the put.
+        self._store._local.last_async_put = future
+        if self._closed:
+            self._complete_closed()
+        return future
+
+    def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
+        """store.put_batch_async (a checked, non-empty batch)."""
+        future = _PutFuture()
+        self._pending.add(future)
+        try:
+            refused = self._submit(messages, True, _PutReply(self._to_completion, future, None, None, messages[0].topic, _monotonic_ns()))
+        except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
+            self._pending.discard(future)
+            raise
+        return self._handed_out(future, refused)
+
+    def _handed_out(self, future: _PutFuture, refused: PutResult | None) -> Future[PutResult]:
+        """The future of a put just submitted: completed here if it was refused before the
+        writer, else this thread's newest (read-your-writes: once this thread saw it done,
+        its reads cover the put)."""
+        if refused is not None:
+            self._pending.discard(future)
+            future.set_result(refused)  # refused before the writer, in the caller's thread
+            return future
         self._store._local.last_async_put = future
         if self._closed:
             self._complete_closed()  # closed meanwhile: no completion thread to do it

@@ -321,14 +321,15 @@ class MessageStore:
         `max_puts_in_flight` is reached with `put_fail_fast_when_in_flight_full`), not
         exceptions. `flush()` waits for every future handed out before it. Read-your-writes:
         once this thread has seen its newest future done, its reads cover that put."""
-        self._check_open()
-        if not isinstance(message, Message):
+        if self._closed:  # `_check_open`, inline: once per put
+            self._check_open()
+        if type(message) is not Message and not isinstance(message, Message):
             raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
-        return self._puts.put_async((message,), batch=False)
+        return self._puts.put_async(message)
 
     def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
         """`put_batch` without waiting: one future for the batch."""
-        return self._puts.put_async(self._batch(messages), batch=True)
+        return self._puts.put_batch_async(self._batch(messages))
 
     def actor_client(self, sender: pykka.ActorRef[Any]) -> ActorClient:
         """Puts for the pykka actor `sender`, told straight to the writer (no gateway hop);

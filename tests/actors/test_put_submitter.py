@@ -311,3 +311,25 @@ def test_submit_gives_the_slot_back_when_the_hand_over_fails() -> None:
         submitter.submit(Message(topic="orders", body=b"x"), None, [].append, object())
     with pytest.raises(TypeError):
         native.PutSubmitter({}, "not callable", slots, EncodedPut, INBOX_ENVELOPE, b"\0\0\0\0", 0, b"\0\0\0\0", 0, 1)
+
+
+def test_a_put_future_makes_its_lists_only_for_waiters_and_callbacks() -> None:
+    """_PutFuture's waiter and callback lists are made on first use, like its Condition: a
+    future only polled and completed makes neither; waiters and callbacks still work."""
+    from concurrent.futures import as_completed, wait
+
+    from mqstore import put_pipeline
+
+    ok = PutResult(status=PutMessageStatus.PUT_OK)
+    lone = put_pipeline._PutFuture()
+    lone.set_result(ok)
+    assert lone._waiter_list is None and lone._callback_list is None and lone.result(0) is ok
+    called: list[Any] = []
+    lone.add_done_callback(called.append)  # done already: called at once
+    waited, polled = put_pipeline._PutFuture(), put_pipeline._PutFuture()
+    waited.add_done_callback(called.append)
+    threading.Timer(0.05, waited.set_result, (ok,)).start()
+    assert wait([waited, polled], timeout=TIMEOUT_S, return_when="FIRST_COMPLETED").not_done == {polled}
+    assert called == [lone, waited] and waited._waiter_list == [] and polled._waiter_list == []
+    polled.set_result(ok)
+    assert list(as_completed([polled], timeout=TIMEOUT_S)) == [polled]
