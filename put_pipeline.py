@@ -21,7 +21,7 @@ import time
 import weakref
 from concurrent.futures import Future, InvalidStateError, wait
 from concurrent.futures import _base as _futures_base
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, cast
 
 import pykka
 
@@ -134,6 +134,26 @@ _PENDING: str = _futures_base.PENDING
 _FINISHED: str = _futures_base.FINISHED
 
 
+def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> None:
+    """set_result for a pass's futures, with the lock taken once for the pass instead of once
+    a future: those nobody waits on (no Condition made) are completed under it; the others
+    through their Condition after it, where their done-callbacks run. One already done (by
+    close(), racing) is left as it is."""
+    waited: list[tuple[_PutFuture, PutResult]] = []
+    with _CONDITION_MADE:
+        for future, result in completions:
+            if future._cond is not None:
+                waited.append((future, result))
+            elif future._state is _PENDING:
+                future._result = result
+                future._state = _FINISHED
+    for future, result in waited:
+        try:
+            future.set_result(result)
+        except InvalidStateError:  # completed meanwhile by close() (_complete_closed)
+            pass
+
+
 class _PutReply(PassReply):
     """One pipelined put's Reply: where its answer goes (a future, an actor, or nowhere for
     fire and forget) and what the stats need. The writer hands a pass's answers to the sink
@@ -146,7 +166,7 @@ class _PutReply(PassReply):
     def __init__(
         self,
         sink: _Sink,
-        future: Future[PutResult] | None,
+        future: _PutFuture | None,
         sender: pykka.ActorRef[Any] | None,
         correlation_id: Hashable,
         topic: str,
@@ -289,9 +309,7 @@ class _InFlightSlots:
         self._free = slots
         self._waiters = 0
         if self._signal is not None:
-            post = self._signal.post_holding_gil
-            for _ in range(slots):
-                post()
+            self._signal.post_many_holding_gil(slots)
 
     @property
     def native_signal(self) -> Any:
@@ -329,9 +347,7 @@ class _InFlightSlots:
     def give(self, n: int) -> None:
         signal = self._signal
         if signal is not None:
-            post = signal.post_holding_gil
-            for _ in range(n):
-                post()
+            signal.post_many_holding_gil(n)
             return
         with self._lock:
             self._free += n
@@ -556,28 +572,25 @@ class PutPipeline:
     def _complete(self, answers: list[tuple[PassReply, Any]]) -> None:
         """Complete a pass's futures (their done-callbacks run here), give their slots back."""
         self._release_slots(len(answers))
-        pending = self._pending
-        now = time.monotonic_ns()
-        results: list[tuple[Future[PutResult] | None, PutResult]] = []
+        now = _monotonic_ns()
         figures: list[tuple[str, PutResult, int]] = []
-        for reply, answer in answers:
-            assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
+        completions: list[tuple[_PutFuture, PutResult]] = []
+        forgotten: list[tuple[_PutReply, PutResult]] = []
+        stored = STORED_STATUSES
+        for reply, answer in cast("list[tuple[_PutReply, Any]]", answers):  # only _PutReplies carry this sink
             result = answer if type(answer) is PutResult else as_put_result(answer)
             figures.append((reply.topic, result, now - reply.started))
-            results.append((reply.future, result))
+            future = reply.future
+            if future is not None:
+                completions.append((future, result))
+            elif result.status not in stored:  # fire and forget
+                forgotten.append((reply, result))
         # The stats before any future completes: a caller that saw its put done sees it counted.
         self._record(figures)
-        for (future, result), (reply, _) in zip(results, answers):
-            if future is None:  # fire and forget
-                if not result.stored:
-                    assert isinstance(reply, _PutReply)
-                    self._log_forgotten(reply, result)
-                continue
-            pending.discard(future)
-            try:
-                future.set_result(result)
-            except InvalidStateError:  # completed meanwhile by close() (_complete_closed)
-                pass
+        _complete_futures(completions)
+        self._pending.difference_update([future for future, _ in completions])  # once done: flush() waits for them
+        for reply, result in forgotten:
+            self._log_forgotten(reply, result)
 
     # actors ----------------------------------------------------------------------------------
     def tell_put(

@@ -94,9 +94,7 @@ class FastInbox:
         self._items.extend(items)
         signal = self._signal
         if signal is not None:
-            post = signal.post_holding_gil
-            for _ in range(len(items) - 1 if hand_over else len(items)):
-                post()
+            signal.post_many_holding_gil(len(items) - 1 if hand_over and items else len(items))
             if hand_over and items:
                 signal.post()
         else:

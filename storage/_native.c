@@ -1211,6 +1211,18 @@ static PyObject *Signal_post_holding_gil(SignalObject *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Signal_post_many_holding_gil(SignalObject *self, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+        return NULL;
+    }
+    for (long i = 0; i < n; i++)
+        if (sem_post(&self->sem) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
     double timeout = -1.0;
     if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
@@ -1256,6 +1268,8 @@ static PyObject *Signal_value(SignalObject *self, PyObject *noargs) {
 static PyMethodDef Signal_methods[] = {
     {"post", (PyCFunction)Signal_post, METH_NOARGS, "Add one to the count, waking one waiter."},
     {"post_holding_gil", (PyCFunction)Signal_post_holding_gil, METH_NOARGS, "post() without releasing the GIL."},
+    {"post_many_holding_gil", (PyCFunction)Signal_post_many_holding_gil, METH_O,
+     "post_many_holding_gil(n): post_holding_gil() n times in one call (a pass's slots or tokens)."},
     {"wait", (PyCFunction)Signal_wait, METH_VARARGS,
      "wait(timeout=-1) -> bool: take one from the count, blocking without the GIL; False on timeout."},
     {"value", (PyCFunction)Signal_value, METH_NOARGS, "The count now (a snapshot, for tests and figures)."},

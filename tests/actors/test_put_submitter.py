@@ -333,3 +333,15 @@ def test_a_put_future_makes_its_lists_only_for_waiters_and_callbacks() -> None:
     assert called == [lone, waited] and waited._waiter_list == [] and polled._waiter_list == []
     polled.set_result(ok)
     assert list(as_completed([polled], timeout=TIMEOUT_S)) == [polled]
+
+
+def test_signal_post_many_adds_n_in_one_call() -> None:
+    native = speedups.native
+    assert native is not None
+    signal = native.Signal()
+    signal.post_many_holding_gil(3)
+    signal.post_many_holding_gil(0)
+    assert signal.value() == 3 and signal.wait(0.0) and signal.value() == 2
+    with pytest.raises(ValueError):
+        signal.post_many_holding_gil(-1)
+    assert signal.value() == 2
