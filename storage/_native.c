@@ -1417,7 +1417,7 @@ static PyObject *PutSubmitter_submit(PutSubmitterObject *self, PyObject *const *
         PyErr_SetString(PyExc_TypeError, "inbox_signal must be a Signal");
         return NULL;
     }
-    PyObject *topic = NULL, *qid = NULL, *rec = NULL, *answer = NULL;
+    PyObject *topic = NULL, *qid = NULL, *topic_utf8 = NULL, *rec = NULL, *answer = NULL;
     long long queue_id;
     topic = PyObject_GetAttr(m, str_topic);
     if (topic == NULL) goto done;
@@ -1425,7 +1425,7 @@ static PyObject *PutSubmitter_submit(PutSubmitterObject *self, PyObject *const *
     if (qid == NULL) goto done;
     answer = Py_None;
     if (!PyUnicode_CheckExact(topic)) goto done;
-    PyObject *topic_utf8 = PyDict_GetItemWithError(self->topics, topic); /* borrowed */
+    topic_utf8 = Py_XNewRef(PyDict_GetItemWithError(self->topics, topic)); /* held across the clock's call */
     if (topic_utf8 == NULL) {
         if (PyErr_Occurred()) answer = NULL;
         goto done; /* not validated yet: PutEncoder.encode validates and caches it */
@@ -1481,6 +1481,7 @@ static PyObject *PutSubmitter_submit(PutSubmitterObject *self, PyObject *const *
 done:
     Py_XDECREF(topic);
     Py_XDECREF(qid);
+    Py_XDECREF(topic_utf8);
     Py_XDECREF(rec);
     return Py_XNewRef(answer);
 }
