@@ -96,7 +96,7 @@ class _PutFuture(Future[PutResult]):
         return waiters
 
     @property  # Future's attribute, made on first use
-    def _done_callbacks(self) -> list[Any]:  # type: ignore[override]
+    def _done_callbacks(self) -> list[Any]:
         callbacks = self._callback_list
         if callbacks is None:
             callbacks = self._callback_list = []
@@ -234,8 +234,7 @@ class _ToActors(_Sink):
         # its read-your-writes end is noted once, for the furthest of its stored puts.
         by_sender: dict[int, _SenderAnswers] = {}
         stored = STORED_STATUSES
-        for reply, answer in answers:
-            assert isinstance(reply, _PutReply)  # only _PutReplies carry this sink
+        for reply, answer in cast("list[tuple[_PutReply, Any]]", answers):  # only _PutReplies carry this sink
             result = answer if type(answer) is PutResult else as_put_result(answer)
             figures.append((reply.topic, result, now - reply.started))
             sender = reply.sender
@@ -605,8 +604,16 @@ class PutPipeline:
             refused = self._submit(messages, batch, reply)
         else:
             refused = self._submit_one(messages[0], reply)
-        if refused is None:
-            return True
+        return refused is None or self._refused(refused, topic, sender, correlation_id)
+
+    def tell_one(self, message: Message, sender: pykka.ActorRef[Any] | None, correlation_id: Hashable) -> bool:
+        """`tell_put` of one message (ActorClient.put and put_and_forget)."""
+        reply = _PutReply(self._to_actors, None, sender, correlation_id, message.topic, _monotonic_ns())
+        refused = self._submit_one(message, reply)
+        return refused is None or self._refused(refused, message.topic, sender, correlation_id)
+
+    def _refused(self, refused: PutResult, topic: str, sender: pykka.ActorRef[Any] | None, correlation_id: Hashable) -> bool:
+        """An actor client's put refused before the writer: told to its sender, or logged."""
         if sender is not None:  # refused here: no slot was taken, none to give back
             sender.tell(Replied(correlation_id=correlation_id, answer=refused))
         elif not refused.stored:
@@ -676,11 +683,15 @@ class ActorClient:
         self._sender = sender
 
     def put(self, message: Message, correlation_id: Hashable = None) -> bool:
-        return self._pipeline.tell_put((message,), batch=False, sender=self._sender, correlation_id=correlation_id)
+        if type(message) is not Message and not isinstance(message, Message):
+            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+        return self._pipeline.tell_one(message, self._sender, correlation_id)
 
     def put_batch(self, messages: Sequence[Message], correlation_id: Hashable = None) -> bool:
         """One topic and queue, consecutive queue offsets, one answer (the store's put_batch)."""
         return self._pipeline.tell_put(tuple(messages), batch=True, sender=self._sender, correlation_id=correlation_id)
 
     def put_and_forget(self, message: Message) -> bool:
-        return self._pipeline.tell_put((message,), batch=False, sender=None, correlation_id=None)
+        if type(message) is not Message and not isinstance(message, Message):
+            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+        return self._pipeline.tell_one(message, None, None)

@@ -229,6 +229,11 @@ def test_the_actor_clients_single_puts_take_the_one_call_path(store_dir: Path) -
             assert [r.correlation_id for r in actor.got] == [1, 2, 3]
             assert all(r.answer.ok for r in actor.got)
             assert spy.answers == [True, None, True, True]
+            with pytest.raises(TypeError, match="message"):
+                client.put(b"not a message")  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="message"):
+                client.put_and_forget("not a message")  # type: ignore[arg-type]
+            assert spy.answers == [True, None, True, True]  # nothing submitted for them
         finally:
             ref.stop()
 
