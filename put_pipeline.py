@@ -379,12 +379,13 @@ class PutPipeline:
         self._thread_lock = threading.Lock()
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
-        # A single put's encode and hand-over in one C call (None: the Python path only), and
-        # the writer incarnation it last told: (ref, its stopped event, inbox append, Signal).
+        # A single put's encode and hand-over in one C call (None: the Python path only, as
+        # on a SLAVE, which refuses every put there), and the writer incarnation it last told:
+        # (ref, its stopped event, inbox append, Signal).
         slots_signal = self._slots.native_signal
         self._submitter: Any = (
             store._encoder.native_submitter(store.clock_ms, slots_signal, EncodedPut, INBOX_ENVELOPE)
-            if slots_signal is not None else None
+            if slots_signal is not None and store._slave_refusal is None else None
         )  # fmt: skip
         self._peers = store.supervisor.ctx.peers
         self._writer_inbox: tuple[pykka.ActorRef[Any], threading.Event, Callable[[Any], None], Any] | None = None
@@ -482,7 +483,6 @@ class PutPipeline:
             submitter is not None
             and not store._closed
             and store.supervisor.state is _RUNNING
-            and store._slave_refusal is None
             and speedups.native is not None  # (a test may switch the C paths off per case)
         ):
             writer = self._peers.get("writer")
