@@ -384,7 +384,7 @@ static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len
     long long total = FIXED_V4_LEN + (long long)body_len + topic_len + props_len;
     if (total > max_size || total > INT32_MAX) goto done;
     int32_t crc = 0;
-    if (body_len > 0 && crc31(body, &crc) < 0) {
+    if (body_len > 0 && crc31_bytes((const unsigned char *)PyBytes_AS_STRING(body), body_len, &crc) < 0) {
         result = NULL;
         goto done;
     }

@@ -349,3 +349,18 @@ def test_signal_post_many_adds_n_in_one_call() -> None:
     with pytest.raises(ValueError):
         signal.post_many_holding_gil(-1)
     assert signal.value() == 2
+
+
+def test_the_c_encoders_body_crc_is_zlibs_on_every_length() -> None:
+    """encode_one's CRC is the carry-less-multiply kernel of the read path (zlib.crc32 on a
+    CPU without it): the record's BODYCRC field is codec.body_crc's for every body length."""
+    import os
+
+    native = speedups.native
+    assert native is not None
+    for length in [*range(260), 1023, 1024, 1025, 4096 + 7, 65536 + 3]:
+        body = os.urandom(length)
+        (record,) = native.encode_batch(
+            (Message(topic="T", body=body),), b"T", NOW_MS, b"\x7f\0\0\1", 0, b"\x0a\0\0\2", 10911, 1 << 20, "T", 0
+        )
+        assert int.from_bytes(record[8:12], "big") == codec.body_crc(body), length
