@@ -384,7 +384,7 @@ class PutPipeline:
         # (ref, its stopped event, inbox append, Signal).
         slots_signal = self._slots.native_signal
         self._submitter: Any = (
-            store._encoder.native_submitter(store.clock_ms, slots_signal, EncodedPut, INBOX_ENVELOPE)
+            store._encoder.native_submitter(store.clock_ms, slots_signal, EncodedPut, INBOX_ENVELOPE, Message)
             if slots_signal is not None and store._slave_refusal is None else None
         )  # fmt: skip
         self._peers = store.supervisor.ctx.peers

@@ -303,14 +303,20 @@ static int small_int(PyObject *o, long long lo, long long hi, long long *out) {
 
 #define MAX_KEYS_FAST 64
 
+/* The message fields encode_one reads, in this order (PutSubmitter maps them to positions). */
+enum { F_BODY, F_QUEUE_ID, F_TAGS, F_KEYS, F_PROPERTIES, F_FLAG, F_BORN_HOST, F_BORN_TS, F_WAIT, F_TOPIC, F_COUNT };
+
 /* One message → one V1 record with IPv4 hosts and the properties the store builds itself
  * ("KEYS\1k1 k2\2TAGS\1t\2", as a Java producer's HashMap orders them). Returns a new bytes
- * object, Py_None (borrowed, not incremented: outside the fast path) or NULL on error. */
+ * object, Py_None (borrowed, not incremented: outside the fast path) or NULL on error.
+ * `fields`: NULL, or the position of each F_* field in `m`, a tuple the caller checked is
+ * exactly the NamedTuple those positions are of (its items are its attributes). */
 static PyObject *str_topic;
 
 static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len, long long now_ms,
                             const unsigned char *born_ip, int32_t born_port, const unsigned char *store_ip,
-                            int32_t store_port, long long max_size, PyObject *topic_str, long long topic_qid) {
+                            int32_t store_port, long long max_size, PyObject *topic_str, long long topic_qid,
+                            const Py_ssize_t *fields) {
     PyObject *body = NULL, *qid = NULL, *tags = NULL, *keys = NULL, *props = NULL, *flag = NULL, *born_host = NULL,
              *born_ts = NULL, *wait = NULL, *m_topic = NULL, *result = Py_None;
     long long queue_id, flag_v, born_ts_v = now_ms;
@@ -318,22 +324,22 @@ static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len
     Py_ssize_t tags_n = 0, key_n[MAX_KEYS_FAST], nkeys = 0;
     int r;
 
-#define GET(var, name)                       \
-    var = PyObject_GetAttr(m, name);         \
-    if (var == NULL) {                       \
-        result = NULL;                       \
-        goto done;                           \
+#define GET(var, name, field)                                                                        \
+    var = fields != NULL ? Py_NewRef(PyTuple_GET_ITEM(m, fields[field])) : PyObject_GetAttr(m, name); \
+    if (var == NULL) {                                                                               \
+        result = NULL;                                                                               \
+        goto done;                                                                                   \
     }
-    GET(body, str_body)
-    GET(qid, str_queue_id)
-    GET(tags, str_tags)
-    GET(keys, str_keys)
-    GET(props, str_properties)
-    GET(flag, str_flag)
-    GET(born_host, str_born_host)
-    GET(born_ts, str_born_timestamp_ms)
-    GET(wait, str_wait_store_msg_ok)
-    GET(m_topic, str_topic)
+    GET(body, str_body, F_BODY)
+    GET(qid, str_queue_id, F_QUEUE_ID)
+    GET(tags, str_tags, F_TAGS)
+    GET(keys, str_keys, F_KEYS)
+    GET(props, str_properties, F_PROPERTIES)
+    GET(flag, str_flag, F_FLAG)
+    GET(born_host, str_born_host, F_BORN_HOST)
+    GET(born_ts, str_born_timestamp_ms, F_BORN_TS)
+    GET(wait, str_wait_store_msg_ok, F_WAIT)
+    GET(m_topic, str_topic, F_TOPIC)
 #undef GET
 #define CHECK(expr)            \
     r = (expr);                \
@@ -486,7 +492,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *rec = encode_one(PySequence_Fast_GET_ITEM(seq, i), topic, topic_len, now_ms, born_ip, born_port,
-                                   store_ip, store_port, max_size, topic_str, topic_qid);
+                                   store_ip, store_port, max_size, topic_str, topic_qid, NULL);
         if (rec == NULL || rec == Py_None) {
             Py_DECREF(out);
             Py_DECREF(seq);
@@ -1304,6 +1310,9 @@ typedef struct {
     PyObject *slots;             /* Signal: one count per free in-flight slot */
     PyTypeObject *put_type;      /* messages.EncodedPut (a NamedTuple of 8 fields) */
     PyTypeObject *envelope_type; /* pykka's Envelope (slots message, reply_to) */
+    PyTypeObject *message_type;  /* mqstore.Message: its instances' fields read by position */
+    Py_ssize_t message_len;      /* how many fields it has */
+    Py_ssize_t fields[F_COUNT];  /* where encode_one's fields are in it */
     unsigned char born_ip[4], store_ip[4];
     int born_port, store_port;
     long long max_size;
@@ -1311,16 +1320,58 @@ typedef struct {
 
 static PyObject *str_message, *str_reply_to;
 
+/* message_type's `_fields` positions of encode_one's fields into self->fields. */
+static int message_positions(PutSubmitterObject *self, PyObject *message_type) {
+    PyObject **names[F_COUNT] = {&str_body,  &str_queue_id,    &str_tags,    &str_keys,
+                                 &str_properties, &str_flag, &str_born_host, &str_born_timestamp_ms,
+                                 &str_wait_store_msg_ok, &str_topic};
+    if (!PyType_IsSubtype((PyTypeObject *)message_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "message_type must be a NamedTuple (mqstore.Message)");
+        return -1;
+    }
+    PyObject *declared = PyObject_GetAttrString(message_type, "_fields");
+    if (declared == NULL) return -1;
+    if (!PyTuple_Check(declared)) {
+        Py_DECREF(declared);
+        PyErr_SetString(PyExc_TypeError, "message_type._fields must be a tuple");
+        return -1;
+    }
+    self->message_len = PyTuple_GET_SIZE(declared);
+    for (int f = 0; f < F_COUNT; f++) {
+        self->fields[f] = -1;
+        for (Py_ssize_t i = 0; i < self->message_len; i++) {
+            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(declared, i), *names[f], Py_EQ);
+            if (same < 0) {
+                Py_DECREF(declared);
+                return -1;
+            }
+            if (same) {
+                self->fields[f] = i;
+                break;
+            }
+        }
+        if (self->fields[f] < 0) {
+            Py_DECREF(declared);
+            PyErr_Format(PyExc_ValueError, "message_type has no field %R", *names[f]);
+            return -1;
+        }
+    }
+    Py_DECREF(declared);
+    return 0;
+}
+
 static int PutSubmitter_init(PutSubmitterObject *self, PyObject *args, PyObject *kwds) {
-    PyObject *topics, *clock_ms, *slots, *put_type, *envelope_type, *born_ip_o, *store_ip_o;
+    PyObject *topics, *clock_ms, *slots, *put_type, *envelope_type, *message_type, *born_ip_o, *store_ip_o;
     int born_port, store_port;
     long long max_size;
-    static char *kwlist[] = {"topics", "clock_ms", "slots", "put_type", "envelope_type", "born_ip4", "born_port",
-                             "store_ip4", "store_port", "max_message_size", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!O!O!OiOiL", kwlist, &PyDict_Type, &topics, &clock_ms,
+    static char *kwlist[] = {"topics", "clock_ms", "slots", "put_type", "envelope_type", "message_type", "born_ip4",
+                             "born_port", "store_ip4", "store_port", "max_message_size", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!O!O!O!OiOiL", kwlist, &PyDict_Type, &topics, &clock_ms,
                                      &SignalType, &slots, &PyType_Type, &put_type, &PyType_Type, &envelope_type,
-                                     &born_ip_o, &born_port, &store_ip_o, &store_port, &max_size))
+                                     &PyType_Type, &message_type, &born_ip_o, &born_port, &store_ip_o, &store_port,
+                                     &max_size))
         return -1;
+    if (message_positions(self, message_type) < 0) return -1;
     if (!PyCallable_Check(clock_ms)) {
         PyErr_SetString(PyExc_TypeError, "clock_ms must be callable");
         return -1;
@@ -1341,6 +1392,7 @@ static int PutSubmitter_init(PutSubmitterObject *self, PyObject *args, PyObject 
     Py_XSETREF(self->slots, Py_NewRef(slots));
     Py_XSETREF(self->put_type, (PyTypeObject *)Py_NewRef(put_type));
     Py_XSETREF(self->envelope_type, (PyTypeObject *)Py_NewRef(envelope_type));
+    Py_XSETREF(self->message_type, (PyTypeObject *)Py_NewRef(message_type));
     return 0;
 }
 
@@ -1350,6 +1402,7 @@ static int PutSubmitter_traverse(PutSubmitterObject *self, visitproc visit, void
     Py_VISIT(self->slots);
     Py_VISIT(self->put_type);
     Py_VISIT(self->envelope_type);
+    Py_VISIT(self->message_type);
     return 0;
 }
 
@@ -1359,6 +1412,7 @@ static int PutSubmitter_clear(PutSubmitterObject *self) {
     Py_CLEAR(self->slots);
     Py_CLEAR(self->put_type);
     Py_CLEAR(self->envelope_type);
+    Py_CLEAR(self->message_type);
     return 0;
 }
 
@@ -1419,9 +1473,12 @@ static PyObject *PutSubmitter_submit(PutSubmitterObject *self, PyObject *const *
     }
     PyObject *topic = NULL, *qid = NULL, *topic_utf8 = NULL, *rec = NULL, *answer = NULL;
     long long queue_id;
-    topic = PyObject_GetAttr(m, str_topic);
+    /* A Message (not a subclass, which may override a field's attribute) is read by position. */
+    const Py_ssize_t *fields =
+        Py_TYPE(m) == self->message_type && PyTuple_GET_SIZE(m) == self->message_len ? self->fields : NULL;
+    topic = fields != NULL ? Py_NewRef(PyTuple_GET_ITEM(m, fields[F_TOPIC])) : PyObject_GetAttr(m, str_topic);
     if (topic == NULL) goto done;
-    qid = PyObject_GetAttr(m, str_queue_id);
+    qid = fields != NULL ? Py_NewRef(PyTuple_GET_ITEM(m, fields[F_QUEUE_ID])) : PyObject_GetAttr(m, str_queue_id);
     if (qid == NULL) goto done;
     answer = Py_None;
     if (!PyUnicode_CheckExact(topic)) goto done;
@@ -1449,7 +1506,7 @@ static PyObject *PutSubmitter_submit(PutSubmitterObject *self, PyObject *const *
         goto done;
     }
     rec = encode_one(m, PyBytes_AS_STRING(topic_utf8), PyBytes_GET_SIZE(topic_utf8), now_ms, self->born_ip,
-                     self->born_port, self->store_ip, self->store_port, self->max_size, topic, queue_id);
+                     self->born_port, self->store_ip, self->store_port, self->max_size, topic, queue_id, fields);
     if (rec == NULL || rec == Py_None) {
         if (rec == NULL) answer = NULL;
         rec = NULL; /* Py_None is borrowed */
@@ -1495,8 +1552,9 @@ static PyTypeObject PutSubmitterType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mqstore.storage._native.PutSubmitter",
     .tp_basicsize = sizeof(PutSubmitterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "PutSubmitter(topics, clock_ms, slots, put_type, envelope_type, born_ip4, born_port, store_ip4, "
-              "store_port, max_message_size): one store's single puts encoded and told to its writer in one call.",
+    .tp_doc = "PutSubmitter(topics, clock_ms, slots, put_type, envelope_type, message_type, born_ip4, born_port, "
+              "store_ip4, store_port, max_message_size): one store's single puts encoded and told to its writer in "
+              "one call.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)PutSubmitter_init,
     .tp_dealloc = (destructor)PutSubmitter_dealloc,

@@ -72,7 +72,7 @@ class PutEncoder:
         self._topic_utf8: dict[str, bytes] = {}
 
     def native_submitter(
-        self, clock_ms: Callable[[], int], slots: object, put_type: type, envelope_type: type
+        self, clock_ms: Callable[[], int], slots: object, put_type: type, envelope_type: type, message_type: type
     ) -> Any | None:
         """A `_native.PutSubmitter` that encodes a single plain message as `encode` does (its
         C encoder, this encoder's validated topics, hosts and limit) and hands it to the
@@ -81,7 +81,7 @@ class PutEncoder:
         if native is None or self._store_host_ip4 is None:
             return None
         return native.PutSubmitter(
-            self._topic_utf8, clock_ms, slots, put_type, envelope_type,
+            self._topic_utf8, clock_ms, slots, put_type, envelope_type, message_type,
             _DEFAULT_BORN_IP4, _DEFAULT_BORN_PORT, self._store_host_ip4, self._store_port, self.max_message_size,
         )  # fmt: skip
 

@@ -246,6 +246,7 @@ def _submitter(slots: Any, topics: dict[str, bytes], max_size: int = 4 * 1024 * 
         slots,
         EncodedPut,
         INBOX_ENVELOPE,
+        Message,
         b"\x7f\x00\x00\x01",
         0,
         b"\x0a\x00\x00\x02",
@@ -314,7 +315,9 @@ def test_submit_gives_the_slot_back_when_the_hand_over_fails() -> None:
     with pytest.raises(TypeError):
         submitter.submit(Message(topic="orders", body=b"x"), None, [].append, object())
     with pytest.raises(TypeError):
-        native.PutSubmitter({}, "not callable", slots, EncodedPut, INBOX_ENVELOPE, b"\0\0\0\0", 0, b"\0\0\0\0", 0, 1)
+        native.PutSubmitter(
+            {}, "not callable", slots, EncodedPut, INBOX_ENVELOPE, Message, b"\0\0\0\0", 0, b"\0\0\0\0", 0, 1
+        )
 
 
 def test_a_put_future_makes_its_lists_only_for_waiters_and_callbacks() -> None:
@@ -364,3 +367,35 @@ def test_the_c_encoders_body_crc_is_zlibs_on_every_length() -> None:
             (Message(topic="T", body=body),), b"T", NOW_MS, b"\x7f\0\0\1", 0, b"\x0a\0\0\2", 10911, 1 << 20, "T", 0
         )
         assert int.from_bytes(record[8:12], "big") == codec.body_crc(body), length
+
+
+class _Loud(Message):
+    """A Message subclass whose attribute is not its tuple item."""
+
+    @property
+    def body(self) -> bytes:  # type: ignore[override]
+        return b"LOUD"
+
+
+def test_submit_reads_a_message_by_position_and_anything_else_by_attribute() -> None:
+    native = speedups.native
+    assert native is not None
+    slots, inbox_signal = native.Signal(), native.Signal()
+    slots.post_many_holding_gil(2)
+    items: deque[Any] = deque()
+    submitter = _submitter(slots, {"orders": b"orders"})
+    plain, loud = Message(topic="orders", body=b"quiet", keys="k"), _Loud(topic="orders", body=b"quiet", keys="k")
+    assert submitter.submit(plain, None, items.append, inbox_signal) is True
+    assert submitter.submit(loud, None, items.append, inbox_signal) is True
+    encoder = PutEncoder(codec.HostAddress("10.0.0.2", 10911), 4 * 1024 * 1024)
+    for envelope, message in zip(items, (plain, loud)):
+        assert envelope.message.records == encoder.encode([message], False, NOW_MS).records
+    (loud_record,) = items[1].message.records
+    assert b"LOUD" in loud_record and b"quiet" not in loud_record
+    with pytest.raises(IndexError):  # a Message tuple of the wrong length: its attributes raise, nothing is told
+        submitter.submit(tuple.__new__(Message, ("orders",)), None, items.append, inbox_signal)
+    assert len(items) == 2 and inbox_signal.value() == 2
+    with pytest.raises(ValueError, match="no field"):
+        native.PutSubmitter(
+            {}, _fixed_clock, slots, EncodedPut, INBOX_ENVELOPE, EncodedPut, b"\0\0\0\0", 0, b"\0\0\0\0", 0, 1
+        )
