@@ -15,11 +15,18 @@ fraction of it reached.
 What the profile shows where a target is not met (per-thread CPU from /proc/<tid>/schedstat,
 2-vCPU VM shared with other sessions, Nov 2026): the store's Python runs under one GIL, so a
 rate is at most one core over the CPU that all its threads spend per message. put_async from
-one thread spends ~17 us per put (measured 2026-11-24 at load 5.3): the caller 9.8 (encoding
-~1.9, of it the C encoder 1.7; the hand-over to the writer's inbox; the Future, 0.3 since it
-makes its Condition only for a waiter), the writer 3.9, the completion thread 1.5, reput 1.4,
-flush 1.0 (kernel); 100k/s would need 10 us. The floor pays only the Future, one inbox hop and
-the completion thread. put from 4 threads: four threads put four queues, so each put is its
+one thread (1 KiB with a key; medians of 5 runs alternated with the code before, load 4-6,
+2026-11-24): the caller 3.7 us a put, was 6.2-6.7 (~0.7 of it is the benchmark's own loop and
+Message()). One C call (_native.PutSubmitter.submit, 0.66 us on its own) encodes the message
+(its CRC by the read path's carry-less-multiply kernel, no longer a call to zlib), takes the
+in-flight slot and appends the writer's EncodedPut to its inbox; the rest is the future and its
+reply (~0.35), the state checks, and ~0.5 of garbage collection. The writer 2.7 (was 3.1),
+the completion thread 0.9 (was 1.2; a pass's futures completed under one lock), reput, index
+and ConsumeQueue ~1.4, flush 0.6-2 (mostly msync, without the GIL): ~9.5 us of GIL-holding
+CPU a put, about the 10 us that 100k/s allows. Same runs: 60k -> 91k msgs/s at 1 KiB, 66k ->
+111k at 128 B; this bench's row (until visible) 68k -> 90k and the 4-actor row 50k -> 73k
+(medians of 3 --quick runs each, alternated). The floor pays only the Future, one inbox hop
+and the completion thread. put from 4 threads: four threads put four queues, so each put is its
 own append (~20 us of the writer's CPU, the storage call chain run cold after a wake-up), and
 each put costs two cross-vCPU wake-ups (perf: a quarter of the process's CPU in the
 scheduler's switch and wake-up paths). The demo spends ~34 us per message at load 5
