@@ -1467,6 +1467,10 @@ static PyObject *PutSubmitter_submit(PutSubmitterObject *self, PyObject *const *
         return NULL;
     }
     PyObject *m = args[0], *reply = args[1], *append = args[2], *inbox_signal = args[3];
+    if (self->topics == NULL || self->message_type == NULL) { /* made by __new__, never __init__ */
+        PyErr_SetString(PyExc_TypeError, "PutSubmitter was not initialised");
+        return NULL;
+    }
     if (!PyObject_TypeCheck(inbox_signal, &SignalType)) {
         PyErr_SetString(PyExc_TypeError, "inbox_signal must be a Signal");
         return NULL;

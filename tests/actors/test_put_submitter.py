@@ -314,6 +314,10 @@ def test_submit_gives_the_slot_back_when_the_hand_over_fails() -> None:
     assert slots.value() == 1 and inbox_signal.value() == 0
     with pytest.raises(TypeError):
         submitter.submit(Message(topic="orders", body=b"x"), None, [].append, object())
+    with pytest.raises(TypeError, match="not initialised"):
+        native.PutSubmitter.__new__(native.PutSubmitter).submit(
+            Message(topic="orders", body=b"x"), None, [].append, inbox_signal
+        )
     with pytest.raises(TypeError):
         native.PutSubmitter(
             {}, "not callable", slots, EncodedPut, INBOX_ENVELOPE, Message, b"\0\0\0\0", 0, b"\0\0\0\0", 0, 1
