@@ -2,6 +2,9 @@
 
 A put is encoded in the caller's thread and told to the writer, which drains every put
 waiting in one pass (actors.commitlog_writer); the caller does not wait for the answer. A
+single plain message is encoded, given its in-flight slot and told in one C call
+(storage._native.PutSubmitter, `_submit_one`); whatever that call declines, and every refusal,
+goes the Python way (`_submit`), which stays the reference and the path without the extension. A
 thread gets a `concurrent.futures.Future[PutResult]`, completed on this store's completion
 thread (never the writer's: a done-callback is host code, and the writer must not run it);
 an actor gets `Replied(correlation_id, PutResult)` in its inbox, or nothing (fire and forget:

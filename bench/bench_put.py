@@ -25,8 +25,9 @@ the completion thread 0.9 (was 1.2; a pass's futures completed under one lock), 
 and ConsumeQueue ~1.4, flush 0.6-2 (mostly msync, without the GIL): ~9.5 us of GIL-holding
 CPU a put, about the 10 us that 100k/s allows. Same runs: 60k -> 91k msgs/s at 1 KiB, 66k ->
 111k at 128 B; this bench's row (until visible) 68k -> 90k and the 4-actor row 50k -> 73k
-(medians of 3 --quick runs each, alternated). The floor pays only the Future, one inbox hop
-and the completion thread. put from 4 threads: four threads put four queues, so each put is its
+(medians of 3 --quick runs each, alternated); at load ~1 after merging main, 111k and 114k in
+two --quick runs and 47k in a third (4 actors 71-81k). The floor pays only the Future, one
+inbox hop and the completion thread. put from 4 threads: four threads put four queues, so each put is its
 own append (~20 us of the writer's CPU, the storage call chain run cold after a wake-up), and
 each put costs two cross-vCPU wake-ups (perf: a quarter of the process's CPU in the
 scheduler's switch and wake-up paths). The demo spends ~34 us per message at load 5
