@@ -89,6 +89,8 @@ def test_the_one_call_path_writes_the_bytes_and_answers_of_the_python_path(tmp_p
             # The first put of a topic validates it in Python; the rest of PLAIN go in one call.
             results = _put_all(store, PLAIN + DECLINED + PLAIN)
             answers[one_call] = (results, _log_bytes(store))
+            stats = store.stats_service.snapshot()
+            assert stats["put_message_times_total"] == len(results) and stats["put_message_failed_times"] == 0
             if spy is not None:
                 assert spy.answers.count(True) == 2 * len(PLAIN) - 1
     assert answers[True] == answers[False]
