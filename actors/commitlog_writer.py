@@ -366,9 +366,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         the pass holds the writer 1 ms before it is answered, as Java's put slept 1 ms holding
         the put lock. Puts stay stored; callers wait longer, and one that waited past
         os_page_cache_busy_timeout_ms in the inbox is answered OS_PAGE_CACHE_BUSY, unstored."""
-        commitlog = self._commitlog
-        assert commitlog is not None
-        self._lag.appended(commitlog.get_max_offset(), stored_records)
+        pending = self._pending_advance
+        assert pending is not None and self._commitlog is not None  # set by every append that stored
+        # The log's end: without write buffers, where this pass's last append ended.
+        self._lag.appended(self._commitlog.get_max_offset() if self._pooled else pending[0], stored_records)
         if not self._holding_back and self._lag.behind(self._dispatched_offset()) <= self._high_water:
             return  # every pass but under back-pressure
         held = behind = 0

@@ -4,6 +4,7 @@ must be checked (roll-over, transactions, sizes, an armed fault plan) are."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from mqstore import Message, MessageStore, PutResult
 from mqstore.faults import FaultPlan
+from mqstore.read_view import ReadView, ReadViewPublisher
 from mqstore.storage import speedups
 from mqstore.storage.status import PutMessageStatus
 
@@ -92,3 +94,17 @@ def test_puts_the_checked_path_must_decide_are_decided_there(store_dir: Path) ->
         rolled = commitlog.fast_appends
         assert store.put(Message(topic="T", body=b"after the roll-over")).ok
         assert commitlog.fast_appends == rolled + 1
+
+
+def test_the_writers_publication_keeps_every_other_fact_of_the_read_view() -> None:
+    """publish_commitlog builds the view positionally (once per pass): a field added to
+    ReadView and left out there would be reset by every put; each field here is a sentinel."""
+    publisher = ReadViewPublisher()
+    sentinels = {f.name: object() for f in dataclasses.fields(ReadView) if f.name != "readable_end"}
+    publisher.view = ReadView(readable_end=10, **sentinels)  # type: ignore[arg-type]
+    publisher.publish_commitlog(20)
+    view = publisher.view
+    assert view.readable_end == 20
+    assert all(getattr(view, name) is value for name, value in sentinels.items())
+    publisher.publish_commitlog(15)  # never back
+    assert publisher.view is view
