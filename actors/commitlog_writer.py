@@ -535,11 +535,12 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         datas = put.records
         fast = commitlog.append_fast(datas, f"{put.topic}-{put.queue_id}", put.sys_flag, self._store_host, now)
         if fast is not None:
-            offset, size, queue_offset, ids = fast
+            offset, size, queue_offset, joined_ids = fast
             n = len(datas)
-            # Positional, as in _append_group: (status, commitlog_offset, wrote_bytes,
+            msg_ids = (joined_ids,) if n == 1 else tuple(joined_ids.split(","))
+            # Positional, as in _answer_run: (status, commitlog_offset, wrote_bytes,
             # queue_offset, msg_ids, store_timestamp, msg_num).
-            result = PutResult(_OK, offset, size, queue_offset, (ids,) if n == 1 else tuple(ids.split(",")), now, n)
+            result = PutResult(_OK, offset, size, queue_offset, msg_ids, now, n)
             self._pending_advance = (offset + size, now)
             self._stored_puts += 1
             self._stored_records += n

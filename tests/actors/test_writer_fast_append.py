@@ -47,7 +47,7 @@ def _workload(store: MessageStore) -> list[PutResult]:
             results.append(store.put_batch(batch))
         else:
             results.append(store.put(Message(topic="T", body=body, queue_id=queue_id, tags="t", keys=[f"k{i}"])))
-    for burst in range(5):
+    for _ in range(5):
         futures = [store.put_async(Message(topic="U", body=b"u" * (10 + 90 * k), queue_id=1)) for k in range(64)]
         results.extend(f.result(TIMEOUT_S) for f in futures)
     return results
