@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mqstore import Message, MessageStore, PutResult
+from mqstore.actors import commitlog_writer
 from mqstore.faults import FaultPlan
 from mqstore.read_view import ReadView, ReadViewPublisher
 from mqstore.storage import speedups
@@ -108,3 +109,9 @@ def test_the_writers_publication_keeps_every_other_fact_of_the_read_view() -> No
     assert all(getattr(view, name) is value for name, value in sentinels.items())
     publisher.publish_commitlog(15)  # never back
     assert publisher.view is view
+
+
+def test_the_writer_builds_put_results_with_every_field_in_order() -> None:
+    """The writer builds a stored put's PutResult as a plain tuple (no NamedTuple __new__ per
+    put): that is only right while PutResult has exactly these fields in this order."""
+    assert PutResult._fields == commitlog_writer.PUT_RESULT_FIELDS
