@@ -58,13 +58,14 @@ def _workload(store: MessageStore) -> list[PutResult]:
     return results
 
 
-def test_fast_and_checked_writers_store_the_same_bytes_and_answer_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flush_disk_type", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_fast_and_checked_writers_store_the_same_bytes_and_answer_the_same(tmp_path: Path, flush_disk_type: str) -> None:
     runs: dict[bool, tuple[list[PutResult], dict[str, bytes]]] = {}
     for fast in (True, False):
         store_dir = tmp_path / ("fast" if fast else "checked")
         # Any plan but NO_FAULTS keeps the writer on the checked path (nothing is armed here).
         faults = {} if fast else {"faults": FaultPlan()}
-        store = helpers.open_small(store_dir, clock_ms=lambda: NOW_MS, **faults)
+        store = helpers.open_small(store_dir, clock_ms=lambda: NOW_MS, flush_disk_type=flush_disk_type, **faults)
         try:
             results = _workload(store)
             fast_appends = _commitlog(store).fast_appends
