@@ -61,6 +61,10 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
 
     def on_start(self) -> None:
         self._checkpoint = StoreCheckpoint(self.ctx.fs, self.config.checkpoint_path)
+        known = self._checkpoint.physic_flushed_offset
+        if known is not None and known > self._max_offset:
+            # Recovery cut the log below it: what is written there next is not durable yet.
+            self._checkpoint.physic_flushed_offset = self._max_offset or None
 
     def release(self) -> None:
         for region in self._regions.values():
@@ -215,7 +219,10 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 if done is not None:
                     done.close()
         if self._checkpoint is not None and self._flushed >= self._max_offset and self._store_timestamp > 0:
+            # The pair recovery needs after a power loss: durable below this offset, whose
+            # newest record is this timestamp (checkpoint module).
             self._checkpoint.physic_msg_timestamp = self._store_timestamp
+            self._checkpoint.physic_flushed_offset = self._flushed
 
     def _region(self, segment: int) -> MappedRegion:
         region = self._regions.get(segment)

@@ -5,6 +5,15 @@ CommitLog, the ConsumeQueues and the index files were durable. Recovery after a 
 from the commitlog file whose first message is older than `get_min_timestamp()`.
 RocketMQ 5.x adds masterFlushedOffset (offset 24) and confirmPhyOffset (offset 32): we read
 them when present and never write them, so a 5.x file keeps its values.
+
+mqstore's own field, in the file's last 24 bytes (no RocketMQ version reads or writes there):
+the commitlog offset the physic timestamp was flushed up to, the timestamp it goes with, and
+a check of the two. Crash recovery uses it to tell a power loss's torn tail (damage at or past
+it: cut there) from damage to flushed bytes (before it: quarantined, and the valid records
+after it kept), which the millisecond timestamp alone cannot split within its last
+millisecond. It counts only while its timestamp is the file's physic timestamp and its check
+holds: a broker that wrote the file after us, or a damaged field, leaves recovery with the
+timestamp alone, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +31,13 @@ __all__ = ["CHECKPOINT_FILE_SIZE", "CheckpointValues", "StoreCheckpoint", "creat
 CHECKPOINT_FILE_SIZE: Final = 4096
 _THREE_LONGS = struct.Struct(">qqq")
 _FIVE_LONGS = struct.Struct(">qqqqq")
+_FLUSHED = struct.Struct(">qqq")  # (flushed offset, its physic timestamp, check)
+_FLUSHED_AT: Final = CHECKPOINT_FILE_SIZE - _FLUSHED.size
+_FLUSHED_CHECK: Final = 0x6D7173746F726521  # b"mqstore!": a zeroed or torn field does not pass
+
+
+def _flushed_check(offset: int, timestamp: int) -> int:
+    return (offset ^ timestamp ^ _FLUSHED_CHECK) - (1 << 63)  # a signed long, like the fields
 # Recovery starts this far before the older of the commitlog/consume-queue timestamps.
 _MIN_TIMESTAMP_MARGIN_MS: Final = 3000
 
@@ -33,18 +49,27 @@ class CheckpointValues:
     index_msg_timestamp: int
     master_flushed_offset: int | None = None  # 5.x only; None when zero
     confirm_phy_offset: int | None = None  # 5.x only; None when zero
+    # mqstore only (see the module): the commitlog is durable below this offset, which the
+    # physic timestamp is the newest record of; None when absent or not for this timestamp.
+    physic_flushed_offset: int | None = None
 
     @classmethod
     def unpack(cls, data: bytes | bytearray | memoryview) -> CheckpointValues:
         if len(data) < _FIVE_LONGS.size:
             data = bytes(data) + bytes(_FIVE_LONGS.size - len(data))  # a short file reads as zeros
         phy, logics, index, master_flushed, confirm = _FIVE_LONGS.unpack_from(data, 0)
+        flushed: int | None = None
+        if len(data) >= CHECKPOINT_FILE_SIZE:
+            offset, timestamp, check = _FLUSHED.unpack_from(data, _FLUSHED_AT)
+            if offset > 0 and timestamp == phy and check == _flushed_check(offset, timestamp):
+                flushed = offset
         return cls(
             physic_msg_timestamp=phy,
             logics_msg_timestamp=logics,
             index_msg_timestamp=index,
             master_flushed_offset=master_flushed or None,
             confirm_phy_offset=confirm or None,
+            physic_flushed_offset=flushed,
         )
 
     def min_timestamp(self) -> int:
@@ -56,7 +81,7 @@ class CheckpointValues:
 
 def read_checkpoint(fs: FileSystem, path: str) -> CheckpointValues:
     """The values of a checkpoint file, read-only (for tools). Raises FileNotFoundError."""
-    return CheckpointValues.unpack(fs.read_bytes(path)[: _FIVE_LONGS.size])
+    return CheckpointValues.unpack(fs.read_bytes(path)[:CHECKPOINT_FILE_SIZE])
 
 
 def create_checkpoint_file(fs: FileSystem, path: str) -> None:
@@ -95,8 +120,10 @@ class StoreCheckpoint:
             fs.remove(path)
             raise DiskFullError(f"no disk space for a new checkpoint file {path}")
         if existed:
-            values = CheckpointValues.unpack(self._region.buf[: _FIVE_LONGS.size])
+            values = CheckpointValues.unpack(self._region.buf[:CHECKPOINT_FILE_SIZE])
         self.physic_msg_timestamp: int = values.physic_msg_timestamp
+        # Set together with physic_msg_timestamp by the flush actor (None: not known).
+        self.physic_flushed_offset: int | None = values.physic_flushed_offset
         self.logics_msg_timestamp: int = values.logics_msg_timestamp
         self.index_msg_timestamp: int = values.index_msg_timestamp
         self.master_flushed_offset: Final = values.master_flushed_offset
@@ -110,6 +137,7 @@ class StoreCheckpoint:
             index_msg_timestamp=self.index_msg_timestamp,
             master_flushed_offset=self.master_flushed_offset,
             confirm_phy_offset=self.confirm_phy_offset,
+            physic_flushed_offset=self.physic_flushed_offset,
         )
 
     def get_min_timestamp(self) -> int:
@@ -121,7 +149,8 @@ class StoreCheckpoint:
         return self.values().min_timestamp_index()
 
     def flush(self) -> None:
-        """Write the three longs (never the 5.x ones) and force. Raises OSError on I/O error."""
+        """Write the three longs (never the 5.x ones) and mqstore's flushed offset, and force.
+        Raises OSError on I/O error."""
         if self._closed:
             raise OSError(errno.EBADF, "checkpoint is closed", self.path)
         if not self._backed:
@@ -131,6 +160,9 @@ class StoreCheckpoint:
         _THREE_LONGS.pack_into(
             self._region.buf, 0, self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
         )
+        offset, timestamp = self.physic_flushed_offset or 0, self.physic_msg_timestamp
+        check = _flushed_check(offset, timestamp) if offset > 0 else 0
+        _FLUSHED.pack_into(self._region.buf, _FLUSHED_AT, offset, timestamp if offset > 0 else 0, check)
         self._region.flush(0, CHECKPOINT_FILE_SIZE)
 
     def close(self) -> None:

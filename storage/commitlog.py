@@ -285,6 +285,13 @@ class CommitLog:
         # checkpoint's physic timestamp, only records stored up to it (flushed, but for the rest
         # of that millisecond) count as "valid records after the damage"; None trusts any.
         self.trusted_after_damage_before_ms: int | None = None
+        # Sharper where the checkpoint says it (mqstore's flushed offset, set with the same
+        # timestamp): below it every byte was flushed, so damage there is damage and the valid
+        # records after it (up to it) are kept; damage at or past it is a torn tail, cut. The
+        # timestamp alone trusts the records appended after the flush in its last millisecond
+        # too, which kept unflushed records past a torn hole (test_power_loss, queue offsets
+        # not dense). None: the timestamp alone (a checkpoint RocketMQ wrote).
+        self.flushed_before_offset: int | None = None
         # False after a clean stop: every put was finished, so a zeroed header is damage.
         self.unfinished_put_possible = True
         # Short (truncated) segments left out of the queue: start -> end of their valid records,
@@ -964,17 +971,23 @@ class CommitLog:
         """(file index, position) of the first trusted record after damage at `pos` of file
         `index`, in it or a later file; None when nothing valid follows (a torn tail)."""
         files = self.mapped_file_queue.mapped_files
+        flushed = self.flushed_before_offset
+        stored_before_ms = self.trusted_after_damage_before_ms if flushed is None else None
         for i in range(index, len(files)):
             mapped_file = files[i]
             start = pos + 1 if i == index else 0
+            # With the flushed offset, only records that end below it are trusted.
+            limit = self.mapped_file_size if flushed is None else min(self.mapped_file_size, flushed - mapped_file.file_from_offset)
+            if limit <= start:
+                return None
             try:
-                extents = self.fs.data_extents(mapped_file.file_name, start, self.mapped_file_size)
+                extents = self.fs.data_extents(mapped_file.file_name, start, limit)
             except OSError:
-                extents = [(start, self.mapped_file_size)]
+                extents = [(start, limit)]
             found = find_next_valid_record(
-                mapped_file.mapped_buffer, start, self.mapped_file_size, file_from_offset=mapped_file.file_from_offset,
+                mapped_file.mapped_buffer, start, limit, file_from_offset=mapped_file.file_from_offset,
                 segment_size=self.mapped_file_size, max_message_size=self.max_message_size, extents=extents,
-                stored_before_ms=self.trusted_after_damage_before_ms,
+                stored_before_ms=stored_before_ms,
             )  # fmt: skip
             if found is not None:
                 return i, found

@@ -217,8 +217,9 @@ def recover_commitlog(
     commitlog.zero_tail_bytes = {RecoveryMode.CLEAN: 0, RecoveryMode.CRASH: None,
                                  RecoveryMode.RESTART: 2 * cfg.max_message_size_bytes}[mode]  # fmt: skip
     commitlog.unfinished_put_possible = mode is not RecoveryMode.CLEAN
-    if crashed:  # damage past the last flush is a torn tail (see the attribute)
+    if crashed:  # damage past the last flush is a torn tail (see the attributes)
         commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
+        commitlog.flushed_before_offset = checkpoint.physic_flushed_offset if checkpoint is not None else None
     try:
         partial = _remove_partial_last_segments(cfg, fs)
         lost, filled = _fill_commitlog_holes(cfg, fs) if repair_holes else ([], [])
@@ -254,10 +255,16 @@ def recover_commitlog(
             lost_ranges=lost,
             filled_commitlog_files=filled,
         )
-        if recovered.damaged_at >= 0 or recovered.truncated_commitlog_bytes or recovered.removed_commitlog_files:
+        if recovered.damaged_at >= 0 or recovered.truncated_commitlog_bytes or commitlog.removed_files_with_data or partial:
             log.warning("recovery truncated the commitlog", max_offset=end, stop_reason=recovered.stop_reason,
                         damaged_at=recovered.damaged_at, truncated_bytes=recovered.truncated_commitlog_bytes,
-                        removed_files=recovered.removed_commitlog_files)  # fmt: skip
+                        removed_files=recovered.removed_commitlog_files,
+                        removed_files_with_data=commitlog.removed_files_with_data)  # fmt: skip
+        elif recovered.removed_commitlog_files:
+            # The allocator's next segment, created ahead and never written: nothing was lost,
+            # and a warning on every open after a crash would teach operators to ignore it.
+            log.info("recovery removed unwritten commitlog segments past the end", max_offset=end,
+                     removed_files=recovered.removed_commitlog_files)  # fmt: skip
         commitlog.flush(0)
     finally:
         commitlog.shutdown()
@@ -599,14 +606,21 @@ class _InspectingCommitLog(CommitLog):
         self.damaged_at = -1
         self.dirty_bytes = 0
         self.removed_files: list[str] = []
+        # Of removed_files, those holding a non-zero byte (not only the allocator's zeros).
+        self.removed_files_with_data: list[str] = []
 
     def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
         self.removed_files = []
+        self.removed_files_with_data = []
         self.stop_reason = "end of the last file"
         for mapped_file in self.mapped_file_queue.mapped_files:
             start = mapped_file.file_from_offset
             if start > process_offset:
-                self.removed_files.append(os.path.basename(mapped_file.file_name))
+                name = os.path.basename(mapped_file.file_name)
+                self.removed_files.append(name)
+                # After a clean stop everything past the end is zeros (see _inspect_tail).
+                if self.zero_tail_bytes != 0 and self._nonzero_end(mapped_file.mapped_buffer, 0, mapped_file.file_name):
+                    self.removed_files_with_data.append(name)
             elif process_offset < start + self.mapped_file_size:
                 self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start, mapped_file.file_name)
         super()._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
@@ -623,8 +637,14 @@ class _InspectingCommitLog(CommitLog):
             self.stop_reason = "end of data"
         if self.zero_tail_bytes == 0:
             return  # a clean stop leaves a zero tail; reading a 1 GiB remainder costs seconds
-        # The last non-zero byte after pos, found backwards in bounded chunks, within the parts
-        # of the file that hold data (the untouched rest of a sparse segment is a hole).
+        end = self._nonzero_end(buf, pos, path)
+        if end:
+            self.dirty_bytes = end - pos
+
+    def _nonzero_end(self, buf: codec.ReadBuffer, pos: int, path: str) -> int:
+        """Just past the last non-zero byte of the file at or after `pos` (0: none), found
+        backwards in bounded chunks within the parts of the file that hold data (the
+        untouched rest of a sparse segment is a hole)."""
         for extent_start, extent_end in reversed(self.fs.data_extents(path, pos, self.mapped_file_size)):
             end = extent_end
             while end > extent_start:
@@ -635,9 +655,9 @@ class _InspectingCommitLog(CommitLog):
                     continue
                 chunk = chunk.rstrip(b"\0")
                 if chunk:
-                    self.dirty_bytes = begin + len(chunk) - pos
-                    return
+                    return begin + len(chunk)
                 end = begin
+        return 0
 
 
 def _cq_segment_names(fs: FileSystem, directory: str) -> list[str]:

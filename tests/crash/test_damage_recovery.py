@@ -233,6 +233,36 @@ def test_a_stray_empty_segment_after_the_last_is_removed(tmp_path: object, lengt
     _verified(store_dir)
 
 
+@pytest.mark.parametrize("garbage", [False, True])
+def test_removing_an_unwritten_next_segment_is_not_a_warning(
+    tmp_path: object, garbage: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a crash the allocator's next segment (created ahead, zeros) is removed on every
+    open: said at INFO. A removed segment holding any non-zero byte is still a WARNING."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    _fill(store_dir, 300)
+    names = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
+    stray = os.path.join(store_dir, "commitlog", "%020d" % (int(names[-1]) + SEG))
+    with open(stray, "wb") as f:
+        f.truncate(SEG)
+        if garbage:
+            f.seek(SEG // 2)
+            f.write(b"\xab" * 100)  # past a zero first record: the scan ends before this file
+    _crashed(store_dir)
+    caplog.set_level("INFO", logger="mqstore")
+    rec, queues = _open_checked(store_dir)
+    assert queues[0] == list(range(300))
+    assert any(os.path.basename(stray) in r for r in rec.removed_commitlog_files), rec.summary()
+    warned = [r for r in caplog.records if r.getMessage() == "recovery truncated the commitlog"]
+    told = [r for r in caplog.records if r.getMessage() == "recovery removed unwritten commitlog segments past the end"]
+    if garbage:
+        assert len(warned) == 1 and warned[0].levelname == "WARNING" and not told
+        assert warned[0].mqstore_event["removed_files_with_data"] == [os.path.basename(stray)]
+    else:
+        assert not warned and len(told) == 1 and told[0].levelname == "INFO"
+    _verified(store_dir)
+
+
 @pytest.mark.parametrize("aborted", [False, True])
 def test_damage_in_the_middle_of_the_commitlog_is_quarantined_not_cut(tmp_path: object, aborted: bool) -> None:
     store_dir = os.path.join(str(tmp_path), "s")

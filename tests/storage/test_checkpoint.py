@@ -100,3 +100,35 @@ def test_flush_error_is_an_oserror_and_closed_checkpoint_refuses_flush() -> None
     cp.close()
     with pytest.raises(OSError):
         cp.flush()
+
+
+def test_the_flushed_offset_goes_with_its_timestamp_and_is_checked() -> None:
+    """mqstore's own field in the file's last 24 bytes: read back only for the physic
+    timestamp it was written with, and only while its check holds."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/s")
+    cp = StoreCheckpoint(fs, "/s/checkpoint")
+    cp.physic_msg_timestamp, cp.physic_flushed_offset = 1_800_000_000_000, 123_456
+    cp.flush()
+    cp.close()
+    assert read_checkpoint(fs, "/s/checkpoint").physic_flushed_offset == 123_456
+    data = bytearray(fs.read_bytes("/s/checkpoint"))
+    assert data[40:-24] == bytes(len(data) - 64)  # RocketMQ's longs and 5.x's slots untouched
+    other = bytearray(data)
+    struct.pack_into(">q", other, 0, 1_800_000_000_001)  # a broker wrote a newer timestamp after us
+    fs.write_atomic("/s/checkpoint", bytes(other))
+    assert read_checkpoint(fs, "/s/checkpoint").physic_flushed_offset is None
+    for byte in range(len(data) - 24, len(data)):
+        torn = bytearray(data)
+        torn[byte] ^= 0x10
+        fs.write_atomic("/s/checkpoint", bytes(torn))
+        assert read_checkpoint(fs, "/s/checkpoint").physic_flushed_offset is None, byte
+    fs.write_atomic("/s/checkpoint", bytes(data))
+    cp = StoreCheckpoint(fs, "/s/checkpoint")
+    assert cp.values().physic_flushed_offset == 123_456
+    cp.close()
+
+
+@pytest.mark.parametrize("sample", ["broker-sample-b", "broker-sample-c"])
+def test_a_broker_checkpoint_has_no_flushed_offset(sample: str) -> None:
+    assert read_checkpoint(RealFileSystem(), str(FIXTURES / sample / "checkpoint")).physic_flushed_offset is None
