@@ -123,3 +123,26 @@ def test_the_writer_builds_put_results_with_every_field_in_order() -> None:
     """The writer builds a stored put's PutResult as a plain tuple (no NamedTuple __new__ per
     put): that is only right while PutResult has exactly these fields in this order."""
     assert PutResult._fields == commitlog_writer.PUT_RESULT_FIELDS
+
+
+def test_a_pass_of_several_queues_appends_each_queue_fast_and_answers_each_put_rightly(store_dir: Path) -> None:
+    """Futures to four queues at once (the demo's shape): each pass appends one run per queue,
+    each on the fast path, and every answer names where its own record lies."""
+    with helpers.open_small(store_dir) as store:
+        assert store.put(Message(topic="Q", body=b"checks the file")).ok
+        commitlog = _commitlog(store)
+        writer = _writer(store)
+        fast_before, passes_before = commitlog.fast_appends, writer.passes
+        messages = [Message(topic="Q", body=b"q%d-%d" % (i % 4, i), queue_id=i % 4) for i in range(400)]
+        futures = [store.put_async(m) for m in messages]
+        results = [f.result(TIMEOUT_S) for f in futures]
+        assert all(r.ok for r in results)
+        runs = commitlog.fast_appends - fast_before
+        passes = writer.passes - passes_before
+        assert runs >= passes and passes < len(messages)  # runs of futures, not one append per put
+        expected_next = {q: (1 if q == 0 else 0) for q in range(4)}
+        for message, result in zip(messages, results):
+            record = store.lookup(result.commitlog_offset, result.wrote_bytes)
+            assert record is not None and record.body == message.body
+            assert record.queue_offset == result.queue_offset == expected_next[message.queue_id]
+            expected_next[message.queue_id] += 1
