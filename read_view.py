@@ -88,10 +88,14 @@ class ReadViewPublisher:
 
     # publications (each from its owner's thread) ----------------------------------------
     def publish_commitlog(self, readable_end: int) -> None:
-        """The writer: the commitlog is readable below `readable_end`."""
+        """The writer (once per put pass): the commitlog is readable below `readable_end`."""
         with self._cond:
-            if readable_end > self.view.readable_end:
-                self._swap(replace(self.view, readable_end=readable_end))
+            v = self.view
+            if readable_end > v.readable_end:
+                # Positional rather than `replace` (1.1 us against 2.5 hot, more on the writer's
+                # cold pass); every field in order (tests/actors/test_writer_fast_append.py).
+                self._swap(ReadView(readable_end, v.dispatched_end, v.queues_live, v.queue_bounds, v.queues_written,
+                                    v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined))  # fmt: skip
 
     def publish_dispatched(self, dispatched_end: int) -> None:
         """The reput actor: every record below `dispatched_end` was handed to its dispatchers."""

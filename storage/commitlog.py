@@ -19,6 +19,7 @@ from typing import Any, Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
+    BORNHOST_V6_FLAG,
     DEFAULT_MAX_MESSAGE_SIZE,
     DispatchFields,
     BLANK_MAGIC_CODE,
@@ -27,6 +28,7 @@ from mqstore.storage.codec import (
     MESSAGE_MAGIC_CODE_V2,
     PHYSICAL_OFFSET_POSITION,
     QUEUE_OFFSET_POSITION,
+    STORE_TIMESTAMP_POSITION_V4,
     SYSFLAG_POSITION,
     TRANSACTION_MASK,
     TRANSACTION_NOT_TYPE,
@@ -42,7 +44,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage import scan, speedups
 from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
-from mqstore.storage.mapped_file import DiskFullError, MappedFile, WriteBufferPool
+from mqstore.storage.mapped_file import RESERVE_LOW_WATER_BYTES, DiskFullError, MappedFile, WriteBufferPool
 from mqstore.storage.mapped_file_queue import Allocator, MappedFileQueue
 from mqstore.storage.status import (
     AppendMessageResult,
@@ -253,6 +255,7 @@ class CommitLog:
         create_on_allocator_failure: bool = False,
         check_crc_on_recover: bool = True,
         fault_hook: Callable[[str], None] | None = None,
+        fast_append: bool = False,
     ) -> None:
         if mapped_file_size <= END_FILE_MIN_BLANK_LENGTH:
             raise ValueError(f"mapped_file_size must exceed {END_FILE_MIN_BLANK_LENGTH} bytes, not {mapped_file_size}")
@@ -294,8 +297,17 @@ class CommitLog:
         # Short (truncated) segments left out of the queue: start -> end of their valid records,
         # which readers serve (`CommitLogReader`); only the rest of such a segment is a hole.
         self.short_valid_ends: dict[int, int] = {}
+        # append_fast (see there): allowed at all (the owner says so: no fault hook armed, no
+        # write buffers), and the file a checked put last appended to, with its map.
+        self._fast_append = fast_append and speedups.native is not None and write_buffer_pool is None
+        self._fast_file: MappedFile | None = None
+        self._fast_buf: Any = None
+        self._id_host: HostAddress | None = None
+        self._id_prefix = ""
+        self.fast_appends = 0  # puts append_fast took, for the tests and the bench
 
     def load(self) -> bool:
+        self._fast_file = None
         ok = self.mapped_file_queue.load(skip_damaged=True)
         log.info("commitlog loaded", ok=ok, files=len(self.mapped_file_queue.mapped_files))
         for damaged in self.mapped_file_queue.damaged_files:
@@ -351,6 +363,55 @@ class CommitLog:
             return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
         return self._put(records, now_ms, batch=batch)
 
+    def append_fast(
+        self, datas: tuple[bytes, ...], queue_key: str, sys_flag: int, store_host: HostAddress, now_ms: int
+    ) -> tuple[int, int, int, str] | None:
+        """The common put in one frame: `datas` (one record, or a batch, of the topic-queue
+        `queue_key`) appended to the file the last checked put went to, when nothing but the
+        copy is left to do: that file is still the last, the records fit it before its blank
+        record's room, its blocks are reserved, no transaction type, no size limit near.
+        Returns (wrote offset, wrote bytes, first queue offset, msgIds joined by ','), the
+        bytes on disk exactly those of `put_message(s)`; None when the put must take that
+        path (nothing was written: it decides, refuses or rolls over as ever)."""
+        mapped_file = self._fast_file
+        if mapped_file is None or not datas or sys_flag & TRANSACTION_MASK != TRANSACTION_NOT_TYPE:
+            return None
+        files = self.mapped_file_queue.mapped_files
+        if not files or files[-1] is not mapped_file:
+            return None
+        total = len(datas[0]) if len(datas) == 1 else sum(map(len, datas))
+        pos = mapped_file.wrote_position
+        end = pos + total
+        reserved = mapped_file.reserved_until
+        # As append_message: no reservation when the low water is reserved, or the whole file;
+        # and the blank record's room (END_OF_FILE) is within what is reserved.
+        if (
+            end + END_FILE_MIN_BLANK_LENGTH > reserved
+            or (pos + RESERVE_LOW_WATER_BYTES > reserved and reserved < mapped_file.file_size)
+            or total > self.max_message_size
+        ):
+            return None
+        if store_host is not self._id_host:
+            self._id_prefix = _msg_id_prefix_hex(store_host)
+            self._id_host = store_host
+        first = datas[0]
+        # SYSFLAG is big-endian: its last byte holds BORNHOST_V6_FLAG (store_timestamp_position).
+        ts_position = STORE_TIMESTAMP_POSITION_V4 + (12 if first[SYSFLAG_POSITION + 3] & BORNHOST_V6_FLAG else 0)
+        table = self.topic_queue_table
+        queue_offset = table.get(queue_key, 0)
+        buf = self._fast_buf
+        file_from_offset = mapped_file.file_from_offset
+        msg_ids: str = speedups.native.append_records(  # type: ignore[union-attr]  # fast: native is set
+            buf, pos, datas, file_from_offset, queue_offset, True, now_ms, ts_position, self._id_prefix
+        )
+        buf[pos : pos + 8] = first[:8]  # TOTALSIZE and MAGIC last, as _do_append
+        table[queue_key] = queue_offset + len(datas)
+        mapped_file.wrote_position = end
+        if now_ms:
+            mapped_file.store_timestamp = now_ms
+        self.fast_appends += 1
+        return file_from_offset + pos, total, queue_offset, msg_ids
+
     @staticmethod
     def _illegal(status: AppendMessageStatus) -> PutMessageResult:
         return PutMessageResult(status=PutMessageStatus.MESSAGE_ILLEGAL, append_result=AppendMessageResult(status=status))
@@ -385,6 +446,9 @@ class CommitLog:
             # Nothing of this put was written; the next put tries to reserve again.
             log.error("disk full, put refused", error=str(exc))
             return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"disk full: {exc}")
+        if self._fast_append and result.status is AppendMessageStatus.PUT_OK and mapped_file.write_buffer is None:
+            # Checked just now: no holes, the last file; the next puts may go straight to it.
+            self._fast_file, self._fast_buf = mapped_file, mapped_file.mapped_buffer
         return PutMessageResult(status=_put_status(result.status), append_result=result)
 
     def _do_append(
@@ -490,6 +554,7 @@ class CommitLog:
         start-up recovery does), continue the queue offsets past them, and truncate (zeroing)
         whatever follows the last valid record, e.g. a record the previous writer died
         writing. Returns (end offset, topic-queue table)."""
+        self._fast_file = None
         queue = self.mapped_file_queue
         files = queue.mapped_files
         if not files:
@@ -528,6 +593,7 @@ class CommitLog:
 
     def close(self) -> None:
         """Unmap every segment (the files stay)."""
+        self._fast_file = None
         self.mapped_file_queue.shutdown(0)
 
     def get_min_offset(self) -> int:
@@ -560,17 +626,21 @@ class CommitLog:
         self, expired_ms: int, interval_ms: int, forcibly_ms: int, clean_immediately: bool, now_ms: int,
         sleep_ms: Callable[[int], None],
     ) -> int:  # fmt: skip
+        self._fast_file = None  # the file list changes: the next put checks it again
         return self.mapped_file_queue.delete_expired_file_by_time(
             expired_ms, interval_ms, forcibly_ms, clean_immediately, now_ms, sleep_ms
         )
 
     def retry_delete_first_file(self, interval_ms: int, now_ms: int) -> bool:
+        self._fast_file = None
         return self.mapped_file_queue.retry_delete_first_file(interval_ms, now_ms)
 
     def destroy(self) -> None:
+        self._fast_file = None
         self.mapped_file_queue.destroy()
 
     def shutdown(self) -> None:
+        self._fast_file = None
         self.mapped_file_queue.shutdown(0)
 
     # reading (owner side) ------------------------------------------------------------------
@@ -924,6 +994,7 @@ class CommitLog:
         return None
 
     def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
+        self._fast_file = None
         queue = self.mapped_file_queue
         queue.flushed_where = queue.committed_where = process_offset
         queue.truncate_dirty_files(process_offset, self.zero_tail_bytes)

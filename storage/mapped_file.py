@@ -135,7 +135,9 @@ class MappedFile:
         self.last_io_error: OSError | None = None
         self.locked_in_memory = False
         # Every byte written through the map lies below this (blocks reserved by fallocate).
-        self._reserved_until = 0
+        # Public for CommitLog.append_fast, which must know an append needs no reservation;
+        # only this class writes it.
+        self.reserved_until = 0
         self._retry_full_window_at = 0
 
     def __repr__(self) -> str:
@@ -159,7 +161,7 @@ class MappedFile:
         self.wrote_position = self.committed_position = self.flushed_position = position
         # What was written has its blocks (whole pages: a page holding data is backed on
         # tmpfs; the free-space estimate of the next reservation must not count it again).
-        self._reserved_until = position - position % OS_PAGE_SIZE
+        self.reserved_until = position - position % OS_PAGE_SIZE
 
     @property
     def mapped_buffer(self) -> bytearray:
@@ -186,18 +188,18 @@ class MappedFile:
             return AppendMessageResult(status=AppendMessageStatus.UNKNOWN_ERROR)
         need_end = min(self.file_size, pos + (RESERVE_LOW_WATER_BYTES if need is None else need))
         window_end = min(self.file_size, pos + RESERVE_AHEAD_BYTES)
-        if pos + RESERVE_LOW_WATER_BYTES > self._reserved_until and window_end > self._reserved_until:
-            if need_end > self._reserved_until or pos >= self._retry_full_window_at:
+        if pos + RESERVE_LOW_WATER_BYTES > self.reserved_until and window_end > self.reserved_until:
+            if need_end > self.reserved_until or pos >= self._retry_full_window_at:
                 if not self._reserve(need_end, window_end, KEEP_FREE_FOR_MESSAGES_BYTES):
                     raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
-                if self._reserved_until < window_end:  # shrunk to what fits: retry the window later
+                if self.reserved_until < window_end:  # shrunk to what fits: retry the window later
                     self._retry_full_window_at = pos + RESERVE_RETRY_AFTER_BYTES
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
-        if pos + result.wrote_bytes > self._reserved_until and result.status is not AppendMessageStatus.END_OF_FILE:
+        if pos + result.wrote_bytes > self.reserved_until and result.status is not AppendMessageStatus.END_OF_FILE:
             # Too late to refuse (the bytes are in the map); a caller bug, said loudly. (A
             # blank record counts the whole rest of the file but writes only its header.)
             log.error("append wrote past its reservation", file=self.file_name, position=pos,
-                      wrote=result.wrote_bytes, reserved_until=self._reserved_until)  # fmt: skip
+                      wrote=result.wrote_bytes, reserved_until=self.reserved_until)  # fmt: skip
         assert pos + result.wrote_bytes <= self.file_size, "append callback wrote past the file end"
         self.wrote_position = pos + result.wrote_bytes
         if result.store_timestamp:
@@ -212,30 +214,30 @@ class MappedFile:
         region = self._region
         need_end = min(need_end, self.file_size)
         window_end = min(max(window_end, need_end), self.file_size)
-        if need_end <= self._reserved_until and window_end <= self._reserved_until:
+        if need_end <= self.reserved_until and window_end <= self.reserved_until:
             return True
         if region is None:
             return False  # unmapped: nothing can be written anyway
         try:
             target = window_end
-            wanted = window_end - self._reserved_until
+            wanted = window_end - self.reserved_until
             free = self._free_bytes()
             spare = None if free is None else free - keep_free
-            if spare is not None and spare < need_end - self._reserved_until:
+            if spare is not None and spare < need_end - self.reserved_until:
                 return False
             if spare is not None and spare < wanted * RESERVE_SHARE_OF_FREE_SPACE:
                 # Do not ask for what is not there: ext4 keeps the blocks of a failed
                 # fallocate, and the derived files would find the disk taken.
                 share = spare // RESERVE_SHARE_OF_FREE_SPACE
-                target = max(need_end, min(window_end, self._reserved_until + share - share % OS_PAGE_SIZE))
+                target = max(need_end, min(window_end, self.reserved_until + share - share % OS_PAGE_SIZE))
             for end in (target, need_end) if target > need_end else (need_end,):
-                if end <= self._reserved_until or region.reserve(end, unwritten_from=self.wrote_position):
-                    self._reserved_until = max(self._reserved_until, end)
+                if end <= self.reserved_until or region.reserve(end, unwritten_from=self.wrote_position):
+                    self.reserved_until = max(self.reserved_until, end)
                     return True
             return False
         except OSError as exc:  # an optimisation only: appends go on into the sparse file
             log.warning("reserve ahead failed", file=self.file_name, error=str(exc))
-            self._reserved_until = max(self._reserved_until, window_end)
+            self.reserved_until = max(self.reserved_until, window_end)
             return True
 
     def _free_bytes(self) -> int | None:
@@ -244,14 +246,9 @@ class MappedFile:
     def reserve(self, end: int, ahead: int = 0) -> bool:
         """Blocks for every byte below `end` (and `ahead` more if there is room) before
         anything is written there through the map; False when the disk has no room."""
-        if end <= self._reserved_until:
+        if end <= self.reserved_until:
             return True
         return self._reserve(end, end + ahead, KEEP_FREE_FOR_DERIVED_BYTES)
-
-    @property
-    def reserved_until(self) -> int:
-        """Below this, writes through the map have blocks behind them."""
-        return self._reserved_until
 
     def append_bytes(self, data: bytes | bytearray | memoryview) -> bool:
         """Raw append (ConsumeQueue units, replicated data): all of `data` or nothing. False
@@ -261,7 +258,7 @@ class MappedFile:
         end = pos + len(data)
         if end > self.file_size:
             return False
-        if end > self._reserved_until and not self._reserve(
+        if end > self.reserved_until and not self._reserve(
             end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES, KEEP_FREE_FOR_DERIVED_BYTES
         ):
             raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
