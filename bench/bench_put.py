@@ -15,20 +15,21 @@ fraction of it reached.
 What the profile shows where a target is not met (per-thread CPU from /proc/<tid>/schedstat,
 2-vCPU VM shared with other sessions, Nov 2026): the store's Python runs under one GIL, so a
 rate is at most one core over the CPU that all its threads spend per message. put_async from
-one thread (1 KiB with a key; medians of 5 runs alternated with the code before, load 4-6,
-2026-11-24): the caller 3.7 us a put, was 6.2-6.7 (~0.7 of it is the benchmark's own loop and
-Message()). One C call (_native.PutSubmitter.submit, 0.66 us on its own) encodes the message
-(its CRC by the read path's carry-less-multiply kernel, no longer a call to zlib), takes the
-in-flight slot and appends the writer's EncodedPut to its inbox; the rest is the future and its
-reply (~0.35), the state checks, and ~0.5 of garbage collection. The writer 2.7 (was 3.1),
-the completion thread 0.9 (was 1.2; a pass's futures completed under one lock), reput, index
-and ConsumeQueue ~1.4, flush 0.6-2 (mostly msync, without the GIL): ~9.5 us of GIL-holding
-CPU a put, about the 10 us that 100k/s allows. Same runs: 60k -> 91k msgs/s at 1 KiB, 66k ->
-111k at 128 B; this bench's row (until visible) 68k -> 90k and the 4-actor row 50k -> 73k
-(medians of 3 --quick runs each, alternated); at load ~1 after merging main, 111k and 114k in
-two --quick runs and 47k in a third (4 actors 71-81k). The floor pays only the Future, one
-inbox hop and the completion thread. put from 4 threads: four threads put four queues, so each put is its
-own append (~20 us of the writer's CPU, the storage call chain run cold after a wake-up), and
+one thread (1 KiB with a key; per-thread CPU, medians of 5 runs alternated with the code before,
+2026-11-24, load ~2): the caller 3.8 us a put, was 6.5 (~0.7 of it is the benchmark's own
+loop and Message()). One C call (_native.PutSubmitter.submit, 0.66 us on its own) encodes the
+message (its CRC by the read path's carry-less-multiply kernel, no longer a call to zlib),
+takes the in-flight slot and appends the writer's EncodedPut to its inbox; the rest is the
+future and its reply (~0.35), the state checks and ~0.5 of garbage collection. The writer 2.0
+(its fast append), the completion thread 1.2 (a pass's futures completed under one lock),
+reput, index and ConsumeQueue ~1.4, flush 0.6-2 (mostly msync, without the GIL). Same runs:
+91k -> 125k msgs/s at 1 KiB, 108k -> 150k at 128 B; this bench's rows (until visible, medians
+of 3 --quick runs alternated) put_async 91k -> 116k, 4 actors 67k -> 84k, put_batch 32 of
+1 KiB 145k -> 153k. The lag case is paced at half of the put_async rate of its own run, so it
+now runs faster (~58k/s): at one rate both codes were measured alike or better after (p99
+5.4-6.9 ms against 6.8-57 at 45k/s; 19-73 against 77-107 at 58k/s). The floor pays only the
+Future, one inbox hop and the completion thread. put from 4 threads: four threads put four
+queues, so each put is its own append (~20 us of the writer's CPU, the storage call chain run cold after a wake-up), and
 each put costs two cross-vCPU wake-ups (perf: a quarter of the process's CPU in the
 scheduler's switch and wake-up paths). The demo spends ~34 us per message at load 5
 (producers 9.0; writer 8.0, an append per queue of each pass; consumers 7.0, of it ~3.7 kernel
