@@ -405,3 +405,24 @@ def test_submit_reads_a_message_by_position_and_anything_else_by_attribute() -> 
         native.PutSubmitter(
             {}, _fixed_clock, slots, EncodedPut, INBOX_ENVELOPE, EncodedPut, b"\0\0\0\0", 0, b"\0\0\0\0", 0, 1
         )
+
+
+def test_after_the_writer_is_restarted_puts_go_to_its_new_inbox_in_one_call(store_dir: Path) -> None:
+    from mqstore import FaultPlan
+
+    plan = FaultPlan()
+    with helpers.open_small(store_dir, faults=plan) as store:
+        assert store.put_async(Message(topic="orders", body=b"first")).result(TIMEOUT_S).ok
+        old_writer = store.supervisor.ctx.peers["writer"]
+        plan.arm("writer.after_append", 1)
+        crashed = store.put_async(Message(topic="orders", body=b"crash")).result(TIMEOUT_S)
+        assert crashed.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        helpers.wait_until(
+            lambda: store.supervisor.ctx.peers.get("writer") not in (None, old_writer), what="writer restarted"
+        )
+        helpers.wait_until(lambda: store.put(Message(topic="orders", body=b"probe")).ok, what="writer taking puts")
+        spy = _recording(store)
+        after = [store.put_async(Message(topic="orders", body=b"after%d" % i)) for i in range(3)]
+        assert all(f.result(TIMEOUT_S).ok for f in after)
+        assert spy.answers == [True, True, True]
+        assert store._puts._writer_inbox is not None and store._puts._writer_inbox[0] is not old_writer
