@@ -28,15 +28,13 @@ of 3 --quick runs alternated) put_async 91k -> 116k, 4 actors 67k -> 84k, put_ba
 1 KiB 145k -> 153k. The lag case is paced at half of the put_async rate of its own run, so it
 now runs faster (~58k/s): at one rate both codes were measured alike or better after (p99
 5.4-6.9 ms against 6.8-57 at 45k/s; 19-73 against 77-107 at 58k/s). The floor pays only the
-Future, one inbox hop and the completion thread. put from 4 threads: four threads put four
-queues, so each put is its own append (~20 us of the writer's CPU, the storage call chain run cold after a wake-up), and
-each put costs two cross-vCPU wake-ups (perf: a quarter of the process's CPU in the
-scheduler's switch and wake-up paths). The demo spends ~34 us per message at load 5
-(producers 9.0; writer 8.0, an append per queue of each pass; consumers 7.0, of it ~3.7 kernel
-time in reads.yield_gil's sched_yield loop: 2.5 sched_yield calls per message, and each get of
-32 waits up to 2 ms for the woken threads, so consumers trail the producers; dispatch ~3.6;
-flush 1.1). Garbage collection is ~0.5 us a message: not the limit. put_batch of 32 at 1 KiB:
-two thirds of the writer's time is kernel time on fresh pages. A bounded spin (20-100 us, GIL
+Future, one inbox hop and the completion thread. put from 4 threads (session 8, idle): ~84 us
+of CPU per put across all threads, 15-16k msgs/s against a floor of ~100k: each put is a round
+trip with two cross-vCPU wake-ups, a writer pass (15-20 us a put after the fast append, most
+of it kernel switching) and reput, ConsumeQueue, index and flush woken per pass; the whole
+process on one CPU runs it ~2x faster (README, one-CPU table). put_batch of 32 at 128 B: a
+round trip per batch costs ~130 us (writer pass ~35, the caller's wake-up and encoding ~50).
+The demo (session 8): 53-59k msgs/s produced, 51-58k consumed. A bounded spin (20-100 us, GIL
 released) before a single `put` sleeps on its answer was measured and dropped: on two shared
 vCPUs it took the core the writer and dispatch needed (1 and 4 threads slower in 8 of 10 runs).
 """
