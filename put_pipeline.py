@@ -31,7 +31,7 @@ import pykka
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
 from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply
-from .runtime import INBOX_ENVELOPE, native_inbox, tell_all_keeping_gil
+from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil
 from .storage import speedups
 from .storage.status import PutMessageStatus
 from .supervisor import SupervisorState
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PutPipeline", "ActorClient"]
 
+_WRITER_STOPPED = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer stopped")
 IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_puts_in_flight reached")
 _RUNNING = SupervisorState.RUNNING
 _monotonic_ns = time.monotonic_ns
@@ -496,6 +497,11 @@ class PutPipeline:
                 if self._thread is None and reply.sink is self._to_completion:
                     self._ensure_thread()
                 if submitter.submit(message, reply, target[2], target[3]):
+                    stopped = target[1]
+                    # The writer stopped while the put was handed over: take it back from
+                    # the dead inbox, or its future would wait until close().
+                    if stopped.is_set() and take_back_told(target[0], lambda m: getattr(m, "reply", None) is reply) is not None:
+                        reply.send(_WRITER_STOPPED)
                     return None
         return self._submit((message,), False, reply)
 

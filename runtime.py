@@ -37,6 +37,7 @@ __all__ = [
     "call_soon",
     "tell_keeping_gil",
     "tell_all_keeping_gil",
+    "take_back_told",
     "native_inbox",
     "INBOX_ENVELOPE",
     "ask",
@@ -225,6 +226,26 @@ def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
     else:
         inbox._tokens.put(None)
     return True
+
+
+def take_back_told(ref: pykka.ActorRef[Any], matches: Callable[[Any], bool]) -> Any | None:
+    """A tell can race the actor's stop: it checked the actor was alive, then the actor stopped
+    and drained its inbox (`StoreActor.on_stop` fails what it finds), then the message
+    arrived, where nobody will ever take it. Called once `ref` is seen stopped after such a
+    tell: the told message that `matches`, taken back out of the dead inbox (the caller answers
+    it), or None when it is not there (the drain or the actor took it, and answered it). The
+    drain takes messages out one at a time, so exactly one of the two gets it."""
+    inbox = ref.actor_inbox
+    if not isinstance(inbox, FastInbox):
+        return None
+    for envelope in list(inbox._items):
+        if envelope.reply_to is None and matches(envelope.message):
+            try:
+                inbox._items.remove(envelope)
+            except ValueError:
+                return None  # the drain took it meanwhile
+            return envelope.message
+    return None
 
 
 # What a FastInbox holds per message (pykka's Envelope): for PutSubmitter, which builds it in C.

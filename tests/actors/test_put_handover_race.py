@@ -1,0 +1,75 @@
+"""A put handed to the writer just as the writer stops: the stop's drain of its inbox (which
+fails every put it finds) may have run before the put arrived, leaving it in an inbox nobody
+reads again. A future has no timeout, so such a put must be taken back and answered
+SERVICE_NOT_AVAILABLE at once, not left pending until close()."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+import mqstore
+from mqstore.runtime import FastInbox, RuntimeActor, take_back_told
+from mqstore.storage import speedups
+from mqstore.storage.status import PutMessageStatus
+
+TOPIC = "race"
+
+
+class _Idle(RuntimeActor):
+    def on_receive(self, message: Any) -> Any:
+        return None
+
+
+class _Told:
+    def __init__(self, reply: object) -> None:
+        self.reply = reply
+
+
+def test_take_back_told_finds_a_message_left_in_a_stopped_inbox_once() -> None:
+    ref = _Idle.start()
+    ref.stop(block=True)
+    inbox = ref.actor_inbox
+    assert isinstance(inbox, FastInbox) and ref.actor_stopped.is_set()
+    mine, other = _Told("mine"), _Told("other")
+    inbox.put_keeping_gil(pykka._envelope.Envelope(other))  # as a tell racing the stop would
+    inbox.put_keeping_gil(pykka._envelope.Envelope(mine))
+    assert take_back_told(ref, lambda m: m.reply == "mine") is mine
+    assert take_back_told(ref, lambda m: m.reply == "mine") is None  # taken once
+    assert [e.message for e in inbox._items] == [other]
+
+
+@pytest.mark.skipif(speedups.native is None, reason="the one-call put path needs the C extension")
+def test_a_put_async_handed_over_as_the_writer_stops_is_answered_not_left_pending(tmp_path: Path) -> None:
+    armed: list[Any] = []
+
+    def clock_ms() -> int:
+        # PutSubmitter.submit reads the clock between its check that the writer is alive
+        # and the hand-over: the writer stops (and drains its inbox) right there.
+        if armed:
+            store = armed.pop()
+            writer = store.supervisor.ctx.peers.get("writer")
+            assert writer is not None
+            writer.stop(block=True)
+        return int(time.time() * 1000)
+
+    store = mqstore.open(tmp_path / "s", clock_ms=clock_ms)
+    try:
+        first = store.put_async(mqstore.Message(topic=TOPIC, queue_id=0, body=b"first"))
+        assert first.result(timeout=10).status is PutMessageStatus.PUT_OK  # the topic is known now
+        armed.append(store)
+        raced = store.put_async(mqstore.Message(topic=TOPIC, queue_id=0, body=b"raced"))
+        assert not armed, "the race was not staged: the put did not take the one-call path"
+        try:
+            result = raced.result(timeout=5)
+        except FutureTimeout:
+            pytest.fail("the put's future was left pending in the stopped writer's inbox")
+        assert result.status is PutMessageStatus.SERVICE_NOT_AVAILABLE, result
+        assert store._puts._free_slots == store.config.max_puts_in_flight  # its slot came back
+    finally:
+        store.close()
