@@ -114,6 +114,15 @@ class FastInbox:
     def empty(self) -> bool:
         return not self._items
 
+    def take_left(self) -> Any | None:
+        """The oldest message, or None if there is none, not waiting and leaving the tokens:
+        for draining a stopped actor's inbox, where a racing tell's message may have been
+        taken back (`take_back_told`) between an emptiness check and a `get`."""
+        try:
+            return self._items.popleft()
+        except IndexError:
+            return None
+
     def qsize(self) -> int:
         return len(self._items)
 
@@ -165,6 +174,19 @@ class RuntimeActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> Any:  # pykka's hook; its type is pykka's private inbox
         return FastInbox()
 
+    def _actor_loop_teardown(self) -> None:
+        """pykka's drain after the stop, by items rather than tokens (FastInbox.take_left): a
+        told message taken back meanwhile must not leave `get` popping an empty inbox."""
+        inbox = self._fast_inbox()
+        while (envelope := inbox.take_left()) is not None:
+            if envelope.reply_to is None:
+                continue
+            if isinstance(envelope.message, pykka.messages._ActorStop):
+                envelope.reply_to.set(None)
+            else:
+                dead = pykka.ActorDeadError(f"{self.actor_ref} stopped before handling the message")
+                envelope.reply_to.set_exception(exc_info=(pykka.ActorDeadError, dead, None))
+
     def _actor_loop_setup(self) -> None:  # pykka's: an on_start failure is only logged there
         try:
             self.on_start()
@@ -204,8 +226,7 @@ class RuntimeActor(pykka.ThreadingActor):
         ActorDeadError(`why`) here; the caller fails the store's own replies they carry."""
         inbox = self._fast_inbox()
         left: list[QueuedRequest] = []
-        while not inbox.empty():
-            envelope: Envelope[Any] = inbox.get()
+        while (envelope := inbox.take_left()) is not None:  # items, not tokens (take_left)
             if envelope.reply_to is not None:
                 envelope.reply_to.set_exception(exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(why), None))
             left.append(QueuedRequest(envelope.message))

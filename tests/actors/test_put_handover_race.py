@@ -44,6 +44,51 @@ def test_take_back_told_finds_a_message_left_in_a_stopped_inbox_once() -> None:
     assert [e.message for e in inbox._items] == [other]
 
 
+class _RacedInbox(FastInbox):
+    """A FastInbox whose emptiness check is followed, at once, by another thread's take-back
+    of its oldest message: the worst moment for a drain that checks, then takes."""
+
+    __slots__ = ("raced",)
+
+    def empty(self) -> bool:
+        answer = super().empty()
+        if not answer and self.raced is not None:
+            raced, self.raced = self.raced, None
+            assert take_back_told(raced, lambda m: isinstance(m, _Told)) is not None
+        return answer
+
+
+class _RacedActor(RuntimeActor):
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        inbox = _RacedInbox()
+        inbox.raced = None
+        return inbox
+
+    def on_receive(self, message: Any) -> Any:
+        return None
+
+
+def test_a_stopped_actors_drains_go_by_items_so_a_take_back_cannot_break_them() -> None:
+    """A take-back between a drain's emptiness check and its `get` left `get` popping an
+    empty inbox (pykka's teardown: IndexError in the actor's thread): the drains take items,
+    not tokens."""
+    ref = _RacedActor.start()
+    actor = ref._actor_weakref()  # held: the stopped actor's drains are called below
+    ref.stop(block=True)
+    inbox = ref.actor_inbox
+    assert isinstance(inbox, _RacedInbox) and isinstance(actor, RuntimeActor)
+    inbox.put_keeping_gil(pykka._envelope.Envelope(_Told("mine")))  # a tell that raced the stop
+    inbox.raced = ref
+    actor._actor_loop_teardown()  # pykka's drain after the stop
+    assert inbox.empty() and inbox.take_left() is None
+    again = _Told("again")
+    inbox.put_keeping_gil(pykka._envelope.Envelope(again))
+    drained = actor.drain_queued("stopped")  # StoreActor.on_stop's drain: no check to race
+    assert [q.message for q in drained] == [again]
+    assert take_back_told(ref, lambda m: m is again) is None  # the drain answers it, not both
+
+
 @pytest.mark.skipif(speedups.native is None, reason="the one-call put path needs the C extension")
 def test_a_put_async_handed_over_as_the_writer_stops_is_answered_not_left_pending(tmp_path: Path) -> None:
     armed: list[Any] = []
