@@ -235,7 +235,8 @@ class RuntimeActor(pykka.ThreadingActor):
 
 def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
     """Tell an actor on a FastInbox without handing it the GIL (FastInbox.put_keeping_gil);
-    False if it is stopped (or not on a FastInbox, where the caller tells it as usual)."""
+    False if it is stopped, also when it stopped during the tell (the message is not left in
+    its dead inbox: `take_back_told`), or not on a FastInbox (the caller tells it as usual)."""
     inbox = ref.actor_inbox
     if not isinstance(inbox, FastInbox) or ref.actor_stopped.is_set():
         return False
@@ -246,7 +247,8 @@ def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
         signal.post_holding_gil()
     else:
         inbox._tokens.put(None)
-    return True
+    # Stopped meanwhile (its drain may have run already): taken back, told nothing.
+    return not (ref.actor_stopped.is_set() and take_back_told(ref, lambda m: m is message) is not None)
 
 
 def take_back_told(ref: pykka.ActorRef[Any], matches: Callable[[Any], bool]) -> Any | None:

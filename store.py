@@ -64,7 +64,7 @@ from .storage.index import IndexReader
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
-from .runtime import FollowingRef, Subscriptions, take_back_told, tell_keeping_gil
+from .runtime import FollowingRef, Subscriptions, tell_keeping_gil
 from .supervisor import Supervisor, SupervisorState
 from .ticker import Ticker
 
@@ -392,12 +392,6 @@ class MessageStore:
         if keep_gil:
             writer = self.supervisor.ctx.peers.get("writer")
             if writer is not None and tell_keeping_gil(writer, put):
-                # A future has no timeout: a put told to a writer that stopped meanwhile
-                # must not wait in its dead inbox until close() (runtime.take_back_told).
-                if writer.actor_stopped.is_set() and take_back_told(writer, lambda m: m is put) is not None:
-                    result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer stopped")
-                    reply.send(result)
-                    return result
                 return None
         if not self.supervisor.ctx.tell("writer", put):
             result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")

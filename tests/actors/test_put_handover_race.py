@@ -5,16 +5,18 @@ SERVICE_NOT_AVAILABLE at once, not left pending until close()."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pykka
 import pytest
 
 import mqstore
-from mqstore.runtime import FastInbox, RuntimeActor, take_back_told
+from mqstore.runtime import FastInbox, RuntimeActor, take_back_told, tell_keeping_gil
 from mqstore.storage import speedups
 from mqstore.storage.status import PutMessageStatus
 
@@ -42,6 +44,28 @@ def test_take_back_told_finds_a_message_left_in_a_stopped_inbox_once() -> None:
     assert take_back_told(ref, lambda m: m.reply == "mine") is mine
     assert take_back_told(ref, lambda m: m.reply == "mine") is None  # taken once
     assert [e.message for e in inbox._items] == [other]
+
+
+class _StopsDuringTheTell:
+    """An actor ref's `actor_stopped` seen unset by the tell's check, set right after it:
+    the actor stopped (and drained its inbox) between the check and the append."""
+
+    def __init__(self) -> None:
+        self.checks = 0
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        return self.checks > 1
+
+
+def test_tell_keeping_gil_takes_back_what_it_told_an_actor_that_stopped_during_the_tell() -> None:
+    ref: Any = SimpleNamespace(actor_inbox=FastInbox(), actor_stopped=_StopsDuringTheTell())
+    told = _Told("put")
+    assert tell_keeping_gil(ref, told) is False  # the caller answers it (store: "writer is restarting")
+    assert ref.actor_inbox.empty()
+    alive: Any = SimpleNamespace(actor_inbox=FastInbox(), actor_stopped=threading.Event())
+    assert tell_keeping_gil(alive, told) is True
+    assert [e.message for e in alive.actor_inbox._items] == [told]
 
 
 class _RacedInbox(FastInbox):
