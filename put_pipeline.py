@@ -442,15 +442,7 @@ class PutPipeline:
         except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
             pending.discard(future)
             raise
-        # `_handed_out`, inline: once per put.
-        if refused is not None:
-            pending.discard(future)
-            future.set_result(refused)  # refused before the writer, in the caller's thread
-            return future
-        self._store._local.last_async_put = future
-        if self._closed:
-            self._complete_closed()
-        return future
+        return self._handed_out(future, refused)
 
     def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
         """store.put_batch_async (a checked, non-empty batch)."""

@@ -19,7 +19,6 @@ from typing import Any, Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
-    BORNHOST_V6_FLAG,
     DEFAULT_MAX_MESSAGE_SIZE,
     DispatchFields,
     BLANK_MAGIC_CODE,
@@ -28,7 +27,6 @@ from mqstore.storage.codec import (
     MESSAGE_MAGIC_CODE_V2,
     PHYSICAL_OFFSET_POSITION,
     QUEUE_OFFSET_POSITION,
-    STORE_TIMESTAMP_POSITION_V4,
     SYSFLAG_POSITION,
     TRANSACTION_MASK,
     TRANSACTION_NOT_TYPE,
@@ -395,8 +393,7 @@ class CommitLog:
             self._id_prefix = _msg_id_prefix_hex(store_host)
             self._id_host = store_host
         first = datas[0]
-        # SYSFLAG is big-endian: its last byte holds BORNHOST_V6_FLAG (store_timestamp_position).
-        ts_position = STORE_TIMESTAMP_POSITION_V4 + (12 if first[SYSFLAG_POSITION + 3] & BORNHOST_V6_FLAG else 0)
+        ts_position = store_timestamp_position(_I.unpack_from(first, SYSFLAG_POSITION)[0])
         table = self.topic_queue_table
         queue_offset = table.get(queue_key, 0)
         buf = self._fast_buf

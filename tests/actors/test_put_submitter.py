@@ -257,13 +257,18 @@ def _submitter(slots: Any, topics: dict[str, bytes], max_size: int = 4 * 1024 * 
     )
 
 
-def test_submit_builds_the_writers_put_as_the_python_encoder_would() -> None:
+def _rig(free_slots: int = 1, max_size: int = 4 * 1024 * 1024) -> tuple[Any, Any, Any, deque[Any], Any]:
+    """(the extension, its in-flight slots with `free_slots` free, the writer inbox's Signal
+    and item deque, a submitter over them that knows the topic "orders")."""
     native = speedups.native
     assert native is not None
     slots, inbox_signal = native.Signal(), native.Signal()
-    slots.post_holding_gil()
-    items: deque[Any] = deque()
-    submitter = _submitter(slots, {"orders": b"orders"})
+    slots.post_many_holding_gil(free_slots)
+    return native, slots, inbox_signal, deque(), _submitter(slots, {"orders": b"orders"}, max_size)
+
+
+def test_submit_builds_the_writers_put_as_the_python_encoder_would() -> None:
+    _, slots, inbox_signal, items, submitter = _rig()
     reply = object()
     message = Message(topic="orders", body=b"body", queue_id=2, keys=["k1", "k2"], tags="t")
     assert submitter.submit(message, reply, items.append, inbox_signal) is True
@@ -280,12 +285,7 @@ def test_submit_builds_the_writers_put_as_the_python_encoder_would() -> None:
 
 
 def test_submit_declines_without_taking_a_slot_or_telling() -> None:
-    native = speedups.native
-    assert native is not None
-    slots, inbox_signal = native.Signal(), native.Signal()
-    slots.post_holding_gil()
-    items: deque[Any] = deque()
-    submitter = _submitter(slots, {"orders": b"orders"}, max_size=200)
+    _, slots, inbox_signal, items, submitter = _rig(max_size=200)
     declined = [
         Message(topic="unseen", body=b"x"),  # not validated yet
         Message(topic="orders", body=b"x" * 300),  # over the limit: Python refuses it
@@ -302,15 +302,11 @@ def test_submit_declines_without_taking_a_slot_or_telling() -> None:
 
 
 def test_submit_gives_the_slot_back_when_the_hand_over_fails() -> None:
-    native = speedups.native
-    assert native is not None
-    slots, inbox_signal = native.Signal(), native.Signal()
-    slots.post_holding_gil()
+    native, slots, inbox_signal, _, submitter = _rig()
 
     def broken_append(_item: Any) -> None:
         raise RuntimeError("inbox gone")
 
-    submitter = _submitter(slots, {"orders": b"orders"})
     with pytest.raises(RuntimeError, match="inbox gone"):
         submitter.submit(Message(topic="orders", body=b"x"), None, broken_append, inbox_signal)
     assert slots.value() == 1 and inbox_signal.value() == 0
@@ -384,12 +380,7 @@ class _Loud(Message):
 
 
 def test_submit_reads_a_message_by_position_and_anything_else_by_attribute() -> None:
-    native = speedups.native
-    assert native is not None
-    slots, inbox_signal = native.Signal(), native.Signal()
-    slots.post_many_holding_gil(2)
-    items: deque[Any] = deque()
-    submitter = _submitter(slots, {"orders": b"orders"})
+    native, slots, inbox_signal, items, submitter = _rig(free_slots=2)
     plain, loud = Message(topic="orders", body=b"quiet", keys="k"), _Loud(topic="orders", body=b"quiet", keys="k")
     assert submitter.submit(plain, None, items.append, inbox_signal) is True
     assert submitter.submit(loud, None, items.append, inbox_signal) is True
