@@ -855,8 +855,10 @@ class MessageStore:
         dispatching its records again: after a crash, and at the next open when they are the
         newest records of the log (recovery re-dispatches from the queues' highest unit, as
         RocketMQ 4.5+ does; 4.4.0 starts at the log's end and so can leave records a stop did
-        not dispatch without units). If the ConsumeQueue actor cannot answer (it is being
-        restarted), nothing is removed: 0."""
+        not dispatch without units). The queue ledger forgets them before their files go, so
+        the next open does not take them for queues deleted by accident and rebuild them. If
+        the ConsumeQueue actor cannot answer (it is being restarted), or the ledger cannot be
+        written, nothing is removed: 0."""
         self._check_open()
         if isinstance(keep, (str, bytes)) or not isinstance(keep, Iterable):
             raise TypeError(f"keep must be an iterable of topic names (str), not {type(keep).__name__}")

@@ -33,6 +33,7 @@ from ..storage import codec, speedups
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
+from ..storage.queue_ledger import write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, recover_consume_queues
 from .base import ActorContext, StoreActor
 
@@ -73,6 +74,13 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # guard), so dispatch waits for space instead of crashing and restarting.
         self._waiting: deque[DispatchBatch] = deque()
         self._disk_full_since_ms = 0
+        # The queue ledger (storage.queue_ledger): what it last said, and the counts read at
+        # open, which stand as a floor until re-dispatch has passed the log's end at open
+        # (the queues it found missing or cut short are rebuilt by then).
+        self._ledger_written: dict[tuple[str, int], int] | None = None
+        self._ledger_floor: dict[tuple[str, int], int] = {}
+        self._ledger_floor_until = 0
+        self._ledger_stale = False
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
@@ -98,6 +106,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # Below the re-dispatch start every queue holds its units (a queue rebuilt from the
         # log's start, or one that lost files, holds fewer than the others).
         self._dispatched_offset = min(self._dispatched_offset, recovered.dispatch_from)
+        self._ledger_floor = dict(recovered.ledger_units)
+        self._ledger_floor_until = self._log_facts.max_offset
+        self._ledger_stale = True  # written at the first tick: this open's queues, floors kept
         self._publish(self._queues, complete=True)
 
     def release(self) -> None:
@@ -139,7 +150,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             clock_ms=self.ctx.clock_ms,
         )
         cq.load()
-        self._queues[(topic, queue_id)] = cq
+        key = (topic, queue_id)
+        self._queues[key] = cq
+        if self._ledger_written is not None and key not in self._ledger_written:
+            self._ledger_stale = True  # a new queue: in the ledger before the next tick is over
         return cq
 
     def handle(
@@ -160,6 +174,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case Tick(now_ms=now):
                 self._dispatch_waiting()
                 self._flush(now, thorough=False)
+                if self._ledger_stale:
+                    self._write_ledger()
             case FlushAll(reply=reply):
                 self._dispatch_waiting()  # once: close() is not held up by a full disk
                 self._flush(self.ctx.clock_ms(), thorough=True)
@@ -301,10 +317,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         removed = tuple(sorted(key for key in self._queues if key[0] not in keep and key[0] != codec.SCHEDULE_TOPIC))
         if not removed:
             return removed
+        # Out of the ledger first: once their files are gone the next open must not take
+        # them for queues deleted by accident and rebuild them from the log.
+        gone = set(removed)
+        for key in removed:
+            self._ledger_floor.pop(key, None)
+        survivors = {key: cq for key, cq in self._queues.items() if key not in gone}
+        if not self._write_ledger(survivors):
+            self.log.error("cleanUnusedTopic: nothing deleted, the queue ledger could not be written", topics=sorted({t for t, _ in removed}))
+            return ()
         # Withdrawn from readers first (a whole new table, a new map generation: readers drop
         # their maps of these files), then destroyed.
-        gone = set(removed)
-        survivors = {key: cq for key, cq in self._queues.items() if key not in gone}
         doomed = [self._queues[key] for key in removed]
         self._queues = survivors
         self._publish(survivors, complete=True)
@@ -347,7 +370,34 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 if cq.flush(least_pages):
                     break
         if least_pages == 0:
+            self._write_ledger()
             self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True))
+
+    def _write_ledger(self, queues: dict[tuple[str, int], ConsumeQueue] | None = None) -> bool:
+        """Write the queue ledger: each queue's units on disk (its flushed ones), never below
+        a count read at open while re-dispatch may still be rebuilding that queue. False if it
+        could not be written (logged; tried again at the next tick)."""
+        queues = self._queues if queues is None else queues
+        if self._ledger_floor and self._dispatched_offset >= self._ledger_floor_until and not self._waiting:
+            self._ledger_floor = {}
+        floor = self._ledger_floor
+        unit = codec.CQ_STORE_UNIT_SIZE
+        units = {key: cq.mapped_file_queue.flushed_where // unit for key, cq in queues.items()}
+        for key, counted in floor.items():
+            if units.get(key, 0) < counted:
+                units[key] = counted
+        if units == self._ledger_written:
+            self._ledger_stale = False
+            return True
+        try:
+            write_queue_ledger(self.ctx.fs, self.config.queue_ledger_path, units)
+        except OSError as exc:
+            self.log.error("queue ledger not written", error=str(exc))
+            self._ledger_stale = True
+            return False
+        self._ledger_written = units
+        self._ledger_stale = False
+        return True
 
 
 def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> int:

@@ -308,6 +308,10 @@ class StoreConfig:
         return os.path.join(self.root_dir, "checkpoint")
 
     @property
+    def queue_ledger_path(self) -> str:
+        return os.path.join(self.root_dir, "queue_ledger.msgpack")  # storage.queue_ledger
+
+    @property
     def abort_path(self) -> str:
         return os.path.join(self.root_dir, "abort")
 

@@ -266,6 +266,12 @@ def parse_delay_levels(spec: str = DEFAULT_MESSAGE_DELAY_LEVEL) -> list[int]:
     return levels
 
 
+def is_topic_name(name: object) -> bool:
+    """Whether `name` is spelled as a topic may be (characters and length), reserved topics
+    included: for names read from files, which become paths under consumequeue/."""
+    return isinstance(name, str) and bool(_VALID_TOPIC.match(name)) and len(name.encode("utf-8")) <= MAX_TOPIC_BYTES
+
+
 _VALID_TOPICS_SEEN: set[str] = set()  # a store sees few topics; every put checks one
 
 

@@ -38,6 +38,7 @@ from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_en
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
+from .queue_ledger import load_queue_ledger
 from .scan import RecordTally
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
@@ -174,6 +175,10 @@ class ConsumeQueueRecovery:
     damaged_files: tuple[str, ...]
     dispatch_from: int  # where re-dispatch starts (every owner's needs counted)
     topic_queue_table: dict[str, int]  # from the units: next queue offset per "topic-queueId"
+    # The queue ledger as read at this open (empty: none), and the queues it showed missing
+    # or cut short, which re-dispatch rebuilds (storage.queue_ledger).
+    ledger_units: dict[tuple[str, int], int] = field(default_factory=dict)
+    rebuilt_from_ledger: tuple[tuple[str, int], ...] = ()
 
 
 def check_geometry(cfg: StoreConfig, fs: FileSystem) -> None:
@@ -331,6 +336,10 @@ def recover_consume_queues(
                 damaged_queues.append(cq)
                 log.warning("a consume queue has no files; re-dispatch rebuilds it", topic=topic, queue_id=queue_id)
             max_cq = max(max_cq, cq.max_physic_offset)
+        ledger = load_queue_ledger(fs, cfg.queue_ledger_path) or {}
+        rebuilt = _queues_behind_ledger(cfg, fs, ledger, queues, damaged_queues, clock_ms)
+        for cq in rebuilt:
+            max_cq = max(max_cq, cq.max_physic_offset)
 
         if mode is RecoveryMode.CRASH:
             dispatch_from = log_facts.scan_start
@@ -362,8 +371,8 @@ def recover_consume_queues(
             last = cq.get_unit(cq.get_max_offset_in_queue() - 1) if cq.get_max_offset_in_queue() > 0 else None
             resume = last[0] + last[1] if last is not None and last[1] != 0x7FFFFFFF else min_offset
             dispatch_from = min(dispatch_from, max(resume, min_offset))
-            log.warning("consume queue files cut short were removed; re-dispatch rebuilds them",
-                        topic=cq.topic, queue_id=cq.queue_id, files=damaged_cq_files, dispatch_from=dispatch_from)  # fmt: skip
+            log.warning("re-dispatch rebuilds a consume queue that lost units", topic=cq.topic, queue_id=cq.queue_id,
+                        files_cut_short=damaged_cq_files, dispatch_from=dispatch_from)  # fmt: skip
         # §11.6 step 1: no log at all means no queue can be right.
         if not log_facts.has_files:
             for cq in queues:
@@ -399,7 +408,8 @@ def recover_consume_queues(
             cq.flush(0)
         return ConsumeQueueRecovery(queues=len(queues), max_physic_offset=max_cq, truncated=truncated,
                                     damaged_files=tuple(damaged_cq_files), dispatch_from=dispatch_from,
-                                    topic_queue_table=table)  # fmt: skip
+                                    topic_queue_table=table, ledger_units=ledger,
+                                    rebuilt_from_ledger=tuple((cq.topic, cq.queue_id) for cq in rebuilt))  # fmt: skip
     finally:
         for cq in queues:
             cq.mapped_file_queue.shutdown(0)
@@ -658,6 +668,43 @@ class _InspectingCommitLog(CommitLog):
                     return begin + len(chunk)
                 end = begin
         return 0
+
+
+def _queues_behind_ledger(
+    cfg: StoreConfig,
+    fs: FileSystem,
+    ledger: dict[tuple[str, int], int],
+    queues: list[ConsumeQueue],
+    damaged: list[ConsumeQueue],
+    clock_ms: Callable[[], int],
+) -> list[ConsumeQueue]:
+    """The queues the ledger (storage.queue_ledger) knew that are gone or hold fewer units than
+    it counted on disk: their directory or last files were deleted since. Added to `queues` and
+    `damaged`, so re-dispatch rebuilds them from the log before a put can take one of their
+    queue offsets again. Returns the ones it added to `damaged`."""
+    present = {(cq.topic, cq.queue_id): cq for cq in queues}
+    rebuilt: list[ConsumeQueue] = []
+    for (topic, queue_id), counted in sorted(ledger.items()):
+        cq = present.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(
+                fs, topic, queue_id, cfg.consume_queue_dir,
+                mapped_file_size=cfg.mapped_file_size_consume_queue_bytes, clock_ms=clock_ms,
+            )  # fmt: skip
+            if not cq.load():
+                raise OSError(f"cannot load consume queue {topic}/{queue_id}")
+            queues.append(cq)
+            log.warning("a consume queue in the queue ledger has no directory (deleted?); re-dispatch rebuilds it",
+                        topic=topic, queue_id=queue_id, ledger_units=counted)  # fmt: skip
+        elif cq in damaged or cq.get_max_offset_in_queue() >= counted:
+            continue
+        else:
+            log.warning("a consume queue holds fewer units than the queue ledger counted (files deleted?); "
+                        "re-dispatch rebuilds it", topic=topic, queue_id=queue_id,
+                        units=cq.get_max_offset_in_queue(), ledger_units=counted)  # fmt: skip
+        damaged.append(cq)
+        rebuilt.append(cq)
+    return rebuilt
 
 
 def _cq_segment_names(fs: FileSystem, directory: str) -> list[str]:

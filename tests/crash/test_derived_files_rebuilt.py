@@ -6,6 +6,9 @@ junk in the store directory is ignored with a warning or refused with a clear er
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -13,7 +16,12 @@ import pytest
 
 import mqstore
 from mqstore import Message
+from mqstore.storage.consume_queue import list_consume_queues
+from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.lockfiles import StoreDirectoryError
+from mqstore.storage.queue_ledger import load_queue_ledger
+
+FIXTURES = Path("/work/shared/fixtures")
 
 SETTINGS = dict(
     mapped_file_size_commitlog_bytes=1 << 20,
@@ -184,3 +192,118 @@ def test_a_queue_whose_files_were_all_deleted_is_rebuilt_and_its_offsets_are_not
     with mqstore.open(root, **SETTINGS) as store:
         put = store.put(Message(topic="T", body=b"next"))
         assert put.ok and put.queue_offset == N, put
+
+
+U = 100  # records of another queue after T's
+V = 60
+
+
+def _delete(root: Path, what: str) -> None:
+    queue = root / "consumequeue" / "T" / "0"
+    if what == "last-file":
+        (queue / sorted(os.listdir(queue))[-1]).unlink()
+    elif what == "queue-dir":
+        shutil.rmtree(queue)
+    else:
+        shutil.rmtree(root / "consumequeue" / "T")
+
+
+@pytest.mark.parametrize("stop", ["clean", "crash"])
+@pytest.mark.parametrize("what", ["last-file", "queue-dir", "topic-dir"])
+def test_a_queue_deleted_by_hand_is_rebuilt_from_the_ledger_and_its_offsets_are_not_reused(
+    tmp_path: Path, what: str, stop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue ledger remembers each queue and its units on disk. Without it, a store whose
+    queue directory (or topic directory, or a queue's last file) was deleted opened with that
+    queue empty (or short): its acknowledged messages could no longer be read by offset and the
+    next put took queue offsets that records in the log already held. Small segments, and
+    another queue's records after T's, so that neither a clean open nor a crash's recovery
+    scan would re-dispatch T's records anyway."""
+    # Without the index: a crash's recovery would rebuild its only file from the log's start.
+    monkeypatch.setitem(SETTINGS, "mapped_file_size_commitlog_bytes", 4096)
+    monkeypatch.setitem(SETTINGS, "message_index_enable", False)
+    root = tmp_path / "store"
+    an_hour_ago = time.time_ns() // 1_000_000 - 3_600_000
+    # T's records an hour old: a crash's recovery scan starts at the checkpoint's time less
+    # 3 s, and would re-dispatch them all if they were as new as the rest.
+    # V's, after them and as old, keep their units below the scan's start, so re-dispatch
+    # starts after T's records (it starts at the highest unit the queues kept).
+    with mqstore.open(root, clock_ms=lambda: an_hour_ago, **SETTINGS) as store:
+        for i in range(N):
+            assert store.put(Message(topic="T", body=b"%d" % i)).ok
+        for i in range(V):
+            assert store.put(Message(topic="V", body=b"v%d" % i)).ok
+    with mqstore.open(root, **SETTINGS) as store:  # another queue, written last, stays whole
+        for i in range(U):
+            assert store.put(Message(topic="U", body=b"u%d" % i)).ok
+        assert store.wait_for_messages("U", 0, U - 1, timeout_s=10)
+    assert len(os.listdir(root / "commitlog")) > 4
+    ledger = load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack"))
+    assert ledger == {("T", 0): N, ("V", 0): V, ("U", 0): U}
+    _delete(root, what)
+    if stop == "crash":
+        (root / "abort").touch()  # as a kill -9 leaves it: the open recovers as after a crash
+    with mqstore.open(root, **SETTINGS) as store:
+        for topic, count, body in (("T", N, b"%d"), ("V", V, b"v%d"), ("U", U, b"u%d")):
+            bodies: list[bytes] = []
+            while len(bodies) < count and (got := store.get(topic, 0, len(bodies), 32)).messages:
+                bodies += [m.body for m in got.messages]
+            assert bodies == [body % i for i in range(count)], topic
+        put = store.put(Message(topic="T", body=b"next"))
+        assert put.ok and put.queue_offset == N, put
+        assert store.put(Message(topic="U", body=b"u")).queue_offset == U
+
+
+def test_a_topic_cleaned_by_clean_unused_topic_is_not_rebuilt(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.put(Message(topic="U", body=b"u")).ok  # the log's newest record: U's
+        assert store.wait_for_messages("U", 0, 0, timeout_s=10)
+        assert store.clean_unused_topic(keep={"U"}) == 1
+    assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == {("U", 0): 1}
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.max_offset("T", 0) == 0
+        assert store.put(Message(topic="T", body=b"again")).queue_offset == 0  # a new queue, as in RocketMQ
+
+
+def test_clean_unused_topic_deletes_nothing_when_the_ledger_cannot_be_written(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    ledger = root / "queue_ledger.msgpack"
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.put(Message(topic="U", body=b"u")).ok
+        assert store.wait_for_messages("U", 0, 0, timeout_s=10)
+        ledger.unlink()
+        ledger.mkdir()  # a directory where the file goes: every write fails
+        try:
+            assert store.clean_unused_topic(keep={"U"}) == 0
+            assert store.max_offset("T", 0) == N
+        finally:
+            ledger.rmdir()
+    _assert_whole(root)
+
+
+def test_a_damaged_ledger_is_set_aside_and_written_again(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    ledger = root / "queue_ledger.msgpack"
+    ledger.write_bytes(b"\x93garbage")
+    _assert_whole(root)  # opens (and closes): the ledger only adds checks
+    assert (root / "queue_ledger.msgpack.damaged").read_bytes() == b"\x93garbage"
+    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("T", 0): N}
+
+
+def test_a_broker_store_gets_a_ledger_of_its_queues(tmp_path: Path) -> None:
+    """A broker's store has no ledger (RocketMQ writes none): nothing to check at the first
+    open, and from then on its queues are known."""
+    root = tmp_path / "store"
+    shutil.copytree(FIXTURES / "broker-sample-a", root)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    assert not (root / "queue_ledger.msgpack").exists()
+    with mqstore.open(root) as store:
+        queues = list_consume_queues(str(root / "consumequeue"), RealFileSystem())
+        assert queues
+        units = {(topic, queue_id): store.max_offset(topic, queue_id) for topic, queue_id in queues}
+    assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == units

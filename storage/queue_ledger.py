@@ -1,0 +1,109 @@
+"""The queue ledger `<root>/queue_ledger.msgpack`: mqstore's own record of which ConsumeQueues
+exist and how many units each had on disk when it was written.
+
+RocketMQ keeps no such record: a store opened after a queue's last file, or a whole
+`consumequeue/<topic>/` directory, was deleted starts that queue again from its remaining
+units, and the next put reuses queue offsets that records in the commitlog already hold (the
+acknowledged messages there can no longer be read by offset). With the ledger, recovery sees a
+queue that is missing or shorter than it was and rebuilds it from the commitlog, like a queue
+whose files were cut short.
+
+Only the ConsumeQueue actor writes it, and only when it changed: at the first tick after an
+open and after a queue is created, after each thorough flush (it counts flushed units only),
+before `clean_unused_topic` deletes queues, and at close. Each
+write replaces the whole file atomically (write_atomic: temporary file, fsync, rename).
+A store without the file (written by a broker, or by an older mqstore) is not checked; an
+unreadable one is set aside as `.damaged`, logged, and not used. No RocketMQ version reads it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final, Mapping
+
+import msgpack
+
+from mqstore.log import get_logger
+from mqstore.storage.codec import is_topic_name
+from mqstore.storage.fs import FileSystem
+
+__all__ = ["LedgerError", "load_queue_ledger", "pack_queue_ledger", "unpack_queue_ledger", "write_queue_ledger"]
+
+_FORMAT: Final = "mqstore-queue-ledger"
+_VERSION: Final = 1
+_QUEUE_ID_MAX: Final = 0x7FFFFFFF
+
+log = get_logger(__name__)
+
+QueueKey = tuple[str, int]
+
+
+class LedgerError(ValueError):
+    """The ledger's bytes are not a ledger this version can trust."""
+
+
+def pack_queue_ledger(units: Mapping[QueueKey, int]) -> bytes:
+    """The file's bytes for `units` ((topic, queue id) -> units on disk)."""
+    queues = [[topic, queue_id, count] for (topic, queue_id), count in sorted(units.items())]
+    body = msgpack.packb(queues, use_bin_type=True)
+    document: bytes = msgpack.packb(
+        {"format": _FORMAT, "version": _VERSION, "queues": body, "crc32": zlib.crc32(body)}, use_bin_type=True
+    )
+    return document
+
+
+def unpack_queue_ledger(data: bytes) -> dict[QueueKey, int]:
+    """The ledger in `data`; LedgerError for anything else, a flipped bit included."""
+    try:
+        document = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for bad bytes
+        raise LedgerError(f"not msgpack: {exc}") from exc
+    if not isinstance(document, dict) or document.get("format") != _FORMAT:
+        raise LedgerError("not a queue ledger")
+    if document.get("version") != _VERSION:
+        raise LedgerError(f"ledger version {document.get('version')!r}, this mqstore reads {_VERSION}")
+    body, crc = document.get("queues"), document.get("crc32")
+    if not isinstance(body, bytes) or crc != zlib.crc32(body):
+        raise LedgerError("checksum mismatch")
+    try:
+        queues = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise LedgerError(f"queue list not msgpack: {exc}") from exc
+    units: dict[QueueKey, int] = {}
+    for entry in queues if isinstance(queues, list) else [None]:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise LedgerError(f"bad entry {entry!r}")
+        topic, queue_id, count = entry
+        # The topic becomes a path under consumequeue/: the same characters a queue
+        # directory may have, reserved topics (the schedule topic's queues) included.
+        if not is_topic_name(topic):
+            raise LedgerError(f"bad topic {topic!r}")
+        if type(queue_id) is not int or not 0 <= queue_id <= _QUEUE_ID_MAX or type(count) is not int or count < 0:
+            raise LedgerError(f"bad entry {entry!r}")
+        units[(topic, queue_id)] = count
+    return units
+
+
+def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, int] | None:
+    """The ledger at `path`, or None: no file (nothing to check against), or one that cannot
+    be trusted (set aside as `.damaged` for a person to look at, and logged)."""
+    if not fs.exists(path):
+        return None
+    try:
+        data = fs.read_bytes(path)
+    except OSError as exc:
+        log.error("queue ledger unreadable: missing or cut-short consume queues cannot be detected at this open",
+                  path=path, error=str(exc))  # fmt: skip
+        return None
+    try:
+        return unpack_queue_ledger(data)
+    except LedgerError as exc:
+        kept = fs.set_aside(path, ".damaged")
+        log.error("queue ledger unreadable: missing or cut-short consume queues cannot be detected at this open",
+                  path=path, kept_as=kept, error=str(exc))  # fmt: skip
+        return None
+
+
+def write_queue_ledger(fs: FileSystem, path: str, units: Mapping[QueueKey, int]) -> None:
+    """Replace the ledger atomically (OSError, e.g. a full disk, leaves the old one whole)."""
+    fs.write_atomic(path, pack_queue_ledger(units))

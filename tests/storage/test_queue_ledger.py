@@ -1,0 +1,82 @@
+"""The queue ledger's file (storage.queue_ledger): written whole, read back exactly, and any
+bytes it cannot trust refused rather than half-read."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from mqstore.storage.fs import RealFileSystem
+from mqstore.storage.queue_ledger import (
+    LedgerError,
+    load_queue_ledger,
+    pack_queue_ledger,
+    unpack_queue_ledger,
+    write_queue_ledger,
+)
+
+UNITS = {("T", 0): 120, ("T", 3): 0, ("SCHEDULE_TOPIC_XXXX", 2): 7, ("%RETRY%g|x_y-z", 0x7FFFFFFF): 1 << 40}
+
+
+def test_a_ledger_reads_back_exactly() -> None:
+    assert unpack_queue_ledger(pack_queue_ledger(UNITS)) == UNITS
+    assert unpack_queue_ledger(pack_queue_ledger({})) == {}
+
+
+def test_every_flipped_bit_is_refused() -> None:
+    data = pack_queue_ledger(UNITS)
+    for bit in range(len(data) * 8):
+        damaged = bytearray(data)
+        damaged[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(LedgerError):
+            unpack_queue_ledger(bytes(damaged))
+
+
+def _document(queues: object, *, version: int = 1) -> bytes:
+    body = msgpack.packb(queues, use_bin_type=True)
+    return msgpack.packb(
+        {"format": "mqstore-queue-ledger", "version": version, "queues": body, "crc32": zlib.crc32(body)},
+        use_bin_type=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00" * 64,
+        msgpack.packb({"format": "something else"}),
+        _document([["T", 0, 1]], version=2),
+        _document([["../../etc", 0, 1]]),  # a topic is a path: never one that leaves consumequeue/
+        _document([["T/0", 0, 1]]),
+        _document([["", 0, 1]]),
+        _document([["T" * 128, 0, 1]]),
+        _document([["T", -1, 1]]),
+        _document([["T", 1 << 31, 1]]),
+        _document([["T", 0, -5]]),
+        _document([["T", 0, True]]),
+        _document([["T", 0]]),
+        _document({"T": 1}),
+    ],
+    ids=["empty", "zeros", "other-format", "newer-version", "dotdot", "slash", "empty-topic", "long-topic",
+         "negative-queue", "queue-too-big", "negative-count", "bool-count", "short-entry", "not-a-list"],  # fmt: skip
+)
+def test_bytes_that_are_not_a_ledger_are_refused(data: bytes) -> None:
+    with pytest.raises(LedgerError):
+        unpack_queue_ledger(data)
+
+
+def test_load_sets_a_damaged_ledger_aside_and_says_nothing_is_known(tmp_path: Path) -> None:
+    fs = RealFileSystem()
+    path = tmp_path / "queue_ledger.msgpack"
+    assert load_queue_ledger(fs, str(path)) is None  # no ledger: a broker's store
+    write_queue_ledger(fs, str(path), UNITS)
+    assert load_queue_ledger(fs, str(path)) == UNITS
+    damaged = pack_queue_ledger(UNITS)[:-3] + b"xyz"
+    path.write_bytes(damaged)
+    assert load_queue_ledger(fs, str(path)) is None
+    assert not path.exists()
+    assert (tmp_path / "queue_ledger.msgpack.damaged").read_bytes() == damaged  # kept for a person
