@@ -316,7 +316,7 @@ def recover_consume_queues(
         damaged_cq_files: list[str] = []
         damaged_queues: list[ConsumeQueue] = []
         for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
-            cut_short = _remove_wrong_length_cq_files(cfg, fs, topic, queue_id)
+            cut_short = _cut_cq_files_at_damage(cfg, fs, topic, queue_id)
             damaged_cq_files.extend(cut_short)
             cq = ConsumeQueue(
                 fs, topic, queue_id, cfg.consume_queue_dir,
@@ -744,22 +744,35 @@ def _cq_other_geometry(cfg: StoreConfig, fs: FileSystem, queues: list[tuple[str,
             f"(mapped_file_size_consume_queue_bytes={cfg.mapped_file_size_consume_queue_bytes})")
 
 
-def _remove_wrong_length_cq_files(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int) -> list[str]:
-    """Set aside a queue's first file of the wrong length (renamed `<name>.damaged`, never
-    deleted) and delete every file after it (loading stops at it and would leave it in the way
-    of the queue's next file). Derived data: re-dispatch rebuilds what they held."""
+def _cut_cq_files_at_damage(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int) -> list[str]:
+    """Cut a queue's files at its first damage, for re-dispatch to rebuild from there (derived
+    data). A file of the wrong length is set aside (renamed `<name>.damaged`, never deleted)
+    and every file after it deleted: loading stops at it and would leave it in the way of the
+    queue's next file. A missing file between two others (deleted by hand: the cleaner only
+    ever deletes a queue's first files) leaves the files after the gap unreachable by a
+    rebuild, which writes units in order; they are deleted, and the units they held written
+    again from the log."""
     directory = os.path.join(cfg.consume_queue_dir, topic, str(queue_id))
     size = cq_file_size(cfg.mapped_file_size_consume_queue_bytes)
     removed: list[str] = []
+    expected: int | None = None
+    gap = False
     for name in _cq_segment_names(fs, directory):
         path = os.path.join(directory, name)
         if removed:
             fs.remove(path)
-            removed.append(f"{topic}/{queue_id}/{name} (after a file of the wrong length)")
+            removed.append(f"{topic}/{queue_id}/{name} (after {'a gap' if gap else 'a file of the wrong length'})")
+        elif expected is not None and int(name) != expected:
+            gap = True
+            fs.remove(path)
+            missing = codec.segment_file_name(expected)
+            removed.append(f"{topic}/{queue_id}/{name} (after a gap: {missing} is missing)")
+            log.error("consume_queue_file_missing", topic=topic, queue_id=queue_id, missing=missing, removed_after_it=name)
         elif (actual := fs.getsize(path)) != size:
             kept = fs.set_aside(path, DAMAGED_SUFFIX)
             removed.append(f"{topic}/{queue_id}/{name} ({actual} bytes, not {size}; kept as {os.path.basename(kept)})")
             log.error("consume_queue_file_set_aside", path=path, size=actual, expected=size, kept_as=kept)
+        expected = int(name) + size
     return removed
 
 
