@@ -81,6 +81,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._ledger_floor: dict[tuple[str, int], int] = {}
         self._ledger_floor_until = 0
         self._ledger_stale = False
+        self._ledger_failing = False
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
@@ -392,9 +393,14 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         try:
             write_queue_ledger(self.ctx.fs, self.config.queue_ledger_path, units)
         except OSError as exc:
-            self.log.error("queue ledger not written", error=str(exc))
+            if not self._ledger_failing:  # once, not at every tick of a full disk
+                self.log.error("queue ledger not written; retried at every tick", error=str(exc))
+            self._ledger_failing = True
             self._ledger_stale = True
             return False
+        if self._ledger_failing:
+            self.log.info("queue ledger written again")
+            self._ledger_failing = False
         self._ledger_written = units
         self._ledger_stale = False
         return True

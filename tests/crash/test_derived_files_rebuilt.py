@@ -271,7 +271,11 @@ def test_a_topic_cleaned_by_clean_unused_topic_is_not_rebuilt(tmp_path: Path) ->
         assert store.put(Message(topic="T", body=b"again")).queue_offset == 0  # a new queue, as in RocketMQ
 
 
-def test_clean_unused_topic_deletes_nothing_when_the_ledger_cannot_be_written(tmp_path: Path) -> None:
+def test_clean_unused_topic_deletes_nothing_when_the_ledger_cannot_be_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """And the failing write is logged once, not at every attempt (every tick, on a full disk)."""
+    caplog.set_level("INFO", logger="mqstore")
     root = tmp_path / "store"
     _make(root)
     ledger = root / "queue_ledger.msgpack"
@@ -282,10 +286,17 @@ def test_clean_unused_topic_deletes_nothing_when_the_ledger_cannot_be_written(tm
         ledger.mkdir()  # a directory where the file goes: every write fails
         try:
             assert store.clean_unused_topic(keep={"U"}) == 0
+            assert store.clean_unused_topic(keep={"U"}) == 0
             assert store.max_offset("T", 0) == N
+            events = [r.getMessage() for r in caplog.records]
+            assert events.count("queue ledger not written; retried at every tick") == 1
+            assert "queue ledger written again" not in events
         finally:
             ledger.rmdir()
-    _assert_whole(root)
+        assert store.clean_unused_topic(keep={"T", "U"}) == 0  # nothing to clean: no write either
+        assert store.clean_unused_topic(keep={"U"}) == 1
+        assert "queue ledger written again" in [r.getMessage() for r in caplog.records]
+    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("U", 0): 1}
 
 
 def test_a_damaged_ledger_is_set_aside_and_written_again(tmp_path: Path) -> None:
