@@ -33,7 +33,7 @@ from ..storage import codec, speedups
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
-from ..storage.queue_ledger import write_queue_ledger
+from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, recover_consume_queues
 from .base import ActorContext, StoreActor
 
@@ -77,8 +77,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # The queue ledger (storage.queue_ledger): what it last said, and the counts read at
         # open, which stand as a floor until re-dispatch has passed the log's end at open
         # (the queues it found missing or cut short are rebuilt by then).
-        self._ledger_written: dict[tuple[str, int], int] | None = None
-        self._ledger_floor: dict[tuple[str, int], int] = {}
+        self._ledger_written: dict[tuple[str, int], LedgerEntry] | None = None
+        self._ledger_floor: dict[tuple[str, int], LedgerEntry] = {}
         self._ledger_floor_until = 0
         self._ledger_stale = False
         self._ledger_failing = False
@@ -107,7 +107,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # Below the re-dispatch start every queue holds its units (a queue rebuilt from the
         # log's start, or one that lost files, holds fewer than the others).
         self._dispatched_offset = min(self._dispatched_offset, recovered.dispatch_from)
-        self._ledger_floor = dict(recovered.ledger_units)
+        self._ledger_floor = dict(recovered.ledger)
         self._ledger_floor_until = self._log_facts.max_offset
         self._ledger_stale = True  # written at the first tick: this open's queues, floors kept
         self._publish(self._queues, complete=True)
@@ -308,6 +308,12 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 visited.append(key)
                 deleted = self._queues[key].delete_expired_file(min_phy_offset)  # also corrects its min offset
                 if deleted > 0:
+                    # At once: a first file that starts later than the ledger says is taken
+                    # for one deleted by hand at the next open (and the queue rebuilt).
+                    floor = self._ledger_floor.get(key)
+                    if floor is not None:
+                        self._ledger_floor[key] = floor._replace(first=self._first_offset(self._queues[key]))
+                    self._write_ledger()
                     return ConsumeQueueFilesDeleted(deleted=deleted, last_queue=key)
             return ConsumeQueueFilesDeleted(deleted=0, last_queue=None)
         finally:
@@ -375,23 +381,28 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True))
 
     def _write_ledger(self, queues: dict[tuple[str, int], ConsumeQueue] | None = None) -> bool:
-        """Write the queue ledger: each queue's units on disk (its flushed ones), never below
-        a count read at open while re-dispatch may still be rebuilding that queue. False if it
-        could not be written (logged; tried again at the next tick)."""
+        """Write the queue ledger: each queue's units on disk (its flushed ones) and its first
+        file's start, no more optimistic than what was read at open while re-dispatch may still
+        be rebuilding that queue. False if it could not be written (logged; tried again at the
+        next tick)."""
         queues = self._queues if queues is None else queues
         if self._ledger_floor and self._dispatched_offset >= self._ledger_floor_until and not self._waiting:
             self._ledger_floor = {}
-        floor = self._ledger_floor
         unit = codec.CQ_STORE_UNIT_SIZE
-        units = {key: cq.mapped_file_queue.flushed_where // unit for key, cq in queues.items()}
-        for key, counted in floor.items():
-            if units.get(key, 0) < counted:
-                units[key] = counted
-        if units == self._ledger_written:
+        entries = {
+            key: LedgerEntry(cq.mapped_file_queue.flushed_where // unit, self._first_offset(cq))
+            for key, cq in queues.items()
+        }
+        for key, (counted, first) in self._ledger_floor.items():
+            entry = entries.get(key)
+            entries[key] = LedgerEntry(counted, first) if entry is None else LedgerEntry(
+                max(entry.units, counted), min(entry.first, first)
+            )
+        if entries == self._ledger_written:
             self._ledger_stale = False
             return True
         try:
-            write_queue_ledger(self.ctx.fs, self.config.queue_ledger_path, units)
+            write_queue_ledger(self.ctx.fs, self.config.queue_ledger_path, entries)
         except OSError as exc:
             if not self._ledger_failing:  # once, not at every tick of a full disk
                 self.log.error("queue ledger not written; retried at every tick", error=str(exc))
@@ -401,9 +412,15 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         if self._ledger_failing:
             self.log.info("queue ledger written again")
             self._ledger_failing = False
-        self._ledger_written = units
+        self._ledger_written = entries
         self._ledger_stale = False
         return True
+
+    @staticmethod
+    def _first_offset(cq: ConsumeQueue) -> int:
+        """The queue offset the queue's first file starts at (0 without files)."""
+        files = cq.mapped_file_queue.mapped_files
+        return files[0].file_from_offset // codec.CQ_STORE_UNIT_SIZE if files else 0
 
 
 def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> int:

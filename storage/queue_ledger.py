@@ -1,25 +1,27 @@
 """The queue ledger `<root>/queue_ledger.msgpack`: mqstore's own record of which ConsumeQueues
-exist and how many units each had on disk when it was written.
+exist, how many units each had on disk and where its first file starts.
 
-RocketMQ keeps no such record: a store opened after a queue's last file, or a whole
-`consumequeue/<topic>/` directory, was deleted starts that queue again from its remaining
-units, and the next put reuses queue offsets that records in the commitlog already hold (the
-acknowledged messages there can no longer be read by offset). With the ledger, recovery sees a
-queue that is missing or shorter than it was and rebuilds it from the commitlog, like a queue
-whose files were cut short.
+RocketMQ keeps no such record: a store opened after a queue's last file, its first file, or
+a whole `consumequeue/<topic>/` directory was deleted starts that queue again from its
+remaining units (or from a later min offset), and the acknowledged messages of the deleted
+units can no longer be read by offset; after a deleted last file or directory the next put
+even reuses queue offsets that records in the commitlog hold. With the ledger, recovery sees a
+queue that is missing, shorter than it was, or starting later than the cleaner left it, and
+rebuilds it from the commitlog, like a queue whose files were cut short.
 
 Only the ConsumeQueue actor writes it, and only when it changed: at the first tick after an
 open and after a queue is created, after each thorough flush (it counts flushed units only),
-before `clean_unused_topic` deletes queues, and at close. Each
-write replaces the whole file atomically (write_atomic: temporary file, fsync, rename).
-A store without the file (written by a broker, or by an older mqstore) is not checked; an
-unreadable one is set aside as `.damaged`, logged, and not used. No RocketMQ version reads it.
+right after the cleaner deleted a queue's first files, before `clean_unused_topic` deletes
+queues, and at close. Each write replaces the whole file atomically (write_atomic: temporary
+file, fsync, rename). A store without the file (written by a broker, or by an older mqstore)
+is not checked; an unreadable one is set aside as `.damaged`, logged, and not used. No
+RocketMQ version reads it.
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Final, Mapping
+from typing import Final, Mapping, NamedTuple
 
 import msgpack
 
@@ -27,7 +29,9 @@ from mqstore.log import get_logger
 from mqstore.storage.codec import is_topic_name
 from mqstore.storage.fs import FileSystem
 
-__all__ = ["LedgerError", "load_queue_ledger", "pack_queue_ledger", "unpack_queue_ledger", "write_queue_ledger"]
+__all__ = [
+    "LedgerEntry", "LedgerError", "load_queue_ledger", "pack_queue_ledger", "unpack_queue_ledger", "write_queue_ledger",
+]
 
 _FORMAT: Final = "mqstore-queue-ledger"
 _VERSION: Final = 1
@@ -38,13 +42,22 @@ log = get_logger(__name__)
 QueueKey = tuple[str, int]
 
 
+class LedgerEntry(NamedTuple):
+    """One queue: `units`, how many it had on disk (its queue offsets below this are written
+    and flushed), and `first`, the queue offset its first file starts at (the cleaner moves it
+    up, and the ledger is written again right after)."""
+
+    units: int
+    first: int
+
+
 class LedgerError(ValueError):
     """The ledger's bytes are not a ledger this version can trust."""
 
 
-def pack_queue_ledger(units: Mapping[QueueKey, int]) -> bytes:
-    """The file's bytes for `units` ((topic, queue id) -> units on disk)."""
-    queues = [[topic, queue_id, count] for (topic, queue_id), count in sorted(units.items())]
+def pack_queue_ledger(entries: Mapping[QueueKey, LedgerEntry]) -> bytes:
+    """The file's bytes for `entries`."""
+    queues = [[topic, queue_id, units, first] for (topic, queue_id), (units, first) in sorted(entries.items())]
     body = msgpack.packb(queues, use_bin_type=True)
     document: bytes = msgpack.packb(
         {"format": _FORMAT, "version": _VERSION, "queues": body, "crc32": zlib.crc32(body)}, use_bin_type=True
@@ -52,7 +65,7 @@ def pack_queue_ledger(units: Mapping[QueueKey, int]) -> bytes:
     return document
 
 
-def unpack_queue_ledger(data: bytes) -> dict[QueueKey, int]:
+def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
     """The ledger in `data`; LedgerError for anything else, a flipped bit included."""
     try:
         document = msgpack.unpackb(data, raw=False, strict_map_key=True)
@@ -69,22 +82,24 @@ def unpack_queue_ledger(data: bytes) -> dict[QueueKey, int]:
         queues = msgpack.unpackb(body, raw=False)
     except Exception as exc:
         raise LedgerError(f"queue list not msgpack: {exc}") from exc
-    units: dict[QueueKey, int] = {}
+    entries: dict[QueueKey, LedgerEntry] = {}
     for entry in queues if isinstance(queues, list) else [None]:
-        if not (isinstance(entry, list) and len(entry) == 3):
+        if not (isinstance(entry, list) and len(entry) == 4):
             raise LedgerError(f"bad entry {entry!r}")
-        topic, queue_id, count = entry
+        topic, queue_id, units, first = entry
         # The topic becomes a path under consumequeue/: the same characters a queue
         # directory may have, reserved topics (the schedule topic's queues) included.
         if not is_topic_name(topic):
             raise LedgerError(f"bad topic {topic!r}")
-        if type(queue_id) is not int or not 0 <= queue_id <= _QUEUE_ID_MAX or type(count) is not int or count < 0:
+        if type(queue_id) is not int or not 0 <= queue_id <= _QUEUE_ID_MAX:
             raise LedgerError(f"bad entry {entry!r}")
-        units[(topic, queue_id)] = count
-    return units
+        if type(units) is not int or type(first) is not int or units < 0 or first < 0:
+            raise LedgerError(f"bad entry {entry!r}")
+        entries[(topic, queue_id)] = LedgerEntry(units, first)
+    return entries
 
 
-def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, int] | None:
+def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] | None:
     """The ledger at `path`, or None: no file (nothing to check against), or one that cannot
     be trusted (set aside as `.damaged` for a person to look at, and logged)."""
     if not fs.exists(path):
@@ -104,6 +119,6 @@ def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, int] | None:
         return None
 
 
-def write_queue_ledger(fs: FileSystem, path: str, units: Mapping[QueueKey, int]) -> None:
+def write_queue_ledger(fs: FileSystem, path: str, entries: Mapping[QueueKey, LedgerEntry]) -> None:
     """Replace the ledger atomically (OSError, e.g. a full disk, leaves the old one whole)."""
-    fs.write_atomic(path, pack_queue_ledger(units))
+    fs.write_atomic(path, pack_queue_ledger(entries))

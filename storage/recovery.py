@@ -38,7 +38,7 @@ from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_en
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
-from .queue_ledger import load_queue_ledger
+from .queue_ledger import LedgerEntry, load_queue_ledger
 from .scan import RecordTally
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
@@ -177,7 +177,7 @@ class ConsumeQueueRecovery:
     topic_queue_table: dict[str, int]  # from the units: next queue offset per "topic-queueId"
     # The queue ledger as read at this open (empty: none), and the queues it showed missing
     # or cut short, which re-dispatch rebuilds (storage.queue_ledger).
-    ledger_units: dict[tuple[str, int], int] = field(default_factory=dict)
+    ledger: dict[tuple[str, int], LedgerEntry] = field(default_factory=dict)
     rebuilt_from_ledger: tuple[tuple[str, int], ...] = ()
 
 
@@ -408,7 +408,7 @@ def recover_consume_queues(
             cq.flush(0)
         return ConsumeQueueRecovery(queues=len(queues), max_physic_offset=max_cq, truncated=truncated,
                                     damaged_files=tuple(damaged_cq_files), dispatch_from=dispatch_from,
-                                    topic_queue_table=table, ledger_units=ledger,
+                                    topic_queue_table=table, ledger=ledger,
                                     rebuilt_from_ledger=tuple((cq.topic, cq.queue_id) for cq in rebuilt))  # fmt: skip
     finally:
         for cq in queues:
@@ -673,18 +673,19 @@ class _InspectingCommitLog(CommitLog):
 def _queues_behind_ledger(
     cfg: StoreConfig,
     fs: FileSystem,
-    ledger: dict[tuple[str, int], int],
+    ledger: dict[tuple[str, int], LedgerEntry],
     queues: list[ConsumeQueue],
     damaged: list[ConsumeQueue],
     clock_ms: Callable[[], int],
 ) -> list[ConsumeQueue]:
-    """The queues the ledger (storage.queue_ledger) knew that are gone or hold fewer units than
-    it counted on disk: their directory or last files were deleted since. Added to `queues` and
-    `damaged`, so re-dispatch rebuilds them from the log before a put can take one of their
-    queue offsets again. Returns the ones it added to `damaged`."""
+    """The queues the ledger (storage.queue_ledger) knew that are gone, hold fewer units than it
+    counted, or start later than it says: their directory, last files or first files were
+    deleted since. Added to `queues` and `damaged`, so re-dispatch rebuilds them from the log
+    before a put can take one of their queue offsets again or a reader skips their units.
+    Returns the ones it added to `damaged`."""
     present = {(cq.topic, cq.queue_id): cq for cq in queues}
     rebuilt: list[ConsumeQueue] = []
-    for (topic, queue_id), counted in sorted(ledger.items()):
+    for (topic, queue_id), (counted, first) in sorted(ledger.items()):
         cq = present.get((topic, queue_id))
         if cq is None:
             cq = ConsumeQueue(
@@ -696,7 +697,17 @@ def _queues_behind_ledger(
             queues.append(cq)
             log.warning("a consume queue in the queue ledger has no directory (deleted?); re-dispatch rebuilds it",
                         topic=topic, queue_id=queue_id, ledger_units=counted)  # fmt: skip
-        elif cq in damaged or cq.get_max_offset_in_queue() >= counted:
+        elif cq in damaged:
+            continue
+        elif (files := cq.mapped_file_queue.mapped_files) and files[0].file_from_offset // codec.CQ_STORE_UNIT_SIZE > first:
+            # Not the cleaner: it has the ledger written again right after it deletes. Units
+            # can only be written in order, so the whole queue is rebuilt from the log.
+            log.warning("a consume queue's first files were deleted since the queue ledger was written; "
+                        "its files are removed and re-dispatch rebuilds the whole queue", topic=topic,
+                        queue_id=queue_id, first_file_offset=files[0].file_from_offset // codec.CQ_STORE_UNIT_SIZE,
+                        ledger_first=first)  # fmt: skip
+            cq.destroy()
+        elif cq.get_max_offset_in_queue() >= counted:
             continue
         else:
             log.warning("a consume queue holds fewer units than the queue ledger counted (files deleted?); "

@@ -18,7 +18,9 @@ from mqstore.actors.cleaner import (
     is_time_to_delete,
 )
 from mqstore.messages import CommitLogFilesDeleted, DeleteExpiredCommitLogFiles, Reply
+from mqstore.storage.codec import CQ_STORE_UNIT_SIZE
 from mqstore.storage.disk import FixedDiskGauge
+from mqstore.storage.queue_ledger import load_queue_ledger
 
 H = sys.modules["mqstore_cleaner_test_helpers"]
 SEGMENT_BYTES, TOPIC, local_ms = H.SEGMENT_BYTES, H.TOPIC, H.local_ms
@@ -254,6 +256,10 @@ def test_consume_queue_and_index_follow_the_commitlog(harness: Harness) -> None:
     assert r.commitlog_deleted >= 7 and r.min_offset == min_offset
     assert r.consume_queue_deleted >= 1 and r.index_deleted >= 1
     assert len(h.cq_files()) < len(cq_before) and len(h.index_files()) < len(index_before)
+    # The queue ledger has the queue's new first file at once, so the next open does not take
+    # the cleaner's deletion for files deleted by hand (and rebuild the queue from the log).
+    ledger = load_queue_ledger(h.fs, h.store.config.queue_ledger_path)
+    assert ledger is not None and ledger[(TOPIC, 0)].first == int(min(h.cq_files())) // CQ_STORE_UNIT_SIZE > 0
     # The queue's min offset now names the first unit still in the log.
     queue_min = h.store.min_offset(TOPIC, 0)
     first = h.store.get(TOPIC, 0, queue_min, 1)

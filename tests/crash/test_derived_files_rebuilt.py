@@ -203,7 +203,7 @@ def _delete(root: Path, what: str) -> None:
     if what.endswith("-file"):
         names = sorted(os.listdir(queue))
         assert len(names) == 3
-        (queue / names[{"last-file": -1, "middle-file": 1}[what]]).unlink()
+        (queue / names[{"first-file": 0, "middle-file": 1, "last-file": -1}[what]]).unlink()
     elif what == "queue-dir":
         shutil.rmtree(queue)
     else:
@@ -211,7 +211,7 @@ def _delete(root: Path, what: str) -> None:
 
 
 @pytest.mark.parametrize("stop", ["clean", "crash"])
-@pytest.mark.parametrize("what", ["last-file", "middle-file", "queue-dir", "topic-dir"])
+@pytest.mark.parametrize("what", ["first-file", "middle-file", "last-file", "queue-dir", "topic-dir"])
 def test_a_queue_deleted_by_hand_is_rebuilt_from_the_ledger_and_its_offsets_are_not_reused(
     tmp_path: Path, what: str, stop: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,7 +243,7 @@ def test_a_queue_deleted_by_hand_is_rebuilt_from_the_ledger_and_its_offsets_are_
         assert store.wait_for_messages("U", 0, U - 1, timeout_s=10)
     assert len(os.listdir(root / "commitlog")) > 4
     ledger = load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack"))
-    assert ledger == {("T", 0): N, ("V", 0): V, ("U", 0): U}
+    assert ledger == {("T", 0): (N, 0), ("V", 0): (V, 0), ("U", 0): (U, 0)}
     _delete(root, what)
     if stop == "crash":
         (root / "abort").touch()  # as a kill -9 leaves it: the open recovers as after a crash
@@ -265,7 +265,7 @@ def test_a_topic_cleaned_by_clean_unused_topic_is_not_rebuilt(tmp_path: Path) ->
         assert store.put(Message(topic="U", body=b"u")).ok  # the log's newest record: U's
         assert store.wait_for_messages("U", 0, 0, timeout_s=10)
         assert store.clean_unused_topic(keep={"U"}) == 1
-    assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == {("U", 0): 1}
+    assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == {("U", 0): (1, 0)}
     with mqstore.open(root, **SETTINGS) as store:
         assert store.max_offset("T", 0) == 0
         assert store.put(Message(topic="T", body=b"again")).queue_offset == 0  # a new queue, as in RocketMQ
@@ -296,7 +296,7 @@ def test_clean_unused_topic_deletes_nothing_when_the_ledger_cannot_be_written(
         assert store.clean_unused_topic(keep={"T", "U"}) == 0  # nothing to clean: no write either
         assert store.clean_unused_topic(keep={"U"}) == 1
         assert "queue ledger written again" in [r.getMessage() for r in caplog.records]
-    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("U", 0): 1}
+    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("U", 0): (1, 0)}
 
 
 def test_a_damaged_ledger_is_set_aside_and_written_again(tmp_path: Path) -> None:
@@ -306,7 +306,7 @@ def test_a_damaged_ledger_is_set_aside_and_written_again(tmp_path: Path) -> None
     ledger.write_bytes(b"\x93garbage")
     _assert_whole(root)  # opens (and closes): the ledger only adds checks
     assert (root / "queue_ledger.msgpack.damaged").read_bytes() == b"\x93garbage"
-    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("T", 0): N}
+    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("T", 0): (N, 0)}
 
 
 def test_a_broker_store_gets_a_ledger_of_its_queues(tmp_path: Path) -> None:
@@ -320,5 +320,5 @@ def test_a_broker_store_gets_a_ledger_of_its_queues(tmp_path: Path) -> None:
     with mqstore.open(root) as store:
         queues = list_consume_queues(str(root / "consumequeue"), RealFileSystem())
         assert queues
-        units = {(topic, queue_id): store.max_offset(topic, queue_id) for topic, queue_id in queues}
+        units = {(topic, queue_id): (store.max_offset(topic, queue_id), 0) for topic, queue_id in queues}
     assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == units

@@ -11,6 +11,7 @@ import pytest
 
 from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.queue_ledger import (
+    LedgerEntry,
     LedgerError,
     load_queue_ledger,
     pack_queue_ledger,
@@ -18,7 +19,12 @@ from mqstore.storage.queue_ledger import (
     write_queue_ledger,
 )
 
-UNITS = {("T", 0): 120, ("T", 3): 0, ("SCHEDULE_TOPIC_XXXX", 2): 7, ("%RETRY%g|x_y-z", 0x7FFFFFFF): 1 << 40}
+UNITS = {
+    ("T", 0): LedgerEntry(120, 100),
+    ("T", 3): LedgerEntry(0, 0),
+    ("SCHEDULE_TOPIC_XXXX", 2): LedgerEntry(7, 0),
+    ("%RETRY%g|x_y-z", 0x7FFFFFFF): LedgerEntry(1 << 40, 1 << 39),
+}
 
 
 def test_a_ledger_reads_back_exactly() -> None:
@@ -49,20 +55,21 @@ def _document(queues: object, *, version: int = 1) -> bytes:
         b"",
         b"\x00" * 64,
         msgpack.packb({"format": "something else"}),
-        _document([["T", 0, 1]], version=2),
-        _document([["../../etc", 0, 1]]),  # a topic is a path: never one that leaves consumequeue/
-        _document([["T/0", 0, 1]]),
-        _document([["", 0, 1]]),
-        _document([["T" * 128, 0, 1]]),
-        _document([["T", -1, 1]]),
-        _document([["T", 1 << 31, 1]]),
-        _document([["T", 0, -5]]),
-        _document([["T", 0, True]]),
-        _document([["T", 0]]),
+        _document([["T", 0, 1, 0]], version=2),
+        _document([["../../etc", 0, 1, 0]]),  # a topic is a path: never one that leaves consumequeue/
+        _document([["T/0", 0, 1, 0]]),
+        _document([["", 0, 1, 0]]),
+        _document([["T" * 128, 0, 1, 0]]),
+        _document([["T", -1, 1, 0]]),
+        _document([["T", 1 << 31, 1, 0]]),
+        _document([["T", 0, -5, 0]]),
+        _document([["T", 0, True, 0]]),
+        _document([["T", 0, 1]]),
         _document({"T": 1}),
+        _document([["T", 0, 1, -1]]),
     ],
     ids=["empty", "zeros", "other-format", "newer-version", "dotdot", "slash", "empty-topic", "long-topic",
-         "negative-queue", "queue-too-big", "negative-count", "bool-count", "short-entry", "not-a-list"],  # fmt: skip
+         "negative-queue", "queue-too-big", "negative-count", "bool-count", "short-entry", "not-a-list", "negative-first"],  # fmt: skip
 )
 def test_bytes_that_are_not_a_ledger_are_refused(data: bytes) -> None:
     with pytest.raises(LedgerError):
