@@ -5,8 +5,8 @@ keys by query), put, read again, close, `recover`, `verify`.
 
 It asserts, over all cases: 0 crashes (no exception escapes, no traceback from a command),
 0 hangs (each case runs under a time bound), 0 wrong bodies served, 0 intact records
-overwritten or lost to a cut, and `recover` + `verify` agreeing (recover 0 => verify 0,
-recover 3 => verify 3). The counts are printed (run with -s to see them).
+overwritten or lost to a cut, no put given a queue offset that an intact record holds, and
+`recover` + `verify` agreeing (recover 0 => verify 0, recover 3 => verify 3). The counts are printed (run with -s to see them).
 
 FUZZ_CASES sets the number of soak cases (default 1000), FUZZ_SEED replays one case.
 """
@@ -147,6 +147,7 @@ class Tally:
     hangs: int = 0
     wrong_bodies: int = 0
     overwrites: int = 0
+    offsets_reused: int = 0  # a put given a queue offset an intact record holds
     intact_lost_to_cut: int = 0
     disagreements: int = 0
     damaged_properties_served: int = 0  # the body is right; the format cannot check properties
@@ -159,7 +160,8 @@ class Tally:
 
     def line(self) -> str:
         return (f"{self.cases} cases: {self.crashes} crashes, {self.hangs} hangs, {self.wrong_bodies} wrong bodies "
-                f"served, {self.overwrites} overwrites, {self.intact_lost_to_cut} intact records lost to a cut, "
+                f"served, {self.overwrites} overwrites, {self.offsets_reused} queue offsets reused, "
+                f"{self.intact_lost_to_cut} intact records lost to a cut, "
                 f"{self.disagreements} recover/verify disagreements; recover exit codes "
                 f"{ {int(k): v for k, v in sorted(self.recover_codes.items())} }; "
                 f"{self.damaged_properties_served} reads of a right body with damaged properties (no CRC covers them)")
@@ -244,12 +246,17 @@ def _one_case(seed: int, t: Template, work: str, tally: Tally) -> None:
     damage = _damage(store_dir, t, rng)
     ctx = f"seed {seed} ({damage.target} {damage.what} {os.path.basename(damage.path)}{' aborted' if damage.aborted else ''})"
     intact = _intact(t, damage)
+    # Queue offsets an intact record holds: a new put must never be given one of them.
+    held = {(i % QUEUES, i // QUEUES) for i in intact}
     try:
         with mqstore.open(store_dir, **SETTINGS) as store:
             _read_all(store, tally, ctx)
             for k in range(3):
-                store.put(mqstore.Message(topic=TOPIC, queue_id=k % QUEUES, body=_body(1000 + k),
-                                          properties={"n": str(1000 + k)}))  # fmt: skip
+                put = store.put(mqstore.Message(topic=TOPIC, queue_id=k % QUEUES, body=_body(1000 + k),
+                                                properties={"n": str(1000 + k)}))  # fmt: skip
+                if put.ok and (k % QUEUES, put.queue_offset) in held:
+                    tally.offsets_reused += 1
+                    tally.fail(f"{ctx}: a put took queue {k % QUEUES} offset {put.queue_offset}, an intact record's")
             _read_all(store, tally, ctx)
     except Exception as exc:  # an exception escaping the store is a crash
         tally.crashes += 1
@@ -298,9 +305,9 @@ def _run(seeds: list[int], t: Template, work: str) -> Tally:
 
 
 def _assert_clean(tally: Tally) -> None:
-    bad = (tally.crashes, tally.hangs, tally.wrong_bodies, tally.overwrites, tally.intact_lost_to_cut,
-           tally.disagreements)  # fmt: skip
-    assert bad == (0, 0, 0, 0, 0, 0), tally.line() + "\n" + "\n".join(tally.failures)
+    bad = (tally.crashes, tally.hangs, tally.wrong_bodies, tally.overwrites, tally.offsets_reused,
+           tally.intact_lost_to_cut, tally.disagreements)  # fmt: skip
+    assert bad == (0, 0, 0, 0, 0, 0, 0), tally.line() + "\n" + "\n".join(tally.failures)
 
 
 def _seeds(default: range) -> list[int]:
