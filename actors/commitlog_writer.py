@@ -209,6 +209,11 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # can be armed (tests that arm one pass their own plan and keep the checked path).
             fast_append=self.ctx.faults is NO_FAULTS,
         )
+        if self._checkpoint is not None and self._checkpoint.physic_flushed_offset is not None:
+            # Segments missing below what was flushed were deleted: a hole that keeps the log
+            # degraded (puts refused, reads served) until `mqstore recover`, never an end that
+            # puts would continue from, reusing the lost records' offsets.
+            self._commitlog.mapped_file_queue.expected_end = self._checkpoint.physic_flushed_offset
         if not self._commitlog.load():
             raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         # The tail scan from the recovered end finds nothing: it places the write positions.

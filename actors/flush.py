@@ -58,13 +58,20 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         self._synced_through = 0
         self._regions: dict[int, MappedRegion] = {}
         self._checkpoint: StoreCheckpoint | None = None
+        self._tail_missing = False  # the checkpoint's flushed offset lies in a deleted segment
 
     def on_start(self) -> None:
         self._checkpoint = StoreCheckpoint(self.ctx.fs, self.config.checkpoint_path)
         known = self._checkpoint.physic_flushed_offset
         if known is not None and known > self._max_offset:
-            # Recovery cut the log below it: what is written there next is not durable yet.
-            self._checkpoint.physic_flushed_offset = self._max_offset or None
+            segment = (known - 1) - (known - 1) % self._segment_size
+            if self.ctx.fs.exists(os.path.join(self.config.commitlog_dir, segment_file_name(segment))):
+                # Recovery cut the log below it: what is written there next is not durable yet.
+                self._checkpoint.physic_flushed_offset = self._max_offset or None
+            else:
+                # Its segment was deleted: the writer stays degraded until `mqstore recover`,
+                # and this offset is what tells the next open so; kept as it is until then.
+                self._tail_missing = True
 
     def release(self) -> None:
         for region in self._regions.values():
@@ -218,7 +225,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 done = self._regions.pop(segment, None)
                 if done is not None:
                     done.close()
-        if self._checkpoint is not None and self._flushed >= self._max_offset and self._store_timestamp > 0:
+        if self._checkpoint is not None and self._flushed >= self._max_offset and self._store_timestamp > 0 and not self._tail_missing:
             # The pair recovery needs after a power loss: durable below this offset, whose
             # newest record is this timestamp (checkpoint module).
             self._checkpoint.physic_msg_timestamp = self._store_timestamp

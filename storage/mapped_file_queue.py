@@ -61,6 +61,9 @@ class MappedFileQueue:
         self.committed_where = 0
         self.store_timestamp = 0  # of the last file flushed by a thorough flush(0)
         self.damaged_files: list[str] = []  # wrong-sized files load(skip_damaged=True) left out
+        # Data is known to have reached this offset (the commitlog: the checkpoint's flushed
+        # offset); segments missing below it after the last file are a hole, not an end.
+        self.expected_end = 0
 
     # loading -----------------------------------------------------------------------------
     def load(self, *, skip_damaged: bool = False) -> bool:
@@ -107,8 +110,9 @@ class MappedFileQueue:
         return True
 
     def holes(self) -> list[tuple[int, int]]:
-        """Missing [start, end) ranges between the loaded files, and a left-out damaged file
-        after the last one (the writer must not create a file over it)."""
+        """Missing [start, end) ranges between the loaded files, a left-out damaged file after
+        the last one (the writer must not create a file over it), and segments missing after
+        the last one below `expected_end`."""
         size = self.mapped_file_size
         found = [(a.file_from_offset + size, b.file_from_offset) for a, b in zip(self.mapped_files, self.mapped_files[1:])
                  if b.file_from_offset != a.file_from_offset + size]  # fmt: skip
@@ -117,6 +121,11 @@ class MappedFileQueue:
             start = int(name[:20])
             if start >= end:
                 found.append((start, start + size))
+        if self.expected_end > end:
+            missing_from = max([end, *(stop for _, stop in found)])
+            missing_to = -(-self.expected_end // size) * size
+            if missing_to > missing_from:
+                found.append((missing_from, missing_to))
         return found
 
     # lookup ------------------------------------------------------------------------------

@@ -227,10 +227,20 @@ def recover_commitlog(
         commitlog.flushed_before_offset = checkpoint.physic_flushed_offset if checkpoint is not None else None
     try:
         partial = _remove_partial_last_segments(cfg, fs)
-        lost, filled = _fill_commitlog_holes(cfg, fs) if repair_holes else ([], [])
+        flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
+        lost, filled = _fill_commitlog_holes(cfg, fs, flushed or 0) if repair_holes else ([], [])
         if not commitlog.load():
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         files = commitlog.mapped_file_queue.mapped_files
+        size = cfg.mapped_file_size_commitlog_bytes
+        if flushed is not None and files and flushed > files[-1].file_from_offset + size:
+            # Segments below what was flushed are gone (deleted by hand): a hole the writer
+            # stays degraded on until `mqstore recover`. Nothing here may change a byte for
+            # it, not even zero the last segment's tail after a crash (its END_FILE blank
+            # says the data goes on in the missing segment).
+            commitlog.zero_tail_bytes = 0
+            log.error("commitlog segments missing below the checkpoint's flushed offset; the store opens degraded",
+                      last_segment_end=files[-1].file_from_offset + size, flushed_offset=flushed)  # fmt: skip
         # What the crash scan keeps of each record (count, first offset, last store time, next
         # queue offset per queue), gathered per run of records in C (storage/scan.py).
         seen = RecordTally()
@@ -813,9 +823,10 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]
 _FILL_COPY_CHUNK_BYTES = 1 << 20
 
 
-def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[int, int]], list[str]]:
+def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem, expected_end: int) -> tuple[list[tuple[int, int]], list[str]]:
     """Make a commitlog with holes whole, for `mqstore recover`: every missing segment between
-    the first and the last file, and every wrong-sized one, becomes a full segment holding the
+    the first and the last file, or after the last one below `expected_end` (the checkpoint's
+    flushed offset: segments deleted from the end), and every wrong-sized one, becomes a full segment holding the
     damaged file's valid records (CRC and offset checked, from its start) and then the blank
     record that ends a segment, so readers, dispatch and the writer go on past it. A damaged
     file is renamed NAME.damaged beside it (never deleted) and read through a map, its valid
@@ -828,6 +839,8 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem) -> tuple[list[tuple[
         return [], []
     present = {int(n): fs.getsize(os.path.join(directory, n)) for n in names}
     first, last = min(present), max(present)
+    if expected_end > last + size:
+        last = (expected_end - 1) - (expected_end - 1) % size
     lost: list[tuple[int, int]] = []
     done: list[str] = []
     for start in range(first - first % size, last + 1, size):

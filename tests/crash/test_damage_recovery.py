@@ -163,6 +163,11 @@ def test_an_empty_consume_queue_file_at_a_boundary_leaves_no_phantom_unit(tmp_pa
     for name in os.listdir(os.path.join(store_dir, "commitlog")):
         if int(name) > 0:
             os.remove(os.path.join(store_dir, "commitlog", name))
+    # A checkpoint without mqstore's flushed offset (a broker's): with it, segments deleted
+    # below that offset are a hole the store stays degraded on (test_quarantine.py).
+    with open(os.path.join(store_dir, "checkpoint"), "r+b") as f:
+        f.seek(4096 - 24)
+        f.write(bytes(24))
     _crashed(store_dir)
     rec, queues = _open_checked(store_dir)
     assert queues[0] == list(range(190)), rec.summary()

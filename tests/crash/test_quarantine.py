@@ -229,6 +229,51 @@ def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: 
 
 
 @pytest.mark.parametrize("aborted", [False, True])
+@pytest.mark.parametrize("deleted", [1, 2])
+def test_deleted_last_segments_are_a_hole_until_recover_and_their_offsets_are_not_reused(
+    tmp_path: object, deleted: int, aborted: bool
+) -> None:
+    """The last segments deleted (by hand, a bad copy): the checkpoint's flushed offset lies in
+    a segment that is gone, so the store opens degraded (reads served, puts refused naming the
+    hole and `mqstore recover`) and stays so at the next open. Before: it opened as if the log
+    ended there, and the next put took the lost records' commitlog offsets (and msgIds).
+    `recover` fills the segments, reports them lost, and puts continue after them."""
+    import json
+    import subprocess
+    import sys
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)
+    seg = SMALL["mapped_file_size_commitlog_bytes"]
+    last = offsets[-1] - offsets[-1] % seg  # the allocator's next segment, if any, is after it
+    gone = [n for n in _segments(store_dir) if int(n) >= last - (deleted - 1) * seg]
+    for name in gone:
+        os.remove(os.path.join(store_dir, "commitlog", name))
+    hole = (last - (deleted - 1) * seg, last + seg)
+    if aborted:
+        open(os.path.join(store_dir, "abort"), "w").close()
+    for _ in range(2):  # the next open is degraded too: the evidence is kept
+        with mqstore.open(store_dir, **SMALL) as store:
+            bodies = _all_bodies_skipping(store)
+            assert all(bodies.get(i) == _body(i) for i, off in enumerate(offsets) if off < hole[0])
+            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+            assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
+            assert "mqstore recover" in r.detail and f"{hole[0]}..{hole[1]}" in r.detail, r.detail
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    done = subprocess.run([sys.executable, "-m", "mqstore", "recover", "--no-progress", "--json", store_dir],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
+    lost = json.loads(done.stdout)["lost_ranges"]
+    assert [(a, b) for a, b in lost] == [(start, start + seg) for start in range(hole[0], hole[1], seg)], lost
+    with mqstore.open(store_dir, **SMALL) as store:
+        bodies = _all_bodies_skipping(store)
+        assert all(bodies.get(i) == _body(i) for i, off in enumerate(offsets) if off < hole[0])
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.commitlog_offset >= hole[1], r
+        assert store.get(TOPIC, 0, r.queue_offset, 1).messages[0].body == b"new"
+
+
+@pytest.mark.parametrize("aborted", [False, True])
 def test_a_quarantined_record_is_never_served_even_without_crc_on_read(tmp_path: object, aborted: bool) -> None:
     """Recovery already knows the record is damaged: readers skip it and dispatch writes no
     unit for it (a filler keeps the queue dense), whatever `check_crc_on_read` says. Before:
