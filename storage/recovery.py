@@ -328,12 +328,7 @@ def recover_consume_queues(
         for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
             cut_short = _cut_cq_files_at_damage(cfg, fs, topic, queue_id)
             damaged_cq_files.extend(cut_short)
-            cq = ConsumeQueue(
-                fs, topic, queue_id, cfg.consume_queue_dir,
-                mapped_file_size=cfg.mapped_file_size_consume_queue_bytes, clock_ms=clock_ms,
-            )  # fmt: skip
-            if not cq.load():
-                raise OSError(f"cannot load consume queue {topic}/{queue_id}")
+            cq = _loaded_queue(cfg, fs, topic, queue_id, clock_ms)
             cq.recover()
             queues.append(cq)
             if cut_short:
@@ -680,6 +675,16 @@ class _InspectingCommitLog(CommitLog):
         return 0
 
 
+def _loaded_queue(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int, clock_ms: Callable[[], int]) -> ConsumeQueue:
+    cq = ConsumeQueue(
+        fs, topic, queue_id, cfg.consume_queue_dir,
+        mapped_file_size=cfg.mapped_file_size_consume_queue_bytes, clock_ms=clock_ms,
+    )  # fmt: skip
+    if not cq.load():
+        raise OSError(f"cannot load consume queue {topic}/{queue_id}")
+    return cq
+
+
 def _queues_behind_ledger(
     cfg: StoreConfig,
     fs: FileSystem,
@@ -698,12 +703,7 @@ def _queues_behind_ledger(
     for (topic, queue_id), (counted, first) in sorted(ledger.items()):
         cq = present.get((topic, queue_id))
         if cq is None:
-            cq = ConsumeQueue(
-                fs, topic, queue_id, cfg.consume_queue_dir,
-                mapped_file_size=cfg.mapped_file_size_consume_queue_bytes, clock_ms=clock_ms,
-            )  # fmt: skip
-            if not cq.load():
-                raise OSError(f"cannot load consume queue {topic}/{queue_id}")
+            cq = _loaded_queue(cfg, fs, topic, queue_id, clock_ms)  # no files: nothing to load
             queues.append(cq)
             log.warning("a consume queue in the queue ledger has no directory (deleted?); re-dispatch rebuilds it",
                         topic=topic, queue_id=queue_id, ledger_units=counted)  # fmt: skip
