@@ -720,7 +720,8 @@ class SimulatedFileSystem:
             with self._lock:
                 used = self._used_locked()
         else:
-            used = sum(len(f.volatile) for f in self._files.values())
+            with self._lock:  # another actor may be creating a file (RuntimeError: dict changed size)
+                used = sum(len(f.volatile) for f in self._files.values())
         return DiskUsage(self.total_bytes, used, max(self.total_bytes - used, 0))
 
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]:
