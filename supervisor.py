@@ -88,6 +88,7 @@ BACKOFF_MAX_MS = 1_000
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 DISPATCH_CATCH_UP_TIMEOUT_MS = 5_000
+FAILURE_CHECK_S = 0.1  # how often the open's wait for re-dispatch looks for a crashed child
 TICK_HOOK_INTERVAL_MS = 1_000  # StoreStatsService samples once a second (§16)
 HOOK_FAILURE_LOG_INTERVAL_MS = 60_000  # a hook failing every second is logged once a minute
 _HOOKS = "\0hooks"  # the tick hooks' slot in the ticker's due table (no child has this name)
@@ -271,7 +272,7 @@ class Supervisor:
             # Each owner recovers its files in on_start, in tree order (see TREE).
             for spec in self._specs:
                 self._start_child(spec.name, first=True)
-            self._await_rebuilt()
+            self._await_rebuilt_restarting()
             self.recovery = self._recovery_report()
         except BaseException:
             self._stop_children(clean=False)
@@ -470,6 +471,27 @@ class Supervisor:
         if (name == "consume_queue" and first) or (name == "writer" and "consume_queue" in ctx.peers):
             self._resume_writer()
 
+    def _await_rebuilt_restarting(self) -> None:
+        """`_await_rebuilt`, restarting a child that crashes meanwhile as the running store
+        would (same groups, same budget). Before, a crash during the open's re-dispatch left
+        the open waiting for a dead actor and then failing with pykka's ActorDeadError."""
+        while True:
+            self._await_rebuilt()
+            failed = self._take_failure()
+            if failed is None:
+                return
+            if not self._handle_failure(failed):
+                raise RuntimeError(f"the {failed.name} actor kept failing while the open rebuilt the queues") from failed.error
+
+    def _take_failure(self) -> ChildFailed | None:
+        """The oldest child failure reported and not handled yet (start's thread only)."""
+        with self._events.mutex:
+            for event in list(self._events.queue):
+                if isinstance(event, ChildFailed):
+                    self._events.queue.remove(event)
+                    return event
+        return None
+
     def _await_rebuilt(self) -> None:
         """An open returns once re-dispatch has rebuilt the queues (and the index) up to the
         log's end, as RocketMQ's recovery dispatches before its store serves: every message
@@ -484,8 +506,20 @@ class Supervisor:
         def written(view: ReadView) -> int:
             return min(view.queues_written, view.indexed_end) if indexed else view.queues_written
 
+        names = [spec.name for spec in self._specs]
+
         def covered_within(timeout_s: float) -> bool:
-            return self.ctx.read_view.await_view(lambda v: written(v) >= end, timeout_s) is not None
+            # In slices, so that a child's crash ends the wait at once (the caller restarts it
+            # and waits again) instead of after a whole stuck interval.
+            deadline = time.monotonic() + timeout_s
+            while True:
+                left = deadline - time.monotonic()
+                if self.ctx.read_view.await_view(lambda v: written(v) >= end, min(left, FAILURE_CHECK_S)) is not None:
+                    return True
+                if self._failure_pending(names):
+                    return True
+                if left <= FAILURE_CHECK_S:
+                    return False
 
         stuck = self._wait_while_moving(covered_within, lambda: written(self.ctx.read_view.view))
         if stuck is not None:
