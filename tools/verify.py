@@ -17,6 +17,9 @@ What it checks (each failure is a `Problem` with a kind, a place and a detail):
   index file covers has an entry (`index_missing`). Records outside every index file's
   [beginPhyOffset, endPhyOffset] (a file dropped at crash recovery, or expired) are not
   expected, and are counted in `VerifyReport.not_indexed`;
+* no ConsumeQueue starts later than the queue ledger (`queue_ledger.msgpack`) says: its first
+  files were deleted, not cleaned (`cq_front_missing`; an unreadable ledger is
+  `queue_ledger_unreadable`);
 * nothing is indexed twice: a second entry for the same record and key hash, across all
   files, is `index_duplicate` (unless the record carries that key twice).
 """
@@ -35,6 +38,7 @@ from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import FileSystem, RealFileSystem
 from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
+from ..storage.queue_ledger import LedgerEntry, LedgerError, unpack_queue_ledger
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
@@ -216,6 +220,7 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
 
 def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], report: VerifyReport) -> None:
     root = os.fspath(cfg.consume_queue_dir)
+    ledger = _queue_ledger(cfg, fs, report)
     units: dict[tuple[str, int, int], int] = {}  # (topic, queue, queue offset) -> commitlog offset
     first_offset: dict[tuple[str, int], int] = {}  # the first queue offset still on disk
     for topic, queue_id in list_consume_queues(root, fs):
@@ -224,6 +229,13 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
         where = f"{topic}/{queue_id}"
         names = sorted(n for n in fs.listdir(queue_dir) if len(n) == 20 and n.isdigit())
         first_offset[(topic, queue_id)] = int(names[0]) // CQ_STORE_UNIT_SIZE if names else 0
+        entry = ledger.get((topic, queue_id))
+        if entry is not None and names and first_offset[(topic, queue_id)] > entry.first:
+            # The records before it are not "cleaned" then: the cleaner has the ledger
+            # written again right after it deletes a queue's first files.
+            report.add("cq_front_missing", where, f"the first file starts at queue offset "
+                       f"{first_offset[(topic, queue_id)]}, the queue ledger says {entry.first}")  # fmt: skip
+            first_offset[(topic, queue_id)] = entry.first
         expected_next: int | None = None
         for queue_offset, phy, size, tags in iter_cq_units(queue_dir, fs):
             if expected_next is not None and queue_offset != expected_next:
@@ -270,6 +282,18 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
         if units.get((rec.topic, rec.queue_id, rec.queue_offset)) != phy:
             report.add("cq_missing", f"{rec.topic}/{rec.queue_id} queue offset {rec.queue_offset}",
                        f"no unit for the record at {phy}")  # fmt: skip
+
+
+def _queue_ledger(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> dict[tuple[str, int], LedgerEntry]:
+    """The queue ledger, read only (an open sets a damaged one aside; verify only says so)."""
+    path = cfg.queue_ledger_path
+    if not fs.exists(path):
+        return {}
+    try:
+        return unpack_queue_ledger(fs.read_bytes(path))
+    except (OSError, LedgerError) as exc:
+        report.add("queue_ledger_unreadable", path, str(exc))
+        return {}
 
 
 # ---------------------------------------------------------------------------------------------
