@@ -30,6 +30,7 @@ from ..messages import (
     UnitsReply,
 )
 from ..storage import codec, speedups
+from ..storage.codec import is_topic_name
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
@@ -82,6 +83,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._ledger_floor_until = 0
         self._ledger_stale = False
         self._ledger_failing = False
+        self._refused_queues: set[tuple[str, int]] = set()  # logged once each
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
@@ -140,6 +142,20 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             self.ctx.fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
             max_message_size=cfg.max_message_size_bytes,
         )  # fmt: skip
+
+    def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """A queue for a record of a queue not seen yet, or None when its topic or queue id
+        cannot be one: a record whose header was damaged where the body CRC does not look
+        (a flipped bit made "fz" into "f:"), or a crafted one. Its name would become a path
+        under consumequeue/ ("../x" one outside it), so it gets no unit (verify reports the
+        record); the queue it came from keeps its later units at their offsets."""
+        if is_topic_name(topic) and 0 <= queue_id <= 0x7FFFFFFF:
+            return self._open(topic, queue_id)
+        if (topic, queue_id) not in self._refused_queues:
+            self._refused_queues.add((topic, queue_id))
+            self.log.error("a record's topic or queue id cannot name a queue; it gets no unit", topic=repr(topic),
+                           queue_id=queue_id)  # fmt: skip
+        return None
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
@@ -228,9 +244,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 runs.append((key, [unit]))
         hit = self.ctx.faults.hit
         for n, ((topic, queue_id), units) in enumerate(runs):
-            cq = self._queues.get((topic, queue_id))
+            cq = self._queues.get((topic, queue_id)) or self._new_queue(topic, queue_id)
             if cq is None:
-                cq = self._open(topic, queue_id)
+                continue
             if n == len(runs) // 2:
                 hit("consume_queue.mid_write")
             if not cq.put_message_position_infos(units):
@@ -246,9 +262,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         hit = self.ctx.faults.hit
         middle = len(runs) // 2
         for n, (topic, queue_id, units, first_phy, last_phy, first_cq, count) in enumerate(runs):
-            cq = self._queues.get((topic, queue_id))
+            cq = self._queues.get((topic, queue_id)) or self._new_queue(topic, queue_id)
             if cq is None:
-                cq = self._open(topic, queue_id)
+                continue
             if n == middle:
                 hit("consume_queue.mid_write")
             if not cq.put_dense_run(units, first_phy, last_phy, first_cq, count):
@@ -389,9 +405,12 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         if self._ledger_floor and self._dispatched_offset >= self._ledger_floor_until and not self._waiting:
             self._ledger_floor = {}
         unit = codec.CQ_STORE_UNIT_SIZE
+        # A queue directory an older version (or a broker) made for a name that cannot be a
+        # topic is left out: the ledger would not read back, and lose every other queue.
         entries = {
             key: LedgerEntry(cq.mapped_file_queue.flushed_where // unit, self._first_offset(cq))
             for key, cq in queues.items()
+            if is_topic_name(key[0])
         }
         for key, (counted, first) in self._ledger_floor.items():
             entry = entries.get(key)

@@ -17,6 +17,8 @@ What it checks (each failure is a `Problem` with a kind, a place and a detail):
   index file covers has an entry (`index_missing`). Records outside every index file's
   [beginPhyOffset, endPhyOffset] (a file dropped at crash recovery, or expired) are not
   expected, and are counted in `VerifyReport.not_indexed`;
+* every record's topic and queue id can name a queue (`commitlog_bad_topic`: damage to the
+  header that the body CRC does not cover; dispatch gives such a record no unit);
 * no ConsumeQueue starts later than the queue ledger (`queue_ledger.msgpack`) says: its first
   files were deleted, not cleaned (`cq_front_missing`; an unreadable ledger is
   `queue_ledger_unreadable`);
@@ -33,7 +35,7 @@ from typing import Final, Iterator, NamedTuple
 
 from ..config import StoreConfig
 from ..storage import codec
-from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind
+from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, is_topic_name
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import FileSystem, RealFileSystem
@@ -45,6 +47,7 @@ __all__ = ["Problem", "VerifyReport", "verify_store"]
 # A filler unit written before a queue's first real unit (§9.3): valid, points at nothing.
 _FILLER_SIZE: Final = 0x7FFFFFFF
 _SKIPPED_TRAN: Final = (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
+_QUEUE_ID_MAX: Final = 0x7FFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +274,11 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                 report.add("cq_mismatch", here, f"unit -> {phy}: " + "; ".join(mismatch))
     for phy, rec in records.items():
         if rec.tran_type in _SKIPPED_TRAN:
+            continue
+        if not is_topic_name(rec.topic) or not 0 <= rec.queue_id <= _QUEUE_ID_MAX:
+            # Damage the body CRC does not cover: no queue may hold it (dispatch skips it).
+            report.add("commitlog_bad_topic", f"commitlog offset {phy}",
+                       f"topic {rec.topic!r} queue {rec.queue_id} cannot name a queue")  # fmt: skip
             continue
         key = (rec.topic, rec.queue_id)
         if key not in first_offset:

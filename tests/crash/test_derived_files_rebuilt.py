@@ -369,3 +369,35 @@ def test_verify_reports_a_deleted_first_queue_file_and_recover_rebuilds_it(tmp_p
         assert cli_main(["--config", str(toml), "recover", "--no-progress", str(root)]) == 0
     assert verify_store(root, config=config).ok
     _assert_whole(root)
+
+
+@pytest.mark.parametrize("bad_topic", [b"../zz", b"AB:DE"])
+def test_a_record_whose_topic_cannot_name_a_queue_gets_no_queue_and_no_path(tmp_path: Path, bad_topic: bytes) -> None:
+    """The body CRC does not cover a record's topic: damage (or a crafted log) can make it
+    "../zz", which as a queue directory lay outside consumequeue/ (before: dispatch created
+    <root>/zz/0/), or "AB:DE", whose queue the ledger could not read back. Dispatch gives such
+    a record no unit, its real queue keeps the rest at their offsets, verify reports it."""
+    from mqstore.config import StoreConfig
+    from mqstore.tools.verify import verify_store
+
+    root = tmp_path / "store"
+    with mqstore.open(root, **SETTINGS) as store:
+        for i in range(3):
+            assert store.put(Message(topic="ABCDE", body=b"m%d" % i)).ok
+        assert store.put(Message(topic="U", body=b"u")).ok
+    segment = root / "commitlog" / ("0" * 20)
+    data = bytearray(segment.read_bytes())
+    second = data.index(b"ABCDE", data.index(b"ABCDE") + 5)
+    data[second : second + 5] = bad_topic
+    segment.write_bytes(bytes(data))
+    shutil.rmtree(root / "consumequeue")  # re-dispatched from the log at the next open
+    (root / "abort").touch()
+    with mqstore.open(root, **SETTINGS) as store:
+        assert [m.body for m in store.get("ABCDE", 0, 0, 32).messages] == [b"m0", b"m2"]
+        put = store.put(Message(topic="ABCDE", body=b"m3"))
+        assert put.ok and put.queue_offset == 3, put
+    assert not (root / "zz").exists()
+    assert sorted(os.listdir(root / "consumequeue")) == ["ABCDE", "U"]
+    assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) is not None
+    kinds = {p.kind for p in verify_store(root, config=StoreConfig(**SETTINGS)).problems}
+    assert "commitlog_bad_topic" in kinds, kinds
