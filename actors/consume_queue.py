@@ -30,7 +30,7 @@ from ..messages import (
     UnitsReply,
 )
 from ..storage import codec, speedups
-from ..storage.codec import is_topic_name
+from ..storage.codec import is_topic_name, names_a_queue
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
@@ -149,7 +149,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         (a flipped bit made "fz" into "f:"), or a crafted one. Its name would become a path
         under consumequeue/ ("../x" one outside it), so it gets no unit (verify reports the
         record); the queue it came from keeps its later units at their offsets."""
-        if is_topic_name(topic) and 0 <= queue_id <= 0x7FFFFFFF:
+        if names_a_queue(topic, queue_id):
             return self._open(topic, queue_id)
         if (topic, queue_id) not in self._refused_queues:
             self._refused_queues.add((topic, queue_id))

@@ -272,6 +272,11 @@ def is_topic_name(name: object) -> bool:
     return isinstance(name, str) and bool(_VALID_TOPIC.match(name)) and len(name.encode("utf-8")) <= MAX_TOPIC_BYTES
 
 
+def names_a_queue(topic: object, queue_id: object) -> bool:
+    """Whether (topic, queue id) read from a file may name a ConsumeQueue directory."""
+    return is_topic_name(topic) and type(queue_id) is int and 0 <= queue_id <= JAVA_INT_MAX
+
+
 _VALID_TOPICS_SEEN: set[str] = set()  # a store sees few topics; every put checks one
 
 

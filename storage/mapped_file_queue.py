@@ -121,12 +121,19 @@ class MappedFileQueue:
             start = int(name[:20])
             if start >= end:
                 found.append((start, start + size))
-        if self.expected_end > end:
-            missing_from = max([end, *(stop for _, stop in found)])
-            missing_to = -(-self.expected_end // size) * size
-            if missing_to > missing_from:
-                found.append((missing_from, missing_to))
+        missing = self.missing_tail(after=max([end, *(stop for _, stop in found)]))
+        if missing is not None:
+            found.append(missing)
         return found
+
+    def missing_tail(self, *, after: int | None = None) -> tuple[int, int] | None:
+        """The segments missing past the last file (or `after`) below `expected_end`, as a
+        [start, end) range; None when the files reach it."""
+        size = self.mapped_file_size
+        if after is None:
+            after = self.mapped_files[-1].file_from_offset + size if self.mapped_files else 0
+        missing_to = -(-self.expected_end // size) * size
+        return (after, missing_to) if missing_to > after else None
 
     # lookup ------------------------------------------------------------------------------
     @property

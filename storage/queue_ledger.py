@@ -26,7 +26,7 @@ from typing import Final, Mapping, NamedTuple
 import msgpack
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import is_topic_name
+from mqstore.storage.codec import names_a_queue
 from mqstore.storage.fs import FileSystem
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
 
 _FORMAT: Final = "mqstore-queue-ledger"
 _VERSION: Final = 1
-_QUEUE_ID_MAX: Final = 0x7FFFFFFF
 
 log = get_logger(__name__)
 
@@ -87,12 +86,9 @@ def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
         if not (isinstance(entry, list) and len(entry) == 4):
             raise LedgerError(f"bad entry {entry!r}")
         topic, queue_id, units, first = entry
-        # The topic becomes a path under consumequeue/: the same characters a queue
-        # directory may have, reserved topics (the schedule topic's queues) included.
-        if not is_topic_name(topic):
-            raise LedgerError(f"bad topic {topic!r}")
-        if type(queue_id) is not int or not 0 <= queue_id <= _QUEUE_ID_MAX:
-            raise LedgerError(f"bad entry {entry!r}")
+        # The names become a path under consumequeue/ (reserved topics' queues included).
+        if not names_a_queue(topic, queue_id):
+            raise LedgerError(f"bad topic or queue id {entry!r}")
         if type(units) is not int or type(first) is not int or units < 0 or first < 0:
             raise LedgerError(f"bad entry {entry!r}")
         entries[(topic, queue_id)] = LedgerEntry(units, first)

@@ -232,15 +232,16 @@ def recover_commitlog(
         if not commitlog.load():
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         files = commitlog.mapped_file_queue.mapped_files
-        size = cfg.mapped_file_size_commitlog_bytes
-        if flushed is not None and files and flushed > files[-1].file_from_offset + size:
+        commitlog.mapped_file_queue.expected_end = flushed or 0
+        missing = commitlog.mapped_file_queue.missing_tail() if files else None
+        if missing is not None:
             # Segments below what was flushed are gone (deleted by hand): a hole the writer
             # stays degraded on until `mqstore recover`. Nothing here may change a byte for
             # it, not even zero the last segment's tail after a crash (its END_FILE blank
             # says the data goes on in the missing segment).
             commitlog.zero_tail_bytes = 0
             log.error("commitlog segments missing below the checkpoint's flushed offset; the store opens degraded",
-                      last_segment_end=files[-1].file_from_offset + size, flushed_offset=flushed)  # fmt: skip
+                      missing_from=missing[0], missing_to=missing[1], flushed_offset=flushed)  # fmt: skip
         # What the crash scan keeps of each record (count, first offset, last store time, next
         # queue offset per queue), gathered per run of records in C (storage/scan.py).
         seen = RecordTally()

@@ -35,7 +35,7 @@ from typing import Final, Iterator, NamedTuple
 
 from ..config import StoreConfig
 from ..storage import codec
-from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, is_topic_name
+from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import FileSystem, RealFileSystem
@@ -47,7 +47,6 @@ __all__ = ["Problem", "VerifyReport", "verify_store"]
 # A filler unit written before a queue's first real unit (§9.3): valid, points at nothing.
 _FILLER_SIZE: Final = 0x7FFFFFFF
 _SKIPPED_TRAN: Final = (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
-_QUEUE_ID_MAX: Final = 0x7FFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +274,7 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
     for phy, rec in records.items():
         if rec.tran_type in _SKIPPED_TRAN:
             continue
-        if not is_topic_name(rec.topic) or not 0 <= rec.queue_id <= _QUEUE_ID_MAX:
+        if not names_a_queue(rec.topic, rec.queue_id):
             # Damage the body CRC does not cover: no queue may hold it (dispatch skips it).
             report.add("commitlog_bad_topic", f"commitlog offset {phy}",
                        f"topic {rec.topic!r} queue {rec.queue_id} cannot name a queue")  # fmt: skip
