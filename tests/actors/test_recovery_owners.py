@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from mqstore import FaultPlan, Message
+from mqstore.messages import Ping
 from mqstore.actors import commitlog_writer, consume_queue, index
 from mqstore.storage import recovery
 from mqstore.storage.recovery import RecoveryMode
@@ -131,20 +132,38 @@ def test_a_restarted_index_recovers_its_files_in_restart_mode_and_indexes_on(
             assert [r.body for r in store.query("t", key).messages] == [body]
 
 
-class _HoldAtHit(FaultPlan):
-    """Holds the thread that reaches `point` for the `nth` time until released."""
+class _HoldReputAfterHandshake(FaultPlan):
+    """Holds reput at its `nth` dispatch or the first one after its start handshake was
+    answered, whichever comes later, until released. Never before the handshake: reput's
+    passes can run ahead of a late Ping (a loaded machine descheduling the supervisor), and a
+    hold there would hold the open too. Until then each dispatch sleeps a little, so the
+    re-dispatch cannot finish before the handshake and leave nothing to hold."""
 
-    def __init__(self, point: str, nth: int) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
         super().__init__()
-        self.point, self.nth, self.hits = point, nth, 0
-        self.entered, self.release = threading.Event(), threading.Event()
+        self.nth, self.hits = nth, 0
+        self.handshake, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
+        from mqstore.actors.reput import ReputMessageService
+
+        handle = ReputMessageService.handle
+
+        def handle_noting_the_handshake(actor: ReputMessageService, message: Any) -> Any:
+            answer = handle(actor, message)
+            if isinstance(message, Ping):
+                self.handshake.set()
+            return answer
+
+        monkeypatch.setattr(ReputMessageService, "handle", handle_noting_the_handshake)
 
     def hit(self, point: str) -> None:
-        if point == self.point:
-            self.hits += 1
-            if self.hits == self.nth:
-                self.entered.set()
-                self.release.wait(60)
+        if point != "reput.mid_dispatch" or self.entered.is_set():
+            return
+        self.hits += 1
+        if not self.handshake.is_set():
+            time.sleep(0.02)
+        elif self.hits >= self.nth:
+            self.entered.set()
+            self.release.wait(60)
 
 
 class _SlowDispatch(FaultPlan):
@@ -227,7 +246,7 @@ def test_a_close_during_a_long_re_dispatch_waits_for_it_while_it_moves(
             assert store.put_batch([Message(topic="t", body=b"%d" % i) for i in range(start, start + 256)]).ok
         root = Path(store.config.store_path_root_dir)
     shutil.rmtree(root / "consumequeue")
-    plan = _HoldAtHit("reput.mid_dispatch", nth=REPUT_PASS_MAX_BATCHES + 2)
+    plan = _HoldReputAfterHandshake(monkeypatch, nth=REPUT_PASS_MAX_BATCHES + 2)
     store = h.open_small(store_dir, faults=plan)
     assert plan.entered.wait(30)
     closed: list[bool] = []
