@@ -83,6 +83,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._ledger_floor_until = 0
         self._ledger_stale = False
         self._ledger_failing = False
+        # Queue offsets recovery found handed out to records now lost (its `reserved`): each
+        # queue's next put continues after them, and the ledger keeps them as the queue's high
+        # water until the queue's flushed units reach them.
+        self._reserved: dict[tuple[str, int], int] = {}
         self._refused_queues: set[tuple[str, int]] = set()  # logged once each
 
     def on_start(self) -> None:
@@ -96,6 +100,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         )  # fmt: skip
         with contextlib.closing(self._commitlog()) as reader:
             min_phy_offset = reader.min_offset()
+        self._reserved = dict(recovered.reserved)  # before the queues open: `_open` reads it
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
             cq = self._open(topic, queue_id)
             cq.recover()
@@ -111,6 +116,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._dispatched_offset = min(self._dispatched_offset, recovered.dispatch_from)
         self._ledger_floor = dict(recovered.ledger)
         self._ledger_floor_until = self._log_facts.max_offset
+        if self._reserved:
+            # Now, not at the first tick: recovery removed the units that showed these offsets
+            # taken, and a restart before that tick would find nothing else that shows it.
+            self._write_ledger()
         self._ledger_stale = True  # written at the first tick: this open's queues, floors kept
         self._publish(self._queues, complete=True)
 
@@ -168,6 +177,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         )
         cq.load()
         key = (topic, queue_id)
+        cq.reserved_until = self._reserved.get(key, 0)
         self._queues[key] = cq
         if self._ledger_written is not None and key not in self._ledger_written:
             self._ledger_stale = True  # a new queue: in the ledger before the next tick is over
@@ -343,10 +353,12 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # Out of the ledger first: once their files are gone the next open must not take
         # them for queues deleted by accident and rebuild them from the log.
         gone = set(removed)
+        reserved = {key: self._reserved.pop(key) for key in removed if key in self._reserved}
         for key in removed:
             self._ledger_floor.pop(key, None)
         survivors = {key: cq for key, cq in self._queues.items() if key not in gone}
         if not self._write_ledger(survivors):
+            self._reserved.update(reserved)
             self.log.error("cleanUnusedTopic: nothing deleted, the queue ledger could not be written", topics=sorted({t for t, _ in removed}))
             return ()
         # Withdrawn from readers first (a whole new table, a new map generation: readers drop
@@ -373,7 +385,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
 
     def _snapshot(self) -> QueueSnapshot:
         return QueueSnapshot(
-            topic_queue_table={f"{t}-{q}": cq.get_max_offset_in_queue() for (t, q), cq in self._queues.items()},
+            topic_queue_table=self._next_queue_offsets(),
             resume_offset=self._dispatched_offset,
             logics_msg_timestamp=self._logics_msg_timestamp,
             waiting_batches=len(self._waiting),
@@ -396,6 +408,14 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             self._write_ledger()
             self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True))
 
+    def _next_queue_offsets(self) -> dict[str, int]:
+        """The writer's topic-queue table: each queue's units, or its reserved offsets."""
+        table = {f"{t}-{q}": cq.get_max_offset_in_queue() for (t, q), cq in self._queues.items()}
+        for (topic, queue_id), next_offset in self._reserved.items():
+            name = f"{topic}-{queue_id}"
+            table[name] = max(table.get(name, 0), next_offset)
+        return table
+
     def _write_ledger(self, queues: dict[tuple[str, int], ConsumeQueue] | None = None) -> bool:
         """Write the queue ledger: each queue's units on disk (its flushed ones) and its first
         file's start, no more optimistic than what was read at open while re-dispatch may still
@@ -412,11 +432,18 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             for key, cq in queues.items()
             if is_topic_name(key[0])
         }
-        for key, (counted, first) in self._ledger_floor.items():
+        for key, (counted, first, high_water) in self._ledger_floor.items():
             entry = entries.get(key)
-            entries[key] = LedgerEntry(counted, first) if entry is None else LedgerEntry(
-                max(entry.units, counted), min(entry.first, first)
+            entries[key] = LedgerEntry(counted, first, high_water) if entry is None else LedgerEntry(
+                max(entry.units, counted), min(entry.first, first), max(entry.high_water, high_water)
             )
+        for key, next_offset in list(self._reserved.items()):
+            cq = queues.get(key)
+            if cq is not None and cq.mapped_file_queue.flushed_where // unit >= next_offset:
+                del self._reserved[key]  # the queue's own flushed units hold it now
+                continue
+            entry = entries.get(key) or LedgerEntry(0, 0)
+            entries[key] = entry._replace(high_water=max(entry.high_water, next_offset))
         if entries == self._ledger_written:
             self._ledger_stale = False
             return True

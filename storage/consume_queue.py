@@ -24,6 +24,7 @@ __all__ = [
     "ConsumeQueue",
     "ConsumeQueueReader",
     "FILLER_UNIT",
+    "FILLER_UNIT_SIZE",
     "cq_file_size",
     "iter_cq_units",
     "list_consume_queues",
@@ -32,9 +33,11 @@ __all__ = [
 log = get_logger(__name__)
 
 # fillPreBlank's unit: valid by the offset >= 0 && size > 0 rule, pointing nowhere.
-FILLER_UNIT: Final = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
+FILLER_UNIT_SIZE: Final = 0x7FFFFFFF
+FILLER_UNIT: Final = CQ_UNIT.pack(0, FILLER_UNIT_SIZE, 0)
 # The largest run of skipped queue offsets filled with FILLER_UNITs; a larger jump is a
-# damaged queue-offset field, not lost records.
+# damaged queue-offset field, not lost records (unless recovery reserved those offsets:
+# `ConsumeQueue.reserved_until`).
 MAX_FILLED_GAP_UNITS: Final = 100_000
 
 
@@ -73,6 +76,9 @@ class ConsumeQueue:
         self.max_physic_offset = -1
         # Smallest valid logical byte offset (units below it point at deleted data).
         self.min_logic_offset = 0
+        # Queue offsets below it were handed out to records recovery found lost (its
+        # `reserved`): a jump up to it, however long, is filled, never taken for damage.
+        self.reserved_until = 0
 
     def __repr__(self) -> str:
         return f"ConsumeQueue({self.topic}-{self.queue_id})"
@@ -137,16 +143,22 @@ class ConsumeQueue:
                 log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
                             expect=expect, current=current)  # fmt: skip
                 return True
-            if expect != current and (expect - current) // CQ_STORE_UNIT_SIZE <= MAX_FILLED_GAP_UNITS:
+            gap = (expect - current) // CQ_STORE_UNIT_SIZE
+            if expect != current and (gap <= MAX_FILLED_GAP_UNITS or cq_offset <= self.reserved_until):
                 # Records the commitlog lost (a hole) or quarantined (damaged header) left queue
                 # offsets unused: filler units keep every later unit at its own queue offset.
                 log.error("queue offsets skipped; filler units keep the queue dense", topic=self.topic,
                           queue_id=self.queue_id, first=current // CQ_STORE_UNIT_SIZE, until=cq_offset)  # fmt: skip
                 while current < expect:
                     mapped_file = self.mapped_file_queue.get_last_mapped_file(current)
-                    if mapped_file is None or not mapped_file.append_bytes(FILLER_UNIT):
+                    if mapped_file is None:
                         return False
-                    current += CQ_STORE_UNIT_SIZE
+                    # Whole runs per file: a reserved gap can be millions of units.
+                    room = (mapped_file.file_size - mapped_file.wrote_position) // CQ_STORE_UNIT_SIZE
+                    run = min(room, (expect - current) // CQ_STORE_UNIT_SIZE)
+                    if run <= 0 or not mapped_file.append_bytes(FILLER_UNIT * run):
+                        return False
+                    current += run * CQ_STORE_UNIT_SIZE
                 mapped_file = self.mapped_file_queue.get_last_mapped_file(expect)
                 if mapped_file is None:
                     return False

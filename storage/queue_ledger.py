@@ -7,7 +7,10 @@ remaining units (or from a later min offset), and the acknowledged messages of t
 units can no longer be read by offset; after a deleted last file or directory the next put
 even reuses queue offsets that records in the commitlog hold. With the ledger, recovery sees a
 queue that is missing, shorter than it was, or starting later than the cleaner left it, and
-rebuilds it from the commitlog, like a queue whose files were cut short.
+rebuilds it from the commitlog, like a queue whose files were cut short. It also keeps, per
+queue, the queue offsets handed out to records that were then lost (a lost commitlog tail that
+`mqstore recover` accepted, a power loss that kept the queue's units and not the records): new
+puts continue after them, as the commitlog's offsets do.
 
 Only the ConsumeQueue actor writes it, and only when it changed: at the first tick after an
 open and after a queue is created, after each thorough flush (it counts flushed units only),
@@ -34,7 +37,7 @@ __all__ = [
 ]
 
 _FORMAT: Final = "mqstore-queue-ledger"
-_VERSION: Final = 1
+_VERSION: Final = 2  # 2 added each queue's high water; version 1 files are read as having none
 
 log = get_logger(__name__)
 
@@ -43,11 +46,20 @@ QueueKey = tuple[str, int]
 
 class LedgerEntry(NamedTuple):
     """One queue: `units`, how many it had on disk (its queue offsets below this are written
-    and flushed), and `first`, the queue offset its first file starts at (the cleaner moves it
-    up, and the ledger is written again right after)."""
+    and flushed), `first`, the queue offset its first file starts at (the cleaner moves it
+    up, and the ledger is written again right after), and `high_water`: queue offsets below
+    it were handed out, though the queue may hold fewer units (their records were lost, and
+    `mqstore recover` accepted it). No put is given one of them again: a consumer that had
+    read them would skip the new message. 0 when it says no more than `units`."""
 
     units: int
     first: int
+    high_water: int = 0
+
+    @property
+    def next_offset(self) -> int:
+        """The lowest queue offset a new record of this queue may be given."""
+        return max(self.units, self.high_water)
 
 
 class LedgerError(ValueError):
@@ -56,7 +68,7 @@ class LedgerError(ValueError):
 
 def pack_queue_ledger(entries: Mapping[QueueKey, LedgerEntry]) -> bytes:
     """The file's bytes for `entries`."""
-    queues = [[topic, queue_id, units, first] for (topic, queue_id), (units, first) in sorted(entries.items())]
+    queues = [[topic, queue_id, *entry] for (topic, queue_id), entry in sorted(entries.items())]
     body = msgpack.packb(queues, use_bin_type=True)
     document: bytes = msgpack.packb(
         {"format": _FORMAT, "version": _VERSION, "queues": body, "crc32": zlib.crc32(body)}, use_bin_type=True
@@ -72,8 +84,9 @@ def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
         raise LedgerError(f"not msgpack: {exc}") from exc
     if not isinstance(document, dict) or document.get("format") != _FORMAT:
         raise LedgerError("not a queue ledger")
-    if document.get("version") != _VERSION:
-        raise LedgerError(f"ledger version {document.get('version')!r}, this mqstore reads {_VERSION}")
+    version = document.get("version")
+    if type(version) is not int or version not in (1, _VERSION):
+        raise LedgerError(f"ledger version {version!r}, this mqstore reads 1 and {_VERSION}")
     body, crc = document.get("queues"), document.get("crc32")
     if not isinstance(body, bytes) or crc != zlib.crc32(body):
         raise LedgerError("checksum mismatch")
@@ -83,15 +96,15 @@ def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
         raise LedgerError(f"queue list not msgpack: {exc}") from exc
     entries: dict[QueueKey, LedgerEntry] = {}
     for entry in queues if isinstance(queues, list) else [None]:
-        if not (isinstance(entry, list) and len(entry) == 4):
+        if not (isinstance(entry, list) and len(entry) == (4 if version == 1 else 5)):
             raise LedgerError(f"bad entry {entry!r}")
-        topic, queue_id, units, first = entry
+        topic, queue_id, units, first, high_water = entry if version != 1 else [*entry, 0]
         # The names become a path under consumequeue/ (reserved topics' queues included).
         if not names_a_queue(topic, queue_id):
             raise LedgerError(f"bad topic or queue id {entry!r}")
-        if type(units) is not int or type(first) is not int or units < 0 or first < 0:
+        if any(type(n) is not int or n < 0 for n in (units, first, high_water)):
             raise LedgerError(f"bad entry {entry!r}")
-        entries[(topic, queue_id)] = LedgerEntry(units, first)
+        entries[(topic, queue_id)] = LedgerEntry(units, first, high_water)
     return entries
 
 

@@ -35,7 +35,7 @@ from ..log import get_logger
 from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_end
-from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
+from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
 from .queue_ledger import LedgerEntry, load_queue_ledger
@@ -179,6 +179,10 @@ class ConsumeQueueRecovery:
     # or cut short, which re-dispatch rebuilds (storage.queue_ledger).
     ledger: dict[tuple[str, int], LedgerEntry] = field(default_factory=dict)
     rebuilt_from_ledger: tuple[tuple[str, int], ...] = ()
+    # Queues whose records at the end were lost after their queue offsets were handed out (the
+    # units or the ledger said so): the next queue offset each continues at, above its units.
+    # Included in `topic_queue_table`; the queue fills the gap with filler units at its next put.
+    reserved: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def check_geometry(cfg: StoreConfig, fs: FileSystem) -> None:
@@ -322,6 +326,7 @@ def recover_consume_queues(
     end = log_facts.max_offset
     min_offset = log_facts.min_offset
     queues: list[ConsumeQueue] = []
+    handed_out: dict[tuple[str, int], int] = {}  # next queue offset per queue, by its units before a cut
     try:
         max_cq = -1
         damaged_cq_files: list[str] = []
@@ -371,7 +376,7 @@ def recover_consume_queues(
             first_lost = min(start for start, _ in log_facts.lost_ranges)
             dispatch_from = min(dispatch_from, first_lost)
             for cq in queues:
-                cq.truncate_dirty_logic_files(first_lost)
+                _truncate_keeping_offsets(cq, first_lost, handed_out)
         # A queue that lost files is rebuilt from the record after its last unit left.
         for cq in damaged_queues:
             last = cq.get_unit(cq.get_max_offset_in_queue() - 1) if cq.get_max_offset_in_queue() > 0 else None
@@ -400,7 +405,7 @@ def recover_consume_queues(
             if not crashed and cq.max_physic_offset < end:
                 continue
             before = cq.get_max_offset_in_queue()
-            cq.truncate_dirty_logic_files(cut)
+            _truncate_keeping_offsets(cq, cut, handed_out)
             if cq.get_max_offset_in_queue() != before:
                 truncated += 1
         if truncated:
@@ -410,11 +415,22 @@ def recover_consume_queues(
             table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
             if log_facts.has_files:
                 cq.correct_min_offset(min_offset)
+        # Queue offsets handed out to records that are gone stay taken (see `reserved`).
+        for key, entry in ledger.items():
+            handed_out[key] = max(handed_out.get(key, 0), entry.next_offset)
+        reserved: dict[tuple[str, int], int] = {}
+        for (topic, queue_id), next_offset in sorted(handed_out.items()):
+            name = f"{topic}-{queue_id}"
+            if next_offset > table.get(name, 0):
+                reserved[(topic, queue_id)] = table[name] = next_offset
+        if reserved:
+            log.warning("queue offsets of lost records are not given again; the next put of each queue continues "
+                        "after them", queues={f"{t}-{q}": n for (t, q), n in reserved.items()})  # fmt: skip
         for cq in queues:
             cq.flush(0)
         return ConsumeQueueRecovery(queues=len(queues), max_physic_offset=max_cq, truncated=truncated,
                                     damaged_files=tuple(damaged_cq_files), dispatch_from=dispatch_from,
-                                    topic_queue_table=table, ledger=ledger,
+                                    topic_queue_table=table, ledger=ledger, reserved=reserved,
                                     rebuilt_from_ledger=tuple((cq.topic, cq.queue_id) for cq in rebuilt))  # fmt: skip
     finally:
         for cq in queues:
@@ -533,6 +549,23 @@ _ZERO_CHUNK = bytes(_TAIL_CHUNK_BYTES)
 _MIN_RECORD_BYTES = codec.cal_msg_length(0, 1, 0)
 _MESSAGE_MAGICS = tuple(struct.pack(">i", m) for m in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2))
 _HEADER_SEARCH_CHUNK_BYTES = 4 << 20
+
+
+def _truncate_keeping_offsets(cq: ConsumeQueue, phy_offset: int, handed_out: dict[tuple[str, int], int]) -> None:
+    """`cq.truncate_dirty_logic_files(phy_offset)`, noting in `handed_out` the queue offsets
+    its removed units held: re-dispatch gives back those whose records are still in the log,
+    and the others (records lost: a power loss, a lost tail `recover` accepted) must not be
+    given to new records. Believed only as far as the commitlog bytes the removed units point
+    into could hold records, so a damaged unit cannot throw a queue far ahead."""
+    before = cq.get_max_offset_in_queue()
+    last = cq.get_unit(before - 1) if before > 0 else None
+    cq.truncate_dirty_logic_files(phy_offset)
+    if last is None or last[0] < phy_offset or last[1] == FILLER_UNIT_SIZE:
+        return
+    after = cq.get_max_offset_in_queue()
+    plausible = after + (last[0] + last[1] - phy_offset) // _MIN_RECORD_BYTES + 1
+    key = (cq.topic, cq.queue_id)
+    handed_out[key] = max(handed_out.get(key, 0), min(before, plausible))
 
 
 def continue_queues_past_quarantine(
@@ -701,7 +734,7 @@ def _queues_behind_ledger(
     Returns the ones it added to `damaged`."""
     present = {(cq.topic, cq.queue_id): cq for cq in queues}
     rebuilt: list[ConsumeQueue] = []
-    for (topic, queue_id), (counted, first) in sorted(ledger.items()):
+    for (topic, queue_id), (counted, first, _) in sorted(ledger.items()):
         cq = present.get((topic, queue_id))
         if cq is None:
             cq = _loaded_queue(cfg, fs, topic, queue_id, clock_ms)  # no files: nothing to load

@@ -19,7 +19,7 @@ from mqstore import Message
 from mqstore.storage.consume_queue import list_consume_queues
 from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.lockfiles import StoreDirectoryError
-from mqstore.storage.queue_ledger import load_queue_ledger
+from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger
 
 FIXTURES = Path("/work/shared/fixtures")
 
@@ -243,7 +243,7 @@ def test_a_queue_deleted_by_hand_is_rebuilt_from_the_ledger_and_its_offsets_are_
         assert store.wait_for_messages("U", 0, U - 1, timeout_s=10)
     assert len(os.listdir(root / "commitlog")) > 4
     ledger = load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack"))
-    assert ledger == {("T", 0): (N, 0), ("V", 0): (V, 0), ("U", 0): (U, 0)}
+    assert ledger == {("T", 0): LedgerEntry(N, 0), ("V", 0): LedgerEntry(V, 0), ("U", 0): LedgerEntry(U, 0)}
     _delete(root, what)
     if stop == "crash":
         (root / "abort").touch()  # as a kill -9 leaves it: the open recovers as after a crash
@@ -265,7 +265,7 @@ def test_a_topic_cleaned_by_clean_unused_topic_is_not_rebuilt(tmp_path: Path) ->
         assert store.put(Message(topic="U", body=b"u")).ok  # the log's newest record: U's
         assert store.wait_for_messages("U", 0, 0, timeout_s=10)
         assert store.clean_unused_topic(keep={"U"}) == 1
-    assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == {("U", 0): (1, 0)}
+    assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == {("U", 0): LedgerEntry(1, 0)}
     with mqstore.open(root, **SETTINGS) as store:
         assert store.max_offset("T", 0) == 0
         assert store.put(Message(topic="T", body=b"again")).queue_offset == 0  # a new queue, as in RocketMQ
@@ -296,7 +296,7 @@ def test_clean_unused_topic_deletes_nothing_when_the_ledger_cannot_be_written(
         assert store.clean_unused_topic(keep={"T", "U"}) == 0  # nothing to clean: no write either
         assert store.clean_unused_topic(keep={"U"}) == 1
         assert "queue ledger written again" in [r.getMessage() for r in caplog.records]
-    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("U", 0): (1, 0)}
+    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("U", 0): LedgerEntry(1, 0)}
 
 
 def test_a_damaged_ledger_is_set_aside_and_written_again(tmp_path: Path) -> None:
@@ -306,7 +306,7 @@ def test_a_damaged_ledger_is_set_aside_and_written_again(tmp_path: Path) -> None
     ledger.write_bytes(b"\x93garbage")
     _assert_whole(root)  # opens (and closes): the ledger only adds checks
     assert (root / "queue_ledger.msgpack.damaged").read_bytes() == b"\x93garbage"
-    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("T", 0): (N, 0)}
+    assert load_queue_ledger(RealFileSystem(), str(ledger)) == {("T", 0): LedgerEntry(N, 0)}
 
 
 def test_a_broker_store_gets_a_ledger_of_its_queues(tmp_path: Path) -> None:
@@ -320,7 +320,7 @@ def test_a_broker_store_gets_a_ledger_of_its_queues(tmp_path: Path) -> None:
     with mqstore.open(root) as store:
         queues = list_consume_queues(str(root / "consumequeue"), RealFileSystem())
         assert queues
-        units = {(topic, queue_id): (store.max_offset(topic, queue_id), 0) for topic, queue_id in queues}
+        units = {(topic, queue_id): LedgerEntry(store.max_offset(topic, queue_id), 0) for topic, queue_id in queues}
     assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) == units
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import mqstore
+from mqstore.storage import consume_queue
 from mqstore.storage.status import GetMessageStatus
 from mqstore.tools.verify import verify_store
 
@@ -231,13 +232,14 @@ def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: 
 @pytest.mark.parametrize("aborted", [False, True])
 @pytest.mark.parametrize("deleted", [1, 2])
 def test_deleted_last_segments_are_a_hole_until_recover_and_their_offsets_are_not_reused(
-    tmp_path: object, deleted: int, aborted: bool
+    tmp_path: object, deleted: int, aborted: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The last segments deleted (by hand, a bad copy): the checkpoint's flushed offset lies in
     a segment that is gone, so the store opens degraded (reads served, puts refused naming the
     hole and `mqstore recover`) and stays so at the next open. Before: it opened as if the log
     ended there, and the next put took the lost records' commitlog offsets (and msgIds).
-    `recover` fills the segments, reports them lost, and puts continue after them."""
+    `recover` fills the segments, reports them lost, and puts continue after them, at commitlog
+    and queue offsets no lost record held."""
     import json
     import subprocess
     import sys
@@ -265,12 +267,29 @@ def test_deleted_last_segments_are_a_hole_until_recover_and_their_offsets_are_no
     assert done.returncode == 0 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
     lost = json.loads(done.stdout)["lost_ranges"]
     assert [(a, b) for a, b in lost] == [(start, start + seg) for start in range(hole[0], hole[1], seg)], lost
+    kept = sum(1 for off in offsets if off < hole[0])
+    # More lost records than a gap the queue fills unasked (that is a damaged queue offset).
+    monkeypatch.setattr(consume_queue, "MAX_FILLED_GAP_UNITS", (len(offsets) - kept) // 2)
+    with mqstore.open(store_dir, **SMALL) as store:  # an open and close with no put keeps them taken
+        assert store.max_offset(TOPIC, 0) == kept
     with mqstore.open(store_dir, **SMALL) as store:
         bodies = _all_bodies_skipping(store)
         assert all(bodies.get(i) == _body(i) for i, off in enumerate(offsets) if off < hole[0])
         r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
         assert r.status is mqstore.PutMessageStatus.PUT_OK and r.commitlog_offset >= hole[1], r
+        # Nor their queue offsets: a consumer that had read them would skip the new message.
+        assert r.queue_offset == len(offsets), r
         assert store.get(TOPIC, 0, r.queue_offset, 1).messages[0].body == b"new"
+        assert store.max_offset(TOPIC, 0) == len(offsets) + 1
+        at, seen = kept, []  # a consumer at the lost offsets reads past their filler units to it
+        for _ in range(len(offsets)):
+            got = store.get(TOPIC, 0, at, 32)
+            seen += [m.body for m in got.messages]
+            if got.next_begin_offset == at or at > len(offsets):
+                break
+            at = got.next_begin_offset
+        assert seen == [b"new"], (seen, got)
+    assert verify_store(store_dir, config=mqstore.StoreConfig(**SMALL)).ok
 
 
 @pytest.mark.parametrize("aborted", [False, True])

@@ -24,6 +24,7 @@ UNITS = {
     ("T", 3): LedgerEntry(0, 0),
     ("SCHEDULE_TOPIC_XXXX", 2): LedgerEntry(7, 0),
     ("%RETRY%g|x_y-z", 0x7FFFFFFF): LedgerEntry(1 << 40, 1 << 39),
+    ("lost", 1): LedgerEntry(360, 0, 400),  # 40 queue offsets handed out to records now lost
 }
 
 
@@ -41,7 +42,15 @@ def test_every_flipped_bit_is_refused() -> None:
             unpack_queue_ledger(bytes(damaged))
 
 
-def _document(queues: object, *, version: int = 1) -> bytes:
+def test_a_version_1_ledger_is_read_as_having_no_high_water() -> None:
+    """Written by the mqstore before the high water; its queues continue after their units."""
+    entries = unpack_queue_ledger(_document([["T", 0, 120, 100], ["U", 2, 7, 0]], version=1))
+    assert entries == {("T", 0): LedgerEntry(120, 100, 0), ("U", 2): LedgerEntry(7, 0, 0)}
+    assert entries[("T", 0)].next_offset == 120
+    assert UNITS[("lost", 1)].next_offset == 400
+
+
+def _document(queues: object, *, version: int = 2) -> bytes:
     body = msgpack.packb(queues, use_bin_type=True)
     return msgpack.packb(
         {"format": "mqstore-queue-ledger", "version": version, "queues": body, "crc32": zlib.crc32(body)},
@@ -55,20 +64,26 @@ def _document(queues: object, *, version: int = 1) -> bytes:
         b"",
         b"\x00" * 64,
         msgpack.packb({"format": "something else"}),
-        _document([["T", 0, 1, 0]], version=2),
-        _document([["../../etc", 0, 1, 0]]),  # a topic is a path: never one that leaves consumequeue/
-        _document([["T/0", 0, 1, 0]]),
-        _document([["", 0, 1, 0]]),
-        _document([["T" * 128, 0, 1, 0]]),
-        _document([["T", -1, 1, 0]]),
-        _document([["T", 1 << 31, 1, 0]]),
-        _document([["T", 0, -5, 0]]),
-        _document([["T", 0, True, 0]]),
+        _document([["T", 0, 1, 0, 0]], version=3),
+        _document([["T", 0, 1, 0, 0]], version=True),
+        _document([["T", 0, 1, 0]], version=2),  # a version 2 entry has its high water
+        _document([["T", 0, 1, 0, 0]], version=1),
+        _document([["T", 0, 1, 0, -1]]),
+        _document([["T", 0, 1, 0, 2.5]]),
+        _document([["../../etc", 0, 1, 0, 0]]),  # a topic is a path: never one that leaves consumequeue/
+        _document([["T/0", 0, 1, 0, 0]]),
+        _document([["", 0, 1, 0, 0]]),
+        _document([["T" * 128, 0, 1, 0, 0]]),
+        _document([["T", -1, 1, 0, 0]]),
+        _document([["T", 1 << 31, 1, 0, 0]]),
+        _document([["T", 0, -5, 0, 0]]),
+        _document([["T", 0, True, 0, 0]]),
         _document([["T", 0, 1]]),
         _document({"T": 1}),
-        _document([["T", 0, 1, -1]]),
+        _document([["T", 0, 1, -1, 0]]),
     ],
-    ids=["empty", "zeros", "other-format", "newer-version", "dotdot", "slash", "empty-topic", "long-topic",
+    ids=["empty", "zeros", "other-format", "newer-version", "bool-version", "v2-short", "v1-long", "negative-high-water",
+         "float-high-water", "dotdot", "slash", "empty-topic", "long-topic",
          "negative-queue", "queue-too-big", "negative-count", "bool-count", "short-entry", "not-a-list", "negative-first"],  # fmt: skip
 )
 def test_bytes_that_are_not_a_ledger_are_refused(data: bytes) -> None:
