@@ -164,8 +164,15 @@ class RealMappedRegion:
     def __init__(self, path: str, size: int, *, create: bool, readonly: bool) -> None:
         self.path = path
         self.size = size
-        flags = os.O_RDONLY if readonly else os.O_RDWR | (os.O_CREAT if create else 0)
-        fd = os.open(path, flags, 0o644)
+        created = False
+        if readonly or not create:
+            fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
+        else:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                created = True
+            except FileExistsError:
+                fd = os.open(path, os.O_RDWR)
         try:
             actual = os.fstat(fd).st_size
             if actual != size:
@@ -174,7 +181,14 @@ class RealMappedRegion:
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap = mmap.mmap(fd, size, access=access)
+            if created:
+                # The new name made durable before anything in the file is acknowledged: a
+                # flush (msync) makes the data durable, not the directory entry that finds it,
+                # and a segment lost at a power loss with flushed records in it is a hole.
+                fsync_dir(os.path.dirname(os.path.abspath(path)))
         except BaseException:
+            if hasattr(self, "buf"):
+                self.buf.close()
             os.close(fd)
             raise
         # Writable maps keep their descriptor for reserve(); the mapping keeps the file alive.
@@ -366,7 +380,16 @@ class RealFileSystem:
         return os.path.getsize(path)
 
     def makedirs(self, path: str) -> None:
+        """os.makedirs, each directory it creates made durable in its parent (a queue's
+        new directory, and the files in it, must not vanish at a power loss)."""
+        missing: list[str] = []
+        at = os.path.abspath(path)
+        while not os.path.isdir(at) and os.path.dirname(at) != at:
+            missing.append(at)
+            at = os.path.dirname(at)
         os.makedirs(path, exist_ok=True)
+        for created in reversed(missing):
+            fsync_dir(os.path.dirname(created))
 
     def remove(self, path: str) -> None:
         os.remove(path)
