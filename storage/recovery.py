@@ -85,6 +85,9 @@ class RecoveryReport:
     # Commitlog ranges [start, end) lost to a hole that `recover` filled (their records are gone).
     lost_ranges: list[tuple[int, int]] = field(default_factory=list)
     filled_commitlog_files: list[str] = field(default_factory=list)
+    # "topic-queueId" -> the next queue offset, for queues whose last records were lost after
+    # their queue offsets were handed out: new puts continue there (filler units in between).
+    reserved_queue_offsets: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -108,6 +111,7 @@ class RecoveryReport:
             "quarantined": [q._asdict() for q in self.quarantined],
             "lost_ranges": [list(r) for r in self.lost_ranges],
             "filled_commitlog_files": list(self.filled_commitlog_files),
+            "reserved_queue_offsets": dict(self.reserved_queue_offsets),
         }
 
 
@@ -534,6 +538,7 @@ def assemble_report(
         quarantined=list(recovered.quarantined),
         lost_ranges=list(recovered.lost_ranges),
         filled_commitlog_files=list(recovered.filled_commitlog_files),
+        reserved_queue_offsets={f"{t}-{q}": n for (t, q), n in sorted(queues.reserved.items())},
     )
     if index.dispatch_from is not None and index.dispatch_from == queues.dispatch_from and facts.has_files:
         report.index_dispatch_from = index.dispatch_from

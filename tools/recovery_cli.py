@@ -99,6 +99,9 @@ def run_recover(args: argparse.Namespace) -> int:
     for start, end in report.lost_ranges:
         print(f"commitlog bytes {start}..{end} were lost (a missing or cut segment); the log continues "
               "after them", file=sys.stderr)  # fmt: skip
+    for queue, next_offset in report.reserved_queue_offsets.items():
+        print(f"queue {queue}: the queue offsets of its lost records are not given again; its next put gets "
+              f"queue offset {next_offset}", file=sys.stderr)  # fmt: skip
     if (not last_exit_ok or report.truncated_consume_queues or report.dropped_index_files or report.lost_ranges
             or report.damaged_consume_queue_files or report.dispatch_from < report.max_offset):  # fmt: skip
         result["redispatch"] = _redispatch(cfg)

@@ -50,6 +50,8 @@ def test_records_lost_at_the_logs_end_keep_their_queue_offsets(tmp_path: Path, a
         (root / "abort").touch()
     with mqstore.open(root, **SETTINGS) as store:
         assert store.max_offset("T", 0) == KEPT
+        report = store.supervisor.recovery
+        assert report is not None and report.reserved_queue_offsets == {"T-0": N}, report.summary()
     with mqstore.open(root, **SETTINGS) as store:  # the next open still knows: the ledger keeps it
         r = store.put(Message(topic="T", body=b"new"))
         assert r.ok and r.queue_offset == N, r

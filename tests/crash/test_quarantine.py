@@ -266,6 +266,8 @@ def test_deleted_last_segments_are_a_hole_until_recover_and_their_offsets_are_no
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert done.returncode == 0 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
     lost = json.loads(done.stdout)["lost_ranges"]
+    assert json.loads(done.stdout)["reserved_queue_offsets"] == {f"{TOPIC}-0": len(offsets)}, done.stdout
+    assert f"queue {TOPIC}-0: the queue offsets of its lost records are not given again" in done.stderr
     assert [(a, b) for a, b in lost] == [(start, start + seg) for start in range(hole[0], hole[1], seg)], lost
     kept = sum(1 for off in offsets if off < hole[0])
     # More lost records than a gap the queue fills unasked (that is a damaged queue offset).
