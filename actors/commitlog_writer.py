@@ -336,6 +336,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             raise
         self.passes += 1
         self.passed_puts += len(puts)
+        if self._stored_puts and self._pooled:
+            self._commit_pass()
         if self._stored_puts:
             self._hold_back(self._stored_puts, self._stored_records)
         if group_commits:
@@ -655,6 +657,19 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         if self._pooled:
             return commitlog.committed_where
         return commitlog.get_max_offset()
+
+    def _commit_pass(self) -> None:
+        """With write buffers, a pass's bytes are copied into the files before its puts are
+        answered: PUT_OK means in the page cache, as without them, so a killed process loses
+        nothing acknowledged. RocketMQ answers while the bytes sit in the write buffer, and a
+        kill -9 loses all since the last commit (commit_commitlog_least_pages and
+        commit_interval_commitlog_ms decide when that is). The commit service's ticks then
+        find little left; one copy per pass costs less than the pass's appends."""
+        commitlog = self._commitlog
+        assert commitlog is not None
+        wrote = commitlog.get_max_wrote_offset()
+        while commitlog.committed_where < wrote and not commitlog.commit(0):
+            pass  # one file per call: a pass that rolled a segment commits both
 
     def _commit(self, least_pages: int) -> None:
         """The commit service's request (transient store pool): copy write buffers to files."""
