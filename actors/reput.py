@@ -80,9 +80,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
             mapped_file_size=self._segment_size,
             max_message_size=self.config.max_message_size_bytes,
         )
-        # Not here: on_start holds the start handshake, and re-dispatch after a crash may take
-        # longer than the supervisor waits for it.
-        self._continue_later()
+        # Not here, nor before the start handshake is answered (the Ping below starts it): a
+        # re-dispatch may take longer than the supervisor waits for the handshake, and a crash
+        # in a pass before the handshake would fail the open instead of being restarted.
 
     def _continue_later(self) -> None:
         if not self._continue_pending:
@@ -122,6 +122,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
             case GetReputStatus():
                 return ReputStatus(reput_offset=self._reput_offset, max_offset=self._max_offset)
             case Ping():
+                self._continue_later()  # re-dispatch starts once the supervisor has us
                 return Pong()
             case _:
                 assert_never(message)
