@@ -559,11 +559,14 @@ class Supervisor:
     def _recovery_report(self) -> RecoveryReport:
         """The owners' recovery at this open, as one report."""
         recovered = self._ask("writer", GetCommitLogRecovery())
-        queues = self._ask("consume_queue", GetQueueSnapshot()).recovered
+        snapshot = self._ask("consume_queue", GetQueueSnapshot())
+        queues = snapshot.recovered
         assert queues is not None
         index = self._ask("index", GetIndexSnapshot()).recovered if "index" in self.ctx.peers else None
         table = self._ask("writer", GetWriterStatus()).topic_queue_table
-        return assemble_report(self._mode, self._checkpoint, recovered, index or IndexRecovery(), queues, table)
+        # After `_await_rebuilt`: re-dispatch gave back what the log still holds.
+        return assemble_report(self._mode, self._checkpoint, recovered, index or IndexRecovery(), queues, table,
+                               snapshot.lost_queue_offsets)  # fmt: skip
 
     def _stop_child(self, name: str) -> None:
         ref = self.ctx.peers.pop(name, None)

@@ -35,7 +35,7 @@ from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
-from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, recover_consume_queues
+from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, lost_queue_offsets, recover_consume_queues
 from .base import ActorContext, StoreActor
 
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
@@ -390,6 +390,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             logics_msg_timestamp=self._logics_msg_timestamp,
             waiting_batches=len(self._waiting),
             recovered=self._recovered,
+            lost_queue_offsets=lost_queue_offsets(
+                self._reserved, {f"{t}-{q}": cq.get_max_offset_in_queue() for (t, q), cq in self._queues.items()}
+            ),
         )
 
     def _flush(self, now_ms: int, *, thorough: bool) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import _thread
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, NamedTuple, Sequence, TypeAlias, TypeVar
 
@@ -599,6 +599,9 @@ class QueueSnapshot:
     logics_msg_timestamp: int
     waiting_batches: int = 0  # dispatched to it, not yet written (a full disk)
     recovered: ConsumeQueueRecovery | None = None  # what its recovery in on_start found
+    # "topic-queueId" -> next queue offset, where the queue's units stop short of offsets
+    # handed out to records that were lost (recovery's `reserved` less what re-dispatch gave back).
+    lost_queue_offsets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

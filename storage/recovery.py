@@ -28,7 +28,7 @@ import enum
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..config import StoreConfig
 from ..log import get_logger
@@ -45,7 +45,7 @@ from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 __all__ = [
     "CommitLogRecovery", "ConsumeQueueRecovery", "IndexRecovery", "LogFacts", "RecoveryMode", "RecoveryReport",
     "assemble_report", "check_geometry", "continue_queues_past_quarantine", "mode_at_open", "recover_commitlog",
-    "recover_consume_queues", "recover_index", "recover_store", "resume_queue_offsets",
+    "recover_consume_queues", "recover_index", "recover_store", "resume_queue_offsets", "lost_queue_offsets",
 ]
 
 log = get_logger(__name__)
@@ -183,9 +183,10 @@ class ConsumeQueueRecovery:
     # or cut short, which re-dispatch rebuilds (storage.queue_ledger).
     ledger: dict[tuple[str, int], LedgerEntry] = field(default_factory=dict)
     rebuilt_from_ledger: tuple[tuple[str, int], ...] = ()
-    # Queues whose records at the end were lost after their queue offsets were handed out (the
-    # units or the ledger said so): the next queue offset each continues at, above its units.
-    # Included in `topic_queue_table`; the queue fills the gap with filler units at its next put.
+    # The next queue offset of each queue whose units, before recovery cut them, or ledger
+    # count went further than `topic_queue_table`: no put may be given an offset below it.
+    # Re-dispatch gives most of them back (records still in the log); the rest are lost
+    # records' offsets, which the queue fills with filler units at its next put.
     reserved: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
@@ -419,17 +420,15 @@ def recover_consume_queues(
             table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
             if log_facts.has_files:
                 cq.correct_min_offset(min_offset)
-        # Queue offsets handed out to records that are gone stay taken (see `reserved`).
+        # Queue offsets handed out before stay taken (see `reserved`); re-dispatch gives most
+        # of them back their units, and the others' records were lost.
         for key, entry in ledger.items():
             handed_out[key] = max(handed_out.get(key, 0), entry.next_offset)
-        reserved: dict[tuple[str, int], int] = {}
-        for (topic, queue_id), next_offset in sorted(handed_out.items()):
-            name = f"{topic}-{queue_id}"
-            if next_offset > table.get(name, 0):
-                reserved[(topic, queue_id)] = table[name] = next_offset
-        if reserved:
-            log.warning("queue offsets of lost records are not given again; the next put of each queue continues "
-                        "after them", queues={f"{t}-{q}": n for (t, q), n in reserved.items()})  # fmt: skip
+        reserved = {
+            (topic, queue_id): next_offset
+            for (topic, queue_id), next_offset in sorted(handed_out.items())
+            if next_offset > table.get(f"{topic}-{queue_id}", 0)
+        }
         for cq in queues:
             cq.flush(0)
         return ConsumeQueueRecovery(queues=len(queues), max_physic_offset=max_cq, truncated=truncated,
@@ -500,9 +499,22 @@ def recover_store(
                                      recovered.quarantined)  # fmt: skip
     finally:
         commitlog.shutdown()
-    report = assemble_report(mode, checkpoint, recovered, index, queues, table)
+    lost = lost_queue_offsets(queues.reserved, table)
+    table.update(lost)
+    report = assemble_report(mode, checkpoint, recovered, index, queues, table, lost)
     log.info("recovery done", **report.summary())
     return report
+
+
+def lost_queue_offsets(reserved: Mapping[tuple[str, int], int], next_offsets: Mapping[str, int]) -> dict[str, int]:
+    """Of `reserved`, the queues whose offsets go past `next_offsets` (what their units and
+    the records still in the log give them): records lost after their queue offsets were
+    handed out. "topic-queueId" -> the next queue offset."""
+    return {
+        name: offset
+        for (topic, queue_id), offset in sorted(reserved.items())
+        if offset > next_offsets.get(name := f"{topic}-{queue_id}", 0)
+    }
 
 
 def assemble_report(
@@ -512,6 +524,7 @@ def assemble_report(
     index: IndexRecovery,
     queues: ConsumeQueueRecovery,
     topic_queue_table: dict[str, int],
+    lost_offsets: dict[str, int],
 ) -> RecoveryReport:
     """The owners' parts of one open's recovery, as one report (the log, the CLI, tests)."""
     facts = recovered.facts
@@ -538,7 +551,7 @@ def assemble_report(
         quarantined=list(recovered.quarantined),
         lost_ranges=list(recovered.lost_ranges),
         filled_commitlog_files=list(recovered.filled_commitlog_files),
-        reserved_queue_offsets={f"{t}-{q}": n for (t, q), n in sorted(queues.reserved.items())},
+        reserved_queue_offsets=dict(lost_offsets),
     )
     if index.dispatch_from is not None and index.dispatch_from == queues.dispatch_from and facts.has_files:
         report.index_dispatch_from = index.dispatch_from

@@ -7,6 +7,7 @@ the new one."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,16 +64,23 @@ def test_records_lost_at_the_logs_end_keep_their_queue_offsets(tmp_path: Path, a
     assert verify_store(str(root), config=mqstore.StoreConfig(**SETTINGS)).ok
 
 
-def test_a_queue_with_nothing_lost_gets_no_filler(tmp_path: Path) -> None:
-    """A crash (page cache intact) loses nothing: the queue goes on densely, no offset skipped."""
+@pytest.mark.parametrize("how", ["crash", "queues deleted"])
+def test_a_queue_with_nothing_lost_gets_no_filler(tmp_path: Path, how: str) -> None:
+    """A crash (page cache intact) or deleted queue files lose nothing: re-dispatch gives every
+    offset its unit back, the queue goes on densely, and no offset is reported lost."""
     root = tmp_path / "s"
     with mqstore.open(root, **SETTINGS) as store:
         for i in range(N):
             assert store.put(Message(topic="T", body=b"t%d" % i)).ok
-    (root / "abort").touch()
+    if how == "crash":
+        (root / "abort").touch()
+    else:
+        shutil.rmtree(root / "consumequeue")
     with mqstore.open(root, **SETTINGS) as store:
         r = store.put(Message(topic="T", body=b"new"))
         assert r.ok and r.queue_offset == N, r
-        assert store.supervisor.recovery is not None and not store.supervisor.recovery.last_exit_ok
+        report = store.supervisor.recovery
+        assert report is not None and report.last_exit_ok is (how != "crash")
+        assert report.reserved_queue_offsets == {}, report.summary()
         assert store.wait_for_messages("T", 0, N, timeout_s=10)
         assert _read_all(store, "T") == [b"t%d" % i for i in range(N)] + [b"new"]
