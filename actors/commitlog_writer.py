@@ -298,7 +298,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         end = self._commitlog.get_max_offset()
         facts = self._recovered.facts
         return LogFacts(min_offset=max(first, 0), max_offset=end, has_files=first >= 0,
-                        scan_start=min(facts.scan_start, end), lost_ranges=facts.lost_ranges)  # fmt: skip
+                        scan_start=min(facts.scan_start, end), lost_ranges=facts.lost_ranges,
+                        holes=tuple(self._commitlog.mapped_file_queue.holes()) if first >= 0 else ())  # fmt: skip
 
     def _ready(self) -> WriterReady:
         assert self._commitlog is not None

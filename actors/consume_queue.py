@@ -116,10 +116,6 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._dispatched_offset = min(self._dispatched_offset, recovered.dispatch_from)
         self._ledger_floor = dict(recovered.ledger)
         self._ledger_floor_until = self._log_facts.max_offset
-        if self._reserved:
-            # Now, not at the first tick: recovery removed the units that showed these offsets
-            # taken, and a restart before that tick would find nothing else that shows it.
-            self._write_ledger()
         self._ledger_stale = True  # written at the first tick: this open's queues, floors kept
         self._publish(self._queues, complete=True)
 
@@ -178,6 +174,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         cq.load()
         key = (topic, queue_id)
         cq.reserved_until = self._reserved.get(key, 0)
+        cq.new_records_from = self._log_facts.max_offset  # after it, offsets are the writer's own
         self._queues[key] = cq
         if self._ledger_written is not None and key not in self._ledger_written:
             self._ledger_stale = True  # a new queue: in the ledger before the next tick is over
@@ -200,6 +197,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 return Pong()
             case Tick(now_ms=now):
                 self._dispatch_waiting()
+                if (self._reserved and self._dispatched_offset >= self._ledger_floor_until and not self._waiting
+                        and not self._log_facts.holes):  # fmt: skip
+                    self._fill_reserved()
                 self._flush(now, thorough=False)
                 if self._ledger_stale:
                     self._write_ledger()
@@ -354,11 +354,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # them for queues deleted by accident and rebuild them from the log.
         gone = set(removed)
         reserved = {key: self._reserved.pop(key) for key in removed if key in self._reserved}
-        for key in removed:
-            self._ledger_floor.pop(key, None)
+        floors = {key: self._ledger_floor.pop(key) for key in removed if key in self._ledger_floor}
         survivors = {key: cq for key, cq in self._queues.items() if key not in gone}
         if not self._write_ledger(survivors):
             self._reserved.update(reserved)
+            self._ledger_floor.update(floors)
             self.log.error("cleanUnusedTopic: nothing deleted, the queue ledger could not be written", topics=sorted({t for t, _ in removed}))
             return ()
         # Withdrawn from readers first (a whole new table, a new map generation: readers drop
@@ -411,6 +411,35 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             self._write_ledger()
             self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True))
 
+    def _fill_reserved(self) -> None:
+        """Once re-dispatch has passed the log's end at open (every record still in the log has
+        its unit back), the offsets still reserved are lost records': filler units hold them
+        on disk, so the queue's units, and then the ledger's count, reach its high water even
+        if no put ever comes (a queue whose directory is gone too: made again, else every open
+        would rebuild it from the log's start). Not while the log has a hole the store is
+        degraded on: its records may yet be restored, and units must then go back where they
+        were (the ledger keeps the high water meanwhile). A full disk: tried again at the next
+        tick."""
+        filled = []
+        for key, next_offset in list(self._reserved.items()):
+            cq = self._queues.get(key) or self._new_queue(*key)
+            if cq is None:
+                del self._reserved[key]  # a name that cannot be a queue: no put can reach it
+                continue
+            if cq.get_max_offset_in_queue() >= next_offset:
+                continue
+            try:
+                if not cq.fill_to(next_offset):
+                    continue
+            except DiskFullError:
+                continue
+            filled.append(key)
+            self.log.warning("queue offsets of lost records held by filler units; the queue continues after them",
+                             topic=key[0], queue_id=key[1], next_offset=next_offset)  # fmt: skip
+        if filled:
+            self._publish(filled)
+            self._ledger_stale = True
+
     def _next_queue_offsets(self) -> dict[str, int]:
         """The writer's topic-queue table: each queue's units, or its reserved offsets."""
         table = {f"{t}-{q}": cq.get_max_offset_in_queue() for (t, q), cq in self._queues.items()}
@@ -445,6 +474,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if cq is not None and cq.mapped_file_queue.flushed_where // unit >= next_offset:
                 del self._reserved[key]  # the queue's own flushed units hold it now
                 continue
+            if not is_topic_name(key[0]):
+                continue  # as above: such a queue is never in the ledger
             entry = entries.get(key) or LedgerEntry(0, 0)
             entries[key] = entry._replace(high_water=max(entry.high_water, next_offset))
         if entries == self._ledger_written:

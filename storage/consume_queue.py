@@ -76,9 +76,13 @@ class ConsumeQueue:
         self.max_physic_offset = -1
         # Smallest valid logical byte offset (units below it point at deleted data).
         self.min_logic_offset = 0
-        # Queue offsets below it were handed out to records recovery found lost (its
-        # `reserved`): a jump up to it, however long, is filled, never taken for damage.
+        # Queue offsets below it were handed out before recovery (its `reserved`): a jump up to
+        # it, however long, is filled, never taken for a damaged queue-offset field.
         self.reserved_until = 0
+        # Records at or after this commitlog offset are new puts, whose queue offsets the
+        # writer gave from its own table rather than read back from a log that may be
+        # damaged: any gap before one is filled. (Never, until the owner sets it.)
+        self.new_records_from = 1 << 63
 
     def __repr__(self) -> str:
         return f"ConsumeQueue({self.topic}-{self.queue_id})"
@@ -143,22 +147,14 @@ class ConsumeQueue:
                 log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
                             expect=expect, current=current)  # fmt: skip
                 return True
-            gap = (expect - current) // CQ_STORE_UNIT_SIZE
-            if expect != current and (gap <= MAX_FILLED_GAP_UNITS or cq_offset <= self.reserved_until):
+            trusted = cq_offset <= self.reserved_until or commitlog_offset >= self.new_records_from
+            if expect != current and ((expect - current) // CQ_STORE_UNIT_SIZE <= MAX_FILLED_GAP_UNITS or trusted):
                 # Records the commitlog lost (a hole) or quarantined (damaged header) left queue
                 # offsets unused: filler units keep every later unit at its own queue offset.
                 log.error("queue offsets skipped; filler units keep the queue dense", topic=self.topic,
                           queue_id=self.queue_id, first=current // CQ_STORE_UNIT_SIZE, until=cq_offset)  # fmt: skip
-                while current < expect:
-                    mapped_file = self.mapped_file_queue.get_last_mapped_file(current)
-                    if mapped_file is None:
-                        return False
-                    # Whole runs per file: a reserved gap can be millions of units.
-                    room = (mapped_file.file_size - mapped_file.wrote_position) // CQ_STORE_UNIT_SIZE
-                    run = min(room, (expect - current) // CQ_STORE_UNIT_SIZE)
-                    if run <= 0 or not mapped_file.append_bytes(FILLER_UNIT * run):
-                        return False
-                    current += run * CQ_STORE_UNIT_SIZE
+                if not self._fill_from(current, expect):
+                    return False
                 mapped_file = self.mapped_file_queue.get_last_mapped_file(expect)
                 if mapped_file is None:
                     return False
@@ -211,6 +207,56 @@ class ConsumeQueue:
             self.put_message_position_info(phy, size, tags, first_cq + i)
             for i, (phy, size, tags) in enumerate(CQ_UNIT.iter_unpack(units))
         )
+
+    def _fill_from(self, current: int, expect: int) -> bool:
+        """Filler units from logical byte offset `current` (the queue's end) to `expect`, in
+        whole runs per file (a reserved gap can be millions of units). False: no room."""
+        while current < expect:
+            mapped_file = self.mapped_file_queue.get_last_mapped_file(current)
+            if mapped_file is None:
+                return False
+            room = (mapped_file.file_size - mapped_file.wrote_position) // CQ_STORE_UNIT_SIZE
+            run = min(room, (expect - current) // CQ_STORE_UNIT_SIZE)
+            if run <= 0 or not mapped_file.append_bytes(FILLER_UNIT * run):
+                return False
+            current += run * CQ_STORE_UNIT_SIZE
+        return True
+
+    def fill_to(self, cq_offset: int) -> bool:
+        """Filler units up to queue offset `cq_offset`, so the queue's next unit is there: the
+        offsets recovery reserved for lost records, held on disk. A queue without files starts
+        with the file holding `cq_offset - 1`: at least one filler unit then shows where the
+        queue goes on (an empty file would be taken for one never written). False: no room."""
+        expect = cq_offset * CQ_STORE_UNIT_SIZE
+        queue = self.mapped_file_queue
+        if queue.last_mapped_file is None:
+            if cq_offset == 0:
+                return True
+            mapped_file = queue.get_last_mapped_file(expect - CQ_STORE_UNIT_SIZE)
+            if mapped_file is None:
+                return False
+            self.min_logic_offset = expect
+            queue.flushed_where = queue.committed_where = mapped_file.file_from_offset
+            return self._fill_from(mapped_file.file_from_offset, expect)
+        return self._fill_from(queue.max_offset(), expect)
+
+    def units_below(self, phy_offset: int) -> int:
+        """The queue's max offset if `truncate_dirty_logic_files(phy_offset)` ran now, without
+        changing anything (recovery notes what a cut will remove before it cuts)."""
+        unit = CQ_STORE_UNIT_SIZE
+        for mapped_file in reversed(self.mapped_file_queue.mapped_files):
+            first_offset, first_size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
+            if first_offset >= phy_offset or not _valid(first_offset, first_size):
+                continue
+            buf = mapped_file.read_data(0, self.mapped_file_size)
+            count = 1
+            for i in range(unit, self.mapped_file_size, unit):
+                offset, size, _tags = CQ_UNIT.unpack_from(buf, i)
+                if not _valid(offset, size) or offset >= phy_offset:
+                    break
+                count += 1
+            return (mapped_file.file_from_offset + count * unit) // unit
+        return 0
 
     def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
         until = until_where % self.mapped_file_size

@@ -190,6 +190,9 @@ class RealMappedRegion:
             if hasattr(self, "buf"):
                 self.buf.close()
             os.close(fd)
+            if created:  # so the next try creates it again, and syncs its name then
+                with contextlib.suppress(OSError):
+                    os.remove(path)
             raise
         # Writable maps keep their descriptor for reserve(); the mapping keeps the file alive.
         self._fd: int | None = None if readonly else fd

@@ -12,10 +12,11 @@ queue, the queue offsets handed out to records that were then lost (a lost commi
 `mqstore recover` accepted, a power loss that kept the queue's units and not the records): new
 puts continue after them, as the commitlog's offsets do.
 
-Only the ConsumeQueue actor writes it, and only when it changed: at the first tick after an
-open and after a queue is created, after each thorough flush (it counts flushed units only),
-right after the cleaner deleted a queue's first files, before `clean_unused_topic` deletes
-queues, and at close. Each write replaces the whole file atomically (write_atomic: temporary
+Only the ConsumeQueues' owner writes it, and only when it changed: its recovery, before it
+cuts units of records that were lost (their high water); then the ConsumeQueue actor at the
+first tick after an open and after a queue is created, after each thorough flush (it counts
+flushed units only), right after the cleaner deleted a queue's first files, before
+`clean_unused_topic` deletes queues, and at close. Each write replaces the whole file atomically (write_atomic: temporary
 file, fsync, rename). A store without the file (written by a broker, or by an older mqstore)
 is not checked; an unreadable one is set aside as `.damaged`, logged, and not used. No
 RocketMQ version reads it.

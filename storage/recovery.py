@@ -38,7 +38,7 @@ from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_en
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
-from .queue_ledger import LedgerEntry, load_queue_ledger
+from .queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
 from .scan import RecordTally
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
 
@@ -139,6 +139,10 @@ class LogFacts:
     scan_start: int
     # Ranges `recover` filled over lost bytes: no unit may point into them.
     lost_ranges: tuple[tuple[int, int], ...] = ()
+    # Holes the store opens degraded on (segments missing between files or past the last one
+    # below the flushed offset): their records may come back from a backup, so nothing is
+    # given up for them yet (no filler holds their queue offsets until `recover`).
+    holes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -267,7 +271,8 @@ def recover_commitlog(
         min_offset = max(commitlog.get_min_offset(), 0)
         recovered = CommitLogRecovery(
             facts=LogFacts(min_offset=min_offset, max_offset=end, has_files=bool(files),
-                           scan_start=seen.first_offset if seen.count else end, lost_ranges=tuple(lost)),  # fmt: skip
+                           scan_start=seen.first_offset if seen.count else end, lost_ranges=tuple(lost),
+                           holes=tuple(commitlog.mapped_file_queue.holes()) if files else ()),  # fmt: skip
             store_timestamp=seen.last_store_timestamp or _store_timestamp_before(commitlog, end),
             scanned_next_queue_offsets=dict(seen.next_queue_offsets),
             messages_scanned=seen.count,
@@ -331,7 +336,6 @@ def recover_consume_queues(
     end = log_facts.max_offset
     min_offset = log_facts.min_offset
     queues: list[ConsumeQueue] = []
-    handed_out: dict[tuple[str, int], int] = {}  # next queue offset per queue, by its units before a cut
     try:
         max_cq = -1
         damaged_cq_files: list[str] = []
@@ -356,6 +360,10 @@ def recover_consume_queues(
         rebuilt = _queues_behind_ledger(cfg, fs, ledger, queues, damaged_queues, clock_ms)
         for cq in rebuilt:
             max_cq = max(max_cq, cq.max_physic_offset)
+        # Before any unit is cut: the queue offsets of records past the log's end (or in lost
+        # ranges) go into the ledger, so no later open or `recover` gives them again.
+        handed_out = _offsets_of_lost_records(queues, end, log_facts.lost_ranges)
+        ledger = _ledger_with_high_water(cfg, fs, ledger, handed_out, queues)
 
         if mode is RecoveryMode.CRASH:
             dispatch_from = log_facts.scan_start
@@ -381,7 +389,7 @@ def recover_consume_queues(
             first_lost = min(start for start, _ in log_facts.lost_ranges)
             dispatch_from = min(dispatch_from, first_lost)
             for cq in queues:
-                _truncate_keeping_offsets(cq, first_lost, handed_out)
+                cq.truncate_dirty_logic_files(first_lost)
         # A queue that lost files is rebuilt from the record after its last unit left.
         for cq in damaged_queues:
             last = cq.get_unit(cq.get_max_offset_in_queue() - 1) if cq.get_max_offset_in_queue() > 0 else None
@@ -410,7 +418,7 @@ def recover_consume_queues(
             if not crashed and cq.max_physic_offset < end:
                 continue
             before = cq.get_max_offset_in_queue()
-            _truncate_keeping_offsets(cq, cut, handed_out)
+            cq.truncate_dirty_logic_files(cut)
             if cq.get_max_offset_in_queue() != before:
                 truncated += 1
         if truncated:
@@ -422,12 +430,10 @@ def recover_consume_queues(
                 cq.correct_min_offset(min_offset)
         # Queue offsets handed out before stay taken (see `reserved`); re-dispatch gives most
         # of them back their units, and the others' records were lost.
-        for key, entry in ledger.items():
-            handed_out[key] = max(handed_out.get(key, 0), entry.next_offset)
         reserved = {
-            (topic, queue_id): next_offset
-            for (topic, queue_id), next_offset in sorted(handed_out.items())
-            if next_offset > table.get(f"{topic}-{queue_id}", 0)
+            (topic, queue_id): entry.next_offset
+            for (topic, queue_id), entry in sorted(ledger.items())
+            if entry.next_offset > table.get(f"{topic}-{queue_id}", 0)
         }
         for cq in queues:
             cq.flush(0)
@@ -569,21 +575,57 @@ _MESSAGE_MAGICS = tuple(struct.pack(">i", m) for m in (codec.MESSAGE_MAGIC_CODE,
 _HEADER_SEARCH_CHUNK_BYTES = 4 << 20
 
 
-def _truncate_keeping_offsets(cq: ConsumeQueue, phy_offset: int, handed_out: dict[tuple[str, int], int]) -> None:
-    """`cq.truncate_dirty_logic_files(phy_offset)`, noting in `handed_out` the queue offsets
-    its removed units held: re-dispatch gives back those whose records are still in the log,
-    and the others (records lost: a power loss, a lost tail `recover` accepted) must not be
-    given to new records. Believed only as far as the commitlog bytes the removed units point
-    into could hold records, so a damaged unit cannot throw a queue far ahead."""
-    before = cq.get_max_offset_in_queue()
-    last = cq.get_unit(before - 1) if before > 0 else None
-    cq.truncate_dirty_logic_files(phy_offset)
-    if last is None or last[0] < phy_offset or last[1] == FILLER_UNIT_SIZE:
-        return
-    after = cq.get_max_offset_in_queue()
-    plausible = after + (last[0] + last[1] - phy_offset) // _MIN_RECORD_BYTES + 1
-    key = (cq.topic, cq.queue_id)
-    handed_out[key] = max(handed_out.get(key, 0), min(before, plausible))
+def _offsets_of_lost_records(
+    queues: Sequence[ConsumeQueue], end: int, lost_ranges: Sequence[tuple[int, int]]
+) -> dict[tuple[str, int], int]:
+    """The next queue offset of each queue whose last unit points at or past the log's `end`
+    or past the start of a lost range: its units count queue offsets handed out to records
+    that are gone (a power loss that wrote the units back and not the records, a lost tail or
+    hole `recover` accepted), and recovery is about to cut those units. Believed only as far
+    as the bytes from the first loss to that unit could hold records, so a damaged unit
+    cannot throw a queue far ahead. Read only: nothing is cut here."""
+    first_loss = min([end, *(start for start, _ in lost_ranges)])
+    found: dict[tuple[str, int], int] = {}
+    for cq in queues:
+        units = cq.get_max_offset_in_queue()
+        last = cq.get_unit(units - 1) if units > 0 else None
+        if last is None or last[1] == FILLER_UNIT_SIZE or last[0] < first_loss:
+            continue
+        plausible = cq.units_below(first_loss) + (last[0] + last[1] - first_loss) // _MIN_RECORD_BYTES + 1
+        found[(cq.topic, cq.queue_id)] = min(units, plausible)
+    return found
+
+
+def _ledger_with_high_water(
+    cfg: StoreConfig,
+    fs: FileSystem,
+    ledger: dict[tuple[str, int], LedgerEntry],
+    handed_out: Mapping[tuple[str, int], int],
+    queues: Sequence[ConsumeQueue],
+) -> dict[tuple[str, int], LedgerEntry]:
+    """`ledger` with each queue's high water raised to `handed_out`, written before recovery
+    cuts the units that show it (a failed write is logged; this open still keeps the offsets,
+    and the ConsumeQueue actor writes the ledger again at its first tick)."""
+    raised = dict(ledger)
+    first_files = {(cq.topic, cq.queue_id): cq for cq in queues}
+    for (topic, queue_id), next_offset in handed_out.items():
+        entry = raised.get((topic, queue_id))
+        if not codec.names_a_queue(topic, queue_id) or (entry is not None and entry.next_offset >= next_offset):
+            continue
+        if entry is None:  # units 0: a floor that says nothing; the first file as it is now
+            files = first_files[(topic, queue_id)].mapped_file_queue.mapped_files
+            entry = LedgerEntry(0, files[0].file_from_offset // codec.CQ_STORE_UNIT_SIZE if files else 0)
+        raised[(topic, queue_id)] = entry._replace(high_water=next_offset)
+    if raised == ledger:
+        return ledger
+    try:
+        write_queue_ledger(fs, cfg.queue_ledger_path, raised)
+    except OSError as exc:
+        log.error("queue ledger not written before cutting units of lost records; their queue offsets are kept "
+                  "at this open only", error=str(exc))  # fmt: skip
+    log.warning("queue offsets of records past the log's end are kept; re-dispatch gives back those still in the log",
+                queues={f"{t}-{q}": n for (t, q), n in sorted(handed_out.items())})  # fmt: skip
+    return raised
 
 
 def continue_queues_past_quarantine(

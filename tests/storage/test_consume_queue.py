@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mqstore.storage.codec import CQ_UNIT, segment_file_name
+from mqstore.storage import consume_queue
 from mqstore.storage.consume_queue import (
     FILLER_UNIT,
     ConsumeQueue,
@@ -315,3 +316,67 @@ def test_a_reading_thread_finds_the_offset_by_time_as_the_owner_does(
     assert reader.offset_by_time("T", 0, (0, 0), 1000, pickup, 0) == 0
     assert reader.offset_by_time("nope", 3, (0, 0), 1000, pickup, 0) == 0
     reader.forget()
+
+
+# -------------------------------------------------------------------------------------------
+# Reserved queue offsets (recovery's `reserved`): gaps filled however long, never misplaced
+
+
+def _queue(fs: SimulatedFileSystem, per_file: int = 10) -> ConsumeQueue:
+    return ConsumeQueue(fs, "T", 0, "/s/consumequeue", mapped_file_size=20 * per_file, clock_ms=lambda: 0)
+
+
+def test_a_reserved_gap_is_filled_across_file_boundaries() -> None:
+    cq = _queue(SimulatedFileSystem())
+    for i in range(7):
+        assert cq.put_message_position_info(100 + i * 10, 10, 0, i)
+    cq.reserved_until = 40
+    assert cq.put_message_position_info(1000, 10, 0, 40)  # 40: a file boundary
+    assert cq.get_max_offset_in_queue() == 41
+    assert all(cq.get_unit(i) == CQ_UNIT.unpack(FILLER_UNIT) for i in range(7, 40))
+    assert cq.get_unit(40) == (1000, 10, 0)
+    assert len(cq.mapped_file_queue.mapped_files) == 5
+
+
+def test_a_gap_past_the_damage_limit_is_filled_when_reserved_or_before_a_new_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_FILLED_GAP_UNITS a jump is taken for a damaged queue-offset field read back from
+    the log (Java appends the unit at the wrong offset). A reserved one, or one before a record
+    put after the open (its offset is the writer's own), is filled."""
+    monkeypatch.setattr(consume_queue, "MAX_FILLED_GAP_UNITS", 5)
+    for how in ("reserved", "new record"):
+        cq = _queue(SimulatedFileSystem())
+        assert cq.put_message_position_info(100, 10, 0, 0)
+        if how == "reserved":
+            cq.reserved_until = 23
+        else:
+            cq.new_records_from = 1000
+        assert cq.put_message_position_info(1000, 10, 0, 23)
+        assert cq.get_max_offset_in_queue() == 24 and cq.get_unit(23) == (1000, 10, 0), how
+        assert cq.get_unit(22) == CQ_UNIT.unpack(FILLER_UNIT)
+    cq = _queue(SimulatedFileSystem())  # neither: Java's rule, the unit lands where the queue ends
+    assert cq.put_message_position_info(100, 10, 0, 0)
+    assert cq.put_message_position_info(1000, 10, 0, 23)
+    assert cq.get_max_offset_in_queue() == 2
+
+
+def test_fill_to_holds_reserved_offsets_with_and_without_files() -> None:
+    cq = _queue(SimulatedFileSystem())
+    assert cq.fill_to(30)  # no files: the file holding offset 29, fillers to its end
+    assert cq.get_max_offset_in_queue() == 30 and cq.get_min_offset_in_queue() == 30
+    assert [int(f.file_name.rsplit("/", 1)[-1]) // 20 for f in cq.mapped_file_queue.mapped_files] == [20]
+    assert cq.put_message_position_info(500, 10, 0, 30) and cq.get_unit(30) == (500, 10, 0)
+    other = _queue(SimulatedFileSystem())
+    assert other.put_message_position_info(100, 10, 0, 0)
+    assert other.fill_to(12) and other.get_max_offset_in_queue() == 12
+    assert other.fill_to(5) and other.get_max_offset_in_queue() == 12  # never backwards
+
+
+def test_units_below_says_what_a_cut_leaves_without_cutting() -> None:
+    cq = _queue(SimulatedFileSystem())
+    for i in range(25):
+        assert cq.put_message_position_info(100 + i * 10, 10, 0, i)
+    for phy, left in ((100, 0), (105, 1), (200, 10), (345, 25), (10_000, 25)):
+        assert cq.units_below(phy) == left, phy
+        assert cq.get_max_offset_in_queue() == 25
+    cq.truncate_dirty_logic_files(200)
+    assert cq.get_max_offset_in_queue() == 10

@@ -53,3 +53,25 @@ def test_a_file_that_cannot_be_mapped_is_not_left_open(tmp_path: Path, synced: l
     with pytest.raises(OSError):
         fs.map_file(str(tmp_path / "missing"), 8192, create=False)
     assert synced == []
+
+
+def test_a_new_file_whose_set_up_failed_is_removed_so_the_retry_syncs_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: after a failed directory sync the file stayed, and the retry opened it
+    as an old file and never synced its name."""
+    import errno
+
+    calls: list[str] = []
+
+    def failing_once(directory: str) -> None:
+        calls.append(directory)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "injected", directory)
+
+    monkeypatch.setattr(fs_module, "fsync_dir", failing_once)
+    path = str(tmp_path / ("%020d" % 0))
+    with pytest.raises(OSError):
+        RealFileSystem().map_file(path, 4096)
+    RealFileSystem().map_file(path, 4096).close()
+    assert calls == [str(tmp_path), str(tmp_path)]
