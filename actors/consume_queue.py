@@ -106,9 +106,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             cq.recover()
             if min_phy_offset >= 0:
                 cq.correct_min_offset(min_phy_offset)  # recoverTopicQueueTable (§11.8)
-            end = cq.max_physic_offset
-            if end >= 0:
-                unit = cq.get_unit(cq.get_max_offset_in_queue() - 1)
+            if cq.max_physic_offset >= 0:
+                unit = cq.last_real_unit()  # not a filler: it points nowhere
                 if unit is not None:
                     self._dispatched_offset = max(self._dispatched_offset, unit[0] + unit[1])
         # Below the re-dispatch start every queue holds its units (a queue rebuilt from the
@@ -174,7 +173,6 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         cq.load()
         key = (topic, queue_id)
         cq.reserved_until = self._reserved.get(key, 0)
-        cq.new_records_from = self._log_facts.max_offset  # after it, offsets are the writer's own
         self._queues[key] = cq
         if self._ledger_written is not None and key not in self._ledger_written:
             self._ledger_stale = True  # a new queue: in the ledger before the next tick is over

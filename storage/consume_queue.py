@@ -79,10 +79,6 @@ class ConsumeQueue:
         # Queue offsets below it were handed out before recovery (its `reserved`): a jump up to
         # it, however long, is filled, never taken for a damaged queue-offset field.
         self.reserved_until = 0
-        # Records at or after this commitlog offset are new puts, whose queue offsets the
-        # writer gave from its own table rather than read back from a log that may be
-        # damaged: any gap before one is filled. (Never, until the owner sets it.)
-        self.new_records_from = 1 << 63
 
     def __repr__(self) -> str:
         return f"ConsumeQueue({self.topic}-{self.queue_id})"
@@ -122,6 +118,7 @@ class ConsumeQueue:
         queue = self.mapped_file_queue
         queue.flushed_where = queue.committed_where = process_offset
         queue.truncate_dirty_files(process_offset)
+        self._skip_trailing_fillers()
         log.info("consume queue recovered", topic=self.topic, queue_id=self.queue_id, process_offset=process_offset)
 
     # writing (§9.3) ---------------------------------------------------------------------------
@@ -147,8 +144,8 @@ class ConsumeQueue:
                 log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
                             expect=expect, current=current)  # fmt: skip
                 return True
-            trusted = cq_offset <= self.reserved_until or commitlog_offset >= self.new_records_from
-            if expect != current and ((expect - current) // CQ_STORE_UNIT_SIZE <= MAX_FILLED_GAP_UNITS or trusted):
+            gap = (expect - current) // CQ_STORE_UNIT_SIZE
+            if expect != current and (gap <= MAX_FILLED_GAP_UNITS or cq_offset <= self.reserved_until):
                 # Records the commitlog lost (a hole) or quarantined (damaged header) left queue
                 # offsets unused: filler units keep every later unit at its own queue offset.
                 log.error("queue offsets skipped; filler units keep the queue dense", topic=self.topic,
@@ -239,6 +236,38 @@ class ConsumeQueue:
             queue.flushed_where = queue.committed_where = mapped_file.file_from_offset
             return self._fill_from(mapped_file.file_from_offset, expect)
         return self._fill_from(queue.max_offset(), expect)
+
+    def last_real_unit(self) -> tuple[int, int, int] | None:
+        """The newest unit that is not a filler, or None. A queue whose lost records' offsets
+        are held by filler units ends with them: its newest unit points nowhere."""
+        unit = CQ_STORE_UNIT_SIZE
+        end = self.mapped_file_queue.max_offset()
+        for mapped_file in reversed(self.mapped_file_queue.mapped_files):
+            start = mapped_file.file_from_offset
+            count = (min(end, start + self.mapped_file_size) - start) // unit
+            if count <= 0:
+                continue
+            data = mapped_file.read_data(0, count * unit)
+            fillers = FILLER_UNIT * count
+            # The longest run of fillers at the end, by halving (each test one memcmp).
+            low, high = 0, count
+            while low < high:
+                mid = (low + high + 1) // 2
+                if data[(count - mid) * unit :] == fillers[: mid * unit]:
+                    low = mid
+                else:
+                    high = mid - 1
+            if low < count:
+                found: tuple[int, int, int] = CQ_UNIT.unpack_from(data, (count - low - 1) * unit)
+                return found
+        return None
+
+    def _skip_trailing_fillers(self) -> None:
+        """`max_physic_offset` (the duplicate guard, and where re-dispatch resumes) is the
+        newest real unit's: filler units point at commitlog offset 0."""
+        if self.max_physic_offset == 0 and self.mapped_file_queue.max_offset() > 0:
+            last = self.last_real_unit()
+            self.max_physic_offset = last[0] if last is not None else -1
 
     def units_below(self, phy_offset: int) -> int:
         """The queue's max offset if `truncate_dirty_logic_files(phy_offset)` ran now, without
@@ -368,6 +397,7 @@ class ConsumeQueue:
             break
         queue.flushed_where = min(queue.flushed_where, queue.max_offset())
         queue.committed_where = min(queue.committed_where, queue.max_offset())
+        self._skip_trailing_fillers()
 
     def correct_min_offset(self, phy_min_offset: int) -> None:
         """min_logic_offset := the first unit of the first file pointing at or after

@@ -35,7 +35,7 @@ from ..log import get_logger
 from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_end
-from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
+from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
 from .queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
@@ -392,8 +392,8 @@ def recover_consume_queues(
                 cq.truncate_dirty_logic_files(first_lost)
         # A queue that lost files is rebuilt from the record after its last unit left.
         for cq in damaged_queues:
-            last = cq.get_unit(cq.get_max_offset_in_queue() - 1) if cq.get_max_offset_in_queue() > 0 else None
-            resume = last[0] + last[1] if last is not None and last[1] != 0x7FFFFFFF else min_offset
+            last = cq.last_real_unit()
+            resume = last[0] + last[1] if last is not None else min_offset
             dispatch_from = min(dispatch_from, max(resume, min_offset))
             log.warning("re-dispatch rebuilds a consume queue that lost units", topic=cq.topic, queue_id=cq.queue_id,
                         files_cut_short=damaged_cq_files, dispatch_from=dispatch_from)  # fmt: skip
@@ -588,8 +588,8 @@ def _offsets_of_lost_records(
     found: dict[tuple[str, int], int] = {}
     for cq in queues:
         units = cq.get_max_offset_in_queue()
-        last = cq.get_unit(units - 1) if units > 0 else None
-        if last is None or last[1] == FILLER_UNIT_SIZE or last[0] < first_loss:
+        last = cq.last_real_unit() if units > 0 else None  # filler units may follow it
+        if last is None or last[0] < first_loss:
             continue
         plausible = cq.units_below(first_loss) + (last[0] + last[1] - first_loss) // _MIN_RECORD_BYTES + 1
         found[(cq.topic, cq.queue_id)] = min(units, plausible)

@@ -157,3 +157,43 @@ def test_a_reserved_queue_whose_directory_is_gone_is_made_again_once(tmp_path: P
         assert second.reserved_queue_offsets == {}
         r = store.put(Message(topic="Gone", body=b"back"))
         assert r.ok and r.queue_offset == 50, r
+
+
+def test_a_queue_held_by_filler_units_is_not_re_dispatched_at_every_open(tmp_path: Path) -> None:
+    """Found by review: after the lost offsets were filled, each clean open took the filler's
+    commitlog offset (0) for the queue's newest and re-dispatched the whole log."""
+    root = tmp_path / "s"
+    _lose_tail(root)
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.supervisor.recovery is not None
+        assert store.supervisor.recovery.reserved_queue_offsets == {"T-0": N}
+    with mqstore.open(root, **SETTINGS) as store:  # closed once: the fillers are in
+        assert store.max_offset("T", 0) == N
+    for _ in range(2):
+        with mqstore.open(root, **SETTINGS) as store:
+            report = store.supervisor.recovery
+            assert report is not None and report.dispatch_from >= report.max_offset - 256, report.summary()
+
+
+def test_a_flipped_queue_offset_field_never_fills_a_huge_gap(tmp_path: Path) -> None:
+    """Found by review: the body CRC does not cover the queue-offset field; a flipped bit in
+    the last record's made the next put's queue offset huge, and a version that trusted every
+    put after the open filled the gap (bit 40: terabytes of filler units). Only offsets
+    recovery reserved are filled past MAX_FILLED_GAP_UNITS."""
+    import struct
+
+    from mqstore.storage import codec
+
+    root = tmp_path / "s"
+    with mqstore.open(root, **SETTINGS) as store:
+        offsets = [store.put(Message(topic="T", body=b"t%d" % i)).commitlog_offset for i in range(10)]
+        assert store.wait_for_messages("T", 0, 9, timeout_s=10)
+    with open(root / "commitlog" / ("%020d" % 0), "r+b") as f:
+        f.seek(offsets[-1] + codec.QUEUE_OFFSET_POSITION)
+        f.write(struct.pack(">q", 150_000))
+    (root / "abort").touch()
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.put(Message(topic="T", body=b"new")).ok
+        store.wait_for_messages("T", 0, 10, timeout_s=10)
+    size = sum(f.stat().st_size for f in (root / "consumequeue" / "T" / "0").iterdir())
+    assert size < 1 << 20, size

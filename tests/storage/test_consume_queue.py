@@ -338,22 +338,17 @@ def test_a_reserved_gap_is_filled_across_file_boundaries() -> None:
     assert len(cq.mapped_file_queue.mapped_files) == 5
 
 
-def test_a_gap_past_the_damage_limit_is_filled_when_reserved_or_before_a_new_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past MAX_FILLED_GAP_UNITS a jump is taken for a damaged queue-offset field read back from
-    the log (Java appends the unit at the wrong offset). A reserved one, or one before a record
-    put after the open (its offset is the writer's own), is filled."""
+def test_a_gap_past_the_damage_limit_is_filled_only_when_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_FILLED_GAP_UNITS a jump is taken for a damaged queue-offset field (the body CRC
+    does not cover it; Java appends the unit where the queue ends). A reserved one is filled."""
     monkeypatch.setattr(consume_queue, "MAX_FILLED_GAP_UNITS", 5)
-    for how in ("reserved", "new record"):
-        cq = _queue(SimulatedFileSystem())
-        assert cq.put_message_position_info(100, 10, 0, 0)
-        if how == "reserved":
-            cq.reserved_until = 23
-        else:
-            cq.new_records_from = 1000
-        assert cq.put_message_position_info(1000, 10, 0, 23)
-        assert cq.get_max_offset_in_queue() == 24 and cq.get_unit(23) == (1000, 10, 0), how
-        assert cq.get_unit(22) == CQ_UNIT.unpack(FILLER_UNIT)
-    cq = _queue(SimulatedFileSystem())  # neither: Java's rule, the unit lands where the queue ends
+    cq = _queue(SimulatedFileSystem())
+    assert cq.put_message_position_info(100, 10, 0, 0)
+    cq.reserved_until = 23
+    assert cq.put_message_position_info(1000, 10, 0, 23)
+    assert cq.get_max_offset_in_queue() == 24 and cq.get_unit(23) == (1000, 10, 0)
+    assert cq.get_unit(22) == CQ_UNIT.unpack(FILLER_UNIT)
+    cq = _queue(SimulatedFileSystem())  # not reserved: Java's rule, the unit lands where the queue ends
     assert cq.put_message_position_info(100, 10, 0, 0)
     assert cq.put_message_position_info(1000, 10, 0, 23)
     assert cq.get_max_offset_in_queue() == 2
@@ -380,3 +375,23 @@ def test_units_below_says_what_a_cut_leaves_without_cutting() -> None:
         assert cq.get_max_offset_in_queue() == 25
     cq.truncate_dirty_logic_files(200)
     assert cq.get_max_offset_in_queue() == 10
+
+
+def test_a_queue_ending_in_filler_units_resumes_after_its_last_real_unit() -> None:
+    """Found by review: the newest unit of a queue whose lost records' offsets are held by
+    fillers points at commitlog offset 0; taken for the duplicate guard and the re-dispatch
+    start, every open re-dispatched the whole log."""
+    fs = SimulatedFileSystem()
+    cq = _queue(fs)
+    for i in range(14):
+        assert cq.put_message_position_info(100 + i * 10, 10, 0, i)
+    assert cq.fill_to(37)  # across two file boundaries
+    assert cq.last_real_unit() == (230, 10, 0)
+    again = _queue(fs)
+    again.load()
+    again.recover()
+    assert again.get_max_offset_in_queue() == 37 and again.max_physic_offset == 230
+    again.truncate_dirty_logic_files(10_000)
+    assert again.max_physic_offset == 230
+    only = _queue(SimulatedFileSystem())
+    assert only.fill_to(5) and only.last_real_unit() is None
