@@ -83,9 +83,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._ledger_floor_until = 0
         self._ledger_stale = False
         self._ledger_failing = False
-        # Queue offsets recovery found handed out to records now lost (its `reserved`): each
-        # queue's next put continues after them, and the ledger keeps them as the queue's high
-        # water until the queue's flushed units reach them.
+        # Queue offsets recovery found handed out before (its `reserved`; re-dispatch gives most
+        # back, the rest were lost records'): each queue's next put continues after them, and
+        # the ledger keeps them as the queue's high water until the queue's flushed units reach
+        # them (filler units, `_fill_reserved`, hold the lost ones).
         self._reserved: dict[tuple[str, int], int] = {}
         self._refused_queues: set[tuple[str, int]] = set()  # logged once each
 
