@@ -86,6 +86,12 @@ class IndexActor(StoreActor[IndexRequest]):
         if self._mode is not RecoveryMode.RESTART:
             needed = self._recovered.dispatch_from
             self._dispatched_offset = needed if needed is not None else self._log_facts.max_offset
+            if needed is None:
+                # Recovery found every message up to the log's end indexed. The newest file's
+                # endPhyOffset says less when the last messages had no keys (0 when none had):
+                # readers were told so, and an open with nothing to re-dispatch (units cut back
+                # to the log's end after it lost its tail) waited for an index that never moved.
+                self._indexed_below = max(self._indexed_below, self._log_facts.max_offset)
         self._publish()
 
     def _publish(self) -> None:

@@ -1050,8 +1050,21 @@ def _recover_index(
         index_from: int | None = None
         if dropped or not last_exit_ok:
             index_from = max(files[-1].end_phy_offset, min_offset) if files else min_offset
-        dropped += service.drop_files_after(end)
-        return dropped, reasons, index_from
+        cut = service.drop_files_after(end)
+        if cut:
+            # Files past the new log end went, and with them (when a file's chains could not be
+            # cut short) the keys of messages below it: rebuilt from the last kept file's end.
+            # Before, nothing re-dispatched them: those messages' keys were gone for good, and
+            # the open waited DISPATCH_CATCH_UP_TIMEOUT_MS twice for an index that never moved.
+            files = service.files
+            rebuild_from = max(files[-1].end_phy_offset, min_offset) if files else min_offset
+            index_from = rebuild_from if index_from is None else min(index_from, rebuild_from)
+            reasons.append(f"{cut} index file(s) past the commitlog's end ({end}) dropped")
+        if index_from is None and not service.files and end > min_offset:
+            # Records and no index at all (its directory emptied by hand, or the index just
+            # enabled): built from the log's start, never taken for complete.
+            index_from = min_offset
+        return dropped + cut, reasons, index_from
     finally:
         service.close()
 

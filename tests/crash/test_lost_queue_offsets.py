@@ -197,3 +197,43 @@ def test_a_flipped_queue_offset_field_never_fills_a_huge_gap(tmp_path: Path) -> 
         store.wait_for_messages("T", 0, 10, timeout_s=10)
     size = sum(f.stat().st_size for f in (root / "consumequeue" / "T" / "0").iterdir())
     assert size < 1 << 20, size
+
+
+def test_an_open_with_nothing_to_re_dispatch_after_a_lost_tail_does_not_wait_for_the_index(tmp_path: Path) -> None:
+    """Found while timing these tests: with the queues cut back to the log's end there is
+    nothing to re-dispatch, and the index (whose newest file says 0 when no message had keys)
+    was taken for behind: every such open waited DISPATCH_CATCH_UP_TIMEOUT_MS twice (10 s) and
+    then opened "with its queues behind the log"."""
+    root = tmp_path / "s"
+    _lose_tail(root)
+    with mqstore.open(root, **SETTINGS) as store:
+        report = store.supervisor.recovery
+        assert report is not None and report.dispatch_from == report.max_offset
+        assert store.supervisor.ctx.read_view.view.indexed_end >= report.max_offset
+
+
+@pytest.mark.parametrize("how", ["emptied", "chains torn"])
+def test_keys_of_kept_messages_are_found_after_the_index_files_went(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The index files gone after a clean stop (the directory emptied by hand), or dropped by
+    recovery because the newest file's entries past a lost tail could not be cut out (chains
+    torn): the index is rebuilt from the log's start (or the last kept file). Before, recovery
+    took the index for complete, nothing re-dispatched those messages, and their keys were gone."""
+    from mqstore.storage.index import IndexFile
+
+    root = tmp_path / "s"
+    with mqstore.open(root, **SETTINGS) as store:
+        offsets = [store.put(Message(topic="T", body=b"t%d" % i, keys=[f"k{i}"])).commitlog_offset for i in range(N)]
+        assert store.wait_for_messages("T", 0, N - 1, timeout_s=10)
+    if how == "emptied":
+        for f in (root / "index").iterdir():
+            f.unlink()
+    else:
+        with open(root / "commitlog" / ("%020d" % 0), "r+b") as f:
+            f.seek(offsets[KEPT])
+            f.write(b"\0" * (offsets[-1] + 256 - offsets[KEPT]))
+        monkeypatch.setattr(IndexFile, "truncate_entries_from", lambda self, phy_offset: False)
+    with mqstore.open(root, **SETTINGS) as store:
+        for i in (0, 57, KEPT - 1):
+            assert [m.body for m in store.query("T", f"k{i}").messages] == [b"t%d" % i], i
