@@ -21,6 +21,7 @@ from ..messages import (
 )
 from ..storage.checkpoint import CheckpointValues
 from ..storage.index import IndexService
+from ..storage.index_progress import IndexProgress, write_index_progress
 from ..storage.recovery import IndexRecovery, LogFacts, RecoveryMode, recover_index
 from .base import ActorContext, StoreActor
 
@@ -44,7 +45,8 @@ class IndexActor(StoreActor[IndexRequest]):
         self._recovered: IndexRecovery | None = None
         self._service: IndexService | None = None
         self._dispatched_offset = 0
-        self._indexed_below = 0
+        self._indexed_below = 0  # readers are told: every key of the messages below is in
+        self._skip_below = 0  # build_index skips records below (a replay of what the files hold)
         self._published_names: tuple[str, ...] = ()
         # Batches not yet indexed because the disk had no blocks for their entries, oldest
         # first; the first is done below `_resume_at` (and past its middle if `_middle_done`).
@@ -77,7 +79,7 @@ class IndexActor(StoreActor[IndexRequest]):
         # START of the last indexed message, which may be indexed only in part (its keys split
         # across a full file and a newer one recovery dropped): it is indexed again, as in Java,
         # and build_index skips the keys already there.
-        self._indexed_below = self._service.resume_offset()
+        self._indexed_below = self._skip_below = self._service.resume_offset()
         # Where re-dispatch must start for the index (the supervisor starts reput no later).
         # An open's recovery decided it: a clean stop indexed everything (the log's end), a
         # crash or a dropped file names its start. A restart in a live process trusts the
@@ -91,6 +93,8 @@ class IndexActor(StoreActor[IndexRequest]):
                 # endPhyOffset says less when the last messages had no keys (0 when none had):
                 # readers were told so, and an open with nothing to re-dispatch (units cut back
                 # to the log's end after it lost its tail) waited for an index that never moved.
+                # Only readers are told: a re-dispatch for the queues still indexes what it
+                # brings past the files' end.
                 self._indexed_below = max(self._indexed_below, self._log_facts.max_offset)
         self._publish()
 
@@ -113,7 +117,7 @@ class IndexActor(StoreActor[IndexRequest]):
 
     def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> int:
         """Index requests[start:stop]; where it stopped (`stop` unless the disk is full)."""
-        done = service.build_index_until_full(requests, start, stop, self._indexed_below)
+        done = service.build_index_until_full(requests, start, stop, self._skip_below)
         if done < stop and service.disk_full is None and service.index_error:
             raise OSError("cannot create an index file")
         return done if service.disk_full is not None else stop
@@ -148,6 +152,12 @@ class IndexActor(StoreActor[IndexRequest]):
                           waited_ms=self.ctx.clock_ms() - self._disk_full_since_ms)  # fmt: skip
             self._disk_full_since_ms = 0
 
+    def _write_progress(self, service: IndexService) -> None:
+        """Record how far the index got, after a flush of every file (storage.index_progress):
+        the next open re-dispatches from there if the log went further without the index."""
+        progress = IndexProgress(self._indexed_below, tuple((f.name, f.end_phy_offset) for f in service.files))
+        write_index_progress(self.ctx.fs, self.config.index_progress_path, progress)
+
     def _wait_for_space(self, service: IndexService) -> None:
         if not self._disk_full_since_ms:
             self._disk_full_since_ms = self.ctx.clock_ms() or 1
@@ -177,6 +187,7 @@ class IndexActor(StoreActor[IndexRequest]):
             case FlushAll(reply=reply):
                 self._index_waiting(service)  # once: close() is not held up by a full disk
                 service.flush_all()
+                self._write_progress(service)
                 reply.send(self._dispatched_offset)
             case DeleteExpiredIndexFiles(min_phy_offset=min_phy_offset, reply=reply):
                 deleted = service.delete_expired_file(min_phy_offset)

@@ -312,6 +312,10 @@ class StoreConfig:
         return os.path.join(self.root_dir, "queue_ledger.msgpack")  # storage.queue_ledger
 
     @property
+    def index_progress_path(self) -> str:
+        return os.path.join(self.root_dir, "index_progress.msgpack")  # storage.index_progress
+
+    @property
     def abort_path(self) -> str:
         return os.path.join(self.root_dir, "abort")
 

@@ -38,6 +38,7 @@ from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_en
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
+from .index_progress import IndexProgress, load_index_progress, write_index_progress
 from .queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
 from .scan import RecordTally
 from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
@@ -313,8 +314,10 @@ def recover_index(
     """The index's owner's recovery (see `_recover_index`): after a crash it may need an
     earlier re-dispatch than the crash scan's start (the messageIndexSafe rule, always on)."""
     fs.makedirs(cfg.index_dir)
+    # A restart in a live process leaves the progress alone (it is older than the files).
     dropped, reasons, index_from = _recover_index(cfg, fs, clock_ms, mode is not RecoveryMode.CRASH, checkpoint,
-                                                  log_facts.max_offset, log_facts.min_offset)  # fmt: skip
+                                                  log_facts.max_offset, log_facts.min_offset,
+                                                  use_progress=mode is not RecoveryMode.RESTART)  # fmt: skip
     if not log_facts.has_files:
         index_from = None
     return IndexRecovery(dropped=dropped, reasons=tuple(reasons), dispatch_from=index_from)
@@ -998,6 +1001,8 @@ def _recover_index(
     checkpoint: CheckpointValues | None,
     end: int,
     min_offset: int,
+    *,
+    use_progress: bool,
 ) -> tuple[int, list[str], int | None]:
     """§10.8 load, made safe. Returns (files deleted, why, where re-dispatch must start for
     the index or None if it needs none).
@@ -1010,9 +1015,17 @@ def _recover_index(
     re-dispatching from the last kept file's endPhyOffset (the start of its last indexed
     message, which the index actor does not index twice), or from the log's start: 4.4.0
     re-dispatches only from the checkpoint's start file, losing the keys of messages before
-    it unless messageIndexSafe. Files that begin past the new log end go as well."""
+    it unless messageIndexSafe. Files that begin past the new log end go as well.
+
+    With `use_progress` (an open or `mqstore recover`; not a restart in a live process) the
+    index progress (storage.index_progress) adds what the files cannot show: after a clean
+    stop, messages past where the index stopped (put while it was disabled) are indexed, and
+    a file it lists that is gone (deleted by hand; not one the cleaner expired) is rebuilt with
+    every file after it. It is written again whenever this changed the files or needs a
+    re-dispatch, so an open interrupted before the re-dispatch ends still makes the next do it."""
     if not cfg.message_index_enable or not fs.exists(cfg.index_dir):
         return 0, [], None
+    progress = load_index_progress(fs, cfg.index_progress_path) if use_progress else None
     names_before = set(fs.listdir(cfg.index_dir))
     service = IndexService(
         fs, cfg.index_dir, clock_ms=clock_ms, max_hash_slot_num=cfg.max_hash_slot_num,
@@ -1029,6 +1042,17 @@ def _recover_index(
                     for name in sorted(gone) if not any(r.startswith(name) for r in service.set_aside)]  # fmt: skip
         dropped = len(reasons)
         files = service.files
+        lost = _first_lost_index_file(progress, files, min_offset)
+        if lost is not None:
+            # Its keys are rebuilt in order: files written after it go too (an older message's
+            # entry after newer ones would move a file's endPhyOffset back).
+            later = [f for f in files if f.name > lost]
+            for f in later:
+                reasons.append(f"{f.name}: after {lost}, which is gone (the index progress lists it)")
+                f.destroy()
+            del files[len(files) - len(later):]
+            dropped += len(later)
+            log.warning("an index file is gone; re-dispatch rebuilds it", file=lost, dropped_after=len(later))
         for i, f in enumerate(files):
             why = _index_file_unsafe(fs, f, last_exit_ok=last_exit_ok, last=i == len(files) - 1)
             if why is None:
@@ -1047,26 +1071,52 @@ def _recover_index(
             del files[i:]
             log.warning("unsafe index files dropped; re-dispatch rebuilds them", reasons=reasons)
             break
-        index_from: int | None = None
-        if dropped or not last_exit_ok:
-            index_from = max(files[-1].end_phy_offset, min_offset) if files else min_offset
+        # The one file that holds keys of kept messages and of lost ones (a lost tail): its
+        # entries past the end are undone, or, when its chains cannot be cut short, it goes
+        # with those keys, which are then rebuilt. Files that begin past the end held none.
+        straddling = next((f.name for f in files if f.begin_phy_offset < end <= f.end_phy_offset), None)
         cut = service.drop_files_after(end)
         if cut:
-            # Files past the new log end went, and with them (when a file's chains could not be
-            # cut short) the keys of messages below it: rebuilt from the last kept file's end.
-            # Before, nothing re-dispatched them: those messages' keys were gone for good, and
-            # the open waited DISPATCH_CATCH_UP_TIMEOUT_MS twice for an index that never moved.
-            files = service.files
-            rebuild_from = max(files[-1].end_phy_offset, min_offset) if files else min_offset
-            index_from = rebuild_from if index_from is None else min(index_from, rebuild_from)
             reasons.append(f"{cut} index file(s) past the commitlog's end ({end}) dropped")
-        if index_from is None and not service.files and end > min_offset:
+        files = service.files
+        straddling_torn = straddling is not None and all(f.name != straddling for f in files)
+        index_from: int | None = None
+        if dropped or lost is not None or straddling_torn or not last_exit_ok:
+            # From the last kept file's endPhyOffset (its last message is indexed again, and
+            # build_index adds no key twice), or the log's start.
+            index_from = max(files[-1].end_phy_offset, min_offset) if files else min_offset
+        if last_exit_ok and progress is not None and progress.indexed_below < end:
+            # Keys put while the index was disabled, or by a broker after mqstore's last close.
+            # (After a crash the progress is older than the files: they rebuild from above.)
+            behind = max(progress.indexed_below, min_offset)
+            index_from = behind if index_from is None else min(index_from, behind)
+        if index_from is None and progress is None and not files and end > min_offset:
             # Records and no index at all (its directory emptied by hand, or the index just
-            # enabled): built from the log's start, never taken for complete.
+            # enabled on a store without progress): built from the log's start.
             index_from = min_offset
+        if index_from is not None and index_from >= end:
+            index_from = None
+        if use_progress and (index_from is not None or dropped or cut):
+            # Written after the files changed: an open interrupted before this finds the files
+            # the progress lists gone (or, after a crash, rebuilds from the kept files).
+            known = progress.indexed_below if progress is not None else end
+            now = IndexProgress(min(known, end if index_from is None else index_from),
+                                tuple((f.name, f.end_phy_offset) for f in files))  # fmt: skip
+            if now != progress:
+                write_index_progress(fs, cfg.index_progress_path, now)
         return dropped + cut, reasons, index_from
     finally:
         service.close()
+
+
+def _first_lost_index_file(progress: IndexProgress | None, files: Sequence[IndexFile], min_offset: int) -> str | None:
+    """The oldest file the progress lists that is gone though messages it indexed are still in
+    the log (one whose endPhyOffset is below the log's min offset was expired by the cleaner)."""
+    if progress is None:
+        return None
+    present = {f.name for f in files}
+    return next((name for name, end_phy in sorted(progress.files) if name not in present and end_phy >= min_offset),
+                None)  # fmt: skip
 
 
 def _index_file_unsafe(fs: FileSystem, f: IndexFile, *, last_exit_ok: bool, last: bool) -> str | None:

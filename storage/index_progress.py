@@ -1,0 +1,120 @@
+"""The index progress `<root>/index_progress.msgpack`: mqstore's own record of how far the
+index got, so an open can tell an index that is complete from one that is not.
+
+The index files alone cannot say it. The newest file's endPhyOffset is the last message that
+had keys, so a log whose last messages had none looks the same as a log whose keyed messages
+were put while the index was disabled, or whose newest index files were deleted by hand. A
+RocketMQ broker takes the index for complete in all three cases, and those keys are never
+found. With this file an open re-dispatches from where the index stopped, and rebuilds the
+files after one that is missing.
+
+`indexed_below`: every key of every message below this commitlog offset is in the index (as
+the files were when it was written). `files`: each index file's name and endPhyOffset then;
+a file missing at the next open whose endPhyOffset is below the log's min offset was expired
+by the cleaner (its messages are gone too), any other was lost.
+
+Only the index's owner writes it: its recovery, when it decides to re-dispatch (before the
+open can be interrupted, so a later clean open still rebuilds), and the index actor after a
+flush of every file (at close). A lower `indexed_below` than the truth only costs a longer
+re-dispatch (the index does not add a key twice); a higher one would lose keys, so every
+writer writes what it knows is indexed. Each write replaces the whole file atomically. A
+store without the file (written by a broker, or by an older mqstore) is recovered as before;
+an unreadable one is set aside as `.damaged`, logged, and not used. No RocketMQ version reads
+it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final, NamedTuple
+
+import msgpack
+
+from mqstore.log import get_logger
+from mqstore.storage.fs import FileSystem
+
+__all__ = [
+    "IndexProgress", "IndexProgressError", "load_index_progress", "pack_index_progress", "unpack_index_progress",
+    "write_index_progress",
+]
+
+_FORMAT: Final = "mqstore-index-progress"
+_VERSION: Final = 1
+
+log = get_logger(__name__)
+
+
+class IndexProgress(NamedTuple):
+    indexed_below: int
+    files: tuple[tuple[str, int], ...]  # (name, endPhyOffset), oldest first
+
+
+class IndexProgressError(ValueError):
+    """The file's bytes are not an index progress this version can trust."""
+
+
+def pack_index_progress(progress: IndexProgress) -> bytes:
+    body = msgpack.packb([progress.indexed_below, [list(f) for f in progress.files]], use_bin_type=True)
+    document: bytes = msgpack.packb(
+        {"format": _FORMAT, "version": _VERSION, "progress": body, "crc32": zlib.crc32(body)}, use_bin_type=True
+    )
+    return document
+
+
+def unpack_index_progress(data: bytes) -> IndexProgress:
+    """The progress in `data`; IndexProgressError for anything else, a flipped bit included."""
+    try:
+        document = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for bad bytes
+        raise IndexProgressError(f"not msgpack: {exc}") from exc
+    if not isinstance(document, dict) or document.get("format") != _FORMAT:
+        raise IndexProgressError("not an index progress file")
+    if document.get("version") != _VERSION:
+        raise IndexProgressError(f"version {document.get('version')!r}, this mqstore reads {_VERSION}")
+    body, crc = document.get("progress"), document.get("crc32")
+    if not isinstance(body, bytes) or crc != zlib.crc32(body):
+        raise IndexProgressError("checksum mismatch")
+    try:
+        content = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise IndexProgressError(f"body not msgpack: {exc}") from exc
+    if not (isinstance(content, list) and len(content) == 2 and type(content[0]) is int and content[0] >= 0
+            and isinstance(content[1], list)):  # fmt: skip
+        raise IndexProgressError(f"bad progress {content!r}")
+    files: list[tuple[str, int]] = []
+    for entry in content[1]:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and entry[0].isdigit() and type(entry[1]) is int and entry[1] >= 0):  # fmt: skip
+            raise IndexProgressError(f"bad file entry {entry!r}")
+        files.append((entry[0], entry[1]))
+    return IndexProgress(content[0], tuple(files))
+
+
+def load_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
+    """The progress at `path`, or None: no file (recovered as a broker's store), or one that
+    cannot be trusted (set aside as `.damaged` for a person to look at, and logged)."""
+    if not fs.exists(path):
+        return None
+    try:
+        return unpack_index_progress(fs.read_bytes(path))
+    except OSError as exc:
+        log.error("index progress unreadable: an incomplete index cannot be detected at this open",
+                  path=path, error=str(exc))  # fmt: skip
+        return None
+    except IndexProgressError as exc:
+        kept = fs.set_aside(path, ".damaged")
+        log.error("index progress unreadable: an incomplete index cannot be detected at this open",
+                  path=path, kept_as=kept, error=str(exc))  # fmt: skip
+        return None
+
+
+def write_index_progress(fs: FileSystem, path: str, progress: IndexProgress) -> bool:
+    """Replace the file atomically; False (logged) when it could not be written, e.g. on a
+    full disk: the old file stays whole, and says less than the truth or the same."""
+    try:
+        fs.write_atomic(path, pack_index_progress(progress))
+        return True
+    except OSError as exc:
+        log.error("index progress not written: the next open may re-dispatch more than it needs",
+                  path=path, error=str(exc))  # fmt: skip
+        return False
