@@ -68,9 +68,12 @@ class ConsumerOffsets:
             self._next_persist_ms = None
         self.persist()
 
-    def close(self) -> None:
-        """The last write, at the store's close; an error is logged (the close goes on)."""
+    def close(self) -> bool:
+        """The last write, at the store's close; False when it failed (logged: the close goes
+        on, and reports the stop as not clean, since committed offsets were not kept)."""
         try:
             self.persist()
+            return True
         except OSError as exc:
             self.log.error("persisting consumer offsets at close failed", error=str(exc))
+            return False

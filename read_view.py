@@ -172,4 +172,4 @@ class ReadViewPublisher:
                 remaining = deadline - time.monotonic()
                 if view.closed or remaining <= 0:
                     return None
-                self._cond.wait(remaining)
+                self._cond.wait(min(remaining, threading.TIMEOUT_MAX))  # inf: until published

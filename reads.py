@@ -314,8 +314,8 @@ def collect(
     next_phy_file_start = -1
     limit = max(16000, max_count * 20)
     unpack = codec.CQ_UNIT.unpack_from
-    max_message_size = cfg.max_message_size_bytes
     segment = cfg.mapped_file_size_commitlog_bytes
+    max_message_size = cfg.max_stored_record_bytes  # the stored records', not the put limit
     check_crc = cfg.check_crc_on_read
     skipped = ""
     # The C loop takes runs of plain units (no tag filter, no quarantine, units read through
@@ -597,7 +597,7 @@ def query_messages(
     last_query_ms = end_ms
     messages: list[MessageRecord] = []
     last_ts = last_phy = 0
-    max_message_size, check_crc = cfg.max_message_size_bytes, cfg.check_crc_on_read
+    max_message_size, check_crc = cfg.max_stored_record_bytes, cfg.check_crc_on_read
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
         offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
@@ -633,7 +633,7 @@ def query_direct(
     messages: list[MessageRecord] = []
     last_query_ms = end_ms
     last_ts = last_phy = 0
-    select, max_message_size, check_crc = reader.select, cfg.max_message_size_bytes, cfg.check_crc_on_read
+    select, max_message_size, check_crc = reader.select, cfg.max_stored_record_bytes, cfg.check_crc_on_read
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
         try:

@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Final, Iterable, Iterator
 
 import pykka
 
@@ -136,11 +136,16 @@ def _check_queue(topic: object, queue_id: object) -> None:
         raise ValueError(f"queue_id must be >= 0, not {queue_id}")
 
 
+_JAVA_LONG_MAX: Final = (1 << 63) - 1
+
+
 def _check_int(name: str, value: object, minimum: int) -> None:
+    """TypeError for a non-int; ValueError below `minimum` or past a Java long (offsets,
+    counts and times are longs on disk and in the C loops: OverflowError there otherwise)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    if not minimum <= value <= _JAVA_LONG_MAX:
+        raise ValueError(f"{name} must be in [{minimum}, {_JAVA_LONG_MAX}], not {value}")
 
 
 def _check_messages(messages: Sequence[object], argument: str) -> None:
@@ -202,6 +207,7 @@ class MessageStore:
         # The supervised gateway's current incarnation, whichever it is (it may be restarted).
         self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
         self._closed = False
+        self._clean_stop = False
         # RocketMQ's putMessage refuses every put on a SLAVE: its log is the master's, copied
         # by HA replication (which this store does not have).
         self._slave_refusal = (
@@ -236,20 +242,22 @@ class MessageStore:
 
     def close(self) -> bool:
         """Stop cleanly (dispatch caught up, everything flushed, abort file removed).
-        Returns True if the stop was clean. Idempotent: a second call returns the same."""
+        Returns True if the stop was clean: False too when the committed consumer offsets
+        could not be written (logged). Idempotent: a second call returns the same."""
         if self._closed:
-            return self.supervisor.clean_stop
+            return self._clean_stop
         self._closed = True
         if self.supervisor.state is SupervisorState.RUNNING:
             self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
         clean = self.supervisor.stop()
         self._subscriptions.close()
         self._puts.close()  # after the writer: every future handed out is completed
-        self.offsets.close()
+        offsets_kept = self.offsets.close()  # committed offsets not written: not a clean stop
         self.read_view.close()  # wakes every waiting reader
         self._readers.close()
         _open_stores.discard(self)
-        return clean
+        self._clean_stop = clean and offsets_kept
+        return self._clean_stop
 
     def __enter__(self) -> MessageStore:
         return self
@@ -495,8 +503,8 @@ class MessageStore:
         cannot be read now (read-your-writes timeout, the ConsumeQueue actor restarting)."""
         self._check_open()
         if not (type(topic) is str and type(queue_id) is int and queue_id >= 0 and type(offset) is int
-                and offset >= 0 and type(max_count) is int and max_count >= 1 and max_total_bytes is None
-                and tags is None):  # fmt: skip
+                and 0 <= offset <= _JAVA_LONG_MAX and type(max_count) is int and 1 <= max_count <= _JAVA_LONG_MAX
+                and max_total_bytes is None and tags is None):  # fmt: skip
             _check_queue(topic, queue_id)  # (a plain read in order passes all of them in one test)
             _check_int("offset", offset, 0)
             _check_int("max_count", max_count, 1)
@@ -581,8 +589,8 @@ class MessageStore:
             raise TypeError(f"key must be a str, not {type(key).__name__}")
         if max_count is None:
             max_count = self.config.default_query_max_num
-        if not (type(max_count) is int and max_count >= 1 and type(begin_ms) is int and begin_ms >= 0
-                and type(end_ms) is int and end_ms >= 0):  # fmt: skip
+        if not (type(max_count) is int and 1 <= max_count <= _JAVA_LONG_MAX and type(begin_ms) is int
+                and 0 <= begin_ms <= _JAVA_LONG_MAX and type(end_ms) is int and 0 <= end_ms <= _JAVA_LONG_MAX):  # fmt: skip
             _check_int("max_count", max_count, 1)  # (the checks on a key lookup's path: one test when all is well)
             _check_int("begin_ms", begin_ms, 0)
             _check_int("end_ms", end_ms, 0)
@@ -648,7 +656,7 @@ class MessageStore:
         if size is not None:
             _check_int("size", size, 1)
             return self._record_of_size(commitlog_offset, size)
-        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_message_size_bytes,
+        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_stored_record_bytes,
                                check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read,
                                quarantined=self.read_view.view.quarantined)  # fmt: skip
 
@@ -668,7 +676,7 @@ class MessageStore:
             self.log.error("lookup_size_disagrees_with_record", commitlog_offset=commitlog_offset, size=size,
                            record_total_size=total_size)  # fmt: skip
             return None
-        return reads.record_at(reader, commitlog_offset, self.config.max_message_size_bytes,
+        return reads.record_at(reader, commitlog_offset, self.config.max_stored_record_bytes,
                                check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read,
                                quarantined=self.read_view.view.quarantined)  # fmt: skip
 
@@ -906,6 +914,12 @@ class MessageStore:
         listener thread, never a store actor's: one that raises is logged, one that is slow
         delays only its own later events)."""
         self._check_open()
+        if not isinstance(subscriber, pykka.ActorRef) and not callable(subscriber):
+            raise TypeError(f"subscriber must be an actor ref or a callable, not {type(subscriber).__name__}")
+        if topic is not None and not isinstance(topic, str):
+            raise TypeError(f"topic must be a str or None, not {type(topic).__name__}")
+        if queue_id is not None:
+            _check_int("queue_id", queue_id, 0)
         self._subscriptions.add(subscriber, topic, queue_id)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
@@ -922,8 +936,8 @@ class MessageStore:
         _check_int("offset", offset, 0)
         if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool):
             raise TypeError(f"timeout_s must be a number, not {type(timeout_s).__name__}")
-        if timeout_s < 0:
-            raise ValueError(f"timeout_s must be >= 0, not {timeout_s}")
+        if not timeout_s >= 0:  # NaN too: no wait could end on it
+            raise ValueError(f"timeout_s must be >= 0 (inf waits until it arrives or the store closes), not {timeout_s}")
         key = (topic, queue_id)
         own = self._own_put_end()
 

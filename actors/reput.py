@@ -241,7 +241,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
     def _decode(self, chunk: memoryview, offset: int, segment: int, end: int) -> tuple[list[DispatchRequest], int]:
         """The dispatch requests in `chunk` (the log from `offset`) and where the next read starts."""
         requests: list[DispatchRequest] = []
-        max_size = self.config.max_message_size_bytes
+        max_size = self.config.max_stored_record_bytes
         pos = 0
         limit = len(chunk)
         next_offset = offset
@@ -262,7 +262,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
                     next_offset = offset + pos
                     continue
             kind, size, fields = codec.read_dispatch(
-                chunk, pos, limit, self.config.max_message_size_bytes, self._delay_levels
+                chunk, pos, limit, self.config.max_stored_record_bytes, self._delay_levels
             )
             if kind is RecordKind.MESSAGE and fields is not None:
                 requests.append(fields)
@@ -294,7 +294,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
         with memoryview(buf) as whole, whole[base : base + readable_end - segment] as view:
             found = find_next_valid_record(
                 view, damaged - segment + 1, readable_end - segment, file_from_offset=segment,
-                segment_size=self._segment_size, max_message_size=self.config.max_message_size_bytes,
+                segment_size=self._segment_size, max_message_size=self.config.max_stored_record_bytes,
             )  # fmt: skip
         return segment + found if found is not None else readable_end
 

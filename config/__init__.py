@@ -312,6 +312,12 @@ class StoreConfig:
         return os.path.join(self.root_dir, "queue_ledger.msgpack")  # storage.queue_ledger
 
     @property
+    def max_stored_record_bytes(self) -> int:
+        """The largest record a read takes as one (storage.commitlog.max_record_size): what
+        fits a segment, not the put limit, which may have been larger when it was written."""
+        return max(self.mapped_file_size_commitlog_bytes, self.max_message_size_bytes)
+
+    @property
     def index_progress_path(self) -> str:
         return os.path.join(self.root_dir, "index_progress.msgpack")  # storage.index_progress
 

@@ -240,6 +240,13 @@ class _LockSignal:
         return self._lock.acquire(timeout=timeout)
 
 
+def _answer_dropped(target: str, answer: Any, why: BaseException) -> None:
+    from ..log import get_logger
+
+    get_logger(__name__).warning("an answer could not be delivered; dropped", target=target,
+                                 answer=type(answer).__name__, error=repr(why))  # fmt: skip
+
+
 def _call_soon(callback: Callable[[Any], None], answer: Any) -> None:
     """Host code never runs on the answering store actor's thread: the notifier calls it."""
     from ..runtime import call_soon  # runtime imports this package's siblings: import late
@@ -265,7 +272,15 @@ class Reply:
         store_internal_callback: bool = False,
     ) -> None:
         """`store_internal_callback`: the callback is the store's own, cheap and not raising
-        (stats bookkeeping), so it runs on the answering thread; never for host code."""
+        (stats bookkeeping), so it runs on the answering thread; never for host code.
+        TypeError here, in the sender's thread, for a target of another type: found when the
+        store answers, it could only be logged."""
+        if future is not None and not isinstance(future, (pykka.Future, Waiter)):
+            raise TypeError(f"Reply.future must be a pykka Future or a Waiter, not {type(future).__name__}")
+        if actor is not None and not isinstance(actor, pykka.ActorRef):
+            raise TypeError(f"Reply.actor must be a pykka ActorRef, not {type(actor).__name__}")
+        if callback is not None and not callable(callback):
+            raise TypeError(f"Reply.callback must be callable, not {type(callback).__name__}")
         self._future = future
         self._actor = actor
         self._callback = callback
@@ -283,12 +298,15 @@ class Reply:
             self._done = True
         future = self._future
         if future is not None:
-            if hand_over and isinstance(future, Waiter):
-                future.hand_over(answer)
-            else:
-                future.set(answer)
+            try:
+                if hand_over and isinstance(future, Waiter):
+                    future.hand_over(answer)
+                else:
+                    future.set(answer)
+            except Exception as exc:  # a caller's future set already: theirs to see, not the store's
+                _answer_dropped("future", answer, exc)
         if self._actor is not None:
-            self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
+            self._tell(answer)
         if self._callback is not None:
             self._run_callback(answer)
 
@@ -298,11 +316,23 @@ class Reply:
                 return
             self._done = True
         if self._future is not None:
-            self._future.set_exception((type(exc), exc, exc.__traceback__))
+            try:
+                self._future.set_exception((type(exc), exc, exc.__traceback__))
+            except Exception as error:
+                _answer_dropped("future", exc, error)
         if self._actor is not None:
-            self._actor.tell(Replied(correlation_id=self._correlation_id, answer=exc))
+            self._tell(exc)
         if self._callback is not None:
             self._run_callback(exc)
+
+    def _tell(self, answer: Any) -> None:
+        """An asker that stopped before its answer came is no fault of the store actor that
+        answers it (that actor would crash, and enough of them would stop the store)."""
+        assert self._actor is not None
+        try:
+            self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
+        except pykka.ActorDeadError as exc:
+            _answer_dropped("actor", answer, exc)
 
     def _run_callback(self, answer: Any) -> None:
         callback = self._callback

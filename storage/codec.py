@@ -100,6 +100,25 @@ def check_message_ints(message: Any) -> None:
         java_int("born_timestamp_ms", message.born_timestamp_ms, JAVA_LONG_MIN, JAVA_LONG_MAX)
 
 
+def check_message_fields(message: Any) -> None:
+    """Every field of a Message the C encoder declined, by type (TypeError naming the field)
+    and its ints by range (`check_message_ints`): a field of another type would otherwise be
+    stored as its repr (`tags=b"a"` as the tag "b'a'") or fail deep in the encoder."""
+    check_message_ints(message)
+    if message.tags is not None and not isinstance(message.tags, str):
+        raise TypeError(f"tags must be a str or None, not {type(message.tags).__name__}")
+    if message.born_host is not None and not isinstance(message.born_host, (str, HostAddress)):
+        raise TypeError(f"born_host must be a str 'ip:port' or None, not {type(message.born_host).__name__}")
+    keys = message.keys
+    if not isinstance(keys, (str, list, tuple)) or (not isinstance(keys, str) and not all(isinstance(k, str) for k in keys)):
+        raise TypeError(f"keys must be a str or a list or tuple of str, not {type(keys).__name__}")
+    properties = message.properties
+    if not isinstance(properties, Mapping) or not all(
+        isinstance(name, str) and isinstance(value, str) for name, value in properties.items()
+    ):
+        raise TypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
+
+
 def check_user_properties(properties: Mapping[str, str]) -> None:
     """ValueError naming the first reserved name among a message's user properties."""
     reserved = RESERVED_PROPERTY_NAMES.intersection(properties)

@@ -155,6 +155,16 @@ def find_next_valid_record(
     return None
 
 
+def max_record_size(segment_size: int, max_message_size: int) -> int:
+    """The largest record a read takes as one: whatever fits a segment, not the put limit.
+    A store reopened with a smaller max_message_size_bytes (or written by a broker with a
+    larger maxMessageSize) holds records past that limit, and they are whole: RocketMQ reads
+    them, bounded only by the file. Taken for damage, they were quarantined and, after a
+    crash, their queue units cut. A damaged size field is still caught: the record's field
+    lengths must add up to it, and its CRC must match."""
+    return max(segment_size, max_message_size)
+
+
 def valid_prefix_end(buf: Any, file_from_offset: int, segment_size: int, max_message_size: int) -> int:
     """The end of the valid records (CRC and offset checked) at the start of a short (damaged)
     segment's bytes `buf`. Room is left for the blank record that ends a segment, so what a
@@ -261,7 +271,8 @@ class CommitLog:
         self.fs = fs
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
-        self.max_message_size = max_message_size
+        self.max_message_size = max_message_size  # what a put may store
+        self.max_record_size = max_record_size(mapped_file_size, max_message_size)  # what a read takes
         self.clock_ms = clock_ms
         self.check_crc_on_recover = check_crc_on_recover
         self.mapped_file_queue = MappedFileQueue(
@@ -315,7 +326,7 @@ class CommitLog:
                 data = self.fs.read_bytes(path) if self.fs.getsize(path) < self.mapped_file_size else b""
             except OSError:
                 data = b""
-            end = valid_prefix_end(data, start, self.mapped_file_size, self.max_message_size) if data else 0
+            end = valid_prefix_end(data, start, self.mapped_file_size, self.max_record_size) if data else 0
             if end:
                 self.short_valid_ends[start] = end
         if self.degraded_reason:
@@ -692,7 +703,7 @@ class CommitLog:
         try:
             read = read_record(
                 mapped_file.mapped_buffer, pos, limit, check_crc=check_crc, read_body=read_body,
-                max_message_size=self.max_message_size,
+                max_message_size=self.max_record_size,
             )  # fmt: skip
         finally:
             mapped_file.release()
@@ -749,7 +760,7 @@ class CommitLog:
                 run = scan.scan_run(
                     mapped_file.mapped_buffer, offset - mapped_file.file_from_offset,
                     min(mapped_file.read_position, end - mapped_file.file_from_offset),
-                    file_from_offset=mapped_file.file_from_offset, max_message_size=self.max_message_size,
+                    file_from_offset=mapped_file.file_from_offset, max_message_size=self.max_record_size,
                     check_crc=False, check_offset=False,
                 )  # fmt: skip
                 if run.records:
@@ -780,10 +791,10 @@ class CommitLog:
                 base = mapped_file.file_from_offset
                 buf = mapped_file.mapped_buffer
                 run = scan.scan_run(buf, offset - base, min(mapped_file.read_position, end - base),
-                                    file_from_offset=base, max_message_size=self.max_message_size,
+                                    file_from_offset=base, max_message_size=self.max_record_size,
                                     check_crc=True)  # fmt: skip
                 if run.records:
-                    tally.add_run(buf, offset - base, base, run, self.max_message_size)
+                    tally.add_run(buf, offset - base, base, run, self.max_record_size)
                     offset = base + run.end
                     continue
             read = next(iter(self.iter_records(offset, end, read_body=False)), None)
@@ -889,22 +900,22 @@ class CommitLog:
                 # reference decoder below, so every rule stays in one place.
                 run = scan.scan_run(
                     mapped_file.mapped_buffer, file_offset, self.mapped_file_size,
-                    file_from_offset=mapped_file.file_from_offset, max_message_size=self.max_message_size,
+                    file_from_offset=mapped_file.file_from_offset, max_message_size=self.max_record_size,
                     check_crc=self.check_crc_on_recover, max_bytes=_PROGRESS_STEP_BYTES,
                 )  # fmt: skip
                 if run.records:
                     if isinstance(dispatch, scan.RecordTally):  # no call per record
                         dispatch.add_run(mapped_file.mapped_buffer, file_offset, mapped_file.file_from_offset, run,
-                                         self.max_message_size)  # fmt: skip
+                                         self.max_record_size)  # fmt: skip
                     elif dispatch is not None:
-                        scan.dispatch_run(mapped_file.mapped_buffer, file_offset, run, self.max_message_size, dispatch)
+                        scan.dispatch_run(mapped_file.mapped_buffer, file_offset, run, self.max_record_size, dispatch)
                     file_offset = run.end
                     if bar is not None:
                         bar.at(index - first_index, file_offset)
                     if run.stop == "budget":
                         continue
             kind, size, fields = read_dispatch(
-                mapped_file.mapped_buffer, file_offset, self.mapped_file_size, self.max_message_size,
+                mapped_file.mapped_buffer, file_offset, self.mapped_file_size, self.max_record_size,
                 None, self.check_crc_on_recover,
             )  # fmt: skip
             if kind is RecordKind.MESSAGE and fields is not None and (
@@ -948,7 +959,7 @@ class CommitLog:
 
     def _damage_reason(self, mapped_file: MappedFile, pos: int) -> str:
         read = read_record(mapped_file.mapped_buffer, pos, self.mapped_file_size, check_crc=True,
-                           max_message_size=self.max_message_size)  # fmt: skip
+                           max_message_size=self.max_record_size)  # fmt: skip
         if read.kind is RecordKind.END_OF_DATA:
             return "zeroed bytes"
         if read.kind is RecordKind.MESSAGE and read.record is not None:
@@ -983,7 +994,7 @@ class CommitLog:
                 extents = [(start, limit)]
             found = find_next_valid_record(
                 mapped_file.mapped_buffer, start, limit, file_from_offset=mapped_file.file_from_offset,
-                segment_size=self.mapped_file_size, max_message_size=self.max_message_size, extents=extents,
+                segment_size=self.mapped_file_size, max_message_size=self.max_record_size, extents=extents,
                 stored_before_ms=stored_before_ms,
             )  # fmt: skip
             if found is not None:
@@ -1023,6 +1034,7 @@ class CommitLogReader:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.max_message_size = max_message_size
+        self.max_record_size = max_record_size(mapped_file_size, max_message_size)
         self.limit = limit
         self._regions: dict[int, MappedRegion] = {}
         # Short (truncated) segments: their valid records' end; the rest is a hole until recover.
@@ -1070,7 +1082,7 @@ class CommitLogReader:
             region = self.fs.map_file(path, size, create=False, readonly=True)
         except (OSError, ValueError):
             return None
-        end = valid_prefix_end(region.buf, start, self.mapped_file_size, self.max_message_size)
+        end = valid_prefix_end(region.buf, start, self.mapped_file_size, self.max_record_size)
         if end == 0:
             region.close()
             return None
@@ -1181,7 +1193,7 @@ class CommitLogReader:
         end = min(self._limit(limit) - start, self._readable_end(start))
         try:
             read = read_record(region.buf, offset - start, max(end, 0), check_crc=check_crc, read_body=read_body,
-                               max_message_size=self.max_message_size)  # fmt: skip
+                               max_message_size=self.max_record_size)  # fmt: skip
         except ValueError:
             return None
         return _absolute(read, start)
@@ -1231,6 +1243,7 @@ def scan_commitlog_dir(
         return
     if segment_size is None:
         segment_size = fs.getsize(os.path.join(path, names[0]))
+    max_message_size = max_record_size(segment_size, max_message_size)
     for name in names:
         start = int(name)
         file_path = os.path.join(path, name)

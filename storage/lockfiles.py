@@ -36,7 +36,8 @@ _held_guard = threading.Lock()
 
 class StoreDirectoryError(RuntimeError):
     """Something in the store root is in the way of the store's own files (a directory
-    where the `abort` or `lock` file belongs): the store does not guess what it is."""
+    where the `abort` or `lock` file belongs), or missing from it (a commitlog without a
+    segment beside files that say it held messages): the store does not guess what it is."""
 
 
 class StoreLockedError(RuntimeError):

@@ -119,7 +119,7 @@ class PutEncoder:
                         return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"batch of {total} bytes > {max_size}")
                 return EncodedBatch(encoded, 0, True)
         for message in messages:
-            codec.check_message_ints(message)  # TypeError/ValueError naming the field: the caller's mistake
+            codec.check_message_fields(message)  # TypeError/ValueError naming the field: the caller's mistake
         if batch and any(m.topic != first.topic or m.queue_id != first.queue_id for m in messages):
             return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, "a batch must have one topic and queue")
         records = []

@@ -38,6 +38,7 @@ from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_en
 from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
+from .lockfiles import StoreDirectoryError
 from .index_progress import IndexProgress, load_index_progress, write_index_progress
 from .queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
 from .scan import RecordTally
@@ -197,12 +198,49 @@ class ConsumeQueueRecovery:
 
 def check_geometry(cfg: StoreConfig, fs: FileSystem) -> None:
     """Refuse (OSError) a store whose files were written with other sizes, before any owner
-    changes a byte: that is not damage, and nothing may be "repaired" into the new size."""
+    changes a byte: that is not damage, and nothing may be "repaired" into the new size.
+    Refuse (StoreDirectoryError) a commitlog directory without a single segment beside files
+    that say the store held messages: see `_commitlog_gone`."""
+    gone = _commitlog_gone(cfg, fs)
+    if gone is not None:
+        raise StoreDirectoryError(
+            f"the commitlog directory {cfg.commitlog_dir} holds no segment, but {gone}: the store held messages, "
+            "and opening it would cut every queue to an empty log. Put the commitlog back (a mount not up yet? "
+            "store_path_commitlog set as when it was written?), or remove the whole store directory to start over"
+        )
     if not fs.exists(cfg.consume_queue_dir):
         return
     other_geometry = _cq_other_geometry(cfg, fs, list_consume_queues(cfg.consume_queue_dir, fs))
     if other_geometry is not None:
         raise OSError(f"cannot load the consume queues in {cfg.consume_queue_dir}: {other_geometry}")
+
+
+def _commitlog_gone(cfg: StoreConfig, fs: FileSystem) -> str | None:
+    """What says the store held messages, when its commitlog has no segment at all; else None.
+    The cleaner never deletes the newest segment, so a store with none and ConsumeQueue files,
+    index files or a flushed message in its checkpoint has lost its whole log, or is looking
+    in the wrong place for it (a mount not up, another store_path_commitlog). Opened, every
+    queue would be cut back to the empty log and its units given to new puts."""
+    if fs.isdir(cfg.commitlog_dir) and any(_is_segment_name(n) for n in fs.listdir(cfg.commitlog_dir)):
+        return None
+    for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
+        queue_dir = os.path.join(cfg.consume_queue_dir, topic, str(queue_id))
+        if any(_is_segment_name(n) for n in fs.listdir(queue_dir)):
+            return f"the ConsumeQueue {topic}-{queue_id} has files"
+    if fs.isdir(cfg.index_dir) and any(n.isdigit() for n in fs.listdir(cfg.index_dir)):
+        return "the index has files"
+    if fs.exists(cfg.checkpoint_path):
+        try:
+            checkpoint = read_checkpoint(fs, cfg.checkpoint_path)
+        except (OSError, ValueError, struct.error):
+            return None  # recovery reports an unreadable checkpoint
+        if checkpoint.physic_msg_timestamp > 0:
+            return "the checkpoint says messages were flushed"
+    return None
+
+
+def _is_segment_name(name: str) -> bool:
+    return len(name) == 20 and name.isdigit()
 
 
 def recover_commitlog(
@@ -953,7 +991,7 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem, expected_end: int) -
         kept_size = fs.getsize(kept) if kept else 0
         old = fs.map_file(kept, kept_size, create=False, readonly=True) if kept_size else None
         try:
-            keep = valid_prefix_end(old.buf, start, size, cfg.max_message_size_bytes) if old is not None else 0
+            keep = valid_prefix_end(old.buf, start, size, cfg.max_stored_record_bytes) if old is not None else 0
             _write_filled_segment(fs, path, size, old, keep)
         finally:
             if old is not None:

@@ -450,7 +450,7 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     lock = lock_state(root)
     commitlog_dir = Path(config.commitlog_dir)
     commitlog, remembered, problems = _inspect_commitlog(
-        commitlog_dir, max_message_size=config.max_message_size_bytes, check_crc=check_crc, abort=lock["abort_file"]
+        commitlog_dir, max_message_size=config.max_stored_record_bytes, check_crc=check_crc, abort=lock["abort_file"]
     )
     queues, cq_problems = _inspect_consume_queues(
         root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True

@@ -33,6 +33,25 @@ def test_committed_offsets_survive_a_restart(tmp_path: Path, open_store: Open) -
     assert (store.query_offset("g", "T", 0), store.query_offset("g", "T", 3), store.query_offset("h", "T", 0)) == (7, 2, -1)
 
 
+def test_a_close_that_could_not_keep_the_committed_offsets_says_it_was_not_clean(tmp_path: Path) -> None:
+    """`config` is a file, not a directory: the offsets cannot be written. Before, close() said
+    the stop was clean and the committed offsets were gone at the next open."""
+    import mqstore
+
+    root = tmp_path / "store"
+    with mqstore.open(root):
+        pass
+    shutil.rmtree(root / "config", ignore_errors=True)
+    (root / "config").write_bytes(b"in the way")
+    store = mqstore.open(root)
+    store.commit_offset("g", "T", 0, 7)
+    assert store.close() is False
+    assert store.close() is False  # a second close says the same
+    (root / "config").unlink()
+    with mqstore.open(root) as again:
+        assert again.query_offset("g", "T", 0) == -1  # lost, as close() said
+
+
 def test_offsets_are_persisted_by_the_supervisors_ticker_without_a_close(tmp_path: Path, open_store: Open) -> None:
     """No thread of their own: the offsets are a tick hook, persisted once
     CONSUMER_OFFSET_PERSIST_INTERVAL_MS of the store's clock passed after a commit."""

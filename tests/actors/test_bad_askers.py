@@ -1,0 +1,90 @@
+"""Whatever an asker does, the actor API keeps answering: an asker that stops before its
+answer comes, a reply target of the wrong type, a message field of the wrong type. Before,
+each crashed a gateway actor, and ten of them in a minute stopped the whole store (FAILED,
+every later put SERVICE_NOT_AVAILABLE)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+import mqstore
+from mqstore import GetMessageStatus, Message, Reply
+from mqstore.actors.gateway import GATEWAY_READERS
+from mqstore.messages import Get, Put, Waiter
+
+TIMEOUT_S = 10.0
+
+
+class _Gone(pykka.ThreadingActor):
+    pass
+
+
+def _stopped_actor() -> pykka.ActorRef[Any]:
+    ref = _Gone.start()
+    ref.stop()
+    return ref
+
+
+def _answered_in_order(store: mqstore.MessageStore) -> None:
+    """Gets (one per reader) and a put told after the bad requests are answered (the gateway
+    hands gets to its readers in turn, and each takes its requests in order, so the bad ones
+    were handled first) and nothing was restarted."""
+    gets = [Waiter() for _ in range(GATEWAY_READERS)]
+    for got in gets:
+        store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(future=got)))
+    put = Waiter()
+    store.actor_ref.tell(Put(messages=(Message("t", b"after"),), reply=Reply(future=put)))
+    for got in gets:
+        assert got.get(timeout=TIMEOUT_S).status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MESSAGE_IN_QUEUE)
+    assert put.get(timeout=TIMEOUT_S).ok
+    assert store.supervisor.restarts == [] and store.running
+
+
+def test_a_get_whose_asker_stopped_is_dropped_without_a_restart(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "s") as store:
+        store.put(Message("t", b"x"))
+        gone = _stopped_actor()
+        for _ in range(GATEWAY_READERS):
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(actor=gone)))
+        _answered_in_order(store)
+
+
+def test_a_refused_request_whose_asker_stopped_is_dropped_without_a_restart(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "s") as store:
+        store.put(Message("t", b"x"))
+        gone = _stopped_actor()
+        store.actor_ref.tell(Get(topic=5, queue_id=0, offset=0, max_count=1, reply=Reply(actor=gone)))  # type: ignore[arg-type]
+        store.actor_ref.tell(Put(messages=(Message("t", b"x", born_host=5),), reply=Reply(actor=gone)))  # type: ignore[arg-type]
+        _answered_in_order(store)
+
+
+def test_askers_that_stop_cannot_stop_the_store(tmp_path: Path) -> None:
+    """More than the supervisor's restart intensity (10 a minute) of them."""
+    fatal: list[BaseException] = []
+    with mqstore.open(tmp_path / "s", on_fatal=fatal.append) as store:
+        store.put(Message("t", b"x"))
+        gone = _stopped_actor()
+        for _ in range(15):
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(actor=gone)))
+        _answered_in_order(store)
+        assert fatal == []
+
+
+@pytest.mark.parametrize("target", ["future", "actor", "callback"])
+def test_a_reply_target_of_the_wrong_type_is_a_type_error_where_it_is_made(target: str) -> None:
+    with pytest.raises(TypeError, match=f"Reply.{target}"):
+        Reply(**{target: "nope"})
+
+
+def test_a_put_with_a_born_host_that_is_not_a_str_is_answered_with_a_type_error(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "s") as store:
+        store.put(Message("t", b"x"))
+        waiter = Waiter()
+        store.actor_ref.tell(Put(messages=(Message("t", b"x", born_host=5),), reply=Reply(future=waiter)))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"Put.messages\[0\].born_host"):
+            waiter.get(timeout=TIMEOUT_S)
+        _answered_in_order(store)

@@ -1,0 +1,92 @@
+"""A store whose commitlog has no segment at all, beside files that say it held messages, is
+refused before anything changes: the log is away (a mount not up yet, a directory moved aside)
+or looked for in the wrong place (`store_path_commitlog` other than when it was written).
+Before, the open went ahead degraded and replaced every ConsumeQueue unit with a filler unit:
+once the log was back, the queues read only their first message, as a duplicate."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore import Message
+from mqstore.cli import main as cli_main
+
+
+def _ten(path: Path, **settings: Any) -> None:
+    with mqstore.open(path, **settings) as store:
+        for i in range(10):
+            assert store.put(Message("t", b"m%d" % i, keys=["k%d" % i])).ok
+
+
+def _all_ten_readable(path: Path) -> None:
+    with mqstore.open(path) as store:
+        got = store.get("t", 0, 0, 32)
+        assert [(m.queue_offset, m.body) for m in got.messages] == [(i, b"m%d" % i) for i in range(10)]
+        assert [m.body for m in store.query("t", "k9").messages] == [b"m9"]
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def test_an_open_with_the_commitlog_directory_away_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    _ten(path)
+    shutil.move(str(path / "commitlog"), str(tmp_path / "aside"))
+    before = _digest(path)
+    with pytest.raises(mqstore.StoreDirectoryError, match="holds no segment.*ConsumeQueue t-0 has files"):
+        mqstore.open(path)
+    after = _digest(path)
+    assert after == before
+    assert not (path / "abort").exists()
+    shutil.rmtree(path / "commitlog", ignore_errors=True)  # an empty one the refused open may have made
+    shutil.move(str(tmp_path / "aside"), str(path / "commitlog"))
+    _all_ten_readable(path)
+
+
+def test_an_open_with_another_store_path_commitlog_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    _ten(path)
+    with pytest.raises(mqstore.StoreDirectoryError, match="store_path_commitlog"):
+        mqstore.open(path, store_path_commitlog=str(tmp_path / "elsewhere"))
+    _all_ten_readable(path)
+
+
+def test_recover_refuses_too(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    _ten(path)
+    shutil.move(str(path / "commitlog"), str(tmp_path / "aside"))
+    (path / "commitlog").mkdir()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli_main(["recover", "--no-progress", str(path)])
+    assert code == 5 and "holds no segment" in err.getvalue()
+    shutil.rmtree(path / "commitlog")
+    shutil.move(str(tmp_path / "aside"), str(path / "commitlog"))
+    _all_ten_readable(path)
+
+
+def test_the_checkpoint_alone_is_enough_to_refuse(tmp_path: Path) -> None:
+    """No queue or index file (deleted as derived), but the checkpoint says messages were flushed."""
+    path = tmp_path / "s"
+    _ten(path, message_index_enable=False)
+    shutil.rmtree(path / "consumequeue")
+    shutil.rmtree(path / "commitlog")
+    with pytest.raises(mqstore.StoreDirectoryError, match="checkpoint says messages were flushed"):
+        mqstore.open(path, message_index_enable=False)
+
+
+def test_a_new_store_and_an_empty_one_still_open(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "new"):
+        pass
+    with mqstore.open(tmp_path / "new") as store:  # closed with no message: nothing says otherwise
+        assert store.put(Message("t", b"x")).ok

@@ -1,0 +1,60 @@
+"""A store reopened with a smaller max_message_size_bytes than a stored record keeps serving
+that record: the setting limits what a put may store, not what reads take (a record is whole
+if it fits its segment and its CRC and field lengths agree, as RocketMQ reads it). Before,
+recovery quarantined the intact record, get skipped its queue offset with FOUND (a consumer
+committed past an acknowledged message), and after a crash its queue unit and index entry
+were cut for good."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore import Message
+
+_FILL = textwrap.dedent(
+    """
+    import os, sys, mqstore
+    from mqstore import Message
+    s = mqstore.open(sys.argv[1])
+    for body, key in ((b"small0", "a0"), (b"B" * (1 << 20), "big"), (b"small1", "a1")):
+        assert s.put(Message("t", body, keys=[key])).ok
+    s.flush()
+    if sys.argv[2] == "crash":
+        os.kill(os.getpid(), 9)
+    s.close()
+    """
+)
+
+
+def _read_all(store: mqstore.MessageStore) -> list[Any]:
+    out: list[Any] = []
+    offset = 0
+    while (got := store.get("t", 0, offset, 32)).messages:  # 4.4.0 hands a large record alone
+        out.extend(got.messages)
+        offset = got.next_begin_offset
+    return out
+
+
+def _served_whole(store: mqstore.MessageStore) -> None:
+    assert [(m.queue_offset, len(m.body)) for m in _read_all(store)] == [(0, 6), (1, 1 << 20), (2, 6)]
+    assert [len(m.body) for m in store.query("t", "big").messages] == [1 << 20]
+    report = store.supervisor.recovery
+    assert report is not None and report.quarantined == [] and report.truncated_commitlog_bytes == 0
+
+
+@pytest.mark.parametrize("stop", ["clean", "crash"])
+def test_a_stored_record_past_the_new_limit_is_served_and_kept(tmp_path: Path, stop: str) -> None:
+    path = tmp_path / "s"
+    subprocess.run([sys.executable, "-c", _FILL, str(path), stop], timeout=60, check=False)
+    with mqstore.open(path, max_message_size_bytes=65536) as store:
+        _served_whole(store)
+        assert not store.put(Message("t", b"B" * (1 << 17))).ok  # the limit still holds for puts
+    with mqstore.open(path) as store:
+        _served_whole(store)
