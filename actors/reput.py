@@ -72,6 +72,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._in_flight: deque[int] = deque()  # end offsets of batches handed on, not yet written
         self._held_back_since_ms = 0  # the backlog is full: reading ahead waits (0: it is not)
         self._continue_pending = False  # a ContinueDispatch is in the inbox
+        # (offset, size) of a whole record larger than READ_CHUNK_BYTES (put under a larger
+        # max_message_size_bytes): the next read there takes all of it.
+        self._large_record: tuple[int, int] | None = None
 
     def on_start(self) -> None:
         self._reader = CommitLogReader(
@@ -156,7 +159,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 return
             offset = self._reput_offset
             segment = offset - offset % self._segment_size
-            end = min(self._max_offset, segment + self._segment_size, offset + READ_CHUNK_BYTES)
+            large = self._large_record
+            chunk_bytes = large[1] if large is not None and large[0] == offset else READ_CHUNK_BYTES
+            end = min(self._max_offset, segment + self._segment_size, offset + chunk_bytes)
             damaged = self._quarantined_from(offset)
             if damaged is not None:
                 if damaged[0] <= offset:
@@ -191,9 +196,25 @@ class ReputMessageService(StoreActor[ReputRequest]):
             finally:
                 chunk.release()
             if next_offset == offset and not requests:
+                if self._large_record is not None and self._large_record[0] == offset and chunk_bytes == READ_CHUNK_BYTES:
+                    continue  # read it again, whole
                 return  # a partial record at the watermark's edge: wait for more
             self._dispatch(requests, next_offset)
             self._reput_offset = next_offset
+
+    def _larger_than_the_chunk(self, chunk: memoryview, offset: int, segment: int) -> bool:
+        """Whether the record at the chunk's start says it is larger than the chunk and fits
+        below the watermark in its segment (a record stored under a larger put limit); if so,
+        noted so that the next read takes it whole."""
+        if len(chunk) < 4:
+            return False
+        total = int.from_bytes(chunk[:4], "big", signed=True)
+        whole = len(chunk) < total <= min(self._max_offset, segment + self._segment_size) - offset
+        if whole and total <= self.config.max_stored_record_bytes and self._large_record != (offset, total):
+            # (Read whole once already and still cut, by a hole or quarantined bytes: damage.)
+            self._large_record = (offset, total)
+            return True
+        return False
 
     def _written(self, view: ReadView) -> int:
         """Below this commitlog offset both dispatchers wrote what they were handed."""
@@ -273,6 +294,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 break
             elif pos > 0 and end < min(self._max_offset, segment + self._segment_size):
                 break  # a record cut by our chunk boundary: read again from its start
+            elif pos == 0 and self._larger_than_the_chunk(chunk, offset, segment):
+                break  # read again from its start, whole
             else:
                 # Below the writer's watermark every record is whole, so this is damage that
                 # recovery quarantined: skip to the next valid record (none: the rest of this

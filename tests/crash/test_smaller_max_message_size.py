@@ -58,3 +58,21 @@ def test_a_stored_record_past_the_new_limit_is_served_and_kept(tmp_path: Path, s
         assert not store.put(Message("t", b"B" * (1 << 17))).ok  # the limit still holds for puts
     with mqstore.open(path) as store:
         _served_whole(store)
+
+
+def test_a_record_larger_than_reputs_read_chunk_is_dispatched(tmp_path: Path) -> None:
+    """Records put under an 8 MiB limit, re-dispatched (the queues rebuilt) under the default
+    4 MiB one: reput reads the log in 4 MiB chunks, and a record that alone fills more than a
+    chunk is read whole, not taken for damage and skipped."""
+    import shutil
+
+    path = tmp_path / "s"
+    bodies = [b"a", b"B" * (5 << 20), b"c", b"D" * (6 << 20)]
+    with mqstore.open(path, max_message_size_bytes=8 << 20) as store:
+        for i, body in enumerate(bodies):
+            assert store.put(Message("t", body, keys=[f"k{i}"])).ok
+    shutil.rmtree(path / "consumequeue")
+    shutil.rmtree(path / "index")
+    with mqstore.open(path) as store:
+        assert [len(m.body) for m in _read_all(store)] == [len(b) for b in bodies]
+        assert [len(m.body) for m in store.query("t", "k3").messages] == [6 << 20]
