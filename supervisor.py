@@ -63,7 +63,7 @@ from .messages import (
 from .storage import codec
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
-from .storage.lockfiles import AbortFile, StoreLock
+from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
 from .storage.recovery import (
     IndexRecovery,
@@ -144,6 +144,20 @@ def _disk_full_or(exc: OSError, path: str, what: str) -> OSError:
     if isinstance(exc, StoreDiskFullError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
         return exc
     return StoreDiskFullError(path, what)
+
+
+def _refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
+    """StoreDirectoryError, before anything is made, for a file where one of the store's
+    directories belongs or a directory where its checkpoint belongs (the store does not guess
+    what they are; a bare FileExistsError or IsADirectoryError said less)."""
+    for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
+                       (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory")):  # fmt: skip
+        if fs.exists(path) and not fs.isdir(path):
+            raise StoreDirectoryError(f"{path} is a file where the {what} belongs; move it aside and start again")
+    if fs.isdir(cfg.checkpoint_path):
+        raise StoreDirectoryError(
+            f"{cfg.checkpoint_path} is a directory where the store keeps its checkpoint; move it aside and start again"
+        )
 
 
 def _is_dead(exc: BaseException) -> bool:
@@ -234,6 +248,7 @@ class Supervisor:
     def start(self) -> None:
         assert self.state is SupervisorState.NEW
         cfg = self.config
+        _refuse_what_is_in_the_way(self.fs, cfg)
         try:
             self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
         except OSError as exc:

@@ -1,5 +1,6 @@
-"""A store whose commitlog has no segment at all, beside files that say it held messages, is
-refused before anything changes: the log is away (a mount not up yet, a directory moved aside)
+"""A store directory the store cannot open without guessing is refused before anything
+changes (StoreDirectoryError). Above all, a store whose commitlog has no segment at all, beside
+files that say it held messages: the log is away (a mount not up yet, a directory moved aside)
 or looked for in the wrong place (`store_path_commitlog` other than when it was written).
 Before, the open went ahead degraded and replaced every ConsumeQueue unit with a filler unit:
 once the log was back, the queues read only their first message, as a duplicate."""
@@ -90,3 +91,26 @@ def test_a_new_store_and_an_empty_one_still_open(tmp_path: Path) -> None:
         pass
     with mqstore.open(tmp_path / "new") as store:  # closed with no message: nothing says otherwise
         assert store.put(Message("t", b"x")).ok
+
+
+@pytest.mark.parametrize("name", ["", "commitlog", "consumequeue", "index", "checkpoint"])
+def test_something_in_the_way_of_the_stores_own_paths_is_a_store_directory_error(tmp_path: Path, name: str) -> None:
+    """A file where the store or one of its directories belongs, or a directory where its
+    checkpoint does: refused before anything is made, and nothing changes."""
+    root = tmp_path / "s"
+    if name == "":
+        root.write_bytes(b"in the way")
+    else:
+        with mqstore.open(root):
+            pass
+        target = root / name
+        if target.is_dir():
+            shutil.rmtree(target)
+            target.write_bytes(b"in the way")
+        else:
+            target.unlink()
+            target.mkdir()
+    before = _digest(tmp_path)
+    with pytest.raises(mqstore.StoreDirectoryError, match="belongs|keeps its checkpoint"):
+        mqstore.open(root)
+    assert _digest(tmp_path) == before
