@@ -672,9 +672,7 @@ def _decode_message(
     p += alen + 20
     if body_len < 0 or p + body_len > rec_end:
         return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"body length {body_len} does not fit the record")
-    body = bytes(buf[p : p + body_len]) if read_body else b""
-    if check_crc and read_body and body_len > 0 and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
-        return RecordRead(RecordKind.CORRUPT, pos, total, reason=CRC_MISMATCH)
+    body_at = p
     p += body_len
     if v2:
         topic_len = _H.unpack_from(buf, p)[0]
@@ -684,17 +682,23 @@ def _decode_message(
         p += 1
     if topic_len <= 0 or p + topic_len + 2 > rec_end:
         return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"topic length {topic_len} does not fit the record")
-    topic = bytes(buf[p : p + topic_len]).decode("utf-8", "replace")
+    topic_at = p
     p += topic_len
     props_len = _H.unpack_from(buf, p)[0]
     p += 2
     if props_len < 0 or p + props_len > rec_end:
         return RecordRead(RecordKind.CORRUPT, pos, total, reason=f"properties length {props_len} does not fit")
+    # The lengths before the CRC: a resync past damage tries many candidate headers, and a
+    # record may now be as large as a segment (a CRC over up to 1 GiB for each false one).
+    if total != cal_msg_length(body_len, topic_len, props_len, sys_flag, v2):
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason="TOTALSIZE disagrees with the field lengths")
+    body = bytes(buf[body_at : body_at + body_len]) if read_body else b""
+    if check_crc and read_body and body_len > 0 and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+        return RecordRead(RecordKind.CORRUPT, pos, total, reason=CRC_MISMATCH)
+    topic = bytes(buf[topic_at : topic_at + topic_len]).decode("utf-8", "replace")
     if check_crc and props_len > 0 and buf[p + props_len - 1] != _PROPERTY_SEPARATOR_BYTE:
         return RecordRead(RecordKind.CORRUPT, pos, total, reason=_TORN_PROPERTIES)
     props_raw = bytes(buf[p : p + props_len]).decode("utf-8", "replace") if props_len > 0 else ""
-    if total != cal_msg_length(body_len, topic_len, props_len, sys_flag, v2):
-        return RecordRead(RecordKind.CORRUPT, pos, total, reason="TOTALSIZE disagrees with the field lengths")
     record = MessageRecord(
         total_size=total,
         magic=magic,

@@ -196,13 +196,21 @@ class ConsumeQueueRecovery:
     reserved: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
-def check_geometry(cfg: StoreConfig, fs: FileSystem) -> None:
+def check_geometry(cfg: StoreConfig, fs: FileSystem, *, repairing: bool = False) -> None:
     """Refuse (OSError) a store whose files were written with other sizes, before any owner
     changes a byte: that is not damage, and nothing may be "repaired" into the new size.
     Refuse (StoreDirectoryError) a commitlog directory without a single segment beside files
-    that say the store held messages: see `_commitlog_gone`."""
+    that say the store held messages: see `_commitlog_gone`. `repairing` (`mqstore recover`)
+    goes on when the only segments are ones a recover without room set aside: it fills them."""
     gone = _commitlog_gone(cfg, fs)
-    if gone is not None:
+    set_aside = _set_aside_segment_starts(cfg, fs) if gone is not None else []
+    if gone is not None and set_aside and not repairing:
+        raise StoreDirectoryError(
+            f"the commitlog directory {cfg.commitlog_dir} holds no segment, only {len(set_aside)} set aside as "
+            f"NAME{DAMAGED_SUFFIX} by a `mqstore recover` that found no room to fill them: run `mqstore recover` "
+            "again once the disk has room (it fills them from those files)"
+        )
+    if gone is not None and not set_aside:
         raise StoreDirectoryError(
             f"the commitlog directory {cfg.commitlog_dir} holds no segment, but {gone}: the store held messages, "
             "and opening it would cut every queue to an empty log. Put the commitlog back (a mount not up yet? "
@@ -241,6 +249,15 @@ def _commitlog_gone(cfg: StoreConfig, fs: FileSystem) -> str | None:
 
 def _is_segment_name(name: str) -> bool:
     return len(name) == 20 and name.isdigit()
+
+
+def _set_aside_segment_starts(cfg: StoreConfig, fs: FileSystem) -> list[int]:
+    """Starts of the segments a `mqstore recover` set aside as NAME.damaged to fill them."""
+    if not fs.isdir(cfg.commitlog_dir):
+        return []
+    cut = len(DAMAGED_SUFFIX)
+    return sorted(int(n[:-cut]) for n in fs.listdir(cfg.commitlog_dir)
+                  if n.endswith(DAMAGED_SUFFIX) and _is_segment_name(n[:-cut]))  # fmt: skip
 
 
 def recover_commitlog(
@@ -528,7 +545,7 @@ def recover_store(
     tools and benchmarks), then the closed store's report."""
     for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
         fs.makedirs(path)
-    check_geometry(cfg, fs)
+    check_geometry(cfg, fs, repairing=repair_holes)
     mode = mode_at_open(last_exit_ok)
     checkpoint = read_checkpoint(fs, cfg.checkpoint_path) if fs.exists(cfg.checkpoint_path) else None
     recovered = recover_commitlog(cfg, fs, mode=mode, checkpoint=checkpoint, clock_ms=clock_ms, progress=progress,
@@ -704,7 +721,7 @@ def continue_queues_past_quarantine(
                 hi = min(damaged.end, seg_start + size) - seg_start
                 for pos in _header_candidates(mapped_file.mapped_buffer, lo, hi, size):
                     read = codec.read_record(mapped_file.mapped_buffer, pos, size, check_crc=False, read_body=False,
-                                             max_message_size=commitlog.max_message_size)  # fmt: skip
+                                             max_message_size=commitlog.max_record_size)  # fmt: skip
                     record = read.record
                     if read.kind is not codec.RecordKind.MESSAGE or record is None:
                         continue
@@ -777,7 +794,7 @@ class _InspectingCommitLog(CommitLog):
 
     def _inspect_tail(self, buf: codec.ReadBuffer, start: int, pos: int, path: str) -> None:
         read = codec.read_record(buf, pos, self.mapped_file_size, check_crc=self.check_crc_on_recover,
-                                 read_body=True, max_message_size=self.max_message_size)  # fmt: skip
+                                 read_body=True, max_message_size=self.max_record_size)  # fmt: skip
         if read.kind is codec.RecordKind.CORRUPT:
             self.stop_reason = read.reason
             self.damaged_at = start + pos
@@ -970,10 +987,14 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem, expected_end: int) -
     directory = cfg.commitlog_dir
     size = cfg.mapped_file_size_commitlog_bytes
     names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
-    if not names:
+    set_aside = _set_aside_segment_starts(cfg, fs)
+    if not names and not set_aside:
         return [], []
     present = {int(n): fs.getsize(os.path.join(directory, n)) for n in names}
-    first, last = min(present), max(present)
+    # A run that found no room left set-aside copies, perhaps of the last segments or of all of
+    # them: filled from those at or after the first segment left (older copies stay as they are).
+    first = min(present) if present else min(set_aside)
+    last = max([*present, *(start for start in set_aside if start >= first)])
     if expected_end > last + size:
         last = (expected_end - 1) - (expected_end - 1) % size
     lost: list[tuple[int, int]] = []

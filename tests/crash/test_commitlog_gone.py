@@ -114,3 +114,29 @@ def test_something_in_the_way_of_the_stores_own_paths_is_a_store_directory_error
     with pytest.raises(mqstore.StoreDirectoryError, match="belongs|keeps its checkpoint"):
         mqstore.open(root)
     assert _digest(tmp_path) == before
+
+
+def test_recover_fills_the_only_segment_from_the_copy_a_run_without_room_set_aside(tmp_path: Path) -> None:
+    """A `mqstore recover` that found no room to fill a wrong-sized segment leaves it set aside
+    as NAME.damaged, for the next run to fill from. When it was the log's only segment, an open
+    is refused with that advice (not "remove the store": it is the only copy of the records),
+    and the next recover fills it."""
+    settings = {"mapped_file_size_commitlog_bytes": 1 << 20}
+    root = tmp_path / "s"
+    with mqstore.open(root, **settings) as store:
+        for i in range(10):
+            assert store.put(Message("t", b"m%d" % i, keys=["k%d" % i])).ok
+    segment = root / "commitlog" / ("%020d" % 0)
+    (root / "commitlog" / (segment.name + ".damaged")).write_bytes(segment.read_bytes()[: 64 << 10])
+    segment.unlink()
+    with pytest.raises(mqstore.StoreDirectoryError, match="run `mqstore recover` again"):
+        mqstore.open(root, **settings)
+    toml = tmp_path / "store.toml"
+    toml.write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli_main(["--config", str(toml), "recover", "--no-progress", str(root)])
+    assert code == 0, err.getvalue()
+    with mqstore.open(root, **settings) as store:
+        assert [m.body for m in store.get("t", 0, 0, 32).messages] == [b"m%d" % i for i in range(10)]
+        assert [m.body for m in store.query("t", "k9").messages] == [b"m9"]

@@ -76,3 +76,34 @@ def test_a_record_larger_than_reputs_read_chunk_is_dispatched(tmp_path: Path) ->
     with mqstore.open(path) as store:
         assert [len(m.body) for m in _read_all(store)] == [len(b) for b in bodies]
         assert [len(m.body) for m in store.query("t", "k3").messages] == [6 << 20]
+
+
+def _quarantined_big_record(root: Path) -> None:
+    """A crashed store without mqstore's queue ledger (as a broker's), its queues gone: a 1 MiB
+    record with a damaged body and a valid record after it, so recovery quarantines it."""
+    import shutil
+
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=4 << 20) as store:
+        assert store.put(Message("t", b"small0")).queue_offset == 0
+        big = store.put(Message("t", b"B" * (1 << 20)))
+        assert big.queue_offset == 1
+        assert store.put(Message("u", b"after")).ok
+    with open(root / "commitlog" / ("%020d" % 0), "r+b") as f:
+        f.seek(big.commitlog_offset + 200)  # inside the body: the header stays readable
+        f.write(b"X")
+    shutil.rmtree(root / "consumequeue")
+    (root / "queue_ledger.msgpack").unlink()
+    (root / "abort").touch()
+
+
+@pytest.mark.parametrize("max_message_size", [65536, None])
+def test_a_quarantined_record_past_the_put_limit_keeps_its_queue_offset(tmp_path: Path, max_message_size: int | None) -> None:
+    """The quarantined record's header names its queue offset, which no later put is given
+    again (a consumer may have read it), whatever the put limit now is."""
+    root = tmp_path / "s"
+    _quarantined_big_record(root)
+    limit = {} if max_message_size is None else {"max_message_size_bytes": max_message_size}
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=4 << 20, **limit) as store:
+        report = store.supervisor.recovery
+        assert report is not None and report.quarantined, report.summary()
+        assert store.put(Message("t", b"new")).queue_offset == 2
