@@ -25,13 +25,11 @@ it.
 
 from __future__ import annotations
 
-import zlib
 from typing import Final, NamedTuple
-
-import msgpack
 
 from mqstore.log import get_logger
 from mqstore.storage.fs import FileSystem
+from mqstore.storage.sealed import seal, unseal
 
 __all__ = [
     "IndexProgress", "IndexProgressError", "load_index_progress", "pack_index_progress", "unpack_index_progress",
@@ -54,30 +52,12 @@ class IndexProgressError(ValueError):
 
 
 def pack_index_progress(progress: IndexProgress) -> bytes:
-    body = msgpack.packb([progress.indexed_below, [list(f) for f in progress.files]], use_bin_type=True)
-    document: bytes = msgpack.packb(
-        {"format": _FORMAT, "version": _VERSION, "progress": body, "crc32": zlib.crc32(body)}, use_bin_type=True
-    )
-    return document
+    return seal(_FORMAT, _VERSION, "progress", [progress.indexed_below, [list(f) for f in progress.files]])
 
 
 def unpack_index_progress(data: bytes) -> IndexProgress:
     """The progress in `data`; IndexProgressError for anything else, a flipped bit included."""
-    try:
-        document = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several types for bad bytes
-        raise IndexProgressError(f"not msgpack: {exc}") from exc
-    if not isinstance(document, dict) or document.get("format") != _FORMAT:
-        raise IndexProgressError("not an index progress file")
-    if document.get("version") != _VERSION:
-        raise IndexProgressError(f"version {document.get('version')!r}, this mqstore reads {_VERSION}")
-    body, crc = document.get("progress"), document.get("crc32")
-    if not isinstance(body, bytes) or crc != zlib.crc32(body):
-        raise IndexProgressError("checksum mismatch")
-    try:
-        content = msgpack.unpackb(body, raw=False)
-    except Exception as exc:
-        raise IndexProgressError(f"body not msgpack: {exc}") from exc
+    _, content = unseal(data, _FORMAT, (_VERSION,), "progress", IndexProgressError)
     if not (isinstance(content, list) and len(content) == 2 and type(content[0]) is int and content[0] >= 0
             and isinstance(content[1], list)):  # fmt: skip
         raise IndexProgressError(f"bad progress {content!r}")

@@ -24,14 +24,12 @@ RocketMQ version reads it.
 
 from __future__ import annotations
 
-import zlib
 from typing import Final, Mapping, NamedTuple
-
-import msgpack
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import names_a_queue
 from mqstore.storage.fs import FileSystem
+from mqstore.storage.sealed import seal, unseal
 
 __all__ = [
     "LedgerEntry", "LedgerError", "load_queue_ledger", "pack_queue_ledger", "unpack_queue_ledger", "write_queue_ledger",
@@ -69,32 +67,12 @@ class LedgerError(ValueError):
 
 def pack_queue_ledger(entries: Mapping[QueueKey, LedgerEntry]) -> bytes:
     """The file's bytes for `entries`."""
-    queues = [[topic, queue_id, *entry] for (topic, queue_id), entry in sorted(entries.items())]
-    body = msgpack.packb(queues, use_bin_type=True)
-    document: bytes = msgpack.packb(
-        {"format": _FORMAT, "version": _VERSION, "queues": body, "crc32": zlib.crc32(body)}, use_bin_type=True
-    )
-    return document
+    return seal(_FORMAT, _VERSION, "queues", [[topic, queue_id, *entry] for (topic, queue_id), entry in sorted(entries.items())])
 
 
 def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
     """The ledger in `data`; LedgerError for anything else, a flipped bit included."""
-    try:
-        document = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several types for bad bytes
-        raise LedgerError(f"not msgpack: {exc}") from exc
-    if not isinstance(document, dict) or document.get("format") != _FORMAT:
-        raise LedgerError("not a queue ledger")
-    version = document.get("version")
-    if type(version) is not int or version not in (1, _VERSION):
-        raise LedgerError(f"ledger version {version!r}, this mqstore reads 1 and {_VERSION}")
-    body, crc = document.get("queues"), document.get("crc32")
-    if not isinstance(body, bytes) or crc != zlib.crc32(body):
-        raise LedgerError("checksum mismatch")
-    try:
-        queues = msgpack.unpackb(body, raw=False)
-    except Exception as exc:
-        raise LedgerError(f"queue list not msgpack: {exc}") from exc
+    version, queues = unseal(data, _FORMAT, (1, _VERSION), "queues", LedgerError)
     entries: dict[QueueKey, LedgerEntry] = {}
     for entry in queues if isinstance(queues, list) else [None]:
         if not (isinstance(entry, list) and len(entry) == (4 if version == 1 else 5)):
