@@ -32,7 +32,6 @@ from ..messages import (
     Unsubscribe,
     Waiter,
 )
-from ..storage.codec import check_message_fields
 from .base import ActorContext, RequestT, StoreActor
 
 __all__ = ["StoreBackend", "StoreGateway", "GatewayReader", "GatewayRequest", "GATEWAY_READERS", "request_error"]
@@ -94,10 +93,8 @@ def request_error(request: GatewayRequest) -> Exception | None:
                     return _type_error(f"Put.messages[{i}].topic", "a str", message.topic)
                 if not isinstance(message.body, (bytes, bytearray)):
                     return _type_error(f"Put.messages[{i}].body", "bytes", message.body)
-                try:
-                    check_message_fields(message)
-                except (TypeError, ValueError) as exc:
-                    return type(exc)(f"Put.messages[{i}].{exc}")  # the message starts with the field
+                if not _is_int(message.queue_id):
+                    return _type_error(f"Put.messages[{i}].queue_id", "an int", message.queue_id)
             if not isinstance(batch, bool):
                 return _type_error("Put.batch", "a bool", batch)
             if not batch and len(messages) != 1:

@@ -48,6 +48,7 @@ class IndexActor(StoreActor[IndexRequest]):
         self._indexed_below = 0  # readers are told: every key of the messages below is in
         self._skip_below = 0  # build_index skips records below (a replay of what the files hold)
         self._published_names: tuple[str, ...] = ()
+        self._progress_written: IndexProgress | None = None
         # Batches not yet indexed because the disk had no blocks for their entries, oldest
         # first; the first is done below `_resume_at` (and past its middle if `_middle_done`).
         # Retried on every tick and batch: dispatch waits for space, it does not crash.
@@ -156,7 +157,10 @@ class IndexActor(StoreActor[IndexRequest]):
         """Record how far the index got, after a flush of every file (storage.index_progress):
         the next open re-dispatches from there if the log went further without the index."""
         progress = IndexProgress(self._indexed_below, tuple((f.name, f.end_phy_offset) for f in service.files))
-        write_index_progress(self.ctx.fs, self.config.index_progress_path, progress)
+        if progress != self._progress_written and write_index_progress(
+            self.ctx.fs, self.config.index_progress_path, progress
+        ):
+            self._progress_written = progress  # a store.flush() with nothing new writes nothing
 
     def _wait_for_space(self, service: IndexService) -> None:
         if not self._disk_full_since_ms:

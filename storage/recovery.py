@@ -232,8 +232,7 @@ def _commitlog_gone(cfg: StoreConfig, fs: FileSystem) -> str | None:
     if fs.isdir(cfg.commitlog_dir) and any(_is_segment_name(n) for n in fs.listdir(cfg.commitlog_dir)):
         return None
     for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
-        queue_dir = os.path.join(cfg.consume_queue_dir, topic, str(queue_id))
-        if any(_is_segment_name(n) for n in fs.listdir(queue_dir)):
+        if _cq_segment_names(fs, os.path.join(cfg.consume_queue_dir, topic, str(queue_id))):
             return f"the ConsumeQueue {topic}-{queue_id} has files"
     if fs.isdir(cfg.index_dir) and any(n.isdigit() for n in fs.listdir(cfg.index_dir)):
         return "the index has files"
@@ -986,7 +985,7 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem, expected_end: int) -
     lost [start, end) ranges and what was done, per file."""
     directory = cfg.commitlog_dir
     size = cfg.mapped_file_size_commitlog_bytes
-    names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
+    names = sorted(n for n in fs.listdir(directory) if _is_segment_name(n))
     set_aside = _set_aside_segment_starts(cfg, fs)
     if not names and not set_aside:
         return [], []

@@ -85,6 +85,6 @@ def test_a_put_with_a_born_host_that_is_not_a_str_is_answered_with_a_type_error(
         store.put(Message("t", b"x"))
         waiter = Waiter()
         store.actor_ref.tell(Put(messages=(Message("t", b"x", born_host=5),), reply=Reply(future=waiter)))  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match=r"Put.messages\[0\].born_host"):
+        with pytest.raises(TypeError, match="born_host"):  # from the encoder's field check
             waiter.get(timeout=TIMEOUT_S)
         _answered_in_order(store)

@@ -253,3 +253,18 @@ def test_a_damaged_index_progress_is_set_aside_and_the_open_goes_on(tmp_path: Pa
     assert (root / "index_progress.msgpack.damaged").read_bytes() == bytes(data)
     progress = load_index_progress(RealFileSystem(), str(path))
     assert progress is not None and progress.indexed_below > 0
+
+
+def test_a_flush_with_nothing_newly_indexed_does_not_write_the_progress_again(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    path = root / "index_progress.msgpack"
+    with mqstore.open(root, **SETTINGS) as store:
+        _put_keyed(store, 0, 5)
+        store.flush()
+        stamp = lambda: (path.stat().st_ino, path.stat().st_mtime_ns)  # noqa: E731  (each write: a new file renamed over)
+        written = stamp()
+        store.flush()
+        assert stamp() == written
+        _put_keyed(store, 5, 10)
+        store.flush()
+        assert stamp() != written
