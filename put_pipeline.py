@@ -123,13 +123,31 @@ class _PutFuture(Future[PutResult]):
     def result(self, timeout: float | None = None) -> PutResult:
         if self._state is _FINISHED and self._result is not None:
             return self._result
+        _complete_while_waiting(self, timeout)
         return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        _complete_while_waiting(self, timeout)
+        return super().exception(timeout)
 
     def cancel(self) -> bool:
         return False
 
     def running(self) -> bool:
         return self._state is not _FINISHED
+
+
+# The pipeline whose completion thread this is (unset elsewhere): see _complete_while_waiting.
+_COMPLETING = threading.local()
+
+
+def _complete_while_waiting(future: _PutFuture, timeout: float | None) -> None:
+    """A done-callback (on the completion thread, the only one that completes futures) that
+    waits on another put's future would wait on itself, forever without a timeout: there the
+    wait completes the passes queued behind it instead, until `future` is done."""
+    pipeline: PutPipeline | None = _COMPLETING.__dict__.get("pipeline")
+    if pipeline is not None and future._state is not _FINISHED:
+        pipeline.complete_until(future, timeout)
 
 
 # Guards making a _PutFuture's Condition against completing it without one.
@@ -553,8 +571,27 @@ class PutPipeline:
         return True
 
     def _complete_loop(self) -> None:
+        _COMPLETING.pipeline = self
         get = self._completions.get
         while (answers := get()) is not None:
+            self._complete(answers)
+
+    def complete_until(self, future: Future[PutResult], timeout_s: float | None) -> None:
+        """On the completion thread, from a done-callback: complete queued passes (running
+        their callbacks, nested) until `future` is done, `timeout_s` passes or close() asks
+        the thread to stop (then close() completes what is left)."""
+        deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
+        while not future.done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            try:
+                answers = self._completions.get(timeout=remaining)
+            except queue.Empty:
+                return
+            if answers is None:
+                self._completions.put(None)  # for the loop this callback returns to
+                return
             self._complete(answers)
 
     def _record(self, figures: list[tuple[str, PutResult, int]]) -> None:
@@ -616,7 +653,11 @@ class PutPipeline:
     def _refused(self, refused: PutResult, topic: str, sender: pykka.ActorRef[Any] | None, correlation_id: Hashable) -> bool:
         """An actor client's put refused before the writer: told to its sender, or logged."""
         if sender is not None:  # refused here: no slot was taken, none to give back
-            sender.tell(Replied(correlation_id=correlation_id, answer=refused))
+            try:
+                sender.tell(Replied(correlation_id=correlation_id, answer=refused))
+            except pykka.ActorDeadError:  # as the writer's answers to a stopped sender: dropped
+                self.log.warning("a refused put's answer could not be delivered; dropped", topic=topic,
+                                 status=refused.status.name, detail=refused.detail)  # fmt: skip
         elif not refused.stored:
             self.log.warning("fire-and-forget put refused", topic=topic, status=refused.status.name, detail=refused.detail)
         return False

@@ -88,3 +88,15 @@ def test_a_put_with_a_born_host_that_is_not_a_str_is_answered_with_a_type_error(
         with pytest.raises(TypeError, match="born_host"):  # from the encoder's field check
             waiter.get(timeout=TIMEOUT_S)
         _answered_in_order(store)
+
+
+def test_an_actor_client_put_refused_for_a_stopped_sender_is_dropped_not_raised(tmp_path: Path) -> None:
+    """A put refused before the writer (here, too large) is answered to the sender from the
+    caller's thread. A sender that had stopped raised pykka's ActorDeadError into the caller;
+    the writer's answers to a stopped sender were already dropped with a warning."""
+    with mqstore.open(tmp_path / "s", max_message_size_bytes=1024) as store:
+        client = store.actor_client(_stopped_actor())
+        assert client.put(Message("t", b"x" * 2048), correlation_id=1) is False
+        assert client.put_batch([Message("t", b"x" * 2048)], correlation_id=2) is False
+        assert client.put_and_forget(Message("t", b"x" * 2048)) is False
+        assert store.put(Message("t", b"after")).ok and store.running

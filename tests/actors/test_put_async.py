@@ -394,6 +394,31 @@ def test_flush_from_a_done_callback_does_not_wait_for_its_own_thread(store_dir: 
         assert flushed.wait(10), "flush in a done-callback waited for its own thread"
 
 
+def test_a_done_callback_that_waits_on_another_put_async_future_gets_its_result(store_dir: Path) -> None:
+    """Only the completion thread completes futures, and done-callbacks run on it: a callback
+    that waited on another put's future waited on itself. Without a timeout the host hung for
+    good. Now result() on that thread completes the passes queued behind it while it waits."""
+    with helpers.open_small(store_dir) as store:
+        entered, answered = threading.Event(), threading.Event()
+        inner: list[PutResult] = []
+
+        def put_and_wait(_future: Future[PutResult]) -> None:
+            if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
+                entered.set()
+                following = store.put_async(Message(topic="orders", body=b"inner"))
+                inner.append(following.result(timeout=10))
+                assert following.exception(timeout=0) is None
+                answered.set()
+
+        while not entered.is_set():  # until one callback runs on the completion thread
+            store.put_async(Message(topic="orders", body=b"outer")).add_done_callback(put_and_wait)
+            entered.wait(0.05)
+        assert answered.wait(15), "a done-callback waiting on another put's future never got its result"
+        assert inner[0].ok
+        got = store.get("orders", 0, inner[0].queue_offset, 1)
+        assert got.found and got.messages[0].body == b"inner"
+
+
 def test_every_in_flight_slot_comes_back_once_its_answer_is_delivered(store_dir: Path) -> None:
     """Slots are given back per writer pass (futures on the completion thread, actor answers
     on the writer's): after a burst of both, exactly the configured number is free again."""
