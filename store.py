@@ -61,11 +61,12 @@ from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.geometry import adopt_geometry
 from .storage.index import IndexReader
+from .storage.lockfiles import StoreDirectoryError
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
 from .runtime import FollowingRef, Subscriptions, tell_keeping_gil
-from .supervisor import Supervisor, SupervisorState
+from .supervisor import Supervisor, SupervisorState, refuse_what_is_in_the_way
 from .ticker import Ticker
 
 __all__ = ["MessageStore", "StoreClosedError", "open_store"]
@@ -111,8 +112,10 @@ def open_store(
         config = StoreConfig.load(overrides=overrides)
     elif overrides:
         config = config.replace(**overrides)
+    files = fs if fs is not None else RealFileSystem()
+    refuse_what_is_in_the_way(files, config)  # before the geometry is read from those files
     # The files decide the store's shape: adopt it, or refuse an explicit setting against it.
-    config, _geometry = adopt_geometry(fs if fs is not None else RealFileSystem(), config)
+    config, _geometry = adopt_geometry(files, config)
     store = MessageStore(
         config,
         fs=fs,
@@ -232,13 +235,16 @@ class MessageStore:
             # Once per open, not per put: a broker.conf carries these for the broker's sake.
             self.log.warning("settings that have no effect in this store", settings=sorted(no_effect),
                              why=no_effect)  # fmt: skip
+        # Before the supervisor takes the store, so that an open refused here changes no byte.
+        # Unreadable files give an empty table and an error; I/O errors fail the open.
+        try:
+            self.offsets.load()
+        except IsADirectoryError as exc:
+            raise StoreDirectoryError(
+                f"{exc.filename} is a directory, not the committed consumer offsets: move it out of the way"
+            ) from exc
         self.supervisor.start()
         _open_stores.add(self)
-        try:
-            self.offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
-        except Exception:
-            self.close()
-            raise
 
     def close(self) -> bool:
         """Stop cleanly (dispatch caught up, everything flushed, abort file removed).

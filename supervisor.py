@@ -22,6 +22,7 @@ import enum
 import errno
 import importlib
 import importlib.util
+import os
 import queue
 import threading
 import time
@@ -146,7 +147,7 @@ def _disk_full_or(exc: OSError, path: str, what: str) -> OSError:
     return StoreDiskFullError(path, what)
 
 
-def _refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
+def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     """StoreDirectoryError, before anything is made, for a file where one of the store's
     directories belongs or a directory where its checkpoint belongs (the store does not guess
     what they are; a bare FileExistsError or IsADirectoryError said less)."""
@@ -158,6 +159,42 @@ def _refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
         raise StoreDirectoryError(
             f"{cfg.checkpoint_path} is a directory where the store keeps its checkpoint; move it aside and start again"
         )
+    _refuse_what_is_in_the_way_of_segments(fs, cfg)
+
+
+def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> None:
+    """The same for a directory named as a segment or index file, and a file where a topic's or
+    a queue's ConsumeQueue directory belongs. Before, they failed the open with a bare OSError,
+    or after seconds of ConsumeQueue restarts, or (a later segment) only once the writer got
+    there. Entries not named as the store names its files are left alone, as loading does."""
+
+    def refuse(path: str, what: str) -> None:
+        raise StoreDirectoryError(f"{path} is in the way: {what} belongs there; move it aside and start again")
+
+    def segment_dirs(directory: str, width: int, what: str) -> None:
+        for name in fs.listdir(directory):
+            if len(name) == width and name.isdigit() and fs.isdir(os.path.join(directory, name)):
+                refuse(os.path.join(directory, name), what)
+
+    if fs.isdir(cfg.commitlog_dir):
+        segment_dirs(cfg.commitlog_dir, 20, "a commitlog segment file")
+    if fs.isdir(cfg.index_dir):
+        segment_dirs(cfg.index_dir, 17, "an index file")
+    if not fs.isdir(cfg.consume_queue_dir):
+        return
+    for topic in fs.listdir(cfg.consume_queue_dir):
+        topic_dir = os.path.join(cfg.consume_queue_dir, topic)
+        if not fs.isdir(topic_dir):
+            if codec.is_topic_name(topic):
+                refuse(topic_dir, f"the ConsumeQueue directory of topic {topic}")
+            continue
+        for name in fs.listdir(topic_dir):
+            if not name.isdigit() or name != str(int(name)) or int(name) > 0x7FFFFFFF:
+                continue  # not a queue id's own spelling: skipped by loading too
+            queue_dir = os.path.join(topic_dir, name)
+            if not fs.isdir(queue_dir):
+                refuse(queue_dir, f"the ConsumeQueue directory of {topic}-{name}")
+            segment_dirs(queue_dir, 20, "a ConsumeQueue segment file")
 
 
 def _is_dead(exc: BaseException) -> bool:
@@ -248,7 +285,7 @@ class Supervisor:
     def start(self) -> None:
         assert self.state is SupervisorState.NEW
         cfg = self.config
-        _refuse_what_is_in_the_way(self.fs, cfg)
+        refuse_what_is_in_the_way(self.fs, cfg)
         try:
             self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
         except OSError as exc:

@@ -140,3 +140,49 @@ def test_recover_fills_the_only_segment_from_the_copy_a_run_without_room_set_asi
     with mqstore.open(root, **settings) as store:
         assert [m.body for m in store.get("t", 0, 0, 32).messages] == [b"m%d" % i for i in range(10)]
         assert [m.body for m in store.query("t", "k9").messages] == [b"m9"]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["index file a directory", "queue segment a directory", "later queue segment a directory",
+     "commitlog segment a directory", "topic a file", "queue a file"],
+)  # fmt: skip
+def test_a_directory_or_file_in_the_place_of_a_segment_or_queue_is_a_store_directory_error(
+    tmp_path: Path, layout: str
+) -> None:
+    """Where a segment file or a queue's directory belongs, something else: refused at once,
+    naming it, and nothing changes. Before, an index file that was a directory failed the open
+    with a bare OSError (ENODEV); a queue's first segment that was a directory, or a file where
+    a topic's or queue's directory belongs, failed it after ~6 s of restarts with "the
+    consume_queue actor kept failing"; and a directory named as a later segment of a queue or
+    of the log opened, to stop the writer when the log got there."""
+    root = tmp_path / "s"
+    _ten(root)
+    queue = root / "consumequeue" / "t" / "0"
+    if layout == "index file a directory":
+        target = next((root / "index").iterdir())
+        target.unlink()
+        target.mkdir()
+    elif layout == "queue segment a directory":
+        target = next(queue.iterdir())
+        target.unlink()
+        target.mkdir()
+    elif layout == "later queue segment a directory":
+        target = queue / ("%020d" % (300_000 * 20 * 50))
+        target.mkdir()
+    elif layout == "commitlog segment a directory":
+        target = root / "commitlog" / ("%020d" % (3 << 30))
+        target.mkdir()
+    elif layout == "topic a file":
+        target = root / "consumequeue" / "t"
+        shutil.rmtree(target)
+        target.write_bytes(b"in the way")
+    else:
+        target = queue
+        shutil.rmtree(target)
+        target.write_bytes(b"in the way")
+    before = _digest(tmp_path)
+    with pytest.raises(mqstore.StoreDirectoryError, match=str(target)):
+        mqstore.open(root)
+    assert _digest(tmp_path) == before
+    assert not (root / "abort").exists()

@@ -137,16 +137,34 @@ def test_a_bad_consumer_offset_file_falls_back_to_its_bak(tmp_path: Path) -> Non
 JUNK: dict[str, Callable[[Path], object]] = {
     "stray_file_in_commitlog": lambda r: (r / "commitlog" / "notes.txt").write_text("x"),
     "short_name_in_commitlog": lambda r: (r / "commitlog" / "123").write_text("x"),
-    "dir_named_as_segment_in_commitlog": lambda r: (r / "commitlog" / ("9" * 20)).mkdir(),
     "stray_file_in_queue_dir": lambda r: (r / "consumequeue" / "T" / "0" / "junk").write_text("x"),
-    "dir_named_as_segment_in_queue": lambda r: (r / "consumequeue" / "T" / "0" / ("0" * 15 + "99999")).mkdir(),
     "non_numeric_queue_dir": lambda r: (r / "consumequeue" / "T" / "abc").mkdir(),
     "zero_padded_queue_dir": lambda r: (r / "consumequeue" / "T" / "00").mkdir(),
-    "file_as_queue_dir": lambda r: (r / "consumequeue" / "T" / "7").write_text("x"),
-    "file_as_topic_dir": lambda r: (r / "consumequeue" / "stray").write_text("x"),
+    "file_not_a_topic_name": lambda r: (r / "consumequeue" / ".DS_Store").write_text("x"),
     "stray_file_in_index": lambda r: (r / "index" / "junk").write_text("x"),
-    "dir_named_as_index_file": lambda r: (r / "index" / ("2" * 17)).mkdir(),
 }
+
+# Named as the store names its own files and directories, but of the other kind: once the store
+# gets there (a put to topic "stray" or queue T-7, the log or an index reaching that name) it
+# cannot make its file. A file named as a topic stopped the store (the ConsumeQueue actor failed
+# ten times) at the first put to that topic; now the open is refused, naming it.
+IN_THE_WAY: dict[str, Callable[[Path], Path]] = {
+    "dir_named_as_segment_in_commitlog": lambda r: _mkdir(r / "commitlog" / ("9" * 20)),
+    "dir_named_as_segment_in_queue": lambda r: _mkdir(r / "consumequeue" / "T" / "0" / ("0" * 15 + "99999")),
+    "file_as_queue_dir": lambda r: _write(r / "consumequeue" / "T" / "7"),
+    "file_as_topic_dir": lambda r: _write(r / "consumequeue" / "stray"),
+    "dir_named_as_index_file": lambda r: _mkdir(r / "index" / ("2" * 17)),
+}
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _write(path: Path) -> Path:
+    path.write_text("x")
+    return path
 
 
 @pytest.mark.parametrize("junk", sorted(JUNK))
@@ -154,6 +172,20 @@ def test_junk_in_the_store_directory_is_ignored(tmp_path: Path, junk: str) -> No
     root = tmp_path / "store"
     _make(root)
     JUNK[junk](root)
+    _assert_whole(root)
+
+
+@pytest.mark.parametrize("junk", sorted(IN_THE_WAY))
+def test_a_file_or_directory_in_the_way_of_the_stores_own_names_is_refused(tmp_path: Path, junk: str) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    path = IN_THE_WAY[junk](root)
+    with pytest.raises(StoreDirectoryError, match=f"{path} is in the way"):
+        mqstore.open(root, **SETTINGS)
+    if path.is_dir():
+        path.rmdir()
+    else:
+        path.unlink()
     _assert_whole(root)
 
 

@@ -52,6 +52,43 @@ def test_a_close_that_could_not_keep_the_committed_offsets_says_it_was_not_clean
         assert again.query_offset("g", "T", 0) == -1  # lost, as close() said
 
 
+def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte(tmp_path: Path) -> None:
+    """`consumerOffset.json` is a directory: the offsets cannot be read, so the open is refused
+    (StoreDirectoryError, naming it) before the store is started. Before, the whole store
+    started first (abort file, recovery, stats.msgpack, the clean stop's checkpoint) and then
+    raised IsADirectoryError: a refused open rewrote the store's files."""
+    import hashlib
+    import os
+
+    import mqstore
+    from mqstore import Message
+
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        assert store.put(Message("T", b"kept")).ok
+        store.commit_offset("g", "T", 0, 1)
+    offsets = root / "config" / "consumerOffset.json"
+    saved = offsets.read_bytes()
+    offsets.unlink()
+    offsets.mkdir()
+
+    def state() -> dict[str, tuple[int, str]]:
+        return {str(p.relative_to(root)): (os.stat(p).st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+                for p in sorted(root.rglob("*"))}  # fmt: skip
+
+    before = state()
+    with pytest.raises(mqstore.StoreDirectoryError, match="consumerOffset.json"):
+        mqstore.open(root)
+    assert state() == before
+    assert not (root / "abort").exists()
+    assert main(["get", str(root), "--topic", "T", "--queue", "0", "--offset", "0"]) == ExitCode.OK  # reads still work
+    offsets.rmdir()
+    offsets.write_bytes(saved)
+    with mqstore.open(root) as again:
+        assert again.query_offset("g", "T", 0) == 1
+        assert again.get("T", 0, 0, 4).messages[0].body == b"kept"
+
+
 def test_offsets_are_persisted_by_the_supervisors_ticker_without_a_close(tmp_path: Path, open_store: Open) -> None:
     """No thread of their own: the offsets are a tick hook, persisted once
     CONSUMER_OFFSET_PERSIST_INTERVAL_MS of the store's clock passed after a commit."""
