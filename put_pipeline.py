@@ -139,6 +139,8 @@ class _PutFuture(Future[PutResult]):
 
 # The pipeline whose completion thread this is (unset elsewhere): see _complete_while_waiting.
 _COMPLETING = threading.local()
+# How often such a wait looks again at a future that nothing in this queue completes.
+_WAIT_POLL_S = 0.01
 
 
 def _complete_while_waiting(future: _PutFuture, timeout: float | None) -> None:
@@ -159,7 +161,7 @@ _FINISHED: str = _futures_base.FINISHED
 def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> None:
     """set_result for a pass's futures, with the lock taken once for the pass instead of once
     a future: those nobody waits on (no Condition made) are completed under it; the others
-    through their Condition after it, where their done-callbacks run. One already done (by
+    through their Condition after it, and then their done-callbacks run. One already done (by
     close(), racing) is left as it is."""
     waited: list[tuple[_PutFuture, PutResult]] = []
     with _CONDITION_MADE:
@@ -169,11 +171,21 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> None:
             elif future._state is _PENDING:
                 future._result = result
                 future._state = _FINISHED
+    # Every result of the pass is set before any done-callback runs: a callback may wait on a
+    # later future of the same pass, which only this thread could complete.
+    completed: list[_PutFuture] = []
     for future, result in waited:
-        try:
-            future.set_result(result)
-        except InvalidStateError:  # completed meanwhile by close() (_complete_closed)
-            pass
+        with future._condition:
+            if future._state is not _PENDING:  # completed meanwhile by close() (_complete_closed)
+                continue
+            future._result = result
+            future._state = _FINISHED
+            for waiter in future._waiters:
+                waiter.add_result(future)
+            future._condition.notify_all()
+        completed.append(future)
+    for future in completed:
+        future._invoke_callbacks()  # type: ignore[attr-defined]
 
 
 class _PutReply(PassReply):
@@ -582,13 +594,13 @@ class PutPipeline:
         the thread to stop (then close() completes what is left)."""
         deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
         while not future.done():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            remaining = _WAIT_POLL_S if deadline is None else min(deadline - time.monotonic(), _WAIT_POLL_S)
+            if remaining <= 0:
                 return
             try:
                 answers = self._completions.get(timeout=remaining)
             except queue.Empty:
-                return
+                continue  # the future may be another store's, or completed by close()
             if answers is None:
                 self._completions.put(None)  # for the loop this callback returns to
                 return

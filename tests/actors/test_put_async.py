@@ -554,3 +554,48 @@ def test_a_put_future_makes_its_condition_only_for_those_who_wait_and_never_miss
             assert len(list(as_completed(futures[:3], timeout=TIMEOUT_S))) == 3
         setter.join(TIMEOUT_S)
         assert all(f.done() and f.result(0) is ok for f in futures) and called == [futures[3]]
+
+
+def test_a_passes_futures_are_all_done_before_any_of_its_done_callbacks_runs() -> None:
+    """A callback of a pass's first future that waits on a later future of the same pass (one
+    with a Condition: a callback or a waiter of its own) waited for good: that future was
+    completed only after the first one's callbacks returned. Now the pass's results are all
+    set first, then the callbacks run."""
+    first, second = put_pipeline._PutFuture(), put_pipeline._PutFuture()
+    ok = PutResult(status=PutMessageStatus.PUT_OK)
+    seen: list[bool] = []
+    first.add_done_callback(lambda _f: seen.append(second.done() and second.result(0) is ok))
+    second.add_done_callback(lambda _f: None)
+    put_pipeline._complete_futures([(first, ok), (second, ok)])
+    assert seen == [True]
+
+
+def test_a_done_callback_waiting_on_another_stores_future_sees_it_done(tmp_path: Path) -> None:
+    """The wait on the completion thread completes this store's queued passes; a future that
+    another store completes (or close() does) must end the wait too, with nothing more queued
+    here. Before, the wait slept on this store's queue until its timeout."""
+    with helpers.open_small(tmp_path / "a") as a, helpers.open_small(tmp_path / "b") as b:
+        hold_b = threading.Event()
+        _block_completions(b, hold_b)  # b's next future stays pending until hold_b is set
+        elsewhere = b.put_async(Message(topic="orders", body=b"b"))
+        entered = threading.Event()
+        outcome: list[Any] = []
+
+        def wait_on_b(_future: Future[PutResult]) -> None:
+            if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
+                entered.set()
+                started = time.monotonic()
+                outcome.append(elsewhere.result(timeout=TIMEOUT_S))
+                outcome.append(time.monotonic() - started)
+
+        while not entered.is_set():
+            a.put_async(Message(topic="orders", body=b"a")).add_done_callback(wait_on_b)
+            entered.wait(0.05)
+        assert not elsewhere.done()
+        time.sleep(0.3)
+        hold_b.set()
+        deadline = time.monotonic() + TIMEOUT_S + 5
+        while len(outcome) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(outcome) == 2 and outcome[0].ok, outcome
+        assert outcome[1] < 3.0, f"waited {outcome[1]:.1f} s for a future done after 0.3 s"
