@@ -34,6 +34,10 @@ trip with two cross-vCPU wake-ups, a writer pass (15-20 us a put after the fast 
 of it kernel switching) and reput, ConsumeQueue, index and flush woken per pass; the whole
 process on one CPU runs it ~2x faster (README, one-CPU table). put_batch of 32 at 128 B: a
 round trip per batch costs ~130 us (writer pass ~35, the caller's wake-up and encoding ~50).
+Two measurements join the rows (session 12): `put 4 threads, 1 CPU`, the same case with every
+thread of the process on one CPU (18-22k against 11-13k on two, same runs), and the CPU per
+single put by thread role, printed after the table (4 threads: ~105-130 us, of it producers
+46-56, writer 32-36, flush 12-14, reput 7-11, ConsumeQueue 4-7, index 4-6).
 The demo (session 8): 53-59k msgs/s produced, 51-58k consumed. A bounded spin (20-100 us, GIL
 released) before a single `put` sleeps on its answer was measured and dropped: on two shared
 vCPUs it took the core the writer and dispatch needed (1 and 4 threads slower in 8 of 10 runs).
@@ -43,15 +47,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
 import json
+import os
 import queue
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pykka
 
@@ -329,6 +335,96 @@ def case_lag(store: mqstore.MessageStore, messages: list[Message], rate: float) 
 
 
 # ---------------------------------------------------------------------------------------------
+# where the CPU goes: per-thread CPU time, and the whole process on one CPU
+
+
+def _thread_cpu_ns() -> dict[int, int]:
+    """CPU time so far of each thread of this process (/proc/self/task/<tid>/schedstat: the
+    scheduler's own account, in ns, user and system together), by native thread id."""
+    cpu: dict[int, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                cpu[int(tid)] = int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            pass
+    return cpu
+
+
+def _role(name: str) -> str:
+    """A thread's role in the table: pykka names actor threads `<Class>-<n>`."""
+    if name.startswith("bench-producer"):
+        return "producers"
+    return name.rsplit("-", 1)[0] if name[-1:].isdigit() else name
+
+
+def put_threads_cpu(store: mqstore.MessageStore, messages: list[Message], threads: int) -> dict[str, float]:
+    """`put` from `threads` threads, until every message is visible: the CPU each role spent
+    per put (us; "wall" is the elapsed time per put), read from the scheduler's per-thread
+    account before the producers end. Linux only."""
+    shares = [messages[t::threads] for t in range(threads)]
+    finished = threading.Barrier(threads + 1, timeout=SETTLE_TIMEOUT_S)
+    results: list[list[Any]] = [[] for _ in range(threads)]
+
+    def work(t: int) -> None:
+        put = store.put
+        results[t] = [put(m) for m in shares[t]]
+        finished.wait()  # alive until their CPU time is read
+        finished.wait()
+
+    workers = [threading.Thread(target=work, args=(t,), name=f"bench-producer-{t}") for t in range(threads)]
+    names: dict[int, str] = {}
+    before = _thread_cpu_ns()
+    started = time.perf_counter()
+    for w in workers:
+        w.start()
+    finished.wait()
+    last: dict[int, int] = {}
+    for share, rs in zip(shares, results):
+        for q, off in _newest(share, rs).items():
+            last[q] = max(last.get(q, -1), off)
+    _await_visible(store, last)
+    elapsed = time.perf_counter() - started
+    after = _thread_cpu_ns()
+    for thread in threading.enumerate():
+        if thread.native_id is not None:
+            names[thread.native_id] = thread.name
+    finished.wait()
+    for w in workers:
+        w.join()
+    per_role: dict[str, float] = collections.defaultdict(float)
+    for tid, ns in after.items():
+        spent = ns - before.get(tid, 0)
+        if spent > 0 and tid in names:
+            per_role[_role(names[tid])] += spent / 1000 / len(messages)
+    figures = {role: round(us, 2) for role, us in sorted(per_role.items(), key=lambda kv: -kv[1]) if us >= 0.05}
+    figures["total"] = round(sum(per_role.values()), 2)
+    figures["wall"] = round(elapsed * 1e6 / len(messages), 2)
+    return figures
+
+
+@contextlib.contextmanager
+def _one_cpu() -> Iterator[int]:
+    """Every thread of this process (and so every thread they start) on one CPU, the last
+    one allowed; each thread's own set of CPUs back afterwards."""
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    tids = [int(tid) for tid in os.listdir("/proc/self/task")]
+    saved: dict[int, set[int]] = {}
+    for tid in tids:
+        try:
+            saved[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, {cpu})
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+    try:
+        yield cpu
+    finally:
+        for tid, mask in saved.items():
+            try:
+                os.sched_setaffinity(tid, mask)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -376,6 +472,12 @@ def run(quick: bool) -> dict[str, Any]:
     single = measure("put 1 thread", lambda s: case_put_threads(s, mt, 1), lambda f: case_put_threads(f, mt, 1))
     four = measure("put 4 threads", lambda s: case_put_threads(s, mt, 4), lambda f: case_put_threads(f, mt, 4), 25_000)
     measure("put 16 threads", lambda s: case_put_threads(s, mt, 16), lambda f: case_put_threads(f, mt, 16), four)
+    if len(os.sched_getaffinity(0)) > 1:
+        # The design the note proposes, measured: a put's whole chain (the caller, the writer,
+        # dispatch) on one CPU, where a wake-up needs no other CPU to be woken.
+        with _one_cpu():
+            measure("put 4 threads, 1 CPU", lambda s: case_put_threads(s, mt, 4), lambda f: case_put_threads(f, mt, 4),
+                    25_000)  # fmt: skip
     measure("put_batch 32, 1 KiB", lambda s: case_put_batch(s, m1k), lambda f: case_put_batch(f, m1k), 130_000)
     measure("put_batch 32, 128 B", lambda s: case_put_batch(s, m128), lambda f: case_put_batch(f, m128), 250_000)
     # Half of this run's put_async rate (issue 16's "half load"), and a fixed rate that stays
@@ -400,6 +502,20 @@ def run(quick: bool) -> dict[str, Any]:
     figures["lag_half_load"] = {"rate": round(async_rate / 2), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
     figures["lag_fixed_rate"] = {"rate": LAG_FIXED_RATE, "p50_ms": round(fixed50, 3), "p99_ms": round(fixed99, 3)}
     figures["single_put_one_thread"] = round(single)
+    # Where a single put's CPU goes (us per put, all threads of the store and the producers):
+    # the target the note compares with is the floor's, which pays two hand-offs.
+    cpu: dict[str, dict[str, float]] = {}
+    for threads in (1, 4):
+        with tempfile.TemporaryDirectory() as root:
+            store = mqstore.open(root, mapped_file_size_commitlog_bytes=512 << 20, max_puts_in_flight=WINDOW_ASYNC)
+            try:
+                cpu[f"put {threads} thread{'s' if threads > 1 else ''}"] = put_threads_cpu(store, mt, threads)
+            finally:
+                store.close()
+    print("CPU per put, us (user + system, per thread role; until visible):")
+    for case, roles in cpu.items():
+        print(f"  {case:<15}" + ", ".join(f"{role} {us:.1f}" for role, us in roles.items()))
+    figures["cpu_us_per_put"] = cpu
     return figures
 
 

@@ -207,3 +207,35 @@ def test_the_put_benchmarks_cases_run_against_the_store_and_the_floor(tmp_path: 
             assert case(floor, messages) > 0, name
         finally:
             floor.close()
+
+
+def test_the_put_benchmark_says_where_a_single_puts_cpu_goes(tmp_path: Path) -> None:
+    """Per-thread CPU per put, by role: the producers, the writer and the dispatch actors each
+    spent some, and the total is their sum. Nothing about how much."""
+    import mqstore
+    from mqstore.bench import bench_put as bp
+
+    messages = bp._messages(256, bp.BODY_128)
+    with mqstore.open(tmp_path / "s", mapped_file_size_commitlog_bytes=1 << 20) as store:
+        figures = bp.put_threads_cpu(store, messages, 2)
+        assert store.max_offset("bench", 0) == 64
+    roles = {role: us for role, us in figures.items() if role not in ("total", "wall")}
+    assert {"producers", "CommitLogWriter"} <= set(roles), figures
+    assert all(us > 0 for us in roles.values()) and figures["wall"] > 0
+    assert figures["total"] == pytest.approx(sum(roles.values()), abs=0.05 * len(roles) + 0.06)
+
+
+def test_one_cpu_pins_every_thread_and_gives_each_its_cpus_back() -> None:
+    import os
+    import threading
+
+    from mqstore.bench import bench_put as bp
+
+    before = os.sched_getaffinity(0)
+    seen: list[set[int]] = []
+    with bp._one_cpu() as cpu:
+        started = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        started.start()
+        started.join()
+        assert os.sched_getaffinity(0) == {cpu} and seen == [{cpu}]
+    assert os.sched_getaffinity(0) == before
