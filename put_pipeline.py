@@ -18,6 +18,7 @@ crashed or the store closed), never exceptions set on the future.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -123,12 +124,10 @@ class _PutFuture(Future[PutResult]):
     def result(self, timeout: float | None = None) -> PutResult:
         if self._state is _FINISHED and self._result is not None:
             return self._result
-        _complete_while_waiting(self, timeout)
-        return super().result(timeout)
+        return super().result(_complete_while_waiting(self, timeout))
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        _complete_while_waiting(self, timeout)
-        return super().exception(timeout)
+        return super().exception(_complete_while_waiting(self, timeout))
 
     def cancel(self) -> bool:
         return False
@@ -143,13 +142,17 @@ _COMPLETING = threading.local()
 _WAIT_POLL_S = 0.01
 
 
-def _complete_while_waiting(future: _PutFuture, timeout: float | None) -> None:
+def _complete_while_waiting(future: _PutFuture, timeout: float | None) -> float | None:
     """A done-callback (on the completion thread, the only one that completes futures) that
     waits on another put's future would wait on itself, forever without a timeout: there the
-    wait completes the passes queued behind it instead, until `future` is done."""
+    wait completes the passes queued behind it instead, until `future` is done. Returns what
+    is left of `timeout` for the wait that follows."""
     pipeline: PutPipeline | None = _COMPLETING.__dict__.get("pipeline")
-    if pipeline is not None and future._state is not _FINISHED:
-        pipeline.complete_until(future, timeout)
+    if pipeline is None or future._state is _FINISHED:
+        return timeout
+    deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+    pipeline.complete_until(future, deadline)
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 # Guards making a _PutFuture's Condition against completing it without one.
@@ -158,11 +161,13 @@ _PENDING: str = _futures_base.PENDING
 _FINISHED: str = _futures_base.FINISHED
 
 
-def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> None:
+def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> list[_PutFuture]:
     """set_result for a pass's futures, with the lock taken once for the pass instead of once
     a future: those nobody waits on (no Condition made) are completed under it; the others
-    through their Condition after it, and then their done-callbacks run. One already done (by
-    close(), racing) is left as it is."""
+    through their Condition after it. Returns those whose done-callbacks are due, for the
+    caller to run once every result is set: a callback may wait on a later future of the same
+    pass, which only the completion thread could complete. One already done (by close(),
+    racing) is left as it is."""
     waited: list[tuple[_PutFuture, PutResult]] = []
     with _CONDITION_MADE:
         for future, result in completions:
@@ -171,8 +176,6 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> None:
             elif future._state is _PENDING:
                 future._result = result
                 future._state = _FINISHED
-    # Every result of the pass is set before any done-callback runs: a callback may wait on a
-    # later future of the same pass, which only this thread could complete.
     completed: list[_PutFuture] = []
     for future, result in waited:
         with future._condition:
@@ -184,8 +187,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> None:
                 waiter.add_result(future)
             future._condition.notify_all()
         completed.append(future)
-    for future in completed:
-        future._invoke_callbacks()  # type: ignore[attr-defined]
+    return completed
 
 
 class _PutReply(PassReply):
@@ -411,6 +413,8 @@ class PutPipeline:
         self._actor_put_ends: dict[str, tuple[weakref.ref[pykka.ActorRef[Any]], int]] = {}
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
+        # Completed futures whose done-callbacks have yet to run (see _run_due_callbacks).
+        self._callbacks_due: collections.deque[_PutFuture] = collections.deque()
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
         # A single put's encode and hand-over in one C call (None: the Python path only, as
@@ -587,12 +591,14 @@ class PutPipeline:
         get = self._completions.get
         while (answers := get()) is not None:
             self._complete(answers)
+            self._run_due_callbacks()
 
-    def complete_until(self, future: Future[PutResult], timeout_s: float | None) -> None:
-        """On the completion thread, from a done-callback: complete queued passes (running
-        their callbacks, nested) until `future` is done, `timeout_s` passes or close() asks
-        the thread to stop (then close() completes what is left)."""
-        deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
+    def complete_until(self, future: Future[PutResult], deadline: float | None) -> None:
+        """On the completion thread, from a done-callback: complete queued passes until
+        `future` is done, the monotonic `deadline` passes or close() asks the thread to stop
+        (then close() completes what is left). Their done-callbacks are not run here but
+        queued for the loop, after the running one returns: run here, a callback that waits
+        in turn nested without bound (RecursionError, futures never completed)."""
         while not future.done():
             remaining = _WAIT_POLL_S if deadline is None else min(deadline - time.monotonic(), _WAIT_POLL_S)
             if remaining <= 0:
@@ -605,6 +611,17 @@ class PutPipeline:
                 self._completions.put(None)  # for the loop this callback returns to
                 return
             self._complete(answers)
+
+    def _run_due_callbacks(self) -> None:
+        """Done-callbacks of completed futures, in completion order, one at a time (a callback
+        that waits completes more passes, whose callbacks join the end of the line)."""
+        due = self._callbacks_due
+        while due:
+            try:
+                future = due.popleft()
+            except IndexError:  # taken by close() racing a completion thread it gave up on
+                return
+            future._invoke_callbacks()  # type: ignore[attr-defined]
 
     def _record(self, figures: list[tuple[str, PutResult, int]]) -> None:
         """A pass's figures (topic, result, latency_ns) into the stats, one call per pass."""
@@ -636,7 +653,7 @@ class PutPipeline:
                 forgotten.append((reply, result))
         # The stats before any future completes: a caller that saw its put done sees it counted.
         self._record(figures)
-        _complete_futures(completions)
+        self._callbacks_due.extend(_complete_futures(completions))
         self._pending.difference_update([future for future, _ in completions])  # once done: flush() waits for them
         for reply, result in forgotten:
             self._log_forgotten(reply, result)
@@ -706,11 +723,17 @@ class PutPipeline:
                 break
             if answers is not None:
                 self._complete(answers)
+        self._run_due_callbacks()
         closed = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store closed")
         for future in self._pending.copy():
             self._pending.discard(future)
             if not future.done():
                 future.set_result(closed)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            # Still in a done-callback (the join gave up, or close() was called from one): the
+            # stop marker this drain took is put back, so the thread ends when it returns.
+            self._completions.put(None)
 
 
 class ActorClient:

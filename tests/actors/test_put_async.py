@@ -566,8 +566,58 @@ def test_a_passes_futures_are_all_done_before_any_of_its_done_callbacks_runs() -
     seen: list[bool] = []
     first.add_done_callback(lambda _f: seen.append(second.done() and second.result(0) is ok))
     second.add_done_callback(lambda _f: None)
-    put_pipeline._complete_futures([(first, ok), (second, ok)])
+    due = put_pipeline._complete_futures([(first, ok), (second, ok)])
+    assert due == [first, second] and seen == []  # the caller runs them, once all are set
+    for future in due:
+        future._invoke_callbacks()  # type: ignore[attr-defined]
     assert seen == [True]
+
+
+def test_done_callbacks_that_each_put_and_wait_do_not_nest_and_every_future_is_answered(store_dir: Path) -> None:
+    """Every put's callback puts a follow-up and waits on it, under two producers. A wait that
+    ran the callbacks of the passes it completed nested without bound (110 deep in the review's
+    run), until RecursionError abandoned passes taken off the queue: their stored puts were
+    answered "store closed" at close(). Callbacks now run one at a time, from the loop."""
+    with helpers.open_small(store_dir) as store:
+        depth, deepest, errors = [0], [0], []
+        follow_ups: list[Future[PutResult]] = []
+        outer: list[Future[PutResult]] = []
+        stop = threading.Event()
+
+        def put_and_wait(_future: Future[PutResult]) -> None:
+            if threading.current_thread().name != COMPLETION_THREAD:
+                return
+            depth[0] += 1
+            deepest[0] = max(deepest[0], depth[0])
+            try:
+                following = store.put_async(Message(topic="audit", body=b"a"))
+                follow_ups.append(following)
+                following.result(timeout=TIMEOUT_S)
+            except BaseException as exc:  # noqa: BLE001 - what the callback met is the finding
+                errors.append(exc)
+            finally:
+                depth[0] -= 1
+
+        def produce() -> None:
+            while not stop.is_set() and len(outer) < 20_000:
+                future = store.put_async(Message(topic="orders", body=b"o"))
+                future.add_done_callback(put_and_wait)
+                outer.append(future)
+
+        producers = [threading.Thread(target=produce) for _ in range(2)]
+        for producer in producers:
+            producer.start()
+        time.sleep(1.5)
+        stop.set()
+        for producer in producers:
+            producer.join()
+        store.flush()
+        every = outer + follow_ups
+        deadline = time.monotonic() + TIMEOUT_S
+        while not all(f.done() for f in every) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert errors == [] and deepest[0] == 1, (errors[:3], deepest[0])
+        assert all(f.done() and f.result(0).ok for f in every)
 
 
 def test_a_done_callback_waiting_on_another_stores_future_sees_it_done(tmp_path: Path) -> None:
@@ -599,3 +649,54 @@ def test_a_done_callback_waiting_on_another_stores_future_sees_it_done(tmp_path:
             time.sleep(0.01)
         assert len(outcome) == 2 and outcome[0].ok, outcome
         assert outcome[1] < 3.0, f"waited {outcome[1]:.1f} s for a future done after 0.3 s"
+
+
+def test_a_done_callbacks_wait_with_a_timeout_times_out_once(tmp_path: Path) -> None:
+    """result(timeout=T) on the completion thread: the passes completed while waiting and the
+    wait after them share T. Before, each had its own: a TimeoutError came after 2T."""
+    with helpers.open_small(tmp_path / "a") as a, helpers.open_small(tmp_path / "b") as b:
+        hold_b = threading.Event()
+        _block_completions(b, hold_b)
+        never_in_time = b.put_async(Message(topic="orders", body=b"b"))
+        entered = threading.Event()
+        outcome: list[Any] = []
+
+        def wait_a_second(_future: Future[PutResult]) -> None:
+            if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
+                entered.set()
+                started = time.monotonic()
+                try:
+                    never_in_time.result(timeout=1.0)
+                except TimeoutError:
+                    outcome.append(time.monotonic() - started)
+
+        while not entered.is_set():
+            a.put_async(Message(topic="orders", body=b"a")).add_done_callback(wait_a_second)
+            entered.wait(0.05)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not outcome and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hold_b.set()
+        assert outcome and 0.9 <= outcome[0] < 1.6, outcome
+
+
+def test_close_from_a_done_callback_lets_the_completion_thread_end(store_dir: Path) -> None:
+    """close() from a done-callback completes what is queued there, stop marker included: the
+    thread went back to waiting on an empty queue for good (a thread leaked per such store)."""
+    store = helpers.open_small(store_dir)
+    entered, closed = threading.Event(), threading.Event()
+
+    def close_store(_future: Future[PutResult]) -> None:
+        if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
+            entered.set()
+            store.close()
+            closed.set()
+
+    while not entered.is_set():
+        store.put_async(Message(topic="orders", body=b"x")).add_done_callback(close_store)
+        entered.wait(0.05)
+    assert closed.wait(TIMEOUT_S)
+    thread = store._puts._thread
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive(), "the completion thread outlived its store"
