@@ -4,11 +4,13 @@ CONSUMER_OFFSET_PERSIST_INTERVAL_MS of the store's clock, and at close."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 from .log import get_logger
-from .storage.consumer_offsets import ConsumerOffsetStore
+from .storage.consumer_offsets import DAMAGED_SUFFIX, ConsumerOffsetStore
 from .storage.fs import FileSystem
+from .storage.lockfiles import StoreDirectoryError
 
 __all__ = ["CONSUMER_OFFSET_PERSIST_INTERVAL_MS", "ConsumerOffsets"]
 
@@ -20,12 +22,28 @@ class ConsumerOffsets:
     """Thread-safe: host threads commit and query, the supervisor's thread ticks."""
 
     def __init__(self, fs: FileSystem, root_dir: str, *, interval_ms: int = CONSUMER_OFFSET_PERSIST_INTERVAL_MS) -> None:
+        self._fs = fs
         self._offsets = ConsumerOffsetStore(fs, root_dir)
         self._interval_ms = interval_ms
         self._lock = threading.Lock()
         self._dirty = False
         self._next_persist_ms: int | None = None  # set by the first tick after a commit
         self.log = get_logger("mqstore.offsets", store=root_dir)
+
+    def refuse_what_is_in_the_way(self) -> None:
+        """StoreDirectoryError if a file stands where `config` belongs, or a directory where
+        the offsets file, its `.bak`, `.tmp` or `.damaged` belongs: committed offsets could
+        not be kept there (they were lost at the next open). Reads nothing else; run before
+        the store is taken, so that the refusal changes no byte."""
+        fs, path = self._fs, self._offsets.path
+        directory = os.path.dirname(path)
+        if fs.exists(directory) and not fs.isdir(directory):
+            raise StoreDirectoryError(f"{directory} is a file where the store keeps its config directory; "
+                                      "move it aside and start again")  # fmt: skip
+        for candidate in (path, path + ".bak", path + ".tmp", path + DAMAGED_SUFFIX):
+            if fs.isdir(candidate):
+                raise StoreDirectoryError(f"{candidate} is a directory where the committed consumer offsets belong; "
+                                          "move it aside and start again")  # fmt: skip
 
     def load(self) -> None:
         """Read config/consumerOffset.json (or its .bak); raises if neither parses."""

@@ -61,7 +61,6 @@ from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.geometry import adopt_geometry
 from .storage.index import IndexReader
-from .storage.lockfiles import StoreDirectoryError
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
@@ -235,16 +234,16 @@ class MessageStore:
             # Once per open, not per put: a broker.conf carries these for the broker's sake.
             self.log.warning("settings that have no effect in this store", settings=sorted(no_effect),
                              why=no_effect)  # fmt: skip
-        # Before the supervisor takes the store, so that an open refused here changes no byte.
-        # Unreadable files give an empty table and an error; I/O errors fail the open.
-        try:
-            self.offsets.load()
-        except IsADirectoryError as exc:
-            raise StoreDirectoryError(
-                f"{exc.filename} is a directory, not the committed consumer offsets: move it out of the way"
-            ) from exc
+        self.offsets.refuse_what_is_in_the_way()  # before the store is taken: a refusal changes no byte
         self.supervisor.start()
         _open_stores.add(self)
+        try:
+            # Under the store's lock: read before it, a holder closing meanwhile could write
+            # newer offsets that this store's close would then write over.
+            self.offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
+        except Exception:
+            self.close()
+            raise
 
     def close(self) -> bool:
         """Stop cleanly (dispatch caught up, everything flushed, abort file removed).
@@ -255,10 +254,12 @@ class MessageStore:
         self._closed = True
         if self.supervisor.state is SupervisorState.RUNNING:
             self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
+        # Committed offsets before the stop releases the store's lock (after it, another
+        # process may have opened the store and written its own); not written: not clean.
+        offsets_kept = self.offsets.close()
         clean = self.supervisor.stop()
         self._subscriptions.close()
         self._puts.close()  # after the writer: every future handed out is completed
-        offsets_kept = self.offsets.close()  # committed offsets not written: not a clean stop
         self.read_view.close()  # wakes every waiting reader
         self._readers.close()
         _open_stores.discard(self)

@@ -7,7 +7,7 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -34,16 +34,16 @@ def test_committed_offsets_survive_a_restart(tmp_path: Path, open_store: Open) -
 
 
 def test_a_close_that_could_not_keep_the_committed_offsets_says_it_was_not_clean(tmp_path: Path) -> None:
-    """`config` is a file, not a directory: the offsets cannot be written. Before, close() said
-    the stop was clean and the committed offsets were gone at the next open."""
+    """`config` became a file while the store ran: the offsets cannot be written. Before,
+    close() said the stop was clean and the committed offsets were gone at the next open."""
     import mqstore
 
     root = tmp_path / "store"
     with mqstore.open(root):
         pass
+    store = mqstore.open(root)
     shutil.rmtree(root / "config", ignore_errors=True)
     (root / "config").write_bytes(b"in the way")
-    store = mqstore.open(root)
     store.commit_offset("g", "T", 0, 7)
     assert store.close() is False
     assert store.close() is False  # a second close says the same
@@ -52,11 +52,42 @@ def test_a_close_that_could_not_keep_the_committed_offsets_says_it_was_not_clean
         assert again.query_offset("g", "T", 0) == -1  # lost, as close() said
 
 
-def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte(tmp_path: Path) -> None:
+def test_offsets_are_read_under_the_stores_lock_and_written_before_it_is_released(tmp_path: Path) -> None:
+    """A second opener while the holder closes: the holder's last commit is on disk before its
+    lock is free, and the opener reads the offsets only once it holds the lock. Before (the
+    helper's review of 7b92d8d), the opener read them before taking the lock, the holder's
+    close then wrote newer ones, and the opener answered the old offset and wrote it back."""
+    import mqstore
+    from mqstore import supervisor as supervisor_module
+
+    root = tmp_path / "store"
+    holder = mqstore.open(root)
+    holder.commit_offset("g", "T", 0, 10)
+    holder.persist_offsets()
+    holder.commit_offset("g", "T", 0, 20)  # on disk only through the holder's close
+    start = supervisor_module.Supervisor.start
+
+    def start_once_the_holder_closed(self: Any) -> None:
+        supervisor_module.Supervisor.start = start  # type: ignore[method-assign]
+        assert holder.close()
+        start(self)
+
+    supervisor_module.Supervisor.start = start_once_the_holder_closed  # type: ignore[method-assign]
+    try:
+        with mqstore.open(root) as opener:
+            assert opener.query_offset("g", "T", 0) == 20
+    finally:
+        supervisor_module.Supervisor.start = start  # type: ignore[method-assign]
+    assert json.loads((root / "config" / "consumerOffset.json").read_text())["offsetTable"] == {"T@g": {"0": 20}}
+
+
+@pytest.mark.parametrize("in_the_way", ["consumerOffset.json", "consumerOffset.json.bak", "config"])
+def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte(tmp_path: Path, in_the_way: str) -> None:
     """`consumerOffset.json` is a directory: the offsets cannot be read, so the open is refused
     (StoreDirectoryError, naming it) before the store is started. Before, the whole store
     started first (abort file, recovery, stats.msgpack, the clean stop's checkpoint) and then
-    raised IsADirectoryError: a refused open rewrote the store's files."""
+    raised IsADirectoryError: a refused open rewrote the store's files. A `.bak` directory, or a
+    file for `config`, opened, and the offsets committed in that run were lost at the next."""
     import hashlib
     import os
 
@@ -69,20 +100,29 @@ def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte
         store.commit_offset("g", "T", 0, 1)
     offsets = root / "config" / "consumerOffset.json"
     saved = offsets.read_bytes()
-    offsets.unlink()
-    offsets.mkdir()
+    blocker = root / "config" / in_the_way if in_the_way != "config" else root / "config"
+    if in_the_way == "config":
+        shutil.rmtree(blocker)
+        blocker.write_bytes(b"in the way")
+    else:
+        blocker.unlink(missing_ok=True)
+        blocker.mkdir()
 
     def state() -> dict[str, tuple[int, str]]:
         return {str(p.relative_to(root)): (os.stat(p).st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
                 for p in sorted(root.rglob("*"))}  # fmt: skip
 
     before = state()
-    with pytest.raises(mqstore.StoreDirectoryError, match="consumerOffset.json"):
+    with pytest.raises(mqstore.StoreDirectoryError, match=f"{blocker} is a"):
         mqstore.open(root)
     assert state() == before
     assert not (root / "abort").exists()
     assert main(["get", str(root), "--topic", "T", "--queue", "0", "--offset", "0"]) == ExitCode.OK  # reads still work
-    offsets.rmdir()
+    if in_the_way == "config":
+        blocker.unlink()
+        offsets.parent.mkdir()
+    else:
+        blocker.rmdir()
     offsets.write_bytes(saved)
     with mqstore.open(root) as again:
         assert again.query_offset("g", "T", 0) == 1
