@@ -41,5 +41,20 @@ def test_without_any_new_enough_python_it_says_what_to_install(tmp_path: Path) -
     _stub(tmp_path, "id", "echo 1000")  # not root: no apt install
     done = _find(tmp_path)
     assert done.returncode == 1 and done.stdout == ""
-    assert "needs Python >= 3.11 (Python 3.10.12); install python3.11 or newer" in done.stderr
+    assert "needs Python 3.11 or newer (Python 3.10.12)" in done.stderr
     assert os.access(FIND_PYTHON, os.X_OK)
+
+
+def test_a_python_the_caller_chose_is_never_replaced(tmp_path: Path) -> None:
+    _stub(tmp_path, "old-python", 'case "$1" in -V) echo "Python 3.9.2";; *) exit 1;; esac')
+    (tmp_path / "python3.11").symlink_to(sys.executable)
+    done = _find(tmp_path, PYTHON=str(tmp_path / "old-python"))
+    assert done.returncode == 1 and done.stdout == ""
+    assert "is not Python >= 3.11 (Python 3.9.2)" in done.stderr
+
+
+def test_a_newer_python_than_3_13_is_taken_too(tmp_path: Path) -> None:
+    _stub(tmp_path, "python3", "exit 1")
+    (tmp_path / "python3.14").symlink_to(sys.executable)
+    done = _find(tmp_path)
+    assert (done.returncode, done.stdout.strip()) == (0, "python3.14")
