@@ -621,7 +621,10 @@ class PutPipeline:
                 future = due.popleft()
             except IndexError:  # taken by close() racing a completion thread it gave up on
                 return
-            future._invoke_callbacks()  # type: ignore[attr-defined]
+            try:
+                future._invoke_callbacks()  # type: ignore[attr-defined]
+            except BaseException as exc:  # Future logs an Exception; SystemExit and the like would end the thread
+                self.log.error("a put's done-callback raised", error=repr(exc))
 
     def _record(self, figures: list[tuple[str, PutResult, int]]) -> None:
         """A pass's figures (topic, result, latency_ns) into the stats, one call per pass."""

@@ -700,3 +700,21 @@ def test_close_from_a_done_callback_lets_the_completion_thread_end(store_dir: Pa
     assert thread is not None
     thread.join(5)
     assert not thread.is_alive(), "the completion thread outlived its store"
+
+
+def test_a_done_callback_raising_system_exit_does_not_stop_the_completions(store_dir: Path) -> None:
+    """Future logs a callback's Exception; a BaseException such as SystemExit ended the
+    completion thread, and every later future stayed pending for good."""
+    with helpers.open_small(store_dir) as store:
+        entered = threading.Event()
+
+        def leave(_future: Future[PutResult]) -> None:
+            if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
+                entered.set()
+                raise SystemExit("a callback's bad day")
+
+        while not entered.is_set():
+            store.put_async(Message(topic="orders", body=b"x")).add_done_callback(leave)
+            entered.wait(0.05)
+        after = store.put_async(Message(topic="orders", body=b"after"))
+        assert after.result(timeout=TIMEOUT_S).ok
