@@ -57,6 +57,13 @@ ConsumeQueueRequest = (
 )
 
 
+class QueueFileUnavailable(OSError):
+    """A queue's next file could not be made or written (why is logged where it failed: a file
+    where its directory belongs, permissions, a read-only remount). Dispatch waits and retries
+    every tick, as for a full disk: failing the actor instead restarted it until the supervisor
+    stopped the whole store, though the log was fine."""
+
+
 class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
     name = "consume_queue"
 
@@ -215,15 +222,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         return None
 
     def _dispatch_waiting(self) -> None:
-        """Write the waiting batches in order; stop at the first the disk has no room for."""
+        """Write the waiting batches in order; stop at the first the disk has no room for, or
+        whose queue file cannot be had."""
         waiting = self._waiting
         while waiting:
             try:
                 self._dispatch(waiting[0])
-            except DiskFullError as exc:
+            except (DiskFullError, QueueFileUnavailable) as exc:
                 if not self._disk_full_since_ms:
                     self._disk_full_since_ms = self.ctx.clock_ms() or 1
-                    self.log.error("disk full: consume queue dispatch waits for space", error=str(exc),
+                    why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made"
+                    self.log.error(f"{why}: consume queue dispatch waits, retried every tick", error=str(exc),
                                    waiting_batches=len(waiting))  # fmt: skip
                 return
             waiting.popleft()
@@ -233,6 +242,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             self._disk_full_since_ms = 0
 
     def _dispatch(self, batch: DispatchBatch) -> None:
+        """Raises DiskFullError or QueueFileUnavailable with the batch to be written again
+        (units already written are skipped then)."""
         # Consecutive records of one queue become one append, but writes stay in commitlog
         # order: after a crash, "everything below the newest unit's end is written" must hold,
         # because that is where dispatch resumes.
@@ -259,7 +270,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if n == len(runs) // 2:
                 hit("consume_queue.mid_write")
             if not cq.put_message_position_infos(units):
-                raise OSError(f"cannot write consume queue {topic}/{queue_id}")
+                raise QueueFileUnavailable(f"cannot write consume queue {topic}/{queue_id}")
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
@@ -277,7 +288,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if n == middle:
                 hit("consume_queue.mid_write")
             if not cq.put_dense_run(units, first_phy, last_phy, first_cq, count):
-                raise OSError(f"cannot write consume queue {topic}/{queue_id}")
+                raise QueueFileUnavailable(f"cannot write consume queue {topic}/{queue_id}")
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)

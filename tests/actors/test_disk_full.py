@@ -7,10 +7,13 @@ be allocated would fault with SIGBUS and kill the process."""
 from __future__ import annotations
 
 import errno
+import time
+from pathlib import Path
 
 import pytest
 
 import mqstore
+from mqstore import Message
 from mqstore.storage.fs import SimulatedFileSystem
 from mqstore.storage.mapped_file import KEEP_FREE_FOR_MESSAGES_BYTES
 from mqstore.store import MessageStore
@@ -331,3 +334,25 @@ def test_a_close_while_dispatch_waits_for_space_is_not_a_clean_stop(monkeypatch:
         assert all_keys(store) == acked
         for key in ("k1", "k599"):
             assert [m.key_list for m in store.query("T", key).messages] == [[key]]
+
+
+def test_a_queue_directory_blocked_while_the_store_runs_holds_dispatch_instead_of_stopping_the_store(
+    tmp_path: Path,
+) -> None:
+    """A file where a topic's ConsumeQueue directory belongs, put there while the store runs:
+    the ConsumeQueue actor cannot make the queue. It failed at each try until the supervisor
+    gave up and stopped the store (FAILED: every put refused). Now dispatch waits, as for a
+    full disk, the log keeps taking puts, and once the file is gone the queue is made."""
+    with mqstore.open(tmp_path / "s", **WAITING) as store:
+        assert store.put(Message("t", b"before")).ok
+        blocker = tmp_path / "s" / "consumequeue" / "stray"
+        blocker.write_bytes(b"in the way")
+        assert store.put(Message("stray", b"blocked")).ok
+        assert store.put(Message("t", b"behind it")).ok
+        time.sleep(2.5)  # ticks retry; ten failures in a minute stopped the store
+        assert store.running and store.supervisor.restarts == []
+        assert store.put(Message("t", b"still taken")).ok
+        blocker.unlink()
+        assert store.wait_for_messages("t", 0, 2, timeout_s=10)
+        assert [m.body for m in store.get("stray", 0, 0, 8).messages] == [b"blocked"]
+        assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"before", b"behind it", b"still taken"]
