@@ -157,7 +157,7 @@ def test_a_directory_or_file_in_the_place_of_a_segment_or_queue_is_a_store_direc
     consume_queue actor kept failing"; and a directory named as a later segment of a queue or
     of the log opened, to stop the writer when the log got there."""
     root = tmp_path / "s"
-    _ten(root)
+    _ten(root, mapped_file_size_commitlog_bytes=1 << 20, max_hash_slot_num=64, max_index_num=400)  # small to hash
     queue = root / "consumequeue" / "t" / "0"
     if layout == "index file a directory":
         target = next((root / "index").iterdir())

@@ -95,8 +95,8 @@ def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte
     from mqstore import Message
 
     root = tmp_path / "store"
-    with mqstore.open(root) as store:
-        assert store.put(Message("T", b"kept")).ok
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=1 << 20, max_hash_slot_num=64, max_index_num=400) as store:
+        assert store.put(Message("T", b"kept")).ok  # small files: every one is hashed below
         store.commit_offset("g", "T", 0, 1)
     offsets = root / "config" / "consumerOffset.json"
     saved = offsets.read_bytes()
