@@ -413,8 +413,9 @@ class PutPipeline:
         self._actor_put_ends: dict[str, tuple[weakref.ref[pykka.ActorRef[Any]], int]] = {}
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
-        # Completed futures whose done-callbacks have yet to run (see _run_due_callbacks).
-        self._callbacks_due: collections.deque[_PutFuture] = collections.deque()
+        # Completed futures whose done-callbacks have yet to run, each with whether it still
+        # holds its in-flight slot (see _complete, _run_due_callbacks).
+        self._callbacks_due: collections.deque[tuple[_PutFuture, bool]] = collections.deque()
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
         # A single put's encode and hand-over in one C call (None: the Python path only, as
@@ -610,21 +611,28 @@ class PutPipeline:
             if answers is None:
                 self._completions.put(None)  # for the loop this callback returns to
                 return
-            self._complete(answers)
+            self._complete(answers, hold_due_slots=True)
 
     def _run_due_callbacks(self) -> None:
         """Done-callbacks of completed futures, in completion order, one at a time (a callback
-        that waits completes more passes, whose callbacks join the end of the line)."""
+        that waits completes more passes, whose callbacks join the end of the line). Each
+        callback is run here, not by Future._invoke_callbacks, which stops at the first that
+        raises a BaseException (SystemExit): the future's later callbacks would never run."""
         due = self._callbacks_due
         while due:
             try:
-                future = due.popleft()
+                future, held = due.popleft()
             except IndexError:  # taken by close() racing a completion thread it gave up on
                 return
             try:
-                future._invoke_callbacks()  # type: ignore[attr-defined]
-            except BaseException as exc:  # Future logs an Exception; SystemExit and the like would end the thread
-                self.log.error("a put's done-callback raised", error=repr(exc))
+                for callback in future._callback_list or ():
+                    try:
+                        callback(future)
+                    except BaseException as exc:  # never the end of this thread, nor of the future's other callbacks
+                        self.log.error("a put's done-callback raised", error=repr(exc))
+            finally:
+                if held:
+                    self._release_slots(1)
 
     def _record(self, figures: list[tuple[str, PutResult, int]]) -> None:
         """A pass's figures (topic, result, latency_ns) into the stats, one call per pass."""
@@ -638,9 +646,11 @@ class PutPipeline:
         else hears of it."""
         self.log.warning("fire-and-forget put failed", topic=reply.topic, status=result.status.name, detail=result.detail)
 
-    def _complete(self, answers: list[tuple[PassReply, Any]]) -> None:
-        """Complete a pass's futures (their done-callbacks run here), give their slots back."""
-        self._release_slots(len(answers))
+    def _complete(self, answers: list[tuple[PassReply, Any]], *, hold_due_slots: bool = False) -> None:
+        """Complete a pass's futures, queue their done-callbacks, give their slots back. With
+        `hold_due_slots` (a pass completed while a callback waits) the slots of futures with
+        callbacks come back only once those ran: else puts went on taking the freed slots,
+        and the callbacks queued without bound (458k in 14 s in a review's run)."""
         now = _monotonic_ns()
         figures: list[tuple[str, PutResult, int]] = []
         completions: list[tuple[_PutFuture, PutResult]] = []
@@ -656,7 +666,13 @@ class PutPipeline:
                 forgotten.append((reply, result))
         # The stats before any future completes: a caller that saw its put done sees it counted.
         self._record(figures)
-        self._callbacks_due.extend(_complete_futures(completions))
+        due = _complete_futures(completions)
+        if hold_due_slots:
+            self._release_slots(len(answers) - len(due))
+            self._callbacks_due.extend((future, True) for future in due)
+        else:
+            self._release_slots(len(answers))
+            self._callbacks_due.extend((future, False) for future in due)
         self._pending.difference_update([future for future, _ in completions])  # once done: flush() waits for them
         for reply, result in forgotten:
             self._log_forgotten(reply, result)
@@ -726,13 +742,14 @@ class PutPipeline:
                 break
             if answers is not None:
                 self._complete(answers)
-        self._run_due_callbacks()
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            self._run_due_callbacks()  # else that thread runs them when its callback returns, in order
         closed = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store closed")
         for future in self._pending.copy():
             self._pending.discard(future)
             if not future.done():
                 future.set_result(closed)
-        thread = self._thread
         if thread is not None and thread.is_alive():
             # Still in a done-callback (the join gave up, or close() was called from one): the
             # stop marker this drain took is put back, so the thread ends when it returns.
