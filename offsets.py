@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 
+from .errors import StoreClosedError
 from .log import get_logger
 from .storage.consumer_offsets import DAMAGED_SUFFIX, ConsumerOffsetStore
 from .storage.fs import FileSystem
@@ -28,22 +29,34 @@ class ConsumerOffsets:
         self._lock = threading.Lock()
         self._dirty = False
         self._next_persist_ms: int | None = None  # set by the first tick after a commit
+        self._closed = False  # the last write was made (close): commits refused from then on
+        self._kept = True  # what that last write said
         self.log = get_logger("mqstore.offsets", store=root_dir)
 
     def refuse_what_is_in_the_way(self) -> None:
-        """StoreDirectoryError if a file stands where `config` belongs, or a directory where
-        the offsets file, its `.bak`, `.tmp` or `.damaged` belongs: committed offsets could
-        not be kept there (they were lost at the next open). Reads nothing else; run before
-        the store is taken, so that the refusal changes no byte."""
+        """StoreDirectoryError if a file stands where `config` belongs, or anything but a
+        readable regular file where the offsets file, its `.bak`, `.tmp` or `.damaged` is: a
+        directory, a FIFO (reading it hangs), a socket, a file this process may not read. The
+        offsets are loaded only once the store is taken (under its lock), after recovery may
+        have written; so what would fail that load is refused here, before any byte changes."""
         fs, path = self._fs, self._offsets.path
         directory = os.path.dirname(path)
         if fs.exists(directory) and not fs.isdir(directory):
             raise StoreDirectoryError(f"{directory} is a file where the store keeps its config directory; "
                                       "move it aside and start again")  # fmt: skip
         for candidate in (path, path + ".bak", path + ".tmp", path + DAMAGED_SUFFIX):
-            if fs.isdir(candidate):
-                raise StoreDirectoryError(f"{candidate} is a directory where the committed consumer offsets belong; "
+            if not fs.exists(candidate):
+                continue
+            if not fs.isfile(candidate):
+                kind = "a directory" if fs.isdir(candidate) else "not a regular file"
+                raise StoreDirectoryError(f"{candidate} is {kind} where the committed consumer offsets belong; "
                                           "move it aside and start again")  # fmt: skip
+            if candidate.endswith((".json", ".bak")):
+                try:
+                    fs.read_bytes(candidate)
+                except OSError as exc:
+                    raise StoreDirectoryError(f"{candidate} cannot be read ({exc.strerror or exc}): "
+                                              "the committed consumer offsets would be lost") from exc  # fmt: skip
 
     def load(self) -> None:
         """Read config/consumerOffset.json (or its .bak); raises if neither parses."""
@@ -51,7 +64,11 @@ class ConsumerOffsets:
             self._offsets.load()
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """StoreClosedError once the offsets had their last write (the store closed, or its
+        supervisor gave up): a commit after it would be kept nowhere."""
         with self._lock:
+            if self._closed:
+                raise StoreClosedError("the store has stopped: committed offsets are no longer kept")
             self._offsets.commit_offset(group, topic, queue_id, offset)
             self._dirty = True
 
@@ -61,16 +78,19 @@ class ConsumerOffsets:
 
     def persist(self) -> None:
         """Write the offsets now if any changed (string2File: .tmp, .bak, rename); OSError
-        leaves them dirty, so the next tick or close retries."""
+        leaves them dirty, so the next tick or close retries. Nothing once closed."""
         with self._lock:
-            if not self._dirty:
-                return
-            self._dirty = False
-            try:
-                self._offsets.persist()
-            except OSError:
-                self._dirty = True
-                raise
+            self._persist_locked()
+
+    def _persist_locked(self) -> None:
+        if not self._dirty or self._closed:
+            return
+        self._dirty = False
+        try:
+            self._offsets.persist()
+        except OSError:
+            self._dirty = True
+            raise
 
     def __call__(self, now_ms: int) -> None:
         """The tick hook: persist once `interval_ms` passed since the first tick that saw a
@@ -87,11 +107,17 @@ class ConsumerOffsets:
         self.persist()
 
     def close(self) -> bool:
-        """The last write, at the store's close; False when it failed (logged: the close goes
-        on, and reports the stop as not clean, since committed offsets were not kept)."""
-        try:
-            self.persist()
-            return True
-        except OSError as exc:
-            self.log.error("persisting consumer offsets at close failed", error=str(exc))
-            return False
+        """The last write, at the store's close or before its supervisor gives the lock up;
+        False when it failed (logged: the close goes on, and reports the stop as not clean,
+        since committed offsets were not kept). Later commits raise; a second call returns
+        the first's answer."""
+        with self._lock:
+            if self._closed:
+                return self._kept
+            try:
+                self._persist_locked()
+            except OSError as exc:
+                self.log.error("persisting consumer offsets at close failed", error=str(exc))
+                self._kept = False
+            self._closed = True
+            return self._kept

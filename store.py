@@ -226,6 +226,9 @@ class MessageStore:
         self.supervisor.ctx.on_tick_ms.append(self._stats_ticker)
         self.offsets = ConsumerOffsets(self.fs, config.store_path_root_dir)
         self.supervisor.ctx.on_tick_ms.append(self.offsets)
+        # Their last write under the lock also when the supervisor gives up (FAILED): after it,
+        # another process may open the store, and this one's writes would go over its own.
+        self.supervisor.before_unlock.append(self.offsets.close)
 
     # lifecycle ---------------------------------------------------------------------------
     def _start(self) -> None:
@@ -807,7 +810,8 @@ class MessageStore:
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Remember `group`'s next offset to consume in topic/queue_id. Persisted to
         <root>/config/consumerOffset.json by the supervisor's ticker within
-        CONSUMER_OFFSET_PERSIST_INTERVAL_MS (offsets.py), and at close."""
+        CONSUMER_OFFSET_PERSIST_INTERVAL_MS (offsets.py), and at close. StoreClosedError once
+        the store stopped (closed, or its supervisor gave up): the offset would be kept nowhere."""
         self._check_open()
         if not isinstance(group, str):
             raise TypeError(f"group must be a str, not {type(group).__name__}")

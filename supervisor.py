@@ -251,6 +251,9 @@ class Supervisor:
         self.ticker: Ticker = ticker or RealTicker()
         self.faults = faults
         self.on_fatal = on_fatal
+        # Run on the supervisor's thread just before the store's lock is released, at a stop
+        # or when it gives up (see _before_unlock).
+        self.before_unlock: list[Callable[[], object]] = []
         self.state = SupervisorState.NEW
         self.restarts: list[RestartRecord] = []
         self.recovery: RecoveryReport | None = None
@@ -444,11 +447,21 @@ class Supervisor:
                             changed = True
         return [spec.name for spec in self._specs if spec.name in wanted]
 
+    def _before_unlock(self) -> None:
+        """The owner's last writes under the store's lock (`before_unlock`: the consumer
+        offsets): once it is released another process may hold the store and write its own."""
+        for hook in list(self.before_unlock):
+            try:
+                hook()
+            except Exception as exc:  # the lock is released whatever a hook does
+                self.log.error("a last write before the store's lock is released failed", error=repr(exc))
+
     def _give_up(self, error: BaseException) -> None:
         self.log.error("too many restarts, stopping the store", error=repr(error))
         self.state = SupervisorState.FAILED
         self.fatal_error = error
         self._stop_children(clean=False)
+        self._before_unlock()
         if self._lock is not None:
             self._lock.release()
         if self.on_fatal is not None:
@@ -682,6 +695,7 @@ class Supervisor:
         self._stop_children(clean=clean)
         if clean and self._abort is not None:
             self._abort.remove()
+        self._before_unlock()
         if self._lock is not None:
             self._lock.release()
         self.clean_stop = clean

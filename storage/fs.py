@@ -64,6 +64,7 @@ class FileSystem(Protocol):
     def listdir(self, path: str) -> list[str]: ...
     def exists(self, path: str) -> bool: ...
     def isdir(self, path: str) -> bool: ...
+    def isfile(self, path: str) -> bool: ...
     def getsize(self, path: str) -> int: ...
     def makedirs(self, path: str) -> None: ...
     def remove(self, path: str) -> None: ...
@@ -379,6 +380,10 @@ class RealFileSystem:
     def isdir(self, path: str) -> bool:
         return os.path.isdir(path)
 
+    def isfile(self, path: str) -> bool:
+        """A regular file (after symlinks): not a directory, FIFO, socket or device."""
+        return os.path.isfile(path)
+
     def getsize(self, path: str) -> int:
         return os.path.getsize(path)
 
@@ -668,6 +673,9 @@ class SimulatedFileSystem:
 
     def isdir(self, path: str) -> bool:
         return os.path.normpath(path) in self._dirs
+
+    def isfile(self, path: str) -> bool:
+        return os.path.normpath(path) in self._files
 
     def getsize(self, path: str) -> int:
         file = self._files.get(os.path.normpath(path))

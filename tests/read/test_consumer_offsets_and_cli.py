@@ -52,6 +52,39 @@ def test_a_close_that_could_not_keep_the_committed_offsets_says_it_was_not_clean
         assert again.query_offset("g", "T", 0) == -1  # lost, as close() said
 
 
+def test_a_store_whose_supervisor_gave_up_writes_its_offsets_before_the_lock_and_never_after(tmp_path: Path) -> None:
+    """FAILED: the supervisor releases the store's lock when it gives up. The committed offsets
+    were written only at close(), after that, over those of a process that had opened the store
+    meanwhile (the second review's reproduction). Now they are written before the lock goes,
+    and later commits are refused (StoreClosedError), as after a close."""
+    import mqstore
+    from mqstore.errors import StoreClosedError
+
+    root = tmp_path / "store"
+    first = mqstore.open(root)
+    first.commit_offset("g", "T", 0, 10)
+    first.supervisor._give_up(RuntimeError("an actor kept failing"))
+    assert json.loads((root / "config" / "consumerOffset.json").read_text())["offsetTable"] == {"T@g": {"0": 10}}
+    with pytest.raises(StoreClosedError):
+        first.commit_offset("g", "T", 0, 11)
+    with mqstore.open(root) as second:  # the lock is free
+        assert second.query_offset("g", "T", 0) == 10
+        second.commit_offset("g", "T", 0, 20)
+    first.close()
+    assert json.loads((root / "config" / "consumerOffset.json").read_text())["offsetTable"] == {"T@g": {"0": 20}}
+
+
+def test_a_commit_after_close_is_refused_not_lost(tmp_path: Path) -> None:
+    import mqstore
+    from mqstore.errors import StoreClosedError
+
+    store = mqstore.open(tmp_path / "store")
+    offsets = store.offsets
+    assert store.close()
+    with pytest.raises(StoreClosedError):
+        offsets.commit("g", "T", 0, 1)  # a commit that got past the store's check as close ran
+
+
 def test_offsets_are_read_under_the_stores_lock_and_written_before_it_is_released(tmp_path: Path) -> None:
     """A second opener while the holder closes: the holder's last commit is on disk before its
     lock is free, and the opener reads the offsets only once it holds the lock. Before (the
@@ -81,7 +114,7 @@ def test_offsets_are_read_under_the_stores_lock_and_written_before_it_is_release
     assert json.loads((root / "config" / "consumerOffset.json").read_text())["offsetTable"] == {"T@g": {"0": 20}}
 
 
-@pytest.mark.parametrize("in_the_way", ["consumerOffset.json", "consumerOffset.json.bak", "config"])
+@pytest.mark.parametrize("in_the_way", ["consumerOffset.json", "consumerOffset.json.bak", "config", "fifo"])
 def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte(tmp_path: Path, in_the_way: str) -> None:
     """`consumerOffset.json` is a directory: the offsets cannot be read, so the open is refused
     (StoreDirectoryError, naming it) before the store is started. Before, the whole store
@@ -100,10 +133,13 @@ def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte
         store.commit_offset("g", "T", 0, 1)
     offsets = root / "config" / "consumerOffset.json"
     saved = offsets.read_bytes()
-    blocker = root / "config" / in_the_way if in_the_way != "config" else root / "config"
+    blocker = {"config": root / "config", "fifo": offsets}.get(in_the_way, root / "config" / in_the_way)
     if in_the_way == "config":
         shutil.rmtree(blocker)
         blocker.write_bytes(b"in the way")
+    elif in_the_way == "fifo":  # the load would hang reading it, the store started (the review's case)
+        blocker.unlink()
+        os.mkfifo(blocker)
     else:
         blocker.unlink(missing_ok=True)
         blocker.mkdir()
@@ -113,7 +149,7 @@ def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte
                 for p in sorted(root.rglob("*"))}  # fmt: skip
 
     before = state()
-    with pytest.raises(mqstore.StoreDirectoryError, match=f"{blocker} is a"):
+    with pytest.raises(mqstore.StoreDirectoryError, match=f"{blocker} is "):
         mqstore.open(root)
     assert state() == before
     assert not (root / "abort").exists()
@@ -121,6 +157,8 @@ def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte
     if in_the_way == "config":
         blocker.unlink()
         offsets.parent.mkdir()
+    elif in_the_way == "fifo":
+        blocker.unlink()
     else:
         blocker.rmdir()
     offsets.write_bytes(saved)
