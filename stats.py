@@ -87,6 +87,10 @@ class StatsSource(Protocol):
     def dispatch_progress(self) -> tuple[int, int]:
         """(the commitlog's readable end, the end of what was dispatched)."""
         ...
+    def written_progress(self) -> tuple[int | None, int | None]:
+        """(the end of what the ConsumeQueues hold, of what the index holds); None where
+        nothing is known (not published since start, or the index is off)."""
+        ...
 
 
 def bucket_of(latency_ms: int) -> int:
@@ -360,6 +364,7 @@ def store_snapshot(store: StatsSource) -> dict[str, Any]:
         out["commitlog_max_offset"] = log_end
         out["reput_offset"] = dispatched
     out["dispatch_behind_bytes"] = behind
+    out.update(_written_behind(store) if store.running else dict.fromkeys(_WRITTEN_BEHIND_KEYS))
     proc = psutil.Process()
     try:
         open_files = len(proc.open_files())
@@ -454,7 +459,23 @@ class StatsTicker:
         """How far dispatch is behind the log, from the store's read view (no ask: this runs on
         the supervisor's thread; at close, the view as the actors left it)."""
         log_end, dispatched = self._store.dispatch_progress()
-        return {"behind_bytes": max(log_end - dispatched, 0), "commitlog_max_offset": log_end, "reput_offset": dispatched}
+        return {"behind_bytes": max(log_end - dispatched, 0), "commitlog_max_offset": log_end, "reput_offset": dispatched,
+                **_written_behind(self._store)}  # fmt: skip
+
+
+_WRITTEN_BEHIND_KEYS: Final = ("consume_queue_behind_bytes", "index_behind_bytes")
+
+
+def _written_behind(store: StatsSource) -> dict[str, int | None]:
+    """How far the ConsumeQueues and the index are behind the log. Reput hands batches on
+    before they are written: while their writers wait (a full disk, a queue file that cannot
+    be made), dispatch_behind_bytes stays 0 until reput's backlog is full, and these grow."""
+    log_end = store.dispatch_progress()[0]
+    queues, index = store.written_progress()
+    return {
+        "consume_queue_behind_bytes": None if queues is None else max(log_end - queues, 0),
+        "index_behind_bytes": None if index is None else max(log_end - index, 0),
+    }
 
 
 def read_snapshot(root: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -841,6 +841,15 @@ class MessageStore:
         view = self.read_view.view
         return view.readable_end, view.dispatched_end
 
+    def written_progress(self) -> tuple[int | None, int | None]:
+        """(every unit of a record below this offset is in its ConsumeQueue, every record
+        below this one is indexed), from the read view; None: not published since the start
+        (or the index is off). Stats report the log's end minus each."""
+        view = self.read_view.view
+        queues = view.queues_written if view.queues_live else None
+        index = view.indexed_end if view.index_files is not None and self.config.message_index_enable else None
+        return queues, index
+
     def dispatch_behind_bytes(self) -> int:
         """dispatchBehindBytes: how many bytes of the commitlog reput has not dispatched yet
         (the writer's readable end minus reput's dispatched end, from the read view)."""

@@ -192,7 +192,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         match message:
             case DispatchBatch():
                 self._waiting.append(message)
-                self._dispatch_waiting()
+                if not self._disk_full_since_ms:
+                    # Held (a full disk, a queue file that cannot be made): the ticks retry.
+                    # Retrying per batch failed a file creation and logged two ERRORs for
+                    # every batch reput handed on meanwhile.
+                    self._dispatch_waiting()
             case GetUnits():
                 return self._get_units(message)
             case GetOffsetByTime():

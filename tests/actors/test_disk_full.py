@@ -356,3 +356,41 @@ def test_a_queue_directory_blocked_while_the_store_runs_holds_dispatch_instead_o
         assert store.wait_for_messages("t", 0, 2, timeout_s=10)
         assert [m.body for m in store.get("stray", 0, 0, 8).messages] == [b"blocked"]
         assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"before", b"behind it", b"still taken"]
+
+
+def test_a_held_queue_is_retried_on_ticks_not_per_batch_and_shows_in_the_stats(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While a queue file cannot be made, each new batch retried at once: under load two ERROR
+    lines and a failing file creation per batch, and nothing in stats() said dispatch was held
+    (reput had handed the batches on, so dispatch_behind_bytes was 0). Now only the actor's
+    ticks retry (hourly here: none in the test), and stats() tells how far the queues and the
+    index are behind the log."""
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="mqstore")
+    settings = dict(WAITING, flush_interval_consume_queue_ms=3_600_000)
+    with mqstore.open(tmp_path / "s", **settings) as store:
+        assert store.put(Message("t", b"before")).ok
+        assert len(store.get("t", 0, 0, 32).messages) == 1  # read-your-writes: the queue has it
+        assert store.stats()["consume_queue_behind_bytes"] == 0
+        blocker = tmp_path / "s" / "consumequeue" / "stray"
+        blocker.write_bytes(b"in the way")
+        first = store.put(Message("stray", b"blocked"))
+        assert first.ok
+        for n in range(60):
+            assert store.put(Message("t", b"behind %d" % n)).ok
+        # Held: the read waits for its put, then answers a status, never the queue without it.
+        assert store.get("t", 0, 0, 32).messages == ()
+        assert store.query("t", "no such key").messages == ()  # waits until the index has every put
+        failures = [r for r in caplog.records if r.getMessage() == "creating a segment failed"]
+        # One, and one more if the ticker's first tick, sent as the store starts, reached the
+        # actor after the blocker (a slow machine). Per batch: one a batch (10-30 here).
+        assert len(failures) <= 2
+        stats = store.stats()
+        assert stats["consume_queue_behind_bytes"] == stats["commitlog_max_offset"] - first.commitlog_offset
+        assert stats["index_behind_bytes"] == 0  # the index is not held by a queue's file
+        blocker.unlink()
+        store.flush()  # retries once, as a tick would
+        assert store.get("t", 0, 0, 32).max_offset == 61  # every put in its queue
+        assert store.stats()["consume_queue_behind_bytes"] == 0
