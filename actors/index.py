@@ -175,7 +175,8 @@ class IndexActor(StoreActor[IndexRequest]):
             case DispatchBatch():
                 # Records below _indexed_below are a replay after a restart.
                 self._waiting.append(message)
-                self._index_waiting(service)
+                if not self._disk_full_since_ms:  # waiting for space: the ticks retry
+                    self._index_waiting(service)
             case Tick():
                 self._index_waiting(service)
             case QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin, end_ms=end):

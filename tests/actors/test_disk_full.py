@@ -394,3 +394,21 @@ def test_a_held_queue_is_retried_on_ticks_not_per_batch_and_shows_in_the_stats(
         store.flush()  # retries once, as a tick would
         assert store.get("t", 0, 0, 32).max_offset == 61  # every put in its queue
         assert store.stats()["consume_queue_behind_bytes"] == 0
+
+
+def test_a_full_disk_is_retried_on_the_ticks_not_per_batch() -> None:
+    """ConsumeQueue and index waiting for blocks: each batch reput handed on retried at once,
+    a failed reservation per batch per writer. Now only their ticks retry (hourly here: at most
+    the one sent as the store started, which may come late), and close() once."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    settings = dict(WAITING, flush_interval_consume_queue_ms=3_600_000)
+    with mqstore.open("/sim/store", fs=fs, **settings) as store:
+        _put_while_derived_files_get_no_blocks(store, fs)
+        cq_fault, index_fault = fs._faults  # reaching in: the attempts each made
+        attempts = {"cq": 1_000_000 - cq_fault.remaining, "index": 1_000_000 - index_fault.remaining}
+        for i in range(200):
+            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"m{i}"])).ok
+        store.get("T", 0, 0, 1)  # dispatch has seen every put
+        assert 1_000_000 - cq_fault.remaining <= attempts["cq"] + 1
+        assert 1_000_000 - index_fault.remaining <= attempts["index"] + 1
