@@ -254,6 +254,10 @@ class Supervisor:
         # Run on the supervisor's thread just before the store's lock is released, at a stop
         # or when it gives up (see _before_unlock).
         self.before_unlock: list[Callable[[], object]] = []
+        # Children that did not stop within STOP_TIMEOUT_S: they may still write the store's
+        # files, so the lock is kept until their threads end (_release_lock).
+        self._stragglers: list[tuple[str, pykka.ActorRef[Any]]] = []
+        self.lock_released = threading.Event()
         self.state = SupervisorState.NEW
         self.restarts: list[RestartRecord] = []
         self.recovery: RecoveryReport | None = None
@@ -330,15 +334,15 @@ class Supervisor:
             self._await_rebuilt_restarting()
             self.recovery = self._recovery_report()
         except BaseException:
-            self._stop_children(clean=False)
-            if created_abort and self._abort is not None:
+            all_stopped = self._stop_children(clean=False)
+            if created_abort and self._abort is not None and all_stopped:
                 # Nothing ran: the marker would only make the next open recover a crash
                 # that did not happen. (One that was there before this open stays.)
                 try:
                     self._abort.remove()
                 except OSError as exc:
                     self.log.warning("abort marker not removed after a failed start", error=repr(exc))
-            self._lock.release()
+            self._release_lock()
             raise
         self.state = SupervisorState.RUNNING
         self.ticker.on_advance(lambda: self._events.put(_WAKE))
@@ -417,8 +421,12 @@ class Supervisor:
         group = self._restart_group(event.name)
         self.log.warning("restarting", failed=event.name, group=group, error=repr(event.error))
         try:
-            for name in reversed(group):
-                self._stop_child(name)
+            stuck = [name for name in reversed(group) if not self._stop_child(name)]
+            if stuck:
+                # A second owner of its files beside one that still runs would write over it.
+                self._give_up(RuntimeError(f"{', '.join(stuck)} did not stop within {STOP_TIMEOUT_S} s to be "
+                                           f"restarted (after {event.name} failed: {event.error!r})"))  # fmt: skip
+                return False
             for name in group:
                 self._start_child(name, first=False)
         except Exception as exc:  # a child that cannot start counts as another failure...
@@ -462,8 +470,7 @@ class Supervisor:
         self.fatal_error = error
         self._stop_children(clean=False)
         self._before_unlock()
-        if self._lock is not None:
-            self._lock.release()
+        self._release_lock()
         if self.on_fatal is not None:
             try:
                 self.on_fatal(error)
@@ -633,17 +640,52 @@ class Supervisor:
         return assemble_report(self._mode, self._checkpoint, recovered, index or IndexRecovery(), queues, table,
                                snapshot.lost_queue_offsets)  # fmt: skip
 
-    def _stop_child(self, name: str) -> None:
+    def _stop_child(self, name: str) -> bool:
+        """Stop `name`; False if it did not stop within STOP_TIMEOUT_S (stuck in a stalled
+        write, a held fault point). It still owns its files then, and may write them yet."""
         ref = self.ctx.peers.pop(name, None)
-        if ref is not None:
-            try:
-                ref.stop(block=True, timeout=STOP_TIMEOUT_S)
-            except (pykka.ActorDeadError, pykka.Timeout):
-                pass
+        if ref is None:
+            return True
+        try:
+            ref.stop(block=True, timeout=STOP_TIMEOUT_S)
+        except pykka.ActorDeadError:
+            pass
+        except pykka.Timeout:
+            self.log.error("an actor did not stop in time: the store's lock is kept until it does",
+                           actor=name, timeout_s=STOP_TIMEOUT_S)  # fmt: skip
+            self._stragglers.append((name, ref))
+            return False
+        return True
 
-    def _stop_children(self, *, clean: bool) -> None:
+    def _stop_children(self, *, clean: bool) -> bool:
+        """Stop every child, last started first; False if one did not stop in time."""
+        stopped = True
         for spec in reversed(self._specs):
-            self._stop_child(spec.name)
+            stopped = self._stop_child(spec.name) and stopped
+        return stopped
+
+    def _release_lock(self) -> None:
+        """Release the store's lock once no child of ours runs. A child still running (it did
+        not stop in time) may yet write the files: had the lock gone with it running, another
+        process could open the store and have its acknowledged records overwritten by ours.
+        So a thread waits for those children to end, then releases it (or the process exits)."""
+        lock = self._lock
+        running = [(name, ref) for name, ref in self._stragglers if ref.is_alive()]
+        if lock is None or not running:
+            if lock is not None:
+                lock.release()
+            self.lock_released.set()
+            return
+
+        def release_once_stopped() -> None:
+            for _, ref in running:
+                ref.actor_stopped.wait()
+            lock.release()
+            self.lock_released.set()
+            self.log.info("store lock released: the actors that had not stopped in time have ended",
+                          actors=[name for name, _ in running])  # fmt: skip
+
+        threading.Thread(target=release_once_stopped, name="mqstore-lock-keeper", daemon=True).start()
 
     def _shutdown(self) -> None:
         """RocketMQ's shutdown (§11.9): refuse puts, let dispatch catch up, flush, stop in
@@ -692,12 +734,12 @@ class Supervisor:
         except Exception as exc:
             self.log.error("unclean shutdown", error=repr(exc))
             clean = False
-        self._stop_children(clean=clean)
+        if not self._stop_children(clean=clean):
+            clean = False  # a child still runs: what it writes is not the clean stop's
         if clean and self._abort is not None:
             self._abort.remove()
         self._before_unlock()
-        if self._lock is not None:
-            self._lock.release()
+        self._release_lock()
         self.clean_stop = clean
         self.state = SupervisorState.STOPPED
         self.log.info("store stopped", clean=clean)

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from mqstore import FaultPlan, InjectedFault, Message
+from mqstore import FaultPlan, InjectedFault, Message, StoreLockedError
 from mqstore import supervisor as supervisor_module
 from mqstore.actors.commitlog_writer import CommitLogWriter
 from mqstore.actors.consume_queue import ConsumeQueueService
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
 from mqstore.actors.reput import REPUT_LINGER_MS, ReputMessageService
+from mqstore.faults import HoldAt
 from mqstore.messages import Tick
 from mqstore.supervisor import MAX_RESTARTS, TREE, Supervisor, SupervisorState
 from mqstore.ticker import ManualTicker
@@ -40,11 +41,11 @@ def _record_lifecycle(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, b
         start_child(self, name, first=first)
         events.append(("started", name, self.ctx.peers[name].is_alive()))
 
-    def recording_stop(self: Supervisor, name: str) -> None:
+    def recording_stop(self: Supervisor, name: str) -> bool:
         ref = self.ctx.peers.get(name)
         if ref is not None:
             events.append(("stopping", name, ref.is_alive()))
-        stop_child(self, name)
+        return stop_child(self, name)
 
     monkeypatch.setattr(Supervisor, "_start_child", recording_start)
     monkeypatch.setattr(Supervisor, "_stop_child", recording_stop)
@@ -278,3 +279,70 @@ def test_a_host_exiting_without_close_exits_promptly_and_keeps_acked_messages(st
         records = h.walk_queue(store, "host", 0, h.wait_dispatched(store))
         assert [records[i].body for i in range(count)] == [b"m%d" % i for i in range(count)]
         assert [m.body for m in store.query("host", f"k{count - 1}").messages] == [b"m%d" % (count - 1)]
+
+
+class _HoldThenFail(FaultPlan):
+    """Holds the first actor that reaches `hold_point` (as HoldAt), and fails at armed points."""
+
+    def __init__(self, hold_point: str) -> None:
+        super().__init__()
+        self.hold = HoldAt(hold_point, hold_s=60)
+
+    def hit(self, point: str) -> None:
+        self.hold.hit(point)
+        super().hit(point)
+
+
+def test_a_writer_that_did_not_stop_keeps_the_store_locked_until_it_ends(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer stuck mid-append (a stalled disk; here a held fault point) past the stop
+    timeout: close() released the lock anyway, another opener acknowledged a put at the same
+    offset, and the old writer, once woken, wrote over it (the review's reproduction: the
+    record was damaged at the next open). Now the lock is kept until the writer has ended."""
+    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.5)
+    plan = _HoldThenFail("writer.mid_batch_append")
+    first = h.open_small(store_dir, faults=plan)
+    assert first.put(Message(topic="t", body=b"first")).ok
+    plan.hold.armed.set()
+    first.put_async(Message(topic="t", body=b"H" * 200))
+    assert plan.hold.entered.wait(5)
+    assert first.close() is False  # the writer never answered: not a clean stop
+    with pytest.raises(StoreLockedError):
+        h.open_small(store_dir)  # it may still write: the store is still ours
+    assert not first.supervisor.lock_released.is_set()
+    plan.hold.release.set()
+    assert first.supervisor.lock_released.wait(10)  # the writer ended, then the lock went
+    with h.open_small(store_dir) as second:
+        acked = second.put(Message(topic="t", body=b"second's"))
+        assert acked.ok
+    with h.open_small(store_dir) as third:
+        got = third.get("t", 0, acked.queue_offset, 1)
+        assert got.status is GetMessageStatus.FOUND and got.messages[0].body == b"second's"
+
+
+def test_a_restart_waits_for_no_straggler_it_gives_up_and_keeps_the_lock(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer fails while reput, restarted with it, is stuck mid-dispatch past the stop
+    timeout. Starting a second reput beside the first would give its files two writers: the
+    supervisor gives up instead (FAILED), and keeps the lock until the stuck one ends."""
+    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.5)
+    plan = _HoldThenFail("reput.mid_dispatch")
+    store = h.open_small(store_dir, faults=plan)
+    assert store.put(Message(topic="t", body=b"first")).ok
+    plan.hold.armed.set()
+    assert store.put(Message(topic="t", body=b"held in dispatch")).ok
+    assert plan.hold.entered.wait(5)
+    plan.arm("writer.mid_batch_append")
+    store.put(Message(topic="t", body=b"the writer fails here"))
+    h.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, what="the supervisor gave up")
+    assert "reput did not stop" in repr(store.supervisor.fatal_error)
+    assert not store.supervisor.lock_released.is_set()
+    with pytest.raises(StoreLockedError):
+        h.open_small(store_dir)
+    plan.hold.release.set()
+    assert store.supervisor.lock_released.wait(10)
+    store.close()
+    with h.open_small(store_dir) as again:
+        assert [m.body for m in again.get("t", 0, 0, 8).messages][:2] == [b"first", b"held in dispatch"]
