@@ -44,7 +44,8 @@ class ConsumerOffsets:
         if fs.exists(directory) and not fs.isdir(directory):
             raise StoreDirectoryError(f"{directory} is a file where the store keeps its config directory; "
                                       "move it aside and start again")  # fmt: skip
-        for candidate in (path, path + ".bak", path + ".tmp", path + DAMAGED_SUFFIX):
+        # .bak.tmp: the .bak is itself written through a temporary file.
+        for candidate in (path, path + ".bak", path + ".tmp", path + ".bak.tmp", path + DAMAGED_SUFFIX):
             if not fs.exists(candidate):
                 continue
             if not fs.isfile(candidate):

@@ -76,6 +76,7 @@ from .storage.recovery import (
 )
 from .read_view import ReadView
 from .runtime import ask
+from .stats import SNAPSHOT_FILE_NAME
 from .ticker import RealTicker, Ticker
 
 R = TypeVar("R")
@@ -159,6 +160,16 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
         raise StoreDirectoryError(
             f"{cfg.checkpoint_path} is a directory where the store keeps its checkpoint; move it aside and start again"
         )
+    root = cfg.store_path_root_dir
+    snapshot = os.path.join(root, SNAPSHOT_FILE_NAME)
+    for path in (cfg.checkpoint_path, cfg.lock_path, cfg.abort_path, cfg.queue_ledger_path, cfg.index_progress_path,
+                 snapshot):  # fmt: skip
+        for candidate in (path, path + ".tmp"):
+            if fs.exists(candidate) and not fs.isfile(candidate):
+                # A FIFO: reading it (or writing its .tmp) blocks for good, the open hung.
+                kind = "a directory" if fs.isdir(candidate) else "not a regular file"
+                raise StoreDirectoryError(f"{candidate} is {kind} where the store keeps one of its files; "
+                                          "move it aside and start again")  # fmt: skip
     _refuse_what_is_in_the_way_of_segments(fs, cfg)
 
 
@@ -173,7 +184,8 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
 
     def segment_dirs(directory: str, width: int, what: str) -> None:
         for name in fs.listdir(directory):
-            if len(name) == width and name.isdigit() and fs.isdir(os.path.join(directory, name)):
+            # A directory, or a FIFO, socket or device (reading a FIFO blocks for good).
+            if len(name) == width and name.isdigit() and not fs.isfile(os.path.join(directory, name)):
                 refuse(os.path.join(directory, name), what)
 
     if fs.isdir(cfg.commitlog_dir):

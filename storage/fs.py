@@ -18,6 +18,7 @@ import mmap
 import os
 import random
 import shutil
+import stat
 import struct
 import threading
 import time
@@ -57,6 +58,18 @@ class MappedRegion(Protocol):
     def advise_willneed(self) -> None: ...
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
+
+
+class NotARegularFileError(OSError):
+    """A FIFO, socket or device where the store keeps a file: reading or writing it could
+    block for good, so it is neither read nor written."""
+
+
+def _require_regular(mode: int, path: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not stat.S_ISREG(mode):
+        raise NotARegularFileError(errno.EINVAL, "not a regular file (a FIFO, socket or device?)", path)
 
 
 class FileSystem(Protocol):
@@ -412,15 +425,34 @@ class RealFileSystem:
         os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
 
     def read_bytes(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+        """The whole file. A FIFO, socket or device at `path` raises NotARegularFileError:
+        opening a FIFO to read blocks until a writer comes (for good, here), so it is opened
+        without blocking and looked at first."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            _require_regular(os.fstat(fd).st_mode, path)
+            with open(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        """Write a temporary file, fsync it, rename it over `path`, fsync the directory."""
+        """Write a temporary file, fsync it, rename it over `path`, fsync the directory. A
+        leftover temporary file is replaced; anything else there (a FIFO: opening it to write
+        blocks for good) raises NotARegularFileError."""
         directory = os.path.dirname(os.path.abspath(path))
         tmp = f"{path}.tmp"
         try:
-            with open(tmp, "wb") as f:
+            leftover = os.lstat(tmp)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISLNK(leftover.st_mode):
+                _require_regular(leftover.st_mode, tmp)
+            os.remove(tmp)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            with open(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

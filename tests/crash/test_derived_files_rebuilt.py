@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -17,7 +18,7 @@ import pytest
 import mqstore
 from mqstore import Message
 from mqstore.storage.consume_queue import list_consume_queues
-from mqstore.storage.fs import RealFileSystem
+from mqstore.storage.fs import NotARegularFileError, RealFileSystem
 from mqstore.storage.lockfiles import StoreDirectoryError
 from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger
 
@@ -187,6 +188,73 @@ def test_a_file_or_directory_in_the_way_of_the_stores_own_names_is_refused(tmp_p
     else:
         path.unlink()
     _assert_whole(root)
+
+
+# Where the store reads or writes one of its files, a FIFO: opening it to read (or the .tmp to
+# write) blocks until another end comes, and the open hung for good with the lock taken and
+# `abort` written (a review's sweep), or a commit_offset() and close() did, later.
+FIFO_IN_THE_WAY: dict[str, Callable[[Path], Path]] = {
+    "checkpoint": lambda r: r / "checkpoint",
+    "queue_ledger": lambda r: r / "queue_ledger.msgpack",
+    "index_progress": lambda r: r / "index_progress.msgpack",
+    "commitlog_segment": lambda r: r / "commitlog" / ("0" * 20),
+    "queue_segment": lambda r: r / "consumequeue" / "T" / "0" / ("0" * 20),
+    "index_file": _index_file,
+    "offsets_bak_tmp": lambda r: r / "config" / "consumerOffset.json.bak.tmp",
+    "stats_snapshot_tmp": lambda r: r / "stats.msgpack.tmp",
+}
+
+
+@pytest.mark.parametrize("where", sorted(FIFO_IN_THE_WAY))
+def test_a_fifo_where_the_store_keeps_a_file_is_refused_not_waited_on(tmp_path: Path, where: str) -> None:
+    root = tmp_path / "store"
+    _make(root)
+    path = FIFO_IN_THE_WAY[where](root)
+    saved = path.read_bytes() if path.exists() else None
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+    def state() -> dict[str, tuple[int, float]]:
+        return {str(p): (p.lstat().st_size, p.lstat().st_mtime) for p in sorted(root.rglob("*"))}
+
+    before = state()
+    outcome: list[BaseException | None] = []
+
+    def open_it() -> None:
+        try:
+            mqstore.open(root, **SETTINGS).close()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    opener = threading.Thread(target=open_it, daemon=True)
+    opener.start()
+    opener.join(20)
+    assert outcome, "the open hung on the FIFO"
+    assert isinstance(outcome[0], StoreDirectoryError) and f"{path} is " in str(outcome[0])
+    assert state() == before  # refused before anything was made or written
+    path.unlink()
+    if saved is not None:
+        path.write_bytes(saved)
+    _assert_whole(root)
+
+
+def test_a_fifo_left_as_a_temporary_file_fails_the_write_instead_of_blocking_it(tmp_path: Path) -> None:
+    """write_atomic's temporary file is a FIFO (made after the open's check): the write raises
+    NotARegularFileError instead of blocking its caller for good; a regular leftover is replaced."""
+    fs = RealFileSystem()
+    target = tmp_path / "f"
+    os.mkfifo(tmp_path / "f.tmp")
+    with pytest.raises(NotARegularFileError):
+        fs.write_atomic(str(target), b"x")
+    assert not target.exists()
+    (tmp_path / "f.tmp").unlink()
+    (tmp_path / "f.tmp").write_bytes(b"a leftover")
+    fs.write_atomic(str(target), b"y")
+    assert target.read_bytes() == b"y" and not (tmp_path / "f.tmp").exists()
+    os.mkfifo(tmp_path / "g")
+    with pytest.raises(NotARegularFileError):
+        fs.read_bytes(str(tmp_path / "g"))
 
 
 @pytest.mark.parametrize("name", ["abort", "lock"])
