@@ -79,8 +79,13 @@ class ConsumerOffsets:
 
     def persist(self) -> None:
         """Write the offsets now if any changed (string2File: .tmp, .bak, rename); OSError
-        leaves them dirty, so the next tick or close retries. Nothing once closed."""
+        leaves them dirty, so the next tick or close retries. StoreClosedError once the last
+        write was made (the store closed, or its supervisor gave up), saying whether it kept
+        them: returning then would report as written offsets that may not be."""
         with self._lock:
+            if self._closed:
+                kept = "were written then" if self._kept else "could not be written then: they are lost"
+                raise StoreClosedError(f"the store has stopped; its committed offsets {kept}")
             self._persist_locked()
 
     def _persist_locked(self) -> None:
@@ -97,7 +102,7 @@ class ConsumerOffsets:
         """The tick hook: persist once `interval_ms` passed since the first tick that saw a
         commit pending (the supervisor logs what this raises and ticks again)."""
         with self._lock:
-            if not self._dirty:
+            if not self._dirty or self._closed:
                 self._next_persist_ms = None
                 return
             if self._next_persist_ms is None:

@@ -825,7 +825,10 @@ class MessageStore:
         return self.offsets.query(group, topic, queue_id)
 
     def persist_offsets(self) -> None:
-        """Write the consumer offsets now (string2File protocol: .tmp, .bak, rename)."""
+        """Write the consumer offsets now (string2File protocol: .tmp, .bak, rename). OSError
+        if they could not be (kept in memory, retried at the next tick). StoreClosedError once
+        the store stopped (closed, or its supervisor gave up), saying whether its last write
+        kept them."""
         self._check_open()
         self.offsets.persist()
 

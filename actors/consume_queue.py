@@ -235,7 +235,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             except (DiskFullError, QueueFileUnavailable) as exc:
                 if not self._disk_full_since_ms:
                     self._disk_full_since_ms = self.ctx.clock_ms() or 1
-                    why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made"
+                    why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made or written"
                     self.log.error(f"{why}: consume queue dispatch waits, retried every tick", error=str(exc),
                                    waiting_batches=len(waiting))  # fmt: skip
                 return

@@ -242,7 +242,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
             if not self._held_back_since_ms:
                 self._held_back_since_ms = self.ctx.clock_ms() or 1
                 view = self.ctx.read_view.view
-                self.log.error("dispatch backlog not written (disk full?): reput stops reading ahead until it is",
+                self.log.error("dispatch backlog not written (a full disk, or a queue file that cannot be made or written): reput stops reading ahead until it is",
                                reput_offset=self._reput_offset, queues_written=view.queues_written,
                                indexed_end=view.indexed_end, batches=len(in_flight))  # fmt: skip
             return True

@@ -74,6 +74,31 @@ def test_a_store_whose_supervisor_gave_up_writes_its_offsets_before_the_lock_and
     assert json.loads((root / "config" / "consumerOffset.json").read_text())["offsetTable"] == {"T@g": {"0": 20}}
 
 
+def test_persist_offsets_after_the_supervisor_gave_up_says_whether_they_were_kept(tmp_path: Path) -> None:
+    """The last write before the lock went failed (the config directory was in the way):
+    persist_offsets() returned as if it had written them (the review's reproduction), though a
+    reopen found none. Now it raises StoreClosedError saying they are lost."""
+    import mqstore
+    from mqstore.errors import StoreClosedError
+
+    root = tmp_path / "store"
+    store = mqstore.open(root)
+    store.commit_offset("g", "T", 0, 7)
+    shutil.rmtree(root / "config", ignore_errors=True)
+    (root / "config").write_bytes(b"in the way")
+    store.supervisor._give_up(RuntimeError("an actor kept failing"))
+    with pytest.raises(StoreClosedError, match="could not be written then: they are lost"):
+        store.persist_offsets()
+    assert store.close() is False
+    (root / "config").unlink()
+    with mqstore.open(root) as again:
+        assert again.query_offset("g", "T", 0) == -1  # lost, as it said
+        again.commit_offset("g", "T", 0, 8)
+        again.supervisor._give_up(RuntimeError("again"))
+        with pytest.raises(StoreClosedError, match="were written then"):
+            again.persist_offsets()
+
+
 def test_a_commit_after_close_is_refused_not_lost(tmp_path: Path) -> None:
     import mqstore
     from mqstore.errors import StoreClosedError
