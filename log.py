@@ -10,13 +10,15 @@ handler on the "mqstore" logger: a console line for people or one JSON object pe
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import sys
-from typing import IO, Any, Final, MutableMapping
+from typing import IO, Any, Final, Iterator, MutableMapping
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger", "ROOT_LOGGER_NAME"]
+__all__ = ["configure_logging", "get_logger", "retrying", "ROOT_LOGGER_NAME"]
 
 ROOT_LOGGER_NAME: Final = "mqstore"
 # The key/values ride on the LogRecord under this one attribute, so a field called `name` or
@@ -39,9 +41,33 @@ def _to_stdlib(_logger: Any, _method: str, event_dict: MutableMapping[str, Any])
     return kwargs
 
 
+# Set (on one thread) while it retries what failed and was reported already: see `retrying`.
+_RETRYING: Final[contextvars.ContextVar[bool]] = contextvars.ContextVar("mqstore_retrying", default=False)
+
+
+@contextlib.contextmanager
+def retrying() -> Iterator[None]:
+    """Within: this thread's library events below CRITICAL are dropped. For an actor retrying,
+    every tick, what failed and was reported once (a held ConsumeQueue: the storage layer's
+    two ERROR lines a try were ~170k lines a day). The actor reports the wait itself, at its
+    start, now and then while it lasts, and at its end."""
+    token = _RETRYING.set(True)
+    try:
+        yield
+    finally:
+        _RETRYING.reset(token)
+
+
+def _drop_while_retrying(_logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    if method != "critical" and _RETRYING.get():
+        raise structlog.DropEvent
+    return event_dict
+
+
 # filter_by_level first, so a disabled debug() costs one level check.
 _LIBRARY_PROCESSORS: Final[list[Any]] = [
     structlog.stdlib.filter_by_level,
+    _drop_while_retrying,
     structlog.contextvars.merge_contextvars,
     _to_stdlib,
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, TypeVar, get_args
+from typing import Any, Callable, ClassVar, Final, Generic, TypeVar, get_args
 
 import pykka
 
@@ -23,7 +23,12 @@ from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
 from ..ticker import RealTicker, Ticker
 
-__all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms"]
+__all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms",
+           "HELD_REMINDER_INTERVAL_MS"]  # fmt: skip
+
+# An actor whose work waits (a full disk, a queue file that cannot be made) and is retried each
+# tick logs the wait when it starts and when it ends, and in between this often.
+HELD_REMINDER_INTERVAL_MS: Final = 300_000
 
 
 def real_sleep_ms(ms: int) -> None:

@@ -36,7 +36,8 @@ from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, lost_queue_offsets, recover_consume_queues
-from .base import ActorContext, StoreActor
+from ..log import retrying
+from .base import HELD_REMINDER_INTERVAL_MS, ActorContext, StoreActor
 
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 
@@ -82,6 +83,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # guard), so dispatch waits for space instead of crashing and restarting.
         self._waiting: deque[DispatchBatch] = deque()
         self._disk_full_since_ms = 0
+        self._held_reported_ms = 0  # when the wait was last logged
         # The queue ledger (storage.queue_ledger): what it last said, and the counts read at
         # open, which stand as a floor until re-dispatch has passed the log's end at open
         # (the queues it found missing or cut short are rebuilt by then).
@@ -227,23 +229,31 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
 
     def _dispatch_waiting(self) -> None:
         """Write the waiting batches in order; stop at the first the disk has no room for, or
-        whose queue file cannot be had."""
+        whose queue file cannot be had. The first failure is logged (with the storage layer's
+        own lines), a reminder every HELD_REMINDER_INTERVAL_MS; the retries in between quietly."""
         waiting = self._waiting
         while waiting:
+            held_since = self._disk_full_since_ms
             try:
-                self._dispatch(waiting[0])
+                with retrying() if held_since else contextlib.nullcontext():
+                    self._dispatch(waiting[0])
             except (DiskFullError, QueueFileUnavailable) as exc:
-                if not self._disk_full_since_ms:
-                    self._disk_full_since_ms = self.ctx.clock_ms() or 1
-                    why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made or written"
+                now = self.ctx.clock_ms()
+                why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made or written"
+                if not held_since:
+                    self._disk_full_since_ms = now or 1
+                    self._held_reported_ms = now
                     self.log.error(f"{why}: consume queue dispatch waits, retried every tick", error=str(exc),
                                    waiting_batches=len(waiting))  # fmt: skip
+                elif now - self._held_reported_ms >= HELD_REMINDER_INTERVAL_MS:
+                    self._held_reported_ms = now
+                    self.log.error(f"{why}: consume queue dispatch still waits", error=str(exc),
+                                   waiting_batches=len(waiting), waited_ms=now - held_since)  # fmt: skip
                 return
             waiting.popleft()
-        if self._disk_full_since_ms:
-            self.log.info("disk has room again: consume queue dispatch resumed",
-                          waited_ms=self.ctx.clock_ms() - self._disk_full_since_ms)  # fmt: skip
-            self._disk_full_since_ms = 0
+            if held_since:
+                self.log.info("consume queue dispatch resumed", waited_ms=self.ctx.clock_ms() - held_since)
+                self._disk_full_since_ms = 0
 
     def _dispatch(self, batch: DispatchBatch) -> None:
         """Raises DiskFullError or QueueFileUnavailable with the batch to be written again

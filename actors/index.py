@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import assert_never
 
@@ -23,7 +24,8 @@ from ..storage.checkpoint import CheckpointValues
 from ..storage.index import IndexService
 from ..storage.index_progress import IndexProgress, write_index_progress
 from ..storage.recovery import IndexRecovery, LogFacts, RecoveryMode, recover_index
-from .base import ActorContext, StoreActor
+from ..log import retrying
+from .base import HELD_REMINDER_INTERVAL_MS, ActorContext, StoreActor
 
 __all__ = ["IndexActor"]
 
@@ -56,6 +58,7 @@ class IndexActor(StoreActor[IndexRequest]):
         self._resume_at = 0
         self._middle_done = False
         self._disk_full_since_ms = 0
+        self._held_reported_ms = 0  # when the wait was last logged
 
     def on_start(self) -> None:
         cfg = self.config
@@ -118,7 +121,9 @@ class IndexActor(StoreActor[IndexRequest]):
 
     def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> int:
         """Index requests[start:stop]; where it stopped (`stop` unless the disk is full)."""
-        done = service.build_index_until_full(requests, start, stop, self._skip_below)
+        # Waiting for space: a retry's failure was reported (see _wait_for_space), not each.
+        with retrying() if self._disk_full_since_ms else contextlib.nullcontext():
+            done = service.build_index_until_full(requests, start, stop, self._skip_below)
         if done < stop and service.disk_full is None and service.index_error:
             raise OSError("cannot create an index file")
         return done if service.disk_full is not None else stop
@@ -163,10 +168,16 @@ class IndexActor(StoreActor[IndexRequest]):
             self._progress_written = progress  # a store.flush() with nothing new writes nothing
 
     def _wait_for_space(self, service: IndexService) -> None:
+        now = self.ctx.clock_ms()
         if not self._disk_full_since_ms:
-            self._disk_full_since_ms = self.ctx.clock_ms() or 1
+            self._disk_full_since_ms = now or 1
+            self._held_reported_ms = now
             self.log.error("disk full: indexing waits for space", error=str(service.disk_full),
                            waiting_batches=len(self._waiting))  # fmt: skip
+        elif now - self._held_reported_ms >= HELD_REMINDER_INTERVAL_MS:
+            self._held_reported_ms = now
+            self.log.error("disk full: indexing still waits for space", error=str(service.disk_full),
+                           waiting_batches=len(self._waiting), waited_ms=now - self._disk_full_since_ms)  # fmt: skip
 
     def handle(self, message: IndexRequest) -> QueryOffsetsReply | IndexSnapshot | Pong | None:
         service = self._service
