@@ -402,7 +402,7 @@ class PutPipeline:
         self._fail_fast = store.config.put_fail_fast_when_in_flight_full
         # Futures handed out and not completed, so flush() can wait for them. set.add/discard
         # and copy() are single C calls under the GIL.
-        self._pending: set[Future[PutResult]] = set()
+        self._pending: set[_PutFuture] = set()
         # Answers for the completion thread: a list per writer pass (or one per put answered
         # outside a pass); None stops the thread.
         self._completions: queue.SimpleQueue[list[tuple[PassReply, Any]] | None] = queue.SimpleQueue()
@@ -413,6 +413,7 @@ class PutPipeline:
         self._actor_put_ends: dict[str, tuple[weakref.ref[pykka.ActorRef[Any]], int]] = {}
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
+        self._thread_ended = False  # past its loop: it runs no more due callbacks (under _thread_lock)
         # Completed futures whose done-callbacks have yet to run, each with whether it still
         # holds its in-flight slot (see _complete, _run_due_callbacks).
         self._callbacks_due: collections.deque[tuple[_PutFuture, bool]] = collections.deque()
@@ -496,7 +497,10 @@ class PutPipeline:
         its reads cover the put)."""
         if refused is not None:
             self._pending.discard(future)
-            future.set_result(refused)  # refused before the writer, in the caller's thread
+            try:
+                future.set_result(refused)  # refused before the writer, in the caller's thread
+            except InvalidStateError:  # completed meanwhile by a racing close() ("store closed")
+                pass
             return future
         self._store._local.last_async_put = future
         if self._closed:
@@ -590,8 +594,15 @@ class PutPipeline:
     def _complete_loop(self) -> None:
         _COMPLETING.pipeline = self
         get = self._completions.get
-        while (answers := get()) is not None:
-            self._complete(answers)
+        try:
+            while (answers := get()) is not None:
+                self._complete(answers)
+                self._run_due_callbacks()
+        finally:
+            # Callbacks that close() queued for this thread while it was still in one
+            # (_complete_closed): from here on, close() runs them itself.
+            with self._thread_lock:
+                self._thread_ended = True
             self._run_due_callbacks()
 
     def complete_until(self, future: Future[PutResult], deadline: float | None) -> None:
@@ -734,7 +745,10 @@ class PutPipeline:
         self._complete_closed()
 
     def _complete_closed(self) -> None:
-        """No completion thread (closed): complete what is queued and pending here."""
+        """No completion thread (closed): complete what is queued and pending here. Run by
+        close() and by every put_async caller that finds the pipeline closed, concurrently:
+        a future is completed once, by whichever gets there first (`_complete_futures`), and
+        its callbacks run through `_run_due_callbacks`, never raising into this thread."""
         while True:
             try:
                 answers = self._completions.get_nowait()
@@ -742,14 +756,15 @@ class PutPipeline:
                 break
             if answers is not None:
                 self._complete(answers)
-        thread = self._thread
-        if thread is None or not thread.is_alive() or thread is threading.current_thread():
-            self._run_due_callbacks()  # else that thread runs them when its callback returns, in order
         closed = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store closed")
-        for future in self._pending.copy():
-            self._pending.discard(future)
-            if not future.done():
-                future.set_result(closed)
+        leftovers = [(future, closed) for future in self._pending.copy()]
+        self._callbacks_due.extend((future, False) for future in _complete_futures(leftovers))
+        self._pending.difference_update([future for future, _ in leftovers])
+        thread = self._thread
+        with self._thread_lock:  # a thread not yet past its loop runs what is queued before it ends
+            leave_to_thread = thread is not None and not self._thread_ended and thread is not threading.current_thread()
+        if not leave_to_thread:
+            self._run_due_callbacks()  # else that thread runs them when its callback returns, in order
         if thread is not None and thread.is_alive():
             # Still in a done-callback (the join gave up, or close() was called from one): the
             # stop marker this drain took is put back, so the thread ends when it returns.

@@ -262,11 +262,15 @@ class MessageStore:
         offsets_kept = self.offsets.close()
         clean = self.supervisor.stop()
         self._subscriptions.close()
-        self._puts.close()  # after the writer: every future handed out is completed
-        self.read_view.close()  # wakes every waiting reader
-        self._readers.close()
-        _open_stores.discard(self)
-        self._clean_stop = clean and offsets_kept
+        try:
+            self._puts.close()  # after the writer: every future handed out is completed
+        except Exception as exc:  # the host must not meet it, nor its readers wait for good
+            self.log.error("completing the pending put futures failed", error=repr(exc))
+        finally:
+            self.read_view.close()  # wakes every waiting reader
+            self._readers.close()
+            _open_stores.discard(self)
+            self._clean_stop = clean and offsets_kept
         return self._clean_stop
 
     def __enter__(self) -> MessageStore:

@@ -1,0 +1,146 @@
+"""put_async futures still pending when the store closes: close() completes them
+(SERVICE_NOT_AVAILABLE "store closed") without letting their done-callbacks, or a put_async
+caller completing the same futures, raise into the host, and always finishes its own work."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mqstore import Message, PutMessageStatus, PutResult
+from mqstore import put_pipeline, supervisor
+from mqstore import store as store_module
+from mqstore.faults import HoldAt
+
+helpers = sys.modules["mqstore_actor_test_helpers"]
+
+TIMEOUT_S = 15.0
+
+
+def test_close_with_the_writer_held_runs_every_callback_completes_every_future_and_wakes_readers(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that does not stop within STOP_TIMEOUT_S keeps its puts: close() completes
+    their futures on the closing thread. A done-callback raising SystemExit there escaped
+    close(), the future's next callback never ran, the futures after it stayed pending for
+    good, and close() skipped the rest of its work (waiting readers never woken)."""
+    monkeypatch.setattr(supervisor, "STOP_TIMEOUT_S", 1.0)  # the held writer is given up on sooner
+    hold = HoldAt("writer.mid_batch_append", hold_s=TIMEOUT_S * 2)
+    store = helpers.open_small(store_dir, faults=hold)
+    writer = store.supervisor.ctx.peers["writer"]
+    try:
+        assert store.put(Message(topic="t", body=b"first")).ok
+        hold.armed.set()
+        held = store.put_async(Message(topic="t", body=b"held"))
+        assert hold.entered.wait(TIMEOUT_S), "the writer was not held"
+        second_ran: list[Future[PutResult]] = []
+
+        def leave(_future: Future[PutResult]) -> None:
+            raise SystemExit("a host callback exits")
+
+        held.add_done_callback(leave)
+        held.add_done_callback(second_ran.append)
+        # Behind the held put: several, so some come after it however close() orders them.
+        others = [store.put_async(Message(topic="t", body=b"other%d" % i)) for i in range(20)]
+        woke: list[Any] = []
+
+        def read() -> None:
+            try:
+                woke.append(store.wait_for_messages("t", 0, 10, TIMEOUT_S * 2))
+            except BaseException as exc:  # noqa: BLE001 - what the reader met is the finding
+                woke.append(exc)
+
+        reader = threading.Thread(target=read, daemon=True)  # never woken: not to hold the exit
+        reader.start()  # waiting long before close() gives up on the writer
+        raised: BaseException | None = None
+        try:
+            store.close()
+        except BaseException as exc:  # noqa: BLE001 - SystemExit must not reach the host
+            raised = exc
+        assert raised is None, f"close() raised {raised!r} into the host"
+        assert held.result(0).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert second_ran == [held], "the callback after the one that raised did not run"
+        assert all(f.done() and f.result(0).status is PutMessageStatus.SERVICE_NOT_AVAILABLE for f in others)
+        reader.join(TIMEOUT_S)
+        assert woke == [False], f"the waiting reader was not woken by close(): {woke}"
+        assert store.read_view.view.closed
+    finally:
+        hold.release.set()
+        writer.actor_stopped.wait(TIMEOUT_S)
+        store.close()
+
+
+def test_close_and_a_put_async_caller_completing_the_same_future_never_raise(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put_async that passed the store's open check as close() began completes its future
+    itself once the pipeline is closed, while close() completes every pending future too.
+    Each did `if not future.done(): future.set_result(...)`: the one that lost raised
+    InvalidStateError into its host thread. The interleaving is forced: close() is held
+    between its check and its act on the caller's future while the caller completes it. If
+    close() never stops there, the caller goes on once close() completed its future ("store
+    closed"), and must leave that answer as it is rather than raise."""
+    store = helpers.open_small(store_dir)
+    pipeline = store._puts
+    go, entered = threading.Event(), threading.Event()
+    submit_one = pipeline._submit_one
+
+    def late_submit(message: Message, reply: Any) -> PutResult | None:
+        entered.set()  # past put_async's open check, its future pending
+        go.wait(TIMEOUT_S)
+        return submit_one(message, reply)
+
+    monkeypatch.setattr(pipeline, "_submit_one", late_submit)
+    closer = threading.current_thread()
+    real_done = put_pipeline._PutFuture.done
+
+    def done_then_let_the_caller_complete_it(future: put_pipeline._PutFuture) -> bool:
+        was_done = real_done(future)
+        if threading.current_thread() is closer and pipeline._closed and not was_done and not go.is_set():
+            go.set()
+            caller.join(TIMEOUT_S)  # it completes the future first
+        return was_done
+
+    monkeypatch.setattr(put_pipeline._PutFuture, "done", done_then_let_the_caller_complete_it)
+    outcome: list[Any] = []
+
+    def put_late() -> None:
+        try:
+            outcome.append(store.put_async(Message(topic="t", body=b"late")))
+        except BaseException as exc:  # noqa: BLE001 - what the caller met is the finding
+            outcome.append(exc)
+
+    caller = threading.Thread(target=put_late)
+    caller.start()
+    assert entered.wait(TIMEOUT_S)
+    raised: BaseException | None = None
+    try:
+        store.close()
+    except BaseException as exc:  # noqa: BLE001 - InvalidStateError must not reach the host
+        raised = exc
+    go.set()
+    caller.join(TIMEOUT_S)
+    assert raised is None, f"close() raised {raised!r}"
+    assert len(outcome) == 1 and isinstance(outcome[0], Future), f"put_async raised {outcome}"
+    assert outcome[0].result(0).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+
+
+def test_close_finishes_its_work_even_if_completing_the_futures_fails(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever goes wrong completing the futures, close() still wakes the waiting readers,
+    forgets the store and returns: before, the error skipped all of it and reached the host."""
+    store = helpers.open_small(store_dir)
+
+    def fail() -> None:
+        raise RuntimeError("completing the futures failed")
+
+    monkeypatch.setattr(store._puts, "close", fail)
+    store.close()
+    assert store.read_view.view.closed
+    assert store not in store_module._open_stores
