@@ -117,11 +117,27 @@ def persist_config_file(fs: FileSystem, path: str, text: str) -> None:
         previous = fs.read_bytes(path)
         if previous.strip() and _parses(previous):
             fs.write_atomic(path + ".bak", previous)
-        elif previous.strip() and not fs.exists(path + DAMAGED_SUFFIX):
-            # Set aside, never lost: the first unreadable version is kept for a person to look at.
-            fs.write_atomic(path + DAMAGED_SUFFIX, previous)
-            log.error("config_file_set_aside", path=path, damaged=path + DAMAGED_SUFFIX)
+        elif previous.strip():
+            _set_aside_a_copy(fs, path, previous)
     fs.write_atomic(path, text.encode("utf-8"))  # writes <path>.tmp, fsyncs, renames, fsyncs dir
+
+
+MAX_DAMAGED_COPIES = 16
+
+
+def _set_aside_a_copy(fs: FileSystem, path: str, damaged: bytes) -> None:
+    """Keep an unreadable version for a person to look at, never over another one: `.damaged`,
+    then `.damaged.1`, ...; bytes already kept are not kept twice, and at most
+    MAX_DAMAGED_COPIES (a file that keeps being damaged fills no disk)."""
+    names = [path + DAMAGED_SUFFIX] + [f"{path}{DAMAGED_SUFFIX}.{n}" for n in range(1, MAX_DAMAGED_COPIES)]
+    for name in names:
+        if not fs.exists(name):
+            fs.write_atomic(name, damaged)
+            log.error("config_file_set_aside", path=path, damaged=name)
+            return
+        if fs.read_bytes(name) == damaged:
+            return
+    log.error("config_file_not_set_aside", path=path, reason=f"{MAX_DAMAGED_COPIES} damaged copies kept already")
 
 
 def _parses(data: bytes) -> bool:

@@ -153,6 +153,22 @@ def test_both_files_bad_fall_back_to_an_empty_table_with_an_error_naming_the_fil
     assert again.load() and again.query_offset("g", "T", 0) == 4
 
 
+def test_each_unreadable_version_is_set_aside_and_none_over_another() -> None:
+    """A second damaged consumerOffset.json, later: it went unkept (only the first `.damaged`
+    was written, so the next persist replaced the second without a copy). Each distinct
+    unreadable version is now kept, as `.damaged`, `.damaged.1`, ..."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    store = ConsumerOffsetStore(fs, "/store")
+    for n, damage in enumerate((b"garbage one", b"garbage two", b"garbage two")):
+        fs.write_atomic(PATH, damage)
+        store.commit_offset("g", "T", 0, n)
+        store.persist()
+    assert fs.read_bytes(PATH + ".damaged") == b"garbage one"
+    assert fs.read_bytes(PATH + ".damaged.1") == b"garbage two"
+    assert not fs.exists(PATH + ".damaged.2")  # the same bytes again: kept once
+
+
 def test_a_bad_main_file_falls_back_to_its_bak() -> None:
     fs = SimulatedFileSystem()
     fs.makedirs("/store/config")
