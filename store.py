@@ -71,6 +71,9 @@ from .ticker import Ticker
 __all__ = ["MessageStore", "StoreClosedError", "open_store"]
 
 _REPLY_MARGIN_S = 10.0
+# A close() while another thread's runs waits this long for it (every step of a close has its
+# own timeout; the stop's three, the completion thread's join): then it returns anyway.
+CLOSE_WAIT_FOR_ANOTHER_S = 120.0
 _open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
 # Statuses a get answers at or past a queue's end: while dispatch is in flight (reput has
 # handed records on that the queues have not published yet) they are decided again once the
@@ -210,6 +213,9 @@ class MessageStore:
         self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
         self._closed = False
         self._clean_stop = False
+        self._close_lock = threading.Lock()  # one close() does the work
+        self._close_done = threading.Event()  # set once it has
+        self._closing_thread: threading.Thread | None = None
         # RocketMQ's putMessage refuses every put on a SLAVE: its log is the master's, copied
         # by HA replication (which this store does not have).
         self._slave_refusal = (
@@ -251,10 +257,24 @@ class MessageStore:
     def close(self) -> bool:
         """Stop cleanly (dispatch caught up, everything flushed, abort file removed).
         Returns True if the stop was clean: False too when the committed consumer offsets
-        could not be written (logged). Idempotent: a second call returns the same."""
-        if self._closed:
+        could not be written (logged). Idempotent: a second call returns the same, once the
+        first has finished (from another thread: it waits, so that the store is free when it
+        returns; from within the first, e.g. a done-callback it runs, at once)."""
+        with self._close_lock:
+            first = not self._closed
+            if first:
+                self._closed = True
+                self._closing_thread = threading.current_thread()
+        if not first:
+            if threading.current_thread() is not self._closing_thread:
+                self._close_done.wait(CLOSE_WAIT_FOR_ANOTHER_S)
             return self._clean_stop
-        self._closed = True
+        try:
+            return self._close()
+        finally:
+            self._close_done.set()
+
+    def _close(self) -> bool:
         if self.supervisor.state is SupervisorState.RUNNING:
             self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
         # Committed offsets before the stop releases the store's lock (after it, another

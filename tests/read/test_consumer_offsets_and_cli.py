@@ -285,3 +285,38 @@ def _restore_logging() -> object:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def test_a_second_close_from_another_thread_returns_once_the_store_is_free(tmp_path: Path) -> None:
+    """A close() while another thread's close() was still stopping the store returned False
+    at once (the review's suspicion): its caller, reopening, met StoreLockedError. Now it waits
+    for the first and answers what the first did."""
+    import threading
+
+    import mqstore
+
+    root = tmp_path / "store"
+    store = mqstore.open(root)
+    entered, release = threading.Event(), threading.Event()
+    stop = store.supervisor.stop
+
+    def slow_stop() -> bool:
+        entered.set()
+        release.wait(10)
+        return stop()
+
+    store.supervisor.stop = slow_stop  # type: ignore[method-assign]
+    answers: dict[str, bool] = {}
+    first = threading.Thread(target=lambda: answers.setdefault("first", store.close()))
+    first.start()
+    assert entered.wait(5)
+    second = threading.Thread(target=lambda: answers.setdefault("second", store.close()))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and "second" not in answers  # waits for the first
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert answers == {"first": True, "second": True}
+    with mqstore.open(root):  # free
+        pass
