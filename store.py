@@ -18,6 +18,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from concurrent.futures import Future
 from typing import Any, Callable, Final, Iterable, Iterator
 
@@ -61,6 +62,7 @@ from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.geometry import adopt_geometry
 from .storage.index import IndexReader
+from .storage.lockfiles import StoreDirectoryError, StoreLockedError
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
@@ -85,6 +87,22 @@ _AT_THE_END = frozenset(
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+@contextlib.contextmanager
+def _locked_first(fs: FileSystem, config: StoreConfig) -> Iterator[None]:
+    """The open's refusals look at the files before the store is taken (a refusal changes no
+    byte). If another store holds it, what they saw may be its files mid-write (a `.tmp` being
+    renamed): StoreLockedError then, not an advice to move a live store's file aside."""
+    try:
+        yield
+    except StoreDirectoryError as refusal:
+        if isinstance(fs, RealFileSystem):
+            from .tools.inspect_cli import lock_state  # F_GETLK only asks: nothing is taken
+
+            if lock_state(Path(config.store_path_root_dir))["held"]:
+                raise StoreLockedError(f"lock failed, store already started: {config.lock_path}") from refusal
+        raise
 
 
 def open_store(
@@ -115,7 +133,8 @@ def open_store(
     elif overrides:
         config = config.replace(**overrides)
     files = fs if fs is not None else RealFileSystem()
-    refuse_what_is_in_the_way(files, config)  # before the geometry is read from those files
+    with _locked_first(files, config):
+        refuse_what_is_in_the_way(files, config)  # before the geometry is read from those files
     # The files decide the store's shape: adopt it, or refuse an explicit setting against it.
     config, _geometry = adopt_geometry(files, config)
     store = MessageStore(
@@ -243,7 +262,8 @@ class MessageStore:
             # Once per open, not per put: a broker.conf carries these for the broker's sake.
             self.log.warning("settings that have no effect in this store", settings=sorted(no_effect),
                              why=no_effect)  # fmt: skip
-        self.offsets.refuse_what_is_in_the_way()  # before the store is taken: a refusal changes no byte
+        with _locked_first(self.fs, self.config):
+            self.offsets.refuse_what_is_in_the_way()  # before the store is taken: a refusal changes no byte
         self.supervisor.start()
         _open_stores.add(self)
         try:

@@ -19,7 +19,7 @@ import mqstore
 from mqstore import Message
 from mqstore.storage.consume_queue import list_consume_queues
 from mqstore.storage.fs import NotARegularFileError, RealFileSystem
-from mqstore.storage.lockfiles import StoreDirectoryError
+from mqstore.storage.lockfiles import StoreDirectoryError, StoreLockedError
 from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger
 
 FIXTURES = Path("/work/shared/fixtures")
@@ -255,6 +255,27 @@ def test_a_fifo_left_as_a_temporary_file_fails_the_write_instead_of_blocking_it(
     os.mkfifo(tmp_path / "g")
     with pytest.raises(NotARegularFileError):
         fs.read_bytes(str(tmp_path / "g"))
+
+
+def test_a_store_held_by_another_opener_is_refused_as_locked_whatever_its_files_look_like(tmp_path: Path) -> None:
+    """The open's refusals look at the files before taking the store: with another holder
+    writing, a `.tmp` mid-rename looked like something in the way, and the error advised to
+    move a live store's file aside. A held store is StoreLockedError, whatever is seen."""
+    root = tmp_path / "store"
+    _make(root)
+    with mqstore.open(root, **SETTINGS):
+        in_the_way = root / "commitlog" / ("9" * 20)
+        in_the_way.mkdir()
+        with pytest.raises(StoreLockedError) as refused:
+            mqstore.open(root, **SETTINGS)
+        assert isinstance(refused.value.__cause__, StoreDirectoryError)  # what it saw, kept
+        in_the_way.rmdir()
+        mid_rename = root / "config" / "consumerOffset.json.bak.tmp"
+        mid_rename.mkdir()
+        with pytest.raises(StoreLockedError):
+            mqstore.open(root, **SETTINGS)
+        mid_rename.rmdir()
+    _assert_whole(root)
 
 
 @pytest.mark.parametrize("name", ["abort", "lock"])
