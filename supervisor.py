@@ -209,6 +209,17 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
             segment_dirs(queue_dir, 20, "a ConsumeQueue segment file")
 
 
+def _finished(stopped: pykka.Future[bool], timeout: float | None = 0) -> bool:
+    """Whether an actor's stop has finished (its on_stop returned); waits up to `timeout`."""
+    try:
+        stopped.get(timeout=timeout)
+    except pykka.Timeout:
+        return False
+    except Exception:  # ended otherwise (dead before the stop): it runs no more
+        pass
+    return True
+
+
 def _is_dead(exc: BaseException) -> bool:
     return isinstance(exc, pykka.ActorDeadError)
 
@@ -268,7 +279,7 @@ class Supervisor:
         self.before_unlock: list[Callable[[], object]] = []
         # Children that did not stop within STOP_TIMEOUT_S: they may still write the store's
         # files, so the lock is kept until their threads end (_release_lock).
-        self._stragglers: list[tuple[str, pykka.ActorRef[Any]]] = []
+        self._stragglers: list[tuple[str, pykka.Future[bool]]] = []  # their stop futures
         self.lock_released = threading.Event()
         self.state = SupervisorState.NEW
         self.restarts: list[RestartRecord] = []
@@ -658,14 +669,17 @@ class Supervisor:
         ref = self.ctx.peers.pop(name, None)
         if ref is None:
             return True
+        # The stop's future, not `actor_stopped`: pykka sets that flag before on_stop runs, and
+        # on_stop still touches files (the allocator deletes the segments it made ahead).
+        stopped = ref.stop(block=False)
         try:
-            ref.stop(block=True, timeout=STOP_TIMEOUT_S)
+            stopped.get(timeout=STOP_TIMEOUT_S)
         except pykka.ActorDeadError:
             pass
         except pykka.Timeout:
             self.log.error("an actor did not stop in time: the store's lock is kept until it does",
                            actor=name, timeout_s=STOP_TIMEOUT_S)  # fmt: skip
-            self._stragglers.append((name, ref))
+            self._stragglers.append((name, stopped))
             return False
         return True
 
@@ -682,22 +696,28 @@ class Supervisor:
         process could open the store and have its acknowledged records overwritten by ours.
         So a thread waits for those children to end, then releases it (or the process exits)."""
         lock = self._lock
-        running = [(name, ref) for name, ref in self._stragglers if ref.is_alive()]
+        running = [(name, stopped) for name, stopped in self._stragglers if not _finished(stopped)]
         if lock is None or not running:
-            if lock is not None:
-                lock.release()
-            self.lock_released.set()
+            self._release(lock)
             return
 
         def release_once_stopped() -> None:
-            for _, ref in running:
-                ref.actor_stopped.wait()
-            lock.release()
-            self.lock_released.set()
+            for _, stopped in running:
+                _finished(stopped, timeout=None)
+            self._release(lock)
             self.log.info("store lock released: the actors that had not stopped in time have ended",
                           actors=[name for name, _ in running])  # fmt: skip
 
         threading.Thread(target=release_once_stopped, name="mqstore-lock-keeper", daemon=True).start()
+
+    def _release(self, lock: StoreLock | None) -> None:
+        try:
+            if lock is not None:
+                lock.release()
+        except OSError as exc:  # closing its descriptor dropped it all the same
+            self.log.error("releasing the store's lock failed", error=repr(exc))
+        finally:
+            self.lock_released.set()
 
     def _shutdown(self) -> None:
         """RocketMQ's shutdown (§11.9): refuse puts, let dispatch catch up, flush, stop in

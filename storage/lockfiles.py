@@ -134,15 +134,17 @@ class StoreLock:
         """Unlock and close; the file stays (RocketMQ never deletes it). Idempotent."""
         if self._key is None:
             return
-        if self._fd is not None:
-            try:
-                _unlock_byte_zero(self._fd)
-            finally:
-                os.close(self._fd)
-                self._fd = None
-        with _held_guard:
-            _held.discard(self._key)
-        self._key = None
+        try:
+            if self._fd is not None:
+                try:
+                    _unlock_byte_zero(self._fd)
+                finally:
+                    os.close(self._fd)  # drops the lock whatever the unlock said
+                    self._fd = None
+        finally:
+            with _held_guard:  # else this process could never open the store again
+                _held.discard(self._key)
+            self._key = None
         log.info("store_lock_released", path=self.path)
 
     close = release
