@@ -62,7 +62,7 @@ from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.geometry import adopt_geometry
 from .storage.index import IndexReader
-from .storage.lockfiles import StoreDirectoryError, StoreLockedError
+from .storage.lockfiles import StoreDirectoryError, StoreLockedError, held_in_this_process
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
@@ -97,10 +97,12 @@ def _locked_first(fs: FileSystem, config: StoreConfig) -> Iterator[None]:
     try:
         yield
     except StoreDirectoryError as refusal:
+        if held_in_this_process(fs, config.lock_path):  # asked first: no descriptor of it opened
+            raise StoreLockedError(f"lock failed, store already started in this process: {config.lock_path}") from refusal
         if isinstance(fs, RealFileSystem):
             from .tools.inspect_cli import lock_state  # F_GETLK only asks: nothing is taken
 
-            if lock_state(Path(config.store_path_root_dir))["held"]:
+            if lock_state(Path(config.lock_path).parent)["held"]:
                 raise StoreLockedError(f"lock failed, store already started: {config.lock_path}") from refusal
         raise
 

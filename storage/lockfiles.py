@@ -73,6 +73,14 @@ def _unlock_byte_zero(fd: int) -> None:
         fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
 
 
+def held_in_this_process(fs: FileSystem, path: str) -> bool:
+    """Whether a StoreLock of this process holds `path` (asked without touching the file: with
+    classic POSIX locks, closing any descriptor of it would drop this process's lock)."""
+    key = (0, os.path.realpath(path)) if isinstance(fs, RealFileSystem) else (id(fs), os.path.normpath(path))
+    with _held_guard:
+        return key in _held
+
+
 class StoreLock:
     """The store's `lock` file. Not thread-safe; `acquire` once, `release` once.
 

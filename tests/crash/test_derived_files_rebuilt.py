@@ -278,6 +278,37 @@ def test_a_store_held_by_another_opener_is_refused_as_locked_whatever_its_files_
     _assert_whole(root)
 
 
+def test_the_probe_of_a_refused_open_keeps_this_processs_classic_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the lock is a classic POSIX lock (no OFD locks: other platforms), closing any
+    descriptor of `lock` drops this process's lock on it. The refused open's probe opened and
+    closed one: the store kept running unlocked, and another process opened it (the review's
+    reproduction). The probe now asks this process's own registry first."""
+    import subprocess
+    import sys
+
+    from mqstore.storage import lockfiles
+
+    monkeypatch.setattr(lockfiles, "_USE_OFD", False)
+    root = tmp_path / "store"
+    _make(root)
+    probe = ("import sys; from pathlib import Path; from mqstore.tools.inspect_cli import lock_state; "
+             "print(lock_state(Path(sys.argv[1]))['held'])")  # fmt: skip
+
+    def held_as_another_process_sees_it() -> bool:
+        out = subprocess.run([sys.executable, "-c", probe, str(root)], capture_output=True, text=True, check=True)
+        return out.stdout.strip() == "True"
+
+    with mqstore.open(root, **SETTINGS):
+        assert held_as_another_process_sees_it()
+        in_the_way = root / "commitlog" / ("9" * 20)
+        in_the_way.mkdir()
+        with pytest.raises(StoreLockedError, match="in this process"):
+            mqstore.open(root, **SETTINGS)
+        assert held_as_another_process_sees_it()  # still ours
+        in_the_way.rmdir()
+    _assert_whole(root)
+
+
 @pytest.mark.parametrize("name", ["abort", "lock"])
 def test_a_directory_where_a_marker_file_belongs_is_a_clear_error(tmp_path: Path, name: str) -> None:
     root = tmp_path / "store"
