@@ -26,6 +26,7 @@ import bisect
 import collections
 import functools
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -483,10 +484,14 @@ def read_snapshot(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     not a snapshot we understand (torn files cannot happen: it is replaced atomically)."""
     path = os.path.join(os.fspath(root), SNAPSHOT_FILE_NAME)
     try:
-        with open(path, "rb") as f:
-            data = f.read(SNAPSHOT_MAX_BYTES + 1)
+        # Without blocking, and only a regular file: a FIFO there hung `mqstore stats`.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        data = f.read(SNAPSHOT_MAX_BYTES + 1)
     if len(data) > SNAPSHOT_MAX_BYTES:
         raise ValueError(f"{path} is larger than {SNAPSHOT_MAX_BYTES} bytes")
     try:

@@ -179,16 +179,22 @@ class RealMappedRegion:
         self.path = path
         self.size = size
         created = False
+        # O_NONBLOCK: a FIFO under a segment's name must not block the open (read-only tools
+        # hung on one); it is refused below, and cleared for a regular file.
+        flags = os.O_NONBLOCK | os.O_CLOEXEC
         if readonly or not create:
-            fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
+            fd = os.open(path, (os.O_RDONLY if readonly else os.O_RDWR) | flags)
         else:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o644)
                 created = True
             except FileExistsError:
-                fd = os.open(path, os.O_RDWR)
+                fd = os.open(path, os.O_RDWR | flags)
         try:
-            actual = os.fstat(fd).st_size
+            status = os.fstat(fd)
+            _require_regular(status.st_mode, path)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            actual = status.st_size
             if actual != size:
                 if readonly or not create:
                     raise OSError(errno.EINVAL, f"file is {actual} bytes, expected {size}", path)

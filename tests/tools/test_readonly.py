@@ -32,6 +32,8 @@ def snapshot(root: Path) -> Snapshot:
             rel = str(path.relative_to(root))
             if path.is_dir():
                 out[rel] = ("dir", st.st_mtime_ns, "")
+            elif not path.is_file():  # a FIFO: reading it would block
+                out[rel] = ("other", st.st_mtime_ns, "")
             else:
                 out[rel] = ("file", st.st_mtime_ns, f"{st.st_size}:{hashlib.sha256(path.read_bytes()).hexdigest()}")
     return out
@@ -116,3 +118,38 @@ def test_read_only_commands_change_nothing_on_a_crashed_store_and_name_recover(
         if argv[0] == "query":
             found_key = crashed_store[1] in out.out
     assert found_key  # an acknowledged message is read from the crashed store as it is
+
+
+# Where the review's sweep of every store file found a read-only command hanging.
+FIFO_PLACES = {
+    "stats_snapshot": "stats.msgpack",
+    "first_segment": "commitlog/" + "0" * 20,
+    "later_segment": "commitlog/" + "%020d" % 65536,
+}
+
+
+@pytest.mark.parametrize("place", sorted(FIFO_PLACES))
+def test_read_only_commands_answer_on_a_fifo_among_the_store_files_and_change_nothing(tmp_path: Path, place: str) -> None:
+    """A FIFO where the store keeps a file: `mqstore stats` and `verify` hung for good opening
+    it (a review's sweep: the snapshot reader and the read-only segment maps opened in blocking
+    mode). Each read-only command now answers, whatever it says, and changes no byte."""
+    import threading
+
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, mapped_file_size_consume_queue_bytes=20 * 100) as store:
+        for i in range(150):
+            assert store.put(mqstore.Message(topic="t", body=b"x" * 600, keys=[f"k{i}"])).ok
+        assert store.wait_for_messages("t", 0, 149, timeout_s=10)
+    (root / "stats.msgpack").write_bytes(b"")
+    fifo = root / FIFO_PLACES[place]
+    fifo.unlink()
+    os.mkfifo(fifo)
+    before = snapshot(root)
+    for argv in (["dump", str(root)], ["dump", str(root), "--what", "checkpoint"], ["inspect", str(root)],
+                 ["stats", str(root)], ["verify", str(root)]):  # fmt: skip
+        codes: list[int] = []
+        runner = threading.Thread(target=lambda: codes.append(main(argv)), daemon=True)
+        runner.start()
+        runner.join(30)
+        assert codes, f"mqstore {argv[0]} hung on a FIFO at {FIFO_PLACES[place]}"
+    assert snapshot(root) == before
