@@ -607,6 +607,10 @@ class PutPipeline:
                 self._thread_ended = True
             self._run_due_callbacks()
 
+    def on_completion_thread(self) -> bool:
+        """Whether the caller runs on this pipeline's completion thread (in a done-callback)."""
+        return threading.current_thread() is self._thread
+
     def complete_until(self, future: Future[PutResult], deadline: float | None) -> None:
         """On the completion thread, from a done-callback: complete queued passes until
         `future` is done, the monotonic `deadline` passes or close() asks the thread to stop

@@ -288,7 +288,10 @@ class MessageStore:
                 self._closed = True
                 self._closing_thread = threading.current_thread()
         if not first:
-            if threading.current_thread() is not self._closing_thread:
+            # Not from a thread the first close waits for (itself; a done-callback on the
+            # completion thread, which it joins): each would wait for the other.
+            here = threading.current_thread()
+            if here is not self._closing_thread and not self._puts.on_completion_thread():
                 self._close_done.wait(CLOSE_WAIT_FOR_ANOTHER_S)
             return self._clean_stop
         try:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import mqstore
 from mqstore import Message, PutMessageStatus, PutResult
 from mqstore import put_pipeline, supervisor
 from mqstore import store as store_module
@@ -144,3 +146,29 @@ def test_close_finishes_its_work_even_if_completing_the_futures_fails(
     store.close()
     assert store.read_view.view.closed
     assert store not in store_module._open_stores
+
+
+def test_a_close_from_a_done_callback_while_the_host_closes_does_not_wait_for_it(tmp_path: Path) -> None:
+    """The host's close() joins the completion thread; a callback on it that calls close()
+    waited for the host's close to finish: each waited for the other until the join gave up
+    (5 s; the review's reproduction). From the completion thread, a second close() returns at
+    once, as it did before."""
+    store = mqstore.open(tmp_path / "s")
+    in_callback, host_closing = threading.Event(), threading.Event()
+    seen: dict[str, float] = {}
+
+    def on_done(_future: object) -> None:
+        in_callback.set()
+        host_closing.wait(5)
+        time.sleep(0.2)  # the host's close() is under way
+        started = time.monotonic()
+        store.close()
+        seen["callback_close_s"] = time.monotonic() - started
+
+    store.put_async(Message(topic="t", body=b"x")).add_done_callback(on_done)
+    assert in_callback.wait(5)
+    host_closing.set()
+    started = time.monotonic()
+    store.close()
+    assert time.monotonic() - started < 4  # not the 5 s join
+    assert seen["callback_close_s"] < 1
