@@ -132,9 +132,15 @@ def _set_aside_a_copy(fs: FileSystem, path: str, damaged: bytes) -> None:
     names = [path + DAMAGED_SUFFIX] + [f"{path}{DAMAGED_SUFFIX}.{n}" for n in range(1, MAX_DAMAGED_COPIES)]
     for name in names:
         if not fs.exists(name):
-            fs.write_atomic(name, damaged)
+            try:
+                fs.write_atomic(name, damaged)
+            except OSError as exc:  # the copy is for a person; the offsets are written all the same
+                log.error("config_file_not_set_aside", path=path, damaged=name, error=str(exc))
+                return
             log.error("config_file_set_aside", path=path, damaged=name)
             return
+        if not fs.isfile(name):
+            continue  # not ours to read (a directory, a FIFO): the next name
         if fs.read_bytes(name) == damaged:
             return
     log.error("config_file_not_set_aside", path=path, reason=f"{MAX_DAMAGED_COPIES} damaged copies kept already")

@@ -216,3 +216,23 @@ def test_real_file_system_round_trip_and_fastjson_file_from_rocketmq(tmp_path: P
     again = ConsumerOffsetStore(fs, str(root))
     again.load()
     assert again.query_all(GROUP, "TopicTest") == {0: 300, 1: 250, 2: 250, 3: 250}
+
+
+def test_something_else_under_a_damaged_copys_name_neither_fails_the_persist_nor_is_read(tmp_path: Path) -> None:
+    """A directory at `.damaged.1` (or a FIFO at its `.tmp`): the persist that set a second
+    unreadable version aside failed (IsADirectoryError; the review's reproduction), and the
+    commit was lost at close. The copy goes to the next free name, or is not kept (logged);
+    the offsets are written either way."""
+    import os
+
+    fs = RealFileSystem()
+    path = tmp_path / "config" / "consumerOffset.json"
+    path.parent.mkdir()
+    (tmp_path / "config" / "consumerOffset.json.damaged").write_bytes(b"garbage one")
+    (tmp_path / "config" / "consumerOffset.json.damaged.1").mkdir()
+    os.mkfifo(tmp_path / "config" / "consumerOffset.json.damaged.2.tmp")
+    path.write_bytes(b"garbage two")
+    store = ConsumerOffsetStore(fs, str(tmp_path))
+    store.commit_offset("g", "T", 0, 9)
+    store.persist()
+    assert json.loads(path.read_bytes())["offsetTable"] == {"T@g": {"0": 9}}
