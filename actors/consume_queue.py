@@ -58,6 +58,11 @@ ConsumeQueueRequest = (
 )
 
 
+def _why_not_written(cq: ConsumeQueue, topic: str, queue_id: int) -> str:
+    why = cq.mapped_file_queue.last_create_error
+    return f"cannot write consume queue {topic}/{queue_id}" + (f" ({why})" if why else "")
+
+
 class QueueFileUnavailable(OSError):
     """A queue's next file could not be made or written (why is logged where it failed: a file
     where its directory belongs, permissions, a read-only remount). Dispatch waits and retries
@@ -84,6 +89,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._waiting: deque[DispatchBatch] = deque()
         self._disk_full_since_ms = 0
         self._held_reported_ms = 0  # when the wait was last logged
+        self._held_error = ""  # and why
         # The queue ledger (storage.queue_ledger): what it last said, and the counts read at
         # open, which stand as a floor until re-dispatch has passed the log's end at open
         # (the queues it found missing or cut short are rebuilt by then).
@@ -243,10 +249,14 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 if not held_since:
                     self._disk_full_since_ms = now or 1
                     self._held_reported_ms = now
+                    self._held_error = str(exc)
                     self.log.error(f"{why}: consume queue dispatch waits, retried every tick", error=str(exc),
                                    waiting_batches=len(waiting))  # fmt: skip
-                elif now - self._held_reported_ms >= HELD_REMINDER_INTERVAL_MS:
+                elif str(exc) != self._held_error or now - self._held_reported_ms >= HELD_REMINDER_INTERVAL_MS:
+                    # A new cause is told at once (the retries' own lines are quiet); the same
+                    # one every HELD_REMINDER_INTERVAL_MS.
                     self._held_reported_ms = now
+                    self._held_error = str(exc)
                     self.log.error(f"{why}: consume queue dispatch still waits", error=str(exc),
                                    waiting_batches=len(waiting), waited_ms=now - held_since)  # fmt: skip
                 return
@@ -284,7 +294,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if n == len(runs) // 2:
                 hit("consume_queue.mid_write")
             if not cq.put_message_position_infos(units):
-                raise QueueFileUnavailable(f"cannot write consume queue {topic}/{queue_id}")
+                raise QueueFileUnavailable(_why_not_written(cq, topic, queue_id))
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
@@ -302,7 +312,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if n == middle:
                 hit("consume_queue.mid_write")
             if not cq.put_dense_run(units, first_phy, last_phy, first_cq, count):
-                raise QueueFileUnavailable(f"cannot write consume queue {topic}/{queue_id}")
+                raise QueueFileUnavailable(_why_not_written(cq, topic, queue_id))
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)

@@ -153,10 +153,10 @@ class IndexActor(StoreActor[IndexRequest]):
             self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
             self._indexed_below = max(self._indexed_below, batch.end_offset)
             self._publish()
-        if self._disk_full_since_ms:
-            self.log.info("disk has room again: indexing resumed",
-                          waited_ms=self.ctx.clock_ms() - self._disk_full_since_ms)  # fmt: skip
-            self._disk_full_since_ms = 0
+            if self._disk_full_since_ms:  # at once: the rest of the backlog is not a retry
+                self.log.info("disk has room again: indexing resumed",
+                              waited_ms=self.ctx.clock_ms() - self._disk_full_since_ms)  # fmt: skip
+                self._disk_full_since_ms = 0
 
     def _write_progress(self, service: IndexService) -> None:
         """Record how far the index got, after a flush of every file (storage.index_progress):

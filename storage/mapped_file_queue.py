@@ -56,6 +56,7 @@ class MappedFileQueue:
         self.allocator = allocator
         self.create_on_allocator_failure = create_on_allocator_failure
         self.write_buffer_pool = write_buffer_pool
+        self.last_create_error: str | None = None  # why the last segment could not be made
         self.mapped_files: list[MappedFile] = []
         self.flushed_where = 0
         self.committed_where = 0
@@ -186,12 +187,14 @@ class MappedFileQueue:
     def _create(self, offset: int) -> MappedFile | None:
         next_path = os.path.join(self.store_path, segment_file_name(offset))
         next_next_path = os.path.join(self.store_path, segment_file_name(offset + self.mapped_file_size))
+        self.last_create_error = None
         if self.allocator is not None:
             mapped_file = self.allocator(next_path, next_next_path, self.mapped_file_size)
             if mapped_file is not None:
                 assert mapped_file.file_from_offset == offset and mapped_file.file_size == self.mapped_file_size
                 return mapped_file
             if not self.create_on_allocator_failure:
+                self.last_create_error = f"{next_path}: the allocator gave no segment"
                 log.error("allocator gave no segment", path=next_path)
                 return None
             log.warning("allocator gave no segment; creating it here", path=next_path)
@@ -205,6 +208,7 @@ class MappedFileQueue:
         except OSError as exc:
             if buffer is not None:
                 self.write_buffer_pool.return_buffer(buffer)  # type: ignore[union-attr]
+            self.last_create_error = f"{next_path}: {exc.strerror or exc}"
             log.error("creating a segment failed", path=next_path, error=str(exc))
             return None
 

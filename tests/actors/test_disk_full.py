@@ -458,3 +458,37 @@ def test_a_held_queue_is_logged_when_it_starts_now_and_then_and_when_it_ends_not
         ticks(1)
         assert lines("consume queue dispatch resumed") == 1
         assert [m.body for m in store.get("stray", 0, 0, 8).messages] == [b"blocked"]
+
+
+def test_a_new_cause_while_a_queue_is_held_is_logged_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Held for one cause (no space to map the next queue file), then another (permission
+    denied): the retries run quietly, and the actor's lines said only "cannot write consume
+    queue T/0" (the review's reproduction: no line named the new cause). The storage layer's
+    reason now rides on the error, and a new one is logged at the next try."""
+    import logging
+
+    from mqstore.messages import Tick
+
+    caplog.set_level(logging.INFO, logger="mqstore")
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    settings = dict(WAITING, flush_interval_consume_queue_ms=3_600_000, message_index_enable=False)
+    with mqstore.open("/sim/store", fs=fs, clock_ms=lambda: 1_700_000_000_000, **settings) as store:
+        assert store.put(mqstore.Message(topic="T", body=b"z")).ok
+        store.get("T", 0, 0, 1)
+        fs.inject_fault("map", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
+        for _ in range(210):  # past the first queue file (200 units)
+            assert store.put(mqstore.Message(topic="T", body=b"z")).ok
+        store.get("T", 0, 0, 1)  # dispatch has seen every put
+
+        def errors() -> list[str]:
+            return [str(r.mqstore_event.get("error")) for r in caplog.records  # type: ignore[attr-defined]
+                    if r.levelno >= logging.ERROR and r.name == "mqstore.actors.consume_queue"]  # fmt: skip
+
+        assert len(errors()) == 1 and "No space left on device" in errors()[0]
+        fs.clear_faults()
+        fs.inject_fault("map", path_contains="consumequeue", err=errno.EACCES, count=1_000_000)
+        store.supervisor.ctx.tell("consume_queue", Tick(now_ms=1_700_000_000_000))
+        store.flush()
+        assert len(errors()) == 2 and "Permission denied" in errors()[1]
+        fs.clear_faults()
