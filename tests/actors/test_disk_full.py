@@ -343,16 +343,21 @@ def test_a_queue_directory_blocked_while_the_store_runs_holds_dispatch_instead_o
     the ConsumeQueue actor cannot make the queue. It failed at each try until the supervisor
     gave up and stopped the store (FAILED: every put refused). Now dispatch waits, as for a
     full disk, the log keeps taking puts, and once the file is gone the queue is made."""
-    with mqstore.open(tmp_path / "s", **WAITING) as store:
+    from mqstore.messages import Tick
+
+    with mqstore.open(tmp_path / "s", **dict(WAITING, flush_interval_consume_queue_ms=3_600_000)) as store:
         assert store.put(Message("t", b"before")).ok
         blocker = tmp_path / "s" / "consumequeue" / "stray"
         blocker.write_bytes(b"in the way")
         assert store.put(Message("stray", b"blocked")).ok
         assert store.put(Message("t", b"behind it")).ok
-        time.sleep(2.5)  # ticks retry; ten failures in a minute stopped the store
+        for _ in range(12):  # ticks retry; ten failures in a minute stopped the store
+            store.supervisor.ctx.tell("consume_queue", Tick(now_ms=store.clock_ms()))
+            store.flush()  # after the tick: it was handled
         assert store.running and store.supervisor.restarts == []
         assert store.put(Message("t", b"still taken")).ok
         blocker.unlink()
+        store.supervisor.ctx.tell("consume_queue", Tick(now_ms=store.clock_ms()))
         assert store.wait_for_messages("t", 0, 2, timeout_s=10)
         assert [m.body for m in store.get("stray", 0, 0, 8).messages] == [b"blocked"]
         assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"before", b"behind it", b"still taken"]
