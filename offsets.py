@@ -11,7 +11,7 @@ from .errors import StoreClosedError
 from .log import get_logger
 from .storage.consumer_offsets import DAMAGED_SUFFIX, ConsumerOffsetStore
 from .storage.fs import FileSystem
-from .storage.lockfiles import StoreDirectoryError
+from .storage.lockfiles import StoreDirectoryError, refuse_unless_regular_file
 
 __all__ = ["CONSUMER_OFFSET_PERSIST_INTERVAL_MS", "ConsumerOffsets"]
 
@@ -46,13 +46,8 @@ class ConsumerOffsets:
                                       "move it aside and start again")  # fmt: skip
         # .bak.tmp: the .bak is itself written through a temporary file.
         for candidate in (path, path + ".bak", path + ".tmp", path + ".bak.tmp", path + DAMAGED_SUFFIX):
-            if not fs.exists(candidate):
-                continue
-            if not fs.isfile(candidate):
-                kind = "a directory" if fs.isdir(candidate) else "not a regular file"
-                raise StoreDirectoryError(f"{candidate} is {kind} where the committed consumer offsets belong; "
-                                          "move it aside and start again")  # fmt: skip
-            if candidate.endswith((".json", ".bak")):
+            refuse_unless_regular_file(fs, candidate, "committed consumer offsets")
+            if candidate.endswith((".json", ".bak")) and fs.exists(candidate):
                 try:
                     fs.read_bytes(candidate)
                 except OSError as exc:

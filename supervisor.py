@@ -64,7 +64,7 @@ from .messages import (
 from .storage import codec
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
-from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock
+from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
 from .storage.recovery import (
     IndexRecovery,
@@ -150,26 +150,19 @@ def _disk_full_or(exc: OSError, path: str, what: str) -> OSError:
 
 def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     """StoreDirectoryError, before anything is made, for a file where one of the store's
-    directories belongs or a directory where its checkpoint belongs (the store does not guess
-    what they are; a bare FileExistsError or IsADirectoryError said less)."""
+    directories belongs, or anything but a regular file where one of its files (or their
+    temporary files) belongs (the store does not guess what they are; a bare FileExistsError
+    or IsADirectoryError said less, and a FIFO hung the open)."""
     for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
                        (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory")):  # fmt: skip
         if fs.exists(path) and not fs.isdir(path):
             raise StoreDirectoryError(f"{path} is a file where the {what} belongs; move it aside and start again")
-    if fs.isdir(cfg.checkpoint_path):
-        raise StoreDirectoryError(
-            f"{cfg.checkpoint_path} is a directory where the store keeps its checkpoint; move it aside and start again"
-        )
-    root = cfg.store_path_root_dir
-    snapshot = os.path.join(root, SNAPSHOT_FILE_NAME)
-    for path in (cfg.checkpoint_path, cfg.lock_path, cfg.abort_path, cfg.queue_ledger_path, cfg.index_progress_path,
-                 snapshot):  # fmt: skip
-        for candidate in (path, path + ".tmp"):
-            if fs.exists(candidate) and not fs.isfile(candidate):
-                # A FIFO: reading it (or writing its .tmp) blocks for good, the open hung.
-                kind = "a directory" if fs.isdir(candidate) else "not a regular file"
-                raise StoreDirectoryError(f"{candidate} is {kind} where the store keeps one of its files; "
-                                          "move it aside and start again")  # fmt: skip
+    snapshot = os.path.join(cfg.store_path_root_dir, SNAPSHOT_FILE_NAME)
+    for path, what in ((cfg.checkpoint_path, "checkpoint"), (cfg.lock_path, "lock file"), (cfg.abort_path, "abort marker"),
+                       (cfg.queue_ledger_path, "queue ledger"), (cfg.index_progress_path, "index progress"),
+                       (snapshot, "stats snapshot")):  # fmt: skip
+        refuse_unless_regular_file(fs, path, what)
+        refuse_unless_regular_file(fs, path + ".tmp", f"{what}'s temporary file")
     _refuse_what_is_in_the_way_of_segments(fs, cfg)
 
 

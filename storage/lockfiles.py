@@ -103,7 +103,7 @@ class StoreLock:
         if self._key is not None:
             raise RuntimeError(f"the store lock {self.path} is already acquired by this object")
         self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
-        _refuse_directory(self._fs, self.path, "lock file")
+        refuse_unless_regular_file(self._fs, self.path, "lock file")
         key = (0, os.path.realpath(self.path)) if self._real else (id(self._fs), os.path.normpath(self.path))
         with _held_guard:
             if key in _held:
@@ -176,7 +176,7 @@ class AbortFile:
     def exists(self) -> bool:
         """Whether the marker is there. StoreDirectoryError if a directory is in its place
         (checked before recovery runs, not when the marker is written after it)."""
-        _refuse_directory(self._fs, self.path, "abort marker")
+        refuse_unless_regular_file(self._fs, self.path, "abort marker")
         return self._fs.exists(self.path)
 
     def create(self) -> None:
@@ -194,8 +194,11 @@ class AbortFile:
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
 
-def _refuse_directory(fs: FileSystem, path: str, what: str) -> None:
-    if fs.isdir(path):
+def refuse_unless_regular_file(fs: FileSystem, path: str, what: str) -> None:
+    """StoreDirectoryError if something other than a regular file is at `path`: a directory,
+    or a FIFO, socket or device (opening a FIFO to read or write blocks for good)."""
+    if fs.exists(path) and not fs.isfile(path):
+        kind = "a directory" if fs.isdir(path) else "not a regular file"
         raise StoreDirectoryError(
-            f"{path} is a directory where the store keeps its {what}; move it out of the store root and start again"
+            f"{path} is {kind} where the store keeps its {what}; move it out of the store root and start again"
         )
