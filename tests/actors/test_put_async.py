@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import Future, InvalidStateError, as_completed, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pykka
 import pytest
@@ -638,6 +638,22 @@ def test_done_callbacks_that_each_put_and_wait_do_not_nest_and_every_future_is_a
         assert len(refused) < len(follow_ups)
 
 
+def _in_a_done_callback_of(store: Any, action: Callable[[], None]) -> None:
+    """Run `action` once, in a done-callback of one of `store`'s puts on its completion thread
+    (puts are made until one's callback runs there: one done before the callback was added
+    runs it in this thread); returns once it has begun."""
+    entered = threading.Event()
+
+    def callback(_future: Future[PutResult]) -> None:
+        if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
+            entered.set()
+            action()
+
+    while not entered.is_set():
+        store.put_async(Message(topic="orders", body=b"a")).add_done_callback(callback)
+        entered.wait(0.05)
+
+
 def test_a_done_callback_waiting_on_another_stores_future_sees_it_done(tmp_path: Path) -> None:
     """The wait on the completion thread completes this store's queued passes; a future that
     another store completes (or close() does) must end the wait too, with nothing more queued
@@ -646,19 +662,14 @@ def test_a_done_callback_waiting_on_another_stores_future_sees_it_done(tmp_path:
         hold_b = threading.Event()
         _block_completions(b, hold_b)  # b's next future stays pending until hold_b is set
         elsewhere = b.put_async(Message(topic="orders", body=b"b"))
-        entered = threading.Event()
         outcome: list[Any] = []
 
-        def wait_on_b(_future: Future[PutResult]) -> None:
-            if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
-                entered.set()
-                started = time.monotonic()
-                outcome.append(elsewhere.result(timeout=TIMEOUT_S))
-                outcome.append(time.monotonic() - started)
+        def wait_on_b() -> None:
+            started = time.monotonic()
+            outcome.append(elsewhere.result(timeout=TIMEOUT_S))
+            outcome.append(time.monotonic() - started)
 
-        while not entered.is_set():
-            a.put_async(Message(topic="orders", body=b"a")).add_done_callback(wait_on_b)
-            entered.wait(0.05)
+        _in_a_done_callback_of(a, wait_on_b)
         assert not elsewhere.done()
         time.sleep(0.3)
         hold_b.set()
@@ -676,21 +687,16 @@ def test_a_done_callbacks_wait_with_a_timeout_times_out_once(tmp_path: Path) -> 
         hold_b = threading.Event()
         _block_completions(b, hold_b)
         never_in_time = b.put_async(Message(topic="orders", body=b"b"))
-        entered = threading.Event()
         outcome: list[Any] = []
 
-        def wait_a_second(_future: Future[PutResult]) -> None:
-            if threading.current_thread().name == COMPLETION_THREAD and not entered.is_set():
-                entered.set()
-                started = time.monotonic()
-                try:
-                    never_in_time.result(timeout=1.0)
-                except TimeoutError:
-                    outcome.append(time.monotonic() - started)
+        def wait_a_second() -> None:
+            started = time.monotonic()
+            try:
+                never_in_time.result(timeout=1.0)
+            except TimeoutError:
+                outcome.append(time.monotonic() - started)
 
-        while not entered.is_set():
-            a.put_async(Message(topic="orders", body=b"a")).add_done_callback(wait_a_second)
-            entered.wait(0.05)
+        _in_a_done_callback_of(a, wait_a_second)
         deadline = time.monotonic() + TIMEOUT_S
         while not outcome and time.monotonic() < deadline:
             time.sleep(0.01)
