@@ -7,6 +7,7 @@ the supervisor, which restarts it (and its dependents) from disk.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Final, Generic, TypeVar, get_args
@@ -15,7 +16,7 @@ import pykka
 
 from ..config import StoreConfig
 from ..faults import FaultPlan
-from ..log import get_logger
+from ..log import get_logger, retrying
 from ..messages import Asked, Reply
 from ..read_view import ReadViewPublisher
 from ..runtime import FastInbox, RuntimeActor
@@ -24,11 +25,46 @@ from ..storage.fs import FileSystem
 from ..ticker import RealTicker, Ticker
 
 __all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms",
-           "HELD_REMINDER_INTERVAL_MS"]  # fmt: skip
+           "HELD_REMINDER_INTERVAL_MS", "HeldWait"]  # fmt: skip
 
 # An actor whose work waits (a full disk, a queue file that cannot be made) and is retried each
 # tick logs the wait when it starts and when it ends, and in between this often.
 HELD_REMINDER_INTERVAL_MS: Final = 300_000
+
+
+class HeldWait:
+    """An actor's work held by a full disk or a file that cannot be made, retried on its ticks
+    (not per batch: a failed file creation and the storage layer's ERRORs for each). Logged
+    when it starts, at once when its cause changes, every HELD_REMINDER_INTERVAL_MS, and when
+    it ends; the retries in between run quietly (`quiet`)."""
+
+    def __init__(self, log: Any, what: str) -> None:
+        self._log = log
+        self._what = what  # "consume queue dispatch", "indexing"
+        self.since_ms = 0  # 0: not held
+        self._reported_ms = 0
+        self._error = ""
+
+    def __bool__(self) -> bool:
+        return self.since_ms != 0
+
+    def quiet(self) -> contextlib.AbstractContextManager[None]:
+        """Around a retry: the storage layer's lines for a failure reported already are dropped."""
+        return retrying() if self.since_ms else contextlib.nullcontext()
+
+    def failed(self, now_ms: int, why: str, error: str, **fields: Any) -> None:
+        if not self.since_ms:
+            self.since_ms = now_ms or 1
+            self._reported_ms, self._error = now_ms, error
+            self._log.error(f"{why}: {self._what} waits, retried every tick", error=error, **fields)
+        elif error != self._error or now_ms - self._reported_ms >= HELD_REMINDER_INTERVAL_MS:
+            self._reported_ms, self._error = now_ms, error
+            self._log.error(f"{why}: {self._what} still waits", error=error, waited_ms=now_ms - self.since_ms, **fields)
+
+    def ended(self, now_ms: int) -> None:
+        if self.since_ms:
+            self._log.info(f"{self._what} resumed", waited_ms=now_ms - self.since_ms)
+            self.since_ms = 0
 
 
 def real_sleep_ms(ms: int) -> None:

@@ -36,8 +36,7 @@ from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, lost_queue_offsets, recover_consume_queues
-from ..log import retrying
-from .base import HELD_REMINDER_INTERVAL_MS, ActorContext, StoreActor
+from .base import ActorContext, HeldWait, StoreActor
 
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 
@@ -87,9 +86,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # order on every tick and batch (a unit already written is skipped by the duplicate
         # guard), so dispatch waits for space instead of crashing and restarting.
         self._waiting: deque[DispatchBatch] = deque()
-        self._disk_full_since_ms = 0
-        self._held_reported_ms = 0  # when the wait was last logged
-        self._held_error = ""  # and why
+        self._held = HeldWait(self.log, "consume queue dispatch")
         # The queue ledger (storage.queue_ledger): what it last said, and the counts read at
         # open, which stand as a floor until re-dispatch has passed the log's end at open
         # (the queues it found missing or cut short are rebuilt by then).
@@ -200,10 +197,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         match message:
             case DispatchBatch():
                 self._waiting.append(message)
-                if not self._disk_full_since_ms:
-                    # Held (a full disk, a queue file that cannot be made): the ticks retry.
-                    # Retrying per batch failed a file creation and logged two ERRORs for
-                    # every batch reput handed on meanwhile.
+                if not self._held:  # held: the ticks retry (HeldWait)
                     self._dispatch_waiting()
             case GetUnits():
                 return self._get_units(message)
@@ -239,31 +233,15 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         own lines), a reminder every HELD_REMINDER_INTERVAL_MS; the retries in between quietly."""
         waiting = self._waiting
         while waiting:
-            held_since = self._disk_full_since_ms
             try:
-                with retrying() if held_since else contextlib.nullcontext():
+                with self._held.quiet():
                     self._dispatch(waiting[0])
             except (DiskFullError, QueueFileUnavailable) as exc:
-                now = self.ctx.clock_ms()
                 why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made or written"
-                if not held_since:
-                    self._disk_full_since_ms = now or 1
-                    self._held_reported_ms = now
-                    self._held_error = str(exc)
-                    self.log.error(f"{why}: consume queue dispatch waits, retried every tick", error=str(exc),
-                                   waiting_batches=len(waiting))  # fmt: skip
-                elif str(exc) != self._held_error or now - self._held_reported_ms >= HELD_REMINDER_INTERVAL_MS:
-                    # A new cause is told at once (the retries' own lines are quiet); the same
-                    # one every HELD_REMINDER_INTERVAL_MS.
-                    self._held_reported_ms = now
-                    self._held_error = str(exc)
-                    self.log.error(f"{why}: consume queue dispatch still waits", error=str(exc),
-                                   waiting_batches=len(waiting), waited_ms=now - held_since)  # fmt: skip
+                self._held.failed(self.ctx.clock_ms(), why, str(exc), waiting_batches=len(waiting))
                 return
             waiting.popleft()
-            if held_since:
-                self.log.info("consume queue dispatch resumed", waited_ms=self.ctx.clock_ms() - held_since)
-                self._disk_full_since_ms = 0
+            self._held.ended(self.ctx.clock_ms())
 
     def _dispatch(self, batch: DispatchBatch) -> None:
         """Raises DiskFullError or QueueFileUnavailable with the batch to be written again

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from typing import assert_never
 
@@ -24,8 +23,7 @@ from ..storage.checkpoint import CheckpointValues
 from ..storage.index import IndexService
 from ..storage.index_progress import IndexProgress, write_index_progress
 from ..storage.recovery import IndexRecovery, LogFacts, RecoveryMode, recover_index
-from ..log import retrying
-from .base import HELD_REMINDER_INTERVAL_MS, ActorContext, StoreActor
+from .base import ActorContext, HeldWait, StoreActor
 
 __all__ = ["IndexActor"]
 
@@ -57,8 +55,7 @@ class IndexActor(StoreActor[IndexRequest]):
         self._waiting: deque[DispatchBatch] = deque()
         self._resume_at = 0
         self._middle_done = False
-        self._disk_full_since_ms = 0
-        self._held_reported_ms = 0  # when the wait was last logged
+        self._held = HeldWait(self.log, "indexing")
 
     def on_start(self) -> None:
         cfg = self.config
@@ -121,8 +118,7 @@ class IndexActor(StoreActor[IndexRequest]):
 
     def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> int:
         """Index requests[start:stop]; where it stopped (`stop` unless the disk is full)."""
-        # Waiting for space: a retry's failure was reported (see _wait_for_space), not each.
-        with retrying() if self._disk_full_since_ms else contextlib.nullcontext():
+        with self._held.quiet():
             done = service.build_index_until_full(requests, start, stop, self._skip_below)
         if done < stop and service.disk_full is None and service.index_error:
             raise OSError("cannot create an index file")
@@ -153,10 +149,7 @@ class IndexActor(StoreActor[IndexRequest]):
             self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
             self._indexed_below = max(self._indexed_below, batch.end_offset)
             self._publish()
-            if self._disk_full_since_ms:  # at once: the rest of the backlog is not a retry
-                self.log.info("disk has room again: indexing resumed",
-                              waited_ms=self.ctx.clock_ms() - self._disk_full_since_ms)  # fmt: skip
-                self._disk_full_since_ms = 0
+            self._held.ended(self.ctx.clock_ms())  # at once: the rest of the backlog is not a retry
 
     def _write_progress(self, service: IndexService) -> None:
         """Record how far the index got, after a flush of every file (storage.index_progress):
@@ -168,16 +161,7 @@ class IndexActor(StoreActor[IndexRequest]):
             self._progress_written = progress  # a store.flush() with nothing new writes nothing
 
     def _wait_for_space(self, service: IndexService) -> None:
-        now = self.ctx.clock_ms()
-        if not self._disk_full_since_ms:
-            self._disk_full_since_ms = now or 1
-            self._held_reported_ms = now
-            self.log.error("disk full: indexing waits for space", error=str(service.disk_full),
-                           waiting_batches=len(self._waiting))  # fmt: skip
-        elif now - self._held_reported_ms >= HELD_REMINDER_INTERVAL_MS:
-            self._held_reported_ms = now
-            self.log.error("disk full: indexing still waits for space", error=str(service.disk_full),
-                           waiting_batches=len(self._waiting), waited_ms=now - self._disk_full_since_ms)  # fmt: skip
+        self._held.failed(self.ctx.clock_ms(), "disk full", str(service.disk_full), waiting_batches=len(self._waiting))
 
     def handle(self, message: IndexRequest) -> QueryOffsetsReply | IndexSnapshot | Pong | None:
         service = self._service
@@ -186,7 +170,7 @@ class IndexActor(StoreActor[IndexRequest]):
             case DispatchBatch():
                 # Records below _indexed_below are a replay after a restart.
                 self._waiting.append(message)
-                if not self._disk_full_since_ms:  # waiting for space: the ticks retry
+                if not self._held:  # waiting for space: the ticks retry
                     self._index_waiting(service)
             case Tick():
                 self._index_waiting(service)
