@@ -26,7 +26,6 @@ import bisect
 import collections
 import functools
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import psutil
 from .config import StoreConfig
 from .log import get_logger
 from .messages import GetResult, PutResult, Reply
-from .storage.fs import FileSystem
+from .storage.fs import FileSystem, NotARegularFileError, read_regular_file
 from .storage.status import PutMessageStatus
 
 __all__ = [
@@ -484,14 +483,11 @@ def read_snapshot(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     not a snapshot we understand (torn files cannot happen: it is replaced atomically)."""
     path = os.path.join(os.fspath(root), SNAPSHOT_FILE_NAME)
     try:
-        # Without blocking, and only a regular file: a FIFO there hung `mqstore stats`.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular_file(path, SNAPSHOT_MAX_BYTES + 1)  # a FIFO there hung `mqstore stats`
     except FileNotFoundError:
         return None
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        data = f.read(SNAPSHOT_MAX_BYTES + 1)
+    except NotARegularFileError as exc:
+        raise ValueError(f"{path} is not a regular file") from exc
     if len(data) > SNAPSHOT_MAX_BYTES:
         raise ValueError(f"{path} is larger than {SNAPSHOT_MAX_BYTES} bytes")
     try:

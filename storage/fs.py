@@ -72,6 +72,19 @@ def _require_regular(mode: int, path: str) -> None:
         raise NotARegularFileError(errno.EINVAL, "not a regular file (a FIFO, socket or device?)", path)
 
 
+def read_regular_file(path: str, limit: int = -1) -> bytes:
+    """The file's bytes (at most `limit`). A FIFO, socket or device at `path` raises
+    NotARegularFileError: opening a FIFO to read blocks until a writer comes (for good, here),
+    so it is opened without blocking and looked at first."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _require_regular(os.fstat(fd).st_mode, path)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
+
+
 class FileSystem(Protocol):
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> MappedRegion: ...
     def listdir(self, path: str) -> list[str]: ...
@@ -431,16 +444,7 @@ class RealFileSystem:
         os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
 
     def read_bytes(self, path: str) -> bytes:
-        """The whole file. A FIFO, socket or device at `path` raises NotARegularFileError:
-        opening a FIFO to read blocks until a writer comes (for good, here), so it is opened
-        without blocking and looked at first."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            _require_regular(os.fstat(fd).st_mode, path)
-            with open(fd, "rb", closefd=False) as f:
-                return f.read()
-        finally:
-            os.close(fd)
+        return read_regular_file(path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write a temporary file, fsync it, rename it over `path`, fsync the directory. A
