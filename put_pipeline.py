@@ -684,12 +684,8 @@ class PutPipeline:
         # The stats before any future completes: a caller that saw its put done sees it counted.
         self._record(figures)
         due = _complete_futures(completions)
-        if hold_due_slots:
-            self._release_slots(len(answers) - len(due))
-            self._callbacks_due.extend((future, True) for future in due)
-        else:
-            self._release_slots(len(answers))
-            self._callbacks_due.extend((future, False) for future in due)
+        self._release_slots(len(answers) - len(due) if hold_due_slots else len(answers))
+        self._callbacks_due.extend((future, hold_due_slots) for future in due)
         self._pending.difference_update([future for future, _ in completions])  # once done: flush() waits for them
         for reply, result in forgotten:
             self._log_forgotten(reply, result)
