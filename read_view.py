@@ -8,9 +8,12 @@ reader that takes `publisher.view` once per call sees the facts of one moment to
 torn pairs are possible by construction, and readers take no lock.
 
 Owners publish from their own threads, so publications are serialised by one lock (a swap is
-read-copy-update); the same lock's condition wakes readers waiting for the view to cover a
-target (read-your-writes, long polling). Publishing never blocks beyond that lock and never
-calls out.
+read-copy-update); conditions on the same lock wake readers waiting for the view to cover a
+target (read-your-writes, long polling). A waiter names the publications that can make its
+target true (`wakes_on`), and a publication wakes only those: a consumer long-polling a queue
+is not woken by every writer pass and dispatch batch to find nothing new (each such wake-up
+took the GIL from the put path, on another CPU). Publishing never blocks beyond that lock and
+never calls out.
 """
 
 from __future__ import annotations
@@ -20,14 +23,33 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .messages import QueueBounds
 
-__all__ = ["ReadView", "ReadViewPublisher", "QueueKey", "in_ranges"]
+__all__ = [
+    "ANY_PUBLICATION",
+    "COMMITLOG",
+    "DISPATCHED",
+    "INDEX",
+    "QUEUES",
+    "QueueKey",
+    "ReadView",
+    "ReadViewPublisher",
+    "in_ranges",
+]
 
 QueueKey = tuple[str, int]
 _NO_BOUNDS: Mapping[QueueKey, tuple[int, int]] = MappingProxyType({})
+
+# What a publication changed, and what a waiter waits on (bits of `wakes_on`). Plain ints: the
+# writer publishes once per put pass. Closing and quarantine publications wake every waiter.
+COMMITLOG = 1  # readable_end
+DISPATCHED = 2  # dispatched_end
+QUEUES = 4  # queues_live, queue_bounds, queues_written, map_generation
+INDEX = 8  # index_files, indexed_end
+ANY_PUBLICATION = COMMITLOG | DISPATCHED | QUEUES | INDEX
+_EVERY_WAITER = -1  # all bits: closing (and a new quarantine) wakes whatever a waiter waits on
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,37 +101,43 @@ class ReadViewPublisher:
 
     def __init__(self) -> None:
         self.view = ReadView()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # One condition per distinct `wakes_on` (a handful), with its count of waiters, so a
+        # publication nobody waits for notifies nothing.
+        self._waiting: dict[int, list[Any]] = {}
 
-    def _swap(self, view: ReadView) -> None:
+    def _swap(self, view: ReadView, changed: int) -> None:
         # Called with the lock held: the one reference assignment readers see.
         self.view = view
-        self._cond.notify_all()
+        for wakes_on, (condition, waiters) in self._waiting.items():
+            if waiters and wakes_on & changed:
+                condition.notify_all()
 
     # publications (each from its owner's thread) ----------------------------------------
     def publish_commitlog(self, readable_end: int) -> None:
         """The writer (once per put pass): the commitlog is readable below `readable_end`."""
-        with self._cond:
+        with self._lock:
             v = self.view
             if readable_end > v.readable_end:
                 # Positional rather than `replace` (1.1 us against 2.5 hot, more on the writer's
                 # cold pass); every field in order (tests/actors/test_writer_fast_append.py).
                 self._swap(ReadView(readable_end, v.dispatched_end, v.queues_live, v.queue_bounds, v.queues_written,
-                                    v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined))  # fmt: skip
+                                    v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined),
+                           COMMITLOG)  # fmt: skip
 
     def publish_dispatched(self, dispatched_end: int) -> None:
         """The reput actor: every record below `dispatched_end` was handed to its dispatchers."""
-        with self._cond:
+        with self._lock:
             if dispatched_end > self.view.dispatched_end:
-                self._swap(replace(self.view, dispatched_end=dispatched_end))
+                self._swap(replace(self.view, dispatched_end=dispatched_end), DISPATCHED)
 
     def publish_queues(self, published: QueueBounds | None) -> None:
         """The ConsumeQueue actor, after writing units (None: it stops, withdraw its bounds)."""
-        with self._cond:
+        with self._lock:
             view = self.view
             if published is None:
                 self._swap(replace(view, queues_live=False, queue_bounds=_NO_BOUNDS,
-                                   map_generation=view.map_generation + 1))  # fmt: skip
+                                   map_generation=view.map_generation + 1), QUEUES)  # fmt: skip
                 return
             generation = view.map_generation
             if published.complete:
@@ -129,47 +157,59 @@ class ReadViewPublisher:
                 queues_written=max(view.queues_written, published.dispatched_offset)
                 if not published.complete else published.dispatched_offset,
                 map_generation=generation,
-            ))  # fmt: skip
+            ), QUEUES)  # fmt: skip
 
     def publish_index(self, files: tuple[str, ...], indexed_end: int) -> None:
         """The index actor: its files (oldest first) and the end of what it indexed."""
-        with self._cond:
-            self._swap(replace(self.view, index_files=files, indexed_end=indexed_end))
+        with self._lock:
+            self._swap(replace(self.view, index_files=files, indexed_end=indexed_end), INDEX)
 
     def add_quarantined(self, ranges: tuple[tuple[int, int], ...]) -> None:
         """The writer, after its recovery quarantined `ranges` (before any reader or dispatcher
         starts on a first start): added to what is known (overlaps merged, so the ranges stay
         sorted and disjoint for `in_ranges`)."""
-        with self._cond:
+        with self._lock:
             merged: list[tuple[int, int]] = []
             for start, end in sorted(set(self.view.quarantined) | set(ranges)):
                 if merged and start <= merged[-1][1]:
                     merged[-1] = (merged[-1][0], max(merged[-1][1], end))
                 else:
                     merged.append((start, end))
-            self._swap(replace(self.view, quarantined=tuple(merged)))
+            self._swap(replace(self.view, quarantined=tuple(merged)), _EVERY_WAITER)
 
     def close(self) -> None:
         """The store closes: every waiter returns."""
-        with self._cond:
-            self._swap(replace(self.view, closed=True))
+        with self._lock:
+            self._swap(replace(self.view, closed=True), _EVERY_WAITER)
 
     # waiting ----------------------------------------------------------------------------
-    def await_view(self, covers: Callable[[ReadView], bool], timeout_s: float) -> ReadView | None:
+    def await_view(
+        self, covers: Callable[[ReadView], bool], timeout_s: float, wakes_on: int = ANY_PUBLICATION
+    ) -> ReadView | None:
         """The current view once `covers(view)` holds (woken by publications, never by
-        polling); None when `timeout_s` passed first or the store closed."""
+        polling); None when `timeout_s` passed first or the store closed. `wakes_on`: the
+        publications (COMMITLOG, DISPATCHED, QUEUES, INDEX) that change a field `covers` reads;
+        only those wake this waiter, and closing always does."""
         view = self.view
         if covers(view):
             return view
         if view.closed or timeout_s <= 0:
             return None
         deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                view = self.view
-                if covers(view):
-                    return view
-                remaining = deadline - time.monotonic()
-                if view.closed or remaining <= 0:
-                    return None
-                self._cond.wait(min(remaining, threading.TIMEOUT_MAX))  # inf: until published
+        with self._lock:
+            slot = self._waiting.get(wakes_on)
+            if slot is None:
+                slot = self._waiting[wakes_on] = [threading.Condition(self._lock), 0]
+            condition: threading.Condition = slot[0]
+            slot[1] += 1
+            try:
+                while True:
+                    view = self.view
+                    if covers(view):
+                        return view
+                    remaining = deadline - time.monotonic()
+                    if view.closed or remaining <= 0:
+                        return None
+                    condition.wait(min(remaining, threading.TIMEOUT_MAX))  # inf: until published
+            finally:
+                slot[1] -= 1

@@ -54,7 +54,7 @@ from .messages import (
 )
 from . import reads
 from .offsets import ConsumerOffsets
-from .read_view import ReadView
+from .read_view import COMMITLOG, INDEX, QUEUES, ReadView
 from .storage import codec
 from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
@@ -504,14 +504,14 @@ class MessageStore:
         finally:
             self._local.reading_for_end = 0
 
-    def _view_covering(self, covers: Callable[[ReadView], bool]) -> ReadView | None:
+    def _view_covering(self, covers: Callable[[ReadView], bool], wakes_on: int) -> ReadView | None:
         """The read view once `covers(view)` holds, waiting at most read_your_writes_timeout_ms
-        (woken by the owners' publications); None if it did not in time, or at once if the store
-        stopped running (its supervisor gave up: nothing will publish again)."""
+        (woken by the owners' publications of `wakes_on`); None if it did not in time, or at
+        once if the store stopped running (its supervisor gave up: nothing will publish again)."""
         view = self.read_view.view
         if covers(view):
             return view
-        return self.read_view.await_view(covers, self._ryw_timeout_s) if self.running else None
+        return self.read_view.await_view(covers, self._ryw_timeout_s, wakes_on) if self.running else None
 
     def _queue_view(self, *, with_dispatched: bool = False) -> ReadView | None:
         """The view for a queue read: its queue bounds cover the thread's own last put (and,
@@ -523,7 +523,7 @@ class MessageStore:
             target = max(target, self.read_view.view.dispatched_end)
         if target == 0:
             return self.read_view.view
-        return self._view_covering(lambda v: v.queues_live and v.queues_written >= target)
+        return self._view_covering(lambda v: v.queues_live and v.queues_written >= target, QUEUES)
 
     def _ask(self, peer: str, message: Any) -> Any:
         ref = self.supervisor.ctx.peers.get(peer)
@@ -678,7 +678,7 @@ class MessageStore:
     def _index_covering(self, target: int) -> ReadView | None:
         """The read view once the index covers `target` (in its own frame: a closure's cells
         would be made on every lookup)."""
-        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target)
+        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target, INDEX)
 
     def _query_reference(
         self, index_reader: IndexReader | None, commitlog: CommitLogReader, quarantined: tuple[tuple[int, int], ...],
@@ -836,7 +836,7 @@ class MessageStore:
         if max_bytes is not None:
             _check_int("max_bytes", max_bytes, 1)
         target = self._own_put_end()
-        view = self._view_covering(lambda v: v.readable_end >= target)
+        view = self._view_covering(lambda v: v.readable_end >= target, COMMITLOG)
         if view is None:
             return None
         reader = self._readers.get().commitlog_reader()
@@ -1017,7 +1017,7 @@ class MessageStore:
             bounds = view.queue_bounds.get(key)
             return view.queues_live and view.queues_written >= own and bounds is not None and bounds[1] > offset
 
-        return self.read_view.await_view(arrived, timeout_s) is not None
+        return self.read_view.await_view(arrived, timeout_s, QUEUES) is not None
 
 
 @atexit.register

@@ -74,7 +74,7 @@ from .storage.recovery import (
     check_geometry,
     mode_at_open,
 )
-from .read_view import ReadView
+from .read_view import INDEX, QUEUES, ReadView
 from .runtime import ask
 from .stats import SNAPSHOT_FILE_NAME
 from .ticker import RealTicker, Ticker
@@ -602,7 +602,8 @@ class Supervisor:
             deadline = time.monotonic() + timeout_s
             while True:
                 left = deadline - time.monotonic()
-                if self.ctx.read_view.await_view(lambda v: written(v) >= end, min(left, FAILURE_CHECK_S)) is not None:
+                view = self.ctx.read_view.await_view(lambda v: written(v) >= end, min(left, FAILURE_CHECK_S), QUEUES | INDEX)
+                if view is not None:
                     return True
                 if self._failure_pending(names):
                     return True

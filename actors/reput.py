@@ -30,7 +30,7 @@ from ..messages import (
 from ..storage import codec, speedups
 from ..storage.codec import RecordKind
 from ..storage.commitlog import CommitLogReader, find_next_valid_record
-from ..read_view import ReadView
+from ..read_view import INDEX, QUEUES, ReadView
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
 __all__ = ["ReputMessageService", "newest_per_queue"]
@@ -233,7 +233,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
             in_flight.popleft()
         if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES and not self._held_back_since_ms:
             oldest = in_flight[0]
-            view = self.ctx.read_view.await_view(lambda v: self._written(v) >= oldest, DISPATCH_BACKLOG_WAIT_S)
+            view = self.ctx.read_view.await_view(
+                lambda v: self._written(v) >= oldest, DISPATCH_BACKLOG_WAIT_S, QUEUES | INDEX
+            )
             if view is not None:
                 written = self._written(view)
                 while in_flight and in_flight[0] <= written:
