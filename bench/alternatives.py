@@ -81,7 +81,8 @@ def _sqlite_connect(db: Path, synchronous: str) -> sqlite3.Connection:
 class SqliteAsync:
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        self.conn = _sqlite_connect(path / "bench.db", "NORMAL")
+        self.db = path / "bench.db"
+        self.conn = _sqlite_connect(self.db, "NORMAL")
         for stmt in _SQLITE_SCHEMA:
             self.conn.execute(stmt)
 
@@ -115,6 +116,25 @@ class SqliteAsync:
     def lookup(self, keys: Sequence[str]) -> list[float]:
         q = "SELECT id, topic, queue_id, tag, body FROM msg WHERE key = ?"
         return _timed_each(keys, lambda k: self.conn.execute(q, (k,)).fetchall())
+
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
+        # As SqliteSync, at synchronous=NORMAL: a connection per thread, writes queued on a
+        # Python lock (SQLite has one writer), one autocommitted INSERT per message.
+        conns = [_sqlite_connect(self.db, "NORMAL") for _ in per_thread]
+        lock = threading.Lock()
+
+        def put(t: int, m: BenchMessage) -> None:
+            with lock:
+                conns[t].execute(_SQLITE_INSERT, (m.topic, m.queue_id, m.tag, m.key, m.body, time.time_ns() // 1_000_000))
+
+        try:
+            run_threads(per_thread, put)
+        finally:
+            for c in conns:
+                c.close()
+
+    def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None:
+        raise NotSupported("sqlite3: no pipelined single-message API (each call blocks until done); its batched commits are the append case")
 
     def close(self) -> None:
         self.conn.close()
@@ -161,6 +181,7 @@ class SqliteSystem:
         self.notes = {
             "schema": "WAL; index on (topic, queue_id, id) and on key; append = one transaction per batch of 32",
             "sync": "synchronous=FULL, one autocommit INSERT per message from 16 threads (own connection each, writes queued on a Python lock)",
+            "put_each": "synchronous=NORMAL, one autocommit INSERT per message from 4 or 16 threads (own connection each, writes queued on a Python lock); no pipelined API",
         }
 
     def unavailable_reason(self) -> str | None:
@@ -258,6 +279,12 @@ class LmdbStore:
 
         return run_threads(per_thread, put)
 
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
+        self.append_sync(per_thread)  # one write txn per message; sync as this env was opened
+
+    def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None:
+        raise NotSupported("py-lmdb: no pipelined single-message API (each call blocks until done); its batched commits are the append case")
+
     def close(self) -> None:
         self.env.close()
 
@@ -270,6 +297,7 @@ class LmdbSystem:
         self.notes = {
             "schema": "sub-db 'log' keyed topic\\0 + (queue, seq) big-endian; sub-db 'keys' key -> log key; one write txn per batch of 32",
             "sync": "sync=True, metasync=True, one write txn per message from 16 threads (LMDB serialises writers)",
+            "put_each": "sync=False, one write txn per message from 4 or 16 threads; no pipelined API",
         }
 
     def unavailable_reason(self) -> str | None:
@@ -331,6 +359,12 @@ class PersistQueueStore:
     def append_sync(self, per_thread: Sequence[Sequence[BenchMessage]]) -> int:
         return run_threads(per_thread, lambda t, m: self.q.put(tuple(m)))
 
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
+        self.append_sync(per_thread)  # a commit per put; synchronous as this queue was opened
+
+    def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None:
+        raise NotSupported("persist-queue: no pipelined single-message API (each call blocks until done); its batched commits are the append case")
+
     def close(self) -> None:
         self.q.close()
 
@@ -344,6 +378,7 @@ class PersistQueueSystem:
             "api": "SQLiteQueue (WAL, auto_commit=True): one put per message, no batch API; read is a consuming get() (deletes the row); no key lookup; one FIFO, no topic/queue",
             "durability": "synchronous set through its private _putter/_getter connections (it has no option)",
             "sync": "16 threads share the queue (multithreading=True; it serialises on its own lock)",
+            "put_each": "synchronous=NORMAL, one put per message from 4 or 16 threads sharing the queue; no pipelined API",
         }
 
     def unavailable_reason(self) -> str | None:
@@ -494,6 +529,27 @@ class RedisStore:
 
         return run_threads(per_thread, put)
 
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
+        # One round trip per message (XADD and HSET in one pipeline, no MULTI); thread t owns
+        # queue t, so its explicit ids need no shared lock.
+        def put(t: int, m: BenchMessage) -> None:
+            pipe = self.r.pipeline(transaction=False)
+            key, ref = self._xadd(pipe, m)
+            pipe.hset(self.KEYS_HASH, key, ref)
+            pipe.execute()
+
+        run_threads(per_thread, put)
+
+    def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None:
+        # Redis's own pipelining: each message its XADD and HSET, `window` messages sent
+        # before their replies are read.
+        for i in range(0, len(messages), window):
+            pipe = self.r.pipeline(transaction=False)
+            for m in messages[i : i + window]:
+                key, ref = self._xadd(pipe, m)
+                pipe.hset(self.KEYS_HASH, key, ref)
+            pipe.execute()
+
     def close(self) -> None:
         self.server.stop()
 
@@ -508,6 +564,7 @@ class RedisSystem:
             "api": "XADD with explicit ids + HSET key->id, pipelines of 32 (no MULTI); read XRANGE COUNT 32; lookup HMGET then XRANGE, pipelined in groups of 32 (per-key latency = group time / 32)",
             "sync": "appendfsync always; 16 threads, one MULTI(XADD, HSET) per message",
             "server": "redis-server started by the benchmark on 127.0.0.1:<free port>, own temp dir, stopped by PID",
+            "put_each": "appendfsync everysec; one round trip (XADD + HSET, no MULTI) per message from 4 or 16 threads; pipelined: XADD + HSET per message, 1024 messages per pipeline",
         }
 
     def unavailable_reason(self) -> str | None:
@@ -612,6 +669,19 @@ class FloorStore:
                 self.mm.flush(aligned, self.pos - aligned)
         return 1
 
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
+        lock = threading.Lock()  # one file, one position: the threads take turns
+
+        def put(_t: int, m: BenchMessage) -> None:
+            with lock:
+                self._append_one(m)
+
+        run_threads(per_thread, put)
+
+    def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None:
+        for m in messages:  # nothing to wait for: an append is done when it returns
+            self._append_one(m)
+
     def close(self) -> None:
         self.mm.close()
         os.close(self.fd)
@@ -625,6 +695,7 @@ class FloorSystem:
         self.notes = {
             "what": "plain Python: length-prefixed records into a preallocated mmap, in-memory dict key index; read = one sequential scan",
             "sync": "one thread, mmap.flush (msync) per message",
+            "put_each": "the threads take turns on a lock around one append each; pipelined = appends in a loop",
         }
 
     def unavailable_reason(self) -> str | None:

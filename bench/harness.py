@@ -22,6 +22,8 @@ import psutil
 
 from mqstore.bench.workload import (
     BATCH_SIZE_MSGS,
+    PIPELINE_WINDOW,
+    PUT_EACH_THREADS,
     BenchConfig,
     BenchMessage,
     batches,
@@ -29,6 +31,7 @@ from mqstore.bench.workload import (
     lookup_keys,
     make_async_messages,
     make_sync_messages,
+    split_by_thread,
 )
 from mqstore.log import get_logger
 
@@ -59,6 +62,9 @@ COMPARISONS: tuple[tuple[str, str, str], ...] = (
     ("get", "read", ASYNC),
     ("query", "lookup", ASYNC),
     ("sync_put_16", "append_sync", SYNC),
+    ("put_each_4", "put_each_4", ASYNC),
+    ("put_each_16", "put_each_16", ASYNC),
+    ("put_pipelined", "put_pipelined", ASYNC),
 )
 OURS = "ours"
 
@@ -70,6 +76,11 @@ class AsyncHandle(Protocol):
     def settle(self, per_queue: dict[tuple[str, int], int]) -> None: ...  # untimed catch-up
     def read_all(self, per_queue: dict[tuple[str, int], int]) -> int: ...
     def lookup(self, keys: Sequence[str]) -> list[float]: ...
+    # Single-message puts (issue 16's rows), each on a fresh handle: one call per message,
+    # each acknowledged before that thread's next; and one thread with up to `window`
+    # unacknowledged (NotSupported where the API has no such thing).
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None: ...
+    def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -528,8 +539,9 @@ def write_table(result: dict[str, Any], out: TextIO) -> None:
 # ---------------------------------------------------------------- running
 
 
-GENERIC_CASES = ("append", "read", "lookup", "append_sync")
-OURS_ONLY_CASES = ("put_4threads", "lag", "recovery", "open_clean", "open_crash")
+PUT_EACH_CASES = tuple(f"put_each_{threads}" for threads in PUT_EACH_THREADS)
+GENERIC_CASES = ("append", "read", "lookup", "append_sync", *PUT_EACH_CASES, "put_pipelined")
+OURS_ONLY_CASES = ("lag", "recovery", "open_clean", "open_crash")
 
 
 def case_name(system: System, generic: str) -> str:
@@ -621,6 +633,29 @@ def _sync_repeat(rec: Recorder, system: System, path: Path, per_thread: list[lis
     run_case(rec, system.name, name, SYNC, body, append_sync)
 
 
+def _single_put_repeat(rec: Recorder, system: System, path: Path, msgs: list[BenchMessage], body: int) -> None:
+    """Issue 16's single-message puts, each case on a fresh handle: from 4 and 16 threads
+    (each put acknowledged before that thread's next), and pipelined from one thread."""
+    payload = sum(len(m.body) for m in msgs)
+    size_hint = payload * 2 + len(msgs) * 256
+
+    def on_fresh_handle(where: Path, work: Callable[[AsyncHandle], None]) -> Outcome:
+        handle = system.open_async(where, size_hint_bytes=size_hint)
+        try:
+            with timed() as t:
+                work(handle)
+        finally:
+            handle.close()
+        return Outcome(throughput_metrics(len(msgs), payload, t.elapsed_s), t.peak_rss_mb)
+
+    for threads, case in zip(PUT_EACH_THREADS, PUT_EACH_CASES, strict=True):
+        per_thread = split_by_thread(msgs, threads)
+        run_case(rec, system.name, case_name(system, case), ASYNC, body,
+                 lambda: on_fresh_handle(path / case, lambda h: h.put_each(per_thread)))  # fmt: skip
+    run_case(rec, system.name, case_name(system, "put_pipelined"), ASYNC, body,
+             lambda: on_fresh_handle(path / "pipelined", lambda h: h.put_pipelined(msgs, PIPELINE_WINDOW)))  # fmt: skip
+
+
 def run_benchmark(cfg: BenchConfig, systems: Sequence[System], data_dir: Path) -> dict[str, Any]:
     """Runs every case of every system in this process, repeats interleaved across systems so
     that the machine's noise falls on all of them alike."""
@@ -662,6 +697,7 @@ def run_benchmark(cfg: BenchConfig, systems: Sequence[System], data_dir: Path) -
         msgs = make_async_messages(cfg.messages_per_case, body, cfg.seed)
         keys = lookup_keys(msgs, cfg.key_lookups, cfg.seed)
         per_thread = make_sync_messages(cfg.sync_messages_per_case, body, cfg.seed)
+        singles = make_async_messages(cfg.single_messages_per_case, body, cfg.seed + 3)
         for rep in range(cfg.repeats):
             for s in available:
                 work = data_dir / f"{s.name}-{body}-{rep}"
@@ -669,6 +705,7 @@ def run_benchmark(cfg: BenchConfig, systems: Sequence[System], data_dir: Path) -
                 try:
                     _async_repeat(rec, s, work / "async", msgs, keys, body)
                     _sync_repeat(rec, s, work / "sync", per_thread, body)
+                    _single_put_repeat(rec, s, work / "single", singles, body)
                     extra = getattr(s, "extra_cases", None)
                     if extra is not None:
                         extra(rec, cfg, body, msgs, work)

@@ -6,18 +6,18 @@ that silently drops our own row would report only the competition.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mqstore.bench.harness import ASYNC, Outcome, Recorder, percentile, throughput_metrics, timed
+from mqstore.bench.harness import ASYNC, Outcome, Recorder, percentile, timed
 from mqstore.bench.workload import BATCH_SIZE_MSGS, BenchConfig, BenchMessage
 
 SETTLE_TIMEOUT_S = 60.0  # dispatch (ConsumeQueue + index) catch-up before reads are timed
 LAG_POLL_TIMEOUT_S = 5.0
-PUT_THREADS = 4
 
 
 def _api() -> Any:
@@ -100,6 +100,48 @@ class OursAsync:
             lat.append(time.perf_counter() - start)
         return lat
 
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
+        """Timed: `put` per message from each thread, then every message visible through get
+        (as `append`: the same end to end as the alternatives' commits)."""
+        message_cls = _api().Message
+        put = self.store.put
+        newest: dict[tuple[str, int], int] = {}
+
+        def one(m: BenchMessage) -> None:
+            r = put(_message(m, message_cls))
+            _check_put(r, "put")
+            newest[(m.topic, m.queue_id)] = r.queue_offset  # a thread's own queue: no race
+
+        _run_threads(per_thread, one)
+        self._await_visible(newest)
+
+    def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None:
+        """Timed: `put_async` per message, at most `window` unanswered, every answer checked,
+        then every message visible through get."""
+        message_cls = _api().Message
+        put_async = self.store.put_async
+        pending: collections.deque[tuple[BenchMessage, Any]] = collections.deque()
+        newest: dict[tuple[str, int], int] = {}
+
+        def settle_oldest() -> None:
+            m, future = pending.popleft()
+            r = future.result()
+            _check_put(r, "put_async")
+            newest[(m.topic, m.queue_id)] = r.queue_offset
+
+        for m in messages:
+            if len(pending) >= window:
+                settle_oldest()
+            pending.append((m, put_async(_message(m, message_cls))))
+        while pending:
+            settle_oldest()
+        self._await_visible(newest)
+
+    def _await_visible(self, newest: dict[tuple[str, int], int]) -> None:
+        for (topic, queue_id), offset in newest.items():
+            if not self.store.wait_for_messages(topic, queue_id, offset, SETTLE_TIMEOUT_S):
+                raise RuntimeError(f"{topic}/{queue_id}: offset {offset} not visible after {SETTLE_TIMEOUT_S}s")
+
     def close(self) -> None:
         self.store.close()
 
@@ -143,6 +185,8 @@ class OursSystem:
         self.notes = {
             "put_batch": "put_batch of 32 (same topic+queue), one thread, timed until every message is visible through get; get in batches of 32; query one key per call",
             "sync_put_16": "SYNC_FLUSH (group commit), 16 producer threads, one put per message; any non-PUT_OK fails the case",
+            "put_each_4": "put, one message per call, each answered before the thread's next, thread t on queue t; timed until every message is visible through get (also put_each_16)",
+            "put_pipelined": "put_async per message from one thread, at most 1024 unanswered, every answer checked; timed until every message is visible through get",
             "lag": "one producer at ~half its measured max single-put rate, one consumer long-polling wait_for_messages + get; lag = visible - put call start",
         }
 
@@ -173,25 +217,12 @@ class OursSystem:
     def extra_cases(
         self, rec: Recorder, cfg: BenchConfig, body: int, messages: Sequence[BenchMessage], work_dir: Path
     ) -> None:
-        """put from 4 threads, put-to-visible lag, the recovery scan and opening a store (clean,
-        after kill -9; bench_open.py), one repeat each call."""
+        """Put-to-visible lag, the recovery scan and opening a store (clean, after kill -9;
+        bench_open.py), one repeat each call."""
         from mqstore.bench.harness import run_case
 
-        run_case(rec, self.name, "put_4threads", ASYNC, body, lambda: self._put_threads(messages, work_dir / "put4"))
         run_case(rec, self.name, "lag", ASYNC, body, lambda: self._lag(cfg, messages, work_dir / "lag"))
         self._open_cases.run(rec, cfg, body, work_dir)
-
-    def _put_threads(self, messages: Sequence[BenchMessage], path: Path) -> Outcome:
-        per_thread = [[m._replace(queue_id=t) for m in messages[t::PUT_THREADS]] for t in range(PUT_THREADS)]
-        payload = sum(len(m.body) for m in messages)
-        with _api().open(path, flush_disk_type="ASYNC_FLUSH", **self.config) as store:
-
-            def put(m: BenchMessage) -> None:
-                _check_put(store.put(_message(m)), "put")
-
-            with timed() as t:
-                _run_threads(per_thread, put)
-        return Outcome(throughput_metrics(len(messages), payload, t.elapsed_s), t.peak_rss_mb)
 
     def _lag(self, cfg: BenchConfig, messages: Sequence[BenchMessage], path: Path) -> Outcome:
         n = min(cfg.lag_messages, len(messages))

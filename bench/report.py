@@ -26,9 +26,12 @@ ROWS = (
     ("query", "lookup", "p50_us", "key lookup p50, µs"),
     ("query", "lookup", "p99_us", "key lookup p99, µs"),  # issue 18: the tail beside the median
     ("sync_put_16", "append_sync", "msgs_per_s", "sync append, 16 producers, msgs/s"),
+    # Issue 16: one message per call, each answered before the thread's next; and pipelined.
+    ("put_each_4", "put_each_4", "msgs_per_s", "put, 1 message per call, 4 threads, msgs/s"),
+    ("put_each_16", "put_each_16", "msgs_per_s", "put, 1 message per call, 16 threads, msgs/s"),
+    ("put_pipelined", "put_pipelined", "msgs_per_s", "put pipelined (put_async), 1 thread, 1024 in flight, msgs/s"),
 )
 OURS_ONLY = (
-    ("put_4threads", "msgs_per_s", "put from 4 threads, msgs/s"),
     ("lag", "p50_us", "put-to-visible lag p50, µs"),
     ("lag", "p99_us", "put-to-visible lag p99, µs"),
     ("recovery", "gb_per_s", "recovery scan, GB/s"),

@@ -15,6 +15,8 @@ TAGS = ("TagA", "TagB", "TagC", "TagD")
 BATCH_SIZE_MSGS = 32  # put_batch / pipeline / transaction size, and read batch size
 QUEUE_COUNT = 4  # async workload: batch b goes to queue b % QUEUE_COUNT
 SYNC_PRODUCER_THREADS = 16  # sync workload: producer t writes queue t
+PUT_EACH_THREADS = (4, 16)  # single-message puts, each acknowledged before the next, from N threads
+PIPELINE_WINDOW = 1024  # pipelined single-message puts: at most this many unacknowledged
 
 
 class BenchMessage(NamedTuple):
@@ -36,6 +38,7 @@ class BenchConfig:
     repeats: int
     body_sizes_bytes: tuple[int, ...] = (128, 1024)
     lag_messages: int = 2000
+    single_messages_per_case: int = 20_000  # single-message put cases (one call per message)
     disk_seq_write_bytes: int = 64 * 1024 * 1024
     disk_fdatasync_samples: int = 500
     open_store_bytes: int = 2 << 30  # commitlog bytes of the store the open and recovery-scan cases use
@@ -60,6 +63,7 @@ class BenchConfig:
             key_lookups=1_000,
             repeats=1,
             lag_messages=500,
+            single_messages_per_case=4_000,
             disk_seq_write_bytes=16 * 1024 * 1024,
             disk_fdatasync_samples=200,
             open_store_bytes=64 << 20,
@@ -76,6 +80,7 @@ class BenchConfig:
             repeats=1,
             body_sizes_bytes=(128,),
             lag_messages=50,
+            single_messages_per_case=64,
             disk_seq_write_bytes=1024 * 1024,
             disk_fdatasync_samples=10,
             open_store_bytes=2 << 20,
@@ -112,6 +117,11 @@ def make_sync_messages(count: int, body_bytes: int, seed: int) -> list[list[Benc
         t = i % SYNC_PRODUCER_THREADS
         per_thread[t].append(m._replace(queue_id=t))
     return per_thread
+
+
+def split_by_thread(messages: list[BenchMessage], threads: int) -> list[list[BenchMessage]]:
+    """One list per producer thread, thread t writing queue t (as the sync workload)."""
+    return [[m._replace(queue_id=t) for m in messages[t::threads]] for t in range(threads)]
 
 
 def lookup_keys(messages: list[BenchMessage], count: int, seed: int) -> list[str]:
