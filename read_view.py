@@ -190,6 +190,8 @@ class ReadViewPublisher:
         polling); None when `timeout_s` passed first or the store closed. `wakes_on`: the
         publications (COMMITLOG, DISPATCHED, QUEUES, INDEX) that change a field `covers` reads;
         only those wake this waiter, and closing always does."""
+        if not wakes_on & ANY_PUBLICATION or wakes_on & ~ANY_PUBLICATION:
+            raise ValueError(f"wakes_on must be a non-empty set of COMMITLOG, DISPATCHED, QUEUES, INDEX, not {wakes_on}")
         view = self.view
         if covers(view):
             return view

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import pytest
@@ -11,7 +12,12 @@ import pytest
 from mqstore.messages import QueueBounds
 from mqstore.read_view import ANY_PUBLICATION, COMMITLOG, DISPATCHED, INDEX, QUEUES, ReadView, ReadViewPublisher
 
-JOIN_S = 10.0
+# A waiter waits far longer than a test joins it: one never woken fails the join, rather than
+# returning the right view at its timeout (await_view looks once more then).
+WAIT_S = 120.0
+JOIN_S = 5.0
+# Room, after each round of publications, for a waiter they woke to look at the view.
+SETTLE_S = 0.002
 
 
 class _Waiter:
@@ -31,7 +37,7 @@ class _Waiter:
             return covers(view)
 
         def run() -> None:
-            self.result = publisher.await_view(counting, JOIN_S, wakes_on)
+            self.result = publisher.await_view(counting, WAIT_S, wakes_on)
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
@@ -39,7 +45,7 @@ class _Waiter:
 
     def join(self) -> None:
         self.thread.join(JOIN_S)
-        assert not self.thread.is_alive()
+        assert not self.thread.is_alive(), "never woken"
 
 
 def _queue_bounds(end: int) -> QueueBounds:
@@ -49,10 +55,11 @@ def _queue_bounds(end: int) -> QueueBounds:
 def test_a_queue_waiter_sleeps_through_the_other_publications_and_wakes_on_its_own() -> None:
     publisher = ReadViewPublisher()
     waiter = _Waiter(publisher, lambda v: v.queues_written >= 100, QUEUES)
-    for end in range(1, 201):  # a writer pass, a dispatch batch and an index batch each
+    for end in range(1, 21):  # a writer pass, a dispatch batch and an index batch each
         publisher.publish_commitlog(end)
         publisher.publish_dispatched(end)
         publisher.publish_index(("00000000000000000000",), end)
+        time.sleep(SETTLE_S)  # a waiter these woke looks at the view meanwhile (one look each)
     assert waiter.looks == 2, "woken by publications that cannot change what it waits for"
     publisher.publish_queues(_queue_bounds(100))
     waiter.join()
@@ -96,10 +103,20 @@ def test_closing_and_a_quarantine_wake_every_waiter_whatever_it_waits_on(how: st
         assert (waiter.result is None) if how == "close" else (waiter.result is not None)
 
 
-def test_a_waiter_that_timed_out_no_longer_counts_and_another_kind_still_wakes() -> None:
+def test_a_waiter_that_timed_out_leaves_no_count_and_the_next_of_its_kind_is_woken() -> None:
     publisher = ReadViewPublisher()
     assert publisher.await_view(lambda v: v.queues_written > 0, 0.01, QUEUES) is None
+    assert publisher._waiting[QUEUES][1] == 0  # else every QUEUES publication notifies nobody
     waiter = _Waiter(publisher, lambda v: v.queues_written > 0, QUEUES)
+    assert publisher._waiting[QUEUES][1] == 1
     publisher.publish_queues(_queue_bounds(1))
     waiter.join()
     assert waiter.result is not None
+    assert publisher._waiting[QUEUES][1] == 0
+
+
+@pytest.mark.parametrize("wakes_on", [0, 16, QUEUES | 32, -1])
+def test_a_waiter_must_name_publications_that_exist(wakes_on: int) -> None:
+    # wakes_on=0 would not even be woken by close(): refused, like any unknown bit.
+    with pytest.raises(ValueError, match="wakes_on"):
+        ReadViewPublisher().await_view(lambda v: False, 1.0, wakes_on)
