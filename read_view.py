@@ -67,7 +67,8 @@ class ReadView:
     - `indexed_end`: every record below this commitlog offset is indexed.
     - `map_generation`: bumped when files a reader maps may be gone (deleted or truncated by a
       restarted owner); a reader seeing a new generation drops its maps.
-    - `closed`: the store is closing; waiters return at once.
+    - `closed`: the store is closing, or its supervisor gave up: nothing will be published
+      again, and waiters return at once.
     - `quarantined`: commitlog [start, end) ranges recovery found damaged with valid records
       after them, sorted: never served and never dispatched, whatever `check_crc_on_read` says.
     """
@@ -178,7 +179,7 @@ class ReadViewPublisher:
             self._swap(replace(self.view, quarantined=tuple(merged)), _EVERY_WAITER)
 
     def close(self) -> None:
-        """The store closes: every waiter returns."""
+        """The store closes, or its supervisor gave up: every waiter returns."""
         with self._lock:
             self._swap(replace(self.view, closed=True), _EVERY_WAITER)
 

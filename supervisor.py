@@ -485,6 +485,9 @@ class Supervisor:
         self.state = SupervisorState.FAILED
         self.fatal_error = error
         self._stop_children(clean=False)
+        # Nothing will publish again: a reader waiting on the view (wait_for_messages, even
+        # with no timeout) returns now instead of at its timeout, or never.
+        self.ctx.read_view.close()
         self._before_unlock()
         self._release_lock()
         if self.on_fatal is not None:

@@ -3,6 +3,7 @@ while it waits; actors subscribe to arrivals."""
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -68,6 +69,25 @@ def test_close_wakes_waiting_consumers(open_store: Open) -> None:
     store.close()
     thread.join(10)
     assert result == [False] and time.monotonic() - started < 10
+
+
+def test_a_consumer_waiting_with_no_timeout_returns_when_the_supervisor_gives_up(open_store: Open) -> None:
+    """Nothing is published after the supervisor gave up (FAILED), so nothing would wake a
+    waiter: it returns False then, not at its timeout (here: never), and so does a later wait
+    for what never came. A message that is there is still answered True."""
+    store = open_store()
+    h.put_n(store, 1)
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(store.wait_for_messages("T", 0, 1, timeout_s=math.inf)))
+    thread.start()
+    time.sleep(0.05)  # let it block in the wait
+    store.supervisor._give_up(RuntimeError("an actor kept failing"))
+    thread.join(10)
+    assert not thread.is_alive(), "the waiter was never woken"
+    assert result == [False] and not store.running
+    started = time.monotonic()
+    assert store.wait_for_messages("T", 0, 1, timeout_s=math.inf) is False
+    assert time.monotonic() - started < 5
 
 
 def test_wait_returns_at_once_when_the_message_is_already_there(open_store: Open) -> None:
