@@ -49,13 +49,14 @@ class IndexActor(StoreActor[IndexRequest]):
         self._skip_below = 0  # build_index skips records below (a replay of what the files hold)
         self._published_names: tuple[str, ...] = ()
         self._progress_written: IndexProgress | None = None
-        # Batches not yet indexed because the disk had no blocks for their entries, oldest
-        # first; the first is done below `_resume_at` (and past its middle if `_middle_done`).
+        # Batches not yet indexed because the disk had no blocks for their entries or no index
+        # file could be made, oldest first; the first is done below `_resume_at` (and past its middle if `_middle_done`).
         # Retried on every tick and batch: dispatch waits for space, it does not crash.
         self._waiting: deque[DispatchBatch] = deque()
         self._resume_at = 0
         self._middle_done = False
         self._held = HeldWait(self.log, "indexing")
+        self._hold_cause = ("", "")  # why the last build stopped early: (what, the error)
 
     def on_start(self) -> None:
         cfg = self.config
@@ -117,12 +118,23 @@ class IndexActor(StoreActor[IndexRequest]):
         self.ctx.tell("flush", IndexFileFlushed(index_msg_timestamp=end_timestamp))
 
     def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> int:
-        """Index requests[start:stop]; where it stopped (`stop` unless the disk is full)."""
+        """Index requests[start:stop]; where it stopped (`stop` unless the disk is full or no
+        index file could be made: then the batch waits, retried on the ticks)."""
         with self._held.quiet():
             done = service.build_index_until_full(requests, start, stop, self._skip_below)
         if done < stop and service.disk_full is None and service.index_error:
-            raise OSError("cannot create an index file")
-        return done if service.disk_full is not None else stop
+            # RocketMQ sets WRITE_INDEX_FILE_ERROR here and refuses every put until a restart;
+            # a crash here restarted the actor until the supervisor gave up (the same: every
+            # put refused). The index is derived from the log: it waits, as on a full disk, and
+            # the store goes on taking puts. A retry re-indexes the message it stopped in; its
+            # keys already in a file are skipped (build_index is idempotent).
+            service.index_error = False
+            self._hold_cause = ("cannot create an index file", service.last_create_error or "unknown")
+            return done
+        if service.disk_full is not None:
+            self._hold_cause = ("disk full", str(service.disk_full))
+            return done
+        return stop
 
     def _index_waiting(self, service: IndexService) -> None:
         """Index the waiting batches in order; stop where the disk has no room."""
@@ -134,14 +146,14 @@ class IndexActor(StoreActor[IndexRequest]):
             if not self._middle_done:
                 self._resume_at = self._build(service, requests, self._resume_at, middle)
                 if self._resume_at < middle:
-                    self._wait_for_space(service)
+                    self._hold(service)
                     return
                 if requests:
                     self.ctx.faults.hit("index.mid_write")
                 self._middle_done = True
             self._resume_at = self._build(service, requests, max(self._resume_at, middle), len(requests))
             if self._resume_at < len(requests):
-                self._wait_for_space(service)
+                self._hold(service)
                 return
             waiting.popleft()
             self._resume_at = 0
@@ -160,8 +172,9 @@ class IndexActor(StoreActor[IndexRequest]):
         ):
             self._progress_written = progress  # a store.flush() with nothing new writes nothing
 
-    def _wait_for_space(self, service: IndexService) -> None:
-        self._held.failed(self.ctx.clock_ms(), "disk full", str(service.disk_full), waiting_batches=len(self._waiting))
+    def _hold(self, service: IndexService) -> None:
+        why, error = self._hold_cause
+        self._held.failed(self.ctx.clock_ms(), why, error, waiting_batches=len(self._waiting))
 
     def handle(self, message: IndexRequest) -> QueryOffsetsReply | IndexSnapshot | Pong | None:
         service = self._service

@@ -815,6 +815,7 @@ class IndexService:
         # Set when no index file could be created after MAX_TRY_IDX_CREATE tries; the owner
         # maps it to RunningFlags.WRITE_INDEX_FILE_ERROR. Never cleared (restart), as in 4.4.0.
         self.index_error = False
+        self.last_create_error = ""  # why the last file creation failed, for the owner's log
         self.set_aside: list[str] = []  # what `load` found damaged and set aside, for people
         # Why the last build_index_until_full stopped early, if the disk was full: not an
         # error of the index, the owner retries once there is space.
@@ -1031,6 +1032,7 @@ class IndexService:
             self._fs.makedirs(self.index_dir)
             name = self._new_file_name(prev)
             if name is None:
+                self.last_create_error = f"no free index file name in {self.index_dir}"
                 return None
             f = IndexFile.create(
                 self._fs,
@@ -1044,6 +1046,9 @@ class IndexService:
             raise  # not an error of the index: the owner waits for space and retries
         except OSError as e:
             log.error("index_file_create_error", dir=self.index_dir, error=str(e))
+            # Without the new file's name (the clock's): the same cause reads the same at
+            # every retry, so the owner logs a change of cause, not each try.
+            self.last_create_error = f"{e.strerror} in {self.index_dir}" if e.strerror else str(e)
             return None
         self.files.append(f)
         log.info("index_file_created", path=f.path, begin_phy_offset=f.begin_phy_offset)

@@ -363,6 +363,53 @@ def test_a_queue_directory_blocked_while_the_store_runs_holds_dispatch_instead_o
         assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"before", b"behind it", b"still taken"]
 
 
+def test_an_index_file_that_cannot_be_made_holds_indexing_instead_of_stopping_the_store(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The index's first file full (400 entries) and the next one cannot be made (an I/O error
+    creating it). The index actor raised, was restarted, failed again, and the supervisor gave
+    up: FAILED, every put refused, though the log was fine (RocketMQ refuses puts too, with
+    WRITE_INDEX_FILE_ERROR, until a restart). Now indexing waits, retried on its ticks, the
+    store takes puts and serves them by queue, and once a file can be made every key is found."""
+    import logging
+
+    from mqstore.messages import Tick
+
+    caplog.set_level(logging.ERROR, logger="mqstore")
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    settings = dict(WAITING, flush_interval_consume_queue_ms=3_600_000)
+    with mqstore.open("/sim/store", fs=fs, **settings) as store:
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
+        assert [m.key_list for m in store.query("T", "k0").messages] == [["k0"]]
+        fs.inject_fault("map", path_contains="/index/", err=errno.EIO, count=1_000_000)
+        acked = ["k0"]
+        for i in range(1, 600):  # past the first file's 400 entries
+            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+            acked.append(f"k{i}")
+        for _ in range(12):  # ticks retry; ten failures in a minute stopped the store
+            store.supervisor.ctx.tell("index", Tick(now_ms=store.clock_ms()))
+            store.flush()  # after the tick: it was handled
+        assert store.running and store.supervisor.restarts == []
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k600"])).ok
+        acked.append("k600")
+        assert all_keys(store) == acked  # the queue has every put: only the index waits
+        assert store.stats()["index_behind_bytes"] > 0
+        assert store.query("T", "k599").messages == ()  # waits for the index, then a status
+        held = [r for r in caplog.records if "cannot create an index file: indexing" in r.getMessage()]
+        # Logged when it started, not at each retry (a new name per try is not a new cause).
+        assert [r.getMessage() for r in held] == ["cannot create an index file: indexing waits, retried every tick"]
+        assert held[0].mqstore_event["error"] == "Input/output error in /sim/store/index"
+        fs.clear_faults()
+        store.supervisor.ctx.tell("index", Tick(now_ms=store.clock_ms()))
+        store.flush()
+        assert store.stats()["index_behind_bytes"] == 0
+        for key in ("k0", "k399", "k400", "k599", "k600"):
+            assert [m.key_list for m in store.query("T", key).messages] == [[key]], key
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:  # and after a reopen
+        assert [m.key_list for m in store.query("T", "k500").messages] == [["k500"]]
+
+
 def test_a_held_queue_is_retried_on_ticks_not_per_batch_and_shows_in_the_stats(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
