@@ -23,7 +23,7 @@ import pykka
 from pykka._envelope import Envelope
 
 from .log import get_logger
-from .messages import AskFor
+from .messages import AskFor, Waiter
 from .storage import speedups
 
 __all__ = [
@@ -249,6 +249,26 @@ def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
         inbox._tokens.put(None)
     # Stopped meanwhile (its drain may have run already): taken back, told nothing.
     return not (ref.actor_stopped.is_set() and take_back_told(ref, lambda m: m is message) is not None)
+
+
+def tell_and_await(ref: pykka.ActorRef[Any], message: object, waiter: Waiter, first_wait_s: float) -> bool | None:
+    """Tell an actor on a FastInbox and block on `waiter` for its answer, in one stretch
+    without the GIL (`_native.Signal.post_then_wait`): a caller that hands a request over and
+    waits never takes the GIL back in between, where the woken actor often held it already
+    and the caller slept once more for it. True: answered within `first_wait_s` (the waiter
+    holds the answer); False: told, not answered yet (the caller waits on as usual, and
+    checks for a stop); None: not told (stopped, or no C extension: tell it as usual)."""
+    inbox = ref.actor_inbox
+    if not isinstance(inbox, FastInbox) or ref.actor_stopped.is_set():
+        return None
+    signal = inbox._signal
+    if signal is None:  # no C extension: neither has the inbox nor the waiter a C signal
+        return None
+    inbox._items.append(Envelope(message))
+    if signal.post_then_wait(waiter._signal, first_wait_s):
+        waiter._taken = True
+        return True
+    return False
 
 
 def take_back_told(ref: pykka.ActorRef[Any], matches: Callable[[Any], bool]) -> Any | None:

@@ -66,13 +66,17 @@ from .storage.lockfiles import StoreDirectoryError, StoreLockedError, held_in_th
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
-from .runtime import FollowingRef, Subscriptions, tell_keeping_gil
+from .runtime import FollowingRef, Subscriptions, take_back_told, tell_and_await, tell_keeping_gil
 from .supervisor import Supervisor, SupervisorState, refuse_what_is_in_the_way
 from .ticker import Ticker
 
 __all__ = ["MessageStore", "StoreClosedError", "open_store"]
 
 _REPLY_MARGIN_S = 10.0
+# A `put` blocks on its answer in the same GIL-free stretch that hands it to the writer for at
+# most this long (a pass answers in well under a millisecond); a slower answer is waited for
+# in Python, after a check that the writer did not stop as it was told.
+HAND_OVER_FIRST_WAIT_S: Final = 0.05
 # A close() while another thread's runs waits this long for it (every step of a close has its
 # own timeout; the stop's three, the completion thread's join): then it returns anyway.
 CLOSE_WAIT_FOR_ANOTHER_S = 120.0
@@ -375,8 +379,18 @@ class MessageStore:
         if isinstance(checked, PutResult):
             return checked  # refused before the writer: not a put in the stats
         waiter = Waiter()
-        down = self._tell_writer(messages, batch, checked, Reply(future=waiter))
-        result = down if down is not None else self._wait(waiter)
+        reply = Reply(future=waiter)
+        put = self._encoded_put(messages, batch, checked, reply)
+        writer = self.supervisor.ctx.peers.get("writer")
+        told = tell_and_await(writer, put, waiter, HAND_OVER_FIRST_WAIT_S) if writer is not None else None
+        if told is None:  # the writer is down (being restarted), or no C extension
+            down = self._tell_put(put)
+            result = down if down is not None else self._wait(waiter)
+        elif told or writer is None or not writer.actor_stopped.is_set() or take_back_told(writer, lambda m: m is put) is None:
+            result = self._wait(waiter)  # answered (at once), or the writer (or its drain) has it
+        else:  # stopped as it was told, and taken back out of its dead inbox: nobody has it
+            result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
+            reply.send(result)
         self.stats_service.record_put(messages[0].topic, result, time.monotonic_ns() - started_ns)
         return result
 
@@ -451,18 +465,29 @@ class MessageStore:
         of a switch to the writer per put (one thread's put_async: ~15k -> ~20k msgs/s on the
         shared 2-vCPU machine, measured before the writer grouped puts by queue). A caller
         that waits for its answer (`put`) hands the GIL over: keeping it measured slower."""
-        records, sys_flag, sync_wait = checked
-        first = messages[0]
-        # Positional (records, topic, queue_id, sys_flag, batch, sync_wait, reply, enqueued_ns):
-        # one is built per put.
-        put = EncodedPut(records, first.topic, first.queue_id, sys_flag, batch, sync_wait, reply, time.monotonic_ns())
+        put = self._encoded_put(messages, batch, checked, reply)
         if keep_gil:
             writer = self.supervisor.ctx.peers.get("writer")
             if writer is not None and tell_keeping_gil(writer, put):
                 return None
+        return self._tell_put(put)
+
+    @staticmethod
+    def _encoded_put(
+        messages: Sequence[Message], batch: bool, checked: tuple[tuple[bytes, ...], int, bool], reply: Reply
+    ) -> EncodedPut:
+        records, sys_flag, sync_wait = checked
+        first = messages[0]
+        # Positional (records, topic, queue_id, sys_flag, batch, sync_wait, reply, enqueued_ns):
+        # one is built per put.
+        return EncodedPut(records, first.topic, first.queue_id, sys_flag, batch, sync_wait, reply, time.monotonic_ns())
+
+    def _tell_put(self, put: EncodedPut) -> PutResult | None:
+        """Tell the writer `put`; if it is down (being restarted), answer the put's reply with
+        SERVICE_NOT_AVAILABLE here and return that."""
         if not self.supervisor.ctx.tell("writer", put):
             result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
-            reply.send(result)
+            put.reply.send(result)
             return result
         return None
 

@@ -1271,6 +1271,46 @@ static PyObject *Signal_value(SignalObject *self, PyObject *noargs) {
     return PyLong_FromLong(value < 0 ? 0 : value);
 }
 
+static PyTypeObject SignalType;
+
+PyDoc_STRVAR(Signal_post_then_wait_doc,
+             "post_then_wait(other, timeout) -> bool: post() this signal, then take one from other, waiting at most "
+             "timeout seconds (False if not taken: timed out or interrupted), in one "
+             "stretch without the GIL: a caller that hands a request over and blocks on its answer never "
+             "takes the GIL back in between (which, taken by the woken receiver meanwhile, was a sleep more).");
+
+static PyObject *Signal_post_then_wait(SignalObject *self, PyObject *args) {
+    PyObject *other_obj;
+    double timeout = -1.0;
+    if (!PyArg_ParseTuple(args, "O!d", &SignalType, &other_obj, &timeout)) return NULL;
+    SignalObject *other = (SignalObject *)other_obj;
+    struct timespec deadline;
+    if (timeout >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        double whole = (double)(long long)timeout;
+        deadline.tv_sec += (time_t)whole;
+        deadline.tv_nsec += (long)((timeout - whole) * 1e9);
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec += 1;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    int prc, rc, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    prc = sem_post(&self->sem);
+    rc = timeout >= 0 ? sem_clockwait(&other->sem, CLOCK_MONOTONIC, &deadline) : sem_wait(&other->sem);
+    err = errno;
+    if (rc == 0) __atomic_fetch_add(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
+    Py_END_ALLOW_THREADS
+    if (rc == 0) __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
+    if (prc != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (rc == 0) Py_RETURN_TRUE;
+    /* Not answered yet (timed out, or a signal came: the caller's own wait handles it). */
+    if (err == ETIMEDOUT || err == EINTR) Py_RETURN_FALSE;
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
 static PyMethodDef Signal_methods[] = {
     {"post", (PyCFunction)Signal_post, METH_NOARGS, "Add one to the count, waking one waiter."},
     {"post_holding_gil", (PyCFunction)Signal_post_holding_gil, METH_NOARGS, "post() without releasing the GIL."},
@@ -1278,6 +1318,7 @@ static PyMethodDef Signal_methods[] = {
      "post_many_holding_gil(n): post_holding_gil() n times in one call (a pass's slots or tokens)."},
     {"wait", (PyCFunction)Signal_wait, METH_VARARGS,
      "wait(timeout=-1) -> bool: take one from the count, blocking without the GIL; False on timeout."},
+    {"post_then_wait", (PyCFunction)Signal_post_then_wait, METH_VARARGS, Signal_post_then_wait_doc},
     {"value", (PyCFunction)Signal_value, METH_NOARGS, "The count now (a snapshot, for tests and figures)."},
     {NULL, NULL, 0, NULL},
 };

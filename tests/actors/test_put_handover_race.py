@@ -142,3 +142,83 @@ def test_a_put_async_handed_over_as_the_writer_stops_is_answered_not_left_pendin
         assert store._puts._free_slots == store.config.max_puts_in_flight  # its slot came back
     finally:
         store.close()
+
+
+needs_native = pytest.mark.skipif(speedups.native is None, reason="the C extension's Signal")
+
+
+@needs_native
+def test_post_then_wait_posts_then_takes_one_or_says_it_took_none() -> None:
+    assert speedups.native is not None
+    told, answer = speedups.native.Signal(), speedups.native.Signal()
+    answer.post_holding_gil()
+    assert told.post_then_wait(answer, 1.0) is True
+    assert (told.value(), answer.value()) == (1, 0)
+    started = time.monotonic()
+    assert told.post_then_wait(answer, 0.05) is False  # posted all the same
+    assert time.monotonic() - started >= 0.04
+    assert (told.value(), answer.value()) == (2, 0)
+
+
+class _Answers(RuntimeActor):
+    """Answers each told `_Told` through its reply (a Waiter), as the writer answers a put."""
+
+    def on_receive(self, message: Any) -> Any:
+        message.reply.set(("answer", message))
+        return None
+
+
+@needs_native
+def test_tell_and_await_hands_over_and_has_the_answer_in_one_stretch() -> None:
+    from mqstore.messages import Waiter
+    from mqstore.runtime import tell_and_await
+
+    ref = _Answers.start()
+    try:
+        waiter = Waiter()
+        told = _Told(waiter)
+        assert tell_and_await(ref, told, waiter, 5.0) is True
+        assert waiter.get(timeout=0) == ("answer", told)  # taken already: no wait
+    finally:
+        ref.stop(block=True)
+    assert tell_and_await(ref, _Told(Waiter()), Waiter(), 5.0) is None  # stopped: not told
+
+
+@needs_native
+def test_tell_and_await_leaves_a_slow_answer_to_the_callers_own_wait() -> None:
+    from mqstore.messages import Waiter
+    from mqstore.runtime import tell_and_await
+
+    silent: Any = SimpleNamespace(actor_inbox=FastInbox(), actor_stopped=threading.Event())
+    waiter = Waiter()
+    told = _Told(waiter)
+    assert tell_and_await(silent, told, waiter, 0.01) is False  # told, no answer yet
+    assert [e.message for e in silent.actor_inbox._items] == [told]
+    waiter.set("late")
+    assert waiter.get(timeout=1) == "late"
+
+
+@needs_native
+def test_a_put_handed_over_as_the_writer_stops_is_answered_not_left_to_the_reply_timeout(tmp_path: Path) -> None:
+    """`put` tells the writer and waits in one stretch; the writer stopped right after the
+    check that it was alive (its drain ran before the put arrived): the put is taken back out
+    of the dead inbox and answered SERVICE_NOT_AVAILABLE, not after the reply timeout."""
+    store = mqstore.open(tmp_path / "s")
+    try:
+        assert store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"first")).ok
+        peers = store.supervisor.ctx.peers
+        writer = peers["writer"]
+        dead: Any = SimpleNamespace(actor_inbox=FastInbox(), actor_stopped=_StopsDuringTheTell())
+        peers["writer"] = dead
+        try:
+            started = time.monotonic()
+            result = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"raced"))
+            assert result.status is PutMessageStatus.SERVICE_NOT_AVAILABLE, result
+            assert time.monotonic() - started < 5, "waited for the reply timeout"
+            assert dead.actor_inbox.empty()  # taken back
+        finally:
+            peers["writer"] = writer
+        assert store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"after")).ok
+        assert [m.body for m in store.get(TOPIC, 0, 0, 8).messages] == [b"first", b"after"]
+    finally:
+        store.close()
