@@ -1027,8 +1027,11 @@ class MessageStore:
     def wait_for_messages(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """Long polling: block until the queue has a message at `offset` (True) or `timeout_s`
         passes (False). Decided by the read view (so a get after True finds the message), woken
-        by the owners' publications, never by polling. Reads the caller's own writes."""
+        by the owners' publications, never by polling. Reads the caller's own writes.
+        StoreClosedError once the store's supervisor gave up (FAILED), also for a wait under
+        way: nothing will arrive, and a long-poll loop would spin on an instant False."""
         self._check_open()
+        self._check_not_failed()
         _check_queue(topic, queue_id)
         _check_int("offset", offset, 0)
         if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool):
@@ -1042,7 +1045,17 @@ class MessageStore:
             bounds = view.queue_bounds.get(key)
             return view.queues_live and view.queues_written >= own and bounds is not None and bounds[1] > offset
 
-        return self.read_view.await_view(arrived, timeout_s, QUEUES) is not None
+        if self.read_view.await_view(arrived, timeout_s, QUEUES) is not None:
+            return True
+        self._check_not_failed()
+        return False
+
+    def _check_not_failed(self) -> None:
+        if self.supervisor.state is SupervisorState.FAILED:
+            raise StoreClosedError(
+                f"the store at {self.config.store_path_root_dir} stopped: its supervisor gave up "
+                f"({self.supervisor.fatal_error!r}); close it and open it again"
+            )
 
 
 @atexit.register

@@ -812,8 +812,9 @@ class IndexService:
         self._sleep_ms = sleep_ms
         self.retry_interval_ms = retry_interval_ms
         self.files: list[IndexFile] = []
-        # Set when no index file could be created after MAX_TRY_IDX_CREATE tries; the owner
-        # maps it to RunningFlags.WRITE_INDEX_FILE_ERROR. Never cleared (restart), as in 4.4.0.
+        # Set when no index file could be created after MAX_TRY_IDX_CREATE tries (4.4.0 maps it
+        # to RunningFlags.WRITE_INDEX_FILE_ERROR until a restart). The owner clears it: its
+        # batch waits and is retried on its ticks (actors/index.py).
         self.index_error = False
         self.last_create_error = ""  # why the last file creation failed, for the owner's log
         self.set_aside: list[str] = []  # what `load` found damaged and set aside, for people

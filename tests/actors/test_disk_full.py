@@ -370,7 +370,9 @@ def test_an_index_file_that_cannot_be_made_holds_indexing_instead_of_stopping_th
     creating it). The index actor raised, was restarted, failed again, and the supervisor gave
     up: FAILED, every put refused, though the log was fine (RocketMQ refuses puts too, with
     WRITE_INDEX_FILE_ERROR, until a restart). Now indexing waits, retried on its ticks, the
-    store takes puts and serves them by queue, and once a file can be made every key is found."""
+    store takes puts, and once a file can be made every key is found. (Its queues are served
+    while reput's backlog of 32 batches lasts: these few puts make fewer batches. Past it,
+    reput waits for the index too, and the queues with it.)"""
     import logging
 
     from mqstore.messages import Tick

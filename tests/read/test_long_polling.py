@@ -10,8 +10,9 @@ import time
 from typing import Callable
 
 import pykka
+import pytest
 
-from mqstore import Message, MessageArrived, MessageStore
+from mqstore import Message, MessageArrived, MessageStore, StoreClosedError
 from mqstore.messages import Get, Reply, Subscribe
 
 h = sys.modules["mqstore_read_test_helpers"]
@@ -71,23 +72,33 @@ def test_close_wakes_waiting_consumers(open_store: Open) -> None:
     assert result == [False] and time.monotonic() - started < 10
 
 
-def test_a_consumer_waiting_with_no_timeout_returns_when_the_supervisor_gives_up(open_store: Open) -> None:
+def test_a_consumer_waiting_with_no_timeout_hears_that_the_supervisor_gave_up(open_store: Open) -> None:
     """Nothing is published after the supervisor gave up (FAILED), so nothing would wake a
-    waiter: it returns False then, not at its timeout (here: never), and so does a later wait
-    for what never came. A message that is there is still answered True."""
+    waiter: it slept its whole timeout (here: forever). Now the wait under way and any later
+    one raise StoreClosedError naming the failure. Not an instant False: a long-poll loop that
+    takes False for "nothing yet" would spin on it."""
     store = open_store()
     h.put_n(store, 1)
-    result: list[bool] = []
-    thread = threading.Thread(target=lambda: result.append(store.wait_for_messages("T", 0, 1, timeout_s=math.inf)))
+    outcome: list[object] = []
+
+    def consumer() -> None:
+        try:
+            outcome.append(store.wait_for_messages("T", 0, 1, timeout_s=math.inf))
+        except StoreClosedError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=consumer)
     thread.start()
     time.sleep(0.05)  # let it block in the wait
     store.supervisor._give_up(RuntimeError("an actor kept failing"))
     thread.join(10)
     assert not thread.is_alive(), "the waiter was never woken"
-    assert result == [False] and not store.running
-    started = time.monotonic()
-    assert store.wait_for_messages("T", 0, 1, timeout_s=math.inf) is False
-    assert time.monotonic() - started < 5
+    assert len(outcome) == 1 and isinstance(outcome[0], StoreClosedError), outcome
+    assert "gave up" in str(outcome[0]) and "an actor kept failing" in str(outcome[0])
+    for offset in (0, 1):  # a message there or not: the queue's bounds went with its actor
+        with pytest.raises(StoreClosedError, match="gave up"):
+            store.wait_for_messages("T", 0, offset, timeout_s=math.inf)
+    assert not store.running
 
 
 def test_wait_returns_at_once_when_the_message_is_already_there(open_store: Open) -> None:
