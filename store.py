@@ -42,6 +42,7 @@ from .messages import (
     Message,
     MessageArrived,
     GetWriterStatus,
+    WriterReady,
     PutResult,
     QueryOffsets,
     QueryOffsetsReply,
@@ -77,6 +78,9 @@ _REPLY_MARGIN_S = 10.0
 # most this long (a pass answers in well under a millisecond); a slower answer is waited for
 # in Python, after a check that the writer did not stop as it was told.
 HAND_OVER_FIRST_WAIT_S: Final = 0.05
+# How often `flush` looks for the next incarnation of an actor being restarted (a rare wait,
+# bounded by the reply timeout; the supervisor publishes no event for it).
+RESTART_POLL_S: Final = 0.01
 # A close() while another thread's runs waits this long for it (every step of a close has its
 # own timeout; the stop's three, the completion thread's join): then it returns anyway.
 CLOSE_WAIT_FOR_ANOTHER_S = 120.0
@@ -936,19 +940,46 @@ class MessageStore:
 
     def flush(self) -> None:
         """Force the CommitLog (and the queues, index and checkpoint) to disk now, after
-        every put_async future handed out before this call is done."""
+        every put_async future handed out before this call is done. An actor it needs that is
+        being restarted is asked again once its next incarnation runs. TimeoutError if one
+        did not answer in time, StoreClosedError once the supervisor gave up: then nothing
+        was claimed forced (the next flush, or the close, forces it)."""
         self._check_open()
         self._puts.wait_handed_out(self._reply_timeout_s)
+        deadline = time.monotonic() + self._reply_timeout_s
         # The writer's own word on where the log ends: its notices to the flush actor are
         # coalesced and may trail the last acknowledged put.
-        writer = self._ask("writer", GetWriterStatus())
+        writer: WriterReady = self._ask_through_restarts("writer", lambda reply: Asked(GetWriterStatus(), reply), deadline)
+        running = {spec.name for spec in self.supervisor.specs}
         for peer in ("flush", "consume_queue", "index"):
+            if peer in running:  # the index is not when message_index_enable is off
+                self._ask_through_restarts(
+                    peer,
+                    lambda reply: FlushAll(reply=reply, up_to=writer.max_offset, store_timestamp=writer.store_timestamp),
+                    deadline,
+                )
+
+    def _ask_through_restarts(self, peer: str, request: Callable[[Reply], Any], deadline: float) -> Any:
+        """`request(reply)` told to `peer` and its answer. A peer being restarted (not among
+        the peers, or dead as it was told) is asked again, its next incarnation, until
+        `deadline` (TimeoutError); StoreClosedError once the supervisor gave up."""
+        while True:
+            self._check_not_failed()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{peer} did not answer within {self._reply_timeout_s:.0f} s (being restarted?)")
             ref = self.supervisor.ctx.peers.get(peer)
-            if ref is None:
-                continue
-            future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-            ref.tell(FlushAll(reply=Reply(future=future), up_to=writer.max_offset, store_timestamp=writer.store_timestamp))
-            future.get(timeout=self._reply_timeout_s)
+            if ref is not None:
+                waiter = Waiter()
+                try:
+                    ref.tell(request(Reply(future=waiter)))
+                    return waiter.get(timeout=left)
+                except (pykka.ActorDeadError, ServiceUnavailable):
+                    pass  # stopped before it answered: its next incarnation is asked
+                except pykka.Timeout as exc:
+                    raise TimeoutError(f"{peer} did not answer within {self._reply_timeout_s:.0f} s") from exc
+            # Between two incarnations: the supervisor starts the next within its back-off.
+            time.sleep(RESTART_POLL_S)
 
     def clean_unused_topic(self, keep: Iterable[str]) -> int:
         """cleanUnusedTopic: destroy the ConsumeQueues (files and table entries) of every topic

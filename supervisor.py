@@ -305,6 +305,12 @@ class Supervisor:
     def peers(self) -> dict[str, pykka.ActorRef[Any]]:
         return self.ctx.peers
 
+    @property
+    def specs(self) -> tuple[ChildSpec, ...]:
+        """The children this store runs (the tree, less what its settings leave out), in start
+        order: a name missing from `peers` but here is being restarted."""
+        return tuple(self._specs)
+
     def start(self) -> None:
         assert self.state is SupervisorState.NEW
         cfg = self.config

@@ -1,0 +1,91 @@
+"""store.flush() while an actor it needs is being restarted: it skipped an actor missing from
+the peers (the flush actor too, so nothing was forced, silently) and raised pykka's
+ActorDeadError to the host for one that died as it was told. Now it asks the actor's next
+incarnation, within the reply timeout (then TimeoutError), and StoreClosedError once the
+supervisor gave up."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore import Message, StoreClosedError
+from mqstore.messages import FlushAll
+from mqstore.runtime import RuntimeActor
+
+BACK_AFTER_S = 0.2
+
+
+class _Dead(RuntimeActor):
+    def on_receive(self, message: Any) -> Any:
+        return None
+
+
+class _Recording:
+    """A peer's ref that notes the FlushAll requests told to it (everything else passes)."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+        self.seen: list[FlushAll] = []
+
+    def tell(self, message: Any) -> None:
+        if isinstance(message, FlushAll):
+            self.seen.append(message)
+        self.ref.tell(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ref, name)
+
+
+@pytest.mark.parametrize("peer", ["flush", "consume_queue", "index"])
+@pytest.mark.parametrize("between", ["missing", "dead"])
+def test_flush_waits_for_an_actor_being_restarted_and_forces_through_it(tmp_path: Path, peer: str, between: str) -> None:
+    with mqstore.open(tmp_path / "s") as store:
+        assert store.put(Message(topic="T", body=b"acknowledged", keys=["k"])).ok
+        peers = store.supervisor.peers
+        live = _Recording(peers[peer])
+        if between == "missing":  # popped for the restart, the next one not started yet
+            del peers[peer]
+        else:  # stopped as the flush told it: pykka raises ActorDeadError at the tell
+            dead = _Dead.start()
+            dead.stop(block=True)
+            peers[peer] = dead
+        back = threading.Timer(BACK_AFTER_S, lambda: peers.__setitem__(peer, live))  # type: ignore[arg-type]
+        back.start()
+        started = time.monotonic()
+        store.flush()
+        assert time.monotonic() - started >= BACK_AFTER_S * 0.9, "returned without asking the actor"
+        assert len(live.seen) == 1 and live.seen[0].up_to == store.supervisor.ctx.read_view.view.readable_end
+        back.join()
+
+
+def test_flush_says_when_an_actor_never_came_back(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "s") as store:
+        live = store.supervisor.peers.pop("index")
+        store._reply_timeout_s = 0.3
+        try:
+            with pytest.raises(TimeoutError, match="index did not answer"):
+                store.flush()
+        finally:
+            store.supervisor.peers["index"] = live
+
+
+def test_flush_on_a_store_whose_supervisor_gave_up_says_so(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "s") as store:
+        store.supervisor._give_up(RuntimeError("an actor kept failing"))
+        with pytest.raises(StoreClosedError, match="gave up"):
+            store.flush()
+
+
+def test_flush_without_an_index_does_not_wait_for_one(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "s", message_index_enable=False) as store:
+        assert "index" not in store.supervisor.peers
+        assert store.put(Message(topic="T", body=b"x")).ok
+        started = time.monotonic()
+        store.flush()
+        assert time.monotonic() - started < 5
