@@ -962,9 +962,12 @@ class MessageStore:
     def _ask_through_restarts(self, peer: str, request: Callable[[Reply], Any], deadline: float) -> Any:
         """`request(reply)` told to `peer` and its answer. A peer being restarted (not among
         the peers, or dead as it was told) is asked again, its next incarnation, until
-        `deadline` (TimeoutError); StoreClosedError once the supervisor gave up."""
+        `deadline` (TimeoutError); StoreClosedError once the supervisor gave up or the store
+        is closing (its actors stop for good)."""
         while True:
             self._check_not_failed()
+            if self._closed or self.supervisor.state in (SupervisorState.STOPPING, SupervisorState.STOPPED):
+                raise StoreClosedError(f"the store at {self.config.store_path_root_dir} is closing")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{peer} did not answer within {self._reply_timeout_s:.0f} s (being restarted?)")

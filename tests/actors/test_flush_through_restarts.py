@@ -89,3 +89,19 @@ def test_flush_without_an_index_does_not_wait_for_one(tmp_path: Path) -> None:
         started = time.monotonic()
         store.flush()
         assert time.monotonic() - started < 5
+
+
+def test_flush_while_the_store_closes_says_so_rather_than_wait_for_actors_that_stop_for_good(tmp_path: Path) -> None:
+    from mqstore.supervisor import SupervisorState
+
+    with mqstore.open(tmp_path / "s") as store:
+        live = store.supervisor.peers.pop("consume_queue")  # stopped by the close under way
+        store.supervisor.state = SupervisorState.STOPPING
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreClosedError, match="closing"):
+                store.flush()
+            assert time.monotonic() - started < 5
+        finally:
+            store.supervisor.state = SupervisorState.RUNNING
+            store.supervisor.peers["consume_queue"] = live
