@@ -407,8 +407,10 @@ _CHECKPOINT_LONGS_BYTES: Final = 24
 
 def dump_checkpoint(path: Path) -> Iterator[dict[str, Any]]:
     """The timestamps of the checkpoint file (§11.1) and the values derived from them."""
-    if not path.is_file():
+    if not path.exists():
         raise CliError(ExitCode.NOT_A_STORE, f"{path} does not exist")
+    if not path.is_file():  # read without blocking: a FIFO would hold the command for good
+        raise CliError(ExitCode.CORRUPT, f"{path} is not a regular file (a directory, FIFO, socket or device?)")
     file_size = path.stat().st_size
     if file_size < _CHECKPOINT_LONGS_BYTES:
         raise CliError(ExitCode.CORRUPT, f"{path} is {file_size} bytes, shorter than the 3 longs of a checkpoint")

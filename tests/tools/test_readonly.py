@@ -153,3 +153,26 @@ def test_read_only_commands_answer_on_a_fifo_among_the_store_files_and_change_no
         runner.join(30)
         assert codes, f"mqstore {argv[0]} hung on a FIFO at {FIFO_PLACES[place]}"
     assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "missing"])
+def test_dump_checkpoint_says_what_is_there_instead_of_the_checkpoint(tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A FIFO or a directory where the checkpoint belongs was reported as "does not exist"."""
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, mapped_file_size_consume_queue_bytes=20 * 100) as store:
+        assert store.put(mqstore.Message(topic="t", body=b"x")).ok
+    checkpoint = root / "checkpoint"
+    checkpoint.unlink()
+    if kind == "fifo":
+        os.mkfifo(checkpoint)
+    elif kind == "directory":
+        checkpoint.mkdir()
+    before = snapshot(root)
+    code = main(["dump", str(root), "--what", "checkpoint"])
+    err = capsys.readouterr().err
+    assert code != 0
+    if kind == "missing":
+        assert "does not exist" in err
+    else:
+        assert "is not a regular file" in err and "does not exist" not in err
+    assert snapshot(root) == before
