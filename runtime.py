@@ -180,6 +180,12 @@ class RuntimeActor(pykka.ThreadingActor):
         inbox = self._fast_inbox()
         while (envelope := inbox.take_left()) is not None:
             if envelope.reply_to is None:
+                # Told after the stop's own drain (on_stop): pykka drops it; its asker would
+                # wait out its timeout for an answer nobody gives.
+                try:
+                    self.fail_told_after_stop(envelope.message)
+                except Exception as exc:  # the teardown must finish: the actor's end
+                    get_logger("mqstore.runtime").error("answering a request left after the stop failed", error=repr(exc))
                 continue
             if isinstance(envelope.message, pykka.messages._ActorStop):
                 envelope.reply_to.set(None)
@@ -198,6 +204,9 @@ class RuntimeActor(pykka.ThreadingActor):
 
     def on_start_failed(self, error: Exception) -> None:
         """`on_start` raised `error`; the actor stops after this (pykka calls no `on_failure`)."""
+
+    def fail_told_after_stop(self, message: object) -> None:
+        """A told message found in the inbox after the stop; a store actor answers its reply."""
 
     def _fast_inbox(self) -> FastInbox:
         inbox = self.actor_inbox

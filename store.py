@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import Any, Callable, Final, Iterable, Iterator
 import pykka
 
 
-from .actors.base import ServiceUnavailable
+from .actors.base import ServiceUnavailable, StoppedBeforeHandling
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .faults import NO_FAULTS, FaultPlan
@@ -942,8 +943,10 @@ class MessageStore:
         """Force the CommitLog (and the queues, index and checkpoint) to disk now, after
         every put_async future handed out before this call is done. An actor it needs that is
         being restarted is asked again once its next incarnation runs. TimeoutError if one
-        did not answer in time, StoreClosedError once the supervisor gave up: then nothing
-        was claimed forced (the next flush, or the close, forces it)."""
+        did not answer in time, OSError if the commitlog could not be forced (an I/O error) or
+        an actor failed handling the flush, StoreClosedError once the supervisor gave up or
+        the store closes: then nothing is claimed forced (the next flush, or the close, tries
+        again)."""
         self._check_open()
         self._puts.wait_handed_out(self._reply_timeout_s)
         deadline = time.monotonic() + self._reply_timeout_s
@@ -953,17 +956,23 @@ class MessageStore:
         running = {spec.name for spec in self.supervisor.specs}
         for peer in ("flush", "consume_queue", "index"):
             if peer in running:  # the index is not when message_index_enable is off
-                self._ask_through_restarts(
+                reached = self._ask_through_restarts(
                     peer,
                     lambda reply: FlushAll(reply=reply, up_to=writer.max_offset, store_timestamp=writer.store_timestamp),
                     deadline,
                 )
+                if peer == "flush" and reached < writer.max_offset:
+                    # Its msync failed (logged there): what it answers is how far it got.
+                    raise OSError(errno.EIO, f"flush: the commitlog is forced to disk below offset {reached} only, "
+                                             f"not to its end {writer.max_offset} (an I/O error: see the log)")  # fmt: skip
 
     def _ask_through_restarts(self, peer: str, request: Callable[[Reply], Any], deadline: float) -> Any:
         """`request(reply)` told to `peer` and its answer. A peer being restarted (not among
-        the peers, or dead as it was told) is asked again, its next incarnation, until
-        `deadline` (TimeoutError); StoreClosedError once the supervisor gave up or the store
-        is closing (its actors stop for good)."""
+        the peers, dead as it was told, or stopped before it took the request) is asked again,
+        its next incarnation, until `deadline` (TimeoutError); OSError if it failed handling
+        the request (not asked again: a request that crashes its actor would crash each next
+        one, until the supervisor gave up); StoreClosedError once the supervisor gave up or
+        the store is closing (its actors stop for good)."""
         while True:
             self._check_not_failed()
             if self._closed or self.supervisor.state in (SupervisorState.STOPPING, SupervisorState.STOPPED):
@@ -974,13 +983,25 @@ class MessageStore:
             ref = self.supervisor.ctx.peers.get(peer)
             if ref is not None:
                 waiter = Waiter()
+                message = request(Reply(future=waiter))
                 try:
-                    ref.tell(request(Reply(future=waiter)))
-                    return waiter.get(timeout=left)
-                except (pykka.ActorDeadError, ServiceUnavailable):
-                    pass  # stopped before it answered: its next incarnation is asked
-                except pykka.Timeout as exc:
-                    raise TimeoutError(f"{peer} did not answer within {self._reply_timeout_s:.0f} s") from exc
+                    ref.tell(message)
+                    while True:
+                        try:
+                            return waiter.get(timeout=min(left, RESTART_POLL_S * 10))
+                        except pykka.Timeout:
+                            # Stopped after pykka's alive check, before the message landed: it
+                            # lies in a dead inbox. Taken back, the next incarnation is asked;
+                            # else the actor (or its teardown) has it and answers.
+                            if ref.actor_stopped.is_set() and take_back_told(ref, lambda m: m is message) is not None:
+                                break
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                raise TimeoutError(f"{peer} did not answer within {self._reply_timeout_s:.0f} s") from None
+                except (pykka.ActorDeadError, StoppedBeforeHandling):
+                    pass  # stopped before it took the request: its next incarnation is asked
+                except ServiceUnavailable as exc:
+                    raise OSError(errno.EIO, f"flush: {exc}") from exc
             # Between two incarnations: the supervisor starts the next within its back-off.
             time.sleep(RESTART_POLL_S)
 

@@ -24,7 +24,7 @@ from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
 from ..ticker import RealTicker, Ticker
 
-__all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "ChildFailed", "real_sleep_ms",
+__all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "StoppedBeforeHandling", "ChildFailed", "real_sleep_ms",
            "HELD_REMINDER_INTERVAL_MS", "HeldWait"]  # fmt: skip
 
 # An actor whose work waits (a full disk, a queue file that cannot be made) and is retried each
@@ -74,6 +74,11 @@ def real_sleep_ms(ms: int) -> None:
 
 class ServiceUnavailable(RuntimeError):
     """The actor that held this request crashed or stopped before answering it."""
+
+
+class StoppedBeforeHandling(ServiceUnavailable):
+    """The actor stopped (or crashed on another request) before it took this one: the request
+    did nothing, and its next incarnation may be asked again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,6 +215,11 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
 
     def _fail_queued(self) -> None:
         for queued in self.drain_queued(f"{self.name} stopped"):
-            reply = getattr(queued.message, "reply", None)
-            if isinstance(reply, Reply):
-                reply.fail(ServiceUnavailable(f"{self.name} stopped before handling the request"))
+            self.fail_told_after_stop(queued.message)
+
+    def fail_told_after_stop(self, message: object) -> None:
+        """A told request that never reached `handle`: answered, so that its asker does not
+        wait out its timeout (also for one that came after the drain above: the teardown)."""
+        reply = getattr(message, "reply", None)
+        if isinstance(reply, Reply):
+            reply.fail(StoppedBeforeHandling(f"{self.name} stopped before handling the request"))
