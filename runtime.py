@@ -35,6 +35,8 @@ __all__ = [
     "call_listener",
     "start_listener",
     "call_soon",
+    "taken_back_if_stopped",
+    "tell_and_await",
     "tell_keeping_gil",
     "tell_all_keeping_gil",
     "take_back_told",
@@ -257,7 +259,14 @@ def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
     else:
         inbox._tokens.put(None)
     # Stopped meanwhile (its drain may have run already): taken back, told nothing.
-    return not (ref.actor_stopped.is_set() and take_back_told(ref, lambda m: m is message) is not None)
+    return not taken_back_if_stopped(ref, message)
+
+
+def taken_back_if_stopped(ref: pykka.ActorRef[Any], message: object) -> bool:
+    """After a tell of `message` to `ref`: True if the actor has stopped and `message` was
+    still in its dead inbox, now taken out (nobody will answer it: the caller does); False if
+    the actor runs, or it or its drain took the message (and answers it)."""
+    return ref.actor_stopped.is_set() and take_back_told(ref, lambda m: m is message) is not None
 
 
 def tell_and_await(ref: pykka.ActorRef[Any], message: object, waiter: Waiter, first_wait_s: float) -> bool | None:

@@ -68,7 +68,7 @@ from .storage.lockfiles import StoreDirectoryError, StoreLockedError, held_in_th
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import StatsTicker, StoreStats, records_get, store_snapshot
-from .runtime import FollowingRef, Subscriptions, take_back_told, tell_and_await, tell_keeping_gil
+from .runtime import FollowingRef, Subscriptions, taken_back_if_stopped, tell_and_await, tell_keeping_gil
 from .supervisor import Supervisor, SupervisorState, refuse_what_is_in_the_way
 from .ticker import Ticker
 
@@ -391,7 +391,7 @@ class MessageStore:
         if told is None:  # the writer is down (being restarted), or no C extension
             down = self._tell_put(put)
             result = down if down is not None else self._wait(waiter)
-        elif told or writer is None or not writer.actor_stopped.is_set() or take_back_told(writer, lambda m: m is put) is None:
+        elif told or writer is None or not taken_back_if_stopped(writer, put):
             result = self._wait(waiter)  # answered (at once), or the writer (or its drain) has it
         else:  # stopped as it was told, and taken back out of its dead inbox: nobody has it
             result = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer is restarting")
@@ -993,7 +993,7 @@ class MessageStore:
                             # Stopped after pykka's alive check, before the message landed: it
                             # lies in a dead inbox. Taken back, the next incarnation is asked;
                             # else the actor (or its teardown) has it and answers.
-                            if ref.actor_stopped.is_set() and take_back_told(ref, lambda m: m is message) is not None:
+                            if taken_back_if_stopped(ref, message):
                                 break
                             left = deadline - time.monotonic()
                             if left <= 0:

@@ -519,26 +519,23 @@ class RedisStore:
             lat.extend([(time.perf_counter() - start) / len(group)] * len(group))
         return lat
 
-    def append_sync(self, per_thread: Sequence[Sequence[BenchMessage]]) -> int:
-        # Thread t owns queue t, so its explicit ids are monotonic without a shared lock.
+    def _one_round_trip_each(self, per_thread: Sequence[Sequence[BenchMessage]], *, multi: bool) -> int:
+        """XADD and HSET per message in one pipeline (in MULTI if `multi`). Thread t owns
+        queue t, so its explicit ids are monotonic without a shared lock."""
+
         def put(t: int, m: BenchMessage) -> None:
-            pipe = self.r.pipeline(transaction=True)
+            pipe = self.r.pipeline(transaction=multi)
             key, ref = self._xadd(pipe, m)
             pipe.hset(self.KEYS_HASH, key, ref)
             pipe.execute()
 
         return run_threads(per_thread, put)
 
-    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
-        # One round trip per message (XADD and HSET in one pipeline, no MULTI); thread t owns
-        # queue t, so its explicit ids need no shared lock.
-        def put(t: int, m: BenchMessage) -> None:
-            pipe = self.r.pipeline(transaction=False)
-            key, ref = self._xadd(pipe, m)
-            pipe.hset(self.KEYS_HASH, key, ref)
-            pipe.execute()
+    def append_sync(self, per_thread: Sequence[Sequence[BenchMessage]]) -> int:
+        return self._one_round_trip_each(per_thread, multi=True)
 
-        run_threads(per_thread, put)
+    def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
+        self._one_round_trip_each(per_thread, multi=False)
 
     def put_pipelined(self, messages: Sequence[BenchMessage], window: int) -> None:
         # Redis's own pipelining: each message its XADD and HSET, `window` messages sent

@@ -1229,21 +1229,24 @@ static PyObject *Signal_post_many_holding_gil(SignalObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* CLOCK_MONOTONIC now + `timeout` seconds, for sem_clockwait. */
+static void deadline_after(double timeout, struct timespec *deadline) {
+    clock_gettime(CLOCK_MONOTONIC, deadline);
+    double whole = (double)(long long)timeout;
+    deadline->tv_sec += (time_t)whole;
+    deadline->tv_nsec += (long)((timeout - whole) * 1e9);
+    if (deadline->tv_nsec >= 1000000000L) {
+        deadline->tv_sec += 1;
+        deadline->tv_nsec -= 1000000000L;
+    }
+}
+
 static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
     double timeout = -1.0;
     if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
     if (sem_trywait(&self->sem) == 0) Py_RETURN_TRUE;
     struct timespec deadline;
-    if (timeout >= 0) {
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        double whole = (double)(long long)timeout;
-        deadline.tv_sec += (time_t)whole;
-        deadline.tv_nsec += (long)((timeout - whole) * 1e9);
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec += 1;
-            deadline.tv_nsec -= 1000000000L;
-        }
-    }
+    if (timeout >= 0) deadline_after(timeout, &deadline);
     for (;;) {
         int rc, err;
         Py_BEGIN_ALLOW_THREADS
@@ -1285,16 +1288,7 @@ static PyObject *Signal_post_then_wait(SignalObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!d", &SignalType, &other_obj, &timeout)) return NULL;
     SignalObject *other = (SignalObject *)other_obj;
     struct timespec deadline;
-    if (timeout >= 0) {
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        double whole = (double)(long long)timeout;
-        deadline.tv_sec += (time_t)whole;
-        deadline.tv_nsec += (long)((timeout - whole) * 1e9);
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec += 1;
-            deadline.tv_nsec -= 1000000000L;
-        }
-    }
+    if (timeout >= 0) deadline_after(timeout, &deadline);
     int prc, rc, err = 0;
     Py_BEGIN_ALLOW_THREADS
     prc = sem_post(&self->sem);
