@@ -73,27 +73,37 @@ class FastInbox:
         self._signal: Any = native.Signal() if native is not None else None
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
 
+    # A host thread's put appends and posts in one C call (Signal.post(append, item)): a signal
+    # handler's exception (a Ctrl-C the host catches) between the two would leave a message
+    # without its token, and the actor one message late from then on. Without the C extension
+    # the post sits in a `finally`: CPython runs a pending handler as the append returns,
+    # inside the `try`, so only a second signal during the post itself can still break it.
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        self._items.append(item)
         if self._signal is not None:
-            self._signal.post()
-        else:
+            self._signal.post(self._items.append, item)
+            return
+        try:
+            self._items.append(item)
+        finally:
             self._tokens.put(None)
 
     def put_keeping_gil(self, item: Any) -> None:
         """`put`, but the caller keeps the GIL while the actor wakes: for a producer that is
         about to put again (put_async), so puts pile up for the actor to drain in one pass
         instead of the producer switching out to the actor once per put."""
-        self._items.append(item)
         if self._signal is not None:
-            self._signal.post_holding_gil()
-        else:
+            self._signal.post_holding_gil(self._items.append, item)
+            return
+        try:
+            self._items.append(item)
+        finally:
             self._tokens.put(None)
 
     def put_all_keeping_gil(self, items: list[Any], *, hand_over: bool = False) -> None:
         """`put_keeping_gil` for several items at once (a writer pass's answers to one actor):
         one deque extend, then a token each; with `hand_over` the last token drops the GIL
-        while the actor wakes, as `put` does."""
+        while the actor wakes, as `put` does. Actor threads only: no signal handler runs
+        there to come between the extend and the posts (see `put`)."""
         self._items.extend(items)
         signal = self._signal
         if signal is not None:
@@ -251,13 +261,7 @@ def tell_keeping_gil(ref: pykka.ActorRef[Any], message: object) -> bool:
     inbox = ref.actor_inbox
     if not isinstance(inbox, FastInbox) or ref.actor_stopped.is_set():
         return False
-    # FastInbox.put_keeping_gil, inline: this runs once per put.
-    inbox._items.append(Envelope(message))
-    signal = inbox._signal
-    if signal is not None:
-        signal.post_holding_gil()
-    else:
-        inbox._tokens.put(None)
+    inbox.put_keeping_gil(Envelope(message))
     # Stopped meanwhile (its drain may have run already): taken back, told nothing.
     return not taken_back_if_stopped(ref, message)
 
@@ -282,8 +286,8 @@ def tell_and_await(ref: pykka.ActorRef[Any], message: object, waiter: Waiter, fi
     signal = inbox._signal
     if signal is None:  # no C extension: neither has the inbox nor the waiter a C signal
         return None
-    inbox._items.append(Envelope(message))
-    if signal.post_then_wait(waiter._signal, first_wait_s):
+    # The message goes in with its token in the same C call (see FastInbox.put).
+    if signal.post_then_wait(waiter._signal, first_wait_s, inbox._items.append, Envelope(message)):
         waiter._taken = True
         return True
     return False
