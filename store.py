@@ -446,7 +446,7 @@ class MessageStore:
 
     def _encode(self, messages: Sequence[Message], batch: bool) -> PutResult | EncodedBatch:
         if self._closed or self.supervisor.state is not SupervisorState.RUNNING:  # `running`, inline: once per put
-            return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store is not running")
+            return PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=self._gave_up_detail() or "store is not running")
         if self._slave_refusal is not None:
             return self._slave_refusal
         encoded = self._encoder.encode(messages, batch, self.clock_ms())
@@ -558,7 +558,7 @@ class MessageStore:
     def _ask(self, peer: str, message: Any) -> Any:
         ref = self.supervisor.ctx.peers.get(peer)
         if ref is None or not self.running:
-            raise ServiceUnavailable(f"{peer} is not running")
+            raise ServiceUnavailable(self._gave_up_detail() or f"{peer} is not running")
         waiter = Waiter()
         try:
             ref.tell(Asked(message, Reply(future=waiter)))
@@ -603,7 +603,7 @@ class MessageStore:
                 raise TypeError(f"tags must be a str or None, not {type(tags).__name__}")
         view = self._queue_view()
         if view is None:
-            return self._not_readable(offset, "dispatch did not reach this thread's last put in time")
+            return self._not_readable(offset, self._gave_up_detail() or "dispatch did not reach this thread's last put in time")
         readers = self._readers.get()
         found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count,
                                     max_total_bytes=max_total_bytes, tags=tags, raw=raw,
@@ -691,7 +691,7 @@ class MessageStore:
         if now.index_files is None or now.indexed_end < target:
             view = self._index_covering(target)
         if view is None:
-            return QueryResult(detail="the index did not reach this thread's last put in time")
+            return QueryResult(detail=self._gave_up_detail() or "the index did not reach this thread's last put in time")
         readers = self._readers.get()
         index_reader = readers.index_reader(view)
         commitlog = readers.commitlog_reader()
@@ -1106,11 +1106,16 @@ class MessageStore:
         return False
 
     def _check_not_failed(self) -> None:
-        if self.supervisor.state is SupervisorState.FAILED:
-            raise StoreClosedError(
-                f"the store at {self.config.store_path_root_dir} stopped: its supervisor gave up "
-                f"({self.supervisor.fatal_error!r}); close it and open it again"
-            )
+        if (stopped := self._gave_up_detail()) is not None:
+            raise StoreClosedError(stopped)
+
+    def _gave_up_detail(self) -> str | None:
+        """Why nothing will be served or published again, once the supervisor gave up (FAILED):
+        a read's detail says so rather than naming a wait that did not happen."""
+        if self.supervisor.state is not SupervisorState.FAILED:
+            return None
+        return (f"the store at {self.config.store_path_root_dir} stopped: its supervisor gave up "
+                f"({self.supervisor.fatal_error!r}); close it and open it again")  # fmt: skip
 
 
 @atexit.register

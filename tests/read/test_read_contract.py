@@ -180,6 +180,29 @@ def test_when_dispatch_does_not_reach_the_put_in_time_reads_answer_statuses(
     assert [m.queue_offset for m in other[0].messages] == [0, 1, 2], "a thread that did not put reads the view as it is"
 
 
+def test_a_store_whose_supervisor_gave_up_says_so_in_every_refusal(open_store: Open) -> None:
+    """Once the supervisor gave up (FAILED) nothing is served from the actors or published
+    again. A get answered NO_MATCHED_LOGIC_QUEUE saying dispatch "did not reach this thread's
+    last put in time" (no wait happened) or "consume_queue is not running"; a put, "store is
+    not running". Each refusal now names the failure and what to do."""
+    store = open_store()
+    h.put_n(store, 2)
+    store.supervisor._give_up(RuntimeError("an actor kept failing"))
+    refusals: list[Any] = [
+        store.put(Message(topic="T", body=b"after")),
+        store.put_async(Message(topic="T", body=b"after")).result(10),
+        store.get("T", 0, 0, 32),  # this thread put: it waits for its put's dispatch
+    ]
+    other: list[Any] = []
+    thread = threading.Thread(target=lambda: other.append(store.get("T", 1, 0, 32)))  # asks the ConsumeQueue actor
+    thread.start()
+    thread.join(10)
+    refusals += other
+    assert [r.status for r in refusals] == [mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE] * 2 + [S.NO_MATCHED_LOGIC_QUEUE] * 2
+    for r in refusals:
+        assert "supervisor gave up" in r.detail and "an actor kept failing" in r.detail and "open it again" in r.detail, r
+
+
 # -- API mistakes -----------------------------------------------------------------------------
 
 
