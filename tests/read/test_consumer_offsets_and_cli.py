@@ -146,11 +146,13 @@ def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte
     started first (abort file, recovery, stats.msgpack, the clean stop's checkpoint) and then
     raised IsADirectoryError: a refused open rewrote the store's files. A `.bak` directory, or a
     file for `config`, opened, and the offsets committed in that run were lost at the next."""
+    import errno
     import hashlib
     import os
 
     import mqstore
     from mqstore import Message
+    from mqstore.storage import fs as fs_module
 
     root = tmp_path / "store"
     with mqstore.open(root, mapped_file_size_commitlog_bytes=1 << 20, max_hash_slot_num=64, max_index_num=400) as store:
@@ -179,6 +181,27 @@ def test_an_open_refused_for_a_directory_in_place_of_the_offsets_changes_no_byte
     assert state() == before
     assert not (root / "abort").exists()
     assert main(["get", str(root), "--topic", "T", "--queue", "0", "--offset", "0"]) == ExitCode.OK  # reads still work
+    if in_the_way == "fifo":  # (root reads past permission bits: an unreadable file is an I/O error here)
+        blocker.unlink()
+        offsets.write_bytes(saved)
+        before = state()
+        real_read = fs_module.RealFileSystem.read_bytes
+
+        def eio_on_the_offsets(self: Any, path: str) -> bytes:
+            if path == str(offsets):
+                raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+            return real_read(self, path)
+
+        fs_module.RealFileSystem.read_bytes = eio_on_the_offsets  # type: ignore[method-assign]
+        try:
+            with pytest.raises(mqstore.StoreDirectoryError, match=f"{offsets} cannot be read .*would be lost"):
+                mqstore.open(root)
+        finally:
+            fs_module.RealFileSystem.read_bytes = real_read  # type: ignore[method-assign]
+        assert state() == before
+        assert not (root / "abort").exists()
+        offsets.unlink()
+        os.mkfifo(blocker)
     if in_the_way == "config":
         blocker.unlink()
         offsets.parent.mkdir()
