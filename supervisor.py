@@ -163,12 +163,31 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
                        (snapshot, "stats snapshot")):  # fmt: skip
         refuse_unless_regular_file(fs, path, what)
         refuse_unless_regular_file(fs, path + ".tmp", f"{what}'s temporary file")
+    for path in (cfg.checkpoint_path, cfg.lock_path):
+        _refuse_if_shared(fs, path)
     _refuse_what_is_in_the_way_of_segments(fs, cfg)
+
+
+def _refuse_if_shared(fs: FileSystem, path: str) -> None:
+    """StoreDirectoryError for a file the store writes in place (a commitlog segment, a
+    ConsumeQueue or index file, the checkpoint, the lock) that is a symbolic link or has
+    other hard links: its writes would land in the other name's file too. A hard-linked copy
+    (`cp -al`, rsync --link-dest) shares every segment with its original, so the next put
+    in either overwrote what the other had acknowledged; a `lock` linked to a segment had its
+    first record overwritten by the lock's bytes. Files replaced whole (write_atomic: a link
+    is replaced, not written through) are not refused."""
+    if (why := fs.shared_with(path)) is not None:
+        raise StoreDirectoryError(
+            f"{path} is {why}: the store writes its files in place and would change the other file too "
+            "(a hard-linked copy such as `cp -al` shares them); copy the store with `cp -a`, or move the "
+            "link aside, and start again"
+        )
 
 
 def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> None:
     """The same for a directory named as a segment or index file, and a file where a topic's or
-    a queue's ConsumeQueue directory belongs. Before, they failed the open with a bare OSError,
+    a queue's ConsumeQueue directory belongs; and each segment, index and ConsumeQueue file
+    that is a link (`_refuse_if_shared`). Before, they failed the open with a bare OSError,
     or after seconds of ConsumeQueue restarts, or (a later segment) only once the writer got
     there. Entries not named as the store names its files are left alone, as loading does."""
 
@@ -178,8 +197,10 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
     def segment_dirs(directory: str, width: int, what: str) -> None:
         for name in fs.listdir(directory):
             # A directory, or a FIFO, socket or device (reading a FIFO blocks for good).
-            if len(name) == width and name.isdigit() and not fs.isfile(os.path.join(directory, name)):
-                refuse(os.path.join(directory, name), what)
+            if len(name) == width and name.isdigit():
+                if not fs.isfile(os.path.join(directory, name)):
+                    refuse(os.path.join(directory, name), what)
+                _refuse_if_shared(fs, os.path.join(directory, name))
 
     if fs.isdir(cfg.commitlog_dir):
         segment_dirs(cfg.commitlog_dir, 20, "a commitlog segment file")

@@ -98,6 +98,7 @@ class FileSystem(Protocol):
     def mtime_ms(self, path: str) -> int: ...
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
     def read_bytes(self, path: str) -> bytes: ...
+    def shared_with(self, path: str) -> str | None: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
     def set_aside(self, path: str, suffix: str) -> str: ...
     def disk_usage(self, path: str) -> DiskUsage: ...
@@ -446,6 +447,19 @@ class RealFileSystem:
     def read_bytes(self, path: str) -> bytes:
         return read_regular_file(path)
 
+    def shared_with(self, path: str) -> str | None:
+        """Why writing `path` in place would write bytes another name shows too: "a symbolic
+        link to ..." or "one of N hard links to one file"; None for a file of its own or none."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            return f"a symbolic link to {os.readlink(path)}"
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            return f"one of {st.st_nlink} hard links to one file"
+        return None
+
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write a temporary file, fsync it, rename it over `path`, fsync the directory. A
         leftover temporary file is replaced; anything else there (a FIFO: opening it to write
@@ -755,6 +769,9 @@ class SimulatedFileSystem:
 
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None:
         self._files[os.path.normpath(path)].mtime_ms = mtime_ms
+
+    def shared_with(self, path: str) -> str | None:
+        return None  # no links here
 
     def read_bytes(self, path: str) -> bytes:
         file = self._files.get(os.path.normpath(path))

@@ -11,6 +11,7 @@ case (and we use Linux OFD locks where available, see `_lock_byte_zero`). On a `
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import struct
@@ -122,8 +123,19 @@ class StoreLock:
         log.info("store_lock_acquired", path=self.path)
 
     def _lock_real(self) -> int:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Its bytes are written in place: never through a link into another file (a `lock`
+        # linked to a segment had that segment's first record overwritten).
         try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise StoreDirectoryError(f"{self.path} is a symbolic link where the store keeps its lock file; "
+                                      "move it aside and start again") from None  # fmt: skip
+        try:
+            if (links := os.fstat(fd).st_nlink) > 1:
+                raise StoreDirectoryError(f"{self.path} is one of {links} hard links to one file where the store "
+                                          "keeps its lock file; move it aside and start again")  # fmt: skip
             try:
                 _lock_byte_zero(fd)
             except OSError as e:

@@ -25,6 +25,7 @@ from ..log import get_logger
 from ..storage.fs import RealFileSystem
 from ..storage.lockfiles import AbortFile, StoreLock, StoreLockedError
 from ..storage.recovery import recover_store
+from ..supervisor import refuse_what_is_in_the_way
 from .verify import iter_problem_lines, verify_store
 
 __all__ = ["add_subcommands", "run_recover", "run_verify"]
@@ -80,6 +81,9 @@ def run_recover(args: argparse.Namespace) -> int:
     # The store's geometry from its files (recovery with another size would ignore them all).
     cfg = store_config(args, root, read_only=False)
     fs = RealFileSystem()
+    # As an open does: recover writes the same files in place (never through a link into
+    # another store's), and does not guess what stands where they belong.
+    refuse_what_is_in_the_way(fs, cfg)
     lock = StoreLock(fs, str(cfg.lock_path))
     try:
         lock.acquire()

@@ -128,3 +128,27 @@ def test_abort_file_survives_a_crash_once_created() -> None:
     fs = SimulatedFileSystem()
     AbortFile(fs, "/store/abort").create()
     assert AbortFile(fs.crash(seed=5), "/store/abort").exists()
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_the_lock_is_never_written_through_a_link(tmp_path: Path, link: str) -> None:
+    """Checked by the lock itself too (O_NOFOLLOW, then the link count before any write), not
+    only by the open's refusal pass: `mqstore recover` and a race with the pass take it."""
+    import os
+
+    from mqstore.storage.lockfiles import StoreDirectoryError
+
+    other = tmp_path / "segment"
+    other.write_bytes(b"\x00\x00\x00\x61record")
+    lock = tmp_path / "lock"
+    if link == "symbolic":
+        lock.symlink_to(other)
+    else:
+        os.link(other, lock)
+    with pytest.raises(StoreDirectoryError, match="symbolic link" if link == "symbolic" else "2 hard links"):
+        StoreLock(RealFileSystem(), str(lock)).acquire()
+    assert other.read_bytes() == b"\x00\x00\x00\x61record"
+    lock.unlink()
+    again = StoreLock(RealFileSystem(), str(lock))  # nothing held by the refused attempt
+    again.acquire()
+    again.release()

@@ -1,0 +1,122 @@
+"""A store never writes through a link into another file (review 26, F3). Its segments,
+ConsumeQueue and index files, checkpoint and lock are written in place: a `lock` that was a
+symbolic or hard link to a commitlog segment had the segment's first acknowledged record
+overwritten by the lock's four bytes at the next open, and a hard-linked copy (`cp -al`, rsync
+--link-dest) shares every segment with its original, so a put in either overwrote what the
+other had acknowledged. Such a store is refused (StoreDirectoryError, exit 5 from the command
+line) before any byte changes; `mqstore recover`, which writes the same files, refuses it too."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+import mqstore
+from mqstore import Message
+from mqstore.cli import ExitCode
+from mqstore.cli import main as cli_main
+
+SMALL = {"mapped_file_size_commitlog_bytes": 1 << 20, "max_hash_slot_num": 64, "max_index_num": 400}
+
+
+def _store(root: Path) -> None:
+    with mqstore.open(root, **SMALL) as store:
+        for i in range(10):
+            assert store.put(Message("t", b"m%d" % i, keys=["k%d" % i])).ok
+
+
+def _state(*roots: Path) -> dict[str, tuple[str, int]]:
+    """Every entry's content and mtime, links included, under each root."""
+    seen: dict[str, tuple[str, int]] = {}
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            if p.is_symlink():
+                seen[str(p)] = ("-> " + os.readlink(p), 0)
+            elif p.is_file():
+                seen[str(p)] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+    return seen
+
+
+def _recover(root: Path) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main(["recover", str(root), "--no-progress"])
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard", "dangling"])
+def test_a_lock_linked_elsewhere_is_refused_and_the_linked_file_keeps_its_bytes(tmp_path: Path, link: str) -> None:
+    root = tmp_path / "store"
+    _store(root)
+    segment = root / "commitlog" / "00000000000000000000"
+    lock = root / "lock"
+    lock.unlink()
+    if link == "symbolic":
+        lock.symlink_to(segment)
+    elif link == "hard":
+        os.link(segment, lock)
+    else:
+        lock.symlink_to(tmp_path / "nowhere")
+    before = _state(root)
+    with pytest.raises(mqstore.StoreDirectoryError, match="lock.*(symbolic link|hard links)"):
+        mqstore.open(root)
+    code, message = _recover(root)
+    assert code == ExitCode.NOT_A_STORE and "lock" in message, message
+    assert _state(root) == before
+    assert not (tmp_path / "nowhere").exists()
+    lock.unlink()
+    with mqstore.open(root) as store:  # the link moved aside: every acknowledged record is there
+        assert [m.body for m in store.get("t", 0, 0, 32).messages] == [b"m%d" % i for i in range(10)]
+
+
+def test_a_hard_linked_copy_is_refused_on_both_sides_and_neither_changes(tmp_path: Path) -> None:
+    """`cp -al original copy`: a put into the copy would land in the original's segment,
+    after the records it acknowledged, and the original's next put over the copy's."""
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    _store(original)
+    for directory, _dirs, files in os.walk(original):
+        target = copy / Path(directory).relative_to(original)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.link(Path(directory) / name, target / name)
+    before = _state(original, copy)
+    for root in (copy, original):
+        with pytest.raises(mqstore.StoreDirectoryError, match=r"hard links.*cp -a"):
+            mqstore.open(root)
+        code, message = _recover(root)
+        assert code == ExitCode.NOT_A_STORE and "hard links" in message, message
+    assert _state(original, copy) == before
+    for path in sorted(p for p in copy.rglob("*") if p.is_file()):  # each file copied (cp -a): both open
+        data = path.read_bytes()
+        path.unlink()
+        path.write_bytes(data)
+    for root in (original, copy):
+        with mqstore.open(root) as store:
+            assert store.put(Message("t", root.name.encode())).ok
+    for root in (original, copy):
+        with mqstore.open(root) as store:
+            assert [m.body for m in store.get("t", 0, 0, 32).messages] == [b"m%d" % i for i in range(10)] + [root.name.encode()]
+
+
+@pytest.mark.parametrize("which", ["segment", "consume_queue", "index", "checkpoint"])
+def test_a_store_file_that_is_a_symbolic_link_is_refused(tmp_path: Path, which: str) -> None:
+    root = tmp_path / "store"
+    _store(root)
+    path = {
+        "segment": root / "commitlog" / "00000000000000000000",
+        "consume_queue": root / "consumequeue" / "t" / "0" / "00000000000000000000",
+        "index": next((root / "index").iterdir()),
+        "checkpoint": root / "checkpoint",
+    }[which]
+    elsewhere = tmp_path / "elsewhere"
+    path.rename(elsewhere)
+    path.symlink_to(elsewhere)
+    before = _state(root), hashlib.sha256(elsewhere.read_bytes()).hexdigest()
+    with pytest.raises(mqstore.StoreDirectoryError, match=f"{path.name} is a symbolic link to {elsewhere}"):
+        mqstore.open(root)
+    assert (_state(root), hashlib.sha256(elsewhere.read_bytes()).hexdigest()) == before
