@@ -89,7 +89,7 @@ class ConsumerOffsets:
         self._dirty = False
         try:
             self._offsets.persist()
-        except OSError:
+        except BaseException:  # not only OSError: whatever failed the write, it is still due
             self._dirty = True
             raise
 
@@ -117,8 +117,8 @@ class ConsumerOffsets:
                 return self._kept
             try:
                 self._persist_locked()
-            except OSError as exc:
-                self.log.error("persisting consumer offsets at close failed", error=str(exc))
+            except Exception as exc:  # the close goes on (the store must stop): reported as not kept
+                self.log.error("persisting consumer offsets at close failed", error=repr(exc))
                 self._kept = False
             self._closed = True
             return self._kept

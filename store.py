@@ -58,7 +58,7 @@ from . import reads
 from .offsets import ConsumerOffsets
 from .read_view import COMMITLOG, INDEX, QUEUES, ReadView
 from .storage import codec
-from .storage.codec import MessageRecord
+from .storage.codec import MessageRecord, check_str
 from .storage.commitlog import CommitLogReader
 from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem
@@ -163,8 +163,7 @@ def open_store(
 
 
 def _check_queue(topic: object, queue_id: object) -> None:
-    if not isinstance(topic, str):
-        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+    check_str("topic", topic)
     if not isinstance(queue_id, int) or isinstance(queue_id, bool):
         raise TypeError(f"queue_id must be an int, not {type(queue_id).__name__}")
     if queue_id < 0:
@@ -245,7 +244,8 @@ class MessageStore:
         self._clean_stop = False
         self._close_lock = threading.Lock()  # one close() does the work
         self._close_done = threading.Event()  # set once it has
-        self._closing_thread: threading.Thread | None = None
+        self._closing_thread: threading.Thread | None = None  # the close under way
+        self._close_finished = False  # every step ran (a close cut short is resumed by the next)
         # RocketMQ's putMessage refuses every put on a SLAVE: its log is the master's, copied
         # by HA replication (which this store does not have).
         self._slave_refusal = (
@@ -288,43 +288,61 @@ class MessageStore:
     def close(self) -> bool:
         """Stop cleanly (dispatch caught up, everything flushed, abort file removed).
         Returns True if the stop was clean: False too when the committed consumer offsets
-        could not be written (logged). Idempotent: a second call returns the same, once the
-        first has finished (from another thread: it waits, so that the store is free when it
-        returns; from within the first, e.g. a done-callback it runs, at once)."""
+        could not be written, or a step of the close failed (logged). Idempotent: a second call
+        returns the same, once the first has finished (from another thread: it waits, so that
+        the store is free when it returns; from within the first, e.g. a done-callback it
+        runs, at once). A close cut short by a KeyboardInterrupt or SystemExit raises it and
+        leaves the store closed to calls; the next close() (the exit handler's too) finishes
+        the stop from where it was cut."""
         with self._close_lock:
-            first = not self._closed
-            if first:
-                self._closed = True
+            self._closed = True
+            mine = not self._close_finished and self._closing_thread is None
+            if mine:
                 self._closing_thread = threading.current_thread()
-        if not first:
+                self._close_done.clear()
+            closing = self._closing_thread
+        if not mine:
             # Not from a thread the first close waits for (itself; a done-callback on the
             # completion thread, which it joins): each would wait for the other.
             here = threading.current_thread()
-            if here is not self._closing_thread and not self._puts.on_completion_thread():
+            if closing is not None and here is not closing and not self._puts.on_completion_thread():
                 self._close_done.wait(CLOSE_WAIT_FOR_ANOTHER_S)
             return self._clean_stop
         try:
             return self._close()
         finally:
+            with self._close_lock:
+                self._closing_thread = None
             self._close_done.set()
 
     def _close(self) -> bool:
+        """The close's steps in order. One that fails is logged and the close goes on: before,
+        a failure (or a Ctrl-C) in a step before the supervisor's stop left every actor running
+        and the lock held, and every later close() did nothing (review 26). Each step is safe
+        to run again, for a close resumed after an interruption."""
+        failed: list[str] = []
+
+        def step(name: str, run: Callable[[], object]) -> object:
+            try:
+                return run()
+            except Exception as exc:  # not KeyboardInterrupt/SystemExit: those stop the close here
+                self.log.error("a step of the close failed", step=name, error=repr(exc))
+                failed.append(name)
+                return None
+
         if self.supervisor.state is SupervisorState.RUNNING:
-            self._stats_ticker.close()  # the last snapshot of this run, while the lag is known
+            step("stats snapshot", self._stats_ticker.close)  # the last of this run, while the lag is known
         # Committed offsets before the stop releases the store's lock (after it, another
         # process may have opened the store and written its own); not written: not clean.
-        offsets_kept = self.offsets.close()
-        clean = self.supervisor.stop()
-        self._subscriptions.close()
-        try:
-            self._puts.close()  # after the writer: every future handed out is completed
-        except Exception as exc:  # the host must not meet it, nor its readers wait for good
-            self.log.error("completing the pending put futures failed", error=repr(exc))
-        finally:
-            self.read_view.close()  # wakes every waiting reader
-            self._readers.close()
-            _open_stores.discard(self)
-            self._clean_stop = clean and offsets_kept
+        offsets_kept = step("consumer offsets", self.offsets.close)
+        stopped_clean = step("supervisor stop", self.supervisor.stop)
+        step("subscriptions", self._subscriptions.close)
+        step("pending put futures", self._puts.close)  # after the writer: every future handed out is completed
+        self.read_view.close()  # wakes every waiting reader
+        self._readers.close()
+        _open_stores.discard(self)
+        self._clean_stop = offsets_kept is True and stopped_clean is True and not failed
+        self._close_finished = True
         return self._clean_stop
 
     def __enter__(self) -> MessageStore:
@@ -672,10 +690,9 @@ class MessageStore:
         started; if it does not in time, an empty result with a `detail`."""
         if self._closed:
             self._check_open()
-        if not (isinstance(topic, str) and isinstance(key, str)):
-            if not isinstance(topic, str):
-                raise TypeError(f"topic must be a str, not {type(topic).__name__}")
-            raise TypeError(f"key must be a str, not {type(key).__name__}")
+        if not (type(topic) is str and type(key) is str):
+            check_str("topic", topic)
+            check_str("key", key)
         if max_count is None:
             max_count = self.config.default_query_max_num
         if not (type(max_count) is int and 1 <= max_count <= _JAVA_LONG_MAX and type(begin_ms) is int
@@ -1023,9 +1040,8 @@ class MessageStore:
         if isinstance(keep, (str, bytes)) or not isinstance(keep, Iterable):
             raise TypeError(f"keep must be an iterable of topic names (str), not {type(keep).__name__}")
         topics = list(keep)
-        for topic in topics:
-            if not isinstance(topic, str):
-                raise TypeError(f"keep must hold topic names (str), not {type(topic).__name__}")
+        for topic in topics:  # (an Enum member would not be found among the queues' names: removed)
+            check_str("keep's topic names", topic, "str")
         kept = frozenset(topics)
         try:
             removed: tuple[tuple[str, int], ...] = self._ask("consume_queue", CleanUnusedTopics(keep=kept))
@@ -1068,8 +1084,8 @@ class MessageStore:
         self._check_open()
         if not isinstance(subscriber, pykka.ActorRef) and not callable(subscriber):
             raise TypeError(f"subscriber must be an actor ref or a callable, not {type(subscriber).__name__}")
-        if topic is not None and not isinstance(topic, str):
-            raise TypeError(f"topic must be a str or None, not {type(topic).__name__}")
+        if topic is not None:
+            check_str("topic", topic, "a str or None")
         if queue_id is not None:
             _check_int("queue_id", queue_id, 0)
         self._subscriptions.add(subscriber, topic, queue_id)

@@ -303,6 +303,7 @@ class Supervisor:
         self.store_host = codec.HostAddress.parse(config.store_host)
         self._specs = [spec for spec in TREE if spec.enabled(config) and (spec.name != "gateway" or backend is not None)]
         self._events: queue.Queue[Any] = queue.Queue()
+        self._stop_requested: _Stop | None = None  # the one stop request (stop)
         self.ctx = ActorContext(
             config=config,
             fs=self.fs,
@@ -399,10 +400,13 @@ class Supervisor:
             return self.state is SupervisorState.STOPPED
         if self.state is SupervisorState.FAILED:
             return False
-        stop = _Stop()
-        self._events.put(stop)
+        # One stop: a stop() again after the first one's wait was cut short (a Ctrl-C in the
+        # store's close) waits for that one, not for a second request nobody takes.
+        if self._stop_requested is None:
+            self._stop_requested = _Stop()
+            self._events.put(self._stop_requested)
         if threading.current_thread() is not self._thread:
-            stop.done.wait(STOP_TIMEOUT_S * 3)
+            self._stop_requested.done.wait(STOP_TIMEOUT_S * 3)
         return self.clean_stop
 
     clean_stop = False

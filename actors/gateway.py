@@ -74,7 +74,9 @@ def _is_int(value: object) -> bool:
 
 
 def _type_error(field: str, expected: str, value: object) -> TypeError:
-    return TypeError(f"{field} must be {expected}, not {type(value).__name__}")
+    # Text fields are exact strs (codec.check_str): an Enum member keys and prints otherwise.
+    hint = " (a str subclass such as an Enum member: pass its .value)" if isinstance(value, str) else ""
+    return TypeError(f"{field} must be {expected}, not {type(value).__name__}{hint}")
 
 
 def request_error(request: GatewayRequest) -> Exception | None:
@@ -89,7 +91,7 @@ def request_error(request: GatewayRequest) -> Exception | None:
             for i, message in enumerate(messages):
                 if not isinstance(message, Message):
                     return _type_error(f"Put.messages[{i}]", "a Message", message)
-                if not isinstance(message.topic, str):
+                if type(message.topic) is not str:
                     return _type_error(f"Put.messages[{i}].topic", "a str", message.topic)
                 if not isinstance(message.body, (bytes, bytearray)):
                     return _type_error(f"Put.messages[{i}].body", "bytes", message.body)
@@ -104,9 +106,9 @@ def request_error(request: GatewayRequest) -> Exception | None:
             for field, value in (("queue_id", queue_id), ("offset", offset), ("max_count", max_count)):
                 if not _is_int(value):
                     return _type_error(f"Get.{field}", "an int", value)
-            if not isinstance(topic, str):
+            if type(topic) is not str:
                 return _type_error("Get.topic", "a str", topic)
-            if tags is not None and not isinstance(tags, str):
+            if tags is not None and type(tags) is not str:
                 return _type_error("Get.tags", "a str or None", tags)
             if max_total is not None and not _is_int(max_total):
                 return _type_error("Get.max_total_bytes", "an int or None", max_total)
@@ -116,7 +118,7 @@ def request_error(request: GatewayRequest) -> Exception | None:
                 return ValueError(f"Get.offset must not be negative, not {offset}")
         case Query(topic=topic, key=key, max_count=max_count, begin_ms=begin_ms, end_ms=end_ms):
             for field, text in (("topic", topic), ("key", key)):
-                if not isinstance(text, str):
+                if type(text) is not str:
                     return _type_error(f"Query.{field}", "a str", text)
             for field, value in (("max_count", max_count), ("begin_ms", begin_ms), ("end_ms", end_ms)):
                 if not _is_int(value):
@@ -126,7 +128,7 @@ def request_error(request: GatewayRequest) -> Exception | None:
         case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
             if not isinstance(subscriber, pykka.ActorRef) and not callable(subscriber):
                 return _type_error("Subscribe.subscriber", "an actor ref or a callable", subscriber)
-            if topic is not None and not isinstance(topic, str):
+            if topic is not None and type(topic) is not str:
                 return _type_error("Subscribe.topic", "a str or None", topic)
             if queue_id is not None and not _is_int(queue_id):
                 return _type_error("Subscribe.queue_id", "an int or None", queue_id)

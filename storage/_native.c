@@ -350,6 +350,8 @@ static PyObject *encode_one(PyObject *m, const char *topic, Py_ssize_t topic_len
     if (r == 0) goto done;
 
     if (!PyBytes_CheckExact(body)) goto done;
+    /* A str subclass (an Enum member) is declined: the Python path refuses it (codec.check_str). */
+    if (m_topic != topic_str && !PyUnicode_CheckExact(m_topic)) goto done;
     CHECK(m_topic == topic_str ? 1 : PyObject_RichCompareBool(m_topic, topic_str, Py_EQ))
     CHECK(small_int(qid, 0, INT32_MAX, &queue_id))
     if (queue_id != topic_qid) goto done; /* one topic and queue per call (a batch's rule) */

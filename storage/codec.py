@@ -100,23 +100,40 @@ def check_message_ints(message: Any) -> None:
         java_int("born_timestamp_ms", message.born_timestamp_ms, JAVA_LONG_MIN, JAVA_LONG_MAX)
 
 
+def check_str(name: str, value: object, what: str = "a str") -> None:
+    """TypeError naming `name` unless `value` is exactly a str. A str subclass is refused too:
+    an Enum member's text (`f"{Topic.ORDERS}"` is "Topic.ORDERS") and hash differ from its
+    value's, so as a topic it keyed a second queue-offset counter for the same queue (PUT_OK
+    messages written at taken offsets: review 27), and as a tag it was stored as its name."""
+    if type(value) is not str:
+        hint = " (a str subclass such as an Enum member: pass its .value)" if isinstance(value, str) else ""
+        raise TypeError(f"{name} must be {what}, not {type(value).__name__}{hint}")
+
+
 def check_message_fields(message: Any) -> None:
     """Every field of a Message the C encoder declined, by type (TypeError naming the field)
     and its ints by range (`check_message_ints`): a field of another type would otherwise be
-    stored as its repr (`tags=b"a"` as the tag "b'a'") or fail deep in the encoder."""
+    stored as its repr (`tags=b"a"` as the tag "b'a'") or fail deep in the encoder. Text
+    fields are exact strs (`check_str`)."""
     check_message_ints(message)
-    if message.tags is not None and not isinstance(message.tags, str):
-        raise TypeError(f"tags must be a str or None, not {type(message.tags).__name__}")
-    if message.born_host is not None and not isinstance(message.born_host, (str, HostAddress)):
-        raise TypeError(f"born_host must be a str 'ip:port' or None, not {type(message.born_host).__name__}")
+    check_str("topic", message.topic)
+    if message.tags is not None:
+        check_str("tags", message.tags, "a str or None")
+    if message.born_host is not None and not isinstance(message.born_host, HostAddress):
+        check_str("born_host", message.born_host, "a str 'ip:port' or None")
     keys = message.keys
-    if not isinstance(keys, (str, list, tuple)) or (not isinstance(keys, str) and not all(isinstance(k, str) for k in keys)):
-        raise TypeError(f"keys must be a str or a list or tuple of str, not {type(keys).__name__}")
+    if type(keys) is not str:
+        if not isinstance(keys, (list, tuple)):
+            check_str("keys", keys, "a str or a list or tuple of str")
+            raise TypeError(f"keys must be a str or a list or tuple of str, not {type(keys).__name__}")
+        for key in keys:
+            check_str("keys: each key", key)
     properties = message.properties
-    if not isinstance(properties, Mapping) or not all(
-        isinstance(name, str) and isinstance(value, str) for name, value in properties.items()
-    ):
+    if not isinstance(properties, Mapping):
         raise TypeError(f"properties must be a mapping of str to str, not {type(properties).__name__}")
+    for name, value in properties.items():
+        check_str("properties: each name", name)
+        check_str(f"properties: the value of {name!r}", value)
 
 
 def check_user_properties(properties: Mapping[str, str]) -> None:

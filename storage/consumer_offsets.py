@@ -251,6 +251,11 @@ class ConsumerOffsetStore:
                 raise TypeError(f"{name} must be a str, not {type(text).__name__}")
             if not text or TOPIC_GROUP_SEPARATOR in text:
                 raise ValueError(f"{name} {text!r} must be non-empty and without {TOPIC_GROUP_SEPARATOR!r}")
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # kept, it would fail every later write of the whole table
+                    raise ValueError(f"{name} {text!r} cannot be written as UTF-8 (a lone surrogate)") from None
         java_int("queue_id", queue_id, 0, JAVA_INT_MAX)
         java_int("offset", offset, 0, JAVA_LONG_MAX)
         queues = self._table.setdefault(self._key(group, topic), {})

@@ -93,6 +93,8 @@ class PutEncoder:
         topic = first.topic
         topic_utf8 = self._topic_utf8.get(topic) if type(topic) is str else None
         if topic_utf8 is None:
+            if isinstance(topic, str):
+                codec.check_str("topic", topic)  # the writer keys its queues by this object
             try:
                 codec.validate_topic(topic)
             except codec.TopicError as exc:

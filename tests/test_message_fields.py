@@ -4,13 +4,19 @@ non-str born_host raised AttributeError from deep in the encoder."""
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 import mqstore
 from mqstore import Message
+from mqstore.messages import Put, Reply, Waiter
+
+
+class _Host(str):
+    """A str subclass (a host's own type) for born_host."""
 
 BAD_FIELDS = [
     ("tags", 123), ("tags", b"ab"), ("tags", ["a"]),
@@ -50,3 +56,66 @@ def test_a_subscription_with_a_wrong_argument_is_refused(tmp_path: Path, args: t
     with mqstore.open(tmp_path / "s") as store:
         with pytest.raises((TypeError, ValueError), match=field):
             store.subscribe(*args)
+
+
+class Topic(str, enum.Enum):
+    ORDERS = "orders"
+
+
+class Tag(str, enum.Enum):
+    PAID = "paid"
+
+
+STR_SUBCLASS_FIELDS = [("topic", Topic.ORDERS), ("tags", Tag.PAID), ("keys", Tag.PAID), ("keys", [Tag.PAID]),
+                       ("properties", {"p": Tag.PAID}), ("properties", {Tag.PAID: "v"}), ("born_host", _Host("10.0.0.1:9"))]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), STR_SUBCLASS_FIELDS, ids=[f"{f}={v!r}" for f, v in STR_SUBCLASS_FIELDS])
+def test_a_str_subclass_in_a_text_field_is_a_type_error_from_every_way_of_putting(
+    tmp_path: Path, field: str, value: Any
+) -> None:
+    """Review 27: `class Topic(str, Enum)` is a common idiom, and the store took its members.
+    The records said topic `orders`, but the writer keyed its queue table by the member's text,
+    "Topic.ORDERS": the same queue got a second offset counter from 0, and PUT_OK messages were
+    written at offsets already taken, out of reach of their queue for good. A tag was stored as
+    its name. Every text field is an exact str now; nothing is stored, and the queue's offsets
+    go on from where they were."""
+    with mqstore.open(tmp_path / "s") as store:
+        assert store.put(Message("orders", b"first")).queue_offset == 0
+        bad = Message("orders", b"bad")._replace(**{field: value})
+        attempts: list[Callable[[], Any]] = [
+            lambda: store.put(bad),
+            lambda: store.put_async(bad).result(10),
+            lambda: store.put_batch([bad]),
+            lambda: store.put_batch([Message("orders", b"ok"), bad]),
+            lambda: store.put_batch_async([bad]).result(10),
+        ]
+        for attempt in attempts:
+            with pytest.raises(TypeError, match=f"{field}.* must be .*Enum member"):
+                attempt()
+        waiter = Waiter()
+        store.actor_ref.tell(Put(messages=(bad,), reply=Reply(future=waiter)))
+        with pytest.raises(TypeError, match="Enum member"):
+            waiter.get(timeout=10)
+        assert store.put(Message("orders", b"second")).queue_offset == 1
+        assert [m.body for m in store.get("orders", 0, 0, 32).messages] == [b"first", b"second"]
+
+
+def test_a_str_subclass_topic_is_refused_by_every_read_and_queue_operation(tmp_path: Path) -> None:
+    """A read by a member looked its queue up by the member's hash (its name's), and
+    `clean_unused_topic(keep=[Topic.ORDERS])` would not have found `orders` among the names to
+    keep: it would have removed the queue the caller asked to keep."""
+    with mqstore.open(tmp_path / "s") as store:
+        assert store.put(Message("orders", b"kept", keys=["k"])).ok
+        for call in (
+            lambda: store.get(Topic.ORDERS, 0, 0),
+            lambda: store.max_offset(Topic.ORDERS, 0),
+            lambda: store.wait_for_messages(Topic.ORDERS, 0, 0, 0),
+            lambda: store.query(Topic.ORDERS, "k"),
+            lambda: store.query("orders", Tag.PAID),
+            lambda: store.subscribe(print, Topic.ORDERS),
+            lambda: store.clean_unused_topic([Topic.ORDERS]),
+        ):
+            with pytest.raises(TypeError, match="Enum member"):
+                call()
+        assert [m.body for m in store.get("orders", 0, 0, 32).messages] == [b"kept"]

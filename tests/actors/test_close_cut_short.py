@@ -1,0 +1,126 @@
+"""A close cut short (review 26, F1 and F2). close() marked the store closed, then wrote the last
+stats snapshot and the consumer offsets before stopping the supervisor, unprotected: a Ctrl-C
+there (or any error, such as an offsets file that could not be encoded) left every actor
+running, the lock held and the abort file in place; every later close(), the exit handler's
+too, returned False and did nothing, and the offsets committed before it were lost. Now a
+failing step is logged and the close goes on; a KeyboardInterrupt stops the close where it
+lands, and the next close() finishes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import pytest
+
+import mqstore
+from mqstore import Message, StoreClosedError
+from mqstore import supervisor as supervisor_module
+from mqstore.supervisor import SupervisorState
+
+
+def _filled(root: Path) -> mqstore.MessageStore:
+    store = mqstore.open(root)
+    for i in range(5):
+        assert store.put(Message("T", b"m%d" % i)).ok
+    store.commit_offset("group", "T", 0, 4)
+    return store
+
+
+def _everything_kept(root: Path) -> None:
+    with mqstore.open(root) as again:  # in this process: the lock was given back
+        assert again.query_offset("group", "T", 0) == 4
+        assert [m.body for m in again.get("T", 0, 0, 32).messages] == [b"m%d" % i for i in range(5)]
+
+
+def test_a_ctrl_c_in_the_close_before_the_stop_is_finished_by_the_next_close(tmp_path: Path) -> None:
+    store = _filled(tmp_path / "s")
+    real = store._stats_ticker.close
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    store._stats_ticker.close = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        store.close()
+    assert store.closed and store.supervisor.state is SupervisorState.RUNNING
+    with pytest.raises(StoreClosedError):
+        store.put(Message("T", b"after"))  # closed to calls meanwhile
+    store._stats_ticker.close = real  # type: ignore[method-assign]
+    assert store.close() is True
+    assert store.supervisor.state is SupervisorState.STOPPED
+    assert store.close() is True  # finished: once more is a no-op with the same answer
+    assert not (tmp_path / "s" / "abort").exists()
+    _everything_kept(tmp_path / "s")
+
+
+def test_a_ctrl_c_during_the_stops_wait_is_finished_by_the_next_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second close waits for the stop already asked for, not for a second request that
+    the supervisor's thread, gone after the first, would never take."""
+    store = _filled(tmp_path / "s")
+    waits = [0]
+
+    class InterruptedOnce(supervisor_module._Stop):
+        def __init__(self) -> None:
+            super().__init__()
+            real_wait = self.done.wait
+
+            def wait(timeout: float | None = None) -> bool:
+                waits[0] += 1
+                if waits[0] == 1:
+                    raise KeyboardInterrupt
+                return real_wait(timeout)
+
+            self.done.wait = wait  # type: ignore[method-assign]
+
+    monkeypatch.setattr(supervisor_module, "_Stop", InterruptedOnce)
+    with pytest.raises(KeyboardInterrupt):
+        store.close()
+    assert store.close() is True
+    assert waits[0] == 2 and store.supervisor.state is SupervisorState.STOPPED
+    _everything_kept(tmp_path / "s")
+
+
+def test_a_step_of_the_close_that_fails_does_not_keep_the_store_running(tmp_path: Path) -> None:
+    store = _filled(tmp_path / "s")
+
+    def broken() -> None:
+        raise RuntimeError("the snapshot's encoder broke")
+
+    store._stats_ticker.close = broken  # type: ignore[method-assign]
+    assert store.close() is False  # not clean: a step failed (logged)
+    assert store.supervisor.state is SupervisorState.STOPPED
+    _everything_kept(tmp_path / "s")
+
+
+def test_an_offsets_write_that_fails_otherwise_than_with_an_os_error_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pending-write mark was dropped before the write and set back only on OSError: a
+    failure of another kind lost the commits made since the last write, until the next one."""
+    store = _filled(tmp_path / "s")
+    real = store.offsets._offsets.persist
+    calls = [0]
+
+    def fails_once() -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ValueError("not encodable")
+        real()
+
+    monkeypatch.setattr(store.offsets._offsets, "persist", fails_once)
+    with pytest.raises(ValueError):
+        store.persist_offsets()
+    assert store.close() is True  # the close's write is the retry
+    assert calls[0] == 2
+    _everything_kept(tmp_path / "s")
+
+
+def test_a_group_or_topic_that_cannot_be_written_is_refused_when_committed(tmp_path: Path) -> None:
+    """A lone surrogate (what os.fsdecode gives for non-UTF-8 bytes) was kept, and then failed
+    every write of the whole table: every group's later commits were lost."""
+    store = _filled(tmp_path / "s")
+    bad = b"bad\xff".decode("utf-8", "surrogateescape")
+    for args in ((bad, "T", 0, 1), ("group", bad, 0, 1)):
+        with pytest.raises(ValueError, match="UTF-8"):
+            store.commit_offset(*args)
+    store.commit_offset("group", "T", 0, 4)
+    store.persist_offsets()
+    assert store.close() is True
+    _everything_kept(tmp_path / "s")
