@@ -186,6 +186,14 @@ class RuntimeActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> Any:  # pykka's hook; its type is pykka's private inbox
         return FastInbox()
 
+    def _start_actor_loop(self) -> None:
+        # Out of pykka's global registry: a host's ActorRegistry.stop_all() (which pykka also
+        # runs when any actor of the host raises SystemExit) stopped the store's actors behind
+        # its supervisor's back, and the store said RUNNING with nothing running (review 27).
+        # The store stops its own actors, at close() or the exit handler.
+        pykka.ActorRegistry.unregister(self.actor_ref)
+        super()._start_actor_loop()
+
     def _actor_loop_teardown(self) -> None:
         """pykka's drain after the stop, by items rather than tokens (FastInbox.take_left): a
         told message taken back meanwhile must not leave `get` popping an empty inbox."""
@@ -526,6 +534,10 @@ class Subscriptions:
         try:
             ref.tell(event)
         except pykka.ActorDeadError:
+            return False
+        except Exception as exc:  # the host's ref: reput must not crash on it (at every dispatch)
+            get_logger("mqstore.runtime").error("a subscriber's tell failed; it is unsubscribed",
+                                                subscriber=repr(ref), error=repr(exc))  # fmt: skip
             return False
         return True
 

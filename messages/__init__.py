@@ -326,12 +326,14 @@ class Reply:
             self._run_callback(exc)
 
     def _tell(self, answer: Any) -> None:
-        """An asker that stopped before its answer came is no fault of the store actor that
-        answers it (that actor would crash, and enough of them would stop the store)."""
+        """An asker that stopped before its answer came, or a ref of the host's whose tell
+        raises, is no fault of the store actor that answers it (that actor would crash, and
+        enough of them would stop the store: review 27 saw a gateway reader, the gateway and
+        reput brought down this way)."""
         assert self._actor is not None
         try:
             self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
-        except pykka.ActorDeadError as exc:
+        except Exception as exc:
             _answer_dropped("actor", answer, exc)
 
     def _run_callback(self, answer: Any) -> None:

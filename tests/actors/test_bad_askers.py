@@ -100,3 +100,67 @@ def test_an_actor_client_put_refused_for_a_stopped_sender_is_dropped_not_raised(
         assert client.put_batch([Message("t", b"x" * 2048)], correlation_id=2) is False
         assert client.put_and_forget(Message("t", b"x" * 2048)) is False
         assert store.put(Message("t", b"after")).ok and store.running
+
+
+class _Quiet(pykka.ThreadingActor):
+    use_daemon_thread = True
+
+    def on_receive(self, message: Any) -> Any:
+        return self  # asked once: the actor object, for a ref of the host's own class
+
+
+class _RaisingRef(pykka.ActorRef[Any]):
+    """A host's own ref (a wrapper for metrics, say) whose tell raises, not ActorDeadError."""
+
+    def tell(self, message: Any) -> None:
+        raise RuntimeError("the host's ref refused the tell")
+
+
+@pytest.mark.parametrize("request_kind", ["get", "query", "refused", "subscribe"])
+def test_a_reply_target_or_subscriber_whose_tell_raises_restarts_nothing(tmp_path: Path, request_kind: str) -> None:
+    """Review 27 finding 2: only ActorDeadError was caught where a store actor tells the
+    host's ref. Any other error crashed the gateway reader (Get, Query), the gateway itself (a
+    refused request's error) or reput (a subscriber, at every dispatch to its topic), and a
+    dozen such requests stopped the whole store. Now the answer is dropped with a log line (a
+    subscriber is unsubscribed) and the store carries on."""
+    from mqstore.messages import Query, Subscribe
+
+    target = _Quiet.start()
+    ref = _RaisingRef(target.ask("who"))
+    try:
+        with mqstore.open(tmp_path / "s") as store:
+            assert store.put(Message("t", b"x", keys=["k"])).ok
+            for _ in range(12):  # more than the supervisor's restart budget
+                request: Any = {
+                    "get": lambda: Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(actor=ref)),
+                    "query": lambda: Query(topic="t", key="k", max_count=1, reply=Reply(actor=ref)),
+                    "refused": lambda: Get(topic="t", queue_id=0, offset=-1, max_count=1, reply=Reply(actor=ref)),
+                    "subscribe": lambda: Subscribe(subscriber=ref, topic="t"),
+                }[request_kind]()
+                store.actor_ref.tell(request)
+                assert store.put(Message("t", b"y")).ok  # (dispatched: the subscriber is told)
+            waiter = Waiter()  # answered once the gateway has taken every request before it
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=32, reply=Reply(future=waiter)))
+            waiter.get(timeout=TIMEOUT_S)
+            assert len(store.get("t", 0, 0, 32).messages) == 13
+            assert store.flush() is None
+            assert store.supervisor.restarts == [] and store.running
+    finally:
+        target.stop()
+
+
+def test_a_hosts_stop_all_leaves_the_store_running(tmp_path: Path) -> None:
+    """Review 27 finding 4: the store's actors were in pykka's global registry, so a host's
+    `ActorRegistry.stop_all()` (pykka's own advice at shutdown; pykka also runs it when any
+    actor raises SystemExit) stopped them behind the supervisor's back. The store said RUNNING
+    with nothing running: puts said "writer is restarting" for good, flush() timed out. The
+    store's actors are out of the registry now; the store stops them at close()."""
+    with mqstore.open(tmp_path / "s") as store:
+        assert store.put(Message("t", b"before")).ok
+        pykka.ActorRegistry.stop_all(block=True, timeout=TIMEOUT_S)
+        assert store.put(Message("t", b"after")).ok
+        store.flush()
+        assert [m.body for m in store.get("t", 0, 0, 32).messages] == [b"before", b"after"]
+        assert store.supervisor.restarts == []
+    with mqstore.open(tmp_path / "s") as again:
+        assert [m.body for m in again.get("t", 0, 0, 32).messages] == [b"before", b"after"]
