@@ -32,7 +32,7 @@ import pykka
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
 from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply
-from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil
+from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
 from .storage import speedups
 from .storage.status import PutMessageStatus
 from .supervisor import SupervisorState
@@ -296,7 +296,7 @@ class _ToActors(_Sink):
                 # All but the last sender keep the GIL: one switch per pass, not one per answer.
                 if not tell_all_keeping_gil(sender, replies, hand_over=i == last):
                     for replied in replies:
-                        sender.tell(replied)
+                        tell_from_store(sender, replied)  # (on the notifier if it may block)
             except pykka.ActorDeadError:
                 pass  # the asker is gone; the puts themselves stand
             except Exception as exc:  # never let one sender keep the rest of the pass from theirs

@@ -472,6 +472,37 @@ def call_soon(callback: Callable[[T], object], argument: T) -> None:
             return
 
 
+def may_block_on_tell(ref: pykka.ActorRef[Any]) -> bool:
+    """Whether telling `ref` could block the teller: a ref of the host's own class, or an
+    inbox with a bound (pykka's own is an unbounded queue.Queue; the store's, a FastInbox)."""
+    if type(ref) is not pykka.ActorRef:
+        return True
+    inbox: object = ref.actor_inbox  # (pykka types it as its own protocol)
+    if isinstance(inbox, FastInbox) or type(inbox) is queue.SimpleQueue:
+        return False
+    return not (type(inbox) is queue.Queue and inbox.maxsize <= 0)
+
+
+def tell_from_store(ref: pykka.ActorRef[Any], message: object) -> None:
+    """Tell the host's actor `ref` from a store actor's thread. One whose tell may block (a
+    bounded inbox the host's actor is slow to empty) is told on the notifier's thread instead:
+    told from the writer it blocked every put of the process, from reput all dispatch, and the
+    close (review 27). ActorDeadError and the host's ref's own errors reach the caller as
+    before; on the notifier they are logged there."""
+    if may_block_on_tell(ref):
+        call_soon(_tell_on_notifier, (ref, message))
+    else:
+        ref.tell(message)
+
+
+def _tell_on_notifier(told: tuple[pykka.ActorRef[Any], object]) -> None:
+    ref, message = told
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        get_logger("mqstore.notifier").warning("an answer to an actor that stopped was dropped", actor=repr(ref))
+
+
 @dataclass(frozen=True, slots=True)
 class _Subscription:
     subscriber: object  # the host's actor ref or callable, as given (unsubscribe names it)
@@ -532,7 +563,7 @@ class Subscriptions:
             return call_listener(entry.listener, callback, event, entry.name)
         ref: Any = entry.subscriber
         try:
-            ref.tell(event)
+            tell_from_store(ref, event)
         except pykka.ActorDeadError:
             return False
         except Exception as exc:  # the host's ref: reput must not crash on it (at every dispatch)

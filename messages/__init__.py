@@ -331,8 +331,10 @@ class Reply:
         enough of them would stop the store: review 27 saw a gateway reader, the gateway and
         reput brought down this way)."""
         assert self._actor is not None
+        from ..runtime import tell_from_store  # runtime imports this package's siblings: import late
+
         try:
-            self._actor.tell(Replied(correlation_id=self._correlation_id, answer=answer))
+            tell_from_store(self._actor, Replied(correlation_id=self._correlation_id, answer=answer))
         except Exception as exc:
             _answer_dropped("actor", answer, exc)
 

@@ -164,3 +164,67 @@ def test_a_hosts_stop_all_leaves_the_store_running(tmp_path: Path) -> None:
         assert store.supervisor.restarts == []
     with mqstore.open(tmp_path / "s") as again:
         assert [m.body for m in again.get("t", 0, 0, 32).messages] == [b"before", b"after"]
+
+
+class _BoundedAndBusy(pykka.ThreadingActor):
+    """A host actor with a bounded inbox that stops taking messages until `release` is set."""
+
+    use_daemon_thread = True
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        import queue
+
+        return queue.Queue(maxsize=2)
+
+    def __init__(self, release: Any) -> None:
+        super().__init__()
+        self.release = release
+        self.got: list[Any] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "count":
+            return len(self.got)
+        self.release.wait(TIMEOUT_S)
+        self.got.append(message)
+        return None
+
+
+@pytest.mark.parametrize("told_by", ["writer", "reput"])
+def test_a_host_actor_slow_to_take_its_answers_blocks_nothing_of_the_store(tmp_path: Path, told_by: str) -> None:
+    """Review 27 finding 3: the writer told an actor client's answers, and reput a subscriber's
+    arrivals, on their own threads. With a bounded inbox its actor was slow to empty, the tell
+    blocked: every put of the process waited out its 20 s, or all dispatch stopped, and the
+    close was unclean and kept the lock. Such a ref is told on the notifier's thread now."""
+    import threading
+    import time
+
+    release = threading.Event()
+    slow = _BoundedAndBusy.start(release)
+    try:
+        with mqstore.open(tmp_path / "s") as store:
+            if told_by == "writer":
+                client = store.actor_client(slow)
+                for i in range(8):  # more answers than its inbox holds
+                    client.put(Message("slow", b"%d" % i), correlation_id=i)
+            else:
+                store.subscribe(slow, topic="t")
+                for i in range(8):  # one dispatch, one arrival each: more than its inbox holds
+                    assert store.put(Message("t", b"%d" % i)).ok
+                    assert store.wait_for_messages("t", 0, i, TIMEOUT_S / 4)
+            started = time.monotonic()
+            for i in range(20):
+                assert store.put(Message("t", b"other %d" % i)).ok
+            got = store.get("t", 0, 0, 64)
+            assert len(got.messages) == 20 + (8 if told_by == "reput" else 0)
+            assert time.monotonic() - started < TIMEOUT_S / 2
+            release.set()
+            expected = 8 if told_by == "writer" else 1  # (arrivals are told per dispatch batch)
+            deadline = time.monotonic() + TIMEOUT_S
+            while slow.ask("count") < expected and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert slow.ask("count") >= expected  # its answers or arrivals came, once it took them
+        assert store.supervisor.lock_released.is_set()
+    finally:
+        release.set()
+        slow.stop()
