@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
@@ -273,9 +274,15 @@ def _write_json_lines(rows: Iterator[dict[str, Any]], out: IO[str]) -> int:
 _SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
 
 
-def _segment_files(directory: Path) -> list[Path]:
-    """A segment directory's files in offset order; anything else there is ignored."""
-    return sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name) and p.is_file()), key=lambda p: p.name)
+def segment_layout(directory: Path) -> tuple[list[Path], int]:
+    """Every entry of a commitlog directory named as a segment, in offset order, regular file
+    or not (the scan lists them all: a tool that left one out met its offsets with no file to
+    name), and the segment size: the length most regular ones have, so one damaged file (an
+    emptied first segment) does not redefine it; 0 when none has data."""
+    entries = sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name)), key=lambda p: p.name)
+    sizes = Counter(p.stat().st_size for p in entries if p.is_file())
+    sizes.pop(0, None)
+    return entries, max(sizes, key=lambda size: (sizes[size], size)) if sizes else 0
 
 
 def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
@@ -305,16 +312,18 @@ def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
 def dump_commitlog(directory: Path, *, max_message_size_bytes: int) -> Iterator[dict[str, Any]]:
     """Every message of a commitlog directory, in offset order; CliError(CORRUPT) at bad data.
 
-    The segment size is the first file's length, so a broker's directory with any segment size
-    reads as well as ours. A blank END_OF_FILE record moves on to the next file; unwritten
+    The segment size is the segments' own length (`segment_layout`), so a broker's directory
+    with any segment size reads as well as ours. A blank END_OF_FILE record moves on to the next file; unwritten
     (zero) space ends the log, and later files (pre-allocated ones) must then be unwritten too.
     """
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
-    files = _segment_files(directory)
-    if not files or files[0].stat().st_size == 0:
+    files, segment_size = segment_layout(directory)
+    if not files or segment_size == 0:
         return
-    segment_size = files[0].stat().st_size
+    for path in files:
+        if not path.is_file():
+            raise CliError(ExitCode.NOT_A_STORE, f"{path} is in the way: a commitlog segment file belongs there")
     starts = [int(p.name) for p in files]
     for k, start in enumerate(starts):
         if start != starts[0] + k * segment_size:

@@ -282,6 +282,10 @@ def properties_to_string(props: Mapping[str, str], *, java_order: bool = True) -
     names = _hashmap_order(tuple(props)) if java_order else tuple(props)
     if not all(type(name) is str and type(props[name]) is str for name in names):
         raise TypeError("property names and values must be str")
+    if not all(props[name] for name in names):  # what Java's reader drops: refused, not lost
+        empty = next(name for name in names if not props[name])
+        raise ValueError(f"property {empty!r} has an empty value, which RocketMQ's format drops when the "
+                         "record is read (string2messageProperties): leave it out or give it a value")  # fmt: skip
     text = "".join([f"{name}\x01{props[name]}\x02" for name in names])
     # Exactly one separator of each kind per pair: no name or value smuggled one in (one
     # count over the result is cheaper than testing every name and value).

@@ -119,3 +119,16 @@ def test_a_str_subclass_topic_is_refused_by_every_read_and_queue_operation(tmp_p
             with pytest.raises(TypeError, match="Enum member"):
                 call()
         assert [m.body for m in store.get("orders", 0, 0, 32).messages] == [b"kept"]
+
+
+def test_a_property_with_an_empty_value_is_refused_not_dropped_when_read(tmp_path: Path) -> None:
+    """Review 26: `properties={"x": ""}` was PUT_OK and came back without `x`: RocketMQ's
+    reader (string2messageProperties) drops a pair with an empty value. Refused now, as a key
+    or tag that cannot round-trip is."""
+    with mqstore.open(tmp_path / "s") as store:
+        bad = Message("t", b"x", properties={"kept": "v", "x": ""})
+        for result in (store.put(bad), store.put_async(bad).result(10), store.put_batch([bad])):
+            assert result.status is mqstore.PutMessageStatus.MESSAGE_ILLEGAL and "'x' has an empty value" in result.detail
+        assert store.max_offset("t", 0) == 0
+        assert store.put(Message("t", b"y", properties={"kept": "v"})).ok
+        assert store.get("t", 0, 0, 1).messages[0].properties["kept"] == "v"

@@ -36,7 +36,7 @@ from typing import Any, Final, Iterable
 
 import psutil
 
-from ..cli import CliError, ExitCode, store_config
+from ..cli import CliError, ExitCode, segment_layout, store_config
 from ..config import StoreConfig
 from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
@@ -168,19 +168,23 @@ def _inspect_commitlog(
     """Segments with their records; a map offset -> (topic, queue, queue offset, size) of
     every message (None when there are too many to remember); the problems found."""
     problems: list[dict[str, Any]] = []
-    files = _segment_files(directory)
     out: dict[str, Any] = {"dir": str(directory), "segment_size": None, "segments": [], "min_offset": -1,
                            "max_offset": -1, "messages": 0, "bytes": 0, "topics": {}}  # fmt: skip
-    if not files:
+    if not directory.is_dir():
         return out, {}, problems
-    segment_size = files[0].stat().st_size
+    files, segment_size = segment_layout(directory)
+    if not files or segment_size == 0:
+        return out, {}, problems
     out["segment_size"] = segment_size
     out["min_offset"] = int(files[0].name)
     segments: dict[int, dict[str, Any]] = {}
     for k, path in enumerate(files):
         start = int(path.name)
-        size = path.stat().st_size
-        allocated, _ = disk_allocated_bytes_of(path)
+        if not path.is_file():  # (the scan reports it as a segment it cannot read, below)
+            problems.append(_problem("segment_not_a_file", DAMAGED, f"{path} is in the way: a commitlog segment file "
+                                     "belongs there", file=str(path), commitlog_offset=start))  # fmt: skip
+        size = path.stat().st_size if path.is_file() else 0
+        allocated, _ = disk_allocated_bytes_of(path) if path.is_file() else (0, 0)
         seg: dict[str, Any] = {"file": path.name, "path": str(path), "start_offset": start, "size": size, "allocated_bytes": allocated,
                "messages": 0, "used_bytes": 0, "end": None}  # fmt: skip
         segments[start] = seg

@@ -166,7 +166,9 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
     names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
     if not names:
         return records
-    segment = fs.getsize(os.path.join(directory, names[0]))
+    # The store's geometry (adopted from its files by the command), not the first file's
+    # length: an emptied or cut first segment would redefine every segment's extent.
+    segment = cfg.mapped_file_size_commitlog_bytes
     starts = [int(n) for n in names]
     for k, start in enumerate(starts):
         if start != starts[0] + k * segment:

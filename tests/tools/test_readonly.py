@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import mqstore
-from mqstore.cli import main
+from mqstore.cli import ExitCode, main
 
 PRODUCER = Path(__file__).resolve().parents[1] / "crash" / "producer.py"
 MiB = 1 << 20
@@ -175,4 +175,28 @@ def test_dump_checkpoint_says_what_is_there_instead_of_the_checkpoint(tmp_path: 
         assert "does not exist" in err
     else:
         assert "is not a regular file" in err and "does not exist" not in err
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "empty"])
+def test_read_only_commands_name_a_first_segment_that_is_not_one(tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 26: with the first segment a FIFO, a directory or emptied, `inspect` failed with
+    `ValueError: max() arg is an empty sequence` or `cannot mmap an empty file` (exit 1), and
+    so did `verify` on an empty one; `dump` blamed the wrong file at a negative position, or
+    printed nothing and exited 0 (the segment size was read off the emptied file). The segment
+    size is the segments' own now, and each command names the file: exit 3 (damaged) or 5."""
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536) as store:
+        for i in range(200):
+            assert store.put(mqstore.Message(topic="t", body=b"x" * 600, keys=[f"k{i}"])).ok
+    first = root / "commitlog" / ("0" * 20)
+    first.unlink()
+    {"fifo": os.mkfifo, "directory": os.mkdir, "empty": lambda p: open(p, "wb").close()}[kind](first)
+    before = snapshot(root)
+    for argv in (["inspect", str(root)], ["verify", str(root)], ["dump", str(root)]):
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code in (ExitCode.CORRUPT, ExitCode.NOT_A_STORE), (argv, code, err)
+        assert str(first) in err or "offset 0: file is 0 bytes" in err, (argv, err)
+        assert "Error:" not in err and "position -" not in err, (argv, err)
     assert snapshot(root) == before
