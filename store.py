@@ -246,6 +246,8 @@ class MessageStore:
         self._close_done = threading.Event()  # set once it has
         self._closing_thread: threading.Thread | None = None  # the close under way
         self._close_finished = False  # every step ran (a close cut short is resumed by the next)
+        self._closed_detail: str | None = None  # why, when not closed by close() (a fork's child)
+        self._owner_pid = os.getpid()
         # RocketMQ's putMessage refuses every put on a SLAVE: its log is the master's, copied
         # by HA replication (which this store does not have).
         self._slave_refusal = (
@@ -370,7 +372,7 @@ class MessageStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError(f"the store at {self.config.store_path_root_dir} is closed")
+            raise StoreClosedError(self._closed_detail or f"the store at {self.config.store_path_root_dir} is closed")
 
     # put ---------------------------------------------------------------------------------
     def put(self, message: Message) -> PutResult:
@@ -1142,3 +1144,21 @@ def _close_forgotten_stores() -> None:
             store.close()
         except Exception:  # exiting anyway; the abort file makes the next start recover
             pass
+
+
+def _left_behind_by_fork() -> None:
+    """In a child made by fork(), the stores its parent has open: fork copies no thread, so
+    none of their actors runs here. Every put waited out its 20 s, every read its own timeout,
+    and the child's exit hung ~30 s in a close that stopped nothing (a gunicorn --preload
+    worker, a host's os.fork). Closed here at once, touching no file (they are the parent's):
+    each call says so."""
+    for store in list(_open_stores):
+        store._closed_detail = (f"the store at {store.config.store_path_root_dir} was opened by process {store._owner_pid}; "
+                                "fork copies none of its threads, so this child cannot use it: open the store after "
+                                "forking, in one process at a time")  # fmt: skip
+        store._close_finished = True  # close() does nothing here: the files are the parent's
+        store._closed = True
+    _open_stores.clear()
+
+
+os.register_at_fork(after_in_child=_left_behind_by_fork)

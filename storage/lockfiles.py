@@ -35,6 +35,17 @@ _held: set[tuple[int, str]] = set()
 _held_guard = threading.Lock()
 
 
+def _none_held_in_a_forked_child() -> None:
+    # The parent's locks are the parent's: a child's open of its store is "started by another
+    # process", not "in this process" (the record lock, per process, says the same).
+    global _held_guard
+    _held.clear()
+    _held_guard = threading.Lock()  # (a thread of the parent may have held it at the fork)
+
+
+os.register_at_fork(after_in_child=_none_held_in_a_forked_child)
+
+
 class StoreDirectoryError(RuntimeError):
     """Something in the store root is in the way of the store's own files (a directory
     where the `abort` or `lock` file belongs), or missing from it (a commitlog without a

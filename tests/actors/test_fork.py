@@ -1,0 +1,87 @@
+"""A store in a child made by fork(): fork copies no thread, so none of the store's actors runs
+in the child. Every put there waited out its 20 s reply timeout, every read its own, and the
+child's exit hung ~30 s in a close that stopped nothing (a gunicorn --preload worker, a host's
+os.fork). The child now finds the parent's stores closed, with a reason, and leaves their files
+alone; the parent carries on."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import mqstore
+from mqstore import Message, StoreClosedError
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def _in_a_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`work()` in a forked child; its answer, and how long the child took to exit."""
+    read, write = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, then exit through the exit handlers, as a host does
+        os.close(read)
+        try:
+            answer = work()
+        except BaseException as exc:  # reported, not raised into the test runner's copy
+            answer = {"error": repr(exc)}
+        os.write(write, json.dumps(answer).encode())
+        os.close(write)
+        try:
+            sys.exit(0)
+        finally:
+            os._exit(0)  # (pytest's own machinery must not go on in the child)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(pid, 0)
+    answer: dict[str, Any] = json.loads(b"".join(chunks))
+    answer["exit_s"] = time.monotonic() - started
+    return answer
+
+
+def test_a_forked_child_finds_the_parents_store_closed_at_once_and_the_parent_carries_on(tmp_path: Path) -> None:
+    store = mqstore.open(tmp_path / "s")
+    try:
+        assert store.put(Message("t", b"parent 0")).ok
+
+        def child() -> dict[str, Any]:
+            seen: dict[str, Any] = {}
+            started = time.monotonic()
+            for name, call in (("put", lambda: store.put(Message("t", b"child"))), ("get", lambda: store.get("t", 0, 0)),
+                               ("put_async", lambda: store.put_async(Message("t", b"child")))):  # fmt: skip
+                try:
+                    call()
+                    seen[name] = "answered"
+                except StoreClosedError as exc:
+                    seen[name] = str(exc)
+            seen["calls_s"] = time.monotonic() - started
+            seen["close"] = store.close()
+            try:
+                mqstore.open(tmp_path / "s")
+                seen["open"] = "opened"
+            except mqstore.StoreLockedError as exc:
+                seen["open"] = str(exc)
+            return seen
+
+        seen = _in_a_child(child)
+        assert "error" not in seen, seen
+        for name in ("put", "get", "put_async"):
+            assert f"was opened by process {os.getpid()}" in seen[name] and "fork" in seen[name], seen
+        assert seen["calls_s"] < 2 and seen["exit_s"] < 10, seen
+        assert seen["close"] is False  # nothing to stop there: the actors are the parent's
+        assert "another process" in seen["open"], seen
+        assert store.put(Message("t", b"parent 1")).ok
+    finally:
+        assert store.close()
+    with mqstore.open(tmp_path / "s") as again:
+        assert [m.body for m in again.get("t", 0, 0, 32).messages] == [b"parent 0", b"parent 1"]
