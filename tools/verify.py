@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final, Iterator, NamedTuple
 
@@ -166,9 +167,11 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
     names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit())
     if not names:
         return records
-    # The store's geometry (adopted from its files by the command), not the first file's
-    # length: an emptied or cut first segment would redefine every segment's extent.
-    segment = cfg.mapped_file_size_commitlog_bytes
+    # The length most segments have, not the first file's: an emptied or cut first segment
+    # would redefine every segment's extent (a FIFO or directory there has no length of use).
+    sizes = Counter(fs.getsize(os.path.join(directory, n)) for n in names if fs.isfile(os.path.join(directory, n)))
+    sizes.pop(0, None)
+    segment = max(sizes, key=lambda size: (sizes[size], size)) if sizes else cfg.mapped_file_size_commitlog_bytes
     starts = [int(n) for n in names]
     for k, start in enumerate(starts):
         if start != starts[0] + k * segment:

@@ -37,7 +37,7 @@ def _messages(rng: random.Random, n: int) -> list[Message]:
         if roll < 0.03:
             extra["born_host"] = "[::1]:9876"  # an IPv6 record: the Python decoder's
         elif roll < 0.05:
-            extra["properties"] = {"app": "x" * rng.randrange(40)}
+            extra["properties"] = {"app": "x" * rng.randrange(1, 40)}
         out.append(
             Message(
                 topic=rng.choice(["T", "T2"]),

@@ -30,7 +30,7 @@ def _mixed(store: MessageStore, n: int) -> list[Any]:
     """n messages in T/0 of every shape the decoder meets, interleaved with other queues' records."""
     results = []
     for i in range(n):
-        props = {"a": "1", "ü": "ß" * (i % 3)} if i % 7 == 0 else {}
+        props = {"a": "1", "ü": "ß" * (1 + i % 3)} if i % 7 == 0 else {}
         born = "[2001:db8::1]:9876" if i % 11 == 0 else None
         message = Message(topic="T", queue_id=0, body=bytes([i % 251]) * (i * 37 % 3000), tags=f"tag{i % 3}",
                           keys=[f"k{i}", f"k{i}b"] if i % 5 else f"k{i}", properties=props, born_host=born)  # fmt: skip
