@@ -454,20 +454,19 @@ def call_listener(ref: pykka.ActorRef[Any], callback: Callable[[T], object], arg
 
 
 _shared_lock = threading.Lock()
-_shared: pykka.ActorRef[Any] | None = None
+_shared: dict[str, pykka.ActorRef[Any]] = {}  # the process's shared listeners, by name
 
 
-def call_soon(callback: Callable[[T], object], argument: T) -> None:
-    """Call `callback(argument)` on the process's shared reply listener (Reply callbacks:
-    one thread for all of them, so one slow callback delays other callbacks, never a put).
-    Restarted if something stopped it (a host's ActorRegistry.stop_all)."""
-    global _shared
+def call_soon(callback: Callable[[T], object], argument: T, *, listener: str = "reply-callbacks") -> None:
+    """Call `callback(argument)` on one of the process's shared listeners: "reply-callbacks"
+    (Reply callbacks: one thread for all of them, so one slow callback delays other callbacks,
+    never a put), or "blocking-tells" (`tell_from_store`). Restarted if something stopped it."""
     name = listener_name(callback)
     for _ in range(2):
         with _shared_lock:
-            if _shared is None or not _shared.is_alive():
-                _shared = start_listener("reply-callbacks")
-            ref = _shared
+            ref = _shared.get(listener)
+            if ref is None or not ref.is_alive():
+                ref = _shared[listener] = start_listener(listener)
         if call_listener(ref, callback, argument, name):
             return
 
@@ -483,24 +482,29 @@ def may_block_on_tell(ref: pykka.ActorRef[Any]) -> bool:
     return not (type(inbox) is queue.Queue and inbox.maxsize <= 0)
 
 
-def tell_from_store(ref: pykka.ActorRef[Any], message: object) -> None:
+def tell_from_store(ref: pykka.ActorRef[Any], message: object, on_failed: Callable[[], None] | None = None) -> None:
     """Tell the host's actor `ref` from a store actor's thread. One whose tell may block (a
-    bounded inbox the host's actor is slow to empty) is told on the notifier's thread instead:
-    told from the writer it blocked every put of the process, from reput all dispatch, and the
-    close (review 27). ActorDeadError and the host's ref's own errors reach the caller as
-    before; on the notifier they are logged there."""
+    bounded inbox the host's actor is slow to empty) is told on the "blocking-tells" listener
+    instead: told from the writer it blocked every put of the process, from reput all dispatch,
+    and the close (review 27). Only such tells share that listener, so a stuck one holds up
+    others of its kind, never a reply callback or a put (review 28). Told directly, its
+    ActorDeadError or the host's ref's own error reaches the caller; on the listener it is
+    logged there and `on_failed()` runs (a subscriber is unsubscribed)."""
     if may_block_on_tell(ref):
-        call_soon(_tell_on_notifier, (ref, message))
+        call_soon(_tell_on_listener, (ref, message, on_failed), listener="blocking-tells")
     else:
         ref.tell(message)
 
 
-def _tell_on_notifier(told: tuple[pykka.ActorRef[Any], object]) -> None:
-    ref, message = told
+def _tell_on_listener(told: tuple[pykka.ActorRef[Any], object, Callable[[], None] | None]) -> None:
+    ref, message, on_failed = told
     try:
         ref.tell(message)
-    except pykka.ActorDeadError:
-        get_logger("mqstore.notifier").warning("an answer to an actor that stopped was dropped", actor=repr(ref))
+    except Exception as exc:  # ActorDeadError (it stopped), or the host's ref's own error
+        get_logger("mqstore.notifier").warning("a tell to the host's actor failed; dropped", actor=repr(ref),
+                                               error=repr(exc))  # fmt: skip
+        if on_failed is not None:
+            on_failed()
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,7 +567,7 @@ class Subscriptions:
             return call_listener(entry.listener, callback, event, entry.name)
         ref: Any = entry.subscriber
         try:
-            tell_from_store(ref, event)
+            tell_from_store(ref, event, on_failed=lambda: self.remove(ref))
         except pykka.ActorDeadError:
             return False
         except Exception as exc:  # the host's ref: reput must not crash on it (at every dispatch)

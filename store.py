@@ -84,7 +84,6 @@ HAND_OVER_FIRST_WAIT_S: Final = 0.05
 RESTART_POLL_S: Final = 0.01
 # A close() while another thread's runs waits this long for it (every step of a close has its
 # own timeout; the stop's three, the completion thread's join): then it returns anyway.
-CLOSE_WAIT_FOR_ANOTHER_S = 120.0
 _open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
 # Statuses a get answers at or past a queue's end: while dispatch is in flight (reput has
 # handed records on that the queues have not published yet) they are decided again once the
@@ -242,9 +241,8 @@ class MessageStore:
         self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
         self._closed = False
         self._clean_stop = False
-        self._close_lock = threading.Lock()  # one close() does the work
-        self._close_done = threading.Event()  # set once it has
-        self._closing_thread: threading.Thread | None = None  # the close under way
+        self._close_lock = threading.RLock()  # one close() does the work (see close)
+        self._close_running = False  # under way, in the thread holding _close_lock
         self._close_finished = False  # every step ran (a close cut short is resumed by the next)
         self._closed_detail: str | None = None  # why, when not closed by close() (a fork's child)
         self._owner_pid = os.getpid()
@@ -296,26 +294,26 @@ class MessageStore:
         runs, at once). A close cut short by a KeyboardInterrupt or SystemExit raises it and
         leaves the store closed to calls; the next close() (the exit handler's too) finishes
         the stop from where it was cut."""
-        with self._close_lock:
-            self._closed = True
-            mine = not self._close_finished and self._closing_thread is None
-            if mine:
-                self._closing_thread = threading.current_thread()
-                self._close_done.clear()
-            closing = self._closing_thread
-        if not mine:
-            # Not from a thread the first close waits for (itself; a done-callback on the
-            # completion thread, which it joins): each would wait for the other.
-            here = threading.current_thread()
-            if closing is not None and here is not closing and not self._puts.on_completion_thread():
-                self._close_done.wait(CLOSE_WAIT_FOR_ANOTHER_S)
+        self._closed = True  # calls are refused from here on
+        if self._close_finished:
             return self._clean_stop
-        try:
-            return self._close()
-        finally:
-            with self._close_lock:
-                self._closing_thread = None
-            self._close_done.set()
+        # A done-callback on the completion thread while the close joins that thread: waiting
+        # for the close would deadlock (each would wait for the other).
+        if self._close_running and self._puts.on_completion_thread():
+            return self._clean_stop
+        # One close at a time: a close() from another thread waits for the one under way (then
+        # finds it finished, or finishes it if that one was cut short), so that the store is free
+        # when it returns. A `with` on a reentrant lock and a flag set and cleared with no call
+        # between: no interruption can leave them claiming a close that is not under way (an
+        # Event and a thread field could: review 28).
+        with self._close_lock:
+            if self._close_finished or self._close_running:  # finished meanwhile, or reentered from the close
+                return self._clean_stop
+            self._close_running = True
+            try:
+                return self._close()
+            finally:
+                self._close_running = False
 
     def _close(self) -> bool:
         """The close's steps in order. One that fails is logged and the close goes on: before,
@@ -366,8 +364,10 @@ class MessageStore:
     @property
     def actor_ref(self) -> pykka.ActorRef[Any]:
         """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe. Follows the
-        supervised gateway across its restarts; a tell while it restarts raises ActorDeadError."""
+        supervised gateway across its restarts; a tell while it restarts raises ActorDeadError.
+        StoreClosedError once closed, or once the supervisor gave up (nothing answers then)."""
         self._check_open()
+        self._check_not_failed()
         return self._actor_ref
 
     def _check_open(self) -> None:
@@ -918,8 +918,11 @@ class MessageStore:
         self.offsets.commit(group, topic, queue_id, offset)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        """The committed offset, or -1 if `group` never committed one there."""
+        """The committed offset, or -1 if `group` never committed one there. The same types as
+        commit_offset (an Enum member answered -1, "never committed": review 28)."""
         self._check_open()
+        check_str("group", group)
+        _check_queue(topic, queue_id)
         return self.offsets.query(group, topic, queue_id)
 
     def persist_offsets(self) -> None:
@@ -1086,6 +1089,7 @@ class MessageStore:
         self._check_open()
         if not isinstance(subscriber, pykka.ActorRef) and not callable(subscriber):
             raise TypeError(f"subscriber must be an actor ref or a callable, not {type(subscriber).__name__}")
+        self._check_not_failed()  # nothing is dispatched again: a silent subscription would wait for good
         if topic is not None:
             check_str("topic", topic, "a str or None")
         if queue_id is not None:

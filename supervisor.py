@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import pykka
@@ -262,9 +262,8 @@ class _Wake:
 _WAKE = _Wake()
 
 
-@dataclass
 class _Stop:
-    done: threading.Event = field(default_factory=threading.Event)
+    """Asks the supervisor's thread to shut the store down (its end is `Supervisor._shut_down`)."""
 
 
 class Supervisor:
@@ -303,7 +302,7 @@ class Supervisor:
         self.store_host = codec.HostAddress.parse(config.store_host)
         self._specs = [spec for spec in TREE if spec.enabled(config) and (spec.name != "gateway" or backend is not None)]
         self._events: queue.Queue[Any] = queue.Queue()
-        self._stop_requested: _Stop | None = None  # the one stop request (stop)
+        self._shut_down = threading.Event()  # set once the thread ran its shutdown (stop)
         self.ctx = ActorContext(
             config=config,
             fs=self.fs,
@@ -400,13 +399,13 @@ class Supervisor:
             return self.state is SupervisorState.STOPPED
         if self.state is SupervisorState.FAILED:
             return False
-        # One stop: a stop() again after the first one's wait was cut short (a Ctrl-C in the
-        # store's close) waits for that one, not for a second request nobody takes.
-        if self._stop_requested is None:
-            self._stop_requested = _Stop()
-            self._events.put(self._stop_requested)
+        # Each stop() asks, and waits for the thread's shutdown, not for its own request: a
+        # stop() again after one cut short (a Ctrl-C in the store's close, before or after its
+        # request was queued) waits for whichever request the thread took first; the others
+        # are never taken, harmlessly.
+        self._events.put(_Stop())
         if threading.current_thread() is not self._thread:
-            self._stop_requested.done.wait(STOP_TIMEOUT_S * 3)
+            self._shut_down.wait(STOP_TIMEOUT_S * 3)
         return self.clean_stop
 
     clean_stop = False
@@ -424,8 +423,10 @@ class Supervisor:
             except queue.Empty:
                 event = None
             if isinstance(event, _Stop):
-                self._shutdown()
-                event.done.set()
+                try:
+                    self._shutdown()
+                finally:
+                    self._shut_down.set()
                 return
             if isinstance(event, ChildFailed):
                 if not self._handle_failure(event):

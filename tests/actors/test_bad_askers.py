@@ -5,6 +5,7 @@ every later put SERVICE_NOT_AVAILABLE)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +122,10 @@ def test_a_reply_target_or_subscriber_whose_tell_raises_restarts_nothing(tmp_pat
     """Review 27 finding 2: only ActorDeadError was caught where a store actor tells the
     host's ref. Any other error crashed the gateway reader (Get, Query), the gateway itself (a
     refused request's error) or reput (a subscriber, at every dispatch to its topic), and a
-    dozen such requests stopped the whole store. Now the answer is dropped with a log line (a
-    subscriber is unsubscribed) and the store carries on."""
+    dozen such requests stopped the whole store. A ref of the host's own class is told on the
+    blocking-tells listener now (its tell may block too); there its error is logged, the
+    answer dropped and a subscriber unsubscribed (review 28: it stayed subscribed, and failed
+    at every dispatch)."""
     from mqstore.messages import Query, Subscribe
 
     target = _Quiet.start()
@@ -145,6 +148,11 @@ def test_a_reply_target_or_subscriber_whose_tell_raises_restarts_nothing(tmp_pat
             assert len(store.get("t", 0, 0, 32).messages) == 13
             assert store.flush() is None
             assert store.supervisor.restarts == [] and store.running
+            if request_kind == "subscribe":
+                deadline = time.monotonic() + TIMEOUT_S
+                while ref in store._subscriptions.subscribers() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert ref not in store._subscriptions.subscribers()
     finally:
         target.stop()
 
@@ -218,6 +226,11 @@ def test_a_host_actor_slow_to_take_its_answers_blocks_nothing_of_the_store(tmp_p
             got = store.get("t", 0, 0, 64)
             assert len(got.messages) == 20 + (8 if told_by == "reput" else 0)
             assert time.monotonic() - started < TIMEOUT_S / 2
+            # Nor a reply callback, of this store or another (review 28: they shared one listener).
+            answered = threading.Event()
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1,
+                                     reply=Reply(callback=lambda answer: answered.set())))  # fmt: skip
+            assert answered.wait(TIMEOUT_S / 2), "a reply callback waited behind the stuck actor"
             release.set()
             expected = 8 if told_by == "writer" else 1  # (arrivals are told per dispatch batch)
             deadline = time.monotonic() + TIMEOUT_S

@@ -8,12 +8,15 @@ lands, and the next close() finishes it."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any
+
 import pytest
 
 import mqstore
 from mqstore import Message, StoreClosedError
-from mqstore import supervisor as supervisor_module
 from mqstore.supervisor import SupervisorState
 
 
@@ -52,30 +55,60 @@ def test_a_ctrl_c_in_the_close_before_the_stop_is_finished_by_the_next_close(tmp
     _everything_kept(tmp_path / "s")
 
 
-def test_a_ctrl_c_during_the_stops_wait_is_finished_by_the_next_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second close waits for the stop already asked for, not for a second request that
-    the supervisor's thread, gone after the first, would never take."""
+@pytest.mark.parametrize("where", ["before_the_request_is_queued", "during_the_wait"])
+def test_a_ctrl_c_in_the_supervisors_stop_is_finished_by_the_next_close(tmp_path: Path, where: str) -> None:
+    """Review 28: with one stop request kept for a second stop() to wait on, a Ctrl-C after it
+    was recorded but before it was queued left the next close waiting 30 s for a request never
+    taken, then finished with every actor running. Every stop() now queues its own and waits
+    for the thread's shutdown, whichever request it took."""
     store = _filled(tmp_path / "s")
-    waits = [0]
+    supervisor = store.supervisor
+    patched = {"before_the_request_is_queued": (supervisor._events, "put"), "during_the_wait": (supervisor._shut_down, "wait")}
+    target, name = patched[where]
+    real = getattr(target, name)
 
-    class InterruptedOnce(supervisor_module._Stop):
-        def __init__(self) -> None:
-            super().__init__()
-            real_wait = self.done.wait
+    def interrupted_once(*args: Any, **kwargs: Any) -> Any:
+        setattr(target, name, real)
+        raise KeyboardInterrupt
 
-            def wait(timeout: float | None = None) -> bool:
-                waits[0] += 1
-                if waits[0] == 1:
-                    raise KeyboardInterrupt
-                return real_wait(timeout)
-
-            self.done.wait = wait  # type: ignore[method-assign]
-
-    monkeypatch.setattr(supervisor_module, "_Stop", InterruptedOnce)
+    setattr(target, name, interrupted_once)
     with pytest.raises(KeyboardInterrupt):
         store.close()
+    started = time.monotonic()
     assert store.close() is True
-    assert waits[0] == 2 and store.supervisor.state is SupervisorState.STOPPED
+    assert time.monotonic() - started < 10
+    assert supervisor.state is SupervisorState.STOPPED
+    _everything_kept(tmp_path / "s")
+
+
+def test_a_close_waiting_on_another_threads_close_finishes_it_when_that_one_is_cut_short(tmp_path: Path) -> None:
+    """Review 28: a close() waiting for another thread's close returned False as soon as that
+    one was interrupted, with the store still running."""
+    store = _filled(tmp_path / "s")
+    real = store._stats_ticker.close
+    in_close = threading.Event()
+
+    def interrupted_after_a_while() -> None:
+        store._stats_ticker.close = real  # type: ignore[method-assign]
+        in_close.set()
+        time.sleep(0.3)  # the other thread's close() is waiting by now
+        raise KeyboardInterrupt
+
+    store._stats_ticker.close = interrupted_after_a_while  # type: ignore[method-assign]
+    other: list[bool] = []
+
+    def close_from_another_thread() -> None:
+        in_close.wait(10)
+        other.append(store.close())
+
+    thread = threading.Thread(target=close_from_another_thread)
+    thread.start()
+    with pytest.raises(KeyboardInterrupt):
+        store.close()
+    thread.join(30)
+    assert other == [True]
+    assert store.supervisor.state is SupervisorState.STOPPED
+    assert store.close() is True
     _everything_kept(tmp_path / "s")
 
 

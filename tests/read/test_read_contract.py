@@ -299,3 +299,28 @@ def test_a_get_or_max_offset_after_an_arrival_notice_finds_the_message(open_stor
         assert (got.status, [m.queue_offset for m in got.messages]) == (S.FOUND, [offset]), i
         assert store.max_offset("N", 0) >= event.max_offset
         producer.join()
+
+
+def test_a_store_whose_supervisor_gave_up_refuses_a_subscription_and_its_actor_ref(open_store: Open) -> None:
+    """Review 28: `subscribe()` succeeded silently (nothing is dispatched again) and the
+    actor ref's tells said the gateway was "being restarted"."""
+    store = open_store()
+    store.supervisor._give_up(RuntimeError("an actor kept failing"))
+    for call in (lambda: store.subscribe(print, "T"), lambda: store.actor_ref):
+        with pytest.raises(StoreClosedError, match="supervisor gave up"):
+            call()
+
+
+def test_query_offset_takes_the_types_commit_offset_takes(open_store: Open) -> None:
+    """Review 28: an Enum member or an int as the group or topic answered -1, "never committed"."""
+    import enum
+
+    class Group(str, enum.Enum):
+        G = "g"
+
+    store = open_store()
+    store.commit_offset("g", "T", 0, 5)
+    assert store.query_offset("g", "T", 0) == 5
+    for args in ((Group.G, "T", 0), ("g", 7, 0), ("g", "T", "0")):
+        with pytest.raises(TypeError):
+            store.query_offset(*args)
