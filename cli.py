@@ -24,7 +24,6 @@ import json
 import os
 import re
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
@@ -34,7 +33,7 @@ from .config import ConfigError, StoreConfig
 from .log import configure_logging, get_logger
 from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
-from .storage.commitlog import scan_commitlog_dir
+from .storage.commitlog import scan_commitlog_dir, segment_size_of
 from .storage.consume_queue import iter_cq_units, list_consume_queues
 from .storage.fs import RealFileSystem
 from .storage.index import IndexFile
@@ -277,12 +276,11 @@ _SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
 def segment_layout(directory: Path) -> tuple[list[Path], int]:
     """Every entry of a commitlog directory named as a segment, in offset order, regular file
     or not (the scan lists them all: a tool that left one out met its offsets with no file to
-    name), and the segment size: the length most regular ones have, so one damaged file (an
-    emptied first segment) does not redefine it; 0 when none has data."""
+    name), and the segment size (`segment_size_of`: from the names, so one damaged file does
+    not redefine it)."""
     entries = sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name)), key=lambda p: p.name)
-    sizes = Counter(p.stat().st_size for p in entries if p.is_file())
-    sizes.pop(0, None)
-    return entries, max(sizes, key=lambda size: (sizes[size], size)) if sizes else 0
+    lengths = [p.stat().st_size for p in entries if p.is_file()]
+    return entries, segment_size_of([int(p.name) for p in entries], lengths)
 
 
 def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
@@ -319,11 +317,13 @@ def dump_commitlog(directory: Path, *, max_message_size_bytes: int) -> Iterator[
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
     files, segment_size = segment_layout(directory)
-    if not files or segment_size == 0:
+    if not files:
         return
     for path in files:
         if not path.is_file():
             raise CliError(ExitCode.NOT_A_STORE, f"{path} is in the way: a commitlog segment file belongs there")
+    if segment_size == 0:  # a lone segment, emptied: no RocketMQ store has one
+        raise CliError(ExitCode.CORRUPT, f"{files[0]} is 0 bytes: a commitlog segment is never empty")
     starts = [int(p.name) for p in files]
     for k, start in enumerate(starts):
         if start != starts[0] + k * segment_size:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import os
 import threading
 import time
 import weakref
@@ -159,6 +160,15 @@ def _complete_while_waiting(future: _PutFuture, timeout: float | None) -> float 
 
 # Guards making a _PutFuture's Condition against completing it without one.
 _CONDITION_MADE = threading.Lock()
+
+
+def _new_condition_guard_in_a_forked_child() -> None:
+    # A thread of the parent may have held it at the fork; that thread does not exist here.
+    global _CONDITION_MADE
+    _CONDITION_MADE = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_condition_guard_in_a_forked_child)
 _PENDING: str = _futures_base.PENDING
 _FINISHED: str = _futures_base.FINISHED
 

@@ -12,6 +12,7 @@ envelopes, refs), so a pykka upgrade is read against one file.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections import deque
@@ -455,6 +456,17 @@ def call_listener(ref: pykka.ActorRef[Any], callback: Callable[[T], object], arg
 
 _shared_lock = threading.Lock()
 _shared: dict[str, pykka.ActorRef[Any]] = {}  # the process's shared listeners, by name
+
+
+def _no_shared_listeners_in_a_forked_child() -> None:
+    # Their threads are the parent's: in a child the refs said alive and nothing ran what was
+    # told to them, so a store the child opened never called a reply callback (review 29).
+    global _shared_lock
+    _shared.clear()
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_no_shared_listeners_in_a_forked_child)
 
 
 def call_soon(callback: Callable[[T], object], argument: T, *, listener: str = "reply-callbacks") -> None:

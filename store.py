@@ -340,9 +340,11 @@ class MessageStore:
         step("pending put futures", self._puts.close)  # after the writer: every future handed out is completed
         self.read_view.close()  # wakes every waiting reader
         self._readers.close()
-        _open_stores.discard(self)
         self._clean_stop = offsets_kept is True and stopped_clean is True and not failed
+        # Finished before it leaves the open stores: a fork between the two finds it one way or
+        # the other, never open and unfinished (its close there waited on the parent's lock).
         self._close_finished = True
+        _open_stores.discard(self)
         return self._clean_stop
 
     def __enter__(self) -> MessageStore:

@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import os
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -223,6 +224,22 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
             segment_dirs(queue_dir, 20, "a ConsumeQueue segment file")
 
 
+def _put_uncut(events: queue.Queue[Any], event: object) -> None:
+    """`events.put(event)` with the main thread's signals held off meanwhile: a Ctrl-C landing
+    inside Queue.put (Python code, under the queue's mutex) left that mutex held for good, and
+    the supervisor's thread, every later close() and the process's exit hung on it (review
+    29). A signal that comes meanwhile is handled as the mask is restored."""
+    if threading.current_thread() is not threading.main_thread():
+        events.put(event)  # (signal handlers run on the main thread only)
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the mask as it is: restored below
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        events.put(event)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _finished(stopped: pykka.Future[bool], timeout: float | None = 0) -> bool:
     """Whether an actor's stop has finished (its on_stop returned); waits up to `timeout`."""
     try:
@@ -403,7 +420,7 @@ class Supervisor:
         # stop() again after one cut short (a Ctrl-C in the store's close, before or after its
         # request was queued) waits for whichever request the thread took first; the others
         # are never taken, harmlessly.
-        self._events.put(_Stop())
+        _put_uncut(self._events, _Stop())
         if threading.current_thread() is not self._thread:
             self._shut_down.wait(STOP_TIMEOUT_S * 3)
         return self.clean_stop

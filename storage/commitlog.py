@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import math
 import os
 import struct
 from collections.abc import Generator, Iterator, Sequence
@@ -1217,6 +1218,23 @@ class CommitLogReader:
                 return
 
 
+def segment_size_of(starts: list[int], lengths: list[int]) -> int:
+    """A commitlog directory's segment size from its segments' names (their start offsets,
+    ascending) and the lengths of the regular files among them. The names say it exactly:
+    consecutive starts differ by one segment, or a multiple where one is missing (their gcd;
+    the files' one length where they all agree and it divides that). With a single segment,
+    its length (0 if it is empty: no size to read anything by). A cut, emptied or
+    grown file does not redefine it, as a first file's or the commonest length did (review 29)."""
+    steps = [b - a for a, b in zip(starts, starts[1:]) if b > a]
+    if not steps:
+        return max(lengths, default=0)
+    size = math.gcd(*steps)
+    agreed = set(lengths)
+    if len(agreed) == 1 and (length := agreed.pop()) > 0 and size % length == 0:
+        return length  # every file says so, and the names allow it: two segments around a hole
+    return size
+
+
 def scan_commitlog_dir(
     path: str,
     *,
@@ -1242,7 +1260,8 @@ def scan_commitlog_dir(
     if not names:
         return
     if segment_size is None:
-        segment_size = fs.getsize(os.path.join(path, names[0]))
+        lengths = [fs.getsize(os.path.join(path, n)) for n in names if fs.isfile(os.path.join(path, n))]
+        segment_size = segment_size_of([int(n) for n in names], lengths)
     max_message_size = max_record_size(segment_size, max_message_size)
     for name in names:
         start = int(name)

@@ -17,6 +17,7 @@ import os
 import struct
 import sys
 import threading
+import weakref
 from typing import Final
 
 from mqstore.log import get_logger
@@ -35,12 +36,27 @@ _held: set[tuple[int, str]] = set()
 _held_guard = threading.Lock()
 
 
+_holding: "weakref.WeakSet[StoreLock]" = weakref.WeakSet()  # the locks with an open descriptor
+
+
 def _none_held_in_a_forked_child() -> None:
     # The parent's locks are the parent's: a child's open of its store is "started by another
-    # process", not "in this process" (the record lock, per process, says the same).
+    # process", not "in this process" (the record lock, per process, says the same). Their
+    # descriptors are closed here: an open file description's lock (OFD) lasts while any
+    # descriptor of it is open, so a child outliving a killed parent kept the store locked
+    # until it ended (review 29). The parent's own descriptors keep its locks.
     global _held_guard
     _held.clear()
     _held_guard = threading.Lock()  # (a thread of the parent may have held it at the fork)
+    for lock in list(_holding):
+        if lock._fd is not None:
+            try:
+                os.close(lock._fd)
+            except OSError:
+                pass
+            lock._fd = None
+        lock._key = None
+    _holding.clear()
 
 
 os.register_at_fork(after_in_child=_none_held_in_a_forked_child)
@@ -131,6 +147,8 @@ class StoreLock:
                 _held.discard(key)
             raise
         self._key = key
+        if self._fd is not None:
+            _holding.add(self)
         log.info("store_lock_acquired", path=self.path)
 
     def _lock_real(self) -> int:
@@ -165,6 +183,7 @@ class StoreLock:
         """Unlock and close; the file stays (RocketMQ never deletes it). Idempotent."""
         if self._key is None:
             return
+        _holding.discard(self)
         try:
             if self._fd is not None:
                 try:

@@ -173,7 +173,11 @@ def _inspect_commitlog(
     if not directory.is_dir():
         return out, {}, problems
     files, segment_size = segment_layout(directory)
-    if not files or segment_size == 0:
+    if not files:
+        return out, {}, problems
+    if segment_size == 0:  # a lone segment, emptied (or not a file): no RocketMQ store has one
+        problems.append(_problem("segment_size", DAMAGED, f"{files[0]} holds no bytes: a commitlog segment is never "
+                                 "empty", file=str(files[0]), commitlog_offset=int(files[0].name)))  # fmt: skip
         return out, {}, problems
     out["segment_size"] = segment_size
     out["min_offset"] = int(files[0].name)

@@ -157,3 +157,26 @@ def test_a_group_or_topic_that_cannot_be_written_is_refused_when_committed(tmp_p
     store.persist_offsets()
     assert store.close() is True
     _everything_kept(tmp_path / "s")
+
+
+def test_the_stop_request_is_queued_with_the_main_threads_signals_held_off(tmp_path: Path) -> None:
+    """Review 29: a Ctrl-C landing inside the Queue.put of the stop request (Python code, under
+    the queue's mutex) left that mutex held: the supervisor's thread, every later close() and the
+    exit hung on it for good. The put runs with the main thread's signals blocked; a signal that
+    comes meanwhile is handled once the mask is restored."""
+    import signal
+
+    store = _filled(tmp_path / "s")
+    events = store.supervisor._events
+    real_put = events.put
+    seen: list[tuple[str, bool]] = []
+
+    def put(item: Any, *args: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            seen.append((type(item).__name__, signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())))
+        real_put(item, *args, **kwargs)
+
+    events.put = put  # type: ignore[method-assign]
+    assert store.close() is True
+    assert ("_Stop", True) in seen, seen
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())  # restored

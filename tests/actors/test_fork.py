@@ -85,3 +85,59 @@ def test_a_forked_child_finds_the_parents_store_closed_at_once_and_the_parent_ca
         assert store.close()
     with mqstore.open(tmp_path / "s") as again:
         assert [m.body for m in again.get("t", 0, 0, 32).messages] == [b"parent 0", b"parent 1"]
+
+
+def test_a_forked_child_runs_the_reply_callbacks_of_a_store_it_opens_itself(tmp_path: Path) -> None:
+    """Review 29: the process's shared listeners were the parent's refs in the child, alive by
+    their flag with no thread behind them: a store the child opened (as the error advises)
+    never ran a reply callback, with no error and no timeout."""
+    import threading
+
+    from mqstore.messages import Get, Reply
+
+    with mqstore.open(tmp_path / "parent") as store:
+        answered = threading.Event()
+        store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(callback=lambda a: answered.set())))
+        assert answered.wait(10)  # the shared listener runs in the parent now
+
+        def child() -> dict[str, Any]:
+            with mqstore.open(tmp_path / "child") as own:
+                called = threading.Event()
+                own.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(callback=lambda a: called.set())))
+                return {"called": called.wait(5)}
+
+        assert _in_a_child(child) == {"called": True, "exit_s": pytest.approx(0, abs=10)}
+
+
+PARENT_KILLED_WITH_A_CHILD = """
+import os, signal, sys, time
+import mqstore
+store = mqstore.open(sys.argv[1])
+assert store.put(mqstore.Message("t", b"acknowledged")).ok
+if os.fork() == 0:
+    time.sleep(30)  # a worker outliving its master
+    os._exit(0)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_forked_child_outliving_a_killed_parent_does_not_keep_the_store_locked(tmp_path: Path) -> None:
+    """Review 29: the child kept the parent's lock descriptor; the lock (on the open file
+    description) lasted while the child lived, and a restarted host got StoreLockedError until
+    every old worker ended. The child closes its copies at the fork."""
+    import subprocess
+
+    import psutil
+
+    root = tmp_path / "s"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    subprocess.run([sys.executable, "-c", PARENT_KILLED_WITH_A_CHILD, str(root)], timeout=60)
+    workers = [p for p in psutil.process_iter(["cmdline"]) if PARENT_KILLED_WITH_A_CHILD[:20] in " ".join(p.info["cmdline"] or [])
+               and p.pid not in before]  # fmt: skip
+    try:
+        assert workers, "the forked worker should still be alive"
+        with mqstore.open(root) as again:  # the parent was killed: a crash recovery, not a lock error
+            assert [m.body for m in again.get("t", 0, 0).messages] == [b"acknowledged"]
+    finally:
+        for worker in workers:
+            worker.kill()

@@ -1,0 +1,30 @@
+"""The segment size of a commitlog directory, for the tools that read one without the store
+(dump, inspect, verify, the scan's default): from the segments' names, so one cut, emptied or
+grown file does not redefine it (review 29: the first file's or the commonest length did, and
+two cut segments out of three made dump read nothing and verify blame the intact one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqstore.storage.commitlog import segment_size_of
+
+S = 65536
+
+
+@pytest.mark.parametrize(
+    ("starts", "lengths", "size"),
+    [
+        ([0, S, 2 * S], [S, S, S], S),
+        ([0, S, 2 * S], [S, 4096, 4096], S),  # two cut segments outnumber the intact one
+        ([0, S, 2 * S], [S + 4096, S, S], S),  # the first grown by a stray append
+        ([0, S, 2 * S], [0, S, S], S),  # the first emptied
+        ([3 * S, 4 * S, 6 * S], [S, S, S], S),  # cleaned from the front, a hole further on
+        ([0, 2 * S], [S, S], S),  # two segments around a hole: the files agree
+        ([0], [S], S),  # a lone segment: its length
+        ([0], [0], 0),  # a lone segment, emptied: no size to read anything by
+        ([0], [], 0),  # a lone entry that is not a file
+    ],
+)
+def test_the_segment_size_comes_from_the_names(starts: list[int], lengths: list[int], size: int) -> None:
+    assert segment_size_of(starts, lengths) == size
