@@ -432,7 +432,7 @@ class Supervisor:
         due = {spec.name: 0 for spec in self._specs if spec.tick_interval_ms(self.config)}
         due[_HOOKS] = 0
         ticker = self.ticker
-        while True:
+        while self.state is not SupervisorState.FAILED:  # (given up from another thread too: no more ticks)
             now = ticker.now_ms()
             wait_ms = min((t - now for t in due.values()), default=1000)
             try:

@@ -282,3 +282,21 @@ def test_a_pass_recorded_at_once_counts_as_its_puts_one_by_one() -> None:
     assert at_once.snapshot() == one_by_one.snapshot()
     assert at_once.snapshot()["put_message_status_times"] == {"PUT_OK": 4, "MESSAGE_ILLEGAL": 1,
                                                                 "FLUSH_DISK_TIMEOUT": 1, "TimeoutError": 1}  # fmt: skip
+
+
+def test_a_supervisor_given_up_from_another_thread_ticks_no_hook_again(tmp_path: Path, fast_ticker: None) -> None:
+    """The supervisor's thread ended when it gave up itself, but one given up from elsewhere
+    went on running the tick hooks (the stats snapshot, the offsets) after its lock was given
+    up: the CI run saw a test's stats ticker writing into a later test's log."""
+    calls: list[int] = []
+    with mqstore.open(tmp_path / "s") as store:
+        store.supervisor.ctx.on_tick_ms.append(calls.append)
+        wait_for(lambda: len(calls) >= 2)
+        store.supervisor._give_up(RuntimeError("an actor kept failing"))  # noqa: SLF001
+        thread = store.supervisor._thread  # noqa: SLF001
+        assert thread is not None
+        thread.join(5)
+        assert not thread.is_alive()
+        seen = len(calls)
+        time.sleep(0.2)  # ten hook intervals
+        assert len(calls) == seen
