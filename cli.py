@@ -33,7 +33,7 @@ from .config import ConfigError, StoreConfig
 from .log import configure_logging, get_logger
 from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
-from .storage.commitlog import scan_commitlog_dir, segment_size_of
+from .storage.commitlog import scan_commitlog_dir, segment_size_in
 from .storage.consume_queue import iter_cq_units, list_consume_queues
 from .storage.fs import RealFileSystem
 from .storage.index import IndexFile
@@ -276,11 +276,10 @@ _SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
 def segment_layout(directory: Path) -> tuple[list[Path], int]:
     """Every entry of a commitlog directory named as a segment, in offset order, regular file
     or not (the scan lists them all: a tool that left one out met its offsets with no file to
-    name), and the segment size (`segment_size_of`: from the names, so one damaged file does
-    not redefine it)."""
+    name), and the segment size (`storage.commitlog.segment_size_of`: from the names, so one
+    damaged file does not redefine it)."""
     entries = sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name)), key=lambda p: p.name)
-    lengths = [p.stat().st_size for p in entries if p.is_file()]
-    return entries, segment_size_of([int(p.name) for p in entries], lengths)
+    return entries, segment_size_in(RealFileSystem(), str(directory), [p.name for p in entries])
 
 
 def commitlog_row(rec: MessageRecord) -> dict[str, Any]:

@@ -19,8 +19,8 @@ crashed or the store closed), never exceptions set on the future.
 from __future__ import annotations
 
 import collections
-import queue
 import os
+import queue
 import threading
 import time
 import weakref

@@ -82,8 +82,7 @@ HAND_OVER_FIRST_WAIT_S: Final = 0.05
 # How often `flush` looks for the next incarnation of an actor being restarted (a rare wait,
 # bounded by the reply timeout; the supervisor publishes no event for it).
 RESTART_POLL_S: Final = 0.01
-# A close() while another thread's runs waits this long for it (every step of a close has its
-# own timeout; the stop's three, the completion thread's join): then it returns anyway.
+# The stores this process has open and not finished closing (the exit handler and the fork hook).
 _open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
 # Statuses a get answers at or past a queue's end: while dispatch is in flight (reput has
 # handed records on that the queues have not published yet) they are decided again once the

@@ -1235,6 +1235,12 @@ def segment_size_of(starts: list[int], lengths: list[int]) -> int:
     return size
 
 
+def segment_size_in(fs: FileSystem, path: str, names: list[str]) -> int:
+    """`segment_size_of` for the segments `names` (ascending) in directory `path`."""
+    lengths = [fs.getsize(os.path.join(path, n)) for n in names if fs.isfile(os.path.join(path, n))]
+    return segment_size_of([int(n) for n in names], lengths)
+
+
 def scan_commitlog_dir(
     path: str,
     *,
@@ -1260,8 +1266,7 @@ def scan_commitlog_dir(
     if not names:
         return
     if segment_size is None:
-        lengths = [fs.getsize(os.path.join(path, n)) for n in names if fs.isfile(os.path.join(path, n))]
-        segment_size = segment_size_of([int(n) for n in names], lengths)
+        segment_size = segment_size_in(fs, path, names)
     max_message_size = max_record_size(segment_size, max_message_size)
     for name in names:
         start = int(name)

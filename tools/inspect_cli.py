@@ -184,11 +184,12 @@ def _inspect_commitlog(
     segments: dict[int, dict[str, Any]] = {}
     for k, path in enumerate(files):
         start = int(path.name)
-        if not path.is_file():  # (the scan reports it as a segment it cannot read, below)
+        regular = path.is_file()
+        if not regular:  # (the scan reports it as a segment it cannot read, below)
             problems.append(_problem("segment_not_a_file", DAMAGED, f"{path} is in the way: a commitlog segment file "
                                      "belongs there", file=str(path), commitlog_offset=start))  # fmt: skip
-        size = path.stat().st_size if path.is_file() else 0
-        allocated, _ = disk_allocated_bytes_of(path) if path.is_file() else (0, 0)
+        size = path.stat().st_size if regular else 0
+        allocated, _ = disk_allocated_bytes_of(path) if regular else (0, 0)
         seg: dict[str, Any] = {"file": path.name, "path": str(path), "start_offset": start, "size": size, "allocated_bytes": allocated,
                "messages": 0, "used_bytes": 0, "end": None}  # fmt: skip
         segments[start] = seg

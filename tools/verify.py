@@ -36,7 +36,7 @@ from typing import Final, Iterator, NamedTuple
 from ..config import StoreConfig
 from ..storage import codec
 from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
-from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_of
+from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import FileSystem, RealFileSystem
 from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
@@ -168,8 +168,7 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
         return records
     # From the names, not the first file's length: an emptied or cut first segment would
     # redefine every segment's extent (a FIFO or directory there has no length of use).
-    lengths = [fs.getsize(os.path.join(directory, n)) for n in names if fs.isfile(os.path.join(directory, n))]
-    segment = segment_size_of([int(n) for n in names], lengths) or cfg.mapped_file_size_commitlog_bytes
+    segment = segment_size_in(fs, directory, names) or cfg.mapped_file_size_commitlog_bytes
     starts = [int(n) for n in names]
     for k, start in enumerate(starts):
         if start != starts[0] + k * segment:

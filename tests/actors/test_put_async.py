@@ -415,6 +415,8 @@ def test_a_done_callback_that_waits_on_another_put_async_future_gets_its_result(
             entered.wait(0.05)
         assert answered.wait(15), "a done-callback waiting on another put's future never got its result"
         assert inner[0].ok
+        # Put from the completion thread, not this one: this thread reads it once dispatched.
+        assert store.wait_for_messages("orders", 0, inner[0].queue_offset, 10)
         got = store.get("orders", 0, inner[0].queue_offset, 1)
         assert got.found and got.messages[0].body == b"inner"
 
