@@ -339,12 +339,13 @@ class CommitLog:
         """Why puts are refused ("" when they are not): a missing or wrong-sized segment. The
         writer never writes over or beyond one; `mqstore recover` makes the log whole."""
         holes = self.mapped_file_queue.holes()
-        if not holes:
-            return ""
-        ranges = ", ".join(f"{start + self.short_valid_ends.get(start, 0)}..{end}" for start, end in holes)
         damaged = self.mapped_file_queue.damaged_files
-        what = f"; wrong-sized segments: {', '.join(damaged)}" if damaged else ""
-        return f"commitlog has holes at offsets {ranges}{what}; run `mqstore recover` to make it whole"
+        if not holes and not damaged:
+            return ""
+        # A wrong-sized file below the first loaded one is no hole between files, but damage all the same.
+        what = [f"holes at offsets {', '.join(f'{a + self.short_valid_ends.get(a, 0)}..{b}' for a, b in holes)}"] if holes else []
+        what += [f"wrong-sized segments: {', '.join(damaged)}"] if damaged else []
+        return f"commitlog has {'; '.join(what)}; run `mqstore recover` to make it whole"
 
     # put path (§6.4, §6.7) ------------------------------------------------------------------
     def put_message(self, record: EncodedRecords, now_ms: int) -> PutMessageResult:

@@ -25,6 +25,7 @@ from ..config import (
     StoreConfigMismatch,
 )
 from ..log import get_logger
+from .commitlog import segment_size_in
 from .fs import FileSystem
 from .index import HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, read_index_header
 
@@ -91,14 +92,21 @@ def _common_size(fs: FileSystem, paths: list[str], odd: list[str]) -> int | None
 
 
 def _commitlog_segment_size(fs: FileSystem, directory: str, odd: list[str]) -> int | None:
+    """The segment size the segments' names say (`segment_size_in`, the one rule the tools use
+    too); a file of another length is damage. The commonest length would let cut files
+    outvote intact ones, and made an intact later segment "odd": its acknowledged messages
+    went unserved until `recover` (review 29)."""
     paths = _digit_files(fs, directory, 20)
-    size = _common_size(fs, paths, odd)
-    if size is not None and size < MIN_COMMITLOG_SEGMENT_BYTES:  # no geometry: a cut file
-        odd.extend(p for p in paths if p not in odd)
+    if not paths:
         return None
-    if size is not None:
+    size = segment_size_in(fs, directory, [os.path.basename(p) for p in paths])
+    if size < MIN_COMMITLOG_SEGMENT_BYTES:  # no geometry: a cut or emptied single file
+        odd.extend(paths)
+        return None
+    for p in paths:
         # Segments start at multiples of the size (named by their first offset, §2.4).
-        odd.extend(p for p in paths if p not in odd and int(os.path.basename(p)) % size)
+        if not fs.isfile(p) or fs.getsize(p) != size or int(os.path.basename(p)) % size:
+            odd.append(p)
     return size
 
 

@@ -245,3 +245,45 @@ def test_a_segment_of_another_size_is_damage_reported_not_a_geometry(tmp_path: P
     assert geometry.commitlog_segment_bytes == MiB
     assert geometry.odd_files == (str(commitlog / f"{2 * MiB:020d}"),)
     assert _files(tmp_path) == before  # detection reads only
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [(4096, 8192), (8192, 4096, 4096), (12288, 8192)],
+    ids=["first-cut-tie", "cut-files-outnumber", "first-grown-tie"],
+)
+def test_the_segment_size_comes_from_the_names_not_the_commonest_length(
+    tmp_path: Path, lengths: tuple[int, ...]
+) -> None:
+    commitlog = tmp_path / "commitlog"
+    commitlog.mkdir()
+    for i, length in enumerate(lengths):
+        (commitlog / f"{i * 8192:020d}").write_bytes(b"\1" * length)
+    geometry = detect_geometry(RealFileSystem(), StoreConfig(store_path_root_dir=str(tmp_path)))
+    assert geometry.commitlog_segment_bytes == 8192
+    assert geometry.odd_files == tuple(
+        str(commitlog / f"{i * 8192:020d}") for i, length in enumerate(lengths) if length != 8192
+    )
+
+
+def test_a_cut_first_segment_does_not_hide_the_intact_one_after_it(tmp_path: Path) -> None:
+    """Review 29 F6: the commonest length (a tie: the first file's) made the cut first segment
+    the geometry and the intact second one damage; its acknowledged messages went unserved."""
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=8192, **FAST) as store:
+        while store.max_offset("T", 0) < 75:
+            assert store.put(mqstore.Message("T", b"b" * 100)).ok
+        in_second = [r for r in _all_messages(store, "T") if 8192 <= r.commitlog_offset < 16384]
+    segments = sorted((root / "commitlog").iterdir())
+    for extra in segments[2:]:
+        extra.unlink()
+    with segments[0].open("r+b") as f:
+        f.truncate(4096)
+    before = _files(root)
+    with mqstore.open(root, **FAST) as store:
+        assert store.config.mapped_file_size_commitlog_bytes == 8192
+        served = {r.commitlog_offset: r.body for r in _all_messages(store, "T")}
+        assert in_second and all(served.get(r.commitlog_offset) == r.body for r in in_second)
+        refused = store.put(mqstore.Message("T", b"after"))
+        assert not refused.ok and segments[0].name in (refused.detail or "")  # degraded: says why
+    assert _files(root) == before
