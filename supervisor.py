@@ -169,6 +169,11 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     _refuse_what_is_in_the_way_of_segments(fs, cfg)
 
 
+def data_directories(cfg: StoreConfig) -> tuple[str, ...]:
+    """The directories a store writes into beside its root (`StoreLock.claim_directories`)."""
+    return (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir, cfg.config_dir)
+
+
 def _refuse_if_shared(fs: FileSystem, path: str) -> None:
     """StoreDirectoryError for a file the store writes in place (a commitlog segment, a
     ConsumeQueue or index file, the checkpoint, the lock) that is a symbolic link or has
@@ -215,13 +220,28 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
             if codec.is_topic_name(topic):
                 refuse(topic_dir, f"the ConsumeQueue directory of topic {topic}")
             continue
+        _refuse_linked_directory(fs, topic_dir, f"topic {topic}")
         for name in fs.listdir(topic_dir):
             if not name.isdigit() or name != str(int(name)) or int(name) > 0x7FFFFFFF:
                 continue  # not a queue id's own spelling: skipped by loading too
             queue_dir = os.path.join(topic_dir, name)
             if not fs.isdir(queue_dir):
                 refuse(queue_dir, f"the ConsumeQueue directory of {topic}-{name}")
+            _refuse_linked_directory(fs, queue_dir, f"{topic}-{name}")
             segment_dirs(queue_dir, 20, "a ConsumeQueue segment file")
+
+
+def _refuse_linked_directory(fs: FileSystem, path: str, queue: str) -> None:
+    """StoreDirectoryError for a topic's or a queue's ConsumeQueue directory that is a symbolic
+    link: linked into another store, this store's puts wrote that store's queue files over the
+    units of its acknowledged messages (review 28). Too many to hold each with a lock as the
+    store's top directories are (`StoreLock.claim_directories`); those may be links."""
+    if (why := fs.shared_with(path)) is not None:
+        raise StoreDirectoryError(
+            f"{path} is {why}: the ConsumeQueue directory of {queue} must be the store's own (linked into "
+            "another store, this store's puts would write that store's queue files); link the whole "
+            "consumequeue directory instead, or move the link aside, and start again"
+        )
 
 
 def _put_uncut(events: queue.Queue[Any], event: object) -> None:
@@ -370,6 +390,7 @@ class Supervisor:
             try:  # a new store's commitlog/consumequeue/index directories take blocks on ext4
                 for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
                     self.fs.makedirs(path)
+                self._lock.claim_directories(data_directories(cfg))
                 # Refused before any owner changes a byte (settings that disagree with the files).
                 check_geometry(cfg, self.fs)
                 if self.fs.exists(cfg.checkpoint_path):

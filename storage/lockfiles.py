@@ -18,6 +18,7 @@ import struct
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Final
 
 from mqstore.log import get_logger
@@ -49,12 +50,13 @@ def _none_held_in_a_forked_child() -> None:
     _held.clear()
     _held_guard = threading.Lock()  # (a thread of the parent may have held it at the fork)
     for lock in list(_holding):
-        if lock._fd is not None:
+        for fd in ([lock._fd] if lock._fd is not None else []) + lock._directory_fds:
             try:
-                os.close(lock._fd)
+                os.close(fd)
             except OSError:
                 pass
-            lock._fd = None
+        lock._fd = None
+        lock._directory_fds = []
         lock._key = None
     _holding.clear()
 
@@ -121,6 +123,7 @@ class StoreLock:
         self._real = isinstance(fs, RealFileSystem)
         self._key: tuple[int, str] | None = None
         self._fd: int | None = None
+        self._directory_fds: list[int] = []  # flock'd data directories (claim_directories)
 
     @property
     def locked(self) -> bool:
@@ -179,11 +182,52 @@ class StoreLock:
             raise
         return fd
 
+    def claim_directories(self, paths: Sequence[str]) -> None:
+        """Hold each of the store's data directories (that exist) with an exclusive flock for as
+        long as the lock is held. The root's `lock` keeps a second store off the root only: a
+        directory reached from two roots (a symlinked commitlog directory copied with `cp -a`,
+        a ConsumeQueue directory linked into another store) was written by both stores, each
+        at its own end of the log, each over what the other had acknowledged (review 28).
+        StoreLockedError if another store holds one of them; StoreDirectoryError if two of
+        them are one directory. Where the filesystem has no flock (some network filesystems),
+        it is logged and the store goes on as before. Real files only."""
+        if not self._real or self._key is None:
+            return
+        seen: dict[tuple[int, int], str] = {}
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                continue
+            self._directory_fds.append(fd)  # closed by release(), whatever happens next
+            st = os.fstat(fd)
+            if (same := seen.get((st.st_dev, st.st_ino))) is not None:
+                raise StoreDirectoryError(f"{path} and {same} are one directory (through a link); each of the store's "
+                                          "directories must be its own")  # fmt: skip
+            seen[(st.st_dev, st.st_ino)] = path
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    log.warning("cannot lock a store directory (no flock here); not checked for another store",
+                                path=path, error=e.strerror)  # fmt: skip
+                    continue
+                raise StoreLockedError(
+                    f"lock failed: {path} is in use by another store (the same directory, {os.path.realpath(path)}, "
+                    "is reached through a link from another store's root); a directory belongs to one store at a time"
+                ) from e
+
     def release(self) -> None:
         """Unlock and close; the file stays (RocketMQ never deletes it). Idempotent."""
         if self._key is None:
             return
         _holding.discard(self)
+        for fd in self._directory_fds:
+            try:
+                os.close(fd)  # drops its flock
+            except OSError:
+                pass
+        self._directory_fds = []
         try:
             if self._fd is not None:
                 try:

@@ -25,7 +25,7 @@ from ..log import get_logger
 from ..storage.fs import RealFileSystem
 from ..storage.lockfiles import AbortFile, StoreLock, StoreLockedError
 from ..storage.recovery import recover_store
-from ..supervisor import refuse_what_is_in_the_way
+from ..supervisor import data_directories, refuse_what_is_in_the_way
 from .verify import iter_problem_lines, verify_store
 
 __all__ = ["add_subcommands", "run_recover", "run_verify"]
@@ -89,6 +89,14 @@ def run_recover(args: argparse.Namespace) -> int:
         lock.acquire()
     except StoreLockedError as exc:
         raise CliError(ExitCode.LOCKED, f"the store is running: {exc}") from None
+    try:
+        lock.claim_directories(data_directories(cfg))
+    except StoreLockedError as exc:
+        lock.release()
+        raise CliError(ExitCode.LOCKED, str(exc)) from None
+    except BaseException:
+        lock.release()
+        raise
     started = time.monotonic()
     progress, close_bar = _progress_bar(not args.no_progress)
     try:

@@ -120,3 +120,57 @@ def test_a_store_file_that_is_a_symbolic_link_is_refused(tmp_path: Path, which: 
     with pytest.raises(mqstore.StoreDirectoryError, match=f"{path.name} is a symbolic link to {elsewhere}"):
         mqstore.open(root)
     assert (_state(root), hashlib.sha256(elsewhere.read_bytes()).hexdigest()) == before
+
+
+@pytest.mark.parametrize("shared", ["commitlog", "consumequeue", "index", "config"])
+def test_a_directory_reached_from_two_store_roots_is_held_by_one_store_at_a_time(tmp_path: Path, shared: str) -> None:
+    """`cp -a` of a store whose commitlog directory is a link (the usual way to put the log on
+    another disk) copies the link: both stores then wrote one directory, each at its own end of
+    the log, each over what the other had acknowledged (review 28 F9)."""
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    _store(original)
+    _store(copy)
+    if shared == "config":  # the committed consumer offsets' directory
+        for root in (original, copy):
+            with mqstore.open(root, **SMALL) as store:
+                store.commit_offset("g", "t", 0, 3)
+    (copy / shared).rename(tmp_path / "copy-own")
+    (copy / shared).symlink_to(original / shared)
+    with mqstore.open(original, **SMALL) as store:
+        before = _state(original / shared)
+        with pytest.raises(mqstore.StoreLockedError, match=f"{copy / shared} is in use by another store"):
+            mqstore.open(copy, **SMALL)
+        code, message = _recover(copy)
+        assert code == ExitCode.LOCKED and "in use by another store" in message, message
+        assert _state(original / shared) == before  # the refused opens wrote nothing into it
+        assert store.put(Message("t", b"after")).ok  # and it is still the original's
+    with mqstore.open(copy, **SMALL):  # once the original is closed, the link is the copy's to use
+        pass
+
+
+def test_two_of_a_stores_directories_that_are_one_directory_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _store(root)
+    (root / "index").rename(tmp_path / "index-own")
+    (root / "index").symlink_to(root / "consumequeue")
+    before = _state(root / "consumequeue")
+    with pytest.raises(mqstore.StoreDirectoryError, match="are one directory"):
+        mqstore.open(root, **SMALL)
+    assert _state(root / "consumequeue") == before
+
+
+@pytest.mark.parametrize("level", ["topic", "queue"])
+def test_a_consume_queue_directory_linked_into_another_store_is_refused(tmp_path: Path, level: str) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    _store(one)
+    _store(two)
+    linked = two / "consumequeue" / "t" if level == "topic" else two / "consumequeue" / "t" / "0"
+    target = one / linked.relative_to(two)
+    linked.rename(tmp_path / "two-own")
+    linked.symlink_to(target)
+    before = _state(one)
+    with pytest.raises(mqstore.StoreDirectoryError, match=f"{linked} is a symbolic link to {target}"):
+        mqstore.open(two, **SMALL)
+    code, message = _recover(two)
+    assert code == ExitCode.NOT_A_STORE and linked.name in message, message
+    assert _state(one) == before
