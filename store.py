@@ -289,8 +289,8 @@ class MessageStore:
         Returns True if the stop was clean: False too when the committed consumer offsets
         could not be written, or a step of the close failed (logged). Idempotent: a second call
         returns the same, once the first has finished (from another thread: it waits, so that
-        the store is free when it returns; from within the first, e.g. a done-callback it
-        runs, at once). A close cut short by a KeyboardInterrupt or SystemExit raises it and
+        the store is free when it returns). From within the first (a done-callback it runs),
+        it cannot wait for it, and returns False at once: the outcome is not known yet. A close cut short by a KeyboardInterrupt or SystemExit raises it and
         leaves the store closed to calls; the next close() (the exit handler's too) finishes
         the stop from where it was cut."""
         self._closed = True  # calls are refused from here on

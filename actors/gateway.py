@@ -93,8 +93,8 @@ def request_error(request: GatewayRequest) -> Exception | None:
                     return _type_error(f"Put.messages[{i}]", "a Message", message)
                 if type(message.topic) is not str:
                     return _type_error(f"Put.messages[{i}].topic", "a str", message.topic)
-                if not isinstance(message.body, (bytes, bytearray)):
-                    return _type_error(f"Put.messages[{i}].body", "bytes", message.body)
+                if not isinstance(message.body, (bytes, bytearray, memoryview)):  # as `put` takes them
+                    return _type_error(f"Put.messages[{i}].body", "bytes, bytearray or memoryview", message.body)
                 if not _is_int(message.queue_id):
                     return _type_error(f"Put.messages[{i}].queue_id", "an int", message.queue_id)
             if not isinstance(batch, bool):

@@ -116,6 +116,8 @@ def check_message_fields(message: Any) -> None:
     stored as its repr (`tags=b"a"` as the tag "b'a'") or fail deep in the encoder. Text
     fields are exact strs (`check_str`)."""
     check_message_ints(message)
+    if type(message.wait_store_msg_ok) is not bool:  # "no" and None were taken by their truth
+        raise TypeError(f"wait_store_msg_ok must be a bool, not {type(message.wait_store_msg_ok).__name__}")
     check_str("topic", message.topic)
     if message.tags is not None:
         check_str("tags", message.tags, "a str or None")
@@ -367,8 +369,10 @@ class HostAddress:
                 raise ValueError(f"host {text!r} is not ip:port")
             ip, port = ip.strip("[]"), int(port_text)
         ip = str(ipaddress.ip_address(ip))
-        if not 0 <= int(port) <= 0x7FFFFFFF:
-            raise ValueError(f"port {port} out of range")
+        # Java's InetSocketAddress, which RocketMQ's MessageDecoder builds from the record, throws
+        # past 65535: a record with such a port could not be read by RocketMQ's tools.
+        if not 0 <= int(port) <= 0xFFFF:
+            raise ValueError(f"port {port} out of range [0, 65535]")
         return cls(ip, int(port))
 
     @classmethod

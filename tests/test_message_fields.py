@@ -23,6 +23,7 @@ BAD_FIELDS = [
     ("born_host", 5), ("born_host", b"10.0.0.1:9"),
     ("keys", {"k": 1}), ("keys", [b"k"]), ("keys", 7),
     ("properties", [("a", "b")]), ("properties", {"a": 1}), ("properties", {1: "a"}),
+    ("wait_store_msg_ok", "no"), ("wait_store_msg_ok", None),
 ]  # fmt: skip
 
 
@@ -46,6 +47,27 @@ def test_the_types_a_message_takes_are_stored_as_given(tmp_path: Path) -> None:
         got = store.get("t", 0, 0, 2).messages
         assert [(m.tags, m.keys, m.properties.get("p")) for m in got] == [("T", "k1", None), (None, "k2 k3", "v")]
         assert str(got[0].born_host) == "10.0.0.1:9"
+
+
+def test_a_born_host_port_java_cannot_read_back_is_refused(tmp_path: Path) -> None:
+    """RocketMQ's MessageDecoder builds an InetSocketAddress from the record's port, which throws
+    past 65535: such a record could not be read by RocketMQ's tools (review 27)."""
+    with mqstore.open(tmp_path / "s") as store:
+        for put in (store.put, lambda m: store.put_async(m).result(10), lambda m: store.put_batch([m])):
+            with pytest.raises(ValueError, match="port 65536 out of range"):
+                put(Message("t", b"x", born_host="10.0.0.1:65536"))
+        assert store.put(Message("t", b"x", born_host="10.0.0.1:65535")).ok
+        assert str(store.get("t", 0, 0, 1).messages[0].born_host) == "10.0.0.1:65535"
+
+
+def test_a_memoryview_body_is_taken_by_every_way_of_putting(tmp_path: Path) -> None:
+    """`put` took one and the actor protocol's Put refused it (review 27): one rule for both."""
+    with mqstore.open(tmp_path / "s") as store:
+        assert store.put(Message("t", memoryview(b"by put"))).ok
+        waiter = Waiter()
+        store.actor_ref.tell(Put(messages=(Message("t", memoryview(b"by Put")),), reply=Reply(future=waiter)))
+        assert waiter.get(timeout=10).ok
+        assert [m.body for m in store.get("t", 0, 0, 32).messages] == [b"by put", b"by Put"]
 
 
 @pytest.mark.parametrize(
