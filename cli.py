@@ -35,7 +35,7 @@ from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
 from .storage.commitlog import scan_commitlog_dir, segment_size_in
 from .storage.consume_queue import iter_cq_units, list_consume_queues
-from .storage.fs import RealFileSystem
+from .storage.fs import NotARegularFileError, RealFileSystem
 from .storage.index import IndexFile
 from .storage.lockfiles import StoreDirectoryError
 
@@ -112,11 +112,32 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug or an unexpected OS error: a clear line, exit 1
+        if (in_the_way := _in_the_way(exc)) is not None:  # as StoreDirectoryError is, from an open
+            print(f"mqstore {args.command}: {in_the_way}", file=sys.stderr)
+            return ExitCode.NOT_A_STORE
         # The traceback only with -vv: no traceback leaves a command otherwise (issue 19).
         if args.verbose >= 2:
             log.exception("command failed", command=args.command)
         print(f"mqstore {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
+
+
+def _in_the_way(exc: BaseException) -> str | None:
+    """What a command met where one of the store's files belongs (a directory, a FIFO, socket
+    or device, a dangling symbolic link), said as an open's refusal says it; None for another
+    error. Read-only commands read files as they find them and fail at the first such one."""
+    path = getattr(exc, "filename", None)
+    if not isinstance(path, str):
+        return None
+    if isinstance(exc, IsADirectoryError):
+        kind = "a directory"
+    elif isinstance(exc, NotARegularFileError):
+        kind = "not a regular file (a FIFO, socket or device)"
+    elif isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        kind = f"a symbolic link to {os.readlink(path)}, which does not exist"
+    else:
+        return None
+    return f"{path} is {kind} where the store keeps one of its files; move it aside and start again"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -290,6 +290,10 @@ def _inspect_consume_queues(
                                 "bytes": sum(p.stat().st_size for p in files), "min_offset": 0, "max_offset": 0,
                                 "messages": 0, "min_commitlog_offset": None, "max_commitlog_offset": None}  # fmt: skip
         queues.append(info)
+        for p in sorted(qdir.iterdir()):
+            if _digits(p.name, 20) and not p.is_file():  # a directory, FIFO or dangling link: "0 files" said nothing
+                problems.append(_problem("cq_not_a_file", DAMAGED, f"{p} is in the way: a ConsumeQueue file belongs "
+                                         "there", file=str(p), topic=topic, queue_id=queue_id))  # fmt: skip
         if not files:
             continue
         file_size = files[0].stat().st_size

@@ -200,3 +200,28 @@ def test_read_only_commands_name_a_first_segment_that_is_not_one(tmp_path: Path,
         assert str(first) in err or "offset 0: file is 0 bytes" in err, (argv, err)
         assert "Error:" not in err and "position -" not in err, (argv, err)
     assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dangling"])
+def test_read_only_commands_name_what_stands_where_a_consume_queue_file_belongs(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review 26: a bare `IsADirectoryError`, `NotARegularFileError` or `FileNotFoundError` and
+    exit 1 (`inspect`: "healthy", the queue with 0 files); now each names the file, exit 5 as
+    from an open (or 3 from `inspect`: damage found)."""
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536) as store:
+        for i in range(20):
+            assert store.put(mqstore.Message(topic="t", body=b"x", keys=[f"k{i}"])).ok
+    unit_file = root / "consumequeue" / "t" / "0" / ("0" * 20)
+    unit_file.unlink()
+    {"fifo": os.mkfifo, "directory": os.mkdir, "dangling": lambda p: p.symlink_to(tmp_path / "gone")}[kind](unit_file)
+    before = snapshot(root)
+    for argv in (["get", str(root), "--topic", "t", "--queue", "0", "--offset", "0"], ["inspect", str(root)],
+                 ["verify", str(root)]):  # fmt: skip
+        code = main(argv)
+        out, err = capsys.readouterr()
+        expected = (ExitCode.CORRUPT, ExitCode.NOT_A_STORE) if argv[0] == "inspect" else (ExitCode.NOT_A_STORE,)
+        assert code in expected and f"{unit_file} is " in out + err, (argv, code, out, err)
+        assert "Error:" not in err, (argv, err)
+    assert snapshot(root) == before
