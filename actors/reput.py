@@ -48,7 +48,9 @@ READ_CHUNK_BYTES = 4 * 1024 * 1024
 # within DISPATCH_BACKLOG_WAIT_S (a full disk holds their writes) it stops reading ahead, so
 # the log never piles up in their memory. The commitlog is the source of truth: reput reads on
 # from where it stopped once they catch up (checked on its ticks and the writer's notices).
-# At most this many * DISPATCH_BATCH_MAX_RECORDS records wait in memory.
+# At most this many * DISPATCH_BATCH_MAX_RECORDS records wait in memory. The index alone
+# behind (an index file that cannot be made) holds nothing else up: reput goes on for the
+# ConsumeQueues and brings the index its records again from the log as it catches up.
 DISPATCH_BACKLOG_MAX_BATCHES = 32
 DISPATCH_BACKLOG_WAIT_S = 1.0
 _SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
@@ -70,6 +72,10 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._delay_levels = codec.parse_delay_levels(ctx.config.message_delay_level)
         self._awaiting: list[AwaitDispatched] = []
         self._in_flight: deque[int] = deque()  # end offsets of batches handed on, not yet written
+        # The index's own cursor while it is behind the queues (None: it gets every batch the
+        # queues get), and the end offsets of the batches handed to it alone, not yet written.
+        self._index_offset: int | None = None
+        self._index_in_flight: deque[int] = deque()
         self._held_back_since_ms = 0  # the backlog is full: reading ahead waits (0: it is not)
         self._continue_pending = False  # a ContinueDispatch is in the inbox
         # (offset, size) of a whole record larger than READ_CHUNK_BYTES (put under a larger
@@ -147,21 +153,36 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._awaiting = waiting
 
     def _reput(self) -> None:
-        reader = self._reader
-        assert reader is not None
         passes = 0
-        while self._reput_offset < self._max_offset:
+        while True:
             if passes == REPUT_PASS_MAX_BATCHES:
                 self._continue_later()
                 return
-            passes += 1
-            if self._backlog_full():
+            if self._index_offset is not None and self._index_catches_up():
+                passes += 1
+                continue
+            if self._reput_offset >= self._max_offset or self._backlog_full():
                 return
-            offset = self._reput_offset
+            passes += 1
+            read = self._read(self._reput_offset, self._max_offset)
+            if read is None:
+                return
+            requests, next_offset = read
+            if requests is not None:
+                self._dispatch(requests, next_offset)
+            self._reput_offset = next_offset
+
+    def _read(self, offset: int, limit: int) -> tuple[list[DispatchRequest] | None, int] | None:
+        """The dispatch requests of the log from `offset` (below `limit`) and where the next read
+        starts; requests None where there is nothing to dispatch there (quarantined bytes, a
+        cleaned file, a hole: skipped); None where the log is not readable yet."""
+        reader = self._reader
+        assert reader is not None
+        while True:
             segment = offset - offset % self._segment_size
             large = self._large_record
             chunk_bytes = large[1] if large is not None and large[0] == offset else READ_CHUNK_BYTES
-            end = min(self._max_offset, segment + self._segment_size, offset + chunk_bytes)
+            end = min(limit, segment + self._segment_size, offset + chunk_bytes)
             damaged = self._quarantined_from(offset)
             if damaged is not None:
                 if damaged[0] <= offset:
@@ -169,28 +190,25 @@ class ReputMessageService(StoreActor[ReputRequest]):
                     # queue's next unit brings filler units for its queue offsets), whatever
                     # check_crc_on_read says: a reader must never get it.
                     self.log.error("skipping quarantined commitlog bytes", offset=offset, resume=damaged[1])
-                    self._reput_offset = min(damaged[1], self._max_offset)
-                    continue
+                    return None, min(damaged[1], limit)
                 end = min(end, damaged[0])  # decode up to it, then skip it
             # A view into the reader's own map, not a copy (the copy was a fifth of this
             # actor's time); released before anything here can unmap.
             # A short (truncated) segment ends at its valid records: a hole follows, not data.
             end = min(end, reader.readable_until(offset))
-            chunk = reader.view(offset, end - offset, limit=self._max_offset) if end > offset else None
+            chunk = reader.view(offset, end - offset, limit=limit) if end > offset else None
             if chunk is None:
                 first = reader.min_offset()
                 if first > offset:  # the cleaner removed it: continue at the first file left
-                    self._reput_offset = first
-                    continue
+                    return None, min(first, limit)
                 later = reader.next_segment_after(offset)
-                if later is not None and later <= self._max_offset and not reader.has_segment(offset):
+                if later is not None and later <= limit and not reader.has_segment(offset):
                     # A missing or wrong-sized segment (a hole the store opened degraded with):
                     # nothing to dispatch there, and waiting would spin forever.
                     self.log.error("skipping a commitlog hole", offset=offset, resume=later)
-                    self._reput_offset = later
-                    continue
+                    return None, later
                 self.log.warning("commitlog data not readable yet", offset=offset, size=end - offset)
-                return
+                return None
             try:
                 requests, next_offset = self._decode(chunk, offset, segment, end)
             finally:
@@ -198,9 +216,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
             if next_offset == offset and not requests:
                 if self._large_record is not None and self._large_record[0] == offset and chunk_bytes == READ_CHUNK_BYTES:
                     continue  # read it again, whole
-                return  # a partial record at the watermark's edge: wait for more
-            self._dispatch(requests, next_offset)
-            self._reput_offset = next_offset
+                return None  # a partial record at the watermark's edge: wait for more
+            return requests, next_offset
 
     def _larger_than_the_chunk(self, chunk: memoryview, offset: int, segment: int) -> bool:
         """Whether the record at the chunk's start says it is larger than the chunk and fits
@@ -217,8 +234,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
         return False
 
     def _written(self, view: ReadView) -> int:
-        """Below this commitlog offset both dispatchers wrote what they were handed."""
-        if self.config.message_index_enable:
+        """Below this commitlog offset the dispatchers reput hands every batch to wrote them."""
+        if self.config.message_index_enable and self._index_offset is None:
             return min(view.queues_written, view.indexed_end)
         return view.queues_written
 
@@ -240,6 +257,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 written = self._written(view)
                 while in_flight and in_flight[0] <= written:
                     in_flight.popleft()
+        if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES and self._index_left_behind():
+            in_flight = self._in_flight  # the queues' alone, below the bound
         if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES:
             if not self._held_back_since_ms:
                 self._held_back_since_ms = self.ctx.clock_ms() or 1
@@ -253,6 +272,55 @@ class ReputMessageService(StoreActor[ReputRequest]):
                           waited_ms=self.ctx.clock_ms() - self._held_back_since_ms)  # fmt: skip
             self._held_back_since_ms = 0
         return False
+
+    def _index_left_behind(self) -> bool:
+        """With the backlog full and no progress in DISPATCH_BACKLOG_WAIT_S: if the queues have
+        written theirs and only the index is stuck (an index file that cannot be made: EIO,
+        EACCES, a full index directory), leave the index behind, as True. Before, reput
+        stopped reading for the queues too: after 32 batches consumers saw nothing new while
+        every put was acknowledged (review 24). The index keeps what it was handed, and
+        `_index_catches_up` brings it the rest from the log once it writes again."""
+        if self._index_offset is not None or not self.config.message_index_enable:
+            return False
+        view = self.ctx.read_view.view
+        queues_behind = sum(1 for end in self._in_flight if end > view.queues_written)
+        if queues_behind >= DISPATCH_BACKLOG_MAX_BATCHES:
+            return False
+        self._index_offset = self._reput_offset
+        self._index_in_flight = deque(end for end in self._in_flight if end > view.indexed_end)
+        self._in_flight = deque(end for end in self._in_flight if end > view.queues_written)
+        self.log.error("the index is not writing what it was handed: dispatch goes on for the queues; the index "
+                       "is brought the log from here once it writes again", index_from=self._reput_offset,
+                       indexed_end=view.indexed_end, queues_written=view.queues_written)  # fmt: skip
+        return True
+
+    def _index_catches_up(self) -> bool:
+        """One batch of the log, from the index's own cursor, for the index alone; False when
+        there is none to hand on now (its backlog is full, or it is level with the queues:
+        then it gets every batch again)."""
+        assert self._index_offset is not None
+        indexed_end = self.ctx.read_view.view.indexed_end
+        in_flight = self._index_in_flight
+        while in_flight and in_flight[0] <= indexed_end:
+            in_flight.popleft()
+        if len(in_flight) >= DISPATCH_BACKLOG_MAX_BATCHES:
+            return False
+        if self._index_offset >= self._reput_offset:
+            if in_flight:
+                return False  # level, but not yet written: wait (reput's ticks look again)
+            self._index_offset = None
+            self.log.info("the index caught up with the queues", offset=self._reput_offset)
+            return False
+        read = self._read(self._index_offset, self._reput_offset)
+        if read is None:
+            return False
+        requests, next_offset = read
+        next_offset = min(next_offset, self._reput_offset)
+        if requests is not None:
+            in_flight.append(next_offset)
+            self.ctx.tell("index", DispatchBatch(requests=tuple(requests), end_offset=next_offset))
+        self._index_offset = next_offset
+        return True
 
     def _quarantined_from(self, offset: int) -> tuple[int, int] | None:
         """The first quarantined range that holds `offset` or lies after it."""
@@ -331,7 +399,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self.ctx.read_view.publish_dispatched(end_offset)
         self.ctx.tell("consume_queue", batch)
         self.ctx.faults.hit("reput.mid_dispatch")
-        if self.config.message_index_enable:
+        if self.config.message_index_enable and self._index_offset is None:
             self.ctx.tell("index", batch)
         if requests and self.config.long_polling_enable:
             self._notify(requests, end_offset)

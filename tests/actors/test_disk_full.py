@@ -370,9 +370,8 @@ def test_an_index_file_that_cannot_be_made_holds_indexing_instead_of_stopping_th
     creating it). The index actor raised, was restarted, failed again, and the supervisor gave
     up: FAILED, every put refused, though the log was fine (RocketMQ refuses puts too, with
     WRITE_INDEX_FILE_ERROR, until a restart). Now indexing waits, retried on its ticks, the
-    store takes puts, and once a file can be made every key is found. (Its queues are served
-    while reput's backlog of 32 batches lasts: these few puts make fewer batches. Past it,
-    reput waits for the index too, and the queues with it.)"""
+    store takes puts, and once a file can be made every key is found. (Past reput's backlog of
+    32 batches the queues go on without the index: the next test.)"""
     import logging
 
     from mqstore.messages import Tick
@@ -410,6 +409,50 @@ def test_an_index_file_that_cannot_be_made_holds_indexing_instead_of_stopping_th
             assert [m.key_list for m in store.query("T", key).messages] == [[key]], key
     with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:  # and after a reopen
         assert [m.key_list for m in store.query("T", "k500").messages] == [["k500"]]
+
+
+def test_an_index_held_for_long_holds_up_no_queue_and_catches_up_from_the_log() -> None:
+    """Review 24: reput measured its backlog against the slower of the queues and the index.
+    With the index held (no file can be made), after 32 dispatch batches reput stopped reading
+    for the queues too: every put was still PUT_OK, but consumers saw nothing new and each
+    read of a thread that had put waited out its timeout. Now the queues go on, and the index
+    is brought its records again from the log once it writes."""
+    import threading
+
+    from mqstore.messages import Tick
+
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        for i in range(399):  # the first index file's entries, then no file can be made
+            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+        fs.inject_fault("map", path_contains="/index/", err=errno.EIO, count=1_000_000)
+        for i in range(399, 500):  # each its own dispatch batch: far past the backlog of 32
+            assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
+            assert store.get("T", 0, i, 1).messages, i  # read-your-writes: dispatched, by queue
+        seen: list[bool] = []  # a consumer in another thread sees the last one at once too
+        consumer = threading.Thread(target=lambda: seen.append(store.wait_for_messages("T", 0, 499, timeout_s=10)))
+        consumer.start()
+        consumer.join()
+        assert seen == [True] and store.running
+        assert store.stats()["index_behind_bytes"] > 0
+        fs.clear_faults()
+        for _ in range(3):
+            store.supervisor.ctx.tell("index", Tick(now_ms=store.clock_ms()))  # its retry
+            store.supervisor.ctx.tell("reput", Tick(now_ms=store.clock_ms()))  # the index's catch-up
+            store.flush()
+        assert store.stats()["index_behind_bytes"] == 0
+        for key in ("k0", "k398", "k399", "k450", "k499"):
+            assert [m.key_list for m in store.query("T", key).messages] == [[key]], key
+        assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k500"])).ok  # together again
+        assert [m.key_list for m in store.query("T", "k500").messages] == [["k500"]]
+    assert all_keys_after_reopen(fs) == [f"k{i}" for i in range(501)]
+
+
+def all_keys_after_reopen(fs: SimulatedFileSystem) -> list[str]:
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert all(store.query("T", f"k{i}").messages for i in (0, 250, 500))
+        return all_keys(store)
 
 
 def test_a_held_queue_is_retried_on_ticks_not_per_batch_and_shows_in_the_stats(
