@@ -334,6 +334,8 @@ class PersistQueueStore:
         self.q = persistqueue.SQLiteQueue(str(path), multithreading=True, auto_commit=True)
         # persist-queue has no durability knob; its connections are private attributes.
         for conn in {id(self.q._putter): self.q._putter, id(self.q._getter): self.q._getter}.values():
+            if conn is None:
+                raise RuntimeError("persist-queue opened no SQLite connection (its private attributes changed?)")
             conn.execute(f"PRAGMA synchronous={synchronous}")
 
     def append(self, batches: Sequence[Sequence[BenchMessage]]) -> None:
@@ -357,7 +359,10 @@ class PersistQueueStore:
         raise NotSupported("persist-queue has no lookup by key")
 
     def append_sync(self, per_thread: Sequence[Sequence[BenchMessage]]) -> int:
-        return run_threads(per_thread, lambda t, m: self.q.put(tuple(m)))
+        def put(_t: int, m: BenchMessage) -> None:
+            self.q.put(tuple(m))
+
+        return run_threads(per_thread, put)
 
     def put_each(self, per_thread: Sequence[Sequence[BenchMessage]]) -> None:
         self.append_sync(per_thread)  # a commit per put; synchronous as this queue was opened
@@ -410,6 +415,13 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _text(value: bytes | str | None) -> str:
+    """A reply of the Redis client, which gives bytes unless decode_responses is set."""
+    if value is None:
+        raise LookupError("redis answered nil where the bench expected an entry")
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisServer:
@@ -480,8 +492,8 @@ class RedisStore:
     def append(self, batches: Sequence[Sequence[BenchMessage]]) -> None:
         for batch in batches:
             pipe = self.r.pipeline(transaction=False)
-            mapping = dict(self._xadd(pipe, m) for m in batch)
-            pipe.hset(self.KEYS_HASH, mapping=mapping)
+            mapping: dict[str | bytes, str | bytes] = dict(self._xadd(pipe, m) for m in batch)
+            pipe.hset(self.KEYS_HASH, mapping=mapping)  # type: ignore[arg-type]  # redis's Mapping is invariant in its key type
             pipe.execute()
 
     def settle(self, per_queue: dict[tuple[str, int], int]) -> None:
@@ -496,7 +508,7 @@ class RedisStore:
                 if not rows:
                     break
                 read += len(rows)
-                start = "(" + rows[-1][0].decode()
+                start = "(" + _text(rows[-1][0])
         return read
 
     def lookup(self, keys: Sequence[str]) -> list[float]:
@@ -511,7 +523,7 @@ class RedisStore:
             for ref in ids:
                 if ref is None:
                     raise LookupError("key not found in redis hash")
-                stream, sid = ref.decode().split("|")
+                stream, sid = _text(ref).split("|")
                 pipe.xrange(stream, min=sid, max=sid, count=1)
             found = pipe.execute()
             if not all(found):

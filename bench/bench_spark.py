@@ -170,9 +170,12 @@ def query_floors(spark: Any, store: str, parquet: str, nbytes: int, rows: int, s
     }
     clog = os.path.join(store, "commitlog")
     jobs: dict[str, Callable[[], Any]] = {}
+    def query_on(run: Callable[[Any], Any], frame: Callable[[], Any]) -> Callable[[], Any]:
+        return lambda: run(frame())
+
     for q, run in queries.items():
-        jobs[f"rocketmq-{q}"] = lambda run=run: run(read_commitlog(spark, [store], split_size=split_size))
-        jobs[f"parquet-{q}"] = lambda run=run: run(spark.read.parquet(parquet))
+        jobs[f"rocketmq-{q}"] = query_on(run, lambda: read_commitlog(spark, [store], split_size=split_size))
+        jobs[f"parquet-{q}"] = query_on(run, lambda: spark.read.parquet(parquet))
     # One job per segment file: binaryFile holds a whole file in one array and copies it into
     # its row, and two 1 GiB files at once ran the driver out of a 12g heap (humongous arrays).
     segment_files = sorted(glob.glob(os.path.join(clog, "*")))

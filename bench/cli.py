@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from mqstore.bench.workload import BenchConfig
 
@@ -64,7 +64,7 @@ def write_results(result: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-SPARK_FULL = {"size_mb": 1024, "segment_mb": 1024, "repeat": 3}  # issue 17: a >= 1 GB store, 1 KiB bodies
+SPARK_FULL: Final[dict[str, int]] = {"size_mb": 1024, "segment_mb": 1024, "repeat": 3}  # issue 17: a >= 1 GB store, 1 KiB bodies
 
 
 def spark_unavailable_reason() -> str | None:
@@ -82,6 +82,7 @@ def spark_case(mode: str, data_dir: Path) -> dict[str, Any]:
     """The Spark pipeline's case (bench/bench_spark.py: the `rocketmq` source beside its
     binaryFile and Parquet floors) in full mode; in the other modes a skip with its reason, as
     the JVM, a 1 GiB store and its Parquet export do not fit their time."""
+    reason: str | None
     if mode != "full":
         reason = (f"{mode} mode: the Spark case runs in full mode only (a 1 GiB store, a Parquet export and "
                   "a JVM); `python -m mqstore.bench.bench_spark --quick` runs a small one")  # fmt: skip
@@ -93,7 +94,8 @@ def spark_case(mode: str, data_dir: Path) -> dict[str, Any]:
     from mqstore.bench import bench_spark
 
     try:
-        report = bench_spark.run(**SPARK_FULL, work_dir=str(data_dir))
+        report = bench_spark.run(size_mb=SPARK_FULL["size_mb"], segment_mb=SPARK_FULL["segment_mb"],
+                                 repeat=SPARK_FULL["repeat"], work_dir=str(data_dir))
     except Exception as exc:  # a failed case is reported with the rest, as the harness does
         sys.stderr.write(f"mqstore bench: Spark case FAILED: {exc!r}\n")
         return {"status": "failed", "reason": repr(exc)}

@@ -427,7 +427,7 @@ def _cpu_model() -> str:
 
 
 def _filesystem_of(path: Path) -> dict[str, str]:
-    best: psutil._common.sdiskpart | None = None
+    best: Any = None  # a psutil sdiskpart (its class is private)
     resolved = str(path.resolve())
     for part in psutil.disk_partitions(all=True):
         mp = part.mountpoint

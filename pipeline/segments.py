@@ -114,6 +114,8 @@ def header_ok(buf: mmap.mmap | bytes, pos: int, limit: int, max_message_size: in
     """TOTALSIZE if the 8 bytes at pos start a plausible message record, else 0."""
     if pos + 8 > limit:
         return 0
+    total: int
+    magic: int
     total, magic = _II.unpack_from(buf, pos)
     if magic == MESSAGE_MAGIC_CODE:
         min_len = _MIN_RECORD_V1

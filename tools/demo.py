@@ -35,7 +35,7 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import pykka
 
@@ -449,7 +449,7 @@ def run_demo(store_dir: Path, plan: DemoPlan, *, config_args: argparse.Namespace
             time.sleep(0.05)  # a UI refresh, not a wait for correctness: the counts decide
         bar.update(tally, store, root)
         consumed_s = time.monotonic() - produce_started
-        consumer_results: list[ConsumerResult] = [ref.ask(_Finish(), timeout=30) for ref in consumers.values()]
+        consumer_results: list[ConsumerResult] = [cast(ConsumerResult, ref.ask(_Finish(), timeout=30)) for ref in consumers.values()]
     finally:
         bar.close()
         for ref in producers + list(consumers.values()):
