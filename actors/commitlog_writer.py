@@ -483,18 +483,12 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 self._answer_run(chunk, fast[0], fast[2], fast[3].split(","), now, answers, group_commits)
                 self._pending_advance = (fast[0] + fast[1], now)
                 continue
-            records = EncodedRecords(datas, first.topic, first.queue_id, 0, self._store_host)
-            outcome = commitlog.put_messages(records, now)
-            append = outcome.append_result
-            if outcome.status is not PutMessageStatus.PUT_OK or append is None:
-                detail = outcome.detail or (append.status.value if append is not None else "")
-                refused = PutResult(status=outcome.status, detail=detail)
-                answers.extend((p.reply, refused) for p in chunk)
-                continue
-            self.ctx.faults.hit("writer.after_append")
-            self._answer_run(chunk, append.wrote_offset, append.logics_offset, append.msg_id.split(","),
-                             append.store_timestamp, answers, group_commits)  # fmt: skip
-            self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
+            # Not a plain copy (the segment's end, a reservation to top up, the checked path):
+            # each put alone, placed as single puts are. Appended as one unit, a run that did
+            # not fit rolled over whole and left blank the room its first records fit, and
+            # where single puts landed depended on how they had met in the inbox.
+            for put in chunk:
+                self._append(put, answers, group_commits)
 
     def _answer_run(
         self,
