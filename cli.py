@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from . import __version__
-from .config import ConfigError, StoreConfig
+from .config import ConfigError, StoreConfig, StoreGeometryAmbiguous
 from .log import configure_logging, get_logger
 from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
@@ -174,6 +174,7 @@ def store_config(
     *,
     require_commitlog: bool = True,
     read_only: bool = True,
+    diagnosing: bool = False,
     **overrides: Any,
 ) -> StoreConfig:
     """The settings of the store at `root` (--config, MQSTORE_* variables, `overrides`), with
@@ -191,6 +192,12 @@ def store_config(
         raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
     try:
         config, _ = adopt_geometry(RealFileSystem(), config)
+    except StoreGeometryAmbiguous as exc:
+        if not diagnosing:
+            raise CliError(ExitCode.USAGE, str(exc)) from None
+        # inspect reads the segments by their own layout and reports the damage: what the
+        # refusal of every other command points to.
+        print(f"mqstore {getattr(args, 'command', '')}: {exc}", file=sys.stderr)
     except ConfigError as exc:
         raise CliError(ExitCode.USAGE, str(exc)) from None
     if read_only and os.path.exists(config.abort_path):

@@ -104,6 +104,21 @@ class StoreConfigMismatch(ConfigError):
         self.where = where
 
 
+class StoreGeometryAmbiguous(ConfigError):
+    """The store's files fit more than one value of a geometry setting equally well (damaged
+    or missing files), and the caller named none of them. The store refuses to guess: under a
+    wrong segment size every record would be read at the wrong place."""
+
+    def __init__(self, key: str, value: object, candidates: tuple[object, ...], where: str) -> None:
+        super().__init__(
+            key, value,
+            f"the store's files at {where} are damaged and fit {' and '.join(f'{key}={c!r}' for c in candidates)} "
+            f"equally well; set the one they were written with (`mqstore inspect` shows the damage)",
+        )  # fmt: skip
+        self.candidates = candidates
+        self.where = where
+
+
 def load_defaults() -> dict[str, Any]:
     """The raw contents of the packaged defaults.toml."""
     text = resources.files(__package__).joinpath("defaults.toml").read_text(encoding="utf-8")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import mmap
-import math
 import os
 import struct
 from collections.abc import Generator, Iterator, Sequence
@@ -1219,27 +1218,52 @@ class CommitLogReader:
                 return
 
 
-def segment_size_of(starts: list[int], lengths: list[int]) -> int:
-    """A commitlog directory's segment size from its segments' names (their start offsets,
-    ascending) and the lengths of the regular files among them. The names say it exactly:
-    consecutive starts differ by one segment, or a multiple where one is missing (their gcd;
-    the files' one length where they all agree and it divides that). With a single segment,
-    its length (0 if it is empty: no size to read anything by). A cut, emptied or
-    grown file does not redefine it, as a first file's or the commonest length did (review 29)."""
-    steps = [b - a for a, b in zip(starts, starts[1:]) if b > a]
-    if not steps:
-        return max(lengths, default=0)
-    size = math.gcd(*steps)
-    agreed = set(lengths)
-    if len(agreed) == 1 and (length := agreed.pop()) > 0 and size % length == 0:
-        return length  # every file says so, and the names allow it: two segments around a hole
-    return size
+class SegmentSize(NamedTuple):
+    """A segment size that explains a commitlog directory, and at what cost: each file it
+    finds damaged (cut, grown, not a regular file) counts 1, a name off its grid 2 (no store
+    of that size names a file so), a missing segment between the first and the last 1."""
+
+    size: int
+    cost: int
+
+
+def segment_size_candidates(starts: list[int], lengths: list[int | None], *, min_size: int = 4096) -> list[SegmentSize]:
+    """Every segment size that could have written the segments named `starts` (ascending), of
+    `lengths` (None: not a regular file), cheapest explanation first (ties: the longer size).
+    A candidate is the length of a file that starts on its grid, at least `min_size`: files
+    are made at the segment size, so an intact one says it; the names then say which files
+    are damage and where segments are missing. Neither the commonest length (cut files
+    outnumbering intact ones, review 29) nor the names' gcd alone (one stray name or a hole
+    beside a cut file made it a size no file has, review 30) decides."""
+    candidates: list[SegmentSize] = []
+    for size in {n for n in lengths if n is not None and n >= min_size}:
+        on_grid = [start for start, n in zip(starts, lengths) if start % size == 0]
+        if not any(start % size == 0 and n == size for start, n in zip(starts, lengths)):
+            continue
+        off_grid = len(starts) - len(on_grid)
+        damaged = sum(1 for start, n in zip(starts, lengths) if start % size == 0 and n != size)
+        distinct = sorted(set(on_grid))
+        missing = (distinct[-1] - distinct[0]) // size + 1 - len(distinct)
+        candidates.append(SegmentSize(size, 2 * off_grid + damaged + missing))
+    candidates.sort(key=lambda c: (c.cost, -c.size))
+    return candidates
+
+
+def segment_size_of(starts: list[int], lengths: list[int | None]) -> int:
+    """A commitlog directory's segment size for the tools that read one without the store
+    (`segment_size_candidates`' cheapest; 0 when no file can say it: nothing to read by)."""
+    candidates = segment_size_candidates(starts, lengths)
+    return candidates[0].size if candidates else 0
+
+
+def segment_lengths_in(fs: FileSystem, path: str, names: list[str]) -> list[int | None]:
+    """The lengths of the segments `names` in directory `path` (None: not a regular file)."""
+    return [fs.getsize(os.path.join(path, n)) if fs.isfile(os.path.join(path, n)) else None for n in names]
 
 
 def segment_size_in(fs: FileSystem, path: str, names: list[str]) -> int:
     """`segment_size_of` for the segments `names` (ascending) in directory `path`."""
-    lengths = [fs.getsize(os.path.join(path, n)) for n in names if fs.isfile(os.path.join(path, n))]
-    return segment_size_of([int(n) for n in names], lengths)
+    return segment_size_of([int(n) for n in names], segment_lengths_in(fs, path, names))
 
 
 def scan_commitlog_dir(

@@ -23,9 +23,10 @@ from ..config import (
     MIN_CONSUME_QUEUE_FILE_BYTES,
     StoreConfig,
     StoreConfigMismatch,
+    StoreGeometryAmbiguous,
 )
 from ..log import get_logger
-from .commitlog import segment_size_in
+from .commitlog import segment_lengths_in, segment_size_candidates
 from .fs import FileSystem
 from .index import HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, read_index_header
 
@@ -57,6 +58,9 @@ class StoreGeometry:
     index: IndexGeometry | None = None
     index_file_bytes: int | None = None  # known even when `index` could not be decided
     odd_files: tuple[str, ...] = ()  # files of another size than their kind's: damage
+    # Segment sizes the commitlog's files fit equally well, when more than one does (damage
+    # leaves it open): `commitlog_segment_bytes` is then the one the caller set, or None.
+    commitlog_segment_ambiguous: tuple[int, ...] = ()
 
     def settings(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -91,23 +95,31 @@ def _common_size(fs: FileSystem, paths: list[str], odd: list[str]) -> int | None
     return size
 
 
-def _commitlog_segment_size(fs: FileSystem, directory: str, odd: list[str]) -> int | None:
-    """The segment size the segments' names say (`segment_size_in`, the one rule the tools use
-    too); a file of another length is damage. The commonest length would let cut files
-    outvote intact ones, and made an intact later segment "odd": its acknowledged messages
-    went unserved until `recover` (review 29)."""
+def _commitlog_segment_size(
+    fs: FileSystem, directory: str, odd: list[str], explicit: int | None
+) -> tuple[int | None, tuple[int, ...]]:
+    """The segment size that explains the segments' names and lengths best (the one rule the
+    tools use too: `segment_size_candidates`), and the sizes that explain them equally well
+    when more than one does. A file of another length, or named off the size's grid, is
+    damage. Of equal explanations the caller's `explicit` size is taken, if it is one."""
     paths = _digit_files(fs, directory, 20)
     if not paths:
-        return None
-    size = segment_size_in(fs, directory, [os.path.basename(p) for p in paths])
-    if size < MIN_COMMITLOG_SEGMENT_BYTES:  # no geometry: a cut or emptied single file
+        return None, ()
+    names = [os.path.basename(p) for p in paths]
+    candidates = segment_size_candidates([int(n) for n in names], segment_lengths_in(fs, directory, names),
+                                         min_size=MIN_COMMITLOG_SEGMENT_BYTES)  # fmt: skip
+    if not candidates:  # no geometry: cut or emptied files only
         odd.extend(paths)
-        return None
+        return None, ()
+    tied = tuple(c.size for c in candidates if c.cost == candidates[0].cost)
+    if len(tied) > 1 and explicit not in tied:
+        return None, tied
+    size = explicit if len(tied) > 1 and explicit is not None else candidates[0].size
     for p in paths:
         # Segments start at multiples of the size (named by their first offset, §2.4).
         if not fs.isfile(p) or fs.getsize(p) != size or int(os.path.basename(p)) % size:
             odd.append(p)
-    return size
+    return size, tied if len(tied) > 1 else ()
 
 
 def _consume_queue_file_size(fs: FileSystem, directory: str, odd: list[str]) -> int | None:
@@ -200,7 +212,8 @@ def index_geometry_of(
 def detect_geometry(fs: FileSystem, config: StoreConfig) -> StoreGeometry:
     """Read the geometry of the store `config` points at. Reads only."""
     odd: list[str] = []
-    segment = _commitlog_segment_size(fs, config.commitlog_dir, odd)
+    explicit = config.mapped_file_size_commitlog_bytes if "mapped_file_size_commitlog_bytes" in config.explicit else None
+    segment, ambiguous = _commitlog_segment_size(fs, config.commitlog_dir, odd, explicit)
     cq = _consume_queue_file_size(fs, config.consume_queue_dir, odd)
     index_paths = [
         os.path.join(config.index_dir, n)
@@ -222,13 +235,16 @@ def detect_geometry(fs: FileSystem, config: StoreConfig) -> StoreGeometry:
             slots = (index_size - INDEX_HEADER_SIZE - config.max_index_num * INDEX_ENTRY_SIZE) // HASH_SLOT_SIZE
             hints.append(IndexGeometry(slots, config.max_index_num))
         index = index_geometry_of(fs, same, index_size, hints)
-    return StoreGeometry(segment, cq, index, index_size, tuple(odd))
+    return StoreGeometry(segment, cq, index, index_size, tuple(odd), ambiguous)
 
 
 def adopt_geometry(fs: FileSystem, config: StoreConfig) -> tuple[StoreConfig, StoreGeometry]:
     """`config` with the files' geometry where the caller gave none; StoreConfigMismatch where
     the caller's explicit value contradicts the files. Reads only."""
     geometry = detect_geometry(fs, config)
+    if geometry.commitlog_segment_ambiguous and geometry.commitlog_segment_bytes is None:
+        key = "mapped_file_size_commitlog_bytes"
+        raise StoreGeometryAmbiguous(key, getattr(config, key), geometry.commitlog_segment_ambiguous, config.commitlog_dir)
     where = {
         "mapped_file_size_commitlog_bytes": config.commitlog_dir,
         "mapped_file_size_consume_queue_bytes": config.consume_queue_dir,

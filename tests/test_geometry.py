@@ -287,3 +287,70 @@ def test_a_cut_first_segment_does_not_hide_the_intact_one_after_it(tmp_path: Pat
         refused = store.put(mqstore.Message("T", b"after"))
         assert not refused.ok and segments[0].name in (refused.detail or "")  # degraded: says why
     assert _files(root) == before
+
+
+@pytest.mark.parametrize(
+    ("segments", "size", "odd"),
+    [
+        ({0: 8192, 8192: 8192, 100: 10}, 8192, [100]),  # a stray name off the grid (the gcd was 4)
+        ({0: 8192, 16384: 4096}, 8192, [16384]),  # a hole beside a cut segment (the gcd was 16384)
+        ({0: 4096, 8192: 8192}, 8192, [0]),  # review 29's cut first segment
+    ],
+    ids=["stray-name", "hole-beside-cut", "first-cut"],
+)
+def test_the_segment_size_is_one_a_file_has_and_the_names_allow(
+    tmp_path: Path, segments: dict[int, int], size: int, odd: list[int]
+) -> None:
+    """Review 30: the names' gcd alone was adopted though no file had that length: one stray
+    name made every file damage and the store ran at the default 1 GiB; a hole beside a cut
+    file doubled the size. Under either, the open deleted the index and rewrote the queues."""
+    commitlog = tmp_path / "commitlog"
+    commitlog.mkdir()
+    for start, length in segments.items():
+        (commitlog / f"{start:020d}").write_bytes(b"\1" * length)
+    geometry = detect_geometry(RealFileSystem(), StoreConfig(store_path_root_dir=str(tmp_path)))
+    assert geometry.commitlog_segment_bytes == size
+    assert sorted(geometry.odd_files) == sorted(str(commitlog / f"{start:020d}") for start in odd)
+
+
+def test_a_stray_segment_name_changes_nothing_and_hides_no_message(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=8192, **FAST) as store:
+        while store.max_offset("T", 0) < 150:
+            assert store.put(mqstore.Message("T", b"b" * 100)).ok
+    stray = root / "commitlog" / f"{100:020d}"
+    stray.write_bytes(b"x" * 10)
+    before = _files(root)
+    with mqstore.open(root, **FAST) as store:
+        assert store.config.mapped_file_size_commitlog_bytes == 8192
+        assert len(_all_messages(store, "T")) == 150
+        refused = store.put(mqstore.Message("T", b"after"))
+        assert not refused.ok and stray.name in (refused.detail or "")  # degraded: says why
+    assert _files(root) == before
+    stray.unlink()
+    with mqstore.open(root, **FAST) as store:
+        assert len(_all_messages(store, "T")) == 150 and store.put(mqstore.Message("T", b"after")).ok
+
+
+def test_files_that_fit_two_segment_sizes_equally_are_refused_unless_the_caller_names_one(tmp_path: Path) -> None:
+    """Two intact 8 KiB segments, two 16 KiB files and a hole: 8192 explains them with two
+    grown files and a hole, 16384 with a cut file and a name off its grid. The store does
+    not guess; the caller's word decides, and detection reads only."""
+    commitlog = tmp_path / "commitlog"
+    commitlog.mkdir()
+    for start, length in {0: 8192, 8192: 8192, 16384: 16384, 32768: 16384}.items():
+        (commitlog / f"{start:020d}").write_bytes(b"\0" * length)
+    before = _files(tmp_path)
+    with pytest.raises(mqstore.StoreGeometryAmbiguous) as refused:
+        mqstore.open(tmp_path, **FAST)
+    assert refused.value.candidates == (16384, 8192)
+    assert "mapped_file_size_commitlog_bytes=16384 and mapped_file_size_commitlog_bytes=8192" in str(refused.value)
+    assert main(["verify", str(tmp_path)]) == ExitCode.USAGE  # as the open
+    assert main(["inspect", str(tmp_path)]) == ExitCode.CORRUPT  # what the refusal points to: the damage shown
+    assert _files(tmp_path) == before
+    for size in (8192, 16384):
+        config = StoreConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commitlog_bytes=size)
+        assert detect_geometry(RealFileSystem(), config).commitlog_segment_bytes == size
+    with pytest.raises(mqstore.StoreGeometryAmbiguous):  # a size that is neither
+        mqstore.open(tmp_path, mapped_file_size_commitlog_bytes=4096, **FAST)
+    assert _files(tmp_path) == before

@@ -751,7 +751,7 @@ def add_subcommands(subparsers: Any) -> None:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     _check_store_dir(args.store_dir)
-    config = store_config(args, args.store_dir, require_commitlog=False)
+    config = store_config(args, args.store_dir, require_commitlog=False, diagnosing=True)
     report = inspect_store(args.store_dir, config, check_crc=not args.no_crc)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")

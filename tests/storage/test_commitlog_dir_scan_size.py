@@ -23,8 +23,13 @@ S = 65536
         ([0, 2 * S], [S, S], S),  # two segments around a hole: the files agree
         ([0], [S], S),  # a lone segment: its length
         ([0], [0], 0),  # a lone segment, emptied: no size to read anything by
-        ([0], [], 0),  # a lone entry that is not a file
+        ([0], [None], 0),  # a lone entry that is not a file
+        # Review 30: the names' gcd alone adopted sizes no file has.
+        ([0, S, 100], [S, S, 10], S),  # a stray name off the grid
+        ([0, 2 * S], [S, 4096], S),  # a hole beside a cut segment (the gcd said 2 * S)
+        ([0, S, 2 * S], [S, None, S], S),  # a directory where a segment belongs
+        ([0, S], [S // 2, S // 2], S // 2),  # both cut alike: the lengths say it, a hole between
     ],
 )
-def test_the_segment_size_comes_from_the_names(starts: list[int], lengths: list[int], size: int) -> None:
+def test_the_segment_size_comes_from_the_names(starts: list[int], lengths: list[int | None], size: int) -> None:
     assert segment_size_of(starts, lengths) == size
