@@ -215,11 +215,11 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
     if not fs.isdir(cfg.consume_queue_dir):
         return
     for topic in fs.listdir(cfg.consume_queue_dir):
+        if not codec.is_topic_name(topic):
+            continue  # not a topic's directory: loading leaves it alone (review 30)
         topic_dir = os.path.join(cfg.consume_queue_dir, topic)
         if not fs.isdir(topic_dir):
-            if codec.is_topic_name(topic):
-                refuse(topic_dir, f"the ConsumeQueue directory of topic {topic}")
-            continue
+            refuse(topic_dir, f"the ConsumeQueue directory of topic {topic}")
         _refuse_linked_directory(fs, topic_dir, f"topic {topic}")
         for name in fs.listdir(topic_dir):
             if not name.isdigit() or name != str(int(name)) or int(name) > 0x7FFFFFFF:
@@ -387,8 +387,10 @@ class Supervisor:
             self._abort = AbortFile(self.fs, cfg.abort_path)
             last_exit_ok = not self._abort.exists()
             self._mode = mode_at_open(last_exit_ok)
-            try:  # a new store's commitlog/consumequeue/index directories take blocks on ext4
-                for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
+            try:  # a new store's directories take blocks on ext4
+                # config/ too: claimed only if it exists, it was unheld for the session in which
+                # a new store wrote its first consumer offsets (review 30).
+                for path in data_directories(cfg):
                     self.fs.makedirs(path)
                 self._lock.claim_directories(data_directories(cfg))
                 # Refused before any owner changes a byte (settings that disagree with the files).

@@ -174,3 +174,17 @@ def test_a_consume_queue_directory_linked_into_another_store_is_refused(tmp_path
     code, message = _recover(two)
     assert code == ExitCode.NOT_A_STORE and linked.name in message, message
     assert _state(one) == before
+
+
+def test_a_link_in_the_consume_queue_directory_not_named_as_a_topic_is_left_alone(tmp_path: Path) -> None:
+    """Loading skips what is not named as a topic; the link check did not (review 30)."""
+    root, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    _store(root)
+    elsewhere.mkdir()
+    (elsewhere / "notes").write_bytes(b"keep")
+    (root / "consumequeue" / "old.bak").symlink_to(elsewhere)
+    before = _state(elsewhere)
+    with mqstore.open(root, **SMALL) as store:
+        assert store.put(mqstore.Message("t", b"after")).ok
+    assert _recover(root)[0] == ExitCode.OK
+    assert _state(elsewhere) == before
