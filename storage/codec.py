@@ -359,9 +359,12 @@ class HostAddress:
 
     @classmethod
     def parse(cls, text: str | tuple[str, int] | HostAddress) -> HostAddress:
+        """A host to write into a record, checked as Java can read it back. (A HostAddress is
+        checked too: one built directly passed any port, review 30; decoding builds them
+        unchecked, as a record on disk says what it says.)"""
         if isinstance(text, HostAddress):
-            return text
-        if isinstance(text, tuple):
+            ip, port = text.ip, text.port
+        elif isinstance(text, tuple):
             ip, port = text
         else:
             ip, sep, port_text = text.rpartition(":")
@@ -373,6 +376,8 @@ class HostAddress:
         # past 65535: a record with such a port could not be read by RocketMQ's tools.
         if not 0 <= int(port) <= 0xFFFF:
             raise ValueError(f"port {port} out of range [0, 65535]")
+        if isinstance(text, HostAddress) and ip == text.ip and type(text.port) is int:
+            return text
         return cls(ip, int(port))
 
     @classmethod

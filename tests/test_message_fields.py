@@ -56,6 +56,10 @@ def test_a_born_host_port_java_cannot_read_back_is_refused(tmp_path: Path) -> No
         for put in (store.put, lambda m: store.put_async(m).result(10), lambda m: store.put_batch([m])):
             with pytest.raises(ValueError, match="port 65536 out of range"):
                 put(Message("t", b"x", born_host="10.0.0.1:65536"))
+            for port in (70000, -5):  # a HostAddress built directly is checked as a string is (review 30)
+                with pytest.raises(ValueError, match=f"port {port} out of range"):
+                    put(Message("t", b"x", born_host=mqstore.HostAddress("10.0.0.1", port)))
+        assert store.max_offset("t", 0) == 0
         assert store.put(Message("t", b"x", born_host="10.0.0.1:65535")).ok
         assert str(store.get("t", 0, 0, 1).messages[0].born_host) == "10.0.0.1:65535"
 
