@@ -1251,8 +1251,9 @@ def segment_size_candidates(starts: list[int], lengths: list[int | None], *, min
 
 def segment_size_of(starts: list[int], lengths: list[int | None]) -> int:
     """A commitlog directory's segment size for the tools that read one without the store
-    (`segment_size_candidates`' cheapest; 0 when no file can say it: nothing to read by)."""
-    candidates = segment_size_candidates(starts, lengths)
+    (`segment_size_candidates`' cheapest; 0 when no file can say it: nothing to read by). Any
+    length counts: a lone segment cut short is read as far as it goes."""
+    candidates = segment_size_candidates(starts, lengths, min_size=1)
     return candidates[0].size if candidates else 0
 
 

@@ -29,6 +29,7 @@ S = 65536
         ([0, 2 * S], [S, 4096], S),  # a hole beside a cut segment (the gcd said 2 * S)
         ([0, S, 2 * S], [S, None, S], S),  # a directory where a segment belongs
         ([0, S], [S // 2, S // 2], S // 2),  # both cut alike: the lengths say it, a hole between
+        ([0], [576], 576),  # a lone segment cut short: read as far as it goes
     ],
 )
 def test_the_segment_size_comes_from_the_names(starts: list[int], lengths: list[int | None], size: int) -> None:
