@@ -5,6 +5,9 @@
 
 Corrupt ranges are not exported: each task writes the ones it met as JSON lines under
 OUT/_corrupt/ (Parquet readers skip "_" directories), and the summary counts them.
+
+OUT is replaced whole, so it must be new, empty or an earlier export, and apart from every
+input (`outputs.check_export_target`): anything else is refused, never deleted.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import Any, Sequence
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from mqstore.cli import CliError
 from mqstore.log import get_logger
 from mqstore.pipeline.args import export_args, parser_for
 from mqstore.pipeline.datasource import count_corrupt_log, read_commitlog
+from mqstore.pipeline.outputs import check_export_target
 from mqstore.pipeline.session import get_spark
 
 log = get_logger(__name__)
@@ -42,6 +47,7 @@ def export(
     mode: str = "overwrite",
     compression: str = "snappy",
 ) -> dict[str, Any]:
+    check_export_target(out, paths)  # before Spark's overwrite empties OUT
     out = os.path.abspath(out)
     corrupt_dir = os.path.join(out, "_corrupt")
     df = read_commitlog(spark, paths, columns=EXPORT_COLUMNS, split_size=split_size, strict=strict, corrupt_log=corrupt_dir)
@@ -64,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    try:
+        return run(build_parser().parse_args(argv))
+    except CliError as exc:  # spark-submit: a refusal is a line and an exit code, as in `mqstore spark`
+        sys.stderr.write(f"export: {exc.message}\n")
+        return int(exc.code)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ decides who writes what:
   increasing as IndexService does.
 
 Tasks write to OUT_DIR directly, so OUT_DIR must be on a file system every executor shares
-with the driver (local mode, or one host, or a shared mount).
+with the driver (local mode, or one host, or a shared mount). OUT_DIR's consumequeue/ and
+index/ must be absent or empty: a rebuild never deletes or appends to queue or index files,
+and refuses a store that is running there (`outputs.claim_reindex_target`). To rebuild a
+stopped store's own files, move them aside first; queues whose records have all left the
+log cannot be rebuilt from it, so keep those.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Any
@@ -33,9 +36,11 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from mqstore.cli import CliError
 from mqstore.log import get_logger
 from mqstore.pipeline.args import parser_for, reindex_args
 from mqstore.pipeline.datasource import read_commitlog
+from mqstore.pipeline.outputs import claim_reindex_target
 from mqstore.pipeline.session import get_spark
 from mqstore.storage.codec import (
     TRANSACTION_MASK,
@@ -193,15 +198,15 @@ def reindex(
     strict: bool = False,
 ) -> dict[str, Any]:
     out_dir = os.path.abspath(out_dir)
-    for sub in ("consumequeue", "index"):
-        shutil.rmtree(os.path.join(out_dir, sub), ignore_errors=True)  # a rebuild replaces them
-    os.makedirs(out_dir, exist_ok=True)
-    messages = _messages(spark, store, split_size, strict).cache()
-    try:
-        queues = build_consume_queues(messages, out_dir, cq_file_size)
-        files = build_index(messages, out_dir, max_hash_slot_num, max_index_num) if with_index else []
-    finally:
-        messages.unpersist()
+    # What is read: the store's commitlog directory (or the directory given).
+    source = os.path.join(store, "commitlog") if os.path.isdir(os.path.join(store, "commitlog")) else store
+    with claim_reindex_target(out_dir, [source]):
+        messages = _messages(spark, store, split_size, strict).cache()
+        try:
+            queues = build_consume_queues(messages, out_dir, cq_file_size)
+            files = build_index(messages, out_dir, max_hash_slot_num, max_index_num) if with_index else []
+        finally:
+            messages.unpersist()
     log.info("reindex done", queues=len(queues), index_files=len(files))
     return {"out": out_dir, "consume_queues": queues, "index_files": files}
 
@@ -220,7 +225,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    try:
+        return run(build_parser().parse_args(argv))
+    except CliError as exc:  # spark-submit: a refusal is a line and an exit code, as in `mqstore spark`
+        sys.stderr.write(f"reindex: {exc.message}\n")
+        return int(exc.code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""Where the writing jobs may write: never over what they read, never into a live store.
+
+Spark's overwrite mode empties an export's OUT before any task reads, and Spark's own guard
+("Cannot overwrite a path that is also being read from") knows only its file sources, not a
+Python data source's paths: an export into its own store, or into a directory above it,
+deleted the store (review 31). A reindex into a store wrote the queue and index files of the
+store's running owner under it. These checks run on the driver before the job starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from typing import Final
+
+from mqstore.cli import CliError, ExitCode
+from mqstore.storage.lockfiles import LOCK_FILE_NAME, StoreLock, StoreLockedError
+from mqstore.storage.fs import RealFileSystem
+
+__all__ = ["check_export_target", "claim_reindex_target", "refuse_overlap"]
+
+# What an earlier export leaves at the top of OUT (Spark's markers, the partitions, our
+# corrupt-range log): the only entries an overwrite may delete.
+_EXPORT_ENTRY_PREFIXES: Final = ("topic=", "_corrupt", "_SUCCESS", "._SUCCESS", "_temporary", ".part-", "part-")
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.abspath(path))
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def refuse_overlap(out: str, inputs: Sequence[str], what: str) -> None:
+    """CliError (exit 2) when `out` is one of `inputs`, lies inside one (a store's commitlog
+    directory, a segment), or holds one: whatever writes OUT would change what is read."""
+    target = _real(out)
+    for path in inputs:
+        source = _real(path)
+        if _within(target, source) or _within(source, target):
+            raise CliError(ExitCode.USAGE, f"{what} {out} overlaps the input {path} ({target} and {source}): "
+                                           "it would be written over what it reads; choose another directory")  # fmt: skip
+
+
+def check_export_target(out: str, inputs: Sequence[str]) -> None:
+    """An export replaces OUT whole: OUT must not overlap an input, and must be absent, empty,
+    or an earlier export (only what an export writes at its top). Anything else (a store, a
+    home directory) is refused rather than deleted."""
+    refuse_overlap(out, inputs, "OUT")
+    if not os.path.lexists(out):
+        return
+    if not os.path.isdir(out):
+        raise CliError(ExitCode.USAGE, f"OUT {out} exists and is not a directory; an export writes a directory")
+    foreign = sorted(n for n in os.listdir(out) if not n.startswith(_EXPORT_ENTRY_PREFIXES))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise CliError(ExitCode.USAGE, f"OUT {out} holds entries an export did not write ({shown}); an export "
+                                       "replaces its OUT whole: give an empty or new directory, or an earlier export")  # fmt: skip
+
+
+@contextlib.contextmanager
+def claim_reindex_target(out_dir: str, sources: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """Hold OUT_DIR's consumequeue/ and index/ for a rebuild: (their paths). They must be
+    absent or empty (a rebuild never deletes or appends to queue or index files: a symlinked
+    directory's rmtree failed silently and the old queue was appended to, review 31), and no
+    store may run there: OUT_DIR's `lock` is taken as a store takes it when OUT_DIR is a store
+    root, and both directories are flock'd as a store claims them, so a store opened meanwhile
+    is refused too. If the rebuild fails, what it wrote is removed: the directories were empty."""
+    refuse_overlap(os.path.join(out_dir, "consumequeue"), sources, "OUT_DIR/consumequeue")
+    refuse_overlap(os.path.join(out_dir, "index"), sources, "OUT_DIR/index")
+    os.makedirs(out_dir, exist_ok=True)
+    store_root = os.path.lexists(os.path.join(out_dir, LOCK_FILE_NAME)) or os.path.lexists(
+        os.path.join(out_dir, "commitlog")
+    )
+    lock = StoreLock(RealFileSystem(), os.path.join(out_dir, LOCK_FILE_NAME)) if store_root else None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except StoreLockedError as exc:
+            raise CliError(ExitCode.LOCKED, f"{out_dir} is a store that is running ({exc}); stop it first") from None
+    fds: list[int] = []
+    created: list[str] = []
+    try:
+        dirs = (os.path.join(out_dir, "consumequeue"), os.path.join(out_dir, "index"))
+        for path in dirs:
+            if not os.path.lexists(path):
+                os.makedirs(path)
+            elif not os.path.isdir(path):
+                raise CliError(ExitCode.NOT_A_STORE, f"{path} is not a directory")
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            fds.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise CliError(ExitCode.LOCKED, f"{path} is in use by a running store; stop it first") from None
+                # No flock on this filesystem: the store's lock (above) is all there is.
+            if os.listdir(path):
+                raise CliError(ExitCode.USAGE, f"{path} is not empty: a rebuild writes new files and never deletes or "
+                                               "appends to existing ones; move it aside first (queues whose records "
+                                               "have all left the log cannot be rebuilt: keep those)")  # fmt: skip
+            created.append(path)
+        yield dirs
+    except BaseException:
+        for path in created:  # empty when claimed, held by us since: only our files are there
+            for name in os.listdir(path):
+                entry = os.path.join(path, name)
+                if os.path.isdir(entry) and not os.path.islink(entry):
+                    shutil.rmtree(entry)
+                else:
+                    os.unlink(entry)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if lock is not None:
+            lock.release()
