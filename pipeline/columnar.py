@@ -266,7 +266,8 @@ def decode_batch(
     a: np.ndarray | None = None,
 ) -> pa.RecordBatch:
     """The requested columns of the records starting at `positions` (each a walk step whose
-    header was plausible). Rows that fail full decoding come out with `error` set."""
+    header was plausible). Rows that fail full decoding come out with `error` set, as does a
+    position where no record fits (never an exception)."""
     if a is None:
         a = np.frombuffer(buf, dtype=np.uint8)
     if fast:
@@ -281,6 +282,10 @@ def _decode_fast(
 ) -> pa.RecordBatch | None:
     n = len(positions)
     offs = np.asarray(positions, dtype=np.int64)
+    # The gathers below do not check bounds: a position where no header fits (a damaged index
+    # entry, say) goes to the exact path, which reports it rather than raising IndexError.
+    if n and (int(offs.min()) < 0 or int(offs.max()) + _BODY_POS > len(a)):
+        return None
     total = _be32(a, offs)
     magic = _be32(a, offs + 4)
     sys_flag = _be32(a, offs + SYSFLAG_POSITION)
@@ -289,7 +294,7 @@ def _decode_fast(
     # Validate the field lengths as read_record does; clip indices so a bad row cannot read
     # outside its record before the batch is handed to the exact path.
     body_len = _be32(a, offs + BODY_SIZE_POSITION_V4).astype(np.int64)
-    ok = (body_len >= 0) & (_BODY_POS + body_len + 3 <= total)
+    ok = (body_len >= 0) & (_BODY_POS + body_len + 3 <= total) & (offs + total <= len(a))
     if not ok.all():
         return None
     topic_pos = offs + _BODY_POS + body_len
@@ -429,8 +434,10 @@ def _decode_exact(
         if got.kind is RecordKind.MESSAGE and got.record is not None:
             rows.append(_record_values(got.record, seg))
         else:
-            # The walk advances by the header's TOTALSIZE, so that is the range reported.
-            rows.append(corrupt_values(seg, pos, _I.unpack_from(buf, pos)[0], got.reason or got.kind.value))
+            # The walk advances by the header's TOTALSIZE, so that is the range reported (0
+            # where not even that fits: a position no walk gave, such as a damaged index's).
+            length = _I.unpack_from(buf, pos)[0] if 0 <= pos <= len(buf) - 4 else 0
+            rows.append(corrupt_values(seg, pos, length, got.reason or got.kind.value))
     return rows_to_batch(rows, schema)
 
 
