@@ -27,12 +27,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqstore.log import get_logger
 from mqstore.storage.codec import (
     CQ_STORE_UNIT_SIZE,
+    DEFAULT_MAX_MESSAGE_SIZE,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
+    RecordKind,
+    cal_msg_length,
+    read_record,
 )
+from mqstore.storage.consume_queue import FILLER_UNIT_SIZE
+
+from .segments import Segment
+
+log = get_logger(__name__)
 
 EARLIEST: Final = -2
 LATEST: Final = -1
@@ -40,6 +50,7 @@ _NO_END: Final = np.iinfo(np.int64).max
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US: Final = timedelta(microseconds=1)
 _CQ_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+_MIN_RECORD: Final = cal_msg_length(0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -177,48 +188,83 @@ class ReadBounds:
         in_queue = (tx != TRANSACTION_PREPARED_TYPE) & (tx != TRANSACTION_ROLLBACK_TYPE)
         return np.asarray(in_queue & (qoff >= start) & (qoff < end), dtype=bool)
 
-    def commitlog_range(self, store_dirs: Sequence[str]) -> tuple[int, int]:
-        """[lo, hi) of commitlog offsets that can hold a wanted record: the pushed range,
-        narrowed by ConsumeQueue entries when the topics are known and their queues are there.
+    def pushed_range(self) -> tuple[int, int]:
+        """[lo, hi) of commitlog offsets the pushed commitlog_offset filters allow."""
+        return self.commitlog_from or 0, self.commitlog_until if self.commitlog_until is not None else _NO_END
 
-        Conservative: a queue without a ConsumeQueue, or an offset the ConsumeQueue does not
-        hold, leaves the range open on that side. Records not yet dispatched to a ConsumeQueue
-        lie after every dispatched one, so they are never cut off by a lower bound."""
-        lo = self.commitlog_from or 0
-        hi = self.commitlog_until if self.commitlog_until is not None else _NO_END
+    def commitlog_range(
+        self, store_dir: str, segments: Sequence[Segment], max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    ) -> tuple[int, int]:
+        """[lo, hi) of one store's commitlog offsets that can hold a wanted record: the pushed
+        range, narrowed by that store's own ConsumeQueue units (`segments`: the store's
+        segments, to check them against) when the wanted queues are known and their units
+        can be trusted. Offsets of different stores are unrelated: one range per store.
+
+        Conservative, since a record pruned here is lost without a trace: the range stays
+        open when a wanted queue has no ConsumeQueue directory (deleted, not copied, a bare
+        commitlog), when a queue no JSON names may be wanted (its directory may be missing
+        too, so only a pushed queue_id filter bounds the queues), and when a unit is
+        implausible or does not point at its own record. Records not yet dispatched to a
+        ConsumeQueue lie after every dispatched one, so a lower bound never cuts them off."""
+        lo, hi = self.pushed_range()
         if self.topics is None or not self.queue_bounded:
             return lo, hi
-        cq_lo, cq_hi = _NO_END, 0
-        for topic in self.topics:
-            queues = _queues_of(store_dirs, topic)
-            if not queues:
-                return lo, hi  # no ConsumeQueue for a wanted topic: scan
-            for queue_id, queue_dir in queues:
-                if self.queue_ids is not None and queue_id not in self.queue_ids:
-                    continue
-                units = _cq_units(queue_dir)
-                if units is None:
-                    return lo, hi
-                first, entries = units
-                start = self.starting.get(topic, {}).get(queue_id, self.default_start)
-                end = self.ending.get(topic, {}).get(queue_id, self.default_end)
-                s = _offset_floor(start)
-                if s <= first or not len(entries):
-                    cq_lo = 0
-                elif s - first < len(entries):
-                    cq_lo = min(cq_lo, int(entries["offset"][s - first]))
-                else:  # past the last entry: whatever comes is not dispatched yet
-                    last = entries[-1]
-                    cq_lo = min(cq_lo, int(last["offset"]) + int(last["size"]))
-                e = _offset_ceiling(end)
-                if e == _NO_END or e - 1 - first >= len(entries) or not len(entries):
-                    cq_hi = _NO_END
-                elif e - 1 >= first:
-                    unit = entries[e - 1 - first]
-                    cq_hi = max(cq_hi, int(unit["offset"]) + int(unit["size"]))
+        try:
+            got = self._consume_queue_range(store_dir, segments, max_message_size)
+        except OSError as exc:  # a file that went away or cannot be read: scan
+            log.warning("consume_queue_unreadable", store=store_dir, error=str(exc))
+            return lo, hi
+        if got is None:
+            return lo, hi
+        cq_lo, cq_hi = got
         if cq_lo == _NO_END:  # no queue selected
             return lo, lo
         return max(lo, cq_lo), min(hi, max(cq_hi, cq_lo))
+
+    def _consume_queue_range(
+        self, store_dir: str, segments: Sequence[Segment], max_message_size: int
+    ) -> tuple[int, int] | None:
+        """(lo, hi) over the wanted queues' units; None: do not prune this store."""
+        assert self.topics is not None
+        if self.queue_ids is None and _offset_floor(self.default_start) < _offset_ceiling(self.default_end):
+            return None  # every queue id no JSON names is wanted, known or not
+        cq_lo, cq_hi = _NO_END, 0
+        for topic in sorted(self.topics):
+            starting, ending = self.starting.get(topic, {}), self.ending.get(topic, {})
+            queue_ids = self.queue_ids if self.queue_ids is not None else frozenset(starting) | frozenset(ending)
+            for queue_id in sorted(queue_ids):
+                s = _offset_floor(starting.get(queue_id, self.default_start))
+                e = _offset_ceiling(ending.get(queue_id, self.default_end))
+                if s >= e:
+                    continue  # nothing wanted from this queue
+                queue_dir = os.path.join(store_dir, "consumequeue", topic, str(queue_id))
+                units = _cq_units(queue_dir) if os.path.isdir(queue_dir) else None
+                if units is None:
+                    return None  # nothing says where this queue's records lie
+                first, entries = units
+                why = _implausible(entries, max_message_size)
+                if why:
+                    log.warning("consume_queue_implausible", queue=queue_dir, reason=why)
+                    return None
+                check = _UnitCheck(segments, topic, queue_id, first, entries, max_message_size)
+                # Lower end: the wanted record with the lowest queue offset (or, past the last
+                # unit, the end of the last one) starts no earlier than the unit of s.
+                if s <= first or not len(entries):
+                    q_lo: int | None = 0
+                elif s - first < len(entries):
+                    q_lo = check.start_of(s)
+                else:
+                    q_lo = check.end_of(first + len(entries) - 1, filler=0)
+                # Upper end: the record of e - 1 ends the wanted ones.
+                if e == _NO_END or not len(entries) or e - 1 < first or e - 1 - first >= len(entries):
+                    q_hi: int | None = _NO_END
+                else:
+                    q_hi = check.end_of(e - 1, filler=_NO_END)
+                if q_lo is None or q_hi is None:
+                    log.warning("consume_queue_unit_mismatch", queue=queue_dir, reason=check.failed)
+                    return None
+                cq_lo, cq_hi = min(cq_lo, q_lo), max(cq_hi, q_hi)
+        return cq_lo, cq_hi
 
 
 def _np(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -241,23 +287,89 @@ def _offset_ceiling(off: int) -> int:
     return _NO_END if off == LATEST else 0 if off == EARLIEST else off
 
 
-def _queues_of(store_dirs: Sequence[str], topic: str) -> list[tuple[int, str]]:
-    found: list[tuple[int, str]] = []
-    for store in store_dirs:
-        topic_dir = os.path.join(store, "consumequeue", topic)
-        if not os.path.isdir(topic_dir):
-            continue
-        for name in os.listdir(topic_dir):
-            if name.lstrip("-").isdigit() and os.path.isdir(os.path.join(topic_dir, name)):
-                found.append((int(name), os.path.join(topic_dir, name)))
-    return found
+def _is_filler(offset: int, size: int) -> bool:
+    return offset == 0 and size == FILLER_UNIT_SIZE
+
+
+def _implausible(entries: np.ndarray, max_message_size: int) -> str:
+    """Why the real (non-filler) units of a queue cannot be those of a ConsumeQueue, or ""."""
+    offsets = entries["offset"].astype(np.int64)
+    sizes = entries["size"].astype(np.int64)
+    real = ~((offsets == 0) & (sizes == FILLER_UNIT_SIZE))
+    offsets, sizes = offsets[real], sizes[real]
+    bad = np.nonzero((sizes < _MIN_RECORD) | (sizes > max_message_size))[0]
+    if len(bad):
+        return f"unit size {int(sizes[bad[0]])} is not a record's"
+    # A queue's records lie in commitlog order and never overlap.
+    bad = np.nonzero(offsets[:-1] + sizes[:-1] > offsets[1:])[0]
+    if len(bad):
+        return f"unit at commitlog offset {int(offsets[bad[0] + 1])} does not follow {int(offsets[bad[0]])}"
+    return ""
+
+
+class _UnitCheck:
+    """Commitlog offsets from one queue's units, each checked against the record it points
+    at (one read): inside a segment of the store, and that record's own topic, queue id,
+    queue offset, physical offset and size are the unit's."""
+
+    def __init__(
+        self, segments: Sequence[Segment], topic: str, queue_id: int, first: int, entries: np.ndarray, max_message_size: int
+    ) -> None:
+        self.segments = segments
+        self.topic = topic
+        self.queue_id = queue_id
+        self.first = first
+        self.entries = entries
+        self.max_message_size = max_message_size
+        self.failed = ""
+
+    def start_of(self, queue_offset: int) -> int | None:
+        """Where the record of queue_offset starts (0 for a filler unit: it says nothing);
+        None when the unit does not hold."""
+        offset, size = self._unit(queue_offset)
+        if _is_filler(offset, size):
+            return 0
+        return offset if self._holds(queue_offset, offset, size) else None
+
+    def end_of(self, queue_offset: int, filler: int) -> int | None:
+        """Where the record of queue_offset ends (`filler` for a filler unit, the side's
+        open end); None as `start_of`."""
+        offset, size = self._unit(queue_offset)
+        if _is_filler(offset, size):
+            return filler
+        return offset + size if self._holds(queue_offset, offset, size) else None
+
+    def _unit(self, queue_offset: int) -> tuple[int, int]:
+        unit = self.entries[queue_offset - self.first]
+        return int(unit["offset"]), int(unit["size"])
+
+    def _holds(self, queue_offset: int, offset: int, size: int) -> bool:
+        seg = next((g for g in self.segments if g.base_offset is not None
+                    and g.base_offset <= offset and offset + size <= g.base_offset + g.file_size), None)  # fmt: skip
+        if seg is None or seg.base_offset is None:
+            self.failed = f"unit {queue_offset}: commitlog offset {offset} (size {size}) is in no segment"
+            return False
+        with open(seg.path, "rb") as f:
+            data = os.pread(f.fileno(), size, offset - seg.base_offset)
+        got = read_record(data, 0, len(data), read_body=False, max_message_size=self.max_message_size)
+        rec = got.record
+        if got.kind is not RecordKind.MESSAGE or rec is None:
+            self.failed = f"unit {queue_offset}: no record at commitlog offset {offset}: {got.reason}"
+            return False
+        seen = (rec.topic, rec.queue_id, rec.queue_offset, rec.commitlog_offset, rec.total_size)
+        if seen != (self.topic, self.queue_id, queue_offset, offset, size):
+            self.failed = (f"unit {queue_offset} ({offset}, size {size}) points at a record of {rec.topic} queue "
+                           f"{rec.queue_id} offset {rec.queue_offset} saying it is at {rec.commitlog_offset}, "
+                           f"size {rec.total_size}")  # fmt: skip
+            return False
+        return True
 
 
 def _cq_units(queue_dir: str) -> tuple[int, np.ndarray] | None:
     """(first queue offset, valid entries) of one queue's files; None when they are not one
     contiguous run (a gap: do not guess)."""
     names = sorted(n for n in os.listdir(queue_dir) if len(n) == 20 and n.isdigit())
-    if not names:
+    if not names or int(names[0]) % CQ_STORE_UNIT_SIZE:
         return None
     parts: list[np.ndarray] = []
     first = int(names[0]) // CQ_STORE_UNIT_SIZE
@@ -275,7 +387,8 @@ def _cq_units(queue_dir: str) -> tuple[int, np.ndarray] | None:
             break
         expect += len(data)
     entries = np.concatenate(parts) if parts else np.zeros(0, dtype=_CQ_DTYPE)
-    # A store that expired its head keeps filler units (offset 0): those tell nothing.
+    # A store that expired its head keeps filler units (offset 0): those tell nothing
+    # (`_UnitCheck` leaves the range open at one).
     return first, entries
 
 

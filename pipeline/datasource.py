@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import glob
 import json
+import mmap
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -92,13 +93,29 @@ from pyspark.sql.types import (
 
 import struct
 
-from mqstore.storage.codec import DEFAULT_MAX_MESSAGE_SIZE, PHYSICAL_OFFSET_POSITION, body_crc_mismatch
+from mqstore.storage.codec import (
+    BLANK_MAGIC_CODE,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PHYSICAL_OFFSET_POSITION,
+    body_crc_mismatch,
+)
 
 from .bounds import ReadBounds, parse_offsets, parse_timestamp_ms, parse_topic_pattern, to_epoch_us
 from mqstore.storage import speedups
 
 from .columnar import COLUMNS, _be64, corrupt_values, decode_batch, decode_native_run, rows_to_batch
-from .segments import Segment, StepResult, discover_segments, message_runs, open_segment, parse_size, plan_segment
+from .segments import (
+    Segment,
+    Step,
+    StepResult,
+    discover_segments,
+    header_ok,
+    message_runs,
+    open_segment,
+    parse_size,
+    plan_segment,
+    step_at,
+)
 
 from mqstore.log import get_logger
 
@@ -316,6 +333,29 @@ def _store_dirs(paths: Sequence[str]) -> list[str]:
     return dirs
 
 
+def consume_queue_store(segment_path: str) -> str:
+    """The store directory whose consumequeue/ indexes a segment: the parent of its
+    commitlog/ directory, else the directory the segment lies in."""
+    parent = os.path.dirname(segment_path)
+    return os.path.dirname(parent) if os.path.basename(parent) == "commitlog" else parent
+
+
+def prune_by_store(
+    splits: Sequence[SegmentSplit], bounds: ReadBounds, use_consume_queue: bool, max_message_size: int
+) -> list[SegmentSplit]:
+    """`splits` pruned by each store's own commitlog range: the offsets of two stores are
+    unrelated, so one store's ConsumeQueue says nothing about another's bytes."""
+    segments: dict[str, dict[str, Segment]] = {}
+    for split in splits:
+        segments.setdefault(consume_queue_store(split.path), {})[split.path] = split.segment
+    ranges = {
+        store: bounds.commitlog_range(store, list(own.values()), max_message_size)
+        if use_consume_queue else bounds.pushed_range()
+        for store, own in segments.items()
+    }  # fmt: skip
+    return [s for s in splits if prune_splits([s], *ranges[consume_queue_store(s.path)])]
+
+
 def prune_splits(splits: Sequence[SegmentSplit], lo: int, hi: int) -> list[SegmentSplit]:
     """The splits that can hold a record at a commitlog offset in [lo, hi); a segment whose
     name does not give its base offset is always kept."""
@@ -325,24 +365,108 @@ def prune_splits(splits: Sequence[SegmentSplit], lo: int, hi: int) -> list[Segme
     ]  # fmt: skip
 
 
-# (path, size, mtime_ns, split_size, max_message_size) -> ranges; the planner process is
-# reused across queries (spark.python.worker.reuse), so a second query skips the walk.
-_PLAN_CACHE: dict[tuple[str, int, int, int, int], list[tuple[int, int]]] = {}
+@dataclass(frozen=True)
+class _CachedPlan:
+    """A segment's ranges as last planned, and the file they were planned from."""
+
+    # The segment's span (the walk's limit; `Segment.file_size` grows when a later segment
+    # goes missing), then st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns of its file.
+    identity: tuple[int, int, int, int, int, int]
+    ranges: tuple[tuple[int, int], ...]
+    # The walk stopped at an END_OF_FILE blank: the writer has rolled to the next segment, so
+    # nothing is ever appended here and every range, the last one too, is final.
+    sealed: bool
+
+
+# (path, split_size, max_message_size) -> the last plan; the planner process is reused across
+# queries (spark.python.worker.reuse), so a second query skips most of the walk. Only a sealed
+# segment's plan is reused whole: a live segment is preallocated (its size never changes) and
+# writes through a shared mapping do not reliably move its mtime, so its open-ended last range
+# is walked again on every query, from that range's start (a position the walk visits).
+_PLAN_CACHE: dict[tuple[str, int, int], _CachedPlan] = {}
 PLAN_CACHE_MAX_SEGMENTS = 16384  # about 16 TiB of 1 GiB segments; then start over
+
+
+def _identity(seg: Segment) -> tuple[int, int, int, int, int, int]:
+    # The inode tells a replaced file (cp -p, rsync -t: same size and mtime) from the one
+    # planned; ctime cannot be set back by utime, so it catches an in-place rewrite as well.
+    st = os.stat(seg.path)
+    return seg.file_size, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def plan_from(
+    buf: mmap.mmap | bytes, seg: Segment, start: int, split_size: int, max_message_size: int
+) -> list[tuple[int, int]]:
+    """`plan_segment`'s ranges from `start` on, where `start` is one of its cuts (or 0): the
+    walk is memoryless, so these are the ranges a walk from the segment's start would give
+    after that cut, and `plan_from(buf, seg, 0, ...) == plan_segment(buf, seg, ...)`."""
+    cuts = [start]
+    target = (start // split_size + 1) * split_size
+    pos = start
+    limit = seg.file_size
+    native = speedups.native
+    while pos < limit:
+        if native is not None:
+            # The C walk over plain records up to the next cut, as in plan_segment.
+            pos = native.decode_arrow_run(buf, pos, min(target, limit), min(limit, len(buf)), max_message_size,
+                                          1 << 40, 1 << 62, False, ())[0]  # fmt: skip
+            if target <= pos < limit:
+                cuts.append(pos)
+                target = (pos // split_size + 1) * split_size
+                continue
+            if pos >= limit:
+                break
+        total = header_ok(buf, pos, limit, max_message_size)
+        if total:
+            pos += total
+        else:
+            res = step_at(buf, pos, seg, max_message_size)
+            if res.step is Step.END:
+                break
+            pos = res.next_pos
+        if target <= pos < limit:
+            cuts.append(pos)
+            target = (pos // split_size + 1) * split_size
+    end = min(pos, limit)
+    if cuts[-1] >= end:
+        cuts.pop()
+    ranges = [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    if cuts and cuts[-1] < end:
+        ranges.append((cuts[-1], end))
+    return ranges
+
+
+def _sealed(buf: mmap.mmap | bytes, ranges: Sequence[tuple[int, int]]) -> bool:
+    end = ranges[-1][1] if ranges else 0
+    return end + 8 <= len(buf) and _I32.unpack_from(buf, end + 4)[0] == BLANK_MAGIC_CODE
+
+
+def segment_ranges(seg: Segment, split_size: int, max_message_size: int) -> list[tuple[int, int]]:
+    """The byte ranges of one segment, from the plan cache where that is safe."""
+    identity = _identity(seg)
+    key = (seg.path, split_size, max_message_size)
+    cached = _PLAN_CACHE.get(key)
+    if cached is not None and cached.identity == identity and cached.sealed:
+        return list(cached.ranges)
+    buf = open_segment(seg.path)
+    if not len(buf):
+        ranges: list[tuple[int, int]] = []
+    elif cached is not None and cached.identity == identity and cached.ranges:
+        # Unchanged file, maybe appended to: the ranges before the last one end at cuts and
+        # stay; the last one is cut again as far as the data now goes.
+        ranges = list(cached.ranges[:-1]) + plan_from(buf, seg, cached.ranges[-1][0], split_size, max_message_size)
+    else:
+        ranges = plan_segment(buf, seg, split_size, max_message_size)
+    if len(_PLAN_CACHE) >= PLAN_CACHE_MAX_SEGMENTS:
+        _PLAN_CACHE.clear()
+    _PLAN_CACHE[key] = _CachedPlan(identity, tuple(ranges), bool(len(buf)) and _sealed(buf, ranges))
+    return ranges
 
 
 def plan_splits(paths: Sequence[str], split_size: int, max_message_size: int) -> list[SegmentSplit]:
     splits: list[SegmentSplit] = []
     for seg in discover_segments(list(paths)):
-        st = os.stat(seg.path)
-        key = (seg.path, st.st_size, st.st_mtime_ns, split_size, max_message_size)
-        ranges = _PLAN_CACHE.get(key)
-        if ranges is None:
-            buf = open_segment(seg.path)
-            ranges = plan_segment(buf, seg, split_size, max_message_size) if len(buf) else []
-            if len(_PLAN_CACHE) >= PLAN_CACHE_MAX_SEGMENTS:
-                _PLAN_CACHE.clear()
-            _PLAN_CACHE[key] = ranges
+        ranges = segment_ranges(seg, split_size, max_message_size)
         splits.extend(SegmentSplit(seg.path, seg.base_offset, seg.file_size, s, e) for s, e in ranges)
     return splits
 
@@ -424,11 +548,7 @@ class RocketMQReader(DataSourceReader):
         if self.bounds.empty:
             return [CommitLogPartition(())]
         splits = plan_splits(self.paths, self.split_size, self.max_message_size)
-        if self.use_consume_queue:
-            lo, hi = self.bounds.commitlog_range(_store_dirs(self.paths))
-        else:
-            lo, hi = self.bounds.commitlog_from or 0, self.bounds.commitlog_until or (1 << 63) - 1
-        splits = prune_splits(splits, lo, hi)
+        splits = prune_by_store(splits, self.bounds, self.use_consume_queue, self.max_message_size)
         parts = pack_splits(splits, self.split_size)
         log.info("planned", segments=len({s.path for s in splits}), splits=len(splits), partitions=len(parts),
                  split_size=self.split_size)  # fmt: skip

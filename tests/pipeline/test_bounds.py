@@ -129,15 +129,26 @@ def planned_bytes(reader: RocketMQReader) -> int:
     return sum(s.end - s.start for p in reader.partitions() for s in p.splits)  # type: ignore[attr-defined]
 
 
+def queues_pushed(options: dict[str, str], queue_ids: tuple[int, ...]) -> RocketMQReader:
+    """A reader told `queue_id IN queue_ids`, as Spark pushes it."""
+    from pyspark.sql.datasource import In
+
+    reader = RocketMQPushdownReader(options, SCHEMA)
+    assert not list(reader.pushFilters([In(("queue_id",), queue_ids)]))
+    return reader
+
+
 def test_consume_queues_narrow_the_bytes_planned(store: Path) -> None:
     base = {"paths": json.dumps([str(store)]), "splitsize": "8k"}
     everything = planned_bytes(RocketMQReader(base, SCHEMA))
     # Every orders queue from offset 60 of 70: only the log's last part can hold those records.
     late_opts = {**base, "topics": "orders", "startingoffsets": '{"orders":{"0":60,"1":60,"2":60}}'}
-    late = planned_bytes(RocketMQReader(late_opts, SCHEMA))
+    late = planned_bytes(queues_pushed(late_opts, (0, 1, 2)))
     assert 0 < late < everything / 4
-    # One queue left at earliest: its records may be anywhere, so nothing is cut.
-    assert planned_bytes(RocketMQReader({**late_opts, "startingoffsets": '{"orders":{"0":60,"1":60}}'}, SCHEMA)) == everything
+    # Without a queue filter a queue no JSON names (its ConsumeQueue directory maybe missing)
+    # is read whole, so nothing is cut; nor when a queue is left at earliest.
+    assert planned_bytes(RocketMQReader(late_opts, SCHEMA)) == everything
+    assert planned_bytes(queues_pushed({**late_opts, "startingoffsets": '{"orders":{"0":60,"1":60}}'}, (0, 1, 2))) == everything
     scan = planned_bytes(RocketMQReader({**late_opts, "useconsumequeue": "false"}, SCHEMA))
     assert scan == everything
 
