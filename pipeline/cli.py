@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import Any
 
@@ -24,6 +25,24 @@ JOBS: dict[str, tuple[str, str]] = {
 
 EXIT_CORRUPT = 3  # mqstore's "corrupt data found" (mqstore.cli.ExitCode.CORRUPT)
 EXIT_FAILURE = 1
+_TRACEBACK = "Traceback (most recent call last):"
+_QUALIFIED = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*:)")
+
+
+def error_cause(text: str) -> str:
+    """The line of a Spark error that names its cause: the exception line ending the last
+    Python traceback inside it (Spark's first line is often only "...: Traceback (most
+    recent call last):"), without its module path; else the first line."""
+    lines = text.splitlines()
+    cause = ""
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith(_TRACEBACK):
+            # Frames are indented; the exception line that ends the traceback is not.
+            after = (x.strip() for x in lines[i + 1 :] if x.strip() and not x[:1].isspace())
+            cause = next(after, cause)
+    if not cause:
+        cause = next((x.strip() for x in lines if x.strip()), "")
+    return _QUALIFIED.sub("", cause)
 
 
 def _handler(module_name: str) -> Any:
@@ -41,7 +60,7 @@ def _handler(module_name: str) -> Any:
                     sys.stderr.write(f"mqstore spark {ns.spark_command}: {reason}\n")
                     return EXIT_CORRUPT
             if type(exc).__module__.startswith(("pyspark", "py4j")):
-                sys.stderr.write(f"mqstore spark {ns.spark_command}: job failed: {text.splitlines()[0] if text else exc!r}\n")
+                sys.stderr.write(f"mqstore spark {ns.spark_command}: job failed: {error_cause(text) or repr(exc)}\n")
                 return EXIT_FAILURE
             raise
 

@@ -3,10 +3,15 @@
 No Spark here: the planner and the readers of the `rocketmq` data source, the bench and the
 lookup job all share this walk, so every split size yields the same records.
 
-The walk is memoryless: the next position depends only on the current position and the
-bytes of the segment. The planner walks each segment once (8-byte headers, jumping by
-TOTALSIZE) and cuts splits at positions the walk visits; a reader started at such a position
-therefore visits exactly the positions the planner would have visited after it.
+The walk is memoryless: the next position depends only on the current position, the bytes
+of the segment and its span (`Segment.file_size`; at the end of its records, whether the
+next segment starts with one). The planner walks each segment once (8-byte headers, jumping
+by TOTALSIZE) and cuts splits at positions the walk visits; a reader started at such a
+position therefore visits exactly the positions the planner would have visited after it.
+
+A segment ends at an END_OF_FILE blank, or (the last one written) at unwritten zeros. Bytes of
+its span that no file holds (a missing segment, a file cut short) and zeros before a segment
+that holds records are damage: CORRUPT steps, which the data source reports as error rows.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import glob
 import mmap
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Iterator
 
 from mqstore.storage import speedups
+from mqstore.storage.commitlog import segment_size_of
 
 from mqstore.storage.codec import (
     BLANK_MAGIC_CODE,
@@ -40,6 +47,9 @@ _MIN_RECORD_V2: Final = cal_msg_length(0, 0, 0, 0, True)
 _MAGIC_V1_BYTES: Final = struct.pack(">i", MESSAGE_MAGIC_CODE)
 _MAGIC_V2_BYTES: Final = struct.pack(">i", MESSAGE_MAGIC_CODE_V2)
 _BLANK_BYTES: Final = struct.pack(">i", BLANK_MAGIC_CODE)
+# A range past a file's end is reported in pieces that end on multiples of this (absolute
+# offsets): the `size` column is an int32, and several missing 1 GiB segments are not.
+_GAP_PIECE: Final = 1 << 30
 
 
 class SegmentError(ValueError):
@@ -51,8 +61,10 @@ class Segment:
     """One CommitLog segment file.
 
     `base_offset` is the global offset of its first byte (from the 20-digit name), or None
-    when the file was renamed and the name says nothing; `file_size` is its length, which is
-    the segment size (segments are created full size, §4.1).
+    when the file was renamed and the name says nothing. `file_size` is the span of the log
+    the segment stands for: its length (segments are created full size, §4.1), or more when
+    the file is shorter than that span, cut short or followed by missing segments
+    (`discover_segments`); the walk reports the bytes past the file's end as damage.
     """
 
     path: str
@@ -60,15 +72,73 @@ class Segment:
     file_size: int
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _not_regular(path: str, mode: int) -> SegmentError:
+    return SegmentError(f"{path} is {_kind(mode)} where a CommitLog segment file belongs; move it out of the directory")
+
+
+def _regular_size(path: str) -> int:
+    """The length of the regular file at path (links followed, as the store does); a FIFO,
+    directory or device where a segment belongs is an error naming it: reading a FIFO would
+    block for good."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise SegmentError(f"{path}: cannot read this segment: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode)
+    return st.st_size
+
+
 def _segment(path: str) -> Segment:
     name = os.path.basename(path)
     base = int(name) if _SEGMENT_NAME.match(name) else None
-    return Segment(path=os.path.abspath(path), base_offset=base, file_size=os.path.getsize(path))
+    return Segment(path=os.path.abspath(path), base_offset=base, file_size=_regular_size(path))
+
+
+def _directory_segments(directory: str, names: list[str]) -> list[Segment]:
+    """The segments `names` (ascending) of one commitlog directory, each spanning the log up to
+    where the next one starts, and the last up to the segment size (the store tools' rule,
+    `segment_size_of`): the bytes no file holds (a missing segment, a file cut short) are then
+    walked past the file's end and reported, never skipped."""
+    paths = [os.path.join(directory, n) for n in names]
+    starts = [int(n) for n in names]
+    lengths = [_regular_size(p) for p in paths]
+    size = segment_size_of(starts, list(lengths))
+    # An empty file cannot be mapped or read: its span belongs to the file before it. Empty
+    # files after the last one with data are segments being created (a live store's roll).
+    present = [i for i, n in enumerate(lengths) if n > 0]
+    if present and present[0] > 0:
+        raise SegmentError(f"{paths[0]} is empty but later segments hold data: commitlog offsets "
+                           f"[{starts[0]}, {starts[present[0]]}) are on no file")  # fmt: skip
+    found: list[Segment] = []
+    for k, i in enumerate(present):
+        if k + 1 < len(present):
+            span = starts[present[k + 1]] - starts[i]
+        else:  # the last file with data: up to its segment's end
+            span = size if size and starts[i] % size == 0 else 0
+        found.append(Segment(os.path.abspath(paths[i]), starts[i], max(lengths[i], span)))
+    # Empty files (nothing to read) stay listed as before, spanning nothing.
+    found.extend(Segment(os.path.abspath(paths[i]), starts[i], 0) for i, n in enumerate(lengths) if n == 0)
+    found.sort(key=lambda seg: seg.base_offset or 0)
+    return found
 
 
 def discover_segments(paths: str | list[str]) -> list[Segment]:
     """Segments under store dirs, commitlog dirs or single files (glob patterns too), in
-    offset order per dir."""
+    offset order per dir. Only regular files are read (a FIFO named like a segment would
+    block the reader for good): anything else named like a segment is a SegmentError."""
     if isinstance(paths, str):
         paths = [p for p in paths.split(",") if p]
     expanded: list[str] = []
@@ -82,17 +152,20 @@ def discover_segments(paths: str | list[str]) -> list[Segment]:
             expanded.append(path)
     found: list[Segment] = []
     for path in expanded:
-        if os.path.isfile(path):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            raise SegmentError(f"{path}: no such file or directory") from exc
+        if not stat.S_ISDIR(mode):
+            # A file named by hand spans its own length: the segments around it were not asked for.
             found.append(_segment(path))
             continue
-        if not os.path.isdir(path):
-            raise SegmentError(f"{path}: no such file or directory")
         clog = os.path.join(path, "commitlog")
         directory = clog if os.path.isdir(clog) else path
         names = sorted(n for n in os.listdir(directory) if _SEGMENT_NAME.match(n))
         if not names:
             raise SegmentError(f"{path}: no 20-digit CommitLog segment files in {directory}")
-        found.extend(_segment(os.path.join(directory, n)) for n in names)
+        found.extend(_directory_segments(directory, names))
     return found
 
 
@@ -111,7 +184,10 @@ class StepResult:
 
 
 def header_ok(buf: mmap.mmap | bytes, pos: int, limit: int, max_message_size: int) -> int:
-    """TOTALSIZE if the 8 bytes at pos start a plausible message record, else 0."""
+    """TOTALSIZE if the 8 bytes at pos start a plausible message record that ends by limit
+    (at most the buffer's end), else 0."""
+    if limit > len(buf):  # a file cut short of its span: no record runs past its bytes
+        limit = len(buf)
     if pos + 8 > limit:
         return 0
     total: int
@@ -132,7 +208,7 @@ def _data_follows(path: str, pos: int) -> bool:
     """False when everything after pos is a hole: a preallocated (sparse) segment's unwritten
     tail. Saves scanning, and faulting in, up to a GiB of zeros; True when unsure."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # never blocks, even on a FIFO
     except OSError:
         return True
     try:
@@ -162,21 +238,23 @@ def _resync(buf: mmap.mmap | bytes, pos: int, seg: Segment, max_message_size: in
 
     A candidate must decode fully and, when the segment's base is known, carry its own
     PHYSICALOFFSET, so a body that happens to contain the magic bytes is not mistaken for a
-    record. (-1, False) when nothing valid follows. Bounded by the segment size.
+    record. (-1, False) when nothing valid follows. Bounded by the file's end.
     """
-    limit = seg.file_size
+    limit = min(seg.file_size, len(buf))
     if not _data_follows(seg.path, pos + 8) or not _nonzero_follows(buf, pos + 8, limit):
         return -1, False
     best_blank = -1
-    i = buf.find(_BLANK_BYTES, pos + 5)
+    i = buf.find(_BLANK_BYTES, pos + 5, limit)
     while i != -1:
         cand = i - 4
-        if _II.unpack_from(buf, cand)[0] == limit - cand:
+        # A blank fills its segment to the end: the file's, or the span's when only the
+        # filler is cut off.
+        if _II.unpack_from(buf, cand)[0] in (limit - cand, seg.file_size - cand):
             best_blank = cand
             break
-        i = buf.find(_BLANK_BYTES, i + 1)
+        i = buf.find(_BLANK_BYTES, i + 1, limit)
     for magic_bytes in (_MAGIC_V1_BYTES, _MAGIC_V2_BYTES):
-        i = buf.find(magic_bytes, pos + 5)
+        i = buf.find(magic_bytes, pos + 5, limit)
         while i != -1 and (best_blank == -1 or i - 4 < best_blank):
             cand = i - 4
             if header_ok(buf, cand, limit, max_message_size):
@@ -185,36 +263,113 @@ def _resync(buf: mmap.mmap | bytes, pos: int, seg: Segment, max_message_size: in
                     seg.base_offset is None or found.record.commitlog_offset == seg.base_offset + cand
                 ):
                     return cand, False
-            i = buf.find(magic_bytes, i + 1)
+            i = buf.find(magic_bytes, i + 1, limit)
     return (best_blank, True) if best_blank != -1 else (-1, False)
+
+
+def _piece_end(seg: Segment, pos: int, end: int) -> int:
+    """Where a damaged range from pos stops when no valid record follows it in the file:
+    the segment's end, the pieces past the file's end (`end`) bounded by `_GAP_PIECE`."""
+    if end >= seg.file_size or (pos < end and end - pos >= _GAP_PIECE):
+        return end if pos < end else seg.file_size
+    base = seg.base_offset or 0
+    past = base + max(pos, end)
+    return min(seg.file_size, (past // _GAP_PIECE + 1) * _GAP_PIECE - base)
+
+
+def _missing(seg: Segment, pos: int, end: int) -> str:
+    """Why the bytes from pos (at or past the file's end) are damage."""
+    base = seg.base_offset or 0
+    nxt = _piece_end(seg, pos, end)
+    return (f"no segment file holds commitlog offsets [{base + pos}, {base + nxt}) ({os.path.basename(seg.path)} "
+            f"ends at offset {base + end}, the next segment starts at {base + seg.file_size}: a segment file is "
+            "missing or cut short)")  # fmt: skip
+
+
+def _next_segment_has_data(seg: Segment) -> bool:
+    """Whether the segment file that follows seg's span starts with a record (or anything
+    but zeros). Then zeros to seg's end are not its unwritten tail: records are missing."""
+    if seg.base_offset is None:
+        return False
+    path = os.path.join(os.path.dirname(seg.path), "%020d" % (seg.base_offset + seg.file_size))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and any(os.pread(fd, 8, 0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _end_of_data(
+    buf: mmap.mmap | bytes, pos: int, seg: Segment, covered: int, end: int, zeros: bool, max_message_size: int
+) -> StepResult:
+    """The step at pos where the segment's records end, its bytes accounted for up to
+    `covered` (a blank's end; pos for unwritten zeros, `zeros`). Normal (END) when that is the
+    segment's whole span; the rest, past the file's end, is damage, as are zeros to the end
+    when the next segment holds records."""
+    if zeros and _next_segment_has_data(seg):
+        if any(buf[pos : pos + 8]):  # written meanwhile (a live store): decide again
+            return step_at(buf, pos, seg, max_message_size)
+        nxt = _piece_end(seg, pos, end)
+        return StepResult(Step.CORRUPT, pos, nxt, "unwritten (zero) bytes to the end of the segment, but the next "
+                          "segment holds records: the records between are missing")  # fmt: skip
+    start = max(covered, end)
+    if start >= seg.file_size:
+        return StepResult(Step.END, pos, seg.file_size)
+    # Reported from where the file ends (the range starts there, not at pos).
+    return StepResult(Step.CORRUPT, start, _piece_end(seg, start, end), _missing(seg, start, end))
 
 
 def step_at(
     buf: mmap.mmap | bytes, pos: int, seg: Segment, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
 ) -> StepResult:
     """One step of the walk at pos (see the module doc)."""
-    limit = seg.file_size
-    total = header_ok(buf, pos, limit, max_message_size)
+    span = seg.file_size
+    end = min(span, len(buf))  # where the file's bytes end; short of span: damage follows
+    if pos >= span:
+        return StepResult(Step.END, pos, span)
+    if pos >= end:
+        return StepResult(Step.CORRUPT, pos, _piece_end(seg, pos, end), _missing(seg, pos, end))
+    total = header_ok(buf, pos, end, max_message_size)
     if total:
         return StepResult(Step.MESSAGE, pos, pos + total)
-    if pos + 8 > limit:
-        return StepResult(Step.END, pos, limit)
+    if pos + 8 > end:
+        if end < span:
+            return StepResult(Step.CORRUPT, pos, _piece_end(seg, pos, end), _missing(seg, pos, end))
+        return StepResult(Step.END, pos, span)
     size, magic = _II.unpack_from(buf, pos)
     if magic == BLANK_MAGIC_CODE:
-        return StepResult(Step.END, pos, limit)
+        return _end_of_data(buf, pos, seg, pos + max(size, 0), end, zeros=False, max_message_size=max_message_size)
     # Zeros are the end of written data only if nothing valid follows: a zeroed header in the
     # middle of a segment is damage, and must not silently hide the records after it.
     cand, is_blank = _resync(buf, pos, seg, max_message_size)
     if size == 0 and magic == 0:
-        if cand == -1 or is_blank:
-            return StepResult(Step.END, pos, limit)
+        if cand == -1:
+            return _end_of_data(buf, pos, seg, end, end, zeros=True, max_message_size=max_message_size)
+        if is_blank:
+            covered = cand + _II.unpack_from(buf, cand)[0]
+            return _end_of_data(buf, pos, seg, covered, end, zeros=False, max_message_size=max_message_size)
         return StepResult(Step.CORRUPT, pos, cand, "zeroed record header followed by more records")
+    min_len = _MIN_RECORD_V1 if magic == MESSAGE_MAGIC_CODE else _MIN_RECORD_V2
     if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
+        if cand == -1 and min_len <= size <= max_message_size and pos + size > end:
+            # The size is fine; the file ends inside the record.
+            cut = "the file is cut short" if end < span else "cut short, or a damaged size"
+            nxt = _piece_end(seg, pos, end)
+            gap = f"; {_missing(seg, end, end)}" if nxt > end else ""
+            return StepResult(Step.CORRUPT, pos, nxt, f"record of {size} bytes runs past the end of the "
+                              f"segment file at byte {end} ({cut}){gap}")  # fmt: skip
         reason = f"record size {size} is implausible"
     else:
         reason = f"bad magic code 0x{magic & 0xFFFFFFFF:08X}"
     if cand == -1:
-        return StepResult(Step.CORRUPT, pos, limit, reason + "; no valid record follows in this segment")
+        nxt = _piece_end(seg, pos, end)
+        gap = f"; {_missing(seg, end, end)}" if nxt > end else ""
+        return StepResult(Step.CORRUPT, pos, nxt, reason + "; no valid record follows in this segment" + gap)
     return StepResult(Step.CORRUPT, pos, cand, reason)
 
 
@@ -328,11 +483,20 @@ def plan_segment(
 
 
 def open_segment(path: str) -> mmap.mmap | bytes:
-    """A read-only map of the segment (an empty file cannot be mapped: return b"")."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
+    """A read-only map of the segment (an empty file cannot be mapped: return b"").
+
+    Opened without blocking and checked to be a regular file: a FIFO put where a segment
+    was would otherwise hang the open until a writer came, and every job with it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        if st.st_size == 0:
             return b""
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # the map keeps its own descriptor
+    finally:
+        os.close(fd)
 
 
 def parse_size(text: str | int) -> int:

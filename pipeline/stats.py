@@ -12,7 +12,9 @@ Times in the JSON are ISO-8601 UTC with milliseconds; `*_ms` fields carry the ep
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any, Sequence
@@ -20,9 +22,11 @@ from typing import Any, Sequence
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from mqstore.cli import CliError, ExitCode
 from mqstore.log import get_logger
 from mqstore.pipeline.args import stats_args, parser_for
 from mqstore.pipeline.datasource import read_commitlog
+from mqstore.pipeline.outputs import refuse_overlap
 from mqstore.pipeline.session import get_spark
 
 log = get_logger(__name__)
@@ -110,7 +114,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser_for("stats", __doc__, stats_args)
 
 
+def _stores_of(paths: Sequence[str]) -> list[str]:
+    """The inputs (globs expanded) and the store directories they lie in: a commitlog
+    directory's parent, a segment's store (its commitlog directory's parent)."""
+    found: list[str] = []
+    for pattern in paths:
+        for path in sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]:
+            real = os.path.realpath(path)
+            found.append(real)
+            parent = real if os.path.isdir(real) else os.path.dirname(real)
+            if os.path.basename(parent) == "commitlog":
+                found.append(os.path.dirname(parent))
+    return found
+
+
+def check_out(out: str, paths: Sequence[str]) -> None:
+    """CliError (exit 2) when --out would write over a store's own file (STORE/checkpoint, a
+    segment) or into an input store: `open(out, "w")` truncates whatever is there."""
+    refuse_overlap(out, _stores_of(paths), "--out")
+    if os.path.isdir(out):
+        raise CliError(ExitCode.USAGE, f"--out {out} is a directory; give a file")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_out(args.out, args.paths)  # before the job: a refusal costs no Spark start-up
     spark = get_spark(args.master, app_name="mqstore-stats")
     result = compute_stats(spark, args.paths, split_size=args.split_size, strict=args.strict)
     text = json.dumps(result, indent=2, sort_keys=False)
@@ -124,7 +152,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    try:
+        return run(build_parser().parse_args(argv))
+    except CliError as exc:  # spark-submit: a refusal is a line and an exit code, as in `mqstore spark`
+        sys.stderr.write(f"stats: {exc.message}\n")
+        return int(exc.code)
 
 
 if __name__ == "__main__":
