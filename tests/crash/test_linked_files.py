@@ -176,15 +176,25 @@ def test_a_consume_queue_directory_linked_into_another_store_is_refused(tmp_path
     assert _state(one) == before
 
 
-def test_a_link_in_the_consume_queue_directory_not_named_as_a_topic_is_left_alone(tmp_path: Path) -> None:
-    """Loading skips what is not named as a topic; the link check did not (review 30)."""
-    root, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
-    _store(root)
-    elsewhere.mkdir()
-    (elsewhere / "notes").write_bytes(b"keep")
-    (root / "consumequeue" / "old.bak").symlink_to(elsewhere)
-    before = _state(elsewhere)
-    with mqstore.open(root, **SMALL) as store:
-        assert store.put(mqstore.Message("t", b"after")).ok
-    assert _recover(root)[0] == ExitCode.OK
-    assert _state(elsewhere) == before
+@pytest.mark.parametrize("running", [False, True], ids=["stopped", "running"])
+def test_a_link_in_the_consume_queue_directory_not_named_as_a_topic_is_left_alone(tmp_path: Path, running: bool) -> None:
+    """Not named as a topic may be: not the store's. The link check let it pass (review 30),
+    but loading still took it for a queue and cut another store's queue files through it:
+    a running store served 20 of its 500 messages (review 32). Neither looks at it now."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    with mqstore.open(one, **SMALL) as store:
+        for i in range(50):
+            assert store.put(Message("t", b"m%d" % i)).ok
+    _store(two)  # 10 messages of its own in t-0: fewer than one's
+    (two / "consumequeue" / "old.bak").symlink_to(one / "consumequeue" / "t")
+    before = _state(one)
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(mqstore.open(one, **SMALL)) if running else None
+        with mqstore.open(two, **SMALL) as store:
+            assert store.put(mqstore.Message("t", b"after")).ok
+        assert _recover(two)[0] == ExitCode.OK
+        if first is not None:
+            got = first.get("t", 0, 20, 32)  # through its ConsumeQueue, as a consumer reads
+            assert [m.body for m in got.messages] == [b"m%d" % i for i in range(20, 50)]
+    if not running:
+        assert _state(one) == before
