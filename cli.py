@@ -269,7 +269,8 @@ def _run_dump(args: argparse.Namespace) -> int:
     config = store_config(args, root, require_commitlog=False)
     if args.what == "commitlog":
         directory = args.commitlog_dir or _commitlog_dir_of(root)
-        rows = dump_commitlog(directory, max_message_size_bytes=args.max_message_size_bytes or config.max_message_size_bytes)
+        rows = dump_commitlog(directory, max_message_size_bytes=args.max_message_size_bytes or config.max_message_size_bytes,
+                              segment_size=config.mapped_file_size_commitlog_bytes)
     elif args.what == "consumequeue":
         rows = dump_consume_queues(root / "consumequeue", topic=args.topic, queue_id=args.queue_id)
     elif args.what == "index":
@@ -301,13 +302,14 @@ def _write_json_lines(rows: Iterator[dict[str, Any]], out: IO[str]) -> int:
 _SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
 
 
-def segment_layout(directory: Path) -> tuple[list[Path], int]:
+def segment_layout(directory: Path, prefer: int | None = None) -> tuple[list[Path], int]:
     """Every entry of a commitlog directory named as a segment, in offset order, regular file
     or not (the scan lists them all: a tool that left one out met its offsets with no file to
     name), and the segment size (`storage.commitlog.segment_size_of`: from the names, so one
-    damaged file does not redefine it)."""
+    damaged file does not redefine it; `prefer`, the store's own, where the files allow it as
+    well as any other)."""
     entries = sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name)), key=lambda p: p.name)
-    return entries, segment_size_in(RealFileSystem(), str(directory), [p.name for p in entries])
+    return entries, segment_size_in(RealFileSystem(), str(directory), [p.name for p in entries], prefer)
 
 
 def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
@@ -334,7 +336,9 @@ def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
     }
 
 
-def dump_commitlog(directory: Path, *, max_message_size_bytes: int) -> Iterator[dict[str, Any]]:
+def dump_commitlog(
+    directory: Path, *, max_message_size_bytes: int, segment_size: int | None = None
+) -> Iterator[dict[str, Any]]:
     """Every message of a commitlog directory, in offset order; CliError(CORRUPT) at bad data.
 
     The segment size is the segments' own length (`segment_layout`), so a broker's directory
@@ -343,7 +347,7 @@ def dump_commitlog(directory: Path, *, max_message_size_bytes: int) -> Iterator[
     """
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
-    files, segment_size = segment_layout(directory)
+    files, segment_size = segment_layout(directory, segment_size)
     if not files:
         return
     for path in files:

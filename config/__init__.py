@@ -110,10 +110,15 @@ class StoreGeometryAmbiguous(ConfigError):
     wrong segment size every record would be read at the wrong place."""
 
     def __init__(self, key: str, value: object, candidates: tuple[object, ...], where: str) -> None:
+        fit = (
+            f"fit {' and '.join(f'{key}={c!r}' for c in candidates)} equally well"
+            if len(candidates) > 1
+            else f"are all of another length than {key}={candidates[0]!r} their names say (an interrupted copy?)"
+        )
         super().__init__(
             key, value,
-            f"the store's files at {where} are damaged and fit {' and '.join(f'{key}={c!r}' for c in candidates)} "
-            f"equally well; set the one they were written with (`mqstore inspect` shows the damage)",
+            f"the store's files at {where} are damaged and {fit}; set the one they were written with "
+            "(`mqstore inspect` shows the damage)",
         )  # fmt: skip
         self.candidates = candidates
         self.where = where

@@ -11,6 +11,7 @@ watermark it was told. `scan_commitlog_dir` walks a directory for tools.
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 import struct
@@ -1228,33 +1229,46 @@ class SegmentSize(NamedTuple):
 
 
 def segment_size_candidates(starts: list[int], lengths: list[int | None], *, min_size: int = 4096) -> list[SegmentSize]:
-    """Every segment size that could have written the segments named `starts` (ascending), of
-    `lengths` (None: not a regular file), cheapest explanation first (ties: the longer size).
-    A candidate is the length of a file that starts on its grid, at least `min_size`: files
-    are made at the segment size, so an intact one says it; the names then say which files
-    are damage and where segments are missing. Neither the commonest length (cut files
-    outnumbering intact ones, review 29) nor the names' gcd alone (one stray name or a hole
-    beside a cut file made it a size no file has, review 30) decides."""
+    """Every segment size that could have written the segments named `starts`, of `lengths`
+    (None: not a regular file), cheapest explanation first (ties: one a file has, then the
+    longer). A
+    candidate is the length of a file that starts on its grid, at least `min_size` (files are
+    made at the segment size, so an intact one says it), and the names' step (their gcd),
+    which no file may have (every file cut: an interrupted copy); the names then say which
+    files are damage and where segments are missing. Neither the commonest length (cut files
+    outnumbering intact ones, review 29) nor the names' step alone (one stray name or a hole
+    beside a cut file made it a size no file has, review 30) decides, and without the step a
+    cut file's length won where every file is cut (review 32). The store adopts no size that
+    no file has, nor one of two that tie (storage.geometry): those it refuses."""
+    sizes = {n for start, n in zip(starts, lengths) if n is not None and n >= min_size and start % n == 0}
+    steps = [b - a for a, b in zip(starts, starts[1:]) if b > a]
+    names_step = math.gcd(*steps) if steps else 0
+    unproven = names_step if names_step >= min_size and names_step not in sizes else 0
     candidates: list[SegmentSize] = []
-    for size in {n for n in lengths if n is not None and n >= min_size}:
-        on_grid = [start for start, n in zip(starts, lengths) if start % size == 0]
-        if not any(start % size == 0 and n == size for start, n in zip(starts, lengths)):
-            continue
+    for size in sizes | ({unproven} if unproven else set()):
+        on_grid = [start for start in starts if start % size == 0]
         off_grid = len(starts) - len(on_grid)
         damaged = sum(1 for start, n in zip(starts, lengths) if start % size == 0 and n != size)
         distinct = sorted(set(on_grid))
         missing = (distinct[-1] - distinct[0]) // size + 1 - len(distinct)
         candidates.append(SegmentSize(size, 2 * off_grid + damaged + missing))
-    candidates.sort(key=lambda c: (c.cost, -c.size))
+    # Of equal explanations, one a file has, then the longer.
+    candidates.sort(key=lambda c: (c.cost, c.size == unproven, -c.size))
     return candidates
 
 
-def segment_size_of(starts: list[int], lengths: list[int | None]) -> int:
+def segment_size_of(starts: list[int], lengths: list[int | None], prefer: int | None = None) -> int:
     """A commitlog directory's segment size for the tools that read one without the store
     (`segment_size_candidates`' cheapest; 0 when no file can say it: nothing to read by). Any
-    length counts: a lone segment cut short is read as far as it goes."""
+    length counts: a lone segment cut short is read as far as it goes. `prefer`: the size the
+    store adopted or the caller set, taken where it explains the files as well as any (the
+    store refuses such a tie until the caller settles it; the tools then read as told)."""
     candidates = segment_size_candidates(starts, lengths, min_size=1)
-    return candidates[0].size if candidates else 0
+    if not candidates:
+        return 0
+    if prefer is not None and any(c.size == prefer and c.cost == candidates[0].cost for c in candidates):
+        return prefer
+    return candidates[0].size
 
 
 def segment_lengths_in(fs: FileSystem, path: str, names: list[str]) -> list[int | None]:
@@ -1262,9 +1276,9 @@ def segment_lengths_in(fs: FileSystem, path: str, names: list[str]) -> list[int 
     return [fs.getsize(os.path.join(path, n)) if fs.isfile(os.path.join(path, n)) else None for n in names]
 
 
-def segment_size_in(fs: FileSystem, path: str, names: list[str]) -> int:
-    """`segment_size_of` for the segments `names` (ascending) in directory `path`."""
-    return segment_size_of([int(n) for n in names], segment_lengths_in(fs, path, names))
+def segment_size_in(fs: FileSystem, path: str, names: list[str], prefer: int | None = None) -> int:
+    """`segment_size_of` for the segments `names` in directory `path`."""
+    return segment_size_of([int(n) for n in names], segment_lengths_in(fs, path, names), prefer)
 
 
 def scan_commitlog_dir(

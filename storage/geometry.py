@@ -101,7 +101,10 @@ def _commitlog_segment_size(
     """The segment size that explains the segments' names and lengths best (the one rule the
     tools use too: `segment_size_candidates`), and the sizes that explain them equally well
     when more than one does. A file of another length, or named off the size's grid, is
-    damage. Of equal explanations the caller's `explicit` size is taken, if it is one."""
+    damage. Of equal explanations the caller's `explicit` size is taken, if it is one. Where
+    no file has the winning length (every segment cut or grown: an interrupted copy), it is
+    not taken either unless the caller set it: every file would be damage, and the store's
+    own files (queues, index) would be recovered against a log it cannot read."""
     paths = _digit_files(fs, directory, 20)
     if not paths:
         return None, ()
@@ -114,12 +117,15 @@ def _commitlog_segment_size(
     tied = tuple(c.size for c in candidates if c.cost == candidates[0].cost)
     if len(tied) > 1 and explicit not in tied:
         return None, tied
+    unproven = not any(fs.isfile(p) and fs.getsize(p) == candidates[0].size for p in paths)
+    if len(tied) == 1 and unproven and explicit != candidates[0].size:
+        return None, tied
     size = explicit if len(tied) > 1 and explicit is not None else candidates[0].size
     for p in paths:
         # Segments start at multiples of the size (named by their first offset, §2.4).
         if not fs.isfile(p) or fs.getsize(p) != size or int(os.path.basename(p)) % size:
             odd.append(p)
-    return size, tied if len(tied) > 1 else ()
+    return size, tied if len(tied) > 1 or unproven else ()
 
 
 def _consume_queue_file_size(fs: FileSystem, directory: str, odd: list[str]) -> int | None:

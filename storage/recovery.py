@@ -302,6 +302,11 @@ def recover_commitlog(
         files = commitlog.mapped_file_queue.mapped_files
         commitlog.mapped_file_queue.expected_end = flushed or 0
         missing = commitlog.mapped_file_queue.missing_tail() if files else None
+        if commitlog.mapped_file_queue.damaged_files and not repair_holes:
+            # Wrong-sized segments: the store opens degraded until `mqstore recover`, and the
+            # geometry it read them by may be the damage's guess. A "torn tail" under a wrong
+            # size is an intact record: nothing here zeroes a byte (review 32).
+            commitlog.zero_tail_bytes = 0
         if missing is not None:
             # Segments below what was flushed are gone (deleted by hand): a hole the writer
             # stays degraded on until `mqstore recover`. Nothing here may change a byte for

@@ -293,7 +293,7 @@ def test_a_cut_first_segment_does_not_hide_the_intact_one_after_it(tmp_path: Pat
     ("segments", "size", "odd"),
     [
         ({0: 8192, 8192: 8192, 100: 10}, 8192, [100]),  # a stray name off the grid (the gcd was 4)
-        ({0: 8192, 16384: 4096}, 8192, [16384]),  # a hole beside a cut segment (the gcd was 16384)
+        ({0: 8192, 16384: 4096, 24576: 8192}, 8192, [16384]),  # a hole beside a cut segment (the gcd was 8192)
         ({0: 4096, 8192: 8192}, 8192, [0]),  # review 29's cut first segment
     ],
     ids=["stray-name", "hole-beside-cut", "first-cut"],
@@ -348,9 +348,39 @@ def test_files_that_fit_two_segment_sizes_equally_are_refused_unless_the_caller_
     assert main(["verify", str(tmp_path)]) == ExitCode.USAGE  # as the open
     assert main(["inspect", str(tmp_path)]) == ExitCode.CORRUPT  # what the refusal points to: the damage shown
     assert _files(tmp_path) == before
-    for size in (8192, 16384):
+    for size in (8192, 16384):  # either, set by the caller
         config = StoreConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commitlog_bytes=size)
         assert detect_geometry(RealFileSystem(), config).commitlog_segment_bytes == size
     with pytest.raises(mqstore.StoreGeometryAmbiguous):  # a size that is neither
         mqstore.open(tmp_path, mapped_file_size_commitlog_bytes=4096, **FAST)
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("segments", "candidates"),
+    [
+        ({0: 32768, 65536: 16384, 131072: 49152, 196608: 8192}, (65536,)),  # an interrupted copy: every one cut
+        ({0: 4096, 8192: 0}, (4096, 8192)),  # cut and emptied: 4 KiB segments and a hole, or 8 KiB ones both damaged
+        ({0: 8192, 16384: 4096}, (8192, 16384)),  # a hole beside a cut segment, or two 16 KiB ones cut
+    ],
+    ids=["every-segment-cut", "cut-and-emptied", "hole-or-two-cut"],
+)
+def test_a_segment_size_no_file_proves_is_refused_until_the_caller_sets_it(
+    tmp_path: Path, segments: dict[int, int], candidates: tuple[int, ...]
+) -> None:
+    """Review 32: where every file was cut, a cut file's length won, and the open at it zeroed
+    a record it took for a torn tail and rewrote the queues; set to the true size, the store
+    was refused with a message naming the wrong one. A size no file has, or one of two that
+    explain the files alike, is not guessed: the open changes nothing and names them."""
+    commitlog = tmp_path / "commitlog"
+    commitlog.mkdir()
+    for start, length in segments.items():
+        (commitlog / f"{start:020d}").write_bytes(b"\1" * length)
+    before = _files(tmp_path)
+    with pytest.raises(mqstore.StoreGeometryAmbiguous) as refused:
+        mqstore.open(tmp_path, **FAST)
+    assert refused.value.candidates == candidates
+    assert _files(tmp_path) == before
+    for size in candidates:
+        config = StoreConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commitlog_bytes=size)
+        assert detect_geometry(RealFileSystem(), config).commitlog_segment_bytes == size

@@ -163,7 +163,7 @@ def _problem(kind: str, severity: str, message: str, **where: Any) -> dict[str, 
 
 
 def _inspect_commitlog(
-    directory: Path, *, max_message_size: int, check_crc: bool, abort: bool
+    directory: Path, *, max_message_size: int, check_crc: bool, abort: bool, segment_size: int | None = None
 ) -> tuple[dict[str, Any], dict[int, tuple[str, int, int, int]] | None, list[dict[str, Any]]]:
     """Segments with their records; a map offset -> (topic, queue, queue offset, size) of
     every message (None when there are too many to remember); the problems found."""
@@ -172,7 +172,7 @@ def _inspect_commitlog(
                            "max_offset": -1, "messages": 0, "bytes": 0, "topics": {}}  # fmt: skip
     if not directory.is_dir():
         return out, {}, problems
-    files, segment_size = segment_layout(directory)
+    files, segment_size = segment_layout(directory, segment_size)
     if not files:
         return out, {}, problems
     if segment_size == 0:  # a lone segment, emptied (or not a file): no RocketMQ store has one
@@ -463,7 +463,8 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     lock = lock_state(root)
     commitlog_dir = Path(config.commitlog_dir)
     commitlog, remembered, problems = _inspect_commitlog(
-        commitlog_dir, max_message_size=config.max_stored_record_bytes, check_crc=check_crc, abort=lock["abort_file"]
+        commitlog_dir, max_message_size=config.max_stored_record_bytes, check_crc=check_crc, abort=lock["abort_file"],
+        segment_size=config.mapped_file_size_commitlog_bytes,
     )
     queues, cq_problems = _inspect_consume_queues(
         root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True

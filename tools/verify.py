@@ -168,7 +168,8 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
         return records
     # From the names, not the first file's length: an emptied or cut first segment would
     # redefine every segment's extent (a FIFO or directory there has no length of use).
-    segment = segment_size_in(fs, directory, names) or cfg.mapped_file_size_commitlog_bytes
+    # The size the store adopted or the caller set, where the files allow it as well as any.
+    segment = segment_size_in(fs, directory, names, cfg.mapped_file_size_commitlog_bytes) or cfg.mapped_file_size_commitlog_bytes
     starts = [int(n) for n in names]
     for k, start in enumerate(starts):
         if start != starts[0] + k * segment:
