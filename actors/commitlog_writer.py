@@ -216,6 +216,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             self._commitlog.mapped_file_queue.expected_end = self._checkpoint.physic_flushed_offset
         if not self._commitlog.load():
             raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}")
+        if self._commitlog.mapped_file_queue.damaged_files:
+            # Degraded (puts refused until `mqstore recover`), perhaps read by a size the damage
+            # left in doubt: placing the write positions zeroes nothing (recovery did not either).
+            self._commitlog.zero_tail_bytes = 0
         # The tail scan from the recovered end finds nothing: it places the write positions.
         end, _ = self._commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)
         self._recovered = recovered
@@ -483,12 +487,48 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 self._answer_run(chunk, fast[0], fast[2], fast[3].split(","), now, answers, group_commits)
                 self._pending_advance = (fast[0] + fast[1], now)
                 continue
-            # Not a plain copy (the segment's end, a reservation to top up, the checked path):
-            # each put alone, placed as single puts are. Appended as one unit, a run that did
+            # Not a plain copy (a reservation to top up, write buffers, the checked path, the
+            # segment's end): the part of the run the last segment takes as one append, the
+            # rest put by put, placed as single puts are. Appended as one unit, a run that did
             # not fit rolled over whole and left blank the room its first records fit, and
             # where single puts landed depended on how they had met in the inbox.
+            room, fits = commitlog.room_in_last_file(), 0
+            for data in datas:
+                if len(data) > room:
+                    break
+                room -= len(data)
+                fits += 1
+            if fits > 1:
+                self._append_run(chunk[:fits], datas[:fits], answers, group_commits)
+                chunk = chunk[fits:]
             for put in chunk:
                 self._append(put, answers, group_commits)
+
+    def _append_run(
+        self,
+        chunk: list[EncodedPut],
+        datas: tuple[bytes, ...],
+        answers: list[tuple[Reply, PutResult]],
+        group_commits: list[GroupCommitRequest],
+    ) -> None:
+        """Single puts of one queue that fit the last segment, appended through the checked
+        path as one run."""
+        commitlog = self._commitlog
+        assert commitlog is not None
+        first = chunk[0]
+        now = self.ctx.clock_ms()
+        records = EncodedRecords(datas, first.topic, first.queue_id, 0, self._store_host)
+        outcome = commitlog.put_messages(records, now)
+        append = outcome.append_result
+        if outcome.status is not PutMessageStatus.PUT_OK or append is None:
+            detail = outcome.detail or (append.status.value if append is not None else "")
+            refused = PutResult(status=outcome.status, detail=detail)
+            answers.extend((p.reply, refused) for p in chunk)
+            return
+        self.ctx.faults.hit("writer.after_append")
+        self._answer_run(chunk, append.wrote_offset, append.logics_offset, append.msg_id.split(","),
+                         append.store_timestamp, answers, group_commits)  # fmt: skip
+        self._advanced(append.wrote_offset + append.wrote_bytes, append.store_timestamp)
 
     def _answer_run(
         self,

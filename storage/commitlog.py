@@ -374,6 +374,15 @@ class CommitLog:
             return self._illegal(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
         return self._put(records, now_ms, batch=batch)
 
+    def room_in_last_file(self) -> int:
+        """Bytes of records the last segment still takes before the blank record that ends it
+        (0: none, or it is full): a run of single puts that fits goes in as one append and
+        lands where the puts would have one by one."""
+        mapped_file = self.mapped_file_queue.last_mapped_file
+        if mapped_file is None:
+            return 0
+        return max(0, mapped_file.file_size - mapped_file.wrote_position - END_FILE_MIN_BLANK_LENGTH)
+
     def append_fast(
         self, datas: tuple[bytes, ...], queue_key: str, sys_flag: int, store_host: HostAddress, now_ms: int
     ) -> tuple[int, int, int, str] | None:
@@ -592,8 +601,10 @@ class CommitLog:
             self.check_crc_on_recover = saved_crc
         if self._scan_ended_on_blank:
             end = self.roll_next_file(end)
-        # Only the put the previous writer died in can have left bytes past the end.
-        queue.truncate_dirty_files(end, 2 * self.max_message_size)
+        # Only the put the previous writer died in can have left bytes past the end (and with
+        # zero_tail_bytes 0, a degraded log, nothing is zeroed).
+        zero = 2 * self.max_message_size if self.zero_tail_bytes is None else min(self.zero_tail_bytes, 2 * self.max_message_size)
+        queue.truncate_dirty_files(end, zero)
         queue.flushed_where = min(queue.flushed_where, end) if queue.flushed_where else end
         queue.committed_where = end
         last = queue.last_mapped_file

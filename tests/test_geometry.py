@@ -384,3 +384,26 @@ def test_a_segment_size_no_file_proves_is_refused_until_the_caller_sets_it(
     for size in candidates:
         config = StoreConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commitlog_bytes=size)
         assert detect_geometry(RealFileSystem(), config).commitlog_segment_bytes == size
+
+
+def test_an_open_that_meets_a_wrong_sized_segment_zeroes_no_byte_even_after_a_crash(tmp_path: Path) -> None:
+    """Degraded by a wrong-sized segment, the store may be reading by a size the damage left
+    in doubt, and a torn tail under a wrong size is an intact record: after a crash too, the
+    open changes no byte of the log (review 32); `mqstore recover` is what repairs."""
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=8192, **FAST) as store:
+        while store.max_offset("T", 0) < 150:
+            assert store.put(mqstore.Message("T", b"b" * 100)).ok
+        end = store.put(mqstore.Message("T", b"last")).commitlog_offset + 200
+    segments = sorted((root / "commitlog").iterdir())
+    with segments[0].open("r+b") as f:
+        f.truncate(4096)  # damage: a wrong-sized segment
+    last = segments[-1]
+    with last.open("r+b") as f:  # a put torn by the crash: bytes after the log's end
+        f.seek(end % 8192 + 64)
+        f.write(b"\x00\x00\x01\x00torn")
+    (root / "abort").write_bytes(b"")
+    before = {p.name: p.read_bytes() for p in segments}
+    with mqstore.open(root, **FAST) as store:
+        assert not store.put(mqstore.Message("T", b"after")).ok  # degraded
+    assert {p.name: p.read_bytes() for p in segments} == before

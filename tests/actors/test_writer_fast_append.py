@@ -147,21 +147,3 @@ def test_a_pass_of_several_queues_appends_each_queue_fast_and_answers_each_put_r
             assert record.queue_offset == result.queue_offset == expected_next[message.queue_id]
             expected_next[message.queue_id] += 1
 
-
-def test_single_puts_land_where_they_would_one_by_one_however_they_met_in_the_inbox(tmp_path: Path) -> None:
-    """put_async's singles of one queue are appended as runs; a run that meets a segment's end
-    is placed put by put, as sync puts are, not rolled over whole (which left the room its
-    first records fit blank, and made the layout depend on how many puts one pass took)."""
-    messages = [Message(topic="U", body=b"u" * (100 + 97 * k % 4000), queue_id=1) for k in range(400)]
-    placed: dict[str, list[tuple[int, int]]] = {}
-    for way in ("one by one", "pipelined"):
-        with helpers.open_small(tmp_path / way.replace(" ", "-"), clock_ms=lambda: NOW_MS) as store:
-            if way == "one by one":
-                results = [store.put(m) for m in messages]
-            else:  # 400 in flight: the writer's passes take up to 256 of them as runs
-                results = [f.result(TIMEOUT_S) for f in [store.put_async(m) for m in messages]]
-            assert all(r.ok for r in results)
-            placed[way] = [(r.commitlog_offset, r.queue_offset) for r in results]
-            segment_ends = {offset // (64 * 1024) for offset, _ in placed[way]}
-    assert len(segment_ends) > 10  # many segment ends met, runs among them
-    assert placed["pipelined"] == placed["one by one"]
