@@ -364,6 +364,8 @@ class HostAddress:
         unchecked, as a record on disk says what it says.)"""
         if isinstance(text, HostAddress):
             ip, port = text.ip, text.port
+            if type(port) is not int:  # 80.9 or "81" or True was stored as an int quietly (review 32)
+                raise TypeError(f"HostAddress port must be an int, not {type(port).__name__}")
         elif isinstance(text, tuple):
             ip, port = text
         else:

@@ -59,6 +59,9 @@ def test_a_born_host_port_java_cannot_read_back_is_refused(tmp_path: Path) -> No
             for port in (70000, -5):  # a HostAddress built directly is checked as a string is (review 30)
                 with pytest.raises(ValueError, match=f"port {port} out of range"):
                     put(Message("t", b"x", born_host=mqstore.HostAddress("10.0.0.1", port)))
+            for odd in (80.9, "81", True):  # not quietly made an int (review 32)
+                with pytest.raises(TypeError, match="port must be an int"):
+                    put(Message("t", b"x", born_host=mqstore.HostAddress("10.0.0.1", odd)))  # type: ignore[arg-type]
         assert store.max_offset("t", 0) == 0
         assert store.put(Message("t", b"x", born_host="10.0.0.1:65535")).ok
         assert str(store.get("t", 0, 0, 1).messages[0].born_host) == "10.0.0.1:65535"
