@@ -388,15 +388,19 @@ class Supervisor:
             last_exit_ok = not self._abort.exists()
             self._mode = mode_at_open(last_exit_ok)
             try:  # a new store's directories take blocks on ext4
-                # config/ too: claimed only if it exists, it was unheld for the session in which
-                # a new store wrote its first consumer offsets (review 30).
-                for path in data_directories(cfg):
+                for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
                     self.fs.makedirs(path)
                 self._lock.claim_directories(data_directories(cfg))
                 # Refused before any owner changes a byte (settings that disagree with the files).
                 check_geometry(cfg, self.fs)
                 if self.fs.exists(cfg.checkpoint_path):
                     self._checkpoint = read_checkpoint(self.fs, cfg.checkpoint_path)
+                # config/ once nothing refuses the open (a refused one leaves none behind), held
+                # from here: claimed only where it existed, it was unheld for the session in
+                # which a new store wrote its first consumer offsets (reviews 30, 32).
+                if not self.fs.isdir(cfg.config_dir):
+                    self.fs.makedirs(cfg.config_dir)
+                    self._lock.claim_directories([cfg.config_dir])
             except OSError as exc:
                 raise _disk_full_or(exc, str(exc.filename or cfg.store_path_root_dir), "the store's files") from exc
             # Before the abort marker and the actors: a new store with no room for its

@@ -124,6 +124,7 @@ class StoreLock:
         self._key: tuple[int, str] | None = None
         self._fd: int | None = None
         self._directory_fds: list[int] = []  # flock'd data directories (claim_directories)
+        self._claimed: dict[tuple[int, int], str] = {}  # (dev, inode) -> path, across calls
 
     @property
     def locked(self) -> bool:
@@ -193,7 +194,7 @@ class StoreLock:
         it is logged and the store goes on as before. Real files only."""
         if not self._real or self._key is None:
             return
-        seen: dict[tuple[int, int], str] = {}
+        seen = self._claimed
         for path in paths:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -228,6 +229,7 @@ class StoreLock:
             except OSError:
                 pass
         self._directory_fds = []
+        self._claimed = {}
         try:
             if self._fd is not None:
                 try:
