@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_export_target(args.out, args.paths)  # refused before the JVM starts
     spark = get_spark(args.master, app_name="mqstore-export")
     summary = export(spark, args.paths, args.out, split_size=args.split_size, strict=args.strict,
                      compression=args.compression)  # fmt: skip

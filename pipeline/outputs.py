@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -36,14 +37,33 @@ def _within(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
 
 
-def refuse_overlap(out: str, inputs: Sequence[str], what: str) -> None:
-    """CliError (exit 2) when `out` is one of `inputs`, lies inside one (a store's commitlog
-    directory, a segment), or holds one: whatever writes OUT would change what is read."""
+def _stores_of(inputs: Sequence[str], *, with_stores: bool = True) -> list[tuple[str, str]]:
+    """(input, path) for every path an input reads or belongs to: the input itself (its glob's
+    matches), a segment's directory, and the store that holds a commitlog directory (whose
+    queue and index files the store writes beside it)."""
+    found: list[tuple[str, str]] = []
+    for given in inputs:
+        matches = glob.glob(given) if glob.has_magic(given) else [given]
+        for path in matches or [given]:
+            real = _real(path)
+            found.append((given, real))
+            directory = real if os.path.isdir(real) else os.path.dirname(real)
+            found.append((given, directory))
+            if with_stores and os.path.basename(directory) == "commitlog":
+                found.append((given, os.path.dirname(directory)))
+    return found
+
+
+def refuse_overlap(out: str, inputs: Sequence[str], what: str, *, with_stores: bool = True) -> None:
+    """CliError (exit 2) when `out` is one of `inputs`, lies inside one or inside the store one
+    belongs to (a glob's matches, a segment's directory, the store around a commitlog
+    directory), or holds one: whatever writes OUT would change what is read, or what the
+    store that owns it writes; without `with_stores`, the inputs alone: a rebuild writes the
+    queue and index files of the store it reads, its own checks keep a running one out)."""
     target = _real(out)
-    for path in inputs:
-        source = _real(path)
+    for given, source in _stores_of(inputs, with_stores=with_stores):
         if _within(target, source) or _within(source, target):
-            raise CliError(ExitCode.USAGE, f"{what} {out} overlaps the input {path} ({target} and {source}): "
+            raise CliError(ExitCode.USAGE, f"{what} {out} overlaps the input {given} ({target} and {source}): "
                                            "it would be written over what it reads; choose another directory")  # fmt: skip
 
 
@@ -63,6 +83,21 @@ def check_export_target(out: str, inputs: Sequence[str]) -> None:
                                        "replaces its OUT whole: give an empty or new directory, or an earlier export")  # fmt: skip
 
 
+def _refuse_if_held(path: str) -> None:
+    """CliError (exit 4) if a store holds the directory `path` (its flock); asks only."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return  # absent (or not a directory): nothing holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise CliError(ExitCode.LOCKED, f"{path} is held by a running store; stop it first") from None
+    finally:
+        os.close(fd)  # drops the probe's shared lock
+
+
 @contextlib.contextmanager
 def claim_reindex_target(out_dir: str, sources: Sequence[str]) -> Iterator[tuple[str, str]]:
     """Hold OUT_DIR's consumequeue/ and index/ for a rebuild: (their paths). They must be
@@ -71,9 +106,13 @@ def claim_reindex_target(out_dir: str, sources: Sequence[str]) -> Iterator[tuple
     store may run there: OUT_DIR's `lock` is taken as a store takes it when OUT_DIR is a store
     root, and both directories are flock'd as a store claims them, so a store opened meanwhile
     is refused too. If the rebuild fails, what it wrote is removed: the directories were empty."""
-    refuse_overlap(os.path.join(out_dir, "consumequeue"), sources, "OUT_DIR/consumequeue")
-    refuse_overlap(os.path.join(out_dir, "index"), sources, "OUT_DIR/index")
+    refuse_overlap(os.path.join(out_dir, "consumequeue"), sources, "OUT_DIR/consumequeue", with_stores=False)
+    refuse_overlap(os.path.join(out_dir, "index"), sources, "OUT_DIR/index", with_stores=False)
     os.makedirs(out_dir, exist_ok=True)
+    for held in ("commitlog", "config"):
+        # A running store holds every data directory: with its `lock` deleted and its queue and
+        # index directories moved aside, these still say it runs (review 33).
+        _refuse_if_held(os.path.join(out_dir, held))
     store_root = os.path.lexists(os.path.join(out_dir, LOCK_FILE_NAME)) or os.path.lexists(
         os.path.join(out_dir, "commitlog")
     )

@@ -198,15 +198,35 @@ def reindex(
     strict: bool = False,
 ) -> dict[str, Any]:
     out_dir = os.path.abspath(out_dir)
-    # What is read: the store's commitlog directory (or the directory given).
-    source = os.path.join(store, "commitlog") if os.path.isdir(os.path.join(store, "commitlog")) else store
-    with claim_reindex_target(out_dir, [source]):
-        messages = _messages(spark, store, split_size, strict).cache()
-        try:
-            queues = build_consume_queues(messages, out_dir, cq_file_size)
-            files = build_index(messages, out_dir, max_hash_slot_num, max_index_num) if with_index else []
-        finally:
-            messages.unpersist()
+    with claim_reindex_target(out_dir, [_source_of(store)]):
+        return _rebuild(spark, store, out_dir, cq_file_size=cq_file_size, max_hash_slot_num=max_hash_slot_num,
+                        max_index_num=max_index_num, with_index=with_index, split_size=split_size, strict=strict)  # fmt: skip
+
+
+def _source_of(store: str) -> str:
+    """What a rebuild reads: the store's commitlog directory (or the directory given)."""
+    return os.path.join(store, "commitlog") if os.path.isdir(os.path.join(store, "commitlog")) else store
+
+
+def _rebuild(
+    spark: SparkSession,
+    store: str,
+    out_dir: str,
+    *,
+    cq_file_size: int,
+    max_hash_slot_num: int,
+    max_index_num: int,
+    with_index: bool,
+    split_size: str | None,
+    strict: bool,
+) -> dict[str, Any]:
+    """The rebuild itself, into directories `claim_reindex_target` holds."""
+    messages = _messages(spark, store, split_size, strict).cache()
+    try:
+        queues = build_consume_queues(messages, out_dir, cq_file_size)
+        files = build_index(messages, out_dir, max_hash_slot_num, max_index_num) if with_index else []
+    finally:
+        messages.unpersist()
     log.info("reindex done", queues=len(queues), index_files=len(files))
     return {"out": out_dir, "consume_queues": queues, "index_files": files}
 
@@ -216,10 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    spark = get_spark(args.master, app_name="mqstore-reindex")
-    summary = reindex(spark, args.store, args.out, cq_file_size=args.cq_file_size,
-                      max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num,
-                      with_index=not args.no_index, split_size=args.split_size, strict=args.strict)  # fmt: skip
+    out_dir = os.path.abspath(args.out)
+    with claim_reindex_target(out_dir, [_source_of(args.store)]):  # refusals before the JVM starts
+        spark = get_spark(args.master, app_name="mqstore-reindex")
+        summary = _rebuild(spark, args.store, out_dir, cq_file_size=args.cq_file_size,
+                           max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num,
+                           with_index=not args.no_index, split_size=args.split_size, strict=args.strict)  # fmt: skip
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 

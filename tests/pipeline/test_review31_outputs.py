@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +138,70 @@ class _Cached:
 
     def unpersist(self) -> None:
         pass
+
+
+def test_an_export_stays_out_of_the_store_its_input_belongs_to(tmp_path: Path) -> None:
+    """Review 33 L3: given STORE/commitlog (or its glob), OUT could be the store's empty index/
+    or a future segment's name: only the literal inputs were compared."""
+    store = tmp_path / "store"
+    _store(store)
+    commitlog = store / "commitlog"
+    for out, given in ((store / "index", str(commitlog)), (commitlog / f"{1 << 30:020d}", str(commitlog / "*")),
+                       (store / "consumequeue" / "x", str(commitlog / "*"))):  # fmt: skip
+        with pytest.raises(CliError, match="overlaps the input"):
+            check_export_target(str(out), [given])
+
+
+def _hold_open(store: Path, ready: Path) -> subprocess.Popen[bytes]:
+    """Another process running the store until killed (OFD lock and directory flocks held)."""
+    code = ("import sys, time, mqstore; s = mqstore.open(sys.argv[1], **eval(sys.argv[3]));"
+            "open(sys.argv[2], 'w').close(); time.sleep(120)")  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", code, str(store), str(ready), repr(SMALL)])
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert child.poll() is None and time.monotonic() < deadline, "the store did not open in the child"
+        time.sleep(0.05)
+    return child
+
+
+@pytest.mark.parametrize("moved_aside", [False, True], ids=["as-it-runs", "lock-deleted-and-directories-moved"])
+def test_a_reindex_into_a_store_another_process_runs_is_refused(tmp_path: Path, moved_aside: bool) -> None:
+    """Review 33 L4/L5: with the running store's `lock` deleted and its queue and index
+    directories moved aside (the README's step before a rebuild in place), the claim passed
+    and re-created `lock` beside the running store; the held commitlog/ says it runs."""
+    store = tmp_path / "store"
+    _store(store)
+    child = _hold_open(store, tmp_path / "ready")
+    try:
+        if moved_aside:
+            (store / "lock").unlink()
+            for sub in ("consumequeue", "index"):
+                (store / sub).rename(tmp_path / f"{sub}-aside")
+        before = _state(store / "commitlog")
+        with pytest.raises(CliError) as refused:
+            reindex_module.reindex(_NoSpark(), str(store), str(store))  # type: ignore[arg-type]
+        assert refused.value.code == ExitCode.LOCKED
+        assert _state(store / "commitlog") == before
+        assert (store / "lock").exists() is not moved_aside  # not re-created
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_jobs_refuse_before_the_jvm_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 33 L6: run() started Spark (~7 s) before the check refused."""
+    from mqstore.pipeline import export as export_module
+
+    store = tmp_path / "store"
+    _store(store)
+
+    def no_jvm(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Spark started before the refusal")
+
+    monkeypatch.setattr(export_module, "get_spark", no_jvm)
+    monkeypatch.setattr(reindex_module, "get_spark", no_jvm)
+    with pytest.raises(CliError, match="overlaps the input"):
+        export_module.run(export_module.build_parser().parse_args([str(store), str(store)]))
+    (store / "index" / "stray").write_bytes(b"x")
+    with pytest.raises(CliError, match="is not empty"):
+        reindex_module.run(reindex_module.build_parser().parse_args([str(store), str(store)]))
