@@ -40,7 +40,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage.consume_queue import FILLER_UNIT_SIZE
 
-from .segments import Segment
+from .segments import Segment, SegmentError, open_segment, read_regular, record_bound
 
 log = get_logger(__name__)
 
@@ -228,6 +228,9 @@ class ReadBounds:
         assert self.topics is not None
         if self.queue_ids is None and _offset_floor(self.default_start) < _offset_ceiling(self.default_end):
             return None  # every queue id no JSON names is wanted, known or not
+        # A unit's size is a record's when the record fits a segment (`record_bound`): a broker
+        # may allow messages past the default maxMessageSize.
+        largest = max([max_message_size] + [record_bound(g, max_message_size) for g in segments])
         cq_lo, cq_hi = _NO_END, 0
         for topic in sorted(self.topics):
             starting, ending = self.starting.get(topic, {}), self.ending.get(topic, {})
@@ -242,7 +245,7 @@ class ReadBounds:
                 if units is None:
                     return None  # nothing says where this queue's records lie
                 first, entries = units
-                why = _implausible(entries, max_message_size)
+                why = _implausible(entries, largest)
                 if why:
                     log.warning("consume_queue_implausible", queue=queue_dir, reason=why)
                     return None
@@ -349,9 +352,14 @@ class _UnitCheck:
         if seg is None or seg.base_offset is None:
             self.failed = f"unit {queue_offset}: commitlog offset {offset} (size {size}) is in no segment"
             return False
-        with open(seg.path, "rb") as f:
-            data = os.pread(f.fileno(), size, offset - seg.base_offset)
-        got = read_record(data, 0, len(data), read_body=False, max_message_size=self.max_message_size)
+        try:  # mapped: only the header's pages are read, however large the unit says it is
+            buf = open_segment(seg.path)
+        except SegmentError as exc:  # no longer a regular file: nothing to check the unit by
+            self.failed = f"unit {queue_offset}: {exc}"
+            return False
+        pos = offset - seg.base_offset
+        got = read_record(buf, pos, min(len(buf), pos + size), read_body=False,
+                          max_message_size=record_bound(seg, self.max_message_size))  # fmt: skip
         rec = got.record
         if got.kind is not RecordKind.MESSAGE or rec is None:
             self.failed = f"unit {queue_offset}: no record at commitlog offset {offset}: {got.reason}"
@@ -377,8 +385,11 @@ def _cq_units(queue_dir: str) -> tuple[int, np.ndarray] | None:
     for name in names:
         if int(name) != expect:
             return None
-        with open(os.path.join(queue_dir, name), "rb") as f:
-            data = f.read()
+        try:  # a FIFO named like a ConsumeQueue file would block a plain open() for good
+            data = read_regular(os.path.join(queue_dir, name), "a ConsumeQueue file")
+        except SegmentError as exc:  # not a regular file: nothing to trust, scan
+            log.warning("consume_queue_not_a_file", queue=queue_dir, reason=str(exc))
+            return None
         units = np.frombuffer(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE], dtype=_CQ_DTYPE)
         valid = (units["offset"] >= 0) & (units["size"] > 0)
         n_valid = int(np.argmin(valid)) if not valid.all() else len(units)

@@ -6,7 +6,9 @@ Options:
   splitSize       target bytes per partition (default 128m, Spark's maxPartitionBytes); cuts
                   fall on record boundaries
   strict          "true": a corrupt record fails the job, naming file and offset
-  maxMessageSize  bound on a plausible TOTALSIZE (default 4 MiB, RocketMQ's maxMessageSize)
+  maxMessageSize  bound on a plausible TOTALSIZE (default 4 MiB, RocketMQ's maxMessageSize);
+                  as in the store's recovery, a record that fits its segment is taken
+                  whatever this says (`segments.record_bound`)
   corruptLog      a directory: each task writes the corrupt ranges it met as JSON lines there
   decoder         "fast" (default: whole Arrow columns built in C, storage/_native.c, with
                   numpy gathers where the extension is not built or MQSTORE_PURE_PYTHON=1),
@@ -59,6 +61,7 @@ import glob
 import json
 import mmap
 import os
+import stat
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
@@ -108,12 +111,15 @@ from .segments import (
     Segment,
     Step,
     StepResult,
+    _next_segment_has_data,
+    crc_failure,
     discover_segments,
     header_ok,
     message_runs,
     open_segment,
     parse_size,
     plan_segment,
+    record_bound,
     step_at,
 )
 
@@ -376,13 +382,21 @@ class _CachedPlan:
     # The walk stopped at an END_OF_FILE blank: the writer has rolled to the next segment, so
     # nothing is ever appended here and every range, the last one too, is final.
     sealed: bool
+    # Where the walk met unwritten zeros and stopped (the end of the last range), else None.
+    # A writer only appends there, and a record's TOTALSIZE and MAGIC make its first 8 bytes
+    # non-zero: while those 8 bytes are zero (and the next segment holds nothing, which would
+    # make the zeros damage), a walk would stop there again and the plan stands as it is.
+    zeros_at: int | None = None
 
 
 # (path, split_size, max_message_size) -> the last plan; the planner process is reused across
-# queries (spark.python.worker.reuse), so a second query skips most of the walk. Only a sealed
-# segment's plan is reused whole: a live segment is preallocated (its size never changes) and
-# writes through a shared mapping do not reliably move its mtime, so its open-ended last range
-# is walked again on every query, from that range's start (a position the walk visits).
+# queries (spark.python.worker.reuse), so a second query skips most of the walk. A sealed
+# segment's plan is reused whole, and so is an unsealed one's while nothing was written where
+# its walk met zeros (`zeros_at`): without that, every query walked the unsealed last segment's
+# zero tail again (a GiB of zeros to scan for a preallocated, warmed segment). Otherwise a live
+# segment (preallocated, its size never changes, and writes through a shared mapping do not
+# reliably move its mtime) has its open-ended last range walked again, from that range's start
+# (a position the walk visits).
 _PLAN_CACHE: dict[tuple[str, int, int], _CachedPlan] = {}
 PLAN_CACHE_MAX_SEGMENTS = 16384  # about 16 TiB of 1 GiB segments; then start over
 
@@ -441,25 +455,58 @@ def _sealed(buf: mmap.mmap | bytes, ranges: Sequence[tuple[int, int]]) -> bool:
     return end + 8 <= len(buf) and _I32.unpack_from(buf, end + 4)[0] == BLANK_MAGIC_CODE
 
 
+def _zeros_at(buf: mmap.mmap | bytes, ranges: Sequence[tuple[int, int]]) -> int | None:
+    """Where the walk stopped at unwritten (zero) bytes inside the file, else None."""
+    end = ranges[-1][1] if ranges else 0
+    return end if end + 8 <= len(buf) and not any(buf[end : end + 8]) else None
+
+
+def _still_unwritten(seg: Segment, identity: tuple[int, int, int, int, int, int], pos: int) -> bool:
+    """Whether the walk of an unchanged segment would stop at pos again: its 8 bytes there are
+    still zero (nothing appended) and the next segment still holds nothing. One 8-byte read,
+    against walking (and scanning the zeros of) the rest of the segment."""
+    if _next_segment_has_data(seg):
+        return False
+    try:
+        fd = os.open(seg.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != identity[1:3]:
+            return False  # replaced since it was stat'ed
+        return os.pread(fd, 8, pos) == bytes(8)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def segment_ranges(seg: Segment, split_size: int, max_message_size: int) -> list[tuple[int, int]]:
     """The byte ranges of one segment, from the plan cache where that is safe."""
     identity = _identity(seg)
     key = (seg.path, split_size, max_message_size)
     cached = _PLAN_CACHE.get(key)
-    if cached is not None and cached.identity == identity and cached.sealed:
+    if (
+        cached is not None
+        and cached.identity == identity
+        and (cached.sealed or cached.zeros_at is not None and _still_unwritten(seg, identity, cached.zeros_at))
+    ):
         return list(cached.ranges)
+    bound = record_bound(seg, max_message_size)
     buf = open_segment(seg.path)
     if not len(buf):
         ranges: list[tuple[int, int]] = []
     elif cached is not None and cached.identity == identity and cached.ranges:
         # Unchanged file, maybe appended to: the ranges before the last one end at cuts and
         # stay; the last one is cut again as far as the data now goes.
-        ranges = list(cached.ranges[:-1]) + plan_from(buf, seg, cached.ranges[-1][0], split_size, max_message_size)
+        ranges = list(cached.ranges[:-1]) + plan_from(buf, seg, cached.ranges[-1][0], split_size, bound)
     else:
-        ranges = plan_segment(buf, seg, split_size, max_message_size)
+        ranges = plan_segment(buf, seg, split_size, bound)
     if len(_PLAN_CACHE) >= PLAN_CACHE_MAX_SEGMENTS:
         _PLAN_CACHE.clear()
-    _PLAN_CACHE[key] = _CachedPlan(identity, tuple(ranges), bool(len(buf)) and _sealed(buf, ranges))
+    sealed = bool(len(buf)) and _sealed(buf, ranges)
+    _PLAN_CACHE[key] = _CachedPlan(identity, tuple(ranges), sealed, None if sealed else _zeros_at(buf, ranges))
     return ranges
 
 
@@ -610,6 +657,7 @@ def read_split(
 
     schema = arrow_schema(columns)
     seg = split.segment
+    max_message_size = record_bound(seg, max_message_size)  # as the planner walked it
     buf = open_segment(seg.path)
     if not len(buf):
         return
@@ -636,7 +684,7 @@ def read_split(
         if check_crc:
             # The body CRC, in C over the map (refuse19's kernel): a record that fails it is
             # reported like a corrupt range and never returned as a message.
-            failed = [(p, why) for p in positions if (why := body_crc_mismatch(buf, p, seg.file_size))]
+            failed = [(p, why) for p in positions if (why := crc_failure(buf, p, seg.file_size, max_message_size, body_crc_mismatch))]
             if seg.base_offset is not None and positions:
                 # Recovery's other validity check (the CRC covers the body only): a record's own
                 # physical-offset field must say where it lies. With both, every record the

@@ -25,10 +25,10 @@ import stat
 import struct
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Iterator
+from typing import Any, Callable, Final, Iterator
 
 from mqstore.storage import speedups
-from mqstore.storage.commitlog import segment_size_of
+from mqstore.storage.commitlog import max_record_size, segment_size_of
 
 from mqstore.storage.codec import (
     BLANK_MAGIC_CODE,
@@ -36,6 +36,7 @@ from mqstore.storage.codec import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     RecordKind,
+    body_crc_mismatch,
     cal_msg_length,
     read_record,
 )
@@ -84,8 +85,27 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _not_regular(path: str, mode: int) -> SegmentError:
-    return SegmentError(f"{path} is {_kind(mode)} where a CommitLog segment file belongs; move it out of the directory")
+def _not_regular(path: str, mode: int, what: str = "a CommitLog segment file") -> SegmentError:
+    return SegmentError(f"{path} is {_kind(mode)} where {what} belongs; move it out of the directory")
+
+
+def read_regular(path: str, what: str) -> bytes:
+    """The bytes of the regular file at path (links followed). Opened without blocking and
+    checked by fstat: a FIFO (or device) where `what` belongs is a SegmentError naming it, never
+    a read that waits for a writer for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode, what)
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, max(st.st_size, 1 << 16))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def _regular_size(path: str) -> int:
@@ -135,10 +155,30 @@ def _directory_segments(directory: str, names: list[str]) -> list[Segment]:
     return found
 
 
+def _named_segments(directory: str, names: list[str]) -> list[Segment]:
+    """The segment files `names` of one commitlog directory, named by hand or by a glob, with
+    the spans `_directory_segments` gives them in their whole directory: each reaches the next
+    segment file the directory holds (named or not), the last one its segment's end. Bytes no
+    file holds (a missing segment after a named one, a named file cut short) are then
+    reported, as for the directory; a segment that is there but not named is not damage."""
+    for name in names:  # a named FIFO or directory is an error naming it, before the listing
+        _regular_size(os.path.join(directory, name))
+    try:
+        listing = sorted(n for n in os.listdir(directory) if _SEGMENT_NAME.match(n))
+    except OSError as exc:
+        raise SegmentError(f"{directory}: cannot list this directory: {exc.strerror or exc}") from exc
+    wanted = set(names)
+    return [seg for seg in _directory_segments(directory, listing) if os.path.basename(seg.path) in wanted]
+
+
 def discover_segments(paths: str | list[str]) -> list[Segment]:
     """Segments under store dirs, commitlog dirs or single files (glob patterns too), in
     offset order per dir. Only regular files are read (a FIFO named like a segment would
-    block the reader for good): anything else named like a segment is a SegmentError."""
+    block the reader for good): anything else named like a segment is a SegmentError.
+
+    Segment files named one by one or by a glob (`STORE/commitlog/*`, the documented form)
+    span the log as in their directory (`_named_segments`): the files named in one directory
+    are one group, in offset order, at the place of the first of them."""
     if isinstance(paths, str):
         paths = [p for p in paths.split(",") if p]
     expanded: list[str] = []
@@ -150,23 +190,59 @@ def discover_segments(paths: str | list[str]) -> list[Segment]:
             expanded.extend(matches)
         else:
             expanded.append(path)
-    found: list[Segment] = []
+    groups: list[list[Segment] | str] = []  # segments, or a directory whose named files go there
+    named: dict[str, list[str]] = {}
     for path in expanded:
         try:
             mode = os.stat(path).st_mode
         except OSError as exc:
             raise SegmentError(f"{path}: no such file or directory") from exc
         if not stat.S_ISDIR(mode):
-            # A file named by hand spans its own length: the segments around it were not asked for.
-            found.append(_segment(path))
+            name = os.path.basename(path)
+            if not _SEGMENT_NAME.match(name):
+                # A renamed file says nothing of where it lies: it spans its own length.
+                groups.append([_segment(path)])
+                continue
+            directory = os.path.dirname(os.path.abspath(path))
+            if directory not in named:
+                named[directory] = []
+                groups.append(directory)
+            if name not in named[directory]:
+                named[directory].append(name)
             continue
         clog = os.path.join(path, "commitlog")
         directory = clog if os.path.isdir(clog) else path
         names = sorted(n for n in os.listdir(directory) if _SEGMENT_NAME.match(n))
         if not names:
             raise SegmentError(f"{path}: no 20-digit CommitLog segment files in {directory}")
-        found.extend(_directory_segments(directory, names))
+        groups.append(_directory_segments(directory, names))
+    found: list[Segment] = []
+    for group in groups:
+        found.extend(_named_segments(group, named[group]) if isinstance(group, str) else group)
     return found
+
+
+def record_bound(seg: Segment, max_message_size: int) -> int:
+    """The largest TOTALSIZE the walk takes for one record of seg: what fits the segment, not
+    the put limit (`max_record_size`, as the store's recovery reads). A broker configured with
+    a larger maxMessageSize writes such records, and the store reads them back; calling them
+    implausible would report a healthy store as corrupt. A damaged size is still caught: the
+    record's field lengths must add up to it, and its CRC must match."""
+    return max_record_size(seg.file_size, max_message_size)
+
+
+def crc_failure(
+    buf: mmap.mmap | bytes, pos: int, limit: int, max_size: int, check: Callable[[Any, int, int], str] = body_crc_mismatch
+) -> str:
+    """`body_crc_mismatch` (`check`) for a record that may be larger than the put limit: "" when
+    the record at pos passes the integrity checks, else why not. The codec's reference check
+    (the C kernel declines V2 and IPv6 records, and MQSTORE_PURE_PYTHON=1 has no kernel) bounds
+    a size by the default maxMessageSize; a record past it is checked again by `max_size`."""
+    why = check(buf, pos, limit)
+    if why and pos + 8 <= len(buf) and _II.unpack_from(buf, pos)[0] > DEFAULT_MAX_MESSAGE_SIZE:
+        got = read_record(buf, pos, limit, check_crc=True, max_message_size=max_size)
+        why = "" if got.kind is RecordKind.MESSAGE else got.reason or got.kind.value
+    return why
 
 
 class Step(Enum):

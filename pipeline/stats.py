@@ -134,6 +134,32 @@ def check_out(out: str, paths: Sequence[str]) -> None:
     refuse_overlap(out, _stores_of(paths), "--out")
     if os.path.isdir(out):
         raise CliError(ExitCode.USAGE, f"--out {out} is a directory; give a file")
+    try:
+        links = os.stat(out).st_nlink
+    except OSError:
+        return  # a new file
+    if links > 1:  # another name of the same file, maybe a store's own (STORE/checkpoint)
+        raise CliError(ExitCode.USAGE, f"--out {out} is a file with {links} names (hard links), one of which may be "
+                       "a store's own file; give another file")  # fmt: skip
+
+
+def write_out(out: str, text: str) -> None:
+    """Write text to `out` without touching the file that was there: a new file (O_EXCL) beside
+    it, renamed over it. A hard link to a store's file made after `check_out` then keeps the
+    store's bytes; `out` through a symbolic link is written where the link points."""
+    target = os.path.realpath(out)
+    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,8 +169,7 @@ def run(args: argparse.Namespace) -> int:
     result = compute_stats(spark, args.paths, split_size=args.split_size, strict=args.strict)
     text = json.dumps(result, indent=2, sort_keys=False)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_out(args.out, text + "\n")
     else:
         sys.stdout.write(text + "\n")
     log.info("stats done", messages=result["messages"], corrupt=result["corrupt_records"])

@@ -32,12 +32,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, PHYSICAL_OFFSET_POSITION, body_crc_mismatch
+from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, DEFAULT_MAX_MESSAGE_SIZE, PHYSICAL_OFFSET_POSITION
 
 from .bounds import EARLIEST, LATEST, parse_offsets
 from .columnar import arrow_schema, decode_batch
 from .datasource import freeze_reused_worker_heap
-from .segments import Segment, discover_segments, open_segment
+from .segments import Segment, crc_failure, discover_segments, open_segment, read_regular, record_bound
 
 log = get_logger(__name__)
 
@@ -70,8 +70,9 @@ def _queue_files(queue_dir: str) -> list[tuple[int, str]]:
 
 
 def _valid_units(path: str) -> np.ndarray:
-    with open(path, "rb") as f:
-        data = f.read()
+    # Opened without blocking: a FIFO named like a ConsumeQueue file is an error naming it
+    # (the query fails), never a read that waits for a writer for good.
+    data = read_regular(path, "a ConsumeQueue file")
     units = np.frombuffer(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE], dtype=_CQ_DTYPE)
     valid = (units["offset"] >= 0) & (units["size"] > 0)
     return units if valid.all() else units[: int(np.argmin(valid))]
@@ -231,7 +232,8 @@ def read_queue_slice(part: QueueSlice, columns: Sequence[str]) -> Iterator[pa.Re
         buf = open_segment(seg.path)
         positions = [p for p, size in zip((phys[i:j] - (seg.base_offset or 0)).tolist(), sizes[i:j].tolist())
                      if _record_ok(buf, seg, p, size, part)]  # fmt: skip
-        batch = decode_batch(buf, seg, positions, schema) if positions else None
+        bound = record_bound(seg, DEFAULT_MAX_MESSAGE_SIZE)  # records past the put limit are whole
+        batch = decode_batch(buf, seg, positions, schema, max_message_size=bound) if positions else None
         if batch is not None and batch.num_rows:
             yield batch
         i = j
@@ -245,7 +247,7 @@ def _record_ok(buf: Any, seg: Segment, pos: int, size: int, part: QueueSlice) ->
     if not why and _I32.unpack_from(buf, pos)[0] != size:
         why = "record size differs from the unit's"
     if not why:
-        why = body_crc_mismatch(buf, pos, seg.file_size)
+        why = crc_failure(buf, pos, seg.file_size, record_bound(seg, DEFAULT_MAX_MESSAGE_SIZE))
     if not why and seg.base_offset is not None:
         said = _I64.unpack_from(buf, pos + PHYSICAL_OFFSET_POSITION)[0]
         if said != seg.base_offset + pos:

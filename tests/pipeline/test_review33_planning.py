@@ -1,0 +1,294 @@
+"""Review 33: segment walking and planning of the `rocketmq` data source.
+
+M2: missing log ranges were silent when segments were named by a glob (`STORE/commitlog/*`)
+or one by one. M3: a FIFO named like a ConsumeQueue file hung the planner and the stream.
+M1: records over the default 4 MiB maxMessageSize were called corrupt, though the store
+reads them. L1: an unsealed segment's zero tail was walked again by every plan. L5: the
+`_end_of_data` "written meanwhile" re-check had no test. L6: `stats --out` through a hard
+link to STORE/checkpoint truncated the store's file. No Spark session: the planner and the
+readers are called directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+import mqstore  # noqa: E402
+from mqstore.pipeline import datasource, segments  # noqa: E402
+from mqstore.pipeline.datasource import plan_splits, read_split  # noqa: E402
+from mqstore.pipeline.segments import Segment, SegmentError, Step, open_segment, step_at, walk  # noqa: E402
+
+h = sys.modules["mqstore_pipeline_test_helpers"]  # loaded by conftest.py (tests/ has no packages)
+SEGMENT = h.SEGMENT_SIZE
+SMALL = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 600}
+
+
+def _rows(paths: list[Any], max_message_size: int = 4 << 20, columns: tuple[str, ...] = ("commitlog_offset", "size", "error")) -> list[dict[str, Any]]:
+    """What the data source returns, without Spark: plan, then read every split."""
+    return [
+        r
+        for split in plan_splits([str(p) for p in paths], 20_000, max_message_size)
+        for batch in read_split(split, list(columns), max_message_size=max_message_size)
+        for r in batch.to_pylist()
+    ]
+
+
+def _errors(paths: list[Any]) -> list[tuple[int, int]]:
+    return [(r["commitlog_offset"], r["size"]) for r in _rows(paths) if r["error"] is not None]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """220 records in four 64 KiB segments, each ending with a blank but the last."""
+    written = h.write_commitlog(tmp_path / "store", h.make_specs(220))
+    assert len(os.listdir(written.store / "commitlog")) == 4
+    return Path(written.store)
+
+
+def _seg(store: Path, i: int) -> Path:
+    return store / "commitlog" / f"{i * SEGMENT:020d}"
+
+
+# M2: globs and segments named one by one --------------------------------------------------
+
+
+def test_a_deleted_segment_is_an_error_row_when_segments_are_named_by_glob_or_one_by_one(store: Path, tmp_path: Path) -> None:
+    # First no false damage: segment 1 there but not asked for, segment 3 (the last) alone, a
+    # renamed copy that says nothing of where it lies, a file named twice.
+    shutil.copy(_seg(store, 1), tmp_path / "renamed.bin")
+    for paths in ([_seg(store, 0), _seg(store, 2)], [_seg(store, 3)], [store / "commitlog" / "*[02]"],
+                  [tmp_path / "renamed.bin"], [_seg(store, 1), _seg(store, 1)]):  # fmt: skip
+        assert _errors(paths) == [], paths
+    _seg(store, 1).unlink()
+    expected = [(SEGMENT, SEGMENT)]
+    assert _errors([store]) == expected
+    assert _errors([store / "commitlog" / "*"]) == expected
+    assert _errors([_seg(store, 0), _seg(store, 2), _seg(store, 3)]) == expected
+    assert _errors([_seg(store, 0)]) == expected  # its span reaches the next file there is
+
+
+# M3: a FIFO named like a ConsumeQueue file -------------------------------------------------
+
+
+def _returns_promptly(fifo: Path, fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """(what fn returned, what it raised), failing if it blocked; a blocked open of the FIFO is
+    released by opening its other end, so the test never hangs."""
+    outcome: list[tuple[Any, BaseException | None]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((fn(), None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append((None, exc))
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(20)
+    if t.is_alive():
+        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        t.join(10)
+        os.close(fd)
+        pytest.fail(f"blocked on the FIFO {fifo}")
+    return outcome[0]
+
+
+@pytest.fixture
+def fifo_store(tmp_path: Path) -> tuple[Path, Path]:
+    """One queue of 210 units (seven full 600-byte ConsumeQueue files), and a FIFO under the
+    next file's name."""
+    path = tmp_path / "store"
+    with mqstore.open(path, **SMALL) as st:
+        for i in range(210):
+            assert st.put(mqstore.Message(topic="orders", body=b"o-%d" % i)).ok
+    queue = path / "consumequeue" / "orders" / "0"
+    names = sorted(os.listdir(queue))
+    fifo = queue / f"{int(names[-1]) + 600:020d}"
+    os.mkfifo(fifo)
+    return path, fifo
+
+
+def test_a_fifo_named_like_a_consume_queue_file_does_not_hang_a_pruned_read(fifo_store: tuple[Path, Path]) -> None:
+    from pyspark.sql.datasource import In
+
+    path, fifo = fifo_store
+
+    def read() -> list[int]:
+        opts = {"paths": json.dumps([str(path)]), "topics": "orders", "startingoffsets": '{"orders":{"0":150}}'}
+        reader = datasource.RocketMQPushdownReader(opts, datasource.DEFAULT_SCHEMA)
+        assert not list(reader.pushFilters([In(("queue_id",), (0,))]))
+        return sorted(r["queue_offset"] for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist())
+
+    got, exc = _returns_promptly(fifo, read)
+    assert exc is None and got == list(range(150, 210))  # the ConsumeQueue is not trusted: a scan
+
+
+def test_a_fifo_named_like_a_consume_queue_file_is_an_error_naming_it_in_the_stream(fifo_store: tuple[Path, Path]) -> None:
+    from mqstore.pipeline.stream import queue_bounds
+
+    path, fifo = fifo_store
+    _, exc = _returns_promptly(fifo, lambda: queue_bounds(str(fifo.parent)))
+    assert isinstance(exc, SegmentError) and str(fifo) in str(exc) and "FIFO" in str(exc), exc
+
+
+# M1: records over the default maxMessageSize ----------------------------------------------
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_record_over_4_mib_that_the_store_reads_is_not_corrupt(tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mqstore.storage import speedups
+
+    from mqstore.pipeline.stream import QueueSlice, read_queue_slice
+
+    if not native:  # the reference checks (MQSTORE_PURE_PYTHON=1, or no built extension)
+        monkeypatch.setattr(speedups, "native", None)
+    path = tmp_path / "store"
+    big = b"B" * (5 << 20)
+    with mqstore.open(path, mapped_file_size_commitlog_bytes=16 << 20, max_message_size_bytes=8 << 20) as st:
+        for body in (b"small-1", big, b"small-2"):
+            assert st.put(mqstore.Message(topic="orders", body=body)).ok
+        assert st.get("orders", 0, 1, 1).messages[0].body == big
+    rows = _rows([path], columns=("size", "body", "error"))
+    assert [(r["body"] == big, r["error"]) for r in rows] == [(False, None), (True, None), (False, None)]
+    streamed = [r for b in read_queue_slice(QueueSlice(str(path), "orders", 0, 0, 3), ["body", "error"]) for r in b.to_pylist()]
+    assert [(r["body"] == big, r["error"]) for r in streamed] == [(False, None), (True, None), (False, None)]
+
+
+# L1: the plan of an unsealed segment ------------------------------------------------------
+
+
+class _FrozenTimes:
+    """A stat result whose times are those of an earlier stat: what a live segment written
+    through a shared mapping shows (the kernel moves mtime/ctime only now and then)."""
+
+    def __init__(self, real: os.stat_result, first: os.stat_result) -> None:
+        self._real, self._first = real, first
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("st_mtime", "st_mtime_ns", "st_ctime", "st_ctime_ns"):
+            return getattr(self._first, name)
+        return getattr(self._real, name)
+
+
+def _planned(path: Path, opened: list[str], first: dict[str, os.stat_result], mp: pytest.MonkeyPatch) -> int:
+    """Messages of a plan of the store at path, made with frozen file times; the segments the
+    planner mapped go to `opened`."""
+    real_stat, real_open = os.stat, datasource.open_segment
+
+    def frozen(p: Any, *args: Any, **kwargs: Any) -> Any:
+        st = real_stat(p, *args, **kwargs)
+        if isinstance(p, str) and p.startswith(str(path)) and not args and not kwargs:
+            return _FrozenTimes(st, first.setdefault(p, st))
+        return st
+
+    mp.setattr(os, "stat", frozen)
+    mp.setattr(datasource, "open_segment", lambda p: opened.append(p) or real_open(p))
+    try:
+        splits = plan_splits([str(path)], 4096, 4 << 20)
+    finally:
+        mp.undo()
+    return sum(1 for s in splits for r in walk(open_segment(s.path), s.segment, s.start, s.end) if r.step is Step.MESSAGE)
+
+
+def test_an_unchanged_unsealed_segment_is_not_walked_again_but_an_appended_one_is(tmp_path: Path) -> None:
+    path = tmp_path / "live"
+    first: dict[str, os.stat_result] = {}
+    with mqstore.open(path, **SMALL) as st, pytest.MonkeyPatch.context() as mp:
+        for _ in range(20):
+            assert st.put(mqstore.Message(topic="orders", body=b"x" * 300)).ok
+        opened: list[str] = []
+        assert _planned(path, opened, first, mp) == 20 and opened  # walked once
+        opened.clear()
+        assert _planned(path, opened, first, mp) == 20 and opened == []  # nothing written: the plan stands
+        assert st.put(mqstore.Message(topic="orders", body=b"x" * 300)).ok
+        assert _planned(path, opened, first, mp) == 21 and opened  # written where the walk met zeros
+
+
+def test_an_unsealed_segments_plan_stands_until_the_next_segment_gets_records(store: Path, tmp_path: Path) -> None:
+    # Segment 0 without its blank: its records end at zeros. With segment 1 away that is its
+    # unwritten tail, and a second plan does not walk it again; with segment 1 back (segment 0
+    # untouched) the records between are missing, and the plan says so.
+    for i in (2, 3):
+        _seg(store, i).unlink()
+    data = bytearray(_seg(store, 0).read_bytes())
+    end = list(walk(bytes(data), Segment(str(_seg(store, 0)), 0, SEGMENT)))[-1].next_pos  # where the blank is
+    data[end : end + 8] = bytes(8)
+    _seg(store, 0).write_bytes(bytes(data))
+    _seg(store, 1).rename(tmp_path / "away")
+    assert _errors([store]) == []
+    opened: list[str] = []
+    real_open = datasource.open_segment
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(datasource, "open_segment", lambda p: opened.append(p) or real_open(p))
+        plan_splits([str(store)], 20_000, 4 << 20)
+    assert opened == []
+    (tmp_path / "away").rename(_seg(store, 1))
+    assert _errors([store]) == [(end, SEGMENT - end)]
+
+
+# L5: `_end_of_data` decides again when the zeros it met were written meanwhile --------------
+
+
+def test_zeros_written_meanwhile_are_read_again_not_called_missing_records(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The last segment's records end at zeros; while the walk asks whether the next segment
+    # holds records (it does: a writer rolled), the writer fills those zeros with a record.
+    last = _seg(store, 3)
+    seg = Segment(str(last), 3 * SEGMENT, SEGMENT)
+    steps = list(walk(open_segment(str(last)), seg))
+    end = steps[-1].next_pos
+    record = last.read_bytes()[steps[-1].pos : end]
+
+    def rolled_meanwhile(s: Segment) -> bool:
+        fd = os.open(last, os.O_WRONLY)
+        try:
+            os.pwrite(fd, record, end)
+        finally:
+            os.close(fd)
+        return True
+
+    buf = open_segment(str(last))  # a shared mapping: it sees the write
+    monkeypatch.setattr(segments, "_next_segment_has_data", rolled_meanwhile)
+    got = step_at(buf, end, seg)
+    assert (got.step, got.pos, got.next_pos) == (Step.MESSAGE, end, end + len(record))
+
+
+# L6: stats --out through a hard link ------------------------------------------------------
+
+
+def test_stats_out_through_a_hard_link_to_a_store_file_is_refused(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mqstore.pipeline import stats
+
+    checkpoint = store / "checkpoint"
+    checkpoint.write_bytes(b"\x01" * 16)
+    link = tmp_path / "stats.json"
+    os.link(checkpoint, link)
+    monkeypatch.setattr(stats, "get_spark", lambda *a, **k: pytest.fail("the job ran"))
+    assert stats.main([str(store), "--out", str(link)]) == 2
+    assert checkpoint.read_bytes() == b"\x01" * 16
+
+
+def test_stats_out_linked_to_a_store_file_during_the_job_leaves_that_file(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mqstore.pipeline import stats
+
+    # The job runs for minutes after the check: --out made a hard link to STORE/checkpoint
+    # meanwhile. The result is written to a new file renamed over --out; the store's file stays.
+    checkpoint, out = store / "checkpoint", tmp_path / "stats.json"
+    checkpoint.write_bytes(b"\x01" * 16)
+
+    def job(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        os.link(checkpoint, out)
+        return {"messages": 0, "corrupt_records": 0}
+
+    monkeypatch.setattr(stats, "get_spark", lambda *a, **k: None)
+    monkeypatch.setattr(stats, "compute_stats", job)
+    assert stats.main([str(store), "--out", str(out)]) == 0
+    assert checkpoint.read_bytes() == b"\x01" * 16 and json.loads(out.read_text())["messages"] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stats.json", "store"]
