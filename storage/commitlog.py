@@ -452,15 +452,21 @@ class CommitLog:
         # The most an append writes: the records, or a blank record's header (§3.7). Blocks
         # for it are reserved first; on a nearly full disk that is all that gets reserved.
         need = sum(map(len, records.datas)) + END_FILE_MIN_BLANK_LENGTH
+
+        def needed_in(mapped_file: MappedFile) -> int:
+            # Where the records do not fit, only the blank record's header is written there.
+            room = mapped_file.file_size - mapped_file.wrote_position
+            return need if need <= room else END_FILE_MIN_BLANK_LENGTH
+
         try:
-            result = mapped_file.append_message(append, need)
+            result = mapped_file.append_message(append, needed_in(mapped_file))
             if result.status is AppendMessageStatus.END_OF_FILE:
                 self.last_full_file = mapped_file
                 mapped_file = queue.get_last_mapped_file(0)
                 if mapped_file is None:
                     log.error("no commitlog file after roll-over")
                     return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result)
-                result = mapped_file.append_message(append, need)
+                result = mapped_file.append_message(append, needed_in(mapped_file))
         except DiskFullError as exc:
             # Nothing of this put was written; the next put tries to reserve again.
             log.error("disk full, put refused", error=str(exc))
