@@ -37,17 +37,24 @@ from pyspark.sql import functions as F
 from mqstore.pipeline.args import lookup_args, parser_for
 from mqstore.pipeline.bounds import ReadBounds
 from mqstore.pipeline.columnar import _be64, arrow_schema, decode_batch
-from mqstore.pipeline.datasource import SegmentSplit, plan_splits, read_commitlog, read_split
+from mqstore.pipeline.datasource import SegmentSplit, read_commitlog, read_split
 from mqstore.pipeline.segments import Segment, discover_segments, header_ok, open_segment
 from mqstore.pipeline.session import get_spark
-from mqstore.storage.codec import PHYSICAL_OFFSET_POSITION, body_crc_mismatch
+from mqstore.storage.codec import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PHYSICAL_OFFSET_POSITION,
+    RecordKind,
+    body_crc_mismatch,
+    read_record,
+)
+from mqstore.storage.commitlog import max_record_size
 from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.index import (
     DEFAULT_MAX_HASH_SLOT_NUM,
+    INVALID_INDEX,
     IndexFile,
     build_key,
     key_hash_and_slot,
-    query_offset_in_files,
 )
 
 LOOKUP_COLUMNS = [
@@ -57,7 +64,6 @@ LOOKUP_COLUMNS = [
 EXIT_CORRUPT = 3  # mqstore's "corrupt data found" (mqstore.cli.ExitCode.CORRUPT)
 # What a corrupt record or a damaged index entry is reported by.
 CORRUPT_FIELDS = ("commitlog_offset", "size", "segment_file", "error")
-_MAX_MESSAGE_SIZE = 4 << 20  # the planner's bound on a plausible TOTALSIZE (RocketMQ's maxMessageSize)
 _TOPIC_COLUMNS = ["commitlog_offset", "size", "topic", "segment_file", "error"]
 
 
@@ -123,6 +129,24 @@ def _out_row(row: dict[str, Any], with_body: bool) -> dict[str, Any]:
     return d
 
 
+def _record_bound(segment_size: int) -> int:
+    """The largest plausible TOTALSIZE in a segment of this size: what the store's recovery
+    reads as one record (a broker may allow messages past 4 MiB; a damaged size is still
+    caught by the field lengths and the CRC)."""
+    return max_record_size(segment_size, DEFAULT_MAX_MESSAGE_SIZE)
+
+
+def _crc_failure(buf: Any, pos: int, limit: int, bound: int) -> str:
+    """`body_crc_mismatch`, for a record that may be larger than the put limit: its reference
+    check (the C kernel declines V2 and IPv6 records) bounds a size by the default
+    maxMessageSize, so a record past that is checked again within `bound`."""
+    why = body_crc_mismatch(buf, pos, limit)
+    if why and int.from_bytes(buf[pos : pos + 4], "big") > DEFAULT_MAX_MESSAGE_SIZE:
+        got = read_record(buf, pos, limit, check_crc=True, max_message_size=bound)
+        why = "" if got.kind is RecordKind.MESSAGE else got.reason or got.kind.value
+    return why
+
+
 def _damaged_index(seg: Segment, pos: int, key: str, what: str) -> dict[str, Any]:
     offset = (seg.base_offset or 0) + pos
     return {"commitlog_offset": offset, "size": 0, "segment_file": seg.path,
@@ -130,7 +154,7 @@ def _damaged_index(seg: Segment, pos: int, key: str, what: str) -> dict[str, Any
 
 
 def _index_hits(
-    seg: Segment, positions: list[int], key: str, schema: Any, bad: list[dict[str, Any]]
+    seg: Segment, positions: list[int], key: str, schema: Any, bound: int, bad: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """The records at `positions` (named by the index) that pass the data source's checks, as
     rows; the others go to `bad`. An index entry is not a walk step: it may point anywhere."""
@@ -138,9 +162,9 @@ def _index_hits(
     limit = min(seg.file_size, len(buf))
     good: list[int] = []
     for p in positions:
-        if not header_ok(buf, p, limit, _MAX_MESSAGE_SIZE):
+        if not header_ok(buf, p, limit, bound):
             bad.append(_damaged_index(seg, p, key, "where no record starts"))
-        elif why := body_crc_mismatch(buf, p, limit):
+        elif why := _crc_failure(buf, p, limit, bound):
             bad.append({"commitlog_offset": (seg.base_offset or 0) + p, "size": int.from_bytes(buf[p : p + 4], "big"),
                         "segment_file": seg.path, "error": why})  # fmt: skip
         else:
@@ -155,12 +179,61 @@ def _index_hits(
         good = [p for p in good if p not in lying]
     if not good:
         return []
-    rows = decode_batch(buf, seg, good, schema).to_pylist()
+    rows = decode_batch(buf, seg, good, schema, max_message_size=bound).to_pylist()
     bad.extend({c: r[c] for c in CORRUPT_FIELDS} for r in rows if r["error"] is not None)
     return [r for r in rows if r["error"] is None]
 
 
-def _log_topics(splits: Sequence[SegmentSplit], lo: int, hi: int, bad: list[dict[str, Any]]) -> set[str]:
+def _snapshot_offsets(files: Sequence[IndexFile], counts: Sequence[int], full_key: str) -> list[int]:
+    """The commitlog offsets named by the entries of `full_key` (topic#key) that each file held
+    when its header was read at the open (`counts`: its index_count then), as the store's
+    query walks them (`IndexFile.select_phy_offset`, every time). The files are mapped with
+    `follows_owner`: a slot may name an entry the owner wrote since, and the key's chain runs
+    from it through its older entries. Those newer entries are passed over, not reported: the
+    scan of what follows the headers' last offset reads their records, and one being written
+    may be torn. Only the newest file is written to: the others are walked in C."""
+    out: list[int] = []
+    for f in files[:-1]:
+        f.select_phy_offset(full_key, 1 << 30, 0, (1 << 63) - 1, out)
+    f, count = files[-1], counts[-1]
+    key_hash, slot = key_hash_and_slot(full_key, f.max_hash_slot_num)
+    last = f.max_index_num - 1
+    n = f.slot_value(slot)
+    for _ in range(f.max_index_num):  # bounded: a damaged chain may cycle
+        if n <= INVALID_INDEX or n > last:
+            break
+        e = f.entry(n)
+        if e.time_diff < 0:
+            break
+        if n < count and e.key_hash == key_hash:
+            out.append(e.phy_offset)
+        if e.prev_index <= INVALID_INDEX or e.prev_index > last or e.prev_index == n:
+            break
+        n = e.prev_index
+    return out
+
+
+def _starts_record(seg: Segment, pos: int, bound: int) -> bool:
+    """Whether a record the walk takes starts at `pos` (the last record the index header names):
+    a plausible header whose own physical-offset field says it lies there. A walk is
+    memoryless, so one from there reads what the walk from the segment's start reads."""
+    if seg.base_offset is None or not 0 <= pos < seg.file_size:
+        return False
+    buf = open_segment(seg.path)
+    at = pos + PHYSICAL_OFFSET_POSITION
+    if not header_ok(buf, pos, min(seg.file_size, len(buf)), bound):
+        return False
+    return int.from_bytes(buf[at : at + 8], "big", signed=True) == seg.base_offset + pos
+
+
+def _split(seg: Segment, start: int, end: int) -> SegmentSplit:
+    """Bytes [start, end) of seg, walked from start (a record start, or 0): records starting
+    before end are read, as a plan's split reads them. No plan: its walk of the whole log is
+    what the index saves."""
+    return SegmentSplit(path=seg.path, base_offset=seg.base_offset, file_size=seg.file_size, start=start, end=end)
+
+
+def _log_topics(segments: Sequence[Segment], lo: int, hi: int, bound: int, bad: list[dict[str, Any]]) -> set[str]:
     """The topics of the records at commitlog offsets [lo, hi]: the index's keys are hashed
     with their topic, so these are the topics to ask it for (a topic whose ConsumeQueue was
     removed keeps its records and index entries). The topic column only (about as cheap as
@@ -168,14 +241,50 @@ def _log_topics(splits: Sequence[SegmentSplit], lo: int, hi: int, bad: list[dict
     hide a topic): what goes to `bad` is damage that may hide one."""
     bounds = ReadBounds(commitlog_from=lo, commitlog_until=hi + 1)
     topics: set[str] = set()
-    for split in splits:
-        base = split.base_offset or 0
-        if base + split.start <= hi and lo < base + split.end:
-            for batch in read_split(split, _TOPIC_COLUMNS, bounds=bounds, check_crc=False):
+    for seg in segments:
+        base = seg.base_offset or 0
+        if base <= hi and lo < base + seg.file_size:
+            # The walk ends after the record at hi; a segment wholly after lo needs no row filter.
+            split = _split(seg, 0, min(seg.file_size, hi - base + 1))
+            inside = seg.base_offset is not None and lo <= base
+            for batch in read_split(split, _TOPIC_COLUMNS, bounds=None if inside else bounds, check_crc=False,
+                                    max_message_size=bound):  # fmt: skip
                 if batch.column("error").null_count < batch.num_rows:
                     bad.extend({c: r[c] for c in CORRUPT_FIELDS} for r in batch.to_pylist() if r["error"] is not None)
                 topics.update(t for t in pc.unique(batch.column("topic")).to_pylist() if t is not None)
     return topics
+
+
+def _uncovered(
+    segments: Sequence[Segment], first_indexed: int, last_indexed: int, bound: int
+) -> list[tuple[SegmentSplit, ReadBounds]]:
+    """What to scan for the records the index does not cover: after its last entry (from that
+    record on when a record starts there, else from its segment's start), and before its first
+    one (nothing when that is offset 0, as for every store whose head was not cleaned)."""
+    out: list[tuple[SegmentSplit, ReadBounds]] = []
+    after = ReadBounds(commitlog_from=last_indexed + 1)
+    before = ReadBounds(commitlog_until=first_indexed)
+    for seg in segments:
+        base = seg.base_offset or 0
+        if base < first_indexed:
+            out.append((_split(seg, 0, min(seg.file_size, first_indexed - base)), before))
+        if last_indexed < base + seg.file_size:
+            pos = last_indexed - base
+            out.append((_split(seg, pos if _starts_record(seg, pos, bound) else 0, seg.file_size), after))
+    return out
+
+
+def _scan(
+    parts: Sequence[tuple[SegmentSplit, ReadBounds]], columns: list[str], bound: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows of `parts` read as the data source reads them: (records, corrupt rows)."""
+    rows: list[dict[str, Any]] = []
+    bad: list[dict[str, Any]] = []
+    for split, bounds in parts:
+        for batch in read_split(split, columns, bounds=bounds, max_message_size=bound):
+            for r in batch.to_pylist():
+                (rows if r["error"] is None else bad).append(r)
+    return rows, bad
 
 
 def lookup_by_index(
@@ -201,23 +310,33 @@ def lookup_by_index(
     try:
         try:
             for n in names:
-                files.append(IndexFile.open_readonly(fs, os.path.join(store, "index", n)))
+                # follows_owner, as the store's own IndexReader maps a file its owner may be
+                # writing: every put of a key moves the key's slot to the new entry, and a
+                # reader bounded by the header it read at open skips a slot naming an entry
+                # past that count whole, the key's older entries with it.
+                files.append(IndexFile.open_readonly(fs, os.path.join(store, "index", n), follows_owner=True))
         except (ValueError, OSError):
             return None
         files = [f for f in files if f.index_count > 1]
         if not files:
             return None
+        # The headers as read at the open (never reloaded): what the index answers for.
+        # Everything after `last_indexed` is scanned, from segments listed after this point.
         first_indexed, last_indexed = files[0].begin_phy_offset, files[-1].end_phy_offset
+        counts = [f.index_count for f in files]
         # Segments after the index headers: a segment an entry names existed before its entry.
         try:
             segments = discover_segments([store])
-            splits = plan_splits([store], 64 << 20, _MAX_MESSAGE_SIZE)
         except (ValueError, OSError):  # SegmentError too
             return None
-        topics = [topic] if topic is not None else sorted(_log_topics(splits, first_indexed, last_indexed, bad))
+        bound = _record_bound(max((s.file_size for s in segments), default=0))
+        if topic is not None:
+            topics = [topic]
+        else:
+            topics = sorted(_log_topics(segments, first_indexed, last_indexed, bound, bad))
         named: dict[int, set[str]] = {}  # commitlog offset -> the topics whose key's entries name it
         for t in topics:
-            for o in query_offset_in_files(files, t, key, 1 << 30, 0, (1 << 63) - 1).phy_offsets:
+            for o in _snapshot_offsets(files, counts, build_key(t, key)):
                 named.setdefault(o, set()).add(t)
     finally:
         for f in files:
@@ -230,7 +349,7 @@ def lookup_by_index(
         base = seg.base_offset or 0
         here = sorted(o - base for o in named if base <= o < base + seg.file_size)
         placed.update(base + p for p in here)
-        for r in _index_hits(seg, here, key, schema, bad) if here else []:
+        for r in _index_hits(seg, here, key, schema, bound, bad) if here else []:
             if not _matches(r, key, topic) and not _indexed_under(r, key, named[r["commitlog_offset"]]):
                 # A good record none of whose keys the entry's hash is: the entry is wrong, and
                 # the record it was written for is not found through it.
@@ -240,16 +359,20 @@ def lookup_by_index(
         if o >= (segments[0].base_offset or 0):  # below: a segment expired and deleted, as the broker skips
             bad.append({"commitlog_offset": o, "size": 0, "segment_file": None,
                         "error": f"damaged index: an entry for key {key!r} names commitlog offset {o}, which no segment holds"})  # fmt: skip
-    # What the index does not cover: before its first entry and after its last one.
-    uncovered = ReadBounds(commitlog_until=first_indexed), ReadBounds(commitlog_from=last_indexed + 1)
-    for split in splits:
-        lo, hi = (split.base_offset or 0) + split.start, (split.base_offset or 0) + split.end
-        for bounds in uncovered:
-            if (bounds.commitlog_from or 0) < hi and lo < (bounds.commitlog_until or (1 << 63)):
-                for batch in read_split(split, columns, bounds=bounds):
-                    for r in batch.to_pylist():
-                        (rows if r["error"] is None else bad).append(r)
-    # One report per place (the passes overlap: a split is read whole), one row per record.
+    uncovered = _uncovered(segments, first_indexed, last_indexed, bound)
+    scanned, damage = _scan(uncovered, columns, bound)
+    if damage:
+        # The scan runs to the end of the log. In a live store it may read the header of the
+        # record being written half done (its TOTALSIZE, not yet its MAGIC, which the writer
+        # puts last): damage that is gone a moment later. Damage stays where it is: read again,
+        # and report only what both reads found.
+        again, damage_again = _scan(uncovered, columns, bound)
+        first = {(b["segment_file"], b["commitlog_offset"]) for b in damage}
+        scanned += again
+        damage = [b for b in damage_again if (b["segment_file"], b["commitlog_offset"]) in first]
+    rows += scanned
+    bad += damage
+    # One report per place (the passes overlap: a segment may be read twice), one row per record.
     seen: dict[tuple[str | None, int], dict[str, Any]] = {}
     for b in bad:
         seen.setdefault((b["segment_file"], b["commitlog_offset"]), {c: b[c] for c in CORRUPT_FIELDS})

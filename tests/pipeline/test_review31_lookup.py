@@ -8,9 +8,12 @@ index path runs in the caller's process)."""
 
 from __future__ import annotations
 
+import base64
+import os
 import struct
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -196,3 +199,181 @@ def test_decode_batch_gives_an_error_row_where_no_header_fits(tmp_path: Path) ->
     for cut in (size - 1, 60):
         rows = decode_batch(bytes(buf[:cut]), seg, [0], schema).to_pylist()
         assert rows[0]["error"], cut
+
+
+# Review 33 -----------------------------------------------------------------------------
+
+
+def _indexed(st: Any, topic: str, key: str, n: int) -> bool:
+    """Whether the store's index answers n hits of topic#key (its dispatch is asynchronous)."""
+    for _ in range(250):
+        if len(st.query(topic, key, max_count=1000).messages) >= n:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _after_the_index_is_opened(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> None:
+    """Run `act` where lookup_by_index has opened the index files and not yet queried them
+    (it lists the segments in between)."""
+    from mqstore.pipeline import lookup as L
+
+    real = L.discover_segments
+
+    def late(*args: Any, **kwargs: Any) -> Any:
+        act()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(L, "discover_segments", late)
+
+
+@pytest.mark.parametrize("topic", [None, "orders"])
+def test_puts_indexed_between_the_open_and_the_query_hide_no_hit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, topic: str | None
+) -> None:
+    """H1: the index files were mapped bounded by the entry count their header had at the
+    open. Two more puts of the key moved its slot past that count, and the walk dropped the
+    key's whole chain: 2 hits of 8, no error, rc 0."""
+    with mqstore.open(tmp_path / "s", **CONFIG) as st:
+
+        def put() -> int:
+            r = st.put(mqstore.Message(topic="orders", body=b"hot-%d" % len(offsets), keys=["hot"]))
+            assert r.ok
+            return r.commitlog_offset
+
+        offsets: list[int] = []
+        for _ in range(6):
+            offsets.append(put())
+        assert _indexed(st, "orders", "hot", 6)
+
+        def two_more() -> None:
+            offsets.extend([put(), put()])
+            assert _indexed(st, "orders", "hot", 8)
+
+        _after_the_index_is_opened(monkeypatch, two_more)
+        corrupt: list[dict[str, Any]] = []
+        hits = lookup_by_index([str(tmp_path / "s")], "hot", topic=topic, corrupt=corrupt)
+    assert [h["commitlog_offset"] for h in hits or []] == offsets and len(offsets) == 8
+    assert corrupt == []
+
+
+def test_an_entry_written_past_the_header_read_is_not_damage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """H1: the owner writes an entry, then the key's slot, then the header. An entry past the
+    header as read at the open (here naming a record not in the log yet, as one being
+    written, or torn) is passed over, not reported as a damaged index; the key's older
+    entries are still found through it."""
+    store = tmp_path / "s"
+    offsets = _store(store)
+    (path,) = [n for n in (store / "index").iterdir() if n.name.isdigit()]
+    key_hash, slot = key_hash_and_slot(build_key("orders", "k3"), DEFAULT_MAX_HASH_SLOT_NUM)
+    slot_at = INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE
+
+    def entry_past_the_header() -> None:
+        with open(path, "r+b") as f:
+            index_count = struct.unpack_from(">i", f.read(INDEX_HEADER_SIZE), 36)[0]
+            f.seek(slot_at)
+            prev = struct.unpack(">i", f.read(4))[0]
+            f.seek(INDEX_HEADER_SIZE + DEFAULT_MAX_HASH_SLOT_NUM * HASH_SLOT_SIZE + index_count * INDEX_ENTRY_SIZE)
+            f.write(struct.pack(">iqii", key_hash, 5 * SEGMENT, 0, prev))
+            f.seek(slot_at)
+            f.write(struct.pack(">i", index_count))
+
+    _after_the_index_is_opened(monkeypatch, entry_past_the_header)
+    corrupt: list[dict[str, Any]] = []
+    # Before: the walk gave up at the slot (no hit); with the file followed but the entry not
+    # passed over, "damaged index: ... which no segment holds" (exit 3).
+    hits = lookup_by_index([str(store)], "k3", corrupt=corrupt) or []
+    assert ([h["commitlog_offset"] for h in hits], corrupt) == ([offsets["k3"]], [])
+
+
+def test_a_record_over_4_mib_in_a_healthy_store_is_a_hit(tmp_path: Path) -> None:
+    """M1: a broker that allows messages past 4 MiB (maxMessageSize) writes records the store
+    reads back whole; lookup called them "record size ... is implausible" (exit 3 for every
+    key) and withheld the hit. A record is bounded by its segment, as recovery reads it."""
+    store = tmp_path / "s"
+    cfg: dict[str, Any] = dict(CONFIG, mapped_file_size_commitlog_bytes=16 << 20, max_message_size_bytes=8 << 20)
+    want: dict[str, int] = {}
+    with mqstore.open(store, **cfg) as st:
+        for key, body in (("small", b"small"), ("big", b"B" * (5 << 20))):
+            want[key] = st.put(mqstore.Message(topic="orders", body=body, keys=[key])).commitlog_offset
+    with mqstore.open(store, message_index_enable=False, **cfg) as st:  # in the tail the index does not cover
+        want["tail"] = st.put(mqstore.Message(topic="orders", body=b"T" * (5 << 20), keys=["tail"])).commitlog_offset
+    for key, offset in want.items():
+        corrupt: list[dict[str, Any]] = []
+        hits = lookup_by_index([str(store)], key, with_body=True, corrupt=corrupt) or []
+        assert ([h["commitlog_offset"] for h in hits], corrupt) == ([offset], []), key
+    assert len(base64.b64decode(hits[0]["body"])) == 5 << 20
+
+
+def test_the_index_path_scans_only_what_the_index_does_not_cover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """L2: the scan of what the index does not cover read every split of the log, filtering
+    its rows one by one: `commitlog_until=0` (an index that starts at offset 0, as almost
+    every store's does) was taken for "no upper bound"."""
+    from mqstore.pipeline import lookup as L
+
+    store = tmp_path / "s"
+    with mqstore.open(store, **CONFIG) as st:
+        mid = [st.put(mqstore.Message(topic="orders", body=b"x" * 2000, keys=[f"k{i}"])) for i in range(150)]
+    mid_offsets = [r.commitlog_offset for r in mid]
+    with mqstore.open(store, message_index_enable=False, **CONFIG) as st:
+        tail = st.put(mqstore.Message(topic="orders", body=b"t", keys=["tail"])).commitlog_offset
+    assert tail > 4 * SEGMENT
+    scanned: list[tuple[str, int, int, Any]] = []
+    real = L.read_split
+
+    def spy(split: Any, columns: Any, **kwargs: Any) -> Any:
+        if "keys" in columns:  # the scan's reads, not the topic column's
+            scanned.append((os.path.basename(split.path), split.start, split.end, kwargs.get("bounds")))
+        return real(split, columns, **kwargs)
+
+    monkeypatch.setattr(L, "read_split", spy)
+    for topic in (None, "orders"):
+        for key, offset in (("k7", mid_offsets[7]), ("tail", tail)):
+            scanned.clear()
+            corrupt: list[dict[str, Any]] = []
+            hits = lookup_by_index([str(store)], key, topic=topic, corrupt=corrupt) or []
+            assert ([h["commitlog_offset"] for h in hits], corrupt) == ([offset], [])
+            # Before: all five segments, about 5 * SEGMENT bytes walked.
+            assert sum(end - start for _, start, end, _ in scanned) < SEGMENT, scanned
+    # An index whose head was cleaned (it starts after the log does): the log before it is scanned.
+    (path,) = [n for n in (store / "index").iterdir() if n.name.isdigit()]
+    with open(path, "r+b") as f:
+        f.seek(16)  # beginPhyOffset
+        f.write(struct.pack(">q", mid_offsets[3]))
+    scanned.clear()
+    assert [h["commitlog_offset"] for h in lookup_by_index([str(store)], "k1") or []] == [mid_offsets[1]]
+    assert ("%020d" % 0, 0, mid_offsets[3]) in [s[:3] for s in scanned]
+
+
+def test_a_header_being_written_at_the_end_of_a_live_log_is_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """H1's other half: the scan of what the index does not cover runs to the end of the log,
+    where a live store's writer may be halfway through a record's header (it puts TOTALSIZE
+    and MAGIC last, in that order). Damage stays; that is gone at the second read."""
+    from mqstore.pipeline import lookup as L
+
+    store = tmp_path / "s"
+    offsets = _store(store, n=10, unindexed=1)
+    late = offsets["k10"]
+    p = _segment0(store)
+    data = bytearray(p.read_bytes())
+    magic = bytes(data[late + 4 : late + 8])
+    data[late + 4 : late + 8] = bytes(4)  # TOTALSIZE written, MAGIC not yet
+    p.write_bytes(bytes(data))
+    real = L.read_split
+
+    def writer_finishes(split: Any, columns: Any, **kwargs: Any) -> Any:
+        yield from real(split, columns, **kwargs)
+        if "keys" in columns:
+            with open(p, "r+b") as f:
+                f.seek(late + 4)
+                f.write(magic)
+
+    monkeypatch.setattr(L, "read_split", writer_finishes)
+    corrupt: list[dict[str, Any]] = []
+    # Before: "record size ... is implausible" (exit 3) and no hit.
+    hits = lookup_by_index([str(store)], "k10", corrupt=corrupt) or []
+    assert ([h["commitlog_offset"] for h in hits], corrupt) == ([late], [])
