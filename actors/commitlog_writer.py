@@ -43,7 +43,14 @@ from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.checkpoint import CheckpointValues
-from ..storage.recovery import CommitLogRecovery, LogFacts, RecoveryMode, recover_commitlog, resume_queue_offsets
+from ..storage.recovery import (
+    CommitLogRecovery,
+    LogFacts,
+    RecoveryMode,
+    log_facts_of,
+    recover_commitlog,
+    resume_queue_offsets,
+)
 from ..storage.status import PutMessageStatus
 from .base import ActorContext, ServiceUnavailable, StoreActor
 
@@ -298,12 +305,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
 
     def _log_facts(self) -> LogFacts:
         assert self._commitlog is not None and self._recovered is not None
-        first = self._commitlog.get_min_offset()
-        end = self._commitlog.get_max_offset()
         facts = self._recovered.facts
-        return LogFacts(min_offset=max(first, 0), max_offset=end, has_files=first >= 0,
-                        scan_start=min(facts.scan_start, end), lost_ranges=facts.lost_ranges,
-                        holes=tuple(self._commitlog.mapped_file_queue.holes()) if first >= 0 else ())  # fmt: skip
+        return log_facts_of(self._commitlog, self._commitlog.get_max_offset(), scan_start=facts.scan_start,
+                            lost_ranges=facts.lost_ranges)  # fmt: skip
 
     def _ready(self) -> WriterReady:
         assert self._commitlog is not None

@@ -21,7 +21,7 @@ from ..messages import (
 )
 from ..storage.checkpoint import CheckpointValues
 from ..storage.index import IndexService
-from ..storage.index_progress import IndexProgress, write_index_progress
+from ..storage.index_progress import IndexProgress, load_index_progress, write_index_progress
 from ..storage.recovery import IndexRecovery, LogFacts, RecoveryMode, recover_index
 from .base import ActorContext, HeldWait, StoreActor
 
@@ -98,6 +98,14 @@ class IndexActor(StoreActor[IndexRequest]):
                 # Only readers are told: a re-dispatch for the queues still indexes what it
                 # brings past the files' end.
                 self._indexed_below = max(self._indexed_below, self._log_facts.max_offset)
+        if self._log_facts.holes:
+            # A degraded log ends short of where indexing got (its last segments cut short or
+            # missing, review 32 P1): the progress keeps the offset it has, so a degraded open
+            # writes nothing, and the segments put back whole need no re-index.
+            on_disk = load_index_progress(self.ctx.fs, self.config.index_progress_path)
+            names = tuple((f.name, f.end_phy_offset) for f in self._service.files)
+            if on_disk is not None and on_disk.files == names and self._indexed_below < on_disk.indexed_below <= self._log_facts.reach:
+                self._indexed_below = on_disk.indexed_below
         self._publish()
 
     def _publish(self) -> None:

@@ -146,6 +146,28 @@ class LogFacts:
     # given up for them yet (no filler holds their queue offsets until `recover`).
     holes: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def reach(self) -> int:
+        """How far queue units and index entries may point: the log's end, or past it the end
+        of the holes a degraded log has (their records may come back whole from a backup, so
+        no unit into them is cut)."""
+        return max([self.max_offset, *(stop for _, stop in self.holes)])
+
+
+def log_facts_of(commitlog: CommitLog, end: int, *, scan_start: int,
+                 lost_ranges: tuple[tuple[int, int], ...]) -> LogFacts:
+    """The facts of `commitlog` loaded with its wrong-sized segments left out: those count as
+    the log's files (a log whose every segment is cut short is damaged, not gone) and as holes."""
+    queue = commitlog.mapped_file_queue
+    starts = [int(name[:20]) for name in queue.damaged_files]
+    first = commitlog.get_min_offset()
+    if first >= 0:
+        starts.append(first)
+    there = bool(starts)
+    return LogFacts(min_offset=min(starts, default=0), max_offset=end, has_files=there,
+                    scan_start=min(scan_start, end), lost_ranges=lost_ranges,
+                    holes=tuple(queue.holes()) if there else ())  # fmt: skip
+
 
 @dataclass
 class CommitLogRecovery:
@@ -328,11 +350,9 @@ def recover_commitlog(
             end = commitlog.recover_abnormally(min_ts, seen, progress)
         if not files:
             end = 0
-        min_offset = max(commitlog.get_min_offset(), 0)
         recovered = CommitLogRecovery(
-            facts=LogFacts(min_offset=min_offset, max_offset=end, has_files=bool(files),
-                           scan_start=seen.first_offset if seen.count else end, lost_ranges=tuple(lost),
-                           holes=tuple(commitlog.mapped_file_queue.holes()) if files else ()),  # fmt: skip
+            facts=log_facts_of(commitlog, end, scan_start=seen.first_offset if seen.count else end,
+                               lost_ranges=tuple(lost)),  # fmt: skip
             store_timestamp=seen.last_store_timestamp or _store_timestamp_before(commitlog, end),
             scanned_next_queue_offsets=dict(seen.next_queue_offsets),
             messages_scanned=seen.count,
@@ -375,7 +395,7 @@ def recover_index(
     fs.makedirs(cfg.index_dir)
     # A restart in a live process leaves the progress alone (it is older than the files).
     dropped, reasons, index_from = _recover_index(cfg, fs, clock_ms, mode is not RecoveryMode.CRASH, checkpoint,
-                                                  log_facts.max_offset, log_facts.min_offset,
+                                                  log_facts.max_offset, log_facts.min_offset, log_facts.reach,
                                                   use_progress=mode is not RecoveryMode.RESTART)  # fmt: skip
     if not log_facts.has_files:
         index_from = None
@@ -424,7 +444,7 @@ def recover_consume_queues(
             max_cq = max(max_cq, cq.max_physic_offset)
         # Before any unit is cut: the queue offsets of records past the log's end (or in lost
         # ranges) go into the ledger, so no later open or `recover` gives them again.
-        handed_out = _offsets_of_lost_records(queues, end, log_facts.lost_ranges)
+        handed_out = _offsets_of_lost_records(queues, log_facts.reach, log_facts.lost_ranges)
         ledger = _ledger_with_high_water(cfg, fs, ledger, handed_out, queues)
 
         if mode is RecoveryMode.CRASH:
@@ -473,12 +493,17 @@ def recover_consume_queues(
         # the disk, and the duplicate guard would then skip the missing ones forever. Removing
         # them lets re-dispatch write every one again, in order. Units below the start were
         # flushed before the checkpoint that chose it was written.
+        # A degraded log's holes keep their units (review 32 P1: a copy with every segment cut
+        # short lost every unit, and the segments put back whole were then unreachable). After
+        # a crash that keeps the units between the re-dispatch start and a hole too: the cut is
+        # a suffix, and re-dispatch skips the units a queue holds.
         crashed = mode is RecoveryMode.CRASH
-        cut = dispatch_from if crashed else end
+        into_holes = any(stop > dispatch_from for _, stop in log_facts.holes)
+        cut = dispatch_from if crashed and not into_holes else log_facts.reach
         truncated = 0
         for cq in queues:
-            if not crashed and cq.max_physic_offset < end:
-                continue
+            if not crashed and cq.max_physic_offset < cut:
+                continue  # (after a crash units may lie past a torn one `recover()` stopped at)
             before = cq.get_max_offset_in_queue()
             cq.truncate_dirty_logic_files(cut)
             if cq.get_max_offset_in_queue() != before:
@@ -1064,6 +1089,7 @@ def _recover_index(
     checkpoint: CheckpointValues | None,
     end: int,
     min_offset: int,
+    reach: int,
     *,
     use_progress: bool,
 ) -> tuple[int, list[str], int | None]:
@@ -1137,10 +1163,11 @@ def _recover_index(
         # The one file that holds keys of kept messages and of lost ones (a lost tail): its
         # entries past the end are undone, or, when its chains cannot be cut short, it goes
         # with those keys, which are then rebuilt. Files that begin past the end held none.
-        straddling = next((f.name for f in files if f.begin_phy_offset < end <= f.end_phy_offset), None)
-        cut = service.drop_files_after(end)
+        # `reach`: entries into a degraded log's holes stay (see LogFacts.reach).
+        straddling = next((f.name for f in files if f.begin_phy_offset < reach <= f.end_phy_offset), None)
+        cut = service.drop_files_after(reach)
         if cut:
-            reasons.append(f"{cut} index file(s) past the commitlog's end ({end}) dropped")
+            reasons.append(f"{cut} index file(s) past the commitlog's end ({reach}) dropped")
         files = service.files
         straddling_torn = straddling is not None and all(f.name != straddling for f in files)
         index_from: int | None = None
