@@ -128,10 +128,32 @@ def _stores_of(paths: Sequence[str]) -> list[str]:
     return found
 
 
+def _store_around(path: str) -> str | None:
+    """The store directory `path` would be written in (an ancestor of its real directory that
+    holds a commitlog directory beside a checkpoint or a consumequeue directory), or None."""
+    directory = os.path.dirname(os.path.realpath(path))
+    while True:
+        if os.path.isdir(os.path.join(directory, "commitlog")) and (
+            os.path.isfile(os.path.join(directory, "checkpoint"))
+            or os.path.isdir(os.path.join(directory, "consumequeue"))
+        ):
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
 def check_out(out: str, paths: Sequence[str]) -> None:
     """CliError (exit 2) when --out would write over a store's own file (STORE/checkpoint, a
-    segment) or into an input store: `open(out, "w")` truncates whatever is there."""
+    segment) or into an input store: `open(out, "w")` truncates whatever is there. Any store
+    is kept out, not only the inputs': its checkpoint or a segment replaced by JSON loses what
+    it recorded, and a file of ours in its directories is in its owner's way."""
     refuse_overlap(out, _stores_of(paths), "--out")
+    store = _store_around(out)
+    if store is not None:
+        raise CliError(ExitCode.USAGE, f"--out {out} lies in the store directory {store}; a store's directory "
+                                       "is its own: write the result elsewhere")  # fmt: skip
     if os.path.isdir(out):
         raise CliError(ExitCode.USAGE, f"--out {out} is a directory; give a file")
     try:

@@ -292,3 +292,21 @@ def test_stats_out_linked_to_a_store_file_during_the_job_leaves_that_file(store:
     assert stats.main([str(store), "--out", str(out)]) == 0
     assert checkpoint.read_bytes() == b"\x01" * 16 and json.loads(out.read_text())["messages"] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stats.json", "store"]
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "commitlog/00000000000000000000", "new.json", "config/new.json"])
+def test_stats_out_into_another_store_is_refused(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Not an input, still a store: --out OTHER/checkpoint replaced its checkpoint with JSON."""
+    from mqstore.pipeline import stats
+
+    other = tmp_path / "other"
+    with mqstore.open(other, **SMALL) as s:
+        assert s.put(mqstore.Message("t", b"x")).ok
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file() and p.name != "lock"}
+    monkeypatch.setattr(stats, "get_spark", lambda *a, **k: pytest.fail("the job ran"))
+    assert stats.main([str(store), "--out", str(other / where)]) == 2
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file() and p.name != "lock"} == before
+    # Beside a store (not in it) is fine: the check looks at ancestors, not siblings.
+    monkeypatch.setattr(stats, "get_spark", lambda *a, **k: None)
+    monkeypatch.setattr(stats, "compute_stats", lambda *a, **k: {"messages": 1, "corrupt_records": 0})
+    assert stats.main([str(store), "--out", str(tmp_path / "beside.json")]) == 0
