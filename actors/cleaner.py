@@ -5,7 +5,8 @@ runs one round, in RocketMQ's order:
 
 1. `deleteExpiredFiles` (§12.2-§12.4): time-up (the local hour of the injected clock is one of
    `delete_when`), space-full (a store partition above `disk_max_used_space_ratio_percent`) or a
-   manual round left; above the forced ratio, files go regardless of age. The writer is asked to
+   manual round left; above the forced ratio, with `clean_file_forcibly_enable` (off by default,
+   unlike RocketMQ: see the README), files go regardless of age. The writer is asked to
    delete one segment at a time, at most DELETE_FILES_BATCH_MAX per round, and the cleaner
    pauses `delete_commitlog_files_interval_ms` between two of them, so the put path never sleeps.
    The disk check also drives DISK_FULL (§12.3, §14): above the warning ratio the writer refuses

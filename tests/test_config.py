@@ -62,7 +62,9 @@ SPEC_DEFAULTS = [
     ("syncFlushTimeout", "sync_flush_timeout_ms", 5000),
     ("messageDelayLevel", "message_delay_level", "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"),
     ("flushDelayOffsetInterval", "flush_delay_offset_interval_ms", 10000),
-    ("cleanFileForciblyEnable", "clean_file_forcibly_enable", True),
+    # 4.4.0's default is true: deletion of unexpired messages under disk pressure. Off here, the
+    # brief's first rule over the spec (README, "Disk pressure deletes no message").
+    ("cleanFileForciblyEnable", "clean_file_forcibly_enable", False),
     ("warmMapedFileEnable", "warm_mapped_file_enable", False),
     ("offsetCheckInSlave", "offset_check_in_slave", False),
     ("debugLockEnable", "debug_lock_enable", False),

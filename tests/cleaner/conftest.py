@@ -36,14 +36,27 @@ def clock() -> Any:
     return H.ManualClock()
 
 
-@pytest.fixture
-def harness(clock: Any) -> Iterator[Any]:
+def _harness(clock: Any, **settings: Any) -> Iterator[Any]:
     fs = SimulatedFileSystem(clock_ms=clock)
     fs.makedirs("/store")
     gauge = FixedDiskGauge(0.10)
     sleeps: list[int] = []
-    store = mqstore.open("/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=sleeps.append, **H.SMALL)
+    store = mqstore.open("/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=sleeps.append,
+                         **{**H.SMALL, **settings})  # fmt: skip
     try:
         yield H.Harness(store, fs, clock, gauge, sleeps)
     finally:
         store.close()
+
+
+@pytest.fixture
+def harness(clock: Any) -> Iterator[Any]:
+    """A store with the default cleaning rules: disk pressure deletes expired files only."""
+    yield from _harness(clock)
+
+
+@pytest.fixture
+def forcing_harness(clock: Any) -> Iterator[Any]:
+    """A store whose owner chose RocketMQ's forced cleaning: above the forced ratio, files go
+    regardless of age."""
+    yield from _harness(clock, clean_file_forcibly_enable=True)

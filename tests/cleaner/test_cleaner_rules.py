@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pykka
+import pytest
 
 from mqstore import GetMessageStatus, Message, PutMessageStatus
 from mqstore.actors.cleaner import (
@@ -148,8 +149,8 @@ def test_space_full_deletes_expired_files_at_any_hour_but_keeps_unexpired_ones(h
     assert got.status is GetMessageStatus.FOUND
 
 
-def test_forced_clean_deletes_regardless_of_age_oldest_first_and_keeps_the_newest(harness: Harness) -> None:
-    h = harness
+def test_forced_clean_deletes_regardless_of_age_oldest_first_and_keeps_the_newest(forcing_harness: Harness) -> None:
+    h = forcing_harness
     h.clock.set(local_ms(0, 12))
     h.fill_segments(4)
     h.clock.set(local_ms(0, 12) + CLEAN_FIRST_DELAY_MS)  # nothing is older than a minute
@@ -162,23 +163,39 @@ def test_forced_clean_deletes_regardless_of_age_oldest_first_and_keeps_the_newes
     assert h.tick().commitlog_deleted == 0
 
 
-def test_forced_clean_is_off_without_clean_file_forcibly_enable(harness: Harness, clock) -> None:
-    import mqstore
-    from mqstore.storage.fs import SimulatedFileSystem
-
-    fs = SimulatedFileSystem(clock_ms=clock)
-    fs.makedirs("/other")
-    gauge = FixedDiskGauge(0.88)
-    store = mqstore.open("/other", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None,
-                         **{**SMALL, "clean_file_forcibly_enable": False})  # fmt: skip
-    try:
-        h = H.Harness(store, fs, clock, gauge, [])
-        h.fill_segments(3)
-        clock.set(clock() + CLEAN_FIRST_DELAY_MS)
+@pytest.mark.parametrize("used", [0.86, 0.95, 0.99])
+def test_by_default_disk_pressure_deletes_no_message_younger_than_the_reserved_time(harness: Harness, used: float) -> None:
+    """RocketMQ's default (cleanFileForciblyEnable true) deletes every segment but the newest,
+    whatever its age, once the partition is 85% used: a store on a disk other programs fill
+    lost its acknowledged messages. Off by default here: puts are refused (DISK_FULL above the
+    warning ratio), nothing is deleted before `file_reserved_time_hours`, and every message
+    stays readable; the store takes puts again once space is back."""
+    h = harness
+    assert not h.store.config.clean_file_forcibly_enable
+    h.clock.set(local_ms(0, 12))
+    offsets = h.fill_segments(3)
+    files, in_use = h.commitlog_files(), segments_in_use(h)
+    h.clock.set(local_ms(0, 12) + CLEAN_FIRST_DELAY_MS)
+    h.gauge.set(used)
+    for _ in range(3):
         r = h.tick()
         assert r.spacefull and not r.clean_immediately and r.commitlog_deleted == 0
-    finally:
-        store.close()
+    assert h.commitlog_files() == files
+    read: list[int] = []
+    while len(read) < len(offsets):
+        got = h.store.get(TOPIC, 0, offsets[len(read)], 32)
+        assert got.messages, got.status
+        read += [m.queue_offset for m in got.messages]
+    assert read == offsets
+    if used > h.store.config.disk_space_warning_level_ratio:
+        assert h.store.put(Message(topic=TOPIC, body=b"x")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    # Past the reserved time, disk pressure deletes what expired, at any hour (RocketMQ's rule).
+    h.clock.set(local_ms(3, 12) + CLEAN_FIRST_DELAY_MS)
+    assert h.tick().commitlog_deleted == len(in_use) - 1
+    assert segments_in_use(h) == in_use[-1:]
+    h.gauge.set(0.50)
+    assert not h.tick().disk_full
+    assert h.store.put(Message(topic=TOPIC, body=b"back")).ok
 
 
 def test_batch_limit_is_ten_files_per_round_paced_by_the_injected_pause(harness: Harness) -> None:
@@ -242,8 +259,8 @@ def test_manual_deletion_runs_twenty_rounds_at_any_hour_with_age_rules(harness: 
     assert sum(r.commitlog_deleted for r in rounds) == 0  # the rest is not expired
 
 
-def test_consume_queue_and_index_follow_the_commitlog(harness: Harness) -> None:
-    h = harness
+def test_consume_queue_and_index_follow_the_commitlog(forcing_harness: Harness) -> None:
+    h = forcing_harness
     h.clock.set(local_ms(0, 10))
     queue_offsets = h.fill_segments(8)
     cq_before = h.cq_files()
@@ -296,8 +313,8 @@ def test_reads_of_a_range_being_removed_answer_message_was_removing(harness: Har
     assert h.store.get(TOPIC, 0, 0, 4).status is GetMessageStatus.OFFSET_TOO_SMALL
 
 
-def test_a_held_file_is_destroyed_after_the_forced_interval_and_redeleted_when_hung(harness: Harness) -> None:
-    h = harness
+def test_a_held_file_is_destroyed_after_the_forced_interval_and_redeleted_when_hung(forcing_harness: Harness) -> None:
+    h = forcing_harness
     h.clock.set(local_ms(0, 12))
     h.fill_segments(3)
     # A reader holds the first segment (the writer is idle: no put runs in this test now).

@@ -16,12 +16,16 @@ import pytest
 
 import mqstore
 from mqstore import Message
+from mqstore.storage.fs import RealFileSystem
+from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger
 from mqstore.storage.status import PutMessageStatus
 
 SEGMENT = 64 * 1024
 COUNT = 1200
 SETTINGS = {"mapped_file_size_commitlog_bytes": SEGMENT, "allocate_wait_timeout_ms": 200}
-UNTOUCHED_BY_DESIGN = {"lock", "abort", "stats.msgpack"}
+# The lock and abort marker of the open itself, its stats, and the queue ledger: every open
+# writes the ledger at its first tick (each queue's units, floors never lowered, checked below).
+UNTOUCHED_BY_DESIGN = {"lock", "abort", "stats.msgpack", "queue_ledger.msgpack"}
 
 
 def _digest(root: Path) -> dict[str, str]:
@@ -37,6 +41,10 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
             assert store.put(Message("T", b"m%04d" % i + b"." * 150, keys=[f"k{i}"])).ok
     assert len(os.listdir(source / "commitlog")) == 5
     return source
+
+
+def _ledger(root: Path) -> dict[tuple[str, int], LedgerEntry]:
+    return load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) or {}
 
 
 def _walk(store: mqstore.Store) -> list[bytes]:
@@ -71,6 +79,7 @@ def test_a_degraded_open_cuts_no_unit_and_the_restored_store_serves_everything(
     else:
         os.unlink(path / "commitlog" / names[-1])
     before = _digest(path)
+    ledger_before = _ledger(path)
 
     with mqstore.open(path, **SETTINGS) as store:
         first = store.get("T", 0, 0, 32)
@@ -84,6 +93,11 @@ def test_a_degraded_open_cuts_no_unit_and_the_restored_store_serves_everything(
         before = {k: v for k, v in before.items() if not k.startswith("index")}
         after = {k: v for k, v in after.items() if not k.startswith("index")}
     assert after == before
+    ledger_after = _ledger(path)
+    assert ledger_after.keys() == ledger_before.keys()
+    for key, entry in ledger_before.items():
+        assert ledger_after[key].units >= entry.units and ledger_after[key].first == entry.first
+        assert ledger_after[key].high_water == entry.high_water  # no queue offset given up
 
     for name in names:  # the copy finishes
         shutil.copyfile(written / "commitlog" / name, path / "commitlog" / name)

@@ -362,7 +362,8 @@ def test_after_the_cleaner_deletes_index_files_queries_answer_as_the_actor_with_
     fs.makedirs("/store")
     gauge = FixedDiskGauge(0.10)
     store = mqstore.open(
-        "/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None, **H.SMALL
+        "/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=lambda _ms: None,
+        **{**H.SMALL, "clean_file_forcibly_enable": True},
     )
     try:
         h = H.Harness(store, fs, clock, gauge, [])
