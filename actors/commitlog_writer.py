@@ -314,7 +314,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         return WriterReady(
             max_offset=self._readable_end(),
             wrote_offset=self._commitlog.get_max_wrote_offset(),
-            min_offset=self._commitlog.get_min_offset(),
+            # The head counts a segment cut short: the cleaner deletes queue and index files
+            # below it, and those of a segment `recover` or a backup may still bring back.
+            min_offset=self._commitlog.head_offset(),
             store_timestamp=self._commitlog.store_timestamp,
             topic_queue_table=dict(self._commitlog.topic_queue_table),
         )
@@ -752,7 +754,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         assert self._commitlog is not None
         return CommitLogFilesDeleted(
             deleted=deleted,
-            min_offset=self._commitlog.get_min_offset(),
+            min_offset=self._commitlog.head_offset(),
             file_count=len(self._commitlog.mapped_file_queue.mapped_files),
         )
 

@@ -630,6 +630,16 @@ class CommitLog:
             return -1
         return first.file_from_offset if first.is_available() else self.roll_next_file(first.file_from_offset)
 
+    def head_offset(self) -> int:
+        """Where the log's files begin, counting the wrong-sized segments loading left out
+        (their records may come back whole from a backup): what the queues and the index may
+        keep units for. `get_min_offset` when there are none; -1 with no file at all."""
+        starts = [int(name[:20]) for name in self.mapped_file_queue.damaged_files]
+        first = self.get_min_offset()
+        if first >= 0:
+            starts.append(first)
+        return min(starts, default=-1)
+
     def roll_next_file(self, offset: int) -> int:
         return offset + self.mapped_file_size - offset % self.mapped_file_size
 

@@ -158,15 +158,11 @@ def log_facts_of(commitlog: CommitLog, end: int, *, scan_start: int,
                  lost_ranges: tuple[tuple[int, int], ...]) -> LogFacts:
     """The facts of `commitlog` loaded with its wrong-sized segments left out: those count as
     the log's files (a log whose every segment is cut short is damaged, not gone) and as holes."""
-    queue = commitlog.mapped_file_queue
-    starts = [int(name[:20]) for name in queue.damaged_files]
-    first = commitlog.get_min_offset()
-    if first >= 0:
-        starts.append(first)
-    there = bool(starts)
-    return LogFacts(min_offset=min(starts, default=0), max_offset=end, has_files=there,
+    head = commitlog.head_offset()
+    there = head >= 0
+    return LogFacts(min_offset=max(head, 0), max_offset=end, has_files=there,
                     scan_start=min(scan_start, end), lost_ranges=lost_ranges,
-                    holes=tuple(queue.holes()) if there else ())  # fmt: skip
+                    holes=tuple(commitlog.mapped_file_queue.holes()) if there else ())  # fmt: skip
 
 
 @dataclass

@@ -16,13 +16,17 @@ import pytest
 
 import mqstore
 from mqstore import Message
+from mqstore.actors.cleaner import CLEAN_FIRST_DELAY_MS
+from mqstore.messages import CleanRound, Tick
 from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger
 from mqstore.storage.status import PutMessageStatus
 
 SEGMENT = 64 * 1024
 COUNT = 1200
-SETTINGS = {"mapped_file_size_commitlog_bytes": SEGMENT, "allocate_wait_timeout_ms": 200}
+# Small queue and index files: the cleaner has whole files of the first segment's to delete.
+SETTINGS = {"mapped_file_size_commitlog_bytes": SEGMENT, "allocate_wait_timeout_ms": 200,
+            "mapped_file_size_consume_queue_bytes": 600, "max_hash_slot_num": 64, "max_index_num": 200}
 # The lock and abort marker of the open itself, its stats, and the queue ledger: every open
 # writes the ledger at its first tick (each queue's units, floors never lowered, checked below).
 UNTOUCHED_BY_DESIGN = {"lock", "abort", "stats.msgpack", "queue_ledger.msgpack"}
@@ -83,7 +87,8 @@ def test_a_degraded_open_cuts_no_unit_and_the_restored_store_serves_everything(
 
     with mqstore.open(path, **SETTINGS) as store:
         first = store.get("T", 0, 0, 32)
-        assert [m.body[:5] for m in first.messages] == [b"m%04d" % i for i in range(32)]
+        bodies = [m.body[:5] for m in first.messages]  # a get stops at a queue file's end
+        assert len(bodies) >= 16 and bodies == [b"m%04d" % i for i in range(len(bodies))]
         assert store.max_offset("T", 0) == COUNT  # no unit cut, none handed out again
         assert store.put(Message("T", b"x")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
     after = _digest(path)
@@ -107,3 +112,26 @@ def test_a_degraded_open_cuts_no_unit_and_the_restored_store_serves_everything(
         missed = [i for i in range(0, COUNT, 37) if [m.body[:5] for m in store.query("T", f"k{i}").messages] != [b"m%04d" % i]]
         assert missed == []
         assert store.put(Message("T", b"after")).queue_offset == COUNT
+
+
+def test_the_cleaner_deletes_no_queue_or_index_file_for_a_segment_cut_short(written: Path, tmp_path: Path) -> None:
+    """The cleaner follows the log's head: with the first segment cut short (left out of the
+    loaded files), the head looked like the second segment's start, and the first round deleted
+    the queue and index files of the first segment's messages; restored, 240 of them were out
+    of reach of get and their keys of query."""
+    path = tmp_path / "copy"
+    shutil.copytree(written, path)
+    first = sorted(os.listdir(path / "commitlog"))[0]
+    os.truncate(path / "commitlog" / first, 8192)
+    before = _digest(path)
+    now = [2_000_000_000_000]
+    with mqstore.open(path, clock_ms=lambda: now[0], **SETTINGS) as store:
+        now[0] += CLEAN_FIRST_DELAY_MS + 1_000
+        round_: CleanRound = store.supervisor.ctx.peers["cleaner"].ask(Tick(now_ms=now[0]), timeout=30)
+        assert round_.ran and (round_.consume_queue_deleted, round_.index_deleted) == (0, 0), round_
+        assert store.min_offset("T", 0) == 0
+    assert _digest(path) == before
+    shutil.copyfile(written / "commitlog" / first, path / "commitlog" / first)
+    with mqstore.open(path, **SETTINGS) as store:
+        assert _walk(store) == [b"m%04d" % i for i in range(COUNT)]
+        assert all(store.query("T", f"k{i}").messages for i in range(0, COUNT, 37))
