@@ -53,6 +53,7 @@ from .messages import (
     GetLogFacts,
     GetQueueSnapshot,
     GetReputStatus,
+    ReputStatus,
     GetWriterStatus,
     FlushAll,
     Ping,
@@ -675,17 +676,30 @@ class Supervisor:
 
         names = [spec.name for spec in self._specs]
 
+        target, last = [end], [-1]
+
         def covered_within(timeout_s: float) -> bool:
             # In slices, so that a child's crash ends the wait at once (the caller restarts it
             # and waits again) instead of after a whole stuck interval.
             deadline = time.monotonic() + timeout_s
             while True:
                 left = deadline - time.monotonic()
-                view = self.ctx.read_view.await_view(lambda v: written(v) >= end, min(left, FAILURE_CHECK_S), QUEUES | INDEX)
+                view = self.ctx.read_view.await_view(lambda v: written(v) >= target[0], min(left, FAILURE_CHECK_S),
+                                                     QUEUES | INDEX)  # fmt: skip
                 if view is not None:
                     return True
                 if self._failure_pending(names):
                     return True
+                now = written(self.ctx.read_view.view)
+                if now == last[0]:  # not moving: waiting at a hole? (asked briefly: it may be busy)
+                    try:
+                        reput: ReputStatus = self._ask("reput", GetReputStatus(), timeout=FAILURE_CHECK_S)
+                    except pykka.Timeout:
+                        pass
+                    else:
+                        if reput.at_hole:  # it goes no further until the segments are back
+                            target[0] = min(end, reput.reput_offset)
+                last[0] = now
                 if left <= FAILURE_CHECK_S:
                     return False
 
@@ -806,10 +820,17 @@ class Supervisor:
 
             def caught_up_within(timeout_s: float) -> bool:
                 try:
-                    caught_up.get(timeout=timeout_s)
-                    return True
+                    status: ReputStatus = caught_up.get(timeout=timeout_s)
                 except pykka.Timeout:
                     return False
+                if status.at_hole:
+                    # Records past a hole were never dispatched (reput): the next open, with
+                    # the segments back or after `mqstore recover`, must re-dispatch them.
+                    self.log.warning("dispatch waits at a commitlog hole; the next open re-dispatches",
+                                     at=status.reput_offset, log_end=writer.max_offset)  # fmt: skip
+                    nonlocal clean
+                    clean = False
+                return True
 
             stuck = self._wait_while_moving(
                 caught_up_within, lambda: self._ask("reput", GetReputStatus(), timeout=STOP_TIMEOUT_S).reput_offset

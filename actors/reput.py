@@ -81,6 +81,10 @@ class ReputMessageService(StoreActor[ReputRequest]):
         # (offset, size) of a whole record larger than READ_CHUNK_BYTES (put under a larger
         # max_message_size_bytes): the next read there takes all of it.
         self._large_record: tuple[int, int] | None = None
+        # Dispatch waits at a commitlog hole (the offset), never going on past it: what lies in
+        # the hole has queue offsets and keys nobody can read now, and records after it would
+        # take filler units over those offsets and move the index past those keys for good.
+        self._at_hole: int | None = None
 
     def on_start(self) -> None:
         self._reader = CommitLogReader(
@@ -129,7 +133,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 self._awaiting.append(message)
                 self._reput()
             case GetReputStatus():
-                return ReputStatus(reput_offset=self._reput_offset, max_offset=self._max_offset)
+                return self._status()
             case Ping():
                 self._continue_later()  # re-dispatch starts once the supervisor has us
                 return Pong()
@@ -141,16 +145,20 @@ class ReputMessageService(StoreActor[ReputRequest]):
     def _answer_awaiting(self) -> None:
         if not self._awaiting:
             return
-        status = ReputStatus(reput_offset=self._reput_offset, max_offset=self._max_offset)
+        status = self._status()
         waiting = []
         for request in self._awaiting:
-            # Held back, dispatch cannot get further until the writers find room: the asker
-            # (shutdown) hears where it stands now rather than after its timeout.
-            if self._reput_offset >= request.up_to or self._held_back_since_ms:
+            # Held back, dispatch cannot get further until the writers find room, nor at a
+            # hole: the asker (shutdown) hears where it stands now rather than after its timeout.
+            if self._reput_offset >= request.up_to or self._held_back_since_ms or status.at_hole:
                 request.reply.send(status)
             else:
                 waiting.append(request)
         self._awaiting = waiting
+
+    def _status(self) -> ReputStatus:
+        at_hole = self._at_hole is not None and self._at_hole == self._reput_offset
+        return ReputStatus(reput_offset=self._reput_offset, max_offset=self._max_offset, at_hole=at_hole)
 
     def _reput(self) -> None:
         passes = 0
@@ -204,9 +212,12 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 later = reader.next_segment_after(offset)
                 if later is not None and later <= limit and not reader.has_segment(offset):
                     # A missing or wrong-sized segment (a hole the store opened degraded with):
-                    # nothing to dispatch there, and waiting would spin forever.
-                    self.log.error("skipping a commitlog hole", offset=offset, resume=later)
-                    return None, later
+                    # dispatch waits here, quietly (ticks retry: a segment put back is read).
+                    if self._at_hole != offset:
+                        self._at_hole = offset
+                        self.log.error("dispatch waits at a commitlog hole until `mqstore recover` or the "
+                                       "segments are back", offset=offset, data_resumes_at=later)  # fmt: skip
+                    return None
                 self.log.warning("commitlog data not readable yet", offset=offset, size=end - offset)
                 return None
             try:

@@ -694,6 +694,9 @@ class AwaitDispatched:
 class ReputStatus:
     reput_offset: int
     max_offset: int
+    # Dispatch waits at a commitlog hole (a segment missing or cut short) at `reput_offset`:
+    # what lies past it is not dispatched until `mqstore recover` or the segment is back.
+    at_hole: bool = False
 
 
 __all__ += [

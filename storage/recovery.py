@@ -490,12 +490,12 @@ def recover_consume_queues(
         # them lets re-dispatch write every one again, in order. Units below the start were
         # flushed before the checkpoint that chose it was written.
         # A degraded log's holes keep their units (review 32 P1: a copy with every segment cut
-        # short lost every unit, and the segments put back whole were then unreachable). After
-        # a crash that keeps the units between the re-dispatch start and a hole too: the cut is
-        # a suffix, and re-dispatch skips the units a queue holds.
+        # short lost every unit, and the segments put back whole were then unreachable). Not
+        # after a crash: the units a power loss may have torn are cut whatever lies after them
+        # (review 34 F1), and re-dispatch, which stops at a hole (reput), rebuilds them up to
+        # it; the close is then unclean, so the open after the segments are back goes on.
         crashed = mode is RecoveryMode.CRASH
-        into_holes = any(stop > dispatch_from for _, stop in log_facts.holes)
-        cut = dispatch_from if crashed and not into_holes else log_facts.reach
+        cut = dispatch_from if crashed else log_facts.reach
         truncated = 0
         for cq in queues:
             if not crashed and cq.max_physic_offset < cut:
