@@ -75,6 +75,7 @@ from .storage.recovery import (
     assemble_report,
     check_geometry,
     mode_at_open,
+    recover_index,
 )
 from .read_view import INDEX, QUEUES, ReadView
 from .runtime import ask
@@ -602,6 +603,11 @@ class Supervisor:
                 ref = IndexActor.start(ctx, mode=mode, checkpoint=self._checkpoint, log_facts=facts)
             case "consume_queue":
                 facts = self._ask("writer", GetLogFacts())
+                if first and not self.config.message_index_enable:
+                    # No index actor to own it this time: its recovery runs here, once, so its
+                    # progress says what its files lack for the next open with it on.
+                    recover_index(self.config, ctx.fs, mode=mode, checkpoint=self._checkpoint, log_facts=facts,
+                                  clock_ms=ctx.clock_ms)  # fmt: skip
                 index_from = None
                 if first and "index" in ctx.peers:
                     recovered = self._ask("index", GetIndexSnapshot()).recovered

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from typing import Any, Protocol, assert_never, cast
 
+import psutil
 import pykka
 
 from ..runtime import tell_keeping_gil
@@ -36,6 +37,7 @@ from ..messages import (
     Tick,
     WriterReady,
 )
+from ..config import ConfigError
 from ..faults import NO_FAULTS
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined
@@ -135,6 +137,18 @@ WriterRequest = (
 )
 
 
+def _check_pool_fits_memory(buffers: int, segment_bytes: int) -> None:
+    """ConfigError when the transient store pool (allocated whole at start, as in RocketMQ)
+    would take more than the memory available now: the open refuses instead of leaving the
+    host to a MemoryError or the OOM killer (review 35 F4; RocketMQ's default pool is 5 x 1 GiB)."""
+    wanted = buffers * segment_bytes
+    available = psutil.virtual_memory().available
+    if wanted > available:
+        raise ConfigError("transient_store_pool_size", buffers,
+                          f"{buffers} write buffers of mapped_file_size_commitlog_bytes={segment_bytes} take "
+                          f"{wanted} bytes of memory, and {available} are available")  # fmt: skip
+
+
 class CommitLogWriter(StoreActor[WriterRequest]):
     name = "writer"
 
@@ -191,6 +205,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # so in this mode the writer creates its segments itself rather than through the
         # allocator. As in RocketMQ, acknowledged bytes not yet committed (at most
         # commit_interval_commitlog_ms) are lost if the writer or the process dies.
+        if cfg.is_transient_store_pool_active and self._mode is not RecoveryMode.RESTART:
+            _check_pool_fits_memory(cfg.transient_store_pool_size, cfg.mapped_file_size_commitlog_bytes)
         pool = (
             TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commitlog_bytes)
             if cfg.is_transient_store_pool_active

@@ -661,15 +661,27 @@ def _check_int(key: str, value: int) -> int:
     elif value > JAVA_LONG_MAX:
         raise ConfigError(key, value, "too large")
     if key == "mapped_file_size_consume_queue_bytes":
-        # MessageStoreConfig.getMapedFileSizeConsumeQueue: whole 20-byte units.
-        return -(-value // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+        # MessageStoreConfig.getMapedFileSizeConsumeQueue: whole 20-byte units (Java's int
+        # overflows past the limit; here the rounded size must fit it too, review 35 F2).
+        rounded = -(-value // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+        if rounded > JAVA_INT_MAX:
+            raise ConfigError(key, value, f"rounded up to whole {CQ_STORE_UNIT_SIZE}-byte units it is {rounded}, "
+                                          f"past a Java int ({JAVA_INT_MAX})")  # fmt: skip
+        return rounded
     if key.endswith("_percent") and value > 100:
         raise ConfigError(key, value, "a percentage must be at most 100")
     if key.endswith("_port") and value > 65535:
         raise ConfigError(key, value, "a port must be at most 65535")
     if key in _POSITIVE_INTS and value == 0:
         raise ConfigError(key, value, "must be positive")
+    if key == "max_puts_in_flight" and value > MAX_PUTS_IN_FLIGHT:
+        # Each slot is a permit posted at open: 2**31 of them held the GIL for seconds, and
+        # the C semaphore refused more with a bare EOVERFLOW (review 35 F3).
+        raise ConfigError(key, value, f"must be at most {MAX_PUTS_IN_FLIGHT}")
     return value
+
+
+MAX_PUTS_IN_FLIGHT: Final = 1 << 20
 
 
 _POSITIVE_INTS: Final = frozenset(

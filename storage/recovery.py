@@ -389,12 +389,14 @@ def recover_index(
     """The index's owner's recovery (see `_recover_index`): after a crash it may need an
     earlier re-dispatch than the crash scan's start (the messageIndexSafe rule, always on)."""
     fs.makedirs(cfg.index_dir)
+    if not cfg.message_index_enable and mode is RecoveryMode.RESTART:
+        return IndexRecovery(dropped=0, reasons=(), dispatch_from=None)
     # A restart in a live process leaves the progress alone (it is older than the files).
     dropped, reasons, index_from = _recover_index(cfg, fs, clock_ms, mode is not RecoveryMode.CRASH, checkpoint,
                                                   log_facts.max_offset, log_facts.min_offset, log_facts.reach,
                                                   use_progress=mode is not RecoveryMode.RESTART)  # fmt: skip
-    if not log_facts.has_files:
-        index_from = None
+    if not log_facts.has_files or not cfg.message_index_enable:
+        index_from = None  # disabled: what the files lack is in the progress, for later
     return IndexRecovery(dropped=dropped, reasons=tuple(reasons), dispatch_from=index_from)
 
 
@@ -1108,8 +1110,13 @@ def _recover_index(
     a file it lists that is gone (deleted by hand; not one the cleaner expired) is rebuilt with
     every file after it. It is written again whenever this changed the files or needs a
     re-dispatch, so an open interrupted before the re-dispatch ends still makes the next do it."""
-    if not cfg.message_index_enable or not fs.exists(cfg.index_dir):
+    if not fs.exists(cfg.index_dir):
         return 0, [], None
+    # With the index disabled (`message_index_enable` off) nothing re-dispatches for it now,
+    # but its files are made safe as always and the progress records how far they index, so
+    # that the next open with it on indexes the rest (review 35 F1: the keys the index had not
+    # reached at a crash were never indexed after an open with it off).
+    disabled = not cfg.message_index_enable
     progress = load_index_progress(fs, cfg.index_progress_path) if use_progress else None
     names_before = set(fs.listdir(cfg.index_dir))
     service = IndexService(
@@ -1182,7 +1189,7 @@ def _recover_index(
             index_from = min_offset
         if index_from is not None and index_from >= end:
             index_from = None
-        if use_progress and (index_from is not None or dropped or cut):
+        if use_progress and (index_from is not None or dropped or cut or disabled):
             # Written after the files changed: an open interrupted before this finds the files
             # the progress lists gone (or, after a crash, rebuilds from the kept files).
             known = progress.indexed_below if progress is not None else end

@@ -142,6 +142,18 @@ def test_derived_values(defaults: StoreConfig) -> None:
 def test_consume_queue_size_is_rounded_up_to_whole_units() -> None:
     assert StoreConfig(mapped_file_size_consume_queue_bytes=1001).mapped_file_size_consume_queue_bytes == 1020
     assert StoreConfig(mapped_file_size_consume_queue_bytes=1000).mapped_file_size_consume_queue_bytes == 1000
+    # Review 35 F2: 2**31-1 passed the Java-int check, was rounded to 2147483660 and written;
+    # every later open that read the size from the files failed.
+    assert StoreConfig(mapped_file_size_consume_queue_bytes=2147483640).mapped_file_size_consume_queue_bytes == 2147483640
+    with pytest.raises(ConfigError, match="rounded up .* 2147483660"):
+        StoreConfig(mapped_file_size_consume_queue_bytes=2147483641)
+
+
+def test_max_puts_in_flight_is_bounded() -> None:
+    """Review 35 F3: 2**31-1 slots held the GIL ~6 s at every open; more was a bare OSError."""
+    assert StoreConfig(max_puts_in_flight=1 << 20).max_puts_in_flight == 1 << 20
+    with pytest.raises(ConfigError, match="max_puts_in_flight.*at most 1048576"):
+        StoreConfig(max_puts_in_flight=(1 << 20) + 1)
 
 
 @pytest.mark.parametrize(("given", "effective"), [(5, 10), (75, 75), (99, 95)])

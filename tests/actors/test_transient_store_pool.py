@@ -4,6 +4,7 @@ ticks copy them into the files, and readers only ever see committed bytes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import mqstore
 from mqstore import GetMessageStatus, Message
@@ -42,3 +43,21 @@ def test_committed_bytes_only_are_readable_and_every_message_survives_segment_ro
         assert [m.body[:1] for m in store.query("T", "k42").messages] == [bytes([42])]
     report = verify_store(tmp_path)
     assert report.ok, report
+
+
+def test_a_pool_larger_than_the_memory_available_is_refused_at_open(tmp_path: Path, monkeypatch: Any) -> None:
+    """Review 35 F4: the pool is allocated whole at start (RocketMQ's default: 5 x 1 GiB); more
+    than the machine has was a MemoryError, or the OOM killer's, not a refusal."""
+    import collections
+
+    import pytest
+
+    from mqstore.actors import commitlog_writer
+
+    memory = collections.namedtuple("memory", "available")
+    monkeypatch.setattr(commitlog_writer.psutil, "virtual_memory", lambda: memory(available=3 * SEGMENT))
+    settings = dict(transient_store_pool_enable=True, transient_store_pool_size=4, mapped_file_size_commitlog_bytes=SEGMENT)
+    with pytest.raises(mqstore.ConfigError, match="transient_store_pool_size=4: 4 write buffers .* 3145728 are available"):
+        mqstore.open(tmp_path / "s", **settings)
+    with mqstore.open(tmp_path / "s", **{**settings, "transient_store_pool_size": 3}) as store:  # it fits: opens
+        assert store.put(Message(topic="T", body=b"x")).ok

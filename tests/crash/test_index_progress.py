@@ -268,3 +268,41 @@ def test_a_flush_with_nothing_newly_indexed_does_not_write_the_progress_again(tm
         _put_keyed(store, 5, 10)
         store.flush()
         assert stamp() != written
+
+
+def _killed_with_the_index_behind(root: Path) -> None:
+    """A child puts 120 keyed messages, the index taking the first 40 only, and dies before
+    the index progress is first written (a kill within the store's first second)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            from mqstore.actors import index as index_actor
+            from mqstore.messages import DispatchBatch
+
+            store = mqstore.open(root, **SETTINGS)
+            _put_keyed(store, 0, 40)
+            while _keys_found(store, range(40)):
+                pass
+            handle = index_actor.IndexActor.handle
+            index_actor.IndexActor.handle = lambda self, m: None if isinstance(m, DispatchBatch) else handle(self, m)  # type: ignore[method-assign]
+            _put_keyed(store, 40, N)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    (root / "index_progress.msgpack").unlink(missing_ok=True)
+    assert (root / "abort").exists()
+
+
+def test_an_open_with_the_index_off_after_a_crash_leaves_the_next_open_with_it_on_every_key(tmp_path: Path) -> None:
+    """Review 35 F1: the keys the index had not reached at a crash were never indexed when the
+    store was opened once with `message_index_enable` off in between: no index recovery ran,
+    no progress said what the files lacked, and the next open with the index on took them for
+    complete. Now the index's files and progress are recovered at such an open too."""
+    root = tmp_path / "s"
+    _killed_with_the_index_behind(root)
+    with mqstore.open(root, **SETTINGS, message_index_enable=False) as store:
+        assert store.get("T", 0, 0, 32).messages
+    with mqstore.open(root, **SETTINGS) as store:
+        assert _keys_found(store, range(N)) == []
