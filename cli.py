@@ -184,12 +184,21 @@ def store_config(
     and names `mqstore recover`: it reads what is valid and repairs nothing."""
     from .storage.fs import RealFileSystem
     from .storage.geometry import adopt_geometry
+    from .storage.recovery import commitlog_gone
 
     if not root.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
     config = load_config(args, store_path_root_dir=str(root), **overrides)
     if require_commitlog and not os.path.isdir(config.commitlog_dir):
         raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
+    if require_commitlog and read_only and not diagnosing:
+        # A commitlog directory with no segment beside files that say the store held messages
+        # (a mount not up, another store_path_commitlog): the open refuses it, and a read would
+        # answer "no message" for every message the store holds (review 35 F6).
+        gone = commitlog_gone(config, RealFileSystem())
+        if gone is not None:
+            raise CliError(ExitCode.NOT_A_STORE, f"the commitlog directory {config.commitlog_dir} holds no segment, "
+                                                 f"but {gone}: is it the store's (store_path_commitlog)?")  # fmt: skip
     try:
         config, _ = adopt_geometry(RealFileSystem(), config)
     except StoreGeometryAmbiguous as exc:

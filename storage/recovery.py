@@ -218,9 +218,9 @@ def check_geometry(cfg: StoreConfig, fs: FileSystem, *, repairing: bool = False)
     """Refuse (OSError) a store whose files were written with other sizes, before any owner
     changes a byte: that is not damage, and nothing may be "repaired" into the new size.
     Refuse (StoreDirectoryError) a commitlog directory without a single segment beside files
-    that say the store held messages: see `_commitlog_gone`. `repairing` (`mqstore recover`)
+    that say the store held messages: see `commitlog_gone`. `repairing` (`mqstore recover`)
     goes on when the only segments are ones a recover without room set aside: it fills them."""
-    gone = _commitlog_gone(cfg, fs)
+    gone = commitlog_gone(cfg, fs)
     set_aside = _set_aside_segment_starts(cfg, fs) if gone is not None else []
     if gone is not None and set_aside and not repairing:
         raise StoreDirectoryError(
@@ -241,7 +241,7 @@ def check_geometry(cfg: StoreConfig, fs: FileSystem, *, repairing: bool = False)
         raise OSError(f"cannot load the consume queues in {cfg.consume_queue_dir}: {other_geometry}")
 
 
-def _commitlog_gone(cfg: StoreConfig, fs: FileSystem) -> str | None:
+def commitlog_gone(cfg: StoreConfig, fs: FileSystem) -> str | None:
     """What says the store held messages, when its commitlog has no segment at all; else None.
     The cleaner never deletes the newest segment, so a store with none and ConsumeQueue files,
     index files or a flushed message in its checkpoint has lost its whole log, or is looking
@@ -1170,7 +1170,7 @@ def _recover_index(
         straddling = next((f.name for f in files if f.begin_phy_offset < reach <= f.end_phy_offset), None)
         cut = service.drop_files_after(reach)
         if cut:
-            reasons.append(f"{cut} index file(s) past the commitlog's end ({reach}) dropped")
+            reasons.append(f"{cut} index file(s) past the commitlog's end or holes ({reach}) dropped")
         files = service.files
         straddling_torn = straddling is not None and all(f.name != straddling for f in files)
         index_from: int | None = None

@@ -78,6 +78,24 @@ def test_recover_refuses_too(tmp_path: Path) -> None:
     _all_ten_readable(path)
 
 
+@pytest.mark.parametrize("command", ["get", "query", "verify"])
+def test_read_only_commands_refuse_a_commitlog_directory_without_a_segment(
+    tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 35 F6: with store_path_commitlog naming an empty directory, get and query
+    answered "no message", exit 0, for a store holding ten; the open and recover refuse it."""
+    path = tmp_path / "s"
+    _ten(path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("MQSTORE_STORE_PATH_COMMITLOG", str(tmp_path / "elsewhere"))
+    extra = {"get": ["--topic", "t", "--queue", "0", "--offset", "0"], "query": ["--topic", "t", "--key", "k1"],
+             "verify": []}[command]  # fmt: skip
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli_main([command, *extra, str(path)])
+    assert code == 5 and "holds no segment" in err.getvalue(), err.getvalue()
+
+
 def test_the_checkpoint_alone_is_enough_to_refuse(tmp_path: Path) -> None:
     """No queue or index file (deleted as derived), but the checkpoint says messages were flushed."""
     path = tmp_path / "s"
