@@ -682,7 +682,7 @@ class Supervisor:
 
         names = [spec.name for spec in self._specs]
 
-        target, last = [end], [-1]
+        last = [-1]
 
         def covered_within(timeout_s: float) -> bool:
             # In slices, so that a child's crash ends the wait at once (the caller restarts it
@@ -690,7 +690,7 @@ class Supervisor:
             deadline = time.monotonic() + timeout_s
             while True:
                 left = deadline - time.monotonic()
-                view = self.ctx.read_view.await_view(lambda v: written(v) >= target[0], min(left, FAILURE_CHECK_S),
+                view = self.ctx.read_view.await_view(lambda v: written(v) >= end, min(left, FAILURE_CHECK_S),
                                                      QUEUES | INDEX)  # fmt: skip
                 if view is not None:
                     return True
@@ -703,8 +703,10 @@ class Supervisor:
                     except pykka.Timeout:
                         pass
                     else:
-                        if reput.at_hole:  # it goes no further until the segments are back
-                            target[0] = min(end, reput.reput_offset)
+                        if reput.at_hole:
+                            # It goes no further until the segments are back, and what it handed
+                            # on before the hole is written (the view stood still a slice).
+                            return True
                 last[0] = now
                 if left <= FAILURE_CHECK_S:
                     return False

@@ -1068,6 +1068,10 @@ class CommitLogReader:
         self._regions: dict[int, MappedRegion] = {}
         # Short (truncated) segments: their valid records' end; the rest is a hole until recover.
         self._valid_ends: dict[int, int] = {}
+        # Segments present but with nothing readable (empty, or cut inside their first record),
+        # below the newest file (which may be being created): a hole, not a file the cleaner
+        # removed, so the log's head is still theirs (review 36 F1).
+        self._unreadable: set[int] = set()
         self.refresh()
 
     def set_limit(self, limit: int) -> None:
@@ -1080,18 +1084,22 @@ class CommitLogReader:
         except OSError:
             names = []
         present: set[int] = set()
-        for name in names:
-            if len(name) != 20 or not name.isdigit():
-                continue
-            start = int(name)
+        starts = [int(name) for name in names if len(name) == 20 and name.isdigit()]
+        newest = max(starts, default=-1)
+        unreadable: set[int] = set()
+        for start in starts:
             present.add(start)
             if start in self._regions:
                 continue
-            region = self._map(os.path.join(self.store_path, name), start)
+            path = os.path.join(self.store_path, f"{start:020d}")
+            region = self._map(path, start)
             if region is None:
                 present.discard(start)  # being created (not yet full size), just deleted, or empty
+                if start != newest and self.fs.exists(path):
+                    unreadable.add(start)
             else:
                 self._regions[start] = region
+        self._unreadable = unreadable
         for start in [s for s in self._regions if s not in present]:
             self._valid_ends.pop(start, None)
             self._regions.pop(start).close()
@@ -1135,7 +1143,9 @@ class CommitLogReader:
         self._valid_ends.clear()
 
     def min_offset(self) -> int:
-        return min(self._regions) if self._regions else -1
+        """The log's head: the first mapped segment, or an unreadable one before it."""
+        starts = [*self._regions, *self._unreadable]
+        return min(starts) if starts else -1
 
     def has_segment(self, offset: int) -> bool:
         """Whether the segment holding `offset` is mapped and readable there (full-sized, or

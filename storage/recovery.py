@@ -1193,7 +1193,8 @@ def _recover_index(
             # Written after the files changed: an open interrupted before this finds the files
             # the progress lists gone (or, after a crash, rebuilds from the kept files).
             known = progress.indexed_below if progress is not None else end
-            now = IndexProgress(min(known, end if index_from is None else index_from),
+            # (`reach`: a degraded log's end short of the progress lowers nothing, review 36 F3.)
+            now = IndexProgress(min(known, reach if index_from is None else index_from),
                                 tuple((f.name, f.end_phy_offset) for f in files))  # fmt: skip
             if now != progress:
                 write_index_progress(fs, cfg.index_progress_path, now)

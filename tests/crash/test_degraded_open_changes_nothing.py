@@ -170,3 +170,69 @@ def test_after_a_crash_torn_units_are_rebuilt_and_dispatch_waits_at_a_hole(writt
         missed = [i for i in range(COUNT) if [m.body[:5] for m in store.query("T", f"k{i}").messages] != [b"m%04d" % i]]
         assert missed == []
         assert store.put(Message("T", b"after")).queue_offset == COUNT
+
+
+@pytest.mark.parametrize("cut_to", [0, 100])
+def test_a_first_segment_with_nothing_readable_is_a_hole_not_a_cleaned_file(written: Path, tmp_path: Path, cut_to: int) -> None:
+    """Review 36 F1: emptied, or cut inside its first record, the first segment was taken for
+    one the cleaner removed: re-dispatch after a crash went on at the second segment, the close
+    was clean, and once the segment was back its 255 messages were never served again."""
+    path = tmp_path / "copy"
+    shutil.copytree(written, path)
+    (path / "abort").write_bytes(b"")
+    shutil.rmtree(path / "consumequeue")
+    first = sorted(os.listdir(path / "commitlog"))[0]
+    os.truncate(path / "commitlog" / first, cut_to)
+    store = mqstore.open(path, **SETTINGS)
+    assert store.put(Message("T", b"x")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    assert store.close() is False and (path / "abort").exists()  # dispatch waits at the hole
+    shutil.copyfile(written / "commitlog" / first, path / "commitlog" / first)
+    with mqstore.open(path, **SETTINGS) as store:
+        assert _walk(store) == [b"m%04d" % i for i in range(COUNT)]
+
+
+def test_a_quarantine_recovery_drew_across_a_missing_segment_does_not_carry_dispatch_past_it(tmp_path: Path) -> None:
+    """Review 36 F2: a damaged last record of a segment, its end-of-file blank damaged too, and
+    the next segment missing: recovery's quarantine ran to the end of the missing segment, and
+    re-dispatch skipped it whole, giving the hole's queue offsets filler units."""
+    segment = 8 * 1024
+    settings = {"mapped_file_size_commitlog_bytes": segment, "mapped_file_size_consume_queue_bytes": 20 * 200}
+    root = tmp_path / "s"
+    with mqstore.open(root, **settings) as store:
+        offsets = [store.put(Message("q", b"%05d" % i * 20, keys=[f"k{i}"])).commitlog_offset for i in range(400)]
+    names = sorted(os.listdir(root / "commitlog"))
+    third = int(names[3])
+    last = max(i for i, o in enumerate(offsets) if third <= o < third + segment)
+    path = root / "commitlog" / names[3]
+    data = bytearray(path.read_bytes())
+    at = offsets[last] - third
+    body_at = data.index(b"%05d" % last * 20, at)
+    data[body_at + 3] ^= 1  # the body's CRC fails
+    data[at + (offsets[last] - offsets[last - 1]) + 4 : at + (offsets[last] - offsets[last - 1]) + 8] = b"\0\0\0\1"
+    path.write_bytes(bytes(data))
+    saved = (root / "commitlog" / names[4]).read_bytes()
+    (root / "commitlog" / names[4]).unlink()
+    (root / "abort").write_bytes(b"")
+    shutil.rmtree(root / "consumequeue")
+    store = mqstore.open(root, **settings)
+    assert store.close() is False
+    (root / "commitlog" / names[4]).write_bytes(saved)
+    in_the_hole = [i for i, o in enumerate(offsets) if int(names[4]) <= o < int(names[4]) + segment]
+    with mqstore.open(root, **settings) as store:
+        for i in in_the_hole:
+            got = store.get("q", 0, i, 1)
+            assert [m.body for m in got.messages] == [b"%05d" % i * 20], (i, got.status)
+            assert [m.body for m in store.query("q", f"k{i}").messages] == [b"%05d" % i * 20]
+
+
+def test_a_degraded_open_with_the_index_off_changes_nothing_either(written: Path, tmp_path: Path) -> None:
+    """Review 36 F3: the index's recovery at an open with the index off lowered the progress to
+    the end of a cut-short last segment."""
+    path = tmp_path / "copy"
+    shutil.copytree(written, path)
+    names = sorted(os.listdir(path / "commitlog"))
+    os.truncate(path / "commitlog" / names[-1], 8192)
+    before = _digest(path)
+    with mqstore.open(path, **SETTINGS, message_index_enable=False) as store:
+        assert store.put(Message("T", b"x")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    assert _digest(path) == before
