@@ -43,6 +43,7 @@ from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
 from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import RealFileSystem
+from ..storage.recovery import commitlog_gone
 from ..storage.index import index_file_size, read_index_header
 from ..storage.lockfiles import ABORT_FILE_NAME, LOCK_FILE_NAME
 from ..stats import BUCKET_NAMES, SNAPSHOT_FILE_NAME, TPS_WINDOWS_S, disk_allocated_bytes, read_snapshot
@@ -469,6 +470,14 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     queues, cq_problems = _inspect_consume_queues(
         root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True
     )
+    gone = commitlog_gone(config, RealFileSystem())
+    if gone is not None:
+        # Not a log to recover: one away, or looked for in the wrong place (review 35 F6). The
+        # units "past its end" are every unit; recovery refuses rather than truncate them.
+        problems.append(_problem("commitlog_gone", DAMAGED, f"the commitlog directory {commitlog_dir} holds no segment, "
+                                 f"but {gone}: the open and `mqstore recover` refuse it (a mount not up? "
+                                 "store_path_commitlog as when it was written?)"))  # fmt: skip
+        cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     problems += cq_problems
     index, index_problems = _inspect_index(root, config, commitlog["max_offset"])
     problems += index_problems

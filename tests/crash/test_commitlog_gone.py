@@ -96,6 +96,22 @@ def test_read_only_commands_refuse_a_commitlog_directory_without_a_segment(
     assert code == 5 and "holds no segment" in err.getvalue(), err.getvalue()
 
 
+def test_inspect_says_the_commitlog_is_away_not_that_recovery_truncates_the_queues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 35 F6: inspect called the units "past the commitlog's end (recovery truncates
+    them)", where recovery refuses the store."""
+    path = tmp_path / "s"
+    _ten(path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("MQSTORE_STORE_PATH_COMMITLOG", str(tmp_path / "elsewhere"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli_main(["inspect", str(path)])
+    assert code != 0 and "holds no segment" in out.getvalue(), out.getvalue()
+    assert "recovery truncates them" not in out.getvalue()
+
+
 def test_the_checkpoint_alone_is_enough_to_refuse(tmp_path: Path) -> None:
     """No queue or index file (deleted as derived), but the checkpoint says messages were flushed."""
     path = tmp_path / "s"
