@@ -178,16 +178,20 @@ def test_a_hole_opens_degraded_serves_both_sides_and_never_overwrites(tmp_path: 
         assert open(os.path.join(store_dir, "commitlog", n), "rb").read() == data, n
     if aborted:
         assert os.path.exists(os.path.join(store_dir, "abort"))
-        import subprocess
-        import sys
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
-        done = subprocess.run([sys.executable, "-m", "mqstore", "recover", "--no-progress", store_dir],
-                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        done = _mqstore("recover", "--no-progress", store_dir)
         assert done.returncode == 0, (done.stdout, done.stderr)
         with mqstore.open(store_dir, **SMALL) as store:
             bodies = _all_bodies_skipping(store)
         assert all(bodies.get(i) == _body(i) for i, off in enumerate(offsets) if not hole[0] <= off < hole[1])
+
+
+def _mqstore(*args: str) -> Any:
+    """`python -m mqstore ARGS` in a child without the test's MQSTORE_* settings."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    return subprocess.run([sys.executable, "-m", "mqstore", *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 def _ping() -> Any:
@@ -207,9 +211,6 @@ def _all_bodies_skipping(store: mqstore.MessageStore) -> dict[int, bytes]:
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: str) -> None:
-    import subprocess
-    import sys
-
     store_dir = os.path.join(str(tmp_path), "s")
     offsets = _fill_small(store_dir, 400)
     names = _segments(store_dir)
@@ -220,9 +221,7 @@ def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: 
         with open(victim, "r+b") as f:
             f.truncate(1000)
     seg = SMALL["mapped_file_size_commitlog_bytes"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
-    done = subprocess.run([sys.executable, "-m", "mqstore", "recover", "--no-progress", "--json", store_dir],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    done = _mqstore("recover", "--no-progress", "--json", store_dir)
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr
     import json
@@ -232,8 +231,7 @@ def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: 
     assert lost_to == int(names[3]) + seg and int(names[3]) <= lost_from < lost_to, out
     if damage == "truncated":
         assert os.path.exists(victim + ".damaged")
-    done = subprocess.run([sys.executable, "-m", "mqstore", "verify", store_dir], capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+    done = _mqstore("verify", store_dir)
     assert done.returncode == 0, (done.stdout, done.stderr)
     with mqstore.open(store_dir, **SMALL) as store:
         bodies = _all_bodies_skipping(store)
@@ -257,8 +255,6 @@ def test_deleted_last_segments_are_a_hole_until_recover_and_their_offsets_are_no
     `recover` fills the segments, reports them lost, and puts continue after them, at commitlog
     and queue offsets no lost record held."""
     import json
-    import subprocess
-    import sys
 
     store_dir = os.path.join(str(tmp_path), "s")
     offsets = _fill_small(store_dir, 400)
@@ -277,9 +273,7 @@ def test_deleted_last_segments_are_a_hole_until_recover_and_their_offsets_are_no
             r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
             assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
             assert "mqstore recover" in r.detail and f"{hole[0]}..{hole[1]}" in r.detail, r.detail
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
-    done = subprocess.run([sys.executable, "-m", "mqstore", "recover", "--no-progress", "--json", store_dir],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    done = _mqstore("recover", "--no-progress", "--json", store_dir)
     assert done.returncode == 0 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
     lost = json.loads(done.stdout)["lost_ranges"]
     assert json.loads(done.stdout)["reserved_queue_offsets"] == {f"{TOPIC}-0": len(offsets)}, done.stdout

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import pytest
 
 from mqstore.storage.codec import (
     TRANSACTION_MASK,
@@ -170,3 +173,38 @@ def expected_row(path: str, rec: MessageRecord) -> dict[str, Any]:
     }
 
 
+
+
+def returns_promptly(fifo: Path, fn: Callable[[], Any], timeout_s: float = 20) -> tuple[Any, BaseException | None]:
+    """(what fn returned, what it raised), failing if it blocked; a blocked open of the FIFO is
+    released by opening its other end, so the test never hangs."""
+    outcome: list[tuple[Any, BaseException | None]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((fn(), None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append((None, exc))
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        t.join(10)
+        os.close(fd)
+        pytest.fail(f"blocked on the FIFO {fifo}")
+    return outcome[0]
+
+
+class FrozenTimes:
+    """A stat result whose times are those of an earlier stat: what a live segment written
+    through a shared mapping shows (the kernel moves mtime/ctime only now and then)."""
+
+    def __init__(self, real: os.stat_result, first: os.stat_result) -> None:
+        self._real, self._first = real, first
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("st_mtime", "st_mtime_ns", "st_ctime", "st_ctime_ns"):
+            return getattr(self._first, name)
+        return getattr(self._real, name)

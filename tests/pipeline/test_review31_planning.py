@@ -39,19 +39,6 @@ CQ_UNIT = struct.Struct(">qiq")
 # ---- H3: the plan cache ----------------------------------------------------------------------
 
 
-class _FrozenTimes:
-    """A stat result whose times are those of an earlier stat: what a live segment written
-    through a shared mapping shows (the kernel moves mtime/ctime only now and then)."""
-
-    def __init__(self, real: os.stat_result, first: os.stat_result) -> None:
-        self._real, self._first = real, first
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("st_mtime", "st_mtime_ns", "st_ctime", "st_ctime_ns"):
-            return getattr(self._first, name)
-        return getattr(self._real, name)
-
-
 @contextmanager
 def frozen_times(directory: Path, first: dict[str, os.stat_result]) -> Iterator[None]:
     real_stat = os.stat
@@ -59,7 +46,7 @@ def frozen_times(directory: Path, first: dict[str, os.stat_result]) -> Iterator[
     def stat(path: Any, *args: Any, **kwargs: Any) -> Any:
         st = real_stat(path, *args, **kwargs)
         if isinstance(path, str) and path.startswith(str(directory)) and not args and not kwargs:
-            return _FrozenTimes(st, first.setdefault(path, st))
+            return h.FrozenTimes(st, first.setdefault(path, st))
         return st
 
     with pytest.MonkeyPatch.context() as mp:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -152,41 +151,18 @@ def test_stats_exits_3_for_a_deleted_middle_segment(spark: Any, store: Path) -> 
 # M5 --------------------------------------------------------------------------------------
 
 
-def _returns_promptly(fifo: Path, fn: Any) -> BaseException | None:
-    """What fn raised (None if nothing), failing if it blocked; a blocked open of the FIFO is
-    released by opening its other end, so the test never hangs."""
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            fn()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(10)
-    if t.is_alive():
-        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-        t.join(10)
-        os.close(fd)
-        pytest.fail(f"blocked on the FIFO {fifo}")
-    return outcome[0]
-
-
 def test_a_fifo_named_like_a_segment_is_an_error_naming_it(store: Path) -> None:
     fifo = _segment_path(store, 4)
     os.mkfifo(fifo)
     for fn in (lambda: discover_segments([str(store)]), lambda: _rows([store]), lambda: discover_segments([str(fifo)])):
-        exc = _returns_promptly(fifo, fn)
+        _, exc = h.returns_promptly(fifo, fn, timeout_s=10)
         assert isinstance(exc, SegmentError) and str(fifo) in str(exc) and "FIFO" in str(exc), exc
 
 
 def test_open_segment_never_blocks_on_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / f"{0:020d}"
     os.mkfifo(fifo)
-    exc = _returns_promptly(fifo, lambda: open_segment(str(fifo)))
+    _, exc = h.returns_promptly(fifo, lambda: open_segment(str(fifo)), timeout_s=10)
     assert isinstance(exc, SegmentError) and "FIFO" in str(exc), exc
 
 

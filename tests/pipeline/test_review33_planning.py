@@ -14,9 +14,8 @@ import json
 import os
 import shutil
 import sys
-import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -79,28 +78,6 @@ def test_a_deleted_segment_is_an_error_row_when_segments_are_named_by_glob_or_on
 # M3: a FIFO named like a ConsumeQueue file -------------------------------------------------
 
 
-def _returns_promptly(fifo: Path, fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-    """(what fn returned, what it raised), failing if it blocked; a blocked open of the FIFO is
-    released by opening its other end, so the test never hangs."""
-    outcome: list[tuple[Any, BaseException | None]] = []
-
-    def target() -> None:
-        try:
-            outcome.append((fn(), None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append((None, exc))
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(20)
-    if t.is_alive():
-        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-        t.join(10)
-        os.close(fd)
-        pytest.fail(f"blocked on the FIFO {fifo}")
-    return outcome[0]
-
-
 @pytest.fixture
 def fifo_store(tmp_path: Path) -> tuple[Path, Path]:
     """One queue of 210 units (seven full 600-byte ConsumeQueue files), and a FIFO under the
@@ -127,7 +104,7 @@ def test_a_fifo_named_like_a_consume_queue_file_does_not_hang_a_pruned_read(fifo
         assert not list(reader.pushFilters([In(("queue_id",), (0,))]))
         return sorted(r["queue_offset"] for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist())
 
-    got, exc = _returns_promptly(fifo, read)
+    got, exc = h.returns_promptly(fifo, read)
     assert exc is None and got == list(range(150, 210))  # the ConsumeQueue is not trusted: a scan
 
 
@@ -135,7 +112,7 @@ def test_a_fifo_named_like_a_consume_queue_file_is_an_error_naming_it_in_the_str
     from mqstore.pipeline.stream import queue_bounds
 
     path, fifo = fifo_store
-    _, exc = _returns_promptly(fifo, lambda: queue_bounds(str(fifo.parent)))
+    _, exc = h.returns_promptly(fifo, lambda: queue_bounds(str(fifo.parent)))
     assert isinstance(exc, SegmentError) and str(fifo) in str(exc) and "FIFO" in str(exc), exc
 
 
@@ -165,19 +142,6 @@ def test_a_record_over_4_mib_that_the_store_reads_is_not_corrupt(tmp_path: Path,
 # L1: the plan of an unsealed segment ------------------------------------------------------
 
 
-class _FrozenTimes:
-    """A stat result whose times are those of an earlier stat: what a live segment written
-    through a shared mapping shows (the kernel moves mtime/ctime only now and then)."""
-
-    def __init__(self, real: os.stat_result, first: os.stat_result) -> None:
-        self._real, self._first = real, first
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("st_mtime", "st_mtime_ns", "st_ctime", "st_ctime_ns"):
-            return getattr(self._first, name)
-        return getattr(self._real, name)
-
-
 def _planned(path: Path, opened: list[str], first: dict[str, os.stat_result], mp: pytest.MonkeyPatch) -> int:
     """Messages of a plan of the store at path, made with frozen file times; the segments the
     planner mapped go to `opened`."""
@@ -186,7 +150,7 @@ def _planned(path: Path, opened: list[str], first: dict[str, os.stat_result], mp
     def frozen(p: Any, *args: Any, **kwargs: Any) -> Any:
         st = real_stat(p, *args, **kwargs)
         if isinstance(p, str) and p.startswith(str(path)) and not args and not kwargs:
-            return _FrozenTimes(st, first.setdefault(p, st))
+            return h.FrozenTimes(st, first.setdefault(p, st))
         return st
 
     mp.setattr(os, "stat", frozen)
