@@ -1,7 +1,9 @@
-"""The C extension: setuptools builds it; everything else is declared in pyproject.toml.
+"""The C extensions (the kernels; the SIGBUS guard of the file maps): setuptools builds them;
+everything else is declared in pyproject.toml.
 
 `optional=True`: without a C compiler the package still installs and runs on its pure-Python
-paths (same bytes, slower); tests/storage/test_native.py fails loudly if CI loses the module.
+paths (same bytes, slower); tests/storage/test_native.py and
+tests/storage/test_mapguard.py fail loudly if CI loses a module.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +15,12 @@ setup(
             sources=["storage/_native.c"],
             optional=True,
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-        )
+        ),
+        Extension(
+            "mqstore.storage._mapguard",
+            sources=["storage/_mapguard.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        ),
     ]
 )

@@ -352,6 +352,13 @@ def _disk_usage(path: str) -> dict[str, Any]:
     }
 
 
+def store_files_cut_under_map(fs: FileSystem, cfg: StoreConfig) -> set[str]:
+    """The store's files that another process cut short while this process had them mapped
+    (storage/mapguard.py): the supervisor's error log and unclean close, and `stats()`."""
+    roots = tuple(os.path.join(d, "") for d in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir))
+    return {path for path in fs.cut_under_map() if path.startswith(roots) or path == cfg.checkpoint_path}
+
+
 def store_snapshot(store: StatsSource) -> dict[str, Any]:
     """`MessageStore.stats()`: the counters, dispatch lag, process and disk figures."""
     stats = store.stats_service
@@ -377,6 +384,7 @@ def store_snapshot(store: StatsSource) -> dict[str, Any]:
     out["disk"] = {name: _disk_usage(path) for name, path in paths.items() if os.path.isdir(path)}
     if "commitlog" in out["disk"] and "fs_used_ratio" in out["disk"]["commitlog"]:
         out["commitlog_disk_ratio"] = out["disk"]["commitlog"]["fs_used_ratio"]
+    out["files_cut_under_map"] = sorted(store_files_cut_under_map(store.fs, cfg))
     return out
 
 

@@ -215,8 +215,11 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._pooled = pool is not None
         # This owner's part of recovery, the same on a first start and on every restart (the
         # mode says how far the files are trusted): it truncates a torn tail, quarantines damage.
+        # At a restart the log was readable up to the read view's end: a segment cut or gone
+        # below it (another process cut it under our map) is a hole, not the log's new end.
+        known_end = self.ctx.read_view.view.readable_end if self._mode is RecoveryMode.RESTART else 0
         recovered = recover_commitlog(cfg, self.ctx.fs, mode=self._mode, checkpoint=self._checkpoint,
-                                      clock_ms=self.ctx.clock_ms)  # fmt: skip
+                                      clock_ms=self.ctx.clock_ms, known_end=known_end)  # fmt: skip
         self._commitlog = CommitLog(
             self.ctx.fs,
             cfg.commitlog_dir,
@@ -232,11 +235,13 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # can be armed (tests that arm one pass their own plan and keep the checked path).
             fast_append=self.ctx.faults is NO_FAULTS,
         )
-        if self._checkpoint is not None and self._checkpoint.physic_flushed_offset is not None:
-            # Segments missing below what was flushed were deleted: a hole that keeps the log
-            # degraded (puts refused, reads served) until `mqstore recover`, never an end that
-            # puts would continue from, reusing the lost records' offsets.
-            self._commitlog.mapped_file_queue.expected_end = self._checkpoint.physic_flushed_offset
+        flushed = self._checkpoint.physic_flushed_offset if self._checkpoint is not None else None
+        if flushed is not None or known_end:
+            # Segments missing below what was flushed (or read, before a restart) were deleted:
+            # a hole that keeps the log degraded (puts refused, reads served) until `mqstore
+            # recover`, never an end that puts would continue from, reusing the lost records'
+            # offsets.
+            self._commitlog.mapped_file_queue.expected_end = max(flushed or 0, known_end)
         if not self._commitlog.load():
             raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}")
         if self._commitlog.mapped_file_queue.damaged_files:
@@ -353,6 +358,13 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                     self._append(unit[0], answers, group_commits)
                 else:
                     self._append_group(unit, answers, group_commits)
+            if self._stored_puts and self._pooled:
+                self._commit_pass()
+            # A segment cut short by another process took the pass's bytes into memory (the
+            # SIGBUS guard's zero pages), not into the file: no put of it is answered stored.
+            # The writer fails; its restart reads the cut segment as the damage it is.
+            assert self._commitlog is not None
+            self._commitlog.raise_if_cut()
         except BaseException as exc:
             # The puts of this pass are out of the inbox, so the crash handler cannot see them:
             # fail every one not answered yet (those already appended are stored, but their
@@ -363,8 +375,6 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             raise
         self.passes += 1
         self.passed_puts += len(puts)
-        if self._stored_puts and self._pooled:
-            self._commit_pass()
         if self._stored_puts:
             self._hold_back(self._stored_puts, self._stored_records)
         if group_commits:

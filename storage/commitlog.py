@@ -559,6 +559,10 @@ class CommitLog:
         return ",".join(msg_ids)
 
     # offsets, flush, commit ---------------------------------------------------------------
+    def raise_if_cut(self) -> None:
+        """FileCutUnderMapError if a segment lost pages under its map (another process cut it)."""
+        self.mapped_file_queue.raise_if_cut()
+
     def get_max_offset(self) -> int:
         return self.mapped_file_queue.max_offset()
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from mqstore.log import get_logger
-from mqstore.storage import speedups
+from mqstore.storage import mapguard, speedups
 
 log = get_logger(__name__)
 
@@ -58,6 +58,19 @@ class MappedRegion(Protocol):
     def advise_willneed(self) -> None: ...
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
+    def cut_short(self) -> bool: ...
+
+
+class FileCutUnderMapError(OSError):
+    """A page of a mapped store file was not there when touched: another process cut the
+    file short (truncated it, or rewrote it in place), or, in a write, the disk had no room
+    for the page. The SIGBUS guard put a zero page there, so what was stored in it is not in
+    the file. The owner raises this rather than answer, write or flush as if nothing
+    happened: its actor fails, and the restart reads the file as the damage it is."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.EIO, "a page of the file was gone when touched: cut short by another process "
+                                    "while mapped (or no room on the disk for it)", path)  # fmt: skip
 
 
 class NotARegularFileError(OSError):
@@ -87,6 +100,8 @@ def read_regular_file(path: str, limit: int = -1) -> bytes:
 
 class FileSystem(Protocol):
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> MappedRegion: ...
+    def map_faults(self) -> int: ...
+    def cut_under_map(self) -> set[str]: ...
     def listdir(self, path: str) -> list[str]: ...
     def exists(self, path: str) -> bool: ...
     def isdir(self, path: str) -> bool: ...
@@ -215,6 +230,9 @@ class RealMappedRegion:
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap = mmap.mmap(fd, size, access=access)
+            self._guard = _guard(self.buf, path)
+            if self._guard is not None:
+                _guarded[self._guard] = path
             if created:
                 # The new name made durable before anything in the file is acknowledged: a
                 # flush (msync) makes the data durable, not the directory entry that finds it,
@@ -222,6 +240,7 @@ class RealMappedRegion:
                 fsync_dir(os.path.dirname(os.path.abspath(path)))
         except BaseException:
             if hasattr(self, "buf"):
+                mapguard.release(getattr(self, "_guard", None))
                 self.buf.close()
             os.close(fd)
             if created:  # so the next try creates it again, and syncs its name then
@@ -234,6 +253,7 @@ class RealMappedRegion:
             os.close(fd)
         self._reserved = 0
         self._locked = False
+        self._cut_seen = False  # reserve() found the file shorter than the map
 
     def reserve(self, end: int, *, unwritten_from: int = 0) -> bool:
         """Reserve the file's blocks up to `end` ahead of the writes that will fill them.
@@ -261,6 +281,12 @@ class RealMappedRegion:
         end = min(end + (-end) % OS_PAGE_SIZE, self.size)
         if self._fd is None or end <= self._reserved:
             return True
+        if os.fstat(self._fd).st_size < self.size:
+            # Cut short under the map by another process: fallocate and the zeros below would
+            # grow it back with holes where its records were, and writes would go on as if
+            # nothing had happened.
+            self._cut_seen = True
+            raise FileCutUnderMapError(self.path)
         err = _fallocate(self._fd, self._reserved, end - self._reserved)
         if err == errno.ENOSPC:
             return False
@@ -346,6 +372,12 @@ class RealMappedRegion:
     def close(self) -> None:
         if self._locked:
             self.unlock_from_memory()
+        if self._guard is not None:
+            if mapguard.faults(self._guard):
+                _cut_under_map_before.add(self.path)
+            _guarded.pop(self._guard, None)
+            mapguard.release(self._guard)  # before the address can be mapped again
+            self._guard = None
         if not self.buf.closed:
             self.buf.close()
         if self._fd is not None:
@@ -355,6 +387,11 @@ class RealMappedRegion:
     def advise_willneed(self) -> None:
         if hasattr(self.buf, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
             self.buf.madvise(mmap.MADV_WILLNEED)
+
+    def cut_short(self) -> bool:
+        """Whether a page of this map was gone from the file when touched (it reads zeros
+        now, and what is written there stays in memory): the file was cut under the map."""
+        return self._cut_seen or mapguard.faults(self._guard) > 0
 
     def _address(self) -> int:
         # ctypes cannot take the address of a read-only buffer; our writable maps are fine.
@@ -382,6 +419,29 @@ class RealMappedRegion:
         self._locked = False
 
 
+_unguarded_logged = False
+# Guarded maps (slot -> path) and the paths of closed maps that had been cut: what
+# RealFileSystem.cut_under_map() reports (the supervisor's tick, a store's close).
+_guarded: dict[int, str] = {}
+_cut_under_map_before: set[str] = set()
+
+
+def _guard(buf: mmap.mmap, path: str) -> int | None:
+    """The map registered with the SIGBUS guard (storage/mapguard.py); None without it."""
+    global _unguarded_logged
+    try:
+        slot = mapguard.guard(buf)
+    except (OSError, RuntimeError) as exc:
+        slot, reason = None, repr(exc)
+    else:
+        reason = "the extension storage/_mapguard.c was not built (no C compiler at install)"
+    if slot is None and not _unguarded_logged:
+        _unguarded_logged = True
+        log.warning("file_maps_unguarded", path=path, reason=reason,
+                    consequence="a store file cut short by another process while mapped kills the process (SIGBUS)")  # fmt: skip
+    return slot
+
+
 def _free_name(exists: Callable[[str], bool], wanted: str) -> str:
     """`wanted`, or `wanted.1`, `wanted.2`, ...: the first name not taken."""
     name, n = wanted, 0
@@ -403,6 +463,17 @@ def fsync_dir(directory: str) -> None:
 class RealFileSystem:
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
         return RealMappedRegion(path, size, create=create, readonly=readonly)
+
+    def map_faults(self) -> int:
+        """Faults on every map of the process so far: while it stands still, no region of
+        this file system is cut short, and no owner need ask each of its maps."""
+        return mapguard.total_faults()
+
+    def cut_under_map(self) -> set[str]:
+        """Paths of the files (mapped now, or closed since) that lost pages under a map of
+        this process: another process cut them while the store had them mapped."""
+        cut = {path for slot, path in list(_guarded.items()) if mapguard.faults(slot)}
+        return cut | _cut_under_map_before
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
@@ -535,7 +606,7 @@ class RealFileSystem:
 
 
 class _SimFile:
-    __slots__ = ("volatile", "durable", "mtime_ms", "backed", "atomic")
+    __slots__ = ("volatile", "durable", "mtime_ms", "backed", "atomic", "cut")
 
     def __init__(self, size: int, mtime_ms: int, *, atomic: bool = False) -> None:
         self.volatile = bytearray(size)
@@ -545,6 +616,7 @@ class _SimFile:
         # file starts sparse; a file written with write_atomic is backed whole.
         self.backed = bytearray(b"\x01" if atomic else b"\x00") * _pages(size)
         self.atomic = atomic
+        self.cut = False  # SimulatedFileSystem.cut_file_under_map
 
 
 def _pages(size: int) -> int:
@@ -590,6 +662,9 @@ class SimulatedRegion:
     def unlock_from_memory(self) -> None:
         pass
 
+    def cut_short(self) -> bool:
+        return self._file.cut
+
 
 @dataclass
 class _Fault:
@@ -627,6 +702,7 @@ class SimulatedFileSystem:
         self.capacity_bytes = capacity_bytes
         self.used_ratio_override: float | None = None
         self.sigbus_writes: list[tuple[str, int]] = []  # (path, page offset)
+        self._map_faults = 0
 
     # capacity --------------------------------------------------------------------------
     def _used_locked(self) -> int:
@@ -699,6 +775,20 @@ class SimulatedFileSystem:
                     raise OSError(fault.err, os.strerror(fault.err), path)
 
     # FileSystem ------------------------------------------------------------------------
+    def map_faults(self) -> int:
+        return self._map_faults
+
+    def cut_file_under_map(self, path: str) -> None:
+        """As another process truncating `path` while it is mapped, once the store touched a
+        page past the cut: its regions report cut_short() (their bytes stay as they were)."""
+        with self._lock:
+            self._files[os.path.normpath(path)].cut = True
+            self._map_faults += 1
+
+    def cut_under_map(self) -> set[str]:
+        with self._lock:
+            return {path for path, file in self._files.items() if file.cut}
+
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> SimulatedRegion:
         path = os.path.normpath(path)
         self._check_fault("map", path)

@@ -440,6 +440,10 @@ class MappedFile:
             self._region.unlock_from_memory()
             self.locked_in_memory = False
 
+    def cut_short(self) -> bool:
+        """The file lost pages under its map (storage/fs.py FileCutUnderMapError)."""
+        return self._region is not None and self._region.cut_short()
+
     # reference counting (§4.8) ------------------------------------------------------------------
     def hold(self) -> bool:
         if self.available:

@@ -12,7 +12,7 @@ from typing import Callable, Final
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import segment_file_name
-from mqstore.storage.fs import FileSystem
+from mqstore.storage.fs import FileCutUnderMapError, FileSystem
 from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
 
 __all__ = [
@@ -58,6 +58,7 @@ class MappedFileQueue:
         self.write_buffer_pool = write_buffer_pool
         self.last_create_error: str | None = None  # why the last segment could not be made
         self.mapped_files: list[MappedFile] = []
+        self._map_faults_seen = fs.map_faults()
         self.flushed_where = 0
         self.committed_where = 0
         self.store_timestamp = 0  # of the last file flushed by a thorough flush(0)
@@ -65,6 +66,18 @@ class MappedFileQueue:
         # Data is known to have reached this offset (the commitlog: the checkpoint's flushed
         # offset); segments missing below it after the last file are a hole, not an end.
         self.expected_end = 0
+
+    def raise_if_cut(self) -> None:
+        """FileCutUnderMapError naming the first of these files that lost pages under its map
+        (another process cut it): what was written there is not in the file. Each map is asked
+        only when the process's count of such faults moved, so a pass pays one C call."""
+        faults = self.fs.map_faults()
+        if faults == self._map_faults_seen:
+            return
+        for mapped_file in self.mapped_files:
+            if mapped_file.cut_short():
+                raise FileCutUnderMapError(mapped_file.file_name)  # and again at every call
+        self._map_faults_seen = faults  # another owner's map
 
     # loading -----------------------------------------------------------------------------
     def load(self, *, skip_damaged: bool = False) -> bool:

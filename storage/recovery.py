@@ -286,9 +286,13 @@ def recover_commitlog(
     clock_ms: Callable[[], int],
     progress: ProgressCallback | None = None,
     repair_holes: bool = False,
+    known_end: int = 0,
 ) -> CommitLogRecovery:
     """The commitlog's owner's recovery: after a clean stop or an actor restart, the last
     three files are scanned; after a crash, every file from the checkpoint's on, CRC-checked.
+    `known_end`: at an actor's restart, where the log was readable before it (the read view):
+    segments below it held data, so one missing or cut short there is a hole, as below the
+    checkpoint's flushed offset.
     The dirty tail is truncated (zeroed); damage with valid records after it is quarantined.
     With `repair_holes` (only `mqstore recover`: an open never changes damaged data), a
     missing or wrong-sized segment is made whole (see `_fill_commitlog_holes`), and a clean
@@ -312,8 +316,10 @@ def recover_commitlog(
         commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
         commitlog.flushed_before_offset = checkpoint.physic_flushed_offset if checkpoint is not None else None
     try:
-        partial = _remove_partial_last_segments(cfg, fs)
         flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
+        if known_end > (flushed or 0):
+            flushed = known_end
+        partial = _remove_partial_last_segments(cfg, fs, flushed or 0)
         lost, filled = _fill_commitlog_holes(cfg, fs, flushed or 0) if repair_holes else ([], [])
         if not commitlog.load():
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
@@ -976,12 +982,14 @@ def _cut_cq_files_at_damage(cfg: StoreConfig, fs: FileSystem, topic: str, queue_
     return removed
 
 
-def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]:
+def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem, held_data_below: int) -> list[str]:
     """Delete commitlog files at the end of the directory that are shorter or longer than a
     segment and hold only zeros: a segment the allocator was creating when the process died
     (created, not yet sized). Loading stops at a wrong-sized file, so left in place it would
     hide nothing but block the writer's next roll and fail `verify`. One with data is left for
-    a person to look at (loading ignores it and everything after it, and says so)."""
+    a person to look at (loading ignores it and everything after it, and says so), and so is
+    one that starts below `held_data_below` (the flushed offset, or where the log was read
+    before an actor's restart): it was emptied, not being created, and is a hole."""
     directory = cfg.commitlog_dir
     names = sorted(n for n in fs.listdir(directory) if len(n) == 20 and n.isdigit()
                    and not fs.isdir(os.path.join(directory, n)))  # fmt: skip
@@ -992,6 +1000,9 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem) -> list[str]
             break
         if fs.getsize(path) > cfg.mapped_file_size_commitlog_bytes or any(fs.read_bytes(path)):
             log.error("a commitlog file of the wrong length holds data; it and later files are ignored", path=path)
+            break
+        if int(name) < held_data_below:
+            log.error("a commitlog segment that held data is empty or cut short; left for `mqstore recover`", path=path)
             break
         fs.remove(path)
         removed.append(f"{name} (empty, wrong length: a segment being created at the crash)")

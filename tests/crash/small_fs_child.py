@@ -18,6 +18,7 @@ import time
 from typing import Any, TextIO
 
 import mqstore
+from mqstore.storage import mapguard
 
 SETTINGS: dict[str, Any] = dict(
     # A segment larger than the whole filesystem: the 32 MiB reservation window can never
@@ -114,6 +115,10 @@ def main(phase: str, store_dir: str, acked_path: str, filler: str) -> None:
         else:
             fail(f"unknown phase {phase}")
         close_bounded(store)
+    # The SIGBUS guard keeps a write into a page with no room behind it from killing us: it
+    # would be caught there, but it is the reservations' failure all the same.
+    if mapguard.total_faults():
+        fail(f"{mapguard.total_faults()} page faults the SIGBUS guard caught (a write with no room behind it)")
     sys.exit(0)
 
 

@@ -1,0 +1,241 @@
+/* SIGBUS guard for the store's file maps (storage/mapguard.py is its Python face).
+
+A file cut short under its map (another process truncates a segment, a restore tool rewrites
+it in place) turns the next access to the lost pages into SIGBUS, and SIGBUS kills the host
+process: an embedded store must not do that (the JVM turns the same fault into an
+InternalError in the thread that touched the page, and a broker goes on). Here the handler
+maps one anonymous zero page over the faulting page of a registered map and returns: the
+access is retried and reads zeros (a record that fails its checks, a unit that is empty), a
+store lands in memory and never in the file. Each map counts its faults, so its owner learns
+of them before it answers a put (the writer refuses: nothing lost is acknowledged) and says
+so loudly. A fault anywhere else goes to the handler that was there before (Python's
+faulthandler under pytest) or to the default action, exactly as without this module.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* vm.max_map_count defaults to 65530: a process cannot hold more maps than that. */
+#define GUARD_SLOTS 65536
+
+typedef struct {
+    _Atomic uintptr_t start; /* 0: free */
+    _Atomic uintptr_t end;
+    _Atomic unsigned long faults;
+} GuardSlot;
+
+static GuardSlot slots[GUARD_SLOTS];
+static _Atomic size_t slots_used; /* the handler scans [0, slots_used) */
+static _Atomic unsigned long total_faults;
+static size_t free_hint; /* changed only under the GIL */
+static uintptr_t page_size;
+static struct sigaction previous_action;
+
+static void on_sigbus(int signum, siginfo_t *info, void *context)
+{
+    /* si_code > 0: the kernel raised it for an access at si_addr (not kill() or raise()). */
+    if (info != NULL && info->si_code > 0) {
+        uintptr_t address = (uintptr_t)info->si_addr;
+        size_t used = atomic_load_explicit(&slots_used, memory_order_acquire);
+        for (size_t i = 0; i < used; i++) {
+            uintptr_t start = atomic_load_explicit(&slots[i].start, memory_order_acquire);
+            if (start == 0 || address < start || address >= atomic_load_explicit(&slots[i].end, memory_order_acquire)) {
+                continue;
+            }
+            void *page = (void *)(address & ~(page_size - 1));
+            void *zeros = mmap(page, page_size, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (zeros == MAP_FAILED) {
+                break; /* no memory for the page: the fault stays fatal */
+            }
+            atomic_fetch_add_explicit(&slots[i].faults, 1, memory_order_release);
+            atomic_fetch_add_explicit(&total_faults, 1, memory_order_release);
+            return; /* the access runs again, on the zero page */
+        }
+        if (previous_action.sa_flags & SA_SIGINFO) {
+            if (previous_action.sa_sigaction != NULL) {
+                previous_action.sa_sigaction(signum, info, context);
+                return;
+            }
+        } else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN) {
+            previous_action.sa_handler(signum);
+            return;
+        }
+    }
+    /* Not ours and nobody else's: the default action. A fault runs its access again and dies
+       of it; a sent signal is sent again. (A chained handler that re-raises lands here.) */
+    struct sigaction fallback;
+    memset(&fallback, 0, sizeof(fallback));
+    fallback.sa_handler = SIG_DFL;
+    sigemptyset(&fallback.sa_mask);
+    sigaction(signum, &fallback, NULL);
+    if (info == NULL || info->si_code <= 0) {
+        raise(signum);
+    }
+}
+
+/* Ours on SIGBUS, chaining to what is there now if it is not ours already. Called at every
+   guard(): a host that set its own handler after us (faulthandler.enable()) gets ours back in
+   front of it. */
+static int ensure_installed(void)
+{
+    struct sigaction current;
+    if (sigaction(SIGBUS, NULL, &current) != 0) {
+        return -1;
+    }
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus) {
+        return 0;
+    }
+    struct sigaction mine;
+    memset(&mine, 0, sizeof(mine));
+    mine.sa_sigaction = on_sigbus;
+    sigemptyset(&mine.sa_mask);
+    mine.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    previous_action = current;
+    return sigaction(SIGBUS, &mine, NULL);
+}
+
+PyDoc_STRVAR(guard_doc,
+"guard(buffer) -> int\n\n"
+"Register a file map (an mmap, writable or not): a fault on it that would be SIGBUS maps a zero\n"
+"page there instead and is counted. Returns the slot for faults() and release(); OSError if\n"
+"the handler cannot be installed, RuntimeError when every slot is taken.");
+
+static PyObject *guard(PyObject *module, PyObject *buffer)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    /* The address is taken and the export released at once: mmap.close() refuses a map with
+       exported buffers, and the owner calls release() before it closes the map. */
+    uintptr_t start = (uintptr_t)view.buf;
+    uintptr_t end = start + (uintptr_t)view.len;
+    PyBuffer_Release(&view);
+    if (ensure_installed() != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    size_t used = atomic_load_explicit(&slots_used, memory_order_relaxed);
+    size_t slot = GUARD_SLOTS;
+    for (size_t i = free_hint; i < used; i++) {
+        if (atomic_load_explicit(&slots[i].start, memory_order_relaxed) == 0) {
+            slot = i;
+            break;
+        }
+    }
+    if (slot == GUARD_SLOTS) {
+        if (used == GUARD_SLOTS) {
+            PyErr_SetString(PyExc_RuntimeError, "every SIGBUS guard slot is taken");
+            return NULL;
+        }
+        slot = used;
+    }
+    atomic_store_explicit(&slots[slot].faults, 0, memory_order_relaxed);
+    atomic_store_explicit(&slots[slot].end, end, memory_order_release);
+    atomic_store_explicit(&slots[slot].start, start, memory_order_release); /* live from here */
+    if (slot == used) {
+        atomic_store_explicit(&slots_used, used + 1, memory_order_release);
+    }
+    free_hint = slot + 1;
+    return PyLong_FromSize_t(slot);
+}
+
+static int slot_of(PyObject *arg, size_t *slot)
+{
+    size_t value = PyLong_AsSize_t(arg);
+    if (value == (size_t)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (value >= atomic_load_explicit(&slots_used, memory_order_relaxed)) {
+        PyErr_Format(PyExc_ValueError, "no SIGBUS guard slot %zu", value);
+        return -1;
+    }
+    *slot = value;
+    return 0;
+}
+
+PyDoc_STRVAR(release_doc,
+"release(slot) -> None\n\nUnregister a map before it is closed: its address may be reused.");
+
+static PyObject *release(PyObject *module, PyObject *arg)
+{
+    size_t slot;
+    if (slot_of(arg, &slot) != 0) {
+        return NULL;
+    }
+    atomic_store_explicit(&slots[slot].start, 0, memory_order_release);
+    if (slot < free_hint) {
+        free_hint = slot;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(faults_doc, "faults(slot) -> int\n\nPages of this map that faulted (cut from its file) and read zeros since.");
+
+static PyObject *faults(PyObject *module, PyObject *arg)
+{
+    size_t slot;
+    if (slot_of(arg, &slot) != 0) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(atomic_load_explicit(&slots[slot].faults, memory_order_acquire));
+}
+
+PyDoc_STRVAR(total_faults_doc, "total_faults() -> int\n\nFaults caught on every map since the process started.");
+
+static PyObject *total_faults_py(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromUnsignedLong(atomic_load_explicit(&total_faults, memory_order_acquire));
+}
+
+PyDoc_STRVAR(installed_doc, "installed() -> bool\n\nWhether SIGBUS goes to the guard's handler now.");
+
+static PyObject *installed(PyObject *module, PyObject *unused)
+{
+    struct sigaction current;
+    if (sigaction(SIGBUS, NULL, &current) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus);
+}
+
+PyDoc_STRVAR(reinstall_doc,
+"reinstall() -> None\n\n"
+"Put the handler back in front if the host set another SIGBUS handler since (the other one is\n"
+"chained to). guard() does this; the supervisor also does it on its tick.");
+
+static PyObject *reinstall(PyObject *module, PyObject *unused)
+{
+    if (atomic_load_explicit(&slots_used, memory_order_relaxed) == 0) {
+        Py_RETURN_NONE; /* never guarded anything: leave the process's handlers alone */
+    }
+    if (ensure_installed() != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"reinstall", reinstall, METH_NOARGS, reinstall_doc},
+    {"guard", guard, METH_O, guard_doc},
+    {"release", release, METH_O, release_doc},
+    {"faults", faults, METH_O, faults_doc},
+    {"total_faults", total_faults_py, METH_NOARGS, total_faults_doc},
+    {"installed", installed, METH_NOARGS, installed_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_mapguard", "SIGBUS guard for the store's file maps.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__mapguard(void)
+{
+    page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
+    return PyModule_Create(&module_def);
+}

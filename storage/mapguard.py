@@ -1,0 +1,59 @@
+"""The SIGBUS guard of the store's file maps (storage/_mapguard.c), or its absence.
+
+A store file cut short while it is mapped (another process truncates it, a restore rewrites it
+in place) makes the next access to its lost pages a SIGBUS, which kills the host. With the
+guard, such a page reads zeros instead and its map counts the fault; the owner of the map asks
+`faults(slot)` where it matters (the writer before it answers a pass). The guard is not one of
+the kernels MQSTORE_PURE_PYTHON turns off: it is on whenever the extension was built (with a C
+compiler at install, as CI checks). Without it, `available` is False and the open says so once.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+__all__ = ["available", "guard", "release", "faults", "total_faults", "installed", "reinstall"]
+
+
+def _load() -> ModuleType | None:
+    try:  # a C extension: no type information, a plain module here
+        return importlib.import_module(f"{__package__}._mapguard")
+    except ImportError:
+        return None
+
+
+_guard: ModuleType | None = _load()
+available = _guard is not None
+
+
+def guard(buf: Any) -> int | None:
+    """Register a map; its slot, or None without the extension."""
+    return None if _guard is None else int(_guard.guard(buf))
+
+
+def release(slot: int | None) -> None:
+    if _guard is not None and slot is not None:
+        _guard.release(slot)
+
+
+def faults(slot: int | None) -> int:
+    """Pages of the map that were gone from its file when touched (they read zeros since)."""
+    return 0 if _guard is None or slot is None else int(_guard.faults(slot))
+
+
+def total_faults() -> int:
+    """Faults caught on every map of the process: a cheap test before asking each map."""
+    return 0 if _guard is None else int(_guard.total_faults())
+
+
+def installed() -> bool:
+    return _guard is not None and bool(_guard.installed())
+
+
+def reinstall() -> None:
+    """The guard's handler back in front of one the host set since (faulthandler.enable()
+    after the store opened, say), chaining to it; nothing before the first map."""
+    if _guard is not None:
+        _guard.reinstall()
