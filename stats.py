@@ -91,6 +91,9 @@ class StatsSource(Protocol):
         """(the end of what the ConsumeQueues hold, of what the index holds); None where
         nothing is known (not published since start, or the index is off)."""
         ...
+    def files_cut_under_map(self) -> list[str]:
+        """The store's files another process cut short under its maps since it opened."""
+        ...
 
 
 def bucket_of(latency_ms: int) -> int:
@@ -352,11 +355,12 @@ def _disk_usage(path: str) -> dict[str, Any]:
     }
 
 
-def store_files_cut_under_map(fs: FileSystem, cfg: StoreConfig) -> set[str]:
+def store_files_cut_under_map(fs: FileSystem, cfg: StoreConfig, since: int) -> set[str]:
     """The store's files that another process cut short while this process had them mapped
-    (storage/mapguard.py): the supervisor's error log and unclean close, and `stats()`."""
+    (storage/mapguard.py), since `since` (fs.cut_mark() at the store's start): the
+    supervisor's error log, its unclean close and `stats()`."""
     roots = tuple(os.path.join(d, "") for d in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir))
-    return {path for path in fs.cut_under_map() if path.startswith(roots) or path == cfg.checkpoint_path}
+    return {path for path in fs.cut_under_map(since) if path.startswith(roots) or path == cfg.checkpoint_path}
 
 
 def store_snapshot(store: StatsSource) -> dict[str, Any]:
@@ -384,7 +388,7 @@ def store_snapshot(store: StatsSource) -> dict[str, Any]:
     out["disk"] = {name: _disk_usage(path) for name, path in paths.items() if os.path.isdir(path)}
     if "commitlog" in out["disk"] and "fs_used_ratio" in out["disk"]["commitlog"]:
         out["commitlog_disk_ratio"] = out["disk"]["commitlog"]["fs_used_ratio"]
-    out["files_cut_under_map"] = sorted(store_files_cut_under_map(store.fs, cfg))
+    out["files_cut_under_map"] = store.files_cut_under_map()
     return out
 
 

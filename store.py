@@ -955,6 +955,11 @@ class MessageStore:
         index = view.indexed_end if view.index_files is not None and self.config.message_index_enable else None
         return queues, index
 
+    def files_cut_under_map(self) -> list[str]:
+        """The store's files another process cut short while it had them mapped, since it
+        opened (the SIGBUS guard caught the touch: README, Guarantees); `stats()` lists them."""
+        return self.supervisor.note_files_cut_under_map()
+
     def dispatch_behind_bytes(self) -> int:
         """dispatchBehindBytes: how many bytes of the commitlog reput has not dispatched yet
         (the writer's readable end minus reput's dispatched end, from the read view)."""

@@ -356,6 +356,8 @@ class Supervisor:
         # Store files another process cut under our maps (the SIGBUS guard, storage/mapguard.py).
         self.files_cut_under_map: set[str] = set()
         self._map_faults_seen = self.fs.map_faults()
+        self._cut_mark = self.fs.cut_mark()  # cuts of maps closed before this store are not its
+        self._cut_lock = threading.Lock()  # the supervisor's tick and stats() callers
         self._lock: StoreLock | None = None
         self._abort: AbortFile | None = None
         self._thread: threading.Thread | None = None
@@ -490,26 +492,29 @@ class Supervisor:
                     self.ctx.tell(spec.name, Tick(now_ms=wall))
             if due[_HOOKS] <= now:
                 due[_HOOKS] = now + TICK_HOOK_INTERVAL_MS
-                self._note_files_cut_under_map()
+                self.note_files_cut_under_map()
                 self._run_tick_hooks(wall, now)
 
-    def _note_files_cut_under_map(self) -> None:
+    def note_files_cut_under_map(self) -> list[str]:
         """Say which of the store's files another process cut while they were mapped (their
         lost pages read zeros now, and what was written there is in memory only). A cut
         commitlog segment fails the writer at its next pass (storage/mapped_file_queue.py);
         queue, index and checkpoint files are rebuilt by the next open, which the close
         leaves marked as after a crash."""
         mapguard.reinstall()  # a SIGBUS handler the host set since goes behind the guard
-        faults = self.fs.map_faults()
-        if faults == self._map_faults_seen:
-            return
-        self._map_faults_seen = faults
-        for path in sorted(store_files_cut_under_map(self.fs, self.config) - self.files_cut_under_map):
-            self.files_cut_under_map.add(path)
+        with self._cut_lock:
+            faults = self.fs.map_faults()
+            if faults == self._map_faults_seen:
+                return sorted(self.files_cut_under_map)
+            self._map_faults_seen = faults
+            new = store_files_cut_under_map(self.fs, self.config, self._cut_mark) - self.files_cut_under_map
+            self.files_cut_under_map |= new
+        for path in sorted(new):
             self.log.error("a store file was cut short by another process while mapped", path=path,
                            effect="its lost pages read zeros and writes there stay in memory; the next open "
                                   "rebuilds queues and index from the commitlog; a commitlog segment is a hole "
                                   "until `mqstore recover`")  # fmt: skip
+        return sorted(self.files_cut_under_map)
 
     def _run_tick_hooks(self, wall_ms: int, now_ms: int) -> None:
         """Call each tick hook; one that raises is logged, never ends the supervisor's thread
@@ -892,7 +897,7 @@ class Supervisor:
             clean = False
         if not self._stop_children(clean=clean):
             clean = False  # a child still runs: what it writes is not the clean stop's
-        self._note_files_cut_under_map()
+        self.note_files_cut_under_map()
         if self.files_cut_under_map:
             # What the actors wrote into those files went to memory: the next open must check
             # and rebuild them as after a crash, not trust them as a clean stop's.

@@ -37,46 +37,96 @@ static size_t free_hint; /* changed only under the GIL */
 static uintptr_t page_size;
 static struct sigaction previous_action;
 
-static void on_sigbus(int signum, siginfo_t *info, void *context)
+/* The thread is inside a handler we chained to: a SIGBUS it raises (to die, as faulthandler
+   does after its dump) takes the default action. And the last address whose fault we chained:
+   a chained handler that returned without curing it (a disabled faulthandler) is not called
+   again for it, so the access dies instead of faulting forever. initial-exec: no lazy TLS
+   allocation inside a signal handler. */
+static __thread int in_chain __attribute__((tls_model("initial-exec")));
+static __thread uintptr_t last_chained __attribute__((tls_model("initial-exec")));
+
+static int previous_is_a_handler(void)
 {
-    /* si_code > 0: the kernel raised it for an access at si_addr (not kill() or raise()). */
-    if (info != NULL && info->si_code > 0) {
-        uintptr_t address = (uintptr_t)info->si_addr;
-        size_t used = atomic_load_explicit(&slots_used, memory_order_acquire);
-        for (size_t i = 0; i < used; i++) {
-            uintptr_t start = atomic_load_explicit(&slots[i].start, memory_order_acquire);
-            if (start == 0 || address < start || address >= atomic_load_explicit(&slots[i].end, memory_order_acquire)) {
-                continue;
-            }
-            void *page = (void *)(address & ~(page_size - 1));
-            void *zeros = mmap(page, page_size, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (zeros == MAP_FAILED) {
-                break; /* no memory for the page: the fault stays fatal */
-            }
-            atomic_fetch_add_explicit(&slots[i].faults, 1, memory_order_release);
-            atomic_fetch_add_explicit(&total_faults, 1, memory_order_release);
-            return; /* the access runs again, on the zero page */
-        }
-        if (previous_action.sa_flags & SA_SIGINFO) {
-            if (previous_action.sa_sigaction != NULL) {
-                previous_action.sa_sigaction(signum, info, context);
-                return;
-            }
-        } else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN) {
-            previous_action.sa_handler(signum);
-            return;
-        }
+    if (previous_action.sa_flags & SA_SIGINFO) {
+        return previous_action.sa_sigaction != NULL;
     }
-    /* Not ours and nobody else's: the default action. A fault runs its access again and dies
-       of it; a sent signal is sent again. (A chained handler that re-raises lands here.) */
+    return previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN;
+}
+
+static void call_previous(int signum, siginfo_t *info, void *context)
+{
+    in_chain = 1;
+    if (previous_action.sa_flags & SA_SIGINFO) {
+        previous_action.sa_sigaction(signum, info, context);
+    } else {
+        previous_action.sa_handler(signum);
+    }
+    in_chain = 0;
+}
+
+/* The default action: a fault runs its access again and dies of it; a sent signal is sent
+   again. */
+static void die_by_default(int signum, int sent)
+{
     struct sigaction fallback;
     memset(&fallback, 0, sizeof(fallback));
     fallback.sa_handler = SIG_DFL;
     sigemptyset(&fallback.sa_mask);
     sigaction(signum, &fallback, NULL);
-    if (info == NULL || info->si_code <= 0) {
+    if (sent) {
         raise(signum);
     }
+}
+
+static void on_sigbus(int signum, siginfo_t *info, void *context)
+{
+    /* si_code > 0: the kernel raised it for an access at si_addr (not kill() or raise()). */
+    int sent = info == NULL || info->si_code <= 0;
+    if (!sent) {
+        uintptr_t address = (uintptr_t)info->si_addr;
+        size_t used = atomic_load_explicit(&slots_used, memory_order_acquire);
+        for (size_t i = 0; i < used; i++) {
+            uintptr_t start = atomic_load_explicit(&slots[i].start, memory_order_acquire);
+            uintptr_t end = atomic_load_explicit(&slots[i].end, memory_order_acquire);
+            if (start == 0 || address < start || address >= end) {
+                continue;
+            }
+            /* Past a cut every page of the file is gone: zeros from this page to the map's end
+               in one call, one region for the map however scattered the reads (a page at a
+               time, scattered faults split the map until vm.max_map_count). A page at a time
+               where that fails. */
+            uintptr_t page = address & ~(page_size - 1);
+            uintptr_t map_end = (end + page_size - 1) & ~(page_size - 1);
+            void *zeros = mmap((void *)page, map_end - page, PROT_READ | PROT_WRITE,
+                               MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (zeros == MAP_FAILED) {
+                zeros = mmap((void *)page, page_size, PROT_READ | PROT_WRITE,
+                             MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            }
+            if (zeros == MAP_FAILED) {
+                break; /* no memory for the page: the fault stays fatal */
+            }
+            atomic_fetch_add_explicit(&slots[i].faults, 1, memory_order_release);
+            atomic_fetch_add_explicit(&total_faults, 1, memory_order_release);
+            return; /* the access runs again, on zeros */
+        }
+        if (!in_chain && previous_is_a_handler() && address != last_chained) {
+            last_chained = address;
+            call_previous(signum, info, context);
+            return;
+        }
+        die_by_default(signum, 0);
+        return;
+    }
+    /* Sent: to the handler that was there before, ignored if it was ignored, else the default. */
+    if (!in_chain && previous_is_a_handler()) {
+        call_previous(signum, info, context);
+        return;
+    }
+    if (!in_chain && !(previous_action.sa_flags & SA_SIGINFO) && previous_action.sa_handler == SIG_IGN) {
+        return;
+    }
+    die_by_default(signum, 1);
 }
 
 /* Ours on SIGBUS, chaining to what is there now if it is not ours already. Called at every

@@ -101,7 +101,8 @@ def read_regular_file(path: str, limit: int = -1) -> bytes:
 class FileSystem(Protocol):
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> MappedRegion: ...
     def map_faults(self) -> int: ...
-    def cut_under_map(self) -> set[str]: ...
+    def cut_mark(self) -> int: ...
+    def cut_under_map(self, since: int = 0) -> set[str]: ...
     def listdir(self, path: str) -> list[str]: ...
     def exists(self, path: str) -> bool: ...
     def isdir(self, path: str) -> bool: ...
@@ -240,7 +241,10 @@ class RealMappedRegion:
                 fsync_dir(os.path.dirname(os.path.abspath(path)))
         except BaseException:
             if hasattr(self, "buf"):
-                mapguard.release(getattr(self, "_guard", None))
+                slot = getattr(self, "_guard", None)
+                if slot is not None:
+                    _guarded.pop(slot, None)
+                    mapguard.release(slot)
                 self.buf.close()
             os.close(fd)
             if created:  # so the next try creates it again, and syncs its name then
@@ -374,7 +378,9 @@ class RealMappedRegion:
             self.unlock_from_memory()
         if self._guard is not None:
             if mapguard.faults(self._guard):
-                _cut_under_map_before.add(self.path)
+                global _cut_seq
+                _cut_seq += 1
+                _cut_under_map_before[self.path] = _cut_seq
             _guarded.pop(self._guard, None)
             mapguard.release(self._guard)  # before the address can be mapped again
             self._guard = None
@@ -420,10 +426,12 @@ class RealMappedRegion:
 
 
 _unguarded_logged = False
-# Guarded maps (slot -> path) and the paths of closed maps that had been cut: what
-# RealFileSystem.cut_under_map() reports (the supervisor's tick, a store's close).
+# Guarded maps (slot -> path) and the paths of closed maps that had been cut, each with the
+# count of such closes when it was closed: what RealFileSystem.cut_under_map() reports (the
+# supervisor's tick, a store's close), for the closes since a store's start only.
 _guarded: dict[int, str] = {}
-_cut_under_map_before: set[str] = set()
+_cut_under_map_before: dict[str, int] = {}
+_cut_seq = 0
 
 
 def _guard(buf: mmap.mmap, path: str) -> int | None:
@@ -469,11 +477,15 @@ class RealFileSystem:
         this file system is cut short, and no owner need ask each of its maps."""
         return mapguard.total_faults()
 
-    def cut_under_map(self) -> set[str]:
-        """Paths of the files (mapped now, or closed since) that lost pages under a map of
-        this process: another process cut them while the store had them mapped."""
+    def cut_mark(self) -> int:
+        """Where cut_under_map(since=...) starts counting closed maps: a store's start."""
+        return _cut_seq
+
+    def cut_under_map(self, since: int = 0) -> set[str]:
+        """Paths of the files that lost pages under a map of this process (another process
+        cut them while the store had them mapped): mapped now, or closed after `since`."""
         cut = {path for slot, path in list(_guarded.items()) if mapguard.faults(slot)}
-        return cut | _cut_under_map_before
+        return cut | {path for path, seq in list(_cut_under_map_before.items()) if seq > since}
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
@@ -785,7 +797,10 @@ class SimulatedFileSystem:
             self._files[os.path.normpath(path)].cut = True
             self._map_faults += 1
 
-    def cut_under_map(self) -> set[str]:
+    def cut_mark(self) -> int:
+        return 0
+
+    def cut_under_map(self, since: int = 0) -> set[str]:
         with self._lock:
             return {path for path, file in self._files.items() if file.cut}
 
