@@ -118,12 +118,20 @@ static void on_sigbus(int signum, siginfo_t *info, void *context)
         die_by_default(signum, 0);
         return;
     }
-    /* Sent: to the handler that was there before, ignored if it was ignored, else the default. */
+    /* Sent: to the handler that was there before, ignored if it was ignored. */
     if (!in_chain && previous_is_a_handler()) {
         call_previous(signum, info, context);
         return;
     }
     if (!in_chain && !(previous_action.sa_flags & SA_SIGINFO) && previous_action.sa_handler == SIG_IGN) {
+        return;
+    }
+    /* Raised by this process at itself with nothing of its own before us: a handler the host set
+       in front of us after we were installed (faulthandler.enable() after the store opened) that
+       caught a fault, put us back and raised it again to die. Returning lets the access run
+       again and fault to us: on a store map it reads zeros, anywhere else it dies as it would
+       have. (A SIGBUS a process sends itself on purpose, with no handler, is the cost.) */
+    if (!in_chain && info != NULL && info->si_pid == getpid() && (info->si_code == SI_TKILL || info->si_code == SI_USER)) {
         return;
     }
     die_by_default(signum, 1);

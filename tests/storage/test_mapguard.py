@@ -107,6 +107,22 @@ print("touching", flush=True)
 other[4096]                       # not a store map: must die, not fault forever
 """
 
+FAULTHANDLER_ENABLED_AFTER_THE_GUARD = """
+import faulthandler, mmap, os, sys
+from mqstore.storage import mapguard
+path, touch = sys.argv[1], sys.argv[2]
+with open(path, "wb") as f:
+    f.write(bytes(2 * 4096))
+with open(path, "r+b") as f:
+    store_map = mmap.mmap(f.fileno(), 2 * 4096)
+    other = mmap.mmap(f.fileno(), 2 * 4096)
+mapguard.guard(store_map)
+faulthandler.enable()             # the host's, in front of the guard until it is put back
+os.truncate(path, 4096)
+print("touching", flush=True)
+print((store_map if touch == "store" else other)[4096], flush=True)
+"""
+
 SENT_SIGBUS = """
 import mmap, os, signal, sys
 from mqstore.storage import mapguard
@@ -157,3 +173,19 @@ def test_a_pass_whose_segment_was_cut_acknowledges_no_put_and_the_store_says_whi
     finally:
         clean = store.close()
     assert clean is False  # the next open checks the files as after a crash
+
+
+@pytest.mark.skipif(not mapguard.available, reason="storage/_mapguard.c not built")
+@pytest.mark.parametrize("touch", ["store", "other"])
+def test_a_faulthandler_enabled_after_the_guard_neither_kills_on_a_store_page_nor_saves_another(
+    tmp_path: object, touch: str
+) -> None:
+    # Review 37 F1: faulthandler, enabled after the store opened, caught the fault first, put
+    # the guard back and raised SIGBUS again; the guard took that for a sent signal and died.
+    child = subprocess.run([sys.executable, "-c", FAULTHANDLER_ENABLED_AFTER_THE_GUARD, f"{tmp_path}/f", touch],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert "touching" in child.stdout
+    if touch == "store":
+        assert (child.returncode, child.stdout.split()[-1]) == (0, "0"), child.stderr
+    else:
+        assert child.returncode == -signal.SIGBUS, (child.returncode, child.stderr)
