@@ -355,8 +355,8 @@ class Supervisor:
         self._hook_failures_logged_ms: dict[int, int] = {}
         # Store files another process cut under our maps (the SIGBUS guard, storage/mapguard.py).
         self.files_cut_under_map: set[str] = set()
-        self._map_faults_seen = self.fs.map_faults()
         self._cut_mark = self.fs.cut_mark()  # cuts of maps closed before this store are not its
+        self._map_faults_seen = (self.fs.map_faults(), self._cut_mark)
         self._cut_lock = threading.Lock()  # the supervisor's tick and stats() callers
         self._lock: StoreLock | None = None
         self._abort: AbortFile | None = None
@@ -503,17 +503,17 @@ class Supervisor:
         leaves marked as after a crash."""
         mapguard.reinstall()  # a SIGBUS handler the host set since goes behind the guard
         with self._cut_lock:
-            faults = self.fs.map_faults()
+            faults = (self.fs.map_faults(), self.fs.cut_mark())
             if faults == self._map_faults_seen:
                 return sorted(self.files_cut_under_map)
             self._map_faults_seen = faults
             new = store_files_cut_under_map(self.fs, self.config, self._cut_mark) - self.files_cut_under_map
             self.files_cut_under_map |= new
         for path in sorted(new):
-            self.log.error("a store file was cut short by another process while mapped", path=path,
-                           effect="its lost pages read zeros and writes there stay in memory; the next open "
-                                  "rebuilds queues and index from the commitlog; a commitlog segment is a hole "
-                                  "until `mqstore recover`")  # fmt: skip
+            self.log.error("a store file was cut short, replaced or deleted by another process while mapped",
+                           path=path, effect="what the store wrote there since is in memory only; the next open "
+                           "rebuilds queues and index from the commitlog; a cut commitlog segment is a hole until "
+                           "`mqstore recover`, a replaced one was saved beside it as .store-copy")  # fmt: skip
         return sorted(self.files_cut_under_map)
 
     def _run_tick_hooks(self, wall_ms: int, now_ms: int) -> None:
@@ -901,7 +901,7 @@ class Supervisor:
         if self.files_cut_under_map:
             # What the actors wrote into those files went to memory: the next open must check
             # and rebuild them as after a crash, not trust them as a clean stop's.
-            self.log.warning("files cut short under the store's maps: the next open recovers as after a crash",
+            self.log.warning("files cut short or replaced under the store's maps: the next open recovers as after a crash",
                              files=sorted(self.files_cut_under_map))  # fmt: skip
             clean = False
         if clean and self._abort is not None:

@@ -188,6 +188,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self.held_back_ms = 0
         self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
+        self._replaced: PutResult | None = None  # the refusal once the segment was replaced
         # Puts and records the current pass stored, counted where they are appended (so the
         # back-pressure check need not walk the pass's answers).
         self._stored_puts = 0
@@ -373,6 +374,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             for put in puts:
                 put.reply.fail(failure)
             raise
+        if self._stored_puts:
+            self._refuse_if_segment_replaced(answers, group_commits)
         self.passes += 1
         self.passed_puts += len(puts)
         if self._stored_puts:
@@ -411,6 +414,25 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             except Exception as exc:  # the pipeline's own code; never worth the writer
                 self.log.error("a pass's answers could not be handed over", puts=len(sunk), error=repr(exc))
         self._notify_advance()
+
+    def _refuse_if_segment_replaced(
+        self, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+    ) -> None:
+        """The segment being written is not the file at its path any more (another process
+        renamed one over it, or deleted it): the pass's bytes went to a file no directory
+        holds, lost at the next open. None of its puts is answered stored, and no later put
+        is taken; the store's copy of the segment is saved beside it (CommitLog
+        .keep_replaced_segment) and the close is unclean (the supervisor hears of it)."""
+        if self._replaced is None:
+            assert self._commitlog is not None
+            detail = self._commitlog.keep_replaced_segment()
+            if detail is None:
+                return
+            self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
+        refusal = self._replaced
+        answers[:] = [(reply, refusal if result.status is _OK else result) for reply, result in answers]
+        answers.extend((request.reply, refusal) for request in group_commits)
+        group_commits.clear()
 
     def _hold_back(self, stored_puts: int, stored_records: int) -> None:
         """put_msg_index_high_water, RocketMQ's dispatch back-pressure (3.x's DispatchMessageService
@@ -459,6 +481,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         in flight together have no order between them, as with any concurrent callers."""
         if self._closing or not self._writeable or not self._resumed:
             answers.extend((put.reply, _NOT_WRITEABLE) for put in puts)
+            return []
+        if self._replaced is not None:
+            answers.extend((put.reply, self._replaced) for put in puts)
             return []
         # RocketMQ rejects a put while another has held the put lock too long; the actor's
         # equivalent is a request that waited in the mailbox too long behind slow appends.

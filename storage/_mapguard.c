@@ -19,6 +19,7 @@ faulthandler under pytest) or to the default action, exactly as without this mod
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* vm.max_map_count defaults to 65530: a process cannot hold more maps than that. */
@@ -278,7 +279,26 @@ static PyObject *reinstall(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(links_doc,
+"links(fd) -> int\n\n"
+"The file's link count (fstat's st_nlink) without building a stat result: 0 once another\n"
+"process renamed a file over it or deleted it (the writer asks every pass).");
+
+static PyObject *links(PyObject *module, PyObject *arg)
+{
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    struct stat status;
+    if (fstat((int)fd, &status) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromUnsignedLong((unsigned long)status.st_nlink);
+}
+
 static PyMethodDef methods[] = {
+    {"links", links, METH_O, links_doc},
     {"reinstall", reinstall, METH_NOARGS, reinstall_doc},
     {"guard", guard, METH_O, guard_doc},
     {"release", release, METH_O, release_doc},

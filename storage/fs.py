@@ -59,6 +59,8 @@ class MappedRegion(Protocol):
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
     def cut_short(self) -> bool: ...
+    def replaced(self) -> bool: ...
+    def save_copy(self, path: str, length: int) -> None: ...
 
 
 class FileCutUnderMapError(OSError):
@@ -223,6 +225,7 @@ class RealMappedRegion:
         try:
             status = os.fstat(fd)
             _require_regular(status.st_mode, path)
+            self._identity = (status.st_dev, status.st_ino)
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
             actual = status.st_size
             if actual != size:
@@ -378,9 +381,7 @@ class RealMappedRegion:
             self.unlock_from_memory()
         if self._guard is not None:
             if mapguard.faults(self._guard):
-                global _cut_seq
-                _cut_seq += 1
-                _cut_under_map_before[self.path] = _cut_seq
+                _record_cut(self.path)
             _guarded.pop(self._guard, None)
             mapguard.release(self._guard)  # before the address can be mapped again
             self._guard = None
@@ -398,6 +399,44 @@ class RealMappedRegion:
         """Whether a page of this map was gone from the file when touched (it reads zeros
         now, and what is written there stays in memory): the file was cut under the map."""
         return self._cut_seen or mapguard.faults(self._guard) > 0
+
+    def replaced(self) -> bool:
+        """Whether `path` no longer names the mapped file: another process renamed a file
+        over it (rsync without --inplace, an atomic save) or deleted it. What is written
+        through this map then goes to a file no directory holds, lost at the next open.
+        Recorded for cut_under_map() (the supervisor's log, stats, an unclean close)."""
+        if self._fd is not None:
+            # A file renamed over ours or ours deleted leaves it with no name: one fstat, no
+            # path lookup (the writer asks every pass).
+            gone = mapguard.links(self._fd) == 0
+        else:
+            try:
+                status = os.stat(self.path)
+                gone = (status.st_dev, status.st_ino) != self._identity
+            except FileNotFoundError:
+                gone = True
+        if gone:
+            _record_cut(self.path)
+        return gone
+
+    def save_copy(self, path: str, length: int) -> None:
+        """The map's first `length` bytes written to a new file `path` of the map's size (the
+        rest a hole: zeros, as in the map), made durable: a copy of a file replaced under it
+        that can take the file's place."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(self.buf)[:length]
+            try:
+                written = 0
+                while written < length:
+                    written += os.write(fd, view[written : written + (1 << 20)])
+            finally:
+                view.release()
+            os.ftruncate(fd, self.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
     def _address(self) -> int:
         # ctypes cannot take the address of a read-only buffer; our writable maps are fine.
@@ -432,6 +471,13 @@ _unguarded_logged = False
 _guarded: dict[int, str] = {}
 _cut_under_map_before: dict[str, int] = {}
 _cut_seq = 0
+
+
+def _record_cut(path: str) -> None:
+    """`path` was cut or replaced under a map of this process (see cut_under_map)."""
+    global _cut_seq
+    _cut_seq += 1
+    _cut_under_map_before[path] = _cut_seq
 
 
 def _guard(buf: mmap.mmap, path: str) -> int | None:
@@ -478,12 +524,14 @@ class RealFileSystem:
         return mapguard.total_faults()
 
     def cut_mark(self) -> int:
-        """Where cut_under_map(since=...) starts counting closed maps: a store's start."""
+        """Where cut_under_map(since=...) starts counting closed and replaced maps: a store's
+        start. It moves with each one recorded."""
         return _cut_seq
 
     def cut_under_map(self, since: int = 0) -> set[str]:
         """Paths of the files that lost pages under a map of this process (another process
-        cut them while the store had them mapped): mapped now, or closed after `since`."""
+        cut them while the store had them mapped), mapped now or closed after `since`, and
+        of those found replaced (MappedRegion.replaced) since."""
         cut = {path for slot, path in list(_guarded.items()) if mapguard.faults(slot)}
         return cut | {path for path, seq in list(_cut_under_map_before.items()) if seq > since}
 
@@ -677,6 +725,15 @@ class SimulatedRegion:
     def cut_short(self) -> bool:
         return self._file.cut
 
+    def replaced(self) -> bool:
+        gone = self._fs._files.get(self.path) is not self._file
+        if gone:
+            self._fs._replaced.add(self.path)
+        return gone
+
+    def save_copy(self, path: str, length: int) -> None:
+        self._fs.write_atomic(path, bytes(self._file.volatile[:length]).ljust(self.size, b"\0"))
+
 
 @dataclass
 class _Fault:
@@ -715,6 +772,7 @@ class SimulatedFileSystem:
         self.used_ratio_override: float | None = None
         self.sigbus_writes: list[tuple[str, int]] = []  # (path, page offset)
         self._map_faults = 0
+        self._replaced: set[str] = set()  # SimulatedRegion.replaced() found another file there
 
     # capacity --------------------------------------------------------------------------
     def _used_locked(self) -> int:
@@ -798,11 +856,11 @@ class SimulatedFileSystem:
             self._map_faults += 1
 
     def cut_mark(self) -> int:
-        return 0
+        return self._map_faults + len(self._replaced)
 
     def cut_under_map(self, since: int = 0) -> set[str]:
         with self._lock:
-            return {path for path, file in self._files.items() if file.cut}
+            return {path for path, file in self._files.items() if file.cut} | self._replaced
 
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> SimulatedRegion:
         path = os.path.normpath(path)

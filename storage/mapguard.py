@@ -11,10 +11,11 @@ compiler at install, as CI checks). Without it, `available` is False and the ope
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 from typing import Any
 
-__all__ = ["available", "guard", "release", "faults", "total_faults", "installed", "reinstall"]
+__all__ = ["available", "guard", "release", "faults", "total_faults", "installed", "reinstall", "links"]
 
 
 def _load() -> ModuleType | None:
@@ -57,3 +58,8 @@ def reinstall() -> None:
     after the store opened, say), chaining to it; nothing before the first map."""
     if _guard is not None:
         _guard.reinstall()
+
+
+def links(fd: int) -> int:
+    """The open file's link count: 0 once it was renamed over or deleted."""
+    return int(_guard.links(fd)) if _guard is not None else os.fstat(fd).st_nlink

@@ -444,6 +444,15 @@ class MappedFile:
         """The file lost pages under its map (storage/fs.py FileCutUnderMapError)."""
         return self._region is not None and self._region.cut_short()
 
+    def replaced(self) -> bool:
+        """Its path names another file now, or none (storage/fs.py MappedRegion.replaced)."""
+        return self._region is not None and self._region.replaced()
+
+    def save_copy(self, path: str) -> None:
+        """What readers may read of this file, from its map, to a new file `path`."""
+        assert self._region is not None
+        self._region.save_copy(path, self.read_position)
+
     # reference counting (§4.8) ------------------------------------------------------------------
     def hold(self) -> bool:
         if self.available:

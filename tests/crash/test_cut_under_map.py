@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
+import mqstore
 from mqstore.storage import mapguard
+
+from .crashlib import read_all
 
 CHILD = str(Path(__file__).with_name("cut_under_map_child.py"))
 SEGMENT = 256 * 1024  # the child's settings, for `mqstore recover`
@@ -106,3 +109,46 @@ def test_a_fault_on_a_file_that_is_not_the_stores_still_kills_the_process(tmp_pa
     assert "touching" in child.stdout
     assert child.returncode == -signal.SIGBUS, child.stdout + child.stderr
     assert "Bus error" in child.stderr  # faulthandler's dump
+
+
+def _served(store: mqstore.MessageStore) -> dict[str, int]:
+    return {m.keys or "": m.queue_offset for m in read_all(store, "t", 0)}
+
+
+def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_orphan_and_keeps_the_stores_copy(
+    tmp_path: Path,
+) -> None:
+    # rsync without --inplace, or an atomic save, renames a file over the segment being
+    # written: the store went on writing into the unlinked file, acknowledged every put, closed
+    # clean, and the next open served the other file (100 acknowledged messages gone).
+    store_dir = tmp_path / "store"
+    settings: dict[str, Any] = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 20000,
+                                "max_hash_slot_num": 1000, "max_index_num": 4000}  # CHILD_ENV's, for recover
+    store = mqstore.open(store_dir, **settings)
+    segment = store_dir / "commitlog" / f"{0:020d}"
+    acked: dict[str, int] = {}
+    for i in range(100):
+        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+        assert result.ok
+        acked[f"b{i}"] = result.queue_offset
+        if i == 49:
+            store.flush()
+            older = segment.read_bytes()  # a backup taken halfway
+    (tmp_path / "older").write_bytes(older)
+    os.replace(tmp_path / "older", segment)
+    refused = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"]))
+    assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE
+    assert "replaced or deleted by another process" in refused.detail and ".store-copy" in refused.detail
+    assert not store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a1"])).ok  # nor any later one
+    assert _served(store).items() <= acked.items()  # readers map the file the path names now
+    assert store.stats()["files_cut_under_map"] == [str(segment)]
+    assert store.close() is False
+    copy = Path(f"{segment}.store-copy")
+    assert copy.exists()
+    os.replace(copy, segment)  # what the refusal said to do, before the store opens again
+    with mqstore.open(store_dir, **settings) as reopened:
+        served = _served(reopened)
+        assert {key: served.get(key) for key in acked} == acked
+        # The refused put was written before the check that refused it: stored, not promised.
+        assert set(served) - set(acked) <= {"a0"}
+        assert reopened.put(mqstore.Message(topic="t", body=b"c")).ok
