@@ -141,9 +141,7 @@ class ConsumeQueue:
         if cq_offset != 0:
             current = mapped_file.wrote_position + mapped_file.file_from_offset
             if expect < current:
-                log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
-                            expect=expect, current=current)  # fmt: skip
-                return True
+                return self._unit_back(commitlog_offset, size, tags_code, expect, current)
             gap = (expect - current) // CQ_STORE_UNIT_SIZE
             if expect != current and (gap <= MAX_FILLED_GAP_UNITS or cq_offset <= self.reserved_until):
                 # Records the commitlog lost (a hole) or quarantined (damaged header) left queue
@@ -163,6 +161,28 @@ class ConsumeQueue:
         if not mapped_file.append_bytes(CQ_UNIT.pack(commitlog_offset, size, tags_code)):
             return False
         self.max_physic_offset = commitlog_offset
+        return True
+
+    def _unit_back(self, commitlog_offset: int, size: int, tags_code: int, expect: int, current: int) -> bool:
+        """A unit for a queue offset the queue already holds. If a filler unit holds it (an
+        open found its record lost: the log ended early or had a hole), the record is back
+        (the segment restored) and its unit takes the filler's place, as dispatch would have
+        written it: no record ever claims another's queue offset, so this is the lost one.
+        A real unit there stays (re-dispatch of what the queue has)."""
+        files = self.mapped_file_queue
+        holder = files.find_mapped_file_by_offset(expect)
+        if holder is None or holder.file_from_offset > expect:
+            return True
+        pos = expect - holder.file_from_offset
+        if holder.mapped_buffer[pos : pos + CQ_STORE_UNIT_SIZE] != FILLER_UNIT:  # below its write position
+            log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
+                        expect=expect, current=current)  # fmt: skip
+            return True
+        holder.rewrite_bytes(pos, CQ_UNIT.pack(commitlog_offset, size, tags_code))
+        self.max_physic_offset = max(self.max_physic_offset, commitlog_offset)
+        log.warning("a record the queue had lost is back: its unit replaces the filler", topic=self.topic,
+                    queue_id=self.queue_id, queue_offset=expect // CQ_STORE_UNIT_SIZE,
+                    commitlog_offset=commitlog_offset)  # fmt: skip
         return True
 
     def put_message_position_infos(self, units: Sequence[tuple[int, int, int, int]]) -> bool:

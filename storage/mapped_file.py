@@ -270,6 +270,15 @@ class MappedFile:
         self.wrote_position = end
         return True
 
+    def rewrite_bytes(self, pos: int, data: bytes) -> None:
+        """Write `data` over bytes already appended at `pos` (below the write position, so
+        its blocks are reserved); the next flush covers it."""
+        end = pos + len(data)
+        assert end <= self.wrote_position, (pos, end, self.wrote_position)
+        assert self.write_buffer is None  # ConsumeQueue files: no write buffers
+        self.mapped_buffer[pos:end] = data
+        self.flushed_position = min(self.flushed_position, pos)
+
     def read_data(self, start: int, end: int) -> bytes:
         """A copy of [start, end) that reads only where the file has data; holes read as the
         zeros they are. A read fault on a hole of a full tmpfs must allocate a page, cannot,
