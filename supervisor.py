@@ -68,6 +68,7 @@ from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
+from .storage.commitlog import STORE_COPY_SUFFIX
 from .storage.recovery import (
     IndexRecovery,
     RecoveryMode,
@@ -169,6 +170,24 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     for path in (cfg.checkpoint_path, cfg.lock_path):
         _refuse_if_shared(fs, path)
     _refuse_what_is_in_the_way_of_segments(fs, cfg)
+    _refuse_an_unsettled_store_copy(fs, cfg)
+
+
+def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:
+    """StoreDirectoryError while a segment's `.store-copy` is in the commitlog directory: the
+    last run saved its own bytes of a segment another process replaced. Opened as it is, the
+    store would give the acknowledged records only the copy holds' offsets to new puts; which
+    file is the segment is the owner's choice, not the store's."""
+    if not fs.isdir(cfg.commitlog_dir):
+        return
+    copies = [name for name in fs.listdir(cfg.commitlog_dir) if STORE_COPY_SUFFIX in name]
+    if copies:
+        segment = copies[0].split(STORE_COPY_SUFFIX)[0]
+        raise StoreDirectoryError(
+            f"{os.path.join(cfg.commitlog_dir, copies[0])} is the store's own copy of segment {segment}, which "
+            "another process replaced while the store wrote it: move the copy over the segment to keep the "
+            "store's acknowledged messages, or delete it to keep the other file, then open again"
+        )
 
 
 def data_directories(cfg: StoreConfig) -> tuple[str, ...]:

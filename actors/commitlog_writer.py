@@ -188,7 +188,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self.held_back_ms = 0
         self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
-        self._replaced: PutResult | None = None  # the refusal once the segment was replaced
+        self._replaced: PutResult | None = None  # the refusal once a segment was replaced
+        self._pass_first_file: MappedFile | None = None  # the segment a pass began in
         # Puts and records the current pass stored, counted where they are appended (so the
         # back-pressure check need not walk the pass's answers).
         self._stored_puts = 0
@@ -252,6 +253,19 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # The tail scan from the recovered end finds nothing: it places the write positions.
         end, _ = self._commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)
         self._recovered = recovered
+        if known_end > end and not self._commitlog.mapped_file_queue.damaged_files and not recovered.quarantined:
+            # Readers read up to known_end before this restart; the files now end below it
+            # inside whole segments: one was replaced by an older copy (renamed over, renamed
+            # away) under the previous writer. Appending here would give acknowledged
+            # records' offsets to new ones.
+            self._replaced = PutResult(
+                status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                detail=f"the commitlog ends at {end}, below {known_end} where it was read before the writer "
+                       "restarted: a segment was replaced by another process; puts are refused until the store "
+                       "is closed and the segment (or its .store-copy) is back",
+            )  # fmt: skip
+            self.log.error("the commitlog ends below where it was read before the restart: puts refused",
+                           end=end, read_up_to=known_end)  # fmt: skip
         if recovered.quarantined:
             # Damage the scan walked past: published before the readable end, so reput and
             # readers skip it (not only CRC, which covers the body alone).
@@ -275,6 +289,12 @@ class CommitLogWriter(StoreActor[WriterRequest]):
 
     def release(self) -> None:
         if self._commitlog is not None:
+            # At a stop or a crash, before the maps go: a segment replaced since the last
+            # check still has the store's bytes only in them.
+            try:
+                self._check_segments_replaced(self._commitlog.mapped_file_queue.last_mapped_file)
+            except OSError as exc:
+                self.log.error("could not check the commitlog segment before closing it", error=repr(exc))
             self._commitlog.close()
             self._commitlog = None
 
@@ -308,6 +328,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             case CommitWriteBuffers(least_pages=least_pages):
                 self._commit(least_pages)
             case Tick():
+                # Idle too: a segment replaced between puts gets its copy saved now, and the
+                # supervisor hears of it (an unclean close), not only at the next put.
+                self._check_segments_replaced(self._commitlog.mapped_file_queue.last_mapped_file
+                                              if self._commitlog is not None else None)  # fmt: skip
                 self._tell_flush_the_end()
                 if self._reput_missed:
                     self._tell_reput_the_end()
@@ -350,6 +374,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         group commit does this for sync flush; here async flush gets it too)."""
         puts = [first]
         puts.extend(self.take_all_queued(EncodedPut, PASS_MAX_PUTS - 1))
+        assert self._commitlog is not None
+        self._pass_first_file = self._commitlog.mapped_file_queue.last_mapped_file
         answers: list[tuple[Reply, PutResult]] = []
         group_commits: list[GroupCommitRequest] = []
         self._stored_puts = self._stored_records = 0
@@ -423,16 +449,24 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         holds, lost at the next open. None of its puts is answered stored, and no later put
         is taken; the store's copy of the segment is saved beside it (CommitLog
         .keep_replaced_segment) and the close is unclean (the supervisor hears of it)."""
-        if self._replaced is None:
-            assert self._commitlog is not None
-            detail = self._commitlog.keep_replaced_segment()
-            if detail is None:
-                return
-            self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
+        if self._replaced is None and not self._check_segments_replaced(self._pass_first_file):
+            return
         refusal = self._replaced
+        assert refusal is not None
         answers[:] = [(reply, refusal if result.status is _OK else result) for reply, result in answers]
         answers.extend((request.reply, refusal) for request in group_commits)
         group_commits.clear()
+
+    def _check_segments_replaced(self, since: MappedFile | None) -> bool:
+        """True (and every later put refused) once a segment written since `since` is not
+        the file at its path any more; its copy is saved (CommitLog.keep_replaced_segments)."""
+        if self._replaced is not None or self._commitlog is None:
+            return self._replaced is not None
+        detail = self._commitlog.keep_replaced_segments(since)
+        if detail is None:
+            return False
+        self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
+        return True
 
     def _hold_back(self, stored_puts: int, stored_records: int) -> None:
         """put_msg_index_high_water, RocketMQ's dispatch back-pressure (3.x's DispatchMessageService

@@ -65,6 +65,9 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
+# The store's own copy of a segment another process replaced while the store wrote it
+# (CommitLog.keep_replaced_segments): an open refuses while one is there.
+STORE_COPY_SUFFIX: Final = ".store-copy"
 
 _II = struct.Struct(">ii")
 _I = struct.Struct(">i")
@@ -563,31 +566,44 @@ class CommitLog:
         """FileCutUnderMapError if a segment lost pages under its map (another process cut it)."""
         self.mapped_file_queue.raise_if_cut()
 
-    def keep_replaced_segment(self) -> str | None:
-        """If the segment being written is no longer the file at its path (another process
-        renamed a file over it, or deleted it), save what the store wrote there to a new file
-        beside it and say so; None while it is ours. What follows is written to a file no
-        directory holds, so the owner acknowledges no more puts (a stat per pass, ~1 us)."""
-        last = self.mapped_file_queue.last_mapped_file
-        if last is None or not last.replaced():
+    def keep_replaced_segments(self, since: MappedFile | None = None) -> str | None:
+        """If a segment written since `since` (the last one before a pass; None: every
+        mapped segment) is no longer the file at its path (another process renamed a file
+        over it, renamed it away, or deleted it), save what the store wrote there to a new
+        file beside it and say so; None while all are ours. What is written into such a
+        segment reaches no file a directory holds, so the owner acknowledges no more puts."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
             return None
-        name = last.file_name
-        kept = name + ".store-copy"
-        n = 0
-        while self.fs.exists(kept):
-            n += 1
-            kept = f"{name}.store-copy.{n}"
-        try:
-            last.save_copy(kept)
-        except OSError as exc:
-            log.error("the store's copy of a replaced segment could not be saved", segment=name, error=repr(exc))
-            return (f"commitlog segment {name} was replaced or deleted by another process while the store wrote it; "
-                    f"its copy could not be saved ({exc}): the store's bytes of it are in memory only until close")  # fmt: skip
-        log.error("a commitlog segment was replaced by another process while the store wrote it",
-                  segment=name, store_copy=kept, bytes=last.read_position)  # fmt: skip
-        return (f"commitlog segment {name} was replaced or deleted by another process while the store wrote it; "
-                f"the store's own copy is saved as {kept}: to keep every acknowledged message, close the store "
-                f"and move the copy over {os.path.basename(name)} before it opens again")  # fmt: skip
+        start = 0
+        if since is not None:
+            for i in range(len(files) - 1, -1, -1):  # a pass rolls at most a few segments
+                if files[i] is since:
+                    start = i
+                    break
+        replaced = [f for f in files[start:] if f.replaced()]
+        if not replaced:
+            return None
+        said = []
+        for mapped_file in replaced:
+            name = mapped_file.file_name
+            kept = name + STORE_COPY_SUFFIX
+            n = 0
+            while self.fs.exists(kept):
+                n += 1
+                kept = f"{name}{STORE_COPY_SUFFIX}.{n}"
+            try:
+                mapped_file.save_copy(kept)
+            except OSError as exc:
+                log.error("the store's copy of a replaced segment could not be saved", segment=name, error=repr(exc))
+                said.append(f"{os.path.basename(name)} (its copy could not be saved: {exc})")
+                continue
+            log.error("a commitlog segment was replaced by another process while the store wrote it",
+                      segment=name, store_copy=kept, bytes=mapped_file.read_position)  # fmt: skip
+            said.append(f"{os.path.basename(name)} (the store's own copy saved as {os.path.basename(kept)})")
+        return ("commitlog segments replaced, renamed away or deleted by another process while the store wrote "
+                f"them: {', '.join(said)}; to keep every acknowledged message, close the store and move each copy "
+                "over its segment before it opens again")  # fmt: skip
 
     def get_max_offset(self) -> int:
         return self.mapped_file_queue.max_offset()

@@ -226,6 +226,7 @@ class RealMappedRegion:
             status = os.fstat(fd)
             _require_regular(status.st_mode, path)
             self._identity = (status.st_dev, status.st_ino)
+            self._path_bytes = os.fsencode(path)
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
             actual = status.st_size
             if actual != size:
@@ -402,13 +403,13 @@ class RealMappedRegion:
 
     def replaced(self) -> bool:
         """Whether `path` no longer names the mapped file: another process renamed a file
-        over it (rsync without --inplace, an atomic save) or deleted it. What is written
+        over it (rsync without --inplace, an atomic save), renamed it away or deleted it. What is written
         through this map then goes to a file no directory holds, lost at the next open.
         Recorded for cut_under_map() (the supervisor's log, stats, an unclean close)."""
         if self._fd is not None:
-            # A file renamed over ours or ours deleted leaves it with no name: one fstat, no
-            # path lookup (the writer asks every pass).
-            gone = mapguard.links(self._fd) == 0
+            # Renamed over, renamed away (logrotate's `create`), hard-linked then replaced, or
+            # deleted: the path no longer names our file. In C, no stat results built.
+            gone = not mapguard.same_file(self._fd, self._path_bytes)
         else:
             try:
                 status = os.stat(self.path)

@@ -15,7 +15,7 @@ import os
 from types import ModuleType
 from typing import Any
 
-__all__ = ["available", "guard", "release", "faults", "total_faults", "installed", "reinstall", "links"]
+__all__ = ["available", "guard", "release", "faults", "total_faults", "installed", "reinstall", "same_file"]
 
 
 def _load() -> ModuleType | None:
@@ -60,6 +60,13 @@ def reinstall() -> None:
         _guard.reinstall()
 
 
-def links(fd: int) -> int:
-    """The open file's link count: 0 once it was renamed over or deleted."""
-    return int(_guard.links(fd)) if _guard is not None else os.fstat(fd).st_nlink
+def same_file(fd: int, path: bytes) -> bool:
+    """Whether `path` still names the open file `fd` (and it has a name at all)."""
+    if _guard is not None:
+        return bool(_guard.same_file(fd, path))
+    mine = os.fstat(fd)
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return mine.st_nlink > 0 and (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
