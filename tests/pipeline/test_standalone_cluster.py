@@ -8,7 +8,10 @@ installing pyspark from an index would take minutes. The master and worker are s
 that pyspark's `bin/spark-class` (the pip wheel of pyspark has no sbin/start-master.sh), on
 free ports, and stopped by PID (their process groups, which hold the executors the worker
 forked) in a finally block. The job is a user's script that names `format("rocketmq")` and
-imports nothing of mqstore: Spark finds the source through the wheel's `pyspark_rocketmq`.
+imports nothing of mqstore: Spark finds the source through the wheel's `pyspark_rocketmq`, and
+the driver imports nothing of ours (the lookup and the reads run in the Python workers). This
+test also stands for a fresh local-mode process found by name: the lookup is the driver's, the
+same with either master (it was a test of its own, 17 s of the CI budget).
 """
 
 from __future__ import annotations
@@ -58,8 +61,11 @@ JOB = textwrap.dedent(
         return [mqstore.__file__, pyspark_rocketmq.__file__, sys.executable]
 
     executor = spark.sparkContext.parallelize([0], 1).map(where).collect()[0]
+    # The lookup and the reads run in Spark's Python workers: the driver imports nothing.
+    driver_imported = sorted(m for m in sys.modules if m.split(".")[0] in ("mqstore", "pyspark_rocketmq"))
     with open(sys.argv[2], "w") as f:
-        json.dump({"counts": counts, "body_bytes": body_bytes, "executor": executor, "columns": df.columns}, f)
+        json.dump({"counts": counts, "body_bytes": body_bytes, "executor": executor, "columns": df.columns,
+                   "driver_imported": driver_imported}, f)
     spark.stop()
     """
 )
@@ -208,6 +214,7 @@ def test_spark_submit_of_a_job_to_a_standalone_master_from_the_pip_wheel(tmp_pat
         mqstore_file, lookup_file, executable = result["executor"]
         assert mqstore_file.startswith(venv_root) and lookup_file.startswith(venv_root), result["executor"]
         assert executable == str(python), result["executor"]
+        assert result["driver_imported"] == [], result["driver_imported"]
         # The job really ran on the cluster, not in a local fallback.
         assert "app-" in _tail(logs["master"], 200) or "Registered app" in _tail(logs["master"], 200), detail
     finally:
