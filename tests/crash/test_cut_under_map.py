@@ -216,3 +216,34 @@ def test_a_segment_swapped_under_an_idle_or_failing_writer_loses_no_acknowledged
     with mqstore.open(store_dir, **settings) as reopened:
         served = _served(reopened)
         assert {key: served.get(key) for key in acked} == acked
+
+
+def test_an_older_segment_replaced_while_idle_is_found_on_the_writers_tick(tmp_path: Path) -> None:
+    # Not the segment being written: the writer's tick checks every segment it maps, so the
+    # store's copy is saved before the close instead of the next open serving the other file.
+    store_dir = tmp_path / "store"
+    settings: dict[str, Any] = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 20000,
+                                "max_hash_slot_num": 1000, "max_index_num": 4000}  # fmt: skip
+    store = mqstore.open(store_dir, **settings)
+    first = store_dir / "commitlog" / f"{0:020d}"
+    acked: dict[str, int] = {}
+    for i in range(300):  # two segments
+        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+        assert result.ok
+        acked[f"b{i}"] = result.queue_offset
+        if i == 49:
+            store.flush()
+            older = first.read_bytes()
+    assert store.stats()["commitlog_max_offset"] > SEGMENT
+    (tmp_path / "older").write_bytes(older)
+    os.replace(tmp_path / "older", first)
+    deadline = time.monotonic() + 10
+    while not Path(f"{first}.store-copy").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Path(f"{first}.store-copy").exists()
+    assert not store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"])).ok
+    assert store.close() is False
+    os.replace(f"{first}.store-copy", first)
+    with mqstore.open(store_dir, **settings) as reopened:
+        served = _served(reopened)
+        assert {key: served.get(key) for key in acked} == acked
