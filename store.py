@@ -141,6 +141,13 @@ def open_store(
         config = StoreConfig.load(overrides=overrides)
     elif overrides:
         config = config.replace(**overrides)
+    # Absolute once, at open: the host may chdir() while the store runs (a relative path then
+    # named other files: queue and index files were made under the new directory, and the
+    # writer took its own segment for one another process had replaced; review 39 F3).
+    absolute: dict[str, Any] = {"store_path_root_dir": os.path.abspath(config.root_dir)}
+    if config.store_path_commitlog:
+        absolute["store_path_commitlog"] = os.path.abspath(config.commitlog_dir)
+    config = config.replace(**absolute)
     files = fs if fs is not None else RealFileSystem()
     with _locked_first(files, config):
         refuse_what_is_in_the_way(files, config)  # before the geometry is read from those files

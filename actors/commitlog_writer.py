@@ -40,7 +40,7 @@ from ..messages import (
 from ..config import ConfigError
 from ..faults import NO_FAULTS
 from ..storage import codec
-from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined
+from ..storage.commitlog import STORE_COPY_SUFFIX, CommitLog, EncodedRecords, Quarantined
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
@@ -253,7 +253,18 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # The tail scan from the recovered end finds nothing: it places the write positions.
         end, _ = self._commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)
         self._recovered = recovered
-        if known_end > end and not self._commitlog.mapped_file_queue.damaged_files and not recovered.quarantined:
+        copies = [n for n in self.ctx.fs.listdir(cfg.commitlog_dir) if STORE_COPY_SUFFIX in n]
+        if copies and self._mode is RecoveryMode.RESTART:
+            # The previous writer saved its copy of a segment another process replaced: the
+            # file mapped now is not the store's, whatever its end (review 39 F2: restarted
+            # before a tick, the refusal was undone and puts taken that moving the copy back,
+            # as the refusal says, would have lost).
+            self._replaced = PutResult(
+                status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                detail=f"{copies[0]} is the store's own copy of a segment another process replaced; puts are "
+                       "refused until the store is closed and the copy moved over its segment (or deleted)",
+            )  # fmt: skip
+        elif known_end > end and not self._commitlog.mapped_file_queue.damaged_files and not recovered.quarantined:
             # Readers read up to known_end before this restart; the files now end below it
             # inside whole segments: one was replaced by an older copy (renamed over, renamed
             # away) under the previous writer. Appending here would give acknowledged

@@ -163,7 +163,9 @@ def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_o
         assert reopened.put(mqstore.Message(topic="t", body=b"c")).ok
 
 
-@pytest.mark.parametrize("how,then", [("rename_away", "close"), ("delete", "restart"), ("rename_over", "burst")])
+@pytest.mark.parametrize(
+    "how,then", [("rename_away", "close"), ("delete", "restart"), ("rename_over", "burst"), ("identical", "restart")]
+)
 def test_a_segment_swapped_under_an_idle_or_failing_writer_loses_no_acknowledged_message(
     tmp_path: Path, how: str, then: str
 ) -> None:
@@ -190,6 +192,9 @@ def test_a_segment_swapped_under_an_idle_or_failing_writer_loses_no_acknowledged
         segment.write_bytes(older)
     elif how == "delete":
         os.remove(segment)
+    elif how == "identical":  # review 39 F2: its end is the store's, so only the copy tells
+        (tmp_path / "same").write_bytes(segment.read_bytes())
+        os.replace(tmp_path / "same", segment)
     else:
         (tmp_path / "older").write_bytes(older)
         os.replace(tmp_path / "older", segment)
@@ -197,12 +202,18 @@ def test_a_segment_swapped_under_an_idle_or_failing_writer_loses_no_acknowledged
         plan.arm("writer.after_append", 1)
         failed = store.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=["x"]))
         assert not failed.ok
+        deadline = time.monotonic() + 10  # the restarted writer answers, not "restarting"
+        while (not store.supervisor.restarts or store.supervisor.state.name != "RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert store.supervisor.restarts
     if then == "burst":  # 200 more: the first pass ends the orphan segment and rolls on
         futures = [store.put_async(mqstore.Message(topic="t", body=b"a" * 1000, keys=[f"a{i}"])) for i in range(200)]
         results = [(f"a{i}", future.result(timeout=30)) for i, future in enumerate(futures)]
     else:
         time.sleep(1.5 if then == "close" else 0)  # a tick of an idle store, or nothing
         results = [(f"a{i}", store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=[f"a{i}"]))) for i in range(30)]
+    if then == "restart":  # answered by the restarted writer, not refused as "restarting"
+        assert all("restarting" not in result.detail for _, result in results), results[:3]
     for key, result in results:
         if result.ok:  # acknowledged only outside the swapped segment
             assert result.commitlog_offset >= SEGMENT, (key, result)
@@ -247,3 +258,21 @@ def test_an_older_segment_replaced_while_idle_is_found_on_the_writers_tick(tmp_p
     with mqstore.open(store_dir, **settings) as reopened:
         served = _served(reopened)
         assert {key: served.get(key) for key in acked} == acked
+
+
+def test_a_store_opened_by_a_relative_path_keeps_its_files_when_the_host_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review 39 F3: after chdir() the writer took its own segment for a replaced one (puts
+    # refused, unclean close), and queue and index files were made under the new directory.
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    store = mqstore.open("store", mapped_file_size_commitlog_bytes=SEGMENT)
+    assert store.put(mqstore.Message(topic="t", body=b"b", keys=["b0"])).ok
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert store.put(mqstore.Message(topic="t", body=b"a", keys=["a0"])).ok
+    assert store.put(mqstore.Message(topic="u", body=b"a", keys=["a1"])).ok  # a new queue's files
+    assert store.close() is True
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    with mqstore.open(tmp_path / "store", mapped_file_size_commitlog_bytes=SEGMENT) as reopened:
+        assert sorted(_served(reopened)) == ["a0", "b0"]
