@@ -569,8 +569,9 @@ class CommitLog:
     def keep_replaced_segments(self, since: MappedFile | None = None) -> str | None:
         """If a segment written since `since` (the last one before a pass; None: every
         mapped segment) is no longer the file at its path (another process renamed a file
-        over it, renamed it away, or deleted it), save what the store wrote there to a new
-        file beside it and say so; None while all are ours. What is written into such a
+        over it, renamed it away, or deleted it; an older segment deleted does not count),
+        save what the store wrote there to a new file beside it and say so; None while all
+        are ours. What is written into such a
         segment reaches no file a directory holds, so the owner acknowledges no more puts."""
         files = self.mapped_file_queue.mapped_files
         if not files:
@@ -581,7 +582,11 @@ class CommitLog:
                 if files[i] is since:
                     start = i
                     break
-        replaced = [f for f in files[start:] if f.replaced()]
+        # Deleted counts for the segments written since `since` and the newest: what was
+        # acknowledged there is in no file. An older one deleted by hand (space freed, as
+        # operators do) is a hole the next open reports; replaced, it is saved too.
+        newest = files[-1]
+        replaced = [f for f in files[start:] if f.replaced(deleted_too=since is not None or f is newest)]
         if not replaced:
             return None
         said = []

@@ -59,7 +59,7 @@ class MappedRegion(Protocol):
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
     def cut_short(self) -> bool: ...
-    def replaced(self) -> bool: ...
+    def replaced(self, *, deleted_too: bool = True) -> bool: ...
     def save_copy(self, path: str, length: int) -> None: ...
 
 
@@ -401,7 +401,7 @@ class RealMappedRegion:
         now, and what is written there stays in memory): the file was cut under the map."""
         return self._cut_seen or mapguard.faults(self._guard) > 0
 
-    def replaced(self) -> bool:
+    def replaced(self, *, deleted_too: bool = True) -> bool:
         """Whether `path` no longer names the mapped file: another process renamed a file
         over it (rsync without --inplace, an atomic save), renamed it away or deleted it. What is written
         through this map then goes to a file no directory holds, lost at the next open.
@@ -416,6 +416,8 @@ class RealMappedRegion:
                 gone = (status.st_dev, status.st_ino) != self._identity
             except FileNotFoundError:
                 gone = True
+        if gone and not deleted_too and not os.path.lexists(self.path):
+            gone = False  # deleted, not replaced: the caller does not count that
         if gone:
             _record_cut(self.path)
         return gone
@@ -726,8 +728,9 @@ class SimulatedRegion:
     def cut_short(self) -> bool:
         return self._file.cut
 
-    def replaced(self) -> bool:
-        gone = self._fs._files.get(self.path) is not self._file
+    def replaced(self, *, deleted_too: bool = True) -> bool:
+        now = self._fs._files.get(self.path)
+        gone = now is not self._file and (deleted_too or now is not None)
         if gone:
             self._fs._replaced.add(self.path)
         return gone

@@ -453,9 +453,9 @@ class MappedFile:
         """The file lost pages under its map (storage/fs.py FileCutUnderMapError)."""
         return self._region is not None and self._region.cut_short()
 
-    def replaced(self) -> bool:
+    def replaced(self, *, deleted_too: bool = True) -> bool:
         """Its path names another file now, or none (storage/fs.py MappedRegion.replaced)."""
-        return self._region is not None and self._region.replaced()
+        return self._region is not None and self._region.replaced(deleted_too=deleted_too)
 
     def save_copy(self, path: str) -> None:
         """What readers may read of this file, from its map, to a new file `path`."""
