@@ -144,6 +144,22 @@ def test_a_segment_of_the_wrong_size_is_damaged(tmp_path: Path, capsys: pytest.C
     assert seg.name in err
 
 
+def test_a_leftover_store_copy_is_named_with_the_two_ways_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Review 39 F4: inspect said "healthy" (or named `mqstore recover`, which refuses) beside
+    # the copy a run saved of a segment another process replaced.
+    root = tmp_path / "s"
+    write_store(root, 100)
+    seg = sorted((root / "commitlog").iterdir())[0]
+    copy = Path(f"{seg}.store-copy")
+    copy.write_bytes(seg.read_bytes())
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    code, r, err = run(capsys, "inspect", str(root), "--json")
+    assert code == ExitCode.CORRUPT and r["verdict"] == "damaged"
+    found = [p for p in r["problems"] if p["kind"] == "store_copy"]
+    assert found and found[0]["file"] == copy.name and "moved over the segment" in found[0]["message"]
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # read-only
+
+
 def test_a_queue_unit_pointing_elsewhere_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "s"
     write_store(root, 60)
