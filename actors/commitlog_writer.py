@@ -341,7 +341,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             case Tick():
                 # Idle too, and every segment, not only those a pass wrote: a segment replaced
                 # between puts, or an older one, gets its copy saved now and the supervisor
-                # hears of it (an unclean close), not only at the next put (~0.7 us a segment).
+                # hears of it (an unclean close), not only at the next put (~2 us a segment).
                 self._check_segments_replaced(None)
                 self._tell_flush_the_end()
                 if self._reput_missed:
