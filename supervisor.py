@@ -68,7 +68,7 @@ from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
-from .storage.commitlog import STORE_COPY_SUFFIX
+from .storage.commitlog import STORE_COPY_SUFFIX, store_copies
 from .storage.recovery import (
     IndexRecovery,
     RecoveryMode,
@@ -178,9 +178,7 @@ def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:
     last run saved its own bytes of a segment another process replaced. Opened as it is, the
     store would give the acknowledged records only the copy holds' offsets to new puts; which
     file is the segment is the owner's choice, not the store's."""
-    if not fs.isdir(cfg.commitlog_dir):
-        return
-    copies = [name for name in fs.listdir(cfg.commitlog_dir) if STORE_COPY_SUFFIX in name]
+    copies = store_copies(fs, cfg.commitlog_dir)
     if copies:
         segment = copies[0].split(STORE_COPY_SUFFIX)[0]
         raise StoreDirectoryError(

@@ -40,7 +40,7 @@ from ..messages import (
 from ..config import ConfigError
 from ..faults import NO_FAULTS
 from ..storage import codec
-from ..storage.commitlog import STORE_COPY_SUFFIX, CommitLog, EncodedRecords, Quarantined
+from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
 from ..storage.fs import OS_PAGE_SIZE
 from ..storage.mapped_file import MappedFile, TransientStorePool
@@ -253,8 +253,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # The tail scan from the recovered end finds nothing: it places the write positions.
         end, _ = self._commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)
         self._recovered = recovered
-        copies = [n for n in self.ctx.fs.listdir(cfg.commitlog_dir) if STORE_COPY_SUFFIX in n]
-        if copies and self._mode is RecoveryMode.RESTART:
+        copies = store_copies(self.ctx.fs, cfg.commitlog_dir) if self._mode is RecoveryMode.RESTART else []
+        if copies:
             # The previous writer saved its copy of a segment another process replaced: the
             # file mapped now is not the store's, whatever its end (review 39 F2: restarted
             # before a tick, the refusal was undone and puts taken that moving the copy back,
@@ -459,7 +459,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         renamed one over it, or deleted it): the pass's bytes went to a file no directory
         holds, lost at the next open. None of its puts is answered stored, and no later put
         is taken; the store's copy of the segment is saved beside it (CommitLog
-        .keep_replaced_segment) and the close is unclean (the supervisor hears of it)."""
+        .keep_replaced_segments) and the close is unclean (the supervisor hears of it)."""
         if self._replaced is None and not self._check_segments_replaced(self._pass_first_file):
             return
         refusal = self._replaced

@@ -42,7 +42,7 @@ from mqstore.storage.codec import (
     store_timestamp_position,
 )
 from mqstore.storage import scan, speedups
-from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
+from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem, free_name
 from mqstore.storage.mapped_file import RESERVE_LOW_WATER_BYTES, DiskFullError, MappedFile, WriteBufferPool
 from mqstore.storage.mapped_file_queue import Allocator, MappedFileQueue
 from mqstore.storage.status import (
@@ -68,6 +68,14 @@ log = get_logger(__name__)
 # The store's own copy of a segment another process replaced while the store wrote it
 # (CommitLog.keep_replaced_segments): an open refuses while one is there.
 STORE_COPY_SUFFIX: Final = ".store-copy"
+
+
+def store_copies(fs: FileSystem, commitlog_dir: str) -> list[str]:
+    """Names of the `.store-copy` files in the commitlog directory, sorted: while one is
+    there, an open, `mqstore recover` and a restarted writer refuse, and `inspect` names it."""
+    if not fs.isdir(commitlog_dir):
+        return []
+    return sorted(name for name in fs.listdir(commitlog_dir) if STORE_COPY_SUFFIX in name)
 
 _II = struct.Struct(">ii")
 _I = struct.Struct(">i")
@@ -592,11 +600,7 @@ class CommitLog:
         said = []
         for mapped_file in replaced:
             name = mapped_file.file_name
-            kept = name + STORE_COPY_SUFFIX
-            n = 0
-            while self.fs.exists(kept):
-                n += 1
-                kept = f"{name}{STORE_COPY_SUFFIX}.{n}"
+            kept = free_name(self.fs.exists, name + STORE_COPY_SUFFIX)
             try:
                 mapped_file.save_copy(kept)
             except OSError as exc:

@@ -406,9 +406,10 @@ class RealMappedRegion:
         over it (rsync without --inplace, an atomic save), renamed it away or deleted it. What is written
         through this map then goes to a file no directory holds, lost at the next open.
         Recorded for cut_under_map() (the supervisor's log, stats, an unclean close)."""
-        if self._fd is not None:
+        if self._fd is not None and mapguard.available:
             # Renamed over, renamed away (logrotate's `create`), hard-linked then replaced, or
-            # deleted: the path no longer names our file. In C, no stat results built.
+            # deleted: the path no longer names our file. In C, no stat results built (the
+            # writer asks every pass).
             gone = not mapguard.same_file(self._fd, self._path_bytes)
         else:
             try:
@@ -499,7 +500,7 @@ def _guard(buf: mmap.mmap, path: str) -> int | None:
     return slot
 
 
-def _free_name(exists: Callable[[str], bool], wanted: str) -> str:
+def free_name(exists: Callable[[str], bool], wanted: str) -> str:
     """`wanted`, or `wanted.1`, `wanted.2`, ...: the first name not taken."""
     name, n = wanted, 0
     while exists(name):
@@ -628,7 +629,7 @@ class RealFileSystem:
     def set_aside(self, path: str, suffix: str) -> str:
         """Rename `path` to `path + suffix` (or `path + suffix + ".N"` if taken), never over
         another file; returns the new path. For a damaged file kept for a person to look at."""
-        target = _free_name(self.exists, path + suffix)
+        target = free_name(self.exists, path + suffix)
         os.rename(path, target)
         fsync_dir(os.path.dirname(os.path.abspath(path)))
         return target
@@ -966,7 +967,7 @@ class SimulatedFileSystem:
         path = os.path.normpath(path)
         self._check_fault("rename", path)
         with self._lock:
-            target = _free_name(lambda p: p in self._files or p in self._dirs, path + suffix)
+            target = free_name(lambda p: p in self._files or p in self._dirs, path + suffix)
             file = self._files.pop(path, None)
             if file is None:
                 raise FileNotFoundError(errno.ENOENT, "no such file", path)

@@ -11,7 +11,6 @@ compiler at install, as CI checks). Without it, `available` is False and the ope
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 from typing import Any
 
@@ -61,12 +60,7 @@ def reinstall() -> None:
 
 
 def same_file(fd: int, path: bytes) -> bool:
-    """Whether `path` still names the open file `fd` (and it has a name at all)."""
-    if _guard is not None:
-        return bool(_guard.same_file(fd, path))
-    mine = os.fstat(fd)
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        return False
-    return mine.st_nlink > 0 and (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
+    """Whether `path` still names the open file `fd` (and it has a name at all); only with
+    the extension (`available`): storage/fs.py compares the identities itself without it."""
+    assert _guard is not None
+    return bool(_guard.same_file(fd, path))

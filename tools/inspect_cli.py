@@ -43,7 +43,7 @@ from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
 from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import RealFileSystem
-from ..storage.commitlog import STORE_COPY_SUFFIX
+from ..storage.commitlog import STORE_COPY_SUFFIX, store_copies
 from ..storage.recovery import commitlog_gone
 from ..storage.index import index_file_size, read_index_header
 from ..storage.lockfiles import ABORT_FILE_NAME, LOCK_FILE_NAME
@@ -479,13 +479,12 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  f"but {gone}: the open and `mqstore recover` refuse it (a mount not up? "
                                  "store_path_commitlog as when it was written?)"))  # fmt: skip
         cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
-    if commitlog_dir.is_dir():
-        for name in sorted(n for n in os.listdir(commitlog_dir) if STORE_COPY_SUFFIX in n):
-            segment = name.split(STORE_COPY_SUFFIX)[0]
-            problems.append(_problem("store_copy", DAMAGED, f"{name} is the store's own copy of segment {segment}, "
-                                     "which another process replaced while the store wrote it: the open and `mqstore "
-                                     "recover` refuse until it is moved over the segment (to keep the store's "
-                                     "acknowledged messages) or deleted (to keep the other file)", file=name))  # fmt: skip
+    for name in store_copies(RealFileSystem(), str(commitlog_dir)):
+        segment = name.split(STORE_COPY_SUFFIX)[0]
+        problems.append(_problem("store_copy", DAMAGED, f"{name} is the store's own copy of segment {segment}, "
+                                 "which another process replaced while the store wrote it: the open and `mqstore "
+                                 "recover` refuse until it is moved over the segment (to keep the store's "
+                                 "acknowledged messages) or deleted (to keep the other file)", file=name))  # fmt: skip
     problems += cq_problems
     index, index_problems = _inspect_index(root, config, commitlog["max_offset"])
     problems += index_problems
