@@ -116,6 +116,39 @@ def _served(store: mqstore.MessageStore) -> dict[str, int]:
     return {m.keys or "": m.queue_offset for m in read_all(store, "t", 0)}
 
 
+# The child's settings (CHILD_ENV's), so `mqstore recover` and the open agree.
+SETTINGS: dict[str, Any] = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 20000,
+                            "max_hash_slot_num": 1000, "max_index_num": 4000}  # fmt: skip
+
+
+def _put_with_a_backup(store: mqstore.MessageStore, segment: Path, count: int) -> tuple[dict[str, int], bytes]:
+    """`count` keyed puts, all acknowledged ({key: queue offset}), and `segment`'s bytes as a
+    backup taken after the 50th."""
+    acked: dict[str, int] = {}
+    older = b""
+    for i in range(count):
+        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+        assert result.ok
+        acked[f"b{i}"] = result.queue_offset
+        if i == 49:
+            store.flush()
+            older = segment.read_bytes()
+    return acked, older
+
+
+def _rename_over(tmp_path: Path, data: bytes, segment: Path) -> None:
+    """As rsync without --inplace, or an atomic save: a new file renamed over `segment`."""
+    (tmp_path / "incoming").write_bytes(data)
+    os.replace(tmp_path / "incoming", segment)
+
+
+def _served_every_acknowledged(store_dir: Path, acked: dict[str, int]) -> dict[str, int]:
+    with mqstore.open(store_dir, **SETTINGS) as reopened:
+        served = _served(reopened)
+    assert {key: served.get(key) for key in acked} == acked
+    return served
+
+
 def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_orphan_and_keeps_the_stores_copy(
     tmp_path: Path,
 ) -> None:
@@ -123,20 +156,10 @@ def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_o
     # written: the store went on writing into the unlinked file, acknowledged every put, closed
     # clean, and the next open served the other file (100 acknowledged messages gone).
     store_dir = tmp_path / "store"
-    settings: dict[str, Any] = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 20000,
-                                "max_hash_slot_num": 1000, "max_index_num": 4000}  # CHILD_ENV's, for recover
-    store = mqstore.open(store_dir, **settings)
+    store = mqstore.open(store_dir, **SETTINGS)
     segment = store_dir / "commitlog" / f"{0:020d}"
-    acked: dict[str, int] = {}
-    for i in range(100):
-        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
-        assert result.ok
-        acked[f"b{i}"] = result.queue_offset
-        if i == 49:
-            store.flush()
-            older = segment.read_bytes()  # a backup taken halfway
-    (tmp_path / "older").write_bytes(older)
-    os.replace(tmp_path / "older", segment)
+    acked, older = _put_with_a_backup(store, segment, 100)
+    _rename_over(tmp_path, older, segment)
     refused = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"]))
     assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE
     assert "replaced, renamed away or deleted by another process" in refused.detail and ".store-copy" in refused.detail
@@ -147,19 +170,18 @@ def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_o
     copy = Path(f"{segment}.store-copy")
     assert copy.exists()
     with pytest.raises(mqstore.StoreDirectoryError, match="store's own copy"):
-        mqstore.open(store_dir, **settings)  # the store does not choose between the two files
+        mqstore.open(store_dir, **SETTINGS)  # the store does not choose between the two files
     # The owner first keeps the other file (the copy moved out of the store) and opens: the
     # queue holds filler units for what that file lacks. Then restores the store's copy: the
     # records' units replace the fillers.
     os.replace(copy, tmp_path / "kept-aside")
-    with mqstore.open(store_dir, **settings) as reopened:
+    with mqstore.open(store_dir, **SETTINGS) as reopened:
         assert _served(reopened).items() <= acked.items()
     os.replace(tmp_path / "kept-aside", segment)
-    with mqstore.open(store_dir, **settings) as reopened:
-        served = _served(reopened)
-        assert {key: served.get(key) for key in acked} == acked
-        # The refused put was written before the check that refused it: stored, not promised.
-        assert set(served) - set(acked) <= {"a0"}
+    served = _served_every_acknowledged(store_dir, acked)
+    # The refused put was written before the check that refused it: stored, not promised.
+    assert set(served) - set(acked) <= {"a0"}
+    with mqstore.open(store_dir, **SETTINGS) as reopened:
         assert reopened.put(mqstore.Message(topic="t", body=b"c")).ok
 
 
@@ -174,30 +196,19 @@ def test_a_segment_swapped_under_an_idle_or_failing_writer_loses_no_acknowledged
     # after the swap went on from the older file's end, over acknowledged records' offsets; a
     # burst that rolled into the next segment was checked only there.
     store_dir = tmp_path / "store"
-    settings: dict[str, Any] = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 20000,
-                                "max_hash_slot_num": 1000, "max_index_num": 4000}  # fmt: skip
     plan = mqstore.FaultPlan()
-    store = mqstore.open(store_dir, faults=plan, **settings)
+    store = mqstore.open(store_dir, faults=plan, **SETTINGS)
     segment = store_dir / "commitlog" / f"{0:020d}"
-    acked: dict[str, int] = {}
-    for i in range(100):
-        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
-        assert result.ok
-        acked[f"b{i}"] = result.queue_offset
-        if i == 49:
-            store.flush()
-            older = segment.read_bytes()
+    acked, older = _put_with_a_backup(store, segment, 100)
     if how == "rename_away":
         os.rename(segment, f"{segment}.1")
         segment.write_bytes(older)
     elif how == "delete":
         os.remove(segment)
     elif how == "identical":  # review 39 F2: its end is the store's, so only the copy tells
-        (tmp_path / "same").write_bytes(segment.read_bytes())
-        os.replace(tmp_path / "same", segment)
+        _rename_over(tmp_path, segment.read_bytes(), segment)
     else:
-        (tmp_path / "older").write_bytes(older)
-        os.replace(tmp_path / "older", segment)
+        _rename_over(tmp_path, older, segment)
     if then == "restart":
         plan.arm("writer.after_append", 1)
         failed = store.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=["x"]))
@@ -222,32 +233,20 @@ def test_a_segment_swapped_under_an_idle_or_failing_writer_loses_no_acknowledged
     copy = Path(f"{segment}.store-copy")
     assert copy.exists()
     with pytest.raises(mqstore.StoreDirectoryError, match="store's own copy"):
-        mqstore.open(store_dir, **settings)  # the owner chooses which file is the segment
+        mqstore.open(store_dir, **SETTINGS)  # the owner chooses which file is the segment
     os.replace(copy, segment)
-    with mqstore.open(store_dir, **settings) as reopened:
-        served = _served(reopened)
-        assert {key: served.get(key) for key in acked} == acked
+    _served_every_acknowledged(store_dir, acked)
 
 
 def test_an_older_segment_replaced_while_idle_is_found_on_the_writers_tick(tmp_path: Path) -> None:
     # Not the segment being written: the writer's tick checks every segment it maps, so the
     # store's copy is saved before the close instead of the next open serving the other file.
     store_dir = tmp_path / "store"
-    settings: dict[str, Any] = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 20000,
-                                "max_hash_slot_num": 1000, "max_index_num": 4000}  # fmt: skip
-    store = mqstore.open(store_dir, **settings)
+    store = mqstore.open(store_dir, **SETTINGS)
     first = store_dir / "commitlog" / f"{0:020d}"
-    acked: dict[str, int] = {}
-    for i in range(300):  # two segments
-        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
-        assert result.ok
-        acked[f"b{i}"] = result.queue_offset
-        if i == 49:
-            store.flush()
-            older = first.read_bytes()
+    acked, older = _put_with_a_backup(store, first, 300)  # two segments
     assert store.stats()["commitlog_max_offset"] > SEGMENT
-    (tmp_path / "older").write_bytes(older)
-    os.replace(tmp_path / "older", first)
+    _rename_over(tmp_path, older, first)
     deadline = time.monotonic() + 10
     while not Path(f"{first}.store-copy").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -255,9 +254,7 @@ def test_an_older_segment_replaced_while_idle_is_found_on_the_writers_tick(tmp_p
     assert not store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"])).ok
     assert store.close() is False
     os.replace(f"{first}.store-copy", first)
-    with mqstore.open(store_dir, **settings) as reopened:
-        served = _served(reopened)
-        assert {key: served.get(key) for key in acked} == acked
+    _served_every_acknowledged(store_dir, acked)
 
 
 def test_a_store_opened_by_a_relative_path_keeps_its_files_when_the_host_changes_directory(
