@@ -1147,15 +1147,19 @@ def _recover_index(
         files = service.files
         lost = _first_lost_index_file(progress, files, min_offset)
         if lost is not None:
+            lost_name, why_lost = lost
             # Its keys are rebuilt in order: files written after it go too (an older message's
-            # entry after newer ones would move a file's endPhyOffset back).
-            later = [f for f in files if f.name > lost]
+            # entry after newer ones would move a file's endPhyOffset back), and it too if it
+            # is an older copy (the rebuild writes every key it had).
+            later = [f for f in files if f.name >= lost_name]
             for f in later:
-                reasons.append(f"{f.name}: after {lost}, which is gone (the index progress lists it)")
+                reasons.append(f"{f.name}: {why_lost}" if f.name == lost_name else
+                               f"{f.name}: after {lost_name}, which {why_lost}")  # fmt: skip
                 f.destroy()
             del files[len(files) - len(later):]
             dropped += len(later)
-            log.warning("an index file is gone; re-dispatch rebuilds it", file=lost, dropped_after=len(later))
+            log.warning("an index file is gone or went back; re-dispatch rebuilds it", file=lost_name, why=why_lost,
+                        dropped=len(later))  # fmt: skip
         for i, f in enumerate(files):
             why = _index_file_unsafe(fs, f, last_exit_ok=last_exit_ok, last=i == len(files) - 1)
             if why is None:
@@ -1214,14 +1218,26 @@ def _recover_index(
         service.close()
 
 
-def _first_lost_index_file(progress: IndexProgress | None, files: Sequence[IndexFile], min_offset: int) -> str | None:
-    """The oldest file the progress lists that is gone though messages it indexed are still in
-    the log (one whose endPhyOffset is below the log's min offset was expired by the cleaner)."""
+def _first_lost_index_file(
+    progress: IndexProgress | None, files: Sequence[IndexFile], min_offset: int
+) -> tuple[str, str] | None:
+    """The oldest file the progress lists whose keys are not all in the files now, and why:
+    gone though messages it indexed are still in the log (one whose endPhyOffset is below the
+    log's min offset was expired by the cleaner), or there with a header ending below the
+    endPhyOffset the progress recorded for it: an older copy of the file put in its place (a
+    restore from a backup, or a copy renamed over it while the index wrote into the file it
+    had open). A header only moves forward and the progress is written after the files are
+    flushed; only a recovery moves one back, and it writes the progress after."""
     if progress is None:
         return None
-    present = {f.name for f in files}
-    return next((name for name, end_phy in sorted(progress.files) if name not in present and end_phy >= min_offset),
-                None)  # fmt: skip
+    ends = {f.name: f.end_phy_offset for f in files}
+    for name, end_phy in sorted(progress.files):
+        now = ends.get(name)
+        if now is None and end_phy >= min_offset:
+            return name, "is gone (the index progress lists it)"
+        if now is not None and now < end_phy:
+            return name, f"ends at {now}, below the {end_phy} the index progress recorded (an older copy)"
+    return None
 
 
 def _index_file_unsafe(fs: FileSystem, f: IndexFile, *, last_exit_ok: bool, last: bool) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,32 @@ def test_keys_in_an_index_file_deleted_by_hand_are_rebuilt(tmp_path: Path) -> No
         p.unlink()
     with mqstore.open(root, **SETTINGS) as store:
         assert _keys_found(store, range(N)) == []
+
+
+@pytest.mark.parametrize("while_open", [False, True], ids=["restored_while_closed", "renamed_over_while_open"])
+def test_an_index_file_replaced_by_an_older_copy_of_itself_is_rebuilt(tmp_path: Path, while_open: bool) -> None:
+    """The newest index file replaced by a copy taken before its last keys (a restore from a
+    backup while the store was closed, or a copy renamed over it while the index actor wrote
+    into the file it had open): the file holds together, and a clean open took it as it was,
+    so those keys were never found again. The progress recorded the file's endPhyOffset, so
+    the open sees it went back, and rebuilds its keys from the file before it."""
+    root = tmp_path / "s"
+    backup = tmp_path / "backup"
+    with mqstore.open(root, **SETTINGS) as store:
+        _put_keyed(store, 0, 20)  # one full file and the newest with a few keys
+        store.flush()
+        newest = sorted((root / "index").iterdir())[-1]
+        backup.write_bytes(newest.read_bytes())
+        _put_keyed(store, 20, 25)  # more keys in that same newest file
+        assert sorted((root / "index").iterdir())[-1] == newest
+        if while_open:
+            os.replace(backup, newest)
+            _put_keyed(store, 25, 28)
+    if not while_open:
+        os.replace(backup, newest)
+    end = 28 if while_open else 25
+    with mqstore.open(root, **SETTINGS) as store:
+        assert _keys_found(store, range(end)) == []
 
 
 def test_a_lost_tail_that_only_held_the_first_keys_does_not_re_dispatch_the_whole_log(tmp_path: Path) -> None:
