@@ -64,16 +64,11 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         self._checkpoint = StoreCheckpoint(self.ctx.fs, self.config.checkpoint_path)
         known = self._checkpoint.physic_flushed_offset
         if known is not None and known > self._max_offset:
-            segment = (known - 1) - (known - 1) % self._segment_size
-            path = os.path.join(self.config.commitlog_dir, segment_file_name(segment))
-            if self.ctx.fs.exists(path) and self.ctx.fs.getsize(path) == self._segment_size:
-                # Recovery cut the log below it: what is written there next is not durable yet.
-                self._checkpoint.physic_flushed_offset = self._max_offset or None
-            else:
-                # Its segment was deleted or cut short: the writer stays degraded until
-                # `mqstore recover`, and this offset is what tells the next open so; kept as it
-                # is until then (lowered, a restored segment's records would be a torn tail).
-                self._tail_missing = True
+            # The log ends below what was flushed (its segment deleted, cut short, or replaced
+            # by an older copy of itself; recovery never cuts below it): the writer stays
+            # degraded until `mqstore recover`, and this offset is what tells the next open so;
+            # kept as it is until then (lowered, the lost records would pass for a torn tail).
+            self._tail_missing = True
 
     def release(self) -> None:
         for region in self._regions.values():

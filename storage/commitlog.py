@@ -356,6 +356,11 @@ class CommitLog:
         # A wrong-sized file below the first loaded one is no hole between files, but damage all the same.
         what = [f"holes at offsets {', '.join(f'{a + self.short_valid_ends.get(a, 0)}..{b}' for a, b in holes)}"] if holes else []
         what += [f"wrong-sized segments: {', '.join(damaged)}"] if damaged else []
+        short = self.mapped_file_queue.records_end_below_expected
+        if short is not None and any(a == short for a, _ in holes):
+            return (f"commitlog has {'; '.join(what)}: its records end at {short}, below "
+                    f"{self.mapped_file_queue.expected_end} where it was flushed (a segment replaced by an older copy "
+                    "of itself?); put that segment back, or run `mqstore recover` to give up the rest")  # fmt: skip
         return f"commitlog has {'; '.join(what)}; run `mqstore recover` to make it whole"
 
     # put path (§6.4, §6.7) ------------------------------------------------------------------
@@ -1089,7 +1094,11 @@ class CommitLog:
         self._fast_file = None
         queue = self.mapped_file_queue
         queue.flushed_where = queue.committed_where = process_offset
-        queue.truncate_dirty_files(process_offset, self.zero_tail_bytes)
+        # A blank record ends the last segment: nothing was written after it (the writer went on
+        # in a next segment, or `mqstore recover` ended a rolled-back segment there); it stays,
+        # so the writer goes on in the next segment, never over the offsets it gave up.
+        ended = self._scan_ended_on_blank
+        queue.truncate_dirty_files(process_offset, 0 if ended else self.zero_tail_bytes, segment_ended=ended)
         log.info("commitlog recovered", max_offset=process_offset,
                  consume_queue_past_end=max_phy_offset_of_consume_queue >= process_offset)  # fmt: skip
 

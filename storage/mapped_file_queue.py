@@ -66,6 +66,10 @@ class MappedFileQueue:
         # Data is known to have reached this offset (the commitlog: the checkpoint's flushed
         # offset); segments missing below it after the last file are a hole, not an end.
         self.expected_end = 0
+        # Where recovery found the records end when that is below `expected_end` inside the
+        # files (a segment rolled back to an older copy of itself): [it, expected_end) is a
+        # hole, never an end new records would be appended at (see truncate_dirty_files).
+        self.records_end_below_expected: int | None = None
 
     def raise_if_cut(self) -> None:
         """FileCutUnderMapError naming the first of these files that lost pages under its map
@@ -135,8 +139,12 @@ class MappedFileQueue:
             start = int(name[:20])
             if start >= end:
                 found.append((start, start + size))
-        missing = self.missing_tail(after=max([end, *(stop for _, stop in found)]))
-        if missing is not None:
+        after = max([end, *(stop for _, stop in found)])
+        missing = self.missing_tail(after=after)
+        short = self.records_end_below_expected
+        if short is not None and not found:
+            found.append((short, missing[1] if missing is not None else self.expected_end))
+        elif missing is not None:
             found.append(missing)
         return found
 
@@ -281,11 +289,27 @@ class MappedFileQueue:
         return mapped_file.last_io_error if mapped_file is not None else None
 
     # truncation --------------------------------------------------------------------------
-    def truncate_dirty_files(self, offset: int, zero_bytes: int | None = None) -> None:
+    def truncate_dirty_files(self, offset: int, zero_bytes: int | None = None, *, segment_ended: bool = False) -> None:
         """Forget everything at and after `offset`: lower positions, zero the tail, delete
         later files (§4.9, zeroing per §11.7). `zero_bytes` bounds the zeroing (None: to
-        the end of the file; 0: none, when the caller knows the tail is clean)."""
+        the end of the file; 0: none, when the caller knows the tail is clean).
+        `segment_ended`: a blank record at `offset` ends its segment (the log goes on at the
+        next one)."""
         now_ms = self.clock_ms()
+        # Records end below where data was known to reach (the checkpoint's flushed offset, or
+        # where readers read before a restart): what lies past them was durable, so it is not
+        # a torn tail to cut but a hole (a segment replaced by an older copy of itself, or
+        # damaged): nothing past it is zeroed or deleted, and it is never appended over (the
+        # store opens degraded until `mqstore recover`). A broker's checkpoint has no flushed
+        # offset: its tail is cut as RocketMQ cuts it.
+        records_end = offset + (-offset) % self.mapped_file_size if segment_ended else offset
+        below_expected = records_end < self.expected_end
+        if below_expected:
+            zero_bytes = 0
+        if below_expected and not segment_ended:  # (ended: the segments after it are missing, `holes`)
+            self.records_end_below_expected = offset
+            log.error("the commitlog's records end below where it was flushed; what follows is kept as a hole",
+                      records_end=offset, flushed_to=self.expected_end)  # fmt: skip
         keep: list[MappedFile] = []
         for mapped_file in self.mapped_files:
             tail = mapped_file.file_from_offset + self.mapped_file_size
@@ -297,6 +321,8 @@ class MappedFileQueue:
                 if zero_bytes is None or zero_bytes > 0:
                     mapped_file.zero_from(position, None if zero_bytes is None else position + zero_bytes)
                 keep.append(mapped_file)
+            elif below_expected and mapped_file.file_from_offset < self.expected_end:
+                mapped_file.shutdown(0, now_ms)  # left out of the log, on disk as it is
             else:
                 if not mapped_file.destroy(TRUNCATE_DESTROY_INTERVAL_MS, now_ms):
                     log.warning("dirty segment not deleted yet", path=mapped_file.file_name)

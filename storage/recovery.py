@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..config import StoreConfig
@@ -378,9 +378,44 @@ def recover_commitlog(
             log.info("recovery removed unwritten commitlog segments past the end", max_offset=end,
                      removed_files=recovered.removed_commitlog_files)  # fmt: skip
         commitlog.flush(0)
+        short_end = commitlog.mapped_file_queue.records_end_below_expected
     finally:
         commitlog.shutdown()
+    if repair_holes and short_end is not None:
+        # The records end below what was flushed, inside a whole segment (an older copy of it
+        # put in its place): `recover` accepts the loss. The segment is ended there with the
+        # blank record that ends a segment, so the log goes on in the next one (or past it)
+        # and no lost record's offset is ever given to a new one; then recovery runs again.
+        lost_range, done = _end_segment_at(cfg, fs, short_end)
+        again = recover_commitlog(cfg, fs, mode=mode, checkpoint=checkpoint, clock_ms=clock_ms, progress=progress,
+                                  repair_holes=True, known_end=known_end)  # fmt: skip
+        again.lost_ranges[:0] = [lost_range]
+        again.filled_commitlog_files[:0] = [done]
+        again.facts = replace(again.facts, lost_ranges=tuple(again.lost_ranges))
+        return again
     return recovered
+
+
+def _end_segment_at(cfg: StoreConfig, fs: FileSystem, offset: int) -> tuple[tuple[int, int], str]:
+    """Write the blank record that ends a segment at `offset` (for `mqstore recover`): the
+    segment's bytes from there are given up. Returns the lost range and what was done."""
+    size = cfg.mapped_file_size_commitlog_bytes
+    start = offset - offset % size
+    keep = offset - start
+    name = codec.segment_file_name(start)
+    region = fs.map_file(os.path.join(cfg.commitlog_dir, name), size, create=False)
+    try:
+        # (`unwritten_from`: the segment's records below `keep` are left as they are.)
+        if not region.reserve(keep + codec.END_FILE_MIN_BLANK_LENGTH, unwritten_from=keep):
+            raise DiskFullError(f"no disk space to end the commitlog segment {name} at {offset}")
+        region.buf[keep : keep + codec.END_FILE_MIN_BLANK_LENGTH] = codec.blank_record_header(size - keep)
+        region.flush()
+    finally:
+        region.close()
+    log.error("commitlog segment ended where its records end below the flushed offset; the rest is lost",
+              file=name, lost_from=offset, lost_to=start + size)  # fmt: skip
+    return (offset, start + size), (f"{name}: its records end at {offset}, below where the log was flushed: "
+                                    f"ended there, {offset}..{start + size} lost")  # fmt: skip
 
 
 def recover_index(

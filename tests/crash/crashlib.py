@@ -8,12 +8,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import mqstore
+from mqstore.storage.checkpoint import StoreCheckpoint
+from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.status import GetMessageStatus
 from mqstore.tools.verify import verify_store
 
 TOPIC = "crash"
 QUEUES = 4
 PRODUCER = os.path.join(os.path.dirname(__file__), "producer.py")
+
+
+def flushed_only_to(store_dir: str | os.PathLike[str], offset: int) -> None:
+    """The checkpoint as a power loss leaves it when the records from `offset` on were not
+    flushed yet: its flushed offset there. Records lost below a flushed offset are not a torn
+    tail but durable data gone: the store opens degraded on them (until `mqstore recover`)."""
+    checkpoint = StoreCheckpoint(RealFileSystem(), os.path.join(os.fspath(store_dir), "checkpoint"))
+    try:
+        checkpoint.physic_flushed_offset = offset
+        checkpoint.flush()
+    finally:
+        checkpoint.close()
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Queue offsets handed out are never handed out again. Records lost at the log's end (a power
-loss that wrote the queue's units or the ledger back but not the records, a lost tail that
+loss that wrote the queue's units or the ledger back but not the records, not yet flushed; a lost tail that
 `mqstore recover` accepted) leave their queue offsets taken: the next put of the queue
 continues after them, and filler units fill the gap. Before, the next put took the first lost
 offset, and a consumer that had read the lost record (its offset committed past it) skipped
@@ -18,6 +18,8 @@ from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
 from mqstore.storage.recovery import recover_store
 from mqstore.tools.verify import verify_store
+
+from .crashlib import flushed_only_to
 
 SETTINGS = dict(mapped_file_size_commitlog_bytes=1 << 20, mapped_file_size_consume_queue_bytes=20 * 50)
 N, KEPT = 120, 100
@@ -46,6 +48,7 @@ def test_records_lost_at_the_logs_end_keep_their_queue_offsets(tmp_path: Path, a
     with open(segment, "r+b") as f:
         f.seek(offsets[KEPT])
         f.write(b"\0" * (offsets[-1] + 256 - offsets[KEPT]))
+    flushed_only_to(root, offsets[KEPT])
     if not ledger:  # then the queue's own units are the only evidence
         (root / "queue_ledger.msgpack").unlink()
     if aborted:
@@ -95,6 +98,7 @@ def _lose_tail(root: Path) -> None:
     with open(root / "commitlog" / ("%020d" % 0), "r+b") as f:
         f.seek(offsets[KEPT])
         f.write(b"\0" * (offsets[-1] + 256 - offsets[KEPT]))
+    flushed_only_to(root, offsets[KEPT])
 
 
 @pytest.mark.parametrize("ledger", ["none", "stale"])
@@ -233,6 +237,7 @@ def test_keys_of_kept_messages_are_found_after_the_index_files_went(
         with open(root / "commitlog" / ("%020d" % 0), "r+b") as f:
             f.seek(offsets[KEPT])
             f.write(b"\0" * (offsets[-1] + 256 - offsets[KEPT]))
+        flushed_only_to(root, offsets[KEPT])
         monkeypatch.setattr(IndexFile, "truncate_entries_from", lambda self, phy_offset: False)
     with mqstore.open(root, **SETTINGS) as store:
         for i in (0, 57, KEPT - 1):

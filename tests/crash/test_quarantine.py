@@ -13,6 +13,8 @@ from mqstore.storage import consume_queue
 from mqstore.storage.status import GetMessageStatus
 from mqstore.tools.verify import verify_store
 
+from .crashlib import flushed_only_to
+
 SEG = 64 * 1024
 SETTINGS: dict[str, Any] = dict(mapped_file_size_commitlog_bytes=SEG, mapped_file_size_consume_queue_bytes=20 * 200)
 TOPIC = "q"
@@ -107,6 +109,7 @@ def test_a_torn_tail_is_still_cut(tmp_path: object) -> None:
     store_dir = os.path.join(str(tmp_path), "s")
     offsets = _fill(store_dir, 50)
     _flip_body_byte(store_dir, offsets[49], _body(49))
+    flushed_only_to(store_dir, offsets[49])  # torn by a power loss before its flush
     open(os.path.join(store_dir, "abort"), "w").close()
     with mqstore.open(store_dir, **SETTINGS) as store:
         rec = store.supervisor.recovery
@@ -302,6 +305,84 @@ def test_deleted_last_segments_are_a_hole_until_recover_and_their_offsets_are_no
             at = got.next_begin_offset
         assert seen == [b"new"], (seen, got)
     assert verify_store(store_dir, config=mqstore.StoreConfig(**SMALL)).ok
+
+
+def _roll_back_the_last_segment(store_dir: str, aborted: bool) -> tuple[list[int], list[int], bytes]:
+    """200 messages in the first segment; then the segment replaced by a copy of itself taken
+    after the first 100 (a restore of one file, a sync tool that went backwards). Returns the
+    offsets of the first and of the second 100, and the segment's own bytes."""
+    before = _fill(store_dir, 100)
+    segment = os.path.join(store_dir, "commitlog", "%020d" % 0)
+    with open(segment, "rb") as f:
+        older_copy = f.read()
+    after = _fill_from(store_dir, 100, 200)
+    with open(segment, "rb") as f:
+        own = f.read()
+    if aborted:
+        open(os.path.join(store_dir, "abort"), "w").close()
+    with open(segment, "r+b") as f:
+        f.write(older_copy)
+    return before, after, own
+
+
+def _fill_from(store_dir: str, lo: int, hi: int) -> list[int]:
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        return [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"])).commitlog_offset
+                for i in range(lo, hi)]  # fmt: skip
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+def test_a_segment_rolled_back_to_an_older_copy_is_a_hole_and_whole_again_once_put_back(
+    tmp_path: object, aborted: bool
+) -> None:
+    """The records end below the checkpoint's flushed offset inside a whole segment. Before, the
+    open took that for the log's end, after a clean stop as after a crash: the queues' units
+    past it were cut and the next put was stored at the first lost record's commitlog offset
+    (its msgId), silently. Now the store opens degraded: reads served, puts refused naming the
+    cause, no byte changed; with the segment back, every acknowledged message is served."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    before, after, own = _roll_back_the_last_segment(store_dir, aborted)
+    segment = os.path.join(store_dir, "commitlog", "%020d" % 0)
+    for _ in range(2):  # the next open is degraded too: nothing was cut
+        with mqstore.open(store_dir, **SETTINGS) as store:
+            assert _all_bodies_skipping(store) == {i: _body(i) for i in range(100)}
+            # After a crash the queue is rebuilt from the log, which ends at the hole.
+            assert store.max_offset(TOPIC, 0) == (100 if aborted else 200)
+            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+            assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
+            assert f"records end at {after[0]}" in r.detail and "put that segment back" in r.detail, r.detail
+    with open(segment, "r+b") as f:
+        f.write(own)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        assert _all_bodies_skipping(store) == {i: _body(i) for i in range(200)}
+        assert [m.body for m in store.query(TOPIC, "k150").messages] == [_body(150)]
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 200, r
+        assert r.commitlog_offset > after[-1]
+    assert verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS)).ok
+
+
+def test_recover_gives_up_the_rest_of_a_rolled_back_segment_and_reuses_no_offset(tmp_path: object) -> None:
+    """`mqstore recover` accepts the loss: the segment is ended where its records end (the blank
+    record that ends a segment), the lost range and the queue's taken offsets are reported, and
+    the next put goes to the next segment, at the next queue offset: no lost record's commitlog
+    offset (msgId) or queue offset is given to a new one."""
+    import json
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    before, after, _ = _roll_back_the_last_segment(store_dir, aborted=False)
+    done = _mqstore("recover", "--no-progress", "--json", store_dir)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
+    report = json.loads(done.stdout)
+    assert report["lost_ranges"] == [[after[0], SEG]], report
+    assert report["reserved_queue_offsets"] == {f"{TOPIC}-0": 200}, report
+    for n in range(2):  # and so it stays
+        with mqstore.open(store_dir, **SETTINGS) as store:
+            assert _all_bodies_skipping(store) == {i: _body(i) for i in range(100)} | {200 + i: b"new" for i in range(n)}
+            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+            assert r.status is mqstore.PutMessageStatus.PUT_OK, r
+            assert r.commitlog_offset >= SEG and r.queue_offset == 200 + n, r
+    assert verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS)).ok
 
 
 @pytest.mark.parametrize("aborted", [False, True])
