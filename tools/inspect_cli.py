@@ -171,7 +171,8 @@ def _inspect_commitlog(
     every message (None when there are too many to remember); the problems found."""
     problems: list[dict[str, Any]] = []
     out: dict[str, Any] = {"dir": str(directory), "segment_size": None, "segments": [], "min_offset": -1,
-                           "max_offset": -1, "messages": 0, "bytes": 0, "topics": {}}  # fmt: skip
+                           "max_offset": -1, "records_reach": -1, "messages": 0, "bytes": 0,
+                           "topics": {}}  # fmt: skip
     if not directory.is_dir():
         return out, {}, problems
     files, segment_size = segment_layout(directory, segment_size)
@@ -205,6 +206,7 @@ def _inspect_commitlog(
     topics: dict[str, dict[str, int]] = defaultdict(lambda: {"messages": 0, "bytes": 0})
     corrupt: list[tuple[int, int, str]] = []  # (segment start, offset, reason)
     last_data_end = out["min_offset"]
+    reach = last_data_end  # the records' end, or past a blank record that ends their segment
     data_after_end: list[int] = []
     ended_in: int | None = None
     for read in scan_commitlog_dir(str(directory), check_crc=check_crc, read_body=check_crc, segment_size=segment_size,
@@ -223,6 +225,7 @@ def _inspect_commitlog(
             out["messages"] += 1
             out["bytes"] += read.size
             last_data_end = read.offset + read.size
+            reach = max(reach, last_data_end)
             if remembered is not None:
                 if len(remembered) >= MAX_CROSS_CHECKED_MESSAGES:
                     remembered = None
@@ -231,6 +234,8 @@ def _inspect_commitlog(
         elif read.kind is RecordKind.BLANK:
             seg["end"] = "blank"
             seg["used_bytes"] = read.offset - seg["start_offset"]
+            if read.offset >= reach:
+                reach = seg["start_offset"] + segment_size
         elif read.kind is RecordKind.END_OF_DATA:
             seg["end"] = "end_of_data"
             seg["used_bytes"] = read.offset - seg["start_offset"]
@@ -242,6 +247,7 @@ def _inspect_commitlog(
             if ended_in is None:
                 ended_in = seg["start_offset"]
     out["max_offset"] = last_data_end
+    out["records_reach"] = reach
     out["topics"] = {t: topics[t] for t in sorted(topics)}
     for seg_start, offset, reason in corrupt:
         path = directory / segments[seg_start]["file"]
@@ -430,6 +436,7 @@ def _inspect_checkpoint(root: Path) -> tuple[dict[str, Any] | None, list[dict[st
         "index_msg_timestamp": v.index_msg_timestamp, "index_msg_time": _iso(v.index_msg_timestamp),
         "min_timestamp": v.min_timestamp(), "min_timestamp_index": v.min_timestamp_index(),
         "master_flushed_offset": v.master_flushed_offset, "confirm_phy_offset": v.confirm_phy_offset,
+        "physic_flushed_offset": v.physic_flushed_offset,
     }  # fmt: skip
     return out, problems
 
@@ -485,10 +492,21 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  "which another process replaced while the store wrote it: the open and `mqstore "
                                  "recover` refuse until it is moved over the segment (to keep the store's "
                                  "acknowledged messages) or deleted (to keep the other file)", file=name))  # fmt: skip
+    checkpoint, cp_problems = _inspect_checkpoint(root)
+    flushed = checkpoint["physic_flushed_offset"] if checkpoint is not None else None
+    if gone is None and flushed is not None and commitlog["segment_size"] and flushed > commitlog["records_reach"]:
+        # Durable records gone (mqstore's flushed offset; a broker's checkpoint has none): the
+        # open keeps the units into them and refuses puts; it does not truncate (storage.recovery).
+        problems.append(_problem("commitlog_below_flushed", DAMAGED,
+                                 f"the commitlog's records end at {commitlog['records_reach']}, below {flushed} where "
+                                 "the checkpoint says it was flushed: records made durable are not in the files (a "
+                                 "segment replaced by an older copy of itself, cut short or deleted). The open serves "
+                                 "what is there and refuses puts until the segment is back, or `mqstore recover` "
+                                 "gives up the rest", commitlog_offset=commitlog["records_reach"]))  # fmt: skip
+        cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     problems += cq_problems
     index, index_problems = _inspect_index(root, config, commitlog["max_offset"])
     problems += index_problems
-    checkpoint, cp_problems = _inspect_checkpoint(root)
     problems += cp_problems
     if lock["abort_file"] and not lock["held"]:
         problems.append(_problem("abort_file", NEEDS_RECOVERY, "the abort file is present: the last run did not stop "

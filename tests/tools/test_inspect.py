@@ -10,6 +10,7 @@ import pytest
 
 import mqstore
 from mqstore.cli import ExitCode, main
+from mqstore.tests.crash.crashlib import flushed_only_to
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict | str, str]:
@@ -181,10 +182,40 @@ def test_a_truncated_log_with_queues_ahead_needs_recovery(tmp_path: Path, capsys
     end = data.index(b"BODY-000050-") - 200  # zero the last records, as if never flushed
     data[end:] = bytes(len(data) - end)
     seg.write_bytes(bytes(data))
+    starts, at = [], 0  # the records' starts: the flushed offset lies between two records
+    while at < end:
+        starts.append(at)
+        at += int.from_bytes(data[at : at + 4], "big")
+    flushed_only_to(root, starts[-1])  # the zeroed records were never flushed
     (root / "abort").write_bytes(b"")
     code, r, _ = run(capsys, "inspect", str(root), "--json")
     assert code == 0 and r["verdict"] == "needs recovery"
     assert any(p["kind"] == "cq_past_log_end" for p in r["problems"])
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+def test_records_ending_below_the_flushed_offset_are_damage_not_a_torn_tail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], aborted: bool
+) -> None:
+    # The same zeroed records, but flushed: a segment replaced by an older copy of itself. The
+    # open no longer cuts the queues back for it (it refuses puts): inspect said "needs
+    # recovery (recovery truncates them)", or healthy after a clean stop.
+    root = tmp_path / "s"
+    write_store(root, 60)
+    seg = root / "commitlog" / "00000000000000000000"
+    data = bytearray(seg.read_bytes())
+    end = data.index(b"BODY-000050-") - 200
+    data[end:] = bytes(len(data) - end)
+    seg.write_bytes(bytes(data))
+    if aborted:
+        (root / "abort").write_bytes(b"")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert code == ExitCode.CORRUPT and r["verdict"] == "damaged"
+    found = [p for p in r["problems"] if p["kind"] == "commitlog_below_flushed"]
+    assert found and "mqstore recover" in found[0]["message"], r["problems"]
+    assert not any(p["kind"] == "cq_past_log_end" for p in r["problems"])
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # read-only
 
 
 def test_missing_or_empty_directory_exits_5(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
