@@ -890,6 +890,12 @@ class Supervisor:
             if stuck is not None:
                 self.log.warning("dispatch did not catch up before shutdown", behind=writer.max_offset - stuck)
                 clean = False
+            if self._mode is RecoveryMode.CRASH and self._ask("writer", GetLogFacts(), timeout=STOP_TIMEOUT_S).holes:
+                # Crash recovery rebuilt the queues only as far as the hole: the records past
+                # it (a segment put back) are re-dispatched by the next open only if it too
+                # recovers as after a crash. Kept until `mqstore recover` or the segments back.
+                self.log.warning("opened after a crash on a commitlog with holes; the next open recovers as after a crash")
+                clean = False
             for name in ("consume_queue", "index", "flush"):
                 if name in self.ctx.peers:
                     future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()

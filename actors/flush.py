@@ -134,6 +134,11 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             crosses_segment and self._max_offset > self._flushed
         ):
             self._flush_to(self._max_offset)
+            if least_pages == 0:
+                # The flushed offset on disk is what tells the next open after a crash that
+                # records below it were durable (records ending below it are a hole, never a
+                # torn tail to cut): written every thorough flush, not only every CQ one (60 s).
+                self._write_checkpoint()
 
     # group commit (§7.3) -----------------------------------------------------------------
     def _group_commit(self) -> None:

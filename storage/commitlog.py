@@ -360,7 +360,8 @@ class CommitLog:
         if short is not None and any(a == short for a, _ in holes):
             return (f"commitlog has {'; '.join(what)}: its records end at {short}, below "
                     f"{self.mapped_file_queue.expected_end} where it was flushed (a segment replaced by an older copy "
-                    "of itself?); put that segment back, or run `mqstore recover` to give up the rest")  # fmt: skip
+                    "of itself, or a damaged record); put that segment back, or run `mqstore recover` to give up the "
+                    "rest")  # fmt: skip
         return f"commitlog has {'; '.join(what)}; run `mqstore recover` to make it whole"
 
     # put path (§6.4, §6.7) ------------------------------------------------------------------
@@ -662,7 +663,14 @@ class CommitLog:
         saved_crc = self.check_crc_on_recover
         self.check_crc_on_recover = check_crc
         try:
-            end = self._scan_for_recovery(index, seen, None, start_pos=pos)
+            # Recovery's end below the flushed offset is a hole (truncate_dirty_files): the
+            # records after it are not taken back by a scan that trusts more than it did
+            # (no CRC, no flushed-offset bound).
+            if scan_from < queue.expected_end and not self._blank_record_at(scan_from):
+                self._scan_ended_on_blank = False
+                end = scan_from
+            else:
+                end = self._scan_for_recovery(index, seen, None, start_pos=pos)
         finally:
             self.check_crc_on_recover = saved_crc
         if self._scan_ended_on_blank:
@@ -677,6 +685,14 @@ class CommitLog:
         if last is not None and store_ts:
             last.store_timestamp = store_ts
         return end, topic_queue_table
+
+    def _blank_record_at(self, offset: int) -> bool:
+        """Whether the blank record that ends a segment lies at `offset` (in a loaded file)."""
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        pos = offset % self.mapped_file_size
+        if mapped_file is None or pos + _II.size > self.mapped_file_size:
+            return False
+        return bool(_II.unpack_from(mapped_file.mapped_buffer, pos)[1] == BLANK_MAGIC_CODE)
 
     def close(self) -> None:
         """Unmap every segment (the files stay)."""

@@ -289,6 +289,12 @@ class MappedFileQueue:
         return mapped_file.last_io_error if mapped_file is not None else None
 
     # truncation --------------------------------------------------------------------------
+    def ends_below_expected(self, offset: int, *, segment_ended: bool = False) -> bool:
+        """Whether records ending at `offset` (`segment_ended`: with the blank record that ends
+        its segment there) end below where data was known to reach: a hole, not an end."""
+        records_end = offset + (-offset) % self.mapped_file_size if segment_ended else offset
+        return records_end < self.expected_end
+
     def truncate_dirty_files(self, offset: int, zero_bytes: int | None = None, *, segment_ended: bool = False) -> None:
         """Forget everything at and after `offset`: lower positions, zero the tail, delete
         later files (§4.9, zeroing per §11.7). `zero_bytes` bounds the zeroing (None: to
@@ -302,8 +308,7 @@ class MappedFileQueue:
         # damaged): nothing past it is zeroed or deleted, and it is never appended over (the
         # store opens degraded until `mqstore recover`). A broker's checkpoint has no flushed
         # offset: its tail is cut as RocketMQ cuts it.
-        records_end = offset + (-offset) % self.mapped_file_size if segment_ended else offset
-        below_expected = records_end < self.expected_end
+        below_expected = self.ends_below_expected(offset, segment_ended=segment_ended)
         if below_expected:
             zero_bytes = 0
         if below_expected and not segment_ended:  # (ended: the segments after it are missing, `holes`)
@@ -321,8 +326,11 @@ class MappedFileQueue:
                 if zero_bytes is None or zero_bytes > 0:
                     mapped_file.zero_from(position, None if zero_bytes is None else position + zero_bytes)
                 keep.append(mapped_file)
-            elif below_expected and mapped_file.file_from_offset < self.expected_end:
-                mapped_file.shutdown(0, now_ms)  # left out of the log, on disk as it is
+            elif below_expected:
+                # Left out of the log, on disk as it is: it may hold acknowledged records (the
+                # flushed offset on disk lags the log after a crash), which `mqstore recover`
+                # reads again once it has ended the segment before it.
+                mapped_file.shutdown(0, now_ms)
             else:
                 if not mapped_file.destroy(TRUNCATE_DESTROY_INTERVAL_MS, now_ms):
                     log.warning("dirty segment not deleted yet", path=mapped_file.file_name)

@@ -848,8 +848,15 @@ class _InspectingCommitLog(CommitLog):
         self.removed_files = []
         self.removed_files_with_data = []
         self.stop_reason = "end of the last file"
+        # Below the flushed offset the truncation is a hole: it zeroes and removes nothing.
+        hole = self.mapped_file_queue.ends_below_expected(process_offset, segment_ended=self._scan_ended_on_blank)
+        saved_zero = self.zero_tail_bytes
+        if hole:
+            self.zero_tail_bytes = 0
         for mapped_file in self.mapped_file_queue.mapped_files:
             start = mapped_file.file_from_offset
+            if start > process_offset and hole:
+                continue
             if start > process_offset:
                 name = os.path.basename(mapped_file.file_name)
                 self.removed_files.append(name)
@@ -858,6 +865,7 @@ class _InspectingCommitLog(CommitLog):
                     self.removed_files_with_data.append(name)
             elif process_offset < start + self.mapped_file_size:
                 self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start, mapped_file.file_name)
+        self.zero_tail_bytes = saved_zero
         super()._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
 
     def _inspect_tail(self, buf: codec.ReadBuffer, start: int, pos: int, path: str) -> None:

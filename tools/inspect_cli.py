@@ -470,6 +470,8 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     """The whole report of `mqstore inspect` as a dict (what --json prints)."""
     _check_store_dir(root)
     lock = lock_state(root)
+    # Read before the log: the flushed offset of a running store moves on during the scan.
+    checkpoint, cp_problems = _inspect_checkpoint(root)
     commitlog_dir = Path(config.commitlog_dir)
     commitlog, remembered, problems = _inspect_commitlog(
         commitlog_dir, max_message_size=config.max_stored_record_bytes, check_crc=check_crc, abort=lock["abort_file"],
@@ -492,17 +494,16 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  "which another process replaced while the store wrote it: the open and `mqstore "
                                  "recover` refuse until it is moved over the segment (to keep the store's "
                                  "acknowledged messages) or deleted (to keep the other file)", file=name))  # fmt: skip
-    checkpoint, cp_problems = _inspect_checkpoint(root)
     flushed = checkpoint["physic_flushed_offset"] if checkpoint is not None else None
     if gone is None and flushed is not None and commitlog["segment_size"] and flushed > commitlog["records_reach"]:
         # Durable records gone (mqstore's flushed offset; a broker's checkpoint has none): the
         # open keeps the units into them and refuses puts; it does not truncate (storage.recovery).
         problems.append(_problem("commitlog_below_flushed", DAMAGED,
                                  f"the commitlog's records end at {commitlog['records_reach']}, below {flushed} where "
-                                 "the checkpoint says it was flushed: records made durable are not in the files (a "
-                                 "segment replaced by an older copy of itself, cut short or deleted). The open serves "
-                                 "what is there and refuses puts until the segment is back, or `mqstore recover` "
-                                 "gives up the rest", commitlog_offset=commitlog["records_reach"]))  # fmt: skip
+                                 "the checkpoint says it was flushed: records made durable are not in the files, or "
+                                 "not whole (a segment replaced by an older copy of itself, cut short or deleted, or "
+                                 "a damaged record). The open serves what is there and refuses puts until the segment "
+                                 "is back, or `mqstore recover` gives up the rest", commitlog_offset=commitlog["records_reach"]))  # fmt: skip
         cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     problems += cq_problems
     index, index_problems = _inspect_index(root, config, commitlog["max_offset"])

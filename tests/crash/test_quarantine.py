@@ -362,6 +362,48 @@ def test_a_segment_rolled_back_to_an_older_copy_is_a_hole_and_whole_again_once_p
     assert verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS)).ok
 
 
+@pytest.mark.parametrize("damage", ["older_copy", "damaged_record"])
+def test_after_a_crash_nothing_past_records_ending_below_the_flushed_offset_is_deleted(
+    tmp_path: object, damage: str
+) -> None:
+    """After a crash the checkpoint's flushed offset lags the log (it is written at a thorough
+    flush): here it lies in segment 1, segments 2 and 3 hold acknowledged records past it.
+    Segment 1 rolled back to an older copy, or one record below the flushed offset damaged:
+    crash recovery deleted segments 2 and 3 (review 40 F1), or the writer's own tail scan took
+    the records past the damage back and puts went on (F2). Now every file stays, the open and
+    the next one refuse puts, and the segment put back serves every acknowledged message."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 400)
+    segment = os.path.join(store_dir, "commitlog", "%020d" % SEG)
+    with open(segment, "rb") as f:
+        older_copy = f.read()
+    offsets += _fill_from(store_dir, 400, 1100)
+    assert offsets[-1] > 3 * SEG
+    flushed_only_to(store_dir, offsets[450])
+    with open(segment, "rb") as f:
+        own = f.read()
+    if damage == "older_copy":
+        with open(segment, "r+b") as f:
+            f.write(older_copy)
+    else:
+        _flip_body_byte(store_dir, offsets[449], _body(449))
+    open(os.path.join(store_dir, "abort"), "w").close()
+    files = _segments(store_dir)
+    for _ in range(2):
+        with mqstore.open(store_dir, **SETTINGS) as store:
+            r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+            assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE, r
+            assert "put that segment back" in r.detail, r.detail
+        assert _segments(store_dir) == files
+    with open(segment, "r+b") as f:
+        f.write(own)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        assert _all_bodies_skipping(store) == {i: _body(i) for i in range(1100)}
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 1100, r
+        assert r.commitlog_offset > offsets[-1]
+
+
 def test_recover_gives_up_the_rest_of_a_rolled_back_segment_and_reuses_no_offset(tmp_path: object) -> None:
     """`mqstore recover` accepts the loss: the segment is ended where its records end (the blank
     record that ends a segment), the lost range and the queue's taken offsets are reported, and
