@@ -96,6 +96,10 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 if self._sync:
                     self._group_commit()
                     self._expire_pending()
+                    if now >= self._last_thorough_ms + self.config.flush_commitlog_thorough_interval_ms:
+                        # Group commits flush, but only this writes where they got to (review 41 N2).
+                        self._last_thorough_ms = now
+                        self._write_checkpoint()
                 else:
                     self._flush_if_due(now)
             case FlushAll(reply=reply, up_to=up_to, store_timestamp=up_to_ts):
@@ -138,6 +142,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 # The flushed offset on disk is what tells the next open after a crash that
                 # records below it were durable (records ending below it are a hole, never a
                 # torn tail to cut): written every thorough flush, not only every CQ one (60 s).
+                # (SYNC_FLUSH: on the tick, above.)
                 self._write_checkpoint()
 
     # group commit (§7.3) -----------------------------------------------------------------
@@ -159,6 +164,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             self._synced_through = segment_end
             # Only what was forced: the writer may already be in the next segment.
             self._flushed = max(self._flushed, min(target, segment_end))
+            self._note_flushed()  # (it never was: SYNC_FLUSH's checkpoint had no flushed offset)
         self._answer_pending()
 
     def _covered(self, request: GroupCommitRequest) -> bool:
@@ -227,9 +233,12 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 done = self._regions.pop(segment, None)
                 if done is not None:
                     done.close()
+        self._note_flushed()
+
+    def _note_flushed(self) -> None:
+        """The pair recovery needs after a power loss: durable below this offset, whose newest
+        record is this timestamp (checkpoint module); written with the next checkpoint."""
         if self._checkpoint is not None and self._flushed >= self._max_offset and self._store_timestamp > 0 and not self._tail_missing:
-            # The pair recovery needs after a power loss: durable below this offset, whose
-            # newest record is this timestamp (checkpoint module).
             self._checkpoint.physic_msg_timestamp = self._store_timestamp
             self._checkpoint.physic_flushed_offset = self._flushed
 

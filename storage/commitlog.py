@@ -313,6 +313,9 @@ class CommitLog:
         # too, which kept unflushed records past a torn hole (test_power_loss, queue offsets
         # not dense). None: the timestamp alone (a checkpoint RocketMQ wrote).
         self.flushed_before_offset: int | None = None
+        # At a restart, where readers read up to before it, or the flushed offset if further
+        # (see _look_past); None otherwise.
+        self.read_before_offset: int | None = None
         # False after a clean stop: every put was finished, so a zeroed header is damage.
         self.unfinished_put_possible = True
         # Short (truncated) segments left out of the queue: start -> end of their valid records,
@@ -925,15 +928,20 @@ class CommitLog:
 
     # recovery (§11.5, §11.6) --------------------------------------------------------------------
     def recover_normally(
-        self, max_phy_offset_of_consume_queue: int, progress: ProgressCallback | None = None, *, all_files: bool = False
+        self, max_phy_offset_of_consume_queue: int, progress: ProgressCallback | None = None, *, all_files: bool = False,
+        from_offset: int | None = None,
     ) -> int:
         """After a clean shutdown: scan the last three files (every file with `all_files`, as
-        `mqstore recover` does to find damage anywhere), truncate after the last valid record,
-        and return that offset (the caller truncates queues if they reach past it)."""
+        `mqstore recover` does to find damage anywhere; from the one holding `from_offset` if
+        that is earlier), truncate after the last valid record, and return that offset (the
+        caller truncates queues if they reach past it)."""
         files = self.mapped_file_queue.mapped_files
         if not files:
             return 0
         index = 0 if all_files else max(0, len(files) - 3)
+        if from_offset is not None:
+            index = min(index, next((i for i, f in enumerate(files) if from_offset < f.file_from_offset + self.mapped_file_size),
+                                    index))  # fmt: skip
         process_offset = self._scan_for_recovery(index, None, progress)
         self._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
         return process_offset
@@ -1045,7 +1053,7 @@ class CommitLog:
             if self.unfinished_put_possible and self._unfinished_put_at(mapped_file, file_offset):
                 log.warning("recovery stops at a put the writer did not finish", offset=damaged_at)
                 break
-            resume = self._look_past(index, file_offset)
+            resume = self._look_past(index, file_offset, corrupt=kind is not RecordKind.END_OF_DATA)
             if resume is None:
                 if kind is not RecordKind.END_OF_DATA:
                     log.warning("recovery stops at a damaged record: a torn tail", file=mapped_file.file_name,
@@ -1080,12 +1088,28 @@ class CommitLog:
             return False
         return bool(_Q.unpack_from(buf, pos + PHYSICAL_OFFSET_POSITION)[0] == mapped_file.file_from_offset + pos)
 
-    def _look_past(self, index: int, pos: int) -> tuple[int, int] | None:
+    def _look_past(self, index: int, pos: int, *, corrupt: bool = True) -> tuple[int, int] | None:
         """(file index, position) of the first trusted record after damage at `pos` of file
-        `index`, in it or a later file; None when nothing valid follows (a torn tail)."""
+        `index`, in it or a later file; None when nothing valid follows (a torn tail).
+        `corrupt`: bytes that are not a record (not zeros, where a segment's data ends)."""
         files = self.mapped_file_queue.mapped_files
         flushed = self.flushed_before_offset
-        stored_before_ms = self.trusted_after_damage_before_ms if flushed is None else None
+        damaged_at = files[index].file_from_offset + pos
+        stored_before_ms: int | None
+        if flushed is None and not corrupt and self.read_before_offset is not None and damaged_at < self.read_before_offset:
+            # A restart: zeros below where the log was read (or flushed) are a hole (a segment
+            # rolled back; the previous writer degraded on it), looked past only that far, not
+            # to later segments that stay out of the log on disk (review 41 N1).
+            flushed, stored_before_ms = self.read_before_offset, None
+        elif flushed is not None and corrupt and damaged_at < flushed:
+            # A corrupt record below the flushed offset is damage, not a power loss's tear (those
+            # bytes were durable): every valid record after it is kept, as after a clean stop,
+            # not only those the (lagging) flushed offset covers (review 41 N3: `recover` gave
+            # up the intact rest of the segment). Zeros there stay a hole (truncate_dirty_files):
+            # a segment rolled back to an older copy may come back whole.
+            flushed = stored_before_ms = None
+        else:
+            stored_before_ms = self.trusted_after_damage_before_ms if flushed is None else None
         for i in range(index, len(files)):
             mapped_file = files[i]
             start = pos + 1 if i == index else 0

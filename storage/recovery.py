@@ -315,6 +315,10 @@ def recover_commitlog(
     if crashed:  # damage past the last flush is a torn tail (see the attributes)
         commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
         commitlog.flushed_before_offset = checkpoint.physic_flushed_offset if checkpoint is not None else None
+    elif mode is RecoveryMode.RESTART and known_end:
+        # Zeros below where the log was read, or flushed (the previous writer degraded on a
+        # hole there), are a hole (CommitLog._look_past).
+        commitlog.read_before_offset = max(known_end, (checkpoint.physic_flushed_offset or 0) if checkpoint else 0)
     try:
         flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
         if known_end > (flushed or 0):
@@ -343,7 +347,10 @@ def recover_commitlog(
         # queue offset per queue), gathered per run of records in C (storage/scan.py).
         seen = RecordTally()
         if not crashed:
-            end = commitlog.recover_normally(-1, progress, all_files=repair_holes)
+            # A restart scans from where the log was read up to (the last three files on disk
+            # may all lie past a hole, out of the log).
+            end = commitlog.recover_normally(-1, progress, all_files=repair_holes,
+                                             from_offset=known_end if mode is RecoveryMode.RESTART else None)  # fmt: skip
         else:
             min_ts = 0
             if checkpoint is not None:

@@ -362,17 +362,10 @@ def test_a_segment_rolled_back_to_an_older_copy_is_a_hole_and_whole_again_once_p
     assert verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS)).ok
 
 
-@pytest.mark.parametrize("damage", ["older_copy", "damaged_record"])
-def test_after_a_crash_nothing_past_records_ending_below_the_flushed_offset_is_deleted(
-    tmp_path: object, damage: str
-) -> None:
-    """After a crash the checkpoint's flushed offset lags the log (it is written at a thorough
-    flush): here it lies in segment 1, segments 2 and 3 hold acknowledged records past it.
-    Segment 1 rolled back to an older copy, or one record below the flushed offset damaged:
-    crash recovery deleted segments 2 and 3 (review 40 F1), or the writer's own tail scan took
-    the records past the damage back and puts went on (F2). Now every file stays, the open and
-    the next one refuse puts, and the segment put back serves every acknowledged message."""
-    store_dir = os.path.join(str(tmp_path), "s")
+def _lagging_flushed_offset(store_dir: str) -> tuple[list[int], str, bytes, bytes]:
+    """1100 messages over segments 0..3, the checkpoint's flushed offset left in segment 1 (as a
+    kill -9 leaves it: it is written at a thorough flush), and the abort marker. Returns the
+    offsets, segment 1's path, its bytes and an older copy of it (taken at message 400)."""
     offsets = _fill(store_dir, 400)
     segment = os.path.join(store_dir, "commitlog", "%020d" % SEG)
     with open(segment, "rb") as f:
@@ -380,14 +373,19 @@ def test_after_a_crash_nothing_past_records_ending_below_the_flushed_offset_is_d
     offsets += _fill_from(store_dir, 400, 1100)
     assert offsets[-1] > 3 * SEG
     flushed_only_to(store_dir, offsets[450])
-    with open(segment, "rb") as f:
-        own = f.read()
-    if damage == "older_copy":
-        with open(segment, "r+b") as f:
-            f.write(older_copy)
-    else:
-        _flip_body_byte(store_dir, offsets[449], _body(449))
     open(os.path.join(store_dir, "abort"), "w").close()
+    with open(segment, "rb") as f:
+        return offsets, segment, f.read(), older_copy
+
+
+def test_after_a_crash_nothing_past_records_ending_below_the_flushed_offset_is_deleted(tmp_path: object) -> None:
+    """Segment 1 rolled back to an older copy: crash recovery deleted segments 2 and 3 with
+    their acknowledged records (review 40 F1). Now every file stays, the open and the next one
+    refuse puts, and the segment put back serves every acknowledged message."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets, segment, own, older_copy = _lagging_flushed_offset(store_dir)
+    with open(segment, "r+b") as f:
+        f.write(older_copy)
     files = _segments(store_dir)
     for _ in range(2):
         with mqstore.open(store_dir, **SETTINGS) as store:
@@ -402,6 +400,85 @@ def test_after_a_crash_nothing_past_records_ending_below_the_flushed_offset_is_d
         r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
         assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 1100, r
         assert r.commitlog_offset > offsets[-1]
+
+
+def test_a_writer_restart_on_a_store_degraded_by_a_rolled_back_segment_keeps_refusing(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 41 N1: the restarted writer's recovery scanned only the last three files on disk,
+    which lay past the hole (out of the log), so it took puts again over the lost records'
+    queue offsets and closed clean. It scans from where the log was read now."""
+    import time
+
+    from mqstore.actors import commitlog_writer
+    from mqstore.messages import Tick
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets, segment, own, older_copy = _lagging_flushed_offset(store_dir)
+    with open(segment, "r+b") as f:
+        f.write(older_copy)
+    failures = [RuntimeError("a writer failure")]
+    handle = commitlog_writer.CommitLogWriter._handle
+
+    def failing_once_on_a_tick(self: Any, message: Any) -> Any:
+        if isinstance(message, Tick) and failures:
+            raise failures.pop()
+        return handle(self, message)
+
+    monkeypatch.setattr(commitlog_writer.CommitLogWriter, "_handle", failing_once_on_a_tick)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        deadline = time.monotonic() + 10
+        while (not store.supervisor.restarts or store.supervisor.state.name != "RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert store.supervisor.restarts and not failures
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE and "put that segment back" in r.detail, r
+    with open(segment, "r+b") as f:
+        f.write(own)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        assert _all_bodies_skipping(store) == {i: _body(i) for i in range(1100)}
+
+
+def test_a_sync_flush_store_records_how_far_it_flushed(tmp_path: object) -> None:
+    """Review 41 N2: group commits never set the checkpoint's flushed offset (only a flush-all
+    did), so after a kill -9 a SYNC_FLUSH store had none, and records ending below what it had
+    forced were cut as a torn tail, the segments after them deleted."""
+    import time
+
+    from mqstore.storage.checkpoint import read_checkpoint
+    from mqstore.storage.fs import RealFileSystem
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    settings = dict(SETTINGS, flush_disk_type="SYNC_FLUSH", flush_commitlog_thorough_interval_ms=1)
+    with mqstore.open(store_dir, **settings) as store:
+        ends = [r.commitlog_offset + r.wrote_bytes for r in
+                (store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i))) for i in range(50))]  # fmt: skip
+        deadline = time.monotonic() + 10  # the flush actor's tick writes the checkpoint
+        while time.monotonic() < deadline:
+            flushed = read_checkpoint(RealFileSystem(), os.path.join(store_dir, "checkpoint")).physic_flushed_offset
+            if flushed == ends[-1]:
+                break
+            time.sleep(0.02)
+        assert flushed == ends[-1]
+
+
+def test_after_a_crash_a_corrupt_record_below_the_flushed_offset_loses_only_itself(tmp_path: object) -> None:
+    """One record below the (lagging) flushed offset damaged: recovery deleted segments 2 and 3
+    (review 40 F2), then only the records up to the flushed offset were trusted, and `recover`
+    gave up the intact rest of the segment (review 41 N3). Damage there is not a power loss's
+    tear: every valid record after it is kept, the damaged one quarantined, puts go on."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets, _, _, _ = _lagging_flushed_offset(store_dir)
+    _flip_body_byte(store_dir, offsets[449], _body(449))
+    files = _segments(store_dir)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and [(q.start, q.end) for q in rec.quarantined] == [(offsets[449], offsets[450])]
+        assert _all_bodies_skipping(store) == {i: _body(i) for i in range(1100) if i != 449}
+        r = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"new"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.queue_offset == 1100, r
+        assert r.commitlog_offset > offsets[-1]
+    assert _segments(store_dir)[: len(files) - 1] == files[: len(files) - 1]
 
 
 def test_recover_gives_up_the_rest_of_a_rolled_back_segment_and_reuses_no_offset(tmp_path: object) -> None:
