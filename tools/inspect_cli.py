@@ -207,6 +207,8 @@ def _inspect_commitlog(
     corrupt: list[tuple[int, int, str]] = []  # (segment start, offset, reason)
     last_data_end = out["min_offset"]
     reach = last_data_end  # the records' end, or past a blank record that ends their segment
+    first_zeros: int | None = None  # where zeros first stand for a record (a segment's data ends)
+    message_after_zeros: int | None = None  # the first record read after them
     data_after_end: list[int] = []
     ended_in: int | None = None
     for read in scan_commitlog_dir(str(directory), check_crc=check_crc, read_body=check_crc, segment_size=segment_size,
@@ -226,6 +228,8 @@ def _inspect_commitlog(
             out["bytes"] += read.size
             last_data_end = read.offset + read.size
             reach = max(reach, last_data_end)
+            if first_zeros is not None and message_after_zeros is None:
+                message_after_zeros = read.offset
             if remembered is not None:
                 if len(remembered) >= MAX_CROSS_CHECKED_MESSAGES:
                     remembered = None
@@ -237,6 +241,8 @@ def _inspect_commitlog(
             if read.offset >= reach:
                 reach = seg["start_offset"] + segment_size
         elif read.kind is RecordKind.END_OF_DATA:
+            if first_zeros is None:
+                first_zeros = read.offset
             seg["end"] = "end_of_data"
             seg["used_bytes"] = read.offset - seg["start_offset"]
             if ended_in is None:
@@ -248,6 +254,10 @@ def _inspect_commitlog(
                 ended_in = seg["start_offset"]
     out["max_offset"] = last_data_end
     out["records_reach"] = reach
+    out["first_zeros"] = first_zeros  # (not in the report's JSON; see inspect_store)
+    out["message_after_zeros"] = message_after_zeros
+    tail_corrupt = [offset for _, offset, _ in corrupt if offset >= last_data_end]
+    out["tail_corrupt"] = min(tail_corrupt) if tail_corrupt else None
     out["topics"] = {t: topics[t] for t in sorted(topics)}
     for seg_start, offset, reason in corrupt:
         path = directory / segments[seg_start]["file"]
@@ -495,15 +505,29 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  "recover` refuse until it is moved over the segment (to keep the store's "
                                  "acknowledged messages) or deleted (to keep the other file)", file=name))  # fmt: skip
     flushed = checkpoint["physic_flushed_offset"] if checkpoint is not None else None
-    if gone is None and flushed is not None and commitlog["segment_size"] and flushed > commitlog["records_reach"]:
+    # Where recovery finds the records end below the flushed offset (storage.recovery): zeros
+    # with no record after them below it (later segments may hold records: they stay out of the
+    # log), a corrupt record with no record after it at all, or segments missing at the end.
+    below: list[int] = []
+    zeros, after_zeros = commitlog.pop("first_zeros", None), commitlog.pop("message_after_zeros", None)
+    tail_corrupt = commitlog.pop("tail_corrupt", None)
+    if flushed is not None:
+        if zeros is not None and zeros < flushed and (after_zeros is None or after_zeros >= flushed):
+            below.append(zeros)
+        if tail_corrupt is not None and tail_corrupt < flushed:
+            below.append(tail_corrupt)
+        if flushed > commitlog["records_reach"]:
+            below.append(commitlog["records_reach"])
+    if gone is None and below and commitlog["segment_size"]:
+        records_end = min(below)
         # Durable records gone (mqstore's flushed offset; a broker's checkpoint has none): the
         # open keeps the units into them and refuses puts; it does not truncate (storage.recovery).
         problems.append(_problem("commitlog_below_flushed", DAMAGED,
-                                 f"the commitlog's records end at {commitlog['records_reach']}, below {flushed} where "
+                                 f"the commitlog's records end at {records_end}, below {flushed} where "
                                  "the checkpoint says it was flushed: records made durable are not in the files, or "
                                  "not whole (a segment replaced by an older copy of itself, cut short or deleted, or "
                                  "a damaged record). The open serves what is there and refuses puts until the segment "
-                                 "is back, or `mqstore recover` gives up the rest", commitlog_offset=commitlog["records_reach"]))  # fmt: skip
+                                 "is back, or `mqstore recover` gives up the rest", commitlog_offset=records_end))  # fmt: skip
         cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     problems += cq_problems
     index, index_problems = _inspect_index(root, config, commitlog["max_offset"])
