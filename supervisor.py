@@ -638,9 +638,15 @@ class Supervisor:
             case "flush":
                 ready = self._ask("writer", GetWriterStatus())
                 seg = self.config.mapped_file_size_commitlog_bytes
-                flushed = max(ready.max_offset - ready.max_offset % seg, ready.min_offset, 0)
+                # At the open recovery has forced the whole log; at a restart, what the dead
+                # actor had not forced is not known: from the log's start, or from the flushed
+                # offset the checkpoint recorded (review 42 G2: from the last segment's start,
+                # earlier segments' unforced bytes were never forced, yet flush() and the
+                # checkpoint covered them).
+                flushed = max(ready.max_offset - ready.max_offset % seg, ready.min_offset, 0) if first else max(ready.min_offset, 0)
                 ref = FlushCommitLogService.start(
-                    ctx, flushed_offset=flushed, max_offset=ready.max_offset, store_timestamp=ready.store_timestamp
+                    ctx, flushed_offset=flushed, max_offset=ready.max_offset, store_timestamp=ready.store_timestamp,
+                    restarted=not first,
                 )
             case "index":
                 facts = self._ask("writer", GetLogFacts())

@@ -202,7 +202,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
                     # instead of passing it (review 36 F2).
                     resume = min(damaged[1], limit, segment + self._segment_size)
                     self.log.error("skipping quarantined commitlog bytes", offset=offset, resume=resume)
-                    return None, resume
+                    # An empty batch: the queues and the index hear that their written end is
+                    # past it, also when nothing follows (the open's and close's waits for them).
+                    return [], resume
                 if damaged[0] > offset:
                     end = min(end, damaged[0])  # decode up to it, then skip it
             # A view into the reader's own map, not a copy (the copy was a fifth of this

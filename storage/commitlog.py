@@ -1096,6 +1096,7 @@ class CommitLog:
         flushed = self.flushed_before_offset
         damaged_at = files[index].file_from_offset + pos
         stored_before_ms: int | None
+        resume_at_flushed = False
         if flushed is None and not corrupt and self.read_before_offset is not None and damaged_at < self.read_before_offset:
             # A restart: zeros below where the log was read (or flushed) are a hole (a segment
             # rolled back; the previous writer degraded on it), looked past only that far, not
@@ -1103,11 +1104,13 @@ class CommitLog:
             flushed, stored_before_ms = self.read_before_offset, None
         elif flushed is not None and corrupt and damaged_at < flushed:
             # A corrupt record below the flushed offset is damage, not a power loss's tear (those
-            # bytes were durable): every valid record after it is kept, as after a clean stop,
-            # not only those the (lagging) flushed offset covers (review 41 N3: `recover` gave
-            # up the intact rest of the segment). Zeros there stay a hole (truncate_dirty_files):
-            # a segment rolled back to an older copy may come back whole.
-            flushed = stored_before_ms = None
+            # bytes were durable): with no valid record after it below that offset, the scan
+            # goes on from the offset itself (a record boundary), where what follows is judged
+            # as any tail (review 41 N3: `recover` gave up the intact records past it; review 42
+            # G1: looking past it without a bound kept unflushed records past a torn hole).
+            # Zeros there stay a hole (truncate_dirty_files): a rolled-back segment may come back.
+            stored_before_ms = None
+            resume_at_flushed = True
         else:
             stored_before_ms = self.trusted_after_damage_before_ms if flushed is None else None
         for i in range(index, len(files)):
@@ -1116,7 +1119,7 @@ class CommitLog:
             # With the flushed offset, only records that end below it are trusted.
             limit = self.mapped_file_size if flushed is None else min(self.mapped_file_size, flushed - mapped_file.file_from_offset)
             if limit <= start:
-                return None
+                break
             try:
                 extents = self.fs.data_extents(mapped_file.file_name, start, limit)
             except OSError:
@@ -1128,6 +1131,16 @@ class CommitLog:
             )  # fmt: skip
             if found is not None:
                 return i, found
+        if resume_at_flushed and flushed is not None:
+            return self._position_of(flushed)
+        return None
+
+    def _position_of(self, offset: int) -> tuple[int, int] | None:
+        """(file index, position) of `offset` in the loaded files (a file's end: the next
+        file's start), or None past them."""
+        for i, mapped_file in enumerate(self.mapped_file_queue.mapped_files):
+            if mapped_file.file_from_offset <= offset < mapped_file.file_from_offset + self.mapped_file_size:
+                return i, offset - mapped_file.file_from_offset
         return None
 
     def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:

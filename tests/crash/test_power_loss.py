@@ -21,7 +21,7 @@ import pytest
 import mqstore
 from mqstore.storage.fs import SimulatedFileSystem
 
-from crashlib import QUEUES, TOPIC, Ack, assert_verified, check_store
+from crashlib import QUEUES, TOPIC, Ack, assert_verified, check_store, read_all
 
 ROOT = "/sim/store"
 SETTINGS = dict(
@@ -234,3 +234,67 @@ def test_power_loss_never_keeps_half_of_an_unacknowledged_batch() -> None:
     finally:
         reopened.close()
 
+
+
+@pytest.mark.parametrize("damage", ["body", "magic"])
+def test_a_corrupt_flushed_record_does_not_keep_unflushed_records_past_a_tear(damage: str) -> None:
+    """Review 42 G1: a flushed record damaged on the disk (the last below the checkpoint's
+    flushed offset), and past that offset a torn write-back (the first late record never
+    written, a later one was). The damage is quarantined; the scan goes on from the flushed
+    offset, where the zeros are a torn tail: the later, unflushed record is not kept past the
+    hole (the look past the damage once went on to it without a bound)."""
+    fs = SimulatedFileSystem()
+    settings = dict(SETTINGS, flush_disk_type="ASYNC_FLUSH", flush_interval_commitlog_ms=3_600_000)
+    store = mqstore.open(ROOT, fs=fs, clock_ms=lambda: 1_800_000_000_000, **settings)
+    try:
+        flushed = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=f"f{i}".encode() * 100)) for i in range(5)]
+        store.flush()
+        late = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=f"l{i}".encode() * 100)) for i in range(3)]
+        crashed = fs.crash(0, tear=False)  # durable bytes only
+        seg = ROOT + "/commitlog/" + "0" * 20
+        with fs._lock:
+            source = fs._files[seg].volatile
+            r = late[2]  # it alone reached the disk
+            at = flushed[4].commitlog_offset + (4 if damage == "magic" else flushed[4].wrote_bytes - 20)
+            for image in (crashed._files[seg].volatile, crashed._files[seg].durable):
+                image[r.commitlog_offset : r.commitlog_offset + r.wrote_bytes] = source[
+                    r.commitlog_offset : r.commitlog_offset + r.wrote_bytes
+                ]
+                image[at] ^= 0x5A
+    finally:
+        store.close()
+    end = flushed[4].commitlog_offset + flushed[4].wrote_bytes
+    with mqstore.open(ROOT, fs=crashed, **settings) as reopened:
+        rec = reopened.supervisor.recovery
+        assert rec is not None and [(q.start, q.end) for q in rec.quarantined] == [(flushed[4].commitlog_offset, end)]
+        assert rec.max_offset == end, rec.summary()
+        served = [m.body[:2] for m in reopened.get(TOPIC, 0, 0, 20).messages]
+        assert served == [b"f0", b"f1", b"f2", b"f3"], served
+        assert reopened.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"next")).commitlog_offset == end
+
+
+def test_a_restarted_flush_actor_forces_what_the_dead_one_had_not() -> None:
+    """Review 42 G2: the flush actor dies forcing segment 0 as the writer rolls into segment 1;
+    its successor started from segment 1's start, so segment 0's tail was never forced, and a
+    later flush() (and the checkpoint) covered bytes that a power loss then took. A restarted
+    flush actor starts from what is known durable."""
+    fs = SimulatedFileSystem()
+    plan = mqstore.FaultPlan()
+    settings = dict(SETTINGS, flush_disk_type="ASYNC_FLUSH", flush_interval_commitlog_ms=3_600_000,
+                    flush_commitlog_thorough_interval_ms=3_600_000, flush_commitlog_least_pages=1_000_000)  # fmt: skip
+    store = mqstore.open(ROOT, fs=fs, faults=plan, **settings)
+    try:
+        plan.arm("flush.mid_fsync", 1)  # the flush at the roll into segment 1 dies
+        results = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"%05d" % i * 40)) for i in range(400)]
+        assert all(r.ok for r in results) and results[-1].commitlog_offset > SETTINGS["mapped_file_size_commitlog_bytes"]
+        deadline = time.monotonic() + 10
+        while (not store.supervisor.restarts or store.supervisor.state.name != "RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.supervisor.restarts, "the flush actor did not fail"
+        store.flush()
+        crashed = fs.crash(0, tear=True)  # only what was forced is sure to be there
+    finally:
+        store.close()
+    with mqstore.open(ROOT, fs=crashed, **settings) as reopened:
+        served = [m.body for m in read_all(reopened, TOPIC, 0)]
+        assert served == [b"%05d" % i * 40 for i in range(400)], len(served)
