@@ -316,7 +316,7 @@ def _seeds(default: range) -> list[int]:
 
 
 def test_damage_fuzz_ci_slice(template: Template, tmp_path: object) -> None:
-    _assert_clean(_run(_seeds(range(100)), template, str(tmp_path)))
+    _assert_clean(_run(_seeds(range(60)), template, str(tmp_path)))  # the soak test runs 1000
 
 
 @pytest.mark.soak
