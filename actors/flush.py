@@ -66,10 +66,10 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
     def on_start(self) -> None:
         self._checkpoint = StoreCheckpoint(self.ctx.fs, self.config.checkpoint_path)
         known = self._checkpoint.physic_flushed_offset
-        if known is not None and known <= self._max_offset and (known < self._flushed or self._restarted):
-            # Durable below what the checkpoint says; above it a flush actor that died may have
-            # left bytes unforced (review 42 G2): forced again from there, not from the log's
-            # start the supervisor gives a restart (msync of clean pages is cheap anyway).
+        if self._restarted and known is not None and self._flushed < known <= self._max_offset:
+            # Durable below what the checkpoint says; above it the flush actor that died may
+            # have left bytes unforced (review 42 G2): forced again from there, not from the
+            # log's start the supervisor gives a restart (an open's recovery forced it all).
             self._flushed = known
         if known is not None and known > self._max_offset:
             # The log ends below what was flushed (its segment deleted, cut short, or replaced

@@ -1138,10 +1138,10 @@ class CommitLog:
     def _position_of(self, offset: int) -> tuple[int, int] | None:
         """(file index, position) of `offset` in the loaded files (a file's end: the next
         file's start), or None past them."""
-        for i, mapped_file in enumerate(self.mapped_file_queue.mapped_files):
-            if mapped_file.file_from_offset <= offset < mapped_file.file_from_offset + self.mapped_file_size:
-                return i, offset - mapped_file.file_from_offset
-        return None
+        mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        if mapped_file is None:
+            return None
+        return self.mapped_file_queue.mapped_files.index(mapped_file), offset - mapped_file.file_from_offset
 
     def _truncate_after_recovery(self, process_offset: int, max_phy_offset_of_consume_queue: int) -> None:
         self._fast_file = None

@@ -139,8 +139,7 @@ class MappedFileQueue:
             start = int(name[:20])
             if start >= end:
                 found.append((start, start + size))
-        after = max([end, *(stop for _, stop in found)])
-        missing = self.missing_tail(after=after)
+        missing = self.missing_tail(after=max([end, *(stop for _, stop in found)]))
         short = self.records_end_below_expected
         if short is not None and not found:
             found.append((short, missing[1] if missing is not None else self.expected_end))

@@ -315,14 +315,14 @@ def recover_commitlog(
     if crashed:  # damage past the last flush is a torn tail (see the attributes)
         commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
         commitlog.flushed_before_offset = checkpoint.physic_flushed_offset if checkpoint is not None else None
-    elif mode is RecoveryMode.RESTART and known_end:
-        # Zeros below where the log was read, or flushed (the previous writer degraded on a
-        # hole there), are a hole (CommitLog._look_past).
-        commitlog.read_before_offset = max(known_end, (checkpoint.physic_flushed_offset or 0) if checkpoint else 0)
     try:
         flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
         if known_end > (flushed or 0):
             flushed = known_end
+        if mode is RecoveryMode.RESTART and known_end:
+            # Zeros below where the log was read, or flushed (the previous writer degraded on a
+            # hole there), are a hole (CommitLog._look_past).
+            commitlog.read_before_offset = flushed
         partial = _remove_partial_last_segments(cfg, fs, flushed or 0)
         lost, filled = _fill_commitlog_holes(cfg, fs, flushed or 0) if repair_holes else ([], [])
         if not commitlog.load():
@@ -857,9 +857,6 @@ class _InspectingCommitLog(CommitLog):
         self.stop_reason = "end of the last file"
         # Below the flushed offset the truncation is a hole: it zeroes and removes nothing.
         hole = self.mapped_file_queue.ends_below_expected(process_offset, segment_ended=self._scan_ended_on_blank)
-        saved_zero = self.zero_tail_bytes
-        if hole:
-            self.zero_tail_bytes = 0
         for mapped_file in self.mapped_file_queue.mapped_files:
             start = mapped_file.file_from_offset
             if start > process_offset and hole:
@@ -871,11 +868,11 @@ class _InspectingCommitLog(CommitLog):
                 if self.zero_tail_bytes != 0 and self._nonzero_end(mapped_file.mapped_buffer, 0, mapped_file.file_name):
                     self.removed_files_with_data.append(name)
             elif process_offset < start + self.mapped_file_size:
-                self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start, mapped_file.file_name)
-        self.zero_tail_bytes = saved_zero
+                self._inspect_tail(mapped_file.mapped_buffer, start, process_offset - start, mapped_file.file_name,
+                                   zeroed=not hole)  # fmt: skip
         super()._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
 
-    def _inspect_tail(self, buf: codec.ReadBuffer, start: int, pos: int, path: str) -> None:
+    def _inspect_tail(self, buf: codec.ReadBuffer, start: int, pos: int, path: str, *, zeroed: bool) -> None:
         read = codec.read_record(buf, pos, self.mapped_file_size, check_crc=self.check_crc_on_recover,
                                  read_body=True, max_message_size=self.max_record_size)  # fmt: skip
         if read.kind is codec.RecordKind.CORRUPT:
@@ -885,8 +882,10 @@ class _InspectingCommitLog(CommitLog):
             self.stop_reason = "a valid record after the scan's end (left by an earlier crash?)"
         else:
             self.stop_reason = "end of data"
-        if self.zero_tail_bytes == 0:
-            return  # a clean stop leaves a zero tail; reading a 1 GiB remainder costs seconds
+        if self.zero_tail_bytes == 0 or not zeroed:
+            # A clean stop leaves a zero tail (reading a 1 GiB remainder costs seconds); a hole
+            # below the flushed offset zeroes nothing.
+            return
         end = self._nonzero_end(buf, pos, path)
         if end:
             self.dirty_bytes = end - pos
