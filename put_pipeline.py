@@ -32,7 +32,7 @@ import pykka
 
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
-from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply
+from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, plain_message
 from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
 from .storage import speedups
 from .storage.status import PutMessageStatus
@@ -346,13 +346,14 @@ class _InFlightSlots:
     ~0.8 us a put), a blocked take waits without the GIL. Without it, a raw lock and a
     condition on it."""
 
-    __slots__ = ("_signal", "_lock", "_freed", "_free", "_waiters")
+    __slots__ = ("_signal", "_lock", "_freed", "_free", "_waiters", "_slots")
 
     def __init__(self, slots: int) -> None:
         native = speedups.native
         self._signal: Any = native.Signal() if native is not None else None
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
+        self._slots = slots
         self._free = slots
         self._waiters = 0
         if self._signal is not None:
@@ -392,13 +393,19 @@ class _InFlightSlots:
             return True
 
     def give(self, n: int) -> None:
+        """`n` slots back, never past the bound: a put whose caller was interrupted (a signal
+        handler's exception) just after the writer took it is given back twice, by the
+        caller's cleanup and by its answer (review 44 H3)."""
         signal = self._signal
         if signal is not None:
-            signal.post_many_holding_gil(n)
+            n = min(n, self._slots - signal.value())
+            if n > 0:
+                signal.post_many_holding_gil(n)
             return
         with self._lock:
+            n = min(n, self._slots - self._free)
             self._free += n
-            if self._waiters:
+            if self._waiters and n > 0:
                 self._freed.notify(n)
 
 
@@ -484,21 +491,21 @@ class PutPipeline:
         """store.put_async (one message, `_submit_one`)."""
         future = _PutFuture()
         pending = self._pending
-        pending.add(future)
-        try:
+        try:  # (the add inside: a signal handler's exception right after it leaked the future)
+            pending.add(future)
             refused = self._submit_one(message, _PutReply(self._to_completion, future, None, None, message.topic, _monotonic_ns()))
-        except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
-            pending.discard(future)
+        except BaseException:  # bad input (TypeError, ValueError), or a signal handler's exception:
+            pending.discard(future)  # not handed out, or the writer completes it; flush won't wait for it
             raise
         return self._handed_out(future, refused)
 
     def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
         """store.put_batch_async (a checked, non-empty batch)."""
         future = _PutFuture()
-        self._pending.add(future)
-        try:
+        try:  # as put_async
+            self._pending.add(future)
             refused = self._submit(messages, True, _PutReply(self._to_completion, future, None, None, messages[0].topic, _monotonic_ns()))
-        except BaseException:  # bad input (TypeError, ValueError): nothing was handed out
+        except BaseException:
             self._pending.discard(future)
             raise
         return self._handed_out(future, refused)
@@ -568,12 +575,23 @@ class PutPipeline:
         checked = store._encode(messages, batch)
         if isinstance(checked, PutResult):
             return checked
-        if not self._slots.take(None) and not self._take_slot_waiting():  # a free slot: one C call
-            store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
-            return IN_FLIGHT_FULL
-        if self._thread is None and reply.sink is self._to_completion:
-            self._ensure_thread()
-        store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
+        held = False
+        try:
+            # A signal handler's exception (KeyboardInterrupt) between taking the slot and
+            # telling the writer gave the slot to nobody: each one leaked lowered the bound
+            # for good, down to every put waiting its timeout (review 44 H3). Only the instant
+            # between the C call's return and `held` is still such a gap.
+            held = self._slots.take(None) or self._take_slot_waiting()  # a free slot: one C call
+            if not held:
+                store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
+                return IN_FLIGHT_FULL
+            if self._thread is None and reply.sink is self._to_completion:
+                self._ensure_thread()
+            store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
+            held = False  # the answer gives it back
+        finally:
+            if held:
+                self._slots.give(1)
         return None
 
     def _take_slot_waiting(self) -> bool:
@@ -715,6 +733,10 @@ class PutPipeline:
             refused = self._submit_one(messages[0], reply)
         return refused is None or self._refused(refused, topic, sender, correlation_id)
 
+    def checked_batch(self, messages: Sequence[Message]) -> tuple[Message, ...]:
+        """The store's put_batch argument checks (TypeError, ValueError), plain messages."""
+        return self._store._batch(messages)
+
     def tell_one(self, message: Message, sender: pykka.ActorRef[Any] | None, correlation_id: Hashable) -> bool:
         """`tell_put` of one message (ActorClient.put and put_and_forget)."""
         reply = _PutReply(self._to_actors, None, sender, correlation_id, message.topic, _monotonic_ns())
@@ -730,6 +752,8 @@ class PutPipeline:
                 self.log.warning("a refused put's answer could not be delivered; dropped", topic=topic,
                                  status=refused.status.name, detail=refused.detail)  # fmt: skip
         elif not refused.stored:
+            # Nobody hears of it: the stats count it (the store's failed puts), and the log says why.
+            self._store.stats_service.record_put(topic, refused, 0)
             self.log.warning("fire-and-forget put refused", topic=topic, status=refused.status.name, detail=refused.detail)
         return False
 
@@ -807,15 +831,22 @@ class ActorClient:
         self._sender = sender
 
     def put(self, message: Message, correlation_id: Hashable = None) -> bool:
-        if type(message) is not Message and not isinstance(message, Message):
-            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
-        return self._pipeline.tell_one(message, self._sender, correlation_id)
+        return self._pipeline.tell_one(_one_message(message), self._sender, correlation_id)
 
     def put_batch(self, messages: Sequence[Message], correlation_id: Hashable = None) -> bool:
-        """One topic and queue, consecutive queue offsets, one answer (the store's put_batch)."""
-        return self._pipeline.tell_put(tuple(messages), batch=True, sender=self._sender, correlation_id=correlation_id)
+        """One topic and queue, consecutive queue offsets, one answer (the store's put_batch,
+        with its argument checks)."""
+        checked = self._pipeline.checked_batch(messages)
+        return self._pipeline.tell_put(checked, batch=True, sender=self._sender, correlation_id=correlation_id)
 
     def put_and_forget(self, message: Message) -> bool:
-        if type(message) is not Message and not isinstance(message, Message):
+        return self._pipeline.tell_one(_one_message(message), None, None)
+
+
+def _one_message(message: Message) -> Message:
+    """`message` checked (TypeError) and as a plain Message (messages.plain_message)."""
+    if type(message) is not Message:
+        if not isinstance(message, Message):
             raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
-        return self._pipeline.tell_one(message, None, None)
+        message = plain_message(message)
+    return message

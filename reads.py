@@ -234,8 +234,10 @@ def _read_in_place(
 
 
 def subscription(tags: str | None) -> tuple[frozenset[int], frozenset[str]] | None:
-    """A subscription expression as (tag hash codes, tag strings); None matches everything."""
-    if tags is None or tags.strip() in ("", "*"):
+    """A subscription expression as (tag hash codes, tag strings); None matches everything.
+    As RocketMQ's FilterAPI.buildSubscriptionData: only None, "" and "*" are everything; an
+    expression of blanks names no tag and matches nothing, and " * " is the tag "*"."""
+    if tags is None or tags in ("", "*"):
         return None
     names = frozenset(t.strip() for t in tags.split("||") if t.strip())
     return frozenset(codec.java_string_hash(t) for t in names), names

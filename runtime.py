@@ -448,7 +448,26 @@ def start_listener(name: str) -> pykka.ActorRef[Listener]:
 
 
 def listener_name(callback: object) -> str:
-    return str(getattr(callback, "__qualname__", None) or repr(callback))
+    """A callable's name for logs and its listener's thread: its qualified name, else its
+    type's. Never its repr, which runs on the thread that answers (a writer, a reader): a
+    partial's repr of a large argument stalled every put, and a repr that raised crashed a
+    gateway reader (review 44 M2, H1)."""
+    try:
+        name = getattr(callback, "__qualname__", None)
+    except Exception:  # the host's object: its attributes may raise
+        name = None
+    return name if type(name) is str and name else type(callback).__qualname__
+
+
+def _same_subscriber(subscribed: object, subscriber: object) -> bool:
+    """Identity, or equality where comparing the host's objects answers a plain bool (an
+    array's `==` raises or answers an array: not the same subscriber)."""
+    if subscribed is subscriber:
+        return True
+    try:
+        return (subscribed == subscriber) is True
+    except Exception:
+        return False
 
 
 def call_listener(ref: pykka.ActorRef[Any], callback: Callable[[T], object], argument: T, name: str) -> bool:
@@ -557,7 +576,7 @@ class Subscriptions:
 
     def remove(self, subscriber: object) -> None:
         with self._lock:
-            gone = [e for e in self._entries if e.subscriber is subscriber or e.subscriber == subscriber]
+            gone = [e for e in self._entries if _same_subscriber(e.subscriber, subscriber)]
             self._entries = tuple(e for e in self._entries if e not in gone)
         for entry in gone:
             _stop_quietly(entry.listener)

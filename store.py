@@ -42,6 +42,8 @@ from .messages import (
     GetUnits,
     Message,
     MessageArrived,
+    plain_message,
+    plain_messages,
     GetWriterStatus,
     WriterReady,
     PutResult,
@@ -387,8 +389,10 @@ class MessageStore:
         """putMessage (§6): store one message; PUT_OK once the writer appended it (under
         SYNC_FLUSH once it is on disk). Refusals are statuses with a `detail`."""
         self._check_open()
-        if not isinstance(message, Message):
-            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+        if type(message) is not Message:
+            if not isinstance(message, Message):
+                raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+            message = plain_message(message)
         return self._put_and_wait((message,), batch=False)
 
     def put_batch(self, messages: Sequence[Message]) -> PutResult:
@@ -404,7 +408,7 @@ class MessageStore:
         _check_messages(messages, "messages")
         if not messages:
             raise ValueError("messages must not be empty")
-        return tuple(messages)
+        return plain_messages(messages)
 
     def _put_and_wait(self, messages: tuple[Message, ...], *, batch: bool) -> PutResult:
         started_ns = time.monotonic_ns()
@@ -437,8 +441,10 @@ class MessageStore:
         once this thread has seen its newest future done, its reads cover that put."""
         if self._closed:  # `_check_open`, inline: once per put
             self._check_open()
-        if type(message) is not Message and not isinstance(message, Message):
-            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+        if type(message) is not Message:
+            if not isinstance(message, Message):
+                raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+            message = plain_message(message)
         return self._puts.put_async(message)
 
     def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
@@ -456,6 +462,7 @@ class MessageStore:
         result when the put was refused before reaching the writer). With `reply`, the answer
         goes there (and stats are recorded when it arrives)."""
         self._check_open()
+        messages = plain_messages(messages)
         started_ns = time.monotonic_ns()
         waiter: Waiter | None = None
         if reply is None:

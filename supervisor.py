@@ -2,10 +2,11 @@
 
 The tree is data (`TREE`). A failed child is restarted together with its dependents
 (Erlang's rest_for_one, narrowed to the children that really read its output); the others
-restart alone. More than `MAX_RESTARTS` restarts within `RESTART_PERIOD_MS` means the fault
-is not transient (a full disk, a broken file): the supervisor then stops every child
+restart alone. More than `MAX_RESTARTS` restarts of the file owners within `RESTART_PERIOD_MS`
+means the fault is not transient (a full disk, a broken file): the supervisor then stops every child
 cleanly, keeps the abort file so the next start recovers, and tells the host through
-`on_fatal`. One thread does all of it and also drives the periodic services (the ticker):
+`on_fatal`. The actor API (the gateway, `OWNS_NO_FILES`) is restarted for as long as the
+store runs, with the same back-off. One thread does all of it and also drives the periodic services (the ticker):
 each child's `Tick` at its interval, and every TICK_HOOK_INTERVAL_MS the store's tick hooks
 (`ActorContext.on_tick_ms`: StoreStats sampling, the stats snapshot). A hook that raises is
 logged (at most once a minute per hook) and never ends the thread.
@@ -85,10 +86,15 @@ from .ticker import RealTicker, Ticker
 
 R = TypeVar("R")
 
-__all__ = ["Supervisor", "SupervisorState", "ChildSpec", "TREE", "MAX_RESTARTS", "RESTART_PERIOD_MS"]
+__all__ = ["Supervisor", "SupervisorState", "ChildSpec", "TREE", "MAX_RESTARTS", "RESTART_PERIOD_MS", "OWNS_NO_FILES"]
 
 MAX_RESTARTS = 10
 RESTART_PERIOD_MS = 60_000
+# The actor API owns no file and serves the host's own actors: requests that keep crashing it
+# (a client's bug) restart it with back-off as long as the store runs, and never count
+# against the budget of the actors that own the store's files (review 44 H1: eleven bad
+# requests in a minute stopped the whole store).
+OWNS_NO_FILES = frozenset({"gateway"})
 BACKOFF_FIRST_MS = 10
 BACKOFF_MAX_MS = 1_000
 START_TIMEOUT_S = 30.0
@@ -379,6 +385,7 @@ class Supervisor:
         self._abort: AbortFile | None = None
         self._thread: threading.Thread | None = None
         self._recent_failures: collections.deque[int] = collections.deque()
+        self._recent_api_failures: collections.deque[int] = collections.deque()  # OWNS_NO_FILES
         self.fatal_error: BaseException | None = None
         self.log = get_logger("mqstore.supervisor", store=config.store_path_root_dir)
 
@@ -547,14 +554,16 @@ class Supervisor:
 
     def _handle_failure(self, event: ChildFailed) -> bool:
         now = self.ticker.now_ms()
-        self._recent_failures.append(now)
-        while self._recent_failures and self._recent_failures[0] < now - RESTART_PERIOD_MS:
-            self._recent_failures.popleft()
-        if len(self._recent_failures) > MAX_RESTARTS:
+        owns_files = event.name not in OWNS_NO_FILES
+        recent = self._recent_failures if owns_files else self._recent_api_failures
+        recent.append(now)
+        while recent and recent[0] < now - RESTART_PERIOD_MS:
+            recent.popleft()
+        if owns_files and len(recent) > MAX_RESTARTS:
             self._give_up(event.error)
             return False
         # Back-off: a fault such as a full disk hits the same wall if retried at once.
-        backoff = min(BACKOFF_FIRST_MS * 2 ** (len(self._recent_failures) - 1), BACKOFF_MAX_MS)
+        backoff = min(BACKOFF_FIRST_MS * 2 ** (len(recent) - 1), BACKOFF_MAX_MS)
         self.ticker.sleep_ms(backoff)
         group = self._restart_group(event.name)
         self.log.warning("restarting", failed=event.name, group=group, error=repr(event.error))

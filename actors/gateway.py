@@ -16,6 +16,7 @@ from typing import Any, ClassVar, ContextManager, Protocol, assert_never
 import pykka
 
 from ..errors import StoreClosedError
+from ..storage.codec import JAVA_LONG_MAX
 from ..messages import (
     Get,
     GetResult,
@@ -132,6 +133,8 @@ def request_error(request: GatewayRequest) -> Exception | None:
                 return _type_error("Subscribe.topic", "a str or None", topic)
             if queue_id is not None and not _is_int(queue_id):
                 return _type_error("Subscribe.queue_id", "an int or None", queue_id)
+            if queue_id is not None and not 0 <= queue_id <= JAVA_LONG_MAX:
+                return ValueError(f"Subscribe.queue_id must be in [0, {JAVA_LONG_MAX}], not {queue_id}")
         case Unsubscribe() | Ping():
             pass
         case _:
@@ -150,12 +153,22 @@ class _Routed(StoreActor[RequestT]):
 
     def refuse(self, message: object, why: str) -> None:
         """A message of no known request type: fail its reply if it has one, else log it."""
-        reply = getattr(message, "reply", None)
+        try:
+            reply = getattr(message, "reply", None)
+        except Exception:  # anything a client sends: its attributes may raise
+            reply = None
         error = TypeError(f"{self.name} cannot handle {type(message).__name__}: {why}")
         if isinstance(reply, Reply):
-            reply.fail(error)
+            self._answer_failed(reply, error)
         else:
             self.log.warning("unanswerable request dropped", request=type(message).__name__, why=why)
+
+    def _answer_failed(self, reply: Reply, exc: Exception) -> None:
+        """Fail a client's `reply`; what its callback, future or actor raises is logged."""
+        try:
+            reply.fail(exc)
+        except Exception as undeliverable:
+            self.log.warning("a request's refusal could not be delivered", error=repr(undeliverable))
 
 
 class GatewayReader(_Routed[ReaderRequest]):
@@ -185,15 +198,23 @@ class GatewayReader(_Routed[ReaderRequest]):
         return None
 
     def _answer_read(self, reply: Reply, read: _Read) -> None:
+        answer: GetResult | QueryResult | Exception
         try:
             # Read-your-writes for the asking actor: its puts answered as stored before this
             # request are reflected (the actor client notes each before telling Replied).
             with self.backend.reading_for(reply.actor):
                 answer = read()
         except Exception as exc:  # the reader's exception is the asker's answer (a bad request)
-            reply.fail(exc)
-            return
-        reply.send(answer)
+            answer = exc
+        # The asker's Reply is the asker's object: its callback, future or actor may raise
+        # anything, which is theirs, never a crash of ours (review 44 H1).
+        try:
+            if isinstance(answer, Exception):
+                reply.fail(answer)
+            else:
+                reply.send(answer)
+        except Exception as exc:
+            self.log.warning("a read's answer could not be delivered", error=repr(exc))
 
 
 class _Read(Protocol):
@@ -232,11 +253,14 @@ class StoreGateway(_Routed[GatewayRequest]):
         if not isinstance(message, (Subscribe, Unsubscribe, Ping)) and not isinstance(reply, Reply):
             self.refuse(message, f"its reply is {type(reply).__name__}, not a Reply")
             return None
-        error = request_error(message)
+        try:
+            error = request_error(message)
+        except Exception as exc:  # a field of the client's that raises when read (review 44 H1)
+            error = exc
         if error is not None:
             self.log.info("malformed request answered with an error", request=type(message).__name__, error=str(error))
             if isinstance(reply, Reply):
-                reply.fail(error)
+                self._answer_failed(reply, error)
             return None
         return super().on_receive(message)  # a bug of ours fails `reply`, then restarts us
 
@@ -246,8 +270,13 @@ class StoreGateway(_Routed[GatewayRequest]):
             case Put(messages=messages, reply=reply, batch=batch):
                 try:  # the writer answers `reply`; only a refusal before it is answered here
                     self.backend.submit_put(tuple(messages), batch=batch, reply=reply)
-                except (TypeError, ValueError, StoreClosedError) as exc:
-                    reply.fail(exc)
+                except Exception as exc:
+                    # The message is the client's object (a properties mapping, a computed
+                    # field) and may raise anything while it is read: its answer, not a
+                    # restart of ours that counts against the store (review 44 H1).
+                    if not isinstance(exc, (TypeError, ValueError, StoreClosedError)):
+                        self.log.warning("a put raised while it was read and encoded", error=repr(exc))
+                    self._answer_failed(reply, exc)
             case Get() | Query():
                 self._route_read(message)
             case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):
@@ -261,11 +290,16 @@ class StoreGateway(_Routed[GatewayRequest]):
         return None
 
     def _closed_is_fine(self, change: Callable[[], None]) -> None:
-        """A (un)subscription still queued when the store closed: nothing left to change."""
+        """A (un)subscription still queued when the store closed: nothing left to change. One
+        the store refuses (or whose subscriber raises when compared) has no reply to carry
+        the error: it is logged, and the gateway carries on (review 44 H1)."""
         try:
             change()
         except StoreClosedError:
             self.log.info("subscription change after close ignored")
+        except Exception as exc:
+            self.log.warning("subscription change refused", error=repr(exc))
+
 
     def _route_read(self, request: Get | Query) -> None:
         readers = self._readers

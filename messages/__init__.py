@@ -25,6 +25,8 @@ import pykka
 
 __all__ = [
     "Message",
+    "plain_message",
+    "plain_messages",
     "PutResult",
     "GetResult",
     "QueryResult",
@@ -73,6 +75,28 @@ class Message(NamedTuple):
     born_host: str | None = None
     born_timestamp_ms: int | None = None
     wait_store_msg_ok: bool = True  # RocketMQ's WAIT property: under sync flush, wait for the disk
+
+
+_MESSAGE_FIELDS = Message._fields
+
+
+def plain_message(message: Message) -> Message:
+    """`message` as a plain Message, each field read once: a subclass may compute a field
+    (a property that picks a random queue), and the store reads a message's topic and queue
+    more than once (to check it, to encode it, to count its queue offset). Read twice, such a
+    field put a record in one queue with an offset of another's counter, and the next
+    message of that queue was given the same offset (review 44 H2)."""
+    if type(message) is Message:
+        return message
+    return Message(*[getattr(message, name) for name in _MESSAGE_FIELDS])
+
+
+def plain_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """`plain_message` of each, as a tuple (the messages themselves when all are plain)."""
+    for message in messages:
+        if type(message) is not Message:
+            return tuple(plain_message(m) for m in messages)
+    return tuple(messages)
 
 
 # The statuses whose message is in the log: `PutResult.stored`, and its hot paths' set test.

@@ -41,7 +41,7 @@ from mqstore.storage.codec import (
     read_record,
 )
 
-_SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
+_SEGMENT_NAME: Final = re.compile(r"\A\d{20}\Z")
 _II: Final = struct.Struct(">ii")
 _MIN_RECORD_V1: Final = cal_msg_length(0, 0, 0)
 _MIN_RECORD_V2: Final = cal_msg_length(0, 0, 0, 0, True)

@@ -150,7 +150,7 @@ SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
 # RocketMQ's TopicValidator: the allowed characters and the topics a client may not send to.
-_VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_VALID_TOPIC = re.compile(r"\A[%|a-zA-Z0-9_-]+\Z")
 RESERVED_TOPICS: Final = frozenset(
     {
         "TBW102",
@@ -330,10 +330,13 @@ def validate_topic(topic: object) -> str:
         raise TopicError(f"topic must be a str, not {type(topic).__name__}")
     if not topic:
         raise TopicError("topic is empty")
-    if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES:
-        raise TopicError(f"topic is longer than {MAX_TOPIC_BYTES} bytes: {topic[:40]!r}...")
+    # The characters first: they are ASCII, so the length in characters is the length in
+    # bytes (and a lone surrogate is refused here rather than by the UTF-8 encoder).
     if not _VALID_TOPIC.match(topic):
-        raise TopicError(f"topic {topic!r} has characters outside [a-zA-Z0-9%|_-]")
+        shown = repr(topic) if len(topic) <= 60 else f"{topic[:40]!r}..."
+        raise TopicError(f"topic {shown} has characters outside [a-zA-Z0-9%|_-]")
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise TopicError(f"topic is longer than {MAX_TOPIC_BYTES} bytes: {topic[:40]!r}...")
     if topic in RESERVED_TOPICS:
         raise TopicError(f"topic {topic!r} is reserved by RocketMQ")
     if len(_VALID_TOPICS_SEEN) < 65536:

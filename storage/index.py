@@ -81,7 +81,7 @@ _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")
 _ZERO_ENTRY: Final = bytes(INDEX_ENTRY_SIZE)
 
-_NAME_RE = re.compile(r"^\d{17}$")
+_NAME_RE = re.compile(r"\A\d{17}\Z")
 DAMAGED_SUFFIX: Final = ".damaged"  # a derived file set aside, for a person to look at
 
 

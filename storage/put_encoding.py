@@ -86,7 +86,15 @@ class PutEncoder:
         )  # fmt: skip
 
     def encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:
-        """The pre-checks, then the records (the C encoder for plain messages)."""
+        """The pre-checks, then the records (the C encoder for plain messages). A text field
+        that UTF-8 cannot hold (a lone surrogate) is a ValueError naming the field."""
+        try:
+            return self._encode(messages, batch, now_ms)
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{_unencodable_field(messages)} cannot be encoded as UTF-8: {exc.reason} "
+                             f"({exc.object[exc.start:exc.end]!r})") from exc  # fmt: skip
+
+    def _encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:
         if not messages:
             raise ValueError("messages: no messages to put")
         first = messages[0]
@@ -193,3 +201,19 @@ def message_properties(message: PutMessageLike) -> str:
     if not message.wait_store_msg_ok:
         props[codec.PROPERTY_WAIT_STORE_MSG_OK] = "false"
     return codec.properties_to_string(props) if props else ""
+
+
+def _unencodable_field(messages: Sequence[PutMessageLike]) -> str:
+    """Which text field of `messages` UTF-8 cannot encode (for the error), as "messages[i].field"."""
+    for i, message in enumerate(messages):
+        keys = message.keys
+        texts: list[tuple[str, object]] = [("topic", message.topic), ("tags", message.tags), ("born_host", message.born_host)]
+        texts += [("keys", key) for key in ([keys] if isinstance(keys, str) else keys)]
+        texts += [(f"properties[{name!r}]", f"{name}{value}") for name, value in message.properties.items()]
+        for field, text in texts:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return f"messages[{i}].{field}" if len(messages) > 1 else field
+    return "a text field"

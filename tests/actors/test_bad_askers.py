@@ -5,7 +5,9 @@ every later put SERVICE_NOT_AVAILABLE)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 import mqstore
 from mqstore import GetMessageStatus, Message, Reply
 from mqstore.actors.gateway import GATEWAY_READERS
-from mqstore.messages import Get, Put, Waiter
+from mqstore.messages import Get, Ping, Put, Subscribe, Unsubscribe, Waiter
 
 TIMEOUT_S = 10.0
 
@@ -241,3 +243,113 @@ def test_a_host_actor_slow_to_take_its_answers_blocks_nothing_of_the_store(tmp_p
     finally:
         release.set()
         slow.stop()
+
+
+# Review 44 H1: requests that raised something other than TypeError/ValueError while the
+# gateway read them crashed it; eleven in a minute stopped the whole store.
+
+
+class _RaisingMapping(Mapping[str, str]):
+    """A client's properties mapping that fails while it is read."""
+
+    def __getitem__(self, key: str) -> str:
+        raise RuntimeError("the client's mapping failed")
+
+    def __iter__(self) -> Iterator[str]:
+        raise RuntimeError("the client's mapping failed")
+
+    def __len__(self) -> int:
+        return 1
+
+
+class _ReprRaises:
+    """A callable whose repr raises (and a partial-like object without __qualname__)."""
+
+    def __call__(self, answer: object) -> None:
+        self.answers.append(answer)
+
+    def __init__(self) -> None:
+        self.answers: list[object] = []
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class _EqRaises:
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("the truth value of an array is ambiguous")
+
+    __hash__ = object.__hash__
+
+    def __call__(self, arrived: object) -> None:
+        pass
+
+
+def test_requests_that_raise_while_read_are_answered_and_never_stop_the_store(tmp_path: Path) -> None:
+    """More of them than the store's restart budget: each is answered (or logged), nothing is
+    restarted, and the store and the actor API go on."""
+    fatal: list[BaseException] = []
+    with mqstore.open(tmp_path / "s", on_fatal=fatal.append) as store:
+        store.put(Message("t", b"x"))
+        failed = []
+        for _ in range(12):
+            waiter = Waiter()
+            bad = Message("t", b"x", properties=_RaisingMapping())
+            store.actor_ref.tell(Put(messages=(bad,), reply=Reply(future=waiter)))
+            failed.append(waiter)
+            store.actor_ref.tell(Subscribe(subscriber=lambda arrived: None, topic="t", queue_id=-1))
+            store.actor_ref.tell(Unsubscribe(subscriber=_EqRaises()))
+        for waiter in failed:
+            with pytest.raises(RuntimeError, match="the client's mapping failed"):
+                waiter.get(timeout=TIMEOUT_S)
+        _answered_in_order(store)
+        assert fatal == []
+
+
+def test_a_get_answered_to_a_callback_whose_repr_raises_reaches_it(tmp_path: Path) -> None:
+    with mqstore.open(tmp_path / "s") as store:
+        store.put(Message("t", b"x"))
+        callback = _ReprRaises()
+        for _ in range(GATEWAY_READERS):
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(callback=callback)))
+        _answered_in_order(store)
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(callback.answers) < GATEWAY_READERS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [type(a).__name__ for a in callback.answers] == ["GetResult"] * GATEWAY_READERS
+
+
+def test_the_gateway_crashing_more_than_the_restart_budget_does_not_stop_the_store(tmp_path: Path) -> None:
+    """Its own bug (an injected fault in every request): restarted each time with back-off,
+    never counted against the actors that own the store's files."""
+    from mqstore.faults import FaultPlan
+    from mqstore.supervisor import MAX_RESTARTS
+
+    fatal: list[BaseException] = []
+    plan = FaultPlan()
+    with mqstore.open(tmp_path / "s", on_fatal=fatal.append, faults=plan) as store:
+        plan.arm("gateway.mid_request", times=MAX_RESTARTS + 2)
+        # The first crash; each start handshake of a restarted gateway crashes again (a Ping
+        # through the same handler) until the plan is spent: MAX_RESTARTS + 2 failures.
+        with contextlib.suppress(pykka.ActorDeadError):
+            store.actor_ref.tell(Ping())
+        deadline = time.monotonic() + 60
+        while plan.fired.get("gateway.mid_request", 0) < MAX_RESTARTS + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert plan.fired["gateway.mid_request"] == MAX_RESTARTS + 2
+        _answered_in_order_after_restarts(store)
+        assert store.running and fatal == [] and store.supervisor.restarts[-1].failed == "gateway"
+
+
+def _answered_in_order_after_restarts(store: mqstore.MessageStore) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        got = Waiter()
+        try:
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(future=got)))
+            assert got.get(timeout=TIMEOUT_S).status is GetMessageStatus.NO_MESSAGE_IN_QUEUE
+            break
+        except pykka.ActorDeadError:
+            assert time.monotonic() < deadline, "the gateway was not restarted"
+            time.sleep(0.05)
+    assert store.put(Message("t", b"after")).ok

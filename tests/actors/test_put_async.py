@@ -342,10 +342,11 @@ def test_a_failed_fire_and_forget_put_goes_to_the_stats(store_dir: Path) -> None
         try:
             client = store.actor_client(ref)
             assert not client.put_and_forget(Message(topic="bad topic!", body=b"x"))  # refused here
+            assert store.stats()["put_message_status_times"] == {"MESSAGE_ILLEGAL": 1}  # (review 44 L1)
             store.supervisor.ctx.peers["writer"].ask(SetWriteable(writeable=False))
             assert client.put_and_forget(Message(topic="orders", body=b"refused by the writer"))
-            helpers.wait_until(lambda: store.stats()["put_message_failed_times"] == 1, what="the failure counted")
-            assert store.stats()["put_message_status_times"] == {"SERVICE_NOT_AVAILABLE": 1}
+            helpers.wait_until(lambda: store.stats()["put_message_failed_times"] == 2, what="the failure counted")
+            assert store.stats()["put_message_status_times"] == {"MESSAGE_ILLEGAL": 1, "SERVICE_NOT_AVAILABLE": 1}
         finally:
             ref.stop()
 
