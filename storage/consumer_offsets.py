@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Callable, Final, TypeVar
 
 from mqstore.log import get_logger
@@ -107,15 +108,17 @@ def load_fastjson(text: str) -> Any:
 # The string2File / file2String protocol
 
 
-def persist_config_file(fs: FileSystem, path: str, text: str) -> None:
+def persist_config_file(fs: FileSystem, path: str, text: str, decode: Callable[[Any], object]) -> None:
     """`MixAll.string2File`: previous content → `.bak`, new content → `.tmp`, fsync, rename.
 
-    Unlike RocketMQ, an empty or unparsable previous file is not copied over a good `.bak`.
+    Unlike RocketMQ, an empty previous file, or one that `decode` (the loader's own) cannot
+    read, is not copied over a good `.bak`: it is kept as `.damaged` (valid JSON of the wrong
+    shape went to `.bak` and the next write overwrote it: review 45 F1).
     Raises OSError on I/O errors (the previous file is then still intact)."""
     fs.makedirs(os.path.dirname(path))
     if fs.exists(path):
         previous = fs.read_bytes(path)
-        if previous.strip() and _parses(previous):
+        if previous.strip() and _decodes(previous, decode):
             fs.write_atomic(path + ".bak", previous)
         elif previous.strip():
             _set_aside_a_copy(fs, path, previous)
@@ -146,10 +149,13 @@ def _set_aside_a_copy(fs: FileSystem, path: str, damaged: bytes) -> None:
     log.error("config_file_not_set_aside", path=path, reason=f"{MAX_DAMAGED_COPIES} damaged copies kept already")
 
 
-def _parses(data: bytes) -> bool:
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError)  # deep nesting: RecursionError
+
+
+def _decodes(data: bytes, decode: Callable[[Any], object]) -> bool:
     try:
-        load_fastjson(data.decode("utf-8"))
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        decode(load_fastjson(data.decode("utf-8")))
+    except _DECODE_ERRORS:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return False
     return True
 
@@ -170,7 +176,7 @@ def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T]) -> T
                 errors.append(f"{candidate}: empty")
                 continue
             value = decode(load_fastjson(text))
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # deep nesting: RecursionError
+        except _DECODE_ERRORS as e:
             errors.append(f"{candidate}: {e}")
             continue
         if candidate != path:
@@ -188,9 +194,16 @@ def _int_table(obj: Any) -> dict[int, int]:
 
 
 def _as_int(v: Any) -> int:
+    # A string of digits is a number to fastjson (TypeUtils.castToLong: Long.parseLong), so
+    # the broker reads {"0":"450"} as offset 450; so do we.
+    if type(v) is str and _DIGITS.fullmatch(v):
+        return int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"expected an integer, got {v!r}")
     return v
+
+
+_DIGITS = re.compile(r"-?[0-9]{1,19}")
 
 
 def parse_delay_offset_table(doc: Any) -> dict[int, int]:
@@ -212,6 +225,33 @@ def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
     if not isinstance(table, dict):
         raise TypeError("offsetTable is not an object")
     return {str(topic_at_group): _int_table(queues) for topic_at_group, queues in table.items()}
+
+
+def _salvage_offset_table(fs: FileSystem, path: str) -> tuple[dict[str, dict[int, int]], list[str]] | None:
+    """The entries of `path` that decode, and what was left out: for a file that is JSON in
+    RocketMQ's shape with some entries of the wrong type (and no readable `.bak`). None if
+    even that shape is not there."""
+    try:
+        table = load_fastjson(fs.read_bytes(path).decode("utf-8"))["offsetTable"]
+    except (OSError, *_DECODE_ERRORS):
+        return None
+    if not isinstance(table, dict):
+        return None
+    kept: dict[str, dict[int, int]] = {}
+    left_out: list[str] = []
+    for topic_at_group, queues in table.items():
+        if not isinstance(queues, dict):
+            left_out.append(str(topic_at_group))
+            continue
+        entries: dict[int, int] = {}
+        for queue_id, offset in queues.items():
+            try:
+                entries[int(queue_id)] = _as_int(offset)
+            except (ValueError, TypeError):
+                left_out.append(f"{topic_at_group}/{queue_id}")
+        if entries:
+            kept[str(topic_at_group)] = entries
+    return kept, left_out
 
 
 class ConsumerOffsetStore:
@@ -237,6 +277,12 @@ class ConsumerOffsetStore:
         except ConfigFileError as exc:
             log.error("consumer_offsets_unreadable", path=self.path, error=str(exc)[:500])
             table = None
+            # Neither file reads whole: the entries of the newest that do are served, rather
+            # than every group starting over (the file is kept as `.damaged` at the next write).
+            salvaged = _salvage_offset_table(self._fs, self.path) if self._fs.exists(self.path) else None
+            if salvaged is not None and salvaged[0]:
+                table, left_out = salvaged
+                log.error("consumer_offsets_partly_read", path=self.path, kept=len(table), left_out=left_out[:20])
         if table is None:
             self._table = {}
             return False
@@ -296,4 +342,4 @@ class ConsumerOffsetStore:
 
     def persist(self) -> None:
         """Write the table with the string2File protocol. Raises OSError on I/O errors."""
-        persist_config_file(self._fs, self.path, self.encode())
+        persist_config_file(self._fs, self.path, self.encode(), _parse_offset_table)

@@ -249,6 +249,41 @@ def test_a_brokers_fastjson_offset_file_is_read(tmp_path: Path, open_store: Open
     assert store.query_offset("please_rename_unique_group_name_4", "TopicTest", 2) == 250
 
 
+@pytest.mark.parametrize("bad", ['"abc"', "[450]", "{}", "null"])
+def test_an_offset_file_with_an_entry_of_the_wrong_type_loses_no_other_entry_and_is_kept(
+    tmp_path: Path, open_store: Open, bad: str
+) -> None:
+    """Review 45 F1: JSON of RocketMQ's shape with one value of the wrong type read as no
+    offsets at all, went to `.bak` at the next write, and the write after overwrote that."""
+    root = tmp_path / "store"
+    (root / "config").mkdir(parents=True)
+    damaged = '{"offsetTable":{"T0@g1":{0:5},"T1@important":{0:400,1:"401"},"T2@important":{0:%s}}}' % bad
+    (root / "config" / "consumerOffset.json").write_text(damaged)
+    for round_offset in (11, 12):
+        store = open_store(root)
+        # fastjson reads a string of digits as the number; only the bad entry is left out
+        assert (store.query_offset("g1", "T0", 0), store.query_offset("important", "T1", 0)) == (5, 400)
+        assert store.query_offset("important", "T1", 1) == 401
+        assert store.query_offset("important", "T2", 0) == -1
+        store.commit_offset("newgroup", "T0", 0, round_offset)
+        assert store.close()
+    kept = root / "config" / "consumerOffset.json.damaged"
+    assert kept.read_text() == damaged
+    assert not (root / "config" / "consumerOffset.json.damaged.1").exists()
+    final = json.loads((root / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    assert final == {"T0@g1": {"0": 5}, "T1@important": {"0": 400, "1": 401}, "T0@newgroup": {"0": 12}}
+
+
+def test_a_string_of_digits_is_an_offset_as_fastjson_reads_it(tmp_path: Path, open_store: Open) -> None:
+    root = tmp_path / "store"
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "consumerOffset.json").write_text('{"offsetTable":{"T@g":{"0":"450"}}}')
+    store = open_store(root)
+    assert store.query_offset("g", "T", 0) == 450
+    assert store.close()
+    assert not (root / "config" / "consumerOffset.json.damaged").exists()
+
+
 def _filled_store(root: Path, open_store: Open) -> None:
     store = open_store(root)
     h.put_n(store, 6, tags=lambda i: "A" if i % 2 else "B")
