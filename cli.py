@@ -184,7 +184,7 @@ def store_config(
     and names `mqstore recover`: it reads what is valid and repairs nothing."""
     from .storage.fs import RealFileSystem
     from .storage.geometry import adopt_geometry
-    from .storage.recovery import commitlog_gone
+    from .storage.recovery import commitlog_gone, commitlog_not_this_stores
 
     if not root.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
@@ -199,6 +199,11 @@ def store_config(
         if gone is not None:
             raise CliError(ExitCode.NOT_A_STORE, f"the commitlog directory {config.commitlog_dir} holds no segment, "
                                                  f"but {gone}: is it the store's (store_path_commitlog)?")  # fmt: skip
+        # Another log there (review 45 F3/F6): every read would answer "no message".
+        foreign = commitlog_not_this_stores(config, RealFileSystem())
+        if foreign is not None:
+            raise CliError(ExitCode.NOT_A_STORE, f"the commitlog directory {config.commitlog_dir} is not this "
+                                                 f"store's: {foreign}; is store_path_commitlog set right?")  # fmt: skip
     try:
         config, _ = adopt_geometry(RealFileSystem(), config)
     except StoreGeometryAmbiguous as exc:
@@ -210,9 +215,15 @@ def store_config(
     except ConfigError as exc:
         raise CliError(ExitCode.USAGE, str(exc)) from None
     if read_only and os.path.exists(config.abort_path):
-        print(f"mqstore {getattr(args, 'command', '')}: {root} did not stop cleanly (abort file present): "
-              f"reading what is valid, changing nothing; run `mqstore recover {root}` to recover it",
-              file=sys.stderr)  # fmt: skip
+        from .tools.inspect_cli import lock_state  # (the tools import this module)
+
+        if lock_state(root)["held"]:  # running: its abort file says only that (review 45 F4)
+            print(f"mqstore {getattr(args, 'command', '')}: {root} is open in a running process: reading what is "
+                  "valid now, changing nothing", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"mqstore {getattr(args, 'command', '')}: {root} did not stop cleanly (abort file present): "
+                  f"reading what is valid, changing nothing; run `mqstore recover {root}` to recover it",
+                  file=sys.stderr)  # fmt: skip
     return config
 
 
@@ -308,7 +319,7 @@ def _write_json_lines(rows: Iterator[dict[str, Any]], out: IO[str]) -> int:
     return count
 
 
-_SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
+_SEGMENT_NAME: Final = re.compile(r"\A\d{20}\Z")
 
 
 def segment_layout(directory: Path, prefer: int | None = None) -> tuple[list[Path], int]:
@@ -416,7 +427,7 @@ def dump_consume_queues(
             }
 
 
-_INDEX_NAME: Final = re.compile(r"^\d{17}$")
+_INDEX_NAME: Final = re.compile(r"\A\d{17}\Z")
 
 
 def dump_index(directory: Path, *, max_hash_slot_num: int) -> Iterator[dict[str, Any]]:

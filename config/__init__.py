@@ -252,7 +252,10 @@ class StoreConfig:
         """defaults.toml, then the file at `path`, then MQSTORE_* variables, then `overrides`."""
         merged: dict[str, Any] = {}
         if path is not None:
-            merged.update(_canonical_keys(_store_keys_of_file(Path(path), _read_file(Path(path)))))
+            from_file = _canonical_keys(_store_keys_of_file(Path(path), _read_file(Path(path))))
+            if not _is_properties_file(Path(path)):
+                _refuse_toml_strings_for_numbers(from_file)
+            merged.update(from_file)
         merged.update(_from_env(env))
         if overrides:
             merged.update(_canonical_keys(overrides))
@@ -542,12 +545,26 @@ def _store_keys_of_file(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k not in BROKER_ONLY_KEYS}
 
 
+def _is_properties_file(path: Path) -> bool:
+    return path.suffix in (".properties", ".conf")
+
+
+def _refuse_toml_strings_for_numbers(values: Mapping[str, Any]) -> None:
+    """TOML is typed: a quoted number for a number or bool setting is a mistake to name, not
+    text to convert (as environment variables and .properties files are) (review 45 F5)."""
+    for key, value in values.items():
+        if isinstance(value, str) and key in _FIELDS and _kind(key) is not str:
+            raise ConfigError(key, value, f"a TOML string where a {_kind(key).__name__} belongs: write it without quotes")
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("path", str(path), f"cannot read config file: {exc.strerror or exc}") from exc
-    if path.suffix in (".properties", ".conf"):
+    except UnicodeDecodeError as exc:
+        raise ConfigError("path", str(path), f"config file is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
+    if _is_properties_file(path):
         return _parse_properties(text)
     try:
         return tomllib.loads(text)
@@ -608,7 +625,7 @@ def _kind(key: str) -> type:
     return {"int": int, "bool": bool, "float": float}.get(annotation, str)
 
 
-_DELETE_WHEN = re.compile(r"^\d{1,2}(;\d{1,2})*$")
+_DELETE_WHEN = re.compile(r"\A\d{1,2}(;\d{1,2})*\Z")
 
 
 def _check(key: str, value: Any) -> Any:

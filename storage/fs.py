@@ -116,6 +116,7 @@ class FileSystem(Protocol):
     def mtime_ms(self, path: str) -> int: ...
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
     def read_bytes(self, path: str) -> bytes: ...
+    def read_at(self, path: str, offset: int, length: int) -> bytes: ...
     def shared_with(self, path: str) -> str | None: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
     def set_aside(self, path: str, suffix: str) -> str: ...
@@ -582,6 +583,15 @@ class RealFileSystem:
     def read_bytes(self, path: str) -> bytes:
         return read_regular_file(path)
 
+    def read_at(self, path: str, offset: int, length: int) -> bytes:
+        """At most `length` bytes of a regular file from `offset` (fewer past its end)."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO opens, then is refused)
+        try:
+            _require_regular(os.fstat(fd).st_mode, path)
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
     def shared_with(self, path: str) -> str | None:
         """Why writing `path` in place would write bytes another name shows too: "a symbolic
         link to ..." or "one of N hard links to one file"; None for a file of its own or none."""
@@ -946,6 +956,9 @@ class SimulatedFileSystem:
         if file is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", path)
         return bytes(file.volatile)
+
+    def read_at(self, path: str, offset: int, length: int) -> bytes:
+        return self.read_bytes(path)[offset : offset + length]
 
     def write_atomic(self, path: str, data: bytes) -> None:
         path = os.path.normpath(path)

@@ -35,7 +35,7 @@ from ..log import get_logger
 from . import codec
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_end
-from .consume_queue import ConsumeQueue, cq_file_size, list_consume_queues
+from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
@@ -234,6 +234,14 @@ def check_geometry(cfg: StoreConfig, fs: FileSystem, *, repairing: bool = False)
             "and opening it would cut every queue to an empty log. Put the commitlog back (a mount not up yet? "
             "store_path_commitlog set as when it was written?), or remove the whole store directory to start over"
         )
+    if gone is None:
+        foreign = commitlog_not_this_stores(cfg, fs)
+        if foreign is not None:
+            raise StoreDirectoryError(
+                f"the commitlog directory {cfg.commitlog_dir} is not this store's: {foreign}. Opening (or recovering) "
+                "it would cut this store's queues and index to another log. Is store_path_commitlog set as when the "
+                "store was written?"
+            )
     if not fs.exists(cfg.consume_queue_dir):
         return
     other_geometry = _cq_other_geometry(cfg, fs, list_consume_queues(cfg.consume_queue_dir, fs))
@@ -262,6 +270,111 @@ def commitlog_gone(cfg: StoreConfig, fs: FileSystem) -> str | None:
         if checkpoint.physic_msg_timestamp > 0:
             return "the checkpoint says messages were flushed"
     return None
+
+
+_FOREIGN_SAMPLE_QUEUES = 16
+_FOREIGN_MIN_EVIDENCE = 2
+_RECORD_HEAD = struct.Struct(">iiiiiqq")  # TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET
+_RECORD_MAGICS = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2)
+
+
+def commitlog_not_this_stores(cfg: StoreConfig, fs: FileSystem) -> str | None:
+    """Why the commitlog directory holds another log than the one this store's queues were
+    written from, or None. Review 45 F2/F3: store_path_commitlog set to another store's log,
+    or to one of this store's queue directories, was taken for a damaged log: the open cut
+    every queue and dropped index files, and `recover` filled "holes" in the other store.
+
+    Read only, a few small reads. The evidence: each sampled queue's oldest and newest units
+    that point into a segment on disk. A unit whose bytes there are a record of its own size,
+    queue, queue offset and commitlog offset is this store's; non-zero bytes that are not are
+    another log's (zeros, or bytes past a file's end, are a lost tail: no evidence). Another
+    log only when two units or more say so and none is this store's: damage to the oldest
+    records alone leaves the newest ones to vouch for the log."""
+    if not fs.isdir(cfg.commitlog_dir):
+        return None
+    segments: dict[int, str] = {}
+    for name in fs.listdir(cfg.commitlog_dir):
+        path = os.path.join(cfg.commitlog_dir, name)
+        if _is_segment_name(name) and fs.isfile(path):
+            segments[int(name)] = path
+    if not segments:
+        return None
+    starts = sorted(segments)
+    mine = foreign = 0
+    for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs)[:_FOREIGN_SAMPLE_QUEUES]:
+        for queue_offset, commitlog_offset, size in _oldest_and_newest_units(
+            fs, os.path.join(cfg.consume_queue_dir, topic, str(queue_id)), starts[0]
+        ):
+            start = max(s for s in starts if s <= commitlog_offset)
+            try:
+                head = fs.read_at(segments[start], commitlog_offset - start, _RECORD_HEAD.size)
+            except OSError:
+                continue
+            if len(head) < _RECORD_HEAD.size or not any(head[:8]):
+                continue  # past the file's end, or zeros: a lost tail, not another log
+            total, magic, _crc, record_queue, _flag, record_queue_offset, record_offset = _RECORD_HEAD.unpack(head)
+            if magic in _RECORD_MAGICS and (total, record_queue, record_queue_offset, record_offset) == (
+                size, queue_id, queue_offset, commitlog_offset
+            ):
+                mine += 1
+            else:
+                foreign += 1
+        if mine:
+            return None
+    if foreign >= _FOREIGN_MIN_EVIDENCE:
+        return (f"none of the {foreign} records this store's queues point at (their oldest and newest units into a "
+                "segment on disk) is there")  # fmt: skip
+    return None
+
+
+def _oldest_and_newest_units(fs: FileSystem, queue_dir: str, log_start: int) -> list[tuple[int, int, int]]:
+    """(queue offset, commitlog offset, size) of a queue's first unit that points at or past
+    `log_start`, among the first units of its files, and of its last written unit (filler
+    units and unwritten ones skipped)."""
+    try:
+        names = _cq_segment_names(fs, queue_dir)
+    except OSError:
+        return []
+    unit_size = codec.CQ_STORE_UNIT_SIZE
+    found: list[tuple[int, int, int]] = []
+
+    def unit_at(path: str, pos: int) -> tuple[int, int] | None:
+        data = fs.read_at(path, pos, unit_size)
+        if len(data) < unit_size:
+            return None
+        commitlog_offset, size, _tags = codec.CQ_UNIT.unpack_from(data)
+        return commitlog_offset, size
+
+    def usable(unit: tuple[int, int] | None) -> bool:
+        return unit is not None and 0 < unit[1] != FILLER_UNIT_SIZE and unit[0] >= log_start
+
+    try:
+        for name in names:
+            path = os.path.join(queue_dir, name)
+            data = fs.read_at(path, 0, 64 * unit_size)
+            units = [codec.CQ_UNIT.unpack_from(data, pos)[:2] for pos in range(0, len(data) - unit_size + 1, unit_size)]
+            first = next((i for i, unit in enumerate(units) if usable(unit)), None)
+            if first is not None:
+                found.append(((int(name) + first * unit_size) // unit_size, *units[first]))
+                break
+        if names:  # the last written unit of the last file: units are written in order, zeros after
+            path = os.path.join(queue_dir, names[-1])
+            low, high = 0, fs.getsize(path) // unit_size  # the first unwritten unit is in [low, high]
+            while low < high:
+                middle = (low + high) // 2
+                written = unit_at(path, middle * unit_size)
+                if written is not None and written != (0, 0):
+                    low = middle + 1
+                else:
+                    high = middle
+            last = unit_at(path, (low - 1) * unit_size) if low > 0 else None
+            if last is not None and usable(last):
+                newest = ((int(names[-1]) + (low - 1) * unit_size) // unit_size, *last)
+                if newest not in found:
+                    found.append(newest)
+    except OSError:
+        pass
+    return found
 
 
 def _is_segment_name(name: str) -> bool:

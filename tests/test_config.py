@@ -329,3 +329,20 @@ def test_no_effect_settings_are_those_set_away_from_their_default() -> None:
     assert sorted(cfg.no_effect_settings()) == ["ha_listen_port", "ha_master_address", "use_reentrant_lock_when_put_message"]
     # Set explicitly to the default value: it changes nothing, so it is not worth a warning.
     assert StoreConfig.from_dict({"haListenPort": 10912}).no_effect_settings() == {}
+
+
+def test_a_toml_string_for_a_number_setting_is_refused_naming_it(tmp_path: Path) -> None:
+    """Review 45 F5: `mapped_file_size_commitlog_bytes = "65536"` was converted silently."""
+    path = tmp_path / "store.toml"
+    path.write_text('mapped_file_size_commitlog_bytes = "65536"\n')
+    with pytest.raises(ConfigError, match="mapped_file_size_commitlog_bytes.*without quotes"):
+        StoreConfig.load(path)
+    path.write_text("mapped_file_size_commitlog_bytes = 65536\nflush_disk_type = \"SYNC_FLUSH\"\n")
+    assert StoreConfig.load(path).mapped_file_size_commitlog_bytes == 65536
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "store.toml"
+    path.write_bytes(b"\xff\xfem\x00a\x00")
+    with pytest.raises(ConfigError, match="store.toml.*not UTF-8"):
+        StoreConfig.load(path)

@@ -222,3 +222,89 @@ def test_a_directory_or_file_in_the_place_of_a_segment_or_queue_is_a_store_direc
         mqstore.open(root)
     assert _digest(tmp_path) == before
     assert not (root / "abort").exists()
+
+
+# Review 45 F2/F3: store_path_commitlog set to a log that is there but not this store's.
+
+_SMALL = {"mapped_file_size_commitlog_bytes": 64 * 1024, "mapped_file_size_consume_queue_bytes": 2000}
+
+
+def _three_queues(path: Path, n: int, prefix: bytes) -> None:
+    with mqstore.open(path, **_SMALL) as store:
+        for i in range(n):
+            assert store.put(Message("T%d" % (i % 3), prefix + b"-%05d" % i + b"." * 180, keys=["k%d" % i])).ok
+
+
+def _served(store: mqstore.MessageStore) -> int:
+    served = 0
+    for q in range(3):
+        offset = 0
+        while (got := store.get("T%d" % q, 0, offset, 32)).messages:
+            served += len(got.messages)
+            offset = got.next_begin_offset
+    return served
+
+
+@pytest.mark.parametrize("how", ["open", "recover"])
+@pytest.mark.parametrize("whose", ["another_store", "own_queue_dir"])
+def test_a_commitlog_directory_of_another_log_is_refused_and_nothing_changes(tmp_path: Path, how: str, whose: str) -> None:
+    """Before: the open cut every queue to the other log and dropped index files, and
+    `recover` rewrote every queue, deleted index files and wrote filler segments into the
+    other store (or renamed and grew a queue file into a 1 GiB "segment")."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    _three_queues(mine, 900, b"mine")
+    _three_queues(other, 150, b"other")
+    elsewhere = other / "commitlog" if whose == "another_store" else mine / "consumequeue" / "T0" / "0"
+    before = (_digest(mine), _digest(other))
+    if how == "open":
+        with pytest.raises(mqstore.StoreDirectoryError, match="is not this store's.*store_path_commitlog"):
+            mqstore.open(mine, store_path_commitlog=str(elsewhere), **_SMALL)
+    else:
+        err = io.StringIO()
+        env = {"MQSTORE_STORE_PATH_COMMITLOG": str(elsewhere)}
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            for key, value in env.items():
+                mp.setenv(key, value)
+            code = cli_main(["recover", "--no-progress", str(mine)])
+        assert code != 0 and "is not this store's" in err.getvalue()
+    assert (_digest(mine), _digest(other)) == before
+    with mqstore.open(mine, **_SMALL) as store:
+        assert _served(store) == 900
+
+
+def test_a_log_whose_oldest_records_are_damaged_is_still_this_stores(tmp_path: Path) -> None:
+    """The newest units vouch for the log: damage at its start is damage, not another log."""
+    path = tmp_path / "s"
+    _three_queues(path, 900, b"mine")
+    first = path / "commitlog" / ("%020d" % 0)
+    data = bytearray(first.read_bytes())
+    data[:4096] = b"\xa5" * 4096  # the first records of every queue
+    first.write_bytes(bytes(data))
+    with mqstore.open(path, **_SMALL) as store:
+        assert store.running and 800 < _served(store) < 900
+
+
+@pytest.mark.parametrize("command", ["get", "query", "verify"])
+def test_read_only_commands_refuse_a_commitlog_directory_of_another_log(tmp_path: Path, command: str) -> None:
+    """Review 45 F3/F6: `get` answered an empty queue with exit 0 for a queue of 300."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    _three_queues(mine, 900, b"mine")
+    _three_queues(other, 150, b"other")
+    args = {"get": ["--topic", "T0", "--queue", "0", "--offset", "0"], "query": ["--topic", "T0", "--key", "k0"],
+            "verify": []}[command]  # fmt: skip
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        mp.setenv("MQSTORE_STORE_PATH_COMMITLOG", str(other / "commitlog"))
+        code = cli_main([command, str(mine), *args])
+    assert code == 5 and "is not this store's" in err.getvalue()
+
+
+def test_a_read_only_command_on_a_running_store_does_not_advise_recover(tmp_path: Path) -> None:
+    """Review 45 F4: its abort file is there because it runs, and `recover` refuses a running store."""
+    path = tmp_path / "s"
+    with mqstore.open(path) as store:
+        assert store.put(Message("t", b"x")).ok
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            assert cli_main(["stats", str(path)]) == 0
+        assert "open in a running process" in err.getvalue() and "recover" not in err.getvalue()
