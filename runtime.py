@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -564,6 +565,11 @@ class Subscriptions:
         self.log = get_logger("mqstore.notifier")
 
     def add(self, subscriber: object, topic: str | None = None, queue_id: int | None = None) -> None:
+        """Subscribe; again with the same subscriber and filter, nothing (one listener thread and
+        one call per event, not one per subscribe: review 44 L2)."""
+        with self._lock:
+            if any(self._same_filter(e, subscriber, topic, queue_id) for e in self._entries):
+                return
         if isinstance(subscriber, pykka.ActorRef):
             entry = _Subscription(subscriber, topic, queue_id, None, str(subscriber))
         elif callable(subscriber):
@@ -572,7 +578,21 @@ class Subscriptions:
         else:
             raise TypeError(f"subscriber must be an actor ref or a callable, not {type(subscriber).__name__}")
         with self._lock:
+            if any(self._same_filter(e, subscriber, topic, queue_id) for e in self._entries):
+                _stop_quietly(entry.listener)  # another thread subscribed it meanwhile
+                return
             self._entries = (*self._entries, entry)
+
+    @staticmethod
+    def _same_filter(entry: _Subscription, subscriber: object, topic: str | None, queue_id: int | None) -> bool:
+        # Identity for the host's callables (no host `==` under the lock); the equality of
+        # bound methods (a new object per `obj.method`, equal for one object's one method) and
+        # of pykka's refs (two refs of one actor), neither of which runs host code.
+        other = entry.subscriber
+        same = other is subscriber or (
+            type(subscriber) is type(other) in (types.MethodType, types.BuiltinMethodType, pykka.ActorRef) and other == subscriber
+        )
+        return same and entry.topic == topic and entry.queue_id == queue_id
 
     def remove(self, subscriber: object) -> None:
         with self._lock:

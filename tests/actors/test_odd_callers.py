@@ -207,3 +207,25 @@ def test_a_tag_filter_of_blanks_matches_nothing_as_in_rocketmq(tmp_path: Path, t
         assert [m.body for m in got.messages] == found
         if not found:
             assert got.status is GetMessageStatus.NO_MATCHED_MESSAGE
+
+
+def test_subscribing_the_same_callable_again_is_one_subscription(tmp_path: Path) -> None:
+    """Review 44 L2: each subscribe of one callable started a thread and a call per event
+    (1000 subscribes: 1000 threads)."""
+    import threading
+    import time
+
+    calls: list[object] = []
+    with mqstore.open(tmp_path / "s") as store:
+        before = threading.active_count()
+        for _ in range(50):
+            store.subscribe(calls.append, topic="t")
+        store.subscribe(calls.append, topic="u")  # another filter: its own subscription
+        assert threading.active_count() - before <= 2
+        assert store.put(Message("t", b"x")).ok
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(calls) == 1
+        store.unsubscribe(calls.append)
