@@ -245,7 +245,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # offsets.
             self._commitlog.mapped_file_queue.expected_end = max(flushed or 0, known_end)
         if not self._commitlog.load():
-            raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}")
+            raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}: {self._commitlog.mapped_file_queue.load_error}")
         if self._commitlog.mapped_file_queue.damaged_files:
             # Degraded (puts refused until `mqstore recover`), perhaps read by a size the damage
             # left in doubt: placing the write positions zeroes nothing (recovery did not either).

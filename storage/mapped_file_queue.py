@@ -66,6 +66,7 @@ class MappedFileQueue:
         # Data is known to have reached this offset (the commitlog: the checkpoint's flushed
         # offset); segments missing below it after the last file are a hole, not an end.
         self.expected_end = 0
+        self.load_error: str | None = None  # why the last `load` returned False
         # Where recovery found the records end when that is below `expected_end` inside the
         # files (a segment rolled back to an older copy of itself): [it, expected_end) is a
         # hole, never an end new records would be appended at (see truncate_dirty_files).
@@ -97,6 +98,7 @@ class MappedFileQueue:
             names = sorted(self.fs.listdir(self.store_path))
         except OSError as exc:
             log.error("listing segment directory failed", path=self.store_path, error=str(exc))
+            self.load_error = f"cannot list {self.store_path}: {exc}"
             return False
         for name in names:
             path = os.path.join(self.store_path, name)
@@ -121,6 +123,7 @@ class MappedFileQueue:
                 mapped_file = MappedFile(self.fs, path, self.mapped_file_size, create=False)
             except OSError as exc:
                 log.error("loading a segment failed", path=path, error=str(exc))
+                self.load_error = f"{path}: {exc}"  # for the error the open raises (review 45 F7)
                 return False
             mapped_file.set_positions(self.mapped_file_size)
             self.mapped_files.append(mapped_file)

@@ -439,7 +439,7 @@ def recover_commitlog(
         partial = _remove_partial_last_segments(cfg, fs, flushed or 0)
         lost, filled = _fill_commitlog_holes(cfg, fs, flushed or 0) if repair_holes else ([], [])
         if not commitlog.load():
-            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
+            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}: {commitlog.mapped_file_queue.load_error}")
         files = commitlog.mapped_file_queue.mapped_files
         commitlog.mapped_file_queue.expected_end = flushed or 0
         missing = commitlog.mapped_file_queue.missing_tail() if files else None
@@ -745,7 +745,7 @@ def recover_store(
                           max_message_size=cfg.max_message_size_bytes, clock_ms=clock_ms)  # fmt: skip
     try:
         if not commitlog.load():
-            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}")
+            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}: {commitlog.mapped_file_queue.load_error}")
         commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)  # positions at the end
         table = resume_queue_offsets(commitlog, recovered, queues.topic_queue_table, queues.dispatch_from,
                                      recovered.quarantined)  # fmt: skip

@@ -308,3 +308,23 @@ def test_a_read_only_command_on_a_running_store_does_not_advise_recover(tmp_path
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             assert cli_main(["stats", str(path)]) == 0
         assert "open in a running process" in err.getvalue() and "recover" not in err.getvalue()
+
+
+def test_a_segment_that_cannot_be_opened_is_named_with_its_error(tmp_path: Path) -> None:
+    """Review 45 F7: "cannot load the commitlog in DIR" named neither the file nor the errno."""
+    import os
+    import subprocess
+
+    path = tmp_path / "s"
+    _ten(path)
+    segment = path / "commitlog" / ("%020d" % 0)
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr to make a segment immutable")
+    if subprocess.run(["chattr", "+i", str(segment)], capture_output=True).returncode != 0:
+        pytest.skip(f"the filesystem of {tmp_path} does not take chattr +i")
+    try:
+        with pytest.raises(OSError, match=r"00000000000000000000.*(Operation not permitted|Permission denied)"):
+            mqstore.open(path)
+    finally:
+        subprocess.run(["chattr", "-i", str(segment)], check=True)
+    _all_ten_readable(path)
