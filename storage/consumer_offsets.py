@@ -17,7 +17,7 @@ import re
 from typing import Any, Callable, Final, TypeVar
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import JAVA_INT_MAX, JAVA_LONG_MAX, java_int, java_split
+from mqstore.storage.codec import JAVA_INT_MAX, JAVA_LONG_MAX, JAVA_LONG_MIN, java_int, java_split
 from mqstore.storage.fs import FileSystem
 
 __all__ = [
@@ -196,10 +196,12 @@ def _int_table(obj: Any) -> dict[int, int]:
 def _as_int(v: Any) -> int:
     # A string of digits is a number to fastjson (TypeUtils.castToLong: Long.parseLong), so
     # the broker reads {"0":"450"} as offset 450; so do we.
-    if type(v) is str and _DIGITS.fullmatch(v):
+    if type(v) is str and _DIGITS.fullmatch(v) and JAVA_LONG_MIN <= int(v) <= JAVA_LONG_MAX:
         return int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"expected an integer, got {v!r}")
+    if not JAVA_LONG_MIN <= v <= JAVA_LONG_MAX:  # what a broker could not read back (review 47 F4)
+        raise ValueError(f"{v} is outside a Java long")
     return v
 
 

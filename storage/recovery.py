@@ -28,7 +28,7 @@ import enum
 import os
 import struct
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..config import StoreConfig
 from ..log import get_logger
@@ -273,7 +273,8 @@ def commitlog_gone(cfg: StoreConfig, fs: FileSystem) -> str | None:
 
 
 _FOREIGN_SAMPLE_QUEUES = 16
-_FOREIGN_MIN_EVIDENCE = 2
+_FOREIGN_SAMPLES_PER_QUEUE = 8
+_LOOKS_LIKE_A_LOG_BYTES = 1 << 20
 _RECORD_HEAD = struct.Struct(">iiiiiqq")  # TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET
 _RECORD_MAGICS = (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2)
 
@@ -284,12 +285,14 @@ def commitlog_not_this_stores(cfg: StoreConfig, fs: FileSystem) -> str | None:
     or to one of this store's queue directories, was taken for a damaged log: the open cut
     every queue and dropped index files, and `recover` filled "holes" in the other store.
 
-    Read only, a few small reads. The evidence: each sampled queue's oldest and newest units
-    that point into a segment on disk. A unit whose bytes there are a record of its own size,
-    queue, queue offset and commitlog offset is this store's; non-zero bytes that are not are
-    another log's (zeros, or bytes past a file's end, are a lost tail: no evidence). Another
-    log only when two units or more say so and none is this store's: damage to the oldest
-    records alone leaves the newest ones to vouch for the log."""
+    Read only, a few small reads. Damage must never pass for another log (review 47 F1: a
+    store whose sampled records were damaged was refused for good), so only two things count:
+    files named as segments none of which holds a record header anywhere in its first MiB (not
+    a commitlog at all: a queue directory), or records that are there, whole, exactly where the
+    queues' units point, and are other records (another topic, queue, queue offset or size)
+    with none of the sampled units finding its own. Garbage, zeros and bytes inside a record
+    say nothing. Up to eight units a queue, spread from its oldest to its newest, so one
+    queue's units into a smaller log still meet records (review 47 F2)."""
     if not fs.isdir(cfg.commitlog_dir):
         return None
     segments: dict[int, str] = {}
@@ -299,47 +302,107 @@ def commitlog_not_this_stores(cfg: StoreConfig, fs: FileSystem) -> str | None:
             segments[int(name)] = path
     if not segments:
         return None
+    queues = list_consume_queues(cfg.consume_queue_dir, fs)
+    if not queues:
+        return None
+    if not any(_holds_a_record(fs, path, start) for start, path in sorted(segments.items())):
+        return (f"none of its {len(segments)} files named as segments holds a commitlog record (is it a directory of "
+                "another kind, such as a queue's?)")  # fmt: skip
     starts = sorted(segments)
-    mine = foreign = 0
-    for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs)[:_FOREIGN_SAMPLE_QUEUES]:
-        for queue_offset, commitlog_offset, size in _oldest_and_newest_units(
+    foreign = 0
+    for topic, queue_id in queues[:_FOREIGN_SAMPLE_QUEUES]:
+        for queue_offset, commitlog_offset, size in _sampled_units(
             fs, os.path.join(cfg.consume_queue_dir, topic, str(queue_id)), starts[0]
         ):
             start = max(s for s in starts if s <= commitlog_offset)
-            try:
-                head = fs.read_at(segments[start], commitlog_offset - start, _RECORD_HEAD.size)
-            except OSError:
-                continue
-            if len(head) < _RECORD_HEAD.size or not any(head[:8]):
-                continue  # past the file's end, or zeros: a lost tail, not another log
-            total, magic, _crc, record_queue, _flag, record_queue_offset, record_offset = _RECORD_HEAD.unpack(head)
-            if magic in _RECORD_MAGICS and (total, record_queue, record_queue_offset, record_offset) == (
-                size, queue_id, queue_offset, commitlog_offset
+            found = _record_at(fs, segments[start], commitlog_offset - start, commitlog_offset, cfg.max_stored_record_bytes)
+            if found is None:
+                continue  # zeros, damage, or the middle of a record: no evidence either way
+            if (found.topic in (None, topic)) and (found.queue_id, found.queue_offset, found.total_size) == (
+                queue_id, queue_offset, size
             ):
-                mine += 1
-            else:
-                foreign += 1
-        if mine:
-            return None
-    if foreign >= _FOREIGN_MIN_EVIDENCE:
-        return (f"none of the {foreign} records this store's queues point at (their oldest and newest units into a "
-                "segment on disk) is there")  # fmt: skip
+                return None  # one of its own records: this store's log (damaged elsewhere or not)
+            foreign += 1
+    if foreign:
+        return (f"where this store's queues point, {foreign} other records are, and none of theirs (topic, queue, "
+                "queue offset and size compared)")  # fmt: skip
     return None
 
 
-def _oldest_and_newest_units(fs: FileSystem, queue_dir: str, log_start: int) -> list[tuple[int, int, int]]:
-    """(queue offset, commitlog offset, size) of a queue's first unit that points at or past
-    `log_start`, among the first units of its files, and of its last written unit (filler
-    units and unwritten ones skipped)."""
+def _holds_a_record(fs: FileSystem, path: str, file_start: int) -> bool:
+    """Whether a record header (a message magic code where the record's own physical offset
+    says it lies) is in the file's first MiB; an empty (zeroed) file counts as a segment."""
+    try:
+        data = fs.read_at(path, 0, 64 << 10)
+        if _RECORD_HEAD.size <= len(data):
+            head = _RECORD_HEAD.unpack_from(data)
+            if head[1] in _RECORD_MAGICS and head[6] == file_start:
+                return True  # the usual case: a record at the file's start
+        data = fs.read_at(path, 0, _LOOKS_LIKE_A_LOG_BYTES)
+    except OSError:
+        return True  # unreadable: the open reports it; not evidence of another kind of file
+    if not any(data):
+        return True
+    for magic in _RECORD_MAGICS:
+        needle = struct.pack(">i", magic)
+        at = data.find(needle, 4)
+        while at != -1:
+            pos = at - 4
+            if pos + _RECORD_HEAD.size <= len(data) and _RECORD_HEAD.unpack_from(data, pos)[6] == file_start + pos:
+                return True
+            at = data.find(needle, at + 1)
+    return struct.pack(">i", codec.BLANK_MAGIC_CODE) == data[4:8]
+
+
+class _SampledRecord(NamedTuple):
+    topic: str | None  # None: a record too large to read for this (its header fields compared)
+    queue_id: int
+    queue_offset: int
+    total_size: int
+
+
+_TOPIC_READ_LIMIT = 256 << 10
+
+
+def _record_at(fs: FileSystem, path: str, pos: int, offset: int, max_record: int) -> _SampledRecord | None:
+    """The well-formed record at `pos` of the file whose own physical offset is `offset`,
+    else None (no CRC check: a damaged body is still its record)."""
+    try:
+        head = fs.read_at(path, pos, _RECORD_HEAD.size)
+        if len(head) < _RECORD_HEAD.size:
+            return None
+        total, magic, _crc, queue_id, _flag, queue_offset, physical = _RECORD_HEAD.unpack(head)
+        if magic not in _RECORD_MAGICS or physical != offset or not _RECORD_HEAD.size < total <= max_record:
+            return None
+        if total > _TOPIC_READ_LIMIT:
+            return _SampledRecord(None, queue_id, queue_offset, total)
+        data = fs.read_at(path, pos, total)
+    except OSError:
+        return None
+    read = codec.read_record(data, 0, len(data), check_crc=False, read_body=False, max_message_size=max_record)
+    if read.kind is not codec.RecordKind.MESSAGE or read.record is None:
+        return None
+    return _SampledRecord(read.record.topic, queue_id, queue_offset, total)
+
+
+def _sampled_units(fs: FileSystem, queue_dir: str, log_start: int) -> list[tuple[int, int, int]]:
+    """(queue offset, commitlog offset, size) of up to _FOREIGN_SAMPLES_PER_QUEUE of a queue's
+    units, spread from its first file's first unit at or past `log_start` to its newest (filler
+    and unwritten units skipped)."""
     try:
         names = _cq_segment_names(fs, queue_dir)
     except OSError:
         return []
+    if not names:
+        return []
     unit_size = codec.CQ_STORE_UNIT_SIZE
-    found: list[tuple[int, int, int]] = []
 
-    def unit_at(path: str, pos: int) -> tuple[int, int] | None:
-        data = fs.read_at(path, pos, unit_size)
+    def unit_at(queue_offset: int) -> tuple[int, int] | None:
+        byte = queue_offset * unit_size
+        holder = max((int(n) for n in names if int(n) <= byte), default=None)
+        if holder is None:
+            return None
+        data = fs.read_at(os.path.join(queue_dir, "%020d" % holder), byte - holder, unit_size)
         if len(data) < unit_size:
             return None
         commitlog_offset, size, _tags = codec.CQ_UNIT.unpack_from(data)
@@ -349,32 +412,31 @@ def _oldest_and_newest_units(fs: FileSystem, queue_dir: str, log_start: int) -> 
         return unit is not None and 0 < unit[1] != FILLER_UNIT_SIZE and unit[0] >= log_start
 
     try:
-        for name in names:
-            path = os.path.join(queue_dir, name)
-            data = fs.read_at(path, 0, 64 * unit_size)
-            units = [codec.CQ_UNIT.unpack_from(data, pos)[:2] for pos in range(0, len(data) - unit_size + 1, unit_size)]
-            first = next((i for i, unit in enumerate(units) if usable(unit)), None)
-            if first is not None:
-                found.append(((int(name) + first * unit_size) // unit_size, *units[first]))
-                break
-        if names:  # the last written unit of the last file: units are written in order, zeros after
-            path = os.path.join(queue_dir, names[-1])
-            low, high = 0, fs.getsize(path) // unit_size  # the first unwritten unit is in [low, high]
-            while low < high:
-                middle = (low + high) // 2
-                written = unit_at(path, middle * unit_size)
-                if written is not None and written != (0, 0):
-                    low = middle + 1
-                else:
-                    high = middle
-            last = unit_at(path, (low - 1) * unit_size) if low > 0 else None
-            if last is not None and usable(last):
-                newest = ((int(names[-1]) + (low - 1) * unit_size) // unit_size, *last)
-                if newest not in found:
-                    found.append(newest)
+        last = names[-1]
+        path = os.path.join(queue_dir, last)
+        low, high = 0, fs.getsize(path) // unit_size  # its first unwritten unit is in [low, high]
+        while low < high:
+            middle = (low + high) // 2
+            written = unit_at(int(last) // unit_size + middle)
+            if written is not None and written != (0, 0):
+                low = middle + 1
+            else:
+                high = middle
+        newest = int(last) // unit_size + low - 1
+        oldest = int(names[0]) // unit_size
+        if newest < oldest:
+            return []
+        spread = _FOREIGN_SAMPLES_PER_QUEUE - 1
+        wanted = sorted({oldest + (newest - oldest) * i // spread for i in range(spread + 1)})
+        found = []
+        for queue_offset in wanted:
+            unit = unit_at(queue_offset)
+            if usable(unit):
+                assert unit is not None
+                found.append((queue_offset, *unit))
+        return found
     except OSError:
-        pass
-    return found
+        return []
 
 
 def _is_segment_name(name: str) -> bool:

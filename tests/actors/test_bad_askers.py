@@ -353,3 +353,19 @@ def _answered_in_order_after_restarts(store: mqstore.MessageStore) -> None:
             assert time.monotonic() < deadline, "the gateway was not restarted"
             time.sleep(0.05)
     assert store.put(Message("t", b"after")).ok
+
+
+def test_a_request_subclass_whose_fields_raise_is_refused_without_a_restart(tmp_path: Path) -> None:
+    """Review 47 F3: a Put subclass whose `reply` raised when read crashed the gateway each
+    time, and while it was restarted (back-off up to 1 s) every client's tell failed."""
+
+    class EvilPut(Put):
+        def __getattribute__(self, name: str) -> Any:
+            if name == "reply":
+                raise RuntimeError("the client's reply attribute raises")
+            return object.__getattribute__(self, name)
+
+    with mqstore.open(tmp_path / "s") as store:
+        for _ in range(5):
+            store.actor_ref.tell(EvilPut(messages=(Message("t", b"x"),), reply=Reply(future=Waiter())))
+        _answered_in_order(store)

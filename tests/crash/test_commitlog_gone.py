@@ -328,3 +328,46 @@ def test_a_segment_that_cannot_be_opened_is_named_with_its_error(tmp_path: Path)
     finally:
         subprocess.run(["chattr", "-i", str(segment)], check=True)
     _all_ten_readable(path)
+
+
+def test_a_store_whose_sampled_records_are_all_damaged_still_opens(tmp_path: Path) -> None:
+    """Review 47 F1: sixteen queues (the ones sampled) each with one record, all in a damaged
+    first 4 KiB, beside a queue of 300 intact records: refused as "not this store's" for good
+    (open and recover alike). Damaged bytes are no evidence of another log."""
+    path = tmp_path / "s"
+    with mqstore.open(path, **_SMALL) as store:
+        for q in range(16):
+            assert store.put(Message("A%02d" % q, b"audit")).ok
+        for i in range(300):
+            assert store.put(Message("orders", b"o-%04d" % i + b"." * 100)).ok
+    first = path / "commitlog" / ("%020d" % 0)
+    data = bytearray(first.read_bytes())
+    data[:4096] = b"\xa5" * 4096
+    first.write_bytes(bytes(data))
+    with mqstore.open(path, **_SMALL) as store:
+        served, offset = 0, 0
+        while (got := store.get("orders", 0, offset, 32)).messages:
+            served += len(got.messages)
+            offset = got.next_begin_offset
+        assert served >= 280
+
+
+@pytest.mark.parametrize("case", ["same_sized_first_records", "one_queue_into_a_smaller_log"])
+def test_another_log_that_looks_alike_is_still_refused(tmp_path: Path, case: str) -> None:
+    """Review 47 F2: two stores whose first records have one size (fixed-size bodies) matched on
+    size, queue and offsets alone; a one-queue store's units met the smaller other log once."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    if case == "same_sized_first_records":
+        for path, topic, n in ((mine, "orders", 900), (other, "events", 150)):
+            with mqstore.open(path, **_SMALL) as store:
+                for i in range(n):
+                    assert store.put(Message(topic, b"%08d" % i + b"." * 248, queue_id=i % 2)).ok
+    else:
+        with mqstore.open(mine, **_SMALL) as store:
+            for i in range(1200):
+                assert store.put(Message("orders", b"o-%05d" % i + b"." * (i % 300))).ok
+        _three_queues(other, 150, b"other")
+    before = (_digest(mine), _digest(other))
+    with pytest.raises(mqstore.StoreDirectoryError, match="is not this store's"):
+        mqstore.open(mine, store_path_commitlog=str(other / "commitlog"), **_SMALL)
+    assert (_digest(mine), _digest(other)) == before

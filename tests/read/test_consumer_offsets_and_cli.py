@@ -249,7 +249,7 @@ def test_a_brokers_fastjson_offset_file_is_read(tmp_path: Path, open_store: Open
     assert store.query_offset("please_rename_unique_group_name_4", "TopicTest", 2) == 250
 
 
-@pytest.mark.parametrize("bad", ['"abc"', "[450]", "{}", "null"])
+@pytest.mark.parametrize("bad", ['"abc"', "[450]", "{}", "null", '"9999999999999999999"', "99999999999999999999"])
 def test_an_offset_file_with_an_entry_of_the_wrong_type_loses_no_other_entry_and_is_kept(
     tmp_path: Path, open_store: Open, bad: str
 ) -> None:
