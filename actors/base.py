@@ -116,6 +116,10 @@ class ActorContext:
     # (StoreStats sampling, the stats snapshot). Each must be cheap; one that raises is logged
     # and called again next time.
     on_tick_ms: list[Callable[[int], None]] = field(default_factory=list)
+    # Where an msync of the commitlog failed, published by the flush actor for the rest of
+    # the store's run (None: never): its next incarnation keeps counting nothing past it as
+    # flushed, and the writer refuses puts (review 46 H1/M1; FlushCommitLogService).
+    commitlog_flush_failed_at: int | None = None
 
     def tell(self, peer: str, message: Any) -> bool:
         """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""

@@ -530,6 +530,14 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         if self._replaced is not None:
             answers.extend((put.reply, self._replaced) for put in puts)
             return []
+        if self.ctx.commitlog_flush_failed_at is not None:
+            # The disk failed a flush: what is acknowledged from now on could never be proven
+            # on disk in this run (review 46 M1: ASYNC acknowledged for seconds, then lost).
+            refusal = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=(
+                f"a flush of the commitlog failed at offset {self.ctx.commitlog_flush_failed_at} (see the log): no "
+                "put is taken until the store is closed and opened again, once the disk is sound"))  # fmt: skip
+            answers.extend((put.reply, refusal) for put in puts)
+            return []
         # RocketMQ rejects a put while another has held the put lock too long; the actor's
         # equivalent is a request that waited in the mailbox too long behind slow appends.
         oldest_ns = time.monotonic_ns() - self._busy_timeout_ns

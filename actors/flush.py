@@ -62,8 +62,12 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         self._regions: dict[int, MappedRegion] = {}
         self._checkpoint: StoreCheckpoint | None = None
         self._tail_missing = False  # the checkpoint's flushed offset lies in a deleted segment
+        # Where an msync failed (None: none has). Nothing at or past it counts as flushed for
+        # the rest of this actor's life: see _after_failed_flush.
+        self._failed_at: int | None = None
 
     def on_start(self) -> None:
+        self._failed_at = self.ctx.commitlog_flush_failed_at  # a restart forgets no failure
         self._checkpoint = StoreCheckpoint(self.ctx.fs, self.config.checkpoint_path)
         known = self._checkpoint.physic_flushed_offset
         if self._restarted and known is not None and self._flushed < known <= self._max_offset:
@@ -160,6 +164,10 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         msync cover every request whose bytes were appended before it started."""
         if not self._pending:
             return
+        if self._failed_at is not None:
+            self._refuse_past_failure()
+            if not self._pending:
+                return
         if not any(not self._covered(r) for r in self._pending):
             self._answer_pending()
             return
@@ -167,13 +175,29 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         target = max(self._max_offset, newest)
         segment_end = (newest - 1) // self._segment_size * self._segment_size + self._segment_size
         started = time.monotonic_ns()
-        if self._force_through(segment_end):
+        if self._force_through(segment_end) and self._failed_at is None:
             self._sync_started_ns = started
             self._synced_through = segment_end
             # Only what was forced: the writer may already be in the next segment.
             self._flushed = max(self._flushed, min(target, segment_end))
             self._note_flushed()  # (it never was: SYNC_FLUSH's checkpoint had no flushed offset)
+        elif self._failed_at is not None:
+            self._refuse_past_failure()
         self._answer_pending()
+
+    def _refuse_past_failure(self) -> None:
+        """Sync puts whose bytes end past a failed msync: stored, never proven on disk."""
+        assert self._failed_at is not None
+        still: list[GroupCommitRequest] = []
+        for request in self._pending:
+            if request.next_offset > self._failed_at:
+                request.reply.send(request.result.with_status(
+                    PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                    f"a flush of the commitlog failed at offset {self._failed_at}: nothing past it counts as on disk "
+                    "until the store is reopened"))  # fmt: skip
+            else:
+                still.append(request)
+        self._pending = still
 
     def _covered(self, request: GroupCommitRequest) -> bool:
         return request.next_offset <= self._flushed or (
@@ -193,7 +217,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             except FileNotFoundError:
                 self._regions.pop(segment, None)
             except OSError as exc:
-                self.log.error("commitlog flush failed", offset=position, error=str(exc))
+                self._after_failed_flush(segment, position, exc)
                 return False
             position = stop
         return True
@@ -222,6 +246,9 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         """Force [flushed, target) to disk, segment by segment. An I/O error leaves `flushed`
         where it was: waiting sync puts then time out with FLUSH_DISK_TIMEOUT, as in Java."""
         target = max(target, self._flushed)
+        if self._failed_at is not None:
+            self._force_uncounted(target)
+            target = min(target, self._failed_at)
         while self._flushed < target:
             start = self._flushed
             segment = start - start % self._segment_size
@@ -234,7 +261,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 # The cleaner removed it (only ever below the min offset): nothing to force.
                 self._regions.pop(segment, None)
             except OSError as exc:
-                self.log.error("commitlog flush failed", offset=start, error=str(exc))
+                self._after_failed_flush(segment, start, exc)
                 return
             self._flushed = end
             if end == segment + self._segment_size:
@@ -242,6 +269,65 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 if done is not None:
                     done.close()
         self._note_flushed()
+
+    def _force_uncounted(self, target: int) -> None:
+        """After a failed msync: still force what the log holds past it (the kernel writes
+        what it can), counted nowhere; from the segment of the failure each time, as its
+        pages may have been dirtied again."""
+        assert self._failed_at is not None
+        position = self._failed_at
+        while position < target:
+            segment = position - position % self._segment_size
+            stop = min(target, segment + self._segment_size)
+            try:
+                self._region(segment).flush(position - segment, stop - segment)
+            except FileNotFoundError:
+                self._regions.pop(segment, None)
+            except OSError as exc:
+                self._after_failed_flush(segment, position, exc)
+                return
+            position = stop
+
+    def _after_failed_flush(self, segment: int, start: int, exc: OSError) -> None:
+        """A failed msync: Linux reports a failed writeback once and leaves its pages clean,
+        bytes in memory only, so the retry at the next tick wrote nothing, succeeded, and the
+        flushed offset (and checkpoint, and SYNC_FLUSH's PUT_OK) passed bytes never written
+        (review 46 H1: 2,601 of 6,430 SYNC_FLUSH PUT_OKs lost after a thin volume ran out).
+        No later msync proves those bytes written (on ext4 a failed unwritten-extent
+        conversion keeps them unreadable after a remount whatever is written over them), so
+        from the failure on nothing counts as flushed while this actor lives: the flushed
+        offset and the checkpoint stay below it, sync puts past it are answered
+        FLUSH_DISK_TIMEOUT, flush() raises, and the close is unclean. The pages are still
+        dirtied again (every page from the flushed offset to the log's end in the segment:
+        the failed one may be any written back since the last good msync), so the kernel
+        writes them where it can."""
+        if self._cut_or_gone(segment):
+            # Another process cut the segment short or removed it: the writer's own checks
+            # (the SIGBUS guard, replaced segments) name the file and refuse what it lost;
+            # the disk itself did not fail.
+            self.log.error("commitlog flush failed: the segment was cut short or removed under the store",
+                           offset=start, error=str(exc))  # fmt: skip
+            return
+        failed_at = max(self._flushed, segment)
+        if self._failed_at is None or failed_at < self._failed_at:
+            self._failed_at = failed_at
+            self.ctx.commitlog_flush_failed_at = failed_at  # the writer refuses puts from now on
+        self.log.error("commitlog flush failed: nothing from here on counts as flushed until the store is reopened",
+                       offset=failed_at, error=str(exc))  # fmt: skip
+        lo = max(self._flushed, segment) - segment
+        hi = min(max(self._max_offset, start), segment + self._segment_size) - segment
+        try:
+            self._region(segment).redirty(lo, max(hi, lo))
+        except Exception as again:  # a map that cannot be made: dropped, made again next time
+            self._regions.pop(segment, None)
+            self.log.error("pages of a failed flush could not be dirtied again", segment=segment, error=repr(again))
+
+    def _cut_or_gone(self, segment: int) -> bool:
+        path = os.path.join(self.config.commitlog_dir, segment_file_name(segment))
+        try:
+            return self.ctx.fs.getsize(path) < self._segment_size
+        except OSError:
+            return True
 
     def _note_flushed(self) -> None:
         """The pair recovery needs after a power loss: durable below this offset, whose newest

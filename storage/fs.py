@@ -53,6 +53,7 @@ class MappedRegion(Protocol):
     @property
     def buf(self) -> mmap.mmap | bytearray: ...  # read-only here, so a region may narrow it
     def flush(self, start: int = 0, end: int | None = None) -> None: ...
+    def redirty(self, start: int, end: int) -> None: ...
     def close(self) -> None: ...
     def reserve(self, end: int, *, unwritten_from: int = 0) -> bool: ...
     def advise_willneed(self) -> None: ...
@@ -378,6 +379,16 @@ class RealMappedRegion:
             else:
                 self.buf.flush(start, end - start)
 
+    def redirty(self, start: int, end: int) -> None:
+        """Mark the pages of [start, end) dirty again, each by a store of one of its own bytes:
+        after a failed writeback Linux leaves them clean (their bytes in memory, not on disk)
+        and reports the error once, so a later msync would write nothing and succeed
+        ("fsyncgate"). Dirty again, the next msync writes them, or fails again."""
+        buf = self.buf
+        end = min(end, self.size)
+        for page in range(start - start % mmap.PAGESIZE, end, mmap.PAGESIZE):
+            buf[page] = buf[page]
+
     def close(self) -> None:
         if self._locked:
             self.unlock_from_memory()
@@ -680,7 +691,7 @@ class RealFileSystem:
 
 
 class _SimFile:
-    __slots__ = ("volatile", "durable", "mtime_ms", "backed", "atomic", "cut")
+    __slots__ = ("volatile", "durable", "mtime_ms", "backed", "atomic", "cut", "lost_writeback")
 
     def __init__(self, size: int, mtime_ms: int, *, atomic: bool = False) -> None:
         self.volatile = bytearray(size)
@@ -691,6 +702,9 @@ class _SimFile:
         self.backed = bytearray(b"\x01" if atomic else b"\x00") * _pages(size)
         self.atomic = atomic
         self.cut = False  # SimulatedFileSystem.cut_file_under_map
+        # Pages whose writeback failed (an injected flush fault): clean, not durable, until
+        # written to again or redirtied; their bytes at the failure.
+        self.lost_writeback: dict[int, bytes] = {}
 
 
 def _pages(size: int) -> int:
@@ -706,12 +720,36 @@ class SimulatedRegion:
         self.buf: bytearray = file.volatile  # shared, like the page cache
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
-        self._fs._check_fault("flush", self.path)
-        self._fs._check_backing(self.path, self._file)
         end = self.size if end is None else min(end, self.size)
         start -= start % OS_PAGE_SIZE
-        self._file.durable[start:end] = self._file.volatile[start:end]
-        self._file.mtime_ms = self._fs.clock_ms()
+        file = self._file
+        try:
+            self._fs._check_fault("flush", self.path)
+        except OSError:
+            # As Linux after a failed writeback: the pages are clean now, their bytes in memory
+            # only; a later flush writes them only once written to again (or `redirty`).
+            for page in range(start // OS_PAGE_SIZE, _pages(end)):
+                lo = page * OS_PAGE_SIZE
+                if file.volatile[lo : lo + OS_PAGE_SIZE] != file.durable[lo : lo + OS_PAGE_SIZE]:
+                    file.lost_writeback[page] = bytes(file.volatile[lo : lo + OS_PAGE_SIZE])
+            raise
+        self._fs._check_backing(self.path, file)
+        lost = file.lost_writeback
+        if not lost:
+            file.durable[start:end] = file.volatile[start:end]
+            file.mtime_ms = self._fs.clock_ms()
+            return
+        for page in range(start // OS_PAGE_SIZE, _pages(end)):
+            lo = page * OS_PAGE_SIZE
+            if page in lost and lost[page] == file.volatile[lo : lo + OS_PAGE_SIZE]:
+                continue  # clean since its failed writeback, not written since: nothing to write
+            lost.pop(page, None)
+            file.durable[lo : min(lo + OS_PAGE_SIZE, end)] = file.volatile[lo : min(lo + OS_PAGE_SIZE, end)]
+        file.mtime_ms = self._fs.clock_ms()
+
+    def redirty(self, start: int, end: int) -> None:
+        for page in range(start // OS_PAGE_SIZE, _pages(min(end, self.size))):
+            self._file.lost_writeback.pop(page, None)
 
     def close(self) -> None:
         pass
