@@ -949,7 +949,12 @@ class Supervisor:
                              files=sorted(self.files_cut_under_map))  # fmt: skip
             clean = False
         if clean and self._abort is not None:
-            self._abort.remove()
+            try:
+                self._abort.remove()
+            except OSError as exc:  # (review 46 L2) the lock is released whatever the disk does
+                self.log.error("the abort file could not be removed: the next open recovers as after a crash",
+                               error=repr(exc))  # fmt: skip
+                clean = False
         self._before_unlock()
         self._release_lock()
         self.clean_stop = clean

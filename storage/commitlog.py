@@ -15,6 +15,7 @@ import math
 import mmap
 import os
 import struct
+import time
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, Callable, Final, NamedTuple
 
@@ -88,6 +89,7 @@ ProgressCallback = Callable[[int, int], None]
 
 # The reason of a CORRUPT read that `scan_commitlog_dir(look_past_damage=True)` walked past.
 QUARANTINED_PREFIX: Final = "quarantined: "
+DISK_FULL_LOG_INTERVAL_S: Final = 10.0
 _MAGIC_PATTERNS: Final = tuple(_I.pack(m) for m in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, BLANK_MAGIC_CODE))
 _SEARCH_CHUNK_BYTES: Final = 4 << 20
 
@@ -300,6 +302,8 @@ class CommitLog:
         self.last_full_file: MappedFile | None = None
         # Damage that recovery found with valid records after it (left in place, skipped).
         self.quarantined: list[Quarantined] = []
+        self._disk_full_logged_at = -DISK_FULL_LOG_INTERVAL_S  # (monotonic s) see _note_disk_full_refusal
+        self._disk_full_refused = 0
         self._scan_ended_on_blank = False
         # After a power loss, bytes past the last flush may be torn while later pages reached
         # the disk: such damage is a torn tail, not corruption. Set (by crash recovery) to the
@@ -488,13 +492,23 @@ class CommitLog:
                     return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result)
                 result = mapped_file.append_message(append, needed_in(mapped_file))
         except DiskFullError as exc:
-            # Nothing of this put was written; the next put tries to reserve again.
-            log.error("disk full, put refused", error=str(exc))
+            # Nothing of this put was written; the next put tries to reserve again. Logged when
+            # the refusals start and then at most every DISK_FULL_LOG_INTERVAL_S with a count
+            # (review 46 L1: one ERROR line per refused put, 25k of them).
+            self._note_disk_full_refusal(str(exc))
             return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"disk full: {exc}")
         if self._fast_append and result.status is AppendMessageStatus.PUT_OK and mapped_file.write_buffer is None:
             # Checked just now: no holes, the last file; the next puts may go straight to it.
             self._fast_file, self._fast_buf = mapped_file, mapped_file.mapped_buffer
         return PutMessageResult(status=_put_status(result.status), append_result=result)
+
+    def _note_disk_full_refusal(self, error: str) -> None:
+        now = time.monotonic()
+        self._disk_full_refused += 1
+        if now - self._disk_full_logged_at >= DISK_FULL_LOG_INTERVAL_S:
+            log.error("disk full, puts refused", error=error, refused_since_last_said=self._disk_full_refused)
+            self._disk_full_logged_at = now
+            self._disk_full_refused = 0
 
     def _do_append(
         self,

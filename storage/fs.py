@@ -141,6 +141,8 @@ def _load_libc() -> ctypes.CDLL | None:
 
 
 _reserve_failed_logged = False
+# fallocate(2) errors that mean "this filesystem cannot", not "this disk cannot now".
+_FALLOCATE_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV})
 
 
 def _fallocate(fd: int, offset: int, length: int) -> int:
@@ -298,8 +300,13 @@ class RealMappedRegion:
             self._cut_seen = True
             raise FileCutUnderMapError(self.path)
         err = _fallocate(self._fd, self._reserved, end - self._reserved)
-        if err == errno.ENOSPC:
+        if err in (errno.ENOSPC, errno.EDQUOT):
             return False
+        if err and err not in _FALLOCATE_UNSUPPORTED:
+            # An I/O error, a read-only filesystem, a file too large: no permission to write
+            # through the map into pages nothing backs (review 46 M2: EDQUOT and EIO were taken
+            # for "unsupported", and only the SIGBUS guard kept the process alive).
+            raise OSError(err, f"reserving blocks failed: {os.strerror(err)}", self.path)
         if err:
             self._reserved = self.size  # unsupported here: do not retry on every append
             if not _reserve_failed_logged:
@@ -310,7 +317,7 @@ class RealMappedRegion:
             self._initialise_holes(self._reserved, min(unwritten_from, end))
             self._initialise(max(self._reserved, unwritten_from), end)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 return False
             raise
         self._reserved = end

@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any, Callable, Final
 
 from mqstore.log import get_logger
-from mqstore.storage.fs import OS_PAGE_SIZE, FileSystem, MappedRegion
+from mqstore.storage.fs import OS_PAGE_SIZE, FileCutUnderMapError, FileSystem, MappedRegion
 from mqstore.storage.status import AppendMessageResult, AppendMessageStatus
 
 __all__ = [
@@ -239,10 +239,15 @@ class MappedFile:
                     self.reserved_until = max(self.reserved_until, end)
                     return True
             return False
-        except OSError as exc:  # an optimisation only: appends go on into the sparse file
+        except FileCutUnderMapError as exc:  # the owner's own checks name the cut file
             log.warning("reserve ahead failed", file=self.file_name, error=str(exc))
             self.reserved_until = max(self.reserved_until, window_end)
             return True
+        except OSError as exc:
+            # EDQUOT, EIO, EROFS...: never write into pages nothing backs (review 46 M2); the
+            # owner refuses the append and tries again later, as for a full disk.
+            log.error("reserving blocks failed; appends wait until it works", file=self.file_name, error=str(exc))
+            return False
 
     def _free_bytes(self) -> int | None:
         return free_bytes(self.fs, self.file_name)
