@@ -268,7 +268,11 @@ class AbortFile:
         return self._fs.exists(self.path)
 
     def create(self) -> None:
-        """Create (or keep) the empty marker. Raises OSError on I/O errors."""
+        """Create (or keep) the empty marker. Raises OSError on I/O errors. One already there
+        (after a crash) is kept as it is: rewriting it took a new inode, so a disk with none
+        free could not open a store at all, not even to read (review 46 M6)."""
+        if self._fs.isfile(self.path):
+            return
         self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
         self._fs.write_atomic(self.path, b"")  # temp file, fsync, rename, fsync directory
 

@@ -124,6 +124,18 @@ def test_abort_file_create_exists_remove(real: bool, tmp_path: Path) -> None:
     abort.remove()  # a missing marker is fine
 
 
+def test_an_abort_marker_already_there_is_kept_without_a_write() -> None:
+    """Review 46 M6: rewriting it took a new inode (temp file and rename): with none free, a
+    crashed store could not be opened at all."""
+    import errno
+
+    fs = SimulatedFileSystem()
+    AbortFile(fs, "/store/abort").create()
+    fs.inject_fault("write", path_contains="abort", err=errno.ENOSPC, count=10)
+    AbortFile(fs, "/store/abort").create()  # no write: nothing to fail
+    assert AbortFile(fs, "/store/abort").exists()
+
+
 def test_abort_file_survives_a_crash_once_created() -> None:
     fs = SimulatedFileSystem()
     AbortFile(fs, "/store/abort").create()
