@@ -212,6 +212,13 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             stop = min(end, segment + self._segment_size)
             try:
                 region = self._region(segment)
+            except FileNotFoundError:
+                position = stop
+                continue
+            except OSError as exc:
+                self._map_failed(segment, exc)
+                return False
+            try:
                 self.ctx.faults.hit("flush.mid_fsync")
                 region.flush(position - segment, stop - segment)
             except FileNotFoundError:
@@ -255,8 +262,15 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             end = min(target, segment + self._segment_size)
             try:
                 region = self._region(segment)
-                self.ctx.faults.hit("flush.mid_fsync")
-                region.flush(start - segment, end - segment)
+            except FileNotFoundError:
+                region = None  # the cleaner removed it (only ever below the min offset)
+            except OSError as exc:
+                self._map_failed(segment, exc)
+                return
+            try:
+                if region is not None:
+                    self.ctx.faults.hit("flush.mid_fsync")
+                    region.flush(start - segment, end - segment)
             except FileNotFoundError:
                 # The cleaner removed it (only ever below the min offset): nothing to force.
                 self._regions.pop(segment, None)
@@ -270,6 +284,13 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                     done.close()
         self._note_flushed()
 
+    def _map_failed(self, segment: int, exc: OSError) -> None:
+        """The segment could not be mapped (too many open files, no memory for a map): nothing
+        was written or lost; the flushed offset stays, and the next flush tries again (review
+        48 H1: it was taken for a failed msync, and every put refused until a reopen)."""
+        self.log.error("commitlog flush could not map its segment; tried again at the next flush", segment=segment,
+                       error=str(exc))  # fmt: skip
+
     def _force_uncounted(self, target: int) -> None:
         """After a failed msync: still force what the log holds past it (the kernel writes
         what it can), counted nowhere; from the segment of the failure each time, as its
@@ -280,7 +301,15 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             segment = position - position % self._segment_size
             stop = min(target, segment + self._segment_size)
             try:
-                self._region(segment).flush(position - segment, stop - segment)
+                region = self._region(segment)
+            except OSError as exc:  # (not found: deleted; or no map now): nothing to force there
+                if not isinstance(exc, FileNotFoundError):
+                    self._map_failed(segment, exc)
+                    return
+                position = stop
+                continue
+            try:
+                region.flush(position - segment, stop - segment)
             except FileNotFoundError:
                 self._regions.pop(segment, None)
             except OSError as exc:

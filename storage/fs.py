@@ -152,8 +152,10 @@ def _fallocate(fd: int, offset: int, length: int) -> int:
     fallocate = getattr(libc, "fallocate", None) if libc is not None else None
     if fallocate is None:
         return errno.EOPNOTSUPP
-    if fallocate(fd, 0, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
-        return ctypes.get_errno() or errno.EIO
+    while fallocate(fd, 0, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
+        err = ctypes.get_errno() or errno.EIO
+        if err != errno.EINTR:  # a signal: asked again (review 48 M2), never a refusal
+            return err
     return 0
 
 

@@ -31,8 +31,8 @@ from mqstore.storage.codec import (
     java_split,
 )
 from mqstore.storage import speedups
-from mqstore.storage.fs import FileSystem, MappedRegion
-from mqstore.storage.mapped_file import KEEP_FREE_FOR_DERIVED_BYTES, DiskFullError, free_bytes
+from mqstore.storage.fs import FileCutUnderMapError, FileSystem, MappedRegion
+from mqstore.storage.mapped_file import KEEP_FREE_FOR_DERIVED_BYTES, DiskFullError, _log_reserve_failure, free_bytes
 
 __all__ = [
     "DEFAULT_MAX_HASH_SLOT_NUM",
@@ -367,9 +367,13 @@ class IndexFile:
                     if self._region.reserve(end, unwritten_from=self._unwritten_from):
                         self._reserved_end = end
                         break
-            except OSError as exc:  # not ENOSPC: the file stays sparse, as it always was
+            except FileCutUnderMapError as exc:  # the owner's own checks name the cut file
                 log.warning("index_reserve_failed", path=self.path, error=str(exc))
                 self._reserved_end = self._region.size
+            except OSError as exc:
+                # An I/O error, a read-only filesystem: no entry into pages nothing backs
+                # (review 48 M1); the index waits, as on a full disk, and tries again.
+                _log_reserve_failure(self.path, exc)
         return max(self._reserved_end - self._entries_pos, 0) // INDEX_ENTRY_SIZE
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:

@@ -12,6 +12,7 @@ import ctypes
 import errno
 import os
 import struct
+import time
 from collections import deque
 from typing import Any, Callable, Final
 
@@ -45,6 +46,24 @@ def parse_segment_offset(path: str) -> int:
     if len(name) != 20 or not name.isdigit():
         raise ValueError(f"not a segment file name: {name!r}")
     return int(name)
+
+
+_RESERVE_FAILURE_LOG_INTERVAL_S: Final = 10.0
+_reserve_failure_logged_at = -_RESERVE_FAILURE_LOG_INTERVAL_S
+_reserve_failures = 0
+
+
+def _log_reserve_failure(path: str, exc: OSError) -> None:
+    """Said when reserving starts failing, then at most every 10 s with a count (each refused
+    append retries: one line per append was a flood, review 48 M2)."""
+    global _reserve_failure_logged_at, _reserve_failures
+    _reserve_failures += 1
+    now = time.monotonic()
+    if now - _reserve_failure_logged_at >= _RESERVE_FAILURE_LOG_INTERVAL_S:
+        log.error("reserving blocks failed; appends wait until it works", file=path, error=str(exc),
+                  failures_since_last_said=_reserve_failures)  # fmt: skip
+        _reserve_failure_logged_at = now
+        _reserve_failures = 0
 
 
 class DiskFullError(OSError):
@@ -195,7 +214,7 @@ class MappedFile:
         if need_end > self.reserved_until or below_low_water:
             if need_end > self.reserved_until or pos >= self._retry_full_window_at:
                 if not self._reserve(need_end, window_end, KEEP_FREE_FOR_MESSAGES_BYTES):
-                    raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
+                    raise DiskFullError(f"no disk blocks could be reserved for {self.file_name} past {pos} (the disk is full, a quota is reached, or it failed: see the log)")
                 if self.reserved_until < window_end:  # shrunk to what fits: retry the window later
                     self._retry_full_window_at = pos + RESERVE_RETRY_AFTER_BYTES
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
@@ -246,7 +265,7 @@ class MappedFile:
         except OSError as exc:
             # EDQUOT, EIO, EROFS...: never write into pages nothing backs (review 46 M2); the
             # owner refuses the append and tries again later, as for a full disk.
-            log.error("reserving blocks failed; appends wait until it works", file=self.file_name, error=str(exc))
+            _log_reserve_failure(self.file_name, exc)
             return False
 
     def _free_bytes(self) -> int | None:
@@ -270,7 +289,7 @@ class MappedFile:
         if end > self.reserved_until and not self._reserve(
             end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES, KEEP_FREE_FOR_DERIVED_BYTES
         ):
-            raise DiskFullError(f"no disk space to reserve {self.file_name} past {pos}")
+            raise DiskFullError(f"no disk blocks could be reserved for {self.file_name} past {pos} (the disk is full, a quota is reached, or it failed: see the log)")
         self._target()[pos:end] = data
         self.wrote_position = end
         return True

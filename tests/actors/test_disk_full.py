@@ -164,13 +164,13 @@ def test_a_small_simulated_disk_fills_without_sigbus_and_takes_puts_again_when_s
     fs.assert_no_sigbus()
 
 
-def _put_while_derived_files_get_no_blocks(store: MessageStore, fs: SimulatedFileSystem) -> list[str]:
+def _put_while_derived_files_get_no_blocks(store: MessageStore, fs: SimulatedFileSystem, err: int = errno.ENOSPC) -> list[str]:
     """One put dispatched, then 599 more while the ConsumeQueue and index files cannot get
     blocks (past the first CQ file, 200 units, and index file, 400): the acknowledged keys."""
     assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k0"])).ok
     assert all_keys(store) == ["k0"]
-    fs.inject_fault("reserve", path_contains="consumequeue", err=errno.ENOSPC, count=1_000_000)
-    fs.inject_fault("reserve", path_contains="index", err=errno.ENOSPC, count=1_000_000)
+    fs.inject_fault("reserve", path_contains="consumequeue", err=err, count=1_000_000)
+    fs.inject_fault("reserve", path_contains="index", err=err, count=1_000_000)
     acked = ["k0"]
     for i in range(1, 600):
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"k{i}"])).ok
@@ -180,13 +180,16 @@ def _put_while_derived_files_get_no_blocks(store: MessageStore, fs: SimulatedFil
     return acked
 
 
-def test_dispatch_waits_for_space_and_resumes_without_a_restart() -> None:
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO])
+def test_dispatch_waits_for_space_and_resumes_without_a_restart(err: int) -> None:
     """The commitlog has its blocks but the ConsumeQueue and index cannot get theirs: the
-    units wait (no crash, no restart storm) and are written once space returns."""
+    units wait (no crash, no restart storm) and are written once space returns. With an I/O
+    error the index file was left sparse for good (review 48 M1): it waits too."""
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     with mqstore.open("/sim/store", fs=fs, **WAITING) as store:
-        acked = _put_while_derived_files_get_no_blocks(store, fs)
+        acked = _put_while_derived_files_get_no_blocks(store, fs, err)
+        fs.assert_no_sigbus()  # nothing was written into pages without blocks
         assert store.supervisor.state.name == "RUNNING"
         assert store.supervisor.restarts == []  # waited, never crashed
         fs.clear_faults()

@@ -226,3 +226,40 @@ def _all(store: mqstore.MessageStore, topic: str) -> list[Any]:
         found += got.messages
         offset = got.next_begin_offset
     return found
+
+
+@pytest.mark.parametrize("mode", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_a_segment_the_flush_actor_cannot_map_is_no_failed_msync(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 48 H1: a map that failed (too many open files, no memory for a map) was taken for
+    a failed msync: every put refused until a reopen. Nothing was written or lost: retried."""
+    import errno
+    import os
+
+    from mqstore.storage.fs import SimulatedFileSystem
+
+    fails = {"left": 0}
+    real_map = SimulatedFileSystem.map_file
+
+    def map_file(self: SimulatedFileSystem, path: str, size: int, **kwargs: Any) -> Any:
+        if fails["left"] and threading.current_thread().name.startswith("FlushCommitLog") and "commitlog" in path:
+            fails["left"] -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), path)
+        return real_map(self, path, size, **kwargs)
+
+    monkeypatch.setattr(SimulatedFileSystem, "map_file", map_file)
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+                 flush_disk_type=mode, sync_flush_timeout_ms=500)  # fmt: skip
+    with mqstore.open("/sim/store", fs=fs, **small) as store:
+        for _ in range(2):
+            assert store.put(Message(topic="T", body=b"x" * 20000)).ok
+        store.flush()
+        fails["left"] = 1  # the flush actor's next map: the next segment's
+        for _ in range(5):
+            result = store.put(Message(topic="T", body=b"y" * 20000))
+            assert result.status in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT), result
+        assert fails["left"] == 0
+        assert store.put(Message(topic="T", body=b"later")).ok
+        store.flush()
+        assert store.close() is True

@@ -619,3 +619,22 @@ def test_every_put_key_is_found_with_its_offsets(keys: list[str], slots: int, en
             for o in other_offsets
         }
         assert set(found) <= same_hash
+
+
+def test_an_io_error_reserving_blocks_refuses_the_entry_and_a_later_one_goes_in() -> None:
+    """Review 48 M1: an error other than ENOSPC left the file sparse for good, and entries went
+    into pages no block backed (a SIGBUS without the guard). Now the entry waits, as on a full
+    disk, and goes in once reserving works again."""
+    import errno
+
+    from mqstore.storage.mapped_file import DiskFullError
+
+    fs = SimulatedFileSystem()
+    f = new_file(fs, entries=400_000)
+    fs.inject_fault("reserve", path_contains="", err=errno.EIO, count=1_000_000)
+    with pytest.raises(DiskFullError):
+        for i in range(400_000):  # past what the first reservation covered
+            assert f.put_key(f"k{i}", 100 + i, 1_000 + i)
+    stored = f.index_count
+    fs.clear_faults()
+    assert f.put_key("after", 99_999, 5_000) and f.index_count == stored + 1
