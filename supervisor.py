@@ -941,6 +941,9 @@ class Supervisor:
             clean = False
         if not self._stop_children(clean=clean):
             clean = False  # a child still runs: what it writes is not the clean stop's
+        if self.ctx.derived_flush_failed:
+            self.log.warning("a ConsumeQueue or index flush failed in this run: the next open rebuilds them as after a crash")
+            clean = False
         self.note_files_cut_under_map()
         if self.files_cut_under_map:
             # What the actors wrote into those files went to memory: the next open must check

@@ -120,6 +120,10 @@ class ActorContext:
     # the store's run (None: never): its next incarnation keeps counting nothing past it as
     # flushed, and the writer refuses puts (review 46 H1/M1; FlushCommitLogService).
     commitlog_flush_failed_at: int | None = None
+    # An msync of a ConsumeQueue or index file failed (set by their owners for the rest of
+    # the run): the checkpoint's logics and index timestamps stop there and the close is
+    # unclean, so the next open rebuilds from the log what may not be on disk (review 48 H3).
+    derived_flush_failed: bool = False
 
     def tell(self, peer: str, message: Any) -> bool:
         """Tell a peer; False if it is down (it is being restarted and will recover from disk)."""

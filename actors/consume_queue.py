@@ -417,7 +417,12 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             logics_ts = self._logics_msg_timestamp  # captured before flushing
         for cq in self._queues.values():
             for _ in range(FLUSH_CALLS_PER_QUEUE_MAX):
-                if cq.flush(least_pages):
+                done = cq.flush(least_pages)
+                if cq.mapped_file_queue.last_io_error is not None:
+                    # Linux reports a failed writeback once: a later flush "succeeds" without
+                    # writing it, so none is believed in this run (ActorContext.derived_flush_failed).
+                    self.ctx.derived_flush_failed = True
+                if done:
                     break
         if least_pages == 0:
             self._write_ledger()

@@ -124,13 +124,14 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 reply.send(self._flushed)
             case ConsumeQueueFlushed(logics_msg_timestamp=ts, thorough=thorough):
                 assert self._checkpoint is not None
-                if ts > 0:
+                if ts > 0 and not self.ctx.derived_flush_failed:  # (see ActorContext)
                     self._checkpoint.logics_msg_timestamp = ts
                 if thorough:
                     self._write_checkpoint()
             case IndexFileFlushed(index_msg_timestamp=ts):
                 assert self._checkpoint is not None
-                self._checkpoint.index_msg_timestamp = ts
+                if not self.ctx.derived_flush_failed:  # (see ActorContext)
+                    self._checkpoint.index_msg_timestamp = ts
                 self._write_checkpoint()
             case Ping():
                 return Pong()

@@ -73,6 +73,7 @@ class IndexActor(StoreActor[IndexRequest]):
             max_index_num=cfg.max_index_num,
             max_msgs_num_batch=cfg.max_msgs_num_batch,
             on_index_file_full=self._file_full,
+            on_flush_failed=self._flush_failed,
         )
         # Recovery (above) dropped the files that were not safe to keep (§10.8 load).
         if not self._service.load(last_exit_ok=True, index_msg_timestamp=0):
@@ -124,6 +125,11 @@ class IndexActor(StoreActor[IndexRequest]):
 
     def _file_full(self, end_timestamp: int) -> None:
         self.ctx.tell("flush", IndexFileFlushed(index_msg_timestamp=end_timestamp))
+
+    def _flush_failed(self) -> None:
+        # Linux reports a failed writeback once: a later flush of the file "succeeds" without
+        # writing it, so no later flush is believed in this run (ActorContext.derived_flush_failed).
+        self.ctx.derived_flush_failed = True
 
     def _build(self, service: IndexService, requests: tuple[DispatchRequest, ...], start: int, stop: int) -> int:
         """Index requests[start:stop]; where it stopped (`stop` unless the disk is full or no

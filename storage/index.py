@@ -803,6 +803,7 @@ class IndexService:
         max_index_num: int = DEFAULT_MAX_INDEX_NUM,
         max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH,
         on_index_file_full: Callable[[int], None] | None = None,
+        on_flush_failed: Callable[[], None] | None = None,
         sleep_ms: Callable[[int], None] = _no_sleep,
         retry_interval_ms: int = 1000,
     ) -> None:
@@ -813,6 +814,7 @@ class IndexService:
         self.max_index_num = max_index_num
         self.max_msgs_num_batch = max_msgs_num_batch
         self._on_index_file_full = on_index_file_full
+        self._on_flush_failed = on_flush_failed
         self._sleep_ms = sleep_ms
         self.retry_interval_ms = retry_interval_ms
         self.files: list[IndexFile] = []
@@ -1083,6 +1085,8 @@ class IndexService:
             f.flush()
         except OSError as e:
             log.error("index_file_flush_error", path=f.path, error=str(e))
+            if self._on_flush_failed is not None:
+                self._on_flush_failed()
             return False
         if full_end_timestamp > 0 and self._on_index_file_full is not None:
             self._on_index_file_full(full_end_timestamp)
