@@ -187,7 +187,7 @@ def test_a_failed_writeback_is_written_again_not_forgotten(mode: str) -> None:
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
-                 flush_disk_type=mode, sync_flush_timeout_ms=500)  # fmt: skip
+                 flush_disk_type=mode, sync_flush_timeout_ms=500, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
     acknowledged: list[tuple[int, bytes]] = []
     with mqstore.open("/sim/store", fs=fs, **small) as store:
         for i in range(40):
@@ -249,8 +249,9 @@ def test_a_segment_the_flush_actor_cannot_map_is_no_failed_msync(mode: str, monk
     monkeypatch.setattr(SimulatedFileSystem, "map_file", map_file)
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
+    # (a put held longer than the busy timeout on a loaded machine would be refused, not stored)
     small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
-                 flush_disk_type=mode, sync_flush_timeout_ms=500)  # fmt: skip
+                 flush_disk_type=mode, sync_flush_timeout_ms=500, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
     with mqstore.open("/sim/store", fs=fs, **small) as store:
         for _ in range(2):
             assert store.put(Message(topic="T", body=b"x" * 20000)).ok

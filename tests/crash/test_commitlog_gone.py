@@ -226,7 +226,9 @@ def test_a_directory_or_file_in_the_place_of_a_segment_or_queue_is_a_store_direc
 
 # Review 45 F2/F3: store_path_commitlog set to a log that is there but not this store's.
 
-_SMALL = {"mapped_file_size_commitlog_bytes": 64 * 1024, "mapped_file_size_consume_queue_bytes": 2000}
+# Small index files too: the digests read every file whole (a default index file is 420 MB).
+_SMALL = {"mapped_file_size_commitlog_bytes": 64 * 1024, "mapped_file_size_consume_queue_bytes": 2000,
+          "max_hash_slot_num": 1000, "max_index_num": 4000}  # fmt: skip
 
 
 def _three_queues(path: Path, n: int, prefix: bytes) -> None:
