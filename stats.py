@@ -94,6 +94,9 @@ class StatsSource(Protocol):
     def files_cut_under_map(self) -> list[str]:
         """The store's files another process cut short under its maps since it opened."""
         ...
+    def flush_failures(self) -> dict[str, Any]:
+        """Failed msyncs of this run (commitlog offset, queues/index), see store.flush_failures."""
+        ...
 
 
 def bucket_of(latency_ms: int) -> int:
@@ -389,6 +392,7 @@ def store_snapshot(store: StatsSource) -> dict[str, Any]:
     if "commitlog" in out["disk"] and "fs_used_ratio" in out["disk"]["commitlog"]:
         out["commitlog_disk_ratio"] = out["disk"]["commitlog"]["fs_used_ratio"]
     out["files_cut_under_map"] = store.files_cut_under_map()
+    out.update(store.flush_failures())
     return out
 
 

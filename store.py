@@ -969,6 +969,14 @@ class MessageStore:
         index = view.indexed_end if view.index_files is not None and self.config.message_index_enable else None
         return queues, index
 
+    def flush_failures(self) -> dict[str, Any]:
+        """What `stats()` says of failed msyncs in this run (review 49): the commitlog offset
+        from which nothing counts as flushed (puts refused until a reopen; None: none failed),
+        and whether a ConsumeQueue or index flush failed (the next open rebuilds them)."""
+        ctx = self.supervisor.ctx
+        return {"commitlog_flush_failed_at": ctx.commitlog_flush_failed_at,
+                "queue_or_index_flush_failed": ctx.derived_flush_failed}  # fmt: skip
+
     def files_cut_under_map(self) -> list[str]:
         """The store's files another process cut short while it had them mapped, since it
         opened (the SIGBUS guard caught the touch: README, Guarantees); `stats()` lists them."""
@@ -1007,6 +1015,11 @@ class MessageStore:
                     # Its msync failed (logged there): what it answers is how far it got.
                     raise OSError(errno.EIO, f"flush: the commitlog is forced to disk below offset {reached} only, "
                                              f"not to its end {writer.max_offset} (an I/O error: see the log)")  # fmt: skip
+        if self.supervisor.ctx.derived_flush_failed:
+            # Their retried flushes "succeed" without writing (review 49 M1: flush() said
+            # nothing while the close would be unclean and the next open rebuild them).
+            raise OSError(errno.EIO, "flush: a ConsumeQueue or index flush failed in this run (see the log); the "
+                                     "commitlog holds every message, and the next open rebuilds them from it")  # fmt: skip
 
     def _ask_through_restarts(self, peer: str, request: Callable[[Reply], Any], deadline: float) -> Any:
         """`request(reply)` told to `peer` and its answer. A peer being restarted (not among

@@ -342,8 +342,10 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         if self._failed_at is None or failed_at < self._failed_at:
             self._failed_at = failed_at
             self.ctx.commitlog_flush_failed_at = failed_at  # the writer refuses puts from now on
-        self.log.error("commitlog flush failed: nothing from here on counts as flushed until the store is reopened",
-                       offset=failed_at, error=str(exc))  # fmt: skip
+            self.log.error("commitlog flush failed: nothing from here on counts as flushed until the store is reopened",
+                           offset=failed_at, error=str(exc))  # fmt: skip
+        else:  # the retries of a disk that stays failed: not a line per tick (review 49 L2)
+            self.log.debug("commitlog flush failed again", offset=start, error=str(exc))
         lo = max(self._flushed, segment) - segment
         hi = min(max(self._max_offset, start), segment + self._segment_size) - segment
         try:
