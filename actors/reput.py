@@ -43,6 +43,7 @@ REPUT_PASS_MAX_BATCHES = 16
 # dispatch passes, each waking two actors) and twice the spread between runs.
 REPUT_LINGER_MS = 1
 READ_CHUNK_BYTES = 4 * 1024 * 1024
+READER_RELIST_INTERVAL_MS = 1_000
 # Batches handed to the ConsumeQueue and index actors that they have not written yet (their
 # published ends lag): past this many, reput waits for them, and if they make no progress
 # within DISPATCH_BACKLOG_WAIT_S (a full disk holds their writes) it stops reading ahead, so
@@ -78,6 +79,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._index_in_flight: deque[int] = deque()
         self._held_back_since_ms = 0  # the backlog is full: reading ahead waits (0: it is not)
         self._continue_pending = False  # a ContinueDispatch is in the inbox
+        self._reader_listed_ms = 0  # when its reader last re-listed the segments (Tick)
         # (offset, size) of a whole record larger than READ_CHUNK_BYTES (put under a larger
         # max_message_size_bytes): the next read there takes all of it.
         self._large_record: tuple[int, int] | None = None
@@ -124,7 +126,13 @@ class ReputMessageService(StoreActor[ReputRequest]):
             case ContinueDispatch():
                 self._continue_pending = False
                 self._reput()
-            case Tick():
+            case Tick(now_ms=now):
+                if now - self._reader_listed_ms >= READER_RELIST_INTERVAL_MS and self._reader is not None:
+                    # Segments the cleaner deleted are unmapped here too: a map of its own kept a
+                    # deleted file's blocks, so a full disk got nothing back from the cleaner
+                    # until a reopen (review 46 M5).
+                    self._reader_listed_ms = now
+                    self._reader.refresh()
                 self._reput()
             case AwaitDispatched(up_to=up_to):
                 # `up_to` is readable (the writer said so): a notice still on its way adds nothing.

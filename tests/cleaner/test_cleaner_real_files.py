@@ -142,3 +142,30 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
         assert not (root / "commitlog" / "00000000000000000000").exists()
     finally:
         store.close()
+
+
+def test_segments_the_cleaner_deleted_are_unmapped_by_dispatch_within_seconds(tmp_path: Path) -> None:
+    """Review 46 M5: reput's read-only maps kept deleted segments (and their blocks) until a
+    reopen, so a full disk got nothing back from the cleaner. Its reader re-lists the segments
+    every second now. (A host thread's own read maps re-list when it next reads.)"""
+    import time
+
+    import mqstore
+
+    settings = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=2000,
+                    max_hash_slot_num=1000, max_index_num=4000, file_reserved_time_hours=0)  # fmt: skip
+    commitlog = str(tmp_path / "s" / "commitlog")
+
+    def deleted_still_mapped() -> int:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for line in maps if commitlog in line and "(deleted)" in line)
+
+    with mqstore.open(tmp_path / "s", **settings) as store:
+        for i in range(1500):  # ~6 segments; no read from this thread (its maps are its own)
+            assert store.put(mqstore.Message("T", b"x" * 200, keys=[f"k{i}"])).ok
+        store.flush()
+        assert store.delete_expired_files_now() > 0
+        deadline = time.monotonic() + 10
+        while deleted_still_mapped() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert deleted_still_mapped() == 0
