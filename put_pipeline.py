@@ -32,7 +32,7 @@ import pykka
 
 from .actors.commitlog_writer import PassReply
 from .log import get_logger
-from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, plain_message
+from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, checked_message
 from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
 from .storage import speedups
 from .storage.status import PutMessageStatus
@@ -831,7 +831,7 @@ class ActorClient:
         self._sender = sender
 
     def put(self, message: Message, correlation_id: Hashable = None) -> bool:
-        return self._pipeline.tell_one(_one_message(message), self._sender, correlation_id)
+        return self._pipeline.tell_one(checked_message(message), self._sender, correlation_id)
 
     def put_batch(self, messages: Sequence[Message], correlation_id: Hashable = None) -> bool:
         """One topic and queue, consecutive queue offsets, one answer (the store's put_batch,
@@ -840,13 +840,5 @@ class ActorClient:
         return self._pipeline.tell_put(checked, batch=True, sender=self._sender, correlation_id=correlation_id)
 
     def put_and_forget(self, message: Message) -> bool:
-        return self._pipeline.tell_one(_one_message(message), None, None)
+        return self._pipeline.tell_one(checked_message(message), None, None)
 
-
-def _one_message(message: Message) -> Message:
-    """`message` checked (TypeError) and as a plain Message (messages.plain_message)."""
-    if type(message) is not Message:
-        if not isinstance(message, Message):
-            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
-        message = plain_message(message)
-    return message

@@ -42,7 +42,7 @@ from .messages import (
     GetUnits,
     Message,
     MessageArrived,
-    plain_message,
+    checked_message,
     plain_messages,
     GetWriterStatus,
     WriterReady,
@@ -389,11 +389,7 @@ class MessageStore:
         """putMessage (§6): store one message; PUT_OK once the writer appended it (under
         SYNC_FLUSH once it is on disk). Refusals are statuses with a `detail`."""
         self._check_open()
-        if type(message) is not Message:
-            if not isinstance(message, Message):
-                raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
-            message = plain_message(message)
-        return self._put_and_wait((message,), batch=False)
+        return self._put_and_wait((checked_message(message),), batch=False)
 
     def put_batch(self, messages: Sequence[Message]) -> PutResult:
         """Put messages of one topic and queue as one contiguous batch (RocketMQ's putMessages):
@@ -441,11 +437,7 @@ class MessageStore:
         once this thread has seen its newest future done, its reads cover that put."""
         if self._closed:  # `_check_open`, inline: once per put
             self._check_open()
-        if type(message) is not Message:
-            if not isinstance(message, Message):
-                raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
-            message = plain_message(message)
-        return self._puts.put_async(message)
+        return self._puts.put_async(checked_message(message))
 
     def put_batch_async(self, messages: Sequence[Message]) -> Future[PutResult]:
         """`put_batch` without waiting: one future for the batch."""

@@ -176,7 +176,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         target = max(self._max_offset, newest)
         segment_end = (newest - 1) // self._segment_size * self._segment_size + self._segment_size
         started = time.monotonic_ns()
-        if self._force_through(segment_end) and self._failed_at is None:
+        if self._force_range(self._flushed, segment_end) and self._failed_at is None:
             self._sync_started_ns = started
             self._synced_through = segment_end
             # Only what was forced: the writer may already be in the next segment.
@@ -205,29 +205,35 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             request.appended_ns < self._sync_started_ns and request.next_offset <= self._synced_through
         )
 
-    def _force_through(self, end: int) -> bool:
-        """Force [flushed, end) segment by segment; False on an I/O error (nothing claimed)."""
-        position = self._flushed
+    def _force_range(self, position: int, end: int) -> bool:
+        """Force [position, end) segment by segment; False on an I/O error (nothing claimed)."""
         while position < end:
             segment = position - position % self._segment_size
             stop = min(end, segment + self._segment_size)
-            try:
-                region = self._region(segment)
-            except FileNotFoundError:
-                position = stop
-                continue
-            except OSError as exc:
-                self._map_failed(segment, exc)
-                return False
-            try:
-                self.ctx.faults.hit("flush.mid_fsync")
-                region.flush(position - segment, stop - segment)
-            except FileNotFoundError:
-                self._regions.pop(segment, None)
-            except OSError as exc:
-                self._after_failed_flush(segment, position, exc)
+            if not self._force(segment, position, stop):
                 return False
             position = stop
+        return True
+
+    def _force(self, segment: int, start: int, stop: int) -> bool:
+        """msync [start, stop) of the segment at `segment`; True also when its file is gone
+        (the cleaner removed it: nothing to force). False when it could not be mapped
+        (`_map_failed`: retried later) or the msync failed (`_after_failed_flush`)."""
+        try:
+            region = self._region(segment)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            self._map_failed(segment, exc)
+            return False
+        try:
+            self.ctx.faults.hit("flush.mid_fsync")
+            region.flush(start - segment, stop - segment)
+        except FileNotFoundError:
+            self._regions.pop(segment, None)
+        except OSError as exc:
+            self._after_failed_flush(segment, start, exc)
+            return False
         return True
 
     def _answer_pending(self) -> None:
@@ -255,28 +261,15 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         where it was: waiting sync puts then time out with FLUSH_DISK_TIMEOUT, as in Java."""
         target = max(target, self._flushed)
         if self._failed_at is not None:
-            self._force_uncounted(target)
+            # What the log holds past a failed msync is still forced (the kernel writes what it
+            # can), counted nowhere, from the failure on each time: its pages were dirtied again.
+            self._force_range(self._failed_at, target)
             target = min(target, self._failed_at)
         while self._flushed < target:
             start = self._flushed
             segment = start - start % self._segment_size
             end = min(target, segment + self._segment_size)
-            try:
-                region = self._region(segment)
-            except FileNotFoundError:
-                region = None  # the cleaner removed it (only ever below the min offset)
-            except OSError as exc:
-                self._map_failed(segment, exc)
-                return
-            try:
-                if region is not None:
-                    self.ctx.faults.hit("flush.mid_fsync")
-                    region.flush(start - segment, end - segment)
-            except FileNotFoundError:
-                # The cleaner removed it (only ever below the min offset): nothing to force.
-                self._regions.pop(segment, None)
-            except OSError as exc:
-                self._after_failed_flush(segment, start, exc)
+            if not self._force(segment, start, end):
                 return
             self._flushed = end
             if end == segment + self._segment_size:
@@ -291,32 +284,6 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         48 H1: it was taken for a failed msync, and every put refused until a reopen)."""
         self.log.error("commitlog flush could not map its segment; tried again at the next flush", segment=segment,
                        error=str(exc))  # fmt: skip
-
-    def _force_uncounted(self, target: int) -> None:
-        """After a failed msync: still force what the log holds past it (the kernel writes
-        what it can), counted nowhere; from the segment of the failure each time, as its
-        pages may have been dirtied again."""
-        assert self._failed_at is not None
-        position = self._failed_at
-        while position < target:
-            segment = position - position % self._segment_size
-            stop = min(target, segment + self._segment_size)
-            try:
-                region = self._region(segment)
-            except OSError as exc:  # (not found: deleted; or no map now): nothing to force there
-                if not isinstance(exc, FileNotFoundError):
-                    self._map_failed(segment, exc)
-                    return
-                position = stop
-                continue
-            try:
-                region.flush(position - segment, stop - segment)
-            except FileNotFoundError:
-                self._regions.pop(segment, None)
-            except OSError as exc:
-                self._after_failed_flush(segment, position, exc)
-                return
-            position = stop
 
     def _after_failed_flush(self, segment: int, start: int, exc: OSError) -> None:
         """A failed msync: Linux reports a failed writeback once and leaves its pages clean,

@@ -27,6 +27,7 @@ __all__ = [
     "Message",
     "plain_message",
     "plain_messages",
+    "checked_message",
     "PutResult",
     "GetResult",
     "QueryResult",
@@ -89,6 +90,15 @@ def plain_message(message: Message) -> Message:
     if type(message) is Message:
         return message
     return Message(*[getattr(message, name) for name in _MESSAGE_FIELDS])
+
+
+def checked_message(message: Message) -> Message:
+    """`message` as a plain Message (`plain_message`); TypeError if it is not a Message."""
+    if type(message) is not Message:
+        if not isinstance(message, Message):
+            raise TypeError(f"message must be a mqstore.Message, not {type(message).__name__}")
+        message = plain_message(message)
+    return message
 
 
 def plain_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
