@@ -378,6 +378,11 @@ class MappedFile:
 
         Only chunks that hold non-zero bytes are written: zeroing an untouched sparse tail
         would allocate it.
+
+        A failed force raises (and is `last_io_error`): the zeros are in memory only, and a
+        power loss would bring the stale bytes back past the new end. Review 49 L3: it was
+        only recorded, which nobody read for the commitlog, and which the next flush of a
+        ConsumeQueue cleared before its owner looked.
         """
         assert 0 <= position <= self.file_size
         stop = self.file_size if limit is None else min(limit, self.file_size)
@@ -394,6 +399,8 @@ class MappedFile:
             except OSError as exc:
                 self.last_io_error = exc
                 log.error("flush of a zeroed tail failed", file=self.file_name, error=str(exc))
+                raise OSError(exc.errno, f"the zeroed tail of {self.file_name} from {position} could not be forced "
+                              f"to disk ({exc.strerror}): stale bytes may come back after a power loss") from exc
 
     @staticmethod
     def _zero_chunks(buf: Any, start: int, stop: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,22 @@ def test_flush_error_is_recorded_not_raised() -> None:
     assert isinstance(mf.last_io_error, OSError)
     assert mf.flush(0) == 3
     assert mf.last_io_error is None
+
+
+def test_a_zeroed_tail_that_cannot_be_forced_raises() -> None:
+    """Review 49 L3: the failure was only recorded; a power loss then brought the stale
+    records back past the new end."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/s")
+    mf = make(fs, "/s")
+    mf.append_bytes(b"k" * 5000)
+    mf.flush(0)
+    mf.set_positions(1000)
+    fs.inject_fault("flush", path_contains="cl")
+    with pytest.raises(OSError, match="zeroed tail .* could not be forced") as raised:
+        mf.zero_from(1000)
+    assert raised.value.errno == errno.EIO and isinstance(mf.last_io_error, OSError)
+    assert mf.mapped_buffer[1000:5000] == bytes(4000)  # readers see the zeros meanwhile
 
 
 def test_write_buffer_readers_see_only_committed_and_buffer_returned_when_full(
