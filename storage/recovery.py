@@ -24,6 +24,7 @@ not hold the store closed while indexes are rebuilt.
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import os
 import struct
@@ -42,7 +43,10 @@ from .lockfiles import StoreDirectoryError
 from .index_progress import IndexProgress, load_index_progress, write_index_progress
 from .queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
 from .scan import RecordTally
-from .index import DAMAGED_SUFFIX, IndexFile, IndexService, read_index_header
+from .index import (
+    DAMAGED_SUFFIX, HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IndexFile, IndexHeader, IndexService,
+    build_key, index_file_size, key_hash_and_slot, read_index_header,
+)  # fmt: skip
 
 __all__ = [
     "CommitLogRecovery", "ConsumeQueueRecovery", "IndexRecovery", "LogFacts", "RecoveryMode", "RecoveryReport",
@@ -286,13 +290,26 @@ def commitlog_not_this_stores(cfg: StoreConfig, fs: FileSystem) -> str | None:
     every queue and dropped index files, and `recover` filled "holes" in the other store.
 
     Read only, a few small reads. Damage must never pass for another log (review 47 F1: a
-    store whose sampled records were damaged was refused for good), so only two things count:
+    store whose sampled records were damaged was refused for good), so only these count:
     files named as segments none of which holds a record header anywhere in its first MiB (not
-    a commitlog at all: a queue directory), or records that are there, whole, exactly where the
-    queues' units point, and are other records (another topic, queue, queue offset or size)
-    with none of the sampled units finding its own. Garbage, zeros and bytes inside a record
-    say nothing. Up to eight units a queue, spread from its oldest to its newest, so one
-    queue's units into a smaller log still meet records (review 47 F2)."""
+    a commitlog at all: a queue directory), or records that are there, whole, exactly where
+    this store's files point, and are other records. Garbage, zeros and bytes inside a record
+    say nothing.
+
+    First the index (`_index_evidence`, review 48 H2): its entries hold what only this store's
+    messages have, each one's key hash and store time (to the second; the headers' first and
+    last messages' to the millisecond). One record there that is the message an entry indexed
+    vouches for the log; two or more that are other messages, with none that is, refuse it.
+    The ConsumeQueue units cannot tell two logs of one shape apart (two brokers fed by one
+    producer: same topic, queues and message size put the same queue offsets at the same
+    commitlog offsets), so the index decides when it has evidence.
+
+    Without it (no index files, the index disabled, messages without keys, or every sampled
+    entry pointing at no whole record: cleaned, zeroed, damaged) the check is as before: up to
+    eight units a queue, spread from its oldest to its newest (so one queue's units into a
+    smaller log still meet records, review 47 F2); a record there of its own topic, queue,
+    queue offset and size vouches for the log, other records with none of its own refuse it.
+    That leaves another log of this store's shape accepted when its messages carry no keys."""
     if not fs.isdir(cfg.commitlog_dir):
         return None
     segments: dict[int, str] = {}
@@ -308,6 +325,12 @@ def commitlog_not_this_stores(cfg: StoreConfig, fs: FileSystem) -> str | None:
     if not any(_holds_a_record(fs, path, start) for start, path in sorted(segments.items())):
         return (f"none of its {len(segments)} files named as segments holds a commitlog record (is it a directory of "
                 "another kind, such as a queue's?)")  # fmt: skip
+    indexed, others = _index_evidence(cfg, fs, segments)
+    if indexed:
+        return None  # a message this store indexed, where its index says: this store's log
+    if others >= _FOREIGN_MIN_INDEX_EVIDENCE:
+        return (f"where this store's index files point, {others} other records are, and none of the messages it "
+                "indexed (key hash and store time compared)")  # fmt: skip
     starts = sorted(segments)
     foreign = 0
     for topic, queue_id in queues[:_FOREIGN_SAMPLE_QUEUES]:
@@ -327,6 +350,155 @@ def commitlog_not_this_stores(cfg: StoreConfig, fs: FileSystem) -> str | None:
         return (f"where this store's queues point, {foreign} other records are, and none of theirs (topic, queue, "
                 "queue offset and size compared)")  # fmt: skip
     return None
+
+
+_INDEX_SAMPLE_FILES = 4
+_INDEX_SAMPLES_SPREAD = 8
+# Two records, not one: a single record whose key or store time was damaged (a whole header
+# around it) is not enough to refuse a store whose other sampled records are all unreadable.
+_FOREIGN_MIN_INDEX_EVIDENCE = 2
+_INDEX_ENTRY = struct.Struct(">iqii")  # keyHash, phyOffset, timeDiff (s), prevIndex
+_JAVA_INT_MAX = 0x7FFFFFFF
+
+
+def _index_evidence(cfg: StoreConfig, fs: FileSystem, segments: Mapping[int, str]) -> tuple[int, int]:
+    """(How many distinct records where index entries point are the messages they indexed,
+    how many are other messages), from up to four index files (oldest to newest) and in each
+    the entries 1, 2, 4, 8, ... (the log's first messages: a smaller log overlaps those) and
+    eight spread to its newest: at most ~35 entries and records a file.
+
+    An entry's message agrees when one of its keys (`topic#UNIQ_KEY`, `topic#<KEYS token>`)
+    hashes to the entry's keyHash and its store time does to the entry's time: the header's
+    beginTimestamp to the millisecond for entry 1 (§10.6: set from that message), its
+    endTimestamp to the millisecond for the newest entry (unless recovery cut the file back:
+    then it is beginTimestamp + timeDiff * 1000, whole seconds after the begin), and for the
+    others timeDiff, the whole seconds since beginTimestamp (entry 1's timeDiff counts from
+    the previous file's end, so it is not compared). Header and entries are written in one
+    store, from these very records, so this store's own intact records always agree; damage,
+    zeros, cleaned segments and entries the log never reached (a crash) give no whole record.
+    A file whose entry 1 and newest entry are not at its header's begin and end offsets (torn
+    by a power loss, damaged, or read with another geometry) is not read further.
+
+    What still passes: a record at that offset of the same topic with a key of the same hash,
+    stored within the same whole second after the file's first message (and, for the header's
+    two, in the same millisecond): in practice only a copy of this store's own log (a slave's),
+    or two stores fed the same keyed messages in the same order at the same moments."""
+    if not fs.isdir(cfg.index_dir):
+        return 0, 0
+    starts = sorted(segments)
+    indexed: set[int] = set()
+    others: set[int] = set()
+    try:
+        names = sorted(n for n in fs.listdir(cfg.index_dir) if n.isdigit())
+        if len(names) > _INDEX_SAMPLE_FILES:
+            spread = _INDEX_SAMPLE_FILES - 1
+            names = [names[(len(names) - 1) * i // spread] for i in range(spread + 1)]
+        for name in names:
+            path = os.path.join(cfg.index_dir, name)
+            geometry = _index_geometry(cfg, fs.getsize(path)) if fs.isfile(path) else None
+            if geometry is None:
+                continue  # a size no geometry here fits: the open refuses or adopts it by its own check
+            max_hash_slot_num, max_index_num = geometry
+            entries_pos = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
+            raw = fs.read_at(path, 0, INDEX_HEADER_SIZE)
+            if len(raw) < INDEX_HEADER_SIZE:
+                continue
+            header = IndexHeader.unpack(raw)
+            newest = header.index_count - 1
+            if not 1 <= newest < max_index_num:
+                continue  # no entry (a fresh file holds 0 or 1), or a damaged count
+            first, last = _index_entry(fs, path, entries_pos, 1), _index_entry(fs, path, entries_pos, newest)
+            if first is None or last is None or (first[1], last[1]) != (header.begin_phy_offset, header.end_phy_offset):
+                continue  # header and entries disagree (torn by a power loss, damaged, another geometry)
+            spread = _INDEX_SAMPLES_SPREAD - 1
+            wanted = {1 << i for i in range(newest.bit_length()) if 1 << i <= newest}
+            wanted |= {1 + (newest - 1) * i // spread for i in range(spread + 1)}
+            for entry_no in sorted(wanted):
+                read = _index_entry(fs, path, entries_pos, entry_no)
+                if read is None:
+                    break
+                key_hash, phy_offset, time_diff, prev_index = read
+                if not (phy_offset >= starts[0] and time_diff >= 0 and 0 <= prev_index < entry_no) or (
+                    key_hash == phy_offset == time_diff == 0
+                ):
+                    continue  # below the log (cleaned), unwritten or not an entry: no evidence
+                start = starts[bisect.bisect_right(starts, phy_offset) - 1]
+                fields = _dispatch_fields_at(fs, segments[start], phy_offset - start, phy_offset, cfg.max_stored_record_bytes)
+                if fields is None:
+                    continue  # zeros, damage, the middle of a record, past the log's end
+                if _is_the_indexed_message(fields, key_hash, time_diff, entry_no, newest, header, max_hash_slot_num):
+                    indexed.add(phy_offset)
+                else:
+                    others.add(phy_offset)
+    except (OSError, ValueError, struct.error):
+        pass  # unreadable: the open reports it; what was read counts
+    return len(indexed), len(others - indexed)
+
+
+def _index_entry(fs: FileSystem, path: str, entries_pos: int, entry_no: int) -> tuple[int, int, int, int] | None:
+    """(keyHash, phyOffset, timeDiff, prevIndex) of an index file's entry, None past its end."""
+    data = fs.read_at(path, entries_pos + entry_no * INDEX_ENTRY_SIZE, INDEX_ENTRY_SIZE)
+    if len(data) < INDEX_ENTRY_SIZE:
+        return None
+    key_hash, phy_offset, time_diff, prev_index = _INDEX_ENTRY.unpack(data)
+    return key_hash, phy_offset, time_diff, prev_index
+
+
+def _index_geometry(cfg: StoreConfig, size: int) -> tuple[int, int] | None:
+    """(max_hash_slot_num, max_index_num) of an index file of `size` bytes: the settings', or,
+    where they do not fit it, RocketMQ's four entries a slot (a read-only command checks this
+    before it adopts the files' geometry); None if neither fits."""
+    if size == index_file_size(cfg.max_hash_slot_num, cfg.max_index_num):
+        return cfg.max_hash_slot_num, cfg.max_index_num
+    per_slot = HASH_SLOT_SIZE + 4 * INDEX_ENTRY_SIZE
+    if size > INDEX_HEADER_SIZE and (size - INDEX_HEADER_SIZE) % per_slot == 0:
+        slots = (size - INDEX_HEADER_SIZE) // per_slot
+        return slots, 4 * slots
+    return None
+
+
+def _is_the_indexed_message(
+    fields: codec.DispatchFields, key_hash: int, time_diff: int, entry_no: int, newest: int, header: IndexHeader,
+    max_hash_slot_num: int,
+) -> bool:  # fmt: skip
+    """Whether the record is the message index entry `entry_no` was written for (see
+    `_index_evidence`): a key of the hash, and the store time."""
+    keys = [fields.uniq_key] if fields.uniq_key is not None else []
+    keys += [k for k in (fields.keys or "").split(codec.KEY_SEPARATOR) if k]
+    if all(key_hash_and_slot(build_key(fields.topic, k), max_hash_slot_num)[0] != key_hash for k in keys):
+        return False
+    stored = fields.store_timestamp
+    if entry_no == 1:  # the header's beginPhyOffset (checked by the caller)
+        return stored == header.begin_timestamp
+    if entry_no == newest and (header.end_timestamp - header.begin_timestamp) % 1000:  # its endPhyOffset
+        return stored == header.end_timestamp
+    begin = header.begin_timestamp
+    # §10.6: Java's long division, then clamped to [0, Integer.MAX_VALUE]; 0 without a begin.
+    expected = 0 if begin <= 0 or stored < begin else min((stored - begin) // 1000, _JAVA_INT_MAX)
+    return time_diff == expected
+
+
+def _dispatch_fields_at(fs: FileSystem, path: str, pos: int, offset: int, max_record: int) -> codec.DispatchFields | None:
+    """What the dispatcher read from the well-formed record at `pos` of the file, whose own
+    physical offset is `offset` (topic, keys, store time: what the index was built from), else
+    None; records larger than _TOPIC_READ_LIMIT are not read for this (None)."""
+    try:
+        head = fs.read_at(path, pos, _RECORD_HEAD.size)
+        if len(head) < _RECORD_HEAD.size:
+            return None
+        total, magic, _crc, _queue_id, _flag, _queue_offset, physical = _RECORD_HEAD.unpack(head)
+        if magic not in _RECORD_MAGICS or physical != offset or not _RECORD_HEAD.size < total <= max_record:
+            return None
+        if total > _TOPIC_READ_LIMIT:
+            return None  # not read for this: no evidence
+        data = fs.read_at(path, pos, total)
+    except OSError:
+        return None
+    try:
+        kind, _size, fields = codec.read_dispatch(data, 0, len(data), max_message_size=max_record)
+    except (ValueError, IndexError, struct.error):
+        return None  # bytes no record has: damage
+    return fields if kind is codec.RecordKind.MESSAGE else None
 
 
 def _holds_a_record(fs: FileSystem, path: str, file_start: int) -> bool:
