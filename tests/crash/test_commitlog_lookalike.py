@@ -309,9 +309,9 @@ def test_a_store_whose_index_recovery_cut_back_still_opens(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("case", ["index_disabled", "no_keys"])
-def test_a_store_without_index_evidence_is_checked_as_before(tmp_path: Path, two_brokers: tuple[Path, Path], case: str) -> None:
-    """No index entries to compare: its own log opens; another log of its shape is not told
-    apart (as before this check: the units alone cannot)."""
+def test_a_store_without_index_evidence_is_checked_as_before(tmp_path: Path, case: str) -> None:
+    """No index entries to compare (no evidence either way): the units decide, as before, and
+    its own log opens."""
     path = tmp_path / "s"
     if case == "index_disabled":
         _producer(path, 300, 1, message_index_enable=False)
