@@ -361,11 +361,14 @@ _INDEX_ENTRY = struct.Struct(">iqii")  # keyHash, phyOffset, timeDiff (s), prevI
 _JAVA_INT_MAX = 0x7FFFFFFF
 
 
-def _index_evidence(cfg: StoreConfig, fs: FileSystem, segments: Mapping[int, str]) -> tuple[int, int]:
+def _index_evidence(
+    cfg: StoreConfig, fs: FileSystem, segments: Mapping[int, str], *, exhaustive: bool = False
+) -> tuple[int, int]:
     """(How many distinct records where index entries point are the messages they indexed,
     how many are other messages), from up to four index files (oldest to newest) and in each
     the entries 1, 2, 4, 8, ... (the log's first messages: a smaller log overlaps those) and
-    eight spread to its newest: at most ~35 entries and records a file.
+    eight spread to its newest: at most ~35 entries and records a file. Unless `exhaustive`,
+    it stops at the first record that agrees (the open of this store's own log reads one).
 
     An entry's message agrees when one of its keys (`topic#UNIQ_KEY`, `topic#<KEYS token>`)
     hashes to the entry's keyHash and its store time does to the entry's time: the header's
@@ -428,6 +431,8 @@ def _index_evidence(cfg: StoreConfig, fs: FileSystem, segments: Mapping[int, str
                     continue  # zeros, damage, the middle of a record, past the log's end
                 if _is_the_indexed_message(fields, key_hash, time_diff, entry_no, newest, header, max_hash_slot_num):
                     indexed.add(phy_offset)
+                    if not exhaustive:
+                        return len(indexed), len(others - indexed)
                 else:
                     others.add(phy_offset)
     except (OSError, ValueError, struct.error):
