@@ -15,8 +15,9 @@ import math
 import mmap
 import os
 import struct
+import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterator, Sequence
 from typing import Any, Callable, Final, NamedTuple
 
 from mqstore.log import get_logger
@@ -1174,8 +1175,25 @@ class CommitLog:
 # Readers for other threads and tools
 
 
+def _closed(region: MappedRegion) -> bool:
+    return bool(getattr(region.buf, "closed", False))
+
+
+def _close_region(region: MappedRegion) -> bool:
+    """Close a reader's map; False if it could not be now. Closed from another thread (the
+    store closing, or deleted segments given back) while its owner decodes in place: that
+    holds the map for one C call, and the map is unmapped with its last reference right
+    after. Closing must not fail for it."""
+    try:
+        region.close()
+    except BufferError:
+        return False
+    return True
+
+
 class CommitLogReader:
-    """A read-only view of a commitlog directory for one reader thread. Not thread-safe.
+    """A read-only view of a commitlog directory for one reader thread. Not thread-safe,
+    except `release_deleted` and `close`.
 
     Reads only below `limit` (the watermark its owner was told). A segment deleted underneath
     reads as None, never as an exception.
@@ -1203,6 +1221,9 @@ class CommitLogReader:
         # below the newest file (which may be being created): a hole, not a file the cleaner
         # removed, so the log's head is still theirs (review 36 F1).
         self._unreadable: set[int] = set()
+        # Maps are closed from two threads (this reader's own: refresh, and another's:
+        # release_deleted or the store's close): one close at a time.
+        self._closing = threading.Lock()
         self.refresh()
 
     def set_limit(self, limit: int) -> None:
@@ -1220,8 +1241,13 @@ class CommitLogReader:
         unreadable: set[int] = set()
         for start in starts:
             present.add(start)
-            if start in self._regions:
-                continue
+            known = self._regions.get(start)
+            if known is not None:
+                if not _closed(known):
+                    continue
+                with self._closing:  # given back (release_deleted) but named again: map it anew
+                    _close_region(self._regions.pop(start))
+                self._valid_ends.pop(start, None)
             path = os.path.join(self.store_path, f"{start:020d}")
             region = self._map(path, start)
             if region is None:
@@ -1233,7 +1259,25 @@ class CommitLogReader:
         self._unreadable = unreadable
         for start in [s for s in self._regions if s not in present]:
             self._valid_ends.pop(start, None)
-            self._regions.pop(start).close()
+            with self._closing:
+                _close_region(self._regions.pop(start))
+
+    def release_deleted(self, present: Collection[int]) -> int:
+        """From any thread: unmap this reader's segments whose files are gone (`present`: the
+        segment starts listed now); how many it unmapped. A deleted file's blocks go back to
+        the disk only with its last map, and a thread that reads no more never refreshed its
+        own (review 46 M5: the cleaner freed nothing on a full disk until a reopen). Its owner
+        then reads None there, as for any deleted segment, and its next refresh forgets it."""
+        released = 0
+        for start, region in list(self._regions.items()):  # (a copy: the owner may refresh meanwhile)
+            if start in present or _closed(region) or not isinstance(region.buf, mmap.mmap):
+                continue  # (a simulated region has no map to give back)
+            if self.fs.exists(os.path.join(self.store_path, f"{start:020d}")):
+                continue  # made after `present` was listed (the owner mapped a new segment)
+            with self._closing:
+                if _close_region(region):
+                    released += 1
+        return released
 
     def _map(self, path: str, start: int) -> MappedRegion | None:
         try:
@@ -1262,14 +1306,9 @@ class CommitLogReader:
         return self._valid_ends.get(start, self.mapped_file_size)
 
     def close(self) -> None:
-        for region in self._regions.values():
-            try:
-                region.close()
-            except BufferError:
-                # Closed from another thread (the store closing) while its owner decodes in
-                # place: that holds the map for one C call, and the map is unmapped with
-                # its last reference right after. Closing must not fail for it.
-                pass
+        with self._closing:
+            for region in list(self._regions.values()):
+                _close_region(region)
         self._regions.clear()
         self._valid_ends.clear()
 

@@ -169,3 +169,53 @@ def test_segments_the_cleaner_deleted_are_unmapped_by_dispatch_within_seconds(tm
         while deleted_still_mapped() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert deleted_still_mapped() == 0
+
+
+def test_segments_the_cleaner_deleted_are_unmapped_from_idle_host_threads_within_seconds(tmp_path: Path) -> None:
+    """Review 46 M5, the rest: a host thread that read once and went idle kept its own maps of
+    deleted segments for as long as it lived (it re-lists only when it reads again), so their
+    blocks never went back to a full disk. A store tick hook now unmaps them from any thread;
+    the idle thread's next read still answers (the deleted range as moved, the rest found)."""
+    settings = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=2000,
+                    max_hash_slot_num=1000, max_index_num=4000, file_reserved_time_hours=0)  # fmt: skip
+    commitlog = str(tmp_path / "s" / "commitlog")
+
+    def deleted_still_mapped() -> int:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for line in maps if commitlog in line and "(deleted)" in line)
+
+    with mqstore.open(tmp_path / "s", **settings) as store:
+        for i in range(1500):  # ~6 segments
+            assert store.put(Message("T", b"x" * 200, queue_id=0, keys=[f"k{i}"])).ok
+        store.flush()
+        read_again = threading.Event()
+        answers: list[object] = []
+
+        def host_thread() -> None:  # reads every segment, then idles until told
+            assert store.wait_for_messages("T", 0, 1499, 10)
+            offset, seen = 0, 0
+            while offset < 1500:  # (a get ends at a ConsumeQueue file's end: next_begin_offset)
+                got = store.get("T", 0, offset, 32)
+                seen, offset = seen + len(got.messages), got.next_begin_offset
+            answers.append(seen)
+            read_again.wait(30)
+            answers.append(store.get("T", 0, 0, 32).status)
+            answers.append(store.get("T", 0, 1499, 1).messages[0].queue_offset)
+
+        thread = threading.Thread(target=host_thread)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not answers and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert answers == [1500]
+            assert store.query("T", "k10", 1).messages  # this thread's maps too (a key lookup)
+            assert store.delete_expired_files_now() > 0
+            deadline = time.monotonic() + 10
+            while deleted_still_mapped() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert deleted_still_mapped() == 0
+        finally:
+            read_again.set()
+            thread.join(10)
+        assert answers[1] in (GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_FOUND_NULL) and answers[2] == 1499

@@ -413,6 +413,33 @@ def test_reader_reads_only_below_limit_and_survives_deletion(any_fs: tuple[FileS
     reader.close()
 
 
+def test_reader_gives_back_deleted_segments_from_another_thread_and_only_those(tmp_path: Any, clock: ManualClock) -> None:
+    """release_deleted (review 46 M5) unmaps only segments whose files are gone: one missing
+    from a listing made before it was created is kept; a segment named again after its map was
+    given back is mapped anew at the owner's next refresh."""
+    fs = RealFileSystem()
+    cl = make_log(fs, str(tmp_path), clock)
+    offsets = [cl.put_message(rec(body=b"d" * 500), 1).append_result.wrote_offset for _ in range(20)]  # type: ignore[union-attr]
+    reader = CommitLogReader(fs, cl.store_path, mapped_file_size=SEG, limit=cl.get_max_offset())
+    assert len([r for r in reader.iter_records(0) if r.kind is RecordKind.MESSAGE]) == 20
+    listed = {int(name) for name in os.listdir(cl.store_path)}
+    assert len(listed) >= 3
+    assert reader.release_deleted(listed - {SEG}) == 0  # a stale listing: the file is there
+    assert reader.read(offsets[0], 10) is not None
+    first = os.path.join(cl.store_path, f"{0:020d}")
+    saved = fs.read_bytes(first)
+    os.remove(first)  # as the cleaner deletes it
+    assert reader.release_deleted(listed - {0}) == 1
+    assert reader.release_deleted(listed - {0}) == 0  # given back once
+    assert reader.read(offsets[0], 10) is None and reader.read_record(offsets[0]) is None
+    assert reader.read(offsets[-1], 10) is not None
+    with open(first, "wb") as f:  # named again (a backup put back)
+        f.write(saved)
+    reader.refresh()
+    assert reader.read(offsets[0], 10) == saved[:10]
+    reader.close()
+
+
 def test_reader_picks_up_new_files(any_fs: tuple[FileSystem, str], clock: ManualClock) -> None:
     fs, root = any_fs
     cl = make_log(fs, root, clock)
