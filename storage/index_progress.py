@@ -25,15 +25,15 @@ it.
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import Final, Mapping, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.fs import FileSystem
 from mqstore.storage.sealed import seal, unseal
 
 __all__ = [
-    "IndexProgress", "IndexProgressError", "load_index_progress", "pack_index_progress", "unpack_index_progress",
-    "write_index_progress",
+    "IndexProgress", "IndexProgressError", "first_lost_index_file", "load_index_progress", "pack_index_progress",
+    "peek_index_progress", "unpack_index_progress", "write_index_progress",
 ]
 
 _FORMAT: Final = "mqstore-index-progress"
@@ -86,6 +86,35 @@ def load_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
         log.error("index progress unreadable: an incomplete index cannot be detected at this open",
                   path=path, kept_as=kept, error=str(exc))  # fmt: skip
         return None
+
+
+def peek_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
+    """`load_index_progress` for a read-only command: nothing set aside nor logged (None for no
+    file, or one that cannot be read or trusted)."""
+    try:
+        return unpack_index_progress(fs.read_bytes(path)) if fs.exists(path) else None
+    except (OSError, IndexProgressError):
+        return None
+
+
+def first_lost_index_file(progress: IndexProgress | None, ends: Mapping[str, int], min_offset: int) -> tuple[str, str] | None:
+    """The oldest file the progress lists whose keys are not all in the files now (`ends`: each
+    index file's name and header endPhyOffset), and why: gone though messages it indexed are
+    still in the log (one whose endPhyOffset is below the log's min offset was expired by the
+    cleaner), or there with a header ending below the endPhyOffset the progress recorded for
+    it: an older copy of the file put in its place (a restore from a backup, or a copy renamed
+    over it while the index wrote into the file it had open). A header only moves forward and
+    the progress is written after the files are flushed; only a recovery moves one back, and
+    it writes the progress after."""
+    if progress is None:
+        return None
+    for name, end_phy in sorted(progress.files):
+        now = ends.get(name)
+        if now is None and end_phy >= min_offset:
+            return name, "is gone (the index progress lists it)"
+        if now is not None and now < end_phy:
+            return name, f"ends at {now}, below the {end_phy} the index progress recorded (an older copy)"
+    return None
 
 
 def write_index_progress(fs: FileSystem, path: str, progress: IndexProgress) -> bool:

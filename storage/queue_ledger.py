@@ -32,7 +32,8 @@ from mqstore.storage.fs import FileSystem
 from mqstore.storage.sealed import seal, unseal
 
 __all__ = [
-    "LedgerEntry", "LedgerError", "load_queue_ledger", "pack_queue_ledger", "unpack_queue_ledger", "write_queue_ledger",
+    "LedgerEntry", "LedgerError", "load_queue_ledger", "pack_queue_ledger", "peek_queue_ledger", "unpack_queue_ledger",
+    "write_queue_ledger",
 ]
 
 _FORMAT: Final = "mqstore-queue-ledger"
@@ -104,6 +105,15 @@ def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] 
         kept = fs.set_aside(path, ".damaged")
         log.error("queue ledger unreadable: missing or cut-short consume queues cannot be detected at this open",
                   path=path, kept_as=kept, error=str(exc))  # fmt: skip
+        return None
+
+
+def peek_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] | None:
+    """`load_queue_ledger` for a read-only command: nothing set aside nor logged (None for no
+    file, or one that cannot be read or trusted)."""
+    try:
+        return unpack_queue_ledger(fs.read_bytes(path)) if fs.exists(path) else None
+    except (OSError, LedgerError):
         return None
 
 

@@ -40,7 +40,7 @@ from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_co
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
-from .index_progress import IndexProgress, load_index_progress, write_index_progress
+from .index_progress import IndexProgress, first_lost_index_file, load_index_progress, write_index_progress
 from .queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
 from .scan import RecordTally
 from .index import (
@@ -1546,7 +1546,7 @@ def _recover_index(
                     for name in sorted(gone) if not any(r.startswith(name) for r in service.set_aside)]  # fmt: skip
         dropped = len(reasons)
         files = service.files
-        lost = _first_lost_index_file(progress, files, min_offset)
+        lost = first_lost_index_file(progress, {f.name: f.end_phy_offset for f in files}, min_offset)
         if lost is not None:
             lost_name, why_lost = lost
             # Its keys are rebuilt in order: files written after it go too (an older message's
@@ -1617,28 +1617,6 @@ def _recover_index(
         return dropped + cut, reasons, index_from
     finally:
         service.close()
-
-
-def _first_lost_index_file(
-    progress: IndexProgress | None, files: Sequence[IndexFile], min_offset: int
-) -> tuple[str, str] | None:
-    """The oldest file the progress lists whose keys are not all in the files now, and why:
-    gone though messages it indexed are still in the log (one whose endPhyOffset is below the
-    log's min offset was expired by the cleaner), or there with a header ending below the
-    endPhyOffset the progress recorded for it: an older copy of the file put in its place (a
-    restore from a backup, or a copy renamed over it while the index wrote into the file it
-    had open). A header only moves forward and the progress is written after the files are
-    flushed; only a recovery moves one back, and it writes the progress after."""
-    if progress is None:
-        return None
-    ends = {f.name: f.end_phy_offset for f in files}
-    for name, end_phy in sorted(progress.files):
-        now = ends.get(name)
-        if now is None and end_phy >= min_offset:
-            return name, "is gone (the index progress lists it)"
-        if now is not None and now < end_phy:
-            return name, f"ends at {now}, below the {end_phy} the index progress recorded (an older copy)"
-    return None
 
 
 def _index_file_unsafe(fs: FileSystem, f: IndexFile, *, last_exit_ok: bool, last: bool) -> str | None:

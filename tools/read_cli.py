@@ -5,7 +5,9 @@ abort file, no recovery, nothing truncated (a store that another process runs is
 exit 4). On a store that did not stop cleanly they read what is valid (every record CRC-checked
 and matched to its unit) and say that `mqstore recover` is needed. They print one JSON object
 per message on stdout with the fields of `mqstore dump`'s commitlog rows, and a one-line JSON
-summary (status, next begin offset, ...) on stderr.
+summary (status, next begin offset, ...) on stderr. Where the store's own records show files
+missing (the queue ledger: a queue's ConsumeQueue files; the index progress: an index file),
+the answer may be short: the summary's `detail` says so and the exit code is 3.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from ..storage.codec import MessageRecord, RecordKind, to_int32
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import iter_cq_units
 from ..storage.fs import RealFileSystem
-from ..storage.index import IndexReader
+from ..storage.index import IndexReader, read_index_header
+from ..storage.index_progress import first_lost_index_file, peek_index_progress
+from ..storage.queue_ledger import peek_queue_ledger
 from ..storage.status import GetMessageStatus
 
 __all__ = ["add_subcommands", "run_get", "run_query"]
@@ -141,8 +145,28 @@ class _ReadOnlyStore:
                 found.append(record)
                 status = GetMessageStatus.FOUND
         summary.update(status=status.name, next_begin_offset=nxt)
+        missing = self._queue_files_missing(topic, queue_id, units)
+        if missing is not None:
+            summary["detail"] = missing
         summary["messages"] = found
         return summary
+
+    def _queue_files_missing(self, topic: str, queue_id: int, units: list[tuple[int, int, int, int]]) -> str | None:
+        """Why the queue's files hold less than the queue ledger says they did (files deleted
+        or cut by hand: an open rebuilds them from the log), or None. Review 45 F6: with
+        consumequeue/ gone, get said NO_MESSAGE_IN_QUEUE, exit 0."""
+        entry = (peek_queue_ledger(self.fs, self.config.queue_ledger_path) or {}).get((topic, queue_id))
+        if entry is None:
+            return None
+        end = units[-1][0] + 1 if units else 0
+        first = units[0][0] if units else None
+        if end < entry.units:
+            return (f"the queue ledger says this queue holds queue offsets below {entry.units}, its files end at {end}: "
+                    "ConsumeQueue files are missing or cut; opening the store (or `mqstore recover`) rebuilds them")  # fmt: skip
+        if first is not None and first > entry.first:
+            return (f"the queue ledger says this queue starts at queue offset {entry.first}, its first file at {first}: "
+                    "ConsumeQueue files are missing; opening the store (or `mqstore recover`) rebuilds them")  # fmt: skip
+        return None
 
     def query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> dict[str, Any]:
         cfg = self.config
@@ -154,16 +178,25 @@ class _ReadOnlyStore:
             if not index.sync(names):
                 raise CliError(ExitCode.CORRUPT, f"an index file in {cfg.index_dir} cannot be read; run `mqstore inspect`")
             result = index.query_offset(topic, key, max_count, begin, end)
+            ends = {name: read_index_header(self.fs, os.path.join(cfg.index_dir, name)).end_phy_offset for name in names}
         finally:
             index.close()
+        # Review 45 F6: with index/ gone, query answered "no message", exit 0.
+        log_min = self.commitlog.min_offset()
+        progress = peek_index_progress(self.fs, cfg.index_progress_path) if log_min >= 0 else None  # (no log: none)
+        lost = first_lost_index_file(progress, ends, log_min)
         offsets, last_ts, last_phy = result if result is not None else ((), 0, 0)
         messages: list[MessageRecord] = []
         for phy in sorted(set(offsets)):
             record = self.record_at(phy)
             if record is not None and record.topic == topic and (record.uniq_key == key or key in record.key_list):
                 messages.append(record)
-        return {"messages": messages[:max_count], "index_last_update_timestamp": last_ts,
-                "index_last_update_phy_offset": last_phy}  # fmt: skip
+        answer: dict[str, Any] = {"messages": messages[:max_count], "index_last_update_timestamp": last_ts,
+                                  "index_last_update_phy_offset": last_phy}  # fmt: skip
+        if lost is not None:
+            answer["detail"] = (f"index file {lost[0]} {lost[1]}: keys of messages still in the log may not be found; "
+                                "opening the store (or `mqstore recover`) rebuilds it")  # fmt: skip
+        return answer
 
 
 @contextlib.contextmanager
@@ -198,7 +231,7 @@ def run_get(args: argparse.Namespace) -> int:
     records = result.pop("messages")
     _print_messages(records)
     _summary({**result, "messages": len(records)})
-    return ExitCode.OK
+    return ExitCode.CORRUPT if "detail" in result else ExitCode.OK
 
 
 def run_query(args: argparse.Namespace) -> int:
@@ -209,4 +242,4 @@ def run_query(args: argparse.Namespace) -> int:
     records = result.pop("messages")
     _print_messages(records)
     _summary({"messages": len(records), **result})
-    return ExitCode.OK
+    return ExitCode.CORRUPT if "detail" in result else ExitCode.OK

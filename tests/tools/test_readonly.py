@@ -225,3 +225,42 @@ def test_read_only_commands_name_what_stands_where_a_consume_queue_file_belongs(
         assert code in expected and f"{unit_file} is " in out + err, (argv, code, out, err)
         assert "Error:" not in err, (argv, err)
     assert snapshot(root) == before
+
+
+def test_read_only_answers_say_when_the_stores_own_records_show_files_missing(
+    clean_store: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review 45 F6: with index/ gone, `query` answered no message and `verify`/`inspect` said
+    healthy; with a queue's files gone, `get` said NO_MESSAGE_IN_QUEUE, all with exit 0,
+    though the index progress and the queue ledger said the files had been there. Now the
+    answer says so (a `detail`, exit 3); nothing is written."""
+    import json
+
+    root = tmp_path / "store"
+    shutil.copytree(clean_store[0], root)
+    shutil.rmtree(root / "index")
+    shutil.rmtree(root / "consumequeue" / "crash" / "1")
+    before = snapshot(root)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, err = run("query", str(root), "--topic", "crash", "--key", clean_store[1])
+    assert code == ExitCode.CORRUPT and out == "" and "is gone (the index progress lists it)" in json.loads(err)["detail"]
+    code, out, err = run("get", str(root), "--topic", "crash", "--queue", "1", "--offset", "0")
+    summary = json.loads(err.splitlines()[-1])
+    assert code == ExitCode.CORRUPT and summary["status"] == "NO_MESSAGE_IN_QUEUE"
+    assert "ConsumeQueue files are missing or cut" in summary["detail"]
+    code, out, err = run("get", str(root), "--topic", "crash", "--queue", "0", "--offset", "0", "--max", "8")
+    assert code == ExitCode.OK and len(out.splitlines()) == 8 and "detail" not in json.loads(err.splitlines()[-1])
+    code, out, err = run("verify", str(root))
+    assert code != ExitCode.OK and "index_file_lost" in out + err
+    code, out, err = run("inspect", str(root), "--json")
+    report = json.loads(out)
+    assert report["verdict"] == "needs recovery" and "index_file_lost" in {p["kind"] for p in report["problems"]}
+    assert snapshot(root) == before
+    with mqstore.open(root, max_hash_slot_num=100, max_index_num=400) as store:  # the open rebuilds both
+        assert [m.keys for m in store.query("crash", clean_store[1], 4).messages] == [clean_store[1]]
+        assert store.max_offset("crash", 1) == 75 and len(store.get("crash", 1, 0, 32).messages) == 32
