@@ -380,7 +380,10 @@ def _index_evidence(
     store, from these very records, so this store's own intact records always agree; damage,
     zeros, cleaned segments and entries the log never reached (a crash) give no whole record.
     A file whose entry 1 and newest entry are not at its header's begin and end offsets (torn
-    by a power loss, damaged, or read with another geometry) is not read further.
+    by a power loss, damaged, or read with another geometry) is not read further, nor, after
+    a crash (the abort file), one that is not full: recovery drops it too (review 50 H1). A
+    record counts only if written whole (`_dispatch_fields_at`: body CRC, no NUL where a
+    power loss left zeros, a store time): one whose keys a torn sector cut says nothing.
 
     What still passes: a record at that offset of the same topic with a key of the same hash,
     stored within the same whole second after the file's first message (and, for the header's
@@ -392,6 +395,7 @@ def _index_evidence(
     indexed: set[int] = set()
     others: set[int] = set()
     try:
+        crashed = fs.exists(cfg.abort_path)
         names = sorted(n for n in fs.listdir(cfg.index_dir) if n.isdigit())
         if len(names) > _INDEX_SAMPLE_FILES:
             spread = _INDEX_SAMPLE_FILES - 1
@@ -410,6 +414,11 @@ def _index_evidence(
             newest = header.index_count - 1
             if not 1 <= newest < max_index_num:
                 continue  # no entry (a fresh file holds 0 or 1), or a damaged count
+            if crashed and header.index_count != max_index_num:
+                # As recovery drops it (_index_file_unsafe): not full after a crash, its entries'
+                # unflushed pages may be torn, and a torn phyOffset points at another of this
+                # store's records (review 50 H1).
+                continue
             first, last = _index_entry(fs, path, entries_pos, 1), _index_entry(fs, path, entries_pos, newest)
             if first is None or last is None or (first[1], last[1]) != (header.begin_phy_offset, header.end_phy_offset):
                 continue  # header and entries disagree (torn by a power loss, damaged, another geometry)
@@ -500,10 +509,19 @@ def _dispatch_fields_at(fs: FileSystem, path: str, pos: int, offset: int, max_re
     except OSError:
         return None
     try:
-        kind, _size, fields = codec.read_dispatch(data, 0, len(data), max_message_size=max_record)
+        kind, _size, fields = codec.read_dispatch(data, 0, len(data), max_message_size=max_record, check_crc=True)
+        record = codec.read_record(data, 0, len(data), check_crc=True, read_body=False, max_message_size=max_record).record
     except (ValueError, IndexError, struct.error):
         return None  # bytes no record has: damage
-    return fields if kind is codec.RecordKind.MESSAGE else None
+    if kind is not codec.RecordKind.MESSAGE or fields is None or record is None:
+        return None
+    # Written whole, or no evidence (review 50 H1): a power loss can keep a record's header
+    # sectors and lose the ones after it, which read back as zeros in a file the store made:
+    # its keys cut or gone would count one of this store's own records as another's. The
+    # body CRC covers the body only; no NUL in the topic or the properties, and a store time.
+    if "\x00" in record.topic or "\x00" in record.properties_raw or fields.store_timestamp <= 0:
+        return None
+    return fields
 
 
 def _holds_a_record(fs: FileSystem, path: str, file_start: int) -> bool:
