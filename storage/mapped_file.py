@@ -12,6 +12,7 @@ import ctypes
 import errno
 import os
 import struct
+import threading
 import time
 from collections import deque
 from typing import Any, Callable, Final
@@ -49,21 +50,37 @@ def parse_segment_offset(path: str) -> int:
 
 
 _RESERVE_FAILURE_LOG_INTERVAL_S: Final = 10.0
-_reserve_failure_logged_at = -_RESERVE_FAILURE_LOG_INTERVAL_S
-_reserve_failures = 0
 
 
-def _log_reserve_failure(path: str, exc: OSError) -> None:
-    """Said when reserving starts failing, then at most every 10 s with a count (each refused
-    append retries: one line per append was a flood, review 48 M2)."""
-    global _reserve_failure_logged_at, _reserve_failures
-    _reserve_failures += 1
-    now = time.monotonic()
-    if now - _reserve_failure_logged_at >= _RESERVE_FAILURE_LOG_INTERVAL_S:
+class ReserveFailureLog:
+    """Says a reservation failure when it starts, then at most every `interval_s` with a count
+    (each refused append retries: one line per append was a flood, review 48 M2), per directory
+    and errno: one throttle for the whole process hid a second store's, another directory's or
+    a new errno's failures for up to 10 s (review 49 L4). `now` is passed in (monotonic s)."""
+
+    def __init__(self, interval_s: float, now: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._now = now
+        self._lock = threading.Lock()
+        self._said: dict[tuple[str, int | None], tuple[float, int]] = {}  # -> (said at, failures since)
+
+    def __call__(self, path: str, exc: OSError) -> bool:
+        """Count the failure; True if it was logged."""
+        key = (os.path.dirname(path), exc.errno)
+        with self._lock:
+            now = self._now()
+            said_at, failures = self._said.get(key, (None, 0))
+            failures += 1
+            if said_at is not None and now - said_at < self._interval_s:
+                self._said[key] = (said_at, failures)
+                return False
+            self._said[key] = (now, 0)
         log.error("reserving blocks failed; appends wait until it works", file=path, error=str(exc),
-                  failures_since_last_said=_reserve_failures)  # fmt: skip
-        _reserve_failure_logged_at = now
-        _reserve_failures = 0
+                  failures_since_last_said=failures)  # fmt: skip
+        return True
+
+
+_log_reserve_failure = ReserveFailureLog(_RESERVE_FAILURE_LOG_INTERVAL_S)
 
 
 class DiskFullError(OSError):

@@ -11,7 +11,7 @@ import pytest
 
 from mqstore.storage.codec import segment_file_name
 from mqstore.storage.fs import FileSystem, RealFileSystem, SimulatedFileSystem
-from mqstore.storage.mapped_file import OS_PAGE_SIZE, MappedFile, TransientStorePool
+from mqstore.storage.mapped_file import OS_PAGE_SIZE, MappedFile, ReserveFailureLog, TransientStorePool
 from mqstore.storage.status import AppendMessageResult, AppendMessageStatus
 
 SIZE = 64 * 1024
@@ -337,3 +337,19 @@ def test_a_reservation_fills_the_holes_below_the_data_end_without_changing_a_byt
     unwritten = _unwritten_extents(path)
     if unwritten is not None:
         assert not [e for e in unwritten if e[0] < 48 * 1024], unwritten
+
+
+def test_reservation_failures_are_said_once_per_directory_and_errno_then_counted() -> None:
+    """Review 49 L4: one throttle for the whole process hid another store's (directory's) or a
+    new errno's failures for up to 10 s."""
+    now = [100.0]
+    said = ReserveFailureLog(10.0, now=lambda: now[0])
+    full, eio = OSError(errno.ENOSPC, "full"), OSError(errno.EIO, "eio")
+    assert said("/a/commitlog/00000000000000000000", full)
+    assert not said("/a/commitlog/00000000000001048576", full)  # same directory, same errno: counted
+    assert said("/b/commitlog/00000000000000000000", full)  # another store
+    assert said("/a/commitlog/00000000000000000000", eio)  # another errno
+    now[0] += 9.9
+    assert not said("/a/commitlog/00000000000000000000", full)
+    now[0] += 0.1
+    assert said("/a/commitlog/00000000000000000000", full)
