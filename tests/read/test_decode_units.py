@@ -5,13 +5,14 @@ damaged records; MQSTORE_PURE_PYTHON=1 keeps the Python loop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -164,6 +165,20 @@ def test_decode_units_stops_where_the_python_loop_decides(open_store: Open) -> N
         native.decode_units(units, 0, 20, buf, 0, 1 << 20)
 
 
+@contextlib.contextmanager
+def _holding_the_gil() -> Iterator[None]:
+    """No switch interval runs out inside: this thread keeps the GIL until it gives it away
+    itself (yield_gil). At the default 5 ms the woken thread, kept waiting that long, forced the
+    GIL away and took it between the loop that saw it counted and the checks after (a loaded
+    machine: its count was 0 again at the check)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+
+
 @needs_native
 def test_yield_gil_hands_the_gil_to_a_woken_thread_and_costs_nothing_otherwise() -> None:
     """The catch-up case of issue 15 without a clock: a thread a Signal woke is counted while it
@@ -174,20 +189,24 @@ def test_yield_gil_hands_the_gil_to_a_woken_thread_and_costs_nothing_otherwise()
     assert native.yield_gil() is False
     signal = native.Signal()
     ran: list[int] = []
+    about_to_wait = threading.Event()
 
     def woken() -> None:
+        about_to_wait.set()
         signal.wait(10.0)
         ran.append(1)
 
     thread = threading.Thread(target=woken)
     thread.start()
+    assert about_to_wait.wait(10)
     time.sleep(0.05)  # it blocks in wait
-    signal.post_holding_gil()
-    deadline = time.monotonic() + 5
-    while native.woken_awaiting_gil() == 0 and time.monotonic() < deadline:
-        pass  # holding the GIL (but for the switch interval): the woken thread waits for it
-    assert native.woken_awaiting_gil() == 1
-    assert native.yield_gil() is True
+    with _holding_the_gil():
+        signal.post_holding_gil()
+        deadline = time.monotonic() + 5
+        while native.woken_awaiting_gil() == 0 and time.monotonic() < deadline:
+            pass  # holding the GIL: the woken thread waits for it
+        assert native.woken_awaiting_gil() == 1
+        assert native.yield_gil() is True
     thread.join(10)
     assert ran == [1] and native.woken_awaiting_gil() == 0
     time.sleep(0.05)  # (within 20 ms of the hand-off it would give the CPU away once more)
@@ -223,18 +242,21 @@ def test_a_forked_child_does_not_wait_for_its_parents_threads() -> None:
     count is 0 (else every read of a store opened in the child would wait 2 ms to hand over)."""
     assert native is not None
     signal = native.Signal()
-    thread = threading.Thread(target=lambda: signal.wait(10.0))
+    about_to_wait = threading.Event()
+    thread = threading.Thread(target=lambda: (about_to_wait.set(), signal.wait(10.0)))
     thread.start()
+    assert about_to_wait.wait(10)
     time.sleep(0.05)
-    signal.post_holding_gil()
-    deadline = time.monotonic() + 5
-    while native.woken_awaiting_gil() == 0 and time.monotonic() < deadline:
-        pass
-    assert native.woken_awaiting_gil() == 1
-    pid = os.fork()
-    if pid == 0:  # the child: report and leave at once
-        os._exit(0 if native.woken_awaiting_gil() == 0 else 1)
-    native.yield_gil()
+    with _holding_the_gil():
+        signal.post_holding_gil()
+        deadline = time.monotonic() + 5
+        while native.woken_awaiting_gil() == 0 and time.monotonic() < deadline:
+            pass
+        assert native.woken_awaiting_gil() == 1
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once
+            os._exit(0 if native.woken_awaiting_gil() == 0 else 1)
+        native.yield_gil()
     thread.join(10)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
