@@ -14,6 +14,7 @@ import pytest
 
 import mqstore
 from mqstore import Message
+from mqstore.messages import Ping
 from mqstore.storage.fs import SimulatedFileSystem
 from mqstore.storage.mapped_file import KEEP_FREE_FOR_MESSAGES_BYTES
 from mqstore.store import MessageStore
@@ -504,11 +505,23 @@ def test_a_full_disk_is_retried_on_the_ticks_not_per_batch() -> None:
     the one sent as the store started, which may come late), and close() once."""
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
-    settings = dict(WAITING, flush_interval_consume_queue_ms=3_600_000)
+    # An index file of 200 entries: it needs its next file where the ConsumeQueue does. With
+    # 400, reput could stop handing on batches (32 held by the queue) before the index got there.
+    settings = dict(WAITING, flush_interval_consume_queue_ms=3_600_000, max_index_num=200)
     with mqstore.open("/sim/store", fs=fs, **settings) as store:
         _put_while_derived_files_get_no_blocks(store, fs)
         cq_fault, index_fault = fs._faults  # reaching in: the attempts each made
+        # Counted once each has met the full disk and finished that batch (a Ping after it):
+        # the helper's get waits 300 ms at most (the units never come), and on a loaded machine
+        # the first failure (two tries) came after it. Reput hands on no more batches once 32
+        # wait, so "dispatch caught up" is no barrier here.
+        deadline = time.monotonic() + 30
+        while (cq_fault.remaining == 1_000_000 or index_fault.remaining == 1_000_000) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        for name in ("consume_queue", "index"):
+            store.supervisor._ask(name, Ping())
         attempts = {"cq": 1_000_000 - cq_fault.remaining, "index": 1_000_000 - index_fault.remaining}
+        assert attempts["cq"] >= 1 and attempts["index"] >= 1, attempts
         for i in range(200):
             assert store.put(mqstore.Message(topic="T", body=b"z", keys=[f"m{i}"])).ok
         store.get("T", 0, 0, 1)  # dispatch has seen every put
