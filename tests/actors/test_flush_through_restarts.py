@@ -15,7 +15,7 @@ import pytest
 
 import mqstore
 from mqstore import Message, PutMessageStatus, StoreClosedError
-from mqstore.messages import FlushAll
+from mqstore.messages import FlushAll, Ping
 from mqstore.runtime import RuntimeActor
 
 BACK_AFTER_S = 0.2
@@ -261,6 +261,11 @@ def test_a_segment_the_flush_actor_cannot_map_is_no_failed_msync(mode: str, monk
         for _ in range(5):
             result = store.put(Message(topic="T", body=b"y" * 20000))
             assert result.status in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT), result
+        # ASYNC_FLUSH: the writer tells the flush actor of the new segment when its pass is
+        # over, and no put waits for the flush: the writer's answer to a Ping proves it told
+        # (its inbox was empty then), the flush actor's that it took the notice (and mapped).
+        store.supervisor._ask("writer", Ping())
+        store.supervisor._ask("flush", Ping())
         assert fails["left"] == 0
         assert store.put(Message(topic="T", body=b"later")).ok
         store.flush()
