@@ -401,6 +401,9 @@ def test_an_index_file_that_cannot_be_made_holds_indexing_instead_of_stopping_th
         assert store.running and store.supervisor.restarts == []
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=["k600"])).ok
         acked.append("k600")
+        # Reput waits DISPATCH_BACKLOG_WAIT_S (1 s) on the stuck index's 32 batches before the
+        # queues go on without it: all_keys' reads wait 300 ms only (WAITING).
+        assert store.wait_for_messages("T", 0, 600, timeout_s=30)
         assert all_keys(store) == acked  # the queue has every put: only the index waits
         assert store.stats()["index_behind_bytes"] > 0
         assert store.query("T", "k599").messages == ()  # waits for the index, then a status
@@ -411,6 +414,11 @@ def test_an_index_file_that_cannot_be_made_holds_indexing_instead_of_stopping_th
         fs.clear_faults()
         store.supervisor.ctx.tell("index", Tick(now_ms=store.clock_ms()))
         store.flush()
+        # The index writes what it holds at the tick; what reput gave the queues alone meanwhile
+        # it brings the index from the log on its own passes (every 100 ms), after the flush.
+        deadline = time.monotonic() + 30
+        while store.stats()["index_behind_bytes"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert store.stats()["index_behind_bytes"] == 0
         for key in ("k0", "k399", "k400", "k599", "k600"):
             assert [m.key_list for m in store.query("T", key).messages] == [[key]], key
