@@ -74,6 +74,9 @@ def test_a_memoryview_body_is_taken_by_every_way_of_putting(tmp_path: Path) -> N
         waiter = Waiter()
         store.actor_ref.tell(Put(messages=(Message("t", memoryview(b"by Put")),), reply=Reply(future=waiter)))
         assert waiter.get(timeout=10).ok
+        # The Put is the gateway's, not this thread's: its get does not wait for that one's
+        # dispatch (the read contract follows the thread's own puts), wait_for_messages does.
+        assert store.wait_for_messages("t", 0, 1, timeout_s=10)
         assert [m.body for m in store.get("t", 0, 0, 32).messages] == [b"by put", b"by Put"]
 
 
