@@ -408,7 +408,16 @@ class RealMappedRegion:
             mapguard.release(self._guard)  # before the address can be mapped again
             self._guard = None
         if not self.buf.closed:
-            self.buf.close()
+            try:
+                self.buf.close()
+            except BufferError:
+                # Still mapped: a reader holds an export (closed from another thread, review 51
+                # M1). Guarded again at once: unguarded until its owner closed it, a page cut
+                # from the file meanwhile killed the process (SIGBUS).
+                self._guard = _guard(self.buf, self.path)
+                if self._guard is not None:
+                    _guarded[self._guard] = self.path
+                raise
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

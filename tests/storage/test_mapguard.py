@@ -189,3 +189,36 @@ def test_a_faulthandler_enabled_after_the_guard_neither_kills_on_a_store_page_no
         assert (child.returncode, child.stdout.split()[-1]) == (0, "0"), child.stderr
     else:
         assert child.returncode == -signal.SIGBUS, (child.returncode, child.stderr)
+
+
+CLOSED_WHILE_EXPORTED = """
+import os, sys
+from mqstore.storage.fs import RealFileSystem
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.write(b"x" * 65536)
+region = RealFileSystem().map_file(path, 65536, create=False, readonly=True)
+view = memoryview(region.buf)  # a reader's export: the in-place decode of another thread
+try:
+    region.close()  # the store's tick giving back a deleted segment's map
+except BufferError:
+    pass
+else:
+    raise SystemExit("closed under an export")
+os.truncate(path, 4096)  # the file cut by another process
+print(view[8192])  # a guarded page reads zeros; unguarded, SIGBUS
+view.release()
+region.close()
+print(region.buf.closed)
+"""
+
+
+@pytest.mark.skipif(not mapguard.available, reason="storage/_mapguard.c not built")
+def test_a_map_closed_while_a_reader_holds_it_stays_guarded(tmp_path: object) -> None:
+    """Review 51 M1: a close that met an export (another thread closing a reader's map of a
+    deleted segment while its owner decoded in place) released the guard and left the map:
+    a page cut from the file then killed the process (SIGBUS, rc 135 in the review)."""
+    child = subprocess.run([sys.executable, "-c", CLOSED_WHILE_EXPORTED, f"{tmp_path}/f"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert child.returncode == 0, (child.returncode, child.stderr)
+    assert child.stdout.split() == ["0", "True"]
