@@ -13,7 +13,9 @@ What it checks (each failure is a `Problem` with a kind, a place and a detail):
 * every index entry points at a valid record whose UNIQ_KEY or a KEYS token, as
   `topic#key`, has the entry's hash (`index_*`); entries past the log end are `index_past_end`;
 * nothing is missing: each record that is not PREPARED/ROLLBACK has its unit
-  (`cq_missing`), unless its queue file was cleaned; each key of each record in the range an
+  (`cq_missing`), unless its queue file was cleaned, or its queue has no directory and the
+  queue ledger does not list it (`clean_unused_topic` removed it: counted in
+  `VerifyReport.not_queued`); each key of each record in the range an
   index file covers has an entry (`index_missing`). Records outside every index file's
   [beginPhyOffset, endPhyOffset] (a file dropped at crash recovery, or expired) are not
   expected, and are counted in `VerifyReport.not_indexed`; but an index file the index
@@ -84,6 +86,9 @@ class VerifyReport:
     index_files: int = 0
     index_entries: int = 0
     not_indexed: int = 0  # records with keys outside every index file's range
+    # Records of a queue with no directory that the queue ledger does not list either:
+    # clean_unused_topic removed it (it forgets the ledger's entry before the files go).
+    not_queued: int = 0
     problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0
     max_problems: int = 1000
@@ -123,6 +128,7 @@ class VerifyReport:
             "index_files": self.index_files,
             "index_entries": self.index_entries,
             "not_indexed": self.not_indexed,
+            "not_queued": self.not_queued,
             "stale_index_entries": self.stale_index_entries,
             "problem_count": self.problem_count,
         }
@@ -229,6 +235,8 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
 def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], report: VerifyReport) -> None:
     root = os.fspath(cfg.consume_queue_dir)
     ledger = _queue_ledger(cfg, fs, report)
+    ledger_read = bool(ledger) or (fs.exists(cfg.queue_ledger_path) and not any(
+        p.kind == "queue_ledger_unreadable" for p in report.problems))  # fmt: skip
     units: dict[tuple[str, int, int], int] = {}  # (topic, queue, queue offset) -> commitlog offset
     first_offset: dict[tuple[str, int], int] = {}  # the first queue offset still on disk
     for topic, queue_id in list_consume_queues(root, fs):
@@ -286,6 +294,9 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                        f"topic {rec.topic!r} queue {rec.queue_id} cannot name a queue")  # fmt: skip
             continue
         key = (rec.topic, rec.queue_id)
+        if key not in first_offset and ledger_read and key not in ledger:
+            report.not_queued += 1  # a removed topic's (review 51: cq_missing after clean_unused_topic)
+            continue
         if key not in first_offset:
             report.add("cq_missing", f"{rec.topic}/{rec.queue_id}", f"no queue for the record at {phy}")
             first_offset[key] = 1 << 62  # report a missing queue once

@@ -423,6 +423,29 @@ def test_a_topic_cleaned_by_clean_unused_topic_is_not_rebuilt(tmp_path: Path) ->
         assert store.put(Message(topic="T", body=b"again")).queue_offset == 0  # a new queue, as in RocketMQ
 
 
+def test_verify_counts_a_cleaned_topics_records_and_still_finds_a_deleted_queue(tmp_path: Path) -> None:
+    """Review 51: after clean_unused_topic, verify reported cq_missing for every record of the
+    removed topic (the log keeps them until it is cleaned), failing a store nothing was wrong
+    with. They are counted as not queued now; a queue deleted by hand, which the ledger still
+    lists, is still a problem."""
+    from mqstore.config import StoreConfig
+    from mqstore.tools.verify import verify_store
+
+    root = tmp_path / "store"
+    _make(root)
+    with mqstore.open(root, **SETTINGS) as store:
+        assert store.put(Message(topic="U", body=b"u")).ok
+        assert store.wait_for_messages("U", 0, 0, timeout_s=10)
+        assert store.clean_unused_topic(keep={"U"}) == 1
+    config = StoreConfig(store_path_root_dir=str(root), **SETTINGS)  # type: ignore[arg-type]
+    report = verify_store(root, config=config)
+    assert report.ok, report.problems[:3]
+    assert report.not_queued == N
+    shutil.rmtree(root / "consumequeue" / "U")  # the ledger lists it: damage, not a removal
+    report = verify_store(root, config=config)
+    assert [p.kind for p in report.problems] == ["cq_missing"] and report.not_queued == N
+
+
 def test_clean_unused_topic_deletes_nothing_when_the_ledger_cannot_be_written(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
