@@ -338,6 +338,8 @@ def _inspect_consume_queues(
             info["max_commitlog_offset"] = phy
             if phy + size > commitlog_max and size != 0x7FFFFFFF:
                 past_end += 1
+            elif size == 0x7FFFFFFF and phy == 0:
+                pass  # a filler unit (recovery holds a lost record's queue offset): points at nothing
             elif remembered is not None and full:
                 seen = remembered.get(phy)
                 if seen is None or seen[0] != topic or seen[1] != queue_id or seen[2] != q_off or seen[3] != size:

@@ -174,6 +174,24 @@ def test_a_queue_unit_pointing_elsewhere_is_damaged(tmp_path: Path, capsys: pyte
     assert bad and bad[0]["topic"] == "T0" and bad[0]["queue_offset"] == 1
 
 
+def test_filler_units_recovery_wrote_are_not_damage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 51: after `mqstore recover` accepted a lost tail, inspect called the store damaged
+    (cq_unit_mismatch) for the filler units recovery wrote to hold the lost records' queue
+    offsets (commitlog offset 0, size 0x7FFFFFFF: they point at nothing), and kept saying so."""
+    import struct
+
+    root = tmp_path / "s"
+    write_store(root, 60)
+    cq = root / "consumequeue" / "T0" / "0" / "00000000000000000000"
+    data = bytearray(cq.read_bytes())
+    used = next(i for i in range(0, len(data), 20) if data[i : i + 20] == bytes(20))
+    for at in range(used, used + 3 * 20, 20):
+        struct.pack_into(">qiq", data, at, 0, 0x7FFFFFFF, 0)
+    cq.write_bytes(bytes(data))
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert code == 0 and r["verdict"] == "healthy", r["problems"]
+
+
 def test_a_truncated_log_with_queues_ahead_needs_recovery(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "s"
     write_store(root, 60)
