@@ -496,18 +496,10 @@ def _dispatch_fields_at(fs: FileSystem, path: str, pos: int, offset: int, max_re
     """What the dispatcher read from the well-formed record at `pos` of the file, whose own
     physical offset is `offset` (topic, keys, store time: what the index was built from), else
     None; records larger than _TOPIC_READ_LIMIT are not read for this (None)."""
-    try:
-        head = fs.read_at(path, pos, _RECORD_HEAD.size)
-        if len(head) < _RECORD_HEAD.size:
-            return None
-        total, magic, _crc, _queue_id, _flag, _queue_offset, physical = _RECORD_HEAD.unpack(head)
-        if magic not in _RECORD_MAGICS or physical != offset or not _RECORD_HEAD.size < total <= max_record:
-            return None
-        if total > _TOPIC_READ_LIMIT:
-            return None  # not read for this: no evidence
-        data = fs.read_at(path, pos, total)
-    except OSError:
-        return None
+    found = _record_bytes_at(fs, path, pos, offset, max_record)
+    if found is None or found[1] is None:
+        return None  # (too large: not read for this, no evidence)
+    data = found[1]
     try:
         kind, _size, fields = codec.read_dispatch(data, 0, len(data), max_message_size=max_record, check_crc=True)
         record = codec.read_record(data, 0, len(data), check_crc=True, read_body=False, max_message_size=max_record).record
@@ -559,21 +551,34 @@ class _SampledRecord(NamedTuple):
 _TOPIC_READ_LIMIT = 256 << 10
 
 
-def _record_at(fs: FileSystem, path: str, pos: int, offset: int, max_record: int) -> _SampledRecord | None:
-    """The well-formed record at `pos` of the file whose own physical offset is `offset`,
-    else None (no CRC check: a damaged body is still its record)."""
+def _record_bytes_at(
+    fs: FileSystem, path: str, pos: int, offset: int, max_record: int
+) -> tuple[tuple[int, ...], bytes | None] | None:
+    """(The header fields, the whole record's bytes) of the record at `pos` of the file whose
+    header is well formed and names `offset` as its own physical offset, else None; bytes None
+    for a record larger than _TOPIC_READ_LIMIT (not read)."""
     try:
         head = fs.read_at(path, pos, _RECORD_HEAD.size)
         if len(head) < _RECORD_HEAD.size:
             return None
-        total, magic, _crc, queue_id, _flag, queue_offset, physical = _RECORD_HEAD.unpack(head)
+        fields = _RECORD_HEAD.unpack(head)
+        total, magic, physical = fields[0], fields[1], fields[6]
         if magic not in _RECORD_MAGICS or physical != offset or not _RECORD_HEAD.size < total <= max_record:
             return None
-        if total > _TOPIC_READ_LIMIT:
-            return _SampledRecord(None, queue_id, queue_offset, total)
-        data = fs.read_at(path, pos, total)
+        return fields, (fs.read_at(path, pos, total) if total <= _TOPIC_READ_LIMIT else None)
     except OSError:
         return None
+
+
+def _record_at(fs: FileSystem, path: str, pos: int, offset: int, max_record: int) -> _SampledRecord | None:
+    """The well-formed record at `pos` of the file whose own physical offset is `offset`,
+    else None (no CRC check: a damaged body is still its record)."""
+    found = _record_bytes_at(fs, path, pos, offset, max_record)
+    if found is None:
+        return None
+    (total, _magic, _crc, queue_id, _flag, queue_offset, _physical), data = found
+    if data is None:
+        return _SampledRecord(None, queue_id, queue_offset, total)
     read = codec.read_record(data, 0, len(data), check_crc=False, read_body=False, max_message_size=max_record)
     if read.kind is not codec.RecordKind.MESSAGE or read.record is None:
         return None

@@ -234,9 +234,8 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
 
 def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], report: VerifyReport) -> None:
     root = os.fspath(cfg.consume_queue_dir)
-    ledger = _queue_ledger(cfg, fs, report)
-    ledger_read = bool(ledger) or (fs.exists(cfg.queue_ledger_path) and not any(
-        p.kind == "queue_ledger_unreadable" for p in report.problems))  # fmt: skip
+    read_ledger = _queue_ledger(cfg, fs, report)
+    ledger = read_ledger or {}
     units: dict[tuple[str, int, int], int] = {}  # (topic, queue, queue offset) -> commitlog offset
     first_offset: dict[tuple[str, int], int] = {}  # the first queue offset still on disk
     for topic, queue_id in list_consume_queues(root, fs):
@@ -294,7 +293,7 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                        f"topic {rec.topic!r} queue {rec.queue_id} cannot name a queue")  # fmt: skip
             continue
         key = (rec.topic, rec.queue_id)
-        if key not in first_offset and ledger_read and key not in ledger:
+        if key not in first_offset and read_ledger is not None and key not in ledger:
             report.not_queued += 1  # a removed topic's (review 51: cq_missing after clean_unused_topic)
             continue
         if key not in first_offset:
@@ -308,16 +307,17 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                        f"no unit for the record at {phy}")  # fmt: skip
 
 
-def _queue_ledger(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> dict[tuple[str, int], LedgerEntry]:
-    """The queue ledger, read only (an open sets a damaged one aside; verify only says so)."""
+def _queue_ledger(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> dict[tuple[str, int], LedgerEntry] | None:
+    """The queue ledger, read only (an open sets a damaged one aside; verify only says so);
+    None without one (a broker's store) or when it cannot be read."""
     path = cfg.queue_ledger_path
     if not fs.exists(path):
-        return {}
+        return None
     try:
         return unpack_queue_ledger(fs.read_bytes(path))
     except (OSError, LedgerError) as exc:
         report.add("queue_ledger_unreadable", path, str(exc))
-        return {}
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

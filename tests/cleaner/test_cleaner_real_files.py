@@ -3,11 +3,13 @@ consumer keep running, and loses nothing that is not expired."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,6 +146,19 @@ def test_a_store_over_its_budget_shrinks_under_load_and_keeps_every_unexpired_me
         store.close()
 
 
+# Small segments, every one but the newest expired at once (delete_expired_files_now).
+_EXPIRING_SMALL_SEGMENTS: dict[str, Any] = dict(
+    mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=2000,
+    max_hash_slot_num=1000, max_index_num=4000, file_reserved_time_hours=0,
+)  # fmt: skip
+
+
+def _deleted_still_mapped(commitlog: Path) -> int:
+    """Maps of this process of segments deleted from `commitlog` (their blocks not freed)."""
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if str(commitlog) in line and "(deleted)" in line)
+
+
 def test_segments_the_cleaner_deleted_are_unmapped_by_dispatch_within_seconds(tmp_path: Path) -> None:
     """Review 46 M5: reput's read-only maps kept deleted segments (and their blocks) until a
     reopen, so a full disk got nothing back from the cleaner. Its reader re-lists the segments
@@ -152,13 +167,8 @@ def test_segments_the_cleaner_deleted_are_unmapped_by_dispatch_within_seconds(tm
 
     import mqstore
 
-    settings = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=2000,
-                    max_hash_slot_num=1000, max_index_num=4000, file_reserved_time_hours=0)  # fmt: skip
-    commitlog = str(tmp_path / "s" / "commitlog")
-
-    def deleted_still_mapped() -> int:
-        with open("/proc/self/maps") as maps:
-            return sum(1 for line in maps if commitlog in line and "(deleted)" in line)
+    settings = _EXPIRING_SMALL_SEGMENTS
+    deleted_still_mapped = functools.partial(_deleted_still_mapped, tmp_path / "s" / "commitlog")
 
     with mqstore.open(tmp_path / "s", **settings) as store:
         for i in range(1500):  # ~6 segments; no read from this thread (its maps are its own)
@@ -176,13 +186,8 @@ def test_segments_the_cleaner_deleted_are_unmapped_from_idle_host_threads_within
     deleted segments for as long as it lived (it re-lists only when it reads again), so their
     blocks never went back to a full disk. A store tick hook now unmaps them from any thread;
     the idle thread's next read still answers (the deleted range as moved, the rest found)."""
-    settings = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=2000,
-                    max_hash_slot_num=1000, max_index_num=4000, file_reserved_time_hours=0)  # fmt: skip
-    commitlog = str(tmp_path / "s" / "commitlog")
-
-    def deleted_still_mapped() -> int:
-        with open("/proc/self/maps") as maps:
-            return sum(1 for line in maps if commitlog in line and "(deleted)" in line)
+    settings = _EXPIRING_SMALL_SEGMENTS
+    deleted_still_mapped = functools.partial(_deleted_still_mapped, tmp_path / "s" / "commitlog")
 
     with mqstore.open(tmp_path / "s", **settings) as store:
         for i in range(1500):  # ~6 segments
