@@ -182,21 +182,29 @@ class ReaderRegistry:
             else:
                 self._open.add(reader)
 
-    def release_deleted_segments(self) -> int:
-        """Every thread's commitlog reader unmaps the segments deleted since it last looked
-        (`CommitLogReader.release_deleted`), from this thread: a host thread that read once
-        and went idle kept a deleted segment's blocks from the disk for as long as it lived
-        (review 46 M5). Called once a second (a store tick hook); how many maps it gave back."""
+    def release_deleted_files(self) -> int:
+        """Every thread's commitlog and index readers unmap the files deleted since they last
+        looked (`CommitLogReader.release_deleted`, `IndexReader.release_deleted`), from this
+        thread: a host thread that read once and went idle kept a deleted file's blocks from
+        the disk for as long as it lived (review 46 M5). Called once a second (a store tick
+        hook); how many maps it gave back. (ConsumeQueue maps are a bounded LRU per thread.)"""
         with self._lock:  # (another thread's first read registers its readers meanwhile)
-            readers = [r for r in self._open if isinstance(r, CommitLogReader)]
-        if not readers:
-            return 0
+            readers = list(self._open)
+        released = 0
+        logs = [r for r in readers if isinstance(r, CommitLogReader)]
+        if logs and (names := self._listed(self._cfg.commitlog_dir)) is not None:
+            present = {int(name) for name in names if len(name) == 20 and name.isdigit()}
+            released += sum(reader.release_deleted(present) for reader in logs)
+        indexes = [r for r in readers if isinstance(r, IndexReader)]
+        if indexes and (names := self._listed(self._cfg.index_dir)) is not None:
+            released += sum(reader.release_deleted(names) for reader in indexes)
+        return released
+
+    def _listed(self, directory: str) -> set[str] | None:
         try:
-            names = self._fs.listdir(self._cfg.commitlog_dir)
+            return set(self._fs.listdir(directory))
         except OSError:
-            return 0  # the directory unreadable now: nothing is known to be gone
-        present = {int(name) for name in names if len(name) == 20 and name.isdigit()}
-        return sum(reader.release_deleted(present) for reader in readers)
+            return None  # the directory unreadable now: nothing is known to be gone
 
     @property
     def open_readers(self) -> list[_Closable]:

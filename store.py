@@ -268,7 +268,7 @@ class MessageStore:
         # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
         self._stats_ticker = StatsTicker(self)
         self.supervisor.ctx.on_tick_ms.append(self._stats_ticker)
-        self.supervisor.ctx.on_tick_ms.append(self._release_deleted_segments)
+        self.supervisor.ctx.on_tick_ms.append(self._release_deleted_files)
         self.offsets = ConsumerOffsets(self.fs, config.store_path_root_dir)
         self.supervisor.ctx.on_tick_ms.append(self.offsets)
         # Their last write under the lock also when the supervisor gives up (FAILED): after it,
@@ -1104,10 +1104,11 @@ class MessageStore:
         return result.commitlog_deleted
 
     # arrivals and long polling -------------------------------------------------------------
-    def _release_deleted_segments(self, _now_ms: int) -> None:
-        """Tick hook: every thread's read maps of segments the cleaner deleted are unmapped,
-        so their blocks go back to the disk (reads.ReaderRegistry.release_deleted_segments)."""
-        self._readers.release_deleted_segments()
+    def _release_deleted_files(self, _now_ms: int) -> None:
+        """Tick hook: every thread's read maps of commitlog segments and index files the
+        cleaner deleted are unmapped, so their blocks go back to the disk
+        (reads.ReaderRegistry.release_deleted_files)."""
+        self._readers.release_deleted_files()
 
     def _on_arrivals(self, events: Iterable[MessageArrived], dispatched_end: int) -> None:
         """Called in the reput thread after each dispatch batch: cheap, never blocks."""

@@ -12,14 +12,16 @@ Readers that are not the owner use `IndexFile.open_readonly` / the module-level 
 from __future__ import annotations
 
 import array
+import mmap
 import os
 import re
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from operator import mul
-from typing import Any, Callable, Final, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Collection, Final, Iterator, NamedTuple, Sequence
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import (
@@ -585,6 +587,11 @@ class IndexFile:
     def close(self) -> None:
         self._region.close()
 
+    @property
+    def unmapped(self) -> bool:
+        """Whether this file's map was closed (a reader's, given back from another thread)."""
+        return bool(getattr(self._buf, "closed", False))
+
     def destroy(self) -> None:
         """Unmap and delete. Raises OSError if the file cannot be removed."""
         assert not self.readonly
@@ -676,7 +683,8 @@ class IndexReader:
     It maps the files the owner last published (`sync`), each through
     `IndexFile.open_readonly(follows_owner=True)`, and answers `query_offset` with the
     owner's own walk (`query_offset_in_files`). Files the owner no longer lists (deleted by
-    the cleaner, dropped by recovery) are unmapped at the next `sync`.
+    the cleaner, dropped by recovery) are unmapped at the next `sync`, or by
+    `release_deleted` from another thread if this one reads no more.
     """
 
     def __init__(
@@ -704,6 +712,9 @@ class IndexReader:
         self._entries_pos = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
         self._synced: tuple[str, ...] | None = None
         self.closed = False
+        # Maps are closed from two threads (this reader's own: sync, and another's:
+        # release_deleted or the store's close): one close at a time.
+        self._closing = threading.Lock()
 
     @property
     def mapped_names(self) -> tuple[str, ...]:
@@ -721,8 +732,9 @@ class IndexReader:
         self.walk_args = None
         self._synced = None
         wanted = set(names)
-        for name in [n for n in by_name if n not in wanted]:
-            by_name.pop(name).close()
+        for name in [n for n, f in by_name.items() if n not in wanted or f.unmapped]:
+            with self._closing:  # (one given back but still listed is mapped anew below, if it is there)
+                _close_reader_map(by_name.pop(name))
         try:
             for name in names:
                 if name not in by_name and not self.closed:
@@ -763,9 +775,27 @@ class IndexReader:
                     return _tuple_new(QueryOffsetResult, found)
             return query_offset_in_files(files, topic, key, max_num, begin, end)
         except ValueError:
-            if self.closed:
-                return None
+            if self.closed or any(f.unmapped for f in files):
+                return None  # closed under the read (the store closing, a deleted file given back)
             raise
+
+    def release_deleted(self, present: Collection[str]) -> int:
+        """From any thread: unmap this reader's files that are gone from index/ (`present`:
+        the names listed now); how many it unmapped. A deleted file's blocks go back to the
+        disk only with its last map, and a thread that queries no more never synced again
+        (review 46 M5, as `CommitLogReader.release_deleted`). A query of its owner meanwhile
+        asks the index actor (`query_offset` gives None); its next sync forgets the file."""
+        released = 0
+        for name, f in list(self._by_name.items()):  # (a copy: the owner may sync meanwhile)
+            if name in present or f.unmapped or not isinstance(f._buf, mmap.mmap):
+                continue  # (a simulated file has no map to give back)
+            if self._fs.exists(os.path.join(self.index_dir, name)):
+                continue  # made after `present` was listed
+            with self._closing:
+                if _close_reader_map(f):
+                    released += 1
+                    self._synced = None  # the next sync looks again, even at the same names
+        return released
 
     def close(self) -> None:
         self.closed = True
@@ -774,8 +804,19 @@ class IndexReader:
         self._by_name = {}
         self._files = []
         self._bufs = ()
-        for f in files.values():
-            f.close()
+        with self._closing:
+            for f in files.values():
+                _close_reader_map(f)
+
+
+def _close_reader_map(f: IndexFile) -> bool:
+    """Close a reader's map; False if it could not be now: another thread's C walk holds it
+    (for one call; the map stays guarded and goes with its last reference)."""
+    try:
+        f.close()
+    except BufferError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------

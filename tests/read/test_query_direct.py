@@ -340,6 +340,69 @@ def test_files_the_owner_deletes_are_unmapped_and_queries_still_answer_as_the_ac
         assert f._region.buf.closed == (name not in remaining), name
 
 
+def deleted_index_maps(root: Path) -> int:
+    """Maps of this process of index files deleted from root/index (their blocks not freed)."""
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if str(root / "index") in line and "(deleted)" in line)
+
+
+def test_an_idle_threads_maps_of_deleted_index_files_are_given_back_from_another_thread(
+    tmp_path: Path, open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 46 M5 for index/: a host thread that queried once and went idle kept its maps of
+    the index files the cleaner deleted (each up to ~420 MB of blocks at the default sizes)
+    until it queried again. The store's tick hook gives them back from any thread, only those
+    whose files are gone; the idle thread's next queries answer as the actor."""
+    store = open_store(**SMALL_INDEX)
+    results = [put_ok(store, [f"k{i}", "all"]) for i in range(120)]
+    wait_indexed(store, results[-1].commitlog_offset + results[-1].wrote_bytes)
+    queried, resume = threading.Event(), threading.Event()
+    readers: list[IndexReader] = []
+    answers: list[QueryResult] = []
+
+    def idle_host_thread() -> None:
+        answers.append(store.query("T", "k0"))
+        readers.append(thread_index_reader(store))
+        queried.set()
+        resume.wait(WAIT_S)
+        answers.extend(store.query("T", f"k{i}") for i in (0, 59, 60, 119))
+        answers.append(store.query("T", "all", 64))
+
+    thread = threading.Thread(target=idle_host_thread)
+    thread.start()
+    try:
+        assert queried.wait(WAIT_S) and answers[0].messages
+        reader = readers[0]
+        before = reader.mapped_names
+        assert len(before) >= 8 and before == index_names(tmp_path / "store")
+        held = {name: reader._by_name[name] for name in before}
+        waiter: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
+        head = results[60].commitlog_offset
+        store.supervisor.ctx.peers["index"].tell(DeleteExpiredIndexFiles(min_phy_offset=head, reply=Reply(future=waiter)))
+        deleted = waiter.get(timeout=WAIT_S)
+        assert deleted >= 3
+        remaining = index_names(tmp_path / "store")
+        # A listing older than a file is no reason to unmap it: only a file that is gone goes.
+        assert reader.release_deleted(set(before) - {remaining[-1]}) == 0
+        assert not any(f.unmapped for f in held.values())
+        deadline = time.monotonic() + WAIT_S  # the tick hook, within about a second
+        while deleted_index_maps(tmp_path / "store") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert deleted_index_maps(tmp_path / "store") == 0
+        for name, f in held.items():
+            assert f.unmapped == (name not in remaining), name
+        # Its maps as they stand (not synced since): a walk over them declines, never raises.
+        assert reader.query_offset("T", "k119", 64, 0, 2**62) is None
+    finally:
+        resume.set()
+        thread.join(WAIT_S)
+    assert not thread.is_alive() and len(answers) == 6
+    expected = [query_via_actor(store, monkeypatch, "T", f"k{i}") for i in (0, 59, 60, 119)]
+    assert answers[1:5] == expected and answers[5] == query_via_actor(store, monkeypatch, "T", "all", 64)
+    assert not answers[1].messages and answers[4].messages
+    assert reader.mapped_names == index_names(tmp_path / "store")
+
+
 def cleaner_helpers() -> Any:
     """tests/cleaner's harness module (a store on the simulated disk whose files age with a
     manual clock), loaded by path once under the name its own conftest uses."""
