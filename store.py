@@ -616,8 +616,9 @@ class MessageStore:
         subscription expression ("A||B", "*"); the ConsumeQueue's tag hash filters first and
         the record's real tag confirms, so hash collisions never deliver a wrong tag. `raw`
         gives the records' bytes instead of decoded messages. Reads the caller's own writes
-        (see the class docstring); NO_MATCHED_LOGIC_QUEUE (with a `detail`) when the queue
-        cannot be read now (read-your-writes timeout, the ConsumeQueue actor restarting)."""
+        (see the class docstring); NO_MATCHED_LOGIC_QUEUE (with a `detail`, the offset kept) when
+        the queue cannot be read now (read-your-writes timeout, the ConsumeQueue actor
+        restarting, the queues held behind what dispatch handed them)."""
         self._check_open()
         if not (type(topic) is str and type(queue_id) is int and queue_id >= 0 and type(offset) is int
                 and 0 <= offset <= _JAVA_LONG_MAX and type(max_count) is int and 1 <= max_count <= _JAVA_LONG_MAX
@@ -638,10 +639,19 @@ class MessageStore:
                                     on_corrupt=self._corrupt_on_read)  # fmt: skip
         if found is not None and found.status in _AT_THE_END and view.dispatched_end > view.queues_written:
             later = self._queue_view(with_dispatched=True)
-            if later is not None:
-                found = reads.get_from_view(later, readers, self.config, topic, queue_id, offset, max_count,
-                                            max_total_bytes=max_total_bytes, tags=tags, raw=raw,
-                                            on_corrupt=self._corrupt_on_read)  # fmt: skip
+            if later is None:
+                # The queues stay behind what dispatch handed them (held for disk space, after a
+                # crash on a full disk: review 46 M4): "no message" would be a guess, and a
+                # consumer moves its offset on it. Not readable now, the offset kept.
+                behind = self.read_view.view
+                return self._not_readable(offset, self._gave_up_detail() or (
+                    f"the queues are behind the log ({behind.dispatched_end - behind.queues_written} dispatched bytes "
+                    f"not in them after {self.config.read_your_writes_timeout_ms} ms: held by a full disk or a queue file that "
+                    "cannot be made, see the log and stats() consume_queue_behind_bytes); messages at this offset may "
+                    "exist: ask again"))  # fmt: skip
+            found = reads.get_from_view(later, readers, self.config, topic, queue_id, offset, max_count,
+                                        max_total_bytes=max_total_bytes, tags=tags, raw=raw,
+                                        on_corrupt=self._corrupt_on_read)  # fmt: skip
         if found is not None:
             return found
         kwargs: dict[str, Any] = {"max_total_bytes": max_total_bytes, "tags": tags, "raw": raw,
@@ -713,12 +723,20 @@ class MessageStore:
         if not self.config.message_index_enable:
             return QueryResult(detail="message_index_enable is off: there is no index to query")
         now = self.read_view.view
-        target = max(self._own_put_end(), now.dispatched_end)
+        own_put_end = self._own_put_end()
+        target = max(own_put_end, now.dispatched_end)
         view: ReadView | None = now
         if now.index_files is None or now.indexed_end < target:
             view = self._index_covering(target)
         if view is None:
-            return QueryResult(detail=self._gave_up_detail() or "the index did not reach this thread's last put in time")
+            if own_put_end >= now.dispatched_end:
+                return QueryResult(detail=self._gave_up_detail() or "the index did not reach this thread's last put in time")
+            behind = self.read_view.view
+            return QueryResult(detail=self._gave_up_detail() or (
+                f"the index is behind the log ({max(behind.dispatched_end - behind.indexed_end, 0)} dispatched bytes not "
+                f"indexed after {self.config.read_your_writes_timeout_ms} ms: held by a full disk or an index file that "
+                "cannot be made, see the log and stats() index_behind_bytes); messages with this key may exist: ask "
+                "again"))  # fmt: skip
         readers = self._readers.get()
         index_reader = readers.index_reader(view)
         commitlog = readers.commitlog_reader()

@@ -311,6 +311,20 @@ def test_the_dispatch_backlog_held_while_the_disk_is_full_is_capped() -> None:
         assert store.max_offset("T", 0) < len(acked)  # units wait for blocks
         assert 0 < most <= DISPATCH_BACKLOG_MAX_BATCHES + 1, most
         assert store.supervisor.state.name == "RUNNING" and store.supervisor.restarts == []
+        # A thread that put nothing, reading past what the held queues hold: "not readable
+        # now", its offset kept, not NO_MESSAGE_IN_QUEUE (a consumer moves on that: review 46 M4).
+        import threading
+
+        answers: list[object] = []
+        reader = threading.Thread(target=lambda: answers.extend(
+            (store.get("T", 0, len(acked) - 1, 1), store.query("T", f"k{len(acked) - 1}"))))  # fmt: skip
+        reader.start()
+        reader.join(30)
+        got, found = answers
+        assert isinstance(got, mqstore.GetResult) and isinstance(found, mqstore.QueryResult)
+        assert got.status is mqstore.GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, got
+        assert got.next_begin_offset == len(acked) - 1 and "the queues are behind the log" in got.detail
+        assert not found.messages and "the index is behind the log" in found.detail, found
         fs.remove("/sim/filler")
         assert store.put(mqstore.Message(topic="T", body=b"z", keys=["last"])).ok
         acked.append("last")
