@@ -240,6 +240,13 @@ def quarantined_detail(commitlog_offset: int) -> str:
             "run `mqstore verify`")  # fmt: skip
 
 
+def unmappable_detail(commitlog_offset: int, error: BaseException, outcome: str = "nothing was skipped") -> str:
+    """A read's `detail` where the commitlog segment holding the record exists but could not
+    be mapped now."""
+    return (f"the commitlog segment holding offset {commitlog_offset} could not be mapped now ({error}): "
+            f"{outcome}; ask again once the process has descriptors and memory to spare")
+
+
 def corrupt_detail(commitlog_offset: int, reason: str) -> str:
     """A GetResult's `detail` for a record skipped as corrupt."""
     return f"skipped the corrupt record at commitlog offset {commitlog_offset} ({reason}); run `mqstore verify`"
@@ -409,6 +416,15 @@ def collect(
         else:
             place = reader.select(phy, size)
         if place is None:
+            unmappable = reader.map_error(phy)
+            if unmappable is not None:
+                # Present but not mappable now (out of descriptors or memory): "removed" would
+                # move a consumer past stored messages (review 52 H1). What was read so far is
+                # served, and the next get starts at this unit.
+                if total_bytes:
+                    break
+                return GetResult(status=GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=offset,
+                                 min_offset=bounds[0], max_offset=bounds[1], detail=unmappable_detail(phy, unmappable))
             if total_bytes == 0:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
             next_phy_file_start = phy + segment - phy % segment
@@ -624,6 +640,7 @@ def query_messages(
     messages: list[MessageRecord] = []
     last_ts = last_phy = 0
     max_message_size, check_crc = cfg.max_stored_record_bytes, cfg.check_crc_on_read
+    unread = ""
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
         offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
@@ -634,6 +651,8 @@ def query_messages(
         for phy in sorted(offsets) if len(offsets) > 1 else offsets:
             record = _query_hit(reader, phy, max_message_size, check_crc, on_corrupt, quarantined, topic, key, messages)
             if record is None:
+                if not unread and (unmappable := reader.map_error(phy)) is not None:
+                    unread = unmappable_detail(phy, unmappable, "the hits there are not in this answer")
                 first = False
                 continue
             if first:
@@ -641,6 +660,9 @@ def query_messages(
                 first = False
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
             break  # (the same question again would read the same records)
+    if unread:
+        return QueryResult(messages=tuple(messages[:max_count]), index_last_update_timestamp=last_ts,
+                           index_last_update_phy_offset=last_phy, detail=unread)  # fmt: skip
     return QueryResult.of(tuple(messages[:max_count]), last_ts, last_phy)
 
 

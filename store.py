@@ -745,9 +745,10 @@ class MessageStore:
             walk = index_reader.walk_args
             direct = None if walk is None else reads.query_direct(walk, commitlog, self.config, topic, key, max_count,
                                                                   begin_ms, end_ms)  # fmt: skip
-            if direct is not None:
+            if direct is not None and not commitlog.map_errors:
                 reads.yield_gil()
                 return direct
+            # (a segment could not be mapped: the reference names the hits it could not read)
         return self._query_reference(index_reader, commitlog, quarantined, topic, key, max_count, begin_ms, end_ms)
 
     def _index_covering(self, target: int) -> ReadView | None:
@@ -784,18 +785,26 @@ class MessageStore:
         """lookMessageByOffset (§13.3): the message at that commitlog offset, or None. With
         `size` (lookMessageByOffset(offset, size), as a ConsumeQueue unit gives it), exactly
         `size` bytes are read: a record whose own TOTALSIZE disagrees is None and logged as an
-        error (Java decodes whatever lies there), and the CRC is still checked."""
+        error (Java decodes whatever lies there), and the CRC is still checked. OSError when
+        the segment holding it is there but cannot be mapped now (out of descriptors or
+        memory): not knowing is not None."""
         self._check_open()
         _check_int("commitlog_offset", commitlog_offset, 0)
+        reader = self._readers.get().commitlog_reader()
         if size is not None:
             _check_int("size", size, 1)
-            return self._record_of_size(commitlog_offset, size)
-        return reads.record_at(self._readers.get().commitlog_reader(), commitlog_offset, self.config.max_stored_record_bytes,
-                               check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read,
-                               quarantined=self.read_view.view.quarantined)  # fmt: skip
+            found = self._record_of_size(reader, commitlog_offset, size)
+        else:
+            found = reads.record_at(reader, commitlog_offset, self.config.max_stored_record_bytes,
+                                    check_crc=self.config.check_crc_on_read, on_corrupt=self._corrupt_on_read,
+                                    quarantined=self.read_view.view.quarantined)  # fmt: skip
+        if found is None and (unmappable := reader.map_error(commitlog_offset)) is not None:
+            # None would say "no message there" (review 52 H1): the caller learns why instead.
+            raise OSError(getattr(unmappable, "errno", None) or errno.EIO, reads.unmappable_detail(
+                commitlog_offset, unmappable, "whether a message is there is not known"))  # fmt: skip
+        return found
 
-    def _record_of_size(self, commitlog_offset: int, size: int) -> MessageRecord | None:
-        reader = self._readers.get().commitlog_reader()
+    def _record_of_size(self, reader: CommitLogReader, commitlog_offset: int, size: int) -> MessageRecord | None:
         place = reader.select(commitlog_offset, size)  # all `size` bytes readable, in one segment
         if place is None:
             return None

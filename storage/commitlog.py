@@ -10,6 +10,7 @@ watermark it was told. `scan_commitlog_dir` walks a directory for tools.
 
 from __future__ import annotations
 
+import errno
 import functools
 import math
 import mmap
@@ -1179,6 +1180,16 @@ def _closed(region: MappedRegion) -> bool:
     return bool(getattr(region.buf, "closed", False))
 
 
+def _map_failed_now(exc: OSError | ValueError) -> bool:
+    """Whether a segment's map failed for the process's resources or access (EMFILE, ENFILE,
+    ENOMEM, EACCES, EIO, ...), not for what the file is: gone (ENOENT), of another size or
+    kind (EINVAL, EISDIR, ValueError), or being created."""
+    return isinstance(exc, OSError) and exc.errno not in _FILE_IS_NOT_A_SEGMENT and not isinstance(exc, FileNotFoundError)
+
+
+_FILE_IS_NOT_A_SEGMENT = frozenset({errno.ENOENT, errno.EINVAL, errno.EISDIR, errno.ENOTDIR, errno.ENODEV, None})
+
+
 def _close_region(region: MappedRegion) -> bool:
     """Close a reader's map; False if it could not be now. Closed from another thread (the
     store closing, or deleted segments given back) while its owner decodes in place: that
@@ -1221,6 +1232,10 @@ class CommitLogReader:
         # below the newest file (which may be being created): a hole, not a file the cleaner
         # removed, so the log's head is still theirs (review 36 F1).
         self._unreadable: set[int] = set()
+        # Segments present whose map failed for want of the process's resources (descriptors,
+        # memory, map count) or of access: not a hole nor a removed file, only "not now".
+        self._map_errors: dict[int, OSError | ValueError] = {}
+        self._list_error: OSError | None = None  # the directory could not be listed at the last refresh
         # Maps are closed from two threads (this reader's own: refresh, and another's:
         # release_deleted or the store's close): one close at a time.
         self._closing = threading.Lock()
@@ -1233,8 +1248,15 @@ class CommitLogReader:
         """Map new segment files and drop the ones that were deleted."""
         try:
             names = self.fs.listdir(self.store_path) if self.fs.isdir(self.store_path) else []
-        except OSError:
+        except FileNotFoundError:
             names = []
+        except OSError as exc:
+            # Not listable now (out of descriptors, say): nothing is known to be gone, and an
+            # unmapped segment is "not now" (map_error), not removed.
+            self._list_error = exc
+            return
+        self._list_error = None
+        self._map_errors = {}
         present: set[int] = set()
         starts = [int(name) for name in names if len(name) == 20 and name.isdigit()]
         newest = max(starts, default=-1)
@@ -1282,8 +1304,10 @@ class CommitLogReader:
     def _map(self, path: str, start: int) -> MappedRegion | None:
         try:
             return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError) as exc:
+            if _map_failed_now(exc):
+                self._map_errors[start] = exc
+                return None
         # A short segment (truncated by damage; files are created full-size at once): mapped
         # at its own length, its valid records from the start are served until the first
         # record that is not; past that lies the hole (the store is degraded until recover).
@@ -1292,7 +1316,9 @@ class CommitLogReader:
             if not 0 < size < self.mapped_file_size:
                 return None
             region = self.fs.map_file(path, size, create=False, readonly=True)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            if _map_failed_now(exc):
+                self._map_errors[start] = exc
             return None
         end = valid_prefix_end(region.buf, start, self.mapped_file_size, self.max_record_size)
         if end == 0:
@@ -1300,6 +1326,20 @@ class CommitLogReader:
             return None
         self._valid_ends[start] = end
         return region
+
+    @property
+    def map_errors(self) -> bool:
+        """Whether a segment present could not be mapped (or the directory listed) at the last refresh."""
+        return bool(self._map_errors) or self._list_error is not None
+
+    def map_error(self, offset: int) -> OSError | ValueError | None:
+        """Why the segment holding `offset` is present but could not be mapped at the last
+        refresh (too many open files, no memory or map count left, no access); None if it
+        was not. A read there is "not now", never "removed": a consumer moves on the latter
+        (review 52 H1)."""
+        if not self._map_errors:
+            return self._list_error
+        return self._map_errors.get(offset - offset % self.mapped_file_size, self._list_error)
 
     def _readable_end(self, start: int) -> int:
         """Where the segment at `start` stops being readable (its end, or a short one's valid end)."""
