@@ -617,8 +617,13 @@ class PutPipeline:
             if self._closed:
                 return False
             if self._thread is None:
-                self._thread = threading.Thread(target=self._complete_loop, name="mqstore-put-completions", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._complete_loop, name="mqstore-put-completions", daemon=True)
+                # Only a thread that started is the completion thread: one that could not (no
+                # threads or memory left: RuntimeError to this put's caller) was kept as it,
+                # and every later future waited for it for good (review 52 M1). The next
+                # put_async tries again.
+                thread.start()
+                self._thread = thread
         return True
 
     def _complete_loop(self) -> None:

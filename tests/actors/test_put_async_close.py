@@ -172,3 +172,30 @@ def test_a_close_from_a_done_callback_while_the_host_closes_does_not_wait_for_it
     store.close()
     assert time.monotonic() - started < 4  # not the 5 s join
     assert seen["callback_close_s"] < 1
+
+
+def test_a_completion_thread_that_could_not_start_is_started_by_the_next_put_async(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 52 M1: the first put_async while no thread could start raised RuntimeError (as it
+    should), but the thread that never ran was kept as the completion thread: every later
+    future stayed pending for good, flush() waited its timeout and close() failed to join it."""
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "mqstore-put-completions" and not refused:
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    store = mqstore.open(tmp_path / "s")
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        store.put_async(Message("T", b"first"))
+    future = store.put_async(Message("T", b"second"))
+    assert future.result(timeout=10).ok
+    store.flush()
+    assert not store._puts._pending
+    assert [m.body for m in store.get("T", 0, 0, 32).messages] == [b"second"]
+    assert store.close() is True  # a clean stop: the completion thread joined
