@@ -374,6 +374,11 @@ class CommitLog:
         return f"commitlog has {'; '.join(what)}; run `mqstore recover` to make it whole"
 
     # put path (§6.4, §6.7) ------------------------------------------------------------------
+    def _create_failure(self) -> str:
+        """A CREATE_MAPPED_FILE_FAILED refusal's detail: why the next segment could not be made
+        (the cause was in the log only, silent inside a host: review 52 L3)."""
+        return f"the next commitlog segment could not be created: {self.mapped_file_queue.last_create_error or 'see the log'}"
+
     def put_message(self, record: EncodedRecords, now_ms: int) -> PutMessageResult:
         """Append one record; `now_ms` becomes its store timestamp."""
         assert len(record.datas) == 1, "put_message takes one record"
@@ -470,7 +475,7 @@ class CommitLog:
             mapped_file = queue.get_last_mapped_file(0)
         if mapped_file is None:
             log.error("no commitlog file for a put")
-            return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+            return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, detail=self._create_failure())
 
         def append(buf: bytearray, file_from_offset: int, position: int, max_blank: int) -> AppendMessageResult:
             return self._do_append(buf, file_from_offset, position, max_blank, records, now_ms, batch)
@@ -491,7 +496,8 @@ class CommitLog:
                 mapped_file = queue.get_last_mapped_file(0)
                 if mapped_file is None:
                     log.error("no commitlog file after roll-over")
-                    return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result)
+                    return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result,
+                                            detail=self._create_failure())  # fmt: skip
                 result = mapped_file.append_message(append, needed_in(mapped_file))
         except DiskFullError as exc:
             # Nothing of this put was written; the next put tries to reserve again. Logged when

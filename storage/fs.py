@@ -17,6 +17,7 @@ import fcntl
 import mmap
 import os
 import random
+import resource
 import shutil
 import stat
 import struct
@@ -205,8 +206,21 @@ def _unwritten_or_holes(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     return found
 
 
-def _pwrite_zeros(fd: int, start: int, end: int) -> None:
+def check_file_size_limit(path: str, end: int) -> None:
+    """OSError(EFBIG) if writing a file up to `end` bytes passes the process's file size limit
+    (RLIMIT_FSIZE, `ulimit -f`). Past it the kernel sends SIGXFSZ, whose default action kills
+    the process: CPython ignores the signal at start, but a host may have restored it
+    (review 52 M2). Checked before a file is grown or written with write(2); stores through a
+    map draw no signal."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and end > soft:
+        raise OSError(errno.EFBIG, f"the process's file size limit (RLIMIT_FSIZE, ulimit -f) is {soft} bytes, and "
+                                   f"this file needs {end}: raise the limit or make the files smaller", path)  # fmt: skip
+
+
+def _pwrite_zeros(fd: int, start: int, end: int, path: str) -> None:
     """Zeros over [start, end) with pwrite, a chunk at a time; OSError (ENOSPC) as it comes."""
+    check_file_size_limit(path, end)
     zeros = memoryview(_ZEROS)
     while start < end:
         start += os.pwrite(fd, zeros[: min(len(zeros), end - start)], start)
@@ -238,6 +252,7 @@ class RealMappedRegion:
             if actual != size:
                 if readonly or not create:
                     raise OSError(errno.EINVAL, f"file is {actual} bytes, expected {size}", path)
+                check_file_size_limit(path, size)
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap = mmap.mmap(fd, size, access=access)
@@ -350,7 +365,7 @@ class RealMappedRegion:
                     return  # no SEEK_DATA on this filesystem
                 else:
                     raise
-            _pwrite_zeros(fd, pos, min(data, end))
+            _pwrite_zeros(fd, pos, min(data, end), self.path)
             if data >= end:
                 return
             pos = os.lseek(fd, data, os.SEEK_HOLE)
@@ -376,7 +391,7 @@ class RealMappedRegion:
         if hasattr(self.buf, "madvise"):
             self.buf.madvise(mmap.MADV_DONTNEED, start, end - start)
         os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
-        _pwrite_zeros(fd, start, end)
+        _pwrite_zeros(fd, start, end, self.path)
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         end = self.size if end is None else min(end, self.size)
@@ -457,6 +472,7 @@ class RealMappedRegion:
         """The map's first `length` bytes written to a new file `path` of the map's size (the
         rest a hole: zeros, as in the map), made durable: a copy of a file replaced under it
         that can take the file's place."""
+        check_file_size_limit(path, self.size)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             view = memoryview(self.buf)[:length]

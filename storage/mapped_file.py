@@ -175,6 +175,7 @@ class MappedFile:
         # only this class writes it.
         self.reserved_until = 0
         self._retry_full_window_at = 0
+        self._reserve_error: OSError | None = None  # why the last reservation failed, if not for room
 
     def __repr__(self) -> str:
         return (
@@ -231,7 +232,7 @@ class MappedFile:
         if need_end > self.reserved_until or below_low_water:
             if need_end > self.reserved_until or pos >= self._retry_full_window_at:
                 if not self._reserve(need_end, window_end, KEEP_FREE_FOR_MESSAGES_BYTES):
-                    raise DiskFullError(f"no disk blocks could be reserved for {self.file_name} past {pos} (the disk is full, a quota is reached, or it failed: see the log)")
+                    raise DiskFullError(self._reserve_failure(pos))
                 if self.reserved_until < window_end:  # shrunk to what fits: retry the window later
                     self._retry_full_window_at = pos + RESERVE_RETRY_AFTER_BYTES
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
@@ -258,6 +259,7 @@ class MappedFile:
             return True
         if region is None:
             return False  # unmapped: nothing can be written anyway
+        self._reserve_error = None
         try:
             target = window_end
             wanted = window_end - self.reserved_until
@@ -283,10 +285,18 @@ class MappedFile:
             # EDQUOT, EIO, EROFS...: never write into pages nothing backs (review 46 M2); the
             # owner refuses the append and tries again later, as for a full disk.
             _log_reserve_failure(self.file_name, exc)
+            self._reserve_error = exc
             return False
 
     def _free_bytes(self) -> int | None:
         return free_bytes(self.fs, self.file_name)
+
+    def _reserve_failure(self, pos: int) -> str:
+        """Why the blocks past `pos` could not be reserved, for the refusal's detail."""
+        cause = self._reserve_error
+        why = ("the disk is full, a quota is reached, or it failed: see the log" if cause is None
+               else cause.strerror or str(cause))  # fmt: skip
+        return f"no disk blocks could be reserved for {self.file_name} past {pos} ({why})"
 
     def reserve(self, end: int, ahead: int = 0) -> bool:
         """Blocks for every byte below `end` (and `ahead` more if there is room) before
@@ -306,7 +316,7 @@ class MappedFile:
         if end > self.reserved_until and not self._reserve(
             end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES, KEEP_FREE_FOR_DERIVED_BYTES
         ):
-            raise DiskFullError(f"no disk blocks could be reserved for {self.file_name} past {pos} (the disk is full, a quota is reached, or it failed: see the log)")
+            raise DiskFullError(self._reserve_failure(pos))
         self._target()[pos:end] = data
         self.wrote_position = end
         return True
