@@ -21,6 +21,7 @@ __all__ = [
     "MappedFileQueue",
 ]
 
+_JAVA_LONG_MAX = 2**63 - 1
 log = get_logger(__name__)
 
 DELETE_FILES_BATCH_MAX: Final = 10
@@ -107,6 +108,13 @@ class MappedFileQueue:
             if len(name) != 20 or not name.isdigit():
                 log.warning("ignoring a file that is not a segment", path=path)
                 continue
+            if int(name) > _JAVA_LONG_MAX:
+                # No log reaches it (RocketMQ's Long.parseLong refuses the name, and its broker
+                # does not start): not ours to read, nor to remove as unwritten (review 52 L2).
+                log.error("a segment name past the largest offset", path=path)
+                self.load_error = (f"{path} is named past the largest offset a log can have ({_JAVA_LONG_MAX}): "
+                                   "it is no segment of this store; move it out of the directory")  # fmt: skip
+                return False
             try:
                 size = self.fs.getsize(path)
                 if size != self.mapped_file_size:

@@ -332,6 +332,23 @@ def test_a_segment_that_cannot_be_opened_is_named_with_its_error(tmp_path: Path)
     _all_ten_readable(path)
 
 
+def test_a_file_named_past_the_largest_offset_is_refused_never_removed(tmp_path: Path) -> None:
+    """Review 52 L2: a full-size file named 99999999999999999999 (past 2^63 - 1: no log reaches
+    it, and RocketMQ's Long.parseLong refuses it) was taken for a hole, then removed as an
+    unwritten segment past the end, its data with it. Now the open refuses, naming it, and
+    changes nothing; moved out, the store opens as before."""
+    path = tmp_path / "s"
+    _ten(path, **_SMALL)
+    stray = path / "commitlog" / "99999999999999999999"
+    shutil.copy(path / "commitlog" / ("%020d" % 0), stray)
+    before = _digest(path)
+    with pytest.raises(OSError, match="99999999999999999999 is named past the largest offset"):
+        mqstore.open(path, **_SMALL)
+    assert _digest(path) == before
+    stray.rename(tmp_path / "stray")
+    _all_ten_readable(path)
+
+
 def test_a_store_whose_sampled_records_are_all_damaged_still_opens(tmp_path: Path) -> None:
     """Review 47 F1: sixteen queues (the ones sampled) each with one record, all in a damaged
     first 4 KiB, beside a queue of 300 intact records: refused as "not this store's" for good
