@@ -1526,7 +1526,13 @@ def segment_size_of(starts: list[int], lengths: list[int | None], prefer: int | 
 
 def segment_lengths_in(fs: FileSystem, path: str, names: list[str]) -> list[int | None]:
     """The lengths of the segments `names` in directory `path` (None: not a regular file)."""
-    return [fs.getsize(os.path.join(path, n)) if fs.isfile(os.path.join(path, n)) else None for n in names]
+    lengths: list[int | None] = []
+    for name in names:
+        try:
+            lengths.append(fs.getsize(os.path.join(path, name)) if fs.isfile(os.path.join(path, name)) else None)
+        except FileNotFoundError:  # removed since the listing (a running store's cleaner)
+            lengths.append(None)
+    return lengths
 
 
 def segment_size_in(fs: FileSystem, path: str, names: list[str], prefer: int | None = None) -> int:
@@ -1561,6 +1567,7 @@ def scan_commitlog_dir(
     if segment_size is None:
         segment_size = segment_size_in(fs, path, names)
     max_message_size = max_record_size(segment_size, max_message_size)
+    head = True  # no listed file read yet: the ones removed since the listing were the log's head
     for name in names:
         start = int(name)
         file_path = os.path.join(path, name)
@@ -1570,9 +1577,15 @@ def scan_commitlog_dir(
                 yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"file is {size} bytes, expected {segment_size}")
                 continue
             region = fs.map_file(file_path, segment_size, create=False, readonly=True)
+        except FileNotFoundError as exc:
+            if head:  # a running store's cleaner removed it since the listing: the log starts later (review 53 M3)
+                continue
+            yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
+            continue
         except OSError as exc:
             yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
             continue
+        head = False
         try:
             pos = 0
             while True:

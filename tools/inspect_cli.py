@@ -305,9 +305,10 @@ def _inspect_consume_queues(
     problems: list[dict[str, Any]] = []
     for topic, queue_id in list_consume_queues(str(cq_root), fs):
         qdir = cq_root / topic / str(queue_id)
-        files = _segment_files(qdir)
+        present = _present_segments(_segment_files(qdir))
+        files = [p for p, _ in present]
         info: dict[str, Any] = {"topic": topic, "queue_id": queue_id, "files": len(files),
-                                "bytes": sum(p.stat().st_size for p in files), "min_offset": 0, "max_offset": 0,
+                                "bytes": sum(size for _, size in present), "min_offset": 0, "max_offset": 0,
                                 "messages": 0, "min_commitlog_offset": None, "max_commitlog_offset": None}  # fmt: skip
         queues.append(info)
         for p in sorted(qdir.iterdir()):
@@ -316,10 +317,10 @@ def _inspect_consume_queues(
                                          "there", file=str(p), topic=topic, queue_id=queue_id))  # fmt: skip
         if not files:
             continue
-        file_size = files[0].stat().st_size
-        for p in files:
-            if p.stat().st_size != file_size or file_size % CQ_STORE_UNIT_SIZE:
-                problems.append(_problem("cq_file_size", DAMAGED, f"{p}: {p.stat().st_size} bytes, expected {file_size}"
+        file_size = present[0][1]
+        for p, size in present:
+            if size != file_size or file_size % CQ_STORE_UNIT_SIZE:
+                problems.append(_problem("cq_file_size", DAMAGED, f"{p}: {size} bytes, expected {file_size}"
                                          " (a multiple of 20)", file=str(p)))  # fmt: skip
         if full:
             units: Iterable[tuple[int, int, int, int]] = iter_cq_units(str(qdir), fs)
@@ -366,14 +367,22 @@ def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
     """The first valid unit of the first file and the last valid unit of the queue, without
     reading the files in between (for `stats`)."""
     unpack = CQ_UNIT.unpack_from
-    first = files[0]
-    data = first.read_bytes()
+    datas: dict[Path, bytes] = {}
+    for path in files:  # the head ones may go meanwhile (a running store's cleaner): read from the first left
+        try:
+            datas[path] = path.read_bytes()
+            break
+        except FileNotFoundError:
+            continue
+    if not datas:
+        return
+    first, data = next(iter(datas.items()))
     if len(data) >= CQ_STORE_UNIT_SIZE:
         phy, size, tags = unpack(data, 0)
         if phy >= 0 and size > 0:
             yield int(first.name) // CQ_STORE_UNIT_SIZE, phy, size, tags
-    for path in reversed(files):
-        data = path.read_bytes() if path != first else data
+    for path in reversed(files[files.index(first):]):
+        data = datas[first] if path == first else path.read_bytes()
         n = len(data) // CQ_STORE_UNIT_SIZE
         lo, hi = 0, n  # units are written in order: find the first invalid one by bisection
         while lo < hi:
@@ -574,23 +583,40 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
 
 def _last_data_segment(files: list[Path]) -> Path | None:
     for path in reversed(files):
-        with open(path, "rb") as f:
-            head = f.read(8)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8)
+        except FileNotFoundError:  # removed since the listing (a running store's cleaner)
+            continue
         if head.strip(b"\0"):
             return path
     return None
+
+
+def _present_segments(files: list[Path]) -> list[tuple[Path, int]]:
+    """The listed segments still there, with their sizes: a running store's cleaner removes
+    the log's head while a command reads (review 53 M2: `stats` failed on FileNotFoundError)."""
+    present = []
+    for path in files:
+        try:
+            present.append((path, path.stat().st_size))
+        except FileNotFoundError:
+            continue
+    return present
 
 
 def store_file_stats(root: Path, config: StoreConfig) -> dict[str, Any]:
     """`mqstore stats`: the cheap figures, without scanning the whole log."""
     _check_store_dir(root)
     lock = lock_state(root)
-    files = _segment_files(Path(config.commitlog_dir))
+    present = _present_segments(_segment_files(Path(config.commitlog_dir)))
+    files = [path for path, _ in present]
+    segment_size = present[0][1] if present else None
     min_offset = int(files[0].name) if files else -1
     max_offset = min_offset
     last = _last_data_segment(files)
-    if last is not None:
-        seg_size = files[0].stat().st_size
+    if last is not None and segment_size is not None:
+        seg_size = segment_size
         start = int(last.name)
         reader = CommitLogReader(RealFileSystem(), config.commitlog_dir, mapped_file_size=seg_size,
                                  max_message_size=config.max_message_size_bytes, limit=start + seg_size)  # fmt: skip
@@ -619,7 +645,7 @@ def store_file_stats(root: Path, config: StoreConfig) -> dict[str, Any]:
         "lock": lock,
         "commitlog": {
             "segments": len(files),
-            "segment_size": files[0].stat().st_size if files else None,
+            "segment_size": segment_size,
             "min_offset": min_offset,
             "max_offset": max_offset,
             "data_bytes": max(max_offset - min_offset, 0),

@@ -1,0 +1,112 @@
+"""Read-only commands on a running store whose cleaner removes the log's head while they read
+(review 53 M2, M3): a file listed and then gone is no longer the store's, not damage. `stats`
+failed on FileNotFoundError (exit 1); `dump --what commitlog` said "corrupt record" (exit 3)
+or "is in the way" (exit 5) on a healthy store. Each test removes the head segment between a
+command's listing and its reads, as the cleaner does, deterministically."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore import cli
+from mqstore.cli import main
+from mqstore.storage.commitlog import RecordKind, scan_commitlog_dir
+from mqstore.storage.fs import RealFileSystem
+from mqstore.tools import inspect_cli
+
+SMALL = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 40,
+             max_hash_slot_num=100, max_index_num=400)  # fmt: skip
+MESSAGES = 600
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "s"
+    with mqstore.open(path, **SMALL) as s:
+        for i in range(MESSAGES):
+            assert s.put(mqstore.Message("T", b"%05d" % i + b"." * 300)).ok
+    assert len(os.listdir(path / "commitlog")) >= 4 and len(os.listdir(path / "consumequeue" / "T" / "0")) >= 4
+    return path
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def head_removed_after_listing(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[Path]:
+    """Wrap `module.name` (a listing of segment files) so that each directory's first listed
+    file is removed right after it is listed, once: what the cleaner does meanwhile."""
+    real = getattr(module, name)
+    removed: list[Path] = []
+
+    def listing(directory: Path, *args: Any) -> Any:
+        found = real(directory, *args)
+        files = found[0] if isinstance(found, tuple) else found
+        if files and files[0].parent not in [p.parent for p in removed]:
+            files[0].unlink()
+            removed.append(files[0])
+        return found
+
+    monkeypatch.setattr(module, name, listing)
+    return removed
+
+
+def test_stats_while_the_cleaner_removes_the_head_of_the_log_and_of_a_queue(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    removed = head_removed_after_listing(monkeypatch, inspect_cli, "_segment_files")
+    code, out, err = run_cli("stats", "--json", str(store))
+    assert code == 0, err
+    figures = json.loads(out)
+    assert {p.parent.name for p in removed} >= {"commitlog", "0"}
+    left = sorted(os.listdir(store / "commitlog"))
+    assert figures["commitlog"]["min_offset"] == int(left[0]) and figures["commitlog"]["segments"] == len(left)
+    assert figures["commitlog"]["segment_size"] == SMALL["mapped_file_size_commitlog_bytes"]
+    queue = figures["queues"][0]
+    assert queue["max_offset"] == MESSAGES and 0 < queue["min_offset"] < MESSAGES
+
+
+def test_dump_of_the_commitlog_while_the_cleaner_removes_its_head(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    removed = head_removed_after_listing(monkeypatch, cli, "segment_layout")
+    code, out, err = run_cli("dump", str(store), "--what", "commitlog")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(removed) == 1 and rows and rows[-1]["queue_offset"] == MESSAGES - 1
+    assert rows[0]["commitlog_offset"] == int(sorted(os.listdir(store / "commitlog"))[0])
+    assert [r["queue_offset"] for r in rows] == list(range(rows[0]["queue_offset"], MESSAGES))
+
+
+class RemovesTheHeadAfterListing(RealFileSystem):
+    def listdir(self, path: str) -> list[str]:
+        names = sorted(super().listdir(path))
+        os.remove(os.path.join(path, names[0]))
+        return names
+
+
+def test_the_tools_scan_skips_head_segments_removed_after_its_listing_and_reports_a_hole(store: Path) -> None:
+    directory = str(store / "commitlog")
+    reads = list(scan_commitlog_dir(directory, fs=RemovesTheHeadAfterListing(), segment_size=64 * 1024))
+    assert reads and all(r.kind is not RecordKind.CORRUPT for r in reads)
+    assert reads[0].offset == int(sorted(os.listdir(directory))[0])
+    # A segment gone from the middle of the log is a hole still, not the cleaner's work.
+    names = sorted(os.listdir(directory))
+
+    class RemovesOneInTheMiddle(RealFileSystem):
+        def listdir(self, path: str) -> list[str]:
+            listed = sorted(super().listdir(path))
+            os.remove(os.path.join(path, names[1]))
+            return listed
+
+    reads = list(scan_commitlog_dir(directory, fs=RemovesOneInTheMiddle(), segment_size=64 * 1024))
+    assert [r.offset for r in reads if r.kind is RecordKind.CORRUPT] == [int(names[1])]
