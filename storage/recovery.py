@@ -687,9 +687,15 @@ def recover_commitlog(
     commitlog.zero_tail_bytes = {RecoveryMode.CLEAN: 0, RecoveryMode.CRASH: None,
                                  RecoveryMode.RESTART: 2 * cfg.max_message_size_bytes}[mode]  # fmt: skip
     commitlog.unfinished_put_possible = mode is not RecoveryMode.CLEAN
-    if crashed:  # damage past the last flush is a torn tail (see the attributes)
-        commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp if checkpoint is not None else 0
-        commitlog.flushed_before_offset = checkpoint.physic_flushed_offset if checkpoint is not None else None
+    if crashed and checkpoint is not None and checkpoint.physic_msg_timestamp > 0:
+        # Damage past the last flush is a torn tail (see the attributes). A checkpoint that
+        # says nothing (missing, zero-filled, short: no flush recorded) is no evidence that
+        # any record after damage is unflushed: it took one flipped byte to cut and zero every
+        # flushed, acknowledged record after it (review 54 H2). Without it every valid record
+        # after damage is kept, the damage quarantined, and only what no valid record follows
+        # is a torn tail.
+        commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp
+        commitlog.flushed_before_offset = checkpoint.physic_flushed_offset
     try:
         flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
         if known_end > (flushed or 0):

@@ -305,6 +305,37 @@ def test_damage_in_the_middle_of_the_commitlog_is_quarantined_not_cut(tmp_path: 
     assert {p.kind for p in report.problems} == {"commitlog_damaged"}, [str(p) for p in report.problems[:10]]
 
 
+@pytest.mark.parametrize("checkpoint", ["missing", "zero-filled", "empty"])
+def test_after_a_crash_with_no_checkpoint_to_tell_damage_is_still_quarantined_not_cut(
+    tmp_path: object, checkpoint: str
+) -> None:
+    """Review 54 H2: after a crash, a checkpoint that says nothing (removed, zeroed, cut to
+    nothing) made recovery trust no record after the first damage, so one damaged record cut
+    and zeroed every flushed, acknowledged record after it (mqstore recover did too, exit 0).
+    With no evidence of what was unflushed, the damage is quarantined and the rest kept."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    _fill(store_dir, 1000, queues=2)
+    names = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
+    middle = os.path.join(store_dir, "commitlog", names[-2])
+    with open(middle, "r+b") as f:
+        f.seek(20000)
+        f.write(b"\xab" * 3000)
+    _crashed(store_dir)
+    path = os.path.join(store_dir, "checkpoint")
+    if checkpoint == "missing":
+        os.remove(path)
+    elif checkpoint == "zero-filled":
+        with open(path, "r+b") as f:
+            f.write(bytes(4096))
+    else:
+        os.truncate(path, 0)
+    rec, queues = _open_checked_skipping(store_dir)
+    assert len(rec.quarantined) == 1 and rec.damaged_at == -1 and not rec.removed_commitlog_files, rec.summary()
+    kept = sorted(queues[0] + queues[1])
+    lost = set(range(1000)) - set(kept)
+    assert 0 < len(lost) < 30 and kept == sorted(set(kept)), rec.summary()  # only the damaged records
+
+
 def _open_checked_skipping(store_dir: str) -> tuple[RecoveryReport, dict[int, list[int]]]:
     """As _open_checked, reading past queue offsets whose record is damaged."""
     with mqstore.open(store_dir, **SETTINGS) as store:
