@@ -119,7 +119,15 @@ def persist_config_file(fs: FileSystem, path: str, text: str, decode: Callable[[
     if fs.exists(path):
         previous = fs.read_bytes(path)
         if previous.strip() and _decodes(previous, decode):
-            fs.write_atomic(path + ".bak", previous)
+            backup = path + ".bak"
+            if fs.exists(backup):
+                # An unreadable `.bak` may hold the only copy of what a load salvaged from it
+                # (review 54 H1: rotated out at the second write, every group's offsets were
+                # gone from the disk): kept aside, never overwritten.
+                old_backup = fs.read_bytes(backup)
+                if old_backup.strip() and not _decodes(old_backup, decode):
+                    _set_aside_a_copy(fs, backup, old_backup)
+            fs.write_atomic(backup, previous)
         elif previous.strip():
             _set_aside_a_copy(fs, path, previous)
     fs.write_atomic(path, text.encode("utf-8"))  # writes <path>.tmp, fsyncs, renames, fsyncs dir
@@ -229,14 +237,35 @@ def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
     return {str(topic_at_group): _int_table(queues) for topic_at_group, queues in table.items()}
 
 
+# A `"topic@group":{queue:offset,...}` group of an offsetTable, and one `queue:offset` pair in
+# it (fastjson writes the queue ids bare, other writers quoted): for a file cut short.
+_GROUP = re.compile(r'"([^"{}]+@[^"{}]+)"\s*:\s*\{([^{}]*)(\}|\Z)')
+_PAIR = re.compile(r'"?(-?\d+)"?\s*:\s*(-?\d+)\s*([,}]|\Z)')
+
+
+def _salvage_cut_short(text: str) -> tuple[dict[str, dict[int, int]], list[str]] | None:
+    """The whole `queue:offset` pairs of a table cut short (a write that did not reach the
+    disk whole): a number that runs to the end of the text may be cut, so it is left out."""
+    kept: dict[str, dict[int, int]] = {}
+    for group in _GROUP.finditer(text):
+        entries = {int(q): int(o) for q, o, end in _PAIR.findall(group.group(2)) if end or group.group(3)}
+        if entries:
+            kept[group.group(1)] = entries
+    return (kept, ["(the rest of a file cut short)"]) if kept else None
+
+
 def _salvage_offset_table(fs: FileSystem, path: str) -> tuple[dict[str, dict[int, int]], list[str]] | None:
     """The entries of `path` that decode, and what was left out: for a file that is JSON in
-    RocketMQ's shape with some entries of the wrong type (and no readable `.bak`). None if
-    even that shape is not there."""
+    RocketMQ's shape with some entries of the wrong type, or cut short. None if even that
+    shape is not there."""
     try:
-        table = load_fastjson(fs.read_bytes(path).decode("utf-8"))["offsetTable"]
-    except (OSError, *_DECODE_ERRORS):
+        text = fs.read_bytes(path).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
         return None
+    try:
+        table = load_fastjson(text)["offsetTable"]
+    except _DECODE_ERRORS:
+        return _salvage_cut_short(text)
     if not isinstance(table, dict):
         return None
     kept: dict[str, dict[int, int]] = {}
@@ -279,12 +308,20 @@ class ConsumerOffsetStore:
         except ConfigFileError as exc:
             log.error("consumer_offsets_unreadable", path=self.path, error=str(exc)[:500])
             table = None
-            # Neither file reads whole: the entries of the newest that do are served, rather
-            # than every group starting over (the file is kept as `.damaged` at the next write).
-            salvaged = _salvage_offset_table(self._fs, self.path) if self._fs.exists(self.path) else None
-            if salvaged is not None and salvaged[0]:
-                table, left_out = salvaged
+            # Neither file reads whole: the entries that do are served, rather than every group
+            # starting over; the file's over the backup's, which is older (review 54 H1: only the
+            # file was read). Both are kept aside at the next write (persist_config_file).
+            table, left_out = {}, []
+            for candidate in (self.path + ".bak", self.path):
+                salvaged = _salvage_offset_table(self._fs, candidate) if self._fs.exists(candidate) else None
+                if salvaged is not None:
+                    for key, entries in salvaged[0].items():
+                        table.setdefault(key, {}).update(entries)
+                    left_out += [f"{os.path.basename(candidate)}: {what}" for what in salvaged[1]]
+            if table:
                 log.error("consumer_offsets_partly_read", path=self.path, kept=len(table), left_out=left_out[:20])
+            else:
+                table = None
         if table is None:
             self._table = {}
             return False

@@ -178,6 +178,30 @@ def test_a_bad_main_file_falls_back_to_its_bak() -> None:
     assert store.load() and store.query_offset("g", "T", 0) == 9
 
 
+@pytest.mark.parametrize("bak", ["cut short", "an entry of the wrong type"])
+def test_an_unreadable_bak_is_served_what_it_holds_and_never_rotated_out(bak: str) -> None:
+    """Review 54 H1: main file zero-filled, `.bak` not whole either: only the main file was
+    salvaged, so every group read -1; then the second persist copied the new, small main file
+    over `.bak` and no file held the groups' offsets any more."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    good = '{"offsetTable":{"T@gA":{0:100,1:101},"T@gB":{0:200}}}'
+    backup = good[:-3] if bak == "cut short" else good.replace("{0:200}", '{0:200,1:"x"}')
+    fs.write_atomic(PATH + ".bak", backup.encode())
+    fs.write_atomic(PATH, bytes(64))
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load()  # partly: what reads is served
+    assert (store.query_offset("gA", "T", 0), store.query_offset("gA", "T", 1)) == (100, 101)
+    # A number that runs to the end of a file cut short may itself be cut: not served.
+    assert store.query_offset("gB", "T", 0) == (-1 if bak == "cut short" else 200)
+    for offset in (5, 6):
+        store.commit_offset("gX", "T", 0, offset)
+        store.persist()
+    assert fs.read_bytes(PATH + ".bak.damaged") == backup.encode()  # its bytes kept, for a person
+    reloaded = ConsumerOffsetStore(fs, "/store")
+    assert reloaded.load() and reloaded.query_offset("gA", "T", 1) == 101 and reloaded.query_offset("gX", "T", 0) == 6
+
+
 def test_a_corrupt_main_file_is_not_copied_over_a_good_bak() -> None:
     fs = SimulatedFileSystem()
     store = ConsumerOffsetStore(fs, "/store")
