@@ -158,13 +158,25 @@ def _disk_full_or(exc: OSError, path: str, what: str) -> OSError:
     return StoreDiskFullError(path, what)
 
 
+def refuse_a_dangling_link(fs: FileSystem, path: str, what: str) -> None:
+    """StoreDirectoryError for a symbolic link to nothing where a store directory belongs (the
+    mount it points into not up): it passed the checks, which follow links, and the open or
+    `recover` failed on a bare FileExistsError, `recover` after it had changed the queues
+    (review 54 M1)."""
+    if os.path.islink(path) and not fs.exists(path):
+        raise StoreDirectoryError(f"{path}, the {what}, is a symbolic link to {os.readlink(path)}, which does not exist "
+                                  "(a mount that is not up?): make it reachable, then open the store")  # fmt: skip
+
+
 def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     """StoreDirectoryError, before anything is made, for a file where one of the store's
     directories belongs, or anything but a regular file where one of its files (or their
     temporary files) belongs (the store does not guess what they are; a bare FileExistsError
     or IsADirectoryError said less, and a FIFO hung the open)."""
     for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
-                       (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory")):  # fmt: skip
+                       (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory"),
+                       (cfg.config_dir, "config directory")):  # fmt: skip
+        refuse_a_dangling_link(fs, path, what)
         if fs.exists(path) and not fs.isdir(path):
             raise StoreDirectoryError(f"{path} is a file where the {what} belongs; move it aside and start again")
     snapshot = os.path.join(cfg.store_path_root_dir, SNAPSHOT_FILE_NAME)

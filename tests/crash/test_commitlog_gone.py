@@ -390,3 +390,29 @@ def test_another_log_that_looks_alike_is_still_refused(tmp_path: Path, case: str
     with pytest.raises(mqstore.StoreDirectoryError, match="is not this store's"):
         mqstore.open(mine, store_path_commitlog=str(other / "commitlog"), **_SMALL)
     assert (_digest(mine), _digest(other)) == before
+
+
+@pytest.mark.parametrize("directory", ["commitlog", "consumequeue", "index", "config"])
+def test_a_data_directory_linked_to_a_mount_that_is_not_up_is_refused_before_anything_changes(
+    tmp_path: Path, directory: str
+) -> None:
+    """Review 54 M1: a data directory that is a symbolic link to nothing passed the checks
+    (they follow links); the open and `recover` failed on a bare FileExistsError (exit 1), and
+    `recover` with `config` dangling first cut every queue and dropped the index. Now both
+    refuse at once, naming the link and where it points (exit 5), and change nothing."""
+    path = tmp_path / "s"
+    _ten(path)
+    (path / "abort").write_bytes(b"")  # after a crash: recover has work to do
+    (path / directory).rename(tmp_path / "away")
+    (path / directory).symlink_to(tmp_path / "not-mounted")
+    before = _digest(path)
+    with pytest.raises(mqstore.StoreDirectoryError, match="symbolic link to .*not-mounted, which does not exist"):
+        mqstore.open(path)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli_main(["recover", "--no-progress", str(path)])
+    assert code == 5, err.getvalue()
+    assert _digest(path) == before and (path / directory).is_symlink()
+    (path / directory).unlink()
+    (tmp_path / "away").rename(path / directory)
+    _all_ten_readable(path)
