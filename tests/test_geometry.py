@@ -356,6 +356,28 @@ def test_files_that_fit_two_segment_sizes_equally_are_refused_unless_the_caller_
     assert _files(tmp_path) == before
 
 
+def test_two_queues_whose_files_fit_two_sizes_equally_are_refused_unless_the_caller_names_one(tmp_path: Path) -> None:
+    """Review 54 M2: one queue's file cut to 1000 bytes (an interrupted copy) beside another
+    queue's whole 6,000,000-byte file: the tie went to the first file, so the cut length became
+    the store's, the whole file was set aside and every queue rebuilt in files RocketMQ 4.4.0
+    cannot load. Now the store refuses to guess, changing nothing; named, the size decides."""
+    path = tmp_path / "s"
+    with mqstore.open(path) as store:
+        for queue_id in (0, 1):
+            assert store.put(mqstore.Message("T", b"m%d" % queue_id, queue_id=queue_id)).ok
+    cut = path / "consumequeue" / "T" / "0" / ("%020d" % 0)
+    with open(cut, "r+b") as f:
+        f.truncate(1000)
+    before = _files(path)
+    with pytest.raises(mqstore.StoreGeometryAmbiguous) as refused:
+        mqstore.open(path, **FAST)
+    assert refused.value.candidates == (1000, 6_000_000)
+    assert _files(path) == before
+    with mqstore.open(path, mapped_file_size_consume_queue_bytes=6_000_000, **FAST) as store:
+        assert [m.body for m in _all_messages(store, "T")] == [b"m0", b"m1"]
+    assert (path / "consumequeue" / "T" / "1" / ("%020d" % 0)).stat().st_size == 6_000_000
+
+
 @pytest.mark.parametrize(
     ("segments", "candidates"),
     [
