@@ -452,7 +452,7 @@ class Supervisor:
             try:
                 create_checkpoint_file(self.fs, cfg.checkpoint_path)
             except OSError as exc:
-                raise _disk_full_or(exc, cfg.checkpoint_path, "a new store's checkpoint") from exc
+                raise _disk_full_or(exc, cfg.checkpoint_path, "the store's checkpoint") from exc
             try:
                 self._abort.create()
             except OSError as exc:

@@ -662,3 +662,20 @@ def test_a_message_larger_than_the_blocks_reserved_ahead_gets_its_blocks_first(b
                 assert big.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE and "disk full" in big.detail
                 assert store.put(Message(topic="T", body=b"s" * 100, keys=["after"])).ok  # the window still has room
         fs.assert_no_sigbus()
+
+
+def test_a_short_checkpoint_on_a_full_disk_is_refused_naming_it() -> None:
+    """Review 54 L1: a checkpoint cut short is padded to its 4 KiB before the store starts;
+    on a full disk that write failed inside the flush actor's start, and the open failed with a
+    bare ENOSPC after the supervisor's retries. Now it is refused at once, naming the file."""
+    fs = SimulatedFileSystem(capacity_bytes=8 * 1024 * 1024)
+    fs.makedirs("/sim")
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert store.put(mqstore.Message(topic="T", body=b"z")).ok
+    fs.write_atomic("/sim/store/checkpoint", fs.read_bytes("/sim/store/checkpoint")[:24])
+    fs.write_atomic("/sim/filler", bytes(fs.free_bytes()))
+    with pytest.raises(mqstore.StoreDiskFullError, match="checkpoint"):
+        mqstore.open("/sim/store", fs=fs, **SETTINGS)
+    fs.remove("/sim/filler")
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert [m.body for m in store.get("T", 0, 0, 8).messages] == [b"z"]

@@ -174,7 +174,7 @@ print("ok")
 @pytest.mark.parametrize(
     ("free_pages", "outcome"),
     [(0, "refused: disk full: no space for the store's lock file"),
-     (1, "refused: disk full: no space for a new store's checkpoint"),
+     (1, "refused: disk full: no space for the store's checkpoint"),
      (16, "opened and refused puts until space was freed")],
     ids=["no-page", "one-page", "room-for-the-checkpoint-only"],
 )  # fmt: skip
