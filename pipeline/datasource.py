@@ -26,6 +26,10 @@ Options:
   checkCrc        "true" (default): a record whose body CRC fails, or whose physical-offset
                   field disagrees with where it lies (recovery's rule), is reported as corrupt
   includeAllFields "true": every column (`SCHEMA`) instead of the default `DEFAULT_SCHEMA`
+  markExpired     "true": a split whose segment the store's retention deleted after the plan
+                  listed it (a running store's cleaner) is one row with null `topic` and
+                  null `error`, naming `segment_file` and the split's `commitlog_offset`,
+                  instead of nothing (the stats job counts them); both columns are then needed
 An unknown option is an error naming the known ones: an ignored option reads the wrong rows.
 
 Filters on topic, queue_id, store_timestamp and commitlog_offset are pushed into planning
@@ -114,8 +118,10 @@ from .segments import (
     _next_segment_has_data,
     crc_failure,
     discover_segments,
+    expired_by_retention,
     header_ok,
     message_runs,
+    missing_steps,
     open_segment,
     parse_size,
     plan_segment,
@@ -188,7 +194,7 @@ _KNOWN_COLUMNS = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in SCHE
 BATCH_OPTIONS = (
     "path", "paths", "splitSize", "strict", "maxMessageSize", "corruptLog", "decoder", "batchRows", "topics",
     "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "useConsumeQueue",
-    "checkCrc", "includeAllFields",
+    "checkCrc", "includeAllFields", "markExpired",
 )  # fmt: skip
 # What the stream honours; the batch-only options would be ignored there, so they are refused.
 STREAM_OPTIONS = ("path", "paths", "topics", "topicPattern", "startingOffsets", "maxOffsetsPerTrigger",
@@ -484,7 +490,12 @@ def _still_unwritten(seg: Segment, identity: tuple[int, int, int, int, int, int]
 
 def segment_ranges(seg: Segment, split_size: int, max_message_size: int) -> list[tuple[int, int]]:
     """The byte ranges of one segment, from the plan cache where that is safe."""
-    identity = _identity(seg)
+    try:
+        identity = _identity(seg)
+    except FileNotFoundError:
+        # Gone since the listing (a running store's cleaner, or damage): one split over its
+        # span, which the reader skips as expired or reports as a hole (`read_split`).
+        return [(0, seg.file_size)] if seg.file_size else []
     key = (seg.path, split_size, max_message_size)
     cached = _PLAN_CACHE.get(key)
     if (
@@ -494,7 +505,10 @@ def segment_ranges(seg: Segment, split_size: int, max_message_size: int) -> list
     ):
         return list(cached.ranges)
     bound = record_bound(seg, max_message_size)
-    buf = open_segment(seg.path)
+    try:
+        buf = open_segment(seg.path)
+    except FileNotFoundError:  # deleted since the stat: as above
+        return [(0, seg.file_size)] if seg.file_size else []
     if not len(buf):
         ranges: list[tuple[int, int]] = []
     elif cached is not None and cached.identity == identity and cached.ranges:
@@ -590,6 +604,10 @@ class RocketMQReader(DataSourceReader):
         self.use_consume_queue = str(options.get("useconsumequeue", "true")).strip().lower() in ("1", "true", "yes", "on")
         self.bounds = bounds_from_options(options)
         self.check_crc = str(options.get("checkcrc", "true")).strip().lower() in ("1", "true", "yes", "on")
+        self.mark_expired = _bool(options, "markexpired")
+        if self.mark_expired and not {"topic", "error", "segment_file"} <= set(self.columns):
+            raise ValueError("rocketmq data source: markExpired needs the topic, error and segment_file columns "
+                             "(a row with null topic and error marks an expired split)")  # fmt: skip
 
     def partitions(self) -> list[InputPartition]:
         if self.bounds.empty:
@@ -617,6 +635,7 @@ class RocketMQReader(DataSourceReader):
                 bounds=self.bounds,
                 check_crc=self.check_crc,
                 native_columns=self.native_columns,
+                mark_expired=self.mark_expired,
             )
 
 
@@ -645,6 +664,7 @@ def read_split(
     bounds: ReadBounds | None = None,
     check_crc: bool = True,
     native_columns: bool = True,
+    mark_expired: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of one split: the message rows `bounds` (and `topics`) ask for, and one
     row per corrupt range.
@@ -652,14 +672,29 @@ def read_split(
     With `fast`, the C column builder (storage/_native.c decode_arrow_run) takes the common
     records whole, and the reference walk below (numpy gathers, the codec for odd records)
     takes every record it declines; `native_columns=False` (or MQSTORE_PURE_PYTHON=1, or no
-    built extension) keeps everything on the reference path."""
+    built extension) keeps everything on the reference path.
+
+    A segment deleted since the plan listed it (a running store's cleaner, review 53 M1) is
+    read as nothing when the store's retention expired it (`expired_by_retention`; with
+    `mark_expired`, one row with null topic and error naming it), and otherwise its bytes
+    are a hole's: corrupt rows."""
     from .columnar import arrow_schema
 
     schema = arrow_schema(columns)
     seg = split.segment
     max_message_size = record_bound(seg, max_message_size)  # as the planner walked it
-    buf = open_segment(seg.path)
-    if not len(buf):
+    missing: list[StepResult] = []
+    try:
+        buf: mmap.mmap | bytes = open_segment(seg.path)
+    except FileNotFoundError:
+        if expired_by_retention(seg.path):
+            log.info("segment_expired", segment=seg.path, start=split.start, end=split.end)
+            if mark_expired:
+                yield rows_to_batch([{"commitlog_offset": (seg.base_offset or 0) + split.start,
+                                      "segment_file": seg.path}], schema)  # fmt: skip
+            return
+        buf, missing = b"", missing_steps(seg, split.start, split.end)
+    if not len(buf) and not missing:
         return
     a = np.frombuffer(buf, dtype=np.uint8)
     positions: list[int] = []
@@ -735,7 +770,10 @@ def read_split(
         pending.clear()
 
     native = speedups.native if fast and native_columns else None
-    if native is None:
+    if missing:
+        for gap in missing:
+            yield from reference(gap)
+    elif native is None:
         for item in message_runs(buf, seg, split.start, split.end, max_message_size, batch_rows, MAX_BATCH_BYTES):
             yield from reference(item)
     else:

@@ -121,6 +121,49 @@ def _regular_size(path: str) -> int:
     return st.st_size
 
 
+def expired_by_retention(path: str) -> bool:
+    """Whether a file a listing named (a segment, or a ConsumeQueue file: both are named by
+    the offset they start at), found gone (ENOENT) when opened, was expired by the store's
+    retention: its directory, listed again, still holds files of its kind and every one lies
+    after it. A running store's cleaner deletes only the oldest files, never the last one, so
+    a file gone while older ones remain, or gone with every other, is not its doing: damage
+    (False), as is one whose name says nothing of where it lies."""
+    name = os.path.basename(path)
+    if not _SEGMENT_NAME.match(name):
+        return False
+    try:
+        left = [int(n) for n in os.listdir(os.path.dirname(os.path.abspath(path))) if _SEGMENT_NAME.match(n)]
+    except OSError:
+        return False
+    return bool(left) and int(name) < min(left)
+
+
+def missing_steps(seg: Segment, start: int, end: int) -> list[StepResult]:
+    """The CORRUPT steps for bytes [start, end) of a segment whose file was deleted after the
+    job listed it, and not by retention (`expired_by_retention`): its bytes are on no file,
+    reported as a hole's are, in pieces whose size an int32 holds (`_GAP_PIECE`)."""
+    base = seg.base_offset or 0
+    steps: list[StepResult] = []
+    pos = start
+    while pos < end:
+        nxt = min(end, ((base + pos) // _GAP_PIECE + 1) * _GAP_PIECE - base)
+        steps.append(StepResult(Step.CORRUPT, pos, nxt, f"no segment file holds commitlog offsets [{base + pos}, "
+                                f"{base + nxt}) ({os.path.basename(seg.path)} was deleted after this job listed it, "
+                                "and not as the log's oldest segment: a segment file is missing)"))  # fmt: skip
+        pos = nxt
+    return steps
+
+
+def _size_unless_gone(path: str) -> int | None:
+    """`_regular_size`, or None when the file is gone (ENOENT)."""
+    try:
+        return _regular_size(path)
+    except SegmentError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
+
+
 def _segment(path: str) -> Segment:
     name = os.path.basename(path)
     base = int(name) if _SEGMENT_NAME.match(name) else None
@@ -133,8 +176,17 @@ def _directory_segments(directory: str, names: list[str]) -> list[Segment]:
     `segment_size_of`): the bytes no file holds (a missing segment, a file cut short) are then
     walked past the file's end and reported, never skipped."""
     paths = [os.path.join(directory, n) for n in names]
+    sizes = [_size_unless_gone(p) for p in paths]
+    # Files gone since the listing, every one of them older than the oldest file left: the
+    # store's retention deleted them meanwhile (review 53 M1); they are not listed. Any other
+    # file gone is an error naming it, as before.
+    first = next((i for i, n in enumerate(sizes) if n is not None), len(sizes))
+    if first == len(sizes) or None in sizes[first:]:
+        gone = paths[sizes.index(None, first)] if first < len(sizes) else paths[0]
+        raise SegmentError(f"{gone}: cannot read this segment: {os.strerror(errno.ENOENT)}")
+    names, paths = names[first:], paths[first:]
     starts = [int(n) for n in names]
-    lengths = [_regular_size(p) for p in paths]
+    lengths = [n for n in sizes[first:] if n is not None]
     size = segment_size_of(starts, list(lengths))
     # An empty file cannot be mapped or read: its span belongs to the file before it. Empty
     # files after the last one with data are segments being created (a live store's roll).
@@ -161,13 +213,19 @@ def _named_segments(directory: str, names: list[str]) -> list[Segment]:
     segment file the directory holds (named or not), the last one its segment's end. Bytes no
     file holds (a missing segment after a named one, a named file cut short) are then
     reported, as for the directory; a segment that is there but not named is not damage."""
+    kept: list[str] = []
     for name in names:  # a named FIFO or directory is an error naming it, before the listing
-        _regular_size(os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        if _size_unless_gone(path) is None:
+            if expired_by_retention(path):
+                continue  # deleted by the store's retention since it was named (review 53 M1)
+            _regular_size(path)  # an error naming it
+        kept.append(name)
     try:
         listing = sorted(n for n in os.listdir(directory) if _SEGMENT_NAME.match(n))
     except OSError as exc:
         raise SegmentError(f"{directory}: cannot list this directory: {exc.strerror or exc}") from exc
-    wanted = set(names)
+    wanted = set(kept)
     return [seg for seg in _directory_segments(directory, listing) if os.path.basename(seg.path) in wanted]
 
 
@@ -181,21 +239,23 @@ def discover_segments(paths: str | list[str]) -> list[Segment]:
     are one group, in offset order, at the place of the first of them."""
     if isinstance(paths, str):
         paths = [p for p in paths.split(",") if p]
-    expanded: list[str] = []
+    expanded: list[tuple[str, bool]] = []  # (path, found by a glob)
     for path in paths:
         if glob.has_magic(path):  # "store/commitlog/*", "stores/*/commitlog"
             matches = sorted(glob.glob(path))
             if not matches:
                 raise SegmentError(f"{path}: the pattern matches nothing")
-            expanded.extend(matches)
+            expanded.extend((m, True) for m in matches)
         else:
-            expanded.append(path)
+            expanded.append((path, False))
     groups: list[list[Segment] | str] = []  # segments, or a directory whose named files go there
     named: dict[str, list[str]] = {}
-    for path in expanded:
+    for path, globbed in expanded:
         try:
             mode = os.stat(path).st_mode
         except OSError as exc:
+            if globbed and isinstance(exc, FileNotFoundError) and expired_by_retention(path):
+                continue  # the store's retention deleted it since the glob listed it (review 53 M1)
             raise SegmentError(f"{path}: no such file or directory") from exc
         if not stat.S_ISDIR(mode):
             name = os.path.basename(path)

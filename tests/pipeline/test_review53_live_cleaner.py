@@ -1,0 +1,133 @@
+"""Review 53 M1: the Spark jobs on a store whose cleaner deletes its oldest segments meanwhile.
+
+The jobs list the commitlog (and ConsumeQueue) files, then open them; a running store's
+retention may delete the oldest ones in between. Such a file, gone (ENOENT) and below the
+log's current first file, was expired: it is skipped (the stats job counts it), never a failed
+job. A file gone from anywhere else (older files remain) is damage and reported as a hole is.
+
+Each test deletes the file between the listing and the open, deterministically (no cleaner
+timing). All but one run without Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from mqstore.pipeline import datasource  # noqa: E402
+from mqstore.pipeline.datasource import plan_splits, read_split, segment_ranges  # noqa: E402
+from mqstore.pipeline.segments import SegmentError, _directory_segments, discover_segments  # noqa: E402
+
+h = sys.modules["mqstore_pipeline_test_helpers"]  # loaded by conftest.py (tests/ has no packages)
+SEGMENT = h.SEGMENT_SIZE
+MESSAGES = 220
+COLUMNS = ["commitlog_offset", "size", "topic", "keys", "segment_file", "error"]
+
+
+def _rows_of(splits: list[Any], **kw: Any) -> list[dict[str, Any]]:
+    return [r for s in splits for b in read_split(s, COLUMNS, **kw) for r in b.to_pylist()]
+
+
+def _seg(store: Path, i: int, size: int = SEGMENT) -> Path:
+    return store / "commitlog" / f"{i * size:020d}"
+
+
+# The data source's reader and planner (a written commitlog, four 64 KiB segments) -----------
+
+
+@pytest.fixture
+def clog(tmp_path: Path) -> Path:
+    written = h.write_commitlog(tmp_path / "store", h.make_specs(MESSAGES))
+    assert len(os.listdir(written.store / "commitlog")) == 4
+    return Path(written.store)
+
+
+def test_a_head_segment_deleted_after_planning_is_skipped_not_a_failed_task(clog: Path) -> None:
+    whole = _rows_of(plan_splits([str(clog)], 20_000, 4 << 20))
+    splits = plan_splits([str(clog)], 20_000, 4 << 20)
+    head = str(_seg(clog, 0))
+    head_splits = [s for s in splits if s.path == head]
+    assert len(head_splits) > 1
+    os.unlink(head)  # the cleaner, between the plan and the tasks
+    got = _rows_of(splits)
+    assert [r for r in got if r["error"] is not None] == []
+    assert got == [r for r in whole if r["segment_file"] != head]
+    # Asked to (the stats job), each split of the expired segment is one row saying so.
+    marked = _rows_of(splits, mark_expired=True)
+    markers = [r for r in marked if r["topic"] is None and r["error"] is None]
+    assert [(r["segment_file"], r["commitlog_offset"]) for r in markers] == [(head, s.start) for s in head_splits]
+    assert [r for r in marked if r not in markers] == got
+
+
+def test_a_middle_segment_deleted_after_planning_is_reported_as_a_hole(clog: Path) -> None:
+    splits = plan_splits([str(clog)], 20_000, 4 << 20)
+    middle = str(_seg(clog, 1))
+    os.unlink(middle)  # older segments remain: damage, not retention
+    got = _rows_of(splits, mark_expired=True)
+    bad = [r for r in got if r["error"] is not None]
+    planned = [(s.start, s.end) for s in splits if s.path == middle]
+    assert [(r["commitlog_offset"] - SEGMENT, r["commitlog_offset"] - SEGMENT + r["size"]) for r in bad] == planned
+    assert all(r["segment_file"] == middle and "no segment file holds commitlog offsets" in r["error"] for r in bad)
+    assert not [r for r in got if r["topic"] is None and r["error"] is None]  # no marker: not expired
+    with pytest.raises(datasource.CorruptRecordError, match="no segment file holds"):
+        _rows_of([s for s in splits if s.path == middle], strict=True)
+    # The next plan sees the hole, as any deleted middle segment (review 31 M4).
+    assert [r["commitlog_offset"] for r in _rows_of(plan_splits([str(clog)], 20_000, 4 << 20)) if r["error"]] == [SEGMENT]
+
+
+def test_the_planner_skips_a_head_segment_deleted_after_the_listing(clog: Path) -> None:
+    segments = discover_segments([str(clog)])
+    os.unlink(segments[0].path)
+    # One split over its span, which the reader then finds expired (and counts, if asked).
+    assert segment_ranges(segments[0], 20_000, 4 << 20) == [(0, segments[0].file_size)]
+    split = datasource.SegmentSplit(segments[0].path, 0, segments[0].file_size, 0, segments[0].file_size)
+    assert list(read_split(split, COLUMNS)) == []
+
+
+def test_the_listing_drops_head_files_deleted_while_it_stats_them(clog: Path) -> None:
+    names = sorted(os.listdir(clog / "commitlog"))
+    os.unlink(_seg(clog, 0))
+    got = _directory_segments(str(clog / "commitlog"), names)
+    assert [os.path.basename(s.path) for s in got] == names[1:]
+    os.unlink(_seg(clog, 2))  # a middle file gone: an error naming it, as before
+    with pytest.raises(SegmentError, match=names[2]):
+        _directory_segments(str(clog / "commitlog"), names)
+
+
+def test_the_reader_option_marks_expired_splits(clog: Path) -> None:
+    from pyspark.sql.types import StructType
+
+    from mqstore.pipeline.datasource import SCHEMA, RocketMQReader
+    from mqstore.pipeline.stats import STATS_COLUMNS
+
+    schema = StructType([f for f in SCHEMA.fields if f.name in STATS_COLUMNS])
+    reader = RocketMQReader({"paths": json.dumps([str(clog)]), "markexpired": "true", "splitsize": "20k"}, schema)
+    parts = reader.partitions()
+    os.unlink(_seg(clog, 0))
+    rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
+    markers = {r["segment_file"] for r in rows if r["topic"] is None and r["error"] is None}
+    assert markers == {str(_seg(clog, 0))}
+    plain = RocketMQReader({"paths": json.dumps([str(clog)]), "splitsize": "20k"}, schema)
+    assert not [r for p in plain.partitions() for b in plain.read(p) for r in b.to_pylist() if r["topic"] is None]
+
+
+def test_stats_counts_expired_segments_apart_from_messages_and_damage(spark: Any, clog: Path) -> None:
+    import pyarrow as pa
+
+    from mqstore.pipeline.columnar import arrow_schema
+    from mqstore.pipeline.stats import STATS_COLUMNS, summarize
+
+    splits = plan_splits([str(clog)], 20_000, 4 << 20)
+    alive = sum(1 for r in _rows_of(splits) if r["segment_file"] != str(_seg(clog, 0)))
+    os.unlink(_seg(clog, 0))
+    batches = [b for s in splits for b in read_split(s, STATS_COLUMNS, mark_expired=True)]
+    df = spark.createDataFrame(pa.Table.from_batches(batches, schema=arrow_schema(STATS_COLUMNS)))
+    got = summarize(df, [str(clog)])
+    assert (got["messages"], got["expired_segments"], got["corrupt_records"]) == (alive, 1, 0)
+    assert all(q["topic"] is not None for q in got["queues"])
