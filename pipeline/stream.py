@@ -37,7 +37,15 @@ from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, DEFAULT_MAX_MESSAGE_SIZE, 
 from .bounds import EARLIEST, LATEST, parse_offsets
 from .columnar import arrow_schema, decode_batch
 from .datasource import freeze_reused_worker_heap
-from .segments import Segment, crc_failure, discover_segments, open_segment, read_regular, record_bound
+from .segments import (
+    Segment,
+    crc_failure,
+    discover_segments,
+    expired_by_retention,
+    open_segment,
+    read_regular,
+    record_bound,
+)
 
 log = get_logger(__name__)
 
@@ -92,7 +100,12 @@ def queue_units(queue_dir: str, start: int, end: int) -> np.ndarray:
     """The units of queue offsets [start, end) (fewer if the files hold fewer)."""
     out: list[np.ndarray] = []
     for first, path in _queue_files(queue_dir):
-        units = _valid_units(path)
+        try:
+            units = _valid_units(path)
+        except FileNotFoundError:
+            if expired_by_retention(path):
+                continue  # the store's cleaner deleted it since the listing: its units expired
+            raise
         lo, hi = max(start, first), min(end, first + len(units))
         if lo < hi:
             out.append(units[lo - first : hi - first])
@@ -229,7 +242,21 @@ def read_queue_slice(part: QueueSlice, columns: Sequence[str]) -> Iterator[pa.Re
             i = j
             continue
         seg: Segment = segments[int(which[i])]
-        buf = open_segment(seg.path)
+        try:
+            buf = open_segment(seg.path)
+        except FileNotFoundError:
+            # Deleted since the listing (review 53 M1): by retention, its records expired, as
+            # those before the first segment; from anywhere else, they are missing (skipped
+            # with a warning each, as records past a segment's file are).
+            if expired_by_retention(seg.path):
+                log.warning("stream_data_expired", topic=part.topic, queue_id=part.queue_id, segment=seg.path)
+            else:
+                for p in (phys[i:j] - (seg.base_offset or 0)).tolist():
+                    log.warning("stream_record_skipped", topic=part.topic, queue_id=part.queue_id, segment=seg.path,
+                                position=p, reason="the segment file was deleted after the listing, and not as "
+                                "the log's oldest segment: a segment file is missing")  # fmt: skip
+            i = j
+            continue
         positions = [p for p, size in zip((phys[i:j] - (seg.base_offset or 0)).tolist(), sizes[i:j].tolist())
                      if _record_ok(buf, seg, p, size, part)]  # fmt: skip
         bound = record_bound(seg, DEFAULT_MAX_MESSAGE_SIZE)  # records past the put limit are whole

@@ -10,19 +10,23 @@ timing). All but one run without Spark."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 pytest.importorskip("pyspark")
 
-from mqstore.pipeline import datasource  # noqa: E402
+import mqstore  # noqa: E402
+from mqstore.pipeline import datasource, stream  # noqa: E402
 from mqstore.pipeline.datasource import plan_splits, read_split, segment_ranges  # noqa: E402
 from mqstore.pipeline.segments import SegmentError, _directory_segments, discover_segments  # noqa: E402
+from mqstore.pipeline.stream import QueueSlice, read_queue_slice  # noqa: E402
 
 h = sys.modules["mqstore_pipeline_test_helpers"]  # loaded by conftest.py (tests/ has no packages)
 SEGMENT = h.SEGMENT_SIZE
@@ -131,3 +135,90 @@ def test_stats_counts_expired_segments_apart_from_messages_and_damage(spark: Any
     got = summarize(df, [str(clog)])
     assert (got["messages"], got["expired_segments"], got["corrupt_records"]) == (alive, 1, 0)
     assert all(q["topic"] is not None for q in got["queues"])
+
+
+# A store written by mqstore: ConsumeQueue and index files too -----------------------------
+
+LIVE_SEGMENT = 64 * 1024
+CQ_UNITS = 50  # units per ConsumeQueue file
+
+
+def _body(i: int) -> bytes:
+    return hashlib.sha256(str(i).encode()).digest() * 30
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 messages of ~1 KiB on queues 0 and 1 of topic T: six 64 KiB segments, three
+    ConsumeQueue files per queue, index files."""
+    path = tmp_path_factory.mktemp("live") / "store"
+    with mqstore.open(path, mapped_file_size_commitlog_bytes=LIVE_SEGMENT,
+                      mapped_file_size_consume_queue_bytes=20 * CQ_UNITS) as s:  # fmt: skip
+        for i in range(300):
+            assert s.put(mqstore.Message(topic="T", body=_body(i), keys=[f"k{i}"], queue_id=i % 2)).ok
+    return path
+
+
+@pytest.fixture
+def store(written: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "store"
+    shutil.copytree(written, copy)
+    return copy
+
+
+def _segments(store: Path) -> list[str]:
+    return sorted(str(store / "commitlog" / n) for n in os.listdir(store / "commitlog"))
+
+
+def _keys_in(store: Path, segment: str) -> set[str]:
+    split = [s for s in plan_splits([str(store)], 1 << 30, 4 << 20) if s.path == segment]
+    return {r["keys"] for s in split for b in read_split(s, ["keys"]) for r in b.to_pylist()}
+
+
+def _delete_after(module: Any, name: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`module.name` (a listing) deletes `path` once it has listed: the cleaner in between."""
+    real: Callable[..., Any] = getattr(module, name)
+
+    def listed_then_cleaned(*args: Any) -> Any:
+        got = real(*args)
+        if os.path.exists(path):
+            os.unlink(path)
+        return got
+
+    monkeypatch.setattr(module, name, listed_then_cleaned)
+
+
+def _streamed(store: Path, queue_id: int, start: int, end: int) -> list[int]:
+    rows = [r for b in read_queue_slice(QueueSlice(str(store), "T", queue_id, start, end), ["keys", "body"])
+            for r in b.to_pylist()]  # fmt: skip
+    got = [int(r["keys"][1:]) for r in rows]
+    assert all(r["body"] == _body(i) for r, i in zip(rows, got))  # never a wrong body
+    return got
+
+
+def test_the_stream_skips_a_head_segment_deleted_after_its_listing(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    head = _segments(store)[0]
+    gone = {int(k[1:]) for k in _keys_in(store, head)}
+    assert gone and max(gone) < 300
+    _delete_after(stream, "discover_segments", head, monkeypatch)
+    assert _streamed(store, 0, 0, 150) == [i for i in range(0, 300, 2) if i not in gone]
+
+
+def test_the_stream_skips_and_reports_a_middle_segment_deleted_after_its_listing(
+    store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    middle = _segments(store)[2]
+    gone = {int(k[1:]) for k in _keys_in(store, middle)}
+    _delete_after(stream, "discover_segments", middle, monkeypatch)
+    with caplog.at_level("WARNING", logger="mqstore"):
+        assert _streamed(store, 1, 0, 150) == [i for i in range(1, 300, 2) if i not in gone]
+    skipped = [r for r in caplog.records if "stream_record_skipped" in r.getMessage()]
+    assert len(skipped) == len([i for i in gone if i % 2 == 1])
+    assert all(r.__dict__["mqstore_event"]["segment"] == middle for r in skipped)
+
+
+def test_the_stream_skips_a_consume_queue_file_deleted_after_its_listing(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = store / "consumequeue" / "T" / "0"
+    first = sorted(queue.iterdir())[0]
+    _delete_after(stream, "_queue_files", str(first), monkeypatch)
+    assert _streamed(store, 0, 0, 150) == list(range(2 * CQ_UNITS, 300, 2))
