@@ -38,7 +38,7 @@ from mqstore.pipeline.args import lookup_args, parser_for
 from mqstore.pipeline.bounds import ReadBounds
 from mqstore.pipeline.columnar import _be64, arrow_schema, decode_batch
 from mqstore.pipeline.datasource import SegmentSplit, read_commitlog, read_split
-from mqstore.pipeline.segments import Segment, discover_segments, header_ok, open_segment
+from mqstore.pipeline.segments import Segment, discover_segments, expired_by_retention, header_ok, open_segment
 from mqstore.pipeline.session import get_spark
 from mqstore.storage.codec import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -157,8 +157,19 @@ def _index_hits(
     seg: Segment, positions: list[int], key: str, schema: Any, bound: int, bad: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """The records at `positions` (named by the index) that pass the data source's checks, as
-    rows; the others go to `bad`. An index entry is not a walk step: it may point anywhere."""
-    buf = open_segment(seg.path)
+    rows; the others go to `bad`. An index entry is not a walk step: it may point anywhere.
+    A segment deleted since the listing holds no hit: by retention, its records expired (the
+    broker skips such entries); from anywhere else, each entry is reported (review 53 M1)."""
+    try:
+        buf = open_segment(seg.path)
+    except FileNotFoundError:
+        if not expired_by_retention(seg.path):
+            bad.extend({"commitlog_offset": (seg.base_offset or 0) + p, "size": 0, "segment_file": seg.path,
+                        "error": f"no segment file holds commitlog offset {(seg.base_offset or 0) + p} "
+                                 f"({os.path.basename(seg.path)} was deleted after this job listed it, and not "
+                                 "as the log's oldest segment: a segment file is missing)"}
+                       for p in positions)  # fmt: skip
+        return []
     limit = min(seg.file_size, len(buf))
     good: list[int] = []
     for p in positions:
@@ -219,7 +230,10 @@ def _starts_record(seg: Segment, pos: int, bound: int) -> bool:
     memoryless, so one from there reads what the walk from the segment's start reads."""
     if seg.base_offset is None or not 0 <= pos < seg.file_size:
         return False
-    buf = open_segment(seg.path)
+    try:
+        buf = open_segment(seg.path)
+    except FileNotFoundError:  # deleted since the listing: the scan from its start says how
+        return False
     at = pos + PHYSICAL_OFFSET_POSITION
     if not header_ok(buf, pos, min(seg.file_size, len(buf)), bound):
         return False

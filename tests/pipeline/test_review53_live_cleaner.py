@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 import mqstore  # noqa: E402
-from mqstore.pipeline import datasource, stream  # noqa: E402
+from mqstore.pipeline import datasource, lookup, stream  # noqa: E402
 from mqstore.pipeline.datasource import plan_splits, read_split, segment_ranges  # noqa: E402
 from mqstore.pipeline.segments import SegmentError, _directory_segments, discover_segments  # noqa: E402
 from mqstore.pipeline.stream import QueueSlice, read_queue_slice  # noqa: E402
@@ -222,3 +222,22 @@ def test_the_stream_skips_a_consume_queue_file_deleted_after_its_listing(store: 
     first = sorted(queue.iterdir())[0]
     _delete_after(stream, "_queue_files", str(first), monkeypatch)
     assert _streamed(store, 0, 0, 150) == list(range(2 * CQ_UNITS, 300, 2))
+
+
+def test_lookup_by_index_skips_a_head_segment_deleted_after_its_listing(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    head = _segments(store)[0]
+    assert "k0" in _keys_in(store, head)
+    _delete_after(lookup, "discover_segments", head, monkeypatch)
+    corrupt: list[dict[str, Any]] = []
+    assert lookup.lookup_by_index([str(store)], "k0", corrupt=corrupt) == []  # expired, as the broker says
+    hits = lookup.lookup_by_index([str(store)], "k299", corrupt=corrupt)
+    assert hits is not None and [h["keys"] for h in hits] == ["k299"] and corrupt == []
+
+
+def test_lookup_by_index_reports_a_middle_segment_deleted_after_its_listing(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    middle = _segments(store)[2]
+    key = sorted(_keys_in(store, middle))[0]
+    _delete_after(lookup, "discover_segments", middle, monkeypatch)
+    corrupt: list[dict[str, Any]] = []
+    assert lookup.lookup_by_index([str(store)], key, corrupt=corrupt) == []
+    assert corrupt and all(c["segment_file"] == middle for c in corrupt)
