@@ -40,7 +40,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage.consume_queue import FILLER_UNIT_SIZE
 
-from .segments import Segment, SegmentError, open_segment, read_regular, record_bound
+from .segments import Segment, SegmentError, expired_by_retention, open_segment, read_regular, record_bound
 
 log = get_logger(__name__)
 
@@ -332,7 +332,8 @@ class _UnitCheck:
         offset, size = self._unit(queue_offset)
         if _is_filler(offset, size):
             return 0
-        return offset if self._holds(queue_offset, offset, size) else None
+        held = self._holds(queue_offset, offset, size)
+        return 0 if held is None else offset if held else None
 
     def end_of(self, queue_offset: int, filler: int) -> int | None:
         """Where the record of queue_offset ends (`filler` for a filler unit, the side's
@@ -340,13 +341,17 @@ class _UnitCheck:
         offset, size = self._unit(queue_offset)
         if _is_filler(offset, size):
             return filler
-        return offset + size if self._holds(queue_offset, offset, size) else None
+        held = self._holds(queue_offset, offset, size)
+        return filler if held is None else offset + size if held else None
 
     def _unit(self, queue_offset: int) -> tuple[int, int]:
         unit = self.entries[queue_offset - self.first]
         return int(unit["offset"]), int(unit["size"])
 
-    def _holds(self, queue_offset: int, offset: int, size: int) -> bool:
+    def _holds(self, queue_offset: int, offset: int, size: int) -> bool | None:
+        """Whether the unit points at its own record; None when the record's segment was
+        deleted by the store's retention since the listing: the unit then says nothing, as a
+        filler unit (review 53 M1)."""
         seg = next((g for g in self.segments if g.base_offset is not None
                     and g.base_offset <= offset and offset + size <= g.base_offset + g.file_size), None)  # fmt: skip
         if seg is None or seg.base_offset is None:
@@ -354,6 +359,10 @@ class _UnitCheck:
             return False
         try:  # mapped: only the header's pages are read, however large the unit says it is
             buf = open_segment(seg.path)
+        except FileNotFoundError:
+            if expired_by_retention(seg.path):
+                return None
+            raise  # damage: `commitlog_range` reads the store whole
         except SegmentError as exc:  # no longer a regular file: nothing to check the unit by
             self.failed = f"unit {queue_offset}: {exc}"
             return False

@@ -24,6 +24,7 @@ pytest.importorskip("pyspark")
 
 import mqstore  # noqa: E402
 from mqstore.pipeline import datasource, lookup, stream  # noqa: E402
+from mqstore.pipeline.bounds import ReadBounds  # noqa: E402
 from mqstore.pipeline.datasource import plan_splits, read_split, segment_ranges  # noqa: E402
 from mqstore.pipeline.segments import SegmentError, _directory_segments, discover_segments  # noqa: E402
 from mqstore.pipeline.stream import QueueSlice, read_queue_slice  # noqa: E402
@@ -241,3 +242,15 @@ def test_lookup_by_index_reports_a_middle_segment_deleted_after_its_listing(stor
     corrupt: list[dict[str, Any]] = []
     assert lookup.lookup_by_index([str(store)], key, corrupt=corrupt) == []
     assert corrupt and all(c["segment_file"] == middle for c in corrupt)
+
+
+def test_planning_by_consume_queue_takes_an_expired_unit_as_saying_nothing(store: Path) -> None:
+    segments = discover_segments([str(store)])
+    head_keys = _keys_in(store, segments[0].path)
+    n_head = len([k for k in head_keys if int(k[1:]) % 2 == 0])  # queue 0's units in the head
+    bounds = ReadBounds(topics=frozenset({"T"}), queue_ids=frozenset({0}), starting={"T": {0: 1}}, ending={"T": {0: n_head + 3}})
+    lo, hi = bounds.commitlog_range(str(store), segments)
+    assert hi < segments[-1].base_offset  # type: ignore[operator]
+    os.unlink(segments[0].path)
+    # Queue offset 1's record is gone with its segment: that end stays open; the other holds.
+    assert bounds.commitlog_range(str(store), segments) == (0, hi)
