@@ -96,6 +96,8 @@ _MAGIC_PATTERNS: Final = tuple(_I.pack(m) for m in (MESSAGE_MAGIC_CODE, MESSAGE_
 _SEARCH_CHUNK_BYTES: Final = 4 << 20
 
 
+_SECTOR: Final = 512  # the unit a write-back tears in (a disk sector)
+
 class Quarantined(NamedTuple):
     """Damaged bytes [start, end) of the commitlog with valid records after them: left in place,
     skipped by readers and dispatch, reported; never a reason to cut what follows."""
@@ -319,6 +321,13 @@ class CommitLog:
         # too, which kept unflushed records past a torn hole (test_power_loss, queue offsets
         # not dense). None: the timestamp alone (a checkpoint RocketMQ wrote).
         self.flushed_before_offset: int | None = None
+        # After a crash whose checkpoint records no flush (missing, zero-filled, cut short):
+        # nothing tells a power loss's tear from damage. Zeros, and a record with an all-zero
+        # sector in it (its write-back torn), are a torn tail, cut as RocketMQ's recovery cuts;
+        # any other corrupt record is damage (a flipped byte), looked past without a bound, so
+        # the flushed records after it are kept (review 54 H2; review 55 F1: looking past zeros
+        # too kept unflushed records past a torn hole, the queue offsets not dense).
+        self.no_flush_evidence = False
         # At a restart, where readers read up to before it, or the flushed offset if further
         # (see _look_past); None otherwise.
         self.read_before_offset: int | None = None
@@ -1119,6 +1128,8 @@ class CommitLog:
         damaged_at = files[index].file_from_offset + pos
         stored_before_ms: int | None
         resume_at_flushed = False
+        if self.no_flush_evidence and (not corrupt or self._looks_torn(files[index], pos)):
+            return None
         if flushed is None and not corrupt and self.read_before_offset is not None and damaged_at < self.read_before_offset:
             # A restart: zeros below where the log was read (or flushed) are a hole (a segment
             # rolled back; the previous writer degraded on it), looked past only that far, not
@@ -1156,6 +1167,26 @@ class CommitLog:
         if resume_at_flushed and flushed is not None:
             return self._position_of(flushed)
         return None
+
+    def _looks_torn(self, mapped_file: MappedFile, pos: int) -> bool:
+        """Whether the corrupt record at `pos` has bytes a write-back left out: zeros in its
+        size field, or an all-zero disk sector (512 bytes, aligned) within it, or zeros from a
+        sector boundary to its end. A flipped byte leaves neither (a segment's unwritten bytes
+        are zeros, so a torn record's missing sectors read as zeros)."""
+        buf = mapped_file.mapped_buffer
+        head = bytes(buf[pos : pos + 4])
+        if not any(head):
+            return True
+        size = int.from_bytes(head, "big", signed=True)
+        if not 0 < size <= min(self.max_record_size, self.mapped_file_size - pos):
+            return False  # a size no record has: damage, not a tear (a tear leaves zeros)
+        end = pos + size
+        boundary = pos - pos % _SECTOR + _SECTOR
+        while boundary < end:
+            if not any(buf[boundary : min(boundary + _SECTOR, end)]):
+                return True
+            boundary += _SECTOR
+        return False
 
     def _position_of(self, offset: int) -> tuple[int, int] | None:
         """(file index, position) of `offset` in the loaded files (a file's end: the next

@@ -687,13 +687,13 @@ def recover_commitlog(
     commitlog.zero_tail_bytes = {RecoveryMode.CLEAN: 0, RecoveryMode.CRASH: None,
                                  RecoveryMode.RESTART: 2 * cfg.max_message_size_bytes}[mode]  # fmt: skip
     commitlog.unfinished_put_possible = mode is not RecoveryMode.CLEAN
-    if crashed and checkpoint is not None and checkpoint.physic_msg_timestamp > 0:
-        # Damage past the last flush is a torn tail (see the attributes). A checkpoint that
-        # says nothing (missing, zero-filled, short: no flush recorded) is no evidence that
-        # any record after damage is unflushed: it took one flipped byte to cut and zero every
-        # flushed, acknowledged record after it (review 54 H2). Without it every valid record
-        # after damage is kept, the damage quarantined, and only what no valid record follows
-        # is a torn tail.
+    if crashed and (checkpoint is None or checkpoint.physic_msg_timestamp <= 0):
+        # A checkpoint that records no flush (missing, zero-filled, short) is no evidence of
+        # what was unflushed: trusting nothing after damage cut and zeroed every flushed,
+        # acknowledged record after one flipped byte (review 54 H2). Tears and damage are told
+        # apart by the bytes instead (see the attribute).
+        commitlog.no_flush_evidence = True
+    elif crashed and checkpoint is not None:  # damage past the last flush is a torn tail (see the attributes)
         commitlog.trusted_after_damage_before_ms = checkpoint.physic_msg_timestamp
         commitlog.flushed_before_offset = checkpoint.physic_flushed_offset
     try:
