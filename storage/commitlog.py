@@ -1571,6 +1571,17 @@ def segment_size_in(fs: FileSystem, path: str, names: list[str], prefer: int | N
     return segment_size_of([int(n) for n in names], segment_lengths_in(fs, path, names), prefer)
 
 
+def _expired_since_listed(fs: FileSystem, path: str, start: int) -> bool:
+    """Whether the segment at `start`, found gone, was the log's head: the directory, listed
+    again, holds segments and all of them start after it (a cleaner deletes only the oldest).
+    A segment gone while older ones remain is a hole."""
+    try:
+        left = [int(n) for n in fs.listdir(path) if len(n) == 20 and n.isdigit()]
+    except OSError:
+        return False
+    return bool(left) and start < min(left)
+
+
 def scan_commitlog_dir(
     path: str,
     *,
@@ -1598,7 +1609,6 @@ def scan_commitlog_dir(
     if segment_size is None:
         segment_size = segment_size_in(fs, path, names)
     max_message_size = max_record_size(segment_size, max_message_size)
-    head = True  # no listed file read yet: the ones removed since the listing were the log's head
     for name in names:
         start = int(name)
         file_path = os.path.join(path, name)
@@ -1609,14 +1619,13 @@ def scan_commitlog_dir(
                 continue
             region = fs.map_file(file_path, segment_size, create=False, readonly=True)
         except FileNotFoundError as exc:
-            if head:  # a running store's cleaner removed it since the listing: the log starts later (review 53 M3)
-                continue
+            if not os.path.lexists(file_path) and _expired_since_listed(fs, path, start):
+                continue  # a running store's cleaner removed it since the listing (review 53 M3, review 56 M1)
             yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
             continue
         except OSError as exc:
             yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
             continue
-        head = False
         try:
             pos = 0
             while True:

@@ -586,8 +586,10 @@ def _last_data_segment(files: list[Path]) -> Path | None:
         try:
             with open(path, "rb") as f:
                 head = f.read(8)
-        except FileNotFoundError:  # removed since the listing (a running store's cleaner)
-            continue
+        except FileNotFoundError:
+            if not os.path.lexists(path):  # removed since the listing (a running store's cleaner)
+                continue
+            raise
         if head.strip(b"\0"):
             return path
     return None
@@ -601,7 +603,8 @@ def _present_segments(files: list[Path]) -> list[tuple[Path, int]]:
         try:
             present.append((path, path.stat().st_size))
         except FileNotFoundError:
-            continue
+            if os.path.lexists(path):  # a symbolic link to nothing: damage, said as before
+                raise
     return present
 
 
