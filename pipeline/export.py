@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from mqstore.cli import CliError
 from mqstore.log import get_logger
 from mqstore.pipeline.args import export_args, parser_for
-from mqstore.pipeline.datasource import count_corrupt_log, read_commitlog
+from mqstore.pipeline.datasource import count_corrupt_log, count_expired_log, read_commitlog
 from mqstore.pipeline.outputs import check_export_target
 from mqstore.pipeline.session import get_spark
 
@@ -54,7 +54,8 @@ def export(
     messages = df.where(F.col("error").isNull()).drop("error").withColumn("date", F.to_date("store_timestamp"))
     # The write recreates OUT (mode overwrite) before tasks run, then tasks add _corrupt/.
     messages.write.mode(mode).option("compression", compression).partitionBy("topic", "date").parquet(out)
-    return {"out": out, "corrupt_records": count_corrupt_log(corrupt_dir), "corrupt_log": corrupt_dir}
+    return {"out": out, "corrupt_records": count_corrupt_log(corrupt_dir), "corrupt_log": corrupt_dir,
+            "expired_segments": count_expired_log(corrupt_dir)}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     summary = export(spark, args.paths, args.out, split_size=args.split_size, strict=args.strict,
                      compression=args.compression)  # fmt: skip
     sys.stdout.write(json.dumps(summary) + "\n")
+    if summary["expired_segments"]:
+        sys.stderr.write(f"export: {summary['expired_segments']} segments were deleted by the store's retention while "
+                         "the job ran and are not in the export (export a stopped store for a whole one)\n")  # fmt: skip
     return 3 if summary["corrupt_records"] else 0
 
 

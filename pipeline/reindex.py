@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -39,7 +40,7 @@ from pyspark.sql import functions as F
 from mqstore.cli import CliError
 from mqstore.log import get_logger
 from mqstore.pipeline.args import parser_for, reindex_args
-from mqstore.pipeline.datasource import read_commitlog
+from mqstore.pipeline.datasource import count_expired_log, read_commitlog
 from mqstore.pipeline.outputs import claim_reindex_target
 from mqstore.pipeline.session import get_spark
 from mqstore.storage.codec import (
@@ -62,8 +63,9 @@ _CQ_RESULT = "topic string, queue_id int, units long, max_offset long"
 _INDEX_RESULT = "file_no long, name string, entries long"
 
 
-def _messages(spark: SparkSession, store: str, split_size: str | None, strict: bool) -> DataFrame:
-    df = read_commitlog(spark, [store], columns=REINDEX_COLUMNS, split_size=split_size, strict=strict)
+def _messages(spark: SparkSession, store: str, split_size: str | None, strict: bool, log_dir: str) -> DataFrame:
+    df = read_commitlog(spark, [store], columns=REINDEX_COLUMNS, split_size=split_size, strict=strict,
+                        corrupt_log=log_dir)  # fmt: skip
     # Timestamps as epoch ms (the writers take ms); corrupt ranges are not messages.
     return df.where(F.col("error").isNull()).withColumn("store_ms", F.unix_millis("store_timestamp"))
 
@@ -221,14 +223,21 @@ def _rebuild(
     strict: bool,
 ) -> dict[str, Any]:
     """The rebuild itself, into directories `claim_reindex_target` holds."""
-    messages = _messages(spark, store, split_size, strict).cache()
+    # Where the tasks say which segments the store's retention deleted before they read them
+    # (review 56 M2): a rebuild of a running store then lacks those records, which the summary
+    # says (OUT_DIR is shared with every executor already).
+    log_dir = os.path.join(out_dir, ".reindex-read-log")
+    shutil.rmtree(log_dir, ignore_errors=True)
+    messages = _messages(spark, store, split_size, strict, log_dir).cache()
     try:
         queues = build_consume_queues(messages, out_dir, cq_file_size)
         files = build_index(messages, out_dir, max_hash_slot_num, max_index_num) if with_index else []
+        expired = count_expired_log(log_dir)
     finally:
         messages.unpersist()
-    log.info("reindex done", queues=len(queues), index_files=len(files))
-    return {"out": out_dir, "consume_queues": queues, "index_files": files}
+        shutil.rmtree(log_dir, ignore_errors=True)
+    log.info("reindex done", queues=len(queues), index_files=len(files), expired_segments=expired)
+    return {"out": out_dir, "consume_queues": queues, "index_files": files, "expired_segments": expired}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
                            max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num,
                            with_index=not args.no_index, split_size=args.split_size, strict=args.strict)  # fmt: skip
     sys.stdout.write(json.dumps(summary) + "\n")
+    if summary["expired_segments"]:
+        sys.stderr.write(f"reindex: {summary['expired_segments']} segments were deleted by the store's retention while "
+                         "the job ran: their records are not in the rebuilt files, whose queues may hold filler units "
+                         "there (rebuild a stopped store)\n")  # fmt: skip
     return 0
 
 

@@ -155,11 +155,12 @@ def missing_steps(seg: Segment, start: int, end: int) -> list[StepResult]:
 
 
 def _size_unless_gone(path: str) -> int | None:
-    """`_regular_size`, or None when the file is gone (ENOENT)."""
+    """`_regular_size`, or None when the file is gone (ENOENT, and no name left: a symbolic
+    link to nothing is still listed, and is damage, review 56 H1)."""
     try:
         return _regular_size(path)
     except SegmentError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):
+        if isinstance(exc.__cause__, FileNotFoundError) and not os.path.lexists(path):
             return None
         raise
 

@@ -10,8 +10,9 @@ Times in the JSON are ISO-8601 UTC with milliseconds; `*_ms` fields carry the ep
 
 On a running store, the cleaner may delete the oldest segments while the job runs: those
 the store's retention expired after the job listed them are skipped and counted in
-`expired_segments` (their messages are in no other figure); a segment deleted from anywhere
-else is a hole, counted in `corrupt_records`.
+`expired_segments` (the messages of its splits read before it went are counted too: the
+job is no snapshot); a segment deleted from anywhere else is a hole, counted in
+`corrupt_records`.
 """
 
 from __future__ import annotations

@@ -70,6 +70,21 @@ def test_a_head_segment_deleted_after_planning_is_skipped_not_a_failed_task(clog
     assert [r for r in marked if r not in markers] == got
 
 
+def test_jobs_with_a_read_log_are_told_of_each_expired_segment(clog: Path, tmp_path: Path) -> None:
+    """Review 56 M2: export (and reindex) skipped the segments retention deleted mid-job without
+    a word, a hole in every queue of the export. Tasks given a corruptLog now name each expired
+    segment there (`.expired` files, not corrupt ranges), and the jobs count them."""
+    splits = plan_splits([str(clog)], 20_000, 4 << 20)
+    head = str(_seg(clog, 0))
+    os.unlink(head)
+    log_dir = str(tmp_path / "log")
+    for split in splits:
+        list(read_split(split, COLUMNS, corrupt_log=log_dir))
+    assert datasource.count_expired_log(log_dir) == 1
+    assert datasource.count_corrupt_log(log_dir) == 0  # not damage
+    assert datasource.count_expired_log(str(tmp_path / "none")) == 0
+
+
 def test_a_middle_segment_deleted_after_planning_is_reported_as_a_hole(clog: Path) -> None:
     splits = plan_splits([str(clog)], 20_000, 4 << 20)
     middle = str(_seg(clog, 1))
@@ -103,6 +118,19 @@ def test_the_listing_drops_head_files_deleted_while_it_stats_them(clog: Path) ->
     os.unlink(_seg(clog, 2))  # a middle file gone: an error naming it, as before
     with pytest.raises(SegmentError, match=names[2]):
         _directory_segments(str(clog / "commitlog"), names)
+
+
+def test_a_head_segment_that_is_a_link_to_nothing_is_an_error_not_expired(clog: Path) -> None:
+    """Review 56 H1: the listing took a first segment that is a symbolic link to nothing for
+    one the cleaner had deleted and dropped it, so spark stats called the store healthy."""
+    names = sorted(os.listdir(clog / "commitlog"))
+    head = Path(_seg(clog, 0))
+    head.unlink()
+    head.symlink_to(clog / "not-mounted")
+    with pytest.raises(SegmentError, match=names[0]):
+        _directory_segments(str(clog / "commitlog"), names)
+    with pytest.raises(SegmentError, match=names[0]):
+        discover_segments([str(clog)])
 
 
 def test_the_reader_option_marks_expired_splits(clog: Path) -> None:
