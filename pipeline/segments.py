@@ -28,7 +28,8 @@ from enum import Enum
 from typing import Any, Callable, Final, Iterator
 
 from mqstore.storage import speedups
-from mqstore.storage.commitlog import max_record_size, segment_size_of
+from mqstore.storage.commitlog import expired_since_listed, max_record_size, segment_size_of
+from mqstore.storage.fs import RealFileSystem
 
 from mqstore.storage.codec import (
     BLANK_MAGIC_CODE,
@@ -122,20 +123,13 @@ def _regular_size(path: str) -> int:
 
 
 def expired_by_retention(path: str) -> bool:
-    """Whether a file a listing named (a segment, or a ConsumeQueue file: both are named by
-    the offset they start at), found gone (ENOENT) when opened, was expired by the store's
-    retention: its directory, listed again, still holds files of its kind and every one lies
-    after it. A running store's cleaner deletes only the oldest files, never the last one, so
-    a file gone while older ones remain, or gone with every other, is not its doing: damage
-    (False), as is one whose name says nothing of where it lies."""
+    """Whether a file a listing named (a segment, or a ConsumeQueue file), found gone (ENOENT)
+    when opened, was expired by the store's retention (`storage.commitlog.expired_since_listed`,
+    the tools' rule); damage (False) otherwise, as is one whose name says nothing of where it lies."""
     name = os.path.basename(path)
     if not _SEGMENT_NAME.match(name):
         return False
-    try:
-        left = [int(n) for n in os.listdir(os.path.dirname(os.path.abspath(path))) if _SEGMENT_NAME.match(n)]
-    except OSError:
-        return False
-    return bool(left) and int(name) < min(left)
+    return expired_since_listed(RealFileSystem(), os.path.dirname(os.path.abspath(path)), int(name))
 
 
 def missing_steps(seg: Segment, start: int, end: int) -> list[StepResult]:

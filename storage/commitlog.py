@@ -64,6 +64,7 @@ __all__ = [
     "Quarantined",
     "find_next_valid_record",
     "valid_prefix_end",
+    "expired_since_listed",
     "scan_commitlog_dir",
 ]
 
@@ -97,6 +98,7 @@ _SEARCH_CHUNK_BYTES: Final = 4 << 20
 
 
 _SECTOR: Final = 512  # the unit a write-back tears in (a disk sector)
+
 
 class Quarantined(NamedTuple):
     """Damaged bytes [start, end) of the commitlog with valid records after them: left in place,
@@ -1571,12 +1573,14 @@ def segment_size_in(fs: FileSystem, path: str, names: list[str], prefer: int | N
     return segment_size_of([int(n) for n in names], segment_lengths_in(fs, path, names), prefer)
 
 
-def _expired_since_listed(fs: FileSystem, path: str, start: int) -> bool:
-    """Whether the segment at `start`, found gone, was the log's head: the directory, listed
-    again, holds segments and all of them start after it (a cleaner deletes only the oldest).
-    A segment gone while older ones remain is a hole."""
+def expired_since_listed(fs: FileSystem, directory: str, start: int) -> bool:
+    """Whether the file starting at `start` (a segment, or a ConsumeQueue file: both named by
+    their start), found gone, was its directory's head: the directory, listed again, holds
+    such files and all of them start after it (a store's retention deletes only the oldest,
+    never the last). One gone while older ones remain, or gone with every other, is a hole.
+    The tools' scan and the Spark readers (`pipeline.segments.expired_by_retention`) ask it."""
     try:
-        left = [int(n) for n in fs.listdir(path) if len(n) == 20 and n.isdigit()]
+        left = [int(n) for n in fs.listdir(directory) if len(n) == 20 and n.isdigit()]
     except OSError:
         return False
     return bool(left) and start < min(left)
@@ -1619,7 +1623,7 @@ def scan_commitlog_dir(
                 continue
             region = fs.map_file(file_path, segment_size, create=False, readonly=True)
         except FileNotFoundError as exc:
-            if not os.path.lexists(file_path) and _expired_since_listed(fs, path, start):
+            if not os.path.lexists(file_path) and expired_since_listed(fs, path, start):
                 continue  # a running store's cleaner removed it since the listing (review 53 M3, review 56 M1)
             yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
             continue

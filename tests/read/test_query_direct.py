@@ -313,6 +313,16 @@ def test_queries_beside_puts_and_roll_overs_find_every_key_indexed_before_them(
 # -- files deleted, owner restarted, store closed ----------------------------------------------
 
 
+def delete_index_files_below(store: MessageStore, head: int) -> int:
+    """The cleaner's request to the index actor, as after the commitlog's head moved to `head`:
+    how many index files it deleted (at least 3 in these tests' stores)."""
+    waiter: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
+    store.supervisor.ctx.peers["index"].tell(DeleteExpiredIndexFiles(min_phy_offset=head, reply=Reply(future=waiter)))
+    deleted = waiter.get(timeout=WAIT_S)
+    assert deleted >= 3
+    return deleted
+
+
 def test_files_the_owner_deletes_are_unmapped_and_queries_still_answer_as_the_actor(
     tmp_path: Path, open_store: Open, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -323,12 +333,7 @@ def test_files_the_owner_deletes_are_unmapped_and_queries_still_answer_as_the_ac
     before = reader.mapped_names
     assert len(before) >= 8 and before == index_names(tmp_path / "store")
     held = {name: reader._by_name[name] for name in before}
-    # The cleaner's request, as after a commitlog head moved to the 60th message.
-    waiter: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
-    head = results[60].commitlog_offset
-    store.supervisor.ctx.peers["index"].tell(DeleteExpiredIndexFiles(min_phy_offset=head, reply=Reply(future=waiter)))
-    deleted = waiter.get(timeout=WAIT_S)
-    assert deleted >= 3
+    deleted = delete_index_files_below(store, results[60].commitlog_offset)
     remaining = index_names(tmp_path / "store")
     assert len(remaining) == len(before) - deleted
     for i in (0, 30, 59, 60, 90, 119):
@@ -376,11 +381,7 @@ def test_an_idle_threads_maps_of_deleted_index_files_are_given_back_from_another
         before = reader.mapped_names
         assert len(before) >= 8 and before == index_names(tmp_path / "store")
         held = {name: reader._by_name[name] for name in before}
-        waiter: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
-        head = results[60].commitlog_offset
-        store.supervisor.ctx.peers["index"].tell(DeleteExpiredIndexFiles(min_phy_offset=head, reply=Reply(future=waiter)))
-        deleted = waiter.get(timeout=WAIT_S)
-        assert deleted >= 3
+        delete_index_files_below(store, results[60].commitlog_offset)
         remaining = index_names(tmp_path / "store")
         # A listing older than a file is no reason to unmap it: only a file that is gone goes.
         assert reader.release_deleted(set(before) - {remaining[-1]}) == 0

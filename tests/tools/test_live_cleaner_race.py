@@ -87,39 +87,30 @@ def test_dump_of_the_commitlog_while_the_cleaner_removes_its_head(store: Path, m
     assert [r["queue_offset"] for r in rows] == list(range(rows[0]["queue_offset"], MESSAGES))
 
 
-class RemovesTheHeadAfterListing(RealFileSystem):
-    """Its first listing is the scan's: the head segment goes right after it, as the cleaner's
-    delete would; later listings (the scan asking again) see what is left."""
+class RemovesAfterListing(RealFileSystem):
+    """Its first listing is the scan's: the `nth` segment goes right after it (the head: as the
+    cleaner's delete would); later listings (the scan asking again) see what is left."""
 
-    listed = False
+    def __init__(self, nth: int = 0) -> None:
+        super().__init__()
+        self.nth, self.listed = nth, False
 
     def listdir(self, path: str) -> list[str]:
         names = sorted(super().listdir(path))
         if not self.listed:
             self.listed = True
-            os.remove(os.path.join(path, names[0]))
+            os.remove(os.path.join(path, names[self.nth]))
         return names
 
 
 def test_the_tools_scan_skips_head_segments_removed_after_its_listing_and_reports_a_hole(store: Path) -> None:
     directory = str(store / "commitlog")
-    reads = list(scan_commitlog_dir(directory, fs=RemovesTheHeadAfterListing(), segment_size=64 * 1024))
+    reads = list(scan_commitlog_dir(directory, fs=RemovesAfterListing(), segment_size=64 * 1024))
     assert reads and all(r.kind is not RecordKind.CORRUPT for r in reads)
     assert reads[0].offset == int(sorted(os.listdir(directory))[0])
     # A segment gone from the middle of the log is a hole still, not the cleaner's work.
     names = sorted(os.listdir(directory))
-
-    class RemovesOneInTheMiddle(RealFileSystem):
-        listed = False
-
-        def listdir(self, path: str) -> list[str]:
-            found = sorted(super().listdir(path))
-            if not self.listed:
-                self.listed = True
-                os.remove(os.path.join(path, names[1]))
-            return found
-
-    reads = list(scan_commitlog_dir(directory, fs=RemovesOneInTheMiddle(), segment_size=64 * 1024))
+    reads = list(scan_commitlog_dir(directory, fs=RemovesAfterListing(1), segment_size=64 * 1024))
     assert [r.offset for r in reads if r.kind is RecordKind.CORRUPT] == [int(names[1])]
 
 
