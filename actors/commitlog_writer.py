@@ -364,7 +364,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         assert self._commitlog is not None and self._recovered is not None
         facts = self._recovered.facts
         return log_facts_of(self._commitlog, self._commitlog.get_max_offset(), scan_start=facts.scan_start,
-                            lost_ranges=facts.lost_ranges)  # fmt: skip
+                            lost_ranges=facts.lost_ranges, quarantined=self.ctx.read_view.view.quarantined)  # fmt: skip
 
     def _ready(self) -> WriterReady:
         assert self._commitlog is not None

@@ -209,6 +209,8 @@ class ConsumeQueue:
     def put_dense_run(self, units: bytes, first_phy: int, last_phy: int, first_cq: int, count: int) -> bool:
         """`put_message_position_infos` for packed units with queue offsets first_cq.. and
         strictly rising commitlog offsets (as `_native.cq_runs` makes them)."""
+        if last_phy <= self.max_physic_offset:
+            return True  # all there already (re-dispatch over the units a crash kept)
         mapped_file = self.mapped_file_queue.last_mapped_file
         if (
             mapped_file is not None
@@ -418,6 +420,64 @@ class ConsumeQueue:
         queue.flushed_where = min(queue.flushed_where, queue.max_offset())
         queue.committed_where = min(queue.committed_where, queue.max_offset())
         self._skip_trailing_fillers()
+
+    def keep_units_matching(self, phy_offset: int, matches: Callable[[int, int, int, int], bool]) -> int:
+        """After a crash: `truncate_dirty_logic_files(phy_offset)`, except that from the first
+        unit pointing at or past `phy_offset` on, units stay while each is the one dispatch
+        writes for the record it points at (`matches(commitlog_offset, size, tags_code,
+        queue_offset)`); the queue is cut at the first that is not, a filler included (its
+        record may be back). Returns how many units at or past `phy_offset` stayed.
+
+        Kept, they are served at once and need no blocks: on a full disk every unit cut
+        waited for space that never came, and the queue read as empty (review 46 M4)."""
+        unit = CQ_STORE_UNIT_SIZE
+        queue = self.mapped_file_queue
+        files = queue.mapped_files
+        end = queue.max_offset()
+        first = 0  # the last file that starts below `phy_offset`: the units to check begin in it
+        for i in range(len(files) - 1, -1, -1):
+            offset, size, _tags = CQ_UNIT.unpack(files[i].read_data(0, unit))
+            if _valid(offset, size) and offset < phy_offset:
+                first = i
+                break
+        checking = False
+        kept = 0
+        previous = -1
+        cut: int | None = None
+        for mapped_file in files[first:]:
+            base = mapped_file.file_from_offset
+            count = (min(end, base + self.mapped_file_size) - base) // unit
+            if count <= 0:
+                continue
+            data = mapped_file.read_data(0, count * unit)
+            for i, (offset, size, tags) in enumerate(CQ_UNIT.iter_unpack(data)):
+                filler = offset == 0 and size == FILLER_UNIT_SIZE
+                if not checking:
+                    if not _valid(offset, size):
+                        cut = base + i * unit  # (recover() stopped before any such unit)
+                        break
+                    if filler or offset < phy_offset:
+                        continue
+                    checking = True
+                if filler or offset <= previous or not matches(offset, size, tags, (base + i * unit) // unit):
+                    cut = base + i * unit
+                    break
+                previous = offset
+                kept += 1
+            if cut is not None:
+                break
+        if cut is not None:
+            while (last := queue.last_mapped_file) is not None and last.file_from_offset >= cut:
+                last.set_positions(0)  # emptied, it would read as a phantom unit: it goes
+                queue.delete_last_mapped_file()
+            if last is not None:
+                last.set_positions(cut - last.file_from_offset)
+                last.zero_from(last.wrote_position)
+            queue.flushed_where = min(queue.flushed_where, queue.max_offset())
+            queue.committed_where = min(queue.committed_where, queue.max_offset())
+            real = self.last_real_unit()
+            self.max_physic_offset = real[0] if real is not None else phy_offset - 1
+        return kept
 
     def correct_min_offset(self, phy_min_offset: int) -> None:
         """min_logic_offset := the first unit of the first file pointing at or after

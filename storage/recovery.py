@@ -33,9 +33,9 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..config import StoreConfig
 from ..log import get_logger
-from . import codec
+from . import codec, speedups
 from .checkpoint import CheckpointValues, read_checkpoint
-from .commitlog import CommitLog, ProgressCallback, Quarantined, valid_prefix_end
+from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
@@ -149,6 +149,8 @@ class LogFacts:
     # below the flushed offset): their records may come back from a backup, so nothing is
     # given up for them yet (no filler holds their queue offsets until `recover`).
     holes: tuple[tuple[int, int], ...] = ()
+    # Damaged bytes recovery left in place with valid records after them: no unit for them.
+    quarantined: tuple[tuple[int, int], ...] = ()
 
     @property
     def reach(self) -> int:
@@ -158,15 +160,16 @@ class LogFacts:
         return max([self.max_offset, *(stop for _, stop in self.holes)])
 
 
-def log_facts_of(commitlog: CommitLog, end: int, *, scan_start: int,
-                 lost_ranges: tuple[tuple[int, int], ...]) -> LogFacts:
+def log_facts_of(commitlog: CommitLog, end: int, *, scan_start: int, lost_ranges: tuple[tuple[int, int], ...],
+                 quarantined: Sequence[tuple[int, int]]) -> LogFacts:
     """The facts of `commitlog` loaded with its wrong-sized segments left out: those count as
     the log's files (a log whose every segment is cut short is damaged, not gone) and as holes."""
     head = commitlog.head_offset()
     there = head >= 0
     return LogFacts(min_offset=max(head, 0), max_offset=end, has_files=there,
                     scan_start=min(scan_start, end), lost_ranges=lost_ranges,
-                    holes=tuple(commitlog.mapped_file_queue.holes()) if there else ())  # fmt: skip
+                    holes=tuple(commitlog.mapped_file_queue.holes()) if there else (),
+                    quarantined=tuple(quarantined))  # fmt: skip
 
 
 @dataclass
@@ -742,7 +745,7 @@ def recover_commitlog(
             end = 0
         recovered = CommitLogRecovery(
             facts=log_facts_of(commitlog, end, scan_start=seen.first_offset if seen.count else end,
-                               lost_ranges=tuple(lost)),  # fmt: skip
+                               lost_ranges=tuple(lost), quarantined=[(q.start, q.end) for q in commitlog.quarantined]),  # fmt: skip
             store_timestamp=seen.last_store_timestamp or _store_timestamp_before(commitlog, end),
             scanned_next_queue_offsets=dict(seen.next_queue_offsets),
             messages_scanned=seen.count,
@@ -925,18 +928,26 @@ def recover_consume_queues(
         # after a crash: the units a power loss may have torn are cut whatever lies after them
         # (review 34 F1), and re-dispatch, which stops at a hole (reput), rebuilds them up to
         # it; the close is then unclean, so the open after the segments are back goes on.
+        # Units past the start that are exactly what dispatch writes for the record they point
+        # at stay (the queue is cut at its first that is not): that is what re-dispatch would
+        # write, and on a full disk it could write nothing (review 46 M4).
         crashed = mode is RecoveryMode.CRASH
         cut = dispatch_from if crashed else log_facts.reach
-        truncated = 0
-        for cq in queues:
-            if not crashed and cq.max_physic_offset < cut:
-                continue  # (after a crash units may lie past a torn one `recover()` stopped at)
-            before = cq.get_max_offset_in_queue()
-            cq.truncate_dirty_logic_files(cut)
-            if cq.get_max_offset_in_queue() != before:
-                truncated += 1
-        if truncated:
-            log.info("consume queues truncated for re-dispatch", truncated=truncated, before_commitlog_offset=cut)
+        truncated = kept = 0
+        with _UnitChecker(cfg, fs, end, log_facts.quarantined) as checker:
+            for cq in queues:
+                if not crashed and cq.max_physic_offset < cut:
+                    continue  # (after a crash units may lie past a torn one `recover()` stopped at)
+                before = cq.get_max_offset_in_queue()
+                if crashed:
+                    kept += cq.keep_units_matching(cut, checker.for_queue(cq.topic, cq.queue_id))
+                else:
+                    cq.truncate_dirty_logic_files(cut)
+                if cq.get_max_offset_in_queue() != before:
+                    truncated += 1
+        if truncated or kept:
+            log.info("consume queues truncated for re-dispatch", truncated=truncated, before_commitlog_offset=cut,
+                     units_kept_that_match_the_log=kept)  # fmt: skip
         table: dict[str, int] = {}
         for cq in queues:
             table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
@@ -958,6 +969,75 @@ def recover_consume_queues(
     finally:
         for cq in queues:
             cq.mapped_file_queue.shutdown(0)
+
+
+_SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
+
+
+class _UnitChecker:
+    """Whether a ConsumeQueue unit is the one dispatch writes for the record it points at:
+    the record below the log's `end` and clear of `quarantined` bytes, read as the reput
+    actor reads it (its topic, queue id, queue offset, own physical offset, size and tags
+    code), and of a kind that gets a unit."""
+
+    def __init__(self, cfg: StoreConfig, fs: FileSystem, end: int, quarantined: Sequence[tuple[int, int]]) -> None:
+        self._cfg = cfg
+        self._fs = fs
+        self._end = end
+        self._quarantined = sorted(quarantined)
+        self._max_size = cfg.max_stored_record_bytes
+        self._delay_levels = codec.parse_delay_levels(cfg.message_delay_level)
+        self._reader: CommitLogReader | None = None
+
+    def __enter__(self) -> _UnitChecker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+    def for_queue(self, topic: str, queue_id: int) -> Callable[[int, int, int, int], bool]:
+        def matches(offset: int, size: int, tags: int, queue_offset: int) -> bool:
+            if offset + size > self._end or (self._quarantined and self._in_quarantine(offset, offset + size)):
+                return False
+            if self._reader is None:
+                cfg = self._cfg
+                self._reader = CommitLogReader(self._fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+                                               max_message_size=cfg.max_message_size_bytes, limit=self._end)  # fmt: skip
+            found = self._reader.select(offset, size)
+            fields = self._decode(*found, size) if found is not None else None
+            if fields is None:
+                return False
+            tran = fields.sys_flag & codec.TRANSACTION_MASK
+            return (
+                fields.msg_size == size and fields.commitlog_offset == offset and fields.topic == topic
+                and fields.queue_id == queue_id and fields.consume_queue_offset == queue_offset
+                and fields.tags_code == tags
+                and tran != codec.TRANSACTION_PREPARED_TYPE and tran != codec.TRANSACTION_ROLLBACK_TYPE
+            )  # fmt: skip
+
+        return matches
+
+    def _decode(self, buf: Any, pos: int, size: int) -> codec.DispatchFields | None:
+        max_size = self._max_size
+        if speedups.native is not None:  # the reput actor's own C decoder (a crash's checks were half its open)
+            decoded, _pos = speedups.native.dispatch_scan(buf, pos, pos + size, 1, max_size, codec.DispatchFields,
+                                                          _SCHEDULE_TOPIC_UTF8)  # fmt: skip
+            if decoded:
+                fields: codec.DispatchFields = decoded[0]
+                return fields
+        try:
+            kind, _total, found = codec.read_dispatch(buf, pos, pos + size, max_size, self._delay_levels)
+        except (ValueError, IndexError, struct.error):
+            return None
+        return found if kind is codec.RecordKind.MESSAGE else None
+
+    def _in_quarantine(self, start: int, stop: int) -> bool:
+        ranges = self._quarantined
+        i = bisect.bisect_right(ranges, (start, start))  # the first range starting after `start`...
+        if i and ranges[i - 1][1] > start:  # ...and the one before it, which may reach past it
+            return True
+        return i < len(ranges) and ranges[i][0] < stop
 
 
 def resume_queue_offsets(
