@@ -15,7 +15,7 @@ from ..messages import (
     Pong,
     Tick,
 )
-from .base import ActorContext, StoreActor
+from .base import ActorContext, Periodic, StoreActor
 
 __all__ = ["CommitRealTimeService"]
 
@@ -29,14 +29,13 @@ class CommitRealTimeService(StoreActor[CommitRequest]):
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
-        self._last_thorough_ms = 0
+        self._thorough = Periodic(ctx.ticker, ctx.config.commit_commitlog_thorough_interval_ms)
 
     def handle(self, message: CommitRequest) -> Pong | None:
         match message:
-            case Tick(now_ms=now):
+            case Tick():
                 least_pages = self.config.commit_commitlog_least_pages
-                if now >= self._last_thorough_ms + self.config.commit_commitlog_thorough_interval_ms:
-                    self._last_thorough_ms = now
+                if self._thorough.due():
                     least_pages = 0
                 self.ctx.tell("writer", CommitWriteBuffers(least_pages=least_pages))
             case Ping():

@@ -189,6 +189,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
         self._replaced: PutResult | None = None  # the refusal once a segment was replaced
+        self._stamp_floor_ms = 0  # the newest record's store time (`_store_time_ms`)
+        self._clock_behind_since_ms = 0  # the clock read below it (logged once per episode)
         self._pass_first_file: MappedFile | None = None  # the segment a pass began in
         # Puts and records the current pass stored, counted where they are appended (so the
         # back-pressure check need not walk the pass's answers).
@@ -253,6 +255,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # The tail scan from the recovered end finds nothing: it places the write positions.
         end, _ = self._commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)
         self._recovered = recovered
+        self._stamp_floor_ms = recovered.store_timestamp
         copies = store_copies(self.ctx.fs, cfg.commitlog_dir) if self._mode is RecoveryMode.RESTART else []
         if copies:
             # The previous writer saved its copy of a segment another process replaced: the
@@ -591,7 +594,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 self._append(chunk[0], answers, group_commits)
                 continue
             first = chunk[0]
-            now = self.ctx.clock_ms()
+            now = self._store_time_ms()
             fast = commitlog.append_fast(datas, f"{first.topic}-{first.queue_id}", 0, self._store_host, now)
             if fast is not None:
                 self._answer_run(chunk, fast[0], fast[2], fast[3].split(","), now, answers, group_commits)
@@ -626,7 +629,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         commitlog = self._commitlog
         assert commitlog is not None
         first = chunk[0]
-        now = self.ctx.clock_ms()
+        now = self._store_time_ms()
         records = EncodedRecords(datas, first.topic, first.queue_id, 0, self._store_host)
         outcome = commitlog.put_messages(records, now)
         append = outcome.append_result
@@ -685,12 +688,35 @@ class CommitLogWriter(StoreActor[WriterRequest]):
     def _advanced(self, wrote_offset: int, store_timestamp: int) -> None:
         self._pending_advance = (wrote_offset, store_timestamp)
 
+    def _store_time_ms(self) -> int:
+        """The next append's store time: the clock, never below the newest record's. Crash
+        recovery picks the segment it starts at, and the index orders its files and answers
+        time ranges, by store times rising along the log: a clock stepped back made every
+        later segment look older than the checkpoint, and a power loss then lost the units of
+        a quiet queue (review 57 F1, F5, F6). Held at the newest until the clock passes it,
+        as Kafka's time index holds its largest timestamp."""
+        now = self.ctx.clock_ms()
+        floor = self._stamp_floor_ms
+        if now >= floor:
+            self._stamp_floor_ms = now
+            if self._clock_behind_since_ms:
+                self.log.warning("the clock has passed the newest store time again; store times follow it",
+                                 held_ms=now - self._clock_behind_since_ms)  # fmt: skip
+                self._clock_behind_since_ms = 0
+            return now
+        if not self._clock_behind_since_ms:
+            self._clock_behind_since_ms = floor
+            self.log.warning("the clock reads earlier than the newest record's store time (stepped back?): "
+                             "store times are held at that record's until the clock passes it",
+                             clock_ms=now, newest_store_time_ms=floor)  # fmt: skip
+        return floor
+
     def _append(self, put: EncodedPut, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]) -> None:
         """Append one put of a pass; its answer goes to `answers`, or (sync flush) its group
         commit request to `group_commits`."""
         commitlog = self._commitlog
         assert commitlog is not None
-        now = self.ctx.clock_ms()
+        now = self._store_time_ms()
         datas = put.records
         fast = commitlog.append_fast(datas, f"{put.topic}-{put.queue_id}", put.sys_flag, self._store_host, now)
         if fast is not None:

@@ -36,7 +36,7 @@ from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.mapped_file import DiskFullError
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, lost_queue_offsets, recover_consume_queues
-from .base import ActorContext, HeldWait, StoreActor
+from .base import ActorContext, HeldWait, Periodic, StoreActor
 
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 
@@ -81,7 +81,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._dispatched_offset = 0
         self._logics_msg_timestamp = 0
-        self._last_thorough_ms = 0
+        self._thorough = Periodic(ctx.ticker, ctx.config.flush_consume_queue_thorough_interval_ms)
         # Batches not yet written because the disk had no blocks for their units: retried in
         # order on every tick and batch (a unit already written is skipped by the duplicate
         # guard), so dispatch waits for space instead of crashing and restarting.
@@ -207,17 +207,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 return self._snapshot()
             case Ping():
                 return Pong()
-            case Tick(now_ms=now):
+            case Tick():
                 self._dispatch_waiting()
                 if (self._reserved and self._dispatched_offset >= self._ledger_floor_until and not self._waiting
                         and not self._log_facts.holes):  # fmt: skip
                     self._fill_reserved()
-                self._flush(now, thorough=False)
+                self._flush(thorough=False)
                 if self._ledger_stale:
                     self._write_ledger()
             case FlushAll(reply=reply):
                 self._dispatch_waiting()  # once: close() is not held up by a full disk
-                self._flush(self.ctx.clock_ms(), thorough=True)
+                self._flush(thorough=True)
                 reply.send(self._dispatched_offset)
             case DeleteExpiredConsumeQueueFiles(min_phy_offset=min_phy_offset, start_after=start_after, reply=reply):
                 reply.send(self._delete_expired(min_phy_offset, start_after))
@@ -407,12 +407,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             ),
         )
 
-    def _flush(self, now_ms: int, *, thorough: bool) -> None:
+    def _flush(self, *, thorough: bool) -> None:
         """FlushConsumeQueueService.doFlush (§7.5)."""
         least_pages = self.config.flush_consume_queue_least_pages
         logics_ts = 0
-        if thorough or now_ms >= self._last_thorough_ms + self.config.flush_consume_queue_thorough_interval_ms:
-            self._last_thorough_ms = now_ms
+        if thorough or self._thorough.due():
             least_pages = 0
             logics_ts = self._logics_msg_timestamp  # captured before flushing
         for cq in self._queues.values():

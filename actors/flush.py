@@ -30,7 +30,7 @@ from ..storage.checkpoint import StoreCheckpoint
 from ..storage.codec import segment_file_name
 from ..storage.fs import OS_PAGE_SIZE, MappedRegion
 from ..storage.status import PutMessageStatus
-from .base import ActorContext, StoreActor
+from .base import ActorContext, Periodic, StoreActor
 
 __all__ = ["FlushCommitLogService"]
 
@@ -53,7 +53,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         self._flushed = flushed_offset
         self._max_offset = max_offset  # readable end the writer reported
         self._store_timestamp = store_timestamp  # of the newest record at or below _max_offset
-        self._last_thorough_ms = 0
+        self._thorough = Periodic(ctx.ticker, cfg.flush_commitlog_thorough_interval_ms)
         self._pending: list[GroupCommitRequest] = []
         # The last group commit forced its segment(s) through to the end: every byte appended
         # before it started (in page cache by then) is durable up to `_synced_through`.
@@ -100,20 +100,19 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                     self._max_offset = max_offset
                     self._store_timestamp = ts
                 if not self._sync and not self.config.flush_commitlog_timed:
-                    self._flush_if_due(self.ctx.clock_ms())
+                    self._flush_if_due()
             case GroupCommitRequest():
                 self._pending.append(message)
                 self._group_commit()
-            case Tick(now_ms=now):
+            case Tick():
                 if self._sync:
                     self._group_commit()
                     self._expire_pending()
-                    if now >= self._last_thorough_ms + self.config.flush_commitlog_thorough_interval_ms:
+                    if self._thorough.due():
                         # Group commits flush, but only this writes where they got to (review 41 N2).
-                        self._last_thorough_ms = now
                         self._write_checkpoint()
                 else:
-                    self._flush_if_due(now)
+                    self._flush_if_due()
             case FlushAll(reply=reply, up_to=up_to, store_timestamp=up_to_ts):
                 if up_to > self._max_offset:
                     self._max_offset = up_to
@@ -140,10 +139,9 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         return None
 
     # async flush (§7.2) ------------------------------------------------------------------
-    def _flush_if_due(self, now_ms: int) -> None:
+    def _flush_if_due(self) -> None:
         least_pages = self.config.flush_commitlog_least_pages
-        if now_ms >= self._last_thorough_ms + self.config.flush_commitlog_thorough_interval_ms:
-            self._last_thorough_ms = now_ms
+        if self._thorough.due():
             least_pages = 0
         dirty_pages = self._max_offset // OS_PAGE_SIZE - self._flushed // OS_PAGE_SIZE
         crosses_segment = self._max_offset // self._segment_size != self._flushed // self._segment_size

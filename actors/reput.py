@@ -31,7 +31,7 @@ from ..storage import codec, speedups
 from ..storage.codec import RecordKind
 from ..storage.commitlog import CommitLogReader, find_next_valid_record
 from ..read_view import INDEX, QUEUES, ReadView
-from .base import ActorContext, ServiceUnavailable, StoreActor
+from .base import ActorContext, Periodic, ServiceUnavailable, StoreActor
 
 __all__ = ["ReputMessageService", "newest_per_queue"]
 
@@ -79,7 +79,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._index_in_flight: deque[int] = deque()
         self._held_back_since_ms = 0  # the backlog is full: reading ahead waits (0: it is not)
         self._continue_pending = False  # a ContinueDispatch is in the inbox
-        self._reader_listed_ms = 0  # when its reader last re-listed the segments (Tick)
+        self._relist = Periodic(ctx.ticker, READER_RELIST_INTERVAL_MS)  # its reader's listing of the segments (Tick)
         # (offset, size) of a whole record larger than READ_CHUNK_BYTES (put under a larger
         # max_message_size_bytes): the next read there takes all of it.
         self._large_record: tuple[int, int] | None = None
@@ -126,12 +126,11 @@ class ReputMessageService(StoreActor[ReputRequest]):
             case ContinueDispatch():
                 self._continue_pending = False
                 self._reput()
-            case Tick(now_ms=now):
-                if now - self._reader_listed_ms >= READER_RELIST_INTERVAL_MS and self._reader is not None:
+            case Tick():
+                if self._reader is not None and self._relist.due():
                     # Segments the cleaner deleted are unmapped here too: a map of its own kept a
                     # deleted file's blocks, so a full disk got nothing back from the cleaner
                     # until a reopen (review 46 M5).
-                    self._reader_listed_ms = now
                     self._reader.refresh()
                 self._reput()
             case AwaitDispatched(up_to=up_to):
