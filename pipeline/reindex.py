@@ -50,7 +50,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage.consume_queue import ConsumeQueue
 from mqstore.storage.fs import RealFileSystem
-from mqstore.storage.index import IndexFile, index_file_name, index_file_name_to_ms
+from mqstore.storage.index import IndexFile, index_file_name, index_file_name_after
 
 log = get_logger(__name__)
 
@@ -142,13 +142,9 @@ def _file_plan(entries: DataFrame) -> dict[int, dict[str, int | str]]:
     plan: dict[int, dict[str, int | str]] = {}
     prev_phy, prev_ms, last_name = 0, 0, ""
     for r in rows:
-        ms = r["first_ms"]
-        if last_name:
-            ms = max(ms, index_file_name_to_ms(last_name) + 1)
-        name = index_file_name(ms)
-        while name <= last_name:  # bounded by DST oddities only
-            ms += 1
-            name = index_file_name(ms)
+        name = index_file_name(r["first_ms"])
+        if name <= last_name:  # (a clock stepped back, a DST fall-back: as IndexService names them)
+            name = index_file_name_after(last_name)
         plan[r["file_no"]] = {"name": name, "prev_phy": prev_phy, "prev_ms": prev_ms}
         prev_phy, prev_ms, last_name = r["last_phy"], r["last_ms"], name
     return plan

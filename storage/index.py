@@ -18,6 +18,7 @@ import re
 import struct
 import sys
 import threading
+import datetime
 import time
 from dataclasses import dataclass
 from operator import mul
@@ -129,6 +130,12 @@ def index_file_size(max_hash_slot_num: int, max_index_num: int) -> int:
 def index_file_name(timestamp_ms: int) -> str:
     """`UtilAll.timeMillisToHumanString`: yyyyMMddHHmmssSSS in the local time zone."""
     return time.strftime("%Y%m%d%H%M%S", time.localtime(timestamp_ms // 1000)) + "%03d" % (timestamp_ms % 1000)
+
+
+def index_file_name_after(name: str) -> str:
+    """The name 1 ms after `name` as the digits count (yyyyMMddHHmmssSSS, no time zone)."""
+    moment = datetime.datetime.strptime(name[:14], "%Y%m%d%H%M%S") + datetime.timedelta(milliseconds=int(name[14:17]) + 1)
+    return moment.strftime("%Y%m%d%H%M%S") + "%03d" % (moment.microsecond // 1000)
 
 
 def index_file_name_to_ms(name: str) -> int:
@@ -1105,17 +1112,20 @@ class IndexService:
         return f
 
     def _new_file_name(self, prev: IndexFile | None) -> str | None:
-        """Named by the clock; bumped by 1 ms past an existing name and past the last file's
-        name, so two files never collide and name order stays creation order."""
-        ms = self._clock_ms()
+        """Named by the clock; past an existing name and past the last file's name, so two
+        files never collide and name order stays creation order. A name the clock gives at or
+        below the last one (a clock stepped back, or the hour a DST fall-back repeats) is
+        followed by the last name's successor in name space: counted in milliseconds through
+        the local time (mktime), the repeated hour's names stayed below the last one, and the
+        index could not start a file for up to an hour (review 57 F7)."""
         last_name = self.files[-1].name if self.files else ""
-        if last_name:
-            ms = max(ms, index_file_name_to_ms(last_name) + 1)
-        for _ in range(1000):  # bounded: a DST fall-back could otherwise walk for an hour
-            name = index_file_name(ms)
-            if name > last_name and not self._fs.exists(os.path.join(self.index_dir, name)):
+        name = index_file_name(self._clock_ms())
+        if name <= last_name:
+            name = index_file_name_after(last_name)
+        for _ in range(1000):  # bounded: names taken by files of no store (set aside, copied in)
+            if not self._fs.exists(os.path.join(self.index_dir, name)):
                 return name
-            ms += 1
+            name = index_file_name_after(name)
         log.error("index_file_no_free_name", dir=self.index_dir, last=last_name)
         return None
 

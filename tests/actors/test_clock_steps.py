@@ -125,3 +125,27 @@ def test_a_power_loss_after_the_clock_stepped_back_loses_no_acknowledged_message
                         for m in reopened.get("T", queue_id, offset, 32).messages]  # fmt: skip
             assert [m.key_list[0] for m in messages] == expected
 
+
+def test_an_index_file_written_across_a_clock_step_back_is_kept_at_every_open(tmp_path: Path) -> None:
+    """Review 57 F6: a file whose first entry is newer than its last (a broker's, written across
+    a step back) was taken for corrupt at every open, clean ones too: set aside as .damaged
+    (never deleted), rebuilt the same, and set aside again at the next open."""
+    import struct
+
+    store_dir = tmp_path / "s"
+    settings = dict(max_hash_slot_num=4, max_index_num=8)
+    with h.open_small(store_dir, **settings) as store:
+        for i in range(20):
+            assert store.put(mqstore.Message(topic="T", body=b"x", keys=[f"k{i}"])).ok
+        h.wait_until(lambda: store.query("T", "k19", 1).messages, what="k19 indexed")
+    index_dir = store_dir / "index"
+    first = index_dir / sorted(p.name for p in index_dir.iterdir())[0]
+    with open(first, "r+b") as f:
+        begin, end = struct.unpack(">qq", f.read(16))
+        f.seek(0)
+        f.write(struct.pack(">q", end + HOUR_MS))  # begins an hour after it ends
+    before = sorted(p.name for p in index_dir.iterdir())
+    for _ in range(2):
+        with h.open_small(store_dir, **settings) as store:
+            assert [m.key_list for m in store.query("T", "k0", 1).messages] == [["k0"]]
+        assert sorted(p.name for p in index_dir.iterdir()) == before

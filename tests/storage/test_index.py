@@ -22,6 +22,7 @@ from mqstore.storage.index import (
     IndexFile,
     IndexService,
     index_file_name,
+    index_file_name_after,
     index_file_name_to_ms,
     index_file_size,
     iter_index_entries,
@@ -366,6 +367,37 @@ def test_new_file_names_never_collide_even_with_a_stopped_clock() -> None:
     clock.now_ms = T0 - 60_000  # the clock jumps back: names must still sort in creation order
     index_message(service, 1_000, T0, keys="late")
     assert service.files[-1].name > names[-1]
+
+
+def test_the_name_after_an_index_file_name_counts_in_its_digits() -> None:
+    assert index_file_name_after("20261101015959998") == "20261101015959999"
+    assert index_file_name_after("20261101015959999") == "20261101020000000"
+    assert index_file_name_after("20261231235959999") == "20270101000000000"
+    assert index_file_name_after("20280228235959999") == "20280229000000000"
+
+
+def test_a_dst_fall_back_does_not_keep_the_index_from_starting_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 57 F7: the last file named at 01:50 EDT, the next needed at 01:20 EST (30 min
+    later): the clock's names sort below the last one for an hour, and counting on from the
+    last name through mktime (which read it as EST, an hour later than it was) stayed below
+    it for all 1,000 tries; no file could be made, and every key waited."""
+    import calendar
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        edt_0150 = calendar.timegm((2026, 11, 1, 5, 50, 0, 0, 0, 0)) * 1000
+        service, _fs, clock = make_service(entries=2, clock=ManualClock(edt_0150))  # one entry per file
+        index_message(service, 100, edt_0150, keys="a")
+        assert [f.name for f in service.files] == ["20261101015000000"]
+        clock.now_ms = edt_0150 + 30 * 60_000  # 01:20 EST
+        assert index_message(service, 200, clock.now_ms, keys="b")
+        assert [f.name for f in service.files] == ["20261101015000000", "20261101015000001"]
+        assert service.query_offset("abc", "b", 10, 0, 2**62).phy_offsets == [200]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_index_file_name_is_17_digit_local_time() -> None:
