@@ -38,6 +38,7 @@ from .storage.consume_queue import iter_cq_units, list_consume_queues
 from .storage.fs import NotARegularFileError, RealFileSystem
 from .storage.index import IndexFile
 from .storage.lockfiles import StoreDirectoryError
+from .storage.mapped_file_queue import named_past_the_largest_offset
 
 __all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "load_config", "main"]
 
@@ -185,12 +186,15 @@ def store_config(
     from .storage.fs import RealFileSystem
     from .storage.geometry import adopt_geometry
     from .storage.recovery import commitlog_gone, commitlog_not_this_stores
+    from .supervisor import refuse_segments_named_past_the_largest_offset
 
     if not root.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
     config = load_config(args, store_path_root_dir=str(root), **overrides)
     if require_commitlog and not os.path.isdir(config.commitlog_dir):
         raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
+    if os.path.isdir(config.commitlog_dir):  # before its names are read for the geometry
+        refuse_segments_named_past_the_largest_offset(RealFileSystem(), config.commitlog_dir)
     if require_commitlog and read_only and not diagnosing:
         # A commitlog directory with no segment beside files that say the store held messages
         # (a mount not up, another store_path_commitlog): the open refuses it, and a read would
@@ -329,6 +333,9 @@ def segment_layout(directory: Path, prefer: int | None = None) -> tuple[list[Pat
     damaged file does not redefine it; `prefer`, the store's own, where the files allow it as
     well as any other)."""
     entries = sorted((p for p in directory.iterdir() if _SEGMENT_NAME.match(p.name)), key=lambda p: p.name)
+    past = named_past_the_largest_offset(str(directory), [p.name for p in entries])
+    if past is not None:  # (dump --commitlog-dir: a directory store_config did not look at)
+        raise StoreDirectoryError(past)
     return entries, segment_size_in(RealFileSystem(), str(directory), [p.name for p in entries], prefer)
 
 

@@ -70,6 +70,7 @@ from .storage.fs import FileSystem, RealFileSystem
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
 from .storage.commitlog import STORE_COPY_SUFFIX, store_copies
+from .storage.mapped_file_queue import named_past_the_largest_offset
 from .storage.recovery import (
     IndexRecovery,
     RecoveryMode,
@@ -247,6 +248,7 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
 
     if fs.isdir(cfg.commitlog_dir):
         segment_dirs(cfg.commitlog_dir, 20, "a commitlog segment file")
+        refuse_segments_named_past_the_largest_offset(fs, cfg.commitlog_dir)
     if fs.isdir(cfg.index_dir):
         segment_dirs(cfg.index_dir, 17, "an index file")
     if not fs.isdir(cfg.consume_queue_dir):
@@ -266,6 +268,16 @@ def _refuse_what_is_in_the_way_of_segments(fs: FileSystem, cfg: StoreConfig) -> 
                 refuse(queue_dir, f"the ConsumeQueue directory of {topic}-{name}")
             _refuse_linked_directory(fs, queue_dir, f"{topic}-{name}")
             segment_dirs(queue_dir, 20, "a ConsumeQueue segment file")
+
+
+def refuse_segments_named_past_the_largest_offset(fs: FileSystem, commitlog_dir: str) -> None:
+    """StoreDirectoryError for a file in the commitlog directory named as a segment past Java's
+    Long.MAX_VALUE: no log reaches it, and read as one it made the geometry, the scan and the
+    recovery fail with bare errors (review 52 L1). The open, `recover` and the read-only
+    commands refuse it alike."""
+    past = named_past_the_largest_offset(commitlog_dir, fs.listdir(commitlog_dir))
+    if past is not None:
+        raise StoreDirectoryError(past)
 
 
 def _refuse_linked_directory(fs: FileSystem, path: str, queue: str) -> None:

@@ -62,7 +62,7 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
 
     def _request(self, request: AllocateRequest) -> None:
         for path in (request.next_path, request.next_next_path):
-            if path not in self._table:
+            if path is not None and path not in self._table:
                 pending = _Pending((-request.file_size, parse_segment_offset(path)), path, request.file_size)
                 self._table[path] = pending
                 heapq.heappush(self._queue, pending)

@@ -889,7 +889,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         )
 
     # allocation --------------------------------------------------------------------------
-    def _allocate(self, next_path: str, next_next_path: str, file_size: int) -> MappedFile | None:
+    def _allocate(self, next_path: str, next_next_path: str | None, file_size: int) -> MappedFile | None:
         """Ask the allocate actor for the next segment; wait at most the configured timeout,
         then the queue creates the file itself (the allocator is slow or down)."""
         future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()

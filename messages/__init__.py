@@ -591,10 +591,11 @@ class SetWriteable(AskFor["WriterReady"]):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AllocateRequest:
-    """Ask for the segment needed now (`next_path`) and pre-create the one after it."""
+    """Ask for the segment needed now (`next_path`) and pre-create the one after it (None: the
+    one after it would be named past the largest offset, and is never made)."""
 
     next_path: str
-    next_next_path: str
+    next_next_path: str | None
     file_size: int
     reply: Reply
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Final, Iterator
 from mqstore.storage import speedups
 from mqstore.storage.commitlog import expired_since_listed, max_record_size, segment_size_of
 from mqstore.storage.fs import RealFileSystem
+from mqstore.storage.mapped_file_queue import named_past_the_largest_offset
 
 from mqstore.storage.codec import (
     BLANK_MAGIC_CODE,
@@ -170,6 +171,9 @@ def _directory_segments(directory: str, names: list[str]) -> list[Segment]:
     where the next one starts, and the last up to the segment size (the store tools' rule,
     `segment_size_of`): the bytes no file holds (a missing segment, a file cut short) are then
     walked past the file's end and reported, never skipped."""
+    past = named_past_the_largest_offset(directory, names)
+    if past is not None:  # as the store's tools refuse it (review 52 L1)
+        raise SegmentError(past)
     paths = [os.path.join(directory, n) for n in names]
     sizes = [_size_unless_gone(p) for p in paths]
     # Files gone since the listing, every one of them older than the oldest file left: the

@@ -27,6 +27,7 @@ from mqstore.storage.codec import (
     DispatchFields,
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
+    JAVA_LONG_MAX,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     PHYSICAL_OFFSET_POSITION,
@@ -309,6 +310,7 @@ class CommitLog:
         # Damage that recovery found with valid records after it (left in place, skipped).
         self.quarantined: list[Quarantined] = []
         self._disk_full_logged_at = -DISK_FULL_LOG_INTERVAL_S  # (monotonic s) see _note_disk_full_refusal
+        self._past_largest_offset_logged = False
         self._disk_full_refused = 0
         self._scan_ended_on_blank = False
         # After a power loss, bytes past the last flush may be torn while later pages reached
@@ -481,6 +483,9 @@ class CommitLog:
         queue = self.mapped_file_queue
         if queue.damaged_files or queue.holes():
             return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=self.degraded_reason)
+        past = self._past_the_largest_offset(sum(map(len, records.datas)))
+        if past:
+            return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=past)
         mapped_file = queue.last_mapped_file
         if mapped_file is None or mapped_file.is_full():
             mapped_file = queue.get_last_mapped_file(0)
@@ -516,10 +521,35 @@ class CommitLog:
             # (review 46 L1: one ERROR line per refused put, 25k of them).
             self._note_disk_full_refusal(str(exc))
             return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"disk full: {exc}")
-        if self._fast_append and result.status is AppendMessageStatus.PUT_OK and mapped_file.write_buffer is None:
-            # Checked just now: no holes, the last file; the next puts may go straight to it.
+        if (self._fast_append and result.status is AppendMessageStatus.PUT_OK and mapped_file.write_buffer is None
+                and mapped_file.file_from_offset + mapped_file.file_size <= JAVA_LONG_MAX):  # fmt: skip
+            # Checked just now: no holes, the last file, and every record it takes ends below
+            # the largest offset (_past_the_largest_offset); the next puts may go straight to it.
             self._fast_file, self._fast_buf = mapped_file, mapped_file.mapped_buffer
         return PutMessageResult(status=_put_status(result.status), append_result=result)
+
+    def _past_the_largest_offset(self, total: int) -> str:
+        """Why a put of `total` bytes of records is refused, or "": its records would end past
+        JAVA_LONG_MAX, the largest offset a RocketMQ log holds (a long), here or in the next
+        segment, which would be named past it; the store could not be opened again (review 52
+        L1: the segment named 2^63 was made, the C append failed on the offset, and every open
+        after). Nothing is written, not even the blank record that ends a segment: a smaller
+        put that still fits is taken."""
+        last = self.mapped_file_queue.last_mapped_file
+        if last is None:
+            return ""  # the first segment, at offset 0
+        size = self.mapped_file_size
+        position = size if last.is_full() else last.wrote_position
+        fits = total + END_FILE_MIN_BLANK_LENGTH <= size - position
+        end = last.file_from_offset + (position if fits else size) + total
+        if end <= JAVA_LONG_MAX:
+            return ""
+        if not self._past_largest_offset_logged:  # once: every later put would say it again
+            self._past_largest_offset_logged = True
+            log.error("the commitlog reached the largest offset a log can have: puts that do not fit are refused",
+                      log_end=last.file_from_offset + last.wrote_position, largest=JAVA_LONG_MAX)  # fmt: skip
+        return (f"the commitlog is full: this put's records would end at offset {end}, past {JAVA_LONG_MAX} (Java's "
+                "Long.MAX_VALUE), the largest offset a RocketMQ log can hold; no more messages fit in this store")
 
     def _note_disk_full_refusal(self, error: str) -> None:
         now = time.monotonic()

@@ -11,7 +11,7 @@ import os
 from typing import Callable, Final
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import segment_file_name
+from mqstore.storage.codec import JAVA_LONG_MAX, segment_file_name
 from mqstore.storage.fs import FileCutUnderMapError, FileSystem
 from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
 
@@ -19,9 +19,9 @@ __all__ = [
     "Allocator",
     "DELETE_FILES_BATCH_MAX",
     "MappedFileQueue",
+    "named_past_the_largest_offset",
 ]
 
-_JAVA_LONG_MAX = 2**63 - 1
 log = get_logger(__name__)
 
 DELETE_FILES_BATCH_MAX: Final = 10
@@ -30,8 +30,21 @@ TRUNCATE_DESTROY_INTERVAL_MS: Final = 1000
 QUEUE_DESTROY_INTERVAL_MS: Final = 3000
 CQ_DELETE_DESTROY_INTERVAL_MS: Final = 60_000
 
-# (next_path, next_next_path, file_size) -> the file for next_path, or None on failure.
-Allocator = Callable[[str, str, int], "MappedFile | None"]
+# (next_path, next_next_path, file_size) -> the file for next_path, or None on failure;
+# next_next_path None: no file is to be made ahead (it would be named past JAVA_LONG_MAX).
+Allocator = Callable[[str, "str | None", int], "MappedFile | None"]
+
+
+def named_past_the_largest_offset(directory: str, names: list[str]) -> str | None:
+    """Why a segment of `names` (a directory's listing) is no segment of any log, or None: one
+    named past Java's Long.MAX_VALUE, the largest offset (RocketMQ's Long.parseLong refuses the
+    name, and the C kernels take offsets as int64: review 52 L1, L2)."""
+    for name in names:
+        if len(name) == 20 and name.isdigit() and int(name) > JAVA_LONG_MAX:
+            path = os.path.join(directory, name)
+            return (f"{path} is named past the largest offset a log can have ({JAVA_LONG_MAX}, Java's "
+                    "Long.MAX_VALUE): it is no segment of this store; move it out of the directory")  # fmt: skip
+    return None
 
 
 class MappedFileQueue:
@@ -108,12 +121,13 @@ class MappedFileQueue:
             if len(name) != 20 or not name.isdigit():
                 log.warning("ignoring a file that is not a segment", path=path)
                 continue
-            if int(name) > _JAVA_LONG_MAX:
+            past = named_past_the_largest_offset(self.store_path, [name])
+            if past is not None:
                 # No log reaches it (RocketMQ's Long.parseLong refuses the name, and its broker
                 # does not start): not ours to read, nor to remove as unwritten (review 52 L2).
+                # (The open and the tools refuse it before: StoreDirectoryError.)
                 log.error("a segment name past the largest offset", path=path)
-                self.load_error = (f"{path} is named past the largest offset a log can have ({_JAVA_LONG_MAX}): "
-                                   "it is no segment of this store; move it out of the directory")  # fmt: skip
+                self.load_error = past
                 return False
             try:
                 size = self.fs.getsize(path)
@@ -217,8 +231,15 @@ class MappedFileQueue:
 
     def _create(self, offset: int) -> MappedFile | None:
         next_path = os.path.join(self.store_path, segment_file_name(offset))
-        next_next_path = os.path.join(self.store_path, segment_file_name(offset + self.mapped_file_size))
         self.last_create_error = None
+        if offset > JAVA_LONG_MAX:
+            # A file of that name would make the store unopenable (review 52 L1); the commitlog
+            # refuses the put before it gets here (CommitLog._past_the_largest_offset).
+            self.last_create_error = f"{next_path}: past the largest offset a log can have ({JAVA_LONG_MAX})"
+            log.error("no segment past the largest offset", path=next_path)
+            return None
+        after = offset + self.mapped_file_size
+        next_next_path = os.path.join(self.store_path, segment_file_name(after)) if after <= JAVA_LONG_MAX else None
         if self.allocator is not None:
             mapped_file = self.allocator(next_path, next_next_path, self.mapped_file_size)
             if mapped_file is not None:

@@ -332,18 +332,31 @@ def test_a_segment_that_cannot_be_opened_is_named_with_its_error(tmp_path: Path)
     _all_ten_readable(path)
 
 
-def test_a_file_named_past_the_largest_offset_is_refused_never_removed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["99999999999999999999", "09223372036854775808"])
+def test_a_file_named_past_the_largest_offset_is_refused_never_removed(tmp_path: Path, name: str) -> None:
     """Review 52 L2: a full-size file named 99999999999999999999 (past 2^63 - 1: no log reaches
     it, and RocketMQ's Long.parseLong refuses it) was taken for a hole, then removed as an
     unwritten segment past the end, its data with it. Now the open refuses, naming it, and
-    changes nothing; moved out, the store opens as before."""
+    changes nothing; moved out, the store opens as before. Review 52 L1: the open said so in a
+    bare OSError, and `recover` and every read-only command failed on the geometry its name
+    gave (exit 2) or on an OverflowError (exit 1): each is StoreDirectoryError now, exit 5."""
     path = tmp_path / "s"
     _ten(path, **_SMALL)
-    stray = path / "commitlog" / "99999999999999999999"
+    stray = path / "commitlog" / name
     shutil.copy(path / "commitlog" / ("%020d" % 0), stray)
     before = _digest(path)
-    with pytest.raises(OSError, match="99999999999999999999 is named past the largest offset"):
+    with pytest.raises(mqstore.StoreDirectoryError, match=f"{name} is named past the largest offset"):
         mqstore.open(path, **_SMALL)
+    for command, *args in (["recover", "--no-progress"], ["verify"], ["inspect"], ["stats"], ["dump"], ["clean"],
+                           ["get", "--topic", "t", "--queue", "0", "--offset", "0"], ["query", "--topic", "t", "--key", "k1"]):  # fmt: skip
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = cli_main([command, *args, str(path)])
+        assert (code, f"{name} is named past the largest offset" in err.getvalue()) == (5, True), (command, err.getvalue())
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):  # a directory named on its own
+        code = cli_main(["dump", "--commitlog-dir", str(path / "commitlog"), str(tmp_path)])
+    assert (code, f"{name} is named past the largest offset" in err.getvalue()) == (5, True), err.getvalue()
     assert _digest(path) == before
     stray.rename(tmp_path / "stray")
     _all_ten_readable(path)

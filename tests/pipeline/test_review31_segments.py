@@ -159,6 +159,17 @@ def test_a_fifo_named_like_a_segment_is_an_error_naming_it(store: Path) -> None:
         assert isinstance(exc, SegmentError) and str(fifo) in str(exc) and "FIFO" in str(exc), exc
 
 
+def test_a_file_named_past_the_largest_offset_is_an_error_naming_it(store: Path) -> None:
+    """Review 52 L1: no log reaches 2^63 (its segment names are Java longs); the store and its
+    tools refuse such a file, and so do the Spark jobs, listed or named by a glob."""
+    stray = store / "commitlog" / f"{2**63:020d}"
+    with open(stray, "wb") as f:
+        f.truncate(SEGMENT)
+    for paths in ([str(store)], [str(store / "commitlog" / "*")], [str(store / "commitlog" / f"{0:020d}")]):
+        with pytest.raises(SegmentError, match=f"{stray.name} is named past the largest offset"):
+            discover_segments(paths)
+
+
 def test_open_segment_never_blocks_on_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / f"{0:020d}"
     os.mkfifo(fifo)

@@ -211,6 +211,26 @@ def test_allocator_is_used_and_fallback_on_failure(any_fs: tuple[FileSystem, str
     assert second is not None and second.file_from_offset == SIZE
 
 
+def test_no_segment_is_made_or_asked_for_past_the_largest_offset(any_fs: tuple[FileSystem, str], clock: object) -> None:
+    """Review 52 L1: a segment named 2^63 made the store unopenable. The last segment a log can
+    have is made without a next one ahead; after it, none."""
+    fs, root = any_fs
+    calls: list[tuple[str, str | None, int]] = []
+
+    def allocator(next_path: str, next_next_path: str | None, size: int) -> MappedFile | None:
+        calls.append((next_path, next_next_path, size))
+        return MappedFile(fs, next_path, size)
+
+    q = make_queue(fs, root, clock, allocator=allocator)
+    last = q.get_last_mapped_file(2**63 - SIZE)
+    assert last is not None and last.file_from_offset == 2**63 - SIZE
+    assert calls == [(os.path.join(q.store_path, segment_file_name(2**63 - SIZE)), None, SIZE)]
+    last.append_bytes(bytes(SIZE))
+    assert q.get_last_mapped_file(0) is None and len(calls) == 1
+    assert q.last_create_error is not None and "past the largest offset" in q.last_create_error
+    assert fs.listdir(q.store_path) == [segment_file_name(2**63 - SIZE)]
+
+
 def test_destroy_removes_files_and_empty_dir(any_fs: tuple[FileSystem, str], clock: object) -> None:
     fs, root = any_fs
     q = make_queue(fs, root, clock)
