@@ -221,7 +221,7 @@ def store_config(
     if read_only and os.path.exists(config.abort_path):
         from .tools.inspect_cli import lock_state  # (the tools import this module)
 
-        if lock_state(root)["held"]:  # running: its abort file says only that (review 45 F4)
+        if lock_state(root, config.commitlog_dir)["held"]:  # running: its abort file says only that (review 45 F4)
             print(f"mqstore {getattr(args, 'command', '')}: {root} is open in a running process: reading what is "
                   "valid now, changing nothing", file=sys.stderr)  # fmt: skip
         else:

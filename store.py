@@ -111,7 +111,7 @@ def _locked_first(fs: FileSystem, config: StoreConfig) -> Iterator[None]:
         if isinstance(fs, RealFileSystem):
             from .tools.inspect_cli import lock_state  # F_GETLK only asks: nothing is taken
 
-            if lock_state(Path(config.lock_path).parent)["held"]:
+            if lock_state(Path(config.lock_path).parent, config.commitlog_dir)["held"]:
                 raise StoreLockedError(f"lock failed, store already started: {config.lock_path}") from refusal
         raise
 

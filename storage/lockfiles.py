@@ -17,6 +17,7 @@ import os
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Final
@@ -101,6 +102,26 @@ def _unlock_byte_zero(fd: int) -> None:
         fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
     else:
         fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+
+
+# A read-only command asks whether a store runs by taking a shared flock on its commitlog
+# directory for an instant (tools.inspect_cli.lock_state): an open meeting it tries again
+# for this long before it calls the directory another store's.
+_FLOCK_RETRY_S: Final = 0.1
+
+
+def _flock_exclusive(fd: int) -> None:
+    """An exclusive flock on `fd`, tried again while _FLOCK_RETRY_S lasts; OSError
+    (EWOULDBLOCK) if another holds it still."""
+    deadline = time.monotonic() + _FLOCK_RETRY_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
 
 
 def held_in_this_process(fs: FileSystem, path: str) -> bool:
@@ -207,15 +228,16 @@ class StoreLock:
                                           "directories must be its own")  # fmt: skip
             seen[(st.st_dev, st.st_ino)] = path
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _flock_exclusive(fd)
             except OSError as e:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     log.warning("cannot lock a store directory (no flock here); not checked for another store",
                                 path=path, error=e.strerror)  # fmt: skip
                     continue
                 raise StoreLockedError(
-                    f"lock failed: {path} is in use by another store (the same directory, {os.path.realpath(path)}, "
-                    "is reached through a link from another store's root); a directory belongs to one store at a time"
+                    f"lock failed: {path} is held by another store (its lock file was deleted, or the same directory, "
+                    f"{os.path.realpath(path)}, is reached through a link from another store's root); a directory "
+                    "belongs to one store at a time"
                 ) from e
 
     def release(self) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -85,9 +86,13 @@ def _digits(name: str, width: int) -> bool:
 # lock and abort
 
 
-def lock_state(root: Path) -> dict[str, Any]:
-    """Is the store's lock held by a live process (ours too: the store takes an OFD lock, which
-    conflicts with this process's test)? F_GETLK only asks; it never takes the lock."""
+def lock_state(root: Path, commitlog_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Is the store held by a live process (ours too: the store takes an OFD lock, which
+    conflicts with this process's test)? Its `lock` file's record lock says so; failing that,
+    the flock a running store holds on its commitlog directory (`commitlog_dir`, default
+    root/commitlog; StoreLock.claim_directories): after someone deleted or replaced `lock` (a
+    "stale lock" clean-up), the tools advised `mqstore recover` for a live store (review 53
+    L3). Both only ask: F_GETLK takes nothing, and a shared flock is let go at once."""
     lock_path = root / LOCK_FILE_NAME
     state: dict[str, Any] = {
         "lock_file": lock_path.is_file(),
@@ -95,13 +100,26 @@ def lock_state(root: Path) -> dict[str, Any]:
         "holder_pid": None,
         "abort_file": (root / ABORT_FILE_NAME).exists(),
     }
-    if not state["lock_file"]:
+    if state["lock_file"]:
+        _test_lock_file(lock_path, state)
+    if state["held"]:
+        if state["holder_pid"] is None:
+            state["holder_pid"] = _ofd_lock_holder(lock_path) or _process_with_open(lock_path)
         return state
+    directory = Path(commitlog_dir) if commitlog_dir is not None else root / "commitlog"
+    if _directory_held(directory):
+        state["held"] = True
+        state["held_through"] = str(directory)
+        state["holder_pid"] = _ofd_lock_holder(directory)
+    return state
+
+
+def _test_lock_file(lock_path: Path, state: dict[str, Any]) -> None:
     try:
         fd = os.open(lock_path, os.O_RDONLY)
     except OSError as exc:
         state["error"] = f"cannot open {lock_path}: {exc.strerror}"
-        return state
+        return
     try:
         query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
         l_type, _whence, _start, _len, pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))
@@ -112,9 +130,22 @@ def lock_state(root: Path) -> dict[str, Any]:
         state["error"] = f"cannot test the lock on {lock_path}: {exc.strerror}"
     finally:
         os.close(fd)
-    if state["held"] and state["holder_pid"] is None:
-        state["holder_pid"] = _ofd_lock_holder(lock_path) or _process_with_open(lock_path)
-    return state
+
+
+def _directory_held(directory: Path) -> bool:
+    """Whether another open file holds an exclusive flock on `directory` (a running store's,
+    this process's too): a shared one cannot be had. One had is let go at once."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False  # none there (or not a directory): nothing holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)  # (no flock here: nothing to say)
+    finally:
+        os.close(fd)  # drops the shared lock if it was had
+    return False
 
 
 def _process_with_open(path: Path) -> int | None:
@@ -507,7 +538,7 @@ def _verdict(lock: dict[str, Any], problems: list[dict[str, Any]]) -> str:
 def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) -> dict[str, Any]:
     """The whole report of `mqstore inspect` as a dict (what --json prints)."""
     _check_store_dir(root)
-    lock = lock_state(root)
+    lock = lock_state(root, config.commitlog_dir)
     # Read before the log: the flushed offset of a running store moves on during the scan.
     checkpoint, cp_problems = _inspect_checkpoint(root)
     commitlog_dir = Path(config.commitlog_dir)
@@ -611,7 +642,7 @@ def _present_segments(files: list[Path]) -> list[tuple[Path, int]]:
 def store_file_stats(root: Path, config: StoreConfig) -> dict[str, Any]:
     """`mqstore stats`: the cheap figures, without scanning the whole log."""
     _check_store_dir(root)
-    lock = lock_state(root)
+    lock = lock_state(root, config.commitlog_dir)
     present = _present_segments(_segment_files(Path(config.commitlog_dir)))
     files = [path for path, _ in present]
     segment_size = present[0][1] if present else None
@@ -713,6 +744,9 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
 def _lock_line(lock: dict[str, Any]) -> str:
     if lock["held"]:
         who = f"pid {lock['holder_pid']}" if lock["holder_pid"] else "a live process"
+        if lock.get("held_through"):
+            return (f"held by {who} through {lock['held_through']} (the store is running; its lock file was deleted or "
+                    "replaced)")  # fmt: skip
         return f"held by {who} (the store is running)"
     return "free" if lock["lock_file"] else "no lock file"
 

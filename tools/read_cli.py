@@ -205,7 +205,7 @@ def _opened(args: argparse.Namespace) -> Iterator[_ReadOnlyStore]:
 
     root: Path = args.store_dir
     config = store_config(args, root)
-    state = lock_state(root)
+    state = lock_state(root, config.commitlog_dir)
     if state["held"]:
         raise CliError(ExitCode.LOCKED, f"{root} is locked by a running store; stop it first")
     store = _ReadOnlyStore(config)

@@ -186,7 +186,7 @@ def run_verify(args: argparse.Namespace) -> int:
     cfg = store_config(args, root)
     from .inspect_cli import lock_state  # F_GETLK only asks: verify stays read-only
 
-    state = lock_state(root)
+    state = lock_state(root, cfg.commitlog_dir)
     if state["held"]:
         holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
         raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; verify checks a "

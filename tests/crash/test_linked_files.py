@@ -138,10 +138,10 @@ def test_a_directory_reached_from_two_store_roots_is_held_by_one_store_at_a_time
     (copy / shared).symlink_to(original / shared)
     with mqstore.open(original, **SMALL) as store:
         before = _state(original / shared)
-        with pytest.raises(mqstore.StoreLockedError, match=f"{copy / shared} is in use by another store"):
+        with pytest.raises(mqstore.StoreLockedError, match=f"{copy / shared} is held by another store"):
             mqstore.open(copy, **SMALL)
         code, message = _recover(copy)
-        assert code == ExitCode.LOCKED and "in use by another store" in message, message
+        assert code == ExitCode.LOCKED and "is held by another store" in message, message
         assert _state(original / shared) == before  # the refused opens wrote nothing into it
         assert store.put(Message("t", b"after")).ok  # and it is still the original's
     with mqstore.open(copy, **SMALL):  # once the original is closed, the link is the copy's to use

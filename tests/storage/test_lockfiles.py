@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,28 @@ def test_the_lock_is_never_written_through_a_link(tmp_path: Path, link: str) -> 
     again = StoreLock(RealFileSystem(), str(lock))  # nothing held by the refused attempt
     again.acquire()
     again.release()
+
+
+def test_a_directory_held_for_an_instant_by_a_tool_is_claimed_after_it(tmp_path: Path) -> None:
+    """Review 53 L3: the read-only commands ask whether a store runs by taking a shared flock on
+    its commitlog directory for an instant; an open meeting it waits that out instead of calling
+    the directory another store's. One held for good is still refused."""
+    directory = tmp_path / "commitlog"
+    directory.mkdir()
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    threading.Timer(0.02, os.close, (fd,)).start()  # a tool's probe, let go
+    lock = StoreLock(RealFileSystem(), str(tmp_path / "lock"))
+    lock.acquire()
+    try:
+        lock.claim_directories([str(directory)])
+    finally:
+        lock.release()
+    held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_SH)
+    try:
+        with StoreLock(RealFileSystem(), str(tmp_path / "lock")) as lock:
+            with pytest.raises(StoreLockedError, match="is held by another store"):
+                lock.claim_directories([str(directory)])
+    finally:
+        os.close(held)

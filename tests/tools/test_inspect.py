@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,45 @@ def test_a_running_store_is_reported_running_with_the_lock_holder(tmp_path: Path
         assert code == 0 and "the store is running" in text
     finally:
         store.close()
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert r["verdict"] == "healthy" and not r["lock"]["held"]
+
+
+@pytest.mark.parametrize("lock_file", ["deleted", "replaced"])
+def test_a_running_store_whose_lock_file_is_gone_is_still_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], lock_file: str
+) -> None:
+    """Review 53 L3: after a "stale lock" clean-up (`rm lock`) under a running store, the tools
+    said it did not stop cleanly and advised `mqstore recover`. The flock the store holds on
+    its commitlog directory still says it runs: the tools say so (get and verify exit 4), and a
+    second opener's refusal names the deleted lock file."""
+    root = tmp_path / "s"
+    store = write_store(root, 50, close=False)
+    try:
+        (root / "lock").unlink()
+        if lock_file == "replaced":
+            (root / "lock").write_bytes(b"")
+        code, r, err = run(capsys, "inspect", str(root), "--json")
+        assert code == 0 and r["verdict"] == "running" and "mqstore recover" not in err, err
+        assert r["lock"]["held"] and r["lock"]["holder_pid"] == os.getpid()
+        assert r["lock"]["held_through"] == str(root / "commitlog")
+        assert not any(p["kind"] == "abort_file" for p in r["problems"])
+        code, text, err = run(capsys, "inspect", str(root))
+        assert "its lock file was deleted or replaced" in text and "mqstore recover" not in err
+        code, text, err = run(capsys, "stats", str(root))
+        assert code == 0 and "the store is running" in text and "mqstore recover" not in err
+        for argv in (["get", str(root), "--topic", "T0", "--queue", "0", "--offset", "0"], ["verify", str(root)]):
+            code, _, err = run(capsys, *argv)
+            assert code == ExitCode.LOCKED and "mqstore recover" not in err, (argv, err)
+        code, _, err = run(capsys, "dump", str(root))
+        assert code == 0 and "mqstore recover" not in err, err
+        assert (root / "lock").exists() == (lock_file == "replaced")  # the commands made none
+        other = subprocess.run([sys.executable, "-c", f"import mqstore; mqstore.open({str(root)!r})"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "StoreLockedError" in other.stderr and "its lock file was deleted" in other.stderr, other.stderr
+        assert store.put(mqstore.Message(topic="T0", body=b"after")).ok
+    finally:
+        assert store.close()
     code, r, _ = run(capsys, "inspect", str(root), "--json")
     assert r["verdict"] == "healthy" and not r["lock"]["held"]
 
