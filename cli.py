@@ -33,10 +33,10 @@ from .config import ConfigError, StoreConfig, StoreGeometryAmbiguous
 from .log import configure_logging, get_logger
 from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
-from .storage.commitlog import scan_commitlog_dir, segment_size_in
+from .storage.commitlog import being_created, scan_commitlog_dir, segment_size_in
 from .storage.consume_queue import iter_cq_units, list_consume_queues
 from .storage.fs import NotARegularFileError, RealFileSystem
-from .storage.index import IndexFile
+from .storage.index import IndexFile, index_file_size
 from .storage.lockfiles import StoreDirectoryError
 from .storage.mapped_file_queue import named_past_the_largest_offset
 
@@ -208,8 +208,9 @@ def store_config(
         if foreign is not None:
             raise CliError(ExitCode.NOT_A_STORE, f"the commitlog directory {config.commitlog_dir} is not this "
                                                  f"store's: {foreign}; is store_path_commitlog set right?")  # fmt: skip
+    running = store_running(root, config.commitlog_dir)
     try:
-        config, _ = adopt_geometry(RealFileSystem(), config)
+        config, _ = adopt_geometry(RealFileSystem(), config, live=running)
     except StoreGeometryAmbiguous as exc:
         if not diagnosing:
             raise CliError(ExitCode.USAGE, str(exc)) from None
@@ -219,9 +220,7 @@ def store_config(
     except ConfigError as exc:
         raise CliError(ExitCode.USAGE, str(exc)) from None
     if read_only and os.path.exists(config.abort_path):
-        from .tools.inspect_cli import lock_state  # (the tools import this module)
-
-        if lock_state(root, config.commitlog_dir)["held"]:  # running: its abort file says only that (review 45 F4)
+        if running:  # its abort file says only that (review 45 F4)
             print(f"mqstore {getattr(args, 'command', '')}: {root} is open in a running process: reading what is "
                   "valid now, changing nothing", file=sys.stderr)  # fmt: skip
         else:
@@ -229,6 +228,13 @@ def store_config(
                   f"reading what is valid, changing nothing; run `mqstore recover {root}` to recover it",
                   file=sys.stderr)  # fmt: skip
     return config
+
+
+def store_running(root: Path, commitlog_dir: str | os.PathLike[str]) -> bool:
+    """Whether a live process holds the store at `root` (tools.inspect_cli.lock_state: only asks)."""
+    from .tools.inspect_cli import lock_state  # (the tools import this module)
+
+    return bool(lock_state(root, commitlog_dir)["held"])
 
 
 def _add_plugin_groups(subparsers: Any) -> None:
@@ -291,14 +297,18 @@ def _run_dump(args: argparse.Namespace) -> int:
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
     out = sys.stdout
     config = store_config(args, root, require_commitlog=False)
+    # A running store's newest files may be ones it is making (review 53 L1): not damage.
+    live = store_running(root, config.commitlog_dir)
     if args.what == "commitlog":
         directory = args.commitlog_dir or _commitlog_dir_of(root)
+        live = live if args.commitlog_dir is None else store_running(root, directory)
         rows = dump_commitlog(directory, max_message_size_bytes=args.max_message_size_bytes or config.max_message_size_bytes,
-                              segment_size=config.mapped_file_size_commitlog_bytes)
+                              segment_size=config.mapped_file_size_commitlog_bytes, live=live)  # fmt: skip
     elif args.what == "consumequeue":
         rows = dump_consume_queues(root / "consumequeue", topic=args.topic, queue_id=args.queue_id)
     elif args.what == "index":
-        rows = dump_index(root / "index", max_hash_slot_num=args.max_hash_slot_num or config.max_hash_slot_num)
+        rows = dump_index(root / "index", max_hash_slot_num=args.max_hash_slot_num or config.max_hash_slot_num,
+                          max_index_num=config.max_index_num, live=live)  # fmt: skip
     else:
         rows = dump_checkpoint(root / "checkpoint")
     count = _write_json_lines(rows, out)
@@ -364,13 +374,14 @@ def commitlog_row(rec: MessageRecord) -> dict[str, Any]:
 
 
 def dump_commitlog(
-    directory: Path, *, max_message_size_bytes: int, segment_size: int | None = None
+    directory: Path, *, max_message_size_bytes: int, segment_size: int | None = None, live: bool = False
 ) -> Iterator[dict[str, Any]]:
     """Every message of a commitlog directory, in offset order; CliError(CORRUPT) at bad data.
 
     The segment size is the segments' own length (`segment_layout`), so a broker's directory
     with any segment size reads as well as ours. A blank END_OF_FILE record moves on to the next file; unwritten
     (zero) space ends the log, and later files (pre-allocated ones) must then be unwritten too.
+    `live`: a running store writes the directory (see `scan_commitlog_dir`).
     """
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
@@ -382,6 +393,8 @@ def dump_commitlog(
     for path in files:
         if not path.is_file() and os.path.lexists(path):
             raise CliError(ExitCode.NOT_A_STORE, f"{path} is in the way: a commitlog segment file belongs there")
+    if segment_size == 0 and live and len(files) == 1:
+        return  # a new store's first segment, being made (see scan_commitlog_dir)
     if segment_size == 0:  # a lone segment, emptied: no RocketMQ store has one
         raise CliError(ExitCode.CORRUPT, f"{files[0]} is 0 bytes: a commitlog segment is never empty")
     starts = [int(p.name) for p in files]
@@ -394,7 +407,7 @@ def dump_commitlog(
 
     ended_in: Path | None = None
     scan = scan_commitlog_dir(
-        str(directory), check_crc=True, segment_size=segment_size, max_message_size=max_message_size_bytes
+        str(directory), check_crc=True, segment_size=segment_size, max_message_size=max_message_size_bytes, live=live
     )
     with contextlib.closing(scan):
         for found in scan:
@@ -439,12 +452,19 @@ def dump_consume_queues(
 _INDEX_NAME: Final = re.compile(r"\A\d{17}\Z")
 
 
-def dump_index(directory: Path, *, max_hash_slot_num: int) -> Iterator[dict[str, Any]]:
-    """Each index file's header, then its entries 1 .. indexCount-1 (§10.2, §10.4)."""
+def dump_index(
+    directory: Path, *, max_hash_slot_num: int, max_index_num: int | None = None, live: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Each index file's header, then its entries 1 .. indexCount-1 (§10.2, §10.4). `live`: a
+    running store writes the directory; its newest file, shorter than the geometry's
+    (`max_index_num` given), is one being made and holds nothing yet."""
     if not directory.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{directory} is not a directory")
     fs = RealFileSystem()
-    for path in sorted(p for p in directory.iterdir() if _INDEX_NAME.match(p.name)):
+    paths = sorted(p for p in directory.iterdir() if _INDEX_NAME.match(p.name))
+    for path in paths:
+        if live and max_index_num is not None and _being_made(path, paths[-1], index_file_size(max_hash_slot_num, max_index_num)):
+            continue
         try:
             index_file = IndexFile.open_readonly(fs, str(path), max_hash_slot_num=max_hash_slot_num)
         except ValueError as exc:
@@ -469,6 +489,14 @@ def dump_index(directory: Path, *, max_hash_slot_num: int) -> Iterator[dict[str,
                 }
         finally:
             index_file.close()
+
+
+def _being_made(path: Path, newest: Path, file_size: int) -> bool:
+    """`storage.commitlog.being_created` for a listed file (one gone since: not)."""
+    try:
+        return being_created(path.name, newest.name, path.stat().st_size, file_size)
+    except FileNotFoundError:
+        return False
 
 
 _CHECKPOINT_LONGS_BYTES: Final = 24

@@ -26,7 +26,7 @@ from ..config import (
     StoreGeometryAmbiguous,
 )
 from ..log import get_logger
-from .commitlog import segment_lengths_in, segment_size_candidates
+from .commitlog import being_created, segment_lengths_in, segment_size_candidates
 from .fs import FileSystem
 from .index import HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, read_index_header
 
@@ -84,21 +84,33 @@ def _digit_files(fs: FileSystem, directory: str, width: int) -> list[str]:
     )
 
 
-def _common_size(fs: FileSystem, paths: list[str], odd: list[str]) -> int | None:
-    """The size most files share (ties: the first file's); the others are damage."""
+def _odd(paths: dict[str, int], size: int, live: bool) -> list[str]:
+    """The files of `paths` (path -> length) whose length is not `size`: damage, but for the
+    newest of a directory a running store (`live`) is making (`being_created`)."""
+    newest: dict[str, str] = {}
+    for p in paths:
+        directory, name = os.path.split(p)
+        newest[directory] = max(newest.get(directory, name), name)
+    return [p for p, s in paths.items()
+            if s != size and not (live and being_created(os.path.basename(p), newest[os.path.dirname(p)], s, size))]  # fmt: skip
+
+
+def _common_size(fs: FileSystem, paths: list[str], odd: list[str], live: bool = False) -> tuple[int | None, list[str]]:
+    """The size most files share (ties: the first file's), and the files of that size; the
+    others are damage (but one `_odd` takes for being made)."""
     sizes = {p: fs.getsize(p) for p in paths}
     counted = Counter(s for s in sizes.values() if s > 0)
     if not counted:
         odd.extend(paths)
-        return None
+        return None, []
     top = max(counted.values())
     size = next(s for p, s in sizes.items() if counted.get(s) == top)
-    odd.extend(p for p, s in sizes.items() if s != size)
-    return size
+    odd.extend(_odd(sizes, size, live))
+    return size, [p for p, s in sizes.items() if s == size]
 
 
 def _commitlog_segment_size(
-    fs: FileSystem, directory: str, odd: list[str], explicit: int | None
+    fs: FileSystem, directory: str, odd: list[str], explicit: int | None, live: bool = False
 ) -> tuple[int | None, tuple[int, ...]]:
     """The segment size that explains the segments' names and lengths best (the one rule the
     tools use too: `segment_size_candidates`), and the sizes that explain them equally well
@@ -111,7 +123,8 @@ def _commitlog_segment_size(
     if not paths:
         return None, ()
     names = [os.path.basename(p) for p in paths]
-    candidates = segment_size_candidates([int(n) for n in names], segment_lengths_in(fs, directory, names),
+    lengths = segment_lengths_in(fs, directory, names)
+    candidates = segment_size_candidates([int(n) for n in names], lengths,
                                          min_size=MIN_COMMITLOG_SEGMENT_BYTES)  # fmt: skip
     if not candidates:  # no geometry: cut or emptied files only
         odd.extend(paths)
@@ -123,15 +136,17 @@ def _commitlog_segment_size(
     if len(tied) == 1 and unproven and explicit != candidates[0].size:
         return None, tied
     size = explicit if len(tied) > 1 and explicit is not None else candidates[0].size
-    for p in paths:
+    for p, name, length in zip(paths, names, lengths):
         # Segments start at multiples of the size (named by their first offset, §2.4).
-        if not fs.isfile(p) or fs.getsize(p) != size or int(os.path.basename(p)) % size:
+        if length is None or int(name) % size:
+            odd.append(p)
+        elif length != size and not (live and being_created(name, names[-1], length, size)):
             odd.append(p)
     return size, tied if len(tied) > 1 or unproven else ()
 
 
 def _consume_queue_file_size(
-    fs: FileSystem, directory: str, odd: list[str], explicit: int | None = None
+    fs: FileSystem, directory: str, odd: list[str], explicit: int | None = None, live: bool = False
 ) -> tuple[int | None, tuple[int, ...]]:
     """The ConsumeQueue file size most files have, counting a file only where its name allows
     its length (a file starts at a multiple of the size); the sizes tied for most when more than one is (with
@@ -160,8 +175,8 @@ def _consume_queue_file_size(
     tied = tuple(sorted(size for size, n in counted.items() if n == top))
     if len(tied) > 1 and explicit not in tied:
         return None, tied
-    size = explicit if len(tied) > 1 else tied[0]
-    odd.extend(p for p, s in sizes.items() if s != size)
+    size = explicit if len(tied) > 1 and explicit is not None else tied[0]
+    odd.extend(_odd(sizes, size, live))
     return size, tied if len(tied) > 1 else ()
 
 
@@ -234,26 +249,27 @@ def index_geometry_of(
     return None
 
 
-def detect_geometry(fs: FileSystem, config: StoreConfig) -> StoreGeometry:
-    """Read the geometry of the store `config` points at. Reads only."""
+def detect_geometry(fs: FileSystem, config: StoreConfig, *, live: bool = False) -> StoreGeometry:
+    """Read the geometry of the store `config` points at. Reads only. `live`: a running store
+    writes it; the newest file of a directory, shorter than its kind's size, is one being
+    made (`being_created`), not damage."""
     odd: list[str] = []
     explicit = config.mapped_file_size_commitlog_bytes if "mapped_file_size_commitlog_bytes" in config.explicit else None
-    segment, ambiguous = _commitlog_segment_size(fs, config.commitlog_dir, odd, explicit)
+    segment, ambiguous = _commitlog_segment_size(fs, config.commitlog_dir, odd, explicit, live)
     explicit_cq = (config.mapped_file_size_consume_queue_bytes
                    if "mapped_file_size_consume_queue_bytes" in config.explicit else None)  # fmt: skip
-    cq, cq_ambiguous = _consume_queue_file_size(fs, config.consume_queue_dir, odd, explicit_cq)
+    cq, cq_ambiguous = _consume_queue_file_size(fs, config.consume_queue_dir, odd, explicit_cq, live)
     index_paths = [
         os.path.join(config.index_dir, n)
         for n in (sorted(fs.listdir(config.index_dir)) if fs.isdir(config.index_dir) else [])
         if len(n) == 17 and n.isdigit()
     ]
-    index_size = _common_size(fs, index_paths, odd)
+    index_size, same = _common_size(fs, index_paths, odd, live)
     if index_size is not None and index_size < INDEX_HEADER_SIZE + HASH_SLOT_SIZE + 2 * INDEX_ENTRY_SIZE:
         odd.extend(p for p in index_paths if p not in odd)  # no index file at all: damage
         index_size = None
     index: IndexGeometry | None = None
     if index_size is not None:
-        same = [p for p in index_paths if p not in odd]
         hints = [IndexGeometry(config.max_hash_slot_num, config.max_index_num)]
         if "max_hash_slot_num" in config.explicit or "max_index_num" not in config.explicit:
             entries = (index_size - INDEX_HEADER_SIZE - config.max_hash_slot_num * HASH_SLOT_SIZE) // INDEX_ENTRY_SIZE
@@ -265,10 +281,10 @@ def detect_geometry(fs: FileSystem, config: StoreConfig) -> StoreGeometry:
     return StoreGeometry(segment, cq, index, index_size, tuple(odd), ambiguous, cq_ambiguous)
 
 
-def adopt_geometry(fs: FileSystem, config: StoreConfig) -> tuple[StoreConfig, StoreGeometry]:
+def adopt_geometry(fs: FileSystem, config: StoreConfig, *, live: bool = False) -> tuple[StoreConfig, StoreGeometry]:
     """`config` with the files' geometry where the caller gave none; StoreConfigMismatch where
-    the caller's explicit value contradicts the files. Reads only."""
-    geometry = detect_geometry(fs, config)
+    the caller's explicit value contradicts the files. Reads only. `live`: see detect_geometry."""
+    geometry = detect_geometry(fs, config, live=live)
     if geometry.commitlog_segment_ambiguous and geometry.commitlog_segment_bytes is None:
         key = "mapped_file_size_commitlog_bytes"
         raise StoreGeometryAmbiguous(key, getattr(config, key), geometry.commitlog_segment_ambiguous, config.commitlog_dir)

@@ -42,7 +42,7 @@ from ..cli import CliError, ExitCode, segment_layout, store_config
 from ..config import StoreConfig
 from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
-from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
+from ..storage.commitlog import CommitLogReader, being_created, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import RealFileSystem
 from ..storage.commitlog import STORE_COPY_SUFFIX, store_copies
@@ -198,10 +198,12 @@ def _problem(kind: str, severity: str, message: str, **where: Any) -> dict[str, 
 
 
 def _inspect_commitlog(
-    directory: Path, *, max_message_size: int, check_crc: bool, abort: bool, segment_size: int | None = None
+    directory: Path, *, max_message_size: int, check_crc: bool, abort: bool, segment_size: int | None = None,
+    live: bool = False,
 ) -> tuple[dict[str, Any], dict[int, tuple[str, int, int, int]] | None, list[dict[str, Any]]]:
     """Segments with their records; a map offset -> (topic, queue, queue offset, size) of
-    every message (None when there are too many to remember); the problems found."""
+    every message (None when there are too many to remember); the problems found. `live`: a
+    running store writes the directory; its newest segment may be one being made."""
     problems: list[dict[str, Any]] = []
     out: dict[str, Any] = {"dir": str(directory), "segment_size": None, "segments": [], "min_offset": -1,
                            "max_offset": -1, "records_reach": -1, "messages": 0, "bytes": 0,
@@ -211,6 +213,8 @@ def _inspect_commitlog(
     files, segment_size = segment_layout(directory, segment_size)
     if not files:
         return out, {}, problems
+    if segment_size == 0 and live and len(files) == 1:
+        return out, {}, problems  # a new store's first segment, being made
     if segment_size == 0:  # a lone segment, emptied (or not a file): no RocketMQ store has one
         problems.append(_problem("segment_size", DAMAGED, f"{files[0]} holds no bytes: a commitlog segment is never "
                                  "empty", file=str(files[0]), commitlog_offset=int(files[0].name)))  # fmt: skip
@@ -245,7 +249,7 @@ def _inspect_commitlog(
     data_after_end: list[int] = []
     ended_in: int | None = None
     for read in scan_commitlog_dir(str(directory), check_crc=check_crc, read_body=check_crc, segment_size=segment_size,
-                                   max_message_size=max_message_size):  # fmt: skip
+                                   max_message_size=max_message_size, live=live):  # fmt: skip
         seg_start = read.offset - read.offset % segment_size if segment_size else 0
         seg = segments.get(seg_start) or segments[max(s for s in starts if s <= read.offset)]
         if read.kind is RecordKind.MESSAGE:
@@ -329,6 +333,7 @@ def _inspect_consume_queues(
     commitlog_max: int,
     remembered: dict[int, tuple[str, int, int, int]] | None,
     full: bool,
+    live: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     fs = RealFileSystem()
     cq_root = root / "consumequeue"
@@ -350,6 +355,8 @@ def _inspect_consume_queues(
             continue
         file_size = present[0][1]
         for p, size in present:
+            if live and being_created(p.name, files[-1].name, size, file_size):
+                continue  # a running store's next file, being made (review 53 L1)
             if size != file_size or file_size % CQ_STORE_UNIT_SIZE:
                 problems.append(_problem("cq_file_size", DAMAGED, f"{p}: {size} bytes, expected {file_size}"
                                          " (a multiple of 20)", file=str(p)))  # fmt: skip
@@ -434,7 +441,7 @@ def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
 
 
 def _inspect_index(
-    root: Path, config: StoreConfig, commitlog_max: int, commitlog_min: int
+    root: Path, config: StoreConfig, commitlog_max: int, commitlog_min: int, live: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     fs = RealFileSystem()
     directory = Path(config.index_dir)
@@ -458,6 +465,8 @@ def _inspect_index(
     expected = index_file_size(config.max_hash_slot_num, config.max_index_num)
     for path in sorted(p for p in directory.iterdir() if _digits(p.name, 17) and p.is_file()):
         size = path.stat().st_size
+        if live and being_created(path.name, names[-1], size, expected):
+            continue  # a running store's next file, being made (review 53 L1)
         try:
             h = read_index_header(fs, str(path))
         except (ValueError, OSError) as exc:
@@ -544,10 +553,11 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     commitlog_dir = Path(config.commitlog_dir)
     commitlog, remembered, problems = _inspect_commitlog(
         commitlog_dir, max_message_size=config.max_stored_record_bytes, check_crc=check_crc, abort=lock["abort_file"],
-        segment_size=config.mapped_file_size_commitlog_bytes,
+        segment_size=config.mapped_file_size_commitlog_bytes, live=lock["held"],
     )
     queues, cq_problems = _inspect_consume_queues(
-        root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True
+        root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True,
+        live=lock["held"],
     )
     gone = commitlog_gone(config, RealFileSystem())
     if gone is not None:
@@ -589,7 +599,7 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  "is back, or `mqstore recover` gives up the rest", commitlog_offset=records_end))  # fmt: skip
         cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     problems += cq_problems
-    index, index_problems = _inspect_index(root, config, commitlog["max_offset"], commitlog["min_offset"])
+    index, index_problems = _inspect_index(root, config, commitlog["max_offset"], commitlog["min_offset"], lock["held"])
     problems += index_problems
     problems += cp_problems
     if lock["abort_file"] and not lock["held"]:
