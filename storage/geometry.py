@@ -27,7 +27,7 @@ from ..config import (
 )
 from ..log import get_logger
 from .commitlog import being_created, segment_lengths_in, segment_size_candidates
-from .fs import FileSystem
+from .fs import FileSystem, RealFileSystem
 from .index import HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, read_index_header
 
 __all__ = ["StoreGeometry", "IndexGeometry", "adopt_geometry", "detect_geometry", "index_geometry_of"]
@@ -84,6 +84,21 @@ def _digit_files(fs: FileSystem, directory: str, width: int) -> list[str]:
     )
 
 
+def _sizes(fs: FileSystem, paths: list[str]) -> dict[str, int]:
+    """The length of each file of `paths` still there: a running store's cleaner deletes the
+    oldest segment, queue and index files while a read-only command reads (a listed file
+    gone failed `stats` with FileNotFoundError, or was warned of as damage). A symbolic link
+    to nothing is not gone: its FileNotFoundError names it."""
+    sizes: dict[str, int] = {}
+    for p in paths:
+        try:
+            sizes[p] = fs.getsize(p)
+        except FileNotFoundError:
+            if isinstance(fs, RealFileSystem) and os.path.lexists(p):
+                raise
+    return sizes
+
+
 def _odd(paths: dict[str, int], size: int, live: bool) -> list[str]:
     """The files of `paths` (path -> length) whose length is not `size`: damage, but for the
     newest of a directory a running store (`live`) is making (`being_created`)."""
@@ -98,10 +113,10 @@ def _odd(paths: dict[str, int], size: int, live: bool) -> list[str]:
 def _common_size(fs: FileSystem, paths: list[str], odd: list[str], live: bool = False) -> tuple[int | None, list[str]]:
     """The size most files share (ties: the first file's), and the files of that size; the
     others are damage (but one `_odd` takes for being made)."""
-    sizes = {p: fs.getsize(p) for p in paths}
+    sizes = _sizes(fs, paths)
     counted = Counter(s for s in sizes.values() if s > 0)
     if not counted:
-        odd.extend(paths)
+        odd.extend(sizes)
         return None, []
     top = max(counted.values())
     size = next(s for p, s in sizes.items() if counted.get(s) == top)
@@ -137,6 +152,8 @@ def _commitlog_segment_size(
         return None, tied
     size = explicit if len(tied) > 1 and explicit is not None else candidates[0].size
     for p, name, length in zip(paths, names, lengths):
+        if length is None and not fs.exists(p) and not (isinstance(fs, RealFileSystem) and os.path.lexists(p)):
+            continue  # gone since the listing (`_sizes`)
         # Segments start at multiples of the size (named by their first offset, §2.4).
         if length is None or int(name) % size:
             odd.append(p)
@@ -164,12 +181,12 @@ def _consume_queue_file_size(
         for queue in sorted(fs.listdir(topic_dir)):
             if queue.isdigit():
                 paths.extend(_digit_files(fs, os.path.join(topic_dir, queue), 20))
-    sizes = {p: fs.getsize(p) for p in paths}
+    sizes = _sizes(fs, paths)
     counted = Counter(size for p, size in sizes.items()
                       if size >= MIN_CONSUME_QUEUE_FILE_BYTES and size % CQ_STORE_UNIT_SIZE == 0
                       and int(os.path.basename(p)) % size == 0)  # fmt: skip
     if not counted:
-        odd.extend(paths)  # no geometry: cut files
+        odd.extend(sizes)  # no geometry: cut files
         return None, ()
     top = max(counted.values())
     tied = tuple(sorted(size for size, n in counted.items() if n == top))
@@ -236,7 +253,16 @@ def index_geometry_of(
         slots = (size - INDEX_HEADER_SIZE) // per_ratio
         candidates.append(IndexGeometry(slots, DEFAULT_INDEX_RATIO * slots))
     candidates.extend(hints)
-    count = max((read_index_header(fs, p).index_count for p in paths), default=0)
+    counts: dict[str, int] = {}
+    for p in paths:
+        try:
+            counts[p] = read_index_header(fs, p).index_count
+        except FileNotFoundError:
+            if isinstance(fs, RealFileSystem) and os.path.lexists(p):
+                raise
+            continue  # deleted since the listing by a running store's cleaner (`_sizes`)
+    paths = list(counts)
+    count = max(counts.values(), default=0)
     slots_bytes = size - INDEX_HEADER_SIZE - count * INDEX_ENTRY_SIZE
     if count > 1 and slots_bytes > 0 and slots_bytes % HASH_SLOT_SIZE == 0:
         candidates.append(IndexGeometry(slots_bytes // HASH_SLOT_SIZE, count))
