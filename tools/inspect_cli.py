@@ -5,7 +5,8 @@ running store and on a broker's directory. `inspect` scans the whole CommitLog (
 and every ConsumeQueue, checks that they agree, and ends in a verdict:
 
 * healthy: clean shutdown, every record and unit valid;
-* running: a live process holds the lock (the files are in flux; problems are still listed);
+* running: a live process holds the lock (the files are in flux; problems are still listed,
+  the queues and index checked as they were before the log was read);
 * needs recovery: the abort file is there (the last run crashed), or the queues disagree with
   the log in a way the next start's recovery repairs (units past the log's end, a torn tail);
 * damaged: a segment of the wrong size or missing, a corrupt record with valid data after it,
@@ -334,7 +335,11 @@ def _inspect_consume_queues(
     remembered: dict[int, tuple[str, int, int, int]] | None,
     full: bool,
     live: bool = False,
+    written_before: dict[tuple[str, int], int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each queue's figures and the problems of its units. `written_before`: each queue's end
+    (next queue offset) as read before the log was (`_queue_ends`): a unit at or past it was
+    written after, for a record the log's reading may have ended before (a running store)."""
     fs = RealFileSystem()
     cq_root = root / "consumequeue"
     queues: list[dict[str, Any]] = []
@@ -376,7 +381,8 @@ def _inspect_consume_queues(
             last_q = q_off
             info["max_commitlog_offset"] = phy
             if phy + size > commitlog_max and size != 0x7FFFFFFF:
-                past_end += 1
+                if written_before is None or q_off < written_before.get((topic, queue_id), 0):
+                    past_end += 1
             elif size == 0x7FFFFFFF and phy == 0:
                 pass  # a filler unit (recovery holds a lost record's queue offset): points at nothing
             elif remembered is not None and full:
@@ -399,6 +405,16 @@ def _inspect_consume_queues(
                                      f"queue offset {q_off} (commitlog offset {phy})",
                                      topic=topic, queue_id=queue_id, queue_offset=q_off, commitlog_offset=phy))  # fmt: skip
     return queues, problems
+
+
+def _queue_ends(root: Path) -> dict[tuple[str, int], int]:
+    """Each queue's end (its last valid unit's queue offset + 1) as its files say now."""
+    ends: dict[tuple[str, int], int] = {}
+    cq_root = root / "consumequeue"
+    for topic, queue_id in list_consume_queues(str(cq_root), RealFileSystem()):
+        files = [p for p, _ in _present_segments(_segment_files(cq_root / topic / str(queue_id)))]
+        ends[(topic, queue_id)] = max((q_off + 1 for q_off, _, _, _ in _edge_units(files)), default=0)
+    return ends
 
 
 def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
@@ -440,9 +456,23 @@ def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
 # index files and checkpoint
 
 
+def _index_ends(config: StoreConfig) -> dict[str, int]:
+    """Each index file's last entry's commitlog offset as its header says now (by file name)."""
+    directory = Path(config.index_dir)
+    ends: dict[str, int] = {}
+    for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+        if _digits(path.name, 17):
+            with contextlib.suppress(ValueError, OSError):  # (one being made, or just deleted)
+                ends[path.name] = read_index_header(RealFileSystem(), str(path)).end_phy_offset
+    return ends
+
+
 def _inspect_index(
-    root: Path, config: StoreConfig, commitlog_max: int, commitlog_min: int, live: bool = False
+    root: Path, config: StoreConfig, commitlog_max: int, commitlog_min: int, live: bool = False,
+    ends_before: dict[str, int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The index files and their problems. `ends_before`: their ends as read before the log
+    was (`_index_ends`): only those are checked against the log's end (a running store)."""
     fs = RealFileSystem()
     directory = Path(config.index_dir)
     files: list[dict[str, Any]] = []
@@ -490,7 +520,8 @@ def _inspect_index(
         elif h.index_count > capacity or h.index_count < 0:
             problems.append(_problem("index_count", DAMAGED, f"{path}: index_count {h.index_count} exceeds the file's "
                                      f"{capacity} entries", file=str(path), file_position=36))  # fmt: skip
-        if commitlog_max >= 0 and h.end_phy_offset > commitlog_max:
+        end_phy = h.end_phy_offset if ends_before is None else ends_before.get(path.name, -1)
+        if commitlog_max >= 0 and end_phy > commitlog_max:
             problems.append(_problem("index_past_log_end", "warning", f"{path}: entries up to commitlog offset "
                                      f"{h.end_phy_offset}, past the log's end {commitlog_max} (harmless, §11.7)",
                                      file=str(path)))  # fmt: skip
@@ -548,6 +579,11 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     """The whole report of `mqstore inspect` as a dict (what --json prints)."""
     _check_store_dir(root)
     lock = lock_state(root, config.commitlog_dir)
+    # A running store's queues and index go on while the log is read: what they held before
+    # is what is checked against the log's end (review 53 L2: units and index entries of
+    # records appended meanwhile were listed past the end, "needs recovery").
+    queue_ends = _queue_ends(root) if lock["held"] else None
+    index_ends = _index_ends(config) if lock["held"] else None
     # Read before the log: the flushed offset of a running store moves on during the scan.
     checkpoint, cp_problems = _inspect_checkpoint(root)
     commitlog_dir = Path(config.commitlog_dir)
@@ -557,7 +593,7 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     )
     queues, cq_problems = _inspect_consume_queues(
         root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True,
-        live=lock["held"],
+        live=lock["held"], written_before=queue_ends,
     )
     gone = commitlog_gone(config, RealFileSystem())
     if gone is not None:
@@ -599,7 +635,8 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  "is back, or `mqstore recover` gives up the rest", commitlog_offset=records_end))  # fmt: skip
         cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     problems += cq_problems
-    index, index_problems = _inspect_index(root, config, commitlog["max_offset"], commitlog["min_offset"], lock["held"])
+    index, index_problems = _inspect_index(root, config, commitlog["max_offset"], commitlog["min_offset"], lock["held"],
+                                           index_ends)  # fmt: skip
     problems += index_problems
     problems += cp_problems
     if lock["abort_file"] and not lock["held"]:

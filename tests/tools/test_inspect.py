@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import mqstore
 from mqstore.cli import ExitCode, main
+from mqstore.tools import inspect_cli
 from mqstore.tests.crash.crashlib import flushed_only_to
 
 
@@ -145,6 +147,35 @@ def test_a_running_store_whose_lock_file_is_gone_is_still_running(
         assert store.close()
     code, r, _ = run(capsys, "inspect", str(root), "--json")
     assert r["verdict"] == "healthy" and not r["lock"]["held"]
+
+
+def test_a_running_store_that_puts_while_inspect_reads_its_log_has_no_units_past_its_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 53 L2: inspect read the log's end, then the queues and the index, which a running
+    store had moved on meanwhile: units and index entries of the records appended since were
+    listed past the log's end ("needs recovery"). What they held before the log was read is
+    what is checked now; a unit past the end that was there before still is a problem."""
+    root = tmp_path / "s"
+    store = write_store(root, 50, close=False)
+    scan = inspect_cli._inspect_commitlog
+
+    def scan_then_put(*args: Any, **kwargs: Any) -> Any:
+        found = scan(*args, **kwargs)
+        for i in range(20):  # appended and dispatched after the log's end was read
+            assert store.put(mqstore.Message(topic="T0", body=b"late", queue_id=0, keys=[f"late-{i}"])).ok
+        assert [m.body for m in store.query("T0", "late-19").messages] == [b"late"]  # queues and index have them
+        return found
+
+    monkeypatch.setattr(inspect_cli, "_inspect_commitlog", scan_then_put)
+    try:
+        code, r, _ = run(capsys, "inspect", str(root), "--json")
+        assert code == 0 and r["verdict"] == "running"
+        assert r["problems"] == [], r["problems"]
+        assert max(q["max_commitlog_offset"] for q in r["consume_queues"]) >= r["commitlog"]["max_offset"]
+    finally:
+        monkeypatch.setattr(inspect_cli, "_inspect_commitlog", scan)
+        assert store.close()
 
 
 def test_an_abort_file_means_needs_recovery(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
