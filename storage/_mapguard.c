@@ -16,6 +16,7 @@ faulthandler under pytest) or to the default action, exactly as without this mod
 
 #include <signal.h>
 #include <stdatomic.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -23,12 +24,18 @@ faulthandler under pytest) or to the default action, exactly as without this mod
 #include <unistd.h>
 
 /* vm.max_map_count defaults to 65530: a process cannot hold more maps than that. */
-#define GUARD_SLOTS 65536
+#define SLOT_BITS 16
+#define GUARD_SLOTS ((size_t)1 << SLOT_BITS)
 
+/* What guard() hands out is a token, (generation << SLOT_BITS) | slot: a slot taken again by
+   another map has a new generation, so the token of a map that went before (released twice,
+   or once by its owner after guard() reclaimed it) names no slot and can neither free nor read
+   the new map's. */
 typedef struct {
     _Atomic uintptr_t start; /* 0: free */
     _Atomic uintptr_t end;
     _Atomic unsigned long faults;
+    unsigned long long generation; /* not read by the handler; changed only under the GIL */
 } GuardSlot;
 
 static GuardSlot slots[GUARD_SLOTS];
@@ -162,8 +169,10 @@ static int ensure_installed(void)
 PyDoc_STRVAR(guard_doc,
 "guard(buffer) -> int\n\n"
 "Register a file map (an mmap, writable or not): a fault on it that would be SIGBUS maps a zero\n"
-"page there instead and is counted. Returns the slot for faults() and release(); OSError if\n"
-"the handler cannot be installed, RuntimeError when every slot is taken.");
+"page there instead and is counted. Returns the map's token for faults() and release(); OSError\n"
+"if the handler cannot be installed, RuntimeError when every slot is taken. A slot whose range\n"
+"the new map overlaps is released first: that map is gone (two live maps never share an\n"
+"address), and a fault on the new one must not be credited to it.");
 
 static PyObject *guard(PyObject *module, PyObject *buffer)
 {
@@ -180,6 +189,17 @@ static PyObject *guard(PyObject *module, PyObject *buffer)
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     size_t used = atomic_load_explicit(&slots_used, memory_order_relaxed);
+    /* A slot left by a map that went without release() (its owner never closed it) would take
+       this map's faults: the handler credits the first slot that holds the address. */
+    for (size_t i = 0; i < used; i++) {
+        uintptr_t other = atomic_load_explicit(&slots[i].start, memory_order_relaxed);
+        if (other != 0 && other < end && start < atomic_load_explicit(&slots[i].end, memory_order_relaxed)) {
+            atomic_store_explicit(&slots[i].start, 0, memory_order_release);
+            if (i < free_hint) {
+                free_hint = i;
+            }
+        }
+    }
     size_t slot = GUARD_SLOTS;
     for (size_t i = free_hint; i < used; i++) {
         if (atomic_load_explicit(&slots[i].start, memory_order_relaxed) == 0) {
@@ -194,6 +214,9 @@ static PyObject *guard(PyObject *module, PyObject *buffer)
         }
         slot = used;
     }
+    unsigned long long generation = (slots[slot].generation + 1) & (ULLONG_MAX >> SLOT_BITS);
+    slots[slot].generation = generation != 0 ? generation : 1; /* 0 is no token's */
+    generation = slots[slot].generation;
     atomic_store_explicit(&slots[slot].faults, 0, memory_order_relaxed);
     atomic_store_explicit(&slots[slot].end, end, memory_order_release);
     atomic_store_explicit(&slots[slot].start, start, memory_order_release); /* live from here */
@@ -201,48 +224,70 @@ static PyObject *guard(PyObject *module, PyObject *buffer)
         atomic_store_explicit(&slots_used, used + 1, memory_order_release);
     }
     free_hint = slot + 1;
-    return PyLong_FromSize_t(slot);
+    return PyLong_FromUnsignedLongLong((generation << SLOT_BITS) | slot);
 }
 
+/* The slot a token names, if it still is that map's: 1, or 0 for a token of a map whose slot
+   was taken again since (nothing to release, no faults of its own to read); -1 with an
+   exception for something that never was a token. */
 static int slot_of(PyObject *arg, size_t *slot)
 {
-    size_t value = PyLong_AsSize_t(arg);
-    if (value == (size_t)-1 && PyErr_Occurred()) {
+    unsigned long long token = PyLong_AsUnsignedLongLong(arg);
+    if (token == (unsigned long long)-1 && PyErr_Occurred()) {
         return -1;
     }
-    if (value >= atomic_load_explicit(&slots_used, memory_order_relaxed)) {
-        PyErr_Format(PyExc_ValueError, "no SIGBUS guard slot %zu", value);
+    size_t index = (size_t)(token & (GUARD_SLOTS - 1));
+    if (index >= atomic_load_explicit(&slots_used, memory_order_relaxed) || (token >> SLOT_BITS) == 0) {
+        PyErr_Format(PyExc_ValueError, "no SIGBUS guard slot %llu", token);
         return -1;
     }
-    *slot = value;
-    return 0;
+    *slot = index;
+    return slots[index].generation == (token >> SLOT_BITS);
 }
 
 PyDoc_STRVAR(release_doc,
-"release(slot) -> None\n\nUnregister a map before it is closed: its address may be reused.");
+"release(token) -> None\n\nUnregister a map before it is closed: its address may be reused. A second\n"
+"release, or one after guard() reclaimed the slot for a map at the same address, does nothing.");
 
 static PyObject *release(PyObject *module, PyObject *arg)
 {
     size_t slot;
-    if (slot_of(arg, &slot) != 0) {
+    int mine = slot_of(arg, &slot);
+    if (mine < 0) {
         return NULL;
     }
-    atomic_store_explicit(&slots[slot].start, 0, memory_order_release);
-    if (slot < free_hint) {
-        free_hint = slot;
+    if (mine && atomic_load_explicit(&slots[slot].start, memory_order_relaxed) != 0) {
+        atomic_store_explicit(&slots[slot].start, 0, memory_order_release);
+        if (slot < free_hint) {
+            free_hint = slot;
+        }
     }
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(faults_doc, "faults(slot) -> int\n\nPages of this map that faulted (cut from its file) and read zeros since.");
+PyDoc_STRVAR(faults_doc,
+"faults(token) -> int\n\nPages of this map that faulted (cut from its file) and read zeros since; 0 once\n"
+"its slot was taken by another map.");
 
 static PyObject *faults(PyObject *module, PyObject *arg)
 {
     size_t slot;
-    if (slot_of(arg, &slot) != 0) {
+    int mine = slot_of(arg, &slot);
+    if (mine < 0) {
         return NULL;
     }
-    return PyLong_FromUnsignedLong(atomic_load_explicit(&slots[slot].faults, memory_order_acquire));
+    return PyLong_FromUnsignedLong(mine ? atomic_load_explicit(&slots[slot].faults, memory_order_acquire) : 0);
+}
+
+PyDoc_STRVAR(held_doc, "held() -> int\n\nSlots registered now (maps guarded and not released).");
+
+static PyObject *held(PyObject *module, PyObject *unused)
+{
+    size_t used = atomic_load_explicit(&slots_used, memory_order_relaxed), count = 0;
+    for (size_t i = 0; i < used; i++) {
+        count += atomic_load_explicit(&slots[i].start, memory_order_relaxed) != 0;
+    }
+    return PyLong_FromSize_t(count);
 }
 
 PyDoc_STRVAR(total_faults_doc, "total_faults() -> int\n\nFaults caught on every map since the process started.");
@@ -311,6 +356,7 @@ static PyMethodDef methods[] = {
     {"guard", guard, METH_O, guard_doc},
     {"release", release, METH_O, release_doc},
     {"faults", faults, METH_O, faults_doc},
+    {"held", held, METH_NOARGS, held_doc},
     {"total_faults", total_faults_py, METH_NOARGS, total_faults_doc},
     {"installed", installed, METH_NOARGS, installed_doc},
     {NULL, NULL, 0, NULL},

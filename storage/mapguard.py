@@ -3,7 +3,10 @@
 A store file cut short while it is mapped (another process truncates it, a restore rewrites it
 in place) makes the next access to its lost pages a SIGBUS, which kills the host. With the
 guard, such a page reads zeros instead and its map counts the fault; the owner of the map asks
-`faults(slot)` where it matters (the writer before it answers a pass). The guard is not one of
+`faults(slot)` where it matters (the writer before it answers a pass). A slot is a token of its
+map: once the map is gone and the slot taken by another, the old token releases and reads
+nothing, and guarding a map drops any slot still holding its addresses (a map gone without
+release()). The guard is not one of
 the kernels MQSTORE_PURE_PYTHON turns off: it is on whenever the extension was built (with a C
 compiler at install, as CI checks). Without it, `available` is False and the open says so once.
 """
@@ -14,7 +17,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["available", "guard", "release", "faults", "total_faults", "installed", "reinstall", "same_file"]
+__all__ = ["available", "guard", "release", "faults", "held", "total_faults", "installed", "reinstall", "same_file"]
 
 
 def _load() -> ModuleType | None:
@@ -34,6 +37,7 @@ def guard(buf: Any) -> int | None:
 
 
 def release(slot: int | None) -> None:
+    """Unregister a map before it is unmapped; again, or after its slot was reclaimed, nothing."""
     if _guard is not None and slot is not None:
         _guard.release(slot)
 
@@ -41,6 +45,11 @@ def release(slot: int | None) -> None:
 def faults(slot: int | None) -> int:
     """Pages of the map that were gone from its file when touched (they read zeros since)."""
     return 0 if _guard is None or slot is None else int(_guard.faults(slot))
+
+
+def held() -> int:
+    """Slots registered now: the maps guarded and not released (tests count them)."""
+    return 0 if _guard is None else int(_guard.held())
 
 
 def total_faults() -> int:
