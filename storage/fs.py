@@ -23,6 +23,7 @@ import stat
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -256,9 +257,7 @@ class RealMappedRegion:
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap = mmap.mmap(fd, size, access=access)
-            self._guard = _guard(self.buf, path)
-            if self._guard is not None:
-                _guarded[self._guard] = path
+            self._guard, self._unguard = _guard(self.buf, path)
             if created:
                 # The new name made durable before anything in the file is acknowledged: a
                 # flush (msync) makes the data durable, not the directory entry that finds it,
@@ -266,10 +265,9 @@ class RealMappedRegion:
                 fsync_dir(os.path.dirname(os.path.abspath(path)))
         except BaseException:
             if hasattr(self, "buf"):
-                slot = getattr(self, "_guard", None)
-                if slot is not None:
-                    _guarded.pop(slot, None)
-                    mapguard.release(slot)
+                unguard = getattr(self, "_unguard", None)
+                if unguard is not None:
+                    unguard()
                 self.buf.close()
             os.close(fd)
             if created:  # so the next try creates it again, and syncs its name then
@@ -416,12 +414,9 @@ class RealMappedRegion:
     def close(self) -> None:
         if self._locked:
             self.unlock_from_memory()
-        if self._guard is not None:
-            if mapguard.faults(self._guard):
-                _record_cut(self.path)
-            _guarded.pop(self._guard, None)
-            mapguard.release(self._guard)  # before the address can be mapped again
-            self._guard = None
+        if self._unguard is not None:
+            self._unguard()  # before the address can be mapped again
+            self._guard = self._unguard = None
         if not self.buf.closed:
             try:
                 self.buf.close()
@@ -429,9 +424,7 @@ class RealMappedRegion:
                 # Still mapped: a reader holds an export (closed from another thread, review 51
                 # M1). Guarded again at once: unguarded until its owner closed it, a page cut
                 # from the file meanwhile killed the process (SIGBUS).
-                self._guard = _guard(self.buf, self.path)
-                if self._guard is not None:
-                    _guarded[self._guard] = self.path
+                self._guard, self._unguard = _guard(self.buf, self.path)
                 raise
         if self._fd is not None:
             os.close(self._fd)
@@ -530,8 +523,11 @@ def _record_cut(path: str) -> None:
     _cut_under_map_before[path] = _cut_seq
 
 
-def _guard(buf: mmap.mmap, path: str) -> int | None:
-    """The map registered with the SIGBUS guard (storage/mapguard.py); None without it."""
+def _guard(buf: mmap.mmap, path: str) -> tuple[int | None, weakref.finalize[[int, str], mmap.mmap] | None]:
+    """The map registered with the SIGBUS guard (storage/mapguard.py): its slot, and what
+    releases the slot, which its owner's close() calls and which runs by itself when the map
+    goes without one (a reader of a thread that ended, collected with its maps: review 58 F1,
+    4 slots per reading thread were never given back). (None, None) without the guard."""
     global _unguarded_logged
     try:
         slot = mapguard.guard(buf)
@@ -539,11 +535,29 @@ def _guard(buf: mmap.mmap, path: str) -> int | None:
         slot, reason = None, repr(exc)
     else:
         reason = "the extension storage/_mapguard.c was not built (no C compiler at install)"
-    if slot is None and not _unguarded_logged:
-        _unguarded_logged = True
-        log.warning("file_maps_unguarded", path=path, reason=reason,
-                    consequence="a store file cut short by another process while mapped kills the process (SIGBUS)")  # fmt: skip
-    return slot
+    if slot is None:
+        if not _unguarded_logged:
+            _unguarded_logged = True
+            log.warning("file_maps_unguarded", path=path, reason=reason,
+                        consequence="a store file cut short by another process while mapped kills the process (SIGBUS)")  # fmt: skip
+        return None, None
+    _guarded[slot] = path
+    # On the mmap, not its region: whoever holds the map last (a reader keeps `buf` itself),
+    # it is guarded while it is mapped. The callback runs in the map's dealloc, after munmap:
+    # a map made at its address meanwhile, on another thread, has taken the slot over already
+    # (the C guard() drops slots its range overlaps), and the generation in the token makes
+    # this release a no-op then.
+    unguard = weakref.finalize(buf, _unguard, slot, path)
+    unguard.atexit = False
+    return slot, unguard
+
+
+def _unguard(slot: int, path: str) -> None:
+    """A guarded map closed or gone: its cut recorded (cut_under_map), its slot released."""
+    if mapguard.faults(slot):
+        _record_cut(path)
+    _guarded.pop(slot, None)
+    mapguard.release(slot)
 
 
 def free_name(exists: Callable[[str], bool], wanted: str) -> str:

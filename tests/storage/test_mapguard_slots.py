@@ -8,16 +8,129 @@ naming a file nobody cut)."""
 
 from __future__ import annotations
 
+import gc
 import mmap
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import pykka
 import pytest
 
+import mqstore
+from mqstore.actors.base import ServiceUnavailable
+from mqstore.messages import Get, Query, Reply
+from mqstore.storage import fs as mqfs
 from mqstore.storage import mapguard
 
 pytestmark = pytest.mark.skipif(not mapguard.available, reason="storage/_mapguard.c not built")
+
+SETTINGS = dict(
+    mapped_file_size_commitlog_bytes=64 * 1024,
+    mapped_file_size_consume_queue_bytes=20 * 200,
+    max_hash_slot_num=64,
+    max_index_num=400,
+)
+
+
+def held() -> tuple[int, int]:
+    """(slots registered in C, maps the Python side knows as guarded), after a collection."""
+    gc.collect()
+    return mapguard.held(), len(mqfs._guarded)
+
+
+def test_reader_threads_that_end_give_their_guard_slots_back(tmp_path: Path) -> None:
+    before_open = held()
+    store = mqstore.open(str(tmp_path / "s"), **SETTINGS)
+    try:
+        for i in range(20):
+            assert store.put(mqstore.Message(topic="t", body=b"x" * 100, keys=[f"k{i}"])).ok
+        assert store.wait_for_messages("t", 0, 19, timeout_s=10)
+        deadline = time.monotonic() + 10
+        while not store.query("t", "k1").messages:  # the index follows the queue
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+        def read() -> None:
+            assert store.get("t", 0, 0, 8).messages
+            assert store.query("t", "k1").messages
+
+        def threads(n: int) -> None:
+            for _ in range(n):
+                thread = threading.Thread(target=read)
+                thread.start()
+                thread.join()
+
+        threads(1)  # the store's own maps of what is read, made once
+        baseline = held()
+        threads(200)  # a host starting a thread per request
+        assert held() == baseline  # was +800: 4 per thread, for the life of the process
+    finally:
+        store.close()
+    assert held() == before_open
+
+
+def _actor_read(store: mqstore.Store, request: type[Get] | type[Query]) -> object:
+    future: pykka.Future[object] = pykka.ThreadingFuture()
+    if request is Get:
+        store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=2, reply=Reply(future=future)))
+    else:
+        store.actor_ref.tell(Query(topic="t", key="k", max_count=2, reply=Reply(future=future)))
+    return future.get(timeout=10)
+
+
+def test_gateway_readers_give_their_slots_back_at_close_and_at_a_restart(tmp_path: Path) -> None:
+    before = held()
+    for _ in range(5):  # was +4 per cycle: the gateway readers' maps, dropped with their threads
+        store = mqstore.open(str(tmp_path / "s"), **SETTINGS)
+        assert store.put(mqstore.Message(topic="t", body=b"x" * 100, keys=["k"])).ok
+        _actor_read(store, Get)
+        _actor_read(store, Query)
+        store.close()
+    assert held() == before
+
+    plan = mqstore.FaultPlan()
+    store = mqstore.open(str(tmp_path / "s"), faults=plan, **SETTINGS)
+    try:
+        _actor_read(store, Get)
+        _actor_read(store, Query)
+        restarts = len(store.supervisor.restarts)
+        plan.arm("gateway.mid_request", 1)
+        with pytest.raises(ServiceUnavailable, match="injected fault at gateway.mid_request"):
+            _actor_read(store, Get)
+        deadline = time.monotonic() + 10
+        while len(store.supervisor.restarts) == restarts:
+            assert time.monotonic() < deadline, "the gateway did not restart"
+            time.sleep(0.01)
+        while True:  # the restarted gateway's readers answer (and map again)
+            try:
+                _actor_read(store, Get)
+                _actor_read(store, Query)
+                break
+            except pykka.ActorDeadError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+    finally:
+        store.close()
+    assert held() == before  # the old readers' maps too: ~150 slots per restart on a big store
+
+
+def test_a_map_dropped_without_close_gives_its_slot_back_once_nothing_holds_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "f")
+    before = held()
+    region = mqfs.RealFileSystem().map_file(path, 8192)
+    buf = region.buf  # a reader keeps the map itself (the index reader does)
+    del region
+    assert held() == (before[0] + 1, before[1] + 1)  # still mapped: still guarded
+    del buf
+    assert held() == before
+    region = mqfs.RealFileSystem().map_file(path, 8192)
+    region.close()
+    region.close()  # a second close releases nothing of anyone's
+    del region
+    assert held() == before
 
 
 def test_an_old_token_neither_frees_nor_reads_the_slot_of_the_map_that_took_it_over() -> None:
