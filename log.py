@@ -13,12 +13,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import sys
+import threading
+import time
+from collections.abc import Callable, Hashable
 from typing import IO, Any, Final, Iterator, MutableMapping
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger", "retrying", "ROOT_LOGGER_NAME"]
+__all__ = ["configure_logging", "get_logger", "retrying", "ROOT_LOGGER_NAME", "RepeatedLog", "REPEAT_LOG_INTERVAL_MS",
+           "PROCESS_REPEATS", "suppressed_fields", "error_repr"]  # fmt: skip
 
 ROOT_LOGGER_NAME: Final = "mqstore"
 # The key/values ride on the LogRecord under this one attribute, so a field called `name` or
@@ -56,6 +61,103 @@ def retrying() -> Iterator[None]:
         yield
     finally:
         _RETRYING.reset(token)
+
+
+# A host mistake repeated at any rate is logged in full once, then this often per kind.
+REPEAT_LOG_INTERVAL_MS: Final = 60_000
+# Kinds remembered at most: host exception types and callback names are the host's, unbounded.
+REPEAT_LOG_MAX_KINDS: Final = 1_000
+_MANY_KINDS: Final = "(more kinds than a repeat log keeps)"
+
+
+class RepeatedLog:
+    """Lines for a mistake a caller can repeat at any rate (review 58 F4: a put_and_forget of
+    a bad topic in a loop logged 13k lines/s, a raising done-callback 16k, 200+ GB a day on a
+    disk that is often the store's). Per kind (the call site and the error's type): the first
+    occurrence is logged in full, then at most one line each `interval_ms`, which carries
+    `suppressed`, the occurrences not logged since the kind's previous line. Thread-safe; time
+    from `now_ms` (a store's ticker, so tests move it by hand)."""
+
+    def __init__(self, now_ms: Callable[[], int], interval_ms: int = REPEAT_LOG_INTERVAL_MS,
+                 max_kinds: int = REPEAT_LOG_MAX_KINDS) -> None:  # fmt: skip
+        self.now_ms = now_ms
+        self._interval_ms = interval_ms
+        self._max_kinds = max_kinds
+        self._lock = threading.Lock()
+        self._kinds: dict[Hashable, list[int]] = {}  # kind -> [its last line's ms, suppressed since]
+
+    def admit(self, kind: Hashable) -> int | None:
+        """None: this occurrence is not logged (it is counted); else log it, adding the returned
+        count of occurrences suppressed before it when that is not 0 (`suppressed_fields`)."""
+        now = self.now_ms()
+        with self._lock:
+            state = self._kinds.get(kind)
+            if state is None:
+                if len(self._kinds) >= self._max_kinds:
+                    self._forget_quiet_kinds(now)
+                if len(self._kinds) >= self._max_kinds:
+                    kind = _MANY_KINDS
+                    state = self._kinds.get(kind)
+                if state is None:
+                    self._kinds[kind] = [now, 0]
+                    return 0
+            if now - state[0] < self._interval_ms:
+                state[1] += 1
+                return None
+            suppressed, state[0], state[1] = state[1], now, 0
+            return suppressed
+
+    def _forget_quiet_kinds(self, now: int) -> None:
+        # A kind with nothing suppressed whose line is an interval old is logged in full again
+        # anyway: forgetting it loses nothing.
+        for kind in [k for k, (at, n) in self._kinds.items() if n == 0 and now - at >= self._interval_ms]:
+            del self._kinds[kind]
+
+    def flush(self, log: Any) -> None:
+        """Log the occurrences suppressed since each kind's last line (at the store's close:
+        the last repeats of a fault that stopped are counted, not lost)."""
+        with self._lock:
+            pending = [(kind, state[1]) for kind, state in self._kinds.items() if state[1]]
+            self._kinds.clear()
+        for kind, suppressed in pending:
+            log.warning("repeats not logged", kind=_kind_text(kind), suppressed=suppressed)
+
+
+def _kind_text(kind: Hashable) -> str:
+    parts = kind if isinstance(kind, tuple) else (kind,)
+    return " / ".join(part.__qualname__ if isinstance(part, type) else str(part) for part in parts)
+
+
+def suppressed_fields(suppressed: int) -> dict[str, int]:
+    """The fields `RepeatedLog.admit`'s count adds to a line: none for a first occurrence."""
+    return {"suppressed": suppressed} if suppressed else {}
+
+
+def error_repr(exc: BaseException) -> str:
+    """`repr(exc)` for a log line, or its type's name if the host's exception's repr raises
+    (the line must not end the thread that logs it)."""
+    try:
+        return repr(exc)
+    except Exception:
+        return f"<{type(exc).__qualname__} whose repr raised>"
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+# For the process's own host callbacks and answers, which belong to no one store (the shared
+# listeners, a Reply to a stopped actor): real time. Looked up as `log.PROCESS_REPEATS` at
+# each use, so a test can put one on a manual ticker.
+PROCESS_REPEATS = RepeatedLog(_monotonic_ms)
+
+
+def _new_process_repeats_in_a_forked_child() -> None:
+    global PROCESS_REPEATS
+    PROCESS_REPEATS = RepeatedLog(_monotonic_ms)  # its lock may be held by a parent's thread
+
+
+os.register_at_fork(after_in_child=_new_process_repeats_in_a_forked_child)
 
 
 def _drop_while_retrying(_logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mqstore.log import ROOT_LOGGER_NAME, configure_logging, get_logger
+from mqstore.log import REPEAT_LOG_INTERVAL_MS, ROOT_LOGGER_NAME, RepeatedLog, configure_logging, error_repr, get_logger
+from mqstore.ticker import ManualTicker
 
 
 @pytest.fixture(autouse=True)
@@ -98,3 +99,51 @@ def test_unconfigured_library_logging_goes_only_through_the_hosts_logging(caplog
 def test_unknown_level_is_rejected() -> None:
     with pytest.raises(ValueError, match="LOUD"):
         configure_logging("LOUD")
+
+
+# Review 58 F4: a host repeating one mistake logged a line per call (13k-16k lines/s).
+
+
+def test_a_repeated_kind_is_logged_once_then_once_an_interval_with_the_count_suppressed() -> None:
+    ticker = ManualTicker()
+    repeats = RepeatedLog(ticker.now_ms)
+    assert repeats.admit(("refused", "MESSAGE_ILLEGAL")) == 0  # the first: in full
+    assert [repeats.admit(("refused", "MESSAGE_ILLEGAL")) for _ in range(1000)] == [None] * 1000
+    assert repeats.admit(("done-callback raised", ValueError)) == 0  # another kind: its own first line
+    ticker.advance(REPEAT_LOG_INTERVAL_MS - 1)
+    assert repeats.admit(("refused", "MESSAGE_ILLEGAL")) is None
+    ticker.advance(1)
+    assert repeats.admit(("refused", "MESSAGE_ILLEGAL")) == 1001  # the interval's line: how many were not logged
+    assert repeats.admit(("refused", "MESSAGE_ILLEGAL")) is None
+    ticker.advance(REPEAT_LOG_INTERVAL_MS)
+    assert repeats.admit(("refused", "MESSAGE_ILLEGAL")) == 1
+
+
+def test_repeats_not_logged_are_counted_at_the_flush_and_kinds_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    ticker = ManualTicker()
+    repeats = RepeatedLog(ticker.now_ms, max_kinds=3)
+    for kind in ("a", "b", "c"):
+        assert repeats.admit(kind) == 0
+    assert repeats.admit("b") is None
+    # A 4th kind while 3 are kept: one table entry for all further kinds, still limited.
+    assert [repeats.admit(f"host type {i}") for i in range(100)] == [0] + [None] * 99
+    ticker.advance(REPEAT_LOG_INTERVAL_MS)
+    assert repeats.admit("d") == 0  # "a" and "c" had nothing suppressed: forgotten to make room
+    # Full again: under the many-kinds entry, whose line an interval on carries its count.
+    assert repeats.admit(("done-callback raised", ValueError)) == 99
+    assert repeats.admit(("done-callback raised", ValueError)) is None
+    assert repeats.admit("d") is None
+    with caplog.at_level(logging.WARNING, logger=ROOT_LOGGER_NAME):
+        repeats.flush(get_logger("puts"))
+        repeats.flush(get_logger("puts"))  # counted once
+    assert sorted((r.mqstore_event["kind"], r.mqstore_event["suppressed"]) for r in caplog.records) == [
+        ("(more kinds than a repeat log keeps)", 1), ("b", 1), ("d", 1)]  # fmt: skip
+
+
+def test_error_repr_of_an_exception_whose_repr_raises_names_its_type() -> None:
+    class Odd(Exception):
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    assert error_repr(ValueError("x")) == "ValueError('x')"
+    assert error_repr(Odd()) == "<test_error_repr_of_an_exception_whose_repr_raises_names_its_type.<locals>.Odd whose repr raised>"
