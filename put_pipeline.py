@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, cast
 import pykka
 
 from .actors.commitlog_writer import PassReply
-from .log import get_logger
+from .log import error_repr, get_logger, suppressed_fields
 from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, checked_message
 from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
 from .storage import speedups
@@ -310,7 +310,9 @@ class _ToActors(_Sink):
             except pykka.ActorDeadError:
                 pass  # the asker is gone; the puts themselves stand
             except Exception as exc:  # never let one sender keep the rest of the pass from theirs
-                pipeline.log.warning("a put's answers could not be delivered", puts=len(replies), error=repr(exc))
+                if (suppressed := pipeline._repeats.admit(("put answers undelivered", type(exc)))) is not None:
+                    pipeline.log.warning("a put's answers could not be delivered", puts=len(replies), error=error_repr(exc),
+                                         **suppressed_fields(suppressed))  # fmt: skip
 
 
 class _SenderAnswers:
@@ -438,6 +440,7 @@ class PutPipeline:
         self._callbacks_due: collections.deque[tuple[_PutFuture, bool]] = collections.deque()
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
+        self._repeats = store.host_repeats  # the lines a host's repeated mistake makes, limited
         # A single put's encode and hand-over in one C call (None: the Python path only, as
         # on a SLAVE, which refuses every put there), and the writer incarnation it last told:
         # (ref, its stopped event, inbox append, Signal).
@@ -679,7 +682,8 @@ class PutPipeline:
                     try:
                         callback(future)
                     except BaseException as exc:  # never the end of this thread, nor of the future's other callbacks
-                        self.log.error("a put's done-callback raised", error=repr(exc))
+                        if (suppressed := self._repeats.admit(("done-callback raised", type(exc)))) is not None:
+                            self.log.error("a put's done-callback raised", error=error_repr(exc), **suppressed_fields(suppressed))
             finally:
                 if held:
                     self._release_slots(1)
@@ -694,7 +698,10 @@ class PutPipeline:
     def _log_forgotten(self, reply: _PutReply, result: PutResult) -> None:
         """A fire-and-forget put (no future, no sender) that failed goes to the log, as nobody
         else hears of it."""
-        self.log.warning("fire-and-forget put failed", topic=reply.topic, status=result.status.name, detail=result.detail)
+        # The stats count every one (`_record`); the log says why, once per status and minute.
+        if (suppressed := self._repeats.admit(("fire-and-forget put failed", result.status.name))) is not None:
+            self.log.warning("fire-and-forget put failed", topic=reply.topic, status=result.status.name,
+                             detail=result.detail, **suppressed_fields(suppressed))  # fmt: skip
 
     def _complete(self, answers: list[tuple[PassReply, Any]], *, hold_due_slots: bool = False) -> None:
         """Complete a pass's futures, queue their done-callbacks, give their slots back. With
@@ -754,12 +761,18 @@ class PutPipeline:
             try:
                 sender.tell(Replied(correlation_id=correlation_id, answer=refused))
             except pykka.ActorDeadError:  # as the writer's answers to a stopped sender: dropped
-                self.log.warning("a refused put's answer could not be delivered; dropped", topic=topic,
-                                 status=refused.status.name, detail=refused.detail)  # fmt: skip
+                if (suppressed := self._repeats.admit(("refused put's answer dropped", refused.status.name))) is not None:
+                    self.log.warning("a refused put's answer could not be delivered; dropped", topic=topic,
+                                     status=refused.status.name, detail=refused.detail,
+                                     **suppressed_fields(suppressed))  # fmt: skip
         elif not refused.stored:
-            # Nobody hears of it: the stats count it (the store's failed puts), and the log says why.
+            # Nobody hears of it: the stats count each (the store's failed puts), and the log
+            # says why: the first in full, then once a minute per status with the count (a caller
+            # repeating it in a loop logged 13k lines/s: review 58 F4).
             self._store.stats_service.record_put(topic, refused, 0)
-            self.log.warning("fire-and-forget put refused", topic=topic, status=refused.status.name, detail=refused.detail)
+            if (suppressed := self._repeats.admit(("fire-and-forget put refused", refused.status.name))) is not None:
+                self.log.warning("fire-and-forget put refused", topic=topic, status=refused.status.name,
+                                 detail=refused.detail, **suppressed_fields(suppressed))  # fmt: skip
         return False
 
     # flush and close -------------------------------------------------------------------------

@@ -7,7 +7,8 @@ envelopes, refs), so a pykka upgrade is read against one file.
   actor, so a host's `store.actor_ref` survives the gateway's restart.
 - The notifier (Mopidy's listener pattern): host code (subscriber callables, `Reply`
   callbacks) runs on a listener actor's thread, reached by `tell`, never on a store actor's.
-  An exception there is logged with the listener's name and the listener carries on.
+  An exception there is logged with the listener's name (repeats of one kind once a minute,
+  with a count) and the listener carries on.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any, TypeVar
 import pykka
 from pykka._envelope import Envelope
 
-from .log import get_logger
+from . import log as _log
+from .log import RepeatedLog, error_repr, get_logger, suppressed_fields
 from .messages import AskFor, Waiter
 from .storage import speedups
 
@@ -425,27 +427,36 @@ class _Call:
 
 class Listener(RuntimeActor):
     """Runs host callables, one at a time, on its own thread. A callable that raises is
-    logged with its name; the listener carries on (a listener never crashes)."""
+    logged with its name, the first time of a kind in full and then once a minute with a
+    count (`repeats`, the store's; else the process's); the listener carries on (a listener
+    never crashes)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, repeats: RepeatedLog | None = None) -> None:
         super().__init__()
         self.name = name
         self.log = get_logger("mqstore.notifier", listener=name)
         self.failures = 0
+        self._repeats = repeats
 
     def on_receive(self, message: Any) -> None:
         if not isinstance(message, _Call):
             self.log.error("listener got a message that is not a call", message=repr(message)[:200])
             return
+        self._call(message.callback, message.argument, message.name)
+
+    def _call(self, callback: Callable[[Any], object], argument: Any, name: str) -> None:
         try:
-            message.callback(message.argument)
+            callback(argument)
         except Exception as exc:  # host code: logged, never our crash
             self.failures += 1
-            self.log.error("listener raised", listener=message.name, error=repr(exc))
+            # A callback raising at every call logged 500 lines/s (review 58 F4).
+            repeats = self._repeats if self._repeats is not None else _log.PROCESS_REPEATS
+            if (suppressed := repeats.admit(("listener raised", name, type(exc)))) is not None:
+                self.log.error("listener raised", listener=name, error=error_repr(exc), **suppressed_fields(suppressed))
 
 
-def start_listener(name: str) -> pykka.ActorRef[Listener]:
-    return Listener.start(name)
+def start_listener(name: str, repeats: RepeatedLog | None = None) -> pykka.ActorRef[Listener]:
+    return Listener.start(name, repeats)
 
 
 def listener_name(callback: object) -> str:
@@ -539,8 +550,10 @@ def _tell_on_listener(told: tuple[pykka.ActorRef[Any], object, Callable[[], None
     try:
         ref.tell(message)
     except Exception as exc:  # ActorDeadError (it stopped), or the host's ref's own error
-        get_logger("mqstore.notifier").warning("a tell to the host's actor failed; dropped", actor=repr(ref),
-                                               error=repr(exc))  # fmt: skip
+        # Answers to one stopped actor fail here one by one: their lines are limited.
+        if (suppressed := _log.PROCESS_REPEATS.admit(("tell to a host actor failed", type(exc)))) is not None:
+            get_logger("mqstore.notifier").warning("a tell to the host's actor failed; dropped", actor=repr(ref),
+                                                   error=error_repr(exc), **suppressed_fields(suppressed))  # fmt: skip
         if on_failed is not None:
             on_failed()
 
@@ -559,10 +572,11 @@ class Subscriptions:
     subscriber is told the event, a callable is called by its own listener (each isolated, so
     a slow one delays only itself). Safe from any thread; publish never blocks on host code."""
 
-    def __init__(self) -> None:
+    def __init__(self, repeats: RepeatedLog | None = None) -> None:
         self._lock = threading.Lock()
         self._entries: tuple[_Subscription, ...] = ()
         self.log = get_logger("mqstore.notifier")
+        self._repeats = repeats  # the store's, for the lines of subscriber callables that raise
 
     def add(self, subscriber: object, topic: str | None = None, queue_id: int | None = None) -> None:
         """Subscribe; again with the same subscriber and filter, nothing (one listener thread and
@@ -574,7 +588,7 @@ class Subscriptions:
             entry = _Subscription(subscriber, topic, queue_id, None, str(subscriber))
         elif callable(subscriber):
             name = listener_name(subscriber)
-            entry = _Subscription(subscriber, topic, queue_id, start_listener(name), name)
+            entry = _Subscription(subscriber, topic, queue_id, start_listener(name, self._repeats), name)
         else:
             raise TypeError(f"subscriber must be an actor ref or a callable, not {type(subscriber).__name__}")
         with self._lock:

@@ -30,7 +30,7 @@ from .actors.base import ServiceUnavailable, StoppedBeforeHandling
 from .config import StoreConfig
 from .errors import StoreClosedError
 from .faults import NO_FAULTS, FaultPlan
-from .log import get_logger
+from .log import RepeatedLog, get_logger
 from .put_pipeline import ActorClient, PutPipeline
 from .messages import (
     Asked,
@@ -243,7 +243,10 @@ class MessageStore:
         self._encoder = PutEncoder(self.store_host, config.max_message_size_bytes)
         self._local = threading.local()  # last_put_end: the end of the thread's last stored put
         self._ryw_timeout_s = config.read_your_writes_timeout_ms / 1000
-        self._subscriptions = Subscriptions()
+        # The host's repeated mistakes (a refused put_and_forget in a loop, a raising
+        # done-callback or subscriber): in full once per kind, then a count (log.RepeatedLog).
+        self.host_repeats = RepeatedLog(self.supervisor.ticker.now_ms)
+        self._subscriptions = Subscriptions(self.host_repeats)
         self._reply_timeout_s = (config.sync_flush_timeout_ms + config.allocate_wait_timeout_ms) / 1000 + _REPLY_MARGIN_S
         # The supervised gateway's current incarnation, whichever it is (it may be restarted).
         self._actor_ref = FollowingRef(lambda: self.supervisor.peers.get("gateway"), "gateway")
@@ -347,6 +350,7 @@ class MessageStore:
         stopped_clean = step("supervisor stop", self.supervisor.stop)
         step("subscriptions", self._subscriptions.close)
         step("pending put futures", self._puts.close)  # after the writer: every future handed out is completed
+        step("repeated lines' counts", lambda: self.host_repeats.flush(self.log))
         self.read_view.close()  # wakes every waiting reader
         self._readers.close()
         self._clean_stop = offsets_kept is True and stopped_clean is True and not failed

@@ -275,10 +275,15 @@ class _LockSignal:
 
 
 def _answer_dropped(target: str, answer: Any, why: BaseException) -> None:
-    from ..log import get_logger
+    """Logged in full once per target and error type, then once a minute with a count: a host
+    asking again and again for an actor that stopped logged 1.8k lines/s (review 58 F4)."""
+    from .. import log
 
-    get_logger(__name__).warning("an answer could not be delivered; dropped", target=target,
-                                 answer=type(answer).__name__, error=repr(why))  # fmt: skip
+    suppressed = log.PROCESS_REPEATS.admit(("answer dropped", target, type(why)))  # no store's: a Reply is anyone's
+    if suppressed is not None:
+        log.get_logger(__name__).warning("an answer could not be delivered; dropped", target=target,
+                                         answer=type(answer).__name__, error=log.error_repr(why),
+                                         **log.suppressed_fields(suppressed))  # fmt: skip
 
 
 def _call_soon(callback: Callable[[Any], None], answer: Any) -> None:

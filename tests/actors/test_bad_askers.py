@@ -6,6 +6,7 @@ every later put SERVICE_NOT_AVAILABLE)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,8 +17,10 @@ import pytest
 
 import mqstore
 from mqstore import GetMessageStatus, Message, Reply
+from mqstore import log as store_log
 from mqstore.actors.gateway import GATEWAY_READERS
 from mqstore.messages import Get, Ping, Put, Subscribe, Unsubscribe, Waiter
+from mqstore.ticker import ManualTicker
 
 TIMEOUT_S = 10.0
 
@@ -75,6 +78,31 @@ def test_askers_that_stop_cannot_stop_the_store(tmp_path: Path) -> None:
             store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(actor=gone)))
         _answered_in_order(store)
         assert fatal == []
+
+
+def test_answers_to_an_asker_that_stopped_are_logged_once_a_minute(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 58 F4: a host asking again and again for an actor that had stopped logged a
+    line per answer (1.8k lines/s). A Reply is no one store's: the process's repeat log
+    (real time, here a manual ticker) limits them, the first in full."""
+    ticker = ManualTicker()
+    monkeypatch.setattr(store_log, "PROCESS_REPEATS", store_log.RepeatedLog(ticker.now_ms))
+
+    def dropped() -> list[dict[str, Any]]:
+        return [r.mqstore_event for r in caplog.records if r.getMessage() == "an answer could not be delivered; dropped"]
+
+    with caplog.at_level(logging.WARNING, logger="mqstore"), mqstore.open(tmp_path / "s") as store:
+        store.put(Message("t", b"x"))
+        gone = _stopped_actor()
+        for _ in range(50):
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(actor=gone)))
+        _answered_in_order(store)
+        assert [(line["target"], "suppressed" in line) for line in dropped()] == [("actor", False)]
+        ticker.advance(store_log.REPEAT_LOG_INTERVAL_MS)
+        store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(actor=gone)))
+        _answered_in_order(store)
+    assert [line.get("suppressed") for line in dropped()] == [None, 49]
 
 
 @pytest.mark.parametrize("target", ["future", "actor", "callback"])

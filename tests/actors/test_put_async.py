@@ -3,6 +3,7 @@ the writer crashing mid-pass, and the actor client."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -17,8 +18,10 @@ import pytest
 from mqstore import FaultPlan, Message, PutMessageStatus, PutResult
 from mqstore import put_pipeline
 from mqstore.errors import StoreClosedError
+from mqstore.log import REPEAT_LOG_INTERVAL_MS
 from mqstore.messages import Replied
 from mqstore.runtime import RuntimeActor
+from mqstore.ticker import ManualTicker
 
 helpers = sys.modules["mqstore_actor_test_helpers"]
 
@@ -349,6 +352,69 @@ def test_a_failed_fire_and_forget_put_goes_to_the_stats(store_dir: Path) -> None
             assert store.stats()["put_message_status_times"] == {"MESSAGE_ILLEGAL": 1, "SERVICE_NOT_AVAILABLE": 1}
         finally:
             ref.stop()
+
+
+def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, Any]]:
+    return [r.mqstore_event for r in caplog.records if r.getMessage() == event]
+
+
+def test_a_fire_and_forget_put_refused_in_a_loop_is_logged_once_a_minute_and_each_counted(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 58 F4: one caller refused again and again logged a line each time (13k lines/s).
+    The first is logged in full, then a line a minute (the store's ticker) with how many were
+    not; the stats count every one, and the close counts the last ones."""
+    ticker = ManualTicker()
+    with caplog.at_level(logging.WARNING, logger="mqstore"), helpers.open_small(store_dir, ticker=ticker) as store:
+
+        class Quiet(pykka.ThreadingActor):
+            pass
+
+        ref = Quiet.start()
+        try:
+            client = store.actor_client(ref)
+            bad = Message(topic="bad topic!", body=b"x")
+            assert not any(client.put_and_forget(bad) for _ in range(500))
+            (first,) = _lines(caplog, "fire-and-forget put refused")
+            assert first["topic"] == "bad topic!" and first["status"] == "MESSAGE_ILLEGAL" and "suppressed" not in first
+            ticker.advance(REPEAT_LOG_INTERVAL_MS - 1)
+            assert not client.put_and_forget(bad)
+            assert len(_lines(caplog, "fire-and-forget put refused")) == 1
+            ticker.advance(1)
+            assert not any(client.put_and_forget(bad) for _ in range(8))
+            assert [line.get("suppressed") for line in _lines(caplog, "fire-and-forget put refused")] == [None, 500]
+            assert store.stats()["put_message_status_times"] == {"MESSAGE_ILLEGAL": 509}
+        finally:
+            ref.stop()
+    assert _lines(caplog, "repeats not logged") == [{"store": str(store_dir), "kind": "fire-and-forget put refused / MESSAGE_ILLEGAL",
+                                                     "suppressed": 7}]  # fmt: skip
+
+
+def test_a_done_callback_that_raises_at_every_put_is_logged_once_a_minute(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 58 F4: a raising done-callback logged a line per put (16k lines/s)."""
+    ticker = ManualTicker()
+
+    def raises(_future: Future[PutResult]) -> None:
+        raise ValueError("host bug")
+
+    def put_with_callbacks(n: int) -> None:
+        gate, ran = threading.Event(), threading.Event()
+        _block_completions(store, gate)  # the callbacks are added before their futures are done
+        for _ in range(n):
+            store.put_async(Message(topic="orders", body=b"x")).add_done_callback(raises)
+        store.put_async(Message(topic="orders", body=b"last")).add_done_callback(lambda _f: ran.set())
+        gate.set()
+        assert ran.wait(TIMEOUT_S)  # done-callbacks run in completion order: every one ran
+
+    with caplog.at_level(logging.ERROR, logger="mqstore"), helpers.open_small(store_dir, ticker=ticker) as store:
+        put_with_callbacks(100)
+        (first,) = _lines(caplog, "a put's done-callback raised")
+        assert first["error"] == "ValueError('host bug')" and "suppressed" not in first
+        ticker.advance(REPEAT_LOG_INTERVAL_MS)
+        put_with_callbacks(1)
+        assert [line.get("suppressed") for line in _lines(caplog, "a put's done-callback raised")] == [None, 99]
 
 
 def test_an_answer_that_cannot_be_delivered_does_not_crash_the_writer(store_dir: Path) -> None:
