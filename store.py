@@ -1148,7 +1148,7 @@ class MessageStore:
     def subscribe(self, subscriber: Subscriber, topic: str | None = None, queue_id: int | None = None) -> None:
         """Be told `MessageArrived` (an actor ref is told; a callable is called on its own
         listener thread, never a store actor's: one that raises is logged, one that is slow
-        delays only its own later events)."""
+        delays only its own later events, which coalesce meanwhile into the newest per queue)."""
         self._check_open()
         if not isinstance(subscriber, pykka.ActorRef) and not callable(subscriber):
             raise TypeError(f"subscriber must be an actor ref or a callable, not {type(subscriber).__name__}")

@@ -277,6 +277,41 @@ def test_a_host_actor_slow_to_take_its_answers_blocks_nothing_of_the_store(tmp_p
         slow.stop()
 
 
+def test_an_actor_subscriber_stuck_behind_its_bounded_inbox_holds_one_notice_per_queue(tmp_path: Path) -> None:
+    """Review 58 F3: the arrivals for a subscribed actor whose bounded inbox is full wait on the
+    "blocking-tells" listener: one told call per dispatch batch, without bound. They coalesce
+    now, the newest per queue, and the actor hears the newest of each queue once it takes them."""
+    import threading
+
+    from mqstore import MessageArrived, runtime
+
+    release = threading.Event()
+    slow = _BoundedAndBusy.start(release)
+    try:
+        with mqstore.open(tmp_path / "s") as store:
+            store.subscribe(slow, topic="t")
+            for i in range(30):  # one dispatch, one arrival each: far more than its inbox holds
+                assert store.put(Message("t", b"%d" % i, queue_id=i % 3)).ok
+                assert store.wait_for_messages("t", i % 3, i // 3, TIMEOUT_S / 4)
+            shared = runtime._shared["blocking-tells"]
+            assert shared.actor_inbox.qsize() <= 1  # was 27 or so: one call per arrival
+            release.set()
+            newest = {("t", q): 10 for q in range(3)}
+
+            def heard() -> dict[tuple[str, int], int]:
+                got: list[Any] = slow.proxy().got.get(timeout=TIMEOUT_S)
+                arrived = [a for a in got if isinstance(a, MessageArrived)]
+                return {(a.topic, a.queue_id): max(b.max_offset for b in arrived if b.queue_id == a.queue_id) for a in arrived}
+
+            deadline = time.monotonic() + TIMEOUT_S
+            while heard() != newest and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert heard() == newest
+    finally:
+        release.set()
+        slow.stop()
+
+
 # Review 44 H1: requests that raised something other than TypeError/ValueError while the
 # gateway read them crashed it; eleven in a minute stopped the whole store.
 

@@ -156,6 +156,35 @@ def test_a_raising_subscriber_causes_no_restart_and_is_logged_with_its_name_once
     assert all("broken_subscriber" in r.mqstore_event["listener"] for r in raised())
 
 
+def test_a_stuck_subscriber_holds_one_notice_per_queue_and_hears_of_each_queue_once_free(store_dir: Path) -> None:
+    """Review 58 F3: a subscriber callback that hangs (a network call) made its listener's
+    inbox take one notice per dispatch batch, without bound (4,161 after 120k puts). Notices it
+    has not taken coalesce, the newest per queue (`max_offset` is absolute): what waits is
+    bounded by the queues, and once free it hears of every queue, at its newest offset."""
+    release, entered = threading.Event(), threading.Event()
+    calls: list[tuple[str, int, int]] = []
+
+    def stuck(event: MessageArrived) -> None:
+        entered.set()
+        assert release.wait(TIMEOUT_S)
+        calls.append((event.topic, event.queue_id, event.max_offset))
+
+    with h.open_small(store_dir) as store:
+        store.subscribe(stuck)
+        assert store.put(Message(topic="t", body=b"first")).ok
+        assert entered.wait(TIMEOUT_S)  # stuck in its first call
+        for _ in range(20):
+            for queue_id in range(3):
+                assert store.put(Message(topic="t", body=b"x", queue_id=queue_id)).ok
+                h.wait_dispatched(store)  # a batch each: 60 notices
+        listener = store._subscriptions._entries[0].listener
+        assert listener is not None and listener.actor_inbox.qsize() <= 1  # was 60
+        release.set()
+        h.wait_until(lambda: len(calls) == 4, what="the notices")
+        _listener_idle(store)
+    assert calls == [("t", 0, 1), ("t", 0, 21), ("t", 1, 20), ("t", 2, 20)]
+
+
 def test_a_slow_reply_callback_does_not_stall_puts(store_dir: Path) -> None:
     release = threading.Event()
     callback_saw_release: list[bool] = []
