@@ -45,7 +45,7 @@ from .actors.reput import ReputMessageService
 from .config import StoreConfig
 from .errors import StoreDiskFullError
 from .faults import NO_FAULTS, FaultPlan
-from .log import get_logger
+from .log import RepeatedLog, error_repr, get_logger, suppressed_fields
 from .messages import (
     AskFor,
     AwaitDispatched,
@@ -103,7 +103,7 @@ STOP_TIMEOUT_S = 10.0
 DISPATCH_CATCH_UP_TIMEOUT_MS = 5_000
 FAILURE_CHECK_S = 0.1  # how often the open's wait for re-dispatch looks for a crashed child
 TICK_HOOK_INTERVAL_MS = 1_000  # StoreStatsService samples once a second (§16)
-HOOK_FAILURE_LOG_INTERVAL_MS = 60_000  # a hook failing every second is logged once a minute
+HOOK_FAILURE_LOG_INTERVAL_MS = 60_000  # a hook failing every second is logged once a minute (with a count)
 _HOOKS = "\0hooks"  # the tick hooks' slot in the ticker's due table (no child has this name)
 
 
@@ -399,7 +399,7 @@ class Supervisor:
             disk_gauge=disk_gauge or default_disk_gauge(self.fs),
             cleaner_sleep_ms=cleaner_sleep_ms or real_sleep_ms,
         )
-        self._hook_failures_logged_ms: dict[int, int] = {}
+        self._hook_failures = RepeatedLog(self.ticker.now_ms, HOOK_FAILURE_LOG_INTERVAL_MS)
         # Store files another process cut under our maps (the SIGBUS guard, storage/mapguard.py).
         self.files_cut_under_map: set[str] = set()
         self._cut_mark = self.fs.cut_mark()  # cuts of maps closed before this store are not its
@@ -541,7 +541,7 @@ class Supervisor:
             if due[_HOOKS] <= now:
                 due[_HOOKS] = now + TICK_HOOK_INTERVAL_MS
                 self.note_files_cut_under_map()
-                self._run_tick_hooks(wall, now)
+                self._run_tick_hooks(wall)
 
     def note_files_cut_under_map(self) -> list[str]:
         """Say which of the store's files another process cut while they were mapped (their
@@ -564,17 +564,16 @@ class Supervisor:
                            "`mqstore recover`, a replaced one was saved beside it as .store-copy")  # fmt: skip
         return sorted(self.files_cut_under_map)
 
-    def _run_tick_hooks(self, wall_ms: int, now_ms: int) -> None:
+    def _run_tick_hooks(self, wall_ms: int) -> None:
         """Call each tick hook; one that raises is logged, never ends the supervisor's thread
         (it is the host's code, and the supervisor must go on restarting children)."""
         for hook in list(self.ctx.on_tick_ms):
             try:
                 hook(wall_ms)
             except Exception as exc:
-                last = self._hook_failures_logged_ms.get(id(hook))
-                if last is None or now_ms - last >= HOOK_FAILURE_LOG_INTERVAL_MS:
-                    self._hook_failures_logged_ms[id(hook)] = now_ms
-                    self.log.error("tick hook failed", hook=getattr(hook, "__qualname__", repr(hook)), error=repr(exc))
+                if (suppressed := self._hook_failures.admit(id(hook))) is not None:
+                    self.log.error("tick hook failed", hook=getattr(hook, "__qualname__", repr(hook)), error=error_repr(exc),
+                                   **suppressed_fields(suppressed))  # fmt: skip
 
     def _handle_failure(self, event: ChildFailed) -> bool:
         now = self.ticker.now_ms()
