@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Protocol, assert_never, cast
+from typing import Any, Final, Protocol, assert_never, cast
 
 import psutil
 import pykka
@@ -147,6 +147,11 @@ def _check_pool_fits_memory(buffers: int, segment_bytes: int) -> None:
         raise ConfigError("transient_store_pool_size", buffers,
                           f"{buffers} write buffers of mapped_file_size_commitlog_bytes={segment_bytes} take "
                           f"{wanted} bytes of memory, and {available} are available")  # fmt: skip
+
+
+# How far behind the newest record's store time the clock may read and appends still get that
+# record's time (`_store_time_ms`): NTP steps and a VM's clock put right are seconds to minutes.
+STORE_TIME_HOLD_MAX_MS: Final = 10 * 60_000
 
 
 class CommitLogWriter(StoreActor[WriterRequest]):
@@ -689,20 +694,24 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._pending_advance = (wrote_offset, store_timestamp)
 
     def _store_time_ms(self) -> int:
-        """The next append's store time: the clock, never below the newest record's. Crash
-        recovery picks the segment it starts at, and the index orders its files and answers
-        time ranges, by store times rising along the log: a clock stepped back made every
-        later segment look older than the checkpoint, and a power loss then lost the units of
-        a quiet queue (review 57 F1, F5, F6). Held at the newest until the clock passes it,
-        as Kafka's time index holds its largest timestamp."""
+        """The next append's store time: the clock, but not below the newest record's while the
+        clock reads less than STORE_TIME_HOLD_MAX_MS earlier (a small step back, a VM's clock
+        put right): the index orders its files and answers time ranges by store times rising
+        along the log (review 57 F5, F6). Further behind, the clock is followed again: one
+        reading far ahead would otherwise pin every later store time until the clock caught
+        up, years perhaps (review 59 M1). Crash recovery does not rely on either: it starts no
+        later than the checkpoint's forced offsets (review 57 F1)."""
         now = self.ctx.clock_ms()
         floor = self._stamp_floor_ms
-        if now >= floor:
-            self._stamp_floor_ms = now
-            if self._clock_behind_since_ms:
+        if now >= floor or floor - now > STORE_TIME_HOLD_MAX_MS:
+            if now < floor:
+                self.log.warning("the clock reads far earlier than the newest record's store time: store times "
+                                 "follow the clock back", clock_ms=now, newest_store_time_ms=floor)  # fmt: skip
+            elif self._clock_behind_since_ms:
                 self.log.warning("the clock has passed the newest store time again; store times follow it",
                                  held_ms=now - self._clock_behind_since_ms)  # fmt: skip
-                self._clock_behind_since_ms = 0
+            self._clock_behind_since_ms = 0
+            self._stamp_floor_ms = now
             return now
         if not self._clock_behind_since_ms:
             self._clock_behind_since_ms = floor

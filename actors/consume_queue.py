@@ -410,10 +410,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
     def _flush(self, *, thorough: bool) -> None:
         """FlushConsumeQueueService.doFlush (§7.5)."""
         least_pages = self.config.flush_consume_queue_least_pages
-        logics_ts = 0
+        logics_ts = durable_below = 0
         if thorough or self._thorough.due():
             least_pages = 0
             logics_ts = self._logics_msg_timestamp  # captured before flushing
+            durable_below = self._dispatched_offset
         for cq in self._queues.values():
             for _ in range(FLUSH_CALLS_PER_QUEUE_MAX):
                 done = cq.flush(least_pages)
@@ -425,7 +426,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                     break
         if least_pages == 0:
             self._write_ledger()
-            self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True))
+            self.ctx.tell("flush", ConsumeQueueFlushed(logics_msg_timestamp=logics_ts, thorough=True,
+                                                       logics_flushed_offset=durable_below))  # fmt: skip
 
     def _fill_reserved(self) -> None:
         """Once re-dispatch has passed the log's end at open (every record still in the log has

@@ -121,10 +121,11 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
                 self._answer_pending()
                 self._write_checkpoint()
                 reply.send(self._flushed)
-            case ConsumeQueueFlushed(logics_msg_timestamp=ts, thorough=thorough):
+            case ConsumeQueueFlushed(logics_msg_timestamp=ts, thorough=thorough, logics_flushed_offset=durable_below):
                 assert self._checkpoint is not None
                 if ts > 0 and not self.ctx.derived_flush_failed:  # (see ActorContext)
                     self._checkpoint.logics_msg_timestamp = ts
+                    self._checkpoint.logics_flushed_offset = durable_below or None
                 if thorough:
                     self._write_checkpoint()
             case IndexFileFlushed(index_msg_timestamp=ts):

@@ -624,6 +624,8 @@ class FlushAll:
 class ConsumeQueueFlushed:
     logics_msg_timestamp: int
     thorough: bool
+    # Every unit of a record below it was forced by this flush (0: not known).
+    logics_flushed_offset: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,6 +14,12 @@ after it kept), which the millisecond timestamp alone cannot split within its la
 millisecond. It counts only while its timestamp is the file's physic timestamp and its check
 holds: a broker that wrote the file after us, or a damaged field, leaves recovery with the
 timestamp alone, as before.
+
+A second such field, just before it, holds the commitlog offset below which every record's
+ConsumeQueue unit was forced at the logics timestamp's thorough flush. Crash recovery starts no
+later than the segments holding either offset: timestamps alone place the start only while
+store times rise along the log (a clock stepped back made every later segment look older than
+the checkpoint, review 57 F1).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import errno
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from mqstore.storage.fs import FileSystem
 from mqstore.storage.mapped_file import DiskFullError
@@ -34,10 +40,23 @@ _FIVE_LONGS = struct.Struct(">qqqqq")
 _FLUSHED = struct.Struct(">qqq")  # (flushed offset, its physic timestamp, check)
 _FLUSHED_AT: Final = CHECKPOINT_FILE_SIZE - _FLUSHED.size
 _FLUSHED_CHECK: Final = 0x6D7173746F726521  # b"mqstore!": a zeroed or torn field does not pass
+_LOGICS_FLUSHED_AT: Final = _FLUSHED_AT - _FLUSHED.size  # (offset, its logics timestamp, check)
+_LOGICS_FLUSHED_CHECK: Final = 0x6D7173746F726571  # b"mqstoreq"
 
 
-def _flushed_check(offset: int, timestamp: int) -> int:
-    return (offset ^ timestamp ^ _FLUSHED_CHECK) - (1 << 63)  # a signed long, like the fields
+def _flushed_check(offset: int, timestamp: int, salt: int = _FLUSHED_CHECK) -> int:
+    return (offset ^ timestamp ^ salt) - (1 << 63)  # a signed long, like the fields
+
+
+def _unpack_flushed(data: bytes | bytearray | memoryview, at: int, timestamp: int, salt: int) -> int | None:
+    offset, stamped, check = _FLUSHED.unpack_from(data, at)
+    return offset if offset > 0 and stamped == timestamp and check == _flushed_check(offset, stamped, salt) else None
+
+
+def _pack_flushed(buf: Any, at: int, offset: int | None, timestamp: int, salt: int) -> None:
+    offset = offset or 0
+    _FLUSHED.pack_into(buf, at, offset, timestamp if offset > 0 else 0,
+                       _flushed_check(offset, timestamp, salt) if offset > 0 else 0)  # fmt: skip
 # Recovery starts this far before the older of the commitlog/consume-queue timestamps.
 _MIN_TIMESTAMP_MARGIN_MS: Final = 3000
 
@@ -52,17 +71,19 @@ class CheckpointValues:
     # mqstore only (see the module): the commitlog is durable below this offset, which the
     # physic timestamp is the newest record of; None when absent or not for this timestamp.
     physic_flushed_offset: int | None = None
+    # mqstore only: every ConsumeQueue unit of a record below this offset was forced at the
+    # thorough flush the logics timestamp is from; None when absent or not for this timestamp.
+    logics_flushed_offset: int | None = None
 
     @classmethod
     def unpack(cls, data: bytes | bytearray | memoryview) -> CheckpointValues:
         if len(data) < _FIVE_LONGS.size:
             data = bytes(data) + bytes(_FIVE_LONGS.size - len(data))  # a short file reads as zeros
         phy, logics, index, master_flushed, confirm = _FIVE_LONGS.unpack_from(data, 0)
-        flushed: int | None = None
+        flushed = logics_flushed = None
         if len(data) >= CHECKPOINT_FILE_SIZE:
-            offset, timestamp, check = _FLUSHED.unpack_from(data, _FLUSHED_AT)
-            if offset > 0 and timestamp == phy and check == _flushed_check(offset, timestamp):
-                flushed = offset
+            flushed = _unpack_flushed(data, _FLUSHED_AT, phy, _FLUSHED_CHECK)
+            logics_flushed = _unpack_flushed(data, _LOGICS_FLUSHED_AT, logics, _LOGICS_FLUSHED_CHECK)
         return cls(
             physic_msg_timestamp=phy,
             logics_msg_timestamp=logics,
@@ -70,7 +91,14 @@ class CheckpointValues:
             master_flushed_offset=master_flushed or None,
             confirm_phy_offset=confirm or None,
             physic_flushed_offset=flushed,
+            logics_flushed_offset=logics_flushed,
         )
+
+    def recovery_start_bound(self) -> int | None:
+        """The lowest offset mqstore's fields say crash recovery must start at or before (the
+        commitlog's and the queues' forced ends), None when neither counts."""
+        offsets = [o for o in (self.physic_flushed_offset, self.logics_flushed_offset) if o is not None]
+        return min(offsets) if offsets else None
 
     def min_timestamp(self) -> int:
         return max(0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - _MIN_TIMESTAMP_MARGIN_MS)
@@ -125,6 +153,8 @@ class StoreCheckpoint:
         self.physic_msg_timestamp: int = values.physic_msg_timestamp
         # Set together with physic_msg_timestamp by the flush actor (None: not known).
         self.physic_flushed_offset: int | None = values.physic_flushed_offset
+        # Set together with logics_msg_timestamp by the flush actor (None: not known).
+        self.logics_flushed_offset: int | None = values.logics_flushed_offset
         self.logics_msg_timestamp: int = values.logics_msg_timestamp
         self.index_msg_timestamp: int = values.index_msg_timestamp
         self.master_flushed_offset: Final = values.master_flushed_offset
@@ -139,6 +169,7 @@ class StoreCheckpoint:
             master_flushed_offset=self.master_flushed_offset,
             confirm_phy_offset=self.confirm_phy_offset,
             physic_flushed_offset=self.physic_flushed_offset,
+            logics_flushed_offset=self.logics_flushed_offset,
         )
 
     def get_min_timestamp(self) -> int:
@@ -161,9 +192,10 @@ class StoreCheckpoint:
         _THREE_LONGS.pack_into(
             self._region.buf, 0, self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
         )
-        offset, timestamp = self.physic_flushed_offset or 0, self.physic_msg_timestamp
-        check = _flushed_check(offset, timestamp) if offset > 0 else 0
-        _FLUSHED.pack_into(self._region.buf, _FLUSHED_AT, offset, timestamp if offset > 0 else 0, check)
+        buf = self._region.buf
+        _pack_flushed(buf, _FLUSHED_AT, self.physic_flushed_offset, self.physic_msg_timestamp, _FLUSHED_CHECK)
+        _pack_flushed(buf, _LOGICS_FLUSHED_AT, self.logics_flushed_offset, self.logics_msg_timestamp,
+                      _LOGICS_FLUSHED_CHECK)  # fmt: skip
         self._region.flush(0, CHECKPOINT_FILE_SIZE)
 
     def close(self) -> None:

@@ -1016,9 +1016,12 @@ class CommitLog:
         dispatch: Callable[[DispatchFields], None],
         progress: ProgressCallback | None = None,
         max_phy_offset_of_consume_queue: int = -1,
+        start_no_later_than: int | None = None,
     ) -> int:
         """After a crash: start at the newest file whose first message is not newer than
-        `min_timestamp` (the checkpoint's), dispatch every valid message from there, truncate
+        `min_timestamp` (the checkpoint's), and no later than the file holding
+        `start_no_later_than` (the checkpoint's forced offsets: store times need not rise
+        along a log a stepped clock wrote), dispatch every valid message from there, truncate
         after the last one and return its end. No files: returns 0 (destroy the queues)."""
         files = self.mapped_file_queue.mapped_files
         if not files:
@@ -1030,6 +1033,13 @@ class CommitLog:
                 index = i
                 log.info("abnormal recovery starts at", file=files[i].file_name)
                 break
+        if start_no_later_than is not None:
+            holding = max((i for i, f in enumerate(files) if f.file_from_offset <= start_no_later_than), default=0)
+            if holding < index:
+                log.warning("abnormal recovery starts earlier than the checkpoint's timestamps say: at the file "
+                            "holding its forced offset (store times went back along the log)",
+                            file=files[holding].file_name, forced_offset=start_no_later_than)  # fmt: skip
+                index = holding
         process_offset = self._scan_for_recovery(index, dispatch, progress)
         self._truncate_after_recovery(process_offset, max_phy_offset_of_consume_queue)
         return process_offset

@@ -737,10 +737,12 @@ def recover_commitlog(
                                              from_offset=known_end if mode is RecoveryMode.RESTART else None)  # fmt: skip
         else:
             min_ts = 0
+            bound = None
             if checkpoint is not None:
                 index_safe = cfg.message_index_enable and cfg.message_index_safe
                 min_ts = checkpoint.min_timestamp_index() if index_safe else checkpoint.min_timestamp()
-            end = commitlog.recover_abnormally(min_ts, seen, progress)
+                bound = checkpoint.recovery_start_bound()
+            end = commitlog.recover_abnormally(min_ts, seen, progress, start_no_later_than=bound)
         if not files:
             end = 0
         recovered = CommitLogRecovery(

@@ -2,7 +2,8 @@
 flush and loses no acknowledged message (review 57).
 
 The periodic flushes are paced by the monotonic ticker, not by the wall time a Tick carries;
-store times never go back along the log, which crash recovery and the index rely on."""
+crash recovery starts no later than the checkpoint's forced offsets, whatever the store times
+say; and store times are held at the newest record's while the clock reads a little earlier."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import time
 from pathlib import Path
 
 import mqstore
+from mqstore.actors import commitlog_writer
 from mqstore.storage.checkpoint import read_checkpoint
 from mqstore.storage.fs import RealFileSystem, SimulatedFileSystem
 from mqstore.ticker import ManualTicker
 
 h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
+STORE_TIME_HOLD_MAX_MS = commitlog_writer.STORE_TIME_HOLD_MAX_MS
 
 T0 = 1_800_000_000_000
 DAY_MS = 86_400_000
@@ -65,9 +68,10 @@ def test_the_thorough_flush_and_checkpoint_go_on_after_the_clock_ran_ahead_and_w
         store.close()
 
 
-def test_store_times_are_held_while_the_clock_reads_earlier_than_the_newest_record(tmp_path: Path) -> None:
+def test_store_times_are_held_while_the_clock_reads_a_little_earlier_than_the_newest_record(tmp_path: Path) -> None:
     wall = Wall()
     store_dir = tmp_path / "s"
+    step = STORE_TIME_HOLD_MAX_MS // 2
 
     def put(store: mqstore.MessageStore) -> int:
         result = store.put(mqstore.Message(topic="T", body=b"x"))
@@ -76,14 +80,27 @@ def test_store_times_are_held_while_the_clock_reads_earlier_than_the_newest_reco
 
     with h.open_small(store_dir, clock_ms=wall) as store:
         assert put(store) == T0
-        wall.now_ms = T0 - HOUR_MS
+        wall.now_ms = T0 - step
         assert put(store) == T0  # held
         wall.now_ms = T0 + 5
         assert put(store) == T0 + 5  # the clock again
-        wall.now_ms = T0 - HOUR_MS
+        wall.now_ms = T0 - step
         assert [m.store_timestamp for m in store.get("T", 0, 0, 10).messages] == [T0, T0, T0 + 5]
     with h.open_small(store_dir, clock_ms=wall) as store:  # the newest record's time is on disk
         assert put(store) == T0 + 5
+
+
+def test_one_reading_far_ahead_does_not_pin_later_store_times(tmp_path: Path) -> None:
+    """Review 59 M1: a clock read 10 years ahead once, and every later record, after reopens
+    too, got that time until the clock caught up: time queries and offset_for_time answered
+    for a store that seemed to have stopped."""
+    wall = Wall()
+    with h.open_small(tmp_path / "s", clock_ms=wall) as store:
+        assert store.put(mqstore.Message(topic="T", body=b"x")).ok
+        wall.now_ms = T0 + 10 * 365 * DAY_MS
+        assert store.put(mqstore.Message(topic="T", body=b"x")).store_timestamp == wall.now_ms
+        wall.now_ms = T0 + 1_000
+        assert store.put(mqstore.Message(topic="T", body=b"x")).store_timestamp == T0 + 1_000
 
 
 def test_a_power_loss_after_the_clock_stepped_back_loses_no_acknowledged_message() -> None:

@@ -113,7 +113,7 @@ def test_the_flushed_offset_goes_with_its_timestamp_and_is_checked() -> None:
     cp.close()
     assert read_checkpoint(fs, "/s/checkpoint").physic_flushed_offset == 123_456
     data = bytearray(fs.read_bytes("/s/checkpoint"))
-    assert data[40:-24] == bytes(len(data) - 64)  # RocketMQ's longs and 5.x's slots untouched
+    assert data[40:-48] == bytes(len(data) - 88)  # RocketMQ's longs and 5.x's slots untouched
     other = bytearray(data)
     struct.pack_into(">q", other, 0, 1_800_000_000_001)  # a broker wrote a newer timestamp after us
     fs.write_atomic("/s/checkpoint", bytes(other))
@@ -127,6 +127,35 @@ def test_the_flushed_offset_goes_with_its_timestamp_and_is_checked() -> None:
     cp = StoreCheckpoint(fs, "/s/checkpoint")
     assert cp.values().physic_flushed_offset == 123_456
     cp.close()
+
+
+def test_the_queues_forced_offset_goes_with_the_logics_timestamp_and_is_checked() -> None:
+    """The second field, just before the first: the commitlog offset below which every unit
+    was forced, read back only for the logics timestamp it was written with."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/s")
+    cp = StoreCheckpoint(fs, "/s/checkpoint")
+    cp.physic_msg_timestamp, cp.physic_flushed_offset = 1_800_000_000_000, 123_456
+    cp.logics_msg_timestamp, cp.logics_flushed_offset = 1_799_999_999_000, 100_000
+    cp.flush()
+    cp.close()
+    values = read_checkpoint(fs, "/s/checkpoint")
+    assert (values.physic_flushed_offset, values.logics_flushed_offset) == (123_456, 100_000)
+    assert values.recovery_start_bound() == 100_000
+    data = bytearray(fs.read_bytes("/s/checkpoint"))
+    assert data[40:-48] == bytes(len(data) - 88)  # RocketMQ's longs and 5.x's slots untouched
+    other = bytearray(data)
+    struct.pack_into(">q", other, 8, 1_799_999_999_001)  # a broker wrote a newer logics timestamp
+    fs.write_atomic("/s/checkpoint", bytes(other))
+    values = read_checkpoint(fs, "/s/checkpoint")
+    assert values.logics_flushed_offset is None and values.recovery_start_bound() == 123_456
+    for byte in range(len(data) - 48, len(data) - 24):
+        torn = bytearray(data)
+        torn[byte] ^= 0x10
+        fs.write_atomic("/s/checkpoint", bytes(torn))
+        assert read_checkpoint(fs, "/s/checkpoint").logics_flushed_offset is None, byte
+    fs.write_atomic("/s/checkpoint", bytes(data[:-48]) + bytes(48))
+    assert read_checkpoint(fs, "/s/checkpoint").recovery_start_bound() is None
 
 
 @pytest.mark.parametrize("sample", ["broker-sample-b", "broker-sample-c"])
