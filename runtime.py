@@ -529,10 +529,17 @@ class Listener(RuntimeActor):
                 self.log.error("listener raised", listener=name, error=error_repr(exc), **suppressed_fields(suppressed))
 
     def _drain(self, drain: _Drain) -> None:
-        for event in drain.pending.take():
-            if drain.pending.closed:  # unsubscribed meanwhile (a failed tell unsubscribes)
-                break
-            self._call(drain.deliver, event, drain.name)
+        try:
+            for event in drain.pending.take():
+                if drain.pending.closed:  # unsubscribed meanwhile (a failed tell unsubscribes)
+                    break
+                self._call(drain.deliver, event, drain.name)
+        except BaseException:
+            # Host code ended this listener (SystemExit): no drain is on its way any more, so
+            # the next notice is told, finds the listener dead and drops the subscriber; the
+            # mark left set kept every later notice in a dict nobody drained (review 59 M2).
+            drain.pending.abandon()
+            raise
         if drain.pending.more_came():
             self.actor_ref.tell(drain)  # behind what else waits here: one subscriber never starves the rest
 

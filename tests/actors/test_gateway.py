@@ -318,3 +318,30 @@ def test_an_actors_read_after_its_put_answered_reflects_the_put(store_dir: Path,
             assert state.misses.get() == [], "reads that left out the actor's own acknowledged put"
         finally:
             actor.stop()
+
+
+def test_a_subscriber_whose_callback_ends_its_listener_is_dropped_and_can_subscribe_again(store_dir: Path) -> None:
+    """Review 59 M2: a callback that raised SystemExit (sys.exit() in host code) ended its
+    listener inside a drain, whose 'on its way' mark then stayed: every later notice waited in
+    a dict nobody drained, the dead subscription was never dropped, and subscribing again was
+    taken for the same subscription. As before the coalescing, it is dropped at the next
+    notice, and a new subscription hears of the queues."""
+    calls: list[tuple[int, int]] = []
+
+    def exits_once(event: MessageArrived) -> None:
+        calls.append((event.queue_id, event.max_offset))
+        if len(calls) == 1:
+            raise SystemExit(3)
+
+    with h.open_small(store_dir) as store:
+        store.subscribe(exits_once, topic="t")
+        assert store.put(Message(topic="t", body=b"x")).ok
+        h.wait_until(lambda: len(calls) == 1, what="the first call")
+        for _ in range(3):
+            assert store.put(Message(topic="t", body=b"x")).ok
+            h.wait_dispatched(store)
+        h.wait_until(lambda: not store._subscriptions.subscribers(), what="the dead subscriber dropped")
+        store.subscribe(exits_once, topic="t")
+        assert store.put(Message(topic="t", body=b"x")).ok
+        h.wait_until(lambda: len(calls) == 2, what="the new subscription's call")
+        assert calls[1] == (0, 5) and store.supervisor.restarts == []
