@@ -652,7 +652,8 @@ def _tell_on_listener(told: tuple[pykka.ActorRef[Any], object, Callable[[], None
         ref.tell(message)
     except Exception as exc:  # ActorDeadError (it stopped), or the host's ref's own error
         # Answers to one stopped actor fail here one by one: their lines are limited.
-        if (suppressed := _log.PROCESS_REPEATS.admit(("tell to a host actor failed", type(exc)))) is not None:
+        # Per actor: a second host actor that stopped is news (review 59 L1).
+        if (suppressed := _log.PROCESS_REPEATS.admit(("tell to a host actor failed", type(exc), id(ref)))) is not None:
             get_logger("mqstore.notifier").warning("a tell to the host's actor failed; dropped", actor=repr(ref),
                                                    error=error_repr(exc), **suppressed_fields(suppressed))  # fmt: skip
         if on_failed is not None:

@@ -383,10 +383,13 @@ def test_a_fire_and_forget_put_refused_in_a_loop_is_logged_once_a_minute_and_eac
             ticker.advance(1)
             assert not any(client.put_and_forget(bad) for _ in range(8))
             assert [line.get("suppressed") for line in _lines(caplog, "fire-and-forget put refused")] == [None, 500]
-            assert store.stats()["put_message_status_times"] == {"MESSAGE_ILLEGAL": 509}
+            # Another topic's refusal of the same status is news (review 59 L2).
+            assert not client.put_and_forget(Message(topic="other topic!", body=b"x"))
+            assert [line["topic"] for line in _lines(caplog, "fire-and-forget put refused")] == ["bad topic!"] * 2 + ["other topic!"]
+            assert store.stats()["put_message_status_times"] == {"MESSAGE_ILLEGAL": 510}
         finally:
             ref.stop()
-    assert _lines(caplog, "repeats not logged") == [{"store": str(store_dir), "kind": "fire-and-forget put refused / MESSAGE_ILLEGAL",
+    assert _lines(caplog, "repeats not logged") == [{"store": str(store_dir), "kind": "fire-and-forget put refused / MESSAGE_ILLEGAL / bad topic!",
                                                      "suppressed": 7}]  # fmt: skip
 
 
