@@ -324,34 +324,36 @@ static PyObject *reinstall(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(same_file_doc,
-"same_file(fd, path) -> bool\n\n"
-"Whether `path` (bytes) still names the open file `fd` and the file has a name at all: false\n"
-"once another process renamed a file over it, renamed it away, or deleted it. Two syscalls,\n"
-"no stat results built (the writer asks every pass).");
+PyDoc_STRVAR(names_file_doc,
+"names_file(path, dev, ino) -> bool\n\n"
+"Whether `path` (bytes) names the file of device `dev` and inode `ino`: false once another\n"
+"process renamed a file over it, renamed it away, or deleted it. For a mapped file, whose map\n"
+"keeps the inode (no other file gets its number meanwhile), with no descriptor kept for it.\n"
+"One syscall, no stat results built (the writer asks every pass).");
 
-static PyObject *same_file(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *names_file(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "same_file(fd: int, path: bytes)");
+    if (nargs != 3 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "names_file(path: bytes, dev: int, ino: int)");
         return NULL;
     }
-    long fd = PyLong_AsLong(args[0]);
-    if (fd == -1 && PyErr_Occurred()) {
+    unsigned long long dev = PyLong_AsUnsignedLongLong(args[1]);
+    if (dev == (unsigned long long)-1 && PyErr_Occurred()) {
         return NULL;
     }
-    struct stat mine, named;
-    if (fstat((int)fd, &mine) != 0) {
-        return PyErr_SetFromErrno(PyExc_OSError);
+    unsigned long long ino = PyLong_AsUnsignedLongLong(args[2]);
+    if (ino == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
     }
-    if (mine.st_nlink == 0 || stat(PyBytes_AS_STRING(args[1]), &named) != 0) {
-        Py_RETURN_FALSE; /* no name left, or none at the path */
+    struct stat named;
+    if (stat(PyBytes_AS_STRING(args[0]), &named) != 0) {
+        Py_RETURN_FALSE; /* none at the path */
     }
-    return PyBool_FromLong(mine.st_dev == named.st_dev && mine.st_ino == named.st_ino);
+    return PyBool_FromLong((unsigned long long)named.st_dev == dev && (unsigned long long)named.st_ino == ino);
 }
 
 static PyMethodDef methods[] = {
-    {"same_file", (PyCFunction)(void (*)(void))same_file, METH_FASTCALL, same_file_doc},
+    {"names_file", (PyCFunction)(void (*)(void))names_file, METH_FASTCALL, names_file_doc},
     {"reinstall", reinstall, METH_NOARGS, reinstall_doc},
     {"guard", guard, METH_O, guard_doc},
     {"release", release, METH_O, release_doc},

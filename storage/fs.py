@@ -78,6 +78,17 @@ class FileCutUnderMapError(OSError):
                                     "while mapped (or no room on the disk for it)", path)  # fmt: skip
 
 
+class FileReplacedUnderMapError(FileCutUnderMapError):
+    """The path of a mapped store file names another file now, or none: another process
+    renamed a file over it, renamed it away or deleted it (found when reserve() opened it
+    again). Handled as a cut: what is written through the map reaches no file a directory
+    holds, and the owner's checks (replaced(), cut_under_map) say so."""
+
+    def __init__(self, path: str) -> None:
+        OSError.__init__(self, errno.ESTALE, "the path names another file now, or none: replaced, renamed away or "
+                                             "deleted by another process while mapped", path)  # fmt: skip
+
+
 class NotARegularFileError(OSError):
     """A FIFO, socket or device where the store keeps a file: reading or writing it could
     block for good, so it is neither read nor written."""
@@ -274,10 +285,12 @@ class RealMappedRegion:
                 with contextlib.suppress(OSError):
                     os.remove(path)
             raise
-        # Writable maps keep their descriptor for reserve(); the mapping keeps the file alive.
-        self._fd: int | None = None if readonly else fd
-        if readonly:
-            os.close(fd)
+        # The descriptor is closed once mapped, read-only or not: the map keeps the file alive
+        # (and mmap keeps a descriptor of its own), so a kept one was a second descriptor per
+        # map, 2 per consume queue ever written (review 58 F2: EMFILE at ~500 queues under
+        # `ulimit -n 1024`). reserve() opens the file again for each window it reserves.
+        os.close(fd)
+        self._writable = not readonly
         self._reserved = 0
         self._locked = False
         self._cut_seen = False  # reserve() found the file shorter than the map
@@ -302,19 +315,48 @@ class RealMappedRegion:
         through this map). The reserved pages above it are initialised (see _initialise): a
         fallocated block alone does not make a store through the map safe on ext4.
         """
-        global _reserve_failed_logged
         # Whole pages: a write through the map dirties a page, and the filesystem must back
         # all of it (with 1 KiB blocks, a page's other blocks would be allocated in the fault).
         end = min(end + (-end) % OS_PAGE_SIZE, self.size)
-        if self._fd is None or end <= self._reserved:
+        if not self._writable or end <= self._reserved:
             return True
-        if os.fstat(self._fd).st_size < self.size:
+        fd = self._reopen()
+        try:
+            return self._reserve(fd, end, unwritten_from)
+        finally:
+            os.close(fd)
+
+    def _reopen(self) -> int:
+        """A descriptor of the mapped file, opened again by its path, for reserve(): the same
+        file (device and inode) or FileReplacedUnderMapError. A file another process renamed
+        over the path, or deleted, is not ours to grow or write zeros into; what is written
+        through the map goes to a file no directory holds, which the owner's own checks name
+        (replaced(), cut_under_map)."""
+        try:
+            fd = os.open(self._path_bytes, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            _record_cut(self.path)
+            raise FileReplacedUnderMapError(self.path) from None
+        try:
+            status = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if (status.st_dev, status.st_ino) != self._identity:
+            os.close(fd)
+            _record_cut(self.path)
+            raise FileReplacedUnderMapError(self.path)
+        return fd  # our regular file: O_NONBLOCK changes nothing for it
+
+    def _reserve(self, fd: int, end: int, unwritten_from: int) -> bool:
+        global _reserve_failed_logged
+        if os.fstat(fd).st_size < self.size:
             # Cut short under the map by another process: fallocate and the zeros below would
             # grow it back with holes where its records were, and writes would go on as if
             # nothing had happened.
             self._cut_seen = True
             raise FileCutUnderMapError(self.path)
-        err = _fallocate(self._fd, self._reserved, end - self._reserved)
+        err = _fallocate(fd, self._reserved, end - self._reserved)
         if err in (errno.ENOSPC, errno.EDQUOT):
             return False
         if err and err not in _FALLOCATE_UNSUPPORTED:
@@ -329,8 +371,8 @@ class RealMappedRegion:
                 log.warning("fallocate_failed_file_stays_sparse", path=self.path, error=os.strerror(err))
             return True
         try:
-            self._initialise_holes(self._reserved, min(unwritten_from, end))
-            self._initialise(max(self._reserved, unwritten_from), end)
+            self._initialise_holes(fd, self._reserved, min(unwritten_from, end))
+            self._initialise(fd, max(self._reserved, unwritten_from), end)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 return False
@@ -338,13 +380,11 @@ class RealMappedRegion:
         self._reserved = end
         return True
 
-    def _initialise_holes(self, start: int, end: int) -> None:
+    def _initialise_holes(self, fd: int, start: int, end: int) -> None:
         """Write zeros over the holes (and unwritten extents) of [start, end), below the data
         end, where the file may hold data: a file written by RocketMQ (sparse index slots), or
         reserved by an older version of this store. A hole reads as zeros, so no byte changes;
         what SEEK_DATA calls data is left alone (its pages are cached or on disk)."""
-        fd = self._fd
-        assert fd is not None
         if start >= end:
             return
         # A clean cached page of an unwritten extent counts as data to SEEK_DATA; dropping
@@ -368,7 +408,7 @@ class RealMappedRegion:
                 return
             pos = os.lseek(fd, data, os.SEEK_HOLE)
 
-    def _initialise(self, start: int, end: int) -> None:
+    def _initialise(self, fd: int, start: int, end: int) -> None:
         """Write zeros with pwrite over the pages of [start, end), which hold no data.
 
         fallocate leaves unwritten extents. On ext4 filled to its last block by another
@@ -381,8 +421,6 @@ class RealMappedRegion:
         of the range are dropped first (best effort: the kernel keeps dirty or busy pages).
         Only pages at or above the owner's data end are written, and those hold nothing yet.
         """
-        fd = self._fd
-        assert fd is not None  # only writable maps reserve
         start += (-start) % OS_PAGE_SIZE
         if start >= end:
             return
@@ -426,9 +464,6 @@ class RealMappedRegion:
                 # from the file meanwhile killed the process (SIGBUS).
                 self._guard, self._unguard = _guard(self.buf, self.path)
                 raise
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def advise_willneed(self) -> None:
         if hasattr(self.buf, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
@@ -444,11 +479,12 @@ class RealMappedRegion:
         over it (rsync without --inplace, an atomic save), renamed it away or deleted it. What is written
         through this map then goes to a file no directory holds, lost at the next open.
         Recorded for cut_under_map() (the supervisor's log, stats, an unclean close)."""
-        if self._fd is not None and mapguard.available:
+        if self._writable and mapguard.available:
             # Renamed over, renamed away (logrotate's `create`), hard-linked then replaced, or
-            # deleted: the path no longer names our file. In C, no stat results built (the
-            # writer asks every pass).
-            gone = not mapguard.same_file(self._fd, self._path_bytes)
+            # deleted: the path no longer names our file (the map holds the inode, so no other
+            # file can have its number meanwhile). In C, no stat results built (the writer asks
+            # every pass).
+            gone = not mapguard.names_file(self._path_bytes, *self._identity)
         else:
             try:
                 status = os.stat(self.path)

@@ -17,7 +17,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["available", "guard", "release", "faults", "held", "total_faults", "installed", "reinstall", "same_file"]
+__all__ = ["available", "guard", "release", "faults", "held", "total_faults", "installed", "reinstall", "names_file"]
 
 
 def _load() -> ModuleType | None:
@@ -68,8 +68,8 @@ def reinstall() -> None:
         _guard.reinstall()
 
 
-def same_file(fd: int, path: bytes) -> bool:
-    """Whether `path` still names the open file `fd` (and it has a name at all); only with
-    the extension (`available`): storage/fs.py compares the identities itself without it."""
+def names_file(path: bytes, dev: int, ino: int) -> bool:
+    """Whether `path` names the file (`dev`, `ino`), a mapped one whose descriptor is closed;
+    only with the extension (`available`): storage/fs.py compares with os.stat without it."""
     assert _guard is not None
-    return bool(_guard.same_file(fd, path))
+    return bool(_guard.names_file(path, dev, ino))

@@ -5,6 +5,7 @@ directory fsynced; ext4's ordered journal usually covers for it, other filesyste
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,56 @@ def test_a_new_file_whose_set_up_failed_is_removed_so_the_retry_syncs_its_name(
         RealFileSystem().map_file(path, 4096)
     RealFileSystem().map_file(path, 4096).close()
     assert calls == [str(tmp_path), str(tmp_path)]
+
+
+def _descriptors_of(path: Path) -> int:
+    """Open descriptors of this process naming `path` (mmap's own included)."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == str(path):
+                count += 1
+        except OSError:
+            pass  # the listing's own descriptor, closed meanwhile
+    return count
+
+
+def test_a_writable_map_keeps_one_descriptor_and_reserve_opens_the_file_again(tmp_path: Path) -> None:
+    """Review 58 F2: a writable map kept its own descriptor for reserve() beside mmap's, so
+    each consume queue cost 2 (EMFILE at ~500 queues under `ulimit -n 1024`). Now mmap's alone,
+    and reserve() opens the file for each window it reserves, then closes it."""
+    fs = RealFileSystem()
+    path = tmp_path / ("%020d" % 0)
+    region = fs.map_file(str(path), 1 << 20, create=True)
+    try:
+        assert _descriptors_of(path) == 1
+        region.buf[:5] = b"hello"
+        assert region.reserve(1 << 18, unwritten_from=5)
+        assert _descriptors_of(path) == 1
+        assert region.buf[:5] == b"hello" and not region.replaced()
+    finally:
+        region.close()
+    assert _descriptors_of(path) == 0
+
+
+def test_reserve_on_a_file_replaced_under_the_map_writes_nothing_into_the_new_one(tmp_path: Path) -> None:
+    """With no descriptor kept, reserve() opens the path again: a file renamed over it by
+    another process is not ours to grow or write zeros into. It counts as a cut (the owner's
+    checks name the file), as a file cut short under the map does."""
+    fs = RealFileSystem()
+    path = tmp_path / ("%020d" % 0)
+    region = fs.map_file(str(path), 1 << 20, create=True)
+    try:
+        other = tmp_path / "other"
+        other.write_bytes(b"theirs")
+        os.replace(other, path)
+        mark = fs.cut_mark()
+        with pytest.raises(fs_module.FileReplacedUnderMapError):
+            region.reserve(1 << 18)
+        assert path.read_bytes() == b"theirs"
+        assert str(path) in fs.cut_under_map(mark) and region.replaced()
+        os.remove(path)
+        with pytest.raises(fs_module.FileReplacedUnderMapError):  # deleted: the same
+            region.reserve(1 << 18)
+    finally:
+        region.close()
