@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections import deque
-from typing import Iterable, assert_never
+from collections import OrderedDict, deque
+from typing import Callable, Iterable, TypeVar, assert_never
 
 from ..messages import (
     CleanUnusedTopics,
@@ -33,6 +33,7 @@ from ..storage import codec, speedups
 from ..storage.codec import is_topic_name, names_a_queue
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
+from ..storage.fs import FileCutUnderMapError
 from ..storage.mapped_file import DiskFullError
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, lost_queue_offsets, recover_consume_queues
@@ -41,6 +42,8 @@ from .base import ActorContext, HeldWait, Periodic, StoreActor
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 
 FLUSH_CALLS_PER_QUEUE_MAX = 8  # one call flushes one file; a bound, not a loop until done
+
+T = TypeVar("T")
 
 
 # What this actor takes; `handle` answers each with one reply type.
@@ -101,6 +104,12 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # them (filler units, `_fill_reserved`, hold the lost ones).
         self._reserved: dict[tuple[str, int], int] = {}
         self._refused_queues: set[tuple[str, int]] = set()  # logged once each
+        # The queues whose files may be mapped, least recently written first: at most
+        # consume_queue_mapped_queues_max (review 58 F2: every queue ever written kept its maps
+        # and descriptors for the store's life, EMFILE at ~500 queues under `ulimit -n 1024`).
+        # The others' files are flushed and unmapped, and mapped again at their next dispatch.
+        self._mapped: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._mapped_max = max(1, ctx.config.consume_queue_mapped_queues_max)
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
@@ -138,6 +147,48 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         for cq in self._queues.values():
             cq.mapped_file_queue.shutdown(0)
         self._queues.clear()
+        self._mapped.clear()
+
+    # mapped queues (review 58 F2) ------------------------------------------------------------
+    def _in_use(self, key: tuple[str, int], cq: ConsumeQueue) -> None:
+        """`cq` about to be written: its files mapped (again), and it the most recently used;
+        the least recently used beyond consume_queue_mapped_queues_max give their maps back.
+        OSError when the process has no descriptor, memory or map left for a file of it;
+        FileCutUnderMapError for a file gone meanwhile (the actor fails, as for a file cut
+        under its map, and the restart recovers the queue)."""
+        mapped = self._mapped
+        if key in mapped:
+            mapped.move_to_end(key)
+            return
+        cq.map_files()
+        mapped[key] = None
+        self._unmap_idle()
+
+    def _unmap_idle(self) -> None:
+        """Flush and unmap the least recently used queues beyond the bound. One whose flush
+        failed stays mapped (its pages must be written again from this map)."""
+        mapped = self._mapped
+        kept: list[tuple[str, int]] = []
+        while len(mapped) > self._mapped_max:
+            key, _ = mapped.popitem(last=False)
+            cq = self._queues.get(key)
+            if cq is not None and not cq.unmap_files():
+                if cq.mapped_file_queue.last_io_error is not None:
+                    self.ctx.derived_flush_failed = True  # as in _flush
+                kept.append(key)
+        for key in reversed(kept):
+            mapped[key] = None
+            mapped.move_to_end(key, last=False)
+
+    def _while_mapped(self, key: tuple[str, int], cq: ConsumeQueue, read: Callable[[], T]) -> T:
+        """`read()` of a queue's files: an idle queue's are mapped for it and given back after
+        (reads do not make a queue recently used; readers' own maps serve most reads)."""
+        if key in self._mapped:
+            return read()
+        try:
+            return read()
+        finally:
+            cq.unmap_files()
 
     def _publish(self, keys: Iterable[tuple[str, int]], *, complete: bool = False) -> None:
         """Tell readers of consumequeue/ the bounds of `keys` (after the units are written)."""
@@ -187,6 +238,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         key = (topic, queue_id)
         cq.reserved_until = self._reserved.get(key, 0)
         self._queues[key] = cq
+        self._mapped[key] = None
+        self._unmap_idle()
         if self._ledger_written is not None and key not in self._ledger_written:
             self._ledger_stale = True  # a new queue: in the ledger before the next tick is over
         return cq
@@ -269,6 +322,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             cq = self._queues.get((topic, queue_id)) or self._new_queue(topic, queue_id)
             if cq is None:
                 continue
+            self._map_for_dispatch(topic, queue_id, cq)
             if n == len(runs) // 2:
                 hit("consume_queue.mid_write")
             if not cq.put_message_position_infos(units):
@@ -287,6 +341,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             cq = self._queues.get((topic, queue_id)) or self._new_queue(topic, queue_id)
             if cq is None:
                 continue
+            self._map_for_dispatch(topic, queue_id, cq)
             if n == middle:
                 hit("consume_queue.mid_write")
             if not cq.put_dense_run(units, first_phy, last_phy, first_cq, count):
@@ -296,6 +351,14 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
         # Each queue once: a batch of a few queues' interleaved puts holds many runs of each.
         self._publish({(run[0], run[1]) for run in runs})
+
+    def _map_for_dispatch(self, topic: str, queue_id: int, cq: ConsumeQueue) -> None:
+        try:
+            self._in_use((topic, queue_id), cq)
+        except FileCutUnderMapError:
+            raise
+        except OSError as exc:
+            raise QueueFileUnavailable(f"cannot map consume queue {topic}/{queue_id} again ({exc})") from exc
 
     def _get_units(self, request: GetUnits) -> UnitsReply:
         cq = self._queues.get((request.topic, request.queue_id))
@@ -308,15 +371,13 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         max_offset = cq.get_max_offset_in_queue()
         units = None
         if min_offset <= request.offset < max_offset:
-            # getIndexBuffer (§9.4) bounded to what the reader scans: copying the rest of a
-            # 6 MB file per ask cost more than the whole read.
-            unit = codec.CQ_STORE_UNIT_SIZE
-            offset = request.offset * unit
-            mapped_file = cq.mapped_file_queue.find_mapped_file_by_offset(offset) if offset >= cq.min_logic_offset else None
-            if mapped_file is not None:
-                pos = offset % cq.mapped_file_size
-                size = min(mapped_file.read_position - pos, request.max_units * unit)
-                units = mapped_file.select(pos, size) if size > 0 else None
+            try:
+                units = self._while_mapped((request.topic, request.queue_id), cq, lambda: self._units_of(cq, request))
+            except FileCutUnderMapError:
+                raise
+            except OSError as exc:  # out of descriptors or maps: no units now, as for a file gone
+                self.log.warning("a consume queue file could not be mapped for a read", topic=request.topic,
+                                 queue_id=request.queue_id, error=str(exc))  # fmt: skip
         return UnitsReply(
             exists=True,
             min_offset=min_offset,
@@ -326,6 +387,19 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             commitlog_head=self._dispatched_offset,
         )
 
+    @staticmethod
+    def _units_of(cq: ConsumeQueue, request: GetUnits) -> bytes | None:
+        # getIndexBuffer (§9.4) bounded to what the reader scans: copying the rest of a
+        # 6 MB file per ask cost more than the whole read.
+        unit = codec.CQ_STORE_UNIT_SIZE
+        offset = request.offset * unit
+        mapped_file = cq.mapped_file_queue.find_mapped_file_by_offset(offset) if offset >= cq.min_logic_offset else None
+        if mapped_file is None:
+            return None
+        pos = offset % cq.mapped_file_size
+        size = min(mapped_file.read_position - pos, request.max_units * unit)
+        return mapped_file.select(pos, size) if size > 0 else None
+
     def _offset_by_time(self, request: GetOffsetByTime) -> int:
         """getOffsetInQueueByTime (§9.5), reading store times through this actor's own maps."""
         cq = self._queues.get((request.topic, request.queue_id))
@@ -333,7 +407,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             return 0
         with contextlib.closing(self._commitlog()) as reader:
             pickup = functools.partial(pickup_store_timestamp, reader)
-            return cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
+            key = (request.topic, request.queue_id)
+            try:
+                return self._while_mapped(
+                    key, cq, lambda: cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
+                )
+            except FileCutUnderMapError:
+                raise
+            except OSError as exc:  # out of descriptors or maps: the store's "failed"
+                self.log.warning("a consume queue file could not be mapped for a read", topic=request.topic,
+                                 queue_id=request.queue_id, error=str(exc))  # fmt: skip
+                return -1
 
     def _delete_expired(self, min_phy_offset: int, start_after: tuple[str, int] | None) -> ConsumeQueueFilesDeleted:
         """CleanConsumeQueueService (§12.6) for the queues after `start_after`, up to and
@@ -344,7 +428,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 if start_after is not None and key <= start_after:
                     continue
                 visited.append(key)
-                deleted = self._queues[key].delete_expired_file(min_phy_offset)  # also corrects its min offset
+                cq = self._queues[key]
+                deleted = self._while_mapped(key, cq, functools.partial(cq.delete_expired_file, min_phy_offset))  # also corrects its min offset
                 if deleted > 0:
                     # At once: a first file that starts later than the ledger says is taken
                     # for one deleted by hand at the next open (and the queue rebuilt).
@@ -377,6 +462,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # their maps of these files), then destroyed.
         doomed = [self._queues[key] for key in removed]
         self._queues = survivors
+        for key in removed:
+            self._mapped.pop(key, None)
         self._publish(survivors, complete=True)
         for (topic, queue_id), cq in zip(removed, doomed):
             cq.destroy()
@@ -447,9 +534,12 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if cq.get_max_offset_in_queue() >= next_offset:
                 continue
             try:
+                self._in_use(key, cq)
                 if not cq.fill_to(next_offset):
                     continue
-            except DiskFullError:
+            except FileCutUnderMapError:
+                raise
+            except (DiskFullError, OSError):
                 continue
             filled.append(key)
             self.log.warning("queue offsets of lost records held by filler units; the queue continues after them",

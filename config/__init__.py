@@ -223,6 +223,7 @@ class StoreConfig:
     max_puts_in_flight: int = _D["max_puts_in_flight"]
     put_fail_fast_when_in_flight_full: bool = _D["put_fail_fast_when_in_flight_full"]
     read_your_writes_timeout_ms: int = _D["read_your_writes_timeout_ms"]
+    consume_queue_mapped_queues_max: int = _D["consume_queue_mapped_queues_max"]
     # Which settings the caller set (a file, MQSTORE_* variables, overrides or keywords), as
     # opposed to defaults: a store's files may override a default, never an explicit value.
     # Not a setting. None (keyword construction) means "those that differ from the default".
@@ -721,6 +722,7 @@ _POSITIVE_INTS: Final = frozenset(
         "stats_snapshot_interval_ms",
         "max_puts_in_flight",
         "read_your_writes_timeout_ms",
+        "consume_queue_mapped_queues_max",
     }
 )
 

@@ -505,6 +505,21 @@ class ConsumeQueue:
         """True when nothing moved."""
         return self.mapped_file_queue.flush(least_pages)
 
+    def unmap_files(self) -> bool:
+        """Flush the queue's files and give their maps back (review 58 F2: every queue ever
+        written kept a descriptor and a map per file for the store's life); each is mapped
+        again at its next use, every position, the duplicate guard and the min offset kept.
+        False when a file stays mapped (a failed flush: its pages must be written again)."""
+        queue = self.mapped_file_queue
+        for _ in range(len(queue.mapped_files) + 1):
+            if queue.flush(0) or queue.last_io_error is not None:
+                break
+        return queue.unmap_files()
+
+    def map_files(self) -> None:
+        """The queue's files mapped again (MappedFileQueue.map_files)."""
+        self.mapped_file_queue.map_files()
+
     def destroy(self) -> None:
         self.max_physic_offset = -1
         self.min_logic_offset = 0

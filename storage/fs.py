@@ -153,6 +153,10 @@ def _load_libc() -> ctypes.CDLL | None:
     return _libc
 
 
+# Errors that say the process, not the file, is out of something: descriptors (EMFILE: its
+# RLIMIT_NOFILE; ENFILE: the system's), or memory or map count (ENOMEM: vm.max_map_count).
+OUT_OF_RESOURCES_ERRNOS: frozenset[int] = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
 _reserve_failed_logged = False
 # fallocate(2) errors that mean "this filesystem cannot", not "this disk cannot now".
 _FALLOCATE_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV})

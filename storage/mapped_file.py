@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any, Callable, Final
 
 from mqstore.log import get_logger
-from mqstore.storage.fs import OS_PAGE_SIZE, FileCutUnderMapError, FileSystem, MappedRegion
+from mqstore.storage.fs import OS_PAGE_SIZE, OUT_OF_RESOURCES_ERRNOS, FileCutUnderMapError, FileSystem, MappedRegion
 from mqstore.storage.status import AppendMessageResult, AppendMessageStatus
 
 __all__ = [
@@ -176,6 +176,7 @@ class MappedFile:
         self.reserved_until = 0
         self._retry_full_window_at = 0
         self._reserve_error: OSError | None = None  # why the last reservation failed, if not for room
+        self._unmapped = False  # unmap() gave the map back: mapped again at the next use
 
     def __repr__(self) -> str:
         return (
@@ -203,8 +204,55 @@ class MappedFile:
     @property
     def mapped_buffer(self) -> bytearray:
         """The mapping itself, for scans by the owner (recovery). Do not keep it."""
-        assert self._region is not None, f"{self.file_name} is already unmapped"
-        return self._region.buf  # type: ignore[return-value]
+        return self._mapped().buf  # type: ignore[return-value]
+
+    # giving the map back (idle ConsumeQueue files, review 58 F2) ------------------------------
+    @property
+    def is_mapped(self) -> bool:
+        return self._region is not None
+
+    def unmap(self) -> bool:
+        """Give the map (and the descriptor mmap keeps) back, every position kept: the file is
+        mapped again at its next read or write (`map`). Only a file that has nothing left to
+        flush, no write buffer, no failed flush (its pages must stay dirty in this map to be
+        written again), no reader of the owner holding it and no mlock; False (still mapped)
+        otherwise."""
+        region = self._region
+        if (region is None or not self.available or self.ref_count != 1 or self.write_buffer is not None
+                or self.locked_in_memory or self.last_io_error is not None
+                or self.flushed_position < self.read_position):  # fmt: skip
+            return False
+        try:
+            region.close()
+        except BufferError:  # an export of the map is still alive
+            return False
+        self._region = None
+        self._unmapped = True
+        return True
+
+    def map(self) -> None:
+        """Map a file `unmap` gave back again (nothing for a mapped one). OSError when the process
+        has no descriptor, memory or map left for it (EMFILE, ENFILE, ENOMEM: the file is fine,
+        and mapped at a later try); FileCutUnderMapError when the file is not there at its
+        length any more (deleted, or cut short by another process meanwhile), as if cut while
+        mapped: what the owner knows of it is not in the file."""
+        self._mapped()
+
+    def _mapped(self) -> MappedRegion:
+        region = self._region
+        if region is not None:
+            return region
+        assert self._unmapped and self.available, f"{self.file_name} is already unmapped"
+        try:
+            region = self.fs.map_file(self.file_name, self.file_size, create=False)
+        except OSError as exc:
+            if exc.errno in OUT_OF_RESOURCES_ERRNOS:
+                raise
+            log.error("a file given back while idle cannot be mapped again", file=self.file_name, error=str(exc))
+            raise FileCutUnderMapError(self.file_name) from exc
+        self._region = region
+        self._unmapped = False
+        return region
 
     def _target(self) -> bytearray:
         """Where appends go: the write buffer if there is one, else the mapping."""
@@ -252,7 +300,7 @@ class MappedFile:
         (fs.RealMappedRegion.reserve). When it has not, the window shrinks to a share of the
         free space, then to `need_end` itself: appends go on while anything fits. False
         (nothing more reserved) only when not even `need_end` fits."""
-        region = self._region
+        region = self._region if self._region is not None or not self._unmapped else self._mapped()
         need_end = min(need_end, self.file_size)
         window_end = min(max(window_end, need_end), self.file_size)
         if need_end <= self.reserved_until and window_end <= self.reserved_until:
@@ -383,8 +431,7 @@ class MappedFile:
         value = self.read_position  # captured before forcing: later appends are not covered
         if self.hold():
             try:
-                assert self._region is not None
-                self._region.flush(self.flushed_position, value)
+                self._mapped().flush(self.flushed_position, value)
                 self.flushed_position = value
                 self.last_io_error = None
             except OSError as exc:
@@ -420,9 +467,8 @@ class MappedFile:
         if self.write_buffer is not None:
             self.write_buffer[position : self.file_size] = bytes(self.file_size - position)
         if dirty_end > position:
-            assert self._region is not None
             try:
-                self._region.flush(position, dirty_end)
+                self._mapped().flush(position, dirty_end)
             except OSError as exc:
                 self.last_io_error = exc
                 log.error("flush of a zeroed tail failed", file=self.file_name, error=str(exc))
@@ -483,8 +529,7 @@ class MappedFile:
         if self.wrote_position != 0:  # a guard against overwriting data: kept under python -O
             raise RuntimeError(f"warm-up of {self.file_name} would overwrite data")
         buf = self.mapped_buffer
-        region = self._region
-        assert region is not None
+        region = self._mapped()
         if not self._reserve(self.file_size, self.file_size, KEEP_FREE_FOR_MESSAGES_BYTES):
             # Touching pages with no blocks behind them would die with SIGBUS.
             log.warning("no disk space to warm up a new file; it stays cold", file=self.file_name)
@@ -517,8 +562,7 @@ class MappedFile:
 
     def save_copy(self, path: str) -> None:
         """What readers may read of this file, from its map, to a new file `path`."""
-        assert self._region is not None
-        self._region.save_copy(path, self.read_position)
+        self._mapped().save_copy(path, self.read_position)
 
     # reference counting (§4.8) ------------------------------------------------------------------
     def hold(self) -> bool:

@@ -98,6 +98,21 @@ class MappedFileQueue:
                 raise FileCutUnderMapError(mapped_file.file_name)  # and again at every call
         self._map_faults_seen = faults  # another owner's map
 
+    # idle files given back (review 58 F2) --------------------------------------------------
+    def unmap_files(self) -> bool:
+        """Give back the maps of every file with nothing left to flush (MappedFile.unmap); each
+        is mapped again at its next use. True when none is mapped any more."""
+        return all([mapped_file.unmap() or not mapped_file.is_mapped for mapped_file in self.mapped_files])
+
+    def map_files(self) -> None:
+        """Map again every file `unmap_files` gave back (MappedFile.map: OSError when the
+        process is out of descriptors, memory or maps; FileCutUnderMapError for a file gone)."""
+        for mapped_file in self.mapped_files:
+            mapped_file.map()
+
+    def mapped_count(self) -> int:
+        return sum(1 for mapped_file in self.mapped_files if mapped_file.is_mapped)
+
     # loading -----------------------------------------------------------------------------
     def load(self, *, skip_damaged: bool = False) -> bool:
         """Map every segment as full; a wrong-sized file stops loading (files after it are

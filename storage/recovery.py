@@ -859,6 +859,7 @@ def recover_consume_queues(
             damaged_cq_files.extend(cut_short)
             cq = _loaded_queue(cfg, fs, topic, queue_id, clock_ms)
             cq.recover()
+            cq.unmap_files()  # mapped again where a later step reads it: one queue's at a time
             queues.append(cq)
             if cut_short:
                 damaged_queues.append(cq)
@@ -902,10 +903,10 @@ def recover_consume_queues(
             # record an entry points at, and the index is append-only.
             first_lost = min(start for start, _ in log_facts.lost_ranges)
             dispatch_from = min(dispatch_from, first_lost)
-            for cq in queues:
+            for cq in _one_mapped_at_a_time(queues):
                 cq.truncate_dirty_logic_files(first_lost)
         # A queue that lost files is rebuilt from the record after its last unit left.
-        for cq in damaged_queues:
+        for cq in _one_mapped_at_a_time(damaged_queues):
             last = cq.last_real_unit()
             resume = last[0] + last[1] if last is not None else min_offset
             dispatch_from = min(dispatch_from, max(resume, min_offset))
@@ -937,7 +938,7 @@ def recover_consume_queues(
         cut = dispatch_from if crashed else log_facts.reach
         truncated = kept = 0
         with _UnitChecker(cfg, fs, end, log_facts.quarantined) as checker:
-            for cq in queues:
+            for cq in _one_mapped_at_a_time(queues):
                 if not crashed and cq.max_physic_offset < cut:
                     continue  # (after a crash units may lie past a torn one `recover()` stopped at)
                 before = cq.get_max_offset_in_queue()
@@ -951,7 +952,7 @@ def recover_consume_queues(
             log.info("consume queues truncated for re-dispatch", truncated=truncated, before_commitlog_offset=cut,
                      units_kept_that_match_the_log=kept)  # fmt: skip
         table: dict[str, int] = {}
-        for cq in queues:
+        for cq in _one_mapped_at_a_time(queues):
             table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
             if log_facts.has_files:
                 cq.correct_min_offset(min_offset)
@@ -1182,7 +1183,7 @@ def _offsets_of_lost_records(
     cannot throw a queue far ahead. Read only: nothing is cut here."""
     first_loss = min([end, *(start for start, _ in lost_ranges)])
     found: dict[tuple[str, int], int] = {}
-    for cq in queues:
+    for cq in _one_mapped_at_a_time(queues):
         units = cq.get_max_offset_in_queue()
         last = cq.last_real_unit() if units > 0 else None  # filler units may follow it
         if last is None or last[0] < first_loss:
@@ -1370,6 +1371,18 @@ class _InspectingCommitLog(CommitLog):
                     return begin + len(chunk)
                 end = begin
         return 0
+
+
+def _one_mapped_at_a_time(queues: Sequence[ConsumeQueue]) -> Iterator[ConsumeQueue]:
+    """Each queue, its files' maps given back once the loop is done with it (they are mapped
+    again where read): recovery of a store with thousands of queues never holds more than
+    one queue's descriptors and maps (review 58 F2: it held all, EMFILE at ~500 queues under
+    `ulimit -n 1024`, and the store could not be opened)."""
+    for cq in queues:
+        try:
+            yield cq
+        finally:
+            cq.unmap_files()
 
 
 def _loaded_queue(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int, clock_ms: Callable[[], int]) -> ConsumeQueue:

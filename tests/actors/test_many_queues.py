@@ -1,0 +1,87 @@
+"""Review 58 F2: every consume queue ever written kept a descriptor and a map per file for
+the store's life, and the open mapped every queue on disk: at ~500 queues under
+`ulimit -n 1024` dispatch stopped for every queue, and a store of 600 queues could not be
+opened. The ConsumeQueue owner now keeps at most consume_queue_mapped_queues_max queues'
+files mapped; the others are flushed, unmapped, and mapped again at their next dispatch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from mqstore import Message
+
+from .actor_helpers import open_small
+
+QUEUES = 40
+MAPPED_MAX = 4
+
+
+def _queue_files_open(root: Path) -> int:
+    """Writable descriptors of this process on files under root/consumequeue: the owner's
+    maps (mmap keeps one each). Readers' maps are read-only, 64 files per reading thread."""
+    prefix = str(root / "consumequeue") + os.sep
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith(prefix):
+                continue
+            with open(f"/proc/self/fdinfo/{name}") as info:
+                flags = next(int(line.split()[1], 8) for line in info if line.startswith("flags:"))
+        except OSError:
+            continue  # closed meanwhile
+        if flags & os.O_ACCMODE == os.O_RDWR:
+            count += 1
+    return count
+
+
+def test_idle_queues_give_their_maps_back_and_continue_where_they_were(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with open_small(root, consume_queue_mapped_queues_max=MAPPED_MAX) as store:
+        for round_ in range(2):
+            for i in range(QUEUES):
+                assert store.put(Message(topic=f"t{i}", body=b"%d-%d" % (i, round_))).ok
+        for i in range(QUEUES):
+            got = store.get(f"t{i}", 0, 0, 8)
+            assert [m.body for m in got.messages] == [b"%d-0" % i, b"%d-1" % i], got.status
+        assert store.max_offset("t0", 0) == 2
+        assert _queue_files_open(root) <= MAPPED_MAX  # was one per queue (2 before the first fix)
+    with open_small(root, consume_queue_mapped_queues_max=MAPPED_MAX) as store:
+        assert _queue_files_open(root) <= MAPPED_MAX  # the open maps no more either
+        for i in range(QUEUES):  # each idle queue mapped again goes on after its last unit
+            assert store.put(Message(topic=f"t{i}", body=b"%d-2" % i)).ok
+        for i in range(QUEUES):
+            got = store.get(f"t{i}", 0, 0, 8)
+            assert [m.body for m in got.messages] == [b"%d-%d" % (i, r) for r in range(3)], got.status
+            assert store.min_offset(f"t{i}", 0) == 0
+        assert _queue_files_open(root) <= MAPPED_MAX
+
+
+def test_a_store_of_many_queues_opens_and_takes_puts_under_a_low_descriptor_limit(tmp_path: Path) -> None:
+    """The reviewer's r3b/r3c in small: 300 queues under RLIMIT_NOFILE 128 (before: EMFILE at
+    the ~60th queue, every later get NO_MATCHED_LOGIC_QUEUE, and the reopen failed)."""
+    script = textwrap.dedent(
+        f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        import mqstore
+        from mqstore import Message
+        small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=2000,
+                     consume_queue_mapped_queues_max=32)
+        root = {str(tmp_path / "store")!r}
+        for run in range(2):
+            store = mqstore.open(root, **small)
+            for i in range(300):
+                assert store.put(Message(topic=f"t{{i}}", body=b"x")).ok
+            bad = [i for i in range(0, 300, 7) if len(store.get(f"t{{i}}", 0, 0, 8).messages) != run + 1]
+            assert not bad, bad
+            assert store.close()
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.strip().endswith("ok"), done.stderr[-3000:]
