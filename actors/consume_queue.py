@@ -41,7 +41,7 @@ from .base import ActorContext, HeldWait, Periodic, StoreActor
 
 __all__ = ["ConsumeQueueService", "pickup_store_timestamp"]
 
-FLUSH_CALLS_PER_QUEUE_MAX = 8  # one call flushes one file; a bound, not a loop until done
+FLUSH_CALLS_PER_QUEUE_MAX = 8  # one call flushes one file: a bound per tick (a thorough flush: every file)
 
 T = TypeVar("T")
 
@@ -503,7 +503,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             logics_ts = self._logics_msg_timestamp  # captured before flushing
             durable_below = self._dispatched_offset
         for cq in self._queues.values():
-            for _ in range(FLUSH_CALLS_PER_QUEUE_MAX):
+            # A thorough flush claims every unit below `durable_below` forced: each file of the
+            # queue, not FLUSH_CALLS_PER_QUEUE_MAX of them (review 60 H1: a power loss then lost
+            # the units past the eighth file that the checkpoint said were on disk).
+            calls = len(cq.mapped_file_queue.mapped_files) + 1 if least_pages == 0 else FLUSH_CALLS_PER_QUEUE_MAX
+            for _ in range(calls):
                 done = cq.flush(least_pages)
                 if cq.mapped_file_queue.last_io_error is not None:
                     # Linux reports a failed writeback once: a later flush "succeeds" without
