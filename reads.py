@@ -544,6 +544,12 @@ def get_from_units(
     if early is not None:
         return early
     bounds = (reply.min_offset, reply.max_offset)
+    if reply.unreadable:
+        return GetResult(status=GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=offset,
+                         min_offset=bounds[0], max_offset=bounds[1],
+                         detail=f"the consume queue file holding offset {offset} could not be mapped now "
+                                f"({reply.unreadable}): nothing was skipped; ask again once the process has "
+                                "descriptors and memory to spare")  # fmt: skip
     if reply.units is None:
         return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,
                          min_offset=bounds[0], max_offset=bounds[1])  # fmt: skip

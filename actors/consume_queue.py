@@ -7,6 +7,7 @@ writes nothing twice. Readers ask for units; they never touch the files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 from collections import OrderedDict, deque
@@ -370,15 +371,21 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         min_offset = cq.get_min_offset_in_queue()
         max_offset = cq.get_max_offset_in_queue()
         units = None
+        unreadable = ""
         if min_offset <= request.offset < max_offset:
             try:
                 units = self._while_mapped((request.topic, request.queue_id), cq, lambda: self._units_of(cq, request))
             except FileCutUnderMapError:
                 raise
-            except OSError as exc:  # out of descriptors or maps: no units now, as for a file gone
+            except OSError as exc:
+                # Out of descriptors or maps: the units are there, only not readable now. Taken
+                # for a file gone, the get moved a consumer past the whole file (review 60 H2).
+                if exc.errno != errno.ENOENT:  # (gone: the cleaner's, OFFSET_FOUND_NULL as ever)
+                    unreadable = f"{type(exc).__name__}: {exc}"
                 self.log.warning("a consume queue file could not be mapped for a read", topic=request.topic,
                                  queue_id=request.queue_id, error=str(exc))  # fmt: skip
         return UnitsReply(
+            unreadable=unreadable,
             exists=True,
             min_offset=min_offset,
             max_offset=max_offset,
@@ -429,7 +436,16 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                     continue
                 visited.append(key)
                 cq = self._queues[key]
-                deleted = self._while_mapped(key, cq, functools.partial(cq.delete_expired_file, min_phy_offset))  # also corrects its min offset
+                try:
+                    deleted = self._while_mapped(key, cq, functools.partial(cq.delete_expired_file, min_phy_offset))  # also corrects its min offset
+                except FileCutUnderMapError:
+                    raise
+                except OSError as exc:
+                    # Out of descriptors or maps for an idle queue: this pass leaves it, the
+                    # next one cleans it; crashing the actor came back on every pass (review 60 M1).
+                    self.log.warning("an idle consume queue could not be mapped for cleaning; next pass",
+                                     topic=key[0], queue_id=key[1], error=str(exc))  # fmt: skip
+                    continue
                 if deleted > 0:
                     # At once: a first file that starts later than the ledger says is taken
                     # for one deleted by hand at the next open (and the queue rebuilt).

@@ -651,6 +651,9 @@ class UnitsReply:
     units: bytes | None  # None: the file holding `offset` is gone (OFFSET_FOUND_NULL)
     next_file_offset: int
     commitlog_head: int  # how far dispatch has read the log: "in memory" is measured from here
+    # Why the file holding `offset` could not be read now (out of descriptors or maps), "" if it
+    # could: the units are there, so the read must keep its offset, not skip the file.
+    unreadable: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -521,7 +521,8 @@ class CommitLog:
             # the refusals start and then at most every DISK_FULL_LOG_INTERVAL_S with a count
             # (review 46 L1: one ERROR line per refused put, 25k of them).
             self._note_disk_full_refusal(str(exc))
-            return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"disk full: {exc}")
+            what = "out of file descriptors" if exc.out_of_descriptors else "disk full"  # (review 60 L1)
+            return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"{what}: {exc}")
         if (self._fast_append and result.status is AppendMessageStatus.PUT_OK and mapped_file.write_buffer is None
                 and mapped_file.file_from_offset + mapped_file.file_size <= JAVA_LONG_MAX):  # fmt: skip
             # Checked just now: no holes, the last file, and every record it takes ends below

@@ -85,3 +85,40 @@ def test_a_store_of_many_queues_opens_and_takes_puts_under_a_low_descriptor_limi
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_an_idle_queue_that_cannot_be_mapped_now_keeps_the_offset_of_a_get_and_of_the_cleaner() -> None:
+    """Review 60 H2 and M1: out of descriptors, a get of an idle (unmapped) queue answered
+    OFFSET_FOUND_NULL with next_begin_offset past the whole file, so a consumer committed past
+    stored messages; and the cleaner's pass over idle queues crashed the ConsumeQueue actor,
+    again at every pass while it lasted."""
+    import errno
+    import threading
+
+    import pykka
+
+    import mqstore
+    from mqstore.messages import DeleteExpiredConsumeQueueFiles, Reply
+    from mqstore.storage.fs import SimulatedFileSystem
+
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    with open_small("/sim/store", fs=fs, consume_queue_mapped_queues_max=1) as store:
+        for topic in ("t0", "t1", "t2"):
+            assert store.put(Message(topic=topic, body=b"x")).ok
+        assert store.get("t2", 0, 0, 1).messages  # dispatched: t0 and t1 are idle, unmapped
+        fs.inject_fault("map", path_contains="/consumequeue/t1/", err=errno.EMFILE, count=1_000)
+        answers: list[mqstore.GetResult] = []
+        reader = threading.Thread(target=lambda: answers.append(store.get("t1", 0, 0, 8)))  # a new thread's maps
+        reader.start()
+        reader.join(30)
+        (got,) = answers
+        assert got.status is mqstore.GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and got.next_begin_offset == 0, got
+        assert "could not be mapped now" in got.detail
+        answer: pykka.ThreadingFuture[object] = pykka.ThreadingFuture()
+        store.supervisor.ctx.tell("consume_queue", DeleteExpiredConsumeQueueFiles(
+            min_phy_offset=10**9, start_after=None, reply=Reply(future=answer)))  # the cleaner's pass  # fmt: skip
+        answer.get(timeout=30)
+        assert store.supervisor.restarts == []
+        fs.clear_faults()
+        assert [m.body for m in store.get("t1", 0, 0, 8).messages] == [b"x"]
