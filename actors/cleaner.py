@@ -66,6 +66,9 @@ __all__ = [
 DELETE_FILES_BATCH_MAX = 10  # MappedFileQueue.DELETE_FILES_BATCH_MAX
 MANUAL_DELETE_ROUNDS = 20  # executeDeleteFilesManually
 CLEAN_FIRST_DELAY_MS = 60_000  # cleanFilesPeriodically first runs 60 s after start
+# How far the wall clock may run ahead of the monotonic time since files were last aged and
+# still count as time passing (`CleanerActor._retention_now_ms`): beyond, a jump.
+CLOCK_JUMP_TOLERANCE_MS = 60_000
 PEER_ANSWER_TIMEOUT_S = 30.0
 CQ_DELETE_REQUESTS_MAX = 1_000_000  # one per queue that deleted files; a bound, not a loop until done
 
@@ -144,9 +147,14 @@ class CleanerActor(StoreActor[CleanerRequest]):
         self._disk_full = False
         self._first_run_ms = 0
         self.last_round: CleanRound | None = None
+        # (wall, monotonic) when files were last aged by the wall clock, and since when the
+        # wall clock has been ahead of it (0: it is not).
+        self._aged_at: tuple[int, int] | None = None
+        self._clock_ahead_since_ms = 0
 
     def on_start(self) -> None:
         self._first_run_ms = self.ctx.clock_ms() + CLEAN_FIRST_DELAY_MS
+        self._aged_at = (self.ctx.clock_ms(), self.ctx.ticker.now_ms())
 
     # injected per store ----------------------------------------------------------------------
     @property
@@ -247,7 +255,7 @@ class CleanerActor(StoreActor[CleanerRequest]):
                     expired_ms=cfg.file_reserved_time_ms,
                     forcibly_ms=cfg.destroy_mapped_file_interval_forcibly_ms,
                     clean_immediately=clean_immediately,
-                    now_ms=self.ctx.clock_ms(),
+                    now_ms=self._retention_now_ms(),
                     max_files=1,
                     reply=reply,
                 ),
@@ -268,10 +276,37 @@ class CleanerActor(StoreActor[CleanerRequest]):
         answer: CommitLogFilesDeleted = self._ask(
             "writer",
             lambda reply: RedeleteHangedCommitLogFile(
-                forcibly_ms=cfg.destroy_mapped_file_interval_forcibly_ms, now_ms=self.ctx.clock_ms(), reply=reply
+                forcibly_ms=cfg.destroy_mapped_file_interval_forcibly_ms, now_ms=self._retention_now_ms(), reply=reply
             ),
         )
         return answer.deleted
+
+    def _retention_now_ms(self) -> int:
+        """The time files are aged by: the wall clock, but no further ahead than the monotonic
+        clock has moved since files were last aged (plus CLOCK_JUMP_TOLERANCE_MS). File mtimes
+        are wall time, so a clock stepped forward (a VM restored, an RTC wrong at boot that NTP
+        then set) made segments written minutes before look days old, and retention deleted
+        unconsumed messages long before `file_reserved_time` had passed (review 57 F2, as
+        RocketMQ does). While the clock stays ahead, files are aged by the time this process has
+        seen pass: those written after the jump wait, and the disk may fill (puts refused,
+        loudly) rather than messages go early. A clock stepped back is followed."""
+        wall, monotonic = self.ctx.clock_ms(), self.ctx.ticker.now_ms()
+        aged_at = self._aged_at
+        expected = wall if aged_at is None else aged_at[0] + (monotonic - aged_at[1])
+        if wall <= expected + CLOCK_JUMP_TOLERANCE_MS:
+            if self._clock_ahead_since_ms:
+                self.log.warning("the clock is back within reach of the time the store has seen pass; files "
+                                 "are aged by it again", clock_ms=wall)  # fmt: skip
+                self._clock_ahead_since_ms = 0
+            self._aged_at = (wall, monotonic)
+            return wall
+        if not self._clock_ahead_since_ms:
+            self._clock_ahead_since_ms = wall
+            self.log.error("the clock jumped ahead of the time the store has seen pass: files are aged by the "
+                           "latter, so no segment is deleted before its time; those written after the jump are "
+                           "kept until the store is opened again", clock_ms=wall, aged_by_ms=expected,
+                           ahead_ms=wall - expected)  # fmt: skip
+        return expected
 
     def _writer_min_offset(self) -> int:
         ref = self.ctx.peers.get("writer")

@@ -12,6 +12,7 @@ from mqstore import Message, MessageStore
 from mqstore.messages import CleanRound, GetWriterStatus, Tick, WriterReady
 from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
+from mqstore.ticker import RealTicker
 
 SEGMENT_BYTES = 64 * 1024
 CQ_FILE_BYTES = 20 * 100  # 100 units per consume queue file
@@ -101,3 +102,18 @@ class Harness:
             assert time.monotonic() < deadline, "dispatch did not catch up"
             time.sleep(0.002)
         self.store.flush()
+
+
+class FollowingTicker(RealTicker):
+    """Monotonic time that also moves forward with the test's clock: the tests age files by
+    setting the wall clock days ahead, which the cleaner takes for time passing only when
+    the monotonic clock moved too (a wall clock alone jumping ahead is not: review 57 F2)."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self._clock = clock
+        self._start_ms = clock.now_ms
+        self._ahead_ms = 0
+
+    def now_ms(self) -> int:
+        self._ahead_ms = max(self._ahead_ms, self._clock.now_ms - self._start_ms)
+        return super().now_ms() + self._ahead_ms

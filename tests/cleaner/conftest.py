@@ -14,6 +14,7 @@ import pytest
 import mqstore
 from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
+from mqstore.ticker import RealTicker
 
 HELPERS = "mqstore_cleaner_test_helpers"
 
@@ -36,13 +37,13 @@ def clock() -> Any:
     return H.ManualClock()
 
 
-def _harness(clock: Any, **settings: Any) -> Iterator[Any]:
+def _harness(clock: Any, *, ticker: Any = None, **settings: Any) -> Iterator[Any]:
     fs = SimulatedFileSystem(clock_ms=clock)
     fs.makedirs("/store")
     gauge = FixedDiskGauge(0.10)
     sleeps: list[int] = []
     store = mqstore.open("/store", fs=fs, clock_ms=clock, disk_gauge=gauge, cleaner_sleep_ms=sleeps.append,
-                         **{**H.SMALL, **settings})  # fmt: skip
+                         ticker=ticker or H.FollowingTicker(clock), **{**H.SMALL, **settings})  # fmt: skip
     try:
         yield H.Harness(store, fs, clock, gauge, sleeps)
     finally:
@@ -60,3 +61,10 @@ def forcing_harness(clock: Any) -> Iterator[Any]:
     """A store whose owner chose RocketMQ's forced cleaning: above the forced ratio, files go
     regardless of age."""
     yield from _harness(clock, clean_file_forcibly_enable=True)
+
+
+@pytest.fixture
+def jumping_harness(clock: Any) -> Iterator[Any]:
+    """A store whose monotonic clock is the real one: the test's clock moving ahead is a jump
+    of the wall clock, not time passing."""
+    yield from _harness(clock, ticker=RealTicker())

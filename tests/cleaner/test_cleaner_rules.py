@@ -336,3 +336,17 @@ def test_a_held_file_is_destroyed_after_the_forced_interval_and_redeleted_when_h
     r = h.tick()
     assert r.hanged_deleted == 1
     assert "00000000000000000000" not in h.commitlog_files()
+
+
+def test_a_clock_jumping_ahead_deletes_no_segment_before_its_time(jumping_harness: Harness) -> None:
+    """Review 57 F2: file mtimes are wall time, so a clock stepped days ahead (a VM restored,
+    an RTC wrong at boot that NTP then set) made segments written minutes before look expired,
+    and the next round in a delete_when hour deleted them with their unconsumed messages. The
+    cleaner ages files by the time the store has seen pass; the jump is logged."""
+    h = jumping_harness
+    h.fill_segments(3)
+    before = segments_in_use(h)
+    h.clock.set(local_ms(5, 4))  # day 5 04:30, files "114 h old": no time passed, the clock jumped
+    r = h.tick()
+    assert r.timeup and r.commitlog_deleted == 0
+    assert segments_in_use(h) == before
