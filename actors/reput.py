@@ -54,7 +54,6 @@ READER_RELIST_INTERVAL_MS = 1_000
 # ConsumeQueues and brings the index its records again from the log as it catches up.
 DISPATCH_BACKLOG_MAX_BATCHES = 32
 DISPATCH_BACKLOG_WAIT_S = 1.0
-_SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
 
 
 # What this actor takes; `handle` answers each with one reply type.
@@ -371,7 +370,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 # (blank, end of data, damage, IPv6, delayed).
                 decoded, fast_pos = fast.dispatch_scan(
                     chunk, pos, limit, DISPATCH_BATCH_MAX_RECORDS - len(requests), max_size,
-                    codec.DispatchFields, _SCHEDULE_TOPIC_UTF8,
+                    codec.DispatchFields, codec.SCHEDULE_TOPIC_UTF8,
                 )  # fmt: skip
                 if decoded:
                     requests += decoded

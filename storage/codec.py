@@ -147,6 +147,7 @@ def check_user_properties(properties: Mapping[str, str]) -> None:
 
 
 SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
+SCHEDULE_TOPIC_UTF8: Final = SCHEDULE_TOPIC.encode()  # what the C dispatch decoder leaves to Python
 DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
 # RocketMQ's TopicValidator: the allowed characters and the topics a client may not send to.

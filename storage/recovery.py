@@ -974,9 +974,6 @@ def recover_consume_queues(
             cq.mapped_file_queue.shutdown(0)
 
 
-_SCHEDULE_TOPIC_UTF8 = codec.SCHEDULE_TOPIC.encode("utf-8")
-
-
 class _UnitChecker:
     """Whether a ConsumeQueue unit is the one dispatch writes for the record it points at:
     the record below the log's `end` and clear of `quarantined` bytes, read as the reput
@@ -1025,7 +1022,7 @@ class _UnitChecker:
         max_size = self._max_size
         if speedups.native is not None:  # the reput actor's own C decoder (a crash's checks were half its open)
             decoded, _pos = speedups.native.dispatch_scan(buf, pos, pos + size, 1, max_size, codec.DispatchFields,
-                                                          _SCHEDULE_TOPIC_UTF8)  # fmt: skip
+                                                          codec.SCHEDULE_TOPIC_UTF8)  # fmt: skip
             if decoded:
                 fields: codec.DispatchFields = decoded[0]
                 return fields

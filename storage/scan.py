@@ -65,7 +65,6 @@ _BODY_POS_V4: Final = 88
 _SYSFLAG_POS: Final = 36
 _BODY_LEN_POS: Final = 84
 _STORE_TS_POS_V4: Final = 56
-_SCHEDULE_TOPIC_UTF8: Final = codec.SCHEDULE_TOPIC.encode()
 
 
 class ScanRun(NamedTuple):
@@ -275,7 +274,7 @@ def dispatch_run(
     while left > 0:
         if native is not None:
             decoded, pos_after = native.dispatch_scan(buf, pos, end, left, max_message_size, DispatchFields,
-                                                      _SCHEDULE_TOPIC_UTF8)  # fmt: skip
+                                                      codec.SCHEDULE_TOPIC_UTF8)  # fmt: skip
             for fields in decoded:
                 dispatch(fields)
             left -= len(decoded)
