@@ -6,6 +6,13 @@ from the commitlog file whose first message is older than `get_min_timestamp()`.
 RocketMQ 5.x adds masterFlushedOffset (offset 24) and confirmPhyOffset (offset 32): we read
 them when present and never write them, so a 5.x file keeps its values.
 
+A file that is not a checkpoint is refused (CheckpointError, a StoreDirectoryError), never
+rewritten (review 63 F2): one longer than 4096 bytes, which neither RocketMQ nor mqstore
+writes, and one whose timestamps or offsets no broker writes (text reads as timestamps
+millions of years ahead). A shorter one (a file cut short: RocketMQ's map() extends a new file
+to 4096 bytes, so a cut is the only way to get one) is padded with zeros where its values are
+plausible: a cut only lowers the big-endian longs, which moves recovery's start earlier.
+
 mqstore's own field, in the file's last 24 bytes (no RocketMQ version reads or writes there):
 the commitlog offset the physic timestamp was flushed up to, the timestamp it goes with, and
 a check of the two. Crash recovery uses it to tell a power loss's torn tail (damage at or past
@@ -26,13 +33,23 @@ from __future__ import annotations
 
 import errno
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 from mqstore.storage.fs import FileSystem
+from mqstore.storage.lockfiles import StoreDirectoryError
 from mqstore.storage.mapped_file import DiskFullError
 
-__all__ = ["CHECKPOINT_FILE_SIZE", "CheckpointValues", "StoreCheckpoint", "create_checkpoint_file", "read_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FILE_SIZE",
+    "CheckpointError",
+    "CheckpointValues",
+    "StoreCheckpoint",
+    "check_checkpoint_bytes",
+    "create_checkpoint_file",
+    "read_checkpoint",
+]
 
 CHECKPOINT_FILE_SIZE: Final = 4096
 _THREE_LONGS = struct.Struct(">qqq")
@@ -59,6 +76,49 @@ def _pack_flushed(buf: Any, at: int, offset: int | None, timestamp: int, salt: i
                        _flushed_check(offset, timestamp, salt) if offset > 0 else 0)  # fmt: skip
 # Recovery starts this far before the older of the commitlog/consume-queue timestamps.
 _MIN_TIMESTAMP_MARGIN_MS: Final = 3000
+
+# A timestamp is a broker's wall clock when it stored a record. Clocks are wrong, so the bound
+# is wide: this far past the later of now and _CLOCK_FLOOR_MS (a machine whose clock reads 1970
+# until NTP sets it refuses no checkpoint written in the years around this code). What is not a
+# checkpoint is far past it: a long of ASCII text is >= 0x2020... ms (73 million years).
+_CLOCK_AHEAD_ALLOWED_MS: Final = 10 * 366 * 86_400_000
+_CLOCK_FLOOR_MS: Final = 1_735_689_600_000  # 2025-01-01T00:00:00Z
+# The 5.x offsets: -1 is Java's "none" (5.0's computeConfirmOffset could return a slave's
+# initial ack offset, -1), so it is a value a broker wrote; below it, nothing is.
+_LOWEST_5X_OFFSET: Final = -1
+
+
+class CheckpointError(StoreDirectoryError):
+    """The checkpoint file is not one RocketMQ or mqstore wrote (its size or its values): the
+    store does not guess where recovery may start from it, and does not rewrite it."""
+
+
+def check_checkpoint_bytes(data: bytes | bytearray | memoryview, size: int, path: str,
+                           now_ms: int | None = None) -> None:  # fmt: skip
+    """CheckpointError, naming `path` and what is wrong, unless `data` (the file's first bytes,
+    up to 4096; `size` the file's size) is a checkpoint: no longer than 4096 bytes, its three
+    timestamps between 0 and a generous bound ahead of the clock, and its 5.x offsets not below
+    -1 (see the module). A short file is checked as the zero-padded file it would become."""
+    fix = "move it aside to open the store without a checkpoint (crash recovery then starts from the log's first segment)"
+    if size > CHECKPOINT_FILE_SIZE:
+        raise CheckpointError(f"{path} is {size} bytes, longer than the {CHECKPOINT_FILE_SIZE} bytes of a checkpoint "
+                              f"RocketMQ or mqstore writes: not a store checkpoint, or something appended to one; "
+                              f"it is left as it is; put the store's own checkpoint back, or {fix}")  # fmt: skip
+    head = bytes(data[: _FIVE_LONGS.size])
+    head += bytes(_FIVE_LONGS.size - len(head))
+    longs = _FIVE_LONGS.unpack(head)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    latest = max(now, _CLOCK_FLOOR_MS) + _CLOCK_AHEAD_ALLOWED_MS
+    wrong = [f"{name} {value} is not a timestamp (negative)" if value < 0 else
+             f"{name} {value} is not a timestamp (more than 10 years ahead of the clock)"
+             for name, value in zip(("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp"), longs[:3])
+             if not 0 <= value <= latest]  # fmt: skip
+    wrong += [f"{name} {value} is not an offset (below -1)"
+              for name, value in zip(("masterFlushedOffset", "confirmPhyOffset"), longs[3:]) if value < _LOWEST_5X_OFFSET]  # fmt: skip
+    if wrong:
+        short = f" ({size} bytes, read as if padded with zeros to {CHECKPOINT_FILE_SIZE})" if size < CHECKPOINT_FILE_SIZE else ""
+        raise CheckpointError(f"{path} is not a store checkpoint{short}: " + "; ".join(wrong)
+                              + f"; it is left as it is; put the store's own checkpoint back, or {fix}")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,8 +168,15 @@ class CheckpointValues:
 
 
 def read_checkpoint(fs: FileSystem, path: str) -> CheckpointValues:
-    """The values of a checkpoint file, read-only (for tools). Raises FileNotFoundError."""
-    return CheckpointValues.unpack(fs.read_bytes(path)[:CHECKPOINT_FILE_SIZE])
+    """The values of a checkpoint file, read-only (for tools). Raises FileNotFoundError, and
+    CheckpointError for a file that is not a checkpoint (check_checkpoint_bytes)."""
+    size = fs.getsize(path)
+    data = b""
+    if size <= CHECKPOINT_FILE_SIZE:  # a longer one is refused unread (it may be anything, of any size)
+        data = fs.read_bytes(path)
+        size = len(data)
+    check_checkpoint_bytes(data[:CHECKPOINT_FILE_SIZE], size, path)
+    return CheckpointValues.unpack(data[:CHECKPOINT_FILE_SIZE])
 
 
 def create_checkpoint_file(fs: FileSystem, path: str) -> None:
@@ -117,9 +184,12 @@ def create_checkpoint_file(fs: FileSystem, path: str) -> None:
     called before the store starts, so a disk with no room for it refuses the open instead of
     failing the flush actor's start again and again. DiskFullError, with no file left behind,
     when the disk has no room. A short one (cut, or a broker's older format) is padded here
-    too, for the same reason (review 54 L1: a bare ENOSPC from the flush actor's start)."""
+    too, for the same reason (review 54 L1: a bare ENOSPC from the flush actor's start).
+    CheckpointError, with the file unchanged, for one that is not a checkpoint."""
     if not fs.exists(path) or fs.getsize(path) != CHECKPOINT_FILE_SIZE:
         StoreCheckpoint(fs, path).close()
+    else:
+        read_checkpoint(fs, path)
 
 
 class StoreCheckpoint:
@@ -130,11 +200,14 @@ class StoreCheckpoint:
         self.path = path
         existed = fs.exists(path)
         values = CheckpointValues(physic_msg_timestamp=0, logics_msg_timestamp=0, index_msg_timestamp=0)
+        if existed:
+            # CheckpointError for a file that is not a checkpoint, before any byte of it changes.
+            values = read_checkpoint(fs, path)
         if existed and fs.getsize(path) != CHECKPOINT_FILE_SIZE:
             # Java's map() silently extends a short file; our file layer maps exact sizes only,
-            # so re-create it at 4096 bytes with the old content in front.
-            old = fs.read_bytes(path)[:CHECKPOINT_FILE_SIZE]
-            values = CheckpointValues.unpack(old)
+            # so re-create it at 4096 bytes with the old content in front (a longer one was
+            # refused above: it is no checkpoint, review 63 F2).
+            old = fs.read_bytes(path)
             fs.write_atomic(path, old + bytes(CHECKPOINT_FILE_SIZE - len(old)))
         self._region = fs.map_file(path, CHECKPOINT_FILE_SIZE)
         # flush() writes through the map: with no block behind the page, that is SIGBUS. A
