@@ -3,8 +3,15 @@
 A mapped 4096-byte file whose first three longs say up to which store timestamp the
 CommitLog, the ConsumeQueues and the index files were durable. Recovery after a crash starts
 from the commitlog file whose first message is older than `get_min_timestamp()`.
-RocketMQ 5.x adds masterFlushedOffset (offset 24) and confirmPhyOffset (offset 32): we read
-them when present and never write them, so a 5.x file keeps its values.
+RocketMQ 5.x adds masterFlushedOffset (offset 24) and confirmPhyOffset (offset 32).
+masterFlushedOffset (a slave's copy of its master's flushed offset) is kept as it is.
+confirmPhyOffset, once non-zero, follows mqstore's flushed offset (review 61 M3): 5.x loads it
+at every start (`setConfirmOffset(getConfirmPhyOffset())`), and in controller or duplication
+mode recovery and reput serve only the records below it (and a controller-mode broker may
+truncate to it); left where the 5.x broker last put it, it would hide or cut what mqstore
+acknowledged. mqstore has no replicas: all it flushed is confirmed. A plain 5.x broker
+overwrites the field at its recovery. Zero (4.x, or a 5.x store that never set it) stays zero,
+so a 4.x file gets no new bytes there.
 
 A file that is not a checkpoint is refused (CheckpointError, a StoreDirectoryError), never
 rewritten (review 63 F2): one longer than 4096 bytes, which neither RocketMQ nor mqstore
@@ -76,6 +83,7 @@ def _pack_flushed(buf: Any, at: int, offset: int | None, timestamp: int, salt: i
                        _flushed_check(offset, timestamp, salt) if offset > 0 else 0)  # fmt: skip
 # Recovery starts this far before the older of the commitlog/consume-queue timestamps.
 _MIN_TIMESTAMP_MARGIN_MS: Final = 3000
+_CONFIRM_AT: Final = 32  # 5.x confirmPhyOffset
 
 # A timestamp is a broker's wall clock when it stored a record. Clocks are wrong, so the bound
 # is wide: this far past the later of now and _CLOCK_FLOOR_MS (a machine whose clock reads 1970
@@ -231,7 +239,8 @@ class StoreCheckpoint:
         self.logics_msg_timestamp: int = values.logics_msg_timestamp
         self.index_msg_timestamp: int = values.index_msg_timestamp
         self.master_flushed_offset: Final = values.master_flushed_offset
-        self.confirm_phy_offset: Final = values.confirm_phy_offset
+        # 5.x's; non-zero, it follows physic_flushed_offset at each flush (see the module).
+        self.confirm_phy_offset: int | None = values.confirm_phy_offset
         self._closed = False
 
     def values(self) -> CheckpointValues:
@@ -254,8 +263,9 @@ class StoreCheckpoint:
         return self.values().min_timestamp_index()
 
     def flush(self) -> None:
-        """Write the three longs (never the 5.x ones) and mqstore's flushed offset, and force.
-        Raises OSError on I/O error."""
+        """Write the three longs, 5.x's confirmPhyOffset where it is non-zero (never
+        masterFlushedOffset), and mqstore's flushed offsets, and force. Raises OSError on I/O
+        error."""
         if self._closed:
             raise OSError(errno.EBADF, "checkpoint is closed", self.path)
         if not self._backed:
@@ -266,6 +276,11 @@ class StoreCheckpoint:
             self._region.buf, 0, self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
         )
         buf = self._region.buf
+        if self.confirm_phy_offset is not None and self.physic_flushed_offset is not None:
+            # The physic flushed offset is forced before it reaches here: a confirm offset at it
+            # claims no byte the disk may not hold.
+            self.confirm_phy_offset = self.physic_flushed_offset
+            struct.pack_into(">q", buf, _CONFIRM_AT, self.confirm_phy_offset)
         _pack_flushed(buf, _FLUSHED_AT, self.physic_flushed_offset, self.physic_msg_timestamp, _FLUSHED_CHECK)
         _pack_flushed(buf, _LOGICS_FLUSHED_AT, self.logics_flushed_offset, self.logics_msg_timestamp,
                       _LOGICS_FLUSHED_CHECK)  # fmt: skip
