@@ -85,11 +85,13 @@ def _pack_flushed(buf: Any, at: int, offset: int | None, timestamp: int, salt: i
 _MIN_TIMESTAMP_MARGIN_MS: Final = 3000
 _CONFIRM_AT: Final = 32  # 5.x confirmPhyOffset
 
-# A timestamp is a broker's wall clock when it stored a record. Clocks are wrong, so the bound
-# is wide: this far past the later of now and _CLOCK_FLOOR_MS (a machine whose clock reads 1970
-# until NTP sets it refuses no checkpoint written in the years around this code). What is not a
-# checkpoint is far past it: a long of ASCII text is >= 0x2020... ms (73 million years).
-_CLOCK_AHEAD_ALLOWED_MS: Final = 10 * 366 * 86_400_000
+# A timestamp is a broker's wall clock when it stored a record. Clocks are wrong, and a clock
+# once read decades ahead must not leave a store that refuses to open once the clock is right
+# again, so the bound is very wide: this far past the later of now and _CLOCK_FLOOR_MS (a machine
+# whose clock reads 1970 until NTP sets it refuses no checkpoint written in the years around this
+# code). What is not a checkpoint is far past it: a long of text is >= 0x0900... ms (20 million
+# years).
+_CLOCK_AHEAD_ALLOWED_MS: Final = 1000 * 366 * 86_400_000
 _CLOCK_FLOOR_MS: Final = 1_735_689_600_000  # 2025-01-01T00:00:00Z
 # The 5.x offsets: -1 is Java's "none" (5.0's computeConfirmOffset could return a slave's
 # initial ack offset, -1), so it is a value a broker wrote; below it, nothing is.
@@ -118,7 +120,7 @@ def check_checkpoint_bytes(data: bytes | bytearray | memoryview, size: int, path
     now = int(time.time() * 1000) if now_ms is None else now_ms
     latest = max(now, _CLOCK_FLOOR_MS) + _CLOCK_AHEAD_ALLOWED_MS
     wrong = [f"{name} {value} is not a timestamp (negative)" if value < 0 else
-             f"{name} {value} is not a timestamp (more than 10 years ahead of the clock)"
+             f"{name} {value} is not a timestamp (more than 1,000 years ahead of the clock)"
              for name, value in zip(("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp"), longs[:3])
              if not 0 <= value <= latest]  # fmt: skip
     wrong += [f"{name} {value} is not an offset (below -1)"
