@@ -183,6 +183,7 @@ def store_config(
     if `root` or its commitlog directory (store_path_commitlog, else root/commitlog) is missing.
     Reads only. A `read_only` command on a store that did not stop cleanly says so on stderr
     and names `mqstore recover`: it reads what is valid and repairs nothing."""
+    from .storage.foreign import refuse_foreign_layout
     from .storage.fs import RealFileSystem
     from .storage.geometry import adopt_geometry
     from .storage.recovery import commitlog_gone, commitlog_not_this_stores
@@ -191,6 +192,12 @@ def store_config(
     if not root.is_dir():
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a directory")
     config = load_config(args, store_path_root_dir=str(root), **overrides)
+    if not diagnosing and (require_commitlog or not read_only):
+        # get, query, verify, recover, clean (not dump, stats or inspect, which show the files as
+        # they are): a store written with a RocketMQ feature mqstore does not implement would be
+        # misread (a tag filter over ConsumeQueueExt addresses, LMQ queues called damaged) or
+        # changed. Exit 5 naming it (review 61).
+        refuse_foreign_layout(config, RealFileSystem())
     if require_commitlog and not os.path.isdir(config.commitlog_dir):
         raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
     if os.path.isdir(config.commitlog_dir):  # before its names are read for the geometry

@@ -67,6 +67,7 @@ from .messages import (
 from .storage import codec, mapguard
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, RealFileSystem
+from .storage.foreign import ForeignStoreError
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
 from .storage.commitlog import STORE_COPY_SUFFIX, store_copies
@@ -484,6 +485,8 @@ class Supervisor:
                     self._abort.remove()
                 except OSError as exc:
                     self.log.warning("abort marker not removed after a failed start", error=repr(exc))
+            if all_stopped and self._lock is not None:
+                self._lock.drop_created_file()  # a refused open leaves no lock file of its own (review 61 L1)
             self._release_lock()
             raise
         self.state = SupervisorState.RUNNING
@@ -736,6 +739,10 @@ class Supervisor:
             failed = self._take_failure()
             if failed is None:
                 return
+            if isinstance(failed.error, ForeignStoreError):
+                # Re-dispatch met a record of a feature mqstore does not implement: a refusal,
+                # which no restart changes (raised as the open's own error).
+                raise failed.error
             if not self._handle_failure(failed):
                 raise RuntimeError(f"the {failed.name} actor kept failing while the open rebuilt the queues") from failed.error
 

@@ -2713,6 +2713,26 @@ done:
 
 /* ---- end of decode_arrow_run --------------------------------------------------------------- */
 
+/* Records of features mqstore does not implement (storage/foreign.py): 5.x sysflags
+ * NEED_UNWRAP (0x40) and INNER_BATCH (0x80), and the INNER_MULTI_DISPATCH (LMQ) property. The C
+ * walks stop before them; codec.read_dispatch refuses them. */
+#define FOREIGN_SYSFLAGS 0xC0
+static const char MULTI_DISPATCH_NAME[] = "INNER_MULTI_DISPATCH\x01";
+
+/* 1 if an item of the properties starts with the INNER_MULTI_DISPATCH name and its separator
+ * (conservative: the Python decoder decides whether it parses as that property). */
+static int has_multi_dispatch(const unsigned char *props, Py_ssize_t props_len) {
+    const Py_ssize_t n = sizeof(MULTI_DISPATCH_NAME) - 1;
+    Py_ssize_t a = 0;
+    while (a < props_len) {
+        if (props_len - a >= n && memcmp(props + a, MULTI_DISPATCH_NAME, n) == 0) return 1;
+        const unsigned char *stop = memchr(props + a, PROPERTY_SEPARATOR, props_len - a);
+        if (stop == NULL) return 0;
+        a = stop - props + 1;
+    }
+    return 0;
+}
+
 /* ---- scan_records: the recovery scan's record walk ----------------------------------------- */
 
 /* Why a run of records ended (storage/scan.py names them). */
@@ -2822,6 +2842,10 @@ static PyObject *scan_records(PyObject *self, PyObject *args) {
         }
         if (check_offset && get_i64(r + 28) != file_from + (long long)pos) {
             stop = SCAN_WRONG_OFFSET;
+            break;
+        }
+        if ((sys_flag & FOREIGN_SYSFLAGS) || has_multi_dispatch(t + 3 + tlen, props_len)) {
+            stop = SCAN_OTHER; /* a foreign feature's record: the Python decoder refuses it */
             break;
         }
         last_ts = get_i64(r + 56);
@@ -3047,7 +3071,8 @@ static int parse_dispatch_spans(const unsigned char *r, Py_ssize_t avail, long l
     if (get_i32(r + 4) != MESSAGE_MAGIC_CODE || total < FIXED_V4_LEN || total > max_size || total > avail) return 0;
     int32_t sys_flag = get_i32(r + 36);
     int32_t body_len = get_i32(r + 84);
-    if ((sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) || body_len < 0 || body_len > total - FIXED_V4_LEN)
+    if ((sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG | FOREIGN_SYSFLAGS)) || body_len < 0 ||
+        body_len > total - FIXED_V4_LEN)
         return 0;
     const unsigned char *t = r + BODY_POS_V4 + body_len;
     Py_ssize_t tlen = t[0];
@@ -3086,6 +3111,8 @@ static int parse_dispatch_spans(const unsigned char *r, Py_ssize_t avail, long l
             } else if (span_is(name, name_n, "TAGS", 4)) {
                 d->tags = value;
                 d->tags_n = value_n;
+            } else if (span_is(name, name_n, MULTI_DISPATCH_NAME, sizeof(MULTI_DISPATCH_NAME) - 2)) {
+                return 0; /* multi-dispatch: the Python decoder refuses it */
             }
         }
         a = b + 1;

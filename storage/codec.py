@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any, Final, Iterable, Mapping, NamedTuple
 
 from . import speedups
+from .foreign import record_feature, refuse_record
 
 # What the decoders read from: bytes, a view, or a segment's map (read-only or writable).
 ReadBuffer = bytes | bytearray | memoryview | mmap.mmap
@@ -71,6 +72,8 @@ RESERVED_PROPERTY_NAMES: Final = frozenset(
         "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
         "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME",
         "TRAN_PREPARED_QUEUE_OFFSET", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        # 4.9.3+/5.x multi-dispatch (storage.foreign): a record carrying it is refused at open.
+        "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET",
     }
 )  # fmt: skip
 
@@ -891,6 +894,9 @@ def read_dispatch(
     the body (with `check_crc`, the body CRC is checked in place, as recovery needs).
 
     Falls back to the full decoder for IPv6 hosts and V2 records (rare; correctness first).
+    A record of a feature mqstore does not implement (INNER_BATCH / NEED_UNWRAP sysflags, an
+    INNER_MULTI_DISPATCH property: storage.foreign) raises ForeignStoreError: dispatched as one
+    ordinary message it would serve a batch's bytes as a body or leave LMQ queues behind.
     """
     if pos + 8 > limit:
         return RecordKind.END_OF_DATA, 0, None
@@ -914,9 +920,13 @@ def read_dispatch(
             topic = str(buf[p + 1 : p + 1 + topic_len], "utf-8", "replace")
             keys = uniq = None
             code = 0
+            props = None
             if props_len:
                 start = p + 3 + topic_len
                 props = parse_properties(str(buf[start : start + props_len], "utf-8", "replace"))
+            if (feature := record_feature(sys_flag, props)) is not None:
+                raise refuse_record(phys, topic, feature)
+            if props is not None:
                 keys = props.get(PROPERTY_KEYS)
                 uniq = props.get(PROPERTY_UNIQ_KEY)
                 code = compute_tags_code(topic, props, store_ts, delay_levels_ms)
@@ -929,6 +939,8 @@ def read_dispatch(
     if read.kind is not RecordKind.MESSAGE or read.record is None:
         return read.kind, read.size, None
     r = read.record
+    if (feature := record_feature(r.sys_flag, r.properties)) is not None:
+        raise refuse_record(r.commitlog_offset, r.topic, feature)
     return RecordKind.MESSAGE, r.total_size, DispatchFields(
         r.topic, r.queue_id, r.commitlog_offset, r.total_size, r.tags_code(delay_levels_ms), r.store_timestamp,
         r.queue_offset, r.keys if r.properties_raw else "", r.uniq_key, r.sys_flag, r.prepared_transaction_offset,

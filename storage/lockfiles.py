@@ -146,6 +146,7 @@ class StoreLock:
         self._fd: int | None = None
         self._directory_fds: list[int] = []  # flock'd data directories (claim_directories)
         self._claimed: dict[tuple[int, int], str] = {}  # (dev, inode) -> path, across calls
+        self._created = False  # this acquire made the file (a refused open removes it again)
 
     @property
     def locked(self) -> bool:
@@ -155,6 +156,7 @@ class StoreLock:
         """Take the lock or raise StoreLockedError naming the path. OSError on I/O errors."""
         if self._key is not None:
             raise RuntimeError(f"the store lock {self.path} is already acquired by this object")
+        self._created = False
         self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
         refuse_unless_regular_file(self._fs, self.path, "lock file")
         key = (0, os.path.realpath(self.path)) if self._real else (id(self._fs), os.path.normpath(self.path))
@@ -166,6 +168,7 @@ class StoreLock:
             if self._real:
                 self._fd = self._lock_real()
             else:
+                self._created = not self._fs.exists(self.path)
                 self._fs.write_atomic(self.path, _LOCK_CONTENT)
         except BaseException:
             with _held_guard:
@@ -177,10 +180,32 @@ class StoreLock:
         log.info("store_lock_acquired", path=self.path)
 
     def _lock_real(self) -> int:
+        # A refused open removes a lock file it made (release(drop_created_file=True)): one
+        # locked after that removal is a name no longer in the directory, so it is taken again.
+        while True:
+            fd = self._lock_real_once()
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
+            self._created = False
+
+    def _lock_real_once(self) -> int:
         # Its bytes are written in place: never through a link into another file (a `lock`
         # linked to a segment had that segment's first record overwritten).
+        flags = os.O_RDWR | os.O_NOFOLLOW
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                fd = os.open(self.path, flags)
+            except FileNotFoundError:
+                try:
+                    fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                    self._created = True
+                except FileExistsError:  # made by another process meanwhile: take that one
+                    fd = os.open(self.path, flags)
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
@@ -264,6 +289,22 @@ class StoreLock:
                 _held.discard(self._key)
             self._key = None
         log.info("store_lock_released", path=self.path)
+
+    def drop_created_file(self) -> None:
+        """Remove the lock file if this acquire made it, before `release`: a refused open leaves
+        the store root as it found it (review 61 L1); a lock file that was there stays. Removed
+        while still locked: an open that locked it meanwhile finds the name gone and takes the
+        new file (`_lock_real`)."""
+        if self._key is None or not self._created:
+            return
+        try:
+            if self._fd is None:
+                self._fs.remove(self.path)
+            elif os.path.samestat(os.fstat(self._fd), os.stat(self.path, follow_symlinks=False)):
+                os.unlink(self.path)
+        except OSError as exc:  # left behind: harmless (an empty lock file), said in the log
+            log.warning("lock file made by a refused open not removed", path=self.path, error=repr(exc))
+        self._created = False
 
     close = release
 

@@ -37,6 +37,7 @@ from . import codec, speedups
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
+from .foreign import SUPPORTED, ForeignStoreError, is_ext_address, refuse_foreign_layout
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
@@ -226,7 +227,10 @@ def check_geometry(cfg: StoreConfig, fs: FileSystem, *, repairing: bool = False)
     changes a byte: that is not damage, and nothing may be "repaired" into the new size.
     Refuse (StoreDirectoryError) a commitlog directory without a single segment beside files
     that say the store held messages: see `commitlog_gone`. `repairing` (`mqstore recover`)
-    goes on when the only segments are ones a recover without room set aside: it fills them."""
+    goes on when the only segments are ones a recover without room set aside: it fills them.
+    First, ForeignStoreError for a store written with a RocketMQ feature mqstore does not
+    implement (storage.foreign): its queues are not damage to cut or rebuild."""
+    refuse_foreign_layout(cfg, fs)
     gone = commitlog_gone(cfg, fs)
     set_aside = _set_aside_segment_starts(cfg, fs) if gone is not None else []
     if gone is not None and set_aside and not repairing:
@@ -978,7 +982,9 @@ class _UnitChecker:
     """Whether a ConsumeQueue unit is the one dispatch writes for the record it points at:
     the record below the log's `end` and clear of `quarantined` bytes, read as the reput
     actor reads it (its topic, queue id, queue offset, own physical offset, size and tags
-    code), and of a kind that gets a unit."""
+    code), and of a kind that gets a unit. A unit of a feature mqstore does not implement
+    (a multi-dispatch or batch record, a ConsumeQueueExt address) raises ForeignStoreError:
+    it is not a torn unit, and cutting it would delete another broker's queue (review 61 H1)."""
 
     def __init__(self, cfg: StoreConfig, fs: FileSystem, end: int, quarantined: Sequence[tuple[int, int]]) -> None:
         self._cfg = cfg
@@ -1008,6 +1014,12 @@ class _UnitChecker:
             fields = self._decode(*found, size) if found is not None else None
             if fields is None:
                 return False
+            if is_ext_address(tags) and fields.tags_code != tags and (fields.topic, fields.queue_id) == (topic, queue_id):
+                # The queue's own record with a ConsumeQueueExt address for tags: not a torn
+                # unit to cut and rewrite (review 61 H2), a store written with the ext files.
+                raise ForeignStoreError(f"the ConsumeQueue {topic}-{queue_id} unit of queue offset {queue_offset} holds "
+                                        f"a ConsumeQueueExt address ({tags}) as its tags code: the store was written "
+                                        f"with enableConsumeQueueExt. {SUPPORTED}")  # fmt: skip
             tran = fields.sys_flag & codec.TRANSACTION_MASK
             return (
                 fields.msg_size == size and fields.commitlog_offset == offset and fields.topic == topic

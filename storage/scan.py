@@ -24,6 +24,7 @@ from typing import Any, Final, NamedTuple
 
 from . import codec, speedups
 from .codec import DispatchFields, RecordKind
+from .foreign import FOREIGN_SYSFLAGS, PROPERTY_INNER_MULTI_DISPATCH
 from .fs import FileSystem
 
 __all__ = [
@@ -52,7 +53,7 @@ STOP_REASONS: Final = (
     "torn properties",  # properties that do not end with their separator
     "wrong offset",  # a record whose physical-offset field says it lies elsewhere
     "past limit",  # a record size that runs past the limit: a torn tail
-    "other",  # bad magic, insane lengths, IPv6 or V2: the Python decoder decides
+    "other",  # bad magic, insane lengths, IPv6, V2 or a foreign feature's record: the Python decoder decides
 )
 _BLANK_MAGIC: Final = codec.BLANK_MAGIC_CODE
 _II = struct.Struct(">ii")
@@ -60,6 +61,8 @@ _Q = struct.Struct(">q")
 _I = struct.Struct(">i")
 _H = struct.Struct(">h")
 _V6_FLAGS: Final = codec.BORNHOST_V6_FLAG | codec.STOREHOSTADDRESS_V6_FLAG
+# An item of the properties that starts with this name (storage.foreign's multi-dispatch).
+_MULTI_DISPATCH_ITEM: Final = b"\x02" + PROPERTY_INNER_MULTI_DISPATCH.encode() + b"\x01"
 _FIXED_V4_LEN: Final = 91
 _BODY_POS_V4: Final = 88
 _SYSFLAG_POS: Final = 36
@@ -163,6 +166,9 @@ def scan_run_reference(
                 break
         if check_offset and _Q.unpack_from(buf, pos + codec.PHYSICAL_OFFSET_POSITION)[0] != file_from_offset + pos:
             stop = "wrong offset"
+            break
+        if sys_flag & FOREIGN_SYSFLAGS or _MULTI_DISPATCH_ITEM in b"\x02" + bytes(buf[t + 3 + topic_len : pos + total]):
+            stop = "other"  # a foreign feature's record: the Python decoder refuses it (storage.foreign)
             break
         last_ts = _Q.unpack_from(buf, pos + _STORE_TS_POS_V4)[0]
         records += 1

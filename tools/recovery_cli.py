@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..cli import CliError, ExitCode, store_config
 from ..log import get_logger
 from ..storage.fs import RealFileSystem
-from ..storage.lockfiles import AbortFile, StoreLock, StoreLockedError
+from ..storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, StoreLockedError
 from ..storage.recovery import recover_store
 from ..supervisor import data_directories, refuse_what_is_in_the_way
 from .verify import iter_problem_lines, verify_store
@@ -103,6 +103,9 @@ def run_recover(args: argparse.Namespace) -> int:
         last_exit_ok = not AbortFile(fs, str(cfg.abort_path)).exists()
         report = recover_store(cfg, fs, last_exit_ok=last_exit_ok, clock_ms=lambda: time.time_ns() // 1_000_000,
                                progress=progress, repair_holes=True)  # fmt: skip
+    except StoreDirectoryError:
+        lock.drop_created_file()  # refused: the root as it was found (review 61 L1)
+        raise
     finally:
         close_bar()
         lock.release()
