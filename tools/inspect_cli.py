@@ -45,6 +45,7 @@ from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
 from ..storage.commitlog import CommitLogReader, being_created, scan_commitlog_dir
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
+from ..storage.foreign import SUPPORTED, foreign_layout, other_layout_directories, record_feature
 from ..storage.fs import RealFileSystem
 from ..storage.commitlog import STORE_COPY_SUFFIX, store_copies
 from ..storage.recovery import commitlog_gone
@@ -59,6 +60,8 @@ HEALTHY: Final = "healthy"
 RUNNING: Final = "running"
 NEEDS_RECOVERY: Final = "needs recovery"
 DAMAGED: Final = "damaged"
+# Written with a RocketMQ feature mqstore does not implement (storage.foreign): refused, not damaged.
+UNSUPPORTED: Final = "unsupported"
 
 # Above this many messages, inspect stops remembering each record to check the queues' units
 # against (the counts and ranges are still exact).
@@ -246,6 +249,7 @@ def _inspect_commitlog(
     last_data_end = out["min_offset"]
     reach = last_data_end  # the records' end, or past a blank record that ends their segment
     first_zeros: int | None = None  # where zeros first stand for a record (a segment's data ends)
+    out["foreign_record"] = None  # (offset, topic, feature) of the first record mqstore does not implement
     message_after_zeros: int | None = None  # the first record read after them
     data_after_end: list[int] = []
     ended_in: int | None = None
@@ -268,6 +272,8 @@ def _inspect_commitlog(
             reach = max(reach, last_data_end)
             if first_zeros is not None and message_after_zeros is None:
                 message_after_zeros = read.offset
+            if out["foreign_record"] is None and (feature := record_feature(rec.sys_flag, rec.properties)) is not None:
+                out["foreign_record"] = (read.offset, rec.topic, feature)  # the first is named (see inspect_store)
             if remembered is not None:
                 if len(remembered) >= MAX_CROSS_CHECKED_MESSAGES:
                     remembered = None
@@ -568,6 +574,8 @@ def _verdict(lock: dict[str, Any], problems: list[dict[str, Any]]) -> str:
     severities = {p["severity"] for p in problems}
     if lock["held"]:
         return RUNNING
+    if UNSUPPORTED in severities:
+        return UNSUPPORTED
     if DAMAGED in severities:
         return DAMAGED
     if lock["abort_file"] or NEEDS_RECOVERY in severities:
@@ -642,6 +650,14 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     if lock["abort_file"] and not lock["held"]:
         problems.append(_problem("abort_file", NEEDS_RECOVERY, "the abort file is present: the last run did not stop "
                                  "cleanly; the next start recovers abnormally"))  # fmt: skip
+    # Features mqstore does not implement (storage.foreign): the open, `recover` and the other
+    # commands refuse such a store; its "damage" may be the feature misread (review 61 L2).
+    unsupported = foreign_layout(config, RealFileSystem())
+    foreign_record = commitlog.pop("foreign_record", None)
+    if foreign_record is not None:
+        offset, topic, feature = foreign_record
+        unsupported.append(f"the commitlog record at offset {offset} (topic {topic!r}) is {feature}")
+    problems[:0] = [_problem("unsupported_feature", UNSUPPORTED, f"{line}. {SUPPORTED}") for line in unsupported]
     dispatched_to = max((q["max_commitlog_offset"] or 0) for q in queues) if queues else None
     verdict = _verdict(lock, problems)
     return {
@@ -653,6 +669,7 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
         "index": index,
         "checkpoint": checkpoint,
         "config_files": sorted(p.name for p in (root / "config").iterdir()) if (root / "config").is_dir() else [],
+        "other_layout_directories": other_layout_directories(config, RealFileSystem()),
         "dispatched_to_commitlog_offset": dispatched_to,
         "problems": problems[:MAX_PROBLEMS_LISTED],
         "problem_count": len(problems),
@@ -829,6 +846,8 @@ def _print_inspect(report: dict[str, Any], out: Any) -> None:
           f"({cp['logics_msg_timestamp']}), index {cp['index_msg_time']} ({cp['index_msg_timestamp']})\n")  # fmt: skip
     if report["config_files"]:
         w(f"config/: {', '.join(report['config_files'])}\n")
+    if report["other_layout_directories"]:
+        w(f"written by another RocketMQ version or mode (left alone): {', '.join(report['other_layout_directories'])}\n")
     if report["problems"]:
         w(f"\nproblems ({report['problem_count']}):\n")
         for p in report["problems"]:
@@ -947,6 +966,10 @@ def _run_inspect(args: argparse.Namespace) -> int:
     else:
         _print_inspect(report, sys.stdout)
     sys.stdout.flush()
+    if report["verdict"] == UNSUPPORTED:
+        first = next(p for p in report["problems"] if p["severity"] == UNSUPPORTED)
+        print(f"mqstore inspect: unsupported: {first['message']}", file=sys.stderr)
+        return ExitCode.NOT_A_STORE
     if report["verdict"] == DAMAGED:
         first = next(p for p in report["problems"] if p["severity"] == DAMAGED)
         print(f"mqstore inspect: damaged: {first['message']}", file=sys.stderr)

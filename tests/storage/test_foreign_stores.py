@@ -306,3 +306,22 @@ def test_refused_open_keeps_a_lock_file_that_was_there(tmp_path: Path) -> None:
     with pytest.raises(ForeignStoreError, match="enableConsumeQueueExt"):
         mqstore.open(tmp_path, **OPEN)
     assert (tmp_path / "lock").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# L2: inspect names what it does not support, and the directories it leaves alone
+
+
+def test_inspect_reports_foreign_layouts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    batch_store(tmp_path, bcq_dir=True)
+    (tmp_path / "consumequeue_rocksdb").mkdir()
+    (tmp_path / "consumequeue_rocksdb" / "CURRENT").write_bytes(b"MANIFEST-000005\n")
+    before = snapshot(tmp_path)
+    code = cli.main(["inspect", str(tmp_path), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == cli.ExitCode.NOT_A_STORE and report["verdict"] == "unsupported"
+    messages = [p["message"] for p in report["problems"] if p["severity"] == "unsupported"]
+    assert any("batchconsumequeue holds files" in m for m in messages), messages
+    assert any("INNER_BATCH record" in m for m in messages), messages
+    assert report["other_layout_directories"] == [os.path.join(str(tmp_path), "consumequeue_rocksdb")]
+    assert snapshot(tmp_path) == before
