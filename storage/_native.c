@@ -2714,12 +2714,13 @@ done:
 /* ---- end of decode_arrow_run --------------------------------------------------------------- */
 
 /* Records of features mqstore does not implement (storage/foreign.py): 5.x sysflags
- * NEED_UNWRAP (0x40) and INNER_BATCH (0x80), and the INNER_MULTI_DISPATCH (LMQ) property. The C
- * walks stop before them; codec.read_dispatch refuses them. */
+ * NEED_UNWRAP (0x40) and INNER_BATCH (0x80), and the INNER_MULTI_QUEUE_OFFSET property a broker
+ * writes into a record it multi-dispatched (LMQ). The C walks stop before them;
+ * codec.read_dispatch refuses them. */
 #define FOREIGN_SYSFLAGS 0xC0
-static const char MULTI_DISPATCH_NAME[] = "INNER_MULTI_DISPATCH\x01";
+static const char MULTI_DISPATCH_NAME[] = "INNER_MULTI_QUEUE_OFFSET\x01";
 
-/* 1 if an item of the properties starts with the INNER_MULTI_DISPATCH name and its separator
+/* 1 if an item of the properties starts with the INNER_MULTI_QUEUE_OFFSET name and its separator
  * (conservative: the Python decoder decides whether it parses as that property). */
 static int has_multi_dispatch(const unsigned char *props, Py_ssize_t props_len) {
     const Py_ssize_t n = sizeof(MULTI_DISPATCH_NAME) - 1;

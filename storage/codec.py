@@ -894,8 +894,8 @@ def read_dispatch(
     the body (with `check_crc`, the body CRC is checked in place, as recovery needs).
 
     Falls back to the full decoder for IPv6 hosts and V2 records (rare; correctness first).
-    A record of a feature mqstore does not implement (INNER_BATCH / NEED_UNWRAP sysflags, an
-    INNER_MULTI_DISPATCH property: storage.foreign) raises ForeignStoreError: dispatched as one
+    A record of a feature mqstore does not implement (INNER_BATCH / NEED_UNWRAP sysflags, the
+    INNER_MULTI_QUEUE_OFFSET a broker writes into a record it multi-dispatched: storage.foreign) raises ForeignStoreError: dispatched as one
     ordinary message it would serve a batch's bytes as a body or leave LMQ queues behind.
     """
     if pos + 8 > limit:

@@ -3,8 +3,10 @@ that uses them is refused (a writable open, `mqstore recover`, the CLI tools tha
 it) and `inspect` reports it, instead of its records being served as ordinary messages or its
 queues being "repaired" into mqstore's format (review 61 H1-H3, M2):
 
-- multi-dispatch / LMQ (RocketMQ 4.9.3+, 5.x): records carrying the INNER_MULTI_DISPATCH
-  property, and `consumequeue/%LMQ%<name>/` queues whose units point at another topic's records;
+- multi-dispatch / LMQ (RocketMQ 4.9.3+, 5.x): records a broker multi-dispatched (it writes the
+  INNER_MULTI_QUEUE_OFFSET property into them; INNER_MULTI_DISPATCH alone is the producer's, kept
+  as is by a broker with enableMultiDispatch off, the default, and such a record is an ordinary
+  message), and `consumequeue/%LMQ%<name>/` queues whose units point at another topic's records;
 - ConsumeQueueExt (enableConsumeQueueExt): `consumequeue_ext/`, and units whose tagsCode is an
   ext address (ConsumeQueueExt.isExtAddr: at most Integer.MIN_VALUE - 1);
 - BatchConsumeQueue (5.x): `batchconsumequeue/`, records with sysflag INNER_BATCH (0x80) and
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
     from .fs import FileSystem
 
 __all__ = [
-    "FOREIGN_SYSFLAGS", "ForeignStoreError", "INNER_BATCH_FLAG", "NEED_UNWRAP_FLAG", "PROPERTY_INNER_MULTI_DISPATCH", "SUPPORTED",
+    "FOREIGN_SYSFLAGS", "ForeignStoreError", "INNER_BATCH_FLAG", "NEED_UNWRAP_FLAG", "PROPERTY_INNER_MULTI_DISPATCH",
+    "PROPERTY_INNER_MULTI_QUEUE_OFFSET", "SUPPORTED",
     "foreign_layout", "is_ext_address", "other_layout_directories", "record_feature", "refuse_foreign_layout",
     "refuse_record",
 ]  # fmt: skip
@@ -40,6 +43,9 @@ INNER_BATCH_FLAG: Final = 0x80
 FOREIGN_SYSFLAGS: Final = NEED_UNWRAP_FLAG | INNER_BATCH_FLAG
 # MessageConst: the LMQ queues a record is dispatched to besides its own (MixAll.LMQ_PREFIX).
 PROPERTY_INNER_MULTI_DISPATCH: Final = "INNER_MULTI_DISPATCH"
+# Written by the broker's MultiDispatch.wrapMultiDispatch, only when it dispatched the record to
+# those queues (enableMultiDispatch): the LMQ queue offsets the record took.
+PROPERTY_INNER_MULTI_QUEUE_OFFSET: Final = "INNER_MULTI_QUEUE_OFFSET"
 LMQ_PREFIX: Final = "%LMQ%"
 # ConsumeQueueExt.MAX_ADDR: tagsCode at or below it is an address into consumequeue_ext/.
 _EXT_MAX_ADDR: Final = -(1 << 31) - 1
@@ -69,8 +75,8 @@ def record_feature(sys_flag: int, properties: Mapping[str, str] | None) -> str |
         return "an INNER_BATCH record (sysflag 0x80: a batch consume queue's messages in one body)"
     if sys_flag & NEED_UNWRAP_FLAG:
         return "a NEED_UNWRAP record (sysflag 0x40: messages wrapped in one body)"
-    if properties is not None and PROPERTY_INNER_MULTI_DISPATCH in properties:
-        queues = properties[PROPERTY_INNER_MULTI_DISPATCH]
+    if properties is not None and properties.get(PROPERTY_INNER_MULTI_QUEUE_OFFSET):
+        queues = properties.get(PROPERTY_INNER_MULTI_DISPATCH, "")
         return f"a multi-dispatch (LMQ) record (INNER_MULTI_DISPATCH={queues[:80]!r})"
     return None
 
@@ -123,7 +129,7 @@ def _dledger_entry_at_start(fs: FileSystem, path: str, file_start: int) -> bool:
 
 def _lmq_queue_foreign(cfg: StoreConfig, fs: FileSystem, topic: str, segments: Mapping[int, str]) -> str | None:
     """Why the `%LMQ%` topic directory holds multi-dispatch units, or None: its first unit points
-    at a whole record of another topic, or at one carrying INNER_MULTI_DISPATCH. (mqstore lets a
+    at a whole record of another topic, or at one a broker multi-dispatched. (mqstore lets a
     put name a topic `%LMQ%...`, as RocketMQ 4.4 does: such a queue's units point at its own.)"""
     from . import codec  # (codec imports this module)
 
@@ -151,7 +157,7 @@ def _lmq_queue_foreign(cfg: StoreConfig, fs: FileSystem, topic: str, segments: M
         record = read.record
         if record is None or record.commitlog_offset != offset:
             continue  # cleaned, zeroed or damaged: no evidence either way
-        if record.topic != topic or PROPERTY_INNER_MULTI_DISPATCH in record.properties:
+        if record.topic != topic or record.properties.get(PROPERTY_INNER_MULTI_QUEUE_OFFSET):
             return f"its units point at records of topic {record.topic!r} (offset {offset})"
     return None
 

@@ -24,7 +24,7 @@ from typing import Any, Final, NamedTuple
 
 from . import codec, speedups
 from .codec import DispatchFields, RecordKind
-from .foreign import FOREIGN_SYSFLAGS, PROPERTY_INNER_MULTI_DISPATCH
+from .foreign import FOREIGN_SYSFLAGS, PROPERTY_INNER_MULTI_QUEUE_OFFSET
 from .fs import FileSystem
 
 __all__ = [
@@ -62,7 +62,7 @@ _I = struct.Struct(">i")
 _H = struct.Struct(">h")
 _V6_FLAGS: Final = codec.BORNHOST_V6_FLAG | codec.STOREHOSTADDRESS_V6_FLAG
 # An item of the properties that starts with this name (storage.foreign's multi-dispatch).
-_MULTI_DISPATCH_ITEM: Final = b"\x02" + PROPERTY_INNER_MULTI_DISPATCH.encode() + b"\x01"
+_MULTI_DISPATCH_ITEM: Final = b"\x02" + PROPERTY_INNER_MULTI_QUEUE_OFFSET.encode() + b"\x01"
 _FIXED_V4_LEN: Final = 91
 _BODY_POS_V4: Final = 88
 _SYSFLAG_POS: Final = 36

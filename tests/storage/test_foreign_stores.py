@@ -159,6 +159,19 @@ def test_lmq_record_without_lmq_queues_refused(tmp_path: Path, abort: bool, deco
     refused_open(tmp_path, r"record at offset \d+ \(topic 'TopicA'\) is a multi-dispatch \(LMQ\) record")
 
 
+@pytest.mark.parametrize("abort", [False, True], ids=["clean", "crash"])
+def test_a_record_a_broker_did_not_multi_dispatch_is_an_ordinary_message(tmp_path: Path, abort: bool,
+                                                                          decoder: str) -> None:  # fmt: skip
+    """INNER_MULTI_DISPATCH without INNER_MULTI_QUEUE_OFFSET: the producer asked, and a broker
+    with enableMultiDispatch off (the default) stored it as one message of its topic."""
+    log = Log()
+    log.add("TopicA", b"plain")
+    log.add("TopicA", b"asked", props=_props(("INNER_MULTI_DISPATCH", "%LMQ%q1"), ("TAGS", "TagA")))
+    log.write(tmp_path, abort=abort, checkpoint_ms=0 if abort else T0 + 10)
+    with mqstore.open(tmp_path, **OPEN) as store:
+        assert [m.body for m in store.get("TopicA", 0, 0, 8).messages] == [b"plain", b"asked"]
+
+
 def test_user_property_inner_multi_dispatch_refused_at_put(tmp_path: Path) -> None:
     """A put may not carry the property that makes the next open refuse the store."""
     with mqstore.open(tmp_path, **OPEN) as store:
@@ -251,7 +264,8 @@ def test_c_walks_leave_foreign_records_to_python() -> None:
     if speedups.native is None:
         pytest.skip("C extension not built, or MQSTORE_PURE_PYTHON=1")
     plain = _record("T", 0, 0, b"a", _props(("TAGS", "x")))
-    for foreign in (_record("T", 1, len(plain), b"b", _props(("INNER_MULTI_DISPATCH", "%LMQ%q"))),
+    for foreign in (_record("T", 1, len(plain), b"b", _props(("INNER_MULTI_DISPATCH", "%LMQ%q"),
+                                                             ("INNER_MULTI_QUEUE_OFFSET", "0"))),
                     _record("T", 1, len(plain), b"b", "", sysflag=0x80),
                     _record("T", 1, len(plain), b"b", "", sysflag=0x40)):  # fmt: skip
         buf = plain + foreign + plain
@@ -264,7 +278,7 @@ def test_c_walks_leave_foreign_records_to_python() -> None:
         with pytest.raises(ForeignStoreError):
             codec.read_dispatch(buf, len(plain), len(buf))
     # A name that only ends like it is not the property: C stops, Python reads it as a message.
-    odd = _record("T", 1, len(plain), b"b", _props(("XINNER_MULTI_DISPATCH", "v"), ("TAGS", "x")))
+    odd = _record("T", 1, len(plain), b"b", _props(("XINNER_MULTI_QUEUE_OFFSET", "v"), ("TAGS", "x")))
     kind, _size, fields = codec.read_dispatch(plain + odd, len(plain), len(plain + odd))
     assert kind is codec.RecordKind.MESSAGE and fields is not None
 
