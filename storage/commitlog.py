@@ -953,10 +953,13 @@ class CommitLog:
         ends and quarantined ranges. Runs of plain records are tallied in C; each record a run
         stops at goes through `iter_records` itself (as `store_timestamp_before`), so both give
         the same answer. The C walk checks CRCs so that it accepts no record the per-record
-        path would not."""
+        path would not. A `start` below the first segment (a queue rebuilt from the log's
+        start, 0, after retention deleted the first segments) walks from the first segment:
+        `iter_records` finds nothing below it, and every record of the log would go uncounted
+        (review 62 H1: the writer then gave out queue offsets the log holds)."""
         tally = scan.RecordTally()
         found = tally.next_queue_offsets
-        offset = start
+        offset = max(start, self.get_min_offset())
         fast = scan.fast_scan_available()
         while offset < end:
             mapped_file = self.mapped_file_queue.find_mapped_file_by_offset(offset) if fast else None

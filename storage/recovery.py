@@ -1063,7 +1063,10 @@ def resume_queue_offsets(
     the ConsumeQueue owner), raised past every record the queues have not caught up with yet
     (re-dispatch brings their units; the writer must continue after them, not reuse them) and
     past the readable headers of `quarantined` records. The crash scan's tally covers what it
-    saw; only a start below it is walked again (in C runs)."""
+    saw; only a start below it is walked again (in C runs). The ledger's count in `queue_table`
+    is a floor only (offsets handed out), never where the log's records of the queue end: a
+    writer that keeps no ledger (an older mqstore, a broker) may have put past it, so a queue
+    rebuilt from the log relies on this walk (from the first segment left: review 62 H1)."""
     table = dict(queue_table)
     facts = recovered.facts
     end = facts.max_offset

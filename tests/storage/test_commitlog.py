@@ -22,6 +22,7 @@ from mqstore.storage.codec import (
     msg_id,
     segment_file_name,
 )
+from mqstore.storage import scan
 from mqstore.storage.commitlog import CommitLog, CommitLogReader, EncodedRecords, scan_commitlog_dir
 from mqstore.storage.fs import FileSystem, RealFileSystem, SimulatedFileSystem
 from mqstore.storage.mapped_file import TransientStorePool
@@ -590,3 +591,22 @@ def test_batch_whose_first_record_overflows_and_single_put_end_of_file_ids() -> 
     assert res.status is PutMessageStatus.CREATE_MAPPED_FILE_FAILED
     assert res.append_result is not None and res.append_result.msg_id == msg_id(STORE, SEG - free2)
     assert start == SEG - free2
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_next_queue_offsets_from_below_the_first_segment_counts_every_record_left(
+    any_fs: tuple[FileSystem, str], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, fast: bool
+) -> None:
+    """Review 62 H1: a queue rebuilt from the log's start asks from offset 0; with the first
+    segments deleted by retention the walk found nothing below them and stopped, so the
+    writer's table missed every record left and the next put reused their queue offsets."""
+    monkeypatch.setattr(scan, "fast_scan_available", lambda: fast)
+    fs, root = any_fs
+    cl = make_log(fs, root, clock)
+    for _ in range(20):
+        cl.put_message(rec(body=b"c" * 500), 1)
+    assert cl.delete_expired_file(0, 0, 0, True, clock(), lambda ms: None) >= 1
+    assert cl.get_min_offset() > 0
+    assert messages(cl, cl.get_min_offset()) and messages(cl, 0) == []  # nothing read below the first
+    assert cl.next_queue_offsets(0, cl.get_max_offset()) == {"TopicA-0": 20}
+    assert cl.next_queue_offsets(cl.get_min_offset(), cl.get_max_offset()) == {"TopicA-0": 20}
