@@ -186,7 +186,7 @@ def store_config(
     from .storage.foreign import refuse_foreign_layout
     from .storage.fs import RealFileSystem
     from .storage.geometry import adopt_geometry
-    from .storage.recovery import commitlog_gone, commitlog_not_this_stores
+    from .storage.recovery import commitlog_gone, commitlog_not_this_stores, refuse_files_of_a_newer_mqstore
     from .supervisor import refuse_segments_named_past_the_largest_offset
 
     if not root.is_dir():
@@ -202,6 +202,9 @@ def store_config(
         raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({config.commitlog_dir})")
     if os.path.isdir(config.commitlog_dir):  # before its names are read for the geometry
         refuse_segments_named_past_the_largest_offset(RealFileSystem(), config.commitlog_dir)
+    # A newer mqstore's ledger or index progress: read without it, a command says nothing of
+    # what it keeps (exit 5, as an open refuses it; review 62 H2, M1).
+    refuse_files_of_a_newer_mqstore(config, RealFileSystem())
     if require_commitlog and read_only and not diagnosing:
         # A commitlog directory with no segment beside files that say the store held messages
         # (a mount not up, another store_path_commitlog): the open refuses it, and a read would

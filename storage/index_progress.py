@@ -19,8 +19,8 @@ flush of every file (at close). A lower `indexed_below` than the truth only cost
 re-dispatch (the index does not add a key twice); a higher one would lose keys, so every
 writer writes what it knows is indexed. Each write replaces the whole file atomically. A
 store without the file (written by a broker, or by an older mqstore) is recovered as before;
-an unreadable one is set aside as `.damaged`, logged, and not used. No RocketMQ version reads
-it.
+an unreadable one is set aside as `.damaged`, logged, and not used. One a newer mqstore wrote
+is refused (UnknownVersionError) and left in place. No RocketMQ version reads it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Final, Mapping, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.fs import FileSystem
-from mqstore.storage.sealed import seal, unseal
+from mqstore.storage.sealed import UnknownVersionError, seal, unseal
 
 __all__ = [
     "IndexProgress", "IndexProgressError", "first_lost_index_file", "load_index_progress", "pack_index_progress",
@@ -56,7 +56,8 @@ def pack_index_progress(progress: IndexProgress) -> bytes:
 
 
 def unpack_index_progress(data: bytes) -> IndexProgress:
-    """The progress in `data`; IndexProgressError for anything else, a flipped bit included."""
+    """The progress in `data`; UnknownVersionError for a newer mqstore's; IndexProgressError
+    for anything else, a flipped bit included."""
     _, content = unseal(data, _FORMAT, (_VERSION,), "progress", IndexProgressError)
     if not (isinstance(content, list) and len(content) == 2 and type(content[0]) is int and content[0] >= 0
             and isinstance(content[1], list)):  # fmt: skip
@@ -72,11 +73,14 @@ def unpack_index_progress(data: bytes) -> IndexProgress:
 
 def load_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
     """The progress at `path`, or None: no file (recovered as a broker's store), or one that
-    cannot be trusted (set aside as `.damaged` for a person to look at, and logged)."""
+    cannot be trusted (set aside as `.damaged` for a person to look at, and logged). A newer
+    mqstore's raises UnknownVersionError naming it, and it stays where it is."""
     if not fs.exists(path):
         return None
     try:
         return unpack_index_progress(fs.read_bytes(path))
+    except UnknownVersionError as exc:
+        raise exc.at(path) from None
     except OSError as exc:
         log.error("index progress unreadable: an incomplete index cannot be detected at this open",
                   path=path, error=str(exc))  # fmt: skip
@@ -90,9 +94,12 @@ def load_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
 
 def peek_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
     """`load_index_progress` for a read-only command: nothing set aside nor logged (None for no
-    file, or one that cannot be read or trusted)."""
+    file, or one that cannot be read or trusted). A newer mqstore's raises
+    UnknownVersionError, as at an open."""
     try:
         return unpack_index_progress(fs.read_bytes(path)) if fs.exists(path) else None
+    except UnknownVersionError as exc:
+        raise exc.at(path) from None
     except (OSError, IndexProgressError):
         return None
 

@@ -18,7 +18,9 @@ first tick after an open and after a queue is created, after each thorough flush
 flushed units only), right after the cleaner deleted a queue's first files, before
 `clean_unused_topic` deletes queues, and at close. Each write replaces the whole file atomically (write_atomic: temporary
 file, fsync, rename). A store without the file (written by a broker, or by an older mqstore)
-is not checked; an unreadable one is set aside as `.damaged`, logged, and not used. No
+is not checked; an unreadable one is set aside as `.damaged`, logged, and not used. One a
+newer mqstore wrote (a version above `_VERSION`) is refused (UnknownVersionError) and left in
+place: opened without it, the queue offsets it reserves would be handed out again. No
 RocketMQ version reads it.
 """
 
@@ -29,7 +31,7 @@ from typing import Final, Mapping, NamedTuple
 from mqstore.log import get_logger
 from mqstore.storage.codec import names_a_queue
 from mqstore.storage.fs import FileSystem
-from mqstore.storage.sealed import seal, unseal
+from mqstore.storage.sealed import UnknownVersionError, seal, unseal
 
 __all__ = [
     "LedgerEntry", "LedgerError", "load_queue_ledger", "pack_queue_ledger", "peek_queue_ledger", "unpack_queue_ledger",
@@ -72,7 +74,8 @@ def pack_queue_ledger(entries: Mapping[QueueKey, LedgerEntry]) -> bytes:
 
 
 def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
-    """The ledger in `data`; LedgerError for anything else, a flipped bit included."""
+    """The ledger in `data`; UnknownVersionError for a newer mqstore's; LedgerError for
+    anything else, a flipped bit included."""
     version, queues = unseal(data, _FORMAT, (1, _VERSION), "queues", LedgerError)
     entries: dict[QueueKey, LedgerEntry] = {}
     for entry in queues if isinstance(queues, list) else [None]:
@@ -90,7 +93,8 @@ def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
 
 def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] | None:
     """The ledger at `path`, or None: no file (nothing to check against), or one that cannot
-    be trusted (set aside as `.damaged` for a person to look at, and logged)."""
+    be trusted (set aside as `.damaged` for a person to look at, and logged). A newer
+    mqstore's raises UnknownVersionError naming it, and it stays where it is."""
     if not fs.exists(path):
         return None
     try:
@@ -101,6 +105,8 @@ def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] 
         return None
     try:
         return unpack_queue_ledger(data)
+    except UnknownVersionError as exc:
+        raise exc.at(path) from None
     except LedgerError as exc:
         kept = fs.set_aside(path, ".damaged")
         log.error("queue ledger unreadable: missing or cut-short consume queues cannot be detected at this open",
@@ -110,9 +116,13 @@ def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] 
 
 def peek_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] | None:
     """`load_queue_ledger` for a read-only command: nothing set aside nor logged (None for no
-    file, or one that cannot be read or trusted)."""
+    file, or one that cannot be read or trusted). A newer mqstore's raises
+    UnknownVersionError, as at an open: a command that went on without it would miss what it
+    keeps and say nothing."""
     try:
         return unpack_queue_ledger(fs.read_bytes(path)) if fs.exists(path) else None
+    except UnknownVersionError as exc:
+        raise exc.at(path) from None
     except (OSError, LedgerError):
         return None
 

@@ -41,8 +41,8 @@ from .foreign import SUPPORTED, ForeignStoreError, is_ext_address, refuse_foreig
 from .fs import FileSystem, MappedRegion
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
-from .index_progress import IndexProgress, first_lost_index_file, load_index_progress, write_index_progress
-from .queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
+from .index_progress import IndexProgress, first_lost_index_file, load_index_progress, peek_index_progress, write_index_progress
+from .queue_ledger import LedgerEntry, load_queue_ledger, peek_queue_ledger, write_queue_ledger
 from .scan import RecordTally
 from .index import (
     DAMAGED_SUFFIX, HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IndexFile, IndexHeader, IndexService,
@@ -52,7 +52,7 @@ from .index import (
 __all__ = [
     "CommitLogRecovery", "ConsumeQueueRecovery", "IndexRecovery", "LogFacts", "RecoveryMode", "RecoveryReport",
     "assemble_report", "check_geometry", "continue_queues_past_quarantine", "mode_at_open", "recover_commitlog",
-    "recover_consume_queues", "recover_index", "recover_store", "resume_queue_offsets", "lost_queue_offsets",
+    "recover_consume_queues", "recover_index", "recover_store", "refuse_files_of_a_newer_mqstore", "resume_queue_offsets", "lost_queue_offsets",
 ]
 
 log = get_logger(__name__)
@@ -222,6 +222,16 @@ class ConsumeQueueRecovery:
     reserved: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
+def refuse_files_of_a_newer_mqstore(cfg: StoreConfig, fs: FileSystem) -> None:
+    """UnknownVersionError (a StoreDirectoryError) naming the queue ledger or index progress
+    if a newer mqstore wrote it, before any owner changes a byte (review 62 H2): taken for
+    damage, it was set aside and the open went on without it, handing out again the queue
+    offsets the ledger reserves. The files stay in place; damaged ones are still set aside by
+    the owners' recovery. (The read-only commands ask the same through `store_config`.)"""
+    peek_queue_ledger(fs, cfg.queue_ledger_path)
+    peek_index_progress(fs, cfg.index_progress_path)
+
+
 def check_geometry(cfg: StoreConfig, fs: FileSystem, *, repairing: bool = False) -> None:
     """Refuse (OSError) a store whose files were written with other sizes, before any owner
     changes a byte: that is not damage, and nothing may be "repaired" into the new size.
@@ -229,8 +239,11 @@ def check_geometry(cfg: StoreConfig, fs: FileSystem, *, repairing: bool = False)
     that say the store held messages: see `commitlog_gone`. `repairing` (`mqstore recover`)
     goes on when the only segments are ones a recover without room set aside: it fills them.
     First, ForeignStoreError for a store written with a RocketMQ feature mqstore does not
-    implement (storage.foreign): its queues are not damage to cut or rebuild."""
+    implement (storage.foreign): its queues are not damage to cut or rebuild; and
+    UnknownVersionError for a store whose own files a newer mqstore wrote: see
+    `refuse_files_of_a_newer_mqstore`."""
     refuse_foreign_layout(cfg, fs)
+    refuse_files_of_a_newer_mqstore(cfg, fs)
     gone = commitlog_gone(cfg, fs)
     set_aside = _set_aside_segment_starts(cfg, fs) if gone is not None else []
     if gone is not None and set_aside and not repairing:

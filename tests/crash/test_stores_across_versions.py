@@ -16,6 +16,7 @@ import pytest
 
 import mqstore
 from mqstore import Message
+from mqstore.cli import ExitCode, main
 from mqstore.storage.lockfiles import StoreDirectoryError
 from mqstore.storage.sealed import seal
 from mqstore.tools.verify import verify_store
@@ -71,3 +72,39 @@ def test_a_queue_rebuilt_after_a_ledger_unaware_writers_retention_continues_afte
         bodies = _read_all(store, "T")
         assert bodies[-LATER - 1:] == [b"old%d" % i for i in range(LATER)] + [b"new"]
     assert verify_store(str(root), config=mqstore.StoreConfig(**SETTINGS)).ok
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _as_a_newer_mqstore_writes_it(path: Path, field: str, version: int) -> None:
+    """The same content, sealed as the next format version (checksum valid)."""
+    document = msgpack.unpackb(path.read_bytes(), raw=False)
+    path.write_bytes(seal(document["format"], version, field, msgpack.unpackb(document[field], raw=False)))
+
+
+@pytest.mark.parametrize("newer", ["queue_ledger", "index_progress"])
+def test_a_newer_mqstores_ledger_or_index_progress_is_refused_and_nothing_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], newer: str
+) -> None:
+    """Review 62 H2: a newer version of mqstore's own file was taken for damage: set aside as
+    .damaged, and the open went on without the guarantees it carries (the queue offsets the
+    ledger reserves were handed out again). The open, `mqstore recover` and the read-only
+    commands now refuse it, name it, and change no byte."""
+    root = tmp_path / "s"
+    with mqstore.open(root, **SETTINGS) as store:
+        for i in range(30):
+            assert store.put(Message(topic="T", body=b"m%d" % i, keys=[f"k{i}"])).ok
+    path = root / f"{newer}.msgpack"
+    version = {"queue_ledger": 3, "index_progress": 2}[newer]
+    _as_a_newer_mqstore_writes_it(path, {"queue_ledger": "queues", "index_progress": "progress"}[newer], version)
+    before = _files(root)
+    with pytest.raises(StoreDirectoryError, match=f"{path} is .* version {version}, written by a newer mqstore"):
+        mqstore.open(root, **SETTINGS)
+    assert _files(root) == before
+    for command in ("verify", "inspect", "stats", "recover"):
+        assert main([command, str(root)]) == ExitCode.NOT_A_STORE, command
+        said = capsys.readouterr().err
+        assert f"mqstore {command}: {path} is " in said and "newer mqstore" in said, (command, said)
+        assert _files(root) == before, command

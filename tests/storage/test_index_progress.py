@@ -15,9 +15,11 @@ from mqstore.storage.index_progress import (
     IndexProgressError,
     load_index_progress,
     pack_index_progress,
+    peek_index_progress,
     unpack_index_progress,
     write_index_progress,
 )
+from mqstore.storage.sealed import UnknownVersionError
 
 PROGRESS = IndexProgress(1 << 41, (("20261124153106123", 0), ("20261124153107456", 123_456), ("20261124153108789", 1 << 40)))
 
@@ -32,7 +34,7 @@ def test_every_flipped_bit_is_refused() -> None:
     for bit in range(len(data) * 8):
         damaged = bytearray(data)
         damaged[bit // 8] ^= 1 << (bit % 8)
-        with pytest.raises(IndexProgressError):
+        with pytest.raises((IndexProgressError, UnknownVersionError)):  # (a raised version: see the ledger's)
             unpack_index_progress(bytes(damaged))
 
 
@@ -47,10 +49,10 @@ def _document(body: object, *, version: object = 1, fmt: str = "mqstore-index-pr
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\0" * 16, _document([5, []], fmt="mqstore-queue-ledger"), _document([5, []], version=2),
+    [b"", b"\0" * 16, _document([5, []], fmt="mqstore-queue-ledger"), _document([5, []], version=0),
      _document([-1, []]), _document([True, []]), _document([5.0, []]), _document([5]), _document([5, [["x/../y", 1]]]),
      _document([5, [["123", -1]]]), _document([5, [["123"]]]), _document([5, "files"])],
-    ids=["empty", "zeros", "other-format", "newer-version", "negative", "bool", "float", "short", "path-name",
+    ids=["empty", "zeros", "other-format", "version-0", "negative", "bool", "float", "short", "path-name",
          "negative-end", "short-entry", "not-a-list"],
 )  # fmt: skip
 def test_bytes_that_are_not_a_progress_are_refused(data: bytes) -> None:
@@ -69,6 +71,19 @@ def test_load_sets_a_damaged_progress_aside_and_says_nothing_is_known(tmp_path: 
     assert load_index_progress(fs, str(path)) is None
     assert not path.exists()
     assert (tmp_path / "index_progress.msgpack.damaged").read_bytes() == damaged
+
+
+def test_a_newer_mqstores_progress_is_refused_and_left_in_place(tmp_path: Path) -> None:
+    """Review 62 H2: set aside as damage before, and the open went on without it."""
+    data = _document([5, [["123", 1]], "more"], version=2)
+    with pytest.raises(UnknownVersionError, match="version 2, written by a newer mqstore.*reads version 1"):
+        unpack_index_progress(data)
+    path = tmp_path / "index_progress.msgpack"
+    path.write_bytes(data)
+    for read in (load_index_progress, peek_index_progress):
+        with pytest.raises(UnknownVersionError, match=str(path)):
+            read(RealFileSystem(), str(path))
+    assert path.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
 def test_a_failed_write_says_so_and_leaves_the_old_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,9 +15,11 @@ from mqstore.storage.queue_ledger import (
     LedgerError,
     load_queue_ledger,
     pack_queue_ledger,
+    peek_queue_ledger,
     unpack_queue_ledger,
     write_queue_ledger,
 )
+from mqstore.storage.sealed import UnknownVersionError
 
 UNITS = {
     ("T", 0): LedgerEntry(120, 100),
@@ -34,11 +36,13 @@ def test_a_ledger_reads_back_exactly() -> None:
 
 
 def test_every_flipped_bit_is_refused() -> None:
+    """As damage; or, where the flip raises the version (the CRC does not cover it), as a
+    newer mqstore's file: refused either way, never read."""
     data = pack_queue_ledger(UNITS)
     for bit in range(len(data) * 8):
         damaged = bytearray(data)
         damaged[bit // 8] ^= 1 << (bit % 8)
-        with pytest.raises(LedgerError):
+        with pytest.raises((LedgerError, UnknownVersionError)):
             unpack_queue_ledger(bytes(damaged))
 
 
@@ -50,7 +54,7 @@ def test_a_version_1_ledger_is_read_as_having_no_high_water() -> None:
     assert UNITS[("lost", 1)].next_offset == 400
 
 
-def _document(queues: object, *, version: int = 2) -> bytes:
+def _document(queues: object, *, version: object = 2) -> bytes:
     body = msgpack.packb(queues, use_bin_type=True)
     return msgpack.packb(
         {"format": "mqstore-queue-ledger", "version": version, "queues": body, "crc32": zlib.crc32(body)},
@@ -64,8 +68,9 @@ def _document(queues: object, *, version: int = 2) -> bytes:
         b"",
         b"\x00" * 64,
         msgpack.packb({"format": "something else"}),
-        _document([["T", 0, 1, 0, 0]], version=3),
         _document([["T", 0, 1, 0, 0]], version=True),
+        _document([["T", 0, 1, 0, 0]], version=0),
+        _document([["T", 0, 1, 0, 0]], version="3"),
         _document([["T", 0, 1, 0]], version=2),  # a version 2 entry has its high water
         _document([["T", 0, 1, 0, 0]], version=1),
         _document([["T", 0, 1, 0, -1]]),
@@ -82,7 +87,7 @@ def _document(queues: object, *, version: int = 2) -> bytes:
         _document({"T": 1}),
         _document([["T", 0, 1, -1, 0]]),
     ],
-    ids=["empty", "zeros", "other-format", "newer-version", "bool-version", "v2-short", "v1-long", "negative-high-water",
+    ids=["empty", "zeros", "other-format", "bool-version", "version-0", "str-version", "v2-short", "v1-long", "negative-high-water",
          "float-high-water", "dotdot", "slash", "empty-topic", "long-topic",
          "negative-queue", "queue-too-big", "negative-count", "bool-count", "short-entry", "not-a-list", "negative-first"],  # fmt: skip
 )
@@ -102,3 +107,21 @@ def test_load_sets_a_damaged_ledger_aside_and_says_nothing_is_known(tmp_path: Pa
     assert load_queue_ledger(fs, str(path)) is None
     assert not path.exists()
     assert (tmp_path / "queue_ledger.msgpack.damaged").read_bytes() == damaged  # kept for a person
+
+
+@pytest.mark.parametrize("content", [[["T", 0, 1, 0, 0, "more"]], {"queues": "laid out otherwise"}])
+def test_a_newer_mqstores_ledger_is_refused_and_left_in_place(tmp_path: Path, content: object) -> None:
+    """Review 62 H2: a newer version's ledger was taken for damage, set aside, and the open
+    went on without the queue offsets it reserves. It is refused, named, and left as it is;
+    the read-only peek says so too instead of answering "no ledger"."""
+    data = _document(content, version=3)
+    with pytest.raises(UnknownVersionError, match="version 3, written by a newer mqstore.*reads versions 1-2"):
+        unpack_queue_ledger(data)
+    path = tmp_path / "queue_ledger.msgpack"
+    path.write_bytes(data)
+    fs = RealFileSystem()
+    for read in (load_queue_ledger, peek_queue_ledger):
+        with pytest.raises(UnknownVersionError, match=str(path)) as refused:
+            read(fs, str(path))
+        assert refused.value.version == 3 and refused.value.path == str(path)
+    assert path.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
