@@ -1420,6 +1420,11 @@ def _loaded_queue(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int, c
     return cq
 
 
+# Who may have deleted a queue's files the ledger knew (review 62 L1: not only a person).
+_BY_WHOM = ("by hand, or by a writer that keeps no queue ledger, an older mqstore or a RocketMQ broker, "
+             "run on this store since")
+
+
 def _queues_behind_ledger(
     cfg: StoreConfig,
     fs: FileSystem,
@@ -1440,22 +1445,23 @@ def _queues_behind_ledger(
         if cq is None:
             cq = _loaded_queue(cfg, fs, topic, queue_id, clock_ms)  # no files: nothing to load
             queues.append(cq)
-            log.warning("a consume queue in the queue ledger has no directory (deleted?); re-dispatch rebuilds it",
-                        topic=topic, queue_id=queue_id, ledger_units=counted)  # fmt: skip
+            log.warning(f"a consume queue in the queue ledger has no directory (deleted {_BY_WHOM}); re-dispatch "
+                        "rebuilds it", topic=topic, queue_id=queue_id, ledger_units=counted)  # fmt: skip
         elif cq in damaged:
             continue
         elif (files := cq.mapped_file_queue.mapped_files) and files[0].file_from_offset // codec.CQ_STORE_UNIT_SIZE > first:
-            # Not the cleaner: it has the ledger written again right after it deletes. Units
-            # can only be written in order, so the whole queue is rebuilt from the log.
-            log.warning("a consume queue's first files were deleted since the queue ledger was written; "
-                        "its files are removed and re-dispatch rebuilds the whole queue", topic=topic,
+            # Not this mqstore's cleaner: it has the ledger written again right after it
+            # deletes (an older mqstore's or a broker's, which keep none, may have: review 62
+            # L1). Units can only be written in order, so the whole queue is rebuilt from the log.
+            log.warning(f"a consume queue's first files were deleted since the queue ledger was written ({_BY_WHOM}, "
+                        "e.g. by its retention); its files are removed and re-dispatch rebuilds the whole queue", topic=topic,
                         queue_id=queue_id, first_file_offset=files[0].file_from_offset // codec.CQ_STORE_UNIT_SIZE,
                         ledger_first=first)  # fmt: skip
             cq.destroy()
         elif cq.get_max_offset_in_queue() >= counted:
             continue
         else:
-            log.warning("a consume queue holds fewer units than the queue ledger counted (files deleted?); "
+            log.warning(f"a consume queue holds fewer units than the queue ledger counted (files deleted {_BY_WHOM}); "
                         "re-dispatch rebuilds it", topic=topic, queue_id=queue_id,
                         units=cq.get_max_offset_in_queue(), ledger_units=counted)  # fmt: skip
         damaged.append(cq)

@@ -39,7 +39,9 @@ def _read_all(store: mqstore.MessageStore, topic: str) -> list[bytes]:
         offset = got.next_begin_offset
 
 
-def test_a_queue_rebuilt_after_a_ledger_unaware_writers_retention_continues_after_its_records(tmp_path: Path) -> None:
+def test_a_queue_rebuilt_after_a_ledger_unaware_writers_retention_continues_after_its_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Review 62 H1: a writer that keeps no ledger deleted the first segments and queue files
     (its retention) and put more, leaving the ledger as it was. The open rebuilds the queue; the
     writer's scan for the queue offsets the log holds started at offset 0, in a deleted segment,
@@ -63,11 +65,15 @@ def test_a_queue_rebuilt_after_a_ledger_unaware_writers_retention_continues_afte
     for name, data in kept.items():
         (root / name).write_bytes(data)
 
+    caplog.clear()
     with mqstore.open(root, **SETTINGS) as store:
         assert store.max_offset("T", 0) == N + LATER
         put = store.put(Message(topic="T", body=b"new"))
         assert put.ok and put.queue_offset == N + LATER, put
         assert store.wait_for_messages("T", 0, N + LATER, timeout_s=10)
+    # L1: the operator is not sent looking only for a person who deleted files.
+    assert any("first files were deleted" in r.getMessage() and "an older mqstore or a RocketMQ broker" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]  # fmt: skip
     with mqstore.open(root, **SETTINGS) as store:
         bodies = _read_all(store, "T")
         assert bodies[-LATER - 1:] == [b"old%d" % i for i in range(LATER)] + [b"new"]
