@@ -158,6 +158,9 @@ def test_a_running_store_that_puts_while_inspect_reads_its_log_has_no_units_past
     what is checked now; a unit past the end that was there before still is a problem."""
     root = tmp_path / "s"
     store = write_store(root, 50, close=False)
+    # A put answers when stored, and dispatch follows: read (this thread's writes) so that every
+    # queue holds its units before inspect reads them; else it may list none.
+    assert store.get("T1", 49 % 3, 0, 32).messages
     scan = inspect_cli._inspect_commitlog
 
     def scan_then_put(*args: Any, **kwargs: Any) -> Any:
