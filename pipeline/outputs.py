@@ -14,19 +14,37 @@ import errno
 import fcntl
 import glob
 import os
+import re
 import shutil
-from collections.abc import Iterator, Sequence
+import stat
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
 from mqstore.cli import CliError, ExitCode
 from mqstore.storage.lockfiles import LOCK_FILE_NAME, StoreLock, StoreLockedError
 from mqstore.storage.fs import RealFileSystem
 
-__all__ = ["check_export_target", "claim_reindex_target", "refuse_overlap"]
+__all__ = [
+    "check_export_target", "claim_reindex_target", "refuse_foreign_file", "refuse_overlap", "refuse_store_around",
+    "store_around",
+]  # fmt: skip
 
 # What an earlier export leaves at the top of OUT (Spark's markers, the partitions, our
 # corrupt-range log): the only entries an overwrite may delete.
 _EXPORT_ENTRY_PREFIXES: Final = ("topic=", "_corrupt", "_SUCCESS", "._SUCCESS", "_temporary", ".part-", "part-")
+
+
+# What a store keeps in its own root. Its commitlog/ may live elsewhere (store_path_commitlog,
+# RocketMQ's storePathCommitLog), so a root is known by these, never by commitlog/ alone: one
+# without it had its checkpoint replaced by `spark stats --out ROOT/checkpoint` (review 63 F1).
+# Files and directories by kind: a directory named checkpoint (Spark streaming's) is no store's.
+_STORE_ROOT_FILES: Final = ("checkpoint", "lock", "abort", "queue_ledger.msgpack", "index_progress.msgpack",
+                            "stats.msgpack", os.path.join("config", "consumerOffset.json"))  # fmt: skip
+_STORE_ROOT_DIRS: Final = ("commitlog", "consumequeue", "consumequeue_ext", "index")
+# A commitlog segment or ConsumeQueue file: its name is its first offset in 20 digits. A
+# directory holding one is a store's data directory wherever it lies (a commitlog elsewhere).
+_DATA_FILE_NAME: Final = re.compile(r"\d{20}")
+_HEAD_BYTES: Final = 64  # of an existing output, to see whether a job wrote it
 
 
 def _real(path: str) -> str:
@@ -67,12 +85,96 @@ def refuse_overlap(out: str, inputs: Sequence[str], what: str, *, with_stores: b
                                            "it would be written over what it reads; choose another directory")  # fmt: skip
 
 
+def _root_entry_in(directory: str) -> str | None:
+    """The first entry of `directory` that a store keeps in its root, or None."""
+    for name in _STORE_ROOT_FILES:
+        path = os.path.join(directory, name)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return name
+    for name in _STORE_ROOT_DIRS:
+        if os.path.isdir(os.path.join(directory, name)):
+            return name + os.sep
+    return None
+
+
+def _data_file_in(directory: str) -> str | None:
+    """The first segment or queue file (by its name) in `directory`, or None."""
+    try:
+        with os.scandir(directory) as entries:
+            return next((e.name for e in entries if _DATA_FILE_NAME.fullmatch(e.name)), None)
+    except OSError:  # absent, not a directory, not readable: nothing of a store seen here
+        return None
+
+
+def _store_entry_in(directory: str) -> str | None:
+    """The first entry of `directory` that makes it a store's own (a store root's file or
+    directory, a segment or queue file), or None."""
+    return _root_entry_in(directory) or _data_file_in(directory)
+
+
+def store_around(path: str, *, include_self: bool = True) -> tuple[str, str] | None:
+    """(directory, entry) for the nearest directory at or above `path`'s real path (strictly
+    above without `include_self`) that is a store's own, with the entry that says so; None
+    when there is none. Through symbolic links: what counts is where a write would land."""
+    directory = _real(path)
+    if not include_self:
+        directory = os.path.dirname(directory)
+    while True:
+        entry = _store_entry_in(directory)
+        if entry is not None:
+            return directory, entry
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+def refuse_store_around(path: str, what: str, *, include_self: bool = True) -> None:
+    """CliError (exit 2) when writing at `path` would put a file of ours in a store's
+    directories (`store_around`): whatever is there is the store's, and a file of ours in
+    its directories is in its owner's way."""
+    found = store_around(path, include_self=include_self)
+    if found is not None:
+        directory, entry = found
+        raise CliError(ExitCode.USAGE, f"{what} {path} lies in the store directory {directory} (it holds {entry}); "
+                                       "a store's directory is its own: write the result elsewhere")  # fmt: skip
+
+
+def refuse_foreign_file(out: str, what: str, earlier: Callable[[bytes], bool], kind: str) -> None:
+    """CliError (exit 2) unless `out` (through links) is new, empty, or a regular file whose
+    first bytes `earlier` takes for a previous output of this job: a job's output replaces
+    the file whole, so anything else there (a store's checkpoint or segment, wherever it
+    lies, a file of someone else's) would be lost (review 63 F1)."""
+    target = _real(out)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CliError(ExitCode.USAGE, f"{what} {out}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise CliError(ExitCode.USAGE, f"{what} {out} is a directory; give a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise CliError(ExitCode.USAGE, f"{what} {out} exists and is not a regular file; give a new file")
+    if st.st_size == 0:
+        return  # nothing there to lose
+    try:
+        with open(target, "rb") as f:
+            head = f.read(_HEAD_BYTES)
+    except OSError as exc:
+        raise CliError(ExitCode.USAGE, f"{what} {out} cannot be read ({exc.strerror}) to see what it is") from None
+    if not earlier(head):
+        raise CliError(ExitCode.USAGE, f"{what} {out} exists and is not an earlier {kind}; it would be replaced "
+                                       "whole: give a new file, or move it aside first")  # fmt: skip
+
+
 def check_export_target(out: str, inputs: Sequence[str]) -> None:
     """An export replaces OUT whole: OUT must not overlap an input, and must be absent, empty,
     or an earlier export (only what an export writes at its top). Anything else (a store, a
     home directory) is refused rather than deleted."""
     refuse_overlap(out, inputs, "OUT")
     if not os.path.lexists(out):
+        refuse_store_around(out, "OUT")
         return
     if not os.path.isdir(out):
         raise CliError(ExitCode.USAGE, f"OUT {out} exists and is not a directory; an export writes a directory")
@@ -81,6 +183,7 @@ def check_export_target(out: str, inputs: Sequence[str]) -> None:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise CliError(ExitCode.USAGE, f"OUT {out} holds entries an export did not write ({shown}); an export "
                                        "replaces its OUT whole: give an empty or new directory, or an earlier export")  # fmt: skip
+    refuse_store_around(out, "OUT")
 
 
 def _refuse_if_held(path: str) -> None:
@@ -108,14 +211,22 @@ def claim_reindex_target(out_dir: str, sources: Sequence[str]) -> Iterator[tuple
     is refused too. If the rebuild fails, what it wrote is removed: the directories were empty."""
     refuse_overlap(os.path.join(out_dir, "consumequeue"), sources, "OUT_DIR/consumequeue", with_stores=False)
     refuse_overlap(os.path.join(out_dir, "index"), sources, "OUT_DIR/index", with_stores=False)
+    # OUT_DIR may be a store's root (a rebuild in place, its lock taken below), never a
+    # directory inside one nor one of its data directories (a commitlog kept elsewhere).
+    refuse_store_around(out_dir, "OUT_DIR", include_self=False)
+    data_file = _data_file_in(out_dir)
+    if data_file is not None:
+        raise CliError(ExitCode.USAGE, f"OUT_DIR {out_dir} holds {data_file}, a segment or queue file: it is a store's "
+                                       "data directory, not a store root; give the store's root or a new directory")  # fmt: skip
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise CliError(ExitCode.USAGE, f"OUT_DIR {out_dir} exists and is not a directory")
     os.makedirs(out_dir, exist_ok=True)
     for held in ("commitlog", "config"):
         # A running store holds every data directory: with its `lock` deleted and its queue and
         # index directories moved aside, these still say it runs (review 33).
         _refuse_if_held(os.path.join(out_dir, held))
-    store_root = os.path.lexists(os.path.join(out_dir, LOCK_FILE_NAME)) or os.path.lexists(
-        os.path.join(out_dir, "commitlog")
-    )
+    # Known by its own files: a root whose commitlog lives elsewhere has none here (F1).
+    store_root = _root_entry_in(out_dir) is not None or os.path.lexists(os.path.join(out_dir, "commitlog"))
     lock = StoreLock(RealFileSystem(), os.path.join(out_dir, LOCK_FILE_NAME)) if store_root else None
     if lock is not None:
         try:

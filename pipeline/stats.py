@@ -32,13 +32,14 @@ from mqstore.cli import CliError, ExitCode
 from mqstore.log import get_logger
 from mqstore.pipeline.args import stats_args, parser_for
 from mqstore.pipeline.datasource import read_commitlog
-from mqstore.pipeline.outputs import refuse_overlap
+from mqstore.pipeline.outputs import refuse_foreign_file, refuse_overlap, refuse_store_around
 from mqstore.pipeline.session import get_spark
 
 log = get_logger(__name__)
 
 STATS_COLUMNS = ["topic", "queue_id", "size", "store_timestamp", "segment_file", "commitlog_offset", "error"]
 MAX_CORRUPT_LISTED = 100  # per distinct reason; the count is always exact
+STATS_OUTPUT_HEAD = b'{\n  "paths": ['  # how every --out file this job writes begins (run: indent=2)
 
 
 def _iso(ms: int | None) -> str | None:
@@ -149,34 +150,22 @@ def _stores_of(paths: Sequence[str]) -> list[str]:
     return found
 
 
-def _store_around(path: str) -> str | None:
-    """The store directory `path` would be written in (an ancestor of its real directory that
-    holds a commitlog directory beside a checkpoint or a consumequeue directory), or None."""
-    directory = os.path.dirname(os.path.realpath(path))
-    while True:
-        if os.path.isdir(os.path.join(directory, "commitlog")) and (
-            os.path.isfile(os.path.join(directory, "checkpoint"))
-            or os.path.isdir(os.path.join(directory, "consumequeue"))
-        ):
-            return directory
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return None
-        directory = parent
+def _earlier_stats(head: bytes) -> bool:
+    """Whether a file starting with `head` is what `write_out` wrote: json.dumps(indent=2)
+    of `summarize`'s dict, whose first key is "paths"."""
+    return head.startswith(STATS_OUTPUT_HEAD)
 
 
 def check_out(out: str, paths: Sequence[str]) -> None:
     """CliError (exit 2) when --out would write over a store's own file (STORE/checkpoint, a
-    segment) or into an input store: `open(out, "w")` truncates whatever is there. Any store
-    is kept out, not only the inputs': its checkpoint or a segment replaced by JSON loses what
-    it recorded, and a file of ours in its directories is in its owner's way."""
+    segment) or into an input store: the result replaces whatever is there. Any store is
+    kept out, not only the inputs', and known by its own files (a root whose commitlog lives
+    elsewhere too, review 63 F1): its checkpoint or a segment replaced by JSON loses what it
+    recorded, and a file of ours in its directories is in its owner's way. An existing file
+    is replaced only when it is an earlier stats output."""
     refuse_overlap(out, _stores_of(paths), "--out")
-    store = _store_around(out)
-    if store is not None:
-        raise CliError(ExitCode.USAGE, f"--out {out} lies in the store directory {store}; a store's directory "
-                                       "is its own: write the result elsewhere")  # fmt: skip
-    if os.path.isdir(out):
-        raise CliError(ExitCode.USAGE, f"--out {out} is a directory; give a file")
+    refuse_store_around(out, "--out")
+    refuse_foreign_file(out, "--out", _earlier_stats, "stats output")
     try:
         links = os.stat(out).st_nlink
     except OSError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -205,3 +206,28 @@ def test_the_jobs_refuse_before_the_jvm_starts(tmp_path: Path, monkeypatch: pyte
     (store / "index" / "stray").write_bytes(b"x")
     with pytest.raises(CliError, match="is not empty"):
         reindex_module.run(reindex_module.build_parser().parse_args([str(store), str(store)]))
+
+
+@pytest.mark.parametrize("job", ["export", "reindex"])
+@pytest.mark.parametrize("where", ["root/new", "root/index/new", "root/config/new", "cl", "cl/new"])
+def test_no_job_writes_into_a_store_whose_commitlog_lives_elsewhere(tmp_path: Path, job: str, where: str) -> None:
+    """Review 63 F1: a store was known only by a commitlog/ directory in its root; a root
+    whose commitlog lives elsewhere (store_path_commitlog), or that commitlog directory, took
+    an export's partitions or a rebuild's queue and index files among its own. Read here: a
+    copy of the segments, so no input overlaps."""
+    from mqstore.pipeline.export import export
+
+    root, commitlog = tmp_path / "root", tmp_path / "cl"
+    with mqstore.open(root, store_path_commitlog=str(commitlog), **SMALL) as store:
+        assert store.put(mqstore.Message("orders", b"m")).ok
+    copy = tmp_path / "copy"
+    shutil.copytree(commitlog, copy / "commitlog")
+    before = _state(root), _state(commitlog)
+    with pytest.raises(CliError, match="lies in the store directory|segment or queue file|did not write") as refused:
+        if job == "export":
+            export(_NoSpark(), [str(copy)], str(tmp_path / where))  # type: ignore[arg-type]
+        else:
+            reindex_module.reindex(_NoSpark(), str(copy), str(tmp_path / where))  # type: ignore[arg-type]
+    assert refused.value.code == ExitCode.USAGE
+    assert (_state(root), _state(commitlog)) == before
+

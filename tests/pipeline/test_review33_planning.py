@@ -274,3 +274,64 @@ def test_stats_out_into_another_store_is_refused(store: Path, tmp_path: Path, mo
     monkeypatch.setattr(stats, "get_spark", lambda *a, **k: None)
     monkeypatch.setattr(stats, "compute_stats", lambda *a, **k: {"messages": 1, "corrupt_records": 0})
     assert stats.main([str(store), "--out", str(tmp_path / "beside.json")]) == 0
+
+
+@pytest.fixture
+def commitlog_elsewhere(tmp_path: Path) -> tuple[Path, Path]:
+    """(root, commitlog) of a closed store whose commitlog lives outside its root
+    (store_path_commitlog): the root has no commitlog/ (review 63 F1)."""
+    root, commitlog = tmp_path / "root", tmp_path / "cl"
+    with mqstore.open(root, store_path_commitlog=str(commitlog), **SMALL) as s:
+        assert s.put(mqstore.Message("t", b"x")).ok
+    assert not (root / "commitlog").exists() and (root / "checkpoint").is_file()
+    return root, commitlog
+
+
+def _bytes_under(*dirs: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for d in dirs for p in d.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["root/checkpoint", "root/new.json", "root/config/new.json", "root/index/new.json",
+                                   "cl/00000000000000000000", "cl/new.json"])  # fmt: skip
+@pytest.mark.parametrize("given", ["cl", "copy"])
+def test_stats_out_into_a_store_whose_commitlog_lives_elsewhere_is_refused(
+    commitlog_elsewhere: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, given: str
+) -> None:
+    """Review 63 F1: the store was known only by a commitlog/ directory in its root, so
+    --out ROOT/checkpoint replaced the checkpoint of a store keeping its commitlog elsewhere
+    with JSON (exit 0), whether it read that store or a copy of its segments."""
+    from mqstore.pipeline import stats
+
+    root, commitlog = commitlog_elsewhere
+    shutil.copytree(commitlog, tmp_path / "copy" / "commitlog")
+    before = _bytes_under(root, commitlog)
+    monkeypatch.setattr(stats, "get_spark", lambda *a, **k: pytest.fail("the job ran"))
+    assert stats.main([str(tmp_path / given), "--out", str(tmp_path / where)]) == 2
+    assert _bytes_under(root, commitlog) == before
+
+
+def test_stats_out_replaces_only_a_new_empty_or_earlier_stats_file(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 63 F1: the result replaces --out whole; a file there that this job did not
+    write (a store's file moved or copied out, anyone's notes) is refused, not replaced."""
+    from mqstore.pipeline import stats
+
+    monkeypatch.setattr(stats, "get_spark", lambda *a, **k: None)
+    monkeypatch.setattr(stats, "compute_stats", lambda *a, **k: {"paths": [str(store)], "messages": 1, "corrupt_records": 0})
+    out = tmp_path / "stats.json"
+    for prepare in (lambda: None, lambda: out.write_bytes(b""), lambda: None):  # new, empty, earlier output
+        prepare()
+        assert stats.main([str(store), "--out", str(out)]) == 0
+        assert json.loads(out.read_text())["messages"] == 1
+    checkpoint_copy = tmp_path / "saved-checkpoint"
+    checkpoint_copy.write_bytes(b"\0" * 8 + b"\x01" * 4088)
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"paths": "mine"}')
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for foreign in (checkpoint_copy, notes, fifo, tmp_path / "link-to-notes"):
+        if foreign.name == "link-to-notes":
+            foreign.symlink_to(notes)
+        kept = None if foreign == fifo else foreign.read_bytes()
+        assert stats.main([str(store), "--out", str(foreign)]) == 2
+        assert kept is None or foreign.read_bytes() == kept
+
