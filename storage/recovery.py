@@ -1119,9 +1119,17 @@ def recover_store(
                                     index_dispatch_from=index.dispatch_from, clock_ms=clock_ms)  # fmt: skip
     commitlog = CommitLog(fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
                           max_message_size=cfg.max_message_size_bytes, clock_ms=clock_ms)  # fmt: skip
+    # The guards the writer's own commitlog gets (actors/commitlog_writer): an end below the
+    # checkpoint's flushed offset is a hole, never a tail to cut, and a degraded log or a
+    # clean stop's zeroes nothing. Without them this pass zeroed a clean store's damaged last
+    # record that the first pass had kept (review 63 F3).
+    flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
+    commitlog.mapped_file_queue.expected_end = flushed or 0
     try:
         if not commitlog.load():
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}: {commitlog.mapped_file_queue.load_error}")
+        if commitlog.mapped_file_queue.damaged_files or mode is RecoveryMode.CLEAN:
+            commitlog.zero_tail_bytes = 0
         commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)  # positions at the end
         table = resume_queue_offsets(commitlog, recovered, queues.topic_queue_table, queues.dispatch_from,
                                      recovered.quarantined)  # fmt: skip

@@ -457,3 +457,58 @@ def test_an_interrupted_recovery_is_resumed_by_the_next_start(tmp_path: object) 
     assert resumed == expected and sum(len(v) for v in expected.values()) == 600
     assert resumed_report.max_offset == reference_report.max_offset
     _verified(crashed)
+
+
+# -------------------------------------------------------------------------------------------
+# Review 63 F3: a clean store's damaged last record and `mqstore recover`
+
+_FLIPS = {"body": lambda size: size - 20, "magic": lambda size: 4, "size": lambda size: 1}
+
+
+def _damage_last_record(store_dir: str, field: str) -> tuple[str, int, int, bytes]:
+    """Flip one byte (`field`) of the last record of a closed store: (its segment's path, the
+    record's offset in it, its size, the segment's bytes after the flip)."""
+    from mqstore.storage import codec
+
+    path = os.path.join(store_dir, "commitlog", sorted(os.listdir(os.path.join(store_dir, "commitlog")))[-1])
+    with open(path, "rb") as f:
+        data = f.read()
+    pos, last = 0, None
+    while True:
+        read = codec.read_record(data, pos, len(data), check_crc=False, max_message_size=SEG)
+        if read.kind is not codec.RecordKind.MESSAGE:
+            break
+        last, pos = (pos, read.size), pos + read.size
+    assert last is not None
+    at = last[0] + _FLIPS[field](last[1])
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0xFF]))
+        f.seek(0)
+        return path, last[0], last[1], f.read()
+
+
+def _recover_in_process(store_dir: str, *, clean: bool, repair: bool = True) -> RecoveryReport:
+    from mqstore.storage.recovery import recover_store
+
+    cfg = mqstore.StoreConfig(store_path_root_dir=store_dir, **SETTINGS)
+    return recover_store(cfg, RealFileSystem(), last_exit_ok=clean, clock_ms=lambda: 0, repair_holes=repair)
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "crashed"])
+def test_recovery_without_repair_changes_no_byte_of_a_damaged_last_record(tmp_path: object, clean: bool) -> None:
+    """recover_store's second commitlog (which places the write positions) ran without the
+    flushed-offset guard: after a clean stop it zeroed the damaged record's bytes that the
+    first pass had kept as a hole. After a crash the record is quarantined in place, as before."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    _fill(store_dir, 150)
+    path, pos, size, damaged = _damage_last_record(store_dir, "magic")
+    if not clean:
+        _crashed(store_dir)
+    report = _recover_in_process(store_dir, clean=clean, repair=False)
+    with open(path, "rb") as f:
+        assert f.read() == damaged
+    assert sorted(os.listdir(os.path.dirname(path))) == [os.path.basename(path)]
+    if not clean:
+        start = int(os.path.basename(path))
+        assert [(q.start, q.end) for q in report.quarantined] == [(start + pos, start + pos + size)], report.summary()
