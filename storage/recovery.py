@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import errno
 import os
 import struct
 from dataclasses import dataclass, field, replace
@@ -38,7 +39,7 @@ from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .foreign import SUPPORTED, ForeignStoreError, is_ext_address, refuse_foreign_layout
-from .fs import FileSystem, MappedRegion
+from .fs import FileSystem, MappedRegion, free_name
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
 from .index_progress import IndexProgress, first_lost_index_file, load_index_progress, peek_index_progress, write_index_progress
@@ -796,25 +797,42 @@ def recover_commitlog(
         # put in its place): `recover` accepts the loss. The segment is ended there with the
         # blank record that ends a segment, so the log goes on in the next one (or past it)
         # and no lost record's offset is ever given to a new one; then recovery runs again.
-        lost_range, done = _end_segment_at(cfg, fs, short_end)
+        # After a clean stop every put had finished and was flushed: a record there that does
+        # not read (a flipped byte: CRC, magic, size) is damage, not a torn tail, and is
+        # reported as damage (quarantined: exit 3), not as the "end of data" the blank makes
+        # of it for the second pass (review 63 F3). A crash's tail is judged as before.
+        damage = recovered.stop_reason if mode is RecoveryMode.CLEAN and recovered.damaged_at == short_end else None
+        lost_range, done, kept = _end_segment_at(cfg, fs, short_end)
         again = recover_commitlog(cfg, fs, mode=mode, checkpoint=checkpoint, clock_ms=clock_ms, progress=progress,
                                   repair_holes=True, known_end=known_end)  # fmt: skip
         again.lost_ranges[:0] = [lost_range]
         again.filled_commitlog_files[:0] = [done]
         again.facts = replace(again.facts, lost_ranges=tuple(again.lost_ranges))
+        if damage is not None:
+            log.error("a damaged record after a clean stop: the segment was ended before it; its bytes are kept",
+                      offset=short_end, reason=damage, kept=kept)  # fmt: skip
+            again.stop_reason, again.damaged_at = damage, short_end
+            again.quarantined.append(Quarantined(short_end, lost_range[1], f"{damage} (after a clean stop: damage, "
+                                                 f"not a torn tail; the segment as it was is kept as {kept})"))  # fmt: skip
         return again
     return recovered
 
 
-def _end_segment_at(cfg: StoreConfig, fs: FileSystem, offset: int) -> tuple[tuple[int, int], str]:
+def _end_segment_at(cfg: StoreConfig, fs: FileSystem, offset: int) -> tuple[tuple[int, int], str, str]:
     """Write the blank record that ends a segment at `offset` (for `mqstore recover`): the
-    segment's bytes from there are given up. Returns the lost range and what was done."""
+    segment's bytes from there are given up. What the blank writes over is kept first, as
+    every repair keeps what it replaces: the segment as it is goes to a new NAME.damaged
+    beside it, written and synced before the overwrite (review 63 F3: one flipped byte in a
+    clean store's last record had its header overwritten in place, with no copy). Returns the
+    lost range, what was done, and the copy's name."""
     size = cfg.mapped_file_size_commitlog_bytes
     start = offset - offset % size
     keep = offset - start
     name = codec.segment_file_name(start)
-    region = fs.map_file(os.path.join(cfg.commitlog_dir, name), size, create=False)
+    path = os.path.join(cfg.commitlog_dir, name)
+    region = fs.map_file(path, size, create=False)
     try:
+        kept = _save_segment_copy(fs, region, path, size)
         # (`unwritten_from`: the segment's records below `keep` are left as they are.)
         if not region.reserve(keep + codec.END_FILE_MIN_BLANK_LENGTH, unwritten_from=keep):
             raise DiskFullError(f"no disk space to end the commitlog segment {name} at {offset}")
@@ -823,9 +841,35 @@ def _end_segment_at(cfg: StoreConfig, fs: FileSystem, offset: int) -> tuple[tupl
     finally:
         region.close()
     log.error("commitlog segment ended where its records end below the flushed offset; the rest is lost",
-              file=name, lost_from=offset, lost_to=start + size)  # fmt: skip
+              file=name, lost_from=offset, lost_to=start + size, kept=kept)  # fmt: skip
     return (offset, start + size), (f"{name}: its records end at {offset}, below where the log was flushed: "
-                                    f"ended there, {offset}..{start + size} lost")  # fmt: skip
+                                    f"ended there, {offset}..{start + size} lost; the segment as it was is kept "
+                                    f"as {os.path.basename(kept)}"), os.path.basename(kept)  # fmt: skip
+
+
+def _save_segment_copy(fs: FileSystem, region: MappedRegion, path: str, size: int) -> str:
+    """A copy of the mapped segment at `path` in a new file NAME.damaged (NAME.damaged.N if
+    taken; never over another file), durable before it returns: its bytes up to the end of
+    its data (the untouched rest of a sparse segment is a hole, as in the copy). A copy that
+    could not be finished is removed and the error raised: nothing is overwritten then."""
+    try:
+        extents = fs.data_extents(path, 0, size)
+    except OSError:
+        extents = [(0, size)]
+    length = extents[-1][1] if extents else 0
+    kept = free_name(fs.exists, path + DAMAGED_SUFFIX)
+    try:
+        region.save_copy(kept, length)
+    except FileExistsError:
+        raise  # (O_EXCL) a file that took the name meanwhile is not ours to remove
+    except BaseException as exc:
+        if fs.exists(kept):
+            fs.remove(kept)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no disk space to keep a copy of the commitlog segment {path} before ending it: "
+                                "nothing was changed; free space and run `mqstore recover` again") from exc  # fmt: skip
+        raise
+    return kept
 
 
 def recover_index(
@@ -1120,9 +1164,9 @@ def recover_store(
     commitlog = CommitLog(fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
                           max_message_size=cfg.max_message_size_bytes, clock_ms=clock_ms)  # fmt: skip
     # The guards the writer's own commitlog gets (actors/commitlog_writer): an end below the
-    # checkpoint's flushed offset is a hole, never a tail to cut, and a degraded log or a
-    # clean stop's zeroes nothing. Without them this pass zeroed a clean store's damaged last
-    # record that the first pass had kept (review 63 F3).
+    # checkpoint's flushed offset is a hole, never a tail to cut, and nothing is zeroed on a
+    # degraded log or after a clean stop. Without them this pass zeroed a clean store's
+    # damaged last record that the first pass had kept (review 63 F3).
     flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
     commitlog.mapped_file_queue.expected_end = flushed or 0
     try:

@@ -263,6 +263,9 @@ def _one_case(seed: int, t: Template, work: str, tally: Tally) -> None:
         tally.fail(f"{ctx}: open/get/put raised {type(exc).__name__}: {exc}")
     _check_intact(store_dir, t, intact, tally, ctx, "after open and puts")
     code, err = _cli(work, "recover", "--no-progress", store_dir)
+    # A clean store's damaged last record: recover ends its segment before it (a copy kept as
+    # NAME.damaged) and reports the damage (exit 3, review 63 F3); the log left verifies clean.
+    gave_up_damage = code == 3 and "(after a clean stop: damage, not a torn tail;" in err
     tally.recover_codes[code] += 1
     if "Traceback" in err or code == 1:
         tally.crashes += 1
@@ -272,7 +275,7 @@ def _one_case(seed: int, t: Template, work: str, tally: Tally) -> None:
     if "Traceback" in err:
         tally.crashes += 1
         tally.fail(f"{ctx}: verify traceback: {err[-300:]}")
-    if code in (0, 3) and verify_code != code:
+    if code in (0, 3) and verify_code != code and not (gave_up_damage and verify_code == 0):
         tally.disagreements += 1
         tally.fail(f"{ctx}: recover exit {code} but verify exit {verify_code}")
     shutil.rmtree(store_dir, ignore_errors=True)

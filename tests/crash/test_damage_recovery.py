@@ -495,6 +495,65 @@ def _recover_in_process(store_dir: str, *, clean: bool, repair: bool = True) -> 
     return recover_store(cfg, RealFileSystem(), last_exit_ok=clean, clock_ms=lambda: 0, repair_holes=repair)
 
 
+@pytest.mark.parametrize("field", sorted(_FLIPS))
+def test_recover_keeps_a_clean_stores_damaged_last_record_and_reports_it_as_damage(tmp_path: object, field: str) -> None:
+    """`recover` wrote the blank that ends a segment over the damaged record's first bytes,
+    kept no copy, and called it "end of data" (exit 0). After a clean stop every put had
+    finished: the record is damage, reported as such (quarantined), and the segment as it was
+    is kept as NAME.damaged before a byte of it changes."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    _fill(store_dir, 150)
+    path, pos, _size, damaged = _damage_last_record(store_dir, field)
+    start = int(os.path.basename(path))
+    report = _recover_in_process(store_dir, clean=True)
+    assert [(q.start, q.end) for q in report.quarantined] == [(start + pos, start + SEG)], report.summary()
+    assert report.damaged_at == start + pos and report.stop_reason != "end of data", report.summary()
+    assert report.lost_ranges == [(start + pos, start + SEG)], report.summary()
+    with open(path + ".damaged", "rb") as f:
+        assert f.read() == damaged  # the segment as it was, whole
+    with open(path, "rb") as f:
+        now = f.read()
+    assert now[:pos] == damaged[:pos] and now[pos + 8 :] == damaged[pos + 8 :]  # only the blank's header written
+    with mqstore.open(store_dir, **SETTINGS) as store:  # the log goes on in the next segment
+        r = store.put(mqstore.Message(topic=TOPIC, body=b"after"))
+        assert r.status is mqstore.PutMessageStatus.PUT_OK and r.commitlog_offset >= start + SEG, r
+        assert r.queue_offset == 150, r  # the damaged record's queue offset is not given again
+        assert store.get(TOPIC, 0, 148, 1).messages[0].body == b"%06d" % 148 * 40
+
+
+def test_cli_recover_exits_3_on_a_clean_stores_damaged_last_record(tmp_path: object) -> None:
+    store_dir = os.path.join(str(tmp_path), "s")
+    _fill(store_dir, 150)
+    path, _pos, _size, damaged = _damage_last_record(store_dir, "body")
+    done = _cli("recover", "--no-progress", store_dir)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "damaged commitlog bytes" in done.stderr and "00000000000000000000.damaged" in done.stderr, done.stderr
+    with open(path + ".damaged", "rb") as f:
+        assert f.read() == damaged
+
+
+def test_recover_changes_no_byte_when_it_cannot_keep_a_copy_first(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy is written before the blank: a copy that fails (a full disk, here half
+    written) leaves the segment as it was and no partial copy behind."""
+    from mqstore.storage import fs as fs_module
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    _fill(store_dir, 150)
+    path, _pos, _size, damaged = _damage_last_record(store_dir, "magic")
+
+    def full_disk(self: Any, copy: str, length: int) -> None:
+        with open(copy, "xb") as f:
+            f.write(b"\1" * (length // 2))
+        raise OSError(28, "No space left on device", copy)
+
+    monkeypatch.setattr(fs_module.RealMappedRegion, "save_copy", full_disk)
+    with pytest.raises(OSError, match="no disk space to keep a copy"):
+        _recover_in_process(store_dir, clean=True)
+    with open(path, "rb") as f:
+        assert f.read() == damaged
+    assert sorted(os.listdir(os.path.dirname(path))) == [os.path.basename(path)]
+
+
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "crashed"])
 def test_recovery_without_repair_changes_no_byte_of_a_damaged_last_record(tmp_path: object, clean: bool) -> None:
     """recover_store's second commitlog (which places the write positions) ran without the

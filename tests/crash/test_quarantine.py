@@ -497,10 +497,15 @@ def test_recover_gives_up_the_rest_of_a_rolled_back_segment_and_reuses_no_offset
 
     store_dir = os.path.join(str(tmp_path), "s")
     before, after, _ = _roll_back_the_last_segment(store_dir, aborted=False)
+    segment = os.path.join(store_dir, "commitlog", "%020d" % 0)
+    with open(segment, "rb") as f:
+        rolled_back = f.read()
     done = _mqstore("recover", "--no-progress", "--json", store_dir)
     assert done.returncode == 0 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
     report = json.loads(done.stdout)
     assert report["lost_ranges"] == [[after[0], SEG]], report
+    with open(segment + ".damaged", "rb") as f:  # what the blank was written over is kept (review 63 F3)
+        assert f.read() == rolled_back
     assert report["reserved_queue_offsets"] == {f"{TOPIC}-0": 200}, report
     for n in range(2):  # and so it stays
         with mqstore.open(store_dir, **SETTINGS) as store:
