@@ -939,8 +939,8 @@ def read_dispatch(
     if read.kind is not RecordKind.MESSAGE or read.record is None:
         return read.kind, read.size, None
     r = read.record
-    if (feature := record_feature(r.sys_flag, r.properties)) is not None:
-        raise refuse_record(r.commitlog_offset, r.topic, feature)
+    if (feature := record_feature(r.sys_flag, r.properties, r.topic)) is not None:
+        raise refuse_record(r.commitlog_offset, r.topic[:80], feature)
     return RecordKind.MESSAGE, r.total_size, DispatchFields(
         r.topic, r.queue_id, r.commitlog_offset, r.total_size, r.tags_code(delay_levels_ms), r.store_timestamp,
         r.queue_offset, r.keys if r.properties_raw else "", r.uniq_key, r.sys_flag, r.prepared_transaction_offset,

@@ -11,7 +11,9 @@ queues being "repaired" into mqstore's format (review 61 H1-H3, M2):
   ext address (ConsumeQueueExt.isExtAddr: at most Integer.MIN_VALUE - 1);
 - BatchConsumeQueue (5.x): `batchconsumequeue/`, records with sysflag INNER_BATCH (0x80) and
   NEED_UNWRAP (0x40), which wrap several messages in one body;
-- DLedger: `dledger-<id>/data/` logs, whose entries put a 48-byte header before each record.
+- DLedger: `dledger-<id>/data/` logs, whose entries put a 48-byte header before each record;
+- topics longer than 4.x's 127 bytes (5.x V2 records): a queue directory so named, or such a
+  record where records are decoded (short-topic V2 records are read as any other).
 
 The rule is the project's first: never dispatch, cut, rewrite or delete what this store does
 not understand; refuse loudly, naming the feature and where it was found.
@@ -58,6 +60,8 @@ _RECORD_MAGICS: Final = (-626843481, -626843477)  # codec.MESSAGE_MAGIC_CODE, _V
 # queue here needs): named by `inspect`, not refused.
 _OTHER_LAYOUT_NAMES: Final = ("consumequeue_rocksdb", "timerlog", "timerwheel", "compaction")
 _LMQ_SAMPLE_QUEUES: Final = 16
+_MAX_TOPIC_BYTES: Final = 127  # codec.MAX_TOPIC_BYTES (codec imports this module)
+_TOPIC_CHARACTERS: Final = frozenset("%|abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 SUPPORTED: Final = (
     "mqstore reads RocketMQ 4.x stores without multi-dispatch (LMQ), ConsumeQueueExt, batch consume queues "
@@ -69,8 +73,13 @@ class ForeignStoreError(StoreDirectoryError):
     """The store uses a RocketMQ feature mqstore does not implement (see the module doc)."""
 
 
-def record_feature(sys_flag: int, properties: Mapping[str, str] | None) -> str | None:
-    """The feature a commitlog record was written with that mqstore does not implement, or None."""
+def record_feature(sys_flag: int, properties: Mapping[str, str] | None, topic: str = "") -> str | None:
+    """The feature a commitlog record was written with that mqstore does not implement, or None.
+    `topic`, where the caller decoded it: a topic longer than 4.x's 127 bytes (5.x writes it in
+    a V2 record) names a queue mqstore cannot keep (its directory is not a topic's name here)."""
+    if len(topic) > _MAX_TOPIC_BYTES // 4 and len(topic.encode("utf-8")) > _MAX_TOPIC_BYTES:
+        return (f"a record of a topic {len(topic.encode('utf-8'))} bytes long (RocketMQ 5.x's V2 format; 4.x topics "
+                f"are at most {_MAX_TOPIC_BYTES} bytes)")  # fmt: skip
     if sys_flag & INNER_BATCH_FLAG:
         return "an INNER_BATCH record (sysflag 0x80: a batch consume queue's messages in one body)"
     if sys_flag & NEED_UNWRAP_FLAG:
@@ -184,7 +193,15 @@ def foreign_layout(cfg: StoreConfig, fs: FileSystem) -> list[str]:
             break
     lmq: list[str] = []
     if fs.isdir(cfg.consume_queue_dir):
-        lmq = sorted(n for n in fs.listdir(cfg.consume_queue_dir) if n.startswith(LMQ_PREFIX))
+        names = fs.listdir(cfg.consume_queue_dir)
+        lmq = sorted(n for n in names if n.startswith(LMQ_PREFIX))
+        long_topics = sorted(n for n in names if len(n.encode("utf-8")) > _MAX_TOPIC_BYTES and set(n) <= _TOPIC_CHARACTERS)
+        if long_topics:
+            # Skipped as "not a topic" by the queue listing, its queue read as empty: 5.x writes
+            # topics past 127 bytes in V2 records (review 61 M1).
+            found.append(f"the ConsumeQueue directory {os.path.join(cfg.consume_queue_dir, long_topics[0])} is named "
+                         f"as a topic {len(long_topics[0].encode('utf-8'))} bytes long: RocketMQ 5.x's V2 records; "
+                         f"4.x topics are at most {_MAX_TOPIC_BYTES} bytes")  # fmt: skip
     for topic in lmq[:_LMQ_SAMPLE_QUEUES]:
         why = _lmq_queue_foreign(cfg, fs, topic, segments)
         if why is not None:

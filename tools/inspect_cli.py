@@ -272,7 +272,7 @@ def _inspect_commitlog(
             reach = max(reach, last_data_end)
             if first_zeros is not None and message_after_zeros is None:
                 message_after_zeros = read.offset
-            if out["foreign_record"] is None and (feature := record_feature(rec.sys_flag, rec.properties)) is not None:
+            if out["foreign_record"] is None and (feature := record_feature(rec.sys_flag, rec.properties, rec.topic)) is not None:
                 out["foreign_record"] = (read.offset, rec.topic, feature)  # the first is named (see inspect_store)
             if remembered is not None:
                 if len(remembered) >= MAX_CROSS_CHECKED_MESSAGES:

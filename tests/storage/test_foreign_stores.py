@@ -40,16 +40,17 @@ def _props(*pairs: tuple[str, str]) -> str:
     return "".join(f"{k}\x01{v}\x02" for k, v in pairs)
 
 
-def _record(topic: str, qoff: int, phys: int, body: bytes, props: str, sysflag: int = 0) -> bytes:
-    """A V1 record with IPv4 hosts, as CommitLog.DefaultAppendMessageCallback writes it."""
+def _record(topic: str, qoff: int, phys: int, body: bytes, props: str, sysflag: int = 0, v2: bool = False) -> bytes:
+    """A V1 record with IPv4 hosts, as CommitLog.DefaultAppendMessageCallback writes it (`v2`:
+    5.1+'s V2, a 2-byte topic length)."""
     tb, pb = topic.encode(), props.encode()
     rest = b"".join([
         struct.pack(">iiiqqiq", zlib.crc32(body) & 0x7FFFFFFF, 0, 0, qoff, phys, sysflag, T0),
         b"\x7f\x00\x00\x01", struct.pack(">iq", 5000, T0 + 1), b"\xc0\xa8\x01\x0a",
-        struct.pack(">iiqi", 10911, 0, 0, len(body)), body, struct.pack(">b", len(tb)), tb,
+        struct.pack(">iiqi", 10911, 0, 0, len(body)), body, struct.pack(">h" if v2 else ">b", len(tb)), tb,
         struct.pack(">h", len(pb)), pb,
     ])  # fmt: skip
-    return struct.pack(">ii", 8 + len(rest), codec.MESSAGE_MAGIC_CODE) + rest
+    return struct.pack(">ii", 8 + len(rest), codec.MESSAGE_MAGIC_CODE_V2 if v2 else codec.MESSAGE_MAGIC_CODE) + rest
 
 
 class Log:
@@ -61,10 +62,10 @@ class Log:
         self.units: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
 
     def add(self, topic: str, body: bytes, *, props: str = "", tags: str = "TagA", sysflag: int = 0,
-            qoff: int | None = None, unit: bool = True) -> tuple[int, int]:  # fmt: skip
+            qoff: int | None = None, unit: bool = True, v2: bool = False) -> tuple[int, int]:  # fmt: skip
         units = self.units.setdefault((topic, 0), [])
         qoff = len(units) if qoff is None else qoff
-        rec = _record(topic, qoff, self.pos, body, props + _props(("TAGS", tags)), sysflag)
+        rec = _record(topic, qoff, self.pos, body, props + _props(("TAGS", tags)), sysflag, v2)
         phys = self.pos
         self.data[phys : phys + len(rec)] = rec
         self.pos += len(rec)
@@ -339,3 +340,37 @@ def test_inspect_reports_foreign_layouts(tmp_path: Path, capsys: pytest.CaptureF
     assert any("INNER_BATCH record" in m for m in messages), messages
     assert report["other_layout_directories"] == [os.path.join(str(tmp_path), "consumequeue_rocksdb")]
     assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Review 61 M1: topics past 4.x's 127 bytes (5.x V2 records)
+
+LONG_TOPIC = "L" * 200
+
+
+def test_a_queue_directory_named_as_a_long_topic_refuses_the_open(tmp_path: Path) -> None:
+    """Its queue was skipped by the listing (not a topic's name here) and read as empty."""
+    log = Log()
+    log.add("TopicA", b"short", v2=True)
+    log.add(LONG_TOPIC, b"long", v2=True)
+    log.write(tmp_path)
+    refused_open(tmp_path, "named as a topic 200 bytes long")
+
+
+@pytest.mark.parametrize("queue_dir", [False, True], ids=["record-only", "with-queue-dir"])
+def test_a_long_topic_record_met_by_recovery_refuses_the_open(tmp_path: Path, queue_dir: bool, decoder: str) -> None:
+    log = Log()
+    log.add("TopicA", b"short")
+    log.add(LONG_TOPIC, b"long", v2=True, unit=queue_dir)
+    log.write(tmp_path, abort=True, checkpoint_ms=0)
+    refused_open(tmp_path, "200 bytes long")
+
+
+def test_short_topic_v2_records_are_read_after_a_crash(tmp_path: Path, decoder: str) -> None:
+    log = Log()
+    log.add("TopicA", b"v1")
+    log.add("TopicA", b"v2", v2=True)
+    log.write(tmp_path, abort=True, checkpoint_ms=0)
+    with mqstore.open(tmp_path, **OPEN) as store:
+        assert [m.body for m in store.get("TopicA", 0, 0, 8).messages] == [b"v1", b"v2"]
+        assert store.put(mqstore.Message(topic="TopicA", body=b"after")).ok
