@@ -27,7 +27,9 @@ What it checks (each failure is a `Problem` with a kind, a place and a detail):
   files were deleted, not cleaned (`cq_front_missing`; an unreadable ledger is
   `queue_ledger_unreadable`);
 * nothing is indexed twice: a second entry for the same record and key hash, across all
-  files, is `index_duplicate` (unless the record carries that key twice).
+  files, is `index_duplicate` (unless the record carries that key twice);
+* the checkpoint, where there is one, is one (`checkpoint_not_a_checkpoint`: longer than 4096
+  bytes, or values no broker writes; the open refuses it, see storage.checkpoint).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Final, Iterator, NamedTuple
 
 from ..config import StoreConfig
 from ..storage import codec
+from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
@@ -146,10 +149,25 @@ def verify_store(
     cfg = (config or StoreConfig()).replace(store_path_root_dir=root)
     fs = fs or RealFileSystem()
     report = VerifyReport(store_dir=root, max_problems=max_problems)
+    _check_checkpoint(cfg, fs, report)
     records = _scan_commitlog(cfg, fs, report)
     _check_consume_queues(cfg, fs, records, report)
     _check_index(cfg, fs, records, report)
     return report
+
+
+def _check_checkpoint(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> None:
+    """A checkpoint the open would refuse is a problem here too (a missing one is not: a store
+    that never flushed, or a broker's copy without it, opens and recovers from the log)."""
+    path = cfg.checkpoint_path
+    if not fs.exists(path):
+        return
+    try:
+        read_checkpoint(fs, path)
+    except CheckpointError as e:
+        report.add("checkpoint_not_a_checkpoint", path, str(e))
+    except OSError as e:
+        report.add("checkpoint_unreadable", path, f"{type(e).__name__}: {e}")
 
 
 # ---------------------------------------------------------------------------------------------

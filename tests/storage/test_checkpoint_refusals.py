@@ -169,3 +169,15 @@ def test_a_simulated_file_system_store_refuses_the_same_way() -> None:
     with pytest.raises(CheckpointError, match="/sim/store/checkpoint is not a store checkpoint"):
         mqstore.open("/sim/store", fs=fs, **SETTINGS)
     assert fs.read_bytes("/sim/store/checkpoint") == JSON_TEXT
+
+
+def test_verify_reports_a_checkpoint_the_open_refuses(tmp_path: Path) -> None:
+    """verify read no checkpoint, so it passed a store the open refuses (exit 0 against 5)."""
+    from mqstore.tools.verify import verify_store
+
+    root = tmp_path / "s"
+    with mqstore.open(root) as store:
+        assert store.put(mqstore.Message(topic="T", body=b"x")).ok
+    assert [p.kind for p in verify_store(root).problems] == []
+    (root / "checkpoint").write_bytes((root / "checkpoint").read_bytes() + b"\0" * 100)
+    assert [p.kind for p in verify_store(root).problems] == ["checkpoint_not_a_checkpoint"]
