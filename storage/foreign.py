@@ -84,10 +84,24 @@ def record_feature(sys_flag: int, properties: Mapping[str, str] | None, topic: s
         return "an INNER_BATCH record (sysflag 0x80: a batch consume queue's messages in one body)"
     if sys_flag & NEED_UNWRAP_FLAG:
         return "a NEED_UNWRAP record (sysflag 0x40: messages wrapped in one body)"
-    if properties is not None and properties.get(PROPERTY_INNER_MULTI_QUEUE_OFFSET):
-        queues = properties.get(PROPERTY_INNER_MULTI_DISPATCH, "")
+    if properties is not None and _multi_dispatched(properties):
+        queues = properties[PROPERTY_INNER_MULTI_DISPATCH]
         return f"a multi-dispatch (LMQ) record (INNER_MULTI_DISPATCH={queues[:80]!r})"
     return None
+
+
+def _multi_dispatched(properties: Mapping[str, str]) -> bool:
+    """Whether a broker multi-dispatched the record: it wrote INNER_MULTI_QUEUE_OFFSET as one
+    queue offset per queue INNER_MULTI_DISPATCH names (MultiDispatch.wrapMultiDispatch). A record
+    with either name alone or in another shape is an ordinary message whose producer chose those
+    names (review 64 F1: mqstore before efcece4 and RocketMQ 4.4.0 stored them as any other
+    property, and refusing such a store would leave no way on)."""
+    offsets = properties.get(PROPERTY_INNER_MULTI_QUEUE_OFFSET)
+    queues = properties.get(PROPERTY_INNER_MULTI_DISPATCH)
+    if not offsets or not queues:
+        return False
+    names, numbers = queues.split(","), offsets.split(",")
+    return len(names) == len(numbers) and all(names) and all(n.isdigit() and n.isascii() for n in numbers)
 
 
 def refuse_record(commitlog_offset: int, topic: str, feature: str) -> ForeignStoreError:
@@ -166,7 +180,7 @@ def _lmq_queue_foreign(cfg: StoreConfig, fs: FileSystem, topic: str, segments: M
         record = read.record
         if record is None or record.commitlog_offset != offset:
             continue  # cleaned, zeroed or damaged: no evidence either way
-        if record.topic != topic or record.properties.get(PROPERTY_INNER_MULTI_QUEUE_OFFSET):
+        if record.topic != topic or _multi_dispatched(record.properties):
             return f"its units point at records of topic {record.topic!r} (offset {offset})"
     return None
 

@@ -38,7 +38,7 @@ from . import codec, speedups
 from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
-from .foreign import SUPPORTED, ForeignStoreError, is_ext_address, refuse_foreign_layout
+from .foreign import refuse_foreign_layout
 from .fs import FileSystem, MappedRegion, free_name
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
@@ -1039,9 +1039,12 @@ class _UnitChecker:
     """Whether a ConsumeQueue unit is the one dispatch writes for the record it points at:
     the record below the log's `end` and clear of `quarantined` bytes, read as the reput
     actor reads it (its topic, queue id, queue offset, own physical offset, size and tags
-    code), and of a kind that gets a unit. A unit of a feature mqstore does not implement
-    (a multi-dispatch or batch record, a ConsumeQueueExt address) raises ForeignStoreError:
-    it is not a torn unit, and cutting it would delete another broker's queue (review 61 H1)."""
+    code), and of a kind that gets a unit. A unit pointing at a record of a feature mqstore does
+    not implement (multi-dispatch, batch) raises ForeignStoreError where the record is decoded:
+    it is not a torn unit, and cutting it would delete another broker's queue (review 61 H1). A
+    unit whose tags code reads as a ConsumeQueueExt address is not evidence of one (one flipped
+    bit makes it so, review 64 F2): a store written with the ext files is refused at the open by
+    its consumequeue_ext/ directory, and without them the unit is cut and rebuilt from the log."""
 
     def __init__(self, cfg: StoreConfig, fs: FileSystem, end: int, quarantined: Sequence[tuple[int, int]]) -> None:
         self._cfg = cfg
@@ -1071,12 +1074,6 @@ class _UnitChecker:
             fields = self._decode(*found, size) if found is not None else None
             if fields is None:
                 return False
-            if is_ext_address(tags) and fields.tags_code != tags and (fields.topic, fields.queue_id) == (topic, queue_id):
-                # The queue's own record with a ConsumeQueueExt address for tags: not a torn
-                # unit to cut and rewrite (review 61 H2), a store written with the ext files.
-                raise ForeignStoreError(f"the ConsumeQueue {topic}-{queue_id} unit of queue offset {queue_offset} holds "
-                                        f"a ConsumeQueueExt address ({tags}) as its tags code: the store was written "
-                                        f"with enableConsumeQueueExt. {SUPPORTED}")  # fmt: skip
             tran = fields.sys_flag & codec.TRANSACTION_MASK
             return (
                 fields.msg_size == size and fields.commitlog_offset == offset and fields.topic == topic

@@ -30,6 +30,8 @@ What it checks (each failure is a `Problem` with a kind, a place and a detail):
   files, is `index_duplicate` (unless the record carries that key twice);
 * the checkpoint, where there is one, is one (`checkpoint_not_a_checkpoint`: longer than 4096
   bytes, or values no broker writes; the open refuses it, see storage.checkpoint).
+* the store uses no RocketMQ feature mqstore does not implement, by its directories and its
+  records (`unsupported_store`: storage.foreign; the open refuses such a store).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Final, Iterator, NamedTuple
 from ..config import StoreConfig
 from ..storage import codec
 from ..storage.checkpoint import CheckpointError, read_checkpoint
+from ..storage.foreign import SUPPORTED, foreign_layout, record_feature
 from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
@@ -150,6 +153,8 @@ def verify_store(
     fs = fs or RealFileSystem()
     report = VerifyReport(store_dir=root, max_problems=max_problems)
     _check_checkpoint(cfg, fs, report)
+    for found in foreign_layout(cfg, fs):  # the open refuses these stores (review 64 F4)
+        report.add("unsupported_store", root, f"{found}. {SUPPORTED}")
     records = _scan_commitlog(cfg, fs, report)
     _check_consume_queues(cfg, fs, records, report)
     _check_index(cfg, fs, records, report)
@@ -206,6 +211,7 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
     # Where a file's data stopped early (offset, what was there): the end of the log, unless a
     # later file holds records; then it was damage with valid records after it.
     stopped: tuple[int, str] | None = None
+    foreign_record_seen = False
     scan = scan_commitlog_dir(directory, check_crc=True, segment_size=segment, max_message_size=cfg.max_message_size_bytes,
                               fs=fs, look_past_damage=True)  # fmt: skip
     with contextlib.closing(scan):
@@ -221,6 +227,10 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
             if found.kind is RecordKind.MESSAGE:
                 rec = found.record
                 assert rec is not None
+                if not foreign_record_seen and (feature := record_feature(rec.sys_flag, rec.properties, rec.topic)):
+                    foreign_record_seen = True  # the first is named, as inspect does: the open refuses the store
+                    report.add("unsupported_store", f"offset {found.offset}", f"a record of topic {rec.topic[:80]!r} is "
+                               f"{feature}. {SUPPORTED}")  # fmt: skip
                 records[found.offset] = _Rec(
                     rec.topic, rec.queue_id, rec.queue_offset, rec.total_size, rec.tags_code(delay_levels),
                     rec.transaction_type, *_key_hashes(rec, cfg.max_hash_slot_num),

@@ -161,13 +161,22 @@ def test_lmq_record_without_lmq_queues_refused(tmp_path: Path, abort: bool, deco
 
 
 @pytest.mark.parametrize("abort", [False, True], ids=["clean", "crash"])
+@pytest.mark.parametrize("props", [
+    (("INNER_MULTI_DISPATCH", "%LMQ%q1"),),  # a broker with enableMultiDispatch off
+    (("INNER_MULTI_QUEUE_OFFSET", "7"),),  # a producer's own property (review 64 F1)
+    (("INNER_MULTI_DISPATCH", "%LMQ%q1,%LMQ%q2"), ("INNER_MULTI_QUEUE_OFFSET", "0")),  # not one offset per queue
+    (("INNER_MULTI_DISPATCH", "a"), ("INNER_MULTI_QUEUE_OFFSET", "x")),
+], ids=["dispatch-only", "offset-only", "counts-differ", "not-a-number"])  # fmt: skip
 def test_a_record_a_broker_did_not_multi_dispatch_is_an_ordinary_message(tmp_path: Path, abort: bool,
+                                                                          props: tuple[tuple[str, str], ...],
                                                                           decoder: str) -> None:  # fmt: skip
-    """INNER_MULTI_DISPATCH without INNER_MULTI_QUEUE_OFFSET: the producer asked, and a broker
-    with enableMultiDispatch off (the default) stored it as one message of its topic."""
+    """Only the shape a broker writes when it multi-dispatches (one queue offset per queue named)
+    is refused; either name alone, or in another shape, is one ordinary message of its topic:
+    a broker with enableMultiDispatch off (the default), or a producer's own properties that
+    mqstore before efcece4 and RocketMQ 4.4.0 stored as any other."""
     log = Log()
     log.add("TopicA", b"plain")
-    log.add("TopicA", b"asked", props=_props(("INNER_MULTI_DISPATCH", "%LMQ%q1"), ("TAGS", "TagA")))
+    log.add("TopicA", b"asked", props=_props(*props))
     log.write(tmp_path, abort=abort, checkpoint_ms=0 if abort else T0 + 10)
     with mqstore.open(tmp_path, **OPEN) as store:
         assert [m.body for m in store.get("TopicA", 0, 0, 8).messages] == [b"plain", b"asked"]
@@ -218,11 +227,13 @@ def test_consume_queue_ext_store_refused(tmp_path: Path, abort: bool, capsys: py
     assert snapshot(tmp_path) == before
 
 
-def test_ext_address_units_not_rewritten_after_a_crash(tmp_path: Path, decoder: str) -> None:
-    """consumequeue_ext/ gone, its addresses still in the units: the crash's unit check refuses
-    instead of cutting them and writing tag hashes over them."""
+def test_a_tags_code_that_reads_as_an_ext_address_is_rebuilt_after_a_crash(tmp_path: Path, decoder: str) -> None:
+    """No consumequeue_ext/: a unit whose tags code reads as an ext address (its files gone, or
+    one flipped top bit, review 64 F2) is cut and rebuilt from the log like any unit that does
+    not match its record, and the tag filter finds what it holds."""
     ext_store(tmp_path, abort=True, ext_dir=False)
-    refused_open(tmp_path, r"TopicA-0 unit .* ConsumeQueueExt address")
+    with mqstore.open(tmp_path, **OPEN) as store:
+        assert [m.body for m in store.get("TopicA", 0, 0, 8, tags="TagA").messages] == [b"ext-0", b"ext-2"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,3 +385,19 @@ def test_short_topic_v2_records_are_read_after_a_crash(tmp_path: Path, decoder: 
     with mqstore.open(tmp_path, **OPEN) as store:
         assert [m.body for m in store.get("TopicA", 0, 0, 8).messages] == [b"v1", b"v2"]
         assert store.put(mqstore.Message(topic="TopicA", body=b"after")).ok
+
+
+def test_verify_reports_a_store_the_open_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """verify said ok (exit 0) on stores whose records make the open and recover refuse (review
+    64 F4); a store refused by its directories is refused by verify's own check of them."""
+    batch_store(tmp_path, bcq_dir=False)
+    before = snapshot(tmp_path)
+    code = cli.main(["verify", str(tmp_path)])
+    assert code != cli.ExitCode.OK and "unsupported_store" in capsys.readouterr().out
+    assert snapshot(tmp_path) == before
+    from mqstore.tools.verify import verify_store
+
+    log, lmq = lmq_log()
+    log.units.update(lmq)
+    log.write(tmp_path / "lmq")
+    assert "unsupported_store" in [p.kind for p in verify_store(tmp_path / "lmq").problems]
