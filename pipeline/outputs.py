@@ -106,10 +106,45 @@ def _data_file_in(directory: str) -> str | None:
         return None
 
 
-def _store_entry_in(directory: str) -> str | None:
-    """The first entry of `directory` that makes it a store's own (a store root's file or
-    directory, a segment or queue file), or None."""
-    return _root_entry_in(directory) or _data_file_in(directory)
+# Names only a store gives (or a store's own directories, which hold nothing else): one is
+# enough. The others are common elsewhere (a model's `checkpoint`, a site's `index/`, any
+# `lock`): an ancestor counts as a store's root by two of them, its `checkpoint` only at a
+# checkpoint's 4096 bytes (review 64 F3: one such name above an output refused it).
+_STRONG_ROOT_FILES: Final = ("queue_ledger.msgpack", "index_progress.msgpack", os.path.join("config", "consumerOffset.json"))
+_STRONG_ROOT_DIRS: Final = ("commitlog", "consumequeue", "consumequeue_ext")
+_CHECKPOINT_SIZE: Final = 4096
+
+
+def _weak_root_entries(directory: str) -> list[str]:
+    found = []
+    for name in ("lock", "abort", "stats.msgpack"):
+        path = os.path.join(directory, name)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            found.append(name)
+    checkpoint = os.path.join(directory, "checkpoint")
+    with contextlib.suppress(OSError):
+        if os.path.isfile(checkpoint) and os.path.getsize(checkpoint) == _CHECKPOINT_SIZE:
+            found.append("checkpoint")
+    if os.path.isdir(os.path.join(directory, "index")):
+        found.append("index" + os.sep)
+    return found
+
+
+def _store_entry_in(directory: str, *, near: bool) -> str | None:
+    """What in `directory` makes it a store's own, or None: a name only a store gives, two of
+    the common ones, or (`near`: the output's own directory or the one holding it) a segment
+    or queue file, a commitlog kept elsewhere being a directory of them alone."""
+    for name in _STRONG_ROOT_FILES:
+        path = os.path.join(directory, name)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return name
+    for name in _STRONG_ROOT_DIRS:
+        if os.path.isdir(os.path.join(directory, name)):
+            return name + os.sep
+    weak = _weak_root_entries(directory)
+    if len(weak) >= 2:
+        return " and ".join(weak)
+    return _data_file_in(directory) if near else None
 
 
 def store_around(path: str, *, include_self: bool = True) -> tuple[str, str] | None:
@@ -119,14 +154,16 @@ def store_around(path: str, *, include_self: bool = True) -> tuple[str, str] | N
     directory = _real(path)
     if not include_self:
         directory = os.path.dirname(directory)
+    level = 0
     while True:
-        entry = _store_entry_in(directory)
+        entry = _store_entry_in(directory, near=level < 2)
         if entry is not None:
             return directory, entry
         parent = os.path.dirname(directory)
         if parent == directory:
             return None
         directory = parent
+        level += 1
 
 
 def refuse_store_around(path: str, what: str, *, include_self: bool = True) -> None:

@@ -231,3 +231,26 @@ def test_no_job_writes_into_a_store_whose_commitlog_lives_elsewhere(tmp_path: Pa
     assert refused.value.code == ExitCode.USAGE
     assert (_state(root), _state(commitlog)) == before
 
+
+
+@pytest.mark.parametrize("beside", ["model/checkpoint", "site/index/", "scratch/lock", "spool/00000000000000000042"])
+def test_one_common_name_above_an_output_does_not_make_a_store(tmp_path: Path, beside: str) -> None:
+    """A TensorFlow model's `checkpoint`, a site's `index/`, a `lock`, a 20-digit file name two
+    levels up: none is a store's root alone (review 64 F3: each refused an ordinary --out)."""
+    from mqstore.pipeline.outputs import refuse_store_around
+
+    top, name = beside.split("/", 1)
+    (tmp_path / top).mkdir()
+    if name.endswith("/"):
+        (tmp_path / top / name).mkdir()
+    else:
+        (tmp_path / top / name).write_text("model_checkpoint_path: ckpt-1\n")
+    refuse_store_around(str(tmp_path / top / "reports" / "run1" / "stats.json"), "--out")
+    export = tmp_path / top / "reports" / "export"
+    (tmp_path / "input").mkdir()
+    check_export_target(str(export), [str(tmp_path / "input")])
+    # Two of them, or one only a store gives, still make a store's root.
+    (tmp_path / top / "checkpoint").write_bytes(bytes(4096))
+    (tmp_path / top / "lock").write_bytes(b"")
+    with pytest.raises(CliError):
+        refuse_store_around(str(tmp_path / top / "reports" / "stats.json"), "--out")
