@@ -288,26 +288,31 @@ def _salvage_offset_table(fs: FileSystem, path: str) -> tuple[dict[str, dict[int
 _KEY_DECODER = json.JSONDecoder()
 
 
+_STRUCTURE = re.compile(r'["{}\[\],]')  # what _value_end looks at: the rest is skipped in C
+_STRING_END = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
 def _value_end(text: str, i: int) -> int:
     """Where the JSON (or fastjson) value starting at `i` ends: at the `,` or `}` that closes
     it at its own depth (strings skipped whole)."""
     depth = 0
-    n = len(text)
-    while i < n:
-        c = text[i]
+    find_structure, find_string_end = _STRUCTURE.search, _STRING_END.match
+    while (m := find_structure(text, i)) is not None:
+        c = m.group()
+        i = m.end()
         if c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
+            closing = find_string_end(text, i)
+            if closing is None:
+                break
+            i = closing.end()
         elif c in "{[":
             depth += 1
         elif c in "}]":
             if depth == 0:
-                return i
+                return m.start()
             depth -= 1
-        elif c == "," and depth == 0:
-            return i
-        i += 1
+        elif depth == 0:  # ","
+            return m.start()
     raise ValueError("a value runs to the end of the text")
 
 
@@ -335,6 +340,8 @@ def _foreign_members(text: str) -> list[tuple[str, str | None]]:
     offsetTable's (None: mqstore's to write). Raises ValueError, TypeError, KeyError."""
     doc = load_fastjson(text)
     _parse_offset_table(doc)
+    if list(doc) == ["offsetTable"]:  # 4.x's and mqstore's own: nothing else to keep, no scan (review 64 F6)
+        return [("offsetTable", None)]
     members = _top_level_members(text)
     if [key for key, _ in members] != list(doc):  # the scan and the parser must agree, or nothing is kept raw
         raise ValueError("top-level keys not scanned as parsed")
