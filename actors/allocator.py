@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import assert_never
 
+from ..log import RepeatedLog, suppressed_fields
 from ..messages import (
     AllocateRequest,
     Ping,
@@ -20,11 +21,14 @@ from ..messages import (
     Reply,
 )
 from ..storage.mapped_file import MappedFile, parse_segment_offset
+from ..storage.mapped_file_queue import REMEMBERED_CREATE_ERRNOS
 from .base import ActorContext, StoreActor
 
 __all__ = ["AllocateMappedFileService"]
 
 MAX_ATTEMPTS_PER_FILE = 3  # a bound on I/O retries: after that the writer creates the file itself
+# (A refusal for want of permission is not retried: the next try fails alike until an operator
+# acts, and the writer's queue remembers it: mapped_file_queue.REMEMBERED_CREATE_ERRNOS.)
 
 
 @dataclass(order=True)
@@ -49,6 +53,9 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
         super().__init__(ctx)
         self._table: dict[str, _Pending] = {}
         self._queue: list[_Pending] = []
+        # A failure repeats at the put rate while it lasts (review 65 F2: 2 lines per attempt,
+        # 3 attempts for each of 2 paths per refused put): in full once, then a count.
+        self._repeats = RepeatedLog(ctx.ticker.now_ms)
 
     def handle(self, message: AllocatorRequest) -> Pong | None:
         match message:
@@ -80,8 +87,11 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
                 try:
                     pending.mapped_file = self._create(pending)
                 except OSError as exc:
-                    pending.attempts += 1
-                    self.log.warning("segment allocation failed", path=pending.path, error=str(exc))
+                    pending.attempts += 1 if exc.errno not in REMEMBERED_CREATE_ERRNOS else MAX_ATTEMPTS_PER_FILE
+                    suppressed = self._repeats.admit(("segment allocation failed", exc.errno))
+                    if suppressed is not None:
+                        self.log.warning("segment allocation failed", path=pending.path, error=str(exc),
+                                         **suppressed_fields(suppressed))  # fmt: skip
                     if pending.attempts < MAX_ATTEMPTS_PER_FILE:
                         heapq.heappush(self._queue, pending)
                         continue
@@ -115,6 +125,7 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
     def release(self) -> None:
         # Shutdown deletes pre-created segments nobody took (§5.3): a half-made next-next file
         # must not look like data to the next start.
+        self._repeats.flush(self.log)
         now = self.ctx.clock_ms()
         for pending in self._table.values():
             if pending.mapped_file is not None:

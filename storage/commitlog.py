@@ -21,7 +21,7 @@ import time
 from collections.abc import Collection, Generator, Iterator, Sequence
 from typing import Any, Callable, Final, NamedTuple
 
-from mqstore.log import get_logger
+from mqstore.log import get_logger, suppressed_fields
 from mqstore.storage.codec import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DispatchFields,
@@ -491,7 +491,7 @@ class CommitLog:
         if mapped_file is None or mapped_file.is_full():
             mapped_file = queue.get_last_mapped_file(0)
         if mapped_file is None:
-            log.error("no commitlog file for a put")
+            self._log_create_refusal("no commitlog file for a put")
             return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, detail=self._create_failure())
 
         def append(buf: bytearray, file_from_offset: int, position: int, max_blank: int) -> AppendMessageResult:
@@ -512,7 +512,7 @@ class CommitLog:
                 self.last_full_file = mapped_file
                 mapped_file = queue.get_last_mapped_file(0)
                 if mapped_file is None:
-                    log.error("no commitlog file after roll-over")
+                    self._log_create_refusal("no commitlog file after roll-over")
                     return PutMessageResult(status=PutMessageStatus.CREATE_MAPPED_FILE_FAILED, append_result=result,
                                             detail=self._create_failure())  # fmt: skip
                 result = mapped_file.append_message(append, needed_in(mapped_file))
@@ -529,6 +529,13 @@ class CommitLog:
             # the largest offset (_past_the_largest_offset); the next puts may go straight to it.
             self._fast_file, self._fast_buf = mapped_file, mapped_file.mapped_buffer
         return PutMessageResult(status=_put_status(result.status), append_result=result)
+
+    def _log_create_refusal(self, event: str) -> None:
+        # At the put rate while the segment cannot be made (review 65 F2): in full once, then
+        # once a minute with a count, as the queue's own creation lines.
+        suppressed = self.mapped_file_queue.repeats.admit(("commitlog put refused", event))
+        if suppressed is not None:
+            log.error(event, detail=self._create_failure(), **suppressed_fields(suppressed))
 
     def _past_the_largest_offset(self, total: int) -> str:
         """Why a put of `total` bytes of records is refused, or "": its records would end past

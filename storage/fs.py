@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Hashable, Protocol
 
 from mqstore.log import get_logger
 from mqstore.storage import mapguard, speedups
@@ -128,6 +128,7 @@ class FileSystem(Protocol):
     def remove(self, path: str) -> None: ...
     def rmtree(self, path: str) -> None: ...
     def mtime_ms(self, path: str) -> int: ...
+    def dir_state(self, path: str) -> Hashable | None: ...
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
     def read_bytes(self, path: str) -> bytes: ...
     def read_at(self, path: str, offset: int, length: int) -> bytes: ...
@@ -676,6 +677,15 @@ class RealFileSystem:
     def mtime_ms(self, path: str) -> int:
         return os.stat(path).st_mtime_ns // 1_000_000
 
+    def dir_state(self, path: str) -> Hashable | None:
+        """What changes when a directory's permission to create in it may have: its mode,
+        owner, ctime (a chmod, chown or ACL change) and mtime; None when it cannot be stat'ed."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_mode, st.st_uid, st.st_gid, st.st_ctime_ns, st.st_mtime_ns)
+
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None:
         os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
 
@@ -1064,6 +1074,10 @@ class SimulatedFileSystem:
             for p in [p for p in self._files if p.startswith(prefix)]:
                 del self._files[p]
             self._dirs = {d for d in self._dirs if d != path and not d.startswith(prefix)}
+
+    def dir_state(self, path: str) -> Hashable | None:
+        """None: the simulated disk has no permissions (a create fault ends with its count)."""
+        return None
 
     def mtime_ms(self, path: str) -> int:
         file = self._files.get(os.path.normpath(path))

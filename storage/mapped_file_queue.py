@@ -7,10 +7,14 @@ files always stays contiguous.
 
 from __future__ import annotations
 
+import errno
 import os
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Callable, Final
 
-from mqstore.log import get_logger
+from mqstore.log import RepeatedLog, get_logger, suppressed_fields
 from mqstore.storage.codec import JAVA_LONG_MAX, segment_file_name
 from mqstore.storage.fs import FileCutUnderMapError, FileSystem
 from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
@@ -29,6 +33,32 @@ DELETE_FILES_BATCH_MAX: Final = 10
 TRUNCATE_DESTROY_INTERVAL_MS: Final = 1000
 QUEUE_DESTROY_INTERVAL_MS: Final = 3000
 CQ_DELETE_DESTROY_INTERVAL_MS: Final = 60_000
+
+# A segment that could not be created for want of permission is not tried again for this
+# long (monotonic), nor until its directory changes (mode, owner, ctime or mtime): puts are
+# refused from memory, with the same detail (review 65 F2: with commitlog/ not writable each
+# refused put cost ~8 failed open(O_CREAT) calls and ~9 log lines).
+CREATE_ERROR_MEMORY_MS: Final = 1_000
+# Errors that last until an operator acts (a chmod, chown or remount changes the directory).
+# Not ENOSPC: a full disk refuses puts until space returns, with no restart and no delay
+# (README), and nothing in the directory says when; nor EIO or the process's resources.
+REMEMBERED_CREATE_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class _CreateError:
+    """The last failed creation of a segment, for refusing the next tries from memory."""
+
+    path: str
+    errno: int
+    at_ms: int  # monotonic
+    dir_state: Hashable | None  # its directory's, when it failed (fs.dir_state)
+    detail: str  # last_create_error's text
+
 
 # (next_path, next_next_path, file_size) -> the file for next_path, or None on failure;
 # next_next_path None: no file is to be made ahead (it would be named past JAVA_LONG_MAX).
@@ -71,6 +101,11 @@ class MappedFileQueue:
         self.create_on_allocator_failure = create_on_allocator_failure
         self.write_buffer_pool = write_buffer_pool
         self.last_create_error: str | None = None  # why the last segment could not be made
+        # Creation failures repeat at the put rate: logged in full once per kind, then a count.
+        # Time through a module function, so tests can move it.
+        self.repeats = RepeatedLog(lambda: _monotonic_ms())
+        self._create_error: _CreateError | None = None
+        self._refused_from_memory = 0  # tries refused by _create_error, since it was set
         self.mapped_files: list[MappedFile] = []
         self._map_faults_seen = fs.map_faults()
         self.flushed_where = 0
@@ -251,8 +286,33 @@ class MappedFileQueue:
             # A file of that name would make the store unopenable (review 52 L1); the commitlog
             # refuses the put before it gets here (CommitLog._past_the_largest_offset).
             self.last_create_error = f"{next_path}: past the largest offset a log can have ({JAVA_LONG_MAX})"
-            log.error("no segment past the largest offset", path=next_path)
+            self._log_repeated("error", "no segment past the largest offset", path=next_path)
             return None
+        remembered = self._remembered_create_error(next_path)
+        if remembered is not None:
+            self.last_create_error = remembered.detail
+            self._refused_from_memory += 1
+            return None
+        mapped_file = self._try_create(offset, next_path)
+        if mapped_file is not None and self._create_error is not None:
+            log.info("creating a segment works again", path=next_path, failed_with=self._create_error.detail,
+                     refused_from_memory=self._refused_from_memory)  # fmt: skip
+            self._create_error = None
+        return mapped_file
+
+    def _remembered_create_error(self, path: str) -> _CreateError | None:
+        """The failure to create `path` a try now would repeat: the last one, when it was for
+        want of permission, under CREATE_ERROR_MEMORY_MS ago, and its directory is unchanged."""
+        error = self._create_error
+        if error is None or error.path != path or error.errno not in REMEMBERED_CREATE_ERRNOS:
+            return None
+        if _monotonic_ms() - error.at_ms >= CREATE_ERROR_MEMORY_MS:
+            return None
+        if error.dir_state is not None and self.fs.dir_state(os.path.dirname(path)) != error.dir_state:
+            return None  # a chmod, chown or new entry since: try again at once
+        return error
+
+    def _try_create(self, offset: int, next_path: str) -> MappedFile | None:
         after = offset + self.mapped_file_size
         next_next_path = os.path.join(self.store_path, segment_file_name(after)) if after <= JAVA_LONG_MAX else None
         if self.allocator is not None:
@@ -262,11 +322,13 @@ class MappedFileQueue:
                 return mapped_file
             if not self.create_on_allocator_failure:
                 self.last_create_error = f"{next_path}: the allocator gave no segment"
-                log.error("allocator gave no segment", path=next_path)
+                self._log_repeated("error", "allocator gave no segment", path=next_path)
                 return None
-            log.warning("allocator gave no segment; creating it here", path=next_path)
+            self._log_repeated("warning", "allocator gave no segment; creating it here", path=next_path)
         pool = self.write_buffer_pool
         buffer = pool.borrow_buffer() if pool is not None else None
+        # Taken before the try: a chmod between the failure and this stat must not be missed.
+        dir_state = self.fs.dir_state(self.store_path)
         try:
             return MappedFile(
                 self.fs, next_path, self.mapped_file_size, write_buffer=buffer,
@@ -276,8 +338,19 @@ class MappedFileQueue:
             if buffer is not None:
                 self.write_buffer_pool.return_buffer(buffer)  # type: ignore[union-attr]
             self.last_create_error = f"{next_path}: {exc.strerror or exc}"
-            log.error("creating a segment failed", path=next_path, error=str(exc))
+            if self._create_error is None or self._create_error.detail != self.last_create_error:
+                self._refused_from_memory = 0
+            self._create_error = _CreateError(next_path, exc.errno or 0, _monotonic_ms(), dir_state,
+                                              self.last_create_error)  # fmt: skip
+            self._log_repeated("error", "creating a segment failed", exc.errno, path=next_path, error=str(exc))
             return None
+
+    def _log_repeated(self, level: str, event: str, kind: Hashable = None, **fields: object) -> None:
+        """`event` in full the first time (per `kind`, with the event), then once a minute with
+        the count of those not logged (log.RepeatedLog)."""
+        suppressed = self.repeats.admit((self.store_path, event, kind))
+        if suppressed is not None:
+            getattr(log, level)(event, **fields, **suppressed_fields(suppressed))
 
     def get_mapped_file_by_time(self, timestamp_ms: int) -> MappedFile | None:
         """The first file modified at or after `timestamp_ms`, else the last file."""
@@ -510,6 +583,7 @@ class MappedFileQueue:
 
     def shutdown(self, interval_forcibly_ms: int) -> None:
         """Unmap every file without deleting it (store shutdown)."""
+        self.repeats.flush(log)  # the last repeats of a creation failure are counted, not lost
         now_ms = self.clock_ms()
         for mapped_file in self.mapped_files:
             mapped_file.shutdown(interval_forcibly_ms, now_ms)
