@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Hashable, Protocol
+from typing import Callable, Final, Hashable, Protocol
 
 from mqstore.log import get_logger
 from mqstore.storage import mapguard, speedups
@@ -157,6 +157,23 @@ def _load_libc() -> ctypes.CDLL | None:
 # Errors that say the process, not the file, is out of something: descriptors (EMFILE: its
 # RLIMIT_NOFILE; ENFILE: the system's), or memory or map count (ENOMEM: vm.max_map_count).
 OUT_OF_RESOURCES_ERRNOS: frozenset[int] = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+# Modes of what the store creates (the umask still narrows them): written by the store's
+# owner only, whatever the umask (review 65 F7: 0666 files and 0777 directories under umask
+# 000 let any local user rewrite the ledger or the committed offsets).
+FILE_MODE: Final = 0o644
+DIR_MODE: Final = 0o755
+
+
+def _keep_mode_and_owner(fd: int, old: os.stat_result) -> None:
+    """Give a replacement (`write_atomic`'s temporary file) the replaced file's permission bits
+    and, where the process may (root), its owner: an operator's chmod or chown of the file
+    outlives the next rewrite. Best effort: a refusal never fails the write."""
+    if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+        with contextlib.suppress(OSError):  # EPERM unless root (or a group of ours): ours kept
+            os.fchown(fd, old.st_uid, old.st_gid)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, stat.S_IMODE(old.st_mode) & 0o777)
 
 _reserve_failed_logged = False
 # fallocate(2) errors that mean "this filesystem cannot", not "this disk cannot now".
@@ -664,8 +681,15 @@ class RealFileSystem:
         while not os.path.isdir(at) and os.path.dirname(at) != at:
             missing.append(at)
             at = os.path.dirname(at)
-        os.makedirs(path, exist_ok=True)
         for created in reversed(missing):
+            # 0755, not os.makedirs's 0777 (review 65 F7: under umask 000 any local user could
+            # add or replace files in the store); each level itself: os.makedirs gives its
+            # mode to the last one only.
+            try:
+                os.mkdir(created, DIR_MODE)
+            except FileExistsError:
+                if not os.path.isdir(created):  # a file in the way: os.makedirs raised too
+                    raise
             fsync_dir(os.path.dirname(created))
 
     def remove(self, path: str) -> None:
@@ -729,7 +753,13 @@ class RealFileSystem:
                 _require_regular(leftover.st_mode, tmp)
             os.remove(tmp)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            old: os.stat_result | None = os.stat(path)
+        except OSError:  # none yet (or not to be seen): the new file's own mode, and ours
+            old = None
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            if old is not None:
+                _keep_mode_and_owner(fd, old)
             with open(fd, "wb") as f:
                 f.write(data)
                 f.flush()
