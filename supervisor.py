@@ -956,15 +956,18 @@ class Supervisor:
                         self.log.warning("the commitlog is forced to disk below its end at shutdown",
                                          flushed=reached, end=writer.max_offset)  # fmt: skip
                         clean = False
-            # Batches still waiting for blocks (a full disk) are acknowledged puts that the
+            # Batches still waiting (for blocks on a full disk, or for a queue or index file
+            # that cannot be made: a directory not writable) are acknowledged puts that the
             # queues and the index do not hold: the next open must recover as after a crash.
+            # The holding actors logged the cause; this line does not guess it (review 65 F5).
             waiting = 0
             if "consume_queue" in self.ctx.peers:
                 waiting += self._ask("consume_queue", GetQueueSnapshot(), timeout=STOP_TIMEOUT_S).waiting_batches
             if "index" in self.ctx.peers:
                 waiting += self._ask("index", GetIndexSnapshot(), timeout=STOP_TIMEOUT_S).waiting_batches
             if waiting:
-                self.log.warning("dispatch batches still wait for disk space at shutdown", batches=waiting)
+                self.log.warning("dispatch batches still wait at shutdown, for disk space or a queue or index file "
+                                 "that cannot be made (see the log)", batches=waiting)  # fmt: skip
                 clean = False
         except Exception as exc:
             self.log.error("unclean shutdown", error=repr(exc))

@@ -230,3 +230,23 @@ def _as_nobody(root: Path) -> dict[str, object]:
         "all_there": end == stored + 1 and last == [b"after"],
     }
 
+
+def test_the_shutdown_warning_of_a_held_dispatch_does_not_blame_the_disk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 65 F5: dispatch held by a queue file that cannot be made (here a file where the
+    topic's directory goes; a directory not writable alike) was reported at shutdown as
+    waiting "for disk space"."""
+    import time
+
+    caplog.set_level(logging.INFO, logger="mqstore")
+    settings = dict(SETTINGS, read_your_writes_timeout_ms=300)
+    with mqstore.open(tmp_path / "s", **settings) as store:
+        assert store.put(Message("t", b"before")).ok
+        (tmp_path / "s" / "consumequeue" / "stray").write_bytes(b"in the way")
+        assert store.put(Message("stray", b"blocked")).ok
+        deadline = time.monotonic() + 10
+        while store.dispatch_behind_bytes() and time.monotonic() < deadline:
+            time.sleep(0.005)
+    [line] = [r.getMessage() for r in caplog.records if "dispatch batches still wait" in r.getMessage()]
+    assert "a queue or index file that cannot be made" in line and "see the log" in line
