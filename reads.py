@@ -21,12 +21,13 @@ The catch-up case of bench/bench_read.py measures both.
 
 from __future__ import annotations
 
+import errno
 import functools
-
+import re
 import threading
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Final, Sequence
 
 import psutil
 
@@ -244,7 +245,24 @@ def unmappable_detail(commitlog_offset: int, error: BaseException, outcome: str 
     """A read's `detail` where the commitlog segment holding the record exists but could not
     be mapped now."""
     return (f"the commitlog segment holding offset {commitlog_offset} could not be mapped now ({error}): "
-            f"{outcome}; ask again once the process has descriptors and memory to spare")
+            f"{outcome}; {retry_hint(error)}")
+
+
+_ERRNO_IN_TEXT: Final = re.compile(r"\[Errno (\d+)\]")
+
+
+def retry_hint(error: BaseException | str) -> str:
+    """What to do before asking again, by the errno of what refused the map (review 65 F6: a
+    file the process may not open was blamed on its descriptors and memory). `error` is the
+    exception or its text ("PermissionError: [Errno 13] ...", as a reply carries it)."""
+    code = getattr(error, "errno", None)
+    if code is None:
+        found = _ERRNO_IN_TEXT.search(str(error))
+        code = int(found.group(1)) if found else None
+    if code in (errno.EACCES, errno.EPERM):
+        return ("the process may not open the file: give it back its owner and mode (or clear an immutable "
+                "attribute), then ask again")
+    return "ask again once the process has descriptors and memory to spare"
 
 
 def corrupt_detail(commitlog_offset: int, reason: str) -> str:
@@ -548,8 +566,7 @@ def get_from_units(
         return GetResult(status=GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=offset,
                          min_offset=bounds[0], max_offset=bounds[1],
                          detail=f"the consume queue file holding offset {offset} could not be mapped now "
-                                f"({reply.unreadable}): nothing was skipped; ask again once the process has "
-                                "descriptors and memory to spare")  # fmt: skip
+                                f"({reply.unreadable}): nothing was skipped; {retry_hint(reply.unreadable)}")  # fmt: skip
     if reply.units is None:
         return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,
                          min_offset=bounds[0], max_offset=bounds[1])  # fmt: skip

@@ -139,3 +139,32 @@ def test_a_reader_that_cannot_list_its_directory_keeps_its_maps(tmp_path: Path, 
             assert not reader.map_errors and reader.map_error(offset) is None
         finally:
             reader.close()
+
+
+@pytest.mark.parametrize(
+    ("err", "hint"),
+    [(errno.EACCES, "owner and mode"), (errno.EPERM, "owner and mode"), (errno.EMFILE, "descriptors and memory")],
+)
+def test_the_hint_of_a_get_that_cannot_map_follows_the_errno(
+    store: tuple[MessageStore, list[Any]], monkeypatch: pytest.MonkeyPatch, err: int, hint: str
+) -> None:
+    """Review 65 F6: a segment the process may not open (EACCES, EPERM: a root-owned copy, a
+    chmod, an immutable attribute) was answered with "ask again once the process has
+    descriptors and memory to spare", the advice for EMFILE and ENOMEM."""
+    s, _ = store
+    pressure = Pressure(monkeypatch, "map", err)
+    under = in_new_thread(lambda: pressure.run(lambda: s.get("T", 0, 3, 8)))
+    assert under.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and "could not be mapped now" in under.detail
+    assert hint in under.detail
+    wrong = "descriptors and memory" if hint == "owner and mode" else "owner and mode"
+    assert wrong not in under.detail
+
+
+def test_the_hint_of_a_queue_reply_follows_the_errno_in_its_text() -> None:
+    """The ConsumeQueue actor's reply carries the error as text ("Type: [Errno N] ...")."""
+    from mqstore.reads import retry_hint
+
+    assert "owner and mode" in retry_hint("PermissionError: [Errno 13] Permission denied: '/s/consumequeue/T/0/0'")
+    assert "owner and mode" in retry_hint(PermissionError(errno.EPERM, "Operation not permitted"))
+    assert "descriptors and memory" in retry_hint("OSError: [Errno 24] Too many open files")
+    assert "descriptors and memory" in retry_hint(OSError(errno.ENOMEM, "Cannot allocate memory"))
