@@ -1657,6 +1657,7 @@ def scan_commitlog_dir(
     fs: FileSystem | None = None,
     look_past_damage: bool = False,
     live: bool = False,
+    on_unreadable: Callable[[str, OSError], None] | None = None,
 ) -> Generator[RecordRead, None, None]:
     """Every record of every segment in `path`, for tools (absolute offsets).
 
@@ -1671,6 +1672,10 @@ def scan_commitlog_dir(
     With `look_past_damage` (as recovery does), damage or zeroes followed by a trusted record
     in the same file are one CORRUPT read whose `size` spans them, and the walk continues;
     a record whose physical-offset field disagrees with where it lies counts as damage.
+
+    `on_unreadable(path, error)`: told of a segment present that this process cannot open or
+    map now (no access, an I/O error, no descriptors or memory: `_map_failed_now`), which is
+    then passed over; without it, such a segment is a CORRUPT read as damage is.
     """
     fs = fs or RealFileSystem()
     names = [n for n in fs.listdir(path) if len(n) == 20 and n.isdigit()]
@@ -1697,6 +1702,9 @@ def scan_commitlog_dir(
             yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
             continue
         except OSError as exc:
+            if on_unreadable is not None and _map_failed_now(exc):
+                on_unreadable(file_path, exc)  # not damage: the file may be whole (review 65 F1)
+                continue
             yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
             continue
         try:
