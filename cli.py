@@ -247,6 +247,19 @@ def store_running(root: Path, commitlog_dir: str | os.PathLike[str]) -> bool:
     return bool(lock_state(root, commitlog_dir)["held"])
 
 
+def refuse_running(root: Path, commitlog_dir: str | os.PathLike[str], advice: str = "stop it first") -> None:
+    """CliError(LOCKED) if a live process holds the store at `root`, asked as the read-only
+    commands ask (lock_state: F_GETLK and a shared flock, both on read-only opens). A command
+    that takes the lock asks first: a store running under another user has a lock file this
+    one may not open to write, and that said only "PermissionError: …/lock" (review 65 F6)."""
+    from .tools.inspect_cli import lock_state  # (the tools import this module)
+
+    state = lock_state(root, commitlog_dir)
+    if state["held"]:
+        holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
+        raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; {advice}")
+
+
 def _add_plugin_groups(subparsers: Any) -> None:
     for name in PLUGIN_MODULES:
         try:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..actors.cleaner import MANUAL_DELETE_ROUNDS, check_space, is_time_to_delete
-from ..cli import CliError, ExitCode, store_config
+from ..cli import CliError, ExitCode, refuse_running, store_config
 from ..config import StoreConfig
 from ..storage.lockfiles import StoreLockedError
 
@@ -78,11 +78,14 @@ def clean_store(root: Path, config: StoreConfig, *, now: bool) -> dict[str, Any]
     from ..store import open_store  # the actors only when the command runs
 
     _check_store(root, config)
+    # Asked before the open takes the lock: a store running under another user's account has a
+    # lock file this one may not open to write, which said only "PermissionError" (review 65 F6).
+    advice = "stop it first (a running store cleans itself at its delete_when hours)"
+    refuse_running(root, config.commitlog_dir, advice)
     try:
         store = open_store(config=config)
-    except StoreLockedError:
-        raise CliError(ExitCode.LOCKED, f"{root} is locked by a running store; stop it first "
-                       "(a running store cleans itself at its delete_when hours)") from None  # fmt: skip
+    except StoreLockedError:  # started since it was asked
+        raise CliError(ExitCode.LOCKED, f"{root} is locked by a running store; {advice}") from None
     clean_stop = False
     try:
         before = _store_files(config)

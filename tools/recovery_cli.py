@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cli import CliError, ExitCode, store_config
+from ..cli import CliError, ExitCode, refuse_running, store_config
 from ..log import get_logger
 from ..storage.fs import RealFileSystem
 from ..storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, StoreLockedError
@@ -41,7 +41,7 @@ def add_subcommands(subparsers: Any) -> None:
         "recover",
         help="recover a store that is not running (truncate a torn tail, rebuild queues and index)",
         description="Run the store's start-up recovery on a store that is not running and report what "
-        "was found and fixed. Exit 4 if a running store holds the lock.",
+        "was found and fixed. Exit 4 if a running store holds the lock (one of another user's too).",
     )
     p.add_argument("store_dir", metavar="STORE_DIR", type=Path)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -80,6 +80,9 @@ def run_recover(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
     # The store's geometry from its files (recovery with another size would ignore them all).
     cfg = store_config(args, root, read_only=False)
+    # Asked before the lock is taken: taking it opens the lock file to write, which a store
+    # running under another user's account refuses with a bare PermissionError (review 65 F6).
+    refuse_running(root, cfg.commitlog_dir)
     fs = RealFileSystem()
     # As an open does: recover writes the same files in place (never through a link into
     # another store's), and does not guess what stands where they belong.
@@ -187,13 +190,9 @@ def _ping() -> Any:
 def run_verify(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
     cfg = store_config(args, root)
-    from .inspect_cli import lock_state  # F_GETLK only asks: verify stays read-only
-
-    state = lock_state(root, cfg.commitlog_dir)
-    if state["held"]:
-        holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
-        raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; verify checks a "
-                       "stopped store (its files are in flux while it runs), stop it first")  # fmt: skip
+    # (F_GETLK and a shared flock only ask: verify stays read-only)
+    refuse_running(root, cfg.commitlog_dir, "verify checks a stopped store (its files are in flux while it runs), "
+                   "stop it first")  # fmt: skip
     report = verify_store(os.fspath(root), config=cfg, max_problems=args.max_problems)
     if args.json:
         out = report.summary()
