@@ -18,6 +18,7 @@ import bisect
 import contextlib
 import dataclasses
 import enum
+import errno
 import importlib
 import importlib.util
 import json
@@ -40,7 +41,7 @@ from .storage.index import IndexFile, index_file_size
 from .storage.lockfiles import StoreDirectoryError
 from .storage.mapped_file_queue import named_past_the_largest_offset
 
-__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "load_config", "main"]
+__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "load_config", "main", "unreadable_file"]
 
 log = get_logger(__name__)
 
@@ -260,6 +261,23 @@ def refuse_running(root: Path, commitlog_dir: str | os.PathLike[str], advice: st
         raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; {advice}")
 
 
+def unreadable_file(path: str | os.PathLike[str], error: OSError, *, named: bool = True) -> str:
+    """What a command says of a store file that is there but that this process cannot open or
+    map now: not damage, and nothing `mqstore recover` repairs (review 65 F1: a segment the
+    user may not read was called corrupt, or its messages absent). `named`: the text begins
+    with the path (else with "cannot be read now", for a report that names it already)."""
+    code = errno.errorcode.get(error.errno, f"errno {error.errno}") if error.errno is not None else type(error).__name__
+    if error.errno in (errno.EACCES, errno.EPERM):
+        hint = ("the file is not known to be damaged: give the user running this command read access to it (its "
+                "permissions, ownership or a security policy), then ask again")  # fmt: skip
+    elif error.errno == errno.EIO:
+        hint = "the disk answered with an I/O error: check the device (the kernel log) before the store is opened again"
+    else:
+        hint = "ask again once the process has descriptors and memory to spare"
+    text = f"cannot be read now ({code}: {error.strerror or error}): {hint}"
+    return f"{os.fspath(path)} {text}" if named else text
+
+
 def _add_plugin_groups(subparsers: Any) -> None:
     for name in PLUGIN_MODULES:
         try:
@@ -290,7 +308,8 @@ def _add_dump(subparsers: Any) -> None:
         help="print a store's records as JSON lines (no running store needed)",
         description="Print the records of a store directory, ours or a RocketMQ broker's, one JSON "
         "object per line. Reads only; safe while a store is running. Stops at the first corrupt "
-        "record with exit code 3, after printing every valid record before it.",
+        "record with exit code 3, after printing every valid record before it, and at a segment it "
+        "cannot read (no access, an I/O error: not damage) with exit code 1.",
     )
     p.add_argument("store_dir", metavar="STORE_DIR", type=Path, help="the store root (holding commitlog/ ...)")
     p.add_argument(
@@ -428,10 +447,14 @@ def dump_commitlog(
     def file_of(offset: int) -> Path:
         return files[bisect.bisect_right(starts, offset) - 1]
 
+    def unreadable(path: str, error: OSError) -> None:
+        raise CliError(ExitCode.FAILURE, f"{unreadable_file(path, error)}; nothing after it was printed")
+
     ended_in: Path | None = None
     scan = scan_commitlog_dir(
-        str(directory), check_crc=True, segment_size=segment_size, max_message_size=max_message_size_bytes, live=live
-    )
+        str(directory), check_crc=True, segment_size=segment_size, max_message_size=max_message_size_bytes, live=live,
+        on_unreadable=unreadable,
+    )  # fmt: skip
     with contextlib.closing(scan):
         for found in scan:
             path = file_of(found.offset)

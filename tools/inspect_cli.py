@@ -10,7 +10,10 @@ and every ConsumeQueue, checks that they agree, and ends in a verdict:
 * needs recovery: the abort file is there (the last run crashed), or the queues disagree with
   the log in a way the next start's recovery repairs (units past the log's end, a torn tail);
 * damaged: a segment of the wrong size or missing, a corrupt record with valid data after it,
-  a consume queue unit that points at something else than its message.
+  a consume queue unit that points at something else than its message;
+* unreadable: a segment is there but this process cannot open or map it (no access, an I/O
+  error): not damage, and not for `mqstore recover`; what points into it is not checked, so
+  the verdict waits for it to be readable (exit 1).
 
 `stats` is the cheap view: segments and bytes, message counts per topic and queue from the
 ConsumeQueue offsets, the end of the log from the last segment only, checkpoint times. A
@@ -18,8 +21,8 @@ running store also writes its StoreStatsService figures to `stats.msgpack` every
 `stats_snapshot_interval_ms` (and at close): on a running store `stats` shows them as live
 figures with their age; on a closed one, as the figures of the last run.
 
-Exit codes: 0, 3 when `inspect` finds the store damaged, 5 when STORE_DIR is missing or holds
-no store files.
+Exit codes: 0, 1 when a segment cannot be read, 3 when `inspect` finds the store damaged, 5
+when STORE_DIR is missing or holds no store files.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ import sys
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Final, Iterable
+from typing import Any, Final, Iterable, Sequence
 
 import psutil
 
-from ..cli import CliError, ExitCode, segment_layout, store_config
+from ..cli import CliError, ExitCode, segment_layout, store_config, unreadable_file
 from ..config import StoreConfig
 from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
@@ -62,6 +65,9 @@ NEEDS_RECOVERY: Final = "needs recovery"
 DAMAGED: Final = "damaged"
 # Written with a RocketMQ feature mqstore does not implement (storage.foreign): refused, not damaged.
 UNSUPPORTED: Final = "unsupported"
+# A segment this process may not read now (review 65 F1: it was called damaged, pointing at
+# `mqstore recover` for a permission problem).
+UNREADABLE: Final = "unreadable"
 
 # Above this many messages, inspect stops remembering each record to check the queues' units
 # against (the counts and ranges are still exact).
@@ -253,8 +259,19 @@ def _inspect_commitlog(
     message_after_zeros: int | None = None  # the first record read after them
     data_after_end: list[int] = []
     ended_in: int | None = None
+    unreadable: list[tuple[int, int]] = []  # [start, end) of segments that could not be read
+
+    def cannot_read(path: str, error: OSError) -> None:
+        start = int(os.path.basename(path))
+        if start in segments:
+            segments[start]["end"] = "unreadable"
+        unreadable.append((start, start + segment_size))
+        problems.append(_problem("segment_unreadable", UNREADABLE, f"{unreadable_file(path, error)}; what points "
+                                 "into it was not checked", file=path, commitlog_offset=start,
+                                 errno=errno.errorcode.get(error.errno or 0)))  # fmt: skip
+
     for read in scan_commitlog_dir(str(directory), check_crc=check_crc, read_body=check_crc, segment_size=segment_size,
-                                   max_message_size=max_message_size, live=live):  # fmt: skip
+                                   max_message_size=max_message_size, live=live, on_unreadable=cannot_read):  # fmt: skip
         seg_start = read.offset - read.offset % segment_size if segment_size else 0
         seg = segments.get(seg_start) or segments[max(s for s in starts if s <= read.offset)]
         if read.kind is RecordKind.MESSAGE:
@@ -299,6 +316,7 @@ def _inspect_commitlog(
     out["max_offset"] = last_data_end
     out["records_reach"] = reach
     out["first_zeros"] = first_zeros  # (not in the report's JSON; see inspect_store)
+    out["unreadable"] = unreadable  # (likewise)
     out["message_after_zeros"] = message_after_zeros
     tail_corrupt = [offset for _, offset, _ in corrupt if offset >= last_data_end]
     out["tail_corrupt"] = min(tail_corrupt) if tail_corrupt else None
@@ -342,10 +360,12 @@ def _inspect_consume_queues(
     full: bool,
     live: bool = False,
     written_before: dict[tuple[str, int], int] | None = None,
+    unreadable: Sequence[tuple[int, int]] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Each queue's figures and the problems of its units. `written_before`: each queue's end
     (next queue offset) as read before the log was (`_queue_ends`): a unit at or past it was
-    written after, for a record the log's reading may have ended before (a running store)."""
+    written after, for a record the log's reading may have ended before (a running store).
+    `unreadable`: commitlog ranges that could not be read; units into them are not checked."""
     fs = RealFileSystem()
     cq_root = root / "consumequeue"
     queues: list[dict[str, Any]] = []
@@ -386,7 +406,9 @@ def _inspect_consume_queues(
                 info["min_commitlog_offset"] = phy
             last_q = q_off
             info["max_commitlog_offset"] = phy
-            if phy + size > commitlog_max and size != 0x7FFFFFFF:
+            if unreadable and any(start <= phy < end for start, end in unreadable):
+                pass  # its record could not be read (the segment is reported once)
+            elif phy + size > commitlog_max and size != 0x7FFFFFFF:
                 if written_before is None or q_off < written_before.get((topic, queue_id), 0):
                     past_end += 1
             elif size == 0x7FFFFFFF and phy == 0:
@@ -576,6 +598,8 @@ def _verdict(lock: dict[str, Any], problems: list[dict[str, Any]]) -> str:
         return RUNNING
     if UNSUPPORTED in severities:
         return UNSUPPORTED
+    if UNREADABLE in severities:  # (the checks are incomplete: the rest may be its consequence)
+        return UNREADABLE
     if DAMAGED in severities:
         return DAMAGED
     if lock["abort_file"] or NEEDS_RECOVERY in severities:
@@ -599,9 +623,10 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
         commitlog_dir, max_message_size=config.max_stored_record_bytes, check_crc=check_crc, abort=lock["abort_file"],
         segment_size=config.mapped_file_size_commitlog_bytes, live=lock["held"],
     )
+    unreadable = commitlog.pop("unreadable", [])
     queues, cq_problems = _inspect_consume_queues(
         root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True,
-        live=lock["held"], written_before=queue_ends,
+        live=lock["held"], written_before=queue_ends, unreadable=unreadable,
     )
     gone = commitlog_gone(config, RealFileSystem())
     if gone is not None:
@@ -631,6 +656,10 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
             below.append(tail_corrupt)
         if flushed > commitlog["records_reach"]:
             below.append(commitlog["records_reach"])
+        if unreadable and commitlog["segment_size"]:
+            # Where the records end is not known at or before a segment that could not be read.
+            size = commitlog["segment_size"]
+            below = [at for at in below if not any(start >= at - at % size for start, _ in unreadable)]
     if gone is None and below and commitlog["segment_size"]:
         records_end = min(below)
         # Durable records gone (mqstore's flushed offset; a broker's checkpoint has none): the
@@ -939,7 +968,8 @@ def add_subcommands(subparsers: Any) -> None:
         help="segments, queues, index files, checkpoint, lock/abort state and a health verdict",
         description="Read a store directory (ours or a broker's; safe while it runs) and report its segments, "
         "offset ranges, consume queues, index files, checkpoint, lock and abort state, and a verdict: healthy, "
-        "running, needs recovery or damaged (exit 3), naming the file and offset of any corrupt data.",
+        "running, needs recovery, damaged (exit 3) or unreadable (a segment this user cannot read: exit 1), naming "
+        "the file and offset of any corrupt data.",
     )
     p.add_argument("store_dir", metavar="STORE_DIR", type=Path)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
@@ -970,6 +1000,10 @@ def _run_inspect(args: argparse.Namespace) -> int:
         first = next(p for p in report["problems"] if p["severity"] == UNSUPPORTED)
         print(f"mqstore inspect: unsupported: {first['message']}", file=sys.stderr)
         return ExitCode.NOT_A_STORE
+    if report["verdict"] == UNREADABLE:
+        first = next(p for p in report["problems"] if p["severity"] == UNREADABLE)
+        print(f"mqstore inspect: unreadable: {first['message']}", file=sys.stderr)
+        return ExitCode.FAILURE
     if report["verdict"] == DAMAGED:
         first = next(p for p in report["problems"] if p["severity"] == DAMAGED)
         print(f"mqstore inspect: damaged: {first['message']}", file=sys.stderr)

@@ -7,7 +7,8 @@ stops cleanly (abort file removed). Prints what was found and fixed.
 
 verify: read-only consistency check (`mqstore.tools.verify`) of a stopped store (a running
 one: exit 4; the lock is only tested, never taken); exit 0 if consistent, else the problems on
-stdout and exit 3.
+stdout and exit 3, or 1 where a segment could not be read (no access, an I/O error: not damage,
+and not for `recover`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def add_subcommands(subparsers: Any) -> None:
         help="check that ConsumeQueues and index agree with the CommitLog (read-only)",
         description="Check every ConsumeQueue unit and index entry against the CommitLog record it "
         "points to, and that no record lacks its unit or index entry. Read-only. Exit 0 if "
-        "consistent, 3 if not (the problems are printed), 4 if a running store holds the lock.",
+        "consistent, 3 if not (the problems are printed), 1 if a commitlog segment cannot be read (no access, "
+        "an I/O error: not damage), 4 if a running store holds the lock.",
     )
     v.add_argument("store_dir", metavar="STORE_DIR", type=Path)
     v.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -202,6 +204,11 @@ def run_verify(args: argparse.Namespace) -> int:
         for line in iter_problem_lines(report):
             print(line)
         _print(report.summary(), False)
+    if report.unreadable:
+        sys.stdout.flush()
+        print(f"mqstore verify: {len(report.unreadable_ranges)} commitlog segments could not be read (listed as "
+              "commitlog_unreadable): the check is incomplete; make them readable and verify again", file=sys.stderr)  # fmt: skip
+        return ExitCode.FAILURE
     return ExitCode.OK if report.ok else ExitCode.CORRUPT
 
 

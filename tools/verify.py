@@ -7,7 +7,9 @@ nothing is created, so it is safe on a store that is not running (and on a broke
 What it checks (each failure is a `Problem` with a kind, a place and a detail):
 
 * the CommitLog: every segment is whole and readable up to its end of data; a damaged record
-  or data after the end is `commitlog_corrupt` / `commitlog_data_after_end`;
+  or data after the end is `commitlog_corrupt` / `commitlog_data_after_end`; a segment this
+  process cannot open or map (no access, an I/O error) is `commitlog_unreadable`, not damage:
+  what points into it is not checked (`VerifyReport.unreadable`);
 * every ConsumeQueue unit points at a valid record that matches it (topic, queue id, queue
   offset, size, tags code), `cq_*`; units at or past the log end are `cq_past_end`;
 * every index entry points at a valid record whose UNIQ_KEY or a KEYS token, as
@@ -46,6 +48,7 @@ from ..storage import codec
 from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.foreign import SUPPORTED, foreign_layout, record_feature
 from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
+from ..cli import unreadable_file
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.fs import FileSystem, RealFileSystem
@@ -106,6 +109,9 @@ class VerifyReport:
     # index entries point here (the index is append-only; a query checks every record).
     blank_tails: list[tuple[int, int]] = field(default_factory=list)
     stale_index_entries: int = 0
+    # Segments [start, end) present but not readable by this process now (review 65 F1): not
+    # damage; units and index entries that point into one are not checked.
+    unreadable_ranges: list[tuple[int, int]] = field(default_factory=list)
 
     def in_blank_tail(self, offset: int) -> bool:
         return any(start <= offset < end for start, end in self.blank_tails)
@@ -113,9 +119,18 @@ class VerifyReport:
     def in_damaged_range(self, offset: int) -> bool:
         return any(start <= offset < end for start, end in self.damaged_ranges)
 
+    def in_unreadable_range(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.unreadable_ranges)
+
     @property
     def ok(self) -> bool:
         return self.problem_count == 0
+
+    @property
+    def unreadable(self) -> bool:
+        """Whether a segment could not be read: the check is incomplete, and the fix is access
+        (or the disk), not `mqstore recover`."""
+        return bool(self.unreadable_ranges)
 
     def add(self, kind: str, where: str, detail: str) -> None:
         self.problem_count += 1
@@ -136,6 +151,7 @@ class VerifyReport:
             "not_indexed": self.not_indexed,
             "not_queued": self.not_queued,
             "stale_index_entries": self.stale_index_entries,
+            "unreadable_segments": len(self.unreadable_ranges),
             "problem_count": self.problem_count,
         }
 
@@ -212,8 +228,15 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
     # later file holds records; then it was damage with valid records after it.
     stopped: tuple[int, str] | None = None
     foreign_record_seen = False
+
+    def unreadable(path: str, error: OSError) -> None:
+        start = int(os.path.basename(path))
+        report.add("commitlog_unreadable", path, f"{unreadable_file(path, error, named=False)}; what points into it was not checked")
+        report.unreadable_ranges.append((start, start + segment))
+        report.max_offset = max(report.max_offset, start)  # (its records' end is not known)
+
     scan = scan_commitlog_dir(directory, check_crc=True, segment_size=segment, max_message_size=cfg.max_message_size_bytes,
-                              fs=fs, look_past_damage=True)  # fmt: skip
+                              fs=fs, look_past_damage=True, on_unreadable=unreadable)  # fmt: skip
     with contextlib.closing(scan):
         for found in scan:
             if found.kind is RecordKind.END_OF_DATA and found.offset % segment == 0:
@@ -291,6 +314,8 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
             here = f"{where} queue offset {queue_offset}"
             if phy < report.min_offset:
                 continue  # its segment was cleaned
+            if report.in_unreadable_range(phy):
+                continue  # (reported once, as commitlog_unreadable)
             if phy >= report.max_offset:
                 report.add("cq_past_end", here, f"points at {phy}, the commitlog ends at {report.max_offset}")
                 continue
@@ -393,8 +418,8 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
                         report.add("index_duplicate", here,
                                    f"a second entry for commitlog offset {phy} with key hash {entry.key_hash}")  # fmt: skip
                 entries.add((phy, entry.key_hash))
-                if phy < report.min_offset:
-                    continue  # expired
+                if phy < report.min_offset or report.in_unreadable_range(phy):
+                    continue  # expired, or in a segment that could not be read (reported once)
                 if phy >= report.max_offset:
                     report.add("index_past_end", here, f"points at {phy}, the commitlog ends at {report.max_offset}")
                     continue
