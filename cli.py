@@ -256,9 +256,15 @@ def refuse_running(root: Path, commitlog_dir: str | os.PathLike[str], advice: st
     from .tools.inspect_cli import lock_state  # (the tools import this module)
 
     state = lock_state(root, commitlog_dir)
-    if state["held"]:
-        holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
-        raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; {advice}")
+    if not state["held"]:
+        return
+    holder = f" (pid {state['holder_pid']})" if state.get("holder_pid") else ""
+    if state.get("held_through"):  # the directory's flock, not the lock file's: as claim_directories says it
+        directory = state["held_through"]
+        raise CliError(ExitCode.LOCKED, f"{directory} is held by another store{holder} (its lock file was deleted, or "
+                       f"the same directory, {os.path.realpath(directory)}, is reached through a link from another "
+                       f"store's root); {advice}")  # fmt: skip
+    raise CliError(ExitCode.LOCKED, f"the store is running{holder}: {root} is locked; {advice}")
 
 
 def unreadable_file(path: str | os.PathLike[str], error: OSError, *, named: bool = True) -> str:
