@@ -114,7 +114,7 @@ def test_a_running_store_is_refused_with_exit_4(tmp_path: Path, capsys: pytest.C
     with mqstore.open(root):
         code, _, err = run(capsys, "clean", str(root), "--now")
     assert code == ExitCode.LOCKED
-    assert "locked by a running store" in err and "stop it first" in err
+    assert "the store is running" in err and "stop it first" in err
 
 
 def test_not_a_store_and_a_segment_size_other_than_configured(
