@@ -1008,8 +1008,8 @@ class SimulatedFileSystem:
 
     # fault injection -------------------------------------------------------------------
     def inject_fault(self, op: str, *, path_contains: str = "", err: int = errno.EIO, count: int = 1) -> None:
-        """Make the next `count` calls of `op` ("map", "flush", "write", "remove", "reserve") on a
-        matching path fail."""
+        """Make the next `count` calls of `op` ("map", "map_writable": maps for writing only,
+        "flush", "write", "remove", "reserve") on a matching path fail."""
         with self._lock:
             self._faults.append(_Fault(op, path_contains, err, count))
 
@@ -1046,6 +1046,8 @@ class SimulatedFileSystem:
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> SimulatedRegion:
         path = os.path.normpath(path)
         self._check_fault("map", path)
+        if not readonly:  # a file it may read, not write (root-owned 0644, chattr +i)
+            self._check_fault("map_writable", path)
         with self._lock:
             if os.path.dirname(path) not in self._dirs:
                 raise FileNotFoundError(errno.ENOENT, "no such directory", os.path.dirname(path))

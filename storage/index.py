@@ -887,7 +887,9 @@ class IndexService:
         later file (deleted: the re-dispatch writes them again), listed in `set_aside`, and
         the caller rebuilds from the last kept file. False on an I/O error, or when every file
         holds together at one other size (a store of other max_hash_slot_num/max_index_num
-        settings: not damage, so refused rather than "repaired")."""
+        settings: not damage, so refused rather than "repaired"). The I/O error is kept in
+        `load_error` (None for the geometry): the caller raises with its errno and file."""
+        self.load_error: OSError | None = None
         if self.files:
             raise ValueError("load() on an index service that already has files")
         fs = self._fs
@@ -928,6 +930,7 @@ class IndexService:
                 self.files.append(f)
         except OSError as e:
             log.error("index_load_failed", dir=self.index_dir, error=str(e))
+            self.load_error = e
             return False
         return True
 

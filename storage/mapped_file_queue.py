@@ -116,6 +116,7 @@ class MappedFileQueue:
         # offset); segments missing below it after the last file are a hole, not an end.
         self.expected_end = 0
         self.load_error: str | None = None  # why the last `load` returned False
+        self.load_os_error: OSError | None = None  # ...and the OSError, when one said it
         # Where recovery found the records end when that is below `expected_end` inside the
         # files (a segment rolled back to an older copy of itself): [it, expected_end) is a
         # hole, never an end new records would be appended at (see truncate_dirty_files).
@@ -163,6 +164,7 @@ class MappedFileQueue:
         except OSError as exc:
             log.error("listing segment directory failed", path=self.store_path, error=str(exc))
             self.load_error = f"cannot list {self.store_path}: {exc}"
+            self.load_os_error = exc
             return False
         for name in names:
             path = os.path.join(self.store_path, name)
@@ -196,6 +198,7 @@ class MappedFileQueue:
             except OSError as exc:
                 log.error("loading a segment failed", path=path, error=str(exc))
                 self.load_error = f"{path}: {exc}"  # for the error the open raises (review 45 F7)
+                self.load_os_error = exc
                 return False
             mapped_file.set_positions(self.mapped_file_size)
             self.mapped_files.append(mapped_file)

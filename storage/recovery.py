@@ -1465,7 +1465,12 @@ def _loaded_queue(cfg: StoreConfig, fs: FileSystem, topic: str, queue_id: int, c
         mapped_file_size=cfg.mapped_file_size_consume_queue_bytes, clock_ms=clock_ms,
     )  # fmt: skip
     if not cq.load():
-        raise OSError(f"cannot load consume queue {topic}/{queue_id}")
+        queue = cq.mapped_file_queue
+        exc = queue.load_os_error
+        if exc is not None:  # EACCES of a root-owned file, EIO...: errno and file kept (review 65 F4)
+            raise OSError(exc.errno, f"cannot load consume queue {topic}/{queue_id}: {exc.strerror}",
+                          exc.filename) from exc  # fmt: skip
+        raise OSError(f"cannot load consume queue {topic}/{queue_id}: {queue.load_error}")
     return cq
 
 
@@ -1741,7 +1746,11 @@ def _recover_index(
     )  # fmt: skip
     try:
         if not service.load(last_exit_ok, checkpoint.index_msg_timestamp if checkpoint else 0):
-            raise OSError(f"cannot load the index in {cfg.index_dir}: an I/O error, or its files hold together at "
+            exc = service.load_error
+            if exc is not None:  # EACCES of a root-owned file, EIO...: said as it is (review 65 F4)
+                raise OSError(exc.errno, f"cannot load the index in {cfg.index_dir}: {exc.strerror}",
+                              exc.filename) from exc  # fmt: skip
+            raise OSError(f"cannot load the index in {cfg.index_dir}: its files hold together at "
                           f"another size than max_hash_slot_num={cfg.max_hash_slot_num}, "
                           f"max_index_num={cfg.max_index_num} give (see the log)")  # fmt: skip
         gone = names_before - set(fs.listdir(cfg.index_dir))

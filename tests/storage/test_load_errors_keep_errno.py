@@ -1,0 +1,46 @@
+"""An index or ConsumeQueue file the store may not open (a root `mqstore recover` left it
+root-owned: EACCES; chattr +i: EPERM) refuses the open with an OSError that keeps the errno and
+names the file (review 65 F4). The refusal said "an I/O error, or its files hold together at
+another size than max_hash_slot_num..." for the index, and "cannot load consume queue U/0" for a
+queue, with no errno and no path; the geometry wording is kept for the geometry case only."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+import mqstore
+from mqstore.storage.fs import SimulatedFileSystem
+
+SETTINGS = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 50,
+                max_hash_slot_num=64, max_index_num=200)  # fmt: skip
+
+
+def _store_with_messages() -> SimulatedFileSystem:
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        for i in range(5):
+            assert store.put(mqstore.Message(topic="U", body=b"b", keys=[f"k{i}"])).ok
+    return fs
+
+
+@pytest.mark.parametrize("err", [errno.EACCES, errno.EPERM])
+@pytest.mark.parametrize("where", ["/index/", "/consumequeue/U/0/"])
+def test_a_file_the_store_may_not_open_refuses_the_open_with_its_errno_and_name(where: str, err: int) -> None:
+    fs = _store_with_messages()
+    fs.inject_fault("map_writable", path_contains=where, err=err, count=1_000_000)
+    with pytest.raises(OSError) as refused:
+        mqstore.open("/sim/store", fs=fs, **SETTINGS)
+    exc = refused.value
+    assert exc.errno == err, repr(exc)
+    assert exc.filename is not None and where in exc.filename, repr(exc)
+    assert exc.strerror is not None and exc.strerror.endswith(os.strerror(err)), repr(exc)
+    assert "max_hash_slot_num" not in str(exc)  # not the geometry's wording
+    what = "cannot load the index" if where == "/index/" else "cannot load consume queue U/0"
+    assert what in str(exc), str(exc)
+    fs.clear_faults()
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:  # nothing changed: it opens once it may
+        assert len(store.get("U", 0, 0, 10).messages) == 5
