@@ -66,7 +66,7 @@ from .messages import (
 )
 from .storage import codec, mapguard
 from .storage.disk import DiskGauge, default_disk_gauge
-from .storage.fs import FileSystem, RealFileSystem
+from .storage.fs import FileSystem, RealFileSystem, not_writable_cause
 from .storage.foreign import ForeignStoreError
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
@@ -561,6 +561,15 @@ class Supervisor:
             new = store_files_cut_under_map(self.fs, self.config, self._cut_mark) - self.files_cut_under_map
             self.files_cut_under_map |= new
         for path in sorted(new):
+            # A fault on a file still there that may not be written (chattr +i on the checkpoint
+            # or a segment) is no cut (review 65 F3): said as what it is.
+            cause = not_writable_cause(path) if isinstance(self.fs, RealFileSystem) else None
+            if cause is not None:
+                self.log.error("a store file may not be written any more while mapped: not cut, not writable",
+                               path=path, cause=str(cause), effect="what the store wrote there since is in memory "
+                               "only; make it writable: a commitlog segment takes puts again by itself, and the "
+                               "next open rebuilds queues and index from the commitlog")  # fmt: skip
+                continue
             self.log.error("a store file was cut short, replaced or deleted by another process while mapped",
                            path=path, effect="what the store wrote there since is in memory only; the next open "
                            "rebuilds queues and index from the commitlog; a cut commitlog segment is a hole until "

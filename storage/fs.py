@@ -62,6 +62,7 @@ class MappedRegion(Protocol):
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
     def cut_short(self) -> bool: ...
+    def fault_error(self) -> FileCutUnderMapError: ...
     def replaced(self, *, deleted_too: bool = True) -> bool: ...
     def save_copy(self, path: str, length: int) -> None: ...
 
@@ -76,6 +77,55 @@ class FileCutUnderMapError(OSError):
     def __init__(self, path: str) -> None:
         super().__init__(errno.EIO, "a page of the file was gone when touched: cut short by another process "
                                     "while mapped (or no room on the disk for it)", path)  # fmt: skip
+
+
+class FileNotWritableUnderMapError(FileCutUnderMapError):
+    """A write through the map faulted on a file that is still whole and still the mapped
+    one, but may not be written now: an immutable or append-only attribute (chattr +i/+a:
+    ext4 refuses the page fault with SIGBUS), or its mode or owner changed. Not a cut: what
+    the file held is there, and puts resume once it is writable again (see
+    `not_writable_cause`). A FileCutUnderMapError still, for every owner that handles one."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        OSError.__init__(self, cause.errno, f"not writable: {cause.strerror} (not cut: an immutable or "
+                                            "append-only attribute, or its mode or owner); make it writable and "
+                                            "puts resume", path)  # fmt: skip
+        self.cause = cause
+
+
+# linux/fs.h: FS_IOC_GETFLAGS (read as an int, as chattr does) and the flags that refuse writes.
+_FS_IOC_GETFLAGS = 0x80086601
+FS_IMMUTABLE_FL = 0x00000010
+FS_APPEND_FL = 0x00000020
+# What open(O_RDWR) answers for a file this process may not write (mode, owner, attribute).
+NOT_WRITABLE_ERRNOS: frozenset[int] = frozenset({errno.EPERM, errno.EACCES})
+
+
+def not_writable_cause(path: str) -> OSError | None:
+    """Why `path` may not be written now (an OSError with errno, strerror and the file), or
+    None: its immutable or append-only attribute (FS_IOC_GETFLAGS), else what open(O_RDWR)
+    answers, EPERM or EACCES. Other errors (gone, EIO) are not this cause: None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        try:
+            flags = struct.unpack("=i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 4))[0]
+        except OSError:
+            flags = 0  # no attributes on this filesystem (tmpfs): the open below decides
+        finally:
+            os.close(fd)
+        if flags & FS_IMMUTABLE_FL:
+            return OSError(errno.EPERM, "its immutable attribute is set (chattr +i)", path)
+        if flags & FS_APPEND_FL:
+            return OSError(errno.EPERM, "its append-only attribute is set (chattr +a)", path)
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        if exc.errno in NOT_WRITABLE_ERRNOS:
+            return exc
+    return None
 
 
 class FileReplacedUnderMapError(FileCutUnderMapError):
@@ -496,6 +546,20 @@ class RealMappedRegion:
         now, and what is written there stays in memory): the file was cut under the map."""
         return self._cut_seen or mapguard.faults(self._guard) > 0
 
+    def fault_error(self) -> FileCutUnderMapError:
+        """What a fault on this map (cut_short) was, looked at before it is named: the path
+        still names the mapped file at its full length and that file may not be written (an
+        immutable or append-only attribute, or permission: review 65 F3, a chattr +i was
+        reported as a cut), or else a cut (or no room on the disk for a page)."""
+        try:
+            status = os.stat(self._path_bytes)
+        except OSError:
+            return FileCutUnderMapError(self.path)
+        if (status.st_dev, status.st_ino) != self._identity or status.st_size < self.size or self._cut_seen:
+            return FileCutUnderMapError(self.path)
+        cause = not_writable_cause(self.path)
+        return FileCutUnderMapError(self.path) if cause is None else FileNotWritableUnderMapError(self.path, cause)
+
     def replaced(self, *, deleted_too: bool = True) -> bool:
         """Whether `path` no longer names the mapped file: another process renamed a file
         over it (rsync without --inplace, an atomic save), renamed it away or deleted it. What is written
@@ -904,6 +968,9 @@ class SimulatedRegion:
 
     def cut_short(self) -> bool:
         return self._file.cut
+
+    def fault_error(self) -> FileCutUnderMapError:
+        return FileCutUnderMapError(self.path)
 
     def replaced(self, *, deleted_too: bool = True) -> bool:
         now = self._fs._files.get(self.path)

@@ -563,6 +563,11 @@ class MappedFile:
         """The file lost pages under its map (storage/fs.py FileCutUnderMapError)."""
         return self._region is not None and self._region.cut_short()
 
+    def cut_error(self) -> FileCutUnderMapError:
+        """What the fault `cut_short` saw was: a cut, or a file that may not be written now
+        (FileNotWritableUnderMapError), looked at now (storage/fs.py fault_error)."""
+        return self._region.fault_error() if self._region is not None else FileCutUnderMapError(self.file_name)
+
     def replaced(self, *, deleted_too: bool = True) -> bool:
         """Its path names another file now, or none (storage/fs.py MappedRegion.replaced)."""
         return self._region is not None and self._region.replaced(deleted_too=deleted_too)

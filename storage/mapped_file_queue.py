@@ -16,7 +16,7 @@ from typing import Callable, Final
 
 from mqstore.log import RepeatedLog, get_logger, suppressed_fields
 from mqstore.storage.codec import JAVA_LONG_MAX, segment_file_name
-from mqstore.storage.fs import FileCutUnderMapError, FileSystem
+from mqstore.storage.fs import FileSystem
 from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
 
 __all__ = [
@@ -131,7 +131,7 @@ class MappedFileQueue:
             return
         for mapped_file in self.mapped_files:
             if mapped_file.cut_short():
-                raise FileCutUnderMapError(mapped_file.file_name)  # and again at every call
+                raise mapped_file.cut_error()  # and again at every call
         self._map_faults_seen = faults  # another owner's map
 
     # idle files given back (review 58 F2) --------------------------------------------------
