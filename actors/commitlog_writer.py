@@ -54,7 +54,7 @@ from ..storage.recovery import (
     resume_queue_offsets,
 )
 from ..storage.status import PutMessageStatus
-from .base import ActorContext, ServiceUnavailable, StoreActor
+from .base import ActorContext, HeldWait, ServiceUnavailable, StoreActor
 
 __all__ = ["CommitLogWriter", "DispatchLag", "PassReply", "PassSink"]
 
@@ -194,6 +194,12 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
         self._replaced: PutResult | None = None  # the refusal once a segment was replaced
+        # A restart found a segment it may not write (EPERM, EACCES: chattr +i, its mode or
+        # owner): it runs degraded, reads served from what it loaded read-only, puts refused
+        # with this, and the ticks map the segment for writing again (review 65 F3).
+        self._not_writable: PutResult | None = None
+        self._not_writable_held = HeldWait(self.log, "taking puts")
+        self._zero_on_writable = 0  # the tail zeroing the load left for when it is writable
         self._stamp_floor_ms = 0  # the newest record's store time (`_store_time_ms`)
         self._clock_behind_since_ms = 0  # the clock read below it (logged once per episode)
         self._pass_first_file: MappedFile | None = None  # the segment a pass began in
@@ -226,9 +232,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # mode says how far the files are trusted): it truncates a torn tail, quarantines damage.
         # At a restart the log was readable up to the read view's end: a segment cut or gone
         # below it (another process cut it under our map) is a hole, not the log's new end.
-        known_end = self.ctx.read_view.view.readable_end if self._mode is RecoveryMode.RESTART else 0
+        restart = self._mode is RecoveryMode.RESTART
+        known_end = self.ctx.read_view.view.readable_end if restart else 0
+        # A restart may find a segment it may not write (review 65 F3: chattr +i under the
+        # running store failed every restart with EPERM until the supervisor gave up, reads
+        # and all): it loads it read-only and runs degraded. An open still refuses (nothing
+        # is served yet, and the refusal names the file).
         recovered = recover_commitlog(cfg, self.ctx.fs, mode=self._mode, checkpoint=self._checkpoint,
-                                      clock_ms=self.ctx.clock_ms, known_end=known_end)  # fmt: skip
+                                      clock_ms=self.ctx.clock_ms, known_end=known_end,
+                                      readonly_if_denied=restart)  # fmt: skip
         self._commitlog = CommitLog(
             self.ctx.fs,
             cfg.commitlog_dir,
@@ -251,8 +263,14 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # recover`, never an end that puts would continue from, reusing the lost records'
             # offsets.
             self._commitlog.mapped_file_queue.expected_end = max(flushed or 0, known_end)
-        if not self._commitlog.load():
+        if not self._commitlog.load(readonly_if_denied=restart):
             raise RuntimeError(f"cannot load the commitlog in {cfg.commitlog_dir}: {self._commitlog.mapped_file_queue.load_error}")
+        denied = self._commitlog.mapped_file_queue.not_writable
+        if denied:
+            # Zeroed once the segments are writable again (`_retry_writable`), as recover_tail
+            # would have now: only the put the previous writer failed in can have left bytes.
+            self._zero_on_writable = 0 if self._commitlog.mapped_file_queue.damaged_files else 2 * cfg.max_message_size_bytes
+            self._refuse_not_writable(denied[0])
         if self._commitlog.mapped_file_queue.damaged_files:
             # Degraded (puts refused until `mqstore recover`), perhaps read by a size the damage
             # left in doubt: placing the write positions zeroes nothing (recovery did not either).
@@ -291,6 +309,36 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             self.ctx.read_view.add_quarantined(tuple((q.start, q.end) for q in recovered.quarantined))
         self.ctx.read_view.publish_commitlog(self._readable_end())
         self.log.info("writer recovered", mode=self._mode.value, max_offset=end)
+
+    def _refuse_not_writable(self, error: OSError) -> None:
+        self._not_writable = PutResult(
+            status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
+            detail=f"a commitlog segment is not writable: {error} (an immutable or append-only attribute, or "
+                   "permission); make it writable and puts resume without a restart; reads are served",
+        )  # fmt: skip
+        self._not_writable_held.failed(self.ctx.ticker.now_ms(), "a commitlog segment may not be written", str(error))
+
+    def _retry_writable(self) -> None:
+        """On the tick: map the segments loaded read-only for writing again; once all are,
+        zero the tail the load left and take puts again."""
+        commitlog = self._commitlog
+        assert commitlog is not None and self._not_writable is not None
+        queue = commitlog.mapped_file_queue
+        with self._not_writable_held.quiet():
+            for mapped_file in queue.mapped_files:
+                if not mapped_file.readonly:
+                    continue
+                try:
+                    mapped_file.map_writable()
+                except OSError as exc:
+                    self._refuse_not_writable(exc)
+                    return
+        queue.not_writable = []
+        commitlog.zero_tail_bytes = None
+        end = commitlog.get_max_offset()
+        queue.truncate_dirty_files(end, self._zero_on_writable)
+        self._not_writable = None
+        self._not_writable_held.ended(self.ctx.ticker.now_ms())
 
     def _resume_queues(self, request: ResumeQueues) -> WriterReady:
         """Step two of a start: continue each queue's offsets after every record in the log
@@ -347,6 +395,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             case CommitWriteBuffers(least_pages=least_pages):
                 self._commit(least_pages)
             case Tick():
+                if self._not_writable is not None:
+                    self._retry_writable()
                 # Idle too, and every segment, not only those a pass wrote: a segment replaced
                 # between puts, or an older one, gets its copy saved now and the supervisor
                 # hears of it (an unclean close), not only at the next put (~2 us a segment).
@@ -418,6 +468,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             failure = ServiceUnavailable(f"{self.name} failed: {exc!r}")
             for put in puts:
                 put.reply.fail(failure)
+            # Not published: readers and the restart's known end must not count bytes no put
+            # was acknowledged for (review 65 F3: a refused record's end, 6321, taken for
+            # where the log was read made the restarted writer refuse puts for good).
+            self._pending_advance = None
             raise
         if self._stored_puts:
             self._refuse_if_segment_replaced(answers, group_commits)
@@ -537,6 +591,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             return []
         if self._replaced is not None:
             answers.extend((put.reply, self._replaced) for put in puts)
+            return []
+        if self._not_writable is not None:
+            answers.extend((put.reply, self._not_writable) for put in puts)
             return []
         if self.ctx.commitlog_flush_failed_at is not None:
             # The disk failed a flush: what is acknowledged from now on could never be proven

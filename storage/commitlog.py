@@ -350,9 +350,14 @@ class CommitLog:
         self._id_prefix = ""
         self.fast_appends = 0  # puts append_fast took, for the tests and the bench
 
-    def load(self) -> bool:
+    def load(self, *, readonly_if_denied: bool = False) -> bool:
+        """Map the segments (MappedFileQueue.load). `readonly_if_denied`: a segment that may
+        not be written is mapped read-only (`not_writable`), and no byte is zeroed past the
+        end while one is (the owner zeroes the tail once they are writable again)."""
         self._fast_file = None
-        ok = self.mapped_file_queue.load(skip_damaged=True)
+        ok = self.mapped_file_queue.load(skip_damaged=True, readonly_if_denied=readonly_if_denied)
+        if self.mapped_file_queue.not_writable:
+            self.zero_tail_bytes = 0
         log.info("commitlog loaded", ok=ok, files=len(self.mapped_file_queue.mapped_files))
         for damaged in self.mapped_file_queue.damaged_files:
             start = int(damaged[:20])

@@ -147,6 +147,7 @@ class MappedFile:
         write_buffer: bytearray | None = None,
         on_write_buffer_released: Callable[[bytearray], None] | None = None,
         create: bool = True,
+        readonly: bool = False,
     ) -> None:
         if file_size <= 0:
             raise ValueError(f"file_size must be positive, not {file_size}")
@@ -158,7 +159,12 @@ class MappedFile:
         self.file_size = file_size
         if create:
             fs.makedirs(os.path.dirname(path) or ".")
-        self._region: MappedRegion | None = fs.map_file(path, file_size, create=create)
+        self._region: MappedRegion | None = fs.map_file(path, file_size, create=create and not readonly,
+                                                         readonly=readonly)  # fmt: skip
+        # Mapped read-only: the file may not be written now (a writer's segment under chattr +i
+        # or another owner, review 65 F3); nothing may be written through this map until
+        # `map_writable` succeeded.
+        self.readonly = readonly
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
@@ -567,6 +573,21 @@ class MappedFile:
         """What the fault `cut_short` saw was: a cut, or a file that may not be written now
         (FileNotWritableUnderMapError), looked at now (storage/fs.py fault_error)."""
         return self._region.fault_error() if self._region is not None else FileCutUnderMapError(self.file_name)
+
+    def map_writable(self) -> None:
+        """Map a file loaded `readonly` for writing again (OSError while it may still not be
+        written: EPERM, EACCES); its positions are kept."""
+        if not self.readonly:
+            return
+        region = self.fs.map_file(self.file_name, self.file_size, create=False)
+        old, self._region = self._region, region
+        self._unmapped = False
+        self.readonly = False
+        if old is not None:
+            try:
+                old.close()
+            except BufferError:  # a reader of the owner still holds its buffer: it goes with it
+                pass
 
     def replaced(self, *, deleted_too: bool = True) -> bool:
         """Its path names another file now, or none (storage/fs.py MappedRegion.replaced)."""

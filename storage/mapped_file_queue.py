@@ -16,7 +16,7 @@ from typing import Callable, Final
 
 from mqstore.log import RepeatedLog, get_logger, suppressed_fields
 from mqstore.storage.codec import JAVA_LONG_MAX, segment_file_name
-from mqstore.storage.fs import FileSystem
+from mqstore.storage.fs import NOT_WRITABLE_ERRNOS, FileSystem
 from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
 
 __all__ = [
@@ -117,6 +117,7 @@ class MappedFileQueue:
         self.expected_end = 0
         self.load_error: str | None = None  # why the last `load` returned False
         self.load_os_error: OSError | None = None  # ...and the OSError, when one said it
+        self.not_writable: list[OSError] = []  # segments `load` mapped read-only, and why
         # Where recovery found the records end when that is below `expected_end` inside the
         # files (a segment rolled back to an older copy of itself): [it, expected_end) is a
         # hole, never an end new records would be appended at (see truncate_dirty_files).
@@ -150,13 +151,18 @@ class MappedFileQueue:
         return sum(1 for mapped_file in self.mapped_files if mapped_file.is_mapped)
 
     # loading -----------------------------------------------------------------------------
-    def load(self, *, skip_damaged: bool = False) -> bool:
+    def load(self, *, skip_damaged: bool = False, readonly_if_denied: bool = False) -> bool:
         """Map every segment as full; a wrong-sized file stops loading (files after it are
         ignored, as in Java). False only on an I/O error.
 
         With `skip_damaged` (the commitlog), a wrong-sized file is left out and noted in
         `damaged_files`, and loading goes on: segment names carry their offsets, so the files
-        after it are served; `holes()` then names what is missing."""
+        after it are served; `holes()` then names what is missing.
+
+        With `readonly_if_denied` (a restarted writer), a segment this process may not write
+        (EPERM, EACCES: an immutable attribute, its mode or owner) is mapped read-only and
+        its error kept in `not_writable`: the owner refuses puts until it is writable again."""
+        self.not_writable = []
         if not self.fs.isdir(self.store_path):
             return True
         try:
@@ -194,7 +200,14 @@ class MappedFileQueue:
                         path=path, size=size, expected=self.mapped_file_size,
                     )  # fmt: skip
                     return True
-                mapped_file = MappedFile(self.fs, path, self.mapped_file_size, create=False)
+                try:
+                    mapped_file = MappedFile(self.fs, path, self.mapped_file_size, create=False)
+                except OSError as exc:
+                    if not readonly_if_denied or exc.errno not in NOT_WRITABLE_ERRNOS:
+                        raise
+                    mapped_file = MappedFile(self.fs, path, self.mapped_file_size, create=False, readonly=True)
+                    log.error("a segment may not be written; mapped read-only", path=path, error=str(exc))
+                    self.not_writable.append(exc)
             except OSError as exc:
                 log.error("loading a segment failed", path=path, error=str(exc))
                 self.load_error = f"{path}: {exc}"  # for the error the open raises (review 45 F7)

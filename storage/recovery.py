@@ -683,12 +683,14 @@ def recover_commitlog(
     progress: ProgressCallback | None = None,
     repair_holes: bool = False,
     known_end: int = 0,
+    readonly_if_denied: bool = False,
 ) -> CommitLogRecovery:
     """The commitlog's owner's recovery: after a clean stop or an actor restart, the last
     three files are scanned; after a crash, every file from the checkpoint's on, CRC-checked.
     `known_end`: at an actor's restart, where the log was readable before it (the read view):
     segments below it held data, so one missing or cut short there is a hole, as below the
-    checkpoint's flushed offset.
+    checkpoint's flushed offset. `readonly_if_denied` (a restarted writer): segments that may
+    not be written (EPERM, EACCES) are read through read-only maps and nothing is zeroed.
     The dirty tail is truncated (zeroed); damage with valid records after it is quarantined.
     With `repair_holes` (only `mqstore recover`: an open never changes damaged data), a
     missing or wrong-sized segment is made whole (see `_fill_commitlog_holes`), and a clean
@@ -727,7 +729,7 @@ def recover_commitlog(
             commitlog.read_before_offset = flushed
         partial = _remove_partial_last_segments(cfg, fs, flushed or 0)
         lost, filled = _fill_commitlog_holes(cfg, fs, flushed or 0) if repair_holes else ([], [])
-        if not commitlog.load():
+        if not commitlog.load(readonly_if_denied=readonly_if_denied):
             raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}: {commitlog.mapped_file_queue.load_error}")
         files = commitlog.mapped_file_queue.mapped_files
         commitlog.mapped_file_queue.expected_end = flushed or 0

@@ -1,0 +1,142 @@
+"""The active commitlog segment made not writable under a running store (review 65 F3):
+`chattr +i` makes ext4 refuse the writer's page fault with SIGBUS, which the map guard turns
+into a refused put. The cause must be named as what it is (not "cut short by another
+process"), the store must stay up serving reads (it stopped for good: every restart failed to
+load the segment with EPERM until the supervisor gave up), and puts must resume by themselves
+once the segment is writable again. Needs root (CAP_LINUX_IMMUTABLE) and a filesystem with
+attributes: tmp_path if it has them, else a loop-mounted ext4 image; skips with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import mqstore
+from mqstore import Message, PutMessageStatus
+from mqstore.storage import mapguard
+from mqstore.storage.fs import FS_IMMUTABLE_FL
+
+from .test_small_filesystem import _ext4
+
+pytestmark = pytest.mark.skipif(not mapguard.available, reason="storage/_mapguard.c not built (no C compiler)")
+
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IOC_SETFLAGS = 0x40086602
+SETTINGS = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 50,
+                max_hash_slot_num=64, max_index_num=200, read_your_writes_timeout_ms=1000)  # fmt: skip
+
+
+def _set_immutable(path: str, on: bool) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        flags = struct.unpack("=i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 4))[0]
+        flags = flags | FS_IMMUTABLE_FL if on else flags & ~FS_IMMUTABLE_FL
+        fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("=i", flags))
+    finally:
+        os.close(fd)
+
+
+def _can_set_immutable(directory: Path) -> str | None:
+    """None if a file in `directory` takes chattr +i here, else why not."""
+    probe = directory / "probe"
+    probe.write_bytes(b"x")
+    try:
+        _set_immutable(str(probe), True)
+    except OSError as exc:
+        return f"chattr +i refused in {directory}: {exc}"
+    finally:
+        with contextlib.suppress(OSError):
+            _set_immutable(str(probe), False)
+        probe.unlink()
+    return None
+
+
+@contextlib.contextmanager
+def _attribute_dir(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("chattr +i needs root (CAP_LINUX_IMMUTABLE)")
+    if _can_set_immutable(tmp_path) is None:
+        yield tmp_path
+        return
+    with _ext4(tmp_path, 32) as mount_point:  # tmpfs has no attributes: a small ext4 image
+        why = _can_set_immutable(mount_point)
+        if why is not None:
+            pytest.skip(why)
+        yield mount_point
+
+
+def _put(store: mqstore.Store, i: int) -> mqstore.PutResult:
+    return store.put(Message(topic="T", body=b"x" * 200 + str(i).encode(), keys=[f"k{i}"]))
+
+
+def _bodies(store: mqstore.MessageStore) -> list[bytes]:
+    got = store.get("T", 0, 0, 1000)
+    assert got.status.name == "FOUND", got
+    return [m.body for m in got.messages]
+
+
+def test_an_immutable_active_segment_refuses_puts_by_its_cause_keeps_reads_and_resumes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="mqstore")
+    with _attribute_dir(tmp_path) as root:
+        path = str(root / "store")
+        segment = os.path.join(path, "commitlog", "00000000000000000000")
+        store = mqstore.open_store(path, **SETTINGS)
+        immutable = False
+        try:
+            assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(10))
+            _set_immutable(segment, True)
+            immutable = True
+            first = _put(store, 10)  # faults on its page: the guard, then the writer fails once
+            assert first.status is not PutMessageStatus.PUT_OK
+            assert "not writable" in first.detail and "cut short" not in first.detail, first.detail
+            # The restarted writer runs degraded: puts refused by their cause, reads served,
+            # and the store does not stop (the restarts had used the budget up in ~5 s).
+            deadline = time.monotonic() + 5
+            refused = _put(store, 11)
+            while "not writable" not in refused.detail and time.monotonic() < deadline:
+                time.sleep(0.1)  # the one restart: "writer is restarting" meanwhile
+                refused = _put(store, 11)
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+                assert "not writable" in refused.detail and "Operation not permitted" in refused.detail, refused.detail
+                time.sleep(0.5)
+                refused = _put(store, 11)
+            assert _bodies(store) == [b"x" * 200 + str(i).encode() for i in range(10)]
+            assert store.max_offset("T", 0) == 10
+            assert store.running and len(store.supervisor.restarts) == 1  # one restart, not the budget
+            said = [r.getMessage() for r in caplog.records]
+            assert not any("cut short" in line for line in said), said
+            assert any("not writable" in line for line in said), said
+            _set_immutable(segment, False)
+            immutable = False
+            deadline = time.monotonic() + 10
+            resumed = _put(store, 12)
+            while resumed.status is not PutMessageStatus.PUT_OK and time.monotonic() < deadline:
+                time.sleep(0.2)
+                resumed = _put(store, 12)
+            # The refused record's bytes are not taken for where the log was read (review 65 F3:
+            # "the commitlog ends at 6020, below 6321 ... a segment was replaced").
+            assert resumed.status is PutMessageStatus.PUT_OK, resumed
+            assert resumed.queue_offset == 10
+            store.wait_for_messages("T", 0, 11, timeout_s=5)
+            assert _bodies(store)[-1] == b"x" * 200 + b"12"
+        finally:
+            if immutable:
+                _set_immutable(segment, False)
+            store.close()
+        reopened = mqstore.open_store(path, **SETTINGS)
+        try:
+            assert _bodies(reopened) == [b"x" * 200 + str(i).encode() for i in [*range(10), 12]]
+        finally:
+            reopened.close()
