@@ -39,7 +39,7 @@ from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .foreign import refuse_foreign_layout
-from .fs import FileSystem, MappedRegion, free_name
+from .fs import FileSystem, MappedRegion, RealFileSystem, free_name
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
 from .index_progress import IndexProgress, first_lost_index_file, load_index_progress, peek_index_progress, write_index_progress
@@ -1138,6 +1138,24 @@ def resume_queue_offsets(
     return table
 
 
+def warn_if_made_for_another_owner(cfg: StoreConfig, fs: FileSystem) -> None:
+    """Warn when this process is not the store directory's owner (root running `mqstore recover`
+    on a store a service user runs): the files it makes (a rebuilt index file, CQ files, the
+    ledger) are this process's, and the service's open then refuses them (EACCES; review 65
+    F4). Said, not chowned: a warning cannot leave a file half-owned, and the operator knows
+    which user the service runs as better than the directory's owner does."""
+    if not isinstance(fs, RealFileSystem):
+        return
+    try:
+        owner = os.stat(cfg.root_dir).st_uid
+    except OSError:
+        return
+    if owner != os.geteuid():
+        log.warning("files made now will be owned by this user, not the store directory's owner, who may then be "
+                    "unable to open them", uid=os.geteuid(), store_owner_uid=owner, store=cfg.root_dir,
+                    fix=f"chown -R {owner} {cfg.root_dir} before the store opens again")  # fmt: skip
+
+
 def recover_store(
     cfg: StoreConfig,
     fs: FileSystem,
@@ -1150,6 +1168,7 @@ def recover_store(
     """Every owner's recovery in the order a start runs them (the store's actors each run
     their own part in `on_start`; this runs them all in one thread, for `mqstore recover`,
     tools and benchmarks), then the closed store's report."""
+    warn_if_made_for_another_owner(cfg, fs)
     for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
         fs.makedirs(path)
     check_geometry(cfg, fs, repairing=repair_holes)
