@@ -42,7 +42,7 @@ from ..faults import NO_FAULTS
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
-from ..storage.fs import OS_PAGE_SIZE
+from ..storage.fs import OS_PAGE_SIZE, FileReplacedUnderMapError
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.checkpoint import CheckpointValues
 from ..storage.recovery import (
@@ -330,6 +330,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                     continue
                 try:
                     mapped_file.map_writable()
+                except FileReplacedUnderMapError:
+                    self._check_segments_replaced(None)  # its copy saved from our map, puts refused
+                    return
                 except OSError as exc:
                     self._refuse_not_writable(exc)
                     return
@@ -395,12 +398,14 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             case CommitWriteBuffers(least_pages=least_pages):
                 self._commit(least_pages)
             case Tick():
-                if self._not_writable is not None:
-                    self._retry_writable()
                 # Idle too, and every segment, not only those a pass wrote: a segment replaced
                 # between puts, or an older one, gets its copy saved now and the supervisor
                 # hears of it (an unclean close), not only at the next put (~2 us a segment).
-                self._check_segments_replaced(None)
+                # Before a not-writable segment is mapped again: a file swapped in meanwhile is
+                # a replacement, not the segment made writable (review 66 F1).
+                replaced = self._check_segments_replaced(None)
+                if self._not_writable is not None and not replaced:
+                    self._retry_writable()
                 self._tell_flush_the_end()
                 if self._reput_missed:
                     self._tell_reput_the_end()

@@ -18,7 +18,9 @@ from collections import deque
 from typing import Any, Callable, Final
 
 from mqstore.log import get_logger
-from mqstore.storage.fs import OS_PAGE_SIZE, OUT_OF_RESOURCES_ERRNOS, FileCutUnderMapError, FileSystem, MappedRegion
+from mqstore.storage.fs import (
+    OS_PAGE_SIZE, OUT_OF_RESOURCES_ERRNOS, FileCutUnderMapError, FileReplacedUnderMapError, FileSystem, MappedRegion,
+)
 from mqstore.storage.status import AppendMessageResult, AppendMessageStatus
 
 __all__ = [
@@ -576,10 +578,17 @@ class MappedFile:
 
     def map_writable(self) -> None:
         """Map a file loaded `readonly` for writing again (OSError while it may still not be
-        written: EPERM, EACCES); its positions are kept."""
+        written: EPERM, EACCES); its positions are kept. FileReplacedUnderMapError, this map
+        kept, when the path names another file now (review 66 F1: an older copy restored
+        over the segment while it was not writable was taken over, positions and all, and the
+        acknowledged records it lacked were gone with no copy saved)."""
         if not self.readonly:
             return
         region = self.fs.map_file(self.file_name, self.file_size, create=False)
+        if self._region is not None and self._region.replaced():
+            # Checked after the new map is made: a file swapped in before it is seen here.
+            region.close()
+            raise FileReplacedUnderMapError(self.file_name)
         old, self._region = self._region, region
         self._unmapped = False
         self.readonly = False

@@ -140,3 +140,45 @@ def test_an_immutable_active_segment_refuses_puts_by_its_cause_keeps_reads_and_r
             assert _bodies(reopened) == [b"x" * 200 + str(i).encode() for i in [*range(10), 12]]
         finally:
             reopened.close()
+
+
+def test_a_segment_replaced_while_not_writable_is_a_replacement_not_taken_over(tmp_path: Path) -> None:
+    """Review 66 F1: while the writer waited for its segment to be writable again, an older
+    copy renamed over it (a restore) was mapped as the segment made writable, positions and
+    all: the acknowledged records it lacked were gone, no copy was saved, and the next put
+    was acknowledged. It is a replacement: the store's copy is saved and puts are refused."""
+    with _attribute_dir(tmp_path) as root:
+        path = str(root / "store")
+        segment = os.path.join(path, "commitlog", "00000000000000000000")
+        store = mqstore.open_store(path, **SETTINGS)
+        immutable = False
+        try:
+            assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(5))
+            store.flush()
+            older = Path(segment).read_bytes()  # a backup holding 5 records
+            assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(5, 10))
+            _set_immutable(segment, True)
+            immutable = True
+            assert _put(store, 10).status is not PutMessageStatus.PUT_OK
+            deadline = time.monotonic() + 5
+            while "not writable" not in _put(store, 11).detail and time.monotonic() < deadline:
+                time.sleep(0.1)  # the one restart, then the degraded writer
+            Path(segment + ".restore").write_bytes(older)
+            _set_immutable(segment, False)
+            immutable = False
+            os.rename(segment + ".restore", segment)
+            deadline = time.monotonic() + 5
+            refused = _put(store, 12)
+            while "not writable" in refused.detail and time.monotonic() < deadline:
+                time.sleep(0.2)
+                refused = _put(store, 12)
+            assert refused.status is not PutMessageStatus.PUT_OK, refused
+            assert "replaced" in refused.detail, refused.detail
+            copies = [n for n in os.listdir(os.path.join(path, "commitlog")) if n.startswith("00000000000000000000.")]
+            assert copies, os.listdir(os.path.join(path, "commitlog"))
+            kept = Path(path, "commitlog", copies[0]).read_bytes()
+            assert all(b"x" * 200 + str(i).encode() in kept for i in range(10))
+        finally:
+            if immutable:
+                _set_immutable(segment, False)
+            store.close()
