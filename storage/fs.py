@@ -817,8 +817,13 @@ class RealFileSystem:
                 _require_regular(leftover.st_mode, tmp)
             os.remove(tmp)
         try:
-            old: os.stat_result | None = os.stat(path)
+            # lstat: a symbolic link at `path` is replaced, not written through, so its
+            # target's mode and owner are not the file's to keep (review 66 F3: a link to a
+            # file of another user's, 0666, made the committed offsets theirs and writable).
+            old: os.stat_result | None = os.lstat(path)
         except OSError:  # none yet (or not to be seen): the new file's own mode, and ours
+            old = None
+        if old is not None and not stat.S_ISREG(old.st_mode):
             old = None
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)

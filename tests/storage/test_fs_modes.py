@@ -87,3 +87,19 @@ def test_an_owner_that_cannot_be_kept_never_fails_the_write(tmp_path: Path, monk
     fs.write_atomic(str(path), b"two")
     assert path.read_bytes() == b"two" and len(tried) == 2
     assert not (tmp_path / "stats.msgpack.tmp").exists()
+
+
+def test_a_symlink_replaced_by_write_atomic_lends_it_neither_mode_nor_owner(tmp_path: Path) -> None:
+    """Review 66 F3: the mode and owner kept were the link target's (os.stat follows links)."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    os.chmod(target, 0o666)
+    link = tmp_path / "consumerOffset.json"
+    link.symlink_to(target)
+    old_umask = os.umask(0o022)
+    try:
+        RealFileSystem().write_atomic(str(link), b"{}")
+    finally:
+        os.umask(old_umask)
+    assert not link.is_symlink() and stat.S_IMODE(link.stat().st_mode) == 0o644
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666  # the target untouched
