@@ -525,8 +525,11 @@ class CommitLog:
             # Nothing of this put was written; the next put tries to reserve again. Logged when
             # the refusals start and then at most every DISK_FULL_LOG_INTERVAL_S with a count
             # (review 46 L1: one ERROR line per refused put, 25k of them).
-            self._note_disk_full_refusal(str(exc))
-            what = "out of file descriptors" if exc.out_of_descriptors else "disk full"  # (review 60 L1)
+            what = ("out of file descriptors" if exc.out_of_descriptors  # (review 60 L1)
+                    else "a commitlog segment is not writable (an immutable or append-only attribute, or permission; "
+                         "make it writable and puts resume)" if exc.not_writable  # (review 66 F2)
+                    else "disk full")  # fmt: skip
+            self._note_disk_full_refusal(f"{what}: {exc}")
             return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"{what}: {exc}")
         if (self._fast_append and result.status is AppendMessageStatus.PUT_OK and mapped_file.write_buffer is None
                 and mapped_file.file_from_offset + mapped_file.file_size <= JAVA_LONG_MAX):  # fmt: skip
@@ -569,7 +572,7 @@ class CommitLog:
         now = time.monotonic()
         self._disk_full_refused += 1
         if now - self._disk_full_logged_at >= DISK_FULL_LOG_INTERVAL_S:
-            log.error("disk full, puts refused", error=error, refused_since_last_said=self._disk_full_refused)
+            log.error("puts refused: no blocks could be reserved", error=error, refused_since_last_said=self._disk_full_refused)
             self._disk_full_logged_at = now
             self._disk_full_refused = 0
 

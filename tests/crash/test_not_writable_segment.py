@@ -182,3 +182,41 @@ def test_a_segment_replaced_while_not_writable_is_a_replacement_not_taken_over(t
             if immutable:
                 _set_immutable(segment, False)
             store.close()
+
+
+def test_a_segment_made_ahead_that_is_not_writable_is_named_so_not_disk_full(tmp_path: Path) -> None:
+    """Review 66 F2: chattr +i on the segment the allocator made ahead refused every put past
+    the roll as "disk full" (its blocks could not be reserved: EPERM)."""
+    with _attribute_dir(tmp_path) as root:
+        path = str(root / "store")
+        ahead = os.path.join(path, "commitlog", "%020d" % (64 * 1024))
+        store = mqstore.open_store(path, **SETTINGS)
+        immutable = False
+        try:
+            i = 0
+            deadline = time.monotonic() + 10
+            while not os.path.exists(ahead) and time.monotonic() < deadline:
+                assert _put(store, i).status is PutMessageStatus.PUT_OK
+                i += 1
+            _set_immutable(ahead, True)
+            immutable = True
+            refused = None
+            for _ in range(400):  # past the roll onto the segment made ahead
+                result = _put(store, i)
+                if result.status is not PutMessageStatus.PUT_OK:
+                    refused = result
+                    break
+                i += 1
+            assert refused is not None and "not writable" in refused.detail and "disk full" not in refused.detail, refused
+            _set_immutable(ahead, False)
+            immutable = False
+            deadline = time.monotonic() + 10
+            resumed = _put(store, i)
+            while resumed.status is not PutMessageStatus.PUT_OK and time.monotonic() < deadline:
+                time.sleep(0.2)
+                resumed = _put(store, i)
+            assert resumed.status is PutMessageStatus.PUT_OK, resumed
+        finally:
+            if immutable:
+                _set_immutable(ahead, False)
+            store.close()
