@@ -272,14 +272,10 @@ def unreadable_file(path: str | os.PathLike[str], error: OSError, *, named: bool
     map now: not damage, and nothing `mqstore recover` repairs (review 65 F1: a segment the
     user may not read was called corrupt, or its messages absent). `named`: the text begins
     with the path (else with "cannot be read now", for a report that names it already)."""
+    from .reads import retry_hint
+
     code = errno.errorcode.get(error.errno, f"errno {error.errno}") if error.errno is not None else type(error).__name__
-    if error.errno in (errno.EACCES, errno.EPERM):
-        hint = ("the file is not known to be damaged: give the user running this command read access to it (its "
-                "permissions, ownership or a security policy), then ask again")  # fmt: skip
-    elif error.errno == errno.EIO:
-        hint = "the disk answered with an I/O error: check the device (the kernel log) before the store is opened again"
-    else:
-        hint = "ask again once the process has descriptors and memory to spare"
+    hint = retry_hint(error, who="the user running this command")
     text = f"cannot be read now ({code}: {error.strerror or error}): {hint}"
     return f"{os.fspath(path)} {text}" if named else text
 

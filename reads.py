@@ -251,17 +251,21 @@ def unmappable_detail(commitlog_offset: int, error: BaseException, outcome: str 
 _ERRNO_IN_TEXT: Final = re.compile(r"\[Errno (\d+)\]")
 
 
-def retry_hint(error: BaseException | str) -> str:
+def retry_hint(error: BaseException | str, *, who: str = "the process") -> str:
     """What to do before asking again, by the errno of what refused the map (review 65 F6: a
     file the process may not open was blamed on its descriptors and memory). `error` is the
-    exception or its text ("PermissionError: [Errno 13] ...", as a reply carries it)."""
+    exception or its text ("PermissionError: [Errno 13] ...", as a reply carries it); `who`
+    is who may not open it (the CLI: the user running the command). The one errno-to-advice
+    table for the library's answers and the read tools' (cli.unreadable_file)."""
     code = getattr(error, "errno", None)
     if code is None:
         found = _ERRNO_IN_TEXT.search(str(error))
         code = int(found.group(1)) if found else None
     if code in (errno.EACCES, errno.EPERM):
-        return ("the process may not open the file: give it back its owner and mode (or clear an immutable "
-                "attribute), then ask again")
+        return (f"{who} may not open the file, which is not known to be damaged: give it back its owner and mode, or "
+                "read access (or clear an immutable attribute), then ask again")  # fmt: skip
+    if code == errno.EIO:
+        return "the disk answered with an I/O error: check the device (the kernel log) before asking again"
     return "ask again once the process has descriptors and memory to spare"
 
 
