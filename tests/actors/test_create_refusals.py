@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -209,6 +210,11 @@ def _as_nobody(root: Path) -> dict[str, object]:
     commitlog = root / "store" / "commitlog"
     with mqstore.open(root / "store", **SETTINGS) as store:
         assert store.put(Message(topic="T", body=BODY)).ok
+        # The allocator makes the second segment ahead, on its own thread: once it is there,
+        # the first refused is the third (else the second, when the chmod came first).
+        deadline = time.monotonic() + 10
+        while not (commitlog / segment_file_name(SEGMENT)).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.chmod(commitlog, 0o555)
         try:
             stored = _fill_two_segments(store) + 1
