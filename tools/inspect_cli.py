@@ -1013,7 +1013,14 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 def _run_stats(args: argparse.Namespace) -> int:
     _check_store_dir(args.store_dir)
-    report = store_file_stats(args.store_dir, store_config(args, args.store_dir, require_commitlog=False))
+    config = store_config(args, args.store_dir, require_commitlog=False)
+    try:
+        report = store_file_stats(args.store_dir, config)
+    except OSError as exc:
+        if exc.filename is None or exc.errno not in (errno.EACCES, errno.EPERM, errno.EIO):
+            raise
+        # As the other read tools say it (review 66 F5: a bare PermissionError): not damage.
+        raise CliError(ExitCode.FAILURE, unreadable_file(exc.filename, exc)) from None
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:

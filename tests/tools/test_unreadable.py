@@ -341,3 +341,13 @@ def test_recover_and_clean_say_a_store_another_user_runs_is_running(store: Path,
         assert code == ExitCode.LOCKED and "the store is running" in err and "PermissionError" not in err, (code, err)
     finally:
         assert running.close()
+
+
+def test_stats_says_a_segment_it_may_not_read_is_not_readable_now(store: Path) -> None:
+    """Review 66 F5: `stats` printed a bare PermissionError, unlike the other read tools."""
+    deny(segment(store, 1))
+    before = snapshot(store)
+    code, _out, err = run_denied(["stats", str(store)])
+    assert code == ExitCode.FAILURE and "cannot be read now" in err and "not known to be damaged" in err, err
+    assert "PermissionError" not in err, err
+    assert snapshot(store) == before
