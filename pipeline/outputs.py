@@ -85,16 +85,22 @@ def refuse_overlap(out: str, inputs: Sequence[str], what: str, *, with_stores: b
                                            "it would be written over what it reads; choose another directory")  # fmt: skip
 
 
-def _root_entry_in(directory: str) -> str | None:
-    """The first entry of `directory` that a store keeps in its root, or None."""
-    for name in _STORE_ROOT_FILES:
+def _first_entry_in(directory: str, files: Sequence[str], dirs: Sequence[str]) -> str | None:
+    """The first of `files` (not a directory) or `dirs` (a directory, named with a trailing
+    separator) that `directory` holds, or None."""
+    for name in files:
         path = os.path.join(directory, name)
         if os.path.lexists(path) and not os.path.isdir(path):
             return name
-    for name in _STORE_ROOT_DIRS:
+    for name in dirs:
         if os.path.isdir(os.path.join(directory, name)):
             return name + os.sep
     return None
+
+
+def _root_entry_in(directory: str) -> str | None:
+    """The first entry of `directory` that a store keeps in its root, or None."""
+    return _first_entry_in(directory, _STORE_ROOT_FILES, _STORE_ROOT_DIRS)
 
 
 def _data_file_in(directory: str) -> str | None:
@@ -116,11 +122,7 @@ _CHECKPOINT_SIZE: Final = 4096
 
 
 def _weak_root_entries(directory: str) -> list[str]:
-    found = []
-    for name in ("lock", "abort", "stats.msgpack"):
-        path = os.path.join(directory, name)
-        if os.path.lexists(path) and not os.path.isdir(path):
-            found.append(name)
+    found = [name for name in ("lock", "abort", "stats.msgpack") if _first_entry_in(directory, (name,), ())]
     checkpoint = os.path.join(directory, "checkpoint")
     with contextlib.suppress(OSError):
         if os.path.isfile(checkpoint) and os.path.getsize(checkpoint) == _CHECKPOINT_SIZE:
@@ -134,13 +136,9 @@ def _store_entry_in(directory: str, *, near: bool) -> str | None:
     """What in `directory` makes it a store's own, or None: a name only a store gives, two of
     the common ones, or (`near`: the output's own directory or the one holding it) a segment
     or queue file, a commitlog kept elsewhere being a directory of them alone."""
-    for name in _STRONG_ROOT_FILES:
-        path = os.path.join(directory, name)
-        if os.path.lexists(path) and not os.path.isdir(path):
-            return name
-    for name in _STRONG_ROOT_DIRS:
-        if os.path.isdir(os.path.join(directory, name)):
-            return name + os.sep
+    strong = _first_entry_in(directory, _STRONG_ROOT_FILES, _STRONG_ROOT_DIRS)
+    if strong is not None:
+        return strong
     weak = _weak_root_entries(directory)
     if len(weak) >= 2:
         return " and ".join(weak)
