@@ -73,6 +73,37 @@ def _attribute_dir(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
 
 
+class _Immutable:
+    """The files a test made immutable, so that whatever happens they are made writable again
+    (a file left +i cannot be deleted, even by root)."""
+
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+
+    def set(self, path: str, on: bool) -> None:
+        _set_immutable(path, on)
+        (self.paths.add if on else self.paths.discard)(path)
+
+    def clear(self) -> None:
+        for path in sorted(self.paths):
+            _set_immutable(path, False)
+        self.paths.clear()
+
+
+@contextlib.contextmanager
+def _running_store(root: Path) -> Iterator[tuple[str, mqstore.Store, _Immutable]]:
+    """(the store's path, the store open there, the immutable files): on the way out the files
+    are made writable again and the store is closed."""
+    path = str(root / "store")
+    store = mqstore.open_store(path, **SETTINGS)
+    flags = _Immutable()
+    try:
+        yield path, store, flags
+    finally:
+        flags.clear()
+        store.close()
+
+
 def _put(store: mqstore.Store, i: int) -> mqstore.PutResult:
     return store.put(Message(topic="T", body=b"x" * 200 + str(i).encode(), keys=[f"k{i}"]))
 
@@ -88,14 +119,10 @@ def test_an_immutable_active_segment_refuses_puts_by_its_cause_keeps_reads_and_r
 ) -> None:
     caplog.set_level(logging.ERROR, logger="mqstore")
     with _attribute_dir(tmp_path) as root:
-        path = str(root / "store")
-        segment = os.path.join(path, "commitlog", "00000000000000000000")
-        store = mqstore.open_store(path, **SETTINGS)
-        immutable = False
-        try:
+        with _running_store(root) as (path, store, flags):
+            segment = os.path.join(path, "commitlog", "00000000000000000000")
             assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(10))
-            _set_immutable(segment, True)
-            immutable = True
+            flags.set(segment, True)
             first = _put(store, 10)  # faults on its page: the guard, then the writer fails once
             assert first.status is not PutMessageStatus.PUT_OK
             assert "not writable" in first.detail and "cut short" not in first.detail, first.detail
@@ -118,8 +145,7 @@ def test_an_immutable_active_segment_refuses_puts_by_its_cause_keeps_reads_and_r
             said = [r.getMessage() for r in caplog.records]
             assert not any("cut short" in line for line in said), said
             assert any("not writable" in line for line in said), said
-            _set_immutable(segment, False)
-            immutable = False
+            flags.set(segment, False)
             deadline = time.monotonic() + 10
             resumed = _put(store, 12)
             while resumed.status is not PutMessageStatus.PUT_OK and time.monotonic() < deadline:
@@ -131,10 +157,6 @@ def test_an_immutable_active_segment_refuses_puts_by_its_cause_keeps_reads_and_r
             assert resumed.queue_offset == 10
             store.wait_for_messages("T", 0, 11, timeout_s=5)
             assert _bodies(store)[-1] == b"x" * 200 + b"12"
-        finally:
-            if immutable:
-                _set_immutable(segment, False)
-            store.close()
         reopened = mqstore.open_store(path, **SETTINGS)
         try:
             assert _bodies(reopened) == [b"x" * 200 + str(i).encode() for i in [*range(10), 12]]
@@ -147,76 +169,56 @@ def test_a_segment_replaced_while_not_writable_is_a_replacement_not_taken_over(t
     copy renamed over it (a restore) was mapped as the segment made writable, positions and
     all: the acknowledged records it lacked were gone, no copy was saved, and the next put
     was acknowledged. It is a replacement: the store's copy is saved and puts are refused."""
-    with _attribute_dir(tmp_path) as root:
-        path = str(root / "store")
+    with _attribute_dir(tmp_path) as root, _running_store(root) as (path, store, flags):
         segment = os.path.join(path, "commitlog", "00000000000000000000")
-        store = mqstore.open_store(path, **SETTINGS)
-        immutable = False
-        try:
-            assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(5))
-            store.flush()
-            older = Path(segment).read_bytes()  # a backup holding 5 records
-            assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(5, 10))
-            _set_immutable(segment, True)
-            immutable = True
-            assert _put(store, 10).status is not PutMessageStatus.PUT_OK
-            deadline = time.monotonic() + 5
-            while "not writable" not in _put(store, 11).detail and time.monotonic() < deadline:
-                time.sleep(0.1)  # the one restart, then the degraded writer
-            Path(segment + ".restore").write_bytes(older)
-            _set_immutable(segment, False)
-            immutable = False
-            os.rename(segment + ".restore", segment)
-            deadline = time.monotonic() + 5
+        assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(5))
+        store.flush()
+        older = Path(segment).read_bytes()  # a backup holding 5 records
+        assert all(_put(store, i).status is PutMessageStatus.PUT_OK for i in range(5, 10))
+        flags.set(segment, True)
+        assert _put(store, 10).status is not PutMessageStatus.PUT_OK
+        deadline = time.monotonic() + 5
+        while "not writable" not in _put(store, 11).detail and time.monotonic() < deadline:
+            time.sleep(0.1)  # the one restart, then the degraded writer
+        Path(segment + ".restore").write_bytes(older)
+        flags.set(segment, False)
+        os.rename(segment + ".restore", segment)
+        deadline = time.monotonic() + 5
+        refused = _put(store, 12)
+        while "not writable" in refused.detail and time.monotonic() < deadline:
+            time.sleep(0.2)
             refused = _put(store, 12)
-            while "not writable" in refused.detail and time.monotonic() < deadline:
-                time.sleep(0.2)
-                refused = _put(store, 12)
-            assert refused.status is not PutMessageStatus.PUT_OK, refused
-            assert "replaced" in refused.detail, refused.detail
-            copies = [n for n in os.listdir(os.path.join(path, "commitlog")) if n.startswith("00000000000000000000.")]
-            assert copies, os.listdir(os.path.join(path, "commitlog"))
-            kept = Path(path, "commitlog", copies[0]).read_bytes()
-            assert all(b"x" * 200 + str(i).encode() in kept for i in range(10))
-        finally:
-            if immutable:
-                _set_immutable(segment, False)
-            store.close()
+        assert refused.status is not PutMessageStatus.PUT_OK, refused
+        assert "replaced" in refused.detail, refused.detail
+        copies = [n for n in os.listdir(os.path.join(path, "commitlog")) if n.startswith("00000000000000000000.")]
+        assert copies, os.listdir(os.path.join(path, "commitlog"))
+        kept = Path(path, "commitlog", copies[0]).read_bytes()
+        assert all(b"x" * 200 + str(i).encode() in kept for i in range(10))
 
 
 def test_a_segment_made_ahead_that_is_not_writable_is_named_so_not_disk_full(tmp_path: Path) -> None:
     """Review 66 F2: chattr +i on the segment the allocator made ahead refused every put past
     the roll as "disk full" (its blocks could not be reserved: EPERM)."""
-    with _attribute_dir(tmp_path) as root:
-        path = str(root / "store")
+    with _attribute_dir(tmp_path) as root, _running_store(root) as (path, store, flags):
         ahead = os.path.join(path, "commitlog", "%020d" % (64 * 1024))
-        store = mqstore.open_store(path, **SETTINGS)
-        immutable = False
-        try:
-            i = 0
-            deadline = time.monotonic() + 10
-            while not os.path.exists(ahead) and time.monotonic() < deadline:
-                assert _put(store, i).status is PutMessageStatus.PUT_OK
-                i += 1
-            _set_immutable(ahead, True)
-            immutable = True
-            refused = None
-            for _ in range(400):  # past the roll onto the segment made ahead
-                result = _put(store, i)
-                if result.status is not PutMessageStatus.PUT_OK:
-                    refused = result
-                    break
-                i += 1
-            assert refused is not None and "not writable" in refused.detail and "disk full" not in refused.detail, refused
-            _set_immutable(ahead, False)
-            immutable = False
-            deadline = time.monotonic() + 10
+        i = 0
+        deadline = time.monotonic() + 10
+        while not os.path.exists(ahead) and time.monotonic() < deadline:
+            assert _put(store, i).status is PutMessageStatus.PUT_OK
+            i += 1
+        flags.set(ahead, True)
+        refused = None
+        for _ in range(400):  # past the roll onto the segment made ahead
+            result = _put(store, i)
+            if result.status is not PutMessageStatus.PUT_OK:
+                refused = result
+                break
+            i += 1
+        assert refused is not None and "not writable" in refused.detail and "disk full" not in refused.detail, refused
+        flags.set(ahead, False)
+        deadline = time.monotonic() + 10
+        resumed = _put(store, i)
+        while resumed.status is not PutMessageStatus.PUT_OK and time.monotonic() < deadline:
+            time.sleep(0.2)
             resumed = _put(store, i)
-            while resumed.status is not PutMessageStatus.PUT_OK and time.monotonic() < deadline:
-                time.sleep(0.2)
-                resumed = _put(store, i)
-            assert resumed.status is PutMessageStatus.PUT_OK, resumed
-        finally:
-            if immutable:
-                _set_immutable(ahead, False)
-            store.close()
+        assert resumed.status is PutMessageStatus.PUT_OK, resumed
