@@ -79,6 +79,20 @@ class FileCutUnderMapError(OSError):
                                     "while mapped (or no room on the disk for it)", path)  # fmt: skip
 
 
+class UnreadDuringRecoveryError(OSError):
+    """A page of a store file faulted while recovery read it (an I/O error on the disk, or
+    another process cut the file short during the open): the SIGBUS guard handed recovery
+    zeros for it, which read as the end of the log. Trusting them would have ended the log
+    there, deleting or writing over every record after it. Raised before recovery changes a
+    byte: the store does not open until the file reads whole."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.EIO, "a page could not be read while recovery read the file (an I/O error, or "
+                                    "the file was cut short by another process meanwhile); nothing was changed: "
+                                    "the store opens once the file reads whole (check the disk and the kernel log)",
+                         path)  # fmt: skip
+
+
 class FileNotWritableUnderMapError(FileCutUnderMapError):
     """A write through the map faulted on a file that is still whole and still the mapped
     one, but may not be written now: an immutable or append-only attribute (chattr +i/+a:
