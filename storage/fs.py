@@ -79,18 +79,27 @@ class FileCutUnderMapError(OSError):
                                     "while mapped (or no room on the disk for it)", path)  # fmt: skip
 
 
-class UnreadDuringRecoveryError(OSError):
-    """A page of a store file faulted while recovery read it (an I/O error on the disk, or
-    another process cut the file short during the open): the SIGBUS guard handed recovery
-    zeros for it, which read as the end of the log. Trusting them would have ended the log
-    there, deleting or writing over every record after it. Raised before recovery changes a
-    byte: the store does not open until the file reads whole."""
+class UnreadPageError(OSError):
+    """A page of a mapped store file could not be read when touched (an I/O error on the
+    disk, or another process cut the file short meanwhile): the SIGBUS guard handed the
+    reader zeros for it, which are not the file's content. A reader that meets one acts on
+    nothing it read there (no end, no damage, no expiry, no "no such message"): it stops
+    and says the file cannot be read now, as for a segment it cannot map. Not damage."""
+
+    def __init__(self, path: str, what: str = "nothing was changed; read again once the file reads whole") -> None:
+        super().__init__(errno.EIO, "a page could not be read (an I/O error, or the file was cut short by another "
+                                    f"process meanwhile): not damage; {what} (check the disk and the kernel log)",
+                         path)  # fmt: skip
+
+
+class UnreadDuringRecoveryError(UnreadPageError):
+    """A page of a store file faulted while recovery read it: the zeros read as the end of the
+    log. Trusting them would have ended the log there, deleting or writing over every record
+    after it. Raised before recovery changes a byte: the store does not open until the file
+    reads whole."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(errno.EIO, "a page could not be read while recovery read the file (an I/O error, or "
-                                    "the file was cut short by another process meanwhile); nothing was changed: "
-                                    "the store opens once the file reads whole (check the disk and the kernel log)",
-                         path)  # fmt: skip
+        super().__init__(path, "recovery read the file and changed nothing: the store opens once it reads whole")
 
 
 class FileNotWritableUnderMapError(FileCutUnderMapError):

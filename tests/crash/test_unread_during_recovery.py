@@ -78,7 +78,7 @@ def test_an_open_whose_scan_cannot_read_a_page_refuses_and_changes_nothing(
     with pytest.raises(UnreadDuringRecoveryError) as refused:
         mqstore.open(store, mapped_file_size_commitlog_bytes=SEG).close()
     assert refused.value.errno == errno.EIO and refused.value.filename == str(segment)
-    assert "nothing was changed" in str(refused.value)
+    assert "changed nothing" in str(refused.value)
     segment.write_bytes(saved)  # the disk reads again
     assert _hashes(store) == before
     assert _served(store) == (MESSAGES, mqstore.PutMessageStatus.PUT_OK)
@@ -96,7 +96,7 @@ def test_recover_whose_scan_cannot_read_a_page_exits_1_and_changes_nothing(
     monkeypatch.setenv("MQSTORE_MAPPED_FILE_SIZE_COMMITLOG_BYTES", str(SEG))
     assert cli.main(["recover", str(store)]) == 1
     said = capsys.readouterr().err
-    assert "could not be read while recovery read the file" in said and segment.name in said
+    assert "could not be read" in said and "changed nothing" in said and segment.name in said
     assert "quarantined" not in said  # refused where the walk met the fault, not past it
     segment.write_bytes(saved)
     assert _hashes(store) == before
