@@ -16,7 +16,7 @@ from typing import Callable, Final
 from mqstore.log import get_logger
 from mqstore.storage import scan
 from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, ReadBuffer, is_topic_name, jdiv
-from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem
+from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 
@@ -115,6 +115,11 @@ class ConsumeQueue:
                 continue
             process_offset = mapped_file.file_from_offset + file_offset
             break
+        self.refuse_if_unread()  # zeros from a page that faulted are no end: nothing is cut on them
+        if index < len(files) - 1 and self.fs.getsize(mapped_file.file_name) < self.mapped_file_size:
+            # Cut short under the map (its lost pages read as a hole, no fault): files after it
+            # say this is no end, and they are not deleted on it.
+            raise UnreadDuringRecoveryError(mapped_file.file_name)
         queue = self.mapped_file_queue
         queue.flushed_where = queue.committed_where = process_offset
         queue.truncate_dirty_files(process_offset)
@@ -279,6 +284,7 @@ class ConsumeQueue:
                     low = mid
                 else:
                     high = mid - 1
+            self.refuse_if_unread()
             if low < count:
                 found: tuple[int, int, int] = CQ_UNIT.unpack_from(data, (count - low - 1) * unit)
                 return found
@@ -306,7 +312,9 @@ class ConsumeQueue:
                 if not _valid(offset, size) or offset >= phy_offset:
                     break
                 count += 1
+            self.refuse_if_unread()
             return (mapped_file.file_from_offset + count * unit) // unit
+        self.refuse_if_unread()
         return 0
 
     def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
@@ -400,6 +408,7 @@ class ConsumeQueue:
             # a crash re-dispatches from the log's start): reading all of it took a third of
             # that recovery. Holes are not read: see recover().
             first_offset, first_size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
+            self.refuse_if_unread()
             if first_offset >= phy_offset or not _valid(first_offset, first_size):
                 # An invalid first unit: the file holds nothing (created, never durably
                 # written); keeping it would turn its zero unit into a phantom unit.
@@ -407,6 +416,7 @@ class ConsumeQueue:
                 queue.delete_last_mapped_file()
                 continue
             buf = mapped_file.read_data(0, self.mapped_file_size)
+            self.refuse_if_unread()
             mapped_file.set_positions(unit)
             self.max_physic_offset = first_offset
             for i in range(unit, self.mapped_file_size, unit):
@@ -466,6 +476,7 @@ class ConsumeQueue:
                 kept += 1
             if cut is not None:
                 break
+        self.refuse_if_unread()
         if cut is not None:
             while (last := queue.last_mapped_file) is not None and last.file_from_offset >= cut:
                 last.set_positions(0)  # emptied, it would read as a phantom unit: it goes
@@ -478,6 +489,14 @@ class ConsumeQueue:
             real = self.last_real_unit()
             self.max_physic_offset = real[0] if real is not None else phy_offset - 1
         return kept
+
+    def refuse_if_unread(self) -> None:
+        """UnreadDuringRecoveryError naming a file of this queue whose map met a page it could
+        not read: recovery read the guard's zeros there, which are no end, no invalid unit and
+        no last unit, and cuts or deletes nothing on them (review 67 F3)."""
+        mapped_file = self.mapped_file_queue.faulted_file()
+        if mapped_file is not None:
+            raise UnreadDuringRecoveryError(mapped_file.file_name)
 
     def correct_min_offset(self, phy_min_offset: int) -> None:
         """min_logic_offset := the first unit of the first file pointing at or after

@@ -127,13 +127,23 @@ class MappedFileQueue:
         """FileCutUnderMapError naming the first of these files that lost pages under its map
         (another process cut it): what was written there is not in the file. Each map is asked
         only when the process's count of such faults moved, so a pass pays one C call."""
+        mapped_file = self.faulted_file()
+        if mapped_file is not None:
+            raise mapped_file.cut_error()  # and again at every call
+
+    def faulted_file(self) -> MappedFile | None:
+        """The first of these files whose map met a page it could not read (an I/O error, or
+        the file cut short meanwhile): what was read there is the SIGBUS guard's zeros, not the
+        file's bytes, and decides nothing. Each map is asked only when the process's count of
+        faults moved since none of these had one: one C call otherwise."""
         faults = self.fs.map_faults()
         if faults == self._map_faults_seen:
-            return
+            return None
         for mapped_file in self.mapped_files:
             if mapped_file.cut_short():
-                raise mapped_file.cut_error()  # and again at every call
+                return mapped_file
         self._map_faults_seen = faults  # another owner's map
+        return None
 
     # idle files given back (review 58 F2) --------------------------------------------------
     def unmap_files(self) -> bool:

@@ -39,7 +39,7 @@ from .checkpoint import CheckpointValues, read_checkpoint
 from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .foreign import refuse_foreign_layout
-from .fs import FileSystem, MappedRegion, RealFileSystem, free_name
+from .fs import FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError, free_name
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
 from .index_progress import IndexProgress, first_lost_index_file, load_index_progress, peek_index_progress, write_index_progress
@@ -1055,7 +1055,8 @@ class _UnitChecker:
         self._quarantined = sorted(quarantined)
         self._max_size = cfg.max_stored_record_bytes
         self._delay_levels = codec.parse_delay_levels(cfg.message_delay_level)
-        self._reader: CommitLogReader | None = None
+        self._reader: _RecoveryReader | None = None
+        self._faults_seen = fs.map_faults()
 
     def __enter__(self) -> _UnitChecker:
         return self
@@ -1070,19 +1071,25 @@ class _UnitChecker:
                 return False
             if self._reader is None:
                 cfg = self._cfg
-                self._reader = CommitLogReader(self._fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+                self._reader = _RecoveryReader(self._fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
                                                max_message_size=cfg.max_message_size_bytes, limit=self._end)  # fmt: skip
             found = self._reader.select(offset, size)
             fields = self._decode(*found, size) if found is not None else None
-            if fields is None:
-                return False
-            tran = fields.sys_flag & codec.TRANSACTION_MASK
-            return (
+            tran = fields.sys_flag & codec.TRANSACTION_MASK if fields is not None else 0
+            if fields is not None and (
                 fields.msg_size == size and fields.commitlog_offset == offset and fields.topic == topic
                 and fields.queue_id == queue_id and fields.consume_queue_offset == queue_offset
                 and fields.tags_code == tags
                 and tran != codec.TRANSACTION_PREPARED_TYPE and tran != codec.TRANSACTION_ROLLBACK_TYPE
-            )  # fmt: skip
+            ):  # fmt: skip
+                return True
+            # A record that read as the guard's zeros is not one the unit does not match: the
+            # queue is not cut there (review 67 F3).
+            if self._fs.map_faults() != self._faults_seen:
+                unread = self._reader.unread_segment(offset)
+                if unread is not None:
+                    raise UnreadDuringRecoveryError(unread)
+            return False
 
         return matches
 
@@ -1106,6 +1113,15 @@ class _UnitChecker:
         if i and ranges[i - 1][1] > start:  # ...and the one before it, which may reach past it
             return True
         return i < len(ranges) and ranges[i][0] < stop
+
+
+class _RecoveryReader(CommitLogReader):
+    """A CommitLogReader that says whether the segment holding an offset met a page it could
+    not read (its map reads the SIGBUS guard's zeros there)."""
+
+    def unread_segment(self, offset: int) -> str | None:
+        region = self._regions.get(offset - offset % self.mapped_file_size)
+        return region.path if region is not None and region.cut_short() else None
 
 
 def resume_queue_offsets(
