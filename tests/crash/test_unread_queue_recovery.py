@@ -1,7 +1,8 @@
 """A consume queue or index page that cannot be read while the open's recovery reads it (an
 I/O error, or the file cut short meanwhile) reads as the SIGBUS guard's zeros. Review 67 F3:
 taken for the queue's end, they made recovery delete the queue's later files (200 acknowledged
-messages unreachable, the next put reusing queue offset 100), silently;. Now the open refuses (EIO, the
+messages unreachable, the next put reusing queue offset 100), silently; an index header read
+as zeros ended "below the progress" and the file was dropped. Now the open refuses (EIO, the
 file named) before it cuts, zeroes or deletes anything, and opens whole once the file reads.
 
 The fault is made for real: the file is cut short once it is mapped, before recovery reads it,
@@ -21,6 +22,7 @@ import mqstore
 from mqstore.storage import mapguard
 from mqstore.storage.consume_queue import ConsumeQueue
 from mqstore.storage.fs import RealFileSystem, UnreadDuringRecoveryError
+from mqstore.storage.index import IndexFile
 
 pytestmark = pytest.mark.skipif(not mapguard.available, reason="storage/_mapguard.c not built: a fault would kill the run")
 
@@ -96,3 +98,38 @@ def test_a_queue_page_that_cannot_be_read_during_recovery_refuses_the_open_and_d
     with mqstore.open(store, **CQ) as s:
         assert _read_all(s, 0) == list(range(300))
         assert s.put(mqstore.Message(topic="t", queue_id=0, body=b"new")).queue_offset == 300
+
+
+def test_an_index_header_that_faults_during_recovery_refuses_the_open_and_drops_no_index_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = {"mapped_file_size_commitlog_bytes": SEG, "max_hash_slot_num": 100, "max_index_num": 100}
+    store = tmp_path / "store"
+    with mqstore.open(store, **settings) as s:
+        for i in range(300):
+            assert s.put(mqstore.Message(topic="t", body=b"m" * 100, keys=[f"k{i}"])).ok
+    index_dir = store / "index"
+    files = sorted(index_dir.iterdir())
+    assert len(files) >= 2
+    before = _hashes(index_dir)
+    first = files[0]
+    saved = first.read_bytes()
+    reload_header = IndexFile.reload_header
+
+    def cut_while_it_reads(self: IndexFile) -> None:
+        if self.path != str(first):
+            return reload_header(self)
+        monkeypatch.setattr(IndexFile, "reload_header", reload_header)
+        os.truncate(first, 0)  # mapped already: the header's page faults
+        try:
+            return reload_header(self)
+        finally:
+            first.write_bytes(saved)
+
+    monkeypatch.setattr(IndexFile, "reload_header", cut_while_it_reads)
+    with pytest.raises(UnreadDuringRecoveryError) as refused:
+        mqstore.open(store, **settings).close()
+    assert refused.value.errno == errno.EIO and refused.value.filename == str(first)
+    assert _hashes(index_dir) == before  # none set aside, deleted or rebuilt
+    with mqstore.open(store, **settings) as s:
+        assert [m.body for m in s.query("t", "k5").messages] == [b"m" * 100]
