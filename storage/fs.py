@@ -208,6 +208,7 @@ class FileSystem(Protocol):
     def shared_with(self, path: str) -> str | None: ...
     def write_atomic(self, path: str, data: bytes) -> None: ...
     def set_aside(self, path: str, suffix: str) -> str: ...
+    def rename(self, path: str, target: str) -> None: ...
     def disk_usage(self, path: str) -> DiskUsage: ...
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]: ...
 
@@ -875,6 +876,14 @@ class RealFileSystem:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
         return target
 
+    def rename(self, path: str, target: str) -> None:
+        """Rename `path` to `target` in its directory, never over another file (FileExistsError),
+        made durable: a file written under a temporary name put in its place."""
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, "a file is in the way", target)
+        os.rename(path, target)
+        fsync_dir(os.path.dirname(os.path.abspath(target)))
+
     def disk_usage(self, path: str) -> DiskUsage:
         usage = shutil.disk_usage(path)
         return DiskUsage(usage.total, usage.used, usage.free)
@@ -1253,6 +1262,17 @@ class SimulatedFileSystem:
                 raise FileNotFoundError(errno.ENOENT, "no such file", path)
             self._files[target] = file
         return target
+
+    def rename(self, path: str, target: str) -> None:
+        path, target = os.path.normpath(path), os.path.normpath(target)
+        self._check_fault("rename", path)
+        with self._lock:
+            if target in self._files or target in self._dirs:
+                raise FileExistsError(errno.EEXIST, "a file is in the way", target)
+            file = self._files.pop(path, None)
+            if file is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            self._files[target] = file
 
     def disk_usage(self, path: str) -> DiskUsage:
         if self.used_ratio_override is not None:

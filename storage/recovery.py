@@ -862,11 +862,16 @@ def _save_segment_copy(fs: FileSystem, region: MappedRegion, path: str, size: in
     kept = free_name(fs.exists, path + DAMAGED_SUFFIX)
     try:
         region.save_copy(kept, length)
+        if region.cut_short():  # the copy holds the guard's zeros where the segment's bytes are
+            raise UnreadDuringRecoveryError(path)
     except FileExistsError:
         raise  # (O_EXCL) a file that took the name meanwhile is not ours to remove
     except BaseException as exc:
         if fs.exists(kept):
             fs.remove(kept)
+        if isinstance(exc, OSError) and exc.errno == errno.EFAULT:
+            # write(2) from the map met a page that could not be read: not damage (review 67 F6)
+            raise UnreadDuringRecoveryError(path) from exc
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(f"no disk space to keep a copy of the commitlog segment {path} before ending it: "
                                 "nothing was changed; free space and run `mqstore recover` again") from exc  # fmt: skip
@@ -1658,6 +1663,7 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem, held_data_be
 
 
 _FILL_COPY_CHUNK_BYTES = 1 << 20
+_FILLING_SUFFIX = ".filling"  # a filled segment before it is known whole (not a segment's name)
 
 
 def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem, expected_end: int) -> tuple[list[tuple[int, int]], list[str]]:
@@ -1699,6 +1705,10 @@ def _fill_commitlog_holes(cfg: StoreConfig, fs: FileSystem, expected_end: int) -
         try:
             keep = valid_prefix_end(old.buf, start, size, cfg.max_stored_record_bytes) if old is not None else 0
             _write_filled_segment(fs, path, size, old, keep)
+        except UnreadDuringRecoveryError:
+            if start in present:  # the wrong-sized segment back in its place: nothing changed
+                fs.rename(kept, path)
+            raise
         finally:
             if old is not None:
                 old.close()
@@ -1714,8 +1724,18 @@ def _write_filled_segment(fs: FileSystem, path: str, size: int, old: MappedRegio
     """A new full segment at `path`: the first `keep` bytes of `old` (copied in bounded chunks),
     then the blank record that ends a segment. On a full disk nothing is written through the
     map (a page without blocks is a SIGBUS): the new file is removed and DiskFullError raised;
-    the damaged file stays set aside, and the next `recover` fills the hole from it."""
-    region = fs.map_file(path, size, create=True)
+    the damaged file stays set aside, and the next `recover` fills the hole from it.
+
+    Written under a temporary name and renamed into place once `old` is known to have read
+    whole: a page of it that faulted while it was measured or copied (the SIGBUS guard's zeros,
+    read as the end of its records or copied as them) is UnreadDuringRecoveryError, and no
+    segment appears (review 67 F6: 52 acknowledged messages were declared lost, exit 0)."""
+    if old is not None and old.cut_short():
+        raise UnreadDuringRecoveryError(old.path)
+    filling = path + _FILLING_SUFFIX
+    if fs.exists(filling):
+        fs.remove(filling)  # left by a run that died filling: its source is still set aside
+    region = fs.map_file(filling, size, create=True)
     try:
         reserved = region.reserve(keep + codec.END_FILE_MIN_BLANK_LENGTH)
         if reserved:
@@ -1728,8 +1748,12 @@ def _write_filled_segment(fs: FileSystem, path: str, size: int, old: MappedRegio
     finally:
         region.close()
     if not reserved:
-        fs.remove(path)
+        fs.remove(filling)
         raise DiskFullError(f"no disk space to fill the commitlog hole {path}")
+    if old is not None and old.cut_short():
+        fs.remove(filling)
+        raise UnreadDuringRecoveryError(old.path)
+    fs.rename(filling, path)
 
 
 def _store_timestamp_before(commitlog: CommitLog, end: int) -> int:
