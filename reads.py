@@ -31,15 +31,15 @@ from typing import Any, Callable, Final, Sequence
 
 import psutil
 
-from .actors.consume_queue import pickup_store_timestamp
+from .actors.consume_queue import pickup_store_timestamp as _pickup_store_timestamp
 from .config import StoreConfig
 from .messages import GetResult, QueryResult, UnitsReply
 from .read_view import ReadView, in_ranges
-from .storage import codec, speedups
+from .storage import codec, mapguard, speedups
 from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
 from .storage.consume_queue import ConsumeQueueReader
-from .storage.fs import FileSystem
+from .storage.fs import FileSystem, UnreadPageError
 from .storage.index import IndexReader
 from .storage.status import GetMessageStatus
 
@@ -54,6 +54,7 @@ __all__ = [
     "collect",
     "get_from_units",
     "get_from_view",
+    "index_unread_detail",
     "max_units",
     "offset_for_time",
     "pickup_store_timestamp",
@@ -74,6 +75,10 @@ QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the 
 
 
 _FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.FILLER_UNIT
+# Faults the SIGBUS guard caught in the process: a read compares it with its reader's
+# `faults_seen` before it trusts what it read. The C counter itself (~30 ns a get, the
+# wrapper ~120 ns); the wrapper (0) without the extension.
+_total_faults: Final[Callable[[], int]] = getattr(mapguard._guard, "total_faults", mapguard.total_faults)
 
 def yield_gil() -> None:
     """Let the threads the store's hand-offs woke (`_native.Signal`: actor inboxes, answers)
@@ -243,8 +248,9 @@ def quarantined_detail(commitlog_offset: int) -> str:
 
 def unmappable_detail(commitlog_offset: int, error: BaseException, outcome: str = "nothing was skipped") -> str:
     """A read's `detail` where the commitlog segment holding the record exists but could not
-    be mapped now."""
-    return (f"the commitlog segment holding offset {commitlog_offset} could not be mapped now ({error}): "
+    be mapped now, or a page of it could not be read (UnreadPageError)."""
+    how = "read" if isinstance(error, UnreadPageError) else "mapped"
+    return (f"the commitlog segment holding offset {commitlog_offset} could not be {how} now ({error}): "
             f"{outcome}; {retry_hint(error)}")
 
 
@@ -267,6 +273,11 @@ def retry_hint(error: BaseException | str, *, who: str = "the process") -> str:
     if code == errno.EIO:
         return "the disk answered with an I/O error: check the device (the kernel log) before asking again"
     return "ask again once the process has descriptors and memory to spare"
+
+
+def index_unread_detail(error: OSError) -> str:
+    """A query's `detail` where a page of an index file faulted while it was walked."""
+    return f"an index file could not be read now ({error}): messages with this key may exist; {retry_hint(error)}"
 
 
 def corrupt_detail(commitlog_offset: int, reason: str) -> str:
@@ -364,6 +375,7 @@ def collect(
     in_memory_bytes = _TOTAL_RAM_BYTES * cfg.access_message_in_memory_max_ratio_percent // 100
     status = GetMessageStatus.NO_MATCHED_MESSAGE
     found_raw: list[bytes] = []
+    raw_taken: list[int] = []  # the commitlog offsets of found_raw (raw records carry none we trust)
     found: list[MessageRecord] = []
     count = total_bytes = 0
     next_phy_file_start = -1
@@ -430,6 +442,10 @@ def collect(
             if data is not None and check_crc and wanted is None:  # else decoded (and checked) below
                 reason = codec.body_crc_mismatch(data, 0)
                 if reason in codec.INTEGRITY_FAILURES:
+                    if _total_faults() != reader.faults_seen and (
+                        stop := _stop_unread(reader, units, i + 20, offset, found, found_raw, raw_taken, raw, bounds, segment)
+                    ):
+                        return stop
                     if expect is not None:
                         return None
                     skipped = _skip_corrupt(phy, reason, on_corrupt)
@@ -464,6 +480,11 @@ def collect(
             if isinstance(served, MessageRecord):
                 record: MessageRecord | None = served
             else:
+                # Zeros the guard put where a page faulted read as no record: stop before it.
+                if _total_faults() != reader.faults_seen and (
+                    stop := _stop_unread(reader, units, i + 20, offset, found, found_raw, raw_taken, raw, bounds, segment)
+                ):
+                    return stop
                 record = None
                 if expect is None and codec.failed_integrity(served):
                     skipped = _skip_corrupt(phy, served.reason, on_corrupt)
@@ -482,11 +503,17 @@ def collect(
             found.append(record)
         if data is not None:
             found_raw.append(data)
+            raw_taken.append(phy)
         count += 1
         total_bytes += size
         status = GetMessageStatus.FOUND
         next_phy_file_start = -1
         i += 20
+    # A page that faulted in a record that still decoded (its properties' tail zeroed).
+    if _total_faults() != reader.faults_seen and (
+        stop := _stop_unread(reader, units, i, offset, found, found_raw, raw_taken, raw, bounds, segment)
+    ):
+        return stop
     return GetResult(
         status=status,
         messages=tuple(found) if not raw else (),
@@ -495,6 +522,56 @@ def collect(
         min_offset=bounds[0],
         max_offset=bounds[1],
         detail=skipped,
+    )
+
+
+def _stop_unread(
+    reader: CommitLogReader, units: bytes, upto: int, offset: int, found: list[MessageRecord], found_raw: list[bytes],
+    raw_taken: list[int], raw: bool, bounds: tuple[int, int], segment: int,
+) -> GetResult | None:  # fmt: skip
+    """After a fault on one of the reader's maps: the answer that stops before the first of
+    `units[:upto]` that may have read the guard's zeros, or None if none lies in a segment
+    that faulted. Zeros run from the faulted page to the map's end and a queue's records lie
+    in log order, so in such a segment the records taken before the last one are whole; that
+    last one (whose tail may lie in the page) and everything after it are not served. Nothing
+    left: NO_MATCHED_LOGIC_QUEUE with the offset kept, as for a segment it cannot map."""
+    faulted = reader.look_for_faults()
+    if not faulted:
+        return None
+    taken = raw_taken if raw else [record.commitlog_offset for record in found]
+    first: dict[int, int] = {}  # faulted segment -> its first unit here
+    last_taken: dict[int, int] = {}  # faulted segment -> its last unit taken (raw: that decodes)
+    taken_at: list[int] = []
+    t = 0
+    for j in range(0, min(upto, len(units)), 20):
+        phy, size, _ = codec.CQ_UNIT.unpack_from(units, j)
+        if size == _FILLER_SIZE and phy == 0:
+            continue
+        start = phy - phy % segment
+        if t < len(taken) and taken[t] == phy:
+            taken_at.append(j)
+            t += 1
+            if start in faulted and (not raw or isinstance(codec.read_served(found_raw[t - 1], 0), MessageRecord)):
+                last_taken[start] = j
+        if start in faulted:
+            first.setdefault(start, j)
+    if not first:
+        return None
+    cut = min(last_taken.get(start, j) for start, j in first.items())
+    phy = codec.CQ_UNIT.unpack_from(units, cut)[0]
+    error = faulted[phy - phy % segment]
+    kept = sum(1 for j in taken_at if j < cut)
+    if not kept:
+        return GetResult(status=GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=offset,
+                         min_offset=bounds[0], max_offset=bounds[1], detail=unmappable_detail(phy, error))  # fmt: skip
+    return GetResult(
+        status=GetMessageStatus.FOUND,
+        messages=tuple(found[:kept]) if not raw else (),
+        raw=tuple(found_raw[:kept]) if raw else (),
+        next_begin_offset=offset + cut // 20,
+        min_offset=bounds[0],
+        max_offset=bounds[1],
+        detail=unmappable_detail(phy, error, "served what was read before it, the next read starts there"),
     )
 
 
@@ -604,16 +681,29 @@ def unit_store_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id
     return pickup_store_timestamp(readers.commitlog_reader(), phy, size)
 
 
+def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> int:
+    """`actors.consume_queue.pickup_store_timestamp` through this thread's reader: -1 too when
+    the record's page faulted (the guard's zeros read as store time 0)."""
+    found = _pickup_store_timestamp(reader, offset, size)
+    if _total_faults() != reader.faults_seen and reader.unread(offset) is not None:
+        return -1
+    return found
+
+
 def offset_for_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
     """getOffsetInQueueByTime (§9.5) through the thread's maps, as the owner would answer it;
-    None when the view cannot decide (the queues are not published, a file went underneath)."""
+    None when the view cannot decide (the queues are not published, a file went underneath);
+    -1 when a record's page it read faulted (its search read zeros for a store time)."""
     bounds = bounds_from_view(view, topic, queue_id)
     if bounds is None:
         return None
     commitlog = readers.commitlog_reader()
-    return readers.queue_reader(view).offset_by_time(
-        topic, queue_id, bounds, timestamp_ms, functools.partial(pickup_store_timestamp, commitlog), commitlog.min_offset()
+    found = readers.queue_reader(view).offset_by_time(
+        topic, queue_id, bounds, timestamp_ms, functools.partial(_pickup_store_timestamp, commitlog), commitlog.min_offset()
     )
+    if _total_faults() != commitlog.faults_seen and commitlog.look_for_faults():
+        return -1
+    return found
 
 
 # --------------------------------------------------------------------------------------
@@ -647,6 +737,9 @@ def record_at(
         if getattr(place[0], "closed", False):
             return None  # unmapped under the read (the store closing, the segment removed)
         raise
+    # A page that faulted read zeros: None, and `reader.map_error(offset)` says why.
+    if _total_faults() != reader.faults_seen and reader.unread(offset) is not None:
+        return None
     if isinstance(served, MessageRecord):
         return served
     if on_corrupt is not None and codec.failed_integrity(served):
@@ -687,6 +780,14 @@ def query_messages(
                 first = False
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
             break  # (the same question again would read the same records)
+    if _total_faults() != reader.faults_seen and (faulted := reader.look_for_faults()):
+        # A record that decoded though its page faulted (its tail zeroed) is not served.
+        size = reader.mapped_file_size
+        dropped = [m.commitlog_offset for m in messages if m.commitlog_offset - m.commitlog_offset % size in faulted]
+        if dropped:
+            phy = dropped[0]
+            unread = unread or unmappable_detail(phy, faulted[phy - phy % size], "the hits there are not in this answer")
+            messages = [m for m in messages if m.commitlog_offset - m.commitlog_offset % size not in faulted]
     if unread:
         return QueryResult(messages=tuple(messages[:max_count]), index_last_update_timestamp=last_ts,
                            index_last_update_phy_offset=last_phy, detail=unread)  # fmt: skip
@@ -726,6 +827,8 @@ def query_direct(
             last_query_ms = first_ts
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
             break  # (as query_messages: the same question again would read the same records)
+    if _total_faults() != reader.faults_seen and reader.look_for_faults():
+        return None  # a record's page faulted: the reference reads again and names what it cannot
     return QueryResult.of(tuple(messages[:max_count] if len(messages) > max_count else messages), last_ts, last_phy)
 
 

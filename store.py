@@ -63,7 +63,7 @@ from .storage import codec
 from .storage.codec import MessageRecord, check_str
 from .storage.commitlog import CommitLogReader
 from .storage.disk import DiskGauge
-from .storage.fs import FileSystem, RealFileSystem
+from .storage.fs import FileSystem, RealFileSystem, UnreadPageError
 from .storage.geometry import adopt_geometry
 from .storage.index import IndexReader
 from .storage.lockfiles import StoreDirectoryError, StoreLockedError, held_in_this_process
@@ -750,6 +750,10 @@ class MessageStore:
             direct = None if walk is None else reads.query_direct(walk, commitlog, self.config, topic, key, max_count,
                                                                   begin_ms, end_ms)  # fmt: skip
             if direct is not None and not commitlog.map_errors:
+                try:
+                    index_reader.raise_if_faulted()  # (its zeros read as no hits)
+                except UnreadPageError as exc:
+                    return QueryResult(detail=reads.index_unread_detail(exc))
                 reads.yield_gil()
                 return direct
             # (a segment could not be mapped: the reference names the hits it could not read)
@@ -782,6 +786,8 @@ class MessageStore:
                                           on_corrupt=self._corrupt_on_read, quarantined=quarantined)  # fmt: skip
         except ServiceUnavailable as exc:
             return QueryResult(detail=str(exc))
+        except UnreadPageError as exc:  # a page of the thread's index map faulted
+            return QueryResult(detail=reads.index_unread_detail(exc))
         reads.yield_gil()
         return result
 
@@ -818,6 +824,8 @@ class MessageStore:
         except ValueError:  # unmapped underneath (the segment was deleted)
             return None
         if total_size != size:
+            if reader.unread(commitlog_offset) is not None:
+                return None  # its page faulted: zeros, not a record of another size (lookup says why)
             # A unit or a caller's size that disagrees with the record: never serve the bytes
             # as another record (or a record cut short).
             self.log.error("lookup_size_disagrees_with_record", commitlog_offset=commitlog_offset, size=size,

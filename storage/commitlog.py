@@ -45,8 +45,15 @@ from mqstore.storage.codec import (
     read_record,
     store_timestamp_position,
 )
-from mqstore.storage import scan, speedups
-from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError, free_name
+from mqstore.storage import mapguard, scan, speedups
+from mqstore.storage.fs import (
+    FileSystem,
+    MappedRegion,
+    RealFileSystem,
+    UnreadDuringRecoveryError,
+    UnreadPageError,
+    free_name,
+)
 from mqstore.storage.mapped_file import RESERVE_LOW_WATER_BYTES, DiskFullError, MappedFile, WriteBufferPool
 from mqstore.storage.mapped_file_queue import Allocator, MappedFileQueue
 from mqstore.storage.status import (
@@ -1343,6 +1350,12 @@ class CommitLogReader:
         # memory, map count) or of access: not a hole nor a removed file, only "not now".
         self._map_errors: dict[int, OSError | ValueError] = {}
         self._list_error: OSError | None = None  # the directory could not be listed at the last refresh
+        # Segments whose map faulted and was dropped, until the refresh that maps them again:
+        # still the log's (min_offset, next_segment_after), not removed.
+        self._dropped: set[int] = set()
+        # mapguard.total_faults() when this reader last asked its maps (`look_for_faults`): a
+        # reader compares it before trusting a read that did not decode, one integer.
+        self.faults_seen = mapguard.total_faults()
         # Maps are closed from two threads (this reader's own: refresh, and another's:
         # release_deleted or the store's close): one close at a time.
         self._closing = threading.Lock()
@@ -1364,6 +1377,7 @@ class CommitLogReader:
             return
         self._list_error = None
         self._map_errors = {}
+        self._dropped = set()
         present: set[int] = set()
         starts = [int(name) for name in names if len(name) == 20 and name.isdigit()]
         newest = max(starts, default=-1)
@@ -1448,6 +1462,34 @@ class CommitLogReader:
             return self._list_error
         return self._map_errors.get(offset - offset % self.mapped_file_size, self._list_error)
 
+    def look_for_faults(self) -> dict[int, UnreadPageError]:
+        """The segments whose map faulted since this reader last looked (an I/O error, or the
+        file cut meanwhile: the guard's zeros are not their content), each unmapped so the
+        next read maps the file again, and named by `map_error` until the next refresh. Ask
+        when `mapguard.total_faults()` moved from `faults_seen`."""
+        self.faults_seen = mapguard.total_faults()  # (before asking: a fault after it moves it again)
+        found: dict[int, UnreadPageError] = {}
+        for start, region in list(self._regions.items()):
+            if region.cut_short():
+                error = UnreadPageError(os.path.join(self.store_path, f"{start:020d}"),
+                                        "nothing was skipped; read again once the file reads whole")  # fmt: skip
+                found[start] = self._map_errors[start] = error
+                self._dropped.add(start)
+                self._valid_ends.pop(start, None)
+                with self._closing:
+                    _close_region(self._regions.pop(start))
+        return found
+
+    def unread(self, offset: int) -> UnreadPageError | None:
+        """Why the segment holding `offset` could not be read now, if its map faulted (now or
+        since the last refresh); else None. One compare when nothing faulted."""
+        if mapguard.total_faults() != self.faults_seen:
+            self.look_for_faults()
+        if not self._map_errors:
+            return None
+        error = self._map_errors.get(offset - offset % self.mapped_file_size)
+        return error if isinstance(error, UnreadPageError) else None
+
     def _readable_end(self, start: int) -> int:
         """Where the segment at `start` stops being readable (its end, or a short one's valid end)."""
         return self._valid_ends.get(start, self.mapped_file_size)
@@ -1461,7 +1503,7 @@ class CommitLogReader:
 
     def min_offset(self) -> int:
         """The log's head: the first mapped segment, or an unreadable one before it."""
-        starts = [*self._regions, *self._unreadable]
+        starts = [*self._regions, *self._unreadable, *self._dropped]
         return min(starts) if starts else -1
 
     def has_segment(self, offset: int) -> bool:
@@ -1478,7 +1520,7 @@ class CommitLogReader:
 
     def next_segment_after(self, offset: int) -> int | None:
         """The start of the first mapped segment after `offset` (past a hole), or None."""
-        later = [start for start in self._regions if start > offset]
+        later = [start for start in (*self._regions, *self._dropped) if start > offset]
         return min(later) if later else None
 
     def _region_for(self, offset: int) -> tuple[int, MappedRegion] | None:

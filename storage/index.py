@@ -33,8 +33,8 @@ from mqstore.storage.codec import (
     index_key_hash,
     java_split,
 )
-from mqstore.storage import speedups
-from mqstore.storage.fs import FileCutUnderMapError, FileSystem, MappedRegion
+from mqstore.storage import mapguard, speedups
+from mqstore.storage.fs import FileCutUnderMapError, FileSystem, MappedRegion, UnreadPageError
 from mqstore.storage.mapped_file import KEEP_FREE_FOR_DERIVED_BYTES, DiskFullError, _log_reserve_failure, free_bytes
 
 __all__ = [
@@ -594,6 +594,11 @@ class IndexFile:
     def close(self) -> None:
         self._region.close()
 
+    def cut_short(self) -> bool:
+        """Whether a page of this file's map faulted when touched (an I/O error, or the file cut
+        meanwhile): what was read there is the guard's zeros, not the file's."""
+        return self._region.cut_short()
+
     @property
     def unmapped(self) -> bool:
         """Whether this file's map was closed (a reader's, given back from another thread)."""
@@ -719,6 +724,7 @@ class IndexReader:
         self._entries_pos = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
         self._synced: tuple[str, ...] | None = None
         self.closed = False
+        self.faults_seen = mapguard.total_faults()  # as CommitLogReader.faults_seen
         # Maps are closed from two threads (this reader's own: sync, and another's:
         # release_deleted or the store's close): one close at a time.
         self._closing = threading.Lock()
@@ -764,9 +770,34 @@ class IndexReader:
         self._synced = names
         return True
 
+    def look_for_faults(self) -> list[UnreadPageError]:
+        """The files whose map faulted since this reader last looked (their slots and entries
+        read as the guard's zeros: no hits), each unmapped so the next `sync` maps it again."""
+        self.faults_seen = mapguard.total_faults()
+        faulted = [f for f in self._by_name.values() if not f.unmapped and f.cut_short()]
+        if faulted:
+            self._files, self._bufs, self.walk_args, self._synced = [], (), None, None
+            for f in faulted:
+                with self._closing:
+                    self._by_name.pop(f.name, None)
+                    _close_reader_map(f)
+        return [UnreadPageError(f.path, "its hits are not in this answer; ask again once the file reads whole")
+                for f in faulted]  # fmt: skip
+
+    def raise_if_faulted(self) -> None:
+        """UnreadPageError if one of this reader's maps faulted since it last looked (one
+        compare when none did)."""
+        if mapguard.total_faults() != self.faults_seen and (faulted := self.look_for_faults()):
+            raise faulted[0]
+
     def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult | None:
         """`IndexService.query_offset` read from this reader's maps; None if a map was closed
-        under the read (the store closing)."""
+        under the read (the store closing). UnreadPageError if a page of one faulted."""
+        found = self._query_offset(topic, key, max_num, begin, end)
+        self.raise_if_faulted()
+        return found
+
+    def _query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult | None:
         files = self._files
         max_num = min(max_num, self.max_msgs_num_batch)
         native = speedups.native

@@ -1,0 +1,237 @@
+"""A page of a store file that cannot be read while a reader touches it (an I/O error on the
+disk, or the file cut short by another process meanwhile) faults; the SIGBUS guard hands the
+reader zeros for it (review 67 F1, F7). Taken for content, the zeros made a get answer FOUND
+with next_begin_offset past 49 acknowledged messages (a consumer commits that), the thread's
+map kept them after the disk read again, and a query or lookup said "no such message". Now the
+reader stops before what it could not read and says so (EIO, the file named), drops the map,
+and reads the file again on the next call.
+
+The fault is made for real: the file is cut short after the reader mapped it and before it
+touches the page, and given its bytes back after (the disk's error gone). Each test runs in a
+forked child: a fault the guard did not catch kills the child, not the test runner."""
+
+from __future__ import annotations
+
+import functools
+import os
+import select
+import signal
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqstore
+from mqstore import GetMessageStatus, MessageStore, reads
+from mqstore.storage import codec, mapguard
+
+pytestmark = pytest.mark.skipif(not mapguard.available, reason="storage/_mapguard.c not built: a fault would kill the run")
+
+SEG = 64 * 1024
+MESSAGES = 100
+SETTINGS = {"mapped_file_size_commitlog_bytes": SEG, "max_hash_slot_num": 5000, "max_index_num": 2000}
+
+
+def in_child(test: Callable[..., None]) -> Callable[..., None]:
+    """Run `test` in a forked child; its failure (or a signal that killed it) is the test's."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            os.close(read_end)
+            try:
+                test(*args, **kwargs)
+                said = b"ok"
+            except BaseException:
+                said = traceback.format_exc().encode()
+            os.write(write_end, said)
+            os._exit(0)
+        os.close(write_end)
+        chunks = []
+        with os.fdopen(read_end, "rb") as pipe:
+            while select.select([pipe], [], [], 120)[0]:
+                chunk = pipe.read1(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert not os.WIFSIGNALED(status), f"the child died of signal {os.WTERMSIG(status)}"
+        said = b"".join(chunks).decode()
+        assert said == "ok", said
+
+    return run
+
+
+def _body(i: int) -> bytes:
+    return bytes([65 + i % 26]) * 1000
+
+
+def _fill(store: Path, **settings: Any) -> MessageStore:
+    s = mqstore.open(store, **SETTINGS, **settings)
+    for i in range(MESSAGES):
+        # (a long second key: a page boundary falls inside some record's properties)
+        assert s.put(mqstore.Message(topic="t", body=_body(i), tags="A", keys=[f"k{i}", "p" * 300])).ok
+    assert s.wait_for_messages("t", 0, MESSAGES - 1, 10)
+    return s
+
+
+class Cut:
+    """`path` cut to `at` bytes (its pages past that fault when touched); `restore` gives its bytes back."""
+
+    def __init__(self, path: Path, at: int) -> None:
+        self.path, self.saved = path, path.read_bytes()
+        os.truncate(path, at)
+
+    def restore(self) -> None:
+        with open(self.path, "r+b") as f:
+            f.write(self.saved)
+
+
+def _segment(store: Path, n: int) -> Path:
+    return sorted((store / "commitlog").iterdir())[n]
+
+
+def _served(result: mqstore.GetResult, raw: bool) -> list[tuple[int, bytes]]:
+    """(queue offset, body) of each record served, each checked whole (its keys)."""
+    records = [codec.read_served(data, 0) for data in result.raw] if raw else list(result.messages)
+    assert all(isinstance(r, codec.MessageRecord) for r in records)
+    assert all(r.key_list == [f"k{r.queue_offset}", "p" * 300] and r.tags == "A" for r in records)  # type: ignore[union-attr]
+    return [(r.queue_offset, r.body) for r in records]  # type: ignore[union-attr]
+
+
+def _get(s: MessageStore, offset: int, mode: str) -> mqstore.GetResult:
+    return s.get("t", 0, offset, 32, raw=mode == "raw", tags="A" if mode == "tags" else None)
+
+
+MODES = ["view", "owner", "raw", "tags"]
+
+
+def _owner_only(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    if mode == "owner":  # the ConsumeQueue actor's units, read through the same thread's maps
+        monkeypatch.setattr(reads, "get_from_view", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@in_child
+def test_a_get_whose_first_record_faults_keeps_the_offset_and_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    _owner_only(monkeypatch, mode)
+    store = tmp_path / "store"
+    with _fill(store) as s:
+        assert _get(s, 0, mode).status is GetMessageStatus.FOUND  # the thread's maps made
+        segment = _segment(store, 0)
+        cut = Cut(segment, 8192)  # queue offset 10 lies at ~11 KB
+        during = _get(s, 10, mode)
+        cut.restore()
+        assert during.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, during
+        assert during.next_begin_offset == 10 and not during.messages and not during.raw
+        assert segment.name in during.detail and "I/O error" in during.detail, during.detail
+        after = _get(s, 10, mode)  # the same thread: its map was dropped, the file mapped again
+        assert after.status is GetMessageStatus.FOUND and after.next_begin_offset == 42
+        assert _served(after, mode == "raw") == [(q, _body(q)) for q in range(10, 42)]
+
+
+def _page_in_properties(s: MessageStore) -> tuple[int, int]:
+    """A page boundary of segment 0 past queue offset 10 that falls inside a record's
+    properties (a fault there zeroes their tail only: the record still decodes), and that
+    record's queue offset."""
+    for m in s.get("t", 0, 11, 64).messages:
+        end = m.commitlog_offset + m.total_size
+        page = end - end % 4096
+        if m.commitlog_offset < SEG and end - 300 < page < end:
+            return page, m.queue_offset
+    raise AssertionError("no page boundary inside a record's properties")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("where", ["record_start", "properties"])
+@in_child
+def test_a_get_that_meets_a_fault_serves_what_it_read_before_it_and_stops_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, where: str
+) -> None:
+    _owner_only(monkeypatch, mode)
+    store = tmp_path / "store"
+    # Without the CRC check, a record whose properties' tail is zeroed still decodes.
+    with _fill(store, check_crc_on_read=where == "record_start") as s:
+        assert _get(s, 0, mode).status is GetMessageStatus.FOUND
+        segment = _segment(store, 0)
+        if where == "properties":
+            at, first_cut = _page_in_properties(s)
+        else:
+            at = 24576
+            first_cut = next(m.queue_offset for m in s.get("t", 0, 0, 64).messages if m.commitlog_offset + m.total_size > at)
+        cut = Cut(segment, at)
+        during = _get(s, 10, mode)
+        cut.restore()
+        served = _served(during, mode == "raw")
+        assert during.status is GetMessageStatus.FOUND, during
+        assert served == [(q, _body(q)) for q in range(10, during.next_begin_offset)]
+        assert 10 < during.next_begin_offset <= first_cut  # never past the unit it could not read
+        assert segment.name in during.detail
+        after = _get(s, during.next_begin_offset, mode)
+        assert _served(after, mode == "raw") == [(q, _body(q)) for q in range(during.next_begin_offset, after.next_begin_offset)]
+        assert after.next_begin_offset == during.next_begin_offset + 32
+
+
+def _while_cut(s: MessageStore, segment: Path, read: Callable[[], Any]) -> Any:
+    """What `read` gives (or raises) while `segment`'s pages past 8 KiB fault. (Cut by a
+    truncate, a map made meanwhile would see a short file; a real EIO keeps the size, so the
+    thread's map is made before the cut.)"""
+    assert s.lookup(0) is not None
+    cut = Cut(segment, 8192)
+    try:
+        return read()
+    except OSError as exc:
+        return exc
+    finally:
+        cut.restore()
+
+
+@in_child
+def test_lookup_and_store_time_of_a_record_whose_page_faults_say_not_now(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with _fill(store) as s:
+        record = s.get("t", 0, 40, 1).messages[0]
+        segment = _segment(store, 0)
+        for lookup in (lambda: s.lookup(record.commitlog_offset), lambda: s.lookup(record.commitlog_offset, record.total_size)):
+            refused = _while_cut(s, segment, lookup)
+            assert isinstance(refused, OSError) and refused.errno == 5 and segment.name in str(refused), refused
+            assert lookup() == record  # the map dropped: the file read again
+        assert _while_cut(s, segment, lambda: s.message_store_time("t", 0, 40)) == -1
+        assert s.message_store_time("t", 0, 40) == record.store_timestamp
+        by_time = s.offset_for_time("t", 0, record.store_timestamp)
+        assert _while_cut(s, segment, lambda: s.offset_for_time("t", 0, record.store_timestamp)) == -1
+        assert s.offset_for_time("t", 0, record.store_timestamp) == by_time
+
+
+@in_child
+def test_a_query_whose_record_page_faults_names_the_file(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with _fill(store) as s:
+        assert len(s.query("t", "k80").messages) == 1
+        segment = _segment(store, 1)  # k80's record
+        cut = Cut(segment, 0)
+        during = s.query("t", "k80")
+        cut.restore()
+        assert not during.messages and segment.name in during.detail and "I/O error" in during.detail, during
+        assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]
+
+
+@in_child
+def test_a_query_whose_index_page_faults_names_the_file(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with _fill(store) as s:
+        assert len(s.query("t", "k80").messages) == 1
+        (index,) = sorted((store / "index").iterdir())
+        cut = Cut(index, 4096)  # the slots past the first page and every entry
+        during = s.query("t", "k80")
+        cut.restore()
+        assert not during.messages and index.name in during.detail and "I/O error" in during.detail, during
+        assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]
