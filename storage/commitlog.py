@@ -1766,33 +1766,56 @@ def scan_commitlog_dir(
             yield RecordRead(RecordKind.CORRUPT, start, 0, reason=f"cannot read {file_path}: {exc}")
             continue
         try:
-            pos = 0
-            while True:
-                read = read_record(region.buf, pos, segment_size, check_crc=check_crc, read_body=read_body,
-                                   max_message_size=max_message_size)  # fmt: skip
-                if read.kind is RecordKind.MESSAGE and look_past_damage and read.record is not None and (
-                    read.record.commitlog_offset != start + pos
-                ):
-                    read = RecordRead(RecordKind.CORRUPT, pos, read.size,
-                                      reason=f"record says it is at {read.record.commitlog_offset}")  # fmt: skip
-                if look_past_damage and read.kind in (RecordKind.CORRUPT, RecordKind.END_OF_DATA):
-                    following = find_next_valid_record(
-                        region.buf, pos + 1, segment_size, file_from_offset=start, segment_size=segment_size,
-                        max_message_size=max_message_size, extents=_extents(fs, file_path, pos + 1, segment_size),
-                    )  # fmt: skip
-                    if following is not None:
-                        # Quarantined: reported with its extent as `size`, and the walk goes on.
-                        reason = read.reason if read.kind is RecordKind.CORRUPT else "zeroed bytes"
-                        yield RecordRead(RecordKind.CORRUPT, start + pos, following - pos,
-                                         reason=QUARANTINED_PREFIX + reason)  # fmt: skip
-                        pos = following
-                        continue
-                yield _absolute(read, start)
-                if read.kind is not RecordKind.MESSAGE:
-                    break
-                pos += read.size
+            yield from _scan_segment(fs, region, file_path, start, segment_size, check_crc, read_body, max_message_size,
+                                     look_past_damage, on_unreadable)  # fmt: skip
         finally:
             region.close()
+
+
+def _scan_segment(
+    fs: FileSystem, region: MappedRegion, file_path: str, start: int, segment_size: int, check_crc: bool,
+    read_body: bool, max_message_size: int, look_past_damage: bool,
+    on_unreadable: Callable[[str, OSError], None] | None,
+) -> Generator[RecordRead, None, None]:  # fmt: skip
+    """scan_commitlog_dir's walk of one mapped segment. Before each read is yielded, a fault on
+    the map (an I/O error, or the file cut meanwhile) ends the walk: what the guard's zeros read
+    as (damage, the end, a record whose tail they are) is not the file's. The segment is then
+    unreadable now (`on_unreadable`), or without it CORRUPT at that offset."""
+    seen = mapguard.total_faults()
+    pos = 0
+    while True:
+        read = read_record(region.buf, pos, segment_size, check_crc=check_crc, read_body=read_body,
+                           max_message_size=max_message_size)  # fmt: skip
+        if read.kind is RecordKind.MESSAGE and look_past_damage and read.record is not None and (
+            read.record.commitlog_offset != start + pos
+        ):
+            read = RecordRead(RecordKind.CORRUPT, pos, read.size,
+                              reason=f"record says it is at {read.record.commitlog_offset}")  # fmt: skip
+        if look_past_damage and read.kind in (RecordKind.CORRUPT, RecordKind.END_OF_DATA):
+            following = find_next_valid_record(
+                region.buf, pos + 1, segment_size, file_from_offset=start, segment_size=segment_size,
+                max_message_size=max_message_size, extents=_extents(fs, file_path, pos + 1, segment_size),
+            )  # fmt: skip
+            if following is not None:
+                if mapguard.total_faults() != seen and region.cut_short():
+                    break
+                # Quarantined: reported with its extent as `size`, and the walk goes on.
+                reason = read.reason if read.kind is RecordKind.CORRUPT else "zeroed bytes"
+                yield RecordRead(RecordKind.CORRUPT, start + pos, following - pos,
+                                 reason=QUARANTINED_PREFIX + reason)  # fmt: skip
+                pos = following
+                continue
+        if mapguard.total_faults() != seen and region.cut_short():
+            break
+        yield _absolute(read, start)
+        if read.kind is not RecordKind.MESSAGE:
+            return
+        pos += read.size
+    error = UnreadPageError(file_path, "the records before it were read; read again once the file reads whole")
+    if on_unreadable is not None:
+        on_unreadable(file_path, error)
+    else:
+        yield RecordRead(RecordKind.CORRUPT, start + pos, 0, reason=f"cannot read {file_path}: {error}")
 
 
 def _extents(fs: FileSystem, path: str, start: int, end: int) -> list[tuple[int, int]]:
