@@ -1202,6 +1202,11 @@ class IndexService:
                 break
         deleted = 0
         for f in expired:
+            if f.cut_short():
+                # Its header was read through a map that faulted: zeros, not proof it expired.
+                error = UnreadPageError(f.path, "kept; its expiry is judged again once the file reads whole")
+                log.error("index_file_not_deleted_unread", path=f.path, error=str(error))
+                break
             try:
                 f.destroy()
             except OSError as e:
