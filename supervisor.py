@@ -547,8 +547,9 @@ class Supervisor:
                 self._run_tick_hooks(wall)
 
     def note_files_cut_under_map(self) -> list[str]:
-        """Say which of the store's files another process cut while they were mapped (their
-        lost pages read zeros now, and what was written there is in memory only). A cut
+        """Say which of the store's files another process cut while they were mapped, or whose
+        pages the disk could not read (their lost pages read zeros now, and what was written
+        there is in memory only). A cut
         commitlog segment fails the writer at its next pass (storage/mapped_file_queue.py);
         queue, index and checkpoint files are rebuilt by the next open, which the close
         leaves marked as after a crash."""
@@ -570,8 +571,11 @@ class Supervisor:
                                "only; make it writable: a commitlog segment takes puts again by itself, and the "
                                "next open rebuilds queues and index from the commitlog")  # fmt: skip
                 continue
-            self.log.error("a store file was cut short, replaced or deleted by another process while mapped",
-                           path=path, effect="what the store wrote there since is in memory only; the next open "
+            # (An I/O error on a page looks the same to the guard: the file whole, a page unread.)
+            self.log.error("a page of a store file was gone while mapped: the file was cut short, replaced or deleted "
+                           "by another process, or the disk could not read it (an I/O error)",
+                           path=path, effect="what the store wrote there since is in memory only, and what it read "
+                           "there is not taken for the file's bytes (its readers map it again); the next open "
                            "rebuilds queues and index from the commitlog; a cut commitlog segment is a hole until "
                            "`mqstore recover`, a replaced one was saved beside it as .store-copy")  # fmt: skip
         return sorted(self.files_cut_under_map)

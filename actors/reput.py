@@ -86,6 +86,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
         # the hole has queue offsets and keys nobody can read now, and records after it would
         # take filler units over those offsets and move the index past those keys for good.
         self._at_hole: int | None = None
+        self._remap = False  # a segment's map faulted and was given back: relist at the next tick
 
     def on_start(self) -> None:
         self._reader = CommitLogReader(
@@ -126,7 +127,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 self._continue_pending = False
                 self._reput()
             case Tick():
-                if self._reader is not None and self._relist.due():
+                if self._reader is not None and (self._remap or self._relist.due()):
+                    self._remap = False
                     # Segments the cleaner deleted are unmapped here too: a map of its own kept a
                     # deleted file's blocks, so a full disk got nothing back from the cleaner
                     # until a reopen (review 46 M5).
@@ -194,6 +196,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
         assert reader is not None
         while True:
             segment = offset - offset % self._segment_size
+            if self._unread(offset):
+                return None
             large = self._large_record
             chunk_bytes = large[1] if large is not None and large[0] == offset else READ_CHUNK_BYTES
             end = min(limit, segment + self._segment_size, offset + chunk_bytes)
@@ -243,6 +247,23 @@ class ReputMessageService(StoreActor[ReputRequest]):
                     continue  # read it again, whole
                 return None  # a partial record at the watermark's edge: wait for more
             return requests, next_offset
+
+    def _unread(self, offset: int) -> bool:
+        """Whether the segment holding `offset` could not be read now (its map faulted: an I/O
+        error, or the file cut meanwhile). Dispatch waits there as at a hole, and its ticks read
+        again once the reader maps the segment anew (review 67 F2: the zeros were taken for
+        damage, the segment's records skipped and filler units written for them, for good)."""
+        reader = self._reader
+        assert reader is not None
+        unread = reader.unread(offset)
+        if unread is None:
+            return False
+        self._remap = True  # the next tick maps the segment anew (its map was given back)
+        if self._at_hole != offset:
+            self._at_hole = offset  # (the open and the close wait no longer for it: as at a hole)
+            self.log.error("dispatch waits: a commitlog page could not be read; nothing is skipped",
+                           offset=offset, error=str(unread))  # fmt: skip
+        return True
 
     def _larger_than_the_chunk(self, chunk: memoryview, offset: int, segment: int) -> bool:
         """Whether the record at the chunk's start says it is larger than the chunk and fits
@@ -395,7 +416,13 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 # Below the writer's watermark every record is whole, so this is damage that
                 # recovery quarantined: skip to the next valid record (none: the rest of this
                 # file's readable data, as a master does), never past valid ones.
-                next_offset = self._past_damage(offset + pos, segment)
+                past = self._past_damage(offset + pos, segment)
+                if self._unread(offset):  # (the chunk's segment: where dispatch stands and waits)
+                    # The guard's zeros (a page that faulted, before or during the look past),
+                    # not damage: nothing of this read is dispatched; it is read again from
+                    # `offset` once the segment maps anew and reads.
+                    return [], offset
+                next_offset = past
                 self.log.error("skipping damaged commitlog bytes below the watermark", offset=offset + pos,
                                kind=kind.value, resume=next_offset)  # fmt: skip
                 break
