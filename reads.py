@@ -646,7 +646,8 @@ def get_from_units(
     if reply.unreadable:
         return GetResult(status=GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=offset,
                          min_offset=bounds[0], max_offset=bounds[1],
-                         detail=f"the consume queue file holding offset {offset} could not be mapped now "
+                         detail=f"the consume queue file holding offset {offset} could not be "
+                                f"{'read' if 'UnreadPageError' in reply.unreadable else 'mapped'} now "
                                 f"({reply.unreadable}): nothing was skipped; {retry_hint(reply.unreadable)}")  # fmt: skip
     if reply.units is None:
         return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,

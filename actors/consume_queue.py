@@ -34,7 +34,7 @@ from ..storage import codec, speedups
 from ..storage.codec import is_topic_name, names_a_queue
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
-from ..storage.fs import FileCutUnderMapError
+from ..storage.fs import FileCutUnderMapError, UnreadPageError
 from ..storage.mapped_file import DiskFullError
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, lost_queue_offsets, recover_consume_queues
@@ -384,6 +384,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                     unreadable = f"{type(exc).__name__}: {exc}"
                 self.log.warning("a consume queue file could not be mapped for a read", topic=request.topic,
                                  queue_id=request.queue_id, error=str(exc))  # fmt: skip
+            faulted = cq.mapped_file_queue.faulted_file()  # (one C call while no map faulted)
+            if faulted is not None:
+                # Units read from the guard's zeros (a page that could not be read) are none:
+                # the get stops at them instead of moving a consumer past the file's units.
+                # Given back, the map is made anew at the next read (not while it has
+                # units to flush: then it stays, and the writes fail the actor).
+                units = None
+                error = UnreadPageError(faulted.file_name, "read again once it reads")
+                unreadable = f"{type(error).__name__}: {error}"
+                faulted.unmap()
+                self.log.error("a consume queue file could not be read", path=faulted.file_name, errno=errno.EIO)
         return UnitsReply(
             unreadable=unreadable,
             exists=True,
@@ -416,7 +427,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             pickup = functools.partial(pickup_store_timestamp, reader)
             key = (request.topic, request.queue_id)
             try:
-                return self._while_mapped(
+                found = self._while_mapped(
                     key, cq, lambda: cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
                 )
             except FileCutUnderMapError:
@@ -425,6 +436,15 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 self.log.warning("a consume queue file could not be mapped for a read", topic=request.topic,
                                  queue_id=request.queue_id, error=str(exc))  # fmt: skip
                 return -1
+            # Units or store times read from the guard's zeros (a page that could not be read)
+            # searched wrong: "cannot be known now", as for a file that cannot be mapped.
+            faulted = cq.mapped_file_queue.faulted_file()
+            if faulted is not None:
+                faulted.unmap()
+                return -1
+            if self.ctx.fs.map_faults() != reader.faults_seen and reader.look_for_faults():
+                return -1
+            return found
 
     def _delete_expired(self, min_phy_offset: int, start_after: tuple[str, int] | None) -> ConsumeQueueFilesDeleted:
         """CleanConsumeQueueService (§12.6) for the queues after `start_after`, up to and

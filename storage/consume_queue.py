@@ -607,6 +607,7 @@ class ConsumeQueueReader:
         self.root = consume_queue_root
         self.mapped_file_size = cq_file_size(mapped_file_size)
         self._maps: dict[tuple[str, int, int], MappedRegion] = {}  # insertion order = use order
+        self._faults_seen = fs.map_faults()  # the process's map faults when these maps were last asked
 
     def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> bytes | None:
         """Up to `max_units` units from queue offset `offset`, within its file; None if that
@@ -626,9 +627,24 @@ class ConsumeQueueReader:
         self._maps[key] = region
         pos = start - file_from
         try:
-            return bytes(region.buf[pos : pos + min(max_units * CQ_STORE_UNIT_SIZE, self.mapped_file_size - pos)])
+            units = bytes(region.buf[pos : pos + min(max_units * CQ_STORE_UNIT_SIZE, self.mapped_file_size - pos)])
         except ValueError:  # closed underneath (the store closing)
             return None
+        if self.fs.map_faults() != self._faults_seen and key in self._give_back_faulted():
+            # The guard's zeros (a page that could not be read: an I/O error, or the file cut
+            # meanwhile) read as units; a get took them for none and moved a consumer past the
+            # file's units, and this map kept serving them after the disk read again. The
+            # owner decides (its answer names an unread file); the next read maps it anew.
+            return None
+        return units
+
+    def _give_back_faulted(self) -> set[tuple[str, int, int]]:
+        """Close the maps that met a page they could not read; their keys."""
+        self._faults_seen = self.fs.map_faults()  # (first: a fault after this moves it again)
+        faulted = {key for key, region in self._maps.items() if region.cut_short()}
+        for key in faulted:
+            self._maps.pop(key).close()
+        return faulted
 
     def offset_by_time(
         self,

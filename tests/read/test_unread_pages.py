@@ -235,3 +235,37 @@ def test_a_query_whose_index_page_faults_names_the_file(tmp_path: Path) -> None:
         cut.restore()
         assert not during.messages and index.name in during.detail and "I/O error" in during.detail, during
         assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]
+
+
+@in_child
+def test_a_get_whose_consume_queue_page_faults_keeps_the_offset_and_reads_it_once_it_reads(tmp_path: Path) -> None:
+    """The units a get reads, from its own map and then the queue owner's: zeros read as no
+    units, and the get answered NO_MATCHED_MESSAGE with next_begin_offset 100, past 60
+    acknowledged messages, in that thread after the disk read again too."""
+    store = tmp_path / "store"
+    with _fill(store, mapped_file_size_consume_queue_bytes=20 * 100) as s:
+        assert len(s.get("t", 0, 10, 32).messages) == 32  # the thread maps the queue file
+        queue_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
+        cut = Cut(queue_file, 0)
+        during = s.get("t", 0, 40, 32)
+        cut.restore()
+        assert during.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and during.next_begin_offset == 40, during
+        assert queue_file.name in during.detail and "I/O error" in during.detail, during
+        after = s.get("t", 0, 40, 32)
+        assert [m.queue_offset for m in after.messages] == list(range(40, 72))
+        assert [m.body for m in after.messages] == [_body(i) for i in range(40, 72)]
+
+
+@in_child
+def test_offset_for_time_whose_consume_queue_page_faults_says_not_now(tmp_path: Path) -> None:
+    """Searched through units read as zeros, the answer was an offset (the queue's start)."""
+    store = tmp_path / "store"
+    with _fill(store, mapped_file_size_consume_queue_bytes=20 * 100) as s:
+        stamp = s.message_store_time("t", 0, 60)
+        by_time = s.offset_for_time("t", 0, stamp)
+        queue_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
+        cut = Cut(queue_file, 0)
+        during = s.offset_for_time("t", 0, stamp)
+        cut.restore()
+        assert during == -1
+        assert s.offset_for_time("t", 0, stamp) == by_time
