@@ -105,6 +105,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # them (filler units, `_fill_reserved`, hold the lost ones).
         self._reserved: dict[tuple[str, int], int] = {}
         self._refused_queues: set[tuple[str, int]] = set()  # logged once each
+        # The process's map faults when this owner last found none of its maps faulted.
+        self._faults_seen = ctx.fs.map_faults()
         # The queues whose files may be mapped, least recently written first: at most
         # consume_queue_mapped_queues_max (review 58 F2: every queue ever written kept its maps
         # and descriptors for the store's life, EMFILE at ~500 queues under `ulimit -n 1024`).
@@ -252,6 +254,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case DispatchBatch():
                 self._waiting.append(message)
                 if not self._held:  # held: the ticks retry (HeldWait)
+                    self._fail_if_a_map_faulted()
                     self._dispatch_waiting()
             case GetUnits():
                 return self._get_units(message)
@@ -262,6 +265,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case Ping():
                 return Pong()
             case Tick():
+                self._fail_if_a_map_faulted()
                 self._dispatch_waiting()
                 if (self._reserved and self._dispatched_offset >= self._ledger_floor_until and not self._waiting
                         and not self._log_facts.holes):  # fmt: skip
@@ -280,6 +284,22 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case _:
                 assert_never(message)
         return None
+
+    def _fail_if_a_map_faulted(self) -> None:
+        """FileCutUnderMapError (the actor fails, and its restart recovers the queues from the
+        files and re-dispatches what they lack) once a map of this owner met a page it could
+        not read: an I/O error, or the file cut. The guard's zeros fill that map from the page
+        on, so what it reads there is not the file's, and the units written into it since reach
+        memory only (review 68 F1: a get skipped them once the map was given back). Before
+        any batch is written, and on ticks; one compare while nothing faulted."""
+        faults = self.ctx.fs.map_faults()
+        if faults == self._faults_seen:
+            return
+        for cq in self._queues.values():
+            faulted = cq.mapped_file_queue.faulted_file()
+            if faulted is not None:
+                raise faulted.cut_error()
+        self._faults_seen = faults
 
     def _dispatch_waiting(self) -> None:
         """Write the waiting batches in order; stop at the first the disk has no room for, or
@@ -388,12 +408,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if faulted is not None:
                 # Units read from the guard's zeros (a page that could not be read) are none:
                 # the get stops at them instead of moving a consumer past the file's units.
-                # Given back, the map is made anew at the next read (not while it has
-                # units to flush: then it stays, and the writes fail the actor).
+                # This owner fails at its next batch or tick (_fail_if_a_map_faulted), and
+                # its restart reads the file again.
                 units = None
                 error = UnreadPageError(faulted.file_name, "read again once it reads")
                 unreadable = f"{type(error).__name__}: {error}"
-                faulted.unmap()
                 self.log.error("a consume queue file could not be read", path=faulted.file_name, errno=errno.EIO)
         return UnitsReply(
             unreadable=unreadable,
@@ -438,10 +457,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 return -1
             # Units or store times read from the guard's zeros (a page that could not be read)
             # searched wrong: "cannot be known now", as for a file that cannot be mapped.
-            faulted = cq.mapped_file_queue.faulted_file()
-            if faulted is not None:
-                faulted.unmap()
-                return -1
+            if cq.mapped_file_queue.faulted_file() is not None:
+                return -1  # (this owner fails at its next batch or tick)
             if self.ctx.fs.map_faults() != reader.faults_seen and reader.look_for_faults():
                 return -1
             return found

@@ -12,10 +12,12 @@ forked child: a fault the guard did not catch kills the child, not the test runn
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -269,3 +271,68 @@ def test_offset_for_time_whose_consume_queue_page_faults_says_not_now(tmp_path: 
         cut.restore()
         assert during == -1
         assert s.offset_for_time("t", 0, stamp) == by_time
+
+
+@in_child
+def test_get_commitlog_data_of_a_page_that_faults_raises_and_serves_the_log_once_it_reads(tmp_path: Path) -> None:
+    """The replication source served the guard's zeros as the log's bytes, in that thread
+    after the disk read again too (review 68 F3): a replica appended them."""
+    store = tmp_path / "store"
+    with _fill(store) as s:
+        segment = _segment(store, 0)
+        good = segment.read_bytes()
+        assert s.get_commitlog_data(0, 4096) == (0, good[:4096])  # the thread maps segment 0
+        cut = Cut(segment, 8192)
+        with pytest.raises(OSError) as unread:
+            s.get_commitlog_data(16384, 16384)
+        cut.restore()
+        assert unread.value.errno == errno.EIO and unread.value.filename == str(segment)
+        assert s.get_commitlog_data(16384, 16384) == (16384, good[16384:32768])
+
+
+@in_child
+def test_a_queue_owner_whose_map_faults_loses_no_unit_it_writes_after(tmp_path: Path) -> None:
+    """The owner's map of the queue file being written faulted in a get: it could not be
+    given back while it had units to flush, so gets of the queue answered NO_MATCHED_LOGIC_QUEUE
+    after the disk read again, the units of later puts went into the guard's zero pages, and
+    once the map was given back a get answered NO_MATCHED_MESSAGE past them (review 68 F1).
+    Now the owner fails and its restart reads the file again and re-dispatches what it lacks."""
+    from mqstore.storage.mapped_file import MappedFile
+
+    store = tmp_path / "store"
+    queue_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
+    with _fill(store, flush_consume_queue_thorough_interval_ms=2000) as s:
+        from_view = reads.get_from_view
+        reads.get_from_view = lambda *_args, **_kwargs: None  # every get asks the owner
+        select = MappedFile.select
+        cuts: list[str] = []
+
+        def select_faulting(self: MappedFile, *args: Any) -> Any:
+            if cuts or self.file_name != str(queue_file):
+                return select(self, *args)
+            cuts.append(self.file_name)
+            cut = Cut(queue_file, 0)
+            try:
+                return select(self, *args)
+            finally:
+                cut.restore()
+
+        MappedFile.select = select_faulting  # type: ignore[method-assign]
+        during = s.get("t", 0, 40, 32)
+        MappedFile.select = select  # type: ignore[method-assign]
+        assert cuts and during.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and during.next_begin_offset == 40
+        for i in range(MESSAGES, MESSAGES + 50):
+            assert s.put(mqstore.Message(topic="t", body=_body(i), tags="A", keys=[f"k{i}"])).ok
+        assert s.wait_for_messages("t", 0, MESSAGES + 49, 10)
+        time.sleep(2.5)  # past the owner's thorough flush (2 s)
+        for owner_path in (True, False):
+            reads.get_from_view = (lambda *_args, **_kwargs: None) if owner_path else from_view
+            served: list[int] = []
+            offset = 0
+            while offset < MESSAGES + 50:
+                got = s.get("t", 0, offset, 32)
+                served += [m.queue_offset for m in got.messages]
+                if got.next_begin_offset <= offset:
+                    break
+                offset = got.next_begin_offset
+            assert served == list(range(MESSAGES + 50)), (owner_path, got)
