@@ -242,6 +242,11 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 requests, next_offset = self._decode(chunk, offset, segment, end)
             finally:
                 chunk.release()
+            if self._unread(offset):
+                # A record that decoded with its tail in a page that faulted (its properties
+                # the guard's zeros: a unit with tags code 0, keys lost; review 68 F2): nothing
+                # of this read is dispatched. One compare while no map faulted.
+                return None
             if next_offset == offset and not requests:
                 if self._large_record is not None and self._large_record[0] == offset and chunk_bytes == READ_CHUNK_BYTES:
                     continue  # read it again, whole

@@ -61,7 +61,8 @@ def test_dispatch_that_reads_a_faulted_page_waits_and_gives_every_message_its_un
         try:
             return read(self, offset, limit)
         finally:
-            segment.write_bytes(saved)  # the disk reads again
+            with open(segment, "r+b") as f:  # the disk reads again (in place: never shorter)
+                f.write(saved)
 
     monkeypatch.setattr(ReputMessageService, "_read", read_with_the_page_faulting)
     expected = {i: bytes([65 + i % 26]) * 1000 for i in range(MESSAGES)}
@@ -73,3 +74,48 @@ def test_dispatch_that_reads_a_faulted_page_waits_and_gives_every_message_its_un
     with mqstore.open(store_dir, **SETTINGS) as store:
         assert store.wait_for_messages("t", 0, MESSAGES - 1, 30.0)
         assert _bodies(store) == expected
+
+
+def test_dispatch_takes_no_record_whose_properties_lie_in_a_page_that_faulted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last record of a read decoded with its properties in the faulted page (the body CRC
+    does not cover them): dispatched with the guard's zeros for its TAGS, its unit got tags
+    code 0 and a consumer filtering on its tag skipped it for good (review 68 F2)."""
+    store_dir = tmp_path / "store"
+    long_key = "p" * 300
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        # Put until a record's properties straddle a page boundary before its TAGS (KEYS first).
+        for i in range(200):
+            put = store.put(mqstore.Message(topic="t", body=b"b" * (900 + i * 37 % 200), tags="A", keys=[f"k{i}", long_key]))
+            assert put.ok
+            properties = len(f"KEYS\x01k{i} {long_key}\x02TAGS\x01A\x02".encode())
+            tags_at = put.commitlog_offset + put.wrote_bytes - len("TAGS\x01A\x02")
+            page = (put.commitlog_offset // 4096 + 1) * 4096
+            if put.commitlog_offset + put.wrote_bytes - properties + 10 < page <= tags_at < SEG:
+                break
+        else:
+            pytest.fail("no record's properties straddle a page boundary")
+    count = i + 1
+    shutil.rmtree(store_dir / "consumequeue")
+    segment = store_dir / "commitlog" / f"{0:020d}"
+    saved = segment.read_bytes()
+    read = ReputMessageService._read
+    cuts: list[int] = []
+
+    def read_with_the_page_faulting(self: ReputMessageService, offset: int, limit: int) -> Any:
+        if cuts:
+            return read(self, offset, limit)
+        cuts.append(offset)
+        os.truncate(segment, page)
+        try:
+            return read(self, offset, limit)
+        finally:
+            with open(segment, "r+b") as f:  # the disk reads again (in place: never shorter)
+                f.write(saved)
+
+    monkeypatch.setattr(ReputMessageService, "_read", read_with_the_page_faulting)
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        assert store.wait_for_messages("t", 0, count - 1, 30.0)
+        got = store.get("t", 0, 0, count, tags="A")
+        assert cuts == [0] and [m.queue_offset for m in got.messages] == list(range(count)), got
