@@ -926,7 +926,8 @@ class MessageStore:
         `offset` up to the readable end of its segment), at most `max_bytes`. Offset 0 in a
         log whose first segment is gone reads from the first segment there is. None if the
         offset is not readable (deleted, at/after the end of the log, or the writer's readable
-        end did not reach the thread's last put in time)."""
+        end did not reach the thread's last put in time). UnreadPageError (an OSError, EIO) if
+        a page of it could not be read now (an I/O error): ask again once the disk reads."""
         self._check_open()
         _check_int("offset", offset, 0)
         if max_bytes is not None:
@@ -949,6 +950,11 @@ class MessageStore:
         if start >= end:
             return None
         data = reader.read(start, end - start, limit=end)
+        unread = reader.unread(start)  # (one compare while no map faulted)
+        if unread is not None:
+            # The guard's zeros, not the log (review 68 F3: a replica appended them, and this
+            # thread served them on after the disk read again); the map is given back.
+            raise unread
         return (start, data) if data is not None else None
 
     # consumer offsets (§11.10) -------------------------------------------------------------
