@@ -86,7 +86,8 @@ def test_a_queue_page_that_cannot_be_read_during_recovery_refuses_the_open_and_d
         try:
             return recover(self, *args, **kwargs)
         finally:
-            first.write_bytes(saved)  # the disk reads again
+            with open(first, "r+b") as f:  # the disk reads again, in place
+                f.write(saved)
 
     monkeypatch.setattr(ConsumeQueue, "recover", cut_while_it_reads)
     faults = mapguard.total_faults()
@@ -124,7 +125,8 @@ def test_an_index_header_that_faults_during_recovery_refuses_the_open_and_drops_
         try:
             return reload_header(self)
         finally:
-            first.write_bytes(saved)
+            with open(first, "r+b") as f:  # the disk reads again, in place
+                f.write(saved)
 
     monkeypatch.setattr(IndexFile, "reload_header", cut_while_it_reads)
     with pytest.raises(UnreadDuringRecoveryError) as refused:
