@@ -438,6 +438,12 @@ def collect(
         place: tuple[Any, int] | None
         if raw:
             data = reader.read(phy, size, limit=phy + size)
+            if data is not None and int.from_bytes(data[:4], "big") != size and reader.drop_if_renewed(phy):
+                # A map of the segment's earlier file (deleted and made again): as below.
+                if total_bytes:
+                    break
+                return collect(cfg, reader, units, head, offset, max_count, max_total_bytes, tags, raw, bounds,
+                               expect=expect, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
             place = None if data is None else (data, 0)
             if data is not None and check_crc and wanted is None:  # else decoded (and checked) below
                 reason = codec.body_crc_mismatch(data, 0)
@@ -485,6 +491,13 @@ def collect(
                     stop := _stop_unread(reader, units, i + 20, offset, found, found_raw, raw_taken, raw, bounds, segment)
                 ):
                     return stop
+                if reader.drop_if_renewed(phy):
+                    # A map of the segment's earlier file (deleted and made again): read again
+                    # from this unit through the file named now.
+                    if total_bytes:
+                        break
+                    return collect(cfg, reader, units, head, offset, max_count, max_total_bytes, tags, raw, bounds,
+                                   expect=expect, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
                 record = None
                 if expect is None and codec.failed_integrity(served):
                     skipped = _skip_corrupt(phy, served.reason, on_corrupt)
@@ -743,6 +756,9 @@ def record_at(
         return None
     if isinstance(served, MessageRecord):
         return served
+    if reader.drop_if_renewed(offset):  # a map of the segment's earlier file: read the one named now
+        return record_at(reader, offset, max_message_size, check_crc=check_crc, on_corrupt=on_corrupt,
+                         quarantined=quarantined)  # fmt: skip
     if on_corrupt is not None and codec.failed_integrity(served):
         on_corrupt(offset, served.reason)
     return None

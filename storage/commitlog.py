@@ -1490,6 +1490,22 @@ class CommitLogReader:
         error = self._map_errors.get(offset - offset % self.mapped_file_size)
         return error if isinstance(error, UnreadPageError) else None
 
+    def drop_if_renewed(self, offset: int) -> bool:
+        """Whether this reader maps the segment holding `offset` from a file its name no longer
+        names (deleted and made again: a restarted writer's recovery deletes the allocator's
+        segment made ahead, and the allocator makes one of that name): if so that map is given
+        back and the next read maps the file named now. A stat; asked by a read that found no
+        record where a unit points (the old file reads zeros: a get moved a consumer past an
+        acknowledged message there)."""
+        start = offset - offset % self.mapped_file_size
+        region = self._regions.get(start)
+        if region is None or _closed(region) or not region.renewed():
+            return False
+        self._valid_ends.pop(start, None)
+        with self._closing:
+            _close_region(self._regions.pop(start))
+        return True
+
     def _readable_end(self, start: int) -> int:
         """Where the segment at `start` stops being readable (its end, or a short one's valid end)."""
         return self._valid_ends.get(start, self.mapped_file_size)

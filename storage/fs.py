@@ -64,6 +64,7 @@ class MappedRegion(Protocol):
     def cut_short(self) -> bool: ...
     def fault_error(self) -> FileCutUnderMapError: ...
     def replaced(self, *, deleted_too: bool = True) -> bool: ...
+    def renewed(self) -> bool: ...
     def save_copy(self, path: str, length: int) -> None: ...
 
 
@@ -607,6 +608,16 @@ class RealMappedRegion:
             _record_cut(self.path)
         return gone
 
+    def renewed(self) -> bool:
+        """Whether `path` names another file now, made in place of this map's (which was
+        deleted): a reader's stale map, not another process's replacement (nothing recorded:
+        the store itself deletes and makes a segment of that name again at a writer restart)."""
+        try:
+            status = os.stat(self._path_bytes)
+        except OSError:
+            return False
+        return (status.st_dev, status.st_ino) != self._identity
+
     def save_copy(self, path: str, length: int) -> None:
         """The map's first `length` bytes written to a new file `path` of the map's size (the
         rest a hole: zeros, as in the map), made durable: a copy of a file replaced under it
@@ -1015,6 +1026,10 @@ class SimulatedRegion:
         if gone:
             self._fs._replaced.add(self.path)
         return gone
+
+    def renewed(self) -> bool:
+        now = self._fs._files.get(self.path)
+        return now is not None and now is not self._file
 
     def save_copy(self, path: str, length: int) -> None:
         self._fs.write_atomic(path, bytes(self._file.volatile[:length]).ljust(self.size, b"\0"))

@@ -1,0 +1,59 @@
+"""A thread that read before a writer restart kept its map of the segment the allocator had
+made ahead; the restarted writer's recovery deletes that file and the allocator makes one of
+the same name. The thread's map still read the deleted file's zeros where acknowledged
+messages now were: its get answered NO_MATCHED_MESSAGE with next_begin_offset past one (a
+consumer commits that) and its lookup None, until it happened to map the file again (found by
+tests/test_model_store.py). Now a read that finds no record where a unit points asks whether
+the segment's name names another file, and if so reads the file named now."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import mqstore
+from mqstore import FaultPlan, GetMessageStatus, Message, PutMessageStatus
+
+SEG = 64 * 1024
+SETTINGS = {"mapped_file_size_commitlog_bytes": SEG, "mapped_file_size_consume_queue_bytes": 20 * 200}
+
+
+def test_a_thread_that_mapped_a_segment_before_a_writer_restart_reads_what_is_stored_there_after(tmp_path: Path) -> None:
+    plan = FaultPlan()
+    with mqstore.open(tmp_path / "store", faults=plan, **SETTINGS) as store:
+        assert store.put(Message(topic="t", body=b"")).ok
+        assert store.get("t", 0, 0, 1).found  # this thread maps every segment listed, the one made ahead too
+        # Another thread that read before the restart too, for the lookup after it.
+        mapped, asked = threading.Event(), threading.Event()
+        looked_up: list[object] = []
+
+        def look_up_after_the_restart() -> None:
+            assert store.get("t", 0, 0, 1).found
+            mapped.set()
+            asked.wait(30)
+            looked_up.append(store.lookup(SEG))
+
+        other = threading.Thread(target=look_up_after_the_restart)
+        other.start()
+        assert mapped.wait(30)
+        made_ahead = tmp_path / "store" / "commitlog" / f"{SEG:020d}"
+        before = made_ahead.stat().st_ino
+        plan.arm("writer.after_append")
+        assert store.put(Message(topic="t", body=b"")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        deadline = time.monotonic() + 10
+        while not store.supervisor.restarts and time.monotonic() < deadline:
+            threading.Event().wait(0.005)
+        assert store.supervisor.restarts
+        bodies = [bytes([i + 1]) * 40_000 for i in range(2)]
+        results = [store.put(Message(topic="t", body=body)) for body in bodies]
+        assert all(r.ok for r in results), results
+        last = results[-1]
+        assert last.commitlog_offset == SEG and os.stat(made_ahead).st_ino != before  # in the file made again
+        got = store.get("t", 0, last.queue_offset, 1)
+        assert got.status is GetMessageStatus.FOUND and [m.body for m in got.messages] == [bodies[-1]], got
+        asked.set()
+        other.join(30)
+        (record,) = looked_up
+        assert isinstance(record, mqstore.MessageRecord) and record.body == bodies[-1]
