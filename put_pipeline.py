@@ -85,6 +85,10 @@ class _PutFuture(Future[PutResult]):
         self._exception: BaseException | None = None
         self._waiter_list: list[Any] | None = None
         self._callback_list: list[Any] | None = None
+        # The end of the furthest record stored by the writer pass that answered this put:
+        # a pass appends queue by queue, so an older put of the caller's may end after this
+        # one; its reads after this future is done cover the pass (read-your-writes).
+        self.pass_end = 0
 
     @property  # Future's attribute, made on first use
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -714,14 +718,20 @@ class PutPipeline:
         completions: list[tuple[_PutFuture, PutResult]] = []
         forgotten: list[tuple[_PutReply, PutResult]] = []
         stored = STORED_STATUSES
+        pass_end = 0
         for reply, answer in cast("list[tuple[_PutReply, Any]]", answers):  # only _PutReplies carry this sink
             result = answer if type(answer) is PutResult else as_put_result(answer)
             figures.append((reply.topic, result, now - reply.started))
             future = reply.future
             if future is not None:
                 completions.append((future, result))
-            elif result.status not in stored:  # fire and forget
+            if result.status in stored:
+                if (end := result.commitlog_offset + result.wrote_bytes) > pass_end:
+                    pass_end = end
+            elif future is None:  # fire and forget
                 forgotten.append((reply, result))
+        for future, _ in completions:  # set before any is done: its reader sees it with it
+            future.pass_end = pass_end
         # The stats before any future completes: a caller that saw its put done sees it counted.
         self._record(figures)
         due = _complete_futures(completions)

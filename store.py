@@ -553,7 +553,9 @@ class MessageStore:
         if future is not None and future.done():
             result: PutResult = future.result()
             if result.stored:
-                end = max(end, result.commitlog_offset + result.wrote_bytes)
+                # Its pass's end, not its own: the pass appended queue by queue, and an older
+                # put of this thread may lie after it (a read missed it: the model test).
+                end = max(end, result.commitlog_offset + result.wrote_bytes, future.pass_end)
         return end
 
     @contextlib.contextmanager
