@@ -76,9 +76,8 @@ QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the 
 
 _FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.FILLER_UNIT
 # Faults the SIGBUS guard caught in the process: a read compares it with its reader's
-# `faults_seen` before it trusts what it read. The C counter itself (~30 ns a get, the
-# wrapper ~120 ns); the wrapper (0) without the extension.
-_total_faults: Final[Callable[[], int]] = getattr(mapguard._guard, "total_faults", mapguard.total_faults)
+# `faults_seen` before it trusts what it read (the C counter itself, ~30 ns a get).
+_total_faults: Final[Callable[[], int]] = mapguard.total_faults
 
 def yield_gil() -> None:
     """Let the threads the store's hand-offs woke (`_native.Signal`: actor inboxes, answers)

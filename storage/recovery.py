@@ -1060,8 +1060,7 @@ class _UnitChecker:
         self._quarantined = sorted(quarantined)
         self._max_size = cfg.max_stored_record_bytes
         self._delay_levels = codec.parse_delay_levels(cfg.message_delay_level)
-        self._reader: _RecoveryReader | None = None
-        self._faults_seen = fs.map_faults()
+        self._reader: CommitLogReader | None = None
 
     def __enter__(self) -> _UnitChecker:
         return self
@@ -1076,7 +1075,7 @@ class _UnitChecker:
                 return False
             if self._reader is None:
                 cfg = self._cfg
-                self._reader = _RecoveryReader(self._fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
+                self._reader = CommitLogReader(self._fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
                                                max_message_size=cfg.max_message_size_bytes, limit=self._end)  # fmt: skip
             found = self._reader.select(offset, size)
             fields = self._decode(*found, size) if found is not None else None
@@ -1090,10 +1089,9 @@ class _UnitChecker:
                 return True
             # A record that read as the guard's zeros is not one the unit does not match: the
             # queue is not cut there (review 67 F3).
-            if self._fs.map_faults() != self._faults_seen:
-                unread = self._reader.unread_segment(offset)
-                if unread is not None:
-                    raise UnreadDuringRecoveryError(unread)
+            unread = self._reader.unread(offset)  # (one compare while no map faulted)
+            if unread is not None:
+                raise UnreadDuringRecoveryError(str(unread.filename))
             return False
 
         return matches
@@ -1118,15 +1116,6 @@ class _UnitChecker:
         if i and ranges[i - 1][1] > start:  # ...and the one before it, which may reach past it
             return True
         return i < len(ranges) and ranges[i][0] < stop
-
-
-class _RecoveryReader(CommitLogReader):
-    """A CommitLogReader that says whether the segment holding an offset met a page it could
-    not read (its map reads the SIGBUS guard's zeros there)."""
-
-    def unread_segment(self, offset: int) -> str | None:
-        region = self._regions.get(offset - offset % self.mapped_file_size)
-        return region.path if region is not None and region.cut_short() else None
 
 
 def resume_queue_offsets(
@@ -1817,9 +1806,9 @@ def _recover_index(
                           f"max_index_num={cfg.max_index_num} give (see the log)")  # fmt: skip
         if fs.map_faults() != faults_seen:
             # A header read as the guard's zeros ends at offset 0, "went back": nothing is dropped
-            # or set aside on it (review 67). (IndexFile keeps its map private.)
+            # or set aside on it (review 67).
             for f in service.files:
-                if f._region.cut_short():
+                if f.cut_short():
                     raise UnreadDuringRecoveryError(f.path)
         gone = names_before - set(fs.listdir(cfg.index_dir))
         reasons = list(service.set_aside)
