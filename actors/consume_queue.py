@@ -35,7 +35,7 @@ from ..storage.codec import is_topic_name, names_a_queue
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import ConsumeQueue, list_consume_queues
 from ..storage.fs import FileCutUnderMapError, UnreadPageError
-from ..storage.mapped_file import DiskFullError
+from ..storage.mapped_file import DiskFullError, MappedFile
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
 from ..storage.recovery import ConsumeQueueRecovery, LogFacts, RecoveryMode, lost_queue_offsets, recover_consume_queues
 from .base import ActorContext, HeldWait, Periodic, StoreActor
@@ -105,8 +105,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # them (filler units, `_fill_reserved`, hold the lost ones).
         self._reserved: dict[tuple[str, int], int] = {}
         self._refused_queues: set[tuple[str, int]] = set()  # logged once each
-        # The process's map faults when this owner last found none of its maps faulted.
+        # The process's map faults when this owner last found none of its maps faulted, and a
+        # queue file a read found cut short (raised at the next tick: the restart rebuilds it).
         self._faults_seen = ctx.fs.map_faults()
+        self._unreadable_file: FileCutUnderMapError | None = None
         # The queues whose files may be mapped, least recently written first: at most
         # consume_queue_mapped_queues_max (review 58 F2: every queue ever written kept its maps
         # and descriptors for the store's life, EMFILE at ~500 queues under `ulimit -n 1024`).
@@ -254,7 +256,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case DispatchBatch():
                 self._waiting.append(message)
                 if not self._held:  # held: the ticks retry (HeldWait)
-                    self._fail_if_a_map_faulted()
+                    self._give_back_faulted_maps()
                     self._dispatch_waiting()
             case GetUnits():
                 return self._get_units(message)
@@ -265,7 +267,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case Ping():
                 return Pong()
             case Tick():
-                self._fail_if_a_map_faulted()
+                self._give_back_faulted_maps()
                 self._dispatch_waiting()
                 if (self._reserved and self._dispatched_offset >= self._ledger_floor_until and not self._waiting
                         and not self._log_facts.holes):  # fmt: skip
@@ -285,21 +287,39 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 assert_never(message)
         return None
 
-    def _fail_if_a_map_faulted(self) -> None:
-        """FileCutUnderMapError (the actor fails, and its restart recovers the queues from the
-        files and re-dispatches what they lack) once a map of this owner met a page it could
-        not read: an I/O error, or the file cut. The guard's zeros fill that map from the page
-        on, so what it reads there is not the file's, and the units written into it since reach
-        memory only (review 68 F1: a get skipped them once the map was given back). Before
-        any batch is written, and on ticks; one compare while nothing faulted."""
+    def _give_back_faulted_maps(self) -> None:
+        """Maps of this owner that met a page they could not read (an I/O error, or the file
+        cut) read the guard's zeros from that page on, and what is written into them reaches
+        memory only (review 68 F1: a get skipped those units once the map went). Each is given
+        back at once, its dirty units being the page cache's, and the next write or read maps
+        the file again (review 69 F1: failing the actor instead stopped the whole store once
+        an error lasted past the restart budget). One that cannot be given back fails the actor
+        (FileCutUnderMapError: its restart reads the files and re-dispatches what they lack).
+        Before any batch is written and on ticks; one compare while nothing faulted."""
         faults = self.ctx.fs.map_faults()
-        if faults == self._faults_seen:
+        if faults == self._faults_seen and self._unreadable_file is None:
+            return
+        if self._unreadable_file is not None:  # a file a read could not map (cut short: F5)
+            error, self._unreadable_file = self._unreadable_file, None
+            raise error
+        for cq in self._queues.values():
+            while (faulted := cq.mapped_file_queue.faulted_file()) is not None:
+                if not faulted.give_back_faulted_map():
+                    raise faulted.cut_error()
+                self.log.error("a consume queue file could not be read; its map is made again", path=faulted.file_name,
+                               errno=errno.EIO)  # fmt: skip
+        self._faults_seen = faults
+
+    def _fail_if_written_into_a_faulted_map(self) -> None:
+        """After a batch: a map that faulted while its units were written took them into the
+        guard's memory, not the file. FileCutUnderMapError: the actor fails, and its restart
+        re-dispatches them from the log. One compare while nothing faulted."""
+        if self.ctx.fs.map_faults() == self._faults_seen:
             return
         for cq in self._queues.values():
             faulted = cq.mapped_file_queue.faulted_file()
             if faulted is not None:
                 raise faulted.cut_error()
-        self._faults_seen = faults
 
     def _dispatch_waiting(self) -> None:
         """Write the waiting batches in order; stop at the first the disk has no room for, or
@@ -310,6 +330,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             try:
                 with self._held.quiet():
                     self._dispatch(waiting[0])
+                self._fail_if_written_into_a_faulted_map()
             except (DiskFullError, QueueFileUnavailable) as exc:
                 why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made or written"
                 self._held.failed(self.ctx.clock_ms(), why, str(exc), waiting_batches=len(waiting))
@@ -393,10 +414,25 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         units = None
         unreadable = ""
         if min_offset <= request.offset < max_offset:
+            faulted: MappedFile | None = None
+
+            def read() -> bytes | None:
+                nonlocal faulted
+                found = self._units_of(cq, request)
+                # Asked before an idle queue's map is given back (review 69 F2): (one C call
+                # while no map faulted)
+                faulted = cq.mapped_file_queue.faulted_file()
+                return found
+
             try:
-                units = self._while_mapped((request.topic, request.queue_id), cq, lambda: self._units_of(cq, request))
-            except FileCutUnderMapError:
-                raise
+                units = self._while_mapped((request.topic, request.queue_id), cq, read)
+            except FileCutUnderMapError as exc:
+                # An idle queue's file cut short: this get is answered "not now" (it raised to
+                # the caller, every get: review 69 F5), and the next tick fails the actor,
+                # whose restart rebuilds the queue from the log.
+                self._unreadable_file = exc
+                unreadable = f"{type(exc).__name__}: {exc}"
+                self.log.error("a consume queue file could not be mapped again", path=exc.filename, error=str(exc))
             except OSError as exc:
                 # Out of descriptors or maps: the units are there, only not readable now. Taken
                 # for a file gone, the get moved a consumer past the whole file (review 60 H2).
@@ -404,16 +440,14 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                     unreadable = f"{type(exc).__name__}: {exc}"
                 self.log.warning("a consume queue file could not be mapped for a read", topic=request.topic,
                                  queue_id=request.queue_id, error=str(exc))  # fmt: skip
-            faulted = cq.mapped_file_queue.faulted_file()  # (one C call while no map faulted)
             if faulted is not None:
                 # Units read from the guard's zeros (a page that could not be read) are none:
-                # the get stops at them instead of moving a consumer past the file's units.
-                # This owner fails at its next batch or tick (_fail_if_a_map_faulted), and
-                # its restart reads the file again.
+                # the get stops at them instead of moving a consumer past the file's units,
+                # and the map is made again for the next read (_give_back_faulted_maps).
                 units = None
                 error = UnreadPageError(faulted.file_name, "read again once it reads")
                 unreadable = f"{type(error).__name__}: {error}"
-                self.log.error("a consume queue file could not be read", path=faulted.file_name, errno=errno.EIO)
+                self._give_back_faulted_maps()
         return UnitsReply(
             unreadable=unreadable,
             exists=True,
@@ -445,20 +479,28 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         with contextlib.closing(self._commitlog()) as reader:
             pickup = functools.partial(pickup_store_timestamp, reader)
             key = (request.topic, request.queue_id)
+            faulted: MappedFile | None = None
+
+            def search() -> int:
+                nonlocal faulted
+                found = cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
+                faulted = cq.mapped_file_queue.faulted_file()  # (before an idle queue's map goes)
+                return found
+
             try:
-                found = self._while_mapped(
-                    key, cq, lambda: cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
-                )
-            except FileCutUnderMapError:
-                raise
+                found = self._while_mapped(key, cq, search)
+            except FileCutUnderMapError as exc:
+                self._unreadable_file = exc  # as for a get (_get_units)
+                return -1
             except OSError as exc:  # out of descriptors or maps: the store's "failed"
                 self.log.warning("a consume queue file could not be mapped for a read", topic=request.topic,
                                  queue_id=request.queue_id, error=str(exc))  # fmt: skip
                 return -1
             # Units or store times read from the guard's zeros (a page that could not be read)
             # searched wrong: "cannot be known now", as for a file that cannot be mapped.
-            if cq.mapped_file_queue.faulted_file() is not None:
-                return -1  # (this owner fails at its next batch or tick)
+            if faulted is not None:
+                self._give_back_faulted_maps()
+                return -1
             if self.ctx.fs.map_faults() != reader.faults_seen and reader.look_for_faults():
                 return -1
             return found

@@ -244,6 +244,25 @@ class MappedFile:
         self._unmapped = True
         return True
 
+    def give_back_faulted_map(self) -> bool:
+        """Give back a map that met a page it could not read (the SIGBUS guard replaced it with
+        zeros from that page to its end), every position kept: the next read or write maps the
+        file again. Unlike `unmap`, also with units not yet flushed: a shared map's dirty pages
+        are the page cache's, which the guard's replacement did not take, and the new map's
+        flush writes them. False (kept) with a write buffer, a failed flush, an mlock or a
+        reader of the owner holding it."""
+        region = self._region
+        if (region is None or not self.available or self.ref_count != 1 or self.write_buffer is not None
+                or self.locked_in_memory or self.last_io_error is not None):  # fmt: skip
+            return False
+        try:
+            region.close()
+        except BufferError:
+            return False
+        self._region = None
+        self._unmapped = True
+        return True
+
     def map(self) -> None:
         """Map a file `unmap` gave back again (nothing for a mapped one). OSError when the process
         has no descriptor, memory or map left for it (EMFILE, ENFILE, ENOMEM: the file is fine,

@@ -336,3 +336,116 @@ def test_a_queue_owner_whose_map_faults_loses_no_unit_it_writes_after(tmp_path: 
                     break
                 offset = got.next_begin_offset
             assert served == list(range(MESSAGES + 50)), (owner_path, got)
+
+
+def _select_faulting_once(queue_file: Path, cut_to: int | None) -> Callable[[], None]:
+    """The next owner read of `queue_file` (MappedFile.select) meets a fault: the file is cut
+    to 0 for it and written back after (cut_to None), or cut to `cut_to` and left so. Undo."""
+    from mqstore.storage.mapped_file import MappedFile
+
+    select = MappedFile.select
+    done: list[bool] = []
+
+    def select_faulting(self: MappedFile, *args: Any) -> Any:
+        if done or self.file_name != str(queue_file):
+            return select(self, *args)
+        done.append(True)
+        if cut_to is not None:
+            os.truncate(queue_file, cut_to)
+            return select(self, *args)
+        self._mapped()  # (an idle queue's file is mapped for the read)
+        cut = Cut(queue_file, 0)
+        try:
+            return select(self, *args)
+        finally:
+            cut.restore()
+
+    MappedFile.select = select_faulting  # type: ignore[method-assign]
+
+    def undo() -> None:
+        MappedFile.select = select  # type: ignore[method-assign]
+
+    return undo
+
+
+@in_child
+def test_an_idle_queue_whose_page_faults_in_the_owners_read_is_not_served_as_no_units(tmp_path: Path) -> None:
+    """The owner maps an idle queue's file for one read and gives it back after: it asked for a
+    fault only after, saw none, and served the zeros as no units (NO_MATCHED_MESSAGE, next 100
+    from 40: review 69 F2)."""
+    store = tmp_path / "store"
+    with _fill(store, consume_queue_mapped_queues_max=1) as s:
+        assert s.put(mqstore.Message(topic="other", body=b"o")).ok  # queue t/0 is idle now
+        assert s.wait_for_messages("other", 0, 0, 10)
+        reads.get_from_view = lambda *_args, **_kwargs: None  # the owner's units
+        undo = _select_faulting_once(store / "consumequeue" / "t" / "0" / f"{0:020d}", None)
+        during = s.get("t", 0, 40, 32)
+        undo()
+        assert during.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and during.next_begin_offset == 40, during
+        after = s.get("t", 0, 40, 32)
+        assert [m.queue_offset for m in after.messages] == list(range(40, 72))
+        assert s.supervisor.restarts == []
+
+
+@in_child
+def test_a_get_of_an_idle_queue_whose_file_was_cut_answers_and_the_queue_is_rebuilt(tmp_path: Path) -> None:
+    """The owner could not map the cut file again and the get raised FileCutUnderMapError to
+    the caller, at every get (review 69 F5). Now it answers "not now", and the owner's restart
+    rebuilds the queue from the log."""
+    store = tmp_path / "store"
+    queue_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
+    with _fill(store, consume_queue_mapped_queues_max=1) as s:
+        assert s.put(mqstore.Message(topic="other", body=b"o")).ok
+        assert s.wait_for_messages("other", 0, 0, 10)
+        reads.get_from_view = lambda *_args, **_kwargs: None
+        os.truncate(queue_file, 4096)  # cut while not mapped: the owner maps it again for the read
+        during = s.get("t", 0, 40, 32)
+        assert during.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and during.next_begin_offset == 40, during
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            after = s.get("t", 0, 40, 32)
+            if after.found:
+                break
+            time.sleep(0.05)
+        assert [m.queue_offset for m in after.messages] == list(range(40, 72)), after
+
+
+@in_child
+def test_a_queue_page_that_stays_unreadable_for_seconds_stops_nothing_else(tmp_path: Path) -> None:
+    """The owner failed at its map's fault and every restart's recovery met the page again: the
+    restart budget ran out in ~4 s and the whole store stopped (puts to every topic refused)
+    while the disk's error lasted 8 s (review 69 F1). Now the owner gives the faulted map back
+    and answers "not now" for that queue while the page faults; everything else goes on."""
+    from mqstore.storage.mapped_file import MappedFile
+
+    store = tmp_path / "store"
+    queue_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
+    with _fill(store) as s:
+        reads.get_from_view = lambda *_args, **_kwargs: None
+        select = MappedFile.select
+        saved = queue_file.read_bytes()
+
+        def select_while_unreadable(self: MappedFile, *args: Any) -> Any:
+            if self.file_name != str(queue_file):
+                return select(self, *args)
+            self._mapped()  # (mapped at its length, as a file with an I/O error keeps it)
+            os.truncate(queue_file, 0)  # unreadable for this read (every one for a while)
+            try:
+                return select(self, *args)
+            finally:
+                with open(queue_file, "r+b") as f:
+                    f.write(saved)
+
+        MappedFile.select = select_while_unreadable  # type: ignore[method-assign]
+        try:
+            for i in range(30):  # ~3 s of gets of the queue, each meeting the fault
+                got = s.get("t", 0, 40, 32)
+                assert got.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and got.next_begin_offset == 40, got
+                put = s.put(mqstore.Message(topic="other", body=b"%d" % i))
+                assert put.ok, (i, put, s.supervisor.restarts)
+                time.sleep(0.1)
+        finally:
+            MappedFile.select = select  # type: ignore[method-assign]
+        assert s.supervisor.state.name == "RUNNING" and s.supervisor.restarts == []
+        assert [m.queue_offset for m in s.get("t", 0, 40, 32).messages] == list(range(40, 72))
+        assert s.wait_for_messages("other", 0, 29, 10)
