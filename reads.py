@@ -700,6 +700,8 @@ def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> i
     found = _pickup_store_timestamp(reader, offset, size)
     if _total_faults() != reader.faults_seen and reader.unread(offset) is not None:
         return -1
+    if found <= 0 and reader.drop_if_renewed(offset):  # a map of the segment's earlier file: zeros
+        return _pickup_store_timestamp(reader, offset, size)
     return found
 
 

@@ -549,6 +549,7 @@ class MessageStore:
         local = self._local.__dict__
         end: int = local.get("last_put_end", 0)
         end = max(end, local.get("reading_for_end", 0))  # a gateway reader's actor
+        end = max(end, local.get("seen_put_end", 0))  # put_async results this thread saw stored
         future = local.get("last_async_put")  # the thread's newest put_async
         if future is not None and future.done():
             result: PutResult = future.result()
@@ -828,6 +829,8 @@ class MessageStore:
         if total_size != size:
             if reader.unread(commitlog_offset) is not None:
                 return None  # its page faulted: zeros, not a record of another size (lookup says why)
+            if reader.drop_if_renewed(commitlog_offset):  # a map of the segment's earlier file
+                return self._record_of_size(reader, commitlog_offset, size)
             # A unit or a caller's size that disagrees with the record: never serve the bytes
             # as another record (or a record cut short).
             self.log.error("lookup_size_disagrees_with_record", commitlog_offset=commitlog_offset, size=size,
@@ -952,6 +955,10 @@ class MessageStore:
         if start >= end:
             return None
         data = reader.read(start, end - start, limit=end)
+        if data is not None and reader.drop_if_renewed(start):
+            # A map of the segment's earlier file (deleted and made again at a writer restart)
+            # read its zeros (review 69 F3): read the file named now. A stat per call.
+            data = reader.read(start, end - start, limit=end)
         unread = reader.unread(start)  # (one compare while no map faulted)
         if unread is not None:
             # The guard's zeros, not the log (review 68 F3: a replica appended them, and this

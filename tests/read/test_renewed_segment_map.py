@@ -3,14 +3,16 @@ made ahead; the restarted writer's recovery deletes that file and the allocator 
 the same name. The thread's map still read the deleted file's zeros where acknowledged
 messages now were: its get answered NO_MATCHED_MESSAGE with next_begin_offset past one (a
 consumer commits that) and its lookup None, until it happened to map the file again (found by
-tests/test_model_store.py). Now a read that finds no record where a unit points asks whether
-the segment's name names another file, and if so reads the file named now."""
+tests/test_model_store.py). Now a read that finds no record where a unit points (or a lookup, a store time, the
+replication source) asks whether the segment's name names another file, and if so reads the
+file named now (review 69 F3 for the last three)."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mqstore
@@ -25,19 +27,28 @@ def test_a_thread_that_mapped_a_segment_before_a_writer_restart_reads_what_is_st
     with mqstore.open(tmp_path / "store", faults=plan, **SETTINGS) as store:
         assert store.put(Message(topic="t", body=b"")).ok
         assert store.get("t", 0, 0, 1).found  # this thread maps every segment listed, the one made ahead too
-        # Another thread that read before the restart too, for the lookup after it.
-        mapped, asked = threading.Event(), threading.Event()
-        looked_up: list[object] = []
+        # Other threads that read before the restart too, each for one other read after it.
+        reads_after: dict[str, Callable[[], object]] = {
+            "lookup": lambda: store.lookup(SEG),
+            "lookup_sized": lambda: store.lookup(SEG, 40_092),
+            "store_time": lambda: store.message_store_time("t", 0, 3),
+            "commitlog_data": lambda: store.get_commitlog_data(SEG, 64),
+        }
+        asked = threading.Event()
+        answers: dict[str, object] = {}
 
-        def look_up_after_the_restart() -> None:
+        def read_after_the_restart(name: str, mapped: threading.Event) -> None:
             assert store.get("t", 0, 0, 1).found
             mapped.set()
             asked.wait(30)
-            looked_up.append(store.lookup(SEG))
+            answers[name] = reads_after[name]()
 
-        other = threading.Thread(target=look_up_after_the_restart)
-        other.start()
-        assert mapped.wait(30)
+        others = []
+        for name in reads_after:
+            mapped = threading.Event()
+            others.append(threading.Thread(target=read_after_the_restart, args=(name, mapped)))
+            others[-1].start()
+            assert mapped.wait(30)
         made_ahead = tmp_path / "store" / "commitlog" / f"{SEG:020d}"
         before = made_ahead.stat().st_ino
         plan.arm("writer.after_append")
@@ -54,6 +65,11 @@ def test_a_thread_that_mapped_a_segment_before_a_writer_restart_reads_what_is_st
         got = store.get("t", 0, last.queue_offset, 1)
         assert got.status is GetMessageStatus.FOUND and [m.body for m in got.messages] == [bodies[-1]], got
         asked.set()
-        other.join(30)
-        (record,) = looked_up
-        assert isinstance(record, mqstore.MessageRecord) and record.body == bodies[-1]
+        for other in others:
+            other.join(30)
+        for name in ("lookup", "lookup_sized"):
+            record = answers[name]
+            assert isinstance(record, mqstore.MessageRecord) and record.body == bodies[-1], name
+        assert answers["store_time"] == store.message_store_time("t", 0, 3) > 0
+        data = answers["commitlog_data"]
+        assert isinstance(data, tuple) and data[0] == SEG and data[1][:4] == (40_092).to_bytes(4, "big")
