@@ -89,6 +89,8 @@ class _PutFuture(Future[PutResult]):
         # a pass appends queue by queue, so an older put of the caller's may end after this
         # one; its reads after this future is done cover the pass (read-your-writes).
         self.pass_end = 0
+        # The store's thread-local read-your-writes state (None: refused before the writer).
+        self.seen_by: threading.local | None = None
 
     @property  # Future's attribute, made on first use
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -130,8 +132,17 @@ class _PutFuture(Future[PutResult]):
 
     def result(self, timeout: float | None = None) -> PutResult:
         if self._state is _FINISHED and self._result is not None:
-            return self._result
-        return super().result(_complete_while_waiting(self, timeout))
+            result = self._result
+        else:
+            result = super().result(_complete_while_waiting(self, timeout))
+        if self.seen_by is not None and result.status in STORED_STATUSES:
+            # This thread has seen it stored: its reads cover it (and its pass), whatever its
+            # newest put does (refused, or still in flight: review 69 F4).
+            seen = self.seen_by.__dict__
+            end = max(result.commitlog_offset + result.wrote_bytes, self.pass_end)
+            if end > seen.get("seen_put_end", 0):
+                seen["seen_put_end"] = end
+        return result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         return super().exception(_complete_while_waiting(self, timeout))
@@ -528,7 +539,8 @@ class PutPipeline:
             except InvalidStateError:  # completed meanwhile by a racing close() ("store closed")
                 pass
             return future
-        self._store._local.last_async_put = future
+        local = future.seen_by = self._store._local
+        local.last_async_put = future
         if self._closed:
             self._complete_closed()  # closed meanwhile: no completion thread to do it
         return future

@@ -867,3 +867,20 @@ def test_single_puts_land_where_they_would_one_by_one_however_they_met_in_the_in
             placed[way] = [(r.commitlog_offset, r.queue_offset) for r in results]
     assert len({offset // (64 * 1024) for offset, _ in placed["one by one"]}) > 10  # many segment ends met
     assert placed["pipelined"] == placed["one by one"]
+
+
+def test_a_thread_reads_a_put_async_it_saw_stored_whatever_its_newest_put_does(store_dir: Path) -> None:
+    """Read-your-writes followed the thread's newest future only: when that one was refused by
+    the writer, or was still in flight, the put the thread had seen stored was not covered and
+    a read could miss it (review 69 F4). Now every result the thread takes counts."""
+    with helpers.open_small(store_dir, mapped_file_size_commitlog_bytes=64 * 1024) as store:
+        for trial in range(100):
+            seen = store.put_async(Message(topic="seen", body=bytes(12_000))).result(TIMEOUT_S)
+            assert seen.ok
+            if trial % 2:  # the newest refused by the writer: a record longer than a segment
+                newest = store.put_async(Message(topic="seen", queue_id=1, body=bytes(70_000)))
+                assert not newest.result(TIMEOUT_S).ok
+            else:  # the newest still in flight (or done: then it covers the older one too)
+                store.put_async(Message(topic="seen", queue_id=1, body=bytes(12_000)))
+            assert store.max_offset("seen", 0) == trial + 1, trial
+        store.flush()
