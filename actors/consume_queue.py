@@ -256,6 +256,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case DispatchBatch():
                 self._waiting.append(message)
                 if not self._held:  # held: the ticks retry (HeldWait)
+                    self._fail_if_a_file_was_unreadable()
                     self._give_back_faulted_maps()
                     self._dispatch_waiting()
             case GetUnits():
@@ -267,6 +268,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             case Ping():
                 return Pong()
             case Tick():
+                self._fail_if_a_file_was_unreadable()
                 self._give_back_faulted_maps()
                 self._dispatch_waiting()
                 if (self._reserved and self._dispatched_offset >= self._ledger_floor_until and not self._waiting
@@ -287,7 +289,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 assert_never(message)
         return None
 
-    def _give_back_faulted_maps(self) -> None:
+    def _give_back_faulted_maps(self, *, fail: bool = True) -> None:
         """Maps of this owner that met a page they could not read (an I/O error, or the file
         cut) read the guard's zeros from that page on, and what is written into them reaches
         memory only (review 68 F1: a get skipped those units once the map went). Each is given
@@ -295,20 +297,29 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         the file again (review 69 F1: failing the actor instead stopped the whole store once
         an error lasted past the restart budget). One that cannot be given back fails the actor
         (FileCutUnderMapError: its restart reads the files and re-dispatches what they lack).
-        Before any batch is written and on ticks; one compare while nothing faulted."""
+        Before any batch is written and on ticks; one compare while nothing faulted. A read
+        (`fail` False) gives back what it can and leaves the rest to the next tick: its asker
+        gets an answer, not the actor's failure."""
         faults = self.ctx.fs.map_faults()
-        if faults == self._faults_seen and self._unreadable_file is None:
+        if faults == self._faults_seen:
             return
-        if self._unreadable_file is not None:  # a file a read could not map (cut short: F5)
-            error, self._unreadable_file = self._unreadable_file, None
-            raise error
         for cq in self._queues.values():
             while (faulted := cq.mapped_file_queue.faulted_file()) is not None:
                 if not faulted.give_back_faulted_map():
+                    if not fail:
+                        return
                     raise faulted.cut_error()
                 self.log.error("a consume queue file could not be read; its map is made again", path=faulted.file_name,
                                errno=errno.EIO)  # fmt: skip
         self._faults_seen = faults
+
+    def _fail_if_a_file_was_unreadable(self) -> None:
+        """The FileCutUnderMapError a read met mapping a queue file again (cut short while
+        idle: review 69 F5), raised here, at a batch or tick, not to the reader: the actor
+        fails and its restart rebuilds the queue from the log."""
+        if self._unreadable_file is not None:
+            error, self._unreadable_file = self._unreadable_file, None
+            raise error
 
     def _fail_if_written_into_a_faulted_map(self) -> None:
         """After a batch: a map that faulted while its units were written took them into the
@@ -447,7 +458,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 units = None
                 error = UnreadPageError(faulted.file_name, "read again once it reads")
                 unreadable = f"{type(error).__name__}: {error}"
-                self._give_back_faulted_maps()
+                self._give_back_faulted_maps(fail=False)
         return UnitsReply(
             unreadable=unreadable,
             exists=True,
@@ -499,7 +510,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             # Units or store times read from the guard's zeros (a page that could not be read)
             # searched wrong: "cannot be known now", as for a file that cannot be mapped.
             if faulted is not None:
-                self._give_back_faulted_maps()
+                self._give_back_faulted_maps(fail=False)
                 return -1
             if self.ctx.fs.map_faults() != reader.faults_seen and reader.look_for_faults():
                 return -1
