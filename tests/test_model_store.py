@@ -153,7 +153,7 @@ def wait_dispatched(store: MessageStore) -> None:
 class StoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.root = tempfile.mkdtemp(prefix="mqstore-model-")
+        self.root = tempfile.mkdtemp(prefix="mqstore-model-", dir=_STORES_UNDER.get("dir"))
         self.path = os.path.join(self.root, "store")
         self.faults = FaultPlan()
         self.store: MessageStore = mqstore.open(self.path, faults=self.faults, **SETTINGS)
@@ -533,10 +533,16 @@ CI = settings(max_examples=20, stateful_step_count=30, derandomize=True,
 SOAK = settings(max_examples=300, stateful_step_count=80, derandomize=False, **_COMMON)
 
 
+# Where the machine makes its stores: the test's tmp_path (a killed run leaves nothing in /tmp).
+_STORES_UNDER: dict[str, str] = {}
+
+
 @pytest.fixture(autouse=True)
 def _hypothesis_home_outside_the_repository(tmp_path: Any) -> Any:
     set_hypothesis_home_dir(tmp_path / "hypothesis")
+    _STORES_UNDER["dir"] = str(tmp_path)
     yield
+    _STORES_UNDER.clear()
     set_hypothesis_home_dir(None)  # back to the default (HYPOTHESIS_STORAGE_DIRECTORY or ./.hypothesis)
 
 
