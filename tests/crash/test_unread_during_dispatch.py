@@ -28,6 +28,28 @@ MESSAGES = 100
 SETTINGS: dict[str, Any] = dict(mapped_file_size_commitlog_bytes=SEG, message_index_enable=False)
 
 
+def _fault_reput_once(monkeypatch: pytest.MonkeyPatch, segment: Path, cut_to: int) -> list[int]:
+    """Reput's first read of `segment` (segment 0) runs with it cut to `cut_to` bytes, and the
+    bytes are written back right after (in place: never shorter meanwhile). The offsets cut."""
+    saved = segment.read_bytes()
+    read = ReputMessageService._read
+    cuts: list[int] = []
+
+    def read_with_the_page_faulting(self: ReputMessageService, offset: int, limit: int) -> Any:
+        if cuts or offset >= SEG:
+            return read(self, offset, limit)
+        cuts.append(offset)
+        os.truncate(segment, cut_to)
+        try:
+            return read(self, offset, limit)
+        finally:
+            with open(segment, "r+b") as f:  # the disk reads again
+                f.write(saved)
+
+    monkeypatch.setattr(ReputMessageService, "_read", read_with_the_page_faulting)
+    return cuts
+
+
 def _bodies(store: mqstore.MessageStore) -> dict[int, bytes]:
     served: dict[int, bytes] = {}
     offset = 0
@@ -49,28 +71,13 @@ def test_dispatch_that_reads_a_faulted_page_waits_and_gives_every_message_its_un
             assert store.put(mqstore.Message(topic="t", body=bytes([65 + i % 26]) * 1000)).ok
     shutil.rmtree(store_dir / "consumequeue")  # derived: the open dispatches the log again
     segment = store_dir / "commitlog" / f"{0:020d}"
-    saved = segment.read_bytes()
-    read = ReputMessageService._read
-    cuts: list[int] = []
-
-    def read_with_the_page_faulting(self: ReputMessageService, offset: int, limit: int) -> Any:
-        if cuts or offset >= SEG:
-            return read(self, offset, limit)
-        cuts.append(offset)
-        os.truncate(segment, 8192)
-        try:
-            return read(self, offset, limit)
-        finally:
-            with open(segment, "r+b") as f:  # the disk reads again (in place: never shorter)
-                f.write(saved)
-
-    monkeypatch.setattr(ReputMessageService, "_read", read_with_the_page_faulting)
+    cuts = _fault_reput_once(monkeypatch, segment, 8192)
     expected = {i: bytes([65 + i % 26]) * 1000 for i in range(MESSAGES)}
     with mqstore.open(store_dir, **SETTINGS) as store:
         assert cuts == [0]
         assert store.wait_for_messages("t", 0, MESSAGES - 1, 30.0)
         assert _bodies(store) == expected
-    monkeypatch.setattr(ReputMessageService, "_read", read)
+    monkeypatch.undo()  # reput reads as it does
     with mqstore.open(store_dir, **SETTINGS) as store:
         assert store.wait_for_messages("t", 0, MESSAGES - 1, 30.0)
         assert _bodies(store) == expected
@@ -99,22 +106,7 @@ def test_dispatch_takes_no_record_whose_properties_lie_in_a_page_that_faulted(
     count = i + 1
     shutil.rmtree(store_dir / "consumequeue")
     segment = store_dir / "commitlog" / f"{0:020d}"
-    saved = segment.read_bytes()
-    read = ReputMessageService._read
-    cuts: list[int] = []
-
-    def read_with_the_page_faulting(self: ReputMessageService, offset: int, limit: int) -> Any:
-        if cuts:
-            return read(self, offset, limit)
-        cuts.append(offset)
-        os.truncate(segment, page)
-        try:
-            return read(self, offset, limit)
-        finally:
-            with open(segment, "r+b") as f:  # the disk reads again (in place: never shorter)
-                f.write(saved)
-
-    monkeypatch.setattr(ReputMessageService, "_read", read_with_the_page_faulting)
+    cuts = _fault_reput_once(monkeypatch, segment, page)
     with mqstore.open(store_dir, **SETTINGS) as store:
         assert store.wait_for_messages("t", 0, count - 1, 30.0)
         got = store.get("t", 0, 0, count, tags="A")

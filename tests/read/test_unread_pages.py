@@ -213,29 +213,21 @@ def test_lookup_and_store_time_of_a_record_whose_page_faults_say_not_now(tmp_pat
         assert s.offset_for_time("t", 0, record.store_timestamp) == by_time
 
 
+@pytest.mark.parametrize("faulting", ["record", "index"])
 @in_child
-def test_a_query_whose_record_page_faults_names_the_file(tmp_path: Path) -> None:
+def test_a_query_whose_record_or_index_page_faults_names_the_file(tmp_path: Path, faulting: str) -> None:
     store = tmp_path / "store"
     with _fill(store) as s:
         assert len(s.query("t", "k80").messages) == 1
-        segment = _segment(store, 1)  # k80's record
-        cut = Cut(segment, 0)
+        if faulting == "record":
+            path, cut_to = _segment(store, 1), 0  # k80's record
+        else:
+            (path,) = sorted((store / "index").iterdir())
+            cut_to = 4096  # the slots past the first page and every entry
+        cut = Cut(path, cut_to)
         during = s.query("t", "k80")
         cut.restore()
-        assert not during.messages and segment.name in during.detail and "I/O error" in during.detail, during
-        assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]
-
-
-@in_child
-def test_a_query_whose_index_page_faults_names_the_file(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    with _fill(store) as s:
-        assert len(s.query("t", "k80").messages) == 1
-        (index,) = sorted((store / "index").iterdir())
-        cut = Cut(index, 4096)  # the slots past the first page and every entry
-        during = s.query("t", "k80")
-        cut.restore()
-        assert not during.messages and index.name in during.detail and "I/O error" in during.detail, during
+        assert not during.messages and path.name in during.detail and "I/O error" in during.detail, during
         assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]
 
 
