@@ -195,6 +195,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         finally:
             cq.unmap_files()
 
+    def _read_and_ask_faults(self, key: tuple[str, int], cq: ConsumeQueue, read: Callable[[], T]) -> tuple[T, MappedFile | None]:
+        """`_while_mapped(read)` and the first of the queue's files whose map faulted, asked
+        before an idle queue's maps are given back (review 69 F2: asked after, the fault was
+        missed and the zeros served as no units). One C call while no map faulted."""
+
+        def read_then_ask() -> tuple[T, MappedFile | None]:
+            found = read()
+            return found, cq.mapped_file_queue.faulted_file()
+
+        return self._while_mapped(key, cq, read_then_ask)
+
     def _publish(self, keys: Iterable[tuple[str, int]], *, complete: bool = False) -> None:
         """Tell readers of consumequeue/ the bounds of `keys` (after the units are written)."""
         queues = self._queues
@@ -426,17 +437,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         unreadable = ""
         if min_offset <= request.offset < max_offset:
             faulted: MappedFile | None = None
-
-            def read() -> bytes | None:
-                nonlocal faulted
-                found = self._units_of(cq, request)
-                # Asked before an idle queue's map is given back (review 69 F2): (one C call
-                # while no map faulted)
-                faulted = cq.mapped_file_queue.faulted_file()
-                return found
-
             try:
-                units = self._while_mapped((request.topic, request.queue_id), cq, read)
+                units, faulted = self._read_and_ask_faults((request.topic, request.queue_id), cq,
+                                                           lambda: self._units_of(cq, request))  # fmt: skip
             except FileCutUnderMapError as exc:
                 # An idle queue's file cut short: this get is answered "not now" (it raised to
                 # the caller, every get: review 69 F5), and the next tick fails the actor,
@@ -490,16 +493,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         with contextlib.closing(self._commitlog()) as reader:
             pickup = functools.partial(pickup_store_timestamp, reader)
             key = (request.topic, request.queue_id)
-            faulted: MappedFile | None = None
-
-            def search() -> int:
-                nonlocal faulted
-                found = cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
-                faulted = cq.mapped_file_queue.faulted_file()  # (before an idle queue's map goes)
-                return found
-
             try:
-                found = self._while_mapped(key, cq, search)
+                found, faulted = self._read_and_ask_faults(
+                    key, cq, lambda: cq.get_offset_in_queue_by_time(request.timestamp_ms, pickup, reader.min_offset())
+                )
             except FileCutUnderMapError as exc:
                 self._unreadable_file = exc  # as for a get (_get_units)
                 return -1
