@@ -37,7 +37,9 @@ from .messages import (
     CleanUnusedTopics,
     EncodedPut,
     FlushAll,
+    ClaimTopicDirectory,
     GetOffsetByTime,
+    TopicDirectoryRefused,
     GetResult,
     GetUnits,
     Message,
@@ -240,7 +242,7 @@ class MessageStore:
         self.store_host = self.supervisor.store_host
         self.read_view = self.supervisor.ctx.read_view  # what the owners publish
         self._readers = reads.ReaderRegistry(self.fs, config, _monotonic_ms)
-        self._encoder = PutEncoder(self.store_host, config.max_message_size_bytes)
+        self._encoder = PutEncoder(self.store_host, config.max_message_size_bytes, claim_topic=self._claim_topic_dir)
         self._local = threading.local()  # last_put_end: the end of the thread's last stored put
         self._ryw_timeout_s = config.read_your_writes_timeout_ms / 1000
         # The host's repeated mistakes (a refused put_and_forget in a loop, a raising
@@ -600,6 +602,22 @@ class MessageStore:
             return waiter.get(timeout=self._reply_timeout_s)
         except (pykka.ActorDeadError, pykka.Timeout) as exc:
             raise ServiceUnavailable(f"{peer} did not answer: {exc}") from exc
+
+    def _claim_topic_dir(self, topic: str) -> PutRefused | None:
+        """A topic's first put in this store's life waits for the ConsumeQueue actor to make
+        its directory: a name the filesystem cannot give it (case-insensitive filesystems, vfat's
+        reserved characters) refuses the put, where taking it stopped all dispatch after the
+        put was acknowledged (and let two topics write one queue's files)."""
+        try:
+            refused: TopicDirectoryRefused | None = self._ask("consume_queue", ClaimTopicDirectory(topic=topic))
+        except ServiceUnavailable as exc:
+            return PutRefused(PutMessageStatus.SERVICE_NOT_AVAILABLE, f"a new topic's directory cannot be made now: {exc}")
+        except OSError as exc:
+            return PutRefused(PutMessageStatus.SERVICE_NOT_AVAILABLE, f"a new topic's directory cannot be made now: {exc}")
+        if refused is None:
+            return None
+        status = PutMessageStatus.MESSAGE_ILLEGAL if refused.illegal else PutMessageStatus.SERVICE_NOT_AVAILABLE
+        return PutRefused(status, refused.detail)
 
     def _units(self, topic: str, queue_id: int, offset: int, max_units: int) -> UnitsReply:
         reply: UnitsReply = self._ask("consume_queue", GetUnits(topic=topic, queue_id=queue_id, offset=offset, max_units=max_units))

@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from typing import Callable, Iterable, TypeVar, assert_never
 
 from ..messages import (
+    ClaimTopicDirectory,
     CleanUnusedTopics,
     ConsumeQueueFilesDeleted,
     ConsumeQueueFlushed,
@@ -28,12 +29,14 @@ from ..messages import (
     QueueBounds,
     QueueSnapshot,
     Tick,
+    TopicDirectoryRefused,
     UnitsReply,
 )
+from ..log import RepeatedLog, suppressed_fields
 from ..storage import codec, speedups
 from ..storage.codec import is_topic_name, names_a_queue
 from ..storage.commitlog import CommitLogReader
-from ..storage.consume_queue import ConsumeQueue, list_consume_queues
+from ..storage.consume_queue import ConsumeQueue, TopicDirectoryTaken, list_consume_queues, make_topic_dir
 from ..storage.fs import FileCutUnderMapError, UnreadPageError
 from ..storage.mapped_file import DiskFullError, MappedFile
 from ..storage.queue_ledger import LedgerEntry, write_queue_ledger
@@ -57,6 +60,7 @@ ConsumeQueueRequest = (
     | FlushAll
     | DeleteExpiredConsumeQueueFiles
     | CleanUnusedTopics
+    | ClaimTopicDirectory
     | Ping
 )
 
@@ -115,6 +119,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # The others' files are flushed and unmapped, and mapped again at their next dispatch.
         self._mapped: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._mapped_max = max(1, ctx.config.consume_queue_mapped_queues_max)
+        # Topics whose consumequeue/<topic>/ is known to be their own (make_topic_dir): a
+        # queue of any other is opened only after that check.
+        self._own_topic_dirs: set[str] = set()
+        self._dir_refusals = RepeatedLog(ctx.ticker.now_ms)
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
@@ -129,6 +137,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             min_phy_offset = reader.min_offset()
         self._reserved = dict(recovered.reserved)  # before the queues open: `_open` reads it
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
+            self._own_topic_dirs.add(topic)  # listed: spelled as on disk
             cq = self._open(topic, queue_id)
             cq.recover()
             if min_phy_offset >= 0:
@@ -234,12 +243,43 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         under consumequeue/ ("../x" one outside it), so it gets no unit (verify reports the
         record); the queue it came from keeps its later units at their offsets."""
         if names_a_queue(topic, queue_id):
+            refused = self._claim_topic_dir(topic)
+            if refused is not None:
+                # Never another topic's files (a store written before the check, or by a broker,
+                # on a filesystem that does not tell case apart): dispatch waits, loudly.
+                raise QueueFileUnavailable(f"cannot write consume queue {topic}/{queue_id}: {refused.detail}")
             return self._open(topic, queue_id)
         if (topic, queue_id) not in self._refused_queues:
             self._refused_queues.add((topic, queue_id))
             self.log.error("a record's topic or queue id cannot name a queue; it gets no unit", topic=repr(topic),
                            queue_id=queue_id)  # fmt: skip
         return None
+
+    def _claim_topic_dir(self, topic: str) -> TopicDirectoryRefused | None:
+        """consumequeue/<topic>/ made if missing and checked to be the topic's own, once per
+        topic (None), or why not. Asked before a put of a topic new to the store is taken."""
+        if topic in self._own_topic_dirs:
+            return None
+        if not is_topic_name(topic):
+            return TopicDirectoryRefused(illegal=True, detail=f"{topic!r} cannot name a topic directory")
+        try:
+            make_topic_dir(self.ctx.fs, self.config.consume_queue_dir, topic)
+        except TopicDirectoryTaken as exc:
+            refused = TopicDirectoryRefused(illegal=True, detail=str(exc.strerror))
+        except OSError as exc:
+            # A name the filesystem cannot hold is the name's fault, for good; a directory it
+            # cannot make now (permissions, a full disk, read-only) may be made later.
+            illegal = exc.errno in (errno.EINVAL, errno.ENAMETOOLONG, errno.EILSEQ)
+            what = "the filesystem refuses the topic's name" if illegal else "the topic's directory cannot be made"
+            refused = TopicDirectoryRefused(illegal=illegal, detail=f"{what}: {exc}")
+        else:
+            self._own_topic_dirs.add(topic)
+            return None
+        suppressed = self._dir_refusals.admit((topic, refused.illegal))  # a host may put in a loop
+        if suppressed is not None:
+            self.log.error("a topic cannot have a directory of its own: its puts are refused, dispatch of its records waits", topic=topic,
+                           detail=refused.detail, **suppressed_fields(suppressed))  # fmt: skip
+        return refused
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
@@ -262,7 +302,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
 
     def handle(
         self, message: ConsumeQueueRequest
-    ) -> UnitsReply | int | QueueSnapshot | tuple[tuple[str, int], ...] | Pong | None:
+    ) -> UnitsReply | int | QueueSnapshot | tuple[tuple[str, int], ...] | TopicDirectoryRefused | Pong | None:
         match message:
             case DispatchBatch():
                 self._waiting.append(message)
@@ -296,6 +336,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 reply.send(self._delete_expired(min_phy_offset, start_after))
             case CleanUnusedTopics(keep=keep):
                 return self._clean_unused_topics(keep)
+            case ClaimTopicDirectory(topic=topic):
+                return self._claim_topic_dir(topic)
             case _:
                 assert_never(message)
         return None
@@ -569,6 +611,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             self._mapped.pop(key, None)
         self._publish(survivors, complete=True)
         for (topic, queue_id), cq in zip(removed, doomed):
+            self._own_topic_dirs.discard(topic)  # checked again if it comes back
             cq.destroy()
             self.log.info("cleanUnusedTopic: ConsumeQueue cleaned", topic=topic, queue_id=queue_id)
         for topic in sorted({topic for topic, _ in removed}):

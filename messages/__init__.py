@@ -793,6 +793,33 @@ __all__ += ["GetOffsetByTime"]
 
 
 # ---------------------------------------------------------------------------------------
+# Put side: a topic new to the store gets its directory before its first put is taken
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicDirectoryRefused:
+    """Why a topic cannot have consumequeue/<topic>/ of its own. `illegal`: the filesystem
+    cannot give it one under this name, whatever is done (its name taken by another topic's
+    directory on a filesystem that does not tell case apart, or a character the filesystem
+    refuses); otherwise the directory could not be made now (permissions, a full disk)."""
+
+    illegal: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimTopicDirectory(AskFor["TopicDirectoryRefused | None"]):
+    """To the ConsumeQueue actor, before a put of a topic new to the store is taken: make the
+    topic's directory and check it is its own (answered None), so the filesystem's name rules
+    refuse the put instead of holding dispatch after the put was acknowledged."""
+
+    topic: str
+
+
+__all__ += ["ClaimTopicDirectory", "TopicDirectoryRefused"]
+
+
+# ---------------------------------------------------------------------------------------
 # cleanUnusedTopic: each structure's owner removes its part
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import errno
 import os
 from collections.abc import Iterator
 from typing import Callable, Final
@@ -28,6 +29,8 @@ __all__ = [
     "cq_file_size",
     "iter_cq_units",
     "list_consume_queues",
+    "make_topic_dir",
+    "TopicDirectoryTaken",
 ]
 
 log = get_logger(__name__)
@@ -715,6 +718,36 @@ def iter_cq_units(queue_dir: str, fs: FileSystem | None = None) -> Iterator[tupl
             if not _valid(offset, size):
                 break
             yield (start + i * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE, offset, size, tags
+
+
+class TopicDirectoryTaken(OSError):
+    """The filesystem gives a topic's name another topic's directory (it does not tell case
+    apart: vfat, exFAT, SMB shares, WSL's /mnt/c, macOS's default APFS, ext4 with `chattr +F`)."""
+
+
+def make_topic_dir(fs: FileSystem, consume_queue_root: str, topic: str) -> None:
+    """consumequeue/<topic>/ made (durably) if missing, and checked to be `topic`'s own:
+    where "orders" finds the directory of "Orders", the two topics' queues would be one set of
+    files, each writing its units over the other's. Raises TopicDirectoryTaken then, and the
+    filesystem's OSError for a name it cannot hold (vfat's EINVAL for "a|b") or a directory
+    it cannot make (EACCES, ENOSPC, EROFS). A directory already there costs a listing of the
+    root: callers ask once per topic."""
+    path = os.path.join(consume_queue_root, topic)
+    if not fs.isdir(path):
+        fs.makedirs(path)  # not found under any spelling: made with this one
+        return
+    entries = fs.listdir(consume_queue_root)
+    if topic in entries:
+        return
+    folded = topic.casefold()
+    spelled = next((name for name in entries if name.casefold() == folded), None)
+    found = repr(spelled) if spelled is not None else "an entry spelled otherwise"
+    raise TopicDirectoryTaken(
+        errno.EEXIST,
+        f"the filesystem gives topic {topic!r} the directory of {found} (it does not tell upper and lower case "
+        f"apart): the two topics' queues would be one set of files",
+        path,
+    )
 
 
 def list_consume_queues(consume_queue_root: str, fs: FileSystem) -> list[tuple[str, int]]:

@@ -61,7 +61,12 @@ class EncodedBatch(NamedTuple):
 class PutEncoder:
     """Encodes puts for one store (its host address and message size limit)."""
 
-    def __init__(self, store_host: codec.HostAddress, max_message_size: int) -> None:
+    def __init__(
+        self,
+        store_host: codec.HostAddress,
+        max_message_size: int,
+        claim_topic: Callable[[str], PutRefused | None] | None = None,
+    ) -> None:
         self.store_host = store_host
         self.max_message_size = max_message_size
         self._store_host_ip4 = None if store_host.is_ipv6 else store_host.address_bytes()
@@ -70,6 +75,10 @@ class PutEncoder:
         # of a topic are paid once, not per put (bounded: a host with endless topic names
         # validates the ones past the bound on every put, as before).
         self._topic_utf8: dict[str, bytes] = {}
+        # `claim_topic` gives a topic new to the store its directory (or refuses the put)
+        # before its first put is taken; the topics it took (unbounded: each has a directory).
+        self._claim_topic = claim_topic
+        self._claimed: set[str] = set()
 
     def native_submitter(
         self, clock_ms: Callable[[], int], slots: object, put_type: type, envelope_type: type, message_type: type
@@ -89,10 +98,22 @@ class PutEncoder:
         """The pre-checks, then the records (the C encoder for plain messages). A text field
         that UTF-8 cannot hold (a lone surrogate) is a ValueError naming the field."""
         try:
-            return self._encode(messages, batch, now_ms)
+            encoded = self._encode(messages, batch, now_ms)
         except UnicodeEncodeError as exc:
             raise ValueError(f"{_unencodable_field(messages)} cannot be encoded as UTF-8: {exc.reason} "
                              f"({exc.object[exc.start:exc.end]!r})") from exc  # fmt: skip
+        if type(encoded) is EncodedBatch:
+            topic: str = messages[0].topic
+            if topic not in self._claimed:
+                # Last, once every other check passed: a refused put leaves no directory.
+                if self._claim_topic is not None:
+                    refused = self._claim_topic(topic)
+                    if refused is not None:
+                        return refused
+                self._claimed.add(topic)
+                if len(self._topic_utf8) < _TOPICS_CACHED:
+                    self._topic_utf8[topic] = topic.encode("utf-8")
+        return encoded
 
     def _encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:
         if not messages:
@@ -107,9 +128,7 @@ class PutEncoder:
                 codec.validate_topic(topic)
             except codec.TopicError as exc:
                 return PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, str(exc))
-            topic_utf8 = topic.encode("utf-8")
-            if len(self._topic_utf8) < _TOPICS_CACHED:
-                self._topic_utf8[topic] = topic_utf8
+            topic_utf8 = topic.encode("utf-8")  # cached by `encode` once the topic is claimed
         max_size = self.max_message_size
         fast = speedups.native
         queue_id = first.queue_id

@@ -241,16 +241,17 @@ def test_the_shutdown_warning_of_a_held_dispatch_does_not_blame_the_disk(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Review 65 F5: dispatch held by a queue file that cannot be made (here a file where the
-    topic's directory goes; a directory not writable alike) was reported at shutdown as
-    waiting "for disk space"."""
+    queue's directory goes; a directory not writable alike) was reported at shutdown as
+    waiting "for disk space". (A file where a new topic's directory goes refuses the topic's
+    put now: tests/actors/test_topic_directories.py.)"""
     import time
 
     caplog.set_level(logging.INFO, logger="mqstore")
     settings = dict(SETTINGS, read_your_writes_timeout_ms=300)
     with mqstore.open(tmp_path / "s", **settings) as store:
         assert store.put(Message("t", b"before")).ok
-        (tmp_path / "s" / "consumequeue" / "stray").write_bytes(b"in the way")
-        assert store.put(Message("stray", b"blocked")).ok
+        (tmp_path / "s" / "consumequeue" / "t" / "1").write_bytes(b"in the way")
+        assert store.put(Message("t", b"blocked", queue_id=1)).ok
         deadline = time.monotonic() + 10
         while store.dispatch_behind_bytes() and time.monotonic() < deadline:
             time.sleep(0.005)

@@ -360,17 +360,18 @@ def test_a_close_while_dispatch_waits_for_space_is_not_a_clean_stop(monkeypatch:
 def test_a_queue_directory_blocked_while_the_store_runs_holds_dispatch_instead_of_stopping_the_store(
     tmp_path: Path,
 ) -> None:
-    """A file where a topic's ConsumeQueue directory belongs, put there while the store runs:
-    the ConsumeQueue actor cannot make the queue. It failed at each try until the supervisor
+    """A file where a queue's ConsumeQueue directory belongs, put there while the store runs:
+    the ConsumeQueue actor cannot make the queue (where a new topic's directory belongs, the
+    topic's put is refused now: tests/actors/test_topic_directories.py). It failed at each try until the supervisor
     gave up and stopped the store (FAILED: every put refused). Now dispatch waits, as for a
     full disk, the log keeps taking puts, and once the file is gone the queue is made."""
     from mqstore.messages import Tick
 
     with mqstore.open(tmp_path / "s", **dict(WAITING, flush_interval_consume_queue_ms=3_600_000)) as store:
         assert store.put(Message("t", b"before")).ok
-        blocker = tmp_path / "s" / "consumequeue" / "stray"
+        blocker = tmp_path / "s" / "consumequeue" / "t" / "1"
         blocker.write_bytes(b"in the way")
-        assert store.put(Message("stray", b"blocked")).ok
+        assert store.put(Message("t", b"blocked", queue_id=1)).ok
         assert store.put(Message("t", b"behind it")).ok
         for _ in range(12):  # ticks retry; ten failures in a minute stopped the store
             store.supervisor.ctx.tell("consume_queue", Tick(now_ms=store.clock_ms()))
@@ -380,7 +381,7 @@ def test_a_queue_directory_blocked_while_the_store_runs_holds_dispatch_instead_o
         blocker.unlink()
         store.supervisor.ctx.tell("consume_queue", Tick(now_ms=store.clock_ms()))
         assert store.wait_for_messages("t", 0, 2, timeout_s=10)
-        assert [m.body for m in store.get("stray", 0, 0, 8).messages] == [b"blocked"]
+        assert [m.body for m in store.get("t", 1, 0, 8).messages] == [b"blocked"]
         assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"before", b"behind it", b"still taken"]
 
 
@@ -500,9 +501,9 @@ def test_a_held_queue_is_retried_on_ticks_not_per_batch_and_shows_in_the_stats(
         assert store.put(Message("t", b"before")).ok
         assert len(store.get("t", 0, 0, 32).messages) == 1  # read-your-writes: the queue has it
         assert store.stats()["consume_queue_behind_bytes"] == 0
-        blocker = tmp_path / "s" / "consumequeue" / "stray"
+        blocker = tmp_path / "s" / "consumequeue" / "t" / "1"
         blocker.write_bytes(b"in the way")
-        first = store.put(Message("stray", b"blocked"))
+        first = store.put(Message("t", b"blocked", queue_id=1))
         assert first.ok
         for n in range(60):
             assert store.put(Message("t", b"behind %d" % n)).ok
@@ -574,9 +575,9 @@ def test_a_held_queue_is_logged_when_it_starts_now_and_then_and_when_it_ends_not
     settings = dict(WAITING, flush_interval_consume_queue_ms=3_600_000)
     with mqstore.open(tmp_path / "s", clock_ms=lambda: now[0], **settings) as store:
         assert store.put(Message("t", b"before")).ok
-        blocker = tmp_path / "s" / "consumequeue" / "stray"
+        blocker = tmp_path / "s" / "consumequeue" / "t" / "1"
         blocker.write_bytes(b"in the way")
-        assert store.put(Message("stray", b"blocked")).ok
+        assert store.put(Message("t", b"blocked", queue_id=1)).ok
         deadline = time.monotonic() + 10
         while store.dispatch_behind_bytes() and time.monotonic() < deadline:
             time.sleep(0.005)  # reput handed the batch on: it is ahead of our ticks in the inbox
@@ -601,7 +602,7 @@ def test_a_held_queue_is_logged_when_it_starts_now_and_then_and_when_it_ends_not
         blocker.unlink()
         ticks(1)
         assert lines("consume queue dispatch resumed") == 1
-        assert [m.body for m in store.get("stray", 0, 0, 8).messages] == [b"blocked"]
+        assert [m.body for m in store.get("t", 1, 0, 8).messages] == [b"blocked"]
 
 
 def test_a_new_cause_while_a_queue_is_held_is_logged_at_once(caplog: pytest.LogCaptureFixture) -> None:
