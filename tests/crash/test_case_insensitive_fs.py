@@ -31,12 +31,18 @@ from pathlib import Path
 import pytest
 
 import mqstore
-from mqstore import Message
+from mqstore import Message, supervisor
 from mqstore.storage.codec import CQ_UNIT
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
 
 FS = str(Path(__file__).with_name("casefold_fs.py"))
-SETTINGS = dict(read_your_writes_timeout_ms=2000)
+SETTINGS = dict(
+    read_your_writes_timeout_ms=1000,
+    mapped_file_size_commitlog_bytes=256 * 1024,  # small files: every write goes through the FUSE daemon
+    mapped_file_size_consume_queue_bytes=20 * 1000,
+    max_hash_slot_num=64,
+    max_index_num=400,
+)
 
 
 def _mount_or_skip(tmp_path: Path) -> Iterator[Path]:
@@ -127,11 +133,12 @@ def _units(queue_dir: Path) -> list[tuple[int, int, int]]:
 
 
 def test_a_log_holding_two_topics_of_one_directory_never_mixes_their_units(
-    tmp_path: Path, casefold_dir: Path
+    tmp_path: Path, casefold_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A store written on a case-sensitive filesystem, its log and checkpoint copied to a
     case-insensitive one: re-dispatch writes "Orders"'s units and waits at the first record
     of "orders", whose directory would be the same."""
+    monkeypatch.setattr(supervisor, "DISPATCH_CATCH_UP_TIMEOUT_MS", 500)  # the open and close wait this long
     written = tmp_path / "written"
     orders_positions = set()
     with mqstore.open(written, **SETTINGS) as store:
