@@ -731,7 +731,7 @@ class Supervisor:
                 raise AssertionError(f"unknown child {name}")
         ctx.peers[name] = ref
         try:
-            ref.ask(Ping(), timeout=START_TIMEOUT_S)
+            self._await_started(name, ref)
         except Exception as exc:
             ctx.peers.pop(name, None)
             failed = self._start_failure(name)
@@ -742,6 +742,22 @@ class Supervisor:
         # start after the ConsumeQueue actor, on a writer's restart at once (the queues live).
         if (name == "consume_queue" and first) or (name == "writer" and "consume_queue" in ctx.peers):
             self._resume_writer()
+
+    def _await_started(self, name: str, ref: pykka.ActorRef[Any]) -> None:
+        """The ready handshake (answered once on_start returned), waited START_TIMEOUT_S at a
+        time for as long as the child's on_start reports progress (`ctx.starting_moves`)."""
+        seen = self.ctx.start_progress.get(name, 0)
+        while True:
+            try:
+                ref.ask(Ping(), timeout=START_TIMEOUT_S)
+                return
+            except pykka.Timeout as exc:
+                now = self.ctx.start_progress.get(name, 0)
+                if now == seen:
+                    raise TimeoutError(f"the {name} actor did not start: its recovery made no progress in "
+                                       f"{START_TIMEOUT_S:.0f} s") from exc  # fmt: skip
+                self.log.info("still starting", actor=name, steps=now - seen)
+                seen = now
 
     def _await_rebuilt_restarting(self) -> None:
         """`_await_rebuilt`, restarting a child that crashes meanwhile as the running store

@@ -126,17 +126,24 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
 
     def on_start(self) -> None:
         root = self.config.consume_queue_dir
+        # A restart: what the incarnation before published as written (every unit of a record
+        # below it went into a map that did not fault). Its last batch may have lost units in
+        # one queue while another queue's units went further; re-dispatch starts no later.
+        written = self.ctx.read_view.view.queues_written if self._mode is RecoveryMode.RESTART else None
+        moved = functools.partial(self.ctx.starting_moves, self.name)  # a queue at a time: the supervisor waits
         # This owner's part of recovery, the same on a first start and on every restart:
         # queue files of the wrong length set aside, units past the log's end (after a crash,
         # past the re-dispatch start) truncated, and where re-dispatch starts decided.
         recovered = self._recovered = recover_consume_queues(
             self.config, self.ctx.fs, mode=self._mode, log_facts=self._log_facts,
-            index_dispatch_from=self._index_dispatch_from, clock_ms=self.ctx.clock_ms,
+            index_dispatch_from=self._index_dispatch_from, clock_ms=self.ctx.clock_ms, written_before=written,
+            progress=moved,
         )  # fmt: skip
         with contextlib.closing(self._commitlog()) as reader:
             min_phy_offset = reader.min_offset()
         self._reserved = dict(recovered.reserved)  # before the queues open: `_open` reads it
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
+            moved()
             self._own_topic_dirs.add(topic)  # listed: spelled as on disk
             cq = self._open(topic, queue_id)
             cq.recover()
@@ -375,9 +382,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             raise error
 
     def _fail_if_written_into_a_faulted_map(self) -> None:
-        """After a batch: a map that faulted while its units were written took them into the
-        guard's memory, not the file. FileCutUnderMapError: the actor fails, and its restart
-        re-dispatches them from the log. One compare while nothing faulted."""
+        """After a batch's writes, before it counts as written (published): a map that faulted
+        while its units were written took them into the guard's memory, not the file (a file
+        cut under it, or a full btrfs, where the file stays whole: review 70 H3).
+        FileCutUnderMapError: the actor fails, and its restart re-dispatches from no later than
+        what the last published batch wrote (`queues_written`). One compare while nothing faulted."""
         if self.ctx.fs.map_faults() == self._faults_seen:
             return
         for cq in self._queues.values():
@@ -394,7 +403,6 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             try:
                 with self._held.quiet():
                     self._dispatch(waiting[0])
-                self._fail_if_written_into_a_faulted_map()
             except (DiskFullError, QueueFileUnavailable) as exc:
                 why = "disk full" if isinstance(exc, DiskFullError) else "a consume queue file cannot be made or written"
                 self._held.failed(self.ctx.clock_ms(), why, str(exc), waiting_batches=len(waiting))
@@ -433,6 +441,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 hit("consume_queue.mid_write")
             if not cq.put_message_position_infos(units):
                 raise QueueFileUnavailable(_why_not_written(cq, topic, queue_id))
+        self._fail_if_written_into_a_faulted_map()  # before the batch counts as written
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
@@ -452,6 +461,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 hit("consume_queue.mid_write")
             if not cq.put_dense_run(units, first_phy, last_phy, first_cq, count):
                 raise QueueFileUnavailable(_why_not_written(cq, topic, queue_id))
+        self._fail_if_written_into_a_faulted_map()  # before the batch counts as written
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)

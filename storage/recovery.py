@@ -910,10 +910,15 @@ def recover_consume_queues(
     log_facts: LogFacts,
     index_dispatch_from: int | None,
     clock_ms: Callable[[], int],
+    written_before: int | None = None,
+    progress: Callable[[], None] = lambda: None,
 ) -> ConsumeQueueRecovery:
     """The ConsumeQueues' owner's recovery: queue files of the wrong length set aside, each
     queue's valid units found, units past the log's end (after a crash: past the re-dispatch
-    start) truncated, min offsets corrected, and where re-dispatch starts decided."""
+    start) truncated, min offsets corrected, and where re-dispatch starts decided.
+    `written_before` (a restart in a live process): the offset below which the owner before
+    wrote every unit into maps that did not fault; re-dispatch starts no later. `progress` is
+    called once a queue (the owner's start is waited for while it moves)."""
     fs.makedirs(cfg.consume_queue_dir)
     end = log_facts.max_offset
     min_offset = log_facts.min_offset
@@ -923,6 +928,7 @@ def recover_consume_queues(
         damaged_cq_files: list[str] = []
         damaged_queues: list[ConsumeQueue] = []
         for topic, queue_id in list_consume_queues(cfg.consume_queue_dir, fs):
+            progress()
             cut_short = _cut_cq_files_at_damage(cfg, fs, topic, queue_id)
             damaged_cq_files.extend(cut_short)
             cq = _loaded_queue(cfg, fs, topic, queue_id, clock_ms)
@@ -957,6 +963,11 @@ def recover_consume_queues(
                 # `recover` cut them at a filled hole): re-dispatch from their last unit (the
                 # writers skip what they hold).
                 dispatch_from = max_cq
+            if written_before is not None and max_cq >= 0:
+                # Units that went into a faulted map are not in a file that kept its length,
+                # and max_cq may be another queue's (review 70 H3: filler units were written
+                # over them, and a restarted writer gave their queue offsets out again, H2).
+                dispatch_from = min(dispatch_from, max(written_before, min_offset))
         if max_cq < 0 and log_facts.has_files:
             # No queue at all beside a log (a broker's commitlog copied alone, or the
             # consumequeue dir deleted, after a crash too): rebuild them from the start.

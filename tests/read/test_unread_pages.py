@@ -441,3 +441,76 @@ def test_a_queue_page_that_stays_unreadable_for_seconds_stops_nothing_else(tmp_p
         assert s.supervisor.state.name == "RUNNING" and s.supervisor.restarts == []
         assert [m.queue_offset for m in s.get("t", 0, 40, 32).messages] == list(range(40, 72))
         assert s.wait_for_messages("other", 0, 29, 10)
+
+
+@in_child
+def test_a_queue_write_that_faults_in_a_batch_with_other_queues_is_redone_by_the_restart(tmp_path: Path) -> None:
+    """Review 70 H3 (found on a full btrfs, where a store through the map faults on a file that
+    stays whole): the units a batch wrote into a faulted map of one queue were gone, the file
+    kept its length, and another queue of the batch had units past them. The restarted owner
+    re-dispatched from the highest unit of any queue, past the lost ones: the queue's next
+    record got filler units over the acknowledged messages (a consumer skips them), and a
+    writer restarted with it would hand their queue offsets out again (H2). Here the file is
+    cut for the write and given its bytes back after: whole, without the batch's units."""
+    from mqstore.actors.consume_queue import ConsumeQueueService
+    from mqstore.storage.consume_queue import ConsumeQueue
+
+    store = tmp_path / "store"
+    queue_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
+    armed: list[bool] = []
+    faulted: list[int] = []
+    dispatch = ConsumeQueueService._dispatch
+
+    def dispatch_arming(self: ConsumeQueueService, batch: Any) -> None:
+        topics = [request.topic for request in batch.requests]
+        if not faulted and "t" in topics and "u" in topics[topics.index("t") :]:
+            armed.append(True)  # t's run, then u's: u's units end past t's
+        try:
+            dispatch(self, batch)
+        finally:
+            armed.clear()
+
+    def faulting(write: Callable[..., bool]) -> Callable[..., bool]:
+        def write_into_a_cut_file(self: ConsumeQueue, *args: Any) -> bool:
+            if not armed or faulted or self.topic != "t":
+                return write(self, *args)
+            faulted.append(1)
+            cut = Cut(queue_file, 0)
+            try:
+                return write(self, *args)
+            finally:
+                cut.restore()
+
+        return write_into_a_cut_file
+
+    with mqstore.open(store, **SETTINGS) as s:
+        assert s.put(mqstore.Message(topic="t", body=_body(0))).ok and s.put(mqstore.Message(topic="u", body=_body(0))).ok
+        assert s.wait_for_messages("t", 0, 0, 10) and s.wait_for_messages("u", 0, 0, 10)
+        ConsumeQueueService._dispatch = dispatch_arming  # type: ignore[method-assign]
+        put_dense_run, put_infos = ConsumeQueue.put_dense_run, ConsumeQueue.put_message_position_infos
+        ConsumeQueue.put_dense_run = faulting(put_dense_run)  # type: ignore[method-assign]
+        ConsumeQueue.put_message_position_infos = faulting(put_infos)  # type: ignore[method-assign]
+        try:
+            for round_ in range(1, 40):
+                futures = [s.put_async(mqstore.Message(topic=topic, body=_body(round_))) for topic in ("t", "u")]
+                assert all(f.result(timeout=30).ok for f in futures)
+                if faulted:
+                    break
+        finally:
+            ConsumeQueueService._dispatch = dispatch  # type: ignore[method-assign]
+            ConsumeQueue.put_dense_run, ConsumeQueue.put_message_position_infos = put_dense_run, put_infos  # type: ignore[method-assign]
+        assert faulted, "no batch held t's record before u's"
+        deadline = time.monotonic() + 30
+        while not s.supervisor.restarts and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [r.failed for r in s.supervisor.restarts][:1] == ["consume_queue"], s.supervisor.restarts
+        after = s.put(mqstore.Message(topic="t", body=b"after"))
+        assert after.ok and after.queue_offset == round_ + 1, after  # no queue offset given twice
+        for reopened in (False, True):
+            if reopened:
+                s.close()
+                s = mqstore.open(store, **SETTINGS)
+            got = s.get("t", 0, 0, 64)
+            assert [m.body for m in got.messages] == [_body(i) for i in range(round_ + 1)] + [b"after"], (reopened, got)
+            assert [m.body for m in s.get("u", 0, 0, 64).messages] == [_body(i) for i in range(round_ + 1)]
+        s.close()
