@@ -29,7 +29,6 @@ import time
 import weakref
 from typing import Any, Callable, Final, Sequence
 
-import psutil
 
 from .actors.consume_queue import pickup_store_timestamp as _pickup_store_timestamp
 from .config import StoreConfig
@@ -38,6 +37,7 @@ from .read_view import ReadView, in_ranges
 from .storage import codec, mapguard, speedups
 from .storage.codec import MessageRecord
 from .storage.commitlog import CommitLogReader
+from .storage.memory import memory_room
 from .storage.consume_queue import ConsumeQueueReader
 from .storage.fs import FileSystem, UnreadPageError
 from .storage.index import IndexReader
@@ -67,7 +67,9 @@ __all__ = [
     "yield_gil",
 ]
 
-_TOTAL_RAM_BYTES = psutil.virtual_memory().total or 24 * 1024**3
+# accessMessageInMemoryMaxRatio's share of the machine's memory: a container's limit, where
+# the process has one, not the host's (review 71 F7).
+_TOTAL_RAM_BYTES = memory_room().total or 24 * 1024**3
 # A reader thread re-lists the commitlog at least this often, so a segment the cleaner deleted
 # reads as deleted (MESSAGE_WAS_REMOVING) and its disk space is not kept alive by our maps.
 READER_REFRESH_INTERVAL_MS = 1_000

@@ -11,7 +11,6 @@ import time
 from collections import deque
 from typing import Any, Final, Protocol, assert_never, cast
 
-import psutil
 import pykka
 
 from ..runtime import tell_keeping_gil
@@ -42,6 +41,7 @@ from ..faults import NO_FAULTS
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
+from ..storage.memory import memory_room
 from ..storage.fs import OS_PAGE_SIZE, FileReplacedUnderMapError
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.checkpoint import CheckpointValues
@@ -142,11 +142,12 @@ def _check_pool_fits_memory(buffers: int, segment_bytes: int) -> None:
     would take more than the memory available now: the open refuses instead of leaving the
     host to a MemoryError or the OOM killer (review 35 F4; RocketMQ's default pool is 5 x 1 GiB)."""
     wanted = buffers * segment_bytes
-    available = psutil.virtual_memory().available
+    available = memory_room().available  # a container's limit, not only the host's (review 71 F1)
     if wanted > available:
         raise ConfigError("transient_store_pool_size", buffers,
                           f"{buffers} write buffers of mapped_file_size_commitlog_bytes={segment_bytes} take "
-                          f"{wanted} bytes of memory, and {available} are available")  # fmt: skip
+                          f"{wanted} bytes of memory, and {available} are available (the host's available "
+                          f"memory, or the process's cgroup limit less its use)")  # fmt: skip
 
 
 # How far behind the newest record's store time the clock may read and appends still get that
