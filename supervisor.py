@@ -66,7 +66,7 @@ from .messages import (
 )
 from .storage import codec, mapguard
 from .storage.disk import DiskGauge, default_disk_gauge
-from .storage.fs import FileSystem, RealFileSystem, not_writable_cause
+from .storage.fs import FileSystem, RealFileSystem, no_room_cause, not_writable_cause
 from .storage.foreign import ForeignStoreError
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
@@ -570,6 +570,13 @@ class Supervisor:
                                path=path, cause=str(cause), effect="what the store wrote there since is in memory "
                                "only; make it writable: a commitlog segment takes puts again by itself, and the "
                                "next open rebuilds queues and index from the commitlog")  # fmt: skip
+                continue
+            room = no_room_cause(path) if isinstance(self.fs, RealFileSystem) and os.path.exists(path) else None
+            if room is not None:
+                self.log.error("a page of a store file could not be written through its map: no room on the disk, "
+                               "not cut", path=path, cause=room.strerror, effect="what the store wrote there since is "
+                               "in memory only; free space: a commitlog segment's writer restarts, and the next "
+                               "open rebuilds queues and index from the commitlog")  # fmt: skip
                 continue
             # (An I/O error on a page looks the same to the guard: the file whole, a page unread.)
             self.log.error("a page of a store file was gone while mapped: the file was cut short, replaced or deleted "

@@ -222,3 +222,37 @@ def test_a_map_closed_while_a_reader_holds_it_stays_guarded(tmp_path: object) ->
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert child.returncode == 0, (child.returncode, child.stderr)
     assert child.stdout.split() == ["0", "True"]
+
+
+def test_a_fault_on_a_whole_file_of_a_full_disk_is_named_no_room_not_a_cut(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 70 L1: on a full btrfs a store through the map faults on a file nobody touched
+    (btrfs allocates at every such store), and the store said "cut short by another process";
+    `files_cut_under_map` listed files nobody cut. A fault on a whole file of a filesystem
+    with (nearly) no room left is named as that now; elsewhere it is still a cut."""
+    import errno
+    import os
+
+    from mqstore.storage import fs as fs_module
+    from mqstore.storage.fs import FileCutUnderMapError, FileWithoutRoomUnderMapError, RealFileSystem
+
+    path = f"{tmp_path}/segment"
+    region = RealFileSystem().map_file(path, 1 << 20)
+    try:
+        cut = region.fault_error()
+        assert type(cut) is FileCutUnderMapError  # plenty of room here: what else it may be
+        statvfs = os.statvfs
+
+        def full(target: str) -> os.statvfs_result:
+            real = statvfs(target)
+            return os.statvfs_result((real.f_bsize, real.f_frsize, real.f_blocks, 100, 100, *real[5:]))
+
+        monkeypatch.setattr(fs_module.os, "statvfs", full)
+        no_room = region.fault_error()
+        assert isinstance(no_room, FileWithoutRoomUnderMapError) and isinstance(no_room, FileCutUnderMapError)
+        assert no_room.errno == errno.ENOSPC and "not cut" in str(no_room) and "bytes left" in str(no_room)
+        os.truncate(path, 4096)  # a file cut short is a cut, however full the disk
+        assert type(region.fault_error()) is FileCutUnderMapError
+    finally:
+        region.close()
