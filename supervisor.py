@@ -66,7 +66,7 @@ from .messages import (
 )
 from .storage import codec, mapguard
 from .storage.disk import DiskGauge, default_disk_gauge
-from .storage.fs import FileSystem, RealFileSystem, no_room_cause, not_writable_cause
+from .storage.fs import FileSystem, FileWithoutRoomUnderMapError, RealFileSystem, no_room_cause, not_writable_cause
 from .storage.foreign import ForeignStoreError
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
@@ -602,14 +602,19 @@ class Supervisor:
         now = self.ticker.now_ms()
         owns_files = event.name not in OWNS_NO_FILES
         recent = self._recent_failures if owns_files else self._recent_api_failures
-        recent.append(now)
+        # A store through a map that faulted for want of a block (a full btrfs allocates at
+        # every one) is a full disk, not a broken actor: restarted at the slowest pace, never
+        # given up on (review 70 M1: the store stopped, and stayed stopped once space was back).
+        full_disk = isinstance(event.error, FileWithoutRoomUnderMapError)
+        if not full_disk:
+            recent.append(now)
         while recent and recent[0] < now - RESTART_PERIOD_MS:
             recent.popleft()
         if owns_files and len(recent) > MAX_RESTARTS:
             self._give_up(event.error)
             return False
         # Back-off: a fault such as a full disk hits the same wall if retried at once.
-        backoff = min(BACKOFF_FIRST_MS * 2 ** (len(recent) - 1), BACKOFF_MAX_MS)
+        backoff = BACKOFF_MAX_MS if full_disk else min(BACKOFF_FIRST_MS * 2 ** (len(recent) - 1), BACKOFF_MAX_MS)
         self.ticker.sleep_ms(backoff)
         group = self._restart_group(event.name)
         self.log.warning("restarting", failed=event.name, group=group, error=repr(event.error))

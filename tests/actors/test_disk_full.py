@@ -680,3 +680,46 @@ def test_a_short_checkpoint_on_a_full_disk_is_refused_naming_it() -> None:
     fs.remove("/sim/filler")
     with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
         assert [m.body for m in store.get("T", 0, 0, 8).messages] == [b"z"]
+
+
+def test_write_faults_for_want_of_a_block_restart_the_owner_and_never_stop_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 70 M1: on a full btrfs each store through a map faults (btrfs allocates at every
+    one, reserved or not), the owner fails at each, and past MAX_RESTARTS the supervisor
+    stopped the store: puts and reads refused, and still so once space was back, until a
+    reopen. Such a fault (FileWithoutRoomUnderMapError) is a full disk: the owner is restarted
+    at the slowest back-off and never given up on. Here the ConsumeQueue owner meets it at
+    its next eight batches."""
+    from mqstore import supervisor
+    from mqstore.actors.consume_queue import ConsumeQueueService
+    from mqstore.storage.fs import FileWithoutRoomUnderMapError
+
+    monkeypatch.setattr(supervisor, "BACKOFF_MAX_MS", 5)
+    monkeypatch.setattr(supervisor, "MAX_RESTARTS", 3)
+    left = [8]
+    dispatch = ConsumeQueueService._dispatch
+
+    def without_room(self: ConsumeQueueService, batch: object) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            path = str(tmp_path / "s" / "consumequeue" / "t" / "0" / f"{0:020d}")
+            raise FileWithoutRoomUnderMapError(path, OSError(errno.ENOSPC, "no room on the disk for the page", path))
+        dispatch(self, batch)  # type: ignore[arg-type]
+
+    with mqstore.open(tmp_path / "s", **SETTINGS) as store:
+        assert store.put(Message("t", b"0")).ok
+        monkeypatch.setattr(ConsumeQueueService, "_dispatch", without_room)
+        acked = [b"0"]
+        deadline = time.monotonic() + 30
+        while (left[0] or len(store.supervisor.restarts) < 8) and time.monotonic() < deadline:
+            put = store.put(Message("t", b"%d" % len(acked)))
+            if put.ok:
+                acked.append(b"%d" % (len(acked)))
+            time.sleep(0.01)
+        assert not left[0] and len(store.supervisor.restarts) >= 8, store.supervisor.restarts
+        assert store.supervisor.state.name == "RUNNING"
+        assert store.put(Message("t", b"%d" % len(acked))).ok
+        acked.append(b"%d" % (len(acked)))
+        assert store.wait_for_messages("t", 0, len(acked) - 1, timeout_s=10)
+        assert [m.body for m in store.get("t", 0, 0, 64).messages] == acked
