@@ -220,6 +220,7 @@ def read_regular_file(path: str, limit: int = -1) -> bytes:
 
 class FileSystem(Protocol):
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> MappedRegion: ...
+    def sync_file(self, path: str, start: int, end: int) -> None: ...
     def map_faults(self) -> int: ...
     def cut_mark(self) -> int: ...
     def cut_under_map(self, since: int = 0) -> set[str]: ...
@@ -769,6 +770,16 @@ def fsync_dir(directory: str) -> None:
 
 
 class RealFileSystem:
+    def sync_file(self, path: str, start: int, end: int) -> None:
+        """Force [start, end) of `path` to disk through a descriptor, for a file that cannot be
+        mapped (no memory or address space for a map): fdatasync, which forces the whole file
+        (the same page-cache pages an msync of a shared map writes)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
         return RealMappedRegion(path, size, create=create, readonly=readonly)
 
@@ -1194,6 +1205,13 @@ class SimulatedFileSystem:
     def cut_under_map(self, since: int = 0) -> set[str]:
         with self._lock:
             return {path for path, file in self._files.items() if file.cut} | self._replaced
+
+    def sync_file(self, path: str, start: int, end: int) -> None:
+        with self._lock:
+            file = self._files.get(os.path.normpath(path))
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        SimulatedRegion(self, path, file).flush(start, end)  # the same writeback, failures and all
 
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> SimulatedRegion:
         path = os.path.normpath(path)

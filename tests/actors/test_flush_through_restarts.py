@@ -310,3 +310,41 @@ def test_a_failed_consume_queue_writeback_makes_the_close_unclean_and_the_next_o
     with mqstore.open("/sim/store", fs=after, **small) as store:
         served = {m.queue_offset: m.body for m in _all(store, "T")}
     assert [(o, b) for o, b in acknowledged if served.get(o) != b] == []
+
+
+@pytest.mark.parametrize("mode", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_a_segment_the_flush_actor_can_never_map_is_forced_through_its_file(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 71 F4: under RLIMIT_AS the flush actor could never map a 1 GiB segment beside the
+    writer's map: ASYNC_FLUSH acknowledged every put with nothing ever forced (a power loss at
+    any time lost them all) and stats said nothing; SYNC_FLUSH answered every put
+    FLUSH_DISK_TIMEOUT after 5 s. The segment is forced through its file instead (fdatasync)."""
+    import errno
+    import os
+
+    from mqstore.storage.fs import SimulatedFileSystem
+
+    real_map = SimulatedFileSystem.map_file
+
+    def map_file(self: SimulatedFileSystem, path: str, size: int, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith("FlushCommitLog") and "commitlog" in path:
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM), path)
+        return real_map(self, path, size, **kwargs)
+
+    monkeypatch.setattr(SimulatedFileSystem, "map_file", map_file)
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+                 flush_disk_type=mode, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
+    bodies = [b"%d" % i * 2000 for i in range(60)]  # past a segment: two of them forced this way
+    with mqstore.open("/sim/store", fs=fs, **small) as store:
+        for body in bodies:
+            put = store.put(Message(topic="T", body=body))
+            assert put.status is PutMessageStatus.PUT_OK, put  # SYNC_FLUSH: forced, not timed out
+        store.flush()
+        assert store.stats()["commitlog_flush_failed_at"] is None
+        lost_power = fs.crash(seed=1)  # only what was forced survives
+    monkeypatch.setattr(SimulatedFileSystem, "map_file", real_map)
+    with mqstore.open("/sim/store", fs=lost_power, **small) as store:
+        assert [m.body for m in _all(store, "T")] == bodies
