@@ -223,11 +223,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # commit_interval_commitlog_ms) are lost if the writer or the process dies.
         if cfg.is_transient_store_pool_active and self._mode is not RecoveryMode.RESTART:
             _check_pool_fits_memory(cfg.transient_store_pool_size, cfg.mapped_file_size_commitlog_bytes)
-        pool = (
-            TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commitlog_bytes)
-            if cfg.is_transient_store_pool_active
-            else None
-        )
+        pool = None
+        if cfg.is_transient_store_pool_active:
+            try:
+                pool = TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commitlog_bytes)
+            except MemoryError as exc:  # a data limit (RLIMIT_DATA) the available memory does not show
+                raise ConfigError("transient_store_pool_size", cfg.transient_store_pool_size,
+                                  f"{cfg.transient_store_pool_size} write buffers of mapped_file_size_commitlog_bytes="
+                                  f"{cfg.mapped_file_size_commitlog_bytes} could not be allocated (MemoryError: the "
+                                  f"process's data or address-space limit)") from exc  # fmt: skip
         self._pooled = pool is not None
         # This owner's part of recovery, the same on a first start and on every restart (the
         # mode says how far the files are trusted): it truncates a torn tail, quarantines damage.

@@ -94,3 +94,24 @@ def test_a_transient_pool_larger_than_the_containers_memory_is_refused_not_kille
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])  # -9: the OOM killer
     assert "refused:" in done.stdout and "cgroup limit" in done.stdout, done.stdout
+
+
+def test_a_transient_pool_a_data_limit_refuses_is_a_config_error_not_a_bare_memory_error(tmp_path: Path) -> None:
+    """Review 71 F6: under RLIMIT_DATA the pool's allocation raised a bare MemoryError() from
+    the open; it is the documented ConfigError naming the setting now."""
+    child = textwrap.dedent(f"""
+        import resource
+        import mqstore
+        from mqstore.config import ConfigError
+        resource.setrlimit(resource.RLIMIT_DATA, ({512 * MIB}, {512 * MIB}))
+        try:
+            mqstore.open({str(tmp_path / "s")!r}, transient_store_pool_enable=True, transient_store_pool_size=4,
+                         mapped_file_size_commitlog_bytes={256 * MIB}).close()
+        except ConfigError as exc:
+            print("refused:", exc)
+        else:
+            print("opened")
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "refused: config transient_store_pool_size" in done.stdout, (done.stdout, done.stderr[-2000:])
+    assert "could not be allocated" in done.stdout
