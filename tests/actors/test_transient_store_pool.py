@@ -48,14 +48,13 @@ def test_committed_bytes_only_are_readable_and_every_message_survives_segment_ro
 def test_a_pool_larger_than_the_memory_available_is_refused_at_open(tmp_path: Path, monkeypatch: Any) -> None:
     """Review 35 F4: the pool is allocated whole at start (RocketMQ's default: 5 x 1 GiB); more
     than the machine has was a MemoryError, or the OOM killer's, not a refusal."""
-    import collections
-
     import pytest
 
     from mqstore.actors import commitlog_writer
 
-    memory = collections.namedtuple("memory", "available")
-    monkeypatch.setattr(commitlog_writer.psutil, "virtual_memory", lambda: memory(available=3 * SEGMENT))
+    from mqstore.storage.memory import MemoryRoom
+
+    monkeypatch.setattr(commitlog_writer, "memory_room", lambda: MemoryRoom(total=64 * SEGMENT, available=3 * SEGMENT))
     settings = dict(transient_store_pool_enable=True, transient_store_pool_size=4, mapped_file_size_commitlog_bytes=SEGMENT)
     with pytest.raises(mqstore.ConfigError, match="transient_store_pool_size=4: 4 write buffers .* 3145728 are available"):
         mqstore.open(tmp_path / "s", **settings)
