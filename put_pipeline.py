@@ -26,7 +26,7 @@ import time
 import weakref
 from concurrent.futures import Future, InvalidStateError, wait
 from concurrent.futures import _base as _futures_base
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Final, Hashable, Sequence, cast
 
 import pykka
 
@@ -45,6 +45,10 @@ __all__ = ["PutPipeline", "ActorClient"]
 
 _WRITER_STOPPED = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer stopped")
 IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_puts_in_flight reached")
+BYTES_IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_put_bytes_in_flight reached")
+# A put this large (its encoded records) or larger also takes its bytes from
+# max_put_bytes_in_flight; the C submitter leaves it to the Python path, which counts them.
+LARGE_PUT_BYTES: Final = 16 * 1024
 _RUNNING = SupervisorState.RUNNING
 _monotonic_ns = time.monotonic_ns
 
@@ -224,7 +228,7 @@ class _PutReply(PassReply):
     object per put, no lock, no closure: fewer objects for the garbage collector, whose passes
     were a third of put_async's cost in the caller."""
 
-    __slots__ = ("sink", "future", "sender", "correlation_id", "topic", "started")
+    __slots__ = ("sink", "future", "sender", "correlation_id", "topic", "started", "held_bytes")
 
     def __init__(
         self,
@@ -246,6 +250,7 @@ class _PutReply(PassReply):
         self.correlation_id = correlation_id
         self.topic = topic
         self.started = started
+        self.held_bytes = 0  # of max_put_bytes_in_flight, given back with the answer
 
     def send(self, answer: Any, *, hand_over: bool = False) -> None:
         if not self._done:
@@ -291,6 +296,7 @@ class _ToActors(_Sink):
     def answer_pass(self, answers: list[tuple[PassReply, Any]]) -> None:
         pipeline = self._pipeline
         pipeline._release_slots(len(answers))
+        pipeline._release_bytes(answers)
         now = time.monotonic_ns()
         figures: list[tuple[str, PutResult, int]] = []
         # Each sender's answers of the pass are told together, in order: one inbox extend;
@@ -429,12 +435,42 @@ class _InFlightSlots:
 _ACTOR_PUT_ENDS_PRUNE_AT = 1024  # senders remembered before dead ones are dropped
 
 
+class _BytesInFlight:
+    """The bytes of large puts told and not yet answered, at most `limit` (a larger put goes
+    alone, once nothing else holds any). A lock and a condition: only puts of 16 KiB and more
+    come here, where a Python call costs nothing next to their copy."""
+
+    __slots__ = ("_limit", "used", "_changed")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self.used = 0
+        self._changed = threading.Condition(threading.Lock())
+
+    def _fits(self, n: int) -> bool:
+        return not self.used or self.used + n <= self._limit
+
+    def take(self, n: int, timeout_s: float | None) -> bool:
+        """`n` bytes, waiting up to `timeout_s` for them (None: not at all)."""
+        with self._changed:
+            if not self._fits(n) and (timeout_s is None or not self._changed.wait_for(lambda: self._fits(n), timeout_s)):
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._changed:
+            self.used = max(0, self.used - n)
+            self._changed.notify_all()
+
+
 class PutPipeline:
     """One per store: the in-flight bound, the futures handed out, the completion thread."""
 
     def __init__(self, store: MessageStore) -> None:
         self._store = store
         self._slots = _InFlightSlots(store.config.max_puts_in_flight)
+        self._bytes = _BytesInFlight(store.config.max_put_bytes_in_flight)  # review 71 F2
         self._fail_fast = store.config.put_fail_fast_when_in_flight_full
         # Futures handed out and not completed, so flush() can wait for them. set.add/discard
         # and copy() are single C calls under the GIL.
@@ -461,7 +497,8 @@ class PutPipeline:
         # (ref, its stopped event, inbox append, Signal).
         slots_signal = self._slots.native_signal
         self._submitter: Any = (
-            store._encoder.native_submitter(store.clock_ms, slots_signal, EncodedPut, INBOX_ENVELOPE, Message)
+            store._encoder.native_submitter(store.clock_ms, slots_signal, EncodedPut, INBOX_ENVELOPE, Message,
+                                            max_record_bytes=LARGE_PUT_BYTES - 1)  # fmt: skip
             if slots_signal is not None and store._slave_refusal is None else None
         )  # fmt: skip
         self._peers = store.supervisor.ctx.peers
@@ -594,24 +631,54 @@ class PutPipeline:
         checked = store._encode(messages, batch)
         if isinstance(checked, PutResult):
             return checked
+        size = sum(map(len, checked[0]))
         held = False
+        held_bytes = 0
         try:
             # A signal handler's exception (KeyboardInterrupt) between taking the slot and
             # telling the writer gave the slot to nobody: each one leaked lowered the bound
             # for good, down to every put waiting its timeout (review 44 H3). Only the instant
             # between the C call's return and `held` is still such a gap.
+            if size >= LARGE_PUT_BYTES:
+                if not (self._bytes.take(size, None) or self._take_bytes_waiting(size)):
+                    store.stats_service.record_put(reply.topic, BYTES_IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
+                    return BYTES_IN_FLIGHT_FULL
+                held_bytes = size
             held = self._slots.take(None) or self._take_slot_waiting()  # a free slot: one C call
             if not held:
                 store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
                 return IN_FLIGHT_FULL
             if self._thread is None and reply.sink is self._to_completion:
                 self._ensure_thread()
+            reply.held_bytes = held_bytes
+            held_bytes = 0  # the answer gives them back
             store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
             held = False  # the answer gives it back
         finally:
             if held:
                 self._slots.give(1)
+            if held_bytes:
+                self._bytes.give(held_bytes)
         return None
+
+    def _take_bytes_waiting(self, size: int) -> bool:
+        """`_take_slot_waiting` for a large put's bytes."""
+        if self._fail_fast or threading.current_thread() is self._thread:
+            return False
+        return self._bytes.take(size, self._store._reply_timeout_s)
+
+    def _release_bytes(self, answers: list[tuple[PassReply, Any]]) -> None:
+        """The bytes a pass's large puts held (one read while none is in flight)."""
+        if not self._bytes.used:
+            return
+        freed = 0
+        for reply, _ in answers:
+            held = getattr(reply, "held_bytes", 0)
+            if held:
+                reply.held_bytes = 0  # type: ignore[attr-defined]
+                freed += held
+        if freed:
+            self._bytes.give(freed)
 
     def _take_slot_waiting(self) -> bool:
         """A slot when none was free: waiting for one, unless told to fail fast."""
@@ -746,6 +813,7 @@ class PutPipeline:
             future.pass_end = pass_end
         # The stats before any future completes: a caller that saw its put done sees it counted.
         self._record(figures)
+        self._release_bytes(answers)  # the records are the writer's now, or dropped: memory goes with them
         due = _complete_futures(completions)
         self._release_slots(len(answers) - len(due) if hold_due_slots else len(answers))
         self._callbacks_due.extend((future, hold_due_slots) for future in due)

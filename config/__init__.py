@@ -221,6 +221,7 @@ class StoreConfig:
     log_json: bool = _D["log_json"]
     stats_snapshot_interval_ms: int = _D["stats_snapshot_interval_ms"]
     max_puts_in_flight: int = _D["max_puts_in_flight"]
+    max_put_bytes_in_flight: int = _D["max_put_bytes_in_flight"]
     put_fail_fast_when_in_flight_full: bool = _D["put_fail_fast_when_in_flight_full"]
     read_your_writes_timeout_ms: int = _D["read_your_writes_timeout_ms"]
     consume_queue_mapped_queues_max: int = _D["consume_queue_mapped_queues_max"]
@@ -721,6 +722,7 @@ _POSITIVE_INTS: Final = frozenset(
         "allocate_wait_timeout_ms",
         "stats_snapshot_interval_ms",
         "max_puts_in_flight",
+        "max_put_bytes_in_flight",
         "read_your_writes_timeout_ms",
         "consume_queue_mapped_queues_max",
     }

@@ -81,17 +81,20 @@ class PutEncoder:
         self._claimed: set[str] = set()
 
     def native_submitter(
-        self, clock_ms: Callable[[], int], slots: object, put_type: type, envelope_type: type, message_type: type
+        self, clock_ms: Callable[[], int], slots: object, put_type: type, envelope_type: type, message_type: type,
+        max_record_bytes: int | None = None,
     ) -> Any | None:
         """A `_native.PutSubmitter` that encodes a single plain message as `encode` does (its
         C encoder, this encoder's validated topics, hosts and limit) and hands it to the
-        writer in the same call; None without the C extension or with an IPv6 store host."""
+        writer in the same call; None without the C extension or with an IPv6 store host.
+        `max_record_bytes`: it declines records larger than this (left to `encode`)."""
         native = speedups.native
         if native is None or self._store_host_ip4 is None:
             return None
         return native.PutSubmitter(
             self._topic_utf8, clock_ms, slots, put_type, envelope_type, message_type,
-            _DEFAULT_BORN_IP4, _DEFAULT_BORN_PORT, self._store_host_ip4, self._store_port, self.max_message_size,
+            _DEFAULT_BORN_IP4, _DEFAULT_BORN_PORT, self._store_host_ip4, self._store_port,
+            self.max_message_size if max_record_bytes is None else min(self.max_message_size, max_record_bytes),
         )  # fmt: skip
 
     def encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:

@@ -1,0 +1,76 @@
+"""Pipelined puts are bounded by bytes as well as by count (review 71 F2): with the default
+4096 puts in flight, puts of 1 MiB held 4 GiB while the writer was behind, and a 256 MiB
+container's process was OOM-killed in under a second. A put of 16 KiB or more (encoded) also
+takes its bytes from `max_put_bytes_in_flight`; smaller puts are held by the count alone."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+
+import mqstore
+from mqstore import Message, PutMessageStatus, PutResult
+from mqstore.faults import HoldAt
+from mqstore.put_pipeline import LARGE_PUT_BYTES
+
+TIMEOUT_S = 15.0
+BODY = b"b" * (100 * 1024)
+SETTINGS = dict(
+    mapped_file_size_commitlog_bytes=8 * 1024 * 1024,
+    mapped_file_size_consume_queue_bytes=20 * 1000,
+    max_hash_slot_num=64,
+    max_index_num=400,
+    max_put_bytes_in_flight=1024 * 1024,
+)
+
+
+def _held_writer(path: Path, **settings: object) -> tuple[mqstore.MessageStore, HoldAt, Future[PutResult]]:
+    hold = HoldAt("writer.mid_batch_append", hold_s=TIMEOUT_S * 2)
+    store = mqstore.open(path, faults=hold, **{**SETTINGS, **settings})
+    assert store.put(Message(topic="t", body=b"first")).ok
+    hold.armed.set()
+    held = store.put_async(Message(topic="t", body=b"held"))  # small: not counted in bytes
+    assert hold.entered.wait(TIMEOUT_S), "the writer was not held"
+    return store, hold, held
+
+
+def test_large_puts_beyond_the_byte_bound_fail_fast_and_small_ones_do_not_count(tmp_path: Path) -> None:
+    store, hold, held = _held_writer(tmp_path / "s", put_fail_fast_when_in_flight_full=True)
+    try:
+        taken = [store.put_async(Message(topic="t", body=BODY)) for _ in range(10)]  # 10 x ~100 KiB: 1 MiB
+        refused = store.put_async(Message(topic="t", body=BODY)).result(timeout=TIMEOUT_S)
+        assert refused.status is PutMessageStatus.OS_PAGE_CACHE_BUSY
+        assert refused.detail == "max_put_bytes_in_flight reached"
+        small = [store.put_async(Message(topic="t", body=b"s" * (LARGE_PUT_BYTES // 2))) for _ in range(50)]
+        assert not any(f.done() for f in small)  # handed to the held writer, not refused
+        hold.release.set()
+        assert all(f.result(timeout=TIMEOUT_S).ok for f in [held, *taken, *small])
+        assert store._puts._bytes.used == 0  # every large put's bytes given back
+        assert store.put_async(Message(topic="t", body=BODY)).result(timeout=TIMEOUT_S).ok
+    finally:
+        hold.release.set()
+        store.close()
+
+
+def test_a_large_put_beyond_the_byte_bound_waits_for_room_and_one_larger_than_the_bound_goes_alone(
+    tmp_path: Path,
+) -> None:
+    store, hold, held = _held_writer(tmp_path / "s")
+    try:
+        taken = [store.put_async(Message(topic="t", body=BODY)) for _ in range(10)]
+        waiting: list[Future[PutResult]] = []
+        import threading
+
+        putter = threading.Thread(target=lambda: waiting.append(store.put_async(Message(topic="t", body=BODY))))
+        putter.start()
+        putter.join(0.5)
+        assert putter.is_alive() and not waiting  # blocked on the bound, as on the count
+        hold.release.set()
+        putter.join(TIMEOUT_S)
+        assert all(f.result(timeout=TIMEOUT_S).ok for f in [held, *taken, *waiting]) and len(waiting) == 1
+        huge = store.put_async(Message(topic="t", body=b"h" * (2 * 1024 * 1024)))  # past the bound: alone
+        assert huge.result(timeout=TIMEOUT_S).ok
+        assert store._puts._bytes.used == 0
+    finally:
+        hold.release.set()
+        store.close()
