@@ -747,7 +747,10 @@ class Supervisor:
         except Exception as exc:
             ctx.peers.pop(name, None)
             failed = self._start_failure(name)
-            if failed is not None and first:
+            if failed is not None:
+                # An open raises the owner's own error (a refusal reads as it); a restart
+                # counts it, not the failure that led to the restart (review 72 H2: a no-room
+                # fault, never counted, hid an I/O error at every restart after it).
                 raise failed from exc
             raise
         # Step two of the writer's start, once both it and the queues recovered: on the first

@@ -470,7 +470,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # SIGBUS guard's zero pages), not into the file: no put of it is answered stored.
             # The writer fails; its restart reads the cut segment as the damage it is.
             assert self._commitlog is not None
-            self._commitlog.raise_if_cut()
+            self._commitlog.raise_if_cut(writing=True)
         except BaseException as exc:
             # The puts of this pass are out of the inbox, so the crash handler cannot see them:
             # fail every one not answered yet (those already appended are stored, but their

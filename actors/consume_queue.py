@@ -392,7 +392,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         for cq in self._queues.values():
             faulted = cq.mapped_file_queue.faulted_file()
             if faulted is not None:
-                raise faulted.cut_error()
+                raise faulted.cut_error(writing=True)
 
     def _dispatch_waiting(self) -> None:
         """Write the waiting batches in order; stop at the first the disk has no room for, or
@@ -687,7 +687,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         tick."""
         filled = []
         for key, next_offset in list(self._reserved.items()):
-            cq = self._queues.get(key) or self._new_queue(*key)
+            try:
+                cq = self._queues.get(key) or self._new_queue(*key)
+            except QueueFileUnavailable:  # its directory cannot be made now (review 72 M2): the next tick
+                continue
             if cq is None:
                 del self._reserved[key]  # a name that cannot be a queue: no put can reach it
                 continue

@@ -226,6 +226,11 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         except FileNotFoundError:
             return True
         except OSError as exc:
+            if exc.errno != errno.ENOMEM or self._cut_or_gone(segment):
+                # Not "no memory for a map": a segment cut short (EINVAL past its end) is
+                # never counted as forced through its file (review 72 M1).
+                self._map_failed(segment, exc)
+                return False
             return self._force_without_map(segment, start, stop, exc)
         try:
             self.ctx.faults.hit("flush.mid_fsync")

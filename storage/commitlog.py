@@ -666,9 +666,10 @@ class CommitLog:
         return ",".join(msg_ids)
 
     # offsets, flush, commit ---------------------------------------------------------------
-    def raise_if_cut(self) -> None:
-        """FileCutUnderMapError if a segment lost pages under its map (another process cut it)."""
-        self.mapped_file_queue.raise_if_cut()
+    def raise_if_cut(self, *, writing: bool = False) -> None:
+        """FileCutUnderMapError if a segment lost pages under its map (another process cut it;
+        after a pass's writes, `writing`: or the disk had no room for a page)."""
+        self.mapped_file_queue.raise_if_cut(writing=writing)
 
     def keep_replaced_segments(self, since: MappedFile | None = None) -> str | None:
         """If a segment written since `since` (the last one before a pass; None: every

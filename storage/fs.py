@@ -62,7 +62,7 @@ class MappedRegion(Protocol):
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
     def cut_short(self) -> bool: ...
-    def fault_error(self) -> FileCutUnderMapError: ...
+    def fault_error(self, *, writing: bool = False) -> FileCutUnderMapError: ...
     def replaced(self, *, deleted_too: bool = True) -> bool: ...
     def renewed(self) -> bool: ...
     def save_copy(self, path: str, length: int) -> None: ...
@@ -165,7 +165,8 @@ def no_room_cause(path: str) -> OSError | None:
         stat = os.statvfs(path)
     except OSError:
         return None
-    room = stat.f_bavail * stat.f_frsize
+    # Root may write into the blocks ext4 reserves for it (review 72 M3).
+    room = (stat.f_bfree if os.geteuid() == 0 else stat.f_bavail) * stat.f_frsize
     if room >= NO_ROOM_BYTES:
         return None
     return OSError(errno.ENOSPC, f"no room on the disk for the page ({room} bytes left; btrfs, and xfs for blocks "
@@ -602,11 +603,12 @@ class RealMappedRegion:
         now, and what is written there stays in memory): the file was cut under the map."""
         return self._cut_seen or mapguard.faults(self._guard) > 0
 
-    def fault_error(self) -> FileCutUnderMapError:
+    def fault_error(self, *, writing: bool = False) -> FileCutUnderMapError:
         """What a fault on this map (cut_short) was, looked at before it is named: the path
         still names the mapped file at its full length and that file may not be written (an
         immutable or append-only attribute, or permission: review 65 F3, a chattr +i was
-        reported as a cut), or else a cut (or no room on the disk for a page)."""
+        reported as a cut), or, found by a write (`writing`: an owner's check after its
+        writes), a disk with no room left for the page; or else a cut (or an unread page)."""
         try:
             status = os.stat(self._path_bytes)
         except OSError:
@@ -616,7 +618,9 @@ class RealMappedRegion:
         cause = not_writable_cause(self.path)
         if cause is not None:
             return FileNotWritableUnderMapError(self.path, cause)
-        room = no_room_cause(self.path)
+        # Only a write's fault: a page the disk could not read, on a full disk, is no full disk
+        # (review 72 M3: the supervisor does not count a no-room fault against its budget).
+        room = no_room_cause(self.path) if writing else None
         return FileCutUnderMapError(self.path) if room is None else FileWithoutRoomUnderMapError(self.path, room)
 
     def replaced(self, *, deleted_too: bool = True) -> bool:
@@ -1061,7 +1065,7 @@ class SimulatedRegion:
     def cut_short(self) -> bool:
         return self._file.cut
 
-    def fault_error(self) -> FileCutUnderMapError:
+    def fault_error(self, *, writing: bool = False) -> FileCutUnderMapError:
         return FileCutUnderMapError(self.path)
 
     def replaced(self, *, deleted_too: bool = True) -> bool:

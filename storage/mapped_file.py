@@ -599,10 +599,13 @@ class MappedFile:
         """The file lost pages under its map (storage/fs.py FileCutUnderMapError)."""
         return self._region is not None and self._region.cut_short()
 
-    def cut_error(self) -> FileCutUnderMapError:
-        """What the fault `cut_short` saw was: a cut, or a file that may not be written now
-        (FileNotWritableUnderMapError), looked at now (storage/fs.py fault_error)."""
-        return self._region.fault_error() if self._region is not None else FileCutUnderMapError(self.file_name)
+    def cut_error(self, *, writing: bool = False) -> FileCutUnderMapError:
+        """What the fault `cut_short` saw was: a cut, a file that may not be written now
+        (FileNotWritableUnderMapError), or, asked after writes, no room on the disk,
+        looked at now (storage/fs.py fault_error)."""
+        if self._region is None:
+            return FileCutUnderMapError(self.file_name)
+        return self._region.fault_error(writing=writing)
 
     def map_writable(self) -> None:
         """Map a file loaded `readonly` for writing again (OSError while it may still not be

@@ -123,13 +123,13 @@ class MappedFileQueue:
         # hole, never an end new records would be appended at (see truncate_dirty_files).
         self.records_end_below_expected: int | None = None
 
-    def raise_if_cut(self) -> None:
+    def raise_if_cut(self, *, writing: bool = False) -> None:
         """FileCutUnderMapError naming the first of these files that lost pages under its map
         (another process cut it): what was written there is not in the file. Each map is asked
         only when the process's count of such faults moved, so a pass pays one C call."""
         mapped_file = self.faulted_file()
         if mapped_file is not None:
-            raise mapped_file.cut_error()  # and again at every call
+            raise mapped_file.cut_error(writing=writing)  # and again at every call
 
     def faulted_file(self) -> MappedFile | None:
         """The first of these files whose map met a page it could not read (an I/O error, or

@@ -57,7 +57,7 @@ def _groups(proc_cgroup: str) -> list[tuple[str, str]]:
     """(version, path) of this process's memory groups: ("2", path) and/or ("1", path)."""
     found = []
     try:
-        with open(proc_cgroup) as f:
+        with open(proc_cgroup, errors="surrogateescape") as f:  # a group's name need not be UTF-8 (review 72 M4)
             for line in f:
                 parts = line.rstrip("\n").split(":", 2)
                 if len(parts) != 3:
@@ -112,10 +112,14 @@ def cgroup_room(proc_cgroup: str = "/proc/self/cgroup", cgroup_root: str = "/sys
 
 
 def memory_room() -> MemoryRoom:
-    """The host's total and available memory, each cut to the process's cgroup limit."""
+    """The host's total and available memory, each cut to the process's cgroup limit. Never
+    raises for a cgroup it cannot make sense of (it is asked at import): the host's figures."""
     host = psutil.virtual_memory()
     room = MemoryRoom(total=int(host.total), available=int(host.available))
-    limited = cgroup_room()
+    try:
+        limited = cgroup_room()
+    except (OSError, ValueError):
+        return room
     if limited is None:
         return room
     return MemoryRoom(total=min(room.total, limited.total), available=min(room.available, limited.available))

@@ -9,7 +9,7 @@ the argument, out-of-range values ValueError: those are the caller's mistakes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 from . import codec, speedups
 from .status import PutMessageStatus
@@ -79,6 +79,14 @@ class PutEncoder:
         # before its first put is taken; the topics it took (unbounded: each has a directory).
         self._claim_topic = claim_topic
         self._claimed: set[str] = set()
+
+    def forget_topics(self, topics: Iterable[str]) -> None:
+        """Topics whose directories were removed (cleanUnusedTopic): their next put claims a
+        directory again (review 72 H1: on a case-insensitive filesystem a case variant took
+        the freed name, and a put of the old spelling was taken and then held all dispatch)."""
+        for topic in topics:
+            self._claimed.discard(topic)
+            self._topic_utf8.pop(topic, None)  # the C submitter's cache: it declines the topic now
 
     def native_submitter(
         self, clock_ms: Callable[[], int], slots: object, put_type: type, envelope_type: type, message_type: type,

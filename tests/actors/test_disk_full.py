@@ -723,3 +723,42 @@ def test_write_faults_for_want_of_a_block_restart_the_owner_and_never_stop_the_s
         acked.append(b"%d" % (len(acked)))
         assert store.wait_for_messages("t", 0, len(acked) - 1, timeout_s=10)
         assert [m.body for m in store.get("t", 0, 0, 64).messages] == acked
+
+
+def test_a_restart_that_fails_after_a_no_room_fault_counts_and_names_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 72 H2: when the owner's restart after a no-room fault failed in its start, the
+    supervisor queued the no-room error again, never counted: a persistent I/O error at each
+    restart looped for good, the store RUNNING with reads refused and the I/O error never
+    logged. A failed restart counts its own error now: the store gives up, naming it."""
+    from mqstore import supervisor
+    from mqstore.actors.consume_queue import ConsumeQueueService
+    from mqstore.storage.fs import FileWithoutRoomUnderMapError
+
+    monkeypatch.setattr(supervisor, "BACKOFF_MAX_MS", 5)
+    monkeypatch.setattr(supervisor, "MAX_RESTARTS", 3)
+    dispatch, on_start = ConsumeQueueService._dispatch, ConsumeQueueService.on_start
+
+    def without_room(self: ConsumeQueueService, batch: object) -> None:
+        path = str(tmp_path / "s" / "consumequeue" / "t" / "0" / f"{0:020d}")
+        raise FileWithoutRoomUnderMapError(path, OSError(errno.ENOSPC, "no room on the disk for the page", path))
+
+    def unreadable(self: ConsumeQueueService) -> None:
+        raise OSError(errno.EIO, "Input/output error", str(tmp_path / "s" / "consumequeue"))
+
+    store = mqstore.open(tmp_path / "s", **SETTINGS)
+    try:
+        assert store.put(Message("t", b"0")).ok
+        monkeypatch.setattr(ConsumeQueueService, "on_start", unreadable)
+        monkeypatch.setattr(ConsumeQueueService, "_dispatch", without_room)
+        store.put(Message("t", b"1"))
+        deadline = time.monotonic() + 30
+        while store.supervisor.state.name == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.supervisor.state.name == "FAILED"
+        assert "Input/output error" in repr(store.supervisor.fatal_error)
+    finally:
+        monkeypatch.setattr(ConsumeQueueService, "_dispatch", dispatch)
+        monkeypatch.setattr(ConsumeQueueService, "on_start", on_start)
+        store.close()

@@ -348,3 +348,34 @@ def test_a_segment_the_flush_actor_can_never_map_is_forced_through_its_file(
     monkeypatch.setattr(SimulatedFileSystem, "map_file", real_map)
     with mqstore.open("/sim/store", fs=lost_power, **small) as store:
         assert [m.body for m in _all(store, "T")] == bodies
+
+
+def test_a_segment_the_flush_actor_cannot_map_for_another_reason_is_not_forced_through_its_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 72 M1: the descriptor path took any map error for "no memory", also EINVAL from
+    a segment another process had cut short: fdatasync of the short file succeeded, a
+    SYNC_FLUSH put was PUT_OK and the checkpoint passed records the cut had taken. Only
+    ENOMEM takes that path; anything else is retried, and no put past it is answered forced."""
+    import errno
+    import os
+
+    from mqstore.storage.fs import SimulatedFileSystem
+
+    real_map = SimulatedFileSystem.map_file
+
+    def map_file(self: SimulatedFileSystem, path: str, size: int, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith("FlushCommitLog") and "commitlog" in path:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+        return real_map(self, path, size, **kwargs)
+
+    monkeypatch.setattr(SimulatedFileSystem, "map_file", map_file)
+    fs = SimulatedFileSystem()
+    fs.makedirs("/sim")
+    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+                 flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=300, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
+    with mqstore.open("/sim/store", fs=fs, **small) as store:
+        put = store.put(Message(topic="T", body=b"x" * 2000))
+        assert put.status is PutMessageStatus.FLUSH_DISK_TIMEOUT, put
+        with pytest.raises(OSError):
+            store.flush()

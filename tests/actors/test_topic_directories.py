@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,49 @@ def test_a_topic_is_claimed_once_not_at_every_put(tmp_path: Path) -> None:
             assert store.put_batch([Message("b", b"%d" % i)] * 2).ok
             assert store.put_async(Message("c", b"%d" % i)).result(timeout=30).ok
         assert sorted(asked) == ["a", "b", "c"]
+
+
+def test_a_reserved_queue_whose_directory_cannot_be_made_waits_for_the_next_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 72 M2: the ticks' filler units for a queue's lost offsets (`_fill_reserved`)
+    open a queue whose directory is gone; its claim raised there when the directory could not
+    be made now (a full disk), nothing caught it, and the ConsumeQueue actor failed at each
+    tick until the store was given up (FAILED in 11 s). Now the next tick tries again."""
+    import errno
+
+    from mqstore.actors import consume_queue as cq_actor
+    from mqstore.storage.fs import RealFileSystem
+    from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger, write_queue_ledger
+
+    path = tmp_path / "s"
+    settings = dict(SETTINGS, flush_interval_consume_queue_ms=20)  # the ticks that fill
+    with mqstore.open(path, **settings) as store:
+        assert store.put(Message("keep", b"a")).ok
+    ledger_path = str(path / "queue_ledger.msgpack")
+    ledger = load_queue_ledger(RealFileSystem(), ledger_path) or {}
+    # "gone": queue offsets 0-2 handed out, its records and its directory lost since.
+    ledger[("gone", 0)] = LedgerEntry(units=1, first=0, high_water=3)
+    write_queue_ledger(RealFileSystem(), ledger_path, ledger)
+    make = cq_actor.make_topic_dir
+    tries: list[str] = []
+
+    def no_room_for_gone(fs: object, root: str, topic: str) -> None:
+        if topic == "gone":
+            tries.append(topic)
+            raise OSError(errno.ENOSPC, "No space left on device", os.path.join(root, topic))
+        make(fs, root, topic)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cq_actor, "make_topic_dir", no_room_for_gone)
+    with mqstore.open(path, **settings) as store:
+        deadline = time.monotonic() + 10
+        while len(tries) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(tries) >= 5 and store.supervisor.restarts == [] and store.supervisor.state.name == "RUNNING"
+        assert store.put(Message("keep", b"b")).ok and _bodies(store, "keep") == [b"a", b"b"]
+        monkeypatch.setattr(cq_actor, "make_topic_dir", make)
+        deadline = time.monotonic() + 10
+        while store.max_offset("gone", 0) != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.max_offset("gone", 0) == 3  # the filler units hold the lost offsets
+        assert store.put(Message("gone", b"next")).queue_offset == 3

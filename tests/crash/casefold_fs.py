@@ -149,7 +149,9 @@ class CaseFoldingPassthrough(mfusepy.Operations):  # type: ignore[misc]
 
 def main() -> None:
     backing, mountpoint = sys.argv[1], sys.argv[2]
-    mfusepy.FUSE(CaseFoldingPassthrough(backing), mountpoint, foreground=True, allow_other=True)
+    # hard_remove: an unlinked file still open is gone at once, as on a real filesystem (not
+    # renamed to .fuse_hidden*, which kept a cleaned queue's directory from being empty).
+    mfusepy.FUSE(CaseFoldingPassthrough(backing), mountpoint, foreground=True, allow_other=True, hard_remove=True)
 
 
 if __name__ == "__main__":

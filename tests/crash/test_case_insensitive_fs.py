@@ -162,3 +162,18 @@ def test_a_log_holding_two_topics_of_one_directory_never_mixes_their_units(
     assert os.listdir(moved / "consumequeue") == ["Orders"]
     units = _units(moved / "consumequeue" / "Orders" / "0")
     assert units and not orders_positions & {offset for offset, _, _ in units}
+
+
+def test_a_topic_cleaned_away_and_taken_by_a_case_variant_is_claimed_again(casefold_dir: Path) -> None:
+    """Review 72 H1: clean_unused_topic removed "Orders"'s directory and the ConsumeQueue actor
+    forgot its claim, but the put encoder did not: after "orders" took the freed name, a put
+    of "Orders" was PUT_OK and its record held dispatch for every topic, also after a reopen."""
+    with mqstore.open(casefold_dir / "store", **SETTINGS) as store:
+        assert store.put(Message(topic="Orders", body=b"old")).ok
+        assert _bodies(store, "Orders") == [b"old"]
+        assert store.clean_unused_topic(keep=[]) == 1
+        assert store.put(Message(topic="orders", body=b"new")).ok
+        refused = store.put(Message(topic="Orders", body=b"again"))
+        assert refused.status is PutMessageStatus.MESSAGE_ILLEGAL and "'orders'" in refused.detail, refused
+        assert store.put(Message(topic="unrelated", body=b"u")).ok
+        assert _bodies(store, "unrelated") == [b"u"] and _bodies(store, "orders") == [b"new"]

@@ -249,10 +249,13 @@ def test_a_fault_on_a_whole_file_of_a_full_disk_is_named_no_room_not_a_cut(
             return os.statvfs_result((real.f_bsize, real.f_frsize, real.f_blocks, 100, 100, *real[5:]))
 
         monkeypatch.setattr(fs_module.os, "statvfs", full)
-        no_room = region.fault_error()
+        monkeypatch.setattr(fs_module.os, "geteuid", lambda: 1000)  # (root may use the reserved blocks)
+        no_room = region.fault_error(writing=True)
         assert isinstance(no_room, FileWithoutRoomUnderMapError) and isinstance(no_room, FileCutUnderMapError)
         assert no_room.errno == errno.ENOSPC and "not cut" in str(no_room) and "bytes left" in str(no_room)
-        os.truncate(path, 4096)  # a file cut short is a cut, however full the disk
+        # Not found by a write (a page the disk could not read, review 72 M3): no full disk.
         assert type(region.fault_error()) is FileCutUnderMapError
+        os.truncate(path, 4096)  # a file cut short is a cut, however full the disk
+        assert type(region.fault_error(writing=True)) is FileCutUnderMapError
     finally:
         region.close()

@@ -115,3 +115,16 @@ def test_a_transient_pool_a_data_limit_refuses_is_a_config_error_not_a_bare_memo
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "refused: config transient_store_pool_size" in done.stdout, (done.stdout, done.stderr[-2000:])
     assert "could not be allocated" in done.stdout
+
+
+def test_a_group_name_that_is_not_utf8_is_read_not_raised(tmp_path: Path) -> None:
+    """Review 72 M4: /proc/self/cgroup was decoded as UTF-8, and a group named with other
+    bytes raised UnicodeDecodeError at `import mqstore` (reads asks for the room at import)."""
+    root = tmp_path / "cgroup"
+    name = b"svc_\xff"
+    group = Path(os.fsdecode(bytes(root / "memory") + b"/" + name))
+    group.mkdir(parents=True)
+    (group / "memory.limit_in_bytes").write_text(f"{64 * MIB}\n")
+    (group / "memory.usage_in_bytes").write_text(f"{16 * MIB}\n")
+    (tmp_path / "proc_cgroup").write_bytes(b"5:memory:/" + name + b"\n")
+    assert cgroup_room(str(tmp_path / "proc_cgroup"), str(root)) == MemoryRoom(total=64 * MIB, available=48 * MIB)
