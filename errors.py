@@ -10,7 +10,9 @@ __all__ = ["StoreClosedError", "StoreDiskFullError"]
 
 class StoreClosedError(RuntimeError):
     """A call on a `MessageStore` after its `close()`. Every public method raises it (a closed
-    store has no maps, no actors and no files open); `close()` itself stays idempotent."""
+    store has no maps, no actors and no files open); `close()` itself stays idempotent, and the
+    progress views the last stats snapshot reads (`dispatch_progress`, `written_progress`,
+    `flush_failures`, `files_cut_under_map`) answer with what the store left."""
 
 
 class StoreDiskFullError(OSError):

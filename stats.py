@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Iterable, Protocol
+from typing import Any, Callable, Final, Iterable, ParamSpec, Protocol
 
 import msgpack
 import psutil
@@ -312,13 +312,19 @@ class StoreStats:
             }
 
 
-def records_get(method: Callable[..., GetResult]) -> Callable[..., GetResult]:
-    """Decorates `MessageStore.get` so each call's outcome and latency reach its StoreStats."""
+_GetParams = ParamSpec("_GetParams")
+
+
+def records_get(method: Callable[_GetParams, GetResult]) -> Callable[_GetParams, GetResult]:
+    """Decorates `MessageStore.get` so each call's outcome and latency reach its StoreStats;
+    the signature stays the method's, for the caller's type checker (review 73 H1: it was
+    `(*Any, **Any)`, so `get("t", "0", 0)` passed mypy)."""
 
     @functools.wraps(method)
-    def timed(self: Any, *args: Any, **kwargs: Any) -> GetResult:
+    def timed(*args: _GetParams.args, **kwargs: _GetParams.kwargs) -> GetResult:
+        self = args[0]
         started = time.monotonic_ns()
-        result = method(self, *args, **kwargs)
+        result = method(*args, **kwargs)
         stats: StoreStats | None = getattr(self, "stats_service", None)
         if stats is not None:
             stats.record_get(result, time.monotonic_ns() - started)
