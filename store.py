@@ -610,9 +610,7 @@ class MessageStore:
         put was acknowledged (and let two topics write one queue's files)."""
         try:
             refused: TopicDirectoryRefused | None = self._ask("consume_queue", ClaimTopicDirectory(topic=topic))
-        except ServiceUnavailable as exc:
-            return PutRefused(PutMessageStatus.SERVICE_NOT_AVAILABLE, f"a new topic's directory cannot be made now: {exc}")
-        except OSError as exc:
+        except (ServiceUnavailable, OSError) as exc:  # the actor restarting, or failing in the check
             return PutRefused(PutMessageStatus.SERVICE_NOT_AVAILABLE, f"a new topic's directory cannot be made now: {exc}")
         if refused is None:
             return None

@@ -573,10 +573,13 @@ class Supervisor:
                 continue
             room = no_room_cause(path) if isinstance(self.fs, RealFileSystem) and os.path.exists(path) else None
             if room is not None:
-                self.log.error("a page of a store file could not be written through its map: no room on the disk, "
-                               "not cut", path=path, cause=room.strerror, effect="what the store wrote there since is "
-                               "in memory only; free space: a commitlog segment's writer restarts, and the next "
-                               "open rebuilds queues and index from the commitlog")  # fmt: skip
+                # (A page the disk could not read looks the same here: the owner that met the
+                # fault names it exactly, no room only for a write's.)
+                self.log.error("a page of a store file, still whole, faulted through its map on a (nearly) full "
+                               "disk: most likely no room for it, not a cut", path=path, cause=room.strerror,
+                               effect="what the store wrote there since is in memory only; free space: a commitlog "
+                               "segment's writer restarts, and the next open rebuilds queues and index from the "
+                               "commitlog")  # fmt: skip
                 continue
             # (An I/O error on a page looks the same to the guard: the file whole, a page unread.)
             self.log.error("a page of a store file was gone while mapped: the file was cut short, replaced or deleted "

@@ -284,8 +284,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             return None
         suppressed = self._dir_refusals.admit((topic, refused.illegal))  # a host may put in a loop
         if suppressed is not None:
-            self.log.error("a topic cannot have a directory of its own: its puts are refused, dispatch of its records waits", topic=topic,
-                           detail=refused.detail, **suppressed_fields(suppressed))  # fmt: skip
+            self.log.error("a topic cannot have a directory of its own: its puts are refused, dispatch of its records "
+                           "waits", topic=topic, detail=refused.detail, **suppressed_fields(suppressed))  # fmt: skip
         return refused
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
