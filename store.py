@@ -21,13 +21,13 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from concurrent.futures import Future
-from typing import Any, Callable, Final, Iterable, Iterator
+from typing import Any, Callable, Final, Iterable, Iterator, Unpack
 
 import pykka
 
 
 from .actors.base import ServiceUnavailable, StoppedBeforeHandling
-from .config import StoreConfig
+from .config import StoreConfig, StoreSettings
 from .errors import StoreClosedError
 from .faults import NO_FAULTS, FaultPlan
 from .log import RepeatedLog, get_logger
@@ -129,7 +129,7 @@ def open_store(
     disk_gauge: DiskGauge | None = None,
     cleaner_sleep_ms: Callable[[int], None] | None = None,
     ticker: Ticker | None = None,
-    **settings: Any,
+    **settings: Unpack[StoreSettings],
 ) -> MessageStore:
     """Open (or create) the store at `path` and start its actors. `settings` are StoreConfig
     keys (`flush_disk_type="SYNC_FLUSH"`, ...) applied over `config` (or the defaults, a

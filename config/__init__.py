@@ -21,13 +21,14 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final, Mapping
+from typing import Any, Final, Literal, Mapping, TypedDict
 
 from ..log import get_logger
 from ..storage.codec import HostAddress, parse_delay_levels
 
 __all__ = [
     "ConfigError",
+    "StoreSettings",
     "StoreConfigMismatch",
     "StoreConfig",
     "ENV_PREFIX",
@@ -472,6 +473,90 @@ ROCKETMQ_ALIASES.update(
     {re.sub("([mM])aped", r"\1apped", k): v for k, v in list(ROCKETMQ_ALIASES.items()) if "aped" in k}
 )
 assert set(ROCKETMQ_ALIASES.values()) <= set(_FIELDS)
+
+
+class StoreSettings(TypedDict, total=False):
+    """`mqstore.open(path, **settings)`'s keywords as a type checker sees them: StoreConfig's
+    fields, snake_case (the camelCase aliases are taken at run time only), so a misspelt name
+    or a wrong type fails mypy, not only the open (review 73 M2). tests/test_config.py keeps it
+    equal to StoreConfig's fields."""
+
+    store_path_root_dir: str
+    store_path_commitlog: str | None
+    mapped_file_size_commitlog_bytes: int
+    mapped_file_size_consume_queue_bytes: int
+    enable_consume_queue_ext: bool
+    mapped_file_size_consume_queue_ext_bytes: int
+    bit_map_length_consume_queue_ext_bits: int
+    flush_disk_type: Literal["ASYNC_FLUSH", "SYNC_FLUSH"]
+    flush_interval_commitlog_ms: int
+    commit_interval_commitlog_ms: int
+    use_reentrant_lock_when_put_message: bool
+    flush_commitlog_timed: bool
+    flush_interval_consume_queue_ms: int
+    flush_commitlog_least_pages: int
+    commit_commitlog_least_pages: int
+    flush_least_pages_when_warm_mapped_file: int
+    flush_consume_queue_least_pages: int
+    flush_commitlog_thorough_interval_ms: int
+    commit_commitlog_thorough_interval_ms: int
+    flush_consume_queue_thorough_interval_ms: int
+    sync_flush_timeout_ms: int
+    flush_delay_offset_interval_ms: int
+    clean_resource_interval_ms: int
+    delete_commitlog_files_interval_ms: int
+    delete_consume_queue_files_interval_ms: int
+    destroy_mapped_file_interval_forcibly_ms: int
+    redelete_hanged_file_interval_ms: int
+    delete_when: str
+    disk_max_used_space_ratio_percent: int
+    file_reserved_time_hours: int
+    clean_file_forcibly_enable: bool
+    disk_space_warning_level_ratio: float
+    disk_space_clean_forcibly_ratio: float
+    max_message_size_bytes: int
+    check_crc_on_recover: bool
+    check_crc_on_read: bool
+    put_msg_index_high_water: int
+    max_transfer_bytes_on_message_in_memory: int
+    max_transfer_count_on_message_in_memory: int
+    max_transfer_bytes_on_message_in_disk: int
+    max_transfer_count_on_message_in_disk: int
+    access_message_in_memory_max_ratio_percent: int
+    message_delay_level: str
+    default_query_max_num: int
+    long_polling_enable: bool
+    message_index_enable: bool
+    max_hash_slot_num: int
+    max_index_num: int
+    max_msgs_num_batch: int
+    message_index_safe: bool
+    transient_store_pool_enable: bool
+    transient_store_pool_size: int
+    fast_fail_if_no_buffer_in_store_pool: bool
+    warm_mapped_file_enable: bool
+    os_page_cache_busy_timeout_ms: int
+    debug_lock_enable: bool
+    disk_fall_recorded: bool
+    broker_role: Literal["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"]
+    broker_id: int
+    ha_listen_port: int
+    ha_send_heartbeat_interval_ms: int
+    ha_housekeeping_interval_ms: int
+    ha_transfer_batch_size_bytes: int
+    ha_master_address: str | None
+    ha_slave_fallbehind_max_bytes: int
+    offset_check_in_slave: bool
+    duplication_enable: bool
+    store_host: str
+    allocate_wait_timeout_ms: int
+    log_json: bool
+    stats_snapshot_interval_ms: int
+    max_puts_in_flight: int
+    max_put_bytes_in_flight: int
+    put_fail_fast_when_in_flight_full: bool
+    read_your_writes_timeout_ms: int
+    consume_queue_mapped_queues_max: int
 
 
 def _canonical_keys(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -110,6 +110,27 @@ def test_defaults_file_is_the_single_source_of_the_field_set() -> None:
     assert {field for _, field, _ in SPEC_DEFAULTS} | {"store_path_root_dir", "store_path_commitlog"} <= names
 
 
+def test_the_typed_settings_of_open_are_the_configs_fields_with_their_types() -> None:
+    """StoreSettings (open's **settings for a type checker) is StoreConfig's field set, each
+    with the field's type (a Literal of the allowed values where the config checks them)."""
+    import typing
+
+    from mqstore.config import BROKER_ROLES, FLUSH_DISK_TYPES, StoreSettings
+
+    fields = typing.get_type_hints(StoreConfig)
+    fields.pop("explicit_settings")
+    typed = typing.get_type_hints(StoreSettings)
+    assert set(typed) == set(fields)
+    choices = {"flush_disk_type": FLUSH_DISK_TYPES, "broker_role": BROKER_ROLES}
+    for name, kind in typed.items():
+        if name in choices:
+            assert typing.get_origin(kind) is typing.Literal and typing.get_args(kind) == choices[name], name
+        else:
+            assert kind == fields[name], name
+    # (max_put_bytes_in_flight, this stop's new setting, comes with its documented default)
+    assert StoreConfig().max_put_bytes_in_flight == 64 * 1024 * 1024
+
+
 def test_config_is_frozen_and_slotted(defaults: StoreConfig) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         defaults.flush_interval_commitlog_ms = 1  # type: ignore[misc]
