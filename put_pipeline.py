@@ -437,31 +437,49 @@ _ACTOR_PUT_ENDS_PRUNE_AT = 1024  # senders remembered before dead ones are dropp
 
 class _BytesInFlight:
     """The bytes of large puts told and not yet answered, at most `limit` (a larger put goes
-    alone, once nothing else holds any). A lock and a condition: only puts of 16 KiB and more
-    come here, where a Python call costs nothing next to their copy."""
+    alone, once nothing else holds any). Giving back never waits: the completion thread and
+    the writer give, and a Condition whose lock a Ctrl-C left held (its `__enter__` is Python
+    code) stopped every future for good (review 74). Takers settle what was given under a plain
+    lock and poll while the bound is full: only puts of 16 KiB and more come here."""
 
-    __slots__ = ("_limit", "used", "_changed")
+    __slots__ = ("_limit", "used", "_given", "_lock")
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self.used = 0
-        self._changed = threading.Condition(threading.Lock())
-
-    def _fits(self, n: int) -> bool:
-        return not self.used or self.used + n <= self._limit
+        self.used = 0  # never below what is in flight (given bytes settle at the next take)
+        self._given: collections.deque[int] = collections.deque()
+        self._lock = threading.Lock()
 
     def take(self, n: int, timeout_s: float | None) -> bool:
         """`n` bytes, waiting up to `timeout_s` for them (None: not at all)."""
-        with self._changed:
-            if not self._fits(n) and (timeout_s is None or not self._changed.wait_for(lambda: self._fits(n), timeout_s)):
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._settle()
+                if not self.used or self.used + n <= self._limit:
+                    self.used += n
+                    return True
+            left = 0.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
                 return False
-            self.used += n
-            return True
+            time.sleep(min(left, _BYTES_POLL_S))
 
     def give(self, n: int) -> None:
-        with self._changed:
-            self.used = max(0, self.used - n)
-            self._changed.notify_all()
+        self._given.append(n)  # one C call: never blocks, whatever holds the lock
+
+    def settled(self) -> int:
+        """The bytes in flight now (for tests and figures)."""
+        with self._lock:
+            self._settle()
+            return self.used
+
+    def _settle(self) -> None:
+        given = self._given
+        while given:
+            self.used = max(0, self.used - given.popleft())
+
+
+_BYTES_POLL_S = 0.002
 
 
 class PutPipeline:
@@ -650,15 +668,17 @@ class PutPipeline:
                 return IN_FLIGHT_FULL
             if self._thread is None and reply.sink is self._to_completion:
                 self._ensure_thread()
-            reply.held_bytes = held_bytes
-            held_bytes = 0  # the answer gives them back
+            reply.held_bytes = held_bytes  # an answer gives them back, one inside the tell too
             store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
             held = False  # the answer gives it back
+            held_bytes = 0
         finally:
             if held:
                 self._slots.give(1)
-            if held_bytes:
-                self._bytes.give(held_bytes)
+            if held_bytes:  # the tell did not return (a Ctrl-C): what no answer gave back yet
+                left, reply.held_bytes = reply.held_bytes, 0
+                if left:
+                    self._bytes.give(left)
         return None
 
     def _take_bytes_waiting(self, size: int) -> bool:
@@ -669,7 +689,7 @@ class PutPipeline:
 
     def _release_bytes(self, answers: list[tuple[PassReply, Any]]) -> None:
         """The bytes a pass's large puts held (one read while none is in flight)."""
-        if not self._bytes.used:
+        if not self._bytes.used:  # (at or above what is in flight: 0 means none)
             return
         freed = 0
         for reply, _ in answers:

@@ -322,7 +322,7 @@ def records_get(method: Callable[_GetParams, GetResult]) -> Callable[_GetParams,
 
     @functools.wraps(method)
     def timed(*args: _GetParams.args, **kwargs: _GetParams.kwargs) -> GetResult:
-        self = args[0]
+        self = args[0] if args else kwargs.get("self")
         started = time.monotonic_ns()
         result = method(*args, **kwargs)
         stats: StoreStats | None = getattr(self, "stats_service", None)

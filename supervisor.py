@@ -608,7 +608,10 @@ class Supervisor:
         # A store through a map that faulted for want of a block (a full btrfs allocates at
         # every one) is a full disk, not a broken actor: restarted at the slowest pace, never
         # given up on (review 70 M1: the store stopped, and stayed stopped once space was back).
-        full_disk = isinstance(event.error, FileWithoutRoomUnderMapError)
+        full_disk = isinstance(event.error, FileWithoutRoomUnderMapError) or (
+            # (also a restart whose start found no room: review 74)
+            isinstance(event.error, OSError) and event.error.errno in (errno.ENOSPC, errno.EDQUOT)
+        )
         if not full_disk:
             recent.append(now)
         while recent and recent[0] < now - RESTART_PERIOD_MS:

@@ -762,3 +762,47 @@ def test_a_restart_that_fails_after_a_no_room_fault_counts_and_names_its_own_err
         monkeypatch.setattr(ConsumeQueueService, "_dispatch", dispatch)
         monkeypatch.setattr(ConsumeQueueService, "on_start", on_start)
         store.close()
+
+
+def test_a_restart_whose_start_finds_no_room_is_a_full_disk_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 74: counting a restarted child's own start error (review 72 H2) counted a start
+    that found the disk full (ENOSPC), and the store was given up on a full disk again. Such a
+    failure is a full disk: restarted at the slowest pace, never given up on."""
+    from mqstore import supervisor
+    from mqstore.actors.consume_queue import ConsumeQueueService
+    from mqstore.storage.fs import FileWithoutRoomUnderMapError
+
+    monkeypatch.setattr(supervisor, "BACKOFF_MAX_MS", 5)
+    monkeypatch.setattr(supervisor, "MAX_RESTARTS", 3)
+    dispatch, on_start = ConsumeQueueService._dispatch, ConsumeQueueService.on_start
+    starts = [6]
+
+    def without_room(self: ConsumeQueueService, batch: object) -> None:
+        path = str(tmp_path / "s" / "consumequeue" / "t" / "0" / f"{0:020d}")
+        raise FileWithoutRoomUnderMapError(path, OSError(errno.ENOSPC, "no room on the disk for the page", path))
+
+    def no_room_to_start(self: ConsumeQueueService) -> None:
+        if starts[0] > 0:
+            starts[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "s" / "queue_ledger.msgpack"))
+        monkeypatch.setattr(ConsumeQueueService, "_dispatch", dispatch)  # space is back
+        on_start(self)
+
+    store = mqstore.open(tmp_path / "s", **SETTINGS)
+    try:
+        assert store.put(Message("t", b"0")).ok
+        monkeypatch.setattr(ConsumeQueueService, "on_start", no_room_to_start)
+        monkeypatch.setattr(ConsumeQueueService, "_dispatch", without_room)
+        assert store.put(Message("t", b"1")).ok
+        deadline = time.monotonic() + 30
+        while starts[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.wait_for_messages("t", 0, 1, timeout_s=10)
+        assert store.supervisor.state.name == "RUNNING"
+        assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"0", b"1"]
+    finally:
+        monkeypatch.setattr(ConsumeQueueService, "_dispatch", dispatch)
+        monkeypatch.setattr(ConsumeQueueService, "on_start", on_start)
+        store.close()
