@@ -441,11 +441,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 hit("consume_queue.mid_write")
             if not cq.put_message_position_infos(units):
                 raise QueueFileUnavailable(_why_not_written(cq, topic, queue_id))
-        self._fail_if_written_into_a_faulted_map()  # before the batch counts as written
-        if batch.requests:
-            self._logics_msg_timestamp = batch.requests[-1].store_timestamp
-        self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
-        self._publish({key for key, _ in runs})
+        self._count_as_written(batch, {key for key, _ in runs})
 
     def _dispatch_runs(self, batch: DispatchBatch, runs: list[tuple[str, int, bytes, int, int, int, int]]) -> None:
         """`_dispatch` with the runs built in C: each run one queue, dense queue offsets,
@@ -461,12 +457,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 hit("consume_queue.mid_write")
             if not cq.put_dense_run(units, first_phy, last_phy, first_cq, count):
                 raise QueueFileUnavailable(_why_not_written(cq, topic, queue_id))
-        self._fail_if_written_into_a_faulted_map()  # before the batch counts as written
+        # Each queue once: a batch of a few queues' interleaved puts holds many runs of each.
+        self._count_as_written(batch, {(run[0], run[1]) for run in runs})
+
+    def _count_as_written(self, batch: DispatchBatch, keys: set[tuple[str, int]]) -> None:
+        """A batch's units are written: checked for a faulted map first (a restart
+        re-dispatches from the last batch published), then published for `keys`."""
+        self._fail_if_written_into_a_faulted_map()
         if batch.requests:
             self._logics_msg_timestamp = batch.requests[-1].store_timestamp
         self._dispatched_offset = max(self._dispatched_offset, batch.end_offset)
-        # Each queue once: a batch of a few queues' interleaved puts holds many runs of each.
-        self._publish({(run[0], run[1]) for run in runs})
+        self._publish(keys)
 
     def _map_for_dispatch(self, topic: str, queue_id: int, cq: ConsumeQueue) -> None:
         try:

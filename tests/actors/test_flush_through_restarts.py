@@ -312,6 +312,24 @@ def test_a_failed_consume_queue_writeback_makes_the_close_unclean_and_the_next_o
     assert [(o, b) for o, b in acknowledged if served.get(o) != b] == []
 
 
+def _flush_actor_cannot_map(monkeypatch: pytest.MonkeyPatch, err: int) -> Any:
+    """Every map of a commitlog segment the flush actor makes fails with `err`; the real
+    SimulatedFileSystem.map_file, to put back."""
+    import os
+
+    from mqstore.storage.fs import SimulatedFileSystem
+
+    real_map = SimulatedFileSystem.map_file
+
+    def map_file(self: SimulatedFileSystem, path: str, size: int, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith("FlushCommitLog") and "commitlog" in path:
+            raise OSError(err, os.strerror(err), path)
+        return real_map(self, path, size, **kwargs)
+
+    monkeypatch.setattr(SimulatedFileSystem, "map_file", map_file)
+    return real_map
+
+
 @pytest.mark.parametrize("mode", ["ASYNC_FLUSH", "SYNC_FLUSH"])
 def test_a_segment_the_flush_actor_can_never_map_is_forced_through_its_file(
     mode: str, monkeypatch: pytest.MonkeyPatch
@@ -321,18 +339,10 @@ def test_a_segment_the_flush_actor_can_never_map_is_forced_through_its_file(
     any time lost them all) and stats said nothing; SYNC_FLUSH answered every put
     FLUSH_DISK_TIMEOUT after 5 s. The segment is forced through its file instead (fdatasync)."""
     import errno
-    import os
 
     from mqstore.storage.fs import SimulatedFileSystem
 
-    real_map = SimulatedFileSystem.map_file
-
-    def map_file(self: SimulatedFileSystem, path: str, size: int, **kwargs: Any) -> Any:
-        if threading.current_thread().name.startswith("FlushCommitLog") and "commitlog" in path:
-            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM), path)
-        return real_map(self, path, size, **kwargs)
-
-    monkeypatch.setattr(SimulatedFileSystem, "map_file", map_file)
+    real_map = _flush_actor_cannot_map(monkeypatch, errno.ENOMEM)
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
@@ -358,18 +368,10 @@ def test_a_segment_the_flush_actor_cannot_map_for_another_reason_is_not_forced_t
     SYNC_FLUSH put was PUT_OK and the checkpoint passed records the cut had taken. Only
     ENOMEM takes that path; anything else is retried, and no put past it is answered forced."""
     import errno
-    import os
 
     from mqstore.storage.fs import SimulatedFileSystem
 
-    real_map = SimulatedFileSystem.map_file
-
-    def map_file(self: SimulatedFileSystem, path: str, size: int, **kwargs: Any) -> Any:
-        if threading.current_thread().name.startswith("FlushCommitLog") and "commitlog" in path:
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
-        return real_map(self, path, size, **kwargs)
-
-    monkeypatch.setattr(SimulatedFileSystem, "map_file", map_file)
+    _flush_actor_cannot_map(monkeypatch, errno.EINVAL)
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,

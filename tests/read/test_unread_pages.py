@@ -289,30 +289,14 @@ def test_a_queue_owner_whose_map_faults_loses_no_unit_it_writes_after(tmp_path: 
     after the disk read again, the units of later puts went into the guard's zero pages, and
     once the map was given back a get answered NO_MATCHED_MESSAGE past them (review 68 F1).
     Now the owner fails and its restart reads the file again and re-dispatches what it lacks."""
-    from mqstore.storage.mapped_file import MappedFile
-
     store = tmp_path / "store"
     queue_file = store / "consumequeue" / "t" / "0" / f"{0:020d}"
     with _fill(store, flush_consume_queue_thorough_interval_ms=2000) as s:
         from_view = reads.get_from_view
         reads.get_from_view = lambda *_args, **_kwargs: None  # every get asks the owner
-        select = MappedFile.select
-        cuts: list[str] = []
-
-        def select_faulting(self: MappedFile, *args: Any) -> Any:
-            if cuts or self.file_name != str(queue_file):
-                return select(self, *args)
-            cuts.append(self.file_name)
-            cut = Cut(queue_file, 0)
-            try:
-                return select(self, *args)
-            finally:
-                cut.restore()
-
-        MappedFile.select = select_faulting  # type: ignore[method-assign]
+        undo = _select_faulting_once(queue_file, None)
         during = s.get("t", 0, 40, 32)
-        MappedFile.select = select  # type: ignore[method-assign]
-        assert cuts and during.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and during.next_begin_offset == 40
+        assert undo() and during.status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE and during.next_begin_offset == 40
         for i in range(MESSAGES, MESSAGES + 50):
             assert s.put(mqstore.Message(topic="t", body=_body(i), tags="A", keys=[f"k{i}"])).ok
         assert s.wait_for_messages("t", 0, MESSAGES + 49, 10)
@@ -330,9 +314,10 @@ def test_a_queue_owner_whose_map_faults_loses_no_unit_it_writes_after(tmp_path: 
             assert served == list(range(MESSAGES + 50)), (owner_path, got)
 
 
-def _select_faulting_once(queue_file: Path, cut_to: int | None) -> Callable[[], None]:
+def _select_faulting_once(queue_file: Path, cut_to: int | None) -> Callable[[], bool]:
     """The next owner read of `queue_file` (MappedFile.select) meets a fault: the file is cut
-    to 0 for it and written back after (cut_to None), or cut to `cut_to` and left so. Undo."""
+    to 0 for it and written back after (cut_to None), or cut to `cut_to` and left so. Undo
+    (it says whether the fault was made)."""
     from mqstore.storage.mapped_file import MappedFile
 
     select = MappedFile.select
@@ -354,8 +339,9 @@ def _select_faulting_once(queue_file: Path, cut_to: int | None) -> Callable[[], 
 
     MappedFile.select = select_faulting  # type: ignore[method-assign]
 
-    def undo() -> None:
+    def undo() -> bool:
         MappedFile.select = select  # type: ignore[method-assign]
+        return bool(done)
 
     return undo
 
