@@ -11,7 +11,7 @@
 from mqstore.config import ConfigError, StoreConfig, StoreConfigMismatch, StoreGeometryAmbiguous
 from mqstore.errors import StoreClosedError, StoreDiskFullError
 from mqstore.faults import FaultPlan, InjectedFault
-from mqstore.messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
+from mqstore.messages import GetResult, Message, MessageArrived, PutResult, QueryResult, Replied, Reply, StoreRef
 from mqstore.storage.codec import HostAddress, MessageRecord, TopicError
 from mqstore.storage.lockfiles import StoreDirectoryError, StoreLockedError
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
@@ -32,6 +32,8 @@ __all__ = [
     "QueryResult",
     "MessageArrived",
     "Reply",
+    "Replied",
+    "StoreRef",
     "PutMessageStatus",
     "GetMessageStatus",
     "StoreConfig",

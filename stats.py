@@ -183,13 +183,13 @@ class StoreStats:
             if put_ok:
                 status_times["PUT_OK"] += put_ok
 
-    def timed_reply(self, topic: str, reply: Reply, started_ns: int | None = None) -> Reply:
+    def timed_reply(self, topic: str, reply: Reply[PutResult], started_ns: int | None = None) -> Reply[PutResult]:
         """A Reply that records the put's answer and latency, then forwards it to `reply`."""
         started = time.monotonic_ns() if started_ns is None else started_ns
 
         def done(answer: Any) -> None:
             self.record_put(topic, answer, time.monotonic_ns() - started)
-            if isinstance(answer, BaseException):
+            if isinstance(answer, Exception):
                 reply.fail(answer)
             else:
                 reply.send(answer)

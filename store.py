@@ -44,6 +44,7 @@ from .messages import (
     GetUnits,
     Message,
     MessageArrived,
+    StoreRef,
     checked_message,
     plain_messages,
     GetWriterStatus,
@@ -379,9 +380,10 @@ class MessageStore:
         return self._closed
 
     @property
-    def actor_ref(self) -> pykka.ActorRef[Any]:
-        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe. Follows the
-        supervised gateway across its restarts; a tell while it restarts raises ActorDeadError.
+    def actor_ref(self) -> StoreRef:
+        """The store as a pykka actor: tell it Put/Get/Query/Subscribe/Unsubscribe (StoreRef:
+        mypy refuses anything else). Follows the supervised gateway across its restarts; a
+        tell while it restarts raises ActorDeadError.
         StoreClosedError once closed, or once the supervisor gave up (nothing answers then)."""
         self._check_open()
         self._check_not_failed()
@@ -419,7 +421,7 @@ class MessageStore:
         if isinstance(checked, PutResult):
             return checked  # refused before the writer: not a put in the stats
         waiter = Waiter()
-        reply = Reply(future=waiter)
+        reply: Reply[PutResult] = Reply(future=waiter)
         put = self._encoded_put(messages, batch, checked, reply)
         writer = self.supervisor.ctx.peers.get("writer")
         told = tell_and_await(writer, put, waiter, HAND_OVER_FIRST_WAIT_S) if writer is not None else None
@@ -456,7 +458,7 @@ class MessageStore:
         self._check_open()
         return ActorClient(self._puts, sender)
 
-    def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> Waiter | PutResult:
+    def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply[PutResult] | None = None) -> Waiter | PutResult:
         """Encode here, tell the writer, return at once: a waiter for the answer (or the early
         result when the put was refused before reaching the writer). With `reply`, the answer
         goes there (and stats are recorded when it arrives)."""
@@ -493,7 +495,7 @@ class MessageStore:
         messages: Sequence[Message],
         batch: bool,
         checked: tuple[tuple[bytes, ...], int, bool],
-        reply: Reply,
+        reply: Reply[PutResult],
         *,
         keep_gil: bool = False,
     ) -> PutResult | None:
@@ -513,7 +515,7 @@ class MessageStore:
 
     @staticmethod
     def _encoded_put(
-        messages: Sequence[Message], batch: bool, checked: tuple[tuple[bytes, ...], int, bool], reply: Reply
+        messages: Sequence[Message], batch: bool, checked: tuple[tuple[bytes, ...], int, bool], reply: Reply[PutResult]
     ) -> EncodedPut:
         records, sys_flag, sync_wait = checked
         first = messages[0]
@@ -1084,7 +1086,7 @@ class MessageStore:
             raise OSError(errno.EIO, "flush: a ConsumeQueue or index flush failed in this run (see the log); the "
                                      "commitlog holds every message, and the next open rebuilds them from it")  # fmt: skip
 
-    def _ask_through_restarts(self, peer: str, request: Callable[[Reply], Any], deadline: float) -> Any:
+    def _ask_through_restarts(self, peer: str, request: Callable[[Reply[Any]], Any], deadline: float) -> Any:
         """`request(reply)` told to `peer` and its answer. A peer being restarted (not among
         the peers, dead as it was told, or stopped before it took the request) is asked again,
         its next incarnation, until `deadline` (TimeoutError); OSError if it failed handling

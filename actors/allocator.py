@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import os
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Any, assert_never
 
 from ..log import RepeatedLog, suppressed_fields
 from ..messages import (
@@ -37,7 +37,7 @@ class _Pending:
     sort_key: tuple[int, int]
     path: str = field(compare=False)
     file_size: int = field(compare=False)
-    waiters: list[Reply] = field(default_factory=list, compare=False)
+    waiters: list[Reply[Any]] = field(default_factory=list, compare=False)
     mapped_file: MappedFile | None = field(default=None, compare=False)
     attempts: int = field(default=0, compare=False)
 

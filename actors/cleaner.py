@@ -346,7 +346,7 @@ class CleanerActor(StoreActor[CleanerRequest]):
         return cq_deleted, index_deleted
 
     # asking a file's owner --------------------------------------------------------------------
-    def _ask(self, peer: str, build: Callable[[Reply], Any]) -> Any:
+    def _ask(self, peer: str, build: Callable[[Reply[Any]], Any]) -> Any:
         """Tell `peer` a request carrying a reply, and wait for the answer (the owner changes its
         files; we only wait). A peer that is down or failed raises _PeerDown."""
         future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()

@@ -108,7 +108,7 @@ class PassSink(Protocol):
     def answer_pass(self, answers: list[tuple[PassReply, PutResult]]) -> None: ...
 
 
-class PassReply(Reply):
+class PassReply(Reply[PutResult]):
     """A Reply the writer answers together with the others of its pass that share its `sink`:
     one call per pass instead of one per put (the pipelined puts: one wake-up of the
     completion thread, one in-flight release per pass). Any other path (a crash, a drain,
@@ -455,7 +455,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         puts.extend(self.take_all_queued(EncodedPut, PASS_MAX_PUTS - 1))
         assert self._commitlog is not None
         self._pass_first_file = self._commitlog.mapped_file_queue.last_mapped_file
-        answers: list[tuple[Reply, PutResult]] = []
+        answers: list[tuple[Reply[PutResult], PutResult]] = []
         group_commits: list[GroupCommitRequest] = []
         self._stored_puts = self._stored_records = 0
         try:
@@ -495,10 +495,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 if not self.ctx.tell("flush", request):
                     request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
         # Answers of PassReplies go to their sinks as they are (the tuple reused, not rebuilt).
-        by_sink: dict[int, tuple[PassSink, list[tuple[Reply, PutResult]]]] = {}
+        by_sink: dict[int, tuple[PassSink, list[tuple[Reply[PutResult], PutResult]]]] = {}
         last = len(answers) - 1
         last_sink: PassSink | None = None
-        sunk: list[tuple[Reply, PutResult]] = []
+        sunk: list[tuple[Reply[PutResult], PutResult]] = []
         for i, answer in enumerate(answers):
             reply = answer[0]
             if isinstance(reply, PassReply):
@@ -525,7 +525,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._notify_advance()
 
     def _refuse_if_segment_replaced(
-        self, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+        self, answers: list[tuple[Reply[PutResult], PutResult]], group_commits: list[GroupCommitRequest]
     ) -> None:
         """The segment being written is not the file at its path any more (another process
         renamed one over it, or deleted it): the pass's bytes went to a file no directory
@@ -591,7 +591,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             return min(view.queues_written, view.indexed_end)
         return view.queues_written
 
-    def _units(self, puts: list[EncodedPut], answers: list[tuple[Reply, PutResult]]) -> list[list[EncodedPut]]:
+    def _units(self, puts: list[EncodedPut], answers: list[tuple[Reply[PutResult], PutResult]]) -> list[list[EncodedPut]]:
         """The pass's puts to append, refused ones answered: single records of one queue
         grouped (in their order, where the queue's first one stood) for one append each,
         the rest alone. Each queue keeps its puts' order; puts to different queues that are
@@ -638,7 +638,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         return units
 
     def _append_group(
-        self, group: list[EncodedPut], answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+        self, group: list[EncodedPut], answers: list[tuple[Reply[PutResult], PutResult]], group_commits: list[GroupCommitRequest]
     ) -> None:
         """Single puts of one queue appended together: one contiguous run of records (as a
         batch is: consecutive queue offsets, one C call, the first header written last), each
@@ -693,7 +693,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self,
         chunk: list[EncodedPut],
         datas: tuple[bytes, ...],
-        answers: list[tuple[Reply, PutResult]],
+        answers: list[tuple[Reply[PutResult], PutResult]],
         group_commits: list[GroupCommitRequest],
     ) -> None:
         """Single puts of one queue that fit the last segment, appended through the checked
@@ -722,7 +722,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         queue_offset: int,
         ids: list[str],
         store_timestamp: int,
-        answers: list[tuple[Reply, PutResult]],
+        answers: list[tuple[Reply[PutResult], PutResult]],
         group_commits: list[GroupCommitRequest],
     ) -> None:
         """Each put of a run appended together answered with its own offsets and msgId."""
@@ -740,7 +740,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 answers.append((put.reply, result))
 
     def _answer_stored(
-        self, put: EncodedPut, result: PutResult, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]
+        self, put: EncodedPut, result: PutResult, answers: list[tuple[Reply[PutResult], PutResult]], group_commits: list[GroupCommitRequest]
     ) -> None:
         """A stored put's answer: now, or (sync flush) once the flush actor covered it."""
         if self._sync_flush and put.sync_wait:
@@ -787,7 +787,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                              clock_ms=now, newest_store_time_ms=floor)  # fmt: skip
         return floor
 
-    def _append(self, put: EncodedPut, answers: list[tuple[Reply, PutResult]], group_commits: list[GroupCommitRequest]) -> None:
+    def _append(self, put: EncodedPut, answers: list[tuple[Reply[PutResult], PutResult]], group_commits: list[GroupCommitRequest]) -> None:
         """Append one put of a pass; its answer goes to `answers`, or (sync flush) its group
         commit request to `group_commits`."""
         commitlog = self._commitlog

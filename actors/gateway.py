@@ -48,7 +48,7 @@ ReaderRequest = Get | Query | Ping
 class StoreBackend(Protocol):
     """What the gateway needs of the store (the embedded API it puts, reads and subscribes through)."""
 
-    def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply | None = None) -> Waiter | PutResult: ...
+    def submit_put(self, messages: Sequence[Message], *, batch: bool, reply: Reply[PutResult] | None = None) -> Waiter | PutResult: ...
 
     def get(
         self,
@@ -163,7 +163,7 @@ class _Routed(StoreActor[RequestT]):
         else:
             self.log.warning("unanswerable request dropped", request=type(message).__name__, why=why)
 
-    def _answer_failed(self, reply: Reply, exc: Exception) -> None:
+    def _answer_failed(self, reply: Reply[Any], exc: Exception) -> None:
         """Fail a client's `reply`; what its callback, future or actor raises is logged."""
         try:
             reply.fail(exc)
@@ -197,7 +197,7 @@ class GatewayReader(_Routed[ReaderRequest]):
                 assert_never(message)
         return None
 
-    def _answer_read(self, reply: Reply, read: _Read) -> None:
+    def _answer_read(self, reply: Reply[Any], read: _Read) -> None:
         answer: GetResult | QueryResult | Exception
         try:
             # Read-your-writes for the asking actor: its puts answered as stored before this

@@ -1,7 +1,9 @@
 """The message-passing API: a pykka actor puts through `store.actor_client(self.actor_ref)`
 (encoded in the actor's own thread, told straight to the store's writer) keeping a window of
 puts in flight, and sends Get/Query/Subscribe to `store.actor_ref`. Every answer arrives as a
-`Replied(correlation_id, answer)` message; no thread blocks.
+`Replied(correlation_id, answer)` message; no thread blocks. The answer is the request's result
+type or the exception that answered instead (a malformed request, a store actor that stopped
+first): the class patterns below match each, and narrow it for mypy (this file is checked).
 
 Run: python examples/actor_client.py   (uses a temporary directory)
 """
@@ -13,8 +15,8 @@ from typing import Any
 import pykka
 
 import mqstore
-from mqstore import Message, MessageArrived, Reply
-from mqstore.messages import Get, Query, Replied, Subscribe
+from mqstore import GetResult, Message, MessageArrived, PutResult, QueryResult, Replied, Reply
+from mqstore.messages import Get, Query, Subscribe
 
 ORDERS = 1000
 WINDOW = 32  # puts in flight: the writer appends every put waiting in one pass
@@ -47,9 +49,10 @@ class OrderProducer(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> None:
         match message:
-            case Replied(correlation_id=("put", _n), answer=result):
+            case Replied(correlation_id=("put", _n), answer=answer):
                 self.answered += 1
-                self.stored += result.ok
+                # A PutResult, or an exception in its place: neither is a bool (`if result:` raises).
+                self.stored += isinstance(answer, PutResult) and answer.ok
                 if self.sent < ORDERS:
                     self.send_next()  # one answer in, one more put out: the window stays full
                 elif self.answered == ORDERS:
@@ -59,7 +62,7 @@ class OrderProducer(pykka.ThreadingActor):
                     self.client.put_batch(batch, correlation_id="batch")
                     # Fire and forget: no answer; a failure goes to the store's stats and log.
                     self.client.put_and_forget(Message(topic="audit", body=b"orders sent"))
-            case Replied(correlation_id="batch", answer=result):
+            case Replied(correlation_id="batch", answer=PutResult() as result):
                 print("batch", result.status.name, "messages", result.msg_num)
             case MessageArrived(topic=topic, queue_id=queue_id, max_offset=max_offset):
                 if not self.arrived:  # readable now (told after every dispatch)
@@ -67,16 +70,22 @@ class OrderProducer(pykka.ThreadingActor):
                     print("arrived", topic, queue_id, "max offset", max_offset)
                 if max_offset >= ORDERS + 3 and not self.asked:  # the orders and the batch
                     self.asked = True
-                    reply = Reply(actor=self.actor_ref, correlation_id="get")
-                    self.store.actor_ref.tell(Get(topic="orders", queue_id=0, offset=0, max_count=3, reply=reply))
-                    reply = Reply(actor=self.actor_ref, correlation_id="query")
-                    self.store.actor_ref.tell(Query(topic="orders", key="order-1", max_count=10, reply=reply))
-            case Replied(correlation_id="get", answer=got):
+                    # A Reply is typed by its request's answer: Reply[GetResult] made in the call,
+                    # Reply[QueryResult] declared where it is made apart.
+                    self.store.actor_ref.tell(Get(topic="orders", queue_id=0, offset=0, max_count=3,
+                                                  reply=Reply(actor=self.actor_ref, correlation_id="get")))  # fmt: skip
+                    query_reply: Reply[QueryResult] = Reply(actor=self.actor_ref, correlation_id="query")
+                    self.store.actor_ref.tell(Query(topic="orders", key="order-1", max_count=10, reply=query_reply))
+            case Replied(correlation_id="get", answer=GetResult() as got):
                 print("get", got.status.name, [m.body.decode() for m in got.messages])
                 self.read_answered()
-            case Replied(correlation_id="query", answer=found):
+            case Replied(correlation_id="query", answer=QueryResult() as found):
                 print("query", [m.body.decode() for m in found.messages])
                 self.read_answered()
+            case Replied(correlation_id=asked, answer=Exception() as error):
+                print("request", asked, "answered with", repr(error))
+                if asked in ("get", "query"):
+                    self.read_answered()
 
     def read_answered(self) -> None:
         # Reads run on the gateway's reader pool: the get and the query answer in either order.

@@ -12,7 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, NamedTuple, Sequence, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, NamedTuple, Protocol, Sequence, TypeAlias, TypeVar
 
 from ..storage import speedups
 from ..storage.codec import DispatchFields, HostAddress, MessageRecord
@@ -32,12 +32,15 @@ __all__ = [
     "GetResult",
     "QueryResult",
     "Reply",
+    "Replied",
     "Waiter",
     "Put",
     "Get",
     "Query",
     "Subscribe",
     "Unsubscribe",
+    "StoreRequest",
+    "StoreRef",
     "MessageArrived",
     "EncodedPut",
     "STORED_STATUSES",
@@ -138,6 +141,12 @@ class PutResult(NamedTuple):
     @property
     def msg_id(self) -> str:
         return ",".join(self.msg_ids)
+
+    def __bool__(self) -> bool:
+        """Refused: as a tuple a PutResult would always be true, so `if store.put(m):` counted
+        a refused put as stored without a word from mypy or the runtime (review 73 M5)."""
+        raise TypeError(f"a PutResult has no truth value ({self.status.name}): test .ok (PUT_OK) or .stored "
+                        "(in the log: PUT_OK or FLUSH_DISK_TIMEOUT)")  # fmt: skip
 
     def with_status(self, status: PutMessageStatus, detail: str = "") -> PutResult:
         return PutResult(
@@ -286,27 +295,35 @@ def _answer_dropped(target: str, answer: Any, why: BaseException) -> None:
                                          **log.suppressed_fields(suppressed))  # fmt: skip
 
 
-def _call_soon(callback: Callable[[Any], None], answer: Any) -> None:
+def _call_soon(callback: Callable[[Any], object], answer: Any) -> None:
     """Host code never runs on the answering store actor's thread: the notifier calls it."""
     from ..runtime import call_soon  # runtime imports this package's siblings: import late
 
     call_soon(callback, answer)
 
 
-class Reply:
+A_contra = TypeVar("A_contra", contravariant=True)
+
+
+class Reply(Generic[A_contra]):
     """Where an answer goes: a pykka future, an actor (told `(correlation_id, answer)` as a
     `Replied` message), or a plain callback, which the notifier calls on its own thread (a
     slow or raising callback never stalls or crashes the store actor that answered).
-    Completing twice is ignored, so a crash path and a normal path can both try without harm."""
+    Completing twice is ignored, so a crash path and a normal path can both try without harm.
+
+    Typed by its answer: a request's `reply` field says which (`Put.reply: Reply[PutResult]`),
+    so a future of the wrong type given to a request fails mypy (review 73 M1). An answer may
+    instead be an exception (a malformed request, an actor that stopped first): a future
+    raises it, an actor is told it as `Replied.answer`, a callback is called with it."""
 
     __slots__ = ("_future", "_actor", "_callback", "_inline", "_correlation_id", "_done", "_lock")
 
     def __init__(
         self,
         *,
-        future: pykka.Future[Any] | Waiter | None = None,
+        future: pykka.Future[A_contra] | Waiter | None = None,
         actor: pykka.ActorRef[Any] | None = None,
-        callback: Callable[[Any], None] | None = None,
+        callback: Callable[[A_contra | Exception], object] | None = None,
         correlation_id: Any = None,
         store_internal_callback: bool = False,
     ) -> None:
@@ -328,7 +345,7 @@ class Reply:
         self._done = False
         self._lock = threading.Lock()
 
-    def send(self, answer: Any, *, hand_over: bool = False) -> None:
+    def send(self, answer: A_contra, *, hand_over: bool = False) -> None:
         """Deliver `answer`. `hand_over`: the sender has nothing more to answer right now,
         so a waiting thread may take the GIL at once (`Waiter.hand_over`)."""
         with self._lock:
@@ -349,7 +366,7 @@ class Reply:
         if self._callback is not None:
             self._run_callback(answer)
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: Exception) -> None:
         with self._lock:
             if self._done:
                 return
@@ -416,15 +433,23 @@ class Asked:
     30-65 us against 80 us)."""
 
     message: Any
-    reply: Reply
+    reply: Reply[Any]
+
+
+A_co = TypeVar("A_co", covariant=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Replied:
-    """What an actor that asked with `reply_to` receives back."""
+class Replied(Generic[A_co]):
+    """What an actor that sent a request with `Reply(actor=..., correlation_id=...)` is told
+    back: the answer (`PutResult`, `GetResult` or `QueryResult`, as the request's `reply`
+    field says) or the exception that answered instead. An actor's `on_receive` gets it
+    untyped; class patterns narrow it for mypy, and the exception case is part of the match:
+    `case Replied(answer=PutResult() as result)`, `case Replied(answer=Exception() as error)`
+    (examples/actor_client.py). `correlation_id` is the asker's own value, given back as is."""
 
     correlation_id: Any
-    answer: Any
+    answer: A_co | Exception
 
 
 # ---------------------------------------------------------------------------------------
@@ -434,7 +459,7 @@ class Replied:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Put:
     messages: tuple[Message, ...]
-    reply: Reply
+    reply: Reply[PutResult]
     batch: bool = False
 
 
@@ -444,7 +469,7 @@ class Get:
     queue_id: int
     offset: int
     max_count: int
-    reply: Reply
+    reply: Reply[GetResult]
     tags: str | None = None
     max_total_bytes: int | None = None
 
@@ -454,7 +479,7 @@ class Query:
     topic: str
     key: str
     max_count: int
-    reply: Reply
+    reply: Reply[QueryResult]
     begin_ms: int = 0
     end_ms: int = 2**63 - 1
 
@@ -475,6 +500,23 @@ class Subscribe:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Unsubscribe:
     subscriber: Subscriber
+
+
+# What `store.actor_ref` takes (the actor protocol's requests).
+StoreRequest: TypeAlias = Put | Get | Query | Subscribe | Unsubscribe
+
+
+class StoreRef(Protocol):
+    """`store.actor_ref` as a type checker sees it: a pykka ref (it follows the supervised
+    gateway across restarts) whose `tell` takes the protocol's requests only, so telling it
+    anything else fails mypy (at run time it is logged and dropped, as nothing can answer it)."""
+
+    def tell(self, message: StoreRequest) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+    @property
+    def actor_urn(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -501,7 +543,7 @@ class EncodedPut(NamedTuple):
     sys_flag: int
     batch: bool
     sync_wait: bool
-    reply: Reply
+    reply: Reply[PutResult]
     enqueued_ns: int
 
 
@@ -517,7 +559,7 @@ class CommitLogAdvanced(NamedTuple):
 class GroupCommitRequest:
     next_offset: int
     result: PutResult
-    reply: Reply
+    reply: Reply[PutResult]
     deadline_ns: int
     appended_ns: int  # monotonic time the writer finished appending these bytes
 
@@ -602,7 +644,7 @@ class AllocateRequest:
     next_path: str
     next_next_path: str | None
     file_size: int
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -615,7 +657,7 @@ class FlushAll:
     """Flush everything now (store.flush(), shutdown) and answer when it is on disk.
     `up_to`: the log end the asker learnt from the writer (notices may lag behind it)."""
 
-    reply: Reply
+    reply: Reply[Any]
     up_to: int = 0
     store_timestamp: int = 0  # of the record ending at `up_to`, for the checkpoint
 
@@ -732,7 +774,7 @@ class AwaitDispatched:
     readable end the asker learnt from the writer (shutdown waits on this, never polls)."""
 
     up_to: int
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -859,7 +901,7 @@ class DeleteExpiredCommitLogFiles:
     clean_immediately: bool
     now_ms: int
     max_files: int
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -868,7 +910,7 @@ class RedeleteHangedCommitLogFile:
 
     forcibly_ms: int
     now_ms: int
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -886,7 +928,7 @@ class DeleteExpiredConsumeQueueFiles:
 
     min_phy_offset: int
     start_after: tuple[str, int] | None
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -900,14 +942,14 @@ class DeleteExpiredIndexFiles:
     """To the index actor (§10.8): delete index files whose entries all point below the offset."""
 
     min_phy_offset: int
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeleteFilesManually:
     """executeDeleteFilesManually (§12.5): the next 20 rounds delete at any hour; one runs now."""
 
-    reply: Reply | None = None
+    reply: Reply[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pykka
+import pytest
 
 from mqstore import GetResult, Message, MessageArrived, PutResult, QueryResult, Reply
 from mqstore.messages import Get, Put, Query, Replied, Subscribe, Unsubscribe
@@ -112,3 +113,23 @@ def test_subscribe_delivers_message_arrived_to_an_actor_until_unsubscribed(store
             assert inbox.empty()
         finally:
             client.stop()
+
+
+def test_a_put_result_has_no_truth_value_from_any_way_of_putting(store_dir: Path) -> None:
+    """Review 73 M5: as a tuple a PutResult was always true, so `if store.put(m):` counted a
+    MESSAGE_ILLEGAL put as stored. Every way of putting answers a PutResult that refuses `bool`,
+    refused or stored alike; `.ok` and `.stored` say which."""
+    bad = Message(topic="bad topic!", body=b"x")
+    good = Message(topic="t", body=b"x")
+    with h.open_small(store_dir) as store:
+        future: pykka.ThreadingFuture[PutResult] = pykka.ThreadingFuture()
+        store.actor_ref.tell(Put(messages=(bad,), reply=Reply(future=future)))
+        answers = [store.put(bad), store.put(good), store.put_batch([good, good]), store.put_async(bad).result(TIMEOUT_S),
+                   store.put_async(good).result(TIMEOUT_S), future.get(timeout=TIMEOUT_S)]  # fmt: skip
+        assert [a.ok for a in answers] == [False, True, True, False, True, False]
+        assert [a.stored for a in answers] == [a.ok for a in answers]
+        for answer in answers:
+            with pytest.raises(TypeError, match=r"no truth value \((PUT_OK|MESSAGE_ILLEGAL)\): test \.ok"):
+                bool(answer)
+            with pytest.raises(TypeError):
+                assert answer  # the mistake as written
