@@ -15,6 +15,7 @@ from mqstore.messages import GetResult, Message, MessageArrived, PutResult, Quer
 from mqstore.storage.codec import HostAddress, MessageRecord, TopicError
 from mqstore.storage.lockfiles import StoreDirectoryError, StoreLockedError
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
+from mqstore.stats import StoreStatsSnapshot
 from mqstore.store import MessageStore, open_store
 
 open = open_store  # `mqstore.open(path, **settings)`, the way users spell it
@@ -31,6 +32,7 @@ __all__ = [
     "GetResult",
     "QueryResult",
     "MessageArrived",
+    "StoreStatsSnapshot",
     "Reply",
     "Replied",
     "StoreRef",

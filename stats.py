@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Iterable, ParamSpec, Protocol
+from typing import Any, Callable, Final, Iterable, NotRequired, ParamSpec, Protocol, TypedDict
 
 import msgpack
 import psutil
@@ -44,6 +44,13 @@ __all__ = [
     "SNAPSHOT_FILE_NAME",
     "StatsSource",
     "StatsTicker",
+    "StoreStatsSnapshot",
+    "StoreCounters",
+    "FlushFailures",
+    "DiskUsage",
+    "ProcessFigures",
+    "TopicPuts",
+    "Rates",
     "read_snapshot",
     "BUCKET_NAMES",
     "BUCKET_UPPER_BOUNDS_MS",
@@ -64,12 +71,99 @@ BUCKET_NAMES: Final = (
     "<=0ms", "0~10ms", "10~50ms", "50~100ms", "100~200ms", "200~500ms", "500ms~1s",
     "1~2s", "2~3s", "3~4s", "4~5s", "5~10s", "10s~",
 )  # fmt: skip
-TPS_WINDOWS_S: Final = (10, 60, 600)
+TPS_WINDOWS_S: Final = (10, 60, 600)  # the keys of `Rates`
 SAMPLE_INTERVAL_MS: Final = 1000
 MAX_SAMPLES: Final = 601  # 10 minutes of 1 s samples, plus the one the window starts from
 DISTRIBUTION_RESET_INTERVAL_MS: Final = 60_000
 
 _NS_PER_MS: Final = 1_000_000
+
+
+# What `stats()` answers, typed key by key (review 73 M4: it was dict[str, Any], so a misspelt
+# key, or `> 0` on a figure that is None while the store is not running, passed mypy).
+
+# Per second over the last 10 s, 60 s and 600 s (TPS_WINDOWS_S).
+Rates = TypedDict("Rates", {"10s": float, "60s": float, "600s": float})
+
+
+def _sum_rates(a: Rates, b: Rates) -> Rates:
+    return {"10s": a["10s"] + b["10s"], "60s": a["60s"] + b["60s"], "600s": a["600s"] + b["600s"]}
+
+
+class TopicPuts(TypedDict):
+    messages: int
+    bytes: int
+
+
+class StoreCounters(TypedDict):
+    """StoreStatsService's figures (RocketMQ's getRuntimeInfo, snake_case): `StoreStats.snapshot`."""
+
+    boot_timestamp_ms: int
+    runtime_ms: int
+    put_message_times_total: int
+    put_message_size_total: int
+    put_message_average_size: float
+    put_message_failed_times: int
+    put_message_status_times: dict[str, int]  # PutMessageStatus name -> puts
+    put_message_entire_time_max_ms: float
+    put_message_distribute_time: dict[str, int]  # BUCKET_NAMES -> puts, this minute
+    put_message_distribute_time_total: dict[str, int]  # BUCKET_NAMES -> puts, since the open
+    put_topic: dict[str, TopicPuts]
+    get_message_times_total_found: int
+    get_message_times_total_miss: int
+    get_message_transfered_msg_count: int
+    get_message_entire_time_max_ms: float
+    dispatch_max_buffer_bytes: int
+    corrupt_records_on_read: int
+    put_tps: Rates
+    get_found_tps: Rates
+    get_miss_tps: Rates
+    get_total_tps: Rates
+    get_transfered_tps: Rates
+
+
+class FlushFailures(TypedDict):
+    """`MessageStore.flush_failures()`: the commitlog offset from which nothing counts as
+    flushed (None: no msync failed), and whether a ConsumeQueue or index msync failed."""
+
+    commitlog_flush_failed_at: int | None
+    queue_or_index_flush_failed: bool
+
+
+class ProcessFigures(TypedDict):
+    rss_bytes: int
+    open_files: int  # -1: not known
+    threads: int
+
+
+class DiskUsage(TypedDict):
+    """One of the store's directories: its files' bytes and its filesystem's use, or `error`
+    (only `path` and `error` then)."""
+
+    path: str
+    error: NotRequired[str]
+    store_allocated_bytes: NotRequired[int]
+    store_apparent_bytes: NotRequired[int]
+    fs_total_bytes: NotRequired[int]
+    fs_used_bytes: NotRequired[int]
+    fs_used_ratio: NotRequired[float]
+
+
+class StoreStatsSnapshot(StoreCounters, FlushFailures):
+    """`MessageStore.stats()`. Every key is always there. The log's end, reput's offset and the
+    lags are None while the store is not running (its supervisor gave up); the written lags
+    also while nothing was written since the start (`index_behind_bytes` also with the index
+    off). (Before review 73 M4 the first two were missing then, not None.)"""
+
+    commitlog_max_offset: int | None
+    reput_offset: int | None
+    dispatch_behind_bytes: int | None
+    consume_queue_behind_bytes: int | None
+    index_behind_bytes: int | None
+    process: ProcessFigures
+    disk: dict[str, DiskUsage]  # "root", "commitlog", "consumequeue", "index": those that exist
+    commitlog_disk_ratio: float | None  # disk["commitlog"]["fs_used_ratio"]; None: not known
+    files_cut_under_map: list[str]
 
 
 class StatsSource(Protocol):
@@ -94,7 +188,7 @@ class StatsSource(Protocol):
     def files_cut_under_map(self) -> list[str]:
         """The store's files another process cut short under its maps since it opened."""
         ...
-    def flush_failures(self) -> dict[str, Any]:
+    def flush_failures(self) -> FlushFailures:
         """Failed msyncs of this run (commitlog offset, queues/index), see store.flush_failures."""
         ...
 
@@ -244,7 +338,7 @@ class StoreStats:
                     "get_miss": self._get_miss,
                     "get_found_tps": found_tps,
                     "get_miss_tps": miss_tps,
-                    "get_total_tps": {k: found_tps[k] + miss_tps[k] for k in found_tps},
+                    "get_total_tps": _sum_rates(found_tps, miss_tps),
                     "get_transfered_tps": self._tps_locked(now, "transferred"),
                 }
                 self._buckets = [0] * len(BUCKET_NAMES)
@@ -253,29 +347,30 @@ class StoreStats:
             log.info("store stats", **report)
         return True
 
-    def _tps_locked(self, now_ms: int, field: str) -> dict[str, float]:
-        """TPS over each window: from the newest sample at least `window` old (else the oldest)
-        to the counters now."""
+    def _tps_locked(self, now_ms: int, field: str) -> Rates:
+        """TPS over each window (TPS_WINDOWS_S): from the newest sample at least `window` old
+        (else the oldest) to the counters now."""
         current = getattr(self._snapshot_locked(now_ms), field)
-        out: dict[str, float] = {}
-        for window in TPS_WINDOWS_S:
+
+        def rate(window_s: int) -> float:
             then = self._samples[0]
             for s in reversed(self._samples):
-                if now_ms - s.at_ms >= window * 1000:
+                if now_ms - s.at_ms >= window_s * 1000:
                     then = s
                     break
             elapsed = now_ms - then.at_ms
-            out[f"{window}s"] = (current - getattr(then, field)) / elapsed * 1000 if elapsed > 0 else 0.0
-        return out
+            return float((current - getattr(then, field)) / elapsed * 1000) if elapsed > 0 else 0.0
+
+        return {"10s": rate(10), "60s": rate(60), "600s": rate(600)}
 
     # reading -----------------------------------------------------------------------------
-    def put_tps(self, now_ms: int | None = None) -> dict[str, float]:
+    def put_tps(self, now_ms: int | None = None) -> Rates:
         now = self._clock_ms() if now_ms is None else now_ms
         self.sample(now)
         with self._lock:
             return self._tps_locked(now, "put_times")
 
-    def snapshot(self, now_ms: int | None = None) -> dict[str, Any]:
+    def snapshot(self, now_ms: int | None = None) -> StoreCounters:
         """Everything counted, with RocketMQ's getRuntimeInfo meaning under snake_case names."""
         now = self._clock_ms() if now_ms is None else now_ms
         self.sample(now)
@@ -307,7 +402,7 @@ class StoreStats:
                 "put_tps": self._tps_locked(now, "put_times"),
                 "get_found_tps": tps_found,
                 "get_miss_tps": tps_miss,
-                "get_total_tps": {k: tps_found[k] + tps_miss[k] for k in tps_found},
+                "get_total_tps": _sum_rates(tps_found, tps_miss),
                 "get_transfered_tps": self._tps_locked(now, "transferred"),
             }
 
@@ -348,7 +443,7 @@ def disk_allocated_bytes(path: str | os.PathLike[str]) -> tuple[int, int]:
     return allocated, apparent
 
 
-def _disk_usage(path: str) -> dict[str, Any]:
+def _disk_usage(path: str) -> DiskUsage:
     try:
         usage = psutil.disk_usage(path)
     except OSError as exc:
@@ -372,34 +467,45 @@ def store_files_cut_under_map(fs: FileSystem, cfg: StoreConfig, since: int) -> s
     return {path for path in fs.cut_under_map(since) if path.startswith(roots) or path == cfg.checkpoint_path}
 
 
-def store_snapshot(store: StatsSource) -> dict[str, Any]:
+def store_snapshot(store: StatsSource) -> StoreStatsSnapshot:
     """`MessageStore.stats()`: the counters, dispatch lag, process and disk figures."""
     stats = store.stats_service
-    out = stats.snapshot(store.clock_ms())
+    counters = stats.snapshot(store.clock_ms())
+    log_end: int | None = None
+    dispatched: int | None = None
     behind: int | None = None
+    queues_behind: int | None = None
+    index_behind: int | None = None
     if store.running:
         log_end, dispatched = store.dispatch_progress()
         behind = max(log_end - dispatched, 0)
         stats.record_dispatch_behind(behind)
-        out["commitlog_max_offset"] = log_end
-        out["reput_offset"] = dispatched
-    out["dispatch_behind_bytes"] = behind
-    out.update(_written_behind(store) if store.running else dict.fromkeys(_WRITTEN_BEHIND_KEYS))
+        queues_behind, index_behind = _written_behind(store)
     proc = psutil.Process()
     try:
         open_files = len(proc.open_files())
     except (psutil.Error, OSError):
         open_files = -1
-    out["process"] = {"rss_bytes": proc.memory_info().rss, "open_files": open_files, "threads": proc.num_threads()}
     cfg = store.config
     paths = {"root": str(cfg.root_dir), "commitlog": str(cfg.commitlog_dir), "consumequeue": str(cfg.consume_queue_dir),
              "index": str(cfg.index_dir)}  # fmt: skip
-    out["disk"] = {name: _disk_usage(path) for name, path in paths.items() if os.path.isdir(path)}
-    if "commitlog" in out["disk"] and "fs_used_ratio" in out["disk"]["commitlog"]:
-        out["commitlog_disk_ratio"] = out["disk"]["commitlog"]["fs_used_ratio"]
-    out["files_cut_under_map"] = store.files_cut_under_map()
-    out.update(store.flush_failures())
-    return out
+    disk = {name: _disk_usage(path) for name, path in paths.items() if os.path.isdir(path)}
+    failures = store.flush_failures()
+    commitlog_disk = disk.get("commitlog")
+    return {
+        **counters,
+        "commitlog_max_offset": log_end,
+        "reput_offset": dispatched,
+        "dispatch_behind_bytes": behind,
+        "consume_queue_behind_bytes": queues_behind,
+        "index_behind_bytes": index_behind,
+        "process": {"rss_bytes": proc.memory_info().rss, "open_files": open_files, "threads": proc.num_threads()},
+        "disk": disk,
+        "files_cut_under_map": store.files_cut_under_map(),
+        "commitlog_flush_failed_at": failures["commitlog_flush_failed_at"],
+        "queue_or_index_flush_failed": failures["queue_or_index_flush_failed"],
+        "commitlog_disk_ratio": commitlog_disk.get("fs_used_ratio") if commitlog_disk is not None else None,
+    }
 
 
 
@@ -481,23 +587,18 @@ class StatsTicker:
         """How far dispatch is behind the log, from the store's read view (no ask: this runs on
         the supervisor's thread; at close, the view as the actors left it)."""
         log_end, dispatched = self._store.dispatch_progress()
+        queues_behind, index_behind = _written_behind(self._store)
         return {"behind_bytes": max(log_end - dispatched, 0), "commitlog_max_offset": log_end, "reput_offset": dispatched,
-                **_written_behind(self._store)}  # fmt: skip
+                "consume_queue_behind_bytes": queues_behind, "index_behind_bytes": index_behind}  # fmt: skip
 
 
-_WRITTEN_BEHIND_KEYS: Final = ("consume_queue_behind_bytes", "index_behind_bytes")
-
-
-def _written_behind(store: StatsSource) -> dict[str, int | None]:
+def _written_behind(store: StatsSource) -> tuple[int | None, int | None]:
     """How far the ConsumeQueues and the index are behind the log. Reput hands batches on
     before they are written: while their writers wait (a full disk, a queue file that cannot
     be made), dispatch_behind_bytes stays 0 until reput's backlog is full, and these grow."""
     log_end = store.dispatch_progress()[0]
     queues, index = store.written_progress()
-    return {
-        "consume_queue_behind_bytes": None if queues is None else max(log_end - queues, 0),
-        "index_behind_bytes": None if index is None else max(log_end - index, 0),
-    }
+    return (None if queues is None else max(log_end - queues, 0), None if index is None else max(log_end - index, 0))
 
 
 def read_snapshot(root: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -72,7 +72,7 @@ from .storage.index import IndexReader
 from .storage.lockfiles import StoreDirectoryError, StoreLockedError, held_in_this_process
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
-from .stats import StatsTicker, StoreStats, records_get, store_snapshot
+from .stats import FlushFailures, StatsTicker, StoreStats, StoreStatsSnapshot, records_get, store_snapshot
 from .runtime import FollowingRef, Subscriptions, taken_back_if_stopped, tell_and_await, tell_keeping_gil
 from .supervisor import Supervisor, SupervisorState, refuse_what_is_in_the_way
 from .ticker import Ticker
@@ -1013,7 +1013,7 @@ class MessageStore:
         self._check_open()
         self.offsets.persist()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StoreStatsSnapshot:
         """StoreStatsService's figures (§16) plus dispatch lag, process RSS/open files, disk use."""
         self._check_open()
         return store_snapshot(self)
@@ -1034,7 +1034,7 @@ class MessageStore:
         index = view.indexed_end if view.index_files is not None and self.config.message_index_enable else None
         return queues, index
 
-    def flush_failures(self) -> dict[str, Any]:
+    def flush_failures(self) -> FlushFailures:
         """What `stats()` says of failed msyncs in this run (review 49): the commitlog offset
         from which nothing counts as flushed (puts refused until a reopen; None: none failed),
         and whether a ConsumeQueue or index flush failed (the next open rebuilds them)."""

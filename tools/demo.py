@@ -511,7 +511,7 @@ def run_demo(store_dir: Path, plan: DemoPlan, *, config_args: argparse.Namespace
         per_topic[topic] = {
             "put_ok": len(mine),
             "consumed": sum(1 for k in mine if k in consumed),
-            "bytes": stats["put_topic"].get(topic, {}).get("bytes", 0),
+            "bytes": stats["put_topic"][topic]["bytes"] if topic in stats["put_topic"] else 0,
             "messages_before_run": before[topic],
             "messages_in_store": in_store[topic],
             "spark_messages": spark_report.get("topics", {}).get(topic),

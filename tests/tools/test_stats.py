@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import typing
 from pathlib import Path
 
 import msgpack
@@ -17,7 +18,8 @@ import mqstore
 from mqstore import supervisor as supervisor_module
 from mqstore.cli import main
 from mqstore.messages import Get, GetResult, Put, Reply
-from mqstore.stats import BUCKET_NAMES, SNAPSHOT_FILE_NAME, StoreStats, bucket_of, read_snapshot
+from mqstore.stats import (BUCKET_NAMES, SNAPSHOT_FILE_NAME, TPS_WINDOWS_S, Rates, StoreStats, StoreStatsSnapshot, bucket_of,
+                           read_snapshot)
 from mqstore.tools import inspect_cli
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
 
@@ -127,6 +129,28 @@ def test_store_records_embedded_and_actor_puts_and_gets(tmp_path: Path) -> None:
     assert snap["process"]["rss_bytes"] > 0 and snap["process"]["open_files"] >= 1
     assert snap["disk"]["commitlog"]["store_allocated_bytes"] > 0
     assert 0 <= snap["commitlog_disk_ratio"] <= 1
+
+
+def test_stats_has_every_key_of_its_typed_dict_running_or_given_up(tmp_path: Path) -> None:
+    """Review 73 M4: `stats()` is typed key by key (StoreStatsSnapshot), so the keys it answers
+    are the TypedDict's, every time: the log's end and reput's offset were missing once the
+    supervisor gave up (a monitor's `stats()["reput_offset"]` raised KeyError in the state it
+    watches for); they are None then, like the lags."""
+    expected = set(typing.get_type_hints(StoreStatsSnapshot))
+    assert {"commitlog_max_offset", "reput_offset", "dispatch_behind_bytes", "commitlog_disk_ratio"} <= expected
+    with mqstore.open(tmp_path / "s") as store:
+        assert store.put(mqstore.Message(topic="T", body=b"x")).ok
+        wait_for(lambda: (store.stats()["commitlog_max_offset"] or 0) > 0)  # the read view, published after the answer
+        running = store.stats()
+        store.supervisor._give_up(RuntimeError("an actor kept failing"))  # noqa: SLF001
+        given_up = store.stats()
+    assert set(running) == expected and set(given_up) == expected
+    assert set(running["put_tps"]) == set(typing.get_type_hints(Rates)) == {f"{w}s" for w in TPS_WINDOWS_S}
+    assert running["commitlog_max_offset"] is not None and running["commitlog_max_offset"] > 0
+    for key in ("commitlog_max_offset", "reput_offset", "dispatch_behind_bytes", "consume_queue_behind_bytes",
+                "index_behind_bytes"):  # fmt: skip
+        assert given_up[key] is None, key
+    assert given_up["put_topic"]["T"] == {"messages": 1, "bytes": running["put_message_size_total"]}
 
 
 # ---------------------------------------------------------------------------------------------
