@@ -15,6 +15,7 @@ from mqstore.messages import GetResult, Message, MessageArrived, PutResult, Quer
 from mqstore.storage.codec import HostAddress, MessageRecord, TopicError
 from mqstore.storage.lockfiles import StoreDirectoryError, StoreLockedError
 from mqstore.storage.status import GetMessageStatus, PutMessageStatus
+from mqstore.put_pipeline import ActorClient
 from mqstore.stats import StoreStatsSnapshot
 from mqstore.store import MessageStore, open_store
 
@@ -26,6 +27,7 @@ __all__ = [
     "open",
     "open_store",
     "MessageStore",
+    "ActorClient",
     "Message",
     "MessageRecord",
     "PutResult",

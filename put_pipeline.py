@@ -26,7 +26,7 @@ import time
 import weakref
 from concurrent.futures import Future, InvalidStateError, wait
 from concurrent.futures import _base as _futures_base
-from typing import TYPE_CHECKING, Any, Callable, Final, Hashable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Final, Sequence, cast
 
 import pykka
 
@@ -235,7 +235,7 @@ class _PutReply(PassReply):
         sink: _Sink,
         future: _PutFuture | None,
         sender: pykka.ActorRef[Any] | None,
-        correlation_id: Hashable,
+        correlation_id: object,
         topic: str,
         started: int,
     ) -> None:
@@ -353,7 +353,7 @@ _set_correlation_id: Callable[[Replied[PutResult], Any], None] = vars(Replied)["
 _set_answer: Callable[[Replied[PutResult], Any], None] = vars(Replied)["answer"].__set__
 
 
-def _replied(correlation_id: Hashable, answer: PutResult) -> Replied[PutResult]:
+def _replied(correlation_id: object, answer: PutResult) -> Replied[PutResult]:
     """Replied(correlation_id=..., answer=...) through its slots: the frozen dataclass's
     __init__ sets each field through object.__setattr__ (1.08 us; this 0.37 us), once per put
     on the writer's thread. The same object: equal, hashable, matched by `case Replied(...)`."""
@@ -843,7 +843,7 @@ class PutPipeline:
 
     # actors ----------------------------------------------------------------------------------
     def tell_put(
-        self, messages: Sequence[Message], *, batch: bool, sender: pykka.ActorRef[Any] | None, correlation_id: Hashable
+        self, messages: Sequence[Message], *, batch: bool, sender: pykka.ActorRef[Any] | None, correlation_id: object
     ) -> bool:
         """For ActorClient: the answer goes to `sender` as Replied(correlation_id, PutResult)
         (told from the writer's thread: a tell only enqueues), or with no sender to the stats
@@ -860,13 +860,13 @@ class PutPipeline:
         """The store's put_batch argument checks (TypeError, ValueError), plain messages."""
         return self._store._batch(messages)
 
-    def tell_one(self, message: Message, sender: pykka.ActorRef[Any] | None, correlation_id: Hashable) -> bool:
+    def tell_one(self, message: Message, sender: pykka.ActorRef[Any] | None, correlation_id: object) -> bool:
         """`tell_put` of one message (ActorClient.put and put_and_forget)."""
         reply = _PutReply(self._to_actors, None, sender, correlation_id, message.topic, _monotonic_ns())
         refused = self._submit_one(message, reply)
         return refused is None or self._refused(refused, message.topic, sender, correlation_id)
 
-    def _refused(self, refused: PutResult, topic: str, sender: pykka.ActorRef[Any] | None, correlation_id: Hashable) -> bool:
+    def _refused(self, refused: PutResult, topic: str, sender: pykka.ActorRef[Any] | None, correlation_id: object) -> bool:
         """An actor client's put refused before the writer: told to its sender, or logged."""
         if sender is not None:  # refused here: no slot was taken, none to give back
             try:
@@ -959,10 +959,10 @@ class ActorClient:
         self._pipeline = pipeline
         self._sender = sender
 
-    def put(self, message: Message, correlation_id: Hashable = None) -> bool:
+    def put(self, message: Message, correlation_id: object = None) -> bool:
         return self._pipeline.tell_one(checked_message(message), self._sender, correlation_id)
 
-    def put_batch(self, messages: Sequence[Message], correlation_id: Hashable = None) -> bool:
+    def put_batch(self, messages: Sequence[Message], correlation_id: object = None) -> bool:
         """One topic and queue, consecutive queue offsets, one answer (the store's put_batch,
         with its argument checks)."""
         checked = self._pipeline.checked_batch(messages)

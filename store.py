@@ -6,7 +6,8 @@ This module is lifecycle and delegation. Puts are encoded in the caller's thread
 `reads.py` through the calling thread's own read-only maps; an owner actor is asked only for
 what the view cannot decide. Consumer offsets are a tick-driven component (`offsets.py`).
 `MessageStore.actor_ref` is the same store for pykka actors: send it
-`mqstore.messages.Put/Get/Query/Subscribe` with a `Reply`.
+`mqstore.messages.Put/Get/Query/Subscribe/Unsubscribe` (the actor protocol, stated and typed
+in `mqstore.messages`).
 """
 
 from __future__ import annotations
@@ -202,13 +203,8 @@ class MessageStore:
     """A running store: RocketMQ 4.4.0's DefaultMessageStore for one process, safe to use from
     many threads. Open it with `mqstore.open(path, **settings)`; close it (or use `with`).
 
-    The read contract (read-your-writes), for every read (get, query, min_offset/max_offset,
-    offset_for_time, message_store_time, wait_for_messages, get_commitlog_data): after a thread's put is
-    acknowledged as stored, its next read reflects that put. Dispatch is asynchronous, so a
-    read first waits (up to `read_your_writes_timeout_ms`) for the published read view to
-    cover the thread's last put; if it does not in time, the read answers a status
-    (NO_MATCHED_LOGIC_QUEUE, -1, False, an empty QueryResult with a `detail`), never data
-    that leaves the put out as if it were current.
+    Every read keeps the read contract (read-your-writes), stated once in the README
+    ("The read contract", under Architecture).
 
     API mistakes raise: a wrong type TypeError naming the argument, an out-of-range value
     ValueError, any call after `close()` `StoreClosedError`. Operating conditions (a full

@@ -59,6 +59,12 @@ def _told(store: mqstore.MessageStore, me: pykka.ActorRef[Any]) -> None:
     messages = (mqstore.Message(topic="t", body=b"x"),)
     store.actor_ref.tell(Put(messages=messages, reply=mqstore.Reply(actor=me, correlation_id=1)))
     store.actor_ref.tell(Put(messages=messages, reply=mqstore.Reply(callback=_on_put)))
+    # What the runtime takes, mypy takes too (review 73 L4): a list of messages, a bytearray or
+    # memoryview body, a callback returning a value, any correlation id.
+    answers: list[object] = []
+    listed = [mqstore.Message(topic="t", body=bytearray(b"x")), mqstore.Message(topic="t", body=memoryview(b"y"))]
+    store.actor_ref.tell(Put(messages=listed, reply=mqstore.Reply(callback=answers.append)))
+    store.actor_client(me).put(listed[0], correlation_id=["a", "list"])
     for_gets: pykka.ThreadingFuture[mqstore.GetResult] = pykka.ThreadingFuture()
     store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=mqstore.Reply(future=for_gets)))
 

@@ -1,8 +1,12 @@
 """The actors' vocabulary: frozen, slotted, keyword-only values. No I/O here.
 
-Public values (`Message`, `PutResult`, `GetResult`, `QueryResult`) are what users put and get;
-requests (`Put`, `Get`, `Query`, `Subscribe`) are what a user's own pykka actor sends to the
-store; the rest is what the store's actors say to each other. Names follow RocketMQ.
+Public values (`Message`, `PutResult`, `GetResult`, `QueryResult`) are what users put and get.
+The actor protocol is stated here, typed, once: a user's own pykka actor tells `store.actor_ref`
+(a `StoreRef`) one of the requests `StoreRequest` names (`Put`, `Get`, `Query`, `Subscribe`,
+`Unsubscribe`); each of the first three carries a `Reply` typed by its answer, and an actor
+replied to is told `Replied`, whose answer is that result or an exception (see `Replied`).
+`Subscribe` is answered by `MessageArrived` notices. The rest is what the store's actors say
+to each other. Names follow RocketMQ.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ class Message(NamedTuple):
     for the frozen dataclass it was (a third of the store's own cost per message in put_batch)."""
 
     topic: str
-    body: bytes
+    body: bytes | bytearray | memoryview  # stored as its bytes (as the put took them)
     queue_id: int = 0
     tags: str | None = None
     keys: Sequence[str] | str = ()
@@ -324,7 +328,7 @@ class Reply(Generic[A_contra]):
         future: pykka.Future[A_contra] | Waiter | None = None,
         actor: pykka.ActorRef[Any] | None = None,
         callback: Callable[[A_contra | Exception], object] | None = None,
-        correlation_id: Any = None,
+        correlation_id: object = None,
         store_internal_callback: bool = False,
     ) -> None:
         """`store_internal_callback`: the callback is the store's own, cheap and not raising
@@ -446,7 +450,14 @@ class Replied(Generic[A_co]):
     field says) or the exception that answered instead. An actor's `on_receive` gets it
     untyped; class patterns narrow it for mypy, and the exception case is part of the match:
     `case Replied(answer=PutResult() as result)`, `case Replied(answer=Exception() as error)`
-    (examples/actor_client.py). `correlation_id` is the asker's own value, given back as is."""
+    (examples/actor_client.py). `correlation_id` is the asker's own value, given back as is.
+
+    The exceptions an answer can be: TypeError or ValueError (a malformed request, naming the
+    field), StoreClosedError (the store closed or its supervisor gave up), pykka.ActorDeadError
+    (the gateway's readers are being restarted: ask again), and, for a store actor that failed
+    or stopped before answering, `ServiceUnavailable` and `StoppedBeforeHandling` (both
+    RuntimeError: asking again once the actor is restarted may succeed). A put refused for an
+    operating reason (a full disk, a restart) is a PutResult with its status, not an exception."""
 
     correlation_id: Any
     answer: A_co | Exception
@@ -458,7 +469,7 @@ class Replied(Generic[A_co]):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Put:
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]  # a tuple or a list (read once, when the gateway takes the Put)
     reply: Reply[PutResult]
     batch: bool = False
 
@@ -489,8 +500,11 @@ Subscriber: TypeAlias = "pykka.ActorRef[Any] | Callable[[MessageArrived], object
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Subscribe:
-    """Be told `MessageArrived` for every dispatch into this queue (None: every queue). An
-    actor is told; a callable is called on its own listener thread (never a store actor's)."""
+    """Be told `MessageArrived` after dispatches into this queue (None: every queue). An actor
+    with pykka's own unbounded inbox is told every dispatch batch's notice; a callable (called
+    on its own listener thread, never a store actor's) or an actor with a bounded inbox has the
+    notices that come while it is busy coalesced, the newest per queue (`max_offset` is
+    absolute), so a slow subscriber holds at most one pending notice per queue."""
 
     subscriber: Subscriber
     topic: str | None = None
