@@ -9,10 +9,10 @@ __all__ = ["StoreClosedError", "StoreDiskFullError"]
 
 
 class StoreClosedError(RuntimeError):
-    """A call on a `MessageStore` after its `close()`. Every public method raises it (a closed
-    store has no maps, no actors and no files open); `close()` itself stays idempotent, and the
-    progress views the last stats snapshot reads (`dispatch_progress`, `written_progress`,
-    `flush_failures`, `files_cut_under_map`) answer with what the store left."""
+    """A call on a `MessageStore` after its `close()` (a closed store has no maps, no actors
+    and no files open). The closed-store rule, with its exceptions, is stated once in the
+    README ("The two APIs": every call raises this but `close()` and the progress views; an
+    `ActorClient` made before the close answers SERVICE_NOT_AVAILABLE)."""
 
 
 class StoreDiskFullError(OSError):

@@ -207,7 +207,7 @@ class MessageStore:
     ("The read contract", under Architecture).
 
     API mistakes raise: a wrong type TypeError naming the argument, an out-of-range value
-    ValueError, any call after `close()` `StoreClosedError`. Operating conditions (a full
+    ValueError, any call after `close()` `StoreClosedError` (the README states the rule and its exceptions). Operating conditions (a full
     disk, an actor being restarted) are statuses."""
 
     def __init__(

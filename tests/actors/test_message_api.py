@@ -133,3 +133,24 @@ def test_a_put_result_has_no_truth_value_from_any_way_of_putting(store_dir: Path
                 bool(answer)
             with pytest.raises(TypeError):
                 assert answer  # the mistake as written
+
+
+def test_an_actor_client_made_before_close_refuses_puts_as_statuses_after_it(store_dir: Path) -> None:
+    """The closed-store rule's exception for an ActorClient (README, review 73 M3): a put after
+    the close returns False and its actor is told SERVICE_NOT_AVAILABLE; nothing raises in the
+    sending actor, whose thread may be the one the close waits for."""
+    inbox: queue.Queue[Any] = queue.Queue()
+    store = h.open_small(store_dir)
+    client_actor = Client.start(store.actor_ref, inbox)
+    try:
+        put_client = store.actor_client(client_actor)
+        assert put_client.put(Message(topic="t", body=b"before"), correlation_id="before")
+        replied = inbox.get(timeout=TIMEOUT_S)
+        assert replied.correlation_id == "before" and replied.answer.ok
+        store.close()
+        assert put_client.put(Message(topic="t", body=b"after"), correlation_id="after") is False
+        replied = inbox.get(timeout=TIMEOUT_S)
+        assert replied.correlation_id == "after" and replied.answer.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    finally:
+        store.close()
+        client_actor.stop()
