@@ -8,19 +8,22 @@ tests/storage/test_mapguard.py fail loudly if CI loses a module.
 
 from setuptools import Extension, setup
 
-setup(
-    ext_modules=[
-        Extension(
-            "mqstore.storage._native",
-            sources=["storage/_native.c"],
-            optional=True,
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-        ),
-        Extension(
-            "mqstore.storage._mapguard",
-            sources=["storage/_mapguard.c"],
-            optional=True,
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        ),
-    ]
-)
+# The repository root is the package, so this file also ships as the module `mqstore.setup`:
+# importing it must not run a build (review 73 L5). setuptools runs it as __main__.
+if __name__ == "__main__":
+    setup(
+        ext_modules=[
+            Extension(
+                "mqstore.storage._native",
+                sources=["storage/_native.c"],
+                optional=True,
+                extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
+            ),
+            Extension(
+                "mqstore.storage._mapguard",
+                sources=["storage/_mapguard.c"],
+                optional=True,
+                extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            ),
+        ]
+    )
