@@ -297,7 +297,17 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             mapped_file_size=self.config.mapped_file_size_consume_queue_bytes,
             clock_ms=self.ctx.clock_ms,
         )
-        cq.load()
+        if not cq.load():
+            # Files that cannot be read now (out of descriptors, EIO) are not an empty queue:
+            # taken for one, its next units went over those of acknowledged messages, which a
+            # get then skipped for good (review 76 H1: a host holding most of its descriptors
+            # while the store opened). The start fails, or dispatch waits for the next tick.
+            queue = cq.mapped_file_queue
+            queue.unmap_files()
+            cause = queue.load_os_error
+            raise QueueFileUnavailable(cause.errno if cause is not None and cause.errno else errno.EIO,
+                                       f"cannot load consume queue {topic}/{queue_id}: {queue.load_error}",
+                                       cause.filename if cause is not None else None)  # fmt: skip
         key = (topic, queue_id)
         cq.reserved_until = self._reserved.get(key, 0)
         self._queues[key] = cq
