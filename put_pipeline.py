@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 import weakref
-from concurrent.futures import Future, InvalidStateError, wait
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures_base
 from typing import TYPE_CHECKING, Any, Callable, Final, Sequence, cast
 
@@ -192,13 +192,25 @@ _PENDING: str = _futures_base.PENDING
 _FINISHED: str = _futures_base.FINISHED
 
 
-def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> list[_PutFuture]:
+# How long the completion thread waits for a future's Condition a host thread holds: a
+# legitimate holder (result(), add_done_callback, concurrent.futures.wait) keeps it for
+# microseconds; one a Ctrl-C interrupted inside Condition.__enter__ keeps it for good.
+_HELD_CONDITION_WAIT_S: Final = 0.05
+
+
+def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: list[_PutFuture]) -> list[_PutFuture]:
     """set_result for a pass's futures, with the lock taken once for the pass instead of once
     a future: those nobody waits on (no Condition made) are completed under it; the others
     through their Condition after it. Returns those whose done-callbacks are due, for the
     caller to run once every result is set: a callback may wait on a later future of the same
     pass, which only the completion thread could complete. One already done (by close(),
-    racing) is left as it is."""
+    racing) is left as it is.
+
+    A future whose Condition a host thread holds past _HELD_CONDITION_WAIT_S gets its result
+    without it (readable at once by result()'s lock-free path) and goes into `held`, to be
+    notified and have its callbacks run once the lock is free (`_notify_held`): waiting for
+    it, the one completion thread stopped every later future of the store for good when a
+    Ctrl-C left the lock held inside asyncio.wrap_future's add_done_callback (review 75 H1)."""
     waited: list[tuple[_PutFuture, PutResult]] = []
     with _CONDITION_MADE:
         for future, result in completions:
@@ -209,16 +221,46 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]]) -> list[_
                 future._state = _FINISHED
     completed: list[_PutFuture] = []
     for future, result in waited:
-        with future._condition:
+        condition = future._condition
+        if not condition.acquire(timeout=_HELD_CONDITION_WAIT_S):
+            if future._state is _PENDING:
+                future._result = result
+                future._state = _FINISHED
+                held.append(future)
+            continue
+        try:
             if future._state is not _PENDING:  # completed meanwhile by close() (_complete_closed)
                 continue
             future._result = result
             future._state = _FINISHED
             for waiter in future._waiters:
                 waiter.add_result(future)
-            future._condition.notify_all()
+            condition.notify_all()
+        finally:
+            condition.release()
         completed.append(future)
     return completed
+
+
+def _notify_held(held: list[_PutFuture]) -> list[_PutFuture]:
+    """The futures of `held` whose Condition is free now, notified (their waiters and
+    concurrent.futures.wait's) and taken out of `held`: their done-callbacks are due."""
+    freed: list[_PutFuture] = []
+    still: list[_PutFuture] = []
+    for future in held:
+        condition = future._condition
+        if not condition.acquire(blocking=False):
+            still.append(future)
+            continue
+        try:
+            for waiter in future._waiters:
+                waiter.add_result(future)
+            condition.notify_all()
+        finally:
+            condition.release()
+        freed.append(future)
+    held[:] = still
+    return freed
 
 
 class _PutReply(PassReply):
@@ -507,6 +549,9 @@ class PutPipeline:
         # Completed futures whose done-callbacks have yet to run, each with whether it still
         # holds its in-flight slot (see _complete, _run_due_callbacks).
         self._callbacks_due: collections.deque[tuple[_PutFuture, bool]] = collections.deque()
+        # Completed futures whose Condition a host thread held (_complete_futures): notified,
+        # and their callbacks run, once it is free. The completion thread's only.
+        self._held_futures: list[_PutFuture] = []
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
         self._repeats = store.host_repeats  # the lines a host's repeated mistake makes, limited
@@ -736,7 +781,18 @@ class PutPipeline:
         _COMPLETING.pipeline = self
         get = self._completions.get
         try:
-            while (answers := get()) is not None:
+            while True:
+                if self._held_futures:  # look again for their lock while nothing comes
+                    try:
+                        answers = get(timeout=_HELD_CONDITION_WAIT_S)
+                    except queue.Empty:
+                        self._notify_held_futures()
+                        self._run_due_callbacks()
+                        continue
+                else:
+                    answers = get()
+                if answers is None:
+                    break
                 self._complete(answers)
                 self._run_due_callbacks()
         finally:
@@ -834,12 +890,17 @@ class PutPipeline:
         # The stats before any future completes: a caller that saw its put done sees it counted.
         self._record(figures)
         self._release_bytes(answers)  # the records are the writer's now, or dropped: memory goes with them
-        due = _complete_futures(completions)
+        due = _complete_futures(completions, self._held_futures)
         self._release_slots(len(answers) - len(due) if hold_due_slots else len(answers))
         self._callbacks_due.extend((future, hold_due_slots) for future in due)
         self._pending.difference_update([future for future, _ in completions])  # once done: flush() waits for them
         for reply, result in forgotten:
             self._log_forgotten(reply, result)
+        if self._held_futures:
+            self._notify_held_futures()
+
+    def _notify_held_futures(self) -> None:
+        self._callbacks_due.extend((future, False) for future in _notify_held(self._held_futures))
 
     # actors ----------------------------------------------------------------------------------
     def tell_put(
@@ -894,8 +955,18 @@ class PutPipeline:
         if threading.current_thread() is self._thread:
             return
         handed_out = self._pending.copy()
-        if handed_out:
-            wait(handed_out, timeout=timeout_s)
+        # Polled, never concurrent.futures.wait: it takes every future's Condition, and blocks
+        # for good on one a host thread's Ctrl-C left held (review 75 H1). A future is done
+        # once its state is, lock or no lock (_complete_futures).
+        deadline = time.monotonic() + timeout_s
+        pause = 0.0002
+        for future in handed_out:
+            while future._state is not _FINISHED:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                time.sleep(min(pause, remaining))
+                pause = min(pause * 2, 0.005)
 
     def close(self) -> None:
         """After the writer stopped (its queued puts failed into the completion queue):
@@ -923,7 +994,8 @@ class PutPipeline:
                 self._complete(answers)
         closed = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store closed")
         leftovers = [(future, closed) for future in self._pending.copy()]
-        self._callbacks_due.extend((future, False) for future in _complete_futures(leftovers))
+        held: list[_PutFuture] = []  # their callbacks are not run: the lock's holder may be adding one
+        self._callbacks_due.extend((future, False) for future in _complete_futures(leftovers, held))
         self._pending.difference_update([future for future, _ in leftovers])
         thread = self._thread
         with self._thread_lock:  # a thread not yet past its loop runs what is queued before it ends

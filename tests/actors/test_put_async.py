@@ -658,7 +658,7 @@ def test_a_passes_futures_are_all_done_before_any_of_its_done_callbacks_runs() -
     seen: list[bool] = []
     first.add_done_callback(lambda _f: seen.append(second.done() and second.result(0) is ok))
     second.add_done_callback(lambda _f: None)
-    due = put_pipeline._complete_futures([(first, ok), (second, ok)])
+    due = put_pipeline._complete_futures([(first, ok), (second, ok)], [])
     assert due == [first, second] and seen == []  # the caller runs them, once all are set
     for future in due:
         future._invoke_callbacks()  # type: ignore[attr-defined]

@@ -1,0 +1,80 @@
+"""A put future's Condition held by a host thread for good (review 75 H1): a Ctrl-C that lands
+inside `threading.Condition.__enter__` (Python code) leaves the lock held by the interrupted
+thread; asyncio.wrap_future takes it on the loop thread for every put (add_done_callback). The
+store's one completion thread then waited for it forever: no later future of the store was
+completed, every in-flight slot stayed taken, and flush() and close() from another thread hung
+(the reviewer: stuck after 46 interrupts; 20,305 interrupts in 60 s with the fix, no stall).
+
+Here the interrupted thread is stood for by a thread that takes the lock and keeps it."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import mqstore
+from mqstore import Message, PutResult
+
+helpers = sys.modules["mqstore_actor_test_helpers"]
+TIMEOUT_S = 10.0
+
+
+def _hold(future: Future[PutResult]) -> tuple[threading.Event, threading.Thread]:
+    """A thread that takes `future`'s Condition lock and keeps it until the event is set."""
+    taken, release = threading.Event(), threading.Event()
+
+    def keep() -> None:
+        with future._condition:  # noqa: SLF001  # what the interrupted add_done_callback left held
+            taken.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=keep, daemon=True)
+    thread.start()
+    assert taken.wait(TIMEOUT_S)
+    return release, thread
+
+
+def test_a_future_whose_lock_a_host_thread_keeps_stops_no_other_future(store_dir: Path) -> None:
+    with helpers.open_small(store_dir, max_puts_in_flight=8) as store:
+        called: list[PutResult] = []
+        stuck = store.put_async(Message(topic="t", body=b"stuck"))
+        stuck.add_done_callback(lambda f: called.append(f.result()))
+        release, holder = _hold(stuck)
+        # Many more puts than slots: each needs the completion thread to have gone past `stuck`.
+        results = [store.put_async(Message(topic="t", body=b"%d" % i)).result(TIMEOUT_S) for i in range(40)]
+        assert all(r.ok for r in results)
+        assert stuck.done() and stuck.result(0).ok  # done, readable without the lock
+        started = time.monotonic()
+        store.flush()  # waits for every future handed out: `stuck` is done, lock or no lock
+        assert time.monotonic() - started < 2
+        assert called == []  # its callbacks wait for the lock: the holder may be adding one
+        release.set()
+        holder.join(TIMEOUT_S)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not called and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [r.ok for r in called] == [True]  # run once the lock came free
+        assert store.max_offset("t", 0) == 41
+
+
+def test_close_from_another_thread_finishes_with_a_future_lock_kept_for_good(store_dir: Path) -> None:
+    store = helpers.open_small(store_dir)
+    try:
+        stuck = store.put_async(Message(topic="t", body=b"stuck"))
+        stuck.add_done_callback(lambda f: None)
+        release, _holder = _hold(stuck)
+        later = [store.put_async(Message(topic="t", body=b"later")) for _ in range(20)]
+        closed: list[bool] = []
+        closer = threading.Thread(target=lambda: closed.append(store.close()))
+        closer.start()
+        closer.join(TIMEOUT_S)
+        assert not closer.is_alive() and closed == [True]
+        assert all(f.done() for f in later) and stuck.done()
+        release.set()
+    finally:
+        store.close()
+    with mqstore.open(store_dir) as reopened:
+        assert reopened.max_offset("t", 0) == sum(1 for f in [stuck, *later] if f.result(0).stored)
