@@ -19,6 +19,7 @@ crashed or the store closed), never exceptions set on the future.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import threading
@@ -26,7 +27,7 @@ import time
 import weakref
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures_base
-from typing import TYPE_CHECKING, Any, Callable, Final, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterator, Sequence, cast
 
 import pykka
 
@@ -552,6 +553,9 @@ class PutPipeline:
         # Completed futures whose Condition a host thread held (_complete_futures): notified,
         # and their callbacks run, once it is free. The completion thread's only.
         self._held_futures: list[_PutFuture] = []
+        # Threads putting for mqstore.aio: at the bound their put is refused at once, not
+        # counted, and the coroutine waits for room without blocking its event loop.
+        self._not_waiting = threading.local()
         self._closed = False
         self.log = get_logger("mqstore.puts", store=store.config.store_path_root_dir)
         self._repeats = store.host_repeats  # the lines a host's repeated mistake makes, limited
@@ -704,12 +708,14 @@ class PutPipeline:
             # between the C call's return and `held` is still such a gap.
             if size >= LARGE_PUT_BYTES:
                 if not (self._bytes.take(size, None) or self._take_bytes_waiting(size)):
-                    store.stats_service.record_put(reply.topic, BYTES_IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
+                    if not self._not_waiting.__dict__.get("on"):  # (mqstore.aio waits, then asks again)
+                        store.stats_service.record_put(reply.topic, BYTES_IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
                     return BYTES_IN_FLIGHT_FULL
                 held_bytes = size
             held = self._slots.take(None) or self._take_slot_waiting()  # a free slot: one C call
             if not held:
-                store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
+                if not self._not_waiting.__dict__.get("on"):
+                    store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
                 return IN_FLIGHT_FULL
             if self._thread is None and reply.sink is self._to_completion:
                 self._ensure_thread()
@@ -728,7 +734,7 @@ class PutPipeline:
 
     def _take_bytes_waiting(self, size: int) -> bool:
         """`_take_slot_waiting` for a large put's bytes."""
-        if self._fail_fast or threading.current_thread() is self._thread:
+        if self._fail_fast or threading.current_thread() is self._thread or self._not_waiting.__dict__.get("on"):
             return False
         return self._bytes.take(size, self._store._reply_timeout_s)
 
@@ -748,13 +754,30 @@ class PutPipeline:
     def _take_slot_waiting(self) -> bool:
         """A slot when none was free: waiting for one, unless told to fail fast."""
         # The completion thread (a done-callback putting again) must never block: only it
-        # gives slots back to futures.
-        if self._fail_fast or threading.current_thread() is self._thread:
+        # gives slots back to futures. Nor an event loop's thread (mqstore.aio).
+        if self._fail_fast or threading.current_thread() is self._thread or self._not_waiting.__dict__.get("on"):
             return False
         return self._slots.take(self._store._reply_timeout_s)
 
     def _release_slots(self, n: int) -> None:
         self._slots.give(n)
+
+    @contextlib.contextmanager
+    def not_waiting(self) -> Iterator[None]:
+        """Puts in this block, in this thread, never wait for room in the in-flight bounds:
+        refused at once with IN_FLIGHT_FULL or BYTES_IN_FLIGHT_FULL (not counted as failed
+        puts), for a caller that waits for room its own way (mqstore.aio's event loop)."""
+        flag = self._not_waiting.__dict__
+        flag["on"] = True
+        try:
+            yield
+        finally:
+            flag["on"] = False
+
+    @property
+    def fails_fast(self) -> bool:
+        """put_fail_fast_when_in_flight_full: a full bound answers OS_PAGE_CACHE_BUSY."""
+        return self._fail_fast
 
     @property
     def _free_slots(self) -> int:

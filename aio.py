@@ -1,0 +1,191 @@
+"""The store for asyncio: `store = await mqstore.aio.open(path)` (or `async with
+mqstore.aio.open(path) as store:`), then `await store.put(m)`, `get`, `query`,
+`wait_for_messages`, `flush`, `close`.
+
+The same store (`.sync` is the MessageStore) without what a coroutine must not do with it (review
+75, which found each of these in an asyncio service using the plain API):
+- Never blocks the event loop. A put at the in-flight bound waits for room by sleeping, not in
+  the loop's thread (`put_async` there blocked the loop up to the reply timeout, 20 s a call);
+  reads, flush, open and close run on the aio store's own threads.
+- Reads its own writes per task: a put's end is kept in the task's context, which goes with the
+  read to the thread that runs it (the read contract is per thread otherwise: a task's get of
+  the put it had just awaited answered OFFSET_OVERFLOW_BADLY with next_begin_offset=0).
+- A long poll can be cancelled: `wait_for_messages` waits in slices of at most
+  WAIT_SLICE_S, so a cancelled wait holds no thread past its slice (through asyncio.to_thread,
+  a cancelled `timeout_s=math.inf` wait kept its thread for good, and `asyncio.run()` never
+  returned).
+
+Cancelling an awaited put abandons the wait, not the put: once handed to the writer it is
+stored or refused as it would have been (a put still waiting for room in the bound is not
+sent). A caller that retries after a cancel or a timeout may store the message twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import math
+import os
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Final, Generator, Sequence, TypeVar, Unpack
+
+from .messages import GetResult, Message, PutResult, QueryResult
+from .put_pipeline import BYTES_IN_FLIGHT_FULL, IN_FLIGHT_FULL
+
+if TYPE_CHECKING:
+    from .config import StoreSettings
+    from .store import MessageStore
+
+__all__ = ["AsyncMessageStore", "open", "WAIT_SLICE_S"]
+
+# A cancelled wait_for_messages holds its thread at most this long.
+WAIT_SLICE_S: Final = 0.25
+# Reads, waits and the rest run on this many threads per store at most (its own pool: a host's
+# default executor is left to the host, and long polls do not starve it).
+DEFAULT_THREADS: Final = 32
+# How often a put at the in-flight bound looks for room again (doubling up to the last).
+_ROOM_PAUSE_S: Final = (0.0005, 0.01)
+
+T = TypeVar("T")
+
+
+class AsyncMessageStore:
+    """A MessageStore for coroutines (see the module). Make it with `mqstore.aio.open(...)` or
+    around an open store, `AsyncMessageStore(store)`; one event loop or several may use it."""
+
+    def __init__(self, store: MessageStore, *, threads: int = DEFAULT_THREADS) -> None:
+        self.sync = store
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mqstore-aio")
+
+    async def _on_thread(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`call` on the store's threads, in this task's context (its puts' ends go with it)."""
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(context.run, call, *args, **kwargs))
+
+    # put -------------------------------------------------------------------------------------
+    async def put(self, message: Message) -> PutResult:
+        """`MessageStore.put`, awaited: PUT_OK once the writer appended it (under SYNC_FLUSH
+        once on disk). At the in-flight bound it waits for room (OS_PAGE_CACHE_BUSY at once
+        with `put_fail_fast_when_in_flight_full`, as put_async)."""
+        return await self._put(functools.partial(self.sync.put_async, message))
+
+    async def put_batch(self, messages: Sequence[Message]) -> PutResult:
+        """`MessageStore.put_batch`, awaited (one topic and queue, consecutive offsets)."""
+        return await self._put(functools.partial(self.sync.put_batch_async, messages))
+
+    async def _put(self, submit: Callable[[], concurrent.futures.Future[PutResult]]) -> PutResult:
+        store = self.sync
+        pipeline = store._puts
+        pause = _ROOM_PAUSE_S[0]
+        while True:
+            with pipeline.not_waiting():
+                future = submit()
+            if future.done():
+                result = future.result()
+                if (result is IN_FLIGHT_FULL or result is BYTES_IN_FLIGHT_FULL) and not pipeline.fails_fast:
+                    await asyncio.sleep(pause)  # no room yet: not sent, so a cancel here drops it
+                    pause = min(pause * 2, _ROOM_PAUSE_S[1])
+                    continue
+            else:
+                result = await asyncio.wrap_future(future)
+            if result.stored:
+                pass_end = getattr(future, "pass_end", 0)
+                store._note_task_put_end(max(result.commitlog_offset + result.wrote_bytes, pass_end))
+            return result
+
+    # reads -----------------------------------------------------------------------------------
+    async def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        *,
+        max_total_bytes: int | None = None,
+        tags: str | None = None,
+    ) -> GetResult:
+        """`MessageStore.get` on the store's threads; it reflects this task's stored puts."""
+        return await self._on_thread(self.sync.get, topic, queue_id, offset, max_count, max_total_bytes=max_total_bytes,
+                                     tags=tags)  # fmt: skip
+
+    async def query(
+        self, topic: str, key: str, max_count: int | None = None, begin_ms: int = 0, end_ms: int = 2**63 - 1
+    ) -> QueryResult:
+        """`MessageStore.query` on the store's threads; it reflects this task's stored puts."""
+        return await self._on_thread(self.sync.query, topic, key, max_count, begin_ms, end_ms)
+
+    async def wait_for_messages(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        """`MessageStore.wait_for_messages` (True once the queue holds `offset`, False after
+        `timeout_s`; `math.inf` waits until it comes or the store closes), cancellable: it
+        waits on a thread in slices of WAIT_SLICE_S, so a cancelled wait keeps no thread."""
+        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be a number >= 0, not {timeout_s!r}")
+        deadline = math.inf if timeout_s == math.inf else time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if await self._on_thread(self.sync.wait_for_messages, topic, queue_id, offset, max(min(remaining, WAIT_SLICE_S), 0.0)):
+                return True
+            if remaining <= WAIT_SLICE_S:
+                return False
+
+    # flush and close ------------------------------------------------------------------------
+    async def flush(self) -> None:
+        """`MessageStore.flush` on the store's threads."""
+        await self._on_thread(self.sync.flush)
+
+    async def close(self) -> bool:
+        """`MessageStore.close` on the store's threads; then the threads end."""
+        try:
+            return await self._on_thread(self.sync.close)
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> AsyncMessageStore:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class _Opening:
+    """What `open` returns: awaited, the store; or `async with`, opened and closed around the block."""
+
+    __slots__ = ("_open", "_store")
+
+    def __init__(self, open_store: Callable[[], MessageStore]) -> None:
+        self._open = open_store
+        self._store: AsyncMessageStore | None = None
+
+    async def _opened(self) -> AsyncMessageStore:
+        # Not the host's default executor: an open runs recovery, seconds on a big store.
+        loop = asyncio.get_running_loop()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqstore-aio-open") as opener:
+            store = await loop.run_in_executor(opener, self._open)
+        return AsyncMessageStore(store)
+
+    def __await__(self) -> Generator[Any, None, AsyncMessageStore]:
+        return self._opened().__await__()
+
+    async def __aenter__(self) -> AsyncMessageStore:
+        self._store = await self._opened()
+        return self._store
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+def open(path: str | os.PathLike[str], **settings: Unpack[StoreSettings]) -> _Opening:  # noqa: A001 (mqstore.aio.open)
+    """`mqstore.open(path, **settings)` for asyncio: `await mqstore.aio.open(path)`, or
+    `async with mqstore.aio.open(path) as store:`. The open runs off the event loop."""
+    from .store import open_store  # the store imports the pipeline this module imports
+
+    return _Opening(functools.partial(open_store, path, **settings))
