@@ -971,12 +971,12 @@ class PutPipeline:
         return False
 
     # flush and close -------------------------------------------------------------------------
-    def wait_handed_out(self, timeout_s: float) -> None:
-        """Wait until every future handed out before this call is done (store.flush()).
-        From a done-callback (the completion thread) it cannot wait for the futures that
-        thread has still to complete: it waits for none."""
+    def wait_handed_out(self, timeout_s: float) -> int:
+        """Wait until every future handed out before this call is done (store.flush()); how
+        many were not, in `timeout_s`. From a done-callback (the completion thread) it cannot
+        wait for the futures that thread has still to complete: it waits for none (0)."""
         if threading.current_thread() is self._thread:
-            return
+            return 0
         handed_out = self._pending.copy()
         # Polled, never concurrent.futures.wait: it takes every future's Condition, and blocks
         # for good on one a host thread's Ctrl-C left held (review 75 H1). A future is done
@@ -987,9 +987,10 @@ class PutPipeline:
             while future._state is not _FINISHED:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return
+                    return sum(1 for f in handed_out if f._state is not _FINISHED)
                 time.sleep(min(pause, remaining))
                 pause = min(pause * 2, 0.005)
+        return 0
 
     def close(self) -> None:
         """After the writer stopped (its queued puts failed into the completion queue):

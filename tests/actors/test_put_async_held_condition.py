@@ -15,6 +15,8 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
+
 import mqstore
 from mqstore import Message, PutResult
 
@@ -78,3 +80,23 @@ def test_close_from_another_thread_finishes_with_a_future_lock_kept_for_good(sto
         store.close()
     with mqstore.open(store_dir) as reopened:
         assert reopened.max_offset("t", 0) == sum(1 for f in [stuck, *later] if f.result(0).stored)
+
+
+def test_flush_says_so_when_handed_out_futures_are_not_done_in_time(store_dir: Path) -> None:
+    """A done-callback that waits (for the event loop flush() was called on, in the reviewer's
+    run) holds the completion thread: flush() returned as if it had waited, 36 futures still
+    pending (review 75 L2). It still forces the log, then raises TimeoutError naming them."""
+    with helpers.open_small(store_dir) as store:
+        store._reply_timeout_s = 0.5  # noqa: SLF001  # not the 10 s and more of a real one
+        go_on, in_callback = threading.Event(), threading.Event()
+        first = store.put_async(Message(topic="t", body=b"first"))
+        first.add_done_callback(lambda _f: (in_callback.set(), go_on.wait(TIMEOUT_S)))
+        assert in_callback.wait(TIMEOUT_S)  # the completion thread is held: later passes wait
+        later = [store.put_async(Message(topic="t", body=b"later")) for _ in range(5)]
+        try:
+            with pytest.raises(TimeoutError, match=r"put_async futures handed out before it were not done"):
+                store.flush()
+        finally:
+            go_on.set()
+        assert all(f.result(TIMEOUT_S).ok for f in later)
+        store.flush()  # all done: no error
