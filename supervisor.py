@@ -491,8 +491,19 @@ class Supervisor:
             raise
         self.state = SupervisorState.RUNNING
         self.ticker.on_advance(lambda: self._events.put(_WAKE))
-        self._thread = threading.Thread(target=self._run, name="mqstore-supervisor", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="mqstore-supervisor", daemon=True)
+        try:
+            thread.start()
+        except BaseException as exc:
+            # No thread to watch the store (can't start new thread: a pids limit, no memory):
+            # it stops here, as a close would, and its lock goes. Before, its actors ran on and
+            # kept the lock, and the host had no store to close: every open of it in this
+            # process was StoreLockedError (review 76 M1).
+            self.log.error("the supervisor's thread could not be started; the store stops", error=repr(exc))
+            self._shutdown()
+            self._shut_down.set()
+            raise
+        self._thread = thread
         self.log.info("store started", recovery=self.recovery.summary() if self.recovery else None)
 
     def stop(self) -> bool:
