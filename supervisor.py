@@ -321,6 +321,12 @@ def _finished(stopped: pykka.Future[bool], timeout: float | None = 0) -> bool:
     return True
 
 
+def _is_thread_shortage(error: BaseException) -> bool:
+    """Thread.start's error when the process may not have another thread (RLIMIT_NPROC, a
+    pids cgroup, no memory for a stack): CPython raises it with exactly this text."""
+    return isinstance(error, RuntimeError) and str(error) == "can't start new thread"
+
+
 def _is_dead(exc: BaseException) -> bool:
     return isinstance(exc, pykka.ActorDeadError)
 
@@ -623,6 +629,10 @@ class Supervisor:
             # (also a restart whose start found no room: review 74)
             isinstance(event.error, OSError) and event.error.errno in (errno.ENOSPC, errno.EDQUOT)
         )
+        # Likewise a restart that could not start its actor's thread: the process is short of
+        # threads (a pids limit), not the actor broken (review 76: ~4.5 s of "can't start new
+        # thread" used the budget up, and the store stayed stopped once threads were back).
+        full_disk = full_disk or _is_thread_shortage(event.error)
         if not full_disk:
             recent.append(now)
         while recent and recent[0] < now - RESTART_PERIOD_MS:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mqstore import Message
+from mqstore.faults import FaultPlan
+from mqstore.supervisor import SupervisorState
 
 helpers = sys.modules["mqstore_actor_test_helpers"]
 
@@ -54,3 +57,33 @@ def test_an_open_whose_supervisor_thread_cannot_start_stops_its_store_and_frees_
     with helpers.open_small(store_dir) as store:
         assert store.put(Message("t", b"after")).ok
         assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"before", b"after"]
+
+
+ACTOR_THREADS = ("CommitLogWriter", "AllocateMappedFileService", "FlushCommitLogService", "ReputMessageService",
+                 "ConsumeQueueService", "IndexActor", "CleanerActor")  # fmt: skip
+
+
+def test_a_thread_shortage_while_an_actor_is_restarted_does_not_give_the_store_up(
+    store_dir: Path, refuse_threads: list[Callable[[str], bool]]
+) -> None:
+    """Each restart whose actor thread could not start counted against the restart budget
+    (10 a minute, back-off 10 ms to 1 s): about 4.5 s of shortage gave the store up for good,
+    every put SERVICE_NOT_AVAILABLE once threads were back (review 76). Now such a restart is
+    retried at the slowest back-off without counting, as for a full disk."""
+    faults, fatal = FaultPlan(), []
+    store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append)
+    try:
+        assert store.put(Message("t", b"before")).ok
+        refuse_threads.append(lambda name: name.startswith(ACTOR_THREADS))
+        faults.arm("writer.mid_batch_append")  # one crash of the writer
+        store.put(Message("t", b"crashes the writer"))
+        deadline = time.monotonic() + 6.0  # a 6 s shortage
+        while time.monotonic() < deadline:
+            assert store.supervisor.state is SupervisorState.RUNNING, fatal
+            time.sleep(0.1)
+        refuse_threads.clear()
+        helpers.wait_until(lambda: store.put(Message("t", b"after")).ok, what="a put taken after the shortage")
+        assert fatal == [] and store.supervisor.state is SupervisorState.RUNNING
+    finally:
+        refuse_threads.clear()
+        store.close()
