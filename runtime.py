@@ -22,7 +22,7 @@ import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import pykka
 from pykka._envelope import Envelope
@@ -586,6 +586,11 @@ def call_listener(ref: pykka.ActorRef[Any], callback: Callable[[T], object], arg
 
 _shared_lock = threading.Lock()
 _shared: dict[str, pykka.ActorRef[Any]] = {}  # the process's shared listeners, by name
+# What was for a shared listener whose thread could not be started (a thread shortage: a pids
+# limit), in order, sent by the next tell or supervisor tick that can start it. Dropped for good
+# before (review 76: 30 reply callbacks never called, the host waiting on them for good).
+_unsent: deque[tuple[str, object]] = deque()
+UNSENT_LIMIT: Final = 100_000  # beyond it the oldest go (logged): a shortage must not eat memory
 
 
 def _no_shared_listeners_in_a_forked_child() -> None:
@@ -593,6 +598,7 @@ def _no_shared_listeners_in_a_forked_child() -> None:
     # told to them, so a store the child opened never called a reply callback (review 29).
     global _shared_lock
     _shared.clear()
+    _unsent.clear()
     _shared_lock = threading.Lock()
 
 
@@ -607,18 +613,72 @@ def call_soon(callback: Callable[[T], object], argument: T, *, listener: str = "
 
 
 def _tell_shared(listener: str, message: object) -> bool:
-    """Tell the process's shared listener `listener` (restarted if something stopped it)."""
+    """Tell the process's shared listener `listener` (restarted if something stopped it); kept
+    for later, in order, while its thread cannot be started."""
     for _ in range(2):
         with _shared_lock:
-            ref = _shared.get(listener)
-            if ref is None or not ref.is_alive():
-                ref = _shared[listener] = start_listener(listener)
+            if _unsent and not _send_unsent_locked():
+                _keep_unsent_locked(listener, message)
+                return True
+            ref = _live_shared_locked(listener)
+            if ref is None:
+                _keep_unsent_locked(listener, message)
+                return True
         try:
             ref.tell(message)
         except pykka.ActorDeadError:
             continue
         return True
     return False
+
+
+def _live_shared_locked(listener: str) -> pykka.ActorRef[Any] | None:
+    """The shared listener, started if need be; None when no thread can be started now."""
+    ref = _shared.get(listener)
+    if ref is None or not ref.is_alive():
+        try:
+            ref = _shared[listener] = start_listener(listener)
+        except RuntimeError as exc:  # "can't start new thread"
+            if (suppressed := _log.PROCESS_REPEATS.admit(("listener not started", listener))) is not None:
+                get_logger("mqstore.runtime").error("a listener thread could not be started; what it is to run waits "
+                                                    "for a thread", listener=listener, error=repr(exc),
+                                                    waiting=len(_unsent) + 1, **suppressed_fields(suppressed))  # fmt: skip
+            return None
+    return ref
+
+
+def _keep_unsent_locked(listener: str, message: object) -> None:
+    if len(_unsent) >= UNSENT_LIMIT:
+        _unsent.popleft()
+        if (suppressed := _log.PROCESS_REPEATS.admit(("unsent dropped",))) is not None:
+            get_logger("mqstore.runtime").error("no listener thread for long: the oldest waiting reply callback or "
+                                                "tell is dropped", limit=UNSENT_LIMIT,
+                                                **suppressed_fields(suppressed))  # fmt: skip
+    _unsent.append((listener, message))
+
+
+def _send_unsent_locked() -> bool:
+    """Send what waited for a listener, oldest first; False when one still cannot start."""
+    while _unsent:
+        listener, message = _unsent[0]
+        ref = _live_shared_locked(listener)
+        if ref is None:
+            return False
+        _unsent.popleft()
+        try:
+            ref.tell(message)
+        except pykka.ActorDeadError:
+            _shared.pop(listener, None)  # dead since: started again for the next one
+            _unsent.appendleft((listener, message))
+    return True
+
+
+def send_unsent() -> None:
+    """What waited for a listener thread, sent if one can be started now (the supervisor's
+    ticks: a shortage may end with nothing more to tell)."""
+    if _unsent:
+        with _shared_lock:
+            _send_unsent_locked()
 
 
 def may_block_on_tell(ref: pykka.ActorRef[Any]) -> bool:

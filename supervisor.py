@@ -82,7 +82,7 @@ from .storage.recovery import (
     recover_index,
 )
 from .read_view import INDEX, QUEUES, ReadView
-from .runtime import ask
+from .runtime import ask, send_unsent
 from .stats import SNAPSHOT_FILE_NAME, store_files_cut_under_map
 from .ticker import RealTicker, Ticker
 
@@ -560,6 +560,7 @@ class Supervisor:
                     self.ctx.tell(spec.name, Tick(now_ms=wall))
             if due[_HOOKS] <= now:
                 due[_HOOKS] = now + TICK_HOOK_INTERVAL_MS
+                send_unsent()  # reply callbacks that waited for a listener thread (a thread shortage)
                 self.note_files_cut_under_map()
                 self._run_tick_hooks(wall)
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore import Message
+from mqstore import Message, Reply, runtime
 from mqstore.faults import FaultPlan
+from mqstore.messages import Put
 from mqstore.supervisor import SupervisorState
 
 helpers = sys.modules["mqstore_actor_test_helpers"]
@@ -87,3 +88,26 @@ def test_a_thread_shortage_while_an_actor_is_restarted_does_not_give_the_store_u
     finally:
         refuse_threads.clear()
         store.close()
+
+
+def test_reply_callbacks_wait_for_a_listener_thread_and_are_all_called_once_there_is_one(
+    store_dir: Path, refuse_threads: list[Callable[[str], bool]]
+) -> None:
+    """The process's reply-callback listener is started on the first answer; when its thread
+    could not be started, the answers were dropped for good (review 76: 30 callbacks never
+    called, the puts stored). They now wait, in order, and go once a thread can be started (at
+    the next answer or the supervisor's next tick)."""
+    old = runtime._shared.pop("reply-callbacks", None)  # noqa: SLF001  # as in a process's first answer
+    if old is not None:
+        old.stop()
+    answers: list[object] = []
+    with helpers.open_small(store_dir) as store:
+        refuse_threads.append(lambda name: name.startswith("Listener"))
+        for i in range(5):
+            store.actor_ref.tell(Put(messages=(Message("t", b"%d" % i),), reply=Reply(callback=answers.append)))
+        helpers.wait_until(lambda: store.max_offset("t", 0) == 5, what="the puts stored")
+        time.sleep(0.3)
+        assert answers == []  # no thread to call them on
+        refuse_threads.clear()
+        helpers.wait_until(lambda: len(answers) == 5, what="the waiting callbacks called")  # by a tick
+        assert [a.queue_offset for a in answers] == [0, 1, 2, 3, 4]  # type: ignore[attr-defined]
