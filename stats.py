@@ -277,6 +277,15 @@ class StoreStats:
             if put_ok:
                 status_times["PUT_OK"] += put_ok
 
+    def forget_topics(self, topics: Iterable[str]) -> None:
+        """Drop the per-topic figures of topics the store no longer has (clean_unused_topic):
+        kept, they grew with every topic ever put, each in every stats snapshot written (review
+        76: a host with a topic per session or tenant)."""
+        with self._lock:
+            for topic in topics:
+                self._put_topic_times.pop(topic, None)
+                self._put_topic_bytes.pop(topic, None)
+
     def timed_reply(self, topic: str, reply: Reply[PutResult], started_ns: int | None = None) -> Reply[PutResult]:
         """A Reply that records the put's answer and latency, then forwards it to `reply`."""
         started = time.monotonic_ns() if started_ns is None else started_ns

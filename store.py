@@ -1166,7 +1166,9 @@ class MessageStore:
         except ServiceUnavailable as exc:
             self.log.warning("clean_unused_topic: the ConsumeQueue actor did not answer", error=str(exc))
             return 0
-        self._encoder.forget_topics({topic for topic, _ in removed})  # their directories are gone
+        gone = {topic for topic, _ in removed}
+        self._encoder.forget_topics(gone)  # their directories are gone
+        self.stats_service.forget_topics(gone)
         if removed:
             try:
                 self._ask("writer", RemoveQueuesFromTopicQueueTable(queues=removed))

@@ -324,3 +324,18 @@ def test_a_supervisor_given_up_from_another_thread_ticks_no_hook_again(tmp_path:
         seen = len(calls)
         time.sleep(0.2)  # ten hook intervals
         assert len(calls) == seen
+
+
+def test_clean_unused_topic_forgets_the_topics_per_topic_figures(tmp_path: Path) -> None:
+    """Review 76: a topic's put figures stayed after clean_unused_topic removed its queues, so
+    a host with a topic per session grew them (and every stats snapshot) without bound."""
+    with mqstore.open(tmp_path / "s") as store:
+        for round_ in range(3):
+            for i in range(50):
+                assert store.put(mqstore.Message(topic=f"session-{round_}-{i}", body=b"x")).ok
+            assert store.put(mqstore.Message(topic="kept", body=b"y")).ok
+            assert store.max_offset("kept", 0) == round_ + 1  # dispatched (this thread's reads cover its puts)
+            assert store.clean_unused_topic(["kept"]) == 50
+            assert set(store.stats()["put_topic"]) == {"kept"}
+        assert store.stats()["put_topic"]["kept"]["messages"] == 3
+        assert store.stats()["put_message_times_total"] == 153  # the totals stay
