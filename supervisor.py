@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Final, TypeVar
 
 import pykka
 
@@ -91,6 +91,7 @@ R = TypeVar("R")
 __all__ = ["Supervisor", "SupervisorState", "ChildSpec", "TREE", "MAX_RESTARTS", "RESTART_PERIOD_MS", "OWNS_NO_FILES"]
 
 MAX_RESTARTS = 10
+KEPT_RESTART_RECORDS: Final = 1000
 RESTART_PERIOD_MS = 60_000
 # The actor API owns no file and serves the host's own actors: requests that keep crashing it
 # (a client's bug) restart it with back-off as long as the store runs, and never count
@@ -388,7 +389,8 @@ class Supervisor:
         self._stragglers: list[tuple[str, pykka.Future[bool]]] = []  # their stop futures
         self.lock_released = threading.Event()
         self.state = SupervisorState.NEW
-        self.restarts: list[RestartRecord] = []
+        self.restarts: list[RestartRecord] = []  # the newest KEPT_RESTART_RECORDS (review 76 L2: ~340 B each, for good)
+        self.restart_count = 0  # every restart since the start
         self.recovery: RecoveryReport | None = None
         self._mode = RecoveryMode.CLEAN  # how the first start trusts the files (restarts: RESTART)
         self._checkpoint: CheckpointValues | None = None
@@ -662,6 +664,9 @@ class Supervisor:
                 self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc))
             return True
         self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.ticker.now_ms(), backoff))
+        self.restart_count += 1
+        if len(self.restarts) > KEPT_RESTART_RECORDS:  # a gateway, or a full btrfs, may restart for as long as it runs
+            del self.restarts[: len(self.restarts) - KEPT_RESTART_RECORDS]
         return True
 
     def _failure_pending(self, names: list[str]) -> bool:

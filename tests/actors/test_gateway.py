@@ -15,6 +15,7 @@ import pykka
 import pytest
 
 from mqstore import FaultPlan, GetResult, Message, MessageArrived, PutResult, Reply
+from mqstore import supervisor as supervisor_module
 from mqstore.actors.base import ServiceUnavailable
 from mqstore.errors import StoreClosedError
 from mqstore.log import REPEAT_LOG_INTERVAL_MS
@@ -345,3 +346,23 @@ def test_a_subscriber_whose_callback_ends_its_listener_is_dropped_and_can_subscr
         assert store.put(Message(topic="t", body=b"x")).ok
         h.wait_until(lambda: len(calls) == 2, what="the new subscription's call")
         assert calls[1] == (0, 5) and store.supervisor.restarts == []
+
+
+def test_the_supervisor_keeps_the_newest_restart_records_and_counts_them_all(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway may crash and be restarted for as long as the store runs (so may a writer on a
+    full btrfs, every second): each restart's record (~340 B) was kept for good (review 76 L2)."""
+    monkeypatch.setattr(supervisor_module, "KEPT_RESTART_RECORDS", 3)
+    monkeypatch.setattr(supervisor_module, "BACKOFF_MAX_MS", 10)
+    plan = FaultPlan()
+    with h.open_small(store_dir, faults=plan) as store:
+        for n in range(1, 7):
+            plan.arm("gateway.mid_request")
+            with pytest.raises(ServiceUnavailable, match="gateway failed"):
+                _ask(store, lambda r: Put(messages=(GOOD,), reply=r))
+            h.wait_until(lambda n=n: store.supervisor.restart_count == n, what=f"restart {n}")
+            h.wait_until(lambda: "gateway" in store.supervisor.peers and store.supervisor.peers["gateway"].is_alive())
+        assert len(store.supervisor.restarts) == 3 and store.supervisor.restart_count == 6
+        assert all(r.failed == "gateway" for r in store.supervisor.restarts)
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
