@@ -715,10 +715,13 @@ def offset_for_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id
     if bounds is None:
         return None
     commitlog = readers.commitlog_reader()
+    map_failures = commitlog.map_failures
     found = readers.queue_reader(view).offset_by_time(
         topic, queue_id, bounds, timestamp_ms, functools.partial(_pickup_store_timestamp, commitlog), commitlog.min_offset()
     )
     if _total_faults() != commitlog.faults_seen and commitlog.look_for_faults():
+        return -1
+    if commitlog.map_failures != map_failures:  # a segment it had to map could not be, now
         return -1
     return found
 

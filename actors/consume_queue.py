@@ -574,6 +574,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 return -1
             if self.ctx.fs.map_faults() != reader.faults_seen and reader.look_for_faults():
                 return -1
+            if reader.map_failures:  # a segment it had to map could not be, now: its times were not read
+                return -1
             return found
 
     def _delete_expired(self, min_phy_offset: int, start_after: tuple[str, int] | None) -> ConsumeQueueFilesDeleted:

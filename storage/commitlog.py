@@ -18,6 +18,7 @@ import os
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Collection, Generator, Iterator, Sequence
 from typing import Any, Callable, Final, NamedTuple
 
@@ -1317,12 +1318,23 @@ def _close_region(region: MappedRegion) -> bool:
     return True
 
 
+# Segments a CommitLogReader keeps mapped at once. Each map holds a descriptor (CPython's mmap
+# keeps one of its own), and every reading thread has a reader: mapping every segment made the
+# process's descriptors grow with the retained log, once per thread (review 76 H2: ~300
+# segments and three consumer threads used up a 1,024 limit; puts failed
+# CREATE_MAPPED_FILE_FAILED, the host's own open() EMFILE). The rest are known by name and
+# size, and mapped when read (the oldest mapped given back).
+READER_MAPPED_SEGMENTS = 16
+
+
 class CommitLogReader:
     """A read-only view of a commitlog directory for one reader thread. Not thread-safe,
     except `release_deleted` and `close`.
 
     Reads only below `limit` (the watermark its owner was told). A segment deleted underneath
-    reads as None, never as an exception.
+    reads as None, never as an exception. At most READER_MAPPED_SEGMENTS segments are mapped
+    at once (and a short one, kept): the others are "parked", present and full-sized, and
+    mapped when read.
     """
 
     def __init__(
@@ -1341,6 +1353,10 @@ class CommitLogReader:
         self.max_record_size = max_record_size(mapped_file_size, max_message_size)
         self.limit = limit
         self._regions: dict[int, MappedRegion] = {}
+        # Present full-sized segments not mapped now (READER_MAPPED_SEGMENTS), and the mapped
+        # ones' starts oldest-mapped first (may name one since unmapped: skipped).
+        self._parked: set[int] = set()
+        self._mapped_order: deque[int] = deque()
         # Short (truncated) segments: their valid records' end; the rest is a hole until recover.
         self._valid_ends: dict[int, int] = {}
         # Segments present but with nothing readable (empty, or cut inside their first record),
@@ -1350,6 +1366,9 @@ class CommitLogReader:
         # Segments present whose map failed for want of the process's resources (descriptors,
         # memory, map count) or of access: not a hole nor a removed file, only "not now".
         self._map_errors: dict[int, OSError | ValueError] = {}
+        # Maps that failed so far (counted, not kept): a search that read store times through
+        # this reader compares it before and after, to know none of its reads was "not now".
+        self.map_failures = 0
         self._list_error: OSError | None = None  # the directory could not be listed at the last refresh
         # Segments whose map faulted and was dropped, until the refresh that maps them again:
         # still the log's (min_offset, next_segment_after), not removed.
@@ -1383,7 +1402,8 @@ class CommitLogReader:
         starts = [int(name) for name in names if len(name) == 20 and name.isdigit()]
         newest = max(starts, default=-1)
         unreadable: set[int] = set()
-        for start in starts:
+        newly_mapped: list[int] = []
+        for start in sorted(starts, reverse=True):  # the newest mapped first: reads are mostly near the end
             present.add(start)
             known = self._regions.get(start)
             if known is not None:
@@ -1392,7 +1412,12 @@ class CommitLogReader:
                 with self._closing:  # given back (release_deleted) but named again: map it anew
                     _close_region(self._regions.pop(start))
                 self._valid_ends.pop(start, None)
+            elif start in self._parked:
+                continue
             path = os.path.join(self.store_path, f"{start:020d}")
+            if len(self._regions) >= READER_MAPPED_SEGMENTS and self._full_sized(path):
+                self._parked.add(start)  # mapped when read
+                continue
             region = self._map(path, start)
             if region is None:
                 present.discard(start)  # being created (not yet full size), just deleted, or empty
@@ -1400,11 +1425,59 @@ class CommitLogReader:
                     unreadable.add(start)
             else:
                 self._regions[start] = region
+                newly_mapped.append(start)
+        self._mapped_order.extend(reversed(newly_mapped))  # oldest segment first: given back first
         self._unreadable = unreadable
+        self._parked &= present
         for start in [s for s in self._regions if s not in present]:
             self._valid_ends.pop(start, None)
             with self._closing:
                 _close_region(self._regions.pop(start))
+
+    def _full_sized(self, path: str) -> bool:
+        """Whether `path` is a regular file of the segment size (a segment to map when read;
+        anything else is mapped now, to be judged as `_map` does)."""
+        try:
+            return self.fs.isfile(path) and self.fs.getsize(path) == self.mapped_file_size
+        except OSError:
+            return False
+
+    def _map_parked(self, start: int) -> MappedRegion | None:
+        """Map the parked segment at `start`, giving back the oldest mapped one beyond
+        READER_MAPPED_SEGMENTS (a short segment stays mapped, as does one a view still holds)."""
+        path = os.path.join(self.store_path, f"{start:020d}")
+        if not self._full_sized(path) and self.fs.exists(path):
+            # Full-sized when listed, short now: cut by another process while parked, as a
+            # mapped one is cut under its map. "Not now" (as for a faulted map), not a short
+            # segment's damage: a short map kept would serve it as a hole after its restore.
+            self._map_errors[start] = UnreadPageError(path, "nothing was skipped; read again once the file reads whole")
+            self.map_failures += 1
+            return None
+        self._parked.discard(start)
+        region = self._map(path, start)
+        if region is None:
+            if start in self._map_errors:
+                self._parked.add(start)  # "not now" (map_error names why): still the log's
+            return None  # or gone (the next refresh forgets it)
+        order = self._mapped_order
+        for _ in range(len(order)):
+            if len(self._regions) < READER_MAPPED_SEGMENTS:
+                break
+            oldest = order.popleft()
+            mapped = self._regions.get(oldest)
+            if mapped is None or oldest in self._valid_ends:
+                if mapped is not None:
+                    order.append(oldest)  # a short segment is kept mapped
+                continue
+            with self._closing:
+                if not _close_region(mapped):
+                    order.append(oldest)  # a view of it is alive: given back later
+                    continue
+            del self._regions[oldest]
+            self._parked.add(oldest)
+        self._regions[start] = region
+        order.append(start)
+        return region
 
     def release_deleted(self, present: Collection[int]) -> int:
         """From any thread: unmap this reader's segments whose files are gone (`present`: the
@@ -1428,7 +1501,10 @@ class CommitLogReader:
             return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
         except (OSError, ValueError) as exc:
             if _map_failed_now(exc):
-                self._map_errors[start] = exc
+                # Without its traceback: its frames hold this reader, and the cycle kept the
+                # reader's maps and descriptors until a garbage collection (review 76 H2).
+                self._map_errors[start] = exc.with_traceback(None)
+                self.map_failures += 1
                 return None
         # A short segment (truncated by damage; files are created full-size at once): mapped
         # at its own length, its valid records from the start are served until the first
@@ -1440,7 +1516,8 @@ class CommitLogReader:
             region = self.fs.map_file(path, size, create=False, readonly=True)
         except (OSError, ValueError) as exc:
             if _map_failed_now(exc):
-                self._map_errors[start] = exc
+                self._map_errors[start] = exc.with_traceback(None)
+                self.map_failures += 1
             return None
         end = valid_prefix_end(region.buf, start, self.mapped_file_size, self.max_record_size)
         if end == 0:
@@ -1516,11 +1593,13 @@ class CommitLogReader:
             for region in list(self._regions.values()):
                 _close_region(region)
         self._regions.clear()
+        self._parked.clear()
+        self._mapped_order.clear()
         self._valid_ends.clear()
 
     def min_offset(self) -> int:
-        """The log's head: the first mapped segment, or an unreadable one before it."""
-        starts = [*self._regions, *self._unreadable, *self._dropped]
+        """The log's head: the first segment present, or an unreadable one before it."""
+        starts = [*self._regions, *self._parked, *self._unreadable, *self._dropped]
         return min(starts) if starts else -1
 
     def has_segment(self, offset: int) -> bool:
@@ -1537,15 +1616,18 @@ class CommitLogReader:
 
     def next_segment_after(self, offset: int) -> int | None:
         """The start of the first mapped segment after `offset` (past a hole), or None."""
-        later = [start for start in (*self._regions, *self._dropped) if start > offset]
+        later = [start for start in (*self._regions, *self._parked, *self._dropped) if start > offset]
         return min(later) if later else None
 
     def _region_for(self, offset: int) -> tuple[int, MappedRegion] | None:
         start = offset - offset % self.mapped_file_size
         region = self._regions.get(start)
         if region is None:
-            self.refresh()
-            region = self._regions.get(start)
+            if start not in self._parked:
+                self.refresh()
+                region = self._regions.get(start)
+            if region is None and start in self._parked:
+                region = self._map_parked(start)
         return (start, region) if region is not None else None
 
     def _limit(self, limit: int | None) -> int:
