@@ -716,6 +716,9 @@ class PutPipeline:
             if not held:
                 if not self._not_waiting.__dict__.get("on"):
                     store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
+                if held_bytes:  # taken for a put that goes nowhere (review 77 H1: leaked for good)
+                    self._bytes.give(held_bytes)
+                    held_bytes = 0
                 return IN_FLIGHT_FULL
             if self._thread is None and reply.sink is self._to_completion:
                 self._ensure_thread()

@@ -1455,6 +1455,8 @@ class CommitLogReader:
             return None
         self._parked.discard(start)
         region = self._map(path, start)
+        if region is not None:
+            self._map_errors.pop(start, None)  # mapped now: an earlier "not now" is over (review 77 L2)
         if region is None:
             if start in self._map_errors:
                 self._parked.add(start)  # "not now" (map_error names why): still the log's

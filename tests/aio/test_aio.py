@@ -174,3 +174,53 @@ def test_asyncio_run_returns_with_a_cancelled_infinite_wait_and_no_close(tmp_pat
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "returned", done.stderr
     assert time.monotonic() - started < 30
+
+
+def test_large_puts_that_wait_for_room_give_their_bytes_back(tmp_path: Path) -> None:
+    """Review 77 H1: a put of 16 KiB or more took its bytes, found no slot and was refused
+    without giving them back; the aio put's retries drained max_put_bytes_in_flight for good."""
+    hold = HoldAt("writer.mid_batch_append", hold_s=TIMEOUT_S * 2)
+    sync = mqstore.open(tmp_path / "s", faults=hold, max_puts_in_flight=2, **SETTINGS)
+
+    async def main() -> None:
+        store = mqstore.aio.AsyncMessageStore(sync)
+        hold.armed.set()
+        large = [asyncio.ensure_future(store.put(Message("t", b"x" * 20_000))) for _ in range(12)]
+        while not hold.entered.is_set():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # their retries, every few ms, while there is no slot
+        hold.release.set()
+        assert all(r.ok for r in await asyncio.gather(*large))
+        assert sync._puts._bytes.settled() == 0  # noqa: SLF001
+        await store.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        hold.release.set()
+        sync.close()
+
+
+def test_a_put_awaited_through_wait_for_or_gather_is_read_back(tmp_path: Path) -> None:
+    """Review 77 M2: awaited in a child task (wait_for, gather), the put's end went into that
+    task's context: most gets of the put just awaited missed it."""
+
+    async def main() -> None:
+        async with mqstore.aio.open(tmp_path / "s", **SETTINGS) as store:
+            for i in range(100):
+                put = await asyncio.wait_for(store.put(Message("t", b"%d" % i)), TIMEOUT_S)
+                (same,) = await asyncio.gather(store.get("t", 0, put.queue_offset, 1))
+                assert same.status is GetMessageStatus.FOUND, same
+
+    asyncio.run(main())
+
+
+def test_calls_after_close_raise_store_closed(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = await mqstore.aio.open(tmp_path / "s", **SETTINGS)
+        assert await store.close()
+        for call in (store.get("t", 0, 0), store.query("t", "k"), store.flush(), store.put(Message("t", b"x"))):
+            with pytest.raises(mqstore.StoreClosedError):
+                await call
+
+    asyncio.run(main())

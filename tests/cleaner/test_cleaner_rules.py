@@ -255,7 +255,11 @@ def test_manual_deletion_runs_twenty_rounds_at_any_hour_with_age_rules(harness: 
     deleted = h.store.delete_expired_files_now()
     assert deleted == boundary // SEGMENT_BYTES
     rounds = [h.tick() for _ in range(MANUAL_DELETE_ROUNDS)]
-    assert [r.manual for r in rounds] == [True] * (MANUAL_DELETE_ROUNDS - 1) + [False]
+    # The clock's jump to day 4 made the supervisor's own cleaning tick due: it runs once, at a
+    # moment the test does not choose, and may take one of the manual rounds (a CI run under
+    # load saw it land among them).
+    assert [r.manual for r in rounds] in (
+        [True] * (MANUAL_DELETE_ROUNDS - 1) + [False], [True] * (MANUAL_DELETE_ROUNDS - 2) + [False, False])  # fmt: skip
     assert sum(r.commitlog_deleted for r in rounds) == 0  # the rest is not expired
 
 
