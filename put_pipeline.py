@@ -827,6 +827,8 @@ class PutPipeline:
             with self._thread_lock:
                 self._thread_ended = True
             self._run_due_callbacks()
+            held, self._held_futures = self._held_futures, []
+            self._notify_held_later(held)
 
     def on_completion_thread(self) -> bool:
         """Whether the caller runs on this pipeline's completion thread (in a done-callback)."""
@@ -928,6 +930,30 @@ class PutPipeline:
     def _notify_held_futures(self) -> None:
         self._callbacks_due.extend((future, False) for future in _notify_held(self._held_futures))
 
+    def _notify_held_later(self, held: list[_PutFuture]) -> None:
+        """Futures completed without their lock when nothing is left to notify them (the
+        completion thread ended, the store closed): a thread of their own notifies them and
+        runs their callbacks once their lock is free (review 77 M3: a waiter inside result()
+        when the store closed was never woken)."""
+        if not held:
+            return
+
+        def notify() -> None:
+            while held:
+                for future in _notify_held(held):
+                    for callback in future._callback_list or ():
+                        try:
+                            callback(future)
+                        except BaseException as exc:  # the host's callback: logged, never the end of this thread
+                            self.log.error("a put's done-callback raised", error=error_repr(exc))
+                if held:
+                    time.sleep(_HELD_CONDITION_WAIT_S)
+
+        try:
+            threading.Thread(target=notify, name="mqstore-held-futures", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: their results are set, readable by result()
+            self.log.error("futures whose lock a host thread held cannot be notified", futures=len(held), error=repr(exc))
+
     # actors ----------------------------------------------------------------------------------
     def tell_put(
         self, messages: Sequence[Message], *, batch: bool, sender: pykka.ActorRef[Any] | None, correlation_id: object
@@ -1021,8 +1047,9 @@ class PutPipeline:
                 self._complete(answers)
         closed = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store closed")
         leftovers = [(future, closed) for future in self._pending.copy()]
-        held: list[_PutFuture] = []  # their callbacks are not run: the lock's holder may be adding one
+        held: list[_PutFuture] = []
         self._callbacks_due.extend((future, False) for future in _complete_futures(leftovers, held))
+        self._notify_held_later(held)
         self._pending.difference_update([future for future, _ in leftovers])
         thread = self._thread
         with self._thread_lock:  # a thread not yet past its loop runs what is queued before it ends

@@ -100,3 +100,35 @@ def test_flush_says_so_when_handed_out_futures_are_not_done_in_time(store_dir: P
             go_on.set()
         assert all(f.result(TIMEOUT_S).ok for f in later)
         store.flush()  # all done: no error
+
+
+def test_a_future_completed_without_its_lock_is_still_notified_once_the_store_closed(store_dir: Path) -> None:
+    """Review 77 M3: a future completed without its lock (a host thread held it past 50 ms)
+    was notified by the completion thread's later passes only; the store closing first left a
+    waiter inside Condition.wait for good. A thread of their own notifies them now."""
+    store = helpers.open_small(store_dir)
+    try:
+        stuck = store.put_async(Message(topic="t", body=b"stuck"))
+        called: list[bool] = []
+        stuck.add_done_callback(lambda f: called.append(f.result(0).ok))
+        release, holder = _hold(stuck)
+        woken = threading.Event()
+
+        def waiter() -> None:  # gets the lock when the holder lets go, then waits for a notify
+            with stuck._condition:  # noqa: SLF001
+                stuck._condition.wait(TIMEOUT_S)  # noqa: SLF001
+            woken.set()
+
+        waiting = threading.Thread(target=waiter, daemon=True)
+        waiting.start()
+        assert store.close()  # the completion thread completes `stuck` without its lock, then ends
+        assert stuck.done() and stuck.result(0).ok
+        release.set()
+        holder.join(TIMEOUT_S)
+        assert woken.wait(5), "the waiter was never notified"
+        deadline = time.monotonic() + 5
+        while not called and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert called == [True]
+    finally:
+        store.close()
