@@ -114,12 +114,12 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
                     waiter.send(None)
 
     def _create(self, pending: _Pending) -> MappedFile:
-        cfg = self.config
         self.ctx.fs.makedirs(os.path.dirname(pending.path))
         mapped = MappedFile(self.ctx.fs, pending.path, pending.file_size)
         self.ctx.faults.hit("allocator.mid_allocation")
-        if cfg.warm_mapped_file_enable and pending.file_size >= cfg.mapped_file_size_commitlog_bytes:
-            mapped.warm_up(cfg.flush_disk_type == "SYNC_FLUSH", cfg.flush_least_pages_when_warm_mapped_file)
+        # No warm-up (warmMapedFileEnable has no effect here): when it outlasted the writer's
+        # wait, the writer made this file itself and the warm-up wrote zeros over its records
+        # (review 78 H1). The writer's reservation windows prefault what it writes instead.
         return mapped
 
     def release(self) -> None:

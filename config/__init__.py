@@ -76,6 +76,11 @@ NO_EFFECT_SETTINGS: Final[dict[str, str]] = {
     "disk_fall_recorded": "gets keep no disk-fall-behind statistics",
     "mapped_file_size_consume_queue_ext_bytes": "ConsumeQueueExt is not supported",
     "bit_map_length_consume_queue_ext_bits": "ConsumeQueueExt is not supported",
+    # Review 78 H1: the warm-up of a segment the writer had made itself (the allocator slower
+    # than allocate_wait_timeout_ms, or the process paused) wrote zeros over acknowledged records.
+    "warm_mapped_file_enable": "new segments are not warmed up: a slow warm-up wrote over records the writer had put "
+                               "into the same file (review 78 H1)",
+    "flush_least_pages_when_warm_mapped_file": "new segments are not warmed up (warm_mapped_file_enable)",
 }
 # Below these a segment cannot hold a useful record: a typo (a 100-byte segment), not a choice.
 MIN_COMMITLOG_SEGMENT_BYTES: Final = 4096
