@@ -88,6 +88,7 @@ def test_a_queue_recovery_that_stops_moving_fails_the_open_naming_the_actor(
     with mqstore.open(store, **SETTINGS) as s:
         assert s.put(Message("stuck", b"x")).ok
     monkeypatch.setattr(supervisor, "START_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(supervisor, "PAUSE_GRACE_S", 0.1)  # (the grace after a timeout, for a paused process)
     _slow_recovery(monkeypatch, 1.5, only="stuck")
     with pytest.raises(TimeoutError, match="consume_queue actor did not start: its recovery made no progress"):
         mqstore.open(store, **SETTINGS)
