@@ -197,6 +197,8 @@ _FINISHED: str = _futures_base.FINISHED
 # legitimate holder (result(), add_done_callback, concurrent.futures.wait) keeps it for
 # microseconds; one a Ctrl-C interrupted inside Condition.__enter__ keeps it for good.
 _HELD_CONDITION_WAIT_S: Final = 0.05
+# How long, after the store closed, such futures are looked at again for their lock.
+_HELD_NOTIFY_FOR_S: Final = 600.0
 
 
 def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: list[_PutFuture]) -> list[_PutFuture]:
@@ -937,17 +939,21 @@ class PutPipeline:
         when the store closed was never woken)."""
         if not held:
             return
+        log = self.log  # (not self: a lock kept for good must not keep the closed store alive)
 
         def notify() -> None:
-            while held:
+            deadline = time.monotonic() + _HELD_NOTIFY_FOR_S
+            while held and time.monotonic() < deadline:
                 for future in _notify_held(held):
                     for callback in future._callback_list or ():
                         try:
                             callback(future)
                         except BaseException as exc:  # the host's callback: logged, never the end of this thread
-                            self.log.error("a put's done-callback raised", error=error_repr(exc))
+                            log.error("a put's done-callback raised", error=error_repr(exc))
                 if held:
                     time.sleep(_HELD_CONDITION_WAIT_S)
+            if held:  # a lock kept for good (review 79 L1: one thread a close, for ever, before)
+                log.error("futures whose lock a host thread keeps were never notified", futures=len(held))
 
         try:
             threading.Thread(target=notify, name="mqstore-held-futures", daemon=True).start()

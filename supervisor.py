@@ -108,6 +108,11 @@ STOP_TIMEOUT_S = 10.0
 # during a restart gave the store up as "did not stop within 10 s"; one during an open left
 # it failed).
 PAUSE_GRACE_S = 1.0
+# A shortage of threads or descriptors is not counted against the restart budget for this long
+# (review 76: a few seconds of it gave the store up); one that lasts longer is a broken actor or
+# a limit below what the store needs, counted again (review 79: never counted, an open retried
+# for ever and a running store restarted an owner for ever, unseen).
+RESOURCE_SHORTAGE_MAX_MS = 60_000
 DISPATCH_CATCH_UP_TIMEOUT_MS = 5_000
 FAILURE_CHECK_S = 0.1  # how often the open's wait for re-dispatch looks for a crashed child
 TICK_HOOK_INTERVAL_MS = 1_000  # StoreStatsService samples once a second (§16)
@@ -401,6 +406,7 @@ class Supervisor:
         self.state = SupervisorState.NEW
         self.restarts: list[RestartRecord] = []  # the newest KEPT_RESTART_RECORDS (review 76 L2: ~340 B each, for good)
         self.restart_count = 0  # every restart since the start
+        self._shortage_since: int | None = None  # (ticker ms) restarts failing for want of threads or descriptors
         self.recovery: RecoveryReport | None = None
         self._mode = RecoveryMode.CLEAN  # how the first start trusts the files (restarts: RESTART)
         self._checkpoint: CheckpointValues | None = None
@@ -645,7 +651,13 @@ class Supervisor:
         # Likewise a restart that could not start its actor's thread: the process is short of
         # threads (a pids limit), not the actor broken (review 76: ~4.5 s of "can't start new
         # thread" used the budget up, and the store stayed stopped once threads were back).
-        full_disk = full_disk or _is_thread_shortage(event.error)
+        if _is_thread_shortage(event.error) and self.state is SupervisorState.RUNNING:
+            # (During the open it counts: the open fails fast, and the host may try again.)
+            if self._shortage_since is None:
+                self._shortage_since = now
+            full_disk = full_disk or now - self._shortage_since <= RESOURCE_SHORTAGE_MAX_MS
+        else:
+            self._shortage_since = None
         if not full_disk:
             recent.append(now)
         while recent and recent[0] < now - RESTART_PERIOD_MS:
@@ -675,6 +687,7 @@ class Supervisor:
             return True
         self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.ticker.now_ms(), backoff))
         self.restart_count += 1
+        self._shortage_since = None
         if len(self.restarts) > KEPT_RESTART_RECORDS:  # a gateway, or a full btrfs, may restart for as long as it runs
             del self.restarts[: len(self.restarts) - KEPT_RESTART_RECORDS]
         return True

@@ -149,3 +149,42 @@ def test_a_descriptor_shortage_while_an_owner_is_restarted_does_not_give_the_sto
     finally:
         short.clear()
         store.close()
+
+
+def test_a_shortage_that_lasts_counts_again_and_an_open_does_not_wait_for_one(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 79: never counted, a lasting EMFILE (a leak, a limit below what the store needs)
+    restarted an owner for ever unseen, and an open whose rebuild met it never returned. A
+    shortage is exempt for RESOURCE_SHORTAGE_MAX_MS of a running store only."""
+    import errno as errno_module
+
+    from mqstore import supervisor as supervisor_module
+    from mqstore.actors.consume_queue import ConsumeQueueService
+
+    monkeypatch.setattr(supervisor_module, "RESOURCE_SHORTAGE_MAX_MS", 1_000)
+    monkeypatch.setattr(supervisor_module, "BACKOFF_MAX_MS", 50)
+    faults, fatal = FaultPlan(), []
+    short = threading.Event()
+    on_start = ConsumeQueueService.on_start
+
+    def on_start_short_of_descriptors(self: ConsumeQueueService) -> None:
+        if short.is_set():
+            raise OSError(errno_module.EMFILE, "Too many open files")
+        on_start(self)
+
+    monkeypatch.setattr(ConsumeQueueService, "on_start", on_start_short_of_descriptors)
+    store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append)
+    try:
+        short.set()
+        faults.arm("consume_queue.mid_write")
+        store.put(Message("t", b"crashes the queues' owner"))
+        helpers.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, timeout_s=30,
+                           what="the store given up once the shortage lasted")  # fmt: skip
+        assert fatal and isinstance(fatal[0], OSError) and fatal[0].errno == errno_module.EMFILE
+    finally:
+        store.close()
+    started = time.monotonic()
+    with pytest.raises(OSError):  # an open that meets it fails, as before the exemption
+        helpers.open_small(store_dir)
+    assert time.monotonic() - started < 20
