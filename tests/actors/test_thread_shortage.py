@@ -179,9 +179,10 @@ def test_a_shortage_that_lasts_counts_again_and_an_open_does_not_wait_for_one(
         short.set()
         faults.arm("consume_queue.mid_write")
         store.put(Message("t", b"crashes the queues' owner"))
-        helpers.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, timeout_s=30,
-                           what="the store given up once the shortage lasted")  # fmt: skip
-        assert fatal and isinstance(fatal[0], OSError) and fatal[0].errno == errno_module.EMFILE
+        # (on_fatal is called just after the state is FAILED: wait for the call itself)
+        helpers.wait_until(lambda: bool(fatal), timeout_s=30, what="the store given up once the shortage lasted")
+        assert store.supervisor.state is SupervisorState.FAILED
+        assert isinstance(fatal[0], OSError) and fatal[0].errno == errno_module.EMFILE
     finally:
         store.close()
     started = time.monotonic()
