@@ -7,9 +7,10 @@ The same store (`.sync` is the MessageStore) without what a coroutine must not d
 - Never blocks the event loop. A put at the in-flight bound waits for room by sleeping, not in
   the loop's thread (`put_async` there blocked the loop up to the reply timeout, 20 s a call);
   reads, flush, open and close run on the aio store's own threads.
-- Reads its own writes per task: a put's end is kept in the task's context, which goes with the
-  read to the thread that runs it (the read contract is per thread otherwise: a task's get of
-  the put it had just awaited answered OFFSET_OVERFLOW_BADLY with next_begin_offset=0).
+- Reads its own writes per task: a read runs on another thread, for the loop's thread, whose
+  read-your-writes end covers every put its tasks saw stored (the read contract is per thread:
+  through to_thread a task's get of the put it had just awaited answered OFFSET_OVERFLOW_BADLY
+  with next_begin_offset=0).
 - A long poll can be cancelled: `wait_for_messages` waits in slices of at most
   WAIT_SLICE_S, so a cancelled wait holds no thread past its slice (through asyncio.to_thread,
   a cancelled `timeout_s=math.inf` wait kept its thread for good, and `asyncio.run()` never
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
 import functools
 import math
 import os
@@ -61,21 +61,20 @@ class AsyncMessageStore:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mqstore-aio")
 
     async def _on_thread(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`call` on the store's threads, covering every put this event loop's thread saw
-        stored: a put awaited through `asyncio.wait_for` or `gather` ran in a child task, whose
-        context the awaiting task never sees (review 77 M2: 1,340 of 1,500 gets of the put just
-        awaited missed it); the loop thread's own read-your-writes end has them all."""
+        """`call` on the store's threads, reading for the loop's thread (MessageStore.reading_after):
+        its end covers every put its tasks saw stored, whichever task awaited it (a task's own
+        context missed puts awaited through wait_for or gather, review 77 M2)."""
         store = self.sync
         store._check_open()  # StoreClosedError, not the closed executor's RuntimeError (review 77 L3)
-        seen = store._own_put_end()  # on the loop's thread: its futures were completed here
-        context = contextvars.copy_context()
+        # On the loop's thread: its put futures were completed here (asyncio.wrap_future reads
+        # each result on it), so its own end covers every put its tasks saw stored.
+        seen = store._own_put_end()
 
         def covering() -> T:
-            store._note_task_put_end(seen)
-            return call(*args, **kwargs)
+            with store.reading_after(seen):
+                return call(*args, **kwargs)
 
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(context.run, covering))
+        return await asyncio.get_running_loop().run_in_executor(self._executor, covering)
 
     # put -------------------------------------------------------------------------------------
     async def put(self, message: Message) -> PutResult:
@@ -95,18 +94,13 @@ class AsyncMessageStore:
         while True:
             with pipeline.not_waiting():
                 future = submit()
-            if future.done():
-                result = future.result()
-                if (result is IN_FLIGHT_FULL or result is BYTES_IN_FLIGHT_FULL) and not pipeline.fails_fast:
-                    await asyncio.sleep(pause)  # no room yet: not sent, so a cancel here drops it
-                    pause = min(pause * 2, _ROOM_PAUSE_S[1])
-                    continue
-            else:
-                result = await asyncio.wrap_future(future)
-            if result.stored:
-                pass_end = getattr(future, "pass_end", 0)
-                store._note_task_put_end(max(result.commitlog_offset + result.wrote_bytes, pass_end))
-            return result
+            if not future.done():
+                return await asyncio.wrap_future(future)
+            result = future.result()
+            if (result is not IN_FLIGHT_FULL and result is not BYTES_IN_FLIGHT_FULL) or pipeline.fails_fast:
+                return result
+            await asyncio.sleep(pause)  # no room yet: not sent, so a cancel here drops it
+            pause = min(pause * 2, _ROOM_PAUSE_S[1])
 
     # reads -----------------------------------------------------------------------------------
     async def get(

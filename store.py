@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import contextvars
 import errno
 import os
 import threading
@@ -242,8 +241,6 @@ class MessageStore:
         self._readers = reads.ReaderRegistry(self.fs, config, _monotonic_ms)
         self._encoder = PutEncoder(self.store_host, config.max_message_size_bytes, claim_topic=self._claim_topic_dir)
         self._local = threading.local()  # last_put_end: the end of the thread's last stored put
-        # A coroutine's (mqstore.aio) newest stored put's end: in its context, not its thread's.
-        self._task_put_end: contextvars.ContextVar[int] = contextvars.ContextVar(f"mqstore_put_end_{id(self)}", default=0)
         self._ryw_timeout_s = config.read_your_writes_timeout_ms / 1000
         # The host's repeated mistakes (a refused put_and_forget in a loop, a raising
         # done-callback or subscriber): in full once per kind, then a count (log.RepeatedLog).
@@ -557,9 +554,8 @@ class MessageStore:
         # raises and catches AttributeError for each one a thread never set (0.4 us each).
         local = self._local.__dict__
         end: int = local.get("last_put_end", 0)
-        end = max(end, local.get("reading_for_end", 0))  # a gateway reader's actor
+        end = max(end, local.get("reading_for_end", 0))  # a gateway reader's actor, an aio read's loop
         end = max(end, local.get("seen_put_end", 0))  # put_async results this thread saw stored
-        end = max(end, self._task_put_end.get())  # a coroutine's (mqstore.aio), whatever thread reads for it
         future = local.get("last_async_put")  # the thread's newest put_async
         if future is not None and future.done():
             result: PutResult = future.result()
@@ -569,19 +565,18 @@ class MessageStore:
                 end = max(end, result.commitlog_offset + result.wrote_bytes, future.pass_end)
         return end
 
-    def _note_task_put_end(self, end: int) -> None:
-        """A coroutine (mqstore.aio) saw a put stored that ends at `end`: its reads, and those
-        of tasks it starts later, cover it, on whichever thread they run (the context goes
-        with asyncio.to_thread and the aio store's executor; a thread-local did not: review 75
-        M1, a task's get of its own put answered OFFSET_OVERFLOW_BADLY, rewind to 0)."""
-        if end > self._task_put_end.get():
-            self._task_put_end.set(end)
-
     @contextlib.contextmanager
     def reading_for(self, actor: pykka.ActorRef[Any] | None) -> Iterator[None]:
         """Reads in this block (a gateway reader's thread) follow `actor`'s read-your-writes:
         they reflect every put of `actor` answered as stored before they started."""
-        self._local.reading_for_end = self._puts.actor_put_end(actor) if actor is not None else 0
+        with self.reading_after(self._puts.actor_put_end(actor) if actor is not None else 0):
+            yield
+
+    @contextlib.contextmanager
+    def reading_after(self, end: int) -> Iterator[None]:
+        """Reads in this block, in this thread, reflect the log up to `end` (read for someone
+        else: an actor through the gateway, a coroutine through mqstore.aio)."""
+        self._local.reading_for_end = end
         try:
             yield
         finally:
