@@ -4,6 +4,7 @@ Here it is made to fail for the store's own threads by name, deterministically."
 
 from __future__ import annotations
 
+import errno
 import sys
 import threading
 import time
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from mqstore import Message, Reply, runtime
+from mqstore import supervisor as supervisor_module
+from mqstore.actors.consume_queue import ConsumeQueueService
 from mqstore.faults import FaultPlan
 from mqstore.messages import Put
 from mqstore.supervisor import SupervisorState
@@ -119,20 +122,8 @@ def test_a_descriptor_shortage_while_an_owner_is_restarted_does_not_give_the_sto
     """Review 77 M1: the ConsumeQueue owner's restart now fails when a queue cannot be loaded
     (EMFILE), rather than taking it for empty; each such restart counted against the budget,
     and 4.6 s of shortage gave the store up for good. Not counted now, as a thread shortage."""
-    import errno as errno_module
-
-    from mqstore.actors.consume_queue import ConsumeQueueService
-
     faults, fatal = FaultPlan(), []
-    short = threading.Event()
-    on_start = ConsumeQueueService.on_start
-
-    def on_start_short_of_descriptors(self: ConsumeQueueService) -> None:
-        if short.is_set():
-            raise OSError(errno_module.EMFILE, "Too many open files")
-        on_start(self)
-
-    monkeypatch.setattr(ConsumeQueueService, "on_start", on_start_short_of_descriptors)
+    short = _queues_owner_short_of_descriptors(monkeypatch)
     store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append)
     try:
         assert store.put(Message("t", b"before")).ok
@@ -157,23 +148,10 @@ def test_a_shortage_that_lasts_counts_again_and_an_open_does_not_wait_for_one(
     """Review 79: never counted, a lasting EMFILE (a leak, a limit below what the store needs)
     restarted an owner for ever unseen, and an open whose rebuild met it never returned. A
     shortage is exempt for RESOURCE_SHORTAGE_MAX_MS of a running store only."""
-    import errno as errno_module
-
-    from mqstore import supervisor as supervisor_module
-    from mqstore.actors.consume_queue import ConsumeQueueService
-
     monkeypatch.setattr(supervisor_module, "RESOURCE_SHORTAGE_MAX_MS", 1_000)
     monkeypatch.setattr(supervisor_module, "BACKOFF_MAX_MS", 50)
     faults, fatal = FaultPlan(), []
-    short = threading.Event()
-    on_start = ConsumeQueueService.on_start
-
-    def on_start_short_of_descriptors(self: ConsumeQueueService) -> None:
-        if short.is_set():
-            raise OSError(errno_module.EMFILE, "Too many open files")
-        on_start(self)
-
-    monkeypatch.setattr(ConsumeQueueService, "on_start", on_start_short_of_descriptors)
+    short = _queues_owner_short_of_descriptors(monkeypatch)
     store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append)
     try:
         short.set()
@@ -182,10 +160,25 @@ def test_a_shortage_that_lasts_counts_again_and_an_open_does_not_wait_for_one(
         # (on_fatal is called just after the state is FAILED: wait for the call itself)
         helpers.wait_until(lambda: bool(fatal), timeout_s=30, what="the store given up once the shortage lasted")
         assert store.supervisor.state is SupervisorState.FAILED
-        assert isinstance(fatal[0], OSError) and fatal[0].errno == errno_module.EMFILE
+        assert isinstance(fatal[0], OSError) and fatal[0].errno == errno.EMFILE
     finally:
         store.close()
     started = time.monotonic()
     with pytest.raises(OSError):  # an open that meets it fails, as before the exemption
         helpers.open_small(store_dir)
     assert time.monotonic() - started < 20
+
+
+def _queues_owner_short_of_descriptors(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """While the event is set, the ConsumeQueue owner's start fails with EMFILE, as it does on
+    a queue it cannot load (actors/consume_queue.py `_open`)."""
+    short = threading.Event()
+    on_start = ConsumeQueueService.on_start
+
+    def on_start_short_of_descriptors(self: ConsumeQueueService) -> None:
+        if short.is_set():
+            raise OSError(errno.EMFILE, "Too many open files")
+        on_start(self)
+
+    monkeypatch.setattr(ConsumeQueueService, "on_start", on_start_short_of_descriptors)
+    return short

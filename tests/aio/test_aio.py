@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,33 @@ SETTINGS = dict(
 )
 TIMEOUT_S = 15.0
 REPO = Path(mqstore.__file__).resolve().parent
+
+
+def _with_writer_held(path: Path, test: Callable[[mqstore.aio.AsyncMessageStore, HoldAt], Awaitable[None]],
+                      **settings: object) -> None:  # fmt: skip
+    """Run `test(store, hold)` on a store whose writer `hold` stops mid-append once armed;
+    released and closed whatever the test does."""
+    hold = HoldAt("writer.mid_batch_append", hold_s=TIMEOUT_S * 2)
+    sync = mqstore.open(path, faults=hold, **{**SETTINGS, **settings})
+
+    async def run() -> None:
+        store = mqstore.aio.AsyncMessageStore(sync)
+        try:
+            await test(store, hold)
+        finally:
+            hold.release.set()
+            await store.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        hold.release.set()
+        sync.close()
+
+
+async def _until_held(hold: HoldAt) -> None:
+    while not hold.entered.is_set():
+        await asyncio.sleep(0.01)
 
 
 def test_puts_gets_and_queries_through_coroutines_and_the_store_closes_with_the_block(tmp_path: Path) -> None:
@@ -75,18 +103,13 @@ def test_a_put_at_the_bound_waits_without_blocking_the_loop_and_a_cancel_before_
     """put_async at the in-flight bound blocked the loop's thread up to the reply timeout (20 s
     a call). The aio put waits for room by sleeping: the loop goes on, and a put cancelled while
     it waits for room was never sent."""
-    hold = HoldAt("writer.mid_batch_append", hold_s=TIMEOUT_S * 2)
-    sync = mqstore.open(tmp_path / "s", faults=hold, max_puts_in_flight=4, **SETTINGS)
-
-    async def main() -> None:
-        store = mqstore.aio.AsyncMessageStore(sync)
+    async def test(store: mqstore.aio.AsyncMessageStore, hold: HoldAt) -> None:
         assert (await store.put(Message("t", b"first"))).ok
         hold.armed.set()
         taken = [asyncio.ensure_future(store.put(Message("t", b"held %d" % i))) for i in range(4)]
-        ticks = 0
-        while not hold.entered.is_set():
-            await asyncio.sleep(0.01)
+        await _until_held(hold)
         waiting = asyncio.ensure_future(store.put(Message("t", b"no room")))
+        ticks = 0
         for _ in range(20):  # the loop runs while the fifth put waits for room
             await asyncio.sleep(0.01)
             ticks += 1
@@ -99,38 +122,22 @@ def test_a_put_at_the_bound_waits_without_blocking_the_loop_and_a_cancel_before_
         assert (await store.put(Message("t", b"after"))).ok
         got = await store.get("t", 0, 0, 32)
         assert [m.body for m in got.messages] == [b"first", *(b"held %d" % i for i in range(4)), b"after"]
-        failed = sync.stats()["put_message_failed_times"]
-        assert failed == 0  # waiting for room is not a failed put
-        await store.close()
+        assert store.sync.stats()["put_message_failed_times"] == 0  # waiting for room is not a failed put
 
-    try:
-        asyncio.run(main())
-    finally:
-        hold.release.set()
-        sync.close()
+    _with_writer_held(tmp_path / "s", test, max_puts_in_flight=4)
 
 
 def test_fail_fast_is_kept_when_the_store_asks_for_it(tmp_path: Path) -> None:
-    hold = HoldAt("writer.mid_batch_append", hold_s=TIMEOUT_S * 2)
-    sync = mqstore.open(tmp_path / "s", faults=hold, max_puts_in_flight=2, put_fail_fast_when_in_flight_full=True, **SETTINGS)
-
-    async def main() -> None:
-        store = mqstore.aio.AsyncMessageStore(sync)
+    async def test(store: mqstore.aio.AsyncMessageStore, hold: HoldAt) -> None:
         hold.armed.set()
         taken = [asyncio.ensure_future(store.put(Message("t", b"%d" % i))) for i in range(2)]
-        while not hold.entered.is_set():
-            await asyncio.sleep(0.01)
+        await _until_held(hold)
         refused = await store.put(Message("t", b"no room"))
         assert refused.status is PutMessageStatus.OS_PAGE_CACHE_BUSY
         hold.release.set()
         assert all(r.ok for r in await asyncio.gather(*taken))
-        await store.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        hold.release.set()
-        sync.close()
+    _with_writer_held(tmp_path / "s", test, max_puts_in_flight=2, put_fail_fast_when_in_flight_full=True)
 
 
 def test_a_cancelled_long_poll_keeps_no_thread_and_wakes_when_a_message_comes(tmp_path: Path) -> None:
@@ -179,26 +186,16 @@ def test_asyncio_run_returns_with_a_cancelled_infinite_wait_and_no_close(tmp_pat
 def test_large_puts_that_wait_for_room_give_their_bytes_back(tmp_path: Path) -> None:
     """Review 77 H1: a put of 16 KiB or more took its bytes, found no slot and was refused
     without giving them back; the aio put's retries drained max_put_bytes_in_flight for good."""
-    hold = HoldAt("writer.mid_batch_append", hold_s=TIMEOUT_S * 2)
-    sync = mqstore.open(tmp_path / "s", faults=hold, max_puts_in_flight=2, **SETTINGS)
-
-    async def main() -> None:
-        store = mqstore.aio.AsyncMessageStore(sync)
+    async def test(store: mqstore.aio.AsyncMessageStore, hold: HoldAt) -> None:
         hold.armed.set()
         large = [asyncio.ensure_future(store.put(Message("t", b"x" * 20_000))) for _ in range(12)]
-        while not hold.entered.is_set():
-            await asyncio.sleep(0.01)
+        await _until_held(hold)
         await asyncio.sleep(0.3)  # their retries, every few ms, while there is no slot
         hold.release.set()
         assert all(r.ok for r in await asyncio.gather(*large))
-        assert sync._puts._bytes.settled() == 0  # noqa: SLF001
-        await store.close()
+        assert store.sync._puts._bytes.settled() == 0  # noqa: SLF001
 
-    try:
-        asyncio.run(main())
-    finally:
-        hold.release.set()
-        sync.close()
+    _with_writer_held(tmp_path / "s", test, max_puts_in_flight=2)
 
 
 def test_a_put_awaited_through_wait_for_or_gather_is_read_back(tmp_path: Path) -> None:
