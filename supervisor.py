@@ -333,7 +333,7 @@ def _finished(stopped: pykka.Future[bool], timeout: float | None = 0) -> bool:
     return True
 
 
-def _is_thread_shortage(error: BaseException) -> bool:
+def _is_resource_shortage(error: BaseException) -> bool:
     """The process is short of what an actor needs to start, not the actor broken: a thread
     (Thread.start's error under RLIMIT_NPROC, a pids cgroup, no memory for a stack: CPython
     raises it with exactly this text), or descriptors (EMFILE, ENFILE: a restarted owner's
@@ -651,7 +651,7 @@ class Supervisor:
         # Likewise a restart that could not start its actor's thread: the process is short of
         # threads (a pids limit), not the actor broken (review 76: ~4.5 s of "can't start new
         # thread" used the budget up, and the store stayed stopped once threads were back).
-        if _is_thread_shortage(event.error) and self.state is SupervisorState.RUNNING:
+        if _is_resource_shortage(event.error) and self.state is SupervisorState.RUNNING:
             # (During the open it counts: the open fails fast, and the host may try again.)
             if self._shortage_since is None:
                 self._shortage_since = now
