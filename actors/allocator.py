@@ -2,12 +2,20 @@
 
 Each request names the segment needed now and the one after it; the needed one is usually
 ready already (it was the previous request's next-next), so a roll-over costs the writer one
-round trip instead of a file creation (and, with warm-up, touching a whole segment).
-Handed-over files belong to the writer from then on.
+round trip instead of a file creation. Handed-over files belong to the writer from then on.
+
+Files are made ahead *unnamed* (O_TMPFILE) and the writer gives each its name when it takes
+it (linkat: fails if the name exists). The allocator never names, opens or deletes a file by
+a segment's name, so it cannot meet a segment the writer made itself while the allocator was
+slow, paused or stopping: before, its release deleted by name the file a straggling writer
+had made and was writing, and its late map of a name the writer had taken shared the
+writer's file (review 78 H1). Where the filesystem has no unnamed files, nothing is made
+ahead: the writer makes each segment itself.
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 from dataclasses import dataclass, field
@@ -27,6 +35,9 @@ from .base import ActorContext, StoreActor
 __all__ = ["AllocateMappedFileService"]
 
 MAX_ATTEMPTS_PER_FILE = 3  # a bound on I/O retries: after that the writer creates the file itself
+# Why a filesystem cannot hold an unnamed file: no O_TMPFILE (EOPNOTSUPP; EISDIR before Linux
+# 3.11; EINVAL from some FUSE), or /proc not mounted (EOPNOTSUPP from fs._open_unnamed).
+NO_UNNAMED_FILES_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 # (A refusal for want of permission is not retried: the next try fails alike until an operator
 # acts, and the writer's queue remembers it: mapped_file_queue.REMEMBERED_CREATE_ERRNOS.)
 
@@ -56,6 +67,7 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
         # A failure repeats at the put rate while it lasts (review 65 F2: 2 lines per attempt,
         # 3 attempts for each of 2 paths per refused put): in full once, then a count.
         self._repeats = RepeatedLog(ctx.ticker.now_ms)
+        self._cannot_make_unnamed: str | None = None  # why, once the filesystem said so
 
     def handle(self, message: AllocatorRequest) -> Pong | None:
         match message:
@@ -84,9 +96,18 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
             if self._table.get(pending.path) is not pending:
                 continue  # expired or superseded
             if pending.mapped_file is None:
+                if self._cannot_make_unnamed is not None:
+                    self._give_up(pending)
+                    continue
                 try:
                     pending.mapped_file = self._create(pending)
                 except OSError as exc:
+                    if exc.errno in NO_UNNAMED_FILES_ERRNOS:
+                        self._cannot_make_unnamed = str(exc)
+                        self.log.warning("no unnamed files on this filesystem: the writer makes each segment itself",
+                                         path=pending.path, error=str(exc))  # fmt: skip
+                        self._give_up(pending)
+                        continue
                     pending.attempts += 1 if exc.errno not in REMEMBERED_CREATE_ERRNOS else MAX_ATTEMPTS_PER_FILE
                     suppressed = self._repeats.admit(("segment allocation failed", exc.errno))
                     if suppressed is not None:
@@ -95,17 +116,8 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
                     if pending.attempts < MAX_ATTEMPTS_PER_FILE:
                         heapq.heappush(self._queue, pending)
                         continue
-                    del self._table[pending.path]
-                    for waiter in pending.waiters:
-                        waiter.send(None)
+                    self._give_up(pending)
                     continue
-            if pending.waiters and not self.ctx.fs.exists(pending.path):
-                # Deleted underneath us (a truncation after a crash): never hand out an
-                # unlinked file, whatever is written there would be lost.
-                self.log.warning("pre-created segment vanished, creating it again", path=pending.path)
-                pending.mapped_file = None
-                heapq.heappush(self._queue, pending)
-                continue
             if pending.waiters:
                 del self._table[pending.path]
                 waiters, pending.waiters = pending.waiters, []
@@ -113,9 +125,15 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
                 for waiter in waiters[1:]:
                     waiter.send(None)
 
+    def _give_up(self, pending: _Pending) -> None:
+        """No file for `pending`: its waiters get None (the writer makes the segment itself)."""
+        del self._table[pending.path]
+        for waiter in pending.waiters:
+            waiter.send(None)
+
     def _create(self, pending: _Pending) -> MappedFile:
         self.ctx.fs.makedirs(os.path.dirname(pending.path))
-        mapped = MappedFile(self.ctx.fs, pending.path, pending.file_size)
+        mapped = MappedFile(self.ctx.fs, pending.path, pending.file_size, unnamed=True)
         self.ctx.faults.hit("allocator.mid_allocation")
         # No warm-up (warmMapedFileEnable has no effect here): when it outlasted the writer's
         # wait, the writer made this file itself and the warm-up wrote zeros over its records
@@ -123,8 +141,8 @@ class AllocateMappedFileService(StoreActor[AllocatorRequest]):
         return mapped
 
     def release(self) -> None:
-        # Shutdown deletes pre-created segments nobody took (§5.3): a half-made next-next file
-        # must not look like data to the next start.
+        # Shutdown gives back the files made ahead that nobody took (§5.3 deletes them by
+        # name; here they never had one, so nothing on disk is touched).
         self._repeats.flush(self.log)
         now = self.ctx.clock_ms()
         for pending in self._table.values():

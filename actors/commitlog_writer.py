@@ -38,6 +38,7 @@ from ..messages import (
 )
 from ..config import ConfigError
 from ..faults import NO_FAULTS
+from ..log import RepeatedLog, suppressed_fields
 from ..storage import codec
 from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
@@ -169,6 +170,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         super().__init__(ctx)
         self._mode = mode
         self._checkpoint = checkpoint
+        self._naming_failures = RepeatedLog(ctx.ticker.now_ms)
         self._recovered: CommitLogRecovery | None = None
         # Puts are refused until the queues' offsets are known (ResumeQueues, step two of a start).
         self._resumed = False
@@ -982,7 +984,20 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         except Exception as exc:  # the allocator crashed holding our request
             self.log.warning("allocator failed, creating the segment in the writer", path=next_path, error=repr(exc))
             return None
-        return mapped if isinstance(mapped, MappedFile) else None
+        if not isinstance(mapped, MappedFile):
+            return None
+        try:
+            mapped.take_name()  # made ahead unnamed: the name is given by its owner, now
+        except OSError as exc:
+            # A file of that name exists (FileExistsError), or the link failed: the queue makes
+            # or opens the segment itself, as when the allocator is slow.
+            suppressed = self._naming_failures.admit(exc.errno)  # at the put rate while it lasts
+            if suppressed is not None:
+                self.log.warning("a segment made ahead could not be named, creating it in the writer",
+                                 path=next_path, error=str(exc), **suppressed_fields(suppressed))  # fmt: skip
+            mapped.destroy(0, self.ctx.clock_ms())  # unnamed: gives the map back, deletes nothing
+            return None
+        return mapped
 
 
 def _no_sleep(_ms: int) -> None:

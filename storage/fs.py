@@ -66,6 +66,9 @@ class MappedRegion(Protocol):
     def replaced(self, *, deleted_too: bool = True) -> bool: ...
     def renewed(self) -> bool: ...
     def save_copy(self, path: str, length: int) -> None: ...
+    @property
+    def named(self) -> bool: ...
+    def take_name(self) -> None: ...
 
 
 class FileCutUnderMapError(OSError):
@@ -221,6 +224,7 @@ def read_regular_file(path: str, limit: int = -1) -> bytes:
 
 class FileSystem(Protocol):
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> MappedRegion: ...
+    def map_unnamed(self, path: str, size: int) -> MappedRegion: ...
     def sync_file(self, path: str, start: int, end: int) -> None: ...
     def map_faults(self) -> int: ...
     def cut_mark(self) -> int: ...
@@ -367,15 +371,35 @@ def _pwrite_zeros(fd: int, start: int, end: int, path: str) -> None:
         start += os.pwrite(fd, zeros[: min(len(zeros), end - start)], start)
 
 
+def _open_unnamed(path: str) -> int:
+    """A descriptor of a new file without a name in `path`'s directory (O_TMPFILE), which
+    RealMappedRegion.take_name can link to `path`. OSError where that cannot be done: the
+    filesystem has no O_TMPFILE (EOPNOTSUPP; EISDIR on kernels before 3.11), or /proc is not
+    mounted (nothing to link the descriptor by)."""
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, FILE_MODE)
+    if not os.path.exists(f"/proc/self/fd/{fd}"):
+        os.close(fd)
+        raise OSError(errno.EOPNOTSUPP, "an unnamed file cannot be named here: /proc is not mounted", path)
+    return fd
+
+
 class RealMappedRegion:
-    def __init__(self, path: str, size: int, *, create: bool, readonly: bool) -> None:
+    def __init__(self, path: str, size: int, *, create: bool, readonly: bool, unnamed: bool = False) -> None:
         self.path = path
         self.size = size
         created = False
         # O_NONBLOCK: a FIFO under a segment's name must not block the open (read-only tools
         # hung on one); it is refused below, and cleared for a regular file.
         flags = os.O_NONBLOCK | os.O_CLOEXEC
-        if readonly or not create:
+        # An unnamed file (O_TMPFILE) keeps its descriptor until take_name() links it: once
+        # closed, nothing could give it a name.
+        self._unnamed_fd: int | None = None
+        self._close_unnamed: weakref.finalize[[int], RealMappedRegion] | None = None
+        if unnamed:
+            fd = _open_unnamed(path)
+            self._unnamed_fd = fd
+            self._close_unnamed = weakref.finalize(self, os.close, fd)
+        elif readonly or not create:
             fd = os.open(path, (os.O_RDONLY if readonly else os.O_RDWR) | flags)
         else:
             try:
@@ -409,6 +433,9 @@ class RealMappedRegion:
                 if unguard is not None:
                     unguard()
                 self.buf.close()
+            if self._close_unnamed is not None:
+                self._close_unnamed()  # nothing was named: the file is gone with its descriptor
+                raise
             os.close(fd)
             if created:  # so the next try creates it again, and syncs its name then
                 with contextlib.suppress(OSError):
@@ -418,11 +445,38 @@ class RealMappedRegion:
         # (and mmap keeps a descriptor of its own), so a kept one was a second descriptor per
         # map, 2 per consume queue ever written (review 58 F2: EMFILE at ~500 queues under
         # `ulimit -n 1024`). reserve() opens the file again for each window it reserves.
-        os.close(fd)
+        if self._unnamed_fd is None:
+            os.close(fd)
         self._writable = not readonly
         self._reserved = 0
         self._locked = False
         self._cut_seen = False  # reserve() found the file shorter than the map
+
+    @property
+    def named(self) -> bool:
+        return self._unnamed_fd is None
+
+    def take_name(self) -> None:
+        """Gives an unnamed file (map_unnamed) its name, `path`, and makes the name durable;
+        FileExistsError, and still unnamed, if something has that name already. One step
+        (linkat): the name never holds anything but this whole file, so a writer that made
+        the file of that name itself meanwhile keeps it, records and all."""
+        fd = self._unnamed_fd
+        if fd is None:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: AT_EMPTY_PATH would need
+            # CAP_DAC_READ_SEARCH. (os.link without a dir_fd calls link(2), which links the
+            # /proc symlink itself: EXDEV.)
+            os.link(f"/proc/self/fd/{fd}", os.path.basename(self.path), dst_dir_fd=dir_fd, follow_symlinks=True)
+            os.fsync(dir_fd)  # the name durable before anything in the file is acknowledged
+        finally:
+            os.close(dir_fd)
+        assert self._close_unnamed is not None
+        self._close_unnamed()
+        self._unnamed_fd = self._close_unnamed = None
 
     def reserve(self, end: int, *, unwritten_from: int = 0) -> bool:
         """Reserve the file's blocks up to `end` ahead of the writes that will fill them.
@@ -579,6 +633,9 @@ class RealMappedRegion:
             buf[page] = buf[page]
 
     def close(self) -> None:
+        if self._close_unnamed is not None:
+            self._close_unnamed()  # never named: the file goes with its last reference
+            self._unnamed_fd = self._close_unnamed = None
         if self._locked:
             self.unlock_from_memory()
         if self._unguard is not None:
@@ -786,6 +843,12 @@ class RealFileSystem:
 
     def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
         return RealMappedRegion(path, size, create=create, readonly=readonly)
+
+    def map_unnamed(self, path: str, size: int) -> RealMappedRegion:
+        """A new file of `size` for `path` that no directory holds until the region's
+        take_name(): made ahead (the allocator), it cannot be found, deleted or written by
+        name meanwhile, and is gone without a trace if never named."""
+        return RealMappedRegion(path, size, create=True, readonly=False, unnamed=True)
 
     def map_faults(self) -> int:
         """Faults on every map of the process so far: while it stands still, no region of
@@ -1000,12 +1063,27 @@ def _pages(size: int) -> int:
 
 
 class SimulatedRegion:
-    def __init__(self, fs: SimulatedFileSystem, path: str, file: _SimFile) -> None:
+    def __init__(self, fs: SimulatedFileSystem, path: str, file: _SimFile, *, unnamed: bool = False) -> None:
         self._fs = fs
         self._file = file
         self.path = path
         self.size = len(file.volatile)
         self.buf: bytearray = file.volatile  # shared, like the page cache
+        self._unnamed = unnamed
+
+    @property
+    def named(self) -> bool:
+        return not self._unnamed
+
+    def take_name(self) -> None:
+        if not self._unnamed:
+            return
+        self._fs._check_fault("take_name", self.path)
+        with self._fs._lock:
+            if self.path in self._fs._files:
+                raise FileExistsError(errno.EEXIST, "file exists", self.path)
+            self._fs._files[self.path] = self._file
+        self._unnamed = False
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
         end = self.size if end is None else min(end, self.size)
@@ -1233,6 +1311,17 @@ class SimulatedFileSystem:
             elif len(file.volatile) != size:
                 raise OSError(errno.EINVAL, f"file is {len(file.volatile)} bytes, expected {size}", path)
         return SimulatedRegion(self, path, file)
+
+    def map_unnamed(self, path: str, size: int) -> SimulatedRegion:
+        path = os.path.normpath(path)
+        self._check_fault("map", path)
+        self._check_fault("map_writable", path)
+        self._check_fault("map_unnamed", path)
+        with self._lock:
+            if os.path.dirname(path) not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", os.path.dirname(path))
+            file = _SimFile(size, self.clock_ms())
+        return SimulatedRegion(self, path, file, unnamed=True)
 
     def listdir(self, path: str) -> list[str]:
         path = os.path.normpath(path)

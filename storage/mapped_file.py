@@ -153,6 +153,7 @@ class MappedFile:
         on_write_buffer_released: Callable[[bytearray], None] | None = None,
         create: bool = True,
         readonly: bool = False,
+        unnamed: bool = False,
     ) -> None:
         if file_size <= 0:
             raise ValueError(f"file_size must be positive, not {file_size}")
@@ -164,8 +165,15 @@ class MappedFile:
         self.file_size = file_size
         if create:
             fs.makedirs(os.path.dirname(path) or ".")
-        self._region: MappedRegion | None = fs.map_file(path, file_size, create=create and not readonly,
-                                                         readonly=readonly)  # fmt: skip
+        # unnamed: made ahead by the allocator, no directory holds it until take_name() (its
+        # owner-to-be does that): a writer that made the file of that name itself meanwhile,
+        # or a release of the one made ahead, can never meet the other's file by its name.
+        self._region: MappedRegion | None = (
+            fs.map_unnamed(path, file_size)
+            if unnamed
+            else fs.map_file(path, file_size, create=create and not readonly, readonly=readonly)
+        )
+        self.named = not unnamed
         # Mapped read-only: the file may not be written now (a writer's segment under chattr +i
         # or another owner, review 65 F3); nothing may be written through this map until
         # `map_writable` succeeded.
@@ -683,12 +691,25 @@ class MappedFile:
     def is_cleanup_over(self) -> bool:
         return self.ref_count <= 0 and self.cleanup_over
 
+    def take_name(self) -> None:
+        """Gives a file made unnamed its name (durably): FileExistsError, still unnamed, if
+        that name holds a file already; other OSErrors as linkat gives them."""
+        if self.named:
+            return
+        assert self._region is not None, "an unnamed file is never unmapped"
+        self._region.take_name()
+        self.named = True
+
     def destroy(self, interval_forcibly_ms: int, now_ms: int) -> bool:
-        """Shut down and, once nobody holds the file, delete it. False: try again later."""
+        """Shut down and, once nobody holds the file, delete it. False: try again later.
+        A file never named has nothing to delete: the name it was made for may be another
+        file's now."""
         self.shutdown(interval_forcibly_ms, now_ms)
         if not self.is_cleanup_over():
             log.warning("mapped file still referenced; delete later", file=self.file_name, refs=self.ref_count)
             return False
+        if not self.named:
+            return True
         try:
             self.fs.remove(self.file_name)
         except FileNotFoundError:

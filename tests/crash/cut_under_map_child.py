@@ -1,12 +1,12 @@
 """A running store whose file another process cuts short, in its own process: without the
 SIGBUS guard that kills this process, not the test runner (tests/crash/test_cut_under_map.py).
 
-    python cut_under_map_child.py WHAT STORE_DIR   (commitlog, next_segment, queue, index, checkpoint)
+    python cut_under_map_child.py WHAT STORE_DIR   (commitlog, queue, index, checkpoint)
     python cut_under_map_child.py reopen STORE_DIR
     python cut_under_map_child.py foreign_fault SCRATCH_DIR
 
 The first form puts keyed messages, cuts the named file (the commitlog segment being written,
-inside its records; the next one, made ready), then reads, queries and puts on, and prints one JSON line: what was
+inside its records), then reads, queries and puts on, and prints one JSON line: what was
 acknowledged (the key and its queue offset) before and after the cut, and what the store said.
 `reopen` opens the store again and prints what it serves. `foreign_fault` opens a store (the
 guard is in place), then touches a page cut from a file the store does not own: that must
@@ -53,10 +53,6 @@ def cut(what: str, store_dir: str) -> None:
         end = store.stats()["commitlog_max_offset"]
         path = os.path.join(store_dir, "commitlog", f"{end - end % segment:020d}")
         assert end % segment > CUT_AT, end
-        os.truncate(path, CUT_AT)
-    elif what == "next_segment":  # the one the allocator made ready: puts roll into its rest
-        end = store.stats()["commitlog_max_offset"]
-        path = os.path.join(store_dir, "commitlog", f"{end - end % segment + segment:020d}")
         os.truncate(path, CUT_AT)
     elif what == "queue":
         directory = os.path.join(store_dir, "consumequeue", "t", "0")
