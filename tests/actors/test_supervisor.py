@@ -423,6 +423,58 @@ def test_an_open_whose_actor_start_times_out_keeps_the_lock_until_that_actor_end
         assert [m.body for m in again.get("t", 0, 0, 8).messages] == [b"before"]
 
 
+def test_a_restart_whose_start_times_out_never_starts_a_second_owner_beside_the_first(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 79's note: a restarted actor whose start timed out and then did not stop (still
+    recovering its files) was kept as a straggler, and the failure it counted restarted the
+    group again: a second incarnation recovered the same files beside the first. Now a
+    restart waits for the straggler of a name it starts; if it still runs, the store is
+    given up, the lock kept until the straggler ends (as for an actor that does not stop)."""
+    from mqstore.actors.index import IndexActor
+
+    monkeypatch.setattr(supervisor_module, "START_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(supervisor_module, "PAUSE_GRACE_S", 0.1)
+    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.3)
+    slow, finish = threading.Event(), threading.Event()
+    starting = [0]
+    most_starting = [0]
+    guard = threading.Lock()
+    on_start = IndexActor.on_start
+
+    def counted_on_start(self: IndexActor) -> None:
+        with guard:
+            starting[0] += 1
+            most_starting[0] = max(most_starting[0], starting[0])
+        try:
+            if slow.is_set():
+                finish.wait(10)  # a recovery that reports no progress (a pause, a stalled disk)
+            on_start(self)
+        finally:
+            with guard:
+                starting[0] -= 1
+
+    monkeypatch.setattr(IndexActor, "on_start", counted_on_start)
+    plan = FaultPlan()
+    store = h.open_small(store_dir, faults=plan)
+    try:
+        assert store.put(Message(topic="t", body=b"before")).ok
+        slow.set()
+        plan.arm("index.mid_write")
+        store.put(Message(topic="t", body=b"the index fails on this one", keys=["k"]))
+        h.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, what="the supervisor gave up")
+        assert most_starting[0] == 1, "a second index actor started beside the one still starting"
+        assert "index" in repr(store.supervisor.fatal_error)
+        assert not store.supervisor.lock_released.is_set()
+        finish.set()
+        assert store.supervisor.lock_released.wait(10)
+    finally:
+        finish.set()
+        store.close()
+    with h.open_small(store_dir) as again:
+        assert [m.body for m in again.get("t", 0, 0, 8).messages][0] == b"before"
+
+
 def test_a_put_answered_just_after_its_reply_timeout_is_answered_as_stored(store_dir: Path) -> None:
     """Review 78 M3: a pause (SIGSTOP, a suspended VM) or a host thread holding the GIL runs
     the clock, not the writer; the put's wait timed out at the resume and answered "not
