@@ -465,13 +465,22 @@ class RealMappedRegion:
         if fd is None:
             return
         directory = os.path.dirname(os.path.abspath(self.path))
+        name = os.path.basename(self.path)
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: AT_EMPTY_PATH would need
             # CAP_DAC_READ_SEARCH. (os.link without a dir_fd calls link(2), which links the
             # /proc symlink itself: EXDEV.)
-            os.link(f"/proc/self/fd/{fd}", os.path.basename(self.path), dst_dir_fd=dir_fd, follow_symlinks=True)
-            os.fsync(dir_fd)  # the name durable before anything in the file is acknowledged
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+            try:
+                os.fsync(dir_fd)  # the name durable before anything in the file is acknowledged
+            except BaseException:
+                # A failed fsync is reported once: a later one may pass without the name on
+                # disk. So the name goes, and the caller's fallback creates the file anew and
+                # syncs the directory then (review 80 F1: it opened the linked name, unsynced).
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+                raise
         finally:
             os.close(dir_fd)
         assert self._close_unnamed is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -148,3 +149,38 @@ def test_where_files_cannot_be_made_unnamed_the_writer_makes_each_segment_itself
     assert len(tried) == 1  # the first try says so; later requests are answered at once
     said = [r for r in caplog.records if "no unnamed files" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_a_name_whose_directory_sync_failed_is_taken_back_and_made_again_synced(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 80 F1: the link of a made-ahead segment succeeded, the directory's fsync failed
+    (EIO, reported once): the writer's fallback then opened the linked name and never synced
+    the directory, while puts into the segment were acknowledged (a power loss could take the
+    whole segment). The name is taken back now, and the fallback's own create syncs it."""
+    real_fsync = os.fsync
+    failed: list[int] = []
+    synced_after: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and os.readlink(f"/proc/self/fd/{fd}").endswith("/commitlog"):
+            if armed and not failed:
+                failed.append(fd)
+                raise OSError(errno.EIO, "Input/output error")
+            if failed:
+                synced_after.append(fd)
+        real_fsync(fd)
+
+    armed = False
+    monkeypatch.setattr(os, "fsync", fsync)
+    with helpers.open_small(store_dir) as store:
+        assert store.put(Message(topic="t", body=b"first")).ok
+        armed = True
+        i = 0
+        while not failed:  # until the roll-over's naming met the failure
+            assert store.put(Message(topic="t", body=b"%06d" % i + b"x" * 900)).ok
+            i += 1
+            assert i < 1000, "no roll-over named a segment"
+        result = store.put(Message(topic="t", body=b"in the new segment"))
+        assert result.ok and result.commitlog_offset >= SIZE
+        assert synced_after, "the segment's name was never made durable"
