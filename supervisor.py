@@ -147,10 +147,12 @@ def _transient_pool(cfg: StoreConfig) -> bool:
 # ConsumeQueue actor its queues (the re-dispatch start counts what the index needs); then the
 # writer, told the queues' offsets (ResumeQueues), takes puts, and reput dispatches the rest.
 TREE: tuple[ChildSpec, ...] = (
+    # Not restarted with the writer: its files made ahead have no name until the writer takes
+    # one, so a restarted writer's recovery cannot delete them (it once did: the allocator then
+    # restarted with it), and a new writer beside an allocator stalled in a file creation shares
+    # nothing with it (review 80 F2: restarting it gave the store up when it did not stop).
     ChildSpec("allocator", ()),
-    # The allocator's pre-created segments are the writer's future files: a restarted writer
-    # truncates its tail, which may delete them, so the allocator restarts with it.
-    ChildSpec("writer", ("allocator", "commit", "reput"), lambda c: c.flush_interval_commitlog_ms),
+    ChildSpec("writer", ("commit", "reput"), lambda c: c.flush_interval_commitlog_ms),
     ChildSpec("flush", (), _flush_tick),
     # Ticks retry dispatch that waits for disk space.
     ChildSpec("index", ("reput",), lambda c: c.flush_interval_consume_queue_ms, enabled=lambda c: c.message_index_enable),
@@ -976,7 +978,7 @@ class Supervisor:
         if ref is None:
             return True
         # The stop's future, not `actor_stopped`: pykka sets that flag before on_stop runs, and
-        # on_stop still touches files (the allocator deletes the segments it made ahead).
+        # on_stop still touches files (the writer and the queues' owners flush theirs).
         stopped = ref.stop(block=False)
         try:
             try:

@@ -2,7 +2,8 @@
 
 Each request names the segment needed now and the one after it; the needed one is usually
 ready already (it was the previous request's next-next), so a roll-over costs the writer one
-round trip instead of a file creation. Handed-over files belong to the writer from then on.
+round trip and naming the file (a link and a directory fsync) instead of a file creation.
+Handed-over files belong to the writer from then on.
 
 Files are made ahead *unnamed* (O_TMPFILE) and the writer gives each its name when it takes
 it (linkat: fails if the name exists). The allocator never names, opens or deletes a file by
@@ -10,7 +11,8 @@ a segment's name, so it cannot meet a segment the writer made itself while the a
 slow, paused or stopping: before, its release deleted by name the file a straggling writer
 had made and was writing, and its late map of a name the writer had taken shared the
 writer's file (review 78 H1). Where the filesystem has no unnamed files, nothing is made
-ahead: the writer makes each segment itself.
+ahead: the writer makes each segment itself. (Nor is the allocator restarted with the writer:
+nothing of its can meet a restarted writer's recovery.)
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ __all__ = ["AllocateMappedFileService"]
 
 MAX_ATTEMPTS_PER_FILE = 3  # a bound on I/O retries: after that the writer creates the file itself
 # Why a filesystem cannot hold an unnamed file: no O_TMPFILE (EOPNOTSUPP; EISDIR before Linux
-# 3.11; EINVAL from some FUSE), or /proc not mounted (EOPNOTSUPP from fs._open_unnamed).
+# 3.11; EINVAL from some FUSE), or /proc gone since the import (EOPNOTSUPP from
+# fs._open_unnamed; the import itself needs /proc, psutil's memory figures).
 NO_UNNAMED_FILES_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 # (A refusal for want of permission is not retried: the next try fails alike until an operator
 # acts, and the writer's queue remembers it: mapped_file_queue.REMEMBERED_CREATE_ERRNOS.)
