@@ -551,6 +551,14 @@ class Supervisor:
 
     # ---------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            # However it ends (a stop, a give-up): a close() waiting for the shutdown returns
+            # now (review 81 M1: one racing a give-up waited out 3 x STOP_TIMEOUT_S).
+            self._shut_down.set()
+
+    def _watch(self) -> None:
         due = {spec.name: 0 for spec in self._specs if spec.tick_interval_ms(self.config)}
         due[_HOOKS] = 0
         ticker = self.ticker
@@ -562,10 +570,7 @@ class Supervisor:
             except queue.Empty:
                 event = None
             if isinstance(event, _Stop):
-                try:
-                    self._shutdown()
-                finally:
-                    self._shut_down.set()
+                self._shutdown()
                 return
             if isinstance(event, ChildFailed):
                 if not self._handle_failure(event):
@@ -674,7 +679,8 @@ class Supervisor:
         self.log.warning("restarting", failed=event.name, group=group, error=repr(event.error))
         try:
             stuck = [name for name in reversed(group) if not self._stop_child(name)]
-            stuck += self._earlier_still_running(group, besides=stuck)
+            if not stuck:  # (given up either way otherwise: no wait for the stragglers too)
+                stuck = self._earlier_still_running(group)
             if stuck:
                 # A second owner of its files beside one that still runs would write over it.
                 self._give_up(RuntimeError(f"{', '.join(stuck)} did not stop within {STOP_TIMEOUT_S} s to be "
@@ -695,8 +701,8 @@ class Supervisor:
             del self.restarts[: len(self.restarts) - KEPT_RESTART_RECORDS]
         return True
 
-    def _earlier_still_running(self, names: list[str], besides: list[str]) -> list[str]:
-        """Those of `names` (not in `besides`) with an earlier incarnation that still runs: a
+    def _earlier_still_running(self, names: list[str]) -> list[str]:
+        """Those of `names` with an earlier incarnation that still runs: a
         straggler (a start that timed out, then a stop that did). Each is given the stop's
         wait to end. Starting one beside it would make two owners of its files (review 79's
         note: a restart whose start timed out restarted the group again, 9 index actors
@@ -704,7 +710,7 @@ class Supervisor:
         self._stragglers = [(name, stopped) for name, stopped in self._stragglers if not _finished(stopped)]
         running = []
         for name, stopped in self._stragglers:
-            if name in names and name not in besides and name not in running:
+            if name in names and name not in running:
                 if not _finished(stopped, timeout=STOP_TIMEOUT_S + PAUSE_GRACE_S):
                     running.append(name)
         return running

@@ -1572,8 +1572,9 @@ class CommitLogReader:
 
     def drop_if_renewed(self, offset: int) -> bool:
         """Whether this reader maps the segment holding `offset` from a file its name no longer
-        names (deleted and made again: a restarted writer's recovery deletes the allocator's
-        segment made ahead, and the allocator makes one of that name): if so that map is given
+        names (deleted and made again: a trailing segment a restarted writer's recovery
+        deleted, then made again by a roll-over; before the allocator's files made ahead were
+        unnamed, the usual case was one of those): if so that map is given
         back and the next read maps the file named now. A stat; asked by a read that found no
         record where a unit points (the old file reads zeros: a get moved a consumer past an
         acknowledged message there)."""

@@ -39,20 +39,34 @@ def _hold(future: Future[PutResult]) -> tuple[threading.Event, threading.Thread]
     return release, thread
 
 
-def _completion_held(store: mqstore.MessageStore) -> threading.Event:
+def _completion_held(store: mqstore.MessageStore) -> tuple[threading.Event, int]:
     """Holds the store's completion thread (in a done-callback of a first put) until the event
     is set: a future put after it is not completed before the test has taken its lock (stop
-    40's CI run lost such a race)."""
-    go_on, in_callback = threading.Event(), threading.Event()
-    first = store.put_async(Message(topic="t", body=b"first"))
-    first.add_done_callback(lambda _f: (in_callback.set(), go_on.wait(TIMEOUT_S)))
-    assert in_callback.wait(TIMEOUT_S)
-    return go_on
+    40's CI run lost such a race). Also the count of puts it made: a put done before its
+    callback was added runs the callback here, holding nothing (review 81 L4), and another is
+    tried."""
+    go_on, caller = threading.Event(), threading.current_thread()
+    for made in range(1, 101):
+        in_callback, inline = threading.Event(), threading.Event()
+
+        def hold(_f: Future[PutResult], in_callback: threading.Event = in_callback,
+                 inline: threading.Event = inline) -> None:  # fmt: skip
+            if threading.current_thread() is caller:
+                inline.set()
+                return
+            in_callback.set()
+            go_on.wait(TIMEOUT_S)
+
+        store.put_async(Message(topic="t", body=b"first")).add_done_callback(hold)
+        if not inline.is_set():
+            assert in_callback.wait(TIMEOUT_S)
+            return go_on, made
+    raise AssertionError("every put was done before its callback was added")
 
 
 def test_a_future_whose_lock_a_host_thread_keeps_stops_no_other_future(store_dir: Path) -> None:
     with helpers.open_small(store_dir, max_puts_in_flight=8) as store:
-        go_on = _completion_held(store)
+        go_on, firsts = _completion_held(store)
         called: list[PutResult] = []
         stuck = store.put_async(Message(topic="t", body=b"stuck"))
         stuck.add_done_callback(lambda f: called.append(f.result()))
@@ -72,13 +86,13 @@ def test_a_future_whose_lock_a_host_thread_keeps_stops_no_other_future(store_dir
         while not called and time.monotonic() < deadline:
             time.sleep(0.01)
         assert [r.ok for r in called] == [True]  # run once the lock came free
-        assert store.max_offset("t", 0) == 42
+        assert store.max_offset("t", 0) == firsts + 41
 
 
 def test_close_from_another_thread_finishes_with_a_future_lock_kept_for_good(store_dir: Path) -> None:
     store = helpers.open_small(store_dir)
     try:
-        go_on = _completion_held(store)
+        go_on, firsts = _completion_held(store)
         stuck = store.put_async(Message(topic="t", body=b"stuck"))
         stuck.add_done_callback(lambda f: None)
         release, _holder = _hold(stuck)
@@ -94,7 +108,7 @@ def test_close_from_another_thread_finishes_with_a_future_lock_kept_for_good(sto
     finally:
         store.close()
     with mqstore.open(store_dir) as reopened:
-        assert reopened.max_offset("t", 0) == 1 + sum(1 for f in [stuck, *later] if f.result(0).stored)
+        assert reopened.max_offset("t", 0) == firsts + sum(1 for f in [stuck, *later] if f.result(0).stored)
 
 
 def test_flush_says_so_when_handed_out_futures_are_not_done_in_time(store_dir: Path) -> None:
@@ -103,7 +117,7 @@ def test_flush_says_so_when_handed_out_futures_are_not_done_in_time(store_dir: P
     pending (review 75 L2). It still forces the log, then raises TimeoutError naming them."""
     with helpers.open_small(store_dir) as store:
         store._reply_timeout_s = 0.5  # noqa: SLF001  # not the 10 s and more of a real one
-        go_on = _completion_held(store)  # later passes wait
+        go_on, _ = _completion_held(store)  # later passes wait
         later = [store.put_async(Message(topic="t", body=b"later")) for _ in range(5)]
         try:
             with pytest.raises(TimeoutError, match=r"put_async futures handed out before it were not done"):
@@ -124,7 +138,7 @@ def test_a_future_completed_without_its_lock_is_still_notified_once_the_store_cl
     host thread has the lock, so `stuck` is completed without its lock, while it is waited on."""
     store = helpers.open_small(store_dir)
     try:
-        go_on = _completion_held(store)
+        go_on, _ = _completion_held(store)
         stuck = store.put_async(Message(topic="t", body=b"stuck"))
         called: list[bool] = []
         stuck.add_done_callback(lambda f: called.append(f.result(0).ok))

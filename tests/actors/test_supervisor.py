@@ -477,6 +477,55 @@ def test_a_restart_whose_start_times_out_never_starts_a_second_owner_beside_the_
         assert [m.body for m in again.get("t", 0, 0, 8).messages][0] == b"before"
 
 
+def test_a_close_racing_a_restart_that_gives_up_returns_with_the_give_up(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 81 M1: a give-up ended the supervisor's thread without saying its shutdown was
+    done; a close() asked meanwhile waited out 3 x STOP_TIMEOUT_S (30 s), then said False."""
+    from mqstore.actors.index import IndexActor
+
+    monkeypatch.setattr(supervisor_module, "START_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(supervisor_module, "PAUSE_GRACE_S", 0.1)
+    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 2.0)
+    slow, finish = threading.Event(), threading.Event()
+    on_start = IndexActor.on_start
+
+    def slow_on_start(self: IndexActor) -> None:
+        if slow.is_set():
+            finish.wait(20)
+        on_start(self)
+
+    monkeypatch.setattr(IndexActor, "on_start", slow_on_start)
+    waiting = threading.Event()
+    earlier_still_running = Supervisor._earlier_still_running
+
+    def noted(self: Supervisor, names: list[str]) -> list[str]:
+        waiting.set()
+        return earlier_still_running(self, names)
+
+    monkeypatch.setattr(Supervisor, "_earlier_still_running", noted)
+    plan = FaultPlan()
+    store = h.open_small(store_dir, faults=plan)
+    try:
+        assert store.put(Message(topic="t", body=b"before")).ok
+        slow.set()
+        plan.arm("index.mid_write")
+        store.put(Message(topic="t", body=b"the index fails on this one", keys=["k"]))
+        h.wait_until(lambda: waiting.is_set() and bool(store.supervisor._stragglers), what="the restart's wait")  # noqa: SLF001
+        closed: list[tuple[bool, float]] = []
+        closer = threading.Thread(target=lambda: closed.append((store.close(), time.monotonic())))
+        closer.start()
+        h.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, what="the give-up")
+        failed_at = time.monotonic()
+        closer.join(10)
+        assert closed and closed[0][0] is False
+        assert closed[0][1] - failed_at < 1.0, "close() waited on after the give-up"
+    finally:
+        finish.set()
+        store.close()
+    assert store.supervisor.lock_released.wait(20)
+
+
 def test_a_writer_restart_beside_an_allocator_stalled_in_a_file_creation_keeps_the_store(
     store_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

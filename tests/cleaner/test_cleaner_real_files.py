@@ -3,7 +3,6 @@ consumer keep running, and loses nothing that is not expired."""
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import sys
@@ -17,7 +16,6 @@ import pytest
 import mqstore
 from mqstore import GetMessageStatus, Message
 from mqstore.actors import cleaner as cleaner_module
-from mqstore.storage.fs import RealFileSystem
 
 H = sys.modules["mqstore_cleaner_test_helpers"]
 BUDGET_RUN_S = 20.0
@@ -155,26 +153,20 @@ _EXPIRING_SMALL_SEGMENTS: dict[str, Any] = dict(
 )  # fmt: skip
 
 
-def _deleted_still_mapped(commitlog: Path) -> int:
-    """Maps of this process of segments deleted from `commitlog` (their blocks not freed)."""
+def _segment_inodes(commitlog: Path) -> set[int]:
+    return {path.stat().st_ino for path in commitlog.iterdir()}
+
+
+def _deleted_still_mapped(commitlog: Path, before: set[int]) -> int:
+    """Maps of this process of the segments (inodes, taken `before` the deletion) deleted from
+    `commitlog` since: their blocks not freed. By inode, not by the `(deleted)` a map's name
+    ends with: a segment made ahead unnamed reads `commitlog/#<inode> (deleted)` for as long as
+    it is mapped, named since or not (review 80 F4, 81 L3)."""
+    deleted = before - _segment_inodes(commitlog)
     with open("/proc/self/maps") as maps:
-        return sum(1 for line in maps if f"{commitlog}/" in line and "(deleted)" in line)
+        return sum(1 for line in maps if f"{commitlog}/" in line and int(line.split()[4]) in deleted)
 
 
-@pytest.fixture
-def nothing_made_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The allocator makes no segment ahead (as where the filesystem has no O_TMPFILE): its
-    files made ahead read `commitlog/#<inode> (deleted)` in /proc/self/maps, and so do the
-    writer's maps of them once named (review 80 F4); with none, every map of a segment is
-    under its name and `(deleted)` means deleted."""
-
-    def unsupported(_fs: RealFileSystem, path: str, _size: int) -> None:
-        raise OSError(errno.EOPNOTSUPP, "Operation not supported", path)
-
-    monkeypatch.setattr(RealFileSystem, "map_unnamed", unsupported)
-
-
-@pytest.mark.usefixtures("nothing_made_ahead")
 def test_segments_the_cleaner_deleted_are_unmapped_by_dispatch_within_seconds(tmp_path: Path) -> None:
     """Review 46 M5: reput's read-only maps kept deleted segments (and their blocks) until a
     reopen, so a full disk got nothing back from the cleaner. Its reader re-lists the segments
@@ -184,12 +176,13 @@ def test_segments_the_cleaner_deleted_are_unmapped_by_dispatch_within_seconds(tm
     import mqstore
 
     settings = _EXPIRING_SMALL_SEGMENTS
-    deleted_still_mapped = functools.partial(_deleted_still_mapped, tmp_path / "s" / "commitlog")
+    commitlog = tmp_path / "s" / "commitlog"
 
     with mqstore.open(tmp_path / "s", **settings) as store:
         for i in range(1500):  # ~6 segments; no read from this thread (its maps are its own)
             assert store.put(mqstore.Message("T", b"x" * 200, keys=[f"k{i}"])).ok
         store.flush()
+        deleted_still_mapped = functools.partial(_deleted_still_mapped, commitlog, _segment_inodes(commitlog))
         assert store.delete_expired_files_now() > 0
         deadline = time.monotonic() + 10
         while deleted_still_mapped() and time.monotonic() < deadline:
@@ -197,14 +190,13 @@ def test_segments_the_cleaner_deleted_are_unmapped_by_dispatch_within_seconds(tm
         assert deleted_still_mapped() == 0
 
 
-@pytest.mark.usefixtures("nothing_made_ahead")
 def test_segments_the_cleaner_deleted_are_unmapped_from_idle_host_threads_within_seconds(tmp_path: Path) -> None:
     """Review 46 M5, the rest: a host thread that read once and went idle kept its own maps of
     deleted segments for as long as it lived (it re-lists only when it reads again), so their
     blocks never went back to a full disk. A store tick hook now unmaps them from any thread;
     the idle thread's next read still answers (the deleted range as moved, the rest found)."""
     settings = _EXPIRING_SMALL_SEGMENTS
-    deleted_still_mapped = functools.partial(_deleted_still_mapped, tmp_path / "s" / "commitlog")
+    commitlog = tmp_path / "s" / "commitlog"
 
     with mqstore.open(tmp_path / "s", **settings) as store:
         for i in range(1500):  # ~6 segments
@@ -232,6 +224,7 @@ def test_segments_the_cleaner_deleted_are_unmapped_from_idle_host_threads_within
                 time.sleep(0.01)
             assert answers == [1500]
             assert store.query("T", "k10", 1).messages  # this thread's maps too (a key lookup)
+            deleted_still_mapped = functools.partial(_deleted_still_mapped, commitlog, _segment_inodes(commitlog))
             assert store.delete_expired_files_now() > 0
             deadline = time.monotonic() + 10
             while deleted_still_mapped() and time.monotonic() < deadline:

@@ -1,12 +1,12 @@
 """A running store whose file another process cuts short, in its own process: without the
 SIGBUS guard that kills this process, not the test runner (tests/crash/test_cut_under_map.py).
 
-    python cut_under_map_child.py WHAT STORE_DIR   (commitlog, queue, index, checkpoint)
+    python cut_under_map_child.py WHAT STORE_DIR   (commitlog, next_segment, queue, index, checkpoint)
     python cut_under_map_child.py reopen STORE_DIR
     python cut_under_map_child.py foreign_fault SCRATCH_DIR
 
 The first form puts keyed messages, cuts the named file (the commitlog segment being written,
-inside its records), then reads, queries and puts on, and prints one JSON line: what was
+inside its records; the next one, made ready and not named yet), then reads, queries and puts on, and prints one JSON line: what was
 acknowledged (the key and its queue offset) before and after the cut, and what the store said.
 `reopen` opens the store again and prints what it serves. `foreign_fault` opens a store (the
 guard is in place), then touches a page cut from a file the store does not own: that must
@@ -19,6 +19,7 @@ import json
 import mmap
 import os
 import sys
+import time
 from typing import Any
 
 import mqstore
@@ -54,6 +55,13 @@ def cut(what: str, store_dir: str) -> None:
         path = os.path.join(store_dir, "commitlog", f"{end - end % segment:020d}")
         assert end % segment > CUT_AT, end
         os.truncate(path, CUT_AT)
+    elif what == "next_segment":  # the one the allocator made ready: puts roll into its rest
+        end = store.stats()["commitlog_max_offset"]
+        path = os.path.join(store_dir, "commitlog", f"{end - end % segment + segment:020d}")
+        # It has no name yet: another process of the same user (or root) reaches it through
+        # the store process's descriptors (review 81 L2), as this does.
+        for made_ahead in _unnamed_in(os.path.join(store_dir, "commitlog")):
+            os.truncate(made_ahead, CUT_AT)
     elif what == "queue":
         directory = os.path.join(store_dir, "consumequeue", "t", "0")
         path = os.path.join(directory, sorted(os.listdir(directory))[-1])
@@ -81,6 +89,25 @@ def cut(what: str, store_dir: str) -> None:
     print(json.dumps({"cut": path, "cut_at": CUT_AT, "before": before, "after": after, "refused": refused[:3], "refused_count": len(refused),
                       "get_status": got.status.name, "files_cut_under_map": cut_files, "clean_close": clean,
                       "guard_faults": mapguard.total_faults()}))  # fmt: skip
+
+
+def _unnamed_in(directory: str) -> list[str]:
+    """/proc/self/fd paths of the files this process holds that were made unnamed in
+    `directory` and are still unnamed (the allocator's segments made ahead), once there is one."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            link = f"/proc/self/fd/{fd}"
+            try:
+                if os.readlink(link).startswith(f"{os.path.abspath(directory)}/#") and os.stat(link).st_nlink == 0:
+                    found.append(link)
+            except OSError:
+                continue  # closed meanwhile
+        if found or time.monotonic() > deadline:
+            assert found, "no segment made ahead"
+            return found
+        time.sleep(0.01)
 
 
 def reopen(store_dir: str) -> None:
