@@ -34,6 +34,7 @@ import pykka
 from .actors.commitlog_writer import PassReply
 from .log import error_repr, get_logger, suppressed_fields
 from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, checked_message
+from .waits import held_unless_interrupted, shared_lock
 from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
 from .storage import speedups
 from .storage.status import PutMessageStatus
@@ -419,7 +420,7 @@ class _InFlightSlots:
     def __init__(self, slots: int) -> None:
         native = speedups.native
         self._signal: Any = native.Signal() if native is not None else None
-        self._lock = threading.Lock()
+        self._lock = shared_lock()  # (callers wait on it, the completion thread gives: waits.py)
         self._freed = threading.Condition(self._lock)
         self._slots = slots
         self._free = slots
@@ -436,18 +437,23 @@ class _InFlightSlots:
     def free(self) -> int:
         return self._signal.value() if self._signal is not None else self._free
 
-    def take(self, timeout_s: float | None) -> bool:
-        """One slot: at once, else waiting at most `timeout_s` (None: not at all)."""
+    def take(self, timeout_s: float | None, taken: list[bool]) -> bool:
+        """One slot: at once, else waiting at most `timeout_s` (None: not at all). A slot taken
+        is also appended to `taken` before anything that can raise: an exception raised into
+        the thread as the take returns (review 82 M2: a timeout library's async exception)
+        leaves it there for the caller to give back, not lost for good."""
         signal = self._signal
         if signal is not None:
-            return signal.wait(0.0) or (timeout_s is not None and signal.wait(timeout_s))
-        with self._lock:
+            return signal.wait(0.0, taken) or (timeout_s is not None and signal.wait(timeout_s, taken))
+        with self._lock:  # (no wait in here: a plain `with`)
             if self._free > 0:
+                taken.append(True)  # (first: given back once too many at worst, never lost)
                 self._free -= 1
                 return True
             if timeout_s is None:
                 return False
-            deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s
+        with held_unless_interrupted(self._lock):
             self._waiters += 1
             try:
                 while self._free <= 0:
@@ -457,6 +463,7 @@ class _InFlightSlots:
                     self._freed.wait(remaining)
             finally:
                 self._waiters -= 1
+            taken.append(True)
             self._free -= 1
             return True
 
@@ -495,13 +502,19 @@ class _BytesInFlight:
         self._given: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()
 
-    def take(self, n: int, timeout_s: float | None) -> bool:
-        """`n` bytes, waiting up to `timeout_s` for them (None: not at all)."""
+    def take(self, n: int, timeout_s: float | None, holder: _PutReply) -> bool:
+        """`n` bytes, waiting up to `timeout_s` for them (None: not at all). Recorded in
+        `holder.held_bytes` before they count: an exception raised into the thread as the take
+        returns (a Ctrl-C at the `with`'s exit, review 82 M1) leaves them there for the caller
+        to give back; before, they were counted in flight for good, down to every large put
+        refused. (Interrupted between the two, they are given back once without having
+        counted: the bound is over-admitted by one put, never shrunk.)"""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             with self._lock:
                 self._settle()
                 if not self.used or self.used + n <= self._limit:
+                    holder.held_bytes = n
                     self.used += n
                     return True
             left = 0.0 if deadline is None else deadline - time.monotonic()
@@ -701,47 +714,41 @@ class PutPipeline:
         if isinstance(checked, PutResult):
             return checked
         size = sum(map(len, checked[0]))
-        held = False
-        held_bytes = 0
+        # What this put holds, recorded by the takes themselves (review 82 M1/M2): an exception
+        # raised into this thread (a Ctrl-C, a timeout library's async exception) between a
+        # take and the tell finds them here and gives them back; before, each such one lowered
+        # the bound for good, down to every put waiting its timeout (review 44 H3).
+        slot: list[bool] = []
+        told = False
         try:
-            # A signal handler's exception (KeyboardInterrupt) between taking the slot and
-            # telling the writer gave the slot to nobody: each one leaked lowered the bound
-            # for good, down to every put waiting its timeout (review 44 H3). Only the instant
-            # between the C call's return and `held` is still such a gap.
             if size >= LARGE_PUT_BYTES:
-                if not (self._bytes.take(size, None) or self._take_bytes_waiting(size)):
+                if not (self._bytes.take(size, None, reply) or self._take_bytes_waiting(size, reply)):
                     if not self._not_waiting.__dict__.get("on"):  # (mqstore.aio waits, then asks again)
                         store.stats_service.record_put(reply.topic, BYTES_IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
                     return BYTES_IN_FLIGHT_FULL
-                held_bytes = size
-            held = self._slots.take(None) or self._take_slot_waiting()  # a free slot: one C call
-            if not held:
+            if not (self._slots.take(None, slot) or self._take_slot_waiting(slot)):  # a free slot: one C call
                 if not self._not_waiting.__dict__.get("on"):
                     store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
-                if held_bytes:  # taken for a put that goes nowhere (review 77 H1: leaked for good)
-                    self._bytes.give(held_bytes)
-                    held_bytes = 0
-                return IN_FLIGHT_FULL
+                return IN_FLIGHT_FULL  # (its bytes, taken for a put that goes nowhere, given back below: review 77 H1)
             if self._thread is None and reply.sink is self._to_completion:
                 self._ensure_thread()
-            reply.held_bytes = held_bytes  # an answer gives them back, one inside the tell too
+            # An answer gives the slot and the bytes back, one inside the tell too.
             store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
-            held = False  # the answer gives it back
-            held_bytes = 0
+            told = True
         finally:
-            if held:
-                self._slots.give(1)
-            if held_bytes:  # the tell did not return (a Ctrl-C): what no answer gave back yet
+            if not told:  # refused, or the tell did not return (a Ctrl-C): what no answer gave back yet
+                if slot:
+                    self._slots.give(1)
                 left, reply.held_bytes = reply.held_bytes, 0
                 if left:
                     self._bytes.give(left)
         return None
 
-    def _take_bytes_waiting(self, size: int) -> bool:
+    def _take_bytes_waiting(self, size: int, holder: _PutReply) -> bool:
         """`_take_slot_waiting` for a large put's bytes."""
         if self._fail_fast or threading.current_thread() is self._thread or self._not_waiting.__dict__.get("on"):
             return False
-        return self._bytes.take(size, self._store._reply_timeout_s)
+        return self._bytes.take(size, self._store._reply_timeout_s, holder)
 
     def _release_bytes(self, answers: list[tuple[PassReply, Any]]) -> None:
         """The bytes a pass's large puts held (one read while none is in flight)."""
@@ -756,13 +763,13 @@ class PutPipeline:
         if freed:
             self._bytes.give(freed)
 
-    def _take_slot_waiting(self) -> bool:
+    def _take_slot_waiting(self, taken: list[bool]) -> bool:
         """A slot when none was free: waiting for one, unless told to fail fast."""
         # The completion thread (a done-callback putting again) must never block: only it
         # gives slots back to futures. Nor an event loop's thread (mqstore.aio).
         if self._fail_fast or threading.current_thread() is self._thread or self._not_waiting.__dict__.get("on"):
             return False
-        return self._slots.take(self._store._reply_timeout_s)
+        return self._slots.take(self._store._reply_timeout_s, taken)
 
     def _release_slots(self, n: int) -> None:
         self._slots.give(n)
@@ -800,12 +807,26 @@ class PutPipeline:
                 # Only a thread that started is the completion thread: one that could not (no
                 # threads or memory left: RuntimeError to this put's caller) was kept as it,
                 # and every later future waited for it for good (review 52 M1). The next
-                # put_async tries again.
+                # put_async tries again. One whose start() was interrupted (a Ctrl-C in its
+                # wait for the new thread, Python code) runs all the same: it names itself the
+                # completion thread (_claim) when none is; before, each such one was a second
+                # consumer, never stopped (review 82 M3: 137 threads left by 60 stores).
                 thread.start()
-                self._thread = thread
+                if self._thread is None:  # (it may have claimed itself already)
+                    self._thread = thread
         return True
 
+    def _claim(self) -> bool:
+        """On the completion thread's start: whether it is the one (none was named, or it is)."""
+        with self._thread_lock:
+            me = threading.current_thread()
+            if self._thread is None and not self._closed:
+                self._thread = me
+            return self._thread is me
+
     def _complete_loop(self) -> None:
+        if not self._claim():
+            return  # another is the completion thread (this one's start was interrupted)
         _COMPLETING.pipeline = self
         get = self._completions.get
         try:

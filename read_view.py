@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from .messages import QueueBounds
+from .waits import held_unless_interrupted, shared_lock
 
 __all__ = [
     "ANY_PUBLICATION",
@@ -102,7 +103,8 @@ class ReadViewPublisher:
 
     def __init__(self) -> None:
         self.view = ReadView()
-        self._lock = threading.Lock()
+        # Owned: callers' threads wait on conditions of it (waits.py, review 82 H1).
+        self._lock = shared_lock()
         # One condition per distinct `wakes_on` (a handful), with its count of waiters, so a
         # publication nobody waits for notifies nothing.
         self._waiting: dict[int, list[Any]] = {}
@@ -199,7 +201,7 @@ class ReadViewPublisher:
         if view.closed or timeout_s <= 0:
             return None
         deadline = time.monotonic() + timeout_s
-        with self._lock:
+        with held_unless_interrupted(self._lock):
             slot = self._waiting.get(wakes_on)
             if slot is None:
                 slot = self._waiting[wakes_on] = [threading.Condition(self._lock), 0]

@@ -1265,18 +1265,24 @@ static void deadline_after(double timeout, struct timespec *deadline) {
  * back and the exception returned. Raised by the interpreter just after this call returned,
  * the exception would leave the caller holding a count it never recorded (an in-flight slot
  * lost for good: review 44 H3); run here, the handler finds nothing taken. */
-static PyObject *taken_unless_interrupted(SignalObject *self) {
-    if (PyErr_CheckSignals() < 0) {
+static PyObject *taken_unless_interrupted(SignalObject *self, PyObject *taken) {
+    if (PyErr_CheckSignals() < 0 || (taken != NULL && PyList_Append(taken, Py_True) < 0)) {
         sem_post(&self->sem);
         return NULL;
     }
     Py_RETURN_TRUE;
 }
 
+/* wait(timeout=-1, taken=None): with `taken` (a list), a count taken is also recorded there,
+ * in this call: an exception raised into the thread just after it returned (a timeout
+ * library's PyThreadState_SetAsyncExc, which no check here can see) finds the count in the
+ * caller's list, to give back, rather than lost with the unstored return value (review 82 M2:
+ * an in-flight slot leaked per killed waiter, down to every put refused). */
 static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
     double timeout = -1.0;
-    if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
-    if (sem_trywait(&self->sem) == 0) return taken_unless_interrupted(self);
+    PyObject *taken = NULL;
+    if (!PyArg_ParseTuple(args, "|dO!", &timeout, &PyList_Type, &taken)) return NULL;
+    if (sem_trywait(&self->sem) == 0) return taken_unless_interrupted(self, taken);
     struct timespec deadline;
     if (timeout >= 0) deadline_after(timeout, &deadline);
     for (;;) {
@@ -1289,7 +1295,7 @@ static PyObject *Signal_wait(SignalObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
         if (rc == 0) {
             __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
-            return taken_unless_interrupted(self);
+            return taken_unless_interrupted(self, taken);
         }
         if (err == ETIMEDOUT) Py_RETURN_FALSE;
         if (err != EINTR) {
@@ -1355,7 +1361,8 @@ static PyMethodDef Signal_methods[] = {
     {"post_many_holding_gil", (PyCFunction)Signal_post_many_holding_gil, METH_O,
      "post_many_holding_gil(n): post_holding_gil() n times in one call (a pass's slots or tokens)."},
     {"wait", (PyCFunction)Signal_wait, METH_VARARGS,
-     "wait(timeout=-1) -> bool: take one from the count, blocking without the GIL; False on timeout."},
+     "wait(timeout=-1, taken=None) -> bool: take one from the count, blocking without the GIL; False on timeout. "
+     "With `taken` (a list), True is appended to it in the same call when one is taken."},
     {"post_then_wait", (PyCFunction)(void (*)(void))Signal_post_then_wait, METH_FASTCALL, Signal_post_then_wait_doc},
     {"value", (PyCFunction)Signal_value, METH_NOARGS, "The count now (a snapshot, for tests and figures)."},
     {NULL, NULL, 0, NULL},

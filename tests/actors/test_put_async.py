@@ -541,13 +541,13 @@ def test_in_flight_slots_take_give_and_wake_a_blocked_taker(native: bool, monkey
         monkeypatch.setattr(speedups, "native", None)
     slots = _InFlightSlots(2)
     assert slots.free == 2
-    assert slots.take(None) and slots.take(None)
-    assert not slots.take(None) and slots.free == 0  # full: refused at once
+    assert slots.take(None, []) and slots.take(None, [])
+    assert not slots.take(None, []) and slots.free == 0  # full: refused at once
     started = time.monotonic()
-    assert not slots.take(0.05)  # full: waited, then refused
+    assert not slots.take(0.05, [])  # full: waited, then refused
     assert time.monotonic() - started >= 0.04
     taken = threading.Event()
-    taker = threading.Thread(target=lambda: slots.take(TIMEOUT_S) and taken.set())
+    taker = threading.Thread(target=lambda: slots.take(TIMEOUT_S, []) and taken.set())
     taker.start()
     assert not taken.wait(0.05)
     slots.give(1)

@@ -151,7 +151,7 @@ def test_no_free_slot_fails_fast_through_the_python_path(store_dir: Path) -> Non
         assert store.put_async(Message(topic="orders", body=b"first")).result(TIMEOUT_S).ok
         spy = _recording(store)
         slots = store._puts._slots
-        assert slots.take(None) and slots.take(None)  # every slot held, as by two puts in flight
+        assert slots.take(None, []) and slots.take(None, [])  # every slot held, as by two puts in flight
         try:
             refused = store.put_async(Message(topic="orders", body=b"over"))
             assert refused.done() and refused.result().status is PutMessageStatus.OS_PAGE_CACHE_BUSY
@@ -167,7 +167,7 @@ def test_no_free_slot_blocks_until_one_is_given_back(store_dir: Path) -> None:
     with helpers.open_small(store_dir, max_puts_in_flight=1) as store:
         assert store.put_async(Message(topic="orders", body=b"first")).result(TIMEOUT_S).ok
         slots = store._puts._slots
-        assert slots.take(None)
+        assert slots.take(None, [])
         got: list[PutResult] = []
         putter = threading.Thread(
             target=lambda: got.append(store.put_async(Message(topic="orders", body=b"b")).result(TIMEOUT_S))
