@@ -34,7 +34,7 @@ import pykka
 from .actors.commitlog_writer import PassReply
 from .log import error_repr, get_logger, suppressed_fields
 from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, checked_message
-from .waits import held_unless_interrupted, shared_lock
+from .waits import shared_lock
 from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
 from .storage import speedups
 from .storage.status import PutMessageStatus
@@ -445,15 +445,14 @@ class _InFlightSlots:
         signal = self._signal
         if signal is not None:
             return signal.wait(0.0, taken) or (timeout_s is not None and signal.wait(timeout_s, taken))
-        with self._lock:  # (no wait in here: a plain `with`)
+        with self._lock:  # (an RLock: waits.py)
             if self._free > 0:
                 taken.append(True)  # (first: given back once too many at worst, never lost)
                 self._free -= 1
                 return True
             if timeout_s is None:
                 return False
-        deadline = time.monotonic() + timeout_s
-        with held_unless_interrupted(self._lock):
+            deadline = time.monotonic() + timeout_s
             self._waiters += 1
             try:
                 while self._free <= 0:
@@ -532,9 +531,14 @@ class _BytesInFlight:
             return self.used
 
     def _settle(self) -> None:
+        # Subtracted, then popped: an exception raised into the taker's thread between the
+        # two (review 83 M1: a Ctrl-C as popleft() returned dropped a whole pass's bytes, held
+        # for good) leaves the amount queued and not subtracted, or both done.
         given = self._given
         while given:
-            self.used = max(0, self.used - given.popleft())
+            left = self.used - given[0]
+            self.used = left if left > 0 else 0
+            given.popleft()
 
 
 _BYTES_POLL_S = 0.002

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from .messages import QueueBounds
-from .waits import held_unless_interrupted, shared_lock
+from .waits import shared_lock
 
 __all__ = [
     "ANY_PUBLICATION",
@@ -201,7 +201,7 @@ class ReadViewPublisher:
         if view.closed or timeout_s <= 0:
             return None
         deadline = time.monotonic() + timeout_s
-        with held_unless_interrupted(self._lock):
+        with self._lock:
             slot = self._waiting.get(wakes_on)
             if slot is None:
                 slot = self._waiting[wakes_on] = [threading.Condition(self._lock), 0]

@@ -65,6 +65,7 @@ from .messages import (
     Waiter,
 )
 from .storage import codec, mapguard
+from .waits import DoneFlag
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, FileWithoutRoomUnderMapError, RealFileSystem, no_room_cause, not_writable_cause
 from .storage.foreign import ForeignStoreError
@@ -415,7 +416,9 @@ class Supervisor:
         self.store_host = codec.HostAddress.parse(config.store_host)
         self._specs = [spec for spec in TREE if spec.enabled(config) and (spec.name != "gateway" or backend is not None)]
         self._events: queue.Queue[Any] = queue.Queue()
-        self._shut_down = threading.Event()  # set once the thread ran its shutdown (stop)
+        # Set once the thread ran its shutdown (stop); waited on by close() in the caller's
+        # thread, so no threading.Event (waits.DoneFlag).
+        self._shut_down = DoneFlag()
         self.ctx = ActorContext(
             config=config,
             fs=self.fs,

@@ -180,3 +180,51 @@ def test_the_stop_request_is_queued_with_the_main_threads_signals_held_off(tmp_p
     assert store.close() is True
     assert ("_Stop", True) in seen, seen
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())  # restored
+
+
+def test_a_ctrl_c_as_close_takes_the_lock_of_its_wait_never_blocks_the_supervisor(tmp_path: Path) -> None:
+    """Review 83 H2: close() waited for the supervisor's shutdown on a threading.Event, whose
+    wait enters a Condition in Python code: a Ctrl-C as its lock call returned left the lock
+    held for good; the supervisor's thread then blocked in set(), a second close() hung, and
+    the interpreter never exited. The interrupt lands here (a profile hook) as the first lock
+    call inside stop()'s wait returns. (Not in its queueing of the request: signals are held
+    off there, review 29.)"""
+    import sys
+
+    from mqstore import supervisor as supervisor_module
+    from mqstore.supervisor import Supervisor
+
+    store = _filled(tmp_path / "s")
+    supervisor = store.supervisor
+    stop_code, queueing_code = Supervisor.stop.__code__, supervisor_module._put_uncut.__code__
+    fired: list[str] = []
+
+    def in_stop(frame: Any) -> bool:
+        codes = set()
+        while frame is not None:
+            codes.add(frame.f_code)
+            frame = frame.f_back
+        return stop_code in codes and queueing_code not in codes
+
+    def interrupt(frame: Any, event: str, arg: Any) -> None:
+        if (event == "c_return" and not fired and getattr(arg, "__name__", "") in ("acquire", "__enter__")
+                and in_stop(frame)):  # fmt: skip
+            fired.append(f"{frame.f_code.co_qualname}: {arg.__name__}")
+            raise KeyboardInterrupt
+
+    sys.setprofile(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.close()
+    finally:
+        sys.setprofile(None)
+    assert fired, "no lock call inside stop()"
+    closed: list[bool] = []
+    second = threading.Thread(target=lambda: closed.append(store.close()), daemon=True)
+    second.start()
+    second.join(20)
+    assert closed == [True], f"the second close() hung (interrupted at {fired})"
+    assert supervisor.state is SupervisorState.STOPPED
+    supervisor._thread.join(10)  # noqa: SLF001
+    assert not supervisor._thread.is_alive(), "the supervisor's thread never ended"  # noqa: SLF001
+    _everything_kept(tmp_path / "s")
