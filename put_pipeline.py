@@ -18,6 +18,7 @@ crashed or the store closed), never exceptions set on the future.
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import os
@@ -412,19 +413,21 @@ def _replied(correlation_id: object, answer: PutResult) -> Replied[PutResult]:
 class _InFlightSlots:
     """The in-flight bound as a counting semaphore. With the C extension a Signal holding one
     count per free slot: a take is one sem_trywait (no Python lock: a lock and a counter cost
-    ~0.8 us a put), a blocked take waits without the GIL. Without it, a raw lock and a
-    condition on it."""
+    ~0.8 us a put), a blocked take waits without the GIL. Without it, a counter under a lock
+    that nobody holds across a wait: a blocked taker sleeps on a raw lock of its own, released
+    by give() (a Condition's wait let an interrupt land between letting the lock go and its
+    try, and the caller's `with` exit then raised RuntimeError, or, with a plain Lock, released
+    the completion thread's hold: reviews 82 H1, 83; waits.py)."""
 
-    __slots__ = ("_signal", "_lock", "_freed", "_free", "_waiters", "_slots")
+    __slots__ = ("_signal", "_lock", "_waiting", "_free", "_slots")
 
     def __init__(self, slots: int) -> None:
         native = speedups.native
         self._signal: Any = native.Signal() if native is not None else None
-        self._lock = shared_lock()  # (callers wait on it, the completion thread gives: waits.py)
-        self._freed = threading.Condition(self._lock)
+        self._lock = shared_lock()
+        self._waiting: list[Any] = []  # the blocked takers' raw locks
         self._slots = slots
         self._free = slots
-        self._waiters = 0
         if self._signal is not None:
             self._signal.post_many_holding_gil(slots)
 
@@ -445,24 +448,30 @@ class _InFlightSlots:
         signal = self._signal
         if signal is not None:
             return signal.wait(0.0, taken) or (timeout_s is not None and signal.wait(timeout_s, taken))
-        with self._lock:  # (an RLock: waits.py)
-            if self._free > 0:
-                taken.append(True)  # (first: given back once too many at worst, never lost)
-                self._free -= 1
-                return True
-            if timeout_s is None:
+        if self._take_free(taken) or timeout_s is None:
+            return bool(taken)
+        deadline = time.monotonic() + timeout_s
+        waiter = _thread.allocate_lock()
+        waiter.acquire()  # released by give(): a binary semaphore, no wake-up lost
+        try:
+            with self._lock:
+                self._waiting.append(waiter)
+            while not self._take_free(taken):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                waiter.acquire(timeout=remaining)
+            return True
+        finally:
+            with self._lock:
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(waiter)
+
+    def _take_free(self, taken: list[bool]) -> bool:
+        with self._lock:
+            if self._free <= 0:
                 return False
-            deadline = time.monotonic() + timeout_s
-            self._waiters += 1
-            try:
-                while self._free <= 0:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    self._freed.wait(remaining)
-            finally:
-                self._waiters -= 1
-            taken.append(True)
+            taken.append(True)  # (first: given back once too many at worst, never lost)
             self._free -= 1
             return True
 
@@ -479,8 +488,11 @@ class _InFlightSlots:
         with self._lock:
             n = min(n, self._slots - self._free)
             self._free += n
-            if self._waiters and n > 0:
-                self._freed.notify(n)
+            if n > 0:
+                for waiter in self._waiting:  # each looks again (the pure-Python path: few)
+                    if waiter.locked():
+                        with contextlib.suppress(RuntimeError):
+                            waiter.release()
 
 
 _ACTOR_PUT_ENDS_PRUNE_AT = 1024  # senders remembered before dead ones are dropped

@@ -18,7 +18,9 @@ never calls out.
 
 from __future__ import annotations
 
+import _thread
 import bisect
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -103,18 +105,25 @@ class ReadViewPublisher:
 
     def __init__(self) -> None:
         self.view = ReadView()
-        # Owned: callers' threads wait on conditions of it (waits.py, review 82 H1).
+        # Taken by owners to publish and by callers' threads only to (un)register a waiter,
+        # never across a wait (waits.py, reviews 82 H1 and 83 H1).
         self._lock = shared_lock()
-        # One condition per distinct `wakes_on` (a handful), with its count of waiters, so a
-        # publication nobody waits for notifies nothing.
+        # The waiters' own raw locks per distinct `wakes_on` (a handful), so a publication
+        # nobody waits for wakes nobody. A waiter sleeps on its lock (taken in C, no check
+        # point while it holds anything shared); a publication releases it.
         self._waiting: dict[int, list[Any]] = {}
 
     def _swap(self, view: ReadView, changed: int) -> None:
         # Called with the lock held: the one reference assignment readers see.
         self.view = view
-        for wakes_on, (condition, waiters) in self._waiting.items():
+        for wakes_on, waiters in self._waiting.items():
             if waiters and wakes_on & changed:
-                condition.notify_all()
+                for waiter in waiters:
+                    if waiter.locked():
+                        try:
+                            waiter.release()
+                        except RuntimeError:  # released meanwhile by its own timeout's wake
+                            pass
 
     # publications (each from its owner's thread) ----------------------------------------
     def publish_commitlog(self, readable_end: int) -> None:
@@ -201,20 +210,22 @@ class ReadViewPublisher:
         if view.closed or timeout_s <= 0:
             return None
         deadline = time.monotonic() + timeout_s
-        with self._lock:
-            slot = self._waiting.get(wakes_on)
-            if slot is None:
-                slot = self._waiting[wakes_on] = [threading.Condition(self._lock), 0]
-            condition: threading.Condition = slot[0]
-            slot[1] += 1
-            try:
-                while True:
-                    view = self.view
-                    if covers(view):
-                        return view
-                    remaining = deadline - time.monotonic()
-                    if view.closed or remaining <= 0:
-                        return None
-                    condition.wait(min(remaining, threading.TIMEOUT_MAX))  # inf: until published
-            finally:
-                slot[1] -= 1
+        waiter = _thread.allocate_lock()
+        waiter.acquire()  # released by a publication: a binary semaphore, no wake-up lost
+        waiters: list[Any] = []
+        try:
+            with self._lock:  # (nothing in here waits)
+                waiters = self._waiting.setdefault(wakes_on, [])
+                waiters.append(waiter)
+            while True:
+                view = self.view
+                if covers(view):
+                    return view
+                remaining = deadline - time.monotonic()
+                if view.closed or remaining <= 0:
+                    return None
+                waiter.acquire(timeout=min(remaining, threading.TIMEOUT_MAX))  # inf: until published
+        finally:
+            with self._lock:
+                with contextlib.suppress(ValueError):
+                    waiters.remove(waiter)

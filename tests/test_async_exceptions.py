@@ -4,7 +4,6 @@ something a store thread shares with it, or holds what it took (reviews 82 and 8
 
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
 import time
@@ -25,32 +24,6 @@ class Interrupted(Exception):
     """Stands for the host's KeyboardInterrupt (which pytest would take for its own)."""
 
 
-_WAIT_LINES, _WAIT_FIRST_LINE = inspect.getsourcelines(threading.Condition.wait)
-_RETAKE_LINE = next(n for n, line in enumerate(_WAIT_LINES, _WAIT_FIRST_LINE) if "self._acquire_restore(" in line)
-
-
-def _interrupted_at_the_retake(retaking: threading.Event) -> Any:
-    """A sys.settrace function: `retaking` set as Condition.wait comes to take its lock back,
-    and Interrupted raised where a real one lands then, at the entry of the Python method
-    `Condition._acquire_restore` that takes a plain Lock back (an RLock's is C: nothing to
-    land on)."""
-
-    def trace(frame: types.FrameType, event: str, _arg: Any) -> Any:
-        if event == "call" and frame.f_code is threading.Condition._acquire_restore.__code__:
-            raise Interrupted("raised where Condition.wait takes its lock back")
-        if event == "call" and frame.f_code is threading.Condition.wait.__code__:
-
-            def in_wait(frame: types.FrameType, event: str, _arg: Any) -> Any:
-                if event == "line" and frame.f_lineno == _RETAKE_LINE:
-                    retaking.set()
-                return in_wait
-
-            return in_wait
-        return None
-
-    return trace
-
-
 def _free(lock: Any) -> bool:
     if lock.acquire(blocking=False):
         lock.release()
@@ -58,53 +31,62 @@ def _free(lock: Any) -> bool:
     return False
 
 
-def test_a_caller_interrupted_in_await_view_leaves_a_publishers_hold_of_the_lock_alone() -> None:
-    """Review 82 H1: the waiter's `with` exit released the plain Lock a publisher (an actor)
-    held at that moment; the publisher's own release then raised RuntimeError and the actor
-    crashed (the writer, reput, the queues' and the index's owners, in the reviewer's runs)."""
+def test_a_caller_interrupted_anywhere_in_await_view_gets_its_own_exception_and_holds_nothing() -> None:
+    """Reviews 82 H1 and 83 H1: waiting on a Condition of the lock the owners publish under,
+    an interrupt inside Condition.wait (after it let the lock go, before its try) left the
+    lock not held, and the caller's `with` exit released the hold an actor had of it (a plain
+    Lock: the actor crashed) or raised RuntimeError instead of the host's exception (an
+    RLock); an attempt that took the lock outside a `with` left it held for good (every owner
+    then hung). The waiter sleeps on a lock of its own now. Here the interrupt lands at each
+    C call's return in await_view and everything it calls, one run per point."""
     publisher = ReadViewPublisher()
-    outcome: dict[str, BaseException | None] = {}
-    waiting, publisher_holds, let_go = threading.Event(), threading.Event(), threading.Event()
-    retaking = threading.Event()
 
-    def caller() -> None:
-        sys.settrace(_interrupted_at_the_retake(retaking))
-        try:
-            waiting.set()
-            publisher.await_view(lambda _view: False, 0.3, ANY_PUBLICATION)
-            outcome["caller"] = None
-        except BaseException as exc:
-            outcome["caller"] = exc
-        finally:
-            sys.settrace(None)
+    def check(interrupted: BaseException | None, point: int) -> None:
+        assert isinstance(interrupted, Interrupted), f"point {point}: {interrupted!r}"
+        assert _free(publisher._lock), f"point {point}: the lock was left held"  # noqa: SLF001
+        assert not any(publisher._waiting.values()), f"point {point}: a waiter left registered"  # noqa: SLF001
 
-    def actor() -> None:  # an owner publishing: takes the lock while the caller waits, and keeps it
-        assert waiting.wait(TIMEOUT_S)
-        try:
-            with publisher._lock:  # noqa: SLF001  (as every publish_* does)
-                publisher_holds.set()
-                assert let_go.wait(TIMEOUT_S)
-            outcome["actor"] = None
-        except BaseException as exc:
-            outcome["actor"] = exc
-
-    threads = [threading.Thread(target=caller), threading.Thread(target=actor)]
-    for thread in threads:
-        thread.start()
-    assert publisher_holds.wait(TIMEOUT_S)
-    assert retaking.wait(TIMEOUT_S)  # the caller's wait timed out while the actor holds the lock
-    let_go.set()
-    for thread in threads:
-        thread.join(TIMEOUT_S)
-    assert outcome["actor"] is None, f"the actor's hold was released by the caller: {outcome['actor']!r}"
-    assert outcome["caller"] is None or isinstance(outcome["caller"], Interrupted), repr(outcome["caller"])
-    assert _free(publisher._lock)  # noqa: SLF001  (not left held by the caller either)
-    publisher.publish_dispatched(1)  # the lock works as before
+    run = lambda: publisher.await_view(lambda _view: False, 0.002, ANY_PUBLICATION)  # noqa: E731
+    assert _interrupted_at_each_c_return(ReadViewPublisher.await_view.__code__, run, check) > 5
+    publisher.publish_dispatched(1)  # works as before
     assert publisher.await_view(lambda view: view.dispatched_end == 1, 1.0) is not None
 
 
-def test_the_pure_python_in_flight_slots_stay_exclusive_when_a_waiter_is_interrupted() -> None:
-    """Review 82 H1 (without the C extension): the in-flight bound's condition, the same way."""
+def _interrupted_at_each_c_return(code: types.CodeType, run: Any, check: Any) -> int:
+    """Runs `run()` once per C call made under a frame of `code`, raising Interrupted as that
+    call returns; `check(exc, point)` after each. The number of points tried."""
+    point = 0
+    while True:
+        point += 1
+        returns = [0]
+
+        def interrupt(frame: types.FrameType, event: str, _arg: Any, point: int = point, returns: list[int] = returns) -> None:
+            if event != "c_return":
+                return
+            at = frame
+            while at is not None and at.f_code is not code:
+                at = at.f_back
+            if at is not None:
+                returns[0] += 1
+                if returns[0] == point:
+                    raise Interrupted(f"at the return of C call {point}")
+
+        sys.setprofile(interrupt)
+        try:
+            run()
+            interrupted: BaseException | None = None
+        except BaseException as exc:
+            interrupted = exc
+        finally:
+            sys.setprofile(None)
+        if returns[0] < point:
+            return point - 1  # past the last C call: every point was tried
+        check(interrupted, point)
+
+
+def test_a_pure_python_slot_taker_interrupted_anywhere_gets_its_own_exception_and_holds_nothing() -> None:
+    """Reviews 82 H1 and 83 (without the C extension): the in-flight bound's Condition, the
+    same way as the read view's; its blocked takers sleep on locks of their own now."""
     from mqstore.put_pipeline import _InFlightSlots
     from mqstore.storage import speedups
 
@@ -113,43 +95,16 @@ def test_the_pure_python_in_flight_slots_stay_exclusive_when_a_waiter_is_interru
         slots = _InFlightSlots(1)
     finally:
         speedups.native = native
-    assert slots.native_signal is None and slots.take(None, [])
-    outcome: dict[str, BaseException | None] = {}
-    waiting, giver_holds, let_go = threading.Event(), threading.Event(), threading.Event()
-    retaking = threading.Event()
+    assert slots.native_signal is None and slots.take(None, [])  # full from here on
 
-    def caller() -> None:
-        sys.settrace(_interrupted_at_the_retake(retaking))
-        try:
-            waiting.set()
-            slots.take(0.3, [])
-            outcome["caller"] = None
-        except BaseException as exc:
-            outcome["caller"] = exc
-        finally:
-            sys.settrace(None)
+    def check(interrupted: BaseException | None, point: int) -> None:
+        assert isinstance(interrupted, Interrupted), f"point {point}: {interrupted!r}"
+        assert _free(slots._lock), f"point {point}: the lock was left held"  # noqa: SLF001
+        assert not slots._waiting, f"point {point}: a waiter left registered"  # noqa: SLF001
+        assert slots.free == 0
 
-    def completion_thread() -> None:
-        assert waiting.wait(TIMEOUT_S)
-        try:
-            with slots._lock:  # noqa: SLF001  (as give() does)
-                giver_holds.set()
-                assert let_go.wait(TIMEOUT_S)
-            outcome["giver"] = None
-        except BaseException as exc:
-            outcome["giver"] = exc
-
-    threads = [threading.Thread(target=caller), threading.Thread(target=completion_thread)]
-    for thread in threads:
-        thread.start()
-    assert giver_holds.wait(TIMEOUT_S)
-    assert retaking.wait(TIMEOUT_S)
-    let_go.set()
-    for thread in threads:
-        thread.join(TIMEOUT_S)
-    assert outcome["giver"] is None, f"the completion thread's hold was released by the caller: {outcome['giver']!r}"
-    assert outcome["caller"] is None or isinstance(outcome["caller"], Interrupted), repr(outcome["caller"])
-    assert _free(slots._lock)  # noqa: SLF001
+    points = _interrupted_at_each_c_return(_InFlightSlots.take.__code__, lambda: slots.take(0.002, []), check)
+    assert points > 3
     slots.give(1)
     assert slots.free == 1 and slots.take(None, [])
 

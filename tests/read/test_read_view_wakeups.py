@@ -22,8 +22,8 @@ SETTLE_S = 0.002
 
 class _Waiter:
     """A thread in `await_view`, counting how often it looked at the view. `started` is set
-    at its second look, the one under the publisher's lock right before it sleeps: a
-    publication made after that cannot get the lock until the waiter is asleep in `wait`."""
+    at its second look, made once it is registered, right before it sleeps: a publication
+    made after that releases its lock, asleep or about to be (no wake-up is lost)."""
 
     def __init__(self, publisher: ReadViewPublisher, covers: Callable[[ReadView], bool], wakes_on: int) -> None:
         self.looks = 0
@@ -106,13 +106,13 @@ def test_closing_and_a_quarantine_wake_every_waiter_whatever_it_waits_on(how: st
 def test_a_waiter_that_timed_out_leaves_no_count_and_the_next_of_its_kind_is_woken() -> None:
     publisher = ReadViewPublisher()
     assert publisher.await_view(lambda v: v.queues_written > 0, 0.01, QUEUES) is None
-    assert publisher._waiting[QUEUES][1] == 0  # else every QUEUES publication notifies nobody
+    assert len(publisher._waiting[QUEUES]) == 0  # else every QUEUES publication wakes nobody
     waiter = _Waiter(publisher, lambda v: v.queues_written > 0, QUEUES)
-    assert publisher._waiting[QUEUES][1] == 1
+    assert len(publisher._waiting[QUEUES]) == 1
     publisher.publish_queues(_queue_bounds(1))
     waiter.join()
     assert waiter.result is not None
-    assert publisher._waiting[QUEUES][1] == 0
+    assert len(publisher._waiting[QUEUES]) == 0
 
 
 @pytest.mark.parametrize("wakes_on", [0, 16, QUEUES | 32, -1])
