@@ -425,6 +425,46 @@ def test_an_open_whose_actor_start_times_out_keeps_the_lock_until_that_actor_end
         assert [m.body for m in again.get("t", 0, 0, 8).messages] == [b"before"]
 
 
+class _IndexRestartThatHangs:
+    """An index actor that fails, and whose restarts' on_start makes no progress until
+    `finish` is set (a pause, a stalled disk): its start times out, then its stop, and it is a
+    straggler. `most_starting`: the most index actors inside on_start at once."""
+
+    def __init__(self, store_dir: Path, monkeypatch: pytest.MonkeyPatch, *, stop_timeout_s: float) -> None:
+        from mqstore.actors.index import IndexActor
+
+        monkeypatch.setattr(supervisor_module, "START_TIMEOUT_S", 0.3)
+        monkeypatch.setattr(supervisor_module, "PAUSE_GRACE_S", 0.1)
+        monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", stop_timeout_s)
+        self.finish = threading.Event()
+        self.most_starting = 0
+        slow, starting, guard, on_start = threading.Event(), [0], threading.Lock(), IndexActor.on_start
+
+        def counted_on_start(actor: IndexActor) -> None:
+            with guard:
+                starting[0] += 1
+                self.most_starting = max(self.most_starting, starting[0])
+            try:
+                if slow.is_set():
+                    self.finish.wait(20)
+                on_start(actor)
+            finally:
+                with guard:
+                    starting[0] -= 1
+
+        monkeypatch.setattr(IndexActor, "on_start", counted_on_start)
+        plan = FaultPlan()
+        self.store = h.open_small(store_dir, faults=plan)
+        assert self.store.put(Message(topic="t", body=b"before")).ok
+        slow.set()
+        plan.arm("index.mid_write")
+        self.store.put(Message(topic="t", body=b"the index fails on this one", keys=["k"]))
+
+    def end(self) -> None:
+        self.finish.set()
+        self.store.close()
+
+
 def test_a_restart_whose_start_times_out_never_starts_a_second_owner_beside_the_first(
     store_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -433,46 +473,17 @@ def test_a_restart_whose_start_times_out_never_starts_a_second_owner_beside_the_
     group again: a second incarnation recovered the same files beside the first. Now a
     restart waits for the straggler of a name it starts; if it still runs, the store is
     given up, the lock kept until the straggler ends (as for an actor that does not stop)."""
-    from mqstore.actors.index import IndexActor
-
-    monkeypatch.setattr(supervisor_module, "START_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(supervisor_module, "PAUSE_GRACE_S", 0.1)
-    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.3)
-    slow, finish = threading.Event(), threading.Event()
-    starting = [0]
-    most_starting = [0]
-    guard = threading.Lock()
-    on_start = IndexActor.on_start
-
-    def counted_on_start(self: IndexActor) -> None:
-        with guard:
-            starting[0] += 1
-            most_starting[0] = max(most_starting[0], starting[0])
-        try:
-            if slow.is_set():
-                finish.wait(10)  # a recovery that reports no progress (a pause, a stalled disk)
-            on_start(self)
-        finally:
-            with guard:
-                starting[0] -= 1
-
-    monkeypatch.setattr(IndexActor, "on_start", counted_on_start)
-    plan = FaultPlan()
-    store = h.open_small(store_dir, faults=plan)
+    hangs = _IndexRestartThatHangs(store_dir, monkeypatch, stop_timeout_s=0.3)
+    store = hangs.store
     try:
-        assert store.put(Message(topic="t", body=b"before")).ok
-        slow.set()
-        plan.arm("index.mid_write")
-        store.put(Message(topic="t", body=b"the index fails on this one", keys=["k"]))
         h.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, what="the supervisor gave up")
-        assert most_starting[0] == 1, "a second index actor started beside the one still starting"
+        assert hangs.most_starting == 1, "a second index actor started beside the one still starting"
         assert "index" in repr(store.supervisor.fatal_error)
         assert not store.supervisor.lock_released.is_set()
-        finish.set()
+        hangs.finish.set()
         assert store.supervisor.lock_released.wait(10)
     finally:
-        finish.set()
-        store.close()
+        hangs.end()
     with h.open_small(store_dir) as again:
         assert [m.body for m in again.get("t", 0, 0, 8).messages][0] == b"before"
 
@@ -482,20 +493,6 @@ def test_a_close_racing_a_restart_that_gives_up_returns_with_the_give_up(
 ) -> None:
     """Review 81 M1: a give-up ended the supervisor's thread without saying its shutdown was
     done; a close() asked meanwhile waited out 3 x STOP_TIMEOUT_S (30 s), then said False."""
-    from mqstore.actors.index import IndexActor
-
-    monkeypatch.setattr(supervisor_module, "START_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(supervisor_module, "PAUSE_GRACE_S", 0.1)
-    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 2.0)
-    slow, finish = threading.Event(), threading.Event()
-    on_start = IndexActor.on_start
-
-    def slow_on_start(self: IndexActor) -> None:
-        if slow.is_set():
-            finish.wait(20)
-        on_start(self)
-
-    monkeypatch.setattr(IndexActor, "on_start", slow_on_start)
     waiting = threading.Event()
     earlier_still_running = Supervisor._earlier_still_running
 
@@ -504,13 +501,9 @@ def test_a_close_racing_a_restart_that_gives_up_returns_with_the_give_up(
         return earlier_still_running(self, names)
 
     monkeypatch.setattr(Supervisor, "_earlier_still_running", noted)
-    plan = FaultPlan()
-    store = h.open_small(store_dir, faults=plan)
+    hangs = _IndexRestartThatHangs(store_dir, monkeypatch, stop_timeout_s=2.0)
+    store = hangs.store
     try:
-        assert store.put(Message(topic="t", body=b"before")).ok
-        slow.set()
-        plan.arm("index.mid_write")
-        store.put(Message(topic="t", body=b"the index fails on this one", keys=["k"]))
         h.wait_until(lambda: waiting.is_set() and bool(store.supervisor._stragglers), what="the restart's wait")  # noqa: SLF001
         closed: list[tuple[bool, float]] = []
         closer = threading.Thread(target=lambda: closed.append((store.close(), time.monotonic())))
@@ -521,8 +514,7 @@ def test_a_close_racing_a_restart_that_gives_up_returns_with_the_give_up(
         assert closed and closed[0][0] is False
         assert closed[0][1] - failed_at < 1.0, "close() waited on after the give-up"
     finally:
-        finish.set()
-        store.close()
+        hangs.end()
     assert store.supervisor.lock_released.wait(20)
 
 
