@@ -35,7 +35,6 @@ import pykka
 from .actors.commitlog_writer import PassReply
 from .log import error_repr, get_logger, suppressed_fields
 from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, checked_message
-from .waits import shared_lock
 from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
 from .storage import speedups
 from .storage.status import PutMessageStatus
@@ -424,7 +423,7 @@ class _InFlightSlots:
     def __init__(self, slots: int) -> None:
         native = speedups.native
         self._signal: Any = native.Signal() if native is not None else None
-        self._lock = shared_lock()
+        self._lock = threading.Lock()
         self._waiting: list[Any] = []  # the blocked takers' raw locks
         self._slots = slots
         self._free = slots

@@ -28,7 +28,6 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from .messages import QueueBounds
-from .waits import shared_lock
 
 __all__ = [
     "ANY_PUBLICATION",
@@ -106,8 +105,8 @@ class ReadViewPublisher:
     def __init__(self) -> None:
         self.view = ReadView()
         # Taken by owners to publish and by callers' threads only to (un)register a waiter,
-        # never across a wait (waits.py, reviews 82 H1 and 83 H1).
-        self._lock = shared_lock()
+        # never across a wait (waits.py).
+        self._lock = threading.Lock()
         # The waiters' own raw locks per distinct `wakes_on` (a handful), so a publication
         # nobody waits for wakes nobody. A waiter sleeps on its lock (taken in C, no check
         # point while it holds anything shared); a publication releases it.

@@ -1,27 +1,23 @@
-"""The lock of a condition that a caller's thread waits on and a store thread notifies.
+"""Waiting, in a caller's thread, for something a store thread does.
 
 A caller's thread takes exceptions at the interpreter's check points (after a call returns, at
 a Python function's entry): a Ctrl-C, a signal handler that raises, a timeout library's
-PyThreadState_SetAsyncExc. With a plain Lock, `threading.Condition.wait` takes the lock back in
-a Python method (`_acquire_restore`): an exception at its entry left the lock not held, and the
-caller's `with` exit then released it while an actor held it; the actor's own release failed
-and it crashed (review 82 H1; one run gave the store up). An RLock's wait releases and takes it
-back in C, and only its holder may release it. So such a lock is an RLock, entered with a plain
-`with lock:` (C, no check point between the take and the block) and never through the
-Condition's own `__enter__` (Python: an exception after its take left the lock held for good,
-review 83 H1 of an attempt that entered it through a generator).
+PyThreadState_SetAsyncExc. `threading.Condition` lets such an exception land between letting
+its lock go and taking it back (`Condition.wait`), or just after taking it (`__enter__`, Python
+code): the caller's `with` exit then released a hold an actor had of a shared lock (the actor
+crashed, review 82 H1), raised RuntimeError instead of the host's exception, or left the lock
+held for good (every owner hung, review 83 H1/H2). So a caller never waits on a Condition or a
+`threading.Event` that a store thread takes: it sleeps on a raw lock of its own (the read
+view's waiters, the pure-Python slot takers) or on a `DoneFlag`, and a lock it shares with the
+store's threads is entered only by a plain `with lock:` (taken and given back in C) around
+work that never waits.
 """
 
 from __future__ import annotations
 
 import threading
 
-__all__ = ["DoneFlag", "shared_lock"]
-
-
-def shared_lock() -> threading.RLock:
-    """The lock of a condition a caller's thread waits on and a store thread notifies."""
-    return threading.RLock()
+__all__ = ["DoneFlag"]
 
 
 class DoneFlag:
