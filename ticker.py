@@ -53,10 +53,14 @@ class RealTicker:
 
 class ManualTicker:
     """Time that moves only by `advance` (which wakes the waiters) and by `sleep_ms`, which
-    returns at once, records the pause in `sleeps` and moves the time by it. Thread-safe."""
+    returns at once, records the pause in `sleeps` and moves the time by it (unless
+    `sleeps_move_time` is False: for a test that counts exact intervals, where a store
+    thread's pause, reput's linger of a ms per notice, would move its time at any moment).
+    Thread-safe."""
 
-    def __init__(self, start_ms: int = 1_000_000) -> None:
+    def __init__(self, start_ms: int = 1_000_000, *, sleeps_move_time: bool = True) -> None:
         self._now_ms = start_ms
+        self._sleeps_move_time = sleeps_move_time
         self._lock = threading.Lock()
         self._wakes: list[Callable[[], None]] = []
         self.sleeps: list[int] = []
@@ -68,7 +72,8 @@ class ManualTicker:
     def sleep_ms(self, ms: int) -> None:
         with self._lock:
             self.sleeps.append(ms)
-            self._now_ms += max(ms, 0)
+            if self._sleeps_move_time:
+                self._now_ms += max(ms, 0)
 
     def wait_s(self, ms: int) -> float | None:
         return None
