@@ -39,6 +39,7 @@ from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keep
 from .storage import speedups
 from .storage.status import PutMessageStatus
 from .supervisor import SupervisorState
+from .waits import StoreThread
 
 if TYPE_CHECKING:
     from .store import MessageStore
@@ -818,7 +819,7 @@ class PutPipeline:
             if self._closed:
                 return False
             if self._thread is None:
-                thread = threading.Thread(target=self._complete_loop, name="mqstore-put-completions", daemon=True)
+                thread = StoreThread(self._complete_loop, "mqstore-put-completions")
                 # Only a thread that started is the completion thread: one that could not (no
                 # threads or memory left: RuntimeError to this put's caller) was kept as it,
                 # and every later future waited for it for good (review 52 M1). The next
@@ -992,7 +993,7 @@ class PutPipeline:
                 log.error("futures whose lock a host thread keeps were never notified", futures=len(held))
 
         try:
-            threading.Thread(target=notify, name="mqstore-held-futures", daemon=True).start()
+            StoreThread(notify, "mqstore-held-futures").start()
         except RuntimeError as exc:  # no thread to be had: their results are set, readable by result()
             self.log.error("futures whose lock a host thread held cannot be notified", futures=len(held), error=repr(exc))
 

@@ -15,6 +15,7 @@ envelopes, refs), so a pykka upgrade is read against one file.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import queue
 import threading
@@ -31,6 +32,7 @@ from . import log as _log
 from .log import RepeatedLog, error_repr, get_logger, suppressed_fields
 from .messages import AskFor, Waiter
 from .storage import speedups
+from .waits import StoreThread
 
 __all__ = [
     "FastInbox",
@@ -182,6 +184,9 @@ class QueuedRequest:
     message: object
 
 
+_actor_thread_numbers = itertools.count(1)  # names as pykka's: <class>-<n>
+
+
 class RuntimeActor(pykka.ThreadingActor):
     """A pykka thread actor on a `FastInbox`, on a daemon thread (a host that forgets close()
     still exits)."""
@@ -198,7 +203,10 @@ class RuntimeActor(pykka.ThreadingActor):
         # its supervisor's back, and the store said RUNNING with nothing running (review 27).
         # The store stops its own actors, at close() or the exit handler.
         pykka.ActorRegistry.unregister(self.actor_ref)
-        super()._start_actor_loop()
+        # pykka's start on a StoreThread: an open (a caller's thread) starts the actors, and
+        # an interrupt there must not leave one's thread blocked in its own start-up.
+        name = f"{type(self).__name__}-{next(_actor_thread_numbers)}"
+        StoreThread(self._actor_loop, name, daemon=self.use_daemon_thread).start()
 
     def _actor_loop_teardown(self) -> None:
         """pykka's drain after the stop, by items rather than tokens (FastInbox.take_left): a

@@ -65,7 +65,7 @@ from .messages import (
     Waiter,
 )
 from .storage import codec, mapguard
-from .waits import DoneFlag
+from .waits import DoneFlag, StoreThread
 from .storage.disk import DiskGauge, default_disk_gauge
 from .storage.fs import FileSystem, FileWithoutRoomUnderMapError, RealFileSystem, no_room_cause, not_writable_cause
 from .storage.foreign import ForeignStoreError
@@ -520,7 +520,7 @@ class Supervisor:
             raise
         self.state = SupervisorState.RUNNING
         self.ticker.on_advance(lambda: self._events.put(_WAKE))
-        thread = threading.Thread(target=self._run, name="mqstore-supervisor", daemon=True)
+        thread = StoreThread(self._run, "mqstore-supervisor")
         try:
             thread.start()
         except BaseException as exc:
@@ -1028,7 +1028,7 @@ class Supervisor:
             self.log.info("store lock released: the actors that had not stopped in time have ended",
                           actors=[name for name, _ in running])  # fmt: skip
 
-        threading.Thread(target=release_once_stopped, name="mqstore-lock-keeper", daemon=True).start()
+        StoreThread(release_once_stopped, "mqstore-lock-keeper").start()
 
     def _release(self, lock: StoreLock | None) -> None:
         try:

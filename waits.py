@@ -10,14 +10,16 @@ held for good (every owner hung, review 83 H1/H2). So a caller never waits on a 
 `threading.Event` that a store thread takes: it sleeps on a raw lock of its own (the read
 view's waiters, the pure-Python slot takers) or on a `DoneFlag`, and a lock it shares with the
 store's threads is entered only by a plain `with lock:` (taken and given back in C) around
-work that never waits.
+work that never waits. The threads the store starts (often from a caller's thread: the first
+`put_async`, an open) are `StoreThread`s for the same reason.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any, Callable
 
-__all__ = ["DoneFlag"]
+__all__ = ["DoneFlag", "StoreThread"]
 
 
 class DoneFlag:
@@ -42,13 +44,34 @@ class DoneFlag:
     def is_set(self) -> bool:
         return self._set
 
-    def wait(self, timeout: float) -> bool:
-        """Whether it is set, waiting at most `timeout` seconds. Never blocks the setter: a
-        waiter interrupted between taking the gate and passing it on delays the others at most
-        their timeout, and they find the flag set then."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether it is set, waiting at most `timeout` seconds (None: until it is). Never
+        blocks the setter: a waiter interrupted between taking the gate and passing it on
+        delays the others at most their timeout, and they find the flag set then."""
         if self._set:
             return True
-        if self._gate.acquire(timeout=timeout):
+        if self._gate.acquire(timeout=-1 if timeout is None else timeout):
             self._gate.release()
             return True
         return self._set
+
+    def _at_fork_reinit(self) -> None:
+        """A forked child's copy (threading's own hook, as `Event._at_fork_reinit`): a lock
+        another thread of the parent held would be held for good there."""
+        self._gate = threading.Lock()
+        if not self._set:
+            self._gate.acquire()
+
+
+class StoreThread(threading.Thread):
+    """A thread (a daemon unless said) whose start a caller's thread may make, interrupted anywhere.
+    `Thread.start()` waits for the new thread on a `threading.Event`: an exception raised into
+    the starter just as that Event's lock was taken (in `Condition.__enter__`, Python code)
+    left the lock held, and the new thread blocked for good in its own start-up (review 83
+    M2: one idle thread per such interrupt; an actor's thread so never ran its loop). The
+    start waits on a `DoneFlag` instead, whatever lands in the starter."""
+
+    def __init__(self, target: Callable[[], Any], name: str, *, daemon: bool = True) -> None:
+        super().__init__(target=target, name=name, daemon=daemon)
+        if isinstance(getattr(self, "_started", None), threading.Event):  # CPython's, as of 3.11-3.13
+            self._started = DoneFlag()  # (the Event methods Thread uses)
