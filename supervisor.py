@@ -25,7 +25,6 @@ import importlib
 import importlib.util
 import os
 import queue
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -310,19 +309,19 @@ def _refuse_linked_directory(fs: FileSystem, path: str, queue: str) -> None:
 
 
 def _put_uncut(events: queue.Queue[Any], event: object) -> None:
-    """`events.put(event)` with the main thread's signals held off meanwhile: a Ctrl-C landing
-    inside Queue.put (Python code, under the queue's mutex) left that mutex held for good, and
-    the supervisor's thread, every later close() and the process's exit hung on it (review
-    29). A signal that comes meanwhile is handled as the mask is restored."""
-    if threading.current_thread() is not threading.main_thread():
-        events.put(event)  # (signal handlers run on the main thread only)
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the mask as it is: restored below
-    try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        events.put(event)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    """`events.put(event)` from a caller's thread (close()), whatever exception is raised into
+    it meanwhile (a Ctrl-C, a timeout library's PyThreadState_SetAsyncExc). Queue.put takes
+    the queue's mutex in Condition.__enter__, Python code: an exception landing just after
+    that left the mutex held for good, and the supervisor's thread, every later close() and
+    the process's exit hung on it (review 29; masking the main thread's signals, the fix
+    then, left other threads and a handler already pending exposed). Here the mutex is
+    taken by a plain `with` (in C); an exception before the notify leaves the event queued,
+    and the supervisor's thread finds it at its next wake (it always waits with a timeout
+    on a real ticker)."""
+    with events.mutex:
+        events.queue.append(event)
+        events.unfinished_tasks += 1
+        events.not_empty.notify()
 
 
 def _finished(stopped: pykka.Future[bool], timeout: float | None = 0) -> bool:

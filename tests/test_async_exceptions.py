@@ -254,3 +254,28 @@ def test_a_store_thread_whose_start_was_interrupted_anywhere_never_hangs_in_its_
 
     assert _thread_start_interrupted_everywhere(lambda target: threading.Thread(target=target, daemon=True), own_exception=False)
     assert _thread_start_interrupted_everywhere(lambda target: StoreThread(target, "test-thread")) == []
+
+
+def test_a_stop_request_queued_by_an_interrupted_caller_never_leaves_the_queues_mutex_held() -> None:
+    """Review 29: Queue.put takes its mutex in Condition.__enter__ (Python code); a Ctrl-C as
+    that lock call returned left the mutex held, and the supervisor's thread, every later
+    close() and the exit hung on it. Signals held off on the main thread were the fix then: a
+    timeout library's exception, a handler already pending or another thread's close were
+    not covered. Here the interrupt lands at each C return of the queueing, in this thread."""
+    import queue
+
+    from mqstore.supervisor import _put_uncut
+
+    events: queue.Queue[object] = queue.Queue()
+    queued: list[int] = []
+
+    def check(interrupted: BaseException | None, point: int) -> None:
+        assert isinstance(interrupted, Interrupted), f"point {point}: {interrupted!r}"
+        assert _free(events.mutex), f"point {point}: the queue's mutex was left held"
+        if events.qsize():  # in: the supervisor's next get takes it, notified or not
+            assert events.get(timeout=0) == "stop"
+            queued.append(point)
+
+    points = _interrupted_at_each_c_return(_put_uncut.__code__, lambda: _put_uncut(events, "stop"), check)
+    assert points >= 2 and queued  # interrupted after the append, it is queued all the same
+    assert events.get(timeout=0) == "stop" and events.empty()  # the last run's, not interrupted

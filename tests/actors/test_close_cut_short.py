@@ -61,9 +61,12 @@ def test_a_ctrl_c_in_the_supervisors_stop_is_finished_by_the_next_close(tmp_path
     was recorded but before it was queued left the next close waiting 30 s for a request never
     taken, then finished with every actor running. Every stop() now queues its own and waits
     for the thread's shutdown, whichever request it took."""
+    from mqstore import supervisor as supervisor_module
+
     store = _filled(tmp_path / "s")
     supervisor = store.supervisor
-    patched = {"before_the_request_is_queued": (supervisor._events, "put"), "during_the_wait": (supervisor._shut_down, "wait")}
+    patched = {"before_the_request_is_queued": (supervisor_module, "_put_uncut"),
+               "during_the_wait": (supervisor._shut_down, "wait")}  # fmt: skip
     target, name = patched[where]
     real = getattr(target, name)
 
@@ -159,27 +162,36 @@ def test_a_group_or_topic_that_cannot_be_written_is_refused_when_committed(tmp_p
     _everything_kept(tmp_path / "s")
 
 
-def test_the_stop_request_is_queued_with_the_main_threads_signals_held_off(tmp_path: Path) -> None:
-    """Review 29: a Ctrl-C landing inside the Queue.put of the stop request (Python code, under
-    the queue's mutex) left that mutex held: the supervisor's thread, every later close() and the
-    exit hung on it for good. The put runs with the main thread's signals blocked; a signal that
-    comes meanwhile is handled once the mask is restored."""
-    import signal
+def test_a_close_interrupted_after_queueing_its_request_still_stops_the_store(tmp_path: Path) -> None:
+    """Review 29, and its fix made thread-proof: the stop request goes into the supervisor's
+    queue under the queue's mutex taken in C. Interrupted after the request went in and before
+    its notify, the close raises the host's exception; the supervisor's thread finds the
+    request at its next wake all the same, and the store stops; a second close() says so."""
+    import sys
+
+    from mqstore import supervisor as supervisor_module
 
     store = _filled(tmp_path / "s")
-    events = store.supervisor._events
-    real_put = events.put
-    seen: list[tuple[str, bool]] = []
+    supervisor = store.supervisor
+    queueing_code = supervisor_module._put_uncut.__code__
+    fired: list[str] = []
 
-    def put(item: Any, *args: Any, **kwargs: Any) -> None:
-        if threading.current_thread() is threading.main_thread():
-            seen.append((type(item).__name__, signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())))
-        real_put(item, *args, **kwargs)
+    def interrupt(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_return" and not fired and frame.f_code is queueing_code and getattr(arg, "__name__", "") == "append":
+            fired.append(arg.__name__)
+            raise KeyboardInterrupt
 
-    events.put = put  # type: ignore[method-assign]
+    sys.setprofile(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.close()
+    finally:
+        sys.setprofile(None)
+    assert fired == ["append"]
+    supervisor._thread.join(20)  # noqa: SLF001
+    assert not supervisor._thread.is_alive(), "the supervisor never took the request"  # noqa: SLF001
     assert store.close() is True
-    assert ("_Stop", True) in seen, seen
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())  # restored
+    _everything_kept(tmp_path / "s")
 
 
 def test_a_ctrl_c_as_close_takes_the_lock_of_its_wait_never_blocks_the_supervisor(tmp_path: Path) -> None:
@@ -187,8 +199,8 @@ def test_a_ctrl_c_as_close_takes_the_lock_of_its_wait_never_blocks_the_superviso
     wait enters a Condition in Python code: a Ctrl-C as its lock call returned left the lock
     held for good; the supervisor's thread then blocked in set(), a second close() hung, and
     the interpreter never exited. The interrupt lands here (a profile hook) as the first lock
-    call inside stop()'s wait returns. (Not in its queueing of the request: signals are held
-    off there, review 29.)"""
+    call inside stop()'s wait returns. (Its queueing of the request: the test above and
+    tests/test_async_exceptions.py.)"""
     import sys
 
     from mqstore import supervisor as supervisor_module
