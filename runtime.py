@@ -18,6 +18,7 @@ import functools
 import itertools
 import os
 import queue
+import sys
 import threading
 import types
 from collections import deque
@@ -184,6 +185,65 @@ class QueuedRequest:
     message: object
 
 
+class StoreFuture(pykka.Future[T]):
+    """pykka's ThreadingFuture on a raw lock: what a store actor's `ask` answers through
+    (`RuntimeActor._create_future`), waited on by the asker's thread (an open's start
+    handshake is a caller's). ThreadingFuture's get enters a Condition of an RLock in Python
+    code: an exception raised into the asker just after that lock was taken (a Ctrl-C, a
+    timeout library's async exception) left it held, and the actor's `set()` then blocked
+    for good (waits.py). Here the setter never waits: it stores the result, then releases
+    the gate the getters pass through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gate = threading.Lock()
+        self._gate.acquire()  # released once a result or a get hook is there
+        self._setting = threading.Lock()  # one result: entered by plain `with` only
+        self._result: tuple[Any, BaseException | None] | None = None
+
+    def get(self, *, timeout: float | None = None) -> Any:
+        if self._get_hook is None and self._result is None:
+            if not self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                if self._result is None and self._get_hook is None:
+                    raise pykka.Timeout(f"{timeout} seconds")
+            else:
+                self._gate.release()  # for the next getter (an interrupt here delays it at most its timeout)
+        if self._get_hook is not None:
+            return super().get(timeout=timeout)
+        assert self._result is not None
+        value, error = self._result
+        if error is not None:
+            raise error
+        return value
+
+    def set(self, value: Any | None = None) -> None:
+        self._settle((value, None))
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        error = (exc_info or sys.exc_info())[1]
+        self._settle((None, error if error is not None else RuntimeError("failed without an exception")))
+
+    def set_get_hook(self, func: Any) -> None:
+        with self._setting:
+            if self._result is not None:
+                raise queue.Full
+            super().set_get_hook(func)
+        self._open_gate()
+
+    def _settle(self, result: tuple[Any, BaseException | None]) -> None:
+        with self._setting:
+            if self._result is not None or self._get_hook is not None:
+                raise queue.Full  # as ThreadingFuture: set once
+            self._result = result
+        self._open_gate()
+
+    def _open_gate(self) -> None:
+        try:
+            self._gate.release()
+        except RuntimeError:  # a getter passing it on holds it released already
+            pass
+
+
 _actor_thread_numbers = itertools.count(1)  # names as pykka's: <class>-<n>
 
 
@@ -196,6 +256,10 @@ class RuntimeActor(pykka.ThreadingActor):
     @staticmethod
     def _create_actor_inbox() -> Any:  # pykka's hook; its type is pykka's private inbox
         return FastInbox()
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:  # pykka's hook: the futures of ask() and stop()
+        return StoreFuture()
 
     def _start_actor_loop(self) -> None:
         # Out of pykka's global registry: a host's ActorRegistry.stop_all() (which pykka also

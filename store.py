@@ -74,7 +74,7 @@ from .storage.lockfiles import StoreDirectoryError, StoreLockedError, held_in_th
 from .storage.put_encoding import EncodedBatch, PutEncoder, PutRefused
 from .storage.status import GetMessageStatus, PutMessageStatus
 from .stats import FlushFailures, StatsTicker, StoreStats, StoreStatsSnapshot, records_get, store_snapshot
-from .runtime import FollowingRef, Subscriptions, taken_back_if_stopped, tell_and_await, tell_keeping_gil
+from .runtime import FollowingRef, StoreFuture, Subscriptions, taken_back_if_stopped, tell_and_await, tell_keeping_gil
 from .supervisor import PAUSE_GRACE_S, Supervisor, SupervisorState, refuse_what_is_in_the_way
 from .ticker import Ticker
 
@@ -1185,7 +1185,7 @@ class MessageStore:
         from .messages import CleanRound, DeleteFilesManually
 
         self._check_open()
-        future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        future: StoreFuture[Any] = StoreFuture()  # (waited on here, in the caller's thread)
         if not self.supervisor.ctx.tell("cleaner", DeleteFilesManually(reply=Reply(future=future))):
             return 0
         try:

@@ -279,3 +279,95 @@ def test_a_stop_request_queued_by_an_interrupted_caller_never_leaves_the_queues_
     points = _interrupted_at_each_c_return(_put_uncut.__code__, lambda: _put_uncut(events, "stop"), check)
     assert points >= 2 and queued  # interrupted after the append, it is queued all the same
     assert events.get(timeout=0) == "stop" and events.empty()  # the last run's, not interrupted
+
+
+def _future_get_interrupted_everywhere(make: Any, get_code: types.CodeType) -> list[str]:
+    """One future per C call returned under its get (and what that calls), Interrupted raised
+    as that call returns while an actor's stand-in thread sets it: what went wrong at each
+    point (the setter blocked, the asker got something other than its exception, the value
+    lost)."""
+    wrong: list[str] = []
+    setters: list[threading.Thread] = []
+    futures: list[Any] = []
+
+    def run() -> None:
+        future = make()
+        futures.append(future)
+        setter = threading.Thread(target=lambda: (time.sleep(0.005), future.set("answer")), daemon=True)
+        setters.append(setter)
+        setter.start()
+        future.get(timeout=TIMEOUT_S)
+
+    def check(interrupted: BaseException | None, point: int) -> None:
+        setter, future = setters[-1], futures[-1]
+        setter.join(2.0)
+        if setter.is_alive():
+            wrong.append(f"point {point}: the setter blocked")
+            return
+        if not isinstance(interrupted, Interrupted):
+            wrong.append(f"point {point}: {interrupted!r}")
+        try:
+            if future.get(timeout=1.0) != "answer":
+                wrong.append(f"point {point}: the answer changed")
+        except Exception as exc:
+            wrong.append(f"point {point}: get again raised {exc!r}")
+
+    assert _interrupted_at_each_c_return(get_code, run, check) > 2
+    return wrong
+
+
+def test_an_ask_interrupted_anywhere_in_its_wait_never_blocks_the_answering_actor() -> None:
+    """Review 83's note: pykka's ThreadingFuture waits in Condition code (an RLock's): an
+    exception raised into the asker just after that lock was taken left it held, and the
+    actor's set() blocked for good (an open's start handshake asks each actor from the
+    caller's thread; delete_expired_files_now waited so on the cleaner). A ThreadingFuture
+    shows it here; the store's actors answer through a StoreFuture."""
+    import pykka
+
+    from mqstore.runtime import RuntimeActor, StoreFuture
+
+    assert _future_get_interrupted_everywhere(pykka.ThreadingFuture, pykka.ThreadingFuture.get.__code__)
+    assert _future_get_interrupted_everywhere(StoreFuture, StoreFuture.get.__code__) == []
+    assert isinstance(RuntimeActor._create_future(), StoreFuture)  # noqa: SLF001
+
+
+def test_a_store_future_is_a_pykka_future() -> None:
+    """What pykka does with the futures of ask() and stop(): a value or an exception, once; a
+    get hook (stop's result); map; a timeout."""
+    import queue
+
+    import pykka
+
+    from mqstore.runtime import RuntimeActor, StoreFuture
+
+    future: StoreFuture[int] = StoreFuture()
+    with pytest.raises(pykka.Timeout):
+        future.get(timeout=0.01)
+    future.set(3)
+    assert future.get() == 3 and future.get(timeout=0) == 3 and future.map(lambda v: v + 1).get() == 4
+    with pytest.raises(queue.Full):
+        future.set(4)
+    failed: StoreFuture[int] = StoreFuture()
+    failed.set_exception((ValueError, ValueError("no"), None))
+    with pytest.raises(ValueError, match="no"):
+        failed.get()
+
+    class Echo(RuntimeActor):
+        def on_receive(self, message: Any) -> Any:
+            if message == "fail":
+                raise KeyError("fail")
+            return message
+
+    ref = Echo.start()
+    try:
+        assert ref.ask("hi", timeout=TIMEOUT_S) == "hi"
+        with pytest.raises(KeyError):
+            ref.ask("fail", timeout=TIMEOUT_S)
+        waiting: list[Any] = []
+        asker = threading.Thread(target=lambda: waiting.append(ref.ask("later", timeout=TIMEOUT_S)))
+        asker.start()
+        asker.join(TIMEOUT_S)
+        assert waiting == ["later"]
+    finally:
+        assert ref.stop(timeout=TIMEOUT_S) is True
+    assert ref.stop(block=False).get(timeout=TIMEOUT_S) is False  # dead already
