@@ -271,6 +271,7 @@ class MessageStore:
         self._stats_ticker = StatsTicker(self)
         self.supervisor.ctx.on_tick_ms.append(self._stats_ticker)
         self.supervisor.ctx.on_tick_ms.append(self._release_deleted_files)
+        self.supervisor.ctx.on_tick_ms.append(self._drop_stopped_subscribers)
         self.offsets = ConsumerOffsets(self.fs, config.store_path_root_dir)
         self.supervisor.ctx.on_tick_ms.append(self.offsets)
         # Their last write under the lock also when the supervisor gives up (FAILED): after it,
@@ -1200,6 +1201,11 @@ class MessageStore:
         cleaner deleted are unmapped, so their blocks go back to the disk
         (reads.ReaderRegistry.release_deleted_files)."""
         self._readers.release_deleted_files()
+
+    def _drop_stopped_subscribers(self, _now_ms: int) -> None:
+        """Tick hook: subscriptions of actors that stopped without unsubscribing go (review
+        84: one whose queues went quiet was kept for good)."""
+        self._subscriptions.drop_stopped()
 
     def _on_arrivals(self, events: Iterable[MessageArrived], dispatched_end: int) -> None:
         """Called in the reput thread after each dispatch batch: cheap, never blocks."""

@@ -222,6 +222,121 @@ def test_a_subscriber_actor_that_died_is_dropped(store_dir: Path) -> None:
         assert store.supervisor.restarts == []
 
 
+def test_a_subscriber_actor_that_stopped_is_dropped_though_its_queues_stay_quiet(store_dir: Path) -> None:
+    """Review 84 F1: one that stopped without unsubscribing was dropped only at its next notice:
+    per-session actors subscribed to their own topics piled up for good (5.6 KB each; 20k
+    slowed every dispatch to ~1 ms). Gone at the next tick (the supervisor's, once a second),
+    with no put at all."""
+
+    class Sink(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> None:
+            return None
+
+    with h.open_small(store_dir) as store:
+        ticked = [hook for hook in store.supervisor.ctx.on_tick_ms if getattr(hook, "__name__", "") == "_drop_stopped_subscribers"]
+        assert len(ticked) == 1
+        sessions = [Sink.start() for _ in range(20)]
+        for i, sink in enumerate(sessions):
+            store.subscribe(sink, topic=f"session{i}")
+        kept = Sink.start()
+        try:
+            store.subscribe(kept, topic="kept")
+            for sink in sessions[:10]:
+                sink.stop()
+            ticked[0](0)  # the tick hook
+            assert len(store._subscriptions.subscribers()) == 11
+            for sink in sessions[10:]:
+                sink.stop()
+            h.wait_until(lambda: len(store._subscriptions.subscribers()) == 1, what="the supervisor's tick")
+            assert store._subscriptions.subscribers() == [kept]
+        finally:
+            kept.stop()
+
+
+def test_a_callable_subscribed_to_many_queues_has_one_listener_thread(store_dir: Path) -> None:
+    """Review 84 F2: a thread per (callable, filter): one callback per queue of 500 queues ran
+    512 threads. One listener per callable now, which also never calls the host's callable
+    from two threads at once; it hears each filter's events, and goes with its unsubscribe."""
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def on_arrival(event: MessageArrived) -> None:
+        with lock:
+            seen.append((event.topic, event.queue_id))
+
+    with h.open_small(store_dir) as store:
+        before = threading.active_count()
+        for queue_id in range(40):
+            store.subscribe(on_arrival, topic="t", queue_id=queue_id)
+        store.subscribe(on_arrival, queue_id=41)  # a queue of any topic
+        assert threading.active_count() == before + 1
+        for queue_id in (0, 17, 39, 41):
+            assert store.put(Message(topic="t", body=b"x", queue_id=queue_id)).ok
+        assert store.put(Message(topic="u", body=b"x", queue_id=41)).ok
+        assert store.put(Message(topic="t", body=b"x", queue_id=40)).ok  # no subscription
+        h.wait_until(lambda: len(seen) >= 5, what="the five notices")
+        h.wait_dispatched(store)
+        assert sorted(seen) == [("t", 0), ("t", 17), ("t", 39), ("t", 41), ("u", 41)]
+        store.unsubscribe(on_arrival)
+        h.wait_until(lambda: threading.active_count() == before, what="the listener's end")
+
+
+def test_subscriptions_hear_what_their_filters_match_in_subscription_order(store_dir: Path) -> None:
+    """Publish looks a notice's subscriptions up by filter (review 84: it visited every one):
+    each kind of filter matches as before, and subscribers hear in the order they subscribed."""
+    heard: list[str] = []
+    lock = threading.Lock()
+
+    class Recorder(pykka.ThreadingActor):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def on_receive(self, message: Any) -> None:
+            if isinstance(message, MessageArrived):
+                with lock:
+                    heard.append(f"{self.name}:{message.topic}/{message.queue_id}")
+
+    filters: dict[str, tuple[str | None, int | None]] = {
+        "all": (None, None), "topic": ("t", None), "queue": (None, 2), "both": ("t", 2), "other": ("u", None)}  # fmt: skip
+    with h.open_small(store_dir) as store:
+        refs = {name: Recorder.start(name) for name in filters}
+        try:
+            for name, (topic, queue_id) in filters.items():
+                store.subscribe(refs[name], topic, queue_id)
+            assert store.put(Message(topic="t", body=b"x", queue_id=2)).ok
+            h.wait_until(lambda: len(heard) >= 4, what="four notices")
+            h.wait_dispatched(store)
+            assert sorted(heard) == ["all:t/2", "both:t/2", "queue:t/2", "topic:t/2"]
+            heard.clear()
+            assert store.put(Message(topic="v", body=b"x", queue_id=0)).ok
+            h.wait_until(lambda: len(heard) >= 1, what="one notice")
+            h.wait_dispatched(store)
+            assert heard == ["all:v/0"]
+        finally:
+            for ref in refs.values():
+                ref.stop()
+    # In subscription order, whichever filters they subscribed with.
+    from mqstore.runtime import Subscriptions
+
+    order: list[str] = []
+    subs = Subscriptions()
+    subs._deliver = lambda entry, _event: order.append(entry.name) or True  # type: ignore[method-assign]
+    for name, (topic, queue_id) in (("b", ("t", 2)), ("a", (None, None)), ("c", ("t", None)), ("d", (None, 2))):
+        subs.add(_named(name), topic, queue_id)
+    subs.publish([MessageArrived(topic="t", queue_id=2, max_offset=1, store_timestamp=0)])
+    assert order == ["b", "a", "c", "d"]
+    subs.close()
+
+
+def _named(name: str) -> Any:
+    def callback(_event: Any) -> None:
+        pass
+
+    callback.__qualname__ = name
+    return callback
+
+
 def test_a_raising_reply_callback_is_logged_and_restarts_nothing(
     store_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
