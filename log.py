@@ -68,6 +68,11 @@ REPEAT_LOG_INTERVAL_MS: Final = 60_000
 # Kinds remembered at most: host exception types and callback names are the host's, unbounded.
 REPEAT_LOG_MAX_KINDS: Final = 1_000
 _MANY_KINDS: Final = "(more kinds than a repeat log keeps)"
+# New kinds of one family (one call site and status, a kind per topic) logged in full per
+# interval: a caller making up a new bad topic per put logged a line per topic (review 84 F6:
+# 1,000 lines a minute, for ever); past these, the family's others share one kind.
+REPEAT_LOG_NEW_KINDS_PER_FAMILY: Final = 10
+_OTHER_KINDS: Final = "(others of its family)"
 
 
 class RepeatedLog:
@@ -85,13 +90,27 @@ class RepeatedLog:
         self._max_kinds = max_kinds
         self._lock = threading.Lock()
         self._kinds: dict[Hashable, list[int]] = {}  # kind -> [its last line's ms, suppressed since]
+        self._families: dict[Hashable, list[int]] = {}  # family -> [its interval's start ms, new kinds in it]
 
-    def admit(self, kind: Hashable) -> int | None:
+    def admit(self, kind: Hashable, *, family: Hashable | None = None) -> int | None:
         """None: this occurrence is not logged (it is counted); else log it, adding the returned
-        count of occurrences suppressed before it when that is not 0 (`suppressed_fields`)."""
+        count of occurrences suppressed before it when that is not 0 (`suppressed_fields`).
+        `family`: at most REPEAT_LOG_NEW_KINDS_PER_FAMILY new kinds of it are logged in full
+        per interval; the others count as one kind, `(*family, "(others of its family)")`."""
         now = self.now_ms()
         with self._lock:
             state = self._kinds.get(kind)
+            if state is None and family is not None:
+                started = self._families.get(family)
+                if started is None or now - started[0] >= self._interval_ms:
+                    if started is None and len(self._families) >= self._max_kinds:
+                        self._families.clear()  # (families are call sites: never this many)
+                    started = self._families[family] = [now, 0]
+                if started[1] >= REPEAT_LOG_NEW_KINDS_PER_FAMILY:
+                    kind = (*family, _OTHER_KINDS) if isinstance(family, tuple) else (family, _OTHER_KINDS)
+                    state = self._kinds.get(kind)
+                else:
+                    started[1] += 1
             if state is None:
                 if len(self._kinds) >= self._max_kinds:
                     self._forget_quiet_kinds(now)
@@ -119,6 +138,7 @@ class RepeatedLog:
         with self._lock:
             pending = [(kind, state[1]) for kind, state in self._kinds.items() if state[1]]
             self._kinds.clear()
+            self._families.clear()
         for kind, suppressed in pending:
             log.warning("repeats not logged", kind=_kind_text(kind), suppressed=suppressed)
 

@@ -925,8 +925,10 @@ class PutPipeline:
         """A fire-and-forget put (no future, no sender) that failed goes to the log, as nobody
         else hears of it."""
         # The stats count every one (`_record`); the log says why, once per status and minute.
-        # Per topic too: one topic's repeated refusal must not hide another's (review 59 L2).
-        if (suppressed := self._repeats.admit(("fire-and-forget put failed", result.status.name, reply.topic))) is not None:
+        # Per topic too: one topic's repeated refusal must not hide another's (review 59 L2),
+        # up to REPEAT_LOG_NEW_KINDS_PER_FAMILY new topics a minute (review 84 F6).
+        family = ("fire-and-forget put failed", result.status.name)
+        if (suppressed := self._repeats.admit((*family, reply.topic), family=family)) is not None:
             self.log.warning("fire-and-forget put failed", topic=reply.topic, status=result.status.name,
                              detail=result.detail, **suppressed_fields(suppressed))  # fmt: skip
 
@@ -1037,7 +1039,8 @@ class PutPipeline:
             # says why: the first in full, then once a minute per status and topic with the count (a caller
             # repeating it in a loop logged 13k lines/s: review 58 F4).
             self._store.stats_service.record_put(topic, refused, 0)
-            if (suppressed := self._repeats.admit(("fire-and-forget put refused", refused.status.name, topic))) is not None:
+            family = ("fire-and-forget put refused", refused.status.name)  # (as in _log_forgotten)
+            if (suppressed := self._repeats.admit((*family, topic), family=family)) is not None:
                 self.log.warning("fire-and-forget put refused", topic=topic, status=refused.status.name,
                                  detail=refused.detail, **suppressed_fields(suppressed))  # fmt: skip
         return False

@@ -282,7 +282,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         else:
             self._own_topic_dirs.add(topic)
             return None
-        suppressed = self._dir_refusals.admit((topic, refused.illegal))  # a host may put in a loop
+        # A host may put in a loop, and make a new topic per put (review 84 F6): a family.
+        suppressed = self._dir_refusals.admit((topic, refused.illegal), family=refused.illegal)
         if suppressed is not None:
             self.log.error("a topic cannot have a directory of its own: its puts are refused, dispatch of its records "
                            "waits", topic=topic, detail=refused.detail, **suppressed_fields(suppressed))  # fmt: skip

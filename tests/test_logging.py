@@ -147,3 +147,26 @@ def test_error_repr_of_an_exception_whose_repr_raises_names_its_type() -> None:
 
     assert error_repr(ValueError("x")) == "ValueError('x')"
     assert error_repr(Odd()) == "<test_error_repr_of_an_exception_whose_repr_raises_names_its_type.<locals>.Odd whose repr raised>"
+
+
+def test_a_family_logs_ten_new_kinds_an_interval_in_full_and_its_others_as_one(caplog: pytest.LogCaptureFixture) -> None:
+    """Review 84 F6: a kind per topic (so one topic's refusal does not hide another's, review
+    59 L2) let a caller that made up a new bad topic per put log a line per topic, 1,000 a
+    minute for ever. A family's first REPEAT_LOG_NEW_KINDS_PER_FAMILY new kinds an interval
+    are its own; the others share one kind, limited and counted like any."""
+    from mqstore.log import REPEAT_LOG_NEW_KINDS_PER_FAMILY
+
+    ticker = ManualTicker()
+    repeats = RepeatedLog(ticker.now_ms)
+    family = ("refused", "MESSAGE_ILLEGAL")
+    first = [repeats.admit((*family, f"topic {i}"), family=family) for i in range(100)]
+    assert first == [0] * REPEAT_LOG_NEW_KINDS_PER_FAMILY + [0] + [None] * (99 - REPEAT_LOG_NEW_KINDS_PER_FAMILY)
+    assert repeats.admit((*family, "topic 3"), family=family) is None  # one of the ten: its own kind
+    assert repeats.admit(("refused", "TOPIC_TOO_LONG", "x"), family=("refused", "TOPIC_TOO_LONG")) == 0  # another family
+    ticker.advance(REPEAT_LOG_INTERVAL_MS)
+    # A new interval: new kinds in full again, and the others' line carries their count.
+    assert repeats.admit((*family, "topic 500"), family=family) == 0
+    with caplog.at_level(logging.WARNING, logger=ROOT_LOGGER_NAME):
+        repeats.flush(get_logger("puts"))
+    assert sorted((r.mqstore_event["kind"], r.mqstore_event["suppressed"]) for r in caplog.records) == [
+        ("refused / MESSAGE_ILLEGAL / (others of its family)", 89), ("refused / MESSAGE_ILLEGAL / topic 3", 1)]  # fmt: skip
