@@ -11,10 +11,11 @@ content to `<name>.tmp`, which is fsynced and renamed over `<name>`. Loading fal
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
-from typing import Any, Callable, Final, TypeVar
+from typing import Any, Callable, Container, Final, TypeAlias, TypeVar
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import JAVA_INT_MAX, JAVA_LONG_MAX, JAVA_LONG_MIN, java_int, java_split
@@ -108,29 +109,40 @@ def load_fastjson(text: str) -> Any:
 # The string2File / file2String protocol
 
 
-def persist_config_file(fs: FileSystem, path: str, text: str, decode: Callable[[Any], object]) -> None:
+def persist_config_file(fs: FileSystem, path: str, text: str, decode: Callable[[Any], object],
+                        written: Container[bytes] = ()) -> bytes:  # fmt: skip
     """`MixAll.string2File`: previous content → `.bak`, new content → `.tmp`, fsync, rename.
+    Returns the bytes written.
 
     Unlike RocketMQ, an empty previous file, or one that `decode` (the loader's own) cannot
     read, is not copied over a good `.bak`: it is kept as `.damaged` (valid JSON of the wrong
-    shape went to `.bak` and the next write overwrote it: review 45 F1).
+    shape went to `.bak` and the next write overwrote it: review 45 F1). A file whose bytes
+    are in `written` (what this process wrote there itself: digests, `written_digest`) is known
+    to read, and not parsed again (review 84 F4: two parses of a 4 MB table per persist).
     Raises OSError on I/O errors (the previous file is then still intact)."""
     fs.makedirs(os.path.dirname(path))
     if fs.exists(path):
         previous = fs.read_bytes(path)
-        if previous.strip() and _decodes(previous, decode):
+        if previous.strip() and (written_digest(previous) in written or _decodes(previous, decode)):
             backup = path + ".bak"
             if fs.exists(backup):
                 # An unreadable `.bak` may hold the only copy of what a load salvaged from it
                 # (review 54 H1: rotated out at the second write, every group's offsets were
                 # gone from the disk): kept aside, never overwritten.
                 old_backup = fs.read_bytes(backup)
-                if old_backup.strip() and not _decodes(old_backup, decode):
+                if old_backup.strip() and written_digest(old_backup) not in written and not _decodes(old_backup, decode):
                     _set_aside_a_copy(fs, backup, old_backup)
             fs.write_atomic(backup, previous)
         elif previous.strip():
             _set_aside_a_copy(fs, path, previous)
-    fs.write_atomic(path, text.encode("utf-8"))  # writes <path>.tmp, fsyncs, renames, fsyncs dir
+    data = text.encode("utf-8")
+    fs.write_atomic(path, data)  # writes <path>.tmp, fsyncs, renames, fsyncs dir
+    return data
+
+
+def written_digest(data: bytes) -> bytes:
+    """What `persist_config_file` compares files with (the writer keeps its last writes')."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 MAX_DAMAGED_COPIES = 16
@@ -348,6 +360,10 @@ def _foreign_members(text: str) -> list[tuple[str, str | None]]:
     return [(key, None if key == "offsetTable" else value) for key, value in members]
 
 
+# The table (`topic@group` -> queue id -> offset) and the file's top-level members, copied.
+OffsetsSnapshot: TypeAlias = tuple[dict[str, dict[int, int]], list[tuple[str, str | None]]]
+
+
 class ConsumerOffsetStore:
     """Committed consume offsets per (group, topic, queue id), like the broker's
     ConsumerOffsetManager. Keys are RocketMQ's `topic@group`. Not thread-safe.
@@ -365,6 +381,7 @@ class ConsumerOffsetStore:
         self._table: dict[str, dict[int, int]] = {}
         # The loaded document's top-level members: (key, exact value text), None for offsetTable.
         self._members: list[tuple[str, str | None]] = [("offsetTable", None)]
+        self._written: tuple[bytes, ...] = ()  # digests of this process's last two writes
 
     def _load_foreign_members(self) -> None:
         """The members of the file the table was read from (the file's, else the `.bak`'s)."""
@@ -458,14 +475,24 @@ class ConsumerOffsetStore:
                 out.append(parts[1])
         return out
 
-    def encode(self) -> str:
+    def encode(self, snapshot: OffsetsSnapshot | None = None) -> str:
         """RocketMQ's shape, tab-indented like fastjson's pretty format: offsetTable as strict
-        JSON, the loaded file's other top-level members as the exact text they had."""
-        table = {key: {str(q): off for q, off in sorted(queues.items())} for key, queues in sorted(self._table.items())}
+        JSON, the loaded file's other top-level members as the exact text they had. Of
+        `snapshot` (`snapshot()`) when given, else of the table now."""
+        table_now, members_now = snapshot if snapshot is not None else (self._table, self._members)
+        table = {key: {str(q): off for q, off in sorted(queues.items())} for key, queues in sorted(table_now.items())}
         ours = json.dumps(table, indent="\t", separators=(",", ":"), ensure_ascii=False).replace("\n", "\n\t")
-        members = [f"{json.dumps(key, ensure_ascii=False)}:{ours if value is None else value}" for key, value in self._members]
+        members = [f"{json.dumps(key, ensure_ascii=False)}:{ours if value is None else value}" for key, value in members_now]
         return "{\n\t" + ",\n\t".join(members) + "\n}"
 
-    def persist(self) -> None:
-        """Write the table with the string2File protocol. Raises OSError on I/O errors."""
-        persist_config_file(self._fs, self.path, self.encode(), _parse_offset_table)
+    def snapshot(self) -> OffsetsSnapshot:
+        """The table and the file's other members as they are now (copies: for `persist`
+        outside the lock that commits take; review 84 F4)."""
+        return {key: dict(queues) for key, queues in self._table.items()}, list(self._members)
+
+    def persist(self, snapshot: OffsetsSnapshot | None = None) -> None:
+        """Write the table (or `snapshot`) with the string2File protocol. Raises OSError on I/O
+        errors. One persist at a time (the caller's lock); not concurrent with `load`."""
+        data = persist_config_file(self._fs, self.path, self.encode(snapshot), _parse_offset_table, self._written)
+        # The file now, and the `.bak` the next write finds: known to read, not parsed again.
+        self._written = (self._written[-1:] if self._written else ()) + (written_digest(data),)
