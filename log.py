@@ -195,6 +195,19 @@ _LIBRARY_PROCESSORS: Final[list[Any]] = [
 ]
 
 
+# The stdlib loggers by name, each got once: `logging.getLogger` takes logging's module lock
+# before its `try` on 3.11 and 3.12, and an exception raised into the caller's thread just then
+# (a Ctrl-C during an open, which makes its loggers) left it held for good: every logging call
+# of every thread hung (review 85 F2). The store's own names are got at import (`prepare_loggers`).
+_STDLIB_LOGGERS: dict[str, logging.Logger] = {}
+
+
+def prepare_loggers(*names: str) -> None:
+    """Get the stdlib loggers of `names` now (an import, not a caller's open)."""
+    for name in names:
+        get_logger(name)
+
+
 def get_logger(name: str, **bound: Any) -> structlog.stdlib.BoundLogger:
     """A logger on the "mqstore" tree with `bound` key/values attached to every event.
 
@@ -202,8 +215,11 @@ def get_logger(name: str, **bound: Any) -> structlog.stdlib.BoundLogger:
     """
     if name != ROOT_LOGGER_NAME and not name.startswith(ROOT_LOGGER_NAME + "."):
         name = f"{ROOT_LOGGER_NAME}.{name}"
+    stdlib_logger = _STDLIB_LOGGERS.get(name)
+    if stdlib_logger is None:
+        stdlib_logger = _STDLIB_LOGGERS[name] = logging.getLogger(name)
     logger: structlog.stdlib.BoundLogger = structlog.wrap_logger(
-        logging.getLogger(name),
+        stdlib_logger,
         processors=_LIBRARY_PROCESSORS,
         wrapper_class=structlog.stdlib.BoundLogger,
     )

@@ -16,7 +16,7 @@ import pykka
 
 from ..config import StoreConfig
 from ..faults import FaultPlan
-from ..log import get_logger, retrying
+from ..log import get_logger, prepare_loggers, retrying
 from ..messages import Asked, Reply
 from ..read_view import ReadViewPublisher
 from ..runtime import FastInbox, RuntimeActor
@@ -190,6 +190,8 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if isinstance(cls.__dict__.get("name"), str):
+            prepare_loggers(f"mqstore.actors.{cls.name}")  # at import, not in an open (mqstore.log)
         for base in getattr(cls, "__orig_bases__", ()):
             args = get_args(base)
             if args and not isinstance(args[0], TypeVar):

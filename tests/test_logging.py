@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
+from pathlib import Path
 from collections.abc import Iterator
 
 import pytest
@@ -170,3 +172,25 @@ def test_a_family_logs_ten_new_kinds_an_interval_in_full_and_its_others_as_one(c
         repeats.flush(get_logger("puts"))
     assert sorted((r.mqstore_event["kind"], r.mqstore_event["suppressed"]) for r in caplog.records) == [
         ("refused / MESSAGE_ILLEGAL / (others of its family)", 89), ("refused / MESSAGE_ILLEGAL / topic 3", 1)]  # fmt: skip
+
+
+def test_an_open_and_close_get_no_stdlib_logger_in_the_callers_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 85 F2: `logging.getLogger` takes logging's module lock before its `try` (3.11,
+    3.12): a Ctrl-C as an open made its loggers left that lock held, and every logging call
+    of every thread hung. The store's loggers are got at import; an open gets none."""
+    import mqstore
+
+    caller = threading.get_ident()
+    got: list[str] = []
+    real = logging.getLogger
+
+    def recording(name: str | None = None) -> logging.Logger:
+        if threading.get_ident() == caller:
+            got.append(str(name))
+        return real(name)
+
+    monkeypatch.setattr(logging, "getLogger", recording)
+    store = mqstore.open(tmp_path / "s")
+    assert store.put(mqstore.Message(topic="t", body=b"x")).ok
+    store.close()
+    assert [name for name in got if name.startswith("mqstore")] == []
