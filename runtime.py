@@ -20,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import types
 from collections import deque
 from collections.abc import Callable
@@ -185,6 +186,9 @@ class QueuedRequest:
     message: object
 
 
+_GATE_SLICE_S = 0.05
+
+
 class StoreFuture(pykka.Future[T]):
     """pykka's ThreadingFuture on a raw lock: what a store actor's `ask` answers through
     (`RuntimeActor._create_future`), waited on by the asker's thread (an open's start
@@ -199,29 +203,44 @@ class StoreFuture(pykka.Future[T]):
         self._gate = threading.Lock()
         self._gate.acquire()  # released once a result or a get hook is there
         self._setting = threading.Lock()  # one result: entered by plain `with` only
-        self._result: tuple[Any, BaseException | None] | None = None
+        self._hooking = threading.Lock()  # a get hook runs once, whoever gets first (as pykka's)
+        self._result: tuple[Any, Any] | None = None  # (value, exc_info or None)
 
     def get(self, *, timeout: float | None = None) -> Any:
         if self._get_hook is None and self._result is None:
-            if not self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-                if self._result is None and self._get_hook is None:
+            deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+            # In slices: a getter interrupted between taking the gate and passing it on keeps
+            # it, and the others look at the result again at the next slice (review 85 F6).
+            while self._get_hook is None and self._result is None:
+                left = _GATE_SLICE_S if deadline is None else min(deadline - time.monotonic(), _GATE_SLICE_S)
+                if left <= 0:
                     raise pykka.Timeout(f"{timeout} seconds")
-            else:
-                self._gate.release()  # for the next getter (an interrupt here delays it at most its timeout)
+                if self._gate.acquire(timeout=left):
+                    self._gate.release()  # for the next getter
+                    break
         if self._get_hook is not None:
-            return super().get(timeout=timeout)
+            with self._hooking:
+                return super().get(timeout=timeout)
         assert self._result is not None
-        value, error = self._result
-        if error is not None:
-            raise error
+        value, exc_info = self._result
+        if exc_info is not None:
+            # As pykka's: the original traceback each time (re-raised as it was, it grew by the
+            # frames of every get, other threads' included: review 85 F8).
+            exc_type, exc_value, exc_traceback = exc_info
+            if exc_value is None:
+                exc_value = exc_type()
+            raise exc_value.with_traceback(exc_traceback)
         return value
 
     def set(self, value: Any | None = None) -> None:
         self._settle((value, None))
 
     def set_exception(self, exc_info: Any = None) -> None:
-        error = (exc_info or sys.exc_info())[1]
-        self._settle((None, error if error is not None else RuntimeError("failed without an exception")))
+        exc_info = exc_info or sys.exc_info()
+        if exc_info[0] is None:
+            failed = RuntimeError("failed without an exception")
+            exc_info = (RuntimeError, failed, None)
+        self._settle((None, tuple(exc_info)))
 
     def set_get_hook(self, func: Any) -> None:
         with self._setting:

@@ -371,3 +371,62 @@ def test_a_store_future_is_a_pykka_future() -> None:
     finally:
         assert ref.stop(timeout=TIMEOUT_S) is True
     assert ref.stop(block=False).get(timeout=TIMEOUT_S) is False  # dead already
+
+
+def test_a_store_futures_getters_never_wait_on_one_interrupted_between_its_gate_calls() -> None:
+    """Review 85 F6: a getter interrupted between taking the gate and passing it on kept it,
+    and another getter waiting without a timeout waited for good. Getters wait in slices and
+    look at the result between them. (The interrupted getter's state is made by hand here: the
+    result in, the gate not given back.)"""
+    from mqstore.runtime import StoreFuture
+
+    future: StoreFuture[str] = StoreFuture()
+    got: list[str] = []
+    other = threading.Thread(target=lambda: got.append(future.get()), daemon=True)
+    other.start()
+    time.sleep(0.02)  # waiting on the gate by now
+    future._result = ("answer", None)  # set, and its gate taken by a getter that never passed it on  # noqa: SLF001
+    other.join(TIMEOUT_S)
+    assert got == ["answer"]
+
+
+def test_a_store_futures_exception_keeps_its_traceback_and_type() -> None:
+    """Review 85 F8: re-raised as it was, the exception's traceback grew by every get's frames
+    (102 frames after 50 gets, other threads' too); a (type, None, None) answer became a
+    RuntimeError; a get hook ran once per concurrent getter."""
+    import pykka
+
+    from mqstore.runtime import StoreFuture
+
+    def failing() -> None:
+        raise ValueError("no")
+
+    try:
+        failing()
+    except ValueError:
+        failed: StoreFuture[None] = StoreFuture()
+        failed.set_exception()
+    depths = []
+    for _ in range(50):
+        try:
+            failed.get()
+        except ValueError as exc:
+            tb, depth = exc.__traceback__, 0
+            while tb is not None:
+                depth, tb = depth + 1, tb.tb_next
+            depths.append(depth)
+    assert len(set(depths)) == 1, depths
+    typed: StoreFuture[None] = StoreFuture()
+    typed.set_exception((KeyError, None, None))
+    with pytest.raises(KeyError):
+        typed.get()
+    runs: list[int] = []
+    hooked: StoreFuture[int] = StoreFuture()
+    hooked.set_get_hook(lambda _timeout: runs.append(1) or (time.sleep(0.05), 7)[1])
+    getters = [threading.Thread(target=hooked.get) for _ in range(8)]
+    for thread in getters:
+        thread.start()
+    for thread in getters:
+        thread.join(TIMEOUT_S)
+    assert hooked.get() == 7 and runs == [1]
+    assert isinstance(StoreFuture(), pykka.Future)
