@@ -249,7 +249,7 @@ class StoreFuture(pykka.Future[T]):
             super().set_get_hook(func)
         self._open_gate()
 
-    def _settle(self, result: tuple[Any, BaseException | None]) -> None:
+    def _settle(self, result: tuple[Any, Any]) -> None:
         with self._setting:
             if self._result is not None or self._get_hook is not None:
                 raise queue.Full  # as ThreadingFuture: set once
