@@ -16,6 +16,7 @@ work that never waits. The threads the store starts (often from a caller's threa
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Callable
 
@@ -63,15 +64,59 @@ class DoneFlag:
             self._gate.acquire()
 
 
+# How long a StoreThread's start waits for the new thread to say it runs: one that never does
+# (killed in its own start-up, below) is given up, and runs nothing if it starts later.
+START_GIVE_UP_S = 10.0
+
+
 class StoreThread(threading.Thread):
     """A thread (a daemon unless said) whose start a caller's thread may make, interrupted anywhere.
     `Thread.start()` waits for the new thread on a `threading.Event`: an exception raised into
     the starter just as that Event's lock was taken (in `Condition.__enter__`, Python code)
     left the lock held, and the new thread blocked for good in its own start-up (review 83
     M2: one idle thread per such interrupt; an actor's thread so never ran its loop). The
-    start waits on a `DoneFlag` instead, whatever lands in the starter."""
+    start waits on a `DoneFlag` instead, whatever lands in the starter; and at most
+    START_GIVE_UP_S: on 3.11 an async exception aimed at the starter can hit the new thread
+    first (it carries the starter's id until it runs), which then dies before saying it runs,
+    and `start()` waited for good (review 85 F1). Given up, the start raises CPython's own
+    "can't start new thread" (a shortage, to the supervisor), and the thread, should it run
+    after all, returns at once."""
 
     def __init__(self, target: Callable[[], Any], name: str, *, daemon: bool = True) -> None:
         super().__init__(target=target, name=name, daemon=daemon)
+        self._claim = threading.Lock()  # entered by plain `with` only
+        self._given_up = False
         if isinstance(getattr(self, "_started", None), threading.Event):  # CPython's, as of 3.11-3.13
-            self._started = DoneFlag()  # (the Event methods Thread uses)
+            self._started = _StartedFlag(self._give_up)  # (the Event methods Thread uses)
+
+    def _give_up(self) -> bool:
+        """(The starter, its wait over.) True if given up: the thread never said it runs."""
+        with self._claim:
+            if self._started.is_set():
+                return False
+            self._given_up = True
+        with getattr(threading, "_active_limbo_lock", contextlib.nullcontext()):
+            getattr(threading, "_limbo", {}).pop(self, None)  # start() leaves it there
+        return True
+
+    def run(self) -> None:
+        with self._claim:
+            if self._given_up:
+                return
+        super().run()
+
+
+class _StartedFlag(DoneFlag):
+    """`Thread._started` of a StoreThread: `start()`'s wait (the only one without a timeout)
+    lasts at most START_GIVE_UP_S."""
+
+    def __init__(self, give_up: Callable[[], bool]) -> None:
+        super().__init__()
+        self._give_up = give_up
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            return super().wait(timeout)
+        if super().wait(START_GIVE_UP_S) or not self._give_up():
+            return True
+        raise RuntimeError("can't start new thread")  # CPython's words: the supervisor's shortage

@@ -430,3 +430,45 @@ def test_a_store_futures_exception_keeps_its_traceback_and_type() -> None:
         thread.join(TIMEOUT_S)
     assert hooked.get() == 7 and runs == [1]
     assert isinstance(StoreFuture(), pykka.Future)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_store_thread_that_dies_in_its_start_up_fails_its_start_and_one_late_runs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 85 F1: on 3.11 an async exception aimed at a thread starting another can hit the
+    new thread first, which dies before saying it runs; `start()` then waited for good (an open
+    held its store lock so, in the reviewer's runs). The start gives up after START_GIVE_UP_S
+    with CPython's "can't start new thread"; a thread that runs after that runs nothing."""
+    from mqstore import waits
+    from mqstore.waits import StoreThread
+
+    monkeypatch.setattr(waits, "START_GIVE_UP_S", 0.3)
+    ran: list[str] = []
+
+    class Killed(Exception):
+        pass
+
+    def killed_in_start_up() -> None:
+        raise Killed("as a misdelivered async exception")
+
+    dead = StoreThread(lambda: ran.append("dead"), "test-dead")
+    dead._bootstrap_inner = killed_in_start_up  # type: ignore[method-assign]  # noqa: SLF001
+    with pytest.raises(RuntimeError, match="^can't start new thread$"):
+        dead.start()
+    assert dead not in threading.enumerate()
+
+    late = StoreThread(lambda: ran.append("late"), "test-late")
+    real_bootstrap_inner = late._bootstrap_inner  # noqa: SLF001
+
+    def slow_start_up() -> None:
+        time.sleep(0.6)
+        real_bootstrap_inner()
+
+    late._bootstrap_inner = slow_start_up  # type: ignore[method-assign]  # noqa: SLF001
+    with pytest.raises(RuntimeError, match="^can't start new thread$"):
+        late.start()
+    time.sleep(1.0)  # it ran its start-up by now
+    assert ran == []
+    started = StoreThread(lambda: ran.append("ran"), "test-ran")
+    started.start()
+    started.join(TIMEOUT_S)
+    assert ran == ["ran"]
