@@ -134,11 +134,11 @@ def test_an_offsets_write_that_fails_otherwise_than_with_an_os_error_is_retried(
     real = store.offsets._offsets.persist
     calls = [0]
 
-    def fails_once() -> None:
+    def fails_once(snapshot: Any = None) -> None:
         calls[0] += 1
         if calls[0] == 1:
             raise ValueError("not encodable")
-        real()
+        real(snapshot)
 
     monkeypatch.setattr(store.offsets._offsets, "persist", fails_once)
     with pytest.raises(ValueError):
