@@ -271,6 +271,7 @@ class RuntimeActor(pykka.ThreadingActor):
     still exits)."""
 
     use_daemon_thread = True
+    loop_thread: StoreThread | None = None  # set as its loop starts
 
     @staticmethod
     def _create_actor_inbox() -> Any:  # pykka's hook; its type is pykka's private inbox
@@ -289,7 +290,8 @@ class RuntimeActor(pykka.ThreadingActor):
         # pykka's start on a StoreThread: an open (a caller's thread) starts the actors, and
         # an interrupt there must not leave one's thread blocked in its own start-up.
         name = f"{type(self).__name__}-{next(_actor_thread_numbers)}"
-        StoreThread(self._actor_loop, name, daemon=self.use_daemon_thread).start()
+        self.loop_thread = StoreThread(self._actor_loop, name, daemon=self.use_daemon_thread)
+        self.loop_thread.start()
 
     def _actor_loop_teardown(self) -> None:
         """pykka's drain after the stop, by items rather than tokens (FastInbox.take_left): a

@@ -19,6 +19,7 @@ the page cache or on disk, so nothing acknowledged is lost).
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import errno
 import importlib
@@ -82,7 +83,7 @@ from .storage.recovery import (
     recover_index,
 )
 from .read_view import INDEX, QUEUES, ReadView
-from .runtime import ask, send_unsent
+from .runtime import StoreFuture, ask, send_unsent
 from .stats import SNAPSHOT_FILE_NAME, store_files_cut_under_map
 from .ticker import RealTicker, Ticker
 
@@ -404,6 +405,8 @@ class Supervisor:
         # Children that did not stop within STOP_TIMEOUT_S: they may still write the store's
         # files, so the lock is kept until their threads end (_release_lock).
         self._stragglers: list[tuple[str, pykka.Future[bool]]] = []  # their stop futures
+        # Stops asked and not seen to the end yet: a wait for one cut short leaves it here.
+        self._stopping: list[tuple[str, pykka.Future[bool]]] = []
         self.lock_released = threading.Event()
         self.state = SupervisorState.NEW
         self.restarts: list[RestartRecord] = []  # the newest KEPT_RESTART_RECORDS (review 76 L2: ~340 B each, for good)
@@ -462,12 +465,14 @@ class Supervisor:
         except OSError as exc:
             raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
-        try:
-            self._lock.acquire()  # raises StoreLockedError if another process holds the store
-        except OSError as exc:
-            raise _disk_full_or(exc, cfg.lock_path, "the store's lock file") from exc
         created_abort = False
         try:
+            # Inside the try whose cleanup releases it: an exception raised into this thread
+            # between the two left the lock held for the process's life (review 85 F4).
+            try:
+                self._lock.acquire()  # raises StoreLockedError if another process holds the store
+            except OSError as exc:
+                raise _disk_full_or(exc, cfg.lock_path, "the store's lock file") from exc
             self._abort = AbortFile(self.fs, cfg.abort_path)
             last_exit_ok = not self._abort.exists()
             self._mode = mode_at_open(last_exit_ok)
@@ -505,33 +510,45 @@ class Supervisor:
             self._await_rebuilt_restarting()
             self.recovery = self._recovery_report()
         except BaseException:
-            all_stopped = self._stop_children(clean=False)
-            if created_abort and self._abort is not None and all_stopped:
-                # Nothing ran: the marker would only make the next open recover a crash
-                # that did not happen. (One that was there before this open stays.)
-                try:
-                    self._abort.remove()
-                except OSError as exc:
-                    self.log.warning("abort marker not removed after a failed start", error=repr(exc))
-            if all_stopped and self._lock is not None:
-                self._lock.drop_created_file()  # a refused open leaves no lock file of its own (review 61 L1)
-            self._release_lock()
+            try:
+                all_stopped = self._stop_children(clean=False)
+                if created_abort and self._abort is not None and all_stopped:
+                    # Nothing ran: the marker would only make the next open recover a crash
+                    # that did not happen. (One that was there before this open stays.)
+                    try:
+                        self._abort.remove()
+                    except OSError as exc:
+                        self.log.warning("abort marker not removed after a failed start", error=repr(exc))
+                if all_stopped and self._lock is not None:
+                    self._lock.drop_created_file()  # a refused open leaves no lock file of its own (review 61 L1)
+            finally:
+                # Cut short too (a second exception raised into this thread): else the lock
+                # stayed held for the process's life (review 85 F4). Children still running
+                # keep it, through the lock keeper.
+                self._release_lock()
             raise
         self.state = SupervisorState.RUNNING
         self.ticker.on_advance(lambda: self._events.put(_WAKE))
         thread = StoreThread(self._run, "mqstore-supervisor")
+        self._thread = thread
         try:
             thread.start()
         except BaseException as exc:
+            if not thread.cancel_unless_running():
+                # Its start cut short after it began (an exception raised into this thread):
+                # it watches the store; it is asked to stop it, as a close does (review 85 F3:
+                # it ran on, STOPPED, ticking and writing stats.msgpack after the lock went).
+                self.stop()
+                raise
             # No thread to watch the store (can't start new thread: a pids limit, no memory):
             # it stops here, as a close would, and its lock goes. Before, its actors ran on and
             # kept the lock, and the host had no store to close: every open of it in this
             # process was StoreLockedError (review 76 M1).
+            self._thread = None
             self.log.error("the supervisor's thread could not be started; the store stops", error=repr(exc))
             self._shutdown()
             self._shut_down.set()
             raise
-        self._thread = thread
         self.log.info("store started", recovery=self.recovery.summary() if self.recovery else None)
 
     def stop(self) -> bool:
@@ -769,6 +786,44 @@ class Supervisor:
         owner's on_start recovers its files: on the first start as the open found them
         (`self._mode`), on a restart as a live process left them."""
         ctx = self.ctx
+        ctx.made.pop(name, None)
+        try:
+            ref = self._made_child(name, first=first)
+        except BaseException:
+            # A start cut short after the actor's thread began (an exception raised into an
+            # open's thread): its ref never came back, and it ran on, recovering the files
+            # beside the next open's owners once the lock went (review 85 F3). It is a child
+            # to stop now, unless it never runs.
+            made = ctx.made.pop(name, None)
+            thread = getattr(made, "loop_thread", None)
+            if made is not None and thread is not None and not thread.cancel_unless_running() and name not in ctx.peers:
+                ctx.peers[name] = made.actor_ref
+            raise
+        ctx.made.pop(name, None)
+        ctx.peers[name] = ref
+        try:
+            self._await_started(name, ref)
+        except Exception as exc:
+            # Stopped, or, still recovering its files (a start that timed out), kept as a
+            # straggler: the lock stays until it ends. Dropped from the peers only, it went on
+            # recovering after the failed open released the lock, and a retried open's own
+            # recovery read a segment it deleted (review 78 M2: two owners of the files).
+            self._stop_child(name)
+            failed = self._start_failure(name)
+            if failed is not None:
+                # An open raises the owner's own error (a refusal reads as it); a restart
+                # counts it, not the failure that led to the restart (review 72 H2: a no-room
+                # fault, never counted, hid an I/O error at every restart after it).
+                raise failed from exc
+            raise
+        # Step two of the writer's start, once both it and the queues recovered: on the first
+        # start after the ConsumeQueue actor, on a writer's restart at once (the queues live).
+        if (name == "consume_queue" and first) or (name == "writer" and "consume_queue" in ctx.peers):
+            self._resume_writer()
+
+    def _made_child(self, name: str, *, first: bool) -> pykka.ActorRef[Any]:
+        """The child `name`, its actor started (its on_start not awaited: `_start_child`)."""
+        ctx = self.ctx
         ref: pykka.ActorRef[Any]
         mode = self._mode if first else RecoveryMode.RESTART
         match name:
@@ -822,26 +877,7 @@ class Supervisor:
                 ref = ReputMessageService.start(ctx, reput_offset=reput_offset, max_offset=ready.max_offset)
             case _:
                 raise AssertionError(f"unknown child {name}")
-        ctx.peers[name] = ref
-        try:
-            self._await_started(name, ref)
-        except Exception as exc:
-            # Stopped, or, still recovering its files (a start that timed out), kept as a
-            # straggler: the lock stays until it ends. Dropped from the peers only, it went on
-            # recovering after the failed open released the lock, and a retried open's own
-            # recovery read a segment it deleted (review 78 M2: two owners of the files).
-            self._stop_child(name)
-            failed = self._start_failure(name)
-            if failed is not None:
-                # An open raises the owner's own error (a refusal reads as it); a restart
-                # counts it, not the failure that led to the restart (review 72 H2: a no-room
-                # fault, never counted, hid an I/O error at every restart after it).
-                raise failed from exc
-            raise
-        # Step two of the writer's start, once both it and the queues recovered: on the first
-        # start after the ConsumeQueue actor, on a writer's restart at once (the queues live).
-        if (name == "consume_queue" and first) or (name == "writer" and "consume_queue" in ctx.peers):
-            self._resume_writer()
+        return ref
 
     def _await_started(self, name: str, ref: pykka.ActorRef[Any]) -> None:
         """The ready handshake (answered once on_start returned), waited START_TIMEOUT_S at a
@@ -982,12 +1018,18 @@ class Supervisor:
     def _stop_child(self, name: str) -> bool:
         """Stop `name`; False if it did not stop within STOP_TIMEOUT_S (stuck in a stalled
         write, a held fault point). It still owns its files then, and may write them yet."""
-        ref = self.ctx.peers.pop(name, None)
+        ref = self.ctx.peers.get(name)
         if ref is None:
             return True
         # The stop's future, not `actor_stopped`: pykka sets that flag before on_stop runs, and
         # on_stop still touches files (the writer and the queues' owners flush theirs).
         stopped = ref.stop(block=False)
+        # Kept until it has stopped: a wait cut short (an exception raised into an open's
+        # thread as it cleaned up) leaves it to the lock keeper, not running unseen while the
+        # lock went (review 85 F4).
+        stopping = (name, stopped)
+        self._stopping.append(stopping)
+        self.ctx.peers.pop(name, None)
         try:
             try:
                 stopped.get(timeout=STOP_TIMEOUT_S)
@@ -998,15 +1040,26 @@ class Supervisor:
         except pykka.Timeout:
             self.log.error("an actor did not stop in time: the store's lock is kept until it does",
                            actor=name, timeout_s=STOP_TIMEOUT_S)  # fmt: skip
-            self._stragglers.append((name, stopped))
+            self._stragglers.append(stopping)
+            self._stopping.remove(stopping)
             return False
+        self._stopping.remove(stopping)
         return True
 
     def _stop_children(self, *, clean: bool) -> bool:
-        """Stop every child, last started first; False if one did not stop in time."""
+        """Stop every child, last started first; False if one did not stop in time. Cut short,
+        every child not stopped yet is told to stop and left to the lock keeper."""
         stopped = True
-        for spec in reversed(self._specs):
-            stopped = self._stop_child(spec.name) and stopped
+        try:
+            for spec in reversed(self._specs):
+                stopped = self._stop_child(spec.name) and stopped
+        except BaseException:
+            for name in list(self.ctx.peers):
+                ref = self.ctx.peers.pop(name, None)
+                if ref is not None:
+                    with contextlib.suppress(pykka.ActorDeadError):
+                        self._stopping.append((name, ref.stop(block=False)))
+            raise
         return stopped
 
     def _release_lock(self) -> None:
@@ -1015,7 +1068,7 @@ class Supervisor:
         process could open the store and have its acknowledged records overwritten by ours.
         So a thread waits for those children to end, then releases it (or the process exits)."""
         lock = self._lock
-        running = [(name, stopped) for name, stopped in self._stragglers if not _finished(stopped)]
+        running = [(name, stopped) for name, stopped in self._stragglers + self._stopping if not _finished(stopped)]
         if lock is None or not running:
             self._release(lock)
             return
@@ -1078,7 +1131,7 @@ class Supervisor:
                 clean = False
             for name in ("consume_queue", "index", "flush"):
                 if name in self.ctx.peers:
-                    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+                    future: StoreFuture[Any] = StoreFuture()  # (a close's own thread may wait: waits.py)
                     # The writer's own end and time: its notices to flush are sparse.
                     flush_all = FlushAll(
                         reply=Reply(future=future), up_to=writer.max_offset, store_timestamp=writer.store_timestamp

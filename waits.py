@@ -89,12 +89,20 @@ class StoreThread(threading.Thread):
         if isinstance(getattr(self, "_started", None), threading.Event):  # CPython's, as of 3.11-3.13
             self._started = _StartedFlag(self._give_up)  # (the Event methods Thread uses)
 
-    def _give_up(self) -> bool:
-        """(The starter, its wait over.) True if given up: the thread never said it runs."""
+    def cancel_unless_running(self) -> bool:
+        """True if the thread has not said it runs, and now never runs its target; False if it
+        runs (or ran) it. For a starter whose `start()` was cut short: whether the thread is
+        its to stop."""
         with self._claim:
             if self._started.is_set():
                 return False
             self._given_up = True
+            return True
+
+    def _give_up(self) -> bool:
+        """(The starter, its wait over.) True if given up: the thread never said it runs."""
+        if not self.cancel_unless_running():
+            return False
         with getattr(threading, "_active_limbo_lock", contextlib.nullcontext()):
             getattr(threading, "_limbo", {}).pop(self, None)  # start() leaves it there
         return True

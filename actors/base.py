@@ -118,6 +118,9 @@ class ActorContext:
     faults: FaultPlan
     report: Callable[[ChildFailed], None]
     peers: dict[str, pykka.ActorRef[Any]] = field(default_factory=dict)
+    # Each child as it is made, before its start returns (`StoreActor.__init__`): a start cut
+    # short after its thread began leaves the supervisor the actor to stop (review 85 F3).
+    made: dict[str, Any] = field(default_factory=dict)
     # Monotonic time to pace by (linger, back-off): a ManualTicker in tests.
     ticker: Ticker = field(default_factory=RealTicker)
     # Where the reput actor hands arrival notices (the store's long polling and subscribers
@@ -187,6 +190,8 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
         self.ctx = ctx
         self.config = ctx.config
         self.log = get_logger(f"mqstore.actors.{self.name}", actor=self.name, store=ctx.config.store_path_root_dir)
+        if self.supervised_as is None:
+            ctx.made[self.name] = self
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -170,14 +170,23 @@ class StoreLock:
             else:
                 self._created = not self._fs.exists(self.path)
                 self._fs.write_atomic(self.path, _LOCK_CONTENT)
+            self._key = key
+            if self._fd is not None:
+                _holding.add(self)
+            log.info("store_lock_acquired", path=self.path)
         except BaseException:
-            with _held_guard:
-                _held.discard(key)
+            # Whatever lands here (an exception raised into the thread during the log line,
+            # review 85 F4) gives the lock back: held with no `_key`, no release could find it,
+            # and every later open in this process was StoreLockedError.
+            if self._key is not None:
+                self.release()
+            else:
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+                with _held_guard:
+                    _held.discard(key)
             raise
-        self._key = key
-        if self._fd is not None:
-            _holding.add(self)
-        log.info("store_lock_acquired", path=self.path)
 
     def _lock_real(self) -> int:
         # A refused open removes a lock file it made (release(drop_created_file=True)): one

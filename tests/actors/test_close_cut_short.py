@@ -240,3 +240,104 @@ def test_a_ctrl_c_as_close_takes_the_lock_of_its_wait_never_blocks_the_superviso
     supervisor._thread.join(10)  # noqa: SLF001
     assert not supervisor._thread.is_alive(), "the supervisor's thread never ended"  # noqa: SLF001
     _everything_kept(tmp_path / "s")
+
+
+# An open interrupted (review 85 F3/F4): an exception raised into the opening thread where the
+# test says (a profile hook, at the return of a C call under the named code), then the store
+# must open again in this process, with nothing of the failed open left running.
+
+
+def _interrupted_open(root: Path, fires: Any) -> list[str]:
+    """Open `root` with KeyboardInterrupt raised at the first C return for which
+    `fires(frame, arg)` is true; the points it fired at (one at most)."""
+    import sys
+
+    fired: list[str] = []
+
+    def interrupt(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_return" and not fired and fires(frame, arg):
+            fired.append(f"{frame.f_code.co_qualname}: {getattr(arg, '__name__', arg)}")
+            raise KeyboardInterrupt
+
+    sys.setprofile(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mqstore.open(root)
+    finally:
+        sys.setprofile(None)
+    return fired
+
+
+def _under(frame: Any, co_name: str, **locals_: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == co_name and all(frame.f_locals.get(k) == v for k, v in locals_.items()):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _no_actor_left(before: set[threading.Thread]) -> None:
+    from mqstore.runtime import RuntimeActor
+
+    def left() -> list[str]:
+        return [t.name for t in threading.enumerate() if t not in before and t.is_alive()
+                and t.name.split("-")[0] in {c.__name__ for c in _actor_classes(RuntimeActor)}]  # fmt: skip
+
+    deadline = time.monotonic() + 20
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left() == []
+
+
+def _actor_classes(base: type) -> list[type]:
+    found = []
+    for sub in base.__subclasses__():
+        found.append(sub)
+        found.extend(_actor_classes(sub))
+    return found
+
+
+def test_an_open_interrupted_as_its_lock_was_taken_gives_the_lock_back(tmp_path: Path) -> None:
+    """Review 85 F4a: interrupted after the lock was taken and before the lock knew it (its
+    log line), or before the open's cleanup could see it, every later open in this process
+    was StoreLockedError."""
+    _filled(tmp_path / "s").close()
+    fired = _interrupted_open(tmp_path / "s", lambda frame, _arg: _under(frame, "info") and _under(frame, "acquire"))
+    assert fired
+    _everything_kept(tmp_path / "s")
+
+
+def test_an_open_interrupted_after_an_actors_thread_began_stops_that_actor(tmp_path: Path) -> None:
+    """Review 85 F3: a start cut short after the writer's thread began never gave its ref back;
+    the failed open released the lock while that writer recovered the files, and ran on
+    beside the next open's writer (two owners of the log)."""
+    _filled(tmp_path / "s").close()
+    before = set(threading.enumerate())
+    fired = _interrupted_open(
+        tmp_path / "s",
+        lambda frame, arg: getattr(arg, "__name__", "") == "acquire" and _under(frame, "_made_child", name="writer")
+        and _under(frame, "start"),
+    )  # fmt: skip
+    assert fired
+    _no_actor_left(before)
+    _everything_kept(tmp_path / "s")
+
+
+def test_an_open_whose_cleanup_is_interrupted_still_gives_the_lock_back(tmp_path: Path) -> None:
+    """Review 85 F4b: a failed open interrupted again while it stopped its actors left them
+    running unseen and the lock held for good. What it had not stopped yet is told to stop
+    and the lock goes once they did."""
+    from mqstore.actors.index import IndexActor
+
+    _filled(tmp_path / "s").close()
+    before = set(threading.enumerate())
+    real = IndexActor.on_start
+    IndexActor.on_start = lambda self: (_ for _ in ()).throw(OSError(5, "injected"))  # type: ignore[method-assign]
+    try:
+        fired = _interrupted_open(tmp_path / "s", lambda frame, arg: getattr(arg, "__name__", "") in ("get", "acquire")
+                                  and _under(frame, "_stop_children"))  # fmt: skip
+    finally:
+        IndexActor.on_start = real  # type: ignore[method-assign]
+    assert fired
+    _no_actor_left(before)
+    _everything_kept(tmp_path / "s")
