@@ -92,6 +92,7 @@ class _PutFuture(Future[PutResult]):
         self._exception: BaseException | None = None
         self._waiter_list: list[Any] | None = None
         self._callback_list: list[Any] | None = None
+        self._sleepers: list[Any] | None = None  # raw locks of threads in result()/exception()
         # The end of the furthest record stored by the writer pass that answered this put:
         # a pass appends queue by queue, so an older put of the caller's may end after this
         # one; its reads after this future is done cover the pass (read-your-writes).
@@ -131,17 +132,19 @@ class _PutFuture(Future[PutResult]):
                         raise InvalidStateError(f"{self._state}: the put's future is already done")
                     self._result = result
                     self._state = _FINISHED
+                    self._wake_sleepers()
                     return
         super().set_result(result)
+        self._wake_sleepers()
 
     def done(self) -> bool:
         return self._state is _FINISHED
 
     def result(self, timeout: float | None = None) -> PutResult:
-        if self._state is _FINISHED and self._result is not None:
-            result = self._result
-        else:
-            result = super().result(_complete_while_waiting(self, timeout))
+        if self._state is not _FINISHED and not self._sleep_until_done(_complete_while_waiting(self, timeout)):
+            raise TimeoutError()  # (concurrent.futures.TimeoutError)
+        result = self._result
+        assert result is not None  # only ever completed with a result
         if self.seen_by is not None and result.status in STORED_STATUSES:
             # This thread has seen it stored: its reads cover it (and its pass), whatever its
             # newest put does (refused, or still in flight: review 69 F4).
@@ -152,7 +155,39 @@ class _PutFuture(Future[PutResult]):
         return result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        return super().exception(_complete_while_waiting(self, timeout))
+        if self._state is not _FINISHED and not self._sleep_until_done(_complete_while_waiting(self, timeout)):
+            raise TimeoutError()
+        return None  # only ever completed with a result
+
+    def _sleep_until_done(self, timeout: float | None) -> bool:
+        """Whether it is done, sleeping at most `timeout` on a raw lock of this thread's, which
+        the completion releases. Not the Future's Condition (waits.py): a Ctrl-C in result()
+        as its lock was taken left it held (another thread's result(timeout) never returned),
+        or gave the host RuntimeError instead of its KeyboardInterrupt (review 85 F5/F7)."""
+        gate = _thread.allocate_lock()
+        gate.acquire()
+        with _CONDITION_MADE:
+            if self._sleepers is None:
+                self._sleepers = []
+            self._sleepers.append(gate)
+        try:
+            # Registered, then looked at: a completion that came before the registration
+            # finished the future first (it wakes after setting the state).
+            if self._state is not _FINISHED:
+                gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        finally:
+            with _CONDITION_MADE:
+                with contextlib.suppress(ValueError):
+                    self._sleepers.remove(gate)
+        return self._state is _FINISHED
+
+    def _wake_sleepers(self) -> None:
+        """(Once the state says FINISHED.) Every thread sleeping in result()/exception()."""
+        sleepers = self._sleepers
+        if sleepers:
+            for gate in list(sleepers):
+                with contextlib.suppress(RuntimeError):  # woken already
+                    gate.release()
 
     def cancel(self) -> bool:
         return False
@@ -224,6 +259,8 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
             elif future._state is _PENDING:
                 future._result = result
                 future._state = _FINISHED
+                if future._sleepers:
+                    future._wake_sleepers()
     completed: list[_PutFuture] = []
     for future, result in waited:
         condition = future._condition
@@ -231,6 +268,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
             if future._state is _PENDING:
                 future._result = result
                 future._state = _FINISHED
+                future._wake_sleepers()
                 held.append(future)
             continue
         try:
@@ -243,6 +281,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
             condition.notify_all()
         finally:
             condition.release()
+        future._wake_sleepers()
         completed.append(future)
     return completed
 

@@ -472,3 +472,36 @@ def test_a_store_thread_that_dies_in_its_start_up_fails_its_start_and_one_late_r
     started.start()
     started.join(TIMEOUT_S)
     assert ran == ["ran"]
+
+
+def test_a_put_futures_result_interrupted_anywhere_gives_the_callers_exception_and_holds_nothing() -> None:
+    """Review 85 F5/F7: result() waited on the Future's Condition: a Ctrl-C as its lock was
+    taken left that lock held (another thread's result(timeout=3) never returned), and one as
+    Condition.wait let it go gave the host RuntimeError('cannot release un-acquired lock').
+    It sleeps on a raw lock of its own now; the completion (here from another thread, as the
+    store's completion thread) wakes it."""
+    from mqstore.put_pipeline import _complete_futures, _PutFuture
+    from mqstore.storage.status import PutMessageStatus
+
+    stored = mqstore.PutResult(status=PutMessageStatus.PUT_OK, commitlog_offset=0, wrote_bytes=10)
+    futures: list[Any] = []
+    completers: list[threading.Thread] = []
+
+    def run() -> None:
+        future = _PutFuture()
+        future._condition  # made, as a concurrent.futures.wait or a callback makes it  # noqa: B018, SLF001
+        futures.append(future)
+        completer = threading.Thread(target=lambda: (time.sleep(0.005), _complete_futures([(future, stored)], [])))
+        completers.append(completer)
+        completer.start()
+        future.result(timeout=TIMEOUT_S)
+
+    def check(interrupted: BaseException | None, point: int) -> None:
+        future, completer = futures[-1], completers[-1]
+        completer.join(TIMEOUT_S)
+        assert not completer.is_alive(), f"point {point}: the completion blocked"
+        assert isinstance(interrupted, Interrupted), f"point {point}: {interrupted!r}"
+        assert _free(future._cond._lock), f"point {point}: the future's lock was left held"  # noqa: SLF001
+        assert future.result(timeout=1.0) is stored
+
+    assert _interrupted_at_each_c_return(_PutFuture.result.__code__, run, check) > 3
