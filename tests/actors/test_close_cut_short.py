@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,28 @@ def _everything_kept(root: Path) -> None:
     with mqstore.open(root) as again:  # in this process: the lock was given back
         assert again.query_offset("group", "T", 0) == 4
         assert [m.body for m in again.get("T", 0, 0, 32).messages] == [b"m%d" % i for i in range(5)]
+
+
+def _interrupted(call: Any, fires: Any) -> list[str]:
+    """`call()`, with KeyboardInterrupt raised (a profile hook) at the first C call's return
+    for which `fires(frame, the C function)` is true; it must raise it. Where it fired (one
+    place at most)."""
+    import sys
+
+    fired: list[str] = []
+
+    def interrupt(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_return" and not fired and fires(frame, arg):
+            fired.append(f"{frame.f_code.co_qualname}: {getattr(arg, '__name__', arg)}")
+            raise KeyboardInterrupt
+
+    sys.setprofile(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    finally:
+        sys.setprofile(None)
+    return fired
 
 
 def test_a_ctrl_c_in_the_close_before_the_stop_is_finished_by_the_next_close(tmp_path: Path) -> None:
@@ -167,27 +190,13 @@ def test_a_close_interrupted_after_queueing_its_request_still_stops_the_store(tm
     queue under the queue's mutex taken in C. Interrupted after the request went in and before
     its notify, the close raises the host's exception; the supervisor's thread finds the
     request at its next wake all the same, and the store stops; a second close() says so."""
-    import sys
-
     from mqstore import supervisor as supervisor_module
 
     store = _filled(tmp_path / "s")
     supervisor = store.supervisor
     queueing_code = supervisor_module._put_uncut.__code__
-    fired: list[str] = []
-
-    def interrupt(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_return" and not fired and frame.f_code is queueing_code and getattr(arg, "__name__", "") == "append":
-            fired.append(arg.__name__)
-            raise KeyboardInterrupt
-
-    sys.setprofile(interrupt)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            store.close()
-    finally:
-        sys.setprofile(None)
-    assert fired == ["append"]
+    fired = _interrupted(store.close, lambda frame, arg: frame.f_code is queueing_code and getattr(arg, "__name__", "") == "append")
+    assert fired == ["_put_uncut: append"]
     supervisor._thread.join(20)  # noqa: SLF001
     assert not supervisor._thread.is_alive(), "the supervisor never took the request"  # noqa: SLF001
     assert store.close() is True
@@ -201,35 +210,12 @@ def test_a_ctrl_c_as_close_takes_the_lock_of_its_wait_never_blocks_the_superviso
     the interpreter never exited. The interrupt lands here (a profile hook) as the first lock
     call inside stop()'s wait returns. (Its queueing of the request: the test above and
     tests/test_async_exceptions.py.)"""
-    import sys
-
-    from mqstore import supervisor as supervisor_module
     from mqstore.supervisor import Supervisor
 
     store = _filled(tmp_path / "s")
     supervisor = store.supervisor
-    stop_code, queueing_code = Supervisor.stop.__code__, supervisor_module._put_uncut.__code__
-    fired: list[str] = []
-
-    def in_stop(frame: Any) -> bool:
-        codes = set()
-        while frame is not None:
-            codes.add(frame.f_code)
-            frame = frame.f_back
-        return stop_code in codes and queueing_code not in codes
-
-    def interrupt(frame: Any, event: str, arg: Any) -> None:
-        if (event == "c_return" and not fired and getattr(arg, "__name__", "") in ("acquire", "__enter__")
-                and in_stop(frame)):  # fmt: skip
-            fired.append(f"{frame.f_code.co_qualname}: {arg.__name__}")
-            raise KeyboardInterrupt
-
-    sys.setprofile(interrupt)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            store.close()
-    finally:
-        sys.setprofile(None)
+    fired = _interrupted(store.close, lambda frame, arg: getattr(arg, "__name__", "") in ("acquire", "__enter__")
+                         and _under(frame, Supervisor.stop.__code__) and not _under(frame, "_put_uncut"))  # fmt: skip
     assert fired, "no lock call inside stop()"
     closed: list[bool] = []
     second = threading.Thread(target=lambda: closed.append(store.close()), daemon=True)
@@ -248,29 +234,15 @@ def test_a_ctrl_c_as_close_takes_the_lock_of_its_wait_never_blocks_the_superviso
 
 
 def _interrupted_open(root: Path, fires: Any) -> list[str]:
-    """Open `root` with KeyboardInterrupt raised at the first C return for which
-    `fires(frame, arg)` is true; the points it fired at (one at most)."""
-    import sys
-
-    fired: list[str] = []
-
-    def interrupt(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_return" and not fired and fires(frame, arg):
-            fired.append(f"{frame.f_code.co_qualname}: {getattr(arg, '__name__', arg)}")
-            raise KeyboardInterrupt
-
-    sys.setprofile(interrupt)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            mqstore.open(root)
-    finally:
-        sys.setprofile(None)
-    return fired
+    """Open `root` with KeyboardInterrupt raised where `fires` says (`_interrupted`)."""
+    return _interrupted(lambda: mqstore.open(root), fires)
 
 
-def _under(frame: Any, co_name: str, **locals_: Any) -> bool:
+def _under(frame: Any, code: str | types.CodeType, **locals_: Any) -> bool:
+    """Whether `frame` runs under a call of `code` (a code object, or a function's name) whose
+    locals include `locals_`."""
     while frame is not None:
-        if frame.f_code.co_name == co_name and all(frame.f_locals.get(k) == v for k, v in locals_.items()):
+        if (frame.f_code is code or frame.f_code.co_name == code) and all(frame.f_locals.get(k) == v for k, v in locals_.items()):
             return True
         frame = frame.f_back
     return False
