@@ -303,9 +303,10 @@ class MessageStore:
         could not be written, or a step of the close failed (logged). Idempotent: a second call
         returns the same, once the first has finished (from another thread: it waits, so that
         the store is free when it returns). From within the first (a done-callback it runs),
-        it cannot wait for it, and returns False at once: the outcome is not known yet. A close cut short by a KeyboardInterrupt or SystemExit raises it and
-        leaves the store closed to calls; the next close() (the exit handler's too) finishes
-        the stop from where it was cut."""
+        it cannot wait for it, and returns False at once: the outcome is not known yet. A close cut
+        short by a KeyboardInterrupt or SystemExit (or any exception raised into its thread as it
+        waits for the shutdown: a timeout library's) raises it and leaves the store closed to
+        calls; the next close() (the exit handler's too) finishes the stop from where it was cut."""
         self._closed = True  # calls are refused from here on
         if self._close_finished:
             return self._clean_stop
@@ -347,7 +348,12 @@ class MessageStore:
         # Committed offsets before the stop releases the store's lock (after it, another
         # process may have opened the store and written its own); not written: not clean.
         offsets_kept = step("consumer offsets", self.offsets.close)
-        stopped_clean = step("supervisor stop", self.supervisor.stop)
+        # Not a step: the stop only queues its request and waits for the shutdown, so what it
+        # raises was raised into this thread as it waited (a timeout library's exception), as a
+        # Ctrl-C is: the close is cut short there and the next one finishes it. Taken for a
+        # failed step, the close went on while the shutdown ran, said False, and completed
+        # pending futures the writer might still store (review 85 F9).
+        stopped_clean = self.supervisor.stop()
         step("subscriptions", self._subscriptions.close)
         step("pending put futures", self._puts.close)  # after the writer: every future handed out is completed
         step("repeated lines' counts", lambda: self.host_repeats.flush(self.log))
