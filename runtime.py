@@ -219,7 +219,11 @@ class StoreFuture(pykka.Future[T]):
                     self._gate.release()  # for the next getter
                     break
         if self._get_hook is not None:
-            with self._hooking:
+            if timeout is not None:
+                # Not behind another getter's hook: within this one's own timeout (review 86 F4:
+                # a get(timeout=0) waited out another getter's; the hook may run twice then).
+                return super().get(timeout=timeout)
+            with self._hooking:  # once, whoever gets first (as pykka's)
                 return super().get(timeout=timeout)
         assert self._result is not None
         value, exc_info = self._result

@@ -288,12 +288,14 @@ class MessageStore:
         with _locked_first(self.fs, self.config):
             self.offsets.refuse_what_is_in_the_way()  # before the store is taken: a refusal changes no byte
         self.supervisor.start()
-        _open_stores.add(self)
         try:
+            _open_stores.add(self)
             # Under the store's lock: read before it, a holder closing meanwhile could write
             # newer offsets that this store's close would then write over.
             self.offsets.load()  # unreadable files give an empty table and an error; I/O errors fail the open
-        except Exception:
+        except BaseException:
+            # A Ctrl-C too: the host gets no store object to close, so this open closes what it
+            # started (review 86 F2: the store ran on, its lock held for the process's life).
             self.close()
             raise
 

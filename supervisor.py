@@ -527,14 +527,18 @@ class Supervisor:
                 # keep it, through the lock keeper.
                 self._release_lock()
             raise
-        self.state = SupervisorState.RUNNING
-        self.ticker.on_advance(lambda: self._events.put(_WAKE))
-        thread = StoreThread(self._run, "mqstore-supervisor")
-        self._thread = thread
-        try:
+        thread: StoreThread | None = None
+        try:  # the rest of the start, guarded too: a store nobody can close keeps the lock (review 86 F2)
+            self.state = SupervisorState.RUNNING
+            self.ticker.on_advance(lambda: self._events.put(_WAKE))
+            # Said before the thread starts: said after, an exception raised into this thread
+            # in the log call left a running store the host had no object to close.
+            self.log.info("store started", recovery=self.recovery.summary() if self.recovery else None)
+            thread = StoreThread(self._run, "mqstore-supervisor")
+            self._thread = thread
             thread.start()
         except BaseException as exc:
-            if not thread.cancel_unless_running():
+            if thread is not None and not thread.cancel_unless_running():
                 # Its start cut short after it began (an exception raised into this thread):
                 # it watches the store; it is asked to stop it, as a close does (review 85 F3:
                 # it ran on, STOPPED, ticking and writing stats.msgpack after the lock went).
@@ -549,7 +553,6 @@ class Supervisor:
             self._shutdown()
             self._shut_down.set()
             raise
-        self.log.info("store started", recovery=self.recovery.summary() if self.recovery else None)
 
     def stop(self) -> bool:
         """Stop cleanly; True if the stop was clean (abort file removed)."""
@@ -789,6 +792,7 @@ class Supervisor:
         ctx.made.pop(name, None)
         try:
             ref = self._made_child(name, first=first)
+            ctx.peers[name] = ref  # in the try: cut short before this, it is `made` (review 86 F1)
         except BaseException:
             # A start cut short after the actor's thread began (an exception raised into an
             # open's thread): its ref never came back, and it ran on, recovering the files
@@ -800,7 +804,6 @@ class Supervisor:
                 ctx.peers[name] = made.actor_ref
             raise
         ctx.made.pop(name, None)
-        ctx.peers[name] = ref
         try:
             self._await_started(name, ref)
         except Exception as exc:

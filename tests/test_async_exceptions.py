@@ -505,3 +505,31 @@ def test_a_put_futures_result_interrupted_anywhere_gives_the_callers_exception_a
         assert future.result(timeout=1.0) is stored
 
     assert _interrupted_at_each_c_return(_PutFuture.result.__code__, run, check) > 3
+
+
+def test_a_store_futures_get_with_a_timeout_never_waits_out_another_getters_hook() -> None:
+    """Review 86 F4: a get hook ran under a lock taken with no timeout, so a get(timeout=0)
+    (the supervisor's look at a stop future) waited out another getter's hook."""
+    import pykka
+
+    from mqstore.runtime import StoreFuture
+
+    release = threading.Event()
+
+    def hook(timeout: float | None) -> int:
+        if not release.wait(TIMEOUT_S if timeout is None else timeout):
+            raise pykka.Timeout("the hook's own wait")
+        return 7
+
+    hooked: StoreFuture[int] = StoreFuture()
+    hooked.set_get_hook(hook)
+    slow = threading.Thread(target=hooked.get)  # in the hook until released
+    slow.start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    with pytest.raises(pykka.Timeout):
+        hooked.get(timeout=0)
+    assert time.monotonic() - started < 1.0
+    release.set()
+    slow.join(TIMEOUT_S)
+    assert hooked.get() == 7

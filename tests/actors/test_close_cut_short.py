@@ -320,3 +320,41 @@ def test_an_open_whose_cleanup_is_interrupted_still_gives_the_lock_back(tmp_path
     assert fired
     _no_actor_left(before)
     _everything_kept(tmp_path / "s")
+
+
+def _in_started_supervisor(frame: Any) -> bool:
+    """Under Supervisor.start, once it said the store RUNNING."""
+    from mqstore.supervisor import Supervisor
+
+    while frame is not None:
+        if frame.f_code is Supervisor.start.__code__:
+            return frame.f_locals["self"].state is SupervisorState.RUNNING
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.parametrize("where", ["child_made", "gateway_thread", "store_said_running", "supervisor_thread_made", "offsets_load"])
+def test_an_open_interrupted_anywhere_past_its_children_leaves_nothing_running(tmp_path: Path, where: str) -> None:
+    """Review 86: past review 85's fixes, an open cut short (F1) just after a child's start
+    returned (the actor in neither `made` nor `peers`: it ran on beside the next open's), (F3)
+    in the gateway's start (never noted as made: it and its readers ran on), (F2) after the
+    children and before or after the supervisor's thread (its log line), or in the offsets'
+    load (which caught Exception only), left actors running and the lock held for good."""
+    from mqstore.offsets import ConsumerOffsets
+    from mqstore.waits import DoneFlag, StoreThread
+
+    _filled(tmp_path / "s").close()
+    before = set(threading.enumerate())
+    fires = {
+        "child_made": lambda frame, arg: getattr(arg, "__name__", "") == "pop" and frame.f_code.co_name == "_start_child"
+        and frame.f_locals.get("name") == "writer" and frame.f_locals.get("ref") is not None,
+        "gateway_thread": lambda frame, arg: getattr(arg, "__name__", "") == "acquire"
+        and _under(frame, "_made_child", name="gateway") and _under(frame, DoneFlag.wait.__code__),
+        "supervisor_thread_made": lambda frame, _arg: _in_started_supervisor(frame) and _under(frame, StoreThread.__init__.__code__),
+        # The first C return once RUNNING (the ticker's wake-up, the "store started" line):
+        "store_said_running": lambda frame, _arg: _in_started_supervisor(frame),
+        "offsets_load": lambda frame, _arg: _under(frame, ConsumerOffsets.load.__code__),
+    }[where]  # fmt: skip
+    assert _interrupted_open(tmp_path / "s", fires)
+    _no_actor_left(before)
+    _everything_kept(tmp_path / "s")
