@@ -160,13 +160,15 @@ class StoreLock:
         self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
         refuse_unless_regular_file(self._fs, self.path, "lock file")
         key = (0, os.path.realpath(self.path)) if self._real else (id(self._fs), os.path.normpath(self.path))
-        with _held_guard:
-            if key in _held:
-                raise StoreLockedError(f"lock failed, store already started in this process: {self.path}")
-            _held.add(key)
+        mine = False  # set before the add: an exception between the two discards nothing
         try:
+            with _held_guard:
+                if key in _held:
+                    raise StoreLockedError(f"lock failed, store already started in this process: {self.path}")
+                mine = True
+                _held.add(key)
             if self._real:
-                self._fd = self._lock_real()
+                self._lock_real()  # sets self._fd as soon as there is one (the except closes it)
             else:
                 self._created = not self._fs.exists(self.path)
                 self._fs.write_atomic(self.path, _LOCK_CONTENT)
@@ -184,37 +186,44 @@ class StoreLock:
                 if self._fd is not None:
                     os.close(self._fd)
                     self._fd = None
-                with _held_guard:
-                    _held.discard(key)
+                if mine:  # (an exception as the add returned left it there for good: review 86's fuzz)
+                    with _held_guard:
+                        _held.discard(key)
             raise
 
-    def _lock_real(self) -> int:
+    def _lock_real(self) -> None:
+        """Lock the file, its descriptor in `self._fd` from the moment it exists: an exception
+        raised into the thread anywhere after leaves it for `acquire` to close (review 86's
+        fuzz: a descriptor dropped between here and the caller kept its open-file lock, and
+        every later open was refused). Only the return of `os.open` itself is not covered."""
         # A refused open removes a lock file it made (release(drop_created_file=True)): one
         # locked after that removal is a name no longer in the directory, so it is taken again.
         while True:
-            fd = self._lock_real_once()
+            self._lock_real_once()
+            assert self._fd is not None
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
+                same = os.path.samestat(os.fstat(self._fd), os.stat(self.path, follow_symlinks=False))
             except FileNotFoundError:
                 same = False
             if same:
-                return fd
+                return
+            fd, self._fd = self._fd, None
             os.close(fd)
             self._created = False
 
-    def _lock_real_once(self) -> int:
+    def _lock_real_once(self) -> None:
         # Its bytes are written in place: never through a link into another file (a `lock`
         # linked to a segment had that segment's first record overwritten).
         flags = os.O_RDWR | os.O_NOFOLLOW
         try:
             try:
-                fd = os.open(self.path, flags)
+                fd = self._fd = os.open(self.path, flags)
             except FileNotFoundError:
                 try:
-                    fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                    fd = self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
                     self._created = True
                 except FileExistsError:  # made by another process meanwhile: take that one
-                    fd = os.open(self.path, flags)
+                    fd = self._fd = os.open(self.path, flags)
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
@@ -234,9 +243,9 @@ class StoreLock:
             os.pwrite(fd, _LOCK_CONTENT, 0)
             os.fsync(fd)
         except BaseException:
+            self._fd = None
             os.close(fd)  # closing drops the record lock too
             raise
-        return fd
 
     def claim_directories(self, paths: Sequence[str]) -> None:
         """Hold each of the store's data directories (that exist) with an exclusive flock for as

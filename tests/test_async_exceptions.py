@@ -533,3 +533,30 @@ def test_a_store_futures_get_with_a_timeout_never_waits_out_another_getters_hook
     release.set()
     slow.join(TIMEOUT_S)
     assert hooked.get() == 7
+
+
+def test_a_store_lock_acquire_interrupted_anywhere_leaves_the_store_openable_in_this_process(tmp_path: Path) -> None:
+    """Review 86's fuzz: an exception raised as the acquire's in-process claim (`_held.add`, or
+    its guard's exit) returned, before its try, kept the claim for good: every later open in
+    the process was StoreLockedError ("already started in this process")."""
+    from mqstore.storage.fs import RealFileSystem
+    from mqstore.storage.lockfiles import StoreLock
+
+    fs = RealFileSystem()
+    path = str(tmp_path / "lock")
+    taken: list[StoreLock] = []
+
+    def run() -> None:
+        lock = StoreLock(fs, path)
+        taken.append(lock)
+        lock.acquire()
+
+    def check(interrupted: BaseException | None, point: int) -> None:
+        assert isinstance(interrupted, Interrupted), f"point {point}: {interrupted!r}"
+        assert not taken[-1].locked, f"point {point}: taken, and the caller never knew"
+        again = StoreLock(fs, path)
+        again.acquire()  # StoreLockedError if the claim was left behind
+        again.release()
+
+    assert _interrupted_at_each_c_return(StoreLock.acquire.__code__, run, check) > 10
+    taken[-1].release()  # the last run's, not interrupted
