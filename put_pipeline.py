@@ -18,7 +18,6 @@ crashed or the store closed), never exceptions set on the future.
 
 from __future__ import annotations
 
-import _thread
 import collections
 import contextlib
 import os
@@ -39,7 +38,7 @@ from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keep
 from .storage import speedups
 from .storage.status import PutMessageStatus
 from .supervisor import SupervisorState
-from .waits import StoreThread
+from .waits import Sleepers, StoreThread
 
 if TYPE_CHECKING:
     from .store import MessageStore
@@ -92,7 +91,7 @@ class _PutFuture(Future[PutResult]):
         self._exception: BaseException | None = None
         self._waiter_list: list[Any] | None = None
         self._callback_list: list[Any] | None = None
-        self._sleepers: list[Any] | None = None  # raw locks of threads in result()/exception()
+        self._sleepers: Sleepers | None = None  # threads in result()/exception(), made by the first
         # The end of the furthest record stored by the writer pass that answered this put:
         # a pass appends queue by queue, so an older put of the caller's may end after this
         # one; its reads after this future is done cover the pass (read-your-writes).
@@ -161,33 +160,23 @@ class _PutFuture(Future[PutResult]):
 
     def _sleep_until_done(self, timeout: float | None) -> bool:
         """Whether it is done, sleeping at most `timeout` on a raw lock of this thread's, which
-        the completion releases. Not the Future's Condition (waits.py): a Ctrl-C in result()
-        as its lock was taken left it held (another thread's result(timeout) never returned),
-        or gave the host RuntimeError instead of its KeyboardInterrupt (review 85 F5/F7)."""
-        gate = _thread.allocate_lock()
-        gate.acquire()
-        with _CONDITION_MADE:
-            if self._sleepers is None:
-                self._sleepers = []
-            self._sleepers.append(gate)
-        try:
-            # Registered, then looked at: a completion that came before the registration
-            # finished the future first (it wakes after setting the state).
-            if self._state is not _FINISHED:
-                gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
-        finally:
+        the completion releases (waits.Sleepers). Not the Future's Condition (waits.py): a
+        Ctrl-C in result() as its lock was taken left it held (another thread's result(timeout)
+        never returned), or gave the host RuntimeError instead of its KeyboardInterrupt
+        (review 85 F5/F7)."""
+        sleepers = self._sleepers
+        if sleepers is None:
             with _CONDITION_MADE:
-                with contextlib.suppress(ValueError):
-                    self._sleepers.remove(gate)
-        return self._state is _FINISHED
+                sleepers = self._sleepers
+                if sleepers is None:
+                    sleepers = self._sleepers = Sleepers(_CONDITION_MADE)
+        return sleepers.sleep_until(self.done, timeout)
 
     def _wake_sleepers(self) -> None:
         """(Once the state says FINISHED.) Every thread sleeping in result()/exception()."""
         sleepers = self._sleepers
         if sleepers:
-            for gate in list(sleepers):
-                with contextlib.suppress(RuntimeError):  # woken already
-                    gate.release()
+            sleepers.wake_all()
 
     def cancel(self) -> bool:
         return False
@@ -259,8 +248,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
             elif future._state is _PENDING:
                 future._result = result
                 future._state = _FINISHED
-                if future._sleepers:
-                    future._wake_sleepers()
+                future._wake_sleepers()
     completed: list[_PutFuture] = []
     for future, result in waited:
         condition = future._condition
@@ -458,13 +446,13 @@ class _InFlightSlots:
     try, and the caller's `with` exit then raised RuntimeError, or, with a plain Lock, released
     the completion thread's hold: reviews 82 H1, 83; waits.py)."""
 
-    __slots__ = ("_signal", "_lock", "_waiting", "_free", "_slots")
+    __slots__ = ("_signal", "_lock", "_sleepers", "_free", "_slots")
 
     def __init__(self, slots: int) -> None:
         native = speedups.native
         self._signal: Any = native.Signal() if native is not None else None
         self._lock = threading.Lock()
-        self._waiting: list[Any] = []  # the blocked takers' raw locks
+        self._sleepers = Sleepers(self._lock)  # the blocked takers
         self._slots = slots
         self._free = slots
         if self._signal is not None:
@@ -489,22 +477,7 @@ class _InFlightSlots:
             return signal.wait(0.0, taken) or (timeout_s is not None and signal.wait(timeout_s, taken))
         if self._take_free(taken) or timeout_s is None:
             return bool(taken)
-        deadline = time.monotonic() + timeout_s
-        waiter = _thread.allocate_lock()
-        waiter.acquire()  # released by give(): a binary semaphore, no wake-up lost
-        try:
-            with self._lock:
-                self._waiting.append(waiter)
-            while not self._take_free(taken):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                waiter.acquire(timeout=remaining)
-            return True
-        finally:
-            with self._lock:
-                with contextlib.suppress(ValueError):
-                    self._waiting.remove(waiter)
+        return self._sleepers.sleep_until(lambda: self._take_free(taken), timeout_s)
 
     def _take_free(self, taken: list[bool]) -> bool:
         with self._lock:
@@ -528,10 +501,7 @@ class _InFlightSlots:
             n = min(n, self._slots - self._free)
             self._free += n
             if n > 0:
-                for waiter in self._waiting:  # each looks again (the pure-Python path: few)
-                    if waiter.locked():
-                        with contextlib.suppress(RuntimeError):
-                            waiter.release()
+                self._sleepers.wake_all()  # each looks again (the pure-Python path: few)
 
 
 _ACTOR_PUT_ENDS_PRUNE_AT = 1024  # senders remembered before dead ones are dropped

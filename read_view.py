@@ -18,16 +18,14 @@ never calls out.
 
 from __future__ import annotations
 
-import _thread
 import bisect
-import contextlib
 import threading
-import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from .messages import QueueBounds
+from .waits import Sleepers
 
 __all__ = [
     "ANY_PUBLICATION",
@@ -107,22 +105,17 @@ class ReadViewPublisher:
         # Taken by owners to publish and by callers' threads only to (un)register a waiter,
         # never across a wait (waits.py).
         self._lock = threading.Lock()
-        # The waiters' own raw locks per distinct `wakes_on` (a handful), so a publication
-        # nobody waits for wakes nobody. A waiter sleeps on its lock (taken in C, no check
-        # point while it holds anything shared); a publication releases it.
-        self._waiting: dict[int, list[Any]] = {}
+        # The waiters per distinct `wakes_on` (a handful), so a publication nobody waits for
+        # wakes nobody; each sleeps on a raw lock of its own (waits.Sleepers, guarded by
+        # `_lock`), which a publication releases.
+        self._waiting: dict[int, Sleepers] = {}
 
     def _swap(self, view: ReadView, changed: int) -> None:
         # Called with the lock held: the one reference assignment readers see.
         self.view = view
-        for wakes_on, waiters in self._waiting.items():
-            if waiters and wakes_on & changed:
-                for waiter in waiters:
-                    if waiter.locked():
-                        try:
-                            waiter.release()
-                        except RuntimeError:  # released meanwhile by its own timeout's wake
-                            pass
+        for wakes_on, sleepers in self._waiting.items():
+            if sleepers and wakes_on & changed:
+                sleepers.wake_all()
 
     # publications (each from its owner's thread) ----------------------------------------
     def publish_commitlog(self, readable_end: int) -> None:
@@ -208,23 +201,19 @@ class ReadViewPublisher:
             return view
         if view.closed or timeout_s <= 0:
             return None
-        deadline = time.monotonic() + timeout_s
-        waiter = _thread.allocate_lock()
-        waiter.acquire()  # released by a publication: a binary semaphore, no wake-up lost
-        waiters: list[Any] = []
-        try:
+        sleepers = self._waiting.get(wakes_on)
+        if sleepers is None:
             with self._lock:  # (nothing in here waits)
-                waiters = self._waiting.setdefault(wakes_on, [])
-                waiters.append(waiter)
-            while True:
-                view = self.view
-                if covers(view):
-                    return view
-                remaining = deadline - time.monotonic()
-                if view.closed or remaining <= 0:
-                    return None
-                waiter.acquire(timeout=min(remaining, threading.TIMEOUT_MAX))  # inf: until published
-        finally:
-            with self._lock:
-                with contextlib.suppress(ValueError):
-                    waiters.remove(waiter)
+                sleepers = self._waiting.setdefault(wakes_on, Sleepers(self._lock))
+
+        covering: list[ReadView] = []  # the view that `covers` held for, looked at once
+
+        def covered_or_closed() -> bool:
+            current = self.view
+            if covers(current):
+                covering.append(current)
+                return True
+            return current.closed
+
+        sleepers.sleep_until(covered_or_closed, timeout_s)
+        return covering[0] if covering else None

@@ -20,7 +20,6 @@ import os
 import queue
 import sys
 import threading
-import time
 import types
 from collections import deque
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from . import log as _log
 from .log import RepeatedLog, error_repr, get_logger, suppressed_fields
 from .messages import AskFor, Waiter
 from .storage import speedups
-from .waits import StoreThread
+from .waits import DoneFlag, StoreThread
 
 __all__ = [
     "FastInbox",
@@ -186,38 +185,25 @@ class QueuedRequest:
     message: object
 
 
-_GATE_SLICE_S = 0.05
-
-
 class StoreFuture(pykka.Future[T]):
     """pykka's ThreadingFuture on a raw lock: what a store actor's `ask` answers through
     (`RuntimeActor._create_future`), waited on by the asker's thread (an open's start
     handshake is a caller's). ThreadingFuture's get enters a Condition of an RLock in Python
     code: an exception raised into the asker just after that lock was taken (a Ctrl-C, a
     timeout library's async exception) left it held, and the actor's `set()` then blocked
-    for good (waits.py). Here the setter never waits: it stores the result, then releases
-    the gate the getters pass through."""
+    for good (waits.py). Here the setter never waits: it stores the result, then sets a
+    `DoneFlag` each getter sleeps on with a lock of its own."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._gate = threading.Lock()
-        self._gate.acquire()  # released once a result or a get hook is there
+        self._there = DoneFlag()  # set once a result or a get hook is there
         self._setting = threading.Lock()  # one result: entered by plain `with` only
         self._hooking = threading.Lock()  # a get hook runs once, whoever gets first (as pykka's)
         self._result: tuple[Any, Any] | None = None  # (value, exc_info or None)
 
     def get(self, *, timeout: float | None = None) -> Any:
-        if self._get_hook is None and self._result is None:
-            deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-            # In slices: a getter interrupted between taking the gate and passing it on keeps
-            # it, and the others look at the result again at the next slice (review 85 F6).
-            while self._get_hook is None and self._result is None:
-                left = _GATE_SLICE_S if deadline is None else min(deadline - time.monotonic(), _GATE_SLICE_S)
-                if left <= 0:
-                    raise pykka.Timeout(f"{timeout} seconds")
-                if self._gate.acquire(timeout=left):
-                    self._gate.release()  # for the next getter
-                    break
+        if not self._there.wait(timeout):
+            raise pykka.Timeout(f"{timeout} seconds")
         if self._get_hook is not None:
             if timeout is not None:
                 # Not behind another getter's hook: within this one's own timeout (review 86 F4:
@@ -251,20 +237,14 @@ class StoreFuture(pykka.Future[T]):
             if self._result is not None:
                 raise queue.Full
             super().set_get_hook(func)
-        self._open_gate()
+        self._there.set()
 
     def _settle(self, result: tuple[Any, Any]) -> None:
         with self._setting:
             if self._result is not None or self._get_hook is not None:
                 raise queue.Full  # as ThreadingFuture: set once
             self._result = result
-        self._open_gate()
-
-    def _open_gate(self) -> None:
-        try:
-            self._gate.release()
-        except RuntimeError:  # a getter passing it on holds it released already
-            pass
+        self._there.set()
 
 
 _actor_thread_numbers = itertools.count(1)  # names as pykka's: <class>-<n>
@@ -892,7 +872,8 @@ class Subscriptions:
             self._append(entry)
 
     def _subscribed(self, subscriber: object, topic: str | None, queue_id: int | None) -> bool:
-        return any(_same_identity(e.subscriber, subscriber) for e in self._by_filter[0].get((topic, queue_id), ()))
+        key = _identity_key(subscriber)
+        return any(_identity_key(e.subscriber) == key for e in self._by_filter[0].get((topic, queue_id), ()))
 
     def _listener_of(self, subscriber: object) -> pykka.ActorRef[Any] | None:
         return self._listeners.get(_identity_key(subscriber))
@@ -1008,23 +989,17 @@ class Subscriptions:
 
 
 def _identity_key(subscriber: object) -> object:
-    """`_same_identity` as a dict key (a subscribed object is kept alive by its entry, so its
-    id is its own while it is subscribed)."""
+    """Who a subscriber is, without running host code (under the lock): the host's callable
+    itself (by id: an entry keeps it alive, so its id is its own while it is subscribed); a
+    bound method by its object and function (a new method object per `obj.method`); a pykka
+    ref by its actor (two refs of one actor)."""
     if type(subscriber) is types.MethodType:
         return ("method", id(subscriber.__self__), id(subscriber.__func__))
     if type(subscriber) is types.BuiltinMethodType:
         return ("builtin", id(subscriber.__self__), subscriber.__name__)
+    if type(subscriber) is pykka.ActorRef:
+        return ("actor", subscriber.actor_urn)
     return id(subscriber)
-
-
-def _same_identity(subscribed: object, subscriber: object) -> bool:
-    """One subscriber, without running host code (under the lock): identity for the host's
-    callables; the equality of bound methods (a new object per `obj.method`, equal for one
-    object's one method) and of pykka's refs (two refs of one actor)."""
-    return subscribed is subscriber or (
-        type(subscriber) is type(subscribed) in (types.MethodType, types.BuiltinMethodType, pykka.ActorRef)
-        and subscribed == subscriber
-    )
 
 
 def _close_subscription(entry: _Subscription) -> None:

@@ -7,8 +7,9 @@ its lock go and taking it back (`Condition.wait`), or just after taking it (`__e
 code): the caller's `with` exit then released a hold an actor had of a shared lock (the actor
 crashed, review 82 H1), raised RuntimeError instead of the host's exception, or left the lock
 held for good (every owner hung, review 83 H1/H2). So a caller never waits on a Condition or a
-`threading.Event` that a store thread takes: it sleeps on a raw lock of its own (the read
-view's waiters, the pure-Python slot takers) or on a `DoneFlag`, and a lock it shares with the
+`threading.Event` that a store thread takes: it sleeps on a raw lock of its own (`Sleepers`:
+the read view's waiters, the pure-Python slot takers, a put future's `result()`, `DoneFlag`,
+`runtime.StoreFuture`), and a lock it shares with the
 store's threads is entered only by a plain `with lock:` (taken and given back in C) around
 work that never waits. The threads the store starts (often from a caller's thread: the first
 `put_async`, an open) are `StoreThread`s for the same reason.
@@ -16,52 +17,88 @@ work that never waits. The threads the store starts (often from a caller's threa
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import threading
+import time
 from typing import Any, Callable
 
-__all__ = ["DoneFlag", "StoreThread"]
+__all__ = ["DoneFlag", "Sleepers", "StoreThread"]
+
+
+class Sleepers:
+    """Threads sleeping until something holds, each on a raw lock of its own: the one way this
+    package waits in a caller's thread. `sleep_until` registers its lock under `guard` (a plain
+    lock the wakers may share, entered only by `with`), then looks at `done` and sleeps on its
+    lock; `wake_all` releases every registered lock and each sleeper looks again. Registered
+    before it looks, a sleeper never misses a wake that follows the change it waits for."""
+
+    __slots__ = ("_guard", "_gates")
+
+    def __init__(self, guard: threading.Lock | None = None) -> None:
+        self._guard = guard if guard is not None else threading.Lock()
+        self._gates: list[Any] = []
+
+    def __len__(self) -> int:
+        """How many sleep (false: none, a waker's cheap look)."""
+        return len(self._gates)
+
+    def sleep_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Whether `done()` came true, sleeping at most `timeout` seconds (None: until it does)."""
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        gate = _thread.allocate_lock()
+        gate.acquire()  # released by wake_all: a binary semaphore, no wake-up lost
+        try:
+            with self._guard:
+                self._gates.append(gate)
+            while not done():
+                if deadline is None:
+                    gate.acquire()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                gate.acquire(timeout=min(remaining, threading.TIMEOUT_MAX))  # inf: until woken
+            return True
+        finally:
+            with self._guard:
+                with contextlib.suppress(ValueError):
+                    self._gates.remove(gate)
+
+    def wake_all(self) -> None:
+        for gate in list(self._gates):
+            if gate.locked():
+                with contextlib.suppress(RuntimeError):  # released meanwhile
+                    gate.release()
 
 
 class DoneFlag:
-    """A one-way flag a caller's thread waits on, on a raw lock (taken and released in C).
-    `threading.Event` waits through `Condition.__enter__`, Python code: an exception raised
-    into the waiting caller just after its lock was taken left it held for good, and the store
-    thread's `set()` then blocked forever (review 83 H2: a Ctrl-C in close() left the
-    supervisor's thread stuck, a second close() hung, and the interpreter never exited)."""
+    """A one-way flag a caller's thread waits on (`Sleepers`). `threading.Event` waits through
+    `Condition.__enter__`, Python code: an exception raised into the waiting caller just after
+    its lock was taken left it held for good, and the store thread's `set()` then blocked
+    forever (review 83 H2: a Ctrl-C in close() left the supervisor's thread stuck, a second
+    close() hung, and the interpreter never exited)."""
 
     def __init__(self) -> None:
-        self._gate = threading.Lock()
-        self._gate.acquire()  # released by set(): each waiter passes it on
         self._set = False
+        self._sleepers = Sleepers()
 
     def set(self) -> None:
         self._set = True
-        try:
-            self._gate.release()
-        except RuntimeError:  # set already (or a waiter interrupted as it passed it on)
-            pass
+        self._sleepers.wake_all()
 
     def is_set(self) -> bool:
         return self._set
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether it is set, waiting at most `timeout` seconds (None: until it is). Never
-        blocks the setter: a waiter interrupted between taking the gate and passing it on
-        delays the others at most their timeout, and they find the flag set then."""
-        if self._set:
-            return True
-        if self._gate.acquire(timeout=-1 if timeout is None else timeout):
-            self._gate.release()
-            return True
-        return self._set
+        blocks the setter, and no waiter waits on another."""
+        return self._set or self._sleepers.sleep_until(self.is_set, timeout)
 
     def _at_fork_reinit(self) -> None:
         """A forked child's copy (threading's own hook, as `Event._at_fork_reinit`): a lock
         another thread of the parent held would be held for good there."""
-        self._gate = threading.Lock()
-        if not self._set:
-            self._gate.acquire()
+        self._sleepers = Sleepers()
 
 
 # How long a StoreThread's start waits for the new thread to say it runs: one that never does

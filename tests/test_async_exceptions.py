@@ -100,7 +100,7 @@ def test_a_pure_python_slot_taker_interrupted_anywhere_gets_its_own_exception_an
     def check(interrupted: BaseException | None, point: int) -> None:
         assert isinstance(interrupted, Interrupted), f"point {point}: {interrupted!r}"
         assert _free(slots._lock), f"point {point}: the lock was left held"  # noqa: SLF001
-        assert not slots._waiting, f"point {point}: a waiter left registered"  # noqa: SLF001
+        assert not slots._sleepers, f"point {point}: a waiter left registered"  # noqa: SLF001
         assert slots.free == 0
 
     points = _interrupted_at_each_c_return(_InFlightSlots.take.__code__, lambda: slots.take(0.002, []), check)
@@ -373,21 +373,34 @@ def test_a_store_future_is_a_pykka_future() -> None:
     assert ref.stop(block=False).get(timeout=TIMEOUT_S) is False  # dead already
 
 
-def test_a_store_futures_getters_never_wait_on_one_interrupted_between_its_gate_calls() -> None:
-    """Review 85 F6: a getter interrupted between taking the gate and passing it on kept it,
-    and another getter waiting without a timeout waited for good. Getters wait in slices and
-    look at the result between them. (The interrupted getter's state is made by hand here: the
-    result in, the gate not given back.)"""
+def test_a_store_futures_getters_never_wait_on_one_interrupted_anywhere() -> None:
+    """Review 85 F6: a getter interrupted between taking the shared gate and passing it on kept
+    it, and another getter waiting without a timeout waited for good. Each getter sleeps on a
+    lock of its own now (waits.Sleepers): here one is interrupted at each C return of its get
+    while another waits with no timeout, and the other always gets the answer."""
     from mqstore.runtime import StoreFuture
 
-    future: StoreFuture[str] = StoreFuture()
-    got: list[str] = []
-    other = threading.Thread(target=lambda: got.append(future.get()), daemon=True)
-    other.start()
-    time.sleep(0.02)  # waiting on the gate by now
-    future._result = ("answer", None)  # set, and its gate taken by a getter that never passed it on  # noqa: SLF001
-    other.join(TIMEOUT_S)
-    assert got == ["answer"]
+    others: list[tuple[threading.Thread, list[str]]] = []
+    futures: list[StoreFuture[str]] = []
+
+    def run() -> None:
+        future: StoreFuture[str] = StoreFuture()
+        futures.append(future)
+        got: list[str] = []
+        other = threading.Thread(target=lambda: got.append(future.get()), daemon=True)
+        others.append((other, got))
+        other.start()
+        setter = threading.Thread(target=lambda: (time.sleep(0.005), future.set("answer")), daemon=True)
+        setter.start()
+        future.get(timeout=TIMEOUT_S)
+
+    def check(interrupted: BaseException | None, point: int) -> None:
+        assert isinstance(interrupted, Interrupted), f"point {point}: {interrupted!r}"
+        other, got = others[-1]
+        other.join(TIMEOUT_S)
+        assert got == ["answer"], f"point {point}: the other getter {'waits' if other.is_alive() else 'got ' + repr(got)}"
+
+    assert _interrupted_at_each_c_return(StoreFuture.get.__code__, run, check) > 2
 
 
 def test_a_store_futures_exception_keeps_its_traceback_and_type() -> None:
