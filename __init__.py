@@ -19,16 +19,21 @@ from mqstore.put_pipeline import ActorClient
 from mqstore.stats import StoreStatsSnapshot
 from mqstore.store import MessageStore, open_store
 from mqstore.log import prepare_loggers as _prepare_loggers
+import importlib as _importlib
+import importlib.util as _importlib_util
 import sys as _sys
 
 open = open_store  # `mqstore.open(path, **settings)`, the way users spell it
 
 # Every stdlib logger the store uses, got now, at import: not in a caller's thread during an
 # open, where a Ctrl-C could leave logging's lock held on 3.11-3.12 (mqstore.log._STDLIB_LOGGERS).
+# The actors' come with their classes (StoreActor.__init_subclass__; the cleaner, which an open
+# imports, imported here for it); then each module's, and the names the code spells out.
+if _importlib_util.find_spec("mqstore.actors.cleaner") is not None:
+    _importlib.import_module("mqstore.actors.cleaner")
 _prepare_loggers(*(name for name in list(_sys.modules) if name.startswith("mqstore.")), "store", "offsets",
                  "notifier", "runtime", "supervisor", "cleaner", "puts", "storage.commitlog", "reput", "flush",
-                 "allocate", *(f"actors.{actor}" for actor in ("allocator", "cleaner", "commit", "writer", "consume_queue",
-                                                               "flush", "gateway_reader", "gateway", "index", "reput")))  # fmt: skip
+                 "allocate")  # fmt: skip
 
 __version__ = "0.1.0"
 
