@@ -248,7 +248,8 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
             elif future._state is _PENDING:
                 future._result = result
                 future._state = _FINISHED
-                future._wake_sleepers()
+                if future._sleepers:  # (inline: once a put on the completion thread)
+                    future._sleepers.wake_all()
     completed: list[_PutFuture] = []
     for future, result in waited:
         condition = future._condition
