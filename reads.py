@@ -40,7 +40,7 @@ from .storage.commitlog import CommitLogReader
 from .storage.memory import memory_room
 from .storage.consume_queue import ConsumeQueueReader
 from .storage.fs import FileSystem, UnreadPageError
-from .storage.index import IndexReader
+from .storage.index import IndexMaps, IndexReader, index_file_size
 from .storage.status import GetMessageStatus
 
 __all__ = [
@@ -103,10 +103,12 @@ class ThreadReaders:
     thread-safe, except `close` (the store closing, from another thread)."""
 
     def __init__(
-        self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int], on_reader: Callable[[_Closable], None]
-    ) -> None:
+        self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int], on_reader: Callable[[_Closable], None],
+        index_maps: IndexMaps | None = None,
+    ) -> None:  # fmt: skip
         self._fs = fs
         self._cfg = cfg
+        self._index_maps = index_maps  # shared by every thread's reader (None: this one's own)
         self._now_ms = now_ms
         self._on_reader = on_reader  # each reader made is registered, to be closed at close()
         self._refreshed_ms = now_ms()
@@ -150,7 +152,7 @@ class ThreadReaders:
             cfg = self._cfg
             reader = self._index = IndexReader(
                 self._fs, cfg.index_dir, max_hash_slot_num=cfg.max_hash_slot_num,
-                max_index_num=cfg.max_index_num, max_msgs_num_batch=cfg.max_msgs_num_batch,
+                max_index_num=cfg.max_index_num, max_msgs_num_batch=cfg.max_msgs_num_batch, maps=self._index_maps,
             )  # fmt: skip
             self._on_reader(reader)
         return reader if reader.sync(view.index_files) else None
@@ -175,11 +177,14 @@ class ReaderRegistry:
         self._open: weakref.WeakSet[_Closable] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closed = False
+        # index/'s read maps, one per file for every thread (review 84 F3)
+        self.index_maps = IndexMaps(fs, cfg.index_dir, index_file_size(cfg.max_hash_slot_num, cfg.max_index_num))
 
     def get(self) -> ThreadReaders:
         readers: ThreadReaders | None = getattr(self._local, "readers", None)
         if readers is None:
-            readers = self._local.readers = ThreadReaders(self._fs, self._cfg, self._now_ms, self._register)
+            readers = self._local.readers = ThreadReaders(self._fs, self._cfg, self._now_ms, self._register,
+                                                          self.index_maps)  # fmt: skip
         return readers
 
     def _register(self, reader: _Closable) -> None:
@@ -190,9 +195,9 @@ class ReaderRegistry:
                 self._open.add(reader)
 
     def release_deleted_files(self) -> int:
-        """Every thread's commitlog and index readers unmap the files deleted since they last
-        looked (`CommitLogReader.release_deleted`, `IndexReader.release_deleted`), from this
-        thread: a host thread that read once and went idle kept a deleted file's blocks from
+        """Every thread's commitlog readers and the shared index maps unmap the files deleted
+        since they last looked (`CommitLogReader.release_deleted`, `IndexMaps.release_deleted`),
+        from this thread: a host thread that read once and went idle kept a deleted file's blocks from
         the disk for as long as it lived (review 46 M5). Called once a second (a store tick
         hook); how many maps it gave back. (ConsumeQueue maps are a bounded LRU per thread.)"""
         with self._lock:  # (another thread's first read registers its readers meanwhile)
@@ -202,9 +207,8 @@ class ReaderRegistry:
         if logs and (names := self._listed(self._cfg.commitlog_dir)) is not None:
             present = {int(name) for name in names if len(name) == 20 and name.isdigit()}
             released += sum(reader.release_deleted(present) for reader in logs)
-        indexes = [r for r in readers if isinstance(r, IndexReader)]
-        if indexes and (names := self._listed(self._cfg.index_dir)) is not None:
-            released += sum(reader.release_deleted(names) for reader in indexes)
+        if self.index_maps.mapped_names and (names := self._listed(self._cfg.index_dir)) is not None:
+            released += self.index_maps.release_deleted(names)
         return released
 
     def _listed(self, directory: str) -> set[str] | None:
@@ -224,6 +228,7 @@ class ReaderRegistry:
             for reader in list(self._open):
                 reader.close()
             self._open.clear()
+            self.index_maps.close()
 
 
 # --------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ __all__ = [
     "IndexEntry",
     "IndexHeader",
     "IndexFile",
+    "IndexMaps",
     "IndexReader",
     "IndexService",
     "QueryOffsetResult",
@@ -688,15 +689,115 @@ def query_offset_in_files(
 _tuple_new = tuple.__new__  # QueryOffsetResult from the C walk's tuple, without _make's frame
 
 
+class IndexMaps:
+    """The read-only maps of index/ that every reading thread shares: one per file, made at the
+    first thread's need, closed once its file is gone (`release_deleted`, from the store's
+    tick), when a fault made it read zeros (`discard`), or at `close`. Thread-safe.
+
+    Each thread mapped every file for itself before (review 84 F3), and CPython's mmap keeps a
+    descriptor per map: 51 index files and 32 idle querying threads held 1,632 descriptors.
+    Shared, a thread costs no descriptor, and the files cost as many as the owner's own maps.
+    A map closed under another thread's walk is what that thread already expects of a file
+    the cleaner deleted: its walk declines (None), and the owner answers instead."""
+
+    def __init__(self, fs: FileSystem, index_dir: str, expected_size: int) -> None:
+        self._fs = fs
+        self.index_dir = index_dir
+        self._expected_size = expected_size
+        self._regions: dict[str, MappedRegion] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+        # Moves whenever a map is closed: a reader synced at another generation looks again.
+        self.generation = 0
+
+    @property
+    def mapped_names(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(name for name, region in self._regions.items() if not _region_closed(region))
+
+    def region(self, name: str) -> MappedRegion | None:
+        """The shared map of index/`name`, made if none is open (or the open one faulted);
+        None if the file is not there at the size the settings give it. OSError if it cannot
+        be mapped now (no descriptor, no address space)."""
+        with self._lock:
+            if self.closed:
+                return None
+            region = self._regions.get(name)
+            if region is not None and not _region_closed(region) and not region.cut_short():
+                return region
+            path = os.path.join(self.index_dir, name)
+            if self._fs.getsize(path) != self._expected_size:
+                return None
+            fresh = self._fs.map_file(path, self._expected_size, create=False, readonly=True)
+            if region is not None:
+                self.generation += 1
+                _close_region(region)  # (faulted: readers still holding it drop it as they look)
+            self._regions[name] = fresh
+            return fresh
+
+    def discard(self, region: MappedRegion) -> None:
+        """A map that faulted (it reads zeros where pages were gone): closed, and the next
+        `region` maps the file anew."""
+        with self._lock:
+            name = os.path.basename(region.path)
+            if self._regions.get(name) is region:
+                del self._regions[name]
+            self.generation += 1
+            _close_region(region)
+
+    def release_deleted(self, present: Collection[str]) -> int:
+        """Unmap the files gone from index/ (`present`: the names listed now); how many maps it
+        gave back. A deleted file's blocks go back to the disk only with its last map, and a
+        thread that queries no more never looks again (review 46 M5). A map a walk holds now
+        (its C walk's export) stays, and goes at the next call."""
+        released = 0
+        with self._lock:
+            for name, region in list(self._regions.items()):
+                if name in present or not isinstance(region.buf, mmap.mmap):
+                    continue  # (a simulated file has no map to give back)
+                if self._fs.exists(os.path.join(self.index_dir, name)):
+                    continue  # made after `present` was listed
+                if _region_closed(region):
+                    del self._regions[name]
+                elif _close_region(region):
+                    del self._regions[name]
+                    released += 1
+            self.generation += released
+        return released
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self.generation += 1
+            regions, self._regions = list(self._regions.values()), {}
+            for region in regions:
+                _close_region(region)
+
+
+def _region_closed(region: MappedRegion) -> bool:
+    return bool(getattr(region.buf, "closed", False))
+
+
+def _close_region(region: MappedRegion) -> bool:
+    """Close a reader's map; False if it could not be now: another thread's C walk holds it
+    (for one call; the map stays guarded and goes with its last reference)."""
+    try:
+        region.close()
+    except BufferError:
+        return False
+    return True
+
+
 class IndexReader:
     """A read-only view of the index directory for one reader thread. Not thread-safe,
     except `close`, which another thread may call (the store closing).
 
-    It maps the files the owner last published (`sync`), each through
-    `IndexFile.open_readonly(follows_owner=True)`, and answers `query_offset` with the
+    It wraps the maps of the files the owner last published (`sync`), shared with the other
+    reading threads (`IndexMaps`: one map per file), and answers `query_offset` with the
     owner's own walk (`query_offset_in_files`). Files the owner no longer lists (deleted by
-    the cleaner, dropped by recovery) are unmapped at the next `sync`, or by
-    `release_deleted` from another thread if this one reads no more.
+    the cleaner, dropped by recovery) are dropped at the next `sync`; their maps are closed
+    by `IndexMaps.release_deleted`. A reader made without `maps` (tools) has maps of its own,
+    closed with it.
     """
 
     def __init__(
@@ -707,6 +808,7 @@ class IndexReader:
         max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM,
         max_index_num: int = DEFAULT_MAX_INDEX_NUM,
         max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH,
+        maps: IndexMaps | None = None,
     ) -> None:
         self._fs = fs
         self.index_dir = index_dir
@@ -714,6 +816,8 @@ class IndexReader:
         self.max_index_num = max_index_num
         self.max_msgs_num_batch = max_msgs_num_batch
         self._expected_size = index_file_size(max_hash_slot_num, max_index_num)
+        self._owns_maps = maps is None
+        self.maps = IndexMaps(fs, index_dir, self._expected_size) if maps is None else maps
         self._by_name: dict[str, IndexFile] = {}
         self._files: list[IndexFile] = []  # in the order of the synced names (oldest first)
         self._bufs: tuple[Any, ...] = ()  # their maps, for the C walk (native.index_query)
@@ -723,51 +827,54 @@ class IndexReader:
         self.walk_args: tuple[tuple[Any, ...], int, int, int, int] | None = None
         self._entries_pos = INDEX_HEADER_SIZE + max_hash_slot_num * HASH_SLOT_SIZE
         self._synced: tuple[str, ...] | None = None
+        self._synced_generation = -1  # the maps' generation at the last sync
         self.closed = False
         self.faults_seen = mapguard.total_faults()  # as CommitLogReader.faults_seen
-        # Maps are closed from two threads (this reader's own: sync, and another's:
-        # release_deleted or the store's close): one close at a time.
-        self._closing = threading.Lock()
 
     @property
     def mapped_names(self) -> tuple[str, ...]:
-        """The files this reader holds mapped (tests count them to catch leaked maps)."""
-        return tuple(self._by_name)
+        """The files this reader reads through open maps (tests count them)."""
+        return tuple(name for name, f in self._by_name.items() if not f.unmapped)
 
     def sync(self, names: tuple[str, ...]) -> bool:
-        """Map the files `names` lists (oldest first) and unmap the others. False if one
-        cannot be mapped (just deleted, another size): then ask the owner instead."""
-        if names is self._synced:
+        """Read the files `names` lists (oldest first), and no others. False if one cannot be
+        mapped (just deleted, another size, no descriptor): then ask the owner instead."""
+        maps = self.maps
+        if names is self._synced and maps.generation == self._synced_generation:
             return not self.closed
+        generation = maps.generation  # (read first: a close after it makes the next sync look)
         by_name = self._by_name
         self._files = []
         self._bufs = ()
         self.walk_args = None
         self._synced = None
         wanted = set(names)
-        for name in [n for n, f in by_name.items() if n not in wanted or f.unmapped]:
-            with self._closing:  # (one given back but still listed is mapped anew below, if it is there)
-                _close_reader_map(by_name.pop(name))
+        dropped = [n for n, f in by_name.items() if n not in wanted or f.unmapped]
+        for name in dropped:
+            del by_name[name]  # (one closed but still listed is read anew below, if it is there)
+        if any(name not in wanted for name in dropped):
+            maps.release_deleted(wanted)  # the owner deleted files: their blocks go back now
         try:
             for name in names:
                 if name not in by_name and not self.closed:
-                    path = os.path.join(self.index_dir, name)
-                    if self._fs.getsize(path) != self._expected_size:
+                    region = maps.region(name)
+                    if region is None:
                         return False
-                    by_name[name] = IndexFile.open_readonly(
-                        self._fs, path, max_hash_slot_num=self.max_hash_slot_num, follows_owner=True
-                    )
+                    by_name[name] = IndexFile(
+                        region, fs=self._fs, max_hash_slot_num=self.max_hash_slot_num,
+                        max_index_num=self.max_index_num, readonly=True, follows_owner=True,
+                    )  # fmt: skip
         except (OSError, ValueError):
             return False
-        if self.closed:  # `close` ran meanwhile and may have missed a map made here
-            for f in by_name.values():
-                f.close()
+        if self.closed:
+            by_name.clear()
             return False
         self._files = [by_name[name] for name in names]
         self._bufs = tuple(f._buf for f in self._files)
         self.walk_args = (self._bufs, self.max_hash_slot_num, self._entries_pos, self.max_index_num - 1,
                           self.max_msgs_num_batch)  # fmt: skip
         self._synced = names
+        self._synced_generation = generation
         return True
 
     def look_for_faults(self) -> list[UnreadPageError]:
@@ -778,9 +885,8 @@ class IndexReader:
         if faulted:
             self._files, self._bufs, self.walk_args, self._synced = [], (), None, None
             for f in faulted:
-                with self._closing:
-                    self._by_name.pop(f.name, None)
-                    _close_reader_map(f)
+                self._by_name.pop(f.name, None)
+                self.maps.discard(f._region)
         return [UnreadPageError(f.path, "its hits are not in this answer; ask again once the file reads whole")
                 for f in faulted]  # fmt: skip
 
@@ -795,7 +901,7 @@ class IndexReader:
         under the read (the store closing). UnreadPageError if a page of one faulted."""
         found = self._query_offset(topic, key, max_num, begin, end)
         self.raise_if_faulted()
-        return found
+        return None if self.closed else found
 
     def _query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult | None:
         files = self._files
@@ -817,44 +923,16 @@ class IndexReader:
                 return None  # closed under the read (the store closing, a deleted file given back)
             raise
 
-    def release_deleted(self, present: Collection[str]) -> int:
-        """From any thread: unmap this reader's files that are gone from index/ (`present`:
-        the names listed now); how many it unmapped. A deleted file's blocks go back to the
-        disk only with its last map, and a thread that queries no more never synced again
-        (review 46 M5, as `CommitLogReader.release_deleted`). A query of its owner meanwhile
-        asks the index actor (`query_offset` gives None); its next sync forgets the file."""
-        released = 0
-        for name, f in list(self._by_name.items()):  # (a copy: the owner may sync meanwhile)
-            if name in present or f.unmapped or not isinstance(f._buf, mmap.mmap):
-                continue  # (a simulated file has no map to give back)
-            if self._fs.exists(os.path.join(self.index_dir, name)):
-                continue  # made after `present` was listed
-            with self._closing:
-                if _close_reader_map(f):
-                    released += 1
-                    self._synced = None  # the next sync looks again, even at the same names
-        return released
-
     def close(self) -> None:
+        """From any thread. The shared maps stay open for the other readers (the store closes
+        them, `IndexMaps.close`); a reader's own maps are closed with it."""
         self.closed = True
         self.walk_args = None
-        files = self._by_name
         self._by_name = {}
         self._files = []
         self._bufs = ()
-        with self._closing:
-            for f in files.values():
-                _close_reader_map(f)
-
-
-def _close_reader_map(f: IndexFile) -> bool:
-    """Close a reader's map; False if it could not be now: another thread's C walk holds it
-    (for one call; the map stays guarded and goes with its last reference)."""
-    try:
-        f.close()
-    except BufferError:
-        return False
-    return True
+        if self._owns_maps:
+            self.maps.close()
 
 
 # ---------------------------------------------------------------------------------------

@@ -384,7 +384,7 @@ def test_an_idle_threads_maps_of_deleted_index_files_are_given_back_from_another
         delete_index_files_below(store, results[60].commitlog_offset)
         remaining = index_names(tmp_path / "store")
         # A listing older than a file is no reason to unmap it: only a file that is gone goes.
-        assert reader.release_deleted(set(before) - {remaining[-1]}) == 0
+        assert store._readers.index_maps.release_deleted(set(before) - {remaining[-1]}) == 0
         assert not any(f.unmapped for f in held.values())
         deadline = time.monotonic() + WAIT_S  # the tick hook, within about a second
         while deleted_index_maps(tmp_path / "store") and time.monotonic() < deadline:
@@ -535,3 +535,64 @@ def test_a_reader_closed_under_a_walk_answers_none_and_close_unmaps_every_reader
     assert all(f._region.buf.closed for f in files)
     with pytest.raises(mqstore.StoreClosedError):
         store.query("T", "k1")
+
+
+# -- descriptors: one map per index file, whatever the number of querying threads --------------
+
+
+def index_fds_and_maps(root: Path) -> tuple[int, int]:
+    """This process's descriptors open on root/index's files, and its maps of them."""
+    index_dir = str(root / "index")
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{fd}").startswith(index_dir + "/")
+        except OSError:
+            pass  # (the listing's own descriptor, closed since)
+    with open("/proc/self/maps") as maps:
+        mapped = sum(1 for line in maps if index_dir + "/" in line)
+    return fds, mapped
+
+
+def test_querying_threads_share_one_read_map_per_index_file(tmp_path: Path, open_store: Open) -> None:
+    """Review 84 F3: every thread that queried by key mapped every index file for itself, and
+    CPython's mmap keeps a descriptor per map: 51 index files and 32 idle querying threads (an
+    aio pool) held 1,632 descriptors, and under `ulimit -n 1024` the host's own open() failed
+    and queries answered no hits. The readers share one read-only map per file: the owner's
+    map and that one, however many threads query, and they stay shared as files roll."""
+    store = open_store(**SMALL_INDEX)
+    results = [put_ok(store, [f"k{i}", "all"]) for i in range(200)]
+    wait_indexed(store, results[-1].commitlog_offset + results[-1].wrote_bytes)
+    files = len(index_names(tmp_path / "store"))
+    assert files >= 8
+    threads_n = 12
+    queried, resume = threading.Barrier(threads_n + 1), threading.Event()
+    answers: list[tuple[int, ...]] = []
+
+    def idle_host_thread(i: int) -> None:
+        key = f"k{(i * 17) % 200}"
+        answers.append(tuple(m.commitlog_offset for m in store.query("T", key).messages))
+        queried.wait(WAIT_S)
+        resume.wait(WAIT_S)
+
+    threads = [threading.Thread(target=idle_host_thread, args=(i,)) for i in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    try:
+        queried.wait(WAIT_S)
+        assert sorted(answers) == sorted((results[(i * 17) % 200].commitlog_offset,) for i in range(threads_n))
+        fds, mapped = index_fds_and_maps(tmp_path / "store")
+        # The owner maps its files for writing (and may hold one made ahead); the readers one each.
+        assert fds <= 2 * files + 2 and mapped <= 2 * files + 2, (fds, mapped, files)
+        more = [put_ok(store, [f"n{i}"]) for i in range(100)]  # files roll meanwhile
+        wait_indexed(store, more[-1].commitlog_offset + more[-1].wrote_bytes)
+        assert [m.commitlog_offset for m in store.query("T", "n99").messages] == [more[-1].commitlog_offset]
+        files = len(index_names(tmp_path / "store"))
+        fds, mapped = index_fds_and_maps(tmp_path / "store")
+        assert fds <= 2 * files + 2 and mapped <= 2 * files + 2, (fds, mapped, files)
+    finally:
+        resume.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+    store.close()
+    assert index_fds_and_maps(tmp_path / "store") == (0, 0)

@@ -139,7 +139,8 @@ def test_index_maps_closed_under_a_query_decline_to_the_reference(open_store: Op
     index_reader = readers._index
     assert index_reader is not None and index_reader.walk_args is not None
     walk = index_reader.walk_args
-    index_reader.close()  # as the store closing does from another thread
+    index_reader.close()  # as the store closing does from another thread, with the shared maps
+    index_reader.maps.close()
     assert index_reader.walk_args is None
     # A walk taken before the close reads closed maps: no answer from C, the reference decides.
     commitlog = readers.commitlog_reader()
