@@ -352,7 +352,75 @@ static PyObject *names_file(PyObject *module, PyObject *const *args, Py_ssize_t 
     return PyBool_FromLong((unsigned long long)named.st_dev == dev && (unsigned long long)named.st_ino == ino);
 }
 
+PyDoc_STRVAR(drop_descriptor_doc,
+"drop_descriptor(map, dev, ino) -> bool\n\n"
+"Close the descriptor that CPython's mmap object keeps of its file (a dup, for size() and\n"
+"resize(), which the store never calls), once it is checked to be the one of device `dev` and\n"
+"inode `ino`: a map then costs no descriptor, as Python 3.13's mmap(trackfd=False) does. The\n"
+"object's layout is checked against the interpreter's (its buffer, size and export count seen\n"
+"where this expects them) before anything is changed; false, and nothing changed, where it\n"
+"does not match, on 3.13 and later (use trackfd=False there), or on another interpreter.");
+
+#if PY_VERSION_HEX < 0x030D0000 && !defined(PYPY_VERSION)
+/* The head of Modules/mmapmodule.c's mmap_object on Unix, CPython 3.8 to 3.12. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t size;
+    Py_ssize_t pos;
+    off_t offset;
+    Py_ssize_t exports;
+    int fd;
+} mmap_head;
+#endif
+
+static PyObject *drop_descriptor(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "drop_descriptor(map: mmap.mmap, dev: int, ino: int)");
+        return NULL;
+    }
+    unsigned long long dev = PyLong_AsUnsignedLongLong(args[1]);
+    if (dev == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long long ino = PyLong_AsUnsignedLongLong(args[2]);
+    if (ino == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+#if PY_VERSION_HEX < 0x030D0000 && !defined(PYPY_VERSION)
+    PyObject *map = args[0];
+    if (strcmp(Py_TYPE(map)->tp_name, "mmap.mmap") != 0 || Py_TYPE(map)->tp_basicsize < (Py_ssize_t)sizeof(mmap_head)) {
+        Py_RETURN_FALSE;
+    }
+    mmap_head *head = (mmap_head *)map;
+    Py_ssize_t exports_before = head->exports;
+    Py_buffer view;
+    if (PyObject_GetBuffer(map, &view, PyBUF_SIMPLE) < 0) {
+        return NULL; /* closed */
+    }
+    int layout_matches = head->data == (char *)view.buf && head->size == view.len &&
+                         head->exports == exports_before + 1;
+    PyBuffer_Release(&view);
+    if (!layout_matches || head->exports != exports_before) {
+        Py_RETURN_FALSE;
+    }
+    int fd = head->fd;
+    struct stat kept;
+    if (fd < 0 || fstat(fd, &kept) != 0 || (unsigned long long)kept.st_dev != dev ||
+        (unsigned long long)kept.st_ino != ino) {
+        Py_RETURN_FALSE;
+    }
+    head->fd = -1; /* as an anonymous map's: close() and dealloc leave descriptors alone */
+    close(fd);
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"drop_descriptor", (PyCFunction)(void (*)(void))drop_descriptor, METH_FASTCALL, drop_descriptor_doc},
     {"names_file", (PyCFunction)(void (*)(void))names_file, METH_FASTCALL, names_file_doc},
     {"reinstall", reinstall, METH_NOARGS, reinstall_doc},
     {"guard", guard, METH_O, guard_doc},

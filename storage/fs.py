@@ -420,7 +420,7 @@ class RealMappedRegion:
                 check_file_size_limit(path, size)
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
-            self.buf: mmap.mmap = mmap.mmap(fd, size, access=access)
+            self.buf: mmap.mmap = mapguard.map_keeping_no_descriptor(fd, size, access, status.st_dev, status.st_ino)
             self._guard, self._unguard = _guard(self.buf, path)
             if created:
                 # The new name made durable before anything in the file is acknowledged: a
@@ -442,8 +442,8 @@ class RealMappedRegion:
                     os.remove(path)
             raise
         # The descriptor is closed once mapped, read-only or not: the map keeps the file alive
-        # (and mmap keeps a descriptor of its own), so a kept one was a second descriptor per
-        # map, 2 per consume queue ever written (review 58 F2: EMFILE at ~500 queues under
+        # (and keeps no descriptor of its own where mapguard can drop mmap's), so a kept one
+        # was a second descriptor per map, 2 per consume queue ever written (review 58 F2: EMFILE at ~500 queues under
         # `ulimit -n 1024`). reserve() opens the file again for each window it reserves.
         if self._unnamed_fd is None:
             os.close(fd)

@@ -14,10 +14,15 @@ compiler at install, as CI checks). Without it, `available` is False and the ope
 from __future__ import annotations
 
 import importlib
+import mmap
+import sys
 from types import ModuleType
 from typing import Any, Callable
 
-__all__ = ["available", "guard", "release", "faults", "held", "total_faults", "installed", "reinstall", "names_file"]
+__all__ = [
+    "available", "guard", "release", "faults", "held", "total_faults", "installed", "reinstall", "names_file",
+    "map_keeping_no_descriptor",
+]
 
 
 def _load() -> ModuleType | None:
@@ -29,6 +34,26 @@ def _load() -> ModuleType | None:
 
 _guard: ModuleType | None = _load()
 available = _guard is not None
+
+
+def map_keeping_no_descriptor(fd: int, size: int, access: int, dev: int, ino: int) -> mmap.mmap:
+    """`mmap.mmap(fd, size, access=access)` of the file (`dev`, `ino`) that `fd` is open on,
+    without the descriptor CPython's mmap keeps of its own (a dup, used only by size() and
+    resize(), which the store never calls): every segment, queue and index file the writer or
+    a reading thread maps cost one, and a long log or many reading threads used up `ulimit -n`
+    (the host's own open() then failed with EMFILE). 3.13 has `trackfd=False`; before it the
+    extension closes the dup once it checked the object's layout. Without the extension, or
+    where the layout is not the one it knows, the map keeps its descriptor, as before."""
+    if sys.version_info >= (3, 13):
+        return mmap.mmap(fd, size, access=access, trackfd=False)  # type: ignore[call-arg,unused-ignore]
+    buf = mmap.mmap(fd, size, access=access)
+    if _guard is not None:
+        try:
+            _guard.drop_descriptor(buf, dev, ino)
+        except BaseException:
+            buf.close()
+            raise
+    return buf
 
 
 def guard(buf: Any) -> int | None:

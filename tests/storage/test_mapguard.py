@@ -259,3 +259,70 @@ def test_a_fault_on_a_whole_file_of_a_full_disk_is_named_no_room_not_a_cut(
         assert type(region.fault_error(writing=True)) is FileCutUnderMapError
     finally:
         region.close()
+
+
+def _descriptors() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_map_keeps_no_descriptor_of_its_file_and_works_as_before(tmp_path: object) -> None:
+    """CPython's mmap keeps a dup of its file's descriptor for size() and resize() (which the
+    store never calls): a map per segment, queue and index file of the writer and of every
+    reading thread used up `ulimit -n` (32 threads reading 100 queues held 2,232; the host's
+    own open() then failed with EMFILE). Maps are made without it."""
+    import mmap
+    import os
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "f"
+    path.write_bytes(b"\1" * 3 * 4096)
+    before = _descriptors()
+    maps = []
+    for access in (mmap.ACCESS_WRITE, mmap.ACCESS_READ) * 20:
+        fd = os.open(path, os.O_RDWR if access == mmap.ACCESS_WRITE else os.O_RDONLY)
+        status = os.fstat(fd)
+        maps.append(mapguard.map_keeping_no_descriptor(fd, 3 * 4096, access, status.st_dev, status.st_ino))
+        os.close(fd)
+    assert _descriptors() == before
+    writable = maps[0]
+    writable[5] = 9
+    writable.flush()
+    assert path.read_bytes()[5] == 9 and maps[1][5] == 9 and maps[1][:2] == b"\1\1"
+    view = memoryview(maps[1])
+    with pytest.raises(BufferError):
+        maps[1].close()  # an export still holds it, as for any map
+    view.release()
+    for m in maps:
+        m.close()
+    assert all(m.closed for m in maps) and _descriptors() == before
+
+
+def test_a_descriptor_that_is_not_the_files_is_left_alone(tmp_path: object) -> None:
+    """The dup is closed only once checked: another file's identity, a closed map or an object
+    of another layout leave everything as it was."""
+    import mmap
+    import os
+    from pathlib import Path
+
+    if sys.version_info >= (3, 13):
+        pytest.skip("3.13 maps with trackfd=False: the extension's check is not used")
+    guard_module = mapguard._guard
+    assert guard_module is not None
+    path = Path(str(tmp_path)) / "f"
+    path.write_bytes(b"\1" * 4096)
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 4096)
+        status = os.fstat(f.fileno())
+    with_dup = _descriptors()
+    assert guard_module.drop_descriptor(m, status.st_dev, status.st_ino + 1) is False
+    assert guard_module.drop_descriptor(bytearray(64), status.st_dev, status.st_ino) is False
+    assert _descriptors() == with_dup and m.size() == 4096  # size() reads the kept descriptor
+    assert guard_module.drop_descriptor(m, status.st_dev, status.st_ino) is True
+    assert _descriptors() == with_dup - 1
+    assert guard_module.drop_descriptor(m, status.st_dev, status.st_ino) is False  # none left to drop
+    m.close()
+    with pytest.raises(ValueError):
+        guard_module.drop_descriptor(m, status.st_dev, status.st_ino)
+    assert _descriptors() == with_dup - 1
