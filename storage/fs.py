@@ -58,6 +58,7 @@ class MappedRegion(Protocol):
     def redirty(self, start: int, end: int) -> None: ...
     def close(self) -> None: ...
     def reserve(self, end: int, *, unwritten_from: int = 0) -> bool: ...
+    def unreserve(self, start: int, end: int) -> bool: ...
     def advise_willneed(self) -> None: ...
     def lock_in_memory(self) -> bool: ...
     def unlock_from_memory(self) -> None: ...
@@ -291,14 +292,18 @@ _reserve_failed_logged = False
 _FALLOCATE_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV})
 
 
-def _fallocate(fd: int, offset: int, length: int) -> int:
-    """fallocate(2) mode 0 (blocks reserved as unwritten extents, contents still zero); 0 or errno.
-    ctypes drops the GIL for the call."""
+_FALLOC_FL_KEEP_SIZE: Final = 0x01
+_FALLOC_FL_PUNCH_HOLE: Final = 0x02
+
+
+def _fallocate(fd: int, offset: int, length: int, mode: int = 0) -> int:
+    """fallocate(2), by default mode 0 (blocks reserved as unwritten extents, contents still
+    zero); 0 or errno. ctypes drops the GIL for the call."""
     libc = _load_libc()
     fallocate = getattr(libc, "fallocate", None) if libc is not None else None
     if fallocate is None:
         return errno.EOPNOTSUPP
-    while fallocate(fd, 0, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
+    while fallocate(fd, mode, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
         err = ctypes.get_errno() or errno.EIO
         if err != errno.EINTR:  # a signal: asked again (review 48 M2), never a refusal
             return err
@@ -517,6 +522,30 @@ class RealMappedRegion:
             return self._reserve(fd, end, unwritten_from)
         finally:
             os.close(fd)
+
+    def unreserve(self, start: int, end: int) -> bool:
+        """Give the blocks of [start, end) back to the disk: a hole punched, the size kept. For
+        blocks reserved ahead of writes that did not come (an idle ConsumeQueue kept its 256 KiB
+        window: 2,000 queues of one message each held 524 MB). `start` is at or above the
+        owner's data end, so only zeros nothing was written to go (a hole reads as zeros). The
+        owner's map must not be written there again without a reservation. True if given back;
+        False where it could not be (no hole punching here, an unnamed file, the file replaced)."""
+        start += (-start) % OS_PAGE_SIZE
+        end = min(end, self.size)
+        if not self._writable or self._unnamed_fd is not None or start >= end:
+            return False
+        try:
+            fd = self._reopen()
+        except FileReplacedUnderMapError:
+            return False
+        try:
+            err = _fallocate(fd, start, end - start, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE)
+        finally:
+            os.close(fd)
+        if err:
+            return False
+        self._reserved = min(self._reserved, start)
+        return True
 
     def _reopen(self) -> int:
         """A descriptor of the mapped file, opened again by its path, for reserve(): the same
@@ -1139,6 +1168,21 @@ class SimulatedRegion:
                 return False
             raise
         return self._fs._back_pages(self._file, min(end, self.size))
+
+    def unreserve(self, start: int, end: int) -> bool:
+        """As a hole punched: the pages of [start, end) lose their blocks (only pages that read
+        as zeros: nothing was written there)."""
+        start += (-start) % OS_PAGE_SIZE
+        end = min(end, self.size)
+        if start >= end or self._unnamed:
+            return False
+        file = self._file
+        with self._fs._lock:
+            for page in range(start // OS_PAGE_SIZE, _pages(end)):
+                chunk = file.volatile[page * OS_PAGE_SIZE : (page + 1) * OS_PAGE_SIZE]
+                if chunk.count(0) == len(chunk):
+                    file.backed[page] = 0
+        return True
 
     def advise_willneed(self) -> None:
         pass

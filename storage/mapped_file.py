@@ -244,6 +244,7 @@ class MappedFile:
                 or self.locked_in_memory or self.last_io_error is not None
                 or self.flushed_position < self.read_position):  # fmt: skip
             return False
+        self._give_back_reservation(region)
         try:
             region.close()
         except BufferError:  # an export of the map is still alive
@@ -251,6 +252,20 @@ class MappedFile:
         self._region = None
         self._unmapped = True
         return True
+
+    def _give_back_reservation(self, region: MappedRegion) -> None:
+        """The blocks reserved past the data end go back to the disk as an idle file's map does:
+        they serve writes through this map, and the next map reserves again at its first
+        write. Each idle queue kept its 256 KiB window before (2,000 queues of one message
+        each held 524 MB). Only here, in the owner's own thread with its positions whole: a
+        stop (`_cleanup`) may follow a crash mid-write, and a successor may be writing. Best
+        effort: where the file cannot punch holes, the blocks stay reserved, as before. Not
+        with a write buffer (the commit writes through without asking)."""
+        if self.write_buffer is not None or not self.named:
+            return
+        data_end = self.wrote_position + (-self.wrote_position) % OS_PAGE_SIZE
+        if self.reserved_until > data_end and region.unreserve(data_end, self.reserved_until):
+            self.reserved_until = data_end
 
     def give_back_faulted_map(self) -> bool:
         """Give back a map that met a page it could not read (the SIGBUS guard replaced it with

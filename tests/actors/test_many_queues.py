@@ -21,21 +21,12 @@ MAPPED_MAX = 4
 
 
 def _queue_files_open(root: Path) -> int:
-    """Writable descriptors of this process on files under root/consumequeue: the owner's
-    maps (mmap keeps one each). Readers' maps are read-only, 64 files per reading thread."""
+    """Writable maps of this process of files under root/consumequeue: the owner's (readers'
+    maps are read-only, 64 files per reading thread). Maps, not descriptors: a map keeps none
+    (mapguard.map_keeping_no_descriptor)."""
     prefix = str(root / "consumequeue") + os.sep
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if not os.readlink(f"/proc/self/fd/{name}").startswith(prefix):
-                continue
-            with open(f"/proc/self/fdinfo/{name}") as info:
-                flags = next(int(line.split()[1], 8) for line in info if line.startswith("flags:"))
-        except OSError:
-            continue  # closed meanwhile
-        if flags & os.O_ACCMODE == os.O_RDWR:
-            count += 1
-    return count
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if line.split()[1].startswith("rw") and prefix in line)
 
 
 def test_idle_queues_give_their_maps_back_and_continue_where_they_were(tmp_path: Path) -> None:
@@ -122,3 +113,40 @@ def test_an_idle_queue_that_cannot_be_mapped_now_keeps_the_offset_of_a_get_and_o
         assert store.supervisor.restarts == []
         fs.clear_faults()
         assert [m.body for m in store.get("t1", 0, 0, 8).messages] == [b"x"]
+
+
+def _allocated_bytes(directory: Path) -> dict[str, int]:
+    """Bytes of disk each queue's files hold (st_blocks), by topic."""
+    held: dict[str, int] = {}
+    for topic in os.listdir(directory):
+        for dirpath, _dirs, files in os.walk(directory / topic):
+            held[topic] = held.get(topic, 0) + sum(os.stat(os.path.join(dirpath, f)).st_blocks * 512 for f in files)
+    return held
+
+
+def test_an_idle_queue_gives_the_blocks_reserved_ahead_of_its_writes_back(tmp_path: Path) -> None:
+    """Each queue written kept a window of blocks reserved ahead of its next units (256 KiB),
+    idle or not, for good: 2,000 queues of one message each held 524 MB of disk. An idle
+    queue's map gives them back (a hole punched past its data); its next write reserves again,
+    and its units are all there."""
+    root = tmp_path / "store"
+    with open_small(root, consume_queue_mapped_queues_max=MAPPED_MAX) as store:
+        for i in range(QUEUES):
+            assert store.put(Message(topic=f"t{i}", body=b"%d-0" % i)).ok
+        for i in range(QUEUES):  # (dispatched: the queues beyond the bound are idle now)
+            assert store.get(f"t{i}", 0, 0, 8).messages
+        held = _allocated_bytes(root / "consumequeue")
+        assert len(held) == QUEUES
+        idle = sorted(held.values())[: QUEUES - MAPPED_MAX]
+        assert max(idle) <= 8192, sorted(held.values())  # its one page of units (was 256 KiB)
+        for round_ in (1, 2):
+            for i in range(QUEUES):
+                assert store.put(Message(topic=f"t{i}", body=b"%d-%d" % (i, round_))).ok
+        for i in range(QUEUES):
+            got = store.get(f"t{i}", 0, 0, 8)
+            assert [m.body for m in got.messages] == [b"%d-%d" % (i, r) for r in range(3)], got.status
+        assert max(sorted(_allocated_bytes(root / "consumequeue").values())[: QUEUES - MAPPED_MAX]) <= 8192
+    with open_small(root, consume_queue_mapped_queues_max=MAPPED_MAX) as store:
+        for i in range(QUEUES):
+            got = store.get(f"t{i}", 0, 0, 8)
+            assert [m.body for m in got.messages] == [b"%d-%d" % (i, r) for r in range(3)], got.status
