@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Iterable, NotRequired, ParamSpec, Protocol, TypedDict
+from typing import Any, Callable, Final, Iterable, Mapping, NotRequired, ParamSpec, Protocol, TypedDict
 
 import msgpack
 import psutil
@@ -58,6 +58,7 @@ __all__ = [
     "StoreStats",
     "bucket_of",
     "disk_allocated_bytes",
+    "disk_allocated_bytes_under",
     "records_get",
     "store_snapshot",
 ]
@@ -440,24 +441,53 @@ def records_get(method: Callable[_GetParams, GetResult]) -> Callable[_GetParams,
 def disk_allocated_bytes(path: str | os.PathLike[str]) -> tuple[int, int]:
     """(bytes allocated on disk, apparent bytes) of the files under `path`. Segments are
     sparse until written, so the first number is what the store really uses."""
-    allocated = apparent = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
+    return disk_allocated_bytes_under({"": os.fspath(path)})[""]
+
+
+def disk_allocated_bytes_under(paths: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    """`disk_allocated_bytes` of each directory of `paths` (name: directory), each file looked
+    at once however they nest: the root holds the other three, and a walk per directory
+    stat'ed every queue's files twice (`stats()` took 602 ms at 12k queues, review 84 F9).
+    Links to directories are not followed; links to files are, as os.walk and os.stat do."""
+    totals = {name: [0, 0] for name in paths}
+    by_dir: dict[str, list[list[int]]] = {}
+    for name, path in paths.items():
+        by_dir.setdefault(os.path.normpath(os.path.abspath(path)), []).append(totals[name])
+    tops = [d for d in by_dir if not any(d != other and d.startswith(os.path.join(other, "")) for other in by_dir)]
+
+    def walk(directory: str, counting: list[list[int]]) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return  # deleted (or unreadable) while we walked
+        allocated = apparent = 0
+        for entry in entries:
             try:
-                st = os.stat(os.path.join(dirpath, name))
+                if entry.is_dir():  # (a link to a directory is one, as for os.walk: not followed)
+                    if not entry.is_symlink():
+                        inner = by_dir.get(entry.path)
+                        walk(entry.path, counting if inner is None else counting + inner)
+                    continue
+                st = entry.stat()
             except OSError:
                 continue  # deleted while we walked
             allocated += st.st_blocks * 512
             apparent += st.st_size
-    return allocated, apparent
+        for total in counting:
+            total[0] += allocated
+            total[1] += apparent
+
+    for top in tops:
+        if os.path.isdir(top):
+            walk(top, by_dir[top])
+    return {name: (total[0], total[1]) for name, total in totals.items()}
 
 
-def _disk_usage(path: str) -> DiskUsage:
+def _disk_usage(path: str, allocated: int, apparent: int) -> DiskUsage:
     try:
         usage = psutil.disk_usage(path)
     except OSError as exc:
         return {"path": path, "error": str(exc)}
-    allocated, apparent = disk_allocated_bytes(path)
     return {
         "path": path,
         "store_allocated_bytes": allocated,
@@ -498,7 +528,9 @@ def store_snapshot(store: StatsSource) -> StoreStatsSnapshot:
     cfg = store.config
     paths = {"root": str(cfg.root_dir), "commitlog": str(cfg.commitlog_dir), "consumequeue": str(cfg.consume_queue_dir),
              "index": str(cfg.index_dir)}  # fmt: skip
-    disk = {name: _disk_usage(path) for name, path in paths.items() if os.path.isdir(path)}
+    present = {name: path for name, path in paths.items() if os.path.isdir(path)}
+    held = disk_allocated_bytes_under(present)
+    disk = {name: _disk_usage(path, *held[name]) for name, path in present.items()}
     failures = store.flush_failures()
     commitlog_disk = disk.get("commitlog")
     return {

@@ -339,3 +339,52 @@ def test_clean_unused_topic_forgets_the_topics_per_topic_figures(tmp_path: Path)
             assert set(store.stats()["put_topic"]) == {"kept"}
         assert store.stats()["put_topic"]["kept"]["messages"] == 3
         assert store.stats()["put_message_times_total"] == 153  # the totals stay
+
+
+def test_disk_usage_of_nested_directories_looks_at_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stats() walked the root and then each of its store directories again (every queue's
+    files stat'ed twice: 602 ms at 12k queues, review 84 F9). One walk gives each directory
+    what a walk of its own gives, links to directories not followed, links to files followed."""
+    from mqstore import stats as stats_module
+
+    root = tmp_path / "store"
+    (root / "commitlog").mkdir(parents=True)
+    (root / "consumequeue" / "t" / "0").mkdir(parents=True)
+    (root / "index").mkdir()
+    (root / "commitlog" / "00000000000000000000").write_bytes(b"c" * 9000)
+    (root / "consumequeue" / "t" / "0" / "00000000000000000000").write_bytes(b"q" * 100)
+    (root / "index" / "20261130000000000").write_bytes(b"i" * 5000)
+    (root / "checkpoint").write_bytes(b"k" * 4096)
+    (root / "consumequeue" / "loop").symlink_to(root)  # a walk following it would never end
+    (root / "index" / "outside").symlink_to(root / "checkpoint")
+    (root / "index" / "dangling").symlink_to(root / "gone")
+    paths = {"root": str(root), "commitlog": str(root / "commitlog"), "consumequeue": str(root / "consumequeue"),
+             "index": str(root / "index")}  # fmt: skip
+
+    def walked(path: str) -> tuple[int, int]:
+        allocated = apparent = 0
+        for dirpath, _dirs, files in os.walk(path):
+            for name in files:
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except OSError:
+                    continue
+                allocated += st.st_blocks * 512
+                apparent += st.st_size
+        return allocated, apparent
+
+    scans = 0
+    real_scandir = os.scandir
+
+    def counting_scandir(path: str) -> typing.Any:
+        nonlocal scans
+        scans += 1
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    found = stats_module.disk_allocated_bytes_under(paths)
+    assert scans == 6  # root, commitlog, consumequeue, consumequeue/t, consumequeue/t/0, index: once each
+    monkeypatch.undo()
+    assert found == {name: walked(path) for name, path in paths.items()}
+    assert found["root"][1] == 9000 + 100 + 5000 + 4096 + 4096  # (the link to the checkpoint counts it again)
+    assert stats_module.disk_allocated_bytes(root / "index") == walked(str(root / "index"))
