@@ -20,6 +20,7 @@ from ..messages import (
     Tick,
 )
 from ..storage.checkpoint import CheckpointValues
+from ..storage.fs import UnreadPageError
 from ..storage.index import IndexService
 from ..storage.index_progress import IndexProgress, load_index_progress, write_index_progress
 from ..storage.recovery import IndexRecovery, LogFacts, RecoveryMode, recover_index
@@ -203,6 +204,12 @@ class IndexActor(StoreActor[IndexRequest]):
                 self._index_waiting(service)
             case QueryOffsets(topic=topic, key=key, max_num=max_num, begin_ms=begin, end_ms=end):
                 offsets, last_ts, last_phy = service.query_offset(topic, key, max_num, begin, end)
+                faulted = service.faulted_file()
+                if faulted is not None:
+                    # Its slots and entries read as the guard's zeros: no hits is not the answer
+                    # (review 87 F3: every query after the first report said "no message").
+                    raise UnreadPageError(faulted.path, "its hits are not in this answer; the file was cut short "
+                                                        "under the index's map: see stats() files_cut_under_map")
                 return QueryOffsetsReply(
                     offsets=tuple(offsets), last_update_timestamp=last_ts, last_update_phy_offset=last_phy
                 )

@@ -425,7 +425,10 @@ class RealMappedRegion:
                 check_file_size_limit(path, size)
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
-            self.buf: mmap.mmap = mapguard.map_keeping_no_descriptor(fd, size, access, status.st_dev, status.st_ino)
+            self.buf: mmap.mmap
+            self.buf, kept = mapguard.map_keeping_no_descriptor(fd, size, access, status.st_dev, status.st_ino)
+            if kept:
+                _log_descriptor_kept(path)
             self._guard, self._unguard = _guard(self.buf, path)
             if created:
                 # The new name made durable before anything in the file is acknowledged: a
@@ -677,6 +680,10 @@ class RealMappedRegion:
         if self._locked:
             self.unlock_from_memory()
         if self._unguard is not None:
+            # A fault stays known after the close: a reader sharing this map (index/) that read
+            # the guard's zeros asks cut_short() after another thread closed it (review 87 F1:
+            # it answered no hits, no detail), and a map guarded again below starts a new count.
+            self._cut_seen = self._cut_seen or mapguard.faults(self._guard) > 0
             self._unguard()  # before the address can be mapped again
             self._guard = self._unguard = None
         if not self.buf.closed:
@@ -798,6 +805,18 @@ class RealMappedRegion:
 
 
 _unguarded_logged = False
+_descriptor_kept_logged = False
+
+
+def _log_descriptor_kept(path: str) -> None:
+    """Once a process: maps keep a descriptor each here (no extension before Python 3.13)."""
+    global _descriptor_kept_logged
+    if not _descriptor_kept_logged:
+        _descriptor_kept_logged = True
+        log.warning("file_maps_keep_descriptors", path=path,
+                    reason="Python before 3.13 without the extension storage/_mapguard.c (no C compiler at install)",
+                    consequence="every map of a segment, queue or index file holds a file descriptor: size "
+                                "`ulimit -n` for the mapped files (README, descriptors)")  # fmt: skip
 # Guarded maps (slot -> path) and the paths of closed maps that had been cut, each with the
 # count of such closes when it was closed: what RealFileSystem.cut_under_map() reports (the
 # supervisor's tick, a store's close), for the closes since a store's start only.

@@ -881,7 +881,8 @@ class IndexReader:
         """The files whose map faulted since this reader last looked (their slots and entries
         read as the guard's zeros: no hits), each unmapped so the next `sync` maps it again."""
         self.faults_seen = mapguard.total_faults()
-        faulted = [f for f in self._by_name.values() if not f.unmapped and f.cut_short()]
+        # (closed ones too: another thread may have discarded a shared map this one read)
+        faulted = [f for f in self._by_name.values() if f.cut_short()]
         if faulted:
             self._files, self._bufs, self.walk_args, self._synced = [], (), None, None
             for f in faulted:
@@ -1265,6 +1266,10 @@ class IndexService:
     # querying ---------------------------------------------------------------------------
     def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
         return query_offset_in_files(self.files, topic, key, min(max_num, self.max_msgs_num_batch), begin, end)
+
+    def faulted_file(self) -> IndexFile | None:
+        """The first file whose map met a page gone from the file (it reads zeros there)."""
+        return next((f for f in self.files if f.cut_short()), None)
 
     # deleting ---------------------------------------------------------------------------
     def delete_expired_file(self, min_phy_offset: int) -> int:

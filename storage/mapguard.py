@@ -36,24 +36,27 @@ _guard: ModuleType | None = _load()
 available = _guard is not None
 
 
-def map_keeping_no_descriptor(fd: int, size: int, access: int, dev: int, ino: int) -> mmap.mmap:
+def map_keeping_no_descriptor(fd: int, size: int, access: int, dev: int, ino: int) -> tuple[mmap.mmap, bool]:
     """`mmap.mmap(fd, size, access=access)` of the file (`dev`, `ino`) that `fd` is open on,
     without the descriptor CPython's mmap keeps of its own (a dup, used only by size() and
     resize(), which the store never calls): every segment, queue and index file the writer or
     a reading thread maps cost one, and a long log or many reading threads used up `ulimit -n`
     (the host's own open() then failed with EMFILE). 3.13 has `trackfd=False`; before it the
     extension closes the dup once it checked the object's layout. Without the extension, or
-    where the layout is not the one it knows, the map keeps its descriptor, as before."""
+    where the layout is not the one it knows, the map keeps its descriptor, as before: the
+    second value says so (True: a descriptor kept). The map's `size()` and `resize()` are not
+    to be called (EBADF; on 3.11/3.12 a resize would map past the file, unguarded)."""
     if sys.version_info >= (3, 13):
-        return mmap.mmap(fd, size, access=access, trackfd=False)  # type: ignore[call-arg,unused-ignore]
+        return mmap.mmap(fd, size, access=access, trackfd=False), False  # type: ignore[call-arg,unused-ignore]
     buf = mmap.mmap(fd, size, access=access)
-    if _guard is not None:
-        try:
-            _guard.drop_descriptor(buf, dev, ino)
-        except BaseException:
-            buf.close()
-            raise
-    return buf
+    if _guard is None:
+        return buf, True
+    try:
+        dropped = bool(_guard.drop_descriptor(buf, dev, ino))
+    except BaseException:
+        buf.close()
+        raise
+    return buf, not dropped
 
 
 def guard(buf: Any) -> int | None:

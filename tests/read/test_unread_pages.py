@@ -17,6 +17,7 @@ import functools
 import os
 import select
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -227,6 +228,68 @@ def test_a_query_whose_record_or_index_page_faults_names_the_file(tmp_path: Path
         cut = Cut(path, cut_to)
         during = s.query("t", "k80")
         cut.restore()
+        assert not during.messages and path.name in during.detail and "I/O error" in during.detail, during
+        assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]
+
+
+@in_child
+def test_every_query_while_an_index_file_stays_cut_names_it(tmp_path: Path) -> None:
+    """Review 87 F3: the first query named the cut file; the reader could not map it again (its
+    size), asked the index actor, and the actor's walk read its own faulted map: every later
+    query answered no hits, no detail."""
+    store = tmp_path / "store"
+    with _fill(store) as s:
+        (path,) = sorted((store / "index").iterdir())
+        cut = Cut(path, 4096)
+        answers = [s.query("t", "k80") for _ in range(4)]
+        cut.restore()
+        for during in answers:
+            assert not during.messages and path.name in during.detail and "I/O error" in during.detail, during
+        assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]  # (read through a map made anew)
+
+
+@in_child
+def test_a_query_whose_shared_index_map_another_thread_gave_back_still_names_the_fault(tmp_path: Path) -> None:
+    """Review 87 F1: querying threads share one map per index file. Thread A's walk read the
+    guard's zeros; before A looked for faults, thread B looked, found the shared map faulted and
+    closed it; A's look skipped closed maps and answered no hits, no detail. (The switch from A
+    to B is made at the one point between A's walk and its look, where CPython may switch.)"""
+    store = tmp_path / "store"
+    with _fill(store) as s:
+        assert s.query("t", "k80").messages
+        b_ready, b_go, b_done = threading.Event(), threading.Event(), threading.Event()
+        b_answer: list[mqstore.QueryResult] = []
+
+        def thread_b() -> None:
+            s.query("t", "k1")  # B's reader, synced to the same shared maps
+            b_ready.set()
+            b_go.wait(10)
+            b_answer.append(s.query("t", "k81"))
+            b_done.set()
+
+        b = threading.Thread(target=thread_b)
+        b.start()
+        assert b_ready.wait(10)
+        real_query_direct, a = reads.query_direct, threading.get_ident()
+
+        def then_b(*args: Any, **kwargs: Any) -> Any:
+            found = real_query_direct(*args, **kwargs)
+            if threading.get_ident() == a and not b_go.is_set():
+                b_go.set()
+                assert b_done.wait(10)
+            return found
+
+        reads.query_direct = then_b  # type: ignore[assignment]
+        try:
+            (path,) = sorted((store / "index").iterdir())
+            cut = Cut(path, 4096)
+            during = s.query("t", "k80")
+        finally:
+            reads.query_direct = real_query_direct
+            b_go.set()
+            b.join(10)
+        cut.restore()
+        assert b_answer and path.name in b_answer[0].detail
         assert not during.messages and path.name in during.detail and "I/O error" in during.detail, during
         assert [m.queue_offset for m in s.query("t", "k80").messages] == [80]
 

@@ -283,7 +283,9 @@ def test_a_map_keeps_no_descriptor_of_its_file_and_works_as_before(tmp_path: obj
     for access in (mmap.ACCESS_WRITE, mmap.ACCESS_READ) * 20:
         fd = os.open(path, os.O_RDWR if access == mmap.ACCESS_WRITE else os.O_RDONLY)
         status = os.fstat(fd)
-        maps.append(mapguard.map_keeping_no_descriptor(fd, 3 * 4096, access, status.st_dev, status.st_ino))
+        made, kept = mapguard.map_keeping_no_descriptor(fd, 3 * 4096, access, status.st_dev, status.st_ino)
+        assert not kept
+        maps.append(made)
         os.close(fd)
     assert _descriptors() == before
     writable = maps[0]
