@@ -453,9 +453,10 @@ def disk_allocated_bytes_under(paths: Mapping[str, str]) -> dict[str, tuple[int,
     by_dir: dict[str, list[list[int]]] = {}
     for name, path in paths.items():
         by_dir.setdefault(os.path.normpath(os.path.abspath(path)), []).append(totals[name])
-    tops = [d for d in by_dir if not any(d != other and d.startswith(os.path.join(other, "")) for other in by_dir)]
+    reached: set[str] = set()
 
     def walk(directory: str, counting: list[list[int]]) -> None:
+        reached.add(directory)
         try:
             entries = list(os.scandir(directory))
         except OSError:
@@ -477,9 +478,12 @@ def disk_allocated_bytes_under(paths: Mapping[str, str]) -> dict[str, tuple[int,
             total[0] += allocated
             total[1] += apparent
 
-    for top in tops:
-        if os.path.isdir(top):
-            walk(top, by_dir[top])
+    # Outermost first; a directory the walks did not enter (not under another, or reached only
+    # through a link: `commitlog` a link to another disk, RocketMQ's common layout, counted 0,
+    # review 88 F3) is walked from itself, as a walk of its own would.
+    for directory in sorted(by_dir, key=len):
+        if directory not in reached and os.path.isdir(directory):
+            walk(directory, by_dir[directory])
     return {name: (total[0], total[1]) for name, total in totals.items()}
 
 

@@ -113,6 +113,11 @@ RESERVE_LOW_WATER_BYTES: Final = 2 * 1024 * 1024
 # Raw appends (ConsumeQueue units) reserve a smaller window: there may be thousands of
 # queues, each filling its file slowly.
 APPEND_BYTES_RESERVE_AHEAD_BYTES: Final = 256 * 1024
+# What an idle file keeps reserved past its data when it gives the rest back (`unmap`): room for
+# ~800 ConsumeQueue units, so a queue that comes back on a disk another process filled takes
+# its next units without new blocks (review 88 F2: with none kept, the first unit past its page
+# needed a block, and dispatch, which runs in log order, held every queue behind it).
+IDLE_RESERVATION_KEPT_BYTES: Final = 16 * 1024
 # After a window had to shrink to fit the free space, the full window is tried again only
 # after this many more bytes were appended (not on every append of a nearly full disk).
 RESERVE_RETRY_AFTER_BYTES: Final = 1024 * 1024
@@ -263,9 +268,9 @@ class MappedFile:
         with a write buffer (the commit writes through without asking)."""
         if self.write_buffer is not None or not self.named:
             return
-        data_end = self.wrote_position + (-self.wrote_position) % OS_PAGE_SIZE
-        if self.reserved_until > data_end and region.unreserve(data_end, self.reserved_until):
-            self.reserved_until = data_end
+        kept_end = self.wrote_position + (-self.wrote_position) % OS_PAGE_SIZE + IDLE_RESERVATION_KEPT_BYTES
+        if self.reserved_until > kept_end and region.unreserve(kept_end, self.reserved_until):
+            self.reserved_until = kept_end
 
     def give_back_faulted_map(self) -> bool:
         """Give back a map that met a page it could not read (the SIGBUS guard replaced it with

@@ -12,7 +12,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from mqstore import Message
+from mqstore.storage.mapped_file import IDLE_RESERVATION_KEPT_BYTES
 
 from .actor_helpers import open_small
 
@@ -127,10 +130,12 @@ def _allocated_bytes(directory: Path) -> dict[str, int]:
 def test_an_idle_queue_gives_the_blocks_reserved_ahead_of_its_writes_back(tmp_path: Path) -> None:
     """Each queue written kept a window of blocks reserved ahead of its next units (256 KiB),
     idle or not, for good: 2,000 queues of one message each held 524 MB of disk. An idle
-    queue's map gives them back (a hole punched past its data); its next write reserves again,
-    and its units are all there."""
+    queue's map gives them back (a hole punched past its data and 16 KiB more); its next write
+    past those reserves again, and its units are all there."""
     root = tmp_path / "store"
-    with open_small(root, consume_queue_mapped_queues_max=MAPPED_MAX) as store:
+    big_files = {"consume_queue_mapped_queues_max": MAPPED_MAX, "mapped_file_size_consume_queue_bytes": 20 * 30_000}
+    kept = 4096 + IDLE_RESERVATION_KEPT_BYTES  # the page of units, and room for the next ~800
+    with open_small(root, **big_files) as store:
         for i in range(QUEUES):
             assert store.put(Message(topic=f"t{i}", body=b"%d-0" % i)).ok
         for i in range(QUEUES):  # (dispatched: the queues beyond the bound are idle now)
@@ -138,15 +143,47 @@ def test_an_idle_queue_gives_the_blocks_reserved_ahead_of_its_writes_back(tmp_pa
         held = _allocated_bytes(root / "consumequeue")
         assert len(held) == QUEUES
         idle = sorted(held.values())[: QUEUES - MAPPED_MAX]
-        assert max(idle) <= 8192, sorted(held.values())  # its one page of units (was 256 KiB)
+        assert max(idle) <= kept, sorted(held.values())  # (was 256 KiB)
+        assert min(sorted(held.values())[QUEUES - MAPPED_MAX :]) >= 256 * 1024  # the mapped ones keep their window
         for round_ in (1, 2):
             for i in range(QUEUES):
                 assert store.put(Message(topic=f"t{i}", body=b"%d-%d" % (i, round_))).ok
         for i in range(QUEUES):
             got = store.get(f"t{i}", 0, 0, 8)
             assert [m.body for m in got.messages] == [b"%d-%d" % (i, r) for r in range(3)], got.status
-        assert max(sorted(_allocated_bytes(root / "consumequeue").values())[: QUEUES - MAPPED_MAX]) <= 8192
-    with open_small(root, consume_queue_mapped_queues_max=MAPPED_MAX) as store:
+        assert max(sorted(_allocated_bytes(root / "consumequeue").values())[: QUEUES - MAPPED_MAX]) <= kept
+    with open_small(root, **big_files) as store:
         for i in range(QUEUES):
             got = store.get(f"t{i}", 0, 0, 8)
             assert [m.body for m in got.messages] == [b"%d-%d" % (i, r) for r in range(3)], got.status
+
+
+def _chattr(flag: str, path: Path) -> bool:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def test_an_idle_queue_whose_blocks_cannot_be_given_back_stops_nothing(tmp_path: Path) -> None:
+    """Review 88 F1: giving back opens the file for writing. An idle queue's file made
+    immutable (a backup's freeze) raised EPERM out of the eviction, failed the ConsumeQueue
+    owner, and its restarts (which load the queue for writing) ended in the supervisor giving
+    up: every queue stopped. Now its blocks just stay reserved, and nothing else changes."""
+    if os.geteuid() != 0:
+        pytest.skip("chattr +i needs root (CI runs as root)")
+    root = tmp_path / "store"
+    big_files = {"consume_queue_mapped_queues_max": 2, "mapped_file_size_consume_queue_bytes": 20 * 30_000}
+    with open_small(root, **big_files) as store:
+        assert store.put(Message(topic="t0", body=b"t0")).ok and store.put(Message(topic="t1", body=b"t1")).ok
+        assert store.get("t0", 0, 0, 8).messages and store.get("t1", 0, 0, 8).messages
+        frozen = root / "consumequeue" / "t0" / "0" / ("%020d" % 0)
+        if not _chattr("+i", frozen):
+            pytest.skip("this filesystem has no immutable attribute (chattr +i)")
+        try:
+            for i in range(2, 12):  # t0 goes idle first: evicted while it cannot be opened to write
+                assert store.put(Message(topic=f"t{i}", body=b"t%d" % i)).ok
+            for i in range(12):
+                got = store.get(f"t{i}", 0, 0, 8)
+                assert [m.body for m in got.messages] == [b"t%d" % i], (i, got.status, got.detail)
+            assert not store.supervisor.restarts
+            assert os.stat(frozen).st_blocks * 512 >= 256 * 1024  # kept: nothing given back
+        finally:
+            _chattr("-i", frozen)

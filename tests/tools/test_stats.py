@@ -388,3 +388,25 @@ def test_disk_usage_of_nested_directories_looks_at_each_file_once(tmp_path: Path
     assert found == {name: walked(path) for name, path in paths.items()}
     assert found["root"][1] == 9000 + 100 + 5000 + 4096 + 4096  # (the link to the checkpoint counts it again)
     assert stats_module.disk_allocated_bytes(root / "index") == walked(str(root / "index"))
+
+
+def test_disk_usage_of_a_store_directory_that_is_a_link_to_another_disk(tmp_path: Path) -> None:
+    """Review 88 F3: `commitlog` a link to a directory on another disk (RocketMQ's common
+    layout): the one walk of the root did not follow it and counted it 0 bytes. A directory the
+    walk did not enter is walked from itself, as a walk of its own would."""
+    from mqstore import stats as stats_module
+
+    root, other = tmp_path / "store", tmp_path / "other"
+    (root / "index").mkdir(parents=True)
+    (other / "commitlog").mkdir(parents=True)
+    (other / "cq" / "t" / "0").mkdir(parents=True)
+    (root / "index" / "f").write_bytes(b"i" * 8192)
+    (other / "commitlog" / "00000000000000000000").write_bytes(b"c" * 65536)
+    (other / "cq" / "t" / "0" / "00000000000000000000").write_bytes(b"q" * 20000)
+    (root / "commitlog").symlink_to(other / "commitlog")
+    (root / "consumequeue").symlink_to(other / "cq")
+    paths = {name: str(root / sub) for name, sub in (("root", ""), ("commitlog", "commitlog"),
+                                                     ("consumequeue", "consumequeue"), ("index", "index"))}  # fmt: skip
+    found = stats_module.disk_allocated_bytes_under(paths)
+    assert [found[n][1] for n in ("root", "commitlog", "consumequeue", "index")] == [8192, 65536, 20000, 8192]
+    assert found == {name: stats_module.disk_allocated_bytes(path) for name, path in paths.items()}
