@@ -324,6 +324,20 @@ static PyObject *reinstall(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* args[1] and args[2]: a file's device and inode numbers (os.stat's st_dev, st_ino). */
+static int file_identity(PyObject *const *args, unsigned long long *dev, unsigned long long *ino)
+{
+    *dev = PyLong_AsUnsignedLongLong(args[1]);
+    if (*dev == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *ino = PyLong_AsUnsignedLongLong(args[2]);
+    if (*ino == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(names_file_doc,
 "names_file(path, dev, ino) -> bool\n\n"
 "Whether `path` (bytes) names the file of device `dev` and inode `ino`: false once another\n"
@@ -337,12 +351,8 @@ static PyObject *names_file(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "names_file(path: bytes, dev: int, ino: int)");
         return NULL;
     }
-    unsigned long long dev = PyLong_AsUnsignedLongLong(args[1]);
-    if (dev == (unsigned long long)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    unsigned long long ino = PyLong_AsUnsignedLongLong(args[2]);
-    if (ino == (unsigned long long)-1 && PyErr_Occurred()) {
+    unsigned long long dev, ino;
+    if (file_identity(args, &dev, &ino) != 0) {
         return NULL;
     }
     struct stat named;
@@ -380,12 +390,8 @@ static PyObject *drop_descriptor(PyObject *module, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_TypeError, "drop_descriptor(map: mmap.mmap, dev: int, ino: int)");
         return NULL;
     }
-    unsigned long long dev = PyLong_AsUnsignedLongLong(args[1]);
-    if (dev == (unsigned long long)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    unsigned long long ino = PyLong_AsUnsignedLongLong(args[2]);
-    if (ino == (unsigned long long)-1 && PyErr_Occurred()) {
+    unsigned long long dev, ino;
+    if (file_identity(args, &dev, &ino) != 0) {
         return NULL;
     }
 #if PY_VERSION_HEX < 0x030D0000 && !defined(PYPY_VERSION)
