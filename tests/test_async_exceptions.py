@@ -252,8 +252,18 @@ def test_a_store_thread_whose_start_was_interrupted_anywhere_never_hangs_in_its_
     never ran its loop). A plain Thread shows it here; a StoreThread waits on a raw lock."""
     from mqstore.waits import StoreThread
 
-    assert _thread_start_interrupted_everywhere(lambda target: threading.Thread(target=target, daemon=True), own_exception=False)
-    assert _thread_start_interrupted_everywhere(lambda target: StoreThread(target, "test-thread")) == []
+    # The control: a plain Thread hangs only if its new thread reaches `_started.set()` after the
+    # interrupt. The traced start is slow, and at the usual 5 ms switch interval the new thread
+    # could take the GIL first and set it (a CI run saw no hang at any point); with a long one
+    # it runs only once the starter waits or ends.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        assert _thread_start_interrupted_everywhere(lambda target: threading.Thread(target=target, daemon=True),
+                                                    own_exception=False)  # fmt: skip
+        assert _thread_start_interrupted_everywhere(lambda target: StoreThread(target, "test-thread")) == []
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def test_a_stop_request_queued_by_an_interrupted_caller_never_leaves_the_queues_mutex_held() -> None:
