@@ -821,6 +821,8 @@ def _log_unreserve_failed(path: str, exc: OSError) -> None:
     if suppressed is not None:
         log.warning("idle_file_blocks_not_given_back", path=path, error=str(exc),
                     consequence="they stay reserved for the file's next writes", **suppressed_fields(suppressed))  # fmt: skip
+
+
 _descriptor_kept_logged = False
 
 
