@@ -538,6 +538,8 @@ class RealMappedRegion:
         end = min(end + (-end) % OS_PAGE_SIZE, self.size)  # (reserve() backs whole pages)
         if not self._writable or self._unnamed_fd is not None or start >= end:
             return False
+        if self._identity[0] in _NO_HOLE_PUNCHING:
+            return False
         try:
             # (any OSError: made immutable or read-only since, no descriptor left now. Giving
             # back is best effort and never fails its caller: an idle queue's eviction raised
@@ -552,7 +554,9 @@ class RealMappedRegion:
         finally:
             os.close(fd)
         if err:
-            if err not in _FALLOCATE_UNSUPPORTED:
+            if err in _FALLOCATE_UNSUPPORTED:
+                _NO_HOLE_PUNCHING.add(self._identity[0])  # (not asked again on each eviction: review 89)
+            else:
                 _log_unreserve_failed(self.path, OSError(err, os.strerror(err)))
             return False
         self._reserved = min(self._reserved, start)
@@ -813,6 +817,7 @@ class RealMappedRegion:
 
 
 _unguarded_logged = False
+_NO_HOLE_PUNCHING: set[int] = set()  # devices (st_dev) whose filesystem refused to punch a hole
 
 
 def _log_unreserve_failed(path: str, exc: OSError) -> None:

@@ -5,6 +5,7 @@ directory fsynced; ext4's ordered journal usually covers for it, other filesyste
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -133,3 +134,32 @@ def test_reserve_on_a_file_replaced_under_the_map_writes_nothing_into_the_new_on
             region.reserve(1 << 18)
     finally:
         region.close()
+
+
+def test_a_filesystem_that_cannot_punch_holes_is_not_asked_at_every_eviction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 89: where fallocate cannot punch a hole, each idle file's give-back opened the
+    file again and asked once more, at every eviction. Refused once, that filesystem is not
+    asked again; nothing else changes (the blocks stay reserved, the call says False)."""
+    fs = RealFileSystem()
+    real_fallocate = fs_module._fallocate
+    punches: list[int] = []
+
+    def no_punching(fd: int, offset: int, length: int, mode: int = 0) -> int:
+        if mode:
+            punches.append(offset)
+            return errno.EOPNOTSUPP
+        return real_fallocate(fd, offset, length, mode)
+
+    monkeypatch.setattr(fs_module, "_fallocate", no_punching)
+    monkeypatch.setattr(fs_module, "_NO_HOLE_PUNCHING", set())
+    regions = [fs.map_file(str(tmp_path / ("%020d" % n)), 1 << 20, create=True) for n in range(3)]
+    try:
+        for region in regions:
+            assert region.reserve(1 << 18)
+            assert region.unreserve(8192, 1 << 18) is False
+        assert len(punches) == 1
+    finally:
+        for region in regions:
+            region.close()
