@@ -451,9 +451,9 @@ class RealMappedRegion:
                     os.remove(path)
             raise
         # The descriptor is closed once mapped, read-only or not: the map keeps the file alive
-        # (and keeps no descriptor of its own where mapguard can drop mmap's), so a kept one
-        # was a second descriptor per map, 2 per consume queue ever written (review 58 F2: EMFILE at ~500 queues under
-        # `ulimit -n 1024`). reserve() opens the file again for each window it reserves.
+        # (and no descriptor of its own where mapguard can drop mmap's), so a kept one was a
+        # second descriptor per map, 2 per consume queue ever written (review 58 F2: EMFILE at
+        # ~500 queues under `ulimit -n 1024`). reserve() opens the file again for each window.
         if self._unnamed_fd is None:
             os.close(fd)
         self._writable = not readonly
@@ -840,6 +840,8 @@ def _log_descriptor_kept(path: str) -> None:
                     reason="Python before 3.13 without the extension storage/_mapguard.c (no C compiler at install)",
                     consequence="every map of a segment, queue or index file holds a file descriptor: size "
                                 "`ulimit -n` for the mapped files (README, descriptors)")  # fmt: skip
+
+
 # Guarded maps (slot -> path) and the paths of closed maps that had been cut, each with the
 # count of such closes when it was closed: what RealFileSystem.cut_under_map() reports (the
 # supervisor's tick, a store's close), for the closes since a store's start only.

@@ -603,7 +603,7 @@ class IndexFile:
     @property
     def unmapped(self) -> bool:
         """Whether this file's map was closed (a reader's, given back from another thread)."""
-        return bool(getattr(self._buf, "closed", False))
+        return _region_closed(self._region)
 
     def destroy(self) -> None:
         """Unmap and delete. Raises OSError if the file cannot be removed."""
@@ -757,11 +757,10 @@ class IndexMaps:
                     continue  # (a simulated file has no map to give back)
                 if self._fs.exists(os.path.join(self.index_dir, name)):
                     continue  # made after `present` was listed
-                if _region_closed(region):
+                was_open = not _region_closed(region)
+                if not was_open or _close_region(region):
                     del self._regions[name]
-                elif _close_region(region):
-                    del self._regions[name]
-                    released += 1
+                    released += was_open
             self.generation += released
         return released
 
@@ -775,6 +774,7 @@ class IndexMaps:
 
 
 def _region_closed(region: MappedRegion) -> bool:
+    """Whether a map was closed (a simulated file's never is)."""
     return bool(getattr(region.buf, "closed", False))
 
 
