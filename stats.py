@@ -38,6 +38,7 @@ from .config import StoreConfig
 from .log import get_logger
 from .messages import GetResult, PutResult, Reply
 from .storage.fs import FileSystem, NotARegularFileError, read_regular_file
+from .storage.map_areas import MAP_AREAS
 from .storage.status import PutMessageStatus
 
 __all__ = [
@@ -135,6 +136,8 @@ class ProcessFigures(TypedDict):
     rss_bytes: int
     open_files: int  # -1: not known
     threads: int
+    store_maps: int  # the maps of every store in the process (storage/map_areas.py)
+    store_maps_share: int | None  # how many it may hold: 3/4 of vm.max_map_count (None: unbounded)
 
 
 class DiskUsage(TypedDict):
@@ -544,7 +547,8 @@ def store_snapshot(store: StatsSource) -> StoreStatsSnapshot:
         "dispatch_behind_bytes": behind,
         "consume_queue_behind_bytes": queues_behind,
         "index_behind_bytes": index_behind,
-        "process": {"rss_bytes": proc.memory_info().rss, "open_files": open_files, "threads": proc.num_threads()},
+        "process": {"rss_bytes": proc.memory_info().rss, "open_files": open_files, "threads": proc.num_threads(),
+                    "store_maps": MAP_AREAS.live, "store_maps_share": MAP_AREAS.share()},
         "disk": disk,
         "files_cut_under_map": store.files_cut_under_map(),
         "commitlog_flush_failed_at": failures["commitlog_flush_failed_at"],

@@ -30,6 +30,7 @@ from typing import Callable, Final, Hashable, Protocol
 from mqstore import log as mqstore_log
 from mqstore.log import get_logger, suppressed_fields
 from mqstore.storage import mapguard, speedups
+from mqstore.storage.map_areas import MAP_AREAS
 
 log = get_logger(__name__)
 
@@ -413,12 +414,15 @@ class RealMappedRegion:
                 created = True
             except FileExistsError:
                 fd = os.open(path, os.O_RDWR | flags)
+        release_area: Callable[[], None] | None = None
         try:
             status = os.fstat(fd)
             _require_regular(status.st_mode, path)
             self._identity = (status.st_dev, status.st_ino)
             self._path_bytes = os.fsencode(path)
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            # Taken before the file grows: ENOMEM past the store's share (map_areas.py).
+            release_area = MAP_AREAS.take(path)
             actual = status.st_size
             if actual != size:
                 if readonly or not create:
@@ -428,6 +432,9 @@ class RealMappedRegion:
             access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap
             self.buf, kept = mapguard.map_keeping_no_descriptor(fd, size, access, status.st_dev, status.st_ino)
+            # Given back by close(), or when the map goes without one (a reader's, collected).
+            self._release_area = weakref.finalize(self.buf, release_area)
+            self._release_area.atexit = False
             if kept:
                 _log_descriptor_kept(path)
             self._guard, self._unguard = _guard(self.buf, path)
@@ -442,6 +449,8 @@ class RealMappedRegion:
                 if unguard is not None:
                     unguard()
                 self.buf.close()
+            if release_area is not None:
+                release_area()  # (once: the finalizer made of it, if any, does nothing after)
             if self._close_unnamed is not None:
                 self._close_unnamed()  # nothing was named: the file is gone with its descriptor
                 raise
@@ -707,6 +716,7 @@ class RealMappedRegion:
                 # from the file meanwhile killed the process (SIGBUS).
                 self._guard, self._unguard = _guard(self.buf, self.path)
                 raise
+        self._release_area()  # unmapped: its area is the process's again
 
     def advise_willneed(self) -> None:
         if hasattr(self.buf, "madvise") and hasattr(mmap, "MADV_WILLNEED"):

@@ -1,0 +1,115 @@
+"""The store's share of the process's map areas.
+
+Every map is one area (a VMA), and `vm.max_map_count` (65,530 by default) bounds them for the
+whole process: the host's own allocations need areas too (Python's arenas, thread stacks, large
+buffers). The writer maps every segment, as RocketMQ does, so a long log of small segments took
+them all: with 64 KiB segments and the limit at 3,000 the store held 2,700 maps, its next
+segment was refused (ENOMEM), and then the host's own `bytearray(64 MiB)` raised MemoryError
+and its `mmap` ENOMEM. The store now maps at most three quarters of the limit. Past that a new
+map is refused the way the kernel refuses one at the limit (OSError ENOMEM, with a message
+saying why), and every owner answers it as it answers a process out of maps: a put
+CREATE_MAPPED_FILE_FAILED, a read "could not be mapped now" with nothing skipped, an open
+refused before it changes a byte. The other quarter is the host's. RocketMQ's own os.sh raises
+the limit to 655,360; so can the operator here (read again once the share is used up).
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from typing import Callable, Final
+
+from mqstore import log as mqstore_log
+from mqstore.log import get_logger, suppressed_fields
+
+log = get_logger(__name__)
+
+MAX_MAP_COUNT_PATH: Final = "/proc/sys/vm/max_map_count"
+HOST_SHARE_DIVISOR: Final = 4  # the host keeps limit // 4 of the areas
+LIMIT_READ_EVERY_S: Final = 1.0
+
+
+def read_max_map_count(path: str = MAX_MAP_COUNT_PATH) -> int | None:
+    """The kernel's per-process map limit; None where it cannot be read (not Linux, no /proc)."""
+    try:
+        with open(path, "rb") as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+def store_share(limit: int | None) -> int | None:
+    """How many maps the store may hold under `limit` (None: no limit known)."""
+    return None if limit is None else limit - limit // HOST_SHARE_DIVISOR
+
+
+class MapAreas:
+    """Counts the store's live maps and refuses one past its share (see the module's doc).
+
+    A map is counted from `take` until the release `take` returned is called, once (by its
+    region's close, or by a finalizer when the map goes without one): an RLock, because that
+    finalizer may run in a garbage collection started inside `take` itself."""
+
+    def __init__(
+        self, read_limit: Callable[[], int | None] = read_max_map_count, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._read_limit = read_limit
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._live = 0
+        self._limit: int | None = None
+        self._limit_read_at: float | None = None
+
+    @property
+    def live(self) -> int:
+        return self._live
+
+    def share(self, *, fresh: bool = False) -> int | None:
+        """The store's share now (None: unbounded). The limit is read again at most once a
+        second (an operator may raise or lower it at any time), and at once with `fresh`."""
+        with self._lock:
+            now = self._clock()
+            if fresh or self._limit_read_at is None or now - self._limit_read_at >= LIMIT_READ_EVERY_S:
+                self._limit, self._limit_read_at = self._read_limit(), now
+            return store_share(self._limit)
+
+    def take(self, path: str) -> Callable[[], None]:
+        """Count one more map of `path`, or raise OSError(ENOMEM) if the store holds its share."""
+        with self._lock:
+            share = self.share()
+            if share is not None and self._live >= share:
+                share = self.share(fresh=True)  # raised within the second, maybe
+            if share is not None and self._live >= share:
+                self._refuse(path, share)
+            self._live += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if not released:
+                    released = True
+                    self._live -= 1
+
+        return release
+
+    def _refuse(self, path: str, share: int) -> None:
+        limit = self._limit
+        message = (
+            f"the store holds {self._live:,} maps, its share of the process's map areas (three quarters of "
+            f"vm.max_map_count, {limit:,}; the rest is left to the host): raise vm.max_map_count (RocketMQ's os.sh "
+            "sets 655360), or use larger segments"
+        )
+        suppressed = mqstore_log.PROCESS_REPEATS.admit(("map_share_used_up",))
+        if suppressed is not None:
+            log.error("map_share_used_up", path=path, store_maps=self._live, max_map_count=limit, share=share,
+                      consequence="new segments and files are not mapped (puts refused, reads answered "
+                                  "'could not be mapped now') until maps are given back or the limit is raised",
+                      **suppressed_fields(suppressed))  # fmt: skip
+        raise OSError(errno.ENOMEM, message, path)
+
+
+# The process's one account: every store in it shares the host's map areas.
+MAP_AREAS = MapAreas()

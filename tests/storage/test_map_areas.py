@@ -1,0 +1,196 @@
+"""The store's share of the process's map areas (storage/map_areas.py): at most three quarters
+of vm.max_map_count, so that a long log of small segments never takes the areas the host's own
+allocations need. Past the share a map is refused with ENOMEM, as the kernel refuses one at the
+limit, and the store answers it as it answers a process out of maps: puts refused, nothing
+acknowledged lost, puts resuming once the limit is raised.
+
+The kernel's limit itself is system-wide (a sysctl), so these tests give the account a limit
+of their own; the note of the change that added it measured the real one."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import mmap
+from pathlib import Path
+
+import pytest
+
+import mqstore
+import mqstore.stats as stats_module
+import mqstore.storage.fs as fs_module
+from mqstore import Message
+from mqstore.storage.fs import RealMappedRegion
+from mqstore.storage.map_areas import LIMIT_READ_EVERY_S, MapAreas, read_max_map_count, store_share
+
+
+class _Limit:
+    """A vm.max_map_count the test sets, how often the account read it, and its clock."""
+
+    def __init__(self, value: int | None) -> None:
+        self.value = value
+        self.reads = 0
+        self.now = 1000.0
+
+    def __call__(self) -> int | None:
+        self.reads += 1
+        return self.value
+
+    def clock(self) -> float:
+        return self.now
+
+    def set(self, value: int | None) -> None:
+        """The operator's sysctl, and the second after which the account has read it."""
+        self.value = value
+        self.now += LIMIT_READ_EVERY_S
+
+
+@pytest.fixture
+def limit(monkeypatch: pytest.MonkeyPatch) -> _Limit:
+    """The process's account replaced by one under a limit the test sets (unbounded at first)."""
+    chosen = _Limit(None)
+    areas = MapAreas(chosen, chosen.clock)
+    monkeypatch.setattr(fs_module, "MAP_AREAS", areas)
+    monkeypatch.setattr(stats_module, "MAP_AREAS", areas)
+    return chosen
+
+
+def test_the_share_is_three_quarters_of_the_limit_and_none_without_one() -> None:
+    assert store_share(65_530) == 65_530 - 16_382
+    assert store_share(4) == 3
+    assert store_share(None) is None
+
+
+def test_the_kernel_limit_is_read_from_proc(tmp_path: Path) -> None:
+    path = tmp_path / "max_map_count"
+    path.write_text("65530\n")
+    assert read_max_map_count(str(path)) == 65_530
+    path.write_text("junk\n")
+    assert read_max_map_count(str(path)) is None
+    assert read_max_map_count(str(tmp_path / "absent")) is None
+
+
+def test_maps_past_the_share_are_refused_with_enomem_until_one_is_given_back() -> None:
+    chosen = _Limit(8)  # a share of 6
+    areas = MapAreas(chosen)
+    releases = [areas.take(f"/f{i}") for i in range(6)]
+    assert areas.live == 6
+    with pytest.raises(OSError) as refused:
+        areas.take("/f6")
+    assert refused.value.errno == errno.ENOMEM and refused.value.filename == "/f6"
+    assert "vm.max_map_count" in str(refused.value) and "6 maps" in str(refused.value)
+    assert areas.live == 6
+    releases[0]()
+    releases[0]()  # a second release of one map gives nothing more back
+    assert areas.live == 5
+    releases.append(areas.take("/f6"))
+    with pytest.raises(OSError):
+        areas.take("/f7")
+
+
+def test_the_limit_is_read_once_a_second_and_again_when_the_share_is_used_up() -> None:
+    chosen = _Limit(8)
+    areas = MapAreas(chosen, chosen.clock)
+    for i in range(6):
+        areas.take(f"/f{i}")
+    assert chosen.reads == 1  # all within one second
+    chosen.value = 12  # the operator raised vm.max_map_count: a share of 9, seen at the share's end
+    for i in range(6, 9):
+        areas.take(f"/f{i}")
+    assert areas.live == 9 and chosen.reads == 2
+    with pytest.raises(OSError):
+        areas.take("/f9")
+    assert chosen.reads == 3  # each take that finds the share used up reads it again
+    chosen.set(4)  # lowered: seen a second later, by any take (9 held, a share of 3)
+    with pytest.raises(OSError):
+        areas.take("/f10")
+    assert areas.share() == 3 and areas.live == 9
+
+
+def test_an_unknown_limit_bounds_nothing() -> None:
+    areas = MapAreas(lambda: None)
+    for i in range(100):
+        areas.take(f"/f{i}")
+    assert areas.live == 100 and areas.share() is None
+
+
+def test_a_region_counts_its_map_until_closed_and_a_refused_one_leaves_no_file(tmp_path: Path, limit: _Limit) -> None:
+    limit.value = 4  # a share of 3
+    regions = [RealMappedRegion(str(tmp_path / f"f{i}"), 8192, create=True, readonly=False) for i in range(3)]
+    assert fs_module.MAP_AREAS.live == 3
+    with pytest.raises(OSError) as refused:
+        RealMappedRegion(str(tmp_path / "f3"), 8192, create=True, readonly=False)
+    assert refused.value.errno == errno.ENOMEM
+    assert not (tmp_path / "f3").exists()  # made for the map, removed with its refusal
+    regions[0].close()
+    regions[0].close()
+    assert fs_module.MAP_AREAS.live == 2
+    regions.append(RealMappedRegion(str(tmp_path / "f3"), 8192, create=True, readonly=False))
+    assert fs_module.MAP_AREAS.live == 3
+    for region in regions[1:]:
+        region.close()
+    assert fs_module.MAP_AREAS.live == 0
+
+
+def test_a_map_collected_without_a_close_gives_its_area_back(tmp_path: Path, limit: _Limit) -> None:
+    limit.value = 4
+    region = RealMappedRegion(str(tmp_path / "f"), 8192, create=True, readonly=False)
+    assert fs_module.MAP_AREAS.live == 1
+    del region
+    gc.collect()
+    assert fs_module.MAP_AREAS.live == 0
+
+
+def test_a_close_refused_by_a_readers_export_keeps_the_map_counted(tmp_path: Path, limit: _Limit) -> None:
+    limit.value = 4
+    region = RealMappedRegion(str(tmp_path / "f"), 8192, create=True, readonly=False)
+    view = memoryview(region.buf)  # a reader's export: the map cannot be closed under it
+    with pytest.raises(BufferError):
+        region.close()
+    assert fs_module.MAP_AREAS.live == 1  # still mapped
+    view.release()
+    region.close()
+    assert fs_module.MAP_AREAS.live == 0
+
+
+def test_a_store_past_its_share_refuses_puts_loses_none_and_resumes_once_the_limit_is_raised(
+    tmp_path: Path, limit: _Limit
+) -> None:
+    settings = dict(mapped_file_size_commitlog_bytes=64 << 10, max_message_size_bytes=16 << 10)
+    with mqstore.open(str(tmp_path / "store"), **settings) as store:  # type: ignore[arg-type]
+        assert store.put(Message(topic="T", body=b"first")).ok
+        # Room for a few more segments than the store maps now: the limit whose share that is.
+        share = fs_module.MAP_AREAS.live + 4
+        limit.set(share + share // 3)
+        assert store_share(limit.value) == share
+        acknowledged = [b"first"]
+        refused = None
+        for i in range(200):
+            body = b"%05d" % i + b"x" * 8000
+            result = store.put(Message(topic="T", body=body))
+            if not result.ok:
+                refused = result
+                break
+            acknowledged.append(body)
+        assert refused is not None, "no put was refused past the share"
+        assert refused.status is mqstore.PutMessageStatus.CREATE_MAPPED_FILE_FAILED
+        assert refused.detail is not None and "vm.max_map_count" in refused.detail
+        assert fs_module.MAP_AREAS.live <= share
+        process = store.stats()["process"]
+        assert process["store_maps"] == fs_module.MAP_AREAS.live and process["store_maps_share"] == share
+        # The host keeps its quarter: its own maps are not the store's to take.
+        host_map = mmap.mmap(-1, 1 << 20)
+        host_map.close()
+        # The operator raises the limit: the next put makes its segment, and every
+        # acknowledged put reads back.
+        limit.set(1_000_000)
+        assert store.put(Message(topic="T", body=b"after")).ok
+        acknowledged.append(b"after")
+        got: list[bytes] = []
+        offset = 0
+        while offset < len(acknowledged):
+            result = store.get("T", 0, offset, 32)
+            assert result.messages, result
+            got.extend(m.body for m in result.messages)
+            offset = result.next_begin_offset
+        assert got == acknowledged
