@@ -38,6 +38,18 @@ Two measurements join the rows (session 12): `put 4 threads, 1 CPU`, the same ca
 thread of the process on one CPU (18-22k against 11-13k on two, same runs), and the CPU per
 single put by thread role, printed after the table (4 threads: ~105-130 us, of it producers
 46-56, writer 32-36, flush 12-14, reput 7-11, ConsumeQueue 4-7, index 4-6).
+Session 31 (2026-11-30, idle 2-vCPU Firecracker VM): `put` from 4 threads pays ~5 context
+switches and ~10 futex calls per put (perf stat over 42,000 puts: 218,246 switches, 405,883
+futex calls), and the kernel's switch and wake-up paths (finish_task_switch,
+_raw_spin_unlock_irqrestore) are 39% of the process's samples (perf record -g). The async flush
+is the largest helper: one msync of 16 KiB costs 55-75 us of kernel CPU and 190-330 us of wall
+time here (storage-free script, 1 KiB writes through a map), 60k msyncs a minute at 21k puts/s,
+and its IO completions wake threads that preempt the writer (0.4 involuntary switches per
+put). The row `put 4 threads, flush 16 MiB` is the same case with flush_commitlog_least_pages
+at 4096: 24-28k against 15-21k in the same runs. Not a default (RocketMQ's is 4 pages, and
+what is not yet flushed is what a power loss may take). Measured and dropped: the store's
+helper threads (flush, reput, ConsumeQueue, index) as SCHED_BATCH, so that their wake-ups do
+not preempt the writer: +5% median over 10 alternated pairs, inside the spread.
 The demo (session 8): 53-59k msgs/s produced, 51-58k consumed. A bounded spin (20-100 us, GIL
 released) before a single `put` sleeps on its answer was measured and dropped: on two shared
 vCPUs it took the core the writer and dispatch needed (1 and 4 threads slower in 8 of 10 runs).
@@ -454,9 +466,10 @@ def run(quick: bool) -> dict[str, Any]:
     rows: list[tuple[str, float, float | None, float | None]] = []
 
     def measure(name: str, ours: Callable[[Any], float], floor: Callable[[Any], float] | None,
-                target: float | None = None) -> float:  # fmt: skip
+                target: float | None = None, **settings: Any) -> float:  # fmt: skip
         with tempfile.TemporaryDirectory() as root:
-            store = mqstore.open(root, mapped_file_size_commitlog_bytes=512 << 20, max_puts_in_flight=WINDOW_ASYNC)
+            store = mqstore.open(root, mapped_file_size_commitlog_bytes=512 << 20, max_puts_in_flight=WINDOW_ASYNC,
+                                 **settings)  # fmt: skip
             try:
                 _warm_up(store)
                 ours_rate = ours(store)
@@ -493,6 +506,11 @@ def run(quick: bool) -> dict[str, Any]:
     single = measure("put 1 thread", lambda s: case_put_threads(s, mt, 1), lambda f: case_put_threads(f, mt, 1))
     four = measure("put 4 threads", lambda s: case_put_threads(s, mt, 4), lambda f: case_put_threads(f, mt, 4), 25_000)
     measure("put 16 threads", lambda s: case_put_threads(s, mt, 16), lambda f: case_put_threads(f, mt, 16), four)
+    # The async flush's share of that figure: the same case with the flush every 16 MiB instead
+    # of RocketMQ's 4 pages (each msync of 16 KiB costs 55-75 us of kernel CPU here). Not a
+    # default: what it buys is paid in what a power loss may take (never a process crash).
+    measure("put 4 threads, flush 16 MiB", lambda s: case_put_threads(s, mt, 4), lambda f: case_put_threads(f, mt, 4),
+            25_000, flush_commitlog_least_pages=4096)  # fmt: skip
     if len(os.sched_getaffinity(0)) > 1:
         # The design the note proposes, measured: a put's whole chain (the caller, the writer,
         # dispatch) on one CPU, where a wake-up needs no other CPU to be woken.
