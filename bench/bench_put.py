@@ -43,7 +43,7 @@ switches and ~10 futex calls per put (perf stat over 42,000 puts: 218,246 switch
 futex calls), and the kernel's switch and wake-up paths (finish_task_switch,
 _raw_spin_unlock_irqrestore) are 39% of the process's samples (perf record -g). The async flush
 is the largest helper: one msync of 16 KiB costs 55-75 us of kernel CPU and 190-330 us of wall
-time here (storage-free script, 1 KiB writes through a map), 60k msyncs a minute at 21k puts/s,
+time here (storage-free script, 1 KiB writes through a map), about 1,300 a second at 21k puts/s,
 and its IO completions wake threads that preempt the writer (0.4 involuntary switches per
 put). The row `put 4 threads, flush 16 MiB` is the same case with flush_commitlog_least_pages
 at 4096: 24-28k against 15-21k in the same runs. Not a default (RocketMQ's is 4 pages, and
