@@ -421,8 +421,9 @@ class RealMappedRegion:
             self._identity = (status.st_dev, status.st_ino)
             self._path_bytes = os.fsencode(path)
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-            # Taken before the file grows: ENOMEM past the store's share (map_areas.py).
-            release_area = MAP_AREAS.take(path)
+            # Taken before the file grows: ENOMEM past the store's share (map_areas.py), for a
+            # new file a little before it (what is left is for reading what is there).
+            release_area = MAP_AREAS.take(path, new_file=created or unnamed)
             actual = status.st_size
             if actual != size:
                 if readonly or not create:

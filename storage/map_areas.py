@@ -11,6 +11,11 @@ saying why), and every owner answers it as it answers a process out of maps: a p
 CREATE_MAPPED_FILE_FAILED, a read "could not be mapped now" with nothing skipped, an open
 refused before it changes a byte. The other quarter is the host's. RocketMQ's own os.sh raises
 the limit to 655,360; so can the operator here (read again once the share is used up).
+
+A new file (the log's next segment, a queue's next file, an index file) stops an eighth short
+of the share: the rest is for maps of the files already there, so that when the log's growth
+has used its part up, puts are refused as on a full disk while gets and queries go on reading
+what is stored (with all of the share to the log, a reader could not map a segment either).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ log = get_logger(__name__)
 
 MAX_MAP_COUNT_PATH: Final = "/proc/sys/vm/max_map_count"
 HOST_SHARE_DIVISOR: Final = 4  # the host keeps limit // 4 of the areas
+READS_SHARE_DIVISOR: Final = 8  # of the store's share, kept for maps of files already there
 LIMIT_READ_EVERY_S: Final = 1.0
 
 
@@ -43,6 +49,11 @@ def read_max_map_count(path: str = MAX_MAP_COUNT_PATH) -> int | None:
 def store_share(limit: int | None) -> int | None:
     """How many maps the store may hold under `limit` (None: no limit known)."""
     return None if limit is None else limit - limit // HOST_SHARE_DIVISOR
+
+
+def new_file_share(share: int | None) -> int | None:
+    """How many of them a map of a new file may make: the rest is for reading what is there."""
+    return None if share is None else share - share // READS_SHARE_DIVISOR
 
 
 class MapAreas:
@@ -75,14 +86,15 @@ class MapAreas:
                 self._limit, self._limit_read_at = self._read_limit(), now
             return store_share(self._limit)
 
-    def take(self, path: str) -> Callable[[], None]:
-        """Count one more map of `path`, or raise OSError(ENOMEM) if the store holds its share."""
+    def take(self, path: str, *, new_file: bool = False) -> Callable[[], None]:
+        """Count one more map of `path`, or raise OSError(ENOMEM) if the store holds its share
+        (for a `new_file`, its share less what is kept for reads)."""
         with self._lock:
-            share = self.share()
-            if share is not None and self._live >= share:
-                share = self.share(fresh=True)  # raised within the second, maybe
-            if share is not None and self._live >= share:
-                self._refuse(path, share)
+            bound = self._bound(self.share(), new_file)
+            if bound is not None and self._live >= bound:
+                bound = self._bound(self.share(fresh=True), new_file)  # raised within the second, maybe
+            if bound is not None and self._live >= bound:
+                self._refuse(path, bound, new_file)
             self._live += 1
         released = False
 
@@ -95,19 +107,30 @@ class MapAreas:
 
         return release
 
-    def _refuse(self, path: str, share: int) -> None:
+    @staticmethod
+    def _bound(share: int | None, new_file: bool) -> int | None:
+        return new_file_share(share) if new_file else share
+
+    def _refuse(self, path: str, bound: int, new_file: bool) -> None:
         limit = self._limit
-        message = (
-            f"the store holds {self._live:,} maps, its share of the process's map areas (three quarters of "
-            f"vm.max_map_count, {limit:,}; the rest is left to the host): raise vm.max_map_count (RocketMQ's os.sh "
-            "sets 655360), or use larger segments"
-        )
-        suppressed = mqstore_log.PROCESS_REPEATS.admit(("map_share_used_up",))
+        if new_file:
+            message = (
+                f"the store holds {self._live:,} maps, as many as new files may take ({bound:,}: seven eighths of its "
+                f"share of the process's map areas, three quarters of vm.max_map_count, {limit:,}; the rest is for "
+                "reading what is stored, and the host's)"
+            )
+            consequence = "no new segment or file is made (puts refused, as on a full disk); reads go on"
+        else:
+            message = (
+                f"the store holds {self._live:,} maps, its whole share of the process's map areas ({bound:,}: three "
+                f"quarters of vm.max_map_count, {limit:,}; the rest is the host's)"
+            )
+            consequence = "reads are answered 'could not be mapped now' until maps are given back"
+        message += ": raise vm.max_map_count (RocketMQ's os.sh sets 655360), or use larger segments"
+        suppressed = mqstore_log.PROCESS_REPEATS.admit(("map_share_used_up", new_file))
         if suppressed is not None:
-            log.error("map_share_used_up", path=path, store_maps=self._live, max_map_count=limit, share=share,
-                      consequence="new segments and files are not mapped (puts refused, reads answered "
-                                  "'could not be mapped now') until maps are given back or the limit is raised",
-                      **suppressed_fields(suppressed))  # fmt: skip
+            log.error("map_share_used_up", path=path, store_maps=self._live, max_map_count=limit, bound=bound,
+                      new_file=new_file, consequence=consequence, **suppressed_fields(suppressed))  # fmt: skip
         raise OSError(errno.ENOMEM, message, path)
 
 

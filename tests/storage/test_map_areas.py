@@ -21,7 +21,7 @@ import mqstore.stats as stats_module
 import mqstore.storage.fs as fs_module
 from mqstore import Message
 from mqstore.storage.fs import RealMappedRegion
-from mqstore.storage.map_areas import LIMIT_READ_EVERY_S, MapAreas, read_max_map_count, store_share
+from mqstore.storage.map_areas import LIMIT_READ_EVERY_S, MapAreas, new_file_share, read_max_map_count, store_share
 
 
 class _Limit:
@@ -61,6 +61,20 @@ def test_the_share_is_three_quarters_of_the_limit_and_none_without_one() -> None
     assert store_share(None) is None
 
 
+def test_new_files_stop_an_eighth_short_of_the_share() -> None:
+    assert new_file_share(store_share(65_530)) == 49_148 - 6_143
+    assert new_file_share(8) == 7
+    assert new_file_share(None) is None
+
+
+def _limit_for_new_files(bound: int) -> int:
+    """The smallest vm.max_map_count under which new files may take `bound` maps."""
+    limit = bound
+    while new_file_share(store_share(limit)) != bound:  # (never more than a few steps)
+        limit += 1
+    return limit
+
+
 def test_the_kernel_limit_is_read_from_proc(tmp_path: Path) -> None:
     path = tmp_path / "max_map_count"
     path.write_text("65530\n")
@@ -86,6 +100,19 @@ def test_maps_past_the_share_are_refused_with_enomem_until_one_is_given_back() -
     releases.append(areas.take("/f6"))
     with pytest.raises(OSError):
         areas.take("/f7")
+
+
+def test_a_new_file_is_refused_where_a_map_of_a_file_already_there_is_not() -> None:
+    areas = MapAreas(lambda: 11)  # a share of 9, of it 8 for new files
+    for i in range(8):
+        areas.take(f"/new{i}", new_file=True)
+    with pytest.raises(OSError) as refused:
+        areas.take("/new8", new_file=True)
+    assert "as many as new files may take (8" in str(refused.value)
+    areas.take("/there")  # a reader's map of a file already there: the last of the share
+    with pytest.raises(OSError) as refused:
+        areas.take("/there-too")
+    assert "its whole share" in str(refused.value)
 
 
 def test_the_limit_is_read_once_a_second_and_again_when_the_share_is_used_up() -> None:
@@ -159,13 +186,15 @@ def test_a_store_past_its_share_refuses_puts_loses_none_and_resumes_once_the_lim
     settings = dict(mapped_file_size_commitlog_bytes=64 << 10, max_message_size_bytes=16 << 10)
     with mqstore.open(str(tmp_path / "store"), **settings) as store:  # type: ignore[arg-type]
         assert store.put(Message(topic="T", body=b"first")).ok
-        # Room for a few more segments than the store maps now: the limit whose share that is.
-        share = fs_module.MAP_AREAS.live + 4
-        limit.set(share + share // 3)
-        assert store_share(limit.value) == share
+        # Room for 160 more new files than the store maps now (the share's eighth kept for
+        # reads is then 24: a reading thread's 16 segments and its queue file fit).
+        bound = fs_module.MAP_AREAS.live + 160
+        limit.set(_limit_for_new_files(bound))
+        share = store_share(limit.value)
+        assert share is not None and share - bound >= 17
         acknowledged = [b"first"]
         refused = None
-        for i in range(200):
+        for i in range(2000):
             body = b"%05d" % i + b"x" * 8000
             result = store.put(Message(topic="T", body=body))
             if not result.ok:
@@ -175,22 +204,28 @@ def test_a_store_past_its_share_refuses_puts_loses_none_and_resumes_once_the_lim
         assert refused is not None, "no put was refused past the share"
         assert refused.status is mqstore.PutMessageStatus.CREATE_MAPPED_FILE_FAILED
         assert refused.detail is not None and "vm.max_map_count" in refused.detail
-        assert fs_module.MAP_AREAS.live <= share
+        assert "as many as new files may take" in refused.detail
+        assert fs_module.MAP_AREAS.live <= bound
         process = store.stats()["process"]
         assert process["store_maps"] == fs_module.MAP_AREAS.live and process["store_maps_share"] == share
         # The host keeps its quarter: its own maps are not the store's to take.
         host_map = mmap.mmap(-1, 1 << 20)
         host_map.close()
-        # The operator raises the limit: the next put makes its segment, and every
-        # acknowledged put reads back.
+        # Reads go on meanwhile, as on a full disk: every acknowledged put reads back.
+        assert _read_all(store, len(acknowledged)) == acknowledged
+        # The operator raises the limit: the next put makes its segment.
         limit.set(1_000_000)
         assert store.put(Message(topic="T", body=b"after")).ok
         acknowledged.append(b"after")
-        got: list[bytes] = []
-        offset = 0
-        while offset < len(acknowledged):
-            result = store.get("T", 0, offset, 32)
-            assert result.messages, result
-            got.extend(m.body for m in result.messages)
-            offset = result.next_begin_offset
-        assert got == acknowledged
+        assert _read_all(store, len(acknowledged)) == acknowledged
+
+
+def _read_all(store: mqstore.MessageStore, count: int) -> list[bytes]:
+    got: list[bytes] = []
+    offset = 0
+    while offset < count:
+        result = store.get("T", 0, offset, 32)
+        assert result.messages, result
+        got.extend(m.body for m in result.messages)
+        offset = result.next_begin_offset
+    return got
