@@ -21,6 +21,7 @@ what is stored (with all of the share to the log, a reader could not map a segme
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from typing import Callable, Final
@@ -134,5 +135,13 @@ class MapAreas:
         raise OSError(errno.ENOMEM, message, path)
 
 
+    def forked(self) -> None:
+        """In a child made by fork: a new lock (a parent's thread may have held this one, and
+        a store the child opens would wait for it for good). The count stays: the child has
+        the parent's maps too."""
+        self._lock = threading.RLock()
+
+
 # The process's one account: every store in it shares the host's map areas.
 MAP_AREAS = MapAreas()
+os.register_at_fork(after_in_child=lambda: MAP_AREAS.forked())

@@ -12,6 +12,10 @@ from __future__ import annotations
 import errno
 import gc
 import mmap
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -205,7 +209,7 @@ def test_a_store_past_its_share_refuses_puts_loses_none_and_resumes_once_the_lim
         assert refused.status is mqstore.PutMessageStatus.CREATE_MAPPED_FILE_FAILED
         assert refused.detail is not None and "vm.max_map_count" in refused.detail
         assert "as many as new files may take" in refused.detail
-        assert fs_module.MAP_AREAS.live <= bound
+        assert fs_module.MAP_AREAS.live <= share  # (past `bound` only maps of files already there: flush, readers)
         process = store.stats()["process"]
         assert process["store_maps"] == fs_module.MAP_AREAS.live and process["store_maps_share"] == share
         # The host keeps its quarter: its own maps are not the store's to take.
@@ -229,3 +233,46 @@ def _read_all(store: mqstore.MessageStore, count: int) -> list[bytes]:
         got.extend(m.body for m in result.messages)
         offset = result.next_begin_offset
     return got
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_thread_held_the_account_maps_without_waiting(tmp_path: Path) -> None:
+    """A host that forks while one of its stores' threads is inside the account (a reader
+    mapping a file): the child's first map must not wait for the parent's thread for good."""
+    from mqstore.storage.map_areas import MAP_AREAS
+
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with MAP_AREAS._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: map a new file, then report by the exit status
+            code = 1
+            try:
+                region = RealMappedRegion(str(tmp_path / "child"), 8192, create=True, readonly=False)
+                region.close()
+                code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 10
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child's map waited for a lock a parent's thread held")
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        holder.join()
