@@ -1133,6 +1133,15 @@ class Supervisor:
                 self.log.warning("opened after a crash on a commitlog with holes; the next open recovers as after a crash")
                 clean = False
             for name in ("consume_queue", "index", "flush"):
+                if name not in self.ctx.peers and any(spec.name == name for spec in self._specs):
+                    # Down, its restart pending (a crash just before the close, or no thread to
+                    # restart it with): nothing forced its files, so this stop is no clean one
+                    # (review 90 M1: the log stayed in the page cache only, and the close said
+                    # clean, so the next open would have trusted it).
+                    self.log.warning("an actor is down at shutdown, its files not forced: the next open recovers "
+                                     "as after a crash", actor=name)  # fmt: skip
+                    clean = False
+                    continue
                 if name in self.ctx.peers:
                     future: StoreFuture[Any] = StoreFuture()  # (a close's own thread may wait: waits.py)
                     # The writer's own end and time: its notices to flush are sparse.
