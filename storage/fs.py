@@ -1047,6 +1047,10 @@ class RealFileSystem:
         blocks for good) raises NotARegularFileError."""
         directory = os.path.dirname(os.path.abspath(path))
         tmp = f"{path}.tmp"
+        # Before anything is written: past the limit a write draws SIGXFSZ, which kills a host
+        # that restored its default action (review 90 M2: the offsets tick wrote
+        # consumerOffset.json past `ulimit -f`, and the host died with no call of its own).
+        check_file_size_limit(tmp, len(data))
         try:
             leftover = os.lstat(tmp)
         except FileNotFoundError:

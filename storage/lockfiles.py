@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from mqstore.log import get_logger
-from mqstore.storage.fs import FileSystem, RealFileSystem, fsync_dir
+from mqstore.storage.fs import FileSystem, RealFileSystem, check_file_size_limit, fsync_dir
 
 __all__ = ["ABORT_FILE_NAME", "LOCK_FILE_NAME", "AbortFile", "StoreDirectoryError", "StoreLock", "StoreLockedError"]
 
@@ -240,6 +240,7 @@ class StoreLock:
                 raise StoreLockedError(
                     f"lock failed, store already started by another process: {self.path} ({e.strerror})"
                 ) from e
+            check_file_size_limit(self.path, len(_LOCK_CONTENT))  # (SIGXFSZ: see write_atomic)
             os.pwrite(fd, _LOCK_CONTENT, 0)
             os.fsync(fd)
         except BaseException:

@@ -67,3 +67,43 @@ def test_a_file_size_limit_refuses_puts_and_never_kills_the_host(tmp_path: Path,
         assert s.max_offset("T", 0) == acked
         if acked:
             assert len(s.get("T", 0, acked - 1, 1).messages) == 1
+
+
+OFFSETS_CHILD = textwrap.dedent(
+    """
+    import json, resource, signal, sys
+    import mqstore
+    path = sys.argv[1]
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (128 << 10, resource.RLIM_INFINITY))
+    answer = {}
+    store = mqstore.open(path, **json.loads(sys.argv[2]))
+    answer["put"] = store.put(mqstore.Message("T", b"acknowledged")).status.name
+    for group in range(100):
+        for topic in range(40):
+            store.commit_offset(f"group-{group}", f"topic-{topic}", 0, 1)
+    try:
+        store.persist_offsets()  # ~200 KiB of JSON: past the limit
+    except OSError as exc:
+        answer["persist"] = repr(exc)
+    answer["close"] = store.close()
+    print(json.dumps(answer))
+    """
+)
+
+
+def test_files_written_whole_never_kill_the_host_past_the_limit(tmp_path: Path) -> None:
+    """Review 90 M2: the committed offsets (and stats, the queue ledger, the index progress)
+    are written whole to a temporary file, which was not checked against the limit: the
+    offsets tick wrote consumerOffset.json past `ulimit -f` and SIGXFSZ killed the host."""
+    settings = dict(mapped_file_size_commitlog_bytes=64 << 10, mapped_file_size_consume_queue_bytes=6000,
+                    max_hash_slot_num=100, max_index_num=400)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", OFFSETS_CHILD, str(tmp_path / "s"), json.dumps(settings)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # -25: killed by SIGXFSZ
+    answer = json.loads(done.stdout.splitlines()[-1])
+    assert answer["put"] == "PUT_OK"
+    assert "file size limit (RLIMIT_FSIZE" in answer["persist"]
+    assert answer["close"] is False  # the offsets could not be written: said, not hidden
+    with mqstore.open(tmp_path / "s", **settings) as s:  # type: ignore[arg-type]
+        assert [m.body for m in s.get("T", 0, 0, 4).messages] == [b"acknowledged"]
