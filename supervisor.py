@@ -339,11 +339,14 @@ def _finished(stopped: pykka.Future[bool], timeout: float | None = 0) -> bool:
 def _is_resource_shortage(error: BaseException) -> bool:
     """The process is short of what an actor needs to start, not the actor broken: a thread
     (Thread.start's error under RLIMIT_NPROC, a pids cgroup, no memory for a stack: CPython
-    raises it with exactly this text), or descriptors (EMFILE, ENFILE: a restarted owner's
-    files cannot be opened now, review 77 M1: 4.6 s of it gave the store up for good)."""
+    raises it with exactly this text), descriptors (EMFILE, ENFILE: a restarted owner's
+    files cannot be opened now, review 77 M1: 4.6 s of it gave the store up for good), or
+    memory and map areas (ENOMEM, MemoryError: RLIMIT_AS, vm.max_map_count, the store's map
+    share; review 90 M3: a writer restarted under a tight RLIMIT_AS with the transient store
+    pool failed each time, and the store was given up for good within seconds)."""
     if isinstance(error, OSError):
-        return error.errno in (errno.EMFILE, errno.ENFILE)
-    return isinstance(error, RuntimeError) and str(error) == "can't start new thread"
+        return error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+    return isinstance(error, MemoryError) or (isinstance(error, RuntimeError) and str(error) == "can't start new thread")
 
 
 def _is_dead(exc: BaseException) -> bool:

@@ -730,7 +730,11 @@ def recover_commitlog(
         partial = _remove_partial_last_segments(cfg, fs, flushed or 0)
         lost, filled = _fill_commitlog_holes(cfg, fs, flushed or 0) if repair_holes else ([], [])
         if not commitlog.load(readonly_if_denied=readonly_if_denied):
-            raise OSError(f"cannot load the commitlog in {cfg.commitlog_dir}: {commitlog.mapped_file_queue.load_error}")
+            why = f"cannot load the commitlog in {cfg.commitlog_dir}: {commitlog.mapped_file_queue.load_error}"
+            cause = commitlog.mapped_file_queue.load_os_error
+            # Its errno kept: a shortage (EMFILE, ENOMEM) is retried by the supervisor, not
+            # counted as a broken writer (review 90 M3: with none, the store was given up).
+            raise OSError(why) if cause is None or cause.errno is None else OSError(cause.errno, why)
         files = commitlog.mapped_file_queue.mapped_files
         commitlog.mapped_file_queue.expected_end = flushed or 0
         missing = commitlog.mapped_file_queue.missing_tail() if files else None

@@ -44,3 +44,19 @@ def test_a_file_the_store_may_not_open_refuses_the_open_with_its_errno_and_name(
     fs.clear_faults()
     with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:  # nothing changed: it opens once it may
         assert len(store.get("U", 0, 0, 10).messages) == 5
+
+
+@pytest.mark.parametrize("err", [errno.ENOMEM, errno.EMFILE])
+def test_a_commitlog_segment_that_cannot_be_mapped_refuses_the_open_with_its_errno(err: int) -> None:
+    """Review 90 M3: the commitlog's load failure said its cause in words only (errno None), so
+    a writer restarted while the process was short of memory or maps counted each try against
+    the restart budget, as a broken writer, and the store was given up for good."""
+    fs = _store_with_messages()
+    fs.inject_fault("map", path_contains="/commitlog/", err=err, count=1_000_000)
+    with pytest.raises(OSError) as refused:
+        mqstore.open("/sim/store", fs=fs, **SETTINGS)
+    assert refused.value.errno == err, repr(refused.value)
+    assert "cannot load the commitlog" in str(refused.value)
+    fs.clear_faults()
+    with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
+        assert len(store.get("U", 0, 0, 10).messages) == 5
