@@ -11,9 +11,10 @@ subscriptions outlive a restart of this actor.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import assert_never
 
+from ..log import RepeatedLog, suppressed_fields
 from ..messages import (
     AwaitDispatched,
     CommitLogAdvanced,
@@ -87,6 +88,7 @@ class ReputMessageService(StoreActor[ReputRequest]):
         # take filler units over those offsets and move the index past those keys for good.
         self._at_hole: int | None = None
         self._remap = False  # a segment's map faulted and was given back: relist at the next tick
+        self._repeats = RepeatedLog(ctx.ticker.now_ms)  # waits retried at every tick, logged once a minute
 
     def on_start(self) -> None:
         self._reader = CommitLogReader(
@@ -104,7 +106,15 @@ class ReputMessageService(StoreActor[ReputRequest]):
             self._continue_pending = True
             self.actor_ref.tell(ContinueDispatch())
 
+    def _log_repeated(self, level: str, event: str, kind: Hashable, **fields: object) -> None:
+        """`event` in full the first time (per `kind`), then once a minute with the count of
+        those not logged (log.RepeatedLog)."""
+        suppressed = self._repeats.admit((event, kind))
+        if suppressed is not None:
+            getattr(self.log, level)(event, **fields, **suppressed_fields(suppressed))
+
     def release(self) -> None:
+        self._repeats.flush(self.log)
         awaiting, self._awaiting = self._awaiting, []
         for request in awaiting:
             request.reply.fail(ServiceUnavailable("reput stopped before dispatch caught up"))
@@ -226,6 +236,14 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 first = reader.min_offset()
                 if first > offset:  # the cleaner removed it: continue at the first file left
                     return None, min(first, limit)
+                unmapped = reader.map_error(offset)
+                if unmapped is not None:
+                    # There, but not mappable now (the process short of descriptors, memory or
+                    # maps): no hole, nothing for `mqstore recover` (review 90 L3). Ticks retry.
+                    self._log_repeated("warning", "commitlog segment cannot be mapped now; dispatch waits",
+                                       ("not mappable", getattr(unmapped, "errno", None)), offset=offset,
+                                       error=str(unmapped))  # fmt: skip
+                    return None
                 later = reader.next_segment_after(offset)
                 if later is not None and later <= limit and not reader.has_segment(offset):
                     # A missing or wrong-sized segment (a hole the store opened degraded with):
@@ -236,7 +254,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
                         self.log.error("dispatch waits at a commitlog hole until `mqstore recover` or the "
                                        "segments are back", offset=offset, data_resumes_at=later)  # fmt: skip
                     return None
-                self.log.warning("commitlog data not readable yet", offset=offset, size=end - offset)
+                # Once, then once a minute with a count (review 90 L2: a line at every tick).
+                self._log_repeated("warning", "commitlog data not readable yet", "not readable yet", offset=offset,
+                                   size=end - offset)  # fmt: skip
                 return None
             try:
                 requests, next_offset = self._decode(chunk, offset, segment, end)
