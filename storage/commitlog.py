@@ -536,6 +536,7 @@ class CommitLog:
             what = ("out of file descriptors" if exc.out_of_descriptors  # (review 60 L1)
                     else "a commitlog segment is not writable (an immutable or append-only attribute, or permission; "
                          "make it writable and puts resume)" if exc.not_writable  # (review 66 F2)
+                    else "a commitlog segment is larger than the process's file size limit" if exc.past_size_limit
                     else "disk full")  # fmt: skip
             self._note_disk_full_refusal(f"{what}: {exc}")
             return PutMessageResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=f"{what}: {exc}")

@@ -89,7 +89,9 @@ class DiskFullError(OSError):
     """No room on the disk for the blocks the next appends need: the append is refused
     (SERVICE_NOT_AVAILABLE, or dispatch waits) rather than faulting on an unbacked page."""
 
-    def __init__(self, message: str, *, out_of_descriptors: bool = False, not_writable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, out_of_descriptors: bool = False, not_writable: bool = False, past_size_limit: bool = False
+    ) -> None:
         super().__init__(errno.ENOSPC, message)
         # The blocks could not be reserved because the process had no descriptor to spare
         # (the file is opened again per reservation window), not for want of disk space.
@@ -97,6 +99,8 @@ class DiskFullError(OSError):
         # ... or because the file may not be written (EPERM, EACCES, EROFS: chattr +i on a
         # segment made ahead, its mode or owner; review 66 F2 said "disk full" for it).
         self.not_writable = not_writable
+        # ... or because the file would pass the process's RLIMIT_FSIZE (review 90 L3: "disk full").
+        self.past_size_limit = past_size_limit
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -342,7 +346,7 @@ class MappedFile:
             if need_end > self.reserved_until or pos >= self._retry_full_window_at:
                 if not self._reserve(need_end, window_end, KEEP_FREE_FOR_MESSAGES_BYTES):
                     raise DiskFullError(self._reserve_failure(pos), out_of_descriptors=self._out_of_descriptors(),
-                                        not_writable=self._not_writable())
+                                        not_writable=self._not_writable(), past_size_limit=self._past_size_limit())
                 if self.reserved_until < window_end:  # shrunk to what fits: retry the window later
                     self._retry_full_window_at = pos + RESERVE_RETRY_AFTER_BYTES
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
@@ -409,6 +413,10 @@ class MappedFile:
         cause = self._reserve_error
         return cause is not None and cause.errno in (errno.EPERM, errno.EACCES, errno.EROFS)
 
+    def _past_size_limit(self) -> bool:
+        cause = self._reserve_error
+        return cause is not None and cause.errno == errno.EFBIG
+
     def _reserve_failure(self, pos: int) -> str:
         """Why the blocks past `pos` could not be reserved, for the refusal's detail."""
         cause = self._reserve_error
@@ -435,7 +443,7 @@ class MappedFile:
             end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES, KEEP_FREE_FOR_DERIVED_BYTES
         ):
             raise DiskFullError(self._reserve_failure(pos), out_of_descriptors=self._out_of_descriptors(),
-                                        not_writable=self._not_writable())
+                                        not_writable=self._not_writable(), past_size_limit=self._past_size_limit())
         self._target()[pos:end] = data
         self.wrote_position = end
         return True

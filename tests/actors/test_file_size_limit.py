@@ -62,6 +62,7 @@ def test_a_file_size_limit_refuses_puts_and_never_kills_the_host(tmp_path: Path,
         assert "PUT_OK" not in statuses, statuses
     refusals = [detail for status, detail in statuses.items() if status != "PUT_OK"]
     assert refusals and all("file size limit (RLIMIT_FSIZE" in detail for detail in refusals), statuses
+    assert not any(detail.startswith("disk full") for detail in refusals), statuses  # (review 90 L3)
     acked = acked_before + int(answer["acked"])  # type: ignore[call-overload]
     with mqstore.open(store, **SETTINGS) as s:
         assert s.max_offset("T", 0) == acked
