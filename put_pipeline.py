@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Final, Iterator, Sequence, cast
 import pykka
 
 from .actors.commitlog_writer import PassReply
+from . import log as _log_module
 from .log import error_repr, get_logger, suppressed_fields
 from .messages import STORED_STATUSES, EncodedPut, Message, PutResult, Replied, Reply, checked_message
 from .runtime import INBOX_ENVELOPE, native_inbox, take_back_told, tell_all_keeping_gil, tell_from_store
@@ -48,6 +49,11 @@ __all__ = ["PutPipeline", "ActorClient"]
 _WRITER_STOPPED = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="writer stopped")
 IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_puts_in_flight reached")
 BYTES_IN_FLIGHT_FULL = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="max_put_bytes_in_flight reached")
+NO_COMPLETION_THREAD = PutResult(
+    status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
+    detail="no thread could be started to complete the futures (the process is short of threads or memory): "
+    "not stored; the next put_async tries again",
+)
 # A put this large (its encoded records) or larger also takes its bytes from
 # max_put_bytes_in_flight; the C submitter leaves it to the Python path, which counts them.
 LARGE_PUT_BYTES: Final = 16 * 1024
@@ -708,8 +714,8 @@ class PutPipeline:
             if target is None or target[0] is not writer:
                 target = self._writer_inbox = self._native_target(writer)
             if target is not None and not target[1].is_set():
-                if self._thread is None and reply.sink is self._to_completion:
-                    self._ensure_thread()
+                if self._thread is None and reply.sink is self._to_completion and not self._start_completions():
+                    return self._counted_refusal(reply, NO_COMPLETION_THREAD)
                 if submitter.submit(message, reply, target[2], target[3]):
                     stopped = target[1]
                     # The writer stopped while the put was handed over: take it back from
@@ -756,8 +762,8 @@ class PutPipeline:
                 if not self._not_waiting.__dict__.get("on"):
                     store.stats_service.record_put(reply.topic, IN_FLIGHT_FULL, time.monotonic_ns() - reply.started)
                 return IN_FLIGHT_FULL  # (its bytes, taken for a put that goes nowhere, given back below: review 77 H1)
-            if self._thread is None and reply.sink is self._to_completion:
-                self._ensure_thread()
+            if self._thread is None and reply.sink is self._to_completion and not self._start_completions():
+                return self._counted_refusal(reply, NO_COMPLETION_THREAD)  # (its slot and bytes given back below)
             # An answer gives the slot and the bytes back, one inside the tell too.
             store._tell_writer(messages, batch, checked, reply, keep_gil=True)  # a writer that is down: answered here
             told = True
@@ -821,6 +827,27 @@ class PutPipeline:
     def _free_slots(self) -> int:
         """Slots free now (for tests and figures)."""
         return self._slots.free
+
+    def _start_completions(self) -> bool:
+        """`_ensure_thread` for a put_async: False, logged, when no thread can be started now
+        (RLIMIT_NPROC, a pids cgroup, no memory for a stack), so that the put is refused with
+        a status rather than raising into its caller (review 90 L1: put_async's "operating
+        errors are results" did not hold for this one)."""
+        try:
+            return self._ensure_thread()
+        except RuntimeError as exc:
+            if str(exc) != "can't start new thread":
+                raise
+            suppressed = _log_module.PROCESS_REPEATS.admit(("put completions thread not started",))
+            if suppressed is not None:
+                self.log.warning("a thread to complete put_async futures could not be started; puts refused until "
+                                 "one can", error=repr(exc), **suppressed_fields(suppressed))  # fmt: skip
+            return False
+
+    def _counted_refusal(self, reply: _PutReply, result: PutResult) -> PutResult:
+        """`result`, a refusal before the writer, counted in the store's put figures."""
+        self._store.stats_service.record_put(reply.topic, result, time.monotonic_ns() - reply.started)
+        return result
 
     def _ensure_thread(self) -> bool:
         if self._thread is not None:

@@ -177,9 +177,11 @@ def test_a_close_from_a_done_callback_while_the_host_closes_does_not_wait_for_it
 def test_a_completion_thread_that_could_not_start_is_started_by_the_next_put_async(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Review 52 M1: the first put_async while no thread could start raised RuntimeError (as it
-    should), but the thread that never ran was kept as the completion thread: every later
-    future stayed pending for good, flush() waited its timeout and close() failed to join it."""
+    """Review 52 M1: the first put_async while no thread could start raised RuntimeError, but
+    the thread that never ran was kept as the completion thread: every later future stayed
+    pending for good, flush() waited its timeout and close() failed to join it. Review 90 L1:
+    that put is now refused with a status in its future (put_async's operating errors are
+    results), nothing stored."""
     real_start = threading.Thread.start
     refused: list[str] = []
 
@@ -191,11 +193,33 @@ def test_a_completion_thread_that_could_not_start_is_started_by_the_next_put_asy
 
     store = mqstore.open(tmp_path / "s")
     monkeypatch.setattr(threading.Thread, "start", start)
-    with pytest.raises(RuntimeError, match="can't start new thread"):
-        store.put_async(Message("T", b"first"))
+    first = store.put_async(Message("T", b"first")).result(timeout=10)
+    assert first.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and "no thread could be started" in first.detail
     future = store.put_async(Message("T", b"second"))
     assert future.result(timeout=10).ok
     store.flush()
     assert not store._puts._pending
     assert [m.body for m in store.get("T", 0, 0, 32).messages] == [b"second"]
+    batch = store.put_batch_async([Message("T", b"third")])  # the batch path checks it too
+    assert batch.result(timeout=10).ok
     assert store.close() is True  # a clean stop: the completion thread joined
+
+
+def test_a_put_batch_async_without_a_completion_thread_is_refused_with_a_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "mqstore-put-completions":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    with mqstore.open(tmp_path / "s") as store:
+        monkeypatch.setattr(threading.Thread, "start", start)
+        refused = store.put_batch_async([Message("T", b"a"), Message("T", b"b")]).result(timeout=10)
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE, refused
+        assert store._puts._slots.free == store.config.max_puts_in_flight  # its slot given back
+        monkeypatch.setattr(threading.Thread, "start", real_start)
+        assert store.put_batch_async([Message("T", b"c")]).result(timeout=10).ok
+        assert [m.body for m in store.get("T", 0, 0, 32).messages] == [b"c"]
