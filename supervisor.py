@@ -683,7 +683,10 @@ class Supervisor:
         # Likewise a restart that could not start its actor's thread: the process is short of
         # threads (a pids limit), not the actor broken (review 76: ~4.5 s of "can't start new
         # thread" used the budget up, and the store stayed stopped once threads were back).
-        if _is_resource_shortage(event.error) and self.state is SupervisorState.RUNNING:
+        # Only a failure to start: a running actor that crashed with MemoryError (a bug
+        # allocating a corrupt length) crashed again at once after each successful restart,
+        # which reset the shortage's clock, so it was restarted for ever (review 91 E1).
+        if event.at_start and _is_resource_shortage(event.error) and self.state is SupervisorState.RUNNING:
             # (During the open it counts: the open fails fast, and the host may try again.)
             if self._shortage_since is None:
                 self._shortage_since = now
@@ -717,7 +720,8 @@ class Supervisor:
             # ...once: a child that crashed (rather than failed in on_start) has reported
             # itself already, and counting it twice would halve the restart budget.
             if not self._failure_pending(group):
-                self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc))
+                self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc,
+                                             at_start=not _is_dead(exc)))  # fmt: skip
             return True
         self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.ticker.now_ms(), backoff))
         self.restart_count += 1

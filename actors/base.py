@@ -106,6 +106,9 @@ class StoppedBeforeHandling(ServiceUnavailable):
 class ChildFailed:
     name: str
     error: BaseException
+    # Failed to start (its thread, or its on_start), not crashed while running: only such a
+    # failure may be a shortage of the process's threads, descriptors or memory (supervisor).
+    at_start: bool = False
 
 
 @dataclass(kw_only=True)
@@ -248,7 +251,7 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
         try:
             self.release()
         finally:
-            self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=error))
+            self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=error, at_start=True))
 
     def on_stop(self) -> None:
         self._fail_queued()

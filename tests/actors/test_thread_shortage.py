@@ -196,3 +196,30 @@ def _queues_owner_short_of_descriptors(
 
     monkeypatch.setattr(ConsumeQueueService, "on_start", on_start_short_of_descriptors)
     return short
+
+
+@pytest.mark.parametrize("shortage", ["maps", "memory"])
+def test_a_running_actor_that_crashes_for_want_of_memory_again_and_again_is_given_up(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch, shortage: str
+) -> None:
+    """Review 91 E1: any MemoryError or ENOMEM counted as a shortage, also one raised while
+    the actor ran (a bug allocating a corrupt length): each successful restart reset the
+    shortage's clock and the same batch crashed it again, so the index was restarted once a
+    second for ever while the store took puts it never indexed. Only a failure to start is a
+    shortage: a running actor's crash counts, and a lasting one gives the store up."""
+    monkeypatch.setattr(supervisor_module, "BACKOFF_MAX_MS", 20)
+
+    class Poison(FaultPlan):
+        def hit(self, point: str) -> None:
+            if point == "index.mid_write":
+                raise SHORTAGES[shortage]()
+            super().hit(point)
+
+    fatal: list[BaseException] = []
+    store = helpers.open_small(store_dir, faults=Poison(), on_fatal=fatal.append)
+    try:
+        store.put(Message("t", b"crashes the index at each try", keys=["k"]))
+        helpers.wait_until(lambda: bool(fatal), timeout_s=30, what="the store given up")
+        assert store.supervisor.state is SupervisorState.FAILED
+    finally:
+        store.close()
