@@ -94,9 +94,15 @@ class MapAreas:
             bound = self._bound(self.share(), new_file)
             if bound is not None and self._live >= bound:
                 bound = self._bound(self.share(fresh=True), new_file)  # raised within the second, maybe
-            if bound is not None and self._live >= bound:
-                self._refuse(path, bound, new_file)
-            self._live += 1
+            refused = bound is not None and self._live >= bound
+            if not refused:
+                self._live += 1
+            live, limit = self._live, self._limit
+        if refused:
+            # Said outside the lock: a finalizer's release() waits for it, and one may run in a
+            # collection inside a logging handler that holds its own lock (review 91 A1).
+            assert bound is not None and limit is not None
+            self._refuse(path, bound, new_file, live, limit)
         released = False
 
         def release() -> None:
@@ -112,25 +118,25 @@ class MapAreas:
     def _bound(share: int | None, new_file: bool) -> int | None:
         return new_file_share(share) if new_file else share
 
-    def _refuse(self, path: str, bound: int, new_file: bool) -> None:
-        limit = self._limit
+    @staticmethod
+    def _refuse(path: str, bound: int, new_file: bool, live: int, limit: int) -> None:
         if new_file:
             message = (
-                f"the store holds {self._live:,} maps, as many as new files may take ({bound:,}: seven eighths of its "
+                f"the store holds {live:,} maps, as many as new files may take ({bound:,}: seven eighths of its "
                 f"share of the process's map areas, three quarters of vm.max_map_count, {limit:,}; the rest is for "
                 "reading what is stored, and the host's)"
             )
             consequence = "no new segment or file is made (puts refused, as on a full disk); reads go on"
         else:
             message = (
-                f"the store holds {self._live:,} maps, its whole share of the process's map areas ({bound:,}: three "
+                f"the store holds {live:,} maps, its whole share of the process's map areas ({bound:,}: three "
                 f"quarters of vm.max_map_count, {limit:,}; the rest is the host's)"
             )
             consequence = "reads are answered 'could not be mapped now' until maps are given back"
         message += ": raise vm.max_map_count (RocketMQ's os.sh sets 655360), or use larger segments"
         suppressed = mqstore_log.PROCESS_REPEATS.admit(("map_share_used_up", new_file))
         if suppressed is not None:
-            log.error("map_share_used_up", path=path, store_maps=self._live, max_map_count=limit, bound=bound,
+            log.error("map_share_used_up", path=path, store_maps=live, max_map_count=limit, bound=bound,
                       new_file=new_file, consequence=consequence, **suppressed_fields(suppressed))  # fmt: skip
         raise OSError(errno.ENOMEM, message, path)
 

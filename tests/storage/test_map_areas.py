@@ -276,3 +276,39 @@ def test_a_child_forked_while_a_thread_held_the_account_maps_without_waiting(tmp
     finally:
         release.set()
         holder.join()
+
+
+def test_a_refusal_is_logged_without_holding_the_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 91 A1: the refusal was logged holding the account's lock. A map's finalizer
+    (release) may run in a garbage collection inside another thread's logging handler, which
+    holds the handler's lock: each thread then waited for the other's lock for good."""
+    import logging
+
+    from mqstore import log as mqstore_log
+    from mqstore.log import RepeatedLog
+
+    monkeypatch.setattr(mqstore_log, "PROCESS_REPEATS", RepeatedLog(lambda: 0))  # (logged, not throttled away)
+    areas = MapAreas(lambda: 4)
+    held = areas.take("/held")
+    for i in range(2):
+        areas.take(f"/f{i}")
+    released_while_logging: list[bool] = []
+
+    class ReleasingHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            # As another thread's collection running the finalizer of a map it dropped.
+            other = threading.Thread(target=held)
+            other.start()
+            other.join(2)
+            released_while_logging.append(not other.is_alive())
+
+    handler = ReleasingHandler(level=logging.ERROR)
+    logger = logging.getLogger("mqstore.storage.map_areas")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(OSError):
+            areas.take("/refused")
+    finally:
+        logger.removeHandler(handler)
+    assert released_while_logging == [True]
+    assert areas.live == 2
