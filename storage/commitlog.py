@@ -48,6 +48,7 @@ from mqstore.storage.codec import (
 )
 from mqstore.storage import mapguard, scan, speedups
 from mqstore.storage.fs import (
+    OUT_OF_RESOURCES_ERRNOS,
     FileSystem,
     MappedRegion,
     RealFileSystem,
@@ -1462,9 +1463,17 @@ class CommitLogReader:
             if start in self._map_errors:
                 self._parked.add(start)  # "not now" (map_error names why): still the log's
             return None  # or gone (the next refresh forgets it)
+        self._give_back_mapped(READER_MAPPED_SEGMENTS - 1)
+        self._regions[start] = region
+        self._mapped_order.append(start)
+        return region
+
+    def _give_back_mapped(self, keep: int) -> None:
+        """Unmap the least recently mapped segments until at most `keep` are mapped (a short
+        segment stays mapped, as does one a view still holds); each stays known, parked."""
         order = self._mapped_order
         for _ in range(len(order)):
-            if len(self._regions) < READER_MAPPED_SEGMENTS:
+            if len(self._regions) <= keep:
                 break
             oldest = order.popleft()
             mapped = self._regions.get(oldest)
@@ -1478,9 +1487,6 @@ class CommitLogReader:
                     continue
             del self._regions[oldest]
             self._parked.add(oldest)
-        self._regions[start] = region
-        order.append(start)
-        return region
 
     def release_deleted(self, present: Collection[int]) -> int:
         """From any thread: unmap this reader's segments whose files are gone (`present`: the
@@ -1501,7 +1507,16 @@ class CommitLogReader:
 
     def _map(self, path: str, start: int) -> MappedRegion | None:
         try:
-            return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
+            try:
+                return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
+            except OSError as exc:
+                if exc.errno not in OUT_OF_RESOURCES_ERRNOS or not self._regions:
+                    raise
+                # The process (or the store's share of its maps) is short: this thread's own
+                # segments go back first, and the map is tried again (review 91 B1: a busy
+                # reader kept the maps other readers needed).
+                self._give_back_mapped(0)
+                return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
         except (OSError, ValueError) as exc:
             if _map_failed_now(exc):
                 # Without its traceback: its frames hold this reader, and the cycle kept the

@@ -17,7 +17,9 @@ from typing import Callable, Final
 from mqstore.log import get_logger
 from mqstore.storage import scan
 from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, ReadBuffer, is_topic_name, jdiv
-from mqstore.storage.fs import FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError
+from mqstore.storage.fs import (
+    OUT_OF_RESOURCES_ERRNOS, FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError,
+)
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 
@@ -639,7 +641,7 @@ class ConsumeQueueReader:
         if region is None:
             path = os.path.join(self.root, topic, str(queue_id), f"{file_from:020d}")
             try:
-                region = self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
+                region = self._map(path)
             except (OSError, ValueError):
                 return None
             while len(self._maps) >= self.MAPS_MAX:
@@ -657,6 +659,17 @@ class ConsumeQueueReader:
             # owner decides (its answer names an unread file); the next read maps it anew.
             return None
         return units
+
+    def _map(self, path: str) -> MappedRegion:
+        try:
+            return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
+        except OSError as exc:
+            if exc.errno not in OUT_OF_RESOURCES_ERRNOS or not self._maps:
+                raise
+        # Short of maps or descriptors: this thread's own go back first, and the map is tried
+        # again (review 91 B1: a busy reader kept 64 the other readers needed).
+        self.forget()
+        return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)
 
     def _give_back_faulted(self) -> set[tuple[str, int, int]]:
         """Close the maps that met a page they could not read; their keys."""

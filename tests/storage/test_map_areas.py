@@ -312,3 +312,22 @@ def test_a_refusal_is_logged_without_holding_the_account(monkeypatch: pytest.Mon
         logger.removeHandler(handler)
     assert released_while_logging == [True]
     assert areas.live == 2
+
+
+def test_a_reader_short_of_maps_gives_its_own_back_and_reads_on(tmp_path: Path, limit: _Limit) -> None:
+    """Review 91 B1: a busy reading thread keeps up to 16 segments and 64 queue files mapped;
+    when the store's share was used up, its next map failed while it held those, and its get
+    answered "could not be mapped now". It now gives its own back and maps again."""
+    settings = dict(mapped_file_size_commitlog_bytes=64 << 10, max_message_size_bytes=16 << 10)
+    with mqstore.open(str(tmp_path / "store"), **settings) as store:  # type: ignore[arg-type]
+        bodies = [b"%05d" % i + b"x" * 8000 for i in range(8 * 40)]  # 40 segments
+        for body in bodies:
+            assert store.put(Message(topic="T", body=body)).ok
+        assert _read_all(store, len(bodies)) == bodies  # this thread's reader now holds 16 segments
+        limit.set(_limit_for_new_files(fs_module.MAP_AREAS.live))  # not one map more for new files...
+        share = store_share(limit.value)
+        assert share is not None
+        while fs_module.MAP_AREAS.live < share:  # ...nor for reads: the share used up by others
+            fs_module.MAP_AREAS.take("/elsewhere")
+        result = store.get("T", 0, 0, 32)  # the first segments: not mapped by this thread now
+        assert [m.body for m in result.messages] == bodies[:32], result
