@@ -230,6 +230,11 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             try:
                 pool = TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commitlog_bytes)
             except MemoryError as exc:  # a data limit (RLIMIT_DATA) the available memory does not show
+                if self._mode is RecoveryMode.RESTART:
+                    # The open allocated it: memory short now is a shortage the supervisor
+                    # retries, not a setting to refuse (review 92: as a ConfigError each try
+                    # counted, and ~4.5 s of it gave the store up for good).
+                    raise
                 raise ConfigError("transient_store_pool_size", cfg.transient_store_pool_size,
                                   f"{cfg.transient_store_pool_size} write buffers of mapped_file_size_commitlog_bytes="
                                   f"{cfg.mapped_file_size_commitlog_bytes} could not be allocated (MemoryError: the "

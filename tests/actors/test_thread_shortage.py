@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -222,4 +223,42 @@ def test_a_running_actor_that_crashes_for_want_of_memory_again_and_again_is_give
         helpers.wait_until(lambda: bool(fatal), timeout_s=30, what="the store given up")
         assert store.supervisor.state is SupervisorState.FAILED
     finally:
+        store.close()
+
+
+def test_a_writer_restart_short_of_memory_for_its_write_buffers_does_not_give_the_store_up(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 92: with the transient store pool, a writer restarted while its write buffers
+    could not be allocated (MemoryError: RLIMIT_AS or RLIMIT_DATA) raised a ConfigError, as the
+    open does for a pool larger than the memory: no shortage, so each try counted and ~4.5 s of
+    it gave the store up for good. At a restart it is a shortage."""
+    from mqstore.actors import commitlog_writer
+
+    short = threading.Event()
+    pool_init = commitlog_writer.TransientStorePool.__init__
+
+    def short_of_memory(self: Any, *args: Any, **kwargs: Any) -> None:
+        if short.is_set():
+            raise MemoryError()
+        pool_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(commitlog_writer.TransientStorePool, "__init__", short_of_memory)
+    faults, fatal = FaultPlan(), []
+    store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append, transient_store_pool_enable=True,
+                               transient_store_pool_size=2)  # fmt: skip
+    try:
+        assert store.put(Message("t", b"before")).ok
+        short.set()
+        faults.arm("writer.mid_batch_append")
+        store.put(Message("t", b"crashes the writer"))
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:
+            assert store.supervisor.state is SupervisorState.RUNNING, fatal
+            time.sleep(0.1)
+        short.clear()
+        helpers.wait_until(lambda: store.put(Message("t", b"after")).ok, what="a put taken once memory is back")
+        assert fatal == []
+    finally:
+        short.clear()
         store.close()
