@@ -1107,6 +1107,13 @@ class _UnitChecker:
             unread = self._reader.unread(offset)  # (one compare while no map faulted)
             if unread is not None:
                 raise UnreadDuringRecoveryError(str(unread.filename))
+            if found is None and (cannot := self._reader.map_error(offset)) is not None:
+                # Nor is a segment this process cannot map now (short of descriptors, memory or
+                # maps): refused with its errno (a restart retries it as a shortage), the queue
+                # not cut on no evidence (review 92: its units were cut, to be re-dispatched).
+                raise OSError(getattr(cannot, "errno", None) or errno.EIO,
+                              f"recovery could not map the commitlog segment holding offset {offset} to check a "
+                              f"consume queue unit of {topic}/{queue_id}: {cannot}; nothing was cut")  # fmt: skip
             return False
 
         return matches
