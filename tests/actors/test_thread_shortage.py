@@ -135,24 +135,8 @@ def test_a_descriptor_or_memory_shortage_while_an_owner_is_restarted_does_not_gi
     (EMFILE), rather than taking it for empty; each such restart counted against the budget,
     and 4.6 s of shortage gave the store up for good. Not counted now, as a thread shortage;
     nor is one of memory or map areas (review 90 M3)."""
-    faults, fatal = FaultPlan(), []
     short = _queues_owner_short_of_descriptors(monkeypatch, SHORTAGES[shortage])
-    store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append)
-    try:
-        assert store.put(Message("t", b"before")).ok
-        short.set()
-        faults.arm("consume_queue.mid_write")
-        store.put(Message("t", b"crashes the queues' owner"))
-        deadline = time.monotonic() + 6.0
-        while time.monotonic() < deadline:
-            assert store.supervisor.state is SupervisorState.RUNNING, fatal
-            time.sleep(0.1)
-        short.clear()
-        helpers.wait_until(lambda: store.max_offset("t", 0) >= 2, what="the queues' owner back, dispatching")
-        assert fatal == [] and store.put(Message("t", b"after")).ok
-    finally:
-        short.clear()
-        store.close()
+    _outlives_a_shortage(store_dir, short, "consume_queue.mid_write")
 
 
 def test_a_shortage_that_lasts_counts_again_and_an_open_does_not_wait_for_one(
@@ -244,20 +228,28 @@ def test_a_writer_restart_short_of_memory_for_its_write_buffers_does_not_give_th
         pool_init(self, *args, **kwargs)
 
     monkeypatch.setattr(commitlog_writer.TransientStorePool, "__init__", short_of_memory)
+    _outlives_a_shortage(store_dir, short, "writer.mid_batch_append", transient_store_pool_enable=True,
+                         transient_store_pool_size=2)  # fmt: skip
+
+
+def _outlives_a_shortage(store_dir: Path, short: threading.Event, crash_at: str, **settings: Any) -> None:
+    """One crash at `crash_at`, then 6 s of the shortage `short` stands for while its actor is
+    restarted: the store keeps running (was given up after ~4.5 s), and once the shortage is
+    over its actor is back, dispatching, and puts are taken."""
     faults, fatal = FaultPlan(), []
-    store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append, transient_store_pool_enable=True,
-                               transient_store_pool_size=2)  # fmt: skip
+    store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append, **settings)
     try:
         assert store.put(Message("t", b"before")).ok
         short.set()
-        faults.arm("writer.mid_batch_append")
-        store.put(Message("t", b"crashes the writer"))
+        faults.arm(crash_at)
+        store.put(Message("t", b"crashes the actor"))
         deadline = time.monotonic() + 6.0
         while time.monotonic() < deadline:
             assert store.supervisor.state is SupervisorState.RUNNING, fatal
             time.sleep(0.1)
         short.clear()
-        helpers.wait_until(lambda: store.put(Message("t", b"after")).ok, what="a put taken once memory is back")
+        helpers.wait_until(lambda: store.put(Message("t", b"after")).ok, what="a put taken once the shortage is over")
+        helpers.wait_until(lambda: len(store.get("t", 0, 0, 8).messages) >= 2, what="dispatching again")
         assert fatal == []
     finally:
         short.clear()
