@@ -10,7 +10,8 @@ map is refused the way the kernel refuses one at the limit (OSError ENOMEM, with
 saying why), and every owner answers it as it answers a process out of maps: a put
 CREATE_MAPPED_FILE_FAILED, a read "could not be mapped now" with nothing skipped, an open
 refused before it changes a byte. The other quarter is the host's. RocketMQ's own os.sh raises
-the limit to 655,360; so can the operator here (read again once the share is used up).
+the limit to 655,360; so can the operator here (read again each second, and at once when the
+share is used up).
 
 A new file (the log's next segment, a queue's next file, an index file) stops an eighth short
 of the share: the rest is for maps of the files already there, so that when the log's growth
