@@ -89,18 +89,26 @@ class DiskFullError(OSError):
     """No room on the disk for the blocks the next appends need: the append is refused
     (SERVICE_NOT_AVAILABLE, or dispatch waits) rather than faulting on an unbacked page."""
 
-    def __init__(
-        self, message: str, *, out_of_descriptors: bool = False, not_writable: bool = False, past_size_limit: bool = False
-    ) -> None:
+    def __init__(self, message: str, cause: OSError | None = None) -> None:
         super().__init__(errno.ENOSPC, message)
-        # The blocks could not be reserved because the process had no descriptor to spare
-        # (the file is opened again per reservation window), not for want of disk space.
-        self.out_of_descriptors = out_of_descriptors
-        # ... or because the file may not be written (EPERM, EACCES, EROFS: chattr +i on a
-        # segment made ahead, its mode or owner; review 66 F2 said "disk full" for it).
-        self.not_writable = not_writable
-        # ... or because the file would pass the process's RLIMIT_FSIZE (review 90 L3: "disk full").
-        self.past_size_limit = past_size_limit
+        # Why the blocks could not be reserved, when it was not the disk (None: no room).
+        self.cause_errno = cause.errno if cause is not None else None
+
+    @property
+    def out_of_descriptors(self) -> bool:
+        """No descriptor to spare (the file is opened again per reservation window)."""
+        return self.cause_errno in (errno.EMFILE, errno.ENFILE)
+
+    @property
+    def not_writable(self) -> bool:
+        """The file may not be written (EPERM, EACCES, EROFS: chattr +i on a segment made
+        ahead, its mode or owner; review 66 F2 said "disk full" for it)."""
+        return self.cause_errno in (errno.EPERM, errno.EACCES, errno.EROFS)
+
+    @property
+    def past_size_limit(self) -> bool:
+        """The file would pass the process's RLIMIT_FSIZE (review 90 L3 said "disk full")."""
+        return self.cause_errno == errno.EFBIG
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -345,8 +353,7 @@ class MappedFile:
         if need_end > self.reserved_until or below_low_water:
             if need_end > self.reserved_until or pos >= self._retry_full_window_at:
                 if not self._reserve(need_end, window_end, KEEP_FREE_FOR_MESSAGES_BYTES):
-                    raise DiskFullError(self._reserve_failure(pos), out_of_descriptors=self._out_of_descriptors(),
-                                        not_writable=self._not_writable(), past_size_limit=self._past_size_limit())
+                    raise self._reserve_failure(pos)
                 if self.reserved_until < window_end:  # shrunk to what fits: retry the window later
                     self._retry_full_window_at = pos + RESERVE_RETRY_AFTER_BYTES
         result = callback(self._target(), self.file_from_offset, pos, self.file_size - pos)
@@ -405,24 +412,12 @@ class MappedFile:
     def _free_bytes(self) -> int | None:
         return free_bytes(self.fs, self.file_name)
 
-    def _out_of_descriptors(self) -> bool:
-        cause = self._reserve_error
-        return cause is not None and cause.errno in (errno.EMFILE, errno.ENFILE)
-
-    def _not_writable(self) -> bool:
-        cause = self._reserve_error
-        return cause is not None and cause.errno in (errno.EPERM, errno.EACCES, errno.EROFS)
-
-    def _past_size_limit(self) -> bool:
-        cause = self._reserve_error
-        return cause is not None and cause.errno == errno.EFBIG
-
-    def _reserve_failure(self, pos: int) -> str:
-        """Why the blocks past `pos` could not be reserved, for the refusal's detail."""
+    def _reserve_failure(self, pos: int) -> DiskFullError:
+        """The refusal of an append at `pos` whose blocks could not be reserved, saying why."""
         cause = self._reserve_error
         why = ("the disk is full, a quota is reached, or it failed: see the log" if cause is None
                else cause.strerror or str(cause))  # fmt: skip
-        return f"no disk blocks could be reserved for {self.file_name} past {pos} ({why})"
+        return DiskFullError(f"no disk blocks could be reserved for {self.file_name} past {pos} ({why})", cause)
 
     def reserve(self, end: int, ahead: int = 0) -> bool:
         """Blocks for every byte below `end` (and `ahead` more if there is room) before
@@ -442,8 +437,7 @@ class MappedFile:
         if end > self.reserved_until and not self._reserve(
             end, end + APPEND_BYTES_RESERVE_AHEAD_BYTES, KEEP_FREE_FOR_DERIVED_BYTES
         ):
-            raise DiskFullError(self._reserve_failure(pos), out_of_descriptors=self._out_of_descriptors(),
-                                        not_writable=self._not_writable(), past_size_limit=self._past_size_limit())
+            raise self._reserve_failure(pos)
         self._target()[pos:end] = data
         self.wrote_position = end
         return True
