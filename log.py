@@ -132,6 +132,13 @@ class RepeatedLog:
         for kind in [k for k, (at, n) in self._kinds.items() if n == 0 and now - at >= self._interval_ms]:
             del self._kinds[kind]
 
+    def say(self, log: Any, level: str, event: str, kind: Hashable, **fields: object) -> None:
+        """`event` at `level` if `admit(kind)` lets it through, with the count suppressed
+        before it: the first in full, then once an interval."""
+        suppressed = self.admit(kind)
+        if suppressed is not None:
+            getattr(log, level)(event, **fields, **suppressed_fields(suppressed))
+
     def flush(self, log: Any) -> None:
         """Log the occurrences suppressed since each kind's last line (at the store's close:
         the last repeats of a fault that stopped are counted, not lost)."""

@@ -67,7 +67,10 @@ from .messages import (
 from .storage import codec, mapguard
 from .waits import DoneFlag, StoreThread
 from .storage.disk import DiskGauge, default_disk_gauge
-from .storage.fs import FileSystem, FileWithoutRoomUnderMapError, RealFileSystem, no_room_cause, not_writable_cause
+from .storage.fs import (
+    OUT_OF_RESOURCES_ERRNOS, FileSystem, FileWithoutRoomUnderMapError, RealFileSystem, no_room_cause,
+    not_writable_cause,
+)
 from .storage.foreign import ForeignStoreError
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
@@ -345,7 +348,7 @@ def _is_resource_shortage(error: BaseException) -> bool:
     share; review 90 M3: a writer restarted under a tight RLIMIT_AS with the transient store
     pool failed each time, and the store was given up for good within seconds)."""
     if isinstance(error, OSError):
-        return error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+        return error.errno in OUT_OF_RESOURCES_ERRNOS
     return isinstance(error, MemoryError) or (isinstance(error, RuntimeError) and str(error) == "can't start new thread")
 
 

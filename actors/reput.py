@@ -11,10 +11,10 @@ subscriptions outlive a restart of this actor.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import assert_never
 
-from ..log import RepeatedLog, suppressed_fields
+from ..log import RepeatedLog
 from ..messages import (
     AwaitDispatched,
     CommitLogAdvanced,
@@ -105,13 +105,6 @@ class ReputMessageService(StoreActor[ReputRequest]):
         if not self._continue_pending:
             self._continue_pending = True
             self.actor_ref.tell(ContinueDispatch())
-
-    def _log_repeated(self, level: str, event: str, kind: Hashable, **fields: object) -> None:
-        """`event` in full the first time (per `kind`), then once a minute with the count of
-        those not logged (log.RepeatedLog)."""
-        suppressed = self._repeats.admit((event, kind))
-        if suppressed is not None:
-            getattr(self.log, level)(event, **fields, **suppressed_fields(suppressed))
 
     def release(self) -> None:
         self._repeats.flush(self.log)
@@ -240,9 +233,9 @@ class ReputMessageService(StoreActor[ReputRequest]):
                 if unmapped is not None:
                     # There, but not mappable now (the process short of descriptors, memory or
                     # maps): no hole, nothing for `mqstore recover` (review 90 L3). Ticks retry.
-                    self._log_repeated("warning", "commitlog segment cannot be mapped now; dispatch waits",
-                                       ("not mappable", getattr(unmapped, "errno", None)), offset=offset,
-                                       error=str(unmapped))  # fmt: skip
+                    self._repeats.say(self.log, "warning", "commitlog segment cannot be mapped now; dispatch waits",
+                                      ("not mappable", getattr(unmapped, "errno", None)), offset=offset,
+                                      error=str(unmapped))  # fmt: skip
                     return None
                 later = reader.next_segment_after(offset)
                 if later is not None and later <= limit and not reader.has_segment(offset):
@@ -255,8 +248,8 @@ class ReputMessageService(StoreActor[ReputRequest]):
                                        "segments are back", offset=offset, data_resumes_at=later)  # fmt: skip
                     return None
                 # Once, then once a minute with a count (review 90 L2: a line at every tick).
-                self._log_repeated("warning", "commitlog data not readable yet", "not readable yet", offset=offset,
-                                   size=end - offset)  # fmt: skip
+                self._repeats.say(self.log, "warning", "commitlog data not readable yet", "not readable yet",
+                                  offset=offset, size=end - offset)  # fmt: skip
                 return None
             try:
                 requests, next_offset = self._decode(chunk, offset, segment, end)

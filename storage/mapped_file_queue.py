@@ -14,7 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Callable, Final
 
-from mqstore.log import RepeatedLog, get_logger, suppressed_fields
+from mqstore.log import RepeatedLog, get_logger
 from mqstore.storage.codec import JAVA_LONG_MAX, segment_file_name
 from mqstore.storage.fs import NOT_WRITABLE_ERRNOS, FileSystem, UnreadPageError
 from mqstore.storage.mapped_file import MappedFile, WriteBufferPool
@@ -374,9 +374,7 @@ class MappedFileQueue:
     def _log_repeated(self, level: str, event: str, kind: Hashable = None, **fields: object) -> None:
         """`event` in full the first time (per `kind`, with the event), then once a minute with
         the count of those not logged (log.RepeatedLog)."""
-        suppressed = self.repeats.admit((self.store_path, event, kind))
-        if suppressed is not None:
-            getattr(log, level)(event, **fields, **suppressed_fields(suppressed))
+        self.repeats.say(log, level, event, (self.store_path, event, kind), **fields)
 
     def get_mapped_file_by_time(self, timestamp_ms: int) -> MappedFile | None:
         """The first file modified at or after `timestamp_ms`, else the last file."""
