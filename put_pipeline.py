@@ -838,10 +838,9 @@ class PutPipeline:
         except RuntimeError as exc:
             if str(exc) != "can't start new thread":
                 raise
-            suppressed = _log_module.PROCESS_REPEATS.admit(("put completions thread not started",))
-            if suppressed is not None:
-                self.log.warning("a thread to complete put_async futures could not be started; puts refused until "
-                                 "one can", error=repr(exc), **suppressed_fields(suppressed))  # fmt: skip
+            _log_module.PROCESS_REPEATS.say(self.log, "warning", "a thread to complete put_async futures could not be "
+                                            "started; puts refused until one can", "put completions thread not started",
+                                            error=repr(exc))  # fmt: skip
             return False
 
     def _counted_refusal(self, reply: _PutReply, result: PutResult) -> PutResult:

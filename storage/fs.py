@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Final, Hashable, Protocol
 
 from mqstore import log as mqstore_log
-from mqstore.log import get_logger, suppressed_fields
+from mqstore.log import get_logger
 from mqstore.storage import mapguard, speedups
 from mqstore.storage.map_areas import MAP_AREAS
 
@@ -833,10 +833,9 @@ _NO_HOLE_PUNCHING: set[int] = set()  # devices (st_dev) whose filesystem refused
 
 def _log_unreserve_failed(path: str, exc: OSError) -> None:
     """A line a minute per errno at most (the process's own repeats: no one store owns a map)."""
-    suppressed = mqstore_log.PROCESS_REPEATS.admit(("idle_file_blocks_not_given_back", exc.errno))
-    if suppressed is not None:
-        log.warning("idle_file_blocks_not_given_back", path=path, error=str(exc),
-                    consequence="they stay reserved for the file's next writes", **suppressed_fields(suppressed))  # fmt: skip
+    mqstore_log.PROCESS_REPEATS.say(log, "warning", "idle_file_blocks_not_given_back",
+                                    ("idle_file_blocks_not_given_back", exc.errno), path=path, error=str(exc),
+                                    consequence="they stay reserved for the file's next writes")  # fmt: skip
 
 
 _descriptor_kept_logged = False

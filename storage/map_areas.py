@@ -28,7 +28,7 @@ import time
 from typing import Callable, Final
 
 from mqstore import log as mqstore_log
-from mqstore.log import get_logger, suppressed_fields
+from mqstore.log import get_logger
 
 log = get_logger(__name__)
 
@@ -135,10 +135,9 @@ class MapAreas:
             )
             consequence = "reads are answered 'could not be mapped now' until maps are given back"
         message += ": raise vm.max_map_count (RocketMQ's os.sh sets 655360), or use larger segments"
-        suppressed = mqstore_log.PROCESS_REPEATS.admit(("map_share_used_up", new_file))
-        if suppressed is not None:
-            log.error("map_share_used_up", path=path, store_maps=live, max_map_count=limit, bound=bound,
-                      new_file=new_file, consequence=consequence, **suppressed_fields(suppressed))  # fmt: skip
+        mqstore_log.PROCESS_REPEATS.say(log, "error", "map_share_used_up", ("map_share_used_up", new_file), path=path,
+                                        store_maps=live, max_map_count=limit, bound=bound, new_file=new_file,
+                                        consequence=consequence)  # fmt: skip
         raise OSError(errno.ENOMEM, message, path)
 
 
