@@ -54,7 +54,9 @@ from mqstore.storage.fs import (
     RealFileSystem,
     UnreadDuringRecoveryError,
     UnreadPageError,
+    close_region_if_free,
     free_name,
+    region_closed,
 )
 from mqstore.storage.mapped_file import RESERVE_LOW_WATER_BYTES, DiskFullError, MappedFile, WriteBufferPool
 from mqstore.storage.mapped_file_queue import Allocator, MappedFileQueue
@@ -1294,10 +1296,6 @@ class CommitLog:
 # Readers for other threads and tools
 
 
-def _closed(region: MappedRegion) -> bool:
-    return bool(getattr(region.buf, "closed", False))
-
-
 def _map_failed_now(exc: OSError | ValueError) -> bool:
     """Whether a segment's map failed for the process's resources or access (EMFILE, ENFILE,
     ENOMEM, EACCES, EIO, ...), not for what the file is: gone (ENOENT), of another size or
@@ -1306,18 +1304,6 @@ def _map_failed_now(exc: OSError | ValueError) -> bool:
 
 
 _FILE_IS_NOT_A_SEGMENT = frozenset({errno.ENOENT, errno.EINVAL, errno.EISDIR, errno.ENOTDIR, errno.ENODEV, None})
-
-
-def _close_region(region: MappedRegion) -> bool:
-    """Close a reader's map; False if it could not be now. Closed from another thread (the
-    store closing, or deleted segments given back) while its owner decodes in place: that
-    holds the map for one C call, and the map is unmapped with its last reference right
-    after. Closing must not fail for it."""
-    try:
-        region.close()
-    except BufferError:
-        return False
-    return True
 
 
 # Segments a CommitLogReader keeps mapped at once. Each map holds a descriptor (CPython's mmap
@@ -1409,10 +1395,10 @@ class CommitLogReader:
             present.add(start)
             known = self._regions.get(start)
             if known is not None:
-                if not _closed(known):
+                if not region_closed(known):
                     continue
                 with self._closing:  # given back (release_deleted) but named again: map it anew
-                    _close_region(self._regions.pop(start))
+                    close_region_if_free(self._regions.pop(start))
                 self._valid_ends.pop(start, None)
             elif start in self._parked:
                 continue
@@ -1434,7 +1420,7 @@ class CommitLogReader:
         for start in [s for s in self._regions if s not in present]:
             self._valid_ends.pop(start, None)
             with self._closing:
-                _close_region(self._regions.pop(start))
+                close_region_if_free(self._regions.pop(start))
 
     def _full_sized(self, path: str) -> bool:
         """Whether `path` is a regular file of the segment size (a segment to map when read;
@@ -1482,7 +1468,7 @@ class CommitLogReader:
                     order.append(oldest)  # a short segment is kept mapped
                 continue
             with self._closing:
-                if not _close_region(mapped):
+                if not close_region_if_free(mapped):
                     order.append(oldest)  # a view of it is alive: given back later
                     continue
             del self._regions[oldest]
@@ -1496,12 +1482,12 @@ class CommitLogReader:
         then reads None there, as for any deleted segment, and its next refresh forgets it."""
         released = 0
         for start, region in list(self._regions.items()):  # (a copy: the owner may refresh meanwhile)
-            if start in present or _closed(region) or not isinstance(region.buf, mmap.mmap):
+            if start in present or region_closed(region) or not isinstance(region.buf, mmap.mmap):
                 continue  # (a simulated region has no map to give back)
             if self.fs.exists(os.path.join(self.store_path, f"{start:020d}")):
                 continue  # made after `present` was listed (the owner mapped a new segment)
             with self._closing:
-                if _close_region(region):
+                if close_region_if_free(region):
                     released += 1
         return released
 
@@ -1573,7 +1559,7 @@ class CommitLogReader:
                 self._dropped.add(start)
                 self._valid_ends.pop(start, None)
                 with self._closing:
-                    _close_region(self._regions.pop(start))
+                    close_region_if_free(self._regions.pop(start))
         return found
 
     def unread(self, offset: int) -> UnreadPageError | None:
@@ -1596,11 +1582,11 @@ class CommitLogReader:
         acknowledged message there)."""
         start = offset - offset % self.mapped_file_size
         region = self._regions.get(start)
-        if region is None or _closed(region) or not region.renewed():
+        if region is None or region_closed(region) or not region.renewed():
             return False
         self._valid_ends.pop(start, None)
         with self._closing:
-            _close_region(self._regions.pop(start))
+            close_region_if_free(self._regions.pop(start))
         return True
 
     def _readable_end(self, start: int) -> int:
@@ -1610,7 +1596,7 @@ class CommitLogReader:
     def close(self) -> None:
         with self._closing:
             for region in list(self._regions.values()):
-                _close_region(region)
+                close_region_if_free(region)
         self._regions.clear()
         self._parked.clear()
         self._mapped_order.clear()

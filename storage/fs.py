@@ -827,6 +827,23 @@ class RealMappedRegion:
         self._locked = False
 
 
+def region_closed(region: MappedRegion) -> bool:
+    """Whether a map was closed (a simulated file's never is)."""
+    return bool(getattr(region.buf, "closed", False))
+
+
+def close_region_if_free(region: MappedRegion) -> bool:
+    """Close a reader's map; False if it could not be now. Closed from another thread (the
+    store closing, deleted files given back) while a reader decodes in place or a C walk
+    holds it: that holds the map for one call, and the map stays guarded and is unmapped
+    with its last reference right after. Closing must not fail for it."""
+    try:
+        region.close()
+    except BufferError:
+        return False
+    return True
+
+
 _unguarded_logged = False
 _NO_HOLE_PUNCHING: set[int] = set()  # devices (st_dev) whose filesystem refused to punch a hole
 

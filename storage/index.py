@@ -34,7 +34,9 @@ from mqstore.storage.codec import (
     java_split,
 )
 from mqstore.storage import mapguard, speedups
-from mqstore.storage.fs import FileCutUnderMapError, FileSystem, MappedRegion, UnreadPageError
+from mqstore.storage.fs import (
+    FileCutUnderMapError, FileSystem, MappedRegion, UnreadPageError, close_region_if_free, region_closed,
+)
 from mqstore.storage.mapped_file import KEEP_FREE_FOR_DERIVED_BYTES, DiskFullError, _log_reserve_failure, free_bytes
 
 __all__ = [
@@ -603,7 +605,7 @@ class IndexFile:
     @property
     def unmapped(self) -> bool:
         """Whether this file's map was closed (a reader's, given back from another thread)."""
-        return _region_closed(self._region)
+        return region_closed(self._region)
 
     def destroy(self) -> None:
         """Unmap and delete. Raises OSError if the file cannot be removed."""
@@ -713,7 +715,7 @@ class IndexMaps:
     @property
     def mapped_names(self) -> tuple[str, ...]:
         with self._lock:
-            return tuple(name for name, region in self._regions.items() if not _region_closed(region))
+            return tuple(name for name, region in self._regions.items() if not region_closed(region))
 
     def region(self, name: str) -> MappedRegion | None:
         """The shared map of index/`name`, made if none is open (or the open one faulted);
@@ -723,7 +725,7 @@ class IndexMaps:
             if self.closed:
                 return None
             region = self._regions.get(name)
-            if region is not None and not _region_closed(region) and not region.cut_short():
+            if region is not None and not region_closed(region) and not region.cut_short():
                 return region
             path = os.path.join(self.index_dir, name)
             if self._fs.getsize(path) != self._expected_size:
@@ -731,7 +733,7 @@ class IndexMaps:
             fresh = self._fs.map_file(path, self._expected_size, create=False, readonly=True)
             if region is not None:
                 self.generation += 1
-                _close_region(region)  # (faulted: readers still holding it drop it as they look)
+                close_region_if_free(region)  # (faulted: readers still holding it drop it as they look)
             self._regions[name] = fresh
             return fresh
 
@@ -743,7 +745,7 @@ class IndexMaps:
             if self._regions.get(name) is region:
                 del self._regions[name]
             self.generation += 1
-            _close_region(region)
+            close_region_if_free(region)
 
     def release_deleted(self, present: Collection[str]) -> int:
         """Unmap the files gone from index/ (`present`: the names listed now); how many maps it
@@ -757,8 +759,8 @@ class IndexMaps:
                     continue  # (a simulated file has no map to give back)
                 if self._fs.exists(os.path.join(self.index_dir, name)):
                     continue  # made after `present` was listed
-                was_open = not _region_closed(region)
-                if not was_open or _close_region(region):
+                was_open = not region_closed(region)
+                if not was_open or close_region_if_free(region):
                     del self._regions[name]
                     released += was_open
             self.generation += released
@@ -770,22 +772,7 @@ class IndexMaps:
             self.generation += 1
             regions, self._regions = list(self._regions.values()), {}
             for region in regions:
-                _close_region(region)
-
-
-def _region_closed(region: MappedRegion) -> bool:
-    """Whether a map was closed (a simulated file's never is)."""
-    return bool(getattr(region.buf, "closed", False))
-
-
-def _close_region(region: MappedRegion) -> bool:
-    """Close a reader's map; False if it could not be now: another thread's C walk holds it
-    (for one call; the map stays guarded and goes with its last reference)."""
-    try:
-        region.close()
-    except BufferError:
-        return False
-    return True
+                close_region_if_free(region)
 
 
 class IndexReader:
