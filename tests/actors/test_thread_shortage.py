@@ -69,12 +69,13 @@ ACTOR_THREADS = ("CommitLogWriter", "AllocateMappedFileService", "FlushCommitLog
 
 
 def test_a_thread_shortage_while_an_actor_is_restarted_does_not_give_the_store_up(
-    store_dir: Path, refuse_threads: list[Callable[[str], bool]]
+    store_dir: Path, refuse_threads: list[Callable[[str], bool]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each restart whose actor thread could not start counted against the restart budget
     (10 a minute, back-off 10 ms to 1 s): about 4.5 s of shortage gave the store up for good,
     every put SERVICE_NOT_AVAILABLE once threads were back (review 76). Now such a restart is
     retried at the slowest back-off without counting, as for a full disk."""
+    _fast_backoff(monkeypatch)
     faults, fatal = FaultPlan(), []
     store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append)
     try:
@@ -82,7 +83,7 @@ def test_a_thread_shortage_while_an_actor_is_restarted_does_not_give_the_store_u
         refuse_threads.append(lambda name: name.startswith(ACTOR_THREADS))
         faults.arm("writer.mid_batch_append")  # one crash of the writer
         store.put(Message("t", b"crashes the writer"))
-        deadline = time.monotonic() + 6.0  # a 6 s shortage
+        deadline = time.monotonic() + SHORTAGE_S
         while time.monotonic() < deadline:
             assert store.supervisor.state is SupervisorState.RUNNING, fatal
             time.sleep(0.1)
@@ -136,7 +137,7 @@ def test_a_descriptor_or_memory_shortage_while_an_owner_is_restarted_does_not_gi
     and 4.6 s of shortage gave the store up for good. Not counted now, as a thread shortage;
     nor is one of memory or map areas (review 90 M3)."""
     short = _queues_owner_short_of_descriptors(monkeypatch, SHORTAGES[shortage])
-    _outlives_a_shortage(store_dir, short, "consume_queue.mid_write")
+    _outlives_a_shortage(store_dir, monkeypatch, short, "consume_queue.mid_write")
 
 
 def test_a_shortage_that_lasts_counts_again_and_an_open_does_not_wait_for_one(
@@ -228,14 +229,26 @@ def test_a_writer_restart_short_of_memory_for_its_write_buffers_does_not_give_th
         pool_init(self, *args, **kwargs)
 
     monkeypatch.setattr(commitlog_writer.TransientStorePool, "__init__", short_of_memory)
-    _outlives_a_shortage(store_dir, short, "writer.mid_batch_append", transient_store_pool_enable=True,
+    _outlives_a_shortage(store_dir, monkeypatch, short, "writer.mid_batch_append", transient_store_pool_enable=True,
                          transient_store_pool_size=2)  # fmt: skip
 
 
-def _outlives_a_shortage(store_dir: Path, short: threading.Event, crash_at: str, **settings: Any) -> None:
-    """One crash at `crash_at`, then 6 s of the shortage `short` stands for while its actor is
-    restarted: the store keeps running (was given up after ~4.5 s), and once the shortage is
-    over its actor is back, dispatching, and puts are taken."""
+# With the back-off capped at 50 ms, counted restarts use up the budget (MAX_RESTARTS) in about
+# half a second, where the real cap takes ~4.5 s: a shortage of 1.5 s outlasts it three times.
+SHORTAGE_S = 1.5
+
+
+def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor_module, "BACKOFF_MAX_MS", 50)
+
+
+def _outlives_a_shortage(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch, short: threading.Event, crash_at: str, **settings: Any
+) -> None:
+    """One crash at `crash_at`, then SHORTAGE_S of the shortage `short` stands for while its
+    actor is restarted: the store keeps running (was given up once the budget was used), and
+    once the shortage is over its actor is back, dispatching, and puts are taken."""
+    _fast_backoff(monkeypatch)
     faults, fatal = FaultPlan(), []
     store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append, **settings)
     try:
@@ -243,7 +256,7 @@ def _outlives_a_shortage(store_dir: Path, short: threading.Event, crash_at: str,
         short.set()
         faults.arm(crash_at)
         store.put(Message("t", b"crashes the actor"))
-        deadline = time.monotonic() + 6.0
+        deadline = time.monotonic() + SHORTAGE_S
         while time.monotonic() < deadline:
             assert store.supervisor.state is SupervisorState.RUNNING, fatal
             time.sleep(0.1)
