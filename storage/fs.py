@@ -36,6 +36,52 @@ log = get_logger(__name__)
 
 OS_PAGE_SIZE = 4096
 
+# Descriptors 0, 1 and 2 are the host's stdio. A host that closed them (a daemon, `<&- >&- 2>&-`)
+# would get the store's files there, and whatever writes to "stderr" by number (a C library, a
+# fatal error, a child given the host's stdio) would write into a store file (review 94 M2: the
+# lock file, an index file). So no store file is ever opened there (SQLite's robust_open does
+# the same): it is moved above 2, and the slot it took holds /dev/null.
+_STDIO_FDS: Final = 3
+
+
+def open_fd(path: str | bytes, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+    """`os.open`, never onto descriptor 0, 1 or 2 (the host's stdio)."""
+    fd = os.open(path, flags, mode, dir_fd=dir_fd)
+    if fd >= _STDIO_FDS:
+        return fd
+    try:
+        moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _STDIO_FDS)  # (os.open's are never inheritable)
+    except BaseException:
+        os.close(fd)
+        raise
+    _fill_with_dev_null(fd)
+    return moved
+
+
+def _fill_with_dev_null(fd: int) -> None:
+    """/dev/null in place of descriptor `fd` (closing what it held), so that later opens do not
+    land there either; the descriptor is just closed where /dev/null cannot be opened."""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        os.close(fd)
+        return
+    if null != fd:
+        os.dup2(null, fd)  # inheritable, as a stdio descriptor is
+        if null >= _STDIO_FDS:
+            os.close(null)  # (one below 3 fills another closed stdio slot: kept)
+
+
+def fill_stdio_with_dev_null() -> None:
+    """/dev/null on each of descriptors 0, 1 and 2 that is closed (the command line's start)."""
+    for fd in range(_STDIO_FDS):
+        try:
+            os.fstat(fd)
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+            _fill_with_dev_null(fd)
+
 
 @dataclass(frozen=True, slots=True)
 class DiskUsage:
@@ -136,7 +182,7 @@ def not_writable_cause(path: str) -> OSError | None:
     None: its immutable or append-only attribute (FS_IOC_GETFLAGS), else what open(O_RDWR)
     answers, EPERM or EACCES. Other errors (gone, EIO) are not this cause: None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_fd(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         fd = -1
     if fd >= 0:
@@ -151,7 +197,7 @@ def not_writable_cause(path: str) -> OSError | None:
         if flags & FS_APPEND_FL:
             return OSError(errno.EPERM, "its append-only attribute is set (chattr +a)", path)
     try:
-        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
+        os.close(open_fd(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
     except OSError as exc:
         if exc.errno in NOT_WRITABLE_ERRNOS:
             return exc
@@ -216,7 +262,7 @@ def read_regular_file(path: str, limit: int = -1) -> bytes:
     """The file's bytes (at most `limit`). A FIFO, socket or device at `path` raises
     NotARegularFileError: opening a FIFO to read blocks until a writer comes (for good, here),
     so it is opened without blocking and looked at first."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = open_fd(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         _require_regular(os.fstat(fd).st_mode, path)
         with open(fd, "rb", closefd=False) as f:
@@ -383,7 +429,7 @@ def _open_unnamed(path: str) -> int:
     RealMappedRegion.take_name can link to `path`. OSError where that cannot be done: the
     filesystem has no O_TMPFILE (EOPNOTSUPP; EISDIR on kernels before 3.11), or /proc is not
     mounted (nothing to link the descriptor by)."""
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, FILE_MODE)
+    fd = open_fd(os.path.dirname(os.path.abspath(path)), os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, FILE_MODE)
     if not os.path.exists(f"/proc/self/fd/{fd}"):
         os.close(fd)
         raise OSError(errno.EOPNOTSUPP, "an unnamed file cannot be named here: /proc is not mounted", path)
@@ -407,13 +453,13 @@ class RealMappedRegion:
             self._unnamed_fd = fd
             self._close_unnamed = weakref.finalize(self, os.close, fd)
         elif readonly or not create:
-            fd = os.open(path, (os.O_RDONLY if readonly else os.O_RDWR) | flags)
+            fd = open_fd(path, (os.O_RDONLY if readonly else os.O_RDWR) | flags)
         else:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o644)
+                fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o644)
                 created = True
             except FileExistsError:
-                fd = os.open(path, os.O_RDWR | flags)
+                fd = open_fd(path, os.O_RDWR | flags)
         release_area: Callable[[], None] | None = None
         try:
             status = os.fstat(fd)
@@ -485,7 +531,7 @@ class RealMappedRegion:
             return
         directory = os.path.dirname(os.path.abspath(self.path))
         name = os.path.basename(self.path)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = open_fd(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: AT_EMPTY_PATH would need
             # CAP_DAC_READ_SEARCH. (os.link without a dir_fd calls link(2), which links the
@@ -579,7 +625,7 @@ class RealMappedRegion:
         through the map goes to a file no directory holds, which the owner's own checks name
         (replaced(), cut_under_map)."""
         try:
-            fd = os.open(self._path_bytes, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = open_fd(self._path_bytes, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             _record_cut(self.path)
             raise FileReplacedUnderMapError(self.path) from None
@@ -786,7 +832,7 @@ class RealMappedRegion:
         rest a hole: zeros, as in the map), made durable: a copy of a file replaced under it
         that can take the file's place."""
         check_file_size_limit(path, self.size)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             view = memoryview(self.buf)[:length]
             try:
@@ -932,7 +978,7 @@ def free_name(exists: Callable[[str], bool], wanted: str) -> str:
 
 def fsync_dir(directory: str) -> None:
     """Make a directory's entries (a file created, renamed or removed in it) durable."""
-    dir_fd = os.open(directory, os.O_RDONLY)
+    dir_fd = open_fd(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -944,7 +990,7 @@ class RealFileSystem:
         """Force [start, end) of `path` to disk through a descriptor, for a file that cannot be
         mapped (no memory or address space for a map): fdatasync, which forces the whole file
         (the same page-cache pages an msync of a shared map writes)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_fd(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             os.fdatasync(fd)
         finally:
@@ -1037,7 +1083,7 @@ class RealFileSystem:
 
     def read_at(self, path: str, offset: int, length: int) -> bytes:
         """At most `length` bytes of a regular file from `offset` (fewer past its end)."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO opens, then is refused)
+        fd = open_fd(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO opens, then is refused)
         try:
             _require_regular(os.fstat(fd).st_mode, path)
             return os.pread(fd, length, offset)
@@ -1085,7 +1131,7 @@ class RealFileSystem:
         if old is not None and not stat.S_ISREG(old.st_mode):
             old = None
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
             if old is not None:
                 _keep_mode_and_owner(fd, old)
             with open(fd, "wb") as f:
@@ -1097,7 +1143,7 @@ class RealFileSystem:
             with contextlib.suppress(OSError):  # a full disk leaves no half-written temp file
                 os.remove(tmp)
             raise
-        dir_fd = os.open(directory, os.O_RDONLY)
+        dir_fd = open_fd(directory, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
@@ -1129,7 +1175,7 @@ class RealFileSystem:
         system cannot tell, the whole range."""
         if start >= end:
             return []
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_fd(path, os.O_RDONLY)
         try:
             extents: list[tuple[int, int]] = []
             pos = start

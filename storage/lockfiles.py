@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from mqstore.log import get_logger
-from mqstore.storage.fs import FileSystem, RealFileSystem, check_file_size_limit, fsync_dir
+from mqstore.storage.fs import FileSystem, RealFileSystem, check_file_size_limit, fsync_dir, open_fd
 
 __all__ = ["ABORT_FILE_NAME", "LOCK_FILE_NAME", "AbortFile", "StoreDirectoryError", "StoreLock", "StoreLockedError"]
 
@@ -217,13 +217,13 @@ class StoreLock:
         flags = os.O_RDWR | os.O_NOFOLLOW
         try:
             try:
-                fd = self._fd = os.open(self.path, flags)
+                fd = self._fd = open_fd(self.path, flags)
             except FileNotFoundError:
                 try:
-                    fd = self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                    fd = self._fd = open_fd(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
                     self._created = True
                 except FileExistsError:  # made by another process meanwhile: take that one
-                    fd = self._fd = os.open(self.path, flags)
+                    fd = self._fd = open_fd(self.path, flags)
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
@@ -262,7 +262,7 @@ class StoreLock:
         seen = self._claimed
         for path in paths:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+                fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
             except FileNotFoundError:
                 continue
             self._directory_fds.append(fd)  # closed by release(), whatever happens next
