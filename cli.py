@@ -36,7 +36,7 @@ from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
 from .storage.commitlog import being_created, scan_commitlog_dir, segment_size_in
 from .storage.consume_queue import iter_cq_units, list_consume_queues
-from .storage.fs import NotARegularFileError, RealFileSystem
+from .storage.fs import NotARegularFileError, RealFileSystem, fill_stdio_with_dev_null
 from .storage.index import IndexFile, index_file_size
 from .storage.lockfiles import StoreDirectoryError
 from .storage.mapped_file_queue import named_past_the_largest_offset
@@ -83,12 +83,93 @@ Handler = Callable[[argparse.Namespace], int]
 # Entry point
 
 
+# Commands that only print what they read stop at the first write their reader did not take
+# (`mqstore dump | head`). The others change the store, or their exit status is a verdict
+# (verify, recover, demo, the Spark jobs): a reader gone, stdout on a full disk or a closed
+# stderr must neither cut them short (review 94 H1: recover stopped before its re-dispatch,
+# the lock held) nor change that status (M1: `verify DAMAGED | head` exited 0).
+STOP_AT_A_LOST_READER: Final = frozenset({"dump", "get", "query", "inspect", "stats"})
+SIGPIPE_EXIT: Final = 128 + 13  # the status of a command a shell's pipe stopped: `cat f | head`
+
+
+class StdoutLost(Exception):
+    """A command that only prints what it reads stops: stdout refused a write (`error`)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror)
+        self.error = error
+
+
+class _Output:
+    """sys.stdout or sys.stderr for one command. The first write or flush the stream refuses
+    (EPIPE, EIO, ENOSPC) is kept in `lost`, and the descriptor is pointed at /dev/null so that
+    nothing later (the interpreter's last flush) fails again; then it raises StdoutLost
+    (`stop`) or takes every later write as written."""
+
+    def __init__(self, stream: IO[str], name: str, *, stop: bool) -> None:
+        self._stream, self.name, self._stop = stream, name, stop
+        self.lost: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.lost is None:
+            try:
+                return self._stream.write(text)
+            except OSError as exc:
+                self._lose(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.lost is None:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                self._lose(exc)
+
+    def _lose(self, exc: OSError) -> None:
+        self.lost = exc
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        if self._stop:
+            raise StdoutLost(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...: the stream's
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # Closed stdio (`>&-`, a daemon): /dev/null there, so output goes nowhere rather than
+    # raising, and no store file is opened as descriptor 1 or 2 (review 94 M2).
+    fill_stdio_with_dev_null()
+    if sys.stdout is None:  # (closed when the interpreter started): for the process's life
+        sys.stdout = open(os.devnull, "w")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): return, never raise
         return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    saved = sys.stdout, sys.stderr
+    out = _Output(sys.stdout, "stdout", stop=getattr(args, "command", None) in STOP_AT_A_LOST_READER)
+    err = _Output(sys.stderr, "stderr", stop=False)  # diagnostics never stop a command
+    sys.stdout, sys.stderr = out, err
+    try:
+        code = _run(parser, args)
+        with contextlib.suppress(StdoutLost):
+            out.flush()
+    finally:
+        sys.stdout, sys.stderr = saved
+    if out.lost is not None and code in (ExitCode.OK, SIGPIPE_EXIT):
+        if out.lost.errno == errno.EPIPE:
+            return SIGPIPE_EXIT  # the reader left: not a success a script may build on
+        print(f"mqstore {args.command}: could not write to stdout: {out.lost.strerror}", file=err)
+        return ExitCode.FAILURE
+    return code
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     level = {0: "WARNING", 1: "INFO"}.get(args.verbose, "DEBUG")
     configure_logging(level, json=args.log_json)
     handler: Handler | None = getattr(args, "handler", None)
@@ -107,10 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     except StoreDirectoryError as exc:  # something in the way of the store's own files
         print(f"mqstore {args.command}: {exc}", file=sys.stderr)
         return ExitCode.NOT_A_STORE
-    except BrokenPipeError:
-        # `mqstore dump ... | head`: the reader left; that is not our failure.
+    except StdoutLost:  # a command that only prints what it reads: `mqstore dump ... | head`
+        return SIGPIPE_EXIT  # (main says why, unless the reader left)
+    except BrokenPipeError:  # a pipe of the command's own (Spark's): the failure it is
         _silence_stdout()
-        return ExitCode.OK
+        print(f"mqstore {args.command}: BrokenPipeError: a pipe's reader is gone", file=sys.stderr)
+        return ExitCode.FAILURE
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug or an unexpected OS error: a clear line, exit 1

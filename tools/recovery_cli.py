@@ -112,8 +112,10 @@ def run_recover(args: argparse.Namespace) -> int:
         lock.drop_created_file()  # refused: the root as it was found (review 61 L1)
         raise
     finally:
-        close_bar()
-        lock.release()
+        try:
+            close_bar()  # (a terminal gone: never keep the lock for it, review 94 H1)
+        finally:
+            lock.release()
     result: dict[str, Any] = {"store_dir": str(root), **report.summary()}
     result["scan_seconds"] = round(time.monotonic() - started, 3)
     for start, end in report.lost_ranges:

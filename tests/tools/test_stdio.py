@@ -1,0 +1,152 @@
+"""The command line where stdout and stderr are not a healthy terminal or file (review 94): a
+reader that left (`| head`, quitting `less`), a closed descriptor (`>&-`, a daemon). A command
+that changes the store or whose status is a verdict runs to its end and keeps that status; a
+command that only prints what it reads stops, with the status of a command a pipe stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mqstore
+
+SMALL = {"mapped_file_size_commitlog_bytes": 64 << 10, "max_hash_slot_num": 64, "max_index_num": 256}
+MAKE_STORE = """
+import os, sys
+import mqstore
+root, crash = sys.argv[1], sys.argv[2] == "crash"
+store = mqstore.open(root, mapped_file_size_commitlog_bytes=64 << 10, max_hash_slot_num=64, max_index_num=256)
+for i in range(600):
+    assert store.put(mqstore.Message("t", b"m%05d" % i * 30, keys=[f"k{i}"])).ok
+if crash:
+    os._exit(0)  # the page cache keeps it all; the abort file stays
+store.close()
+"""
+
+
+def _store(root: Path, *, crashed: bool = False) -> Path:
+    subprocess.run([sys.executable, "-c", MAKE_STORE, str(root), "crash" if crashed else "clean"], check=True, timeout=120)
+    return root
+
+
+def _mqstore(*argv: str, stdout: int | None = subprocess.PIPE, stderr: int | None = subprocess.PIPE,
+             reader_gone: bool = False, close: tuple[int, ...] = ()) -> tuple[int, str, str]:  # fmt: skip
+    """Run `mqstore ARGV` in a child. `reader_gone`: both pipes' read ends are closed before
+    it writes (as `2>&1 | head -0` leaves them). `close`: descriptors closed in the child."""
+
+    def closing() -> None:
+        for fd in close:
+            os.close(fd)
+
+    child = subprocess.Popen([sys.executable, "-m", "mqstore", *argv], stdout=stdout, stderr=stderr,
+                             stdin=subprocess.DEVNULL, preexec_fn=closing if close else None)  # fmt: skip
+    if reader_gone:
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
+        return child.wait(timeout=180), "", ""
+    out, err = child.communicate(timeout=180)
+    return child.returncode, (out or b"").decode(), (err or b"").decode()
+
+
+def _all_bodies(root: Path) -> list[bytes]:
+    bodies: list[bytes] = []
+    with mqstore.open(root, **SMALL) as store:
+        while got := store.get("t", 0, len(bodies), 32).messages:
+            bodies += [m.body for m in got]
+    return bodies
+
+
+def _damage_every_other_body(root: Path) -> None:
+    code, out, err = _mqstore("dump", str(root))
+    assert code == 0, err
+    for row in [json.loads(line) for line in out.splitlines()][::2]:
+        offset, size = row["commitlog_offset"], row["size"]
+        with open(root / "commitlog" / f"{offset // (64 << 10) * (64 << 10):020d}", "r+b") as f:
+            f.seek(offset % (64 << 10) + size - 80)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_recover_whose_progress_reader_left_recovers_to_the_end(tmp_path: Path) -> None:
+    """`mqstore recover S 2>&1 | head -1`: the progress bar's write failed in a `finally`,
+    before the lock was released and before the re-dispatch; exit 0 with the abort file
+    still there and no queue or index rebuilt (review 94 H1)."""
+    root = _store(tmp_path / "s", crashed=True)
+    assert (root / "abort").exists()
+    code, _, _ = _mqstore("recover", str(root), stdout=subprocess.DEVNULL, reader_gone=True)  # the bar's reader
+    assert code == 0
+    assert not (root / "abort").exists()  # the re-dispatch ran: a clean stop
+    code, _, err = _mqstore("verify", str(root))
+    assert code == 0, err
+    assert _all_bodies(root) == [b"m%05d" % i * 30 for i in range(600)]
+
+
+def test_recover_whose_reader_left_recovers_and_says_its_report_was_lost(tmp_path: Path) -> None:
+    root = _store(tmp_path / "s", crashed=True)
+    code, _, _ = _mqstore("recover", str(root), reader_gone=True)  # `2>&1 | head -0`
+    assert code == 141  # as a command a pipe stopped: its report never arrived
+    assert not (root / "abort").exists()
+    code, _, err = _mqstore("verify", str(root))
+    assert code == 0, err
+    assert _all_bodies(root) == [b"m%05d" % i * 30 for i in range(600)]
+
+
+def test_recover_with_stderr_closed_recovers(tmp_path: Path) -> None:
+    root = _store(tmp_path / "s", crashed=True)
+    code, out, _ = _mqstore("recover", str(root), stderr=None, close=(2,))
+    assert code == 0 and "AttributeError" not in out
+    assert not (root / "abort").exists()
+
+
+def test_a_verdict_is_kept_when_the_reader_left(tmp_path: Path) -> None:
+    """`verify DAMAGED | head -1` exited 0 (review 94 M1): a lost reader turned every status
+    into success."""
+    root = _store(tmp_path / "s")
+    _damage_every_other_body(root)
+    assert _mqstore("verify", str(root))[0] == 3
+    assert _mqstore("verify", str(root), reader_gone=True)[0] == 3
+
+
+def test_a_command_that_only_prints_stops_with_the_status_of_a_piped_command(tmp_path: Path) -> None:
+    root = _store(tmp_path / "s")
+    assert _mqstore("dump", str(root), reader_gone=True)[0] == 141  # as `cat f | head`; was 0
+
+
+def test_closed_stdout_gives_the_commands_status_and_no_traceback(tmp_path: Path) -> None:
+    """`>&-`: sys.stdout is None, and a refusal's flush raised AttributeError out of main
+    (a traceback, exit 1 for 5); every printing command exited 1 (review 94 M2)."""
+    code, _, err = _mqstore("dump", str(tmp_path / "missing"), stdout=None, close=(1,))
+    assert code == 5 and "Traceback" not in err, err
+    root = _store(tmp_path / "s")
+    for argv in (("dump", str(root)), ("inspect", str(root)), ("verify", str(root))):
+        code, _, err = _mqstore(*argv, stdout=None, close=(1,))
+        assert code == 0 and err == "", (argv, err)
+
+
+def test_closed_stderr_puts_no_diagnostic_into_the_json_lines(tmp_path: Path) -> None:
+    """`2>&-`: print(file=None) wrote get's summary and error lines to stdout, where a
+    consumer takes each line for a message (review 94 M2)."""
+    root = _store(tmp_path / "s")
+    code, out, _ = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0", "--max", "2",
+                            stderr=None, close=(2,))  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["queue_offset"] for row in rows] == [0, 1]
+    code, out, _ = _mqstore("dump", str(tmp_path / "missing"), stderr=None, close=(2,))
+    assert code == 5 and out == ""
+
+
+def test_stdout_on_a_full_disk_names_stdout(tmp_path: Path) -> None:
+    """/dev/full: every write fails with ENOSPC, which read like the store's own disk."""
+    root = _store(tmp_path / "s")
+    with open("/dev/full", "w") as full:
+        code, _, err = _mqstore("inspect", str(root), stdout=full.fileno())
+    assert code == 1 and "stdout" in err and "No space left" in err, err
+    with open("/dev/full", "w") as full:
+        code, _, err = _mqstore("verify", str(root), stdout=full.fileno())
+    assert code == 1 and "could not write to stdout" in err, err
