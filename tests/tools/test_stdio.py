@@ -150,3 +150,22 @@ def test_stdout_on_a_full_disk_names_stdout(tmp_path: Path) -> None:
     with open("/dev/full", "w") as full:
         code, _, err = _mqstore("verify", str(root), stdout=full.fileno())
     assert code == 1 and "could not write to stdout" in err, err
+
+
+def test_get_and_query_name_the_corrupt_records_they_skip(tmp_path: Path) -> None:
+    """Review 94 M3: with every other body flipped, `mqstore get` answered offsets [0, 3, 4, 7]
+    FOUND, exit 0, and `query` for a damaged message's key "0 messages", exit 0, where the
+    store's own get names the skipped record and verify exits 3."""
+    root = _store(tmp_path / "s")
+    _damage_every_other_body(root)
+    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0", "--max", "4")
+    assert code == 3, err
+    summary = json.loads(err.splitlines()[-1])
+    assert summary["status"] == "FOUND" and "skipped" in summary["detail"] and "corrupt" in summary["detail"]
+    served = [json.loads(line)["queue_offset"] for line in out.splitlines()]
+    assert served and all(offset % 2 == 1 for offset in served)  # the damaged ones are the even ones
+    code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", "k0")
+    assert code == 3 and out == "", err
+    assert "corrupt" in json.loads(err.splitlines()[-1])["detail"]
+    code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", "k1")
+    assert code == 0 and len(out.splitlines()) == 1, err  # an intact one: found, no detail
