@@ -41,7 +41,7 @@ from .storage.index import IndexFile, index_file_size
 from .storage.lockfiles import StoreDirectoryError
 from .storage.mapped_file_queue import named_past_the_largest_offset
 
-__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "load_config", "main", "unreadable_file"]
+__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "json_line", "load_config", "main", "unreadable_file"]
 
 log = get_logger(__name__)
 
@@ -451,10 +451,18 @@ def _commitlog_dir_of(root: Path) -> Path:
     raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog/ directory")
 
 
+def json_line(row: dict[str, Any]) -> str:
+    """One JSON line for stdout: non-ASCII as is where stdout is UTF-8, else escaped (`\\u043a`,
+    valid JSON whatever the encoding: a latin-1 or ASCII stdout failed at the first such key,
+    review 94 L2)."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    return json.dumps(row, ensure_ascii=encoding != "utf8") + "\n"
+
+
 def _write_json_lines(rows: Iterator[dict[str, Any]], out: IO[str]) -> int:
     count = 0
     for row in rows:
-        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        out.write(json_line(row))
         count += 1
     out.flush()
     return count

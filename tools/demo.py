@@ -661,6 +661,10 @@ def _run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(ExitCode.USAGE, f"--{name} must be at least 1")
+    if args.duration is not None and not args.duration > 0:  # (NaN too)
+        raise CliError(ExitCode.USAGE, f"--duration must be more than 0 seconds, not {args.duration}")
+    if args.body_bytes < 0:
+        raise CliError(ExitCode.USAGE, f"--body-bytes must not be negative, not {args.body_bytes}")
     messages = args.messages if args.messages is not None or args.duration is not None else DEFAULT_MESSAGES
     plan = DemoPlan(messages=messages, duration_s=args.duration, producers=args.producers, queues=args.queues,
                     window=args.window, body_bytes=args.body_bytes, query=args.query)  # fmt: skip

@@ -59,7 +59,7 @@ def add_subcommands(subparsers: Any) -> None:
     )
     v.add_argument("store_dir", metavar="STORE_DIR", type=Path)
     v.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    v.add_argument("--max-problems", type=int, default=1000, help="list at most this many problems (default 1000)")
+    v.add_argument("--max-problems", type=_non_negative, default=1000, help="list at most this many problems (default 1000)")
     v.set_defaults(handler=run_verify)
 
 
@@ -221,3 +221,10 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value

@@ -169,3 +169,38 @@ def test_get_and_query_name_the_corrupt_records_they_skip(tmp_path: Path) -> Non
     assert "corrupt" in json.loads(err.splitlines()[-1])["detail"]
     code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", "k1")
     assert code == 0 and len(out.splitlines()) == 1, err  # an intact one: found, no detail
+
+
+def test_json_lines_on_a_stdout_that_is_not_utf_8(tmp_path: Path) -> None:
+    """Review 94 L2: `ensure_ascii=False` failed at the first non-ASCII key on an ASCII or
+    latin-1 stdout (exit 1, nothing printed); escaped there, the JSON is the same."""
+    root = tmp_path / "s"
+    with mqstore.open(root, **SMALL) as store:
+        assert store.put(mqstore.Message("t", b"x", keys=["ключ"])).ok
+    for encoding in ("ascii", "latin-1", "utf-8"):
+        env = {**os.environ, "PYTHONIOENCODING": encoding}
+        out = subprocess.run([sys.executable, "-m", "mqstore", "dump", str(root)], capture_output=True, env=env,
+                             timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.decode(encoding))["keys"] == "ключ"
+
+
+def test_a_topic_argument_is_spelled_as_a_topic(tmp_path: Path) -> None:
+    """Review 94 L3: `--topic ../consumequeue/t` was joined into a path and read topic t's
+    queue files; an empty or non-ASCII name answered "no message", exit 0."""
+    root = _store(tmp_path / "s")
+    for topic in ("../consumequeue/t", "", "ü", "t/0", "x" * 300):
+        code, _, err = _mqstore("get", str(root), "--topic", topic, "--queue", "0", "--offset", "0")
+        assert code == 2 and "is not a topic" in err, (topic, err)
+        assert _mqstore("query", str(root), "--topic", topic, "--key", "k1")[0] == 2
+    assert _mqstore("get", str(root), "--topic", "SCHEDULE_TOPIC_XXXX", "--queue", "0", "--offset", "0")[0] == 0
+
+
+def test_numbers_a_command_cannot_use_are_usage_errors(tmp_path: Path) -> None:
+    """Review 94 L6: `demo --duration -1` put nothing and exited 0."""
+    for argv in (("demo", "--store-dir", str(tmp_path / "d"), "--duration", "-1"),
+                 ("demo", "--store-dir", str(tmp_path / "d"), "--body-bytes", "-5"),
+                 ("verify", str(tmp_path), "--max-problems", "-1")):  # fmt: skip
+        code, _, err = _mqstore(*argv)
+        assert code == 2, (argv, err)
+    assert not (tmp_path / "d").exists()
