@@ -260,13 +260,16 @@ def store_config(
     require_commitlog: bool = True,
     read_only: bool = True,
     diagnosing: bool = False,
+    refuse_running_with: str | None = None,
     **overrides: Any,
 ) -> StoreConfig:
     """The settings of the store at `root` (--config, MQSTORE_* variables, `overrides`), with
     the geometry its files have: adopted where not given, exit 2 where contradicted. Exit 5
     if `root` or its commitlog directory (store_path_commitlog, else root/commitlog) is missing.
     Reads only. A `read_only` command on a store that did not stop cleanly says so on stderr
-    and names `mqstore recover`: it reads what is valid and repairs nothing."""
+    and names `mqstore recover`: it reads what is valid and repairs nothing. One that reads only
+    a stopped store gives `refuse_running_with`, its advice: exit 4 on a running one, before
+    anything is said of it (review 94 L4: "reading what is valid now", then the refusal)."""
     from .storage.foreign import refuse_foreign_layout
     from .storage.fs import RealFileSystem
     from .storage.geometry import adopt_geometry
@@ -302,6 +305,8 @@ def store_config(
         if foreign is not None:
             raise CliError(ExitCode.NOT_A_STORE, f"the commitlog directory {config.commitlog_dir} is not this "
                                                  f"store's: {foreign}; is store_path_commitlog set right?")  # fmt: skip
+    if refuse_running_with is not None:
+        refuse_running(root, config.commitlog_dir, refuse_running_with)
     running = store_running(root, config.commitlog_dir)
     try:
         config, _ = adopt_geometry(RealFileSystem(), config, live=running)

@@ -274,13 +274,8 @@ def _skipped_corrupt(corrupt: list[str]) -> str:
 
 @contextlib.contextmanager
 def _opened(args: argparse.Namespace) -> Iterator[_ReadOnlyStore]:
-    from .inspect_cli import lock_state  # F_GETLK only asks: nothing is created or taken
-
     root: Path = args.store_dir
-    config = store_config(args, root)
-    state = lock_state(root, config.commitlog_dir)
-    if state["held"]:
-        raise CliError(ExitCode.LOCKED, f"{root} is locked by a running store; stop it first")
+    config = store_config(args, root, refuse_running_with="stop it first")  # (F_GETLK only asks)
     store = _ReadOnlyStore(config)
     try:
         yield store

@@ -193,10 +193,9 @@ def _ping() -> Any:
 
 def run_verify(args: argparse.Namespace) -> int:
     root: Path = args.store_dir
-    cfg = store_config(args, root)
     # (F_GETLK and a shared flock only ask: verify stays read-only)
-    refuse_running(root, cfg.commitlog_dir, "verify checks a stopped store (its files are in flux while it runs), "
-                   "stop it first")  # fmt: skip
+    cfg = store_config(args, root, refuse_running_with="verify checks a stopped store (its files are in flux while "
+                       "it runs), stop it first")  # fmt: skip
     report = verify_store(os.fspath(root), config=cfg, max_problems=args.max_problems)
     if args.json:
         out = report.summary()

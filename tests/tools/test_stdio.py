@@ -204,3 +204,16 @@ def test_numbers_a_command_cannot_use_are_usage_errors(tmp_path: Path) -> None:
         code, _, err = _mqstore(*argv)
         assert code == 2, (argv, err)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_command_that_refuses_a_running_store_says_only_that(tmp_path: Path) -> None:
+    """Review 94 L4: on a running store, get, query and verify first said "reading what is
+    valid now, changing nothing", then refused with exit 4."""
+    root = tmp_path / "s"
+    with mqstore.open(root, **SMALL) as store:
+        assert store.put(mqstore.Message("t", b"x", keys=["k"])).ok
+        for argv in (("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0"),
+                     ("query", str(root), "--topic", "t", "--key", "k"), ("verify", str(root))):  # fmt: skip
+            code, out, err = _mqstore(*argv)
+            assert code == 4 and out == "", (argv, err)
+            assert len(err.splitlines()) == 1 and "reading what is valid" not in err, (argv, err)
