@@ -67,6 +67,9 @@ def _run_clean(args: argparse.Namespace) -> int:
     else:
         _print_report(report, sys.stdout)
     sys.stdout.flush()
+    if report["interrupted"]:
+        print("mqstore clean: interrupted: no more deletion rounds; the report lists what was deleted", file=sys.stderr)
+        return 130
     if not report["clean_stop"]:
         print("mqstore clean: the store did not stop cleanly; the next start recovers it", file=sys.stderr)
         return ExitCode.FAILURE
@@ -100,13 +103,17 @@ def clean_store(root: Path, config: StoreConfig, *, now: bool) -> dict[str, Any]
             forced_ratio=config.disk_space_clean_forcibly_ratio,
         )
         rounds = commitlog_deleted = 0
+        interrupted = False
         if now or timeup or space.spacefull:
-            while rounds < MANUAL_DELETE_ROUNDS:
-                rounds += 1
-                deleted = store.delete_expired_files_now()
-                commitlog_deleted += deleted
-                if deleted == 0:
-                    break
+            try:
+                while rounds < MANUAL_DELETE_ROUNDS:
+                    rounds += 1
+                    deleted = store.delete_expired_files_now()
+                    commitlog_deleted += deleted
+                    if deleted == 0:
+                        break
+            except KeyboardInterrupt:  # no more rounds; what went is reported (review 94 L1: nothing was)
+                interrupted = True
         after = _store_files(config)
     finally:
         clean_stop = store.close()
@@ -130,6 +137,7 @@ def clean_store(root: Path, config: StoreConfig, *, now: bool) -> dict[str, Any]
         },
         "commitlog_segments_left": sum(1 for k, _ in after if k == "commitlog"),
         "clean_stop": clean_stop,
+        "interrupted": interrupted,
     }
 
 

@@ -128,3 +128,31 @@ def test_not_a_store_and_a_segment_size_other_than_configured(
     code, _, err = run(capsys, "clean", str(root), "--now")
     # Issue 14: the files decide; an explicit setting against them is refused, naming both values.
     assert code == ExitCode.USAGE and "mapped_file_size_commitlog_bytes=131072" in err and "=65536" in err
+
+
+def test_an_interrupted_clean_stops_its_rounds_and_reports_what_it_deleted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 94 L1: Ctrl-C went on deleting for its round, then exited 130 with nothing
+    said; the operator had no list of what was gone."""
+    from mqstore.store import MessageStore
+
+    root = tmp_path / "s"
+    old_store(root, full_segments=4, aged=3)
+    before = segments(root)
+    rounds: list[int] = []
+    delete_now = MessageStore.delete_expired_files_now
+
+    def interrupted_after_the_first_round(self: MessageStore) -> int:
+        rounds.append(1)
+        if len(rounds) > 1:
+            raise KeyboardInterrupt
+        return delete_now(self)
+
+    monkeypatch.setattr(MessageStore, "delete_expired_files_now", interrupted_after_the_first_round)
+    code, out, err = run(capsys, "clean", str(root), "--now", "--json")
+    assert code == 130 and "interrupted" in err, err
+    report = json.loads(out)
+    assert report["interrupted"] and report["clean_stop"] and len(rounds) == 2
+    gone = sorted(set(before) - set(segments(root)))
+    assert gone and report["deleted"]["commitlog"] == [f"commitlog/{n}" for n in gone]
