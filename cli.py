@@ -41,7 +41,8 @@ from .storage.index import IndexFile, index_file_size
 from .storage.lockfiles import StoreDirectoryError
 from .storage.mapped_file_queue import named_past_the_largest_offset
 
-__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "json_line", "load_config", "main", "unreadable_file"]
+__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "json_line", "load_config", "main", "store_path",
+           "unreadable_file"]
 
 log = get_logger(__name__)
 
@@ -245,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def store_path(text: str) -> Path:
+    """A STORE_DIR argument: `~` expanded, as the settings' store_path_root_dir is (a quoted
+    '~/dd' opened $HOME/dd in demo and was "does not exist" to inspect, review 94 L4)."""
+    return Path(os.path.expanduser(text))
+
+
 def load_config(args: argparse.Namespace, **overrides: Any) -> StoreConfig:
     """The store settings for a command: --config, MQSTORE_* variables, then `overrides`."""
     try:
@@ -401,7 +408,7 @@ def _add_dump(subparsers: Any) -> None:
         "record with exit code 3, after printing every valid record before it, and at a segment it "
         "cannot read (no access, an I/O error: not damage) with exit code 1.",
     )
-    p.add_argument("store_dir", metavar="STORE_DIR", type=Path, help="the store root (holding commitlog/ ...)")
+    p.add_argument("store_dir", metavar="STORE_DIR", type=store_path, help="the store root (holding commitlog/ ...)")
     p.add_argument(
         "--what",
         choices=("commitlog", "consumequeue", "index", "checkpoint"),

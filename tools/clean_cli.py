@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..actors.cleaner import MANUAL_DELETE_ROUNDS, check_space, is_time_to_delete
-from ..cli import CliError, ExitCode, refuse_running, store_config
+from ..cli import CliError, ExitCode, refuse_running, store_config, store_path
 from ..config import StoreConfig
 from ..storage.lockfiles import StoreLockedError
 
@@ -53,7 +53,7 @@ def add_subcommands(subparsers: Any) -> None:
         "the new start of the log. Without --now only at a delete_when hour or when the disk is above its "
         "maximum ratio. Exit 4 if a running process holds the store.",
     )
-    p.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    p.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     p.add_argument("--now", action="store_true", help="delete expired files at any hour, not only at delete_when")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(handler=_run_clean)

@@ -39,7 +39,7 @@ from typing import Any, Final, cast
 
 import pykka
 
-from ..cli import CliError, ExitCode, load_config
+from ..cli import CliError, ExitCode, load_config, store_path
 from ..log import get_logger
 from ..runtime import RuntimeActor
 from ..messages import GetResult, Message, MessageArrived, PutResult, Replied, Subscribe, Unsubscribe
@@ -639,7 +639,7 @@ def add_subcommands(subparsers: Any) -> None:
         help="the main job: producer and consumer actors on a store, live progress, Spark stats, a report",
         description=(__doc__ or "").strip().split("\n\n")[0],
     )
-    p.add_argument("--store-dir", type=Path, default=Path("./mqstore-data"), help="the store (default ./mqstore-data)")
+    p.add_argument("--store-dir", type=store_path, default=Path("./mqstore-data"), help="the store (default ./mqstore-data)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--messages", type=int, default=None, help=f"messages to put (default {DEFAULT_MESSAGES})")
     size.add_argument("--duration", type=float, default=None, metavar="S", help="put for S seconds instead")

@@ -42,7 +42,7 @@ from typing import Any, Final, Iterable, Sequence
 
 import psutil
 
-from ..cli import CliError, ExitCode, segment_layout, store_config, unreadable_file
+from ..cli import CliError, ExitCode, segment_layout, store_config, store_path, unreadable_file
 from ..config import StoreConfig
 from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
@@ -971,7 +971,7 @@ def add_subcommands(subparsers: Any) -> None:
         "running, needs recovery, damaged (exit 3) or unreadable (a segment this user cannot read: exit 1), naming "
         "the file and offset of any corrupt data.",
     )
-    p.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    p.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.add_argument("--no-crc", action="store_true", help="skip the body CRC check (faster on large logs)")
     p.set_defaults(handler=_run_inspect)
@@ -982,7 +982,7 @@ def add_subcommands(subparsers: Any) -> None:
         description="Cheap figures from a store's files (closed or running): segments and bytes, the end of the "
         "log, message counts per topic and queue from the consume queue offsets, checkpoint times.",
     )
-    s.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    s.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     s.add_argument("--json", action="store_true", help="print one JSON document")
     s.set_defaults(handler=_run_stats)
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..cli import CliError, ExitCode, commitlog_row, json_line, store_config, unreadable_file
+from ..cli import CliError, ExitCode, commitlog_row, json_line, store_config, store_path, unreadable_file
 from ..config import StoreConfig
 from ..log import get_logger
 from ..reads import status_ladder, subscription
@@ -52,7 +52,7 @@ def add_subcommands(subparsers: Any) -> None:
         "as JSON lines; the status and next begin offset go to stderr as one JSON object. "
         "Exit 4 if a running store holds the lock, 5 if STORE_DIR is not a store.",
     )
-    g.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    g.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     g.add_argument("--topic", type=_topic, required=True)
     g.add_argument("--queue", type=_non_negative, required=True, help="queue id")
     g.add_argument("--offset", type=_non_negative, required=True, help="queue offset to read from")
@@ -67,7 +67,7 @@ def add_subcommands(subparsers: Any) -> None:
         "of TOPIC's messages) for messages stored within [--begin, --end] (ms since the epoch). "
         "Exit 4 if a running store holds the lock, 5 if STORE_DIR is not a store.",
     )
-    q.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    q.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     q.add_argument("--topic", type=_topic, required=True)
     q.add_argument("--key", required=True)
     q.add_argument("--begin", type=_non_negative, default=0, help="earliest store time, ms (default 0)")

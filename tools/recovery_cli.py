@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cli import CliError, ExitCode, refuse_running, store_config
+from ..cli import CliError, ExitCode, refuse_running, store_config, store_path
 from ..log import get_logger
 from ..storage.fs import RealFileSystem
 from ..storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, StoreLockedError
@@ -44,7 +44,7 @@ def add_subcommands(subparsers: Any) -> None:
         description="Run the store's start-up recovery on a store that is not running and report what "
         "was found and fixed. Exit 4 if a running store holds the lock (one of another user's too).",
     )
-    p.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    p.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(handler=run_recover)
@@ -57,7 +57,7 @@ def add_subcommands(subparsers: Any) -> None:
         "consistent, 3 if not (the problems are printed), 1 if a commitlog segment cannot be read (no access, "
         "an I/O error: not damage), 4 if a running store holds the lock.",
     )
-    v.add_argument("store_dir", metavar="STORE_DIR", type=Path)
+    v.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     v.add_argument("--json", action="store_true", help="print the report as one JSON object")
     v.add_argument("--max-problems", type=_non_negative, default=1000, help="list at most this many problems (default 1000)")
     v.set_defaults(handler=run_verify)

@@ -217,3 +217,13 @@ def test_a_command_that_refuses_a_running_store_says_only_that(tmp_path: Path) -
             code, out, err = _mqstore(*argv)
             assert code == 4 and out == "", (argv, err)
             assert len(err.splitlines()) == 1 and "reading what is valid" not in err, (argv, err)
+
+
+def test_a_store_dir_argument_expands_the_home_directory(tmp_path: Path) -> None:
+    """Review 94 L4: demo expanded a quoted '~/dd' (through its settings) and inspect said
+    "does not exist"; every STORE_DIR is taken as the settings' store_path_root_dir is."""
+    _store(tmp_path / "s")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    for argv in (("inspect", "~/s"), ("verify", "~/s"), ("dump", "~/s")):
+        out = subprocess.run([sys.executable, "-m", "mqstore", *argv], capture_output=True, env=env, timeout=120)
+        assert out.returncode == 0, (argv, out.stderr)
