@@ -439,7 +439,11 @@ def _run_dump(args: argparse.Namespace) -> int:
     # A running store's newest files may be ones it is making (review 53 L1): not damage.
     live = store_running(root, config.commitlog_dir)
     if args.what == "commitlog":
-        directory = args.commitlog_dir or _commitlog_dir_of(root)
+        # The settings' commitlog where they name one (review 94 L4: ROOT/commitlog was read).
+        named = Path(config.commitlog_dir) if config.store_path_commitlog else None
+        if named is not None and args.commitlog_dir is None and not named.is_dir():
+            raise CliError(ExitCode.NOT_A_STORE, f"{root} has no commitlog directory ({named})")
+        directory = args.commitlog_dir or named or _commitlog_dir_of(root)
         live = live if args.commitlog_dir is None else store_running(root, directory)
         rows = dump_commitlog(directory, max_message_size_bytes=args.max_message_size_bytes or config.max_message_size_bytes,
                               segment_size=config.mapped_file_size_commitlog_bytes, live=live)  # fmt: skip

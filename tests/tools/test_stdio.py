@@ -227,3 +227,19 @@ def test_a_store_dir_argument_expands_the_home_directory(tmp_path: Path) -> None
     for argv in (("inspect", "~/s"), ("verify", "~/s"), ("dump", "~/s")):
         out = subprocess.run([sys.executable, "-m", "mqstore", *argv], capture_output=True, env=env, timeout=120)
         assert out.returncode == 0, (argv, out.stderr)
+
+
+def test_dump_reads_the_commitlog_the_settings_name(tmp_path: Path) -> None:
+    """Review 94 L4: with store_path_commitlog set, dump read ROOT/commitlog (another log, or
+    none) and exited 0; every other command reads the one the settings name."""
+    root, elsewhere = tmp_path / "s", tmp_path / "log"
+    with mqstore.open(root, store_path_commitlog=str(elsewhere), **SMALL) as store:
+        assert store.put(mqstore.Message("t", b"here", keys=["k"])).ok
+    (root / "commitlog").mkdir()  # an empty one where the default would be
+    env = {**os.environ, "MQSTORE_STORE_PATH_COMMITLOG": str(elsewhere)}
+    out = subprocess.run([sys.executable, "-m", "mqstore", "dump", str(root)], capture_output=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line)["topic"] for line in out.stdout.splitlines()] == ["t"]
+    env["MQSTORE_STORE_PATH_COMMITLOG"] = str(tmp_path / "nowhere")
+    out = subprocess.run([sys.executable, "-m", "mqstore", "dump", str(root)], capture_output=True, env=env, timeout=120)
+    assert out.returncode == 5 and out.stdout == b"", out.stderr
