@@ -598,7 +598,10 @@ class Listener(RuntimeActor):
     def _call(self, callback: Callable[[Any], object], argument: Any, name: str) -> None:
         try:
             callback(argument)
-        except Exception as exc:  # host code: logged, never our crash
+        # Host code: logged, never our crash. SystemExit too, as a put's done-callback's is:
+        # out of here, pykka's loop answered it with ActorRegistry.stop_all(), every actor of
+        # the host stopped unsaid (review 93 M2).
+        except BaseException as exc:
             self.failures += 1
             # A callback raising at every call logged 500 lines/s (review 58 F4).
             repeats = self._repeats if self._repeats is not None else _log.PROCESS_REPEATS
@@ -612,9 +615,10 @@ class Listener(RuntimeActor):
                     break
                 self._call(drain.deliver, event, drain.name)
         except BaseException:
-            # Host code ended this listener (SystemExit): no drain is on its way any more, so
-            # the next notice is told, finds the listener dead and drops the subscriber; the
-            # mark left set kept every later notice in a dict nobody drained (review 59 M2).
+            # This listener ends (an exception raised into its thread; a host callable's are
+            # caught in _call): no drain is on its way any more, so the next notice is told,
+            # finds the listener dead and drops the subscriber; the mark left set kept every
+            # later notice in a dict nobody drained (review 59 M2).
             drain.pending.abandon()
             raise
         if drain.pending.more_came():

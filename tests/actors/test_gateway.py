@@ -439,31 +439,44 @@ def test_an_actors_read_after_its_put_answered_reflects_the_put(store_dir: Path,
             actor.stop()
 
 
-def test_a_subscriber_whose_callback_ends_its_listener_is_dropped_and_can_subscribe_again(store_dir: Path) -> None:
-    """Review 59 M2: a callback that raised SystemExit (sys.exit() in host code) ended its
-    listener inside a drain, whose 'on its way' mark then stayed: every later notice waited in
-    a dict nobody drained, the dead subscription was never dropped, and subscribing again was
-    taken for the same subscription. As before the coalescing, it is dropped at the next
-    notice, and a new subscription hears of the queues."""
+class _HostActor(pykka.ThreadingActor):
+    def on_receive(self, message: Any) -> Any:
+        return message
+
+
+def test_a_callback_that_raises_system_exit_is_logged_and_stops_no_actor_of_the_host(store_dir: Path) -> None:
+    """Review 93 M2: a subscriber's or a reply callback's SystemExit (sys.exit() in host code)
+    left the listener for pykka's loop, which answered it with ActorRegistry.stop_all(): every
+    actor of the host stopped, unsaid. (Review 59 M2 had made the dead listener's subscriber
+    dropped.) Logged now, as a put's done-callback's is; the subscription goes on."""
     calls: list[tuple[int, int]] = []
+    replies: list[object] = []
 
     def exits_once(event: MessageArrived) -> None:
         calls.append((event.queue_id, event.max_offset))
         if len(calls) == 1:
             raise SystemExit(3)
 
-    with h.open_small(store_dir) as store:
-        store.subscribe(exits_once, topic="t")
-        assert store.put(Message(topic="t", body=b"x")).ok
-        h.wait_until(lambda: len(calls) == 1, what="the first call")
-        for _ in range(3):
+    def reply_exits(result: object) -> None:
+        replies.append(result)
+        raise SystemExit(4)
+
+    host = _HostActor.start()
+    try:
+        with h.open_small(store_dir) as store:
+            store.subscribe(exits_once, topic="t")
             assert store.put(Message(topic="t", body=b"x")).ok
-            h.wait_dispatched(store)
-        h.wait_until(lambda: not store._subscriptions.subscribers(), what="the dead subscriber dropped")
-        store.subscribe(exits_once, topic="t")
-        assert store.put(Message(topic="t", body=b"x")).ok
-        h.wait_until(lambda: len(calls) == 2, what="the new subscription's call")
-        assert calls[1] == (0, 5) and store.supervisor.restarts == []
+            h.wait_until(lambda: len(calls) == 1, what="the first call")
+            assert store.put(Message(topic="t", body=b"x")).ok
+            h.wait_until(lambda: len(calls) == 2, what="the call after the SystemExit")
+            assert calls[1] == (0, 2) and store._subscriptions.subscribers()
+            store.actor_ref.tell(Put(messages=(GOOD,), reply=Reply(callback=reply_exits)))
+            store.actor_ref.tell(Put(messages=(GOOD,), reply=Reply(callback=reply_exits)))
+            h.wait_until(lambda: len(replies) == 2, what="both reply callbacks, the first having exited")
+            assert host.is_alive() and host.ask("still here", timeout=5) == "still here"
+            assert store.supervisor.restarts == []
+    finally:
+        host.stop()
 
 
 def test_the_supervisor_keeps_the_newest_restart_records_and_counts_them_all(
