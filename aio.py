@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Final, Generator, Sequence, Typ
 
 from .messages import GetResult, Message, PutResult, QueryResult
 from .put_pipeline import BYTES_IN_FLIGHT_FULL, IN_FLIGHT_FULL
+from .waits import StoreThread
 
 if TYPE_CHECKING:
     from .config import StoreSettings
@@ -168,10 +169,25 @@ class _Opening:
         self._store: AsyncMessageStore | None = None
 
     async def _opened(self) -> AsyncMessageStore:
-        # Not the host's default executor: an open runs recovery, seconds on a big store.
-        loop = asyncio.get_running_loop()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqstore-aio-open") as opener:
-            store = await loop.run_in_executor(opener, self._open)
+        # A thread of its own, not the host's default executor: an open runs recovery, seconds
+        # on a big store. Not a pool left with `with` either: cancelled (a timeout, a Ctrl-C),
+        # its shutdown waited for the open on the event loop (1.6 s stalled, the timeout kept
+        # 2.6 s), and the store it opened was nobody's, holding the lock (review 93 M3).
+        job: concurrent.futures.Future[MessageStore] = concurrent.futures.Future()
+
+        def run() -> None:
+            if job.set_running_or_notify_cancel():
+                try:
+                    job.set_result(self._open())
+                except BaseException as exc:  # the awaiting task's to raise
+                    job.set_exception(exc)
+
+        StoreThread(run, "mqstore-aio-open").start()
+        try:
+            store = await asyncio.wrap_future(job)
+        except BaseException:
+            job.add_done_callback(_close_unclaimed)  # an open still under way: closed once done
+            raise
         return AsyncMessageStore(store)
 
     def __await__(self) -> Generator[Any, None, AsyncMessageStore]:
@@ -186,6 +202,15 @@ class _Opening:
     ) -> None:
         if self._store is not None:
             await self._store.close()
+
+
+def _close_unclaimed(job: concurrent.futures.Future[MessageStore]) -> None:
+    """An open whose awaiting task was cancelled: the store it opened is closed (on a thread of
+    its own: this may run on the event loop), so its lock is free again."""
+    if job.cancelled() or job.exception() is not None:
+        return
+    store = job.result()
+    StoreThread(store.close, "mqstore-aio-close-unclaimed").start()
 
 
 def open(path: str | os.PathLike[str], **settings: Unpack[StoreSettings]) -> _Opening:  # noqa: A001 (mqstore.aio.open)

@@ -221,3 +221,44 @@ def test_calls_after_close_raise_store_closed(tmp_path: Path) -> None:
                 await call
 
     asyncio.run(main())
+
+
+def test_an_open_cut_short_by_a_timeout_keeps_the_loop_free_and_closes_what_it_opened(tmp_path: Path) -> None:
+    """Review 93 M3: `wait_for(mqstore.aio.open(path), 1.0)` on a 2.6 s recovery stalled the
+    loop 1.6 s (the opener pool's shutdown waited on it), returned after 2.65 s, and left the
+    store it opened to nobody, holding the lock: every later open in the process refused."""
+    path = tmp_path / "s"
+
+    def slow_open() -> mqstore.MessageStore:
+        time.sleep(1.0)  # a long recovery
+        return mqstore.open(path)
+
+    async def main() -> tuple[float, float]:
+        stalls: list[float] = []
+
+        async def ticker() -> None:
+            while True:
+                before = time.monotonic()
+                await asyncio.sleep(0.02)
+                stalls.append(time.monotonic() - before)
+
+        ticking = asyncio.ensure_future(ticker())
+        started = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(mqstore.aio._Opening(slow_open), timeout=0.2)
+        waited = time.monotonic() - started
+        await asyncio.sleep(1.5)  # the open finishes meanwhile, and its store is closed
+        ticking.cancel()
+        return waited, max(stalls)
+
+    waited, worst_stall = asyncio.run(main())
+    assert waited < 0.6 and worst_stall < 0.5, (waited, worst_stall)
+    deadline = time.monotonic() + 10
+    while True:  # the unclaimed store's close frees the lock
+        try:
+            with mqstore.open(path) as store:
+                assert store.put(Message("t", b"after")).ok
+            break
+        except mqstore.StoreLockedError:
+            assert time.monotonic() < deadline, "the store the cancelled open made still holds the lock"
+            time.sleep(0.05)
