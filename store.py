@@ -140,6 +140,7 @@ def open_store(
     two deletions (default: a real sleep); tests pass a FixedDiskGauge and a recording sleep.
     `ticker` is the monotonic time the actors pace by (default: the real one; tests pass a
     ManualTicker)."""
+    _refuse_once_exiting()
     overrides = dict(settings)
     if path is not None:
         overrides["store_path_root_dir"] = os.fspath(path)
@@ -170,6 +171,9 @@ def open_store(
         ticker=ticker,
     )
     store._start()
+    if _exit_hook_ran:  # (a daemon thread's open, finished as the exit hook ran)
+        store.close()
+        _refuse_once_exiting()
     return store
 
 
@@ -1277,9 +1281,24 @@ class MessageStore:
                 f"({self.supervisor.fatal_error!r}); close it and open it again")  # fmt: skip
 
 
+# Set as the exit hook starts: a store opened after it (in a host's atexit hook that runs
+# later, one registered before `import mqstore`) would never be closed (review 93 L2: the next
+# open a crash recovery, its put_async callbacks never run). Such an open is refused.
+_exit_hook_ran = False
+
+
+def _refuse_once_exiting() -> None:
+    if _exit_hook_ran:
+        raise StoreClosedError("the interpreter is exiting and mqstore's exit handler has closed its stores: a "
+                               "store opened now would never be closed; open it in an atexit hook registered "
+                               "after `import mqstore` (those run before mqstore's), or before the exit")  # fmt: skip
+
+
 @atexit.register
 def _close_forgotten_stores() -> None:
     """A host that forgets close(): stop cleanly if it can, bounded, never hang the exit."""
+    global _exit_hook_ran
+    _exit_hook_ran = True
     for store in list(_open_stores):
         try:
             store.close()

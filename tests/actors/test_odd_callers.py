@@ -5,6 +5,7 @@ batch of the wrong type, a refused fire-and-forget put, a lone surrogate, a blan
 from __future__ import annotations
 
 import itertools
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,33 @@ def test_subscribing_the_same_callable_again_is_one_subscription(tmp_path: Path)
         time.sleep(0.2)
         assert len(calls) == 1
         store.unsubscribe(calls.append)
+
+
+OPEN_IN_A_LATE_EXIT_HOOK = """
+import atexit, sys
+root, report = sys.argv[1], sys.argv[2]
+
+def late_hook():  # registered before mqstore's: runs after it
+    import mqstore
+    try:
+        store = mqstore.open(root)
+        outcome = "opened"
+    except mqstore.StoreClosedError as exc:
+        outcome = "refused: " + str(exc)
+    with open(report, "w") as f:
+        f.write(outcome)
+
+atexit.register(late_hook)
+import mqstore  # its exit hook is registered now, after ours
+"""
+
+
+def test_an_open_after_mqstores_exit_hook_is_refused(tmp_path: Path) -> None:
+    """Review 93 L2: a store opened in an exit hook that runs after mqstore's was never
+    closed (the next open a crash recovery, its put_async callbacks never run)."""
+    import subprocess
+
+    root, report = tmp_path / "s", tmp_path / "report"
+    subprocess.run([sys.executable, "-c", OPEN_IN_A_LATE_EXIT_HOOK, str(root), str(report)], check=True, timeout=120)
+    assert report.read_text().startswith("refused: the interpreter is exiting")
+    assert not root.exists()  # refused before any file was made
