@@ -19,6 +19,7 @@ HOST_WITHOUT_STDIO = """
 import json, os, sys
 root, report = sys.argv[1], sys.argv[2]
 import mqstore
+from mqstore import Message
 for fd in (0, 1, 2):
     os.close(fd)
 landed = {}
