@@ -27,6 +27,7 @@ from ..cli import CliError, ExitCode, commitlog_row, json_line, store_config, st
 from ..config import StoreConfig
 from ..log import get_logger
 from ..reads import status_ladder, subscription
+from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import iter_cq_units
@@ -105,6 +106,7 @@ class _ReadOnlyStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         self.fs = RealFileSystem()
+        self.durable_end = self._durable_end()
         # Read up to the end of the segments: every record is CRC-checked and must be the one
         # its unit or index entry names, so a torn tail after a crash reads as missing.
         self.commitlog = CommitLogReader(
@@ -130,14 +132,34 @@ class _ReadOnlyStore:
             return None
         return read.record
 
+    def _durable_end(self) -> int:
+        """Below it the log was on disk when the store stopped: everything after a clean stop;
+        after a crash, what the checkpoint says was flushed (mqstore's field; none, from a
+        broker's checkpoint). Damage past it is a torn tail, which recovery cuts: not damage
+        (review 95 M1: get and query called it corrupt where inspect says "needs recovery")."""
+        if not os.path.exists(self.config.abort_path):
+            return JAVA_LONG_MAX
+        try:
+            flushed = read_checkpoint(self.fs, self.config.checkpoint_path).physic_flushed_offset
+        except (OSError, ValueError, CheckpointError):  # none to trust: nothing called damage
+            return 0
+        return flushed or 0
+
     def corrupt_at(self, offset: int, size: int | None, topic: str, *, unit: tuple[int, int] | None = None,
                    key: str | None = None) -> str | None:  # fmt: skip
-        """Why the record at `offset` that `record_at` refused is the one asked for, damaged
-        (the record of a queue's `unit` (queue id, queue offset), or of an index hit for `key`,
-        failing its CRC), or None where it is not that record at all (past the valid end, a
-        stale unit). The store's get and query name such a record; the CLI skipped it unsaid
-        (review 94 M3)."""
+        """Why the record at `offset` that `record_at` refused is the one asked for, damaged,
+        or None where it is not that record at all. A queue's unit or an index hit names the
+        record's start: below the durable end, bytes there that are no record (a bad magic code
+        or size, a header cut) are its damage, as is the record of that `unit` (queue id,
+        queue offset) or of that `key` failing its CRC. Zeros (nothing written there), another
+        valid record (a stale unit) and anything past the durable end (a torn tail) are not.
+        The store's get and query name such a record; the CLI skipped it unsaid (review 94
+        M3, 95 M3)."""
+        if offset >= self.durable_end:
+            return None
         read = self.commitlog.read_record(offset, check_crc=False)
+        if read is not None and read.kind is RecordKind.CORRUPT:
+            return f"commitlog offset {offset} ({read.reason})"
         if read is None or read.kind is not RecordKind.MESSAGE or (record := read.record) is None:
             return None
         if (size is not None and read.size != size) or record.commitlog_offset != offset or record.topic != topic:
