@@ -54,22 +54,37 @@ def open_fd(path: str | bytes, flags: int, mode: int = 0o777, *, dir_fd: int | N
     except BaseException:
         os.close(fd)
         raise
-    _fill_with_dev_null(fd)
+    _fill_with_dev_null(fd, moved)
     return moved
 
 
-def _fill_with_dev_null(fd: int) -> None:
-    """/dev/null in place of descriptor `fd` (closing what it held), so that later opens do not
-    land there either; the descriptor is just closed where /dev/null cannot be opened."""
+def _fill_with_dev_null(fd: int, copy: int | None = None) -> None:
+    """/dev/null in place of descriptor `fd`, so that later opens do not land there either: in
+    place of the file `copy` is a copy of (only while `fd` still holds it: a host thread may
+    have put its own stdio there meanwhile, review 95 L5; a window of a few instructions is
+    left), or where `fd` is closed. Inheritable, as stdio is: a child given the host's stdio
+    got the slot closed, and its own first file there (review 95 M2). Where /dev/null cannot
+    be opened, `fd` is just closed."""
     try:
         null = os.open(os.devnull, os.O_RDWR)
     except OSError:
-        os.close(fd)
+        if copy is not None and _same_file(fd, copy):
+            os.close(fd)
         return
-    if null != fd:
-        os.dup2(null, fd)  # inheritable, as a stdio descriptor is
-        if null >= _STDIO_FDS:
-            os.close(null)  # (one below 3 fills another closed stdio slot: kept)
+    if null != fd and (copy is None or _same_file(fd, copy)):
+        os.dup2(null, fd)  # inheritable
+    if null >= _STDIO_FDS:
+        os.close(null)
+    else:
+        os.set_inheritable(null, True)  # fills `fd`, or another closed stdio slot: kept
+
+
+def _same_file(fd: int, other: int) -> bool:
+    try:
+        a, b = os.fstat(fd), os.fstat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def fill_stdio_with_dev_null() -> None:

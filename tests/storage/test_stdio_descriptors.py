@@ -6,6 +6,7 @@ an index file on fd 2). Files land above 2, and a slot a store file would have t
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -88,3 +89,36 @@ def test_open_fd_is_os_open_when_stdio_is_there(tmp_path: Path) -> None:
         assert os.fstat(fd).st_mode & 0o777 == 0o600
     finally:
         os.close(fd)
+
+
+EVERY_FILL_INHERITABLE = """
+import os, subprocess, sys
+from mqstore.storage import fs
+os.close(1)
+os.close(2)
+fd = fs.open_fd(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # lands on 1; /dev/null takes 2 too
+filled = [(os.readlink(f"/proc/self/fd/{n}"), os.get_inheritable(n)) for n in (1, 2)]
+child = subprocess.run([sys.executable, "-c", "import os; print(os.readlink('/proc/self/fd/1'))"],
+                       stdout=None, stderr=subprocess.DEVNULL, close_fds=True)  # the host's stdio
+with open(sys.argv[2], "w") as report:
+    report.write(repr((fd > 2, filled, child.returncode)))
+"""
+
+
+def test_every_dev_null_fill_is_inheritable_so_a_child_gets_its_stdio(tmp_path: Path) -> None:
+    """Review 95 M2: the /dev/null kept where it landed (another closed slot) was not
+    inheritable: a child given the host's stdio started with fd 1 closed, and its own first
+    file there took what it printed."""
+    report = tmp_path / "report"
+    subprocess.run([sys.executable, "-c", EVERY_FILL_INHERITABLE, str(tmp_path / "f"), str(report)], timeout=60, check=True)
+    moved, filled, child_code = ast.literal_eval(report.read_text())
+    assert moved and filled == [(os.devnull, True), (os.devnull, True)] and child_code == 0
+
+
+def test_the_cli_start_fills_closed_stdio_inheritably(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import os; os.close(1); from mqstore.storage import fs; fs.fill_stdio_with_dev_null(); "
+         "os.write(2, repr((os.readlink('/proc/self/fd/1'), os.get_inheritable(1))).encode())"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert out.stderr == repr((os.devnull, True))
