@@ -31,7 +31,7 @@ from typing import IO, Any, Final
 
 from . import __version__
 from .config import ConfigError, StoreConfig, StoreGeometryAmbiguous
-from .log import configure_logging, get_logger
+from .log import configure_logging, get_logger, point_logging_at
 from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
 from .storage.commitlog import being_created, scan_commitlog_dir, segment_size_in
@@ -108,7 +108,7 @@ class _Output:
     (`stop`) or takes every later write as written."""
 
     def __init__(self, stream: IO[str], name: str, *, stop: bool) -> None:
-        self._stream, self.name, self._stop = stream, name, stop
+        self._stream, self.name, self.stop = stream, name, stop
         self.lost: OSError | None = None
 
     def write(self, text: str) -> int:
@@ -128,12 +128,18 @@ class _Output:
 
     def _lose(self, exc: OSError) -> None:
         self.lost = exc
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-        if self._stop:
+        if self.stop:
             raise StdoutLost(exc) from exc
+
+    def silence(self) -> None:
+        """Once lost, the descriptor points at /dev/null: the interpreter's last flush of what
+        the stream still buffers then fails no more. Only where this process is the command (a
+        host calling main() keeps its stdout: a full disk passes, review 95 L1)."""
+        if self.lost is not None:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._stream.fileno())
+                os.close(devnull)
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...: the stream's
         return getattr(self._stream, name)
@@ -147,25 +153,36 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2): return, never raise
-        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     saved = sys.stdout, sys.stderr
-    out = _Output(sys.stdout, "stdout", stop=getattr(args, "command", None) in STOP_AT_A_LOST_READER)
+    out = _Output(sys.stdout, "stdout", stop=False)
     err = _Output(sys.stderr, "stderr", stop=False)  # diagnostics never stop a command
     sys.stdout, sys.stderr = out, err
+    ran = False
     try:
-        code = _run(parser, args)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help (0) or a usage error (2): return, never raise
+            code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+            args = argparse.Namespace(command=None)  # (`--help >/dev/full` said 0, nothing written: review 95 L6)
+        else:
+            out.stop = args.command in STOP_AT_A_LOST_READER
+            ran = True
+            code = _run(parser, args)
         with contextlib.suppress(StdoutLost):
             out.flush()
     finally:
         sys.stdout, sys.stderr = saved
+        if ran:
+            point_logging_at(saved[1])  # _run configured it while stderr was the guard
+        if argv is None:  # this process is the command
+            out.silence()
+            err.silence()
     if out.lost is not None and code in (ExitCode.OK, SIGPIPE_EXIT):
         if out.lost.errno == errno.EPIPE:
             return SIGPIPE_EXIT  # the reader left: not a success a script may build on
-        print(f"mqstore {args.command}: could not write to stdout: {out.lost.strerror}", file=err)
+        command = f"mqstore {args.command}" if args.command else "mqstore"
+        print(f"{command}: could not write to stdout: {out.lost.strerror}", file=err)
         return ExitCode.FAILURE
     return code
 
@@ -244,6 +261,20 @@ def build_parser() -> argparse.ArgumentParser:
         add(subparsers)
     _add_plugin_groups(subparsers)
     return parser
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not positive")
+    return value
 
 
 def store_path(text: str) -> Path:
@@ -417,13 +448,13 @@ def _add_dump(subparsers: Any) -> None:
     )
     p.add_argument("--commitlog-dir", type=Path, help="the commitlog directory if not STORE_DIR/commitlog")
     p.add_argument("--topic", help="consumequeue: only this topic")
-    p.add_argument("--queue-id", type=int, help="consumequeue: only this queue")
+    p.add_argument("--queue-id", type=_non_negative, help="consumequeue: only this queue")
     p.add_argument(
-        "--max-hash-slot-num", type=int, default=None, help="index: slots per file (default: the configured value)"
+        "--max-hash-slot-num", type=_positive, default=None, help="index: slots per file (default: the configured value)"
     )
     p.add_argument(
         "--max-message-size-bytes",
-        type=int,
+        type=_positive,
         default=None,
         help="commitlog: larger records are corrupt (default: the configured value)",
     )

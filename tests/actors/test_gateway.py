@@ -497,3 +497,29 @@ def test_the_supervisor_keeps_the_newest_restart_records_and_counts_them_all(
         assert len(store.supervisor.restarts) == 3 and store.supervisor.restart_count == 6
         assert all(r.failed == "gateway" for r in store.supervisor.restarts)
         assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+
+
+def test_a_callback_exception_whose_repr_exits_stops_no_actor_of_the_host(store_dir: Path) -> None:
+    """Review 95 L2: the listener caught the callback's exception, then its log line's repr()
+    raised SystemExit, which reached pykka's loop: ActorRegistry.stop_all() again."""
+
+    class Odd(Exception):
+        def __repr__(self) -> str:
+            raise SystemExit("from a repr")
+
+    calls: list[int] = []
+
+    def raises_odd(_event: MessageArrived) -> None:
+        calls.append(1)
+        raise Odd
+
+    host = _HostActor.start()
+    try:
+        with h.open_small(store_dir) as store:
+            store.subscribe(raises_odd, topic="t")
+            for n in (1, 2):
+                assert store.put(Message(topic="t", body=b"x")).ok
+                h.wait_until(lambda n=n: len(calls) == n, what=f"call {n}")
+            assert host.is_alive() and host.ask("still here", timeout=5) == "still here"
+    finally:
+        host.stop()

@@ -5,6 +5,7 @@ command that only prints what it reads stops, with the status of a command a pip
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -292,3 +293,41 @@ def test_get_and_query_name_a_record_whose_header_is_damaged(tmp_path: Path) -> 
     assert [json.loads(line)["queue_offset"] for line in out.splitlines()] == [0, 1, 3, 4, 5]
     code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", "k2")
     assert code == 3 and "bad magic code" in json.loads(err.splitlines()[-1])["detail"], err
+
+
+def test_help_and_usage_on_a_full_stdout_are_failures(tmp_path: Path) -> None:
+    """Review 95 L6: `--help >/dev/full` exited 0 with nothing written (argparse swallows the
+    error); dump's numbers were not checked (`--max-hash-slot-num -1` exited 3, corrupt)."""
+    for argv in (("--help",), ("dump", "--help"), ("--version",)):
+        with open("/dev/full", "w") as full:
+            code, _, err = _mqstore(*argv, stdout=full.fileno())
+        assert code == 1 and "could not write to stdout" in err, (argv, err)
+    root = _store(tmp_path / "s")
+    for option in ("--queue-id", "--max-hash-slot-num", "--max-message-size-bytes"):
+        assert _mqstore("dump", str(root), option, "-1")[0] == 2, option
+
+
+def test_main_called_in_process_leaves_the_hosts_stdout_and_logging_as_they_were(tmp_path: Path) -> None:
+    """Review 95 L1: a write that failed pointed the host's own fd 1 at /dev/null for good,
+    and mqstore's log handler kept writing into the command's dead guard after main returned."""
+    import logging
+
+    from mqstore import cli
+
+    root = _store(tmp_path / "s")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone
+    saved_stdout = sys.stdout
+    logger = logging.getLogger("mqstore")
+    saved_handlers = list(logger.handlers)
+    try:
+        sys.stdout = open(write_end, "w", buffering=1)  # noqa: SIM115 (closed below)
+        assert cli.main(["dump", str(root)]) == 141
+        assert os.readlink(f"/proc/self/fd/{write_end}").startswith("pipe:")  # not /dev/null
+        ours = [h for h in logger.handlers if type(h).__name__ == "_OurHandler"]
+        assert ours and all(h.stream is sys.stderr for h in ours)  # type: ignore[attr-defined]
+    finally:
+        with contextlib.suppress(OSError):
+            sys.stdout.close()
+        sys.stdout = saved_stdout
+        logger.handlers[:] = saved_handlers
