@@ -41,8 +41,8 @@ from .storage.index import IndexFile, index_file_size
 from .storage.lockfiles import StoreDirectoryError
 from .storage.mapped_file_queue import named_past_the_largest_offset
 
-__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "json_line", "load_config", "main", "store_path",
-           "unreadable_file"]
+__all__ = ["CliError", "ExitCode", "PLUGIN_MODULES", "build_parser", "json_line", "load_config", "main",
+           "non_negative", "positive", "store_path", "unreadable_file"]
 
 log = get_logger(__name__)
 
@@ -263,14 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _non_negative(text: str) -> int:
+def non_negative(text: str) -> int:
+    """An argparse type: an int >= 0."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
     return value
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """An argparse type: an int > 0."""
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not positive")
@@ -448,13 +450,13 @@ def _add_dump(subparsers: Any) -> None:
     )
     p.add_argument("--commitlog-dir", type=Path, help="the commitlog directory if not STORE_DIR/commitlog")
     p.add_argument("--topic", help="consumequeue: only this topic")
-    p.add_argument("--queue-id", type=_non_negative, help="consumequeue: only this queue")
+    p.add_argument("--queue-id", type=non_negative, help="consumequeue: only this queue")
     p.add_argument(
-        "--max-hash-slot-num", type=_positive, default=None, help="index: slots per file (default: the configured value)"
+        "--max-hash-slot-num", type=positive, default=None, help="index: slots per file (default: the configured value)"
     )
     p.add_argument(
         "--max-message-size-bytes",
-        type=_positive,
+        type=positive,
         default=None,
         help="commitlog: larger records are corrupt (default: the configured value)",
     )

@@ -23,7 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..cli import CliError, ExitCode, commitlog_row, json_line, store_config, store_path, unreadable_file
+from ..cli import (
+    CliError, ExitCode, commitlog_row, json_line, non_negative, positive, store_config, store_path, unreadable_file,
+)
 from ..config import StoreConfig
 from ..log import get_logger
 from ..reads import status_ladder, subscription
@@ -55,9 +57,9 @@ def add_subcommands(subparsers: Any) -> None:
     )
     g.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     g.add_argument("--topic", type=_topic, required=True)
-    g.add_argument("--queue", type=_non_negative, required=True, help="queue id")
-    g.add_argument("--offset", type=_non_negative, required=True, help="queue offset to read from")
-    g.add_argument("--max", type=_positive, default=32, help="at most this many messages (default 32)")
+    g.add_argument("--queue", type=non_negative, required=True, help="queue id")
+    g.add_argument("--offset", type=non_negative, required=True, help="queue offset to read from")
+    g.add_argument("--max", type=positive, default=32, help="at most this many messages (default 32)")
     g.add_argument("--tags", default=None, help='subscription expression, e.g. "TagA||TagB" (default: all)')
     g.set_defaults(handler=run_get)
 
@@ -71,9 +73,9 @@ def add_subcommands(subparsers: Any) -> None:
     q.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     q.add_argument("--topic", type=_topic, required=True)
     q.add_argument("--key", required=True)
-    q.add_argument("--begin", type=_non_negative, default=0, help="earliest store time, ms (default 0)")
-    q.add_argument("--end", type=_non_negative, default=JAVA_LONG_MAX, help="latest store time, ms (default: no limit)")
-    q.add_argument("--max", type=_positive, default=32, help="at most this many messages (default 32)")
+    q.add_argument("--begin", type=non_negative, default=0, help="earliest store time, ms (default 0)")
+    q.add_argument("--end", type=non_negative, default=JAVA_LONG_MAX, help="latest store time, ms (default: no limit)")
+    q.add_argument("--max", type=positive, default=32, help="at most this many messages (default 32)")
     q.set_defaults(handler=run_query)
 
 
@@ -84,20 +86,6 @@ def _topic(text: str) -> str:
     if not is_topic_name(text):
         raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a topic: 1 to {MAX_TOPIC_BYTES} of [a-zA-Z0-9%|_-]")
     return text
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not positive")
-    return value
 
 
 class _ReadOnlyStore:

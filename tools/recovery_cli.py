@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cli import CliError, ExitCode, refuse_running, store_config, store_path
+from ..cli import CliError, ExitCode, non_negative, refuse_running, store_config, store_path
 from ..log import get_logger
 from ..storage.fs import RealFileSystem
 from ..storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, StoreLockedError
@@ -59,7 +59,7 @@ def add_subcommands(subparsers: Any) -> None:
     )
     v.add_argument("store_dir", metavar="STORE_DIR", type=store_path)
     v.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    v.add_argument("--max-problems", type=_non_negative, default=1000, help="list at most this many problems (default 1000)")
+    v.add_argument("--max-problems", type=non_negative, default=1000, help="list at most this many problems (default 1000)")
     v.set_defaults(handler=run_verify)
 
 
@@ -220,10 +220,3 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {json.dumps(value) if isinstance(value, (dict, list)) else value}")
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return value
