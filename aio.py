@@ -210,7 +210,10 @@ def _close_unclaimed(job: concurrent.futures.Future[MessageStore]) -> None:
     if job.cancelled() or job.exception() is not None:
         return
     store = job.result()
-    StoreThread(store.close, "mqstore-aio-close-unclaimed").start()
+    try:
+        StoreThread(store.close, "mqstore-aio-close-unclaimed").start()
+    except RuntimeError:  # no thread now (the interpreter's end): the exit hook closes it
+        pass
 
 
 def open(path: str | os.PathLike[str], **settings: Unpack[StoreSettings]) -> _Opening:  # noqa: A001 (mqstore.aio.open)

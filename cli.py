@@ -103,9 +103,8 @@ class StdoutLost(Exception):
 
 class _Output:
     """sys.stdout or sys.stderr for one command. The first write or flush the stream refuses
-    (EPIPE, EIO, ENOSPC) is kept in `lost`, and the descriptor is pointed at /dev/null so that
-    nothing later (the interpreter's last flush) fails again; then it raises StdoutLost
-    (`stop`) or takes every later write as written."""
+    (EPIPE, EIO, ENOSPC) is kept in `lost`; then it raises StdoutLost (`stop`) or takes every
+    later write as written."""
 
     def __init__(self, stream: IO[str], name: str, *, stop: bool) -> None:
         self._stream, self.name, self.stop = stream, name, stop
