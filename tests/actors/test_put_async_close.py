@@ -229,12 +229,18 @@ def test_a_put_batch_async_without_a_completion_thread_is_refused_with_a_status(
 INTERRUPTED_CLOSE = """
 import os, signal, sys, threading, time
 import mqstore
+from mqstore.faults import HoldAt
 ran = []
-store = mqstore.open(sys.argv[1], mapped_file_size_commitlog_bytes=1 << 20, max_hash_slot_num=64, max_index_num=256)
+hold = HoldAt("writer.mid_batch_append")
+store = mqstore.open(sys.argv[1], faults=hold, mapped_file_size_commitlog_bytes=1 << 20, max_hash_slot_num=64,
+                     max_index_num=256)
+hold.armed.set()
 futures = [store.put_async(mqstore.Message("t", b"x", keys=[f"k{i}"])) for i in range(300)]
+assert hold.entered.wait(30)  # none is done yet: each callback runs on the completion thread
 for future in futures:
     future.add_done_callback(lambda f: (time.sleep(0.005), ran.append(1)))  # a host recording each ack
-threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+hold.release.set()
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()  # into the close's wait
 try:
     store.close()
     print("not interrupted")
