@@ -29,10 +29,10 @@ from ..cli import (
 from ..config import StoreConfig
 from ..log import get_logger
 from ..reads import status_ladder, subscription
-from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
-from ..storage.commitlog import CommitLogReader
-from ..storage.consume_queue import iter_cq_units
+from ..storage.checkpoint import CheckpointError, read_checkpoint
+from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
+from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units
 from ..storage.fs import RealFileSystem
 from ..storage.index import IndexReader, read_index_header
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
@@ -94,7 +94,11 @@ class _ReadOnlyStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         self.fs = RealFileSystem()
-        self.durable_end = self._durable_end()
+        # After a crash, damage is told from a torn tail as recovery tells them: by the offset
+        # the checkpoint says was flushed (mqstore's field), else by the log's valid end.
+        self.crashed = os.path.exists(config.abort_path)
+        self.flushed_offset = self._flushed_offset() if self.crashed else None
+        self._scanned_data_end: int | None = None
         # Read up to the end of the segments: every record is CRC-checked and must be the one
         # its unit or index entry names, so a torn tail after a crash reads as missing.
         self.commitlog = CommitLogReader(
@@ -120,45 +124,63 @@ class _ReadOnlyStore:
             return None
         return read.record
 
-    def _durable_end(self) -> int:
-        """Below it the log was on disk when the store stopped: everything after a clean stop;
-        after a crash, what the checkpoint says was flushed (mqstore's field; none, from a
-        broker's checkpoint). Damage past it is a torn tail, which recovery cuts: not damage
-        (review 95 M1: get and query called it corrupt where inspect says "needs recovery")."""
-        if not os.path.exists(self.config.abort_path):
-            return JAVA_LONG_MAX
+    def _flushed_offset(self) -> int | None:
         try:
-            flushed = read_checkpoint(self.fs, self.config.checkpoint_path).physic_flushed_offset
-        except (OSError, ValueError, CheckpointError):  # none to trust: nothing called damage
-            return 0
-        return flushed or 0
+            return read_checkpoint(self.fs, self.config.checkpoint_path).physic_flushed_offset
+        except (OSError, ValueError, CheckpointError):
+            return None
 
-    def corrupt_at(self, offset: int, size: int | None, topic: str, *, unit: tuple[int, int] | None = None,
-                   key: str | None = None) -> str | None:  # fmt: skip
-        """Why the record at `offset` that `record_at` refused is the one asked for, damaged,
-        or None where it is not that record at all. A queue's unit or an index hit names the
-        record's start: below the durable end, bytes there that are no record (a bad magic code
-        or size, a header cut) are its damage, as is the record of that `unit` (queue id,
-        queue offset) or of that `key` failing its CRC. Zeros (nothing written there), another
-        valid record (a stale unit) and anything past the durable end (a torn tail) are not.
-        The store's get and query name such a record; the CLI skipped it unsaid (review 94
-        M3, 95 M3)."""
-        if offset >= self.durable_end:
-            return None
+    def _data_end(self) -> int:
+        """The end of the log's last valid record, scanned once (past damage, as recovery
+        looks), when a crashed store's damage must be told from its torn tail."""
+        if self._scanned_data_end is None:
+            end = -1
+            for read in scan_commitlog_dir(self.config.commitlog_dir, check_crc=True, look_past_damage=True,
+                                           segment_size=self.config.mapped_file_size_commitlog_bytes,
+                                           max_message_size=self.config.max_message_size_bytes,
+                                           on_unreadable=lambda _path, _error: None):  # fmt: skip
+                if read.kind is RecordKind.MESSAGE:
+                    end = read.offset + read.size
+            self._scanned_data_end = end
+        return self._scanned_data_end
+
+    def damage_at(self, offset: int, size: int | None, topic: str, *, unit: tuple[int, int] | None = None,
+                  key: str | None = None) -> str | None:  # fmt: skip
+        """Why nothing is served where a queue's `unit` (queue id, queue offset) or an index
+        entry for `key` points, when that is damage; None when it is not. Damage: the record
+        there failing its check, bytes that are no record (a bad magic code or size, zeros,
+        a segment's end padding), or, for a unit, another record. Not damage: no segment
+        there (said elsewhere), an index entry another key's record shares, and, after a
+        crash, a torn tail, which recovery cuts: at or past the offset the checkpoint says
+        was flushed, or without that (a broker's checkpoint) past the last valid record (as
+        inspect judges it: "needs recovery"). The store's get and query name such a record;
+        the CLI skipped it unsaid (reviews 94 M3, 95 M1/M3, 96 M1/M2/L2)."""
         read = self.commitlog.read_record(offset, check_crc=False)
-        if read is not None and read.kind is RecordKind.CORRUPT:
-            return f"commitlog offset {offset} ({read.reason})"
-        if read is None or read.kind is not RecordKind.MESSAGE or (record := read.record) is None:
+        if read is None:
             return None
-        if (size is not None and read.size != size) or record.commitlog_offset != offset or record.topic != topic:
+        record = read.record if read.kind is RecordKind.MESSAGE else None
+        if record is not None:
+            if key is not None and (record.topic != topic or (record.uniq_key != key and key not in record.key_list)):
+                return None  # (the index's hash slots are shared: another key's record)
+            if record.topic != topic or (unit is not None and (record.queue_id, record.queue_offset) != unit):
+                reason = f"no record of this unit starts there (a record of {record.topic!r} queue {record.queue_id} " \
+                         f"at queue offset {record.queue_offset} does)"  # fmt: skip
+            elif record.commitlog_offset != offset:
+                reason = f"its physical-offset field says {record.commitlog_offset}"
+            elif size is not None and read.size != size:
+                reason = f"its size {read.size} is not its unit's {size}"
+            else:
+                checked = self.commitlog.read_record(offset, check_crc=True)
+                reason = checked.reason if checked is not None and checked.kind is RecordKind.CORRUPT else "it fails its check"
+        elif read.kind is RecordKind.CORRUPT:
+            reason = read.reason
+        elif read.kind is RecordKind.END_OF_DATA:
+            reason = "zeroed bytes"
+        else:
+            reason = "the padding that ends a segment, no record"
+        if self.crashed and offset >= (self.flushed_offset if self.flushed_offset is not None else self._data_end()):
             return None
-        if unit is not None and (record.queue_id, record.queue_offset) != unit:
-            return None
-        if key is not None and record.uniq_key != key and key not in record.key_list:
-            return None
-        checked = self.commitlog.read_record(offset, check_crc=True)
-        reason = checked.reason if checked is not None and checked.kind is RecordKind.CORRUPT else "it fails its check"
-        return f"commitlog offset {offset} ({reason})"
+        return f"commitlog offset {offset}: {reason}"
 
     def unreadable_at(self, offset: int) -> str | None:
         """Why the segment holding `offset` is there but could not be read now (the reader
@@ -188,6 +210,8 @@ class _ReadOnlyStore:
                 if len(found) >= max_count or queue_offset >= offset + max(800, max_count):
                     break  # as getMessage: at most max(16000, max * 20) bytes of units a call
                 nxt = queue_offset + 1
+                if size == FILLER_UNIT_SIZE and phy == 0:
+                    continue  # a filler: no record (as the store's get; review 96 L1 blamed offset 0)
                 if wanted is not None and to_int32(tags_code) not in wanted[0]:
                     continue
                 record = self.record_at(phy, size)
@@ -197,11 +221,10 @@ class _ReadOnlyStore:
                     if not found:
                         status = GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
                     break
-                if record is None and (damage := self.corrupt_at(phy, size, topic, unit=(queue_id, queue_offset))):
-                    corrupt.append(damage)
-                    continue  # skipped, as the store's get does: the next one is served
                 if record is None or (record.topic, record.queue_id, record.queue_offset) != (topic, queue_id, queue_offset):
-                    continue  # past the valid end after a crash, or a stale unit
+                    if damage := self.damage_at(phy, size, topic, unit=(queue_id, queue_offset)):
+                        corrupt.append(f"queue offset {queue_offset}: {damage}")
+                    continue  # skipped, as the store's get does: the next one is served
                 if wanted is not None and record.tags not in wanted[1]:
                     continue
                 found.append(record)
@@ -260,7 +283,7 @@ class _ReadOnlyStore:
             record = self.record_at(phy)
             if record is None and unreadable is None:
                 unreadable = self.unreadable_at(phy)
-            if record is None and (damage := self.corrupt_at(phy, None, topic, key=key)):
+            if record is None and (damage := self.damage_at(phy, None, topic, key=key)):
                 corrupt.append(damage)
             if record is not None and record.topic == topic and (record.uniq_key == key or key in record.key_list):
                 messages.append(record)
