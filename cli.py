@@ -31,7 +31,7 @@ from typing import IO, Any, Final
 
 from . import __version__
 from .config import ConfigError, StoreConfig, StoreGeometryAmbiguous
-from .log import configure_logging, get_logger, point_logging_at
+from .log import configure_logging, get_logger, logging_restored
 from .storage.codec import MessageRecord, RecordKind
 from .storage.checkpoint import read_checkpoint
 from .storage.commitlog import being_created, scan_commitlog_dir, segment_size_in
@@ -156,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     out = _Output(sys.stdout, "stdout", stop=False)
     err = _Output(sys.stderr, "stderr", stop=False)  # diagnostics never stop a command
     sys.stdout, sys.stderr = out, err
-    ran = False
     try:
         parser = build_parser()
         try:
@@ -166,14 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             args = argparse.Namespace(command=None)  # (`--help >/dev/full` said 0, nothing written: review 95 L6)
         else:
             out.stop = args.command in STOP_AT_A_LOST_READER
-            ran = True
-            code = _run(parser, args)
+            with logging_restored():  # (configured for the command, on the guard of stderr)
+                code = _run(parser, args)
         with contextlib.suppress(StdoutLost):
             out.flush()
     finally:
         sys.stdout, sys.stderr = saved
-        if ran:
-            point_logging_at(saved[1])  # _run configured it while stderr was the guard
         if argv is None:  # this process is the command
             out.silence()
             err.silence()

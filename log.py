@@ -247,12 +247,19 @@ class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marks the handler configure_logging installed, so calling it again replaces it."""
 
 
-def point_logging_at(stream: IO[str]) -> None:
-    """The handler configure_logging installed writes to `stream` from now on (the command
-    line's, once its own guard of stderr is gone: review 95 L1)."""
-    for handler in logging.getLogger(ROOT_LOGGER_NAME).handlers:
-        if isinstance(handler, _OurHandler):
-            handler.setStream(stream)
+@contextlib.contextmanager
+def logging_restored() -> Iterator[None]:
+    """The "mqstore" logger's handlers, level and propagation as they were before the block:
+    the command line configures its own, and a host calling it in-process keeps its own
+    (review 96 L4: its stream, level and propagation were taken for good)."""
+    root = logging.getLogger(ROOT_LOGGER_NAME)
+    handlers, level, propagate = list(root.handlers), root.level, root.propagate
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        root.propagate = propagate
 
 
 def configure_logging(level: str | int = "WARNING", json: bool = False, stream: IO[str] | None = None) -> None:
