@@ -259,18 +259,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_JAVA_LONG_MAX: Final = 2**63 - 1  # offsets, times and counts are Java longs on disk
+
+
 def non_negative(text: str) -> int:
-    """An argparse type: an int >= 0."""
+    """An argparse type: an int >= 0 that a Java long holds."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
+    if value > _JAVA_LONG_MAX:  # (an OverflowError at the first C call: review 96 L5)
+        raise argparse.ArgumentTypeError(f"{text} is past the largest offset or time, {_JAVA_LONG_MAX}")
     return value
 
 
 def positive(text: str) -> int:
-    """An argparse type: an int > 0."""
-    value = int(text)
-    if value <= 0:
+    """An argparse type: an int > 0 that a Java long holds."""
+    value = non_negative(text)
+    if value == 0:
         raise argparse.ArgumentTypeError(f"{text} is not positive")
     return value
 
@@ -454,7 +459,7 @@ def _add_dump(subparsers: Any) -> None:
         "--max-message-size-bytes",
         type=positive,
         default=None,
-        help="commitlog: larger records are corrupt (default: the configured value)",
+        help="commitlog: records larger than this and than a segment are corrupt (default: the configured value)",
     )
     p.set_defaults(handler=_run_dump)
 

@@ -305,6 +305,9 @@ def test_help_and_usage_on_a_full_stdout_are_failures(tmp_path: Path) -> None:
     root = _store(tmp_path / "s")
     for option in ("--queue-id", "--max-hash-slot-num", "--max-message-size-bytes"):
         assert _mqstore("dump", str(root), option, "-1")[0] == 2, option
+    # past a Java long (review 96 L5: OverflowError, exit 1)
+    assert _mqstore("query", str(root), "--topic", "t", "--key", "k1", "--end", str(2**63))[0] == 2
+    assert _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", str(2**63))[0] == 2
 
 
 def test_main_called_in_process_leaves_the_hosts_stdout_and_logging_as_they_were(tmp_path: Path) -> None:
