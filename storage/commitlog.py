@@ -1158,7 +1158,12 @@ class CommitLog:
             if mapped_file.cut_short():  # zeros from the guard, not the file's bytes
                 raise UnreadDuringRecoveryError(mapped_file.file_name)
             damaged_at = mapped_file.file_from_offset + file_offset
-            if self.unfinished_put_possible and self._unfinished_put_at(mapped_file, file_offset):
+            # Below the offset the checkpoint says was flushed every put was finished (and
+            # forced): a zeroed header there is damage, whatever its physical-offset field says
+            # (review 97 M2: taken for the put the writer died in, the flushed records after it
+            # were cut from the log).
+            below_flushed = self.flushed_before_offset is not None and damaged_at < self.flushed_before_offset
+            if self.unfinished_put_possible and not below_flushed and self._unfinished_put_at(mapped_file, file_offset):
                 log.warning("recovery stops at a put the writer did not finish", offset=damaged_at)
                 break
             resume = self._look_past(index, file_offset, corrupt=kind is not RecordKind.END_OF_DATA)

@@ -117,6 +117,27 @@ def test_a_torn_tail_is_still_cut(tmp_path: object) -> None:
     assert verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS)).ok
 
 
+def test_a_zeroed_header_below_the_flushed_offset_is_damage_not_an_unfinished_put(tmp_path: object) -> None:
+    """Review 97 M2: a record whose size and magic (8 bytes) were zeroed, its physical-offset
+    field intact, far below the offset the checkpoint says was flushed, was taken for "a put
+    the writer did not finish": the segment ended there and the 150 flushed, acknowledged
+    records after it were cut from the log (kept only in a .damaged copy). Below the flushed
+    offset every put was finished: it is damage, quarantined, and what follows is kept."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 200)
+    seg = os.path.join(store_dir, "commitlog", "%020d" % 0)
+    with open(seg, "r+b") as f:
+        f.seek(offsets[30])
+        f.write(bytes(8))
+    flushed_only_to(store_dir, offsets[199])
+    open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and [q.start for q in rec.quarantined] == [offsets[30]], rec.summary()
+        bodies = _all_bodies(store)
+        assert all(bodies.get(i) == _body(i) for i in range(31, 200)), sorted(set(range(200)) - set(bodies))
+
+
 # -------------------------------------------------------------------------------------------
 # Holes: a missing or wrong-sized segment (never overwrite, never hide)
 
