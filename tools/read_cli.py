@@ -97,7 +97,7 @@ class _ReadOnlyStore:
         # After a crash, damage is told from a torn tail as recovery tells them: by the offset
         # the checkpoint says was flushed (mqstore's field), else by the log's valid end.
         self.crashed = os.path.exists(config.abort_path)
-        self.flushed_offset = self._flushed_offset() if self.crashed else None
+        self.flushed_offset, self._flushed_at_ms = self._checkpoint() if self.crashed else (None, None)
         self._scanned_data_end: int | None = None
         # Read up to the end of the segments: every record is CRC-checked and must be the one
         # its unit or index entry names, so a torn tail after a crash reads as missing.
@@ -124,22 +124,29 @@ class _ReadOnlyStore:
             return None
         return read.record
 
-    def _flushed_offset(self) -> int | None:
+    def _checkpoint(self) -> tuple[int | None, int | None]:
+        """(the offset the checkpoint says was flushed, its physic timestamp), None each where
+        it does not say (a broker's has no offset; a missing or zeroed one neither)."""
         try:
-            return read_checkpoint(self.fs, self.config.checkpoint_path).physic_flushed_offset
+            values = read_checkpoint(self.fs, self.config.checkpoint_path)
         except (OSError, ValueError, CheckpointError):
-            return None
+            return None, None
+        return values.physic_flushed_offset, values.physic_msg_timestamp or None
 
     def _data_end(self) -> int:
-        """The end of the log's last valid record, scanned once (past damage, as recovery
-        looks), when a crashed store's damage must be told from its torn tail."""
+        """The end of the log's last trusted record, scanned once (past damage, as recovery
+        looks), when a crashed store's damage must be told from its torn tail without a flushed
+        offset: a record stored by the checkpoint's physic timestamp, as recovery trusts (review
+        97 H1: any valid record after a tear called it damage, where recovery cuts it)."""
         if self._scanned_data_end is None:
             end = -1
+            trusted_until = self._flushed_at_ms
             for read in scan_commitlog_dir(self.config.commitlog_dir, check_crc=True, look_past_damage=True,
                                            segment_size=self.config.mapped_file_size_commitlog_bytes,
                                            max_message_size=self.config.max_message_size_bytes,
                                            on_unreadable=lambda _path, _error: None):  # fmt: skip
-                if read.kind is RecordKind.MESSAGE:
+                if read.kind is RecordKind.MESSAGE and read.record is not None and (
+                        trusted_until is None or read.record.store_timestamp <= trusted_until):  # fmt: skip
                     end = read.offset + read.size
             self._scanned_data_end = end
         return self._scanned_data_end

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mqstore
@@ -397,3 +398,33 @@ def test_a_filler_unit_is_no_record_and_blames_nothing(tmp_path: Path) -> None:
     code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "1")
     assert code == 0 and "detail" not in json.loads(err.splitlines()[-1]), err
     assert [json.loads(line)["queue_offset"] for line in out.splitlines()] == [1, 3]
+
+
+def test_a_tear_after_a_brokers_checkpoint_is_a_torn_tail_however_many_records_follow(tmp_path: Path) -> None:
+    """Review 97 H1: with a broker's checkpoint (no flushed offset), a power loss's tear with
+    later records intact was called damage (exit 3): any valid record after it counted. As
+    recovery, only records stored by the checkpoint's physic timestamp do: it cuts the tear."""
+    import struct
+
+    root = tmp_path / "s"
+    offsets, stored = [], []
+    with mqstore.open(root, **SMALL) as store:
+        for i in range(20):
+            result = store.put(mqstore.Message("t", bytes([65 + i]) * 1500, keys=[f"k{i}"]))
+            offsets.append(result.commitlog_offset)
+            time.sleep(0.003)  # store times apart
+        for i in range(20):
+            stored.append(store.get("t", 0, i, 1).messages[0].store_timestamp)
+    checkpoint_ms = stored[9]  # flushed up to the tenth record when the power went
+    (root / "checkpoint").write_bytes(struct.pack(">qqq", checkpoint_ms, checkpoint_ms, checkpoint_ms).ljust(4096, b"\0"))
+    (root / "abort").write_bytes(b"")
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek((offsets[13] // 512 + 1) * 512)
+        f.write(bytes(512))  # a sector of the fourteenth record never written back; later ones were
+    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "10")
+    assert code == 0 and "detail" not in json.loads(err.splitlines()[-1]), err
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek(offsets[5] + 200)
+        f.write(b"\xff\xfe")  # a record stored before the checkpoint's time: damage
+    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0")
+    assert code == 3 and f"queue offset 5: commitlog offset {offsets[5]}" in json.loads(err.splitlines()[-1])["detail"]
