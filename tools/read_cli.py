@@ -159,9 +159,9 @@ class _ReadOnlyStore:
         a segment's end padding), or, for a unit, another record. Not damage: no segment
         there (said elsewhere), an index entry another key's record shares, and, after a
         crash, a torn tail, which recovery cuts: at or past the offset the checkpoint says
-        was flushed, or without that (a broker's checkpoint) past the last valid record (as
-        inspect judges it: "needs recovery"). The store's get and query name such a record;
-        the CLI skipped it unsaid (reviews 94 M3, 95 M1/M3, 96 M1/M2/L2)."""
+        was flushed, or without that (a broker's checkpoint) past the last record stored by
+        its physic timestamp (`_data_end`). The store's get and query name such a record;
+        the CLI skipped it unsaid (reviews 94 M3, 95 M1/M3, 96 M1/M2/L2, 97 H1)."""
         read = self.commitlog.read_record(offset, check_crc=False)
         if read is None:
             return None
