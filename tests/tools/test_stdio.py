@@ -428,3 +428,16 @@ def test_a_tear_after_a_brokers_checkpoint_is_a_torn_tail_however_many_records_f
         f.write(b"\xff\xfe")  # a record stored before the checkpoint's time: damage
     code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0")
     assert code == 3 and f"queue offset 5: commitlog offset {offsets[5]}" in json.loads(err.splitlines()[-1])["detail"]
+
+
+def test_a_commitlog_directory_the_settings_name_that_is_missing_is_exit_5_for_every_command(tmp_path: Path) -> None:
+    """Review 94 L4: with store_path_commitlog naming a missing directory, inspect said damaged
+    (3), stats and dump 0, the others 5."""
+    root = _store(tmp_path / "s")
+    env = {**os.environ, "MQSTORE_STORE_PATH_COMMITLOG": str(tmp_path / "nowhere")}
+    for argv in (("inspect",), ("stats",), ("dump",), ("verify",), ("get", "--topic", "t", "--queue", "0", "--offset", "0"),
+                 ("query", "--topic", "t", "--key", "k1"), ("recover",), ("clean",)):  # fmt: skip
+        out = subprocess.run([sys.executable, "-m", "mqstore", argv[0], str(root), *argv[1:]], capture_output=True,
+                             env=env, timeout=120)  # fmt: skip
+        assert out.returncode == 5 and b"store_path_commitlog" in out.stderr, (argv, out.returncode, out.stderr)
+    assert not (tmp_path / "nowhere").exists()
