@@ -75,24 +75,9 @@ def test_a_thread_shortage_while_an_actor_is_restarted_does_not_give_the_store_u
     (10 a minute, back-off 10 ms to 1 s): about 4.5 s of shortage gave the store up for good,
     every put SERVICE_NOT_AVAILABLE once threads were back (review 76). Now such a restart is
     retried at the slowest back-off without counting, as for a full disk."""
-    _fast_backoff(monkeypatch)
-    faults, fatal = FaultPlan(), []
-    store = helpers.open_small(store_dir, faults=faults, on_fatal=fatal.append)
-    try:
-        assert store.put(Message("t", b"before")).ok
-        refuse_threads.append(lambda name: name.startswith(ACTOR_THREADS))
-        faults.arm("writer.mid_batch_append")  # one crash of the writer
-        store.put(Message("t", b"crashes the writer"))
-        deadline = time.monotonic() + SHORTAGE_S
-        while time.monotonic() < deadline:
-            assert store.supervisor.state is SupervisorState.RUNNING, fatal
-            time.sleep(0.1)
-        refuse_threads.clear()
-        helpers.wait_until(lambda: store.put(Message("t", b"after")).ok, what="a put taken after the shortage")
-        assert fatal == [] and store.supervisor.state is SupervisorState.RUNNING
-    finally:
-        refuse_threads.clear()
-        store.close()
+    short = threading.Event()
+    refuse_threads.append(lambda name: short.is_set() and name.startswith(ACTOR_THREADS))
+    _outlives_a_shortage(store_dir, monkeypatch, short, "writer.mid_batch_append")
 
 
 def test_reply_callbacks_wait_for_a_listener_thread_and_are_all_called_once_there_is_one(
