@@ -204,8 +204,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return ExitCode.NOT_A_STORE
     except StdoutLost:  # a command that only prints what it reads: `mqstore dump ... | head`
         return SIGPIPE_EXIT  # (main says why, unless the reader left)
-    except BrokenPipeError:  # a pipe of the command's own (Spark's): the failure it is
-        _silence_stdout()
+    except BrokenPipeError:  # a pipe of the command's own (Spark's; stdout's is StdoutLost): the failure it is
         print(f"mqstore {args.command}: BrokenPipeError: a pipe's reader is gone", file=sys.stderr)
         return ExitCode.FAILURE
     except KeyboardInterrupt:
@@ -423,14 +422,6 @@ def _add_plugin_groups(subparsers: Any) -> None:
             log.debug("subcommand group unavailable", module=name, error=str(exc))
             continue
         module.add_subcommands(subparsers)
-
-
-def _silence_stdout() -> None:
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass  # stdout has no file descriptor (e.g. captured in tests)
 
 
 # ---------------------------------------------------------------------------------------------
