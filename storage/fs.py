@@ -452,7 +452,12 @@ def _open_unnamed(path: str) -> int:
 
 
 class RealMappedRegion:
-    def __init__(self, path: str, size: int, *, create: bool, readonly: bool, unnamed: bool = False) -> None:
+    def __init__(self, path: str, size: int, *, create: bool, readonly: bool, unnamed: bool = False,
+                 private: bool = False) -> None:
+        """`private`: the file opened read-only and mapped copy-on-write (MAP_PRIVATE): what
+        is written through the map stays in this process's memory, never in the file (a dry
+        run of recovery, storage/dry_run.py); flush() forces nothing."""
+        readonly = readonly or private
         self.path = path
         self.size = size
         created = False
@@ -491,7 +496,7 @@ class RealMappedRegion:
                     raise OSError(errno.EINVAL, f"file is {actual} bytes, expected {size}", path)
                 check_file_size_limit(path, size)
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
-            access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
+            access = mmap.ACCESS_COPY if private else mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap
             self.buf, kept = mapguard.map_keeping_no_descriptor(fd, size, access, status.st_dev, status.st_ino)
             # Given back by close(), or when the map goes without one (a reader's, collected).
@@ -528,6 +533,7 @@ class RealMappedRegion:
         if self._unnamed_fd is None:
             os.close(fd)
         self._writable = not readonly
+        self._private = private
         self._reserved = 0
         self._locked = False
         self._cut_seen = False  # reserve() found the file shorter than the map
@@ -737,6 +743,8 @@ class RealMappedRegion:
         _pwrite_zeros(fd, start, end, self.path)
 
     def flush(self, start: int = 0, end: int | None = None) -> None:
+        if self._private:
+            return  # (its pages are this process's copies: nothing to force)
         end = self.size if end is None else min(end, self.size)
         start -= start % mmap.PAGESIZE  # msync needs a page-aligned start
         if end > start:
@@ -846,6 +854,8 @@ class RealMappedRegion:
         """The map's first `length` bytes written to a new file `path` of the map's size (the
         rest a hole: zeros, as in the map), made durable: a copy of a file replaced under it
         that can take the file's place."""
+        if self._private:
+            raise OSError(errno.EROFS, "a private map's copies are not written anywhere", path)
         check_file_size_limit(path, self.size)
         fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:

@@ -2,8 +2,9 @@
 
 Both read the files through the storage layer's read-only readers and never write: no lock or
 abort file, no recovery, nothing truncated (a store that another process runs is refused with
-exit 4). On a store that did not stop cleanly they read what is valid (every record CRC-checked
-and matched to its unit) and say that `mqstore recover` is needed. They print one JSON object
+exit 4). On a store that did not stop cleanly they read what the next open's recovery keeps (a
+dry run of it tells, storage/dry_run.py; every record CRC-checked and matched to its unit) and
+say that `mqstore recover` is needed. They print one JSON object
 per message on stdout with the fields of `mqstore dump`'s commitlog rows, and a one-line JSON
 summary (status, next begin offset, ...) on stderr. Where the store's own records show files
 missing (the queue ledger: a queue's ConsumeQueue files; the index progress: an index file),
@@ -19,6 +20,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,9 @@ from ..log import get_logger
 from ..reads import status_ladder, subscription
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
 from ..storage.checkpoint import CheckpointError, read_checkpoint
-from ..storage.commitlog import CommitLogReader, scan_commitlog_dir
+from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units
+from ..storage.dry_run import CrashRecoveryVerdict, crash_recovery_verdict
 from ..storage.fs import RealFileSystem
 from ..storage.index import IndexReader, read_index_header
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
@@ -44,6 +47,10 @@ __all__ = ["add_subcommands", "run_get", "run_query"]
 log = get_logger(__name__)
 
 JAVA_LONG_MAX = 2**63 - 1
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -94,11 +101,9 @@ class _ReadOnlyStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         self.fs = RealFileSystem()
-        # After a crash, damage is told from a torn tail as recovery tells them: by the offset
-        # the checkpoint says was flushed (mqstore's field), else by the log's valid end.
+        # After a crash, damage is told from a torn tail by recovery itself (`_verdict`).
         self.crashed = os.path.exists(config.abort_path)
-        self.flushed_offset, self._flushed_at_ms = self._checkpoint() if self.crashed else (None, None)
-        self._scanned_data_end: int | None = None
+        self._verdict: CrashRecoveryVerdict | str | None = None
         # Read up to the end of the segments: every record is CRC-checked and must be the one
         # its unit or index entry names, so a torn tail after a crash reads as missing.
         self.commitlog = CommitLogReader(
@@ -124,32 +129,27 @@ class _ReadOnlyStore:
             return None
         return read.record
 
-    def _checkpoint(self) -> tuple[int | None, int | None]:
-        """(the offset the checkpoint says was flushed, its physic timestamp), None each where
-        it does not say (a broker's has no offset; a missing or zeroed one neither)."""
-        try:
-            values = read_checkpoint(self.fs, self.config.checkpoint_path)
-        except (OSError, ValueError, CheckpointError):
-            return None, None
-        return values.physic_flushed_offset, values.physic_msg_timestamp or None
+    def verdict(self) -> CrashRecoveryVerdict | str:
+        """What the next open's crash recovery does with the log as it is (worked out once, in
+        a dry run that changes nothing: storage/dry_run.py), or why that cannot be told."""
+        if self._verdict is None:
+            checkpoint = None
+            try:
+                if self.fs.exists(self.config.checkpoint_path):
+                    checkpoint = read_checkpoint(self.fs, self.config.checkpoint_path)
+                self._verdict = crash_recovery_verdict(self.config, checkpoint, _wall_clock_ms)
+            except (OSError, CheckpointError) as exc:  # (the open refuses such a checkpoint too)
+                self._verdict = f"{type(exc).__name__}: {exc}"
+        return self._verdict
 
-    def _data_end(self) -> int:
-        """The end of the log's last trusted record, scanned once (past damage, as recovery
-        looks), when a crashed store's damage must be told from its torn tail without a flushed
-        offset: a record stored by the checkpoint's physic timestamp, as recovery trusts (review
-        97 H1: any valid record after a tear called it damage, where recovery cuts it)."""
-        if self._scanned_data_end is None:
-            end = -1
-            trusted_until = self._flushed_at_ms
-            for read in scan_commitlog_dir(self.config.commitlog_dir, check_crc=True, look_past_damage=True,
-                                           segment_size=self.config.mapped_file_size_commitlog_bytes,
-                                           max_message_size=self.config.max_message_size_bytes,
-                                           on_unreadable=lambda _path, _error: None):  # fmt: skip
-                if read.kind is RecordKind.MESSAGE and read.record is not None and (
-                        trusted_until is None or read.record.store_timestamp <= trusted_until):  # fmt: skip
-                    end = read.offset + read.size
-            self._scanned_data_end = end
-        return self._scanned_data_end
+    def cut_by_recovery(self, offset: int) -> bool:
+        """After a crash, whether the next open's recovery cuts the log before `offset` (a torn
+        tail): a record there, valid as it may read, is gone after it, so it is not served
+        (review 97 L1's case: the records after a tear recovery cuts by its bytes)."""
+        if not self.crashed:
+            return False
+        verdict = self.verdict()
+        return not isinstance(verdict, str) and verdict.is_torn_tail(offset)
 
     def damage_at(self, offset: int, size: int | None, topic: str, *, unit: tuple[int, int] | None = None,
                   key: str | None = None) -> str | None:  # fmt: skip
@@ -158,10 +158,10 @@ class _ReadOnlyStore:
         there failing its check, bytes that are no record (a bad magic code or size, zeros,
         a segment's end padding), or, for a unit, another record. Not damage: no segment
         there (said elsewhere), an index entry another key's record shares, and, after a
-        crash, a torn tail, which recovery cuts: at or past the offset the checkpoint says
-        was flushed, or without that (a broker's checkpoint) past the last record stored by
-        its physic timestamp (`_data_end`). The store's get and query name such a record;
-        the CLI skipped it unsaid (reviews 94 M3, 95 M1/M3, 96 M1/M2/L2, 97 H1)."""
+        crash, a torn tail: what the next open's recovery cuts, asked of recovery itself
+        (`verdict`). The store's get and query name such a record; the CLI skipped it unsaid
+        (reviews 94 M3, 95 M1/M3, 96 M1/M2/L2, 97 H1; 97 L1: its own copy of recovery's
+        rules called a tear damage that recovery cuts)."""
         read = self.commitlog.read_record(offset, check_crc=False)
         if read is None:
             return None
@@ -185,7 +185,10 @@ class _ReadOnlyStore:
             reason = "zeroed bytes"
         else:
             reason = "the padding that ends a segment, no record"
-        if self.crashed and offset >= (self.flushed_offset if self.flushed_offset is not None else self._data_end()):
+        if self.crashed and isinstance(verdict := self.verdict(), str):
+            return f"commitlog offset {offset}: {reason} (whether the next open's recovery cuts it as a torn " \
+                   f"tail could not be worked out: {verdict})"  # fmt: skip
+        if self.cut_by_recovery(offset):
             return None
         return f"commitlog offset {offset}: {reason}"
 
@@ -221,6 +224,8 @@ class _ReadOnlyStore:
                     continue  # a filler: no record (as the store's get; review 96 L1 blamed offset 0)
                 if wanted is not None and to_int32(tags_code) not in wanted[0]:
                     continue
+                if self.cut_by_recovery(phy):
+                    continue  # (a torn tail: missing, not damage)
                 record = self.record_at(phy, size)
                 if record is None and (unreadable := self.unreadable_at(phy)) is not None:
                     # As the store's get: what was read is served, the next get starts here.
@@ -287,6 +292,8 @@ class _ReadOnlyStore:
         unreadable: str | None = None
         corrupt: list[str] = []
         for phy in sorted(set(offsets)):
+            if self.cut_by_recovery(phy):
+                continue
             record = self.record_at(phy)
             if record is None and unreadable is None:
                 unreadable = self.unreadable_at(phy)

@@ -13,11 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import mqstore
 
 SMALL = {"mapped_file_size_commitlog_bytes": 64 << 10, "max_hash_slot_num": 64, "max_index_num": 256}
 MAKE_STORE = """
 import os, sys
+import pytest
+
 import mqstore
 root, crash = sys.argv[1], sys.argv[2] == "crash"
 store = mqstore.open(root, mapped_file_size_commitlog_bytes=64 << 10, max_hash_slot_num=64, max_index_num=256)
@@ -249,6 +253,8 @@ def test_dump_reads_the_commitlog_the_settings_name(tmp_path: Path) -> None:
 
 TORN_TAIL_CHILD = """
 import os, signal, sys, time
+import pytest
+
 import mqstore
 store = mqstore.open(sys.argv[1], mapped_file_size_commitlog_bytes=64 << 10, max_hash_slot_num=64, max_index_num=256)
 for i in range(3):
@@ -441,3 +447,28 @@ def test_a_commitlog_directory_the_settings_name_that_is_missing_is_exit_5_for_e
                              env=env, timeout=120)  # fmt: skip
         assert out.returncode == 5 and b"store_path_commitlog" in out.stderr, (argv, out.returncode, out.stderr)
     assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("checkpoint", ["none", "zeroed"])
+def test_a_tear_recovery_cuts_by_its_bytes_is_a_torn_tail_for_get_too(tmp_path: Path, checkpoint: str) -> None:
+    """Review 97 L1: with no checkpoint, or an all-zero one, recovery tells a tear by its bytes
+    (a zeroed sector) and cuts it with what follows; get called it damage, exit 3. Get now asks
+    recovery itself (a dry run, storage/dry_run.py), and serves what the open then serves."""
+    root = tmp_path / "s"
+    offsets = []
+    with mqstore.open(root, **SMALL) as store:
+        for i in range(20):
+            offsets.append(store.put(mqstore.Message("t", bytes([65 + i]) * 1500, keys=[f"k{i}"])).commitlog_offset)
+    if checkpoint == "none":
+        (root / "checkpoint").unlink()
+    else:
+        (root / "checkpoint").write_bytes(bytes(4096))
+    (root / "abort").write_bytes(b"")
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek((offsets[13] // 512 + 1) * 512)
+        f.write(bytes(512))  # a sector of the fourteenth record never written back; later ones were
+    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0", "--max", "32")
+    assert code == 0 and "detail" not in json.loads(err.splitlines()[-1]), err
+    served = [json.loads(line)["queue_offset"] for line in out.splitlines()]
+    with mqstore.open(root, **SMALL) as store:
+        assert [m.queue_offset for m in store.get("t", 0, 0, 32).messages] == served == list(range(13))
