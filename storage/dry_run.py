@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 from ..config import StoreConfig
 from ..log import retrying
-from .checkpoint import CheckpointValues
+from .checkpoint import CheckpointError, CheckpointValues, read_checkpoint
 from .commitlog import Quarantined
 from .fs import DiskUsage, RealFileSystem, RealMappedRegion
 from .recovery import RecoveryMode, recover_commitlog
 
-__all__ = ["CrashRecoveryVerdict", "DryRunFileSystem", "crash_recovery_verdict"]
+__all__ = ["CrashRecoveryVerdict", "DryRunFileSystem", "crash_recovery_verdict", "verdict_of_stopped_store"]
 
 
 def _refused(path: str, what: str) -> OSError:
@@ -151,3 +152,19 @@ def crash_recovery_verdict(
                                       clock_ms=clock_ms)  # fmt: skip
     flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
     return CrashRecoveryVerdict(recovered.facts.max_offset, tuple(recovered.quarantined), flushed)
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def verdict_of_stopped_store(config: StoreConfig) -> CrashRecoveryVerdict | str:
+    """`crash_recovery_verdict` of a stopped store's files with its checkpoint as the open
+    reads it, for the read-only commands; or why it cannot be told (a file that cannot be
+    read, a checkpoint the open refuses)."""
+    fs = RealFileSystem()
+    try:
+        checkpoint = read_checkpoint(fs, config.checkpoint_path) if fs.exists(config.checkpoint_path) else None
+        return crash_recovery_verdict(config, checkpoint, _wall_clock_ms)
+    except (OSError, CheckpointError) as exc:
+        return f"{type(exc).__name__}: {exc}"

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,9 @@ from ..config import StoreConfig
 from ..log import get_logger
 from ..reads import status_ladder, subscription
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
-from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units
-from ..storage.dry_run import CrashRecoveryVerdict, crash_recovery_verdict
+from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.fs import RealFileSystem
 from ..storage.index import IndexReader, read_index_header
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
@@ -47,10 +45,6 @@ __all__ = ["add_subcommands", "run_get", "run_query"]
 log = get_logger(__name__)
 
 JAVA_LONG_MAX = 2**63 - 1
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -133,13 +127,7 @@ class _ReadOnlyStore:
         """What the next open's crash recovery does with the log as it is (worked out once, in
         a dry run that changes nothing: storage/dry_run.py), or why that cannot be told."""
         if self._verdict is None:
-            checkpoint = None
-            try:
-                if self.fs.exists(self.config.checkpoint_path):
-                    checkpoint = read_checkpoint(self.fs, self.config.checkpoint_path)
-                self._verdict = crash_recovery_verdict(self.config, checkpoint, _wall_clock_ms)
-            except (OSError, CheckpointError) as exc:  # (the open refuses such a checkpoint too)
-                self._verdict = f"{type(exc).__name__}: {exc}"
+            self._verdict = verdict_of_stopped_store(self.config)
         return self._verdict
 
     def cut_by_recovery(self, offset: int) -> bool:

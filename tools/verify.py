@@ -51,6 +51,7 @@ from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
 from ..cli import unreadable_file
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
+from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.fs import FileSystem, RealFileSystem
 from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
@@ -228,6 +229,30 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
     # later file holds records; then it was damage with valid records after it.
     stopped: tuple[int, str] | None = None
     foreign_record_seen = False
+    cut_from: int | None = None  # after a crash, where recovery cuts the log (records from it are not checked)
+    verdict: list[CrashRecoveryVerdict | str] = []
+
+    def damage(at: int, why: str, damaged: str | None) -> None:
+        """`why` the bytes at `at` are no record; `damaged`: what follows them (None: no valid
+        record). After a crash, whether it is damage or a torn tail is asked of recovery itself
+        (a dry run, storage/dry_run.py): review 97 L2, a tear with records after it was
+        `commitlog_damaged`, "quarantined, not cut", where recover cut it."""
+        nonlocal cut_from
+        if not verdict and isinstance(fs, RealFileSystem) and fs.exists(cfg.abort_path):
+            verdict.append(verdict_of_stopped_store(cfg.replace(mapped_file_size_commitlog_bytes=segment)))
+        said = verdict[0] if verdict and isinstance(verdict[0], CrashRecoveryVerdict) else None
+        if said is not None and said.is_torn_tail(at):
+            if cut_from is None:  # (what follows it is cut with it)
+                cut_from = said.torn_from
+                report.add("commitlog_corrupt", f"offset {at}",
+                           f"{why} (a torn tail after a crash: recover cuts the log at offset {said.torn_from})")  # fmt: skip
+        elif damaged is not None:
+            report.add("commitlog_damaged", f"offset {at}", f"{why}; {damaged}")
+        elif said is not None:
+            report.add("commitlog_damaged", f"offset {at}", f"{why}; no valid record follows, below the offset the "
+                       "checkpoint says was flushed: damage, not a torn tail")  # fmt: skip
+        else:
+            report.add("commitlog_corrupt", f"offset {at}", f"{why} (a torn tail: recover cuts it)")
 
     def unreadable(path: str, error: OSError) -> None:
         start = int(os.path.basename(path))
@@ -243,10 +268,11 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
                 continue  # an empty (pre-allocated) file: fine at the end, a gap's report otherwise
             if found.kind in (RecordKind.MESSAGE, RecordKind.BLANK) and stopped is not None:
                 at, why = stopped
-                report.add("commitlog_damaged", f"offset {at}",
-                           f"{why}; valid records follow from offset {found.offset} (quarantined, not cut)")  # fmt: skip
+                damage(at, why, f"valid records follow from offset {found.offset} (quarantined, not cut)")
                 report.damaged_ranges.append((at, found.offset))
                 stopped = None
+            if cut_from is not None and found.offset >= cut_from:
+                continue  # cut by the next open with the torn tail: no unit or index entry is owed
             if found.kind is RecordKind.MESSAGE:
                 rec = found.record
                 assert rec is not None
@@ -264,17 +290,16 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
                 report.blank_tails.append((found.offset, report.max_offset))
             elif found.kind is RecordKind.CORRUPT and found.reason.startswith(QUARANTINED_PREFIX):
                 # Damage inside a file with a trusted record after it (the scan went on there).
-                report.add("commitlog_damaged", f"offset {found.offset}",
-                           f"{found.reason.removeprefix(QUARANTINED_PREFIX)}; {found.size} bytes up to a valid record")  # fmt: skip
+                damage(found.offset, found.reason.removeprefix(QUARANTINED_PREFIX), f"{found.size} bytes up to a valid record")
                 report.damaged_ranges.append((found.offset, found.offset + found.size))
             elif found.kind is RecordKind.END_OF_DATA:
                 stopped = (found.offset, "the file's data ends without the blank that closes a segment")
             else:
                 stopped = (found.offset, found.reason)
-    if stopped is not None:
+    if stopped is not None and cut_from is None:
         at, why = stopped
         if not why.startswith("the file's data ends"):
-            report.add("commitlog_corrupt", f"offset {at}", f"{why} (a torn tail: recover cuts it)")
+            damage(at, why, None)
     report.messages = len(records)
     return records
 

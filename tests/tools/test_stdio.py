@@ -472,3 +472,38 @@ def test_a_tear_recovery_cuts_by_its_bytes_is_a_torn_tail_for_get_too(tmp_path: 
     served = [json.loads(line)["queue_offset"] for line in out.splitlines()]
     with mqstore.open(root, **SMALL) as store:
         assert [m.queue_offset for m in store.get("t", 0, 0, 32).messages] == served == list(range(13))
+
+
+UNFLUSHED_TAIL_CHILD = """
+import os, signal, sys
+import mqstore
+store = mqstore.open(sys.argv[1], mapped_file_size_commitlog_bytes=64 << 10, max_hash_slot_num=64, max_index_num=256)
+for i in range(3):
+    assert store.put(mqstore.Message("t", bytes([65 + i]) * 300, keys=[f"k{i}"])).ok
+store.flush()  # the checkpoint's flushed offset: here
+for i in range(3, 9):  # fewer than 4 pages: not flushed before the kill
+    print(store.put(mqstore.Message("t", bytes([65 + i]) * 300, keys=[f"k{i}"])).commitlog_offset, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_verify_calls_a_tear_past_the_flushed_offset_a_torn_tail_as_recovery_does(tmp_path: Path) -> None:
+    """Review 97 L2: a power loss tore a record past the checkpoint's flushed offset, with
+    records after it intact: verify said `commitlog_damaged` ("quarantined, not cut"), where
+    get (exit 0) and recover call it a torn tail and cut it with what follows."""
+    root = tmp_path / "s"
+    child = subprocess.run([sys.executable, "-c", UNFLUSHED_TAIL_CHILD, str(root)], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    offsets = [int(line) for line in child.stdout.split()]
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek(offsets[1] + 200)
+        f.write(bytes(100))  # the fifth record's body: never written back; the later ones were
+    code, out, err = _mqstore("verify", str(root), "--json")
+    problems = json.loads(out)["problems"]
+    assert code == 3 and [p["kind"] for p in problems if p["kind"].startswith("commitlog")] == ["commitlog_corrupt"], out
+    assert f"recover cuts the log at offset {offsets[1]}" in problems[0]["detail"], problems
+    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0")
+    served = [json.loads(line)["queue_offset"] for line in out.splitlines()]
+    assert code == 0 and served == [0, 1, 2, 3][: len(served)] and "detail" not in err, err  # (units as dispatched)
+    code, out, err = _mqstore("recover", str(root), "--json", "--no-progress")
+    assert code == 0 and json.loads(out)["max_offset"] == offsets[1], out
