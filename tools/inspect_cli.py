@@ -51,6 +51,7 @@ from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.foreign import SUPPORTED, foreign_layout, other_layout_directories, record_feature
 from ..storage.fs import RealFileSystem
 from ..storage.commitlog import STORE_COPY_SUFFIX, store_copies
+from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.recovery import commitlog_gone
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
 from ..storage.index import index_file_size, read_index_header
@@ -209,11 +210,13 @@ def _problem(kind: str, severity: str, message: str, **where: Any) -> dict[str, 
 
 def _inspect_commitlog(
     directory: Path, *, max_message_size: int, check_crc: bool, abort: bool, segment_size: int | None = None,
-    live: bool = False,
+    live: bool = False, torn_from: int | None = None,
 ) -> tuple[dict[str, Any], dict[int, tuple[str, int, int, int]] | None, list[dict[str, Any]]]:
     """Segments with their records; a map offset -> (topic, queue, queue offset, size) of
     every message (None when there are too many to remember); the problems found. `live`: a
-    running store writes the directory; its newest segment may be one being made."""
+    running store writes the directory; its newest segment may be one being made.
+    `torn_from`: after a crash, where the next open's recovery cuts the log (its dry run,
+    storage/dry_run.py); a corrupt record from there is the torn tail, one before it damage."""
     problems: list[dict[str, Any]] = []
     out: dict[str, Any] = {"dir": str(directory), "segment_size": None, "segments": [], "min_offset": -1,
                            "max_offset": -1, "records_reach": -1, "messages": 0, "bytes": 0,
@@ -324,7 +327,7 @@ def _inspect_commitlog(
     for seg_start, offset, reason in corrupt:
         path = directory / segments[seg_start]["file"]
         position = offset - seg_start
-        tail = offset >= last_data_end
+        tail = offset >= (last_data_end if torn_from is None else torn_from)
         if "expected" in reason and "bytes" in reason and position == 0:
             problems.append(_problem("segment_size", DAMAGED, f"{path}: {reason}", file=str(path), file_position=0,
                                      commitlog_offset=offset))  # fmt: skip
@@ -334,7 +337,12 @@ def _inspect_commitlog(
         problems.append(_problem("corrupt_record", severity,
                                  f"{what} in {path} at file position {position} (commitlog offset {offset}): {reason}",
                                  file=str(path), file_position=position, commitlog_offset=offset, reason=reason))  # fmt: skip
-    if data_after_end:
+    cut = [offset for offset in data_after_end if torn_from is not None and offset >= torn_from]
+    if cut:  # (the next open's recovery drops them with the torn tail before them)
+        problems.append(_problem("data_after_end", NEEDS_RECOVERY,
+                                 f"{len(cut)} records after the torn tail at commitlog offset {torn_from}, first at "
+                                 f"{cut[0]}: recovery cuts them with it", commitlog_offset=cut[0]))  # fmt: skip
+    if data_after_end := [offset for offset in data_after_end if offset not in cut]:
         first = data_after_end[0]
         problems.append(_problem("data_after_end", DAMAGED,
                                  f"{len(data_after_end)} records after the end of the log, first at commitlog offset {first}",
@@ -619,13 +627,20 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
     # Read before the log: the flushed offset of a running store moves on during the scan.
     checkpoint, cp_problems = _inspect_checkpoint(root)
     commitlog_dir = Path(config.commitlog_dir)
+    # After a crash, what is a torn tail is asked of recovery itself (review 97 L1: a tear it cuts
+    # by its bytes, with records after it, was called damaged).
+    verdict = verdict_of_stopped_store(config) if lock["abort_file"] and not lock["held"] else None
     commitlog, remembered, problems = _inspect_commitlog(
         commitlog_dir, max_message_size=config.max_stored_record_bytes, check_crc=check_crc, abort=lock["abort_file"],
         segment_size=config.mapped_file_size_commitlog_bytes, live=lock["held"],
+        torn_from=verdict.torn_from if isinstance(verdict, CrashRecoveryVerdict) else None,
     )
     unreadable = commitlog.pop("unreadable", [])
+    # Units and index entries into what recovery cuts are cut with it (needs recovery, not damage).
+    log_end = commitlog["max_offset"] if not isinstance(verdict, CrashRecoveryVerdict) else \
+        min(commitlog["max_offset"], verdict.torn_from)  # fmt: skip
     queues, cq_problems = _inspect_consume_queues(
-        root, commitlog_min=commitlog["min_offset"], commitlog_max=commitlog["max_offset"], remembered=remembered, full=True,
+        root, commitlog_min=commitlog["min_offset"], commitlog_max=log_end, remembered=remembered, full=True,
         live=lock["held"], written_before=queue_ends, unreadable=unreadable,
     )
     gone = commitlog_gone(config, RealFileSystem())
@@ -672,7 +687,7 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  "is back, or `mqstore recover` gives up the rest", commitlog_offset=records_end))  # fmt: skip
         cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     problems += cq_problems
-    index, index_problems = _inspect_index(root, config, commitlog["max_offset"], commitlog["min_offset"], lock["held"],
+    index, index_problems = _inspect_index(root, config, log_end, commitlog["min_offset"], lock["held"],
                                            index_ends)  # fmt: skip
     problems += index_problems
     problems += cp_problems

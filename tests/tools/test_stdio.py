@@ -457,7 +457,7 @@ def test_a_tear_recovery_cuts_by_its_bytes_is_a_torn_tail_for_get_too(tmp_path: 
     root = tmp_path / "s"
     offsets = []
     with mqstore.open(root, **SMALL) as store:
-        for i in range(20):
+        for i in range(60):  # (two segments: inspect reads on in the next one)
             offsets.append(store.put(mqstore.Message("t", bytes([65 + i]) * 1500, keys=[f"k{i}"])).commitlog_offset)
     if checkpoint == "none":
         (root / "checkpoint").unlink()
@@ -467,11 +467,16 @@ def test_a_tear_recovery_cuts_by_its_bytes_is_a_torn_tail_for_get_too(tmp_path: 
     with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
         f.seek((offsets[13] // 512 + 1) * 512)
         f.write(bytes(512))  # a sector of the fourteenth record never written back; later ones were
-    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0", "--max", "32")
+    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0", "--max", "64")
     assert code == 0 and "detail" not in json.loads(err.splitlines()[-1]), err
     served = [json.loads(line)["queue_offset"] for line in out.splitlines()]
+    code, out, err = _mqstore("inspect", str(root), "--json")
+    assert json.loads(out)["verdict"] == "needs recovery", out  # (was "damaged")
+    code, out, err = _mqstore("verify", str(root), "--json")
+    kinds = [p["kind"] for p in json.loads(out)["problems"] if p["kind"].startswith("commitlog")]
+    assert kinds == ["commitlog_corrupt"], out  # (was commitlog_damaged)
     with mqstore.open(root, **SMALL) as store:
-        assert [m.queue_offset for m in store.get("t", 0, 0, 32).messages] == served == list(range(13))
+        assert [m.queue_offset for m in store.get("t", 0, 0, 64).messages] == served == list(range(13))
 
 
 UNFLUSHED_TAIL_CHILD = """
