@@ -40,7 +40,7 @@ from .storage.commitlog import CommitLogReader
 from .storage.memory import memory_room
 from .storage.consume_queue import ConsumeQueueReader
 from .storage.fs import FileSystem, UnreadPageError
-from .storage.index import IndexMaps, IndexReader, index_file_size
+from .storage.index import IndexMaps, IndexReader, build_key, index_file_size, key_hash_and_slot
 from .storage.status import GetMessageStatus
 
 __all__ = [
@@ -250,6 +250,21 @@ def quarantined_detail(commitlog_offset: int) -> str:
     """A GetResult's `detail` for a record skipped as damage recovery quarantined."""
     return (f"skipped the record at commitlog offset {commitlog_offset}: recovery quarantined it as damaged; "
             "run `mqstore verify`")  # fmt: skip
+
+
+def key_lost_reason(record: MessageRecord, topic: str, key: str, max_hash_slot_num: int) -> str | None:
+    """Why `record`, where an index entry for `key` of `topic` points, lacks the key, when that
+    is damage; None when it is another key's. The entry holds the key's hash: a record with a
+    key of that hash is another key's (a collision, which the Java store leaves to the client);
+    one with none had its topic or keys changed after it was indexed (the body CRC covers
+    neither), as `verify` says of the entry (`index_wrong_key`). Review 97 M1: the record was
+    skipped unsaid, "0 messages"."""
+    wanted = key_hash_and_slot(build_key(topic, key), max_hash_slot_num)[0]
+    keys = ([record.uniq_key] if record.uniq_key is not None else []) + list(record.key_list)
+    if any(key_hash_and_slot(build_key(record.topic, k), max_hash_slot_num)[0] == wanted for k in keys):
+        return None
+    return f"an index entry for this key points at a record of topic {record.topic[:80]!r} with no key of its hash: " \
+           "its topic or keys were changed after it was indexed"  # fmt: skip
 
 
 def unmappable_detail(commitlog_offset: int, error: BaseException, outcome: str = "nothing was skipped") -> str:
@@ -788,7 +803,14 @@ def query_messages(
     messages: list[MessageRecord] = []
     last_ts = last_phy = 0
     max_message_size, check_crc = cfg.max_stored_record_bytes, cfg.check_crc_on_read
-    unread = ""
+    unread = skipped = ""
+
+    def corrupt(offset: int, reason: str) -> None:
+        nonlocal skipped
+        skipped = skipped or corrupt_detail(offset, reason)
+        if on_corrupt is not None:
+            on_corrupt(offset, reason)
+
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
         offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
@@ -797,12 +819,17 @@ def query_messages(
         last_ts, last_phy = ts, phy_end
         first = True
         for phy in sorted(offsets) if len(offsets) > 1 else offsets:
-            record = _query_hit(reader, phy, max_message_size, check_crc, on_corrupt, quarantined, topic, key, messages)
+            kept = len(messages)
+            record = _query_hit(reader, phy, max_message_size, check_crc, corrupt, quarantined, topic, key, messages)
             if record is None:
                 if not unread and (unmappable := reader.map_error(phy)) is not None:
                     unread = unmappable_detail(phy, unmappable, "the hits there are not in this answer")
+                elif not skipped and quarantined and in_ranges(quarantined, phy):
+                    skipped = quarantined_detail(phy)
                 first = False
                 continue
+            if len(messages) == kept and not skipped and (lost := key_lost_reason(record, topic, key, cfg.max_hash_slot_num)):
+                skipped = corrupt_detail(phy, lost)
             if first:
                 last_query_ms = record.store_timestamp
                 first = False
@@ -816,9 +843,9 @@ def query_messages(
             phy = dropped[0]
             unread = unread or unmappable_detail(phy, faulted[phy - phy % size], "the hits there are not in this answer")
             messages = [m for m in messages if m.commitlog_offset - m.commitlog_offset % size not in faulted]
-    if unread:
+    if unread or skipped:  # (what could not be read first: its hits may be anything)
         return QueryResult(messages=tuple(messages[:max_count]), index_last_update_timestamp=last_ts,
-                           index_last_update_phy_offset=last_phy, detail=unread)  # fmt: skip
+                           index_last_update_phy_offset=last_phy, detail=unread or skipped)  # fmt: skip
     return QueryResult.of(tuple(messages[:max_count]), last_ts, last_phy)
 
 

@@ -185,7 +185,9 @@ class QueryResult:
     messages: tuple[MessageRecord, ...] = ()
     index_last_update_timestamp: int = 0
     index_last_update_phy_offset: int = 0
-    detail: str = ""  # set when the index could not be read: the result is not a complete answer
+    # Set when the answer is not complete: the index or a record could not be read, or a hit was
+    # skipped as damaged (its CRC, recovery's quarantine, or keys changed after it was indexed).
+    detail: str = ""
 
     @classmethod
     def of(cls, messages: tuple[MessageRecord, ...], last_update_timestamp: int, last_update_phy_offset: int) -> QueryResult:

@@ -1994,6 +1994,30 @@ static int record_is_keyed(PyObject *record, PyObject *topic, PyObject *key) {
     return keys != NULL && PyUnicode_Check(keys) ? key_in_tokens(keys, key) : 0;
 }
 
+/* Whether `record` has a key (its UNIQ_KEY or a KEYS token) whose index hash, as
+ * record.topic#key, is `wanted` (reads.key_lost_reason's test): 1, 0, or -1 with an exception set. */
+static int record_has_key_hash(PyObject *record, long long wanted) {
+    PyObject *rtopic = PyTuple_GET_ITEM(record, 15), *props = PyTuple_GET_ITEM(record, 17);
+    uint32_t prefix = jhash_unit(jhash_str(0, rtopic, 0, PyUnicode_GET_LENGTH(rtopic)), '#');
+    PyObject *uniq = PyDict_GetItemWithError(props, str_prop_uniq_key);
+    if (uniq == NULL && PyErr_Occurred()) return -1;
+    if (uniq != NULL && PyUnicode_Check(uniq) &&
+        index_key_hash(jhash_str(prefix, uniq, 0, PyUnicode_GET_LENGTH(uniq))) == wanted)
+        return 1;
+    PyObject *keys = PyDict_GetItemWithError(props, str_prop_keys);
+    if (keys == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_Check(keys)) return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(keys), a = 0;
+    while (a < n) {
+        Py_ssize_t b = PyUnicode_FindChar(keys, ' ', a, n, 1);
+        if (b == -2) return -1;
+        if (b < 0) b = n;
+        if (b > a && index_key_hash(jhash_str(prefix, keys, a, b)) == wanted) return 1;
+        a = b + 1;
+    }
+    return 0;
+}
+
 static PyObject *decode_keyed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "decode_keyed takes 10 arguments");
@@ -2024,8 +2048,9 @@ PyDoc_STRVAR(query_keyed_doc,
              "None or (map, position)) and decoded as decode_keyed decodes it, appending to `out` the records "
              "queryMessage asked for. first_store_timestamp: the store time of the first offset's record if it "
              "was readable; hits: how many offsets the index gave. None where index_query or decode_message "
-             "would decline, or a map is closed: the caller runs query_messages, the reference (`out` may "
-             "hold records of the round by then).");
+             "would decline, a record lacks the key and every key of its hash (damage: the reference names "
+             "it), or a map is closed: the caller runs query_messages, the reference (`out` may hold records "
+             "of the round by then).");
 
 static int cmp_offsets(const void *a, const void *b) {
     long long x = *(const long long *)a, y = *(const long long *)b;
@@ -2075,6 +2100,8 @@ static PyObject *query_keyed(PyObject *self, PyObject *const *args, Py_ssize_t n
     qsort(found.v, (size_t)found.n, sizeof found.v[0], cmp_offsets);
     PyObject *first_ts = Py_NewRef(Py_None), *four = PyLong_FromLong(4);
     int ok = four != NULL, declined = 0;
+    long long key_hash = index_key_hash(
+        jhash_str(jhash_unit(jhash_str(0, topic, 0, PyUnicode_GET_LENGTH(topic)), '#'), key, 0, PyUnicode_GET_LENGTH(key)));
     for (Py_ssize_t k = 0; ok && k < found.n; k++) {
         PyObject *phy = PyLong_FromLongLong(found.v[k]);
         PyObject *call_args[2] = {phy, four};
@@ -2113,9 +2140,17 @@ static PyObject *query_keyed(PyObject *self, PyObject *const *args, Py_ssize_t n
             declined = 1;
             break;
         }
-        if (k == 0) Py_SETREF(first_ts, Py_NewRef(PyTuple_GET_ITEM(record, 10)));
         int wanted = record_is_keyed(record, topic, key);
-        if (wanted < 0 || (wanted && PyList_Append(out, record) < 0)) ok = 0;
+        /* Not the key's record: another key's of the same hash (a collision), or, with no key of
+         * that hash, one whose topic or keys changed after it was indexed: the reference names it. */
+        int other = wanted == 0 ? record_has_key_hash(record, key_hash) : 0;
+        if (wanted == 0 && other == 0) {
+            Py_DECREF(record);
+            declined = 1;
+            break;
+        }
+        if (k == 0) Py_SETREF(first_ts, Py_NewRef(PyTuple_GET_ITEM(record, 10)));
+        if (wanted < 0 || other < 0 || (wanted && PyList_Append(out, record) < 0)) ok = 0;
         Py_DECREF(record);
     }
     Py_XDECREF(four);

@@ -29,7 +29,7 @@ from ..cli import (
 )
 from ..config import StoreConfig
 from ..log import get_logger
-from ..reads import status_ladder, subscription
+from ..reads import key_lost_reason, status_ladder, subscription
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units
@@ -289,6 +289,8 @@ class _ReadOnlyStore:
                 corrupt.append(damage)
             if record is not None and record.topic == topic and (record.uniq_key == key or key in record.key_list):
                 messages.append(record)
+            elif record is not None and (keyless := key_lost_reason(record, topic, key, self.config.max_hash_slot_num)):
+                corrupt.append(f"commitlog offset {phy}: {keyless}")
         answer: dict[str, Any] = {"messages": messages[:max_count], "index_last_update_timestamp": last_ts,
                                   "index_last_update_phy_offset": last_phy}  # fmt: skip
         if unreadable is not None:  # (the store's query: a detail; its hits there are not "no message")

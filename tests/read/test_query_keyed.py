@@ -145,3 +145,31 @@ def test_index_maps_closed_under_a_query_decline_to_the_reference(open_store: Op
     # A walk taken before the close reads closed maps: no answer from C, the reference decides.
     commitlog = readers.commitlog_reader()
     assert reads.query_direct(walk, commitlog, store.config, "T", "k1", 32, 0, 2**63 - 1) is None
+
+
+def test_a_hit_whose_record_lost_its_key_is_named_by_both_paths(
+    open_store: Open, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 97 M1: the body CRC covers neither a record's topic nor its keys; an index hit
+    whose record has no key of the entry's hash (changed after it was indexed) was skipped
+    unsaid, "0 messages". A record with another key of that hash is a collision ("Aa" and "BB"
+    share Java's hashCode), skipped as before, and the C path still answers it."""
+    store = open_store()
+    results = [store.put(Message(topic="T", body=b"a body", keys=[key])) for key in ("k0", "k1", "BB")]
+    assert all(r.ok for r in results)
+    assert store.query("T", "k1").messages  # (indexed before its bytes change)
+    bad = results[1].commitlog_offset
+    name = codec.segment_file_name(bad - bad % (1 << 20))
+    with open(tmp_path / "store" / "commitlog" / name, "r+b") as f:
+        data = f.read()
+        at = data.index(b"k1", bad % (1 << 20), results[2].commitlog_offset % (1 << 20))
+        f.seek(at)
+        f.write(b"kX")  # k1's KEYS token, same length: the record still reads as valid
+    counted = _Counted(monkeypatch)
+    found = store.query("T", "k1")
+    assert found.messages == () and f"commitlog offset {bad}" in found.detail and "no key of its hash" in found.detail
+    assert (counted.served, counted.declined) == (0, 1)  # the C path left it to the reference
+    collision = store.query("T", "Aa")
+    assert collision == QueryResult.of((), collision.index_last_update_timestamp, collision.index_last_update_phy_offset)
+    assert collision.index_last_update_timestamp > 0 and (counted.served, counted.declined) == (1, 1)  # C: a hit, skipped
+    assert found == _pure(store, monkeypatch, "T", "k1") and collision == _pure(store, monkeypatch, "T", "Aa")

@@ -512,3 +512,32 @@ def test_verify_calls_a_tear_past_the_flushed_offset_a_torn_tail_as_recovery_doe
     assert code == 0 and served == [0, 1, 2, 3][: len(served)] and "detail" not in err, err  # (units as dispatched)
     code, out, err = _mqstore("recover", str(root), "--json", "--no-progress")
     assert code == 0 and json.loads(out)["max_offset"] == offsets[1], out
+
+
+def test_query_names_a_record_whose_topic_or_keys_changed_after_it_was_indexed(tmp_path: Path) -> None:
+    """Review 97 M1: the body CRC covers neither the topic nor the properties; a record whose
+    KEYS token or topic byte changed was taken for another key's record sharing the hash slot,
+    and query answered "0 messages", exit 0 (get and verify name it). A key of the entry's hash
+    in the record is a real collision ("Aa" and "BB" share Java's hashCode): not damage."""
+    root = tmp_path / "s"
+    offsets = []
+    with mqstore.open(root, **SMALL) as store:
+        for key in ("k0", "k1", "k2", "BB"):
+            offsets.append(store.put(mqstore.Message("t", b"a body", keys=[key])).commitlog_offset)
+    data = bytearray((root / "commitlog" / f"{0:020d}").read_bytes())
+    token = data.index(b"k1", offsets[1], offsets[2])
+    data[token : token + 2] = b"kX"  # k1's KEYS token, same length: the record still reads as valid
+    topic_at = offsets[2] + 88 + len(b"a body") + 1  # 88 bytes of fixed fields, the body, the topic's length
+    assert data[topic_at - 1 : topic_at + 1] == b"\x01t"
+    (root / "commitlog" / f"{0:020d}").write_bytes(bytes(data))
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek(topic_at)
+        f.write(b"u")  # k2's topic
+    for key in ("k1", "k2"):
+        code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", key)
+        detail = json.loads(err.splitlines()[-1]).get("detail", "")
+        assert code == 3 and out == "" and "no key of its hash" in detail, (key, err)
+    code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", "Aa")
+    assert code == 0 and out == "" and "detail" not in json.loads(err.splitlines()[-1]), err
+    code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", "k0")
+    assert code == 0 and len(out.splitlines()) == 1, err
