@@ -621,3 +621,68 @@ def test_a_truncated_segment_serves_its_valid_start_before_recover(tmp_path: obj
         assert f"{valid_end}..{start + SMALL['mapped_file_size_commitlog_bytes']}" in r.detail, r.detail
     for n, data in before.items():  # nothing written into or after the short file
         assert open(os.path.join(store_dir, "commitlog", n), "rb").read() == data, n
+
+
+def _brokers_checkpoint(store_dir: str, physic_ms: int) -> None:
+    """A RocketMQ checkpoint: its three timestamps, no flushed offset (mqstore's fields)."""
+    import struct
+
+    with open(os.path.join(store_dir, "checkpoint"), "wb") as f:
+        f.write(struct.pack(">qqq", physic_ms, physic_ms, physic_ms).ljust(4096, b"\0"))
+
+
+class _Ticking:
+    """A store clock one millisecond further at each reading: every record its own store time."""
+
+    def __init__(self) -> None:
+        self.now_ms = 1_800_000_000_000
+
+    def __call__(self) -> int:
+        self.now_ms += 1
+        return self.now_ms
+
+
+def test_a_zeroed_header_stored_before_a_brokers_checkpoint_is_damage_not_an_unfinished_put(tmp_path: object) -> None:
+    """Review 99 N3: with a broker's checkpoint (its physic timestamp, no flushed offset), a
+    record whose size and magic were zeroed was taken for "a put the writer did not finish",
+    though its own store time is before the newest flushed record's: the log was cut there,
+    and the 169 flushed records after it with it. Its put had finished and was forced: damage,
+    quarantined, what follows kept. A batch the writer died in (its store time not before the
+    checkpoint's) is still cut."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    with mqstore.open(store_dir, clock_ms=_Ticking(), **SETTINGS) as store:
+        offsets = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"])).commitlog_offset
+                   for i in range(200)]  # fmt: skip
+        last_ms = store.get(TOPIC, 0, 199, 1).messages[0].store_timestamp
+    seg = os.path.join(store_dir, "commitlog", "%020d" % 0)
+    with open(seg, "r+b") as f:
+        f.seek(offsets[30])
+        f.write(bytes(8))
+    _brokers_checkpoint(store_dir, last_ms)
+    open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and [q.start for q in rec.quarantined] == [offsets[30]], rec.summary()
+        bodies = _all_bodies(store)
+        assert all(bodies.get(i) == _body(i) for i in range(31, 200)), sorted(set(range(200)) - set(bodies))
+
+
+def test_a_batch_the_writer_died_in_is_cut_with_a_brokers_checkpoint_of_its_millisecond(tmp_path: object) -> None:
+    store_dir = os.path.join(str(tmp_path), "s")
+    clock = _Ticking()
+    with mqstore.open(store_dir, clock_ms=clock, **SETTINGS) as store:
+        for i in range(20):
+            assert store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i))).ok
+        batch = store.put_batch([mqstore.Message(topic=TOPIC, queue_id=0, body=_body(20 + i)) for i in range(5)])
+        assert batch.ok
+        batch_ms = store.get(TOPIC, 0, 20, 1).messages[0].store_timestamp
+    seg = os.path.join(store_dir, "commitlog", "%020d" % 0)
+    with open(seg, "r+b") as f:
+        f.seek(batch.commitlog_offset)
+        f.write(bytes(8))  # its first header, which the writer writes last
+    _brokers_checkpoint(store_dir, batch_ms)  # the last flushed put in the batch's millisecond
+    open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and rec.max_offset == batch.commitlog_offset and not rec.quarantined, rec.summary()
+        assert sorted(_all_bodies(store)) == list(range(20))
