@@ -277,6 +277,11 @@ def _inspect_commitlog(
                                    max_message_size=max_message_size, live=live, on_unreadable=cannot_read):  # fmt: skip
         seg_start = read.offset - read.offset % segment_size if segment_size else 0
         seg = segments.get(seg_start) or segments[max(s for s in starts if s <= read.offset)]
+        if read.kind is RecordKind.MESSAGE and read.record is not None and read.record.commitlog_offset != read.offset:
+            # Recovery's validity rule whole, as get and verify apply it: the record's own
+            # physical-offset field (outside the body CRC) says where it lies (review 99 N2).
+            corrupt.append((seg_start, read.offset, f"record says it is at {read.record.commitlog_offset}"))
+            continue
         if read.kind is RecordKind.MESSAGE:
             assert read.record is not None
             rec = read.record

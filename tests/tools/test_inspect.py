@@ -208,6 +208,28 @@ def test_a_flipped_body_byte_is_named_by_file_and_offset(tmp_path: Path, capsys:
     assert str(seg) in err and f"file position {bad[0]['file_position']}" in err
 
 
+@pytest.mark.parametrize("crashed", [False, True])
+def test_a_record_whose_physical_offset_field_is_wrong_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   crashed: bool) -> None:  # fmt: skip
+    """Review 99 N2: inspect took a record whose physical-offset field (outside the body CRC)
+    names another offset for a valid one: "needs recovery" (or healthy) where get and verify
+    say damaged and recovery quarantines it."""
+    root = tmp_path / "s"
+    write_store(root, 600)
+    seg = root / "commitlog" / "00000000000000000000"
+    data = bytearray(seg.read_bytes())
+    at = data.index(b"BODY-000010-") - 88  # (its body follows 88 bytes of fixed fields)
+    assert int.from_bytes(data[at + 28 : at + 36], "big") == at
+    data[at + 28 : at + 36] = (at - 8).to_bytes(8, "big")
+    seg.write_bytes(bytes(data))
+    if crashed:
+        (root / "abort").write_bytes(b"")
+    code, r, _ = run(capsys, "inspect", str(root), "--json")
+    assert code == ExitCode.CORRUPT and r["verdict"] == "damaged", r["problems"]
+    bad = [p for p in r["problems"] if p["kind"] == "corrupt_record"]
+    assert [p["commitlog_offset"] for p in bad] == [at] and f"record says it is at {at - 8}" in bad[0]["reason"]
+
+
 def test_a_segment_of_the_wrong_size_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "s"
     write_store(root, 600)
