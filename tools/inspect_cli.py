@@ -641,6 +641,17 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
         torn_from=verdict.torn_from if isinstance(verdict, CrashRecoveryVerdict) else None,
     )
     unreadable = commitlog.pop("unreadable", [])
+    if isinstance(verdict, CrashRecoveryVerdict):
+        # What recovery quarantines is damage, also where this scan, which stops at a segment's
+        # first zeros, did not see it (review 99: a zeroed header with valid records after it
+        # in its segment, under a broker's checkpoint, was "needs recovery").
+        seen = {p.get("commitlog_offset") for p in problems if p["kind"] == "corrupt_record"}
+        for quarantined in verdict.quarantined:
+            if quarantined.start not in seen:
+                problems.append(_problem("corrupt_record", DAMAGED, f"damaged bytes at commitlog offset "
+                                         f"{quarantined.start} up to {quarantined.end}, with valid records after them: "
+                                         f"{quarantined.reason} (recovery quarantines them)",
+                                         commitlog_offset=quarantined.start, reason=quarantined.reason))  # fmt: skip
     # Units and index entries into what recovery cuts are cut with it (needs recovery, not damage).
     log_end = commitlog["max_offset"] if not isinstance(verdict, CrashRecoveryVerdict) else \
         min(commitlog["max_offset"], verdict.torn_from)  # fmt: skip

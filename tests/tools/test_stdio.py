@@ -541,3 +541,21 @@ def test_query_names_a_record_whose_topic_or_keys_changed_after_it_was_indexed(t
     assert code == 0 and out == "" and "detail" not in json.loads(err.splitlines()[-1]), err
     code, out, err = _mqstore("query", str(root), "--topic", "t", "--key", "k0")
     assert code == 0 and len(out.splitlines()) == 1, err
+
+
+def test_inspect_names_damage_recovery_quarantines_past_a_segments_first_zeros(tmp_path: Path) -> None:
+    """Review 99: with a broker's checkpoint, a zeroed header with valid records after it in
+    its segment is damage that recovery quarantines; inspect, whose scan stops at a segment's
+    first zeros, said "needs recovery". It now names what the dry run of recovery quarantines."""
+    root = tmp_path / "s"
+    ticks = iter(range(1_800_000_000_000, 1_900_000_000_000))  # a millisecond per reading: stored before the flush
+    with mqstore.open(root, clock_ms=lambda: next(ticks), **SMALL) as store:
+        offsets = [store.put(mqstore.Message("t", b"x" * 500, keys=[f"k{i}"])).commitlog_offset for i in range(40)]
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek(offsets[30])
+        f.write(bytes(8))
+    _crashed_without_flush_evidence(root)
+    code, out, _ = _mqstore("inspect", str(root), "--json")
+    report = json.loads(out)
+    assert code == 3 and report["verdict"] == "damaged", out
+    assert [p["commitlog_offset"] for p in report["problems"] if p["kind"] == "corrupt_record"] == [offsets[30]], out
