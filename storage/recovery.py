@@ -684,6 +684,7 @@ def recover_commitlog(
     repair_holes: bool = False,
     known_end: int = 0,
     readonly_if_denied: bool = False,
+    zero_tail: bool = True,
 ) -> CommitLogRecovery:
     """The commitlog's owner's recovery: after a clean stop or an actor restart, the last
     three files are scanned; after a crash, every file from the checkpoint's on, CRC-checked.
@@ -710,6 +711,8 @@ def recover_commitlog(
     commitlog.zero_tail_bytes = {RecoveryMode.CLEAN: 0, RecoveryMode.CRASH: None,
                                  RecoveryMode.RESTART: 2 * cfg.max_message_size_bytes}[mode]  # fmt: skip
     commitlog.unfinished_put_possible = mode is not RecoveryMode.CLEAN
+    if not zero_tail:  # (a dry run: where the log ends does not depend on it)
+        commitlog.zero_tail_bytes = 0
     if crashed and (checkpoint is None or checkpoint.physic_msg_timestamp <= 0):
         # A checkpoint that records no flush (missing, zero-filled, short) is no evidence of
         # what was unflushed: trusting nothing after damage cut and zeroed every flushed,
