@@ -1163,8 +1163,8 @@ class CommitLog:
             # (review 97 M2: taken for the put the writer died in, the flushed records after it
             # were cut from the log).
             below_flushed = self.flushed_before_offset is not None and damaged_at < self.flushed_before_offset
-            if (self.unfinished_put_possible and not below_flushed and not self._stored_before_the_flush(mapped_file, file_offset)
-                    and self._unfinished_put_at(mapped_file, file_offset)):  # fmt: skip
+            if (self.unfinished_put_possible and not below_flushed and self._unfinished_put_at(mapped_file, file_offset)
+                    and not self._later_put_follows(index, file_offset)):  # fmt: skip
                 log.warning("recovery stops at a put the writer did not finish", offset=damaged_at)
                 break
             resume = self._look_past(index, file_offset, corrupt=kind is not RecordKind.END_OF_DATA)
@@ -1199,23 +1199,64 @@ class CommitLog:
             return f"record says it is at {read.record.commitlog_offset}"
         return read.reason or read.kind.value
 
-    def _stored_before_the_flush(self, mapped_file: MappedFile, pos: int) -> bool:
-        """With only the checkpoint's physic timestamp (a broker's checkpoint: no flushed
-        offset), whether the record at `pos` says, by its own store-time field, that it was
-        stored before the newest record the last flush forced: then its put had finished and
-        its header was forced with it, so a zeroed header there is damage, not the put the
-        writer died in (review 99 N3: taken for one, the 80 flushed records after it were cut).
-        Strictly before: a batch the writer died in may share the last flushed put's millisecond."""
-        bound = self.trusted_after_damage_before_ms
-        if bound is None or self.flushed_before_offset is not None:  # (the flushed offset decides where there is one)
+    def _later_put_follows(self, index: int, pos: int) -> bool:
+        """Whether a record of a later put lies after the zeroed header at `pos` of file
+        `index`. The writer appends puts one after another and writes each put's first 8 bytes
+        last, so the put it died in is the log's last: after its first record come only the
+        rest of its batch (its queue, the next queue offsets, its store time, one after
+        another, within max_message_size) and nothing valid. A later put's record means this
+        header was written once: damage, judged by the checkpoint's evidence as any other
+        (review 99 N3: with a broker's checkpoint the log was cut there, 80 flushed records with
+        it; review 100 H1: a rule by store times kept part of a batch after the clock stepped
+        back). Single puts of one queue in one millisecond (or under a held clock) after it,
+        within a batch's size, read as its batch: cut, as before (the 4.x format has no batch
+        marker)."""
+        files = self.mapped_file_queue.mapped_files
+        mapped_file = files[index]
+        buf, size = mapped_file.mapped_buffer, self.mapped_file_size
+        queue_id = _I.unpack_from(buf, pos + _QUEUE_ID_POSITION)[0]
+        expected = _Q.unpack_from(buf, pos + QUEUE_OFFSET_POSITION)[0] + 1
+        stored_at = pos + store_timestamp_position(_I.unpack_from(buf, pos + SYSFLAG_POSITION)[0])
+        stored = _Q.unpack_from(buf, stored_at)[0] if stored_at + 8 <= size else None
+        found = self._next_valid_record(index, pos + 1)
+        if found is None:
             return False
-        buf = mapped_file.mapped_buffer
-        if pos + SYSFLAG_POSITION + 4 > self.mapped_file_size:
-            return False
-        at = pos + store_timestamp_position(_I.unpack_from(buf, pos + SYSFLAG_POSITION)[0])
-        if at + 8 > self.mapped_file_size:
-            return False
-        return bool(0 < _Q.unpack_from(buf, at)[0] < bound)
+        if found[0] != index:
+            return True  # (a batch never spans segments)
+        position = found[1]
+        while True:
+            read = read_record(buf, position, size, check_crc=True, max_message_size=self.max_record_size)
+            record = read.record if read.kind is RecordKind.MESSAGE else None
+            if record is None or record.commitlog_offset != mapped_file.file_from_offset + position:
+                break
+            if (record.queue_id, record.queue_offset, record.store_timestamp) != (queue_id, expected, stored):
+                return True  # another put's record
+            if position + read.size - pos > self.max_message_size:
+                return True  # no batch is that long (the writer refuses one past max_message_size)
+            expected += 1
+            position += read.size
+        return self._next_valid_record(index, position + 1) is not None
+
+    def _next_valid_record(self, index: int, start: int) -> tuple[int, int] | None:
+        """(file index, position) of the first valid record at or after `start` of file
+        `index`, in it or a later file, with no bound of time or offset; None if none."""
+        files = self.mapped_file_queue.mapped_files
+        for i in range(index, len(files)):
+            mapped_file = files[i]
+            lo = start if i == index else 0
+            if lo >= self.mapped_file_size:
+                continue
+            try:
+                extents = self.fs.data_extents(mapped_file.file_name, lo, self.mapped_file_size)
+            except OSError:
+                extents = [(lo, self.mapped_file_size)]
+            found = find_next_valid_record(
+                mapped_file.mapped_buffer, lo, self.mapped_file_size, file_from_offset=mapped_file.file_from_offset,
+                segment_size=self.mapped_file_size, max_message_size=self.max_record_size, extents=extents,
+            )  # fmt: skip
+            if found is not None:
+                return i, found
+        return None
 
     def _unfinished_put_at(self, mapped_file: MappedFile, pos: int) -> bool:
         """The put the previous writer died in: it writes a record's TOTALSIZE and MAGIC last,
@@ -1314,6 +1355,9 @@ class CommitLog:
         queue.truncate_dirty_files(process_offset, 0 if ended else self.zero_tail_bytes, segment_ended=ended)
         log.info("commitlog recovered", max_offset=process_offset,
                  consume_queue_past_end=max_phy_offset_of_consume_queue >= process_offset)  # fmt: skip
+
+
+_QUEUE_ID_POSITION: Final = 12  # (after TOTALSIZE, MAGICCODE and BODYCRC)
 
 
 # ---------------------------------------------------------------------------------------------

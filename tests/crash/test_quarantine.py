@@ -642,15 +642,19 @@ class _Ticking:
         return self.now_ms
 
 
-def test_a_zeroed_header_stored_before_a_brokers_checkpoint_is_damage_not_an_unfinished_put(tmp_path: object) -> None:
+@pytest.mark.parametrize("clock", ["ticking", "held"])
+def test_a_zeroed_header_with_later_puts_after_it_is_damage_under_a_brokers_checkpoint(tmp_path: object, clock: str) -> None:
     """Review 99 N3: with a broker's checkpoint (its physic timestamp, no flushed offset), a
     record whose size and magic were zeroed was taken for "a put the writer did not finish",
-    though its own store time is before the newest flushed record's: the log was cut there,
-    and the 169 flushed records after it with it. Its put had finished and was forced: damage,
-    quarantined, what follows kept. A batch the writer died in (its store time not before the
-    checkpoint's) is still cut."""
+    and the log was cut there with the 169 flushed records after it. The writer's last put is
+    the log's last: later puts after it mean its header was written once. Damage, quarantined,
+    what follows kept, whatever the store times say (review 100 M2: with the clock held, every
+    record of one store time, a rule by store times still cut them). Held, the records after
+    it read as its batch up to max_message_size: past it, they cannot be one."""
     store_dir = os.path.join(str(tmp_path), "s")
-    with mqstore.open(store_dir, clock_ms=_Ticking(), **SETTINGS) as store:
+    held = {"max_message_size_bytes": 8192} if clock == "held" else {}
+    with mqstore.open(store_dir, clock_ms=_Ticking() if clock == "ticking" else lambda: 1_800_000_000_000,
+                      **SETTINGS, **held) as store:  # fmt: skip
         offsets = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"])).commitlog_offset
                    for i in range(200)]  # fmt: skip
         last_ms = store.get(TOPIC, 0, 199, 1).messages[0].store_timestamp
@@ -660,27 +664,35 @@ def test_a_zeroed_header_stored_before_a_brokers_checkpoint_is_damage_not_an_unf
         f.write(bytes(8))
     _brokers_checkpoint(store_dir, last_ms)
     open(os.path.join(store_dir, "abort"), "w").close()
-    with mqstore.open(store_dir, **SETTINGS) as store:
+    with mqstore.open(store_dir, **SETTINGS, **held) as store:
         rec = store.supervisor.recovery
         assert rec is not None and [q.start for q in rec.quarantined] == [offsets[30]], rec.summary()
         bodies = _all_bodies(store)
         assert all(bodies.get(i) == _body(i) for i in range(31, 200)), sorted(set(range(200)) - set(bodies))
 
 
-def test_a_batch_the_writer_died_in_is_cut_with_a_brokers_checkpoint_of_its_millisecond(tmp_path: object) -> None:
+@pytest.mark.parametrize("batch_clock", ["same millisecond", "stepped back 11 minutes"])
+def test_a_batch_the_writer_died_in_is_cut_with_a_brokers_checkpoint(tmp_path: object, batch_clock: str) -> None:
+    """The last put, a batch whose first header the writer had not written, is cut whole,
+    whatever its store time says against the checkpoint's (review 100 H1: a rule by store times
+    kept 3 of its 4 records when the clock had stepped back past the store's hold)."""
     store_dir = os.path.join(str(tmp_path), "s")
     clock = _Ticking()
     with mqstore.open(store_dir, clock_ms=clock, **SETTINGS) as store:
         for i in range(20):
             assert store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i))).ok
-        batch = store.put_batch([mqstore.Message(topic=TOPIC, queue_id=0, body=_body(20 + i)) for i in range(5)])
+        flushed_ms = store.get(TOPIC, 0, 19, 1).messages[0].store_timestamp
+        if batch_clock != "same millisecond":
+            clock.now_ms -= 11 * 60_000
+        batch = store.put_batch([mqstore.Message(topic=TOPIC, queue_id=0, body=_body(20 + i)) for i in range(4)])
         assert batch.ok
         batch_ms = store.get(TOPIC, 0, 20, 1).messages[0].store_timestamp
+    assert (batch_ms < flushed_ms) == (batch_clock != "same millisecond")
     seg = os.path.join(store_dir, "commitlog", "%020d" % 0)
     with open(seg, "r+b") as f:
         f.seek(batch.commitlog_offset)
         f.write(bytes(8))  # its first header, which the writer writes last
-    _brokers_checkpoint(store_dir, batch_ms)  # the last flushed put in the batch's millisecond
+    _brokers_checkpoint(store_dir, batch_ms if batch_clock == "same millisecond" else flushed_ms)
     open(os.path.join(store_dir, "abort"), "w").close()
     with mqstore.open(store_dir, **SETTINGS) as store:
         rec = store.supervisor.recovery
