@@ -30,7 +30,7 @@ import errno
 import os
 import struct
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Final, Iterator, Mapping, NamedTuple, Sequence
 
 from ..config import StoreConfig
 from ..log import get_logger
@@ -1664,7 +1664,7 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem, held_data_be
         path = os.path.join(directory, name)
         if fs.getsize(path) == cfg.mapped_file_size_commitlog_bytes:
             break
-        if fs.getsize(path) > cfg.mapped_file_size_commitlog_bytes or any(fs.read_bytes(path)):
+        if fs.getsize(path) > cfg.mapped_file_size_commitlog_bytes or _holds_data(fs, path, fs.getsize(path)):
             log.error("a commitlog file of the wrong length holds data; it and later files are ignored", path=path)
             break
         if int(name) < held_data_below:
@@ -1674,6 +1674,25 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem, held_data_be
         removed.append(f"{name} (empty, wrong length: a segment being created at the crash)")
         log.warning("removed a partly created commitlog segment", path=path)
     return removed
+
+
+_ZEROS_CHUNK: Final = bytes(1 << 20)
+
+
+def _holds_data(fs: FileSystem, path: str, size: int) -> bool:
+    """Whether the file holds a non-zero byte: read a MiB at a time, its holes skipped. A partly
+    created segment of up to a GiB was read whole into memory, and byte by byte (review 100
+    H2: 1.08 GB and 6-8 s for a read-only `get` asking recovery's dry run, and for an open)."""
+    try:
+        extents = fs.data_extents(path, 0, size)
+    except OSError:
+        extents = [(0, size)]
+    for start, end in extents:
+        for at in range(start, end, len(_ZEROS_CHUNK)):
+            chunk = fs.read_at(path, at, min(len(_ZEROS_CHUNK), end - at))
+            if chunk != _ZEROS_CHUNK[: len(chunk)]:
+                return True
+    return False
 
 
 _FILL_COPY_CHUNK_BYTES = 1 << 20

@@ -173,3 +173,26 @@ def test_the_dry_run_zeroes_nothing_in_its_private_maps(tmp_path: Path, monkeypa
     monkeypatch.setattr(MappedFile, "zero_from", refuse)
     verdict = crash_recovery_verdict(StoreConfig(store_path_root_dir=str(root), **SETTINGS), None, _clock)
     assert verdict.end == offsets[5]
+
+
+def test_a_partly_created_segment_is_not_read_into_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 100 H2: the check that a partly created last segment holds only zeros read the
+    whole file into memory (up to a GiB, for a read-only `get` and for an open), byte by byte.
+    It reads a MiB at a time, holes skipped; the file is still left out of the log."""
+    root = tmp_path / "s"
+    offsets = _store(root)
+    last, _ = _segment(root, offsets[-1])
+    partial = root / "commitlog" / f"{int(last.name) + SEGMENT:020d}"
+    with open(partial, "wb") as f:
+        f.truncate(SEGMENT - 4096)  # sparse: zeros, being created when the process died
+    (root / "abort").write_bytes(b"")
+    config = StoreConfig(store_path_root_dir=str(root), **SETTINGS)
+    values = read_checkpoint(RealFileSystem(), config.checkpoint_path)  # (4 KiB, read whole)
+
+    def whole(self: RealFileSystem, path: str) -> bytes:
+        raise AssertionError(f"read whole: {path}")
+
+    monkeypatch.setattr(RealFileSystem, "read_bytes", whole)
+    verdict = crash_recovery_verdict(config, values, _clock)
+    assert verdict.end > offsets[-1] and not verdict.quarantined
+    assert partial.exists() and partial.stat().st_size == SEGMENT - 4096
