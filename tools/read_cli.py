@@ -30,6 +30,7 @@ from ..cli import (
 from ..config import StoreConfig
 from ..log import get_logger
 from ..reads import key_lost_reason, status_ladder, subscription
+from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
 from ..storage.commitlog import CommitLogReader
 from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units
@@ -80,6 +81,14 @@ def add_subcommands(subparsers: Any) -> None:
     q.set_defaults(handler=run_query)
 
 
+def _flushed_offset(fs: RealFileSystem, config: StoreConfig) -> int | None:
+    """The offset below which the checkpoint says the log was flushed (mqstore's field), or None."""
+    try:
+        return read_checkpoint(fs, config.checkpoint_path).physic_flushed_offset
+    except (OSError, CheckpointError):
+        return None
+
+
 def _topic(text: str) -> str:
     """A topic as the store spells one (reserved ones too: a broker's store holds them); it
     is a path under consumequeue/, so `../consumequeue/t` read another topic's files (review
@@ -98,6 +107,9 @@ class _ReadOnlyStore:
         # After a crash, damage is told from a torn tail by recovery itself (`_verdict`).
         self.crashed = os.path.exists(config.abort_path)
         self._verdict: CrashRecoveryVerdict | str | None = None
+        # Below the checkpoint's flushed offset recovery cuts nothing: no dry run (a scan of the
+        # log from the checkpoint's segment) is needed to serve what lies there.
+        self._flushed_offset = _flushed_offset(self.fs, config) if self.crashed else None
         # Read up to the end of the segments: every record is CRC-checked and must be the one
         # its unit or index entry names, so a torn tail after a crash reads as missing.
         self.commitlog = CommitLogReader(
@@ -134,7 +146,7 @@ class _ReadOnlyStore:
         """After a crash, whether the next open's recovery cuts the log before `offset` (a torn
         tail): a record there, valid as it may read, is gone after it, so it is not served
         (review 97 L1's case: the records after a tear recovery cuts by its bytes)."""
-        if not self.crashed:
+        if not self.crashed or (self._flushed_offset is not None and offset < self._flushed_offset):
             return False
         verdict = self.verdict()
         return not isinstance(verdict, str) and verdict.is_torn_tail(offset)
@@ -155,8 +167,9 @@ class _ReadOnlyStore:
             return None
         record = read.record if read.kind is RecordKind.MESSAGE else None
         if record is not None:
-            if key is not None and (record.topic != topic or (record.uniq_key != key and key not in record.key_list)):
-                return None  # (the index's hash slots are shared: another key's record)
+            keyed = record.topic == topic and (record.uniq_key == key or key in record.key_list)
+            if key is not None and not keyed and key_lost_reason(record, topic, key, self.config.max_hash_slot_num) is None:
+                return None  # another key's record of the same hash (reads.key_lost_reason)
             if record.topic != topic or (unit is not None and (record.queue_id, record.queue_offset) != unit):
                 reason = f"no record of this unit starts there (a record of {record.topic!r} queue {record.queue_id} " \
                          f"at queue offset {record.queue_offset} does)"  # fmt: skip

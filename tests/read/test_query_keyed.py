@@ -173,3 +173,26 @@ def test_a_hit_whose_record_lost_its_key_is_named_by_both_paths(
     assert collision == QueryResult.of((), collision.index_last_update_timestamp, collision.index_last_update_phy_offset)
     assert collision.index_last_update_timestamp > 0 and (counted.served, counted.declined) == (1, 1)  # C: a hit, skipped
     assert found == _pure(store, monkeypatch, "T", "k1") and collision == _pure(store, monkeypatch, "T", "Aa")
+
+
+def test_a_corrupt_record_of_another_key_of_the_same_hash_is_not_this_querys_damage(
+    open_store: Open, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 100 M3: "BB" shares "Aa"'s Java hash, so its index entry is a hit of every query
+    for "Aa"; its body failing its CRC was named in "Aa"'s complete answer (the CLI said
+    nothing). The header and keys outside the CRC say whose it is: "BB"'s answer names it."""
+    store = open_store()
+    results = [store.put(Message(topic="T", body=b"a body", keys=[key])) for key in ("Aa", "BB")]
+    assert all(r.ok for r in results) and store.query("T", "BB").messages
+    bad = results[1].commitlog_offset
+    with open(tmp_path / "store" / "commitlog" / codec.segment_file_name(0), "r+b") as f:
+        f.seek(bad + 88 + 2)  # a byte of its body
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x10]))
+    for pure in (False, True):
+        answer = _pure(store, monkeypatch, "T", "Aa") if pure else store.query("T", "Aa")
+        assert [m.commitlog_offset for m in answer.messages] == [results[0].commitlog_offset]
+        assert answer.detail == "", (pure, answer.detail)
+        other = _pure(store, monkeypatch, "T", "BB") if pure else store.query("T", "BB")
+        assert other.messages == () and f"commitlog offset {bad}" in other.detail
