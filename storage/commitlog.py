@@ -1214,6 +1214,8 @@ class CommitLog:
         files = self.mapped_file_queue.mapped_files
         mapped_file = files[index]
         buf, size = mapped_file.mapped_buffer, self.mapped_file_size
+        if pos + SYSFLAG_POSITION + 4 > size:
+            return False
         queue_id = _I.unpack_from(buf, pos + _QUEUE_ID_POSITION)[0]
         expected = _Q.unpack_from(buf, pos + QUEUE_OFFSET_POSITION)[0] + 1
         stored_at = pos + store_timestamp_position(_I.unpack_from(buf, pos + SYSFLAG_POSITION)[0])

@@ -5,10 +5,10 @@ commands' own copies of recovery's rules disagreed with it, and with each other,
 case).
 
 Recovery itself runs here, the code the writer runs at an open, over `DryRunFileSystem`: files
-are read as they are, mapped copy-on-write (its zeroing of a torn tail stays in this process's
-memory), a file it would delete is only hidden from it, and anything that would create or write
-a file is refused with EROFS (recovery of the commitlog after a crash creates none; a refusal
-means it could not be worked out, never a changed byte)."""
+are read as they are, mapped copy-on-write (and asked to zero nothing), a file it would delete
+is only hidden from it, and anything that would create or write a file is refused with EROFS
+(recovery of the commitlog after a crash creates none; a refusal means it could not be worked
+out, never a changed byte)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ..config import StoreConfig
 from ..log import retrying
 from .checkpoint import CheckpointError, CheckpointValues, read_checkpoint
 from .commitlog import Quarantined
-from .fs import DiskUsage, RealFileSystem, RealMappedRegion
+from .fs import RealFileSystem, RealMappedRegion
 from .recovery import RecoveryMode, recover_commitlog
 
 __all__ = ["CrashRecoveryVerdict", "DryRunFileSystem", "crash_recovery_verdict", "verdict_of_stopped_store"]
@@ -111,9 +111,6 @@ class DryRunFileSystem(RealFileSystem):
 
     def rename(self, path: str, target: str) -> None:
         raise _refused(path, "rename files")
-
-    def disk_usage(self, path: str) -> DiskUsage:
-        return super().disk_usage(path)
 
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]:
         self._there(path)

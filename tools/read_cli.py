@@ -186,7 +186,8 @@ class _ReadOnlyStore:
             reason = "zeroed bytes"
         else:
             reason = "the padding that ends a segment, no record"
-        if self.crashed and isinstance(verdict := self.verdict(), str):
+        below_flushed = self._flushed_offset is not None and offset < self._flushed_offset  # (never cut there)
+        if self.crashed and not below_flushed and isinstance(verdict := self.verdict(), str):
             return f"commitlog offset {offset}: {reason} (whether the next open's recovery cuts it as a torn " \
                    f"tail could not be worked out: {verdict})"  # fmt: skip
         if self.cut_by_recovery(offset):
