@@ -246,7 +246,9 @@ class _ReadOnlyStore:
         summary.update(status=status.name, next_begin_offset=nxt)
         missing = self._queue_files_missing(topic, queue_id, units)
         if unreadable is not None:
-            summary["detail"] = f"queue offset {nxt}: {unreadable}; nothing was skipped"
+            # (damage skipped before it is still said: review 100 M4, "nothing was skipped")
+            skipped = _skipped_corrupt(corrupt) if corrupt else "nothing was skipped"
+            summary["detail"] = f"queue offset {nxt}: {unreadable}; {skipped}"
             summary["unreadable"] = True
         elif corrupt:
             summary["detail"] = _skipped_corrupt(corrupt)
@@ -308,7 +310,8 @@ class _ReadOnlyStore:
         answer: dict[str, Any] = {"messages": messages[:max_count], "index_last_update_timestamp": last_ts,
                                   "index_last_update_phy_offset": last_phy}  # fmt: skip
         if unreadable is not None:  # (the store's query: a detail; its hits there are not "no message")
-            answer["detail"] = f"{unreadable}; the index's hits there are not in this answer"
+            answer["detail"] = f"{unreadable}; the index's hits there are not in this answer" + \
+                (f"; {_skipped_corrupt(corrupt)}" if corrupt else "")  # fmt: skip
             answer["unreadable"] = True
         elif corrupt:
             answer["detail"] = _skipped_corrupt(corrupt)

@@ -351,3 +351,22 @@ def test_stats_says_a_segment_it_may_not_read_is_not_readable_now(store: Path) -
     assert code == ExitCode.FAILURE and "cannot be read now" in err and "not known to be damaged" in err, err
     assert "PermissionError" not in err, err
     assert snapshot(store) == before
+
+
+def test_damage_skipped_before_a_segment_it_may_not_read_is_still_said(store: Path) -> None:
+    """Review 100 M4: a record skipped as damage before a later segment the user may not read
+    was dropped from the detail, which said "nothing was skipped"."""
+    in_second = first_queue_offset_in(store, 1)
+    with open(segment(store, 0), "r+b") as f:
+        data = f.read()
+    at = data.index(b"T", 88)  # (the first record's topic follows its body: flip its body's last byte)
+    with open(segment(store, 0), "r+b") as f:
+        f.seek(at - 2)
+        byte = f.read(1)
+        f.seek(at - 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    deny(segment(store, 1))
+    code, out, err = run_denied(get_argv(store, 0, in_second + 5))
+    detail = summary_of(err)["detail"]
+    assert code == ExitCode.FAILURE and str(segment(store, 1)) in detail, err
+    assert "queue offset 0: commitlog offset 0" in detail and "nothing was skipped" not in detail, detail
