@@ -164,7 +164,7 @@ class _ReadOnlyStore:
         rules called a tear damage that recovery cuts)."""
         read = self.commitlog.read_record(offset, check_crc=False)
         if read is None:
-            return None
+            return self._wrong_sized_segment(offset)
         record = read.record if read.kind is RecordKind.MESSAGE else None
         if record is not None:
             keyed = record.topic == topic and (record.uniq_key == key or key in record.key_list)
@@ -193,6 +193,21 @@ class _ReadOnlyStore:
         if self.cut_by_recovery(offset):
             return None
         return f"commitlog offset {offset}: {reason}"
+
+    def _wrong_sized_segment(self, offset: int) -> str | None:
+        """Why nothing is read at `offset` when its segment is there but longer than a segment
+        (damage the reader does not map; `mqstore recover` makes it whole), or None. Review
+        100 L2: its records were skipped unsaid, exit 0, where recover keeps them."""
+        size = self.commitlog.mapped_file_size
+        path = os.path.join(self.config.commitlog_dir, f"{offset - offset % size:020d}")
+        try:
+            length = os.path.getsize(path) if os.path.isfile(path) else None
+        except OSError:
+            return None
+        if length is None or length <= size:
+            return None
+        return f"commitlog offset {offset}: its segment {path} is {length} bytes, longer than a segment ({size}): " \
+               "not read; `mqstore recover` makes it whole"  # fmt: skip
 
     def unreadable_at(self, offset: int) -> str | None:
         """Why the segment holding `offset` is there but could not be read now (the reader

@@ -599,3 +599,20 @@ def test_a_cut_short_last_segment_after_a_crash_is_no_torn_tail(tmp_path: Path) 
     served = [json.loads(line)["queue_offset"] for line in out.splitlines()]
     assert served == list(range(55)), err
     assert code == 3 and f"commitlog offset {offsets[-5]}" in json.loads(err.splitlines()[-1])["detail"], err
+
+
+def test_records_of_a_segment_longer_than_a_segment_are_named_not_skipped(tmp_path: Path) -> None:
+    """Review 100 L2: the reader does not map a segment longer than the segment size (damage;
+    `mqstore recover` makes it whole and keeps its records); get skipped them unsaid, exit 0."""
+    root = tmp_path / "s"
+    with mqstore.open(root, **SMALL) as store:
+        offsets = [store.put(mqstore.Message("t", bytes([65 + i % 26]) * 1500, keys=[f"k{i}"])).commitlog_offset
+                   for i in range(60)]  # fmt: skip
+    last = root / "commitlog" / f"{65536:020d}"
+    os.truncate(last, 65536 + 10)
+    code, out, err = _mqstore("get", str(root), "--topic", "t", "--queue", "0", "--offset", "0", "--max", "64")
+    served = [json.loads(line)["queue_offset"] for line in out.splitlines()]
+    first_in_last = next(i for i, o in enumerate(offsets) if o >= 65536)
+    assert served == list(range(first_in_last)), err
+    detail = json.loads(err.splitlines()[-1])["detail"]
+    assert code == 3 and "longer than a segment" in detail and f"commitlog offset {offsets[first_in_last]}" in detail, err
