@@ -249,8 +249,9 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
         elif damaged is not None:
             report.add("commitlog_damaged", f"offset {at}", f"{why}; {damaged}")
         elif said is not None:
-            report.add("commitlog_damaged", f"offset {at}", f"{why}; no valid record follows, below the offset the "
-                       "checkpoint says was flushed: damage, not a torn tail")  # fmt: skip
+            report.add("commitlog_damaged", f"offset {at}", f"{why}; no valid record follows, and the next open's "
+                       "recovery does not cut it (below the checkpoint's flushed offset, or in a segment it leaves "
+                       "out): damage, not a torn tail")  # fmt: skip
         else:
             report.add("commitlog_corrupt", f"offset {at}", f"{why} (a torn tail: recover cuts it)")
 
