@@ -201,23 +201,7 @@ class ConsumeQueue:
         if holder is None or holder.file_from_offset > expect:
             return True
         pos = expect - holder.file_from_offset
-        held = bytes(holder.mapped_buffer[pos : pos + CQ_STORE_UNIT_SIZE])
-        if held != FILLER_UNIT:  # below its write position
-            if expect + CQ_STORE_UNIT_SIZE == current and commitlog_offset > CQ_UNIT.unpack(held)[0]:
-                before = self._filler_holder(expect - CQ_STORE_UNIT_SIZE)
-                if before is not None:
-                    # Two records claim one queue offset: a queue-offset field (outside the body
-                    # CRC) was damaged. The earlier record jumped one ahead over a filler it left
-                    # (nothing else leaves one just there); it goes back to the filler's place and
-                    # this one takes its own. Review 99 N6: this record, intact, was in no queue.
-                    before[0].rewrite_bytes(before[1], held)
-                    holder.rewrite_bytes(pos, CQ_UNIT.pack(commitlog_offset, size, tags_code))
-                    self.max_physic_offset = max(self.max_physic_offset, commitlog_offset)
-                    log.error("two records claim one queue offset (a damaged queue-offset field): the earlier one "
-                              "takes the filler before it", topic=self.topic, queue_id=self.queue_id,
-                              queue_offset=expect // CQ_STORE_UNIT_SIZE, commitlog_offset=commitlog_offset,
-                              earlier_commitlog_offset=CQ_UNIT.unpack(held)[0])  # fmt: skip
-                    return True
+        if holder.mapped_buffer[pos : pos + CQ_STORE_UNIT_SIZE] != FILLER_UNIT:  # below its write position
             log.warning("consume queue unit already written", topic=self.topic, queue_id=self.queue_id,
                         expect=expect, current=current)  # fmt: skip
             return True
@@ -227,18 +211,6 @@ class ConsumeQueue:
                     queue_id=self.queue_id, queue_offset=expect // CQ_STORE_UNIT_SIZE,
                     commitlog_offset=commitlog_offset)  # fmt: skip
         return True
-
-    def _filler_holder(self, offset: int) -> tuple[MappedFile, int] | None:
-        """(file, position) of the unit at byte `offset` of the queue when it is a filler."""
-        if offset < 0:
-            return None
-        holder = self.mapped_file_queue.find_mapped_file_by_offset(offset)
-        if holder is None or holder.file_from_offset > offset:
-            return None
-        pos = offset - holder.file_from_offset
-        if pos + CQ_STORE_UNIT_SIZE > holder.wrote_position or holder.mapped_buffer[pos : pos + CQ_STORE_UNIT_SIZE] != FILLER_UNIT:
-            return None
-        return holder, pos
 
     def put_message_position_infos(self, units: Sequence[tuple[int, int, int, int]]) -> bool:
         """Units (commitlog offset, size, tags code, queue offset) of this queue, in dispatch

@@ -698,26 +698,3 @@ def test_a_batch_the_writer_died_in_is_cut_with_a_brokers_checkpoint(tmp_path: o
         rec = store.supervisor.recovery
         assert rec is not None and rec.max_offset == batch.commitlog_offset and not rec.quarantined, rec.summary()
         assert sorted(_all_bodies(store)) == list(range(20))
-
-
-def test_a_damaged_queue_offset_field_drops_no_intact_record_from_its_queue(tmp_path: object) -> None:
-    """Review 99 N6: the queue-offset field is outside the body CRC. Record 10's said 11: when
-    the queue was rebuilt from the log, it took 11 (a filler at 10) and record 11, intact, was
-    in no queue. Two records claiming one offset is damage; the earlier one, which jumped over
-    the filler it left, goes back there: every record is in its queue at its own offset (the
-    damaged one served there as its unit says, its field still wrong, as RocketMQ serves it)."""
-    import shutil
-    import struct
-
-    store_dir = os.path.join(str(tmp_path), "s")
-    offsets = _fill(store_dir, 20)
-    seg = os.path.join(store_dir, "commitlog", "%020d" % 0)
-    with open(seg, "r+b") as f:
-        f.seek(offsets[10] + 20)  # QUEUEOFFSET
-        assert struct.unpack(">q", f.read(8))[0] == 10
-        f.seek(offsets[10] + 20)
-        f.write(struct.pack(">q", 11))
-    shutil.rmtree(os.path.join(store_dir, "consumequeue"))  # rebuilt from the log at the open
-    with mqstore.open(store_dir, **SETTINGS) as store:
-        served = [m.commitlog_offset for m in store.get(TOPIC, 0, 0, 32).messages]
-        assert served == offsets, [offsets.index(o) for o in served]
