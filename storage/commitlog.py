@@ -1236,22 +1236,27 @@ class CommitLog:
             found = self._next_valid_record(i, at + read.size)
         return False
 
-    def _next_valid_record(self, index: int, start: int) -> tuple[int, int] | None:
-        """(file index, position) of the first valid record at or after `start` of file
-        `index`, in it or a later file, with no bound of time or offset; None if none."""
+    def _next_valid_record(self, index: int, start: int, *, below: int | None = None,
+                           stored_before_ms: int | None = None) -> tuple[int, int] | None:
+        """(file index, position) of the first trusted record (see `_valid_record_at`) at or
+        after `start` of file `index`, in it or a later file, ending below the offset `below`
+        if given (with the flushed offset, only records that end below it are trusted); None
+        if none."""
         files = self.mapped_file_queue.mapped_files
         for i in range(index, len(files)):
             mapped_file = files[i]
             lo = start if i == index else 0
-            if lo >= self.mapped_file_size:
-                continue
+            limit = self.mapped_file_size if below is None else min(self.mapped_file_size, below - mapped_file.file_from_offset)
+            if limit <= lo:
+                break
             try:
-                extents = self.fs.data_extents(mapped_file.file_name, lo, self.mapped_file_size)
+                extents = self.fs.data_extents(mapped_file.file_name, lo, limit)
             except OSError:
-                extents = [(lo, self.mapped_file_size)]
+                extents = [(lo, limit)]
             found = find_next_valid_record(
-                mapped_file.mapped_buffer, lo, self.mapped_file_size, file_from_offset=mapped_file.file_from_offset,
+                mapped_file.mapped_buffer, lo, limit, file_from_offset=mapped_file.file_from_offset,
                 segment_size=self.mapped_file_size, max_message_size=self.max_record_size, extents=extents,
+                stored_before_ms=stored_before_ms,
             )  # fmt: skip
             if found is not None:
                 return i, found
@@ -1293,24 +1298,9 @@ class CommitLog:
             resume_at_flushed = True
         else:
             stored_before_ms = self.trusted_after_damage_before_ms if flushed is None else None
-        for i in range(index, len(files)):
-            mapped_file = files[i]
-            start = pos + 1 if i == index else 0
-            # With the flushed offset, only records that end below it are trusted.
-            limit = self.mapped_file_size if flushed is None else min(self.mapped_file_size, flushed - mapped_file.file_from_offset)
-            if limit <= start:
-                break
-            try:
-                extents = self.fs.data_extents(mapped_file.file_name, start, limit)
-            except OSError:
-                extents = [(start, limit)]
-            found = find_next_valid_record(
-                mapped_file.mapped_buffer, start, limit, file_from_offset=mapped_file.file_from_offset,
-                segment_size=self.mapped_file_size, max_message_size=self.max_record_size, extents=extents,
-                stored_before_ms=stored_before_ms,
-            )  # fmt: skip
-            if found is not None:
-                return i, found
+        found = self._next_valid_record(index, pos + 1, below=flushed, stored_before_ms=stored_before_ms)
+        if found is not None:
+            return found
         if resume_at_flushed and flushed is not None:
             return self._position_of(flushed)
         return None

@@ -30,7 +30,7 @@ import errno
 import os
 import struct
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Final, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..config import StoreConfig
 from ..log import get_logger
@@ -1676,9 +1676,6 @@ def _remove_partial_last_segments(cfg: StoreConfig, fs: FileSystem, held_data_be
     return removed
 
 
-_ZEROS_CHUNK: Final = bytes(1 << 20)
-
-
 def _holds_data(fs: FileSystem, path: str, size: int) -> bool:
     """Whether the file holds a non-zero byte: read a MiB at a time, its holes skipped. A partly
     created segment of up to a GiB was read whole into memory, and byte by byte (review 100
@@ -1688,9 +1685,9 @@ def _holds_data(fs: FileSystem, path: str, size: int) -> bool:
     except OSError:
         extents = [(0, size)]
     for start, end in extents:
-        for at in range(start, end, len(_ZEROS_CHUNK)):
-            chunk = fs.read_at(path, at, min(len(_ZEROS_CHUNK), end - at))
-            if chunk != _ZEROS_CHUNK[: len(chunk)]:
+        for at in range(start, end, _TAIL_CHUNK_BYTES):
+            chunk = fs.read_at(path, at, min(_TAIL_CHUNK_BYTES, end - at))
+            if chunk != _ZERO_CHUNK[: len(chunk)]:
                 return True
     return False
 
