@@ -252,6 +252,11 @@ def quarantined_detail(commitlog_offset: int) -> str:
             "run `mqstore verify`")  # fmt: skip
 
 
+def is_keyed(record: MessageRecord, topic: str, key: str) -> bool:
+    """Whether `record` is one a query for `key` of `topic` asked for: its UNIQ_KEY or a KEYS token."""
+    return record.topic == topic and (record.uniq_key == key or key in record.key_list)
+
+
 def key_lost_reason(record: MessageRecord, topic: str, key: str, max_hash_slot_num: int) -> str | None:
     """Why `record`, where an index entry for `key` of `topic` points, lacks the key, when that
     is damage; None when it is another key's. The entry holds the key's hash: a record with a
@@ -856,7 +861,7 @@ def _another_keys(reader: CommitLogReader, offset: int, max_message_size: int, t
     covers not) is another key's of the same hash: not this query's damage to name (review
     100 M3: a corrupt "BB" was named in the answer for "Aa")."""
     record = record_at(reader, offset, max_message_size, check_crc=False)
-    return (record is not None and not (record.topic == topic and (record.uniq_key == key or key in record.key_list))
+    return (record is not None and not is_keyed(record, topic, key)
             and key_lost_reason(record, topic, key, max_hash_slot_num) is None)  # fmt: skip
 
 
@@ -922,6 +927,6 @@ def _query_hit(
         if decoded is not None:
             return decoded
     record = record_at(reader, phy, max_message_size, check_crc=check_crc, on_corrupt=on_corrupt, quarantined=quarantined)
-    if record is not None and record.topic == topic and (record.uniq_key == key or key in record.key_list):
+    if record is not None and is_keyed(record, topic, key):
         found.append(record)
     return record

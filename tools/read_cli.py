@@ -29,7 +29,7 @@ from ..cli import (
 )
 from ..config import StoreConfig
 from ..log import get_logger
-from ..reads import key_lost_reason, status_ladder, subscription
+from ..reads import is_keyed, key_lost_reason, status_ladder, subscription
 from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
 from ..storage.commitlog import CommitLogReader
@@ -167,8 +167,7 @@ class _ReadOnlyStore:
             return self._wrong_sized_segment(offset)
         record = read.record if read.kind is RecordKind.MESSAGE else None
         if record is not None:
-            keyed = record.topic == topic and (record.uniq_key == key or key in record.key_list)
-            if key is not None and not keyed and key_lost_reason(record, topic, key, self.config.max_hash_slot_num) is None:
+            if key is not None and not is_keyed(record, topic, key) and key_lost_reason(record, topic, key, self.config.max_hash_slot_num) is None:
                 return None  # another key's record of the same hash (reads.key_lost_reason)
             if record.topic != topic or (unit is not None and (record.queue_id, record.queue_offset) != unit):
                 reason = f"no record of this unit starts there (a record of {record.topic!r} queue {record.queue_id} " \
@@ -318,7 +317,7 @@ class _ReadOnlyStore:
                 unreadable = self.unreadable_at(phy)
             if record is None and (damage := self.damage_at(phy, None, topic, key=key)):
                 corrupt.append(damage)
-            if record is not None and record.topic == topic and (record.uniq_key == key or key in record.key_list):
+            if record is not None and is_keyed(record, topic, key):
                 messages.append(record)
             elif record is not None and (keyless := key_lost_reason(record, topic, key, self.config.max_hash_slot_num)):
                 corrupt.append(f"commitlog offset {phy}: {keyless}")
