@@ -338,7 +338,7 @@ class _PutReply(PassReply):
         self.started = started
         self.held_bytes = 0  # of max_put_bytes_in_flight, given back with the answer
 
-    def send(self, answer: Any, *, hand_over: bool = False) -> None:
+    def send(self, answer: Any, *, hand_over: bool = False, posts: list[Any] | None = None) -> None:
         if not self._done:
             self._done = True
             self.sink.answer_pass([(self, answer)])

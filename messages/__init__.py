@@ -247,6 +247,18 @@ class Waiter:
         self._value = value
         self._signal.post()
 
+    def set_later(self, value: Any, posts: list[Any]) -> None:
+        """`set`, the post left to the caller: the signal goes into `posts`, which the answerer
+        posts with the pass's other answers in one call without the GIL (`_native.post_all`)."""
+        if self._answered:
+            return
+        self._answered = True
+        self._value = value
+        if isinstance(self._signal, _LockSignal):
+            self._signal.post_holding_gil()
+        else:
+            posts.append(self._signal)
+
     def set_exception(self, exc_info: Any = None) -> None:
         if self._answered:
             return
@@ -351,9 +363,11 @@ class Reply(Generic[A_contra]):
         self._done = False
         self._lock = threading.Lock()
 
-    def send(self, answer: A_contra, *, hand_over: bool = False) -> None:
+    def send(self, answer: A_contra, *, hand_over: bool = False, posts: list[Any] | None = None) -> None:
         """Deliver `answer`. `hand_over`: the sender has nothing more to answer right now,
-        so a waiting thread may take the GIL at once (`Waiter.hand_over`)."""
+        so a waiting thread may take the GIL at once (`Waiter.hand_over`). `posts`: a
+        waiting thread's wake-up goes there instead, for the sender to post with others
+        (`Waiter.set_later`)."""
         with self._lock:
             if self._done:
                 return
@@ -361,8 +375,13 @@ class Reply(Generic[A_contra]):
         future = self._future
         if future is not None:
             try:
-                if hand_over and isinstance(future, Waiter):
-                    future.hand_over(answer)
+                if isinstance(future, Waiter):
+                    if posts is not None:
+                        future.set_later(answer, posts)
+                    elif hand_over:
+                        future.hand_over(answer)
+                    else:
+                        future.set(answer)
                 else:
                     future.set(answer)
             except Exception as exc:  # a caller's future set already: theirs to see, not the store's

@@ -1352,6 +1352,52 @@ static PyObject *Signal_post_then_wait(SignalObject *self, PyObject *const *args
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
+PyDoc_STRVAR(post_all_doc,
+             "post_all(signals) -> None: post() each Signal of the list, in one stretch without the GIL. "
+             "For an answerer with several answers at once (the writer's pass): a post that wakes a "
+             "thread may get this one preempted by it, and while it held the GIL every thread it woke "
+             "found the GIL held and slept again.");
+
+static PyObject *post_all(PyObject *module, PyObject *arg) {
+    if (!PyList_CheckExact(arg)) {
+        PyErr_SetString(PyExc_TypeError, "post_all takes a list of Signals");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    if (n == 0) Py_RETURN_NONE;
+    sem_t *stack_sems[16];
+    sem_t **sems = n <= 16 ? stack_sems : PyMem_Malloc(sizeof(sem_t *) * (size_t)n);
+    if (sems == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(arg, i);
+        if (!PyObject_TypeCheck(item, &SignalType)) {
+            if (sems != stack_sems) PyMem_Free(sems);
+            PyErr_SetString(PyExc_TypeError, "post_all takes a list of Signals");
+            return NULL;
+        }
+        sems[i] = &((SignalObject *)item)->sem;
+    }
+    /* The list keeps each Signal alive while the GIL is released: the caller holds it. */
+    Py_INCREF(arg);
+    int failed = 0, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (sem_post(sems[i]) != 0 && !failed) {
+            failed = 1;
+            err = errno;
+        }
+    __atomic_fetch_add(&woken_awaiting_gil, 1, __ATOMIC_RELAXED); /* and this thread wants it back */
+    Py_END_ALLOW_THREADS
+    __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
+    Py_DECREF(arg);
+    if (sems != stack_sems) PyMem_Free(sems);
+    if (failed) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Signal_methods[] = {
     {"post", (PyCFunction)(void (*)(void))Signal_post, METH_FASTCALL,
      "post([append, item]): add one to the count, waking one waiter; with append and item, append(item) first "
@@ -3382,6 +3428,7 @@ static PyMethodDef methods[] = {
     {"decode_units", (PyCFunction)(void (*)(void))decode_units, METH_FASTCALL, decode_units_doc},
     {"crc32", crc32_py, METH_O, crc32_doc},
     {"yield_gil", yield_gil, METH_NOARGS, yield_gil_doc},
+    {"post_all", post_all, METH_O, post_all_doc},
     {"woken_awaiting_gil", woken_awaiting_gil_py, METH_NOARGS,
      "woken_awaiting_gil() -> int: threads a Signal woke that wait for the GIL now (for tests)."},
     /* the Spark reader's column builder */

@@ -122,6 +122,50 @@ def test_a_handed_over_answer_reaches_its_waiter_once(signal_cls: Any, monkeypat
     assert future.get(timeout=1) == "answer"
 
 
+@pytest.mark.parametrize("signal_cls", SIGNALS)
+def test_answers_woken_later_reach_each_waiter_once(signal_cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's pass: each answer set (`posts`), every waiting thread woken after, in one
+    call (`_native.post_all`); without the extension each is woken as it is set."""
+    if signal_cls is LockSignal:
+        monkeypatch.setattr(speedups, "native", None)
+    waiters = [Waiter() for _ in range(20)]
+    got: list[Any] = [None] * len(waiters)
+
+    def wait(i: int) -> None:
+        got[i] = waiters[i].get(timeout=5)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(waiters))]
+    for t in threads:
+        t.start()
+    posts: list[Any] = []
+    for i, w in enumerate(waiters):
+        Reply(future=w).send(f"answer {i}", posts=posts)
+    assert len(posts) == (0 if signal_cls is LockSignal else len(waiters))
+    waiters[0].set_later("late", posts)  # answered already: nothing more to post
+    assert len(posts) == (0 if signal_cls is LockSignal else len(waiters))
+    if posts:
+        assert speedups.native is not None
+        assert all(t.is_alive() for t in threads)  # not woken before the posts
+        speedups.native.post_all(posts)
+    for t in threads:
+        t.join(timeout=5)
+    assert got == [f"answer {i}" for i in range(len(waiters))]
+    assert all(w.get(timeout=0) == f"answer {i}" for i, w in enumerate(waiters))
+
+
+@pytest.mark.skipif(speedups.native is None, reason="C extension not built")
+def test_post_all_takes_only_a_list_of_signals_and_posts_each_once() -> None:
+    assert speedups.native is not None
+    signals = [speedups.native.Signal() for _ in range(40)]  # more than its stack array holds
+    speedups.native.post_all(signals)
+    speedups.native.post_all([])
+    assert [s.value() for s in signals] == [1] * 40
+    for bad in (tuple(signals), [signals[0], object()], None):
+        with pytest.raises(TypeError):
+            speedups.native.post_all(bad)
+    assert [s.value() for s in signals] == [1] * 40  # a refused call posts none
+
+
 @pytest.mark.skipif(speedups.native is None, reason="C extension not built")
 def test_native_signal_counts_and_waits_without_the_gil() -> None:
     assert speedups.native is not None
