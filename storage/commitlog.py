@@ -1229,6 +1229,11 @@ class CommitLog:
         while found is not None:
             i, at = found
             read = read_record(files[i].mapped_buffer, at, size, check_crc=True, max_message_size=self.max_record_size)
+            if read.kind is RecordKind.BLANK:
+                # A segment's end: the proof may be in the next one (review 102 H1: the last
+                # record of a segment damaged, the log was cut there and later segments deleted).
+                found = self._next_valid_record(i + 1, 0)
+                continue
             if read.kind is not RecordKind.MESSAGE or read.record is None:  # (only a race with a file cut under us)
                 return False
             if stored < read.record.store_timestamp < bound:

@@ -674,6 +674,32 @@ def test_a_zeroed_header_with_later_puts_after_it_is_damage_under_a_brokers_chec
         assert all(bodies.get(i) == _body(i) for i in range(31, 200)), sorted(set(range(200)) - set(bodies))
 
 
+def test_a_zeroed_header_last_in_its_segment_is_proven_by_the_next_segment(tmp_path: object) -> None:
+    """Review 102 H1: with a broker's checkpoint, the search for a later record that proves a
+    zeroed header written stopped at the END_OF_FILE blank that ends its segment: the last
+    record of a segment damaged, the log was cut there and every later segment deleted with
+    its flushed, acknowledged records. The search goes on in the next segment."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    with mqstore.open(store_dir, clock_ms=_Ticking(), **SETTINGS) as store:
+        offsets = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i) * 40, keys=[f"k{i}"])).commitlog_offset
+                   for i in range(200)]  # fmt: skip
+        last_ms = store.get(TOPIC, 0, 199, 1).messages[0].store_timestamp
+    last_in_first = max(i for i, off in enumerate(offsets) if off < SEG)
+    assert last_in_first < 150, "the records span several segments"
+    with open(os.path.join(store_dir, "commitlog", "%020d" % 0), "r+b") as f:
+        f.seek(offsets[last_in_first])
+        f.write(bytes(8))
+    _brokers_checkpoint(store_dir, last_ms)
+    open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None
+        assert [q.start for q in rec.quarantined] == [offsets[last_in_first]], rec.summary()
+        assert not rec.removed_commitlog_files, rec.summary()
+        bodies = _all_bodies(store)
+        assert all(bodies.get(i) == _body(i) * 40 for i in range(200) if i != last_in_first), sorted(set(range(200)) - set(bodies))
+
+
 @pytest.mark.parametrize("after", ["nothing", "its second record's store time not written yet", "stale records"])
 @pytest.mark.parametrize("batch_clock", ["same millisecond", "stepped back 11 minutes"])
 def test_a_batch_the_writer_died_in_is_cut_with_a_brokers_checkpoint(tmp_path: object, batch_clock: str,
