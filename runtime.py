@@ -440,6 +440,21 @@ class _Stopped(threading.Event):
         self.set()
 
 
+# pykka's own control messages, which its actor loop runs itself before `on_receive` sees them:
+# told by a host, `_ActorStop` (what `ActorRef.stop()` sends) stopped the gateway for good, the
+# supervisor still RUNNING, and a `ProxyCall` of `release` stopped its readers for good (review
+# 103 M2, L1). The store's own code stops and calls its actors through their own refs.
+_PYKKA_CONTROL = (pykka.messages._ActorStop, pykka.messages.ProxyCall, pykka.messages.ProxyGetAttr,
+                  pykka.messages.ProxySetAttr)  # fmt: skip
+
+
+def _refuse_pykka_control(message: object, label: str) -> None:
+    if isinstance(message, _PYKKA_CONTROL):
+        raise TypeError(f"{type(message).__name__} is pykka's own control message: {label} belongs to its "
+                        "supervisor (close the store to stop it), and its requests are the store's messages "
+                        "(mqstore.messages)")  # fmt: skip
+
+
 class FollowingRef(pykka.ActorRef[Any]):
     """A ref to whichever incarnation of a supervised actor is live: `resolve()` gives the
     current ref (None while it is being restarted, when a tell raises ActorDeadError as it
@@ -480,6 +495,14 @@ class FollowingRef(pykka.ActorRef[Any]):
         """Refused: the supervisor owns the actor's life (a stopped gateway would not be
         restarted, and the store's actor API would be gone until the store reopens)."""
         raise TypeError(f"{self._label} belongs to its supervisor: close the store to stop it")
+
+    def tell(self, message: Any) -> None:
+        _refuse_pykka_control(message, self._label)
+        super().tell(message)
+
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        _refuse_pykka_control(message, self._label)
+        return super().ask(message, block=block, timeout=timeout)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, FollowingRef):

@@ -208,6 +208,32 @@ def test_a_hosts_stop_all_leaves_the_store_running(tmp_path: Path) -> None:
         assert [m.body for m in again.get("t", 0, 0, 32).messages] == [b"before", b"after"]
 
 
+@pytest.mark.parametrize("how", ["tell", "ask"])
+@pytest.mark.parametrize(
+    "control",
+    [
+        pykka.messages._ActorStop(),
+        pykka.messages.ProxyCall(attr_path=("release",), args=(), kwargs={}),
+        pykka.messages.ProxyGetAttr(attr_path=("backend",)),
+        pykka.messages.ProxySetAttr(attr_path=("backend",), value=None),
+    ],
+    ids=["stop", "proxy call", "proxy get", "proxy set"],
+)
+def test_pykkas_own_control_messages_are_refused_where_they_are_told(tmp_path: Path, how: str, control: Any) -> None:
+    """Review 103 M2, L1: pykka's actor loop runs its control messages itself, before the
+    gateway's own checks: `_ActorStop` (what `ActorRef.stop()` sends) told to `store.actor_ref`
+    stopped the gateway for good while the supervisor said RUNNING, and a `ProxyCall` of
+    `release` stopped its readers for good. They are a TypeError where they are told, as
+    `store.actor_ref.stop()` is, and the actor API goes on."""
+    with mqstore.open(tmp_path / "s") as store:
+        store.put(Message("t", b"x"))
+        send = store.actor_ref.tell if how == "tell" else store.actor_ref.ask
+        with pytest.raises(TypeError, match="pykka's own control message"):
+            send(control)
+        _answered_in_order(store)
+        assert store.actor_ref.is_alive()
+
+
 class _BoundedAndBusy(pykka.ThreadingActor):
     """A host actor with a bounded inbox that stops taking messages until `release` is set."""
 
