@@ -179,7 +179,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._writeable = True
         self._closing = False
         self._sync_flush = ctx.config.flush_disk_type == "SYNC_FLUSH"
-        self._busy_timeout_ns = ctx.config.os_page_cache_busy_timeout_ms * 1_000_000
+        # RocketMQ's check is `diff > osPageCacheBusyTimeOutMills` in whole milliseconds: busy
+        # once a put has waited a millisecond past it. With 0, measured in ns, every put was
+        # busy, however short its wait (review 103 L2).
+        self._busy_timeout_ns = (ctx.config.os_page_cache_busy_timeout_ms + 1) * 1_000_000 - 1
         self._sync_timeout_ns = ctx.config.sync_flush_timeout_ms * 1_000_000
         # (wrote offset, store timestamp) of the newest append not yet told reput and flush:
         # a tuple per append, the notice itself built once per pass (_notify_advance).

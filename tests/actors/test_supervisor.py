@@ -577,6 +577,25 @@ def test_a_put_answered_just_after_its_reply_timeout_is_answered_as_stored(store
         assert [m.body for m in store.get("t", 0, 0, 8).messages] == [b"first", b"held"]
 
 
+def test_a_busy_timeout_of_zero_refuses_only_puts_that_waited(store_dir: Path) -> None:
+    """Review 103 L2: `os_page_cache_busy_timeout_ms=0` refused every put OS_PAGE_CACHE_BUSY
+    (any wait in the mailbox, in ns, is more than 0). RocketMQ's check is whole milliseconds
+    (`diff > osPageCacheBusyTimeOutMills`): busy once a put waited a millisecond past it."""
+    hold = HoldAt("writer.mid_batch_append", hold_s=0.2)
+    with h.open_small(store_dir, faults=hold, os_page_cache_busy_timeout_ms=0) as store:
+        assert all(store.put(Message(topic="t", body=b"%d" % i)).ok for i in range(20))
+        hold.armed.set()
+        held = threading.Thread(target=store.put, args=(Message(topic="t", body=b"held"),))
+        held.start()
+        assert hold.entered.wait(5)
+        behind = store.put(Message(topic="t", body=b"behind"))  # waits the hold out in the mailbox
+        held.join(5)
+        assert behind.status is PutMessageStatus.OS_PAGE_CACHE_BUSY, behind
+        assert store.wait_for_messages("t", 0, 20, 5)  # the held put, told by another thread
+        bodies = [bytes(m.body) for m in store.get("t", 0, 0, 64).messages]
+        assert bodies[-1] == b"held" and b"behind" not in bodies
+
+
 def test_an_actor_that_stops_just_after_the_stop_timeout_is_restarted_not_given_up(
     store_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
