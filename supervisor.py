@@ -853,8 +853,11 @@ class Supervisor:
                 # earlier segments' unforced bytes were never forced, yet flush() and the
                 # checkpoint covered them).
                 flushed = max(ready.max_offset - ready.max_offset % seg, ready.min_offset, 0) if first else max(ready.min_offset, 0)
+                newest_ms = ready.store_timestamp  # (0 before the first append since the open:
+                if first and not newest_ms:  # then the newest record recovery found)
+                    newest_ms = self._ask("writer", GetCommitLogRecovery()).store_timestamp
                 ref = FlushCommitLogService.start(
-                    ctx, flushed_offset=flushed, max_offset=ready.max_offset, store_timestamp=ready.store_timestamp,
+                    ctx, flushed_offset=flushed, max_offset=ready.max_offset, store_timestamp=newest_ms,
                     restarted=not first,
                 )
             case "index":

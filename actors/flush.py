@@ -84,6 +84,14 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             # degraded until `mqstore recover`, and this offset is what tells the next open so;
             # kept as it is until then (lowered, the lost records would pass for a torn tail).
             self._tail_missing = True
+        if not self._restarted and self._checkpoint.physic_flushed_offset != self._max_offset:
+            # mqstore's own fields, before the writer takes a put (recovery forced the log): after
+            # a crash they decide by the flushed offset. A checkpoint without them (a broker's)
+            # is judged by its timestamps alone, which cannot tell this writer's unfinished put
+            # (a zeroed header) from damage once the clock stepped back (review 102 H2), and a
+            # broker's store opened here was judged so until this actor's first flush.
+            self._flush_to(self._max_offset)
+            self._write_checkpoint()
 
     def release(self) -> None:
         for region in self._regions.values():

@@ -674,6 +674,28 @@ def test_a_zeroed_header_with_later_puts_after_it_is_damage_under_a_brokers_chec
         assert all(bodies.get(i) == _body(i) for i in range(31, 200)), sorted(set(range(200)) - set(bodies))
 
 
+def test_an_open_writes_mqstores_flushed_offset_before_any_put(tmp_path: object) -> None:
+    """A broker's checkpoint (its timestamps only) stayed so until the flush actor's first
+    flush: a crash before it was judged by timestamps alone, which cannot tell the writer's
+    unfinished put from damage once the clock stepped back (review 102 H2). The open writes
+    mqstore's flushed offset at once: the log's end, which recovery forced."""
+    from mqstore.storage.checkpoint import CheckpointValues
+
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill(store_dir, 50)
+    with open(os.path.join(store_dir, "checkpoint"), "rb") as f:
+        physic_ms = CheckpointValues.unpack(f.read()).physic_msg_timestamp
+    _brokers_checkpoint(store_dir, physic_ms)
+    open(os.path.join(store_dir, "abort"), "w").close()
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        rec = store.supervisor.recovery
+        assert rec is not None and rec.max_offset > offsets[-1]
+        with open(os.path.join(store_dir, "checkpoint"), "rb") as f:
+            values = CheckpointValues.unpack(f.read())
+        assert values.physic_flushed_offset == rec.max_offset, values
+        assert values.physic_msg_timestamp == rec.store_timestamp, values
+
+
 def test_a_zeroed_header_last_in_its_segment_is_proven_by_the_next_segment(tmp_path: object) -> None:
     """Review 102 H1: with a broker's checkpoint, the search for a later record that proves a
     zeroed header written stopped at the END_OF_FILE blank that ends its segment: the last
