@@ -74,6 +74,98 @@ def test_requests_that_cannot_be_answered_are_dropped_and_the_gateway_carries_on
         assert store.max_offset("t", 0) == 1  # the reply-less put was not stored either
 
 
+def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == event]
+
+
+UNANSWERABLE: list[tuple[str, Any]] = [
+    ("tell(None)", lambda: None),
+    ("a Get whose reply is None", lambda: Get(topic="t", queue_id=0, offset=0, max_count=1, reply=None)),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize(("case", "make"), UNANSWERABLE, ids=[u[0] for u in UNANSWERABLE])
+def test_an_unanswerable_request_in_a_loop_is_logged_once_then_once_a_minute_with_a_count(
+    store_dir: Path, caplog: pytest.LogCaptureFixture, case: str, make: Any
+) -> None:
+    """Review 103 M4: a line per request, ~100k lines/s from one looping caller. The first is
+    logged in full, then a line a minute of the store's ticker, carrying the count."""
+    ticker = ManualTicker(sleeps_move_time=False)
+    n = 500
+    with caplog.at_level(logging.INFO, logger="mqstore"), h.open_small(store_dir, ticker=ticker) as store:
+        for _ in range(n):
+            store.actor_ref.tell(make())
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok  # the inbox is FIFO: all were handled
+        assert len(_lines(caplog, "unanswerable request dropped")) == 1
+        ticker.advance(REPEAT_LOG_INTERVAL_MS)
+        for _ in range(n):
+            store.actor_ref.tell(make())
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        assert store.supervisor.restarts == [] and store.running
+        dropped = _lines(caplog, "unanswerable request dropped")
+        assert [r.mqstore_event.get("suppressed") for r in dropped] == [None, n - 1]
+        assert dropped[0].levelno == logging.WARNING and dropped[0].mqstore_event["request"] == type(make()).__name__
+    # The close counts the repeats that came after the minute's line.
+    left = [r for r in _lines(caplog, "repeats not logged") if "unanswerable" in r.mqstore_event["kind"]]
+    assert [r.mqstore_event["suppressed"] for r in left] == [n - 1]
+
+
+def test_each_kind_of_unanswerable_request_has_its_own_first_line(store_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ticker = ManualTicker(sleeps_move_time=False)
+    with caplog.at_level(logging.INFO, logger="mqstore"), h.open_small(store_dir, ticker=ticker) as store:
+        for _ in range(50):
+            store.actor_ref.tell(None)
+            store.actor_ref.tell("hello")
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=None))  # type: ignore[arg-type]
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        dropped = _lines(caplog, "unanswerable request dropped")
+        assert sorted(r.mqstore_event["request"] for r in dropped) == ["Get", "NoneType", "str"]
+
+
+def test_answers_sent_to_the_gateway_itself_are_logged_once(store_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review 103 M4 (e4_self_subscribe.py): Gets whose Reply goes to `store.actor_ref`: each
+    answer is a `Replied` the gateway cannot handle, a line each."""
+    ticker = ManualTicker(sleeps_move_time=False)
+    with caplog.at_level(logging.INFO, logger="mqstore"), h.open_small(store_dir, ticker=ticker) as store:
+        assert store.put(GOOD).ok
+        h.wait_dispatched(store)
+        for i in range(100):
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1,
+                                     reply=Reply(actor=store.actor_ref, correlation_id=i)))  # fmt: skip
+        # Each reader told the gateway its Replied answers before it answers these gets (the
+        # readers take gets in turn), and the put after them reaches the gateway after those.
+        for _ in range(2):
+            assert isinstance(_ask(store, lambda r: Get(topic="t", queue_id=0, offset=0, max_count=1, reply=r)), GetResult)
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        dropped = _lines(caplog, "unanswerable request dropped")
+        assert [r.mqstore_event["request"] for r in dropped] == ["Replied"]
+        assert store.supervisor.restarts == [] and store.running
+
+
+def test_malformed_requests_in_a_loop_are_each_answered_but_logged_once_then_once_a_minute(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 103 M4: the INFO line of a malformed request was one per request too."""
+    ticker = ManualTicker(sleeps_move_time=False)
+    n = 200
+    bad = Message(topic="t", body="text")  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="mqstore"), h.open_small(store_dir, ticker=ticker) as store:
+        for _ in range(n):
+            with pytest.raises(TypeError, match=r"messages\[0\]\.body"):
+                _ask(store, lambda r: Put(messages=(bad,), reply=r))
+        assert len(_lines(caplog, "malformed request answered with an error")) == 1
+        ticker.advance(REPEAT_LOG_INTERVAL_MS)
+        with pytest.raises(TypeError, match=r"messages\[0\]\.body"):
+            _ask(store, lambda r: Put(messages=(bad,), reply=r))
+        with pytest.raises(ValueError, match="max_count"):  # another kind: a line of its own
+            _ask(store, lambda r: Get(topic="t", queue_id=0, offset=0, max_count=0, reply=r))
+        assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+        malformed = _lines(caplog, "malformed request answered with an error")
+        assert [(r.mqstore_event["request"], r.mqstore_event.get("suppressed")) for r in malformed] == [
+            ("Put", None), ("Put", n - 1), ("Get", None)]  # fmt: skip
+        assert "messages[0].body" in malformed[0].mqstore_event["error"]
+
+
 def test_the_gateway_is_supervised_and_actor_ref_follows_its_restart(store_dir: Path) -> None:
     plan = FaultPlan()
     with h.open_small(store_dir, faults=plan) as store:
