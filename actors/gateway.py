@@ -77,7 +77,8 @@ def _is_int(value: object) -> bool:
 
 def _type_error(field: str, expected: str, value: object) -> TypeError:
     # Text fields are exact strs (codec.check_str): an Enum member keys and prints otherwise.
-    hint = " (a str subclass such as an Enum member: pass its .value)" if isinstance(value, str) else ""
+    # Only a subclass gets the hint: for a plain str where no text belongs it misled (review 103 L7).
+    hint = " (a str subclass such as an Enum member: pass its .value)" if isinstance(value, str) and type(value) is not str else ""
     return TypeError(f"{field} must be {expected}, not {type(value).__name__}{hint}")
 
 
@@ -86,8 +87,10 @@ def request_error(request: GatewayRequest) -> Exception | None:
     None. The dataclasses do not check types at run time, so a client can send anything."""
     match request:
         case Put(messages=messages, batch=batch):
+            if isinstance(messages, Message):  # a NamedTuple: its topic was named as messages[0] (review 103 L7)
+                return TypeError("Put.messages takes a tuple or list of Message, not a single Message: wrap it in one")
             if not isinstance(messages, (tuple, list)):
-                return _type_error("Put.messages", "a tuple of Message", messages)
+                return _type_error("Put.messages", "a tuple or list of Message", messages)
             if not messages:
                 return ValueError("Put.messages is empty: nothing to put")
             for i, message in enumerate(messages):

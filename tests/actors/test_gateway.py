@@ -5,6 +5,7 @@ the notifier's threads, never on a store actor's."""
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 from mqstore import FaultPlan, GetResult, Message, MessageArrived, PutResult, Reply
 from mqstore import supervisor as supervisor_module
 from mqstore.actors.base import ServiceUnavailable
+from mqstore.actors.gateway import request_error
 from mqstore.errors import StoreClosedError
 from mqstore.log import REPEAT_LOG_INTERVAL_MS
 from mqstore.messages import Get, Put, Query, Replied, Subscribe, Waiter
@@ -61,6 +63,41 @@ def test_a_malformed_request_gets_an_error_reply_and_the_next_good_put_succeeds(
         result = _ask(store, lambda r: Put(messages=(GOOD,), reply=r))
         assert isinstance(result, PutResult) and result.ok
         assert store.supervisor.restarts == [] and store.running
+
+
+class _Topic(str, enum.Enum):
+    ORDERS = "orders"
+
+
+_R: Any = Reply(future=Waiter())
+ERROR_TEXTS: list[tuple[str, Any, str]] = [
+    # Review 103 L7: a plain str was given the hint of a str subclass (an Enum member).
+    ("a str for the messages", Put(messages="abc", reply=_R),  # type: ignore[arg-type]
+     "Put.messages must be a tuple or list of Message, not str"),  # fmt: skip
+    ("a str for a message", Put(messages=("abc",), reply=_R), "Put.messages[0] must be a Message, not str"),  # type: ignore[arg-type]
+    ("a str for the batch flag", Put(messages=(GOOD,), batch="yes", reply=_R), "Put.batch must be a bool, not str"),  # type: ignore[arg-type]
+    # A Message is a NamedTuple: it was taken as the sequence, and its topic named as messages[0].
+    ("one Message, not in a list", Put(messages=GOOD, reply=_R),  # type: ignore[arg-type]
+     "Put.messages takes a tuple or list of Message, not a single Message: wrap it in one"),  # fmt: skip
+    # The hint where it is right: a str subclass, whose text a member's name would replace.
+    ("an Enum member for the topic", Get(topic=_Topic.ORDERS, queue_id=0, offset=0, max_count=1, reply=_R),
+     "Get.topic must be a str, not _Topic (a str subclass such as an Enum member: pass its .value)"),  # fmt: skip
+    ("an Enum member's message", Put(messages=(GOOD._replace(topic=_Topic.ORDERS),), reply=_R),
+     "Put.messages[0].topic must be a str, not _Topic (a str subclass such as an Enum member: pass its .value)"),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("case", "request_", "text"), ERROR_TEXTS, ids=[e[0] for e in ERROR_TEXTS])
+def test_a_malformed_requests_error_says_what_is_wrong(case: str, request_: Any, text: str) -> None:
+    error = request_error(request_)
+    assert isinstance(error, TypeError) and str(error) == text
+
+
+def test_a_put_of_one_message_not_in_a_list_is_answered_so_and_stores_nothing(store_dir: Path) -> None:
+    with h.open_small(store_dir) as store:
+        with pytest.raises(TypeError, match="not a single Message: wrap it"):
+            _ask(store, lambda r: Put(messages=GOOD, reply=r))  # type: ignore[arg-type]
+        assert _ask(store, lambda r: Put(messages=[GOOD], reply=r)).queue_offset == 0
 
 
 def test_requests_that_cannot_be_answered_are_dropped_and_the_gateway_carries_on(store_dir: Path) -> None:
