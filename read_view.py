@@ -109,6 +109,11 @@ class ReadViewPublisher:
         # wakes nobody; each sleeps on a raw lock of its own (waits.Sleepers, guarded by
         # `_lock`), which a publication releases.
         self._waiting: dict[int, Sleepers] = {}
+        # The end of the newest put the writer answered as stored (this run), set before it
+        # answers: a read for someone the store cannot name (a gateway read answered to a
+        # future or a callback) reflects everything below it as it starts. A plain int, not
+        # in the view: one writer sets it, and no reader waits on it.
+        self.acked_end = 0
 
     def _swap(self, view: ReadView, changed: int) -> None:
         # Called with the lock held: the one reference assignment readers see.
@@ -128,6 +133,11 @@ class ReadViewPublisher:
                 self._swap(ReadView(readable_end, v.dispatched_end, v.queues_live, v.queue_bounds, v.queues_written,
                                     v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined),
                            COMMITLOG)  # fmt: skip
+
+    def publish_acked(self, end: int) -> None:
+        """The writer, before it answers a pass's stored puts: they end below `end`."""
+        if end > self.acked_end:
+            self.acked_end = end
 
     def publish_dispatched(self, dispatched_end: int) -> None:
         """The reput actor: every record below `dispatched_end` was handed to its dispatchers."""

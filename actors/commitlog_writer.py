@@ -504,6 +504,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             for request in group_commits:
                 if not self.ctx.tell("flush", request):
                     request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
+        if self._stored_puts and self._replaced is None:
+            self.ctx.read_view.publish_acked(self._readable_end())  # before any caller hears of them
         # Answers of PassReplies go to their sinks as they are (the tuple reused, not rebuilt).
         by_sink: dict[int, tuple[PassSink, list[tuple[Reply[PutResult], PutResult]]]] = {}
         wakes: list[Any] = []
