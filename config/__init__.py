@@ -112,22 +112,36 @@ class StoreConfigMismatch(ConfigError):
 
 class StoreGeometryAmbiguous(ConfigError):
     """The store's files fit more than one value of a geometry setting equally well (damaged
-    or missing files), and the caller named none of them. The store refuses to guess: under a
-    wrong segment size every record would be read at the wrong place."""
+    or missing files, or an index with too few entries to tell its slot count), and the caller
+    named none of them. The store refuses to guess: under a wrong segment size every record
+    would be read at the wrong place, under a wrong slot count every key looked up in the
+    wrong slot and new entries written over the old ones' layout.
 
-    def __init__(self, key: str, value: object, candidates: tuple[object, ...], where: str) -> None:
-        fit = (
-            f"fit {' and '.join(f'{key}={c!r}' for c in candidates)} equally well"
-            if len(candidates) > 1
-            else f"are all of another length than {key}={candidates[0]!r} their names say (an interrupted copy?)"
-        )
-        super().__init__(
-            key, value,
-            f"the store's files at {where} are damaged and {fit}; set the one they were written with "
-            "(`mqstore inspect` shows the damage)",
-        )  # fmt: skip
+    `keys`: the settings that together make one candidate (the index's max_hash_slot_num and
+    max_index_num); each candidate is then a tuple of their values."""
+
+    def __init__(
+        self, key: str, value: object, candidates: tuple[object, ...], where: str, *, keys: tuple[str, ...] = ()
+    ) -> None:
+        if keys:
+            named = ["(" + ", ".join(f"{k}={v!r}" for k, v in zip(keys, c if isinstance(c, tuple) else (c,))) + ")"
+                     for c in candidates]  # fmt: skip
+            problem = (
+                f"the store's files at {where} read alike as written with {' or '.join(named)} (too few entries "
+                f"to tell); set {' and '.join(keys)} to the ones they were written with"
+            )
+        else:
+            fit = (
+                f"fit {' and '.join(f'{key}={c!r}' for c in candidates)} equally well"
+                if len(candidates) > 1
+                else f"are all of another length than {key}={candidates[0]!r} their names say (an interrupted copy?)"
+            )
+            problem = (f"the store's files at {where} are damaged and {fit}; set the one they were written with "
+                       "(`mqstore inspect` shows the damage)")  # fmt: skip
+        super().__init__(key, value, problem)
         self.candidates = candidates
         self.where = where
+        self.keys = keys or (key,)
 
 
 def load_defaults() -> dict[str, Any]:

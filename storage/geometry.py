@@ -10,6 +10,7 @@ damage, reported in `odd_files` for recovery and `inspect` to deal with, never r
 from __future__ import annotations
 
 import array
+import mmap
 import os
 import struct
 import sys
@@ -41,6 +42,7 @@ DEFAULT_INDEX_RATIO: Final = 4
 _WALK_ENTRIES: Final = 65_536
 _SLOT_READ_BYTES: Final = 4 << 20
 _ENTRY: Final = struct.Struct(">iqii")
+_SLOT: Final = struct.Struct(">i")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,9 @@ class StoreGeometry:
     commitlog_segment_ambiguous: tuple[int, ...] = ()
     # The same for the ConsumeQueue file size (`consume_queue_file_bytes` then the caller's, or None).
     consume_queue_file_ambiguous: tuple[int, ...] = ()
+    # The index geometries the index files read alike under, when more than one does (an index
+    # with few entries may): `index` is then the one the caller's settings name, or None.
+    index_ambiguous: tuple[IndexGeometry, ...] = ()
 
     def settings(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -203,8 +208,11 @@ def _fits(size: int, slots: int, entries: int) -> bool:
 
 def _walks_cleanly(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
     """Do the slots and the first entries of `path` make sense read with this geometry? Every
-    slot names an entry below the header's count, and every entry's chain link points back to
-    an earlier entry of the same slot (a wrong slot count scatters hashes across slots)."""
+    slot names an entry below the header's count, every entry's chain link points back to an
+    earlier entry of the same slot (a wrong slot count scatters hashes across slots), and every
+    entry no later one links back to is named by its slot (the head of its chain). The last
+    holds only under the geometry the file was written with but where few entries tell little:
+    zeros read as entries link nowhere, and every one of them would have to head slot 0."""
     header = read_index_header(fs, path)
     count = header.index_count if header.index_count > 0 else 1
     if count > entries:
@@ -212,13 +220,6 @@ def _walks_cleanly(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
     region = fs.map_file(path, fs.getsize(path), create=False, readonly=True)
     try:
         data = region.buf
-        slot_bytes = min(slots * HASH_SLOT_SIZE, _SLOT_READ_BYTES)
-        # Every slot at once (a 2 GiB store's index has 5M slots: ~0.2 s one by one).
-        slot_values = array.array("i", data[INDEX_HEADER_SIZE : INDEX_HEADER_SIZE + slot_bytes])
-        if sys.byteorder == "little":
-            slot_values.byteswap()  # the file is big-endian
-        if slot_values and (min(slot_values) < 0 or max(slot_values) >= count):
-            return False
         base = INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE
         if count > 1:
             # The header names the first and the last entry's offsets: a wrong slot count
@@ -228,25 +229,104 @@ def _walks_cleanly(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
             if (first_phy, last_phy) != (header.begin_phy_offset, header.end_phy_offset):
                 return False
         hashes: dict[int, int] = {}
-        for n in range(1, min(count, _WALK_ENTRIES)):
+        linked: set[int] = set()
+        walked = min(count, _WALK_ENTRIES)
+        for n in range(1, walked):
             key_hash, _phy, _diff, prev = _ENTRY.unpack_from(data, base + n * INDEX_ENTRY_SIZE)
             if key_hash < 0 or not 0 <= prev < n:
                 return False
             if prev and prev in hashes and hashes[prev] % slots != key_hash % slots:
                 return False
             hashes[n] = key_hash
-        return True
+            linked.add(prev)
+        slot_bytes = min(slots * HASH_SLOT_SIZE, _SLOT_READ_BYTES)
+        # Every slot at once (a 2 GiB store's index has 5M slots: ~0.2 s one by one).
+        slot_values = _ints(data, INDEX_HEADER_SIZE, INDEX_HEADER_SIZE + slot_bytes)
+        if slot_values and (min(slot_values) < 0 or max(slot_values) >= count):
+            return False
+        heads = 0
+        for n, key_hash in hashes.items():
+            if n in linked:
+                continue
+            heads += 1
+            slot = key_hash % slots
+            head = (slot_values[slot] if slot < len(slot_values)
+                    else _SLOT.unpack_from(data, INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE)[0])  # fmt: skip
+            if head != n and not (count > walked and head >= walked):  # (a later entry may link to it)
+                return False
+        # Every slot naming an entry names a head: no more named slots than heads.
+        whole = count == walked and len(slot_values) == slots
+        return not whole or len(slot_values) - slot_values.count(0) == heads
     finally:
         region.close()
 
 
+def _ints(data: mmap.mmap | bytearray, start: int, end: int) -> array.array[int]:
+    """The big-endian 4-byte ints of data[start:end]."""
+    values = array.array("i", data[start:end])
+    if sys.byteorder == "little":
+        values.byteswap()  # the file is big-endian
+    return values
+
+
+def _where_entries_start(fs: FileSystem, path: str, size: int, count: int) -> list[IndexGeometry]:
+    """The geometries that put the first entries of `path` where its content has them: the
+    first int past the header too large for a slot (a slot names an entry below the header's
+    count, so its high bytes are zero) is in entry 1, 2 or 3 (entry 0 is unused): a key's hash
+    (nearly always above 2**16), or an offset. Candidates only: the walk decides.
+    Review 103 M3: without them, a file of 1000 slots and 3160 entries, read with the settings
+    at their defaults, had only the ratio's 800/3200 to try, and its own was never in question.
+    Past 65,536 entries none: so many entries read consistently under one geometry only, and
+    the walk of another fails within its first ones."""
+    if not 1 < count <= _WALK_ENTRIES:
+        return []
+    zero_bytes = 2  # a slot value below 2**16 has two zero high bytes
+    region = fs.map_file(path, size, create=False, readonly=True)
+    try:
+        data = region.buf
+        first, pos = -1, INDEX_HEADER_SIZE
+        while first < 0 and pos < size:
+            end = min(size, pos + _SLOT_READ_BYTES)
+            found = []
+            for lane in range(zero_bytes):  # the n-th byte of every int, at C speed
+                lane_bytes = bytes(data[pos + lane : end : HASH_SLOT_SIZE])
+                rest = len(lane_bytes.lstrip(b"\0"))
+                if rest:
+                    found.append(len(lane_bytes) - rest)
+            if found:
+                first = (pos - INDEX_HEADER_SIZE) // HASH_SLOT_SIZE + min(found)
+            pos = end
+    finally:
+        region.close()
+    if first < 0:
+        return []
+    out: list[IndexGeometry] = []
+    per_entry = INDEX_ENTRY_SIZE // HASH_SLOT_SIZE
+    for ints_before in range(per_entry, 4 * per_entry):  # `first` is in entry 1, 2 or 3
+        slots = first - ints_before
+        entries_bytes = size - INDEX_HEADER_SIZE - slots * HASH_SLOT_SIZE
+        if slots > 0 and entries_bytes > 0 and entries_bytes % INDEX_ENTRY_SIZE == 0:
+            out.append(IndexGeometry(slots, entries_bytes // INDEX_ENTRY_SIZE))
+    return out
+
+
 def index_geometry_of(
-    fs: FileSystem, paths: list[str], size: int, hints: list[IndexGeometry]
-) -> IndexGeometry | None:
-    """The (slots, entries) of index files of `size` bytes, the first candidate that fits the
-    size and walks cleanly (in the oldest and the newest file): RocketMQ's 4:1 ratio, the
-    caller's settings (`hints`), then the fullest file's header count taken as max_index_num
-    (a full file's count stops there). None if nothing does."""
+    fs: FileSystem,
+    paths: list[str],
+    size: int,
+    hints: list[IndexGeometry],
+    explicit_slots: int | None = None,
+    explicit_entries: int | None = None,
+) -> tuple[IndexGeometry | None, tuple[IndexGeometry, ...]]:
+    """The (slots, entries) of index files of `size` bytes, and the geometries they read alike
+    under when more than one does. Tried: RocketMQ's 4:1 ratio, the caller's settings
+    (`hints`), the fullest file's header count taken as max_index_num (a full file's count
+    stops there), and where the files' content puts the first entries (`_where_entries_start`);
+    each must fit the size and walk cleanly (in the oldest and the newest file). One that does
+    is the geometry. Of several, the one the caller's explicit settings (`explicit_slots`,
+    `explicit_entries`) name, if they name exactly one; else none: (None, the candidates), and
+    the store refuses to guess (review 103 M3: the first that walked, the ratio, was taken over
+    the files' own, and the index was written under it). (None, ()) if nothing fits."""
     candidates: list[IndexGeometry] = []
     per_ratio = HASH_SLOT_SIZE + DEFAULT_INDEX_RATIO * INDEX_ENTRY_SIZE
     if (size - INDEX_HEADER_SIZE) % per_ratio == 0:
@@ -267,12 +347,23 @@ def index_geometry_of(
     if count > 1 and slots_bytes > 0 and slots_bytes % HASH_SLOT_SIZE == 0:
         candidates.append(IndexGeometry(slots_bytes // HASH_SLOT_SIZE, count))
     sample = list(dict.fromkeys(paths[:1] + paths[-1:]))
-    for c in dict.fromkeys(candidates):  # in order, once each
-        if _fits(size, c.max_hash_slot_num, c.max_index_num) and all(
-            _walks_cleanly(fs, p, c.max_hash_slot_num, c.max_index_num) for p in sample
-        ):
-            return c
-    return None
+    for p in sample:
+        try:
+            candidates.extend(_where_entries_start(fs, p, size, counts[p]))
+        except FileNotFoundError:
+            if isinstance(fs, RealFileSystem) and os.path.lexists(p):
+                raise
+    fitting = [c for c in dict.fromkeys(candidates) if _fits(size, c.max_hash_slot_num, c.max_index_num)]
+    clean = tuple(c for c in fitting  # in order, once each
+                  if all(_walks_cleanly(fs, p, c.max_hash_slot_num, c.max_index_num) for p in sample))  # fmt: skip
+    if len(clean) <= 1:
+        return (clean[0] if clean else None), ()
+    if explicit_slots is not None or explicit_entries is not None:
+        named = [c for c in clean
+                 if explicit_slots in (None, c.max_hash_slot_num) and explicit_entries in (None, c.max_index_num)]  # fmt: skip
+        if len(named) == 1:
+            return named[0], clean
+    return None, clean
 
 
 def detect_geometry(fs: FileSystem, config: StoreConfig, *, live: bool = False) -> StoreGeometry:
@@ -295,6 +386,7 @@ def detect_geometry(fs: FileSystem, config: StoreConfig, *, live: bool = False) 
         odd.extend(p for p in index_paths if p not in odd)  # no index file at all: damage
         index_size = None
     index: IndexGeometry | None = None
+    index_ambiguous: tuple[IndexGeometry, ...] = ()
     if index_size is not None:
         hints = [IndexGeometry(config.max_hash_slot_num, config.max_index_num)]
         if "max_hash_slot_num" in config.explicit or "max_index_num" not in config.explicit:
@@ -303,8 +395,12 @@ def detect_geometry(fs: FileSystem, config: StoreConfig, *, live: bool = False) 
         if "max_index_num" in config.explicit:
             slots = (index_size - INDEX_HEADER_SIZE - config.max_index_num * INDEX_ENTRY_SIZE) // HASH_SLOT_SIZE
             hints.append(IndexGeometry(slots, config.max_index_num))
-        index = index_geometry_of(fs, same, index_size, hints)
-    return StoreGeometry(segment, cq, index, index_size, tuple(odd), ambiguous, cq_ambiguous)
+        index, index_ambiguous = index_geometry_of(
+            fs, same, index_size, hints,
+            config.max_hash_slot_num if "max_hash_slot_num" in config.explicit else None,
+            config.max_index_num if "max_index_num" in config.explicit else None,
+        )  # fmt: skip
+    return StoreGeometry(segment, cq, index, index_size, tuple(odd), ambiguous, cq_ambiguous, index_ambiguous)
 
 
 def adopt_geometry(fs: FileSystem, config: StoreConfig, *, live: bool = False) -> tuple[StoreConfig, StoreGeometry]:
@@ -318,6 +414,12 @@ def adopt_geometry(fs: FileSystem, config: StoreConfig, *, live: bool = False) -
         key = "mapped_file_size_consume_queue_bytes"
         raise StoreGeometryAmbiguous(key, getattr(config, key), geometry.consume_queue_file_ambiguous,
                                      config.consume_queue_dir)  # fmt: skip
+    if geometry.index_ambiguous and geometry.index is None:
+        raise StoreGeometryAmbiguous(
+            "max_hash_slot_num", config.max_hash_slot_num,
+            tuple((c.max_hash_slot_num, c.max_index_num) for c in geometry.index_ambiguous), config.index_dir,
+            keys=("max_hash_slot_num", "max_index_num"),
+        )  # fmt: skip
     where = {
         "mapped_file_size_commitlog_bytes": config.commitlog_dir,
         "mapped_file_size_consume_queue_bytes": config.consume_queue_dir,

@@ -15,8 +15,8 @@ from mqstore import config as config_module
 from mqstore.cli import ExitCode, main
 from mqstore.config import ConfigError, StoreConfig
 from mqstore.storage.fs import RealFileSystem
-from mqstore.storage.geometry import detect_geometry
-from mqstore.storage.index import IndexFile
+from mqstore.storage.geometry import IndexGeometry, detect_geometry
+from mqstore.storage.index import IndexFile, key_hash_and_slot
 
 MiB = 1 << 20
 FAST = {"allocate_wait_timeout_ms": 200}
@@ -429,3 +429,103 @@ def test_an_open_that_meets_a_wrong_sized_segment_zeroes_no_byte_even_after_a_cr
     with mqstore.open(root, **FAST) as store:
         assert not store.put(mqstore.Message("T", b"after")).ok  # degraded
     assert {p.name: p.read_bytes() for p in segments} == before
+
+
+# Review 103 M3: 1000 slots and 3160 entries make a 67,240-byte index file, which 800 slots and
+# 3200 entries (RocketMQ's 4:1 ratio) fill exactly too.
+_ODD_INDEX = {"max_hash_slot_num": 1000, "max_index_num": 3160}
+_SMALL = {"mapped_file_size_commitlog_bytes": 64 * 1024, "mapped_file_size_consume_queue_bytes": 2000}
+
+
+def _index_files(root: Path) -> dict[str, tuple[int, str]]:
+    return {k: v for k, v in _files(root).items() if k.startswith("index/")}
+
+
+def test_an_index_that_also_fits_the_4_to_1_ratio_is_not_reread_under_it(tmp_path: Path) -> None:
+    """Review 103 M3: one message, five keys, in a store of 1000 slots and 3160 entries. Opened
+    with the index settings left at their defaults, the store took 800/3200 (the ratio fits the
+    size, and a nearly empty index walked cleanly under it), wrote its new entries under that
+    layout (verify: 9 problems) and then refused the geometry it was created with. The files
+    read consistently under 1000/3160 only: that is adopted, and the store stays whole."""
+    root = tmp_path / "store"
+    with mqstore.open(root, **_SMALL, **_ODD_INDEX, **FAST) as store:
+        assert store.put(mqstore.Message(topic="t", body=b"hello", keys=[f"key{i}" for i in range(5)])).ok
+    assert [s for s, _ in _index_files(root).values()] == [40 + 4 * 1000 + 20 * 3160]
+    geometry = detect_geometry(RealFileSystem(), StoreConfig(store_path_root_dir=str(root)))
+    assert geometry.index is not None
+    assert (geometry.index.max_hash_slot_num, geometry.index.max_index_num) == (1000, 3160)
+    with mqstore.open(root, **FAST) as store:
+        assert (store.config.max_hash_slot_num, store.config.max_index_num) == (1000, 3160)
+        assert all(len(store.query("t", f"key{i}").messages) == 1 for i in range(5))
+        for i in range(30):
+            assert store.put(mqstore.Message(topic="t", body=b"more", keys=[f"new{i}"])).ok
+        assert len(store.query("t", "new7").messages) == 1
+    assert main(["verify", str(root)]) == ExitCode.OK
+    for settings in (_ODD_INDEX, {"max_hash_slot_num": 1000}, {"max_index_num": 3160}):
+        with mqstore.open(root, **settings, **FAST) as store:
+            assert len(store.query("t", "key3").messages) == 1
+            assert len(store.query("t", "new29").messages) == 1
+
+
+def _key_in_slot_0(topic: str, slots: int) -> str:
+    """A key whose hash is a multiple of `slots` (slot 0), large enough to show in the file."""
+    return next(k for k in (f"k{i}" for i in range(1_000_000))
+                if key_hash_and_slot(f"{topic}#{k}", slots)[1] == 0
+                and key_hash_and_slot(f"{topic}#{k}", slots)[0] >= 1 << 24)  # fmt: skip
+
+
+def test_index_files_that_read_alike_under_two_geometries_are_refused_unless_the_settings_name_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One key, in slot 0 of 1000, of the message at offset 0: under 800 slots the file reads
+    just as consistently (slot 0 names entry 1; entry 1, read from the real slots, is zeros of
+    the record at offset 0). The store does not pick one: it refuses, naming both, changing
+    nothing, until the settings name the one the files were written with."""
+    root = tmp_path / "store"
+    key = _key_in_slot_0("t", 1000)
+    with mqstore.open(root, **_SMALL, **_ODD_INDEX, **FAST) as store:
+        assert store.put(mqstore.Message(topic="t", body=b"hello", keys=[key])).commitlog_offset == 0
+    before = _files(root)
+    with pytest.raises(mqstore.StoreGeometryAmbiguous) as refused:
+        mqstore.open(root, **FAST)
+    err = refused.value
+    assert isinstance(err, mqstore.ConfigError)
+    assert {(800, 3200), (1000, 3160)} <= set(err.candidates)  # (and others: one entry tells little)
+    assert err.keys == ("max_hash_slot_num", "max_index_num")
+    assert "max_hash_slot_num=800" in str(err) and "max_index_num=3200" in str(err)
+    assert "max_hash_slot_num=1000" in str(err) and "max_index_num=3160" in str(err)
+    assert _files(root) == before
+    capsys.readouterr()
+    for argv in (["verify", str(root)], ["query", str(root), "--topic", "t", "--key", key],
+                 ["get", str(root), "--topic", "t", "--queue", "0", "--offset", "0"]):  # fmt: skip
+        assert main(argv) == ExitCode.USAGE, argv
+        assert "max_hash_slot_num=800" in capsys.readouterr().err, argv
+    assert _files(root) == before
+    for settings in (_ODD_INDEX, {"max_hash_slot_num": 1000}, {"max_index_num": 3160}):
+        config = StoreConfig(store_path_root_dir=str(root), **settings)
+        assert detect_geometry(RealFileSystem(), config).index == IndexGeometry(1000, 3160), settings
+        with mqstore.open(root, **settings, **FAST) as store:
+            assert len(store.query("t", key).messages) == 1
+    monkeypatch.setenv("MQSTORE_MAX_HASH_SLOT_NUM", "1000")
+    assert main(["verify", str(root)]) == ExitCode.OK  # the tools alike
+    monkeypatch.delenv("MQSTORE_MAX_HASH_SLOT_NUM")
+    before = _files(root)
+    with pytest.raises(mqstore.StoreGeometryAmbiguous):  # a setting that names none of them
+        mqstore.open(root, max_hash_slot_num=1003, **FAST)
+    assert _files(root) == before
+
+
+@pytest.mark.parametrize("index", [{"max_hash_slot_num": 250, "max_index_num": 1000},
+                                   {"max_hash_slot_num": 7, "max_index_num": 40}])  # fmt: skip
+def test_an_index_of_the_ratio_or_not_with_many_keys_is_adopted_as_written(
+    tmp_path: Path, index: dict[str, int]
+) -> None:
+    root = tmp_path / "store"
+    with mqstore.open(root, **_SMALL, **index, **FAST) as store:
+        for i in range(60):
+            assert store.put(mqstore.Message(topic="t", body=b"b", keys=[f"k{i}", f"j{i}"])).ok
+    with mqstore.open(root, **FAST) as store:
+        assert {k: getattr(store.config, k) for k in index} == index
+        assert len(store.query("t", "k59").messages) == 1
+        assert len(store.query("t", "j0").messages) == 1
+    assert main(["verify", str(root)]) == ExitCode.OK
