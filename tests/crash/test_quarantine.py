@@ -4,7 +4,7 @@ quarantined (left in place, reported, skipped), never a reason to cut what follo
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -642,6 +642,25 @@ class _Ticking:
         return self.now_ms
 
 
+def _crashed_with_a_zeroed_header(
+    store_dir: str, clock_ms: Callable[[], int], body: Callable[[int], bytes], victim: Callable[[list[int]], int]
+) -> list[int]:
+    """200 puts to one queue, then the `victim`'s size and magic zeroed (its physical-offset
+    field intact), a broker's checkpoint of the last record's time, and the abort file: their
+    commitlog offsets."""
+    with mqstore.open(store_dir, clock_ms=clock_ms, **SETTINGS) as store:
+        offsets = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=body(i), keys=[f"k{i}"])).commitlog_offset
+                   for i in range(200)]  # fmt: skip
+        last_ms = store.get(TOPIC, 0, 199, 1).messages[0].store_timestamp
+    at = offsets[victim(offsets)]
+    with open(os.path.join(store_dir, "commitlog", "%020d" % (at - at % SEG)), "r+b") as f:
+        f.seek(at % SEG)
+        f.write(bytes(8))
+    _brokers_checkpoint(store_dir, last_ms)
+    open(os.path.join(store_dir, "abort"), "w").close()
+    return offsets
+
+
 @pytest.mark.parametrize("clock", ["ticking", "held"])
 def test_a_zeroed_header_with_later_puts_after_it_is_damage_under_a_brokers_checkpoint(tmp_path: object, clock: str) -> None:
     """Review 99 N3: with a broker's checkpoint (its physic timestamp, no flushed offset), a
@@ -652,17 +671,8 @@ def test_a_zeroed_header_with_later_puts_after_it_is_damage_under_a_brokers_chec
     With the clock held (every record of the checkpoint's millisecond) nothing proves the later
     records flushed, nor the header written: cut, as before (review 100 M2, left)."""
     store_dir = os.path.join(str(tmp_path), "s")
-    with mqstore.open(store_dir, clock_ms=_Ticking() if clock == "ticking" else lambda: 1_800_000_000_000,
-                      **SETTINGS) as store:  # fmt: skip
-        offsets = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i), keys=[f"k{i}"])).commitlog_offset
-                   for i in range(200)]  # fmt: skip
-        last_ms = store.get(TOPIC, 0, 199, 1).messages[0].store_timestamp
-    seg = os.path.join(store_dir, "commitlog", "%020d" % 0)
-    with open(seg, "r+b") as f:
-        f.seek(offsets[30])
-        f.write(bytes(8))
-    _brokers_checkpoint(store_dir, last_ms)
-    open(os.path.join(store_dir, "abort"), "w").close()
+    offsets = _crashed_with_a_zeroed_header(store_dir, _Ticking() if clock == "ticking" else lambda: 1_800_000_000_000,
+                                            _body, lambda offsets: 30)  # fmt: skip
     with mqstore.open(store_dir, **SETTINGS) as store:
         rec = store.supervisor.recovery
         assert rec is not None
@@ -702,17 +712,10 @@ def test_a_zeroed_header_last_in_its_segment_is_proven_by_the_next_segment(tmp_p
     record of a segment damaged, the log was cut there and every later segment deleted with
     its flushed, acknowledged records. The search goes on in the next segment."""
     store_dir = os.path.join(str(tmp_path), "s")
-    with mqstore.open(store_dir, clock_ms=_Ticking(), **SETTINGS) as store:
-        offsets = [store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=_body(i) * 40, keys=[f"k{i}"])).commitlog_offset
-                   for i in range(200)]  # fmt: skip
-        last_ms = store.get(TOPIC, 0, 199, 1).messages[0].store_timestamp
+    offsets = _crashed_with_a_zeroed_header(store_dir, _Ticking(), lambda i: _body(i) * 40,
+                                            lambda offsets: max(i for i, off in enumerate(offsets) if off < SEG))  # fmt: skip
     last_in_first = max(i for i, off in enumerate(offsets) if off < SEG)
     assert last_in_first < 150, "the records span several segments"
-    with open(os.path.join(store_dir, "commitlog", "%020d" % 0), "r+b") as f:
-        f.seek(offsets[last_in_first])
-        f.write(bytes(8))
-    _brokers_checkpoint(store_dir, last_ms)
-    open(os.path.join(store_dir, "abort"), "w").close()
     with mqstore.open(store_dir, **SETTINGS) as store:
         rec = store.supervisor.recovery
         assert rec is not None
