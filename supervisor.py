@@ -192,7 +192,18 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     """StoreDirectoryError, before anything is made, for a file where one of the store's
     directories belongs, or anything but a regular file where one of its files (or their
     temporary files) belongs (the store does not guess what they are; a bare FileExistsError
-    or IsADirectoryError said less, and a FIFO hung the open)."""
+    or IsADirectoryError said less, and a FIFO hung the open), a file the store writes in
+    place that is shared with another name, or a leftover copy of a replaced segment."""
+    refuse_odd_files(fs, cfg)
+    for path in (cfg.checkpoint_path, cfg.lock_path):
+        _refuse_if_shared(fs, path)
+    _refuse_what_is_in_the_way_of_segments(fs, cfg)
+    _refuse_an_unsettled_store_copy(fs, cfg)
+
+
+def refuse_odd_files(fs: FileSystem, cfg: StoreConfig) -> None:
+    """The first checks of `refuse_what_is_in_the_way` (also `mqstore inspect`'s): a file where
+    a directory belongs, anything but a regular file where a file belongs."""
     for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
                        (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory"),
                        (cfg.config_dir, "config directory")):  # fmt: skip
@@ -205,10 +216,6 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
                        (snapshot, "stats snapshot")):  # fmt: skip
         refuse_unless_regular_file(fs, path, what)
         refuse_unless_regular_file(fs, path + ".tmp", f"{what}'s temporary file")
-    for path in (cfg.checkpoint_path, cfg.lock_path):
-        _refuse_if_shared(fs, path)
-    _refuse_what_is_in_the_way_of_segments(fs, cfg)
-    _refuse_an_unsettled_store_copy(fs, cfg)
 
 
 def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:

@@ -605,6 +605,20 @@ def _check_store_dir(root: Path) -> None:
         raise CliError(ExitCode.NOT_A_STORE, f"{root} is not a store (no commitlog/, consumequeue/, index/ or checkpoint)")
 
 
+def _refuse_what_the_open_refuses(config: StoreConfig) -> None:
+    """StoreDirectoryError (exit 5), as the open says it, for something other than a regular
+    file where the store keeps one of its files (its checkpoint, lock, abort marker, queue
+    ledger, index progress, consumer offsets), or a file where one of its directories belongs:
+    the open refuses such a store, and `inspect` called it HEALTHY (review 103 L4). The open's
+    own checks, which read and change nothing."""
+    from ..offsets import ConsumerOffsets
+    from ..supervisor import refuse_odd_files
+
+    fs = RealFileSystem()
+    refuse_odd_files(fs, config)
+    ConsumerOffsets(fs, config.store_path_root_dir).refuse_what_is_in_the_way()
+
+
 def _verdict(lock: dict[str, Any], problems: list[dict[str, Any]]) -> str:
     severities = {p["severity"] for p in problems}
     if lock["held"]:
@@ -623,6 +637,7 @@ def _verdict(lock: dict[str, Any], problems: list[dict[str, Any]]) -> str:
 def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) -> dict[str, Any]:
     """The whole report of `mqstore inspect` as a dict (what --json prints)."""
     _check_store_dir(root)
+    _refuse_what_the_open_refuses(config)
     lock = lock_state(root, config.commitlog_dir)
     # A running store's queues and index go on while the log is read: what they held before
     # is what is checked against the log's end (review 53 L2: units and index entries of

@@ -339,3 +339,30 @@ def test_missing_or_empty_directory_exits_5(tmp_path: Path, capsys: pytest.Captu
         assert code == ExitCode.NOT_A_STORE and "does not exist" in err
         code, _, err = run(capsys, command, str(tmp_path))
         assert code == ExitCode.NOT_A_STORE and "is not a store" in err
+
+
+@pytest.mark.parametrize(
+    "where, how",
+    [("checkpoint", "fifo"), ("checkpoint", "directory"), ("lock", "fifo"), ("queue_ledger.msgpack", "fifo"),
+     ("index_progress.msgpack", "directory"), ("config/consumerOffset.json", "fifo")],
+)  # fmt: skip
+def test_inspect_refuses_what_the_open_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str,
+                                               how: str) -> None:  # fmt: skip
+    """Review 103 L4: with a FIFO or a directory where the store keeps one of its files, the
+    open refuses the store (StoreDirectoryError) and `inspect` called it HEALTHY, exit 0. It
+    refuses it as the open does (exit 5), reading and changing nothing."""
+    root = tmp_path / "s"
+    write_store(root, 20)
+    path = root / where
+    if path.exists():
+        path.unlink()
+    path.parent.mkdir(exist_ok=True)
+    if how == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    with pytest.raises(mqstore.StoreDirectoryError):
+        mqstore.open(root, **SMALL_STORE)
+    code, _, err = run(capsys, "inspect", str(root))
+    assert code == ExitCode.NOT_A_STORE, err
+    assert str(path) in err and "where the store keeps" in err, err
