@@ -151,10 +151,6 @@ class ActorContext:
     # the run): the checkpoint's logics and index timestamps stop there and the close is
     # unclean, so the next open rebuilds from the log what may not be on disk (review 48 H3).
     derived_flush_failed: bool = False
-    # Commitlog offsets of records whose queue id or queue offset field the open's recovery
-    # found damaged (ConsumeQueueRecovery.damaged_headers): no incarnation of the ConsumeQueue
-    # actor dispatches them (a restart's own recovery does not check units).
-    damaged_record_headers: frozenset[int] = frozenset()
     # How far each child's on_start has got, a count it raises as it goes (the ConsumeQueue
     # actor: queues recovered). The supervisor waits for the ready handshake START_TIMEOUT_S at a
     # time while it moves (review 71 F3: an open of 5,000 queues outlasted one fixed wait).

@@ -7,7 +7,6 @@ writes nothing twice. Readers ask for units; they never touch the files.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import os
@@ -112,7 +111,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._reserved: dict[tuple[str, int], int] = {}
         # Records whose queue's unit recovery kept though their queue id or queue offset field
         # is damaged: re-dispatch skips them (their field names another record's offset).
-        self._damaged_headers: frozenset[int] = frozenset()  # (kept in ctx for every incarnation)
+        self._damaged_headers: frozenset[int] = frozenset()
         self._refused_queues: set[tuple[str, int]] = set()  # logged once each
         # The process's map faults when this owner last found none of its maps faulted, and a
         # queue file a read found cut short (raised at the next tick: the restart rebuilds it).
@@ -147,9 +146,6 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         with contextlib.closing(self._commitlog()) as reader:
             min_phy_offset = reader.min_offset()
         self._reserved = dict(recovered.reserved)  # before the queues open: `_open` reads it
-        if recovered.damaged_headers != self.ctx.damaged_record_headers:  # (the open's, for a restart's report too)
-            self.ctx.damaged_record_headers |= recovered.damaged_headers
-            recovered = self._recovered = dataclasses.replace(recovered, damaged_headers=self.ctx.damaged_record_headers)
         self._damaged_headers = recovered.damaged_headers
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
             moved()
@@ -438,13 +434,15 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # because that is where dispatch resumes.
         requests = batch.requests
         damaged = self._damaged_headers
-        if damaged and requests and requests[0].commitlog_offset <= max(damaged) and batch.end_offset > min(damaged):
+        if damaged:
             requests = tuple(r for r in requests if r.commitlog_offset not in damaged)
         native = speedups.native
         if native is not None:
             self._dispatch_runs(batch, native.cq_runs(requests))
         else:
             self._dispatch_units(batch, requests)
+        if damaged and batch.end_offset > max(damaged):
+            self._damaged_headers = frozenset()  # (written: a batch that raised comes again)
 
     def _dispatch_units(self, batch: DispatchBatch, requests: Sequence[DispatchRequest]) -> None:
         """`_dispatch` without the C runs."""

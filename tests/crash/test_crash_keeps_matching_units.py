@@ -129,10 +129,7 @@ def test_a_queue_is_cut_at_its_first_unit_that_does_not_match_the_log(damage: st
 
 
 @pytest.mark.parametrize("recover_first", [False, True], ids=["open", "mqstore recover, then open"])
-@pytest.mark.parametrize(
-    "field",
-    ["queue offset", "queue id", "queue id, its queue re-dispatched", "queue id, re-dispatched by a restarted owner"],
-)
+@pytest.mark.parametrize("field", ["queue offset", "queue id", "queue id, its queue re-dispatched"])
 def test_a_damaged_header_field_does_not_take_an_intact_records_queue_offset(field: str, recover_first: bool) -> None:
     """Review 99 N6: the body CRC does not cover a record's queue id and queue offset. With
     queue 1's record at queue offset 250 saying 251 (or queue 2), the unit that points at it
@@ -153,7 +150,7 @@ def test_a_damaged_header_field_does_not_take_an_intact_records_queue_offset(fie
     with fs._lock:
         for image in (fs._files[segment].volatile, fs._files[segment].durable):
             image[offset % segment_bytes + where : offset % segment_bytes + where + len(value)] = value
-    if "re-dispatched" in field:
+    if field.endswith("re-dispatched"):
         # Queue 2 is rebuilt from its offset 240 on: the damaged record, which says queue 2
         # offset 250 and comes before queue 2's own record 250 in the log, is not given it.
         path2, pos2 = _queue_file(2, 240)
@@ -164,14 +161,9 @@ def test_a_damaged_header_field_does_not_take_an_intact_records_queue_offset(fie
         config = StoreConfig(**SETTINGS).replace(store_path_root_dir=ROOT)
         recovered = recover_store(config, fs, last_exit_ok=False, clock_ms=lambda: 0)
         assert recovered.damaged_record_headers == [offset], recovered.summary()
-    plan = mqstore.FaultPlan()
-    if "restarted" in field:  # the owner dies in re-dispatch's first batch; its restart re-dispatches
-        plan.arm("consume_queue.mid_write")
-    with mqstore.open(ROOT, fs=fs, faults=plan, **SETTINGS) as store:
+    with mqstore.open(ROOT, fs=fs, **SETTINGS) as store:
         report = store.supervisor.recovery
         assert report is not None and report.damaged_record_headers == [offset], report.summary()
-        assert store.get("T", 3, PER_QUEUE - 1, 1).messages  # re-dispatch is through
-        assert store.supervisor.restart_count == ("restarted" in field), store.supervisor.restart_count
         for queue_id in range(QUEUES):
             assert store.max_offset("T", queue_id) == PER_QUEUE
         for queue_id in (0, 2, 3):
