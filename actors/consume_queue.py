@@ -11,7 +11,7 @@ import errno
 import functools
 import os
 from collections import OrderedDict, deque
-from typing import Callable, Iterable, Sequence, TypeVar, assert_never
+from typing import Callable, Iterable, TypeVar, assert_never
 
 from ..messages import (
     ClaimTopicDirectory,
@@ -20,7 +20,6 @@ from ..messages import (
     ConsumeQueueFlushed,
     DeleteExpiredConsumeQueueFiles,
     DispatchBatch,
-    DispatchRequest,
     FlushAll,
     GetOffsetByTime,
     GetQueueSnapshot,
@@ -109,9 +108,6 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # the ledger keeps them as the queue's high water until the queue's flushed units reach
         # them (filler units, `_fill_reserved`, hold the lost ones).
         self._reserved: dict[tuple[str, int], int] = {}
-        # Records whose queue's unit recovery kept though their queue id or queue offset field
-        # is damaged: re-dispatch skips them (their field names another record's offset).
-        self._damaged_headers: frozenset[int] = frozenset()
         self._refused_queues: set[tuple[str, int]] = set()  # logged once each
         # The process's map faults when this owner last found none of its maps faulted, and a
         # queue file a read found cut short (raised at the next tick: the restart rebuilds it).
@@ -146,7 +142,6 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         with contextlib.closing(self._commitlog()) as reader:
             min_phy_offset = reader.min_offset()
         self._reserved = dict(recovered.reserved)  # before the queues open: `_open` reads it
-        self._damaged_headers = recovered.damaged_headers
         for topic, queue_id in list_consume_queues(root, self.ctx.fs):
             moved()
             self._own_topic_dirs.add(topic)  # listed: spelled as on disk
@@ -432,22 +427,12 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # Consecutive records of one queue become one append, but writes stay in commitlog
         # order: after a crash, "everything below the newest unit's end is written" must hold,
         # because that is where dispatch resumes.
-        requests = batch.requests
-        damaged = self._damaged_headers
-        if damaged:
-            requests = tuple(r for r in requests if r.commitlog_offset not in damaged)
         native = speedups.native
         if native is not None:
-            self._dispatch_runs(batch, native.cq_runs(requests))
-        else:
-            self._dispatch_units(batch, requests)
-        if damaged and batch.end_offset > max(damaged):
-            self._damaged_headers = frozenset()  # (written: a batch that raised comes again)
-
-    def _dispatch_units(self, batch: DispatchBatch, requests: Sequence[DispatchRequest]) -> None:
-        """`_dispatch` without the C runs."""
+            self._dispatch_runs(batch, native.cq_runs(batch.requests))
+            return
         runs: list[tuple[tuple[str, int], list[tuple[int, int, int, int]]]] = []
-        for req in requests:
+        for req in batch.requests:
             tran = req.sys_flag & codec.TRANSACTION_MASK
             if tran == codec.TRANSACTION_PREPARED_TYPE or tran == codec.TRANSACTION_ROLLBACK_TYPE:
                 continue

@@ -44,7 +44,6 @@ BORNHOST_V6_FLAG: Final = 0x10
 STOREHOSTADDRESS_V6_FLAG: Final = 0x20
 
 # Fixed positions inside a record whose born host is IPv4 (§3.1).
-QUEUE_ID_POSITION: Final = 12
 QUEUE_OFFSET_POSITION: Final = 20
 PHYSICAL_OFFSET_POSITION: Final = 28
 SYSFLAG_POSITION: Final = 36

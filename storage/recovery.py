@@ -96,10 +96,6 @@ class RecoveryReport:
     # "topic-queueId" -> the next queue offset, for queues whose last records were lost after
     # their queue offsets were handed out: new puts continue there (filler units in between).
     reserved_queue_offsets: dict[str, int] = field(default_factory=dict)
-    # Commitlog offsets of records whose queue id or queue offset field (outside the body CRC)
-    # no longer matches the consume queue unit written for them: the unit kept, the record not
-    # re-dispatched to the queue offset the field names.
-    damaged_record_headers: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -124,7 +120,6 @@ class RecoveryReport:
             "lost_ranges": [list(r) for r in self.lost_ranges],
             "filled_commitlog_files": list(self.filled_commitlog_files),
             "reserved_queue_offsets": dict(self.reserved_queue_offsets),
-            "damaged_record_headers": list(self.damaged_record_headers),
         }
 
 
@@ -226,10 +221,6 @@ class ConsumeQueueRecovery:
     # Re-dispatch gives most of them back (records still in the log); the rest are lost
     # records' offsets, which the queue fills with filler units at its next put.
     reserved: dict[tuple[str, int], int] = field(default_factory=dict)
-    # Commitlog offsets of records whose queue id or queue offset field is damaged, their
-    # queue's unit kept (_UnitChecker): re-dispatch must not give them the queue offset the
-    # damaged field names, which is another record's.
-    damaged_headers: frozenset[int] = frozenset()
 
 
 def refuse_files_of_a_newer_mqstore(cfg: StoreConfig, fs: FileSystem) -> None:
@@ -1032,7 +1023,6 @@ def recover_consume_queues(
         crashed = mode is RecoveryMode.CRASH
         cut = dispatch_from if crashed else log_facts.reach
         truncated = kept = 0
-        damaged_headers: frozenset[int] = frozenset()
         with _UnitChecker(cfg, fs, end, log_facts.quarantined) as checker:
             for cq in _one_mapped_at_a_time(queues):
                 if not crashed and cq.max_physic_offset < cut:
@@ -1044,7 +1034,6 @@ def recover_consume_queues(
                     cq.truncate_dirty_logic_files(cut)
                 if cq.get_max_offset_in_queue() != before:
                     truncated += 1
-            damaged_headers = frozenset(offset for offset, *_ in checker.damaged_headers)
         if truncated or kept:
             log.info("consume queues truncated for re-dispatch", truncated=truncated, before_commitlog_offset=cut,
                      units_kept_that_match_the_log=kept)  # fmt: skip
@@ -1065,8 +1054,7 @@ def recover_consume_queues(
         return ConsumeQueueRecovery(queues=len(queues), max_physic_offset=max_cq, truncated=truncated,
                                     damaged_files=tuple(damaged_cq_files), dispatch_from=dispatch_from,
                                     topic_queue_table=table, ledger=ledger, reserved=reserved,
-                                    rebuilt_from_ledger=tuple((cq.topic, cq.queue_id) for cq in rebuilt),
-                                    damaged_headers=damaged_headers)  # fmt: skip
+                                    rebuilt_from_ledger=tuple((cq.topic, cq.queue_id) for cq in rebuilt))  # fmt: skip
     finally:
         for cq in queues:
             cq.mapped_file_queue.shutdown(0)
@@ -1091,9 +1079,6 @@ class _UnitChecker:
         self._max_size = cfg.max_stored_record_bytes
         self._delay_levels = codec.parse_delay_levels(cfg.message_delay_level)
         self._reader: CommitLogReader | None = None
-        # (commitlog offset, topic, queue id, queue offset) of the units kept for records whose
-        # queue id or queue offset field is damaged.
-        self.damaged_headers: list[tuple[int, str, int, int]] = []
 
     def __enter__(self) -> _UnitChecker:
         return self
@@ -1119,23 +1104,6 @@ class _UnitChecker:
                 and fields.tags_code == tags
                 and tran != codec.TRANSACTION_PREPARED_TYPE and tran != codec.TRANSACTION_ROLLBACK_TYPE
             ):  # fmt: skip
-                return True
-            if fields is not None and (
-                fields.msg_size == size and fields.commitlog_offset == offset and fields.topic == topic
-                and fields.tags_code == tags
-                and (fields.queue_id == queue_id) != (fields.consume_queue_offset == queue_offset)
-                and tran != codec.TRANSACTION_PREPARED_TYPE and tran != codec.TRANSACTION_ROLLBACK_TYPE
-            ):  # fmt: skip
-                # The record is the unit's in all dispatch wrote but one of the two header fields
-                # the body CRC does not cover: the field is what changed (a unit cannot come to
-                # name another record's offset, size and tags code by damage), so the unit is the
-                # evidence and stays. Cut, re-dispatch put the record at the damaged field's
-                # offset, over the intact record there, which then was in no queue (review 99 N6).
-                self.damaged_headers.append((offset, topic, queue_id, queue_offset))
-                log.error("a record's queue id or queue offset field does not match the consume queue unit written "
-                          "for it: the field is damaged (the body CRC does not cover it); the unit stays",
-                          commitlog_offset=offset, topic=topic, queue_id=queue_id, queue_offset=queue_offset,
-                          record_queue_id=fields.queue_id, record_queue_offset=fields.consume_queue_offset)  # fmt: skip
                 return True
             # A record that read as the guard's zeros is not one the unit does not match: the
             # queue is not cut there (review 67 F3).
@@ -1317,7 +1285,6 @@ def assemble_report(
         lost_ranges=list(recovered.lost_ranges),
         filled_commitlog_files=list(recovered.filled_commitlog_files),
         reserved_queue_offsets=dict(lost_offsets),
-        damaged_record_headers=sorted(queues.damaged_headers),
     )
     if index.dispatch_from is not None and index.dispatch_from == queues.dispatch_from and facts.has_files:
         report.index_dispatch_from = index.dispatch_from
