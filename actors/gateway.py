@@ -146,6 +146,14 @@ def request_error(request: GatewayRequest) -> Exception | None:
     return None
 
 
+def _described(error: BaseException) -> str:
+    """`str(error)`, or what it is if that raises: the error may be of the client's making."""
+    try:
+        return str(error)
+    except Exception:
+        return f"<{type(error).__name__} whose str() raised>"
+
+
 class _Routed(StoreActor[RequestT]):
     """A gateway-side actor: its backend is the store, and a crash restarts the gateway."""
 
@@ -173,7 +181,9 @@ class _Routed(StoreActor[RequestT]):
         # Kinds are the client's types: a family, so one making up a type per request gets
         # no line per type either.
         event = "unanswerable request dropped"
-        suppressed = self.repeats.admit((self.name, event, type(message), why), family=(self.name, event))
+        # (By the type's id: a client's metaclass may make hashing the type itself raise,
+        # review 104 F4.)
+        suppressed = self.repeats.admit((self.name, event, id(type(message)), why), family=(self.name, event))
         if suppressed is not None:
             self.log.warning(event, request=type(message).__name__, why=why, **suppressed_fields(suppressed))
 
@@ -282,9 +292,10 @@ class StoreGateway(_Routed[GatewayRequest]):
         if error is not None:
             # Its answer carries the error every time; the log, once a minute per kind.
             event = "malformed request answered with an error"
-            suppressed = self.repeats.admit((self.name, event, type(message), type(error)), family=(self.name, event))
+            kind = (self.name, event, id(type(message)), id(type(error)))  # (ids: see `refuse`)
+            suppressed = self.repeats.admit(kind, family=(self.name, event))
             if suppressed is not None:
-                self.log.info(event, request=type(message).__name__, error=str(error), **suppressed_fields(suppressed))
+                self.log.info(event, request=type(message).__name__, error=_described(error), **suppressed_fields(suppressed))
             if isinstance(reply, Reply):
                 self._answer_failed(reply, error)
             return None

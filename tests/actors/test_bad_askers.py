@@ -234,6 +234,26 @@ def test_pykkas_own_control_messages_are_refused_where_they_are_told(tmp_path: P
         assert store.actor_ref.is_alive()
 
 
+class _Unhashable(type):
+    def __hash__(cls) -> int:
+        raise RuntimeError("hash of a caller's class")
+
+
+class _OddRequest(metaclass=_Unhashable):
+    pass
+
+
+def test_a_request_of_a_type_whose_hash_raises_is_dropped_without_a_restart(tmp_path: Path) -> None:
+    """Review 104 F4: the gateway's log throttle keyed its lines by the request's type, whose
+    hash (a caller's metaclass) may raise: the gateway crashed and restarted each time, and
+    its other callers got ActorDeadError meanwhile."""
+    with mqstore.open(tmp_path / "s") as store:
+        store.put(Message("t", b"x"))
+        for _ in range(3):
+            store.actor_ref.tell(_OddRequest())
+        _answered_in_order(store)
+
+
 class _BoundedAndBusy(pykka.ThreadingActor):
     """A host actor with a bounded inbox that stops taking messages until `release` is set."""
 
