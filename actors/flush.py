@@ -45,10 +45,18 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
     name = "flush"
 
     def __init__(
-        self, ctx: ActorContext, *, flushed_offset: int, max_offset: int, store_timestamp: int, restarted: bool = False
+        self,
+        ctx: ActorContext,
+        *,
+        flushed_offset: int,
+        max_offset: int,
+        store_timestamp: int,
+        restarted: bool = False,
+        degraded: bool = False,
     ) -> None:
         super().__init__(ctx)
         self._restarted = restarted
+        self._degraded = degraded  # opened on holes: puts refused, and the open changes no byte
         cfg = ctx.config
         self._segment_size = cfg.mapped_file_size_commitlog_bytes
         self._sync = cfg.flush_disk_type == "SYNC_FLUSH"
@@ -84,7 +92,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             # degraded until `mqstore recover`, and this offset is what tells the next open so;
             # kept as it is until then (lowered, the lost records would pass for a torn tail).
             self._tail_missing = True
-        if not self._restarted and self._checkpoint.physic_flushed_offset != self._max_offset:
+        if not self._restarted and not self._degraded and self._checkpoint.physic_flushed_offset != self._max_offset:
             # mqstore's own fields, before the writer takes a put (recovery forced the log): after
             # a crash they decide by the flushed offset. A checkpoint without them (a broker's)
             # is judged by its timestamps alone, which cannot tell this writer's unfinished put
