@@ -1365,32 +1365,32 @@ static PyObject *post_all(PyObject *module, PyObject *arg) {
     }
     Py_ssize_t n = PyList_GET_SIZE(arg);
     if (n == 0) Py_RETURN_NONE;
-    sem_t *stack_sems[16];
-    sem_t **sems = n <= 16 ? stack_sems : PyMem_Malloc(sizeof(sem_t *) * (size_t)n);
-    if (sems == NULL) return PyErr_NoMemory();
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(arg, i);
-        if (!PyObject_TypeCheck(item, &SignalType)) {
-            if (sems != stack_sems) PyMem_Free(sems);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyObject_TypeCheck(PyList_GET_ITEM(arg, i), &SignalType)) {
             PyErr_SetString(PyExc_TypeError, "post_all takes a list of Signals");
             return NULL;
         }
-        sems[i] = &((SignalObject *)item)->sem;
+    /* Each Signal held by this call while the GIL is released (not by the list: another
+     * thread may change the list meanwhile, and a Signal it dropped would be freed in use). */
+    SignalObject *stack_held[16];
+    SignalObject **held = n <= 16 ? stack_held : PyMem_Malloc(sizeof(SignalObject *) * (size_t)n);
+    if (held == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        held[i] = (SignalObject *)PyList_GET_ITEM(arg, i);
+        Py_INCREF(held[i]);
     }
-    /* The list keeps each Signal alive while the GIL is released: the caller holds it. */
-    Py_INCREF(arg);
     int failed = 0, err = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
-        if (sem_post(sems[i]) != 0 && !failed) {
+        if (sem_post(&held[i]->sem) != 0 && !failed) {
             failed = 1;
             err = errno;
         }
     __atomic_fetch_add(&woken_awaiting_gil, 1, __ATOMIC_RELAXED); /* and this thread wants it back */
     Py_END_ALLOW_THREADS
     __atomic_fetch_sub(&woken_awaiting_gil, 1, __ATOMIC_RELAXED);
-    Py_DECREF(arg);
-    if (sems != stack_sems) PyMem_Free(sems);
+    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(held[i]);
+    if (held != stack_held) PyMem_Free(held);
     if (failed) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
