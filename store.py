@@ -93,6 +93,10 @@ _open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
 # Statuses a get answers at or past a queue's end: while dispatch is in flight (reput has
 # handed records on that the queues have not published yet) they are decided again once the
 # queues caught up, as an ask queued behind that dispatch would have been.
+# The longest a read for an asker the store cannot name (a gateway read answered to a future or
+# a callback) waits for dispatch to reach the puts answered before it (_others_puts_wait_s).
+OTHERS_PUTS_WAIT_S: Final = 0.2
+
 _AT_THE_END = frozenset(
     {GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVERFLOW_BADLY}
 )
@@ -606,16 +610,30 @@ class MessageStore:
         finally:
             self._local.reading_for_end = 0
 
-    def _view_covering(self, covers: Callable[[ReadView], bool], wakes_on: int) -> ReadView | None:
+    def _view_covering(
+        self, covers: Callable[[ReadView], bool], wakes_on: int, timeout_s: float | None = None
+    ) -> ReadView | None:
         """The read view once `covers(view)` holds, waiting at most read_your_writes_timeout_ms
-        (woken by the owners' publications of `wakes_on`); None if it did not in time, or at
-        once if the store stopped running (its supervisor gave up: nothing will publish again)."""
+        (or `timeout_s`; woken by the owners' publications of `wakes_on`); None if it did not in
+        time, or at once if the store stopped running (its supervisor gave up: nothing will
+        publish again)."""
         view = self.read_view.view
         if covers(view):
             return view
-        return self.read_view.await_view(covers, self._ryw_timeout_s, wakes_on) if self.running else None
+        if not self.running:
+            return None
+        return self.read_view.await_view(covers, self._ryw_timeout_s if timeout_s is None else timeout_s, wakes_on)
 
-    def _queue_view(self, *, with_dispatched: bool = False, at_least: int = 0) -> ReadView | None:
+    def _others_puts_wait_s(self) -> float:
+        """How long a read for an asker the store cannot name waits for the puts answered
+        before it (reading_for): the gateway's few readers serve every actor client, and a
+        full read_your_writes_timeout_ms each while dispatch stalled held every other gateway
+        read behind them (review 105 G1: a FOUND read waited 10 s behind 4 polls)."""
+        return min(self._ryw_timeout_s, OTHERS_PUTS_WAIT_S)
+
+    def _queue_view(
+        self, *, with_dispatched: bool = False, at_least: int = 0, timeout_s: float | None = None
+    ) -> ReadView | None:
         """The view for a queue read: its queue bounds cover the thread's own last put (and,
         `with_dispatched`, everything dispatch had handed on when the read started). A thread
         that put nothing takes the view as it is (if the queues are not live, the owner is
@@ -625,7 +643,7 @@ class MessageStore:
             target = max(target, self.read_view.view.dispatched_end)
         if target == 0:
             return self.read_view.view
-        return self._view_covering(lambda v: v.queues_live and v.queues_written >= target, QUEUES)
+        return self._view_covering(lambda v: v.queues_live and v.queues_written >= target, QUEUES, timeout_s)
 
     def _ask(self, peer: str, message: Any) -> Any:
         ref = self.supervisor.ctx.peers.get(peer)
@@ -697,10 +715,12 @@ class MessageStore:
                                     on_corrupt=self._corrupt_on_read)  # fmt: skip
         at_end: int = self._local.__dict__.get("reading_at_end", 0)  # (reading_for)
         if found is not None and found.status in _AT_THE_END and max(view.dispatched_end, at_end) > view.queues_written:
-            later = self._queue_view(with_dispatched=True, at_least=at_end)
+            others = at_end > max(view.dispatched_end, self._own_put_end())  # (waiting for others' puts only)
+            later = self._queue_view(with_dispatched=True, at_least=at_end,
+                                     timeout_s=self._others_puts_wait_s() if others else None)  # fmt: skip
             if later is None and at_end > self.read_view.view.queues_written:
                 return self._not_readable(offset, self._gave_up_detail() or (
-                    "dispatch did not reach the puts answered as stored before this read in time"))  # fmt: skip
+                    "dispatch did not reach the puts answered as stored before this read in time: ask again"))  # fmt: skip
             if later is None:
                 # The queues stay behind what dispatch handed them (held for disk space, after a
                 # crash on a full disk: review 46 M4): "no message" would be a guess, and a
@@ -785,12 +805,17 @@ class MessageStore:
         if not self.config.message_index_enable:
             return QueryResult(detail="message_index_enable is off: there is no index to query")
         now = self.read_view.view
-        own_put_end = max(self._own_put_end(), self._local.__dict__.get("reading_at_end", 0))  # (reading_for)
-        target = max(own_put_end, now.dispatched_end)
+        own_put_end = self._own_put_end()
+        at_end: int = self._local.__dict__.get("reading_at_end", 0)  # (reading_for)
+        target = max(own_put_end, now.dispatched_end, at_end)
         view: ReadView | None = now
         if now.index_files is None or now.indexed_end < target:
-            view = self._index_covering(target)
+            others = at_end > max(own_put_end, now.dispatched_end)  # (waiting for others' puts only)
+            view = self._index_covering(target, self._others_puts_wait_s() if others else None)
         if view is None:
+            if at_end > max(own_put_end, now.dispatched_end):
+                return QueryResult(detail=self._gave_up_detail() or (
+                    "the index did not reach the puts answered as stored before this query in time: ask again"))  # fmt: skip
             if own_put_end >= now.dispatched_end:
                 return QueryResult(detail=self._gave_up_detail() or "the index did not reach this thread's last put in time")
             behind = self.read_view.view
@@ -817,10 +842,10 @@ class MessageStore:
             # (a segment could not be mapped: the reference names the hits it could not read)
         return self._query_reference(index_reader, commitlog, quarantined, topic, key, max_count, begin_ms, end_ms)
 
-    def _index_covering(self, target: int) -> ReadView | None:
+    def _index_covering(self, target: int, timeout_s: float | None = None) -> ReadView | None:
         """The read view once the index covers `target` (in its own frame: a closure's cells
         would be made on every lookup)."""
-        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target, INDEX)
+        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target, INDEX, timeout_s)
 
     def _query_reference(
         self, index_reader: IndexReader | None, commitlog: CommitLogReader, quarantined: tuple[tuple[int, int], ...],

@@ -454,6 +454,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             min_offset=self._commitlog.head_offset(),
             store_timestamp=self._commitlog.store_timestamp,
             topic_queue_table=dict(self._commitlog.topic_queue_table),
+            degraded=bool(self._commitlog.degraded_reason),
         )
 
     def _put_pass(self, first: EncodedPut) -> None:
@@ -499,13 +500,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self.passed_puts += len(puts)
         if self._stored_puts:
             self._hold_back(self._stored_puts, self._stored_records)
+        if self._stored_puts and self._replaced is None:
+            # Before any caller can hear of them (a group commit's answer comes from the flush
+            # actor: review 105 G2).
+            self.ctx.read_view.publish_acked(self._readable_end())
         if group_commits:
             self._notify_advance()  # the flush actor must know the data it is asked to force
             for request in group_commits:
                 if not self.ctx.tell("flush", request):
                     request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
-        if self._stored_puts and self._replaced is None:
-            self.ctx.read_view.publish_acked(self._readable_end())  # before any caller hears of them
         # Answers of PassReplies go to their sinks as they are (the tuple reused, not rebuilt).
         by_sink: dict[int, tuple[PassSink, list[tuple[Reply[PutResult], PutResult]]]] = {}
         wakes: list[Any] = []

@@ -639,6 +639,7 @@ class WriterReady:
     min_offset: int
     store_timestamp: int
     topic_queue_table: dict[str, int]
+    degraded: bool = False  # a missing or wrong-sized segment: puts refused until `mqstore recover`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

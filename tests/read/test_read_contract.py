@@ -174,6 +174,35 @@ def test_a_gateway_read_answered_to_a_future_reflects_the_puts_answered_before_i
         assert [m.queue_offset for m in found.get(timeout=10).messages] == [put.queue_offset], i
 
 
+def test_gateway_reads_at_a_queues_end_wait_briefly_for_others_puts(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 105 G1: while dispatch stalled, each gateway Get at a queue's end answered to a
+    future waited the whole read_your_writes_timeout_ms for the puts answered before it, and
+    the gateway's few readers held every other gateway read behind them (a FOUND read waited
+    10 s behind 4 polls). Such a read waits OTHERS_PUTS_WAIT_S at most, then answers
+    NO_MATCHED_LOGIC_QUEUE (its offset kept); a read the queue already holds is not held."""
+    from mqstore import GetMessageStatus, Reply
+    from mqstore.messages import Get, Waiter
+    from mqstore.store import OTHERS_PUTS_WAIT_S
+
+    store = open_store(read_your_writes_timeout_ms=5_000)
+    h.put_n(store, 3)
+    # Dispatch stalls (reput restarting, a page it cannot read): nothing more is published.
+    monkeypatch.setattr(store.read_view, "publish_dispatched", lambda dispatched_end: None)
+    monkeypatch.setattr(store.read_view, "publish_queues", lambda published: None)
+    assert store.put(Message(topic="T", body=b"late")).ok
+    started = time.monotonic()
+    polls = [Waiter() for _ in range(4)]
+    for waiter in polls:
+        store.actor_ref.tell(Get(topic="T", queue_id=0, offset=3, max_count=1, reply=Reply(future=waiter)))
+    found = Waiter()
+    store.actor_ref.tell(Get(topic="T", queue_id=0, offset=0, max_count=1, reply=Reply(future=found)))
+    assert found.get(timeout=10).status is GetMessageStatus.FOUND
+    for waiter in polls:
+        answer = waiter.get(timeout=10)
+        assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 3), answer
+    assert time.monotonic() - started < 4 * OTHERS_PUTS_WAIT_S + 2
+
+
 def test_when_dispatch_does_not_reach_the_put_in_time_reads_answer_statuses(
     open_store: Open, monkeypatch: pytest.MonkeyPatch
 ) -> None:
