@@ -860,9 +860,10 @@ class Supervisor:
                 # earlier segments' unforced bytes were never forced, yet flush() and the
                 # checkpoint covered them).
                 flushed = max(ready.max_offset - ready.max_offset % seg, ready.min_offset, 0) if first else max(ready.min_offset, 0)
-                # A degraded open (a missing or wrong-sized segment: puts refused until `mqstore
-                # recover`) changes no byte: the flush actor writes no flushed offset for it.
-                degraded = first and ready.degraded
+                # A degraded store (a missing or wrong-sized segment: puts refused until `mqstore
+                # recover`) changes no byte: its flush actor writes no checkpoint (a restarted one
+                # neither).
+                degraded = ready.degraded
                 newest_ms = ready.store_timestamp  # (0 before the first append since the open:
                 if first and not newest_ms and not degraded:  # then the newest record recovery found)
                     newest_ms = self._ask("writer", GetCommitLogRecovery()).store_timestamp
