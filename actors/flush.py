@@ -56,7 +56,11 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
     ) -> None:
         super().__init__(ctx)
         self._restarted = restarted
-        self._degraded = degraded  # a missing or wrong-sized segment: puts refused, no byte changed
+        # A missing or wrong-sized segment: puts refused and no byte changed, until the log
+        # grows past where it ended at the start (the hole gone, say the cleaner deleted the
+        # segment before it: puts are taken again, and the checkpoint must follow them, review
+        # 106 H1).
+        self._degraded_end = max_offset if degraded else None
         cfg = ctx.config
         self._segment_size = cfg.mapped_file_size_commitlog_bytes
         self._sync = cfg.flush_disk_type == "SYNC_FLUSH"
@@ -92,7 +96,7 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             # degraded until `mqstore recover`, and this offset is what tells the next open so;
             # kept as it is until then (lowered, the lost records would pass for a torn tail).
             self._tail_missing = True
-        if not self._restarted and not self._degraded and self._checkpoint.physic_flushed_offset != self._max_offset:
+        if not self._restarted and self._degraded_end is None and self._checkpoint.physic_flushed_offset != self._max_offset:
             # mqstore's own fields, before the writer takes a put (recovery forced the log): after
             # a crash they decide by the flushed offset. A checkpoint without them (a broker's)
             # is judged by its timestamps alone, which cannot tell this writer's unfinished put
@@ -393,7 +397,9 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
     def _write_checkpoint(self) -> None:
         # A degraded open changes no byte of the store: its checkpoint neither (review 105 G3,
         # G6: with a broker's, the queues' flushed offset was written at the close).
-        if self._checkpoint is not None and not self._degraded:
+        if self._degraded_end is not None and self._max_offset > self._degraded_end:
+            self._degraded_end = None  # puts were taken again
+        if self._checkpoint is not None and self._degraded_end is None:
             try:
                 self._checkpoint.flush()
             except OSError as exc:

@@ -237,3 +237,33 @@ def test_a_degraded_open_with_the_index_off_changes_nothing_either(written: Path
     with mqstore.open(path, **SETTINGS, message_index_enable=False) as store:
         assert store.put(Message("T", b"x")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
     assert _digest(path) == before
+
+
+def test_a_store_whose_hole_goes_away_while_it_runs_records_its_new_puts_in_the_checkpoint(tmp_path: Path) -> None:
+    """Review 106 H1: the flush actor of a store degraded at its open wrote no checkpoint for
+    the rest of the run; when the hole went away (the cleaner deleted the expired segment
+    before it), puts were taken again, SYNC_FLUSH answered, and after a crash with one bad
+    byte recovery trusted the old checkpoint and cut 50 of 60 of them. Once the log grows past
+    its end at the open, the checkpoint follows it again."""
+    import time
+
+    from mqstore.storage.checkpoint import CheckpointValues
+
+    settings = dict(mapped_file_size_commitlog_bytes=8192, flush_disk_type="SYNC_FLUSH")
+    path = tmp_path / "s"
+    with mqstore.open(path, **settings) as store:
+        for i in range(150):
+            assert store.put(Message("T", b"m%04d" % i + b"." * 150)).ok
+    names = sorted(os.listdir(path / "commitlog"))
+    os.unlink(path / "commitlog" / names[1])  # a hole: degraded
+    old = time.time() - 100 * 3600
+    os.utime(path / "commitlog" / names[0], (old, old))  # the segment before it expired
+    with mqstore.open(path, **settings) as store:
+        assert store.put(Message("T", b"refused")).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        store.delete_expired_files_now()  # the hole is gone with it
+        last = [store.put(Message("T", b"new%04d" % i)) for i in range(20)][-1]
+        assert last.ok, last
+        store.flush()
+        values = CheckpointValues.unpack((path / "checkpoint").read_bytes())
+        assert values.physic_flushed_offset is not None
+        assert values.physic_flushed_offset >= last.commitlog_offset + last.wrote_bytes, values
