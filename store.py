@@ -93,9 +93,10 @@ _open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
 # Statuses a get answers at or past a queue's end: while dispatch is in flight (reput has
 # handed records on that the queues have not published yet) they are decided again once the
 # queues caught up, as an ask queued behind that dispatch would have been.
-# The longest a read for an asker the store cannot name (a gateway read answered to a future or
-# a callback) waits for dispatch to reach the puts answered before it (_others_puts_wait_s).
-OTHERS_PUTS_WAIT_S: Final = 0.2
+# How long a read for an asker the store cannot name (a gateway read answered to a future or a
+# callback) waits for dispatch to move before it stops waiting for the puts answered before it
+# (_covering_while_dispatch_moves).
+OTHERS_PUTS_WAIT_S: Final = 1.0
 
 _AT_THE_END = frozenset(
     {GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVERFLOW_BADLY}
@@ -624,26 +625,39 @@ class MessageStore:
             return None
         return self.read_view.await_view(covers, self._ryw_timeout_s if timeout_s is None else timeout_s, wakes_on)
 
-    def _others_puts_wait_s(self) -> float:
-        """How long a read for an asker the store cannot name waits for the puts answered
-        before it (reading_for): the gateway's few readers serve every actor client, and a
-        full read_your_writes_timeout_ms each while dispatch stalled held every other gateway
-        read behind them (review 105 G1: a FOUND read waited 10 s behind 4 polls)."""
-        return min(self._ryw_timeout_s, OTHERS_PUTS_WAIT_S)
-
-    def _queue_view(
-        self, *, with_dispatched: bool = False, at_least: int = 0, timeout_s: float | None = None
+    def _covering_while_dispatch_moves(
+        self, covers: Callable[[ReadView], bool], wakes_on: int, progress: Callable[[ReadView], int]
     ) -> ReadView | None:
+        """`_view_covering` for a read waiting for the puts answered before it by an asker the
+        store cannot name (reading_for): up to read_your_writes_timeout_ms while `progress`
+        moves, None once it has not moved for OTHERS_PUTS_WAIT_S. The gateway's few readers
+        serve every actor client: a whole timeout each while dispatch stalled held every other
+        gateway read behind them (review 105 G1: a FOUND read waited 10 s behind 4 polls), and
+        a flat 200 ms answered a client's own put "not readable now" when dispatch was merely
+        slow (review 106 H2: 3-4 reads in 3,000 under load)."""
+        deadline = time.monotonic() + self._ryw_timeout_s
+        seen = progress(self.read_view.view)
+        while True:
+            left = deadline - time.monotonic()
+            view = self._view_covering(covers, wakes_on, max(min(OTHERS_PUTS_WAIT_S, left), 0.0))
+            if view is not None or left <= OTHERS_PUTS_WAIT_S:
+                return view
+            now = progress(self.read_view.view)
+            if now <= seen:
+                return None  # dispatch did not move: stalled, not slow
+            seen = now
+
+    def _queue_view(self, *, with_dispatched: bool = False) -> ReadView | None:
         """The view for a queue read: its queue bounds cover the thread's own last put (and,
         `with_dispatched`, everything dispatch had handed on when the read started). A thread
         that put nothing takes the view as it is (if the queues are not live, the owner is
         asked)."""
-        target = max(self._own_put_end(), at_least)
+        target = self._own_put_end()
         if with_dispatched:
             target = max(target, self.read_view.view.dispatched_end)
         if target == 0:
             return self.read_view.view
-        return self._view_covering(lambda v: v.queues_live and v.queues_written >= target, QUEUES, timeout_s)
+        return self._view_covering(lambda v: v.queues_live and v.queues_written >= target, QUEUES)
 
     def _ask(self, peer: str, message: Any) -> Any:
         ref = self.supervisor.ctx.peers.get(peer)
@@ -715,9 +729,11 @@ class MessageStore:
                                     on_corrupt=self._corrupt_on_read)  # fmt: skip
         at_end: int = self._local.__dict__.get("reading_at_end", 0)  # (reading_for)
         if found is not None and found.status in _AT_THE_END and max(view.dispatched_end, at_end) > view.queues_written:
-            others = at_end > max(view.dispatched_end, self._own_put_end())  # (waiting for others' puts only)
-            later = self._queue_view(with_dispatched=True, at_least=at_end,
-                                     timeout_s=self._others_puts_wait_s() if others else None)  # fmt: skip
+            if at_end > max(view.dispatched_end, self._own_put_end()):  # waiting for others' puts
+                later = self._covering_while_dispatch_moves(
+                    lambda v: v.queues_live and v.queues_written >= at_end, QUEUES, lambda v: v.queues_written)
+            else:
+                later = self._queue_view(with_dispatched=True)
             if later is None and at_end > self.read_view.view.queues_written:
                 return self._not_readable(offset, self._gave_up_detail() or (
                     "dispatch did not reach the puts answered as stored before this read in time: ask again"))  # fmt: skip
@@ -810,8 +826,11 @@ class MessageStore:
         target = max(own_put_end, now.dispatched_end, at_end)
         view: ReadView | None = now
         if now.index_files is None or now.indexed_end < target:
-            others = at_end > max(own_put_end, now.dispatched_end)  # (waiting for others' puts only)
-            view = self._index_covering(target, self._others_puts_wait_s() if others else None)
+            if at_end > max(own_put_end, now.dispatched_end):  # waiting for others' puts
+                view = self._covering_while_dispatch_moves(
+                    lambda v: v.index_files is not None and v.indexed_end >= target, INDEX, lambda v: v.indexed_end)
+            else:
+                view = self._index_covering(target)
         if view is None:
             if at_end > max(own_put_end, now.dispatched_end):
                 return QueryResult(detail=self._gave_up_detail() or (
@@ -842,10 +861,10 @@ class MessageStore:
             # (a segment could not be mapped: the reference names the hits it could not read)
         return self._query_reference(index_reader, commitlog, quarantined, topic, key, max_count, begin_ms, end_ms)
 
-    def _index_covering(self, target: int, timeout_s: float | None = None) -> ReadView | None:
+    def _index_covering(self, target: int) -> ReadView | None:
         """The read view once the index covers `target` (in its own frame: a closure's cells
         would be made on every lookup)."""
-        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target, INDEX, timeout_s)
+        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target, INDEX)
 
     def _query_reference(
         self, index_reader: IndexReader | None, commitlog: CommitLogReader, quarantined: tuple[tuple[int, int], ...],

@@ -202,12 +202,41 @@ def test_a_sync_flush_put_answered_by_the_flush_actor_is_covered_before_its_answ
         assert got.get(timeout=10).status is GetMessageStatus.FOUND, i
 
 
+def test_a_gateway_read_of_the_askers_own_put_waits_out_a_slow_dispatch(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 106 H2: a flat 200 ms wait for the puts answered before a gateway read answered
+    the asker's own put NO_MATCHED_LOGIC_QUEUE whenever dispatch was that slow (every read with
+    its publications 250 ms late). It waits while dispatch moves, up to the read-your-writes
+    timeout; it stops early only once dispatch has not moved for OTHERS_PUTS_WAIT_S."""
+    import time as time_module
+
+    from mqstore import GetMessageStatus, Reply
+    from mqstore.messages import Get, Put, Waiter
+
+    store = open_store(read_your_writes_timeout_ms=5_000)
+    publish = store.read_view.publish_queues
+
+    def slow(published: Any) -> None:
+        time_module.sleep(0.3)
+        publish(published)
+
+    monkeypatch.setattr(store.read_view, "publish_queues", slow)
+    for i in range(3):
+        waiter, got = Waiter(), Waiter()
+        store.actor_ref.tell(Put(messages=(Message(topic="T", body=b"%d" % i),), reply=Reply(future=waiter)))
+        put = waiter.get(timeout=10)
+        store.actor_ref.tell(Get(topic="T", queue_id=0, offset=put.queue_offset, max_count=1, reply=Reply(future=got)))
+        assert got.get(timeout=10).status is GetMessageStatus.FOUND, i
+
+
 def test_gateway_reads_at_a_queues_end_wait_briefly_for_others_puts(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review 105 G1: while dispatch stalled, each gateway Get at a queue's end answered to a
     future waited the whole read_your_writes_timeout_ms for the puts answered before it, and
     the gateway's few readers held every other gateway read behind them (a FOUND read waited
-    10 s behind 4 polls). Such a read waits OTHERS_PUTS_WAIT_S at most, then answers
-    NO_MATCHED_LOGIC_QUEUE (its offset kept); a read the queue already holds is not held."""
+    10 s behind 4 polls). Such a read stops waiting once dispatch has not moved for
+    OTHERS_PUTS_WAIT_S and answers NO_MATCHED_LOGIC_QUEUE (its offset kept); a read the queue
+    already holds is not held."""
     from mqstore import GetMessageStatus, Reply
     from mqstore.messages import Get, Waiter
     from mqstore.store import OTHERS_PUTS_WAIT_S
