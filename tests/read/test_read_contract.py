@@ -174,32 +174,39 @@ def test_a_gateway_read_answered_to_a_future_reflects_the_puts_answered_before_i
         assert [m.queue_offset for m in found.get(timeout=10).messages] == [put.queue_offset], i
 
 
+def _late(publish: Callable[[Any], None], seconds: float) -> Callable[[Any], None]:
+    """`publish`, `seconds` late: a slow owner (a busy machine)."""
+
+    def late(value: Any) -> None:
+        time.sleep(seconds)
+        publish(value)
+
+    return late
+
+
+def _gateway_put_then_get(store: MessageStore, body: bytes) -> Any:
+    """A put told to `store.actor_ref`, answered to a future, then the asker's Get of it, the
+    same way: the Get's status."""
+    from mqstore import Reply
+    from mqstore.messages import Get, Put, Waiter
+
+    waiter, got = Waiter(), Waiter()
+    store.actor_ref.tell(Put(messages=(Message(topic="T", body=body),), reply=Reply(future=waiter)))
+    put = waiter.get(timeout=10)
+    assert put.ok, put
+    store.actor_ref.tell(Get(topic="T", queue_id=0, offset=put.queue_offset, max_count=1, reply=Reply(future=got)))
+    return got.get(timeout=10).status
+
+
 def test_a_sync_flush_put_answered_by_the_flush_actor_is_covered_before_its_answer(
     open_store: Open, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Review 105 G2: under SYNC_FLUSH the flush actor answers a put (its group commit), and
     the writer told it before publishing the end of the puts it answers: a gateway Get right
     after the answer missed the put (87 of 100 with the publication 20 ms late)."""
-    import time as time_module
-
-    from mqstore import GetMessageStatus, Reply
-    from mqstore.messages import Get, Put, Waiter
-
     store = open_store(flush_disk_type="SYNC_FLUSH")
-    publish = store.read_view.publish_acked
-
-    def late(end: int) -> None:
-        time_module.sleep(0.02)
-        publish(end)
-
-    monkeypatch.setattr(store.read_view, "publish_acked", late)
-    for i in range(20):
-        waiter, got = Waiter(), Waiter()
-        store.actor_ref.tell(Put(messages=(Message(topic="T", body=b"%d" % i),), reply=Reply(future=waiter)))
-        put = waiter.get(timeout=10)
-        assert put.ok, put
-        store.actor_ref.tell(Get(topic="T", queue_id=0, offset=put.queue_offset, max_count=1, reply=Reply(future=got)))
-        assert got.get(timeout=10).status is GetMessageStatus.FOUND, i
+    monkeypatch.setattr(store.read_view, "publish_acked", _late(store.read_view.publish_acked, 0.02))
+    assert [_gateway_put_then_get(store, b"%d" % i) for i in range(20)] == [S.FOUND] * 20
 
 
 def test_a_gateway_read_of_the_askers_own_put_waits_out_a_slow_dispatch(
@@ -209,25 +216,9 @@ def test_a_gateway_read_of_the_askers_own_put_waits_out_a_slow_dispatch(
     the asker's own put NO_MATCHED_LOGIC_QUEUE whenever dispatch was that slow (every read with
     its publications 250 ms late). It waits while dispatch moves, up to the read-your-writes
     timeout; it stops early only once dispatch has not moved for OTHERS_PUTS_WAIT_S."""
-    import time as time_module
-
-    from mqstore import GetMessageStatus, Reply
-    from mqstore.messages import Get, Put, Waiter
-
     store = open_store(read_your_writes_timeout_ms=5_000)
-    publish = store.read_view.publish_queues
-
-    def slow(published: Any) -> None:
-        time_module.sleep(0.3)
-        publish(published)
-
-    monkeypatch.setattr(store.read_view, "publish_queues", slow)
-    for i in range(3):
-        waiter, got = Waiter(), Waiter()
-        store.actor_ref.tell(Put(messages=(Message(topic="T", body=b"%d" % i),), reply=Reply(future=waiter)))
-        put = waiter.get(timeout=10)
-        store.actor_ref.tell(Get(topic="T", queue_id=0, offset=put.queue_offset, max_count=1, reply=Reply(future=got)))
-        assert got.get(timeout=10).status is GetMessageStatus.FOUND, i
+    monkeypatch.setattr(store.read_view, "publish_queues", _late(store.read_view.publish_queues, 0.3))
+    assert [_gateway_put_then_get(store, b"%d" % i) for i in range(3)] == [S.FOUND] * 3
 
 
 def test_gateway_reads_at_a_queues_end_wait_briefly_for_others_puts(open_store: Open, monkeypatch: pytest.MonkeyPatch) -> None:
