@@ -90,14 +90,14 @@ HAND_OVER_FIRST_WAIT_S: Final = 0.05
 RESTART_POLL_S: Final = 0.01
 # The stores this process has open and not finished closing (the exit handler and the fork hook).
 _open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
-# Statuses a get answers at or past a queue's end: while dispatch is in flight (reput has
-# handed records on that the queues have not published yet) they are decided again once the
-# queues caught up, as an ask queued behind that dispatch would have been.
 # How long a read for an asker the store cannot name (a gateway read answered to a future or a
 # callback) waits for dispatch to move before it stops waiting for the puts answered before it
 # (_covering_while_dispatch_moves).
 OTHERS_PUTS_WAIT_S: Final = 1.0
 
+# Statuses a get answers at or past a queue's end: while dispatch is in flight (reput has
+# handed records on that the queues have not published yet) they are decided again once the
+# queues caught up, as an ask queued behind that dispatch would have been.
 _AT_THE_END = frozenset(
     {GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVERFLOW_BADLY}
 )
@@ -727,8 +727,9 @@ class MessageStore:
         found = reads.get_from_view(view, readers, self.config, topic, queue_id, offset, max_count,
                                     max_total_bytes=max_total_bytes, tags=tags, raw=raw,
                                     on_corrupt=self._corrupt_on_read)  # fmt: skip
-        at_end: int = self._local.__dict__.get("reading_at_end", 0)  # (reading_for)
-        if found is not None and found.status in _AT_THE_END and max(view.dispatched_end, at_end) > view.queues_written:
+        if found is not None and found.status in _AT_THE_END and max(
+            view.dispatched_end, at_end := self._local.__dict__.get("reading_at_end", 0)  # (reading_for)
+        ) > view.queues_written:  # fmt: skip
             if at_end > max(view.dispatched_end, self._own_put_end()):  # waiting for others' puts
                 later = self._covering_while_dispatch_moves(
                     lambda v: v.queues_live and v.queues_written >= at_end, QUEUES, lambda v: v.queues_written)
