@@ -75,11 +75,12 @@ def _body(i: int) -> bytes:
     return bytes([65 + i % 26]) * 1000
 
 
-def _fill(store: Path, **settings: Any) -> MessageStore:
+def _fill(store: Path, pause_s: float = 0.0, **settings: Any) -> MessageStore:
     s = mqstore.open(store, **SETTINGS, **settings)
     for i in range(MESSAGES):
         # (a long second key: a page boundary falls inside some record's properties)
         assert s.put(mqstore.Message(topic="t", body=_body(i), tags="A", keys=[f"k{i}", "p" * 300])).ok
+        time.sleep(pause_s)
     assert s.wait_for_messages("t", 0, MESSAGES - 1, 10)
     return s
 
@@ -200,9 +201,13 @@ def _while_cut(s: MessageStore, segment: Path, read: Callable[[], Any]) -> Any:
 @in_child
 def test_lookup_and_store_time_of_a_record_whose_page_faults_say_not_now(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    with _fill(store) as s:
+    # Each record its own store time: the search by time starts in the middle of the queue,
+    # in segment 1, and goes on into the cut segment 0 only if the record there was stored
+    # later than record 40 (in the same millisecond it answered from segment 1 alone: 49).
+    with _fill(store, pause_s=0.002) as s:
         record = s.get("t", 0, 40, 1).messages[0]
         segment = _segment(store, 0)
+        assert record.commitlog_offset < SEG <= s.get("t", 0, MESSAGES // 2 - 1, 1).messages[0].commitlog_offset
         for lookup in (lambda: s.lookup(record.commitlog_offset), lambda: s.lookup(record.commitlog_offset, record.total_size)):
             refused = _while_cut(s, segment, lookup)
             assert isinstance(refused, OSError) and refused.errno == 5 and segment.name in str(refused), refused
