@@ -21,7 +21,7 @@ from mqstore.storage.fs import (
     OUT_OF_RESOURCES_ERRNOS, FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError,
 )
 from mqstore.storage.mapped_file import MappedFile
-from mqstore.storage.mapped_file_queue import MappedFileQueue
+from mqstore.storage.mapped_file_queue import MappedFileQueue, trailing_units
 
 __all__ = [
     "ConsumeQueue",
@@ -297,15 +297,7 @@ class ConsumeQueue:
             if count <= 0:
                 continue
             data = mapped_file.read_data(0, count * unit)
-            fillers = FILLER_UNIT * count
-            # The longest run of fillers at the end, by halving (each test one memcmp).
-            low, high = 0, count
-            while low < high:
-                mid = (low + high + 1) // 2
-                if data[(count - mid) * unit :] == fillers[: mid * unit]:
-                    low = mid
-                else:
-                    high = mid - 1
+            low = trailing_units(data, FILLER_UNIT)
             self.refuse_if_unread()
             if low < count:
                 found: tuple[int, int, int] = CQ_UNIT.unpack_from(data, (count - low - 1) * unit)
@@ -538,7 +530,7 @@ class ConsumeQueue:
 
     def delete_expired_file(self, min_phy_offset: int) -> int:
         """Delete files whose messages are all gone from the commitlog; returns how many."""
-        count = self.mapped_file_queue.delete_expired_file_by_offset(min_phy_offset, CQ_STORE_UNIT_SIZE)
+        count = self.mapped_file_queue.delete_expired_file_by_offset(min_phy_offset, CQ_STORE_UNIT_SIZE, FILLER_UNIT)
         self.correct_min_offset(min_phy_offset)
         return count
 

@@ -65,6 +65,22 @@ class _CreateError:
 Allocator = Callable[[str, "str | None", int], "MappedFile | None"]
 
 
+def trailing_units(data: bytes, unit: bytes) -> int:
+    """How many whole copies of `unit` end `data` (cut to whole units), by halving: each
+    test one compare in C, not a Python step per unit."""
+    size = len(unit)
+    count = len(data) // size
+    data = data[: count * size]
+    low, high = 0, count
+    while low < high:
+        mid = (low + high + 1) // 2
+        if data[(count - mid) * size :] == unit * mid:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def named_past_the_largest_offset(directory: str, names: list[str]) -> str | None:
     """Why a segment of `names` (a directory's listing) is no segment of any log, or None: one
     named past Java's Long.MAX_VALUE, the largest offset (RocketMQ's Long.parseLong refuses the
@@ -543,13 +559,16 @@ class MappedFileQueue:
         self._remove(deleted)
         return len(deleted)
 
-    def delete_expired_file_by_offset(self, min_offset: int, unit_size: int) -> int:
-        """ConsumeQueue cleaning: delete files whose last unit points below `min_offset`."""
+    def delete_expired_file_by_offset(self, min_offset: int, unit_size: int, filler: bytes | None = None) -> int:
+        """ConsumeQueue cleaning: delete files whose last unit points below `min_offset`. A
+        `filler` unit (a queue offset held for a record not in the log) points nowhere: the
+        last unit that is not one decides (review 108 F1: its offset field, 0, deleted a file
+        ending in fillers with the live units before them)."""
         deleted: list[MappedFile] = []
         files = list(self.mapped_files)
         for i in range(len(files) - 1):
             mapped_file = files[i]
-            last_unit_offset = mapped_file.read_long(self.mapped_file_size - unit_size)
+            last_unit_offset = self._last_unit_offset(mapped_file, unit_size, filler)
             if self.fs.map_faults() != self._map_faults_seen and mapped_file.cut_short():
                 # The guard's zeros read as offset 0, "expired" (review 67 F4): kept. Its map
                 # is given back, so the next pass reads the file again.
@@ -571,6 +590,18 @@ class MappedFileQueue:
                 break
         self._remove(deleted)
         return len(deleted)
+
+    def _last_unit_offset(self, mapped_file: MappedFile, unit_size: int, filler: bytes | None) -> int | None:
+        """The offset field of the file's last unit that is not `filler`; None if the file is
+        not full. A file of fillers only holds no message: 0, as RocketMQ reads its own
+        pre-blank units (the same bytes), so it goes once the log's head moved."""
+        last = mapped_file.read_long(self.mapped_file_size - unit_size)
+        if last != 0 or filler is None:
+            return last
+        data = mapped_file.read_data(0, self.mapped_file_size - self.mapped_file_size % unit_size)
+        units = len(data) // unit_size
+        real = units - trailing_units(data, filler)
+        return int.from_bytes(data[(real - 1) * unit_size : (real - 1) * unit_size + 8], "big", signed=True) if real else 0
 
     def retry_delete_first_file(self, interval_ms: int, now_ms: int) -> bool:
         """Re-destroy a first file that was shut down but could not be deleted yet."""

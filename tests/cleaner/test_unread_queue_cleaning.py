@@ -41,15 +41,15 @@ def test_a_queue_file_whose_last_unit_faults_is_kept_and_cleaned_by_the_next_pas
     clean = MappedFileQueue.delete_expired_file_by_offset
     passes: list[int] = []
 
-    def cut_while_it_reads(self: MappedFileQueue, min_offset: int, unit_size: int) -> int:
+    def cut_while_it_reads(self: MappedFileQueue, min_offset: int, unit_size: int, filler: bytes | None = None) -> int:
         if self.store_path != str(first.parent):
-            return clean(self, min_offset, unit_size)
+            return clean(self, min_offset, unit_size, filler)
         passes.append(min_offset)
         if len(passes) > 1:
-            return clean(self, min_offset, unit_size)
+            return clean(self, min_offset, unit_size, filler)
         os.truncate(first, 0)  # mapped: its last unit's page faults
         try:
-            return clean(self, min_offset, unit_size)
+            return clean(self, min_offset, unit_size, filler)
         finally:
             with open(first, "r+b") as f:  # the disk reads again, in place
                 f.write(saved)

@@ -185,6 +185,27 @@ def test_delete_by_offset_uses_last_unit(any_fs: tuple[FileSystem, str], clock: 
     assert len(q.mapped_files) == 1
 
 
+def test_delete_by_offset_judges_a_file_by_its_last_unit_that_is_not_a_filler(any_fs: tuple[FileSystem, str], clock: object) -> None:
+    """Review 108 F1: a filler unit (a queue offset held for a record not in the log) points at
+    commitlog offset 0; a file ending in fillers was deleted once the log's head moved, with the
+    live units before them. A file of fillers only holds no message: RocketMQ's rule (0 is below
+    any head) deletes it, as it deletes a file of its own pre-blank units."""
+    fs, root = any_fs
+    filler = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
+    q = MappedFileQueue(fs, os.path.join(root, "cq"), 200, clock_ms=clock)  # type: ignore[arg-type]
+    for units in ([(100 + i, 10, 0) for i in range(7)], [], [(300 + i, 10, 0) for i in range(10)]):
+        mf = q.get_last_mapped_file(0)
+        assert mf is not None
+        for unit in units:
+            assert mf.append_bytes(struct.pack(">qiq", *unit))
+        while mf.wrote_position < 200:
+            assert mf.append_bytes(filler)
+    assert q.delete_expired_file_by_offset(106, 20, filler) == 0  # file 0's last message is at 106
+    assert q.delete_expired_file_by_offset(107, 20, filler) == 2  # then the fillers' own file
+    assert q.min_offset() == 400
+    assert q.delete_expired_file_by_offset(10**9, 20, filler) == 0  # the newest file is always kept
+
+
 def test_get_mapped_file_by_time(any_fs: tuple[FileSystem, str], clock: object) -> None:
     fs, root = any_fs
     q = _aged_queue(fs, root, clock, 3, [100, 200, 300])
