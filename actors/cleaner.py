@@ -142,10 +142,10 @@ class CleanerActor(StoreActor[CleanerRequest]):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         self._manual_rounds_left = 0
-        self._last_redelete_ms = 0
+        self._last_redelete_ms: int | None = None  # monotonic
         self._last_physical_min_offset = 0
         self._disk_full = False
-        self._first_run_ms = 0
+        self._first_run_ms = 0  # monotonic
         self.last_round: CleanRound | None = None
         # (wall, monotonic) when files were last aged by the wall clock, and since when the
         # wall clock has been ahead of it (0: it is not).
@@ -153,7 +153,9 @@ class CleanerActor(StoreActor[CleanerRequest]):
         self._clock_ahead_since_ms = 0
 
     def on_start(self) -> None:
-        self._first_run_ms = self.ctx.clock_ms() + CLEAN_FIRST_DELAY_MS
+        # Paced by the monotonic ticker: the wall clock a Tick carries, stepped back by X, held
+        # every round (the disk-full check with them) for X (review 108 F3).
+        self._first_run_ms = self.ctx.ticker.now_ms() + CLEAN_FIRST_DELAY_MS
         self._aged_at = (self.ctx.clock_ms(), self.ctx.ticker.now_ms())
 
     # injected per store ----------------------------------------------------------------------
@@ -168,7 +170,7 @@ class CleanerActor(StoreActor[CleanerRequest]):
     def handle(self, message: CleanerRequest) -> CleanRound | Pong:
         match message:
             case Tick(now_ms=now_ms):
-                if now_ms < self._first_run_ms:
+                if self.ctx.ticker.now_ms() < self._first_run_ms:
                     return CleanRound(ran=False)
                 return self._round(now_ms)
             case DeleteFilesManually(reply=reply):
@@ -207,7 +209,7 @@ class CleanerActor(StoreActor[CleanerRequest]):
                 commitlog_deleted = self._delete_commitlog_files(clean_at_once)
                 if commitlog_deleted == 0 and space.spacefull:
                     self.log.warning("disk space will be full soon, but delete file failed", ratios=space.ratios)
-            hanged_deleted = self._redelete_hanged_file(now_ms)
+            hanged_deleted = self._redelete_hanged_file()
             min_offset = self._writer_min_offset()
             cq_deleted, index_deleted = self._clean_consume_queues(min_offset)
         except _PeerDown as exc:
@@ -268,11 +270,12 @@ class CleanerActor(StoreActor[CleanerRequest]):
                 self._sleep_ms(cfg.delete_commitlog_files_interval_ms)
         return deleted
 
-    def _redelete_hanged_file(self, now_ms: int) -> int:
+    def _redelete_hanged_file(self) -> int:
         cfg = self.config
-        if now_ms - self._last_redelete_ms <= cfg.redelete_hanged_file_interval_ms:
+        ticked_ms = self.ctx.ticker.now_ms()
+        if self._last_redelete_ms is not None and ticked_ms - self._last_redelete_ms <= cfg.redelete_hanged_file_interval_ms:
             return 0
-        self._last_redelete_ms = now_ms
+        self._last_redelete_ms = ticked_ms
         answer: CommitLogFilesDeleted = self._ask(
             "writer",
             lambda reply: RedeleteHangedCommitLogFile(

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 import mqstore
+from mqstore.actors import cleaner as cleaner_module
 from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
-from mqstore.ticker import RealTicker
+from mqstore.ticker import ManualTicker, RealTicker
 
 HELPERS = "mqstore_cleaner_test_helpers"
 
@@ -64,7 +65,21 @@ def forcing_harness(clock: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
-def jumping_harness(clock: Any) -> Iterator[Any]:
+def jumping_harness(clock: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A store whose monotonic clock is the real one: the test's clock moving ahead is a jump
-    of the wall clock, not time passing."""
+    of the wall clock, not time passing. (Its first round is due at once: that minute is
+    monotonic time too.)"""
+    monkeypatch.setattr(cleaner_module, "CLEAN_FIRST_DELAY_MS", 0)
     yield from _harness(clock, ticker=RealTicker())
+
+
+@pytest.fixture
+def manual_ticker() -> ManualTicker:
+    return ManualTicker()
+
+
+@pytest.fixture
+def ticked_harness(clock: Any, manual_ticker: ManualTicker) -> Iterator[Any]:
+    """A store whose monotonic time moves only when the test advances `manual_ticker`: the
+    wall clock and the time that passed are set apart."""
+    yield from _harness(clock, ticker=manual_ticker)

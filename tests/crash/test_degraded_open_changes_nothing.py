@@ -17,7 +17,7 @@ from crashlib import read_all
 
 import mqstore
 from mqstore import Message
-from mqstore.actors.cleaner import CLEAN_FIRST_DELAY_MS
+from mqstore.actors import cleaner as cleaner_module
 from mqstore.messages import CleanRound, Tick
 from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger
@@ -120,7 +120,9 @@ def test_a_degraded_open_cuts_no_unit_and_the_restored_store_serves_everything(
         assert store.put(Message("T", b"after")).queue_offset == COUNT
 
 
-def test_the_cleaner_deletes_no_queue_or_index_file_for_a_segment_cut_short(written: Path, tmp_path: Path) -> None:
+def test_the_cleaner_deletes_no_queue_or_index_file_for_a_segment_cut_short(
+    written: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The cleaner follows the log's head: with the first segment cut short (left out of the
     loaded files), the head looked like the second segment's start, and the first round deleted
     the queue and index files of the first segment's messages; restored, 240 of them were out
@@ -131,8 +133,9 @@ def test_the_cleaner_deletes_no_queue_or_index_file_for_a_segment_cut_short(writ
     os.truncate(path / "commitlog" / first, 8192)
     before = _digest(path)
     now = [2_000_000_000_000]
+    monkeypatch.setattr(cleaner_module, "CLEAN_FIRST_DELAY_MS", 0)  # (a minute of the monotonic clock)
     with mqstore.open(path, clock_ms=lambda: now[0], **SETTINGS) as store:
-        now[0] += CLEAN_FIRST_DELAY_MS + 1_000
+        now[0] += 1_000
         round_: CleanRound = store.supervisor.ctx.peers["cleaner"].ask(Tick(now_ms=now[0]), timeout=30)
         assert round_.ran and (round_.consume_queue_deleted, round_.index_deleted) == (0, 0), round_
         assert store.min_offset("T", 0) == 0

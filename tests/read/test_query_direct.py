@@ -18,7 +18,7 @@ import pytest
 
 import mqstore
 from mqstore import FaultPlan, Message, MessageStore
-from mqstore.actors.cleaner import CLEAN_FIRST_DELAY_MS
+from mqstore.actors import cleaner as cleaner_module
 from mqstore.messages import DeleteExpiredIndexFiles, QueryOffsets, QueryResult, Reply
 from mqstore.storage.disk import FixedDiskGauge
 from mqstore.storage.fs import SimulatedFileSystem
@@ -421,6 +421,7 @@ def test_after_the_cleaner_deletes_index_files_queries_answer_as_the_actor_with_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     H = cleaner_helpers()
+    monkeypatch.setattr(cleaner_module, "CLEAN_FIRST_DELAY_MS", 0)  # (a minute of the monotonic clock)
     clock = H.ManualClock()
     fs = SimulatedFileSystem(clock_ms=clock)
     fs.makedirs("/store")
@@ -439,7 +440,7 @@ def test_after_the_cleaner_deletes_index_files_queries_answer_as_the_actor_with_
         reader = thread_index_reader(store)
         before = reader.mapped_names
         assert before == tuple(sorted(h.index_files())) and len(before) >= 2
-        clock.set(H.local_ms(0, 10) + CLEAN_FIRST_DELAY_MS)
+        clock.set(H.local_ms(0, 10) + 60_000)
         gauge.set(0.86)  # above the forced-clean ratio: expired or not, the oldest files go
         r = h.tick()
         assert r.commitlog_deleted >= 1 and r.index_deleted >= 1
