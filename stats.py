@@ -40,6 +40,7 @@ from .messages import GetResult, PutResult, Reply
 from .storage.fs import FileSystem, NotARegularFileError, read_regular_file
 from .storage.map_areas import MAP_AREAS
 from .storage.status import PutMessageStatus
+from .ticker import RealTicker, Ticker
 
 __all__ = [
     "SNAPSHOT_FILE_NAME",
@@ -568,12 +569,15 @@ SNAPSHOT_MAX_BYTES: Final = 16 * 1024 * 1024  # a bound on what `read_snapshot` 
 
 class StatsTicker:
     """The store's tick hook (`ActorContext.on_tick_ms`): `sample` every tick (once a second) and,
-    every `stats_snapshot_interval_ms` of the store's clock (the first at the first tick), write
+    every `stats_snapshot_interval_ms` of the monotonic ticker (the first at the first tick), write
     the snapshot file. `close()` writes a last one, marked final. Thread-safe: the supervisor's
     thread ticks while the host's thread may close."""
 
-    def __init__(self, store: StatsSource) -> None:
+    def __init__(self, store: StatsSource, ticker: Ticker | None = None) -> None:
         self._store = store
+        # Snapshots are paced by the monotonic ticker: by the wall clock a tick carries, a clock
+        # stepped back by X wrote none for X (the snapshot's own times stay wall times).
+        self._ticker: Ticker = ticker if ticker is not None else RealTicker()
         self._interval_ms = store.config.stats_snapshot_interval_ms
         self._path = os.path.join(os.fspath(store.config.store_path_root_dir), SNAPSHOT_FILE_NAME)
         self._next_snapshot_ms: int | None = None  # None: write at the first tick
@@ -587,10 +591,11 @@ class StatsTicker:
 
     def __call__(self, now_ms: int) -> None:
         self._store.stats_service.sample(now_ms)
+        ticked_ms = self._ticker.now_ms()
         with self._lock:
-            if self._closed or (self._next_snapshot_ms is not None and now_ms < self._next_snapshot_ms):
+            if self._closed or (self._next_snapshot_ms is not None and ticked_ms < self._next_snapshot_ms):
                 return
-            self._next_snapshot_ms = now_ms + self._interval_ms
+            self._next_snapshot_ms = ticked_ms + self._interval_ms
             self._write_locked(now_ms, final=False)
 
     def close(self) -> None:

@@ -277,11 +277,11 @@ class MessageStore:
         self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
         self._puts = PutPipeline(self)  # put_async futures, the actor client, the in-flight bound
         # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
-        self._stats_ticker = StatsTicker(self)
+        self._stats_ticker = StatsTicker(self, self.supervisor.ticker)
         self.supervisor.ctx.on_tick_ms.append(self._stats_ticker)
         self.supervisor.ctx.on_tick_ms.append(self._release_deleted_files)
         self.supervisor.ctx.on_tick_ms.append(self._drop_stopped_subscribers)
-        self.offsets = ConsumerOffsets(self.fs, config.store_path_root_dir)
+        self.offsets = ConsumerOffsets(self.fs, config.store_path_root_dir, ticker=self.supervisor.ticker)
         self.supervisor.ctx.on_tick_ms.append(self.offsets)
         # Their last write under the lock also when the supervisor gives up (FAILED): after it,
         # another process may open the store, and this one's writes would go over its own.

@@ -238,6 +238,19 @@ def test_a_store_with_a_short_interval_writes_its_snapshot_within_an_interval(tm
     assert last is not None and last["final"] is True and last["stats"]["put_message_times_total"] == 10
 
 
+def test_a_wall_clock_stepped_back_does_not_hold_the_snapshots(tmp_path: Path, fast_ticker: None) -> None:
+    """Snapshots are paced by the monotonic ticker: paced by the wall clock, a clock stepped
+    back an hour wrote none for an hour."""
+    root = tmp_path / "s"
+    wall = [int(time.time() * 1000)]
+    with mqstore.open(root, stats_snapshot_interval_ms=100, clock_ms=lambda: wall[0]) as store:
+        wait_for(lambda: read_snapshot(root) is not None)
+        wall[0] -= 3_600_000
+        assert store.put(mqstore.Message(topic="T", body=b"x")).ok
+        snap = wait_for(lambda: (s := read_snapshot(root)) and s["stats"]["put_message_times_total"] == 1 and s)
+        assert snap["timestamp_ms"] == wall[0]
+
+
 def test_mqstore_stats_on_a_running_store_shows_the_live_figures_and_their_age(
     tmp_path: Path, fast_ticker: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
