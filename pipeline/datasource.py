@@ -595,6 +595,13 @@ class RocketMQReader(DataSourceReader):
         self.strict = _bool(options, "strict")
         self.max_message_size = int(options.get("maxmessagesize", DEFAULT_MAX_MESSAGE_SIZE))
         self.corrupt_log = options.get("corruptlog")
+        if self.corrupt_log:
+            from .outputs import store_around  # (its module imports the command line's)
+
+            found = store_around(self.corrupt_log)
+            if found is not None:
+                raise ValueError(f"rocketmq data source: corruptLog {self.corrupt_log} lies in the store directory "
+                                 f"{found[0]} (it holds {found[1]}); a store's directory is its own: log elsewhere")  # fmt: skip
         decoder = options.get("decoder", "fast").strip().lower()
         if decoder not in DECODERS:
             raise ValueError(f"rocketmq data source: decoder {decoder!r} is not one of {', '.join(DECODERS)}")

@@ -197,3 +197,13 @@ def test_a_where_clause_is_pushed_in_a_spark_query(spark: Any, store: Path) -> N
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_corrupt_log_in_a_store_directory_is_refused(store: Path, tmp_path: Path) -> None:
+    """Review 108 F7: `corruptLog` wrote its JSON lines wherever it pointed, into a store's
+    consumequeue/ too (no job writes inside a store's directories)."""
+    paths = json.dumps([str(store)])
+    for inside in (store / "consumequeue", store, store / "commitlog" / "log"):
+        with pytest.raises(ValueError, match="lies in the store directory"):
+            RocketMQReader({"paths": paths, "corruptLog": str(inside)}, SCHEMA)
+    assert RocketMQReader({"paths": paths, "corruptLog": str(tmp_path / "log")}, SCHEMA).corrupt_log == str(tmp_path / "log")
