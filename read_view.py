@@ -114,6 +114,11 @@ class ReadViewPublisher:
         # future or a callback) reflects everything below it as it starts. A plain int, not
         # in the view: one writer sets it, and no reader waits on it.
         self.acked_end = 0
+        # The writer's own table of next queue offsets ("topic-queueId" -> the offset its next
+        # put there takes), given here at each start before it takes a put, and read only by
+        # readers: a queue whose next offset the view's bounds reach has no put appended that
+        # the view lacks, so a read at its end waits for nobody's put (review 107 J1).
+        self.next_queue_offsets: Mapping[str, int] = {}
 
     def _swap(self, view: ReadView, changed: int) -> None:
         # Called with the lock held: the one reference assignment readers see.
@@ -133,6 +138,11 @@ class ReadViewPublisher:
                 self._swap(ReadView(readable_end, v.dispatched_end, v.queues_live, v.queue_bounds, v.queues_written,
                                     v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined),
                            COMMITLOG)  # fmt: skip
+
+    def publish_next_queue_offsets(self, table: Mapping[str, int]) -> None:
+        """The writer, at its start before it takes a put: its live table of next queue
+        offsets (it updates the table as it appends, before answering any put)."""
+        self.next_queue_offsets = table
 
     def publish_acked(self, end: int) -> None:
         """The writer, before it answers a pass's stored puts: they end below `end`."""

@@ -367,6 +367,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._commitlog.topic_queue_table = resume_queue_offsets(
             self._commitlog, self._recovered, dict(request.topic_queue_table), request.dispatch_from, known
         )
+        self.ctx.read_view.publish_next_queue_offsets(self._commitlog.topic_queue_table)
         self._resumed = True
         self.log.info("writer ready", max_offset=self._commitlog.get_max_offset(),
                       queues=len(self._commitlog.topic_queue_table))  # fmt: skip

@@ -251,6 +251,71 @@ def test_gateway_reads_at_a_queues_end_wait_briefly_for_others_puts(open_store: 
     assert time.monotonic() - started < 4 * OTHERS_PUTS_WAIT_S + 2
 
 
+def test_gateway_reads_at_the_end_of_a_queue_with_no_put_pending_answer_at_once(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 107 J1, J3: with dispatch behind (stalled, or reput ahead and the ConsumeQueue
+    actor stuck), every gateway Get at a queue's end waited for the puts answered before it,
+    a queue nobody writes too: 5 s each while dispatch moved slowly, and the gateway's two
+    readers held every other gateway read behind them. A queue whose every put the view holds
+    has nothing to wait for: its end is its end."""
+    from mqstore import GetMessageStatus, Reply
+    from mqstore.messages import Get, Waiter
+
+    store = open_store(read_your_writes_timeout_ms=30_000)
+    h.put_n(store, 3, topic="U")
+    for stuck in ("publish_queues", "publish_dispatched"):  # the ConsumeQueue actor alone, then reput too
+        monkeypatch.setattr(store.read_view, stuck, lambda published: None)
+        assert store.put(Message(topic="T", body=stuck.encode())).ok  # pending: behind dispatch
+        started = time.monotonic()
+        polls = [Waiter() for _ in range(8)]
+        for i, waiter in enumerate(polls):
+            topic, offset = ("U", 3) if i % 2 else ("IDLE", 0)
+            store.actor_ref.tell(Get(topic=topic, queue_id=0, offset=offset, max_count=1, reply=Reply(future=waiter)))
+        answers = [waiter.get(timeout=60).status for waiter in polls]
+        assert answers == [GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.OFFSET_OVERFLOW_ONE] * 4, answers
+        assert time.monotonic() - started < 2.0, stuck
+
+
+def test_a_gateway_read_waiting_on_a_stuck_consume_queue_actor_stops_waiting(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 107 J3: with reput ahead and the ConsumeQueue actor stuck, a gateway Get at the
+    end of a queue with a put pending waited the whole read_your_writes_timeout_ms, not only
+    while dispatch moved."""
+    from mqstore import GetMessageStatus, Reply
+    from mqstore.messages import Get, Waiter
+    from mqstore.store import OTHERS_PUTS_WAIT_S
+
+    store = open_store(read_your_writes_timeout_ms=30_000)
+    h.put_n(store, 3)
+    monkeypatch.setattr(store.read_view, "publish_queues", lambda published: None)
+    put = store.put(Message(topic="T", body=b"late"))
+    assert put.ok
+    deadline = time.monotonic() + 10
+    while store.read_view.view.dispatched_end < put.commitlog_offset + put.wrote_bytes:  # reput handed it on
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    started = time.monotonic()
+    waiter = Waiter()
+    store.actor_ref.tell(Get(topic="T", queue_id=0, offset=3, max_count=1, reply=Reply(future=waiter)))
+    answer = waiter.get(timeout=60)
+    assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 3), answer
+    assert time.monotonic() - started < OTHERS_PUTS_WAIT_S + 2
+
+
+def test_a_gateway_read_of_the_askers_own_put_outwaits_dispatch_batches_slower_than_a_second(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 107 J2: "dispatch did not move for a second" took one batch slower than that (a
+    batch making 1,000 new queues: 1.9 s; a restart at the supervisor's longest back-off, 1 s)
+    for a stall, and answered the asker's own put NO_MATCHED_LOGIC_QUEUE though it was readable
+    well within the read-your-writes timeout."""
+    store = open_store(read_your_writes_timeout_ms=10_000)
+    monkeypatch.setattr(store.read_view, "publish_queues", _late(store.read_view.publish_queues, 1.5))
+    assert [_gateway_put_then_get(store, b"%d" % i) for i in range(2)] == [S.FOUND] * 2
+
+
 def test_when_dispatch_does_not_reach_the_put_in_time_reads_answer_statuses(
     open_store: Open, monkeypatch: pytest.MonkeyPatch
 ) -> None:
