@@ -11,6 +11,7 @@ content to `<name>.tmp`, which is fsynced and renamed over `<name>`. Loading fal
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ import re
 from typing import Any, Callable, Container, Final, TypeAlias, TypeVar
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import JAVA_INT_MAX, JAVA_LONG_MAX, JAVA_LONG_MIN, java_int, java_split
+from mqstore.storage.codec import JAVA_INT_MAX, JAVA_INT_MIN, JAVA_LONG_MAX, JAVA_LONG_MIN, java_int, java_split
 from mqstore.storage.fs import FileSystem
 
 __all__ = [
@@ -210,13 +211,26 @@ def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T]) -> T
 def _int_table(obj: Any) -> dict[int, int]:
     if not isinstance(obj, dict):
         raise TypeError(f"expected an object, got {type(obj).__name__}")
-    return {int(k): _as_int(v) for k, v in obj.items()}
+    return {_queue_id(k): _as_int(v) for k, v in obj.items()}
+
+
+def _queue_id(k: Any) -> int:
+    """A table's key as the broker's Integer holds it: one outside a Java int was served and
+    written back where a broker cannot read it (review 108 F5)."""
+    queue_id = int(k)
+    if not JAVA_INT_MIN <= queue_id <= JAVA_INT_MAX:
+        raise ValueError(f"queue id {queue_id} is outside a Java int")
+    return queue_id
 
 
 def _as_int(v: Any) -> int:
     # A string of digits is a number to fastjson (TypeUtils.castToLong: Long.parseLong), so
     # the broker reads {"0":"450"} as offset 450; so do we.
     if type(v) is str and _DIGITS.fullmatch(v) and JAVA_LONG_MIN <= int(v) <= JAVA_LONG_MAX:
+        return int(v)
+    # So is a whole number written with a fraction or an exponent (200.0, 2e2: castToLong of
+    # its BigDecimal); only where a float holds it exactly (review 108 F5).
+    if type(v) is float and v.is_integer() and abs(v) <= _FLOAT_EXACT:
         return int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"expected an integer, got {v!r}")
@@ -226,6 +240,7 @@ def _as_int(v: Any) -> int:
 
 
 _DIGITS = re.compile(r"-?[0-9]{1,19}")
+_FLOAT_EXACT: Final = 2**53
 
 
 def parse_delay_offset_table(doc: Any) -> dict[int, int]:
@@ -251,7 +266,9 @@ def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
 
 # A `"topic@group":{queue:offset,...}` group of an offsetTable, and one `queue:offset` pair in
 # it (fastjson writes the queue ids bare, other writers quoted): for a file cut short.
-_GROUP = re.compile(r'"([^"{}]+@[^"{}]+)"\s*:\s*\{([^{}]*)(\}|\Z)')
+# The name is a JSON string, escapes and braces allowed (review 108 F4: names with `"`, `{` or
+# `}` were not found, and escapes were kept undecoded and written back as such).
+_GROUP = re.compile(r'"((?:[^"\\]|\\.)*@(?:[^"\\]|\\.)*)"\s*:\s*\{([^{}]*)(\}|\Z)')
 _PAIR = re.compile(r'"?(-?\d+)"?\s*:\s*(-?\d+)\s*([,}]|\Z)')
 
 
@@ -260,9 +277,17 @@ def _salvage_cut_short(text: str) -> tuple[dict[str, dict[int, int]], list[str]]
     disk whole): a number that runs to the end of the text may be cut, so it is left out."""
     kept: dict[str, dict[int, int]] = {}
     for group in _GROUP.finditer(text):
-        entries = {int(q): int(o) for q, o, end in _PAIR.findall(group.group(2)) if end or group.group(3)}
+        try:
+            name = json.loads('"' + group.group(1) + '"')
+        except ValueError:
+            continue  # not a JSON string after all
+        entries: dict[int, int] = {}
+        for q, o, end in _PAIR.findall(group.group(2)):
+            if end or group.group(3):
+                with contextlib.suppress(ValueError, TypeError):
+                    entries[_queue_id(q)] = _as_int(int(o))
         if entries:
-            kept[group.group(1)] = entries
+            kept[name] = entries
     return (kept, ["(the rest of a file cut short)"]) if kept else None
 
 
@@ -289,7 +314,7 @@ def _salvage_offset_table(fs: FileSystem, path: str) -> tuple[dict[str, dict[int
         entries: dict[int, int] = {}
         for queue_id, offset in queues.items():
             try:
-                entries[int(queue_id)] = _as_int(offset)
+                entries[_queue_id(queue_id)] = _as_int(offset)
             except (ValueError, TypeError):
                 left_out.append(f"{topic_at_group}/{queue_id}")
         if entries:

@@ -260,3 +260,49 @@ def test_something_else_under_a_damaged_copys_name_neither_fails_the_persist_nor
     store.commit_offset("g", "T", 0, 9)
     store.persist()
     assert json.loads(path.read_bytes())["offsetTable"] == {"T@g": {"0": 9}}
+
+
+def test_a_file_cut_short_gives_back_groups_whose_names_need_json_escapes() -> None:
+    """Review 108 F4: the salvage of a file cut short matched names without `"`, `{` or `}`
+    and kept escapes undecoded: such groups were served -1, and two written back under wrong
+    keys (a literal backslash-n, a doubled backslash)."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    store = ConsumerOffsetStore(fs, "/store")
+    groups = ["plain", "g\n2", "g\\x", 'g"q', "g{1}", "g é"]
+    for n, group in enumerate(groups):
+        store.commit_offset(group, "orders", 0, 100 + n)
+    store.commit_offset("zzz", "orders", 0, 7)  # (written last: the keys are sorted)
+    store.persist()
+    whole = fs.read_bytes(PATH)
+    fs.write_atomic(PATH, whole[: whole.rindex(b'"orders@zzz"') + 20])  # cut inside the last entry
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load()
+    assert [again.query_offset(group, "orders", 0) for group in groups] == [100 + n for n in range(len(groups))]
+    again.persist()
+    reloaded = ConsumerOffsetStore(fs, "/store")
+    assert reloaded.load() and [reloaded.query_offset(g, "orders", 0) for g in groups] == [100 + n for n in range(len(groups))]
+
+
+@pytest.mark.parametrize(("value", "served"), [("200.0", 200), ("2e2", 200), ("200.5", -1)])
+def test_an_offset_written_as_a_whole_float_is_read_as_fastjson_reads_it(value: str, served: int) -> None:
+    """Review 108 F5: fastjson reads 200.0 as offset 200 (castToLong); it was left out."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, ('{"offsetTable":{"T@g":{0:%s,1:5}}}' % value).encode())
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load()
+    assert (store.query_offset("g", "T", 0), store.query_offset("g", "T", 1)) == (served, 5)
+
+
+@pytest.mark.parametrize("queue_id", ["2147483648", "4294967296", "-2147483649"])
+def test_a_queue_id_outside_a_java_int_is_left_out_not_written_back(queue_id: str) -> None:
+    """Review 108 F5: a queue id a broker's Integer cannot hold was served and written back."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, ('{"offsetTable":{"T@g":{"%s":200,"1":5}}}' % queue_id).encode())
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load() and store.query_offset("g", "T", 1) == 5
+    store.commit_offset("g", "T", 2, 6)
+    store.persist()
+    assert json.loads(fs.read_bytes(PATH))["offsetTable"]["T@g"] == {"1": 5, "2": 6}
