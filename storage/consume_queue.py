@@ -60,6 +60,10 @@ def _valid(offset: int, size: int) -> bool:
     return offset >= 0 and size > 0
 
 
+def _filler(offset: int, size: int) -> bool:
+    return offset == 0 and size == FILLER_UNIT_SIZE
+
+
 class ConsumeQueue:
     """One (topic, queueId) queue, written by its owner only. Not thread-safe."""
 
@@ -314,22 +318,57 @@ class ConsumeQueue:
     def units_below(self, phy_offset: int) -> int:
         """The queue's max offset if `truncate_dirty_logic_files(phy_offset)` ran now, without
         changing anything (recovery notes what a cut will remove before it cuts)."""
+        return self._cut_point(phy_offset) // CQ_STORE_UNIT_SIZE
+
+    def _first_real_offset(self, mapped_file: MappedFile) -> int | None:
+        """The commitlog offset of the file's first unit that is not a filler; None if it has
+        none before its first invalid unit (a file of fillers only, or of nothing). Its first
+        unit alone, unless that is a filler."""
         unit = CQ_STORE_UNIT_SIZE
-        for mapped_file in reversed(self.mapped_file_queue.mapped_files):
-            first_offset, first_size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
-            if first_offset >= phy_offset or not _valid(first_offset, first_size):
-                continue
-            buf = mapped_file.read_data(0, self.mapped_file_size)
-            count = 1
-            for i in range(unit, self.mapped_file_size, unit):
-                offset, size, _tags = CQ_UNIT.unpack_from(buf, i)
-                if not _valid(offset, size) or offset >= phy_offset:
-                    break
-                count += 1
-            self.refuse_if_unread()
-            return (mapped_file.file_from_offset + count * unit) // unit
+        offset, size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
         self.refuse_if_unread()
-        return 0
+        if not _filler(offset, size):
+            return offset if _valid(offset, size) else None
+        data = mapped_file.read_data(0, self.mapped_file_size)
+        self.refuse_if_unread()
+        for offset, size, _tags in CQ_UNIT.iter_unpack(data[: len(data) - len(data) % unit]):
+            if not _valid(offset, size):
+                return None
+            if not _filler(offset, size):
+                return offset
+        return None
+
+    def _cut_point(self, phy_offset: int) -> int:
+        """Where the queue ends once cut for a log that ends at `phy_offset`: at its first real
+        unit pointing at or past it (units follow the log's order, so every later one does
+        too), else at its first invalid unit or its last file's end. Fillers before that point
+        stay: they hold the offsets of records not in the log. A file's first real unit
+        decides where to start, not its first unit (review 110 F3: a filler, offset 0, lies
+        below any cut, and a last file starting with one kept the units before it that point
+        past the log's end)."""
+        unit = CQ_STORE_UNIT_SIZE
+        files = self.mapped_file_queue.mapped_files
+        start = 0
+        for i in range(len(files) - 1, -1, -1):
+            first = self._first_real_offset(files[i])
+            if first is not None and first < phy_offset:
+                start = i
+                break
+        for mapped_file in files[start:]:
+            base = mapped_file.file_from_offset
+            # The first unit alone decides a file that goes whole (every file of every queue when
+            # a crash re-dispatches from the log's start): reading all of it took a third of
+            # that recovery.
+            offset, size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
+            self.refuse_if_unread()
+            if not _valid(offset, size) or (offset >= phy_offset and not _filler(offset, size)):
+                return base
+            data = mapped_file.read_data(0, self.mapped_file_size)
+            self.refuse_if_unread()
+            for i, (offset, size, _tags) in enumerate(CQ_UNIT.iter_unpack(data[: len(data) - len(data) % unit])):
+                if not _valid(offset, size) or (offset >= phy_offset and not _filler(offset, size)):
+                    return base + i * unit
+        return files[-1].file_from_offset + self.mapped_file_size if files else 0
 
     def _fill_pre_blank(self, mapped_file: MappedFile, until_where: int) -> None:
         until = until_where % self.mapped_file_size
@@ -410,40 +449,28 @@ class ConsumeQueue:
     # maintenance (§9.6, §12.6) ---------------------------------------------------------------
     def truncate_dirty_logic_files(self, phy_offset: int) -> None:
         """Remove units pointing at or beyond `phy_offset` (the commitlog was truncated) and
-        zero what they occupied."""
-        unit = CQ_STORE_UNIT_SIZE
-        self.max_physic_offset = phy_offset - 1
+        zero what they occupied (`_cut_point`)."""
         queue = self.mapped_file_queue
-        while True:
-            mapped_file = queue.last_mapped_file
-            if mapped_file is None:
-                break
-            # The first unit alone decides a file that goes whole (every file of every queue when
-            # a crash re-dispatches from the log's start): reading all of it took a third of
-            # that recovery. Holes are not read: see recover().
-            first_offset, first_size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
-            self.refuse_if_unread()
-            if first_offset >= phy_offset or not _valid(first_offset, first_size):
-                # An invalid first unit: the file holds nothing (created, never durably
-                # written); keeping it would turn its zero unit into a phantom unit.
-                mapped_file.set_positions(0)
-                queue.delete_last_mapped_file()
-                continue
-            buf = mapped_file.read_data(0, self.mapped_file_size)
-            self.refuse_if_unread()
-            mapped_file.set_positions(unit)
-            self.max_physic_offset = first_offset
-            for i in range(unit, self.mapped_file_size, unit):
-                offset, size, _tags = CQ_UNIT.unpack_from(buf, i)
-                if not _valid(offset, size) or offset >= phy_offset:
-                    break
-                mapped_file.set_positions(i + unit)
-                self.max_physic_offset = offset
-            mapped_file.zero_from(mapped_file.wrote_position)
-            break
+        cut = self._cut_point(phy_offset)
+        while (last := queue.last_mapped_file) is not None and last.file_from_offset >= cut:
+            # An invalid first unit: the file holds nothing (created, never durably written);
+            # kept, its zero unit would read as a phantom unit.
+            last.set_positions(0)
+            queue.delete_last_mapped_file()
+        if last is not None:
+            last.set_positions(cut - last.file_from_offset)
+            last.zero_from(last.wrote_position)
+            # The duplicate guard: the newest real unit's (most often the one before the cut).
+            before = CQ_UNIT.unpack(last.read_data(last.wrote_position - CQ_STORE_UNIT_SIZE, last.wrote_position)) if last.wrote_position else None
+            if before is not None and _valid(before[0], before[1]) and not _filler(before[0], before[1]):
+                self.max_physic_offset = before[0]
+            else:
+                real = self.last_real_unit()
+                self.max_physic_offset = real[0] if real is not None else -1
+        else:
+            self.max_physic_offset = phy_offset - 1
         queue.flushed_where = min(queue.flushed_where, queue.max_offset())
         queue.committed_where = min(queue.committed_where, queue.max_offset())
-        self._skip_trailing_fillers()
 
     def keep_units_matching(self, phy_offset: int, matches: Callable[[int, int, int, int], bool]) -> int:
         """After a crash: `truncate_dirty_logic_files(phy_offset)`, except that from the first
@@ -458,10 +485,12 @@ class ConsumeQueue:
         queue = self.mapped_file_queue
         files = queue.mapped_files
         end = queue.max_offset()
-        first = 0  # the last file that starts below `phy_offset`: the units to check begin in it
+        # The last file whose first real unit points below `phy_offset`: the units to check
+        # begin in it (its first unit a filler decided nothing: review 110 F3).
+        first = 0
         for i in range(len(files) - 1, -1, -1):
-            offset, size, _tags = CQ_UNIT.unpack(files[i].read_data(0, unit))
-            if _valid(offset, size) and offset < phy_offset:
+            first_real = self._first_real_offset(files[i])
+            if first_real is not None and first_real < phy_offset:
                 first = i
                 break
         checking = False

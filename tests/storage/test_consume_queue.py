@@ -395,3 +395,56 @@ def test_a_queue_ending_in_filler_units_resumes_after_its_last_real_unit() -> No
     assert again.max_physic_offset == 230
     only = _queue(SimulatedFileSystem())
     assert only.fill_to(5) and only.last_real_unit() is None
+
+
+def _filler_first_file(fs: FileSystem) -> ConsumeQueue:
+    """Units 0..9 (file 0) at 100_000 + 400 i; 10, a quarantined record's, a filler, first of
+    file 1; 11..14 real."""
+    cq = _queue(fs)
+    for i in [*range(10), 11, 12, 13, 14]:
+        assert cq.put_message_position_info(100_000 + 400 * i, 400, 0, i)
+    assert cq.get_unit(10) == (0, consume_queue.FILLER_UNIT_SIZE, 0)
+    return cq
+
+
+@pytest.mark.parametrize("how", ["truncate", "keep_units_matching", "units_below"])
+def test_a_cut_goes_past_a_last_file_whose_first_unit_is_a_filler(how: str) -> None:
+    """Review 110 F3: a file's first unit decided whether the cut lay in it, and a filler
+    (commitlog offset 0) lies below any cut: with the last file starting with one, the units of
+    the file before it that point past the log's end stayed (served another topic's record,
+    and the duplicate guard past the log's end dropped acknowledged puts' units)."""
+    fs = SimulatedFileSystem()
+    cq = _filler_first_file(fs)
+    cut = 100_000 + 400 * 7  # the log ends before queue offset 7's record
+    if how == "units_below":
+        assert cq.units_below(cut) == 7
+        return
+    if how == "truncate":
+        cq.truncate_dirty_logic_files(cut)
+    else:
+        assert cq.keep_units_matching(cut, lambda offset, size, tags, queue_offset: False) == 0
+    assert cq.get_max_offset_in_queue() == 7
+    assert [cq.get_unit(q) for q in range(7)] == [(100_000 + 400 * i, 400, 0) for i in range(7)]
+    assert cq.max_physic_offset == 100_000 + 400 * 6
+
+
+@pytest.mark.parametrize("how", ["truncate", "keep_units_matching", "units_below"])
+def test_fillers_before_the_cut_stay_and_a_file_of_fillers_only_after_it_goes(how: str) -> None:
+    """Fillers hold the offsets of records not in the log: those before the first unit the cut
+    removes stay, and so does a file of fillers only that no removed unit precedes."""
+    fs = SimulatedFileSystem()
+    cq = _queue(fs)
+    for i in range(8):
+        assert cq.put_message_position_info(100_000 + 400 * i, 400, 0, i)
+    assert cq.fill_to(25)  # 8..24: fillers, file 1 of fillers only
+    assert cq.put_message_position_info(200_000, 400, 0, 25)
+    for cut, left in ((200_000, 25), (100_000 + 400 * 7, 7)):
+        if how == "units_below":
+            assert cq.units_below(cut) == left, cut
+            continue
+        if how == "truncate":
+            cq.truncate_dirty_logic_files(cut)
+        else:
+            cq.keep_units_matching(cut, lambda offset, size, tags, queue_offset: False)
+        assert cq.get_max_offset_in_queue() == left, cut
+        assert cq.last_real_unit() == ((100_000 + 400 * 7 if left == 25 else 100_000 + 400 * 6), 400, 0)
