@@ -596,12 +596,16 @@ class RocketMQReader(DataSourceReader):
         self.max_message_size = int(options.get("maxmessagesize", DEFAULT_MAX_MESSAGE_SIZE))
         self.corrupt_log = options.get("corruptlog")
         if self.corrupt_log:
-            from .outputs import store_around  # (its module imports the command line's)
+            # Not inside a store it reads (review 108 F7: its lines went into the read store's
+            # consumequeue/). A store a job builds (reindex's OUT) may hold its own read log.
+            from mqstore.cli import CliError  # (the command line's module imports this one's)
 
-            found = store_around(self.corrupt_log)
-            if found is not None:
-                raise ValueError(f"rocketmq data source: corruptLog {self.corrupt_log} lies in the store directory "
-                                 f"{found[0]} (it holds {found[1]}); a store's directory is its own: log elsewhere")  # fmt: skip
+            from .outputs import refuse_overlap
+
+            try:
+                refuse_overlap(self.corrupt_log, self.paths, "corruptLog")
+            except CliError as exc:
+                raise ValueError(f"rocketmq data source: {exc}") from None
         decoder = options.get("decoder", "fast").strip().lower()
         if decoder not in DECODERS:
             raise ValueError(f"rocketmq data source: decoder {decoder!r} is not one of {', '.join(DECODERS)}")
