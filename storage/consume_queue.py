@@ -335,7 +335,7 @@ class ConsumeQueue:
             if not _valid(offset, size):
                 return None
             if not _filler(offset, size):
-                return offset
+                return int(offset)
         return None
 
     def _cut_point(self, phy_offset: int) -> int:
