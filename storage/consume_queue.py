@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import errno
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Callable, Final
@@ -607,6 +608,15 @@ def offset_by_time_in_file(
     while high >= low:
         mid = (low + high) // (2 * unit) * unit
         phy, size, _tags = CQ_UNIT.unpack_from(units, mid)
+        if _filler(phy, size):
+            # No message and no time there (a quarantined or lost record's offset): the nearest
+            # real unit in the range stands for it. Taken for a deleted message, it sent the
+            # search right past its target; its store time read -1 answered 0 (review 110 F1, F2).
+            real = _nearest_real_unit(units, mid, low, high)
+            if real is None:
+                break
+            mid = real
+            phy, size, _tags = CQ_UNIT.unpack_from(units, mid)
         if phy < min_phy_offset:  # the message is already deleted
             low = mid + unit
             left = mid
@@ -634,6 +644,17 @@ def offset_by_time_in_file(
             target = right if abs(timestamp - left_value) > abs(timestamp - right_value) else left
     # Java truncating division: target may be -1 (then start 0 gives 0, not -1).
     return jdiv(file_from_offset + target, unit)
+
+
+def _nearest_real_unit(units: ReadBuffer, at: int, low: int, high: int) -> int | None:
+    """The position of the first unit after `at` (up to `high`) that is not a filler, else of
+    the last before it (down to `low`); None if [low, high] holds fillers only."""
+    unit = CQ_STORE_UNIT_SIZE
+    for position in itertools.chain(range(at + unit, high + 1, unit), range(at - unit, low - 1, -unit)):
+        offset, size, _tags = CQ_UNIT.unpack_from(units, position)
+        if not _filler(offset, size):
+            return position
+    return None
 
 
 # -------------------------------------------------------------------------------------------

@@ -448,3 +448,30 @@ def test_fillers_before_the_cut_stay_and_a_file_of_fillers_only_after_it_goes(ho
             cq.keep_units_matching(cut, lambda offset, size, tags, queue_offset: False)
         assert cq.get_max_offset_in_queue() == left, cut
         assert cq.last_real_unit() == ((100_000 + 400 * 7 if left == 25 else 100_000 + 400 * 6), 400, 0)
+
+
+@pytest.mark.parametrize("min_phy_offset", [0, 50_000])
+@pytest.mark.parametrize("fillers", [(4,), (0, 4, 9), (4, 5, 6, 7, 8, 9), (0, 1, 2, 3, 4)])
+def test_the_time_search_steps_over_filler_units(min_phy_offset: int, fillers: tuple[int, ...]) -> None:
+    """Review 110 F1, F2: a filler (commitlog offset 0) the binary search landed on was taken
+    for a deleted message once the log's head had moved (the search went right, past its
+    target: the store time of #1 answered 5), or, with the head at 0, its store time read -1
+    and the whole answer was 0 (a consumer reset by time went back to the queue's start)."""
+    from mqstore.storage.consume_queue import offset_by_time_in_file
+
+    times = {100_000 + 400 * i: 1_000 + 10 * i for i in range(10)}
+    units = b"".join(
+        consume_queue.FILLER_UNIT if i in fillers else CQ_UNIT.pack(100_000 + 400 * i, 400, 0) for i in range(10)
+    )
+
+    def pickup(phy: int, size: int) -> int:
+        return times.get(phy, -1) if size == 400 else -1
+
+    real = [i for i in range(10) if i not in fillers]
+    for i in real:
+        assert offset_by_time_in_file(units, 0, 0, times[100_000 + 400 * i], pickup, min_phy_offset) == i, i
+        # Between two messages: the nearer real one (the earlier on ties).
+        between = offset_by_time_in_file(units, 0, 0, times[100_000 + 400 * i] + 4, pickup, min_phy_offset)
+        assert between == i, (i, between)
+    assert offset_by_time_in_file(units, 0, 0, 0, pickup, min_phy_offset) == real[0]  # before the first
+    assert offset_by_time_in_file(units, 0, 0, 10**6, pickup, min_phy_offset) == real[-1]  # after the last
