@@ -543,16 +543,18 @@ class ConsumeQueue:
             raise UnreadDuringRecoveryError(mapped_file.file_name)
 
     def correct_min_offset(self, phy_min_offset: int) -> None:
-        """min_logic_offset := the first unit of the first file pointing at or after
-        `phy_min_offset` (unchanged if none does)."""
+        """min_logic_offset := the first real unit of the first file pointing at or after
+        `phy_min_offset` (unchanged if none does). Not a filler (review 110 F4: one at a
+        queue's start, offset 0, was its first live unit while the log started at 0, and the
+        queue's earliest message time read -1)."""
         mapped_file = self.mapped_file_queue.first_mapped_file
         if mapped_file is None:
             return
         data = mapped_file.select(0)
         if data is None:
             return
-        for i, (offset, _size, _tags) in enumerate(CQ_UNIT.iter_unpack(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE])):
-            if offset >= phy_min_offset:
+        for i, (offset, size, _tags) in enumerate(CQ_UNIT.iter_unpack(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE])):
+            if offset >= phy_min_offset and not _filler(offset, size):
                 self.min_logic_offset = mapped_file.file_from_offset + i * CQ_STORE_UNIT_SIZE
                 log.info("consume queue min offset corrected", topic=self.topic, queue_id=self.queue_id,
                          min_logic_offset=self.min_logic_offset)  # fmt: skip

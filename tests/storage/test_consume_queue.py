@@ -475,3 +475,17 @@ def test_the_time_search_steps_over_filler_units(min_phy_offset: int, fillers: t
         assert between == i, (i, between)
     assert offset_by_time_in_file(units, 0, 0, 0, pickup, min_phy_offset) == real[0]  # before the first
     assert offset_by_time_in_file(units, 0, 0, 10**6, pickup, min_phy_offset) == real[-1]  # after the last
+
+
+def test_the_min_offset_is_never_a_filler() -> None:
+    """Review 110 F4: a filler at a queue's start (offset 0) was its first live unit while the
+    log started at 0: the min offset moved from 1 to 0 at a reopen and the queue's earliest
+    message time read -1."""
+    cq = _queue(SimulatedFileSystem())
+    assert cq.fill_to(1)
+    for i in range(1, 5):
+        assert cq.put_message_position_info(100 + i * 10, 10, 0, i)
+    cq.correct_min_offset(0)
+    assert cq.get_min_offset_in_queue() == 1
+    cq.correct_min_offset(125)
+    assert cq.get_min_offset_in_queue() == 3
