@@ -9,7 +9,7 @@ import threading
 
 from .errors import StoreClosedError
 from .log import get_logger
-from .storage.consumer_offsets import DAMAGED_SUFFIX, ConsumerOffsetStore
+from .storage.consumer_offsets import DAMAGED_SUFFIX, ConsumerOffsetStore, OffsetsLoaded
 from .storage.fs import FileSystem
 from .storage.lockfiles import StoreDirectoryError, refuse_unless_regular_file
 from .ticker import RealTicker, Ticker
@@ -69,6 +69,11 @@ class ConsumerOffsets:
         """Read config/consumerOffset.json (or its .bak); raises if neither parses."""
         with self._writing, self._lock:
             self._offsets.load()
+
+    @property
+    def loaded(self) -> OffsetsLoaded:
+        """What the open found of the committed offsets (stats()["consumer_offsets_loaded"])."""
+        return self._offsets.loaded
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """StoreClosedError once the offsets had their last write (the store closed, or its

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Iterable, Mapping, NotRequired, ParamSpec, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Mapping, NotRequired, ParamSpec, Protocol, TypedDict
 
 import msgpack
 import psutil
@@ -39,8 +39,12 @@ from .log import get_logger
 from .messages import GetResult, PutResult, Reply
 from .storage.fs import FileSystem, NotARegularFileError, read_regular_file
 from .storage.map_areas import MAP_AREAS
+from .storage.consumer_offsets import OffsetsLoaded
 from .storage.status import PutMessageStatus
 from .ticker import RealTicker, Ticker
+
+if TYPE_CHECKING:
+    from .offsets import ConsumerOffsets
 
 __all__ = [
     "SNAPSHOT_FILE_NAME",
@@ -169,6 +173,10 @@ class StoreStatsSnapshot(StoreCounters, FlushFailures):
     disk: dict[str, DiskUsage]  # "root", "commitlog", "consumequeue", "index": those that exist
     commitlog_disk_ratio: float | None  # disk["commitlog"]["fs_used_ratio"]; None: not known
     files_cut_under_map: list[str]
+    # What the open found of the committed consumer offsets: "file", "backup" (its .bak, up to
+    # one persist interval older), "partly" (some entries read -1), "unreadable" (every group
+    # reads -1 as if it never committed: a consumer's reset policy decides), "none" (no file).
+    consumer_offsets_loaded: OffsetsLoaded
 
 
 class StatsSource(Protocol):
@@ -193,6 +201,8 @@ class StatsSource(Protocol):
     def files_cut_under_map(self) -> list[str]:
         """The store's files another process cut short under its maps since it opened."""
         ...
+    @property
+    def offsets(self) -> ConsumerOffsets: ...
     def flush_failures(self) -> FlushFailures:
         """Failed msyncs of this run (commitlog offset, queues/index), see store.flush_failures."""
         ...
@@ -555,6 +565,7 @@ def store_snapshot(store: StatsSource) -> StoreStatsSnapshot:
         "commitlog_flush_failed_at": failures["commitlog_flush_failed_at"],
         "queue_or_index_flush_failed": failures["queue_or_index_flush_failed"],
         "commitlog_disk_ratio": commitlog_disk.get("fs_used_ratio") if commitlog_disk is not None else None,
+        "consumer_offsets_loaded": store.offsets.loaded,
     }
 
 

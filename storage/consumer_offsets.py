@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Callable, Container, Final, TypeAlias, TypeVar
+from typing import Any, Callable, Container, Final, Literal, TypeAlias, TypeVar
 
 from mqstore.log import get_logger
 from mqstore.storage.codec import JAVA_INT_MAX, JAVA_INT_MIN, JAVA_LONG_MAX, JAVA_LONG_MIN, java_int, java_split
@@ -181,8 +181,9 @@ def _decodes(data: bytes, decode: Callable[[Any], object]) -> bool:
     return True
 
 
-def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T]) -> T | None:
-    """Read `path` (fallback `path.bak`) and `decode` its parsed JSON.
+def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T], *, read_from: list[str] | None = None) -> T | None:
+    """Read `path` (fallback `path.bak`) and `decode` its parsed JSON; the file it came from is
+    appended to `read_from`.
 
     None if neither file exists. Raises ConfigFileError if what exists cannot be decoded."""
     errors: list[str] = []
@@ -202,6 +203,8 @@ def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T]) -> T
             continue
         if candidate != path:
             log.warning("config_file_loaded_from_bak", path=candidate, errors=errors)
+        if read_from is not None:
+            read_from.append(candidate)
         return value
     if not any_exists:
         return None
@@ -255,6 +258,12 @@ def load_delay_offsets(fs: FileSystem, root_dir: str) -> dict[int, int] | None:
 
 # ---------------------------------------------------------------------------------------
 # ConsumerOffsetStore
+
+# What an open found of the committed offsets: "file" (read whole), "backup" (the file did not
+# read, its `.bak` did: offsets up to one persist interval older), "partly" (neither read whole:
+# the entries that did are served, the rest read -1), "unreadable" (nothing read: every group
+# reads -1, as if it never committed), "none" (no file: a new store).
+OffsetsLoaded: TypeAlias = Literal["file", "backup", "partly", "unreadable", "none"]
 
 
 def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
@@ -407,6 +416,8 @@ class ConsumerOffsetStore:
         # The loaded document's top-level members: (key, exact value text), None for offsetTable.
         self._members: list[tuple[str, str | None]] = [("offsetTable", None)]
         self._written: tuple[bytes, ...] = ()  # digests of this process's last two writes
+        # What the last load found (OffsetsLoaded): "none" when nothing was loaded yet.
+        self.loaded: OffsetsLoaded = "none"
 
     def _load_foreign_members(self) -> None:
         """The members of the file the table was read from (the file's, else the `.bak`'s)."""
@@ -432,7 +443,9 @@ class ConsumerOffsetStore:
         as after a lost file, rather than the store refusing to open; the unreadable file is
         kept as `.damaged` on the next persist)."""
         try:
-            table = load_config_file(self._fs, self.path, _parse_offset_table)
+            read_from: list[str] = []
+            table = load_config_file(self._fs, self.path, _parse_offset_table, read_from=read_from)
+            self.loaded = "none" if table is None else "file" if read_from == [self.path] else "backup"
         except ConfigFileError as exc:
             log.error("consumer_offsets_unreadable", path=self.path, error=str(exc)[:500])
             table = None
@@ -448,8 +461,10 @@ class ConsumerOffsetStore:
                     left_out += [f"{os.path.basename(candidate)}: {what}" for what in salvaged[1]]
             if table:
                 log.error("consumer_offsets_partly_read", path=self.path, kept=len(table), left_out=left_out[:20])
+                self.loaded = "partly"
             else:
                 table = None
+                self.loaded = "unreadable"
         self._members = [("offsetTable", None)]
         if table is None:
             self._table = {}

@@ -437,3 +437,29 @@ def test_a_commit_never_waits_for_the_offsets_write_and_what_it_commits_meanwhil
         consumer_offsets._decodes = real_decodes  # type: ignore[assignment]
         fs.write_atomic = real_write  # type: ignore[method-assign]
     assert offsets.close() is True
+
+
+@pytest.mark.parametrize(
+    ("main", "bak", "loaded"),
+    [
+        (None, None, "none"),
+        ('{"offsetTable":{"T@g":{0:5}}}', None, "file"),
+        ("garbage", '{"offsetTable":{"T@g":{0:5}}}', "backup"),
+        ('{"offsetTable":{"T@g":{0:5},"T@h":{0:"x"}}}', None, "partly"),
+        ("garbage", "more garbage", "unreadable"),
+    ],
+)
+def test_stats_say_what_the_open_found_of_the_committed_offsets(
+    tmp_path: Path, open_store: Open, main: str | None, bak: str | None, loaded: str
+) -> None:
+    """Review 108 F6: offsets that could not be read opened as "never committed" (-1), said in
+    the log only: a host could not tell a group that never committed from one whose offsets
+    were lost (a consumer starting from its last offset skips its backlog then)."""
+    root = tmp_path / "store"
+    (root / "config").mkdir(parents=True)
+    for name, text in (("consumerOffset.json", main), ("consumerOffset.json.bak", bak)):
+        if text is not None:
+            (root / "config" / name).write_text(text)
+    store = open_store(root)
+    assert store.stats()["consumer_offsets_loaded"] == loaded
+    assert store.query_offset("g", "T", 0) == (-1 if loaded in ("none", "unreadable") else 5)
