@@ -1236,7 +1236,8 @@ class MessageStore:
         offset 0. The messages stay in the commitlog (lookup, query) until it is cleaned.
         Returns how many queues were removed (4.4.0 returns 0 always). For topics no longer
         written: a put in flight to one may bring its queue back, as in RocketMQ, and so does
-        dispatching its records again: after a crash, and at the next open when they are the
+        dispatching its records again (not a restart of the ConsumeQueue actor in this run:
+        the writer has forgotten the queue, review 109 K2): after a crash, and at the next open when they are the
         newest records of the log (recovery re-dispatches from the queues' highest unit, as
         RocketMQ 4.5+ does; 4.4.0 starts at the log's end and so can leave records a stop did
         not dispatch without units). The queue ledger forgets them before their files go, so

@@ -151,6 +151,11 @@ class ActorContext:
     # the run): the checkpoint's logics and index timestamps stop there and the close is
     # unclean, so the next open rebuilds from the log what may not be on disk (review 48 H3).
     derived_flush_failed: bool = False
+    # Queues clean_unused_topic removed in this run, with the end of what was dispatched then
+    # (set by the ConsumeQueue actor, kept for its next incarnations): their records below it
+    # are not dispatched again, so a restart's re-dispatch does not bring back a queue the
+    # writer has forgotten (review 109 K2: the next put took offset 0 of the rebuilt queue).
+    cleaned_queues: dict[tuple[str, int], int] = field(default_factory=dict)
     # How far each child's on_start has got, a count it raises as it goes (the ConsumeQueue
     # actor: queues recovered). The supervisor waits for the ready handshake START_TIMEOUT_S at a
     # time while it moves (review 71 F3: an open of 5,000 queues outlasted one fixed wait).

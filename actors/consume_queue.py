@@ -443,7 +443,13 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             else:
                 runs.append((key, [unit]))
         hit = self.ctx.faults.hit
+        cleaned = self.ctx.cleaned_queues
         for n, ((topic, queue_id), units) in enumerate(runs):
+            if cleaned and (topic, queue_id) in cleaned:
+                below = cleaned[(topic, queue_id)]
+                units = [unit for unit in units if unit[0] >= below]
+                if not units:
+                    continue
             cq = self._queues.get((topic, queue_id)) or self._new_queue(topic, queue_id)
             if cq is None:
                 continue
@@ -459,7 +465,16 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         rising commitlog offsets, units packed."""
         hit = self.ctx.faults.hit
         middle = len(runs) // 2
+        cleaned = self.ctx.cleaned_queues
         for n, (topic, queue_id, units, first_phy, last_phy, first_cq, count) in enumerate(runs):
+            below = cleaned.get((topic, queue_id), 0) if cleaned else 0
+            if first_phy < below:  # a removed queue's records (_dispatch)
+                if last_phy < below:
+                    continue
+                kept = [(offset, size, tags, first_cq + i) for i, (offset, size, tags) in enumerate(codec.CQ_UNIT.iter_unpack(units))
+                        if offset >= below]  # fmt: skip
+                first_cq += count - len(kept)
+                units, first_phy, count = b"".join(codec.CQ_UNIT.pack(*unit[:3]) for unit in kept), kept[0][0], len(kept)
             cq = self._queues.get((topic, queue_id)) or self._new_queue(topic, queue_id)
             if cq is None:
                 continue
@@ -634,6 +649,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         for key in removed:
             self._mapped.pop(key, None)
         self._publish(survivors, complete=True)
+        for key in removed:
+            self.ctx.cleaned_queues[key] = self._dispatched_offset
         for (topic, queue_id), cq in zip(removed, doomed):
             self._own_topic_dirs.discard(topic)  # checked again if it comes back
             cq.destroy()

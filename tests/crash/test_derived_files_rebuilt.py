@@ -423,6 +423,34 @@ def test_a_topic_cleaned_by_clean_unused_topic_is_not_rebuilt(tmp_path: Path) ->
         assert store.put(Message(topic="T", body=b"again")).queue_offset == 0  # a new queue, as in RocketMQ
 
 
+def test_a_restarted_consume_queue_actor_does_not_bring_back_a_cleaned_queue(tmp_path: Path) -> None:
+    """Review 109 K2: after clean_unused_topic the writer forgets the queue's next offset; a
+    restart of the ConsumeQueue actor re-dispatched the cleaned topic's records and rebuilt its
+    queue (offsets 0..4), and the next put, given offset 0 by the writer, was acknowledged
+    with an offset another message held (its unit at 5; the same after a reopen)."""
+    plan = mqstore.FaultPlan()
+    root = tmp_path / "store"
+    with mqstore.open(root, faults=plan) as store:
+        for i in range(3):
+            assert store.put(Message("X", b"x%d" % i)).ok
+        for i in range(5):
+            assert store.put(Message("T", b"old%d" % i)).ok
+        assert store.wait_for_messages("T", 0, 4, timeout_s=10)
+        assert store.clean_unused_topic(["X"]) == 1
+        plan.arm("consume_queue.mid_write", 1)
+        assert store.put(Message("X", b"crash")).ok
+        deadline = time.monotonic() + 10
+        while not store.supervisor.restarts:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert store.wait_for_messages("X", 0, 3, timeout_s=10)  # re-dispatched past T's records
+        put = store.put(Message("T", b"NEW"))
+        assert put.ok and put.queue_offset == 0
+        assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == [(0, b"NEW")]
+    with mqstore.open(root) as store:
+        assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == [(0, b"NEW")]
+
+
 def test_verify_counts_a_cleaned_topics_records_and_still_finds_a_deleted_queue(tmp_path: Path) -> None:
     """Review 51: after clean_unused_topic, verify reported cq_missing for every record of the
     removed topic (the log keeps them until it is cleaned), failing a store nothing was wrong
