@@ -599,9 +599,15 @@ class MappedFileQueue:
         if last != 0 or filler is None:
             return last
         data = mapped_file.read_data(0, self.mapped_file_size - self.mapped_file_size % unit_size)
+        if mapped_file.cut_short():
+            return None  # cut by another process between the two reads: not judged (review 109 K1)
         units = len(data) // unit_size
         real = units - trailing_units(data, filler)
-        return int.from_bytes(data[(real - 1) * unit_size : (real - 1) * unit_size + 8], "big", signed=True) if real else 0
+        if not real:
+            return 0
+        offset = int.from_bytes(data[(real - 1) * unit_size : (real - 1) * unit_size + 8], "big", signed=True)
+        size = int.from_bytes(data[(real - 1) * unit_size + 8 : (real - 1) * unit_size + 12], "big", signed=True)
+        return offset if offset >= 0 and size > 0 else None  # zeros are no unit: not judged
 
     def retry_delete_first_file(self, interval_ms: int, now_ms: int) -> bool:
         """Re-destroy a first file that was shut down but could not be deleted yet."""

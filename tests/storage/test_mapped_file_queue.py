@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import struct
+from pathlib import Path
+
+import pytest
 
 from mqstore.storage.codec import segment_file_name
 from mqstore.storage.fs import FileSystem, SimulatedFileSystem
@@ -266,3 +269,34 @@ def test_check_self_reports_holes(any_fs: tuple[FileSystem, str], clock: object)
     fill_files(q, 3)
     del q.mapped_files[1]
     assert len(q.check_self()) == 1
+
+
+def test_a_queue_file_cut_between_the_cleanings_two_reads_is_not_judged(
+    tmp_path: Path, clock: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 109 K1: a file ending in a filler is read twice (its last unit, then all of it);
+    cut short by another process in between, the second read was zeros, taken for a unit at
+    offset 0, below any head: the file went with its live units."""
+    from mqstore.storage.fs import RealFileSystem
+
+    filler = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
+    q = MappedFileQueue(RealFileSystem(), os.path.join(str(tmp_path), "cq"), 200, clock_ms=clock)  # type: ignore[arg-type]
+    for units in ([(100 + i, 10, 0) for i in range(9)], [(300 + i, 10, 0) for i in range(10)]):
+        mf = q.get_last_mapped_file(0)
+        assert mf is not None
+        for unit in units:
+            assert mf.append_bytes(struct.pack(">qiq", *unit))
+        while mf.wrote_position < 200:
+            assert mf.append_bytes(filler)
+    first = q.mapped_files[0]
+    read_long = MappedFile.read_long
+
+    def then_cut(self: MappedFile, pos: int) -> int | None:
+        value = read_long(self, pos)
+        if self is first:
+            os.truncate(self.file_name, 0)
+        return value
+
+    monkeypatch.setattr(MappedFile, "read_long", then_cut)
+    assert q.delete_expired_file_by_offset(200, 20, filler) == 0
+    assert q.mapped_files[0] is first and os.path.exists(first.file_name)
