@@ -14,7 +14,8 @@ as RocketMQ does.
 `stats_snapshot_interval_ms` and at close, so `mqstore stats` (another process) can show live
 figures; `read_snapshot` reads that file back.
 
-Time is passed in (`clock_ms`), latencies are measured by the caller in nanoseconds.
+Time is passed in (`clock_ms` stamps the boot; `elapsed_ms`, monotonic, paces the samples and
+rates), latencies are measured by the caller in nanoseconds.
 `store_snapshot(source)` adds what only the running store and the OS know: dispatch lag (from
 the store's read view), process RSS and open files, disk usage of each store path (psutil).
 Both take a `StatsSource`, the narrow protocol a store offers them, not the store itself.
@@ -228,10 +229,16 @@ class _Sample:
 class StoreStats:
     """Thread-safe counters; every method is a lock and a few additions."""
 
-    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
-        self._clock_ms = clock_ms or (lambda: time.time_ns() // _NS_PER_MS)
+    def __init__(self, clock_ms: Callable[[], int] | None = None, *, elapsed_ms: Callable[[], int] | None = None) -> None:
+        # Samples, rates and the runtime count `elapsed_ms` (the store's monotonic ticker; the
+        # times the methods take are its); the wall clock only stamps the boot. By the wall
+        # clock, one stepped back an hour took no sample and said 0.0 puts/s for that hour
+        # (review 109 K4).
+        wall_ms = clock_ms or (lambda: time.time_ns() // _NS_PER_MS)
+        self._clock_ms = elapsed_ms or wall_ms
         self._lock = threading.Lock()
-        self.boot_timestamp_ms = self._clock_ms()
+        self.boot_timestamp_ms = wall_ms()
+        self._boot_ms = self._clock_ms()
         self._put_topic_times: dict[str, int] = collections.defaultdict(int)
         self._put_topic_bytes: dict[str, int] = collections.defaultdict(int)
         self._put_times_total = 0
@@ -248,8 +255,8 @@ class StoreStats:
         self._dispatch_max_behind_bytes = 0
         self._corrupt_records_on_read = 0
         self._samples: collections.deque[_Sample] = collections.deque(maxlen=MAX_SAMPLES)
-        self._last_reset_ms = self.boot_timestamp_ms
-        self._samples.append(self._snapshot_locked(self.boot_timestamp_ms))
+        self._last_reset_ms = self._boot_ms
+        self._samples.append(self._snapshot_locked(self._boot_ms))
 
     # recording ---------------------------------------------------------------------------
     def record_put(self, topic: str, result: PutResult | BaseException, latency_ns: int) -> None:
@@ -404,7 +411,7 @@ class StoreStats:
             tps_miss = self._tps_locked(now, "get_miss")
             return {
                 "boot_timestamp_ms": self.boot_timestamp_ms,
-                "runtime_ms": now - self.boot_timestamp_ms,
+                "runtime_ms": now - self._boot_ms,
                 "put_message_times_total": self._put_times_total,
                 "put_message_size_total": self._put_bytes_total,
                 "put_message_average_size": self._put_bytes_total / self._put_times_total if self._put_times_total else 0.0,
@@ -527,7 +534,7 @@ def store_files_cut_under_map(fs: FileSystem, cfg: StoreConfig, since: int) -> s
 def store_snapshot(store: StatsSource) -> StoreStatsSnapshot:
     """`MessageStore.stats()`: the counters, dispatch lag, process and disk figures."""
     stats = store.stats_service
-    counters = stats.snapshot(store.clock_ms())
+    counters = stats.snapshot()
     log_end: int | None = None
     dispatched: int | None = None
     behind: int | None = None
@@ -601,7 +608,7 @@ class StatsTicker:
         return self._path
 
     def __call__(self, now_ms: int) -> None:
-        self._store.stats_service.sample(now_ms)
+        self._store.stats_service.sample()
         ticked_ms = self._ticker.now_ms()
         with self._lock:
             if self._closed or (self._next_snapshot_ms is not None and ticked_ms < self._next_snapshot_ms):
@@ -622,7 +629,7 @@ class StatsTicker:
 
     def _write_locked(self, now_ms: int, *, final: bool) -> None:
         store = self._store
-        figures = store.stats_service.snapshot(now_ms)
+        figures = store.stats_service.snapshot()
         lag = self._dispatch_lag()
         behind = lag.get("behind_bytes")
         if behind is not None:

@@ -275,7 +275,7 @@ class MessageStore:
         )  # fmt: skip
         self.log = get_logger("mqstore.store", store=config.store_path_root_dir)
         self.supervisor.ctx.on_arrivals = self._on_arrivals
-        self.stats_service = StoreStats(self.clock_ms)  # StoreStatsService (§16)
+        self.stats_service = StoreStats(self.clock_ms, elapsed_ms=self.supervisor.ticker.now_ms)  # StoreStatsService (§16)
         self._puts = PutPipeline(self)  # put_async futures, the actor client, the in-flight bound
         # Sampled every second by the supervisor's ticker; <root>/stats.msgpack every interval.
         self._stats_ticker = StatsTicker(self, self.supervisor.ticker)

@@ -423,3 +423,20 @@ def test_disk_usage_of_a_store_directory_that_is_a_link_to_another_disk(tmp_path
     found = stats_module.disk_allocated_bytes_under(paths)
     assert [found[n][1] for n in ("root", "commitlog", "consumequeue", "index")] == [8192, 65536, 20000, 8192]
     assert found == {name: stats_module.disk_allocated_bytes(path) for name, path in paths.items()}
+
+
+def test_rates_count_the_monotonic_clock_whatever_the_wall_clock_does() -> None:
+    """Review 109 K4: samples were paced by the wall clock; stepped back an hour, no sample was
+    taken for that hour and every rate read 0.0 while puts were taken."""
+    wall, elapsed = [2_000_000_000_000], [0]
+    stats = StoreStats(lambda: wall[0], elapsed_ms=lambda: elapsed[0])
+    for second in range(1, 21):
+        if second == 5:
+            wall[0] -= 3_600_000
+        wall[0] += 1_000
+        elapsed[0] += 1_000
+        stats.record_put("t", ok(), 1_000_000)
+        stats.sample()
+    assert stats.put_tps()["10s"] == pytest.approx(1.0)
+    snapshot = stats.snapshot()
+    assert snapshot["runtime_ms"] == 20_000 and snapshot["boot_timestamp_ms"] == 2_000_000_000_000
