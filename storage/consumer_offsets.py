@@ -12,6 +12,7 @@ content to `<name>.tmp`, which is fsynced and renamed over `<name>`. Loading fal
 from __future__ import annotations
 
 import contextlib
+import decimal
 import hashlib
 import json
 import os
@@ -102,8 +103,9 @@ def _quote_bare_keys(text: str) -> str:
 
 
 def load_fastjson(text: str) -> Any:
-    """Parse fastjson output (strict JSON, or with bare integer keys). Raises ValueError."""
-    return json.loads(_quote_bare_keys(text))
+    """Parse fastjson output (strict JSON, or with bare integer keys). Raises ValueError.
+    Numbers with a fraction or an exponent are Decimals, exact as fastjson's BigDecimal."""
+    return json.loads(_quote_bare_keys(text), parse_float=decimal.Decimal)
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,8 +234,8 @@ def _as_int(v: Any) -> int:
     if type(v) is str and _DIGITS.fullmatch(v) and JAVA_LONG_MIN <= int(v) <= JAVA_LONG_MAX:
         return int(v)
     # So is a whole number written with a fraction or an exponent (200.0, 2e2: castToLong of
-    # its BigDecimal); only where a float holds it exactly (review 108 F5).
-    if type(v) is float and v.is_integer() and abs(v) <= _FLOAT_EXACT:
+    # its BigDecimal), read exactly (review 108 F5, 111 F5).
+    if type(v) is decimal.Decimal and v.is_finite() and v == v.to_integral_value() and JAVA_LONG_MIN <= v <= JAVA_LONG_MAX:
         return int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"expected an integer, got {v!r}")
@@ -243,7 +245,6 @@ def _as_int(v: Any) -> int:
 
 
 _DIGITS = re.compile(r"-?[0-9]{1,19}")
-_FLOAT_EXACT: Final = 2**53
 
 
 def parse_delay_offset_table(doc: Any) -> dict[int, int]:
@@ -270,33 +271,76 @@ def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
     table = doc["offsetTable"]
     if not isinstance(table, dict):
         raise TypeError("offsetTable is not an object")
-    return {str(topic_at_group): _int_table(queues) for topic_at_group, queues in table.items()}
+    parsed: dict[str, dict[int, int]] = {}
+    for topic_at_group, queues in table.items():
+        if not isinstance(queues, dict):
+            raise TypeError(f"expected an object, got {type(queues).__name__}")
+        entries: dict[int, int] = {}
+        for key, value in queues.items():
+            try:
+                queue_id = _queue_id(key)
+            except ValueError:
+                if not _DIGITS.fullmatch(str(key)):
+                    raise
+                # A queue id no broker has: left out, said, the rest of the file read (review 111
+                # F3: refusing the file served every group from the older `.bak`).
+                log.error("consumer_offsets_entry_left_out", group=str(topic_at_group), queue_id=str(key),
+                          offset=str(value), reason="queue id outside a Java int")  # fmt: skip
+                continue
+            entries[queue_id] = _as_int(value)
+        parsed[str(topic_at_group)] = entries
+    return parsed
 
 
-# A `"topic@group":{queue:offset,...}` group of an offsetTable, and one `queue:offset` pair in
-# it (fastjson writes the queue ids bare, other writers quoted): for a file cut short.
-# The name is a JSON string, escapes and braces allowed (review 108 F4: names with `"`, `{` or
-# `}` were not found, and escapes were kept undecoded and written back as such).
-_GROUP = re.compile(r'"((?:[^"\\]|\\.)*@(?:[^"\\]|\\.)*)"\s*:\s*\{([^{}]*)(\}|\Z)')
+# One `queue:offset` pair of a group (fastjson writes the queue ids bare, other writers
+# quoted), the start of the offsetTable member, and what follows a group's name: for a file
+# cut short.
 _PAIR = re.compile(r'"?(-?\d+)"?\s*:\s*(-?\d+)\s*([,}]|\Z)')
+_OFFSET_TABLE = re.compile(r'"offsetTable"\s*:\s*\{')
+_BETWEEN_GROUPS = re.compile(r"[\s,]*")
+_GROUP_OPENS = re.compile(r"\s*:\s*\{")
+# json's own string scanner, in C (a JSON string from just past its opening quote: its value
+# and the index past its closing quote; ValueError if it does not end); typeshed leaves it out.
+_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
 
 def _salvage_cut_short(text: str) -> tuple[dict[str, dict[int, int]], list[str]] | None:
-    """The whole `queue:offset` pairs of a table cut short (a write that did not reach the
-    disk whole): a number that runs to the end of the text may be cut, so it is left out."""
+    """The whole `queue:offset` pairs of the offsetTable of a file cut short (a write that did
+    not reach the disk whole): a number that runs to the end of the text may be cut, so it is
+    left out. Only that member's groups (review 111 F2: a RocketMQ 5.x file's pullOffsetTable
+    and resetOffsetTable groups, pulled and pending offsets, were served as committed), read
+    in one pass, each name a JSON string (escapes and braces allowed: review 108 F4; a regex
+    over them took quadratic time on a name of quotes cut short: review 111 F4)."""
+    found = _OFFSET_TABLE.search(text)
+    if found is None:
+        return None
     kept: dict[str, dict[int, int]] = {}
-    for group in _GROUP.finditer(text):
+    at, end = found.end(), len(text)
+    while True:
+        at = _BETWEEN_GROUPS.match(text, at).end()  # type: ignore[union-attr]  # (matches the empty string)
+        if at >= end or text[at] != '"':
+            break  # the table's end, or the cut
         try:
-            name = json.loads('"' + group.group(1) + '"')
+            name, at = _scanstring(text, at + 1)
         except ValueError:
-            continue  # not a JSON string after all
+            break  # cut inside the name
+        opens = _GROUP_OPENS.match(text, at)
+        if opens is None:
+            break
+        closes = text.find("}", opens.end())
+        body = text[opens.end() : closes if closes >= 0 else end]
+        if "{" in body:
+            break  # not a group of pairs: not RocketMQ's shape
         entries: dict[int, int] = {}
-        for q, o, end in _PAIR.findall(group.group(2)):
-            if end or group.group(3):
+        for queue_id, offset, after in _PAIR.findall(body):
+            if after or closes >= 0:
                 with contextlib.suppress(ValueError, TypeError):
-                    entries[_queue_id(q)] = _as_int(int(o))
-        if entries:
+                    entries[_queue_id(queue_id)] = _as_int(int(offset))
+        if entries and TOPIC_GROUP_SEPARATOR in name:
             kept[name] = entries
+        if closes < 0:
+            break
+        at = closes + 1
     return (kept, ["(the rest of a file cut short)"]) if kept else None
 
 

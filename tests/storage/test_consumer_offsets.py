@@ -306,3 +306,58 @@ def test_a_queue_id_outside_a_java_int_is_left_out_not_written_back(queue_id: st
     store.commit_offset("g", "T", 2, 6)
     store.persist()
     assert json.loads(fs.read_bytes(PATH))["offsetTable"]["T@g"] == {"1": 5, "2": 6}
+
+
+def test_a_5x_file_cut_short_gives_back_only_its_offset_tables_groups() -> None:
+    """Review 111 F2: the salvage took every `"topic@group":{...}` of the text, so a RocketMQ
+    5.x file's pullOffsetTable (how far a consumer pulled, not what it acknowledged) and
+    resetOffsetTable (pending admin resets) replaced the committed offsets: g1 served 30 for 2."""
+    doc = ('{"dataVersion":{"counter":3,"timestamp":1},"offsetTable":{"TopicA@g1":{0:2,1:40},"TopicA@g2":{0:50}},'
+           '"pullOffsetTable":{"TopicA@g1":{0:30,1:45}},"resetOffsetTable":{"TopicA@g2":{0:1}}}')  # fmt: skip
+    for cut in (3, len(doc) - doc.index('"resetOffsetTable"')):
+        fs = SimulatedFileSystem()
+        fs.makedirs("/store/config")
+        fs.write_atomic(PATH, doc[:-cut].encode())
+        store = ConsumerOffsetStore(fs, "/store")
+        assert store.load() and store.loaded == "partly"
+        assert [store.query_offset("g1", "TopicA", q) for q in (0, 1)] + [store.query_offset("g2", "TopicA", 0)] == [2, 40, 50]
+
+
+def test_the_salvage_of_a_name_of_quotes_cut_short_takes_linear_time() -> None:
+    """Review 111 F4: the salvage's regex backtracked through a long group name of escaped
+    quotes cut short (17.5 s for 80,000 of them)."""
+    import time
+
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    store = ConsumerOffsetStore(fs, "/store")
+    store.commit_offset("!g1", "T", 0, 77)
+    store.commit_offset('"' * 80_000, "T", 0, 5)
+    store.persist()
+    whole = fs.read_bytes(PATH)
+    fs.write_atomic(PATH, whole[: len(whole) // 2])
+    started = time.monotonic()
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load() and again.query_offset("!g1", "T", 0) == 77
+    assert time.monotonic() - started < 2.0
+
+
+def test_one_queue_id_outside_a_java_int_leaves_out_that_entry_only() -> None:
+    """Review 111 F3: one such id refused the whole file, and every group was served its older
+    `.bak` (500 back to 400)."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, b'{"offsetTable":{"T@g1":{"0":500,"1":600},"T@g2":{"0":700,"2147483648":5}}}')
+    fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g1":{"0":400,"1":550},"T@g2":{"0":650}}}')
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load() and store.loaded == "file"
+    assert [store.query_offset("g1", "T", 0), store.query_offset("g1", "T", 1), store.query_offset("g2", "T", 0)] == [500, 600, 700]
+
+
+def test_a_whole_number_past_a_floats_precision_is_read_exactly() -> None:
+    """Review 111 F5: 9007199254740993.0 was read through a float: ...992."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, b'{"offsetTable":{"T@g":{0:9007199254740993.0}}}')
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load() and store.query_offset("g", "T", 0) == 9007199254740993
