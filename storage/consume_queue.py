@@ -22,7 +22,7 @@ from mqstore.storage.fs import (
     OUT_OF_RESOURCES_ERRNOS, FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError,
 )
 from mqstore.storage.mapped_file import MappedFile
-from mqstore.storage.mapped_file_queue import MappedFileQueue, trailing_units
+from mqstore.storage.mapped_file_queue import MappedFileQueue, leading_units, trailing_units
 
 __all__ = [
     "ConsumeQueue",
@@ -41,6 +41,7 @@ log = get_logger(__name__)
 # fillPreBlank's unit: valid by the offset >= 0 && size > 0 rule, pointing nowhere.
 _RECOVER_CHUNK: Final = 4096 * CQ_STORE_UNIT_SIZE  # 80 KiB: the first read of a queue file at recovery
 _RECOVER_CHUNK_MAX: Final = 64 * _RECOVER_CHUNK
+_FIRST_REAL_CHUNK: Final = 256 * CQ_STORE_UNIT_SIZE  # 5 KiB: the first look past a queue file's leading fillers
 FILLER_UNIT_SIZE: Final = 0x7FFFFFFF
 FILLER_UNIT: Final = CQ_UNIT.pack(0, FILLER_UNIT_SIZE, 0)
 # The largest run of skipped queue offsets filled with FILLER_UNITs; a larger jump is a
@@ -330,13 +331,20 @@ class ConsumeQueue:
         self.refuse_if_unread()
         if not _filler(offset, size):
             return offset if _valid(offset, size) else None
-        data = mapped_file.read_data(0, self.mapped_file_size)
-        self.refuse_if_unread()
-        for offset, size, _tags in CQ_UNIT.iter_unpack(data[: len(data) - len(data) % unit]):
-            if not _valid(offset, size):
-                return None
-            if not _filler(offset, size):
-                return int(offset)
+        # Past the leading fillers in growing reads (a crash open asks this of every queue, and
+        # a rebuilt queue's first file starts with one: reading all 6 MB of each made a crash
+        # open of 3,000 queues 12 times slower, review 111 F1).
+        start, chunk = 0, _FIRST_REAL_CHUNK
+        while start < self.mapped_file_size:
+            end = min(start + chunk, self.mapped_file_size)
+            data = mapped_file.read_data(start, end)
+            self.refuse_if_unread()
+            data = data[: len(data) - len(data) % unit]
+            lead = leading_units(data, FILLER_UNIT)
+            if lead < len(data) // unit:
+                offset, size, _tags = CQ_UNIT.unpack_from(data, lead * unit)
+                return int(offset) if _valid(offset, size) else None
+            start, chunk = end, min(chunk * 4, _RECOVER_CHUNK_MAX)
         return None
 
     def _cut_point(self, phy_offset: int) -> int:

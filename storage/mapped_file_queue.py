@@ -81,6 +81,20 @@ def trailing_units(data: bytes, unit: bytes) -> int:
     return low
 
 
+def leading_units(data: bytes, unit: bytes) -> int:
+    """How many whole copies of `unit` begin `data`, by halving (`trailing_units`' twin)."""
+    size = len(unit)
+    count = len(data) // size
+    low, high = 0, count
+    while low < high:
+        mid = (low + high + 1) // 2
+        if data[: mid * size] == unit * mid:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def named_past_the_largest_offset(directory: str, names: list[str]) -> str | None:
     """Why a segment of `names` (a directory's listing) is no segment of any log, or None: one
     named past Java's Long.MAX_VALUE, the largest offset (RocketMQ's Long.parseLong refuses the
