@@ -347,6 +347,17 @@ class ConsumeQueue:
             start, chunk = end, min(chunk * 4, _RECOVER_CHUNK_MAX)
         return None
 
+    def _last_file_below(self, phy_offset: int) -> int:
+        """The index of the last file whose first real unit points below `phy_offset` (0 if
+        none does): a cut for a log ending there lies in it or after it. Its first unit a
+        filler decides nothing (review 110 F3)."""
+        files = self.mapped_file_queue.mapped_files
+        for i in range(len(files) - 1, -1, -1):
+            first = self._first_real_offset(files[i])
+            if first is not None and first < phy_offset:
+                return i
+        return 0
+
     def _cut_point(self, phy_offset: int) -> int:
         """Where the queue ends once cut for a log that ends at `phy_offset`: at its first real
         unit pointing at or past it (units follow the log's order, so every later one does
@@ -357,13 +368,7 @@ class ConsumeQueue:
         past the log's end)."""
         unit = CQ_STORE_UNIT_SIZE
         files = self.mapped_file_queue.mapped_files
-        start = 0
-        for i in range(len(files) - 1, -1, -1):
-            first = self._first_real_offset(files[i])
-            if first is not None and first < phy_offset:
-                start = i
-                break
-        for mapped_file in files[start:]:
+        for mapped_file in files[self._last_file_below(phy_offset) :]:
             base = mapped_file.file_from_offset
             # The first unit alone decides a file that goes whole (every file of every queue when
             # a crash re-dispatches from the log's start): reading all of it took a third of
@@ -494,14 +499,7 @@ class ConsumeQueue:
         queue = self.mapped_file_queue
         files = queue.mapped_files
         end = queue.max_offset()
-        # The last file whose first real unit points below `phy_offset`: the units to check
-        # begin in it (its first unit a filler decided nothing: review 110 F3).
-        first = 0
-        for i in range(len(files) - 1, -1, -1):
-            first_real = self._first_real_offset(files[i])
-            if first_real is not None and first_real < phy_offset:
-                first = i
-                break
+        first = self._last_file_below(phy_offset)  # the units to check begin in it
         checking = False
         kept = 0
         previous = -1

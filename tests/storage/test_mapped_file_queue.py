@@ -188,25 +188,33 @@ def test_delete_by_offset_uses_last_unit(any_fs: tuple[FileSystem, str], clock: 
     assert len(q.mapped_files) == 1
 
 
+FILLER = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
+
+
+def _files_of_units_then_fillers(fs: FileSystem, root: str, clock: object, files: list[list[tuple[int, int, int]]]) -> MappedFileQueue:
+    """A queue of 10-unit files, each holding its `files` entry's units then fillers."""
+    q = MappedFileQueue(fs, os.path.join(root, "cq"), 200, clock_ms=clock)  # type: ignore[arg-type]
+    for units in files:
+        mf = q.get_last_mapped_file(0)
+        assert mf is not None
+        for unit in units:
+            assert mf.append_bytes(struct.pack(">qiq", *unit))
+        while mf.wrote_position < 200:
+            assert mf.append_bytes(FILLER)
+    return q
+
+
 def test_delete_by_offset_judges_a_file_by_its_last_unit_that_is_not_a_filler(any_fs: tuple[FileSystem, str], clock: object) -> None:
     """Review 108 F1: a filler unit (a queue offset held for a record not in the log) points at
     commitlog offset 0; a file ending in fillers was deleted once the log's head moved, with the
     live units before them. A file of fillers only holds no message: RocketMQ's rule (0 is below
     any head) deletes it, as it deletes a file of its own pre-blank units."""
     fs, root = any_fs
-    filler = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
-    q = MappedFileQueue(fs, os.path.join(root, "cq"), 200, clock_ms=clock)  # type: ignore[arg-type]
-    for units in ([(100 + i, 10, 0) for i in range(7)], [], [(300 + i, 10, 0) for i in range(10)]):
-        mf = q.get_last_mapped_file(0)
-        assert mf is not None
-        for unit in units:
-            assert mf.append_bytes(struct.pack(">qiq", *unit))
-        while mf.wrote_position < 200:
-            assert mf.append_bytes(filler)
-    assert q.delete_expired_file_by_offset(106, 20, filler) == 0  # file 0's last message is at 106
-    assert q.delete_expired_file_by_offset(107, 20, filler) == 2  # then the fillers' own file
+    q = _files_of_units_then_fillers(fs, root, clock, [[(100 + i, 10, 0) for i in range(7)], [], [(300 + i, 10, 0) for i in range(10)]])
+    assert q.delete_expired_file_by_offset(106, 20, FILLER) == 0  # file 0's last message is at 106
+    assert q.delete_expired_file_by_offset(107, 20, FILLER) == 2  # then the fillers' own file
     assert q.min_offset() == 400
-    assert q.delete_expired_file_by_offset(10**9, 20, filler) == 0  # the newest file is always kept
+    assert q.delete_expired_file_by_offset(10**9, 20, FILLER) == 0  # the newest file is always kept
 
 
 def test_get_mapped_file_by_time(any_fs: tuple[FileSystem, str], clock: object) -> None:
@@ -279,15 +287,7 @@ def test_a_queue_file_cut_between_the_cleanings_two_reads_is_not_judged(
     offset 0, below any head: the file went with its live units."""
     from mqstore.storage.fs import RealFileSystem
 
-    filler = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
-    q = MappedFileQueue(RealFileSystem(), os.path.join(str(tmp_path), "cq"), 200, clock_ms=clock)  # type: ignore[arg-type]
-    for units in ([(100 + i, 10, 0) for i in range(9)], [(300 + i, 10, 0) for i in range(10)]):
-        mf = q.get_last_mapped_file(0)
-        assert mf is not None
-        for unit in units:
-            assert mf.append_bytes(struct.pack(">qiq", *unit))
-        while mf.wrote_position < 200:
-            assert mf.append_bytes(filler)
+    q = _files_of_units_then_fillers(RealFileSystem(), str(tmp_path), clock, [[(100 + i, 10, 0) for i in range(9)], [(300 + i, 10, 0) for i in range(10)]])
     first = q.mapped_files[0]
     read_long = MappedFile.read_long
 
@@ -298,5 +298,5 @@ def test_a_queue_file_cut_between_the_cleanings_two_reads_is_not_judged(
         return value
 
     monkeypatch.setattr(MappedFile, "read_long", then_cut)
-    assert q.delete_expired_file_by_offset(200, 20, filler) == 0
+    assert q.delete_expired_file_by_offset(200, 20, FILLER) == 0
     assert q.mapped_files[0] is first and os.path.exists(first.file_name)
