@@ -245,6 +245,7 @@ def _as_int(v: Any) -> int:
 
 
 _DIGITS = re.compile(r"-?[0-9]{1,19}")
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def parse_delay_offset_table(doc: Any) -> dict[int, int]:
@@ -280,7 +281,7 @@ def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
             try:
                 queue_id = _queue_id(key)
             except ValueError:
-                if not _DIGITS.fullmatch(str(key)):
+                if not _INTEGER.fullmatch(str(key)):
                     raise
                 # A queue id no broker has: left out, said, the rest of the file read (review 111
                 # F3: refusing the file served every group from the older `.bak`).

@@ -342,12 +342,13 @@ def test_the_salvage_of_a_name_of_quotes_cut_short_takes_linear_time() -> None:
     assert time.monotonic() - started < 2.0
 
 
-def test_one_queue_id_outside_a_java_int_leaves_out_that_entry_only() -> None:
+@pytest.mark.parametrize("queue_id", ['"2147483648"', '"99999999999999999999"', "99999999999999999999"])
+def test_one_queue_id_outside_a_java_int_leaves_out_that_entry_only(queue_id: str) -> None:
     """Review 111 F3: one such id refused the whole file, and every group was served its older
-    `.bak` (500 back to 400)."""
+    `.bak` (500 back to 400); review 112 O1: one of 20 digits still did."""
     fs = SimulatedFileSystem()
     fs.makedirs("/store/config")
-    fs.write_atomic(PATH, b'{"offsetTable":{"T@g1":{"0":500,"1":600},"T@g2":{"0":700,"2147483648":5}}}')
+    fs.write_atomic(PATH, b'{"offsetTable":{"T@g1":{"0":500,"1":600},"T@g2":{"0":700,%s:5}}}' % queue_id.encode())
     fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g1":{"0":400,"1":550},"T@g2":{"0":650}}}')
     store = ConsumerOffsetStore(fs, "/store")
     assert store.load() and store.loaded == "file"
