@@ -346,6 +346,47 @@ def test_an_actors_gateway_read_waiting_on_a_stuck_consume_queue_actor_stops_wai
         client.stop()
 
 
+def test_an_actors_gateway_query_waiting_on_a_stuck_index_actor_stops_waiting(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 112 Q1: the same for a Query: behind a stuck index actor, an actor's gateway
+    Query of its own put's key waited the whole timeout, holding a gateway reader (another
+    client's FOUND get 10 s behind four of them)."""
+    import queue
+
+    import pykka
+
+    from mqstore import GetMessageStatus, Reply
+    from mqstore.messages import Get, Put, Query, Waiter
+    from mqstore.store import OTHERS_PUTS_WAIT_S
+
+    store = open_store(read_your_writes_timeout_ms=30_000)
+    h.put_n(store, 1, topic="OLD")
+    answers: queue.Queue[Any] = queue.Queue()
+
+    class Client(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> None:
+            answers.put(message.answer)
+
+    client = Client.start()
+    try:
+        monkeypatch.setattr(store.read_view, "publish_index", lambda files, indexed_end: None)
+        store.actor_ref.tell(Put(messages=(Message(topic="OWN", body=b"mine", keys=["mine"]),), reply=Reply(actor=client)))
+        assert answers.get(timeout=10).ok
+        started = time.monotonic()
+        for _ in range(2):  # one for each of the gateway's readers
+            store.actor_ref.tell(Query(topic="OWN", key="mine", max_count=1, reply=Reply(actor=client)))
+        found = Waiter()
+        store.actor_ref.tell(Get(topic="OLD", queue_id=0, offset=0, max_count=1, reply=Reply(future=found)))
+        assert found.get(timeout=60).status is GetMessageStatus.FOUND
+        for _ in range(2):
+            answer = answers.get(timeout=60)
+            assert not answer.messages and "in time" in answer.detail, answer
+        assert time.monotonic() - started < OTHERS_PUTS_WAIT_S + 3
+    finally:
+        client.stop()
+
+
 def test_a_gateway_read_of_the_askers_own_put_outwaits_dispatch_batches_slower_than_a_second(
     open_store: Open, monkeypatch: pytest.MonkeyPatch
 ) -> None:
