@@ -304,54 +304,14 @@ def test_a_gateway_read_waiting_on_a_stuck_consume_queue_actor_stops_waiting(
     assert time.monotonic() - started < OTHERS_PUTS_WAIT_S + 2
 
 
-def test_an_actors_gateway_read_waiting_on_a_stuck_consume_queue_actor_stops_waiting(
-    open_store: Open, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("stuck", ["the ConsumeQueue actor", "the index actor"])
+def test_an_actors_gateway_read_behind_a_stuck_owner_stops_waiting(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch, stuck: str
 ) -> None:
     """Review 109 K3: an actor's gateway Get of its own put (Reply(actor=...)) behind a stuck
     ConsumeQueue actor waited the whole read_your_writes_timeout_ms, holding one of the
-    gateway's two readers (a FOUND read of another client 10 s behind 4 of them)."""
-    import queue
-
-    import pykka
-
-    from mqstore import GetMessageStatus, Reply
-    from mqstore.messages import Get, Put, Waiter
-    from mqstore.store import OTHERS_PUTS_WAIT_S
-
-    store = open_store(read_your_writes_timeout_ms=30_000)
-    h.put_n(store, 1, topic="OLD")
-    answers: queue.Queue[Any] = queue.Queue()
-
-    class Client(pykka.ThreadingActor):
-        def on_receive(self, message: Any) -> None:
-            answers.put(message.answer)
-
-    client = Client.start()
-    try:
-        monkeypatch.setattr(store.read_view, "publish_queues", lambda published: None)
-        store.actor_ref.tell(Put(messages=(Message(topic="OWN", body=b"mine"),), reply=Reply(actor=client)))
-        put = answers.get(timeout=10)
-        assert put.ok, put
-        started = time.monotonic()
-        for _ in range(2):  # one for each of the gateway's readers
-            store.actor_ref.tell(Get(topic="OWN", queue_id=0, offset=put.queue_offset, max_count=1, reply=Reply(actor=client)))
-        found = Waiter()
-        store.actor_ref.tell(Get(topic="OLD", queue_id=0, offset=0, max_count=1, reply=Reply(future=found)))
-        assert found.get(timeout=60).status is GetMessageStatus.FOUND
-        for _ in range(2):
-            answer = answers.get(timeout=60)
-            assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, put.queue_offset)
-        assert time.monotonic() - started < OTHERS_PUTS_WAIT_S + 3
-    finally:
-        client.stop()
-
-
-def test_an_actors_gateway_query_waiting_on_a_stuck_index_actor_stops_waiting(
-    open_store: Open, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Review 112 Q1: the same for a Query: behind a stuck index actor, an actor's gateway
-    Query of its own put's key waited the whole timeout, holding a gateway reader (another
-    client's FOUND get 10 s behind four of them)."""
+    gateway's two readers (a FOUND read of another client 10 s behind 4 of them); review 112
+    Q1: a Query of its key behind a stuck index actor the same. They wait while dispatch moves."""
     import queue
 
     import pykka
@@ -370,18 +330,29 @@ def test_an_actors_gateway_query_waiting_on_a_stuck_index_actor_stops_waiting(
 
     client = Client.start()
     try:
-        monkeypatch.setattr(store.read_view, "publish_index", lambda files, indexed_end: None)
+        if stuck == "the ConsumeQueue actor":
+            monkeypatch.setattr(store.read_view, "publish_queues", lambda published: None)
+        else:
+            monkeypatch.setattr(store.read_view, "publish_index", lambda files, indexed_end: None)
         store.actor_ref.tell(Put(messages=(Message(topic="OWN", body=b"mine", keys=["mine"]),), reply=Reply(actor=client)))
-        assert answers.get(timeout=10).ok
+        put = answers.get(timeout=10)
+        assert put.ok, put
         started = time.monotonic()
         for _ in range(2):  # one for each of the gateway's readers
-            store.actor_ref.tell(Query(topic="OWN", key="mine", max_count=1, reply=Reply(actor=client)))
+            if stuck == "the ConsumeQueue actor":
+                read: Any = Get(topic="OWN", queue_id=0, offset=put.queue_offset, max_count=1, reply=Reply(actor=client))
+            else:
+                read = Query(topic="OWN", key="mine", max_count=1, reply=Reply(actor=client))
+            store.actor_ref.tell(read)
         found = Waiter()
         store.actor_ref.tell(Get(topic="OLD", queue_id=0, offset=0, max_count=1, reply=Reply(future=found)))
         assert found.get(timeout=60).status is GetMessageStatus.FOUND
         for _ in range(2):
             answer = answers.get(timeout=60)
-            assert not answer.messages and "in time" in answer.detail, answer
+            if stuck == "the ConsumeQueue actor":
+                assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, put.queue_offset)
+            else:
+                assert not answer.messages and "in time" in answer.detail, answer
         assert time.monotonic() - started < OTHERS_PUTS_WAIT_S + 3
     finally:
         client.stop()
