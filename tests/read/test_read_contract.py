@@ -174,6 +174,15 @@ def test_a_gateway_read_answered_to_a_future_reflects_the_puts_answered_before_i
         assert [m.queue_offset for m in found.get(timeout=10).messages] == [put.queue_offset], i
 
 
+def _quick_stall_bound(monkeypatch: pytest.MonkeyPatch) -> float:
+    """The store's bound on a wait for a dispatch that does not move, shortened for a test that
+    waits it out (seconds of CI otherwise)."""
+    import mqstore.store
+
+    monkeypatch.setattr(mqstore.store, "OTHERS_PUTS_WAIT_S", 0.5)
+    return 0.5
+
+
 def _late(publish: Callable[[Any], None], seconds: float) -> Callable[[Any], None]:
     """`publish`, `seconds` late: a slow owner (a busy machine)."""
 
@@ -230,7 +239,7 @@ def test_gateway_reads_at_a_queues_end_wait_briefly_for_others_puts(open_store: 
     already holds is not held."""
     from mqstore import GetMessageStatus, Reply
     from mqstore.messages import Get, Waiter
-    from mqstore.store import OTHERS_PUTS_WAIT_S
+    stall_bound = _quick_stall_bound(monkeypatch)
 
     store = open_store(read_your_writes_timeout_ms=5_000)
     h.put_n(store, 3)
@@ -248,7 +257,7 @@ def test_gateway_reads_at_a_queues_end_wait_briefly_for_others_puts(open_store: 
     for waiter in polls:
         answer = waiter.get(timeout=10)
         assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 3), answer
-    assert time.monotonic() - started < 2 * OTHERS_PUTS_WAIT_S + 2
+    assert time.monotonic() - started < 2 * stall_bound + 2
 
 
 def test_gateway_reads_at_the_end_of_a_queue_with_no_put_pending_answer_at_once(
@@ -285,7 +294,7 @@ def test_a_gateway_read_waiting_on_a_stuck_consume_queue_actor_stops_waiting(
     while dispatch moved."""
     from mqstore import GetMessageStatus, Reply
     from mqstore.messages import Get, Waiter
-    from mqstore.store import OTHERS_PUTS_WAIT_S
+    stall_bound = _quick_stall_bound(monkeypatch)
 
     store = open_store(read_your_writes_timeout_ms=30_000)
     h.put_n(store, 3)
@@ -301,7 +310,7 @@ def test_a_gateway_read_waiting_on_a_stuck_consume_queue_actor_stops_waiting(
     store.actor_ref.tell(Get(topic="T", queue_id=0, offset=3, max_count=1, reply=Reply(future=waiter)))
     answer = waiter.get(timeout=60)
     assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 3), answer
-    assert time.monotonic() - started < OTHERS_PUTS_WAIT_S + 2
+    assert time.monotonic() - started < stall_bound + 2
 
 
 @pytest.mark.parametrize("stuck", ["the ConsumeQueue actor", "the index actor"])
@@ -318,7 +327,7 @@ def test_an_actors_gateway_read_behind_a_stuck_owner_stops_waiting(
 
     from mqstore import GetMessageStatus, Reply
     from mqstore.messages import Get, Put, Query, Waiter
-    from mqstore.store import OTHERS_PUTS_WAIT_S
+    stall_bound = _quick_stall_bound(monkeypatch)
 
     store = open_store(read_your_writes_timeout_ms=30_000)
     h.put_n(store, 1, topic="OLD")
@@ -353,7 +362,7 @@ def test_an_actors_gateway_read_behind_a_stuck_owner_stops_waiting(
                 assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, put.queue_offset)
             else:
                 assert not answer.messages and "in time" in answer.detail, answer
-        assert time.monotonic() - started < OTHERS_PUTS_WAIT_S + 3
+        assert time.monotonic() - started < stall_bound + 3
     finally:
         client.stop()
 
@@ -367,7 +376,7 @@ def test_a_gateway_read_of_the_askers_own_put_outwaits_dispatch_batches_slower_t
     well within the read-your-writes timeout."""
     store = open_store(read_your_writes_timeout_ms=10_000)
     monkeypatch.setattr(store.read_view, "publish_queues", _late(store.read_view.publish_queues, 1.5))
-    assert [_gateway_put_then_get(store, b"%d" % i) for i in range(2)] == [S.FOUND] * 2
+    assert _gateway_put_then_get(store, b"0") is S.FOUND
 
 
 def test_when_dispatch_does_not_reach_the_put_in_time_reads_answer_statuses(
