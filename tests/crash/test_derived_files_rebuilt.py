@@ -451,6 +451,32 @@ def test_a_restarted_consume_queue_actor_does_not_bring_back_a_cleaned_queue(tmp
         assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == [(0, b"NEW")]
 
 
+def test_a_clean_waits_for_dispatch_to_reach_the_puts_answered_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 113 F1: with dispatch behind at the clean, the removed queue's records dispatched
+    after it rebuilt the queue at their old offsets, while the writer gave the next puts
+    offsets from 0: they read OFFSET_TOO_SMALL, or offset 0 served an old message."""
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        publish = store.read_view.publish_dispatched
+
+        def late(dispatched_end: int) -> None:
+            time.sleep(0.05)  # reput behind: the records it has not handed on wait
+            publish(dispatched_end)
+
+        monkeypatch.setattr(store.read_view, "publish_dispatched", late)
+        for i in range(100):
+            assert store.put(Message("X", b"OLDX%03d" % i)).ok
+            assert store.put(Message("T", b"T%03d" % i)).ok
+        assert store.clean_unused_topic(["T"]) == 1
+        for i in range(20):
+            put = store.put(Message("X", b"NEWX%03d" % i))
+            assert put.ok and put.queue_offset == i
+        assert store.wait_for_messages("X", 0, 19, timeout_s=30)
+        assert [m.body for m in store.get("X", 0, 0, 32).messages] == [b"NEWX%03d" % i for i in range(20)]
+    with mqstore.open(root) as store:
+        assert [m.body for m in store.get("X", 0, 0, 32).messages] == [b"NEWX%03d" % i for i in range(20)]
+
+
 def test_verify_counts_a_cleaned_topics_records_and_still_finds_a_deleted_queue(tmp_path: Path) -> None:
     """Review 51: after clean_unused_topic, verify reported cq_missing for every record of the
     removed topic (the log keeps them until it is cleaned), failing a store nothing was wrong
