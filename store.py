@@ -648,24 +648,30 @@ class MessageStore:
                 return None  # dispatch did not move: stalled, not slow
             seen = now
 
-    def _queue_view(self, *, with_dispatched: bool = False) -> ReadView | None:
-        """The view for a queue read: its queue bounds cover the thread's own last put (and,
-        `with_dispatched`, everything dispatch had handed on when the read started). A thread
-        that put nothing takes the view as it is (if the queues are not live, the owner is
-        asked)."""
-        target = self._own_put_end()
+    def _covering_for_this_read(
+        self, covers: Callable[[ReadView], bool], wakes_on: int, progress: Callable[[ReadView], int]
+    ) -> ReadView | None:
+        """`_view_covering`, or for a read for someone else (`reading_for`, `reading_after`:
+        the gateway's few readers serve every actor client, mqstore.aio) the wait that stops
+        once `progress` does not move (reviews 105 G1, 109 K3, 112 Q1: behind a stuck owner, a
+        whole timeout each held another client's FOUND read 10 s)."""
+        local = self._local.__dict__
+        if local.get("reading_for_end", 0) or local.get("reading_at_end", 0):
+            return self._covering_while_dispatch_moves(covers, wakes_on, progress)
+        return self._view_covering(covers, wakes_on)
+
+    def _queue_view(self, *, with_dispatched: bool = False, at_least: int = 0) -> ReadView | None:
+        """The view for a queue read: its queue bounds cover the thread's own last put and
+        `at_least` (and, `with_dispatched`, everything dispatch had handed on when the read
+        started). A thread that put nothing takes the view as it is (if the queues are not
+        live, the owner is asked)."""
+        target = max(self._own_put_end(), at_least)
         if with_dispatched:
             target = max(target, self.read_view.view.dispatched_end)
         if target == 0:
             return self.read_view.view
-        local = self._local.__dict__
-        if local.get("reading_for_end", 0) or local.get("reading_at_end", 0):
-            # A read for someone else (the gateway's few readers serve every actor client): not
-            # a whole timeout while dispatch does not move (review 109 K3: an actor's reads of
-            # its own put behind a stuck ConsumeQueue actor held a FOUND read 10 s).
-            return self._covering_while_dispatch_moves(
-                lambda v: v.queues_live and v.queues_written >= target, QUEUES, lambda v: v.queues_written)
-        return self._view_covering(lambda v: v.queues_live and v.queues_written >= target, QUEUES)
+        return self._covering_for_this_read(
+            lambda v: v.queues_live and v.queues_written >= target, QUEUES, lambda v: v.queues_written)
 
     def _ask(self, peer: str, message: Any) -> Any:
         ref = self.supervisor.ctx.peers.get(peer)
@@ -741,12 +747,7 @@ class MessageStore:
             and max(view.dispatched_end, at_end := self._local.__dict__.get("reading_at_end", 0)) > view.queues_written
             and self._put_pending_for(view, topic, queue_id)
         ):  # fmt: skip
-            if at_end:  # a gateway read: its readers serve every actor client (review 105 G1, 107 J3)
-                target = max(at_end, view.dispatched_end, self._own_put_end())
-                later = self._covering_while_dispatch_moves(
-                    lambda v: v.queues_live and v.queues_written >= target, QUEUES, lambda v: v.queues_written)
-            else:
-                later = self._queue_view(with_dispatched=True)
+            later = self._queue_view(with_dispatched=True, at_least=at_end)
             if later is None and at_end > self.read_view.view.queues_written:
                 return self._not_readable(offset, self._gave_up_detail() or (
                     "dispatch did not reach the puts answered as stored before this read in time: ask again"))  # fmt: skip
@@ -849,14 +850,8 @@ class MessageStore:
         target = max(own_put_end, now.dispatched_end, at_end)
         view: ReadView | None = now
         if now.index_files is None or now.indexed_end < target:
-            if at_end or self._local.__dict__.get("reading_for_end", 0):
-                # A query for someone else (the gateway's few readers, mqstore.aio): while the
-                # index moves only (reviews 105 G1, 112 Q1: behind a stuck index actor four
-                # actors' queries held another client's FOUND get 10 s).
-                view = self._covering_while_dispatch_moves(
-                    lambda v: v.index_files is not None and v.indexed_end >= target, INDEX, lambda v: v.indexed_end)
-            else:
-                view = self._index_covering(target)
+            view = self._covering_for_this_read(
+                lambda v: v.index_files is not None and v.indexed_end >= target, INDEX, lambda v: v.indexed_end)
         if view is None:
             if at_end > max(own_put_end, now.dispatched_end):
                 return QueryResult(detail=self._gave_up_detail() or (
@@ -886,11 +881,6 @@ class MessageStore:
                 return direct
             # (a segment could not be mapped: the reference names the hits it could not read)
         return self._query_reference(index_reader, commitlog, quarantined, topic, key, max_count, begin_ms, end_ms)
-
-    def _index_covering(self, target: int) -> ReadView | None:
-        """The read view once the index covers `target` (in its own frame: a closure's cells
-        would be made on every lookup)."""
-        return self._view_covering(lambda v: v.index_files is not None and v.indexed_end >= target, INDEX)
 
     def _query_reference(
         self, index_reader: IndexReader | None, commitlog: CommitLogReader, quarantined: tuple[tuple[int, int], ...],

@@ -471,10 +471,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             if first_phy < below:  # a removed queue's records (_dispatch)
                 if last_phy < below:
                     continue
-                kept = [(offset, size, tags, first_cq + i) for i, (offset, size, tags) in enumerate(codec.CQ_UNIT.iter_unpack(units))
-                        if offset >= below]  # fmt: skip
+                kept = [unit for unit in codec.CQ_UNIT.iter_unpack(units) if unit[0] >= below]  # (a suffix: rising offsets)
                 first_cq += count - len(kept)
-                units, first_phy, count = b"".join(codec.CQ_UNIT.pack(*unit[:3]) for unit in kept), kept[0][0], len(kept)
+                units, first_phy, count = b"".join(codec.CQ_UNIT.pack(*unit) for unit in kept), kept[0][0], len(kept)
             cq = self._queues.get((topic, queue_id)) or self._new_queue(topic, queue_id)
             if cq is None:
                 continue

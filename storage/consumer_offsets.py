@@ -213,10 +213,24 @@ def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T], *, r
     raise ConfigFileError("cannot load " + path + ": " + "; ".join(errors))
 
 
-def _int_table(obj: Any) -> dict[int, int]:
+def _int_table(obj: Any, owner: str = "") -> dict[int, int]:
+    """An object of `{int key: long}`. A key outside a Java int is left out, said, the rest
+    read (review 111 F3, 112 O1: refusing the file served every group from the older `.bak`);
+    any other bad key or value raises."""
     if not isinstance(obj, dict):
         raise TypeError(f"expected an object, got {type(obj).__name__}")
-    return {_queue_id(k): _as_int(v) for k, v in obj.items()}
+    table: dict[int, int] = {}
+    for key, value in obj.items():
+        try:
+            queue_id = _queue_id(key)
+        except ValueError:
+            if not _INTEGER.fullmatch(str(key)):
+                raise
+            log.error("consumer_offsets_entry_left_out", owner=owner, queue_id=str(key), offset=str(value),
+                      reason="queue id outside a Java int")  # fmt: skip
+            continue
+        table[queue_id] = _as_int(value)
+    return table
 
 
 def _queue_id(k: Any) -> int:
@@ -272,25 +286,7 @@ def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
     table = doc["offsetTable"]
     if not isinstance(table, dict):
         raise TypeError("offsetTable is not an object")
-    parsed: dict[str, dict[int, int]] = {}
-    for topic_at_group, queues in table.items():
-        if not isinstance(queues, dict):
-            raise TypeError(f"expected an object, got {type(queues).__name__}")
-        entries: dict[int, int] = {}
-        for key, value in queues.items():
-            try:
-                queue_id = _queue_id(key)
-            except ValueError:
-                if not _INTEGER.fullmatch(str(key)):
-                    raise
-                # A queue id no broker has: left out, said, the rest of the file read (review 111
-                # F3: refusing the file served every group from the older `.bak`).
-                log.error("consumer_offsets_entry_left_out", group=str(topic_at_group), queue_id=str(key),
-                          offset=str(value), reason="queue id outside a Java int")  # fmt: skip
-                continue
-            entries[queue_id] = _as_int(value)
-        parsed[str(topic_at_group)] = entries
-    return parsed
+    return {str(topic_at_group): _int_table(queues, str(topic_at_group)) for topic_at_group, queues in table.items()}
 
 
 # One `queue:offset` pair of a group (fastjson writes the queue ids bare, other writers

@@ -70,11 +70,10 @@ def trailing_units(data: bytes, unit: bytes) -> int:
     test one compare in C, not a Python step per unit."""
     size = len(unit)
     count = len(data) // size
-    data = data[: count * size]
     low, high = 0, count
     while low < high:
         mid = (low + high + 1) // 2
-        if data[(count - mid) * size :] == unit * mid:
+        if data[(count - mid) * size : count * size] == unit * mid:
             low = mid
         else:
             high = mid - 1
