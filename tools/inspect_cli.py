@@ -47,7 +47,7 @@ from ..config import StoreConfig
 from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
 from ..storage.commitlog import CommitLogReader, being_created, scan_commitlog_dir
-from ..storage.consume_queue import iter_cq_units, list_consume_queues
+from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units, list_consume_queues
 from ..storage.foreign import SUPPORTED, foreign_layout, other_layout_directories, record_feature
 from ..storage.fs import RealFileSystem
 from ..storage.commitlog import STORE_COPY_SUFFIX, store_copies
@@ -407,32 +407,45 @@ def _inspect_consume_queues(
         if full:
             units: Iterable[tuple[int, int, int, int]] = iter_cq_units(str(qdir), fs)
         else:
-            units = _edge_units(files)
-        first_q = last_q = None
+            units = _edge_units(files, commitlog_min)
+        first_q = last_q = only_fillers_to = None
+        real = 0
         past_end = 0
         mismatches: list[tuple[int, int]] = []
         for q_off, phy, size, _tags in units:
-            if phy < commitlog_min and size != 0x7FFFFFFF:
+            if size == FILLER_UNIT_SIZE and phy == 0:
+                # A lost record's queue offset: it counts in the queue's end, but it is no
+                # message and never the queue's first (the store's min offset is its first
+                # real unit: review 110 F5).
+                if first_q is not None:
+                    last_q = q_off
+                else:
+                    only_fillers_to = q_off
+                continue
+            if phy < commitlog_min:
                 continue  # below the log's min offset: the message was cleaned (correctMinOffset)
             if first_q is None:
                 first_q = q_off
                 info["min_commitlog_offset"] = phy
             last_q = q_off
+            real += 1
             info["max_commitlog_offset"] = phy
             if unreadable and any(start <= phy < end for start, end in unreadable):
                 pass  # its record could not be read (the segment is reported once)
-            elif phy + size > commitlog_max and size != 0x7FFFFFFF:
+            elif phy + size > commitlog_max:
                 if written_before is None or q_off < written_before.get((topic, queue_id), 0):
                     past_end += 1
-            elif size == 0x7FFFFFFF and phy == 0:
-                pass  # a filler unit (recovery holds a lost record's queue offset): points at nothing
             elif remembered is not None and full:
                 seen = remembered.get(phy)
                 if seen is None or seen[0] != topic or seen[1] != queue_id or seen[2] != q_off or seen[3] != size:
                     mismatches.append((q_off, phy))
         if first_q is not None and last_q is not None:
             info["min_offset"], info["max_offset"] = first_q, last_q + 1
-            info["messages"] = last_q + 1 - first_q
+            # Read whole, the real units; from the edge units only (`stats`), every offset
+            # between them (a filler inside counts).
+            info["messages"] = real if full else last_q + 1 - first_q
+        elif only_fillers_to is not None:  # no message: the queue goes on after its fillers
+            info["min_offset"] = info["max_offset"] = only_fillers_to + 1
         elif files:
             info["min_offset"] = info["max_offset"] = int(files[-1].name) // CQ_STORE_UNIT_SIZE
         if past_end:
@@ -458,8 +471,9 @@ def _queue_ends(root: Path) -> dict[tuple[str, int], int]:
     return ends
 
 
-def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
-    """The first valid unit of the first file and the last valid unit of the queue, without
+def _edge_units(files: list[Path], commitlog_min: int = 0) -> Iterable[tuple[int, int, int, int]]:
+    """The queue's first message (the first file's first unit that is no filler and points at
+    or past `commitlog_min`, as the store's min offset) and the queue's last valid unit, without
     reading the files in between (for `stats`)."""
     unpack = CQ_UNIT.unpack_from
     datas: dict[Path, bytes] = {}
@@ -472,10 +486,13 @@ def _edge_units(files: list[Path]) -> Iterable[tuple[int, int, int, int]]:
     if not datas:
         return
     first, data = next(iter(datas.items()))
-    if len(data) >= CQ_STORE_UNIT_SIZE:
-        phy, size, tags = unpack(data, 0)
-        if phy >= 0 and size > 0:
-            yield int(first.name) // CQ_STORE_UNIT_SIZE, phy, size, tags
+    for at in range(0, len(data) - CQ_STORE_UNIT_SIZE + 1, CQ_STORE_UNIT_SIZE):
+        phy, size, tags = unpack(data, at)
+        if phy < 0 or size <= 0:
+            break  # the file's units end
+        if phy >= commitlog_min and not (phy == 0 and size == FILLER_UNIT_SIZE):
+            yield (int(first.name) + at) // CQ_STORE_UNIT_SIZE, phy, size, tags
+            break
     for path in reversed(files[files.index(first):]):
         data = datas[first] if path == first else path.read_bytes()
         n = len(data) // CQ_STORE_UNIT_SIZE

@@ -222,8 +222,13 @@ class _ReadOnlyStore:
         queue_dir = os.path.join(self.config.consume_queue_dir, topic, str(queue_id))
         units = sorted(iter_cq_units(queue_dir, self.fs)) if os.path.isdir(queue_dir) else []
         found: list[MessageRecord] = []
-        summary: dict[str, Any] = {"min_offset": units[0][0] if units else 0,
-                                   "max_offset": units[-1][0] + 1 if units else 0}  # fmt: skip
+        max_offset = units[-1][0] + 1 if units else 0
+        # As the store's min offset: the first unit that is a message still in the log (not a
+        # filler holding a lost record's offset, review 110 F5; not one the cleaner left).
+        log_min = self.commitlog.min_offset()
+        min_offset = next((q for q, phy, size, _ in units if phy >= log_min and not (size == FILLER_UNIT_SIZE and phy == 0)),
+                          max_offset)  # fmt: skip
+        summary: dict[str, Any] = {"min_offset": min_offset, "max_offset": max_offset}
         ladder = status_ladder(bool(units), summary["min_offset"], summary["max_offset"], offset)
         unreadable: str | None = None
         corrupt: list[str] = []

@@ -366,3 +366,57 @@ def test_inspect_refuses_what_the_open_refuses(tmp_path: Path, capsys: pytest.Ca
     code, _, err = run(capsys, "inspect", str(root))
     assert code == ExitCode.NOT_A_STORE, err
     assert str(path) in err and "where the store keeps" in err, err
+
+
+def test_filler_units_are_not_counted_as_messages_nor_taken_for_the_queues_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review 110 F5: `inspect`, `stats` and the offline `get` took filler units (a quarantined
+    record's queue offset, commitlog offset 0) for messages: a queue whose first record was
+    quarantined had min offset 0 (the store answers 1) and `first phy 0`, and inspect counted
+    every filler in `messages`."""
+    import shutil
+    import struct
+
+    from mqstore.storage.codec import segment_file_name
+
+    root = tmp_path / "s"
+    at = {}
+    with mqstore.open(root, **SMALL_STORE) as store:
+        for i in range(10):
+            result = store.put(mqstore.Message(topic="T", body=b"%04d" % i + b"t" * 300))
+            assert result.ok and result.queue_offset == i
+            at[i] = result.commitlog_offset
+    segment_size = SMALL_STORE["mapped_file_size_commitlog_bytes"]
+    for damaged in (0, 5):  # a flipped body byte: quarantined, a filler holds its queue offset
+        with open(root / "commitlog" / segment_file_name(at[damaged] - at[damaged] % segment_size), "r+b") as f:
+            f.seek(at[damaged] % segment_size + 150)
+            byte = f.read(1)
+            f.seek(at[damaged] % segment_size + 150)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    shutil.rmtree(root / "consumequeue")
+    with mqstore.open(root, **SMALL_STORE) as store:
+        assert (store.min_offset("T", 0), store.max_offset("T", 0)) == (1, 10)
+        at_start = store.get("T", 0, 0, 32)
+        assert (at_start.status.name, at_start.next_begin_offset) == ("OFFSET_TOO_SMALL", 1)
+    units = (root / "consumequeue" / "T" / "0" / segment_file_name(0)).read_bytes()
+    assert struct.unpack_from(">qi", units, 0) == struct.unpack_from(">qi", units, 100) == (0, 0x7FFFFFFF)
+
+    _, report, _ = run(capsys, "inspect", str(root), "--json")
+    assert isinstance(report, dict)
+    (queue,) = [q for q in report["consume_queues"] if q["topic"] == "T"]
+    assert (queue["min_offset"], queue["max_offset"], queue["messages"]) == (1, 10, 8)
+    assert queue["min_commitlog_offset"] == at[1] and queue["max_commitlog_offset"] == at[9]
+
+    _, stats, _ = run(capsys, "stats", str(root), "--json")
+    assert isinstance(stats, dict)
+    (queue,) = [q for q in stats["queues"] if q["topic"] == "T"]
+    # (stats reads a queue's edge units only: the filler inside counts in max - min)
+    assert (queue["min_offset"], queue["max_offset"], queue["messages"]) == (1, 10, 9)
+
+    _, got, err = run(capsys, "get", str(root), "--topic", "T", "--queue", "0", "--offset", "0")
+    summary = json.loads(err.strip().splitlines()[-1])  # as the store answers
+    assert (summary["status"], summary["next_begin_offset"], summary["min_offset"], summary["max_offset"]) == (
+        "OFFSET_TOO_SMALL", 1, 1, 10)
+    _, got, err = run(capsys, "get", str(root), "--topic", "T", "--queue", "0", "--offset", "1")
+    assert [json.loads(line)["queue_offset"] for line in str(got).splitlines()] == [1, 2, 3, 4, 6, 7, 8, 9]
