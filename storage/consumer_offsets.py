@@ -213,30 +213,36 @@ def load_config_file(fs: FileSystem, path: str, decode: Callable[[Any], T], *, r
     raise ConfigFileError("cannot load " + path + ": " + "; ".join(errors))
 
 
-def _int_table(obj: Any, owner: str = "") -> dict[int, int]:
-    """An object of `{int key: long}`. A key outside a Java int is left out, said, the rest
-    read (review 111 F3, 112 O1: refusing the file served every group from the older `.bak`);
-    any other bad key or value raises."""
+def _int_table(obj: Any, owner: str = "", left_out: list[str] | None = None) -> dict[int, int]:
+    """An object of `{int key: long}`. An entry whose key is no Java int or whose value is no
+    Java long is left out, said (and named in `left_out`), the rest read: refusing the file
+    served every group from the older `.bak`, written back at the next persist (review 111
+    F3, 112 O1 for the key, 114 F4 for the value). An `obj` of another shape raises."""
     if not isinstance(obj, dict):
         raise TypeError(f"expected an object, got {type(obj).__name__}")
     table: dict[int, int] = {}
     for key, value in obj.items():
         try:
-            queue_id = _queue_id(key)
-        except ValueError:
-            if not _INTEGER.fullmatch(str(key)):
-                raise
-            log.error("consumer_offsets_entry_left_out", owner=owner, queue_id=str(key), offset=str(value),
-                      reason="queue id outside a Java int")  # fmt: skip
-            continue
-        table[queue_id] = _as_int(value)
+            table[_queue_id(key)] = _as_int(value)
+        except (ValueError, TypeError) as exc:
+            log.error("consumer_offsets_entry_left_out", owner=owner, queue_id=repr(key)[:80], offset=repr(value)[:80],
+                      reason=str(exc)[:200])  # fmt: skip
+            if left_out is not None:
+                left_out.append(f"{owner}/{key}"[:200])
     return table
 
 
 def _queue_id(k: Any) -> int:
-    """A table's key as the broker's Integer holds it: one outside a Java int was served and
-    written back where a broker cannot read it (review 108 F5)."""
-    queue_id = int(k)
+    """A table's key as the broker's Integer holds it (Integer.parseInt: ASCII digits, a
+    sign): one outside a Java int was served and written back where a broker cannot read it
+    (review 108 F5); Python's int() read "1_0" as 10 and " 4" as 4, written back as other
+    keys (review 114 F5)."""
+    if type(k) is int:
+        queue_id = k
+    elif type(k) is str and _QUEUE_ID.fullmatch(k):
+        queue_id = int(k)
+    else:
+        raise ValueError(f"queue id {k!r} is not an integer")
     if not JAVA_INT_MIN <= queue_id <= JAVA_INT_MAX:
         raise ValueError(f"queue id {queue_id} is outside a Java int")
     return queue_id
@@ -259,7 +265,7 @@ def _as_int(v: Any) -> int:
 
 
 _DIGITS = re.compile(r"-?[0-9]{1,19}")
-_INTEGER = re.compile(r"-?[0-9]+")
+_QUEUE_ID = re.compile(r"[+-]?[0-9]+")
 
 
 def parse_delay_offset_table(doc: Any) -> dict[int, int]:
@@ -282,11 +288,27 @@ def load_delay_offsets(fs: FileSystem, root_dir: str) -> dict[int, int] | None:
 OffsetsLoaded: TypeAlias = Literal["file", "backup", "partly", "unreadable", "none"]
 
 
-def _parse_offset_table(doc: Any) -> dict[str, dict[int, int]]:
+def _parse_offset_table(doc: Any, left_out: list[str] | None = None) -> dict[str, dict[int, int]]:
     table = doc["offsetTable"]
     if not isinstance(table, dict):
         raise TypeError("offsetTable is not an object")
-    return {str(topic_at_group): _int_table(queues, str(topic_at_group)) for topic_at_group, queues in table.items()}
+    parsed: dict[str, dict[int, int]] = {}
+    for key, queues in table.items():
+        entries = _int_table(queues, str(key), left_out)
+        if entries or not queues:  # (a group whose every entry was left out is none)
+            parsed[str(key)] = entries
+    return parsed
+
+
+def _whole_offset_table(doc: Any) -> dict[str, dict[int, int]]:
+    """`_parse_offset_table` refusing a file with any entry left out: what a persist asks of
+    the file it would rotate to `.bak`. Such a file is served what reads at the open, but its
+    bytes are set aside (`.damaged`) rather than rotated away: the entry is for a person."""
+    left_out: list[str] = []
+    table = _parse_offset_table(doc, left_out)
+    if left_out:
+        raise ValueError(f"entries that are not a Java int queue id with a Java long offset: {left_out[:5]}")
+    return table
 
 
 # One `queue:offset` pair of a group (fastjson writes the queue ids bare, other writers
@@ -435,6 +457,19 @@ def _foreign_members(text: str) -> list[tuple[str, str | None]]:
     return [(key, None if key == "offsetTable" else value) for key, value in members]
 
 
+def _json_text(value: Any, **options: Any) -> str:
+    """JSON text of `value`, names in UTF-8 as fastjson writes them; a name holding a lone
+    surrogate (read from a `\\ud800` escape) is written escaped, as it was read: in UTF-8 it
+    failed every later write of the table (review 114 F2)."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(value, ensure_ascii=True, **options)
+    return text
+
+
 # The table (`topic@group` -> queue id -> offset) and the file's top-level members, copied.
 OffsetsSnapshot: TypeAlias = tuple[dict[str, dict[int, int]], list[tuple[str, str | None]]]
 
@@ -483,10 +518,17 @@ class ConsumerOffsetStore:
         table, with an error naming the file: consumers restart from their own reset policy,
         as after a lost file, rather than the store refusing to open; the unreadable file is
         kept as `.damaged` on the next persist)."""
+        left_out: list[str] = []
+
+        def parse(doc: Any) -> dict[str, dict[int, int]]:
+            left_out.clear()  # (of this file alone: the `.bak` is read after a file that failed)
+            return _parse_offset_table(doc, left_out)
+
         try:
             read_from: list[str] = []
-            table = load_config_file(self._fs, self.path, _parse_offset_table, read_from=read_from)
-            self.loaded = "none" if table is None else "file" if read_from == [self.path] else "backup"
+            table = load_config_file(self._fs, self.path, parse, read_from=read_from)
+            self.loaded = "none" if table is None else "partly" if left_out else \
+                "file" if read_from == [self.path] else "backup"  # fmt: skip
         except ConfigFileError as exc:
             log.error("consumer_offsets_unreadable", path=self.path, error=str(exc)[:500])
             table = None
@@ -562,8 +604,8 @@ class ConsumerOffsetStore:
         `snapshot` (`snapshot()`) when given, else of the table now."""
         table_now, members_now = snapshot if snapshot is not None else (self._table, self._members)
         table = {key: {str(q): off for q, off in sorted(queues.items())} for key, queues in sorted(table_now.items())}
-        ours = json.dumps(table, indent="\t", separators=(",", ":"), ensure_ascii=False).replace("\n", "\n\t")
-        members = [f"{json.dumps(key, ensure_ascii=False)}:{ours if value is None else value}" for key, value in members_now]
+        ours = _json_text(table, indent="\t", separators=(",", ":")).replace("\n", "\n\t")
+        members = [f"{_json_text(key)}:{ours if value is None else value}" for key, value in members_now]
         return "{\n\t" + ",\n\t".join(members) + "\n}"
 
     def snapshot(self) -> OffsetsSnapshot:
@@ -574,6 +616,6 @@ class ConsumerOffsetStore:
     def persist(self, snapshot: OffsetsSnapshot | None = None) -> None:
         """Write the table (or `snapshot`) with the string2File protocol. Raises OSError on I/O
         errors. One persist at a time (the caller's lock); not concurrent with `load`."""
-        data = persist_config_file(self._fs, self.path, self.encode(snapshot), _parse_offset_table, self._written)
+        data = persist_config_file(self._fs, self.path, self.encode(snapshot), _whole_offset_table, self._written)
         # The file now, and the `.bak` the next write finds: known to read, not parsed again.
         self._written = (self._written[-1:] if self._written else ()) + (written_digest(data),)

@@ -138,7 +138,7 @@ def test_both_files_bad_fall_back_to_an_empty_table_with_an_error_naming_the_fil
     fs = SimulatedFileSystem()
     fs.makedirs("/store/config")
     fs.write_atomic(PATH, bad_main)
-    fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g":{0:"x"}}}')
+    fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g":[0]}}')  # (a bad entry alone is left out)
     store = ConsumerOffsetStore(fs, "/store")
     with caplog.at_level(logging.ERROR, logger="mqstore"):
         assert not store.load()
@@ -351,7 +351,7 @@ def test_one_queue_id_outside_a_java_int_leaves_out_that_entry_only(queue_id: st
     fs.write_atomic(PATH, b'{"offsetTable":{"T@g1":{"0":500,"1":600},"T@g2":{"0":700,%s:5}}}' % queue_id.encode())
     fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g1":{"0":400,"1":550},"T@g2":{"0":650}}}')
     store = ConsumerOffsetStore(fs, "/store")
-    assert store.load() and store.loaded == "file"
+    assert store.load() and store.loaded == "partly"  # (one entry left out)
     assert [store.query_offset("g1", "T", 0), store.query_offset("g1", "T", 1), store.query_offset("g2", "T", 0)] == [500, 600, 700]
 
 
@@ -362,3 +362,51 @@ def test_a_whole_number_past_a_floats_precision_is_read_exactly() -> None:
     fs.write_atomic(PATH, b'{"offsetTable":{"T@g":{0:9007199254740993.0}}}')
     store = ConsumerOffsetStore(fs, "/store")
     assert store.load() and store.query_offset("g", "T", 0) == 9007199254740993
+
+
+@pytest.mark.parametrize("value", ["9223372036854775808", "1.5", "null", '"12x"', "true", "[]", "{}"])
+def test_one_bad_offset_value_leaves_out_that_entry_only(value: str) -> None:
+    """Review 114 F4: one offset that is no Java long refused the whole file, and every group
+    was served its older `.bak` (100 back to 50), written back at the next persist."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, b'{"offsetTable":{"T@g1":{"0":100},"T@g2":{"0":7,"1":%s}}}' % value.encode())
+    fs.write_atomic(PATH + ".bak", b'{"offsetTable":{"T@g1":{"0":50},"T@g2":{"0":3}}}')
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load() and store.loaded == "partly"
+    assert [store.query_offset("g1", "T", 0), store.query_offset("g2", "T", 0), store.query_offset("g2", "T", 1)] == [100, 7, -1]
+    original = fs.read_bytes(PATH)
+    for offset in (101, 102):
+        store.commit_offset("g1", "T", 0, offset)
+        store.persist()
+    assert fs.read_bytes(PATH + ".damaged") == original  # its bytes kept for a person, not rotated away
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load() and again.loaded == "file" and again.query_offset("g1", "T", 0) == 102
+
+
+@pytest.mark.parametrize("queue_id", ["1_0", "\\uff15", " 4", "4 ", "0x1", ""])
+def test_a_queue_id_spelled_other_than_digits_is_left_out(queue_id: str) -> None:
+    """Review 114 F5: Python's int() read "1_0" as 10, a full-width 5 as 5, " 4" as 4, and they
+    were written back as other keys ({"1_0":77,"10":5} one entry)."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, ('{"offsetTable":{"T@g":{"%s":77,"10":5,"5":6,"4":8,"+3":9}}}' % queue_id).encode())
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load() and store.loaded == "partly"
+    assert store.query_all("g", "T") == {10: 5, 5: 6, 4: 8, 3: 9}  # ("+3": Integer.parseInt reads it)
+
+
+def test_a_name_with_a_lone_surrogate_is_written_back_escaped() -> None:
+    """Review 114 F2: a group or topic name with a lone surrogate escape (valid JSON) loaded,
+    and every later persist failed encoding it as UTF-8: every commit after the open was lost."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, b'{"offsetTable":{"T@g1":{"0":10},"T@odd\\ud800":{"0":7}},"x\\udc00":{"a":1}}')
+    store = ConsumerOffsetStore(fs, "/store")
+    assert store.load() and store.loaded == "file"
+    store.commit_offset("g1", "T", 0, 500)
+    store.persist()
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load() and again.loaded == "file"
+    assert again.query_offset("g1", "T", 0) == 500 and again.query_offset("odd\ud800", "T", 0) == 7
+    assert b'"x\\udc00":{"a":1}' in fs.read_bytes(PATH)
