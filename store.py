@@ -597,20 +597,24 @@ class MessageStore:
                 yield
             return
         self._local.reading_at_end = self.read_view.acked_end
+        self._local.reading_for_someone = True
         try:
             yield
         finally:
             self._local.reading_at_end = 0
+            self._local.reading_for_someone = False
 
     @contextlib.contextmanager
     def reading_after(self, end: int) -> Iterator[None]:
         """Reads in this block, in this thread, reflect the log up to `end` (read for someone
         else: an actor through the gateway, a coroutine through mqstore.aio)."""
         self._local.reading_for_end = end
+        self._local.reading_for_someone = True
         try:
             yield
         finally:
             self._local.reading_for_end = 0
+            self._local.reading_for_someone = False
 
     def _view_covering(
         self, covers: Callable[[ReadView], bool], wakes_on: int, timeout_s: float | None = None
@@ -654,9 +658,10 @@ class MessageStore:
         """`_view_covering`, or for a read for someone else (`reading_for`, `reading_after`:
         the gateway's few readers serve every actor client, mqstore.aio) the wait that stops
         once `progress` does not move (reviews 105 G1, 109 K3, 112 Q1: behind a stuck owner, a
-        whole timeout each held another client's FOUND read 10 s)."""
-        local = self._local.__dict__
-        if local.get("reading_for_end", 0) or local.get("reading_at_end", 0):
+        whole timeout each held another client's FOUND read 10 s), whether or not the asker
+        ever put (review 114 F3: a consumer actor that never put, polling a queue's end, held a
+        reader the whole timeout)."""
+        if self._local.__dict__.get("reading_for_someone"):
             return self._covering_while_dispatch_moves(covers, wakes_on, progress)
         return self._view_covering(covers, wakes_on)
 
@@ -747,6 +752,7 @@ class MessageStore:
             and max(view.dispatched_end, at_end := self._local.__dict__.get("reading_at_end", 0)) > view.queues_written
             and self._put_pending_for(view, topic, queue_id)
         ):  # fmt: skip
+            waited_from = time.monotonic()
             later = self._queue_view(with_dispatched=True, at_least=at_end)
             if later is None and at_end > self.read_view.view.queues_written:
                 return self._not_readable(offset, self._gave_up_detail() or (
@@ -758,7 +764,7 @@ class MessageStore:
                 behind = self.read_view.view
                 return self._not_readable(offset, self._gave_up_detail() or (
                     f"the queues are behind the log ({behind.dispatched_end - behind.queues_written} dispatched bytes "
-                    f"not in them after {self.config.read_your_writes_timeout_ms} ms: held by a full disk or a queue file that "
+                    f"not in them after {round((time.monotonic() - waited_from) * 1000)} ms: held by a full disk or a queue file that "
                     "cannot be made, see the log and stats() consume_queue_behind_bytes); messages at this offset may "
                     "exist: ask again"))  # fmt: skip
             found = reads.get_from_view(later, readers, self.config, topic, queue_id, offset, max_count,
@@ -849,6 +855,7 @@ class MessageStore:
         at_end: int = self._local.__dict__.get("reading_at_end", 0)  # (reading_for)
         target = max(own_put_end, now.dispatched_end, at_end)
         view: ReadView | None = now
+        waited_from = time.monotonic()
         if now.index_files is None or now.indexed_end < target:
             view = self._covering_for_this_read(
                 lambda v: v.index_files is not None and v.indexed_end >= target, INDEX, lambda v: v.indexed_end)
@@ -861,7 +868,7 @@ class MessageStore:
             behind = self.read_view.view
             return QueryResult(detail=self._gave_up_detail() or (
                 f"the index is behind the log ({max(behind.dispatched_end - behind.indexed_end, 0)} dispatched bytes not "
-                f"indexed after {self.config.read_your_writes_timeout_ms} ms: held by a full disk or an index file that "
+                f"indexed after {round((time.monotonic() - waited_from) * 1000)} ms: held by a full disk or an index file that "
                 "cannot be made, see the log and stats() index_behind_bytes); messages with this key may exist: ask "
                 "again"))  # fmt: skip
         readers = self._readers.get()

@@ -367,6 +367,65 @@ def test_an_actors_gateway_read_behind_a_stuck_owner_stops_waiting(
         client.stop()
 
 
+@pytest.mark.parametrize("stuck", ["the ConsumeQueue actor", "the index actor"])
+def test_a_gateway_read_for_an_actor_that_never_put_stops_waiting_behind_a_stuck_owner(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch, stuck: str
+) -> None:
+    """Review 114 F3: the same for a consumer actor that never put (the common case): its
+    Get at a queue's end another thread has a put pending on, or its Query, behind a stuck
+    owner waited the whole read_your_writes_timeout_ms, holding a gateway reader (another
+    client's FOUND get 12 s behind two of them)."""
+    import queue
+
+    import pykka
+
+    from mqstore import GetMessageStatus, Reply
+    from mqstore.messages import Get, Query, Waiter
+    stall_bound = _quick_stall_bound(monkeypatch)
+
+    store = open_store(read_your_writes_timeout_ms=30_000)
+    h.put_n(store, 1, topic="OLD")
+    h.put_n(store, 3, topic="T")
+    answers: queue.Queue[Any] = queue.Queue()
+
+    class Consumer(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> None:
+            answers.put(message.answer)
+
+    consumer = Consumer.start()
+    try:
+        if stuck == "the ConsumeQueue actor":
+            monkeypatch.setattr(store.read_view, "publish_queues", lambda published: None)
+        else:
+            monkeypatch.setattr(store.read_view, "publish_index", lambda files, indexed_end: None)
+        late = store.put(Message(topic="T", body=b"late", keys=["late"]))  # another thread's put, pending
+        assert late.ok, late
+        deadline = time.monotonic() + 10
+        while store.read_view.view.dispatched_end < late.commitlog_offset + late.wrote_bytes:  # reput handed it on
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        started = time.monotonic()
+        for _ in range(2):  # one for each of the gateway's readers
+            if stuck == "the ConsumeQueue actor":
+                read: Any = Get(topic="T", queue_id=0, offset=3, max_count=1, reply=Reply(actor=consumer))
+            else:
+                read = Query(topic="T", key="late", max_count=1, reply=Reply(actor=consumer))
+            store.actor_ref.tell(read)
+        found = Waiter()
+        store.actor_ref.tell(Get(topic="OLD", queue_id=0, offset=0, max_count=1, reply=Reply(future=found)))
+        assert found.get(timeout=60).status is GetMessageStatus.FOUND
+        assert time.monotonic() - started < stall_bound + 3
+        for _ in range(2):
+            answer = answers.get(timeout=60)
+            if stuck == "the ConsumeQueue actor":
+                assert (answer.status, answer.next_begin_offset) == (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 3), answer
+            else:
+                assert not answer.messages and "ask again" in answer.detail, answer
+        assert time.monotonic() - started < stall_bound + 3
+    finally:
+        consumer.stop()
+
+
 def test_a_gateway_read_of_the_askers_own_put_outwaits_dispatch_batches_slower_than_a_second(
     open_store: Open, monkeypatch: pytest.MonkeyPatch
 ) -> None:
