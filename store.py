@@ -1292,7 +1292,7 @@ class MessageStore:
 
         self._check_open()
         future: StoreFuture[Any] = StoreFuture()  # (waited on here, in the caller's thread)
-        if not self.supervisor.ctx.tell("cleaner", DeleteFilesManually(reply=Reply(future=future))):
+        if not self.supervisor.ctx.tell("cleaner", DeleteFilesManually(reply=Reply(future=future, store_internal_callback=True))):
             return 0
         try:
             result: CleanRound = future.get(timeout=self._reply_timeout_s)

@@ -1170,7 +1170,8 @@ class Supervisor:
                     future: StoreFuture[Any] = StoreFuture()  # (a close's own thread may wait: waits.py)
                     # The writer's own end and time: its notices to flush are sparse.
                     flush_all = FlushAll(
-                        reply=Reply(future=future), up_to=writer.max_offset, store_timestamp=writer.store_timestamp
+                        reply=Reply(future=future, store_internal_callback=True), up_to=writer.max_offset,
+                        store_timestamp=writer.store_timestamp,
                     )
                     self.ctx.peers[name].tell(flush_all)
                     reached = future.get(timeout=STOP_TIMEOUT_S)

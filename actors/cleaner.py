@@ -353,7 +353,7 @@ class CleanerActor(StoreActor[CleanerRequest]):
         """Tell `peer` a request carrying a reply, and wait for the answer (the owner changes its
         files; we only wait). A peer that is down or failed raises _PeerDown."""
         future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-        if not self.ctx.tell(peer, build(Reply(future=future))):
+        if not self.ctx.tell(peer, build(Reply(future=future, store_internal_callback=True))):
             raise _PeerDown(f"{peer} is not running")
         try:
             return future.get(timeout=PEER_ANSWER_TIMEOUT_S)

@@ -992,7 +992,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         then the queue creates the file itself (the allocator is slow or down)."""
         future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
         request = AllocateRequest(
-            next_path=next_path, next_next_path=next_next_path, file_size=file_size, reply=Reply(future=future)
+            next_path=next_path, next_next_path=next_next_path, file_size=file_size,
+            reply=Reply(future=future, store_internal_callback=True),
         )
         if not self.ctx.tell("allocator", request):
             return None

@@ -320,6 +320,47 @@ def _call_soon(callback: Callable[[Any], object], answer: Any) -> None:
     call_soon(callback, answer)
 
 
+# How long the notifier waits for a host's pykka future's lock, and how long after it looks
+# again, and for how long at most: one a host thread holds for good (a Ctrl-C inside its
+# get()) must not hold every other host's answer behind it on the one notifier thread.
+_HOSTS_LOCK_WAIT_S = 0.05
+_HOSTS_LOCK_RETRY_S = 1.0
+_HOSTS_LOCK_GIVE_UP_S = 600.0
+
+
+def _complete_hosts_future(completion: tuple[pykka.Future[Any], Any, bool], waited_s: float = 0.0) -> None:
+    """(On the notifier.) A host's pykka future given its answer, or its exception. A plain
+    ThreadingFuture whose lock is held is looked at again later rather than waited for."""
+    future, answer, failed = completion
+    if type(future) is pykka.ThreadingFuture:
+        condition = future._condition  # (an RLock's: its set() takes it again)
+        if not condition.acquire(timeout=_HOSTS_LOCK_WAIT_S):
+            if waited_s >= _HOSTS_LOCK_GIVE_UP_S:
+                _answer_dropped("future", answer, TimeoutError(f"its lock was held for {waited_s:.0f} s"))
+                return
+            retry = threading.Timer(_HOSTS_LOCK_RETRY_S, _call_soon,
+                                    (lambda c: _complete_hosts_future(c, waited_s + _HOSTS_LOCK_RETRY_S), completion))  # fmt: skip
+            retry.daemon = True
+            retry.start()
+            return
+        try:
+            _set_hosts_future(future, answer, failed)
+        finally:
+            condition.release()
+        return
+    _set_hosts_future(future, answer, failed)
+
+
+def _set_hosts_future(future: pykka.Future[Any], answer: Any, failed: bool) -> None:
+    try:
+        if failed:
+            future.set_exception((type(answer), answer, answer.__traceback__))
+        else:
+            future.set(answer)
+    except Exception as exc:  # a caller's future set already: theirs to see, not the store's
+        _answer_dropped("future", answer, exc)
+
+
 A_contra = TypeVar("A_contra", contravariant=True)
 
 
@@ -345,8 +386,13 @@ class Reply(Generic[A_contra]):
         correlation_id: object = None,
         store_internal_callback: bool = False,
     ) -> None:
-        """`store_internal_callback`: the callback is the store's own, cheap and not raising
-        (stats bookkeeping), so it runs on the answering thread; never for host code.
+        """`store_internal_callback`: the callback, or the pykka future, is the store's own,
+        cheap and not raising (stats bookkeeping, a future a store actor waits on), so it is
+        completed on the answering thread; never for host code. A host's pykka future is
+        completed on the notifier, as a callback is run: its set() takes the future's lock,
+        which a host thread may hold (a Ctrl-C inside its get() leaves it held), and a
+        subclass's set() is host code (review 115 F2/F3: either froze the writer, every put
+        of the store with it, or a gateway reader). A Waiter is the store's own.
         TypeError here, in the sender's thread, for a target of another type: found when the
         store answers, it could only be logged."""
         if future is not None and not isinstance(future, (pykka.Future, Waiter)):
@@ -382,8 +428,10 @@ class Reply(Generic[A_contra]):
                         future.hand_over(answer)
                     else:
                         future.set(answer)
-                else:
+                elif self._inline:
                     future.set(answer)
+                else:
+                    _call_soon(_complete_hosts_future, (future, answer, False))
             except Exception as exc:  # a caller's future set already: theirs to see, not the store's
                 _answer_dropped("future", answer, exc)
         if self._actor is not None:
@@ -396,11 +444,15 @@ class Reply(Generic[A_contra]):
             if self._done:
                 return
             self._done = True
-        if self._future is not None:
-            try:
-                self._future.set_exception((type(exc), exc, exc.__traceback__))
-            except Exception as error:
-                _answer_dropped("future", exc, error)
+        future = self._future
+        if future is not None:
+            if isinstance(future, Waiter) or self._inline:
+                try:
+                    future.set_exception((type(exc), exc, exc.__traceback__))
+                except Exception as error:
+                    _answer_dropped("future", exc, error)
+            else:
+                _call_soon(_complete_hosts_future, (future, exc, True))
         if self._actor is not None:
             self._tell(exc)
         if self._callback is not None:

@@ -492,3 +492,68 @@ def test_a_request_subclass_whose_fields_raise_is_refused_without_a_restart(tmp_
         for _ in range(5):
             store.actor_ref.tell(EvilPut(messages=(Message("t", b"x"),), reply=Reply(future=Waiter())))
         _answered_in_order(store)
+
+
+@pytest.mark.parametrize("request_kind", ["put", "get"])
+@pytest.mark.parametrize("future_kind", ["slow set", "condition held"])
+def test_a_hosts_future_is_completed_off_the_answering_actors_thread(
+    tmp_path: Path, request_kind: str, future_kind: str
+) -> None:
+    """Review 115 F2/F3: a host's pykka future in Reply(future=...) was completed on the
+    answering actor's thread, under the future's lock: a host thread holding it (a Ctrl-C inside
+    its get() leaves it held) or a slow set() of a subclass froze the writer (every put of the
+    store hung, close() False after 21 s) or a gateway reader (other clients' gets unanswered).
+    It is host code, completed on the notifier, as a callback is."""
+    import threading
+
+    from mqstore.messages import Get, Put
+
+    ran_on: list[str] = []
+    release = threading.Event()
+
+    class SlowFuture(pykka.ThreadingFuture[Any]):
+        def set(self, value: Any = None) -> None:
+            ran_on.append(threading.current_thread().name)
+            release.wait(30)
+            super().set(value)
+
+    store = mqstore.open(tmp_path / "store")
+    try:
+        assert store.put(Message(topic="T", body=b"first")).ok
+        future: pykka.ThreadingFuture[Any] = SlowFuture() if future_kind == "slow set" else pykka.ThreadingFuture()
+        if future_kind == "condition held":
+            held = threading.Event()
+
+            def hold() -> None:  # as a get() interrupted inside the future's lock leaves it
+                with future._condition:  # type: ignore[attr-defined]
+                    held.set()
+                    release.wait(30)
+
+            threading.Thread(target=hold, daemon=True).start()
+            assert held.wait(10)
+        for _ in range(GATEWAY_READERS if request_kind == "get" else 1):
+            if request_kind == "put":
+                store.actor_ref.tell(Put(messages=(Message(topic="T", body=b"told"),), reply=Reply(future=future)))
+            else:
+                store.actor_ref.tell(Get(topic="T", queue_id=0, offset=0, max_count=1, reply=Reply(future=future)))
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert store.put(Message(topic="T", body=b"another thread's")).ok
+        assert store.put_async(Message(topic="T", body=b"async")).result(timeout=TIMEOUT_S).ok
+        other = Waiter()
+        for _ in range(GATEWAY_READERS):  # through every reader
+            store.actor_ref.tell(Get(topic="T", queue_id=0, offset=0, max_count=1, reply=Reply(future=other)))
+            assert other.get(timeout=TIMEOUT_S).status is GetMessageStatus.FOUND
+            other = Waiter()
+        if future_kind == "condition held":  # another host's future is not held behind it either
+            hosts: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+            store.actor_ref.tell(Get(topic="T", queue_id=0, offset=0, max_count=1, reply=Reply(future=hosts)))
+            assert hosts.get(timeout=TIMEOUT_S).status is GetMessageStatus.FOUND
+        assert time.monotonic() - started < 3.0
+        assert "CommitLogWriter" not in " ".join(ran_on) and "GatewayReader" not in " ".join(ran_on), ran_on
+        if future_kind == "condition held":
+            release.set()  # the held future is completed once its lock is free
+            assert future.get(timeout=TIMEOUT_S) is not None
+    finally:
+        release.set()
+        assert store.close()
