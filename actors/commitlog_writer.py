@@ -518,6 +518,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         for answer in answers:
             reply = answer[0]
             if isinstance(reply, PassReply):
+                # Answered by its sink from here on: a failure later in this pass (the crash
+                # handler fails the pass's first put) must not answer it again (review 115 F4:
+                # SERVICE_NOT_AVAILABLE after PUT_OK, a retrying client stored it twice).
+                reply._done = True
                 sink = reply.sink
                 if sink is not last_sink:  # a pass's answers mostly share one sink
                     entry = by_sink.get(id(sink))

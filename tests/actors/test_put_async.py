@@ -884,3 +884,50 @@ def test_a_thread_reads_a_put_async_it_saw_stored_whatever_its_newest_put_does(s
                 store.put_async(Message(topic="seen", queue_id=1, body=bytes(12_000)))
             assert store.max_offset("seen", 0) == trial + 1, trial
         store.flush()
+
+
+def test_a_failure_after_a_pass_handed_out_its_answers_answers_no_put_twice(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 115 F4: the writer failing after its pass handed the answers to their sinks (its
+    notice to reput raising, standing for any failure there) answered the pass's first put a
+    second time, SERVICE_NOT_AVAILABLE after PUT_OK: an actor client that retries on it stored
+    the message twice, and the stats counted it twice."""
+    from mqstore.actors import commitlog_writer
+
+    notify = commitlog_writer.CommitLogWriter._notify_advance
+    armed = threading.Event()
+
+    def failing_once(self: Any) -> None:
+        if armed.is_set() and self._pending_advance is not None:
+            armed.clear()
+            self._pending_advance = None
+            raise MemoryError("a failure at the end of a writer pass")
+        notify(self)
+
+    monkeypatch.setattr(commitlog_writer.CommitLogWriter, "_notify_advance", failing_once)
+    answers: list[Any] = []
+    got = threading.Event()
+
+    class Client(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> Any:
+            if isinstance(message, Replied):
+                answers.append(message)
+                got.set()
+            return None
+
+    with helpers.open_small(store_dir) as store:
+        client_ref = Client.start()
+        try:
+            client = store.actor_client(client_ref)
+            armed.set()
+            client.put(Message(topic="D", body=b"one"), correlation_id="the-put")
+            assert got.wait(TIMEOUT_S)
+            deadline = time.monotonic() + TIMEOUT_S
+            while not store.put(Message(topic="D", body=b"after the restart")).ok:  # the writer restarted
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)  # a second answer would be here by now
+            assert [(a.correlation_id, a.answer.status) for a in answers] == [("the-put", PutMessageStatus.PUT_OK)]
+        finally:
+            client_ref.stop()
