@@ -1017,7 +1017,7 @@ class Supervisor:
     def _resume_writer(self) -> None:
         snapshot = self._ask("consume_queue", GetQueueSnapshot())
         self._ask("writer", ResumeQueues(topic_queue_table=snapshot.topic_queue_table,
-                                         dispatch_from=snapshot.resume_offset))  # fmt: skip
+                                         dispatch_from=snapshot.resume_offset, cleaned=snapshot.cleaned))  # fmt: skip
 
     def _start_failure(self, name: str) -> BaseException | None:
         """Why `name` failed in on_start (its report, taken out of the events: an open raises

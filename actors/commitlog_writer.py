@@ -365,7 +365,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         assert self._commitlog is not None and self._recovered is not None
         known = [Quarantined(start, end, "quarantined") for start, end in self.ctx.read_view.view.quarantined]
         self._commitlog.topic_queue_table = resume_queue_offsets(
-            self._commitlog, self._recovered, dict(request.topic_queue_table), request.dispatch_from, known
+            self._commitlog, self._recovered, dict(request.topic_queue_table), request.dispatch_from, known,
+            cleaned=request.cleaned,
         )
         self.ctx.read_view.publish_next_queue_offsets(self._commitlog.topic_queue_table)
         self._resumed = True

@@ -99,6 +99,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         # open, which stand as a floor until re-dispatch has passed the log's end at open
         # (the queues it found missing or cut short are rebuilt by then).
         self._ledger_written: dict[tuple[str, int], LedgerEntry] | None = None
+        self._cleaned_written: dict[tuple[str, int], int] | None = None
         self._ledger_floor: dict[tuple[str, int], LedgerEntry] = {}
         self._ledger_floor_until = 0
         self._ledger_stale = False
@@ -158,6 +159,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._dispatched_offset = min(self._dispatched_offset, recovered.dispatch_from)
         self._ledger_floor = dict(recovered.ledger)
         self._ledger_floor_until = self._log_facts.max_offset
+        # Queues cleaned before (this run or, through the ledger, an earlier one): their older
+        # records are not dispatched again, a crash's re-dispatch included (review 114 F1).
+        cleaned = self.ctx.cleaned_queues
+        for key, below in recovered.cleaned.items():
+            cleaned[key] = max(cleaned.get(key, 0), below)
         self._ledger_stale = True  # written at the first tick: this open's queues, floors kept
         self._publish(self._queues, complete=True)
 
@@ -596,6 +602,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
     def _delete_expired(self, min_phy_offset: int, start_after: tuple[str, int] | None) -> ConsumeQueueFilesDeleted:
         """CleanConsumeQueueService (§12.6) for the queues after `start_after`, up to and
         including the first one that deleted files (the cleaner pauses, then resumes there)."""
+        cleaned = self.ctx.cleaned_queues
+        for key in [key for key, below in cleaned.items() if below <= min_phy_offset]:
+            del cleaned[key]  # the removed queue's records are out of the log: nothing to keep out
+            self._ledger_stale = True
         visited: list[tuple[str, int]] = []
         try:
             for key in sorted(self._queues):
@@ -636,7 +646,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         reserved = {key: self._reserved.pop(key) for key in removed if key in self._reserved}
         floors = {key: self._ledger_floor.pop(key) for key in removed if key in self._ledger_floor}
         survivors = {key: cq for key, cq in self._queues.items() if key not in gone}
-        if not self._write_ledger(survivors):
+        # Every record of them was dispatched (the store waits for that before it asks): those
+        # below this end are theirs, in the ledger with them gone, for a crash's re-dispatch.
+        cleaned = {**self.ctx.cleaned_queues, **{key: self._dispatched_offset for key in removed}}
+        if not self._write_ledger(survivors, cleaned):
             self._reserved.update(reserved)
             self._ledger_floor.update(floors)
             self.log.error("cleanUnusedTopic: nothing deleted, the queue ledger could not be written", topics=sorted({t for t, _ in removed}))
@@ -648,8 +661,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         for key in removed:
             self._mapped.pop(key, None)
         self._publish(survivors, complete=True)
-        for key in removed:
-            self.ctx.cleaned_queues[key] = self._dispatched_offset
+        self.ctx.cleaned_queues.update(cleaned)
         for (topic, queue_id), cq in zip(removed, doomed):
             self._own_topic_dirs.discard(topic)  # checked again if it comes back
             cq.destroy()
@@ -678,6 +690,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             lost_queue_offsets=lost_queue_offsets(
                 self._reserved, {f"{t}-{q}": cq.get_max_offset_in_queue() for (t, q), cq in self._queues.items()}
             ),
+            cleaned=dict(self.ctx.cleaned_queues),
         )
 
     def _flush(self, *, thorough: bool) -> None:
@@ -749,12 +762,15 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             table[name] = max(table.get(name, 0), next_offset)
         return table
 
-    def _write_ledger(self, queues: dict[tuple[str, int], ConsumeQueue] | None = None) -> bool:
+    def _write_ledger(
+        self, queues: dict[tuple[str, int], ConsumeQueue] | None = None, cleaned: dict[tuple[str, int], int] | None = None
+    ) -> bool:
         """Write the queue ledger: each queue's units on disk (its flushed ones) and its first
         file's start, no more optimistic than what was read at open while re-dispatch may still
-        be rebuilding that queue. False if it could not be written (logged; tried again at the
-        next tick)."""
+        be rebuilding that queue, and the cleaned queues' floors (`cleaned`, else the context's).
+        False if it could not be written (logged; tried again at the next tick)."""
         queues = self._queues if queues is None else queues
+        cleaned = dict(self.ctx.cleaned_queues) if cleaned is None else cleaned
         if self._ledger_floor and self._dispatched_offset >= self._ledger_floor_until and not self._waiting:
             self._ledger_floor = {}
         unit = codec.CQ_STORE_UNIT_SIZE
@@ -779,11 +795,11 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
                 continue  # as above: such a queue is never in the ledger
             entry = entries.get(key) or LedgerEntry(0, 0)
             entries[key] = entry._replace(high_water=max(entry.high_water, next_offset))
-        if entries == self._ledger_written:
+        if entries == self._ledger_written and cleaned == self._cleaned_written:
             self._ledger_stale = False
             return True
         try:
-            write_queue_ledger(self.ctx.fs, self.config.queue_ledger_path, entries)
+            write_queue_ledger(self.ctx.fs, self.config.queue_ledger_path, entries, cleaned=cleaned)
         except OSError as exc:
             if not self._ledger_failing:  # once, not at every tick of a full disk
                 self.log.error("queue ledger not written; retried at every tick", error=str(exc))
@@ -794,6 +810,7 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
             self.log.info("queue ledger written again")
             self._ledger_failing = False
         self._ledger_written = entries
+        self._cleaned_written = cleaned
         self._ledger_stale = False
         return True
 

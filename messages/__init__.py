@@ -714,6 +714,9 @@ class ResumeQueues(AskFor["WriterReady"]):
 
     topic_queue_table: dict[str, int]
     dispatch_from: int
+    # Queues clean_unused_topic removed, with the commitlog offset below which their records
+    # are the removed queue's: only those at or past it count for the queue's next offset.
+    cleaned: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -811,6 +814,9 @@ class QueueSnapshot:
     # "topic-queueId" -> next queue offset, where the queue's units stop short of offsets
     # handed out to records that were lost (recovery's `reserved` less what re-dispatch gave back).
     lost_queue_offsets: dict[str, int] = field(default_factory=dict)
+    # Queues clean_unused_topic removed (this run or an earlier one, through the queue ledger),
+    # with the commitlog offset below which their records are the removed queue's.
+    cleaned: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

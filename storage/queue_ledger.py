@@ -10,7 +10,9 @@ queue that is missing, shorter than it was, or starting later than the cleaner l
 rebuilds it from the commitlog, like a queue whose files were cut short. It also keeps, per
 queue, the queue offsets handed out to records that were then lost (a lost commitlog tail that
 `mqstore recover` accepted, a power loss that kept the queue's units and not the records): new
-puts continue after them, as the commitlog's offsets do.
+puts continue after them, as the commitlog's offsets do. And the floors of the queues
+`clean_unused_topic` removed (LedgerFile.cleaned): their records below it are not dispatched
+again after a crash (review 114 F1), until the log's head passes it.
 
 Only the ConsumeQueues' owner writes it, and only when it changed: its recovery, before it
 cuts units of records that were lost (their high water); then the ConsumeQueue actor at the
@@ -34,12 +36,16 @@ from mqstore.storage.fs import FileSystem
 from mqstore.storage.sealed import UnknownVersionError, seal, unseal
 
 __all__ = [
-    "LedgerEntry", "LedgerError", "load_queue_ledger", "pack_queue_ledger", "peek_queue_ledger", "unpack_queue_ledger",
-    "write_queue_ledger",
+    "LedgerEntry", "LedgerError", "LedgerFile", "load_ledger_file", "load_queue_ledger", "pack_queue_ledger",
+    "peek_queue_ledger", "unpack_ledger_file", "unpack_queue_ledger", "write_queue_ledger",
 ]
 
 _FORMAT: Final = "mqstore-queue-ledger"
-_VERSION: Final = 2  # 2 added each queue's high water; version 1 files are read as having none
+# 2 added each queue's high water (version 1 files are read as having none); 3 the floors of
+# queues `clean_unused_topic` removed, written only while there are any (a store that never
+# cleaned a topic keeps a version 2 ledger, which the mqstore before this one reads).
+_VERSION: Final = 3
+_VERSION_WITHOUT_CLEANED: Final = 2
 
 log = get_logger(__name__)
 
@@ -68,15 +74,47 @@ class LedgerError(ValueError):
     """The ledger's bytes are not a ledger this version can trust."""
 
 
-def pack_queue_ledger(entries: Mapping[QueueKey, LedgerEntry]) -> bytes:
-    """The file's bytes for `entries`."""
-    return seal(_FORMAT, _VERSION, "queues", [[topic, queue_id, *entry] for (topic, queue_id), entry in sorted(entries.items())])
+class LedgerFile(NamedTuple):
+    """What the ledger holds: `queues`, and `cleaned`: for each queue `clean_unused_topic`
+    removed, the commitlog offset below which its records belong to the removed queue (every
+    record of it was dispatched before the clean). Dispatch after a crash, which starts from
+    a checkpoint older than the clean, must not build the removed queue again from them: a put
+    after the clean was given its queue offsets anew from 0 (review 114 F1)."""
+
+    queues: dict[QueueKey, LedgerEntry]
+    cleaned: dict[QueueKey, int]
+
+
+def pack_queue_ledger(entries: Mapping[QueueKey, LedgerEntry], cleaned: Mapping[QueueKey, int] | None = None) -> bytes:
+    """The file's bytes for `entries` (and the cleaned queues' floors)."""
+    queues = [[topic, queue_id, *entry] for (topic, queue_id), entry in sorted(entries.items())]
+    if not cleaned:
+        return seal(_FORMAT, _VERSION_WITHOUT_CLEANED, "queues", queues)
+    floors = [[topic, queue_id, below] for (topic, queue_id), below in sorted(cleaned.items())]
+    return seal(_FORMAT, _VERSION, "queues", {"queues": queues, "cleaned": floors})
 
 
 def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
+    """The ledger's queues in `data` (`unpack_ledger_file`)."""
+    return unpack_ledger_file(data).queues
+
+
+def unpack_ledger_file(data: bytes) -> LedgerFile:
     """The ledger in `data`; UnknownVersionError for a newer mqstore's; LedgerError for
     anything else, a flipped bit included."""
-    version, queues = unseal(data, _FORMAT, (1, _VERSION), "queues", LedgerError)
+    version, content = unseal(data, _FORMAT, (1, 2, _VERSION), "queues", LedgerError)
+    cleaned: dict[QueueKey, int] = {}
+    if version >= 3:
+        if not isinstance(content, dict) or set(content) != {"queues", "cleaned"} or not isinstance(content["cleaned"], list):
+            raise LedgerError("bad version 3 ledger")
+        for floor in content["cleaned"]:
+            if not (isinstance(floor, list) and len(floor) == 3 and names_a_queue(floor[0], floor[1])
+                    and type(floor[2]) is int and floor[2] >= 0):  # fmt: skip
+                raise LedgerError(f"bad cleaned queue {floor!r}")
+            cleaned[(floor[0], floor[1])] = floor[2]
+        queues = content["queues"]
+    else:
+        queues = content
     entries: dict[QueueKey, LedgerEntry] = {}
     for entry in queues if isinstance(queues, list) else [None]:
         if not (isinstance(entry, list) and len(entry) == (4 if version == 1 else 5)):
@@ -88,10 +126,16 @@ def unpack_queue_ledger(data: bytes) -> dict[QueueKey, LedgerEntry]:
         if any(type(n) is not int or n < 0 for n in (units, first, high_water)):
             raise LedgerError(f"bad entry {entry!r}")
         entries[(topic, queue_id)] = LedgerEntry(units, first, high_water)
-    return entries
+    return LedgerFile(entries, cleaned)
 
 
 def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] | None:
+    """The ledger's queues at `path` (`load_ledger_file`)."""
+    ledger = load_ledger_file(fs, path)
+    return None if ledger is None else ledger.queues
+
+
+def load_ledger_file(fs: FileSystem, path: str) -> LedgerFile | None:
     """The ledger at `path`, or None: no file (nothing to check against), or one that cannot
     be trusted (set aside as `.damaged` for a person to look at, and logged). A newer
     mqstore's raises UnknownVersionError naming it, and it stays where it is."""
@@ -104,7 +148,7 @@ def load_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] 
                   path=path, error=str(exc))  # fmt: skip
         return None
     try:
-        return unpack_queue_ledger(data)
+        return unpack_ledger_file(data)
     except UnknownVersionError as exc:
         raise exc.at(path) from None
     except LedgerError as exc:
@@ -127,6 +171,9 @@ def peek_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] 
         return None
 
 
-def write_queue_ledger(fs: FileSystem, path: str, entries: Mapping[QueueKey, LedgerEntry]) -> None:
-    """Replace the ledger atomically (OSError, e.g. a full disk, leaves the old one whole)."""
-    fs.write_atomic(path, pack_queue_ledger(entries))
+def write_queue_ledger(
+    fs: FileSystem, path: str, entries: Mapping[QueueKey, LedgerEntry], *, cleaned: Mapping[QueueKey, int]
+) -> None:
+    """Replace the ledger atomically (OSError, e.g. a full disk, leaves the old one whole).
+    `cleaned` is said by every writer: a write that left it out would forget the floors."""
+    fs.write_atomic(path, pack_queue_ledger(entries, cleaned))

@@ -43,7 +43,7 @@ from .fs import FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryEr
 from .mapped_file import DiskFullError
 from .lockfiles import StoreDirectoryError
 from .index_progress import IndexProgress, first_lost_index_file, load_index_progress, peek_index_progress, write_index_progress
-from .queue_ledger import LedgerEntry, load_queue_ledger, peek_queue_ledger, write_queue_ledger
+from .queue_ledger import LedgerEntry, load_ledger_file, peek_queue_ledger, write_queue_ledger
 from .scan import RecordTally
 from .index import (
     DAMAGED_SUFFIX, HASH_SLOT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IndexFile, IndexHeader, IndexService,
@@ -221,6 +221,9 @@ class ConsumeQueueRecovery:
     # Re-dispatch gives most of them back (records still in the log); the rest are lost
     # records' offsets, which the queue fills with filler units at its next put.
     reserved: dict[tuple[str, int], int] = field(default_factory=dict)
+    # The floors of queues clean_unused_topic removed (storage.queue_ledger.LedgerFile.cleaned):
+    # their records below it are not dispatched again.
+    cleaned: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def refuse_files_of_a_newer_mqstore(cfg: StoreConfig, fs: FileSystem) -> None:
@@ -952,14 +955,16 @@ def recover_consume_queues(
                 damaged_queues.append(cq)
                 log.warning("a consume queue has no files; re-dispatch rebuilds it", topic=topic, queue_id=queue_id)
             max_cq = max(max_cq, cq.max_physic_offset)
-        ledger = load_queue_ledger(fs, cfg.queue_ledger_path) or {}
+        ledger_file = load_ledger_file(fs, cfg.queue_ledger_path)
+        ledger = ledger_file.queues if ledger_file is not None else {}
+        cleaned = ledger_file.cleaned if ledger_file is not None else {}
         rebuilt = _queues_behind_ledger(cfg, fs, ledger, queues, damaged_queues, clock_ms)
         for cq in rebuilt:
             max_cq = max(max_cq, cq.max_physic_offset)
         # Before any unit is cut: the queue offsets of records past the log's end (or in lost
         # ranges) go into the ledger, so no later open or `recover` gives them again.
         handed_out = _offsets_of_lost_records(queues, log_facts.reach, log_facts.lost_ranges)
-        ledger = _ledger_with_high_water(cfg, fs, ledger, handed_out, queues)
+        ledger = _ledger_with_high_water(cfg, fs, ledger, handed_out, queues, cleaned)
 
         if mode is RecoveryMode.CRASH:
             dispatch_from = log_facts.scan_start
@@ -1053,7 +1058,7 @@ def recover_consume_queues(
             cq.flush(0)
         return ConsumeQueueRecovery(queues=len(queues), max_physic_offset=max_cq, truncated=truncated,
                                     damaged_files=tuple(damaged_cq_files), dispatch_from=dispatch_from,
-                                    topic_queue_table=table, ledger=ledger, reserved=reserved,
+                                    topic_queue_table=table, ledger=ledger, reserved=reserved, cleaned=cleaned,
                                     rebuilt_from_ledger=tuple((cq.topic, cq.queue_id) for cq in rebuilt))  # fmt: skip
     finally:
         for cq in queues:
@@ -1149,6 +1154,8 @@ def resume_queue_offsets(
     queue_table: dict[str, int],
     dispatch_from: int,
     quarantined: Sequence[Quarantined],
+    *,
+    cleaned: Mapping[tuple[str, int], int] | None = None,
 ) -> dict[str, int]:
     """The writer's topic-queue table (§11.8): the queues' own offsets (`queue_table`, from
     the ConsumeQueue owner), raised past every record the queues have not caught up with yet
@@ -1157,7 +1164,10 @@ def resume_queue_offsets(
     saw; only a start below it is walked again (in C runs). The ledger's count in `queue_table`
     is a floor only (offsets handed out), never where the log's records of the queue end: a
     writer that keeps no ledger (an older mqstore, a broker) may have put past it, so a queue
-    rebuilt from the log relies on this walk (from the first segment left: review 62 H1)."""
+    rebuilt from the log relies on this walk (from the first segment left: review 62 H1).
+    A queue `clean_unused_topic` removed (`cleaned`: its floor) counts only its records at or
+    past the floor: its older ones are the removed queue's, and a put after the clean was
+    given its offsets anew from 0 (review 114 F1: the next put took offset 10 after NEW-A-0 at 0)."""
     table = dict(queue_table)
     facts = recovered.facts
     end = facts.max_offset
@@ -1168,9 +1178,29 @@ def resume_queue_offsets(
     if dispatch_from < stop:
         for key, next_offset in commitlog.next_queue_offsets(dispatch_from, stop).items():
             table[key] = max(table.get(key, 0), next_offset)
+    if cleaned:
+        for key, next_offset in _next_offsets_past_floors(commitlog, cleaned, end).items():
+            table[key] = max(queue_table.get(key, 0), next_offset)
     lost_bytes = sum(stop_ - start for start, stop_ in facts.lost_ranges)
     continue_queues_past_quarantine(commitlog, quarantined, table, slack_bytes=lost_bytes)
     return table
+
+
+def _next_offsets_past_floors(commitlog: CommitLog, cleaned: Mapping[tuple[str, int], int], end: int) -> dict[str, int]:
+    """Per cleaned queue ("topic-queueId"), the queue offset after its last record at or past
+    its floor (0: none): one walk of the log from the lowest floor, in stretches between floors."""
+    floors = sorted(set(cleaned.values()))
+    found = {f"{topic}-{queue_id}": 0 for topic, queue_id in cleaned}
+    for i, start in enumerate(floors):
+        stop = floors[i + 1] if i + 1 < len(floors) else end
+        if start >= stop:
+            continue
+        stretch = commitlog.next_queue_offsets(start, stop)
+        for (topic, queue_id), below in cleaned.items():
+            key = f"{topic}-{queue_id}"
+            if below <= start and key in stretch:
+                found[key] = max(found[key], stretch[key])
+    return found
 
 
 def warn_if_made_for_another_owner(cfg: StoreConfig, fs: FileSystem) -> None:
@@ -1329,6 +1359,7 @@ def _ledger_with_high_water(
     ledger: dict[tuple[str, int], LedgerEntry],
     handed_out: Mapping[tuple[str, int], int],
     queues: Sequence[ConsumeQueue],
+    cleaned: Mapping[tuple[str, int], int],
 ) -> dict[tuple[str, int], LedgerEntry]:
     """`ledger` with each queue's high water raised to `handed_out`, written before recovery
     cuts the units that show it (a failed write is logged; this open still keeps the offsets,
@@ -1346,7 +1377,7 @@ def _ledger_with_high_water(
     if raised == ledger:
         return ledger
     try:
-        write_queue_ledger(fs, cfg.queue_ledger_path, raised)
+        write_queue_ledger(fs, cfg.queue_ledger_path, raised, cleaned=cleaned)
     except OSError as exc:
         log.error("queue ledger not written before cutting units of lost records; their queue offsets are kept "
                   "at this open only", error=str(exc))  # fmt: skip

@@ -111,7 +111,7 @@ def test_a_reserved_queue_whose_directory_cannot_be_made_waits_for_the_next_tick
     ledger = load_queue_ledger(RealFileSystem(), ledger_path) or {}
     # "gone": queue offsets 0-2 handed out, its records and its directory lost since.
     ledger[("gone", 0)] = LedgerEntry(units=1, first=0, high_water=3)
-    write_queue_ledger(RealFileSystem(), ledger_path, ledger)
+    write_queue_ledger(RealFileSystem(), ledger_path, ledger, cleaned={})
     make = cq_actor.make_topic_dir
     tries: list[str] = []
 

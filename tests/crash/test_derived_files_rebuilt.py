@@ -630,3 +630,57 @@ def test_a_record_whose_topic_cannot_name_a_queue_gets_no_queue_and_no_path(tmp_
     assert load_queue_ledger(RealFileSystem(), str(root / "queue_ledger.msgpack")) is not None
     kinds = {p.kind for p in verify_store(root, config=StoreConfig(**SETTINGS)).problems}
     assert "commitlog_bad_topic" in kinds, kinds
+
+
+_CLEAN_THEN_CRASH_CHILD = r'''
+import json, os, signal, sys
+import mqstore
+from mqstore import Message
+from mqstore.faults import HoldAt
+
+root, ackfile, hold_dispatch = sys.argv[1], sys.argv[2], sys.argv[3] == "hold"
+hold = HoldAt("consume_queue.mid_write", hold_s=60)
+store = mqstore.open(root, faults=hold)
+for i in range(10):
+    assert store.put(Message(topic="A", body=b"old-A-%d" % i)).ok
+for i in range(3):
+    assert store.put(Message(topic="B", body=b"B-%d" % i)).ok
+assert store.clean_unused_topic({"B"}) == 1
+if hold_dispatch:
+    hold.armed.set()  # the next put's unit is not written before the kill
+put = store.put(Message(topic="A", body=b"NEW-A-0"))
+with open(ackfile, "w") as f:
+    json.dump({"ok": put.ok, "queue_offset": put.queue_offset}, f)
+if hold_dispatch:
+    assert hold.entered.wait(10)
+else:
+    assert [m.body for m in store.get("A", 0, 0, 1).messages] == [b"NEW-A-0"]  # (its unit written)
+os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.parametrize("unit_written", [False, True], ids=["unit-not-written", "unit-written"])
+def test_a_crash_after_a_clean_does_not_bring_the_cleaned_queue_back(tmp_path: Path, unit_written: bool) -> None:
+    """Review 114 F1: after clean_unused_topic removed topic A's queue, a put to A was
+    acknowledged with queue offset 0, and the process was killed before (or after) its unit was
+    written. The crash open's re-dispatch rebuilt A from its old records: offset 0 served an old
+    message, the acknowledged one moved to offset 10, and the next put was acknowledged at 10 and
+    read nowhere (or, unit written, the next put went to 10, offsets 1..9 fillers). The clean's
+    floor is in the queue ledger: records of a cleaned queue below it are not dispatched again."""
+    import json
+    import subprocess
+    import sys
+
+    root, ackfile = tmp_path / "store", tmp_path / "ack.json"
+    child = subprocess.run([sys.executable, "-c", _CLEAN_THEN_CRASH_CHILD, str(root), str(ackfile),
+                            "written" if unit_written else "hold"], capture_output=True, timeout=120)  # fmt: skip
+    assert child.returncode == -9, child.stderr.decode()[-2000:]
+    assert json.loads(ackfile.read_text()) == {"ok": True, "queue_offset": 0}
+    with mqstore.open(root) as store:
+        assert [(m.queue_offset, m.body) for m in store.get("A", 0, 0, 32).messages] == [(0, b"NEW-A-0")]
+        nxt = store.put(Message(topic="A", body=b"NEXT"))
+        assert nxt.ok and nxt.queue_offset == 1
+        assert [(m.queue_offset, m.body) for m in store.get("A", 0, 0, 32).messages] == [(0, b"NEW-A-0"), (1, b"NEXT")]
+        assert [m.body for m in store.get("B", 0, 0, 32).messages] == [b"B-0", b"B-1", b"B-2"]
+    with mqstore.open(root) as store:  # and after a clean reopen
+        assert [(m.queue_offset, m.body) for m in store.get("A", 0, 0, 32).messages] == [(0, b"NEW-A-0"), (1, b"NEXT")]

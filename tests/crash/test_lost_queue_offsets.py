@@ -113,7 +113,7 @@ def test_recover_keeps_the_offsets_for_the_opens_after_it(tmp_path: Path, ledger
     if ledger == "none":
         path.unlink()  # a broker-written store, or a ledger set aside
     else:
-        write_queue_ledger(RealFileSystem(), str(path), {("T", 0): LedgerEntry(KEPT - 10, 0)})
+        write_queue_ledger(RealFileSystem(), str(path), {("T", 0): LedgerEntry(KEPT - 10, 0)}, cleaned={})
     cfg = mqstore.StoreConfig(store_path_root_dir=str(root), **SETTINGS)
     report = recover_store(cfg, RealFileSystem(), last_exit_ok=True, clock_ms=lambda: 1_800_000_000_000)
     assert report.reserved_queue_offsets == {"T-0": N}
@@ -150,7 +150,7 @@ def test_a_reserved_queue_whose_directory_is_gone_is_made_again_once(tmp_path: P
     path = str(root / "queue_ledger.msgpack")
     entries = load_queue_ledger(RealFileSystem(), path)
     assert entries is not None
-    write_queue_ledger(RealFileSystem(), path, {**entries, ("Gone", 0): LedgerEntry(50, 0)})
+    write_queue_ledger(RealFileSystem(), path, {**entries, ("Gone", 0): LedgerEntry(50, 0)}, cleaned={})
     with mqstore.open(root, **SETTINGS) as store:
         first = store.supervisor.recovery
         assert first is not None and first.reserved_queue_offsets == {"Gone-0": 50}, first.summary()

@@ -11,6 +11,8 @@ import pytest
 
 from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.queue_ledger import (
+    LedgerFile,
+    unpack_ledger_file,
     LedgerEntry,
     LedgerError,
     load_queue_ledger,
@@ -33,6 +35,18 @@ UNITS = {
 def test_a_ledger_reads_back_exactly() -> None:
     assert unpack_queue_ledger(pack_queue_ledger(UNITS)) == UNITS
     assert unpack_queue_ledger(pack_queue_ledger({})) == {}
+
+
+def test_cleaned_queues_floors_read_back_and_only_they_make_a_version_3_ledger() -> None:
+    """Review 114 F1: the floors of queues clean_unused_topic removed are kept in the ledger
+    (a crash's re-dispatch must not bring those queues back); a store that never cleaned one
+    keeps a version 2 ledger, which the mqstore before them reads."""
+    cleaned = {("Gone", 0): 4096, ("%RETRY%g", 3): 0}
+    both = unpack_ledger_file(pack_queue_ledger(UNITS, cleaned))
+    assert both == LedgerFile(UNITS, cleaned)
+    assert msgpack.unpackb(pack_queue_ledger(UNITS, cleaned))["version"] == 3
+    assert msgpack.unpackb(pack_queue_ledger(UNITS, {}))["version"] == 2
+    assert unpack_ledger_file(pack_queue_ledger(UNITS)) == LedgerFile(UNITS, {})
 
 
 def test_every_flipped_bit_is_refused() -> None:
@@ -100,7 +114,7 @@ def test_load_sets_a_damaged_ledger_aside_and_says_nothing_is_known(tmp_path: Pa
     fs = RealFileSystem()
     path = tmp_path / "queue_ledger.msgpack"
     assert load_queue_ledger(fs, str(path)) is None  # no ledger: a broker's store
-    write_queue_ledger(fs, str(path), UNITS)
+    write_queue_ledger(fs, str(path), UNITS, cleaned={})
     assert load_queue_ledger(fs, str(path)) == UNITS
     damaged = pack_queue_ledger(UNITS)[:-3] + b"xyz"
     path.write_bytes(damaged)
@@ -114,8 +128,8 @@ def test_a_newer_mqstores_ledger_is_refused_and_left_in_place(tmp_path: Path, co
     """Review 62 H2: a newer version's ledger was taken for damage, set aside, and the open
     went on without the queue offsets it reserves. It is refused, named, and left as it is;
     the read-only peek says so too instead of answering "no ledger"."""
-    data = _document(content, version=3)
-    with pytest.raises(UnknownVersionError, match="version 3, written by a newer mqstore.*reads versions 1-2"):
+    data = _document(content, version=4)
+    with pytest.raises(UnknownVersionError, match="version 4, written by a newer mqstore.*reads versions 1-3"):
         unpack_queue_ledger(data)
     path = tmp_path / "queue_ledger.msgpack"
     path.write_bytes(data)
@@ -123,5 +137,5 @@ def test_a_newer_mqstores_ledger_is_refused_and_left_in_place(tmp_path: Path, co
     for read in (load_queue_ledger, peek_queue_ledger):
         with pytest.raises(UnknownVersionError, match=str(path)) as refused:
             read(fs, str(path))
-        assert refused.value.version == 3 and refused.value.path == str(path)
+        assert refused.value.version == 4 and refused.value.path == str(path)
     assert path.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
