@@ -65,6 +65,9 @@ def ask(ref: pykka.ActorRef[Any], request: AskFor[R], *, timeout_s: float | None
     return answer
 
 
+_ACTOR_STOP = pykka.messages._ActorStop
+
+
 class FastInbox:
     """An actor inbox in C-backed parts: a deque for the messages and wake tokens (one per
     message) that the actor's thread blocks on without the GIL. pykka's own
@@ -134,6 +137,11 @@ class FastInbox:
 
     def empty(self) -> bool:
         return not self._items
+
+    def holds_a_stop(self) -> bool:
+        """Whether a stop (`ActorRef.stop()`'s `_ActorStop`) waits in the inbox: for an actor
+        in a long pass, to end it and let the stop in (a copy of the items: any thread puts)."""
+        return any(type(envelope.message) is _ACTOR_STOP for envelope in list(self._items))
 
     def take_left(self) -> Any | None:
         """The oldest message, or None if there is none, not waiting and leaving the tokens:
@@ -260,6 +268,12 @@ class RuntimeActor(pykka.ThreadingActor):
     @staticmethod
     def _create_actor_inbox() -> Any:  # pykka's hook; its type is pykka's private inbox
         return FastInbox()
+
+    def stop_requested(self) -> bool:
+        """Whether a stop waits in this actor's inbox (the supervisor's, to restart or close):
+        a handler in a long pass ends it rather than hold the stop past the supervisor's wait."""
+        inbox = self.actor_inbox
+        return isinstance(inbox, FastInbox) and inbox.holds_a_stop()
 
     @staticmethod
     def _create_future() -> pykka.Future[Any]:  # pykka's hook: the futures of ask() and stop()

@@ -120,3 +120,47 @@ def test_a_crash_during_the_opens_re_dispatch_is_restarted_and_the_open_succeeds
         assert [m.body for m in store.query("T", "k59").messages] == [b"m59"]
     finally:
         store.close()
+
+
+def test_a_restart_does_not_wait_for_reputs_pass_through_a_dispatch_backlog(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 115 F1: a writer crash under load restarts reput with it; the stop waited in
+    reput's inbox behind its pass, 16 batches, each waiting up to a second for a ConsumeQueue
+    actor slowed by the producers: reput did not stop within the supervisor's 10 s, and the
+    whole store gave up (FAILED, every put refused, close() False). Reput ends its pass at
+    the next batch once a stop waits."""
+    import time
+
+    import mqstore
+    from mqstore import Message
+    from mqstore import supervisor as supervisor_module
+    from mqstore.supervisor import SupervisorState
+
+    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 3.0)  # (with 1 s of grace)
+
+    class SlowQueues(FaultPlan):
+        def hit(self, point: str) -> None:
+            if point == "consume_queue.mid_write":
+                time.sleep(0.4)  # a ConsumeQueue actor behind: ~6 s for reput's 16 batches
+            super().hit(point)
+
+    plan = SlowQueues()
+    store = mqstore.open(store_dir, faults=plan)
+    try:
+        body = b"x" * 100
+        for _ in range(2_000):  # ~62 dispatch batches of 1,024 records
+            assert store.put_batch([Message(topic="T", body=body)] * 32).ok
+        time.sleep(1.0)  # reput's backlog fills (32 batches), then it waits for each one written
+        plan.arm("writer.mid_batch_append", 1)
+        store.put_batch([Message(topic="T", body=body)] * 32)  # crashes the writer: reput restarts too
+        started = time.monotonic()
+        while not store.put(Message(topic="T", body=b"after")).ok:
+            assert store.supervisor.state is SupervisorState.RUNNING, store.supervisor.state
+            assert time.monotonic() - started < 20
+            time.sleep(0.1)
+        assert store.supervisor.state is SupervisorState.RUNNING
+        assert plan.fired["writer.mid_batch_append"] == 1
+    finally:
+        plan.disarm_all()
+        store.close()
