@@ -202,8 +202,10 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
 
 
 def refuse_odd_files(fs: FileSystem, cfg: StoreConfig) -> None:
-    """The first checks of `refuse_what_is_in_the_way` (also `mqstore inspect`'s): a file where
-    a directory belongs, anything but a regular file where a file belongs."""
+    """The first checks of `refuse_what_is_in_the_way` (also `mqstore inspect`'s): a commitlog
+    directory inside another of the store's, a file where a directory belongs, anything but a
+    regular file where a file belongs."""
+    refuse_a_commitlog_inside_another_directory(cfg)
     for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
                        (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory"),
                        (cfg.config_dir, "config directory")):  # fmt: skip
@@ -216,6 +218,25 @@ def refuse_odd_files(fs: FileSystem, cfg: StoreConfig) -> None:
                        (snapshot, "stats snapshot")):  # fmt: skip
         refuse_unless_regular_file(fs, path, what)
         refuse_unless_regular_file(fs, path + ".tmp", f"{what}'s temporary file")
+
+
+def refuse_a_commitlog_inside_another_directory(cfg: StoreConfig) -> None:
+    """StoreDirectoryError when `store_path_commitlog` is (or, through links, resolves to) a
+    directory inside the store's consumequeue, index or config directory: each of those
+    lists, names and deletes its own entries there (queue files have the 20-digit names of
+    segments), so one took the log's segments for its files (review 116 F2: inside
+    consumequeue/T/0 a queue's writer wrote over acknowledged records; inside consumequeue/U/0
+    the next open set the segments aside, 0 of 600 served). Refused before anything is made;
+    the same directory as one of them is refused when the directories are claimed."""
+    commitlog = os.path.realpath(cfg.commitlog_dir)
+    for what, path in (("consumequeue", cfg.consume_queue_dir), ("index", cfg.index_dir), ("config", cfg.config_dir)):
+        other = os.path.realpath(path)
+        if commitlog.startswith(other.rstrip(os.sep) + os.sep):
+            raise StoreDirectoryError(
+                f"the commitlog directory {cfg.commitlog_dir} (store_path_commitlog) is inside the store's {what} "
+                f"directory {path}, which lists and deletes its own files there: give the commitlog a directory of "
+                "its own, outside it"
+            )
 
 
 def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:

@@ -198,3 +198,30 @@ def test_a_link_in_the_consume_queue_directory_not_named_as_a_topic_is_left_alon
             assert [m.body for m in got.messages] == [b"m%d" % i for i in range(20, 50)]
     if not running:
         assert _state(one) == before
+
+
+@pytest.mark.parametrize("inside", ["consumequeue/U/0", "consumequeue/T/0", "consumequeue/T", "index/sub", "config/sub"])
+def test_a_commitlog_directory_inside_another_of_the_stores_directories_is_refused(
+    tmp_path: Path, inside: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 116 F2: store_path_commitlog inside the store's consumequeue/<topic>/<queue>
+    was accepted: its segments share the 20-digit names of queue files there, so a queue's
+    writer wrote over acknowledged records (T/0), or the next open took the segments for a
+    damaged queue's files and set them aside (U/0: 0 of 600 served after a clean close).
+    Refused at the first open, before anything is made."""
+    new = tmp_path / "new"
+    with pytest.raises(mqstore.StoreDirectoryError, match="inside the store's"):
+        mqstore.open(new, store_path_commitlog=str(new / inside), **SMALL)
+    assert not new.exists()
+    # A store laid out so by an mqstore before this check: refused too, no byte changed.
+    root = tmp_path / "store"
+    _store(root)
+    (root / inside).parent.mkdir(parents=True, exist_ok=True)
+    (root / "commitlog").rename(root / inside)
+    before = _state(root)
+    with pytest.raises(mqstore.StoreDirectoryError, match="inside the store's"):
+        mqstore.open(root, store_path_commitlog=str(root / inside), **SMALL)
+    monkeypatch.setenv("MQSTORE_STORE_PATH_COMMITLOG", str(root / inside))
+    code, message = _recover(root)
+    assert code == ExitCode.NOT_A_STORE and "inside the store's" in message, message
+    assert _state(root) == before
