@@ -103,7 +103,7 @@ def test_a_newer_mqstores_ledger_or_index_progress_is_refused_and_nothing_change
         for i in range(30):
             assert store.put(Message(topic="T", body=b"m%d" % i, keys=[f"k{i}"])).ok
     path = root / f"{newer}.msgpack"
-    version = {"queue_ledger": 3, "index_progress": 2}[newer]
+    version = {"queue_ledger": 4, "index_progress": 2}[newer]
     _as_a_newer_mqstore_writes_it(path, {"queue_ledger": "queues", "index_progress": "progress"}[newer], version)
     before = _files(root)
     with pytest.raises(StoreDirectoryError, match=f"{path} is .* version {version}, written by a newer mqstore"):

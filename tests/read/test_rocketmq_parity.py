@@ -158,13 +158,15 @@ def test_clean_unused_topic_removes_the_queues_of_topics_not_kept(open_store: Op
     assert reopened.max_offset("A", 1) == 0 and reopened.max_offset("B", 0) == 1
 
 
-def test_a_cleaned_topic_holding_the_newest_records_comes_back_at_a_clean_reopen(open_store: Open) -> None:
+def test_a_cleaned_topic_holding_the_newest_records_stays_cleaned_at_a_clean_reopen(open_store: Open) -> None:
     """A difference from 4.4.0, on purpose. 4.4.0's start() sets reput at the log's end after
     either recovery, so records a stop left undispatched never get units (a clean shutdown
     waits at most 5 s for reput). RocketMQ 4.5+ (doRecheckReputOffsetFromCq) starts reput at
     the queues' highest unit instead, and so does this store: nothing stored goes missing from
-    the queues. The price, in both, is this: a topic cleaned while its records are the log's
-    newest is dispatched again at the next open."""
+    the queues. The price, in RocketMQ 4.5+, is that a topic cleaned while its records are the
+    log's newest is dispatched again at the next open; here the queue ledger keeps the cleaned
+    queue's floor (review 114 F1), and its records below it are not dispatched again: the next
+    put to it starts the queue at 0, as it would have before the reopen."""
     store = open_store()
     _put(store, "A")
     _put(store, "B")
@@ -173,8 +175,10 @@ def test_a_cleaned_topic_holding_the_newest_records_comes_back_at_a_clean_reopen
     assert store.max_offset("B", 0) == 0
     assert store.close()
     reopened = open_store()
-    assert reopened.max_offset("B", 0) == 1, "re-dispatched from A's last unit, as RocketMQ 4.5+ does"
-    assert [m.topic for m in reopened.get("B", 0, 0).messages] == ["B"]
+    assert reopened.max_offset("B", 0) == 0, "the cleaned queue is not dispatched again"
+    put = reopened.put(Message(topic="B", body=b"new B"))
+    assert put.ok and put.queue_offset == 0
+    assert [m.body for m in reopened.get("B", 0, 0).messages] == [b"new B"]
 
 
 def test_a_cleaned_topic_older_than_a_kept_queues_last_unit_stays_cleaned_across_a_clean_reopen(
