@@ -161,27 +161,31 @@ def find_next_valid_record(
     for extent_start, extent_end in extents if extents is not None else ((start, limit),):
         lo = max(start, extent_start - 8)  # a header may start just before a data extent
         hi = min(limit, extent_end)
+        # Nothing is read past the extent: a hole after it is zeros (no magic, no record's
+        # bytes), and on a full tmpfs a read of one faults (review 116 F1: a magic checked
+        # across the extent's end made a store that filled its disk unopenable).
+        reach = hi
         if fast:
             # The candidates of the chunked search below, in the same order, found in C (a
             # zero-filled segment, e.g. one copied without its holes, was seconds of
             # bytes.find per open).
-            pos = scan.find_magic(buf, max(start, lo - 4), hi, limit) if lo < hi else -1
+            pos = scan.find_magic(buf, max(start, lo - 4), hi, reach) if lo < hi else -1
             while pos >= 0:
-                if _valid_record_at(buf, pos, limit, file_from_offset, segment_size, max_message_size,
+                if _valid_record_at(buf, pos, reach, file_from_offset, segment_size, max_message_size,
                                     stored_before_ms):  # fmt: skip
                     return pos
-                pos = scan.find_magic(buf, pos + 1, hi, limit)
+                pos = scan.find_magic(buf, pos + 1, hi, reach)
             continue
         while lo < hi:
             chunk_end = min(hi, lo + _SEARCH_CHUNK_BYTES)
-            window = bytes(buf[lo : min(limit, chunk_end + 8)])  # +8: a magic across the chunk edge
+            window = bytes(buf[lo : min(reach, chunk_end + 8)])  # +8: a magic across the chunk edge
             hits = sorted(
                 h for pattern in _MAGIC_PATTERNS for h in _find_all(window, pattern) if lo + h - 4 >= start
                 and lo + h - 4 < chunk_end  # fmt: skip
             )
             for hit in hits:
                 pos = lo + hit - 4
-                if _valid_record_at(buf, pos, limit, file_from_offset, segment_size, max_message_size,
+                if _valid_record_at(buf, pos, reach, file_from_offset, segment_size, max_message_size,
                                     stored_before_ms):  # fmt: skip
                     return pos
             lo = chunk_end
@@ -1060,7 +1064,10 @@ class CommitLog:
             self.mapped_file_queue.flushed_where = self.mapped_file_queue.committed_where = 0
             return 0
         index = 0
+        known: dict[int, list[tuple[int, int]]] = {}
         for i in range(len(files) - 1, -1, -1):
+            if self._data_end(files[i], i, 0, known) == 0:
+                continue  # its first page a hole: no record, and not read (a full tmpfs faults: review 116 F1)
             if self.is_mapped_file_matched_recover(files[i], min_timestamp):
                 index = i
                 log.info("abnormal recovery starts at", file=files[i].file_name)
@@ -1113,12 +1120,18 @@ class CommitLog:
         file_offset = start_pos
         self._scan_ended_on_blank = False
         fast = scan.fast_scan_available()
+        extents: dict[int, list[tuple[int, int]]] = {}
         while True:
-            if fast:
+            # Where the file's data ends from here: a hole is zeros never written, not read (on a
+            # full tmpfs a read of one needs a page there is no room for, and faults: review
+            # 116 F1, a store that filled its disk could not be opened until room was made).
+            data_end = self._data_end(mapped_file, index, file_offset, extents)
+            hole = data_end <= file_offset < self.mapped_file_size
+            if fast and not hole:
                 # The run of valid records in C (no GIL); what ends it goes through the
                 # reference decoder below, so every rule stays in one place.
                 run = scan.scan_run(
-                    mapped_file.mapped_buffer, file_offset, self.mapped_file_size,
+                    mapped_file.mapped_buffer, file_offset, data_end,
                     file_from_offset=mapped_file.file_from_offset, max_message_size=self.max_record_size,
                     check_crc=self.check_crc_on_recover, max_bytes=_PROGRESS_STEP_BYTES,
                 )  # fmt: skip
@@ -1131,12 +1144,15 @@ class CommitLog:
                     file_offset = run.end
                     if bar is not None:
                         bar.at(index - first_index, file_offset)
-                    if run.stop == "budget":
+                    if run.stop == "budget" or file_offset >= data_end:
                         continue
-            kind, size, fields = read_dispatch(
-                mapped_file.mapped_buffer, file_offset, self.mapped_file_size, self.max_record_size,
-                None, self.check_crc_on_recover,
-            )  # fmt: skip
+            if hole:
+                kind, size, fields = RecordKind.END_OF_DATA, 0, None
+            else:
+                kind, size, fields = read_dispatch(
+                    mapped_file.mapped_buffer, file_offset, self.mapped_file_size, self.max_record_size,
+                    None, self.check_crc_on_recover,
+                )  # fmt: skip
             if kind is RecordKind.MESSAGE and fields is not None and (
                 fields.commitlog_offset == mapped_file.file_from_offset + file_offset
             ):
@@ -1163,7 +1179,8 @@ class CommitLog:
             # (review 97 M2: taken for the put the writer died in, the flushed records after it
             # were cut from the log).
             below_flushed = self.flushed_before_offset is not None and damaged_at < self.flushed_before_offset
-            if (self.unfinished_put_possible and not below_flushed and self._unfinished_put_at(mapped_file, file_offset)
+            if (self.unfinished_put_possible and not below_flushed and not hole
+                    and self._unfinished_put_at(mapped_file, file_offset)
                     and not self._later_put_follows(index, file_offset)):  # fmt: skip
                 log.warning("recovery stops at a put the writer did not finish", offset=damaged_at)
                 break
@@ -1175,7 +1192,7 @@ class CommitLog:
                 break
             next_index, next_pos = resume
             resume_at = files[next_index].file_from_offset + next_pos
-            reason = self._damage_reason(mapped_file, file_offset)
+            reason = "zeroed bytes" if hole else self._damage_reason(mapped_file, file_offset)
             self.quarantined.append(Quarantined(damaged_at, resume_at, reason))
             log.error("damaged commitlog bytes quarantined; valid records follow them", start=damaged_at,
                       end=resume_at, reason=reason)  # fmt: skip
@@ -1189,6 +1206,22 @@ class CommitLog:
         if bar is not None:
             bar.finish()
         return mapped_file.file_from_offset + file_offset
+
+    def _data_end(self, mapped_file: MappedFile, index: int, pos: int, known: dict[int, list[tuple[int, int]]]) -> int:
+        """The end of the file's data extent holding `pos` (`pos` itself in a hole; the
+        segment's size where the file system cannot tell): each file's extents asked once a
+        scan (`known`)."""
+        extents = known.get(index)
+        if extents is None:
+            try:
+                extents = self.fs.data_extents(mapped_file.file_name, 0, self.mapped_file_size)
+            except OSError:
+                extents = [(0, self.mapped_file_size)]
+            known[index] = extents
+        for start, end in extents:
+            if start <= pos < end:
+                return end
+        return min(pos, self.mapped_file_size)
 
     def _damage_reason(self, mapped_file: MappedFile, pos: int) -> str:
         read = read_record(mapped_file.mapped_buffer, pos, self.mapped_file_size, check_crc=True,

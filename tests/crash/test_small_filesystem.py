@@ -235,3 +235,63 @@ def test_a_filesystem_filled_to_its_last_block_by_another_writer_never_kills_the
         )  # fmt: skip
         assert child.returncode != -signal.SIGBUS, "SIGBUS:\n" + child.stderr[-3000:]
         assert child.returncode == 0 and " lost 0 " in child.stdout, child.stdout + child.stderr[-3000:]
+
+
+FILL_THEN_KILL = """
+import os, signal, sys
+import mqstore
+
+root, filler, segment = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = mqstore.open(root, mapped_file_size_commitlog_bytes=segment, max_hash_slot_num=1000, max_index_num=4000)
+for i in range(200):
+    assert store.put(mqstore.Message(topic="T", body=b"%08d" % i * 16)).ok
+with open(filler, "wb", buffering=0) as f:  # another program fills the disk while the store puts
+    for size in (1 << 16, 4096, 512, 1):
+        try:
+            while True:
+                f.write(b"\\1" * size)
+        except OSError:
+            pass
+acked, refused, i = 200, 0, 200
+while refused < 50:
+    result = store.put(mqstore.Message(topic="T", body=b"%08d" % i * 16))
+    i += 1
+    acked, refused = (acked + 1, refused) if result.ok else (acked, refused + 1)
+print(acked, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+REOPEN_ON_THE_FULL_DISK = """
+import sys
+import mqstore
+
+root, segment, acked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+store = mqstore.open(root, mapped_file_size_commitlog_bytes=segment, max_hash_slot_num=1000, max_index_num=4000)
+assert store.max_offset("T", 0) == acked, (store.max_offset("T", 0), acked)
+offset = 0
+while offset < acked:
+    got = store.get("T", 0, offset, 32)
+    assert got.found and [m.body[:8] for m in got.messages] == [b"%08d" % n for n in range(offset, got.next_begin_offset)], got.status
+    offset = got.next_begin_offset
+assert not store.put(mqstore.Message(topic="T", body=b"more")).ok  # the disk is still full
+store.close()
+print("served", offset)
+"""
+
+
+@pytest.mark.parametrize("segment", [1 << 20, 4 << 20], ids=["next-segment-unreserved", "segment-tail-unreserved"])
+def test_a_store_that_filled_a_tmpfs_opens_again_while_it_is_still_full(tmp_path: Path, segment: int) -> None:
+    """Review 116 F1: killed after filling a tmpfs, the store did not open until much more than
+    its data's room was freed (UnreadDuringRecoveryError, EIO): recovery read the holes past
+    its data, the first page of a segment it could reserve no block for and a magic checked
+    across a data extent's end, and a read of a tmpfs hole needs a page there is no room for.
+    It opens and serves every acknowledged message, and refuses puts, on the full disk."""
+    with _tmpfs(tmp_path) as mount_point:
+        root, filler = mount_point / "store", mount_point / "filler"
+        fill = subprocess.run([sys.executable, "-c", FILL_THEN_KILL, str(root), str(filler), str(segment)],
+                              capture_output=True, text=True, timeout=PHASE_TIMEOUT_S)  # fmt: skip
+        assert fill.returncode == -signal.SIGKILL, fill.stderr[-3000:]
+        acked = int(fill.stdout.split()[0])
+        reopen = subprocess.run([sys.executable, "-X", "faulthandler", "-c", REOPEN_ON_THE_FULL_DISK, str(root),
+                                 str(segment), str(acked)], capture_output=True, text=True, timeout=PHASE_TIMEOUT_S)  # fmt: skip
+        assert reopen.returncode == 0 and f"served {acked}" in reopen.stdout, reopen.stderr[-3000:]
