@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mqstore import FaultPlan, InjectedFault, Message, StoreLockedError
+from mqstore import FaultPlan, InjectedFault, Message, PutResult, StoreLockedError
 from mqstore import supervisor as supervisor_module
 from mqstore.actors.commitlog_writer import CommitLogWriter
 from mqstore.actors.consume_queue import ConsumeQueueService
@@ -588,12 +588,18 @@ def test_a_busy_timeout_of_zero_refuses_only_puts_that_waited(store_dir: Path) -
         taken = sum(store.put(Message(topic="t", body=b"%d" % i)).ok for i in range(20))
         assert taken >= 1
         hold.armed.set()
-        held = threading.Thread(target=store.put, args=(Message(topic="t", body=b"held"),))
-        held.start()
-        assert hold.entered.wait(5)
+        held_results: list[PutResult] = []
+        for _ in range(50):  # (under load the held put itself may wait a millisecond: busy, not held)
+            held = threading.Thread(target=lambda: held_results.append(store.put(Message(topic="t", body=b"held"))))
+            held.start()
+            if hold.entered.wait(1):
+                break
+            held.join(5)
+        assert hold.entered.is_set()
         behind = store.put(Message(topic="t", body=b"behind"))  # waits the hold out in the mailbox
         held.join(5)
         assert behind.status is PutMessageStatus.OS_PAGE_CACHE_BUSY, behind
+        assert held_results[-1].ok, held_results
         assert store.wait_for_messages("t", 0, taken, 5)  # the held put, told by another thread
         bodies = [bytes(m.body) for m in store.get("t", 0, 0, 64).messages]
         assert bodies[-1] == b"held" and b"behind" not in bodies
