@@ -500,6 +500,7 @@ class Supervisor:
             raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
         created_abort = False
+        made_here: list[str] = []  # the data directories this open made (a refused one removes them)
         try:
             # Inside the try whose cleanup releases it: an exception raised into this thread
             # between the two left the lock held for the process's life (review 85 F4).
@@ -512,6 +513,8 @@ class Supervisor:
             self._mode = mode_at_open(last_exit_ok)
             try:  # a new store's directories take blocks on ext4
                 for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
+                    if not self.fs.isdir(path):
+                        made_here.append(path)
                     self.fs.makedirs(path)
                 self._lock.claim_directories(data_directories(cfg))
                 # Refused before any owner changes a byte (settings that disagree with the files).
@@ -555,6 +558,13 @@ class Supervisor:
                         self.log.warning("abort marker not removed after a failed start", error=repr(exc))
                 if all_stopped and self._lock is not None:
                     self._lock.drop_created_file()  # a refused open leaves no lock file of its own (review 61 L1)
+                if all_stopped:
+                    # Nor the directories it made, left empty (review 116 L1: an open refused for a
+                    # commitlog kept elsewhere left an empty commitlog/ beside the store's files).
+                    for path in reversed(made_here):
+                        with contextlib.suppress(OSError):
+                            if self.fs.isdir(path) and not self.fs.listdir(path):
+                                self.fs.rmtree(path)
             finally:
                 # Cut short too (a second exception raised into this thread): else the lock
                 # stayed held for the process's life (review 85 F4). Children still running
