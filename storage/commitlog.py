@@ -161,9 +161,10 @@ def find_next_valid_record(
     for extent_start, extent_end in extents if extents is not None else ((start, limit),):
         lo = max(start, extent_start - 8)  # a header may start just before a data extent
         hi = min(limit, extent_end)
-        # Nothing is read past the extent: a hole after it is zeros (no magic, no record's
-        # bytes), and on a full tmpfs a read of one faults (review 116 F1: a magic checked
-        # across the extent's end made a store that filled its disk unopenable).
+        # No magic is looked for past the extent: a hole after it is zeros (a magic has none),
+        # and on a full tmpfs a read of one faults (review 116 F1: a magic checked across the
+        # extent's end made a store that filled its disk unopenable). A record found is read
+        # whole, to `limit`: one holding a page of zeros may span a hole of a sparse copy.
         reach = hi
         if fast:
             # The candidates of the chunked search below, in the same order, found in C (a
@@ -171,7 +172,7 @@ def find_next_valid_record(
             # bytes.find per open).
             pos = scan.find_magic(buf, max(start, lo - 4), hi, reach) if lo < hi else -1
             while pos >= 0:
-                if _valid_record_at(buf, pos, reach, file_from_offset, segment_size, max_message_size,
+                if _valid_record_at(buf, pos, limit, file_from_offset, segment_size, max_message_size,
                                     stored_before_ms):  # fmt: skip
                     return pos
                 pos = scan.find_magic(buf, pos + 1, hi, reach)
@@ -185,7 +186,7 @@ def find_next_valid_record(
             )
             for hit in hits:
                 pos = lo + hit - 4
-                if _valid_record_at(buf, pos, reach, file_from_offset, segment_size, max_message_size,
+                if _valid_record_at(buf, pos, limit, file_from_offset, segment_size, max_message_size,
                                     stored_before_ms):  # fmt: skip
                     return pos
             lo = chunk_end

@@ -295,3 +295,32 @@ def test_a_store_that_filled_a_tmpfs_opens_again_while_it_is_still_full(tmp_path
         reopen = subprocess.run([sys.executable, "-X", "faulthandler", "-c", REOPEN_ON_THE_FULL_DISK, str(root),
                                  str(segment), str(acked)], capture_output=True, text=True, timeout=PHASE_TIMEOUT_S)  # fmt: skip
         assert reopen.returncode == 0 and f"served {acked}" in reopen.stdout, reopen.stderr[-3000:]
+
+
+@pytest.mark.parametrize("damaged", [2, 4], ids=["records-between", "the-next-record-spans-holes"])
+def test_a_record_spanning_a_hole_of_a_sparse_copy_is_found_past_damage(tmp_path: Path, damaged: int) -> None:
+    """The look past damage reads no magic in a hole (review 116 F1), but a record it finds is
+    read whole: one whose body holds whole pages of zeros spans holes once the segment is
+    copied sparse (`cp --sparse=always`), and is a message, not more damage."""
+    import mqstore
+
+    root = tmp_path / "store"
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=1 << 20) as store:
+        at = [store.put(mqstore.Message(topic="T", body=b"%04d" % i + b"x" * 300)).commitlog_offset for i in range(5)]
+        zeros = store.put(mqstore.Message(topic="T", body=bytes(64 * 1024)))
+        last = store.put(mqstore.Message(topic="T", body=b"last"))
+        assert zeros.ok and last.ok
+    segment = root / "commitlog" / "00000000000000000000"
+    with open(segment, "r+b") as f:  # one flipped body byte: that record is damage, records follow it
+        f.seek(at[damaged] + 200)
+        byte = f.read(1)
+        f.seek(at[damaged] + 200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    sparse = tmp_path / "sparse"
+    subprocess.run(["cp", "--sparse=always", str(segment), str(sparse)], check=True)
+    os.replace(sparse, segment)
+    (root / "abort").write_bytes(b"")  # a crash: recovery looks past the damage
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=1 << 20) as store:
+        got = store.get("T", 0, 5, 32)
+        assert [m.queue_offset for m in got.messages] == [5, 6], got.status
+        assert got.messages[0].body == bytes(64 * 1024) and got.messages[1].body == b"last"
