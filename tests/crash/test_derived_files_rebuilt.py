@@ -684,3 +684,30 @@ def test_a_crash_after_a_clean_does_not_bring_the_cleaned_queue_back(tmp_path: P
         assert [m.body for m in store.get("B", 0, 0, 32).messages] == [b"B-0", b"B-1", b"B-2"]
     with mqstore.open(root) as store:  # and after a clean reopen
         assert [(m.queue_offset, m.body) for m in store.get("A", 0, 0, 32).messages] == [(0, b"NEW-A-0"), (1, b"NEXT")]
+
+
+def test_a_cleaned_queues_floor_past_the_logs_end_after_a_power_loss_drops_no_new_put(tmp_path: Path) -> None:
+    """Review 117 F1: the floor is where dispatch had reached at the clean, which can be past
+    what reached the disk. After a power loss the log ended below it, and the puts made there
+    after the reopen were dropped as the removed queue's records: never served, and the queue
+    started later once the log grew past the floor. The floor is lowered to the log's end."""
+    from mqstore.tests.crash.crashlib import flushed_only_to
+
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        at = [store.put(Message("A", b"old-A-%d" % i)).commitlog_offset for i in range(10)]
+        assert store.put(Message("B", b"B-0")).ok
+        assert store.clean_unused_topic({"B"}) == 1
+    lost_from = at[5]  # a power loss: the log's bytes from here never reached the disk
+    with open(root / "commitlog" / "00000000000000000000", "r+b") as f:
+        f.seek(lost_from)
+        f.write(bytes(4096))
+    flushed_only_to(root, lost_from)
+    (root / "abort").write_bytes(b"")
+    with mqstore.open(root) as store:
+        puts = [store.put(Message("A", b"NEW-A-%d" % i)) for i in range(9)]  # past the old floor too
+        assert [p.queue_offset for p in puts] == list(range(9))
+        got = store.get("A", 0, 0, 32)
+        assert [m.body for m in got.messages] == [b"NEW-A-%d" % i for i in range(9)], got.status
+    with mqstore.open(root) as store:
+        assert [m.body for m in store.get("A", 0, 0, 32).messages] == [b"NEW-A-%d" % i for i in range(9)]
