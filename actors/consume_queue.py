@@ -164,6 +164,8 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         cleaned = self.ctx.cleaned_queues
         for key, below in recovered.cleaned.items():
             cleaned[key] = max(cleaned.get(key, 0), below)
+        for key, below in cleaned.items():  # never past the log's end (review 117 F1, and recovery)
+            cleaned[key] = min(below, self._log_facts.max_offset)
         self._ledger_stale = True  # written at the first tick: this open's queues, floors kept
         self._publish(self._queues, complete=True)
 
