@@ -16,7 +16,8 @@ What it checks (each failure is a `Problem` with a kind, a place and a detail):
   `topic#key`, has the entry's hash (`index_*`); entries past the log end are `index_past_end`;
 * nothing is missing: each record that is not PREPARED/ROLLBACK has its unit
   (`cq_missing`), unless its queue file was cleaned, or its queue has no directory and the
-  queue ledger does not list it (`clean_unused_topic` removed it: counted in
+  queue ledger does not list it, or it lies below the floor the ledger keeps for a queue
+  `clean_unused_topic` removed and the topic was written again since (counted in
   `VerifyReport.not_queued`); each key of each record in the range an
   index file covers has an entry (`index_missing`). Records outside every index file's
   [beginPhyOffset, endPhyOffset] (a file dropped at crash recovery, or expired) are not
@@ -55,7 +56,7 @@ from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.fs import FileSystem, RealFileSystem
 from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
-from ..storage.queue_ledger import LedgerEntry, LedgerError, unpack_queue_ledger
+from ..storage.queue_ledger import LedgerError, LedgerFile, unpack_ledger_file
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
@@ -312,7 +313,8 @@ def _scan_commitlog(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> d
 def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], report: VerifyReport) -> None:
     root = os.fspath(cfg.consume_queue_dir)
     read_ledger = _queue_ledger(cfg, fs, report)
-    ledger = read_ledger or {}
+    ledger = read_ledger.queues if read_ledger is not None else {}
+    cleaned = read_ledger.cleaned if read_ledger is not None else {}
     units: dict[tuple[str, int, int], int] = {}  # (topic, queue, queue offset) -> commitlog offset
     first_offset: dict[tuple[str, int], int] = {}  # the first queue offset still on disk
     for topic, queue_id in list_consume_queues(root, fs):
@@ -375,6 +377,10 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
         if key not in first_offset and read_ledger is not None and key not in ledger:
             report.not_queued += 1  # a removed topic's (review 51: cq_missing after clean_unused_topic)
             continue
+        if key in cleaned and phy < cleaned[key]:
+            # The removed queue's, below its floor, of a topic written again since (review 117 L1).
+            report.not_queued += 1
+            continue
         if key not in first_offset:
             report.add("cq_missing", f"{rec.topic}/{rec.queue_id}", f"no queue for the record at {phy}")
             first_offset[key] = 1 << 62  # report a missing queue once
@@ -386,14 +392,14 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                        f"no unit for the record at {phy}")  # fmt: skip
 
 
-def _queue_ledger(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> dict[tuple[str, int], LedgerEntry] | None:
+def _queue_ledger(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> LedgerFile | None:
     """The queue ledger, read only (an open sets a damaged one aside; verify only says so);
     None without one (a broker's store) or when it cannot be read."""
     path = cfg.queue_ledger_path
     if not fs.exists(path):
         return None
     try:
-        return unpack_queue_ledger(fs.read_bytes(path))
+        return unpack_ledger_file(fs.read_bytes(path))
     except (OSError, LedgerError) as exc:
         report.add("queue_ledger_unreadable", path, str(exc))
         return None

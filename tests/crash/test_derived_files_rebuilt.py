@@ -711,3 +711,26 @@ def test_a_cleaned_queues_floor_past_the_logs_end_after_a_power_loss_drops_no_ne
         assert [m.body for m in got.messages] == [b"NEW-A-%d" % i for i in range(9)], got.status
     with mqstore.open(root) as store:
         assert [m.body for m in store.get("A", 0, 0, 32).messages] == [b"NEW-A-%d" % i for i in range(9)]
+
+
+def test_verify_and_recover_take_a_cleaned_and_rewritten_topics_old_records_for_the_removed_queues(tmp_path: Path) -> None:
+    """Review 117 L1: a topic cleaned and written again since: verify exited 3 (cq_missing for
+    offsets 0..9, the removed queue's records) and `recover` said "not repaired". Records of a
+    queue below the floor the ledger keeps are the removed queue's."""
+    import contextlib
+    import io
+
+    from mqstore.cli import ExitCode, main
+
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        for i in range(10):
+            assert store.put(Message("A", b"old-A-%d" % i)).ok
+        assert store.put(Message("B", b"B-0")).ok
+        assert store.clean_unused_topic({"B"}) == 1
+        for i in range(3):
+            assert store.put(Message("A", b"new-A-%d" % i)).queue_offset == i
+    for command in ("verify", "recover"):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            code = main([command, str(root)] + (["--no-progress"] if command == "recover" else []))
+        assert code == ExitCode.OK, (command, err.getvalue())
