@@ -711,6 +711,10 @@ class Supervisor:
                                    **suppressed_fields(suppressed))  # fmt: skip
 
     def _handle_failure(self, event: ChildFailed) -> bool:
+        if event.retry and self._running(event.name):
+            # Another group's restart, which covered this one, started it meanwhile (review
+            # 117 F3: a stale retry restarted it once more, and counted against the budget).
+            return True
         now = self.ticker.now_ms()
         owns_files = event.name not in OWNS_NO_FILES
         recent = self._recent_failures if owns_files else self._recent_api_failures
@@ -760,9 +764,12 @@ class Supervisor:
         except Exception as exc:  # a child that cannot start counts as another failure...
             # ...once: a child that crashed (rather than failed in on_start) has reported
             # itself already, and counting it twice would halve the restart budget.
-            if not self._failure_pending(group):
+            # Nor when a failure waits whose restart starts this group again (a peer it needs
+            # died meanwhile: review 117 F3, each retry behind a dead ConsumeQueue actor failed,
+            # counted, and doubled the back-off, and two faults under load used up the budget).
+            if not self._failure_pending(group) and not self._restart_pending_covering(group):
                 self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc,
-                                             at_start=not _is_dead(exc)))  # fmt: skip
+                                             at_start=not _is_dead(exc), retry=True))  # fmt: skip
             return True
         self.restarts.append(RestartRecord(event.name, tuple(group), repr(event.error), self.ticker.now_ms(), backoff))
         self.restart_count += 1
@@ -788,6 +795,16 @@ class Supervisor:
     def _failure_pending(self, names: list[str]) -> bool:
         with self._events.mutex:  # a peek; only this thread takes events out
             return any(isinstance(e, ChildFailed) and e.name in names for e in self._events.queue)
+
+    def _restart_pending_covering(self, group: list[str]) -> bool:
+        """Whether a failure waits whose restart group holds all of `group`."""
+        with self._events.mutex:  # a peek; only this thread takes events out
+            pending = [e.name for e in self._events.queue if isinstance(e, ChildFailed)]
+        return any(set(group) <= set(self._restart_group(name)) for name in pending)
+
+    def _running(self, name: str) -> bool:
+        ref = self.ctx.peers.get(name)
+        return ref is not None and ref.is_alive()
 
     def _restart_group(self, name: str) -> list[str]:
         wanted = {name}

@@ -109,6 +109,8 @@ class ChildFailed:
     # Failed to start (its thread, or its on_start), not crashed while running: only such a
     # failure may be a shortage of the process's threads, descriptors or memory (supervisor).
     at_start: bool = False
+    # Put back by the supervisor: the restart it stands for did not get its group started.
+    retry: bool = False
 
 
 @dataclass(kw_only=True)

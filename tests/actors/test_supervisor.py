@@ -631,3 +631,53 @@ def test_an_actor_that_stops_just_after_the_stop_timeout_is_restarted_not_given_
         h.wait_until(lambda: store.supervisor.restart_count >= 1 and store.put(Message(topic="t", body=b"after")).ok,
                      what="the restart")  # fmt: skip
         assert store.supervisor.state is SupervisorState.RUNNING
+
+
+def test_a_restart_blocked_by_a_dead_peer_waits_for_that_peers_restart(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 117 F3: reput crashed, and its restart could not start while the ConsumeQueue
+    actor, which it needs, had died meanwhile: the supervisor put reput's failure back at each
+    try, each counted against the budget and doubled the back-off (four restarts for one fault),
+    and after the ConsumeQueue actor's own restart (which restarts reput with it) a stale retry
+    restarted reput once more. Under load, two faults used the budget up (FAILED). The retry
+    waits for the pending restart that covers it, and a stale one is dropped. (The supervisor's
+    own thread only waits for the close here: the failures are handled on this thread.)"""
+    import pykka
+
+    from mqstore.actors.base import ChildFailed
+
+    def only_the_close(self: Supervisor) -> None:
+        while not any(isinstance(e, supervisor_module._Stop) for e in list(self._events.queue)):
+            time.sleep(0.02)
+        self._shutdown()
+
+    monkeypatch.setattr(Supervisor, "_watch", only_the_close)
+    store = h.open_small(store_dir)
+    try:
+        supervisor = store.supervisor
+        starts: list[str] = []
+        start_child = Supervisor._start_child
+
+        def reput_needs_the_dead_queues(self: Supervisor, name: str, first: bool) -> None:
+            starts.append(name)
+            if name == "reput" and len(starts) == 1:
+                # (its peer died while it started: that failure is queued)
+                self._events.put(ChildFailed(name="consume_queue", error=InjectedFault("died")))
+                raise pykka.ActorDeadError("consume_queue stopped")
+            start_child(self, name, first=first)
+
+        monkeypatch.setattr(Supervisor, "_start_child", reput_needs_the_dead_queues)
+        assert supervisor._handle_failure(ChildFailed(name="reput", error=InjectedFault("reput")))
+        queued = [e for e in list(supervisor._events.queue) if isinstance(e, ChildFailed)]
+        assert [(e.name, e.retry) for e in queued] == [("consume_queue", False)]  # no retry of reput's
+        supervisor._events.queue.clear()
+        # The covering restart: both started again.
+        assert supervisor._handle_failure(ChildFailed(name="consume_queue", error=InjectedFault("died")))
+        assert starts == ["reput", "consume_queue", "reput"]
+        # A retry that restart overtook: dropped, not counted, nothing restarted.
+        recent = len(supervisor._recent_failures)
+        assert supervisor._handle_failure(ChildFailed(name="reput", error=InjectedFault("reput"), retry=True))
+        assert len(supervisor._recent_failures) == recent and starts == ["reput", "consume_queue", "reput"]
+        assert store.put(Message(topic="t", body=b"after")).ok
+        assert store.wait_for_messages("t", 0, 0, 10)
+    finally:
+        assert store.close()
