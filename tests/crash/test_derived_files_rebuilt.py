@@ -734,3 +734,37 @@ def test_verify_and_recover_take_a_cleaned_and_rewritten_topics_old_records_for_
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
             code = main([command, str(root)] + (["--no-progress"] if command == "recover" else []))
         assert code == ExitCode.OK, (command, err.getvalue())
+
+
+def test_a_cleaned_queues_floor_goes_once_the_logs_head_passes_it(tmp_path: Path) -> None:
+    """A floor keeps the removed queue's records out of dispatch only while they are in the log:
+    once the cleaner deleted the segments below it, the ledger forgets it (and is version 2
+    again, which the mqstore before the floors reads)."""
+    import msgpack
+
+    from mqstore.storage.codec import segment_file_name
+    from mqstore.storage.queue_ledger import load_ledger_file
+
+    seg = 64 << 10
+    settings = {"mapped_file_size_commitlog_bytes": seg}
+    root = tmp_path / "store"
+    with mqstore.open(root, **settings) as store:
+        for i in range(5):
+            assert store.put(Message("A", b"old-A-%d" % i)).ok
+        assert store.clean_unused_topic({"B"}) == 1
+        while store.put(Message("B", b"b" * 500)).commitlog_offset < 2 * seg:
+            pass  # the log's head can move past segment 0
+    before = load_ledger_file(RealFileSystem(), str(root / "queue_ledger.msgpack"))
+    assert before is not None and list(before.cleaned) == [("A", 0)]
+    old = time.time() - 5 * 86400
+    os.utime(root / "commitlog" / segment_file_name(0), (old, old))
+    with mqstore.open(root, **settings) as store:
+        assert store.delete_expired_files_now() == 1
+    after = load_ledger_file(RealFileSystem(), str(root / "queue_ledger.msgpack"))
+    assert after is not None and after.cleaned == {}
+    assert msgpack.unpackb((root / "queue_ledger.msgpack").read_bytes())["version"] == 2
+    with mqstore.open(root, **settings) as store:
+        put = store.put(Message("A", b"new-A-0"))
+        assert put.ok and put.queue_offset == 0
+        assert [m.body for m in store.get("A", 0, 0, 32).messages] == [b"new-A-0"]
+
