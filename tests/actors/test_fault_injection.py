@@ -137,19 +137,21 @@ def test_a_restart_does_not_wait_for_reputs_pass_through_a_dispatch_backlog(
     from mqstore import supervisor as supervisor_module
     from mqstore.supervisor import SupervisorState
 
-    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 3.0)  # (with 1 s of grace)
+    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 2.0)  # (with 1 s of grace)
+
+    slow = True
 
     class SlowQueues(FaultPlan):
         def hit(self, point: str) -> None:
-            if point == "consume_queue.mid_write":
-                time.sleep(0.4)  # a ConsumeQueue actor behind: ~6 s for reput's 16 batches
+            if point == "consume_queue.mid_write" and slow:
+                time.sleep(0.3)  # a ConsumeQueue actor behind: ~5 s for reput's 16 batches
             super().hit(point)
 
     plan = SlowQueues()
     store = mqstore.open(store_dir, faults=plan)
     try:
         body = b"x" * 100
-        for _ in range(2_000):  # ~62 dispatch batches of 1,024 records
+        for _ in range(1_500):  # ~47 dispatch batches of 1,024 records
             assert store.put_batch([Message(topic="T", body=body)] * 32).ok
         time.sleep(1.0)  # reput's backlog fills (32 batches), then it waits for each one written
         plan.arm("writer.mid_batch_append", 1)
@@ -163,4 +165,5 @@ def test_a_restart_does_not_wait_for_reputs_pass_through_a_dispatch_backlog(
         assert plan.fired["writer.mid_batch_append"] == 1
     finally:
         plan.disarm_all()
+        slow = False  # (the close waits for dispatch to catch up: 47 batches at 0.3 s otherwise)
         store.close()
