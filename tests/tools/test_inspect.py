@@ -166,8 +166,12 @@ def test_a_running_store_that_puts_while_inspect_reads_its_log_has_no_units_past
     def scan_then_put(*args: Any, **kwargs: Any) -> Any:
         found = scan(*args, **kwargs)
         for i in range(20):  # appended and dispatched after the log's end was read
-            assert store.put(mqstore.Message(topic="T0", body=b"late", queue_id=0, keys=[f"late-{i}"])).ok
-        assert [m.body for m in store.query("T0", "late-19").messages] == [b"late"]  # queues and index have them
+            last = store.put(mqstore.Message(topic="T0", body=b"late", queue_id=0, keys=[f"late-{i}"]))
+            assert last.ok
+        # The queues and the index have them (each read waits for its own owner: a CI run under
+        # load had the index ahead of the queues when only the query waited).
+        assert [m.body for m in store.get("T0", 0, last.queue_offset, 1).messages] == [b"late"]
+        assert [m.body for m in store.query("T0", "late-19").messages] == [b"late"]
         return found
 
     monkeypatch.setattr(inspect_cli, "_inspect_commitlog", scan_then_put)
