@@ -767,7 +767,7 @@ class Supervisor:
             # Nor when a failure waits whose restart starts this group again (a peer it needs
             # died meanwhile: review 117 F3, each retry behind a dead ConsumeQueue actor failed,
             # counted, and doubled the back-off, and two faults under load used up the budget).
-            if not self._failure_pending(group) and not self._restart_pending_covering(group):
+            if not self._restart_pending_for(group):
                 self._events.put(ChildFailed(name=event.name, error=event.error if _is_dead(exc) else exc,
                                              at_start=not _is_dead(exc), retry=True))  # fmt: skip
             return True
@@ -796,11 +796,12 @@ class Supervisor:
         with self._events.mutex:  # a peek; only this thread takes events out
             return any(isinstance(e, ChildFailed) and e.name in names for e in self._events.queue)
 
-    def _restart_pending_covering(self, group: list[str]) -> bool:
-        """Whether a failure waits whose restart group holds all of `group`."""
+    def _restart_pending_for(self, group: list[str]) -> bool:
+        """Whether a failure waits that restarts `group`'s actors again: one of theirs, or one
+        whose restart group holds all of them."""
         with self._events.mutex:  # a peek; only this thread takes events out
             pending = [e.name for e in self._events.queue if isinstance(e, ChildFailed)]
-        return any(set(group) <= set(self._restart_group(name)) for name in pending)
+        return any(name in group or set(group) <= set(self._restart_group(name)) for name in pending)
 
     def _running(self, name: str) -> bool:
         ref = self.ctx.peers.get(name)

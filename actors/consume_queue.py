@@ -161,11 +161,10 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._ledger_floor_until = self._log_facts.max_offset
         # Queues cleaned before (this run or, through the ledger, an earlier one): their older
         # records are not dispatched again, a crash's re-dispatch included (review 114 F1).
-        cleaned = self.ctx.cleaned_queues
-        for key, below in recovered.cleaned.items():
-            cleaned[key] = max(cleaned.get(key, 0), below)
-        for key, below in cleaned.items():  # never past the log's end (review 117 F1, and recovery)
-            cleaned[key] = min(below, self._log_facts.max_offset)
+        # Never past the log's end (review 117 F1: recovery lowers the ledger's; this run's too).
+        cleaned, end = self.ctx.cleaned_queues, self._log_facts.max_offset
+        for key in cleaned.keys() | recovered.cleaned.keys():
+            cleaned[key] = min(max(cleaned.get(key, 0), recovered.cleaned.get(key, 0)), end)
         self._ledger_stale = True  # written at the first tick: this open's queues, floors kept
         self._publish(self._queues, complete=True)
 

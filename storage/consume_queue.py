@@ -29,6 +29,7 @@ __all__ = [
     "ConsumeQueueReader",
     "FILLER_UNIT",
     "FILLER_UNIT_SIZE",
+    "is_filler",
     "cq_file_size",
     "iter_cq_units",
     "list_consume_queues",
@@ -62,7 +63,9 @@ def _valid(offset: int, size: int) -> bool:
     return offset >= 0 and size > 0
 
 
-def _filler(offset: int, size: int) -> bool:
+def is_filler(offset: int, size: int) -> bool:
+    """A filler unit: a lost or quarantined record's queue offset (RocketMQ's pre-blank unit),
+    pointing at nothing."""
     return offset == 0 and size == FILLER_UNIT_SIZE
 
 
@@ -329,7 +332,7 @@ class ConsumeQueue:
         unit = CQ_STORE_UNIT_SIZE
         offset, size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
         self.refuse_if_unread()
-        if not _filler(offset, size):
+        if not is_filler(offset, size):
             return offset if _valid(offset, size) else None
         # Past the leading fillers in growing reads (a crash open asks this of every queue, and
         # a rebuilt queue's first file starts with one: reading all 6 MB of each made a crash
@@ -375,12 +378,12 @@ class ConsumeQueue:
             # that recovery.
             offset, size, _tags = CQ_UNIT.unpack(mapped_file.read_data(0, unit))
             self.refuse_if_unread()
-            if not _valid(offset, size) or (offset >= phy_offset and not _filler(offset, size)):
+            if not _valid(offset, size) or (offset >= phy_offset and not is_filler(offset, size)):
                 return base
             data = mapped_file.read_data(0, self.mapped_file_size)
             self.refuse_if_unread()
             for i, (offset, size, _tags) in enumerate(CQ_UNIT.iter_unpack(data[: len(data) - len(data) % unit])):
-                if not _valid(offset, size) or (offset >= phy_offset and not _filler(offset, size)):
+                if not _valid(offset, size) or (offset >= phy_offset and not is_filler(offset, size)):
                     return base + i * unit
         return files[-1].file_from_offset + self.mapped_file_size if files else 0
 
@@ -476,7 +479,7 @@ class ConsumeQueue:
             last.zero_from(last.wrote_position)
             # The duplicate guard: the newest real unit's (most often the one before the cut).
             before = CQ_UNIT.unpack(last.read_data(last.wrote_position - CQ_STORE_UNIT_SIZE, last.wrote_position)) if last.wrote_position else None
-            if before is not None and _valid(before[0], before[1]) and not _filler(before[0], before[1]):
+            if before is not None and _valid(before[0], before[1]) and not is_filler(before[0], before[1]):
                 self.max_physic_offset = before[0]
             else:
                 real = self.last_real_unit()
@@ -511,7 +514,7 @@ class ConsumeQueue:
                 continue
             data = mapped_file.read_data(0, count * unit)
             for i, (offset, size, tags) in enumerate(CQ_UNIT.iter_unpack(data)):
-                filler = offset == 0 and size == FILLER_UNIT_SIZE
+                filler = is_filler(offset, size)
                 if not checking:
                     if not _valid(offset, size):
                         cut = base + i * unit  # (recover() stopped before any such unit)
@@ -560,7 +563,7 @@ class ConsumeQueue:
         if data is None:
             return
         for i, (offset, size, _tags) in enumerate(CQ_UNIT.iter_unpack(data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE])):
-            if offset >= phy_min_offset and not _filler(offset, size):
+            if offset >= phy_min_offset and not is_filler(offset, size):
                 self.min_logic_offset = mapped_file.file_from_offset + i * CQ_STORE_UNIT_SIZE
                 log.info("consume queue min offset corrected", topic=self.topic, queue_id=self.queue_id,
                          min_logic_offset=self.min_logic_offset)  # fmt: skip
@@ -616,7 +619,7 @@ def offset_by_time_in_file(
     while high >= low:
         mid = (low + high) // (2 * unit) * unit
         phy, size, _tags = CQ_UNIT.unpack_from(units, mid)
-        if _filler(phy, size):
+        if is_filler(phy, size):
             # No message and no time there (a quarantined or lost record's offset): the nearest
             # real unit in the range stands for it. Taken for a deleted message, it sent the
             # search right past its target; its store time read -1 answered 0 (review 110 F1, F2).
@@ -660,7 +663,7 @@ def _nearest_real_unit(units: ReadBuffer, at: int, low: int, high: int) -> int |
     unit = CQ_STORE_UNIT_SIZE
     for position in itertools.chain(range(at + unit, high + 1, unit), range(at - unit, low - 1, -unit)):
         offset, size, _tags = CQ_UNIT.unpack_from(units, position)
-        if not _filler(offset, size):
+        if not is_filler(offset, size):
             return position
     return None
 

@@ -383,12 +383,7 @@ def _salvage_offset_table(fs: FileSystem, path: str) -> tuple[dict[str, dict[int
         if not isinstance(queues, dict):
             left_out.append(str(topic_at_group))
             continue
-        entries: dict[int, int] = {}
-        for queue_id, offset in queues.items():
-            try:
-                entries[_queue_id(queue_id)] = _as_int(offset)
-            except (ValueError, TypeError):
-                left_out.append(f"{topic_at_group}/{queue_id}")
+        entries = _int_table(queues, str(topic_at_group), left_out)
         if entries:
             kept[str(topic_at_group)] = entries
     return kept, left_out

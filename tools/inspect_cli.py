@@ -47,7 +47,7 @@ from ..config import StoreConfig
 from ..storage.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint
 from ..storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, RecordKind
 from ..storage.commitlog import CommitLogReader, being_created, scan_commitlog_dir
-from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units, list_consume_queues
+from ..storage.consume_queue import is_filler, iter_cq_units, list_consume_queues
 from ..storage.foreign import SUPPORTED, foreign_layout, other_layout_directories, record_feature
 from ..storage.fs import RealFileSystem
 from ..storage.commitlog import STORE_COPY_SUFFIX, store_copies
@@ -413,7 +413,7 @@ def _inspect_consume_queues(
         past_end = 0
         mismatches: list[tuple[int, int]] = []
         for q_off, phy, size, _tags in units:
-            if size == FILLER_UNIT_SIZE and phy == 0:
+            if is_filler(phy, size):
                 # A lost record's queue offset: it counts in the queue's end, but it is no
                 # message and never the queue's first (the store's min offset is its first
                 # real unit: review 110 F5).
@@ -490,7 +490,7 @@ def _edge_units(files: list[Path], commitlog_min: int = 0) -> Iterable[tuple[int
         phy, size, tags = unpack(data, at)
         if phy < 0 or size <= 0:
             break  # the file's units end
-        if phy >= commitlog_min and not (phy == 0 and size == FILLER_UNIT_SIZE):
+        if phy >= commitlog_min and not is_filler(phy, size):
             yield (int(first.name) + at) // CQ_STORE_UNIT_SIZE, phy, size, tags
             break
     for path in reversed(files[files.index(first):]):

@@ -33,7 +33,7 @@ from ..reads import is_keyed, key_lost_reason, status_ladder, subscription
 from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.codec import MAX_TOPIC_BYTES, MessageRecord, RecordKind, is_topic_name, to_int32
 from ..storage.commitlog import CommitLogReader
-from ..storage.consume_queue import FILLER_UNIT_SIZE, iter_cq_units
+from ..storage.consume_queue import is_filler, iter_cq_units
 from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.fs import RealFileSystem
 from ..storage.index import IndexReader, read_index_header
@@ -226,7 +226,7 @@ class _ReadOnlyStore:
         # As the store's min offset: the first unit that is a message still in the log (not a
         # filler holding a lost record's offset, review 110 F5; not one the cleaner left).
         log_min = self.commitlog.min_offset()
-        min_offset = next((q for q, phy, size, _ in units if phy >= log_min and not (size == FILLER_UNIT_SIZE and phy == 0)),
+        min_offset = next((q for q, phy, size, _ in units if phy >= log_min and not is_filler(phy, size)),
                           max_offset)  # fmt: skip
         summary: dict[str, Any] = {"min_offset": min_offset, "max_offset": max_offset}
         ladder = status_ladder(bool(units), summary["min_offset"], summary["max_offset"], offset)
@@ -241,7 +241,7 @@ class _ReadOnlyStore:
                 if len(found) >= max_count or queue_offset >= offset + max(800, max_count):
                     break  # as getMessage: at most max(16000, max * 20) bytes of units a call
                 nxt = queue_offset + 1
-                if size == FILLER_UNIT_SIZE and phy == 0:
+                if is_filler(phy, size):
                     continue  # a filler: no record (as the store's get; review 96 L1 blamed offset 0)
                 if wanted is not None and to_int32(tags_code) not in wanted[0]:
                     continue
