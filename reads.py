@@ -306,6 +306,15 @@ def index_unread_detail(error: OSError) -> str:
     return f"an index file could not be read now ({error}): messages with this key may exist; {retry_hint(error)}"
 
 
+def hole_detail(commitlog_offset: int, segment_bytes: int) -> str:
+    """A read's `detail` for units skipped into a hole of the log: a segment missing, empty or
+    cut short below the newest one, which retention never leaves (it deletes the oldest)."""
+    name = "%020d" % (commitlog_offset - commitlog_offset % segment_bytes)
+    return (f"skipped messages in a hole of the commitlog at offset {commitlog_offset} (segment {name} is missing or "
+            "cut short, not expired): they are served again once the segment is put back whole; `mqstore recover` "
+            "gives them up and makes the log whole")  # fmt: skip
+
+
 def corrupt_detail(commitlog_offset: int, reason: str) -> str:
     """A GetResult's `detail` for a record skipped as corrupt."""
     return f"skipped the corrupt record at commitlog offset {commitlog_offset} ({reason}); run `mqstore verify`"
@@ -497,6 +506,10 @@ def collect(
                                  min_offset=bounds[0], max_offset=bounds[1], detail=unmappable_detail(phy, unmappable))
             if total_bytes == 0:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
+            if 0 <= reader.min_offset() <= phy:
+                # Not retention's (it deletes from the oldest): unsaid, a consumer would commit
+                # past these messages unwarned (review 116 L2).
+                skipped = hole_detail(phy, segment)
             next_phy_file_start = phy + segment - phy % segment
             i += 20
             continue
@@ -832,6 +845,8 @@ def query_messages(
                     unread = unmappable_detail(phy, unmappable, "the hits there are not in this answer")
                 elif not skipped and quarantined and in_ranges(quarantined, phy):
                     skipped = quarantined_detail(phy)
+                elif not skipped and 0 <= reader.min_offset() <= phy and reader.select(phy, 1) is None:
+                    skipped = hole_detail(phy, reader.mapped_file_size)
                 first = False
                 continue
             if len(messages) == kept and not skipped and (lost := key_lost_reason(record, topic, key, cfg.max_hash_slot_num)):
@@ -875,8 +890,8 @@ def query_direct(
     it): the caller runs query_messages, the reference, from the start. A store with
     quarantined ranges always takes the reference (the caller's choice)."""
     native = speedups.native
-    if native is None:
-        return None
+    if native is None or reader.has_hole:
+        return None  # (the reference names the hits in a hole; C skips them as retention's)
     messages: list[MessageRecord] = []
     last_query_ms = end_ms
     last_ts = last_phy = 0
@@ -898,8 +913,8 @@ def query_direct(
             last_query_ms = first_ts
         if messages or last_query_ms < begin_ms or last_query_ms == asked_ms:
             break  # (as query_messages: the same question again would read the same records)
-    if _total_faults() != reader.faults_seen and reader.look_for_faults():
-        return None  # a record's page faulted: the reference reads again and names what it cannot
+    if _total_faults() != reader.faults_seen and reader.look_for_faults() or reader.has_hole:
+        return None  # a record's page faulted (or a hole was found): the reference reads again and names what it cannot
     return QueryResult.of(tuple(messages[:max_count] if len(messages) > max_count else messages), last_ts, last_phy)
 
 

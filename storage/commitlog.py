@@ -1451,6 +1451,9 @@ class CommitLogReader:
         # this reader compares it before and after, to know none of its reads was "not now".
         self.map_failures = 0
         self._list_error: OSError | None = None  # the directory could not be listed at the last refresh
+        # The listing has a hole: a segment missing between two present, or one present with
+        # nothing (or less than its length) readable. Reads into it name it (review 116 L2).
+        self.has_hole = False
         # Segments whose map faulted and was dropped, until the refresh that maps them again:
         # still the log's (min_offset, next_segment_after), not removed.
         self._dropped: set[int] = set()
@@ -1509,6 +1512,9 @@ class CommitLogReader:
                 newly_mapped.append(start)
         self._mapped_order.extend(reversed(newly_mapped))  # oldest segment first: given back first
         self._unreadable = unreadable
+        listed = sorted(starts)
+        self.has_hole = bool(unreadable) or any(start in present for start in self._valid_ends) or any(
+            b - a != self.mapped_file_size for a, b in zip(listed, listed[1:]))  # fmt: skip
         self._parked &= present
         for start in [s for s in self._regions if s not in present]:
             self._valid_ends.pop(start, None)

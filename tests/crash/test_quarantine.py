@@ -209,6 +209,47 @@ def test_a_hole_opens_degraded_serves_both_sides_and_never_overwrites(tmp_path: 
         assert all(bodies.get(i) == _body(i) for i, off in enumerate(offsets) if not hole[0] <= off < hole[1])
 
 
+@pytest.mark.parametrize("damage", ["missing", "empty", "truncated"])
+def test_a_get_across_a_hole_says_so(tmp_path: object, damage: str) -> None:
+    """Review 116 L2: a get whose units ran across a hole in the log (a segment missing, empty
+    or cut short, not expired) answered FOUND for what lay on either side with an empty
+    `detail`, as for a file retention deleted: a consumer committed past the hole's messages unwarned (they come back once the
+    segment is put back). The detail names the hole and `mqstore recover`; a file retention
+    deleted (below every file left) stays unsaid."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    offsets = _fill_small(store_dir, 400)
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    if damage == "missing":
+        os.remove(victim)
+    else:
+        with open(victim, "r+b") as f:
+            f.truncate(0 if damage == "empty" else 1000)
+    seg = SMALL["mapped_file_size_commitlog_bytes"]
+    start, end = int(names[3]), int(names[3]) + seg
+    kept = start + (1000 if damage == "truncated" else 0)  # the hole's start: records ending past it are in it
+    first_in_hole = next(i for i, off in enumerate(offsets) if off >= start and offsets[i + 1] > kept)
+    first_past = next(i for i, off in enumerate(offsets) if off >= end)
+    with mqstore.open(store_dir, **SMALL) as store:
+        r = store.get(TOPIC, 0, first_in_hole - 2, first_past - first_in_hole + 4)
+        assert r.status is GetMessageStatus.FOUND
+        assert [m.queue_offset for m in r.messages][:4] == [first_in_hole - 2, first_in_hole - 1, first_past, first_past + 1]
+        assert "hole" in r.detail and "mqstore recover" in r.detail and str(offsets[first_in_hole]) in r.detail, r.detail
+        r = store.get(TOPIC, 0, first_in_hole, 1)  # (the units past the hole are read on to a message, as Java's)
+        assert r.status is GetMessageStatus.FOUND and [m.queue_offset for m in r.messages] == [first_past]
+        assert "hole" in r.detail and str(offsets[first_in_hole]) in r.detail, r.detail
+        assert store.get(TOPIC, 0, 0, 4).detail == ""
+        q = store.query(TOPIC, f"k{first_in_hole}", 8, 0, 2**62)
+        assert not q.messages and "hole" in q.detail and str(offsets[first_in_hole]) in q.detail, q
+        assert store.query(TOPIC, f"k{first_past}", 8, 0, 2**62).detail == ""
+    # The oldest segment gone (retention's doing, or looks it): its units read as removed, unsaid.
+    os.remove(os.path.join(store_dir, "commitlog", names[0]))
+    with mqstore.open(store_dir, **SMALL) as store:
+        r = store.get(TOPIC, 0, 0, 1)
+        assert r.status in (GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.OFFSET_TOO_SMALL), r
+        assert r.detail == "", r.detail
+
+
 def _mqstore(*args: str) -> Any:
     """`python -m mqstore ARGS` in a child without the test's MQSTORE_* settings."""
     import subprocess
