@@ -506,7 +506,7 @@ def collect(
                                  min_offset=bounds[0], max_offset=bounds[1], detail=unmappable_detail(phy, unmappable))
             if total_bytes == 0:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
-            if 0 <= reader.min_offset() <= phy:
+            if reader.within_log(phy):
                 # Not retention's (it deletes from the oldest): unsaid, a consumer would commit
                 # past these messages unwarned (review 116 L2).
                 skipped = hole_detail(phy, segment)
@@ -845,7 +845,7 @@ def query_messages(
                     unread = unmappable_detail(phy, unmappable, "the hits there are not in this answer")
                 elif not skipped and quarantined and in_ranges(quarantined, phy):
                     skipped = quarantined_detail(phy)
-                elif not skipped and 0 <= reader.min_offset() <= phy and reader.select(phy, 1) is None:
+                elif not skipped and reader.select(phy, 1) is None and reader.within_log(phy):
                     skipped = hole_detail(phy, reader.mapped_file_size)
                 first = False
                 continue

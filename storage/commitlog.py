@@ -1706,6 +1706,16 @@ class CommitLogReader:
         starts = [*self._regions, *self._parked, *self._unreadable, *self._dropped]
         return min(starts) if starts else -1
 
+    def within_log(self, offset: int) -> bool:
+        """Whether `offset` is at or past the log's head as listed now: a read that found
+        nothing there met a hole, not a segment retention deleted (which goes from the head).
+        A segment another thread unmapped as deleted (`release_deleted`) is listed again first."""
+        region = self._regions.get(offset - offset % self.mapped_file_size)
+        if region is not None and region_closed(region):
+            self.refresh()
+        head = self.min_offset()
+        return 0 <= head <= offset
+
     def has_segment(self, offset: int) -> bool:
         """Whether the segment holding `offset` is mapped and readable there (full-sized, or
         `offset` below a short segment's valid end)."""

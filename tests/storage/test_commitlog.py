@@ -431,6 +431,8 @@ def test_reader_gives_back_deleted_segments_from_another_thread_and_only_those(t
     saved = fs.read_bytes(first)
     os.remove(first)  # as the cleaner deletes it
     assert reader.release_deleted(listed - {0}) == 1
+    # Retention's, not a hole (a get reading there says nothing), though the reader did not list since.
+    assert not reader.within_log(offsets[0]) and reader.within_log(offsets[-1]) and not reader.has_hole
     assert reader.release_deleted(listed - {0}) == 0  # given back once
     assert reader.read(offsets[0], 10) is None and reader.read_record(offsets[0]) is None
     assert reader.read(offsets[-1], 10) is not None
@@ -438,6 +440,25 @@ def test_reader_gives_back_deleted_segments_from_another_thread_and_only_those(t
         f.write(saved)
     reader.refresh()
     assert reader.read(offsets[0], 10) == saved[:10]
+    reader.close()
+
+
+def test_reader_knows_a_hole_from_retention(tmp_path: Any, clock: ManualClock) -> None:
+    """A segment missing between two present is a hole (review 116 L2: reads into it name it);
+    the oldest missing is retention's."""
+    fs = RealFileSystem()
+    cl = make_log(fs, str(tmp_path), clock)
+    offsets = [cl.put_message(rec(body=b"d" * 500), 1).append_result.wrote_offset for _ in range(20)]  # type: ignore[union-attr]
+    cl.flush(0)
+    assert offsets[-1] >= 2 * SEG
+    reader = CommitLogReader(fs, cl.store_path, mapped_file_size=SEG, limit=cl.get_max_offset())
+    assert not reader.has_hole
+    os.remove(os.path.join(cl.store_path, f"{SEG:020d}"))
+    reader.refresh()
+    assert reader.has_hole and reader.within_log(SEG + 10)
+    os.remove(os.path.join(cl.store_path, f"{0:020d}"))
+    reader.refresh()
+    assert not reader.has_hole and not reader.within_log(SEG + 10) and reader.within_log(offsets[-1])
     reader.close()
 
 
