@@ -42,6 +42,7 @@ log = get_logger(__name__)
 # fillPreBlank's unit: valid by the offset >= 0 && size > 0 rule, pointing nowhere.
 _RECOVER_CHUNK: Final = 4096 * CQ_STORE_UNIT_SIZE  # 80 KiB: the first read of a queue file at recovery
 _RECOVER_CHUNK_MAX: Final = 64 * _RECOVER_CHUNK
+_TORN_LOOK_BYTES: Final = 4096  # past a queue's last valid unit: a page (what a torn write-back spans)
 _FIRST_REAL_CHUNK: Final = 256 * CQ_STORE_UNIT_SIZE  # 5 KiB: the first look past a queue file's leading fillers
 FILLER_UNIT_SIZE: Final = 0x7FFFFFFF
 FILLER_UNIT: Final = CQ_UNIT.pack(0, FILLER_UNIT_SIZE, 0)
@@ -95,6 +96,9 @@ class ConsumeQueue:
         # Queue offsets below it were handed out before recovery (its `reserved`): a jump up to
         # it, however long, is filled, never taken for a damaged queue-offset field.
         self.reserved_until = 0
+        # Where `recover` cut the queue at a unit that was not all zeros (or with bytes after
+        # it in its page): a torn or damaged unit, not the end of what was written.
+        self.torn_at: int | None = None
 
     def __repr__(self) -> str:
         return f"ConsumeQueue({self.topic}-{self.queue_id})"
@@ -114,7 +118,7 @@ class ConsumeQueue:
         mapped_file = files[index]
         process_offset = mapped_file.file_from_offset
         while True:
-            units, last = self._valid_prefix(mapped_file)
+            units, last, torn = self._valid_prefix(mapped_file)
             file_offset = units * CQ_STORE_UNIT_SIZE
             if units:
                 self.max_physic_offset = last
@@ -126,6 +130,7 @@ class ConsumeQueue:
                 mapped_file = files[index]
                 continue
             process_offset = mapped_file.file_from_offset + file_offset
+            self.torn_at = process_offset if torn else None
             break
         self.refuse_if_unread()  # zeros from a page that faulted are no end: nothing is cut on them
         if index < len(files) - 1 and self.fs.getsize(mapped_file.file_name) < self.mapped_file_size:
@@ -138,11 +143,14 @@ class ConsumeQueue:
         self._skip_trailing_fillers()
         log.info("consume queue recovered", topic=self.topic, queue_id=self.queue_id, process_offset=process_offset)
 
-    def _valid_prefix(self, mapped_file: MappedFile) -> tuple[int, int]:
+    def _valid_prefix(self, mapped_file: MappedFile) -> tuple[int, int, bool]:
         """`scan.cq_valid_prefix` of the file, read in growing chunks up to its first invalid
         unit: a queue's file is mostly its unwritten tail, and reading all 6 MB of each made
-        an open of 5,000 queues outlast the start timeout (review 71 F3: ~7 ms a queue)."""
+        an open of 5,000 queues outlast the start timeout (review 71 F3: ~7 ms a queue).
+        Also whether a non-zero byte lies in the page past that unit's start: a torn unit
+        (review 120 F2: half written, its record's offset and zero size), not unwritten space."""
         units, last, start, chunk = 0, -1, 0, _RECOVER_CHUNK
+        torn = False
         while start < self.mapped_file_size:
             end = min(start + chunk, self.mapped_file_size)
             # Not the map itself: the unwritten tail is a hole, and on a full tmpfs a read
@@ -153,9 +161,11 @@ class ConsumeQueue:
             if found:
                 units, last = units + found, found_last
             if found * CQ_STORE_UNIT_SIZE < end - start:
+                after = data[found * CQ_STORE_UNIT_SIZE : found * CQ_STORE_UNIT_SIZE + _TORN_LOOK_BYTES]
+                torn = after.count(0) != len(after)
                 break
             start, chunk = end, min(chunk * 2, _RECOVER_CHUNK_MAX)
-        return units, last
+        return units, last, torn
 
     # writing (§9.3) ---------------------------------------------------------------------------
     def put_message_position_info(self, commitlog_offset: int, size: int, tags_code: int, cq_offset: int) -> bool:

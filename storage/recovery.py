@@ -947,6 +947,14 @@ def recover_consume_queues(
             queues.append(cq)
             if cut_short:
                 damaged_queues.append(cq)
+            elif cq.torn_at is not None:
+                # Its last unit half written (or damaged): the unit went with the cut, and with
+                # the queues' highest unit another queue's, its record was never dispatched
+                # again; the next put took its queue offset (review 120 F2, a broker's store,
+                # which has no ledger to tell).
+                damaged_queues.append(cq)
+                log.warning("a consume queue ended in a torn unit; re-dispatch rebuilds it from its last whole unit",
+                            topic=topic, queue_id=queue_id, cut_at=cq.torn_at)  # fmt: skip
             elif not cq.mapped_file_queue.mapped_files:
                 # Its directory is there, its files are gone (deleted by hand, or never
                 # written): rebuilt from the log like a queue that lost files. Left empty, its

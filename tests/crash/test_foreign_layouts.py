@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 
 import pytest
 
@@ -81,3 +82,28 @@ def test_a_segment_its_records_fill_exactly_is_no_end_of_the_log(tmp_path: objec
         assert put.ok and put.queue_offset == 120
     assert sorted(os.listdir(os.path.join(store_dir, "commitlog"))) == before
     assert verify_store(store_dir).ok
+
+
+def test_a_torn_last_unit_of_a_queue_without_a_ledger_is_rebuilt_from_the_log(tmp_path: object) -> None:
+    """Review 120 F2: a store with no queue ledger (a broker's), stopped cleanly, one queue's
+    last unit half written (its commitlog offset there, size and tags code zeros): the open
+    dropped the unit and, the queues' highest unit being another queue's, never dispatched its
+    record again; the next put to that queue was given its queue offset (two records claiming
+    it, the first unreadable by queue)."""
+    store_dir = os.path.join(str(tmp_path), "s")
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        for i in range(60):
+            assert store.put(mqstore.Message(topic=TOPIC, queue_id=i % 2, body=b"m%03d" % i)).ok
+    os.remove(os.path.join(store_dir, "queue_ledger.msgpack"))
+    cq = os.path.join(store_dir, "consumequeue", TOPIC, "0", "%020d" % 0)
+    last_unit = 29 * codec.CQ_STORE_UNIT_SIZE  # queue 0's 30th message, the 59th of the log
+    with open(cq, "r+b") as f:
+        f.seek(last_unit + 8)
+        f.write(struct.pack(">iq", 0, 0))
+    with mqstore.open(store_dir, **SETTINGS) as store:
+        bodies = _bodies(store, 0)
+        assert bodies == {i: b"m%03d" % (2 * i) for i in range(30)}
+        put = store.put(mqstore.Message(topic=TOPIC, queue_id=0, body=b"after"))
+        assert put.ok and put.queue_offset == 30, put
+    report = verify_store(store_dir)
+    assert report.ok, [str(p) for p in report.problems]
