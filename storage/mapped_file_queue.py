@@ -431,9 +431,20 @@ class MappedFileQueue:
         return self.max_offset() - self.flushed_where
 
     # commit / flush (§4.9) ---------------------------------------------------------------------
+    def _holding(self, where: int) -> MappedFile | None:
+        """The file holding position `where`, or the first file where `where` lies below it: 0
+        (Java's returnFirstOnNotFound) or, since, files deleted from the front ahead of it
+        (review 118 F1: a queue's files deleted by retention before its flush reached them,
+        the flush found no file at its position and never moved again; units acknowledged as
+        flushed were lost to a power loss)."""
+        first = self.first_mapped_file
+        if first is not None and where < first.file_from_offset:
+            return first
+        return self.find_mapped_file_by_offset(where)
+
     def flush(self, least_pages: int) -> bool:
         """Flush the one file holding flushed_where. True when nothing moved."""
-        mapped_file = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+        mapped_file = self._holding(self.flushed_where)
         if mapped_file is None:
             return True
         timestamp = mapped_file.store_timestamp  # captured before flushing
@@ -446,7 +457,7 @@ class MappedFileQueue:
 
     def commit(self, least_pages: int) -> bool:
         """Commit the one file holding committed_where. True when nothing moved."""
-        mapped_file = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
+        mapped_file = self._holding(self.committed_where)
         if mapped_file is None:
             return True
         where = mapped_file.file_from_offset + mapped_file.commit(least_pages)
@@ -457,7 +468,7 @@ class MappedFileQueue:
     @property
     def last_io_error(self) -> OSError | None:
         """The I/O error of the last flush of the file at flushed_where, if it failed."""
-        mapped_file = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+        mapped_file = self._holding(self.flushed_where)
         return mapped_file.last_io_error if mapped_file is not None else None
 
     # truncation --------------------------------------------------------------------------

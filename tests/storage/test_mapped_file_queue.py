@@ -188,6 +188,30 @@ def test_delete_by_offset_uses_last_unit(any_fs: tuple[FileSystem, str], clock: 
     assert len(q.mapped_files) == 1
 
 
+def test_files_deleted_ahead_of_the_flush_do_not_stop_it(any_fs: tuple[FileSystem, str], clock: object) -> None:
+    """Review 118 F1: a queue's first files deleted (the log's head passed them) while its flush
+    position still lay in them: the flush looked for the file holding that position, found
+    none, and never moved again; the thorough flush said durable what was not, and a power
+    loss lost units (SYNC_FLUSH-acknowledged messages never served again)."""
+    fs, root = any_fs
+    unit = struct.Struct(">qiq")
+    q = MappedFileQueue(fs, os.path.join(root, "cq"), 2000, clock_ms=clock)  # type: ignore[arg-type]
+    for file_index in range(3):
+        mf = q.get_last_mapped_file(0)
+        assert mf is not None
+        for i in range(100 if file_index < 2 else 10):
+            assert mf.append_bytes(unit.pack(file_index * 1000 + i, 10, 0))
+            if file_index == 0 and i == 40:
+                assert q.flush(0) is False and q.flushed_where == 41 * 20
+                assert q.commit(0) is False
+    assert q.delete_expired_file_by_offset(1050, 20) == 1
+    assert q.mapped_files[0].file_from_offset == 2000 > q.flushed_where
+    assert q.flush(0) is False and q.flushed_where == 4000
+    assert q.flush(0) is False and q.flushed_where == 4000 + 10 * 20
+    assert q.commit(0) is False and q.committed_where == 4000
+    assert q.last_io_error is None
+
+
 FILLER = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
 
 
