@@ -54,6 +54,7 @@ from .messages import (
     QueryOffsets,
     QueryOffsetsReply,
     QueryResult,
+    RefusePutsOutside,
     RemoveQueuesFromTopicQueueTable,
     Reply,
     Subscriber,
@@ -1242,13 +1243,11 @@ class MessageStore:
         forget their next queue offsets, so a later put to such a topic starts a new queue at
         offset 0. The messages stay in the commitlog (lookup, query) until it is cleaned.
         Returns how many queues were removed (4.4.0 returns 0 always). For topics no longer
-        written: a put in flight to one may bring its queue back, as in RocketMQ, and so does
-        dispatching its records again (not a restart of the ConsumeQueue actor in this run:
-        the writer has forgotten the queue, review 109 K2): after a crash, and at the next open when they are the
-        newest records of the log (recovery re-dispatches from the queues' highest unit, as
-        RocketMQ 4.5+ does; 4.4.0 starts at the log's end and so can leave records a stop did
-        not dispatch without units). The queue ledger forgets them before their files go, so
-        the next open does not take them for queues deleted by accident and rebuild them. It
+        written: while it runs, a put to one is refused (SERVICE_NOT_AVAILABLE, unstored; in
+        RocketMQ it may bring its queue back). The queue ledger keeps each removed queue's floor:
+        its old records are never dispatched into it again (an actor's restart, a crash's
+        re-dispatch, a reopen), and the ledger forgets the queues before their files go, so the
+        next open does not take them for queues deleted by accident and rebuild them. It
         first waits (up to read_your_writes_timeout_ms) for dispatch to reach every put
         answered before it. If dispatch does not in time, the ConsumeQueue actor cannot answer
         (it is being restarted), or the ledger cannot be written, nothing is removed: 0."""
@@ -1259,11 +1258,27 @@ class MessageStore:
         for topic in topics:  # (an Enum member would not be found among the queues' names: removed)
             check_str("keep's topic names", topic, "str")
         kept = frozenset(topics)
+        # No put to a topic to remove is taken until the writer forgot its queues (review 118
+        # F2); the writer's end then bounds every record of theirs.
+        try:
+            written = self._ask("writer", RefusePutsOutside(keep=kept))
+        except ServiceUnavailable as exc:
+            self.log.warning("clean_unused_topic: the writer did not answer", error=str(exc))
+            return 0
+        try:
+            return self._remove_unused_queues(kept, max(written, self.read_view.acked_end))
+        finally:
+            try:
+                self._ask("writer", RefusePutsOutside(keep=None))
+            except ServiceUnavailable as exc:  # (a restarted writer refuses nothing)
+                self.log.warning("clean_unused_topic: the writer did not answer", error=str(exc))
+
+    def _remove_unused_queues(self, kept: frozenset[str], written: int) -> int:
+        """clean_unused_topic's removal, while the writer refuses puts to the topics removed."""
         # The queues first hold every put answered before this call: a removed queue's records
         # dispatched after its removal rebuilt it at their old offsets while the writer, having
         # forgotten it, gave new puts offsets from 0 (review 113 F1: an acknowledged put read
         # OFFSET_TOO_SMALL, or its offset served an old message).
-        written = max(self.read_view.view.readable_end, self.read_view.acked_end)
         if self._view_covering(lambda v: v.queues_live and v.queues_written >= written, QUEUES) is None:
             self.log.warning("clean_unused_topic: dispatch did not reach the puts answered before it in time; nothing removed",
                              written=written, queues_written=self.read_view.view.queues_written)  # fmt: skip

@@ -29,6 +29,7 @@ from ..messages import (
     Pong,
     PutResult,
     RedeleteHangedCommitLogFile,
+    RefusePutsOutside,
     RemoveQueuesFromTopicQueueTable,
     Reply,
     ResumeQueues,
@@ -41,7 +42,7 @@ from ..faults import NO_FAULTS
 from ..log import RepeatedLog, suppressed_fields
 from ..storage import codec, speedups
 from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies
-from ..storage.codec import END_FILE_MIN_BLANK_LENGTH
+from ..storage.codec import END_FILE_MIN_BLANK_LENGTH, SCHEDULE_TOPIC
 from ..storage.memory import memory_room
 from ..storage.fs import OS_PAGE_SIZE, FileReplacedUnderMapError
 from ..storage.mapped_file import MappedFile, TransientStorePool
@@ -71,6 +72,9 @@ PUT_RESULT_FIELDS = ("status", "commitlog_offset", "wrote_bytes", "queue_offset"
                      "msg_num", "detail")  # fmt: skip
 _new_result = tuple.__new__
 _BUSY = PutResult(status=PutMessageStatus.OS_PAGE_CACHE_BUSY, detail="write path busy")
+_TOPIC_BEING_REMOVED = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=(
+    "clean_unused_topic is removing this topic's queues: not stored; put again once it returned (the topic then "
+    "starts new queues at offset 0)"))  # fmt: skip
 
 
 class DispatchLag:
@@ -135,6 +139,7 @@ WriterRequest = (
     | DeleteExpiredCommitLogFiles
     | RedeleteHangedCommitLogFile
     | RemoveQueuesFromTopicQueueTable
+    | RefusePutsOutside
 )
 
 
@@ -200,6 +205,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
         self._replaced: PutResult | None = None  # the refusal once a segment was replaced
+        # While clean_unused_topic removes queues: the topics still taken (RefusePutsOutside).
+        self._kept_topics: frozenset[str] | None = None
         # A restart found a segment it may not write (EPERM, EACCES: chattr +i, its mode or
         # owner): it runs degraded, reads served from what it loaded read-only, puts refused
         # with this, and the ticks map the segment for writing again (review 65 F3).
@@ -436,6 +443,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 assert self._commitlog is not None
                 table = self._commitlog.topic_queue_table
                 return sum(table.pop(f"{topic}-{queue_id}", None) is not None for topic, queue_id in queues)
+            case RefusePutsOutside(keep=keep):
+                self._kept_topics = keep
+                return self._readable_end()
             case _:
                 assert_never(message)
         return None
@@ -640,6 +650,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 "put is taken until the store is closed and opened again, once the disk is sound"))  # fmt: skip
             answers.extend((put.reply, refusal) for put in puts)
             return []
+        if self._kept_topics is not None:
+            puts = self._refuse_removed_topics(self._kept_topics, puts, answers)
         # RocketMQ rejects a put while another has held the put lock too long; the actor's
         # equivalent is a request that waited in the mailbox too long behind slow appends.
         oldest_ns = time.monotonic_ns() - self._busy_timeout_ns
@@ -663,6 +675,19 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                     units.append(group)
                 group.append(put)
         return units
+
+    @staticmethod
+    def _refuse_removed_topics(
+        kept: frozenset[str], puts: list[EncodedPut], answers: list[tuple[Reply[PutResult], PutResult]]
+    ) -> list[EncodedPut]:
+        """The puts to topics clean_unused_topic keeps; the others answered refused, unstored."""
+        taken = []
+        for put in puts:
+            if put.topic in kept or put.topic == SCHEDULE_TOPIC:
+                taken.append(put)
+            else:
+                answers.append((put.reply, _TOPIC_BEING_REMOVED))
+        return taken
 
     def _append_group(
         self, group: list[EncodedPut], answers: list[tuple[Reply[PutResult], PutResult]], group_commits: list[GroupCommitRequest]

@@ -977,7 +977,20 @@ class RemoveQueuesFromTopicQueueTable(AskFor[int]):
     queues: tuple[tuple[str, int], ...]
 
 
-__all__ += ["CleanUnusedTopics", "RemoveQueuesFromTopicQueueTable"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RefusePutsOutside(AskFor[int]):
+    """To the writer, from clean_unused_topic before it removes anything: refuse puts to every
+    topic outside `keep` but SCHEDULE_TOPIC_XXXX (SERVICE_NOT_AVAILABLE, nothing stored) until
+    told again with `keep=None`; answered with the log's readable end. The queues to remove
+    then hold every record of theirs, and no put takes one of their old queue offsets between
+    their removal and the writer forgetting them (review 118 F2: such a put rebuilt the queue
+    at its offset, and every put after the clean, given offsets from 0, read OFFSET_TOO_SMALL).
+    A restarted writer refuses nothing."""
+
+    keep: frozenset[str] | None
+
+
+__all__ += ["CleanUnusedTopics", "RemoveQueuesFromTopicQueueTable", "RefusePutsOutside"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 import mqstore
-from mqstore import Message
+from mqstore import Message, PutResult
 from mqstore.storage.consume_queue import list_consume_queues
 from mqstore.storage.fs import NotARegularFileError, RealFileSystem
 from mqstore.storage.lockfiles import StoreDirectoryError, StoreLockedError
@@ -475,6 +475,44 @@ def test_a_clean_waits_for_dispatch_to_reach_the_puts_answered_before_it(tmp_pat
         assert [m.body for m in store.get("X", 0, 0, 32).messages] == [b"NEWX%03d" % i for i in range(20)]
     with mqstore.open(root) as store:
         assert [m.body for m in store.get("X", 0, 0, 32).messages] == [b"NEWX%03d" % i for i in range(20)]
+
+
+def test_a_put_during_a_clean_never_leaves_a_removed_queue_behind_the_offsets_given_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 118 F2: a put that landed between the ConsumeQueue actor's removal of its queue
+    and the writer forgetting the queue's next offset was acknowledged at the old sequence
+    (N), dispatched past the floor, and rebuilt the queue at N with fillers below; the writer
+    then gave the next puts offsets from 0, below the queue's min: every later put to it
+    read OFFSET_TOO_SMALL, for good (563-1,546 a run in the review). Puts to a topic being
+    removed are refused, unstored, until the clean returned."""
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        for i in range(50):
+            assert store.put(Message("T", b"OLD%03d" % i)).ok
+        during: list[PutResult] = []
+        ask = store._ask
+
+        def ask_then_put(peer: str, message: object) -> object:
+            answer = ask(peer, message)
+            if type(message).__name__ == "CleanUnusedTopics":  # the queue removed, the writer not told yet
+                done = threading.Thread(target=lambda: during.append(store.put(Message("T", b"DURING"))))
+                done.start()
+                done.join(10)
+            return answer
+
+        monkeypatch.setattr(store, "_ask", ask_then_put)
+        assert store.clean_unused_topic([]) == 1
+        monkeypatch.undo()
+        assert len(during) == 1
+        acked = [(r.queue_offset, b"DURING") for r in during if r.ok]
+        for i in range(5):
+            put = store.put(Message("T", b"NEW%d" % i))
+            assert put.ok
+            acked.append((put.queue_offset, b"NEW%d" % i))
+        assert sorted(o for o, _ in acked) == list(range(len(acked)))  # the new queue, from 0
+        assert store.wait_for_messages("T", 0, len(acked) - 1, timeout_s=10)
+        assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == sorted(acked)
+    with mqstore.open(root) as store:
+        assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == sorted(acked)
 
 
 def test_verify_counts_a_cleaned_topics_records_and_still_finds_a_deleted_queue(tmp_path: Path) -> None:
