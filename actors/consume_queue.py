@@ -161,8 +161,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         self._ledger_floor_until = self._log_facts.max_offset
         # Queues cleaned before (this run or, through the ledger, an earlier one): their older
         # records are not dispatched again, a crash's re-dispatch included (review 114 F1).
-        # Never past the log's end (review 117 F1: recovery lowers the ledger's; this run's too).
-        cleaned, end = self.ctx.cleaned_queues, self._log_facts.max_offset
+        # Never past the log's reach (review 117 F1: recovery lowers the ledger's; this run's
+        # too), past its holes (118 F3).
+        cleaned, end = self.ctx.cleaned_queues, self._log_facts.reach
         for key in cleaned.keys() | recovered.cleaned.keys():
             cleaned[key] = min(max(cleaned.get(key, 0), recovered.cleaned.get(key, 0)), end)
         self._ledger_stale = True  # written at the first tick: this open's queues, floors kept

@@ -969,7 +969,11 @@ def recover_consume_queues(
         # disk: after a power loss the log ends below it, and the records put there since are
         # new ones, none the removed queue's (review 117 F1: dropped as below the floor, six
         # acknowledged puts were never served).
-        cleaned = {key: min(below, end) for key, below in (ledger_file.cleaned if ledger_file is not None else {}).items()}
+        # Not below the log's reach, though: a hole (segments away, the store degraded) is no
+        # end, and a floor lowered to it stayed lowered once they were back (review 118 F3: the
+        # removed queue's old records served where puts after the clean were acknowledged).
+        cleaned = {key: min(below, log_facts.reach)
+                   for key, below in (ledger_file.cleaned if ledger_file is not None else {}).items()}  # fmt: skip
         rebuilt = _queues_behind_ledger(cfg, fs, ledger, queues, damaged_queues, clock_ms)
         for cq in rebuilt:
             max_cq = max(max_cq, cq.max_physic_offset)

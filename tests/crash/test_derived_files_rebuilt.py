@@ -20,7 +20,7 @@ from mqstore import Message, PutResult
 from mqstore.storage.consume_queue import list_consume_queues
 from mqstore.storage.fs import NotARegularFileError, RealFileSystem
 from mqstore.storage.lockfiles import StoreDirectoryError, StoreLockedError
-from mqstore.storage.queue_ledger import LedgerEntry, load_queue_ledger
+from mqstore.storage.queue_ledger import LedgerEntry, LedgerFile, load_ledger_file, load_queue_ledger
 
 FIXTURES = Path("/work/shared/fixtures")
 
@@ -513,6 +513,48 @@ def test_a_put_during_a_clean_never_leaves_a_removed_queue_behind_the_offsets_gi
         assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == sorted(acked)
     with mqstore.open(root) as store:
         assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == sorted(acked)
+
+
+def test_an_open_on_a_log_with_a_hole_keeps_a_cleaned_queues_floor(tmp_path: Path) -> None:
+    """Review 118 F3: an open that found the newest segments gone (moved away during
+    maintenance: a hole below the checkpoint's flushed offset, the store degraded) lowered a
+    cleaned queue's floor to the shorter log's end and wrote it to the ledger; with the
+    segments back and the queue rebuilt, the removed queue's old records were dispatched into
+    the new queue: each put acknowledged after the clean served an old message. A floor is
+    lowered only to the log's reach (its end past the holes), which a power loss shortens."""
+    root = tmp_path / "store"
+    settings = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=1000)
+    with mqstore.open(root, **settings) as store:  # type: ignore[arg-type]
+        for _ in range(100):
+            assert store.put(Message("K", b"k" * 900)).ok
+        for i in range(30):
+            assert store.put(Message("T", b"OLD%02d" % i)).ok
+        assert store.clean_unused_topic(["K"]) == 1
+        for _ in range(60):
+            assert store.put(Message("K", b"g" * 900)).ok
+        new = [store.put(Message("T", b"NEW%d" % i)) for i in range(5)]
+        assert [r.queue_offset for r in new] == list(range(5))
+    floor = next(iter(load_queue_ledger_file(root).cleaned.values()))
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for segment in sorted((root / "commitlog").iterdir()):
+        if int(segment.name) > 0 and int(segment.name) + 64 * 1024 > floor - 20000:
+            shutil.move(segment, aside / segment.name)
+    with mqstore.open(root, **settings) as store:  # type: ignore[arg-type]
+        assert not store.put(Message("K", b"probe")).ok  # degraded: the hole is known
+    assert next(iter(load_queue_ledger_file(root).cleaned.values())) == floor
+    for segment in aside.iterdir():
+        shutil.move(segment, root / "commitlog" / segment.name)
+    shutil.rmtree(root / "consumequeue" / "T")  # derived data: rebuilt from the log
+    with mqstore.open(root, **settings) as store:  # type: ignore[arg-type]
+        assert store.wait_for_messages("T", 0, 4, timeout_s=10)
+        assert [m.body for m in store.get("T", 0, 0, 32).messages] == [b"NEW%d" % i for i in range(5)]
+
+
+def load_queue_ledger_file(root: Path) -> LedgerFile:
+    ledger = load_ledger_file(RealFileSystem(), str(root / "queue_ledger.msgpack"))
+    assert ledger is not None
+    return ledger
 
 
 def test_verify_counts_a_cleaned_topics_records_and_still_finds_a_deleted_queue(tmp_path: Path) -> None:
