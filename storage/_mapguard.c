@@ -14,8 +14,11 @@ faulthandler under pytest) or to the default action, exactly as without this mod
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
@@ -145,9 +148,13 @@ static void on_sigbus(int signum, siginfo_t *info, void *context)
     die_by_default(signum, 1);
 }
 
+/* One installer at a time (guard() under the GIL, the watch thread without it): each reads
+   what is there and makes it previous_action only if it is not ours. */
+static atomic_flag installing = ATOMIC_FLAG_INIT;
+
 /* Ours on SIGBUS, chaining to what is there now if it is not ours already. Called at every
-   guard(): a host that set its own handler after us (faulthandler.enable()) gets ours back in
-   front of it. */
+   guard() and by the watch thread: a host that set its own handler after us
+   (faulthandler.enable(), signal.signal) gets ours back in front of it. */
 static int ensure_installed(void)
 {
     struct sigaction current;
@@ -157,13 +164,72 @@ static int ensure_installed(void)
     if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus) {
         return 0;
     }
-    struct sigaction mine;
-    memset(&mine, 0, sizeof(mine));
-    mine.sa_sigaction = on_sigbus;
-    sigemptyset(&mine.sa_mask);
-    mine.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
-    previous_action = current;
-    return sigaction(SIGBUS, &mine, NULL);
+    while (atomic_flag_test_and_set_explicit(&installing, memory_order_acquire)) {
+        sched_yield();
+    }
+    int result = 0;
+    if (sigaction(SIGBUS, NULL, &current) != 0) {
+        result = -1;
+    } else if (!((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus)) {
+        struct sigaction mine;
+        memset(&mine, 0, sizeof(mine));
+        mine.sa_sigaction = on_sigbus;
+        sigemptyset(&mine.sa_mask);
+        mine.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+        previous_action = current;
+        result = sigaction(SIGBUS, &mine, NULL);
+    }
+    atomic_flag_clear_explicit(&installing, memory_order_release);
+    return result;
+}
+
+/* The guard goes back in front every WATCH_MS from a thread of its own, which never takes the
+   GIL (review 119 F1): a host that set a Python SIGBUS handler after the open, whose C part
+   only flags the signal and returns, made an access to a cut store page fault again at once,
+   forever, in a thread that held the GIL, so the supervisor's tick that put the guard back
+   (a Python thread) never came; with SIG_DFL set there, the fault killed. */
+#define WATCH_MS 10
+static atomic_int watch_started;
+
+static void *watch(void *unused)
+{
+    struct timespec pause = {0, WATCH_MS * 1000000L};
+    for (;;) {
+        nanosleep(&pause, NULL);
+        ensure_installed();
+    }
+    return NULL;
+}
+
+static void start_watch(void)
+{
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&watch_started, &expected, 1)) {
+        return;
+    }
+    pthread_attr_t attr;
+    pthread_t thread;
+    sigset_t every, before;
+    if (pthread_attr_init(&attr) != 0) {
+        atomic_store(&watch_started, 0);
+        return;
+    }
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    /* It takes none of the host's signals: they go to its own threads, as without the store. */
+    sigfillset(&every);
+    pthread_sigmask(SIG_SETMASK, &every, &before);
+    if (pthread_create(&thread, &attr, watch, NULL) != 0) {
+        atomic_store(&watch_started, 0); /* no thread now: the next guard() tries again, and the tick still reinstalls */
+    }
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+/* A forked child has no watch thread (threads do not survive fork): its next guard() starts one. */
+static void watch_gone_in_child(void)
+{
+    atomic_store(&watch_started, 0);
 }
 
 PyDoc_STRVAR(guard_doc,
@@ -188,6 +254,7 @@ static PyObject *guard(PyObject *module, PyObject *buffer)
     if (ensure_installed() != 0) {
         return PyErr_SetFromErrno(PyExc_OSError);
     }
+    start_watch();
     size_t used = atomic_load_explicit(&slots_used, memory_order_relaxed);
     /* A slot left by a map that went without release() (its owner never closed it) would take
        this map's faults: the handler credits the first slot that holds the address. */
@@ -311,7 +378,7 @@ static PyObject *installed(PyObject *module, PyObject *unused)
 PyDoc_STRVAR(reinstall_doc,
 "reinstall() -> None\n\n"
 "Put the handler back in front if the host set another SIGBUS handler since (the other one is\n"
-"chained to). guard() does this; the supervisor also does it on its tick.");
+"chained to). guard() does this, a thread of the guard's own every 10 ms, and the supervisor on its tick.");
 
 static PyObject *reinstall(PyObject *module, PyObject *unused)
 {
@@ -445,5 +512,6 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__mapguard(void)
 {
     page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
+    pthread_atfork(NULL, NULL, watch_gone_in_child);
     return PyModule_Create(&module_def);
 }

@@ -191,6 +191,42 @@ def test_a_faulthandler_enabled_after_the_guard_neither_kills_on_a_store_page_no
         assert child.returncode == -signal.SIGBUS, (child.returncode, child.stderr)
 
 
+HANDLER_SET_AFTER_THE_GUARD = """
+import mmap, os, signal, sys
+from mqstore.storage import mapguard
+path, how = sys.argv[1], sys.argv[2]
+with open(path, "wb") as f:
+    f.write(b"\\1" * 3 * 4096)
+with open(path, "r+b") as f:
+    region = mmap.mmap(f.fileno(), 3 * 4096)
+slot = mapguard.guard(region)
+if how == "python":
+    signal.signal(signal.SIGBUS, lambda *_: None)  # its C part flags the signal and returns
+else:
+    signal.signal(signal.SIGBUS, signal.SIG_DFL)
+    import time
+    time.sleep(0.2)  # a default action kills a fault before the guard is back: not at once
+os.truncate(path, 4096)
+print("touching", flush=True)
+print(region[2 * 4096], mapguard.faults(slot))  # at once: no supervisor tick ran since
+"""
+
+
+@pytest.mark.skipif(not mapguard.available, reason="storage/_mapguard.c not built")
+@pytest.mark.parametrize("how", ["python", "default"])
+def test_a_handler_the_host_sets_after_the_guard_goes_behind_it_without_the_gil(tmp_path: object, how: str) -> None:
+    # Review 119 F1: the guard went back in front only at the supervisor's next tick (1 s, a
+    # Python thread): a Python SIGBUS handler set after the open made the access to a cut store
+    # page fault again at once, forever, holding the GIL, so the tick never came (the host spun
+    # at 100% CPU for good); with SIG_DFL set there the fault killed the host. A thread of the
+    # guard's own puts it back within milliseconds, whatever holds the GIL (a fault in those
+    # milliseconds with SIG_DFL set still kills, as without the store).
+    child = subprocess.run([sys.executable, "-c", HANDLER_SET_AFTER_THE_GUARD, f"{tmp_path}/f", how],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert "touching" in child.stdout
+    assert (child.returncode, child.stdout.split()[-2:]) == (0, ["0", "1"]), child.stderr
+
+
 CLOSED_WHILE_EXPORTED = """
 import os, sys
 from mqstore.storage.fs import RealFileSystem
