@@ -207,8 +207,10 @@ def run_verify(args: argparse.Namespace) -> int:
         _print(report.summary(), False)
     if report.unreadable:
         sys.stdout.flush()
-        print(f"mqstore verify: {len(report.unreadable_ranges)} commitlog segments could not be read (listed as "
-              "commitlog_unreadable): the check is incomplete; make them readable and verify again", file=sys.stderr)  # fmt: skip
+        what = [f"{len(report.unreadable_ranges)} commitlog segments"] if report.unreadable_ranges else []
+        what += [os.path.basename(path) for path in report.unreadable_files]
+        print(f"mqstore verify: {', '.join(what)} could not be read (listed as ..._unreadable): the check is "
+              "incomplete; make them readable and verify again", file=sys.stderr)  # fmt: skip
         return ExitCode.FAILURE
     return ExitCode.OK if report.ok else ExitCode.CORRUPT
 

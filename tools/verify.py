@@ -114,6 +114,9 @@ class VerifyReport:
     # Segments [start, end) present but not readable by this process now (review 65 F1): not
     # damage; units and index entries that point into one are not checked.
     unreadable_ranges: list[tuple[int, int]] = field(default_factory=list)
+    # The checkpoint, queue ledger or an index file the process could not read (an OSError:
+    # access, the disk), not a file that read as damaged (review 119 F2: exit 3, "recover").
+    unreadable_files: list[str] = field(default_factory=list)
 
     def in_blank_tail(self, offset: int) -> bool:
         return any(start <= offset < end for start, end in self.blank_tails)
@@ -130,9 +133,9 @@ class VerifyReport:
 
     @property
     def unreadable(self) -> bool:
-        """Whether a segment could not be read: the check is incomplete, and the fix is access
-        (or the disk), not `mqstore recover`."""
-        return bool(self.unreadable_ranges)
+        """Whether a segment or another store file could not be read: the check is incomplete,
+        and the fix is access (or the disk), not `mqstore recover`."""
+        return bool(self.unreadable_ranges or self.unreadable_files)
 
     def add(self, kind: str, where: str, detail: str) -> None:
         self.problem_count += 1
@@ -154,6 +157,7 @@ class VerifyReport:
             "not_queued": self.not_queued,
             "stale_index_entries": self.stale_index_entries,
             "unreadable_segments": len(self.unreadable_ranges),
+            "unreadable_files": len(self.unreadable_files),
             "problem_count": self.problem_count,
         }
 
@@ -190,7 +194,8 @@ def _check_checkpoint(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) ->
     except CheckpointError as e:
         report.add("checkpoint_not_a_checkpoint", path, str(e))
     except OSError as e:
-        report.add("checkpoint_unreadable", path, f"{type(e).__name__}: {e}")
+        report.add("checkpoint_unreadable", path, unreadable_file(path, e, named=False))
+        report.unreadable_files.append(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +405,11 @@ def _queue_ledger(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> Led
         return None
     try:
         return unpack_ledger_file(fs.read_bytes(path))
-    except (OSError, LedgerError) as exc:
+    except OSError as exc:
+        report.add("queue_ledger_unreadable", path, unreadable_file(path, exc, named=False))
+        report.unreadable_files.append(path)
+        return None
+    except LedgerError as exc:
         report.add("queue_ledger_unreadable", path, str(exc))
         return None
 
@@ -428,7 +437,11 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
             header = read_index_header(fs, path)
             ends[os.path.basename(path)] = header.end_phy_offset
             f = IndexFile.open_readonly(fs, path, max_hash_slot_num=cfg.max_hash_slot_num)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            report.add("index_unreadable", path, unreadable_file(path, exc, named=False))
+            report.unreadable_files.append(path)
+            continue
+        except ValueError as exc:
             report.add("index_unreadable", path, str(exc))
             continue
         try:

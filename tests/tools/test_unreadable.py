@@ -222,6 +222,21 @@ def test_get_serves_what_it_read_and_stops_at_a_later_segment_it_may_not_read(st
     assert str(segment(store, 1)) in summary["detail"], summary
 
 
+@pytest.mark.parametrize("name", ["checkpoint", "queue_ledger.msgpack"])
+def test_verify_calls_a_store_file_it_may_not_read_unreadable_not_corrupt(store: Path, name: str) -> None:
+    """Review 119 F2: an unreadable checkpoint or queue ledger (a permission) was a problem
+    like any other: exit 3, which sends the operator to `recover`, which would not fix it."""
+    before = snapshot(store)
+    deny(store / name)
+    code, out, err = run_denied(["verify", str(store), "--json"])
+    report = json.loads(out)
+    kinds = [p["kind"] for p in report["problems"]]
+    assert code == ExitCode.FAILURE and len(kinds) == 1 and kinds[0].endswith("_unreadable"), (kinds, err)
+    assert report["unreadable_files"] == 1 and "make them readable" in err and "recover" not in err, err
+    (store / name).chmod(0o644)
+    assert snapshot(store) == before
+
+
 def test_query_says_a_segment_it_may_not_read_is_not_readable_now(store: Path) -> None:
     deny(segment(store, 0))
     code, out, err = run_denied(["query", str(store), "--topic", "T", "--key", "k5"])
