@@ -341,6 +341,12 @@ def index_geometry_of(
             if isinstance(fs, RealFileSystem) and os.path.lexists(p):
                 raise
             continue  # deleted since the listing by a running store's cleaner (`_sizes`)
+        except OSError as exc:
+            # Not readable now (access, the disk): it tells nothing of the geometry, and the
+            # index's own readers name it; commands that need no index go on (review 119 F3:
+            # one such file made every offline command exit with a bare PermissionError).
+            log.warning("an index file could not be read to learn the index's geometry", path=p, error=str(exc))
+            continue
     paths = list(counts)
     count = max(counts.values(), default=0)
     slots_bytes = size - INDEX_HEADER_SIZE - count * INDEX_ENTRY_SIZE

@@ -25,7 +25,7 @@ is refused (UnknownVersionError) and left in place. No RocketMQ version reads it
 
 from __future__ import annotations
 
-from typing import Final, Mapping, NamedTuple
+from typing import Collection, Final, Mapping, NamedTuple
 
 from mqstore.log import get_logger
 from mqstore.storage.fs import FileSystem
@@ -104,7 +104,9 @@ def peek_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
         return None
 
 
-def first_lost_index_file(progress: IndexProgress | None, ends: Mapping[str, int], min_offset: int) -> tuple[str, str] | None:
+def first_lost_index_file(
+    progress: IndexProgress | None, ends: Mapping[str, int], min_offset: int, unread: Collection[str] = ()
+) -> tuple[str, str] | None:
     """The oldest file the progress lists whose keys are not all in the files now (`ends`: each
     index file's name and header endPhyOffset), and why: gone though messages it indexed are
     still in the log (one whose endPhyOffset is below the log's min offset was expired by the
@@ -112,10 +114,12 @@ def first_lost_index_file(progress: IndexProgress | None, ends: Mapping[str, int
     it: an older copy of the file put in its place (a restore from a backup, or a copy renamed
     over it while the index wrote into the file it had open). A header only moves forward and
     the progress is written after the files are flushed; only a recovery moves one back, and
-    it writes the progress after."""
+    it writes the progress after. `unread`: files there that could not be read (not lost)."""
     if progress is None:
         return None
     for name, end_phy in sorted(progress.files):
+        if name in unread:
+            continue
         now = ends.get(name)
         if now is None and end_phy >= min_offset:
             return name, "is gone (the index progress lists it)"

@@ -482,7 +482,8 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
             f.close()
     # Review 45 F6: with index/ gone, every record counted as "not indexed" and verify passed.
     progress = peek_index_progress(fs, cfg.index_progress_path) if report.max_offset > report.min_offset else None
-    lost = first_lost_index_file(progress, ends, report.min_offset)
+    unread = {os.path.basename(p) for p in report.unreadable_files}
+    lost = first_lost_index_file(progress, ends, report.min_offset, unread)
     if lost is not None:
         report.add("index_file_lost", os.path.join(os.fspath(cfg.index_dir), lost[0]),
                    f"{lost[1]}: keys of messages still in the log are not found; an open rebuilds them")  # fmt: skip

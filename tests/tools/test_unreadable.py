@@ -237,6 +237,23 @@ def test_verify_calls_a_store_file_it_may_not_read_unreadable_not_corrupt(store:
     assert snapshot(store) == before
 
 
+def test_an_index_file_it_may_not_read_blocks_no_command_that_needs_no_index(store: Path) -> None:
+    """Review 119 F3: the geometry's detection read every index file's header (through a map
+    of the whole file): one the user may not read made get, dump, stats, inspect and verify
+    exit 1 with a bare PermissionError. Get and dump need no index; verify names the file."""
+    index = sorted((store / "index").iterdir())[0]
+    deny(index)
+    code, out, err = run_denied(get_argv(store, 0))
+    assert code == ExitCode.OK and len(out.splitlines()) == 3, err
+    code, out, err = run_denied(["dump", str(store)])
+    assert code == ExitCode.OK and len(out.splitlines()) >= MESSAGES, err[-2000:]
+    code, out, err = run_denied(["verify", str(store), "--json"])
+    report = json.loads(out)
+    assert code == ExitCode.FAILURE and [p["kind"] for p in report["problems"]] == ["index_unreadable"], (out, err)
+    assert report["unreadable_files"] == 1
+    index.chmod(0o644)
+
+
 def test_query_says_a_segment_it_may_not_read_is_not_readable_now(store: Path) -> None:
     deny(segment(store, 0))
     code, out, err = run_denied(["query", str(store), "--topic", "T", "--key", "k5"])
