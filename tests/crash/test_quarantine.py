@@ -152,6 +152,18 @@ def _segments(store_dir: str) -> list[str]:
     return sorted(os.listdir(os.path.join(store_dir, "commitlog")))
 
 
+def _make_hole(store_dir: str, damage: str) -> list[str]:
+    """The fourth segment removed, emptied or cut to 1,000 bytes; the segments' names before."""
+    names = _segments(store_dir)
+    victim = os.path.join(store_dir, "commitlog", names[3])
+    if damage == "missing":
+        os.remove(victim)
+    else:
+        with open(victim, "r+b") as f:
+            f.truncate(0 if damage == "empty" else 1000)
+    return names
+
+
 @pytest.mark.parametrize("aborted", [False, True])
 @pytest.mark.parametrize("damage", ["missing", "empty", "truncated"])
 def test_a_hole_opens_degraded_serves_both_sides_and_never_overwrites(tmp_path: object, damage: str,
@@ -168,13 +180,7 @@ def test_a_hole_opens_degraded_serves_both_sides_and_never_overwrites(tmp_path: 
         open(os.path.join(store_dir, "abort"), "w").close()
         for name in os.listdir(os.path.join(store_dir, "consumequeue", TOPIC, "0")):
             os.remove(os.path.join(store_dir, "consumequeue", TOPIC, "0", name))
-    names = _segments(store_dir)
-    victim = os.path.join(store_dir, "commitlog", names[3])
-    if damage == "missing":
-        os.remove(victim)
-    else:
-        with open(victim, "r+b") as f:
-            f.truncate(0 if damage == "empty" else 1000)
+    names = _make_hole(store_dir, damage)
     seg = SMALL["mapped_file_size_commitlog_bytes"]
     hole = (int(names[3]), int(names[3]) + seg)
     later = {n: open(os.path.join(store_dir, "commitlog", n), "rb").read() for n in names[4:]}
@@ -218,13 +224,7 @@ def test_a_get_across_a_hole_says_so(tmp_path: object, damage: str) -> None:
     deleted (below every file left) stays unsaid."""
     store_dir = os.path.join(str(tmp_path), "s")
     offsets = _fill_small(store_dir, 400)
-    names = _segments(store_dir)
-    victim = os.path.join(store_dir, "commitlog", names[3])
-    if damage == "missing":
-        os.remove(victim)
-    else:
-        with open(victim, "r+b") as f:
-            f.truncate(0 if damage == "empty" else 1000)
+    names = _make_hole(store_dir, damage)
     seg = SMALL["mapped_file_size_commitlog_bytes"]
     start, end = int(names[3]), int(names[3]) + seg
     kept = start + (1000 if damage == "truncated" else 0)  # the hole's start: records ending past it are in it
@@ -278,13 +278,7 @@ def _all_bodies_skipping(store: mqstore.MessageStore) -> dict[int, bytes]:
 def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: str) -> None:
     store_dir = os.path.join(str(tmp_path), "s")
     offsets = _fill_small(store_dir, 400)
-    names = _segments(store_dir)
-    victim = os.path.join(store_dir, "commitlog", names[3])
-    if damage == "missing":
-        os.remove(victim)
-    else:
-        with open(victim, "r+b") as f:
-            f.truncate(1000)
+    names = _make_hole(store_dir, damage)
     seg = SMALL["mapped_file_size_commitlog_bytes"]
     done = _mqstore("recover", "--no-progress", "--json", store_dir)
     assert done.returncode == 0, (done.stdout, done.stderr)
@@ -295,7 +289,7 @@ def test_recover_makes_a_hole_whole_and_verify_agrees(tmp_path: object, damage: 
     [(lost_from, lost_to)] = out["lost_ranges"]
     assert lost_to == int(names[3]) + seg and int(names[3]) <= lost_from < lost_to, out
     if damage == "truncated":
-        assert os.path.exists(victim + ".damaged")
+        assert os.path.exists(os.path.join(store_dir, "commitlog", names[3] + ".damaged"))
     done = _mqstore("verify", store_dir)
     assert done.returncode == 0, (done.stdout, done.stderr)
     with mqstore.open(store_dir, **SMALL) as store:

@@ -172,15 +172,19 @@ def test_delete_by_time_stops_at_a_referenced_file(any_fs: tuple[FileSystem, str
     assert len(q.mapped_files) == 1
 
 
+def append_units(q: MappedFileQueue, file_index: int, numbers: range) -> None:
+    """Units pointing at commitlog offsets file_index * 1000 + n, into the queue's last file."""
+    mf = q.get_last_mapped_file(0)
+    assert mf is not None
+    for n in numbers:
+        assert mf.append_bytes(struct.pack(">qiq", file_index * 1000 + n, 10, 0))
+
+
 def test_delete_by_offset_uses_last_unit(any_fs: tuple[FileSystem, str], clock: object) -> None:
     fs, root = any_fs
-    unit = struct.Struct(">qiq")
     q = MappedFileQueue(fs, os.path.join(root, "cq"), 2000, clock_ms=clock)  # type: ignore[arg-type]
     for file_index in range(3):
-        mf = q.get_last_mapped_file(0)
-        assert mf is not None
-        for i in range(100):
-            assert mf.append_bytes(unit.pack(file_index * 1000 + i, 10, 0))
+        append_units(q, file_index, range(100))
     assert q.delete_expired_file_by_offset(99, 20) == 0  # file 0's last unit points at 99
     assert q.delete_expired_file_by_offset(1050, 20) == 1
     assert q.min_offset() == 2000
@@ -194,16 +198,13 @@ def test_files_deleted_ahead_of_the_flush_do_not_stop_it(any_fs: tuple[FileSyste
     none, and never moved again; the thorough flush said durable what was not, and a power
     loss lost units (SYNC_FLUSH-acknowledged messages never served again)."""
     fs, root = any_fs
-    unit = struct.Struct(">qiq")
     q = MappedFileQueue(fs, os.path.join(root, "cq"), 2000, clock_ms=clock)  # type: ignore[arg-type]
-    for file_index in range(3):
-        mf = q.get_last_mapped_file(0)
-        assert mf is not None
-        for i in range(100 if file_index < 2 else 10):
-            assert mf.append_bytes(unit.pack(file_index * 1000 + i, 10, 0))
-            if file_index == 0 and i == 40:
-                assert q.flush(0) is False and q.flushed_where == 41 * 20
-                assert q.commit(0) is False
+    append_units(q, 0, range(41))
+    assert q.flush(0) is False and q.flushed_where == 41 * 20
+    assert q.commit(0) is False
+    append_units(q, 0, range(41, 100))
+    append_units(q, 1, range(100))
+    append_units(q, 2, range(10))
     assert q.delete_expired_file_by_offset(1050, 20) == 1
     assert q.mapped_files[0].file_from_offset == 2000 > q.flushed_where
     assert q.flush(0) is False and q.flushed_where == 4000
