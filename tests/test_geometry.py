@@ -529,3 +529,19 @@ def test_an_index_of_the_ratio_or_not_with_many_keys_is_adopted_as_written(
         assert len(store.query("t", "k59").messages) == 1
         assert len(store.query("t", "j0").messages) == 1
     assert main(["verify", str(root)]) == ExitCode.OK
+
+
+def test_a_running_stores_index_that_fits_no_geometry_is_not_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review 119 F4: `dump` of a running store warned that no index geometry fits: its newest
+    index file, mid-write, may fit none for an instant, and the store's own open checked
+    them. A stopped store's is still said."""
+    from mqstore.storage.geometry import adopt_geometry
+
+    (tmp_path / "index").mkdir()
+    (tmp_path / "index" / "20250101000000000").write_bytes(bytes(1000))  # a header of 0 entries, no ratio
+    config = StoreConfig(store_path_root_dir=str(tmp_path))
+    caplog.set_level("WARNING", logger="mqstore")
+    adopt_geometry(RealFileSystem(), config, live=True)
+    assert not [r for r in caplog.records if "geometry fits" in r.getMessage() or "pair fits" in r.getMessage()]
+    adopt_geometry(RealFileSystem(), config)
+    assert [r for r in caplog.records if "pair fits" in r.getMessage()]
