@@ -321,6 +321,9 @@ def _inspect_commitlog(
             corrupt.append((seg["start_offset"], read.offset, read.reason))
             if ended_in is None:
                 ended_in = seg["start_offset"]
+    for seg in segments.values():
+        if seg["end"] is None and seg["used_bytes"] == segment_size:
+            seg["end"] = "full"  # records to its last byte (no blank record): the log goes on in the next file
     out["max_offset"] = last_data_end
     out["records_reach"] = reach
     out["first_zeros"] = first_zeros  # (not in the report's JSON; see inspect_store)

@@ -10,6 +10,7 @@ import struct
 import pytest
 
 import mqstore
+from mqstore.cli import main as cli_main
 from mqstore.storage import codec
 from mqstore.storage.status import GetMessageStatus
 from mqstore.tools.verify import verify_store
@@ -40,7 +41,9 @@ def _drop_derived_files(store_dir: str) -> None:
 
 
 @pytest.mark.parametrize("aborted", [True, False])
-def test_a_segment_its_records_fill_exactly_is_no_end_of_the_log(tmp_path: object, aborted: bool) -> None:
+def test_a_segment_its_records_fill_exactly_is_no_end_of_the_log(
+    tmp_path: object, aborted: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Review 120 F1: a segment whose records end exactly at its end (no blank record: the
     writers keep 8 bytes for one, a foreign or copied store need not) ended the scan there:
     after a crash recovery zeroed the next segment and deleted every later one, all their
@@ -71,6 +74,13 @@ def test_a_segment_its_records_fill_exactly_is_no_end_of_the_log(tmp_path: objec
     if aborted:
         open(os.path.join(store_dir, "abort"), "w").close()
     before = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
+    # The read-only tools walk on as recovery does (review 121 F1: inspect said "damaged", and
+    # dump exited 3 after the first segment's records).
+    capsys.readouterr()
+    assert cli_main(["dump", store_dir]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 120
+    assert cli_main(["inspect", store_dir]) == 0
+    assert "full" in capsys.readouterr().out
     with mqstore.open(store_dir, **SETTINGS) as store:
         rec = store.supervisor.recovery
         assert rec is not None and rec.truncated_commitlog_bytes == 0 and not rec.removed_commitlog_files, rec.summary()

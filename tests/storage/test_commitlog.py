@@ -460,6 +460,12 @@ def test_reader_knows_a_hole_from_retention(tmp_path: Any, clock: ManualClock) -
     reader.refresh()
     assert not reader.has_hole and not reader.within_log(SEG + 10) and reader.within_log(offsets[-1])
     reader.close()
+    # Review 121 F2: a reader whose listing predates retention's deletions (the head mapped,
+    # the next ones parked) took the deleted head for the log's: no read of the listing since.
+    reader = CommitLogReader(fs, cl.store_path, mapped_file_size=SEG, limit=cl.get_max_offset())
+    os.remove(os.path.join(cl.store_path, f"{2 * SEG:020d}"))
+    assert not reader.within_log(2 * SEG + 10)
+    reader.close()
 
 
 def test_reader_picks_up_new_files(any_fs: tuple[FileSystem, str], clock: ManualClock) -> None:
