@@ -230,6 +230,7 @@ static void start_watch(void)
 static void watch_gone_in_child(void)
 {
     atomic_store(&watch_started, 0);
+    atomic_flag_clear(&installing); /* a fork inside the watch thread's install: no one to clear it */
 }
 
 PyDoc_STRVAR(guard_doc,
