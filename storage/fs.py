@@ -498,7 +498,14 @@ class RealMappedRegion:
                 os.ftruncate(fd, size)  # sparse: reads as zeros until written
             access = mmap.ACCESS_COPY if private else mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
             self.buf: mmap.mmap
-            self.buf, kept = mapguard.map_keeping_no_descriptor(fd, size, access, status.st_dev, status.st_ino)
+            try:
+                self.buf, kept = mapguard.map_keeping_no_descriptor(fd, size, access, status.st_dev, status.st_ino)
+            except OSError as exc:
+                if exc.filename is not None:
+                    raise
+                # mmap's own error names nothing: the open refused "[Errno 12] Cannot allocate
+                # memory" for a process short of address space (review 119 F3, RLIMIT_AS).
+                raise OSError(exc.errno, f"{exc.strerror} (mapping {size} bytes)", path) from None
             # Given back by close(), or when the map goes without one (a reader's, collected).
             self._release_area = weakref.finalize(self.buf, release_area)
             self._release_area.atexit = False

@@ -60,3 +60,26 @@ def test_a_commitlog_segment_that_cannot_be_mapped_refuses_the_open_with_its_err
     fs.clear_faults()
     with mqstore.open("/sim/store", fs=fs, **SETTINGS) as store:
         assert len(store.get("U", 0, 0, 10).messages) == 5
+
+
+def test_a_map_the_process_has_no_address_space_for_names_the_file(tmp_path: object) -> None:
+    """Review 119 F3: under RLIMIT_AS the open of a store with a default 420 MB index file
+    failed with a bare "[Errno 12] Cannot allocate memory", naming neither file nor size."""
+    import subprocess
+    import sys
+
+    child = """
+import resource, sys
+from mqstore.storage.fs import RealFileSystem
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.truncate(1 << 30)
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (512 << 20 if hard == resource.RLIM_INFINITY else min(hard, 512 << 20), hard))
+try:
+    RealFileSystem().map_file(path, 1 << 30, create=False, readonly=True)
+except OSError as exc:
+    print(exc.errno, exc.filename == path, "1073741824 bytes" in str(exc))
+"""
+    done = subprocess.run([sys.executable, "-c", child, f"{tmp_path}/big"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == [str(errno.ENOMEM), "True", "True"], (done.stdout, done.stderr[-2000:])
