@@ -263,6 +263,7 @@ class MessageStore:
         self._closed = False
         self._clean_stop = False
         self._close_lock = threading.RLock()  # one close() does the work (see close)
+        self._clean_lock = threading.Lock()  # one clean_unused_topic at a time
         self._close_running = False  # under way, in the thread holding _close_lock
         self._close_finished = False  # every step ran (a close cut short is resumed by the next)
         self._closed_detail: str | None = None  # why, when not closed by close() (a fork's child)
@@ -1258,20 +1259,24 @@ class MessageStore:
         for topic in topics:  # (an Enum member would not be found among the queues' names: removed)
             check_str("keep's topic names", topic, "str")
         kept = frozenset(topics)
-        # No put to a topic to remove is taken until the writer forgot its queues (review 118
-        # F2); the writer's end then bounds every record of theirs.
-        try:
-            written = self._ask("writer", RefusePutsOutside(keep=kept))
-        except ServiceUnavailable as exc:
-            self.log.warning("clean_unused_topic: the writer did not answer", error=str(exc))
-            return 0
-        try:
-            return self._remove_unused_queues(kept, max(written, self.read_view.acked_end))
-        finally:
+        # One clean at a time: each one's refusal below would end another's.
+        with self._clean_lock:
+            # No put to a topic to remove is taken until the writer forgot its queues (review
+            # 118 F2); the writer's end then bounds every record of theirs. The refusal lapses
+            # by itself once every step below would have timed out (an interrupted clean).
+            until = self.supervisor.ticker.now_ms() + self.config.read_your_writes_timeout_ms + round(
+                3 * self._reply_timeout_s * 1000)  # fmt: skip
             try:
-                self._ask("writer", RefusePutsOutside(keep=None))
-            except ServiceUnavailable as exc:  # (a restarted writer refuses nothing)
-                self.log.warning("clean_unused_topic: the writer did not answer", error=str(exc))
+                written = self._ask("writer", RefusePutsOutside(keep=kept, until_ms=until))
+                return self._remove_unused_queues(kept, max(written, self.read_view.acked_end))
+            except ServiceUnavailable as exc:
+                self.log.warning("clean_unused_topic: the writer did not answer; nothing removed", error=str(exc))
+                return 0
+            finally:
+                try:  # (also after a timed-out first ask: this one lands after it)
+                    self._ask("writer", RefusePutsOutside(keep=None))
+                except ServiceUnavailable as exc:  # the refusal lapses at `until`
+                    self.log.warning("clean_unused_topic: the writer did not answer", error=str(exc))
 
     def _remove_unused_queues(self, kept: frozenset[str], written: int) -> int:
         """clean_unused_topic's removal, while the writer refuses puts to the topics removed."""

@@ -158,6 +158,12 @@ class ActorContext:
     # are not dispatched again, so a restart's re-dispatch does not bring back a queue the
     # writer has forgotten (review 109 K2: the next put took offset 0 of the rebuilt queue).
     cleaned_queues: dict[tuple[str, int], int] = field(default_factory=dict)
+    # While clean_unused_topic removes queues: the topics the writer still takes puts for,
+    # until a time of the ticker (set by the writer on RefusePutsOutside, kept for its next
+    # incarnations: review 122 F1, a writer restarted mid-clean took puts to the topics
+    # being removed again, and they were lost; lapses by itself: 122 F2, a clean interrupted
+    # or timed out left every other topic refused for good).
+    puts_refused_outside: tuple[frozenset[str], int] | None = None
     # How far each child's on_start has got, a count it raises as it goes (the ConsumeQueue
     # actor: queues recovered). The supervisor waits for the ready handshake START_TIMEOUT_S at a
     # time while it moves (review 71 F3: an open of 5,000 queues outlasted one fixed wait).

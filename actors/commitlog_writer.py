@@ -205,8 +205,6 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
         self._replaced: PutResult | None = None  # the refusal once a segment was replaced
-        # While clean_unused_topic removes queues: the topics still taken (RefusePutsOutside).
-        self._kept_topics: frozenset[str] | None = None
         # A restart found a segment it may not write (EPERM, EACCES: chattr +i, its mode or
         # owner): it runs degraded, reads served from what it loaded read-only, puts refused
         # with this, and the ticks map the segment for writing again (review 65 F3).
@@ -443,8 +441,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 assert self._commitlog is not None
                 table = self._commitlog.topic_queue_table
                 return sum(table.pop(f"{topic}-{queue_id}", None) is not None for topic, queue_id in queues)
-            case RefusePutsOutside(keep=keep):
-                self._kept_topics = keep
+            case RefusePutsOutside(keep=keep, until_ms=until_ms):
+                self.ctx.puts_refused_outside = None if keep is None else (keep, until_ms)
                 return self._readable_end()
             case _:
                 assert_never(message)
@@ -650,8 +648,12 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 "put is taken until the store is closed and opened again, once the disk is sound"))  # fmt: skip
             answers.extend((put.reply, refusal) for put in puts)
             return []
-        if self._kept_topics is not None:
-            puts = self._refuse_removed_topics(self._kept_topics, puts, answers)
+        refused = self.ctx.puts_refused_outside  # (clean_unused_topic running)
+        if refused is not None:
+            if self.ctx.ticker.now_ms() < refused[1]:
+                puts = self._refuse_removed_topics(refused[0], puts, answers)
+            else:
+                self.ctx.puts_refused_outside = None
         # RocketMQ rejects a put while another has held the put lock too long; the actor's
         # equivalent is a request that waited in the mailbox too long behind slow appends.
         oldest_ns = time.monotonic_ns() - self._busy_timeout_ns

@@ -981,13 +981,15 @@ class RemoveQueuesFromTopicQueueTable(AskFor[int]):
 class RefusePutsOutside(AskFor[int]):
     """To the writer, from clean_unused_topic before it removes anything: refuse puts to every
     topic outside `keep` but SCHEDULE_TOPIC_XXXX (SERVICE_NOT_AVAILABLE, nothing stored) until
-    told again with `keep=None`; answered with the log's readable end. The queues to remove
+    told again with `keep=None`, or until `until_ms` of the store's ticker has passed (a clean
+    whose thread was interrupted); answered with the log's readable end. The queues to remove
     then hold every record of theirs, and no put takes one of their old queue offsets between
     their removal and the writer forgetting them (review 118 F2: such a put rebuilt the queue
     at its offset, and every put after the clean, given offsets from 0, read OFFSET_TOO_SMALL).
-    A restarted writer refuses nothing."""
+    Kept in the actors' context: a restarted writer refuses the same (review 122 F1)."""
 
     keep: frozenset[str] | None
+    until_ms: int = 0
 
 
 __all__ += ["CleanUnusedTopics", "RemoveQueuesFromTopicQueueTable", "RefusePutsOutside"]

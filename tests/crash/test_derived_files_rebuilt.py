@@ -515,6 +515,73 @@ def test_a_put_during_a_clean_never_leaves_a_removed_queue_behind_the_offsets_gi
         assert [(m.queue_offset, m.body) for m in store.get("T", 0, 0, 32).messages] == sorted(acked)
 
 
+def test_a_writer_restarted_during_a_clean_still_refuses_puts_to_the_topics_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 122 F1: the refusal lived in the writer's own state; a writer restarted mid-clean
+    took puts to the topic being removed again, acknowledged at the old sequence, and they
+    (and the puts after the clean) read OFFSET_TOO_SMALL."""
+    plan = mqstore.FaultPlan()
+    root = tmp_path / "store"
+    with mqstore.open(root, faults=plan) as store:
+        for i in range(20):
+            assert store.put(Message("A", b"a%d" % i)).ok
+            assert store.put(Message("T", b"OLD%d" % i)).ok
+        during: list[PutResult] = []
+        ask = store._ask
+
+        def restart_then_put(peer: str, message: object) -> object:
+            answer = ask(peer, message)
+            if type(message).__name__ == "RefusePutsOutside" and getattr(message, "keep", None) is not None:
+                restarts = len(store.supervisor.restarts)
+                plan.arm("writer.mid_batch_append", 1)
+                store.put(Message("A", b"crash"))  # fails the writer; the supervisor restarts it
+                deadline = time.monotonic() + 10
+                while len(store.supervisor.restarts) == restarts or store.supervisor.peers.get("writer") is None:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                done = threading.Thread(target=lambda: during.append(store.put(Message("T", b"DURING"))))
+                done.start()
+                done.join(10)
+            return answer
+
+        monkeypatch.setattr(store, "_ask", restart_then_put)
+        assert store.clean_unused_topic(["A"]) == 1
+        monkeypatch.undo()
+        assert [r.status for r in during] == [mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE], during
+        new = [store.put(Message("T", b"NEW%d" % i)) for i in range(3)]
+        assert [r.queue_offset for r in new] == [0, 1, 2]
+        assert store.wait_for_messages("T", 0, 2, timeout_s=10)
+        assert [m.body for m in store.get("T", 0, 0, 32).messages] == [b"NEW0", b"NEW1", b"NEW2"]
+
+
+def test_a_clean_that_timed_out_or_was_interrupted_refuses_no_put_after_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 122 F2: an interrupt (a Ctrl-C) while the clean waited for the writer's first
+    answer, or a reply timeout there, left the refusal set: every put to another topic was
+    refused for good. The refusal is lifted after, and lapses by itself."""
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        assert store.put(Message("A", b"a")).ok
+        ask = store._ask
+
+        def interrupted(peer: str, message: object) -> object:
+            answer = ask(peer, message)
+            if type(message).__name__ == "RefusePutsOutside" and getattr(message, "keep", None) is not None:
+                raise KeyboardInterrupt
+            return answer
+
+        monkeypatch.setattr(store, "_ask", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            store.clean_unused_topic(["A"])
+        monkeypatch.undo()
+        assert store.put(Message("C", b"c")).ok
+        # A refusal whose lifting never reached the writer lapses at its time.
+        from mqstore.messages import RefusePutsOutside
+
+        store._ask("writer", RefusePutsOutside(keep=frozenset({"A"}), until_ms=store.supervisor.ticker.now_ms() + 300))
+        assert store.put(Message("C", b"c")).status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE
+        time.sleep(0.4)
+        assert store.put(Message("C", b"c")).ok
+
+
 def test_an_open_on_a_log_with_a_hole_keeps_a_cleaned_queues_floor(tmp_path: Path) -> None:
     """Review 118 F3: an open that found the newest segments gone (moved away during
     maintenance: a hole below the checkpoint's flushed offset, the store degraded) lowered a
