@@ -2948,14 +2948,19 @@ static PyObject *scan_records(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(cq_valid_prefix_doc,
-             "cq_valid_prefix(data) -> (units, last_offset)\n\n"
+             "cq_valid_prefix(data, after=-1) -> (units, last_offset, after)\n\n"
              "How many 20-byte ConsumeQueue units at the start of data are valid (commitlog offset >= 0, "
-             "size > 0) before the first that is not, and the commitlog offset of the last of them (-1 if "
-             "none): ConsumeQueue.recover's walk, without the GIL. len(data) must be a multiple of 20.");
+             "size > 0, and past `after`, the last real unit's offset before them, unless a filler unit) "
+             "before the first that is not, the commitlog offset of the last of them (-1 if none), and "
+             "the last real unit's offset after them: ConsumeQueue.recover's walk, without the GIL. "
+             "len(data) must be a multiple of 20.");
 
-static PyObject *cq_valid_prefix(PyObject *self, PyObject *arg) {
+static PyObject *cq_valid_prefix(PyObject *self, PyObject *args) {
+    PyObject *data;
+    long long after = -1;
+    if (!PyArg_ParseTuple(args, "O|L", &data, &after)) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
     if (view.len % 20 != 0) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "data must be a whole number of 20-byte units");
@@ -2968,12 +2973,20 @@ static PyObject *cq_valid_prefix(PyObject *self, PyObject *arg) {
     for (; units < n; units++) {
         const unsigned char *u = p + units * 20;
         long long offset = get_i64(u);
-        if (offset < 0 || get_i32(u + 8) <= 0) break;
+        int32_t size = get_i32(u + 8);
+        if (offset < 0 || size <= 0) break;
+        /* A queue's records lie in log order: a unit at or below the one before it is a torn
+           one (review 122 F3: a power loss left (0, 282, 0), which served the log's first
+           message at an acknowledged offset). A filler points nowhere. */
+        if (!(offset == 0 && size == FILLER_UNIT_SIZE)) {
+            if (offset <= after) break;
+            after = offset;
+        }
         last = offset;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    return Py_BuildValue("(nL)", units, last);
+    return Py_BuildValue("(nLL)", units, last, after);
 }
 
 PyDoc_STRVAR(find_magic_doc,
@@ -3435,7 +3448,7 @@ static PyMethodDef methods[] = {
     {"decode_arrow_run", decode_arrow_run, METH_VARARGS, decode_arrow_run_doc},
     /* recovery */
     {"scan_records", scan_records, METH_VARARGS, scan_records_doc},
-    {"cq_valid_prefix", cq_valid_prefix, METH_O, cq_valid_prefix_doc},
+    {"cq_valid_prefix", cq_valid_prefix, METH_VARARGS, cq_valid_prefix_doc},
     {"find_magic", find_magic, METH_VARARGS, find_magic_doc},
     {"tally_records", tally_records, METH_VARARGS, tally_records_doc},
     /* re-dispatch (issue 18) */

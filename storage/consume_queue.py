@@ -117,8 +117,9 @@ class ConsumeQueue:
         index = max(0, len(files) - 3)
         mapped_file = files[index]
         process_offset = mapped_file.file_from_offset
+        after = -1  # the last real unit's commitlog offset: each next one lies past it
         while True:
-            units, last, torn = self._valid_prefix(mapped_file)
+            units, last, after, torn = self._valid_prefix(mapped_file, after)
             file_offset = units * CQ_STORE_UNIT_SIZE
             if units:
                 self.max_physic_offset = last
@@ -143,7 +144,7 @@ class ConsumeQueue:
         self._skip_trailing_fillers()
         log.info("consume queue recovered", topic=self.topic, queue_id=self.queue_id, process_offset=process_offset)
 
-    def _valid_prefix(self, mapped_file: MappedFile) -> tuple[int, int, bool]:
+    def _valid_prefix(self, mapped_file: MappedFile, after: int) -> tuple[int, int, int, bool]:
         """`scan.cq_valid_prefix` of the file, read in growing chunks up to its first invalid
         unit: a queue's file is mostly its unwritten tail, and reading all 6 MB of each made
         an open of 5,000 queues outlast the start timeout (review 71 F3: ~7 ms a queue).
@@ -157,15 +158,16 @@ class ConsumeQueue:
             # fault there dies with SIGBUS.
             data = mapped_file.read_data(start, end)
             data = data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE]
-            found, found_last = scan.cq_valid_prefix(data)  # the units up to the first invalid one, in C
+            # The units up to the first invalid one (or one not past the one before it), in C.
+            found, found_last, after = scan.cq_valid_prefix(data, after)
             if found:
                 units, last = units + found, found_last
             if found * CQ_STORE_UNIT_SIZE < end - start:
-                after = data[found * CQ_STORE_UNIT_SIZE : found * CQ_STORE_UNIT_SIZE + _TORN_LOOK_BYTES]
-                torn = after.count(0) != len(after)
+                past = data[found * CQ_STORE_UNIT_SIZE : found * CQ_STORE_UNIT_SIZE + _TORN_LOOK_BYTES]
+                torn = past.count(0) != len(past)
                 break
             start, chunk = end, min(chunk * 2, _RECOVER_CHUNK_MAX)
-        return units, last, torn
+        return units, last, after, torn
 
     # writing (§9.3) ---------------------------------------------------------------------------
     def put_message_position_info(self, commitlog_offset: int, size: int, tags_code: int, cq_offset: int) -> bool:

@@ -202,28 +202,38 @@ def find_magic_reference(buf: Any, start: int, stop: int, limit: int) -> int:
     return start + min(hits) if hits else -1
 
 
-def cq_valid_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int]:
-    """(units, last commitlog offset) of the valid ConsumeQueue units (offset >= 0, size > 0)
-    at the start of `data`, up to the first invalid one; (0, -1) if none. In C without the GIL
-    where the extension is built (a 2 GiB store's queues hold 2M units)."""
+def cq_valid_prefix(data: bytes | bytearray | memoryview, after: int = -1) -> tuple[int, int, int]:
+    """(units, last commitlog offset, last real unit's offset) of the valid ConsumeQueue units
+    at the start of `data` (offset >= 0, size > 0, past `after`, the last real unit's offset
+    before them, unless a filler), up to the first invalid one; (0, -1, after) if none. In C
+    without the GIL where the extension is built (a 2 GiB store's queues hold 2M units)."""
     if len(data) % codec.CQ_STORE_UNIT_SIZE:
         raise ValueError(f"data must be a whole number of {codec.CQ_STORE_UNIT_SIZE}-byte units, got {len(data)} bytes")
     native = speedups.native
     if native is not None and hasattr(native, "cq_valid_prefix"):
-        units, last = native.cq_valid_prefix(data)
-        return int(units), int(last)
-    return cq_valid_prefix_reference(data)
+        units, last, after = native.cq_valid_prefix(data, after)
+        return int(units), int(last), int(after)
+    return cq_valid_prefix_reference(data, after)
 
 
-def cq_valid_prefix_reference(data: bytes | bytearray | memoryview) -> tuple[int, int]:
-    """`cq_valid_prefix` in Python (ConsumeQueue.recover's loop as it was)."""
+def cq_valid_prefix_reference(data: bytes | bytearray | memoryview, after: int = -1) -> tuple[int, int, int]:
+    """`cq_valid_prefix` in Python (ConsumeQueue.recover's loop). A queue's records lie in log
+    order: a unit at or below the real one before it is torn (review 122 F3: a power loss left
+    (0, 282, 0), which served the log's first message at an acknowledged offset)."""
     units, last = 0, -1
     for offset, size, _tags in codec.CQ_UNIT.iter_unpack(data):
         if offset < 0 or size <= 0:
             break
+        if not (offset == 0 and size == _FILLER_UNIT_SIZE):
+            if offset <= after:
+                break
+            after = offset
         units += 1
         last = offset
-    return units, last
+    return units, last, after
+
+
+_FILLER_UNIT_SIZE: Final = 0x7FFFFFFF  # storage.consume_queue.FILLER_UNIT_SIZE (it imports this module)
 
 
 class RecordTally:

@@ -311,3 +311,53 @@ def test_a_restarted_flush_actor_forces_what_the_dead_one_had_not() -> None:
     with mqstore.open(ROOT, fs=crashed, **settings) as reopened:
         served = [m.body for m in read_all(reopened, TOPIC, 0)]
         assert served == [b"%05d" % i * 40 for i in range(400)], len(served)
+
+
+def test_a_queue_unit_torn_at_a_sector_is_rebuilt_not_served_as_another_message() -> None:
+    """Review 122 F3: a power loss wrote back the sector holding a unit's size and tags code but
+    not the one before it holding its commitlog offset: the unit read (0, 282, 0), valid by
+    RocketMQ's rule (offset >= 0, size > 0), and the acknowledged message at that queue
+    offset was served as the log's first one (its own never again: the next put took the
+    next offset). A unit not past the real one before it is no unit: the queue is rebuilt."""
+    import struct
+
+    n = 102  # unit 102 spans bytes 2040..2059 of the queue file; a 512-byte sector starts at 2048
+    clock = [int(time.time() * 1000)]
+    settings = dict(SETTINGS, mapped_file_size_commitlog_bytes=16 * 1024, mapped_file_size_consume_queue_bytes=20 * 1000,
+                    message_index_enable=False, flush_disk_type="SYNC_FLUSH", flush_interval_consume_queue_ms=3_600_000,
+                    flush_consume_queue_thorough_interval_ms=3_600_000)  # fmt: skip
+    fs = SimulatedFileSystem(clock_ms=lambda: clock[0])
+    store = mqstore.open(ROOT, fs=fs, clock_ms=lambda: clock[0], **settings)  # type: ignore[arg-type]
+    acked: list[tuple[str, int, bytes]] = []
+
+    def put(topic: str, i: int) -> None:
+        clock[0] += 100
+        body = b"%s%05d" % (topic.encode(), i) * 30
+        r = store.put(mqstore.Message(topic=topic, body=body))
+        assert r.ok, r
+        acked.append((topic, r.queue_offset, body))
+
+    for i in range(n):
+        put("Q", i)
+    for i in range(300):
+        put("BUSY", i)
+    store.flush()  # Q's unit n is the first not on disk
+    for i in range(100):
+        put("BUSY", 1000 + i)
+    put("Q", n)
+    for i in range(50):
+        put("BUSY", 2000 + i)  # (SYNC_FLUSH forced the log; Q's queue file was not flushed since)
+    cq = ROOT + "/consumequeue/Q/0/%020d" % 0
+    written = bytes(fs._files[cq].volatile)
+    crashed = fs.crash(0, tear=False)
+    store.close()
+    torn = crashed._files[cq]
+    sector = 20 * n + 8
+    torn.volatile[sector:4096] = written[sector:4096]  # this sector of the page written back, not the one before
+    torn.durable[sector:4096] = written[sector:4096]
+    assert struct.unpack(">qiq", bytes(torn.volatile[20 * n : 20 * n + 20]))[0] == 0
+    with mqstore.open(ROOT, fs=crashed, clock_ms=lambda: clock[0], **settings) as reopened:  # type: ignore[arg-type]
+        for topic, offset, body in acked:
+            got = reopened.get(topic, 0, offset, 1).messages
+            assert got and got[0].body == body, (topic, offset, got[0].body[:6] if got else None)
+        assert reopened.put(mqstore.Message(topic="Q", body=b"after")).queue_offset == n + 1

@@ -503,24 +503,36 @@ def test_a_crashed_store_progress_is_sized_by_its_data(tmp_path: Path) -> None:
 def test_cq_valid_prefix_is_the_unit_by_unit_walk(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randrange(0, 400)
-    units = [codec.encode_cq_unit(rng.randrange(1 << 40), rng.randrange(1, 5000), rng.randrange(-(1 << 40), 1 << 40))
-             for _ in range(n)]  # fmt: skip
-    if units and rng.random() < 0.7:  # an invalid unit: negative offset, zero or negative size, or zeros
+    offsets = sorted(rng.sample(range(1, 1 << 40), n))
+    units = [codec.encode_cq_unit(offset, rng.randrange(1, 5000), rng.randrange(-(1 << 40), 1 << 40)) for offset in offsets]
+    for _ in range(rng.randrange(3)):  # filler units point nowhere, wherever they are
+        units.insert(rng.randrange(len(units) + 1), codec.encode_cq_unit(0, 0x7FFFFFFF, 0))
+    if units and rng.random() < 0.7:  # an invalid unit: negative offset, zero or negative size, zeros, or out of order
         bad = rng.choice((codec.encode_cq_unit(-1, 10, 0), codec.encode_cq_unit(5, 0, 0), codec.encode_cq_unit(5, -3, 0),
-                          bytes(20)))  # fmt: skip
+                          bytes(20), codec.encode_cq_unit(0, 282, 0)))  # fmt: skip
         units.insert(rng.randrange(len(units) + 1), bad)
     data = b"".join(units) + bytes(20 * rng.randrange(3))
-    expected = scan.cq_valid_prefix_reference(data)
-    assert scan.cq_valid_prefix(data) == expected
-    assert scan.cq_valid_prefix(bytearray(data)) == expected
+    after = rng.choice((-1, 0, offsets[0] if offsets else 5))
+    expected = scan.cq_valid_prefix_reference(data, after)
+    assert scan.cq_valid_prefix(data, after) == expected
+    assert scan.cq_valid_prefix(bytearray(data), after) == expected
     if native is not None:
-        assert native.cq_valid_prefix(memoryview(data)) == expected
+        assert native.cq_valid_prefix(memoryview(data), after) == expected
+
+
+def test_cq_valid_prefix_stops_at_a_unit_not_past_the_one_before_it() -> None:
+    """Review 122 F3: a torn unit (0, 282, 0) after units into the log's middle is no unit."""
+    data = b"".join(codec.encode_cq_unit(o, 100, 0) for o in (100, 200)) + codec.encode_cq_unit(0, 0x7FFFFFFF, 0)
+    assert scan.cq_valid_prefix(data + codec.encode_cq_unit(0, 282, 0)) == (3, 0, 200)
+    assert scan.cq_valid_prefix(data + codec.encode_cq_unit(200, 100, 0)) == (3, 0, 200)
+    assert scan.cq_valid_prefix(data + codec.encode_cq_unit(300, 100, 0)) == (4, 300, 300)
+    assert scan.cq_valid_prefix(data, 150) == (0, -1, 150)
 
 
 def test_cq_valid_prefix_refuses_a_partial_unit() -> None:
     with pytest.raises(ValueError, match="20-byte units"):
         scan.cq_valid_prefix(bytes(30))
-    assert scan.cq_valid_prefix(b"") == (0, -1)
+    assert scan.cq_valid_prefix(b"") == (0, -1, -1)
 
 
 # ---- looking past damage: the magic-code search -----------------------------------------------
