@@ -139,3 +139,39 @@ def test_a_newer_mqstores_ledger_is_refused_and_left_in_place(tmp_path: Path, co
             read(fs, str(path))
         assert refused.value.version == 4 and refused.value.path == str(path)
     assert path.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_a_ledger_the_process_cannot_read_refuses_the_open_and_is_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 122 F4: an unreadable ledger (EACCES) was taken for no ledger: the open went on
+    without the floors of the queues clean_unused_topic removed, served their old records at
+    the offsets acknowledged since, and wrote a ledger without the floors."""
+    import errno
+
+    import mqstore
+    from mqstore.storage.fs import RealFileSystem
+
+    root = tmp_path / "s"
+    with mqstore.open(root) as store:
+        assert store.put(mqstore.Message(topic="A", body=b"a")).ok
+        assert store.put(mqstore.Message(topic="B", body=b"old")).ok
+        assert store.clean_unused_topic(["A"]) == 1
+        assert store.put(mqstore.Message(topic="B", body=b"new")).ok
+    ledger = root / "queue_ledger.msgpack"
+    before = ledger.read_bytes()
+    read_bytes = RealFileSystem.read_bytes
+
+    def denied(self: RealFileSystem, path: str) -> bytes:
+        if path.endswith("queue_ledger.msgpack"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return read_bytes(self, path)
+
+    monkeypatch.setattr(RealFileSystem, "read_bytes", denied)
+    with pytest.raises(Exception) as refused:
+        mqstore.open(root)
+    assert "queue_ledger.msgpack" in str(refused.value) and "Permission denied" in str(refused.value), repr(refused.value)
+    monkeypatch.undo()
+    assert ledger.read_bytes() == before
+    with mqstore.open(root) as store:
+        assert [m.body for m in store.get("B", 0, 0, 8).messages] == [b"new"]
