@@ -542,11 +542,16 @@ def _inspect_index(
     # files (their messages still in the log): queries miss those keys until an open rebuilds.
     names = sorted(p.name for p in directory.iterdir() if _digits(p.name, 17) and p.is_file()) if directory.is_dir() else []
     ends: dict[str, int] = {}
+    unread: set[str] = set()  # there, but not readable now: not lost (reported below)
     for name in names:
-        with contextlib.suppress(ValueError, OSError):
+        try:
             ends[name] = read_index_header(fs, str(directory / name)).end_phy_offset
+        except OSError:
+            unread.add(name)
+        except ValueError:
+            pass
     progress = peek_index_progress(fs, config.index_progress_path) if commitlog_min >= 0 else None  # (no log: none)
-    lost = first_lost_index_file(progress, ends, commitlog_min)
+    lost = first_lost_index_file(progress, ends, commitlog_min, unread)
     if lost is not None:
         problems.append(_problem("index_file_lost", NEEDS_RECOVERY, f"index file {lost[0]} {lost[1]}: keys of messages "
                                  "still in the log are not found until the next open rebuilds it",
@@ -560,7 +565,13 @@ def _inspect_index(
             continue  # a running store's next file, being made (review 53 L1)
         try:
             h = read_index_header(fs, str(path))
-        except (ValueError, OSError) as exc:
+        except OSError as exc:
+            # Not damage: this user (or the disk) cannot read it now (review 122 F5: exit 3).
+            problems.append(_problem("index_unreadable", UNREADABLE, unreadable_file(path, exc), file=str(path),
+                                     errno=errno.errorcode.get(exc.errno or 0)))  # fmt: skip
+            files.append({"file": path.name, "size": size, "error": str(exc)})
+            continue
+        except ValueError as exc:
             problems.append(_problem("index_header", DAMAGED, f"{path}: {exc}", file=str(path)))
             files.append({"file": path.name, "size": size, "error": str(exc)})
             continue

@@ -301,6 +301,13 @@ class _ReadOnlyStore:
             names = tuple(sorted(n for n in os.listdir(cfg.index_dir) if len(n) == 17 and n.isdigit())) \
                 if os.path.isdir(cfg.index_dir) else ()  # fmt: skip
             if not index.sync(names):
+                for name in names:  # one this user (or the disk) cannot read now is no damage (review 122 F5)
+                    path = os.path.join(cfg.index_dir, name)
+                    try:
+                        self.fs.read_at(path, 0, 1)
+                    except OSError as exc:
+                        raise CliError(ExitCode.FAILURE, f"{unreadable_file(path, exc)}; messages with this key may "
+                                                         "exist") from None  # fmt: skip
                 raise CliError(ExitCode.CORRUPT, f"an index file in {cfg.index_dir} cannot be read; run `mqstore inspect`")
             result = index.query_offset(topic, key, max_count, begin, end)
             ends = {name: read_index_header(self.fs, os.path.join(cfg.index_dir, name)).end_phy_offset for name in names}

@@ -251,6 +251,13 @@ def test_an_index_file_it_may_not_read_blocks_no_command_that_needs_no_index(sto
     report = json.loads(out)
     assert code == ExitCode.FAILURE and [p["kind"] for p in report["problems"]] == ["index_unreadable"], (out, err)
     assert report["unreadable_files"] == 1
+    # Review 122 F5: inspect called it damaged and query corrupt (exit 3), which `recover` does not fix.
+    code, out, err = run_denied(["inspect", str(store), "--json"])
+    report = json.loads(out)
+    assert code == ExitCode.FAILURE and report["verdict"] == "unreadable", (report["problems"], err)
+    assert [(p["kind"], p.get("errno")) for p in report["problems"]] == [("index_unreadable", "EACCES")], report["problems"]
+    code, out, err = run_denied(["query", str(store), "--topic", "T", "--key", "k5"])
+    assert code == ExitCode.FAILURE and "EACCES" in err and "recover" not in err, err
     index.chmod(0o644)
 
 
