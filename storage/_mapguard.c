@@ -188,7 +188,7 @@ static int ensure_installed(void)
    only flags the signal and returns, made an access to a cut store page fault again at once,
    forever, in a thread that held the GIL, so the supervisor's tick that put the guard back
    (a Python thread) never came; with SIG_DFL set there, the fault killed. */
-#define WATCH_MS 10
+#define WATCH_MS 100
 static atomic_int watch_started;
 
 static void *watch(void *unused)
@@ -379,7 +379,7 @@ static PyObject *installed(PyObject *module, PyObject *unused)
 PyDoc_STRVAR(reinstall_doc,
 "reinstall() -> None\n\n"
 "Put the handler back in front if the host set another SIGBUS handler since (the other one is\n"
-"chained to). guard() does this, a thread of the guard's own every 10 ms, and the supervisor on its tick.");
+"chained to). guard() does this, a thread of the guard's own every 100 ms, and the supervisor on its tick.");
 
 static PyObject *reinstall(PyObject *module, PyObject *unused)
 {

@@ -205,7 +205,7 @@ if how == "python":
 else:
     signal.signal(signal.SIGBUS, signal.SIG_DFL)
     import time
-    time.sleep(0.2)  # a default action kills a fault before the guard is back: not at once
+    time.sleep(0.6)  # a default action kills a fault before the guard is back (100 ms): not at once
 os.truncate(path, 4096)
 print("touching", flush=True)
 print(region[2 * 4096], mapguard.faults(slot))  # at once: no supervisor tick ran since
@@ -219,7 +219,7 @@ def test_a_handler_the_host_sets_after_the_guard_goes_behind_it_without_the_gil(
     # Python thread): a Python SIGBUS handler set after the open made the access to a cut store
     # page fault again at once, forever, holding the GIL, so the tick never came (the host spun
     # at 100% CPU for good); with SIG_DFL set there the fault killed the host. A thread of the
-    # guard's own puts it back within milliseconds, whatever holds the GIL (a fault in those
+    # guard's own puts it back within 100 ms, whatever holds the GIL (a fault in those
     # milliseconds with SIG_DFL set still kills, as without the store).
     child = subprocess.run([sys.executable, "-c", HANDLER_SET_AFTER_THE_GUARD, f"{tmp_path}/f", how],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
