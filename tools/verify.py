@@ -53,7 +53,7 @@ from ..cli import unreadable_file
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in
 from ..storage.consume_queue import iter_cq_units, list_consume_queues
 from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
-from ..storage.fs import FileSystem, RealFileSystem
+from ..storage.fs import FileSystem, NotARegularFileError, RealFileSystem
 from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
 from ..storage.queue_ledger import LedgerError, LedgerFile, unpack_ledger_file
@@ -322,6 +322,7 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
     cleaned = read_ledger.cleaned if read_ledger is not None else {}
     units: dict[tuple[str, int, int], int] = {}  # (topic, queue, queue offset) -> commitlog offset
     first_offset: dict[tuple[str, int], int] = {}  # the first queue offset still on disk
+    unchecked: set[tuple[str, int]] = set()  # queues with a file this process cannot read now
     for topic, queue_id in list_consume_queues(root, fs):
         report.consume_queues += 1
         queue_dir = os.path.join(root, topic, str(queue_id))
@@ -335,41 +336,51 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
             report.add("cq_front_missing", where, f"the first file starts at queue offset "
                        f"{first_offset[(topic, queue_id)]}, the queue ledger says {entry.first}")  # fmt: skip
             first_offset[(topic, queue_id)] = entry.first
-        expected_next: int | None = None
-        for queue_offset, phy, size, tags in iter_cq_units(queue_dir, fs):
-            if expected_next is not None and queue_offset != expected_next:
-                report.add("cq_gap", where, f"units jump from queue offset {expected_next - 1} to {queue_offset}")
-            expected_next = queue_offset + 1
-            if size == _FILLER_SIZE and phy == 0:
-                continue
-            report.cq_units += 1
-            units[(topic, queue_id, queue_offset)] = phy
-            here = f"{where} queue offset {queue_offset}"
-            if phy < report.min_offset:
-                continue  # its segment was cleaned
-            if report.in_unreadable_range(phy):
-                continue  # (reported once, as commitlog_unreadable)
-            if phy >= report.max_offset:
-                report.add("cq_past_end", here, f"points at {phy}, the commitlog ends at {report.max_offset}")
-                continue
-            rec = records.get(phy)
-            if rec is None:
-                if not report.in_damaged_range(phy):
-                    report.add("cq_bad_offset", here, f"no record starts at commitlog offset {phy}")
-                continue
-            mismatch = [
-                f"{name} {unit!r} != record's {actual!r}"
-                for name, unit, actual in (
-                    ("topic", topic, rec.topic),
-                    ("queue_id", queue_id, rec.queue_id),
-                    ("queue_offset", queue_offset, rec.queue_offset),
-                    ("size", size, rec.size),
-                    ("tags_code", tags, rec.tags_code),
-                )
-                if unit != actual
-            ]
-            if mismatch:
-                report.add("cq_mismatch", here, f"unit -> {phy}: " + "; ".join(mismatch))
+        try:
+            expected_next: int | None = None
+            for queue_offset, phy, size, tags in iter_cq_units(queue_dir, fs):
+                if expected_next is not None and queue_offset != expected_next:
+                    report.add("cq_gap", where, f"units jump from queue offset {expected_next - 1} to {queue_offset}")
+                expected_next = queue_offset + 1
+                if size == _FILLER_SIZE and phy == 0:
+                    continue
+                report.cq_units += 1
+                units[(topic, queue_id, queue_offset)] = phy
+                here = f"{where} queue offset {queue_offset}"
+                if phy < report.min_offset:
+                    continue  # its segment was cleaned
+                if report.in_unreadable_range(phy):
+                    continue  # (reported once, as commitlog_unreadable)
+                if phy >= report.max_offset:
+                    report.add("cq_past_end", here, f"points at {phy}, the commitlog ends at {report.max_offset}")
+                    continue
+                rec = records.get(phy)
+                if rec is None:
+                    if not report.in_damaged_range(phy):
+                        report.add("cq_bad_offset", here, f"no record starts at commitlog offset {phy}")
+                    continue
+                mismatch = [
+                    f"{name} {unit!r} != record's {actual!r}"
+                    for name, unit, actual in (
+                        ("topic", topic, rec.topic),
+                        ("queue_id", queue_id, rec.queue_id),
+                        ("queue_offset", queue_offset, rec.queue_offset),
+                        ("size", size, rec.size),
+                        ("tags_code", tags, rec.tags_code),
+                    )
+                    if unit != actual
+                ]
+                if mismatch:
+                    report.add("cq_mismatch", here, f"unit -> {phy}: " + "; ".join(mismatch))
+        except OSError as exc:
+            if isinstance(exc, (NotARegularFileError, IsADirectoryError)):
+                raise  # something else where the file belongs: named by the command (exit 5)
+            # Not readable now (access, the disk): not damage; its records are not checked
+            # against it (review 122 F6: a bare PermissionError, no report).
+            path = os.fspath(exc.filename) if exc.filename is not None else queue_dir
+            report.add("cq_unreadable", path, unreadable_file(path, exc, named=False) + "; the queue was not checked")
+            report.unreadable_files.append(path)
+            unchecked.add((topic, queue_id))
     for phy, rec in records.items():
         if rec.tran_type in _SKIPPED_TRAN:
             continue
@@ -379,6 +390,8 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                        f"topic {rec.topic!r} queue {rec.queue_id} cannot name a queue")  # fmt: skip
             continue
         key = (rec.topic, rec.queue_id)
+        if key in unchecked:
+            continue
         if key not in first_offset and read_ledger is not None and key not in ledger:
             report.not_queued += 1  # a removed topic's (review 51: cq_missing after clean_unused_topic)
             continue

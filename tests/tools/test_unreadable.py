@@ -222,10 +222,11 @@ def test_get_serves_what_it_read_and_stops_at_a_later_segment_it_may_not_read(st
     assert str(segment(store, 1)) in summary["detail"], summary
 
 
-@pytest.mark.parametrize("name", ["checkpoint", "queue_ledger.msgpack"])
+@pytest.mark.parametrize("name", ["checkpoint", "queue_ledger.msgpack", f"consumequeue/T/0/{0:020d}"])
 def test_verify_calls_a_store_file_it_may_not_read_unreadable_not_corrupt(store: Path, name: str) -> None:
     """Review 119 F2: an unreadable checkpoint or queue ledger (a permission) was a problem
-    like any other: exit 3, which sends the operator to `recover`, which would not fix it."""
+    like any other: exit 3, which sends the operator to `recover`, which would not fix it; a
+    consume queue file gave a bare PermissionError and no report (review 122 F6)."""
     before = snapshot(store)
     deny(store / name)
     code, out, err = run_denied(["verify", str(store), "--json"])
