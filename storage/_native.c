@@ -2950,7 +2950,8 @@ static PyObject *scan_records(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(cq_valid_prefix_doc,
              "cq_valid_prefix(data, after=-1) -> (units, last_offset, after)\n\n"
              "How many 20-byte ConsumeQueue units at the start of data are valid (commitlog offset >= 0, "
-             "size > 0, and past `after`, the last real unit's offset before them, unless a filler unit) "
+             "size > 0, and past `after`, the last real unit's offset before them (0 after a filler), "
+             "unless a filler unit) "
              "before the first that is not, the commitlog offset of the last of them (-1 if none), and "
              "the last real unit's offset after them: ConsumeQueue.recover's walk, without the GIL. "
              "len(data) must be a multiple of 20.");
@@ -2981,6 +2982,10 @@ static PyObject *cq_valid_prefix(PyObject *self, PyObject *args) {
         if (!(offset == 0 && size == FILLER_UNIT_SIZE)) {
             if (offset <= after) break;
             after = offset;
+        } else if (after < 0) {
+            /* After a filler no real unit points at 0: the log's first record is its queue's
+               first unit (review 123 F1: a torn (0, 272, 0) after only fillers passed). */
+            after = 0;
         }
         last = offset;
     }

@@ -117,7 +117,9 @@ class ConsumeQueue:
         index = max(0, len(files) - 3)
         mapped_file = files[index]
         process_offset = mapped_file.file_from_offset
-        after = -1  # the last real unit's commitlog offset: each next one lies past it
+        # The last real unit's commitlog offset: each next one lies past it (the walk's first
+        # file is judged against the last unit of the file before it).
+        after = self._last_offset_in(files[index - 1]) if index > 0 else -1
         while True:
             units, last, after, torn = self._valid_prefix(mapped_file, after)
             file_offset = units * CQ_STORE_UNIT_SIZE
@@ -143,6 +145,15 @@ class ConsumeQueue:
         queue.truncate_dirty_files(process_offset)
         self._skip_trailing_fillers()
         log.info("consume queue recovered", topic=self.topic, queue_id=self.queue_id, process_offset=process_offset)
+
+    def _last_offset_in(self, mapped_file: MappedFile) -> int:
+        """The commitlog offset of a full file's last unit (0 for a filler: no real unit after it
+        points at 0), or -1 where it cannot be read as a unit."""
+        data = mapped_file.read_data(self.mapped_file_size - CQ_STORE_UNIT_SIZE, self.mapped_file_size)
+        if len(data) < CQ_STORE_UNIT_SIZE:
+            return -1
+        offset, size, _ = CQ_UNIT.unpack(data)
+        return max(offset, -1) if size > 0 else -1
 
     def _valid_prefix(self, mapped_file: MappedFile, after: int) -> tuple[int, int, int, bool]:
         """`scan.cq_valid_prefix` of the file, read in growing chunks up to its first invalid

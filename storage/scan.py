@@ -228,6 +228,8 @@ def cq_valid_prefix_reference(data: bytes | bytearray | memoryview, after: int =
             if offset <= after:
                 break
             after = offset
+        elif after < 0:
+            after = 0  # after a filler no real unit points at 0 (review 123 F1)
         units += 1
         last = offset
     return units, last, after

@@ -527,6 +527,11 @@ def test_cq_valid_prefix_stops_at_a_unit_not_past_the_one_before_it() -> None:
     assert scan.cq_valid_prefix(data + codec.encode_cq_unit(200, 100, 0)) == (3, 0, 200)
     assert scan.cq_valid_prefix(data + codec.encode_cq_unit(300, 100, 0)) == (4, 300, 300)
     assert scan.cq_valid_prefix(data, 150) == (0, -1, 150)
+    # Review 123 F1: after fillers only (offsets held for lost records), a torn unit pointing at 0.
+    fillers = codec.encode_cq_unit(0, 0x7FFFFFFF, 0) * 3
+    assert scan.cq_valid_prefix(fillers + codec.encode_cq_unit(0, 272, 0)) == (3, 0, 0)
+    assert scan.cq_valid_prefix(fillers + codec.encode_cq_unit(64, 272, 0)) == (4, 64, 64)
+    assert scan.cq_valid_prefix(codec.encode_cq_unit(0, 272, 0)) == (1, 0, 0)  # the log's first record
 
 
 def test_cq_valid_prefix_refuses_a_partial_unit() -> None:
