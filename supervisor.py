@@ -885,9 +885,11 @@ class Supervisor:
                 # fault, never counted, hid an I/O error at every restart after it).
                 raise failed from exc
             raise
-        # Step two of the writer's start, once both it and the queues recovered: on the first
-        # start after the ConsumeQueue actor, on a writer's restart at once (the queues live).
-        if (name == "consume_queue" and first) or (name == "writer" and "consume_queue" in ctx.peers):
+        # Step two of the writer's start, once both it and the queues recovered: after the
+        # ConsumeQueue actor's start, on a writer's restart at once (the queues live). Its
+        # restart too: a writer restarted while that actor was dead could not be resumed, and
+        # took no put for good, the store RUNNING (review 123 F2); a resumed one ignores it.
+        if (name == "consume_queue" and "writer" in ctx.peers) or (name == "writer" and "consume_queue" in ctx.peers):
             self._resume_writer()
 
     def _made_child(self, name: str, *, first: bool) -> pykka.ActorRef[Any]:

@@ -368,6 +368,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         (the queues' units cover what lies below `dispatch_from`), and past the readable
         headers of quarantined records, so no queue offset is given out twice."""
         assert self._commitlog is not None and self._recovered is not None
+        if self._resumed:
+            # Its offsets run ahead of any queue snapshot (puts not dispatched yet): kept. (The
+            # supervisor resumes the writer at each ConsumeQueue restart, for one that missed it.)
+            return self._ready()
         known = [Quarantined(start, end, "quarantined") for start, end in self.ctx.read_view.view.quarantined]
         self._commitlog.topic_queue_table = resume_queue_offsets(
             self._commitlog, self._recovered, dict(request.topic_queue_table), request.dispatch_from, known,

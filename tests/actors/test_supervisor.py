@@ -681,3 +681,45 @@ def test_a_restart_blocked_by_a_dead_peer_waits_for_that_peers_restart(store_dir
         assert store.wait_for_messages("t", 0, 0, 10)
     finally:
         assert store.close()
+
+
+def test_a_writer_restarted_while_the_queues_were_dead_is_resumed_by_their_restart(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 123 F2: the writer and the ConsumeQueue actor crashed close together; the
+    writer's restart could not be resumed (the queues' owner dead), and the queues' own
+    restart did not resume it: every put was refused "store not writeable" for good, the
+    store RUNNING, no give-up. (The failures are handled on this thread, as above.)"""
+    import pykka
+
+    from mqstore.actors.base import ChildFailed
+
+    def only_the_close(self: Supervisor) -> None:
+        while not any(isinstance(e, supervisor_module._Stop) for e in list(self._events.queue)):
+            time.sleep(0.02)
+        self._shutdown()
+
+    monkeypatch.setattr(Supervisor, "_watch", only_the_close)
+    store = h.open_small(store_dir)
+    try:
+        supervisor = store.supervisor
+        resume = Supervisor._resume_writer
+        calls: list[int] = []
+
+        def queues_dead_at_first(self: Supervisor) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                self._events.put(ChildFailed(name="consume_queue", error=InjectedFault("died")))
+                raise pykka.ActorDeadError("consume_queue stopped")
+            resume(self)
+
+        monkeypatch.setattr(Supervisor, "_resume_writer", queues_dead_at_first)
+        supervisor._handle_failure(ChildFailed(name="writer", error=InjectedFault("writer")))
+        for event in [e for e in list(supervisor._events.queue) if isinstance(e, ChildFailed)]:
+            supervisor._events.queue.remove(event)
+            supervisor._handle_failure(event)
+        assert len(calls) >= 2
+        put = store.put(Message(topic="t", body=b"after"))
+        assert put.ok, put
+    finally:
+        store.close()
