@@ -1390,8 +1390,11 @@ class MessageStore:
         a read's detail says so rather than naming a wait that did not happen."""
         if self.supervisor.state is not SupervisorState.FAILED:
             return None
+        error = self.supervisor.fatal_error
+        # An OSError's str names its file (review 123 F4: its repr drops it).
+        why = f"{type(error).__name__}: {error}" if isinstance(error, OSError) else repr(error)
         return (f"the store at {self.config.store_path_root_dir} stopped: its supervisor gave up "
-                f"({self.supervisor.fatal_error!r}); close it and open it again")  # fmt: skip
+                f"({why}); close it and open it again")  # fmt: skip
 
 
 # Set as the exit hook starts: a store opened after it (in a host's atexit hook that runs

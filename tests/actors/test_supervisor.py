@@ -723,3 +723,17 @@ def test_a_writer_restarted_while_the_queues_were_dead_is_resumed_by_their_resta
         assert put.ok, put
     finally:
         store.close()
+
+
+def test_a_give_up_for_a_file_names_the_file(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 123 F4: the detail of what a store refuses once its supervisor gave up over an
+    OSError carried the error's repr, which drops its file (an unreadable queue ledger)."""
+    store = h.open_small(store_dir)
+    try:
+        monkeypatch.setattr(store.supervisor, "state", SupervisorState.FAILED)
+        monkeypatch.setattr(store.supervisor, "fatal_error", OSError(5, "Input/output error", "/s/queue_ledger.msgpack"))
+        detail = store.put(Message(topic="t", body=b"x")).detail
+        assert "queue_ledger.msgpack" in detail and "Input/output error" in detail, detail
+    finally:
+        monkeypatch.undo()
+        store.close()
