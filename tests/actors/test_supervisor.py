@@ -633,6 +633,13 @@ def test_an_actor_that_stops_just_after_the_stop_timeout_is_restarted_not_given_
         assert store.supervisor.state is SupervisorState.RUNNING
 
 
+def _watch_only_for_the_close(self: Supervisor) -> None:
+    """The supervisor's thread, waiting only for the close: a test handles the failures itself."""
+    while not any(isinstance(e, supervisor_module._Stop) for e in list(self._events.queue)):
+        time.sleep(0.02)
+    self._shutdown()
+
+
 def test_a_restart_blocked_by_a_dead_peer_waits_for_that_peers_restart(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review 117 F3: reput crashed, and its restart could not start while the ConsumeQueue
     actor, which it needs, had died meanwhile: the supervisor put reput's failure back at each
@@ -645,12 +652,7 @@ def test_a_restart_blocked_by_a_dead_peer_waits_for_that_peers_restart(store_dir
 
     from mqstore.actors.base import ChildFailed
 
-    def only_the_close(self: Supervisor) -> None:
-        while not any(isinstance(e, supervisor_module._Stop) for e in list(self._events.queue)):
-            time.sleep(0.02)
-        self._shutdown()
-
-    monkeypatch.setattr(Supervisor, "_watch", only_the_close)
+    monkeypatch.setattr(Supervisor, "_watch", _watch_only_for_the_close)
     store = h.open_small(store_dir)
     try:
         supervisor = store.supervisor
@@ -694,12 +696,7 @@ def test_a_writer_restarted_while_the_queues_were_dead_is_resumed_by_their_resta
 
     from mqstore.actors.base import ChildFailed
 
-    def only_the_close(self: Supervisor) -> None:
-        while not any(isinstance(e, supervisor_module._Stop) for e in list(self._events.queue)):
-            time.sleep(0.02)
-        self._shutdown()
-
-    monkeypatch.setattr(Supervisor, "_watch", only_the_close)
+    monkeypatch.setattr(Supervisor, "_watch", _watch_only_for_the_close)
     store = h.open_small(store_dir)
     try:
         supervisor = store.supervisor
