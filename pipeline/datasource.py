@@ -67,6 +67,7 @@ import mmap
 import os
 import stat
 import sys
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
@@ -944,15 +945,17 @@ def _range_of(f: Filter, v: int) -> tuple[int | None, int | None] | None:
     return None
 
 
-_REGISTERED: set[int] = set()
+_REGISTERED: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
 def register(spark: SparkSession) -> None:
     """Make `spark.read.format("rocketmq")` available in this session (once: Spark warns on
-    every re-registration)."""
-    if id(spark) not in _REGISTERED:
+    every re-registration). Kept by the session object itself, not its id(): a session made
+    after another was collected may get its id, and was left without the source (a CI run's
+    stream test: DATA_SOURCE_NOT_FOUND)."""
+    if spark not in _REGISTERED:
         spark.dataSource.register(RocketMQDataSource)
-        _REGISTERED.add(id(spark))
+        _REGISTERED.add(spark)
 
 
 def read_commitlog(

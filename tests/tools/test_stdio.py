@@ -28,6 +28,13 @@ store = mqstore.open(root, mapped_file_size_commitlog_bytes=64 << 10, max_hash_s
 for i in range(600):
     assert store.put(mqstore.Message("t", b"m%05d" % i * 30, keys=[f"k{i}"])).ok
 if crash:
+    # The index written first: with none on disk (dispatch behind under load), nothing records
+    # this store's index geometry, and `recover` without these settings used the defaults.
+    for _ in range(3000):
+        if store.query("t", "k599").messages:
+            break
+        import time
+        time.sleep(0.01)
     os._exit(0)  # the page cache keeps it all; the abort file stays
 store.close()
 """
