@@ -35,7 +35,7 @@ from .config import StoreConfig
 from .messages import GetResult, QueryResult, UnitsReply
 from .read_view import ReadView, in_ranges
 from .storage import codec, mapguard, speedups
-from .storage.codec import MessageRecord
+from .storage.codec import FILLER_UNIT_SIZE, MessageRecord
 from .storage.commitlog import CommitLogReader
 from .storage.memory import memory_room
 from .storage.consume_queue import ConsumeQueueReader
@@ -76,7 +76,6 @@ READER_REFRESH_INTERVAL_MS = 1_000
 QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the end time back
 
 
-_FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (phy 0), as ConsumeQueue.FILLER_UNIT
 # Faults the SIGBUS guard caught in the process: a read compares it with its reader's
 # `faults_seen` before it trusts what it read (the C counter itself, ~30 ns a get).
 _total_faults: Final[Callable[[], int]] = mapguard.total_faults
@@ -450,7 +449,7 @@ def collect(
                 if i >= end:
                     break
         phy, size, tags_code = unpack(units, i)
-        if size == _FILLER_SIZE and phy == 0:
+        if size == FILLER_UNIT_SIZE and phy == 0:
             i += 20  # a queue offset whose record was lost or damaged (a filler unit): nothing to serve
             continue
         if quarantined and in_ranges(quarantined, phy):
@@ -597,7 +596,7 @@ def _stop_unread(
     t = 0
     for j in range(0, min(upto, len(units)), 20):
         phy, size, _ = codec.CQ_UNIT.unpack_from(units, j)
-        if size == _FILLER_SIZE and phy == 0:
+        if size == FILLER_UNIT_SIZE and phy == 0:
             continue
         start = phy - phy % segment
         if t < len(taken) and taken[t] == phy:

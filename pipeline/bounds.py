@@ -38,7 +38,7 @@ from mqstore.storage.codec import (
     cal_msg_length,
     read_record,
 )
-from mqstore.storage.consume_queue import FILLER_UNIT_SIZE
+from mqstore.storage.consume_queue import FILLER_UNIT_SIZE, is_filler
 
 from .segments import Segment, SegmentError, expired_by_retention, open_segment, read_regular, record_bound
 
@@ -290,10 +290,6 @@ def _offset_ceiling(off: int) -> int:
     return _NO_END if off == LATEST else 0 if off == EARLIEST else off
 
 
-def _is_filler(offset: int, size: int) -> bool:
-    return offset == 0 and size == FILLER_UNIT_SIZE
-
-
 def _implausible(entries: np.ndarray, max_message_size: int) -> str:
     """Why the real (non-filler) units of a queue cannot be those of a ConsumeQueue, or ""."""
     offsets = entries["offset"].astype(np.int64)
@@ -330,7 +326,7 @@ class _UnitCheck:
         """Where the record of queue_offset starts (0 for a filler unit: it says nothing);
         None when the unit does not hold."""
         offset, size = self._unit(queue_offset)
-        if _is_filler(offset, size):
+        if is_filler(offset, size):
             return 0
         held = self._holds(queue_offset, offset, size)
         return 0 if held is None else offset if held else None
@@ -339,7 +335,7 @@ class _UnitCheck:
         """Where the record of queue_offset ends (`filler` for a filler unit, the side's
         open end); None as `start_of`."""
         offset, size = self._unit(queue_offset)
-        if _is_filler(offset, size):
+        if is_filler(offset, size):
             return filler
         held = self._holds(queue_offset, offset, size)
         return filler if held is None else offset + size if held else None

@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from mqstore.log import get_logger
-from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, DEFAULT_MAX_MESSAGE_SIZE, PHYSICAL_OFFSET_POSITION
+from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, DEFAULT_MAX_MESSAGE_SIZE, FILLER_UNIT_SIZE, PHYSICAL_OFFSET_POSITION
 
 from .bounds import EARLIEST, LATEST, parse_offsets
 from .columnar import arrow_schema, decode_batch
@@ -51,7 +51,6 @@ log = get_logger(__name__)
 
 _CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 BATCH_ROWS = 8192
-_FILLER_SIZE = 0x7FFFFFFF  # the size of a filler unit (commitlog offset 0), ConsumeQueue.FILLER_UNIT
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 Offsets = dict[str, dict[str, int]]  # JSON keys are strings: {"topic": {"queueId": next offset}}
@@ -230,7 +229,7 @@ def read_queue_slice(part: QueueSlice, columns: Sequence[str]) -> Iterator[pa.Re
     phys = units["offset"].astype(np.int64)
     sizes = units["size"].astype(np.int64)
     # A filler unit keeps a queue offset whose record was lost or quarantined: no record.
-    real = ~((phys == 0) & (sizes == _FILLER_SIZE))
+    real = ~((phys == 0) & (sizes == FILLER_UNIT_SIZE))
     phys, sizes = phys[real], sizes[real]
     which = np.searchsorted(bases, phys, side="right") - 1
     i = 0

@@ -853,6 +853,9 @@ def segment_file_name(offset: int) -> str:
 # ---------------------------------------------------------------------------------------
 # ConsumeQueue units (§9.1)
 
+# A filler unit (CQ_UNIT (0, FILLER_UNIT_SIZE, 0), RocketMQ's pre-blank unit): a queue offset held
+# for a record not in the log, pointing at nothing. Its test is consume_queue.is_filler.
+FILLER_UNIT_SIZE: Final = JAVA_INT_MAX
 CQ_STORE_UNIT_SIZE: Final = 20
 CQ_UNIT: Final = struct.Struct(">qiq")
 

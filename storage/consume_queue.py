@@ -17,7 +17,7 @@ from typing import Callable, Final
 
 from mqstore.log import get_logger
 from mqstore.storage import scan
-from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, ReadBuffer, is_topic_name, jdiv
+from mqstore.storage.codec import CQ_STORE_UNIT_SIZE, CQ_UNIT, FILLER_UNIT_SIZE, ReadBuffer, is_topic_name, jdiv
 from mqstore.storage.fs import (
     OUT_OF_RESOURCES_ERRNOS, FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError,
 )
@@ -44,7 +44,6 @@ _RECOVER_CHUNK: Final = 4096 * CQ_STORE_UNIT_SIZE  # 80 KiB: the first read of a
 _RECOVER_CHUNK_MAX: Final = 64 * _RECOVER_CHUNK
 _TORN_LOOK_BYTES: Final = 4096  # past a queue's last valid unit: a page (what a torn write-back spans)
 _FIRST_REAL_CHUNK: Final = 256 * CQ_STORE_UNIT_SIZE  # 5 KiB: the first look past a queue file's leading fillers
-FILLER_UNIT_SIZE: Final = 0x7FFFFFFF
 FILLER_UNIT: Final = CQ_UNIT.pack(0, FILLER_UNIT_SIZE, 0)
 # The largest run of skipped queue offsets filled with FILLER_UNITs; a larger jump is a
 # damaged queue-offset field, not lost records (unless recovery reserved those offsets:

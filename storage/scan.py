@@ -224,7 +224,7 @@ def cq_valid_prefix_reference(data: bytes | bytearray | memoryview, after: int =
     for offset, size, _tags in codec.CQ_UNIT.iter_unpack(data):
         if offset < 0 or size <= 0:
             break
-        if not (offset == 0 and size == _FILLER_UNIT_SIZE):
+        if not (offset == 0 and size == codec.FILLER_UNIT_SIZE):
             if offset <= after:
                 break
             after = offset
@@ -234,8 +234,6 @@ def cq_valid_prefix_reference(data: bytes | bytearray | memoryview, after: int =
         last = offset
     return units, last, after
 
-
-_FILLER_UNIT_SIZE: Final = 0x7FFFFFFF  # storage.consume_queue.FILLER_UNIT_SIZE (it imports this module)
 
 
 class RecordTally:

@@ -51,7 +51,7 @@ from ..storage.foreign import SUPPORTED, foreign_layout, record_feature
 from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
 from ..cli import unreadable_file
 from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in
-from ..storage.consume_queue import iter_cq_units, list_consume_queues
+from ..storage.consume_queue import is_filler, iter_cq_units, list_consume_queues
 from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.fs import FileSystem, NotARegularFileError, RealFileSystem
 from ..storage.index import IndexFile, build_key, key_hash_and_slot, read_index_header
@@ -60,8 +60,6 @@ from ..storage.queue_ledger import LedgerError, LedgerFile, unpack_ledger_file
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
-# A filler unit written before a queue's first real unit (§9.3): valid, points at nothing.
-_FILLER_SIZE: Final = 0x7FFFFFFF
 _SKIPPED_TRAN: Final = (codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_ROLLBACK_TYPE)
 
 
@@ -137,6 +135,12 @@ class VerifyReport:
         and the fix is access (or the disk), not `mqstore recover`."""
         return bool(self.unreadable_ranges or self.unreadable_files)
 
+    def add_unreadable(self, kind: str, path: str, error: OSError, then: str = "") -> None:
+        """A store file this process cannot read now (access, the disk): not damage, and the
+        check is incomplete (`unreadable`)."""
+        self.add(kind, path, unreadable_file(path, error, named=False) + then)
+        self.unreadable_files.append(path)
+
     def add(self, kind: str, where: str, detail: str) -> None:
         self.problem_count += 1
         if len(self.problems) < self.max_problems:
@@ -194,8 +198,7 @@ def _check_checkpoint(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) ->
     except CheckpointError as e:
         report.add("checkpoint_not_a_checkpoint", path, str(e))
     except OSError as e:
-        report.add("checkpoint_unreadable", path, unreadable_file(path, e, named=False))
-        report.unreadable_files.append(path)
+        report.add_unreadable("checkpoint_unreadable", path, e)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,7 +345,7 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
                 if expected_next is not None and queue_offset != expected_next:
                     report.add("cq_gap", where, f"units jump from queue offset {expected_next - 1} to {queue_offset}")
                 expected_next = queue_offset + 1
-                if size == _FILLER_SIZE and phy == 0:
+                if is_filler(phy, size):
                     continue
                 report.cq_units += 1
                 units[(topic, queue_id, queue_offset)] = phy
@@ -378,8 +381,7 @@ def _check_consume_queues(cfg: StoreConfig, fs: FileSystem, records: dict[int, _
             # Not readable now (access, the disk): not damage; its records are not checked
             # against it (review 122 F6: a bare PermissionError, no report).
             path = os.fspath(exc.filename) if exc.filename is not None else queue_dir
-            report.add("cq_unreadable", path, unreadable_file(path, exc, named=False) + "; the queue was not checked")
-            report.unreadable_files.append(path)
+            report.add_unreadable("cq_unreadable", path, exc, "; the queue was not checked")
             unchecked.add((topic, queue_id))
     for phy, rec in records.items():
         if rec.tran_type in _SKIPPED_TRAN:
@@ -419,8 +421,7 @@ def _queue_ledger(cfg: StoreConfig, fs: FileSystem, report: VerifyReport) -> Led
     try:
         return unpack_ledger_file(fs.read_bytes(path))
     except OSError as exc:
-        report.add("queue_ledger_unreadable", path, unreadable_file(path, exc, named=False))
-        report.unreadable_files.append(path)
+        report.add_unreadable("queue_ledger_unreadable", path, exc)
         return None
     except LedgerError as exc:
         report.add("queue_ledger_unreadable", path, str(exc))
@@ -451,8 +452,7 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
             ends[os.path.basename(path)] = header.end_phy_offset
             f = IndexFile.open_readonly(fs, path, max_hash_slot_num=cfg.max_hash_slot_num)
         except OSError as exc:
-            report.add("index_unreadable", path, unreadable_file(path, exc, named=False))
-            report.unreadable_files.append(path)
+            report.add_unreadable("index_unreadable", path, exc)
             continue
         except ValueError as exc:
             report.add("index_unreadable", path, str(exc))
