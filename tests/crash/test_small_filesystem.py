@@ -269,6 +269,10 @@ import mqstore
 
 root, segment, acked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = mqstore.open(root, mapped_file_size_commitlog_bytes=segment, message_index_enable=False)
+import time
+deadline = time.monotonic() + 60
+while store.max_offset("T", 0) == -1 and time.monotonic() < deadline:
+    time.sleep(0.1)  # -1: not known yet (re-dispatch behind the read-your-writes wait under load)
 assert store.max_offset("T", 0) == acked, (store.max_offset("T", 0), acked)
 offset = 0
 while offset < acked:
