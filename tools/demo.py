@@ -563,6 +563,12 @@ def _run_spark(root: str, enabled: bool, master: str, in_store: dict[str, int], 
         from ..pipeline.stats import compute_stats
     except ImportError as exc:
         return {"ran": False, "note": f"skipped: pyspark is not importable ({exc})"}
+    from pyspark import SparkContext
+
+    # A host that runs the demo in its own process may have Spark running: get_spark then hands
+    # out the host's session, which is the host's to stop (stopping it left the host's session
+    # without its SparkContext and the `rocketmq` source: DATA_SOURCE_NOT_FOUND at its next load).
+    borrowed = SparkContext._active_spark_context is not None
     started = time.monotonic()
     try:
         spark = get_spark(master, app_name="mqstore-demo", progress=False)
@@ -570,7 +576,8 @@ def _run_spark(root: str, enabled: bool, master: str, in_store: dict[str, int], 
             ready_s = time.monotonic() - started
             result = compute_stats(spark, [root])
         finally:
-            spark.stop()
+            if not borrowed:
+                spark.stop()
     except Exception as exc:  # no Java, a job error: the report says so and the demo fails
         log.error("spark stats job failed", error=repr(exc))
         failures.append(f"the Spark stats job failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -214,3 +214,18 @@ def test_stats_of_a_store_with_no_messages(spark: Any, tmp_path: Path) -> None:
         f.truncate(64 * 1024)  # a freshly preallocated segment
     got = compute_stats(spark, [str(tmp_path)])
     assert (got["messages"], got["queues"], got["corrupt_records"]) == (0, [], 0)
+
+
+def test_the_demo_run_in_the_hosts_process_leaves_the_hosts_spark_session_running(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo borrows a running session (getOrCreate) and must not stop it: it did, and the
+    host's next `format("rocketmq")` load failed with DATA_SOURCE_NOT_FOUND (CI, twice)."""
+    from mqstore.cli import main
+
+    code = main(["demo", "--json", "--no-progress", "--store-dir", str(tmp_path / "d"), "--messages", "300",
+                 "--query", "none"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["spark"]["messages"] == 300
+    assert spark.read.format("rocketmq").load(str(tmp_path / "d")).count() == 300

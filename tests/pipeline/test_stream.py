@@ -56,12 +56,6 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
         (out / f"{batch_id:06d}.json").write_text(json.dumps(rows))
 
     def start() -> Any:
-        # Registered here, not only at the session's making: twice in CI runs of the whole suite
-        # the worker's session had lost the source by this test (DATA_SOURCE_NOT_FOUND at load;
-        # not reproduced alone, cause not found: see the closing note of stop 50).
-        from mqstore.pipeline.datasource import RocketMQDataSource
-
-        spark.dataSource.register(RocketMQDataSource)
         return (
             spark.readStream.format("rocketmq")
             .option("startingOffsets", "earliest")
