@@ -90,6 +90,9 @@ Handler = Callable[[argparse.Namespace], int]
 # stderr must neither cut them short (review 94 H1: recover stopped before its re-dispatch,
 # the lock held) nor change that status (M1: `verify DAMAGED | head` exited 0).
 STOP_AT_A_LOST_READER: Final = frozenset({"dump", "get", "query", "inspect", "stats"})
+# Commands that only read the store: a file of it they may not read now is said as such.
+READ_ONLY_COMMANDS: Final = STOP_AT_A_LOST_READER | {"verify"}
+_UNREADABLE_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM, errno.EIO})
 SIGPIPE_EXIT: Final = 128 + 13  # the status of a command a shell's pipe stopped: `cat f | head`
 
 
@@ -213,6 +216,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if (in_the_way := _in_the_way(exc)) is not None:  # as StoreDirectoryError is, from an open
             print(f"mqstore {args.command}: {in_the_way}", file=sys.stderr)
             return ExitCode.NOT_A_STORE
+        if (
+            args.command in READ_ONLY_COMMANDS
+            and isinstance(exc, OSError)
+            and exc.errno in _UNREADABLE_ERRNOS
+            and isinstance(exc.filename, str)
+        ):  # one place for every file a read tool opens (review 122 F6: a bare PermissionError)
+            sys.stdout.flush()
+            print(f"mqstore {args.command}: {unreadable_file(exc.filename, exc)}", file=sys.stderr)
+            return ExitCode.FAILURE
         # The traceback only with -vv: no traceback leaves a command otherwise (issue 19).
         if args.verbose >= 2:
             log.exception("command failed", command=args.command)

@@ -92,15 +92,20 @@ def load_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
         return None
 
 
-def peek_index_progress(fs: FileSystem, path: str) -> IndexProgress | None:
+def peek_index_progress(fs: FileSystem, path: str, *, strict: bool = False) -> IndexProgress | None:
     """`load_index_progress` for a read-only command: nothing set aside nor logged (None for no
-    file, or one that cannot be read or trusted). A newer mqstore's raises
+    file, or one that cannot be read or trusted; `strict`: one that cannot be read now raises
+    its OSError, as an answer built without it could be wrong). A newer mqstore's raises
     UnknownVersionError, as at an open."""
     try:
         return unpack_index_progress(fs.read_bytes(path)) if fs.exists(path) else None
     except UnknownVersionError as exc:
         raise exc.at(path) from None
-    except (OSError, IndexProgressError):
+    except OSError as exc:
+        if strict and not isinstance(exc, FileNotFoundError):
+            raise  # a file there that this process may not read now: a command says so
+        return None
+    except IndexProgressError:
         return None
 
 

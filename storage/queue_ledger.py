@@ -157,16 +157,21 @@ def load_ledger_file(fs: FileSystem, path: str) -> LedgerFile | None:
         return None
 
 
-def peek_queue_ledger(fs: FileSystem, path: str) -> dict[QueueKey, LedgerEntry] | None:
+def peek_queue_ledger(fs: FileSystem, path: str, *, strict: bool = False) -> dict[QueueKey, LedgerEntry] | None:
     """`load_queue_ledger` for a read-only command: nothing set aside nor logged (None for no
-    file, or one that cannot be read or trusted). A newer mqstore's raises
+    file, or one that cannot be read or trusted; `strict`: one that cannot be read now raises
+    its OSError, as an answer built without it could be wrong). A newer mqstore's raises
     UnknownVersionError, as at an open: a command that went on without it would miss what it
     keeps and say nothing."""
     try:
         return unpack_queue_ledger(fs.read_bytes(path)) if fs.exists(path) else None
     except UnknownVersionError as exc:
         raise exc.at(path) from None
-    except (OSError, LedgerError):
+    except OSError as exc:
+        if strict and not isinstance(exc, FileNotFoundError):
+            raise  # a file there that this process may not read now: a command says so
+        return None
+    except LedgerError:
         return None
 
 

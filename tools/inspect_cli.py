@@ -550,7 +550,13 @@ def _inspect_index(
             unread.add(name)
         except ValueError:
             pass
-    progress = peek_index_progress(fs, config.index_progress_path) if commitlog_min >= 0 else None  # (no log: none)
+    progress = None
+    if commitlog_min >= 0:  # (no log: none)
+        try:
+            progress = peek_index_progress(fs, config.index_progress_path, strict=True)
+        except OSError as exc:  # (without it a lost index file goes unseen)
+            problems.append(_problem("index_progress_unreadable", UNREADABLE, unreadable_file(config.index_progress_path, exc),
+                                     file=str(config.index_progress_path), errno=errno.errorcode.get(exc.errno or 0)))  # fmt: skip
     lost = first_lost_index_file(progress, ends, commitlog_min, unread)
     if lost is not None:
         problems.append(_problem("index_file_lost", NEEDS_RECOVERY, f"index file {lost[0]} {lost[1]}: keys of messages "
@@ -1091,13 +1097,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 def _run_stats(args: argparse.Namespace) -> int:
     _check_store_dir(args.store_dir)
     config = store_config(args, args.store_dir, require_commitlog=False)
-    try:
-        report = store_file_stats(args.store_dir, config)
-    except OSError as exc:
-        if exc.filename is None or exc.errno not in (errno.EACCES, errno.EPERM, errno.EIO):
-            raise
-        # As the other read tools say it (review 66 F5: a bare PermissionError): not damage.
-        raise CliError(ExitCode.FAILURE, unreadable_file(exc.filename, exc)) from None
+    report = store_file_stats(args.store_dir, config)  # (a file it may not read: cli._run says so)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:

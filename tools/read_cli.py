@@ -280,7 +280,7 @@ class _ReadOnlyStore:
         """Why the queue's files hold less than the queue ledger says they did (files deleted
         or cut by hand: an open rebuilds them from the log), or None. Review 45 F6: with
         consumequeue/ gone, get said NO_MESSAGE_IN_QUEUE, exit 0."""
-        entry = (peek_queue_ledger(self.fs, self.config.queue_ledger_path) or {}).get((topic, queue_id))
+        entry = (peek_queue_ledger(self.fs, self.config.queue_ledger_path, strict=True) or {}).get((topic, queue_id))
         if entry is None:
             return None
         end = units[-1][0] + 1 if units else 0
@@ -315,7 +315,7 @@ class _ReadOnlyStore:
             index.close()
         # Review 45 F6: with index/ gone, query answered "no message", exit 0.
         log_min = self.commitlog.min_offset()
-        progress = peek_index_progress(self.fs, cfg.index_progress_path) if log_min >= 0 else None  # (no log: none)
+        progress = peek_index_progress(self.fs, cfg.index_progress_path, strict=True) if log_min >= 0 else None  # (no log: none)
         lost = first_lost_index_file(progress, ends, log_min)
         offsets, last_ts, last_phy = result if result is not None else ((), 0, 0)
         messages: list[MessageRecord] = []

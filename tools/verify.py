@@ -494,7 +494,12 @@ def _check_index(cfg: StoreConfig, fs: FileSystem, records: dict[int, _Rec], rep
         finally:
             f.close()
     # Review 45 F6: with index/ gone, every record counted as "not indexed" and verify passed.
-    progress = peek_index_progress(fs, cfg.index_progress_path) if report.max_offset > report.min_offset else None
+    progress = None
+    if report.max_offset > report.min_offset:
+        try:
+            progress = peek_index_progress(fs, cfg.index_progress_path, strict=True)
+        except OSError as exc:  # (without it a lost index file goes unseen: the check is incomplete)
+            report.add_unreadable("index_progress_unreadable", cfg.index_progress_path, exc)
     unread = {os.path.basename(p) for p in report.unreadable_files}
     lost = first_lost_index_file(progress, ends, report.min_offset, unread)
     if lost is not None:

@@ -410,3 +410,43 @@ def test_damage_skipped_before_a_segment_it_may_not_read_is_still_said(store: Pa
     detail = summary_of(err)["detail"]
     assert code == ExitCode.FAILURE and str(segment(store, 1)) in detail, err
     assert "queue offset 0: commitlog offset 0" in detail and "nothing was skipped" not in detail, detail
+
+
+# What each read-only command needs of each file: exit 1 naming the file where it needs it (its
+# answer or verdict would be wrong without it), exit 0 where it does not.
+_NEEDED_BY = {
+    "checkpoint": {"inspect", "verify", "stats", "dump-checkpoint"},
+    "queue_ledger.msgpack": {"verify", "get"},
+    "index_progress.msgpack": {"inspect", "verify", "query"},
+    f"consumequeue/T/0/{0:020d}": {"inspect", "verify", "stats", "dump-consumequeue", "get"},
+}
+_READ_COMMANDS = {
+    "inspect": ["inspect", "{root}"],
+    "verify": ["verify", "{root}"],
+    "stats": ["stats", "{root}"],
+    "dump-commitlog": ["dump", "{root}"],
+    "dump-consumequeue": ["dump", "{root}", "--what", "consumequeue"],
+    "dump-checkpoint": ["dump", "{root}", "--what", "checkpoint"],
+    "get": ["get", "{root}", "--topic", "T", "--queue", "0", "--offset", "0", "--max", "3"],
+    "query": ["query", "{root}", "--topic", "T", "--key", "k5"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NEEDED_BY))
+def test_every_read_command_names_a_file_it_needs_and_may_not_read(store: Path, name: str) -> None:
+    """Review 122 F6: inspect, dump and get said a bare "PermissionError: [Errno 13] ..." of an
+    unreadable checkpoint or ConsumeQueue file; get, query, inspect and verify took an
+    unreadable queue ledger or index progress for none (exit 0: a lost ConsumeQueue or index
+    file went unsaid)."""
+    before = snapshot(store)
+    deny(store / name)
+    for command, argv in _READ_COMMANDS.items():
+        code, out, err = run_denied([a.format(root=store) for a in argv])
+        said = f"{command}: exit {code}\n{err[-1500:]}"
+        assert "PermissionError" not in err and "Traceback" not in err, said
+        if command in _NEEDED_BY[name]:
+            assert code == ExitCode.FAILURE and str(store / name) in out + err and "EACCES" in out + err, said
+        else:
+            assert code == ExitCode.OK, said
+    (store / name).chmod(0o644)
+    assert snapshot(store) == before
