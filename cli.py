@@ -27,7 +27,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, TypeGuard
 
 from . import __version__
 from .config import ConfigError, StoreConfig, StoreGeometryAmbiguous
@@ -204,6 +204,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     except StoreDirectoryError as exc:  # something in the way of the store's own files
         print(f"mqstore {args.command}: {exc}", file=sys.stderr)
+        if args.command in READ_ONLY_COMMANDS and _unreadable(exc.__cause__):
+            return ExitCode.FAILURE  # a file there that this user may not read: not "not a store"
         return ExitCode.NOT_A_STORE
     except StdoutLost:  # a command that only prints what it reads: `mqstore dump ... | head`
         return SIGPIPE_EXIT  # (main says why, unless the reader left)
@@ -216,12 +218,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if (in_the_way := _in_the_way(exc)) is not None:  # as StoreDirectoryError is, from an open
             print(f"mqstore {args.command}: {in_the_way}", file=sys.stderr)
             return ExitCode.NOT_A_STORE
-        if (
-            args.command in READ_ONLY_COMMANDS
-            and isinstance(exc, OSError)
-            and exc.errno in _UNREADABLE_ERRNOS
-            and isinstance(exc.filename, str)
-        ):  # one place for every file a read tool opens (review 122 F6: a bare PermissionError)
+        if args.command in READ_ONLY_COMMANDS and isinstance(exc, OSError) and _unreadable(exc):
+            # One place for every file a read tool opens (review 122 F6: a bare PermissionError).
             sys.stdout.flush()
             print(f"mqstore {args.command}: {unreadable_file(exc.filename, exc)}", file=sys.stderr)
             return ExitCode.FAILURE
@@ -230,6 +228,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             log.exception("command failed", command=args.command)
         print(f"mqstore {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
+
+
+def _unreadable(exc: BaseException | None) -> TypeGuard[OSError]:
+    """A file of the store that is there and that this process may not read now."""
+    return isinstance(exc, OSError) and exc.errno in _UNREADABLE_ERRNOS and isinstance(exc.filename, str)
 
 
 def _in_the_way(exc: BaseException) -> str | None:
