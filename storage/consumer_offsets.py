@@ -346,20 +346,29 @@ def _salvage_cut_short(text: str) -> tuple[dict[str, dict[int, int]], list[str]]
         opens = _GROUP_OPENS.match(text, at)
         if opens is None:
             break
-        closes = text.find("}", opens.end())
-        body = text[opens.end() : closes if closes >= 0 else end]
-        if "{" in body:
-            break  # not a group of pairs: not RocketMQ's shape
+        # The group's pairs one after the other, up to its `}`. Anything else (zeros of a torn
+        # page, a `{`) ends the salvage there: review 125 F1 took every pair up to the next `}`
+        # in the text, past zeroed bytes into the next group's, and served them as this one's.
         entries: dict[int, int] = {}
-        for queue_id, offset, after in _PAIR.findall(body):
-            if after or closes >= 0:
-                with contextlib.suppress(ValueError, TypeError):
-                    entries[_queue_id(queue_id)] = _as_int(int(offset))
+        at, closed = opens.end(), False
+        while True:
+            at = _BETWEEN_GROUPS.match(text, at).end()  # type: ignore[union-attr]
+            if at < end and text[at] == "}":
+                at, closed = at + 1, True
+                break
+            pair = _PAIR.match(text, at)
+            if pair is None or not pair.group(3):
+                break  # damage, or the cut (a number that runs to the end may be cut)
+            with contextlib.suppress(ValueError, TypeError):
+                entries[_queue_id(pair.group(1))] = _as_int(int(pair.group(2)))
+            at = pair.end()
+            if pair.group(3) == "}":
+                closed = True
+                break
         if entries and TOPIC_GROUP_SEPARATOR in name:
             kept[name] = entries
-        if closes < 0:
+        if not closed:
             break
-        at = closes + 1
     return (kept, ["(the rest of a file cut short)"]) if kept else None
 
 

@@ -323,6 +323,26 @@ def test_a_5x_file_cut_short_gives_back_only_its_offset_tables_groups() -> None:
         assert [store.query_offset("g1", "TopicA", q) for q in (0, 1)] + [store.query_offset("g2", "TopicA", 0)] == [2, 40, 50]
 
 
+def test_a_torn_page_in_the_middle_gives_no_group_another_groups_offsets() -> None:
+    """Review 125 F1: with gA's last pair, its `}` and gB's name zeroed (a torn page, no .bak),
+    the salvage took every pair up to the next `}` as gA's: gA served gB's 9000 on a queue it
+    never committed, its queue 0 went back to gB's 5, and both were written back as gA's."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    store = ConsumerOffsetStore(fs, "/store")
+    for group, queue_id, offset in (("gA", 0, 100), ("gA", 1, 200), ("gB", 0, 5), ("gB", 7, 9000)):
+        store.commit_offset(group, "T", queue_id, offset)
+    store.persist()
+    whole = bytearray(fs.read_bytes(PATH))
+    start, stop = whole.index(b'"1":200'), whole.index(b'"T@gB":{') + len(b'"T@gB":{')
+    whole[start:stop] = bytes(stop - start)
+    fs.write_atomic(PATH, bytes(whole))
+    again = ConsumerOffsetStore(fs, "/store")
+    assert again.load() and again.loaded == "partly"
+    served = {(g, q): again.query_offset(g, "T", q) for g in ("gA", "gB") for q in (0, 1, 7)}
+    assert served == {("gA", 0): 100, ("gA", 1): -1, ("gA", 7): -1, ("gB", 0): -1, ("gB", 1): -1, ("gB", 7): -1}
+
+
 def test_the_salvage_of_a_name_of_quotes_cut_short_takes_linear_time() -> None:
     """Review 111 F4: the salvage's regex backtracked through a long group name of escaped
     quotes cut short (17.5 s for 80,000 of them)."""
