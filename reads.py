@@ -74,6 +74,48 @@ _TOTAL_RAM_BYTES = memory_room().total or 24 * 1024**3
 # reads as deleted (MESSAGE_WAS_REMOVING) and its disk space is not kept alive by our maps.
 READER_REFRESH_INTERVAL_MS = 1_000
 QUERY_ROUNDS_MAX = 3  # queryMessage asks the index at most 3 times, moving the end time back
+# An index entry's time is its file's begin time plus whole seconds: up to 999 ms before the
+# record's store time. The walk starts that much earlier, and the records' own store times
+# decide (review 125 F3: messages stored just after begin_ms were missed, just after end_ms served).
+QUERY_WALK_SLACK_MS = 999
+
+
+def query_walk_begin(begin_ms: int) -> int:
+    """Where the index walk of a query for messages stored from `begin_ms` starts."""
+    return max(0, begin_ms - QUERY_WALK_SLACK_MS)
+
+
+def settle_query(messages: Sequence[MessageRecord], max_count: int, begin_ms: int, end_ms: int) -> list[MessageRecord]:
+    """A query's answer: each record once (a message whose KEYS repeat the key is indexed once
+    for each: review 125 F2 served it once per entry), stored within [begin_ms, end_ms], at
+    most `max_count`, in the walk's order."""
+    seen: set[int] = set()
+    kept: list[MessageRecord] = []
+    for m in messages:
+        if begin_ms <= m.store_timestamp <= end_ms and m.commitlog_offset not in seen:
+            seen.add(m.commitlog_offset)
+            kept.append(m)
+            if len(kept) == max_count:
+                break
+    return kept
+
+
+def _walk_again(hits: int, budget: int, found: int, max_count: int, batch: int) -> bool:
+    """Whether a walk of `budget` hits that held `found` messages of the key should be made
+    again with the most one query reads (`batch`, max_msgs_num_batch)."""
+    return hits >= budget and found < max_count and budget < batch
+
+
+def query_walk_cut_detail(hits: int, budget: int, found: int, max_count: int) -> str:
+    """The `detail` of an answer whose index walk stopped at its budget of hits with fewer than
+    `max_count` messages of the key among them (review 125 F2: other keys' messages of the same
+    hash used the budget, and a stored message with the key was answered as none, unsaid)."""
+    if hits < budget or found >= max_count:
+        return ""
+    return (f"the index walk stopped at {budget} hits, the most one query reads (max_msgs_num_batch), and "
+            f"{found} of them were messages of this key (the rest: other keys of the same "
+            "hash, or a message indexing this key more than once): older messages with this key may exist; ask "
+            "with an earlier end_ms, or raise max_msgs_num_batch")  # fmt: skip
 
 
 # Faults the SIGBUS guard caught in the process: a read compares it with its reader's
@@ -809,13 +851,14 @@ def record_at(
 
 def query_messages(
     hits: IndexHits, reader: CommitLogReader, cfg: StoreConfig, topic: str, key: str, max_count: int, begin_ms: int,
-    end_ms: int, on_corrupt: CorruptSink | None = None, quarantined: Ranges = (),
+    end_ms: int, on_corrupt: CorruptSink | None = None, quarantined: Ranges = (), walk_budget: int | None = None,
 ) -> QueryResult:  # fmt: skip
     """queryMessage's loop (§13.2) over `hits(topic, key, max_num, begin_ms, end_ms)` (the
     commitlog offsets of the key's index hits, the newest file's endTimestamp and endPhyOffset):
     up to 3 rounds, each moving the end time back to the oldest hit's store time. Unlike the
     Java store, which leaves hash collisions to the client, each hit is checked against the
-    record's real keys."""
+    record's real keys; a walk of `max_count` hits cut short by other keys' is made again with
+    `max_msgs_num_batch` (`walk_budget`), the most one query reads."""
     last_query_ms = end_ms
     messages: list[MessageRecord] = []
     last_ts = last_phy = 0
@@ -829,14 +872,17 @@ def query_messages(
         if on_corrupt is not None:
             on_corrupt(offset, reason)
 
+    budget = min(walk_budget or max_count, cfg.max_msgs_num_batch)
+    walk_begin, walked = query_walk_begin(begin_ms), 0
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
-        offsets, ts, phy_end = hits(topic, key, max_count, begin_ms, last_query_ms)
+        offsets, ts, phy_end = hits(topic, key, budget, walk_begin, last_query_ms)
+        walked = len(offsets)
         if not offsets:
             break
         last_ts, last_phy = ts, phy_end
         first = True
-        for phy in sorted(offsets) if len(offsets) > 1 else offsets:
+        for phy in sorted(set(offsets)) if len(offsets) > 1 else offsets:
             kept = len(messages)
             record = _query_hit(reader, phy, max_message_size, check_crc, corrupt, quarantined, topic, key, messages)
             if record is None:
@@ -863,10 +909,15 @@ def query_messages(
             phy = dropped[0]
             unread = unread or unmappable_detail(phy, faulted[phy - phy % size], "the hits there are not in this answer")
             messages = [m for m in messages if m.commitlog_offset - m.commitlog_offset % size not in faulted]
-    if unread or skipped:  # (what could not be read first: its hits may be anything)
-        return QueryResult(messages=tuple(messages[:max_count]), index_last_update_timestamp=last_ts,
-                           index_last_update_phy_offset=last_phy, detail=unread or skipped)  # fmt: skip
-    return QueryResult.of(tuple(messages[:max_count]), last_ts, last_phy)
+    messages = settle_query(messages, max_count, begin_ms, end_ms)
+    if not (unread or skipped) and _walk_again(walked, budget, len(messages), max_count, cfg.max_msgs_num_batch):
+        return query_messages(hits, reader, cfg, topic, key, max_count, begin_ms, end_ms, on_corrupt, quarantined,
+                              walk_budget=cfg.max_msgs_num_batch)  # fmt: skip
+    # (what could not be read first: its hits may be anything)
+    if detail := unread or skipped or query_walk_cut_detail(walked, budget, len(messages), max_count):
+        return QueryResult(messages=tuple(messages), index_last_update_timestamp=last_ts,
+                           index_last_update_phy_offset=last_phy, detail=detail)  # fmt: skip
+    return QueryResult.of(tuple(messages), last_ts, last_phy)
 
 
 def _another_keys(reader: CommitLogReader, offset: int, max_message_size: int, topic: str, key: str,
@@ -888,6 +939,13 @@ def query_direct(
     where the C path declines (no extension, a record it does not serve, a map closed under
     it): the caller runs query_messages, the reference, from the start. A store with
     quarantined ranges always takes the reference (the caller's choice)."""
+    return _query_direct(walk, reader, cfg, topic, key, max_count, begin_ms, end_ms, None)
+
+
+def _query_direct(
+    walk: tuple[tuple[Any, ...], int, int, int, int], reader: CommitLogReader, cfg: StoreConfig, topic: str, key: str,
+    max_count: int, begin_ms: int, end_ms: int, walk_budget: int | None,
+) -> QueryResult | None:  # fmt: skip
     native = speedups.native
     if native is None or reader.has_hole:
         return None  # (the reference names the hits in a hole; C skips them as retention's)
@@ -895,10 +953,12 @@ def query_direct(
     last_query_ms = end_ms
     last_ts = last_phy = 0
     select, max_message_size, check_crc = reader.select, cfg.max_stored_record_bytes, cfg.check_crc_on_read
+    budget, batch = min(walk_budget or max_count, walk[4]), walk[4]
+    walk_begin, hits = query_walk_begin(begin_ms), 0
     for _ in range(QUERY_ROUNDS_MAX):
         asked_ms = last_query_ms
         try:
-            found = native.query_keyed(walk, topic, key, max_count, begin_ms, last_query_ms, select, max_message_size,
+            found = native.query_keyed(walk, topic, key, budget, walk_begin, last_query_ms, select, max_message_size,
                                        MessageRecord, codec.host_from_bytes, check_crc, messages)  # fmt: skip
         except ValueError:
             return None  # an index map closed under the read (the store closing): the reference decides
@@ -914,7 +974,13 @@ def query_direct(
             break  # (as query_messages: the same question again would read the same records)
     if _total_faults() != reader.faults_seen and reader.look_for_faults() or reader.has_hole:
         return None  # a record's page faulted (or a hole was found): the reference reads again and names what it cannot
-    return QueryResult.of(tuple(messages[:max_count] if len(messages) > max_count else messages), last_ts, last_phy)
+    messages = settle_query(messages, max_count, begin_ms, end_ms)
+    if _walk_again(hits, budget, len(messages), max_count, batch):
+        return _query_direct(walk, reader, cfg, topic, key, max_count, begin_ms, end_ms, batch)
+    if detail := query_walk_cut_detail(hits, budget, len(messages), max_count):
+        return QueryResult(messages=tuple(messages), index_last_update_timestamp=last_ts,
+                           index_last_update_phy_offset=last_phy, detail=detail)  # fmt: skip
+    return QueryResult.of(tuple(messages), last_ts, last_phy)
 
 
 def _query_hit(

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from mqstore import Message, MessageStore
+import pytest
+
+from mqstore import Message, MessageStore, QueryResult
 from mqstore.storage import codec
 
 h = sys.modules["mqstore_read_test_helpers"]
@@ -117,3 +119,66 @@ def test_commitlog_data_runs_from_an_offset_to_the_readable_end_of_its_segment(t
     start, data = store.get_commitlog_data(0)  # offset 0 reads from the first segment there is
     assert start == 4096 and codec.read_record(data, 0).record.queue_offset == last.queue_offset
     assert store.get_commitlog_data(100) is None
+
+
+def _query_on(path: str, store: MessageStore, monkeypatch: pytest.MonkeyPatch, *args: object) -> QueryResult:
+    from mqstore.storage import speedups
+
+    with monkeypatch.context() as m:
+        if path == "python":
+            m.setattr(speedups, "native", None)
+        return store.query(*args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_other_keys_of_the_same_hash_do_not_use_up_a_querys_walk(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Review 125 F2: "T#Aa" and "T#BB" share a Java hash; 40 newer "BB" hits filled a walk of
+    max_count hits, and the stored "Aa" was answered as none, unsaid (max_count 1 to 32)."""
+    store = open_store()
+    assert store.put(Message(topic="T", body=b"the Aa one", keys=["Aa"])).ok
+    for i in range(40):
+        assert store.put(Message(topic="T", body=b"BB %d" % i, keys=["BB"])).ok
+    for max_count in (1, 5, 32, None):
+        result = _query_on(path, store, monkeypatch, "T", "Aa", max_count)
+        assert [m.body for m in result.messages] == [b"the Aa one"] and result.detail == "", (max_count, result)
+    # Past the most one query reads (max_msgs_num_batch), the answer says it may be short.
+    assert len(_query_on(path, store, monkeypatch, "T", "BB", 64).messages) == 40
+    cut = open_store(Path(store.config.root_dir + "-b"), max_msgs_num_batch=16)
+    for i in range(20):
+        assert cut.put(Message(topic="T", body=b"BB %d" % i, keys=["BB"])).ok
+    assert cut.put(Message(topic="T", body=b"the Aa one", keys=["Aa"])).ok
+    result = _query_on(path, cut, monkeypatch, "T", "BB", 32)
+    assert len(result.messages) == 15 and "stopped at 16 hits" in result.detail, result.detail  # (one hit: the Aa)
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_a_message_whose_keys_repeat_the_key_is_answered_once(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Review 125 F2: a message indexed 40 times under one key filled the answer with copies of
+    itself, and the older message with the key was left out."""
+    store = open_store()
+    assert store.put(Message(topic="T", body=b"older", keys=["order-7"])).ok
+    assert store.put(Message(topic="T", body=b"newer", keys=["order-7"] * 40)).ok
+    result = _query_on(path, store, monkeypatch, "T", "order-7")
+    assert sorted(m.body for m in result.messages) == [b"newer", b"older"] and result.detail == "", result
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_a_query_answers_the_messages_stored_within_its_window_to_the_millisecond(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Review 125 F3: an index entry's time is its file's begin plus whole seconds, and the
+    window was judged on it: messages stored just after begin_ms were missed and ones stored
+    just after end_ms served."""
+    clock = ManualClock()
+    store = open_store(clock_ms=clock)
+    times = [T0 + ms for ms in (0, 300, 900, 1250, 1800, 2100, 2600, 3050)]
+    for ms in times:
+        put_at(store, clock, ms, "k")
+    assert store.wait_for_messages("T", 0, len(times) - 1, timeout_s=10)
+    for begin, end in ((T0 + 250, T0 + 1250), (T0 + 301, T0 + 2099), (T0 + 950, T0 + 3000), (T0, T0 + 299)):
+        result = _query_on(path, store, monkeypatch, "T", "k", 32, begin, end)
+        assert sorted(m.store_timestamp for m in result.messages) == [t for t in times if begin <= t <= end], (begin, end)
