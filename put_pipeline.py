@@ -628,6 +628,25 @@ class PutPipeline:
         self._writer_inbox: tuple[pykka.ActorRef[Any], threading.Event, Callable[[Any], None], Any] | None = None
 
     # read-your-writes for actors ------------------------------------------------------------
+    def left_behind_by_fork(self, detail: str) -> None:
+        """In a child made by fork(): the futures in flight at the fork are the parent's
+        puts, which this process will never learn the outcome of (no thread of the store is
+        copied). Each is completed at once with UNKNOWN_ERROR, not a failure: the parent may
+        have stored it (review 124 F1: they stayed pending, and a result() or wait() without a
+        timeout hung the child for good). Set without their locks, which a parent thread may
+        have held at the fork (nothing in this child waits on them yet); their done-callbacks
+        are the parent's and run there, not here."""
+        unknown = PutResult(PutMessageStatus.UNKNOWN_ERROR, detail=detail)
+        for future in list(self._pending):
+            if future._state is _FINISHED:
+                continue
+            future._cond = None
+            future._waiter_list = future._callback_list = None
+            future._sleepers = None
+            future._result = unknown
+            future._state = _FINISHED
+        self._pending.clear()
+
     def note_actor_put(self, sender: pykka.ActorRef[Any], result: PutResult) -> None:
         """Before `sender` is told `result`: where its newest stored put ends (the answering
         thread; entries of actors that stopped are dropped as the table grows)."""

@@ -1434,6 +1434,9 @@ def _left_behind_by_fork() -> None:
                                 "forking, in one process at a time")  # fmt: skip
         store._close_finished = True  # close() does nothing here: the files are the parent's
         store._closed = True
+        store._puts.left_behind_by_fork(
+            f"put in flight when this process was forked from process {store._owner_pid}, which stores it or not: "
+            "its outcome is known there only; nothing of it is known in this child")  # fmt: skip
     _open_stores.clear()
 
 
