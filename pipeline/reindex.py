@@ -44,9 +44,12 @@ from mqstore.pipeline.datasource import count_expired_log, read_commitlog
 from mqstore.pipeline.outputs import claim_reindex_target
 from mqstore.pipeline.session import get_spark
 from mqstore.storage.codec import (
+    MAX_TOPIC_BYTES,
+    TOPIC_NAME_JAVA_REGEX,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
+    names_a_queue,
 )
 from mqstore.storage.consume_queue import ConsumeQueue
 from mqstore.storage.fs import RealFileSystem
@@ -73,13 +76,20 @@ def _messages(spark: SparkSession, store: str, split_size: str | None, strict: b
 def build_consume_queues(messages: DataFrame, out_dir: str, mapped_file_size: int) -> list[dict[str, Any]]:
     root = os.path.join(out_dir, "consumequeue")
     tx = F.col("sys_flag").bitwiseAND(TRANSACTION_MASK)
-    queued = messages.where(~tx.isin(TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)).select(
+    # A record whose topic or queue id cannot name a queue gets no unit, as the store's dispatch
+    # gives it none (a flipped bit of a header the body CRC does not cover, or a crafted log):
+    # its name became a path, "../x" or "/rders" outside OUT_DIR (review 126 F2).
+    names_a_queue_ = (F.col("topic").rlike(TOPIC_NAME_JAVA_REGEX) & (F.length("topic") <= MAX_TOPIC_BYTES)
+                      & (F.col("queue_id") >= 0))  # fmt: skip
+    queued = messages.where(~tx.isin(TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE) & names_a_queue_).select(
         "topic", "queue_id", "commitlog_offset", "size", "tags_code", "queue_offset"
     )
 
     def write_queue(table: pa.Table) -> pa.Table:
         t = table.sort_by("commitlog_offset")  # dispatch order is commitlog order
         topic, queue_id = t["topic"][0].as_py(), t["queue_id"][0].as_py()
+        if not names_a_queue(topic, queue_id):  # (filtered above: never a path outside OUT_DIR)
+            raise ValueError(f"a record's topic {topic!r} or queue id {queue_id} cannot name a queue")
         cq = ConsumeQueue(RealFileSystem(), topic, queue_id, root, mapped_file_size=mapped_file_size,
                           clock_ms=lambda: int(time.time() * 1000))  # fmt: skip
         cq.load()

@@ -155,6 +155,8 @@ DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 1
 
 # RocketMQ's TopicValidator: the allowed characters and the topics a client may not send to.
 _VALID_TOPIC = re.compile(r"\A[%|a-zA-Z0-9_-]+\Z")
+# The same rule for Spark's rlike (Java regex, whose `$` also matches before a last newline).
+TOPIC_NAME_JAVA_REGEX: Final = r"\A[%|a-zA-Z0-9_-]+\z"
 RESERVED_TOPICS: Final = frozenset(
     {
         "TBW102",

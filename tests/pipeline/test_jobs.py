@@ -229,3 +229,29 @@ def test_the_demo_run_in_the_hosts_process_leaves_the_hosts_spark_session_runnin
     assert code == 0, err
     assert json.loads(out)["spark"]["messages"] == 300
     assert spark.read.format("rocketmq").load(str(tmp_path / "d")).count() == 300
+
+
+def test_reindex_gives_no_unit_to_a_record_whose_topic_cannot_name_a_queue(spark: Any, tmp_path: Path) -> None:
+    """Review 126 F2: a record's topic became a path under OUT_DIR/consumequeue: "../../x"
+    wrote queue files outside it (into another store), a flipped bit ("/rders") at the root.
+    The store's dispatch gives such a record no unit; so does the reindex."""
+    from mqstore.pipeline.reindex import reindex
+    from mqstore.storage.codec import HostAddress, encode_message
+
+    store, out, outside = tmp_path / "evil", tmp_path / "out", tmp_path / "pwned"
+    (store / "commitlog").mkdir(parents=True)
+    host = HostAddress("127.0.0.1", 10911)
+    records = [("ok", 0, 0), (f"../../{outside.name}", 0, 0), ("..", 0, 0), ("a/b", 2, 0), ("ok\n", 0, 0),
+               ("ok", 0, 1)]  # fmt: skip
+    log, offset = bytearray(), 0
+    for topic, queue_id, queue_offset in records:
+        record = encode_message(topic=topic, queue_id=queue_id, body=b"x", properties="", born_host=host,
+                                store_host=host, store_timestamp=1796129000000, born_timestamp=1796129000000,
+                                queue_offset=queue_offset, commitlog_offset=offset)  # fmt: skip
+        log += record
+        offset += len(record)
+    (store / "commitlog" / f"{0:020d}").write_bytes(bytes(log) + bytes(64 * 1024 - len(log)))
+    summary = reindex(spark, str(store), str(out), cq_file_size=CQ_FILE_SIZE, max_hash_slot_num=SLOTS,
+                      max_index_num=MAX_INDEX)  # fmt: skip
+    assert [(q["topic"], q["queue_id"], q["units"]) for q in summary["consume_queues"]] == [("ok", 0, 2)]
+    assert not outside.exists() and sorted(p.name for p in (out / "consumequeue").iterdir()) == ["ok"]
