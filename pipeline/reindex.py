@@ -34,10 +34,11 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from mqstore.cli import CliError
+from mqstore.cli import CliError, ExitCode
 from mqstore.log import get_logger
 from mqstore.pipeline.args import parser_for, reindex_args
 from mqstore.pipeline.datasource import count_expired_log, read_commitlog
@@ -52,6 +53,7 @@ from mqstore.storage.codec import (
     names_a_queue,
 )
 from mqstore.storage.consume_queue import ConsumeQueue
+from mqstore.storage.queue_ledger import unpack_ledger_file
 from mqstore.storage.fs import RealFileSystem
 from mqstore.storage.index import IndexFile, index_file_name, index_file_name_after
 
@@ -63,6 +65,8 @@ REINDEX_COLUMNS = [
 ]  # fmt: skip
 
 _CQ_RESULT = "topic string, queue_id int, units long, max_offset long"
+_CQ_ARROW_SCHEMA = pa.schema([("topic", pa.string()), ("queue_id", pa.int32()), ("units", pa.int64()),
+                              ("max_offset", pa.int64())])  # fmt: skip
 _INDEX_RESULT = "file_no long, name string, entries long"
 
 
@@ -73,8 +77,28 @@ def _messages(spark: SparkSession, store: str, split_size: str | None, strict: b
     return df.where(F.col("error").isNull()).withColumn("store_ms", F.unix_millis("store_timestamp"))
 
 
-def build_consume_queues(messages: DataFrame, out_dir: str, mapped_file_size: int) -> list[dict[str, Any]]:
+def cleaned_floors(store: str) -> dict[tuple[str, int], int]:
+    """The queue ledger's floors of the queues `clean_unused_topic` removed: the commitlog
+    offset below which a queue's records are the removed queue's, which get no unit (review 126
+    F1: rebuilt, they took the queue offsets of puts acknowledged after the clean). None to read
+    for a commitlog directory given alone; a ledger that cannot be read refuses the rebuild."""
+    path = os.path.join(store, "queue_ledger.msgpack")  # (StoreConfig.queue_ledger_path)
+    if _source_of(store) == store or not os.path.lexists(path):
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return dict(unpack_ledger_file(f.read()).cleaned)
+    except (OSError, ValueError) as exc:  # (LedgerError and UnknownVersionError are ValueErrors)
+        raise CliError(ExitCode.FAILURE, f"{path} cannot be read ({exc}): without its floors a rebuild would give the "
+                       "queues clean_unused_topic removed their old records back; make it readable, or open the "
+                       "store, which rebuilds its queues itself") from None  # fmt: skip
+
+
+def build_consume_queues(
+    messages: DataFrame, out_dir: str, mapped_file_size: int, floors: dict[tuple[str, int], int] | None = None
+) -> list[dict[str, Any]]:
     root = os.path.join(out_dir, "consumequeue")
+    floors = floors or {}
     tx = F.col("sys_flag").bitwiseAND(TRANSACTION_MASK)
     # A record whose topic or queue id cannot name a queue gets no unit, as the store's dispatch
     # gives it none (a flipped bit of a header the body CRC does not cover, or a crafted log):
@@ -90,6 +114,11 @@ def build_consume_queues(messages: DataFrame, out_dir: str, mapped_file_size: in
         topic, queue_id = t["topic"][0].as_py(), t["queue_id"][0].as_py()
         if not names_a_queue(topic, queue_id):  # (filtered above: never a path outside OUT_DIR)
             raise ValueError(f"a record's topic {topic!r} or queue id {queue_id} cannot name a queue")
+        floor = floors.get((topic, queue_id))
+        if floor is not None:  # the records of the queue clean_unused_topic removed
+            t = t.filter(pc.greater_equal(t["commitlog_offset"], floor))
+            if t.num_rows == 0:
+                return _CQ_ARROW_SCHEMA.empty_table()
         cq = ConsumeQueue(RealFileSystem(), topic, queue_id, root, mapped_file_size=mapped_file_size,
                           clock_ms=lambda: int(time.time() * 1000))  # fmt: skip
         cq.load()
@@ -102,8 +131,7 @@ def build_consume_queues(messages: DataFrame, out_dir: str, mapped_file_size: in
         max_offset = cq.get_max_offset_in_queue()
         cq.mapped_file_queue.shutdown(0)
         return pa.table({"topic": [topic], "queue_id": [queue_id], "units": [t.num_rows], "max_offset": [max_offset]},
-                        schema=pa.schema([("topic", pa.string()), ("queue_id", pa.int32()), ("units", pa.int64()),
-                                          ("max_offset", pa.int64())]))  # fmt: skip
+                        schema=_CQ_ARROW_SCHEMA)  # fmt: skip
 
     rows = queued.groupBy("topic", "queue_id").applyInArrow(write_queue, _CQ_RESULT).collect()
     return sorted((r.asDict() for r in rows), key=lambda r: (r["topic"], r["queue_id"]))
@@ -232,11 +260,12 @@ def _rebuild(
     # Where the tasks say which segments the store's retention deleted before they read them
     # (review 56 M2): a rebuild of a running store then lacks those records, which the summary
     # says (OUT_DIR is shared with every executor already).
+    floors = cleaned_floors(store)  # (before Spark reads anything: a refusal costs nothing)
     log_dir = os.path.join(out_dir, ".reindex-read-log")
     shutil.rmtree(log_dir, ignore_errors=True)
     messages = _messages(spark, store, split_size, strict, log_dir).cache()
     try:
-        queues = build_consume_queues(messages, out_dir, cq_file_size)
+        queues = build_consume_queues(messages, out_dir, cq_file_size, floors)
         files = build_index(messages, out_dir, max_hash_slot_num, max_index_num) if with_index else []
         expired = count_expired_log(log_dir)
     finally:

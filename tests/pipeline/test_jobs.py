@@ -255,3 +255,30 @@ def test_reindex_gives_no_unit_to_a_record_whose_topic_cannot_name_a_queue(spark
                       max_index_num=MAX_INDEX)  # fmt: skip
     assert [(q["topic"], q["queue_id"], q["units"]) for q in summary["consume_queues"]] == [("ok", 0, 2)]
     assert not outside.exists() and sorted(p.name for p in (out / "consumequeue").iterdir()) == ["ok"]
+
+
+def test_reindex_leaves_out_the_records_of_a_queue_clean_unused_topic_removed(spark: Any, tmp_path: Path) -> None:
+    """Review 126 F1: the rebuild gave the removed queue's records their old units, so the puts
+    acknowledged after the clean, at queue offsets from 0 again, were skipped as "already
+    written" and the removed messages served at their offsets. The queue ledger's floor says
+    which records are the removed queue's, as the store's own rebuild reads it."""
+    import mqstore
+    from mqstore.pipeline.reindex import reindex
+
+    root, out = tmp_path / "store", tmp_path / "out"
+    geometry = {"mapped_file_size_consume_queue_bytes": CQ_FILE_SIZE, "max_hash_slot_num": SLOTS,
+                "max_index_num": MAX_INDEX}  # fmt: skip
+    with mqstore.open(root, **geometry) as store:
+        for i in range(5):
+            assert store.put(mqstore.Message(topic="gone", body=b"OLD-%d" % i)).ok
+        assert store.put(mqstore.Message(topic="other", body=b"x")).ok
+        assert store.wait_for_messages("other", 0, 0, timeout_s=10)
+        store.clean_unused_topic({"other"})
+        for i in range(3):
+            assert store.put(mqstore.Message(topic="gone", body=b"NEW-%d" % i)).queue_offset == i
+    own = _cq_files(root / "consumequeue")
+    summary = reindex(spark, str(root), str(out), cq_file_size=CQ_FILE_SIZE, max_hash_slot_num=SLOTS,
+                      max_index_num=MAX_INDEX)  # fmt: skip
+    assert {(q["topic"], q["queue_id"]): q["units"] for q in summary["consume_queues"]} == {("gone", 0): 3, ("other", 0): 1}
+    rebuilt = _cq_files(out / "consumequeue")
+    assert sorted(rebuilt) == sorted(own) and all(rebuilt[name] == own[name] for name in own)
