@@ -30,6 +30,7 @@ from ..messages import (
     PutResult,
     RedeleteHangedCommitLogFile,
     RefusePutsOutside,
+    STORED_STATUSES,
     RemoveQueuesFromTopicQueueTable,
     Reply,
     ResumeQueues,
@@ -44,7 +45,7 @@ from ..storage import codec, speedups
 from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH, SCHEDULE_TOPIC
 from ..storage.memory import memory_room
-from ..storage.fs import OS_PAGE_SIZE, FileReplacedUnderMapError
+from ..storage.fs import OS_PAGE_SIZE, FileCutUnderMapError, FileReplacedUnderMapError
 from ..storage.mapped_file import MappedFile, TransientStorePool
 from ..storage.checkpoint import CheckpointValues
 from ..storage.recovery import (
@@ -483,6 +484,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         answers: list[tuple[Reply[PutResult], PutResult]] = []
         group_commits: list[GroupCommitRequest] = []
         self._stored_puts = self._stored_records = 0
+        in_files = not self._pooled  # the appended bytes are in the segments' maps (not a write buffer)
         try:
             for unit in self._units(puts, answers):
                 if len(unit) == 1:
@@ -491,18 +493,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                     self._append_group(unit, answers, group_commits)
             if self._stored_puts and self._pooled:
                 self._commit_pass()
+            in_files = True
             # A segment cut short by another process took the pass's bytes into memory (the
             # SIGBUS guard's zero pages), not into the file: no put of it is answered stored.
             # The writer fails; its restart reads the cut segment as the damage it is.
             assert self._commitlog is not None
             self._commitlog.raise_if_cut(writing=True)
         except BaseException as exc:
-            # The puts of this pass are out of the inbox, so the crash handler cannot see them:
-            # fail every one not answered yet (those already appended are stored, but their
-            # callers learn only that the writer failed, as for a crash after any append).
-            failure = ServiceUnavailable(f"{self.name} failed: {exc!r}")
-            for put in puts:
-                put.reply.fail(failure)
+            # The puts of this pass are out of the inbox, so the crash handler cannot see them.
+            self._answer_failed_pass(puts, answers, group_commits, exc, stored=in_files and not isinstance(exc, FileCutUnderMapError))
             # Not published: readers and the restart's known end must not count bytes no put
             # was acknowledged for (review 65 F3: a refused record's end, 6321, taken for
             # where the log was read made the restarted writer refuse puts for good).
@@ -844,6 +843,33 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                              "store times are held at that record's until the clock passes it",
                              clock_ms=now, newest_store_time_ms=floor)  # fmt: skip
         return floor
+
+    def _answer_failed_pass(
+        self, puts: list[EncodedPut], answers: list[tuple[Reply[PutResult], PutResult]],
+        group_commits: list[GroupCommitRequest], exc: BaseException, *, stored: bool,
+    ) -> None:  # fmt: skip
+        """Answer every put of a pass that failed midway. Those appended before the failure are
+        in the segments' maps, which the restart's recovery reads (`stored`): answered as
+        stored, a sync flush's FLUSH_DISK_TIMEOUT as it was never asked (review 124 F3: they
+        were answered SERVICE_NOT_AVAILABLE and served, and a retrying producer stored each
+        twice). Refusals made in the pass keep their own answer; the rest, the put the
+        failure hit among them (its bytes may be in), learn that the writer failed. Bytes in a
+        write buffer not committed, or in a segment cut under its map, reached no file."""
+        answered: set[int] = set()
+        for reply, result in answers:
+            if stored or result.status not in STORED_STATUSES:
+                reply.send(result)
+                answered.add(id(reply))
+        if stored:
+            for request in group_commits:
+                request.reply.send(request.result.with_status(
+                    PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                    f"stored, not known to be on disk: the writer failed before its flush ({exc!r})"))  # fmt: skip
+                answered.add(id(request.reply))
+        failure = ServiceUnavailable(f"{self.name} failed: {exc!r}")
+        for put in puts:
+            if id(put.reply) not in answered:
+                put.reply.fail(failure)
 
     def _append(self, put: EncodedPut, answers: list[tuple[Reply[PutResult], PutResult]], group_commits: list[GroupCommitRequest]) -> None:
         """Append one put of a pass; its answer goes to `answers`, or (sync flush) its group

@@ -167,3 +167,51 @@ def test_a_restart_does_not_wait_for_reputs_pass_through_a_dispatch_backlog(
         plan.disarm_all()
         slow = False  # (the close waits for dispatch to catch up: 47 batches at 0.3 s otherwise)
         store.close()
+
+
+def test_the_puts_a_failed_pass_appended_are_answered_stored_and_no_failed_put_is_stored(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 124 F3: a writer pass that failed midway answered every put of it SERVICE_NOT_AVAILABLE,
+    those it had appended too, which were served (209-218 a crash): a producer that retries on
+    that answer stored each twice. Here the writer fails once a pass has appended three puts,
+    before it appends the fourth; the three are answered stored, the rest are not stored."""
+    import threading
+    from typing import Any
+
+    from mqstore import Message
+    from mqstore.actors.commitlog_writer import CommitLogWriter
+
+    real_append = CommitLogWriter._append
+    armed = threading.Event()
+    fired: list[int] = []
+
+    def failing_append(self: CommitLogWriter, put: Any, answers: list[Any], group_commits: list[Any]) -> None:
+        if armed.is_set() and len(answers) >= 3:
+            armed.clear()
+            fired.append(len(answers))
+            raise RuntimeError("the writer fails midway through a pass")
+        real_append(self, put, answers, group_commits)
+
+    monkeypatch.setattr(CommitLogWriter, "_append", failing_append)
+    store = h.open_small(store_dir)
+    try:
+        futures = []
+        for i in range(20_000):  # batches of 8 queues: each put is its own append
+            futures.append(([b"%06d" % i], store.put_batch_async([Message(topic="T", queue_id=i % 8, body=b"%06d" % i)])))
+            if i == 2_000:
+                armed.set()
+        results = [(bodies, future.result(30)) for bodies, future in futures]
+        assert fired == [3]
+        stored = {b for bodies, r in results if r.stored for b in bodies}
+        failed = {b for bodies, r in results if not r.stored for b in bodies}
+        assert failed and all(r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE for _, r in results if not r.stored)
+        served: set[bytes] = set()
+        for queue_id in range(8):
+            offset = 0
+            while (got := store.get("T", queue_id, offset, 64)).messages:
+                served.update(m.body for m in got.messages)
+                offset = got.next_begin_offset
+        assert stored <= served and not (failed & served), (len(stored - served), len(failed & served))
+    finally:
+        store.close()
