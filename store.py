@@ -490,9 +490,29 @@ class MessageStore:
         if isinstance(checked, PutResult):
             reply.send(checked)
             return checked
+        held = self._puts.hold_for_gateway(sum(map(len, checked[0])))
+        if isinstance(held, PutResult):  # in flight at the bound: refused, as it would be elsewhere
+            self.stats_service.record_put(messages[0].topic, held, time.monotonic_ns() - started_ns)
+            reply.send(held)
+            return held
         if reply.actor is not None:  # the gateway's Put: the actor's next read reflects it
             reply = self._puts.noting_reply(reply, reply.actor)
-        down = self._tell_writer(messages, batch, checked, self.stats_service.timed_reply(messages[0].topic, reply, started_ns))
+        answered = self.stats_service.timed_reply(messages[0].topic, reply, started_ns)
+
+        def give_back(answer: Any) -> None:
+            held()
+            if isinstance(answer, Exception):
+                answered.fail(answer)
+            else:
+                answered.send(answer)
+
+        told = False
+        try:
+            down = self._tell_writer(messages, batch, checked, Reply(callback=give_back, store_internal_callback=True))
+            told = True
+        finally:
+            if not told:  # (an exception raised into the gateway's thread: nothing will answer)
+                held()
         if down is not None:
             return down
         return waiter if waiter is not None else PutResult(status=PutMessageStatus.PUT_OK, detail="submitted")

@@ -5,6 +5,7 @@ takes its bytes from `max_put_bytes_in_flight`; smaller puts are held by the cou
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -111,3 +112,52 @@ def test_a_ctrl_c_while_a_large_put_is_told_leaks_no_bytes_and_giving_back_never
             store._puts._bytes._lock.release()
         assert store.put_async(Message(topic="t", body=b"h" * (2 * 1024 * 1024))).result(timeout=TIMEOUT_S).ok
         assert store._puts._bytes.settled() == 0
+
+
+def test_the_gateways_puts_are_held_to_both_bounds_and_refused_beyond_them_not_queued(tmp_path: Path) -> None:
+    """Review 124 F2: a Put told to `store.actor_ref` held neither an in-flight slot nor its
+    bytes: a host actor telling Puts faster than the disk took them grew the writer's inbox
+    without bound (1.3 GiB of 1 MiB puts; MemoryError under RLIMIT_DATA). The gateway never
+    waits for room (it serves reads too): beyond either bound the Put is OS_PAGE_CACHE_BUSY."""
+    import threading
+
+    from mqstore import Reply
+    from mqstore.messages import Put
+
+    store, hold, held = _held_writer(tmp_path / "s", max_puts_in_flight=16)
+    answers: list[PutResult] = []
+    lock = threading.Lock()
+
+    def answered(answer: PutResult) -> None:
+        with lock:
+            answers.append(answer)
+
+    def tell(body: bytes, n: int) -> None:
+        for _ in range(n):
+            store.actor_ref.tell(Put(messages=(Message(topic="t", body=body),), reply=Reply(callback=answered)))
+
+    def count(status: PutMessageStatus, detail: str) -> int:
+        with lock:
+            return sum(a.status is status and a.detail == detail for a in answers)
+
+    try:
+        tell(BODY, 12)  # 10 x ~100 KiB fill the 1 MiB; 2 refused
+        deadline = time.monotonic() + TIMEOUT_S
+        while count(PutMessageStatus.OS_PAGE_CACHE_BUSY, "max_put_bytes_in_flight reached") < 2:
+            assert time.monotonic() < deadline, answers
+            time.sleep(0.01)
+        tell(b"small", 20)  # 10 slots of 16 left after the held put, the 10 large: 15 refused
+        while count(PutMessageStatus.OS_PAGE_CACHE_BUSY, "max_puts_in_flight reached") < 15:
+            assert time.monotonic() < deadline, answers
+            time.sleep(0.01)
+        assert len(answers) == 17  # the rest wait in the writer's inbox, holding their slots
+        hold.release.set()
+        assert held.result(timeout=TIMEOUT_S).ok
+        while len(answers) < 32:
+            assert time.monotonic() < deadline, answers
+            time.sleep(0.01)
+        assert sum(a.ok for a in answers) == 15
+        assert store._puts._bytes.settled() == 0 and store._puts._slots.free == 16  # every hold given back
+    finally:
+        hold.release.set()
+        store.close()
