@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -663,9 +664,35 @@ def _refuse_toml_strings_for_numbers(values: Mapping[str, Any]) -> None:
             raise ConfigError(key, value, f"a TOML string where a {_kind(key).__name__} belongs: write it without quotes")
 
 
+CONFIG_FILE_MAX_BYTES: Final = 1024 * 1024
+
+
+def _read_config_bytes(path: Path) -> bytes:
+    """The file's bytes: a regular file of at most CONFIG_FILE_MAX_BYTES. Opened without
+    blocking and asked what it is, so a FIFO or a device given as a config file is refused
+    (review 126 F5: a FIFO hung the command, /dev/zero took memory without bound)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError("path", str(path), "cannot read config file: it is a directory")
+        if not stat.S_ISREG(mode):
+            raise ConfigError("path", str(path), "a config file must be a regular file (this is a FIFO, socket or device)")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, 65536):
+            size += len(chunk)
+            if size > CONFIG_FILE_MAX_BYTES:
+                raise ConfigError("path", str(path), f"a config file is at most {CONFIG_FILE_MAX_BYTES} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_config_bytes(path).decode("utf-8")
     except OSError as exc:
         raise ConfigError("path", str(path), f"cannot read config file: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

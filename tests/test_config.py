@@ -357,7 +357,7 @@ def test_a_toml_string_for_a_number_setting_is_refused_naming_it(tmp_path: Path)
     path = tmp_path / "store.toml"
     path.write_text('mapped_file_size_commitlog_bytes = "65536"\n')
     with pytest.raises(ConfigError, match="mapped_file_size_commitlog_bytes.*without quotes"):
-        StoreConfig.load(path)
+        StoreConfig.load(path, env={})
     path.write_text("mapped_file_size_commitlog_bytes = 65536\nflush_disk_type = \"SYNC_FLUSH\"\n")
     assert StoreConfig.load(path).mapped_file_size_commitlog_bytes == 65536
 
@@ -366,4 +366,24 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path: Pa
     path = tmp_path / "store.toml"
     path.write_bytes(b"\xff\xfem\x00a\x00")
     with pytest.raises(ConfigError, match="store.toml.*not UTF-8"):
-        StoreConfig.load(path)
+        StoreConfig.load(path, env={})
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "too large"])
+def test_a_config_file_that_is_no_regular_file_or_too_large_is_refused_without_reading_it(
+    tmp_path: Path, kind: str
+) -> None:
+    """Review 126 F5: a FIFO given as the config file hung the command (and a host's open);
+    /dev/zero was read until memory ran out."""
+    from mqstore.config import CONFIG_FILE_MAX_BYTES
+
+    if kind == "fifo":
+        path = tmp_path / "settings.toml"
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    else:
+        path = tmp_path / "big.toml"
+        path.write_text("# x\n" * (CONFIG_FILE_MAX_BYTES // 4 + 1))
+    with pytest.raises(ConfigError, match="regular file" if kind != "too large" else "at most"):
+        StoreConfig.load(path, env={})
