@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -42,7 +43,7 @@ from mqstore.cli import CliError, ExitCode
 from mqstore.log import get_logger
 from mqstore.pipeline.args import parser_for, reindex_args
 from mqstore.pipeline.datasource import count_expired_log, read_commitlog
-from mqstore.pipeline.outputs import claim_reindex_target
+from mqstore.pipeline.outputs import claim_reindex_target, refuse_overlap
 from mqstore.pipeline.session import get_spark
 from mqstore.storage.codec import (
     MAX_TOPIC_BYTES,
@@ -261,7 +262,7 @@ def _rebuild(
     # (review 56 M2): a rebuild of a running store then lacks those records, which the summary
     # says (OUT_DIR is shared with every executor already).
     floors = cleaned_floors(store)  # (before Spark reads anything: a refusal costs nothing)
-    log_dir = os.path.join(out_dir, ".reindex-read-log")
+    log_dir = _read_log_dir(store, out_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     messages = _messages(spark, store, split_size, strict, log_dir).cache()
     try:
@@ -273,6 +274,22 @@ def _rebuild(
         shutil.rmtree(log_dir, ignore_errors=True)
     log.info("reindex done", queues=len(queues), index_files=len(files), expired_segments=expired)
     return {"out": out_dir, "consume_queues": queues, "index_files": files, "expired_segments": expired}
+
+
+def _read_log_dir(store: str, out_dir: str) -> str:
+    """Where the tasks say what they could not read: inside OUT_DIR, shared with every
+    executor already; beside it where OUT_DIR is the store read (a rebuild in place), since the
+    data source refuses a read log inside a store it reads (review 108 F7). Review 126 F3: the
+    README's rebuild in place always failed there, after Spark had started."""
+    inside = os.path.join(out_dir, ".reindex-read-log")
+    try:
+        refuse_overlap(inside, [store], "corruptLog")
+        return inside
+    except CliError:
+        parent, name = os.path.split(os.path.abspath(out_dir))
+        if os.access(parent, os.W_OK | os.X_OK):
+            return os.path.join(parent, f".{name}.reindex-read-log")
+        return tempfile.mkdtemp(prefix="mqstore-reindex-read-log-")  # (local mode: the driver's disk)
 
 
 def build_parser() -> argparse.ArgumentParser:

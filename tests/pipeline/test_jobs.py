@@ -282,3 +282,31 @@ def test_reindex_leaves_out_the_records_of_a_queue_clean_unused_topic_removed(sp
     assert {(q["topic"], q["queue_id"]): q["units"] for q in summary["consume_queues"]} == {("gone", 0): 3, ("other", 0): 1}
     rebuilt = _cq_files(out / "consumequeue")
     assert sorted(rebuilt) == sorted(own) and all(rebuilt[name] == own[name] for name in own)
+
+
+def test_reindex_rebuilds_a_stopped_stores_files_in_place(spark: Any, tmp_path: Path) -> None:
+    """Review 126 F3: the README's rebuild in place (OUT_DIR the store, its queue and index
+    files moved aside) always failed after Spark started: the job's read log inside OUT_DIR
+    lay inside the store read, which the data source refuses."""
+    import shutil
+
+    import mqstore
+    from mqstore.pipeline.reindex import reindex
+
+    root = tmp_path / "store"
+    geometry = {"mapped_file_size_consume_queue_bytes": CQ_FILE_SIZE, "max_hash_slot_num": SLOTS,
+                "max_index_num": MAX_INDEX}  # fmt: skip
+    with mqstore.open(root, **geometry) as store:
+        for i in range(300):
+            assert store.put(mqstore.Message(topic=f"T{i % 3}", queue_id=i % 2, body=b"m%d" % i, keys=[f"k{i}"])).ok
+    own = _cq_files(root / "consumequeue")
+    for name in ("consumequeue", "index"):
+        shutil.move(str(root / name), str(tmp_path / f"aside-{name}"))
+    summary = reindex(spark, str(root), str(root), cq_file_size=CQ_FILE_SIZE, max_hash_slot_num=SLOTS,
+                      max_index_num=MAX_INDEX)  # fmt: skip
+    assert sum(q["units"] for q in summary["consume_queues"]) == 300
+    rebuilt = _cq_files(root / "consumequeue")
+    assert sorted(rebuilt) == sorted(own) and all(rebuilt[name] == own[name] for name in own)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["aside-consumequeue", "aside-index", "store"]  # (no read log left)
+    with mqstore.open(root, **geometry) as store:
+        assert [m.body for m in store.query("T1", "k4").messages] == [b"m4"]
