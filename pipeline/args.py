@@ -41,10 +41,12 @@ def lookup_args(p: argparse.ArgumentParser) -> None:
 def reindex_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", metavar="STORE_DIR", help="a store dir (or its commitlog dir)")
     p.add_argument("out", metavar="OUT_DIR", help="where consumequeue/ and index/ are written")
-    p.add_argument("--cq-file-size", type=int, default=6_000_000,
-                   help="mapped_file_size_consume_queue_bytes (rounded up to a multiple of 20)")  # fmt: skip
-    p.add_argument("--max-hash-slot-num", type=int, default=5_000_000)
-    p.add_argument("--max-index-num", type=int, default=20_000_000)
+    # Unset: the store's settings (mqstore --config FILE, MQSTORE_* variables, else the defaults
+    # 6,000,000 / 5,000,000 / 20,000,000), as the store's own commands read them (review 126 F4).
+    p.add_argument("--cq-file-size", type=int, default=None,
+                   help="mapped_file_size_consume_queue_bytes (rounded up to a multiple of 20; default: the settings')")  # fmt: skip
+    p.add_argument("--max-hash-slot-num", type=int, default=None, help="default: the settings'")
+    p.add_argument("--max-index-num", type=int, default=None, help="default: the settings'")
     p.add_argument("--no-index", action="store_true", help="rebuild the consume queues only")
     add_common_args(p)
 

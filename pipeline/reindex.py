@@ -296,12 +296,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser_for("reindex", __doc__, reindex_args)
 
 
+def geometry_of(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(ConsumeQueue file size, hash slots, index entries): the command line's, else the
+    store's settings (`mqstore --config FILE`, MQSTORE_* variables, the defaults), as the
+    store's own commands take them (review 126 F4: only the command line's or 6,000,000-byte
+    queue files, whatever the settings said: a store of 2,000-byte files refused them)."""
+    from mqstore.config import ConfigError, StoreConfig
+
+    try:
+        cfg = StoreConfig.load(getattr(args, "config", None))
+    except ConfigError as exc:
+        raise CliError(ExitCode.USAGE, str(exc)) from None
+    return (
+        args.cq_file_size if args.cq_file_size is not None else cfg.mapped_file_size_consume_queue_bytes,
+        args.max_hash_slot_num if args.max_hash_slot_num is not None else cfg.max_hash_slot_num,
+        args.max_index_num if args.max_index_num is not None else cfg.max_index_num,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     out_dir = os.path.abspath(args.out)
+    cq_file_size, max_hash_slot_num, max_index_num = geometry_of(args)
     with claim_reindex_target(out_dir, [_source_of(args.store)]):  # refusals before the JVM starts
         spark = get_spark(args.master, app_name="mqstore-reindex")
-        summary = _rebuild(spark, args.store, out_dir, cq_file_size=args.cq_file_size,
-                           max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num,
+        summary = _rebuild(spark, args.store, out_dir, cq_file_size=cq_file_size,
+                           max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num,
                            with_index=not args.no_index, split_size=args.split_size, strict=args.strict)  # fmt: skip
     sys.stdout.write(json.dumps(summary) + "\n")
     if summary["expired_segments"]:

@@ -310,3 +310,22 @@ def test_reindex_rebuilds_a_stopped_stores_files_in_place(spark: Any, tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["aside-consumequeue", "aside-index", "store"]  # (no read log left)
     with mqstore.open(root, **geometry) as store:
         assert [m.body for m in store.query("T1", "k4").messages] == [b"m4"]
+
+
+def test_reindex_takes_its_geometry_from_the_settings_unless_the_command_line_gives_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 126 F4: `mqstore --config store.toml spark reindex` ignored the file and wrote
+    6,000,000-byte queue files for a store of 2,000-byte ones (which the store then refused)."""
+    import argparse
+
+    from mqstore.pipeline.reindex import geometry_of
+
+    config = tmp_path / "store.toml"
+    config.write_text("mapped_file_size_consume_queue_bytes = 2000\nmax_hash_slot_num = 100\nmax_index_num = 400\n")
+    ns = argparse.Namespace(config=config, cq_file_size=None, max_hash_slot_num=None, max_index_num=None)
+    assert geometry_of(ns) == (2000, 100, 400)
+    assert geometry_of(argparse.Namespace(**{**vars(ns), "max_index_num": 800})) == (2000, 100, 800)
+    monkeypatch.setenv("MQSTORE_MAX_HASH_SLOT_NUM", "64")  # (a spark-submit script: no --config)
+    assert geometry_of(argparse.Namespace(cq_file_size=None, max_hash_slot_num=None, max_index_num=None)) == (
+        6_000_000, 64, 20_000_000)  # fmt: skip

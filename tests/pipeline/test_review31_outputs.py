@@ -119,7 +119,7 @@ def test_a_failed_reindex_leaves_its_empty_directories_empty(tmp_path: Path, mon
     for sub in ("consumequeue", "index"):
         (store / sub).rename(tmp_path / f"{sub}-aside")  # the operator's step before a rebuild in place
 
-    def fails_half_way(messages: Any, out_dir: str, mapped_file_size: int) -> list[dict[str, Any]]:
+    def fails_half_way(messages: Any, out_dir: str, mapped_file_size: int, floors: Any = None) -> list[dict[str, Any]]:
         os.makedirs(os.path.join(out_dir, "consumequeue", "orders", "0"))
         Path(out_dir, "consumequeue", "orders", "0", "00000000000000000000").write_bytes(b"\0" * 20)
         raise RuntimeError("executor lost")
