@@ -810,6 +810,10 @@ def _check_int(key: str, value: int) -> int:
             raise ConfigError(key, value, f"a ConsumeQueue file must be at least {MIN_CONSUME_QUEUE_FILE_BYTES} bytes")
     elif value > JAVA_LONG_MAX:
         raise ConfigError(key, value, "too large")
+    if key == "max_index_num" and value == 1:
+        # An index file's entry 0 is never used: one of a single entry holds none, and every
+        # key was dropped unsaid (review 126 F6: the reindex divided by zero).
+        raise ConfigError(key, value, "an index file holds max_index_num - 1 entries: at least 2")
     if key == "mapped_file_size_consume_queue_bytes":
         # MessageStoreConfig.getMapedFileSizeConsumeQueue: whole 20-byte units (Java's int
         # overflows past the limit; here the rounded size must fit it too, review 35 F2).

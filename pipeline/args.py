@@ -9,9 +9,33 @@ import argparse
 from typing import Callable
 
 
+def split_size(text: str) -> str:
+    """An argparse type: a positive size ("256m", "1g", "4096"), checked before Spark starts
+    (review 126 F6: 0 or "abc" failed the job after Spark's start, exit 1)."""
+    from .segments import parse_size  # (no pyspark in it)
+
+    try:
+        parse_size(text)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size such as 128m, 1g or 4096") from None
+    return text
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int > 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not positive")
+    return value
+
+
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default=None, help="Spark master URL (default: spark-submit's, else local[*])")
-    p.add_argument("--split-size", default=None, metavar="SIZE", help="bytes per read partition (default 128m), e.g. 256m")
+    p.add_argument("--split-size", default=None, type=split_size, metavar="SIZE",
+                   help="bytes per read partition (default 128m), e.g. 256m")  # fmt: skip
     p.add_argument("--strict", action="store_true", help="fail on the first corrupt record instead of reporting it")
 
 
@@ -33,7 +57,7 @@ def lookup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", required=True, help="a UNIQ_KEY or one KEYS token")
     p.add_argument("--topic", default=None)
     p.add_argument("--with-body", action="store_true", help="include bodies (base64)")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", type=positive_int, default=None)
     p.add_argument("--scan", action="store_true", help="scan with Spark even where index files could answer")
     add_common_args(p)
 

@@ -303,15 +303,13 @@ def geometry_of(args: argparse.Namespace) -> tuple[int, int, int]:
     queue files, whatever the settings said: a store of 2,000-byte files refused them)."""
     from mqstore.config import ConfigError, StoreConfig
 
-    try:
-        cfg = StoreConfig.load(getattr(args, "config", None))
+    given = {"mapped_file_size_consume_queue_bytes": args.cq_file_size, "max_hash_slot_num": args.max_hash_slot_num,
+             "max_index_num": args.max_index_num}  # fmt: skip
+    try:  # (the command line's values checked as settings are: review 126 F6, 1 divided by zero)
+        cfg = StoreConfig.load(getattr(args, "config", None), overrides={k: v for k, v in given.items() if v is not None})
     except ConfigError as exc:
         raise CliError(ExitCode.USAGE, str(exc)) from None
-    return (
-        args.cq_file_size if args.cq_file_size is not None else cfg.mapped_file_size_consume_queue_bytes,
-        args.max_hash_slot_num if args.max_hash_slot_num is not None else cfg.max_hash_slot_num,
-        args.max_index_num if args.max_index_num is not None else cfg.max_index_num,
-    )
+    return cfg.mapped_file_size_consume_queue_bytes, cfg.max_hash_slot_num, cfg.max_index_num
 
 
 def run(args: argparse.Namespace) -> int:

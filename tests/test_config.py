@@ -387,3 +387,11 @@ def test_a_config_file_that_is_no_regular_file_or_too_large_is_refused_without_r
         path.write_text("# x\n" * (CONFIG_FILE_MAX_BYTES // 4 + 1))
     with pytest.raises(ConfigError, match="regular file" if kind != "too large" else "at most"):
         StoreConfig.load(path, env={})
+
+
+def test_max_index_num_of_one_is_refused() -> None:
+    """Review 126 F6: entry 0 of an index file is never used, so a file of one entry holds none:
+    every key was dropped unsaid (and the Spark reindex divided by zero)."""
+    with pytest.raises(ConfigError, match="at least 2"):
+        StoreConfig.load(overrides={"max_index_num": 1}, env={})
+    assert StoreConfig.load(overrides={"max_index_num": 2}, env={}).max_index_num == 2

@@ -329,3 +329,24 @@ def test_reindex_takes_its_geometry_from_the_settings_unless_the_command_line_gi
     monkeypatch.setenv("MQSTORE_MAX_HASH_SLOT_NUM", "64")  # (a spark-submit script: no --config)
     assert geometry_of(argparse.Namespace(cq_file_size=None, max_hash_slot_num=None, max_index_num=None)) == (
         6_000_000, 64, 20_000_000)  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", [
+    ["stats", "S", "--split-size", "0"],
+    ["stats", "S", "--split-size", "abc"],
+    ["lookup", "S", "--key", "k", "--limit", "-1"],
+    ["reindex", "S", "OUT", "--max-index-num", "1"],
+])  # fmt: skip
+def test_bad_spark_job_arguments_are_usage_errors_before_spark_starts(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 126 F6: they reached Spark (exit 1 after 12-14 s, a DIVIDE_BY_ZERO, an empty
+    lookup answer)."""
+    from mqstore.cli import main
+    from mqstore.pipeline import session
+
+    monkeypatch.setattr(session, "get_spark", lambda *a, **k: pytest.fail("Spark was started"))
+    store = tmp_path / "S"
+    store.mkdir()
+    code = main(["spark", *[str(store) if a == "S" else str(tmp_path / a) if a == "OUT" else a for a in argv]])
+    assert code == 2, capsys.readouterr().err
