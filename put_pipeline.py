@@ -90,6 +90,10 @@ class _PutFuture(Future[PutResult]):
     - It is only ever completed with a result (failures are statuses), never an exception.
     """
 
+    # Set once its waiters (concurrent.futures.wait, as_completed) were given it: a child made
+    # by fork() while the completion thread was between the two gives them it (review 127 F1).
+    _waiters_told: bool = False
+
     def __init__(self) -> None:  # Future.__init__'s fields, without its Condition
         self._cond: threading.Condition | None = None
         self._state = _PENDING
@@ -278,6 +282,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
             future._state = _FINISHED
             for waiter in future._waiters:
                 waiter.add_result(future)
+            future._waiters_told = True
             condition.notify_all()
         finally:
             condition.release()
@@ -299,6 +304,7 @@ def _notify_held(held: list[_PutFuture]) -> list[_PutFuture]:
         try:
             for waiter in future._waiters:
                 waiter.add_result(future)
+            future._waiters_told = True
             condition.notify_all()
         finally:
             condition.release()
@@ -669,14 +675,33 @@ class PutPipeline:
         have held at the fork (nothing in this child waits on them yet); their done-callbacks
         are the parent's and run there, not here."""
         unknown = PutResult(PutMessageStatus.UNKNOWN_ERROR, detail=detail)
-        for future in list(self._pending):
-            if future._state is _FINISHED:
-                continue
+        renewed: set[int] = set()
+        for future in list(self._pending):  # (the completion thread takes a pass's out once all are done)
+            # Its Condition, which the completion thread may have held at the fork, made anew
+            # on first use; nobody in this child waits on it yet.
             future._cond = None
-            future._waiter_list = future._callback_list = None
             future._sleepers = None
-            future._result = unknown
-            future._state = _FINISHED
+            if future._state is not _FINISHED:
+                future._callback_list = None
+                future._result = unknown
+                future._state = _FINISHED
+            elif future._waiters_told:
+                continue
+            # A wait() or as_completed() this thread had begun before the fork waits on its
+            # waiter's event (review 127 F1: never set, the child hung), also for a future the
+            # completion thread had finished but not yet given them; the waiter stays in the
+            # list its cleanup removes it from. Its lock and event are made anew first: a
+            # parent thread may have held them at the fork.
+            for waiter in future._waiter_list or ():
+                if id(waiter) not in renewed:
+                    renewed.add(id(waiter))
+                    was_set = waiter.event.is_set()
+                    waiter.event = threading.Event()
+                    if was_set:
+                        waiter.event.set()
+                    if hasattr(waiter, "lock"):
+                        waiter.lock = threading.Lock()
+                waiter.add_result(future)
         self._pending.clear()
 
     def note_actor_put(self, sender: pykka.ActorRef[Any], result: PutResult) -> None:

@@ -189,3 +189,30 @@ def test_futures_in_flight_at_a_fork_are_done_in_the_child_with_an_unknown_outco
         assert all(f.result(timeout=30).ok for f in futures)  # the parent's: every one answered and stored
     finally:
         store.close()
+
+
+def test_an_as_completed_begun_before_a_fork_ends_in_the_child(tmp_path: Path) -> None:
+    """Review 127 F1: a waiter of concurrent.futures (as_completed, wait) installed before the
+    fork was never given the futures done in the child: it hung there for good. Also for
+    a future the parent's completion thread had finished but not yet given its waiters."""
+    import concurrent.futures
+
+    store = mqstore.open(tmp_path / "store")
+    try:
+        for _ in range(3):  # (the second case is a race: a few forks)
+            futures = [store.put_async(Message(topic="T", body=b"x" * 200)) for _ in range(3_000)]
+            iterator = concurrent.futures.as_completed(futures, timeout=10)
+            next(iterator)  # its waiter is on every future still pending
+
+            def child() -> dict[str, Any]:
+                try:
+                    got = 1 + sum(1 for _ in iterator)
+                except concurrent.futures.TimeoutError:
+                    return {"got": "timed out"}
+                return {"got": got, "statuses": sorted({f.result(timeout=0).status.name for f in futures})}
+
+            answer = _in_a_child(child)
+            assert answer["got"] == 3_000 and set(answer["statuses"]) <= {"PUT_OK", "UNKNOWN_ERROR"}, answer
+            assert all(f.result(timeout=30).ok for f in futures)
+    finally:
+        store.close()
