@@ -87,17 +87,22 @@ def query_walk_begin(begin_ms: int) -> int:
 
 def settle_query(messages: Sequence[MessageRecord], max_count: int, begin_ms: int, end_ms: int) -> list[MessageRecord]:
     """A query's answer: each record once (a message whose KEYS repeat the key is indexed once
-    for each: review 125 F2 served it once per entry), stored within [begin_ms, end_ms], at
-    most `max_count`, in the walk's order."""
+    for each: review 125 F2 served it once per entry), stored within [begin_ms, end_ms], the
+    newest `max_count` of them (the walk's: it goes from the newest hit back), oldest first.
+    Review 127 F3: a walk again with max_msgs_num_batch kept the oldest of its hits instead."""
     seen: set[int] = set()
     kept: list[MessageRecord] = []
     for m in messages:
         if begin_ms <= m.store_timestamp <= end_ms and m.commitlog_offset not in seen:
             seen.add(m.commitlog_offset)
             kept.append(m)
-            if len(kept) == max_count:
-                break
-    return kept
+    if len(kept) > 1:
+        kept.sort(key=_commitlog_offset)
+    return kept[-max_count:]
+
+
+def _commitlog_offset(m: MessageRecord) -> int:
+    return m.commitlog_offset
 
 
 def _walk_again(hits: int, budget: int, found: int, max_count: int, batch: int) -> bool:

@@ -182,3 +182,17 @@ def test_a_query_answers_the_messages_stored_within_its_window_to_the_millisecon
     for begin, end in ((T0 + 250, T0 + 1250), (T0 + 301, T0 + 2099), (T0 + 950, T0 + 3000), (T0, T0 + 299)):
         result = _query_on(path, store, monkeypatch, "T", "k", 32, begin, end)
         assert sorted(m.store_timestamp for m in result.messages) == [t for t in times if begin <= t <= end], (begin, end)
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_a_query_walked_again_answers_the_newest_max_count_messages(
+    open_store: Open, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Review 127 F3: a walk made again with max_msgs_num_batch (a newer "BB" of the same hash
+    among the first max_count hits) kept the oldest max_count of its hits."""
+    store = open_store()
+    for i in range(10):
+        assert store.put(Message(topic="T", body=b"%d" % i, keys=["Aa"])).ok
+    assert store.put(Message(topic="T", body=b"bb", keys=["BB"])).ok
+    result = _query_on(path, store, monkeypatch, "T", "Aa", 3)
+    assert [m.body for m in result.messages] == [b"7", b"8", b"9"] and result.detail == "", result

@@ -80,3 +80,20 @@ def test_reopening_the_store_itself_also_keeps_every_key(tmp_path: Path) -> None
         assert store.config.max_index_num == 4  # adopted from the files
         for key in ("first", "sku-0", "sku-1", "sku-2", "later"):
             assert len(store.query("TopicA", key).messages) == 1, key
+
+
+def test_the_query_command_answers_the_newest_max_messages_as_the_store_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review 127 F3: the offline `query` walked max_msgs_num_batch hits and kept the oldest
+    `--max` of them; the store answers the newest."""
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        for i in range(10):
+            assert store.put(mqstore.Message(topic="T", body=b"%d" % i, keys=["k"])).ok
+        expected = [m.queue_offset for m in store.query("T", "k", 3).messages]
+    assert expected == [7, 8, 9]
+    code = main(["query", str(root), "--topic", "T", "--key", "k", "--max", "3"])
+    out, err = capsys.readouterr()
+    assert code == ExitCode.OK, err
+    assert [json.loads(line)["queue_offset"] for line in out.splitlines()] == expected
