@@ -81,10 +81,17 @@ def _messages(spark: SparkSession, store: str, split_size: str | None, strict: b
 def cleaned_floors(store: str) -> dict[tuple[str, int], int]:
     """The queue ledger's floors of the queues `clean_unused_topic` removed: the commitlog
     offset below which a queue's records are the removed queue's, which get no unit (review 126
-    F1: rebuilt, they took the queue offsets of puts acknowledged after the clean). None to read
-    for a commitlog directory given alone; a ledger that cannot be read refuses the rebuild."""
-    path = os.path.join(store, "queue_ledger.msgpack")  # (StoreConfig.queue_ledger_path)
-    if _source_of(store) == store or not os.path.lexists(path):
+    F1: rebuilt, they took the queue offsets of puts acknowledged after the clean). A store's
+    `commitlog/` given alone is read with the ledger beside it; another directory of segments
+    has none to read. A ledger that cannot be read refuses the rebuild."""
+    root = store
+    if _source_of(store) == store:  # a commitlog directory given alone: the store's `commitlog/`?
+        absolute = os.path.abspath(store)
+        if os.path.basename(absolute.rstrip(os.sep)) != "commitlog":
+            return {}
+        root = os.path.dirname(absolute.rstrip(os.sep))  # (review 127 F2: its ledger was not read)
+    path = os.path.join(root, "queue_ledger.msgpack")  # (StoreConfig.queue_ledger_path)
+    if not os.path.lexists(path):
         return {}
     try:
         with open(path, "rb") as f:

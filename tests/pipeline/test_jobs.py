@@ -350,3 +350,23 @@ def test_bad_spark_job_arguments_are_usage_errors_before_spark_starts(
     store.mkdir()
     code = main(["spark", *[str(store) if a == "S" else str(tmp_path / a) if a == "OUT" else a for a in argv]])
     assert code == 2, capsys.readouterr().err
+
+
+def test_reindex_of_a_stores_commitlog_directory_reads_the_ledger_beside_it(tmp_path: Path) -> None:
+    """Review 127 F2: `spark reindex STORE/commitlog` (the form its help gives) skipped the
+    queue ledger's floors, and the removed queue's records came back at acknowledged offsets."""
+    import mqstore
+    from mqstore.pipeline.reindex import cleaned_floors
+
+    root = tmp_path / "store"
+    with mqstore.open(root) as store:
+        assert store.put(mqstore.Message(topic="gone", body=b"old")).ok
+        assert store.put(mqstore.Message(topic="other", body=b"x")).ok
+        assert store.wait_for_messages("other", 0, 0, timeout_s=10)
+        store.clean_unused_topic({"other"})
+    floors = cleaned_floors(str(root))
+    assert list(floors) == [("gone", 0)]
+    assert cleaned_floors(str(root / "commitlog")) == cleaned_floors(str(root / "commitlog") + "/") == floors
+    elsewhere = tmp_path / "segments"
+    elsewhere.mkdir()
+    assert cleaned_floors(str(elsewhere)) == {}
