@@ -271,7 +271,13 @@ class _ReadOnlyStore:
                 found.append(record)
                 status = GetMessageStatus.FOUND
         summary.update(status=status.name, next_begin_offset=nxt)
-        missing = self._queue_files_missing(topic, queue_id, units)
+        try:
+            missing = self._queue_files_missing(topic, queue_id, units)
+        except OSError as exc:  # (what was read and the damage seen still said: review 127 F5)
+            missing = None
+            if unreadable is None:
+                unreadable = f"{unreadable_file(self.config.queue_ledger_path, exc)}; whether ConsumeQueue files are " \
+                             "missing is not known"  # fmt: skip
         if unreadable is not None:
             # (damage skipped before it is still said: review 100 M4, "nothing was skipped")
             skipped = _skipped_corrupt(corrupt) if corrupt else "nothing was skipped"
@@ -324,7 +330,12 @@ class _ReadOnlyStore:
             index.close()
         # Review 45 F6: with index/ gone, query answered "no message", exit 0.
         log_min = self.commitlog.min_offset()
-        progress = peek_index_progress(self.fs, cfg.index_progress_path, strict=True) if log_min >= 0 else None  # (no log: none)
+        progress_unread: str | None = None
+        try:
+            progress = peek_index_progress(self.fs, cfg.index_progress_path, strict=True) if log_min >= 0 else None  # (no log: none)
+        except OSError as exc:  # (the hits are still read and said: review 127 F5)
+            progress = None
+            progress_unread = f"{unreadable_file(cfg.index_progress_path, exc)}; whether an index file is lost is not known"
         lost = first_lost_index_file(progress, ends, log_min)
         offsets, last_ts, last_phy = result if result is not None else ((), 0, 0)
         messages: list[MessageRecord] = []
@@ -348,6 +359,9 @@ class _ReadOnlyStore:
         if unreadable is not None:  # (the store's query: a detail; its hits there are not "no message")
             answer["detail"] = f"{unreadable}; the index's hits there are not in this answer" + \
                 (f"; {_skipped_corrupt(corrupt)}" if corrupt else "")  # fmt: skip
+            answer["unreadable"] = True
+        elif progress_unread is not None:
+            answer["detail"] = progress_unread + (f"; {_skipped_corrupt(corrupt)}" if corrupt else "")
             answer["unreadable"] = True
         elif corrupt:
             answer["detail"] = _skipped_corrupt(corrupt)
