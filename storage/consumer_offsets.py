@@ -314,10 +314,12 @@ def _whole_offset_table(doc: Any) -> dict[str, dict[int, int]]:
 # One `queue:offset` pair of a group (fastjson writes the queue ids bare, other writers
 # quoted), the start of the offsetTable member, and what follows a group's name: for a file
 # cut short.
-_PAIR = re.compile(r'"?(-?\d+)"?\s*:\s*(-?\d+)\s*([,}]|\Z)')
-_OFFSET_TABLE = re.compile(r'"offsetTable"\s*:\s*\{')
-_BETWEEN_GROUPS = re.compile(r"[\s,]*")
-_GROUP_OPENS = re.compile(r"\s*:\s*\{")
+# JSON's whitespace only: Python's \s also takes 0x1c-0x1f, 0x0b and 0x0c, and a run of such
+# damage between a group's pairs was read as a pair's separator (review 127 F6).
+_PAIR = re.compile(r'"?(-?\d+)"?[ \t\n\r]*:[ \t\n\r]*(-?\d+)[ \t\n\r]*([,}]|\Z)')
+_OFFSET_TABLE = re.compile(r'"offsetTable"[ \t\n\r]*:[ \t\n\r]*\{')
+_BETWEEN_GROUPS = re.compile(r"[ \t\n\r,]*")
+_GROUP_OPENS = re.compile(r"[ \t\n\r]*:[ \t\n\r]*\{")
 # json's own string scanner, in C (a JSON string from just past its opening quote: its value
 # and the index past its closing quote; ValueError if it does not end); typeshed leaves it out.
 _scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]

@@ -343,6 +343,17 @@ def test_a_torn_page_in_the_middle_gives_no_group_another_groups_offsets() -> No
     assert served == {("gA", 0): 100, ("gA", 1): -1, ("gA", 7): -1, ("gB", 0): -1, ("gB", 1): -1, ("gB", 7): -1}
 
 
+def test_control_bytes_in_a_damaged_file_are_no_separator_of_its_pairs() -> None:
+    """Review 127 F6: the salvage took Python's whitespace (0x1c-0x1f among it) for JSON's, so
+    damage turning `:5,"1"` into 0x1c bytes made queue 0 read queue 1's 9000 (committed: 5)."""
+    fs = SimulatedFileSystem()
+    fs.makedirs("/store/config")
+    fs.write_atomic(PATH, b'{"offsetTable":{"T@g1":{0' + b"\x1c" * 6 + b':9000},"T@g2":{0:7}}}')
+    store = ConsumerOffsetStore(fs, "/store")
+    store.load()
+    assert store.query_offset("g1", "T", 0) == -1
+
+
 def test_the_salvage_of_a_name_of_quotes_cut_short_takes_linear_time() -> None:
     """Review 111 F4: the salvage's regex backtracked through a long group name of escaped
     quotes cut short (17.5 s for 80,000 of them)."""
