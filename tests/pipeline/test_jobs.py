@@ -257,37 +257,13 @@ def test_reindex_gives_no_unit_to_a_record_whose_topic_cannot_name_a_queue(spark
     assert not outside.exists() and sorted(p.name for p in (out / "consumequeue").iterdir()) == ["ok"]
 
 
-def test_reindex_leaves_out_the_records_of_a_queue_clean_unused_topic_removed(spark: Any, tmp_path: Path) -> None:
-    """Review 126 F1: the rebuild gave the removed queue's records their old units, so the puts
-    acknowledged after the clean, at queue offsets from 0 again, were skipped as "already
-    written" and the removed messages served at their offsets. The queue ledger's floor says
-    which records are the removed queue's, as the store's own rebuild reads it."""
-    import mqstore
-    from mqstore.pipeline.reindex import reindex
-
-    root, out = tmp_path / "store", tmp_path / "out"
-    geometry = {"mapped_file_size_consume_queue_bytes": CQ_FILE_SIZE, "max_hash_slot_num": SLOTS,
-                "max_index_num": MAX_INDEX}  # fmt: skip
-    with mqstore.open(root, **geometry) as store:
-        for i in range(5):
-            assert store.put(mqstore.Message(topic="gone", body=b"OLD-%d" % i)).ok
-        assert store.put(mqstore.Message(topic="other", body=b"x")).ok
-        assert store.wait_for_messages("other", 0, 0, timeout_s=10)
-        store.clean_unused_topic({"other"})
-        for i in range(3):
-            assert store.put(mqstore.Message(topic="gone", body=b"NEW-%d" % i)).queue_offset == i
-    own = _cq_files(root / "consumequeue")
-    summary = reindex(spark, str(root), str(out), cq_file_size=CQ_FILE_SIZE, max_hash_slot_num=SLOTS,
-                      max_index_num=MAX_INDEX)  # fmt: skip
-    assert {(q["topic"], q["queue_id"]): q["units"] for q in summary["consume_queues"]} == {("gone", 0): 3, ("other", 0): 1}
-    rebuilt = _cq_files(out / "consumequeue")
-    assert sorted(rebuilt) == sorted(own) and all(rebuilt[name] == own[name] for name in own)
-
-
-def test_reindex_rebuilds_a_stopped_stores_files_in_place(spark: Any, tmp_path: Path) -> None:
+def test_reindex_rebuilds_a_stopped_stores_files_in_place_as_the_store_builds_them(spark: Any, tmp_path: Path) -> None:
     """Review 126 F3: the README's rebuild in place (OUT_DIR the store, its queue and index
     files moved aside) always failed after Spark started: the job's read log inside OUT_DIR
-    lay inside the store read, which the data source refuses."""
+    lay inside the store read, which the data source refuses. Review 126 F1: the rebuild gave
+    the records of a queue clean_unused_topic removed their old units, so the puts acknowledged
+    after the clean, at queue offsets from 0 again, were skipped as "already written" and the
+    removed messages served at their offsets; the queue ledger's floor says which are whose."""
     import shutil
 
     import mqstore
@@ -297,19 +273,27 @@ def test_reindex_rebuilds_a_stopped_stores_files_in_place(spark: Any, tmp_path: 
     geometry = {"mapped_file_size_consume_queue_bytes": CQ_FILE_SIZE, "max_hash_slot_num": SLOTS,
                 "max_index_num": MAX_INDEX}  # fmt: skip
     with mqstore.open(root, **geometry) as store:
+        for i in range(5):
+            assert store.put(mqstore.Message(topic="gone", body=b"OLD-%d" % i)).ok
         for i in range(300):
             assert store.put(mqstore.Message(topic=f"T{i % 3}", queue_id=i % 2, body=b"m%d" % i, keys=[f"k{i}"])).ok
+        assert store.wait_for_messages("T2", 1, 49, timeout_s=10)
+        store.clean_unused_topic({"T0", "T1", "T2"})
+        for i in range(3):
+            assert store.put(mqstore.Message(topic="gone", body=b"NEW-%d" % i)).queue_offset == i
     own = _cq_files(root / "consumequeue")
     for name in ("consumequeue", "index"):
         shutil.move(str(root / name), str(tmp_path / f"aside-{name}"))
     summary = reindex(spark, str(root), str(root), cq_file_size=CQ_FILE_SIZE, max_hash_slot_num=SLOTS,
                       max_index_num=MAX_INDEX)  # fmt: skip
-    assert sum(q["units"] for q in summary["consume_queues"]) == 300
+    assert sum(q["units"] for q in summary["consume_queues"]) == 303
+    assert {(q["topic"], q["queue_id"]): q["units"] for q in summary["consume_queues"]}[("gone", 0)] == 3
     rebuilt = _cq_files(root / "consumequeue")
     assert sorted(rebuilt) == sorted(own) and all(rebuilt[name] == own[name] for name in own)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["aside-consumequeue", "aside-index", "store"]  # (no read log left)
     with mqstore.open(root, **geometry) as store:
         assert [m.body for m in store.query("T1", "k4").messages] == [b"m4"]
+        assert [m.body for m in store.get("gone", 0, 0, 10).messages] == [b"NEW-0", b"NEW-1", b"NEW-2"]
 
 
 def test_reindex_takes_its_geometry_from_the_settings_unless_the_command_line_gives_it(
