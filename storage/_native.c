@@ -984,7 +984,8 @@ static int index_walk(const unsigned char *buf, Py_ssize_t len, long long key_ha
         const unsigned char *e = buf + at;
         int32_t kh = get_i32(e), time_diff = get_i32(e + 12), prev = get_i32(e + 16);
         if (time_diff < 0) break;
-        long long time_read = begin_ts + (long long)time_diff * 1000;
+        /* entry 1: its store time is the begin (the Python walk says why) */
+        long long time_read = n == 1 ? begin_ts : begin_ts + (long long)time_diff * 1000;
         if (kh == key_hash && begin <= time_read && time_read <= end && offsets_add(found, get_i64(e + 4)) < 0)
             return -1;
         if (prev <= 0 || prev > bound || prev == n || time_read < begin) break;

@@ -174,8 +174,8 @@ def test_the_puts_a_failed_pass_appended_are_answered_stored_and_no_failed_put_i
 ) -> None:
     """Review 124 F3: a writer pass that failed midway answered every put of it SERVICE_NOT_AVAILABLE,
     those it had appended too, which were served (209-218 a crash): a producer that retries on
-    that answer stored each twice. Here the writer fails once a pass has appended three puts,
-    before it appends the fourth; the three are answered stored, the rest are not stored."""
+    that answer stored each twice. Here the writer fails once a pass has appended three puts or
+    more, before it appends the next; those are answered stored, the rest are not stored."""
     import threading
     from typing import Any
 
@@ -202,7 +202,7 @@ def test_the_puts_a_failed_pass_appended_are_answered_stored_and_no_failed_put_i
             if i == 2_000:
                 armed.set()
         results = [(bodies, future.result(30)) for bodies, future in futures]
-        assert fired == [3]
+        assert len(fired) == 1 and fired[0] >= 3, fired  # (armed mid-pass: that pass had appended more)
         stored = {b for bodies, r in results if r.stored for b in bodies}
         failed = {b for bodies, r in results if not r.stored for b in bodies}
         assert failed and all(r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE for _, r in results if not r.stored)
