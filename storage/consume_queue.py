@@ -808,20 +808,24 @@ class ConsumeQueueReader:
 
 
 def iter_cq_units(queue_dir: str, fs: FileSystem | None = None) -> Iterator[tuple[int, int, int, int]]:
-    """(queue offset, commitlog offset, size, tagsCode) of every valid unit in a queue dir.
+    """(queue offset, commitlog offset, size, tagsCode) of every valid unit in a queue dir,
+    files in offset order.
 
-    Each file is read until its first invalid (unwritten) unit; filler units
-    (0, 0x7FFFFFFF, 0) are valid and yielded. Files are read whatever their size.
+    Each file is read as the store's recovery reads it (`scan.cq_valid_prefix`): until its
+    first unit that is unwritten, or not past the last real unit before it (torn: recovery
+    cuts it and re-dispatch writes it again, so the read tools call it no damage: review 123
+    F3); filler units (0, 0x7FFFFFFF, 0) are valid and yielded. Files are read whatever
+    their size.
     """
     fs = fs or RealFileSystem()
-    names = [n for n in fs.listdir(queue_dir) if len(n) == 20 and n.isdigit()]
+    names = sorted(n for n in fs.listdir(queue_dir) if len(n) == 20 and n.isdigit())
+    after = -1
     for name in names:
         start = int(name)
         data = fs.read_bytes(os.path.join(queue_dir, name))
         data = data[: len(data) - len(data) % CQ_STORE_UNIT_SIZE]
-        for i, (offset, size, tags) in enumerate(CQ_UNIT.iter_unpack(data)):
-            if not _valid(offset, size):
-                break
+        units, _last, after = scan.cq_valid_prefix(data, after)
+        for i, (offset, size, tags) in enumerate(CQ_UNIT.iter_unpack(data[: units * CQ_STORE_UNIT_SIZE])):
             yield (start + i * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE, offset, size, tags
 
 
