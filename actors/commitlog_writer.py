@@ -856,6 +856,13 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         failure hit among them (its bytes may be in), learn that the writer failed. Bytes in a
         write buffer not committed, or in a segment cut under its map, reached no file."""
         answered: set[int] = set()
+        if stored:
+            # Before any caller hears of them, as a pass that succeeds publishes its end
+            # (review 128 F6: a read told right after such a PUT_OK did not wait for it).
+            ends = [r.commitlog_offset + r.wrote_bytes for _, r in answers if r.status in STORED_STATUSES]
+            ends.extend(q.result.commitlog_offset + q.result.wrote_bytes for q in group_commits)
+            if ends:
+                self.ctx.read_view.publish_acked(max(ends))
         for reply, result in answers:
             if stored or result.status not in STORED_STATUSES:
                 reply.send(result)

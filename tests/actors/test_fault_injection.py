@@ -195,10 +195,18 @@ def test_the_puts_a_failed_pass_appended_are_answered_stored_and_no_failed_put_i
 
     monkeypatch.setattr(CommitLogWriter, "_append", failing_append)
     store = h.open_small(store_dir)
+    unpublished: list[int] = []
+
+    def published_before_answered(future: Any) -> None:  # review 128 F6: reads told after it wait for it
+        r = future.result()
+        if r.stored and r.commitlog_offset + r.wrote_bytes > store.read_view.acked_end:
+            unpublished.append(r.commitlog_offset)
+
     try:
         futures = []
         for i in range(20_000):  # batches of 8 queues: each put is its own append
             futures.append(([b"%06d" % i], store.put_batch_async([Message(topic="T", queue_id=i % 8, body=b"%06d" % i)])))
+            futures[-1][1].add_done_callback(published_before_answered)
             if i == 2_000:
                 armed.set()
         results = [(bodies, future.result(30)) for bodies, future in futures]
@@ -213,5 +221,6 @@ def test_the_puts_a_failed_pass_appended_are_answered_stored_and_no_failed_put_i
                 served.update(m.body for m in got.messages)
                 offset = got.next_begin_offset
         assert stored <= served and not (failed & served), (len(stored - served), len(failed & served))
+        assert not unpublished, unpublished[:5]
     finally:
         store.close()
