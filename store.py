@@ -486,15 +486,23 @@ class MessageStore:
         if reply is None:
             waiter = Waiter()
             reply = Reply(future=waiter)
-        checked = self._encode(messages, batch)
-        if isinstance(checked, PutResult):
-            reply.send(checked)
-            return checked
-        held = self._puts.hold_for_gateway(sum(map(len, checked[0])))
+        # Held before it is encoded (review 128 F5: refused only after its encoding, the
+        # gateway fell behind a producer faster than the disk and its own inbox grew instead),
+        # by its bodies' size: the records' headers are not counted.
+        held = self._puts.hold_for_gateway(_bodies_bytes(messages))
         if isinstance(held, PutResult):  # in flight at the bound: refused, as it would be elsewhere
             self.stats_service.record_put(messages[0].topic, held, time.monotonic_ns() - started_ns)
             reply.send(held)
             return held
+        try:
+            checked = self._encode(messages, batch)
+        except BaseException:
+            held()
+            raise
+        if isinstance(checked, PutResult):
+            held()
+            reply.send(checked)
+            return checked
         if reply.actor is not None:  # the gateway's Put: the actor's next read reflects it
             reply = self._puts.noting_reply(reply, reply.actor)
         answered = self.stats_service.timed_reply(messages[0].topic, reply, started_ns)
@@ -1440,6 +1448,17 @@ def _close_forgotten_stores() -> None:
             store.close()
         except Exception:  # exiting anyway; the abort file makes the next start recover
             pass
+
+
+def _bodies_bytes(messages: Sequence[Message]) -> int:
+    """The bytes of the messages' bodies (0 for a body that is none: its encoding refuses it)."""
+    total = 0
+    for m in messages:
+        try:
+            total += memoryview(m.body).nbytes
+        except TypeError:
+            pass
+    return total
 
 
 def _left_behind_by_fork() -> None:
