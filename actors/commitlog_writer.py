@@ -500,6 +500,17 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             assert self._commitlog is not None
             self._commitlog.raise_if_cut(writing=True)
         except BaseException as exc:
+            if not in_files and self._stored_puts:
+                # With write buffers, copy what the pass appended into the files before the
+                # writer fails: a pass that ran out of buffers wrote its later segments straight
+                # into their maps, and the earlier segments' bytes left behind were a hole
+                # before them (review 128 F1: the restart carried on past it, queue offsets were
+                # handed out twice, and a kill -9 then cut the log at the hole, PUT_OKs with it).
+                try:
+                    self._commit_pass()
+                    in_files = True
+                except BaseException as commit_failed:  # (the hole stays: said in the log)
+                    self.log.error("a failed pass's write buffers could not be committed", error=repr(commit_failed))
             # The puts of this pass are out of the inbox, so the crash handler cannot see them.
             self._answer_failed_pass(puts, answers, group_commits, exc, stored=in_files and not isinstance(exc, FileCutUnderMapError))
             # Not published: readers and the restart's known end must not count bytes no put

@@ -224,3 +224,76 @@ def test_the_puts_a_failed_pass_appended_are_answered_stored_and_no_failed_put_i
         assert not unpublished, unpublished[:5]
     finally:
         store.close()
+
+
+def test_a_failed_pass_with_write_buffers_leaves_no_hole_before_the_segments_it_wrote_directly(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 128 F1: with the transient store pool, a pass that ran out of write buffers wrote
+    its later segments straight into their maps; failing midway, the earlier segments' buffered
+    bytes never reached their files: a hole before records of puts answered refused. The
+    restart carried on past it, handed their queue offsets out again, and a kill -9 then cut
+    the log at the hole. The failed pass now commits its buffers first."""
+    import threading
+    import time
+    from typing import Any
+
+    import mqstore
+    from mqstore import Message
+    from mqstore.actors.commitlog_writer import CommitLogWriter
+
+    settings = dict(mapped_file_size_commitlog_bytes=64 * 1024, transient_store_pool_enable=True, transient_store_pool_size=2)
+    real_append = CommitLogWriter._append
+    armed = threading.Event()
+    count = [0]
+
+    def failing_append(self: CommitLogWriter, put: Any, answers: list[Any], group_commits: list[Any]) -> None:
+        if armed.is_set():
+            count[0] += 1
+            if count[0] == 200:
+                armed.clear()
+                raise RuntimeError("the writer fails midway through a pass")
+        real_append(self, put, answers, group_commits)
+
+    monkeypatch.setattr(CommitLogWriter, "_append", failing_append)
+    acked: dict[bytes, tuple[int, int]] = {}
+    store = mqstore.open(store_dir, **settings)
+    n = 0
+
+    def put_round(how_many: int) -> None:
+        nonlocal n
+        futures = []
+        for _ in range(how_many):
+            key = b"m%010d" % n
+            n += 1
+            futures.append((key, n % 8, store.put_async(Message(topic="T", queue_id=n % 8, body=key + b"." * 2000))))
+        for key, queue_id, future in futures:
+            r = future.result(30)
+            if r.ok:
+                acked[key] = (queue_id, r.queue_offset)
+
+    def unserved(s: mqstore.MessageStore) -> list[bytes]:
+        served = {}
+        for queue_id in range(8):
+            offset = 0
+            while (got := s.get("T", queue_id, offset, 64)).messages:
+                served.update({(queue_id, m.queue_offset): bytes(m.body[:11]) for m in got.messages})
+                offset = got.next_begin_offset
+        return [key for key, place in acked.items() if served.get(place) != key]
+
+    try:
+        put_round(300)
+        armed.set()
+        put_round(256)  # one pass of ~8 segments: past the pool's two free buffers
+        assert count[0] >= 200
+        deadline = time.monotonic() + 10
+        while not store.put(Message(topic="P", body=b"probe")).ok:  # the writer's restart
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        put_round(300)
+        store.flush()
+        assert unserved(store) == []
+    finally:
+        store.close()
+    with mqstore.open(store_dir, **settings) as reopened:
+        assert unserved(reopened) == []
