@@ -40,6 +40,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from mqstore.cli import CliError, ExitCode
+from mqstore.config import ConfigError, StoreConfig
 from mqstore.log import get_logger
 from mqstore.pipeline.args import parser_for, reindex_args
 from mqstore.pipeline.datasource import count_expired_log, read_commitlog
@@ -78,18 +79,21 @@ def _messages(spark: SparkSession, store: str, split_size: str | None, strict: b
     return df.where(F.col("error").isNull()).withColumn("store_ms", F.unix_millis("store_timestamp"))
 
 
-def cleaned_floors(store: str) -> dict[tuple[str, int], int]:
+def cleaned_floors(store: str, root: str | None = None) -> dict[tuple[str, int], int]:
     """The queue ledger's floors of the queues `clean_unused_topic` removed: the commitlog
     offset below which a queue's records are the removed queue's, which get no unit (review 126
-    F1: rebuilt, they took the queue offsets of puts acknowledged after the clean). A store's
-    `commitlog/` given alone is read with the ledger beside it; another directory of segments
-    has none to read. A ledger that cannot be read refuses the rebuild."""
-    root = store
-    if _source_of(store) == store:  # a commitlog directory given alone: the store's `commitlog/`?
-        absolute = os.path.abspath(store)
-        if os.path.basename(absolute.rstrip(os.sep)) != "commitlog":
-            return {}
-        root = os.path.dirname(absolute.rstrip(os.sep))  # (review 127 F2: its ledger was not read)
+    F1: rebuilt, they took the queue offsets of puts acknowledged after the clean). Read from
+    the store `root` where it is known (the settings' `store_path_commitlog` keeps the log
+    elsewhere: review 128 F2); else a store's `commitlog/` given alone is read with the ledger
+    beside it, and another directory of segments has none to read. A ledger that cannot be
+    read refuses the rebuild."""
+    if root is None:
+        root = store
+        if _source_of(store) == store:  # a commitlog directory given alone: the store's `commitlog/`?
+            absolute = os.path.abspath(store)
+            if os.path.basename(absolute.rstrip(os.sep)) != "commitlog":
+                return {}
+            root = os.path.dirname(absolute.rstrip(os.sep))  # (review 127 F2: its ledger was not read)
     path = os.path.join(root, "queue_ledger.msgpack")  # (StoreConfig.queue_ledger_path)
     if not os.path.lexists(path):
         return {}
@@ -263,12 +267,13 @@ def _rebuild(
     with_index: bool,
     split_size: str | None,
     strict: bool,
+    root: str | None = None,
 ) -> dict[str, Any]:
     """The rebuild itself, into directories `claim_reindex_target` holds."""
     # Where the tasks say which segments the store's retention deleted before they read them
     # (review 56 M2): a rebuild of a running store then lacks those records, which the summary
     # says (OUT_DIR is shared with every executor already).
-    floors = cleaned_floors(store)  # (before Spark reads anything: a refusal costs nothing)
+    floors = cleaned_floors(store, root)  # (before Spark reads anything: a refusal costs nothing)
     log_dir = _read_log_dir(store, out_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     messages = _messages(spark, store, split_size, strict, log_dir).cache()
@@ -303,30 +308,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser_for("reindex", __doc__, reindex_args)
 
 
+def places_of(store: str, cfg: StoreConfig) -> tuple[str, str | None]:
+    """(what the rebuild reads, the store root whose queue ledger it reads, or None to find
+    it beside what it reads). Where the settings keep the commitlog elsewhere
+    (`store_path_commitlog`) and STORE is that store's root or its commitlog directory, the
+    commitlog and the root (review 128 F2: the root alone read no segment, and the commitlog
+    directory alone no ledger)."""
+    if cfg.store_path_commitlog:
+        given = os.path.realpath(store)
+        root, commitlog = os.path.realpath(cfg.root_dir), os.path.realpath(cfg.commitlog_dir)
+        if given in (root, commitlog):
+            return cfg.commitlog_dir, cfg.root_dir
+    return store, None
+
+
+def settings_of(args: argparse.Namespace) -> StoreConfig:
+    """The store's settings (`mqstore --config FILE`, MQSTORE_* variables, the defaults) with
+    the command line's geometry over them, checked as settings are (review 126 F6: a
+    --max-index-num of 1 divided by zero)."""
+    given = {"mapped_file_size_consume_queue_bytes": args.cq_file_size, "max_hash_slot_num": args.max_hash_slot_num,
+             "max_index_num": args.max_index_num}  # fmt: skip
+    try:
+        return StoreConfig.load(getattr(args, "config", None), overrides={k: v for k, v in given.items() if v is not None})
+    except ConfigError as exc:
+        raise CliError(ExitCode.USAGE, str(exc)) from None
+
+
 def geometry_of(args: argparse.Namespace) -> tuple[int, int, int]:
     """(ConsumeQueue file size, hash slots, index entries): the command line's, else the
     store's settings (`mqstore --config FILE`, MQSTORE_* variables, the defaults), as the
     store's own commands take them (review 126 F4: only the command line's or 6,000,000-byte
     queue files, whatever the settings said: a store of 2,000-byte files refused them)."""
-    from mqstore.config import ConfigError, StoreConfig
-
-    given = {"mapped_file_size_consume_queue_bytes": args.cq_file_size, "max_hash_slot_num": args.max_hash_slot_num,
-             "max_index_num": args.max_index_num}  # fmt: skip
-    try:  # (the command line's values checked as settings are: review 126 F6, 1 divided by zero)
-        cfg = StoreConfig.load(getattr(args, "config", None), overrides={k: v for k, v in given.items() if v is not None})
-    except ConfigError as exc:
-        raise CliError(ExitCode.USAGE, str(exc)) from None
+    cfg = settings_of(args)
     return cfg.mapped_file_size_consume_queue_bytes, cfg.max_hash_slot_num, cfg.max_index_num
 
 
 def run(args: argparse.Namespace) -> int:
     out_dir = os.path.abspath(args.out)
-    cq_file_size, max_hash_slot_num, max_index_num = geometry_of(args)
-    with claim_reindex_target(out_dir, [_source_of(args.store)]):  # refusals before the JVM starts
+    cfg = settings_of(args)
+    source, root = places_of(args.store, cfg)
+    with claim_reindex_target(out_dir, [_source_of(source)]):  # refusals before the JVM starts
         spark = get_spark(args.master, app_name="mqstore-reindex")
-        summary = _rebuild(spark, args.store, out_dir, cq_file_size=cq_file_size,
-                           max_hash_slot_num=max_hash_slot_num, max_index_num=max_index_num,
-                           with_index=not args.no_index, split_size=args.split_size, strict=args.strict)  # fmt: skip
+        summary = _rebuild(spark, source, out_dir, cq_file_size=cfg.mapped_file_size_consume_queue_bytes,
+                           max_hash_slot_num=cfg.max_hash_slot_num, max_index_num=cfg.max_index_num,
+                           with_index=not args.no_index, split_size=args.split_size, strict=args.strict, root=root)  # fmt: skip
     sys.stdout.write(json.dumps(summary) + "\n")
     if summary["expired_segments"]:
         sys.stderr.write(f"reindex: {summary['expired_segments']} segments were deleted by the store's retention while "

@@ -274,3 +274,26 @@ def test_reindex_of_a_stores_commitlog_directory_reads_the_ledger_beside_it(tmp_
     elsewhere = tmp_path / "segments"
     elsewhere.mkdir()
     assert cleaned_floors(str(elsewhere)) == {}
+
+
+def test_reindex_of_a_store_whose_commitlog_lives_elsewhere_reads_its_log_and_its_ledger(tmp_path: Path) -> None:
+    """Review 128 F2: with `store_path_commitlog`, the store root given to reindex read no
+    segment (it failed after Spark started), and the commitlog directory given read no ledger:
+    the removed queue's records came back at acknowledged offsets."""
+    import mqstore
+    from mqstore.config import StoreConfig
+    from mqstore.pipeline.reindex import cleaned_floors, places_of
+
+    root, commitlog = tmp_path / "root", tmp_path / "disk2" / "commitlog"
+    settings = {"store_path_root_dir": str(root), "store_path_commitlog": str(commitlog)}
+    with mqstore.open(root, store_path_commitlog=str(commitlog)) as store:
+        assert store.put(mqstore.Message(topic="gone", body=b"old")).ok
+        assert store.put(mqstore.Message(topic="other", body=b"x")).ok
+        assert store.wait_for_messages("other", 0, 0, timeout_s=10)
+        store.clean_unused_topic({"other"})
+    cfg = StoreConfig.load(overrides=settings, env={})
+    for given in (root, commitlog):
+        source, ledger_root = places_of(str(given), cfg)
+        assert (source, ledger_root) == (str(commitlog), str(root))
+        assert list(cleaned_floors(source, ledger_root)) == [("gone", 0)]
+    assert places_of(str(tmp_path / "other"), cfg) == (str(tmp_path / "other"), None)
