@@ -90,8 +90,11 @@ class _PutFuture(Future[PutResult]):
     - It is only ever completed with a result (failures are statuses), never an exception.
     """
 
-    # Set once its waiters (concurrent.futures.wait, as_completed) were given it: a child made
-    # by fork() while the completion thread was between the two gives them it (review 127 F1).
+    # Set once its waiters (concurrent.futures.wait, as_completed) were given it, or it was
+    # completed with none: a child made by fork() while the completion thread was between the
+    # two gives them it (review 127 F1); one completed with none, whose waiter came after (an
+    # as_completed yields it from the futures done when it began), must not be given again
+    # (review 128 F4: KeyError in the child's as_completed).
     _waiters_told: bool = False
 
     def __init__(self) -> None:  # Future.__init__'s fields, without its Condition
@@ -117,6 +120,7 @@ class _PutFuture(Future[PutResult]):
                 condition = self._cond
                 if condition is None:
                     condition = self._cond = threading.Condition()
+                    _WITH_CONDITION.add(self)
         return condition
 
     @property  # Future's attribute, made on first use
@@ -141,6 +145,7 @@ class _PutFuture(Future[PutResult]):
                         raise InvalidStateError(f"{self._state}: the put's future is already done")
                     self._result = result
                     self._state = _FINISHED
+                    self._waiters_told = True  # (none: a waiter makes the Condition)
                     self._wake_sleepers()
                     return
         super().set_result(result)
@@ -216,12 +221,19 @@ def _complete_while_waiting(future: _PutFuture, timeout: float | None) -> float 
 
 # Guards making a _PutFuture's Condition against completing it without one.
 _CONDITION_MADE = threading.Lock()
+# The futures whose Condition was made (someone waited on them or gave them a callback): in a
+# forked child each gets a new one on first use, as a thread of the parent may have held the
+# old one at the fork (review 128 F3: another thread's concurrent.futures.wait held a finished
+# future's, and the child's as_completed hung for good on it).
+_WITH_CONDITION: weakref.WeakSet[_PutFuture] = weakref.WeakSet()
 
 
 def _new_condition_guard_in_a_forked_child() -> None:
     # A thread of the parent may have held it at the fork; that thread does not exist here.
     global _CONDITION_MADE
     _CONDITION_MADE = threading.Lock()
+    for future in list(_WITH_CONDITION):
+        future._cond = None
 
 
 os.register_at_fork(after_in_child=_new_condition_guard_in_a_forked_child)
@@ -263,6 +275,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
             elif future._state is _PENDING:
                 future._result = result
                 future._state = _FINISHED
+                future._waiters_told = True  # (none: a waiter makes the Condition)
                 if future._sleepers:  # (inline: once a put on the completion thread)
                     future._sleepers.wake_all()
     completed: list[_PutFuture] = []

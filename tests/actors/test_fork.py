@@ -194,15 +194,22 @@ def test_futures_in_flight_at_a_fork_are_done_in_the_child_with_an_unknown_outco
 def test_an_as_completed_begun_before_a_fork_ends_in_the_child(tmp_path: Path) -> None:
     """Review 127 F1: a waiter of concurrent.futures (as_completed, wait) installed before the
     fork was never given the futures done in the child: it hung there for good. Also for
-    a future the parent's completion thread had finished but not yet given its waiters."""
+    a future the parent's completion thread had finished but not yet given its waiters; not
+    twice (review 128 F4: KeyError); nor on a Condition another thread held (review 128 F3)."""
     import concurrent.futures
+
+    import threading
 
     store = mqstore.open(tmp_path / "store")
     try:
-        for _ in range(3):  # (the second case is a race: a few forks)
+        for _ in range(6):  # (the other cases are races: a few forks)
             futures = [store.put_async(Message(topic="T", body=b"x" * 200)) for _ in range(3_000)]
             iterator = concurrent.futures.as_completed(futures, timeout=10)
             next(iterator)  # its waiter is on every future still pending
+            # Review 128 F3: another thread's wait holds finished futures' Conditions at times.
+            side = threading.Thread(target=concurrent.futures.wait, args=(futures,),
+                                    kwargs={"return_when": concurrent.futures.FIRST_COMPLETED})  # fmt: skip
+            side.start()
 
             def child() -> dict[str, Any]:
                 try:
@@ -212,6 +219,7 @@ def test_an_as_completed_begun_before_a_fork_ends_in_the_child(tmp_path: Path) -
                 return {"got": got, "statuses": sorted({f.result(timeout=0).status.name for f in futures})}
 
             answer = _in_a_child(child)
+            side.join(30)
             assert answer["got"] == 3_000 and set(answer["statuses"]) <= {"PUT_OK", "UNKNOWN_ERROR"}, answer
             assert all(f.result(timeout=30).ok for f in futures)
     finally:
