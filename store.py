@@ -860,10 +860,12 @@ class MessageStore:
         self, topic: str, key: str, max_count: int | None = None, begin_ms: int = 0, end_ms: int = 2**63 - 1
     ) -> QueryResult:
         """queryMessage (§13.2): messages whose UNIQ_KEY or a KEYS token equals `key`, stored
-        within [begin_ms, end_ms], oldest first; at most `max_count`, by default
-        `default_query_max_num` (the limit RocketMQ's broker gives a query by key). Unlike the
-        Java store, which leaves hash collisions to the client, each hit is checked against
-        the record's real keys. The index files are read through this thread's own maps once
+        within [begin_ms, end_ms] (to the millisecond), each once: the newest `max_count` of
+        them, oldest first; by default `default_query_max_num` (the limit RocketMQ's broker
+        gives a query by key). Unlike the Java store, which leaves hash collisions to the
+        client, each hit is checked against the record's real keys; a walk that other keys'
+        hits cut short is made again with `max_msgs_num_batch`, and says so in `detail` if
+        that is cut short too. The index files are read through this thread's own maps once
         the index covers the thread's last put and everything dispatched when the query
         started; if it does not in time, an empty result with a `detail`."""
         if self._closed:
