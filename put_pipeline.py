@@ -96,6 +96,7 @@ class _PutFuture(Future[PutResult]):
     # as_completed yields it from the futures done when it began), must not be given again
     # (review 128 F4: KeyError in the child's as_completed).
     _waiters_told: bool = False
+    _told: list[Any] = []  # the waiters given it so far (`_tell_waiters`); never appended to here
 
     def __init__(self) -> None:  # Future.__init__'s fields, without its Condition
         self._cond: threading.Condition | None = None
@@ -200,6 +201,20 @@ class _PutFuture(Future[PutResult]):
         return self._state is not _FINISHED
 
 
+def _tell_waiters(future: _PutFuture) -> None:
+    """Give a completed future to its waiters (concurrent.futures.wait, as_completed), noting
+    each as it is told: a fork's child gives it to the others only (review 129 F2: a fork
+    between two waiters gave the first one the future twice, KeyError in its as_completed)."""
+    waiters = future._waiters
+    if waiters:
+        told: list[Any] = []
+        future._told = told
+        for waiter in waiters:
+            waiter.add_result(future)
+            told.append(waiter)
+    future._waiters_told = True
+
+
 # The pipeline whose completion thread this is (unset elsewhere): see _complete_while_waiting.
 _COMPLETING = threading.local()
 # How often such a wait looks again at a future that nothing in this queue completes.
@@ -293,9 +308,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
                 continue
             future._result = result
             future._state = _FINISHED
-            for waiter in future._waiters:
-                waiter.add_result(future)
-            future._waiters_told = True
+            _tell_waiters(future)
             condition.notify_all()
         finally:
             condition.release()
@@ -315,9 +328,7 @@ def _notify_held(held: list[_PutFuture]) -> list[_PutFuture]:
             still.append(future)
             continue
         try:
-            for waiter in future._waiters:
-                waiter.add_result(future)
-            future._waiters_told = True
+            _tell_waiters(future)
             condition.notify_all()
         finally:
             condition.release()
@@ -705,7 +716,10 @@ class PutPipeline:
             # completion thread had finished but not yet given them; the waiter stays in the
             # list its cleanup removes it from. Its lock and event are made anew first: a
             # parent thread may have held them at the fork.
+            told = future._told
             for waiter in future._waiter_list or ():
+                if any(waiter is t for t in told):
+                    continue  # (given it before the fork)
                 if id(waiter) not in renewed:
                     renewed.add(id(waiter))
                     was_set = waiter.event.is_set()

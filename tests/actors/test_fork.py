@@ -224,3 +224,67 @@ def test_an_as_completed_begun_before_a_fork_ends_in_the_child(tmp_path: Path) -
             assert all(f.result(timeout=30).ok for f in futures)
     finally:
         store.close()
+
+
+def test_a_fork_between_two_waiters_being_told_gives_the_first_no_second_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 129 F2: the completion thread had given a future to an as_completed's waiter and
+    not yet to another thread's wait() when the process forked; the child gave it to every
+    waiter again, and its as_completed raised KeyError. The second waiter is slowed here."""
+    import concurrent.futures
+    import concurrent.futures._base as futures_base
+    import threading
+    import time
+
+    from mqstore.actors.commitlog_writer import CommitLogWriter
+
+    in_second = threading.Event()
+    real_add = futures_base._FirstCompletedWaiter.add_result
+
+    def slow_add(self: Any, future: Any) -> None:
+        in_second.set()
+        time.sleep(0.05)
+        real_add(self, future)
+
+    monkeypatch.setattr(futures_base._FirstCompletedWaiter, "add_result", slow_add)
+    gate = threading.Event()
+    real_pass = CommitLogWriter._put_pass
+
+    def gated(self: CommitLogWriter, first: Any) -> None:
+        gate.wait(10)
+        real_pass(self, first)
+
+    monkeypatch.setattr(CommitLogWriter, "_put_pass", gated)
+    store = mqstore.open(tmp_path / "store")
+    try:
+        for _ in range(2):
+            in_second.clear()
+            gate.clear()
+            futures = [store.put_async(Message(topic="T", body=b"x" * 200)) for _ in range(50)]
+            iterator = concurrent.futures.as_completed(futures, timeout=15)
+            first: list[Any] = []
+            helper = threading.Thread(target=lambda: first.append(next(iterator)))
+            helper.start()
+            time.sleep(0.05)  # (the as_completed waiter is first in each future's list)
+            side = threading.Thread(target=concurrent.futures.wait, args=(futures,),
+                                    kwargs={"timeout": 15, "return_when": concurrent.futures.FIRST_COMPLETED})  # fmt: skip
+            side.start()
+            time.sleep(0.05)
+            gate.set()
+            assert in_second.wait(5)
+            helper.join(5)
+
+            def child() -> dict[str, Any]:
+                try:
+                    return {"got": 1 + sum(1 for _ in iterator)}
+                except Exception as exc:  # noqa: BLE001 - the child reports it
+                    return {"error": repr(exc)}
+
+            answer = _in_a_child(child)
+            side.join(15)
+            assert answer.get("got") == 50, answer
+            assert all(f.result(timeout=30).ok for f in futures)
+    finally:
+        gate.set()
+        store.close()
