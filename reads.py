@@ -27,6 +27,7 @@ import re
 import threading
 import time
 import weakref
+from operator import attrgetter
 from typing import Any, Callable, Final, Sequence
 
 
@@ -97,25 +98,27 @@ def settle_query(messages: Sequence[MessageRecord], max_count: int, begin_ms: in
             seen.add(m.commitlog_offset)
             kept.append(m)
     if len(kept) > 1:
-        kept.sort(key=_commitlog_offset)
+        kept.sort(key=attrgetter("commitlog_offset"))
     return kept[-max_count:]
 
 
-def _commitlog_offset(m: MessageRecord) -> int:
-    return m.commitlog_offset
+def _walk_cut(hits: int, budget: int, found: int, max_count: int) -> bool:
+    """Whether a walk that used its whole budget of hits held fewer than `max_count` messages
+    of the key: other keys' hits (or repeats) may have crowded some out."""
+    return hits >= budget and found < max_count
 
 
 def _walk_again(hits: int, budget: int, found: int, max_count: int, batch: int) -> bool:
-    """Whether a walk of `budget` hits that held `found` messages of the key should be made
-    again with the most one query reads (`batch`, max_msgs_num_batch)."""
-    return hits >= budget and found < max_count and budget < batch
+    """Whether such a walk should be made again with the most one query reads (`batch`,
+    max_msgs_num_batch)."""
+    return budget < batch and _walk_cut(hits, budget, found, max_count)
 
 
 def query_walk_cut_detail(hits: int, budget: int, found: int, max_count: int) -> str:
     """The `detail` of an answer whose index walk stopped at its budget of hits with fewer than
     `max_count` messages of the key among them (review 125 F2: other keys' messages of the same
     hash used the budget, and a stored message with the key was answered as none, unsaid)."""
-    if hits < budget or found >= max_count:
+    if not _walk_cut(hits, budget, found, max_count):
         return ""
     return (f"the index walk stopped at {budget} hits, the most one query reads (max_msgs_num_batch), and "
             f"{found} of them were messages of this key (the rest: other keys of the same "

@@ -334,15 +334,6 @@ def settings_of(args: argparse.Namespace) -> StoreConfig:
         raise CliError(ExitCode.USAGE, str(exc)) from None
 
 
-def geometry_of(args: argparse.Namespace) -> tuple[int, int, int]:
-    """(ConsumeQueue file size, hash slots, index entries): the command line's, else the
-    store's settings (`mqstore --config FILE`, MQSTORE_* variables, the defaults), as the
-    store's own commands take them (review 126 F4: only the command line's or 6,000,000-byte
-    queue files, whatever the settings said: a store of 2,000-byte files refused them)."""
-    cfg = settings_of(args)
-    return cfg.mapped_file_size_consume_queue_bytes, cfg.max_hash_slot_num, cfg.max_index_num
-
-
 def run(args: argparse.Namespace) -> int:
     out_dir = os.path.abspath(args.out)
     cfg = settings_of(args)

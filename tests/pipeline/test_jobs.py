@@ -223,7 +223,11 @@ def test_reindex_takes_its_geometry_from_the_settings_unless_the_command_line_gi
     6,000,000-byte queue files for a store of 2,000-byte ones (which the store then refused)."""
     import argparse
 
-    from mqstore.pipeline.reindex import geometry_of
+    from mqstore.pipeline.reindex import settings_of
+
+    def geometry_of(ns: argparse.Namespace) -> tuple[int, int, int]:
+        cfg = settings_of(ns)
+        return cfg.mapped_file_size_consume_queue_bytes, cfg.max_hash_slot_num, cfg.max_index_num
 
     config = tmp_path / "store.toml"
     config.write_text("mapped_file_size_consume_queue_bytes = 2000\nmax_hash_slot_num = 100\nmax_index_num = 400\n")
