@@ -1331,6 +1331,14 @@ class CommitLog:
         resume_at_flushed = False
         if self.no_flush_evidence and (not corrupt or self._looks_torn(files[index], pos)):
             return None
+        if flushed is None and not corrupt and self.read_before_offset is not None and damaged_at >= self.read_before_offset:
+            # A restart: nothing past where the log was read was acknowledged (every answer
+            # waits for its end to be published), so zeros there end it, records after them
+            # too. They are a failed pass's: its write buffers' commit failed, and the
+            # segments it wrote straight into their maps lay past the hole (review 129 F1:
+            # looked past, they stayed in the log; the restart's new records were not served,
+            # and a kill -9 then cut the log at the hole, PUT_OKs with it).
+            return None
         if flushed is None and not corrupt and self.read_before_offset is not None and damaged_at < self.read_before_offset:
             # A restart: zeros below where the log was read (or flushed) are a hole (a segment
             # rolled back; the previous writer degraded on it), looked past only that far, not

@@ -729,10 +729,10 @@ def recover_commitlog(
         flushed = checkpoint.physic_flushed_offset if checkpoint is not None else None
         if known_end > (flushed or 0):
             flushed = known_end
-        if mode is RecoveryMode.RESTART and known_end:
+        if mode is RecoveryMode.RESTART:
             # Zeros below where the log was read, or flushed (the previous writer degraded on a
-            # hole there), are a hole (CommitLog._look_past).
-            commitlog.read_before_offset = flushed
+            # hole there), are a hole; at or past it they end the log (CommitLog._look_past).
+            commitlog.read_before_offset = flushed or 0
         partial = _remove_partial_last_segments(cfg, fs, flushed or 0)
         lost, filled = _fill_commitlog_holes(cfg, fs, flushed or 0) if repair_holes else ([], [])
         if not commitlog.load(readonly_if_denied=readonly_if_denied):

@@ -226,14 +226,18 @@ def test_the_puts_a_failed_pass_appended_are_answered_stored_and_no_failed_put_i
         store.close()
 
 
+@pytest.mark.parametrize("commit_fails", [None, "at once", "after one file"])
+@pytest.mark.parametrize("stored_before", [300, 0])
 def test_a_failed_pass_with_write_buffers_leaves_no_hole_before_the_segments_it_wrote_directly(
-    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch, commit_fails: str | None, stored_before: int
 ) -> None:
     """Review 128 F1: with the transient store pool, a pass that ran out of write buffers wrote
     its later segments straight into their maps; failing midway, the earlier segments' buffered
     bytes never reached their files: a hole before records of puts answered refused. The
     restart carried on past it, handed their queue offsets out again, and a kill -9 then cut
-    the log at the hole. The failed pass now commits its buffers first."""
+    the log at the hole. The failed pass now commits its buffers first. Review 129 F1: where
+    that commit fails too (`commit_fails`), the hole stays; the restart ends the log at it,
+    as nothing past where the log was read was acknowledged (`stored_before` 0: nothing was)."""
     import threading
     import time
     from typing import Any
@@ -241,6 +245,20 @@ def test_a_failed_pass_with_write_buffers_leaves_no_hole_before_the_segments_it_
     import mqstore
     from mqstore import Message
     from mqstore.actors.commitlog_writer import CommitLogWriter
+    from mqstore.storage.commitlog import CommitLog
+
+    real_commit = CommitLog.commit
+    commit_armed = [False]
+
+    def commit(self: CommitLog, least_pages: int) -> bool:
+        if commit_armed[0]:
+            commit_armed[0] = False
+            if commit_fails == "after one file":
+                real_commit(self, least_pages)
+            raise OSError(28, "injected: no space left on device")
+        return real_commit(self, least_pages)
+
+    monkeypatch.setattr(CommitLog, "commit", commit)
 
     settings = dict(mapped_file_size_commitlog_bytes=64 * 1024, transient_store_pool_enable=True, transient_store_pool_size=2)
     real_append = CommitLogWriter._append
@@ -252,10 +270,22 @@ def test_a_failed_pass_with_write_buffers_leaves_no_hole_before_the_segments_it_
             count[0] += 1
             if count[0] == 200:
                 armed.clear()
+                commit_armed[0] = commit_fails is not None
                 raise RuntimeError("the writer fails midway through a pass")
         real_append(self, put, answers, group_commits)
 
+    real_append_run = CommitLogWriter._append_run
+
+    def failing_append_run(self: CommitLogWriter, chunk: list[Any], *args: Any) -> None:
+        if armed.is_set() and count[0] + len(chunk) >= 200:  # (a fresh store's queues meet in runs)
+            count[0] = 199
+            return failing_append(self, chunk[0], *args[1:])
+        if armed.is_set():
+            count[0] += len(chunk)
+        real_append_run(self, chunk, *args)
+
     monkeypatch.setattr(CommitLogWriter, "_append", failing_append)
+    monkeypatch.setattr(CommitLogWriter, "_append_run", failing_append_run)
     acked: dict[bytes, tuple[int, int]] = {}
     store = mqstore.open(store_dir, **settings)
     n = 0
@@ -282,7 +312,7 @@ def test_a_failed_pass_with_write_buffers_leaves_no_hole_before_the_segments_it_
         return [key for key, place in acked.items() if served.get(place) != key]
 
     try:
-        put_round(300)
+        put_round(stored_before)
         armed.set()
         put_round(256)  # one pass of ~8 segments: past the pool's two free buffers
         assert count[0] >= 200
