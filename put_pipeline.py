@@ -152,11 +152,15 @@ class _PutFuture(Future[PutResult]):
         super().set_result(result)
         self._wake_sleepers()
 
+    # Done once its result is set: a future whose Condition a host thread held gets its result
+    # before its state says FINISHED (_complete_futures); concurrent.futures.wait, as_completed
+    # and add_done_callback, which read the state under the Condition, see it done when they
+    # are told (_notify_held).
     def done(self) -> bool:
-        return self._state is _FINISHED
+        return self._result is not None
 
     def result(self, timeout: float | None = None) -> PutResult:
-        if self._state is not _FINISHED and not self._sleep_until_done(_complete_while_waiting(self, timeout)):
+        if self._result is None and not self._sleep_until_done(_complete_while_waiting(self, timeout)):
             raise TimeoutError()  # (concurrent.futures.TimeoutError)
         result = self._result
         assert result is not None  # only ever completed with a result
@@ -170,7 +174,7 @@ class _PutFuture(Future[PutResult]):
         return result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._state is not _FINISHED and not self._sleep_until_done(_complete_while_waiting(self, timeout)):
+        if self._result is None and not self._sleep_until_done(_complete_while_waiting(self, timeout)):
             raise TimeoutError()
         return None  # only ever completed with a result
 
@@ -198,7 +202,7 @@ class _PutFuture(Future[PutResult]):
         return False
 
     def running(self) -> bool:
-        return self._state is not _FINISHED
+        return self._result is None
 
 
 def _tell_waiters(future: _PutFuture) -> None:
@@ -227,7 +231,7 @@ def _complete_while_waiting(future: _PutFuture, timeout: float | None) -> float 
     wait completes the passes queued behind it instead, until `future` is done. Returns what
     is left of `timeout` for the wait that follows."""
     pipeline: PutPipeline | None = _COMPLETING.__dict__.get("pipeline")
-    if pipeline is None or future._state is _FINISHED:
+    if pipeline is None or future._result is not None:
         return timeout
     deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
     pipeline.complete_until(future, deadline)
@@ -287,7 +291,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
         for future, result in completions:
             if future._cond is not None:
                 waited.append((future, result))
-            elif future._state is _PENDING:
+            elif future._result is None:
                 future._result = result
                 future._state = _FINISHED
                 future._waiters_told = True  # (none: a waiter makes the Condition)
@@ -297,14 +301,17 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
     for future, result in waited:
         condition = future._condition
         if not condition.acquire(timeout=_HELD_CONDITION_WAIT_S):
-            if future._state is _PENDING:
+            if future._result is None:
+                # Readable at once (result() reads it without the lock); the state, which the
+                # standard waiters read under the lock, is set when they are told (_notify_held).
+                # Set FINISHED here, an as_completed begun meanwhile took it for done when it
+                # began, and was given it again when told: KeyError.
                 future._result = result
-                future._state = _FINISHED
                 future._wake_sleepers()
                 held.append(future)
             continue
         try:
-            if future._state is not _PENDING:  # completed meanwhile by close() (_complete_closed)
+            if future._result is not None:  # completed meanwhile by close() (_complete_closed), or held
                 continue
             future._result = result
             future._state = _FINISHED
@@ -328,6 +335,7 @@ def _notify_held(held: list[_PutFuture]) -> list[_PutFuture]:
             still.append(future)
             continue
         try:
+            future._state = _FINISHED
             _tell_waiters(future)
             condition.notify_all()
         finally:
@@ -707,7 +715,8 @@ class PutPipeline:
             future._sleepers = None
             if future._state is not _FINISHED:
                 future._callback_list = None
-                future._result = unknown
+                if future._result is None:  # (set, it was held: stored or not, as the parent knew)
+                    future._result = unknown
                 future._state = _FINISHED
             elif future._waiters_told:
                 continue
@@ -1211,10 +1220,10 @@ class PutPipeline:
         deadline = time.monotonic() + timeout_s
         pause = 0.0002
         for future in handed_out:
-            while future._state is not _FINISHED:
+            while future._result is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return sum(1 for f in handed_out if f._state is not _FINISHED)
+                    return sum(1 for f in handed_out if f._result is None)
                 time.sleep(min(pause, remaining))
                 pause = min(pause * 2, 0.005)
         return 0
