@@ -514,7 +514,16 @@ def test_a_put_futures_result_interrupted_anywhere_gives_the_callers_exception_a
         future = _PutFuture()
         future._condition  # made, as a concurrent.futures.wait or a callback makes it  # noqa: B018, SLF001
         futures.append(future)
-        completer = threading.Thread(target=lambda: (time.sleep(0.005), _complete_futures([(future, stored)], [])))
+        def complete() -> None:
+            # Once result() sleeps (or was interrupted before it could): completed before the
+            # call, a loaded machine's late result() made no C call to interrupt (0 points).
+            deadline = time.monotonic() + 0.5
+            while future._sleepers is None and time.monotonic() < deadline:  # noqa: SLF001
+                time.sleep(0.001)
+            time.sleep(0.005)
+            _complete_futures([(future, stored)], [])
+
+        completer = threading.Thread(target=complete)
         completers.append(completer)
         completer.start()
         future.result(timeout=TIMEOUT_S)
