@@ -129,6 +129,11 @@ class PutEncoder:
     def _encode(self, messages: Sequence[PutMessageLike], batch: bool, now_ms: int) -> EncodedBatch | PutRefused:
         if not messages:
             raise ValueError("messages: no messages to put")
+        if not batch and len(messages) != 1:
+            # The writer labels a put by its first message and gives a single put one queue
+            # offset: more records were appended at another queue's offsets (review 131 F1: a
+            # gateway Put whose list changed, or lied in __len__, after the gateway's check).
+            raise ValueError(f"messages: {len(messages)} messages in a put that is not a batch (batch=True)")
         first = messages[0]
         topic = first.topic
         topic_utf8 = self._topic_utf8.get(topic) if type(topic) is str else None

@@ -100,6 +100,36 @@ def test_a_put_of_one_message_not_in_a_list_is_answered_so_and_stores_nothing(st
         assert _ask(store, lambda r: Put(messages=[GOOD], reply=r)).queue_offset == 0
 
 
+class _LyingLength(list):  # type: ignore[type-arg]
+    """A host's list that says it holds one message (or one changed after the gateway's check)."""
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("how", ["list lying in __len__", "submit_put"])
+def test_a_put_of_several_messages_not_a_batch_is_refused_whatever_the_list_says(store_dir: Path, how: str) -> None:
+    """Review 131 F1: the gateway's one-message check ran on the host's list, and what was put
+    was a copy of it: three messages of three queues were appended as one single put, at the
+    first queue's offsets (an honest put to another queue was then served another message, or
+    none). `submit_put` took them with no lie at all. The encoder refuses them now."""
+    three = [Message(topic="A", body=b"A-lie"), Message(topic="B", queue_id=1, body=b"B-lie"),
+             Message(topic="C", queue_id=2, body=b"C-lie")]  # fmt: skip
+    with h.open_small(store_dir) as store:
+        assert store.put(Message(topic="B", queue_id=1, body=b"B-0")).queue_offset == 0
+        with pytest.raises(ValueError, match="not a batch"):
+            if how == "submit_put":
+                store.submit_put(three, batch=False)
+            else:
+                _ask(store, lambda r: Put(messages=_LyingLength(three), reply=r))
+        honest = store.put(Message(topic="B", queue_id=1, body=b"B-1"))
+        assert honest.ok and honest.queue_offset == 1
+        for topic, queue_id in (("A", 0), ("C", 2)):
+            assert store.max_offset(topic, queue_id) == 0
+        got = store.get("B", 1, 0, 32)
+        assert [bytes(m.body) for m in got.messages] == [b"B-0", b"B-1"]
+
+
 def test_requests_that_cannot_be_answered_are_dropped_and_the_gateway_carries_on(store_dir: Path) -> None:
     with h.open_small(store_dir) as store:
         store.actor_ref.tell("hello")

@@ -21,12 +21,21 @@ def _encode(messages: list[Message], batch: bool = False, max_size: int = 4 << 2
 @pytest.mark.parametrize("batch", [False, True])
 def test_every_put_of_a_topic_encodes_as_the_pure_python_path(batch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     messages = [Message(topic="Orders", body=b"x" * n, queue_id=2, tags="t", keys=[f"k{n}"]) for n in range(3)]
+    puts = [messages] if batch else [[m] for m in messages]
     encoder = PutEncoder(STORE_HOST, 4 << 20)
-    first, again = encoder.encode(messages, batch, NOW), encoder.encode(messages, batch, NOW)
+    first, again = [encoder.encode(p, batch, NOW) for p in puts], [encoder.encode(p, batch, NOW) for p in puts]
     monkeypatch.setattr(speedups, "native", None)
-    pure = PutEncoder(STORE_HOST, 4 << 20).encode(messages, batch, NOW)
-    assert isinstance(pure, EncodedBatch)
+    pure = [PutEncoder(STORE_HOST, 4 << 20).encode(p, batch, NOW) for p in puts]
+    assert all(isinstance(p, EncodedBatch) for p in pure)
     assert first == again == pure
+
+
+def test_several_messages_are_a_batch_or_nothing() -> None:
+    """Review 131 F1: a put that is not a batch is labelled by its first message and given one
+    queue offset; more records in it were appended at another queue's offsets."""
+    two = [Message(topic="A", body=b"a"), Message(topic="B", queue_id=1, body=b"b")]
+    with pytest.raises(ValueError, match="not a batch"):
+        _encode(two, batch=False)
 
 
 def test_a_refused_topic_is_refused_on_every_put_and_a_valid_one_stays_valid() -> None:
@@ -42,7 +51,7 @@ def test_a_batch_over_the_size_limit_is_refused_on_the_c_path_and_the_python_pat
     messages = [Message(topic="Orders", body=b"x" * 100) for _ in range(4)]
     single_size = len(_encode(messages[:1]).records[0])  # type: ignore[union-attr]
     limit = single_size * 3
-    assert isinstance(_encode(messages, batch=False, max_size=limit), EncodedBatch)  # each fits alone
+    assert all(isinstance(_encode([m], batch=False, max_size=limit), EncodedBatch) for m in messages)  # each fits alone
     for native in (speedups.native, None):
         monkeypatch.setattr(speedups, "native", native)
         refused = _encode(messages, batch=True, max_size=limit)
