@@ -60,6 +60,7 @@ from .messages import (
     Subscriber,
     UnitsReply,
     Waiter,
+    host_reply_refusal,
 )
 from . import reads
 from .offsets import ConsumerOffsets
@@ -480,6 +481,8 @@ class MessageStore:
         result when the put was refused before reaching the writer). With `reply`, the answer
         goes there (and stats are recorded when it arrives)."""
         self._check_open()
+        if reply is not None and (why_not := host_reply_refusal(reply)) is not None:
+            raise TypeError(f"submit_put: {why_not}")
         messages = plain_messages(messages)
         started_ns = time.monotonic_ns()
         waiter: Waiter | None = None

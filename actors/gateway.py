@@ -33,6 +33,7 @@ from ..messages import (
     Subscriber,
     Unsubscribe,
     Waiter,
+    host_reply_refusal,
 )
 from .base import ActorContext, RequestT, StoreActor
 
@@ -175,7 +176,7 @@ class _Routed(StoreActor[RequestT]):
         except Exception:  # anything a client sends: its attributes may raise
             reply = None
         error = TypeError(f"{self.name} cannot handle {type(message).__name__}: {why}")
-        if isinstance(reply, Reply):
+        if isinstance(reply, Reply) and host_reply_refusal(reply) is None:
             self._answer_failed(reply, error)
             return
         # Kinds are the client's types: a family, so one making up a type per request gets
@@ -284,6 +285,9 @@ class StoreGateway(_Routed[GatewayRequest]):
         reply = getattr(message, "reply", None)  # (the request types' own fields: plain values)
         if not isinstance(message, (Subscribe, Unsubscribe, Ping)) and not isinstance(reply, Reply):
             self.refuse(message, f"its reply is {type(reply).__name__}, not a Reply")
+            return None
+        if reply is not None and (why_not := host_reply_refusal(reply)) is not None:
+            self.refuse(message, why_not)  # (dropped and logged: answering it would run it here)
             return None
         try:
             error = request_error(message)

@@ -36,6 +36,7 @@ __all__ = [
     "GetResult",
     "QueryResult",
     "Reply",
+    "host_reply_refusal",
     "Replied",
     "Waiter",
     "Put",
@@ -488,6 +489,18 @@ class Reply(Generic[A_contra]):
     def actor(self) -> pykka.ActorRef[Any] | None:
         """The actor this answer is told to (None: a future or a callback)."""
         return self._actor
+
+
+def host_reply_refusal(reply: object) -> str | None:
+    """Why a `Reply` a host handed the store (a request's, `submit_put`'s) may not be answered
+    by a store thread, or None. A subclass's send() and fail() are the host's code, and a
+    `store_internal_callback` runs its callback inline: on the writer's thread, one that
+    blocked held up every put and the close for good (review 131 F2)."""
+    if type(reply) is not Reply:
+        return f"its reply is a {type(reply).__name__}, not a Reply itself (a subclass's methods would run on a store thread)"
+    if reply._inline:
+        return "its reply has store_internal_callback=True, which is for the store's own callbacks (it would run on a store thread)"
+    return None
 
 
 R_co = TypeVar("R_co", covariant=True)

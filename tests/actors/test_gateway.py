@@ -130,6 +130,50 @@ def test_a_put_of_several_messages_not_a_batch_is_refused_whatever_the_list_says
         assert [bytes(m.body) for m in got.messages] == [b"B-0", b"B-1"]
 
 
+class _HostsReply(Reply[Any]):
+    """A host's Reply subclass: its methods are host code (they could block for good)."""
+
+    __slots__ = ()
+    ran_on: list[str] = []
+
+    def send(self, answer: Any, **kwargs: Any) -> None:
+        self.ran_on.append(threading.current_thread().name)
+        super().send(answer, **kwargs)
+
+    def fail(self, exc: Exception) -> None:
+        self.ran_on.append(threading.current_thread().name)
+        super().fail(exc)
+
+
+@pytest.mark.parametrize("how", ["subclass", "store_internal_callback"])
+@pytest.mark.parametrize("request_kind", ["put", "get"])
+def test_a_hosts_reply_that_would_run_on_a_store_thread_is_refused(store_dir: Path, how: str, request_kind: str) -> None:
+    """Review 131 F2: a Reply subclass, or a host's Reply with store_internal_callback=True,
+    ran the host's code on the writer's thread (a put) or a gateway reader's (a get): one that
+    blocked held up every put and the close. The gateway drops such a request (logged), and
+    submit_put refuses it, so no store thread runs it."""
+    called: list[str] = []
+    _HostsReply.ran_on = called
+
+    def reply() -> Reply[Any]:
+        if how == "subclass":
+            return _HostsReply(callback=lambda _answer: None)
+        return Reply(callback=lambda _answer: called.append(threading.current_thread().name), store_internal_callback=True)
+
+    with h.open_small(store_dir) as store:
+        if request_kind == "put":
+            store.actor_ref.tell(Put(messages=(GOOD,), reply=reply()))
+            with pytest.raises(TypeError, match="store thread"):
+                store.submit_put([GOOD], batch=False, reply=reply())
+        else:
+            store.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=reply()))
+        # Answered in order behind it: the request was handled (dropped) by now.
+        assert _ask(store, lambda r: Put(messages=(Message(topic="t", body=b"next"),), reply=r)).ok
+        assert _ask(store, lambda r: Get(topic="t", queue_id=0, offset=0, max_count=8, reply=r)).found
+        assert called == []
+        assert [bytes(m.body) for m in store.get("t", 0, 0, 8).messages] == [b"next"]
+
+
 def test_requests_that_cannot_be_answered_are_dropped_and_the_gateway_carries_on(store_dir: Path) -> None:
     with h.open_small(store_dir) as store:
         store.actor_ref.tell("hello")
