@@ -682,17 +682,6 @@ def listener_name(callback: object) -> str:
     return name if type(name) is str and name else type(callback).__qualname__
 
 
-def _same_subscriber(subscribed: object, subscriber: object) -> bool:
-    """Identity, or equality where comparing the host's objects answers a plain bool (an
-    array's `==` raises or answers an array: not the same subscriber)."""
-    if subscribed is subscriber:
-        return True
-    try:
-        return (subscribed == subscriber) is True
-    except Exception:
-        return False
-
-
 def call_listener(ref: pykka.ActorRef[Any], callback: Callable[[T], object], argument: T, name: str) -> bool:
     """Have `ref` (a Listener) call `callback(argument)`; False if that listener is gone."""
     try:
@@ -949,8 +938,13 @@ class Subscriptions:
         self._swap(tuple(e for e in self._entries if id(e) not in ids))
 
     def remove(self, subscriber: object) -> None:
+        """Its entries, by who it is (`_identity_key`), never by its `==`: that is the host's
+        code, run under this lock on reput's thread when a dead actor is dropped (review 131
+        F3: an `__eq__` that slept stopped dispatch, and the close waited on the lock for
+        good; one always True unsubscribed every other subscriber)."""
+        key = _identity_key(subscriber)
         with self._lock:
-            gone = [e for e in self._entries if _same_subscriber(e.subscriber, subscriber)]
+            gone = [e for e in self._entries if _identity_key(e.subscriber) == key]
             if gone:
                 self._without(gone)
         for entry in gone:

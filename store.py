@@ -1384,7 +1384,9 @@ class MessageStore:
         self._subscriptions.add(subscriber, topic, queue_id)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
-        """Stop telling `subscriber` (every subscription it has)."""
+        """Stop telling `subscriber` (every subscription it has): the object subscribed, a
+        bound method of the same object and function, or a ref to the same actor; not an
+        object that is only `==` to it (its `__eq__` is never run)."""
         self._check_open()
         self._subscriptions.remove(subscriber)
 

@@ -425,6 +425,46 @@ def test_a_subscriber_actor_that_died_is_dropped(store_dir: Path) -> None:
         assert store.supervisor.restarts == []
 
 
+def test_dropping_or_unsubscribing_a_subscriber_runs_no_subscribers_eq(store_dir: Path) -> None:
+    """Review 131 F3: a dead actor's subscription was dropped on reput's thread by comparing
+    every other subscriber with `==`, the host's code, under the subscriptions' lock: one that
+    blocked stopped dispatch, and the close waited on the lock for good. One whose `==` is
+    always True, unsubscribed, took every other subscriber with it. Who a subscriber is is its
+    identity now."""
+    compared: list[str] = []
+
+    class Sink(pykka.ThreadingActor):
+        def on_receive(self, message: Any) -> None:
+            return None
+
+    class EqualToAll:
+        def __call__(self, arrived: Any) -> None:
+            return None
+
+        def __eq__(self, other: object) -> bool:
+            compared.append(threading.current_thread().name)
+            return True
+
+        __hash__ = object.__hash__
+
+    heard: list[Any] = []
+    with h.open_small(store_dir) as store:
+        subscribed = EqualToAll()
+        store.subscribe(subscribed, topic="t")
+        store.subscribe(heard.append, topic="t")
+        sink = Sink.start()
+        store.subscribe(sink, topic="t")
+        sink.stop()
+        assert store.put(GOOD).ok
+        h.wait_dispatched(store)
+        h.wait_until(lambda: len(store._subscriptions.subscribers()) == 2, what="the dead subscriber dropped")
+        store.unsubscribe(EqualToAll())  # equal to everything, the same as nothing subscribed
+        assert len(store._subscriptions.subscribers()) == 2
+        store.unsubscribe(subscribed)
+        assert store._subscriptions.subscribers() == [heard.append]
+        assert compared == []
+
+
 def test_a_subscriber_actor_that_stopped_is_dropped_though_its_queues_stay_quiet(store_dir: Path) -> None:
     """Review 84 F1: one that stopped without unsubscribing was dropped only at its next notice:
     per-session actors subscribed to their own topics piled up for good (5.6 KB each; 20k
