@@ -1040,7 +1040,17 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         assert commitlog is not None
         queue = commitlog.mapped_file_queue
         files = queue.mapped_files
-        window = max(request.max_files, 0) + 1
+        # Only segments whose records are all in the ConsumeQueues (and the index): one deleted
+        # before reput reached it took acknowledged records no queue had counted, and the next
+        # start handed their queue offsets out again, the queue's max offset fell (review 130
+        # F1). A dispatch that lags holds the cleaning back, as RocketMQ's reput behind its
+        # commitlog keeps the reput from reading deleted files.
+        dispatched = self._dispatched_offset()
+        size = queue.mapped_file_size
+        below = 0
+        while below < len(files) - 1 and files[below].file_from_offset + size <= dispatched:
+            below += 1
+        window = min(max(request.max_files, 0), below) + 1
         if len(files) > window:
             # The storage loop keeps the last file of the list it is given: give it only the
             # oldest max_files + 1, so it deletes at most max_files. The cleaner sends the next
