@@ -206,6 +206,18 @@ def _fits(size: int, slots: int, entries: int) -> bool:
     return slots > 0 and entries > 1 and INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE + entries * INDEX_ENTRY_SIZE == size
 
 
+def _walks_cleanly_if_there(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
+    """`_walks_cleanly`, or True for a file deleted since its header was read (a running
+    store's cleaner): gone, it tells nothing against the geometry (review 130 F4: a bare
+    FileNotFoundError failed the read-only commands on a live store)."""
+    try:
+        return _walks_cleanly(fs, path, slots, entries)
+    except FileNotFoundError:
+        if isinstance(fs, RealFileSystem) and os.path.lexists(path):
+            raise
+        return True
+
+
 def _walks_cleanly(fs: FileSystem, path: str, slots: int, entries: int) -> bool:
     """Do the slots and the first entries of `path` make sense read with this geometry? Every
     slot names an entry below the header's count, every entry's chain link points back to an
@@ -361,7 +373,7 @@ def index_geometry_of(
                 raise
     fitting = [c for c in dict.fromkeys(candidates) if _fits(size, c.max_hash_slot_num, c.max_index_num)]
     clean = tuple(c for c in fitting  # in order, once each
-                  if all(_walks_cleanly(fs, p, c.max_hash_slot_num, c.max_index_num) for p in sample))  # fmt: skip
+                  if all(_walks_cleanly_if_there(fs, p, c.max_hash_slot_num, c.max_index_num) for p in sample))  # fmt: skip
     if len(clean) <= 1:
         return (clean[0] if clean else None), ()
     if explicit_slots is not None or explicit_entries is not None:
