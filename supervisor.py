@@ -195,6 +195,7 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     or IsADirectoryError said less, and a FIFO hung the open), a file the store writes in
     place that is shared with another name, or a leftover copy of a replaced segment."""
     refuse_odd_files(fs, cfg)
+    refuse_a_directory_inside_another_store(fs, cfg)
     for path in (cfg.checkpoint_path, cfg.lock_path):
         _refuse_if_shared(fs, path)
     _refuse_what_is_in_the_way_of_segments(fs, cfg)
@@ -237,6 +238,51 @@ def refuse_a_commitlog_inside_another_directory(cfg: StoreConfig) -> None:
                 f"directory {path}, which lists and deletes its own files there: give the commitlog a directory of "
                 "its own, outside it"
             )
+
+
+# The directories of a store's root that it lists, names and deletes its own files in.
+_A_STORES_OWN_DIRECTORIES = ("commitlog", "consumequeue", "index", "config")
+
+
+def _another_stores_root(fs: FileSystem, path: str) -> bool:
+    """Whether `path` is the root of a store (its checkpoint and its log or queues there)."""
+    return fs.isfile(os.path.join(path, "checkpoint")) and (
+        fs.isdir(os.path.join(path, "commitlog")) or fs.isdir(os.path.join(path, "consumequeue"))
+    )
+
+
+def refuse_a_directory_inside_another_store(fs: FileSystem, cfg: StoreConfig) -> None:
+    """StoreDirectoryError, before anything is made, when the store's root or one of its
+    directories is another store's root or lies inside one of that store's own directories
+    (its commitlog, consumequeue, index or config): this store's files would be written among
+    that store's, which lists, rebuilds and deletes what it finds there (review 130 F2: a new
+    store whose store_path_commitlog was another's consumequeue/t/0 opened, wrote its record
+    over that queue's units, and recovery deleted two of its files; F3: a root inside another's
+    consumequeue put a checkpoint there, and that store no longer opened). The lock claims only
+    the other store's top directories, not what lies below them."""
+    own = os.path.realpath(cfg.store_path_root_dir)
+    for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
+                       (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory"),
+                       (cfg.config_dir, "config directory")):  # fmt: skip
+        real = os.path.realpath(path)
+        inside: list[str] = []
+        at = real
+        while True:
+            if at != own and _another_stores_root(fs, at):
+                if not inside:
+                    raise StoreDirectoryError(f"the {what} {path} is another store's root ({at}): give this store "
+                                              "directories of its own")  # fmt: skip
+                if inside[-1] in _A_STORES_OWN_DIRECTORIES:
+                    raise StoreDirectoryError(
+                        f"the {what} {path} is inside the {inside[-1]} directory of another store ({at}), which "
+                        "lists, rebuilds and deletes its own files there: give this store directories of its own, "
+                        "outside it"
+                    )
+            parent = os.path.dirname(at)
+            if parent == at:
+                break
+            inside.append(os.path.basename(at))
+            at = parent
 
 
 def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:

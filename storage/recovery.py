@@ -343,12 +343,14 @@ def commitlog_not_this_stores(cfg: StoreConfig, fs: FileSystem) -> str | None:
             segments[int(name)] = path
     if not segments:
         return None
-    queues = list_consume_queues(cfg.consume_queue_dir, fs)
-    if not queues:
-        return None
+    # Before the queues are looked at: a new store has none, and took another store's queue
+    # directory for its log (review 130 F2).
     if not any(_holds_a_record(fs, path, start) for start, path in sorted(segments.items())):
         return (f"none of its {len(segments)} files named as segments holds a commitlog record (is it a directory of "
                 "another kind, such as a queue's?)")  # fmt: skip
+    queues = list_consume_queues(cfg.consume_queue_dir, fs)
+    if not queues:
+        return None
     indexed, others = _index_evidence(cfg, fs, segments)
     if indexed:
         return None  # a message this store indexed, where its index says: this store's log

@@ -134,8 +134,13 @@ def test_a_directory_reached_from_two_store_roots_is_held_by_one_store_at_a_time
         for root in (original, copy):
             with mqstore.open(root, **SMALL) as store:
                 store.commit_offset("g", "t", 0, 3)
+    # The original's directory on another disk (a link), and the copy's link copied with it:
+    # one directory outside both roots. (A link into the original's root itself is refused
+    # whether the original runs or not: test_a_store_inside_another_stores_directories_...)
+    (original / shared).rename(tmp_path / "elsewhere")
+    (original / shared).symlink_to(tmp_path / "elsewhere")
     (copy / shared).rename(tmp_path / "copy-own")
-    (copy / shared).symlink_to(original / shared)
+    (copy / shared).symlink_to(tmp_path / "elsewhere")
     with mqstore.open(original, **SMALL) as store:
         before = _state(original / shared)
         with pytest.raises(mqstore.StoreLockedError, match=f"{copy / shared} is held by another store"):
@@ -225,3 +230,50 @@ def test_a_commitlog_directory_inside_another_of_the_stores_directories_is_refus
     code, message = _recover(root)
     assert code == ExitCode.NOT_A_STORE and "inside the store's" in message, message
     assert _state(root) == before
+
+
+@pytest.mark.parametrize("running", [False, True])
+@pytest.mark.parametrize(("root_at", "commitlog_at"), [
+    ("x", "a/consumequeue/t/0"), ("x", "a/consumequeue/t"), ("x", "a/index/sub"), ("x", "a"),
+    ("a/consumequeue", None), ("a/consumequeue/t/0", None), ("a/commitlog", None), ("a/index", None),
+    ("a/config", None),
+])  # fmt: skip
+def test_a_store_inside_another_stores_directories_is_refused_and_changes_nothing(
+    tmp_path: Path, root_at: str, commitlog_at: str | None, running: bool
+) -> None:
+    """Review 130 F2: a new store whose store_path_commitlog was another store's
+    consumequeue/t/0 opened (a new store has no queues, so the check that the files are a log
+    did not run), wrote its record over that queue's units, and its recovery deleted two of
+    them. F3: a store rooted inside another's consumequeue put its checkpoint and lock there,
+    and the other store no longer opened. Refused before anything is made, the other store
+    running or not."""
+    a = tmp_path / "a"
+    _store(a)
+    with contextlib.ExitStack() as stack:
+        if running:
+            stack.enter_context(mqstore.open(a, **SMALL))
+        def files_of_a() -> tuple[set[str], dict[str, str]]:
+            """Its names, and the bytes of its log, queues and index (running, `a` rewrites its
+            checkpoint and stats snapshot on its own)."""
+            state = _state(a)
+            data = tuple(str(a / d) + os.sep for d in ("commitlog", "consumequeue", "index"))
+            return set(state), {p: digest for p, (digest, _mtime) in state.items() if p.startswith(data)}
+
+        before = files_of_a()
+        settings = dict(SMALL) if commitlog_at is None else {**SMALL, "store_path_commitlog": str(tmp_path / commitlog_at)}
+        with pytest.raises(mqstore.StoreDirectoryError, match="another store"):
+            mqstore.open(tmp_path / root_at, **settings)  # type: ignore[arg-type]
+        if commitlog_at is None:  # the same through a link to it
+            (tmp_path / "link").symlink_to(tmp_path / root_at)
+            with pytest.raises(mqstore.StoreDirectoryError, match="another store"):
+                mqstore.open(tmp_path / "link", **settings)  # type: ignore[arg-type]
+        assert files_of_a() == before
+    with mqstore.open(a, **SMALL) as reopened:
+        assert [bytes(m.body) for m in reopened.get("t", 0, 0, 32).messages] == [b"m%d" % i for i in range(10)]
+
+
+def test_a_store_beside_another_inside_the_same_directory_opens(tmp_path: Path) -> None:
+    """Not every directory below another store's root is that store's: one beside its own
+    directories is not refused."""
+    _store(tmp_path / "a")
+    _store(tmp_path / "a" / "mine")
