@@ -209,6 +209,9 @@ class CleanerActor(StoreActor[CleanerRequest]):
                 commitlog_deleted = self._delete_commitlog_files(clean_at_once)
                 if commitlog_deleted == 0 and space.spacefull:
                     self.log.warning("disk space will be full soon, but delete file failed", ratios=space.ratios)
+            # Segments gone, their queues' files not yet: the next round's (or a restarted
+            # cleaner's) queue cleaning catches up.
+            self.ctx.faults.hit("cleaner.mid_delete")
             hanged_deleted = self._redelete_hanged_file()
             min_offset = self._writer_min_offset()
             cq_deleted, index_deleted = self._clean_consume_queues(min_offset)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mqstore import FaultPlan
+from mqstore import FaultPlan, Message
 from mqstore.faults import FAULT_POINTS
 from mqstore.storage.status import PutMessageStatus
 
@@ -35,6 +35,7 @@ PUT_LATENCY_MAX_S = 5.0  # far above any restart; a put this slow lost its reply
 
 def test_every_existing_fault_point_is_covered() -> None:
     # The gateway holds no files: its restart is tested in test_gateway.py.
+    # The cleaner's point: test_a_cleaner_crash_between_its_deletions_is_restarted_alone.
     missing = FAULT_POINTS - set(CASES) - {"cleaner.mid_delete", "gateway.mid_request"}
     assert not missing, f"fault points without a test: {missing}"
 
@@ -327,3 +328,29 @@ def test_a_failed_pass_with_write_buffers_leaves_no_hole_before_the_segments_it_
         store.close()
     with mqstore.open(store_dir, **settings) as reopened:
         assert unserved(reopened) == []
+
+
+def test_a_cleaner_crash_between_its_deletions_is_restarted_alone(store_dir: Path) -> None:
+    """`cleaner.mid_delete` (review 130 I1: listed, never hit): the cleaner crashes after the
+    log's expired segments went and before their queues' files did. It is restarted alone, the
+    manual deletion that hit it answers 0, and the next one cleans the queues it left."""
+    plan = FaultPlan()
+    settings = dict(file_reserved_time_hours=0, delete_when=";".join(f"{h:02d}" for h in range(24)))
+    with h.open_small(store_dir, faults=plan, **settings) as store:
+        for i in range(PUTS_BETWEEN_ALLOCATIONS * 3):
+            assert store.put(Message(topic="t", body=b"%d" % i + b"." * 400)).ok
+        h.wait_dispatched(store)
+        segments = len(list((store_dir / "commitlog").iterdir()))
+        plan.arm("cleaner.mid_delete", 1)
+        assert store.delete_expired_files_now() == 0  # (its answer: the cleaner crashed)
+        h.wait_until(lambda: len(store.supervisor.restarts) == 1, what="the cleaner's restart")
+        record = store.supervisor.restarts[-1]
+        assert (record.failed, record.restarted) == ("cleaner", ("cleaner",))
+        assert plan.fired["cleaner.mid_delete"] == 1
+        assert len(list((store_dir / "commitlog").iterdir())) < segments  # they went before the crash
+        assert store.min_offset("t", 0) == 0  # their queue's units not yet
+        h.wait_until(lambda: "cleaner" in store.supervisor.peers, what="the cleaner back")
+        store.delete_expired_files_now()
+        assert store.min_offset("t", 0) > 0
+        got = store.get("t", 0, store.min_offset("t", 0), 1)
+        assert got.found and store.running
