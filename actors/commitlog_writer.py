@@ -1040,12 +1040,12 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         assert commitlog is not None
         queue = commitlog.mapped_file_queue
         files = queue.mapped_files
-        # Only segments whose records are all in the ConsumeQueues (and the index): one deleted
-        # before reput reached it took acknowledged records no queue had counted, and the next
-        # start handed their queue offsets out again, the queue's max offset fell (review 130
-        # F1). A dispatch that lags holds the cleaning back, as RocketMQ's reput behind its
-        # commitlog keeps the reput from reading deleted files.
-        dispatched = self._dispatched_offset()
+        # Only segments whose records are all in the ConsumeQueues: one deleted before reput
+        # reached it took acknowledged records no queue had counted, and the next start handed
+        # their queue offsets out again, the queue's max offset fell (review 130 F1). Not bound
+        # by the index, which is derived and may be left behind for good (an index that cannot
+        # write: review 133 F1, no segment was deleted again, and the disk filled).
+        dispatched = self.ctx.read_view.view.queues_written
         size = queue.mapped_file_size
         below = 0
         while below < len(files) - 1 and files[below].file_from_offset + size <= dispatched:

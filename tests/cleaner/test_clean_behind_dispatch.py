@@ -91,3 +91,35 @@ def test_segments_reput_has_not_dispatched_are_not_deleted_and_no_queue_offset_i
     finally:
         plan.release.set()
         store.close()
+
+
+def test_an_index_that_cannot_write_does_not_hold_the_cleaning_back() -> None:
+    """Review 133 F1: the bound above waited for the index too; an index that could not make a
+    file (EIO, its own full disk) stopped every deletion for good, the disk filled and puts were
+    refused. The index is derived: the queues alone bound the cleaning."""
+    import errno
+
+    from mqstore.storage.fs import SimulatedFileSystem
+
+    fs = SimulatedFileSystem()
+    fs.makedirs("/s")
+    settings = {**SETTINGS, "mapped_file_size_commitlog_bytes": 16384, "max_index_num": 200}
+    with mqstore.open("/s", fs=fs, **settings) as store:  # type: ignore[arg-type]
+        for i in range(50):
+            assert store.put(Message(topic="t", body=b"x" * 300, keys=[f"k{i}"])).ok
+        fs.inject_fault("map", path_contains="/index/", err=errno.EIO, count=10**9)
+        for i in range(50, 1500):
+            assert store.put(Message(topic="t", body=b"x" * 300, keys=[f"k{i}"])).ok
+        deadline = time.monotonic() + TIMEOUT_S
+        while store.stats()["consume_queue_behind_bytes"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert store.stats()["index_behind_bytes"] > 0  # the index is stuck behind
+        indexed_end = store.read_view.view.indexed_end
+        segments = len(fs.listdir("/s/commitlog"))
+        assert (segments - 1) * 16384 > indexed_end + 4 * 16384
+        while store.delete_expired_files_now():  # (at most a batch a round)
+            pass
+        oldest = min(int(name) for name in fs.listdir("/s/commitlog"))
+        assert oldest > indexed_end  # past where the index stopped
+        assert store.put(Message(topic="t", body=b"after")).ok
