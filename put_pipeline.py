@@ -245,6 +245,10 @@ _CONDITION_MADE = threading.Lock()
 # old one at the fork (review 128 F3: another thread's concurrent.futures.wait held a finished
 # future's, and the child's as_completed hung for good on it).
 _WITH_CONDITION: weakref.WeakSet[_PutFuture] = weakref.WeakSet()
+# Futures given their result without their lock, their waiters not told yet (`_notify_held`):
+# out of their pipeline's pending set, so a fork's child finishes them from here (review 132
+# F1: their state never said FINISHED there, and a wait() on one hung the child for good).
+_HELD_UNTOLD: weakref.WeakSet[_PutFuture] = weakref.WeakSet()
 
 
 def _new_condition_guard_in_a_forked_child() -> None:
@@ -307,6 +311,7 @@ def _complete_futures(completions: list[tuple[_PutFuture, PutResult]], held: lis
                 # Set FINISHED here, an as_completed begun meanwhile took it for done when it
                 # began, and was given it again when told: KeyError.
                 future._result = result
+                _HELD_UNTOLD.add(future)
                 future._wake_sleepers()
                 held.append(future)
             continue
@@ -340,6 +345,7 @@ def _notify_held(held: list[_PutFuture]) -> list[_PutFuture]:
             condition.notify_all()
         finally:
             condition.release()
+        _HELD_UNTOLD.discard(future)
         freed.append(future)
     held[:] = still
     return freed
@@ -708,7 +714,9 @@ class PutPipeline:
         are the parent's and run there, not here."""
         unknown = PutResult(PutMessageStatus.UNKNOWN_ERROR, detail=detail)
         renewed: set[int] = set()
-        for future in list(self._pending):  # (the completion thread takes a pass's out once all are done)
+        # (The completion thread takes a pass's out of `_pending` once all are done; those it
+        # finished without their lock wait in _HELD_UNTOLD, of any store: each is done once.)
+        for future in {id(f): f for f in (*self._pending, *_HELD_UNTOLD)}.values():
             # Its Condition, which the completion thread may have held at the fork, made anew
             # on first use; nobody in this child waits on it yet.
             future._cond = None
@@ -738,6 +746,7 @@ class PutPipeline:
                     if hasattr(waiter, "lock"):
                         waiter.lock = threading.Lock()
                 waiter.add_result(future)
+            future._waiters_told = True  # (another store's call, next, leaves it)
         self._pending.clear()
 
     def note_actor_put(self, sender: pykka.ActorRef[Any], result: PutResult) -> None:

@@ -9,6 +9,7 @@ Here the interrupted thread is stood for by a thread that takes the lock and kee
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -231,4 +232,43 @@ def test_an_as_completed_begun_while_a_future_was_held_gets_it_once(store_dir: P
         other.set_result(stuck.result(0))  # (any value)
         consumer.join(TIMEOUT_S)
         assert errors == [] and got == [stuck, other]
+        assert stuck.result(0).ok
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_future_held_at_a_fork_is_done_in_the_child(store_dir: Path) -> None:
+    """Review 132 F1: a future given its result without its lock (held) is out of its
+    pipeline's pending set until its waiters are told; forked in between, the child never
+    finished it: wait() and as_completed() on it hung there for good, though done() said True."""
+    import json
+    from concurrent.futures import as_completed, wait
+
+    with helpers.open_small(store_dir) as store:
+        go_on, _ = _completion_held(store)
+        stuck = store.put_async(Message(topic="t", body=b"stuck"))
+        release, holder = _hold(stuck)
+        go_on.set()
+        deadline = time.monotonic() + TIMEOUT_S
+        while not stuck.done():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            try:
+                done, _ = wait([stuck], timeout=3)
+                answer = {"wait": len(done), "as_completed": [f.result(0).status.name for f in as_completed([stuck], timeout=3)]}
+            except BaseException as exc:  # reported, not raised into the test runner's copy
+                answer = {"error": repr(exc)}
+            os.write(write, json.dumps(answer).encode())
+            os._exit(0)
+        os.close(write)
+        chunks = []
+        while chunk := os.read(read, 65536):
+            chunks.append(chunk)
+        os.close(read)
+        os.waitpid(pid, 0)
+        release.set()
+        holder.join(TIMEOUT_S)
+        assert json.loads(b"".join(chunks)) == {"wait": 1, "as_completed": ["PUT_OK"]}
         assert stuck.result(0).ok
