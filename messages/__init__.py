@@ -500,6 +500,11 @@ def host_reply_refusal(reply: object) -> str | None:
         return f"its reply is a {type(reply).__name__}, not a Reply itself (a subclass's methods would run on a store thread)"
     if reply._inline:
         return "its reply has store_internal_callback=True, which is for the store's own callbacks (it would run on a store thread)"
+    future = reply._future
+    if isinstance(future, Waiter) and type(future) is not Waiter:
+        # A Waiter is set on the answering thread (it is the store's own); a subclass's set()
+        # is the host's code (review 132 F2: on the writer's, every put waited for it).
+        return f"its future is a {type(future).__name__}, not a Waiter itself (its methods would run on a store thread)"
     return None
 
 

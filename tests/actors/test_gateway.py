@@ -145,7 +145,23 @@ class _HostsReply(Reply[Any]):
         super().fail(exc)
 
 
-@pytest.mark.parametrize("how", ["subclass", "store_internal_callback"])
+class _HostsWaiter(Waiter):
+    """A host's Waiter subclass: its set() is host code."""
+
+    def set(self, *args: Any, **kwargs: Any) -> None:
+        _HostsReply.ran_on.append(threading.current_thread().name)
+        super().set(*args, **kwargs)
+
+    def set_later(self, *args: Any, **kwargs: Any) -> None:
+        _HostsReply.ran_on.append(threading.current_thread().name)
+        super().set_later(*args, **kwargs)
+
+    def hand_over(self, *args: Any, **kwargs: Any) -> None:
+        _HostsReply.ran_on.append(threading.current_thread().name)
+        super().hand_over(*args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["subclass", "store_internal_callback", "a Waiter subclass"])
 @pytest.mark.parametrize("request_kind", ["put", "get"])
 def test_a_hosts_reply_that_would_run_on_a_store_thread_is_refused(store_dir: Path, how: str, request_kind: str) -> None:
     """Review 131 F2: a Reply subclass, or a host's Reply with store_internal_callback=True,
@@ -158,6 +174,8 @@ def test_a_hosts_reply_that_would_run_on_a_store_thread_is_refused(store_dir: Pa
     def reply() -> Reply[Any]:
         if how == "subclass":
             return _HostsReply(callback=lambda _answer: None)
+        if how == "a Waiter subclass":  # (review 132 F2)
+            return Reply(future=_HostsWaiter())
         return Reply(callback=lambda _answer: called.append(threading.current_thread().name), store_internal_callback=True)
 
     with h.open_small(store_dir) as store:
