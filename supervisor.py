@@ -283,6 +283,49 @@ def refuse_a_directory_inside_another_store(fs: FileSystem, cfg: StoreConfig) ->
                 break
             inside.append(os.path.basename(at))
             at = parent
+    if fs.isfile(cfg.checkpoint_path):
+        return  # (a store that was opened before: what it holds is its own)
+    # A new store made around another (review 133 F2): that store, inside one of this one's
+    # directories, no longer opened, and this one's recovery and cleaning would walk its files.
+    for path, what in ((cfg.commitlog_dir, "commitlog directory"), (cfg.consume_queue_dir, "consumequeue directory"),
+                       (cfg.index_dir, "index directory"), (cfg.config_dir, "config directory")):  # fmt: skip
+        if (below := _a_store_below(fs, path, _STORE_BELOW_DEPTH)) is not None:
+            raise StoreDirectoryError(f"another store's root ({below}) is inside the {what} {path} of this new store: "
+                                      "give this store directories of its own")  # fmt: skip
+    # A new root that is a commitlog directory, another store's store_path_commitlog (review
+    # 133 F3): segments are there already.
+    root = cfg.store_path_root_dir
+    if os.path.realpath(cfg.commitlog_dir) != own and fs.isdir(root):
+        segments = sorted(n for n in fs.listdir(root) if len(n) == 20 and n.isdigit())
+        if segments:
+            raise StoreDirectoryError(f"the store directory {root} of this new store holds files named as commitlog "
+                                      f"segments ({segments[0]}, ...): it is a commitlog directory (another store's "
+                                      "store_path_commitlog?); give this store a directory of its own")  # fmt: skip
+
+
+# How deep below a new store's directories another store's root is looked for: a queue's
+# directory is two levels down (consumequeue/<topic>/<queue>), a root inside it one more.
+_STORE_BELOW_DEPTH = 3
+
+
+def _a_store_below(fs: FileSystem, path: str, depth: int) -> str | None:
+    """A store's root at most `depth` directories below `path` (`path` itself not counted)."""
+    level = [path]
+    for _ in range(depth):
+        below: list[str] = []
+        for directory in level:
+            try:
+                names = fs.listdir(directory)
+            except OSError:
+                continue
+            for name in names:
+                child = os.path.join(directory, name)
+                if fs.isdir(child) and not os.path.islink(child):
+                    if _another_stores_root(fs, child):
+                        return child
+                    below.append(child)
+        level = below
+    return None
 
 
 def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:
@@ -540,13 +583,16 @@ class Supervisor:
         assert self.state is SupervisorState.NEW
         cfg = self.config
         refuse_what_is_in_the_way(self.fs, cfg)
+        root_made = not self.fs.isdir(cfg.store_path_root_dir)
         try:
             self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
         except OSError as exc:
             raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
         created_abort = False
-        made_here: list[str] = []  # the data directories this open made (a refused one removes them)
+        # The directories this open made, the root too: a refused one removes them, left empty
+        # (review 133 F3: one refused for its commitlog's content left its new root behind).
+        made_here: list[str] = [cfg.store_path_root_dir] if root_made else []
         try:
             # Inside the try whose cleanup releases it: an exception raised into this thread
             # between the two left the lock held for the process's life (review 85 F4).

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,39 @@ def test_a_store_beside_another_inside_the_same_directory_opens(tmp_path: Path) 
     directories is not refused."""
     _store(tmp_path / "a")
     _store(tmp_path / "a" / "mine")
+
+
+@pytest.mark.parametrize("inside", ["consumequeue/foo", "consumequeue/t/0/foo", "commitlog/foo", "index/foo", "config/foo"])
+def test_a_new_store_made_around_another_is_refused_and_changes_nothing(tmp_path: Path, inside: str) -> None:
+    """Review 133 F2: a new store at N whose directories already held another store's root
+    (N/consumequeue/foo) opened, and that store no longer opened (it lay inside another's)."""
+    new = tmp_path / "n"
+    _store(new / inside)
+    before = _state(new)
+    with pytest.raises(mqstore.StoreDirectoryError, match="another store's root"):
+        mqstore.open(new, **SMALL)
+    assert _state(new) == before
+    with mqstore.open(new / inside, **SMALL) as reopened:
+        assert len(reopened.get("t", 0, 0, 32).messages) == 10
+
+
+def test_a_new_store_in_another_stores_commitlog_directory_is_refused(tmp_path: Path) -> None:
+    """Review 133 F3: a store whose store_path_commitlog lies outside its root; a new store
+    rooted in that directory opened and wrote its checkpoint and directories among the
+    segments, and the other store no longer opened."""
+    a, log = tmp_path / "a", tmp_path / "a-log"
+    with mqstore.open(a, store_path_commitlog=str(log), **SMALL) as store:
+        assert store.put(Message("t", b"m")).ok
+    before = _state(a, log)
+    with pytest.raises(mqstore.StoreDirectoryError, match="named as commitlog segments"):
+        mqstore.open(log, **SMALL)
+    assert _state(a, log) == before
+    # Refused for its commitlog's content (after its root was made): no new root left behind.
+    other_log = tmp_path / "n-log"
+    shutil.copytree(a / "consumequeue" / "t" / "0", other_log)
+    with pytest.raises(mqstore.StoreDirectoryError, match="holds a commitlog record"):
+        adopted = {k: v for k, v in SMALL.items() if k != "mapped_file_size_commitlog_bytes"}  # (the file's size)
+        mqstore.open(tmp_path / "n", store_path_commitlog=str(other_log), **adopted)
+    assert not (tmp_path / "n").exists()
+    with mqstore.open(a, store_path_commitlog=str(log), **SMALL) as reopened:
+        assert [bytes(m.body) for m in reopened.get("t", 0, 0, 8).messages] == [b"m"]
