@@ -14,6 +14,9 @@ The invariants (checked by `check_invariants`) are the contract of issue 3:
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -256,3 +259,31 @@ def check_invariants(store: MessageStore, entries: list[Entry]) -> dict[str, int
     return {
         "stored": stored, "refused_but_stored": refused_in, "refused_absent": refused_out, "query_repeats": repeated
     }
+
+
+def in_a_forked_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`work()` in a forked child; its answer, and how long the child took to exit."""
+    read, write = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, then exit through the exit handlers, as a host does
+        os.close(read)
+        try:
+            answer = work()
+        except BaseException as exc:  # reported, not raised into the test runner's copy
+            answer = {"error": repr(exc)}
+        os.write(write, json.dumps(answer).encode())
+        os.close(write)
+        try:
+            sys.exit(0)
+        finally:
+            os._exit(0)  # (pytest's own machinery must not go on in the child)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(pid, 0)
+    answer: dict[str, Any] = json.loads(b"".join(chunks))
+    answer["exit_s"] = time.monotonic() - started
+    return answer

@@ -6,47 +6,19 @@ alone; the parent carries on."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 import mqstore
 from mqstore import Message, StoreClosedError
 
+h = sys.modules["mqstore_actor_test_helpers"]  # loaded by conftest.py
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-
-
-def _in_a_child(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """`work()` in a forked child; its answer, and how long the child took to exit."""
-    read, write = os.pipe()
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # the child: answer, then exit through the exit handlers, as a host does
-        os.close(read)
-        try:
-            answer = work()
-        except BaseException as exc:  # reported, not raised into the test runner's copy
-            answer = {"error": repr(exc)}
-        os.write(write, json.dumps(answer).encode())
-        os.close(write)
-        try:
-            sys.exit(0)
-        finally:
-            os._exit(0)  # (pytest's own machinery must not go on in the child)
-    os.close(write)
-    chunks = []
-    while chunk := os.read(read, 65536):
-        chunks.append(chunk)
-    os.close(read)
-    os.waitpid(pid, 0)
-    answer: dict[str, Any] = json.loads(b"".join(chunks))
-    answer["exit_s"] = time.monotonic() - started
-    return answer
 
 
 def test_a_forked_child_finds_the_parents_store_closed_at_once_and_the_parent_carries_on(tmp_path: Path) -> None:
@@ -73,7 +45,7 @@ def test_a_forked_child_finds_the_parents_store_closed_at_once_and_the_parent_ca
                 seen["open"] = str(exc)
             return seen
 
-        seen = _in_a_child(child)
+        seen = h.in_a_forked_child(child)
         assert "error" not in seen, seen
         for name in ("put", "get", "put_async"):
             assert f"was opened by process {os.getpid()}" in seen[name] and "fork" in seen[name], seen
@@ -106,7 +78,7 @@ def test_a_forked_child_runs_the_reply_callbacks_of_a_store_it_opens_itself(tmp_
                 own.actor_ref.tell(Get(topic="t", queue_id=0, offset=0, max_count=1, reply=Reply(callback=lambda a: called.set())))
                 return {"called": called.wait(5)}
 
-        assert _in_a_child(child) == {"called": True, "exit_s": pytest.approx(0, abs=10)}
+        assert h.in_a_forked_child(child) == {"called": True, "exit_s": pytest.approx(0, abs=10)}
 
 
 PARENT_KILLED_WITH_A_CHILD = """
@@ -174,7 +146,7 @@ def test_futures_in_flight_at_a_fork_are_done_in_the_child_with_an_unknown_outco
             return {"not_done": len(not_done), "statuses": statuses, "unknown": len(unknown),
                     "detail": unknown[0].detail if unknown else ""}  # fmt: skip
 
-        answer = _in_a_child(child)
+        answer = h.in_a_forked_child(child)
         gate.set()
         assert "error" not in answer, answer
         assert answer["not_done"] == 0 and answer["statuses"] == ["UNKNOWN_ERROR"], answer
@@ -216,7 +188,7 @@ def test_an_as_completed_begun_before_a_fork_ends_in_the_child(tmp_path: Path) -
                     return {"got": "timed out"}
                 return {"got": got, "statuses": sorted({f.result(timeout=0).status.name for f in futures})}
 
-            answer = _in_a_child(child)
+            answer = h.in_a_forked_child(child)
             side.join(30)
             assert answer.get("got") == 500 and set(answer["statuses"]) <= {"PUT_OK", "UNKNOWN_ERROR"}, answer
             assert all(f.result(timeout=30).ok for f in futures)
@@ -283,7 +255,7 @@ def test_a_fork_between_two_waiters_being_told_gives_the_first_no_second_copy(
                 except Exception as exc:  # noqa: BLE001 - the child reports it
                     return {"error": repr(exc)}
 
-            answer = _in_a_child(child)
+            answer = h.in_a_forked_child(child)
             side.join(15)
             assert answer.get("got") == 50, answer
             assert all(f.result(timeout=30).ok for f in futures)

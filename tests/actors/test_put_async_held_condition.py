@@ -15,6 +15,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,6 +64,20 @@ def _completion_held(store: mqstore.MessageStore) -> tuple[threading.Event, int]
             assert in_callback.wait(TIMEOUT_S)
             return go_on, made
     raise AssertionError("every put was done before its callback was added")
+
+
+def _completed_while_held(store: mqstore.MessageStore) -> tuple[Future[PutResult], threading.Event, threading.Thread]:
+    """A put's future completed without its lock: a thread keeps its Condition (until the
+    event is set) while the completion thread, held until then, comes to it."""
+    go_on, _ = _completion_held(store)
+    stuck = store.put_async(Message(topic="t", body=b"stuck"))
+    release, holder = _hold(stuck)
+    go_on.set()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not stuck.done():  # completed without its lock, after the completion thread's wait for it
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    return stuck, release, holder
 
 
 def test_a_future_whose_lock_a_host_thread_keeps_stops_no_other_future(store_dir: Path) -> None:
@@ -185,14 +200,8 @@ def test_an_as_completed_begun_while_a_future_was_held_gets_it_once(store_dir: P
     from concurrent.futures import as_completed
 
     with helpers.open_small(store_dir) as store:
-        go_on, _ = _completion_held(store)
-        stuck = store.put_async(Message(topic="t", body=b"stuck"))
-        release, holder = _hold(stuck)
-        go_on.set()
+        stuck, release, holder = _completed_while_held(store)
         deadline = time.monotonic() + TIMEOUT_S
-        while not stuck.done():  # completed without its lock, after the completion thread's wait for it
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
         go_on_again, _ = _completion_held(store)  # nothing tells `stuck`'s waiters meanwhile
         release.set()
         holder.join(TIMEOUT_S)
@@ -240,35 +249,16 @@ def test_a_future_held_at_a_fork_is_done_in_the_child(store_dir: Path) -> None:
     """Review 132 F1: a future given its result without its lock (held) is out of its
     pipeline's pending set until its waiters are told; forked in between, the child never
     finished it: wait() and as_completed() on it hung there for good, though done() said True."""
-    import json
     from concurrent.futures import as_completed, wait
 
+    def child() -> dict[str, Any]:
+        done, _ = wait([stuck], timeout=3)
+        return {"wait": len(done), "as_completed": [f.result(0).status.name for f in as_completed([stuck], timeout=3)]}
+
     with helpers.open_small(store_dir) as store:
-        go_on, _ = _completion_held(store)
-        stuck = store.put_async(Message(topic="t", body=b"stuck"))
-        release, holder = _hold(stuck)
-        go_on.set()
-        deadline = time.monotonic() + TIMEOUT_S
-        while not stuck.done():
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child
-            try:
-                done, _ = wait([stuck], timeout=3)
-                answer = {"wait": len(done), "as_completed": [f.result(0).status.name for f in as_completed([stuck], timeout=3)]}
-            except BaseException as exc:  # reported, not raised into the test runner's copy
-                answer = {"error": repr(exc)}
-            os.write(write, json.dumps(answer).encode())
-            os._exit(0)
-        os.close(write)
-        chunks = []
-        while chunk := os.read(read, 65536):
-            chunks.append(chunk)
-        os.close(read)
-        os.waitpid(pid, 0)
+        stuck, release, holder = _completed_while_held(store)
+        answer = helpers.in_a_forked_child(child)
         release.set()
         holder.join(TIMEOUT_S)
-        assert json.loads(b"".join(chunks)) == {"wait": 1, "as_completed": ["PUT_OK"]}
+        assert {k: answer.get(k) for k in ("wait", "as_completed", "error")} == {"wait": 1, "as_completed": ["PUT_OK"], "error": None}
         assert stuck.result(0).ok
