@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mqstore
@@ -110,3 +112,12 @@ def assert_verified(store_dir: str, context: str, **kwargs: Any) -> None:
     report = verify_store(store_dir, **kwargs)
     assert report.ok, f"{context}: verify found {report.problem_count} problems: {[str(p) for p in report.problems[:10]]}"
 
+
+def log_alone(root: Path) -> Path:
+    """A copy of the commitlog directory of the store at `root` outside any store's root, as a
+    log on a disk of its own is (pointed at inside the other store's root, an open is refused
+    for where it lies, before its content is read: test_linked_files)."""
+    copy = root.parent / f"{root.name}-log"
+    if not copy.exists():
+        shutil.copytree(root / "commitlog", copy)
+    return copy

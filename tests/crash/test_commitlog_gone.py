@@ -21,6 +21,8 @@ import mqstore
 from mqstore import Message
 from mqstore.cli import main as cli_main
 
+from crashlib import log_alone
+
 
 def _ten(path: Path, **settings: Any) -> None:
     with mqstore.open(path, **settings) as store:
@@ -246,15 +248,6 @@ def test_a_directory_or_file_in_the_place_of_a_segment_or_queue_is_a_store_direc
 
 
 # Review 45 F2/F3: store_path_commitlog set to a log that is there but not this store's.
-def _alone(root: Path) -> Path:
-    """A copy of `root`'s commitlog directory outside any store's root, as a log on a disk of
-    its own is (pointed at inside the other store's root, an open is refused for where it
-    lies, before its content is read: test_linked_files)."""
-    alone = root.parent / f"{root.name}-log"
-    if not alone.exists():
-        shutil.copytree(root / "commitlog", alone)
-    return alone
-
 
 # Small index files too: the digests read every file whole (a default index file is 420 MB).
 _SMALL = {"mapped_file_size_commitlog_bytes": 64 * 1024, "mapped_file_size_consume_queue_bytes": 2000,
@@ -286,7 +279,7 @@ def test_a_commitlog_directory_of_another_log_is_refused_and_nothing_changes(tmp
     mine, other = tmp_path / "mine", tmp_path / "other"
     _three_queues(mine, 900, b"mine")
     _three_queues(other, 150, b"other")
-    elsewhere = _alone(other) if whose == "another_store" else mine / "consumequeue" / "T0" / "0"
+    elsewhere = log_alone(other) if whose == "another_store" else mine / "consumequeue" / "T0" / "0"
     before = (_digest(mine), _digest(other))
     # (one of the store's own queue directories is refused by where it lies, before it is read)
     said = "is not this store's" if whose == "another_store" else "is inside the store's consumequeue"
@@ -433,7 +426,7 @@ def test_another_log_that_looks_alike_is_still_refused(tmp_path: Path, case: str
         _three_queues(other, 150, b"other")
     before = (_digest(mine), _digest(other))
     with pytest.raises(mqstore.StoreDirectoryError, match="is not this store's"):
-        mqstore.open(mine, store_path_commitlog=str(_alone(other)), **_SMALL)
+        mqstore.open(mine, store_path_commitlog=str(log_alone(other)), **_SMALL)
     assert (_digest(mine), _digest(other)) == before
 
 

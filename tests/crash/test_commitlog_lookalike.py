@@ -35,7 +35,7 @@ from mqstore.storage.index import read_index_header
 from mqstore.storage import recovery
 from mqstore.storage.recovery import commitlog_not_this_stores
 
-from crashlib import flushed_only_to
+from crashlib import flushed_only_to, log_alone
 
 FIXTURES = Path("/work/shared/fixtures")
 
@@ -57,16 +57,6 @@ def _producer(path: Path, n: int, seed: int, topics: tuple[str, ...] = ("orders"
             body = rnd.randbytes(256)
             assert store.put(Message(topics[i % len(topics)], body, tags="TagA", keys=["%08x" % rnd.getrandbits(32)])).ok
 
-
-
-def _alone(root: Path) -> Path:
-    """A copy of `root`'s commitlog directory outside any store's root, as a log on a disk of
-    its own is (pointed at inside the other store's root, an open is refused for where it
-    lies, before its content is read: test_linked_files)."""
-    alone = root.parent / f"{root.name}-log"
-    if not alone.exists():
-        shutil.copytree(root / "commitlog", alone)
-    return alone
 
 def _served(path: Path, topic: str = "orders", **settings: Any) -> int:
     served = 0
@@ -133,14 +123,14 @@ def test_a_lookalike_log_of_another_store_is_refused_and_nothing_changes(
     assert indexed == 0 and others >= 2
     if how == "open":
         with pytest.raises(mqstore.StoreDirectoryError, match="is not this store's.*store_path_commitlog"):
-            mqstore.open(mine, store_path_commitlog=str(_alone(other)), **_SMALL)
+            mqstore.open(mine, store_path_commitlog=str(log_alone(other)), **_SMALL)
     else:
         extra = {"recover": ["--no-progress"], "get": ["--topic", "orders", "--queue", "0", "--offset", "0"],
                  "query": ["--topic", "orders", "--key", "00000000"], "verify": []}[how]  # fmt: skip
         args = ["recover", *extra, str(mine)] if how == "recover" else [how, str(mine), *extra]
         # Only the commitlog's place given: the files' geometry is adopted (a read-only command
         # checks the log before it adopts it).
-        code, err = _cli(args, {"MQSTORE_STORE_PATH_COMMITLOG": str(_alone(other))})
+        code, err = _cli(args, {"MQSTORE_STORE_PATH_COMMITLOG": str(log_alone(other))})
         assert code == 5 and "is not this store's" in err, (code, err[-2000:])
     assert (_digest(mine), _digest(other)) == before
     assert _served(mine) == 400 and _served(other) == 250
@@ -154,7 +144,7 @@ def test_a_lookalike_log_whose_topics_alternate_is_refused(tmp_path: Path, two_b
     before = _digest(other)
     assert _verdict(two_brokers[0], other / "commitlog") is not None
     with pytest.raises(mqstore.StoreDirectoryError, match="is not this store's"):
-        mqstore.open(two_brokers[0], store_path_commitlog=str(_alone(other)), **_SMALL)
+        mqstore.open(two_brokers[0], store_path_commitlog=str(log_alone(other)), **_SMALL)
     assert _digest(other) == before
 
 
@@ -187,7 +177,7 @@ def test_two_real_brokers_logs_of_one_shape_are_told_apart(tmp_path: Path, mine:
     indexed, others = _evidence(a, b / "commitlog", **settings)
     assert indexed == 0 and others >= 2
     with pytest.raises(mqstore.StoreDirectoryError, match="is not this store's"):
-        mqstore.open(a, store_path_commitlog=str(_alone(b)), **settings)
+        mqstore.open(a, store_path_commitlog=str(log_alone(b)), **settings)
     assert (_digest(a), _digest(b)) == before
     assert _served(a, "abc", **settings) == 47
 
