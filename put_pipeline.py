@@ -260,6 +260,57 @@ def _new_condition_guard_in_a_forked_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_condition_guard_in_a_forked_child)
+
+
+def _finish_in_a_forked_child(future: _PutFuture, unknown: PutResult, renewed: set[int]) -> None:
+    """(In a child made by fork.) `future` done, with `unknown` unless it has its result, and
+    given to the waiters of concurrent.futures begun before the fork that it was not given
+    yet; once (`_waiters_told`). Set without its locks, which a parent thread may have held at
+    the fork; its done-callbacks are the parent's and run there, not here."""
+    # Its Condition, which the completion thread may have held at the fork, made anew on
+    # first use; nobody in this child waits on it yet.
+    future._cond = None
+    future._sleepers = None
+    if future._state is not _FINISHED:
+        future._callback_list = None
+        if future._result is None:  # (set, it was held: stored or not, as the parent knew)
+            future._result = unknown
+        future._state = _FINISHED
+    elif future._waiters_told:
+        return
+    # A wait() or as_completed() a thread had begun before the fork waits on its waiter's event
+    # (review 127 F1: never set, the child hung), also for a future the completion thread had
+    # finished but not yet given them; the waiter stays in the list its cleanup removes it
+    # from. Its lock and event are made anew first: a parent thread may have held them.
+    told = future._told
+    for waiter in future._waiter_list or ():
+        if any(waiter is t for t in told):
+            continue  # (given it before the fork)
+        if id(waiter) not in renewed:
+            renewed.add(id(waiter))
+            was_set = waiter.event.is_set()
+            waiter.event = threading.Event()
+            if was_set:
+                waiter.event.set()
+            if hasattr(waiter, "lock"):
+                waiter.lock = threading.Lock()
+        waiter.add_result(future)
+    future._waiters_told = True
+
+
+def _held_untold_in_a_forked_child() -> None:
+    """The futures given their result without their lock, their waiters not told yet: out of
+    every store's pending set, and maybe of a store closed since (review 134 F1: with no store
+    open at the fork, nothing finished them, and a wait() on one hung the child for good)."""
+    held = list(_HELD_UNTOLD)
+    _HELD_UNTOLD.clear()
+    unknown = PutResult(PutMessageStatus.UNKNOWN_ERROR, detail="left behind by fork()")
+    renewed: set[int] = set()
+    for future in held:
+        _finish_in_a_forked_child(future, unknown, renewed)
+
+
+os.register_at_fork(after_in_child=_held_untold_in_a_forked_child)
 _PENDING: str = _futures_base.PENDING
 _FINISHED: str = _futures_base.FINISHED
 
@@ -714,39 +765,8 @@ class PutPipeline:
         are the parent's and run there, not here."""
         unknown = PutResult(PutMessageStatus.UNKNOWN_ERROR, detail=detail)
         renewed: set[int] = set()
-        # (The completion thread takes a pass's out of `_pending` once all are done; those it
-        # finished without their lock wait in _HELD_UNTOLD, of any store: each is done once.)
-        for future in {id(f): f for f in (*self._pending, *_HELD_UNTOLD)}.values():
-            # Its Condition, which the completion thread may have held at the fork, made anew
-            # on first use; nobody in this child waits on it yet.
-            future._cond = None
-            future._sleepers = None
-            if future._state is not _FINISHED:
-                future._callback_list = None
-                if future._result is None:  # (set, it was held: stored or not, as the parent knew)
-                    future._result = unknown
-                future._state = _FINISHED
-            elif future._waiters_told:
-                continue
-            # A wait() or as_completed() this thread had begun before the fork waits on its
-            # waiter's event (review 127 F1: never set, the child hung), also for a future the
-            # completion thread had finished but not yet given them; the waiter stays in the
-            # list its cleanup removes it from. Its lock and event are made anew first: a
-            # parent thread may have held them at the fork.
-            told = future._told
-            for waiter in future._waiter_list or ():
-                if any(waiter is t for t in told):
-                    continue  # (given it before the fork)
-                if id(waiter) not in renewed:
-                    renewed.add(id(waiter))
-                    was_set = waiter.event.is_set()
-                    waiter.event = threading.Event()
-                    if was_set:
-                        waiter.event.set()
-                    if hasattr(waiter, "lock"):
-                        waiter.lock = threading.Lock()
-                waiter.add_result(future)
-            future._waiters_told = True  # (another store's call, next, leaves it)
+        for future in list(self._pending):  # (the completion thread takes a pass's out once all are done)
+            _finish_in_a_forked_child(future, unknown, renewed)
         self._pending.clear()
 
     def note_actor_put(self, sender: pykka.ActorRef[Any], result: PutResult) -> None:

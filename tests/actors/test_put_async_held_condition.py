@@ -262,3 +262,22 @@ def test_a_future_held_at_a_fork_is_done_in_the_child(store_dir: Path) -> None:
         holder.join(TIMEOUT_S)
         assert {k: answer.get(k) for k in ("wait", "as_completed", "error")} == {"wait": 1, "as_completed": ["PUT_OK"], "error": None}
         assert stuck.result(0).ok
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_held_future_of_a_closed_store_is_done_in_a_child_forked_with_no_store_open(store_dir: Path) -> None:
+    """Review 134 F1: the child finished held futures only through an open store's fork hook;
+    with the store closed first (its held future still untold: a thread kept its lock), a
+    wait() on it hung the child for good."""
+    from concurrent.futures import wait
+
+    store = helpers.open_small(store_dir)
+    try:
+        stuck, release, holder = _completed_while_held(store)
+    finally:
+        assert store.close()
+    answer = helpers.in_a_forked_child(lambda: {"wait": len(wait([stuck], timeout=3)[0])})
+    release.set()
+    holder.join(TIMEOUT_S)
+    assert {k: answer.get(k) for k in ("wait", "error")} == {"wait": 1, "error": None}
+    assert stuck.result(0).ok
