@@ -319,6 +319,8 @@ def _a_store_below(fs: FileSystem, path: str, depth: int) -> str | None:
             except OSError:
                 continue
             for name in names:
+                if len(name) >= 17 and name.isdigit():
+                    continue  # a segment, queue or index file (a stat each was ~1 s for 64k queue files)
                 child = os.path.join(directory, name)
                 if fs.isdir(child) and not os.path.islink(child):
                     if _another_stores_root(fs, child):
@@ -653,10 +655,11 @@ class Supervisor:
                 if all_stopped:
                     # Nor the directories it made, left empty (review 116 L1: an open refused for a
                     # commitlog kept elsewhere left an empty commitlog/ beside the store's files).
+                    # rmdir, never a listing then a removal: another process that opened the
+                    # same new root in between had its whole store removed (review 134 F2).
                     for path in reversed(made_here):
                         with contextlib.suppress(OSError):
-                            if self.fs.isdir(path) and not self.fs.listdir(path):
-                                self.fs.rmtree(path)
+                            self.fs.rmdir(path)
             finally:
                 # Cut short too (a second exception raised into this thread): else the lock
                 # stayed held for the process's life (review 85 F4). Children still running

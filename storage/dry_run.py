@@ -88,6 +88,9 @@ class DryRunFileSystem(RealFileSystem):
     def rmtree(self, path: str) -> None:
         self.remove(path)
 
+    def rmdir(self, path: str) -> None:
+        self.remove(path)
+
     def mtime_ms(self, path: str) -> int:
         self._there(path)
         return super().mtime_ms(path)

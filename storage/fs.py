@@ -301,6 +301,7 @@ class FileSystem(Protocol):
     def makedirs(self, path: str) -> None: ...
     def remove(self, path: str) -> None: ...
     def rmtree(self, path: str) -> None: ...
+    def rmdir(self, path: str) -> None: ...  # an empty directory; OSError if it is not
     def mtime_ms(self, path: str) -> int: ...
     def dir_state(self, path: str) -> Hashable | None: ...
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
@@ -1095,6 +1096,9 @@ class RealFileSystem:
     def rmtree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
     def mtime_ms(self, path: str) -> int:
         return os.stat(path).st_mtime_ns // 1_000_000
 
@@ -1584,6 +1588,16 @@ class SimulatedFileSystem:
             for p in [p for p in self._files if p.startswith(prefix)]:
                 del self._files[p]
             self._dirs = {d for d in self._dirs if d != path and not d.startswith(prefix)}
+
+    def rmdir(self, path: str) -> None:
+        path = os.path.normpath(path)
+        prefix = path + os.sep
+        with self._lock:
+            if path not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+            if any(p.startswith(prefix) for p in self._files) or any(d.startswith(prefix) for d in self._dirs):
+                raise OSError(errno.ENOTEMPTY, "directory not empty", path)
+            self._dirs.discard(path)
 
     def dir_state(self, path: str) -> Hashable | None:
         """None: the simulated disk has no permissions (a create fault ends with its count)."""

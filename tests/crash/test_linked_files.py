@@ -21,6 +21,7 @@ import mqstore
 from mqstore import Message
 from mqstore.cli import ExitCode
 from mqstore.cli import main as cli_main
+from mqstore.storage.fs import RealFileSystem
 
 SMALL = {"mapped_file_size_commitlog_bytes": 1 << 20, "max_hash_slot_num": 64, "max_index_num": 400}
 
@@ -314,3 +315,38 @@ def test_a_new_store_in_another_stores_commitlog_directory_is_refused(tmp_path: 
     assert not (tmp_path / "n").exists()
     with mqstore.open(a, store_path_commitlog=str(log), **SMALL) as reopened:
         assert [bytes(m.body) for m in reopened.get("t", 0, 0, 8).messages] == [b"m"]
+
+
+class _AnotherOpenerFillsTheRoot(RealFileSystem):
+    """Another process's store appears in `root` just as a refused open takes away the root it
+    made, after it found the root empty."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = str(root)
+
+    def _fill(self, path: str) -> None:
+        if path == self.root:
+            (Path(self.root) / "another-opener").write_bytes(b"its store")
+
+    def rmtree(self, path: str) -> None:
+        self._fill(path)
+        super().rmtree(path)
+
+    def rmdir(self, path: str) -> None:
+        self._fill(path)
+        super().rmdir(path)
+
+
+def test_a_refused_open_never_removes_what_another_opener_put_in_the_root_it_made(tmp_path: Path) -> None:
+    """Review 134 F2: the refused open listed its new root, found it empty and removed it
+    whole; another process that had opened the same new root in between lost its store."""
+    a = tmp_path / "a"
+    _store(a)
+    queue_files = tmp_path / "queue-files"
+    shutil.copytree(a / "consumequeue" / "t" / "0", queue_files)
+    new = tmp_path / "n"
+    adopted = {k: v for k, v in SMALL.items() if k != "mapped_file_size_commitlog_bytes"}
+    with pytest.raises(mqstore.StoreDirectoryError, match="holds a commitlog record"):
+        mqstore.open(new, store_path_commitlog=str(queue_files), fs=_AnotherOpenerFillsTheRoot(new), **adopted)  # type: ignore[arg-type]
+    assert (new / "another-opener").read_bytes() == b"its store"
