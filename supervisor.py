@@ -315,19 +315,26 @@ def _a_store_below(fs: FileSystem, path: str, depth: int) -> str | None:
         below: list[str] = []
         for directory in level:
             try:
-                names = fs.listdir(directory)
+                subdirectories = _subdirectories(fs, directory)
             except OSError:
                 continue
-            for name in names:
-                if len(name) >= 17 and name.isdigit():
-                    continue  # a segment, queue or index file (a stat each was ~1 s for 64k queue files)
-                child = os.path.join(directory, name)
-                if fs.isdir(child) and not os.path.islink(child):
-                    if _another_stores_root(fs, child):
-                        return child
-                    below.append(child)
+            for child in subdirectories:
+                if _another_stores_root(fs, child):
+                    return child
+                below.append(child)
         level = below
     return None
+
+
+def _subdirectories(fs: FileSystem, directory: str) -> list[str]:
+    """The directories in `directory`, links left out. On real files by the directory's own
+    entry types, not a stat per name (review 134 F3: ~0.9 s for 64k queue files); by name
+    never (review 135 M1: a store's root named as a segment, a date, was skipped)."""
+    if isinstance(fs, RealFileSystem):
+        with os.scandir(directory) as entries:
+            return [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+    children = (os.path.join(directory, name) for name in fs.listdir(directory))
+    return [child for child in children if fs.isdir(child) and not os.path.islink(child)]
 
 
 def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:

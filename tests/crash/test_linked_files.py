@@ -281,7 +281,8 @@ def test_a_store_beside_another_inside_the_same_directory_opens(tmp_path: Path) 
     _store(tmp_path / "a" / "mine")
 
 
-@pytest.mark.parametrize("inside", ["consumequeue/foo", "consumequeue/t/0/foo", "commitlog/foo", "index/foo", "config/foo"])
+@pytest.mark.parametrize("inside", ["consumequeue/foo", "consumequeue/t/0/foo", "commitlog/foo", "index/foo", "config/foo",
+                                    "consumequeue/20261201000000000", "config/20261201000000000/s"])  # fmt: skip
 def test_a_new_store_made_around_another_is_refused_and_changes_nothing(tmp_path: Path, inside: str) -> None:
     """Review 133 F2: a new store at N whose directories already held another store's root
     (N/consumequeue/foo) opened, and that store no longer opened (it lay inside another's)."""
