@@ -202,14 +202,19 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     _refuse_an_unsettled_store_copy(fs, cfg)
 
 
+def _store_directories(cfg: StoreConfig) -> tuple[tuple[str, str], ...]:
+    """(path, what it is) of the store's root, then of its data directories."""
+    return ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
+            (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory"),
+            (cfg.config_dir, "config directory"))  # fmt: skip
+
+
 def refuse_odd_files(fs: FileSystem, cfg: StoreConfig) -> None:
     """The first checks of `refuse_what_is_in_the_way` (also `mqstore inspect`'s): a commitlog
     directory inside another of the store's, a file where a directory belongs, anything but a
     regular file where a file belongs."""
     refuse_a_commitlog_inside_another_directory(cfg)
-    for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
-                       (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory"),
-                       (cfg.config_dir, "config directory")):  # fmt: skip
+    for path, what in _store_directories(cfg):
         refuse_a_dangling_link(fs, path, what)
         if fs.exists(path) and not fs.isdir(path):
             raise StoreDirectoryError(f"{path} is a file where the {what} belongs; move it aside and start again")
@@ -261,9 +266,7 @@ def refuse_a_directory_inside_another_store(fs: FileSystem, cfg: StoreConfig) ->
     consumequeue put a checkpoint there, and that store no longer opened). The lock claims only
     the other store's top directories, not what lies below them."""
     own = os.path.realpath(cfg.store_path_root_dir)
-    for path, what in ((cfg.store_path_root_dir, "store directory"), (cfg.commitlog_dir, "commitlog directory"),
-                       (cfg.consume_queue_dir, "consumequeue directory"), (cfg.index_dir, "index directory"),
-                       (cfg.config_dir, "config directory")):  # fmt: skip
+    for path, what in _store_directories(cfg):
         real = os.path.realpath(path)
         inside: list[str] = []
         at = real
@@ -287,8 +290,7 @@ def refuse_a_directory_inside_another_store(fs: FileSystem, cfg: StoreConfig) ->
         return  # (a store that was opened before: what it holds is its own)
     # A new store made around another (review 133 F2): that store, inside one of this one's
     # directories, no longer opened, and this one's recovery and cleaning would walk its files.
-    for path, what in ((cfg.commitlog_dir, "commitlog directory"), (cfg.consume_queue_dir, "consumequeue directory"),
-                       (cfg.index_dir, "index directory"), (cfg.config_dir, "config directory")):  # fmt: skip
+    for path, what in _store_directories(cfg)[1:]:  # (the data directories, not the root)
         if (below := _a_store_below(fs, path, _STORE_BELOW_DEPTH)) is not None:
             raise StoreDirectoryError(f"another store's root ({below}) is inside the {what} {path} of this new store: "
                                       "give this store directories of its own")  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,22 @@ def test_a_forked_child_outliving_a_killed_parent_does_not_keep_the_store_locked
             worker.kill()
 
 
+def _writer_held(monkeypatch: pytest.MonkeyPatch, at_most_s: float) -> threading.Event:
+    """Every writer pass waits (at most `at_most_s`) until the event is set: puts stay in
+    flight."""
+    from mqstore.actors.commitlog_writer import CommitLogWriter
+
+    gate = threading.Event()
+    real_pass = CommitLogWriter._put_pass
+
+    def gated(self: CommitLogWriter, first: Any) -> None:
+        gate.wait(at_most_s)
+        real_pass(self, first)
+
+    monkeypatch.setattr(CommitLogWriter, "_put_pass", gated)
+    return gate
+
+
 def test_futures_in_flight_at_a_fork_are_done_in_the_child_with_an_unknown_outcome(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,18 +140,8 @@ def test_futures_in_flight_at_a_fork_are_done_in_the_child_with_an_unknown_outco
     hung it. They are done there at once, UNKNOWN_ERROR (the parent may store them), and the
     parent's own are answered as before. The writer is held so that some are in flight."""
     import concurrent.futures
-    import threading
 
-    from mqstore.actors.commitlog_writer import CommitLogWriter
-
-    gate = threading.Event()
-    real_pass = CommitLogWriter._put_pass
-
-    def gated(self: CommitLogWriter, first: Any) -> None:
-        gate.wait(30)
-        real_pass(self, first)
-
-    monkeypatch.setattr(CommitLogWriter, "_put_pass", gated)
+    gate = _writer_held(monkeypatch, 30)
     store = mqstore.open(tmp_path / "store")
     try:
         futures = [store.put_async(Message(topic="T", body=b"%06d" % i)) for i in range(2_000)]
@@ -164,8 +171,6 @@ def test_an_as_completed_begun_before_a_fork_ends_in_the_child(tmp_path: Path) -
     twice (review 128 F4: KeyError); nor on a Condition another thread held (review 128 F3)."""
     import concurrent.futures
 
-    import threading
-
     store = mqstore.open(tmp_path / "store")
     try:
         for _ in range(6):  # (the other cases are races: a few forks)
@@ -173,10 +178,6 @@ def test_an_as_completed_begun_before_a_fork_ends_in_the_child(tmp_path: Path) -
             iterator = concurrent.futures.as_completed(futures, timeout=10)
             next(iterator)  # its waiter is on every future still pending
             # Review 128 F3: another thread's wait holds finished futures' Conditions at times.
-            # (500 futures and a side wait on 50: waits on thousands held their Conditions long
-            # enough under load for the completion thread to finish some without telling their
-            # waiters yet, which an as_completed begun then is given twice (KeyError): a race
-            # of its own, said in the closing note of stop 51.)
             side = threading.Thread(target=concurrent.futures.wait, args=(futures[:50],),
                                     kwargs={"return_when": concurrent.futures.FIRST_COMPLETED})  # fmt: skip
             side.start()
@@ -204,10 +205,6 @@ def test_a_fork_between_two_waiters_being_told_gives_the_first_no_second_copy(
     waiter again, and its as_completed raised KeyError. The second waiter is slowed here."""
     import concurrent.futures
     import concurrent.futures._base as futures_base
-    import threading
-    import time
-
-    from mqstore.actors.commitlog_writer import CommitLogWriter
 
     in_second = threading.Event()
     real_add = futures_base._FirstCompletedWaiter.add_result
@@ -218,47 +215,33 @@ def test_a_fork_between_two_waiters_being_told_gives_the_first_no_second_copy(
         real_add(self, future)
 
     monkeypatch.setattr(futures_base._FirstCompletedWaiter, "add_result", slow_add)
-    gate = threading.Event()
-    real_pass = CommitLogWriter._put_pass
-
-    def gated(self: CommitLogWriter, first: Any) -> None:
-        gate.wait(10)
-        real_pass(self, first)
-
-    monkeypatch.setattr(CommitLogWriter, "_put_pass", gated)
+    gate = _writer_held(monkeypatch, 10)
     store = mqstore.open(tmp_path / "store")
     try:
-        for _ in range(1):  # (deterministic: each round is ~2.5 s of slowed waiters)
-            in_second.clear()
-            gate.clear()
-            futures = [store.put_async(Message(topic="T", body=b"x" * 200)) for _ in range(50)]
-            iterator = concurrent.futures.as_completed(futures, timeout=15)
-            first: list[Any] = []
-            helper = threading.Thread(target=lambda: first.append(next(iterator)))
-            helper.start()
-            time.sleep(0.05)  # (the as_completed waiter is first in each future's list)
-            # (500 futures and a side wait on 50: waits on thousands held their Conditions long
-            # enough under load for the completion thread to finish some without telling their
-            # waiters yet, which an as_completed begun then is given twice (KeyError): a race
-            # of its own, said in the closing note of stop 51.)
-            side = threading.Thread(target=concurrent.futures.wait, args=(futures[:50],),
-                                    kwargs={"timeout": 15, "return_when": concurrent.futures.FIRST_COMPLETED})  # fmt: skip
-            side.start()
-            time.sleep(0.05)
-            gate.set()
-            assert in_second.wait(5)
-            helper.join(5)
+        futures = [store.put_async(Message(topic="T", body=b"x" * 200)) for _ in range(50)]
+        iterator = concurrent.futures.as_completed(futures, timeout=15)
+        first: list[Any] = []
+        helper = threading.Thread(target=lambda: first.append(next(iterator)))
+        helper.start()
+        time.sleep(0.05)  # (the as_completed waiter is first in each future's list)
+        side = threading.Thread(target=concurrent.futures.wait, args=(futures[:50],),
+                                kwargs={"timeout": 15, "return_when": concurrent.futures.FIRST_COMPLETED})  # fmt: skip
+        side.start()
+        time.sleep(0.05)
+        gate.set()
+        assert in_second.wait(5)
+        helper.join(5)
 
-            def child() -> dict[str, Any]:
-                try:
-                    return {"got": 1 + sum(1 for _ in iterator)}
-                except Exception as exc:  # noqa: BLE001 - the child reports it
-                    return {"error": repr(exc)}
+        def child() -> dict[str, Any]:
+            try:
+                return {"got": 1 + sum(1 for _ in iterator)}
+            except Exception as exc:  # noqa: BLE001 - the child reports it
+                return {"error": repr(exc)}
 
-            answer = h.in_a_forked_child(child)
-            side.join(15)
-            assert answer.get("got") == 50, answer
-            assert all(f.result(timeout=30).ok for f in futures)
+        answer = h.in_a_forked_child(child)
+        side.join(15)
+        assert answer.get("got") == 50, answer
+        assert all(f.result(timeout=30).ok for f in futures)
     finally:
         gate.set()
         store.close()
