@@ -195,8 +195,7 @@ def test_an_as_completed_begun_while_a_future_was_held_gets_it_once(store_dir: P
     when its waiters are told, under its lock.
 
     The order is made: the completion thread is held in a callback until the as_completed has
-    installed its waiters and let go of `stuck`'s lock (the hook on the other future's lock,
-    which it lets go of next)."""
+    installed its waiters and let go of `stuck`'s lock (a hook on that lock's release)."""
     from concurrent.futures import as_completed
 
     with helpers.open_small(store_dir) as store:
@@ -205,10 +204,11 @@ def test_an_as_completed_begun_while_a_future_was_held_gets_it_once(store_dir: P
         go_on_again, _ = _completion_held(store)  # nothing tells `stuck`'s waiters meanwhile
         release.set()
         holder.join(TIMEOUT_S)
-        # A host's Future whose lock as_completed takes and lets go of after `stuck`'s (by id).
-        other: Future[PutResult] = Future()
-        while id(other) < id(stuck):
-            other = Future()
+        other: Future[PutResult] = Future()  # (a host's, pending: the as_completed goes on waiting)
+        # `stuck`'s lock, hooked: once the as_completed has installed its waiters and let go of
+        # it, the completion thread tells the waiters (before, the consumer's next step took
+        # `stuck` off them; a hook on `other`'s lock, picked to come after by id, looped for good
+        # when every new Future took the freed one's address).
         condition = threading.Condition()
         let_go = condition.release
         consumer_thread: list[threading.Thread] = []
@@ -222,7 +222,7 @@ def test_an_as_completed_begun_while_a_future_was_held_gets_it_once(store_dir: P
                     time.sleep(0.005)
 
         condition.release = release_then_let_the_completion_thread_tell  # type: ignore[method-assign]
-        other._condition = condition  # type: ignore[misc]
+        stuck._cond = condition  # noqa: SLF001  # (nobody holds or waits on it now)
         got: list[Future[PutResult]] = []
         errors: list[BaseException] = []
 
