@@ -440,6 +440,16 @@ def _refuse_linked_directory(fs: FileSystem, path: str, queue: str) -> None:
         )
 
 
+def _missing_directories(fs: FileSystem, path: str) -> list[str]:
+    """The directories a makedirs of `path` would create, outermost first."""
+    missing: list[str] = []
+    at = os.path.abspath(path)
+    while not fs.isdir(at) and os.path.dirname(at) != at:
+        missing.append(at)
+        at = os.path.dirname(at)
+    return missing[::-1]
+
+
 def _put_uncut(events: queue.Queue[Any], event: object) -> None:
     """`events.put(event)` from a caller's thread (close()), whatever exception is raised into
     it meanwhile (a Ctrl-C, a timeout library's PyThreadState_SetAsyncExc). Queue.put takes
@@ -594,16 +604,16 @@ class Supervisor:
         assert self.state is SupervisorState.NEW
         cfg = self.config
         refuse_what_is_in_the_way(self.fs, cfg)
-        root_made = not self.fs.isdir(cfg.store_path_root_dir)
+        # The directories this open made, the root and its new parents too: a refused one
+        # removes them, left empty (review 133 F3: one refused for its commitlog's content left
+        # its new root behind; review 134 F4: `p/x` of a refused new `p/x/y` stayed).
+        made_here = _missing_directories(self.fs, cfg.store_path_root_dir)
         try:
             self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
         except OSError as exc:
             raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
         created_abort = False
-        # The directories this open made, the root too: a refused one removes them, left empty
-        # (review 133 F3: one refused for its commitlog's content left its new root behind).
-        made_here: list[str] = [cfg.store_path_root_dir] if root_made else []
         try:
             # Inside the try whose cleanup releases it: an exception raised into this thread
             # between the two left the lock held for the process's life (review 85 F4).
@@ -616,8 +626,7 @@ class Supervisor:
             self._mode = mode_at_open(last_exit_ok)
             try:  # a new store's directories take blocks on ext4
                 for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
-                    if not self.fs.isdir(path):
-                        made_here.append(path)
+                    made_here.extend(_missing_directories(self.fs, path))
                     self.fs.makedirs(path)
                 self._lock.claim_directories(data_directories(cfg))
                 # Refused before any owner changes a byte (settings that disagree with the files).

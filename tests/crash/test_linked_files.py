@@ -351,3 +351,20 @@ def test_a_refused_open_never_removes_what_another_opener_put_in_the_root_it_mad
     with pytest.raises(mqstore.StoreDirectoryError, match="holds a commitlog record"):
         mqstore.open(new, store_path_commitlog=str(queue_files), fs=_AnotherOpenerFillsTheRoot(new), **adopted)  # type: ignore[arg-type]
     assert (new / "another-opener").read_bytes() == b"its store"
+
+
+def test_a_refused_open_removes_the_parent_directories_it_made_too(tmp_path: Path) -> None:
+    """Review 134 F4: a refused open removed the new root it made, but not the parents its
+    makedirs made for it (`p/x` of a refused new `p/x/y`); a parent that was there stays."""
+    a = tmp_path / "a"
+    _store(a)
+    queue_files = tmp_path / "queue-files"
+    shutil.copytree(a / "consumequeue" / "t" / "0", queue_files)
+    adopted = {k: v for k, v in SMALL.items() if k != "mapped_file_size_commitlog_bytes"}
+    with pytest.raises(mqstore.StoreDirectoryError, match="holds a commitlog record"):
+        mqstore.open(tmp_path / "p" / "x" / "y", store_path_commitlog=str(queue_files), **adopted)
+    assert not (tmp_path / "p").exists()
+    (tmp_path / "q").mkdir()
+    with pytest.raises(mqstore.StoreDirectoryError, match="holds a commitlog record"):
+        mqstore.open(tmp_path / "q" / "x" / "y", store_path_commitlog=str(queue_files), **adopted)
+    assert list((tmp_path / "q").iterdir()) == []
