@@ -677,8 +677,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         an empty one would be listed as a topic by every tool)."""
         path = os.path.join(self.config.consume_queue_dir, topic)
         try:
+            # rmdir, not a listing then a recursive removal: what appeared in between stays.
             if self.ctx.fs.isdir(path) and not self.ctx.fs.listdir(path):
-                self.ctx.fs.rmtree(path)
+                self.ctx.fs.rmdir(path)
         except OSError as exc:
             self.log.warning("removing a cleaned topic's directory failed", path=path, error=str(exc))
 

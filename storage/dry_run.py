@@ -85,9 +85,6 @@ class DryRunFileSystem(RealFileSystem):
             raise FileNotFoundError(errno.ENOENT, "no such file", path)
         self._removed.add(os.path.abspath(path))
 
-    def rmtree(self, path: str) -> None:
-        self.remove(path)
-
     def rmdir(self, path: str) -> None:
         self.remove(path)
 

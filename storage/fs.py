@@ -300,8 +300,9 @@ class FileSystem(Protocol):
     def getsize(self, path: str) -> int: ...
     def makedirs(self, path: str) -> None: ...
     def remove(self, path: str) -> None: ...
-    def rmtree(self, path: str) -> None: ...
-    def rmdir(self, path: str) -> None: ...  # an empty directory; OSError if it is not
+    # An empty directory; OSError if it is not. No recursive removal: each owner deletes its
+    # own files, and a tree removed whole took what another process had put in it (review 134 F2).
+    def rmdir(self, path: str) -> None: ...
     def mtime_ms(self, path: str) -> int: ...
     def dir_state(self, path: str) -> Hashable | None: ...
     def set_mtime_ms(self, path: str, mtime_ms: int) -> None: ...
@@ -1093,9 +1094,6 @@ class RealFileSystem:
     def remove(self, path: str) -> None:
         os.remove(path)
 
-    def rmtree(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
-
     def rmdir(self, path: str) -> None:
         os.rmdir(path)
 
@@ -1580,14 +1578,6 @@ class SimulatedFileSystem:
         with self._lock:
             if self._files.pop(path, None) is None:
                 raise FileNotFoundError(errno.ENOENT, "no such file", path)
-
-    def rmtree(self, path: str) -> None:
-        path = os.path.normpath(path)
-        prefix = path + os.sep
-        with self._lock:
-            for p in [p for p in self._files if p.startswith(prefix)]:
-                del self._files[p]
-            self._dirs = {d for d in self._dirs if d != path and not d.startswith(prefix)}
 
     def rmdir(self, path: str) -> None:
         path = os.path.normpath(path)

@@ -669,8 +669,9 @@ class MappedFileQueue:
         self.flushed_where = 0
         self.committed_where = 0
         try:
+            # rmdir, not a listing then a recursive removal: what appeared in between stays.
             if self.fs.isdir(self.store_path) and not self.fs.listdir(self.store_path):
-                self.fs.rmtree(self.store_path)
+                self.fs.rmdir(self.store_path)
         except OSError as exc:
             log.warning("removing segment directory failed", path=self.store_path, error=str(exc))
 

@@ -330,10 +330,6 @@ class _AnotherOpenerFillsTheRoot(RealFileSystem):
         if path == self.root:
             (Path(self.root) / "another-opener").write_bytes(b"its store")
 
-    def rmtree(self, path: str) -> None:
-        self._fill(path)
-        super().rmtree(path)
-
     def rmdir(self, path: str) -> None:
         self._fill(path)
         super().rmdir(path)
@@ -368,3 +364,32 @@ def test_a_refused_open_removes_the_parent_directories_it_made_too(tmp_path: Pat
     with pytest.raises(mqstore.StoreDirectoryError, match="holds a commitlog record"):
         mqstore.open(tmp_path / "q" / "x" / "y", store_path_commitlog=str(queue_files), **adopted)
     assert list((tmp_path / "q").iterdir()) == []
+
+
+class _AnotherWriterFillsOnRemoval(RealFileSystem):
+    """Another process writes a file into a directory just as the store takes it away, after
+    the store found it empty."""
+
+    def __init__(self, *directories: Path) -> None:
+        super().__init__()
+        self.directories = {str(d) for d in directories}
+
+    def listdir(self, path: str) -> list[str]:
+        names = super().listdir(path)
+        if path in self.directories and not names:
+            (Path(path) / "another-writer").write_bytes(b"its file")
+        return names
+
+
+def test_a_cleaned_topic_never_takes_what_another_writer_put_in_its_directories(tmp_path: Path) -> None:
+    """Review 135 (code reading): a cleaned topic's queue directory and topic directory were
+    listed, found empty, then removed recursively: a file put there in between went too."""
+    root = tmp_path / "s"
+    topic_dir = root / "consumequeue" / "gone"
+    fs = _AnotherWriterFillsOnRemoval(topic_dir, topic_dir / "0")
+    with mqstore.open(root, fs=fs, **SMALL) as store:  # type: ignore[arg-type]
+        assert store.put(Message("gone", b"m")).ok and store.put(Message("kept", b"k")).ok
+        store.flush()
+        assert store.wait_for_messages("gone", 0, 0, 10)
+        assert store.clean_unused_topic(keep=["kept"]) == 1
+    assert (topic_dir / "0" / "another-writer").read_bytes() == b"its file"
