@@ -259,6 +259,15 @@ class StoreConfig:
             checked = _check(f.name, value)
             if checked is not value:
                 object.__setattr__(self, f.name, checked)
+        if self.index_file_size_bytes > JAVA_INT_MAX:
+            # IndexFile sizes its file in a Java int: past it RocketMQ cannot read the store, and
+            # here the index actor failed at its first file until the supervisor gave up, after
+            # the puts before were answered PUT_OK (review 137 F1).
+            raise ConfigError(
+                "max_hash_slot_num", self.max_hash_slot_num,
+                f"with max_index_num={self.max_index_num} an index file would be {self.index_file_size_bytes} bytes "
+                f"(40 + 4 * max_hash_slot_num + 20 * max_index_num), past a Java int ({JAVA_INT_MAX})",
+            )  # fmt: skip
         if self.explicit_settings is None:
             differ = frozenset(k for k, f in _FIELDS.items() if getattr(self, k) != _check(k, f.default))
             object.__setattr__(self, _EXPLICIT, differ)

@@ -395,3 +395,17 @@ def test_max_index_num_of_one_is_refused() -> None:
     with pytest.raises(ConfigError, match="at least 2"):
         StoreConfig.load(overrides={"max_index_num": 1}, env={})
     assert StoreConfig.load(overrides={"max_index_num": 2}, env={}).max_index_num == 2
+
+
+@pytest.mark.parametrize(("slots", "entries"), [(2**62, 2**62), (2**29, 2), (2, 2**27)])
+def test_an_index_file_past_a_java_int_is_refused(slots: int, entries: int) -> None:
+    """Review 137 F1: the index's two counts were bounded each, not the file they make; the
+    store opened, answered PUT_OK, and its index actor failed at its first file until the
+    supervisor gave up (2**62 each), or made index files RocketMQ cannot size (2**29 slots)."""
+    with pytest.raises(ConfigError, match=r"past a Java int \(2147483647\)"):
+        StoreConfig.from_dict({"max_hash_slot_num": slots, "max_index_num": entries})
+
+
+def test_the_largest_index_file_that_fits_a_java_int_is_taken() -> None:
+    slots = (2**31 - 1 - 40 - 20 * 2) // 4
+    assert StoreConfig.from_dict({"max_hash_slot_num": slots, "max_index_num": 2}).index_file_size_bytes <= 2**31 - 1
