@@ -611,6 +611,11 @@ class Supervisor:
         try:
             self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
         except OSError as exc:
+            # The parents made before the failure too (review 138 F2: a full disk at `p/x/y/z`
+            # left `p`, `p/x` and `p/x/y`). Each left empty: rmdir, as below.
+            for path in reversed(made_here):
+                with contextlib.suppress(OSError):
+                    self.fs.rmdir(path)
             raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
         created_abort = False
@@ -628,7 +633,8 @@ class Supervisor:
                 for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
                     made_here.extend(_missing_directories(self.fs, path))
                     self.fs.makedirs(path)
-                self._lock.claim_directories(data_directories(cfg))
+                self._lock.claim_directories(data_directories(cfg)[:3], made=True)
+                self._lock.claim_directories(data_directories(cfg)[3:])
                 # Refused before any owner changes a byte (settings that disagree with the files).
                 check_geometry(cfg, self.fs)
                 if self.fs.exists(cfg.checkpoint_path):
@@ -637,8 +643,9 @@ class Supervisor:
                 # from here: claimed only where it existed, it was unheld for the session in
                 # which a new store wrote its first consumer offsets (reviews 30, 32).
                 if not self.fs.isdir(cfg.config_dir):
+                    made_here.extend(_missing_directories(self.fs, cfg.config_dir))
                     self.fs.makedirs(cfg.config_dir)
-                    self._lock.claim_directories([cfg.config_dir])
+                    self._lock.claim_directories([cfg.config_dir], made=True)
             except OSError as exc:
                 raise _disk_full_or(exc, str(exc.filename or cfg.store_path_root_dir), "the store's files") from exc
             # Before the abort marker and the actors: a new store with no room for its
@@ -675,7 +682,15 @@ class Supervisor:
                     # commitlog kept elsewhere left an empty commitlog/ beside the store's files).
                     # rmdir, never a listing then a removal: another process that opened the
                     # same new root in between had its whole store removed (review 134 F2).
+                    # A data directory only while this open holds its flock: another store's
+                    # new commitlog directory is empty until its first put, and one made there
+                    # between this open's check and its makedirs was removed under that store
+                    # (review 138 F1). The root and its parents hold another store's lock file
+                    # or directories when in use, so rmdir leaves them.
+                    claimed = set(data_directories(cfg))
                     for path in reversed(made_here):
+                        if path in claimed and not (self._lock is not None and self._lock.claim_for_removal(path)):
+                            continue
                         with contextlib.suppress(OSError):
                             self.fs.rmdir(path)
             finally:

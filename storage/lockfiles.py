@@ -132,6 +132,15 @@ def held_in_this_process(fs: FileSystem, path: str) -> bool:
         return key in _held
 
 
+def _names(path: str, st: os.stat_result) -> bool:
+    """Whether `path` names the file `st` was taken of (through a link too: a data directory
+    may be one, to another disk)."""
+    try:
+        return os.path.samestat(st, os.stat(path))
+    except OSError:
+        return False
+
+
 class StoreLock:
     """The store's `lock` file. Not thread-safe; `acquire` once, `release` once.
 
@@ -146,6 +155,7 @@ class StoreLock:
         self._fd: int | None = None
         self._directory_fds: list[int] = []  # flock'd data directories (claim_directories)
         self._claimed: dict[tuple[int, int], str] = {}  # (dev, inode) -> path, across calls
+        self._held_directories: set[tuple[int, int]] = set()  # (dev, inode) flock'd by this lock
         self._created = False  # this acquire made the file (a refused open removes it again)
 
     @property
@@ -248,7 +258,7 @@ class StoreLock:
             os.close(fd)  # closing drops the record lock too
             raise
 
-    def claim_directories(self, paths: Sequence[str]) -> None:
+    def claim_directories(self, paths: Sequence[str], *, made: bool = False) -> None:
         """Hold each of the store's data directories (that exist) with an exclusive flock for as
         long as the lock is held. The root's `lock` keeps a second store off the root only: a
         directory reached from two roots (a symlinked commitlog directory copied with `cp -a`,
@@ -256,7 +266,11 @@ class StoreLock:
         at its own end of the log, each over what the other had acknowledged (review 28).
         StoreLockedError if another store holds one of them; StoreDirectoryError if two of
         them are one directory. Where the filesystem has no flock (some network filesystems),
-        it is logged and the store goes on as before. Real files only."""
+        it is logged and the store goes on as before. Real files only.
+        `made`: the open has just made them, so one missing, or no longer at its path once
+        held, was taken away by another process (a refused open of another store: review 138
+        F1); StoreDirectoryError then, rather than a claim on a directory no path names, which
+        the writer would make again unclaimed."""
         if not self._real or self._key is None:
             return
         seen = self._claimed
@@ -264,6 +278,9 @@ class StoreLock:
             try:
                 fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY)
             except FileNotFoundError:
+                if made:
+                    raise StoreDirectoryError(f"{path} was removed while the store opened (by another process): "
+                                              "start again") from None  # fmt: skip
                 continue
             self._directory_fds.append(fd)  # closed by release(), whatever happens next
             st = os.fstat(fd)
@@ -273,6 +290,7 @@ class StoreLock:
             seen[(st.st_dev, st.st_ino)] = path
             try:
                 _flock_exclusive(fd)
+                self._held_directories.add((st.st_dev, st.st_ino))
             except OSError as e:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     log.warning("cannot lock a store directory (no flock here); not checked for another store",
@@ -283,6 +301,35 @@ class StoreLock:
                     f"{os.path.realpath(path)}, is reached through a link from another store's root); a directory "
                     "belongs to one store at a time"
                 ) from e
+            if made and not _names(path, st):
+                raise StoreDirectoryError(f"{path} was removed while the store opened (by another process): start again")
+
+    def claim_for_removal(self, path: str) -> bool:
+        """Whether a refused open may take away `path`, a directory it made: it holds the
+        directory's flock (claimed before, or taken now) and `path` still names it, so no other
+        store can be using it; the flock stays until `release`, after the removal. An empty
+        directory another store holds was removed otherwise, and a third store then opened on
+        it beside that store (review 138 F1). A simulated file system has no other process."""
+        if not self._real:
+            return True
+        if self._key is None:
+            return False
+        try:
+            fd = open_fd(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in self._held_directories:
+            os.close(fd)
+            return _names(path, st)
+        try:
+            _flock_exclusive(fd)
+        except OSError:  # held by another store, or no flock here: left as it is
+            os.close(fd)
+            return False
+        self._directory_fds.append(fd)
+        self._held_directories.add((st.st_dev, st.st_ino))
+        return _names(path, st)
 
     def release(self) -> None:
         """Unlock and close; the file stays (RocketMQ never deletes it). Idempotent."""
@@ -296,6 +343,7 @@ class StoreLock:
                 pass
         self._directory_fds = []
         self._claimed = {}
+        self._held_directories = set()
         try:
             if self._fd is not None:
                 try:

@@ -9,6 +9,7 @@ line) before any byte changes; `mqstore recover`, which writes the same files, r
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -393,3 +394,55 @@ def test_a_cleaned_topic_never_takes_what_another_writer_put_in_its_directories(
         assert store.wait_for_messages("gone", 0, 0, 10)
         assert store.clean_unused_topic(keep=["kept"]) == 1
     assert (topic_dir / "0" / "another-writer").read_bytes() == b"its file"
+
+
+def test_a_refused_open_never_removes_a_commitlog_directory_another_store_made_and_holds(tmp_path: Path) -> None:
+    """Review 138 F1: two new stores named one new store_path_commitlog C. B found C missing,
+    A made C and opened, and B, refused for C (held), removed C, still empty before A's first
+    put; a third store then opened on C beside A, and A's acknowledged messages were lost."""
+    shared_log = tmp_path / "shared-commitlog"
+    opened: list[mqstore.MessageStore] = []
+
+    class _AnotherStoreOpensFirst(RealFileSystem):
+        def makedirs(self, path: str) -> None:
+            if path == str(shared_log) and not opened:
+                opened.append(mqstore.open(tmp_path / "a", store_path_commitlog=str(shared_log), **SMALL))
+            super().makedirs(path)
+
+    with pytest.raises(mqstore.StoreLockedError, match="is held by another store"):
+        mqstore.open(tmp_path / "b", store_path_commitlog=str(shared_log), fs=_AnotherStoreOpensFirst(), **SMALL)  # type: ignore[arg-type]
+    with opened[0] as a:
+        assert shared_log.is_dir()
+        with pytest.raises(mqstore.StoreLockedError, match="is held by another store"):
+            mqstore.open(tmp_path / "d", store_path_commitlog=str(shared_log), **SMALL)
+        assert all(a.put(Message("t", b"m%d" % i)).ok for i in range(20))
+        assert [bytes(m.body) for m in a.get("t", 0, 0, 32).messages] == [b"m%d" % i for i in range(20)]
+
+
+def test_a_claim_on_a_directory_removed_while_the_store_opened_is_refused(tmp_path: Path) -> None:
+    """The other side of review 138 F1: a directory the open made, taken away before the open
+    holds it, is refused rather than claimed (the writer would make it again, unclaimed)."""
+    log = tmp_path / "log"
+
+    class _RemovedAfterMade(RealFileSystem):
+        def makedirs(self, path: str) -> None:
+            super().makedirs(path)
+            if path == str(log):
+                os.rmdir(path)
+
+    with pytest.raises(mqstore.StoreDirectoryError, match="was removed while the store opened"):
+        mqstore.open(tmp_path / "s", store_path_commitlog=str(log), fs=_RemovedAfterMade(), **SMALL)  # type: ignore[arg-type]
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_root_that_cannot_be_made_leaves_none_of_the_parents_made_for_it(tmp_path: Path) -> None:
+    """Review 138 F2: a full disk at the root's last level left the parents made before it."""
+
+    class _NoRoomForTheLastLevel(RealFileSystem):
+        def makedirs(self, path: str) -> None:
+            super().makedirs(os.path.dirname(path))
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    with pytest.raises(mqstore.StoreDiskFullError):
+        mqstore.open(tmp_path / "p" / "x" / "y", fs=_NoRoomForTheLastLevel(), **SMALL)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
