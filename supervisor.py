@@ -839,9 +839,12 @@ class Supervisor:
                                    **suppressed_fields(suppressed))  # fmt: skip
 
     def _handle_failure(self, event: ChildFailed) -> bool:
-        if event.retry and self._running(event.name):
+        if event.retry and all(self._running(name) for name in self._restart_group(event.name)):
             # Another group's restart, which covered this one, started it meanwhile (review
             # 117 F3: a stale retry restarted it once more, and counted against the budget).
+            # The whole group: this restart may have started its first actor before a later
+            # one failed to start (review 136 F2: the writer up, reput and the queues' owner
+            # down for good, the store RUNNING, every put refused).
             return True
         now = self.ticker.now_ms()
         owns_files = event.name not in OWNS_NO_FILES
@@ -925,11 +928,13 @@ class Supervisor:
             return any(isinstance(e, ChildFailed) and e.name in names for e in self._events.queue)
 
     def _restart_pending_for(self, group: list[str]) -> bool:
-        """Whether a failure waits that restarts `group`'s actors again: one of theirs, or one
-        whose restart group holds all of them."""
+        """Whether a failure waits whose restart starts all of `group`'s actors again. One of a
+        member alone is not enough: reput's restart does not start the index (review 136 F2:
+        the index's retry was dropped behind a pending reput failure, and the index stayed
+        down for good while the store said RUNNING)."""
         with self._events.mutex:  # a peek; only this thread takes events out
             pending = [e.name for e in self._events.queue if isinstance(e, ChildFailed)]
-        return any(name in group or set(group) <= set(self._restart_group(name)) for name in pending)
+        return any(set(group) <= set(self._restart_group(name)) for name in pending)
 
     def _running(self, name: str) -> bool:
         ref = self.ctx.peers.get(name)

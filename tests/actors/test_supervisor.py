@@ -722,6 +722,58 @@ def test_a_writer_restarted_while_the_queues_were_dead_is_resumed_by_their_resta
         store.close()
 
 
+def _handle_queued_failures(supervisor: Supervisor) -> None:
+    """Handle the failures queued (on this thread), as the supervisor's own thread would."""
+    from mqstore.actors.base import ChildFailed
+
+    while events := [e for e in list(supervisor._events.queue) if isinstance(e, ChildFailed)]:
+        supervisor._events.queue.remove(events[0])
+        supervisor._handle_failure(events[0])
+
+
+@pytest.mark.parametrize("overlapping", ["a peer's failure pending", "a later member failing to start"])
+def test_a_restart_cut_short_is_retried_until_every_actor_of_its_group_runs(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch, overlapping: str
+) -> None:
+    """Review 136 F2: the index's restart (with reput) failed while reput's own failure was
+    pending, and its retry was dropped though reput's restart does not start the index; or the
+    writer's restart started the writer, then reput failed to start, and the retry was dropped
+    because the writer ran. Either way an actor stayed down for good while the store said
+    RUNNING (the index: queries missed every new key; reput: every put refused)."""
+    import pykka
+
+    from mqstore.actors.base import ChildFailed
+
+    monkeypatch.setattr(Supervisor, "_watch", _watch_only_for_the_close)
+    store = h.open_small(store_dir)
+    try:
+        supervisor = store.supervisor
+        first, failing = ("index", "index") if overlapping == "a peer's failure pending" else ("writer", "reput")
+        start_child = Supervisor._start_child
+        failed: list[str] = []
+
+        def fails_once(self: Supervisor, name: str, first: bool) -> None:
+            if name == failing and not failed:
+                failed.append(name)
+                if overlapping == "a peer's failure pending":
+                    self._events.put(ChildFailed(name="reput", error=InjectedFault("reput died too")))
+                raise pykka.ActorDeadError(f"{name} could not start")
+            start_child(self, name, first=first)
+
+        monkeypatch.setattr(Supervisor, "_start_child", fails_once)
+        assert supervisor._handle_failure(ChildFailed(name=first, error=InjectedFault(first)))
+        _handle_queued_failures(supervisor)
+        assert failed == [failing]
+        down = [name for name in supervisor._restart_group(first) if not supervisor._running(name)]
+        assert down == [] and supervisor.state is SupervisorState.RUNNING
+        assert store.put(Message(topic="t", body=b"after", keys=["after"])).ok
+        assert store.wait_for_messages("t", 0, 0, 10)
+        if first == "index":
+            h.wait_until(lambda: len(store.query("t", "after").messages) == 1, what="the key indexed")
+    finally:
+        store.close()
+
+
 def test_a_give_up_for_a_file_names_the_file(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review 123 F4: the detail of what a store refuses once its supervisor gave up over an
     OSError carried the error's repr, which drops its file (an unreadable queue ledger)."""
