@@ -310,16 +310,48 @@ class RuntimeActor(pykka.ThreadingActor):
                 dead = pykka.ActorDeadError(f"{self.actor_ref} stopped before handling the message")
                 envelope.reply_to.set_exception(exc_info=(pykka.ActorDeadError, dead, None))
 
+    # An exception that is no Exception (SystemExit, KeyboardInterrupt, raised by code the
+    # actor ran: a host's mapping read by the gateway, a subscriber's name) is a crash like any
+    # other here. pykka's loop stopped the actor unreported and ran ActorRegistry.stop_all(),
+    # which stopped every actor of the host; its start-up and stop let one end the thread, and
+    # nothing answered the start or the stop: the store kept its lock for the process's life
+    # (review 136 F1, F3).
     def _actor_loop_setup(self) -> None:  # pykka's: an on_start failure is only logged there
         try:
             self.on_start()
-        except Exception as exc:
+        except BaseException as exc:
             try:
                 self.on_start_failed(exc)
             finally:
                 self._handle_failure(type(exc), exc, exc.__traceback__)
 
-    def on_start_failed(self, error: Exception) -> None:
+    def _actor_loop_running(self) -> None:
+        while not self.actor_stopped.is_set():
+            envelope = self.actor_inbox.get()
+            try:
+                response = self._handle_receive(envelope.message)
+                if envelope.reply_to is not None:
+                    envelope.reply_to.set(response)
+            except BaseException:
+                if envelope.reply_to is not None:  # an ask: the asker's error, the actor goes on
+                    envelope.reply_to.set_exception()
+                    continue
+                failure = sys.exc_info()
+                self._handle_failure(*failure)
+                try:
+                    self.on_failure(*failure)
+                except BaseException:
+                    self._handle_failure(*sys.exc_info())
+
+    def _stop(self) -> None:
+        pykka.ActorRegistry.unregister(self.actor_ref)
+        self.actor_stopped.set()
+        try:
+            self.on_stop()
+        except BaseException:
+            self._handle_failure(*sys.exc_info())
+
+    def on_start_failed(self, error: BaseException) -> None:
         """`on_start` raised `error`; the actor stops after this (pykka calls no `on_failure`)."""
 
     def fail_told_after_stop(self, message: object) -> None:

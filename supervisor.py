@@ -1016,6 +1016,11 @@ class Supervisor:
                 # An open raises the owner's own error (a refusal reads as it); a restart
                 # counts it, not the failure that led to the restart (review 72 H2: a no-room
                 # fault, never counted, hid an I/O error at every restart after it).
+                if not isinstance(failed, Exception):
+                    # SystemExit or KeyboardInterrupt out of an actor's start: it would end the
+                    # supervisor's thread (a restart), or the host's program (an open), as if
+                    # raised there (review 136 F3).
+                    failed = RuntimeError(f"{name} failed to start: {failed!r}")
                 raise failed from exc
             raise
         # Step two of the writer's start, once both it and the queues recovered: after the

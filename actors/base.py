@@ -232,7 +232,7 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
             return self._answer(message)
         try:
             return self.handle(self._checked(message))
-        except Exception as exc:
+        except BaseException as exc:  # (SystemExit too: a crash, restarted, see RuntimeActor)
             reply = getattr(message, "reply", None)
             if isinstance(reply, Reply):
                 reply.fail(ServiceUnavailable(f"{self.name} failed: {exc}"))
@@ -258,7 +258,7 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
         finally:
             self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=exception_value))
 
-    def on_start_failed(self, error: Exception) -> None:
+    def on_start_failed(self, error: BaseException) -> None:
         # Reported like a crash, so the supervisor learns why (an open raises the owner's
         # own error, e.g. a refusal of its files), and what it had opened is closed.
         try:

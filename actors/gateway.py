@@ -311,13 +311,15 @@ class StoreGateway(_Routed[GatewayRequest]):
             case Put(messages=messages, reply=reply, batch=batch):
                 try:  # the writer answers `reply`; only a refusal before it is answered here
                     self.backend.submit_put(tuple(messages), batch=batch, reply=reply)
-                except Exception as exc:
+                except BaseException as exc:
                     # The message is the client's object (a properties mapping, a computed
-                    # field) and may raise anything while it is read: its answer, not a
-                    # restart of ours that counts against the store (review 44 H1).
+                    # field) and may raise anything while it is read, SystemExit too (review
+                    # 136 F1): its answer, not a restart of ours that counts against the store
+                    # (review 44 H1).
                     if not isinstance(exc, (TypeError, ValueError, StoreClosedError)):
                         self.log.warning("a put raised while it was read and encoded", error=repr(exc))
-                    self._answer_failed(reply, exc)
+                    self._answer_failed(reply, exc if isinstance(exc, Exception) else RuntimeError(
+                        f"the put raised {exc!r} while the store read it"))  # fmt: skip
             case Get() | Query():
                 self._route_read(message)
             case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):

@@ -784,3 +784,32 @@ def test_a_callback_exception_whose_repr_exits_stops_no_actor_of_the_host(store_
             assert host.is_alive() and host.ask("still here", timeout=5) == "still here"
     finally:
         host.stop()
+
+
+class _ExitsWhenRead(dict[str, str]):
+    """A host's properties mapping that runs sys.exit() when the store reads it."""
+
+    def __iter__(self) -> Any:
+        raise SystemExit("read")
+
+    def items(self) -> Any:
+        raise SystemExit("read")
+
+    def __len__(self) -> int:
+        raise SystemExit("read")
+
+
+def test_a_put_whose_mapping_exits_when_read_is_answered_and_stops_no_actor(store_dir: Path) -> None:
+    """Review 136 F1: a Put whose properties mapping raised SystemExit as the gateway read it
+    reached pykka's loop: the put was never answered, the gateway stopped for good (the actor
+    API dead while the store said RUNNING), and ActorRegistry.stop_all() stopped the host's
+    actors. That put is answered with the error; the rest go on."""
+    host = _HostActor.start()
+    try:
+        with h.open_small(store_dir) as store:
+            with pytest.raises(RuntimeError, match="SystemExit"):
+                _ask(store, lambda r: Put(messages=(Message(topic="t", body=b"x", properties=_ExitsWhenRead(a="b")),), reply=r))
+            assert _ask(store, lambda r: Put(messages=(GOOD,), reply=r)).ok
+            assert store.supervisor.restarts == [] and host.is_alive()
+    finally:
+        host.stop()

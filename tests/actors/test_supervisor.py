@@ -786,3 +786,75 @@ def test_a_give_up_for_a_file_names_the_file(store_dir: Path, monkeypatch: pytes
     finally:
         monkeypatch.undo()
         store.close()
+
+
+class _HostActor(__import__("pykka").ThreadingActor):
+    def on_receive(self, message: Any) -> Any:
+        return message
+
+
+def test_a_system_exit_in_a_store_actor_is_a_crash_restarted_and_stops_no_actor_of_the_host(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 136 F1: pykka's loop met a SystemExit (code the actor ran: a host's mapping, a
+    subscriber's name) by stopping the actor unreported and running ActorRegistry.stop_all():
+    the writer stayed down for good while the store said RUNNING, and every actor of the host
+    was stopped. It is a crash like any other now, restarted by the supervisor."""
+    handle = CommitLogWriter.handle
+    armed = threading.Event()
+
+    def exits_on_a_tick(self: CommitLogWriter, message: Any) -> Any:
+        if isinstance(message, Tick) and armed.is_set():
+            armed.clear()
+            raise SystemExit(2)
+        return handle(self, message)
+
+    monkeypatch.setattr(CommitLogWriter, "handle", exits_on_a_tick)
+    host = _HostActor.start()
+    try:
+        with h.open_small(store_dir) as store:
+            assert store.put(Message(topic="t", body=b"before")).ok
+            armed.set()
+            store.supervisor.peers["writer"].tell(Tick(now_ms=0))
+            h.wait_until(lambda: len(store.supervisor.restarts) == 1, what="the writer's restart")
+            assert store.supervisor.restarts[0].error == "SystemExit(2)"
+            h.wait_until(lambda: store.put(Message(topic="t", body=b"after")).ok, what="a put after the restart")
+            assert host.is_alive() and host.ask("still here", timeout=5) == "still here"
+    finally:
+        host.stop()
+
+
+def test_a_system_exit_in_a_restarting_actors_start_gives_the_store_up_and_its_lock_back(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 136 F3: a SystemExit out of a restarted actor's on_start ended its thread with
+    nothing answered; the supervisor waited 31 s, took the dead actor for a straggler, gave up,
+    and the lock was kept for the process's life (a reopen: StoreLockedError). Then, once the
+    start was reported, the SystemExit ended the supervisor's own thread. It is a start that
+    failed now: restarted, and given up on once it keeps failing."""
+    on_start, handle = CommitLogWriter.on_start, CommitLogWriter.handle
+    failing = threading.Event()
+
+    def exits_at_start(self: CommitLogWriter) -> None:
+        if failing.is_set():
+            raise SystemExit(2)
+        on_start(self)
+
+    def crashes_on_a_tick(self: CommitLogWriter, message: Any) -> Any:
+        if isinstance(message, Tick) and failing.is_set():
+            raise RuntimeError("one ordinary crash")
+        return handle(self, message)
+
+    monkeypatch.setattr(CommitLogWriter, "on_start", exits_at_start)
+    monkeypatch.setattr(CommitLogWriter, "handle", crashes_on_a_tick)
+    store = h.open_small(store_dir)
+    assert store.put(Message(topic="t", body=b"kept")).ok
+    failing.set()
+    store.supervisor.peers["writer"].tell(Tick(now_ms=0))
+    h.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, timeout_s=20, what="the give-up")
+    assert "SystemExit(2)" in repr(store.supervisor.fatal_error)
+    store.close()
+    assert store.supervisor.lock_released.wait(10)
+    failing.clear()
+    with h.open_small(store_dir) as again:
+        assert [bytes(m.body) for m in again.get("t", 0, 0, 8).messages] == [b"kept"]
