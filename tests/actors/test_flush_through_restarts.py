@@ -400,3 +400,27 @@ def test_a_close_with_an_actor_down_is_unclean_and_the_next_open_recovers_everyt
         down.stop(block=True)
     with mqstore.open(tmp_path / "s") as again:
         assert [m.body for m in again.get("T", 0, 0, 32).messages] == bodies
+
+
+def test_a_sync_put_behind_an_msync_that_hangs_is_answered_flush_disk_timeout(tmp_path: Path) -> None:
+    """Review 136 F4: the flush actor expires group commits on its own tick, which a hung
+    msync holds back; the caller waited until its own reply timeout (21 s) and was told
+    SERVICE_NOT_AVAILABLE "no answer from the writer in time" for a stored put, which a
+    retrying producer stores twice. The writer answers it FLUSH_DISK_TIMEOUT (stored, not known
+    to be on disk), as RocketMQ does after syncFlushTimeout."""
+    from mqstore.faults import HoldAt
+
+    hold = HoldAt("flush.mid_fsync", hold_s=30)
+    with mqstore.open(tmp_path / "s", faults=hold, flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=200) as store:
+        assert store.put(Message("t", b"before")).ok
+        hold.armed.set()
+        started = time.monotonic()
+        stalled = store.put(Message("t", b"stalled"))
+        waited = time.monotonic() - started
+        assert hold.entered.is_set()
+        assert stalled.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and stalled.stored, stalled
+        assert waited < 5, waited  # the reply timeout is 15.2 s here
+        hold.release.set()
+        assert [bytes(m.body) for m in store.get("t", 0, 0, 8).messages] == [b"before", b"stalled"]
+    with mqstore.open(tmp_path / "s") as again:
+        assert [bytes(m.body) for m in again.get("t", 0, 0, 8).messages] == [b"before", b"stalled"]
