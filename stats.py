@@ -37,7 +37,7 @@ import psutil
 
 from .config import StoreConfig
 from .log import get_logger
-from .messages import GetResult, PutResult, Reply
+from .messages import STORED_STATUSES, GetResult, PutResult, Reply
 from .storage.fs import FileSystem, NotARegularFileError, read_regular_file
 from .storage.map_areas import MAP_AREAS
 from .storage.consumer_offsets import OffsetsLoaded
@@ -260,14 +260,16 @@ class StoreStats:
 
     # recording ---------------------------------------------------------------------------
     def record_put(self, topic: str, result: PutResult | BaseException, latency_ns: int) -> None:
-        """One put (or batch) answered after `latency_ns`: PUT_OK counts its messages and bytes
-        for the topic; anything else (or an exception) is a failure, counted by status."""
+        """One put (or batch) answered after `latency_ns`: a stored one (PUT_OK, or
+        FLUSH_DISK_TIMEOUT) counts its messages and bytes for the topic; anything else (or an
+        exception) is a failure. Each is counted by status."""
         self.record_puts(((topic, result, latency_ns),))
 
     def record_puts(self, puts: Iterable[tuple[str, PutResult | BaseException, int]]) -> None:
         """`record_put` for many puts (topic, result, latency_ns) under one lock: a writer pass's
         answers, counted once per pass instead of one call and one lock per put."""
         ok = PutMessageStatus.PUT_OK
+        stored_statuses = STORED_STATUSES
         bounds = BUCKET_UPPER_BOUNDS_MS
         bisect_right = bisect.bisect_right
         with self._lock:
@@ -282,13 +284,19 @@ class StoreStats:
                 buckets_total[bucket] += 1
                 if latency_ns > max_ns:
                     max_ns = latency_ns
-                if type(result) is PutResult and result.status is ok:
+                if type(result) is PutResult and result.status in stored_statuses:
+                    # FLUSH_DISK_TIMEOUT is stored too (isOk() in Java, which counts no failure
+                    # for it): counted as a failure, a stalled msync's puts went missing from
+                    # the stored totals (review 139 F2).
                     n = result.msg_num if result.msg_num > 1 else 1
                     topic_times[topic] += n
                     topic_bytes[topic] += result.wrote_bytes
                     times += n
                     wrote += result.wrote_bytes
-                    put_ok += 1
+                    if result.status is ok:
+                        put_ok += 1
+                    else:
+                        status_times[result.status.name] += 1
                 else:
                     self._put_failed_times += 1
                     name = result.status.name if isinstance(result, PutResult) else type(result).__name__

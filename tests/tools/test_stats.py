@@ -440,3 +440,16 @@ def test_rates_count_the_monotonic_clock_whatever_the_wall_clock_does() -> None:
     assert stats.put_tps()["10s"] == pytest.approx(1.0)
     snapshot = stats.snapshot()
     assert snapshot["runtime_ms"] == 20_000 and snapshot["boot_timestamp_ms"] == 2_000_000_000_000
+
+
+def test_a_flush_disk_timeout_put_counts_as_stored_not_as_failed() -> None:
+    """Review 139 F2: FLUSH_DISK_TIMEOUT (stored, not known to be on disk; isOk() in Java)
+    counted as a failed put, its messages missing from the topic's and the store's totals."""
+    stats = StoreStats(Clock())
+    stats.record_put("t", ok(wrote=100), 1_000_000)
+    stats.record_put("t", mqstore.PutResult(status=PutMessageStatus.FLUSH_DISK_TIMEOUT, wrote_bytes=9, msg_num=1), 1_000_000)
+    stats.record_put("t", mqstore.PutResult(status=PutMessageStatus.MESSAGE_ILLEGAL), 1_000_000)
+    snap = stats.snapshot()
+    assert snap["put_message_failed_times"] == 1
+    assert snap["put_message_times_total"] == 2 and snap["put_message_size_total"] == 109
+    assert snap["put_message_status_times"] == {"PUT_OK": 1, "FLUSH_DISK_TIMEOUT": 1, "MESSAGE_ILLEGAL": 1}
