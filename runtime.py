@@ -325,15 +325,33 @@ class RuntimeActor(pykka.ThreadingActor):
             finally:
                 self._handle_failure(type(exc), exc, exc.__traceback__)
 
+    def _actor_loop(self) -> None:
+        try:
+            super()._actor_loop()
+        except BaseException:
+            # Raised into the thread where no handler above catches it (an exception raised
+            # into it from another thread, PyThreadState_SetAsyncExc): reported as a crash
+            # too, or the actor was gone for good while its ref said alive (review 139 F1).
+            failure = sys.exc_info()
+            try:
+                if not self.actor_stopped.is_set():
+                    self._handle_failure(*failure)
+                    self.on_failure(*failure)
+            finally:
+                self._actor_loop_teardown()
+
     def _actor_loop_running(self) -> None:
         while not self.actor_stopped.is_set():
-            envelope = self.actor_inbox.get()
+            envelope = None
             try:
+                # Inside the try: an idle actor waits here, where an exception raised into its
+                # thread lands (review 139 F1).
+                envelope = self.actor_inbox.get()
                 response = self._handle_receive(envelope.message)
                 if envelope.reply_to is not None:
                     envelope.reply_to.set(response)
             except BaseException:
-                if envelope.reply_to is not None:  # an ask: the asker's error, the actor goes on
+                if envelope is not None and envelope.reply_to is not None:  # an ask: the asker's error
                     envelope.reply_to.set_exception()
                     continue
                 failure = sys.exc_info()

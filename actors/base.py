@@ -243,17 +243,17 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
         request is the asker's error) and the actor carries on."""
         try:
             answer = self.handle(self._checked(asked.message))
-        except Exception as exc:
+        except BaseException as exc:  # (SystemExit too: the asker's answer, not left to its timeout)
             self.log.info("exception returned to the asker", request=type(asked.message).__name__, error=repr(exc))
-            asked.reply.fail(exc)
+            asked.reply.fail(exc if isinstance(exc, Exception) else RuntimeError(f"the request raised {exc!r}"))
             return None
         asked.reply.send(answer, hand_over=True)
         return None
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
-        self.log.error("actor crashed", error=repr(exception_value))
-        self._fail_queued()
-        try:
+        try:  # reported whatever happens before it (review 139 F1)
+            self.log.error("actor crashed", error=repr(exception_value))
+            self._fail_queued()
             self.release()
         finally:
             self.ctx.report(ChildFailed(name=self.supervised_as or self.name, error=exception_value))

@@ -858,3 +858,29 @@ def test_a_system_exit_in_a_restarting_actors_start_gives_the_store_up_and_its_l
     failing.clear()
     with h.open_small(store_dir) as again:
         assert [bytes(m.body) for m in again.get("t", 0, 0, 8).messages] == [b"kept"]
+
+
+class _RaisedIntoTheThread(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("name", ["flush", "writer"])
+def test_an_exception_raised_into_an_idle_actors_thread_is_a_crash_restarted(store_dir: Path, name: str) -> None:
+    """Review 139 F1: an exception raised into an idle store actor's thread from another thread
+    (PyThreadState_SetAsyncExc) landed in its inbox wait, outside every handler: the actor was
+    gone for good, its ref said alive, the store said RUNNING (no flush, or every put refused
+    after 21 s), and the close kept the lock for the process's life."""
+    import ctypes
+
+    with h.open_small(store_dir) as store:
+        assert store.put(Message(topic="t", body=b"before")).ok
+        actor = store.supervisor.peers[name]._actor_weakref()
+        assert actor is not None
+        thread = actor.loop_thread
+        time.sleep(0.2)  # idle, waiting in its inbox
+        raised = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_RaisedIntoTheThread))
+        assert raised == 1
+        h.wait_until(lambda: len(store.supervisor.restarts) == 1, what=f"the {name}'s restart")
+        h.wait_until(lambda: store.put(Message(topic="t", body=b"after")).ok, what="a put after the restart")
+        assert store.supervisor.state is SupervisorState.RUNNING
+    assert store.supervisor.lock_released.is_set()
