@@ -247,6 +247,10 @@ root, filler, segment = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = mqstore.open(root, mapped_file_size_commitlog_bytes=segment, message_index_enable=False)
 for i in range(200):
     assert store.put(mqstore.Message(topic="T", body=b"%08d" % i * 16)).ok
+# The queue's file took its blocks ahead (256 KiB, ~13,000 units) at its first units: once they
+# are dispatched. Filled before that (a loaded machine), it got only what was left, and its last
+# units, past those blocks, could not be written on the full disk: the reopen waited for room.
+assert store.wait_for_messages("T", 0, 199, 60)
 with open(filler, "wb", buffering=0) as f:  # another program fills the disk while the store puts
     for size in (1 << 16, 4096, 512, 1):
         try:
