@@ -332,11 +332,9 @@ class RuntimeActor(pykka.ThreadingActor):
             # Raised into the thread where no handler above catches it (an exception raised
             # into it from another thread, PyThreadState_SetAsyncExc): reported as a crash
             # too, or the actor was gone for good while its ref said alive (review 139 F1).
-            failure = sys.exc_info()
             try:
                 if not self.actor_stopped.is_set():
-                    self._handle_failure(*failure)
-                    self.on_failure(*failure)
+                    self._crashed()
             finally:
                 self._actor_loop_teardown()
 
@@ -354,12 +352,16 @@ class RuntimeActor(pykka.ThreadingActor):
                 if envelope is not None and envelope.reply_to is not None:  # an ask: the asker's error
                     envelope.reply_to.set_exception()
                     continue
-                failure = sys.exc_info()
-                self._handle_failure(*failure)
-                try:
-                    self.on_failure(*failure)
-                except BaseException:
-                    self._handle_failure(*sys.exc_info())
+                self._crashed()
+
+    def _crashed(self) -> None:
+        """The exception being handled stops the actor and is reported (`on_failure`)."""
+        failure = sys.exc_info()
+        self._handle_failure(*failure)
+        try:
+            self.on_failure(*failure)
+        except BaseException:
+            self._handle_failure(*sys.exc_info())
 
     def _stop(self) -> None:
         pykka.ActorRegistry.unregister(self.actor_ref)

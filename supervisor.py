@@ -612,10 +612,8 @@ class Supervisor:
             self.fs.makedirs(cfg.store_path_root_dir)  # a directory takes a block on ext4
         except OSError as exc:
             # The parents made before the failure too (review 138 F2: a full disk at `p/x/y/z`
-            # left `p`, `p/x` and `p/x/y`). Each left empty: rmdir, as below.
-            for path in reversed(made_here):
-                with contextlib.suppress(OSError):
-                    self.fs.rmdir(path)
+            # left `p`, `p/x` and `p/x/y`).
+            self._remove_made(made_here)
             raise _disk_full_or(exc, cfg.store_path_root_dir, "the store directory") from exc
         self._lock = StoreLock(self.fs, cfg.lock_path)
         created_abort = False
@@ -630,11 +628,12 @@ class Supervisor:
             last_exit_ok = not self._abort.exists()
             self._mode = mode_at_open(last_exit_ok)
             try:  # a new store's directories take blocks on ext4
-                for path in (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir):
+                made_now = (cfg.commitlog_dir, cfg.consume_queue_dir, cfg.index_dir)
+                for path in made_now:
                     made_here.extend(_missing_directories(self.fs, path))
                     self.fs.makedirs(path)
-                self._lock.claim_directories(data_directories(cfg)[:3], made=True)
-                self._lock.claim_directories(data_directories(cfg)[3:])
+                self._lock.claim_directories(made_now, made=True)
+                self._lock.claim_directories([cfg.config_dir])
                 # Refused before any owner changes a byte (settings that disagree with the files).
                 check_geometry(cfg, self.fs)
                 if self.fs.exists(cfg.checkpoint_path):
@@ -680,19 +679,7 @@ class Supervisor:
                 if all_stopped:
                     # Nor the directories it made, left empty (review 116 L1: an open refused for a
                     # commitlog kept elsewhere left an empty commitlog/ beside the store's files).
-                    # rmdir, never a listing then a removal: another process that opened the
-                    # same new root in between had its whole store removed (review 134 F2).
-                    # A data directory only while this open holds its flock: another store's
-                    # new commitlog directory is empty until its first put, and one made there
-                    # between this open's check and its makedirs was removed under that store
-                    # (review 138 F1). The root and its parents hold another store's lock file
-                    # or directories when in use, so rmdir leaves them.
-                    claimed = set(data_directories(cfg))
-                    for path in reversed(made_here):
-                        if path in claimed and not (self._lock is not None and self._lock.claim_for_removal(path)):
-                            continue
-                        with contextlib.suppress(OSError):
-                            self.fs.rmdir(path)
+                    self._remove_made(made_here)
             finally:
                 # Cut short too (a second exception raised into this thread): else the lock
                 # stayed held for the process's life (review 85 F4). Children still running
@@ -725,6 +712,21 @@ class Supervisor:
             self._shutdown()
             self._shut_down.set()
             raise
+
+    def _remove_made(self, made_here: list[str]) -> None:
+        """Remove the directories a refused open made (outermost first in `made_here`), each
+        with rmdir: never a listing then a removal, or another process that opened the same new
+        root in between had its whole store removed (review 134 F2). A data directory only while
+        this open holds its flock: another store's new commitlog directory is empty until its
+        first put, and one made there between this open's check and its makedirs was removed
+        under that store (review 138 F1). The root and its parents hold another store's lock
+        file or directories when in use, so rmdir leaves them."""
+        claimed = set(data_directories(self.config))
+        for path in reversed(made_here):
+            if path in claimed and not (self._lock is not None and self._lock.claim_for_removal(path)):
+                continue
+            with contextlib.suppress(OSError):
+                self.fs.rmdir(path)
 
     def stop(self) -> bool:
         """Stop cleanly; True if the stop was clean (abort file removed)."""

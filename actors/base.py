@@ -245,7 +245,7 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
             answer = self.handle(self._checked(asked.message))
         except BaseException as exc:  # (SystemExit too: the asker's answer, not left to its timeout)
             self.log.info("exception returned to the asker", request=type(asked.message).__name__, error=repr(exc))
-            asked.reply.fail(exc if isinstance(exc, Exception) else RuntimeError(f"the request raised {exc!r}"))
+            asked.reply.fail(exc)
             return None
         asked.reply.send(answer, hand_over=True)
         return None

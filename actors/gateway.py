@@ -188,7 +188,7 @@ class _Routed(StoreActor[RequestT]):
         if suppressed is not None:
             self.log.warning(event, request=type(message).__name__, why=why, **suppressed_fields(suppressed))
 
-    def _answer_failed(self, reply: Reply[Any], exc: Exception) -> None:
+    def _answer_failed(self, reply: Reply[Any], exc: BaseException) -> None:
         """Fail a client's `reply`; what its callback, future or actor raises is logged."""
         try:
             reply.fail(exc)
@@ -318,8 +318,7 @@ class StoreGateway(_Routed[GatewayRequest]):
                     # (review 44 H1).
                     if not isinstance(exc, (TypeError, ValueError, StoreClosedError)):
                         self.log.warning("a put raised while it was read and encoded", error=repr(exc))
-                    self._answer_failed(reply, exc if isinstance(exc, Exception) else RuntimeError(
-                        f"the put raised {exc!r} while the store read it"))  # fmt: skip
+                    self._answer_failed(reply, exc)
             case Get() | Query():
                 self._route_read(message)
             case Subscribe(subscriber=subscriber, topic=topic, queue_id=queue_id):

@@ -440,7 +440,12 @@ class Reply(Generic[A_contra]):
         if self._callback is not None:
             self._run_callback(answer)
 
-    def fail(self, exc: Exception) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Answer with `exc`; one that is no Exception (SystemExit, KeyboardInterrupt from the
+        host's code the store ran) is answered as a RuntimeError naming it: raised again where
+        the answer is read, it would end that thread or the host's program."""
+        if not isinstance(exc, Exception):
+            exc = RuntimeError(f"the request raised {exc!r}")
         with self._lock:
             if self._done:
                 return
