@@ -411,6 +411,19 @@ class _GatewayHold:
         self.held_bytes = 0
 
 
+# `_PutReply.send`'s test-and-set: uncontended but for a race of two answers of one put (a
+# group commit the flush actor answers as the writer expires it); the pass path never takes it.
+_ANSWERED_ONCE = threading.Lock()
+
+
+def _answered_once_in_a_forked_child() -> None:
+    global _ANSWERED_ONCE  # a parent's thread that held it at the fork does not exist here
+    _ANSWERED_ONCE = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_answered_once_in_a_forked_child)
+
+
 class _PutReply(PassReply):
     """One pipelined put's Reply: where its answer goes (a future, an actor, or nowhere for
     fire and forget) and what the stats need. The writer hands a pass's answers to the sink
@@ -429,10 +442,10 @@ class _PutReply(PassReply):
         topic: str,
         started: int,
     ) -> None:
-        # Not Reply.__init__: its lock guards answering twice from two threads, which cannot
-        # happen here (a put is answered by the writer's pass, or else by whoever holds it
-        # after the writer stopped: its crash handler, the drain, or the caller when the
-        # writer was down); `_done` still makes a second answer a no-op.
+        # Not Reply.__init__: no lock of its own per put. The writer's pass answers it alone
+        # (`_done` set directly); every other answer, which two threads can race to give (the
+        # flush actor's group commit and the writer expiring it past its deadline, a crash
+        # handler, the drain), goes through `send` under one lock shared by all puts.
         self._done = False
         self.sink = sink  # a slot, not PassReply's property: the writer reads it once per put
         self.future = future
@@ -443,9 +456,11 @@ class _PutReply(PassReply):
         self.held_bytes = 0  # of max_put_bytes_in_flight, given back with the answer
 
     def send(self, answer: Any, *, hand_over: bool = False, posts: list[Any] | None = None) -> None:
-        if not self._done:
+        with _ANSWERED_ONCE:
+            if self._done:
+                return
             self._done = True
-            self.sink.answer_pass([(self, answer)])
+        self.sink.answer_pass([(self, answer)])
 
     def fail(self, exc: BaseException) -> None:
         self.send(exc)

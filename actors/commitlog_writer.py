@@ -124,7 +124,9 @@ class PassReply(Reply[PutResult]):
     """A Reply the writer answers together with the others of its pass that share its `sink`:
     one call per pass instead of one per put (the pipelined puts: one wake-up of the
     completion thread, one in-flight release per pass). Any other path (a crash, a drain,
-    a writer that is down) answers it one by one through `send`/`fail`, as any Reply."""
+    a writer that is down, the writer expiring a group commit the flush actor may answer
+    at the same time) answers it one by one through `send`/`fail`, as any Reply: a subclass's
+    `send` must answer once when two threads call it."""
 
     __slots__ = ()
 
@@ -543,7 +545,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             for request in group_commits:
                 if not self.ctx.tell("flush", request):
                     request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
-                elif not isinstance(request.reply, PassReply):  # (answered without a lock: flush's alone)
+                else:
                     self._group_commits_out.append(request)
         # Answers of PassReplies go to their sinks as they are (the tuple reused, not rebuilt).
         by_sink: dict[int, tuple[PassSink, list[tuple[Reply[PutResult], PutResult]]]] = {}
@@ -988,9 +990,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         flush actor left unanswered a grace past their deadline. It expires them on its own
         tick, which an msync that hangs holds back: their callers waited until their own
         timeout and were told "not stored", and a retry stored them twice (review 136 F4).
-        A Reply is answered once, under its lock: whichever of the two comes first. (A
-        PassReply, a pipelined put's, has no lock and stays the flush actor's to answer: its
-        future waits, and tells nothing wrong.)"""
+        A Reply is answered once, whichever of the two comes first (a PassReply's `send` is
+        once-only across threads too: review 139 F3, a put_async future or an actor client's
+        put waited for good behind the hung msync)."""
         out = self._group_commits_out
         expired_before = time.monotonic_ns() - GROUP_COMMIT_EXPIRY_GRACE_NS
         while out and out[0].deadline_ns <= expired_before:

@@ -6,15 +6,17 @@ supervisor gave up."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 
 import mqstore
-from mqstore import Message, PutMessageStatus, StoreClosedError
+from mqstore import Message, PutMessageStatus, PutResult, Replied, StoreClosedError
 from mqstore.messages import FlushAll, Ping
 from mqstore.runtime import RuntimeActor
 
@@ -402,25 +404,57 @@ def test_a_close_with_an_actor_down_is_unclean_and_the_next_open_recovers_everyt
         assert [m.body for m in again.get("T", 0, 0, 32).messages] == bodies
 
 
-def test_a_sync_put_behind_an_msync_that_hangs_is_answered_flush_disk_timeout(tmp_path: Path) -> None:
+class _RepliedCollector(pykka.ThreadingActor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, Replied):
+            self.answers.put(message.answer)
+
+
+def _put_by(way: str, store: mqstore.MessageStore, message: Message) -> PutResult:
+    if way == "put":
+        return store.put(message)
+    if way == "put_async":
+        return store.put_async(message).result(timeout=30)
+    ref = _RepliedCollector.start()
+    try:
+        assert store.actor_client(ref).put(message, correlation_id=1)
+        answer = ref.proxy().answers.get().get(timeout=30)
+        assert isinstance(answer, PutResult), answer
+        return answer
+    finally:
+        ref.stop()
+
+
+@pytest.mark.parametrize("way", ["put", "put_async", "actor_client"])
+def test_a_sync_put_behind_an_msync_that_hangs_is_answered_flush_disk_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
+) -> None:
     """Review 136 F4: the flush actor expires group commits on its own tick, which a hung
     msync holds back; the caller waited until its own reply timeout (21 s) and was told
     SERVICE_NOT_AVAILABLE "no answer from the writer in time" for a stored put, which a
     retrying producer stores twice. The writer answers it FLUSH_DISK_TIMEOUT (stored, not known
-    to be on disk), as RocketMQ does after syncFlushTimeout."""
+    to be on disk), as RocketMQ does after syncFlushTimeout. Review 139 F3: a put_async future
+    and an actor client's put waited for good (their replies were left to the flush actor)."""
+    from mqstore.actors import commitlog_writer
     from mqstore.faults import HoldAt
 
+    monkeypatch.setattr(commitlog_writer, "GROUP_COMMIT_EXPIRY_GRACE_NS", 1_000_000_000)  # 5 s in the store
     hold = HoldAt("flush.mid_fsync", hold_s=30)
     with mqstore.open(tmp_path / "s", faults=hold, flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=200) as store:
         assert store.put(Message("t", b"before")).ok
         hold.armed.set()
         started = time.monotonic()
-        stalled = store.put(Message("t", b"stalled"))
+        stalled = _put_by(way, store, Message("t", b"stalled"))
         waited = time.monotonic() - started
         assert hold.entered.is_set()
         assert stalled.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and stalled.stored, stalled
-        assert waited < 10, waited  # 0.2 s + the writer's 5 s grace; the reply timeout is 15.2 s here
+        assert waited < 10, waited  # 0.2 s + the writer's grace; the reply timeout is 15.2 s here
         hold.release.set()
         assert [bytes(m.body) for m in store.get("t", 0, 0, 8).messages] == [b"before", b"stalled"]
+        store.flush()  # every future handed out is done: it does not wait (nor raise TimeoutError)
     with mqstore.open(tmp_path / "s") as again:
         assert [bytes(m.body) for m in again.get("t", 0, 0, 8).messages] == [b"before", b"stalled"]
