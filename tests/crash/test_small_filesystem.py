@@ -245,11 +245,14 @@ root, filler, segment = sys.argv[1], sys.argv[2], int(sys.argv[3])
 # (No index: recovery's reads of the log are under test; an index re-dispatch could not write
 # on the full disk, and the open would wait for it 5-10 s.)
 store = mqstore.open(root, mapped_file_size_commitlog_bytes=segment, message_index_enable=False)
+# 512-byte bodies: the log fills the disk with at most ~4,300 records, whose queue units stay
+# well inside the blocks the queue's file took ahead (256 KiB, ~13,000 units) at its first
+# units. With 128-byte bodies ~12,000 acknowledged units came near them, and those past them
+# could not be written on the full disk: the reopen waited for room before serving them.
 for i in range(200):
-    assert store.put(mqstore.Message(topic="T", body=b"%08d" % i * 16)).ok
-# The queue's file took its blocks ahead (256 KiB, ~13,000 units) at its first units: once they
-# are dispatched. Filled before that (a loaded machine), it got only what was left, and its last
-# units, past those blocks, could not be written on the full disk: the reopen waited for room.
+    assert store.put(mqstore.Message(topic="T", body=b"%08d" % i * 64)).ok
+# Filled before the first units are dispatched (a loaded machine), the queue's file would get
+# only the blocks left, and its later units could not be written.
 assert store.wait_for_messages("T", 0, 199, 60)
 with open(filler, "wb", buffering=0) as f:  # another program fills the disk while the store puts
     for size in (1 << 16, 4096, 512, 1):
@@ -260,7 +263,7 @@ with open(filler, "wb", buffering=0) as f:  # another program fills the disk whi
             pass
 acked, refused, i = 200, 0, 200
 while refused < 50:
-    result = store.put(mqstore.Message(topic="T", body=b"%08d" % i * 16))
+    result = store.put(mqstore.Message(topic="T", body=b"%08d" % i * 64))
     i += 1
     acked, refused = (acked + 1, refused) if result.ok else (acked, refused + 1)
 print(acked, flush=True)
