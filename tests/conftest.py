@@ -1,24 +1,33 @@
 """Project-wide pytest hooks: tests marked `soak` run only when the run selects them (`-m soak`);
-the 100k read-your-writes pairs start in their own process once collection ends (see
-tests/read/ryw_child.py), so they run beside the suite."""
+the files holding a test marked `slow` run first (under xdist, a long file left for the end
+kept one worker busy alone); the 100k read-your-writes pairs start in their own process once
+collection ends (see tests/read/ryw_child.py), so they run beside the suite: one process per
+run, started by xdist's controller when workers run the suite (each worker collects every
+test, and each started its own: two on a 2-vCPU machine, one of them for nothing)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 RYW_TEST = "test_no_read_your_writes_miss_in_100k_put_then_max_offset_pairs_from_4_threads"
 RYW_PAIRS, RYW_THREADS, RYW_BUDGET_S = 100_000, 4, 240
-ryw_run_key = pytest.StashKey[tuple[subprocess.Popen[str], str]]()
+RYW_DIR_KEY = "mqstore_ryw_dir"  # xdist's workerinput: where the controller's child writes
+ryw_run_key = pytest.StashKey["RywRun"]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slow_files_first(items)
     markexpr = config.getoption("-m", default="") or ""
     if "soak" in markexpr and "not soak" not in markexpr:
         return
@@ -28,37 +37,102 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def start_ryw_pairs(config: pytest.Config) -> tuple[subprocess.Popen[str], str]:
-    """The read-your-writes child (tests/read/ryw_child.py), started once per session."""
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Files with a test marked `slow` first, then by their number of tests, most first (as
+    xdist's own reorder, which pyproject.toml turns off for this one); a file's tests keep
+    their order. xdist hands a worker one file at a time in this order."""
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(by_file.values(), key=lambda its: (not any(i.get_closest_marker("slow") for i in its), -len(its)))
+    items[:] = [item for its in order for item in its]
+
+
+class RywRun:
+    """The read-your-writes child: its exit status, stdout and stderr once it ends. Started
+    here (`pipe`), or by xdist's controller writing into `directory` (rc, out, err files)."""
+
+    def __init__(self, directory: str, proc: subprocess.Popen[str] | None) -> None:
+        self.directory = directory
+        self.proc = proc
+
+    def result(self, timeout_s: float) -> tuple[int, str, str]:
+        if self.proc is not None:
+            out, err = self.proc.communicate(timeout=timeout_s)
+            return self.proc.returncode, out, err
+        rc_file = Path(self.directory, "rc")
+        deadline = time.monotonic() + timeout_s
+        while not rc_file.exists():  # another process's child: no handle to wait on
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {rc_file} after {timeout_s} s")
+            time.sleep(0.5)
+        out, err = (Path(self.directory, name).read_text(errors="replace") for name in ("out", "err"))
+        return int(rc_file.read_text()), out, err
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the shell and the child it runs (its own group)
+            self.proc.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _start_ryw_child(directory: str, *, to_files: bool) -> subprocess.Popen[str]:
+    child = Path(__file__).with_name("read") / "ryw_child.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    env.update({k: v for k, v in os.environ.items() if k == "MQSTORE_PURE_PYTHON"})
+    argv = [sys.executable, str(child), os.path.join(directory, "store"), str(RYW_PAIRS), str(RYW_THREADS), str(RYW_BUDGET_S)]
+    if to_files:  # the status last, by a rename: a worker reads the files once it is there
+        argv = ["sh", "-c", '"$@" >"$0/out" 2>"$0/err"; echo $? >"$0/rc.part" && mv "$0/rc.part" "$0/rc"', directory, *argv]
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
+def start_ryw_pairs(config: pytest.Config) -> RywRun:
+    """The read-your-writes child of this run: the controller's, when this is an xdist worker;
+    else this process's own, started once per session."""
     if ryw_run_key not in config.stash:
-        root = tempfile.mkdtemp(prefix="mqstore-ryw-")
-        child = Path(__file__).with_name("read") / "ryw_child.py"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
-        env.update({k: v for k, v in os.environ.items() if k == "MQSTORE_PURE_PYTHON"})
-        proc = subprocess.Popen(
-            [sys.executable, str(child), os.path.join(root, "store"), str(RYW_PAIRS), str(RYW_THREADS), str(RYW_BUDGET_S)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        config.stash[ryw_run_key] = (proc, root)
+        workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+        if workerinput is not None and RYW_DIR_KEY in workerinput:
+            config.stash[ryw_run_key] = RywRun(workerinput[RYW_DIR_KEY], None)
+        else:
+            directory = tempfile.mkdtemp(prefix="mqstore-ryw-")
+            config.stash[ryw_run_key] = RywRun(directory, _start_ryw_child(directory, to_files=False))
     return config.stash[ryw_run_key]
 
 
 @pytest.fixture(scope="session")
-def ryw_pairs_run(request: pytest.FixtureRequest) -> tuple[subprocess.Popen[str], str]:
+def ryw_pairs_run(request: pytest.FixtureRequest) -> RywRun:
     """The read-your-writes child, started at collection's end (or now, if it was not)."""
     return start_ryw_pairs(request.config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # the controller starts it (pytest_xdist_node_collection_finished)
     if any(item.name == RYW_TEST and not item.get_closest_marker("skip") for item in session.items):
         start_ryw_pairs(session.config)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller: every worker is told where the one child writes its answer."""
+    config = node.config
+    if ryw_run_key not in config.stash:
+        config.stash[ryw_run_key] = RywRun(tempfile.mkdtemp(prefix="mqstore-ryw-"), None)
+    node.workerinput[RYW_DIR_KEY] = config.stash[ryw_run_key].directory
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """xdist's controller, once a worker collected: the child starts if the test is to run."""
+    run = node.config.stash.get(ryw_run_key, None)
+    if run is not None and run.proc is None and any(i.endswith("::" + RYW_TEST) for i in ids):
+        run.proc = _start_ryw_child(run.directory, to_files=True)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     run = config.stash.get(ryw_run_key, None)
-    if run is not None:
-        proc, root = run
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+    if run is not None and not hasattr(config, "workerinput"):  # a worker's directory is the controller's
+        run.stop()

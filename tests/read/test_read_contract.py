@@ -4,7 +4,6 @@ read with a stated timeout that ends in a status, and one rule for API mistakes.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -108,14 +107,13 @@ def test_no_torn_pairs_under_concurrent_publication() -> None:
 
 @pytest.mark.slow
 def test_no_read_your_writes_miss_in_100k_put_then_max_offset_pairs_from_4_threads(
-    ryw_pairs_run: tuple[subprocess.Popen[str], str],
+    ryw_pairs_run: Any,
 ) -> None:
     # Run by tests/read/ryw_child.py in its own process, started when collection ended
     # (tests/conftest.py): the pairs wait on dispatch, not the CPU, so they run beside the
     # suite instead of adding ~45 s to it. Here: its answer.
-    proc, _root = ryw_pairs_run
-    out, err = proc.communicate(timeout=RYW_BUDGET_S + 60)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err[-3000:]}"
+    returncode, out, err = ryw_pairs_run.result(timeout_s=RYW_BUDGET_S + 60)  # conftest.RywRun
+    assert returncode == 0, f"exit {returncode}\n{out}\n{err[-3000:]}"
     result = json.loads(out.strip().splitlines()[-1])
     assert not result["timed_out"], f"not done in {RYW_BUDGET_S} s: {result}"
     assert result["failed"] == [] and result["done"] == RYW_PAIRS, result
