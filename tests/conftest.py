@@ -40,12 +40,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _slow_files_first(items: list[pytest.Item]) -> None:
     """Files with a test marked `slow` first, then by their number of tests, most first (as
     xdist's own reorder, which pyproject.toml turns off for this one); a file's tests keep
-    their order. xdist hands a worker one file at a time in this order."""
+    their order. xdist hands a worker one file at a time in this order. The read-your-writes
+    test's file comes last: its answer is the child's, started when collection ended, and
+    early its worker would only wait for it."""
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    order = sorted(by_file.values(), key=lambda its: (not any(i.get_closest_marker("slow") for i in its), -len(its)))
-    items[:] = [item for its in order for item in its]
+
+    def order(its: list[pytest.Item]) -> tuple[bool, bool, int]:
+        waits = any(i.name == RYW_TEST for i in its)
+        return waits, not any(i.get_closest_marker("slow") for i in its), -len(its)
+
+    items[:] = [item for its in sorted(by_file.values(), key=order) for item in its]
 
 
 class RywRun:
