@@ -783,6 +783,7 @@ class Supervisor:
                 due[_HOOKS] = now + TICK_HOOK_INTERVAL_MS
                 send_unsent()  # reply callbacks that waited for a listener thread (a thread shortage)
                 self.note_files_cut_under_map()
+                self._expire_group_commits()
                 self._run_tick_hooks(wall)
 
     def note_files_cut_under_map(self) -> list[str]:
@@ -828,6 +829,36 @@ class Supervisor:
                            "rebuilds queues and index from the commitlog; a cut commitlog segment is a hole until "
                            "`mqstore recover`, a replaced one was saved beside it as .store-copy")  # fmt: skip
         return sorted(self.files_cut_under_map)
+
+    def _expire_group_commits(self) -> None:
+        """Answer the sync flush's group commits stuck a grace past their deadline (an msync
+        that hangs holds the flush actor, which expires its own): group_commits.py."""
+        try:
+            self.ctx.group_commits.expire()
+        except Exception as exc:  # never the supervisor's thread
+            self.log.error("stalled group commits could not be answered", error=repr(exc))
+
+    def _wait_expiring_group_commits(self, future: StoreFuture[Any], timeout_s: float) -> Any:
+        """`future.get(timeout_s)`, expiring stalled group commits meanwhile: a close waits
+        for the flush actor, which an msync that hangs holds, and the ticks wait for the close
+        (review 140 F2: a put's caller timed out on a stored put first, "not stored")."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return future.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            except pykka.Timeout:
+                if time.monotonic() >= deadline:
+                    raise
+                self._expire_group_commits()
+
+    def _answer_group_commits_left(self) -> None:
+        """The actors stopped: the group commits no flush answered are stored, not known to be
+        on disk (answered "store closed", or never by a flush actor stuck in an msync, a
+        retrying producer stored them twice: review 140 F1/F2)."""
+        try:
+            self.ctx.group_commits.answer_all("stored, not known to be on disk: the store stopped before its flush")
+        except Exception as exc:
+            self.log.error("group commits left at the stop could not be answered", error=repr(exc))
 
     def _run_tick_hooks(self, wall_ms: int) -> None:
         """Call each tick hook; one that raises is logged, never ends the supervisor's thread
@@ -969,6 +1000,7 @@ class Supervisor:
         self.state = SupervisorState.FAILED
         self.fatal_error = error
         self._stop_children(clean=False)
+        self._answer_group_commits_left()
         # Nothing will publish again: a reader waiting on the view (wait_for_messages, even
         # with no timeout) returns now instead of at its timeout, or never.
         self.ctx.read_view.close()
@@ -1365,7 +1397,7 @@ class Supervisor:
                         store_timestamp=writer.store_timestamp,
                     )
                     self.ctx.peers[name].tell(flush_all)
-                    reached = future.get(timeout=STOP_TIMEOUT_S)
+                    reached = self._wait_expiring_group_commits(future, STOP_TIMEOUT_S)
                     if name == "flush" and isinstance(reached, int) and reached < writer.max_offset:
                         # The log is not on disk to its end (a failed msync, review 46 H1): the
                         # next open must recover as after a crash, not trust a clean stop.
@@ -1390,6 +1422,7 @@ class Supervisor:
             clean = False
         if not self._stop_children(clean=clean):
             clean = False  # a child still runs: what it writes is not the clean stop's
+        self._answer_group_commits_left()
         if self.ctx.derived_flush_failed:
             self.log.warning("a ConsumeQueue or index flush failed in this run: the next open rebuilds them as after a crash")
             clean = False

@@ -16,6 +16,7 @@ import pykka
 
 from ..config import StoreConfig
 from ..faults import FaultPlan
+from .group_commits import GroupCommitWatch
 from ..log import get_logger, prepare_loggers, retrying
 from ..messages import Asked, Reply
 from ..read_view import ReadViewPublisher
@@ -149,6 +150,9 @@ class ActorContext:
     # the store's run (None: never): its next incarnation keeps counting nothing past it as
     # flushed, and the writer refuses puts (review 46 H1/M1; FlushCommitLogService).
     commitlog_flush_failed_at: int | None = None
+    # SYNC_FLUSH's group commits handed to the flush actor and not answered yet: the
+    # supervisor answers one stuck behind an msync that hangs (group_commits.py).
+    group_commits: GroupCommitWatch = field(default_factory=GroupCommitWatch)
     # An msync of a ConsumeQueue or index file failed (set by their owners for the rest of
     # the run): the checkpoint's logics and index timestamps stop there and the close is
     # unclean, so the next open rebuilds from the log what may not be on disk (review 48 H3).

@@ -64,12 +64,6 @@ __all__ = ["CommitLogWriter", "DispatchLag", "PassReply", "PassSink"]
 # A pass appends at most this many puts before it answers them and tells reput: bounds an
 # answer's wait and the dispatch lag under a constant stream.
 PASS_MAX_PUTS = 256
-# How long past its deadline a group commit waits for the flush actor before the writer answers
-# it: the flush actor expires its own on its tick, and a flush that is only slow (a loaded
-# machine) still answers first; the writer's answer is for one stuck in an msync, and comes well
-# before the caller's own timeout (sync_flush_timeout_ms + 15 s). With 1 s, a loaded CI run got
-# FLUSH_DISK_TIMEOUT under a 500 ms timeout where the flush actor answered PUT_OK before.
-GROUP_COMMIT_EXPIRY_GRACE_NS: Final = 5_000_000_000
 _NOT_WRITEABLE = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail="store not writeable")
 _OK = PutMessageStatus.PUT_OK
 # A stored put's PutResult is built as a tuple of every field in this order, without the
@@ -198,9 +192,6 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # busy, however short its wait (review 103 L2).
         self._busy_timeout_ns = (ctx.config.os_page_cache_busy_timeout_ms + 1) * 1_000_000 - 1
         self._sync_timeout_ns = ctx.config.sync_flush_timeout_ms * 1_000_000
-        # Group commits handed to the flush actor, oldest first: one it has not answered well
-        # past its deadline (stuck in an msync) is answered FLUSH_DISK_TIMEOUT from here.
-        self._group_commits_out: deque[GroupCommitRequest] = deque()
         # (wrote offset, store timestamp) of the newest append not yet told reput and flush:
         # a tuple per append, the notice itself built once per pass (_notify_advance).
         self._pending_advance: tuple[int, int] | None = None
@@ -447,7 +438,6 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 self._tell_flush_the_end()
                 if self._reput_missed:
                     self._tell_reput_the_end()
-                self._expire_group_commits()
             case DeleteExpiredCommitLogFiles():
                 message.reply.send(self._delete_expired(message))
             case RedeleteHangedCommitLogFile(forcibly_ms=forcibly_ms, now_ms=now_ms, reply=reply):
@@ -545,8 +535,9 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             for request in group_commits:
                 if not self.ctx.tell("flush", request):
                     request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush service down"))
-                else:
-                    self._group_commits_out.append(request)
+                else:  # (and its answer watched: a flush stuck in an msync is answered for)
+                    self.ctx.group_commits.add(request)
+            self.ctx.group_commits.drop_answered()
         # Answers of PassReplies go to their sinks as they are (the tuple reused, not rebuilt).
         by_sink: dict[int, tuple[PassSink, list[tuple[Reply[PutResult], PutResult]]]] = {}
         wakes: list[Any] = []
@@ -984,20 +975,6 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         if ref is not None and tell_keeping_gil(ref, message):
             return True
         return self.ctx.tell(peer, message)
-
-    def _expire_group_commits(self) -> None:
-        """Answer FLUSH_DISK_TIMEOUT (stored, not known to be on disk) to the group commits the
-        flush actor left unanswered a grace past their deadline. It expires them on its own
-        tick, which an msync that hangs holds back: their callers waited until their own
-        timeout and were told "not stored", and a retry stored them twice (review 136 F4).
-        A Reply is answered once, whichever of the two comes first (a PassReply's `send` is
-        once-only across threads too: review 139 F3, a put_async future or an actor client's
-        put waited for good behind the hung msync)."""
-        out = self._group_commits_out
-        expired_before = time.monotonic_ns() - GROUP_COMMIT_EXPIRY_GRACE_NS
-        while out and out[0].deadline_ns <= expired_before:
-            request = out.popleft()
-            request.reply.send(request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, "flush too slow (stalled)"))
 
     def _tell_flush_the_end(self) -> None:
         """On the ticker: the flush actor hears of bytes too few to have woken it, so its

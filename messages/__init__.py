@@ -410,6 +410,11 @@ class Reply(Generic[A_contra]):
         self._done = False
         self._lock = threading.Lock()
 
+    @property
+    def answered(self) -> bool:
+        """Sent or failed already (read without the lock: it only ever turns True)."""
+        return self._done
+
     def send(self, answer: A_contra, *, hand_over: bool = False, posts: list[Any] | None = None) -> None:
         """Deliver `answer`. `hand_over`: the sender has nothing more to answer right now,
         so a waiting thread may take the GIL at once (`Waiter.hand_over`). `posts`: a

@@ -17,6 +17,7 @@ import pytest
 
 import mqstore
 from mqstore import Message, PutMessageStatus, PutResult, Replied, StoreClosedError
+from mqstore.faults import FaultPlan
 from mqstore.messages import FlushAll, Ping
 from mqstore.runtime import RuntimeActor
 
@@ -439,10 +440,10 @@ def test_a_sync_put_behind_an_msync_that_hangs_is_answered_flush_disk_timeout(
     retrying producer stores twice. The writer answers it FLUSH_DISK_TIMEOUT (stored, not known
     to be on disk), as RocketMQ does after syncFlushTimeout. Review 139 F3: a put_async future
     and an actor client's put waited for good (their replies were left to the flush actor)."""
-    from mqstore.actors import commitlog_writer
+    from mqstore.actors import group_commits
     from mqstore.faults import HoldAt
 
-    monkeypatch.setattr(commitlog_writer, "GROUP_COMMIT_EXPIRY_GRACE_NS", 1_000_000_000)  # 5 s in the store
+    monkeypatch.setattr(group_commits, "GROUP_COMMIT_EXPIRY_GRACE_NS", 1_000_000_000)  # 5 s in the store
     hold = HoldAt("flush.mid_fsync", hold_s=30)
     with mqstore.open(tmp_path / "s", faults=hold, flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=200) as store:
         assert store.put(Message("t", b"before")).ok
@@ -452,9 +453,77 @@ def test_a_sync_put_behind_an_msync_that_hangs_is_answered_flush_disk_timeout(
         waited = time.monotonic() - started
         assert hold.entered.is_set()
         assert stalled.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and stalled.stored, stalled
-        assert waited < 10, waited  # 0.2 s + the writer's grace; the reply timeout is 15.2 s here
+        assert waited < 10, waited  # 0.2 s + the grace + a supervisor tick; the reply timeout is 15.2 s
         hold.release.set()
         assert [bytes(m.body) for m in store.get("t", 0, 0, 8).messages] == [b"before", b"stalled"]
         store.flush()  # every future handed out is done: it does not wait (nor raise TimeoutError)
     with mqstore.open(tmp_path / "s") as again:
         assert [bytes(m.body) for m in again.get("t", 0, 0, 8).messages] == [b"before", b"stalled"]
+
+
+class _HoldThenCrash(FaultPlan):
+    """Holds the first msync armed for it; its other points as FaultPlan's (arm, hit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_next_msync = threading.Event()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def hit(self, point: str) -> None:
+        if point == "flush.mid_fsync" and self.hold_next_msync.is_set():
+            self.hold_next_msync.clear()
+            self.entered.set()
+            self.release.wait(60)
+            return
+        super().hit(point)
+
+
+@pytest.mark.parametrize("way", ["put", "put_async", "actor_client"])
+@pytest.mark.parametrize("then", ["writer restarts", "store closes"])
+def test_a_put_behind_a_hung_msync_is_answered_flush_disk_timeout_across_a_restart_or_a_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str, then: str
+) -> None:
+    """Review 140 F1/F2: the writer kept the group commits it watched for itself, so after its
+    restart (the flush actor, stuck in the msync, still held them) a put_async future and an
+    actor's put waited for the msync however long, and a put was told "not stored" (its own
+    timeout); a close answered the future "store closed" and the put "not stored" too. Each
+    is answered FLUSH_DISK_TIMEOUT (stored, not known to be on disk), and is served."""
+    from mqstore.actors import group_commits
+
+    monkeypatch.setattr(group_commits, "GROUP_COMMIT_EXPIRY_GRACE_NS", 1_000_000_000)
+    plan = _HoldThenCrash()
+    store = mqstore.open(tmp_path / "s", faults=plan, flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=200)
+    try:
+        assert store.put(Message("t", b"before")).ok
+        plan.hold_next_msync.set()
+        answers: queue.SimpleQueue[PutResult] = queue.SimpleQueue()
+        putter = threading.Thread(target=lambda: answers.put(_put_by(way, store, Message("t", b"stalled"))))
+        putter.start()
+        assert plan.entered.wait(10)
+        started = time.monotonic()
+        if then == "writer restarts":
+            plan.arm("writer.after_append")
+            assert not store.put(Message("t", b"crasher")).ok  # its pass fails: the writer restarts
+        else:  # the close waits for the flush actor, stuck: the answer comes meanwhile
+            threading.Thread(target=store.close, daemon=True).start()
+        stalled = answers.get(timeout=30)
+        assert stalled.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and stalled.stored, stalled
+        assert time.monotonic() - started < 10  # 0.2 s + the 1 s grace + a supervisor tick or slice
+        putter.join(10)
+    finally:
+        plan.release.set()
+        store.close()
+    with mqstore.open(tmp_path / "s") as again:
+        assert [bytes(m.body) for m in again.get("t", 0, 0, 8).messages][:2] == [b"before", b"stalled"]
+
+
+def test_the_watched_group_commits_are_only_those_no_flush_answered_yet(tmp_path: Path) -> None:
+    """Review 140 F4: every group commit was kept to its deadline + 5 s, answered or not:
+    430,000 of them (~365 MB) at 40k put_async a second. Answered ones are dropped as the
+    writer passes."""
+    with mqstore.open(tmp_path / "s", flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=60_000) as store:
+        futures = [store.put_async(Message("t", b"%d" % i)) for i in range(3000)]
+        assert all(f.result(timeout=30).ok for f in futures)
+        assert store.put(Message("t", b"last")).ok  # a pass after the answers: it drops them
+        assert len(store.supervisor.ctx.group_commits) <= 1
