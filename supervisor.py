@@ -852,9 +852,10 @@ class Supervisor:
                 self._expire_group_commits()
 
     def _answer_group_commits_left(self) -> None:
-        """The actors stopped: the group commits no flush answered are stored, not known to be
-        on disk (answered "store closed", or never by a flush actor stuck in an msync, a
-        retrying producer stored them twice: review 140 F1/F2)."""
+        """The store stops (its flush done, or stuck), or is given up: the group commits no
+        flush answered are stored, not known to be on disk (answered "store closed", or never
+        by a flush actor stuck in an msync, a retrying producer stored them twice: review 140
+        F1/F2)."""
         try:
             self.ctx.group_commits.answer_all("stored, not known to be on disk: the store stopped before its flush")
         except Exception as exc:
@@ -999,8 +1000,8 @@ class Supervisor:
         self.log.error("too many restarts, stopping the store", error=repr(error))
         self.state = SupervisorState.FAILED
         self.fatal_error = error
+        self._answer_group_commits_left()  # now: the stops may wait out a flush actor stuck in an msync
         self._stop_children(clean=False)
-        self._answer_group_commits_left()
         # Nothing will publish again: a reader waiting on the view (wait_for_messages, even
         # with no timeout) returns now instead of at its timeout, or never.
         self.ctx.read_view.close()
@@ -1420,9 +1421,10 @@ class Supervisor:
         except Exception as exc:
             self.log.error("unclean shutdown", error=repr(exc))
             clean = False
+        # The flush is done, or it is stuck: a stuck flush actor's stop is waited out first.
+        self._answer_group_commits_left()
         if not self._stop_children(clean=clean):
             clean = False  # a child still runs: what it writes is not the clean stop's
-        self._answer_group_commits_left()
         if self.ctx.derived_flush_failed:
             self.log.warning("a ConsumeQueue or index flush failed in this run: the next open rebuilds them as after a crash")
             clean = False
