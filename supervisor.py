@@ -1002,6 +1002,7 @@ class Supervisor:
         self.fatal_error = error
         self._answer_group_commits_left()  # now: the stops may wait out a flush actor stuck in an msync
         self._stop_children(clean=False)
+        self._answer_group_commits_left()  # any a writer still running added meanwhile
         # Nothing will publish again: a reader waiting on the view (wait_for_messages, even
         # with no timeout) returns now instead of at its timeout, or never.
         self.ctx.read_view.close()
@@ -1425,6 +1426,7 @@ class Supervisor:
         self._answer_group_commits_left()
         if not self._stop_children(clean=clean):
             clean = False  # a child still runs: what it writes is not the clean stop's
+        self._answer_group_commits_left()  # any added since: a writer the close could not set unwriteable
         if self.ctx.derived_flush_failed:
             self.log.warning("a ConsumeQueue or index flush failed in this run: the next open rebuilds them as after a crash")
             clean = False

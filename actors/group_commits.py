@@ -67,11 +67,15 @@ class GroupCommitWatch:
         return len(due)
 
     def answer_all(self, detail: str) -> int:
-        """The store stopped (its actors stopped or given up): every one left is stored and
-        not known to be on disk."""
-        with self._lock:
-            due = [request for request in self._waiting if not request.reply.answered]
-            self._waiting.clear()
+        """The store stops or is given up: every one left is stored and not known to be on
+        disk."""
+        due: list[GroupCommitRequest] = []
+        waiting = self._waiting
+        with self._lock:  # taken from the front, never iterated: a writer still running may add
+            while waiting:
+                request = waiting.popleft()
+                if not request.reply.answered:
+                    due.append(request)
         _answer(due, detail)
         return len(due)
 
