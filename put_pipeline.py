@@ -412,7 +412,7 @@ class _GatewayHold:
 
 
 # `_PutReply.send`'s test-and-set: uncontended but for a race of two answers of one put (a
-# group commit the flush actor answers as the writer expires it); the pass path never takes it.
+# group commit the flush actor answers as the supervisor expires it); the pass path never takes it.
 _ANSWERED_ONCE = threading.Lock()
 
 
@@ -444,7 +444,7 @@ class _PutReply(PassReply):
     ) -> None:
         # Not Reply.__init__: no lock of its own per put. The writer's pass answers it alone
         # (`_done` set directly); every other answer, which two threads can race to give (the
-        # flush actor's group commit and the writer expiring it past its deadline, a crash
+        # flush actor's group commit and the supervisor expiring it past its deadline, a crash
         # handler, the drain), goes through `send` under one lock shared by all puts.
         self._done = False
         self.sink = sink  # a slot, not PassReply's property: the writer reads it once per put

@@ -16,7 +16,6 @@ import pykka
 
 from ..config import StoreConfig
 from ..faults import FaultPlan
-from .group_commits import GroupCommitWatch
 from ..log import get_logger, prepare_loggers, retrying
 from ..messages import Asked, Reply
 from ..read_view import ReadViewPublisher
@@ -24,6 +23,7 @@ from ..runtime import FastInbox, RuntimeActor
 from ..storage.disk import DiskGauge, PsutilDiskGauge
 from ..storage.fs import FileSystem
 from ..ticker import RealTicker, Ticker
+from .group_commits import GroupCommitWatch
 
 __all__ = ["ActorContext", "FastInbox", "StoreActor", "ServiceUnavailable", "StoppedBeforeHandling", "ChildFailed", "real_sleep_ms",
            "HELD_REMINDER_INTERVAL_MS", "HeldWait", "Periodic"]  # fmt: skip

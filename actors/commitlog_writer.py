@@ -118,8 +118,8 @@ class PassReply(Reply[PutResult]):
     """A Reply the writer answers together with the others of its pass that share its `sink`:
     one call per pass instead of one per put (the pipelined puts: one wake-up of the
     completion thread, one in-flight release per pass). Any other path (a crash, a drain,
-    a writer that is down, the writer expiring a group commit the flush actor may answer
-    at the same time) answers it one by one through `send`/`fail`, as any Reply: a subclass's
+    a writer that is down, the supervisor expiring a group commit the flush actor may
+    answer at the same time) answers it one by one through `send`/`fail`, as any Reply: a subclass's
     `send` must answer once when two threads call it."""
 
     __slots__ = ()

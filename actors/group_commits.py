@@ -8,8 +8,8 @@ notes each request here, and the supervisor answers one left unanswered a grace 
 deadline FLUSH_DISK_TIMEOUT (stored, not known to be on disk), as RocketMQ does after
 syncFlushTimeout. Kept in the ActorContext, not in a writer: a restarted writer's requests are
 still in the stuck flush actor (review 140 F1), and the supervisor's tick runs whatever the
-writer's interval is (F3) and through a close (F2), which answers what is left once the actors
-stopped. A Reply is answered once, whichever comes first."""
+writer's interval is (F3) and through a close (F2); a close or a give-up answers what is left
+before it stops the actors. A Reply is answered once, whichever comes first."""
 
 from __future__ import annotations
 
@@ -48,36 +48,36 @@ class GroupCommitWatch:
         return len(self._waiting)
 
     def drop_answered(self) -> None:
-        waiting = self._waiting
-        with self._lock:
-            while waiting and waiting[0].reply.answered:
-                waiting.popleft()
+        self._take(expired_before=-1)  # (no deadline is that early: only answered ones go)
 
     def expire(self, now_ns: int | None = None) -> int:
         """Answer FLUSH_DISK_TIMEOUT to those a grace past their deadline; how many."""
-        expired_before = (time.monotonic_ns() if now_ns is None else now_ns) - GROUP_COMMIT_EXPIRY_GRACE_NS
-        due: list[GroupCommitRequest] = []
-        waiting = self._waiting
-        with self._lock:
-            while waiting and (waiting[0].reply.answered or waiting[0].deadline_ns <= expired_before):
-                request = waiting.popleft()
-                if not request.reply.answered:
-                    due.append(request)
+        due = self._take(expired_before=(time.monotonic_ns() if now_ns is None else now_ns) - GROUP_COMMIT_EXPIRY_GRACE_NS)
         _answer(due, "flush too slow (stalled)")  # outside the lock: the writer never waits on a delivery
         return len(due)
 
     def answer_all(self, detail: str) -> int:
         """The store stops or is given up: every one left is stored and not known to be on
         disk."""
-        due: list[GroupCommitRequest] = []
-        waiting = self._waiting
-        with self._lock:  # taken from the front, never iterated: a writer still running may add
-            while waiting:
-                request = waiting.popleft()
-                if not request.reply.answered:
-                    due.append(request)
+        due = self._take(expired_before=None)
         _answer(due, detail)
         return len(due)
+
+    def _take(self, *, expired_before: int | None) -> list[GroupCommitRequest]:
+        """From the front, never iterated (the writer may add meanwhile): answered ones
+        dropped, unanswered ones taken up to the first whose deadline is not before
+        `expired_before` (None: all)."""
+        due: list[GroupCommitRequest] = []
+        waiting = self._waiting
+        with self._lock:
+            while waiting:
+                head = waiting[0]
+                if not head.reply.answered:
+                    if expired_before is not None and head.deadline_ns > expired_before:
+                        break
+                    due.append(head)
+                waiting.popleft()
+        return due
 
 
 def _answer(due: list[GroupCommitRequest], detail: str) -> None:
