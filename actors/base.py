@@ -237,9 +237,7 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
         try:
             return self.handle(self._checked(message))
         except BaseException as exc:  # (SystemExit too: a crash, restarted, see RuntimeActor)
-            reply = getattr(message, "reply", None)
-            if isinstance(reply, Reply):
-                reply.fail(ServiceUnavailable(f"{self.name} failed: {exc}"))
+            self.fail_request(message, ServiceUnavailable(f"{self.name} failed: {exc}"))
             raise
 
     def _answer(self, asked: Asked) -> None:
@@ -284,6 +282,12 @@ class StoreActor(RuntimeActor, Generic[RequestT]):
     def fail_told_after_stop(self, message: object) -> None:
         """A told request that never reached `handle`: answered, so that its asker does not
         wait out its timeout (also for one that came after the drain above: the teardown)."""
+        self.fail_request(message, StoppedBeforeHandling(f"{self.name} stopped before handling the request"))
+
+    def fail_request(self, message: object, error: Exception) -> None:
+        """Answer a told request this actor failed on (it crashed handling it) or never
+        handled (stopped first). An owner whose requests carry what is already done (the
+        flush actor's group commits: stored puts) answers them as that, not as refused."""
         reply = getattr(message, "reply", None)
         if isinstance(reply, Reply):
-            reply.fail(StoppedBeforeHandling(f"{self.name} stopped before handling the request"))
+            reply.fail(error)

@@ -105,7 +105,21 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
             self._flush_to(self._max_offset)
             self._write_checkpoint()
 
+    def fail_request(self, message: object, error: Exception) -> None:
+        """A group commit's put is stored whatever happened here: FLUSH_DISK_TIMEOUT (not
+        known to be on disk), never the "not stored" a crash or a stop says of a request
+        (review 141 F1: a retrying producer stored each twice)."""
+        if isinstance(message, GroupCommitRequest):
+            message.reply.send(message.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, f"stored, not known to be on disk: {error}"))
+        else:
+            super().fail_request(message, error)
+
     def release(self) -> None:
+        # Called on a crash and a stop: the group commits it waited on are owed an answer now
+        # (the store's watch would give it only past their deadlines and its grace).
+        pending, self._pending = self._pending, []
+        for request in pending:
+            self.fail_request(request, RuntimeError(f"{self.name} stopped before forcing the log past it"))
         for region in self._regions.values():
             region.close()
         self._regions.clear()

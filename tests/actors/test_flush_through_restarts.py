@@ -527,3 +527,30 @@ def test_the_watched_group_commits_are_only_those_no_flush_answered_yet(tmp_path
         assert all(f.result(timeout=30).ok for f in futures)
         assert store.put(Message("t", b"last")).ok  # a pass after the answers: it drops them
         assert len(store.supervisor.ctx.group_commits) <= 1
+
+
+@pytest.mark.parametrize("way", ["put", "put_async", "200 put_async"])
+def test_a_flush_actor_crash_answers_its_stored_group_commits_flush_disk_timeout(tmp_path: Path, way: str) -> None:
+    """Review 141 F1: a crash of the flush actor failed the group commit it was handling, and
+    every one queued behind it, SERVICE_NOT_AVAILABLE ("not stored"): they are stored and
+    served, and a retrying producer stored each twice. Each is FLUSH_DISK_TIMEOUT (stored,
+    not known to be on disk), or PUT_OK once the restarted actor forced it."""
+    plan = FaultPlan()
+    bodies = [b"victim %d" % i for i in range(200 if way == "200 put_async" else 1)]
+    with mqstore.open(tmp_path / "s", faults=plan, flush_disk_type="SYNC_FLUSH") as store:
+        assert store.put(Message("t", b"before")).ok
+        plan.arm("flush.mid_fsync", 1)
+        if way == "put":
+            answers = [store.put(Message("t", bodies[0]))]
+        else:
+            futures = [store.put_async(Message("t", body)) for body in bodies]
+            answers = [f.result(timeout=30) for f in futures]
+        assert plan.fired["flush.mid_fsync"] == 1
+        assert all(a.stored and a.status in (PutMessageStatus.FLUSH_DISK_TIMEOUT, PutMessageStatus.PUT_OK) for a in answers), {
+            (a.status, a.detail) for a in answers}
+        assert any(a.status is PutMessageStatus.FLUSH_DISK_TIMEOUT for a in answers)
+    with mqstore.open(tmp_path / "s") as again:
+        served: list[bytes] = []
+        while batch := again.get("t", 0, len(served), 32).messages:
+            served.extend(bytes(m.body) for m in batch)
+        assert served == [b"before", *bodies]
