@@ -7,10 +7,8 @@ test, and each started its own: two on a 2-vCPU machine, one of them for nothing
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -68,31 +66,54 @@ class RywRun:
             return self.proc.returncode, out, err
         rc_file = Path(self.directory, "rc")
         deadline = time.monotonic() + timeout_s
+        pid = int(Path(self.directory, "pid").read_text())
         while not rc_file.exists():  # another process's child: no handle to wait on
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {rc_file} after {timeout_s} s")
+            if not _alive(pid) and not rc_file.exists():
+                raise AssertionError(f"the child {pid} ended without its status (killed?): {_tail_of(self.directory)}")
             time.sleep(0.5)
         out, err = (Path(self.directory, name).read_text(errors="replace") for name in ("out", "err"))
         return int(rc_file.read_text()), out, err
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the shell and the child it runs (its own group)
+            self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # (a zombie, not reaped yet by the controller, is ended)
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _tail_of(directory: str) -> str:
+    return Path(directory, "err").read_text(errors="replace")[-3000:]
+
+
 def _start_ryw_child(directory: str, *, to_files: bool) -> subprocess.Popen[str]:
+    """In this process's group (a signal to the run's group ends it too). `to_files`: its
+    output into `directory`, and its exit status into `directory/rc` once that is written."""
     child = Path(__file__).with_name("read") / "ryw_child.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
     env.update({k: v for k, v in os.environ.items() if k == "MQSTORE_PURE_PYTHON"})
     argv = [sys.executable, str(child), os.path.join(directory, "store"), str(RYW_PAIRS), str(RYW_THREADS), str(RYW_BUDGET_S)]
-    if to_files:  # the status last, by a rename: a worker reads the files once it is there
-        argv = ["sh", "-c", '"$@" >"$0/out" 2>"$0/err"; echo $? >"$0/rc.part" && mv "$0/rc.part" "$0/rc"', directory, *argv]
-        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    if to_files:
+        with open(os.path.join(directory, "out"), "w") as out, open(os.path.join(directory, "err"), "w") as err:
+            proc = subprocess.Popen([*argv, os.path.join(directory, "rc")], stdout=out, stderr=err, text=True, env=env,
+                                    stdin=subprocess.DEVNULL)  # fmt: skip
+        Path(directory, "pid").write_text(str(proc.pid))
+        return proc
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                            stdin=subprocess.DEVNULL)  # fmt: skip
 
 
 def start_ryw_pairs(config: pytest.Config) -> RywRun:

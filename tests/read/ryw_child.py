@@ -1,6 +1,6 @@
 """The 100k read-your-writes pairs of tests/read/test_read_contract.py, in their own process.
 
-    python ryw_child.py STORE_DIR PAIRS THREADS BUDGET_S
+    python ryw_child.py STORE_DIR PAIRS THREADS BUDGET_S [DONE_FILE]
 
 Puts from THREADS threads, each put followed by max_offset of its queue, PAIRS in all; prints
 one JSON line: pairs done, misses (the first few) and seconds. The pairs wait on dispatch, not
@@ -11,9 +11,11 @@ reads its answer: it runs beside the rest of the suite instead of adding ~45 s t
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
+import traceback
 
 import mqstore
 from mqstore import Message
@@ -51,4 +53,20 @@ def main(store_dir: str, pairs: int, threads_n: int, budget_s: float) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+    # DONE_FILE (optional): where the exit status goes once the output is written, for a
+    # reader that is not this process's parent (an xdist worker: tests/conftest.py).
+    done_file = sys.argv[5] if len(sys.argv) > 5 else None
+    status = 1
+    try:
+        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+        status = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if done_file is not None:
+            with open(done_file + ".part", "w") as f:
+                f.write(str(status))
+            os.replace(done_file + ".part", done_file)
+    sys.exit(status)
