@@ -119,7 +119,10 @@ class FlushCommitLogService(StoreActor[FlushRequest]):
         # (the store's watch would give it only past their deadlines and its grace).
         pending, self._pending = self._pending, []
         for request in pending:
-            self.fail_request(request, RuntimeError(f"{self.name} stopped before forcing the log past it"))
+            try:
+                self.fail_request(request, RuntimeError(f"{self.name} stopped before forcing the log past it"))
+            except Exception as exc:  # its maps are closed below whatever an answer does
+                self.log.error("a group commit's answer at the stop failed", error=repr(exc))
         for region in self._regions.values():
             region.close()
         self._regions.clear()
