@@ -1,6 +1,7 @@
 """Project-wide pytest hooks: tests marked `soak` run only when the run selects them (`-m soak`);
 the files holding a test marked `slow` run first (under xdist, a long file left for the end
-kept one worker busy alone); the 100k read-your-writes pairs start in their own process once
+kept one worker busy alone), and tests/pipeline/ runs in one worker, on one SparkSession
+(`pytest_xdist_make_scheduler`); the 100k read-your-writes pairs start in their own process once
 collection ends (see tests/read/ryw_child.py), so they run beside the suite: one process per
 run, started by xdist's controller when workers run the suite (each worker collects every
 test, and each started its own: two on a 2-vCPU machine, one of them for nothing)."""
