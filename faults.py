@@ -72,7 +72,9 @@ NO_FAULTS: Final = FaultPlan()
 
 class HoldAt(FaultPlan):
     """Once armed, holds the actor that reaches `point` (its thread waits in `hit`) until
-    `release` is set, at most `hold_s`: for tests that need an actor stopped mid-work."""
+    `release` is set, at most `hold_s`: for tests that need an actor stopped mid-work. Every
+    point, the held one after its hold too, faults as a FaultPlan's when armed (`arm`): a
+    hold and a crash in one run."""
 
     def __init__(self, point: str, hold_s: float = 30.0) -> None:
         super().__init__()
@@ -87,3 +89,4 @@ class HoldAt(FaultPlan):
             self.armed.clear()
             self.entered.set()
             self.release.wait(self.hold_s)
+        super().hit(point)

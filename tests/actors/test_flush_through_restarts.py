@@ -461,24 +461,6 @@ def test_a_sync_put_behind_an_msync_that_hangs_is_answered_flush_disk_timeout(
         assert [bytes(m.body) for m in again.get("t", 0, 0, 8).messages] == [b"before", b"stalled"]
 
 
-class _HoldThenCrash(FaultPlan):
-    """Holds the first msync armed for it; its other points as FaultPlan's (arm, hit)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hold_next_msync = threading.Event()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def hit(self, point: str) -> None:
-        if point == "flush.mid_fsync" and self.hold_next_msync.is_set():
-            self.hold_next_msync.clear()
-            self.entered.set()
-            self.release.wait(60)
-            return
-        super().hit(point)
-
-
 @pytest.mark.parametrize("way", ["put", "put_async", "actor_client"])
 @pytest.mark.parametrize("then", ["writer restarts", "store closes"])
 def test_a_put_behind_a_hung_msync_is_answered_flush_disk_timeout_across_a_restart_or_a_close(
@@ -490,13 +472,14 @@ def test_a_put_behind_a_hung_msync_is_answered_flush_disk_timeout_across_a_resta
     timeout); a close answered the future "store closed" and the put "not stored" too. Each
     is answered FLUSH_DISK_TIMEOUT (stored, not known to be on disk), and is served."""
     from mqstore.actors import group_commits
+    from mqstore.faults import HoldAt
 
     monkeypatch.setattr(group_commits, "GROUP_COMMIT_EXPIRY_GRACE_NS", 1_000_000_000)
-    plan = _HoldThenCrash()
+    plan = HoldAt("flush.mid_fsync", hold_s=60)
     store = mqstore.open(tmp_path / "s", faults=plan, flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=200)
     try:
         assert store.put(Message("t", b"before")).ok
-        plan.hold_next_msync.set()
+        plan.armed.set()
         answers: queue.SimpleQueue[PutResult] = queue.SimpleQueue()
         putter = threading.Thread(target=lambda: answers.put(_put_by(way, store, Message("t", b"stalled"))))
         putter.start()

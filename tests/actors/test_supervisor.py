@@ -289,18 +289,6 @@ def test_a_host_exiting_without_close_exits_promptly_and_keeps_acked_messages(st
         assert [m.body for m in store.query("host", f"k{count - 1}").messages] == [b"m%d" % (count - 1)]
 
 
-class _HoldThenFail(FaultPlan):
-    """Holds the first actor that reaches `hold_point` (as HoldAt), and fails at armed points."""
-
-    def __init__(self, hold_point: str) -> None:
-        super().__init__()
-        self.hold = HoldAt(hold_point, hold_s=60)
-
-    def hit(self, point: str) -> None:
-        self.hold.hit(point)
-        super().hit(point)
-
-
 def test_a_writer_that_did_not_stop_keeps_the_store_locked_until_it_ends(
     store_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,17 +297,17 @@ def test_a_writer_that_did_not_stop_keeps_the_store_locked_until_it_ends(
     offset, and the old writer, once woken, wrote over it (the review's reproduction: the
     record was damaged at the next open). Now the lock is kept until the writer has ended."""
     monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.5)
-    plan = _HoldThenFail("writer.mid_batch_append")
+    plan = HoldAt("writer.mid_batch_append", hold_s=60)
     first = h.open_small(store_dir, faults=plan)
     assert first.put(Message(topic="t", body=b"first")).ok
-    plan.hold.armed.set()
+    plan.armed.set()
     first.put_async(Message(topic="t", body=b"H" * 200))
-    assert plan.hold.entered.wait(5)
+    assert plan.entered.wait(5)
     assert first.close() is False  # the writer never answered: not a clean stop
     with pytest.raises(StoreLockedError):
         h.open_small(store_dir)  # it may still write: the store is still ours
     assert not first.supervisor.lock_released.is_set()
-    plan.hold.release.set()
+    plan.release.set()
     assert first.supervisor.lock_released.wait(10)  # the writer ended, then the lock went
     with h.open_small(store_dir) as second:
         acked = second.put(Message(topic="t", body=b"second's"))
@@ -336,12 +324,12 @@ def test_a_restart_waits_for_no_straggler_it_gives_up_and_keeps_the_lock(
     timeout. Starting a second reput beside the first would give its files two writers: the
     supervisor gives up instead (FAILED), and keeps the lock until the stuck one ends."""
     monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.5)
-    plan = _HoldThenFail("reput.mid_dispatch")
+    plan = HoldAt("reput.mid_dispatch", hold_s=60)
     store = h.open_small(store_dir, faults=plan)
     assert store.put(Message(topic="t", body=b"first")).ok
-    plan.hold.armed.set()
+    plan.armed.set()
     assert store.put(Message(topic="t", body=b"held in dispatch")).ok
-    assert plan.hold.entered.wait(5)
+    assert plan.entered.wait(5)
     plan.arm("writer.mid_batch_append")
     store.put(Message(topic="t", body=b"the writer fails here"))
     h.wait_until(lambda: store.supervisor.state is SupervisorState.FAILED, what="the supervisor gave up")
@@ -349,7 +337,7 @@ def test_a_restart_waits_for_no_straggler_it_gives_up_and_keeps_the_lock(
     assert not store.supervisor.lock_released.is_set()
     with pytest.raises(StoreLockedError):
         h.open_small(store_dir)
-    plan.hold.release.set()
+    plan.release.set()
     assert store.supervisor.lock_released.wait(10)
     store.close()
     with h.open_small(store_dir) as again:
@@ -366,23 +354,23 @@ def test_the_lock_is_kept_until_a_late_actors_on_stop_has_returned(store_dir: Pa
     from mqstore.actors.allocator import AllocateMappedFileService
 
     monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.5)
-    plan = _HoldThenFail("allocator.mid_allocation")
+    plan = HoldAt("allocator.mid_allocation", hold_s=60)
     in_release, finish_release = threading.Event(), threading.Event()
     release = AllocateMappedFileService.release
 
     def slow_release(self: AllocateMappedFileService) -> None:
-        if plan.hold.entered.is_set():  # the late one, not the restarts of other tests
+        if plan.entered.is_set():  # the late one, not the restarts of other tests
             in_release.set()
             finish_release.wait(10)
         release(self)
 
     monkeypatch.setattr(AllocateMappedFileService, "release", slow_release)
     store = h.open_small(store_dir, faults=plan, allocate_wait_timeout_ms=200)
-    plan.hold.armed.set()
-    while not plan.hold.entered.is_set():
+    plan.armed.set()
+    while not plan.entered.is_set():
         assert store.put(Message(topic="t", body=b"a" * 1000)).ok
     assert store.close() is False
-    plan.hold.release.set()  # the allocator finishes its allocation, then stops: on_stop runs
+    plan.release.set()  # the allocator finishes its allocation, then stops: on_stop runs
     assert in_release.wait(10)
     assert not store.supervisor.lock_released.wait(0.3)  # stopped in pykka's eyes, not yet done
     with pytest.raises(StoreLockedError):
@@ -533,13 +521,13 @@ def test_a_writer_restart_beside_an_allocator_stalled_in_a_file_creation_keeps_t
     not restarted with the writer now: the new writer makes its segments itself meanwhile."""
     monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.3)
     monkeypatch.setattr(supervisor_module, "PAUSE_GRACE_S", 0.1)
-    plan = _HoldThenFail("allocator.mid_allocation")
+    plan = HoldAt("allocator.mid_allocation", hold_s=60)
     store = h.open_small(store_dir, faults=plan, allocate_wait_timeout_ms=100)
     try:
         assert store.put(Message(topic="t", body=b"first")).ok
-        plan.hold.armed.set()
+        plan.armed.set()
         bodies = [b"first"]
-        while not plan.hold.entered.is_set():  # a roll-over asks, the allocator stalls
+        while not plan.entered.is_set():  # a roll-over asks, the allocator stalls
             bodies.append(b"a%05d" % len(bodies) + b"x" * 900)
             assert store.put(Message(topic="t", body=bodies[-1])).ok
         plan.arm("writer.after_append")
@@ -551,9 +539,9 @@ def test_a_writer_restart_beside_an_allocator_stalled_in_a_file_creation_keeps_t
         for _ in range(200):  # more roll-overs: made by the writer while the allocator stalls
             bodies.append(b"b%05d" % len(bodies) + b"x" * 900)
             assert store.put(Message(topic="t", body=bodies[-1])).ok
-        plan.hold.release.set()
+        plan.release.set()
     finally:
-        plan.hold.release.set()
+        plan.release.set()
         store.close()
     with h.open_small(store_dir) as again:
         got: list[bytes] = []
