@@ -6,6 +6,7 @@ supervisor gave up."""
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -504,10 +505,14 @@ def test_a_put_behind_a_hung_msync_is_answered_flush_disk_timeout_across_a_resta
 def test_the_watched_group_commits_are_only_those_no_flush_answered_yet(tmp_path: Path) -> None:
     """Review 140 F4: every group commit was kept to its deadline + 5 s, answered or not:
     430,000 of them (~365 MB) at 40k put_async a second. Answered ones are dropped as the
-    writer passes."""
-    with mqstore.open(tmp_path / "s", flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=60_000) as store:
+    writer passes. (A put that waits over os_page_cache_busy_timeout_ms in the writer's inbox is
+    answered OS_PAGE_CACHE_BUSY, unstored, as in RocketMQ: a loaded CI run saw it once with the
+    1 s default. The watch is what this test is about, so it gives the writer a minute.)"""
+    with mqstore.open(tmp_path / "s", flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=60_000,
+                      os_page_cache_busy_timeout_ms=60_000) as store:  # fmt: skip
         futures = [store.put_async(Message("t", b"%d" % i)) for i in range(3000)]
-        assert all(f.result(timeout=30).ok for f in futures)
+        answers = [f.result(timeout=30) for f in futures]
+        assert all(a.ok for a in answers), collections.Counter((a.status.name, a.detail) for a in answers)
         assert store.put(Message("t", b"last")).ok  # a pass after the answers: it drops them
         assert len(store.supervisor.ctx.group_commits) <= 1
 
