@@ -24,6 +24,10 @@ from mqstore.runtime import RuntimeActor
 
 BACK_AFTER_S = 0.2
 
+# The simulated disk holds each file whole in memory, twice: the default index file (420 MB)
+# cost each test here seconds of page faults and up to 10 GB of the run's memory.
+_SMALL_INDEX = dict(max_hash_slot_num=64, max_index_num=256)
+
 
 class _Dead(RuntimeActor):
     def on_receive(self, message: Any) -> Any:
@@ -120,7 +124,7 @@ def test_flush_says_when_the_commitlog_could_not_be_forced(tmp_path: Path) -> No
 
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
-    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200)
+    small = dict(**_SMALL_INDEX, mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200)
     with mqstore.open("/sim/store", fs=fs, **small) as store:
         assert store.put(Message(topic="T", body=b"acknowledged")).ok
         fs.inject_fault("flush", path_contains="commitlog", err=errno.EIO, count=1)
@@ -190,7 +194,7 @@ def test_a_failed_writeback_is_written_again_not_forgotten(mode: str) -> None:
 
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
-    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+    small = dict(**_SMALL_INDEX, mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
                  flush_disk_type=mode, sync_flush_timeout_ms=500, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
     acknowledged: list[tuple[int, bytes]] = []
     with mqstore.open("/sim/store", fs=fs, **small) as store:
@@ -255,7 +259,7 @@ def test_a_segment_the_flush_actor_cannot_map_is_no_failed_msync(mode: str, monk
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     # (a put held longer than the busy timeout on a loaded machine would be refused, not stored)
-    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+    small = dict(**_SMALL_INDEX, mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
                  flush_disk_type=mode, sync_flush_timeout_ms=500, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
     with mqstore.open("/sim/store", fs=fs, **small) as store:
         for _ in range(2):
@@ -287,7 +291,7 @@ def test_a_failed_consume_queue_writeback_makes_the_close_unclean_and_the_next_o
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
     # (a put held longer than the busy timeout on a loaded machine would be refused, not stored)
-    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+    small = dict(**_SMALL_INDEX, mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
                  os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
     acknowledged: list[tuple[int, bytes]] = []
     with mqstore.open("/sim/store", fs=fs, **small) as store:
@@ -349,7 +353,7 @@ def test_a_segment_the_flush_actor_can_never_map_is_forced_through_its_file(
     real_map = _flush_actor_cannot_map(monkeypatch, errno.ENOMEM)
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
-    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+    small = dict(**_SMALL_INDEX, mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
                  flush_disk_type=mode, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
     bodies = [b"%d" % i * 2000 for i in range(60)]  # past a segment: two of them forced this way
     with mqstore.open("/sim/store", fs=fs, **small) as store:
@@ -378,7 +382,7 @@ def test_a_segment_the_flush_actor_cannot_map_for_another_reason_is_not_forced_t
     _flush_actor_cannot_map(monkeypatch, errno.EINVAL)
     fs = SimulatedFileSystem()
     fs.makedirs("/sim")
-    small = dict(mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
+    small = dict(**_SMALL_INDEX, mapped_file_size_commitlog_bytes=64 * 1024, mapped_file_size_consume_queue_bytes=20 * 200,
                  flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=300, os_page_cache_busy_timeout_ms=30_000)  # fmt: skip
     with mqstore.open("/sim/store", fs=fs, **small) as store:
         put = store.put(Message(topic="T", body=b"x" * 2000))
