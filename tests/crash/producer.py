@@ -28,6 +28,8 @@ def main() -> None:
         flush_disk_type="SYNC_FLUSH",
         mapped_file_size_commitlog_bytes=64 * 1024,
         mapped_file_size_consume_queue_bytes=20 * 200,
+        max_hash_slot_num=1000,  # 84 KB index files, not 420 MB: tests hash and copy these stores
+        max_index_num=4000,
     )
     out_lock = threading.Lock()
 

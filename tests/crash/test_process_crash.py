@@ -27,6 +27,8 @@ STORE_SETTINGS = dict(
     flush_disk_type="SYNC_FLUSH",
     mapped_file_size_commitlog_bytes=64 * 1024,
     mapped_file_size_consume_queue_bytes=20 * 200,
+    max_hash_slot_num=1000,  # as producer.py
+    max_index_num=4000,
 )
 READY_TIMEOUT_S = 30.0
 
@@ -90,7 +92,7 @@ def _kill_loop(tmp_path: object, base_seed: int, stores: int, kills_per_store: i
                 assert total >= len(acks), context
             finally:
                 assert store.close(), f"{context}: unclean close"
-            assert_verified(store_dir, context)
+            assert_verified(store_dir, context, config=mqstore.StoreConfig(**STORE_SETTINGS))
 
 
 def test_sigkill_loses_no_acknowledged_message(tmp_path: object) -> None:
@@ -111,10 +113,10 @@ def test_verify_of_a_clean_store_passes_and_a_missing_unit_fails(tmp_path: objec
     with mqstore.open(store_dir, **STORE_SETTINGS) as store:
         for i in range(50):
             store.put(mqstore.Message(topic="crash", queue_id=i % 2, body=b"x" * 50, keys=[f"k{i}"]))
-    assert verify_store(store_dir).ok
+    assert verify_store(store_dir, config=mqstore.StoreConfig(**STORE_SETTINGS)).ok
     cq = os.path.join(store_dir, "consumequeue", "crash", "0", "0" * 20)
     with open(cq, "r+b") as f:
         f.seek(20 * 24)
         f.write(bytes(20))  # the queue now ends early: the last unit is missing
-    report = verify_store(store_dir)
+    report = verify_store(store_dir, config=mqstore.StoreConfig(**STORE_SETTINGS))
     assert not report.ok and {p.kind for p in report.problems} == {"cq_missing"}, report.problems

@@ -28,7 +28,9 @@ from mqstore.pipeline.segments import Segment, SegmentError, Step, open_segment,
 
 h = sys.modules["mqstore_pipeline_test_helpers"]  # loaded by conftest.py (tests/ has no packages)
 SEGMENT = h.SEGMENT_SIZE
-SMALL = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 600}
+# Small index files too: tests here read every byte of a store before and after (a default index is 420 MB).
+SMALL = {"mapped_file_size_commitlog_bytes": SEGMENT, "mapped_file_size_consume_queue_bytes": 600,
+         "max_hash_slot_num": 100, "max_index_num": 400}  # fmt: skip
 
 
 def _rows(paths: list[Any], max_message_size: int = 4 << 20, columns: tuple[str, ...] = ("commitlog_offset", "size", "error")) -> list[dict[str, Any]]:

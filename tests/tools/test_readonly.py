@@ -18,6 +18,8 @@ from mqstore.cli import ExitCode, main
 
 PRODUCER = Path(__file__).resolve().parents[1] / "crash" / "producer.py"
 MiB = 1 << 20
+# Small index files: each snapshot hashes every byte of the store (a default index is 420 MB).
+SMALL_INDEX = dict(max_hash_slot_num=100, max_index_num=400)
 
 Snapshot = dict[str, tuple[str, int, str]]
 
@@ -136,7 +138,7 @@ def test_read_only_commands_answer_on_a_fifo_among_the_store_files_and_change_no
     import threading
 
     root = tmp_path / "store"
-    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, mapped_file_size_consume_queue_bytes=20 * 100) as store:
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, mapped_file_size_consume_queue_bytes=20 * 100, **SMALL_INDEX) as store:
         for i in range(150):
             assert store.put(mqstore.Message(topic="t", body=b"x" * 600, keys=[f"k{i}"])).ok
         assert store.wait_for_messages("t", 0, 149, timeout_s=10)
@@ -159,7 +161,7 @@ def test_read_only_commands_answer_on_a_fifo_among_the_store_files_and_change_no
 def test_dump_checkpoint_says_what_is_there_instead_of_the_checkpoint(tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A FIFO or a directory where the checkpoint belongs was reported as "does not exist"."""
     root = tmp_path / "store"
-    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, mapped_file_size_consume_queue_bytes=20 * 100) as store:
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, mapped_file_size_consume_queue_bytes=20 * 100, **SMALL_INDEX) as store:
         assert store.put(mqstore.Message(topic="t", body=b"x")).ok
     checkpoint = root / "checkpoint"
     checkpoint.unlink()
@@ -186,7 +188,7 @@ def test_read_only_commands_name_a_first_segment_that_is_not_one(tmp_path: Path,
     printed nothing and exited 0 (the segment size was read off the emptied file). The segment
     size is the segments' own now, and each command names the file: exit 3 (damaged) or 5."""
     root = tmp_path / "store"
-    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536) as store:
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, **SMALL_INDEX) as store:
         for i in range(200):
             assert store.put(mqstore.Message(topic="t", body=b"x" * 600, keys=[f"k{i}"])).ok
     first = root / "commitlog" / ("0" * 20)
@@ -210,7 +212,7 @@ def test_read_only_commands_name_what_stands_where_a_consume_queue_file_belongs(
     exit 1 (`inspect`: "healthy", the queue with 0 files); now each names the file, exit 5 as
     from an open (or 3 from `inspect`: damage found)."""
     root = tmp_path / "store"
-    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536) as store:
+    with mqstore.open(root, mapped_file_size_commitlog_bytes=65536, **SMALL_INDEX) as store:
         for i in range(20):
             assert store.put(mqstore.Message(topic="t", body=b"x", keys=[f"k{i}"])).ok
     unit_file = root / "consumequeue" / "t" / "0" / ("0" * 20)
