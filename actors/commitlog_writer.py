@@ -208,6 +208,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._holding_back = False
         self._reput_missed = False  # the last notice found no reput (see _notify_advance)
         self._replaced: PutResult | None = None  # the refusal once a segment was replaced
+        self._replaced_copies_saved = True  # and whether the store's copy of each was saved
         # A restart found a segment it may not write (EPERM, EACCES: chattr +i, its mode or
         # owner): it runs degraded, reads served from what it loaded read-only, puts refused
         # with this, and the ticks map the segment for writing again (review 65 F3).
@@ -583,15 +584,30 @@ class CommitLogWriter(StoreActor[WriterRequest]):
     ) -> None:
         """The segment being written is not the file at its path any more (another process
         renamed one over it, or deleted it): the pass's bytes went to a file no directory
-        holds, lost at the next open. None of its puts is answered stored, and no later put
-        is taken; the store's copy of the segment is saved beside it (CommitLog
-        .keep_replaced_segments) and the close is unclean (the supervisor hears of it)."""
+        holds, lost at the next open unless the owner moves back the store's copy of the
+        segment, saved beside it (CommitLog.keep_replaced_segments). No later put is taken,
+        and the close is unclean (the supervisor hears of it). The pass's own puts are in
+        that copy, dispatched like the rest and served once it is moved back: answered
+        FLUSH_DISK_TIMEOUT (stored, not known to be on disk where the store opens from), not
+        "not stored", which had a retrying producer store each twice (review 141 F2). Where
+        a copy could not be saved they are in no file: refused."""
         if self._replaced is None and not self._check_segments_replaced(self._pass_first_file):
             return
         refusal = self._replaced
         assert refusal is not None
-        answers[:] = [(reply, refusal if result.status is _OK else result) for reply, result in answers]
-        answers.extend((request.reply, refusal) for request in group_commits)
+        if self._replaced_copies_saved:
+            detail = f"stored only in the store's copy of a segment: {refusal.detail}"
+            answers[:] = [
+                (reply, result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, detail) if result.status is _OK else result)
+                for reply, result in answers
+            ]
+            answers.extend(
+                (request.reply, request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, detail))
+                for request in group_commits
+            )
+        else:
+            answers[:] = [(reply, refusal if result.status is _OK else result) for reply, result in answers]
+            answers.extend((request.reply, refusal) for request in group_commits)
         group_commits.clear()
 
     def _check_segments_replaced(self, since: MappedFile | None) -> bool:
@@ -599,9 +615,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         the file at its path any more; its copy is saved (CommitLog.keep_replaced_segments)."""
         if self._replaced is not None or self._commitlog is None:
             return self._replaced is not None
-        detail = self._commitlog.keep_replaced_segments(since)
-        if detail is None:
+        found = self._commitlog.keep_replaced_segments(since)
+        if found is None:
             return False
+        detail, self._replaced_copies_saved = found
         self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
         return True
 

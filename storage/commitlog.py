@@ -681,12 +681,12 @@ class CommitLog:
         after a pass's writes, `writing`: or the disk had no room for a page)."""
         self.mapped_file_queue.raise_if_cut(writing=writing)
 
-    def keep_replaced_segments(self, since: MappedFile | None = None) -> str | None:
+    def keep_replaced_segments(self, since: MappedFile | None = None) -> tuple[str, bool] | None:
         """If a segment written since `since` (the last one before a pass; None: every
         mapped segment) is no longer the file at its path (another process renamed a file
         over it, renamed it away, or deleted it; an older segment deleted does not count),
-        save what the store wrote there to a new file beside it and say so; None while all
-        are ours. What is written into such a
+        save what the store wrote there to a new file beside it and say so, and whether every
+        copy was saved; None while all are ours. What is written into such a
         segment reaches no file a directory holds, so the owner acknowledges no more puts."""
         files = self.mapped_file_queue.mapped_files
         if not files:
@@ -705,6 +705,7 @@ class CommitLog:
         if not replaced:
             return None
         said = []
+        all_saved = True
         for mapped_file in replaced:
             name = mapped_file.file_name
             kept = free_name(self.fs.exists, name + STORE_COPY_SUFFIX)
@@ -713,13 +714,14 @@ class CommitLog:
             except OSError as exc:
                 log.error("the store's copy of a replaced segment could not be saved", segment=name, error=repr(exc))
                 said.append(f"{os.path.basename(name)} (its copy could not be saved: {exc})")
+                all_saved = False
                 continue
             log.error("a commitlog segment was replaced by another process while the store wrote it",
                       segment=name, store_copy=kept, bytes=mapped_file.read_position)  # fmt: skip
             said.append(f"{os.path.basename(name)} (the store's own copy saved as {os.path.basename(kept)})")
         return ("commitlog segments replaced, renamed away or deleted by another process while the store wrote "
                 f"them: {', '.join(said)}; to keep every acknowledged message, close the store and move each copy "
-                "over its segment before it opens again")  # fmt: skip
+                "over its segment before it opens again"), all_saved  # fmt: skip
 
     def get_max_offset(self) -> int:
         return self.mapped_file_queue.max_offset()

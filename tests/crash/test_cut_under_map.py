@@ -9,6 +9,7 @@ the child, not the test runner."""
 from __future__ import annotations
 
 import json
+import errno
 import os
 import signal
 import subprocess
@@ -162,10 +163,13 @@ def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_o
     segment = store_dir / "commitlog" / f"{0:020d}"
     acked, older = _put_with_a_backup(store, segment, 100)
     _rename_over(tmp_path, older, segment)
-    refused = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"]))
-    assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE
-    assert "replaced, renamed away or deleted by another process" in refused.detail and ".store-copy" in refused.detail
-    assert not store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a1"])).ok  # nor any later one
+    # The put whose pass found the segment replaced is in the store's copy only: stored, not on
+    # disk where the store opens from. Every later put is refused, unwritten.
+    found = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"]))
+    assert found.status is mqstore.PutMessageStatus.FLUSH_DISK_TIMEOUT and found.stored, found
+    assert "replaced, renamed away or deleted by another process" in found.detail and ".store-copy" in found.detail
+    refused = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a1"]))
+    assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE and not refused.stored, refused
     assert _served(store).items() <= acked.items()  # readers map the file the path names now
     assert store.stats()["files_cut_under_map"] == [str(segment)]
     assert store.close() is False
@@ -181,10 +185,34 @@ def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_o
         assert _served(reopened).items() <= acked.items()
     os.replace(tmp_path / "kept-aside", segment)
     served = _served_every_acknowledged(store_dir, acked)
-    # The refused put was written before the check that refused it: stored, not promised.
-    assert set(served) - set(acked) <= {"a0"}
+    # The put answered stored is served, the refused one is not (review 141 F2: the first was
+    # answered "not stored" though served, and a producer retrying it stored it twice).
+    assert set(served) == set(acked) | {"a0"}
     with mqstore.open(store_dir, **SETTINGS) as reopened:
         assert reopened.put(mqstore.Message(topic="t", body=b"c")).ok
+
+
+def test_a_pass_that_finds_its_segment_replaced_and_cannot_save_the_copy_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its bytes are in no file then (a full disk, say): "not stored", not FLUSH_DISK_TIMEOUT."""
+    from mqstore.storage.mapped_file import MappedFile
+
+    store_dir = tmp_path / "store"
+    store = mqstore.open(store_dir, **SETTINGS)
+    segment = store_dir / "commitlog" / f"{0:020d}"
+    _, older = _put_with_a_backup(store, segment, 60)
+
+    def no_room(self: MappedFile, path: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(MappedFile, "save_copy", no_room)
+    _rename_over(tmp_path, older, segment)
+    refused = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"]))
+    assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE and not refused.stored, refused
+    assert "its copy could not be saved" in refused.detail
+    assert store.close() is False
+    assert not Path(f"{segment}.store-copy").exists()
 
 
 @pytest.mark.parametrize(
