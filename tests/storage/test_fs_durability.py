@@ -163,3 +163,26 @@ def test_a_filesystem_that_cannot_punch_holes_is_not_asked_at_every_eviction(
     finally:
         for region in regions:
             region.close()
+
+
+@pytest.mark.parametrize("fails", ["ftruncate", "fsync"])
+def test_a_store_copy_that_cannot_be_written_whole_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  fails: str) -> None:  # fmt: skip
+    """Review 142 F1: a copy cut short by a full disk (or whose fsync failed) stayed under its
+    name; the next open named it the store's copy to move over the segment, and that served
+    puts the writer had answered "not stored"."""
+    region = RealFileSystem().map_file(str(tmp_path / "segment"), 8192)
+    region.buf[:5] = b"bytes"
+    copy = tmp_path / "segment.store-copy"
+
+    def failing(*_: object) -> None:
+        raise OSError(errno.ENOSPC if fails == "ftruncate" else errno.EIO, f"injected {fails} failure")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, fails, failing)
+        with pytest.raises(OSError, match=f"injected {fails} failure"):
+            region.save_copy(str(copy), 5)
+    assert not copy.exists()
+    region.save_copy(str(copy), 5)  # and the name is free for the next attempt
+    assert copy.read_bytes() == b"bytes".ljust(8192, b"\0")
+    region.close()
