@@ -514,6 +514,16 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                     in_files = True
                 except BaseException as commit_failed:  # (the hole stays: said in the log)
                     self.log.error("a failed pass's write buffers could not be committed", error=repr(commit_failed))
+            if self._stored_puts and in_files:
+                # Its segments checked as a pass that succeeds checks them: one deleted or
+                # renamed away before it rolled to the next is older than the newest by the
+                # time release() checks, which takes that for space freed by hand (review 142
+                # F2: its acknowledged puts were in no file, no copy was saved, the close was
+                # clean). The copy is saved, and the pass answered as one that found it.
+                try:
+                    self._refuse_if_segment_replaced(answers, group_commits)
+                except Exception as check_failed:
+                    self.log.error("a failed pass's segments could not be checked", error=repr(check_failed))
             # The puts of this pass are out of the inbox, so the crash handler cannot see them.
             self._answer_failed_pass(puts, answers, group_commits, exc, stored=in_files and not isinstance(exc, FileCutUnderMapError))
             # Not published: readers and the restart's known end must not count bytes no put

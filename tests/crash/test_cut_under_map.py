@@ -215,6 +215,65 @@ def test_a_pass_that_finds_its_segment_replaced_and_cannot_save_the_copy_is_refu
     assert not Path(f"{segment}.store-copy").exists()
 
 
+@pytest.mark.parametrize("how", ["delete", "rename_away"])
+def test_a_pass_that_fails_after_rolling_past_a_deleted_segment_keeps_its_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Review 142 F2: the segment being written deleted (or renamed away, as logrotate's
+    `create`), then a pass rolled into the next segment and failed there (a writer bug). Only
+    release() checked the segments, and by then the deleted one was not the newest, which it
+    takes for space freed by hand: no copy, a clean close, and every acknowledged message of
+    that segment gone at the next open (59 of them)."""
+    from mqstore.storage.commitlog import CommitLog
+
+    store_dir = tmp_path / "store"
+    store = mqstore.open(store_dir, **SETTINGS)
+    first, second = (store_dir / "commitlog" / f"{offset:020d}" for offset in (0, SEGMENT))
+    answered: dict[str, tuple[str, int]] = {}
+    i = 0
+    while True:  # the first segment nearly full: the next pass rolls
+        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+        assert result.ok
+        answered[f"b{i}"] = (result.status.name, result.queue_offset)
+        i += 1
+        if result.commitlog_offset + result.wrote_bytes > SEGMENT - 3000:
+            break
+    armed = [True]
+
+    def failing_once_the_next_segment_has_a_record(name: str) -> None:
+        method = getattr(CommitLog, name)
+
+        def wrapped(self: CommitLog, *args: Any, **kwargs: Any) -> Any:
+            files = self.mapped_file_queue.mapped_files
+            if armed[0] and files and files[-1].file_name == str(second) and files[-1].wrote_position > 0:
+                armed[0] = False
+                raise RuntimeError("a bug in the writer, mid-pass")
+            return method(self, *args, **kwargs)
+
+        monkeypatch.setattr(CommitLog, name, wrapped)
+
+    for name in ("append_fast", "put_message", "put_messages"):
+        failing_once_the_next_segment_has_a_record(name)
+    if how == "delete":
+        first.unlink()
+    else:
+        first.rename(tmp_path / "rotated")
+    futures = {f"a{j}": store.put_async(mqstore.Message(topic="t", body=b"a" * 1000, keys=[f"a{j}"])) for j in range(10)}
+    for key, future in futures.items():
+        result = future.result(timeout=30)  # the put the failure hit: SERVICE_NOT_AVAILABLE
+        if result.stored:
+            answered[key] = (result.status.name, result.queue_offset)
+    assert not armed[0]  # the pass failed in the next segment
+    assert any(status == "FLUSH_DISK_TIMEOUT" for status, _ in answered.values())
+    assert store.close() is False
+    copy = Path(f"{first}.store-copy")
+    assert copy.exists()
+    os.replace(copy, first)
+    with mqstore.open(store_dir, **SETTINGS) as reopened:
+        served = _served(reopened)
+    assert {key: served.get(key) for key in answered} == {key: offset for key, (_, offset) in answered.items()}
+
+
 @pytest.mark.parametrize(
     "how,then", [("rename_away", "close"), ("delete", "restart"), ("rename_over", "burst"), ("identical", "restart")]
 )
