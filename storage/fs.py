@@ -880,7 +880,6 @@ class RealMappedRegion:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            fsync_dir(os.path.dirname(os.path.abspath(path)))
         except BaseException:
             # Not left half written under its name: a store copy is what an open asks the owner
             # to move over the segment, and a part of one served puts answered not stored
@@ -889,6 +888,12 @@ class RealMappedRegion:
                 os.unlink(path)
                 fsync_dir(os.path.dirname(os.path.abspath(path)))
             raise
+        try:
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
+        except OSError as exc:
+            # Whole, and kept: only its name is not known to be on disk, as the answers of the
+            # puts in it say (FLUSH_DISK_TIMEOUT). Dropped, the acknowledged ones went with it.
+            log.error("the directory of a store copy could not be forced", path=path, error=repr(exc))
 
     def _address(self) -> int:
         # ctypes cannot take the address of a read-only buffer; our writable maps are fine.

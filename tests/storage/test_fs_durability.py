@@ -186,3 +186,21 @@ def test_a_store_copy_that_cannot_be_written_whole_leaves_no_file(tmp_path: Path
     region.save_copy(str(copy), 5)  # and the name is free for the next attempt
     assert copy.read_bytes() == b"bytes".ljust(8192, b"\0")
     region.close()
+
+
+def test_a_whole_store_copy_whose_directory_cannot_be_forced_is_kept(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Its bytes are on disk, only its name is not known to be: dropping it would drop the
+    acknowledged puts it holds (the pass that found the segment replaced says FLUSH_DISK_TIMEOUT)."""
+    region = RealFileSystem().map_file(str(tmp_path / "segment"), 8192)
+    region.buf[:5] = b"bytes"
+    copy = tmp_path / "segment.store-copy"
+
+    def failing(path: str) -> None:
+        raise OSError(errno.EIO, "injected directory fsync failure", path)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fs_module, "fsync_dir", failing)
+        region.save_copy(str(copy), 5)
+    assert copy.read_bytes() == b"bytes".ljust(8192, b"\0")
+    region.close()
