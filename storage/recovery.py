@@ -36,7 +36,7 @@ from ..config import StoreConfig
 from ..log import get_logger
 from . import codec, speedups
 from .checkpoint import CheckpointValues, read_checkpoint
-from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, valid_prefix_end
+from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, store_copies, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .foreign import refuse_foreign_layout
 from .fs import FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError, free_name
@@ -168,9 +168,21 @@ def log_facts_of(commitlog: CommitLog, end: int, *, scan_start: int, lost_ranges
     the log's files (a log whose every segment is cut short is damaged, not gone) and as holes."""
     head = commitlog.head_offset()
     there = head >= 0
+    holes = commitlog.mapped_file_queue.holes() if there else []
+    # A segment the running store found replaced or deleted has its records in its
+    # `.store-copy` (only a restarted writer loads a log beside one: an open refuses): they come
+    # back when the owner moves the copy over, so nothing is given up for them. Review 142 F2's
+    # residue: the restart after such a deleted head wrote filler units over their queue
+    # offsets, and the copy moved back served none of the 59.
+    loaded = {f.file_from_offset for f in commitlog.mapped_file_queue.mapped_files}
+    size = commitlog.mapped_file_queue.mapped_file_size
+    for name in store_copies(commitlog.fs, commitlog.store_path):
+        start = int(name[:20])
+        if start not in loaded and not any(a <= start < b for a, b in holes):
+            holes.append((start, start + size))
     return LogFacts(min_offset=max(head, 0), max_offset=end, has_files=there,
                     scan_start=min(scan_start, end), lost_ranges=lost_ranges,
-                    holes=tuple(commitlog.mapped_file_queue.holes()) if there else (),
+                    holes=tuple(sorted(holes)),
                     quarantined=tuple(quarantined))  # fmt: skip
 
 
