@@ -657,6 +657,9 @@ def test_a_segment_kept_as_a_store_copy_is_a_hole_in_the_facts_a_restart_loads(t
     assert cl.load()
     facts = log_facts_of(cl, 16384, scan_start=16384, lost_ranges=(), quarantined=())
     assert facts.min_offset == 8192 and facts.holes == ((0, 8192),)
+    with open(os.path.join(path, "notes.store-copy"), "wb"):
+        pass  # a stray name: not the store's, no hole (the open names it)
+    assert log_facts_of(cl, 16384, scan_start=16384, lost_ranges=(), quarantined=()).holes == ((0, 8192),)
     os.rename(os.path.join(path, segment_file_name(0) + ".store-copy"), os.path.join(path, segment_file_name(24576) + ".store-copy"))
     assert log_facts_of(cl, 16384, scan_start=16384, lost_ranges=(), quarantined=()).holes == ((24576, 32768),)
     cl.shutdown()
