@@ -94,6 +94,13 @@ def store_copies(fs: FileSystem, commitlog_dir: str) -> list[str]:
         return []
     return sorted(name for name in fs.listdir(commitlog_dir) if STORE_COPY_SUFFIX in name)
 
+
+def store_copy_starts(fs: FileSystem, commitlog_dir: str) -> list[int]:
+    """The log offsets of the segments the store saved copies of (names it gave: NAME.store-copy
+    or NAME.store-copy.N), sorted; a stray name is the open's to name, not an offset."""
+    return sorted({int(name[:20]) for name in store_copies(fs, commitlog_dir)
+                   if name[:20].isdigit() and name[20:].startswith(STORE_COPY_SUFFIX)})  # fmt: skip
+
 _II = struct.Struct(">ii")
 _I = struct.Struct(">i")
 _Q = struct.Struct(">q")
@@ -814,6 +821,11 @@ class CommitLog:
         (their records may come back whole from a backup): what the queues and the index may
         keep units for. `get_min_offset` when there are none; -1 with no file at all."""
         starts = [int(name[:20]) for name in self.mapped_file_queue.damaged_files]
+        # And a segment the running store saved a copy of (replaced or deleted under it): the
+        # owner may move it back, so the cleaner must not delete its queue and index files
+        # (review 143 F1: a restarted writer's head past it, and the cleaner's next round
+        # deleted them; the copy moved back served none of its 40 messages).
+        starts.extend(store_copy_starts(self.fs, self.store_path))
         first = self.get_min_offset()
         if first >= 0:
             starts.append(first)

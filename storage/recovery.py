@@ -36,15 +36,7 @@ from ..config import StoreConfig
 from ..log import get_logger
 from . import codec, speedups
 from .checkpoint import CheckpointValues, read_checkpoint
-from .commitlog import (
-    STORE_COPY_SUFFIX,
-    CommitLog,
-    CommitLogReader,
-    ProgressCallback,
-    Quarantined,
-    store_copies,
-    valid_prefix_end,
-)
+from .commitlog import CommitLog, CommitLogReader, ProgressCallback, Quarantined, store_copy_starts, valid_prefix_end
 from .consume_queue import FILLER_UNIT_SIZE, ConsumeQueue, cq_file_size, list_consume_queues
 from .foreign import refuse_foreign_layout
 from .fs import FileSystem, MappedRegion, RealFileSystem, UnreadDuringRecoveryError, free_name
@@ -184,10 +176,7 @@ def log_facts_of(commitlog: CommitLog, end: int, *, scan_start: int, lost_ranges
     # offsets, and the copy moved back served none of the 59.
     loaded = {f.file_from_offset for f in commitlog.mapped_file_queue.mapped_files}
     size = commitlog.mapped_file_queue.mapped_file_size
-    for name in store_copies(commitlog.fs, commitlog.store_path):
-        if not (name[:20].isdigit() and name[20:].startswith(STORE_COPY_SUFFIX)):
-            continue  # not one the store names (a stray file: the open names it, not this)
-        start = int(name[:20])
+    for start in store_copy_starts(commitlog.fs, commitlog.store_path):
         if start not in loaded and not any(a <= start < b for a, b in holes):
             holes.append((start, start + size))
     return LogFacts(min_offset=max(head, 0), max_offset=end, has_files=there,
