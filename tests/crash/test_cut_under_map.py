@@ -177,6 +177,11 @@ def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_o
     assert copy.exists()
     with pytest.raises(mqstore.StoreDirectoryError, match="store's own copy"):
         mqstore.open(store_dir, **SETTINGS)  # the store does not choose between the two files
+    from mqstore.tools.verify import verify_store
+
+    report = verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS))  # nor says it is fine (review 143)
+    assert not report.ok and [(p.kind, p.where) for p in report.problems if p.kind == "store_copy"] == [
+        ("store_copy", str(copy))]
     # The owner first keeps the other file (the copy moved out of the store) and opens: the
     # queue holds filler units for what that file lacks. Then restores the store's copy: the
     # records' units replace the fillers.
