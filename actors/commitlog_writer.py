@@ -605,19 +605,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             return
         refusal = self._replaced
         assert refusal is not None
-        if self._replaced_copies_saved:
-            detail = f"stored only in the store's copy of a segment: {refusal.detail}"
-            answers[:] = [
-                (reply, result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, detail) if result.status is _OK else result)
-                for reply, result in answers
-            ]
-            answers.extend(
-                (request.reply, request.result.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, detail))
-                for request in group_commits
-            )
-        else:
-            answers[:] = [(reply, refusal if result.status is _OK else result) for reply, result in answers]
-            answers.extend((request.reply, refusal) for request in group_commits)
+        detail = f"stored only in the store's copy of a segment: {refusal.detail}"
+
+        def answer(stored: PutResult) -> PutResult:
+            if not self._replaced_copies_saved:
+                return refusal
+            return stored.with_status(PutMessageStatus.FLUSH_DISK_TIMEOUT, detail)
+
+        answers[:] = [(reply, answer(result) if result.status is _OK else result) for reply, result in answers]
+        answers.extend((request.reply, answer(request.result)) for request in group_commits)
         group_commits.clear()
 
     def _check_segments_replaced(self, since: MappedFile | None) -> bool:
