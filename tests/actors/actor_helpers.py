@@ -36,6 +36,10 @@ SMALL: dict[str, Any] = {
     "mapped_file_size_consume_queue_bytes": 20 * 1000,
     "max_hash_slot_num": 5000,
     "max_index_num": 20000,
+    # A put that waits over this in the writer's inbox is refused OS_PAGE_CACHE_BUSY, unstored, as
+    # RocketMQ refuses it. The default (1 s) is a wait a loaded CI machine reaches (stop 55's CI run:
+    # one of 500 put_async refused); tests that check the refusal name their own value.
+    "os_page_cache_busy_timeout_ms": 60_000,
 }
 
 TOPIC = "faults"
