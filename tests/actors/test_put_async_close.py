@@ -235,8 +235,9 @@ from mqstore.faults import HoldAt
 signal.signal(signal.SIGINT, signal.default_int_handler)
 ran = []
 hold = HoldAt("writer.mid_batch_append")
+# (The puts behind the held pass wait in the writer's inbox: a minute, not 1 s, before OS_PAGE_CACHE_BUSY.)
 store = mqstore.open(sys.argv[1], faults=hold, mapped_file_size_commitlog_bytes=1 << 20, max_hash_slot_num=64,
-                     max_index_num=256)
+                     max_index_num=256, os_page_cache_busy_timeout_ms=60_000)
 hold.armed.set()
 futures = [store.put_async(mqstore.Message("t", b"x", keys=[f"k{i}"])) for i in range(300)]
 assert hold.entered.wait(30)  # none is done yet: each callback runs on the completion thread
