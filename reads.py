@@ -369,6 +369,68 @@ def corrupt_detail(commitlog_offset: int, reason: str) -> str:
     return f"skipped the corrupt record at commitlog offset {commitlog_offset} ({reason}); run `mqstore verify`"
 
 
+def not_own_detail(commitlog_offset: int, found: str) -> str:
+    """A read's `detail` where a queue's unit points at a whole record that is not its own: the
+    log there is not the one the queue was built from (a segment replaced, renamed over or
+    restored from elsewhere under the store; or a damaged queue file). Serving it would hand a
+    consumer another message under this one's offset (review 144 F2)."""
+    return (f"what lies at commitlog offset {commitlog_offset} is not this queue's message ({found}): the commitlog there is "
+            "not the one the queue was built from (a segment replaced or restored under the store, see the log, "
+            "or a damaged queue file); nothing was skipped, the next read starts at it")
+
+
+def _not_own(record: MessageRecord, queue: tuple[str, int], queue_offset: int, phy: int) -> str:
+    """"" if `record` is the unit's own: `queue`'s, at `queue_offset`, lying where its own
+    physical-offset field says; else what it says it is."""
+    if (record.topic, record.queue_id, record.queue_offset, record.commitlog_offset) == (*queue, queue_offset, phy):
+        return ""
+    return (f"it says topic {record.topic[:80]!r} queue {record.queue_id} offset {record.queue_offset}, "
+            f"stored at commitlog offset {record.commitlog_offset}")
+
+
+def _not_own_raw(data: bytes, queue: tuple[str, int], queue_offset: int, phy: int) -> str:
+    """`_not_own` of a record served raw, by its header (queue id at 12, queue offset at 20,
+    physical offset at 28; the topic lies past the body and is not decoded here)."""
+    if len(data) < 36:
+        return ""  # not a whole header: such bytes are judged as before
+    magic = int.from_bytes(data[4:8], "big", signed=True)
+    if magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) or int.from_bytes(data[:4], "big") != len(data):
+        return f"no whole record of {len(data)} bytes lies there (size {int.from_bytes(data[:4], 'big')}, magic code 0x{magic & 0xFFFFFFFF:08X})"
+    queue_id = int.from_bytes(data[12:16], "big", signed=True)
+    queue_offset_field = int.from_bytes(data[20:28], "big", signed=True)
+    physical = int.from_bytes(data[28:36], "big", signed=True)
+    if (queue_id, queue_offset_field, physical) == (queue[1], queue_offset, phy):
+        return ""
+    return f"its header says queue {queue_id} offset {queue_offset_field}, stored at commitlog offset {physical}"
+
+
+def _stored_elsewhere_raw(data: bytes, phy: int) -> bool:
+    """Whether `data` (at least a record's header) is a message record whose own physical-offset
+    field names another place than `phy`."""
+    magic = int.from_bytes(data[4:8], "big", signed=True)
+    physical = int.from_bytes(data[28:36], "big", signed=True)
+    return magic in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) and physical != phy
+
+
+def _stop_at_stranger(
+    found: list[MessageRecord], found_raw: list[bytes], raw: bool, queue_offset: int, bounds: tuple[int, int],
+    phy: int, stranger: str,
+) -> GetResult:  # fmt: skip
+    """The answer of a read that met a record not its queue's own at `queue_offset`: what was
+    read before it, or NO_MATCHED_LOGIC_QUEUE (as for a segment it cannot map); the next read
+    starts at it either way, so no consumer moves past the message that belongs there."""
+    taken = bool(found_raw if raw else found)
+    return GetResult(
+        status=GetMessageStatus.FOUND if taken else GetMessageStatus.NO_MATCHED_LOGIC_QUEUE,
+        messages=tuple(found) if not raw else (),
+        raw=tuple(found_raw) if raw else (),
+        next_begin_offset=queue_offset,
+        min_offset=bounds[0],
+        max_offset=bounds[1],
+        detail=not_own_detail(phy, stranger),
+    )
+
+
 def _read_in_place(
     buf: Any, pos: int, limit: int | None, max_message_size: int, check_crc: bool = False
 ) -> MessageRecord | codec.RecordRead:
@@ -445,12 +507,16 @@ def collect(
     bounds: tuple[int, int],
     *,
     expect: tuple[str, int] | None = None,
+    queue: tuple[str, int] | None = None,
     on_corrupt: CorruptSink | None = None,
     quarantined: Ranges = (),
 ) -> GetResult | None:
     """The messages the units point at (§13.1's loop); `head` is where "in memory" is measured
     from. With `expect` (units read through the thread's own maps), each record must be that
     (topic, queueId)'s at its queue offset, else None: the caller asks the owner instead.
+    With `queue` (the owner's units), a record that is not that queue's at its offset, or not
+    where its own physical-offset field says, is not served: the read stops before it, as
+    before a segment it cannot map (`not_own_detail`).
     With `cfg.check_crc_on_read`, a record whose body fails its CRC is never returned: it is
     skipped (told to `on_corrupt`, named in the result's `detail`); with `expect`, the owner's
     answer decides, so it is told once. A unit into a `quarantined` range (damage recovery
@@ -527,7 +593,7 @@ def collect(
                 if total_bytes:
                     break
                 return collect(cfg, reader, units, head, offset, max_count, max_total_bytes, tags, raw, bounds,
-                               expect=expect, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+                               expect=expect, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
             place = None if data is None else (data, 0)
             if data is not None and check_crc and wanted is None:  # else decoded (and checked) below
                 reason = codec.body_crc_mismatch(data, 0)
@@ -585,10 +651,20 @@ def collect(
                     if total_bytes:
                         break
                     return collect(cfg, reader, units, head, offset, max_count, max_total_bytes, tags, raw, bounds,
-                                   expect=expect, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+                                   expect=expect, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
                 record = None
                 if expect is None and codec.failed_integrity(served):
                     skipped = _skip_corrupt(phy, served.reason, on_corrupt)
+                elif queue is not None:
+                    # No record where the unit points. Damage is skipped, said; another segment's
+                    # bytes there (out of step with this one's records) are a log to put back,
+                    # not to pass over (review 144 F2: 237 acknowledged messages were skipped
+                    # unsaid, as "no matched message").
+                    what = f"no whole record of {size} bytes lies there ({served.kind.value}" + \
+                        (f", {served.reason})" if served.reason else ")")  # fmt: skip
+                    if elsewhere := reader.not_this_segment(phy):
+                        return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, f"{what}; {elsewhere}")
+                    skipped = _skip_corrupt(phy, what, on_corrupt)
             if expect is not None and (
                 record is None
                 or record.queue_offset != offset + i // 20
@@ -596,12 +672,36 @@ def collect(
                 or record.topic != expect[0]
             ):
                 return None
+            if queue is not None and record is not None and (
+                stranger := _not_own(record, queue, offset + i // 20, phy)
+            ):
+                # A whole record stored elsewhere is another log's: stop before it. One stored
+                # here but of another queue or offset is a damaged unit: skipped, said.
+                elsewhere = reader.not_this_segment(phy)
+                if elsewhere or record.commitlog_offset != phy:
+                    why = f"{stranger}; {elsewhere}" if elsewhere else stranger
+                    return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, why)
+                skipped = _skip_corrupt(phy, f"the queue's unit points at another queue's message: {stranger}", on_corrupt)
+                record = None
             if record is None or (wanted is not None and record.tags not in wanted[1]):
                 if total_bytes == 0:
                     status = GetMessageStatus.NO_MATCHED_MESSAGE
                 i += 20
                 continue
             found.append(record)
+        elif data is not None and (own := expect or queue) and (stranger := _not_own_raw(data, own, offset + i // 20, phy)):
+            # Served raw, undecoded: judged by its header as a decoded one is (review 144 F2).
+            if expect is not None:
+                return None
+            elsewhere = reader.not_this_segment(phy)
+            if elsewhere or _stored_elsewhere_raw(data, phy):
+                why = f"{stranger}; {elsewhere}" if elsewhere else stranger
+                return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, why)
+            skipped = _skip_corrupt(phy, stranger, on_corrupt)
+            if total_bytes == 0:
+                status = GetMessageStatus.NO_MATCHED_MESSAGE
+            i += 20
+            continue
         if data is not None:
             found_raw.append(data)
             raw_taken.append(phy)
@@ -730,6 +830,7 @@ def get_from_units(
     reply: UnitsReply,
     readers: ThreadReaders,
     cfg: StoreConfig,
+    queue: tuple[str, int],
     offset: int,
     max_count: int,
     *,
@@ -739,7 +840,8 @@ def get_from_units(
     on_corrupt: CorruptSink | None = None,
     quarantined: Ranges = (),
 ) -> GetResult:
-    """getMessage decided by the ConsumeQueue actor's answer (`GetUnits`)."""
+    """getMessage decided by the ConsumeQueue actor's answer (`GetUnits`) for `queue`, (topic,
+    queueId). Unlike 4.4.0, a record not the queue's own is never served (`collect`)."""
     early = status_ladder(reply.exists, reply.min_offset, reply.max_offset, offset)
     if early is not None:
         return early
@@ -754,7 +856,7 @@ def get_from_units(
         return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,
                          min_offset=bounds[0], max_offset=bounds[1])  # fmt: skip
     found = collect(cfg, readers.commitlog_reader(), reply.units, reply.commitlog_head, offset, max_count,
-                    max_total_bytes, tags, raw, bounds, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+                    max_total_bytes, tags, raw, bounds, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
     assert found is not None  # without `expect` every unit is decided
     return found
 

@@ -815,7 +815,7 @@ class MessageStore:
             # actor crashed and is being restarted). Java would move the consumer to 0; a
             # transient outage must not rewind anyone, so the offset stays where it was.
             return self._not_readable(offset, str(exc))
-        return reads.get_from_units(reply, readers, self.config, offset, max_count,
+        return reads.get_from_units(reply, readers, self.config, (topic, queue_id), offset, max_count,
                                     quarantined=self.read_view.view.quarantined, **kwargs)  # fmt: skip
 
     def _put_pending_for(self, view: ReadView, topic: str, queue_id: int) -> bool:

@@ -1720,6 +1720,26 @@ class CommitLogReader:
             close_region_if_free(self._regions.pop(start))
         return True
 
+    def not_this_segment(self, offset: int) -> str:
+        """Why the file named for the segment holding `offset` is not that segment, or "" if
+        nothing says so: the store saved a copy of it (it found the file replaced), or its
+        first record, which every segment starts with, says it was stored elsewhere. Asked
+        where a read found no record of its queue: another segment's bytes there are not
+        damage to skip past but a log to put back (review 144 F2)."""
+        start = offset - offset % self.mapped_file_size
+        try:
+            if start in store_copy_starts(self.fs, self.store_path):
+                return f"the store saved a copy of segment {start:020d} on finding it replaced: move the copy back"
+        except OSError:
+            pass  # (the directory unlisted now: the first record may still tell)
+        head = self.read(start, 36, limit=start + 36)
+        if head is None:
+            return ""
+        magic, physical = _I.unpack_from(head, 4)[0], _Q.unpack_from(head, PHYSICAL_OFFSET_POSITION)[0]
+        if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) and physical != start:
+            return f"segment {start:020d} starts with a record stored at commitlog offset {physical}: it holds another segment's bytes"
+        return ""
+
     def _readable_end(self, start: int) -> int:
         """Where the segment at `start` stops being readable (its end, or a short one's valid end)."""
         return self._valid_ends.get(start, self.mapped_file_size)

@@ -170,7 +170,18 @@ def test_a_segment_replaced_by_rename_while_open_acknowledges_nothing_into_the_o
     assert "replaced, renamed away or deleted by another process" in found.detail and ".store-copy" in found.detail
     refused = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a1"]))
     assert refused.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE and not refused.stored, refused
-    assert _served(store).items() <= acked.items()  # readers map the file the path names now
+    # Readers map the file the path names now: its first 50 are served, and a read past them
+    # stops there, the offset kept, naming the copy (review 144 F2: "no message" moved a
+    # consumer past acknowledged ones the copy holds).
+    keys, offset = [], 0
+    while (got := store.get("t", 0, offset, 64)).messages:
+        keys.extend(m.keys for m in got.messages)
+        offset = got.next_begin_offset
+    assert keys == [f"b{i}" for i in range(50)] and offset == 50
+    stopped = store.get("t", 0, 50, 64)
+    assert (stopped.status, stopped.messages, stopped.next_begin_offset) == (
+        mqstore.GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, (), 50), stopped  # fmt: skip
+    assert "the store saved a copy of segment" in stopped.detail, stopped.detail
     assert store.stats()["files_cut_under_map"] == [str(segment)]
     assert store.close() is False
     copy = Path(f"{segment}.store-copy")
@@ -381,3 +392,54 @@ def test_a_store_opened_by_a_relative_path_keeps_its_files_when_the_host_changes
     assert list((tmp_path / "elsewhere").iterdir()) == []
     with mqstore.open(tmp_path / "store", mapped_file_size_commitlog_bytes=SEGMENT) as reopened:
         assert sorted(_served(reopened)) == ["a0", "b0"]
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_middle_segment_renamed_over_by_another_segments_bytes_never_serves_a_wrong_message(
+    tmp_path: Path, raw: bool
+) -> None:
+    """Review 144 F2: a middle segment renamed over by a copy of the first one's bytes while the
+    store runs. The store found it (a copy saved, puts refused), but `get` served the first
+    segment's messages at the middle one's acknowledged queue offsets, FOUND and unsaid (the
+    owner's answer checked no record's identity): a consumer took 59 wrong messages and moved
+    past. A read there now serves nothing it is not sure of and keeps the offset."""
+    store_dir = tmp_path / "store"
+    store = mqstore.open(store_dir, **SETTINGS)
+    acked: dict[str, int] = {}
+    for i in range(600):  # three segments
+        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+        assert result.ok
+        acked[f"b{i}"] = result.queue_offset
+    store.flush()
+    segments = sorted((store_dir / "commitlog").iterdir())
+    assert len(segments) >= 3
+    _rename_over(tmp_path, segments[0].read_bytes(), segments[1])
+    by_offset = {offset: key for key, offset in acked.items()}
+    try:
+        stopped_at = []
+        for offset in sorted(by_offset):
+            got = store.get("t", 0, offset, 1, raw=raw)
+            if raw:
+                served = [int.from_bytes(r[20:28], "big") for r in got.raw]
+                assert served in ([], [offset]), (offset, served, got.detail)
+            else:
+                assert [m.keys for m in got.messages] in ([], [by_offset[offset]]), (offset, got)
+            if not (got.raw if raw else got.messages):
+                assert got.next_begin_offset == offset, got  # never moved past
+                assert "is not this queue's message" in got.detail, got.detail
+                stopped_at.append(offset)
+        # Exactly the middle segment's messages were not served; the others were.
+        in_middle = [o for o in sorted(by_offset) if SEGMENT <= _commitlog_offset_of(store_dir, o) < 2 * SEGMENT]
+        assert in_middle and stopped_at == in_middle
+    finally:
+        store.close()
+    copy = Path(f"{segments[1]}.store-copy")
+    assert copy.exists()
+    os.replace(copy, segments[1])
+    _served_every_acknowledged(store_dir, acked)
+
+
+def _commitlog_offset_of(store_dir: Path, queue_offset: int) -> int:
+    """The commitlog offset queue t/0's unit `queue_offset` holds, read from its file."""
+    units = (store_dir / "consumequeue" / "t" / "0" / f"{0:020d}").read_bytes()
+    return int.from_bytes(units[queue_offset * 20 : queue_offset * 20 + 8], "big")

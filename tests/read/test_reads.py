@@ -114,10 +114,75 @@ def test_the_owners_answer_goes_through_the_same_ladder(store_dir: tuple[StoreCo
     cfg, _records = store_dir
     readers = readers_for(cfg)
     gone = UnitsReply(exists=True, min_offset=0, max_offset=RECORDS, units=None, next_file_offset=64, commitlog_head=0)
-    r = reads.get_from_units(gone, readers, cfg, 5, 32)
+    r = reads.get_from_units(gone, readers, cfg, ("abc", 0), 5, 32)
     assert (r.status, r.next_begin_offset) == (S.OFFSET_FOUND_NULL, 64)
     absent = UnitsReply(exists=False, min_offset=0, max_offset=0, units=None, next_file_offset=0, commitlog_head=0)
-    assert reads.get_from_units(absent, readers, cfg, 5, 32).status is S.NO_MESSAGE_IN_QUEUE
+    assert reads.get_from_units(absent, readers, cfg, ("abc", 0), 5, 32).status is S.NO_MESSAGE_IN_QUEUE
+    readers.close()
+
+
+def _owner_units(records: list[codec.MessageRecord], order: list[int], base: int = 0) -> bytes:
+    """Units pointing at `records[k]` for each k of `order`, in the segment starting at `base`."""
+    return b"".join(codec.encode_cq_unit(base + records[k].commitlog_offset, records[k].total_size,
+                                         codec.tags_code(records[k].tags)) for k in order)  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_the_owners_answer_never_serves_a_record_that_is_not_its_queues_own(
+    store_dir: tuple[StoreConfig, list[codec.MessageRecord]], raw: bool
+) -> None:
+    """Review 144 F2: with a middle segment replaced under the running store, the direct read
+    found records of other queue offsets, asked the owner, and the owner's answer served them
+    (FOUND, no detail), or passed over what was no record there as "no matched message": a
+    consumer took other messages for acknowledged ones, or skipped 237, and moved past. The
+    owner's answer checks what the direct read checks, plus where each record says it was
+    stored. Another segment's bytes (a log to put back) stop the read before them, the offset
+    kept; a unit pointing at another queue's message of this segment (a damaged unit) is
+    skipped, said, as a corrupt record is."""
+    cfg, records = store_dir
+    readers = readers_for(cfg)
+    # Segment 1 holds segment 0's bytes, as if renamed over by a copy of it.
+    commitlog = Path(cfg.commitlog_dir)
+    (commitlog / ("%020d" % SEGMENT)).write_bytes((commitlog / ("%020d" % 0)).read_bytes())
+
+    def owner(units: bytes, offset: int, queue: tuple[str, int] = ("abc", 0)) -> reads.GetResult:
+        reply = UnitsReply(exists=True, min_offset=0, max_offset=100, units=units, next_file_offset=0, commitlog_head=0)
+        return reads.get_from_units(reply, readers, cfg, queue, offset, 32, raw=raw)
+
+    def served(result: reads.GetResult) -> list[int]:
+        if raw:
+            return [int.from_bytes(r[20:28], "big") for r in result.raw]
+        return [m.queue_offset for m in result.messages]
+
+    whole = owner(_owner_units(records, list(range(10, 20))), 10)
+    assert (whole.status, served(whole), whole.next_begin_offset, whole.detail) == (S.FOUND, list(range(10, 20)), 20, "")
+    # Queue offsets 13.. lie in segment 1, whose file holds segment 0's records 3..: stopped before them.
+    replaced = _owner_units(records, [10, 11, 12]) + _owner_units(records, [3, 4], base=SEGMENT)
+    shifted = owner(replaced, 10)
+    assert (shifted.status, served(shifted), shifted.next_begin_offset) == (S.FOUND, [10, 11, 12], 13)
+    at = SEGMENT + records[3].commitlog_offset
+    assert f"what lies at commitlog offset {at} is not this queue's message" in shifted.detail, shifted.detail
+    assert f"stored at commitlog offset {records[3].commitlog_offset}" in shifted.detail, shifted.detail
+    # Nothing before it: not readable, the offset kept (as for a segment that cannot be mapped).
+    first = owner(_owner_units(records, [3, 4], base=SEGMENT), 13)
+    assert (first.status, served(first), first.next_begin_offset) == (S.NO_MATCHED_LOGIC_QUEUE, [], 13)
+    assert "nothing was skipped" in first.detail and f"segment {SEGMENT:020d} starts with a record stored at" in first.detail
+    # Out of step with its records (no record begins there): the same, the segment's first record tells.
+    between = owner(codec.encode_cq_unit(SEGMENT + 100, 172, 0), 13)
+    assert (between.status, between.next_begin_offset) == (S.NO_MATCHED_LOGIC_QUEUE, 13), between
+    assert "no whole record of 172 bytes lies there" in between.detail, between.detail
+    # In segment 0, whose records are where they say: units of queue 1 pointing at queue 0's
+    # messages, or between records, are damage: skipped, said, never served.
+    told: list[tuple[int, str]] = []
+    reply = UnitsReply(exists=True, min_offset=0, max_offset=100, units=_owner_units(records, [0, 1, 2]) +
+                       codec.encode_cq_unit(100, 172, 0), next_file_offset=0, commitlog_head=0)  # fmt: skip
+    other = reads.get_from_units(reply, readers, cfg, ("abc", 1), 0, 32, raw=raw, on_corrupt=lambda o, r: told.append((o, r)))
+    assert (other.status, served(other), other.next_begin_offset) == (S.NO_MATCHED_MESSAGE, [], 4), other
+    assert [o for o, _ in told] == [0, records[1].commitlog_offset, records[2].commitlog_offset, 100]
+    assert "skipped the corrupt record at commitlog offset 100" in other.detail, other.detail
+    if not raw:  # (raw records' topics are not decoded; their queue ids and offsets are checked)
+        renamed = owner(_owner_units(records, [0]), 0, ("abd", 0))
+        assert (renamed.status, served(renamed), renamed.next_begin_offset) == (S.NO_MATCHED_MESSAGE, [], 1), renamed
     readers.close()
 
 
