@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from mqstore.log import get_logger
@@ -36,6 +36,9 @@ log = get_logger(__name__)
 # (id of the fs object or 0 for real files, real path) of every lock held in this process.
 _held: set[tuple[int, str]] = set()
 _held_guard = threading.Lock()
+# Locks whose holder could start no thread to release them once its last actor ends (a thread
+# shortage): the next acquire of the same store in this process asks first (review 144 F1).
+_deferred_releases: dict[tuple[int, str], Callable[[], bool]] = {}
 
 
 _holding: "weakref.WeakSet[StoreLock]" = weakref.WeakSet()  # the locks with an open descriptor
@@ -49,6 +52,7 @@ def _none_held_in_a_forked_child() -> None:
     # until it ended (review 29). The parent's own descriptors keep its locks.
     global _held_guard
     _held.clear()
+    _deferred_releases.clear()
     _held_guard = threading.Lock()  # (a thread of the parent may have held it at the fork)
     for lock in list(_holding):
         for fd in ([lock._fd] if lock._fd is not None else []) + lock._directory_fds:
@@ -170,6 +174,11 @@ class StoreLock:
         self._fs.makedirs(os.path.dirname(os.path.abspath(self.path)))
         refuse_unless_regular_file(self._fs, self.path, "lock file")
         key = (0, os.path.realpath(self.path)) if self._real else (id(self._fs), os.path.normpath(self.path))
+        with _held_guard:
+            deferred = _deferred_releases.pop(key, None)
+        if deferred is not None and not deferred():  # (True: it released the earlier holder's lock)
+            with _held_guard:
+                _deferred_releases.setdefault(key, deferred)
         mine = False  # set before the add: an exception between the two discards nothing
         try:
             with _held_guard:
@@ -331,6 +340,15 @@ class StoreLock:
         self._held_directories.add((st.st_dev, st.st_ino))
         return _names(path, st)
 
+    def release_later(self, try_release: Callable[[], bool]) -> None:
+        """Where no thread could be started to release this lock once the actors still running
+        end: the next acquire of this store in this process calls `try_release` first, which
+        releases it (returning True) if they have ended by then. Until then, or the process's
+        exit, the lock stays held: those actors may yet write the files."""
+        if self._key is not None:
+            with _held_guard:
+                _deferred_releases[self._key] = try_release
+
     def release(self) -> None:
         """Unlock and close; the file stays (RocketMQ never deletes it). Idempotent."""
         if self._key is None:
@@ -354,6 +372,7 @@ class StoreLock:
         finally:
             with _held_guard:  # else this process could never open the store again
                 _held.discard(self._key)
+                _deferred_releases.pop(self._key, None)
             self._key = None
         log.info("store_lock_released", path=self.path)
 

@@ -4,6 +4,7 @@ Here it is made to fail for the store's own threads by name, deterministically."
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import sys
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mqstore import Message, Reply, runtime
+from mqstore import Message, Reply, StoreLockedError, runtime
 from mqstore import supervisor as supervisor_module
 from mqstore.actors.consume_queue import ConsumeQueueService
 from mqstore.faults import FaultPlan
@@ -252,3 +253,41 @@ def _outlives_a_shortage(
     finally:
         short.clear()
         store.close()
+
+
+def test_a_close_that_can_start_no_thread_to_release_the_lock_later_stops_and_the_next_open_takes_it(
+    store_dir: Path, refuse_threads: list[Callable[[str], bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 144 F1: a flush actor held in its msync past the stop's wait keeps the store's
+    lock, released by a thread once the actor ends. When that thread could not start, the
+    supervisor's thread died of the RuntimeError: the store stayed STOPPING, and the lock held
+    for the process's life (every later open here StoreLockedError). The stop goes on and ends
+    STOPPED; the lock stays held while the actor runs, and the next open after it has ended
+    takes it over."""
+    from mqstore.faults import HoldAt
+
+    monkeypatch.setattr(supervisor_module, "STOP_TIMEOUT_S", 0.5)
+    hold = HoldAt("flush.mid_fsync", hold_s=30)
+    store = helpers.open_small(store_dir, faults=hold)
+    acked = [store.put(Message("t", b"m%d" % i)) for i in range(20)]
+    assert all(r.ok for r in acked)
+    hold.armed.set()
+
+    def flush_until_closed() -> None:  # (the close fails this flush: it is the msync it starts that is held)
+        with contextlib.suppress(Exception):
+            store.flush()
+
+    threading.Thread(target=flush_until_closed, daemon=True).start()
+    assert hold.entered.wait(10), "the flush actor was not held"
+    refuse_threads.append(lambda name: name == "mqstore-lock-keeper")
+    assert store.close() is False  # (it waits 3 stop timeouts; the shutdown goes on past them)
+    helpers.wait_until(lambda: store.supervisor.state is SupervisorState.STOPPED, what="the stop's end")
+    assert not store.supervisor.lock_released.is_set()  # the held actor may still write
+    with pytest.raises(StoreLockedError, match="already started in this process"):
+        helpers.open_small(store_dir)  # while it runs: refused
+    refuse_threads.clear()
+    hold.release.set()
+    helpers.wait_until(lambda: not any(t.name.startswith("Flush") for t in threading.enumerate()), what="the flush actor's end")
+    with helpers.open_small(store_dir) as again:  # after it: the lock is taken over
+        assert store.supervisor.lock_released.is_set()
+        assert [m.body for m in again.get("t", 0, 0, 32).messages] == [b"m%d" % i for i in range(20)]

@@ -192,3 +192,32 @@ def test_a_directory_held_for_an_instant_by_a_tool_is_claimed_after_it(tmp_path:
                 lock.claim_directories([str(directory)])
     finally:
         os.close(held)
+
+
+def test_a_lock_left_to_release_later_is_taken_over_by_the_next_acquire_once_its_holder_says_so(tmp_path: Path) -> None:
+    """Review 144 F1: with no thread to release the lock once its last actor ends, the next
+    acquire of the store in this process asks the holder first; until it says done, refused."""
+    path = str(tmp_path / "lock")
+    first = StoreLock(RealFileSystem(), path)
+    first.acquire()
+    done = [False]
+    asked: list[bool] = []
+
+    def release_if_done() -> bool:
+        asked.append(done[0])
+        if done[0]:
+            first.release()
+        return done[0]
+
+    first.release_later(release_if_done)
+    with pytest.raises(StoreLockedError, match="already started in this process"):
+        StoreLock(RealFileSystem(), path).acquire()
+    done[0] = True
+    second = StoreLock(RealFileSystem(), path)
+    second.acquire()  # the holder released it: taken
+    assert asked == [False, True] and not first.locked and second.locked
+    second.release()
+    third = StoreLock(RealFileSystem(), path)
+    third.acquire()  # asked no more: released locks drop what they left to do
+    assert asked == [False, True]
+    third.release()
