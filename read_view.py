@@ -71,6 +71,10 @@ class ReadView:
       again, and waiters return at once.
     - `quarantined`: commitlog [start, end) ranges recovery found damaged with valid records
       after them, sorted: never served and never dispatched, whatever `check_crc_on_read` says.
+    - `replaced`: the [start, end) ranges of commitlog segments another process replaced,
+      renamed away or deleted under the running store (the writer found them, and saved its
+      copies beside them), sorted: the file at such a segment's path is not the log, so a read
+      there stops, its offset kept, until the copy is moved back (review 145 F2).
     """
 
     readable_end: int = 0
@@ -83,10 +87,22 @@ class ReadView:
     map_generation: int = 0
     closed: bool = False
     quarantined: tuple[tuple[int, int], ...] = ()
+    replaced: tuple[tuple[int, int], ...] = ()
 
     def is_quarantined(self, offset: int) -> bool:
         """Whether a record at `offset` lies in damage recovery quarantined."""
         return in_ranges(self.quarantined, offset)
+
+
+def _merged(known: tuple[tuple[int, int], ...], ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """`known` and `ranges` as sorted, disjoint [start, end) ranges (overlaps merged), as `in_ranges` takes them."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(set(known) | set(ranges)):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return tuple(merged)
 
 
 def in_ranges(ranges: tuple[tuple[int, int], ...], offset: int) -> bool:
@@ -136,7 +152,7 @@ class ReadViewPublisher:
                 # Positional rather than `replace` (1.1 us against 2.5 hot, more on the writer's
                 # cold pass); every field in order (tests/actors/test_writer_fast_append.py).
                 self._swap(ReadView(readable_end, v.dispatched_end, v.queues_live, v.queue_bounds, v.queues_written,
-                                    v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined),
+                                    v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined, v.replaced),
                            COMMITLOG)  # fmt: skip
 
     def publish_next_queue_offsets(self, table: Mapping[str, int]) -> None:
@@ -193,13 +209,13 @@ class ReadViewPublisher:
         starts on a first start): added to what is known (overlaps merged, so the ranges stay
         sorted and disjoint for `in_ranges`)."""
         with self._lock:
-            merged: list[tuple[int, int]] = []
-            for start, end in sorted(set(self.view.quarantined) | set(ranges)):
-                if merged and start <= merged[-1][1]:
-                    merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-                else:
-                    merged.append((start, end))
-            self._swap(replace(self.view, quarantined=tuple(merged)), _EVERY_WAITER)
+            self._swap(replace(self.view, quarantined=_merged(self.view.quarantined, ranges)), _EVERY_WAITER)
+
+    def add_replaced(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        """The writer, on finding segments replaced under the store (or, restarted, their
+        copies beside them): added to what is known, as `add_quarantined` adds."""
+        with self._lock:
+            self._swap(replace(self.view, replaced=_merged(self.view.replaced, ranges)), _EVERY_WAITER)
 
     def close(self) -> None:
         """The store closes, or its supervisor gave up: every waiter returns."""

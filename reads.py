@@ -369,6 +369,14 @@ def corrupt_detail(commitlog_offset: int, reason: str) -> str:
     return f"skipped the corrupt record at commitlog offset {commitlog_offset} ({reason}); run `mqstore verify`"
 
 
+def replaced_detail(commitlog_offset: int, segment_bytes: int) -> str:
+    """A read's `detail` at a segment the writer found replaced under the running store."""
+    name = "%020d" % (commitlog_offset - commitlog_offset % segment_bytes)
+    return (f"commitlog segment {name}, holding offset {commitlog_offset}, was replaced, renamed away or deleted by "
+            "another process while the store ran: the file there now is not the log; nothing was skipped, the next "
+            f"read starts here; close the store and move {name}.store-copy over the segment (see the log)")
+
+
 def not_own_detail(commitlog_offset: int, found: str) -> str:
     """A read's `detail` where a queue's unit points at a whole record that is not its own: the
     log there is not the one the queue was built from (a segment replaced, renamed over or
@@ -380,9 +388,10 @@ def not_own_detail(commitlog_offset: int, found: str) -> str:
 
 
 def _not_own(record: MessageRecord, queue: tuple[str, int], queue_offset: int, phy: int) -> str:
-    """"" if `record` is the unit's own: `queue`'s, at `queue_offset`, lying where its own
-    physical-offset field says; else what it says it is."""
-    if (record.topic, record.queue_id, record.queue_offset, record.commitlog_offset) == (*queue, queue_offset, phy):
+    """"" if `record` is the unit's own, `queue`'s at `queue_offset` (as the direct read checks;
+    its physical-offset field alone is not: a flipped bit there is the record's damage, which
+    `verify` reports, not another log); else what it says it is."""
+    if (record.topic, record.queue_id, record.queue_offset) == (*queue, queue_offset):
         return ""
     return (f"it says topic {record.topic[:80]!r} queue {record.queue_id} offset {record.queue_offset}, "
             f"stored at commitlog offset {record.commitlog_offset}")
@@ -399,7 +408,7 @@ def _not_own_raw(data: bytes, queue: tuple[str, int], queue_offset: int, phy: in
     queue_id = int.from_bytes(data[12:16], "big", signed=True)
     queue_offset_field = int.from_bytes(data[20:28], "big", signed=True)
     physical = int.from_bytes(data[28:36], "big", signed=True)
-    if (queue_id, queue_offset_field, physical) == (queue[1], queue_offset, phy):
+    if (queue_id, queue_offset_field) == (queue[1], queue_offset):
         return ""
     return f"its header says queue {queue_id} offset {queue_offset_field}, stored at commitlog offset {physical}"
 
@@ -510,13 +519,16 @@ def collect(
     queue: tuple[str, int] | None = None,
     on_corrupt: CorruptSink | None = None,
     quarantined: Ranges = (),
+    replaced: Ranges = (),
 ) -> GetResult | None:
     """The messages the units point at (§13.1's loop); `head` is where "in memory" is measured
     from. With `expect` (units read through the thread's own maps), each record must be that
     (topic, queueId)'s at its queue offset, else None: the caller asks the owner instead.
-    With `queue` (the owner's units), a record that is not that queue's at its offset, or not
-    where its own physical-offset field says, is not served: the read stops before it, as
-    before a segment it cannot map (`not_own_detail`).
+    With `queue` (the owner's units), a record that is not that queue's at its offset is not
+    served: one that also says it was stored elsewhere is another log's, and the read stops
+    before it as before a segment it cannot map (`not_own_detail`); else it is a damaged unit,
+    skipped and said. A unit into a `replaced` segment (the writer found it replaced under the
+    store) stops the read whatever lies there.
     With `cfg.check_crc_on_read`, a record whose body fails its CRC is never returned: it is
     skipped (told to `on_corrupt`, named in the result's `detail`); with `expect`, the owner's
     answer decides, so it is told once. A unit into a `quarantined` range (damage recovery
@@ -538,7 +550,7 @@ def collect(
     # The C loop takes runs of plain units (no tag filter, no quarantine, units read through
     # the thread's maps); whatever it stops at goes through the loop below, the reference.
     native = speedups.native
-    run = None if native is None or expect is None or raw or wanted is not None or quarantined else native.decode_units
+    run = None if native is None or expect is None or raw or wanted is not None or quarantined or replaced else native.decode_units
     end = min(len(units), limit)
     i = 0
     while i < end:
@@ -572,6 +584,8 @@ def collect(
             skipped = quarantined_detail(phy)
             i += 20
             continue
+        if replaced and in_ranges(replaced, phy):
+            return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, replaced_detail(phy, segment))
         if next_phy_file_start >= 0 and phy < next_phy_file_start:
             i += 20
             continue
@@ -593,7 +607,7 @@ def collect(
                 if total_bytes:
                     break
                 return collect(cfg, reader, units, head, offset, max_count, max_total_bytes, tags, raw, bounds,
-                               expect=expect, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+                               expect=expect, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined, replaced=replaced)  # fmt: skip
             place = None if data is None else (data, 0)
             if data is not None and check_crc and wanted is None:  # else decoded (and checked) below
                 reason = codec.body_crc_mismatch(data, 0)
@@ -651,7 +665,7 @@ def collect(
                     if total_bytes:
                         break
                     return collect(cfg, reader, units, head, offset, max_count, max_total_bytes, tags, raw, bounds,
-                                   expect=expect, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+                                   expect=expect, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined, replaced=replaced)  # fmt: skip
                 record = None
                 if expect is None and codec.failed_integrity(served):
                     skipped = _skip_corrupt(phy, served.reason, on_corrupt)
@@ -675,8 +689,9 @@ def collect(
             if queue is not None and record is not None and (
                 stranger := _not_own(record, queue, offset + i // 20, phy)
             ):
-                # A whole record stored elsewhere is another log's: stop before it. One stored
-                # here but of another queue or offset is a damaged unit: skipped, said.
+                # Another queue's record that also says it was stored elsewhere is another
+                # log's: stop before it. One field alone disagreeing is damage (a flipped bit
+                # must not stop a queue for good, review 145 F1): skipped, said.
                 elsewhere = reader.not_this_segment(phy)
                 if elsewhere or record.commitlog_offset != phy:
                     why = f"{stranger}; {elsewhere}" if elsewhere else stranger
@@ -821,7 +836,7 @@ def get_from_view(
         return None  # the owner decides (OFFSET_FOUND_NULL: the file is gone)
     found = collect(cfg, readers.commitlog_reader(), units, view.queues_written, offset, max_count,
                     max_total_bytes, tags, raw, bounds, expect=(topic, queue_id), on_corrupt=on_corrupt,
-                    quarantined=view.quarantined)  # fmt: skip
+                    quarantined=view.quarantined, replaced=view.replaced)  # fmt: skip
     yield_gil()
     return found
 
@@ -839,6 +854,7 @@ def get_from_units(
     raw: bool = False,
     on_corrupt: CorruptSink | None = None,
     quarantined: Ranges = (),
+    replaced: Ranges = (),
 ) -> GetResult:
     """getMessage decided by the ConsumeQueue actor's answer (`GetUnits`) for `queue`, (topic,
     queueId). Unlike 4.4.0, a record not the queue's own is never served (`collect`)."""
@@ -856,7 +872,8 @@ def get_from_units(
         return GetResult(status=GetMessageStatus.OFFSET_FOUND_NULL, next_begin_offset=reply.next_file_offset,
                          min_offset=bounds[0], max_offset=bounds[1])  # fmt: skip
     found = collect(cfg, readers.commitlog_reader(), reply.units, reply.commitlog_head, offset, max_count,
-                    max_total_bytes, tags, raw, bounds, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined)  # fmt: skip
+                    max_total_bytes, tags, raw, bounds, queue=queue, on_corrupt=on_corrupt, quarantined=quarantined,
+                    replaced=replaced)  # fmt: skip
     assert found is not None  # without `expect` every unit is decided
     return found
 

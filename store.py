@@ -64,7 +64,7 @@ from .messages import (
 )
 from . import reads
 from .offsets import ConsumerOffsets
-from .read_view import COMMITLOG, INDEX, QUEUES, ReadView
+from .read_view import COMMITLOG, INDEX, QUEUES, ReadView, in_ranges
 from .storage import codec
 from .storage.codec import MessageRecord, check_str
 from .storage.commitlog import CommitLogReader
@@ -816,7 +816,8 @@ class MessageStore:
             # transient outage must not rewind anyone, so the offset stays where it was.
             return self._not_readable(offset, str(exc))
         return reads.get_from_units(reply, readers, self.config, (topic, queue_id), offset, max_count,
-                                    quarantined=self.read_view.view.quarantined, **kwargs)  # fmt: skip
+                                    quarantined=self.read_view.view.quarantined, replaced=self.read_view.view.replaced,
+                                    **kwargs)  # fmt: skip
 
     def _put_pending_for(self, view: ReadView, topic: str, queue_id: int) -> bool:
         """Whether a put the writer appended to this queue may be missing from `view`: its
@@ -957,9 +958,12 @@ class MessageStore:
         `size` bytes are read: a record whose own TOTALSIZE disagrees is None and logged as an
         error (Java decodes whatever lies there), and the CRC is still checked. OSError when
         the segment holding it is there but cannot be mapped now (out of descriptors or
-        memory): not knowing is not None."""
+        memory), or another process replaced it under the running store: not knowing is not None."""
         self._check_open()
         _check_int("commitlog_offset", commitlog_offset, 0)
+        if in_ranges(self.read_view.view.replaced, commitlog_offset):
+            # The file at its path is not the log (review 145 F2: another store's record served).
+            raise OSError(errno.EIO, reads.replaced_detail(commitlog_offset, self.config.mapped_file_size_commitlog_bytes))
         reader = self._readers.get().commitlog_reader()
         if size is not None:
             _check_int("size", size, 1)

@@ -42,7 +42,7 @@ from ..config import ConfigError
 from ..faults import NO_FAULTS
 from ..log import RepeatedLog, suppressed_fields
 from ..storage import codec, speedups
-from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies
+from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies, store_copy_starts
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH, SCHEDULE_TOPIC
 from ..storage.memory import memory_room
 from ..storage.fs import OS_PAGE_SIZE, FileCutUnderMapError, FileReplacedUnderMapError
@@ -314,6 +314,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                 detail=f"{copies[0]} is the store's own copy of a segment another process replaced; puts are "
                        "refused until the store is closed and the copy moved over its segment (or deleted)",
             )  # fmt: skip
+            starts = store_copy_starts(self.ctx.fs, cfg.commitlog_dir)
+            self.ctx.read_view.add_replaced(tuple((start, start + self._segment_bytes) for start in starts))
         elif known_end > end and not self._commitlog.mapped_file_queue.damaged_files and not recovered.quarantined:
             # Readers read up to known_end before this restart; the files now end below it
             # inside whole segments: one was replaced by an older copy (renamed over, renamed
@@ -624,8 +626,11 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         found = self._commitlog.keep_replaced_segments(since)
         if found is None:
             return False
-        detail, self._replaced_copies_saved = found
+        detail, self._replaced_copies_saved, starts = found
         self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
+        # Readers stop there: the file at the path is not the log (review 145 F2: another
+        # store's segment of the same shape was served as this one's messages).
+        self.ctx.read_view.add_replaced(tuple((start, start + self._segment_bytes) for start in starts))
         return True
 
     def _hold_back(self, stored_puts: int, stored_records: int) -> None:

@@ -688,12 +688,12 @@ class CommitLog:
         after a pass's writes, `writing`: or the disk had no room for a page)."""
         self.mapped_file_queue.raise_if_cut(writing=writing)
 
-    def keep_replaced_segments(self, since: MappedFile | None = None) -> tuple[str, bool] | None:
+    def keep_replaced_segments(self, since: MappedFile | None = None) -> tuple[str, bool, tuple[int, ...]] | None:
         """If a segment written since `since` (the last one before a pass; None: every
         mapped segment) is no longer the file at its path (another process renamed a file
         over it, renamed it away, or deleted it; an older segment deleted does not count),
-        save what the store wrote there to a new file beside it and say so, and whether every
-        copy was saved; None while all are ours. What is written into such a
+        save what the store wrote there to a new file beside it and say so, whether every
+        copy was saved, and the replaced segments' starts; None while all are ours. What is written into such a
         segment reaches no file a directory holds, so the owner acknowledges no more puts."""
         files = self.mapped_file_queue.mapped_files
         if not files:
@@ -728,7 +728,7 @@ class CommitLog:
             said.append(f"{os.path.basename(name)} (the store's own copy saved as {os.path.basename(kept)})")
         return ("commitlog segments replaced, renamed away or deleted by another process while the store wrote "
                 f"them: {', '.join(said)}; to keep every acknowledged message, close the store and move each copy "
-                "over its segment before it opens again"), all_saved  # fmt: skip
+                "over its segment before it opens again"), all_saved, tuple(f.file_from_offset for f in replaced)  # fmt: skip
 
     def get_max_offset(self) -> int:
         return self.mapped_file_queue.max_offset()
@@ -1732,13 +1732,25 @@ class CommitLogReader:
                 return f"the store saved a copy of segment {start:020d} on finding it replaced: move the copy back"
         except OSError:
             pass  # (the directory unlisted now: the first record may still tell)
-        head = self.read(start, 36, limit=start + 36)
-        if head is None:
+        # Its first two records, both saying they were stored the same distance away: one
+        # field's damage (a flipped bit) is not another segment (review 145 F1).
+        first = self._stored_at(start)
+        if first is None or first[1] == start or first[1] % self.mapped_file_size:
             return ""
-        magic, physical = _I.unpack_from(head, 4)[0], _Q.unpack_from(head, PHYSICAL_OFFSET_POSITION)[0]
-        if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) and physical != start:
-            return f"segment {start:020d} starts with a record stored at commitlog offset {physical}: it holds another segment's bytes"
-        return ""
+        second = self._stored_at(start + first[0])
+        if second is None or second[1] != first[1] + first[0]:
+            return ""
+        return f"segment {start:020d} starts with records stored at commitlog offset {first[1]}: it holds another segment's bytes"
+
+    def _stored_at(self, offset: int) -> tuple[int, int] | None:
+        """(size, physical-offset field) of the message record header at `offset`, if one is there."""
+        head = self.read(offset, 36, limit=offset + 36)
+        if head is None:
+            return None
+        size, magic = _II.unpack_from(head, 0)
+        if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) or size < 36:
+            return None
+        return size, _Q.unpack_from(head, PHYSICAL_OFFSET_POSITION)[0]
 
     def _readable_end(self, start: int) -> int:
         """Where the segment at `start` stops being readable (its end, or a short one's valid end)."""

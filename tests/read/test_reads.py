@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -166,7 +167,7 @@ def test_the_owners_answer_never_serves_a_record_that_is_not_its_queues_own(
     # Nothing before it: not readable, the offset kept (as for a segment that cannot be mapped).
     first = owner(_owner_units(records, [3, 4], base=SEGMENT), 13)
     assert (first.status, served(first), first.next_begin_offset) == (S.NO_MATCHED_LOGIC_QUEUE, [], 13)
-    assert "nothing was skipped" in first.detail and f"segment {SEGMENT:020d} starts with a record stored at" in first.detail
+    assert "nothing was skipped" in first.detail and f"segment {SEGMENT:020d} starts with records stored at" in first.detail
     # Out of step with its records (no record begins there): the same, the segment's first record tells.
     between = owner(codec.encode_cq_unit(SEGMENT + 100, 172, 0), 13)
     assert (between.status, between.next_begin_offset) == (S.NO_MATCHED_LOGIC_QUEUE, 13), between
@@ -183,6 +184,43 @@ def test_the_owners_answer_never_serves_a_record_that_is_not_its_queues_own(
     if not raw:  # (raw records' topics are not decoded; their queue ids and offsets are checked)
         renamed = owner(_owner_units(records, [0]), 0, ("abd", 0))
         assert (renamed.status, served(renamed), renamed.next_begin_offset) == (S.NO_MATCHED_MESSAGE, [], 1), renamed
+    readers.close()
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_one_damaged_field_is_not_another_log_and_a_replaced_segment_stops_every_read(
+    store_dir: tuple[StoreConfig, list[codec.MessageRecord]], raw: bool
+) -> None:
+    """Review 145 F1: a flipped bit in a record's physical-offset field (or in a segment's first
+    record's) stopped its queue for good, as "another segment's bytes". Its topic, queue and
+    queue offset are the unit's: it is served, as the direct read serves it (`verify` reports
+    the damage). Review 145 F2: a segment the writer found replaced (the view's `replaced`)
+    stops every read into it, even where its records look like the queue's own (another
+    store's segment of the same shape)."""
+    cfg, records = store_dir
+    segment = Path(cfg.commitlog_dir) / ("%020d" % 0)
+    data = bytearray(segment.read_bytes())
+    for k in (0, 5):  # the first record's physical-offset field, and a middle one's
+        data[records[k].commitlog_offset + 35] ^= 0x40
+    segment.write_bytes(bytes(data))
+    readers = readers_for(cfg)
+
+    def owner(offset: int, units: bytes, replaced: tuple[tuple[int, int], ...] = ()) -> reads.GetResult:
+        reply = UnitsReply(exists=True, min_offset=0, max_offset=RECORDS, units=units, next_file_offset=0, commitlog_head=0)
+        return reads.get_from_units(reply, readers, cfg, ("abc", 0), offset, 32, raw=raw, replaced=replaced)
+
+    def count(result: reads.GetResult) -> int:
+        return len(result.raw if raw else result.messages)
+
+    every = owner(0, _owner_units(records, list(range(RECORDS))))
+    assert (every.status, count(every), every.next_begin_offset) == (S.FOUND, 32, 32), every
+    assert readers.commitlog_reader().not_this_segment(records[7].commitlog_offset) == ""
+    stopped = owner(3, _owner_units(records, [3, 4, 5]), replaced=((0, SEGMENT),))
+    assert (stopped.status, count(stopped), stopped.next_begin_offset) == (S.NO_MATCHED_LOGIC_QUEUE, 0, 3), stopped
+    assert "was replaced, renamed away or deleted by another process" in stopped.detail, stopped.detail
+    view = view_of({("abc", 0): (0, RECORDS)})
+    direct = reads.get_from_view(replace(view, replaced=((0, SEGMENT),)), readers, cfg, "abc", 0, 3, 8, raw=raw)
+    assert direct is not None and (direct.status, direct.next_begin_offset) == (S.NO_MATCHED_LOGIC_QUEUE, 3), direct
     readers.close()
 
 
