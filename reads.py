@@ -422,9 +422,8 @@ def _stored_elsewhere_raw(data: bytes, phy: int) -> bool:
 
 
 def _stop_at_stranger(
-    found: list[MessageRecord], found_raw: list[bytes], raw: bool, queue_offset: int, bounds: tuple[int, int],
-    phy: int, stranger: str,
-) -> GetResult:  # fmt: skip
+    found: list[MessageRecord], found_raw: list[bytes], raw: bool, queue_offset: int, bounds: tuple[int, int], detail: str
+) -> GetResult:
     """The answer of a read that met a record not its queue's own at `queue_offset`: what was
     read before it, or NO_MATCHED_LOGIC_QUEUE (as for a segment it cannot map); the next read
     starts at it either way, so no consumer moves past the message that belongs there."""
@@ -436,7 +435,7 @@ def _stop_at_stranger(
         next_begin_offset=queue_offset,
         min_offset=bounds[0],
         max_offset=bounds[1],
-        detail=not_own_detail(phy, stranger),
+        detail=detail,
     )
 
 
@@ -585,7 +584,7 @@ def collect(
             i += 20
             continue
         if replaced and in_ranges(replaced, phy):
-            return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, replaced_detail(phy, segment))
+            return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, replaced_detail(phy, segment))
         if next_phy_file_start >= 0 and phy < next_phy_file_start:
             i += 20
             continue
@@ -677,7 +676,7 @@ def collect(
                     what = f"no whole record of {size} bytes lies there ({served.kind.value}" + \
                         (f", {served.reason})" if served.reason else ")")  # fmt: skip
                     if elsewhere := reader.not_this_segment(phy):
-                        return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, f"{what}; {elsewhere}")
+                        return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, not_own_detail(phy, f"{what}; {elsewhere}"))
                     skipped = _skip_corrupt(phy, what, on_corrupt)
             if expect is not None and (
                 record is None
@@ -695,7 +694,7 @@ def collect(
                 elsewhere = reader.not_this_segment(phy)
                 if elsewhere or record.commitlog_offset != phy:
                     why = f"{stranger}; {elsewhere}" if elsewhere else stranger
-                    return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, why)
+                    return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, not_own_detail(phy, why))
                 skipped = _skip_corrupt(phy, f"the queue's unit points at another queue's message: {stranger}", on_corrupt)
                 record = None
             if record is None or (wanted is not None and record.tags not in wanted[1]):
@@ -711,7 +710,7 @@ def collect(
             elsewhere = reader.not_this_segment(phy)
             if elsewhere or _stored_elsewhere_raw(data, phy):
                 why = f"{stranger}; {elsewhere}" if elsewhere else stranger
-                return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, phy, why)
+                return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, not_own_detail(phy, why))
             skipped = _skip_corrupt(phy, stranger, on_corrupt)
             if total_bytes == 0:
                 status = GetMessageStatus.NO_MATCHED_MESSAGE
