@@ -58,8 +58,19 @@ def test_close_with_the_writer_held_runs_every_callback_completes_every_future_a
             except BaseException as exc:  # noqa: BLE001 - what the reader met is the finding
                 woke.append(exc)
 
+        # Waiting before close() begins: under load the thread was started but had not called
+        # wait_for_messages until the store was closed (StoreClosedError: a CI dry run).
+        waiting = threading.Event()
+        await_view = store.read_view.await_view
+
+        def entered_await_view(*args: Any, **kwargs: Any) -> Any:
+            waiting.set()
+            return await_view(*args, **kwargs)
+
+        monkeypatch.setattr(store.read_view, "await_view", entered_await_view)
         reader = threading.Thread(target=read, daemon=True)  # never woken: not to hold the exit
-        reader.start()  # waiting long before close() gives up on the writer
+        reader.start()
+        assert waiting.wait(TIMEOUT_S), "the reader did not begin to wait"
         raised: BaseException | None = None
         try:
             store.close()
