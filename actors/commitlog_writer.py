@@ -620,14 +620,22 @@ class CommitLogWriter(StoreActor[WriterRequest]):
 
     def _check_segments_replaced(self, since: MappedFile | None) -> bool:
         """True (and every later put refused) once a segment written since `since` is not
-        the file at its path any more; its copy is saved (CommitLog.keep_replaced_segments)."""
-        if self._replaced is not None or self._commitlog is None:
+        the file at its path any more; its copy is saved (CommitLog.keep_replaced_segments).
+        Checked again after the first: a second segment replaced later, or a copy that could
+        not be saved, is found and saved as the first was (review 146 F1: it was never looked
+        at again, and its acknowledged messages were lost at the next open)."""
+        if self._commitlog is None:
             return self._replaced is not None
         found = self._commitlog.keep_replaced_segments(since)
         if found is None:
-            return False
-        detail, self._replaced_copies_saved, starts = found
-        self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
+            return self._replaced is not None
+        detail, all_saved, starts = found
+        if self._replaced is None:
+            self._replaced_copies_saved = all_saved  # (the answer of the pass that found it)
+            self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
+        elif not set(starts) <= {start for start, _ in self.ctx.read_view.view.replaced}:  # (not a retried copy)
+            self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                       detail=f"{self._replaced.detail}; then {detail}")  # fmt: skip
         # Readers stop there: the file at the path is not the log (review 145 F2: another
         # store's segment of the same shape was served as this one's messages).
         self.ctx.read_view.add_replaced(tuple((start, start + self._segment_bytes) for start in starts))

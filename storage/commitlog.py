@@ -333,6 +333,9 @@ class CommitLog:
         self.last_full_file: MappedFile | None = None
         # Damage that recovery found with valid records after it (left in place, skipped).
         self.quarantined: list[Quarantined] = []
+        # Segments found replaced whose copies are saved: each is saved once, and one whose
+        # copy could not be saved is tried again at the next check (review 146 F1).
+        self.copies_kept: set[int] = set()
         self._disk_full_logged_at = -DISK_FULL_LOG_INTERVAL_S  # (monotonic s) see _note_disk_full_refusal
         self._past_largest_offset_logged = False
         self._disk_full_refused = 0
@@ -693,7 +696,8 @@ class CommitLog:
         mapped segment) is no longer the file at its path (another process renamed a file
         over it, renamed it away, or deleted it; an older segment deleted does not count),
         save what the store wrote there to a new file beside it and say so, whether every
-        copy was saved, and the replaced segments' starts; None while all are ours. What is written into such a
+        copy was saved, and the replaced segments' starts; None while all are ours, or all
+        found before with their copies saved (a later one is found as the first was). What is written into such a
         segment reaches no file a directory holds, so the owner acknowledges no more puts."""
         files = self.mapped_file_queue.mapped_files
         if not files:
@@ -708,7 +712,8 @@ class CommitLog:
         # acknowledged there is in no file. An older one deleted by hand (space freed, as
         # operators do) is a hole the next open reports; replaced, it is saved too.
         newest = files[-1]
-        replaced = [f for f in files[start:] if f.replaced(deleted_too=since is not None or f is newest)]
+        replaced = [f for f in files[start:] if f.file_from_offset not in self.copies_kept
+                    and f.replaced(deleted_too=since is not None or f is newest)]  # fmt: skip
         if not replaced:
             return None
         said = []
@@ -723,6 +728,7 @@ class CommitLog:
                 said.append(f"{os.path.basename(name)} (its copy could not be saved: {exc})")
                 all_saved = False
                 continue
+            self.copies_kept.add(mapped_file.file_from_offset)
             log.error("a commitlog segment was replaced by another process while the store wrote it",
                       segment=name, store_copy=kept, bytes=mapped_file.read_position)  # fmt: skip
             said.append(f"{os.path.basename(name)} (the store's own copy saved as {os.path.basename(kept)})")

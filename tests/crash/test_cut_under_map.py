@@ -480,3 +480,38 @@ def test_another_stores_segment_of_the_same_shape_renamed_over_is_never_served_o
         store.close()
     os.replace(f"{middle}.store-copy", middle)
     _served_every_acknowledged(ours, acked)
+
+
+def test_a_second_segment_replaced_after_the_first_is_saved_and_stopped_at_too(tmp_path: Path) -> None:
+    """Review 146 F1: once the writer had found one segment replaced it never checked again: a
+    second one swapped later got no copy and was served as the other file (200 wrong of 200),
+    and moving the copies back lost its 200 acknowledged messages for good."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    acked: dict[str, int] = {}
+    where: dict[int, int] = {}
+    with mqstore.open(theirs, **SETTINGS) as other:
+        for i in range(800):
+            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"x{i:03d}"])).ok
+    store = mqstore.open(ours, **SETTINGS)
+    segments = [ours / "commitlog" / f"{k * SEGMENT:020d}" for k in (1, 2)]
+    try:
+        for i in range(800):  # four segments
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i:03d}"]))
+            assert result.ok
+            acked[f"b{i:03d}"] = result.queue_offset
+            where[result.queue_offset] = result.commitlog_offset
+        for segment in segments:
+            _rename_over(tmp_path, (theirs / "commitlog" / segment.name).read_bytes(), segment)
+            deadline = time.monotonic() + 10
+            while not Path(f"{segment}.store-copy").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert Path(f"{segment}.store-copy").exists(), segment
+        for queue_offset, commitlog_offset in sorted(where.items()):
+            if SEGMENT <= commitlog_offset < 3 * SEGMENT:
+                got = store.get("t", 0, queue_offset, 1)
+                assert (got.status, got.messages) == (mqstore.GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, ()), got
+    finally:
+        store.close()
+    for segment in segments:
+        os.replace(f"{segment}.store-copy", segment)
+    _served_every_acknowledged(ours, acked)
