@@ -22,7 +22,6 @@ The catch-up case of bench/bench_read.py measures both.
 from __future__ import annotations
 
 import errno
-import functools
 import re
 import threading
 import time
@@ -898,12 +897,15 @@ def unit_store_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id
     if units is None:
         return None
     phy, size, _tags = codec.CQ_UNIT.unpack_from(units, 0)
-    return pickup_store_timestamp(readers.commitlog_reader(), phy, size)
+    return pickup_store_timestamp(readers.commitlog_reader(), phy, size, view.replaced)
 
 
-def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> int:
+def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int, replaced: Ranges = ()) -> int:
     """`actors.consume_queue.pickup_store_timestamp` through this thread's reader: -1 too when
-    the record's page faulted (the guard's zeros read as store time 0)."""
+    the record's page faulted (the guard's zeros read as store time 0), or it lies in a segment
+    `replaced` under the store (another file's time, review 146 F3)."""
+    if replaced and in_ranges(replaced, offset):
+        return -1
     found = _pickup_store_timestamp(reader, offset, size)
     if _total_faults() != reader.faults_seen and reader.unread(offset) is not None:
         return -1
@@ -915,15 +917,23 @@ def pickup_store_timestamp(reader: CommitLogReader, offset: int, size: int) -> i
 def offset_for_time(view: ReadView, readers: ThreadReaders, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
     """getOffsetInQueueByTime (§9.5) through the thread's maps, as the owner would answer it;
     None when the view cannot decide (the queues are not published, a file went underneath);
-    -1 when a record's page it read faulted (its search read zeros for a store time)."""
+    -1 when a record's page it read faulted (its search read zeros for a store time), or it
+    read a store time in a segment replaced under the store."""
     bounds = bounds_from_view(view, topic, queue_id)
     if bounds is None:
         return None
     commitlog = readers.commitlog_reader()
     map_failures = commitlog.map_failures
-    found = readers.queue_reader(view).offset_by_time(
-        topic, queue_id, bounds, timestamp_ms, functools.partial(_pickup_store_timestamp, commitlog), commitlog.min_offset()
-    )
+    replaced, read_replaced = view.replaced, []
+
+    def store_time(offset: int, size: int) -> int:
+        if replaced and in_ranges(replaced, offset):
+            read_replaced.append(offset)  # another file's time there: not an answer (review 146 F3)
+        return _pickup_store_timestamp(commitlog, offset, size)
+
+    found = readers.queue_reader(view).offset_by_time(topic, queue_id, bounds, timestamp_ms, store_time, commitlog.min_offset())
+    if read_replaced:
+        return -1
     if _total_faults() != commitlog.faults_seen and commitlog.look_for_faults():
         return -1
     if commitlog.map_failures != map_failures:  # a segment it had to map could not be, now
@@ -978,6 +988,7 @@ def record_at(
 def query_messages(
     hits: IndexHits, reader: CommitLogReader, cfg: StoreConfig, topic: str, key: str, max_count: int, begin_ms: int,
     end_ms: int, on_corrupt: CorruptSink | None = None, quarantined: Ranges = (), walk_budget: int | None = None,
+    replaced: Ranges = (),
 ) -> QueryResult:  # fmt: skip
     """queryMessage's loop (§13.2) over `hits(topic, key, max_num, begin_ms, end_ms)` (the
     commitlog offsets of the key's index hits, the newest file's endTimestamp and endPhyOffset):
@@ -1009,6 +1020,12 @@ def query_messages(
         last_ts, last_phy = ts, phy_end
         first = True
         for phy in sorted(set(offsets)) if len(offsets) > 1 else offsets:
+            if replaced and in_ranges(replaced, phy):
+                # Not the log there: another file's record with this key would pass the key check.
+                unread = unread or replaced_detail(phy, reader.mapped_file_size).replace(
+                    "nothing was skipped, the next read starts here", "the hits there are not in this answer")
+                first = False
+                continue
             kept = len(messages)
             record = _query_hit(reader, phy, max_message_size, check_crc, corrupt, quarantined, topic, key, messages)
             if record is None:
@@ -1038,7 +1055,7 @@ def query_messages(
     messages = settle_query(messages, max_count, begin_ms, end_ms)
     if not (unread or skipped) and _walk_again(walked, budget, len(messages), max_count, cfg.max_msgs_num_batch):
         return query_messages(hits, reader, cfg, topic, key, max_count, begin_ms, end_ms, on_corrupt, quarantined,
-                              walk_budget=cfg.max_msgs_num_batch)  # fmt: skip
+                              walk_budget=cfg.max_msgs_num_batch, replaced=replaced)  # fmt: skip
     # (what could not be read first: its hits may be anything)
     if detail := unread or skipped or query_walk_cut_detail(walked, budget, len(messages), max_count):
         return QueryResult(messages=tuple(messages), index_last_update_timestamp=last_ts,

@@ -911,7 +911,7 @@ class MessageStore:
         index_reader = readers.index_reader(view)
         commitlog = readers.commitlog_reader()
         quarantined = view.quarantined  # (`now` or newer: the quarantine only grows)
-        if index_reader is not None and not quarantined:
+        if index_reader is not None and not quarantined and not view.replaced:
             walk = index_reader.walk_args
             direct = None if walk is None else reads.query_direct(walk, commitlog, self.config, topic, key, max_count,
                                                                   begin_ms, end_ms)  # fmt: skip
@@ -944,7 +944,8 @@ class MessageStore:
 
         try:
             result = reads.query_messages(hits, commitlog, self.config, topic, key, max_count, begin_ms, end_ms,
-                                          on_corrupt=self._corrupt_on_read, quarantined=quarantined)  # fmt: skip
+                                          on_corrupt=self._corrupt_on_read, quarantined=quarantined,
+                                          replaced=self.read_view.view.replaced)  # fmt: skip
         except ServiceUnavailable as exc:
             return QueryResult(detail=str(exc))
         except UnreadPageError as exc:  # a page of the thread's index map faulted
@@ -1057,7 +1058,7 @@ class MessageStore:
             size = 2 * self.config.max_message_size_bytes
             if start < 0 or start + size > head:
                 return -1
-            return reads.pickup_store_timestamp(reader, start, size)
+            return reads.pickup_store_timestamp(reader, start, size, view.replaced)
         if queue_id is None:
             raise ValueError("a topic needs its queue_id")
         bounds = self._queue_bounds(topic, queue_id)
@@ -1085,7 +1086,7 @@ class MessageStore:
         if not reply.units:
             return -1
         phy, size, _tags = codec.CQ_UNIT.unpack_from(reply.units, 0)
-        return reads.pickup_store_timestamp(readers.commitlog_reader(), phy, size)
+        return reads.pickup_store_timestamp(readers.commitlog_reader(), phy, size, self.read_view.view.replaced)
 
     def get_commitlog_data(self, offset: int, max_bytes: int | None = None) -> tuple[int, bytes] | None:
         """getCommitLogData (§13.5), the replication source: (start offset, the bytes from
@@ -1093,7 +1094,8 @@ class MessageStore:
         log whose first segment is gone reads from the first segment there is. None if the
         offset is not readable (deleted, at/after the end of the log, or the writer's readable
         end did not reach the thread's last put in time). UnreadPageError (an OSError, EIO) if
-        a page of it could not be read now (an I/O error): ask again once the disk reads."""
+        a page of it could not be read now (an I/O error): ask again once the disk reads.
+        OSError (EIO) if its segment was replaced under the running store: another file's bytes."""
         self._check_open()
         _check_int("offset", offset, 0)
         if max_bytes is not None:
@@ -1110,6 +1112,9 @@ class MessageStore:
             if first < 0:
                 return None
             start = first  # returnFirstOnNotFound: from the first file's position 0
+        if in_ranges(view.replaced, start):
+            # Another file's bytes there: a replica must not copy them (review 146 F2).
+            raise OSError(errno.EIO, reads.replaced_detail(start, seg))
         end = min(start - start % seg + seg, view.readable_end)
         if max_bytes is not None:
             end = min(end, start + max_bytes)

@@ -450,9 +450,10 @@ def test_another_stores_segment_of_the_same_shape_renamed_over_is_never_served_o
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     acked: dict[str, int] = {}
     offsets: dict[int, int] = {}
-    with mqstore.open(theirs, **SETTINGS) as other:
+    stamps: dict[int, int] = {}
+    with mqstore.open(theirs, **SETTINGS) as other:  # the same keys too: only the bodies differ
         for i in range(600):
-            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"x{i:03d}"])).ok
+            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"b{i:03d}"])).ok
     store = mqstore.open(ours, **SETTINGS)
     try:
         for i in range(600):
@@ -460,6 +461,7 @@ def test_another_stores_segment_of_the_same_shape_renamed_over_is_never_served_o
             assert result.ok
             acked[f"b{i:03d}"] = result.queue_offset
             offsets[result.queue_offset] = result.commitlog_offset
+            stamps[result.queue_offset] = result.store_timestamp
         middle = ours / "commitlog" / f"{SEGMENT:020d}"
         _rename_over(tmp_path, (theirs / "commitlog" / middle.name).read_bytes(), middle)
         deadline = time.monotonic() + 10
@@ -474,8 +476,15 @@ def test_another_stores_segment_of_the_same_shape_renamed_over_is_never_served_o
                 assert "was replaced, renamed away or deleted by another process" in got.detail
                 with pytest.raises(OSError, match="was replaced"):
                     store.lookup(commitlog_offset)
+                # Review 146 F2/F3: nor by key, nor raw to a replica, nor its store time.
+                found = store.query("t", f"b{queue_offset:03d}", 4, 0, 2**62)
+                assert found.messages == () and "was replaced" in found.detail, found
+                assert store.message_store_time("t", 0, queue_offset) == -1
+                assert store.offset_for_time("t", 0, stamps[queue_offset]) == -1
             else:
-                assert [m.keys for m in got.messages] == [f"b{queue_offset:03d}"], got
+                assert [bytes(m.body) for m in got.messages] == [b"b" * 1000], got
+        with pytest.raises(OSError, match="was replaced"):
+            store.get_commitlog_data(SEGMENT)
     finally:
         store.close()
     os.replace(f"{middle}.store-copy", middle)
