@@ -386,7 +386,7 @@ def not_own_detail(commitlog_offset: int, found: str) -> str:
             "or a damaged queue file); nothing was skipped, the next read starts at it")
 
 
-def _not_own(record: MessageRecord, queue: tuple[str, int], queue_offset: int, phy: int) -> str:
+def _not_own(record: MessageRecord, queue: tuple[str, int], queue_offset: int) -> str:
     """"" if `record` is the unit's own, `queue`'s at `queue_offset` (as the direct read checks;
     its physical-offset field alone is not: a flipped bit there is the record's damage, which
     `verify` reports, not another log); else what it says it is."""
@@ -396,7 +396,7 @@ def _not_own(record: MessageRecord, queue: tuple[str, int], queue_offset: int, p
             f"stored at commitlog offset {record.commitlog_offset}")
 
 
-def _not_own_raw(data: bytes, queue: tuple[str, int], queue_offset: int, phy: int) -> str:
+def _not_own_raw(data: bytes, queue: tuple[str, int], queue_offset: int) -> str:
     """`_not_own` of a record served raw, by its header (queue id at 12, queue offset at 20,
     physical offset at 28; the topic lies past the body and is not decoded here)."""
     if len(data) < 36:
@@ -423,9 +423,10 @@ def _stored_elsewhere_raw(data: bytes, phy: int) -> bool:
 def _stop_at_stranger(
     found: list[MessageRecord], found_raw: list[bytes], raw: bool, queue_offset: int, bounds: tuple[int, int], detail: str
 ) -> GetResult:
-    """The answer of a read that met a record not its queue's own at `queue_offset`: what was
-    read before it, or NO_MATCHED_LOGIC_QUEUE (as for a segment it cannot map); the next read
-    starts at it either way, so no consumer moves past the message that belongs there."""
+    """The answer of a read that met, at `queue_offset`, another log's record or a segment
+    replaced under the store (`detail` says which): what was read before it, or
+    NO_MATCHED_LOGIC_QUEUE (as for a segment it cannot map); the next read starts at it either
+    way, so no consumer moves past the message that belongs there."""
     taken = bool(found_raw if raw else found)
     return GetResult(
         status=GetMessageStatus.FOUND if taken else GetMessageStatus.NO_MATCHED_LOGIC_QUEUE,
@@ -685,7 +686,7 @@ def collect(
             ):
                 return None
             if queue is not None and record is not None and (
-                stranger := _not_own(record, queue, offset + i // 20, phy)
+                stranger := _not_own(record, queue, offset + i // 20)
             ):
                 # Another queue's record that also says it was stored elsewhere is another
                 # log's: stop before it. One field alone disagreeing is damage (a flipped bit
@@ -702,7 +703,7 @@ def collect(
                 i += 20
                 continue
             found.append(record)
-        elif data is not None and (own := expect or queue) and (stranger := _not_own_raw(data, own, offset + i // 20, phy)):
+        elif data is not None and (own := expect or queue) and (stranger := _not_own_raw(data, own, offset + i // 20)):
             # Served raw, undecoded: judged by its header as a decoded one is (review 144 F2).
             if expect is not None:
                 return None
