@@ -316,6 +316,16 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             )  # fmt: skip
             starts = store_copy_starts(self.ctx.fs, cfg.commitlog_dir)
             self.ctx.read_view.add_replaced(tuple((start, start + self._segment_bytes) for start in starts))
+        elif replaced := self.ctx.read_view.view.replaced:
+            # The previous writer found segments replaced and could not save every copy (a full
+            # disk): nothing on disk says so, but the store's view does (review 147 F1: the
+            # restarted writer took puts again into a log that is not the store's).
+            names = ", ".join("%020d" % start for start, _ in replaced)
+            self._replaced = PutResult(
+                status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                detail=f"commitlog segments {names} were replaced by another process while the store ran and the "
+                       "store could not save its copy of every one: puts are refused until the store is closed",
+            )  # fmt: skip
         elif known_end > end and not self._commitlog.mapped_file_queue.damaged_files and not recovered.quarantined:
             # Readers read up to known_end before this restart; the files now end below it
             # inside whole segments: one was replaced by an older copy (renamed over, renamed
@@ -633,7 +643,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         if self._replaced is None:
             self._replaced_copies_saved = all_saved  # (the answer of the pass that found it)
             self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE, detail=detail)
-        elif not set(starts) <= {start for start, _ in self.ctx.read_view.view.replaced}:  # (not a retried copy)
+        else:  # a later segment, or a copy saved on a retry (review 147 F3: still said "could not be saved")
             self._replaced = PutResult(status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                        detail=f"{self._replaced.detail}; then {detail}")  # fmt: skip
         # Readers stop there: the file at the path is not the log (review 145 F2: another

@@ -336,6 +336,7 @@ class CommitLog:
         # Segments found replaced whose copies are saved: each is saved once, and one whose
         # copy could not be saved is tried again at the next check (review 146 F1).
         self.copies_kept: set[int] = set()
+        self.copies_failed: set[int] = set()  # (said and logged once; tried again silently)
         self._disk_full_logged_at = -DISK_FULL_LOG_INTERVAL_S  # (monotonic s) see _note_disk_full_refusal
         self._past_largest_offset_logged = False
         self._disk_full_refused = 0
@@ -721,17 +722,24 @@ class CommitLog:
         for mapped_file in replaced:
             name = mapped_file.file_name
             kept = free_name(self.fs.exists, name + STORE_COPY_SUFFIX)
+            start = mapped_file.file_from_offset
             try:
                 mapped_file.save_copy(kept)
             except OSError as exc:
-                log.error("the store's copy of a replaced segment could not be saved", segment=name, error=repr(exc))
-                said.append(f"{os.path.basename(name)} (its copy could not be saved: {exc})")
                 all_saved = False
+                if start not in self.copies_failed:  # (not once a tick: review 147 F2)
+                    self.copies_failed.add(start)
+                    log.error("the store's copy of a replaced segment could not be saved; tried again at each check",
+                              segment=name, error=repr(exc))  # fmt: skip
+                    said.append(f"{os.path.basename(name)} (its copy could not be saved: {exc})")
                 continue
-            self.copies_kept.add(mapped_file.file_from_offset)
+            self.copies_kept.add(start)
+            self.copies_failed.discard(start)
             log.error("a commitlog segment was replaced by another process while the store wrote it",
                       segment=name, store_copy=kept, bytes=mapped_file.read_position)  # fmt: skip
             said.append(f"{os.path.basename(name)} (the store's own copy saved as {os.path.basename(kept)})")
+        if not said:
+            return None  # only copies that failed before and failed again
         return ("commitlog segments replaced, renamed away or deleted by another process while the store wrote "
                 f"them: {', '.join(said)}; to keep every acknowledged message, close the store and move each copy "
                 "over its segment before it opens again"), all_saved, tuple(f.file_from_offset for f in replaced)  # fmt: skip

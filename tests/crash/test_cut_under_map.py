@@ -524,3 +524,46 @@ def test_a_second_segment_replaced_after_the_first_is_saved_and_stopped_at_too(t
     for segment in segments:
         os.replace(f"{segment}.store-copy", segment)
     _served_every_acknowledged(ours, acked)
+
+
+def test_a_writer_restarted_after_a_replaced_segment_whose_copy_could_not_be_saved_takes_no_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 147 F1: the segment being written renamed over, its copy not savable (a full
+    disk), and the writer crashing in the pass that found it: the restarted writer loaded the
+    other file as the log and took puts again (nothing on disk said otherwise), and the next
+    open served the other store's records as acknowledged ones. The store's view still says the
+    segment is not the log: the restarted writer refuses every put, and reads there stop."""
+    from mqstore.storage.mapped_file import MappedFile
+
+    def no_room(self: MappedFile, path: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
+
+    theirs = tmp_path / "theirs"
+    with mqstore.open(theirs, **SETTINGS) as other:
+        for i in range(100):
+            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"b{i:03d}"])).ok
+    plan = mqstore.FaultPlan()
+    store_dir = tmp_path / "store"
+    store = mqstore.open(store_dir, faults=plan, **{**SETTINGS, "flush_interval_commitlog_ms": 600_000})
+    try:
+        for i in range(100):
+            assert store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i:03d}"])).ok
+        monkeypatch.setattr(MappedFile, "save_copy", no_room)
+        segment = store_dir / "commitlog" / f"{0:020d}"
+        _rename_over(tmp_path, (theirs / "commitlog" / segment.name).read_bytes(), segment)
+        plan.arm("writer.after_append")
+        crashed = store.put(mqstore.Message(topic="t", body=b"c" * 1000, keys=["crash"]))
+        assert not crashed.ok, crashed
+        deadline = time.monotonic() + 15
+        while True:  # the restarted writer answers; every put is refused from now on
+            after = store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["after"]))
+            if "could not save its copy" in after.detail or time.monotonic() > deadline:
+                break
+            assert not after.ok, after  # (refused while it restarts, never stored)
+            time.sleep(0.05)
+        assert after.status is mqstore.PutMessageStatus.SERVICE_NOT_AVAILABLE and "could not save its copy" in after.detail, after
+        got = store.get("t", 0, 0, 8)
+        assert (got.status, got.messages) == (mqstore.GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, ()), got
+    finally:
+        store.close()
