@@ -697,9 +697,10 @@ class CommitLog:
         mapped segment) is no longer the file at its path (another process renamed a file
         over it, renamed it away, or deleted it; an older segment deleted does not count),
         save what the store wrote there to a new file beside it and say so, whether every
-        copy was saved, and the replaced segments' starts; None while all are ours, or all
-        found before with their copies saved (a later one is found as the first was). What is written into such a
-        segment reaches no file a directory holds, so the owner acknowledges no more puts."""
+        copy was saved, and the replaced segments' starts; None while all are ours, or while
+        nothing is new (each is saved once; a copy that failed is tried again, said once).
+        What is written into such a segment reaches no file a directory holds, so the owner
+        acknowledges no more puts."""
         files = self.mapped_file_queue.mapped_files
         if not files:
             return None
@@ -1737,7 +1738,8 @@ class CommitLogReader:
     def not_this_segment(self, offset: int) -> str:
         """Why the file named for the segment holding `offset` is not that segment, or "" if
         nothing says so: the store saved a copy of it (it found the file replaced), or its
-        first record, which every segment starts with, says it was stored elsewhere. Asked
+        first two records (every segment starts with a record) agree they were stored at
+        another segment's start. Asked
         where a read found no record of its queue: another segment's bytes there are not
         damage to skip past but a log to put back (review 144 F2)."""
         start = offset - offset % self.mapped_file_size
