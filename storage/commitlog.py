@@ -1737,17 +1737,12 @@ class CommitLogReader:
 
     def not_this_segment(self, offset: int) -> str:
         """Why the file named for the segment holding `offset` is not that segment, or "" if
-        nothing says so: the store saved a copy of it (it found the file replaced), or its
-        first two records (every segment starts with a record) agree they were stored at
-        another segment's start. Asked
-        where a read found no record of its queue: another segment's bytes there are not
-        damage to skip past but a log to put back (review 144 F2)."""
+        its bytes do not say so: its first two records (every segment starts with a record)
+        agree they were stored at another segment's start. Asked where a read found no record
+        of its queue: another segment's bytes there are not damage to skip past but a log to
+        put back (review 144 F2). A segment the writer found replaced is the read view's
+        `replaced`, which a read looks at first."""
         start = offset - offset % self.mapped_file_size
-        try:
-            if start in store_copy_starts(self.fs, self.store_path):
-                return f"the store saved a copy of segment {start:020d} on finding it replaced: move the copy back"
-        except OSError:
-            pass  # (the directory unlisted now: the first record may still tell)
         # Its first two records, both saying they were stored the same distance away: one
         # field's damage (a flipped bit) is not another segment (review 145 F1).
         first = self._stored_at(start)
