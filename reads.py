@@ -420,6 +420,16 @@ def _stored_elsewhere_raw(data: bytes, phy: int) -> bool:
     return magic in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2) and physical != phy
 
 
+def _another_logs(reader: CommitLogReader, phy: int, what: str, *, stored_elsewhere: bool) -> str:
+    """The stop's detail where what lies at `phy` (not its queue's, said by `what`) is another
+    log's: a record that also says it was `stored_elsewhere`, or a segment whose first records
+    say the file is another segment's; "" where it is this segment's damage, to skip."""
+    elsewhere = reader.not_this_segment(phy)
+    if not (elsewhere or stored_elsewhere):
+        return ""
+    return not_own_detail(phy, f"{what}; {elsewhere}" if elsewhere else what)
+
+
 def _stop_at_stranger(
     found: list[MessageRecord], found_raw: list[bytes], raw: bool, queue_offset: int, bounds: tuple[int, int], detail: str
 ) -> GetResult:
@@ -675,8 +685,8 @@ def collect(
                     # unsaid, as "no matched message").
                     what = f"no whole record of {size} bytes lies there ({served.kind.value}" + \
                         (f", {served.reason})" if served.reason else ")")  # fmt: skip
-                    if elsewhere := reader.not_this_segment(phy):
-                        return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, not_own_detail(phy, f"{what}; {elsewhere}"))
+                    if another := _another_logs(reader, phy, what, stored_elsewhere=False):
+                        return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, another)
                     skipped = _skip_corrupt(phy, what, on_corrupt)
             if expect is not None and (
                 record is None
@@ -691,10 +701,8 @@ def collect(
                 # Another queue's record that also says it was stored elsewhere is another
                 # log's: stop before it. One field alone disagreeing is damage (a flipped bit
                 # must not stop a queue for good, review 145 F1): skipped, said.
-                elsewhere = reader.not_this_segment(phy)
-                if elsewhere or record.commitlog_offset != phy:
-                    why = f"{stranger}; {elsewhere}" if elsewhere else stranger
-                    return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, not_own_detail(phy, why))
+                if another := _another_logs(reader, phy, stranger, stored_elsewhere=record.commitlog_offset != phy):
+                    return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, another)
                 skipped = _skip_corrupt(phy, f"the queue's unit points at another queue's message: {stranger}", on_corrupt)
                 record = None
             if record is None or (wanted is not None and record.tags not in wanted[1]):
@@ -707,10 +715,8 @@ def collect(
             # Served raw, undecoded: judged by its header as a decoded one is (review 144 F2).
             if expect is not None:
                 return None
-            elsewhere = reader.not_this_segment(phy)
-            if elsewhere or _stored_elsewhere_raw(data, phy):
-                why = f"{stranger}; {elsewhere}" if elsewhere else stranger
-                return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, not_own_detail(phy, why))
+            if another := _another_logs(reader, phy, stranger, stored_elsewhere=_stored_elsewhere_raw(data, phy)):
+                return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, another)
             skipped = _skip_corrupt(phy, stranger, on_corrupt)
             if total_bytes == 0:
                 status = GetMessageStatus.NO_MATCHED_MESSAGE
