@@ -1325,20 +1325,18 @@ class Supervisor:
             self._release(lock)
             return
 
-        def release_once_stopped() -> None:
-            for _, stopped in running:
-                _finished(stopped, timeout=None)
-            self._release(lock)
-            self.log.info("store lock released: the actors that had not stopped in time have ended",
-                          actors=[name for name, _ in running])  # fmt: skip
-
         def release_if_stopped() -> bool:
             if not all(_finished(stopped) for _, stopped in running):
                 return False
             self._release(lock)
-            self.log.info("store lock released at the next open: the actors that had not stopped in time have ended",
+            self.log.info("store lock released: the actors that had not stopped in time have ended",
                           actors=[name for name, _ in running])  # fmt: skip
             return True
+
+        def release_once_stopped() -> None:
+            for _, stopped in running:
+                _finished(stopped, timeout=None)
+            release_if_stopped()
 
         try:
             StoreThread(release_once_stopped, "mqstore-lock-keeper").start()
