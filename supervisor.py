@@ -74,7 +74,7 @@ from .storage.fs import (
 from .storage.foreign import ForeignStoreError
 from .storage.lockfiles import AbortFile, StoreDirectoryError, StoreLock, refuse_unless_regular_file
 from .storage.checkpoint import CheckpointValues, create_checkpoint_file, read_checkpoint
-from .storage.commitlog import STORE_COPY_SUFFIX, store_copies
+from .storage.commitlog import store_copies, store_copy_problem
 from .storage.mapped_file_queue import named_past_the_largest_offset
 from .storage.recovery import (
     IndexRecovery,
@@ -346,12 +346,7 @@ def _refuse_an_unsettled_store_copy(fs: FileSystem, cfg: StoreConfig) -> None:
     file is the segment is the owner's choice, not the store's."""
     copies = store_copies(fs, cfg.commitlog_dir)
     if copies:
-        segment = copies[0].split(STORE_COPY_SUFFIX)[0]
-        raise StoreDirectoryError(
-            f"{os.path.join(cfg.commitlog_dir, copies[0])} is the store's own copy of segment {segment}, which "
-            "another process replaced while the store wrote it: move the copy over the segment to keep the "
-            "store's acknowledged messages, or delete it to keep the other file, then open again"
-        )
+        raise StoreDirectoryError(f"{store_copy_problem(os.path.join(cfg.commitlog_dir, copies[0]))}, then open again")
 
 
 def data_directories(cfg: StoreConfig) -> tuple[str, ...]:

@@ -42,7 +42,7 @@ from ..config import ConfigError
 from ..faults import NO_FAULTS
 from ..log import RepeatedLog, suppressed_fields
 from ..storage import codec, speedups
-from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies, store_copy_starts
+from ..storage.commitlog import CommitLog, EncodedRecords, Quarantined, store_copies, store_copy_problem, store_copy_starts
 from ..storage.codec import END_FILE_MIN_BLANK_LENGTH, SCHEDULE_TOPIC
 from ..storage.memory import memory_room
 from ..storage.fs import OS_PAGE_SIZE, FileCutUnderMapError, FileReplacedUnderMapError
@@ -311,9 +311,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # as the refusal says, would have lost).
             self._replaced = PutResult(
                 status=PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                detail=f"{copies[0]} is the store's own copy of a segment another process replaced; puts are "
-                       "refused until the store is closed and the copy moved over its segment (or deleted)",
-            )  # fmt: skip
+                detail=f"puts are refused until the store is closed: {store_copy_problem(copies[0])}",
+            )
             starts = store_copy_starts(self.ctx.fs, cfg.commitlog_dir)
             self.ctx.read_view.add_replaced(tuple((start, start + self._segment_bytes) for start in starts))
         elif replaced := self.ctx.read_view.view.replaced:

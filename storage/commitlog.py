@@ -10,6 +10,7 @@ watermark it was told. `scan_commitlog_dir` walks a directory for tools.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import math
@@ -85,6 +86,10 @@ log = get_logger(__name__)
 # The store's own copy of a segment another process replaced while the store wrote it
 # (CommitLog.keep_replaced_segments): an open refuses while one is there.
 STORE_COPY_SUFFIX: Final = ".store-copy"
+# An empty file saying the copy could not be saved (a full disk): without it nothing on disk
+# says the file at the segment's name is not the store's (review 147 F1's rest: the next open
+# read the other file as the log). A name `store_copies` lists: every refusal holds for it.
+STORE_COPY_LOST_SUFFIX: Final = ".store-copy-lost"
 
 
 def store_copies(fs: FileSystem, commitlog_dir: str) -> list[str]:
@@ -93,6 +98,20 @@ def store_copies(fs: FileSystem, commitlog_dir: str) -> list[str]:
     if not fs.isdir(commitlog_dir):
         return []
     return sorted(name for name in fs.listdir(commitlog_dir) if STORE_COPY_SUFFIX in name)
+
+
+def store_copy_problem(name: str) -> str:
+    """What a file `store_copies` lists stands for and the ways out, said alike by the open,
+    `mqstore recover`, a restarted writer, `verify` and `inspect`. `name`: its name or path."""
+    segment = os.path.basename(name).split(STORE_COPY_SUFFIX)[0]
+    if STORE_COPY_LOST_SUFFIX in name:
+        return (f"{name} says another process replaced segment {segment} while the store wrote it, and the store "
+                f"could not save its copy of it (see the log): the file named {segment} is not the one the store "
+                "wrote, and the messages the store acknowledged in it are lost unless a backup of the segment "
+                "holds them; put that backup over the segment, or accept the other file, then delete the marker")
+    return (f"{name} is the store's own copy of segment {segment}, which another process replaced while the store "
+            "wrote it: move the copy over the segment to keep the store's acknowledged messages, or delete it to "
+            "keep the other file")  # fmt: skip
 
 
 def store_copy_starts(fs: FileSystem, commitlog_dir: str) -> list[int]:
@@ -728,6 +747,7 @@ class CommitLog:
                 mapped_file.save_copy(kept)
             except OSError as exc:
                 all_saved = False
+                self._mark_copy_lost(name, say=start not in self.copies_failed)
                 if start not in self.copies_failed:  # (not once a tick: review 147 F2)
                     self.copies_failed.add(start)
                     log.error("the store's copy of a replaced segment could not be saved; tried again at each check",
@@ -735,7 +755,10 @@ class CommitLog:
                     said.append(f"{os.path.basename(name)} (its copy could not be saved: {exc})")
                 continue
             self.copies_kept.add(start)
-            self.copies_failed.discard(start)
+            if start in self.copies_failed:
+                self.copies_failed.discard(start)
+                with contextlib.suppress(OSError):  # (left, it refuses the open as the copy does)
+                    self.fs.remove(name + STORE_COPY_LOST_SUFFIX)
             log.error("a commitlog segment was replaced by another process while the store wrote it",
                       segment=name, store_copy=kept, bytes=mapped_file.read_position)  # fmt: skip
             said.append(f"{os.path.basename(name)} (the store's own copy saved as {os.path.basename(kept)})")
@@ -744,6 +767,18 @@ class CommitLog:
         return ("commitlog segments replaced, renamed away or deleted by another process while the store wrote "
                 f"them: {', '.join(said)}; to keep every acknowledged message, close the store and move each copy "
                 "over its segment before it opens again"), all_saved, tuple(f.file_from_offset for f in replaced)  # fmt: skip
+
+    def _mark_copy_lost(self, segment: str, *, say: bool) -> None:
+        """Leave `NAME.store-copy-lost` beside a replaced segment whose copy could not be saved.
+        Empty: it needs a directory entry, no data block, which a full disk has as a rule."""
+        marker = segment + STORE_COPY_LOST_SUFFIX
+        try:
+            if not self.fs.exists(marker):
+                self.fs.write_atomic(marker, b"")
+        except OSError as exc:  # tried again at the next check, as the copy is; said once
+            if say:
+                log.error("the mark of a replaced segment whose copy could not be saved could not be written either: "
+                          "the next open will read the other file as the log", marker=marker, error=repr(exc))  # fmt: skip
 
     def get_max_offset(self) -> int:
         return self.mapped_file_queue.max_offset()

@@ -50,7 +50,7 @@ from ..storage.commitlog import CommitLogReader, being_created, scan_commitlog_d
 from ..storage.consume_queue import is_filler, iter_cq_units, list_consume_queues
 from ..storage.foreign import SUPPORTED, foreign_layout, other_layout_directories, record_feature
 from ..storage.fs import RealFileSystem
-from ..storage.commitlog import STORE_COPY_SUFFIX, store_copies
+from ..storage.commitlog import store_copies, store_copy_problem
 from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.recovery import commitlog_gone
 from ..storage.index_progress import first_lost_index_file, peek_index_progress
@@ -720,11 +720,8 @@ def inspect_store(root: Path, config: StoreConfig, *, check_crc: bool = True) ->
                                  "store_path_commitlog as when it was written?)"))  # fmt: skip
         cq_problems = [p for p in cq_problems if p["kind"] != "cq_past_log_end"]
     for name in store_copies(RealFileSystem(), str(commitlog_dir)):
-        segment = name.split(STORE_COPY_SUFFIX)[0]
-        problems.append(_problem("store_copy", DAMAGED, f"{name} is the store's own copy of segment {segment}, "
-                                 "which another process replaced while the store wrote it: the open and `mqstore "
-                                 "recover` refuse until it is moved over the segment (to keep the store's "
-                                 "acknowledged messages) or deleted (to keep the other file)", file=name))  # fmt: skip
+        problems.append(_problem("store_copy", DAMAGED, f"{store_copy_problem(name)}; the open and `mqstore recover` "
+                                 "refuse until then", file=name))  # fmt: skip
     flushed = checkpoint["physic_flushed_offset"] if checkpoint is not None else None
     # Where recovery finds the records end below the flushed offset (storage.recovery): zeros
     # with no record after them below it (later segments may hold records: they stay out of the

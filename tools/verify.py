@@ -50,7 +50,7 @@ from ..storage.checkpoint import CheckpointError, read_checkpoint
 from ..storage.foreign import SUPPORTED, foreign_layout, record_feature
 from ..storage.codec import CQ_STORE_UNIT_SIZE, RecordKind, names_a_queue
 from ..cli import unreadable_file
-from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in, store_copies
+from ..storage.commitlog import QUARANTINED_PREFIX, scan_commitlog_dir, segment_size_in, store_copies, store_copy_problem
 from ..storage.consume_queue import is_filler, iter_cq_units, list_consume_queues
 from ..storage.dry_run import CrashRecoveryVerdict, verdict_of_stopped_store
 from ..storage.fs import FileSystem, NotARegularFileError, RealFileSystem
@@ -184,9 +184,7 @@ def verify_store(
     commitlog_dir = os.fspath(cfg.commitlog_dir)
     for name in store_copies(fs, commitlog_dir):  # and these (review 143: verify said ok)
         report.add("store_copy", os.path.join(commitlog_dir, name),
-                   "the store's own copy of a segment another process replaced while the store wrote it: the open "
-                   "and `mqstore recover` refuse until it is moved over its segment (every acknowledged message "
-                   "served) or deleted (the other file stays)")  # fmt: skip
+                   f"{store_copy_problem(name)}; the open and `mqstore recover` refuse until then")
     records = _scan_commitlog(cfg, fs, report)
     _check_consume_queues(cfg, fs, records, report)
     _check_index(cfg, fs, records, report)

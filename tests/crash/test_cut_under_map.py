@@ -224,6 +224,46 @@ def test_a_pass_that_finds_its_segment_replaced_and_cannot_save_the_copy_is_refu
     assert "its copy could not be saved" in refused.detail
     assert store.close() is False
     assert not Path(f"{segment}.store-copy").exists()
+    # What says the file at the segment's name is not the store's: the open refuses it.
+    assert Path(f"{segment}.store-copy-lost").stat().st_size == 0
+    with pytest.raises(mqstore.StoreDirectoryError, match="could not save its copy"):
+        mqstore.open(store_dir, **SETTINGS)
+
+
+def test_a_copy_saved_on_a_later_check_takes_the_place_of_the_mark_that_it_could_not_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room again (a disk freed): the copy is saved at the next check and the mark removed, so
+    the open names the copy, the way out that keeps every acknowledged message."""
+    from mqstore.storage.mapped_file import MappedFile
+
+    store_dir = tmp_path / "store"
+    store = mqstore.open(store_dir, **SETTINGS)
+    segment = store_dir / "commitlog" / f"{0:020d}"
+    acked, older = _put_with_a_backup(store, segment, 60)
+    saving = MappedFile.save_copy
+    room = False
+
+    def room_later(self: MappedFile, path: str) -> None:
+        if not room:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
+        saving(self, path)
+
+    monkeypatch.setattr(MappedFile, "save_copy", room_later)
+    _rename_over(tmp_path, older, segment)
+    assert not store.put(mqstore.Message(topic="t", body=b"a" * 1000, keys=["a0"])).ok
+    marker, copy = Path(f"{segment}.store-copy-lost"), Path(f"{segment}.store-copy")
+    assert marker.exists() and not copy.exists()
+    room = True
+    deadline = time.monotonic() + 10  # the writer's tick tries again
+    while marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert copy.exists() and not marker.exists()
+    assert store.close() is False
+    with pytest.raises(mqstore.StoreDirectoryError, match="store's own copy"):
+        mqstore.open(store_dir, **SETTINGS)
+    os.replace(copy, segment)
+    _served_every_acknowledged(store_dir, acked)
 
 
 @pytest.mark.parametrize("how", ["delete", "rename_away"])
@@ -567,3 +607,17 @@ def test_a_writer_restarted_after_a_replaced_segment_whose_copy_could_not_be_sav
         assert (got.status, got.messages) == (mqstore.GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, ()), got
     finally:
         store.close()
+    # Nor does the next open read the other file as the log: the mark the failed copy left says
+    # so (it did, and served the other store's 100 messages as acknowledged ones).
+    marker = Path(f"{segment}.store-copy-lost")
+    assert marker.exists()
+    with pytest.raises(mqstore.StoreDirectoryError, match="could not save its copy") as refused:
+        mqstore.open(store_dir, **SETTINGS)
+    assert marker.name in str(refused.value)
+    from mqstore.tools.verify import verify_store
+
+    report = verify_store(store_dir, config=mqstore.StoreConfig(**SETTINGS))
+    assert [(p.kind, p.where) for p in report.problems if p.kind == "store_copy"] == [("store_copy", str(marker))]
+    marker.unlink()  # the owner's choice: keep the other file
+    with mqstore.open(store_dir, **SETTINGS) as reopened:
+        assert len(read_all(reopened, "t", 0)) == 100

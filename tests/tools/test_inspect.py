@@ -258,7 +258,7 @@ def test_a_leftover_store_copy_is_named_with_the_two_ways_out(tmp_path: Path, ca
     code, r, err = run(capsys, "inspect", str(root), "--json")
     assert code == ExitCode.CORRUPT and r["verdict"] == "damaged"
     found = [p for p in r["problems"] if p["kind"] == "store_copy"]
-    assert found and found[0]["file"] == copy.name and "moved over the segment" in found[0]["message"]
+    assert found and found[0]["file"] == copy.name and "move the copy over the segment" in found[0]["message"]
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # read-only
 
 
