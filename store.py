@@ -1404,7 +1404,9 @@ class MessageStore:
         passes (False). Decided by the read view (so a get after True finds the message), woken
         by the owners' publications, never by polling. Reads the caller's own writes.
         StoreClosedError once the store's supervisor gave up (FAILED), also for a wait under
-        way: nothing will arrive, and a long-poll loop would spin on an instant False."""
+        way: nothing will arrive, and a long-poll loop would spin on an instant False. A unit
+        in a commitlog segment replaced under the store waits its time out (False): a get
+        there serves nothing until the store is reopened."""
         self._check_open()
         self._check_not_failed()
         _check_queue(topic, queue_id)
@@ -1415,15 +1417,34 @@ class MessageStore:
             raise ValueError(f"timeout_s must be >= 0 (inf waits until it arrives or the store closes), not {timeout_s}")
         key = (topic, queue_id)
         own = self._own_put_end()
+        deadline = time.monotonic() + timeout_s
 
         def arrived(view: ReadView) -> bool:
             bounds = view.queue_bounds.get(key)
             return view.queues_live and view.queues_written >= own and bounds is not None and bounds[1] > offset
 
-        if self.read_view.await_view(arrived, timeout_s, QUEUES) is not None:
+        view = self.read_view.await_view(arrived, timeout_s, QUEUES)
+        if view is not None and not (view.replaced and self._unit_in_replaced(view, topic, queue_id, offset)):
             return True
+        if view is not None:
+            # A get there stops until the store is reopened: True would have a long-polling
+            # consumer spin on answers that serve nothing (review 146). Its detail says why.
+            self.read_view.await_view(lambda _: False, max(deadline - time.monotonic(), 0.0), QUEUES)
         self._check_not_failed()
         return False
+
+    def _unit_in_replaced(self, view: ReadView, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether the queue's unit `offset` points into a segment the writer found replaced."""
+        try:
+            units = self._readers.get().queue_reader(view).read_units(topic, queue_id, offset, 1)
+            if units is None:
+                units = self._units(topic, queue_id, offset, 1).units
+        except (ServiceUnavailable, OSError):
+            return False  # (not known there: the get says what it can)
+        if not units:
+            return False
+        phy, _size, _tags = codec.CQ_UNIT.unpack_from(units, 0)
+        return in_ranges(view.replaced, phy)
 
     def _check_not_failed(self) -> None:
         if (stopped := self._gave_up_detail()) is not None:

@@ -525,6 +525,13 @@ def test_another_stores_segment_of_the_same_shape_renamed_over_is_never_served_o
                 assert [bytes(m.body) for m in got.messages] == [b"b" * 1000], got
         with pytest.raises(OSError, match="was replaced"):
             store.get_commitlog_data(SEGMENT)
+        # A long poll there waits its time out (it answered True at once, and a consumer's loop
+        # spun on gets that served nothing); before the segment it answers at once.
+        stopped = min(q for q, c in offsets.items() if SEGMENT <= c < 2 * SEGMENT)
+        began = time.monotonic()
+        assert store.wait_for_messages("t", 0, stopped, 0.3) is False
+        assert time.monotonic() - began >= 0.3
+        assert store.wait_for_messages("t", 0, stopped - 1, 30) is True
     finally:
         store.close()
     os.replace(f"{middle}.store-copy", middle)
