@@ -41,6 +41,7 @@ __all__ = [
 
 QueueKey = tuple[str, int]
 _NO_BOUNDS: Mapping[QueueKey, tuple[int, int]] = MappingProxyType({})
+_NO_SEGMENTS: Mapping[int, tuple[int, int]] = MappingProxyType({})
 
 # What a publication changed, and what a waiter waits on (bits of `wakes_on`). Plain ints: the
 # writer publishes once per put pass. Closing and quarantine publications wake every waiter.
@@ -75,6 +76,10 @@ class ReadView:
       renamed away or deleted under the running store (the writer found them, and saved its
       copies beside them), sorted: the file at such a segment's path is not the log, so a read
       there stops, its offset kept, until the copy is moved back (review 145 F2).
+    - `segments`: per commitlog segment start, the (device, inode) of the file the writer
+      maps there. A reader that maps another file at that path reads it as "not now", never
+      as the log: the segment was replaced in the moment before the writer's next check
+      (review 145 F3: an older backup of it was read as its own, another store's as this one's).
     """
 
     readable_end: int = 0
@@ -88,6 +93,7 @@ class ReadView:
     closed: bool = False
     quarantined: tuple[tuple[int, int], ...] = ()
     replaced: tuple[tuple[int, int], ...] = ()
+    segments: Mapping[int, tuple[int, int]] = field(default_factory=lambda: _NO_SEGMENTS)
 
     def is_quarantined(self, offset: int) -> bool:
         """Whether a record at `offset` lies in damage recovery quarantined."""
@@ -152,7 +158,8 @@ class ReadViewPublisher:
                 # Positional rather than `replace` (1.1 us against 2.5 hot, more on the writer's
                 # cold pass); every field in order (tests/actors/test_writer_fast_append.py).
                 self._swap(ReadView(readable_end, v.dispatched_end, v.queues_live, v.queue_bounds, v.queues_written,
-                                    v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined, v.replaced),
+                                    v.index_files, v.indexed_end, v.map_generation, v.closed, v.quarantined, v.replaced,
+                                    v.segments),
                            COMMITLOG)  # fmt: skip
 
     def publish_next_queue_offsets(self, table: Mapping[str, int]) -> None:
@@ -210,6 +217,12 @@ class ReadViewPublisher:
         sorted and disjoint for `in_ranges`)."""
         with self._lock:
             self._swap(replace(self.view, quarantined=_merged(self.view.quarantined, ranges)), _EVERY_WAITER)
+
+    def publish_segments(self, segments: Mapping[int, tuple[int, int]]) -> None:
+        """The writer, before any of a new segment is readable, and at its start: the
+        (device, inode) of every segment it maps. Wakes nobody: no wait is on it."""
+        with self._lock:
+            self.view = replace(self.view, segments=segments)
 
     def add_replaced(self, ranges: tuple[tuple[int, int], ...]) -> None:
         """The writer, on finding segments replaced under the store (or, restarted, their

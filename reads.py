@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from operator import attrgetter
-from typing import Any, Callable, Final, Sequence
+from typing import Any, Callable, Final, Mapping, Sequence
 
 
 from .actors.consume_queue import pickup_store_timestamp as _pickup_store_timestamp
@@ -36,7 +36,7 @@ from .messages import GetResult, QueryResult, UnitsReply
 from .read_view import ReadView, in_ranges
 from .storage import codec, mapguard, speedups
 from .storage.codec import FILLER_UNIT_SIZE, MessageRecord
-from .storage.commitlog import CommitLogReader
+from .storage.commitlog import CommitLogReader, SegmentReplacedError
 from .storage.memory import memory_room
 from .storage.consume_queue import ConsumeQueueReader
 from .storage.fs import FileSystem, UnreadPageError
@@ -152,7 +152,7 @@ class ThreadReaders:
 
     def __init__(
         self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int], on_reader: Callable[[_Closable], None],
-        index_maps: IndexMaps | None = None,
+        index_maps: IndexMaps | None = None, segments: Callable[[], Mapping[int, tuple[int, int]]] | None = None,
     ) -> None:  # fmt: skip
         self._fs = fs
         self._cfg = cfg
@@ -162,7 +162,7 @@ class ThreadReaders:
         self._refreshed_ms = now_ms()
         self.commitlog = CommitLogReader(
             fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
-            max_message_size=cfg.max_message_size_bytes,
+            max_message_size=cfg.max_message_size_bytes, segments=segments,
         )  # fmt: skip
         on_reader(self.commitlog)
         self._queues: ConsumeQueueReader | None = None
@@ -219,8 +219,12 @@ class ReaderRegistry:
     thread that ends takes its maps with it (a host starting a thread per request would
     otherwise pile up maps until close); `close` closes those still alive."""
 
-    def __init__(self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int],
+        segments: Callable[[], Mapping[int, tuple[int, int]]] | None = None,
+    ) -> None:  # fmt: skip
         self._fs, self._cfg, self._now_ms = fs, cfg, now_ms
+        self._segments = segments  # the writer's files (ReadView.segments), for every thread's reader
         self._local = threading.local()
         self._open: weakref.WeakSet[_Closable] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -232,7 +236,7 @@ class ReaderRegistry:
         readers: ThreadReaders | None = getattr(self._local, "readers", None)
         if readers is None:
             readers = self._local.readers = ThreadReaders(self._fs, self._cfg, self._now_ms, self._register,
-                                                          self.index_maps)  # fmt: skip
+                                                          self.index_maps, self._segments)  # fmt: skip
         return readers
 
     def _register(self, reader: _Closable) -> None:
@@ -323,6 +327,9 @@ def key_lost_reason(record: MessageRecord, topic: str, key: str, max_hash_slot_n
 def unmappable_detail(commitlog_offset: int, error: BaseException, outcome: str = "nothing was skipped") -> str:
     """A read's `detail` where the commitlog segment holding the record exists but could not
     be mapped now, or a page of it could not be read (UnreadPageError)."""
+    if isinstance(error, SegmentReplacedError):  # (not the disk's: no device to check)
+        return (f"the commitlog segment holding offset {commitlog_offset} was not read ({error}): {outcome}; "
+                "reads there stop until the store is closed and that copy moved over the segment")  # fmt: skip
     how = "read" if isinstance(error, UnreadPageError) else "mapped"
     return (f"the commitlog segment holding offset {commitlog_offset} could not be {how} now ({error}): "
             f"{outcome}; {retry_hint(error)}")

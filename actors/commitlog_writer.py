@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from types import MappingProxyType
 from typing import Any, Final, Protocol, assert_never, cast
 
 import pykka
@@ -226,6 +227,8 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._index_enabled = cfg.message_index_enable
         self._segment_bytes = cfg.mapped_file_size_commitlog_bytes
         self._flush_least_pages = cfg.flush_commitlog_least_pages
+        self._segments_published_for: MappedFile | None = None  # the newest segment at the last publication
+        self._segments_published = False  # (by this writer: a restart's table is built anew)
 
     # lifecycle ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -342,8 +345,26 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # Damage the scan walked past: published before the readable end, so reput and
             # readers skip it (not only CRC, which covers the body alone).
             self.ctx.read_view.add_quarantined(tuple((q.start, q.end) for q in recovered.quarantined))
+        self._publish_segments()
         self.ctx.read_view.publish_commitlog(self._readable_end())
         self.log.info("writer recovered", mode=self._mode.value, max_offset=end)
+
+    def _publish_segments(self) -> None:
+        """Before any of a segment new to the writer is readable (and at its start): the
+        identity of every file it maps, so a reader mapping that path later maps the same
+        file or reads "not now" (review 145 F3: in the moment before the writer's next check,
+        a file renamed over the segment was read as the log). One compare when none is new."""
+        commitlog = self._commitlog
+        files = commitlog.mapped_file_queue.mapped_files if commitlog is not None else []
+        newest = files[-1] if files else None
+        if newest is self._segments_published_for:
+            return
+        self._segments_published_for = newest
+        known = self.ctx.read_view.view.segments if self._segments_published else {}
+        segments = {f.file_from_offset: identity for f in files
+                    if (identity := f.identity or known.get(f.file_from_offset)) is not None}  # fmt: skip
+        self._segments_published = True
+        self.ctx.read_view.publish_segments(MappingProxyType(segments))
 
     def _refuse_not_writable(self, error: OSError) -> None:
         self._not_writable = PutResult(
@@ -984,6 +1005,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         self._answer_stored(put, result, answers, group_commits)
 
     def _notify_advance(self) -> None:
+        self._publish_segments()
         pending = self._pending_advance
         if pending is None:
             return
@@ -1075,6 +1097,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         commitlog = self._commitlog
         assert commitlog is not None
         if not commitlog.commit(least_pages):  # False: progress was made
+            self._publish_segments()
             advanced = CommitLogAdvanced(
                 max_offset=self._readable_end(),
                 wrote_offset=commitlog.get_max_wrote_offset(),

@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Generator, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any, Callable, Final, NamedTuple
 
 from mqstore.log import get_logger, suppressed_fields
@@ -1471,6 +1471,17 @@ class CommitLog:
 # Readers for other threads and tools
 
 
+class SegmentReplacedError(OSError):
+    """The file at a commitlog segment's path is not the one the running store's writer maps
+    (another process renamed a file over it, restored a backup, or replaced it): read as "not
+    now" (EIO), never as the log, whose records the writer's own map still holds."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.EIO, "the file at this commitlog segment's path is not the one the store writes (replaced "
+                                    "under the running store): nothing read from it; the writer's next check saves "
+                                    "the store's copy beside it (see the log)", path)  # fmt: skip
+
+
 def _map_failed_now(exc: OSError | ValueError) -> bool:
     """Whether a segment's map failed for the process's resources or access (EMFILE, ENFILE,
     ENOMEM, EACCES, EIO, ...), not for what the file is: gone (ENOENT), of another size or
@@ -1508,9 +1519,13 @@ class CommitLogReader:
         mapped_file_size: int,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         limit: int = 0,
+        segments: Callable[[], Mapping[int, tuple[int, int]]] | None = None,
     ) -> None:
         self.fs = fs
         self.store_path = store_path
+        # The running store's writer's files (ReadView.segments): a file mapped at a segment's
+        # path that is not the one it maps is not read as the log. None: no writer runs.
+        self._segments = segments
         self.mapped_file_size = mapped_file_size
         self.max_message_size = max_message_size
         self.max_record_size = max_record_size(mapped_file_size, max_message_size)
@@ -1673,6 +1688,21 @@ class CommitLogReader:
         return released
 
     def _map(self, path: str, start: int) -> MappedRegion | None:
+        region = self._map_file(path, start)
+        if region is None or self._segments is None:
+            return region
+        expected = self._segments().get(start)
+        if expected is None or region.identity == expected:
+            return region
+        # Replaced under the running store, the writer's check not come yet: "not now", never
+        # the log; once the writer has found it, the view's `replaced` stops reads there.
+        region.close()
+        self._valid_ends.pop(start, None)
+        self._map_errors[start] = SegmentReplacedError(path)
+        self.map_failures += 1
+        return None
+
+    def _map_file(self, path: str, start: int) -> MappedRegion | None:
         try:
             try:
                 return self.fs.map_file(path, self.mapped_file_size, create=False, readonly=True)

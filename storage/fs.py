@@ -129,6 +129,8 @@ class MappedRegion(Protocol):
     def fault_error(self, *, writing: bool = False) -> FileCutUnderMapError: ...
     def replaced(self, *, deleted_too: bool = True) -> bool: ...
     def renewed(self) -> bool: ...
+    @property
+    def identity(self) -> tuple[int, int]: ...
     def save_copy(self, path: str, length: int) -> None: ...
     @property
     def named(self) -> bool: ...
@@ -859,6 +861,11 @@ class RealMappedRegion:
             return False
         return (status.st_dev, status.st_ino) != self._identity
 
+    @property
+    def identity(self) -> tuple[int, int]:
+        """The mapped file's (device, inode), whatever its path names now."""
+        return self._identity
+
     def save_copy(self, path: str, length: int) -> None:
         """The map's first `length` bytes written to a new file `path` of the map's size (the
         rest a hole: zeros, as in the map), made durable: a copy of a file replaced under it
@@ -1387,6 +1394,10 @@ class SimulatedRegion:
     def renewed(self) -> bool:
         now = self._fs._files.get(self.path)
         return now is not None and now is not self._file
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        return (0, id(self._file))  # (a simulated file is its object: one per creation)
 
     def save_copy(self, path: str, length: int) -> None:
         self._fs.write_atomic(path, bytes(self._file.volatile[:length]).ljust(self.size, b"\0"))

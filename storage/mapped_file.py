@@ -663,6 +663,11 @@ class MappedFile:
         """Its path names another file now, or none (storage/fs.py MappedRegion.replaced)."""
         return self._region is not None and self._region.replaced(deleted_too=deleted_too)
 
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """Its file's (device, inode) while mapped (None while given back idle)."""
+        return self._region.identity if self._region is not None else None
+
     def save_copy(self, path: str) -> None:
         """What readers may read of this file, from its map, to a new file `path`."""
         self._mapped().save_copy(path, self.read_position)

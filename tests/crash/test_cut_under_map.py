@@ -461,8 +461,10 @@ def test_a_middle_segment_renamed_over_by_another_segments_bytes_never_serves_a_
                 assert [m.keys for m in got.messages] in ([], [by_offset[offset]]), (offset, got)
             if not (got.raw if raw else got.messages):
                 assert got.next_begin_offset == offset, got  # never moved past
-                # (said by the record, or, once the writer's tick found the swap, by the view)
-                assert "is not this queue's message" in got.detail or "was replaced" in got.detail, got.detail
+                # (said by the record, by the file's identity, or, once the writer's tick found
+                # the swap, by the view)
+                assert ("is not this queue's message" in got.detail or "was replaced" in got.detail
+                        or "is not the one the store writes" in got.detail), got.detail  # fmt: skip
                 stopped_at.append(offset)
         # Exactly the middle segment's messages were not served; the others were.
         in_middle = [o for o in sorted(by_offset) if SEGMENT <= _commitlog_offset_of(store_dir, o) < 2 * SEGMENT]
@@ -628,3 +630,69 @@ def test_a_writer_restarted_after_a_replaced_segment_whose_copy_could_not_be_sav
     marker.unlink()  # the owner's choice: keep the other file
     with mqstore.open(store_dir, **SETTINGS) as reopened:
         assert len(read_all(reopened, "t", 0)) == 100
+
+
+def _in_a_new_thread(call: Any) -> Any:
+    """`call()` on a thread that never read before: its maps are made now, after a swap."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result(60)
+
+
+@pytest.mark.parametrize("donor", ["other_store", "older_backup"])
+def test_a_segment_replaced_before_the_writers_next_check_is_not_read_as_the_log(
+    tmp_path: Path, donor: str
+) -> None:
+    """Review 145 F3: in the moment between a swap and the writer's next check (its tick), a
+    reader that mapped the path then read the file there as the log: another store's segment
+    of the same shape was served by `get`, `lookup` and `query`, and an older backup of the
+    segment itself was served, its missing tail skipped as damage (a consumer moved past
+    acknowledged messages). The writer publishes the identity of each file it maps; a reader
+    that maps another file there reads "not now": nothing served, the offset kept."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    middle = ours / "commitlog" / f"{SEGMENT:020d}"
+    if donor == "other_store":
+        with mqstore.open(theirs, **SETTINGS) as other:
+            for i in range(600):
+                assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"b{i:03d}"])).ok
+    store = mqstore.open(ours, **{**SETTINGS, "flush_interval_commitlog_ms": 600_000})  # no tick in the test
+    offsets: dict[int, int] = {}
+    older = b""
+    try:
+        for i in range(600):
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i:03d}"]))
+            assert result.ok
+            offsets[result.queue_offset] = result.commitlog_offset
+            if i == 300:  # inside the middle segment
+                older = middle.read_bytes()
+        assert min(c for c in offsets.values()) < SEGMENT and max(offsets.values()) >= 2 * SEGMENT
+        swapped_in = (theirs / "commitlog" / middle.name).read_bytes() if donor == "other_store" else older
+        _rename_over(tmp_path, swapped_in, middle)
+
+        def read_everything() -> list[tuple[int, Any, Any]]:
+            seen = []
+            for queue_offset, commitlog_offset in sorted(offsets.items()):
+                got = store.get("t", 0, queue_offset, 1)
+                try:
+                    looked: Any = store.lookup(commitlog_offset)
+                except OSError as exc:
+                    looked = exc
+                seen.append((queue_offset, got, looked))
+            return seen
+
+        for queue_offset, got, looked in _in_a_new_thread(read_everything):
+            commitlog_offset = offsets[queue_offset]
+            assert [(bytes(m.body), m.keys) for m in got.messages] in ([], [(b"b" * 1000, f"b{queue_offset:03d}")]), got
+            if got.messages:  # (an older backup's missing tail was skipped as damage: 173 passed over)
+                assert got.next_begin_offset == queue_offset + 1, (queue_offset, got)
+            assert looked is None or isinstance(looked, OSError) or bytes(looked.body) == b"b" * 1000, looked
+            if SEGMENT <= commitlog_offset < 2 * SEGMENT and donor == "other_store":
+                # Every record of the other file looks like its queue's own: only its identity says.
+                assert not got.messages and got.next_begin_offset == queue_offset, got
+            if not got.messages:
+                assert got.next_begin_offset == queue_offset and got.detail, got  # never moved past
+        found = _in_a_new_thread(lambda: store.query("t", "b350", 4, 0, 2**62))
+        assert [bytes(m.body) for m in found.messages] in ([], [b"b" * 1000]), found
+    finally:
+        store.close()
