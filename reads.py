@@ -239,6 +239,11 @@ class ReaderRegistry:
                                                           self.index_maps, self._segments)  # fmt: skip
         return readers
 
+    def made(self) -> ThreadReaders | None:
+        """This thread's readers if a read made them, else None (none made)."""
+        readers: ThreadReaders | None = getattr(self._local, "readers", None)
+        return readers
+
     def _register(self, reader: _Closable) -> None:
         with self._lock:
             if self._closed:
@@ -329,7 +334,7 @@ def unmappable_detail(commitlog_offset: int, error: BaseException, outcome: str 
     be mapped now, or a page of it could not be read (UnreadPageError)."""
     if isinstance(error, SegmentReplacedError):  # (not the disk's: no device to check)
         return (f"the commitlog segment holding offset {commitlog_offset} was not read ({error}): {outcome}; "
-                "reads there stop until the store is closed and that copy moved over the segment")  # fmt: skip
+                "reads there stop until the store is closed and its copy of the segment moved back")  # fmt: skip
     how = "read" if isinstance(error, UnreadPageError) else "mapped"
     return (f"the commitlog segment holding offset {commitlog_offset} could not be {how} now ({error}): "
             f"{outcome}; {retry_hint(error)}")

@@ -67,7 +67,7 @@ from .offsets import ConsumerOffsets
 from .read_view import COMMITLOG, INDEX, QUEUES, ReadView, in_ranges
 from .storage import codec
 from .storage.codec import MessageRecord, check_str
-from .storage.commitlog import CommitLogReader
+from .storage.commitlog import CommitLogReader, SegmentReplacedError
 from .storage.disk import DiskGauge
 from .storage.fs import FileSystem, RealFileSystem, UnreadPageError
 from .storage.geometry import adopt_geometry
@@ -1131,6 +1131,8 @@ class MessageStore:
             # The guard's zeros, not the log (review 68 F3: a replica appended them, and this
             # thread served them on after the disk read again); the map is given back.
             raise unread
+        if data is None and isinstance(replaced := reader.map_error(start), SegmentReplacedError):
+            raise replaced  # (before the writer's check: another file at the path, review 148 F2)
         return (start, data) if data is not None else None
 
     # consumer offsets (§11.10) -------------------------------------------------------------
@@ -1425,7 +1427,7 @@ class MessageStore:
             return view.queues_live and view.queues_written >= own and bounds is not None and bounds[1] > offset
 
         view = self.read_view.await_view(arrived, timeout_s, QUEUES)
-        if view is not None and not (view.replaced and self._unit_in_replaced(view, topic, queue_id, offset)):
+        if view is not None and not self._unit_in_replaced(view, topic, queue_id, offset):
             return True
         if view is not None:
             # A get there stops until the store is reopened: True would have a long-polling
@@ -1435,9 +1437,17 @@ class MessageStore:
         return False
 
     def _unit_in_replaced(self, view: ReadView, topic: str, queue_id: int, offset: int) -> bool:
-        """Whether the queue's unit `offset` points into a segment the writer found replaced."""
+        """Whether the queue's unit `offset` points into a segment replaced under the store: the
+        writer found it, or (before its check) this thread's reader mapped another file there
+        (review 148 F3: the wait answered True at once until the writer's tick). Two compares
+        while neither is so."""
+        known = self._readers.made()  # (not made here: its maps would outlive a file deleted later)
+        if not view.replaced and (known is None or not known.commitlog.map_errors):
+            return False
+        readers = known or self._readers.get()
+        commitlog = readers.commitlog  # (its maps as this thread's last read left them)
         try:
-            units = self._readers.get().queue_reader(view).read_units(topic, queue_id, offset, 1)
+            units = readers.queue_reader(view).read_units(topic, queue_id, offset, 1)
             if units is None:
                 units = self._units(topic, queue_id, offset, 1).units
         except (ServiceUnavailable, OSError):
@@ -1445,7 +1455,7 @@ class MessageStore:
         if not units:
             return False
         phy, _size, _tags = codec.CQ_UNIT.unpack_from(units, 0)
-        return in_ranges(view.replaced, phy)
+        return in_ranges(view.replaced, phy) or isinstance(commitlog.map_error(phy), SegmentReplacedError)
 
     def _check_not_failed(self) -> None:
         if (stopped := self._gave_up_detail()) is not None:

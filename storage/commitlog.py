@@ -108,7 +108,7 @@ def store_copy_problem(name: str) -> str:
         return (f"{name} says another process replaced segment {segment} while the store wrote it, and the store "
                 f"could not save its copy of it (see the log): the file named {segment} is not the one the store "
                 "wrote, and the messages the store acknowledged in it are lost unless a backup of the segment "
-                "holds them; put that backup over the segment, or accept the other file, then delete the marker")
+                "holds them; put that backup over the segment (or accept the other file) and delete the marker")
     return (f"{name} is the store's own copy of segment {segment}, which another process replaced while the store "
             "wrote it: move the copy over the segment to keep the store's acknowledged messages, or delete it to "
             "keep the other file")  # fmt: skip
@@ -764,9 +764,12 @@ class CommitLog:
             said.append(f"{os.path.basename(name)} (the store's own copy saved as {os.path.basename(kept)})")
         if not said:
             return None  # only copies that failed before and failed again
+        lost = "" if not self.copies_failed else (
+            f"; where a copy could not be saved, a {STORE_COPY_LOST_SUFFIX} file beside the segment says so, and the "
+            "open refuses until a backup of the segment is put back or the other file accepted")  # fmt: skip
         return ("commitlog segments replaced, renamed away or deleted by another process while the store wrote "
                 f"them: {', '.join(said)}; to keep every acknowledged message, close the store and move each copy "
-                "over its segment before it opens again"), all_saved, tuple(f.file_from_offset for f in replaced)  # fmt: skip
+                f"over its segment before it opens again{lost}"), all_saved, tuple(f.file_from_offset for f in replaced)  # fmt: skip
 
     def _mark_copy_lost(self, segment: str, *, say: bool) -> None:
         """Leave `NAME.store-copy-lost` beside a replaced segment whose copy could not be saved.
@@ -1479,7 +1482,8 @@ class SegmentReplacedError(OSError):
     def __init__(self, path: str) -> None:
         super().__init__(errno.EIO, "the file at this commitlog segment's path is not the one the store writes (replaced "
                                     "under the running store): nothing read from it; the writer's next check saves "
-                                    "the store's copy beside it (see the log)", path)  # fmt: skip
+                                    "the store's copy beside it, or marks it .store-copy-lost where it cannot (see "
+                                    "the log)", path)  # fmt: skip
 
 
 def _map_failed_now(exc: OSError | ValueError) -> bool:

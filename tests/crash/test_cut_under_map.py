@@ -694,5 +694,77 @@ def test_a_segment_replaced_before_the_writers_next_check_is_not_read_as_the_log
                 assert got.next_begin_offset == queue_offset and got.detail, got  # never moved past
         found = _in_a_new_thread(lambda: store.query("t", "b350", 4, 0, 2**62))
         assert [bytes(m.body) for m in found.messages] in ([], [b"b" * 1000]), found
+        # Nor copied to a replica (it answered None, "nothing there"), nor long-polled in a spin
+        # (review 148 F2, F3).
+        with pytest.raises(OSError, match="is not the one the store writes"):
+            _in_a_new_thread(lambda: store.get_commitlog_data(SEGMENT + 5000))
+        stopped = max(q for q, c in offsets.items() if c < SEGMENT) + 1
+
+        def long_poll() -> tuple[bool, float]:
+            store.get("t", 0, stopped, 32)  # (a consumer's loop: its get came first)
+            began = time.monotonic()
+            return store.wait_for_messages("t", 0, stopped, 0.3), time.monotonic() - began
+
+        waited, took = _in_a_new_thread(long_poll)
+        assert waited is False and took >= 0.3
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("when", ["before_the_writers_check", "after_it"])
+def test_dispatch_behind_a_replaced_segment_waits_there_and_moves_no_consumer_past_it(
+    tmp_path: Path, when: str
+) -> None:
+    """Review 148 F1: dispatch (reput) read the file at a replaced segment's path as the log when
+    it was behind at the swap (before or after the writer's check): an older backup's missing
+    tail became 173 filler units, and a get passed over those acknowledged messages, FOUND. It
+    now waits there, as at a hole; the store's copy moved back brings them all."""
+    from mqstore.faults import HoldAt
+
+    store_dir = tmp_path / "store"
+    middle = store_dir / "commitlog" / f"{SEGMENT:020d}"
+    hold = HoldAt("reput.mid_dispatch", hold_s=120)
+    tick = 600_000 if when == "before_the_writers_check" else 100
+    store = mqstore.open(store_dir, faults=hold, **{**SETTINGS, "flush_interval_commitlog_ms": tick})
+    acked: dict[str, int] = {}
+    older = b""
+    try:
+        for i in range(600):
+            if i == 10:
+                hold.armed.set()  # dispatch stops in the first segment from here
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i:03d}"]))
+            assert result.ok
+            acked[f"b{i:03d}"] = result.queue_offset
+            if i == 300:
+                older = middle.read_bytes()  # a backup of the middle segment, taken mid-way
+        assert hold.entered.wait(30)
+        _rename_over(tmp_path, older, middle)
+        if when == "after_it":
+            deadline = time.monotonic() + 10
+            while not store.read_view.view.replaced and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert store.read_view.view.replaced
+        hold.release.set()
+        deadline = time.monotonic() + 4  # (it went on to the log's end, reading the other file)
+        while store.read_view.view.dispatched_end < store.read_view.view.readable_end and time.monotonic() < deadline:
+            time.sleep(0.05)
+        offset = 0
+        while True:  # a consumer
+            got = _in_a_new_thread(lambda: store.get("t", 0, offset, 32))
+            assert [m.keys for m in got.messages] == [f"b{q:03d}" for q in range(offset, offset + len(got.messages))], got
+            if not got.messages:
+                break
+            assert got.next_begin_offset == offset + len(got.messages), got  # never past one unserved
+            offset = got.next_begin_offset
+        assert 0 < offset < 300
+        # A consumer already further on (it read 237-300 some other way) is not moved past the
+        # backup's missing tail either: no filler unit took their queue offsets.
+        got = _in_a_new_thread(lambda: store.get("t", 0, 301, 32))
+        assert (got.messages, got.next_begin_offset) == ((), 301) or got.status.name.startswith("OFFSET_"), got
+        units = (store_dir / "consumequeue" / "t" / "0" / f"{0:020d}").read_bytes()
+        fillers = [q for q in range(len(units) // 20) if int.from_bytes(units[q * 20 + 8 : q * 20 + 12], "big") == 0x7FFFFFFF]
+        assert fillers == []
+    finally:
+        store.close()
+    os.replace(f"{middle}.store-copy", middle)
+    _served_every_acknowledged(store_dir, acked)
