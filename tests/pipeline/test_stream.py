@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pytest
 
@@ -21,18 +21,21 @@ MAX_PER_TRIGGER = 400
 QUEUES = [("orders", 0), ("orders", 1), ("orders", 2), ("payments", 0)]
 
 
-def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 180) -> None:
+def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = 180, failures: Sequence[str] = ()) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+        if time.monotonic() > deadline or failures:
+            raise AssertionError(f"waiting for {what}: timed out, or the producer failed: {list(failures)}")
         time.sleep(0.2)  # Spark's micro-batch thread is not ours to signal
 
 
 def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(spark: Any, tmp_path: Path) -> None:
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     out.mkdir()
-    store = mqstore.open(tmp_path / "store", mapped_file_size_commitlog_bytes=256 * 1024)
+    # (A put waiting over the default 1 s in the writer's inbox, on a loaded CI machine beside
+    # Spark, is refused OS_PAGE_CACHE_BUSY, as RocketMQ refuses it, and ended the producer.)
+    store = mqstore.open(tmp_path / "store", mapped_file_size_commitlog_bytes=256 * 1024,
+                         os_page_cache_busy_timeout_ms=60_000)  # fmt: skip
     put: list[tuple[str, int, int]] = []
     stop = threading.Event()
     failures: list[str] = []
@@ -71,7 +74,7 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
     thread.start()
     try:
         # More than one trigger's worth before the first batch, so maxOffsetsPerTrigger must cap it.
-        _wait_for("first puts", lambda: len(put) > MAX_PER_TRIGGER)
+        _wait_for("first puts", lambda: len(put) > MAX_PER_TRIGGER, failures=failures)
         at_start = len(put)
         query = start()
         _wait_for("three batches", lambda: len(list(out.glob("*.json"))) >= 3)
@@ -79,13 +82,13 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
         assert len(put) > at_start  # the store took puts while the query ran
         seen_before = len(list(out.glob("*.json")))
         at_stop = len(put)
-        _wait_for("puts while the query is down", lambda: len(put) > at_stop + MAX_PER_TRIGGER)
+        _wait_for("puts while the query is down", lambda: len(put) > at_stop + MAX_PER_TRIGGER, failures=failures)
         query = start()
         at_restart = len(put)
         _wait_for("batches after the restart", lambda: len(list(out.glob("*.json"))) >= seen_before + 2)
         assert len(put) > at_restart
         # Enough puts for several capped batches, however fast the stream caught up.
-        _wait_for("enough puts", lambda: len(put) > 3 * MAX_PER_TRIGGER)
+        _wait_for("enough puts", lambda: len(put) > 3 * MAX_PER_TRIGGER, failures=failures)
         stop.set()
         thread.join(30)
         store.close()  # every put dispatched to its ConsumeQueue
