@@ -35,13 +35,17 @@ __all__ = [
     "QUEUES",
     "QueueKey",
     "ReadView",
+    "NOT_THE_LOG",
     "ReadViewPublisher",
     "in_ranges",
+    "without_ranges",
 ]
 
 QueueKey = tuple[str, int]
 _NO_BOUNDS: Mapping[QueueKey, tuple[int, int]] = MappingProxyType({})
 _NO_SEGMENTS: Mapping[int, tuple[int, int]] = MappingProxyType({})
+# In `segments`: no file at that path is the log (a segment found replaced). No file's identity.
+NOT_THE_LOG: tuple[int, int] = (-1, -1)
 
 # What a publication changed, and what a waiter waits on (bits of `wakes_on`). Plain ints: the
 # writer publishes once per put pass. Closing and quarantine publications wake every waiter.
@@ -109,6 +113,23 @@ def _merged(known: tuple[tuple[int, int], ...], ranges: tuple[tuple[int, int], .
         else:
             merged.append((start, end))
     return tuple(merged)
+
+
+def without_ranges(ranges: tuple[tuple[int, int], ...], taken: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """What of the [start, end) `ranges` lies outside every range of `taken`, in order."""
+    left: list[tuple[int, int]] = []
+    for start, end in ranges:
+        for cut_start, cut_end in sorted(taken):
+            if cut_end <= start or cut_start >= end:
+                continue
+            if cut_start > start:
+                left.append((start, cut_start))
+            start = max(start, cut_end)
+            if start >= end:
+                break
+        if start < end:
+            left.append((start, end))
+    return tuple(left)
 
 
 def in_ranges(ranges: tuple[tuple[int, int], ...], offset: int) -> bool:

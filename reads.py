@@ -601,12 +601,12 @@ def collect(
         if size == FILLER_UNIT_SIZE and phy == 0:
             i += 20  # a queue offset whose record was lost or damaged (a filler unit): nothing to serve
             continue
+        if replaced and in_ranges(replaced, phy):  # (first: damage found there is the other file's, review 149 F1)
+            return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, replaced_detail(phy, segment))
         if quarantined and in_ranges(quarantined, phy):
             skipped = quarantined_detail(phy)
             i += 20
             continue
-        if replaced and in_ranges(replaced, phy):
-            return _stop_at_stranger(found, found_raw, raw, offset + i // 20, bounds, replaced_detail(phy, segment))
         if next_phy_file_start >= 0 and phy < next_phy_file_start:
             i += 20
             continue

@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol, assert_never, cast
 
 import pykka
 
+from ..read_view import NOT_THE_LOG, in_ranges, without_ranges
 from ..runtime import tell_keeping_gil
 from ..messages import (
     AllocateRequest,
@@ -343,8 +344,13 @@ class CommitLogWriter(StoreActor[WriterRequest]):
                            end=end, read_up_to=known_end)  # fmt: skip
         if recovered.quarantined:
             # Damage the scan walked past: published before the readable end, so reput and
-            # readers skip it (not only CRC, which covers the body alone).
-            self.ctx.read_view.add_quarantined(tuple((q.start, q.end) for q in recovered.quarantined))
+            # readers skip it (not only CRC, which covers the body alone). Not in a segment
+            # replaced under the store: that damage is the other file's, and skipped as the
+            # log's it moved consumers and dispatch past the records the store's copy holds
+            # (review 149 F1: an older backup's missing tail, 182 acknowledged messages).
+            damage = tuple((q.start, q.end) for q in recovered.quarantined)
+            if damage := without_ranges(damage, self.ctx.read_view.view.replaced):
+                self.ctx.read_view.add_quarantined(damage)
         self._publish_segments()
         self.ctx.read_view.publish_commitlog(self._readable_end())
         self.log.info("writer recovered", mode=self._mode.value, max_offset=end)
@@ -360,9 +366,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         if newest is self._segments_published_for:
             return
         self._segments_published_for = newest
-        known = self.ctx.read_view.view.segments if self._segments_published else {}
+        view = self.ctx.read_view.view
+        known = view.segments if self._segments_published else {}
         segments = {f.file_from_offset: identity for f in files
                     if (identity := f.identity or known.get(f.file_from_offset)) is not None}  # fmt: skip
+        for f in files:
+            if view.replaced and in_ranges(view.replaced, f.file_from_offset):
+                # A writer restarted beside a replaced segment maps the other file there: no
+                # file at that path is the log (review 149 F1: dispatch read it on as the log).
+                segments[f.file_from_offset] = NOT_THE_LOG
         self._segments_published = True
         self.ctx.read_view.publish_segments(MappingProxyType(segments))
 

@@ -768,3 +768,58 @@ def test_dispatch_behind_a_replaced_segment_waits_there_and_moves_no_consumer_pa
         store.close()
     os.replace(f"{middle}.store-copy", middle)
     _served_every_acknowledged(store_dir, acked)
+
+
+@pytest.mark.parametrize("dispatch", ["live", "behind"])
+def test_a_writer_restarted_beside_a_replaced_segment_takes_none_of_the_other_files_damage_for_the_logs(
+    tmp_path: Path, dispatch: str
+) -> None:
+    """Review 149 F1: an older backup renamed over a middle segment, then the writer restarted
+    before its check (its stop saved the copy). The restarted writer's recovery read the backup
+    and quarantined its missing tail as damage; reads skipped it (FOUND, 182 acknowledged
+    messages passed over) and dispatch behind it wrote filler units for them. Damage found in
+    a replaced segment is the other file's: not published, and no file there is the log."""
+    from mqstore.faults import HoldAt
+
+    store_dir = tmp_path / "store"
+    middle = store_dir / "commitlog" / f"{SEGMENT:020d}"
+    plan = HoldAt("reput.mid_dispatch", hold_s=120)
+    store = mqstore.open(store_dir, faults=plan, **{**SETTINGS, "flush_interval_commitlog_ms": 600_000})
+    acked: dict[str, int] = {}
+    older = b""
+    try:
+        for i in range(800):
+            if i == 10 and dispatch == "behind":
+                plan.armed.set()
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i:03d}"]))
+            assert result.ok
+            acked[f"b{i:03d}"] = result.queue_offset
+            if i == 290:
+                older = middle.read_bytes()
+        _rename_over(tmp_path, older, middle)
+        plan.arm("writer.after_append")
+        assert not store.put(mqstore.Message(topic="t", body=b"c" * 1000)).ok
+        plan.release.set()  # (the restart waits for dispatch's answer; dispatch maps the other file now)
+        from mqstore.read_view import NOT_THE_LOG
+
+        deadline = time.monotonic() + 15  # the restarted writer's recovery, published beside the copy its stop saved
+        while store.read_view.view.segments.get(SEGMENT) != NOT_THE_LOG and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.read_view.view.segments.get(SEGMENT) == NOT_THE_LOG
+        assert store.read_view.view.quarantined == ()
+        deadline = time.monotonic() + 15
+        while "store-copy" not in store.put(mqstore.Message(topic="t", body=b"d")).detail:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.5)  # (dispatch, released, would read on here)
+        for start in (0, 292, 400):
+            got = _in_a_new_thread(lambda: store.get("t", 0, start, 32))
+            keys = [m.keys for m in got.messages]
+            assert keys == [f"b{q:03d}" for q in range(start, start + len(keys))], got
+            assert got.next_begin_offset in (start + len(keys), 0), got  # (0: OFFSET_OVERFLOW_BADLY's, as RocketMQ)
+        units = (store_dir / "consumequeue" / "t" / "0" / f"{0:020d}").read_bytes()
+        assert [q for q in range(len(units) // 20) if units[q * 20 + 8 : q * 20 + 12] == b"\x7f\xff\xff\xff"] == []
+    finally:
+        store.close()
+    os.replace(f"{middle}.store-copy", middle)
+    _served_every_acknowledged(store_dir, acked)
