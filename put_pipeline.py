@@ -213,10 +213,28 @@ def _tell_waiters(future: _PutFuture) -> None:
     if waiters:
         told: list[Any] = []
         future._told = told
-        for waiter in waiters:
-            waiter.add_result(future)
-            told.append(waiter)
+        with _TELLING:
+            for waiter in waiters:
+                waiter.add_result(future)
+                told.append(waiter)
     future._waiters_told = True
+
+
+# Held while a future is given to a waiter and noted as told, and across fork(): a child never
+# holds one given and not noted, which it gave again (KeyError in its as_completed: seen once
+# in a loaded run, the fork between a waiter's add_result and the note of it).
+_TELLING = threading.Lock()
+
+
+def _fork_between_tellings() -> None:
+    _TELLING.acquire()
+
+
+def _tellings_go_on() -> None:
+    _TELLING.release()
+
+
+os.register_at_fork(before=_fork_between_tellings, after_in_parent=_tellings_go_on, after_in_child=_tellings_go_on)
 
 
 # The pipeline whose completion thread this is (unset elsewhere): see _complete_while_waiting.
