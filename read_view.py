@@ -32,10 +32,10 @@ __all__ = [
     "COMMITLOG",
     "DISPATCHED",
     "INDEX",
+    "NOT_THE_LOG",
     "QUEUES",
     "QueueKey",
     "ReadView",
-    "NOT_THE_LOG",
     "ReadViewPublisher",
     "in_ranges",
     "without_ranges",
@@ -118,8 +118,9 @@ def _merged(known: tuple[tuple[int, int], ...], ranges: tuple[tuple[int, int], .
 def without_ranges(ranges: tuple[tuple[int, int], ...], taken: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """What of the [start, end) `ranges` lies outside every range of `taken`, in order."""
     left: list[tuple[int, int]] = []
+    cuts = sorted(taken)
     for start, end in ranges:
-        for cut_start, cut_end in sorted(taken):
+        for cut_start, cut_end in cuts:
             if cut_end <= start or cut_start >= end:
                 continue
             if cut_start > start:

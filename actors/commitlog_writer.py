@@ -370,11 +370,10 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         known = view.segments if self._segments_published else {}
         segments = {f.file_from_offset: identity for f in files
                     if (identity := f.identity or known.get(f.file_from_offset)) is not None}  # fmt: skip
-        for f in files:
-            if view.replaced and in_ranges(view.replaced, f.file_from_offset):
-                # A writer restarted beside a replaced segment maps the other file there: no
-                # file at that path is the log (review 149 F1: dispatch read it on as the log).
-                segments[f.file_from_offset] = NOT_THE_LOG
+        # A writer restarted beside a replaced segment maps the other file there: no file at
+        # that path is the log (review 149 F1: dispatch read it on as the log).
+        for start in [f.file_from_offset for f in files if in_ranges(view.replaced, f.file_from_offset)]:
+            segments[start] = NOT_THE_LOG
         self._segments_published = True
         self.ctx.read_view.publish_segments(MappingProxyType(segments))
 
