@@ -220,10 +220,14 @@ def _tell_waiters(future: _PutFuture) -> None:
     future._waiters_told = True
 
 
-# Held while a future is given to a waiter and noted as told, and across fork(): a child never
-# holds one given and not noted, which it gave again (KeyError in its as_completed: seen once
-# in a loaded run, the fork between a waiter's add_result and the note of it).
-_TELLING = threading.Lock()
+# Held while a future is given to its waiters and noted as told, and by fork() (its `before`
+# hook): a child made then never holds a waiter given it and not noted (it gave it again:
+# KeyError in its as_completed), nor a waiter's lock held mid-telling (its waits hung: review
+# 150's stress, 5 of 645 multiprocessing children on the code before). Reentrant, and released
+# after the fork only by the thread that took it: a signal that interrupts the hook's wait
+# (Ctrl-C) lets the fork go on without it, and a release then killed the completion thread
+# (review 150 F1); a handler that forks on a thread mid-telling takes it again.
+_TELLING = threading.RLock()
 
 
 def _fork_between_tellings() -> None:
@@ -231,7 +235,8 @@ def _fork_between_tellings() -> None:
 
 
 def _tellings_go_on() -> None:
-    _TELLING.release()
+    if _TELLING._is_owned():  # type: ignore[attr-defined]  # (the C RLock's, as Condition uses it)
+        _TELLING.release()
 
 
 os.register_at_fork(before=_fork_between_tellings, after_in_parent=_tellings_go_on, after_in_child=_tellings_go_on)
@@ -312,6 +317,15 @@ def _finish_in_a_forked_child(future: _PutFuture, unknown: PutResult, renewed: s
                 waiter.event.set()
             if hasattr(waiter, "lock"):
                 waiter.lock = threading.Lock()
+        if any(f is future for f in waiter.finished_futures):
+            # Given it, and the fork came before that was noted in `told` (a second copy was
+            # KeyError in the child's as_completed; seen once in a loaded run). It is still
+            # in the list: taking it out needs the future's Condition, which the telling held.
+            # The event the fork may have cut off is set where one future sets it (not for
+            # ALL_COMPLETED, whose count may or may not have been taken: left).
+            if not hasattr(waiter, "num_pending_calls"):
+                waiter.event.set()
+            continue
         waiter.add_result(future)
     future._waiters_told = True
 
