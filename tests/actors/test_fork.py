@@ -293,6 +293,7 @@ def test_a_fork_while_a_held_future_is_given_to_its_waiter_gives_it_no_second_co
     assert answer.get("got") == [0, 1], answer
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the hook's, as fork reports it)
 def test_a_signal_that_interrupts_the_fork_hooks_wait_leaves_the_completion_thread_working(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
