@@ -222,8 +222,7 @@ def _tell_waiters(future: _PutFuture) -> None:
 
 # Held while a future is given to its waiters and noted as told, and by fork() (its `before`
 # hook): a child made then never holds a waiter given it and not noted (it gave it again:
-# KeyError in its as_completed), nor a waiter's lock held mid-telling (its waits hung: review
-# 150's stress, 5 of 645 multiprocessing children on the code before). Reentrant, and released
+# KeyError in its as_completed; seen once in a loaded run). Reentrant, and released
 # after the fork only by the thread that took it: a signal that interrupts the hook's wait
 # (Ctrl-C) lets the fork go on without it, and a release then killed the completion thread
 # (review 150 F1); a handler that forks on a thread mid-telling takes it again.
