@@ -244,7 +244,11 @@ class ReadViewPublisher:
         """The writer, before any of a new segment is readable, and at its start: the
         (device, inode) of every segment it maps. Wakes nobody: no wait is on it."""
         with self._lock:
-            self.view = replace(self.view, segments=segments)
+            self._swap(replace(self.view, segments=segments), 0)
+
+    def current_segments(self) -> Mapping[int, tuple[int, int]]:
+        """The writer's segment files now (`segments`), for a reader to compare a map with."""
+        return self.view.segments
 
     def add_replaced(self, ranges: tuple[tuple[int, int], ...]) -> None:
         """The writer, on finding segments replaced under the store (or, restarted, their

@@ -250,8 +250,7 @@ class MessageStore:
         self.clock_ms = self.supervisor.clock_ms
         self.store_host = self.supervisor.store_host
         self.read_view = self.supervisor.ctx.read_view  # what the owners publish
-        read_view = self.read_view  # (not self: the registry would hold the store)
-        self._readers = reads.ReaderRegistry(self.fs, config, _monotonic_ms, lambda: read_view.view.segments)
+        self._readers = reads.ReaderRegistry(self.fs, config, _monotonic_ms, self.read_view.current_segments)
         self._encoder = PutEncoder(self.store_host, config.max_message_size_bytes, claim_topic=self._claim_topic_dir)
         self._local = threading.local()  # last_put_end: the end of the thread's last stored put
         self._ryw_timeout_s = config.read_your_writes_timeout_ms / 1000

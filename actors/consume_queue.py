@@ -246,10 +246,9 @@ class ConsumeQueueService(StoreActor[ConsumeQueueRequest]):
         """Read-only maps of the commitlog, for one lookup: closed right after, so this actor
         never keeps a segment the cleaner deleted (and its disk space) alive."""
         cfg = self.config
-        view = self.ctx.read_view
         return CommitLogReader(
             self.ctx.fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
-            max_message_size=cfg.max_message_size_bytes, segments=lambda: view.view.segments,
+            max_message_size=cfg.max_message_size_bytes, segments=self.ctx.read_view.current_segments,
         )  # fmt: skip
 
     def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:

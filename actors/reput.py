@@ -91,13 +91,12 @@ class ReputMessageService(StoreActor[ReputRequest]):
         self._repeats = RepeatedLog(ctx.ticker.now_ms)  # waits retried at every tick, logged once a minute
 
     def on_start(self) -> None:
-        view = self.ctx.read_view
         self._reader = CommitLogReader(
             self.ctx.fs,
             self.config.commitlog_dir,
             mapped_file_size=self._segment_size,
             max_message_size=self.config.max_message_size_bytes,
-            segments=lambda: view.view.segments,  # another file at a segment's path is not dispatched
+            segments=self.ctx.read_view.current_segments,  # another file at a segment's path is not dispatched
         )
         # Not here, nor before the start handshake is answered (the Ping below starts it): a
         # re-dispatch may take longer than the supervisor waits for the handshake, and a crash
