@@ -266,9 +266,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # running store failed every restart with EPERM until the supervisor gave up, reads
         # and all): it loads it read-only and runs degraded. An open still refuses (nothing
         # is served yet, and the refusal names the file).
+        # Beside a segment the previous writer found replaced, the file at its path is another
+        # process's (an older backup, another store's segment): a tail cut in it is not this
+        # log's torn put, so nothing is zeroed (puts are refused anyway). It zeroed what followed
+        # another store's records there, bytes that were never the store's to change.
+        copies = store_copies(self.ctx.fs, cfg.commitlog_dir) if restart else []
+        beside_replaced = bool(copies or (restart and self.ctx.read_view.view.replaced))
         recovered = recover_commitlog(cfg, self.ctx.fs, mode=self._mode, checkpoint=self._checkpoint,
                                       clock_ms=self.ctx.clock_ms, known_end=known_end,
-                                      readonly_if_denied=restart)  # fmt: skip
+                                      readonly_if_denied=restart, zero_tail=not beside_replaced)  # fmt: skip
         self._commitlog = CommitLog(
             self.ctx.fs,
             cfg.commitlog_dir,
@@ -299,15 +305,15 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             # would have now: only the put the previous writer failed in can have left bytes.
             self._zero_on_writable = 0 if self._commitlog.mapped_file_queue.damaged_files else 2 * cfg.max_message_size_bytes
             self._refuse_not_writable(denied[0])
-        if self._commitlog.mapped_file_queue.damaged_files:
+        if self._commitlog.mapped_file_queue.damaged_files or beside_replaced:
             # Degraded (puts refused until `mqstore recover`), perhaps read by a size the damage
-            # left in doubt: placing the write positions zeroes nothing (recovery did not either).
+            # left in doubt, or beside another process's file: placing the write positions
+            # zeroes nothing (recovery did not either).
             self._commitlog.zero_tail_bytes = 0
         # The tail scan from the recovered end finds nothing: it places the write positions.
         end, _ = self._commitlog.recover_tail(recovered.facts.max_offset, {}, check_crc=False)
         self._recovered = recovered
         self._stamp_floor_ms = recovered.store_timestamp
-        copies = store_copies(self.ctx.fs, cfg.commitlog_dir) if self._mode is RecoveryMode.RESTART else []
         if copies:
             # The previous writer saved its copy of a segment another process replaced: the
             # file mapped now is not the store's, whatever its end (review 39 F2: restarted

@@ -826,3 +826,41 @@ def test_a_writer_restarted_beside_a_replaced_segment_takes_none_of_the_other_fi
         store.close()
     os.replace(f"{middle}.store-copy", middle)
     _served_every_acknowledged(store_dir, acked)
+
+
+def test_a_writer_restarted_beside_a_replaced_segment_changes_no_byte_of_the_file_there(tmp_path: Path) -> None:
+    """The last segment renamed over by another store's segment whose records run past ours and
+    end in a torn tail of its own, then the writer restarted (its stop saved the copy): its
+    recovery cut that tail as the log's and zeroed 82 KB of the other file. That file is not
+    the store's to change (the owner may keep it, or compare it with the copy)."""
+    theirs, store_dir = tmp_path / "theirs", tmp_path / "store"
+    with mqstore.open(theirs, **SETTINGS) as other:  # the same put sequence, further on
+        for i in range(400):
+            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"b{i}"])).ok
+    last = store_dir / "commitlog" / f"{SEGMENT:020d}"
+    donor = bytearray((theirs / "commitlog" / last.name).read_bytes())
+    their_end = len(donor.rstrip(b"\0"))
+    donor[their_end:] = bytes((7 * i + 1) % 251 + 1 for i in range(len(donor) - their_end))  # a torn tail
+    plan = mqstore.FaultPlan()
+    store = mqstore.open(store_dir, faults=plan, **{**SETTINGS, "flush_interval_commitlog_ms": 600_000})
+    acked: dict[str, int] = {}
+    try:
+        for i in range(300):  # into the second segment, ending before theirs does
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+            assert result.ok
+            acked[f"b{i}"] = result.queue_offset
+        assert SEGMENT < store.stats()["commitlog_max_offset"] < SEGMENT + their_end
+        _rename_over(tmp_path, bytes(donor), last)
+        plan.arm("writer.after_append")
+        assert not store.put(mqstore.Message(topic="t", body=b"c" * 1000)).ok
+        deadline = time.monotonic() + 15  # the restarted writer's refusal names the copy its stop saved
+        while "store-copy" not in store.put(mqstore.Message(topic="t", body=b"d")).detail:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert store.supervisor.restarts
+        assert last.read_bytes() == donor
+    finally:
+        store.close()
+    assert last.read_bytes() == donor
+    os.replace(f"{last}.store-copy", last)
+    _served_every_acknowledged(store_dir, acked)
