@@ -153,6 +153,7 @@ class ThreadReaders:
     def __init__(
         self, fs: FileSystem, cfg: StoreConfig, now_ms: Callable[[], int], on_reader: Callable[[_Closable], None],
         index_maps: IndexMaps | None = None, segments: Callable[[], Mapping[int, tuple[int, int]]] | None = None,
+        replaced_seen: set[int] | None = None,
     ) -> None:  # fmt: skip
         self._fs = fs
         self._cfg = cfg
@@ -162,7 +163,7 @@ class ThreadReaders:
         self._refreshed_ms = now_ms()
         self.commitlog = CommitLogReader(
             fs, cfg.commitlog_dir, mapped_file_size=cfg.mapped_file_size_commitlog_bytes,
-            max_message_size=cfg.max_message_size_bytes, segments=segments,
+            max_message_size=cfg.max_message_size_bytes, segments=segments, replaced_seen=replaced_seen,
         )  # fmt: skip
         on_reader(self.commitlog)
         self._queues: ConsumeQueueReader | None = None
@@ -225,6 +226,9 @@ class ReaderRegistry:
     ) -> None:  # fmt: skip
         self._fs, self._cfg, self._now_ms = fs, cfg, now_ms
         self._segments = segments  # the writer's files (ReadView.segments), for every thread's reader
+        # Segments where a thread's reader last found another file than the writer's (before
+        # the writer's check publishes them replaced): every thread's wait sees them.
+        self.replaced_seen: set[int] = set()
         self._local = threading.local()
         self._open: weakref.WeakSet[_Closable] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -236,7 +240,7 @@ class ReaderRegistry:
         readers: ThreadReaders | None = getattr(self._local, "readers", None)
         if readers is None:
             readers = self._local.readers = ThreadReaders(self._fs, self._cfg, self._now_ms, self._register,
-                                                          self.index_maps, self._segments)  # fmt: skip
+                                                          self.index_maps, self._segments, self.replaced_seen)  # fmt: skip
         return readers
 
     def made(self) -> ThreadReaders | None:

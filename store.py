@@ -1437,16 +1437,16 @@ class MessageStore:
 
     def _unit_in_replaced(self, view: ReadView, topic: str, queue_id: int, offset: int) -> bool:
         """Whether the queue's unit `offset` points into a segment replaced under the store: the
-        writer found it, or (before its check) this thread's reader mapped another file there
-        (review 148 F3: the wait answered True at once until the writer's tick). Two compares
-        while neither is so."""
+        writer found it, or (before its check) a thread's reader mapped another file there
+        (review 148 F3: the wait answered True at once until the writer's tick; review 149 F2:
+        so it did on a thread that had not read, where `mqstore.aio` waits and gets on different
+        threads). Three compares while none is so."""
         known = self._readers.made()  # (not made here: its maps would outlive a file deleted later)
-        if not view.replaced and (known is None or not known.commitlog.map_errors):
+        seen = self._readers.replaced_seen
+        if not view.replaced and not seen and (known is None or not known.commitlog.map_errors):
             return False
-        readers = known or self._readers.get()
-        commitlog = readers.commitlog  # (its maps as this thread's last read left them)
         try:
-            units = readers.queue_reader(view).read_units(topic, queue_id, offset, 1)
+            units = known.queue_reader(view).read_units(topic, queue_id, offset, 1) if known is not None else None
             if units is None:
                 units = self._units(topic, queue_id, offset, 1).units
         except (ServiceUnavailable, OSError):
@@ -1454,7 +1454,9 @@ class MessageStore:
         if not units:
             return False
         phy, _size, _tags = codec.CQ_UNIT.unpack_from(units, 0)
-        return in_ranges(view.replaced, phy) or isinstance(commitlog.map_error(phy), SegmentReplacedError)
+        segment = phy - phy % self.config.mapped_file_size_commitlog_bytes
+        mapped_other = known is not None and isinstance(known.commitlog.map_error(phy), SegmentReplacedError)
+        return in_ranges(view.replaced, phy) or segment in seen or mapped_other
 
     def _check_not_failed(self) -> None:
         if (stopped := self._gave_up_detail()) is not None:

@@ -1524,12 +1524,16 @@ class CommitLogReader:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         limit: int = 0,
         segments: Callable[[], Mapping[int, tuple[int, int]]] | None = None,
+        replaced_seen: set[int] | None = None,
     ) -> None:
         self.fs = fs
         self.store_path = store_path
         # The running store's writer's files (ReadView.segments): a file mapped at a segment's
         # path that is not the one it maps is not read as the log. None: no writer runs.
         self._segments = segments
+        # Shared by every thread's reader of one store: the segments whose last map, by any of
+        # them, found another file at the path (a wait on a thread that never read looks here).
+        self._replaced_seen = replaced_seen
         self.mapped_file_size = mapped_file_size
         self.max_message_size = max_message_size
         self.max_record_size = max_record_size(mapped_file_size, max_message_size)
@@ -1696,13 +1700,18 @@ class CommitLogReader:
         if region is None or self._segments is None:
             return region
         expected = self._segments().get(start)
+        seen = self._replaced_seen
         if expected is None or region.identity == expected:
+            if seen is not None and start in seen:
+                seen.discard(start)  # the store's own file there again (a restarted writer's new one)
             return region
         # Replaced under the running store, the writer's check not come yet: "not now", never
         # the log; once the writer has found it, the view's `replaced` stops reads there.
         region.close()
         self._valid_ends.pop(start, None)
         self._map_errors[start] = SegmentReplacedError(path)
+        if seen is not None:
+            seen.add(start)
         self.map_failures += 1
         return None
 

@@ -710,6 +710,12 @@ def test_a_segment_replaced_before_the_writers_next_check_is_not_read_as_the_log
 
         waited, took = _in_a_new_thread(long_poll)
         assert waited is False and took >= 0.3
+        # Nor on a thread that never read (`mqstore.aio` waits and gets on different threads;
+        # review 149 F2: True at once until the writer's tick, and its consumer spun).
+        began = time.monotonic()
+        assert _in_a_new_thread(lambda: store.wait_for_messages("t", 0, stopped, 0.3)) is False
+        assert time.monotonic() - began >= 0.3
+        assert _in_a_new_thread(lambda: store.wait_for_messages("t", 0, stopped - 1, 30)) is True
     finally:
         store.close()
 
