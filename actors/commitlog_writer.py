@@ -1136,9 +1136,14 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         # by the index, which is derived and may be left behind for good (an index that cannot
         # write: review 133 F1, no segment was deleted again, and the disk filled).
         dispatched = self.ctx.read_view.view.queues_written
+        # Nor a segment found replaced, nor any after it: the file at its path is another
+        # process's, not the store's to delete (review 151 F1: an older backup restored with its
+        # times, or another store's segment, was deleted as expired; the copy is the owner's).
+        replaced = self.ctx.read_view.view.replaced
         size = queue.mapped_file_size
         below = 0
-        while below < len(files) - 1 and files[below].file_from_offset + size <= dispatched:
+        while (below < len(files) - 1 and files[below].file_from_offset + size <= dispatched
+               and not in_ranges(replaced, files[below].file_from_offset)):  # fmt: skip
             below += 1
         window = min(max(request.max_files, 0), below) + 1
         if len(files) > window:

@@ -730,7 +730,13 @@ class MappedFile:
     def destroy(self, interval_forcibly_ms: int, now_ms: int) -> bool:
         """Shut down and, once nobody holds the file, delete it. False: try again later.
         A file never named has nothing to delete: the name it was made for may be another
-        file's now."""
+        file's now. Nor one whose path names another file than its map now (renamed over by
+        another process): that file is not the store's to delete (review 151 F1); False, and
+        the owner's check finds the segment replaced, as at a pass."""
+        if self.named and self._region is not None and self._region.replaced(deleted_too=False):
+            log.error("not deleted: the file at this path is not the one the store mapped (another process replaced "
+                      "it)", file=self.file_name)  # fmt: skip
+            return False
         self.shutdown(interval_forcibly_ms, now_ms)
         if not self.is_cleanup_over():
             log.warning("mapped file still referenced; delete later", file=self.file_name, refs=self.ref_count)
