@@ -22,6 +22,7 @@ The catch-up case of bench/bench_read.py measures both.
 from __future__ import annotations
 
 import errno
+import os
 import re
 import threading
 import time
@@ -242,6 +243,20 @@ class ReaderRegistry:
             readers = self._local.readers = ThreadReaders(self._fs, self._cfg, self._now_ms, self._register,
                                                           self.index_maps, self._segments, self.replaced_seen)  # fmt: skip
         return readers
+
+    def still_another_file(self, start: int, writers: tuple[int, int] | None) -> bool:
+        """Whether segment `start`'s path, where a reader found another file than the writer's
+        (`writers`, its published identity), still names another (a stat). Forgotten once it
+        names the writer's file again (review 152 F1: swapped back, every wait there waited
+        its time out until some thread happened to map it again)."""
+        try:
+            now = self._fs.identity(os.path.join(self._cfg.commitlog_dir, "%020d" % start))
+        except OSError:
+            return True  # (no file there, or none that can be looked at: not the writer's)
+        if writers is not None and now == writers:
+            self.replaced_seen.discard(start)
+            return False
+        return True
 
     def made(self) -> ThreadReaders | None:
         """This thread's readers if a read made them, else None (none made)."""

@@ -1454,9 +1454,14 @@ class MessageStore:
         if not units:
             return False
         phy, _size, _tags = codec.CQ_UNIT.unpack_from(units, 0)
+        if in_ranges(view.replaced, phy):
+            return True
         segment = phy - phy % self.config.mapped_file_size_commitlog_bytes
         mapped_other = known is not None and isinstance(known.commitlog.map_error(phy), SegmentReplacedError)
-        return in_ranges(view.replaced, phy) or segment in seen or mapped_other
+        if not mapped_other and segment not in seen:
+            return False
+        # Still so? (swapped back before the writer's check, a get there maps it again)
+        return self._readers.still_another_file(segment, view.segments.get(segment))
 
     def _check_not_failed(self) -> None:
         if (stopped := self._gave_up_detail()) is not None:

@@ -300,6 +300,8 @@ class FileSystem(Protocol):
     def isdir(self, path: str) -> bool: ...
     def isfile(self, path: str) -> bool: ...
     def getsize(self, path: str) -> int: ...
+    # (device, inode) of the file `path` names now, as a region's `identity`; OSError if none.
+    def identity(self, path: str) -> tuple[int, int]: ...
     def makedirs(self, path: str) -> None: ...
     def remove(self, path: str) -> None: ...
     # An empty directory; OSError if it is not. No recursive removal: each owner deletes its
@@ -1093,6 +1095,10 @@ class RealFileSystem:
     def getsize(self, path: str) -> int:
         return os.path.getsize(path)
 
+    def identity(self, path: str) -> tuple[int, int]:
+        status = os.stat(path)
+        return (status.st_dev, status.st_ino)
+
     def makedirs(self, path: str) -> None:
         """os.makedirs, each directory it creates made durable in its parent (a queue's
         new directory, and the files in it, must not vanish at a power loss)."""
@@ -1589,6 +1595,12 @@ class SimulatedFileSystem:
         if file is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", path)
         return len(file.volatile)
+
+    def identity(self, path: str) -> tuple[int, int]:
+        file = self._files.get(os.path.normpath(path))
+        if file is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return (0, id(file))  # (as its regions' identity)
 
     def makedirs(self, path: str) -> None:
         path = os.path.normpath(path)

@@ -911,3 +911,34 @@ def test_the_cleaner_deletes_no_file_at_a_replaced_segments_path(tmp_path: Path,
     assert first.read_bytes() == donor
     os.replace(f"{first}.store-copy", first)
     _served_every_acknowledged(store_dir, acked)
+
+
+def test_a_segment_swapped_back_before_the_writers_check_holds_no_wait_there(tmp_path: Path) -> None:
+    """Review 152 F1: another file renamed over a segment and the store's own renamed back (the
+    same inode) before the writer's check, a reader on some thread mapping the path in between.
+    The store is healthy again, but every wait there, on any thread, waited its whole time out
+    (False) while a get served the message, until some thread happened to map it again."""
+    store_dir = tmp_path / "store"
+    store = mqstore.open(store_dir, **{**SETTINGS, "flush_interval_commitlog_ms": 600_000})  # no tick in the test
+    try:
+        offsets = {}
+        for i in range(300):  # into the second segment
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+            assert result.ok
+            offsets[result.queue_offset] = result.commitlog_offset
+        second = store_dir / "commitlog" / f"{SEGMENT:020d}"
+        in_second = [q for q, c in sorted(offsets.items()) if c >= SEGMENT]
+        os.link(second, tmp_path / "kept")
+        _rename_over(tmp_path, b"\0" * SEGMENT, second)
+        stopped = _in_a_new_thread(lambda: store.get("t", 0, in_second[5], 1))
+        assert stopped.messages == () and "is not the one the store writes" in stopped.detail, stopped
+        os.replace(tmp_path / "kept", second)
+        for offset in (in_second[5], in_second[-1]):
+            began = time.monotonic()
+            assert _in_a_new_thread(lambda: store.wait_for_messages("t", 0, offset, 5)) is True
+            assert time.monotonic() - began < 4
+            got = _in_a_new_thread(lambda: store.get("t", 0, offset, 1))
+            assert [m.keys for m in got.messages] == [f"b{offset}"], got
+        assert store.read_view.view.replaced == ()
+    finally:
+        assert store.close() is True  # nothing was lost: the path names the store's file again
