@@ -90,6 +90,10 @@ STORE_COPY_SUFFIX: Final = ".store-copy"
 # says the file at the segment's name is not the store's (review 147 F1's rest: the next open
 # read the other file as the log). A name `store_copies` lists: every refusal holds for it.
 STORE_COPY_LOST_SUFFIX: Final = ".store-copy-lost"
+# An empty file saying that, when the writer was to make this segment, a file it did not make
+# was at its path (another process's): it wrote nothing into it, and without the mark the next
+# open read that file as the log's next segment (review 152 F2: another store's records served).
+STORE_COPY_NONE_SUFFIX: Final = ".store-copy-none"
 
 
 def store_copies(fs: FileSystem, commitlog_dir: str) -> list[str]:
@@ -104,6 +108,10 @@ def store_copy_problem(name: str) -> str:
     """What a file `store_copies` lists stands for and the ways out, said alike by the open,
     `mqstore recover`, a restarted writer, `verify` and `inspect`. `name`: its name or path."""
     segment = os.path.basename(name).split(STORE_COPY_SUFFIX)[0]
+    if STORE_COPY_NONE_SUFFIX in name:
+        return (f"{name} says that when the store was to write segment {segment}, a file it did not make was "
+                "already at its path (another process's): the store wrote nothing into it and acknowledged no "
+                f"message there; move the file named {segment} out of the commitlog directory and delete the marker")
     if STORE_COPY_LOST_SUFFIX in name:
         return (f"{name} says another process replaced segment {segment} while the store wrote it, and the store "
                 f"could not save its copy of it (see the log): the file named {segment} is not the one the store "
@@ -342,6 +350,7 @@ class CommitLog:
         self.mapped_file_queue = MappedFileQueue(
             fs, store_path, mapped_file_size, clock_ms=clock_ms, allocator=allocator,
             create_on_allocator_failure=create_on_allocator_failure, write_buffer_pool=write_buffer_pool,
+            exclusive_create=True, on_path_taken=self._mark_path_taken,
         )  # fmt: skip
         # How much of a truncated tail recovery zeroes: None = all of it (crash recovery);
         # after a clean stop the tail is already zero and its owner sets 0.
@@ -770,6 +779,25 @@ class CommitLog:
         return ("commitlog segments replaced, renamed away or deleted by another process while the store wrote "
                 f"them: {', '.join(said)}; to keep every acknowledged message, close the store and move each copy "
                 f"over its segment before it opens again{lost}"), all_saved, tuple(f.file_from_offset for f in replaced)  # fmt: skip
+
+    def _mark_path_taken(self, segment: str, taken: bool) -> None:
+        """MappedFileQueue.on_path_taken: `NAME.store-copy-none` left beside a segment path that
+        a file the writer did not make holds (empty: a full disk takes it), removed once the
+        segment is made after all. An open, `recover` and a restarted writer refuse while it is
+        there, as for a copy."""
+        marker = segment + STORE_COPY_NONE_SUFFIX
+        try:
+            if not taken:
+                self.fs.remove(marker)
+            elif not self.fs.exists(marker):
+                self.fs.write_atomic(marker, b"")
+                log.error("a file the store did not make is at the path of its next segment: puts are refused",
+                          segment=segment, marker=marker)  # fmt: skip
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # tried again at the next put that needs the segment
+            log.error("the mark of a segment path another process took could not be written or removed",
+                      marker=marker, error=repr(exc))  # fmt: skip
 
     def _mark_copy_lost(self, segment: str, *, say: bool) -> None:
         """Leave `NAME.store-copy-lost` beside a replaced segment whose copy could not be saved.

@@ -47,8 +47,11 @@ class DryRunFileSystem(RealFileSystem):
         if self._gone(path):
             raise FileNotFoundError(errno.ENOENT, "removed in this dry run", path)
 
-    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
+    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False,
+                 exclusive: bool = False) -> RealMappedRegion:
         self._there(path)
+        if exclusive and create and super().exists(path):
+            raise FileExistsError(errno.EEXIST, "File exists", path)
         if create and not super().exists(path):
             raise _refused(path, "create files")
         return RealMappedRegion(path, size, create=False, readonly=True, private=True)

@@ -289,7 +289,10 @@ def read_regular_file(path: str, limit: int = -1) -> bytes:
 
 
 class FileSystem(Protocol):
-    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> MappedRegion: ...
+    # `exclusive`: made new, never an existing file opened (FileExistsError): a segment the
+    # store is about to write whose path another process took (review 152 F2).
+    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False,
+                 exclusive: bool = False) -> MappedRegion: ...
     def map_unnamed(self, path: str, size: int) -> MappedRegion: ...
     def sync_file(self, path: str, start: int, end: int) -> None: ...
     def map_faults(self) -> int: ...
@@ -459,7 +462,7 @@ def _open_unnamed(path: str) -> int:
 
 class RealMappedRegion:
     def __init__(self, path: str, size: int, *, create: bool, readonly: bool, unnamed: bool = False,
-                 private: bool = False) -> None:
+                 private: bool = False, exclusive: bool = False) -> None:
         """`private`: the file opened read-only and mapped copy-on-write (MAP_PRIVATE): what
         is written through the map stays in this process's memory, never in the file (a dry
         run of recovery, storage/dry_run.py); flush() forces nothing."""
@@ -485,6 +488,8 @@ class RealMappedRegion:
                 fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o644)
                 created = True
             except FileExistsError:
+                if exclusive:
+                    raise
                 fd = open_fd(path, os.O_RDWR | flags)
         release_area: Callable[[], None] | None = None
         try:
@@ -1053,8 +1058,9 @@ class RealFileSystem:
         finally:
             os.close(fd)
 
-    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> RealMappedRegion:
-        return RealMappedRegion(path, size, create=create, readonly=readonly)
+    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False,
+                 exclusive: bool = False) -> RealMappedRegion:
+        return RealMappedRegion(path, size, create=create, readonly=readonly, exclusive=exclusive)
 
     def map_unnamed(self, path: str, size: int) -> RealMappedRegion:
         """A new file of `size` for `path` that no directory holds until the region's
@@ -1543,7 +1549,8 @@ class SimulatedFileSystem:
             raise FileNotFoundError(errno.ENOENT, "no such file", path)
         SimulatedRegion(self, path, file).flush(start, end)  # the same writeback, failures and all
 
-    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False) -> SimulatedRegion:
+    def map_file(self, path: str, size: int, *, create: bool = True, readonly: bool = False,
+                 exclusive: bool = False) -> SimulatedRegion:
         path = os.path.normpath(path)
         self._check_fault("map", path)
         if not readonly:  # a file it may read, not write (root-owned 0644, chattr +i)
@@ -1556,6 +1563,8 @@ class SimulatedFileSystem:
                 if not create or readonly:
                     raise FileNotFoundError(errno.ENOENT, "no such file", path)
                 file = self._files[path] = _SimFile(size, self.clock_ms())
+            elif exclusive and create and not readonly:
+                raise FileExistsError(errno.EEXIST, "File exists", path)
             elif len(file.volatile) != size:
                 raise OSError(errno.EINVAL, f"file is {len(file.volatile)} bytes, expected {size}", path)
         return SimulatedRegion(self, path, file, readonly=readonly)

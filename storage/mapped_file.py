@@ -171,6 +171,7 @@ class MappedFile:
         create: bool = True,
         readonly: bool = False,
         unnamed: bool = False,
+        exclusive: bool = False,
     ) -> None:
         if file_size <= 0:
             raise ValueError(f"file_size must be positive, not {file_size}")
@@ -188,7 +189,7 @@ class MappedFile:
         self._region: MappedRegion | None = (
             fs.map_unnamed(path, file_size)
             if unnamed
-            else fs.map_file(path, file_size, create=create and not readonly, readonly=readonly)
+            else fs.map_file(path, file_size, create=create and not readonly, readonly=readonly, exclusive=exclusive)
         )
         self.named = not unnamed
         # Mapped read-only: the file may not be written now (a writer's segment under chattr +i

@@ -119,6 +119,8 @@ class MappedFileQueue:
         allocator: Allocator | None = None,
         create_on_allocator_failure: bool = False,
         write_buffer_pool: WriteBufferPool | None = None,
+        exclusive_create: bool = False,
+        on_path_taken: Callable[[str, bool], None] | None = None,
     ) -> None:
         if mapped_file_size <= 0:
             raise ValueError(f"mapped_file_size must be positive, not {mapped_file_size}")
@@ -129,6 +131,13 @@ class MappedFileQueue:
         self.allocator = allocator
         self.create_on_allocator_failure = create_on_allocator_failure
         self.write_buffer_pool = write_buffer_pool
+        # A new segment is a new file, never one found at its path (the commitlog's: another
+        # process's file there was written into and acknowledged, review 152 F2).
+        self.exclusive_create = exclusive_create
+        # Told (path, True) when a file not made here is found at a new segment's path, and
+        # (path, False) once that segment is made after all (the file moved away meanwhile).
+        self.on_path_taken = on_path_taken
+        self._paths_taken: set[str] = set()
         self.last_create_error: str | None = None  # why the last segment could not be made
         # Creation failures repeat at the put rate: logged in full once per kind, then a count.
         # Time through a module function, so tests can move it.
@@ -349,6 +358,10 @@ class MappedFileQueue:
             self._refused_from_memory += 1
             return None
         mapped_file = self._try_create(offset, next_path)
+        if mapped_file is not None and next_path in self._paths_taken:
+            self._paths_taken.discard(next_path)
+            if self.on_path_taken is not None:
+                self.on_path_taken(next_path, False)
         if mapped_file is not None and self._create_error is not None:
             log.info("creating a segment works again", path=next_path, failed_with=self._create_error.detail,
                      refused_from_memory=self._refused_from_memory)  # fmt: skip
@@ -388,11 +401,19 @@ class MappedFileQueue:
             return MappedFile(
                 self.fs, next_path, self.mapped_file_size, write_buffer=buffer,
                 on_write_buffer_released=pool.return_buffer if pool is not None and buffer is not None else None,
+                exclusive=self.exclusive_create,
             )  # fmt: skip
         except OSError as exc:
             if buffer is not None:
                 self.write_buffer_pool.return_buffer(buffer)  # type: ignore[union-attr]
             self.last_create_error = f"{next_path}: {exc.strerror or exc}"
+            if isinstance(exc, FileExistsError) and self.exclusive_create:
+                self.last_create_error = (
+                    f"{next_path}: a file the store did not make is at the path of its next segment (another "
+                    "process's?); the store writes no byte into it: move it out of the directory to go on")  # fmt: skip
+                self._paths_taken.add(next_path)
+                if self.on_path_taken is not None:
+                    self.on_path_taken(next_path, True)
             if self._create_error is None or self._create_error.detail != self.last_create_error:
                 self._refused_from_memory = 0
             self._create_error = _CreateError(next_path, exc.errno or 0, _monotonic_ms(), dir_state,

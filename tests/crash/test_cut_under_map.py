@@ -942,3 +942,56 @@ def test_a_segment_swapped_back_before_the_writers_check_holds_no_wait_there(tmp
         assert store.read_view.view.replaced == ()
     finally:
         assert store.close() is True  # nothing was lost: the path names the store's file again
+
+
+@pytest.mark.parametrize("then", ["closed", "moved_away_while_open"])
+def test_a_file_at_the_next_segments_path_is_never_written_into(tmp_path: Path, then: str) -> None:
+    """Review 152 F2: another store's segment renamed to the path of the segment the writer
+    was about to roll into. The writer opened it and wrote its records over the other file's
+    (242,025 bytes changed) and acknowledged them. Now puts that need the segment are refused
+    (CREATE_MAPPED_FILE_FAILED, the file named), nothing is written into it, and a marker
+    makes the next open refuse rather than read that file as the log's next segment."""
+    theirs, store_dir = tmp_path / "theirs", tmp_path / "store"
+    with mqstore.open(theirs, **SETTINGS) as other:
+        for i in range(600):
+            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"x{i}"])).ok
+    donor = (theirs / "commitlog" / f"{SEGMENT:020d}").read_bytes()
+    nxt = store_dir / "commitlog" / f"{SEGMENT:020d}"
+    marker = Path(f"{nxt}.store-copy-none")
+    store = mqstore.open(store_dir, **SETTINGS)
+    acked: dict[str, int] = {}
+    refused = []
+    try:
+        for i in range(200):  # inside the first segment
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+            assert result.ok
+            acked[f"b{i}"] = result.queue_offset
+        assert not nxt.exists()
+        _rename_over(tmp_path, donor, nxt)
+        for i in range(200, 300):
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+            if result.ok:
+                acked[f"b{i}"] = result.queue_offset
+            else:
+                refused.append(result)
+        assert refused and len(acked) < 300
+        assert {r.status for r in refused} == {mqstore.PutMessageStatus.CREATE_MAPPED_FILE_FAILED}
+        assert "a file the store did not make" in refused[0].detail and str(nxt) in refused[0].detail
+        assert nxt.read_bytes() == donor and marker.exists()
+        if then == "moved_away_while_open":  # the owner moves it out: the segment is made, the mark goes
+            os.replace(nxt, tmp_path / "theirs-kept")
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=["after"]))
+            assert result.ok, result
+            acked["after"] = result.queue_offset
+            assert not marker.exists()
+    finally:
+        store.close()
+    if then == "closed":
+        assert nxt.read_bytes() == donor
+        with pytest.raises(mqstore.StoreDirectoryError, match="a file it did not make"):
+            mqstore.open(store_dir, **SETTINGS)
+        os.replace(nxt, tmp_path / "theirs-kept")
+        marker.unlink()
+    assert (tmp_path / "theirs-kept").read_bytes() == donor
+    served = _served_every_acknowledged(store_dir, acked)
+    assert set(served) == set(acked)  # none of the other store's records

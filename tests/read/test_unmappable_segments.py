@@ -31,10 +31,11 @@ class Pressure:
         self.on = threading.local()
         real_map, real_listdir = RealFileSystem.map_file, RealFileSystem.listdir
 
-        def map_file(fs: RealFileSystem, path: str, size: int, *, create: bool = True, readonly: bool = False) -> Any:
+        def map_file(fs: RealFileSystem, path: str, size: int, *, create: bool = True, readonly: bool = False,
+                     exclusive: bool = False) -> Any:
             if what == "map" and readonly and "/commitlog/" in path and getattr(self.on, "value", False):
                 raise OSError(err, "injected", path)
-            return real_map(fs, path, size, create=create, readonly=readonly)
+            return real_map(fs, path, size, create=create, readonly=readonly, exclusive=exclusive)
 
         def listdir(fs: RealFileSystem, path: str) -> list[str]:
             if what == "list" and path.endswith("commitlog") and getattr(self.on, "value", False):
