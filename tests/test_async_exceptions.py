@@ -421,7 +421,9 @@ def test_a_store_futures_getters_never_wait_on_one_interrupted_anywhere() -> Non
         other.join(TIMEOUT_S)
         assert got == ["answer"], f"point {point}: the other getter {'waits' if other.is_alive() else 'got ' + repr(got)}"
 
-    assert _interrupted_at_each_c_return(StoreFuture.get.__code__, run, check) > 2
+    # (short_retries: a run whose setter was early makes fewer C calls; a CI-like run beside a
+    # review saw the third point given up on as past the last)
+    assert _interrupted_at_each_c_return(StoreFuture.get.__code__, run, check, short_retries=5) > 2
 
 
 def test_a_store_futures_exception_keeps_its_traceback_and_type() -> None:
