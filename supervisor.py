@@ -198,8 +198,10 @@ def refuse_what_is_in_the_way(fs: FileSystem, cfg: StoreConfig) -> None:
     refuse_a_directory_inside_another_store(fs, cfg)
     for path in (cfg.checkpoint_path, cfg.lock_path):
         _refuse_if_shared(fs, path)
-    _refuse_what_is_in_the_way_of_segments(fs, cfg)
+    # A marker first: a `.store-copy-none` may be a second name of the file it is about, and
+    # the hard-link refusal's "move the link aside" would lose what it says.
     _refuse_an_unsettled_store_copy(fs, cfg)
+    _refuse_what_is_in_the_way_of_segments(fs, cfg)
 
 
 def _store_directories(cfg: StoreConfig) -> tuple[tuple[str, str], ...]:

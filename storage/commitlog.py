@@ -111,7 +111,8 @@ def store_copy_problem(name: str) -> str:
     if STORE_COPY_NONE_SUFFIX in name:
         return (f"{name} says that when the store was to write segment {segment}, a file it did not make was "
                 "already at its path (another process's): the store wrote nothing into it and acknowledged no "
-                f"message there; move the file named {segment} out of the commitlog directory and delete the marker")
+                f"message there; move the file named {segment} out of the commitlog directory and delete the marker "
+                "(where no empty file could be made, the marker is a second name of that file)")
     if STORE_COPY_LOST_SUFFIX in name:
         return (f"{name} says another process replaced segment {segment} while the store wrote it, and the store "
                 f"could not save its copy of it (see the log): the file named {segment} is not the one the store "
@@ -355,6 +356,10 @@ class CommitLog:
         # How much of a truncated tail recovery zeroes: None = all of it (crash recovery);
         # after a clean stop the tail is already zero and its owner sets 0.
         self.zero_tail_bytes: int | None = None
+        # New segments' paths held by a file the writer did not make: said once each, and a
+        # mark that could not be written or removed said once (_mark_path_taken).
+        self._paths_said_taken: set[str] = set()
+        self._marks_failed: set[str] = set()
         # "topic-queueId" -> the next queue offset (§6.4); recovery's caller fills it (§11.8).
         self.topic_queue_table: dict[str, int] = {}
         # The file a put left full, for the owner to munlock later (§6.5); it clears this.
@@ -789,15 +794,32 @@ class CommitLog:
         try:
             if not taken:
                 self.fs.remove(marker)
-            elif not self.fs.exists(marker):
-                self.fs.write_atomic(marker, b"")
+                return
+            if self.fs.exists(marker):
+                return
+            first = segment not in self._paths_said_taken
+            if first:  # (once: it is tried again at every put that needs the segment)
+                self._paths_said_taken.add(segment)
                 log.error("a file the store did not make is at the path of its next segment: puts are refused",
                           segment=segment, marker=marker)  # fmt: skip
+            try:
+                self.fs.write_atomic(marker, b"")
+            except OSError:
+                if not first:
+                    raise
+                # No inode left (review 153 F1: the next open read that file as the log): a
+                # second name of the file itself needs none on most filesystems (tmpfs counts
+                # links as inodes).
+                self.fs.link(segment, marker)
         except FileNotFoundError:
             pass
-        except OSError as exc:  # tried again at the next put that needs the segment
-            log.error("the mark of a segment path another process took could not be written or removed",
-                      marker=marker, error=repr(exc))  # fmt: skip
+        except OSError as exc:  # tried again at the next put that needs the segment, and at the close
+            if segment not in self._marks_failed:
+                self._marks_failed.add(segment)
+                log.error("the mark of a segment path another process took could not be written or removed: the "
+                          "next open will read the file there as the log", marker=marker, error=repr(exc))  # fmt: skip
+            return
+        self._marks_failed.discard(segment)
 
     def _mark_copy_lost(self, segment: str, *, say: bool) -> None:
         """Leave `NAME.store-copy-lost` beside a replaced segment whose copy could not be saved.
@@ -888,6 +910,7 @@ class CommitLog:
     def close(self) -> None:
         """Unmap every segment (the files stay)."""
         self._fast_file = None
+        self.mapped_file_queue.settle_taken_paths()
         self.mapped_file_queue.shutdown(0)
 
     def get_min_offset(self) -> int:

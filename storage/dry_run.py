@@ -115,6 +115,9 @@ class DryRunFileSystem(RealFileSystem):
     def rename(self, path: str, target: str) -> None:
         raise _refused(path, "rename files")
 
+    def link(self, path: str, target: str) -> None:
+        raise _refused(path, "link files")
+
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]:
         self._there(path)
         return super().data_extents(path, start, end)

@@ -319,6 +319,8 @@ class FileSystem(Protocol):
     def write_atomic(self, path: str, data: bytes) -> None: ...
     def set_aside(self, path: str, suffix: str) -> str: ...
     def rename(self, path: str, target: str) -> None: ...
+    # A second name `target` for the file `path` (a hard link: no new inode), made durable.
+    def link(self, path: str, target: str) -> None: ...
     def disk_usage(self, path: str) -> DiskUsage: ...
     def data_extents(self, path: str, start: int, end: int) -> list[tuple[int, int]]: ...
 
@@ -1232,6 +1234,10 @@ class RealFileSystem:
         os.rename(path, target)
         fsync_dir(os.path.dirname(os.path.abspath(target)))
 
+    def link(self, path: str, target: str) -> None:
+        os.link(path, target, follow_symlinks=False)
+        fsync_dir(os.path.dirname(os.path.abspath(target)))
+
     def disk_usage(self, path: str) -> DiskUsage:
         usage = shutil.disk_usage(path)
         return DiskUsage(usage.total, usage.used, usage.free)
@@ -1686,6 +1692,17 @@ class SimulatedFileSystem:
                 raise FileNotFoundError(errno.ENOENT, "no such file", path)
             self._files[target] = file
         return target
+
+    def link(self, path: str, target: str) -> None:
+        path, target = os.path.normpath(path), os.path.normpath(target)
+        self._check_fault("link", path)
+        with self._lock:
+            if target in self._files or target in self._dirs:
+                raise FileExistsError(errno.EEXIST, "a file is in the way", target)
+            file = self._files.get(path)
+            if file is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            self._files[target] = file
 
     def rename(self, path: str, target: str) -> None:
         path, target = os.path.normpath(path), os.path.normpath(target)

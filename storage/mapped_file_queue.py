@@ -410,7 +410,9 @@ class MappedFileQueue:
             if isinstance(exc, FileExistsError) and self.exclusive_create:
                 self.last_create_error = (
                     f"{next_path}: a file the store did not make is at the path of its next segment (another "
-                    "process's?); the store writes no byte into it: move it out of the directory to go on")  # fmt: skip
+                    "process's?); the store writes no byte into it: move it out of the directory to go on (the "
+                    f"{os.path.basename(next_path)}.store-copy-none beside it goes once the segment is made, or at "
+                    "the close)")  # fmt: skip
                 self._paths_taken.add(next_path)
                 if self.on_path_taken is not None:
                     self.on_path_taken(next_path, True)
@@ -695,6 +697,19 @@ class MappedFileQueue:
                 self.fs.rmdir(self.store_path)
         except OSError as exc:
             log.warning("removing segment directory failed", path=self.store_path, error=str(exc))
+
+    def settle_taken_paths(self) -> None:
+        """(At a close.) Each new segment's path a file not made here held: free now (moved
+        away), `on_path_taken(path, False)`; held still, `on_path_taken(path, True)` again (a
+        mark that could not be written is tried once more). Review 153 F2: the file moved out
+        as the refusal said and the store closed before a put made the segment, the mark was
+        left and the next open refused a healthy store."""
+        for path in sorted(self._paths_taken):
+            free = not self.fs.exists(path)
+            if free:
+                self._paths_taken.discard(path)
+            if self.on_path_taken is not None:
+                self.on_path_taken(path, not free)
 
     def shutdown(self, interval_forcibly_ms: int) -> None:
         """Unmap every file without deleting it (store shutdown)."""

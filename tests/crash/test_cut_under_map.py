@@ -995,3 +995,56 @@ def test_a_file_at_the_next_segments_path_is_never_written_into(tmp_path: Path, 
     assert (tmp_path / "theirs-kept").read_bytes() == donor
     served = _served_every_acknowledged(store_dir, acked)
     assert set(served) == set(acked)  # none of the other store's records
+
+
+@pytest.mark.parametrize("then", ["no_empty_file_could_be_made", "moved_out_then_closed_before_any_put"])
+def test_the_mark_of_a_taken_segment_path_is_made_where_it_can_be_and_left_only_while_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """Review 153: where no empty marker could be made (no inode left: F1), the next open read
+    the other file as the log and served 237 of its records; the marker is then a second name
+    of that file (a hard link needs no inode on most filesystems). And a file moved out as the
+    refusal said, the store closed before a put made the segment (F2): the marker was left and
+    the next open refused a healthy store; the close removes it."""
+    from mqstore.storage.fs import RealFileSystem
+
+    theirs, store_dir = tmp_path / "theirs", tmp_path / "store"
+    with mqstore.open(theirs, **SETTINGS) as other:
+        for i in range(600):
+            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"x{i}"])).ok
+    donor = (theirs / "commitlog" / f"{SEGMENT:020d}").read_bytes()
+    nxt = store_dir / "commitlog" / f"{SEGMENT:020d}"
+    marker = Path(f"{nxt}.store-copy-none")
+    if then == "no_empty_file_could_be_made":
+        write_atomic = RealFileSystem.write_atomic
+
+        def no_inode_for_the_mark(fs: RealFileSystem, path: str, data: bytes) -> None:
+            if path.endswith(".store-copy-none"):
+                raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
+            write_atomic(fs, path, data)
+
+        monkeypatch.setattr(RealFileSystem, "write_atomic", no_inode_for_the_mark)
+    store = mqstore.open(store_dir, **SETTINGS)
+    acked: dict[str, int] = {}
+    try:
+        for i in range(300):
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+            if result.ok:
+                acked[f"b{i}"] = result.queue_offset
+            if i == 199:
+                _rename_over(tmp_path, donor, nxt)
+        assert 200 <= len(acked) < 300 and marker.exists()
+        if then == "no_empty_file_could_be_made":
+            assert marker.stat().st_ino == nxt.stat().st_ino  # a second name of the other file
+        else:
+            os.replace(nxt, tmp_path / "theirs-kept")
+    finally:
+        assert store.close() is True  # (nothing acknowledged is missing)
+    if then == "no_empty_file_could_be_made":
+        with pytest.raises(mqstore.StoreDirectoryError, match="a file it did not make"):
+            mqstore.open(store_dir, **SETTINGS)
+        os.replace(nxt, tmp_path / "theirs-kept")
+        marker.unlink()
+    assert not marker.exists()
+    assert (tmp_path / "theirs-kept").read_bytes() == donor
+    assert set(_served_every_acknowledged(store_dir, acked)) == set(acked)
