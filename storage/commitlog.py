@@ -797,19 +797,16 @@ class CommitLog:
                 return
             if self.fs.exists(marker):
                 return
-            first = segment not in self._paths_said_taken
-            if first:  # (once: it is tried again at every put that needs the segment)
+            if segment not in self._paths_said_taken:  # (once: tried again at every put that needs it)
                 self._paths_said_taken.add(segment)
                 log.error("a file the store did not make is at the path of its next segment: puts are refused",
                           segment=segment, marker=marker)  # fmt: skip
             try:
                 self.fs.write_atomic(marker, b"")
             except OSError:
-                if not first:
-                    raise
                 # No inode left (review 153 F1: the next open read that file as the log): a
                 # second name of the file itself needs none on most filesystems (tmpfs counts
-                # links as inodes).
+                # links as inodes). Tried each time (review 154 F2: only the first).
                 self.fs.link(segment, marker)
         except FileNotFoundError:
             pass

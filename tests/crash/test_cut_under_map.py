@@ -1024,6 +1024,15 @@ def test_the_mark_of_a_taken_segment_path_is_made_where_it_can_be_and_left_only_
             write_atomic(fs, path, data)
 
         monkeypatch.setattr(RealFileSystem, "write_atomic", no_inode_for_the_mark)
+        link, links = RealFileSystem.link, [0]
+
+        def the_first_link_fails(fs: RealFileSystem, path: str, target: str) -> None:
+            links[0] += 1
+            if links[0] == 1:  # (review 154 F2: a link was tried only once)
+                raise OSError(errno.ENOSPC, "No space left on device (injected)", target)
+            link(fs, path, target)
+
+        monkeypatch.setattr(RealFileSystem, "link", the_first_link_fails)
     store = mqstore.open(store_dir, **SETTINGS)
     acked: dict[str, int] = {}
     try:
