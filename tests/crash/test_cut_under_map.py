@@ -146,6 +146,14 @@ def _rename_over(tmp_path: Path, data: bytes, segment: Path) -> None:
     os.replace(tmp_path / "incoming", segment)
 
 
+def _another_stores_second_segment(tmp_path: Path) -> bytes:
+    """The bytes of the second segment of another store (600 puts of `x` bodies, keys x0...)."""
+    with mqstore.open(tmp_path / "theirs", **SETTINGS) as other:
+        for i in range(600):
+            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"x{i}"])).ok
+    return (tmp_path / "theirs" / "commitlog" / f"{SEGMENT:020d}").read_bytes()
+
+
 def _wait_for_the_writer_to_find(store: Any, segment: Path) -> None:
     """Until the writer's check has found `segment` replaced: its copy saved, then the segment
     listed in the read view. The copy lands first; a read between the two is stopped by the
@@ -951,11 +959,8 @@ def test_a_file_at_the_next_segments_path_is_never_written_into(tmp_path: Path, 
     (242,025 bytes changed) and acknowledged them. Now puts that need the segment are refused
     (CREATE_MAPPED_FILE_FAILED, the file named), nothing is written into it, and a marker
     makes the next open refuse rather than read that file as the log's next segment."""
-    theirs, store_dir = tmp_path / "theirs", tmp_path / "store"
-    with mqstore.open(theirs, **SETTINGS) as other:
-        for i in range(600):
-            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"x{i}"])).ok
-    donor = (theirs / "commitlog" / f"{SEGMENT:020d}").read_bytes()
+    store_dir = tmp_path / "store"
+    donor = _another_stores_second_segment(tmp_path)
     nxt = store_dir / "commitlog" / f"{SEGMENT:020d}"
     marker = Path(f"{nxt}.store-copy-none")
     store = mqstore.open(store_dir, **SETTINGS)
@@ -1008,11 +1013,8 @@ def test_the_mark_of_a_taken_segment_path_is_made_where_it_can_be_and_left_only_
     the next open refused a healthy store; the close removes it."""
     from mqstore.storage.fs import RealFileSystem
 
-    theirs, store_dir = tmp_path / "theirs", tmp_path / "store"
-    with mqstore.open(theirs, **SETTINGS) as other:
-        for i in range(600):
-            assert other.put(mqstore.Message(topic="t", body=b"x" * 1000, keys=[f"x{i}"])).ok
-    donor = (theirs / "commitlog" / f"{SEGMENT:020d}").read_bytes()
+    store_dir = tmp_path / "store"
+    donor = _another_stores_second_segment(tmp_path)
     nxt = store_dir / "commitlog" / f"{SEGMENT:020d}"
     marker = Path(f"{nxt}.store-copy-none")
     if then == "no_empty_file_could_be_made":
