@@ -90,9 +90,10 @@ STORE_COPY_SUFFIX: Final = ".store-copy"
 # says the file at the segment's name is not the store's (review 147 F1's rest: the next open
 # read the other file as the log). A name `store_copies` lists: every refusal holds for it.
 STORE_COPY_LOST_SUFFIX: Final = ".store-copy-lost"
-# An empty file saying that, when the writer was to make this segment, a file it did not make
-# was at its path (another process's): it wrote nothing into it, and without the mark the next
-# open read that file as the log's next segment (review 152 F2: another store's records served).
+# An empty file (where none can be made, a second name of that file) saying that, when the
+# writer was to make this segment, a file it did not make was at its path (another process's):
+# it wrote nothing into it, and without the mark the next open read that file as the log's next
+# segment (review 152 F2: another store's records served).
 STORE_COPY_NONE_SUFFIX: Final = ".store-copy-none"
 
 
@@ -787,9 +788,9 @@ class CommitLog:
 
     def _mark_path_taken(self, segment: str, taken: bool) -> None:
         """MappedFileQueue.on_path_taken: `NAME.store-copy-none` left beside a segment path that
-        a file the writer did not make holds (empty: a full disk takes it), removed once the
-        segment is made after all. An open, `recover` and a restarted writer refuse while it is
-        there, as for a copy."""
+        a file the writer did not make holds (empty, else a hard link to that file), removed once
+        the segment is made after all, or at the close once the path is free. An open, `recover`
+        and a restarted writer refuse while it is there, as for a copy."""
         marker = segment + STORE_COPY_NONE_SUFFIX
         try:
             if not taken:
@@ -905,7 +906,7 @@ class CommitLog:
         return bool(_II.unpack_from(mapped_file.mapped_buffer, pos)[1] == BLANK_MAGIC_CODE)
 
     def close(self) -> None:
-        """Unmap every segment (the files stay)."""
+        """Unmap every segment (the files stay); a taken segment path's marker is settled first."""
         self._fast_file = None
         self.mapped_file_queue.settle_taken_paths()
         self.mapped_file_queue.shutdown(0)
