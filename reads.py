@@ -250,7 +250,7 @@ class ReaderRegistry:
         names the writer's file again (review 152 F1: swapped back, every wait there waited
         its time out until some thread happened to map it again)."""
         try:
-            now = self._fs.identity(os.path.join(self._cfg.commitlog_dir, "%020d" % start))
+            now = self._fs.identity(os.path.join(self._cfg.commitlog_dir, codec.segment_file_name(start)))
         except OSError:
             return True  # (no file there, or none that can be looked at: not the writer's)
         if writers is not None and now == writers:

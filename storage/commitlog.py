@@ -352,14 +352,12 @@ class CommitLog:
         self.mapped_file_queue = MappedFileQueue(
             fs, store_path, mapped_file_size, clock_ms=clock_ms, allocator=allocator,
             create_on_allocator_failure=create_on_allocator_failure, write_buffer_pool=write_buffer_pool,
-            exclusive_create=True, on_path_taken=self._mark_path_taken,
+            on_path_taken=self._mark_path_taken,
         )  # fmt: skip
         # How much of a truncated tail recovery zeroes: None = all of it (crash recovery);
         # after a clean stop the tail is already zero and its owner sets 0.
         self.zero_tail_bytes: int | None = None
-        # New segments' paths held by a file the writer did not make: said once each, and a
-        # mark that could not be written or removed said once (_mark_path_taken).
-        self._paths_said_taken: set[str] = set()
+        # Marks of taken segment paths that could not be written or removed: said once each.
         self._marks_failed: set[str] = set()
         # "topic-queueId" -> the next queue offset (§6.4); recovery's caller fills it (§11.8).
         self.topic_queue_table: dict[str, int] = {}
@@ -797,11 +795,7 @@ class CommitLog:
                 self.fs.remove(marker)
                 return
             if self.fs.exists(marker):
-                return
-            if segment not in self._paths_said_taken:  # (once: tried again at every put that needs it)
-                self._paths_said_taken.add(segment)
-                log.error("a file the store did not make is at the path of its next segment: puts are refused",
-                          segment=segment, marker=marker)  # fmt: skip
+                return  # (the queue's "creating a segment failed" says the refusal, once)
             try:
                 self.fs.write_atomic(marker, b"")
             except OSError:

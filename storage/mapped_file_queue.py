@@ -119,7 +119,6 @@ class MappedFileQueue:
         allocator: Allocator | None = None,
         create_on_allocator_failure: bool = False,
         write_buffer_pool: WriteBufferPool | None = None,
-        exclusive_create: bool = False,
         on_path_taken: Callable[[str, bool], None] | None = None,
     ) -> None:
         if mapped_file_size <= 0:
@@ -131,11 +130,10 @@ class MappedFileQueue:
         self.allocator = allocator
         self.create_on_allocator_failure = create_on_allocator_failure
         self.write_buffer_pool = write_buffer_pool
-        # A new segment is a new file, never one found at its path (the commitlog's: another
-        # process's file there was written into and acknowledged, review 152 F2).
-        self.exclusive_create = exclusive_create
-        # Told (path, True) when a file not made here is found at a new segment's path, and
-        # (path, False) once that segment is made after all (the file moved away meanwhile).
+        # Given (the commitlog's): a new segment is a new file, never one found at its path
+        # (another process's file there was written into and acknowledged, review 152 F2); told
+        # (path, True) when a file not made here holds a new segment's path, and (path, False)
+        # once that segment is made after all, or the path is free at the close.
         self.on_path_taken = on_path_taken
         self._paths_taken: set[str] = set()
         self.last_create_error: str | None = None  # why the last segment could not be made
@@ -401,21 +399,20 @@ class MappedFileQueue:
             return MappedFile(
                 self.fs, next_path, self.mapped_file_size, write_buffer=buffer,
                 on_write_buffer_released=pool.return_buffer if pool is not None and buffer is not None else None,
-                exclusive=self.exclusive_create,
+                exclusive=self.on_path_taken is not None,
             )  # fmt: skip
         except OSError as exc:
             if buffer is not None:
                 self.write_buffer_pool.return_buffer(buffer)  # type: ignore[union-attr]
             self.last_create_error = f"{next_path}: {exc.strerror or exc}"
-            if isinstance(exc, FileExistsError) and self.exclusive_create:
+            if isinstance(exc, FileExistsError) and self.on_path_taken is not None:
                 self.last_create_error = (
                     f"{next_path}: a file the store did not make is at the path of its next segment (another "
                     "process's?); the store writes no byte into it: move it out of the directory to go on (the "
                     f"{os.path.basename(next_path)}.store-copy-none beside it goes once the segment is made, or at "
                     "the close)")  # fmt: skip
                 self._paths_taken.add(next_path)
-                if self.on_path_taken is not None:
-                    self.on_path_taken(next_path, True)
+                self.on_path_taken(next_path, True)
             if self._create_error is None or self._create_error.detail != self.last_create_error:
                 self._refused_from_memory = 0
             self._create_error = _CreateError(next_path, exc.errno or 0, _monotonic_ms(), dir_state,
