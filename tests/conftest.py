@@ -143,7 +143,48 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         start_ryw_pairs(session.config)
 
 
+REPO = Path(__file__).resolve().parent.parent
+_WHEEL_SOURCE_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "mqstore-data", "*.so"
+)
+
+
+@pytest.fixture(scope="session")
+def mqstore_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mqstore's wheel, built once per run from a copy of this checkout (other work in the
+    checkout must not race setuptools' build/ directory; the extensions are built fresh, not
+    copied). Under xdist the first worker to ask builds it into the run's shared directory, under
+    a lock, and the others take that one: the packaging and standalone-cluster tests each built
+    their own, ~45 s of a loaded CI run apiece."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "mqstore-wheel"
+    shared.mkdir(exist_ok=True)
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        dist = shared / "dist"
+        built = sorted(dist.glob("mqstore-*.whl")) if dist.is_dir() else []
+        if built:
+            return built[0]
+        source = shared / "src" / "mqstore"
+        shutil.rmtree(shared / "src", ignore_errors=True)
+        shutil.copytree(REPO, source, ignore=_WHEEL_SOURCE_IGNORE)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MQSTORE_", "PYTHON"))}
+        result = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(shared / "building"), str(source)],
+                                env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert result.returncode == 0, f"building the wheel failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        (wheel,) = (shared / "building").glob("mqstore-*.whl")
+        dist.mkdir()
+        shutil.move(str(wheel), dist / wheel.name)  # whole, or not there: a failed build is built again
+        shutil.rmtree(shared / "src", ignore_errors=True)
+        return dist / wheel.name
+
+
 PIPELINE_TESTS = "tests/pipeline/"
+# No SparkSession of the worker's: its own master, worker and spark-submit JVMs. In the pipeline
+# unit it added ~230 s to the one worker that runs it.
+PIPELINE_ALONE = "tests/pipeline/test_standalone_cluster.py"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -151,14 +192,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's loadfile, but tests/pipeline/ is one unit: its files share the worker's
     SparkSession (tests/pipeline/conftest.py), so one worker starts a JVM for them, not each
     worker (~20 s of start-up and first job on the shared 2-vCPU machine, and a second JVM's
-    CPU beside the rest). As the first file in the order, the unit goes first."""
+    CPU beside the rest). As the first file in the order, the unit goes first. The
+    standalone-cluster test, which uses no session, is a unit of its own."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class PipelineTogether(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return PIPELINE_TESTS if nodeid.startswith(PIPELINE_TESTS) else str(super()._split_scope(nodeid))
+            if nodeid.startswith(PIPELINE_TESTS) and not nodeid.startswith(PIPELINE_ALONE):
+                return PIPELINE_TESTS
+            return str(super()._split_scope(nodeid))
 
     return PipelineTogether(config, log)
 

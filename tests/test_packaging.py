@@ -8,9 +8,7 @@ lands at the top level of site-packages: a host application's own `config`, `mes
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import textwrap
 import venv
 import zipfile
@@ -22,11 +20,7 @@ import mqstore
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(mqstore.__file__).resolve().parent
 HOST_PACKAGES = ("config", "messages", "storage", "actors")
-_COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "mqstore-data"
-)
 
 
 def _run(cmd: list[str], cwd: Path | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
@@ -37,14 +31,8 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout_s: float = 600) -> sub
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Build from a copy: other work in the checkout must not race setuptools' build/ directory.
-    source = tmp_path_factory.mktemp("src") / "mqstore"
-    shutil.copytree(REPO, source, ignore=_COPY_IGNORE)
-    dist = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)])
-    (built,) = dist.glob("mqstore-*.whl")
-    return built
+def wheel(mqstore_wheel: Path) -> Path:
+    return mqstore_wheel  # tests/conftest.py: built once per run, from a copy of the checkout
 
 
 @pytest.fixture(scope="module")

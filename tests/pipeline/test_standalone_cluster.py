@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import socket
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -31,7 +30,6 @@ from typing import Any
 
 import pytest
 
-import mqstore
 
 h = sys.modules["mqstore_pipeline_test_helpers"]  # loaded by conftest.py (tests/ has no packages)
 
@@ -40,10 +38,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 FIXTURE = Path("/work/shared/fixtures/broker-sample-a")
 START_TIMEOUT_S = 90
 SUBMIT_TIMEOUT_S = 240
-REPO = Path(mqstore.__file__).resolve().parent
-_COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "mqstore-data", "*.so"
-)
 
 # A data engineer's job: no mqstore import, no registration call.
 JOB = textwrap.dedent(
@@ -124,16 +118,10 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
             pass
 
 
-def _venv_from_the_wheel(tmp_path: Path) -> Path:
+def _venv_from_the_wheel(tmp_path: Path, wheel: Path) -> Path:
     """A fresh venv holding mqstore's wheel (built from a copy of this checkout, so nothing of
     the checkout is on its path); returns its python."""
-    source = tmp_path / "src" / "mqstore"
-    shutil.copytree(REPO, source, ignore=_COPY_IGNORE)
-    dist = tmp_path / "dist"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MQSTORE_", "PYTHON"))}
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)], env=env, check=True,
-                   capture_output=True, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
-    (wheel,) = dist.glob("mqstore-*.whl")
     root = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     python = root / "bin" / "python"
@@ -143,12 +131,11 @@ def _venv_from_the_wheel(tmp_path: Path) -> Path:
     deps = os.path.dirname(os.path.dirname(pyspark.__file__))
     (site,) = (root / "lib").glob("python3*/site-packages")
     (site / "zz_deps.pth").write_text(deps + "\n")  # after the venv's own site-packages: the wheel wins
-    shutil.rmtree(tmp_path / "src")  # and the copy it was built from is gone
     return python
 
 
-def test_spark_submit_of_a_job_to_a_standalone_master_from_the_pip_wheel(tmp_path: Path) -> None:
-    python = _venv_from_the_wheel(tmp_path)
+def test_spark_submit_of_a_job_to_a_standalone_master_from_the_pip_wheel(tmp_path: Path, mqstore_wheel: Path) -> None:
+    python = _venv_from_the_wheel(tmp_path, mqstore_wheel)
     venv_root = str(python.parent.parent)
     spark_home = subprocess.run([str(python), "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"],
                                 check=True, capture_output=True, text=True, cwd=tmp_path).stdout.strip()  # fmt: skip

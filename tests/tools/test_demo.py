@@ -1,8 +1,8 @@
-"""`mqstore demo`: a short run's report, a second run on the same store, a detected loss, Spark."""
+"""`mqstore demo`: a short run's report, a second run on the same store, a detected loss (its Spark
+job: tests/pipeline/test_demo_spark.py, beside the pipeline tests' session)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -100,20 +100,3 @@ def test_a_duration_run_stops_producing_in_time(tmp_path: Path, capsys: pytest.C
     assert code == ExitCode.OK, err
     assert report["produced"]["put_ok"] > 0 and report["consumed"]["missing"] == 0
     assert report["throughput"]["produce_seconds"] < 5
-
-
-@pytest.mark.skipif(importlib.util.find_spec("pyspark") is None, reason="pyspark is not installed")
-def test_the_spark_stats_job_counts_what_the_queues_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    small = tmp_path / "small.toml"  # 1 MiB segments: Spark has less sparse space to split
-    small.write_text("mapped_file_size_commitlog_bytes = 1048576\nmax_hash_slot_num = 10000\nmax_index_num = 40000\n")
-    code = main(["--config", str(small), "demo", "--json", "--no-progress", "--store-dir", str(tmp_path / "d"),
-                 "--messages", "1500", "--spark-master", "local[1]"])  # fmt: skip
-    out, err = capsys.readouterr()
-    report = json.loads(out)
-    assert code == ExitCode.OK, err
-    check_consistent(report, 1500)
-    spark = report["spark"]
-    assert spark["ran"] and spark["matches_queues"] and spark["corrupt_records"] == 0
-    assert spark["messages"] == 1500
-    assert spark["topics"] == {t: v["put_ok"] for t, v in report["topics"].items()}
-    assert all(v["spark_messages"] == v["put_ok"] for v in report["topics"].values())
