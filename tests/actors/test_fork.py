@@ -324,6 +324,9 @@ def test_a_signal_that_interrupts_the_fork_hooks_wait_leaves_the_completion_thre
         raise Interrupted()
 
     monkeypatch.setattr(futures_base._FirstCompletedWaiter, "add_result", add_slowly)
+    # The put is held until the waiter is on its future: a put done first gave wait() nothing to
+    # be told, and no telling came (a loaded pure-Python CI pass).
+    gate = _writer_held(monkeypatch, at_most_s=10)
     previous = signal.signal(signal.SIGUSR1, interrupt)
     store = mqstore.open(tmp_path / "store")
     try:
@@ -331,6 +334,11 @@ def test_a_signal_that_interrupts_the_fork_hooks_wait_leaves_the_completion_thre
         waiting = threading.Thread(target=concurrent.futures.wait, args=([future],),
                                    kwargs={"timeout": 10, "return_when": concurrent.futures.FIRST_COMPLETED})  # fmt: skip
         waiting.start()
+        deadline = time.monotonic() + 10
+        while not future._waiters:  # (the waiter's thread has no event to signal once it waits)
+            assert time.monotonic() < deadline and not future.done(), "the waiter never waited on the future"
+            time.sleep(0.001)
+        gate.set()
         assert telling.wait(10)
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
         try:
