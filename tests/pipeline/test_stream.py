@@ -77,7 +77,8 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
         _wait_for("first puts", lambda: len(put) > MAX_PER_TRIGGER, failures=failures)
         at_start = len(put)
         query = start()
-        _wait_for("three batches", lambda: len(list(out.glob("*.json"))) >= 3)
+        # Two batches, and one after the restart: each costs seconds of a loaded CI machine.
+        _wait_for("two batches", lambda: len(list(out.glob("*.json"))) >= 2)
         query.stop()
         assert len(put) > at_start  # the store took puts while the query ran
         seen_before = len(list(out.glob("*.json")))
@@ -85,7 +86,7 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
         _wait_for("puts while the query is down", lambda: len(put) > at_stop + MAX_PER_TRIGGER, failures=failures)
         query = start()
         at_restart = len(put)
-        _wait_for("batches after the restart", lambda: len(list(out.glob("*.json"))) >= seen_before + 2)
+        _wait_for("a batch after the restart", lambda: len(list(out.glob("*.json"))) >= seen_before + 1)
         assert len(put) > at_restart
         # Enough puts for several capped batches, however fast the stream caught up.
         _wait_for("enough puts", lambda: len(put) > 3 * MAX_PER_TRIGGER, failures=failures)
