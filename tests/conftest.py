@@ -1,4 +1,5 @@
-"""Project-wide pytest hooks: tests marked `soak` run only when the run selects them (`-m soak`);
+"""Project-wide pytest hooks: tests marked `soak` or `cluster` run only when the run selects them
+(`-m soak`, `-m cluster`);
 the files holding a test marked `slow` run first (under xdist, a long file left for the end
 kept one worker busy alone), and tests/pipeline/ runs in one worker, on one SparkSession
 (`pytest_xdist_make_scheduler`); the 100k read-your-writes pairs start in their own process once
@@ -28,12 +29,13 @@ ryw_run_key = pytest.StashKey["RywRun"]()
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _slow_files_first(items)
     markexpr = config.getoption("-m", default="") or ""
-    if "soak" in markexpr and "not soak" not in markexpr:
-        return
-    skip = pytest.mark.skip(reason="soak test: run with -m soak")
-    for item in items:
-        if "soak" in item.keywords:
-            item.add_marker(skip)
+    for marker in ("soak", "cluster"):
+        if marker in markexpr and f"not {marker}" not in markexpr:
+            continue
+        skip = pytest.mark.skip(reason=f"{marker} test: run with -m {marker}")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 def _slow_files_first(items: list[pytest.Item]) -> None:
