@@ -184,8 +184,8 @@ def mqstore_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 PIPELINE_TESTS = "tests/pipeline/"
-# No SparkSession of the worker's: its own master, worker and spark-submit JVMs. In the pipeline
-# unit it added ~230 s to the one worker that runs it.
+# No SparkSession of the worker's: spark-submit's JVM and its executor's (with -m cluster, a
+# master's and a worker's too). In the pipeline unit it added ~230 s to the worker running it.
 PIPELINE_ALONE = "tests/pipeline/test_standalone_cluster.py"
 
 
