@@ -184,9 +184,6 @@ def mqstore_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 PIPELINE_TESTS = "tests/pipeline/"
-# No SparkSession of the worker's: spark-submit's JVM and its executor's (with -m cluster, a
-# master's and a worker's too). In the pipeline unit it added ~230 s to the worker running it.
-PIPELINE_ALONE = "tests/pipeline/test_standalone_cluster.py"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -195,16 +192,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     SparkSession (tests/pipeline/conftest.py), so one worker starts a JVM for them, not each
     worker (~20 s of start-up and first job on the shared 2-vCPU machine, and a second JVM's
     CPU beside the rest). As the first file in the order, the unit goes first. The
-    standalone-cluster test, which uses no session, is a unit of its own."""
+    standalone-cluster test uses no session but stays in the unit: in a unit of its own its JVMs
+    and Python workers ran beside the stream test's, whose Python worker then missed Spark's
+    fixed 10 s to connect back (two CI dry runs)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class PipelineTogether(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(PIPELINE_TESTS) and not nodeid.startswith(PIPELINE_ALONE):
-                return PIPELINE_TESTS
-            return str(super()._split_scope(nodeid))
+            return PIPELINE_TESTS if nodeid.startswith(PIPELINE_TESTS) else str(super()._split_scope(nodeid))
 
     return PipelineTogether(config, log)
 
