@@ -31,17 +31,12 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout_s: float = 600) -> sub
 
 
 @pytest.fixture(scope="module")
-def wheel(mqstore_wheel: Path) -> Path:
-    return mqstore_wheel  # tests/conftest.py: built once per run, from a copy of the checkout
-
-
-@pytest.fixture(scope="module")
-def clean_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+def clean_venv(tmp_path_factory: pytest.TempPathFactory, mqstore_wheel: Path) -> Path:
     """A venv without system site-packages holding only the wheel and its declared dependencies."""
     root = tmp_path_factory.mktemp("venv") / "venv"
     venv.EnvBuilder(system_site_packages=False, with_pip=True, clear=True).create(root)
     python = root / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "--quiet", str(wheel)])
+    _run([str(python), "-m", "pip", "install", "--quiet", str(mqstore_wheel)])
     return root
 
 
@@ -54,8 +49,8 @@ def host_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return app
 
 
-def test_wheel_holds_only_the_mqstore_package_and_its_defaults(wheel: Path) -> None:
-    names = zipfile.ZipFile(wheel).namelist()
+def test_wheel_holds_only_the_mqstore_package_and_its_defaults(mqstore_wheel: Path) -> None:
+    names = zipfile.ZipFile(mqstore_wheel).namelist()
     top = {name.split("/", 1)[0] for name in names}
     # pyspark_rocketmq: Spark finds format("rocketmq") by that top-level name (issue 17).
     assert top == {"mqstore", "pyspark_rocketmq", f"mqstore-{mqstore.__version__}.dist-info"}
@@ -122,11 +117,11 @@ def test_host_app_puts_and_reads_a_message_through_the_public_api(clean_venv: Pa
     assert result.stdout.strip() == "ok"
 
 
-def test_the_build_script_shipped_as_a_module_runs_nothing_when_imported(clean_venv: Path, wheel: Path) -> None:
+def test_the_build_script_shipped_as_a_module_runs_nothing_when_imported(clean_venv: Path, mqstore_wheel: Path) -> None:
     """The repository root is the package, so setup.py ships as `mqstore.setup`; importing it
     ran setuptools.setup() ("error: no commands supplied", exit 1) (review 73 L5). The wheel
     still carries both C extensions, so the guard did not stop the build either."""
-    names = zipfile.ZipFile(wheel).namelist()
+    names = zipfile.ZipFile(mqstore_wheel).namelist()
     assert any(n.startswith("mqstore/storage/_native.") and n.endswith(".so") for n in names)
     assert any(n.startswith("mqstore/storage/_mapguard.") and n.endswith(".so") for n in names)
     python = clean_venv / "bin" / "python"

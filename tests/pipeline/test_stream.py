@@ -74,12 +74,12 @@ def test_a_stream_over_a_live_store_delivers_each_message_once_across_a_restart(
         """`count` batch files, restarting the query (from its checkpoint) once if Spark's fixed
         10 s for a Python worker to connect back ran out as it started (a loaded CI run): a
         restart delivers each message once too, which is what this test checks."""
-        restarted = []
+        restarted = False
 
         def check() -> bool:
-            nonlocal query
+            nonlocal query, restarted
             if not query.isActive and not restarted and "failed to connect back" in str(query.exception()):
-                restarted.append(True)
+                restarted = True
                 query = start()
             return len(list(out.glob("*.json"))) >= count
 
