@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 import mqstore
 from mqstore import config as config_module
 from mqstore.cli import ExitCode, main
 from mqstore.config import ConfigError, StoreConfig
 from mqstore.storage.fs import RealFileSystem
-from mqstore.storage.geometry import IndexGeometry, detect_geometry
+from mqstore.storage.geometry import IndexGeometry, _SlotsRead, detect_geometry
 from mqstore.storage.index import IndexFile, key_hash_and_slot
 
 MiB = 1 << 20
@@ -548,3 +551,28 @@ def test_a_running_stores_index_that_fits_no_geometry_is_not_warned_of(tmp_path:
     assert not [r for r in caplog.records if "geometry fits" in r.getMessage() or "pair fits" in r.getMessage()]
     adopt_geometry(RealFileSystem(), config)
     assert [r for r in caplog.records if "pair fits" in r.getMessage()]
+
+
+@hypothesis_settings(max_examples=150, deadline=None)
+@given(
+    slot_count=st.integers(min_value=1, max_value=3 * (64 << 10) // 4 + 7),
+    named=st.dictionaries(st.integers(min_value=0, max_value=3 * (64 << 10) // 4 + 6),
+                          st.integers(min_value=-(2**31), max_value=2**31 - 1), max_size=40),  # fmt: skip
+)
+def test_the_slot_read_skips_zero_chunks_and_reads_every_other_slot_as_written(
+    slot_count: int, named: dict[int, int]
+) -> None:
+    """The walk's slot read compares a chunk of zeros instead of turning it into ints: its
+    lowest, highest and named-slot count, and each slot's value, are those of the plain read."""
+    header = bytes(range(40))  # (not zeros: the read starts past it)
+    slots = [0] * slot_count
+    for slot, value in named.items():
+        if slot < slot_count:
+            slots[slot] = value
+    data = bytearray(header + b"".join(v.to_bytes(4, "big", signed=True) for v in slots) + b"\xff" * 8)
+    read = _SlotsRead(data, 40, 40 + 4 * slot_count)
+    assert (read.slots, read.lowest, read.highest, read.named) == (
+        slot_count, min(slots + [0]), max(slots + [0]), sum(1 for v in slots if v)
+    )
+    for slot in {0, slot_count - 1, *(s for s in named if s < slot_count)}:
+        assert read.value(slot) == slots[slot]
