@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,8 +42,27 @@ store.close()
 """
 
 
+_made_stores: Path | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _made_stores_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global _made_stores
+    _made_stores = tmp_path_factory.mktemp("stdio-stores")
+
+
 def _store(root: Path, *, crashed: bool = False) -> Path:
-    subprocess.run([sys.executable, "-c", MAKE_STORE, str(root), "crash" if crashed else "clean"], check=True, timeout=120)
+    """MAKE_STORE's store at `root`: made once a module in a child (a second of CPU each, and
+    this file asked for 17), then copied, a closed store's files as a user would copy them."""
+    assert _made_stores is not None
+    made = _made_stores / ("crashed" if crashed else "clean")
+    if not made.exists():
+        making = made.with_name(made.name + ".making")  # (a failed child leaves no store to copy)
+        shutil.rmtree(making, ignore_errors=True)
+        subprocess.run([sys.executable, "-c", MAKE_STORE, str(making), "crash" if crashed else "clean"], check=True,
+                       timeout=120)  # fmt: skip
+        making.rename(made)
+    shutil.copytree(made, root, symlinks=True)
     return root
 
 
