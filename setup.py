@@ -6,11 +6,13 @@ paths (same bytes, slower); tests/storage/test_native.py and
 tests/storage/test_mapguard.py fail loudly if CI loses a module.
 """
 
-from setuptools import Extension, setup
-
 # The repository root is the package, so this file also ships as the module `mqstore.setup`:
-# importing it must not run a build (review 73 L5). setuptools runs it as __main__.
+# importing it must not run a build (review 73 L5), nor need setuptools, which a venv of Python
+# 3.12 or newer does not have (a tool walking the package's modules failed on the import).
+# setuptools runs it as __main__.
 if __name__ == "__main__":
+    from setuptools import Extension, setup
+
     setup(
         ext_modules=[
             Extension(
