@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
@@ -559,6 +559,8 @@ def test_a_running_stores_index_that_fits_no_geometry_is_not_warned_of(tmp_path:
     named=st.dictionaries(st.integers(min_value=0, max_value=3 * (64 << 10) // 4 + 6),
                           st.integers(min_value=-(2**31), max_value=2**31 - 1), max_size=40),  # fmt: skip
 )
+# Three chunks and a part: a zero chunk between named ones, a negative slot, the last one.
+@example(slot_count=3 * (64 << 10) // 4 + 7, named={0: 5, 2 * (64 << 10) // 4 + 3: -1, 3 * (64 << 10) // 4 + 6: 2**31 - 1})
 def test_the_slot_read_skips_zero_chunks_and_reads_every_other_slot_as_written(
     slot_count: int, named: dict[int, int]
 ) -> None:
