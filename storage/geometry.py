@@ -282,7 +282,10 @@ class _SlotsRead:
 
     def __init__(self, data: mmap.mmap | bytearray, start: int, end: int) -> None:
         self.slots = (end - start) // HASH_SLOT_SIZE
-        self.lowest = self.highest = self.named = 0  # the zero slots' value, counted out
+        # The walk asks whether any slot is below 0, or at or past the header's count (>= 1):
+        # `lowest` and `highest` count a zero in, as a skipped chunk holds them. `named`: the
+        # slots not zero.
+        self.lowest = self.highest = self.named = 0
         self._chunks: dict[int, array.array[int]] = {}
         for at in range(start, end, _SLOT_CHUNK_BYTES):
             raw = data[at : min(end, at + _SLOT_CHUNK_BYTES)]
