@@ -53,7 +53,7 @@ def _made_stores_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def _store(root: Path, *, crashed: bool = False) -> Path:
     """MAKE_STORE's store at `root`: made once a module in a child (a second of CPU each, and
-    this file asked for 17), then copied, a closed store's files as a user would copy them."""
+    14 of this file's tests ask for one), then copied, as a user copies a closed store."""
     assert _made_stores is not None
     made = _made_stores / ("crashed" if crashed else "clean")
     if not made.exists():
