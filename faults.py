@@ -19,6 +19,7 @@ FAULT_POINTS: Final = frozenset(
     {
         "writer.mid_batch_append",
         "writer.after_append",
+        "writer.after_refusal",  # a put the log refused (no segment to roll into, a full disk)
         "allocator.mid_allocation",
         "flush.mid_fsync",
         "reput.mid_dispatch",

@@ -865,6 +865,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
             detail = outcome.detail or (append.status.value if append is not None else "")
             refused = PutResult(status=outcome.status, detail=detail)
             answers.extend((p.reply, refused) for p in chunk)
+            self.ctx.faults.hit("writer.after_refusal")
             return
         self.ctx.faults.hit("writer.after_append")
         self._answer_run(chunk, append.wrote_offset, append.logics_offset, append.msg_id.split(","),
@@ -1004,6 +1005,7 @@ class CommitLogWriter(StoreActor[WriterRequest]):
         if outcome.status is not PutMessageStatus.PUT_OK or append is None:
             detail = outcome.detail or (append.status.value if append is not None else "")
             answers.append((put.reply, PutResult(status=outcome.status, detail=detail)))
+            self.ctx.faults.hit("writer.after_refusal")
             return
         self.ctx.faults.hit("writer.after_append")
         ids = tuple(append.msg_id.split(",")) if append.msg_id else ()

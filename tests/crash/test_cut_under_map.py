@@ -1061,3 +1061,59 @@ def test_the_mark_of_a_taken_segment_path_is_made_where_it_can_be_and_left_only_
     assert not marker.exists()
     assert (tmp_path / "theirs-kept").read_bytes() == donor
     assert set(_served_every_acknowledged(store_dir, acked)) == set(acked)
+
+
+def test_a_writer_restarted_beside_the_mark_of_a_taken_path_serves_and_dispatches_none_of_that_file(
+    tmp_path: Path,
+) -> None:
+    """The writer fails (an injected fault) in a pass whose puts it refused because another
+    store's segment is at the path of its next segment, the mark beside it. The restarted
+    writer's recovery maps that file as the log's next segment: none of its records may be
+    served, dispatched to the queue or counted as the log's, no byte of it changed, no put
+    acknowledged; once it is moved out and the store reopened, every acknowledged message is
+    served and puts go on."""
+    store_dir = tmp_path / "store"
+    donor = _another_stores_second_segment(tmp_path)
+    nxt = store_dir / "commitlog" / f"{SEGMENT:020d}"
+    marker = Path(f"{nxt}.store-copy-none")
+    plan = mqstore.FaultPlan()
+    store = mqstore.open(store_dir, faults=plan, **SETTINGS)
+    acked: dict[str, int] = {}
+    try:
+        for i in range(300):
+            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+            if result.ok:
+                acked[f"b{i}"] = result.queue_offset
+            if i == 199:
+                _rename_over(tmp_path, donor, nxt)
+        assert 200 <= len(acked) < 300 and marker.exists()
+        restarts = len(store.supervisor.restarts)
+        plan.arm("writer.after_refusal", 1)
+        assert not store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=["in-the-failed-pass"])).ok
+        deadline = time.monotonic() + 30
+        while len(store.supervisor.restarts) == restarts or "writer" not in store.supervisor.peers:
+            assert time.monotonic() < deadline, "the writer was not restarted"
+            time.sleep(0.05)
+        assert plan.fired["writer.after_refusal"] == 1
+        assert store.supervisor.restarts[-1].failed == "writer"
+        after = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=["after-the-restart"]))
+        assert not after.ok, after
+        time.sleep(1.0)  # (dispatch, had it taken the other file for the log, would have moved on)
+        served = _in_a_new_thread(lambda: _served(store))
+        assert set(served) == set(acked), sorted(set(served) ^ set(acked))[:5]
+        assert all(served[key] == offset for key, offset in acked.items())
+        assert store.get("t", 0, len(acked), 32).messages == ()
+        assert not store.query("t", "x0").messages  # (the other store's first key in that file)
+        units = (store_dir / "consumequeue" / "t" / "0" / f"{0:020d}").read_bytes()
+        assert len(units.rstrip(b"\0")) <= len(acked) * 20, "units past the acknowledged ones"
+        assert nxt.read_bytes() == donor
+    finally:
+        store.close()
+    assert nxt.read_bytes() == donor and marker.exists()
+    os.replace(nxt, tmp_path / "theirs-kept")
+    marker.unlink()
+    served = _served_every_acknowledged(store_dir, acked)
+    assert set(served) == set(acked)
+    with mqstore.open(store_dir, **SETTINGS) as reopened:
+        assert reopened.put(mqstore.Message(topic="t", body=b"b", keys=["reopened"])).ok
+    assert (tmp_path / "theirs-kept").read_bytes() == donor
