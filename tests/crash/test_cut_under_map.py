@@ -154,6 +154,22 @@ def _another_stores_second_segment(tmp_path: Path) -> bytes:
     return (tmp_path / "theirs" / "commitlog" / f"{SEGMENT:020d}").read_bytes()
 
 
+def _puts_past_another_file_at_the_next_path(
+    store: mqstore.MessageStore, tmp_path: Path, donor: bytes, nxt: Path
+) -> dict[str, int]:
+    """300 keyed puts, `donor` renamed to `nxt` (the next segment's path) after the 200th, which
+    fill the first segment: {key: queue offset} of those acknowledged, at least the first 200."""
+    acked: dict[str, int] = {}
+    for i in range(300):
+        result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
+        if result.ok:
+            acked[f"b{i}"] = result.queue_offset
+        if i == 199:
+            _rename_over(tmp_path, donor, nxt)
+    assert 200 <= len(acked) < 300
+    return acked
+
+
 def _wait_for_the_writer_to_find(store: Any, segment: Path) -> None:
     """Until the writer's check has found `segment` replaced: its copy saved, then the segment
     listed in the read view. The copy lands first; a read between the two is stopped by the
@@ -1040,13 +1056,8 @@ def test_the_mark_of_a_taken_segment_path_is_made_where_it_can_be_and_left_only_
     store = mqstore.open(store_dir, **SETTINGS)
     acked: dict[str, int] = {}
     try:
-        for i in range(300):
-            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
-            if result.ok:
-                acked[f"b{i}"] = result.queue_offset
-            if i == 199:
-                _rename_over(tmp_path, donor, nxt)
-        assert 200 <= len(acked) < 300 and marker.exists()
+        acked = _puts_past_another_file_at_the_next_path(store, tmp_path, donor, nxt)
+        assert marker.exists()
         if then == "no_empty_file_could_be_made":
             assert marker.stat().st_ino == nxt.stat().st_ino  # a second name of the other file
         else:
@@ -1078,15 +1089,12 @@ def test_a_writer_restarted_beside_the_mark_of_a_taken_path_serves_and_dispatche
     marker = Path(f"{nxt}.store-copy-none")
     plan = mqstore.FaultPlan()
     store = mqstore.open(store_dir, faults=plan, **SETTINGS)
+    theirs = "x300"  # a key of the other store's in that file
+    assert f"{theirs}\x02".encode() in donor
     acked: dict[str, int] = {}
     try:
-        for i in range(300):
-            result = store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=[f"b{i}"]))
-            if result.ok:
-                acked[f"b{i}"] = result.queue_offset
-            if i == 199:
-                _rename_over(tmp_path, donor, nxt)
-        assert 200 <= len(acked) < 300 and marker.exists()
+        acked = _puts_past_another_file_at_the_next_path(store, tmp_path, donor, nxt)
+        assert marker.exists()
         restarts = len(store.supervisor.restarts)
         plan.arm("writer.after_refusal", 1)
         assert not store.put(mqstore.Message(topic="t", body=b"b" * 1000, keys=["in-the-failed-pass"])).ok
@@ -1103,7 +1111,7 @@ def test_a_writer_restarted_beside_the_mark_of_a_taken_path_serves_and_dispatche
         assert set(served) == set(acked), sorted(set(served) ^ set(acked))[:5]
         assert all(served[key] == offset for key, offset in acked.items())
         assert store.get("t", 0, len(acked), 32).messages == ()
-        assert not store.query("t", "x0").messages  # (the other store's first key in that file)
+        assert not store.query("t", theirs).messages
         units = (store_dir / "consumequeue" / "t" / "0" / f"{0:020d}").read_bytes()
         assert len(units.rstrip(b"\0")) <= len(acked) * 20, "units past the acknowledged ones"
         assert nxt.read_bytes() == donor
