@@ -125,8 +125,13 @@ def store_copy_problem(name: str) -> str:
 
 
 def store_copy_starts(fs: FileSystem, commitlog_dir: str) -> list[int]:
-    """The log offsets of the segments the store saved copies of (names it gave: NAME.store-copy
-    or NAME.store-copy.N), sorted; a stray name is the open's to name, not an offset."""
+    """The log offsets of the segments a name of `store_copies` stands beside (names it gave:
+    NAME.store-copy, NAME.store-copy.N, and the NAME.store-copy-lost and NAME.store-copy-none
+    marks, which start alike), sorted; a stray name is the open's to name, not an offset. Each is
+    a segment whose file at its path is not the one the store wrote, whichever of the names is
+    there: a restarted writer serves none of its records, the cleaner keeps what the queues and
+    the index hold for it (`head_offset`), and recovery counts it as a hole where no file of
+    the log is loaded."""
     return sorted({int(name[:20]) for name in store_copies(fs, commitlog_dir)
                    if name[:20].isdigit() and name[20:].startswith(STORE_COPY_SUFFIX)})  # fmt: skip
 
