@@ -87,9 +87,10 @@ def _mqstore(*argv: str, stdout: int | None = subprocess.PIPE, stderr: int | Non
 
 
 def _mqstore_here(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """`mqstore ARGV` through `cli.main` in this process, for the tests of what a command takes
-    as its arguments, whose stdio is a healthy pipe: a child's start-up (~0.5 s of CPU to import
-    the store) was most of this file's CPU, in a CI run that is CPU-bound."""
+    """`mqstore ARGV` through `cli.main` in this process, its stdout and stderr pytest's capture
+    (healthy streams), for the tests of what a command takes as its arguments: a child's start-up
+    (~0.5 s of CPU to import the store) was most of this file's CPU, in a CI run that is
+    CPU-bound."""
     from mqstore import cli
 
     capsys.readouterr()
